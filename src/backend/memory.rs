@@ -1,0 +1,375 @@
+//! The in-memory backend: one process, no set-up.
+//!
+//! State is a [`DashMap`] from bucket key to the bucket's TAT in an [`AtomicU64`]. A
+//! one-transaction batch is a compare-and-swap loop on that atomic, made while holding the
+//! map's shard read guard (so a sweep can never drop a bucket between the read and the write).
+//! A batch of several transactions reads every bucket, decides, then writes each with a
+//! compare-and-swap; if one of them lost a race, the writes already made are rolled back and
+//! the batch is decided again. Every write is therefore a valid transition from the value it
+//! replaced: concurrent batches never admit more than the spec allows, and a denied batch
+//! writes nothing. (During a rollback other requests may briefly see the batch's spend, so
+//! under contention a request can be denied that a serial order would have allowed; never the
+//! reverse.)
+//!
+//! # Memory
+//!
+//! A bucket whose TAT is at or before now is the same as a missing one, so [`sweep`] drops
+//! those without changing any decision; [`MemoryBackend::start_sweeper`] runs it periodically.
+//! At most `max_keys` buckets are held. **When full**, the backend first sweeps (at most once per
+//! second) and, if no bucket could be dropped, a transaction that needs a *new* bucket fails
+//! with [`BackendError::Full`]; buckets already held keep working. The middleware then applies
+//! its backend-failure policy (fail closed by default). Dropping live buckets instead would
+//! hand their owners a fresh burst, which is exactly what a flood of new keys would aim for.
+//!
+//! [`sweep`]: MemoryBackend::sweep
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+
+use super::{Backend, BackendError, BucketTx, batch_allowed};
+use crate::decision::{Mode, Outcome};
+use crate::gcra;
+use crate::key::BucketKey;
+use crate::time::{Clock, SystemClock};
+
+/// The default cap on live buckets: ten million (about 1 GiB at the measured cost per key).
+pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
+
+struct Inner {
+    map: DashMap<BucketKey, AtomicU64>,
+    len: AtomicUsize,
+    max_keys: usize,
+    clock: Arc<dyn Clock>,
+    last_full_sweep: AtomicU64,
+}
+
+/// The in-memory backend. Cheap to clone (an `Arc`).
+///
+/// ```
+/// use tower_ratelimits::{MemoryBackend, ManualClock};
+/// let backend = MemoryBackend::builder()
+///     .clock(ManualClock::new(0))
+///     .max_keys(1_000)
+///     .build();
+/// assert_eq!(backend.len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("len", &self.len())
+            .field("max_keys", &self.inner.max_keys)
+            .finish()
+    }
+}
+
+/// Builds a [`MemoryBackend`].
+pub struct MemoryBackendBuilder {
+    clock: Arc<dyn Clock>,
+    max_keys: usize,
+}
+
+impl MemoryBackendBuilder {
+    /// The time source (default: the system clock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The most live buckets held at once (default [`DEFAULT_MAX_KEYS`]).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// Builds the backend.
+    pub fn build(self) -> MemoryBackend {
+        MemoryBackend {
+            inner: Arc::new(Inner {
+                map: DashMap::new(),
+                len: AtomicUsize::new(0),
+                max_keys: self.max_keys,
+                clock: self.clock,
+                last_full_sweep: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+/// A handle to the background sweeper; dropping it stops the sweeper.
+#[derive(Debug)]
+pub struct SweeperHandle(tokio::task::JoinHandle<()>);
+
+impl Drop for SweeperHandle {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn stored(v: u64) -> Option<u64> {
+    (v != 0).then_some(v)
+}
+
+impl MemoryBackend {
+    /// A backend on the system clock holding at most [`DEFAULT_MAX_KEYS`] buckets.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder.
+    pub fn builder() -> MemoryBackendBuilder {
+        MemoryBackendBuilder {
+            clock: Arc::new(SystemClock),
+            max_keys: DEFAULT_MAX_KEYS,
+        }
+    }
+
+    /// Live buckets held.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The stored TAT of a bucket, if one is held (for tests and diagnostics).
+    pub fn tat(&self, key: &BucketKey) -> Option<u64> {
+        self.inner
+            .map
+            .get(key)
+            .and_then(|v| stored(v.load(Ordering::Acquire)))
+    }
+
+    /// Drops every bucket that equals a fresh one (TAT at or before now) and returns how many
+    /// were dropped. No decision changes.
+    pub fn sweep(&self) -> usize {
+        let now = self.inner.clock.now_us();
+        let mut dropped = 0;
+        self.inner.map.retain(|_, tat| {
+            let keep = tat.load(Ordering::Acquire) > now;
+            if !keep {
+                dropped += 1;
+            }
+            keep
+        });
+        self.inner.len.fetch_sub(dropped, Ordering::Relaxed);
+        dropped
+    }
+
+    /// Runs [`sweep`](Self::sweep) every `interval` on the current tokio runtime until the
+    /// handle is dropped or the backend is gone.
+    pub fn start_sweeper(&self, interval: Duration) -> SweeperHandle {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        SweeperHandle(tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let backend = MemoryBackend { inner };
+                let dropped = backend.sweep();
+                tracing::trace!(dropped, live = backend.len(), "memory backend sweep");
+            }
+        }))
+    }
+
+    fn now(&self) -> u64 {
+        self.inner.clock.now_us()
+    }
+
+    /// Makes room for one new bucket, sweeping at most once a second when full.
+    fn reserve(&self, now: u64) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        if inner.len.load(Ordering::Relaxed) < inner.max_keys {
+            return Ok(());
+        }
+        let last = inner.last_full_sweep.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 1_000_000
+            && inner
+                .last_full_sweep
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.sweep();
+        }
+        if inner.len.load(Ordering::Relaxed) < inner.max_keys {
+            Ok(())
+        } else {
+            Err(BackendError::Full {
+                max_keys: inner.max_keys,
+            })
+        }
+    }
+
+    /// Reads a bucket's raw TAT (0 when missing).
+    fn load(&self, key: &BucketKey) -> u64 {
+        self.inner
+            .map
+            .get(key)
+            .map_or(0, |v| v.load(Ordering::Acquire))
+    }
+
+    /// Replaces `expected` (0: missing) by `new` if the bucket still holds `expected`.
+    fn compare_and_set(
+        &self,
+        key: &BucketKey,
+        expected: u64,
+        new: u64,
+        now: u64,
+    ) -> Result<bool, BackendError> {
+        if let Some(v) = self.inner.map.get(key) {
+            return Ok(v
+                .compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok());
+        }
+        if expected != 0 && expected > now {
+            // We read a live bucket that has since gone: someone reset it. Decide again.
+            return Ok(false);
+        }
+        self.reserve(now)?;
+        match self.inner.map.entry(key.clone()) {
+            Entry::Vacant(slot) => {
+                slot.insert(AtomicU64::new(new));
+                self.inner.len.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Entry::Occupied(_) => Ok(false),
+        }
+    }
+
+    /// Takes back a write this batch made, as a refund of what it added.
+    fn roll_back(&self, key: &BucketKey, before: u64, written: u64, now: u64) {
+        let added = written - before.max(now);
+        if let Some(v) = self.inner.map.get(key) {
+            let _ = v.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                Some(if cur == written {
+                    before
+                } else {
+                    cur.saturating_sub(added)
+                })
+            });
+        }
+    }
+
+    /// The one-transaction fast path: a compare-and-swap loop on one bucket.
+    fn spend_one(&self, tx: &BucketTx<'_>, now: u64) -> Result<Outcome, BackendError> {
+        loop {
+            let cur = self.load(tx.key);
+            let out = gcra::check(&tx.limit, stored(cur), now, tx.cost)?;
+            let write = match (tx.mode, out.new_tat) {
+                (Mode::CheckOnly, _) | (_, None) => None,
+                (_, Some(new)) if new <= now || new == cur => None,
+                (_, Some(new)) if out.allowed => Some(new),
+                _ => None,
+            };
+            match write {
+                None => return Ok(out.into()),
+                Some(new) => {
+                    if self.compare_and_set(tx.key, cur, new, now)? {
+                        return Ok(out.into());
+                    }
+                }
+            }
+        }
+    }
+
+    fn spend_batch(&self, batch: &[BucketTx<'_>], now: u64) -> Result<Vec<Outcome>, BackendError> {
+        let mut reads = Vec::with_capacity(batch.len());
+        let mut results = Vec::with_capacity(batch.len());
+        let mut written: Vec<(usize, u64)> = Vec::with_capacity(batch.len());
+        'retry: loop {
+            reads.clear();
+            results.clear();
+            for tx in batch {
+                let cur = self.load(tx.key);
+                reads.push(cur);
+                results.push(gcra::check(&tx.limit, stored(cur), now, tx.cost)?);
+            }
+            let outcomes: Vec<Outcome> = results.iter().map(|r| Outcome::from(*r)).collect();
+            if !batch_allowed(batch, &outcomes) {
+                return Ok(outcomes);
+            }
+            written.clear();
+            for (i, tx) in batch.iter().enumerate() {
+                let new = match (tx.mode, results[i].new_tat) {
+                    (Mode::CheckOnly, _) | (_, None) => continue,
+                    (_, Some(_)) if !results[i].allowed => continue,
+                    (_, Some(new)) if new <= now || new == reads[i] => continue,
+                    (_, Some(new)) => new,
+                };
+                match self.compare_and_set(tx.key, reads[i], new, now) {
+                    Ok(true) => written.push((i, new)),
+                    Ok(false) => {
+                        for &(j, new_j) in &written {
+                            self.roll_back(batch[j].key, reads[j], new_j, now);
+                        }
+                        continue 'retry;
+                    }
+                    Err(e) => {
+                        for &(j, new_j) in &written {
+                            self.roll_back(batch[j].key, reads[j], new_j, now);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            return Ok(outcomes);
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        let now = self.now();
+        match batch {
+            [one] => Ok(vec![self.spend_one(one, now)?]),
+            _ => self.spend_batch(batch, now),
+        }
+    }
+
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        let now = self.now();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for tx in batch {
+            let out = loop {
+                let cur = self.load(tx.key);
+                let out = gcra::refund(&tx.limit, stored(cur), now, tx.cost)?;
+                match out.new_tat {
+                    Some(new) if self.compare_and_set(tx.key, cur, new, now)? => break out,
+                    Some(_) => continue,
+                    None => break out,
+                }
+            };
+            outcomes.push(out.into());
+        }
+        Ok(outcomes)
+    }
+
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        for key in keys {
+            if self.inner.map.remove(*key).is_some() {
+                self.inner.len.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+}

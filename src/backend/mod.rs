@@ -1,0 +1,95 @@
+//! Storage backends: where bucket state lives.
+//!
+//! A [`Backend`] applies a batch of [`BucketTx`] atomically and returns one [`Outcome`] per
+//! transaction. Every backend produces the same outcomes for the same inputs and times
+//! (`spec/gcra.md`); the shared conformance tests hold them to it.
+
+use async_trait::async_trait;
+
+use crate::decision::{Mode, Outcome};
+use crate::gcra::GcraError;
+use crate::key::BucketKey;
+use crate::limit::Limit;
+
+pub mod memory;
+
+pub use memory::{MemoryBackend, MemoryBackendBuilder};
+
+/// One resolved transaction, as a backend sees it: the limit is already chosen.
+#[derive(Debug, Clone, Copy)]
+pub struct BucketTx<'a> {
+    /// The bucket.
+    pub key: &'a BucketKey,
+    /// The limit that applies to this bucket.
+    pub limit: Limit,
+    /// Tokens to spend or refund (at most `limit.burst()`).
+    pub cost: u64,
+    /// How this transaction takes part in the batch.
+    pub mode: Mode,
+}
+
+/// Why a backend could not decide.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The in-memory backend holds `max_keys` live buckets and cannot track a new one.
+    #[error("the in-memory backend is full ({max_keys} live keys)")]
+    Full {
+        /// The configured cap.
+        max_keys: usize,
+    },
+    /// The backend did not answer in time.
+    #[error("the backend did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The store could not be reached or failed.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    /// A bucket's stored value is not a valid state (e.g. another program's data at the key).
+    #[error("invalid state stored for bucket {key}: {reason}")]
+    InvalidState {
+        /// The bucket.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The algorithm refused the input.
+    #[error(transparent)]
+    Gcra(#[from] GcraError),
+}
+
+/// Whether a batch is allowed: every transaction that counts was allowed.
+pub fn batch_allowed(batch: &[BucketTx<'_>], outcomes: &[Outcome]) -> bool {
+    batch
+        .iter()
+        .zip(outcomes)
+        .all(|(tx, o)| !tx.mode.counts() || o.allowed)
+}
+
+/// A store of bucket states. Implementations must be atomic per batch: concurrent batches never
+/// admit more than `spec/gcra.md` allows, and a denied batch writes nothing.
+///
+/// It is used as `Arc<dyn Backend>`, hence `async_trait`.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// Decides a batch and, if the batch is allowed, spends it (modes as in [`Mode`]).
+    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError>;
+
+    /// Refunds each transaction's cost, independently, never above a full bucket.
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError>;
+
+    /// Deletes buckets (they become full).
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError>;
+}
+
+#[async_trait]
+impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
+    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        (**self).spend(batch).await
+    }
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        (**self).refund(batch).await
+    }
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        (**self).reset(keys).await
+    }
+}

@@ -1,0 +1,408 @@
+//! Limits: names, their id kinds, defaults and per-id overrides.
+//!
+//! [`Limits`] is an immutable snapshot. Names are interned to small integers ([`NameId`]) when
+//! the snapshot is built; resolving the limit of a bucket on the request path is one hash
+//! lookup in the overrides (skipped when there are none) and one index into the defaults.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::key::{BucketKey, Id, IdError, IdKind, NameId};
+use crate::limit::{Limit, LimitError};
+use crate::time::DurationError;
+
+#[cfg(feature = "yaml")]
+mod yaml;
+
+/// Where a configuration error was found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Location {
+    /// The file (or a label such as `<defaults>` for text loaded from a string).
+    pub source: Option<String>,
+    /// The 1-based line, when known.
+    pub line: Option<u64>,
+}
+
+/// What is wrong with a configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigErrorKind {
+    /// The file could not be read.
+    #[error("cannot read the file: {0}")]
+    Io(#[from] std::io::Error),
+    /// The file is larger than the loader accepts.
+    #[error("the file is {bytes} bytes; at most {max} are accepted")]
+    TooLarge {
+        /// Its size.
+        bytes: u64,
+        /// The cap.
+        max: u64,
+    },
+    /// The file holds no YAML document.
+    #[error("the file is empty (write {{}} or [] for none)")]
+    Empty,
+    /// Not YAML, or YAML beyond the loader's budget (depth, size, aliases).
+    #[error("invalid YAML: {0}")]
+    Yaml(String),
+    /// The document has the wrong shape.
+    #[error("expected {expected}, found {found}")]
+    WrongShape {
+        /// What was expected.
+        expected: &'static str,
+        /// What was found.
+        found: &'static str,
+    },
+    /// A field that does not exist.
+    #[error("unknown field {0:?}")]
+    UnknownField(String),
+    /// A required field is missing.
+    #[error("missing field {0:?}")]
+    MissingField(&'static str),
+    /// A field given twice.
+    #[error("field {0:?} given twice")]
+    DuplicateField(String),
+    /// A number that is not a positive integer that fits.
+    #[error("{field} must be a whole number greater than zero, found {found}")]
+    BadNumber {
+        /// The field.
+        field: &'static str,
+        /// What was found.
+        found: String,
+    },
+    /// A limit name that is not made of letters, digits, `_`, `-` and `.`, or longer than 64.
+    #[error("invalid limit name {0:?}: use up to 64 letters, digits, '_', '-' or '.'")]
+    InvalidName(String),
+    /// A name defined twice.
+    #[error("limit {0:?} is defined twice")]
+    DuplicateName(String),
+    /// An override for a name with no definition.
+    #[error("override for unknown limit {0:?}")]
+    UnknownName(String),
+    /// The same bucket overridden twice.
+    #[error("id {0:?} is overridden twice")]
+    DuplicateId(String),
+    /// An override entry without ids.
+    #[error("an override needs at least one id")]
+    NoIds,
+    /// An id that does not fit the name's kind.
+    #[error("invalid id: {0}")]
+    InvalidId(#[from] IdError),
+    /// A period that does not parse.
+    #[error("invalid period: {0}")]
+    InvalidPeriod(#[from] DurationError),
+    /// A limit that does not validate.
+    #[error("invalid limit: {0}")]
+    InvalidLimit(#[from] LimitError),
+    /// The configured cost of a request is larger than a burst it applies to.
+    #[error("cost {cost} exceeds the burst of {burst}: no request could ever be allowed")]
+    CostAboveBurst {
+        /// The cost.
+        cost: u64,
+        /// The burst.
+        burst: u64,
+    },
+}
+
+/// A configuration error: what is wrong, and where (file, line, limit name).
+///
+/// ```
+/// # #[cfg(feature = "yaml")] {
+/// use tower_ratelimits::{Limits, config::ConfigErrorKind};
+/// let err = Limits::from_yaml_str("Api:\n  burst: 0\n  count: 1\n  period: 1s\n", None).unwrap_err();
+/// assert!(matches!(err.kind(), ConfigErrorKind::InvalidLimit(_)));
+/// assert_eq!(err.location().line, Some(2));
+/// assert_eq!(err.to_string(), "<defaults>:2: limit Api: invalid limit: burst must be greater than zero");
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct ConfigError {
+    location: Location,
+    limit: Option<String>,
+    kind: ConfigErrorKind,
+}
+
+impl ConfigError {
+    pub(crate) fn new(kind: impl Into<ConfigErrorKind>) -> Self {
+        Self {
+            location: Location::default(),
+            limit: None,
+            kind: kind.into(),
+        }
+    }
+
+    pub(crate) fn at_line(mut self, line: u64) -> Self {
+        if line > 0 {
+            self.location.line.get_or_insert(line);
+        }
+        self
+    }
+
+    pub(crate) fn in_source(mut self, source: &str) -> Self {
+        self.location
+            .source
+            .get_or_insert_with(|| source.to_owned());
+        self
+    }
+
+    pub(crate) fn for_limit(mut self, name: &str) -> Self {
+        self.limit.get_or_insert_with(|| name.to_owned());
+        self
+    }
+
+    /// What is wrong.
+    pub fn kind(&self) -> &ConfigErrorKind {
+        &self.kind
+    }
+
+    /// Where.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// The limit name involved, when there is one.
+    pub fn limit(&self) -> Option<&str> {
+        self.limit.as_deref()
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.location.source, self.location.line) {
+            (Some(s), Some(l)) => write!(f, "{s}:{l}: ")?,
+            (Some(s), None) => write!(f, "{s}: ")?,
+            (None, Some(l)) => write!(f, "line {l}: ")?,
+            (None, None) => {}
+        }
+        if let Some(name) = &self.limit {
+            write!(f, "limit {name}: ")?;
+        }
+        self.kind.fmt(f)
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.kind)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct NameEntry {
+    name: Arc<str>,
+    kind: IdKind,
+    cost: u64,
+    default: Option<Limit>,
+}
+
+/// A snapshot of every limit: names (interned), id kinds, default costs, defaults and overrides.
+///
+/// Build one with [`Limits::builder`] or load YAML with [`Limits::from_yaml_str`] /
+/// [`Limits::from_yaml_files`].
+///
+/// ```
+/// use tower_ratelimits::{Id, IdKind, Limit, Limits};
+/// use std::time::Duration;
+///
+/// let limits = Limits::builder()
+///     .limit_for("ApiPerIp", IdKind::Ip, Limit::new(20, 20, Duration::from_secs(1)).unwrap())
+///     .override_for("ApiPerIp", "10.0.0.2", Limit::new(20, 40, Duration::from_secs(1)).unwrap())
+///     .build()
+///     .unwrap();
+/// let name = limits.name_id("ApiPerIp").unwrap();
+/// let key = limits.key(name, Id::new("10.0.0.2").unwrap());
+/// assert_eq!(limits.resolve(&key).unwrap().count(), 40);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Limits {
+    names: Vec<NameEntry>,
+    by_name: HashMap<Arc<str>, NameId>,
+    overrides: HashMap<BucketKey, Limit>,
+}
+
+impl Limits {
+    /// A builder.
+    pub fn builder() -> LimitsBuilder {
+        LimitsBuilder::default()
+    }
+
+    /// The number of a name.
+    pub fn name_id(&self, name: &str) -> Option<NameId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The name of a number.
+    pub fn name(&self, id: NameId) -> Option<&Arc<str>> {
+        self.names.get(id.0 as usize).map(|e| &e.name)
+    }
+
+    /// The id kind a name is keyed by.
+    pub fn id_kind(&self, id: NameId) -> Option<IdKind> {
+        self.names.get(id.0 as usize).map(|e| e.kind)
+    }
+
+    /// The cost of one request against a name when the transaction sets none (1 by default).
+    pub fn default_cost(&self, id: NameId) -> u64 {
+        self.names.get(id.0 as usize).map_or(1, |e| e.cost)
+    }
+
+    /// The default limit of a name (`None`: disabled unless overridden).
+    pub fn default_limit(&self, id: NameId) -> Option<Limit> {
+        self.names.get(id.0 as usize).and_then(|e| e.default)
+    }
+
+    /// Every name, in number order.
+    pub fn names(&self) -> impl Iterator<Item = (NameId, &str)> {
+        self.names
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (NameId(i as u32), &*e.name))
+    }
+
+    /// The number of overrides.
+    pub fn override_count(&self) -> usize {
+        self.overrides.len()
+    }
+
+    /// The bucket key of a name and id.
+    pub fn key(&self, name: NameId, id: Id) -> BucketKey {
+        BucketKey::new(name, id)
+    }
+
+    /// The limit that applies to a bucket: its override, else the name's default, else `None`
+    /// (disabled).
+    pub fn resolve(&self, key: &BucketKey) -> Option<Limit> {
+        if !self.overrides.is_empty()
+            && let Some(l) = self.overrides.get(key)
+        {
+            return Some(*l);
+        }
+        self.default_limit(key.name())
+    }
+}
+
+/// Builds [`Limits`]; errors are reported by [`LimitsBuilder::build`], the first one found.
+#[derive(Debug, Default)]
+pub struct LimitsBuilder {
+    limits: Limits,
+    error: Option<ConfigError>,
+}
+
+/// Limit names: 1 to 64 ASCII letters, digits, `_`, `-`, `.`.
+pub(crate) fn check_name(name: &str) -> Result<(), ConfigErrorKind> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigErrorKind::InvalidName(
+            name.chars().take(80).collect(),
+        ))
+    }
+}
+
+impl LimitsBuilder {
+    fn fail(&mut self, e: ConfigError) {
+        self.error.get_or_insert(e);
+    }
+
+    /// Defines `name` with ids of any kind and a default limit.
+    pub fn limit(self, name: &str, limit: Limit) -> Self {
+        self.define(name, IdKind::Any, 1, Some(limit))
+    }
+
+    /// Defines `name` with ids of `kind` and a default limit.
+    pub fn limit_for(self, name: &str, kind: IdKind, limit: Limit) -> Self {
+        self.define(name, kind, 1, Some(limit))
+    }
+
+    /// Defines `name` in full: id kind, the cost of a request when a transaction sets none, and
+    /// the default limit (`None`: the limit applies only to overridden ids).
+    pub fn define(mut self, name: &str, kind: IdKind, cost: u64, default: Option<Limit>) -> Self {
+        if let Err(e) = self.try_define(name, kind, cost, default) {
+            self.fail(e.for_limit(name));
+        }
+        self
+    }
+
+    pub(crate) fn try_define(
+        &mut self,
+        name: &str,
+        kind: IdKind,
+        cost: u64,
+        default: Option<Limit>,
+    ) -> Result<(), ConfigError> {
+        check_name(name).map_err(ConfigError::new)?;
+        if self.limits.by_name.contains_key(name) {
+            return Err(ConfigError::new(ConfigErrorKind::DuplicateName(
+                name.to_owned(),
+            )));
+        }
+        if let Some(l) = default
+            && cost > l.burst()
+        {
+            return Err(ConfigError::new(ConfigErrorKind::CostAboveBurst {
+                cost,
+                burst: l.burst(),
+            }));
+        }
+        let name: Arc<str> = Arc::from(name);
+        let number = u32::try_from(self.limits.names.len())
+            .map_err(|_| ConfigError::new(ConfigErrorKind::InvalidName(name.to_string())))?;
+        self.limits.by_name.insert(name.clone(), NameId(number));
+        self.limits.names.push(NameEntry {
+            name,
+            kind,
+            cost,
+            default,
+        });
+        Ok(())
+    }
+
+    /// Overrides `name`'s limit for one id, given as text and checked against the name's kind.
+    pub fn override_for(mut self, name: &str, id: &str, limit: Limit) -> Self {
+        if let Err(e) = self.try_override(name, id, limit) {
+            self.fail(e.for_limit(name));
+        }
+        self
+    }
+
+    pub(crate) fn try_override(
+        &mut self,
+        name: &str,
+        id: &str,
+        limit: Limit,
+    ) -> Result<(), ConfigError> {
+        let number = self
+            .limits
+            .name_id(name)
+            .ok_or_else(|| ConfigError::new(ConfigErrorKind::UnknownName(name.to_owned())))?;
+        let entry = &self.limits.names[number.0 as usize];
+        if entry.cost > limit.burst() {
+            return Err(ConfigError::new(ConfigErrorKind::CostAboveBurst {
+                cost: entry.cost,
+                burst: limit.burst(),
+            }));
+        }
+        let parsed = entry.kind.parse(id).map_err(ConfigError::new)?;
+        let key = BucketKey::new(number, parsed);
+        if self.limits.overrides.contains_key(&key) {
+            return Err(ConfigError::new(ConfigErrorKind::DuplicateId(
+                id.to_owned(),
+            )));
+        }
+        self.limits.overrides.insert(key, limit);
+        Ok(())
+    }
+
+    /// The snapshot, or the first error met.
+    pub fn build(self) -> Result<Limits, ConfigError> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(self.limits),
+        }
+    }
+}

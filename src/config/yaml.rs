@@ -1,0 +1,463 @@
+//! Loading limits from YAML (feature `yaml`).
+//!
+//! The text is parsed by `serde-saphyr` under a budget (depth, nodes, aliases, size) into a
+//! small tree that keeps each node's line, then checked by hand so every error names the
+//! file, the line, the limit and the value. Nothing here panics on any input.
+
+use std::path::Path;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_saphyr::Spanned;
+
+use super::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, check_name};
+use crate::key::IdKind;
+use crate::limit::Limit;
+use crate::time::parse_duration_us;
+
+/// The largest configuration file accepted: 16 MiB.
+pub const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+#[derive(Debug)]
+struct Node {
+    line: u64,
+    value: Value,
+}
+
+#[derive(Debug)]
+enum Value {
+    Null,
+    Bool,
+    Int(i128),
+    Float,
+    Str(String),
+    Seq(Vec<Node>),
+    Map(Vec<(Node, Node)>),
+}
+
+impl Value {
+    fn describe(&self) -> &'static str {
+        match self {
+            Value::Null => "nothing",
+            Value::Bool => "a boolean",
+            Value::Int(_) => "a number",
+            Value::Float => "a decimal number",
+            Value::Str(_) => "a string",
+            Value::Seq(_) => "a list",
+            Value::Map(_) => "a map",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let spanned: Spanned<Value> = Spanned::deserialize(d)?;
+        Ok(Node {
+            line: spanned.referenced.line(),
+            value: spanned.value,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Value {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ValueVisitor)
+    }
+}
+
+struct ValueVisitor;
+
+impl<'de> Visitor<'de> for ValueVisitor {
+    type Value = Value;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a YAML value")
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        Value::deserialize(d)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
+        Ok(Value::Bool)
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Int(v.into()))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Int(v.into()))
+    }
+    fn visit_i128<E>(self, v: i128) -> Result<Value, E> {
+        Ok(Value::Int(v))
+    }
+    fn visit_u128<E>(self, v: u128) -> Result<Value, E> {
+        Ok(Value::Int(i128::try_from(v).unwrap_or(i128::MAX)))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Value, E> {
+        Ok(Value::Float)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::Str(v.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::Str(v))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(n) = seq.next_element::<Node>()? {
+            items.push(n);
+        }
+        Ok(Value::Seq(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some((k, v)) = map.next_entry::<Node, Node>()? {
+            items.push((k, v));
+        }
+        Ok(Value::Map(items))
+    }
+}
+
+fn err_at(kind: ConfigErrorKind, line: u64) -> ConfigError {
+    ConfigError::new(kind).at_line(line)
+}
+
+fn parse(text: &str) -> Result<Option<Node>, ConfigError> {
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(ConfigError::new(ConfigErrorKind::TooLarge {
+            bytes: text.len() as u64,
+            max: MAX_FILE_BYTES,
+        }));
+    }
+    let meaningful = text.lines().any(|l| {
+        let t = l.trim();
+        !t.is_empty() && !t.starts_with('#') && t != "---" && t != "..."
+    });
+    if !meaningful {
+        return Ok(None);
+    }
+    let mut options = serde_saphyr::Options::default();
+    if let Some(budget) = options.budget.as_mut() {
+        budget.max_depth = 16;
+        budget.max_nodes = 1_000_000;
+        budget.max_aliases = 0;
+        budget.max_anchors = 0;
+        budget.max_documents = 1;
+    }
+    options.with_snippet = false;
+    match serde_saphyr::from_str_with_options::<Node>(text, options) {
+        Ok(n) => Ok(Some(n)),
+        Err(e) => {
+            let line = e.location().map_or(0, |l| l.line());
+            let message = e.to_string();
+            let first = message.lines().next().unwrap_or("").to_owned();
+            Err(err_at(ConfigErrorKind::Yaml(first), line))
+        }
+    }
+}
+
+fn wrong_shape(expected: &'static str, node: &Node) -> ConfigError {
+    err_at(
+        ConfigErrorKind::WrongShape {
+            expected,
+            found: node.value.describe(),
+        },
+        node.line,
+    )
+}
+
+fn as_str<'a>(node: &'a Node, expected: &'static str) -> Result<&'a str, ConfigError> {
+    match &node.value {
+        Value::Str(s) => Ok(s),
+        _ => Err(wrong_shape(expected, node)),
+    }
+}
+
+fn positive(field: &'static str, node: &Node) -> Result<u64, ConfigError> {
+    let bad = |found: String| err_at(ConfigErrorKind::BadNumber { field, found }, node.line);
+    match &node.value {
+        Value::Int(v) if *v > 0 => u64::try_from(*v).map_err(|_| bad(v.to_string())),
+        Value::Int(v) => Err(bad(v.to_string())),
+        Value::Str(s) => Err(bad(format!("{s:?}"))),
+        other => Err(bad(other.describe().to_owned())),
+    }
+}
+
+/// The fields of one limit entry (defaults or overrides), each with its line.
+#[derive(Default)]
+struct Fields<'a> {
+    line: u64,
+    burst: Option<&'a Node>,
+    count: Option<&'a Node>,
+    period: Option<&'a Node>,
+    kind: Option<&'a Node>,
+    cost: Option<&'a Node>,
+    ids: Option<&'a Node>,
+    comment: Option<&'a Node>,
+}
+
+fn fields<'a>(node: &'a Node, allowed: &[&'static str]) -> Result<Fields<'a>, ConfigError> {
+    let Value::Map(entries) = &node.value else {
+        return Err(wrong_shape("a map of limit fields", node));
+    };
+    let mut f = Fields {
+        line: node.line,
+        ..Fields::default()
+    };
+    for (k, v) in entries {
+        let key = as_str(k, "a field name")?;
+        if !allowed.contains(&key) {
+            return Err(err_at(
+                ConfigErrorKind::UnknownField(key.to_owned()),
+                k.line,
+            ));
+        }
+        let slot = match key {
+            "burst" => &mut f.burst,
+            "count" => &mut f.count,
+            "period" => &mut f.period,
+            "kind" => &mut f.kind,
+            "cost" => &mut f.cost,
+            "ids" => &mut f.ids,
+            _ => &mut f.comment,
+        };
+        if slot.replace(v).is_some() {
+            return Err(err_at(
+                ConfigErrorKind::DuplicateField(key.to_owned()),
+                k.line,
+            ));
+        }
+    }
+    Ok(f)
+}
+
+fn need<'a>(
+    f: &Fields<'a>,
+    field: &'static str,
+    n: Option<&'a Node>,
+) -> Result<&'a Node, ConfigError> {
+    n.ok_or_else(|| err_at(ConfigErrorKind::MissingField(field), f.line))
+}
+
+fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {
+    let need = |field, n| need(f, field, n);
+    let burst_node = need("burst", f.burst)?;
+    let burst = positive("burst", burst_node)?;
+    let count = positive("count", need("count", f.count)?)?;
+    let period_node = need("period", f.period)?;
+    let period_text = match &period_node.value {
+        Value::Str(s) => s.as_str(),
+        other => {
+            return Err(err_at(
+                ConfigErrorKind::BadNumber {
+                    field: "period",
+                    found: format!("{} (write a duration such as 1s or 180m)", other.describe()),
+                },
+                period_node.line,
+            ));
+        }
+    };
+    let period_us =
+        parse_duration_us(period_text).map_err(|e| err_at(e.into(), period_node.line))?;
+    Limit::from_micros(burst, count, period_us).map_err(|e| err_at(e.into(), burst_node.line))
+}
+
+fn id_text(node: &Node) -> Result<(String, u64), ConfigError> {
+    match &node.value {
+        Value::Str(s) => Ok((s.clone(), node.line)),
+        Value::Int(i) => Ok((i.to_string(), node.line)),
+        Value::Map(entries) => {
+            let mut id = None;
+            for (k, v) in entries {
+                match as_str(k, "a field name")? {
+                    "id" => {
+                        if id.is_some() {
+                            return Err(err_at(
+                                ConfigErrorKind::DuplicateField("id".into()),
+                                k.line,
+                            ));
+                        }
+                        id = Some(id_text(v)?.0);
+                    }
+                    "comment" => {}
+                    other => {
+                        return Err(err_at(
+                            ConfigErrorKind::UnknownField(other.to_owned()),
+                            k.line,
+                        ));
+                    }
+                }
+            }
+            id.map(|id| (id, node.line))
+                .ok_or_else(|| err_at(ConfigErrorKind::MissingField("id"), node.line))
+        }
+        _ => Err(wrong_shape(
+            "an id (a string, or {id: ..., comment: ...})",
+            node,
+        )),
+    }
+}
+
+fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigError> {
+    let Value::Map(entries) = &root.value else {
+        return Err(wrong_shape("a map of limit names to limits", root));
+    };
+    for (k, v) in entries {
+        let name = as_str(k, "a limit name")?;
+        let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
+        let f =
+            fields(v, &["burst", "count", "period", "kind", "cost", "comment"]).map_err(located)?;
+        let limit = limit_of(&f).map_err(located)?;
+        let kind = match f.kind {
+            None => IdKind::Any,
+            Some(n) => as_str(n, "an id kind")?
+                .parse::<IdKind>()
+                .map_err(|e| located(err_at(e.into(), n.line)))?,
+        };
+        let cost = match f.cost {
+            None => 1,
+            Some(n) => match n.value {
+                Value::Int(0) => 0,
+                _ => positive("cost", n).map_err(located)?,
+            },
+        };
+        builder
+            .try_define(name, kind, cost, Some(limit))
+            .map_err(|e| located(e.at_line(f.cost.map_or(k.line, |c| c.line))))?;
+    }
+    Ok(())
+}
+
+fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigError> {
+    match &root.value {
+        // The list format: `- Name: {burst, count, period, ids: [...]}`.
+        Value::Seq(items) => {
+            for item in items {
+                let Value::Map(entries) = &item.value else {
+                    return Err(wrong_shape("a map with one limit name", item));
+                };
+                let [(k, v)] = entries.as_slice() else {
+                    return Err(wrong_shape("a map with exactly one limit name", item));
+                };
+                let name = as_str(k, "a limit name")?;
+                let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
+                let f =
+                    fields(v, &["burst", "count", "period", "ids", "comment"]).map_err(located)?;
+                let limit = limit_of(&f).map_err(located)?;
+                let ids_node = f
+                    .ids
+                    .ok_or_else(|| located(err_at(ConfigErrorKind::MissingField("ids"), f.line)))?;
+                let Value::Seq(ids) = &ids_node.value else {
+                    return Err(located(wrong_shape("a list of ids", ids_node)));
+                };
+                if ids.is_empty() {
+                    return Err(located(err_at(ConfigErrorKind::NoIds, ids_node.line)));
+                }
+                check_name(name).map_err(|e| located(ConfigError::new(e)))?;
+                for id in ids {
+                    let (text, line) = id_text(id).map_err(located)?;
+                    builder
+                        .try_override(name, &text, limit)
+                        .map_err(|e| e.for_limit(name).at_line(line))?;
+                }
+            }
+            Ok(())
+        }
+        // The older format: `Name:id: {burst, count, period}`.
+        Value::Map(entries) => {
+            for (k, v) in entries {
+                let key = as_str(k, "a Name:id key")?;
+                let Some((name, id)) = key.split_once(':') else {
+                    return Err(err_at(
+                        ConfigErrorKind::WrongShape {
+                            expected: "a key of the form Name:id",
+                            found: "a key without ':'",
+                        },
+                        k.line,
+                    ));
+                };
+                let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
+                let f = fields(v, &["burst", "count", "period", "comment"]).map_err(located)?;
+                let limit = limit_of(&f).map_err(located)?;
+                builder.try_override(name, id, limit).map_err(located)?;
+            }
+            Ok(())
+        }
+        _ => Err(wrong_shape(
+            "a list of overrides (or a map of Name:id keys)",
+            root,
+        )),
+    }
+}
+
+impl Limits {
+    /// Loads defaults, and optionally overrides, from YAML text.
+    ///
+    /// ```
+    /// use tower_ratelimits::Limits;
+    /// let limits = Limits::from_yaml_str(
+    ///     "NewOrdersPerAccount:\n  burst: 300\n  count: 300\n  period: 180m\n  kind: account\n",
+    ///     Some("- NewOrdersPerAccount:\n    burst: 300\n    count: 600\n    period: 180m\n    ids: [12345678]\n"),
+    /// ).unwrap();
+    /// assert_eq!(limits.override_count(), 1);
+    /// ```
+    pub fn from_yaml_str(defaults: &str, overrides: Option<&str>) -> Result<Limits, ConfigError> {
+        load(
+            (defaults, "<defaults>"),
+            overrides.map(|o| (o, "<overrides>")),
+        )
+    }
+
+    /// Loads defaults, and optionally overrides, from YAML files. Errors name the file.
+    pub fn from_yaml_files(
+        defaults: impl AsRef<Path>,
+        overrides: Option<&Path>,
+    ) -> Result<Limits, ConfigError> {
+        let defaults = defaults.as_ref();
+        let d_name = defaults.display().to_string();
+        let d_text = read(defaults).map_err(|e| e.in_source(&d_name))?;
+        match overrides {
+            None => load((&d_text, &d_name), None),
+            Some(o) => {
+                let o_name = o.display().to_string();
+                let o_text = read(o).map_err(|e| e.in_source(&o_name))?;
+                load((&d_text, &d_name), Some((&o_text, &o_name)))
+            }
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(ConfigError::new)?;
+    let mut text = String::new();
+    let read = file
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(ConfigError::new)?;
+    if read as u64 > MAX_FILE_BYTES {
+        return Err(ConfigError::new(ConfigErrorKind::TooLarge {
+            bytes: read as u64,
+            max: MAX_FILE_BYTES,
+        }));
+    }
+    Ok(text)
+}
+
+fn load(defaults: (&str, &str), overrides: Option<(&str, &str)>) -> Result<Limits, ConfigError> {
+    let mut builder = Limits::builder();
+    let (text, source) = defaults;
+    let root = parse(text)
+        .and_then(|r| r.ok_or_else(|| ConfigError::new(ConfigErrorKind::Empty)))
+        .map_err(|e| e.in_source(source))?;
+    load_defaults(&mut builder, &root).map_err(|e| e.in_source(source))?;
+    if let Some((text, source)) = overrides {
+        let root = parse(text)
+            .and_then(|r| r.ok_or_else(|| ConfigError::new(ConfigErrorKind::Empty)))
+            .map_err(|e| e.in_source(source))?;
+        load_overrides(&mut builder, &root).map_err(|e| e.in_source(source))?;
+    }
+    builder.build()
+}

@@ -1,0 +1,607 @@
+//! Ids, id kinds and bucket keys.
+//!
+//! A bucket is named by a [`BucketKey`]: the interned number of a limit name plus an [`Id`]
+//! (`3:10.0.0.1`). Ids have one canonical form each, so an id taken from a request and the same
+//! id written in an overrides file always name the same bucket: IP addresses and numbers are
+//! stored as values (no allocation, no string hashing on the request path), other ids as text.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+/// The longest id accepted, in bytes.
+pub const MAX_ID_LEN: usize = 256;
+
+/// The interned number of a limit name, assigned when limits are loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NameId(pub(crate) u32);
+
+impl NameId {
+    /// The number used in bucket keys.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for NameId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    Ip(IpAddr),
+    Ipv6Range48(Ipv6Addr),
+    Number(u64),
+    Text(Arc<str>),
+}
+
+/// The subject a limit counts: an IP address, a /48 range, an account number or a text id.
+///
+/// Build ids from values (`Id::from(ip)`, `Id::from(42u64)`, [`Id::ipv6_range48`]) or from text
+/// with [`Id::new`] (any text) or [`IdKind::parse`] (text checked against a kind). Text that is
+/// the canonical form of an IP address or an unsigned number becomes that value, so `"10.0.0.1"`
+/// and `IpAddr::from([10, 0, 0, 1])` are the same id. IPv4-mapped IPv6 addresses
+/// (`::ffff:10.0.0.1`) are folded to IPv4.
+///
+/// ```
+/// use tower_ratelimits::Id;
+/// use std::net::IpAddr;
+///
+/// let ip: IpAddr = "10.0.0.1".parse().unwrap();
+/// assert_eq!(Id::new("10.0.0.1").unwrap(), Id::from(ip));
+/// assert_eq!(Id::new("::ffff:10.0.0.1").unwrap(), Id::from(ip));
+/// assert_eq!(Id::from(42u64).to_string(), "42");
+/// assert!(Id::new("").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Id(Repr);
+
+impl Id {
+    /// An id from text: non-empty, at most [`MAX_ID_LEN`] bytes, no control characters.
+    pub fn new(text: &str) -> Result<Self, IdError> {
+        check_text(text)?;
+        Ok(Self::from_checked_text(text))
+    }
+
+    fn from_checked_text(text: &str) -> Self {
+        if let Ok(ip) = IpAddr::from_str(text)
+            && ip.to_string() == text
+        {
+            return Self::from(ip);
+        }
+        if let Ok(n) = u64::from_str(text)
+            && n.to_string() == text
+        {
+            return Self(Repr::Number(n));
+        }
+        Self(Repr::Text(Arc::from(text)))
+    }
+
+    /// The /48 range holding `addr` (the address masked to its first 48 bits). An IPv4-mapped
+    /// address gives the IPv4 address itself, as range rules key IPv4 clients by address.
+    pub fn ipv6_range48(addr: Ipv6Addr) -> Self {
+        if let Some(v4) = addr.to_ipv4_mapped() {
+            return Self(Repr::Ip(IpAddr::V4(v4)));
+        }
+        let masked = u128::from(addr) & !((1u128 << 80) - 1);
+        Self(Repr::Ipv6Range48(Ipv6Addr::from(masked)))
+    }
+
+    /// The IP address, when this id is one.
+    pub fn as_ip(&self) -> Option<IpAddr> {
+        match self.0 {
+            Repr::Ip(ip) => Some(ip),
+            _ => None,
+        }
+    }
+
+    /// The number, when this id is one.
+    pub fn as_number(&self) -> Option<u64> {
+        match self.0 {
+            Repr::Number(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The text, when this id is neither an address, a range nor a number.
+    pub fn as_text(&self) -> Option<&str> {
+        match &self.0 {
+            Repr::Text(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+impl From<IpAddr> for Id {
+    fn from(ip: IpAddr) -> Self {
+        match ip {
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Self(Repr::Ip(IpAddr::V4(v4))),
+                None => Self(Repr::Ip(ip)),
+            },
+            IpAddr::V4(_) => Self(Repr::Ip(ip)),
+        }
+    }
+}
+
+impl From<u64> for Id {
+    fn from(n: u64) -> Self {
+        Self(Repr::Number(n))
+    }
+}
+
+impl fmt::Display for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Repr::Ip(ip) => ip.fmt(f),
+            Repr::Ipv6Range48(net) => write!(f, "{net}/48"),
+            Repr::Number(n) => n.fmt(f),
+            Repr::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+impl fmt::Debug for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Id({self})")
+    }
+}
+
+/// The bucket of one limit for one id: `<name number>:<id>`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct BucketKey {
+    name: NameId,
+    id: Id,
+}
+
+impl BucketKey {
+    /// The key of `name`'s bucket for `id`.
+    pub fn new(name: NameId, id: Id) -> Self {
+        Self { name, id }
+    }
+
+    /// The limit name's number.
+    pub fn name(&self) -> NameId {
+        self.name
+    }
+
+    /// The id.
+    pub fn id(&self) -> &Id {
+        &self.id
+    }
+}
+
+impl fmt::Display for BucketKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.name, self.id)
+    }
+}
+
+impl fmt::Debug for BucketKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BucketKey({self})")
+    }
+}
+
+/// What kind of id a limit name is keyed by. Override ids are checked against it when limits
+/// are loaded, and ids taken from requests (e.g. a header) when they are extracted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum IdKind {
+    /// An IPv4 or IPv6 address in canonical text form.
+    Ip,
+    /// An IPv6 /48 prefix in canonical masked form (`2001:db8:1234::/48`), or an IPv4 address.
+    Ipv6Range,
+    /// An unsigned 64-bit integer.
+    Account,
+    /// A registrable domain (eTLD+1), lower case.
+    Domain,
+    /// A comma-separated set of domain names, normalized and hashed (SHA-256, hex).
+    FqdnSet,
+    /// `<account>:<domain>`.
+    AccountDomain,
+    /// `<account>:<fqdn set>`, the set normalized and hashed.
+    AccountFqdnSet,
+    /// Any non-empty text up to 256 bytes without control characters.
+    #[default]
+    Any,
+}
+
+impl IdKind {
+    /// All kinds with their configuration names.
+    pub const ALL: [(&'static str, IdKind); 8] = [
+        ("ip", IdKind::Ip),
+        ("ipv6_range", IdKind::Ipv6Range),
+        ("account", IdKind::Account),
+        ("domain", IdKind::Domain),
+        ("fqdn_set", IdKind::FqdnSet),
+        ("account_domain", IdKind::AccountDomain),
+        ("account_fqdn_set", IdKind::AccountFqdnSet),
+        ("any", IdKind::Any),
+    ];
+
+    /// The kind's name in configuration files.
+    pub fn as_str(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, k)| *k == self)
+            .map_or("any", |(n, _)| n)
+    }
+
+    /// Parses an id of this kind from its text, requiring the canonical form (sets of domains
+    /// are normalized instead).
+    ///
+    /// ```
+    /// use tower_ratelimits::IdKind;
+    /// assert!(IdKind::Ip.parse("10.0.0.1").is_ok());
+    /// assert!(IdKind::Ip.parse("2001:0db8::1").is_err()); // not canonical: 2001:db8::1
+    /// assert_eq!(IdKind::Ipv6Range.parse("2001:db8:1234::/48").unwrap().to_string(), "2001:db8:1234::/48");
+    /// assert!(IdKind::Account.parse("0123").is_err());
+    /// assert!(IdKind::Domain.parse("www.example.com").is_err()); // not eTLD+1
+    /// ```
+    pub fn parse(self, text: &str) -> Result<Id, IdError> {
+        check_text(text)?;
+        match self {
+            IdKind::Any => Ok(Id::from_checked_text(text)),
+            IdKind::Ip => parse_ip(text).map(Id::from),
+            IdKind::Ipv6Range => parse_range(text),
+            IdKind::Account => parse_account(text).map(Id::from),
+            IdKind::Domain => {
+                parse_domain(text)?;
+                Ok(Id(Repr::Text(Arc::from(text))))
+            }
+            IdKind::FqdnSet => Ok(Id(Repr::Text(Arc::from(hash_fqdn_set(text)?)))),
+            IdKind::AccountDomain => {
+                let (account, domain) = split_account(text)?;
+                parse_domain(domain)?;
+                Ok(Id(Repr::Text(Arc::from(format!("{account}:{domain}")))))
+            }
+            IdKind::AccountFqdnSet => {
+                let (account, set) = split_account(text)?;
+                let hash = hash_fqdn_set(set)?;
+                Ok(Id(Repr::Text(Arc::from(format!("{account}:{hash}")))))
+            }
+        }
+    }
+}
+
+impl FromStr for IdKind {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, k)| *k)
+            .ok_or_else(|| IdError::UnknownKind(s.to_owned()))
+    }
+}
+
+impl fmt::Display for IdKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why an id was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    /// The id was empty.
+    #[error("the id is empty")]
+    Empty,
+    /// The id is longer than [`MAX_ID_LEN`] bytes.
+    #[error("the id is {0} bytes long; at most 256 are allowed")]
+    TooLong(usize),
+    /// The id contains a control character.
+    #[error("the id contains a control character")]
+    ControlCharacter,
+    /// The id is valid but not written in canonical form.
+    #[error("{given:?} is not in canonical form; write {canonical:?}")]
+    NotCanonical {
+        /// What was given.
+        given: String,
+        /// How to write it.
+        canonical: String,
+    },
+    /// The id is not of the expected kind.
+    #[error("{given:?} is not a valid {kind} id: {reason}")]
+    Invalid {
+        /// The kind expected.
+        kind: IdKind,
+        /// What was given (truncated to 64 bytes).
+        given: String,
+        /// Why it does not fit.
+        reason: &'static str,
+    },
+    /// An id kind name that does not exist.
+    #[error(
+        "unknown id kind {0:?}; expected one of ip, ipv6_range, account, domain, fqdn_set, account_domain, account_fqdn_set, any"
+    )]
+    UnknownKind(String),
+}
+
+fn truncated(s: &str) -> String {
+    let mut end = s.len().min(64);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+fn invalid(kind: IdKind, given: &str, reason: &'static str) -> IdError {
+    IdError::Invalid {
+        kind,
+        given: truncated(given),
+        reason,
+    }
+}
+
+fn check_text(text: &str) -> Result<(), IdError> {
+    if text.is_empty() {
+        return Err(IdError::Empty);
+    }
+    if text.len() > MAX_ID_LEN {
+        return Err(IdError::TooLong(text.len()));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(IdError::ControlCharacter);
+    }
+    Ok(())
+}
+
+fn parse_ip(text: &str) -> Result<IpAddr, IdError> {
+    let ip = IpAddr::from_str(text).map_err(|_| invalid(IdKind::Ip, text, "not an IP address"))?;
+    let canonical = ip.to_string();
+    if canonical != text {
+        return Err(IdError::NotCanonical {
+            given: truncated(text),
+            canonical,
+        });
+    }
+    Ok(ip)
+}
+
+fn parse_range(text: &str) -> Result<Id, IdError> {
+    let kind = IdKind::Ipv6Range;
+    let Some((addr, prefix)) = text.split_once('/') else {
+        // IPv4 clients are keyed by address in range limits.
+        return match IpAddr::from_str(text) {
+            Ok(IpAddr::V4(_)) => parse_ip(text).map(Id::from),
+            _ => Err(invalid(
+                kind,
+                text,
+                "expected an IPv6 /48 prefix like 2001:db8:1234::/48, or an IPv4 address",
+            )),
+        };
+    };
+    if prefix != "48" {
+        return Err(invalid(kind, text, "the prefix length must be /48"));
+    }
+    let addr = Ipv6Addr::from_str(addr).map_err(|_| invalid(kind, text, "not an IPv6 address"))?;
+    if addr.to_ipv4_mapped().is_some() {
+        return Err(invalid(
+            kind,
+            text,
+            "an IPv4-mapped address is not a /48 range",
+        ));
+    }
+    let id = Id::ipv6_range48(addr);
+    let canonical = id.to_string();
+    if canonical != text {
+        return Err(IdError::NotCanonical {
+            given: truncated(text),
+            canonical,
+        });
+    }
+    Ok(id)
+}
+
+fn parse_account(text: &str) -> Result<u64, IdError> {
+    let n = u64::from_str(text)
+        .ok()
+        .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| invalid(IdKind::Account, text, "not an unsigned 64-bit integer"))?;
+    if n.to_string() != text {
+        return Err(IdError::NotCanonical {
+            given: truncated(text),
+            canonical: n.to_string(),
+        });
+    }
+    Ok(n)
+}
+
+fn split_account(text: &str) -> Result<(u64, &str), IdError> {
+    let (account, rest) = text
+        .split_once(':')
+        .ok_or_else(|| invalid(IdKind::AccountDomain, text, "expected <account>:<domain>"))?;
+    Ok((parse_account(account)?, rest))
+}
+
+/// A host name: labels of 1..=63 lower-case letters, digits and hyphens (not at either end),
+/// at least two labels, at most 253 bytes.
+fn check_hostname(name: &str) -> bool {
+    name.len() <= 253
+        && name.contains('.')
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
+fn parse_domain(text: &str) -> Result<(), IdError> {
+    let kind = IdKind::Domain;
+    if text.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(IdError::NotCanonical {
+            given: truncated(text),
+            canonical: text.to_ascii_lowercase(),
+        });
+    }
+    if !check_hostname(text) {
+        return Err(invalid(kind, text, "not a domain name"));
+    }
+    match psl::domain_str(text) {
+        Some(registrable) if registrable == text => Ok(()),
+        Some(registrable) => Err(IdError::NotCanonical {
+            given: truncated(text),
+            canonical: registrable.to_owned(),
+        }),
+        None => Err(invalid(kind, text, "not a registrable domain (eTLD+1)")),
+    }
+}
+
+/// Normalizes a comma-separated set of domain names (lower case, de-duplicated, sorted) and
+/// returns the SHA-256 of the normalized set, in hex.
+///
+/// ```
+/// use tower_ratelimits::key::hash_fqdn_set;
+/// assert_eq!(
+///     hash_fqdn_set("www.Example.com,example.org,example.org").unwrap(),
+///     hash_fqdn_set("example.org,www.example.com").unwrap(),
+/// );
+/// ```
+pub fn hash_fqdn_set(text: &str) -> Result<String, IdError> {
+    let mut names: Vec<String> = text
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .collect();
+    if let Some(bad) = names.iter().find(|n| !check_hostname(n)) {
+        return Err(invalid(
+            IdKind::FqdnSet,
+            if bad.is_empty() { text } else { bad },
+            "not a comma-separated list of domain names",
+        ));
+    }
+    names.sort_unstable();
+    names.dedup();
+    let digest = Sha256::digest(names.join(",").as_bytes());
+    let mut hex = String::with_capacity(64);
+    for b in digest {
+        use fmt::Write;
+        let _ = write!(hex, "{b:02x}");
+    }
+    Ok(hex)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_ids_by_kind() {
+        let ok = [
+            (IdKind::Ip, "10.0.0.1", "10.0.0.1"),
+            (
+                IdKind::Ip,
+                "2001:db8::ff00:42:8329",
+                "2001:db8::ff00:42:8329",
+            ),
+            (IdKind::Ip, "::ffff:10.0.0.1", "10.0.0.1"),
+            (
+                IdKind::Ipv6Range,
+                "2001:db8:1234::/48",
+                "2001:db8:1234::/48",
+            ),
+            (IdKind::Ipv6Range, "192.0.2.1", "192.0.2.1"),
+            (IdKind::Account, "12345678", "12345678"),
+            (IdKind::Account, "0", "0"),
+            (IdKind::Domain, "example.com", "example.com"),
+            (IdKind::Domain, "example.co.uk", "example.co.uk"),
+            (
+                IdKind::AccountDomain,
+                "12345678:example.com",
+                "12345678:example.com",
+            ),
+            (IdKind::Any, "anything goes", "anything goes"),
+        ];
+        for (kind, text, shown) in ok {
+            let id = kind
+                .parse(text)
+                .unwrap_or_else(|e| panic!("{kind} {text}: {e}"));
+            assert_eq!(id.to_string(), shown, "{kind} {text}");
+        }
+    }
+
+    #[test]
+    fn refuses_non_canonical_and_malformed_ids() {
+        let bad = [
+            (IdKind::Ip, "2001:0db8:0000:0000:0000:ff00:0042:8329"),
+            (IdKind::Ip, "010.0.0.1"),
+            (IdKind::Ip, "10.0.0"),
+            (IdKind::Ip, "10.0.0.1 "),
+            (IdKind::Ip, "fe80::1%eth0"),
+            (IdKind::Ipv6Range, "2001:db8:1234::/64"),
+            (IdKind::Ipv6Range, "2001:db8:1234::1/48"),
+            (IdKind::Ipv6Range, "2001:0db8:0000::/48"),
+            (IdKind::Ipv6Range, "2001:db8::1"),
+            (IdKind::Ipv6Range, "::ffff:10.0.0.0/48"),
+            (IdKind::Account, "-1"),
+            (IdKind::Account, "+1"),
+            (IdKind::Account, "007"),
+            (IdKind::Account, "18446744073709551616"),
+            (IdKind::Account, "12a"),
+            (IdKind::Domain, "Example.com"),
+            (IdKind::Domain, "www.example.com"),
+            (IdKind::Domain, "com"),
+            (IdKind::Domain, "exa_mple.com"),
+            (IdKind::Domain, "-example.com"),
+            (IdKind::FqdnSet, "example.com,,example.org"),
+            (IdKind::FqdnSet, "example.com,not a domain"),
+            (IdKind::AccountDomain, "example.com"),
+            (IdKind::AccountDomain, "x:example.com"),
+            (IdKind::AccountFqdnSet, "12:"),
+            (IdKind::Any, ""),
+            (IdKind::Any, "a\nb"),
+            (IdKind::Any, "\u{7f}"),
+        ];
+        for (kind, text) in bad {
+            assert!(kind.parse(text).is_err(), "{kind} accepted {text:?}");
+        }
+        assert_eq!(
+            IdKind::Any.parse(&"a".repeat(257)),
+            Err(IdError::TooLong(257))
+        );
+        assert!(IdKind::Any.parse(&"a".repeat(256)).is_ok());
+        // Multi-byte characters are fine in `any`, and errors truncate on a char boundary.
+        assert!(IdKind::Any.parse("é🦀").is_ok());
+        let e = IdKind::Ip.parse(&"é".repeat(100)).unwrap_err();
+        assert!(e.to_string().len() < 200);
+    }
+
+    #[test]
+    fn fqdn_sets_are_normalized_then_hashed() {
+        let a = IdKind::FqdnSet
+            .parse("b.example.com,A.example.com,a.example.com")
+            .unwrap();
+        let b = IdKind::FqdnSet
+            .parse("a.example.com,b.example.com")
+            .unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.to_string().len(), 64);
+        let c = IdKind::AccountFqdnSet
+            .parse("7:a.example.com,b.example.com")
+            .unwrap();
+        assert_eq!(c.to_string(), format!("7:{b}"));
+    }
+
+    #[test]
+    fn text_ids_equal_value_ids() {
+        let v6: Ipv6Addr = "2001:db8:1234:5678::1".parse().unwrap();
+        assert_eq!(
+            Id::ipv6_range48(v6),
+            IdKind::Ipv6Range.parse("2001:db8:1234::/48").unwrap()
+        );
+        assert_eq!(Id::new("42").unwrap(), Id::from(42u64));
+        assert_ne!(Id::new("042").unwrap(), Id::from(42u64));
+        assert_eq!(Id::new("042").unwrap().as_text(), Some("042"));
+        let k = BucketKey::new(NameId(3), Id::from(12345678u64));
+        assert_eq!(k.to_string(), "3:12345678");
+    }
+}

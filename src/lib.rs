@@ -1,0 +1,20 @@
+//! tower-ratelimits
+#![deny(missing_docs)]
+
+pub mod backend;
+pub mod config;
+pub mod decision;
+pub mod gcra;
+pub mod key;
+pub mod limit;
+pub mod time;
+
+pub use backend::{Backend, BackendError, MemoryBackend};
+pub use config::{ConfigError, Limits};
+pub use decision::{BatchDecision, Decision, Mode, Outcome, Transaction};
+pub use key::{BucketKey, Id, IdKind, NameId};
+pub use limit::Limit;
+pub use time::{Clock, ManualClock, SystemClock};
+pub mod limiter;
+pub use limiter::{Limiter, LimiterError};
+pub mod simulate;

@@ -1,0 +1,243 @@
+//! The [`Limiter`]: limits plus a backend, usable on its own (a job queue, a CLI, an
+//! interceptor) or through the tower middleware.
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, BackendError, BucketTx};
+use crate::config::Limits;
+use crate::decision::{BatchDecision, Decision, Mode, Outcome, Transaction};
+use crate::key::{BucketKey, Id, IdError, NameId};
+use crate::limit::Limit;
+use crate::time::us;
+
+/// Why the limiter could not decide.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimiterError {
+    /// A limit name the configuration does not define.
+    #[error("unknown limit {0:?}")]
+    UnknownName(String),
+    /// A name number that does not belong to this limiter's configuration.
+    #[error("unknown limit number {0}")]
+    UnknownNameId(NameId),
+    /// The same bucket appears twice in one batch.
+    #[error("bucket {0} appears twice in one batch")]
+    DuplicateKey(String),
+    /// A transaction's cost is larger than its limit's burst: it could never be allowed.
+    #[error("limit {name}: cost {cost} exceeds the burst of {burst}")]
+    CostAboveBurst {
+        /// The limit name.
+        name: Arc<str>,
+        /// The cost.
+        cost: u64,
+        /// The burst.
+        burst: u64,
+    },
+    /// An id that does not fit the limit's id kind.
+    #[error("limit {name}: {source}")]
+    InvalidId {
+        /// The limit name.
+        name: Arc<str>,
+        /// Why the id was refused.
+        source: IdError,
+    },
+    /// The backend failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+struct Inner {
+    limits: Limits,
+    backend: Arc<dyn Backend>,
+}
+
+/// Decides transactions against a [`Limits`] snapshot, storing state in a [`Backend`].
+/// Cheap to clone.
+///
+/// ```
+/// use tower_ratelimits::{Id, Limiter, Limits, Limit, ManualClock, MemoryBackend, Transaction};
+/// use std::time::Duration;
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let limits = Limits::builder()
+///     .limit("Api", Limit::new(2, 2, Duration::from_secs(1)).unwrap())
+///     .build()
+///     .unwrap();
+/// let clock = ManualClock::new(1_000_000);
+/// let limiter = Limiter::new(limits, MemoryBackend::builder().clock(clock.clone()).build());
+/// let key = limiter.key("Api", Id::new("client-1").unwrap()).unwrap();
+/// for _ in 0..2 {
+///     assert!(limiter.spend(&[Transaction::new(key.clone())]).await.unwrap().allowed());
+/// }
+/// let denied = limiter.spend(&[Transaction::new(key.clone())]).await.unwrap();
+/// assert!(!denied.allowed());
+/// assert_eq!(denied.strictest().unwrap().retry_after, Duration::from_millis(500));
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("limits", &self.inner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Spend,
+    Check,
+    Refund,
+}
+
+impl Limiter {
+    /// A limiter over `limits` storing state in `backend`.
+    pub fn new(limits: Limits, backend: impl Backend) -> Self {
+        Self::with_shared_backend(limits, Arc::new(backend))
+    }
+
+    /// A limiter over a backend shared with others.
+    pub fn with_shared_backend(limits: Limits, backend: Arc<dyn Backend>) -> Self {
+        Self {
+            inner: Arc::new(Inner { limits, backend }),
+        }
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// The number of a limit name (look it up once, at set-up).
+    pub fn name_id(&self, name: &str) -> Result<NameId, LimiterError> {
+        self.inner
+            .limits
+            .name_id(name)
+            .ok_or_else(|| LimiterError::UnknownName(name.to_owned()))
+    }
+
+    /// The bucket key of a name and an id.
+    pub fn key(&self, name: &str, id: Id) -> Result<BucketKey, LimiterError> {
+        Ok(BucketKey::new(self.name_id(name)?, id))
+    }
+
+    /// The bucket key of a name and an id given as text, checked against the name's id kind.
+    pub fn parse_key(&self, name: &str, id: &str) -> Result<BucketKey, LimiterError> {
+        let number = self.name_id(name)?;
+        let kind = self.inner.limits.id_kind(number).unwrap_or_default();
+        let id = kind.parse(id).map_err(|source| LimiterError::InvalidId {
+            name: Arc::from(name),
+            source,
+        })?;
+        Ok(BucketKey::new(number, id))
+    }
+
+    /// Decides a batch and spends it if it is allowed (all or nothing).
+    pub async fn spend(&self, batch: &[Transaction]) -> Result<BatchDecision, LimiterError> {
+        self.run(batch, Op::Spend).await
+    }
+
+    /// Decides a batch without spending anything.
+    pub async fn check(&self, batch: &[Transaction]) -> Result<BatchDecision, LimiterError> {
+        self.run(batch, Op::Check).await
+    }
+
+    /// Refunds each transaction's cost, never above a full bucket. A decision is `allowed` when
+    /// something was refunded.
+    pub async fn refund(&self, batch: &[Transaction]) -> Result<BatchDecision, LimiterError> {
+        self.run(batch, Op::Refund).await
+    }
+
+    /// Deletes buckets: they become full.
+    pub async fn reset(&self, keys: &[BucketKey]) -> Result<(), LimiterError> {
+        let refs: Vec<&BucketKey> = keys.iter().collect();
+        self.inner.backend.reset(&refs).await?;
+        Ok(())
+    }
+
+    async fn run(&self, batch: &[Transaction], op: Op) -> Result<BatchDecision, LimiterError> {
+        let limits = &self.inner.limits;
+        for (i, tx) in batch.iter().enumerate() {
+            if batch[..i].iter().any(|other| other.key() == tx.key()) {
+                return Err(LimiterError::DuplicateKey(tx.key().to_string()));
+            }
+        }
+        let mut resolved: Vec<(Option<Limit>, Mode)> = Vec::with_capacity(batch.len());
+        let mut txs: Vec<BucketTx<'_>> = Vec::with_capacity(batch.len());
+        for tx in batch {
+            let name = tx.key().name();
+            let Some(label) = limits.name(name) else {
+                return Err(LimiterError::UnknownNameId(name));
+            };
+            let mode = if op == Op::Check {
+                Mode::CheckOnly
+            } else {
+                tx.get_mode()
+            };
+            let limit = limits.resolve(tx.key());
+            if let Some(limit) = limit {
+                let cost = tx.cost_or(limits.default_cost(name));
+                if cost > limit.burst() {
+                    return Err(LimiterError::CostAboveBurst {
+                        name: label.clone(),
+                        cost,
+                        burst: limit.burst(),
+                    });
+                }
+                txs.push(BucketTx {
+                    key: tx.key(),
+                    limit,
+                    cost,
+                    mode,
+                });
+            }
+            resolved.push((limit, mode));
+        }
+        let outcomes = if txs.is_empty() {
+            Vec::new()
+        } else if op == Op::Refund {
+            self.inner.backend.refund(&txs).await?
+        } else {
+            self.inner.backend.spend(&txs).await?
+        };
+        if outcomes.len() != txs.len() {
+            return Err(BackendError::Unavailable(format!(
+                "backend returned {} outcomes for {} transactions",
+                outcomes.len(),
+                txs.len()
+            ))
+            .into());
+        }
+        let mut outcomes = outcomes.into_iter();
+        let decisions = batch
+            .iter()
+            .zip(resolved)
+            .map(|(tx, (limit, mode))| {
+                let o = match limit {
+                    Some(_) => outcomes.next().unwrap_or_default(),
+                    None => Outcome::new(true, u64::MAX, 0, 0),
+                };
+                Decision {
+                    allowed: o.allowed,
+                    remaining: o.remaining,
+                    retry_after: us(o.retry_after_us),
+                    reset_after: us(o.reset_after_us),
+                    limit,
+                    name: limits.name(tx.key().name()).cloned().unwrap_or_default(),
+                    key: tx.key().clone(),
+                    mode,
+                }
+            })
+            .collect();
+        Ok(BatchDecision::new(decisions))
+    }
+}

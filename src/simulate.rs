@@ -1,0 +1,285 @@
+//! The trace simulator behind `cargo run --example simulate`: runs a trace through a real
+//! [`Limiter`] on a [`ManualClock`] and writes one JSON object per trace line.
+//!
+//! # Trace format
+//!
+//! `<time> <op> <tx> [<tx> ...] [cost=<n>]`, one request per line; blank lines and `#` comments
+//! are skipped.
+//! - `<time>`: since the trace start, an integer or decimal with unit `us`, `ms` or `s`
+//!   (`0ms`, `1.01s`, `250us`). Times must not go backwards.
+//! - `<op>`: `spend`, `check`, `refund` or `reset`.
+//! - `<tx>`: `[check-only:|spend-only:]<Name>=<id>[*<cost>]`. All transactions of a line are
+//!   one batch; `*<cost>` overrides the line's cost for that transaction.
+//! - `cost=<n>`: the line's cost (default: the limit's configured cost, 1 unless set).
+//!
+//! # Output
+//!
+//! `{"line":N,"at_us":T,"op":"spend","allowed":bool,"remaining":R,"retry_after_us":X,
+//! "reset_after_us":Y,"decisions":[{"limit":"Name","id":"...","allowed":bool,"remaining":R,
+//! "retry_after_us":X,"reset_after_us":Y}, ...]}`; the top-level fields are the batch decision
+//! (its strictest transaction). A `reset` line prints `{"line":N,"at_us":T,"op":"reset",
+//! "keys":["Name=id",...]}`.
+//!
+//! ```
+//! use tower_ratelimits::{Limits, ManualClock, MemoryBackend, Limiter, simulate};
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let limits = Limits::from_yaml_str("Api:\n  burst: 1\n  count: 1\n  period: 1s\n", None).unwrap();
+//! let clock = ManualClock::new(simulate::EPOCH_US);
+//! let limiter = Limiter::new(limits, MemoryBackend::builder().clock(clock.clone()).build());
+//! let mut out = Vec::new();
+//! simulate::run(&limiter, &clock, "0s spend Api=a\n0.5s spend Api=a\n".as_bytes(), &mut out).await.unwrap();
+//! let text = String::from_utf8(out).unwrap();
+//! assert!(text.lines().nth(1).unwrap().contains(r#""allowed":false"#));
+//! # });
+//! ```
+
+use std::io::{BufRead, Write};
+
+use serde::Serialize;
+
+use crate::decision::{Mode, Transaction};
+use crate::limiter::{Limiter, LimiterError};
+use crate::time::ManualClock;
+
+/// The absolute time (microseconds since the Unix epoch) of trace time zero: 2023-11-14.
+pub const EPOCH_US: u64 = 1_700_000_000_000_000;
+
+/// Why a trace could not be run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    /// A malformed line.
+    #[error("line {line}: {reason}")]
+    Line {
+        /// The 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The limiter refused a line (unknown name, cost above burst, backend failure).
+    #[error("line {line}: {source}")]
+    Limiter {
+        /// The 1-based line number.
+        line: usize,
+        /// The limiter's error.
+        source: LimiterError,
+    },
+    /// Reading the trace or writing the output failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Parses a trace time (`0ms`, `1.01s`, `250us`) into microseconds.
+///
+/// ```
+/// use tower_ratelimits::simulate::parse_time_us;
+/// assert_eq!(parse_time_us("1.01s"), Ok(1_010_000));
+/// assert_eq!(parse_time_us("250us"), Ok(250));
+/// assert!(parse_time_us("1.0000001s").is_err());
+/// ```
+pub fn parse_time_us(text: &str) -> Result<u64, String> {
+    let (number, scale, digits) = if let Some(n) = text.strip_suffix("us") {
+        (n, 1u64, 0usize)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1_000, 3)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1_000_000, 6)
+    } else {
+        return Err(format!("time {text:?} needs a unit: us, ms or s"));
+    };
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !all_digits(whole) || !all_digits(frac) || number.ends_with('.') {
+        return Err(format!("malformed time {text:?}"));
+    }
+    let frac_trimmed = frac.trim_end_matches('0');
+    if frac_trimmed.len() > digits {
+        return Err(format!("time {text:?} is finer than a microsecond"));
+    }
+    let too_large = || format!("time {text:?} is too large");
+    let whole: u64 = whole.parse().map_err(|_| too_large())?;
+    let mut frac_us: u64 = 0;
+    if !frac_trimmed.is_empty() {
+        let f: u64 = frac_trimmed.parse().map_err(|_| too_large())?;
+        frac_us = f
+            * 10u64.pow((digits - frac_trimmed.len()) as u32)
+            * (scale / 10u64.pow(digits as u32));
+    }
+    whole
+        .checked_mul(scale)
+        .and_then(|w| w.checked_add(frac_us))
+        .ok_or_else(too_large)
+}
+
+#[derive(Serialize)]
+struct TxOut<'a> {
+    limit: &'a str,
+    id: String,
+    allowed: bool,
+    remaining: u64,
+    retry_after_us: u64,
+    reset_after_us: u64,
+}
+
+#[derive(Serialize)]
+struct LineOut<'a> {
+    line: usize,
+    at_us: u64,
+    op: &'a str,
+    allowed: bool,
+    remaining: u64,
+    retry_after_us: u64,
+    reset_after_us: u64,
+    decisions: Vec<TxOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct ResetOut<'a> {
+    line: usize,
+    at_us: u64,
+    op: &'a str,
+    keys: Vec<&'a str>,
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+struct ParsedLine<'a> {
+    at_us: u64,
+    op: &'a str,
+    txs: Vec<(&'a str, Transaction)>,
+}
+
+fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, String> {
+    let mut words = text.split_whitespace();
+    let time = words.next().ok_or("empty line")?;
+    let at_us = parse_time_us(time)?;
+    let op = words
+        .next()
+        .ok_or("missing operation (spend, check, refund, reset)")?;
+    if !matches!(op, "spend" | "check" | "refund" | "reset") {
+        return Err(format!(
+            "unknown operation {op:?}: use spend, check, refund or reset"
+        ));
+    }
+    let mut specs: Vec<&str> = words.collect();
+    let mut line_cost: Option<u64> = None;
+    if let Some(last) = specs.last()
+        && let Some(c) = last.strip_prefix("cost=")
+    {
+        line_cost = Some(c.parse().map_err(|_| format!("malformed cost {c:?}"))?);
+        specs.pop();
+    }
+    if specs.is_empty() {
+        return Err("no transaction: write <Name>=<id>".into());
+    }
+    let mut txs = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let (mode, rest) = if let Some(r) = spec.strip_prefix("check-only:") {
+            (Mode::CheckOnly, r)
+        } else if let Some(r) = spec.strip_prefix("spend-only:") {
+            (Mode::SpendOnly, r)
+        } else {
+            (Mode::CheckAndSpend, spec)
+        };
+        let (name, id) = rest
+            .split_once('=')
+            .ok_or_else(|| format!("malformed transaction {spec:?}: write <Name>=<id>"))?;
+        let (id, cost) = match id.rsplit_once('*') {
+            Some((id, c)) if !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) => (
+                id,
+                Some(
+                    c.parse::<u64>()
+                        .map_err(|_| format!("cost {c:?} is too large"))?,
+                ),
+            ),
+            _ => (id, None),
+        };
+        let key = limiter.parse_key(name, id).map_err(|e| e.to_string())?;
+        let mut tx = Transaction::new(key).mode(mode);
+        if let Some(c) = cost.or(line_cost) {
+            tx = tx.cost(c);
+        }
+        txs.push((rest, tx));
+    }
+    Ok(ParsedLine { at_us, op, txs })
+}
+
+/// Runs a trace, writing one JSON line per request. Stops at the first bad line.
+pub async fn run(
+    limiter: &Limiter,
+    clock: &ManualClock,
+    input: impl BufRead,
+    mut output: impl Write,
+) -> Result<(), SimulateError> {
+    let mut last_us = 0u64;
+    for (index, line) in input.lines().enumerate() {
+        let number = index + 1;
+        let line = line?;
+        let text = line.split('#').next().unwrap_or("").trim();
+        if text.is_empty() {
+            continue;
+        }
+        let bad = |reason: String| SimulateError::Line {
+            line: number,
+            reason,
+        };
+        let parsed = parse_line(limiter, text).map_err(bad)?;
+        if parsed.at_us < last_us {
+            return Err(bad(format!(
+                "time goes backwards ({}us after {}us)",
+                parsed.at_us, last_us
+            )));
+        }
+        last_us = parsed.at_us;
+        clock.set(EPOCH_US.saturating_add(parsed.at_us));
+        let txs: Vec<Transaction> = parsed.txs.iter().map(|(_, t)| t.clone()).collect();
+        let failed = |source| SimulateError::Limiter {
+            line: number,
+            source,
+        };
+        let json = if parsed.op == "reset" {
+            let keys: Vec<_> = txs.iter().map(|t| t.key().clone()).collect();
+            limiter.reset(&keys).await.map_err(failed)?;
+            serde_json::to_string(&ResetOut {
+                line: number,
+                at_us: parsed.at_us,
+                op: parsed.op,
+                keys: parsed.txs.iter().map(|(s, _)| *s).collect(),
+            })
+        } else {
+            let batch = match parsed.op {
+                "spend" => limiter.spend(&txs).await,
+                "check" => limiter.check(&txs).await,
+                _ => limiter.refund(&txs).await,
+            }
+            .map_err(failed)?;
+            let top = batch.strictest().or(batch.decisions().first());
+            serde_json::to_string(&LineOut {
+                line: number,
+                at_us: parsed.at_us,
+                op: parsed.op,
+                allowed: batch.allowed(),
+                remaining: top.map_or(0, |d| d.remaining),
+                retry_after_us: top.map_or(0, |d| micros(d.retry_after)),
+                reset_after_us: top.map_or(0, |d| micros(d.reset_after)),
+                decisions: batch
+                    .decisions()
+                    .iter()
+                    .map(|d| TxOut {
+                        limit: &d.name,
+                        id: d.key.id().to_string(),
+                        allowed: d.allowed,
+                        remaining: d.remaining,
+                        retry_after_us: micros(d.retry_after),
+                        reset_after_us: micros(d.reset_after),
+                    })
+                    .collect(),
+            })
+        }
+        .map_err(|e| bad(e.to_string()))?;
+        writeln!(output, "{json}")?;
+    }
+    output.flush()?;
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! Time: integer microseconds, a [`Clock`] trait, and duration parsing.
+//!
+//! Every time in this crate is an integer count of microseconds. Microseconds since the Unix
+//! epoch (about 1.8e15 today) stay exact in the 53-bit mantissa of a Lua number, so the Redis
+//! scripts compute the same integers as Rust does.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A source of "now", in microseconds since the Unix epoch.
+///
+/// The default is [`SystemClock`]. Tests and the simulator use [`ManualClock`] so that time
+/// only moves when they say so.
+pub trait Clock: Send + Sync + 'static {
+    /// The current time in microseconds since the Unix epoch.
+    fn now_us(&self) -> u64;
+}
+
+/// The operating system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_us(&self) -> u64 {
+        // A clock set before 1970 reads as the epoch rather than panicking.
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            .unwrap_or(0)
+    }
+}
+
+/// A clock that only moves when told to. Clones share the same time.
+///
+/// ```
+/// use tower_ratelimits::{Clock, ManualClock};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new(1_000);
+/// clock.advance(Duration::from_millis(5));
+/// assert_eq!(clock.now_us(), 6_000);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock {
+    now: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock standing at `now_us` microseconds since the epoch.
+    pub fn new(now_us: u64) -> Self {
+        Self {
+            now: Arc::new(AtomicU64::new(now_us)),
+        }
+    }
+
+    /// Sets the time.
+    pub fn set(&self, now_us: u64) {
+        self.now.store(now_us, Ordering::SeqCst);
+    }
+
+    /// Moves the time forward (saturating at `u64::MAX`).
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        let _ = self
+            .now
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                Some(t.saturating_add(by))
+            });
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_us(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now_us(&self) -> u64 {
+        (**self).now_us()
+    }
+}
+
+/// Why a duration string was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// The string was empty.
+    #[error("empty duration")]
+    Empty,
+    /// A number had no unit, or a unit no number.
+    #[error("malformed duration {0:?}: expected numbers with units, like 1s, 250ms, 1h30m")]
+    Malformed(String),
+    /// A unit that is not one of `us`, `ms`, `s`, `m`, `h`, `d`.
+    #[error("unknown unit {unit:?} in duration {input:?}: use us, ms, s, m, h or d")]
+    UnknownUnit {
+        /// The whole input.
+        input: String,
+        /// The unit that was not recognised.
+        unit: String,
+    },
+    /// The value does not fit in 64-bit microseconds.
+    #[error("duration {0:?} is too large")]
+    Overflow(String),
+}
+
+/// Parses a duration such as `1s`, `250ms`, `180m`, `1h30m`, `2d` or `500us` into microseconds.
+///
+/// Each part is a whole number followed by a unit; parts are added. Units: `us`, `ms`, `s`,
+/// `m`, `h`, `d`. Signs, fractions and spaces are refused.
+///
+/// ```
+/// use tower_ratelimits::time::parse_duration_us;
+/// assert_eq!(parse_duration_us("1h30m"), Ok(5_400_000_000));
+/// assert_eq!(parse_duration_us("250ms"), Ok(250_000));
+/// assert!(parse_duration_us("-1s").is_err());
+/// ```
+pub fn parse_duration_us(input: &str) -> Result<u64, DurationError> {
+    if input.is_empty() {
+        return Err(DurationError::Empty);
+    }
+    let malformed = || DurationError::Malformed(input.to_owned());
+    let overflow = || DurationError::Overflow(input.to_owned());
+    let bytes = input.as_bytes();
+    let mut i = 0;
+    let mut total: u64 = 0;
+    while i < bytes.len() {
+        let start = i;
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            i += 1;
+        }
+        if start == i {
+            return Err(malformed());
+        }
+        let number: u64 = input[start..i].parse().map_err(|_| overflow())?;
+        let unit_start = i;
+        while i < bytes.len() && bytes[i].is_ascii_alphabetic() {
+            i += 1;
+        }
+        let unit = &input[unit_start..i];
+        let scale: u64 = match unit {
+            "us" => 1,
+            "ms" => 1_000,
+            "s" => 1_000_000,
+            "m" => 60_000_000,
+            "h" => 3_600_000_000,
+            "d" => 86_400_000_000,
+            "" => return Err(malformed()),
+            other => {
+                return Err(DurationError::UnknownUnit {
+                    input: input.to_owned(),
+                    unit: other.to_owned(),
+                });
+            }
+        };
+        let part = number.checked_mul(scale).ok_or_else(overflow)?;
+        total = total.checked_add(part).ok_or_else(overflow)?;
+    }
+    Ok(total)
+}
+
+/// Converts microseconds to a [`Duration`].
+pub(crate) fn us(us: u64) -> Duration {
+    Duration::from_micros(us)
+}
+
+/// Converts a [`Duration`] to microseconds, saturating.
+pub(crate) fn duration_us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units_and_combinations() {
+        assert_eq!(parse_duration_us("1s"), Ok(1_000_000));
+        assert_eq!(parse_duration_us("180m"), Ok(10_800_000_000));
+        assert_eq!(parse_duration_us("1h30m"), Ok(5_400_000_000));
+        assert_eq!(parse_duration_us("1d"), Ok(86_400_000_000));
+        assert_eq!(parse_duration_us("1m30s250ms"), Ok(90_250_000));
+        assert_eq!(parse_duration_us("0s"), Ok(0));
+        assert_eq!(parse_duration_us("7us"), Ok(7));
+    }
+
+    #[test]
+    fn refuses_bad_durations() {
+        assert_eq!(parse_duration_us(""), Err(DurationError::Empty));
+        for bad in ["s", "1", "1.5s", "-1s", "1 s", "1s ", "+1s", "ms1", "1sm"] {
+            assert!(parse_duration_us(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(matches!(
+            parse_duration_us("3w"),
+            Err(DurationError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            parse_duration_us("99999999999999999999d"),
+            Err(DurationError::Overflow(_))
+        ));
+        assert!(matches!(
+            parse_duration_us("300000000d"),
+            Err(DurationError::Overflow(_))
+        ));
+    }
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let c = ManualClock::new(10);
+        let c2 = c.clone();
+        assert_eq!(c.now_us(), 10);
+        c2.advance(Duration::from_micros(5));
+        assert_eq!(c.now_us(), 15);
+        c.set(3);
+        assert_eq!(c2.now_us(), 3);
+        c.advance(Duration::MAX);
+        assert_eq!(c.now_us(), u64::MAX);
+    }
+}

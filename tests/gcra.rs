@@ -1,0 +1,308 @@
+//! GCRA: the worked examples of spec/gcra.md and the reference documents, edge cases, and a
+//! property test against an independent token-bucket model.
+
+use proptest::prelude::*;
+use tower_ratelimits::gcra::{self, GcraError};
+use tower_ratelimits::{Limit, limit::LimitError};
+
+const MS: u64 = 1_000;
+const S: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000 * S;
+
+fn per_second_20() -> Limit {
+    Limit::from_micros(20, 20, S).unwrap()
+}
+
+/// Spends and returns (outcome, stored TAT after).
+fn spend(l: &Limit, tat: Option<u64>, now: u64, cost: u64) -> (gcra::GcraOutcome, Option<u64>) {
+    let o = gcra::spend(l, tat, now, cost).unwrap();
+    (o, o.new_tat.or(tat))
+}
+
+#[test]
+fn first_request_sets_tat_and_leaves_burst_minus_one() {
+    let (o, tat) = spend(&per_second_20(), None, T0, 1);
+    assert!(o.allowed);
+    assert_eq!(tat, Some(T0 + 50 * MS));
+    assert_eq!(o.remaining, 19);
+    assert_eq!(o.retry_after_us, 0);
+    assert_eq!(o.reset_after_us, 50 * MS);
+}
+
+#[test]
+fn a_full_bucket_of_burst_20_admits_exactly_20() {
+    let l = per_second_20();
+    let mut tat = None;
+    for i in 0..20 {
+        let (o, t) = spend(&l, tat, T0, 1);
+        assert!(o.allowed, "request {i}");
+        assert_eq!(o.remaining, 19 - i);
+        tat = t;
+    }
+    assert_eq!(tat, Some(T0 + S));
+    let (o, t) = spend(&l, tat, T0, 1);
+    assert!(!o.allowed);
+    assert_eq!(t, tat, "a denial writes nothing");
+    assert_eq!(o.new_tat, None);
+    // retry_after is the time until TAT - BO: the next token, 50ms away.
+    assert_eq!(o.retry_after_us, 50 * MS);
+    assert_eq!(o.reset_after_us, S);
+    assert_eq!(o.remaining, 0);
+    // The last allowed one said when the next would fit.
+    let (last, _) = spend(&l, Some(T0 + 19 * 50 * MS), T0, 1);
+    assert_eq!(last.remaining, 0);
+    assert_eq!(last.retry_after_us, 50 * MS);
+}
+
+#[test]
+fn reference_walk_through_with_spread_requests() {
+    // 20 requests over the first 49ms, then one at 49ms (denied, 1ms early), one at 51ms.
+    let l = per_second_20();
+    let mut tat = None;
+    for i in 0..20u64 {
+        let (o, t) = spend(&l, tat, T0 + i * 49 * MS / 19, 1);
+        assert!(o.allowed, "request {i}");
+        tat = t;
+    }
+    assert_eq!(tat, Some(T0 + 1000 * MS));
+    let (o, t) = spend(&l, tat, T0 + 49 * MS, 1);
+    assert!(!o.allowed);
+    assert_eq!(o.retry_after_us, MS);
+    let (o, t) = spend(&l, t, T0 + 51 * MS, 1);
+    assert!(o.allowed);
+    assert_eq!(t, Some(T0 + 1050 * MS));
+}
+
+#[test]
+fn exhausted_bucket_admits_exactly_one_per_emission_interval() {
+    let l = per_second_20();
+    let mut tat = Some(T0 + S); // exhausted at T0
+    for k in 1..=200u64 {
+        let now = T0 + k * 50 * MS;
+        let (o, t) = spend(&l, tat, now - 1, 1);
+        assert!(!o.allowed, "1us early at step {k}");
+        assert_eq!(o.retry_after_us, 1);
+        let (o, t2) = spend(&l, t, now, 1);
+        assert!(o.allowed, "on time at step {k}");
+        let (o, _) = spend(&l, t2, now, 1);
+        assert!(!o.allowed, "second in the same interval at step {k}");
+        tat = t2;
+    }
+}
+
+#[test]
+fn idle_longer_than_burst_offset_refills_the_bucket() {
+    let l = per_second_20();
+    let (o, _) = spend(&l, Some(T0 + S), T0 + S + 1, 1);
+    assert!(o.allowed);
+    assert_eq!(o.remaining, 19);
+    // A TAT far in the past banks nothing.
+    let (o, t) = spend(&l, Some(1), T0, 20);
+    assert!(o.allowed);
+    assert_eq!(o.remaining, 0);
+    assert_eq!(t, Some(T0 + S));
+}
+
+#[test]
+fn redis_reference_60_per_minute_burst_100() {
+    let l = Limit::from_micros(100, 60, 60 * S).unwrap();
+    assert_eq!(l.emission_interval_us(), S);
+    let mut tat = None;
+    for i in 0..100u64 {
+        let (o, t) = spend(&l, tat, T0, 1);
+        assert!(o.allowed, "request {i}");
+        assert_eq!(
+            t,
+            Some(T0 + (i + 1) * S),
+            "TAT advances one second per request"
+        );
+        tat = t;
+    }
+    let (o, _) = spend(&l, tat, T0, 1);
+    assert!(!o.allowed);
+    // Denied until T >= TAT - BO, i.e. one second after T1.
+    let (o, _) = spend(&l, tat, T0 + S - 1, 1);
+    assert!(!o.allowed);
+    let (o, _) = spend(&l, tat, T0 + S, 1);
+    assert!(o.allowed);
+}
+
+#[test]
+fn cost_zero_is_a_probe() {
+    let l = per_second_20();
+    let (o, t) = spend(&l, Some(T0 + 500 * MS), T0, 0);
+    assert!(o.allowed);
+    assert_eq!(o.remaining, 10);
+    assert_eq!(t, Some(T0 + 500 * MS), "nothing consumed");
+    let (o, _) = spend(&l, Some(T0 + S), T0, 0);
+    assert!(o.allowed, "a probe fits even an empty bucket");
+    assert_eq!(o.remaining, 0);
+}
+
+#[test]
+fn cost_equal_to_burst_and_above() {
+    let l = per_second_20();
+    let (o, _) = spend(&l, None, T0, 20);
+    assert!(o.allowed);
+    assert_eq!(o.remaining, 0);
+    assert_eq!(o.retry_after_us, S);
+    let (o, _) = spend(&l, Some(T0 + 50 * MS), T0, 20);
+    assert!(!o.allowed);
+    assert_eq!(o.retry_after_us, 50 * MS);
+    assert_eq!(
+        gcra::spend(&l, None, T0, 21),
+        Err(GcraError::CostAboveBurst {
+            cost: 21,
+            burst: 20
+        })
+    );
+    assert!(gcra::check(&l, None, T0, 21).is_err());
+    assert!(gcra::refund(&l, None, T0, 21).is_err());
+}
+
+#[test]
+fn check_computes_without_writing() {
+    let l = per_second_20();
+    let c = gcra::check(&l, Some(T0 + 100 * MS), T0, 1).unwrap();
+    let s = gcra::spend(&l, Some(T0 + 100 * MS), T0, 1).unwrap();
+    assert_eq!(c, s, "check reports exactly what spend would do");
+}
+
+#[test]
+fn refunds() {
+    let l = per_second_20();
+    // Nothing stored or TAT in the past: nothing to refund.
+    for tat in [None, Some(T0 - 1)] {
+        let o = gcra::refund(&l, tat, T0, 1).unwrap();
+        assert!(!o.allowed);
+        assert_eq!(o.remaining, 20);
+        assert_eq!((o.retry_after_us, o.reset_after_us), (0, 0));
+        assert_eq!(o.new_tat, None);
+    }
+    // A spent bucket gets its tokens back.
+    let o = gcra::refund(&l, Some(T0 + 500 * MS), T0, 3).unwrap();
+    assert!(o.allowed);
+    assert_eq!(o.new_tat, Some(T0 + 350 * MS));
+    assert_eq!(o.remaining, 13);
+    assert_eq!(o.reset_after_us, 350 * MS);
+    // Never above a full bucket: the TAT stops at now.
+    let o = gcra::refund(&l, Some(T0 + 100 * MS), T0, 20).unwrap();
+    assert!(o.allowed);
+    assert_eq!(o.new_tat, Some(T0));
+    assert_eq!(o.remaining, 20);
+    // TAT exactly now: already full.
+    let o = gcra::refund(&l, Some(T0), T0, 1).unwrap();
+    assert!(!o.allowed);
+    assert_eq!(o.remaining, 20);
+}
+
+#[test]
+fn overflow_is_an_error_never_a_wrap_or_panic() {
+    assert!(matches!(
+        Limit::from_micros(u64::MAX, 1, 1_000),
+        Err(LimitError::BurstOffsetTooLarge { .. })
+    ));
+    let l = Limit::from_micros(10, 1, 365 * 86_400 * S).unwrap();
+    // tat + incr beyond u64: an error on allow, a plain denial when the TAT is stored far ahead.
+    assert_eq!(
+        gcra::spend(&l, None, u64::MAX - 5, 1),
+        Err(GcraError::TimeOverflow)
+    );
+    let o = gcra::spend(&l, Some(u64::MAX), T0, 1).unwrap();
+    assert!(!o.allowed);
+    assert_eq!(o.remaining, 0);
+    let o = gcra::refund(&l, Some(u64::MAX), u64::MAX, 10).unwrap();
+    assert!(!o.allowed);
+    let o = gcra::refund(&l, Some(u64::MAX), 0, 10).unwrap();
+    assert!(o.allowed);
+}
+
+#[test]
+fn a_limit_lowered_below_the_stored_tat_denies_without_underflow() {
+    // TAT far ahead (stored under a bigger burst): remaining clamps to 0.
+    let l = per_second_20();
+    let o = gcra::spend(&l, Some(T0 + 10 * S), T0, 1).unwrap();
+    assert!(!o.allowed);
+    assert_eq!(o.remaining, 0);
+    assert_eq!(o.retry_after_us, 9 * S + 50 * MS);
+    let o = gcra::spend(&l, Some(T0 + 10 * S), T0, 0).unwrap();
+    assert!(!o.allowed);
+}
+
+/// An independent model: a token bucket holding `credit` microseconds of capacity (one token is
+/// `EI` microseconds), refilled one microsecond per microsecond up to `burst * EI`. Exact
+/// integer arithmetic; written from the token-bucket description, not from the GCRA code.
+#[derive(Debug, Clone)]
+struct TokenBucket {
+    token_us: u64,
+    capacity_us: u64,
+    credit_us: u64,
+    last: u64,
+}
+
+impl TokenBucket {
+    fn new(l: &Limit, now: u64) -> Self {
+        let capacity_us = l.burst() * l.emission_interval_us();
+        Self {
+            token_us: l.emission_interval_us(),
+            capacity_us,
+            credit_us: capacity_us,
+            last: now,
+        }
+    }
+    fn refill(&mut self, now: u64) {
+        self.credit_us = (self.credit_us + (now - self.last)).min(self.capacity_us);
+        self.last = now;
+    }
+    /// (allowed, remaining tokens, retry_after)
+    fn spend(&mut self, now: u64, cost: u64) -> (bool, u64, u64) {
+        self.refill(now);
+        let need = cost * self.token_us;
+        if self.credit_us >= need {
+            self.credit_us -= need;
+            let retry = need.saturating_sub(self.credit_us);
+            (true, self.credit_us / self.token_us, retry)
+        } else {
+            (false, self.credit_us / self.token_us, need - self.credit_us)
+        }
+    }
+    fn refund(&mut self, now: u64, cost: u64) -> bool {
+        self.refill(now);
+        let before = self.credit_us;
+        self.credit_us = (self.credit_us + cost * self.token_us).min(self.capacity_us);
+        before != self.credit_us
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    #[test]
+    fn gcra_agrees_with_a_token_bucket(
+        burst in 1u64..30,
+        count in 1u64..30,
+        ei in 1u64..5_000,
+        steps in proptest::collection::vec((0u64..20_000, 0u64..40, prop::bool::weighted(0.15)), 1..120),
+    ) {
+        let l = Limit::from_micros(burst, count, ei * count).unwrap();
+        let mut now = T0;
+        let mut model = TokenBucket::new(&l, now);
+        let mut tat: Option<u64> = None;
+        for (dt, raw_cost, is_refund) in steps {
+            now += dt;
+            let cost = raw_cost % (burst + 1);
+            if is_refund {
+                let o = gcra::refund(&l, tat, now, cost).unwrap();
+                let refunded = model.refund(now, cost);
+                prop_assert_eq!(o.allowed, refunded);
+                tat = o.new_tat.or(tat);
+                continue;
+            }
+            let o = gcra::spend(&l, tat, now, cost).unwrap();
+            let (allowed, remaining, retry) = model.spend(now, cost);
+            prop_assert_eq!(o.allowed, allowed, "allow/deny at {} cost {}", now - T0, cost);
+            prop_assert_eq!(o.remaining, remaining);
+            prop_assert_eq!(o.retry_after_us, retry);
+            tat = o.new_tat.or(tat);
+        }
+    }
+}
