@@ -1,1 +1,165 @@
-fn main() {}
+//! Spend on the in-memory backend, side by side with governor's keyed limiter, at 1k and 1M
+//! distinct keys, on 1 and 2 threads. Both use their default clocks and an equivalent quota
+//! (1,000,000 per second, burst 1,000,000: every call is allowed and writes).
+//!
+//! `cargo bench --bench memory_backend`
+mod common;
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use governor::{Quota, RateLimiter};
+use tower_ratelimits::backend::{Backend, BucketTx};
+use tower_ratelimits::{BucketKey, Id, Limit, Limiter, Limits, MemoryBackend, Transaction};
+
+const RATE: u32 = 1_000_000;
+
+fn limits() -> Limits {
+    Limits::builder()
+        .limit(
+            "Bench",
+            Limit::new(RATE.into(), RATE.into(), Duration::from_secs(1)).unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+/// Runs `op(i)` for `iters` iterations split over `threads` threads; returns the wall time.
+fn run_threads<F: Fn(u64) + Sync>(threads: u64, iters: u64, op: F) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let op = &op;
+            s.spawn(move || {
+                let per = iters / threads;
+                let offset = t * 7_919;
+                for i in 0..per {
+                    op(i + offset);
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+/// Resident set size in bytes (Linux), or 0 elsewhere.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// Bytes per live key: the RSS growth while 1M keys are added, divided by 1M.
+fn bytes_per_key() {
+    const N: u64 = 1_000_000;
+    let limits = limits();
+    let name = limits.name_id("Bench").unwrap();
+    let limit = limits.default_limit(name).unwrap();
+    let backend = MemoryBackend::new();
+    let before = rss_bytes();
+    for k in 0..N {
+        let key = BucketKey::new(name, Id::from(k));
+        let tx = BucketTx {
+            key: &key,
+            limit,
+            cost: 1,
+            mode: Default::default(),
+        };
+        backend.spend_one(&tx).unwrap();
+    }
+    let ours = rss_bytes().saturating_sub(before) / N;
+    let quota = Quota::per_second(NonZeroU32::new(RATE).unwrap());
+    let governor = RateLimiter::keyed(quota);
+    let before = rss_bytes();
+    for k in 0..N {
+        let _ = governor.check_key(&k);
+    }
+    let theirs = rss_bytes().saturating_sub(before) / N;
+    println!("bytes per live key (RSS growth over 1M keys): ours {ours}, governor {theirs}");
+    drop(backend);
+}
+
+fn bench(c: &mut Criterion) {
+    bytes_per_key();
+    let mut group = c.benchmark_group("memory_spend");
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    group.sample_size(20);
+    for &keys in &[1_000u64, 1_000_000] {
+        let limits = limits();
+        let name = limits.name_id("Bench").unwrap();
+        let bucket_keys: Vec<BucketKey> = (0..keys)
+            .map(|k| BucketKey::new(name, Id::from(k)))
+            .collect();
+        let txs: Vec<Transaction> = bucket_keys
+            .iter()
+            .map(|k| Transaction::new(k.clone()))
+            .collect();
+        let backend = MemoryBackend::new();
+        let limiter = Limiter::new(limits.clone(), backend.clone());
+        let limit = limits.default_limit(name).unwrap();
+        let quota = Quota::per_second(NonZeroU32::new(RATE).unwrap())
+            .allow_burst(NonZeroU32::new(RATE).unwrap());
+        let governor = Arc::new(RateLimiter::keyed(quota));
+        // Fill both stores first so the 1M-key runs measure lookups of live keys.
+        for k in 0..keys {
+            common::ready(limiter.spend(std::slice::from_ref(&txs[k as usize]))).unwrap();
+            let _ = governor.check_key(&k);
+        }
+        for &threads in &[1u64, 2] {
+            let id = format!("{keys}keys/{threads}t");
+            group.bench_function(BenchmarkId::new("ours_limiter", &id), |b| {
+                b.iter_custom(|iters| {
+                    run_threads(threads, iters, |i| {
+                        let tx = &txs[(i % keys) as usize];
+                        let _ = common::ready(limiter.spend(std::slice::from_ref(tx)));
+                    })
+                })
+            });
+            group.bench_function(BenchmarkId::new("ours_backend", &id), |b| {
+                b.iter_custom(|iters| {
+                    run_threads(threads, iters, |i| {
+                        let tx = BucketTx {
+                            key: &bucket_keys[(i % keys) as usize],
+                            limit,
+                            cost: 1,
+                            mode: Default::default(),
+                        };
+                        let _ = common::ready(backend.spend(std::slice::from_ref(&tx)));
+                    })
+                })
+            });
+            group.bench_function(BenchmarkId::new("ours_spend_one", &id), |b| {
+                b.iter_custom(|iters| {
+                    run_threads(threads, iters, |i| {
+                        let tx = BucketTx {
+                            key: &bucket_keys[(i % keys) as usize],
+                            limit,
+                            cost: 1,
+                            mode: Default::default(),
+                        };
+                        let _ = backend.spend_one(&tx);
+                    })
+                })
+            });
+            group.bench_function(BenchmarkId::new("governor", &id), |b| {
+                b.iter_custom(|iters| {
+                    run_threads(threads, iters, |i| {
+                        let _ = governor.check_key(&(i % keys));
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -41,6 +41,11 @@ pub enum GcraError {
     TimeOverflow,
 }
 
+/// `max(v, 0) / ei` with the division in 64 bits (`v` is at most a burst offset plus slack).
+fn tokens(v: i128, ei: u64) -> u64 {
+    clamp_u64(v) / ei
+}
+
 fn clamp_u64(v: i128) -> u64 {
     if v <= 0 {
         0
@@ -92,7 +97,8 @@ pub fn check(
             burst: limit.burst(),
         });
     }
-    let ei = i128::from(limit.emission_interval_us());
+    let ei_u = limit.emission_interval_us();
+    let ei = i128::from(ei_u);
     let bo = i128::from(limit.burst_offset_us());
     let now_i = i128::from(now);
     let tat = i128::from(stored_tat.unwrap_or(0).max(now));
@@ -102,7 +108,7 @@ pub fn check(
     if difference < 0 {
         return Ok(GcraOutcome {
             allowed: false,
-            remaining: clamp_u64((now_i - (tat - bo)) / ei),
+            remaining: tokens(now_i - (tat - bo), ei_u),
             retry_after_us: clamp_u64(-difference),
             reset_after_us: clamp_u64(tat - now_i),
             new_tat: None,
@@ -111,7 +117,7 @@ pub fn check(
     let new_tat_u64 = u64::try_from(new_tat).map_err(|_| GcraError::TimeOverflow)?;
     Ok(GcraOutcome {
         allowed: true,
-        remaining: clamp_u64(difference / ei),
+        remaining: tokens(difference, ei_u),
         retry_after_us: if difference < incr {
             clamp_u64(incr - difference)
         } else {
@@ -150,14 +156,15 @@ pub fn refund(
             });
         }
     };
-    let ei = i128::from(limit.emission_interval_us());
+    let ei_u = limit.emission_interval_us();
+    let ei = i128::from(ei_u);
     let bo = i128::from(limit.burst_offset_us());
     let now_i = i128::from(now);
     let new_tat = (i128::from(stored) - ei * i128::from(cost)).max(now_i);
     let changed = new_tat != i128::from(stored);
     Ok(GcraOutcome {
         allowed: changed,
-        remaining: clamp_u64((now_i - (new_tat - bo)) / ei),
+        remaining: tokens(now_i - (new_tat - bo), ei_u),
         retry_after_us: 0,
         reset_after_us: clamp_u64(new_tat - now_i),
         // new_tat lies between now and stored, both u64.

@@ -41,7 +41,7 @@ use crate::time::{Clock, SystemClock};
 pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
 
 struct Inner {
-    map: DashMap<BucketKey, AtomicU64>,
+    map: DashMap<BucketKey, AtomicU64, foldhash::fast::RandomState>,
     len: AtomicUsize,
     max_keys: usize,
     clock: Arc<dyn Clock>,
@@ -101,7 +101,7 @@ impl MemoryBackendBuilder {
     pub fn build(self) -> MemoryBackend {
         MemoryBackend {
             inner: Arc::new(Inner {
-                map: DashMap::new(),
+                map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
                 len: AtomicUsize::new(0),
                 max_keys: self.max_keys,
                 clock: self.clock,
@@ -269,24 +269,42 @@ impl MemoryBackend {
         }
     }
 
-    /// The one-transaction fast path: a compare-and-swap loop on one bucket.
-    fn spend_one(&self, tx: &BucketTx<'_>, now: u64) -> Result<Outcome, BackendError> {
+    /// Decides and spends one transaction without a future or an allocation: the fast path
+    /// the [`Backend`] implementation takes for a one-transaction batch.
+    ///
+    /// A compare-and-swap loop on the bucket's TAT, made under the map's shard read guard.
+    pub fn spend_one(&self, tx: &BucketTx<'_>) -> Result<Outcome, BackendError> {
+        self.spend_one_at(tx, self.now())
+    }
+
+    fn spend_one_at(&self, tx: &BucketTx<'_>, now: u64) -> Result<Outcome, BackendError> {
+        let writes = |out: &gcra::GcraOutcome, cur: u64| match out.new_tat {
+            Some(new) if out.allowed && tx.mode != Mode::CheckOnly && new > now && new != cur => {
+                Some(new)
+            }
+            _ => None,
+        };
         loop {
-            let cur = self.load(tx.key);
-            let out = gcra::check(&tx.limit, stored(cur), now, tx.cost)?;
-            let write = match (tx.mode, out.new_tat) {
-                (Mode::CheckOnly, _) | (_, None) => None,
-                (_, Some(new)) if new <= now || new == cur => None,
-                (_, Some(new)) if out.allowed => Some(new),
-                _ => None,
-            };
-            match write {
-                None => return Ok(out.into()),
-                Some(new) => {
-                    if self.compare_and_set(tx.key, cur, new, now)? {
+            if let Some(entry) = self.inner.map.get(tx.key) {
+                let mut cur = entry.load(Ordering::Acquire);
+                loop {
+                    let out = gcra::check(&tx.limit, stored(cur), now, tx.cost)?;
+                    let Some(new) = writes(&out, cur) else {
                         return Ok(out.into());
+                    };
+                    match entry.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+                    {
+                        Ok(_) => return Ok(out.into()),
+                        Err(actual) => cur = actual,
                     }
                 }
+            }
+            let out = gcra::check(&tx.limit, None, now, tx.cost)?;
+            let Some(new) = writes(&out, 0) else {
+                return Ok(out.into());
+            };
+            if self.compare_and_set(tx.key, 0, new, now)? {
+                return Ok(out.into());
             }
         }
     }
@@ -341,7 +359,7 @@ impl Backend for MemoryBackend {
     async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
         let now = self.now();
         match batch {
-            [one] => Ok(vec![self.spend_one(one, now)?]),
+            [one] => Ok(vec![self.spend_one_at(one, now)?]),
             _ => self.spend_batch(batch, now),
         }
     }

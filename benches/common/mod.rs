@@ -1,0 +1,16 @@
+//! Helpers shared by the benches.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+/// Polls a future that completes without waiting (the in-memory backend's futures do) without
+/// the cost of a runtime. Panics if it would wait: a bench set-up error, not a request path.
+pub fn ready<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("the benchmarked future waited"),
+    }
+}

@@ -1,0 +1,560 @@
+//! Configuration loading: good files load, and every bad input is a typed error naming the
+//! place (file, line, limit) and the value. None panics.
+
+use std::io::Write;
+
+use tower_ratelimits::config::ConfigErrorKind;
+use tower_ratelimits::{Id, IdKind, Limit, Limits};
+
+const DEFAULTS: &str = "\
+NewRegistrationsPerIPAddress:
+  kind: ip
+  burst: 20
+  count: 20
+  period: 1s
+NewOrdersPerAccount:
+  kind: account
+  burst: 300
+  count: 300
+  period: 180m
+CertificatesPerDomainPerAccount:
+  kind: account_domain
+  burst: 50
+  count: 50
+  period: 1h30m
+";
+
+fn limit_of(limits: &Limits, name: &str, id: &str) -> Limit {
+    let n = limits.name_id(name).unwrap();
+    let id = limits.id_kind(n).unwrap().parse(id).unwrap();
+    limits.resolve(&limits.key(n, id)).unwrap()
+}
+
+#[test]
+fn loads_defaults_and_list_overrides() {
+    let overrides = "\
+- NewRegistrationsPerIPAddress:
+    burst: 20
+    count: 40
+    period: 1s
+    ids:
+      - 10.0.0.2
+      - id: 10.0.0.5
+        comment: partner load balancer
+- NewOrdersPerAccount:
+    burst: 300
+    count: 600
+    period: 180m
+    ids: [12345678, 87654321]
+";
+    let limits = Limits::from_yaml_str(DEFAULTS, Some(overrides)).unwrap();
+    assert_eq!(limits.override_count(), 4);
+    assert_eq!(
+        limit_of(&limits, "NewRegistrationsPerIPAddress", "10.0.0.5").count(),
+        40
+    );
+    assert_eq!(
+        limit_of(&limits, "NewRegistrationsPerIPAddress", "10.0.0.9").count(),
+        20
+    );
+    assert_eq!(
+        limit_of(&limits, "NewOrdersPerAccount", "87654321").count(),
+        600
+    );
+    assert_eq!(
+        limit_of(&limits, "NewOrdersPerAccount", "1").period_us(),
+        10_800_000_000
+    );
+    assert_eq!(
+        limit_of(&limits, "CertificatesPerDomainPerAccount", "1:example.com").period_us(),
+        5_400_000_000
+    );
+    // Names are interned in file order.
+    let names: Vec<_> = limits
+        .names()
+        .map(|(n, s)| (n.get(), s.to_owned()))
+        .collect();
+    assert_eq!(names[1], (1, "NewOrdersPerAccount".to_owned()));
+    let key = limits.key(
+        limits.name_id("NewOrdersPerAccount").unwrap(),
+        Id::from(12345678u64),
+    );
+    assert_eq!(key.to_string(), "1:12345678");
+}
+
+#[test]
+fn loads_the_older_name_id_override_format() {
+    let overrides = "\
+NewRegistrationsPerIPAddress:2001:db8::1:
+  burst: 5
+  count: 5
+  period: 1s
+CertificatesPerDomainPerAccount:12345678:example.com:
+  burst: 500
+  count: 500
+  period: 1h
+";
+    let limits = Limits::from_yaml_str(DEFAULTS, Some(overrides)).unwrap();
+    assert_eq!(
+        limit_of(&limits, "NewRegistrationsPerIPAddress", "2001:db8::1").burst(),
+        5
+    );
+    assert_eq!(
+        limit_of(
+            &limits,
+            "CertificatesPerDomainPerAccount",
+            "12345678:example.com"
+        )
+        .burst(),
+        500
+    );
+}
+
+#[test]
+fn empty_override_collections_mean_none() {
+    for o in ["[]", "{}", "# nothing\n[]\n"] {
+        let limits = Limits::from_yaml_str(DEFAULTS, Some(o)).unwrap();
+        assert_eq!(limits.override_count(), 0);
+    }
+}
+
+#[test]
+fn loads_files_and_names_them_in_errors() {
+    let dir = std::env::temp_dir().join(format!("trl-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.join("defaults.yaml");
+    let o = dir.join("overrides.yaml");
+    std::fs::write(&d, DEFAULTS).unwrap();
+    std::fs::write(
+        &o,
+        "- NewOrdersPerAccount:\n    burst: 1\n    count: 1\n    period: 1s\n    ids: [x1]\n",
+    )
+    .unwrap();
+    let err = Limits::from_yaml_files(&d, Some(&o)).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!("{}:5: limit NewOrdersPerAccount:", o.display())),
+        "{text}"
+    );
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidId(_)));
+    std::fs::write(&o, "[]").unwrap();
+    assert!(Limits::from_yaml_files(&d, Some(&o)).is_ok());
+    let missing = dir.join("missing.yaml");
+    let err = Limits::from_yaml_files(&missing, None).unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::Io(_)));
+    assert!(err.to_string().contains("missing.yaml"));
+    // A huge file is refused before parsing.
+    let mut f = std::fs::File::create(&o).unwrap();
+    let chunk = "# padding padding padding padding padding padding padding padding\n".repeat(1024);
+    for _ in 0..260 {
+        f.write_all(chunk.as_bytes()).unwrap();
+    }
+    drop(f);
+    let err = Limits::from_yaml_files(&d, Some(&o)).unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::TooLarge { .. }),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// (defaults, overrides, expected line, expected limit name, kind check, message fragment)
+type Case = (
+    &'static str,
+    Option<&'static str>,
+    Option<u64>,
+    Option<&'static str>,
+    fn(&ConfigErrorKind) -> bool,
+    &'static str,
+);
+
+#[test]
+fn every_bad_input_is_a_located_typed_error() {
+    const OK: &str = "A:\n  burst: 5\n  count: 5\n  period: 1s\n  kind: ip\n";
+    let cases: Vec<Case> = vec![
+        (
+            "A:\n  burst: 0\n  count: 5\n  period: 1s\n",
+            None,
+            Some(2),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::BadNumber { field: "burst", .. }),
+            "burst",
+        ),
+        (
+            "A:\n  burst: -3\n  count: 5\n  period: 1s\n",
+            None,
+            Some(2),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::BadNumber { .. }),
+            "-3",
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5\n  period: 0s\n",
+            None,
+            Some(2),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::InvalidLimit(_)),
+            "period",
+        ),
+        (
+            "A:\n  burst: 5\n  count: 99999999999999999999999\n  period: 1s\n",
+            None,
+            Some(3),
+            Some("A"),
+            |k| {
+                matches!(
+                    k,
+                    ConfigErrorKind::BadNumber { field: "count", .. } | ConfigErrorKind::Yaml(_)
+                )
+            },
+            "count",
+        ),
+        (
+            "A:\n  burst: 18446744073709551615\n  count: 1\n  period: 1s\n",
+            None,
+            Some(2),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::InvalidLimit(_)),
+            "100 years",
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5000000\n  period: 1s\n",
+            None,
+            Some(2),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::InvalidLimit(_)),
+            "1us",
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5\n  period: 1 second\n",
+            None,
+            Some(4),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::InvalidPeriod(_)),
+            "1 second",
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5\n  period: 1\n",
+            None,
+            Some(4),
+            Some("A"),
+            |k| {
+                matches!(
+                    k,
+                    ConfigErrorKind::BadNumber {
+                        field: "period",
+                        ..
+                    }
+                )
+            },
+            "duration",
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5\n  period: 1s\n  brust: 5\n",
+            None,
+            Some(5),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::UnknownField(f) if f == "brust"),
+            "brust",
+        ),
+        (
+            "A:\n  burst: 5\n  period: 1s\n",
+            None,
+            Some(2),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::MissingField("count")),
+            "count",
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5\n  period: 1s\n  kind: ipv4\n",
+            None,
+            Some(5),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::InvalidId(_)),
+            "ipv4",
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5\n  period: 1s\n  cost: 6\n",
+            None,
+            Some(5),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::CostAboveBurst { cost: 6, burst: 5 }),
+            "cost 6",
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5\n  period: 1s\nA:\n  burst: 5\n  count: 5\n  period: 1s\n",
+            None,
+            Some(5),
+            None,
+            |k| {
+                matches!(
+                    k,
+                    ConfigErrorKind::Yaml(_) | ConfigErrorKind::DuplicateName(_)
+                )
+            },
+            "A",
+        ),
+        (
+            "bad name!:\n  burst: 5\n  count: 5\n  period: 1s\n",
+            None,
+            Some(1),
+            Some("bad name!"),
+            |k| matches!(k, ConfigErrorKind::InvalidName(_)),
+            "bad name!",
+        ),
+        (
+            "- A\n- B\n",
+            None,
+            Some(1),
+            None,
+            |k| matches!(k, ConfigErrorKind::WrongShape { .. }),
+            "map",
+        ),
+        (
+            "just a string\n",
+            None,
+            Some(1),
+            None,
+            |k| matches!(k, ConfigErrorKind::WrongShape { .. }),
+            "map",
+        ),
+        (
+            "A: [1, 2\n",
+            None,
+            Some(1),
+            None,
+            |k| matches!(k, ConfigErrorKind::Yaml(_)),
+            "YAML",
+        ),
+        (
+            "",
+            None,
+            None,
+            None,
+            |k| matches!(k, ConfigErrorKind::Empty),
+            "empty",
+        ),
+        (
+            "# only a comment\n\n",
+            None,
+            None,
+            None,
+            |k| matches!(k, ConfigErrorKind::Empty),
+            "empty",
+        ),
+        (
+            "a: &x [1]\nb: *x\n",
+            None,
+            None,
+            None,
+            |k| matches!(k, ConfigErrorKind::Yaml(_)),
+            "YAML",
+        ),
+        // Overrides.
+        (
+            OK,
+            Some(""),
+            None,
+            None,
+            |k| matches!(k, ConfigErrorKind::Empty),
+            "empty",
+        ),
+        (
+            OK,
+            Some("- B:\n    burst: 5\n    count: 5\n    period: 1s\n    ids: [10.0.0.1]\n"),
+            Some(1),
+            Some("B"),
+            |k| matches!(k, ConfigErrorKind::UnknownName(n) if n == "B"),
+            "unknown limit",
+        ),
+        (
+            OK,
+            Some(
+                "- A:\n    burst: 5\n    count: 5\n    period: 1s\n    ids: [10.0.0.1, 10.0.0.1]\n",
+            ),
+            Some(5),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::DuplicateId(_)),
+            "twice",
+        ),
+        (
+            OK,
+            Some(
+                "- A:\n    burst: 5\n    count: 5\n    period: 1s\n    ids:\n      - 10.0.0.1\n      - 010.0.0.1\n",
+            ),
+            Some(7),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::InvalidId(_)),
+            "010.0.0.1",
+        ),
+        (
+            OK,
+            Some("- A:\n    burst: 5\n    count: 5\n    period: 1s\n    ids: [2001:0db8::1]\n"),
+            Some(5),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::InvalidId(_)),
+            "2001:db8::1",
+        ),
+        (
+            OK,
+            Some("- A:\n    burst: 5\n    count: 5\n    period: 1s\n    ids: []\n"),
+            Some(5),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::NoIds),
+            "at least one id",
+        ),
+        (
+            OK,
+            Some("- A:\n    burst: 5\n    count: 5\n    period: 1s\n"),
+            Some(2),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::MissingField("ids")),
+            "ids",
+        ),
+        (
+            OK,
+            Some(
+                "- A:\n    burst: 5\n    count: 5\n    period: 1s\n    ids: [10.0.0.1]\n    why: x\n",
+            ),
+            Some(6),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::UnknownField(_)),
+            "why",
+        ),
+        (
+            OK,
+            Some("- A:\n    burst: 5\n    count: 5\n    period: 1s\n    ids: [{comment: x}]\n"),
+            Some(5),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::MissingField("id")),
+            "id",
+        ),
+        (
+            OK,
+            Some("- A:\n    burst: 5\n    count: 5\n    period: 1s\n    ids: [1.5]\n"),
+            Some(5),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::WrongShape { .. }),
+            "an id",
+        ),
+        (
+            OK,
+            Some("- A: {}\n  B: {}\n"),
+            Some(1),
+            None,
+            |k| matches!(k, ConfigErrorKind::WrongShape { .. }),
+            "exactly one",
+        ),
+        (
+            OK,
+            Some(
+                "A:10.0.0.1:\n  burst: 5\n  count: 5\n  period: 1s\nA:10.0.0.1:\n  burst: 6\n  count: 6\n  period: 1s\n",
+            ),
+            Some(5),
+            None,
+            |k| {
+                matches!(
+                    k,
+                    ConfigErrorKind::Yaml(_) | ConfigErrorKind::DuplicateId(_)
+                )
+            },
+            "10.0.0.1",
+        ),
+        (
+            OK,
+            Some("A-10.0.0.1:\n  burst: 5\n  count: 5\n  period: 1s\n"),
+            Some(1),
+            None,
+            |k| matches!(k, ConfigErrorKind::WrongShape { .. }),
+            "Name:id",
+        ),
+        (
+            OK,
+            Some("42\n"),
+            Some(1),
+            None,
+            |k| matches!(k, ConfigErrorKind::WrongShape { .. }),
+            "list",
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5\n  period: 1s\n  cost: 2\n",
+            Some("- A:\n    burst: 1\n    count: 5\n    period: 1s\n    ids: [x]\n"),
+            Some(5),
+            Some("A"),
+            |k| matches!(k, ConfigErrorKind::CostAboveBurst { cost: 2, burst: 1 }),
+            "cost 2",
+        ),
+    ];
+    for (i, (defaults, overrides, line, name, kind_ok, fragment)) in cases.into_iter().enumerate() {
+        let err = match Limits::from_yaml_str(defaults, overrides) {
+            Ok(_) => panic!("case {i} loaded: {defaults:?} / {overrides:?}"),
+            Err(e) => e,
+        };
+        let text = err.to_string();
+        assert!(
+            kind_ok(err.kind()),
+            "case {i}: unexpected kind {:?} ({text})",
+            err.kind()
+        );
+        if let Some(line) = line {
+            assert_eq!(err.location().line, Some(line), "case {i}: {text}");
+        }
+        if let Some(name) = name {
+            assert_eq!(err.limit(), Some(name), "case {i}: {text}");
+        }
+        assert!(
+            text.contains(fragment),
+            "case {i}: {text:?} lacks {fragment:?}"
+        );
+        let source = if overrides.is_some() && !text.starts_with("<defaults>") {
+            "<overrides>"
+        } else {
+            "<defaults>"
+        };
+        assert!(text.starts_with(source), "case {i}: {text}");
+    }
+}
+
+#[test]
+fn hostile_yaml_is_bounded_and_never_panics() {
+    let deep = format!("A: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+    assert!(Limits::from_yaml_str(&deep, None).is_err());
+    let bomb = "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n";
+    assert!(Limits::from_yaml_str(bomb, None).is_err());
+    for junk in [
+        "\u{0}",
+        "\t\t:",
+        "{{{{",
+        "- - - -",
+        "? [a]\n: b\n",
+        "A:\n  burst: !!binary aGk=\n",
+        "\u{feff}",
+    ] {
+        let _ = Limits::from_yaml_str(junk, None);
+        let _ = Limits::from_yaml_str(DEFAULTS, Some(junk));
+    }
+}
+
+#[test]
+fn builder_reports_the_first_error() {
+    let l = Limit::new(5, 5, std::time::Duration::from_secs(1)).unwrap();
+    let err = Limits::builder()
+        .limit_for("A", IdKind::Account, l)
+        .override_for("A", "not-a-number", l)
+        .limit("A", l)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::InvalidId(_)));
+    assert_eq!(err.limit(), Some("A"));
+    let err = Limits::builder()
+        .limit("A", l)
+        .limit("A", l)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::DuplicateName(_)));
+    let err = Limits::builder()
+        .override_for("Z", "1", l)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::UnknownName(_)));
+}

@@ -1,0 +1,409 @@
+//! The Limiter on the in-memory backend: batches, modes, atomicity under concurrency, the
+//! sweep and the key cap.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tower_ratelimits::backend::BackendError;
+use tower_ratelimits::{
+    BucketKey, Id, IdKind, Limit, Limiter, LimiterError, Limits, ManualClock, MemoryBackend, Mode,
+    Transaction,
+};
+
+const T0: u64 = 1_700_000_000_000_000;
+const MS: u64 = 1_000;
+
+fn limits() -> Limits {
+    let l = |b, c, ms| Limit::from_micros(b, c, ms * MS).unwrap();
+    Limits::builder()
+        .limit("A", l(50, 50, 1_000))
+        .limit("B", l(30, 30, 1_000))
+        .limit("Slow", l(3, 1, 3_600_000))
+        .limit_for("PerAccount", IdKind::Account, l(5, 5, 1_000))
+        .define("OverrideOnly", IdKind::Any, 1, None)
+        .override_for("OverrideOnly", "vip", l(2, 2, 1_000))
+        .build()
+        .unwrap()
+}
+
+fn setup() -> (Limiter, MemoryBackend, ManualClock) {
+    let clock = ManualClock::new(T0);
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
+    (Limiter::new(limits(), backend.clone()), backend, clock)
+}
+
+fn key(l: &Limiter, name: &str, id: &str) -> BucketKey {
+    l.key(name, Id::new(id).unwrap()).unwrap()
+}
+
+fn tx(l: &Limiter, name: &str, id: &str) -> Transaction {
+    Transaction::new(key(l, name, id))
+}
+
+#[tokio::test]
+async fn a_denial_in_one_key_leaves_the_others_untouched() {
+    let (l, backend, _) = setup();
+    for _ in 0..3 {
+        assert!(l.spend(&[tx(&l, "Slow", "x")]).await.unwrap().allowed());
+    }
+    let a = key(&l, "A", "x");
+    let before = backend.tat(&a);
+    let batch = l
+        .spend(&[tx(&l, "A", "x"), tx(&l, "Slow", "x")])
+        .await
+        .unwrap();
+    assert!(!batch.allowed());
+    assert!(batch.decisions()[0].allowed, "A alone would pass");
+    assert_eq!(batch.strictest().unwrap().name.as_ref(), "Slow");
+    assert_eq!(
+        backend.tat(&a),
+        before,
+        "nothing written for a denied batch"
+    );
+    assert_eq!(before, None);
+}
+
+#[tokio::test]
+async fn modes_follow_the_spec() {
+    let (l, backend, _) = setup();
+    // check-only counts but is never written.
+    let b = l
+        .spend(&[tx(&l, "A", "m").mode(Mode::CheckOnly), tx(&l, "B", "m")])
+        .await
+        .unwrap();
+    assert!(b.allowed());
+    assert_eq!(backend.tat(&key(&l, "A", "m")), None);
+    assert!(backend.tat(&key(&l, "B", "m")).is_some());
+    // spend-only does not count: an exhausted spend-only bucket does not deny the batch...
+    for _ in 0..3 {
+        l.spend(&[tx(&l, "Slow", "m")]).await.unwrap();
+    }
+    let slow_tat = backend.tat(&key(&l, "Slow", "m"));
+    let b = l
+        .spend(&[tx(&l, "A", "m"), tx(&l, "Slow", "m").mode(Mode::SpendOnly)])
+        .await
+        .unwrap();
+    assert!(b.allowed());
+    assert!(!b.decisions()[1].allowed);
+    assert_eq!(b.strictest().unwrap().name.as_ref(), "A");
+    // ... and is not written when its own decision denies.
+    assert_eq!(backend.tat(&key(&l, "Slow", "m")), slow_tat);
+    // spend-only is written when it allows and the batch allows.
+    let b = l
+        .spend(&[tx(&l, "A", "n"), tx(&l, "B", "n").mode(Mode::SpendOnly)])
+        .await
+        .unwrap();
+    assert!(b.allowed());
+    assert!(backend.tat(&key(&l, "B", "n")).is_some());
+    // ... and not when the batch is denied.
+    let b = l
+        .spend(&[tx(&l, "Slow", "m"), tx(&l, "B", "o").mode(Mode::SpendOnly)])
+        .await
+        .unwrap();
+    assert!(!b.allowed());
+    assert_eq!(backend.tat(&key(&l, "B", "o")), None);
+    // check never writes, whatever the modes.
+    let b = l
+        .check(&[tx(&l, "A", "p"), tx(&l, "B", "p")])
+        .await
+        .unwrap();
+    assert!(b.allowed());
+    // Written: B:m, Slow:m, A:m (second batch), A:n, B:n.
+    assert_eq!(backend.len(), 5);
+}
+
+#[tokio::test]
+async fn the_strictest_decision_speaks_for_the_batch() {
+    let (l, _, _) = setup();
+    // A: 50 tokens, B: 30 tokens. Spend 10 on each: remaining 40 vs 20 -> B is stricter.
+    let b = l
+        .spend(&[tx(&l, "A", "s").cost(10), tx(&l, "B", "s").cost(10)])
+        .await
+        .unwrap();
+    assert!(b.allowed());
+    assert_eq!(b.strictest().unwrap().name.as_ref(), "B");
+    assert_eq!(b.strictest().unwrap().remaining, 20);
+    // Two denials: the longer retry_after wins.
+    let b = l
+        .spend(&[tx(&l, "A", "s").cost(45), tx(&l, "B", "s").cost(30)])
+        .await
+        .unwrap();
+    assert!(!b.allowed());
+    let s = b.strictest().unwrap();
+    assert_eq!(s.name.as_ref(), "B");
+    // B's EI is 33_333us: 10 spent + 30 wanted - 30 burst = 10 tokens short.
+    assert_eq!(s.retry_after, Duration::from_micros(333_330));
+    assert_eq!(b.decisions()[0].retry_after, Duration::from_millis(100));
+}
+
+#[tokio::test]
+async fn errors_and_disabled_limits() {
+    let (l, backend, _) = setup();
+    let e = l
+        .spend(&[tx(&l, "A", "d"), tx(&l, "A", "d")])
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LimiterError::DuplicateKey(_)), "{e}");
+    let e = l.spend(&[tx(&l, "B", "d").cost(31)]).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LimiterError::CostAboveBurst {
+                cost: 31,
+                burst: 30,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(matches!(
+        l.name_id("Nope"),
+        Err(LimiterError::UnknownName(_))
+    ));
+    assert!(matches!(
+        l.parse_key("PerAccount", "x"),
+        Err(LimiterError::InvalidId { .. })
+    ));
+    // No default and no override: allowed, and the store is not touched.
+    for _ in 0..10 {
+        let b = l.spend(&[tx(&l, "OverrideOnly", "anyone")]).await.unwrap();
+        assert!(b.allowed());
+        assert!(b.strictest().is_none());
+        assert_eq!(b.decisions()[0].limit, None);
+    }
+    assert_eq!(backend.len(), 0);
+    // The override applies to its id.
+    for _ in 0..2 {
+        assert!(
+            l.spend(&[tx(&l, "OverrideOnly", "vip")])
+                .await
+                .unwrap()
+                .allowed()
+        );
+    }
+    assert!(
+        !l.spend(&[tx(&l, "OverrideOnly", "vip")])
+            .await
+            .unwrap()
+            .allowed()
+    );
+    // An empty batch is allowed.
+    assert!(l.spend(&[]).await.unwrap().allowed());
+}
+
+#[tokio::test]
+async fn refund_and_reset() {
+    let (l, backend, clock) = setup();
+    let k = key(&l, "Slow", "r");
+    for _ in 0..3 {
+        l.spend(&[Transaction::new(k.clone())]).await.unwrap();
+    }
+    assert!(
+        !l.spend(&[Transaction::new(k.clone())])
+            .await
+            .unwrap()
+            .allowed()
+    );
+    let r = l.refund(&[Transaction::new(k.clone())]).await.unwrap();
+    assert!(r.allowed());
+    assert_eq!(r.decisions()[0].remaining, 1);
+    assert!(
+        l.spend(&[Transaction::new(k.clone())])
+            .await
+            .unwrap()
+            .allowed()
+    );
+    // Refunding more than was spent stops at a full bucket.
+    let r = l
+        .refund(&[Transaction::new(k.clone()).cost(3)])
+        .await
+        .unwrap();
+    assert_eq!(r.decisions()[0].remaining, 3);
+    assert_eq!(backend.tat(&k), Some(T0));
+    // Refunding a fresh bucket does nothing and stores nothing.
+    let fresh = key(&l, "Slow", "fresh");
+    let r = l.refund(&[Transaction::new(fresh.clone())]).await.unwrap();
+    assert!(!r.allowed());
+    assert_eq!(backend.tat(&fresh), None);
+    // Reset empties the bucket.
+    clock.advance(Duration::from_secs(1));
+    l.spend(&[Transaction::new(k.clone()).cost(3)])
+        .await
+        .unwrap();
+    l.reset(std::slice::from_ref(&k)).await.unwrap();
+    assert_eq!(backend.tat(&k), None);
+    let b = l.spend(&[Transaction::new(k.clone())]).await.unwrap();
+    assert_eq!(b.decisions()[0].remaining, 2);
+}
+
+#[test]
+fn concurrent_spenders_on_one_key_admit_exactly_the_burst() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clock = ManualClock::new(T0); // frozen
+        let backend = MemoryBackend::builder().clock(clock).build();
+        let limiter = Limiter::new(limits(), backend);
+        let admitted = Arc::new(AtomicU64::new(0));
+        let k = key(&limiter, "A", "hot");
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let (limiter, admitted, k) = (limiter.clone(), admitted.clone(), k.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..20 {
+                    if limiter
+                        .spend(&[Transaction::new(k.clone())])
+                        .await
+                        .unwrap()
+                        .allowed()
+                    {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(admitted.load(Ordering::SeqCst), 50);
+    });
+}
+
+#[test]
+fn concurrent_overlapping_batches_never_over_admit_or_lose_writes() {
+    let clock = ManualClock::new(T0); // frozen
+    let backend = MemoryBackend::builder().clock(clock).build();
+    let limiter = Limiter::new(limits(), backend.clone());
+    let a = key(&limiter, "A", "shared");
+    let b = key(&limiter, "B", "shared");
+    // Per thread: (batches admitted with A, with B).
+    let counts: Vec<(u64, u64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..6)
+            .map(|t| {
+                let (limiter, a, b) = (limiter.clone(), a.clone(), b.clone());
+                s.spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    let (mut with_a, mut with_b) = (0, 0);
+                    for i in 0..200u64 {
+                        let batch: Vec<Transaction> = match (t + i) % 3 {
+                            0 => vec![Transaction::new(a.clone()), Transaction::new(b.clone())],
+                            1 => vec![Transaction::new(a.clone())],
+                            _ => vec![Transaction::new(b.clone()).cost(2)],
+                        };
+                        let d = rt.block_on(limiter.spend(&batch)).unwrap();
+                        if d.allowed() {
+                            for tx in &batch {
+                                if tx.key() == &a {
+                                    with_a += 1;
+                                } else {
+                                    with_b += tx.cost_or(1);
+                                }
+                            }
+                        }
+                    }
+                    (with_a, with_b)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let spent_a: u64 = counts.iter().map(|c| c.0).sum();
+    let spent_b: u64 = counts.iter().map(|c| c.1).sum();
+    assert!(
+        spent_a <= 50 && spent_b <= 30,
+        "over-admission: {spent_a} {spent_b}"
+    );
+    // Every admitted spend is in the store, and nothing else is: TAT = T0 + EI * spent.
+    assert_eq!(backend.tat(&a), Some(T0 + 20 * MS * spent_a));
+    assert_eq!(
+        backend.tat(&b).unwrap_or(T0),
+        T0 + (1_000 * MS / 30) * spent_b
+    );
+    assert!(spent_b >= 29, "B is drained by the end ({spent_b})");
+}
+
+#[tokio::test]
+async fn the_key_cap_refuses_new_keys_and_frees_expired_ones() {
+    let clock = ManualClock::new(T0);
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .max_keys(3)
+        .build();
+    let l = Limiter::new(limits(), backend.clone());
+    for id in ["1", "2", "3"] {
+        assert!(l.spend(&[tx(&l, "A", id)]).await.unwrap().allowed());
+    }
+    let e = l.spend(&[tx(&l, "A", "4")]).await.unwrap_err();
+    assert!(
+        matches!(e, LimiterError::Backend(BackendError::Full { max_keys: 3 })),
+        "{e}"
+    );
+    // Keys already held keep working; a probe on a new key needs no room.
+    assert!(l.spend(&[tx(&l, "A", "1")]).await.unwrap().allowed());
+    assert!(
+        l.spend(&[tx(&l, "A", "9").cost(0)])
+            .await
+            .unwrap()
+            .allowed()
+    );
+    assert_eq!(backend.len(), 3);
+    // Once the held buckets are full again (TAT <= now), the cap sweeps them away.
+    clock.advance(Duration::from_secs(2));
+    assert!(l.spend(&[tx(&l, "A", "4")]).await.unwrap().allowed());
+    assert_eq!(backend.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_background_sweeper_drops_idle_buckets() {
+    let clock = ManualClock::new(T0);
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
+    let l = Limiter::new(limits(), backend.clone());
+    for i in 0..100 {
+        l.spend(&[tx(&l, "A", &i.to_string())]).await.unwrap();
+    }
+    l.spend(&[tx(&l, "Slow", "long")]).await.unwrap();
+    let _sweeper = backend.start_sweeper(Duration::from_secs(10));
+    assert_eq!(backend.len(), 101);
+    clock.advance(Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_secs(11)).await; // paused time: advances instantly
+    assert_eq!(
+        backend.len(),
+        1,
+        "only the bucket still ahead of now is kept"
+    );
+    assert!(backend.tat(&key(&l, "Slow", "long")).is_some());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Sweeping drops only buckets equal to fresh ones: the decisions of any trace are the same
+    /// with sweeps between every step as without.
+    #[test]
+    fn the_sweep_is_lossless(steps in proptest::collection::vec((0u64..400, 0u8..4, 0u64..4, prop::bool::ANY), 1..150)) {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(async {
+            let (l1, _, c1) = setup();
+            let (l2, b2, c2) = setup();
+            for (dt, who, cost, refund) in steps {
+                c1.advance(Duration::from_millis(dt));
+                c2.advance(Duration::from_millis(dt));
+                let batch = [tx(&l1, "B", &who.to_string()).cost(cost), tx(&l1, "Slow", "z").mode(Mode::SpendOnly).cost(cost.min(3))];
+                let (d1, d2) = if refund {
+                    (l1.refund(&batch).await.unwrap(), l2.refund(&batch).await.unwrap())
+                } else {
+                    (l1.spend(&batch).await.unwrap(), l2.spend(&batch).await.unwrap())
+                };
+                prop_assert_eq!(d1, d2);
+                b2.sweep();
+            }
+            Ok(())
+        })?;
+    }
+}

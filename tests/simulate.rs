@@ -1,0 +1,303 @@
+//! The simulator: the spec's worked examples as traces, the trace format, and the command
+//! line's behaviour on bad input (message on stderr, exit code 2, nothing partial on stdout).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend, simulate};
+
+const DEFAULTS: &str = "\
+NewFoosPerIPAddress:
+  kind: ip
+  burst: 20
+  count: 20
+  period: 1s
+NewOrdersPerAccount:
+  kind: account
+  burst: 100
+  count: 60
+  period: 1m
+";
+
+async fn run(defaults: &str, overrides: Option<&str>, trace: &str) -> Result<Vec<Value>, String> {
+    let limits = Limits::from_yaml_str(defaults, overrides).map_err(|e| e.to_string())?;
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let mut out = Vec::new();
+    let result = simulate::run(&limiter, &clock, trace.as_bytes(), &mut out).await;
+    let text = String::from_utf8(out).unwrap();
+    // Field order is part of the format.
+    if let Some(first) = text.lines().find(|l| l.contains(r#""decisions""#)) {
+        assert!(first.starts_with(r#"{"line":"#), "{first}");
+        let order = [
+            "\"at_us\"",
+            "\"op\"",
+            "\"allowed\"",
+            "\"remaining\"",
+            "\"retry_after_us\"",
+            "\"reset_after_us\"",
+            "\"decisions\"",
+        ];
+        let positions: Vec<usize> = order.iter().map(|k| first.find(k).unwrap()).collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "{first}");
+    }
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    result.map(|()| lines).map_err(|e| e.to_string())
+}
+
+#[tokio::test]
+async fn reproduces_the_worked_examples() {
+    let mut trace = String::from("0ms spend NewFoosPerIPAddress=172.23.45.22\n");
+    for i in 1..20 {
+        trace.push_str(&format!(
+            "{}us spend NewFoosPerIPAddress=172.23.45.22\n",
+            i * 100
+        ));
+    }
+    trace.push_str("1.999ms spend NewFoosPerIPAddress=172.23.45.22\n");
+    trace.push_str("50ms spend NewFoosPerIPAddress=172.23.45.22\n");
+    trace.push_str("3s spend NewFoosPerIPAddress=172.23.45.22\n");
+    let out = run(DEFAULTS, None, &trace).await.unwrap();
+    assert_eq!(out[0]["remaining"], 19);
+    assert_eq!(out[0]["reset_after_us"], 50_000);
+    assert!(out[..20].iter().all(|o| o["allowed"] == true));
+    // 21st within the same 50ms: denied until TAT - BO = t0 + 50ms.
+    assert_eq!(out[20]["allowed"], false);
+    assert_eq!(out[20]["retry_after_us"], 50_000 - 1_999);
+    assert_eq!(out[21]["allowed"], true, "one request per 50ms");
+    assert_eq!(out[22]["remaining"], 19, "idle longer than BO: full again");
+
+    let out = run(
+        DEFAULTS,
+        None,
+        "0s spend NewOrdersPerAccount=7 cost=100\n0s spend NewOrdersPerAccount=7\n0.999999s spend NewOrdersPerAccount=7\n1s spend NewOrdersPerAccount=7\n",
+    )
+    .await
+    .unwrap();
+    let allowed: Vec<_> = out.iter().map(|o| o["allowed"].clone()).collect();
+    assert_eq!(allowed, [true, false, false, true]);
+    assert_eq!(out[1]["retry_after_us"], 1_000_000);
+}
+
+#[tokio::test]
+async fn output_format_and_trace_syntax() {
+    let out = run(
+        DEFAULTS,
+        Some("- NewFoosPerIPAddress:\n    burst: 2\n    count: 2\n    period: 1s\n    ids: [10.0.0.1]\n"),
+        "# a comment\n\n0s spend NewFoosPerIPAddress=10.0.0.1 check-only:NewOrdersPerAccount=5*100   # trailing comment\n\
+         250us check NewFoosPerIPAddress=10.0.0.1 cost=2\n\
+         1ms spend spend-only:NewFoosPerIPAddress=10.0.0.1 NewOrdersPerAccount=5\n\
+         2ms refund NewFoosPerIPAddress=10.0.0.1\n\
+         3ms reset NewFoosPerIPAddress=10.0.0.1\n",
+    )
+    .await
+    .unwrap();
+    let first = &out[0];
+    assert_eq!(first["line"], 3);
+    assert_eq!(first["at_us"], 0);
+    assert_eq!(first["op"], "spend");
+    // The strictest: the check-only account tx at cost 100 leaves 0 remaining.
+    assert_eq!(first["remaining"], 0);
+    assert_eq!(first["decisions"][0]["limit"], "NewFoosPerIPAddress");
+    assert_eq!(first["decisions"][0]["id"], "10.0.0.1");
+    assert_eq!(first["decisions"][0]["remaining"], 1, "override: burst 2");
+    assert_eq!(first["decisions"][1]["id"], "5");
+    assert_eq!(first.as_object().unwrap().len(), 8);
+    assert_eq!(out[1]["at_us"], 250);
+    assert_eq!(out[1]["allowed"], false, "cost 2 with 1 left");
+    assert_eq!(out[2]["decisions"][0]["allowed"], true);
+    assert_eq!(
+        out[2]["decisions"][1]["remaining"], 99,
+        "check-only wrote nothing earlier"
+    );
+    assert_eq!(out[3]["op"], "refund");
+    assert_eq!(out[3]["allowed"], true);
+    assert_eq!(
+        out[4],
+        serde_json::json!({"line": 7, "at_us": 3000, "op": "reset", "keys": ["NewFoosPerIPAddress=10.0.0.1"]})
+    );
+}
+
+#[tokio::test]
+async fn bad_lines_name_the_line_and_print_nothing_for_it() {
+    let cases = [
+        (
+            "0s spend NewFoosPerIPAddress=10.0.0.1\nxyz spend NewFoosPerIPAddress=10.0.0.1\n",
+            "line 2",
+            1,
+        ),
+        (
+            "0s jump NewFoosPerIPAddress=10.0.0.1\n",
+            "unknown operation",
+            0,
+        ),
+        ("0s spend\n", "no transaction", 0),
+        ("0s spend Typo=10.0.0.1\n", "unknown limit", 0),
+        ("0s spend NewFoosPerIPAddress\n", "malformed transaction", 0),
+        (
+            "0s spend NewFoosPerIPAddress=010.0.0.1\n",
+            "not a valid ip id",
+            0,
+        ),
+        ("0s spend NewFoosPerIPAddress=2001:DB8::1\n", "canonical", 0),
+        (
+            "0s spend NewFoosPerIPAddress=10.0.0.1 cost=x\n",
+            "malformed cost",
+            0,
+        ),
+        (
+            "0s spend NewFoosPerIPAddress=10.0.0.1 cost=21\n",
+            "exceeds the burst",
+            0,
+        ),
+        (
+            "0s spend NewFoosPerIPAddress=10.0.0.1*99999999999999999999\n",
+            "too large",
+            0,
+        ),
+        (
+            "0s spend NewFoosPerIPAddress=10.0.0.1 NewFoosPerIPAddress=10.0.0.1\n",
+            "twice",
+            0,
+        ),
+        (
+            "2s spend NewFoosPerIPAddress=10.0.0.1\n1s spend NewFoosPerIPAddress=10.0.0.1\n",
+            "backwards",
+            1,
+        ),
+        ("1.5 spend NewFoosPerIPAddress=10.0.0.1\n", "unit", 0),
+        (
+            "0.0000001s spend NewFoosPerIPAddress=10.0.0.1\n",
+            "finer",
+            0,
+        ),
+        (
+            "-1s spend NewFoosPerIPAddress=10.0.0.1\n",
+            "malformed time",
+            0,
+        ),
+    ];
+    for (trace, fragment, printed) in cases {
+        let limits = Limits::from_yaml_str(DEFAULTS, None).unwrap();
+        let clock = ManualClock::new(simulate::EPOCH_US);
+        let limiter = Limiter::new(
+            limits,
+            MemoryBackend::builder().clock(clock.clone()).build(),
+        );
+        let mut out = Vec::new();
+        let err = simulate::run(&limiter, &clock, trace.as_bytes(), &mut out)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(fragment), "{trace:?}: {err}");
+        assert!(err.starts_with("line "), "{err}");
+        assert_eq!(
+            String::from_utf8(out).unwrap().lines().count(),
+            printed,
+            "{trace:?}"
+        );
+    }
+}
+
+fn simulator() -> PathBuf {
+    // target/<profile>/deps/simulate-<hash> -> target/<profile>/examples/simulate
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("simulate")
+}
+
+#[test]
+fn command_line_exit_codes() {
+    let bin = simulator();
+    assert!(
+        bin.exists(),
+        "cargo test builds the examples: {}",
+        bin.display()
+    );
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new(&bin)
+        .args([
+            "--defaults",
+            "examples/traces/gcra-20-per-second.yaml",
+            "examples/traces/gcra-worked-examples.trace",
+        ])
+        .current_dir(root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let allowed: Vec<bool> = lines
+        .iter()
+        .map(|l| l["allowed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(
+        allowed,
+        [
+            true, true, false, true, false, true, true, true, false, false, true
+        ]
+    );
+
+    // A bad config: exit 2, the file and line on stderr, nothing on stdout.
+    let bad = std::env::temp_dir().join(format!("trl-sim-bad-{}.yaml", std::process::id()));
+    std::fs::write(&bad, "A:\n  burst: 1\n  count: 1\n  period: 1x\n").unwrap();
+    let out = Command::new(&bin)
+        .arg("--defaults")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{}:4: limit A", bad.display())),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+    std::fs::remove_file(&bad).unwrap();
+
+    // A bad trace line from stdin: exit 2, earlier lines printed, none for the bad one.
+    let mut child = Command::new(&bin)
+        .args(["--defaults", "examples/config/defaults.yaml", "-"])
+        .current_dir(root)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(
+            b"0s spend RequestsPerIPAddress=10.0.0.1\n1s spend RequestsPerIPAddress=not-an-ip\n",
+        )
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
+
+    // Usage errors.
+    let out = Command::new(&bin).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--defaults is required"));
+}
