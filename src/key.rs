@@ -269,6 +269,26 @@ impl IdKind {
     }
 }
 
+impl IdKind {
+    /// Checks an id built elsewhere (e.g. by a key extractor) against this kind, returning its
+    /// canonical form for the kind: an IPv6 address becomes its /48 range for `ipv6_range`,
+    /// sets of domains are normalized and hashed, other text is parsed as [`IdKind::parse`]
+    /// would.
+    pub fn conform(self, id: Id) -> Result<Id, IdError> {
+        let wrong = |kind, id: &Id| Err(invalid(kind, &id.to_string(), "wrong kind of id"));
+        match (self, &id.0) {
+            (IdKind::Any, _)
+            | (IdKind::Ip, Repr::Ip(_))
+            | (IdKind::Account, Repr::Number(_))
+            | (IdKind::Ipv6Range, Repr::Ipv6Range48(_) | Repr::Ip(IpAddr::V4(_))) => Ok(id),
+            (IdKind::Ipv6Range, Repr::Ip(IpAddr::V6(v6))) => Ok(Id::ipv6_range48(*v6)),
+            (IdKind::Ip | IdKind::Account | IdKind::Ipv6Range, _) => wrong(self, &id),
+            (_, Repr::Text(t)) => self.parse(t),
+            (_, _) => wrong(self, &id),
+        }
+    }
+}
+
 impl FromStr for IdKind {
     type Err = IdError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

@@ -17,4 +17,6 @@ pub use limit::Limit;
 pub use time::{Clock, ManualClock, SystemClock};
 pub mod limiter;
 pub use limiter::{Limiter, LimiterError};
+pub mod layer;
 pub mod simulate;
+pub use layer::{RateLimitLayer, Rule};

@@ -1,0 +1,350 @@
+//! Key extractors: how a rule finds the id of a request.
+//!
+//! A [`KeyExtractor`] looks at the request's head and returns an [`Id`] (`Ok(Some(..))`), no id
+//! (`Ok(None)`: the rule's [`OnMissingKey`](super::OnMissingKey) policy applies), or an error
+//! (the request is rejected with the error's status). Closures of the same shape work too.
+//!
+//! Built in: [`ClientIp`] (the peer address, or the forwarded client address when the peer
+//! is a trusted proxy), [`Ipv6Range48`] (the client's /48 range; IPv4 clients by address) and
+//! [`Header`] (an id from a header, e.g. an account).
+
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+
+use http::request::Parts;
+use http::{HeaderName, StatusCode};
+use ipnet::IpNet;
+
+use crate::key::Id;
+
+/// Why an extractor could not produce a key. The request is answered with `status` and a JSON
+/// body carrying `message`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct KeyError {
+    /// The response status (400 for a malformed value, 500 for a server set-up problem).
+    pub status: StatusCode,
+    /// What went wrong, for the client.
+    pub message: Cow<'static, str>,
+}
+
+impl KeyError {
+    /// A 400 Bad Request.
+    pub fn bad_request(message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    /// A 500 Internal Server Error: the server is not set up to find the key.
+    pub fn internal(message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+        }
+    }
+}
+
+/// Finds the id a rule counts for a request.
+///
+/// ```
+/// use http::request::Parts;
+/// use tower_ratelimits::{Id, layer::{KeyError, KeyExtractor}};
+///
+/// /// Keys requests by the `x-api-token` header.
+/// struct ApiToken;
+///
+/// impl KeyExtractor for ApiToken {
+///     fn extract(&self, req: &Parts) -> Result<Option<Id>, KeyError> {
+///         let Some(value) = req.headers.get("x-api-token") else { return Ok(None) };
+///         let text = value.to_str().map_err(|_| KeyError::bad_request("x-api-token is not text"))?;
+///         Id::new(text).map(Some).map_err(|e| KeyError::bad_request(e.to_string()))
+///     }
+/// }
+///
+/// // A closure works as well.
+/// let by_method = |req: &Parts| Ok(Some(Id::new(req.method.as_str()).unwrap()));
+/// # fn takes(_: impl KeyExtractor) {}
+/// # takes(ApiToken); takes(by_method);
+/// ```
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The id of this request, if it has one.
+    fn extract(&self, req: &Parts) -> Result<Option<Id>, KeyError>;
+}
+
+impl<F> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Result<Option<Id>, KeyError> + Send + Sync + 'static,
+{
+    fn extract(&self, req: &Parts) -> Result<Option<Id>, KeyError> {
+        self(req)
+    }
+}
+
+/// Which forwarding header a trusted proxy sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (the default).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
+    Forwarded,
+    /// `X-Real-IP: client` (a single address, set by the nearest proxy).
+    XRealIp,
+}
+
+/// The most forwarded entries examined, from the right: enough for any real proxy chain.
+const MAX_HOPS: usize = 32;
+/// Forwarding headers longer than this are not parsed (the peer is used).
+const MAX_HEADER_BYTES: usize = 8 * 1024;
+
+/// The client's IP address.
+///
+/// The peer address comes from axum's `ConnectInfo<SocketAddr>` (serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`), tonic's `TcpConnectInfo` (feature
+/// `tonic`), or a plain `SocketAddr` in the request extensions. Without one, and without a
+/// [`fallback`](ClientIp::fallback), the request is refused with a 500: it is never keyed as
+/// "unknown" by accident.
+///
+/// Forwarding headers are read **only when the peer is a trusted proxy**. Then the chosen
+/// header is walked from the right, skipping trusted addresses; the first untrusted address is
+/// the client. A client talking to the server directly cannot change its key with any header.
+/// IPv4-mapped IPv6 addresses are folded to IPv4; ports, brackets and IPv6 zone ids are
+/// stripped. If a trusted proxy wrote an entry that is not an address, the request is keyed by
+/// that proxy (the nearest address known to be real).
+///
+/// ```
+/// use tower_ratelimits::layer::{ClientIp, ForwardedHeader};
+/// let ip = ClientIp::new()
+///     .trusted_proxies(["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()])
+///     .header(ForwardedHeader::XForwardedFor);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ClientIp {
+    trusted: Vec<IpNet>,
+    header: ForwardedHeader,
+    fallback: Option<IpAddr>,
+}
+
+fn fold(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Parses one forwarded address: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:443`,
+/// `fe80::1%eth0`, optionally quoted. Anything else (`unknown`, `_hidden`, garbage) is `None`.
+pub(crate) fn parse_forwarded_ip(text: &str) -> Option<IpAddr> {
+    let t = text.trim().trim_matches('"');
+    let t = if let Some(rest) = t.strip_prefix('[') {
+        rest.split_once(']')?.0
+    } else if t.matches(':').count() == 1 {
+        t.split_once(':')?.0 // IPv4 with a port
+    } else {
+        t
+    };
+    let t = t.split_once('%').map_or(t, |(addr, _zone)| addr);
+    t.parse::<IpAddr>().ok().map(fold)
+}
+
+impl ClientIp {
+    /// No trusted proxies: the peer address is the client.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Proxies whose forwarding headers are believed.
+    pub fn trusted_proxies(mut self, nets: impl IntoIterator<Item = IpNet>) -> Self {
+        self.trusted = nets.into_iter().collect();
+        self
+    }
+
+    /// Which header trusted proxies set (default `X-Forwarded-For`).
+    pub fn header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// The address to use when the request carries no peer address (e.g. a Unix socket
+    /// server behind a local proxy). Without it such requests are refused with a 500.
+    pub fn fallback(mut self, ip: IpAddr) -> Self {
+        self.fallback = Some(ip);
+        self
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+
+    fn peer(&self, req: &Parts) -> Option<IpAddr> {
+        #[cfg(feature = "axum")]
+        if let Some(info) = req
+            .extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        {
+            return Some(info.0.ip());
+        }
+        #[cfg(feature = "tonic")]
+        if let Some(addr) = req
+            .extensions
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|i| i.remote_addr())
+        {
+            return Some(addr.ip());
+        }
+        req.extensions
+            .get::<SocketAddr>()
+            .map(|a| a.ip())
+            .or(self.fallback)
+    }
+
+    /// The client address of a request.
+    pub fn client_ip(&self, req: &Parts) -> Result<IpAddr, KeyError> {
+        let peer = self.peer(req).map(fold).ok_or_else(|| {
+            KeyError::internal(
+                "no peer address: serve with connect info (axum: into_make_service_with_connect_info) or set ClientIp::fallback",
+            )
+        })?;
+        if self.trusted.is_empty() || !self.is_trusted(peer) {
+            return Ok(peer);
+        }
+        Ok(self.walk(req, peer))
+    }
+
+    /// Walks the forwarding header from the right, starting at a trusted peer.
+    fn walk(&self, req: &Parts, peer: IpAddr) -> IpAddr {
+        let name: HeaderName = match self.header {
+            ForwardedHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
+            ForwardedHeader::Forwarded => http::header::FORWARDED,
+            ForwardedHeader::XRealIp => HeaderName::from_static("x-real-ip"),
+        };
+        let values: Vec<&str> = match req
+            .headers
+            .get_all(&name)
+            .iter()
+            .map(|v| v.to_str().ok().filter(|s| s.len() <= MAX_HEADER_BYTES))
+            .collect::<Option<Vec<_>>>()
+        {
+            Some(v) => v,
+            None => return peer, // not text, or absurdly long: believe nothing
+        };
+        if self.header == ForwardedHeader::XRealIp {
+            // One address, set by the nearest proxy; several headers are a forgery.
+            return match values.as_slice() {
+                [one] => parse_forwarded_ip(one).unwrap_or(peer),
+                _ => peer,
+            };
+        }
+        let mut nearest = peer;
+        let entries = values.iter().rev().flat_map(|v| v.rsplit(','));
+        for entry in entries.take(MAX_HOPS) {
+            let address = match self.header {
+                ForwardedHeader::Forwarded => entry
+                    .split(';')
+                    .find_map(|pair| {
+                        let (k, v) = pair.split_once('=')?;
+                        k.trim().eq_ignore_ascii_case("for").then_some(v)
+                    })
+                    .and_then(parse_forwarded_ip),
+                _ => parse_forwarded_ip(entry),
+            };
+            match address {
+                Some(ip) if self.is_trusted(ip) => nearest = ip,
+                Some(ip) => return ip,
+                None => return nearest,
+            }
+        }
+        nearest
+    }
+}
+
+impl KeyExtractor for ClientIp {
+    fn extract(&self, req: &Parts) -> Result<Option<Id>, KeyError> {
+        self.client_ip(req).map(|ip| Some(Id::from(ip)))
+    }
+}
+
+/// The client's IPv6 /48 range, or its IPv4 address (an attacker holds 2^80 addresses in one
+/// /48: limiting IPv6 clients per address is no limit at all).
+///
+/// ```
+/// use tower_ratelimits::layer::{ClientIp, Ipv6Range48};
+/// let range = Ipv6Range48::new(ClientIp::new());
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Ipv6Range48 {
+    client: ClientIp,
+}
+
+impl Ipv6Range48 {
+    /// Ranges of the addresses `client` finds.
+    pub fn new(client: ClientIp) -> Self {
+        Self { client }
+    }
+}
+
+impl KeyExtractor for Ipv6Range48 {
+    fn extract(&self, req: &Parts) -> Result<Option<Id>, KeyError> {
+        Ok(Some(match self.client.client_ip(req)? {
+            IpAddr::V6(v6) => Id::ipv6_range48(v6),
+            v4 => Id::from(v4),
+        }))
+    }
+}
+
+/// An id taken from a request header, e.g. `x-account-id`. A missing header is no id; a value
+/// that is not text or not a valid id is a 400. The rule checks the id against the limit's id
+/// kind.
+///
+/// ```
+/// use tower_ratelimits::layer::Header;
+/// let account = Header::new("x-account-id");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Header {
+    name: HeaderName,
+}
+
+impl Header {
+    /// Reads the header `name`.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name (a programming error at set-up, not a request
+    /// path); use [`Header::try_new`] to handle it.
+    pub fn new(name: &'static str) -> Self {
+        Self {
+            name: HeaderName::from_static(name),
+        }
+    }
+
+    /// Reads the header `name`, if it is a valid header name.
+    pub fn try_new(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
+        Ok(Self {
+            name: HeaderName::try_from(name)?,
+        })
+    }
+}
+
+impl KeyExtractor for Header {
+    fn extract(&self, req: &Parts) -> Result<Option<Id>, KeyError> {
+        let mut values = req.headers.get_all(&self.name).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(KeyError::bad_request(format!(
+                "header {} given more than once",
+                self.name
+            )));
+        }
+        let text = value
+            .to_str()
+            .map_err(|_| KeyError::bad_request(format!("header {} is not text", self.name)))?;
+        Id::new(text)
+            .map(Some)
+            .map_err(|e| KeyError::bad_request(format!("header {}: {e}", self.name)))
+    }
+}

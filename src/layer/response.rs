@@ -1,0 +1,185 @@
+//! What a client sees: `429 Too Many Requests` with `Retry-After`, the IETF `RateLimit` and
+//! `RateLimit-Policy` fields and a JSON body; gRPC clients get `RESOURCE_EXHAUSTED`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, Response, StatusCode};
+
+use crate::decision::{BatchDecision, Decision};
+
+/// `RateLimit-Policy` (IETF httpapi ratelimit-headers, draft 10).
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (IETF httpapi ratelimit-headers, draft 10).
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// Legacy `X-RateLimit-Limit`.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// Legacy `X-RateLimit-Remaining`.
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// Legacy `X-RateLimit-Reset` (seconds from now).
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Whole seconds, rounded up.
+pub fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+fn number(n: u64) -> HeaderValue {
+    HeaderValue::from(n)
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit` for a decision (and the legacy `X-RateLimit-*`
+/// fields when asked).
+///
+/// The policy is the bucket: `q` is the burst (the most tokens held, so `r` never exceeds
+/// it) and `w` the seconds the bucket takes to refill from empty (the burst offset, rounded
+/// up). `r` is the tokens left and `t` the seconds until the bucket is full again (rounded up).
+pub fn add_ratelimit_headers(headers: &mut HeaderMap, decision: &Decision, legacy: bool) {
+    let Some(limit) = decision.limit else { return };
+    let name = &decision.name;
+    let window = ceil_secs(Duration::from_micros(limit.burst_offset_us()));
+    let reset = ceil_secs(decision.reset_after);
+    let policy = format!("\"{name}\";q={};w={window}", limit.burst());
+    let state = format!("\"{name}\";r={};t={reset}", decision.remaining);
+    // Names are [A-Za-z0-9_.-] and numbers are digits: always valid header values.
+    if let Ok(v) = HeaderValue::try_from(policy) {
+        headers.insert(RATELIMIT_POLICY.clone(), v);
+    }
+    if let Ok(v) = HeaderValue::try_from(state) {
+        headers.insert(RATELIMIT.clone(), v);
+    }
+    if legacy {
+        headers.insert(X_RATELIMIT_LIMIT.clone(), number(limit.burst()));
+        headers.insert(X_RATELIMIT_REMAINING.clone(), number(decision.remaining));
+        headers.insert(X_RATELIMIT_RESET.clone(), number(reset));
+    }
+}
+
+/// A denied request, as handed to a custom response function.
+#[derive(Debug)]
+pub struct Denial<'a> {
+    /// The batch decision; its strictest decision is the one that denied.
+    pub batch: &'a BatchDecision,
+    /// Whether the request is a gRPC call.
+    pub grpc: bool,
+    /// Whether legacy `X-RateLimit-*` headers are enabled.
+    pub legacy_headers: bool,
+}
+
+impl Denial<'_> {
+    /// The decision that denied.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.batch.strictest()
+    }
+
+    /// How long until the request would be allowed (at least one second in headers).
+    pub fn retry_after(&self) -> Duration {
+        self.decision().map_or(Duration::ZERO, |d| d.retry_after)
+    }
+
+    /// `Retry-After` in whole seconds: rounded up, never 0.
+    pub fn retry_after_secs(&self) -> u64 {
+        ceil_secs(self.retry_after()).max(1)
+    }
+
+    /// The default JSON body:
+    /// `{"errors":[{"code":"TOOMANYREQUESTS","message":"too many requests","detail":{"limiter":..,"entity":..,"retry_after_ms":..}}]}`.
+    pub fn json_body(&self) -> Bytes {
+        let (limiter, entity) = self
+            .decision()
+            .map(|d| (d.name.to_string(), d.key.id().to_string()))
+            .unwrap_or_default();
+        let retry_ms = self.retry_after().as_micros().div_ceil(1000);
+        let body = serde_json::json!({
+            "errors": [{
+                "code": "TOOMANYREQUESTS",
+                "message": "too many requests",
+                "detail": {"limiter": limiter, "entity": entity, "retry_after_ms": retry_ms}
+            }]
+        });
+        Bytes::from(body.to_string())
+    }
+
+    /// The default response: a gRPC trailers-only `RESOURCE_EXHAUSTED`, or a 429 with
+    /// `Retry-After`, the `RateLimit` fields and [`json_body`](Self::json_body).
+    pub fn default_response(&self) -> Response<Bytes> {
+        let retry = self.retry_after_secs();
+        let mut response = if self.grpc {
+            let name = self
+                .decision()
+                .map(|d| d.name.to_string())
+                .unwrap_or_default();
+            grpc_status(
+                8,
+                &format!("rate limit {name} exceeded; retry after {retry}s"),
+            )
+        } else {
+            let mut r = Response::new(self.json_body());
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            r.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        };
+        let headers = response.headers_mut();
+        headers.insert(RETRY_AFTER, number(retry));
+        if let Some(d) = self.decision() {
+            add_ratelimit_headers(headers, d, self.legacy_headers);
+        }
+        response
+    }
+}
+
+/// A gRPC trailers-only response: HTTP 200 with `grpc-status` and `grpc-message` in the
+/// headers and an empty body.
+pub fn grpc_status(code: u8, message: &str) -> Response<Bytes> {
+    let mut r = Response::new(Bytes::new());
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.insert("grpc-status", number(u64::from(code)));
+    // grpc-message is percent-encoded (gRPC over HTTP/2 spec).
+    let mut encoded = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            encoded.push(char::from(b));
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if let Ok(v) = HeaderValue::try_from(encoded) {
+        h.insert("grpc-message", v);
+    }
+    r
+}
+
+/// An error answer written by the middleware (not a rate limit): a JSON body with `code`
+/// and `message`, or for gRPC a trailers-only status (`code` maps to a gRPC code).
+pub(crate) fn error_response(
+    status: StatusCode,
+    code: &str,
+    message: &str,
+    grpc: bool,
+) -> Response<Bytes> {
+    if grpc {
+        let grpc_code = match status {
+            StatusCode::BAD_REQUEST => 3,          // INVALID_ARGUMENT
+            StatusCode::UNAUTHORIZED => 16,        // UNAUTHENTICATED
+            StatusCode::SERVICE_UNAVAILABLE => 14, // UNAVAILABLE
+            _ => 13,                               // INTERNAL
+        };
+        return grpc_status(grpc_code, message);
+    }
+    let body = serde_json::json!({"errors": [{"code": code, "message": message}]});
+    let mut r = Response::new(Bytes::from(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// Whether a request is a gRPC call (`content-type: application/grpc...`).
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}

@@ -1,0 +1,257 @@
+//! The middleware end to end: a real axum server over TCP, a real HTTP client, time driven by
+//! a manual clock.
+
+mod support;
+
+use std::time::Duration;
+
+use axum::{Router, routing::get};
+use support::http::{HttpClient, serve};
+use tower_ratelimits::layer::{ClientIp, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule};
+use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
+
+const DEFAULTS: &str = "\
+RequestsPerIPAddress:
+  kind: ip
+  burst: 3
+  count: 3
+  period: 3s
+RequestsPerIPv6Range:
+  kind: ipv6_range
+  burst: 5
+  count: 5
+  period: 5s
+ApiCallsPerAccount:
+  kind: account
+  burst: 2
+  count: 2
+  period: 2s
+";
+
+fn limiter(clock: &ManualClock) -> Limiter {
+    let limits = Limits::from_yaml_str(DEFAULTS, None).unwrap();
+    Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    )
+}
+
+fn app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer)
+}
+
+fn ip_rules(trusted: &[&str]) -> Vec<Rule> {
+    let ip = ClientIp::new().trusted_proxies(trusted.iter().map(|s| s.parse().unwrap()));
+    vec![
+        Rule::new("RequestsPerIPAddress", ip.clone()),
+        Rule::new("RequestsPerIPv6Range", Ipv6Range48::new(ip)),
+    ]
+}
+
+#[tokio::test]
+async fn the_burst_passes_then_429_with_every_header_and_the_exact_body() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let layer = RateLimitLayer::builder(limiter(&clock))
+        .rule(ip_rules(&[])[0].clone())
+        .legacy_headers(true)
+        .build()
+        .unwrap();
+    let server = serve(app(layer)).await;
+    let client = HttpClient::new(&server);
+    for remaining in [2, 1, 0] {
+        let r = client.get("/", &[]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, "hello");
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some("\"RequestsPerIPAddress\";q=3;w=3")
+        );
+        assert_eq!(
+            r.header("ratelimit"),
+            Some(format!("\"RequestsPerIPAddress\";r={remaining};t={}", 3 - remaining).as_str())
+        );
+        assert_eq!(
+            r.header("x-ratelimit-remaining"),
+            Some(remaining.to_string().as_str())
+        );
+    }
+    clock.advance(Duration::from_millis(400));
+    let r = client.get("/", &[]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.header("retry-after"), Some("1"), "600ms rounded up");
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some("\"RequestsPerIPAddress\";q=3;w=3")
+    );
+    assert_eq!(
+        r.header("ratelimit"),
+        Some("\"RequestsPerIPAddress\";r=0;t=3")
+    );
+    assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(r.header("x-ratelimit-reset"), Some("3"));
+    assert_eq!(
+        r.body,
+        r#"{"errors":[{"code":"TOOMANYREQUESTS","detail":{"entity":"127.0.0.1","limiter":"RequestsPerIPAddress","retry_after_ms":600},"message":"too many requests"}]}"#
+    );
+    // Time, not sleeping: one emission interval later one request fits.
+    clock.advance(Duration::from_millis(600));
+    assert_eq!(client.get("/", &[]).await.status, 200);
+    assert_eq!(client.get("/", &[]).await.status, 429);
+}
+
+#[tokio::test]
+async fn trusted_proxies_key_clients_apart_and_untrusted_headers_change_nothing() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    // Loopback is the trusted proxy; the clients are named by X-Forwarded-For.
+    let trusted = serve(app(RateLimitLayer::new(
+        limiter(&clock),
+        ip_rules(&["127.0.0.0/8", "::1/128"]),
+    )
+    .unwrap()))
+    .await;
+    let client = HttpClient::new(&trusted);
+    for _ in 0..3 {
+        assert_eq!(
+            client
+                .get("/", &[("x-forwarded-for", "203.0.113.7")])
+                .await
+                .status,
+            200
+        );
+    }
+    let r = client.get("/", &[("x-forwarded-for", "203.0.113.7")]).await;
+    assert_eq!(r.status, 429);
+    assert!(r.body.contains(r#""entity":"203.0.113.7""#), "{}", r.body);
+    // Another client behind the same proxy has its own bucket.
+    assert_eq!(
+        client
+            .get("/", &[("x-forwarded-for", "203.0.113.8")])
+            .await
+            .status,
+        200
+    );
+    // A client that forges an entry is still keyed by the address the proxy appended.
+    let r = client
+        .get("/", &[("x-forwarded-for", "198.51.100.1, 203.0.113.7")])
+        .await;
+    assert_eq!(r.status, 429);
+    // Two proxies: the walk skips the trusted hop.
+    let r = client
+        .get("/", &[("x-forwarded-for", "203.0.113.7, 127.0.0.5")])
+        .await;
+    assert_eq!(r.status, 429);
+
+    // Untrusted peer: no header changes the key.
+    let untrusted = serve(app(
+        RateLimitLayer::new(limiter(&clock), ip_rules(&[])).unwrap()
+    ))
+    .await;
+    let client = HttpClient::new(&untrusted);
+    let spoofs = [
+        ("x-forwarded-for", "203.0.113.9"),
+        ("x-forwarded-for", "10.1.1.1, 10.2.2.2"),
+        ("forwarded", "for=192.0.2.60"),
+        ("x-real-ip", "192.0.2.61"),
+        ("x-forwarded-for", "garbage"),
+    ];
+    for (i, (k, v)) in spoofs.iter().enumerate() {
+        let r = client.get("/", &[(k, v)]).await;
+        assert_eq!(r.status, if i < 3 { 200 } else { 429 }, "{k}: {v}");
+    }
+}
+
+#[tokio::test]
+async fn an_ipv6_slash_48_neighbour_shares_the_range_bucket() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let server = serve(app(RateLimitLayer::new(
+        limiter(&clock),
+        ip_rules(&["127.0.0.1/32"]),
+    )
+    .unwrap()))
+    .await;
+    let client = HttpClient::new(&server);
+    // Five different addresses in 2001:db8:1::/48 drain its range bucket (burst 5) ...
+    for i in 1..=5 {
+        let xff = format!("2001:db8:1:{i}::1");
+        assert_eq!(
+            client.get("/", &[("x-forwarded-for", &xff)]).await.status,
+            200
+        );
+    }
+    // ... so a sixth neighbour, with a fresh per-address bucket, is refused by the range rule.
+    let r = client
+        .get("/", &[("x-forwarded-for", "2001:db8:1:ffff::9")])
+        .await;
+    assert_eq!(r.status, 429);
+    assert!(
+        r.body.contains(r#""limiter":"RequestsPerIPv6Range""#),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains(r#""entity":"2001:db8:1::/48""#),
+        "{}",
+        r.body
+    );
+    // Another /48 is not affected.
+    assert_eq!(
+        client
+            .get("/", &[("x-forwarded-for", "2001:db8:2::1")])
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn account_header_missing_skips_or_rejects_and_malformed_is_400() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let skip = RateLimitLayer::builder(limiter(&clock))
+        .rule(
+            Rule::new("ApiCallsPerAccount", Header::new("x-account-id"))
+                .on_missing_key(OnMissingKey::Skip),
+        )
+        .build()
+        .unwrap();
+    let server = serve(app(skip)).await;
+    let client = HttpClient::new(&server);
+    for _ in 0..5 {
+        assert_eq!(
+            client.get("/", &[]).await.status,
+            200,
+            "no account: rule skipped"
+        );
+    }
+    assert_eq!(client.get("/", &[("x-account-id", "42")]).await.status, 200);
+    assert_eq!(client.get("/", &[("x-account-id", "42")]).await.status, 200);
+    let r = client.get("/", &[("x-account-id", "42")]).await;
+    assert_eq!(r.status, 429);
+    assert!(r.body.contains(r#""entity":"42""#));
+    for bad in ["042", "abc", "-1", "18446744073709551616"] {
+        let r = client.get("/", &[("x-account-id", bad)]).await;
+        assert_eq!(r.status, 400, "{bad}");
+        assert!(r.body.contains("BADREQUEST"), "{}", r.body);
+    }
+
+    let reject = RateLimitLayer::builder(limiter(&clock))
+        .rule(
+            Rule::new("ApiCallsPerAccount", Header::new("x-account-id"))
+                .on_missing_key(OnMissingKey::Reject(http::StatusCode::UNAUTHORIZED)),
+        )
+        .build()
+        .unwrap();
+    let server = serve(app(reject)).await;
+    let r = HttpClient::new(&server).get("/", &[]).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert!(
+        r.body
+            .contains("missing key for rate limit ApiCallsPerAccount"),
+        "{}",
+        r.body
+    );
+}

@@ -1,0 +1,388 @@
+//! The middleware's own logic, in process: one backend call per request, backend failures
+//! both ways (error and timeout), response options, gRPC answers, bad requests. Test backends
+//! wrap or replace the real one here; the real backends are proven in their own tests.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::{Router, body::Body, routing::any};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+use tower_ratelimits::backend::{Backend, BackendError, BucketTx};
+use tower_ratelimits::layer::{
+    ClientIp, FailurePolicy, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule,
+};
+use tower_ratelimits::{BucketKey, Limiter, Limits, ManualClock, MemoryBackend, Outcome};
+
+const DEFAULTS: &str = "\
+PerIp: {kind: ip, burst: 2, count: 2, period: 2s}
+PerRange: {kind: ipv6_range, burst: 10, count: 10, period: 1s}
+PerAccount: {kind: account, burst: 10, count: 10, period: 1s}
+";
+
+/// Counts calls, then delegates to the in-memory backend.
+struct Counting {
+    calls: Arc<AtomicUsize>,
+    inner: MemoryBackend,
+}
+
+#[async_trait]
+impl Backend for Counting {
+    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.spend(batch).await
+    }
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        self.inner.refund(batch).await
+    }
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        self.inner.reset(keys).await
+    }
+}
+
+/// Fails every call, or never answers.
+struct Broken {
+    hang: bool,
+}
+
+#[async_trait]
+impl Backend for Broken {
+    async fn spend(&self, _: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        if self.hang {
+            std::future::pending::<()>().await;
+        }
+        Err(BackendError::Unavailable("connection refused".into()))
+    }
+    async fn refund(&self, b: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        self.spend(b).await
+    }
+    async fn reset(&self, _: &[&BucketKey]) -> Result<(), BackendError> {
+        Err(BackendError::Unavailable("connection refused".into()))
+    }
+}
+
+fn limits() -> Limits {
+    Limits::from_yaml_str(DEFAULTS, None).unwrap()
+}
+
+fn app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", any(|| async { "ok" }))
+        .layer(layer)
+}
+
+fn request(peer: &str) -> http::request::Builder {
+    Request::get("/").extension(peer.parse::<SocketAddr>().unwrap())
+}
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, http::HeaderMap, String) {
+    let r = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = r.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+fn three_rules() -> Vec<Rule> {
+    vec![
+        Rule::new("PerIp", ClientIp::new()),
+        Rule::new("PerRange", Ipv6Range48::new(ClientIp::new())),
+        Rule::new("PerAccount", Header::new("x-account-id")),
+    ]
+}
+
+#[tokio::test]
+async fn a_multi_rule_request_is_one_backend_call() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let backend = Counting {
+        calls: calls.clone(),
+        inner: MemoryBackend::new(),
+    };
+    let app = app(RateLimitLayer::new(Limiter::new(limits(), backend), three_rules()).unwrap());
+    for i in 1..=3 {
+        let req = request("[2001:db8::1]:1000")
+            .header("x-account-id", "7")
+            .body(Body::empty())
+            .unwrap();
+        let (status, _, _) = send(&app, req).await;
+        assert_eq!(
+            status,
+            if i <= 2 {
+                StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+        );
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            i,
+            "three rules, one call per request"
+        );
+    }
+}
+
+#[tokio::test]
+async fn backend_errors_fail_open_or_closed() {
+    let open = app(RateLimitLayer::new(
+        Limiter::new(limits(), Broken { hang: false }),
+        three_rules()[..1].to_vec(),
+    )
+    .unwrap());
+    let (status, headers, body) =
+        send(&open, request("10.0.0.1:1").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "ok");
+    assert!(headers.get("ratelimit").is_none());
+
+    let closed = app(
+        RateLimitLayer::builder(Limiter::new(limits(), Broken { hang: false }))
+            .rule(Rule::new("PerIp", ClientIp::new()))
+            .on_backend_failure(FailurePolicy::FailClosed)
+            .build()
+            .unwrap(),
+    );
+    let (status, headers, body) =
+        send(&closed, request("10.0.0.1:1").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(
+        body,
+        r#"{"errors":[{"code":"UNAVAILABLE","message":"rate limiter unavailable"}]}"#
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_backend_times_out_into_the_policy() {
+    for (policy, expected) in [
+        (FailurePolicy::FailOpen, StatusCode::OK),
+        (FailurePolicy::FailClosed, StatusCode::SERVICE_UNAVAILABLE),
+    ] {
+        let app = app(
+            RateLimitLayer::builder(Limiter::new(limits(), Broken { hang: true }))
+                .rule(Rule::new("PerIp", ClientIp::new()))
+                .backend_timeout(Duration::from_millis(250))
+                .on_backend_failure(policy)
+                .build()
+                .unwrap(),
+        );
+        let start = tokio::time::Instant::now();
+        let (status, _, _) = send(&app, request("10.0.0.1:1").body(Body::empty()).unwrap()).await;
+        assert_eq!(status, expected);
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(250),
+            "answered at the timeout (virtual time)"
+        );
+    }
+}
+
+#[tokio::test]
+async fn response_options() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limiter = Limiter::new(
+        limits(),
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let quiet = app(RateLimitLayer::builder(limiter.clone())
+        .rule(Rule::new("PerIp", ClientIp::new()))
+        .ratelimit_headers_on_allowed(false)
+        .denied_response(|d| {
+            let mut r = http::Response::new(bytes::Bytes::from(format!(
+                "slow down, {}s",
+                d.retry_after_secs()
+            )));
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            r
+        })
+        .build()
+        .unwrap());
+    for _ in 0..2 {
+        let (status, headers, _) =
+            send(&quiet, request("10.0.0.2:1").body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(headers.get("ratelimit").is_none() && headers.get("ratelimit-policy").is_none());
+    }
+    let (status, _, body) = send(&quiet, request("10.0.0.2:1").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body, "slow down, 1s");
+
+    // A cost function: POST costs 2 (the whole burst).
+    let costly = app(RateLimitLayer::builder(limiter)
+        .rule(
+            Rule::new("PerIp", ClientIp::new())
+                .cost_fn(|r| if r.method == http::Method::POST { 2 } else { 1 }),
+        )
+        .build()
+        .unwrap());
+    let post = || {
+        request("10.0.0.3:1")
+            .method("POST")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(send(&costly, post()).await.0, StatusCode::OK);
+    assert_eq!(send(&costly, post()).await.0, StatusCode::TOO_MANY_REQUESTS);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        send(&costly, request("10.0.0.3:1").body(Body::empty()).unwrap())
+            .await
+            .0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn grpc_requests_get_resource_exhausted_trailers_only() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limiter = Limiter::new(limits(), MemoryBackend::builder().clock(clock).build());
+    let app = app(RateLimitLayer::new(limiter, vec![Rule::new("PerIp", ClientIp::new())]).unwrap());
+    let grpc = || {
+        request("10.0.0.4:1")
+            .header("content-type", "application/grpc+proto")
+            .body(Body::empty())
+            .unwrap()
+    };
+    send(&app, grpc()).await;
+    send(&app, grpc()).await;
+    let (status, headers, body) = send(&app, grpc()).await;
+    assert_eq!(status, StatusCode::OK, "gRPC errors travel in grpc-status");
+    assert_eq!(headers["grpc-status"], "8");
+    assert_eq!(headers["content-type"], "application/grpc");
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(
+        headers["grpc-message"],
+        "rate limit PerIp exceeded; retry after 1s"
+    );
+    assert!(body.is_empty());
+}
+
+#[tokio::test]
+async fn bad_requests_and_set_up_errors() {
+    let limiter = Limiter::new(limits(), MemoryBackend::new());
+    // No peer address and no fallback: a 500, never a shared "unknown" key.
+    let app1 = app(
+        RateLimitLayer::new(limiter.clone(), vec![Rule::new("PerIp", ClientIp::new())]).unwrap(),
+    );
+    let (status, _, body) = send(&app1, Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body.contains("no peer address"), "{body}");
+    // With a fallback the request is keyed by it.
+    let app2 = app(RateLimitLayer::new(
+        limiter.clone(),
+        vec![Rule::new(
+            "PerIp",
+            ClientIp::new().fallback("192.0.2.1".parse().unwrap()),
+        )],
+    )
+    .unwrap());
+    let (status, headers, _) = send(&app2, Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["ratelimit"], "\"PerIp\";r=1;t=1");
+    // A cost above the burst can never pass: 400, not a 429 to retry forever.
+    let app3 = app(RateLimitLayer::new(
+        limiter.clone(),
+        vec![Rule::new("PerIp", ClientIp::new()).cost(3)],
+    )
+    .unwrap());
+    let (status, _, body) = send(&app3, request("10.0.0.5:1").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains("exceeds the burst"), "{body}");
+    // A header value that is not text, duplicated, or too long.
+    let app4 = app(RateLimitLayer::new(
+        limiter.clone(),
+        vec![
+            Rule::new("PerAccount", Header::new("x-account-id")).on_missing_key(OnMissingKey::Skip),
+        ],
+    )
+    .unwrap());
+    let raw = Request::get("/")
+        .header(
+            "x-account-id",
+            http::HeaderValue::from_bytes(b"\xff\xfe").unwrap(),
+        )
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&app4, raw).await.0, StatusCode::BAD_REQUEST);
+    let twice = Request::get("/")
+        .header("x-account-id", "1")
+        .header("x-account-id", "2")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&app4, twice).await.0, StatusCode::BAD_REQUEST);
+    let long = Request::get("/")
+        .header("x-account-id", "9".repeat(300))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&app4, long).await.0, StatusCode::BAD_REQUEST);
+    // Layer set-up errors.
+    use tower_ratelimits::layer::LayerError;
+    assert_eq!(
+        RateLimitLayer::new(limiter.clone(), vec![]).unwrap_err(),
+        LayerError::NoRules
+    );
+    assert_eq!(
+        RateLimitLayer::new(limiter.clone(), vec![Rule::new("Nope", ClientIp::new())]).unwrap_err(),
+        LayerError::UnknownLimit("Nope".into())
+    );
+    assert_eq!(
+        RateLimitLayer::new(
+            limiter,
+            vec![
+                Rule::new("PerIp", ClientIp::new()),
+                Rule::new("PerIp", Header::new("x-a"))
+            ]
+        )
+        .unwrap_err(),
+        LayerError::DuplicateRule("PerIp".into())
+    );
+}
+
+#[tokio::test]
+async fn readiness_is_forwarded_and_the_ready_service_is_used() {
+    use std::task::Poll;
+    use tower::Service;
+    // An inner service that is ready only after it was polled once.
+    #[derive(Clone, Default)]
+    struct Warm {
+        ready: bool,
+    }
+    impl Service<Request<Body>> for Warm {
+        type Response = http::Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+        fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Self::Error>> {
+            if self.ready {
+                Poll::Ready(Ok(()))
+            } else {
+                self.ready = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            assert!(self.ready, "called without being ready");
+            std::future::ready(Ok(http::Response::new(Body::from("warm"))))
+        }
+    }
+    let layer = RateLimitLayer::new(
+        Limiter::new(limits(), MemoryBackend::new()),
+        vec![Rule::new("PerIp", ClientIp::new())],
+    )
+    .unwrap();
+    let mut svc = tower::Layer::layer(&layer, Warm::default());
+    let r = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request("10.0.0.6:1").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}

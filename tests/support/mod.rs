@@ -1,0 +1,4 @@
+//! Test support: real servers and clients.
+#![allow(dead_code)]
+
+pub mod http;
