@@ -193,6 +193,11 @@ impl BatchDecision {
         &self.decisions
     }
 
+    /// Consumes the batch decision, returning the strictest decision.
+    pub fn into_strictest(mut self) -> Option<Decision> {
+        self.strictest.map(|i| self.decisions.swap_remove(i))
+    }
+
     /// Consumes the batch decision, returning every decision.
     pub fn into_decisions(self) -> Vec<Decision> {
         self.decisions

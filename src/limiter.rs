@@ -164,7 +164,46 @@ impl Limiter {
         Ok(())
     }
 
+    /// Decides and spends a batch without waiting, when the backend can (see
+    /// [`Backend::spend_now`]); `None` means "call [`spend`](Self::spend)".
+    pub fn try_spend_now(
+        &self,
+        batch: &[Transaction],
+    ) -> Option<Result<BatchDecision, LimiterError>> {
+        let (resolved, txs) = match self.resolve(batch, Op::Spend) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let outcomes = if txs.is_empty() {
+            Vec::new()
+        } else {
+            match self.inner.backend.spend_now(&txs)? {
+                Ok(o) => o,
+                Err(e) => return Some(Err(e.into())),
+            }
+        };
+        Some(self.finish(batch, resolved, txs.len(), outcomes))
+    }
+
     async fn run(&self, batch: &[Transaction], op: Op) -> Result<BatchDecision, LimiterError> {
+        let (resolved, txs) = self.resolve(batch, op)?;
+        let outcomes = if txs.is_empty() {
+            Vec::new()
+        } else if op == Op::Refund {
+            self.inner.backend.refund(&txs).await?
+        } else {
+            self.inner.backend.spend(&txs).await?
+        };
+        self.finish(batch, resolved, txs.len(), outcomes)
+    }
+
+    /// Checks a batch and resolves each transaction's limit and cost.
+    #[allow(clippy::type_complexity)]
+    fn resolve<'a>(
+        &self,
+        batch: &'a [Transaction],
+        op: Op,
+    ) -> Result<(Vec<(Option<Limit>, Mode)>, Vec<BucketTx<'a>>), LimiterError> {
         let limits = &self.inner.limits;
         for (i, tx) in batch.iter().enumerate() {
             if batch[..i].iter().any(|other| other.key() == tx.key()) {
@@ -202,18 +241,23 @@ impl Limiter {
             }
             resolved.push((limit, mode));
         }
-        let outcomes = if txs.is_empty() {
-            Vec::new()
-        } else if op == Op::Refund {
-            self.inner.backend.refund(&txs).await?
-        } else {
-            self.inner.backend.spend(&txs).await?
-        };
-        if outcomes.len() != txs.len() {
+        Ok((resolved, txs))
+    }
+
+    /// Turns the backend's outcomes into decisions.
+    fn finish(
+        &self,
+        batch: &[Transaction],
+        resolved: Vec<(Option<Limit>, Mode)>,
+        sent: usize,
+        outcomes: Vec<Outcome>,
+    ) -> Result<BatchDecision, LimiterError> {
+        let limits = &self.inner.limits;
+        if outcomes.len() != sent {
             return Err(BackendError::Unavailable(format!(
                 "backend returned {} outcomes for {} transactions",
                 outcomes.len(),
-                txs.len()
+                sent
             ))
             .into());
         }

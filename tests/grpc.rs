@@ -1,1 +1,80 @@
-fn main() {}
+//! gRPC end to end: a tonic server behind the layer on an ephemeral port, a real tonic client.
+//! Needs feature `tonic` (for the peer address from `TcpConnectInfo`).
+
+use std::time::Duration;
+
+use tonic::Code;
+use tonic::transport::{Endpoint, Server};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+use tower_ratelimits::layer::{ClientIp, RateLimitLayer, Rule};
+use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
+
+#[tokio::test]
+async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limits =
+        Limits::from_yaml_str("Calls: {kind: ip, burst: 2, count: 1, period: 4s}\n", None).unwrap();
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let layer = RateLimitLayer::new(limiter, [Rule::new("Calls", ClientIp::new())]).unwrap();
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+
+    for _ in 0..2 {
+        let r = client.check(check()).await.unwrap();
+        assert_eq!(
+            r.metadata().get("ratelimit-policy").unwrap(),
+            "\"Calls\";q=2;w=8"
+        );
+    }
+    clock.advance(Duration::from_millis(1500));
+    let status = client.check(check()).await.unwrap_err();
+    assert_eq!(
+        status.code(),
+        Code::ResourceExhausted,
+        "not Unavailable: clients must not retry at once"
+    );
+    assert_eq!(
+        status.message(),
+        "rate limit Calls exceeded; retry after 3s"
+    );
+    assert_eq!(
+        status.metadata().get("retry-after").unwrap(),
+        "3",
+        "2.5s rounded up"
+    );
+    assert_eq!(
+        status.metadata().get("ratelimit").unwrap(),
+        "\"Calls\";r=0;t=7"
+    );
+    // One emission interval after the burst, one call fits again; the channel still works.
+    clock.advance(Duration::from_millis(2500));
+    client.check(check()).await.unwrap();
+    assert_eq!(
+        client.check(check()).await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+    server.abort();
+}

@@ -354,14 +354,24 @@ impl MemoryBackend {
     }
 }
 
-#[async_trait]
-impl Backend for MemoryBackend {
-    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+impl MemoryBackend {
+    fn spend_sync(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
         let now = self.now();
         match batch {
             [one] => Ok(vec![self.spend_one_at(one, now)?]),
             _ => self.spend_batch(batch, now),
         }
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        self.spend_sync(batch)
+    }
+
+    fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
+        Some(self.spend_sync(batch))
     }
 
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {

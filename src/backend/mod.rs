@@ -79,6 +79,14 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Deletes buckets (they become full).
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError>;
+
+    /// Decides and spends a batch without waiting, if this backend can (the in-memory one
+    /// can): the middleware then skips the boxed future. `None` (the default) means "use
+    /// [`spend`](Backend::spend)". When it answers, it must answer exactly as `spend` would.
+    fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
+        let _ = batch;
+        None
+    }
 }
 
 #[async_trait]
@@ -91,5 +99,8 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
         (**self).reset(keys).await
+    }
+    fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
+        (**self).spend_now(batch)
     }
 }

@@ -110,9 +110,13 @@ pub enum ConfigErrorKind {
 /// # #[cfg(feature = "yaml")] {
 /// use tower_ratelimits::{Limits, config::ConfigErrorKind};
 /// let err = Limits::from_yaml_str("Api:\n  burst: 0\n  count: 1\n  period: 1s\n", None).unwrap_err();
-/// assert!(matches!(err.kind(), ConfigErrorKind::InvalidLimit(_)));
+/// assert!(matches!(err.kind(), ConfigErrorKind::BadNumber { field: "burst", .. }));
 /// assert_eq!(err.location().line, Some(2));
-/// assert_eq!(err.to_string(), "<defaults>:2: limit Api: invalid limit: burst must be greater than zero");
+/// assert_eq!(err.limit(), Some("Api"));
+/// assert_eq!(
+///     err.to_string(),
+///     "<defaults>:2: limit Api: burst must be a whole number greater than zero, found 0"
+/// );
 /// # }
 /// ```
 #[derive(Debug)]
@@ -131,6 +135,7 @@ impl ConfigError {
         }
     }
 
+    #[cfg_attr(not(feature = "yaml"), allow(dead_code))]
     pub(crate) fn at_line(mut self, line: u64) -> Self {
         if line > 0 {
             self.location.line.get_or_insert(line);
@@ -138,6 +143,7 @@ impl ConfigError {
         self
     }
 
+    #[cfg_attr(not(feature = "yaml"), allow(dead_code))]
     pub(crate) fn in_source(mut self, source: &str) -> Self {
         self.location
             .source

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::response::{Denial, add_ratelimit_headers, error_response, is_grpc};
+use super::response::{Denial, error_response, insert_ratelimit_headers, is_grpc};
 use super::{FailurePolicy, Prepared, Shared};
 use crate::decision::{BatchDecision, Transaction};
 use crate::limiter::LimiterError;
@@ -55,7 +55,7 @@ pin_project! {
         Calling {
             #[pin]
             future: F,
-            headers: Option<HeaderMap>,
+            headers: Option<AllowedHeaders>,
         },
         Answered {
             response: Option<Response<Bytes>>,
@@ -90,13 +90,101 @@ where
                 future: inner.call(Request::from_parts(parts, body)),
                 headers: None,
             },
-            Prepared::Batch(txs) => State::Deciding {
-                decide: decide(&shared, txs),
-                pending: Some((inner, Request::from_parts(parts, body))),
-                grpc,
+            Prepared::Batch(txs) => match shared.limiter.try_spend_now(&txs) {
+                // The backend decided at once (in memory): no box, nothing stored.
+                Some(result) => match conclude(&shared, result.map_err(Failure::Limiter), grpc) {
+                    Conclusion::Call(headers) => State::Calling {
+                        future: inner.call(Request::from_parts(parts, body)),
+                        headers,
+                    },
+                    Conclusion::Answer(response) => State::Answered {
+                        response: Some(response),
+                    },
+                },
+                None => State::Deciding {
+                    decide: decide(&shared, txs),
+                    pending: Some((inner, Request::from_parts(parts, body))),
+                    grpc,
+                },
             },
         };
         Self { state, shared }
+    }
+}
+
+/// The headers an allowed response gets: the strictest decision, and its cached policy value.
+struct AllowedHeaders {
+    decision: crate::decision::Decision,
+    policy: Option<http::HeaderValue>,
+    legacy: bool,
+}
+
+enum Conclusion {
+    /// Call the inner service, adding these headers to its response.
+    Call(Option<AllowedHeaders>),
+    /// Answer with this response.
+    Answer(Response<Bytes>),
+}
+
+/// What a decision (or a failure to decide) means for the request.
+fn conclude(shared: &Shared, result: Result<BatchDecision, Failure>, grpc: bool) -> Conclusion {
+    match result {
+        Ok(batch) if batch.allowed() => {
+            count("allowed");
+            if !shared.headers_on_allowed {
+                return Conclusion::Call(None);
+            }
+            let policy = batch.strictest().and_then(|d| shared.cached_policy(d));
+            Conclusion::Call(batch.into_strictest().map(|decision| AllowedHeaders {
+                decision,
+                policy,
+                legacy: shared.legacy_headers,
+            }))
+        }
+        Ok(batch) => {
+            count("denied");
+            let denial = Denial {
+                batch: &batch,
+                grpc,
+                legacy_headers: shared.legacy_headers,
+            };
+            Conclusion::Answer(match &shared.on_denied {
+                Some(f) => f(&denial),
+                None => denial.default_response(),
+            })
+        }
+        Err(Failure::Limiter(LimiterError::CostAboveBurst { name, cost, burst })) => {
+            count("rejected");
+            let message =
+                format!("request cost {cost} exceeds the burst of {burst} of rate limit {name}");
+            Conclusion::Answer(error_response(
+                StatusCode::BAD_REQUEST,
+                "BADREQUEST",
+                &message,
+                grpc,
+            ))
+        }
+        Err(failure) => {
+            count("backend_failure");
+            let reason = match &failure {
+                Failure::Timeout => format!(
+                    "rate limit backend did not answer within {:?}",
+                    shared.timeout
+                ),
+                Failure::Limiter(e) => e.to_string(),
+            };
+            if shared.failure == FailurePolicy::FailClosed {
+                tracing::warn!(%reason, "rate limiter failed; failing closed");
+                return Conclusion::Answer(error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "UNAVAILABLE",
+                    "rate limiter unavailable",
+                    grpc,
+                ));
+            }
+            tracing::warn!(%reason, "rate limiter failed; failing open");
+            Conclusion::Call(None)
+        }
     }
 }
 
@@ -124,78 +212,13 @@ where
                     grpc,
                 } => {
                     let result = ready!(decide.as_mut().poll(cx));
-                    let grpc = *grpc;
-                    let shared = &**this.shared;
-                    let headers = match result {
-                        Ok(batch) if batch.allowed() => {
-                            count("allowed");
-                            match batch.strictest() {
-                                Some(d) if shared.headers_on_allowed => {
-                                    let mut h = HeaderMap::new();
-                                    add_ratelimit_headers(&mut h, d, shared.legacy_headers);
-                                    Some(h)
-                                }
-                                _ => None,
-                            }
-                        }
-                        Ok(batch) => {
-                            count("denied");
-                            let denial = Denial {
-                                batch: &batch,
-                                grpc,
-                                legacy_headers: shared.legacy_headers,
-                            };
-                            let response = match &shared.on_denied {
-                                Some(f) => f(&denial),
-                                None => denial.default_response(),
-                            };
+                    let headers = match conclude(this.shared, result, *grpc) {
+                        Conclusion::Call(headers) => headers,
+                        Conclusion::Answer(response) => {
                             this.state.set(State::Answered {
                                 response: Some(response),
                             });
                             continue;
-                        }
-                        Err(Failure::Limiter(LimiterError::CostAboveBurst {
-                            name,
-                            cost,
-                            burst,
-                        })) => {
-                            count("rejected");
-                            let message = format!(
-                                "request cost {cost} exceeds the burst of {burst} of rate limit {name}"
-                            );
-                            this.state.set(State::Answered {
-                                response: Some(error_response(
-                                    StatusCode::BAD_REQUEST,
-                                    "BADREQUEST",
-                                    &message,
-                                    grpc,
-                                )),
-                            });
-                            continue;
-                        }
-                        Err(failure) => {
-                            count("backend_failure");
-                            let reason = match &failure {
-                                Failure::Timeout => format!(
-                                    "rate limit backend did not answer within {:?}",
-                                    shared.timeout
-                                ),
-                                Failure::Limiter(e) => e.to_string(),
-                            };
-                            if shared.failure == FailurePolicy::FailClosed {
-                                tracing::warn!(%reason, "rate limiter failed; failing closed");
-                                this.state.set(State::Answered {
-                                    response: Some(error_response(
-                                        StatusCode::SERVICE_UNAVAILABLE,
-                                        "UNAVAILABLE",
-                                        "rate limiter unavailable",
-                                        grpc,
-                                    )),
-                                });
-                                continue;
-                            }
-                            tracing::warn!(%reason, "rate limiter failed; failing open");
-                            None
                         }
                     };
                     let Some((mut inner, req)) = pending.take() else {
@@ -204,7 +227,7 @@ where
                             StatusCode::INTERNAL_SERVER_ERROR,
                             "INTERNAL",
                             "polled after completion",
-                            grpc,
+                            *grpc,
                         );
                         return Poll::Ready(Ok(r.map(RateLimitBody::full)));
                     };
@@ -214,11 +237,12 @@ where
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;
                     if let Some(h) = headers.take() {
-                        for (name, value) in h {
-                            if let Some(name) = name {
-                                response.headers_mut().insert(name, value);
-                            }
-                        }
+                        insert_ratelimit_headers(
+                            response.headers_mut(),
+                            &h.decision,
+                            h.policy,
+                            h.legacy,
+                        );
                     }
                     return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
                 }

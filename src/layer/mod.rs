@@ -49,7 +49,8 @@ pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyE
 pub use future::ResponseFuture;
 pub use response::{
     Denial, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
-    X_RATELIMIT_RESET, add_ratelimit_headers, ceil_secs, grpc_status, is_grpc,
+    X_RATELIMIT_RESET, add_ratelimit_headers, ceil_secs, grpc_status, is_grpc, policy_value,
+    state_value,
 };
 
 use crate::decision::{Mode, Transaction};
@@ -175,6 +176,19 @@ pub(crate) struct ResolvedRule {
     pub(crate) name: NameId,
     pub(crate) kind: IdKind,
     pub(crate) rule: Rule,
+    /// The default limit and its `RateLimit-Policy` value, computed once.
+    pub(crate) policy: Option<(crate::limit::Limit, http::HeaderValue)>,
+}
+
+impl Shared {
+    /// The precomputed `RateLimit-Policy` of a decision's limit, when it is its default.
+    pub(crate) fn cached_policy(&self, d: &crate::decision::Decision) -> Option<http::HeaderValue> {
+        let rule = self.rules.iter().find(|r| r.name == d.key.name())?;
+        match (&rule.policy, d.limit) {
+            (Some((l, v)), Some(dl)) if *l == dl => Some(v.clone()),
+            _ => None,
+        }
+    }
 }
 
 pub(crate) struct Shared {
@@ -256,7 +270,15 @@ impl RateLimitLayerBuilder {
                 return Err(LayerError::DuplicateRule(rule.name));
             }
             let kind = limits.id_kind(name).unwrap_or_default();
-            rules.push(ResolvedRule { name, kind, rule });
+            let policy = limits
+                .default_limit(name)
+                .map(|l| (l, response::policy_value(&rule.name, &l)));
+            rules.push(ResolvedRule {
+                name,
+                kind,
+                rule,
+                policy,
+            });
         }
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {

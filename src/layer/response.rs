@@ -29,31 +29,84 @@ fn number(n: u64) -> HeaderValue {
     HeaderValue::from(n)
 }
 
-/// Adds `RateLimit-Policy` and `RateLimit` for a decision (and the legacy `X-RateLimit-*`
-/// fields when asked).
-///
-/// The policy is the bucket: `q` is the burst (the most tokens held, so `r` never exceeds
-/// it) and `w` the seconds the bucket takes to refill from empty (the burst offset, rounded
-/// up). `r` is the tokens left and `t` the seconds until the bucket is full again (rounded up).
-pub fn add_ratelimit_headers(headers: &mut HeaderMap, decision: &Decision, legacy: bool) {
-    let Some(limit) = decision.limit else { return };
-    let name = &decision.name;
+/// Appends the decimal digits of `n` to `buf`.
+fn push_u64(buf: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.extend_from_slice(&digits[i..]);
+}
+
+/// `"<name>";<a>=<x>;<b>=<y>`: a structured-field list member. Names are `[A-Za-z0-9_.-]`, so
+/// the value is always a valid header value.
+fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
+    let mut buf = Vec::with_capacity(name.len() + 48);
+    buf.push(b'"');
+    buf.extend_from_slice(name.as_bytes());
+    buf.extend_from_slice(b"\";");
+    buf.extend_from_slice(&[a, b'=']);
+    push_u64(&mut buf, x);
+    buf.extend_from_slice(&[b';', b, b'=']);
+    push_u64(&mut buf, y);
+    HeaderValue::from_maybe_shared(Bytes::from(buf))
+        .unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
+}
+
+/// The `RateLimit-Policy` value of a limit: `q` is the burst (the most tokens held, so `r`
+/// never exceeds it) and `w` the seconds the bucket takes to refill from empty (the burst
+/// offset, rounded up).
+pub fn policy_value(name: &str, limit: &crate::limit::Limit) -> HeaderValue {
     let window = ceil_secs(Duration::from_micros(limit.burst_offset_us()));
-    let reset = ceil_secs(decision.reset_after);
-    let policy = format!("\"{name}\";q={};w={window}", limit.burst());
-    let state = format!("\"{name}\";r={};t={reset}", decision.remaining);
-    // Names are [A-Za-z0-9_.-] and numbers are digits: always valid header values.
-    if let Ok(v) = HeaderValue::try_from(policy) {
-        headers.insert(RATELIMIT_POLICY.clone(), v);
-    }
-    if let Ok(v) = HeaderValue::try_from(state) {
-        headers.insert(RATELIMIT.clone(), v);
-    }
+    sf_item(name, b'q', limit.burst(), b'w', window)
+}
+
+/// The `RateLimit` value of a decision: `r` is the tokens left and `t` the seconds until the
+/// bucket is full again (rounded up).
+pub fn state_value(decision: &Decision) -> HeaderValue {
+    sf_item(
+        &decision.name,
+        b'r',
+        decision.remaining,
+        b't',
+        ceil_secs(decision.reset_after),
+    )
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit` for a decision (and the legacy `X-RateLimit-*`
+/// fields when asked). `policy` is a precomputed `RateLimit-Policy` value for the decision's
+/// limit, if the caller has one.
+pub(crate) fn insert_ratelimit_headers(
+    headers: &mut HeaderMap,
+    decision: &Decision,
+    policy: Option<HeaderValue>,
+    legacy: bool,
+) {
+    let Some(limit) = decision.limit else { return };
+    let policy = policy.unwrap_or_else(|| policy_value(&decision.name, &limit));
+    headers.insert(RATELIMIT_POLICY.clone(), policy);
+    headers.insert(RATELIMIT.clone(), state_value(decision));
     if legacy {
         headers.insert(X_RATELIMIT_LIMIT.clone(), number(limit.burst()));
         headers.insert(X_RATELIMIT_REMAINING.clone(), number(decision.remaining));
-        headers.insert(X_RATELIMIT_RESET.clone(), number(reset));
+        headers.insert(
+            X_RATELIMIT_RESET.clone(),
+            number(ceil_secs(decision.reset_after)),
+        );
     }
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit` for a decision (and the legacy `X-RateLimit-*`
+/// fields when asked). See [`policy_value`] and [`state_value`] for what they say.
+pub fn add_ratelimit_headers(headers: &mut HeaderMap, decision: &Decision, legacy: bool) {
+    insert_ratelimit_headers(headers, decision, None, legacy);
 }
 
 /// A denied request, as handed to a custom response function.
