@@ -1,4 +1,4 @@
-//! tower-ratelimits
+#![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
 pub mod backend;
