@@ -18,8 +18,10 @@
 //! At most `max_keys` buckets are held. **When full**, the backend first sweeps (at most once per
 //! second) and, if no bucket could be dropped, a transaction that needs a *new* bucket fails
 //! with [`BackendError::Full`]; buckets already held keep working. The middleware then applies
-//! its backend-failure policy (fail closed by default). Dropping live buckets instead would
-//! hand their owners a fresh burst, which is exactly what a flood of new keys would aim for.
+//! its backend-failure policy (`FailurePolicy`: fail open by default, so new clients are let
+//! through unlimited while the table is full; choose fail closed to refuse them). Dropping
+//! live buckets instead would hand their owners a fresh burst, which is exactly what a flood
+//! of new keys would aim for.
 //!
 //! [`sweep`]: MemoryBackend::sweep
 
