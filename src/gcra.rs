@@ -76,11 +76,8 @@ pub fn spend(
     now: u64,
     cost: u64,
 ) -> Result<GcraOutcome, GcraError> {
-    let mut outcome = check(limit, stored_tat, now, cost)?;
-    if !outcome.allowed {
-        outcome.new_tat = None;
-    }
-    Ok(outcome)
+    // `check` already leaves `new_tat` empty on a denial; a spend writes what it computes.
+    check(limit, stored_tat, now, cost)
 }
 
 /// Computes what [`spend`] would decide. `new_tat` is the TAT a spend would store; a caller

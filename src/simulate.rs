@@ -3,8 +3,8 @@
 //!
 //! # Trace format
 //!
-//! `<time> <op> <tx> [<tx> ...] [cost=<n>]`, one request per line; blank lines and `#` comments
-//! are skipped.
+//! `<time> <op> <tx> [<tx> ...] [cost=<n>]`, one request per line; blank lines and comments
+//! (`#` at the start of a line or after white space) are skipped.
 //! - `<time>`: since the trace start, an integer or decimal with unit `us`, `ms` or `s`
 //!   (`0ms`, `1.01s`, `250us`). Times must not go backwards.
 //! - `<op>`: `spend`, `check`, `refund` or `reset`.
@@ -205,6 +205,13 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
     Ok(ParsedLine { at_us, op, txs })
 }
 
+fn strip_comment(line: &str) -> &str {
+    let bytes = line.as_bytes();
+    let cut = (0..bytes.len())
+        .find(|&i| bytes[i] == b'#' && (i == 0 || bytes[i - 1].is_ascii_whitespace()));
+    cut.map_or(line, |i| &line[..i])
+}
+
 /// Runs a trace, writing one JSON line per request. Stops at the first bad line.
 pub async fn run(
     limiter: &Limiter,
@@ -216,7 +223,9 @@ pub async fn run(
     for (index, line) in input.lines().enumerate() {
         let number = index + 1;
         let line = line?;
-        let text = line.split('#').next().unwrap_or("").trim();
+        // A comment starts with '#' at the beginning of a line or after white space, so an
+        // id may contain '#'.
+        let text = strip_comment(&line).trim();
         if text.is_empty() {
             continue;
         }

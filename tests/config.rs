@@ -303,6 +303,14 @@ fn every_bad_input_is_a_located_typed_error() {
             "bad name!",
         ),
         (
+            "bad name!:\n  burst: 5\n  count: 5\n  period: 1s\n  cost: 1\n",
+            None,
+            Some(1),
+            Some("bad name!"),
+            |k| matches!(k, ConfigErrorKind::InvalidName(_)),
+            "bad name!",
+        ),
+        (
             "- A\n- B\n",
             None,
             Some(1),

@@ -254,4 +254,5 @@ async fn account_header_missing_skips_or_rejects_and_malformed_is_400() {
         "{}",
         r.body
     );
+    assert!(r.body.contains(r#""code":"UNAUTHORIZED""#), "{}", r.body);
 }

@@ -126,6 +126,20 @@ async fn output_format_and_trace_syntax() {
 }
 
 #[tokio::test]
+async fn a_hash_inside_an_id_is_part_of_the_id() {
+    let out = run(
+        "Api: {burst: 1, count: 1, period: 1s}\n",
+        None,
+        "# comment\n0s spend Api=a#b # trailing comment\n0s spend Api=a\n0s spend Api=a#b\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(out[0]["decisions"][0]["id"], "a#b");
+    assert_eq!(out[1]["allowed"], true, "a and a#b are different buckets");
+    assert_eq!(out[2]["allowed"], false);
+}
+
+#[tokio::test]
 async fn bad_lines_name_the_line_and_print_nothing_for_it() {
     let cases = [
         (

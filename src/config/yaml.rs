@@ -325,7 +325,13 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
         };
         builder
             .try_define(name, kind, cost, Some(limit))
-            .map_err(|e| located(e.at_line(f.cost.map_or(k.line, |c| c.line))))?;
+            .map_err(|e| {
+                let line = match (e.kind(), f.cost) {
+                    (ConfigErrorKind::CostAboveBurst { .. }, Some(c)) => c.line,
+                    _ => k.line,
+                };
+                located(e.at_line(line))
+            })?;
     }
     Ok(())
 }

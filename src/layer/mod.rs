@@ -379,11 +379,7 @@ impl Shared {
             let reject = |status: StatusCode, message: &str| {
                 Prepared::Reject(response::error_response(
                     status,
-                    if status.is_server_error() {
-                        "INTERNAL"
-                    } else {
-                        "BADREQUEST"
-                    },
+                    &response::error_code(status),
                     message,
                     grpc,
                 ))

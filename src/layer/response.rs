@@ -205,6 +205,18 @@ pub fn grpc_status(code: u8, message: &str) -> Response<Bytes> {
     r
 }
 
+/// The JSON `code` of an error status: its reason phrase, upper case, without spaces
+/// (`400` -> `BADREQUEST`, `401` -> `UNAUTHORIZED`, `500` -> `INTERNALSERVERERROR`).
+pub(crate) fn error_code(status: StatusCode) -> String {
+    status
+        .canonical_reason()
+        .unwrap_or("ERROR")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_uppercase())
+        .collect()
+}
+
 /// An error answer written by the middleware (not a rate limit): a JSON body with `code`
 /// and `message`, or for gRPC a trailers-only status (`code` maps to a gRPC code).
 pub(crate) fn error_response(
