@@ -9,6 +9,8 @@ pub mod key;
 pub mod limit;
 pub mod time;
 
+#[cfg(feature = "redis")]
+pub use backend::RedisBackend;
 pub use backend::{Backend, BackendError, MemoryBackend};
 pub use config::{ConfigError, Limits};
 pub use decision::{BatchDecision, Decision, Mode, Outcome, Transaction};

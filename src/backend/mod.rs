@@ -12,8 +12,12 @@ use crate::key::BucketKey;
 use crate::limit::Limit;
 
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use memory::{MemoryBackend, MemoryBackendBuilder};
+#[cfg(feature = "redis")]
+pub use redis::{RedisBackend, RedisBackendBuilder, RedisSetupError};
 
 /// One resolved transaction, as a backend sees it: the limit is already chosen.
 #[derive(Debug, Clone, Copy)]

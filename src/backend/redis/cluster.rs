@@ -1,0 +1,310 @@
+//! Redis Cluster routing with one independent connection per master.
+//!
+//! fred's clustered client reconnects as a whole: while one master is unreachable it keeps
+//! re-synchronizing and no command to any node is sent. A rate limiter must instead keep
+//! deciding for every slot whose node is alive, so the backend routes by itself: it reads the
+//! slot map (`CLUSTER SLOTS`), keeps one centralized fred client per master (each reconnecting
+//! in the background on its own), sends each script to the master of its slot, and refreshes the
+//! map on `MOVED`/`ASK` and, at most once a second, after a node could not be reached.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use fred::prelude::{
+    Client, ClientLike, Config, Error as FredError, LuaInterface, ServerConfig, Value,
+};
+
+use super::{GCRA_SCRIPT, RedisSetupError, configured_builder};
+use crate::backend::BackendError;
+
+const SLOTS: usize = 16_384;
+const UNASSIGNED: u16 = u16::MAX;
+
+struct Topology {
+    /// Node index per slot (`UNASSIGNED`: no master).
+    slots: Box<[u16]>,
+    nodes: Vec<(String, u16, Client)>,
+}
+
+struct RouterInner {
+    template: Config,
+    timeout: Duration,
+    seeds: Vec<(String, u16)>,
+    topology: RwLock<Arc<Topology>>,
+    refreshing: AtomicBool,
+    started: Instant,
+    /// Milliseconds since `started` of the last refresh.
+    last_refresh_ms: AtomicU64,
+}
+
+/// Routes commands to the master of each slot.
+#[derive(Clone)]
+pub(super) struct ClusterRouter {
+    inner: Arc<RouterInner>,
+}
+
+/// Whether the server answered that the slot lives elsewhere.
+pub(super) fn is_redirect(e: &FredError) -> bool {
+    let d = e.details();
+    d.starts_with("MOVED") || d.starts_with("ASK") || d.contains(" MOVED ") || d.contains(" ASK ")
+}
+
+fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ClusterRouter {
+    /// Reads the slot map from the URL's nodes and connects to every master.
+    pub(super) async fn connect(
+        config: Config,
+        timeout: Duration,
+    ) -> Result<Self, RedisSetupError> {
+        let ServerConfig::Clustered { hosts, .. } = &config.server else {
+            return Err(RedisSetupError::InvalidUrl(
+                "not a cluster configuration".into(),
+            ));
+        };
+        let seeds: Vec<(String, u16)> =
+            hosts.iter().map(|s| (s.host.to_string(), s.port)).collect();
+        let router = Self {
+            inner: Arc::new(RouterInner {
+                template: config.clone(),
+                timeout,
+                seeds,
+                topology: RwLock::new(Arc::new(Topology {
+                    slots: vec![UNASSIGNED; SLOTS].into_boxed_slice(),
+                    nodes: Vec::new(),
+                })),
+                refreshing: AtomicBool::new(false),
+                started: Instant::now(),
+                last_refresh_ms: AtomicU64::new(0),
+            }),
+        };
+        let deadline = timeout.max(Duration::from_secs(2));
+        match tokio::time::timeout(deadline, router.refresh()).await {
+            Ok(Ok(())) => Ok(router),
+            Ok(Err(e)) => Err(RedisSetupError::Connect(e)),
+            Err(_) => Err(RedisSetupError::Connect(format!(
+                "no cluster slot map within {deadline:?}"
+            ))),
+        }
+    }
+
+    fn new_client(&self, host: &str, port: u16) -> Result<Client, String> {
+        let mut config = self.inner.template.clone();
+        config.server = ServerConfig::new_centralized(host, port);
+        // Keep trying in the background when the node is down, also the first time.
+        config.fail_fast = false;
+        let client = configured_builder(config, self.inner.timeout)
+            .build()
+            .map_err(|e| e.to_string())?;
+        drop(client.connect());
+        Ok(client)
+    }
+
+    /// The client of the master of `slot`.
+    pub(super) fn client_for_slot(&self, slot: u16) -> Result<Client, BackendError> {
+        let topology = read_lock(&self.inner.topology).clone();
+        match topology.slots.get(usize::from(slot)) {
+            Some(&i) if i != UNASSIGNED => Ok(topology.nodes[usize::from(i)].2.clone()),
+            _ => {
+                self.refresh_soon();
+                Err(BackendError::Unavailable(format!(
+                    "no Redis Cluster master serves slot {slot}"
+                )))
+            }
+        }
+    }
+
+    /// Some master's client.
+    pub(super) fn any_client(&self) -> Client {
+        let topology = read_lock(&self.inner.topology).clone();
+        let i = topology.slots[0];
+        let i = if i == UNASSIGNED { 0 } else { usize::from(i) };
+        topology.nodes[i].2.clone()
+    }
+
+    /// Loads the script on every master.
+    pub(super) async fn load_script(&self, deadline: Duration) -> Result<(), RedisSetupError> {
+        let topology = read_lock(&self.inner.topology).clone();
+        for (host, port, client) in &topology.nodes {
+            match tokio::time::timeout(deadline, client.script_load::<String, _>(GCRA_SCRIPT)).await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    return Err(RedisSetupError::Connect(format!("{host}:{port}: {e}")));
+                }
+                Err(_) => {
+                    return Err(RedisSetupError::Connect(format!(
+                        "{host}:{port}: SCRIPT LOAD timed out"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Refreshes the slot map now (after a redirect), unless another refresh is running.
+    pub(super) async fn refresh_now(&self) {
+        if self.inner.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Err(e) = self.refresh().await {
+            tracing::warn!(error = %e, "could not refresh the Redis Cluster slot map");
+        }
+        self.inner.refreshing.store(false, Ordering::Release);
+    }
+
+    /// Refreshes the slot map in the background, at most once a second.
+    pub(super) fn refresh_soon(&self) {
+        let now_ms = self.inner.started.elapsed().as_millis() as u64;
+        let last = self.inner.last_refresh_ms.load(Ordering::Relaxed);
+        if now_ms.saturating_sub(last) < 1_000
+            || self
+                .inner
+                .last_refresh_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let router = self.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { router.refresh_now().await });
+        }
+    }
+
+    async fn refresh(&self) -> Result<(), String> {
+        let current = read_lock(&self.inner.topology).clone();
+        let mut candidates: Vec<(String, u16, Option<Client>)> = current
+            .nodes
+            .iter()
+            .filter(|(_, _, c)| c.is_connected())
+            .map(|(h, p, c)| (h.clone(), *p, Some(c.clone())))
+            .collect();
+        candidates.extend(self.inner.seeds.iter().map(|(h, p)| (h.clone(), *p, None)));
+        let mut last_error = String::from("no node to ask");
+        for (host, port, client) in candidates {
+            let client = match client {
+                Some(c) => c,
+                None => {
+                    let c = self.new_client(&host, port)?;
+                    let connected = tokio::time::timeout(
+                        self.inner.timeout.max(Duration::from_secs(1)),
+                        c.wait_for_connect(),
+                    )
+                    .await;
+                    if !matches!(connected, Ok(Ok(()))) {
+                        let _ = c.quit().await;
+                        last_error = format!("{host}:{port}: cannot connect");
+                        continue;
+                    }
+                    c
+                }
+            };
+            let reply = tokio::time::timeout(
+                self.inner.timeout.max(Duration::from_secs(1)),
+                client.custom::<Value, _>(fred::cmd!("CLUSTER"), vec!["SLOTS"]),
+            )
+            .await;
+            match reply {
+                Ok(Ok(value)) => match parse_slots(&value, &host) {
+                    Ok(ranges) => {
+                        self.install(&current, ranges, (host, port, client))?;
+                        self.inner.last_refresh_ms.store(
+                            self.inner.started.elapsed().as_millis() as u64,
+                            Ordering::Relaxed,
+                        );
+                        return Ok(());
+                    }
+                    Err(e) => last_error = format!("{host}:{port}: {e}"),
+                },
+                Ok(Err(e)) => last_error = format!("{host}:{port}: {e}"),
+                Err(_) => last_error = format!("{host}:{port}: CLUSTER SLOTS timed out"),
+            }
+        }
+        Err(last_error)
+    }
+
+    fn install(
+        &self,
+        current: &Topology,
+        ranges: Vec<(u16, u16, String, u16)>,
+        asked: (String, u16, Client),
+    ) -> Result<(), String> {
+        let mut existing: HashMap<(String, u16), Client> = current
+            .nodes
+            .iter()
+            .map(|(h, p, c)| ((h.clone(), *p), c.clone()))
+            .collect();
+        existing.entry((asked.0, asked.1)).or_insert(asked.2);
+        let mut nodes: Vec<(String, u16, Client)> = Vec::new();
+        let mut slots = vec![UNASSIGNED; SLOTS].into_boxed_slice();
+        for (start, end, host, port) in ranges {
+            let index = match nodes.iter().position(|(h, p, _)| *h == host && *p == port) {
+                Some(i) => i,
+                None => {
+                    let client = match existing.remove(&(host.clone(), port)) {
+                        Some(c) => c,
+                        None => self.new_client(&host, port)?,
+                    };
+                    nodes.push((host, port, client));
+                    nodes.len() - 1
+                }
+            };
+            for slot in start..=end.min(SLOTS as u16 - 1) {
+                slots[usize::from(slot)] = index as u16;
+            }
+        }
+        if nodes.is_empty() {
+            return Err("the cluster serves no slot".into());
+        }
+        // Clients of nodes that no longer hold slots are dropped (and closed).
+        for (_, client) in existing {
+            tokio::spawn(async move {
+                let _ = client.quit().await;
+            });
+        }
+        *self
+            .inner
+            .topology
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Arc::new(Topology { slots, nodes });
+        Ok(())
+    }
+}
+
+/// Parses `CLUSTER SLOTS`: `[[start, end, [host, port, id, ...], replicas...], ...]`.
+fn parse_slots(value: &Value, asked_host: &str) -> Result<Vec<(u16, u16, String, u16)>, String> {
+    let Value::Array(entries) = value else {
+        return Err("CLUSTER SLOTS did not answer an array".into());
+    };
+    let mut ranges = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let Value::Array(fields) = entry else {
+            return Err("malformed CLUSTER SLOTS entry".into());
+        };
+        let num = |v: Option<&Value>| {
+            v.and_then(Value::as_i64)
+                .and_then(|n| u16::try_from(n).ok())
+        };
+        let (Some(start), Some(end)) = (num(fields.first()), num(fields.get(1))) else {
+            return Err("malformed slot range".into());
+        };
+        let Some(Value::Array(master)) = fields.get(2) else {
+            return Err("slot range without a master".into());
+        };
+        let host = master
+            .first()
+            .and_then(|v| v.as_string())
+            .filter(|h| !h.is_empty() && h != "?")
+            .unwrap_or_else(|| asked_host.to_owned());
+        let Some(port) = num(master.get(1)) else {
+            return Err("master without a port".into());
+        };
+        ranges.push((start, end, host, port));
+    }
+    Ok(ranges)
+}

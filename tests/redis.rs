@@ -1,0 +1,882 @@
+//! The Redis backend against a real `redis-server` and a real 3-master Redis Cluster: the same
+//! decisions as the in-memory backend, atomicity across clients, key layout and expiry, the
+//! deny cache, and faults.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fred::prelude::{ClientLike, KeysInterface, Value};
+use support::redis::{RedisCluster, RedisServer, TestRedis, command, unique_prefix};
+use tower_ratelimits::backend::redis::{RedisBackend, RedisSetupError};
+use tower_ratelimits::{
+    Backend, BackendError, Id, Limiter, LimiterError, Limits, ManualClock, MemoryBackend, Mode,
+    Transaction, simulate,
+};
+
+async fn backend(url: &str, prefix: &str) -> RedisBackend {
+    RedisBackend::from_url(url)
+        .prefix(prefix)
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn caller_time_backend(
+    url: &str,
+    prefix: &str,
+    clock: &ManualClock,
+    cache: bool,
+) -> RedisBackend {
+    RedisBackend::from_url(url)
+        .prefix(prefix)
+        .caller_time(clock.clone())
+        .deny_cache(cache)
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conformance: identical traces through memory, single Redis and the cluster.
+// ---------------------------------------------------------------------------------------------
+
+const CONFORMANCE_LIMITS: &str = "\
+Fast:
+  burst: 5
+  count: 5
+  period: 1s
+Slow:
+  burst: 3
+  count: 1
+  period: 2s
+Big:
+  burst: 100
+  count: 60
+  period: 1m
+NewFoosPerIPAddress:
+  kind: ip
+  burst: 20
+  count: 20
+  period: 1s
+NewOrdersPerAccount:
+  kind: account
+  burst: 100
+  count: 60
+  period: 1m
+";
+
+/// A deterministic pseudo-random trace: batches of 1 to 3 limits, all modes, costs from 0 to the
+/// burst, checks, refunds and resets, and time steps from 0 to 700 ms.
+fn random_trace(seed: u64, lines: usize) -> String {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move |n: u64| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    };
+    let limits = [("Fast", 5u64), ("Slow", 3), ("Big", 100)];
+    let ids = ["u1", "u2", "a{b}", "x%7By"];
+    let mut t_ms = 0u64;
+    let mut out = String::new();
+    for _ in 0..lines {
+        t_ms += [0, 0, 1, 50, 100, 300, 700][next(7) as usize];
+        let op = match next(20) {
+            0..=12 => "spend",
+            13..=15 => "check",
+            16..=18 => "refund",
+            _ => "reset",
+        };
+        out.push_str(&format!("{t_ms}ms {op}"));
+        let first = next(3) as usize;
+        let count = 1 + next(3) as usize;
+        for k in 0..count {
+            let (name, burst) = limits[(first + k) % 3];
+            let id = ids[next(ids.len() as u64) as usize];
+            let mode = if op == "spend" {
+                ["", "", "", "check-only:", "spend-only:"][next(5) as usize]
+            } else {
+                ""
+            };
+            out.push_str(&format!(" {mode}{name}={id}"));
+            if op != "reset" && next(2) == 0 {
+                let cost = match next(4) {
+                    0 => 0,
+                    1 => burst,
+                    _ => 1 + next(burst.min(4)),
+                };
+                out.push_str(&format!("*{cost}"));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+async fn simulate_with(limiter: &Limiter, clock: &ManualClock, trace: &str) -> String {
+    let mut out = Vec::new();
+    simulate::run(limiter, clock, trace.as_bytes(), &mut out)
+        .await
+        .unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+async fn simulate_memory(trace: &str) -> String {
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let limits = Limits::from_yaml_str(CONFORMANCE_LIMITS, None).unwrap();
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    simulate_with(&limiter, &clock, trace).await
+}
+
+async fn simulate_redis(url: &str, trace: &str, cache: bool) -> String {
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let limits = Limits::from_yaml_str(CONFORMANCE_LIMITS, None).unwrap();
+    let backend = caller_time_backend(url, &unique_prefix("conf"), &clock, cache).await;
+    let limiter = Limiter::new(limits, backend);
+    simulate_with(&limiter, &clock, trace).await
+}
+
+fn traces() -> Vec<(String, String)> {
+    let mut traces = vec![(
+        "gcra-worked-examples".to_owned(),
+        std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("examples/traces/gcra-worked-examples.trace"),
+        )
+        .unwrap(),
+    )];
+    for seed in 0..6 {
+        traces.push((format!("random seed {seed}"), random_trace(seed, 250)));
+    }
+    traces
+}
+
+async fn conformance(url: &str) {
+    for (name, trace) in traces() {
+        let memory = simulate_memory(&trace).await;
+        assert!(
+            memory.contains(r#""allowed":false"#),
+            "{name}: the trace never denies"
+        );
+        for cache in [true, false] {
+            let redis = simulate_redis(url, &trace, cache).await;
+            if redis != memory {
+                let (line, (m, r)) = memory
+                    .lines()
+                    .zip(redis.lines())
+                    .enumerate()
+                    .find(|(_, (m, r))| m != r)
+                    .unwrap();
+                panic!(
+                    "{name} (deny cache {cache}): line {} differs\n trace: {}\nmemory: {m}\n redis: {r}",
+                    line + 1,
+                    trace.lines().nth(line).unwrap_or("")
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn single_redis_decides_exactly_like_memory() {
+    let redis = TestRedis::single();
+    conformance(&redis.url).await;
+}
+
+#[tokio::test]
+async fn redis_cluster_decides_exactly_like_memory_including_cross_slot_batches() {
+    let redis = TestRedis::cluster();
+    conformance(&redis.url).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Atomicity across independent clients.
+// ---------------------------------------------------------------------------------------------
+
+async fn no_over_admission(url: &str) {
+    const BURST: u64 = 100;
+    let limits = Limits::from_yaml_str(
+        &format!("Hot:\n  burst: {BURST}\n  count: 1\n  period: 1000h\n"),
+        None,
+    )
+    .unwrap();
+    let prefix = unique_prefix("atomic");
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _client in 0..2 {
+        let limiter = Arc::new(Limiter::new(limits.clone(), backend(url, &prefix).await));
+        for _ in 0..64 {
+            let limiter = limiter.clone();
+            let admitted = admitted.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..3 {
+                    let key = limiter.parse_key("Hot", "one-key").unwrap();
+                    let d = limiter.spend(&[Transaction::new(key)]).await.unwrap();
+                    if d.allowed() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(admitted.load(Ordering::Relaxed), BURST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_and_128_tasks_admit_exactly_the_burst_on_single_redis() {
+    let redis = TestRedis::single();
+    no_over_admission(&redis.url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_and_128_tasks_admit_exactly_the_burst_on_the_cluster() {
+    let redis = TestRedis::cluster();
+    no_over_admission(&redis.url).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys, expiry, round trips.
+// ---------------------------------------------------------------------------------------------
+
+const KEY_LIMITS: &str = "\
+Api:
+  burst: 2
+  count: 2
+  period: 1s
+Blip:
+  burst: 1
+  count: 1
+  period: 30ms
+PerIp:
+  kind: ip
+  burst: 10
+  count: 10
+  period: 1s
+PerAccount:
+  kind: account
+  burst: 10
+  count: 10
+  period: 1s
+Wide:
+  burst: 10
+  count: 10
+  period: 1s
+";
+
+async fn raw_get(backend: &RedisBackend, key: &str) -> Option<String> {
+    backend
+        .client_for_key(key)
+        .unwrap()
+        .get::<Option<String>, _>(key)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_key_expires_exactly_when_its_bucket_is_full_again() {
+    let redis = TestRedis::single();
+    let backend = backend(&redis.url, &unique_prefix("expiry")).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let key = limiter.parse_key("Api", "client-1").unwrap();
+    let d = limiter
+        .spend(&[Transaction::new(key.clone())])
+        .await
+        .unwrap();
+    assert!(d.allowed());
+    let redis_key = backend.redis_key(&key);
+    let tat: u64 = raw_get(&backend, &redis_key)
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    let expire_ms: i64 = backend
+        .client()
+        .custom(fred::cmd!("PEXPIRETIME"), vec![redis_key.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        expire_ms as u64,
+        tat.div_ceil(1000),
+        "PXAT is the TAT, rounded up to a ms"
+    );
+
+    // A refund back to full deletes the key at once.
+    limiter
+        .refund(&[Transaction::new(key.clone())])
+        .await
+        .unwrap();
+    assert_eq!(raw_get(&backend, &redis_key).await, None);
+
+    // And an idle key goes away by itself (30 ms bucket): wait for Redis to drop it.
+    let blip = limiter.parse_key("Blip", "client-1").unwrap();
+    limiter
+        .spend(&[Transaction::new(blip.clone())])
+        .await
+        .unwrap();
+    let blip_key = backend.redis_key(&blip);
+    assert!(raw_get(&backend, &blip_key).await.is_some());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while raw_get(&backend, &blip_key).await.is_some() {
+        assert!(Instant::now() < deadline, "the idle key was never dropped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_three_rule_request_is_one_round_trip_on_a_single_node() {
+    let mut server = RedisServer::start();
+    let backend = backend(&server.url(), "rl:").await;
+    let limiter = Limiter::new(Limits::from_yaml_str(KEY_LIMITS, None).unwrap(), backend);
+    let batch = [
+        Transaction::new(limiter.parse_key("Wide", "acct-9").unwrap()),
+        Transaction::new(limiter.parse_key("PerIp", "10.0.0.1").unwrap()),
+        Transaction::new(limiter.parse_key("PerAccount", "9").unwrap()),
+    ];
+    let calls = |port| {
+        let stats = command(port, "INFO commandstats").unwrap();
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .map(|l| {
+                l.split("calls=")
+                    .nth(1)
+                    .unwrap()
+                    .split(',')
+                    .next()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .sum::<u64>()
+    };
+    // The first call may meet NOSCRIPT only if the script was flushed; it was just loaded.
+    let before = calls(server.port);
+    for _ in 0..5 {
+        assert!(limiter.spend(&batch).await.unwrap().allowed());
+    }
+    assert_eq!(
+        calls(server.port) - before,
+        5,
+        "one script call per 3-rule request"
+    );
+    server.kill();
+}
+
+#[tokio::test]
+async fn hostile_ids_keep_their_slot_and_never_collide() {
+    let redis = TestRedis::cluster();
+    let prefix = unique_prefix("hostile");
+    let backend = backend(&redis.url, &prefix).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let long = "é".repeat(128);
+    let hostile = [
+        "a}b",
+        "a%7Db",
+        "{x}",
+        "%7Bx%7D",
+        "}{",
+        "a b",
+        "a%20b",
+        "ümlaut",
+        "%C3%BCmlaut",
+        "x}:1",
+        "a\u{a0}b",
+        long.as_str(),
+    ];
+    let mut keys = std::collections::HashSet::new();
+    for id in hostile {
+        let key = limiter.parse_key("Api", id).unwrap();
+        let redis_key = backend.redis_key(&key);
+        assert!(redis_key.is_ascii(), "{redis_key}");
+        assert!(
+            keys.insert(redis_key.clone()),
+            "{id:?} collides: {redis_key}"
+        );
+        // The hash tag is exactly `{<name>:<escaped id>}`: one `{`, one `}`, at the end.
+        let tag = &redis_key[prefix.len()..];
+        assert!(tag.starts_with('{') && tag.ends_with('}'), "{redis_key}");
+        assert_eq!(tag.matches('{').count(), 1, "{redis_key}");
+        assert_eq!(tag.matches('}').count(), 1, "{redis_key}");
+        // Each id has its own bucket: 2 allowed, the third denied, on the cluster.
+        for expected in [true, true, false] {
+            let d = limiter
+                .spend(&[Transaction::new(key.clone())])
+                .await
+                .unwrap();
+            assert_eq!(d.allowed(), expected, "{id:?}");
+        }
+        assert!(raw_get(&backend, &redis_key).await.is_some());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad state at a key.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn foreign_data_at_a_key_is_a_defined_error_and_nothing_is_written() {
+    let redis = TestRedis::single();
+    let backend = backend(&redis.url, &unique_prefix("foreign")).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let good = limiter.parse_key("PerAccount", "1").unwrap();
+    let good_key = backend.redis_key(&good);
+    limiter
+        .spend(&[Transaction::new(good.clone())])
+        .await
+        .unwrap();
+    let good_before = raw_get(&backend, &good_key).await.unwrap();
+
+    let cases: [(&str, Option<&str>); 6] = [
+        ("list", None),
+        ("text", Some("not a number")),
+        ("negative", Some("-5")),
+        ("float", Some("1.5e3")),
+        ("huge", Some("99999999999999999999")),
+        ("out-of-range", Some("9000000000000000")),
+    ];
+    for (id, value) in cases {
+        let bad = limiter.parse_key("Api", id).unwrap();
+        let bad_key = backend.redis_key(&bad);
+        match value {
+            None => {
+                let _: i64 = backend
+                    .client()
+                    .custom(
+                        fred::cmd!("LPUSH"),
+                        vec![bad_key.clone(), "someone else's".into()],
+                    )
+                    .await
+                    .unwrap();
+            }
+            Some(v) => {
+                let _: () = backend
+                    .client()
+                    .set(&bad_key, v, None, None, false)
+                    .await
+                    .unwrap();
+            }
+        }
+        // The bad key and a good one in one batch: an error, and the good one is not spent.
+        let err = limiter
+            .spend(&[
+                Transaction::new(good.clone()),
+                Transaction::new(bad.clone()),
+            ])
+            .await
+            .unwrap_err();
+        match err {
+            LimiterError::Backend(BackendError::InvalidState { key, reason }) => {
+                assert_eq!(key, bad_key, "{id}");
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{id}: expected InvalidState, got {other:?}"),
+        }
+        assert_eq!(
+            raw_get(&backend, &good_key).await.unwrap(),
+            good_before,
+            "{id}"
+        );
+        let err = limiter
+            .refund(&[Transaction::new(bad.clone())])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LimiterError::Backend(BackendError::InvalidState { .. })
+            ),
+            "{id}: {err:?}"
+        );
+        // The foreign value is untouched.
+        if let Some(v) = value {
+            assert_eq!(raw_get(&backend, &bad_key).await.as_deref(), Some(v));
+        }
+    }
+}
+
+#[tokio::test]
+async fn setup_errors_are_typed() {
+    let err = RedisBackend::from_url("http://127.0.0.1:1")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisSetupError::InvalidUrl(_)), "{err:?}");
+    let err = RedisBackend::from_url("redis://127.0.0.1:6379")
+        .prefix("a{b")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedisSetupError::InvalidPrefix { .. }),
+        "{err:?}"
+    );
+    // Nothing listens on a port that was just free.
+    let port = support::redis::free_port();
+    let err = RedisBackend::from_url(format!("redis://127.0.0.1:{port}"))
+        .command_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisSetupError::Connect(_)), "{err:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The local deny cache.
+// ---------------------------------------------------------------------------------------------
+
+fn commandstat(port: u16, name: &str) -> u64 {
+    let stats = command(port, "INFO commandstats").unwrap();
+    stats
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_flood_on_a_denied_key_does_not_reach_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let backend = caller_time_backend(&server.url(), "rl:", &clock, true).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let batch = [
+        Transaction::new(limiter.parse_key("Api", "flooder").unwrap()),
+        Transaction::new(limiter.parse_key("PerIp", "192.0.2.1").unwrap()),
+    ];
+    for expected in [true, true, false] {
+        assert_eq!(limiter.spend(&batch).await.unwrap().allowed(), expected);
+    }
+    let before = commandstat(server.port, "evalsha");
+    for _ in 0..1000 {
+        let d = limiter.spend(&batch).await.unwrap();
+        assert!(!d.allowed());
+        assert_eq!(
+            d.strictest().unwrap().retry_after,
+            Duration::from_millis(500)
+        );
+    }
+    assert_eq!(
+        commandstat(server.port, "evalsha"),
+        before,
+        "no round trip while denied"
+    );
+    assert_eq!(backend.deny_cache_hits(), 1000);
+    // The synchronous path answers too (the middleware's fast path).
+    assert!(limiter.try_spend_now(&batch).is_some());
+
+    // When the bucket has room again, the cache lets the request through to Redis.
+    clock.advance(Duration::from_millis(500));
+    assert!(limiter.spend(&batch).await.unwrap().allowed());
+    assert_eq!(commandstat(server.port, "evalsha"), before + 1);
+}
+
+#[tokio::test]
+async fn refunds_and_resets_clear_the_deny_cache() {
+    let redis = TestRedis::single();
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let backend = caller_time_backend(&redis.url, &unique_prefix("cache"), &clock, true).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let key = limiter.parse_key("Api", "c").unwrap();
+    let tx = [Transaction::new(key.clone())];
+    for expected in [true, true, false, false] {
+        assert_eq!(limiter.spend(&tx).await.unwrap().allowed(), expected);
+    }
+    assert_eq!(backend.deny_cache_hits(), 1);
+    limiter.refund(&tx).await.unwrap();
+    assert!(
+        limiter.spend(&tx).await.unwrap().allowed(),
+        "refunded: Redis allows"
+    );
+    assert!(!limiter.spend(&tx).await.unwrap().allowed());
+    limiter.reset(&[key]).await.unwrap();
+    assert!(
+        limiter.spend(&tx).await.unwrap().allowed(),
+        "reset: Redis allows"
+    );
+}
+
+/// Random operations through a backend with the cache and one without (same server, other
+/// prefix, one writer each): every decision is identical, so the cache never denied what Redis
+/// would have allowed.
+#[tokio::test]
+async fn the_deny_cache_never_changes_a_decision() {
+    let redis = TestRedis::single();
+    for seed in 10..14 {
+        let trace = random_trace(seed, 400);
+        let with = simulate_redis(&redis.url, &trace, true).await;
+        let without = simulate_redis(&redis.url, &trace, false).await;
+        assert_eq!(with, without, "seed {seed}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faults.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn script_flush_is_survived() {
+    let server = RedisServer::start();
+    let backend = backend(&server.url(), "rl:").await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let tx = [Transaction::new(
+        limiter.parse_key("PerAccount", "5").unwrap(),
+    )];
+    assert!(limiter.spend(&tx).await.unwrap().allowed());
+    assert!(
+        command(server.port, "SCRIPT FLUSH")
+            .unwrap()
+            .starts_with("+OK")
+    );
+    let d = limiter.spend(&tx).await.unwrap();
+    assert!(d.allowed());
+    assert_eq!(d.strictest().unwrap().remaining, 8);
+    // The script is cached again: the next call is a plain EVALSHA.
+    let evals = commandstat(server.port, "eval");
+    assert!(limiter.spend(&tx).await.unwrap().allowed());
+    assert_eq!(commandstat(server.port, "eval"), evals);
+}
+
+#[tokio::test]
+async fn a_dead_redis_gives_errors_within_the_timeout_and_a_restarted_one_is_used_again() {
+    let mut server = RedisServer::start();
+    let port = server.port;
+    let timeout = Duration::from_millis(300);
+    let backend = RedisBackend::from_url(server.url())
+        .command_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(Limits::from_yaml_str(KEY_LIMITS, None).unwrap(), backend);
+    let tx = [Transaction::new(
+        limiter.parse_key("PerAccount", "7").unwrap(),
+    )];
+    assert!(limiter.spend(&tx).await.unwrap().allowed());
+
+    server.kill();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let err = limiter.spend(&tx).await.unwrap_err();
+        let elapsed = started.elapsed();
+        assert!(
+            matches!(
+                err,
+                LimiterError::Backend(BackendError::Timeout(_) | BackendError::Unavailable(_))
+            ),
+            "{err:?}"
+        );
+        assert!(
+            elapsed < timeout + Duration::from_secs(1),
+            "took {elapsed:?}"
+        );
+    }
+
+    let _server = RedisServer::start_on(port, &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match limiter.spend(&tx).await {
+            Ok(d) => {
+                assert!(d.allowed());
+                break;
+            }
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the backend did not recover: {e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_dead_cluster_node_fails_only_its_own_slots() {
+    let mut cluster = RedisCluster::start();
+    let timeout = Duration::from_millis(300);
+    let backend = RedisBackend::from_url(cluster.url())
+        .command_timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
+    assert!(backend.is_clustered());
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    // One key on node 0, one elsewhere.
+    let mut on_node = [None, None];
+    for i in 0..1000 {
+        let key = limiter.parse_key("PerAccount", &i.to_string()).unwrap();
+        let slot = fred::util::redis_keyslot(backend.redis_key(&key).as_bytes());
+        let which = usize::from(cluster.node_of_slot(slot) != 0);
+        on_node[which].get_or_insert(key);
+        if on_node.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    let [Some(dead_key), Some(live_key)] = on_node else {
+        panic!("no keys found on both sides")
+    };
+    for key in [&dead_key, &live_key] {
+        assert!(
+            limiter
+                .spend(&[Transaction::new(key.clone())])
+                .await
+                .unwrap()
+                .allowed()
+        );
+    }
+    cluster.nodes[0].kill();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let err = limiter
+            .spend(&[Transaction::new(dead_key.clone())])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LimiterError::Backend(_)), "{err:?}");
+        assert!(
+            started.elapsed() < timeout + Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    // The other nodes keep deciding (allow some time for the client to settle its view).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut successes = 0;
+    while successes < 5 {
+        match limiter.spend(&[Transaction::new(live_key.clone())]).await {
+            Ok(d) => {
+                assert!(d.allowed());
+                successes += 1;
+            }
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the live node stopped answering: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches across slots on the cluster.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_cross_slot_batch_denied_in_one_slot_spends_nothing_in_the_others() {
+    let redis = TestRedis::cluster();
+    let backend = backend(&redis.url, &unique_prefix("xslot")).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let api = limiter.parse_key("Api", "42").unwrap();
+    let acct = limiter.parse_key("PerAccount", "42").unwrap();
+    let slot = |k| fred::util::redis_keyslot(backend.redis_key(k).as_bytes());
+    assert_ne!(slot(&api), slot(&acct));
+    // Exhaust Api (burst 2) alone.
+    for _ in 0..2 {
+        assert!(
+            limiter
+                .spend(&[Transaction::new(api.clone())])
+                .await
+                .unwrap()
+                .allowed()
+        );
+    }
+    let acct_key = backend.redis_key(&acct);
+    for _ in 0..5 {
+        let d = limiter
+            .spend(&[
+                Transaction::new(acct.clone()),
+                Transaction::new(api.clone()),
+            ])
+            .await
+            .unwrap();
+        assert!(!d.allowed());
+        // PerAccount was spent by its own slot's script and refunded: nothing remains.
+        assert_eq!(raw_get(&backend, &acct_key).await, None);
+    }
+    let d = limiter
+        .spend(&[Transaction::new(acct.clone()).mode(Mode::CheckOnly)])
+        .await
+        .unwrap();
+    assert_eq!(d.strictest().unwrap().remaining, 9);
+    // Resets go to every slot.
+    limiter.reset(&[api.clone(), acct.clone()]).await.unwrap();
+    assert!(
+        limiter
+            .spend(&[Transaction::new(api), Transaction::new(acct)])
+            .await
+            .unwrap()
+            .allowed()
+    );
+}
+
+#[tokio::test]
+async fn refund_and_check_through_the_backend_trait() {
+    let redis = TestRedis::single();
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let backend = caller_time_backend(&redis.url, &unique_prefix("trait"), &clock, false).await;
+    let limits = Limits::from_yaml_str(KEY_LIMITS, None).unwrap();
+    let key = limits.key(limits.name_id("Api").unwrap(), Id::new("t").unwrap());
+    let limit = limits.default_limit(key.name()).unwrap();
+    let tx = tower_ratelimits::backend::BucketTx {
+        key: &key,
+        limit,
+        cost: 3,
+        mode: Mode::CheckAndSpend,
+    };
+    let err = backend.spend(&[tx]).await.unwrap_err();
+    assert!(matches!(err, BackendError::Gcra(_)), "{err:?}");
+    let ok = backend
+        .spend(&[tower_ratelimits::backend::BucketTx { cost: 2, ..tx }])
+        .await
+        .unwrap();
+    assert!(ok[0].allowed);
+    assert_eq!(ok[0].remaining, 0);
+    let r = backend
+        .refund(&[tower_ratelimits::backend::BucketTx { cost: 1, ..tx }])
+        .await
+        .unwrap();
+    assert!(r[0].allowed);
+    assert_eq!(r[0].remaining, 1);
+    let v: Value = backend.client().get(backend.redis_key(&key)).await.unwrap();
+    assert_eq!(
+        v.as_string().unwrap().parse::<u64>().unwrap(),
+        simulate::EPOCH_US + 500_000
+    );
+    let _ = backend.client().is_connected();
+}
