@@ -2,7 +2,13 @@
 //!
 //! ```text
 //! cargo run --example simulate -- --defaults FILE [--overrides FILE] [TRACE]
+//! cargo run --example simulate --features redis -- --redis redis://127.0.0.1:6379 --defaults FILE [TRACE]
 //! ```
+//!
+//! With `--redis URL` (feature `redis`) the trace runs through the Redis backend in caller-time
+//! mode and prints exactly what the in-memory run prints. Its keys live under a prefix of their
+//! own (`rl:sim:<pid>-<time>:`) and expire by themselves on the server (one hour after the
+//! trace time they need to refill).
 //!
 //! TRACE is a file, or standard input when absent or `-`. The format is documented in
 //! `tower_ratelimits::simulate`. A malformed trace or configuration prints the line and the
@@ -14,9 +20,10 @@ use std::process::ExitCode;
 
 use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend, simulate};
 
-const USAGE: &str = "usage: simulate --defaults FILE [--overrides FILE] [TRACE]";
+const USAGE: &str = "usage: simulate [--redis URL] --defaults FILE [--overrides FILE] [TRACE]";
 
 struct Args {
+    redis: Option<String>,
     defaults: PathBuf,
     overrides: Option<PathBuf>,
     trace: Option<PathBuf>,
@@ -26,11 +33,16 @@ fn parse_args() -> Result<Args, String> {
     let mut defaults = None;
     let mut overrides = None;
     let mut trace = None;
+    let mut redis = None;
     let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {
         match arg.to_str() {
             Some("--defaults") => defaults = Some(args.next().ok_or("--defaults needs a file")?),
             Some("--overrides") => overrides = Some(args.next().ok_or("--overrides needs a file")?),
+            Some("--redis") => {
+                let url = args.next().ok_or("--redis needs a URL")?;
+                redis = Some(url.into_string().map_err(|_| "--redis: the URL is not UTF-8")?);
+            }
             Some("-h" | "--help") => return Err(String::new()),
             Some(s) if s.starts_with("--") => return Err(format!("unknown option {s}")),
             _ if trace.is_none() => trace = Some(arg),
@@ -38,6 +50,7 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     Ok(Args {
+        redis,
         defaults: defaults.ok_or("--defaults is required")?.into(),
         overrides: overrides.map(PathBuf::from),
         trace: trace.map(PathBuf::from).filter(|p| p.as_os_str() != "-"),
@@ -71,11 +84,41 @@ async fn main() -> ExitCode {
         },
     };
     let clock = ManualClock::new(simulate::EPOCH_US);
-    let backend = MemoryBackend::builder().clock(clock.clone()).build();
-    let limiter = Limiter::new(limits, backend);
+    let limiter = match &args.redis {
+        None => Limiter::new(limits, MemoryBackend::builder().clock(clock.clone()).build()),
+        Some(url) => match redis_backend(url, &clock).await {
+            Ok(backend) => Limiter::with_shared_backend(limits, backend),
+            Err(e) => return fail(e),
+        },
+    };
     let stdout = std::io::stdout().lock();
     match simulate::run(&limiter, &clock, input, stdout).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
+}
+
+#[cfg(feature = "redis")]
+async fn redis_backend(
+    url: &str,
+    clock: &ManualClock,
+) -> Result<std::sync::Arc<dyn tower_ratelimits::Backend>, String> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let backend = tower_ratelimits::RedisBackend::from_url(url)
+        .prefix(format!("rl:sim:{}-{nanos}:", std::process::id()))
+        .caller_time(clock.clone())
+        .connect()
+        .await
+        .map_err(|e| format!("--redis {url}: {e}"))?;
+    Ok(std::sync::Arc::new(backend))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis_backend(
+    _url: &str,
+    _clock: &ManualClock,
+) -> Result<std::sync::Arc<dyn tower_ratelimits::Backend>, String> {
+    Err("--redis needs the `redis` feature: cargo run --example simulate --features redis".into())
 }

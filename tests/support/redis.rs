@@ -100,6 +100,7 @@ impl RedisServer {
             .args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server (is it installed? `apt-get install -y redis-server`)");
         let stdin = child.stdin.take();

@@ -1,0 +1,58 @@
+//! The quickstart on Redis: the same app as `axum_memory`, with its limits kept in Redis (or a
+//! Redis Cluster), so that every instance of the app shares them.
+//!
+//! ```text
+//! cargo run --example axum_redis --features redis
+//! ADDR=127.0.0.1:3001 cargo run --example axum_redis --features redis   # a second instance
+//! for i in $(seq 1 25); do curl -s -o /dev/null -w "%{http_code} " http://127.0.0.1:3000/; done
+//! for i in $(seq 1 25); do curl -s -o /dev/null -w "%{http_code} " http://127.0.0.1:3001/; done
+//! ```
+//!
+//! Settings (environment): those of `axum_memory` (`ADDR`, `RATELIMITS_DEFAULTS`,
+//! `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`), plus
+//! - `REDIS_URL`: `redis://`, `rediss://` or `redis-cluster://` URL (default
+//!   `redis://127.0.0.1:6379`)
+//! - `RATELIMITS_ON_BACKEND_ERROR`: `open` (default: let requests through when Redis cannot
+//!   answer) or `closed` (answer 503)
+
+mod common;
+
+use std::process::ExitCode;
+
+use tower_ratelimits::layer::FailurePolicy;
+use tower_ratelimits::{Limiter, RedisBackend};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("axum_redis: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let settings = common::settings()?;
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let policy = match std::env::var("RATELIMITS_ON_BACKEND_ERROR").as_deref() {
+        Err(_) | Ok("open") => FailurePolicy::FailOpen,
+        Ok("closed") => FailurePolicy::FailClosed,
+        Ok(other) => {
+            return Err(format!(
+                "RATELIMITS_ON_BACKEND_ERROR: {other:?} is neither `open` nor `closed`"
+            ));
+        }
+    };
+    let backend = RedisBackend::from_url(url.as_str())
+        .connect()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let limiter = Limiter::new(settings.limits.clone(), backend);
+    let layer = common::layer_builder(limiter, &settings.trusted)
+        .on_backend_failure(policy)
+        .build()
+        .map_err(|e| e.to_string())?;
+    common::serve(&settings, layer, &format!("on {url}, failing {policy:?}")).await
+}
