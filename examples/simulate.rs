@@ -41,7 +41,10 @@ fn parse_args() -> Result<Args, String> {
             Some("--overrides") => overrides = Some(args.next().ok_or("--overrides needs a file")?),
             Some("--redis") => {
                 let url = args.next().ok_or("--redis needs a URL")?;
-                redis = Some(url.into_string().map_err(|_| "--redis: the URL is not UTF-8")?);
+                redis = Some(
+                    url.into_string()
+                        .map_err(|_| "--redis: the URL is not UTF-8")?,
+                );
             }
             Some("-h" | "--help") => return Err(String::new()),
             Some(s) if s.starts_with("--") => return Err(format!("unknown option {s}")),
@@ -85,7 +88,10 @@ async fn main() -> ExitCode {
     };
     let clock = ManualClock::new(simulate::EPOCH_US);
     let limiter = match &args.redis {
-        None => Limiter::new(limits, MemoryBackend::builder().clock(clock.clone()).build()),
+        None => Limiter::new(
+            limits,
+            MemoryBackend::builder().clock(clock.clone()).build(),
+        ),
         Some(url) => match redis_backend(url, &clock).await {
             Ok(backend) => Limiter::with_shared_backend(limits, backend),
             Err(e) => return fail(e),

@@ -928,7 +928,11 @@ RequestsPerIPAddress:
         let mut ok = 0;
         let mut limited = 0;
         for i in 0..20 {
-            let reply = if i % 2 == 0 { ca.get("/", &[]).await } else { cb.get("/", &[]).await };
+            let reply = if i % 2 == 0 {
+                ca.get("/", &[]).await
+            } else {
+                cb.get("/", &[]).await
+            };
             match reply.status {
                 200 => ok += 1,
                 429 => {
@@ -938,14 +942,19 @@ RequestsPerIPAddress:
                 s => panic!("unexpected status {s}"),
             }
         }
-        assert_eq!((ok, limited), (7, 13), "7 requests in all, whichever instance serves them");
+        assert_eq!(
+            (ok, limited),
+            (7, 13),
+            "7 requests in all, whichever instance serves them"
+        );
     }
 
     #[tokio::test]
     async fn a_dead_redis_follows_the_failure_policy_within_the_timeout() {
         let mut server = RedisServer::start();
         let timeout = Duration::from_millis(300);
-        let closed = serve(app(&server.url(), "rl:", FailurePolicy::FailClosed, timeout).await).await;
+        let closed =
+            serve(app(&server.url(), "rl:", FailurePolicy::FailClosed, timeout).await).await;
         let open = serve(app(&server.url(), "rl:", FailurePolicy::FailOpen, timeout).await).await;
         let (cc, co) = (HttpClient::new(&closed), HttpClient::new(&open));
         assert_eq!(cc.get("/", &[]).await.status, 200);
@@ -956,7 +965,10 @@ RequestsPerIPAddress:
             assert_eq!(cc.get("/", &[]).await.status, 503);
             assert_eq!(co.get("/", &[]).await.status, 200);
             let elapsed = started.elapsed();
-            assert!(elapsed < 2 * timeout + Duration::from_secs(1), "took {elapsed:?}");
+            assert!(
+                elapsed < 2 * timeout + Duration::from_secs(1),
+                "took {elapsed:?}"
+            );
         }
     }
 }
@@ -968,7 +980,12 @@ mod simulator {
     fn simulator() -> std::path::PathBuf {
         // target/<profile>/deps/redis-<hash> -> target/<profile>/examples/simulate
         let exe = std::env::current_exe().unwrap();
-        exe.parent().unwrap().parent().unwrap().join("examples").join("simulate")
+        exe.parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("examples")
+            .join("simulate")
     }
 
     fn run(extra: &[&str]) -> String {
@@ -980,7 +997,11 @@ mod simulator {
             .arg(root.join("examples/traces/gcra-worked-examples.trace"))
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     }
 

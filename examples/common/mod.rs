@@ -68,7 +68,11 @@ pub fn layer_builder(limiter: Limiter, trusted: &[IpNet]) -> RateLimitLayerBuild
 }
 
 /// Serves a hello-world app behind `layer` until Ctrl-C.
-pub async fn serve(settings: &Settings, layer: RateLimitLayer, backend: &str) -> Result<(), String> {
+pub async fn serve(
+    settings: &Settings,
+    layer: RateLimitLayer,
+    backend: &str,
+) -> Result<(), String> {
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .layer(layer);
