@@ -21,18 +21,18 @@ use tower_ratelimits::{Limiter, Limits, RedisBackend, Transaction};
 
 const LIMITS: &str = "\
 A:
-  burst: 1000000000
-  count: 1000000000
+  burst: 100000000
+  count: 1000000
   period: 1s
 B:
   kind: ip
-  burst: 1000000000
-  count: 1000000000
+  burst: 100000000
+  count: 1000000
   period: 1s
 C:
   kind: account
-  burst: 1000000000
-  count: 1000000000
+  burst: 100000000
+  count: 1000000
   period: 1s
 ";
 const TRIVIAL: &str = "return 1";
