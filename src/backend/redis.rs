@@ -248,8 +248,11 @@ impl RedisBackendBuilder {
         }
         let timeout = self.command_timeout;
         let connect_timeout = timeout.max(Duration::from_secs(2));
+        // Connections the backend opened itself are closed when it is dropped.
+        let owned = matches!(self.source, Source::Url(_));
         let conn = match self.source {
             Source::Client(c) if c.is_clustered() => {
+                // The backend opens one connection per master from the client's configuration.
                 Connection::Cluster(ClusterRouter::connect(c.client_config(), timeout).await?)
             }
             Source::Pool(p) if p.next().is_clustered() => Connection::Cluster(
@@ -321,6 +324,7 @@ impl RedisBackendBuilder {
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 conn,
+                owned: owned || clustered,
                 prefix: self.prefix,
                 caller_time: self.clock.is_some(),
                 local,
@@ -352,6 +356,7 @@ fn check_scheme(url: &str) -> Result<(), RedisSetupError> {
 
 struct Inner {
     conn: Connection,
+    owned: bool,
     prefix: String,
     caller_time: bool,
     local: Arc<dyn Clock>,
@@ -359,6 +364,28 @@ struct Inner {
     timeout: Duration,
     sha: String,
     cache: Option<DenyCache>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        match &self.conn {
+            Connection::Client(c) => {
+                let c = c.clone();
+                runtime.spawn(async move { c.quit().await });
+            }
+            Connection::Pool(p) => {
+                let p = p.clone();
+                runtime.spawn(async move { p.quit().await });
+            }
+            Connection::Cluster(r) => r.close(),
+        }
+    }
 }
 
 /// The Redis / Redis Cluster backend. Cheap to clone (an `Arc`).

@@ -126,6 +126,18 @@ impl ClusterRouter {
         topology.nodes[i].2.clone()
     }
 
+    /// Closes every node's connection (and stops its reconnection attempts).
+    pub(super) fn close(&self) {
+        let topology = read_lock(&self.inner.topology).clone();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for (_, _, client) in &topology.nodes {
+            let client = client.clone();
+            runtime.spawn(async move { client.quit().await });
+        }
+    }
+
     /// Loads the script on every master.
     pub(super) async fn load_script(&self, deadline: Duration) -> Result<(), RedisSetupError> {
         let topology = read_lock(&self.inner.topology).clone();
