@@ -391,18 +391,17 @@ impl Drop for Inner {
 /// The Redis / Redis Cluster backend. Cheap to clone (an `Arc`).
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tower_ratelimits::{Limiter, Limits, backend::redis::RedisBackend};
 ///
-/// let backend = RedisBackend::from_url("redis://127.0.0.1:6379")
-///     .prefix("myapp:rl:")
-///     .command_timeout(Duration::from_millis(200))
-///     .connect()
-///     .await?;
-/// # let limits: Limits = unimplemented!();
-/// let limiter = Limiter::new(limits, backend);
-/// # Ok(()) }
+/// async fn limiter(limits: Limits) -> Result<Limiter, Box<dyn std::error::Error>> {
+///     let backend = RedisBackend::from_url("redis://127.0.0.1:6379")
+///         .prefix("myapp:rl:")
+///         .command_timeout(Duration::from_millis(200))
+///         .connect()
+///         .await?;
+///     Ok(Limiter::new(limits, backend))
+/// }
 /// ```
 #[derive(Clone)]
 pub struct RedisBackend {
