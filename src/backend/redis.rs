@@ -646,8 +646,7 @@ impl RedisBackend {
         let sha = self.inner.sha.as_str();
         let value = self
             .with_client(slot, |client| {
-                let script_keys = script_keys.clone();
-                let args = args.clone();
+                let (script_keys, args) = (&script_keys, &args);
                 async move {
                     match client
                         .evalsha::<Value, _, _, _>(sha, script_keys.clone(), args.clone())
@@ -656,7 +655,11 @@ impl RedisBackend {
                         Err(e) if e.details().contains("NOSCRIPT") => {
                             tracing::debug!("Redis lost the rate-limit script; sending it again");
                             client
-                                .eval::<Value, _, _, _>(GCRA_SCRIPT, script_keys, args)
+                                .eval::<Value, _, _, _>(
+                                    GCRA_SCRIPT,
+                                    script_keys.clone(),
+                                    args.clone(),
+                                )
                                 .await
                         }
                         other => other,
@@ -744,14 +747,19 @@ impl RedisBackend {
 /// The Redis key of `key` under `prefix` (see [`RedisBackend::redis_key`]).
 pub fn redis_key(prefix: &str, key: &BucketKey) -> String {
     use std::fmt::Write as _;
-    let mut id = String::with_capacity(48);
-    let _ = write!(id, "{}", key.id());
-    let mut out = String::with_capacity(prefix.len() + id.len() + 16);
+    /// Escapes what the id's `Display` writes, straight into the key.
+    struct Escaping<'a>(&'a mut String);
+    impl fmt::Write for Escaping<'_> {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            push_escaped(self.0, s);
+            Ok(())
+        }
+    }
+    let mut out = String::with_capacity(prefix.len() + 64);
     out.push_str(prefix);
     out.push('{');
-    let _ = write!(out, "{}", key.name());
-    out.push(':');
-    push_escaped(&mut out, &id);
+    let _ = write!(out, "{}:", key.name());
+    let _ = write!(Escaping(&mut out), "{}", key.id());
     out.push('}');
     out
 }
@@ -843,8 +851,11 @@ impl Backend for RedisBackend {
         for ((_, group), reply) in groups.iter().zip(replies) {
             match reply {
                 Ok(reply) => {
-                    let txs: Vec<BucketTx<'_>> = group.iter().map(|&i| batch[i]).collect();
-                    group_allowed.push(Some(batch_allowed(&txs, &reply.outcomes)));
+                    let allowed = group
+                        .iter()
+                        .zip(&reply.outcomes)
+                        .all(|(&i, o)| !batch[i].mode.counts() || o.allowed);
+                    group_allowed.push(Some(allowed));
                     for ((&i, o), tat) in group.iter().zip(reply.outcomes).zip(reply.tats) {
                         outcomes[i] = o;
                         local_tats[i] = if tat > reply.now {

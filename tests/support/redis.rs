@@ -200,8 +200,6 @@ impl RedisCluster {
 
     /// The index of the node serving `slot`.
     pub fn node_of_slot(&self, slot: u16) -> usize {
-        let reply = command(self.nodes[0].port, "CLUSTER SHARDS").unwrap_or_default();
-        let _ = reply;
         // CLUSTER NODES is easier to parse: "<id> <ip:port@bus> <flags> ... <slot ranges>".
         let nodes = command(self.nodes[0].port, "CLUSTER NODES").expect("CLUSTER NODES");
         for line in nodes.lines() {
