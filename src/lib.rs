@@ -7,6 +7,7 @@ pub mod decision;
 pub mod gcra;
 pub mod key;
 pub mod limit;
+pub mod tiers;
 pub mod time;
 
 #[cfg(feature = "redis")]
