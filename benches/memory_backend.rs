@@ -68,8 +68,9 @@ fn bytes_per_key() {
         let key = BucketKey::new(name, Id::from(k));
         let tx = BucketTx {
             key: &key,
-            limit,
+            quota: limit,
             cost: 1,
+            min_cost: 1,
             mode: Default::default(),
         };
         backend.spend_one(&tx).unwrap();
@@ -128,8 +129,9 @@ fn bench(c: &mut Criterion) {
                     run_threads(threads, iters, |i| {
                         let tx = BucketTx {
                             key: &bucket_keys[(i % keys) as usize],
-                            limit,
+                            quota: limit,
                             cost: 1,
+                            min_cost: 1,
                             mode: Default::default(),
                         };
                         let _ = common::ready(backend.spend(std::slice::from_ref(&tx)));
@@ -141,8 +143,9 @@ fn bench(c: &mut Criterion) {
                     run_threads(threads, iters, |i| {
                         let tx = BucketTx {
                             key: &bucket_keys[(i % keys) as usize],
-                            limit,
+                            quota: limit,
                             cost: 1,
+                            min_cost: 1,
                             mode: Default::default(),
                         };
                         let _ = backend.spend_one(&tx);

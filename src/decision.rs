@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::key::BucketKey;
-use crate::limit::Limit;
+use crate::limit::Quota;
+use crate::tiers::{TierDecision, TierGrant, TieredLimit};
 
 /// How a transaction takes part in a batch (`spec/gcra.md`, "Transactions and batches").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -40,6 +41,7 @@ impl Mode {
 pub struct Transaction {
     key: BucketKey,
     cost: Option<u64>,
+    min_cost: Option<u64>,
     mode: Mode,
 }
 
@@ -49,6 +51,7 @@ impl Transaction {
         Self {
             key,
             cost: None,
+            min_cost: None,
             mode: Mode::CheckAndSpend,
         }
     }
@@ -56,6 +59,26 @@ impl Transaction {
     /// Sets the cost (0 is a probe that consumes nothing).
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = Some(cost);
+        self.min_cost = None;
+        self
+    }
+
+    /// Asks a tiered limit for as many units as it grants between `min` and `max` (a group
+    /// request); the decision's `granted` says how many. GCRA limits refuse a range whose ends
+    /// differ ([`LimiterError::CostRangeOnGcra`](crate::LimiterError::CostRangeOnGcra)).
+    ///
+    /// ```
+    /// # use tower_ratelimits::{BucketKey, Id, Transaction};
+    /// # let name = tower_ratelimits::Limits::builder()
+    /// #     .limit("A", tower_ratelimits::Limit::new(5, 5, std::time::Duration::from_secs(1)).unwrap())
+    /// #     .build().unwrap().name_id("A").unwrap();
+    /// let tx = Transaction::new(BucketKey::new(name, Id::from(7u64))).cost_range(1..=10);
+    /// assert_eq!((tx.min_cost_or(0), tx.cost_or(0)), (1, 10));
+    /// ```
+    pub fn cost_range(mut self, range: std::ops::RangeInclusive<u64>) -> Self {
+        let (min, max) = range.into_inner();
+        self.cost = Some(max);
+        self.min_cost = Some(min);
         self
     }
 
@@ -70,9 +93,15 @@ impl Transaction {
         &self.key
     }
 
-    /// The cost set on this transaction, or `default`.
+    /// The cost set on this transaction, or `default` (for a range: its upper end).
     pub fn cost_or(&self, default: u64) -> u64 {
         self.cost.unwrap_or(default)
+    }
+
+    /// The smallest acceptable grant: the lower end of a [`cost_range`](Self::cost_range), else
+    /// the cost (set, or `default`).
+    pub fn min_cost_or(&self, default: u64) -> u64 {
+        self.min_cost.unwrap_or_else(|| self.cost_or(default))
     }
 
     /// The mode.
@@ -93,6 +122,8 @@ pub struct Outcome {
     pub retry_after_us: u64,
     /// Microseconds until the bucket is full again.
     pub reset_after_us: u64,
+    /// For a tiered limit: the units granted per tier and the tier serving the client.
+    pub tiers: Option<TierGrant>,
 }
 
 impl Outcome {
@@ -103,6 +134,15 @@ impl Outcome {
             remaining,
             retry_after_us,
             reset_after_us,
+            tiers: None,
+        }
+    }
+
+    /// The outcome of a tiered decision.
+    pub fn tiered(d: &TierDecision, limit: &TieredLimit) -> Self {
+        Self {
+            tiers: Some(d.grant(limit)),
+            ..Self::new(d.allowed, d.remaining, d.retry_after_us, d.reset_after_us)
         }
     }
 }
@@ -118,7 +158,10 @@ impl From<crate::gcra::GcraOutcome> for Outcome {
 pub struct Decision {
     /// Whether the transaction was allowed (or, for a refund, whether anything was refunded).
     pub allowed: bool,
-    /// Tokens left in the bucket.
+    /// Units granted: the cost when allowed, 0 when denied; for a tiered limit asked for a
+    /// range, how many it granted; for a refund, 0 (GCRA) or the units taken back (tiers).
+    pub granted: u64,
+    /// Tokens left in the bucket (for a tiered limit: in the tier now serving the client).
     pub remaining: u64,
     /// How long until an equal request would be allowed (zero when it would be now).
     pub retry_after: Duration,
@@ -126,7 +169,10 @@ pub struct Decision {
     pub reset_after: Duration,
     /// The limit that decided; `None` when the limit is disabled for this id (no default and no
     /// override), which allows without touching the store.
-    pub limit: Option<Limit>,
+    pub limit: Option<Quota>,
+    /// For a tiered limit: units per tier, whether the request burst into a higher tier, and
+    /// the tier serving the client (on a denial, the tier that refused).
+    pub tiers: Option<TierGrant>,
     /// The limit's name.
     pub name: Arc<str>,
     /// The bucket.

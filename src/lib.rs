@@ -16,7 +16,7 @@ pub use backend::{Backend, BackendError, MemoryBackend};
 pub use config::{ConfigError, Limits};
 pub use decision::{BatchDecision, Decision, Mode, Outcome, Transaction};
 pub use key::{BucketKey, Id, IdKind, NameId};
-pub use limit::Limit;
+pub use limit::{Limit, Quota};
 pub use time::{Clock, ManualClock, SystemClock};
 pub mod limiter;
 pub use limiter::{Limiter, LimiterError};

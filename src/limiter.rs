@@ -7,7 +7,7 @@ use crate::backend::{Backend, BackendError, BucketTx};
 use crate::config::Limits;
 use crate::decision::{BatchDecision, Decision, Mode, Outcome, Transaction};
 use crate::key::{BucketKey, Id, IdError, NameId};
-use crate::limit::Limit;
+use crate::limit::Quota;
 use crate::time::us;
 
 /// Why the limiter could not decide.
@@ -23,7 +23,9 @@ pub enum LimiterError {
     /// The same bucket appears twice in one batch.
     #[error("bucket {0} appears twice in one batch")]
     DuplicateKey(String),
-    /// A transaction's cost is larger than its limit's burst: it could never be allowed.
+    /// A transaction's cost is larger than its limit's burst (for a tiered limit: its smallest
+    /// acceptable grant is larger than the sum of the tiers' limits): it could never be
+    /// allowed.
     #[error("limit {name}: cost {cost} exceeds the burst of {burst}")]
     CostAboveBurst {
         /// The limit name.
@@ -32,6 +34,23 @@ pub enum LimiterError {
         cost: u64,
         /// The burst.
         burst: u64,
+    },
+    /// A cost range (`min..=max` with `min < max`) for a GCRA limit, which grants all or
+    /// nothing; only tiered limits grant part of a request.
+    #[error("limit {name}: a cost range needs a tiered limit (GCRA grants all or nothing)")]
+    CostRangeOnGcra {
+        /// The limit name.
+        name: Arc<str>,
+    },
+    /// A cost range whose lower end is above its upper end.
+    #[error("limit {name}: the cost range {min}..={max} is empty")]
+    EmptyCostRange {
+        /// The limit name.
+        name: Arc<str>,
+        /// The lower end.
+        min: u64,
+        /// The upper end.
+        max: u64,
     },
     /// An id that does not fit the limit's id kind.
     #[error("limit {name}: {source}")]
@@ -85,6 +104,13 @@ impl std::fmt::Debug for Limiter {
             .field("limits", &self.inner.limits)
             .finish_non_exhaustive()
     }
+}
+
+/// One transaction of a batch, resolved.
+struct Resolved<'a> {
+    quota: Option<&'a Quota>,
+    mode: Mode,
+    cost: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -182,7 +208,7 @@ impl Limiter {
                 Err(e) => return Some(Err(e.into())),
             }
         };
-        Some(self.finish(batch, resolved, txs.len(), outcomes))
+        Some(self.finish(batch, resolved, txs.len(), outcomes, Op::Spend))
     }
 
     async fn run(&self, batch: &[Transaction], op: Op) -> Result<BatchDecision, LimiterError> {
@@ -194,23 +220,23 @@ impl Limiter {
         } else {
             self.inner.backend.spend(&txs).await?
         };
-        self.finish(batch, resolved, txs.len(), outcomes)
+        self.finish(batch, resolved, txs.len(), outcomes, op)
     }
 
     /// Checks a batch and resolves each transaction's limit and cost.
     #[allow(clippy::type_complexity)]
     fn resolve<'a>(
-        &self,
+        &'a self,
         batch: &'a [Transaction],
         op: Op,
-    ) -> Result<(Vec<(Option<Limit>, Mode)>, Vec<BucketTx<'a>>), LimiterError> {
+    ) -> Result<(Vec<Resolved<'a>>, Vec<BucketTx<'a>>), LimiterError> {
         let limits = &self.inner.limits;
         for (i, tx) in batch.iter().enumerate() {
             if batch[..i].iter().any(|other| other.key() == tx.key()) {
                 return Err(LimiterError::DuplicateKey(tx.key().to_string()));
             }
         }
-        let mut resolved: Vec<(Option<Limit>, Mode)> = Vec::with_capacity(batch.len());
+        let mut resolved: Vec<Resolved<'a>> = Vec::with_capacity(batch.len());
         let mut txs: Vec<BucketTx<'_>> = Vec::with_capacity(batch.len());
         for tx in batch {
             let name = tx.key().name();
@@ -222,24 +248,47 @@ impl Limiter {
             } else {
                 tx.get_mode()
             };
-            let limit = limits.resolve(tx.key());
-            if let Some(limit) = limit {
-                let cost = tx.cost_or(limits.default_cost(name));
-                if cost > limit.burst() {
+            let quota = limits.resolve(tx.key());
+            let default_cost = limits.default_cost(name);
+            let cost = tx.cost_or(default_cost);
+            if let Some(quota) = quota {
+                let min_cost = tx.min_cost_or(default_cost);
+                if min_cost > cost {
+                    return Err(LimiterError::EmptyCostRange {
+                        name: label.clone(),
+                        min: min_cost,
+                        max: cost,
+                    });
+                }
+                let too_much = match quota {
+                    Quota::Gcra(_) if min_cost != cost && op != Op::Refund => {
+                        return Err(LimiterError::CostRangeOnGcra {
+                            name: label.clone(),
+                        });
+                    }
+                    Quota::Gcra(l) => cost > l.burst(),
+                    Quota::Tiered(t) => min_cost > t.capacity(),
+                };
+                if too_much {
                     return Err(LimiterError::CostAboveBurst {
                         name: label.clone(),
-                        cost,
-                        burst: limit.burst(),
+                        cost: if quota.as_gcra().is_some() {
+                            cost
+                        } else {
+                            min_cost
+                        },
+                        burst: quota.max_cost(),
                     });
                 }
                 txs.push(BucketTx {
                     key: tx.key(),
-                    limit,
+                    quota,
                     cost,
+                    min_cost,
                     mode,
                 });
             }
-            resolved.push((limit, mode));
+            resolved.push(Resolved { quota, mode, cost });
         }
         Ok((resolved, txs))
     }
@@ -248,9 +297,10 @@ impl Limiter {
     fn finish(
         &self,
         batch: &[Transaction],
-        resolved: Vec<(Option<Limit>, Mode)>,
+        resolved: Vec<Resolved<'_>>,
         sent: usize,
         outcomes: Vec<Outcome>,
+        op: Op,
     ) -> Result<BatchDecision, LimiterError> {
         let limits = &self.inner.limits;
         if outcomes.len() != sent {
@@ -265,20 +315,27 @@ impl Limiter {
         let decisions = batch
             .iter()
             .zip(resolved)
-            .map(|(tx, (limit, mode))| {
-                let o = match limit {
+            .map(|(tx, r)| {
+                let o = match r.quota {
                     Some(_) => outcomes.next().unwrap_or_default(),
                     None => Outcome::new(true, u64::MAX, 0, 0),
                 };
+                let granted = match (&o.tiers, o.allowed, op) {
+                    (Some(t), _, _) => t.granted,
+                    (None, true, Op::Spend | Op::Check) => r.cost,
+                    _ => 0,
+                };
                 Decision {
                     allowed: o.allowed,
+                    granted,
                     remaining: o.remaining,
                     retry_after: us(o.retry_after_us),
                     reset_after: us(o.reset_after_us),
-                    limit,
+                    limit: r.quota.cloned(),
+                    tiers: o.tiers,
                     name: limits.name(tx.key().name()).cloned().unwrap_or_default(),
                     key: tx.key().clone(),
-                    mode,
+                    mode: r.mode,
                 }
             })
             .collect();

@@ -11,13 +11,17 @@
 //! - `<tx>`: `[check-only:|spend-only:]<Name>=<id>[*<cost>]`. All transactions of a line are
 //!   one batch; `*<cost>` overrides the line's cost for that transaction.
 //! - `cost=<n>`: the line's cost (default: the limit's configured cost, 1 unless set).
+//!   `cost=<min>..<max>` (or `*<min>..<max>`) asks a tiered limit for as many units as it
+//!   grants between `min` and `max`.
 //!
 //! # Output
 //!
 //! `{"line":N,"at_us":T,"op":"spend","allowed":bool,"remaining":R,"retry_after_us":X,
 //! "reset_after_us":Y,"decisions":[{"limit":"Name","id":"...","allowed":bool,"remaining":R,
 //! "retry_after_us":X,"reset_after_us":Y}, ...]}`; the top-level fields are the batch decision
-//! (its strictest transaction). A `reset` line prints `{"line":N,"at_us":T,"op":"reset",
+//! (its strictest transaction). The decision of a tiered limit also has `"granted":G` (units
+//! granted), `"tiers":[units per tier]`, `"burst":bool` (it burst into a higher tier) and
+//! `"tier":N` (the tier serving the client, or the one that refused). A `reset` line prints `{"line":N,"at_us":T,"op":"reset",
 //! "keys":["Name=id",...]}`.
 //!
 //! ```
@@ -118,6 +122,29 @@ struct TxOut<'a> {
     remaining: u64,
     retry_after_us: u64,
     reset_after_us: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    granted: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tiers: Option<&'a [u64]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    burst: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tier: Option<u8>,
+}
+
+/// Parses `<n>` or `<min>..<max>`.
+fn parse_cost(text: &str) -> Result<(Option<u64>, u64), String> {
+    let number = |t: &str| {
+        if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("malformed cost {text:?}"));
+        }
+        t.parse::<u64>()
+            .map_err(|_| format!("cost {text:?} is too large"))
+    };
+    match text.split_once("..") {
+        Some((min, max)) => Ok((Some(number(min)?), number(max)?)),
+        None => Ok((None, number(text)?)),
+    }
 }
 
 #[derive(Serialize)]
@@ -163,11 +190,11 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
         ));
     }
     let mut specs: Vec<&str> = words.collect();
-    let mut line_cost: Option<u64> = None;
+    let mut line_cost: Option<(Option<u64>, u64)> = None;
     if let Some(last) = specs.last()
         && let Some(c) = last.strip_prefix("cost=")
     {
-        line_cost = Some(c.parse().map_err(|_| format!("malformed cost {c:?}"))?);
+        line_cost = Some(parse_cost(c)?);
         specs.pop();
     }
     if specs.is_empty() {
@@ -185,20 +212,21 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
         let (name, id) = rest
             .split_once('=')
             .ok_or_else(|| format!("malformed transaction {spec:?}: write <Name>=<id>"))?;
+        let is_cost = |c: &str| {
+            !c.is_empty()
+                && c.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+                && c.bytes().next().is_some_and(|b| b.is_ascii_digit())
+        };
         let (id, cost) = match id.rsplit_once('*') {
-            Some((id, c)) if !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) => (
-                id,
-                Some(
-                    c.parse::<u64>()
-                        .map_err(|_| format!("cost {c:?} is too large"))?,
-                ),
-            ),
+            Some((id, c)) if is_cost(c) => (id, Some(parse_cost(c)?)),
             _ => (id, None),
         };
         let key = limiter.parse_key(name, id).map_err(|e| e.to_string())?;
         let mut tx = Transaction::new(key).mode(mode);
-        if let Some(c) = cost.or(line_cost) {
-            tx = tx.cost(c);
+        match cost.or(line_cost) {
+            Some((Some(min), max)) => tx = tx.cost_range(min..=max),
+            Some((None, c)) => tx = tx.cost(c),
+            None => {}
         }
         txs.push((rest, tx));
     }
@@ -282,6 +310,10 @@ pub async fn run(
                         remaining: d.remaining,
                         retry_after_us: micros(d.retry_after),
                         reset_after_us: micros(d.reset_after),
+                        granted: d.tiers.map(|_| d.granted),
+                        tiers: d.tiers.as_ref().map(|t| t.units()),
+                        burst: d.tiers.map(|t| t.burst),
+                        tier: d.tiers.map(|t| t.tier),
                     })
                     .collect(),
             })

@@ -27,7 +27,11 @@ CertificatesPerDomainPerAccount:
 fn limit_of(limits: &Limits, name: &str, id: &str) -> Limit {
     let n = limits.name_id(name).unwrap();
     let id = limits.id_kind(n).unwrap().parse(id).unwrap();
-    limits.resolve(&limits.key(n, id)).unwrap()
+    *limits
+        .resolve(&limits.key(n, id))
+        .unwrap()
+        .as_gcra()
+        .unwrap()
 }
 
 #[test]

@@ -838,8 +838,9 @@ async fn spend_and_refund_through_the_backend_trait() {
     let limit = limits.default_limit(key.name()).unwrap();
     let tx = tower_ratelimits::backend::BucketTx {
         key: &key,
-        limit,
+        quota: limit,
         cost: 3,
+        min_cost: 3,
         mode: Mode::CheckAndSpend,
     };
     let err = backend.spend(&[tx]).await.unwrap_err();

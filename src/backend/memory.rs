@@ -26,7 +26,7 @@
 //! [`sweep`]: MemoryBackend::sweep
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -37,13 +37,35 @@ use super::{Backend, BackendError, BucketTx, batch_allowed};
 use crate::decision::{Mode, Outcome};
 use crate::gcra;
 use crate::key::BucketKey;
+use crate::limit::{Limit, Quota};
+use crate::tiers::{self, TierState};
 use crate::time::{Clock, SystemClock};
 
 /// The default cap on live buckets: ten million (about 1 GiB at the measured cost per key).
 pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
 
+/// The state of one tiered key, and when it will equal a fresh one.
+#[derive(Default)]
+struct TierSlot {
+    state: TierState,
+    /// The first instant at which the state equals a fresh one (0: it already does).
+    expires_at: u64,
+    /// Set when the slot left the map (sweep, reset): whoever holds it must look again.
+    removed: bool,
+}
+
+type SharedSlot = Arc<Mutex<TierSlot>>;
+
+fn lock(slot: &SharedSlot) -> MutexGuard<'_, TierSlot> {
+    // The critical sections only do arithmetic on the slot; a panic there leaves a state that
+    // is still valid, so a poisoned lock is used as it is.
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 struct Inner {
     map: DashMap<BucketKey, AtomicU64, foldhash::fast::RandomState>,
+    /// Tiered keys: a separate map, so a GCRA bucket stays one `AtomicU64`.
+    tiers: DashMap<BucketKey, SharedSlot, foldhash::fast::RandomState>,
     len: AtomicUsize,
     max_keys: usize,
     clock: Arc<dyn Clock>,
@@ -104,6 +126,7 @@ impl MemoryBackendBuilder {
         MemoryBackend {
             inner: Arc::new(Inner {
                 map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+                tiers: DashMap::with_hasher(foldhash::fast::RandomState::default()),
                 len: AtomicUsize::new(0),
                 max_keys: self.max_keys,
                 clock: self.clock,
@@ -171,8 +194,27 @@ impl MemoryBackend {
             }
             keep
         });
+        self.inner.tiers.retain(|_, slot| {
+            // A slot in use is kept (and never waited for while the shard is locked).
+            let Ok(mut s) = slot.try_lock() else {
+                return true;
+            };
+            if s.expires_at > now {
+                return true;
+            }
+            s.removed = true;
+            dropped += 1;
+            false
+        });
         self.inner.len.fetch_sub(dropped, Ordering::Relaxed);
         dropped
+    }
+
+    /// The state of a tiered key, if one is held (for tests and diagnostics).
+    pub fn tier_state(&self, key: &BucketKey) -> Option<TierState> {
+        let slot = self.inner.tiers.get(key)?.clone();
+        let s = lock(&slot);
+        (!s.removed).then(|| s.state.clone())
     }
 
     /// Runs [`sweep`](Self::sweep) every `interval` on the current tokio runtime until the
@@ -280,6 +322,9 @@ impl MemoryBackend {
     }
 
     fn spend_one_at(&self, tx: &BucketTx<'_>, now: u64) -> Result<Outcome, BackendError> {
+        let Quota::Gcra(limit) = tx.quota else {
+            return Ok(self.spend_mixed(std::slice::from_ref(tx), now)?.remove(0));
+        };
         let writes = |out: &gcra::GcraOutcome, cur: u64| match out.new_tat {
             Some(new) if out.allowed && tx.mode != Mode::CheckOnly && new > now && new != cur => {
                 Some(new)
@@ -290,7 +335,7 @@ impl MemoryBackend {
             if let Some(entry) = self.inner.map.get(tx.key) {
                 let mut cur = entry.load(Ordering::Acquire);
                 loop {
-                    let out = gcra::check(&tx.limit, stored(cur), now, tx.cost)?;
+                    let out = gcra::check(limit, stored(cur), now, tx.cost)?;
                     let Some(new) = writes(&out, cur) else {
                         return Ok(out.into());
                     };
@@ -301,7 +346,7 @@ impl MemoryBackend {
                     }
                 }
             }
-            let out = gcra::check(&tx.limit, None, now, tx.cost)?;
+            let out = gcra::check(limit, None, now, tx.cost)?;
             let Some(new) = writes(&out, 0) else {
                 return Ok(out.into());
             };
@@ -311,27 +356,111 @@ impl MemoryBackend {
         }
     }
 
-    fn spend_batch(&self, batch: &[BucketTx<'_>], now: u64) -> Result<Vec<Outcome>, BackendError> {
+    /// The tier slot of a key, inserted when missing unless `create` is false.
+    fn tier_slot(
+        &self,
+        key: &BucketKey,
+        create: bool,
+        now: u64,
+    ) -> Result<Option<SharedSlot>, BackendError> {
+        if let Some(s) = self.inner.tiers.get(key) {
+            return Ok(Some(s.clone()));
+        }
+        if !create {
+            return Ok(None);
+        }
+        self.reserve(now)?;
+        let slot = self
+            .inner
+            .tiers
+            .entry(key.clone())
+            .or_insert_with(|| {
+                self.inner.len.fetch_add(1, Ordering::Relaxed);
+                SharedSlot::default()
+            })
+            .clone();
+        Ok(Some(slot))
+    }
+
+    /// Any batch: GCRA buckets by compare-and-swap (rolled back and decided again when a race
+    /// is lost), tiered keys under their slot's lock, taken in address order (so two batches
+    /// never wait for each other) and held until the batch is written.
+    fn spend_mixed(&self, batch: &[BucketTx<'_>], now: u64) -> Result<Vec<Outcome>, BackendError> {
+        let mut slots: Vec<Option<SharedSlot>> = Vec::with_capacity(batch.len());
+        'slots: loop {
+            slots.clear();
+            for tx in batch {
+                slots.push(match tx.quota {
+                    Quota::Gcra(_) => None,
+                    Quota::Tiered(_) => self.tier_slot(tx.key, tx.mode != Mode::CheckOnly, now)?,
+                });
+            }
+            let mut order: Vec<usize> = (0..batch.len()).filter(|&i| slots[i].is_some()).collect();
+            order.sort_by_key(|&i| slots[i].as_ref().map(Arc::as_ptr));
+            let mut guards: Vec<(usize, MutexGuard<'_, TierSlot>)> =
+                Vec::with_capacity(order.len());
+            for &i in &order {
+                if let Some(slot) = &slots[i] {
+                    let g = lock(slot);
+                    if g.removed {
+                        continue 'slots;
+                    }
+                    guards.push((i, g));
+                }
+            }
+            return self.decide_mixed(batch, now, &mut guards);
+        }
+    }
+
+    fn decide_mixed(
+        &self,
+        batch: &[BucketTx<'_>],
+        now: u64,
+        guards: &mut [(usize, MutexGuard<'_, TierSlot>)],
+    ) -> Result<Vec<Outcome>, BackendError> {
+        let fresh = TierState::new();
         let mut reads = Vec::with_capacity(batch.len());
-        let mut results = Vec::with_capacity(batch.len());
+        let mut gcra_results = Vec::with_capacity(batch.len());
+        let mut plans = Vec::with_capacity(batch.len());
+        let mut outcomes = Vec::with_capacity(batch.len());
         let mut written: Vec<(usize, u64)> = Vec::with_capacity(batch.len());
         'retry: loop {
             reads.clear();
-            results.clear();
-            for tx in batch {
-                let cur = self.load(tx.key);
-                reads.push(cur);
-                results.push(gcra::check(&tx.limit, stored(cur), now, tx.cost)?);
+            gcra_results.clear();
+            plans.clear();
+            outcomes.clear();
+            for (i, tx) in batch.iter().enumerate() {
+                match tx.quota {
+                    Quota::Gcra(limit) => {
+                        let cur = self.load(tx.key);
+                        let r = gcra::check(limit, stored(cur), now, tx.cost)?;
+                        reads.push(cur);
+                        gcra_results.push(Some(r));
+                        plans.push(None);
+                        outcomes.push(Outcome::from(r));
+                    }
+                    Quota::Tiered(limit) => {
+                        let state = guards
+                            .iter()
+                            .find(|(j, _)| *j == i)
+                            .map_or(&fresh, |(_, g)| &g.state);
+                        let (d, plan) = tiers::decide(limit, state, now, tx.min_cost, tx.cost)?;
+                        reads.push(0);
+                        gcra_results.push(None);
+                        plans.push(d.allowed.then_some(plan));
+                        outcomes.push(Outcome::tiered(&d, limit));
+                    }
+                }
             }
-            let outcomes: Vec<Outcome> = results.iter().map(|r| Outcome::from(*r)).collect();
             if !batch_allowed(batch, &outcomes) {
                 return Ok(outcomes);
             }
             written.clear();
             for (i, tx) in batch.iter().enumerate() {
-                let new = match (tx.mode, results[i].new_tat) {
+                let Some(r) = gcra_results[i] else { continue };
+                let new = match (tx.mode, r.new_tat) {
                     (Mode::CheckOnly, _) | (_, None) => continue,
-                    (_, Some(_)) if !results[i].allowed => continue,
+                    (_, Some(_)) if !r.allowed => continue,
                     (_, Some(new)) if new <= now || new == reads[i] => continue,
                     (_, Some(new)) => new,
                 };
@@ -351,6 +480,16 @@ impl MemoryBackend {
                     }
                 }
             }
+            // The GCRA part is written; the tiered part cannot fail (its slots are locked).
+            for (i, g) in guards.iter_mut() {
+                let tx = &batch[*i];
+                if let (Quota::Tiered(limit), Some(plan)) = (tx.quota, &plans[*i])
+                    && tx.mode != Mode::CheckOnly
+                {
+                    tiers::apply(limit, &mut g.state, now, plan);
+                    g.expires_at = tiers::fresh_at(limit, &g.state, now, None);
+                }
+            }
             return Ok(outcomes);
         }
     }
@@ -361,7 +500,47 @@ impl MemoryBackend {
         let now = self.now();
         match batch {
             [one] => Ok(vec![self.spend_one_at(one, now)?]),
-            _ => self.spend_batch(batch, now),
+            _ => self.spend_mixed(batch, now),
+        }
+    }
+}
+
+impl MemoryBackend {
+    fn refund_gcra(
+        &self,
+        tx: &BucketTx<'_>,
+        limit: &Limit,
+        now: u64,
+    ) -> Result<Outcome, BackendError> {
+        loop {
+            let cur = self.load(tx.key);
+            let out = gcra::refund(limit, stored(cur), now, tx.cost)?;
+            match out.new_tat {
+                Some(new) if self.compare_and_set(tx.key, cur, new, now)? => return Ok(out.into()),
+                Some(_) => continue,
+                None => return Ok(out.into()),
+            }
+        }
+    }
+
+    fn refund_tiered(
+        &self,
+        tx: &BucketTx<'_>,
+        limit: &tiers::TieredLimit,
+        now: u64,
+    ) -> Result<Outcome, BackendError> {
+        loop {
+            let Some(slot) = self.tier_slot(tx.key, false, now)? else {
+                let d = tiers::refund(limit, &mut TierState::new(), now, tx.cost);
+                return Ok(Outcome::tiered(&d, limit));
+            };
+            let mut g = lock(&slot);
+            if g.removed {
+                continue;
+            }
+            let d = tiers::refund(limit, &mut g.state, now, tx.cost);
+            g.expires_at = tiers::fresh_at(limit, &g.state, now, None);
+            return Ok(Outcome::tiered(&d, limit));
         }
     }
 }
@@ -380,16 +559,14 @@ impl Backend for MemoryBackend {
         let now = self.now();
         let mut outcomes = Vec::with_capacity(batch.len());
         for tx in batch {
-            let out = loop {
-                let cur = self.load(tx.key);
-                let out = gcra::refund(&tx.limit, stored(cur), now, tx.cost)?;
-                match out.new_tat {
-                    Some(new) if self.compare_and_set(tx.key, cur, new, now)? => break out,
-                    Some(_) => continue,
-                    None => break out,
+            let limit = match tx.quota {
+                Quota::Gcra(limit) => limit,
+                Quota::Tiered(limit) => {
+                    outcomes.push(self.refund_tiered(tx, limit, now)?);
+                    continue;
                 }
             };
-            outcomes.push(out.into());
+            outcomes.push(self.refund_gcra(tx, limit, now)?);
         }
         Ok(outcomes)
     }
@@ -398,6 +575,10 @@ impl Backend for MemoryBackend {
         for key in keys {
             if self.inner.map.remove(*key).is_some() {
                 self.inner.len.fetch_sub(1, Ordering::Relaxed);
+            }
+            if let Some((_, slot)) = self.inner.tiers.remove(*key) {
+                self.inner.len.fetch_sub(1, Ordering::Relaxed);
+                lock(&slot).removed = true;
             }
         }
         Ok(())

@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use crate::decision::{Mode, Outcome};
 use crate::gcra::GcraError;
 use crate::key::BucketKey;
-use crate::limit::Limit;
+use crate::limit::Quota;
+use crate::tiers::TierRequestError;
 
 pub mod memory;
 #[cfg(feature = "redis")]
@@ -25,9 +26,12 @@ pub struct BucketTx<'a> {
     /// The bucket.
     pub key: &'a BucketKey,
     /// The limit that applies to this bucket.
-    pub limit: Limit,
-    /// Tokens to spend or refund (at most `limit.burst()`).
+    pub quota: &'a Quota,
+    /// Tokens to spend or refund (at most the limit's [`max_cost`](Quota::max_cost)); for a
+    /// tiered limit, the most units asked for.
     pub cost: u64,
+    /// For a tiered limit, the fewest units acceptable (`min_cost..=cost`); GCRA ignores it.
+    pub min_cost: u64,
     /// How this transaction takes part in the batch.
     pub mode: Mode,
 }
@@ -59,6 +63,9 @@ pub enum BackendError {
     /// The algorithm refused the input.
     #[error(transparent)]
     Gcra(#[from] GcraError),
+    /// The tiered algorithm refused the request (a range it cannot grant).
+    #[error(transparent)]
+    Tiers(#[from] TierRequestError),
 }
 
 /// Whether a batch is allowed: every transaction that counts was allowed.

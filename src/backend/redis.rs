@@ -71,10 +71,12 @@ use super::{Backend, BackendError, BucketTx, batch_allowed};
 use crate::decision::{Mode, Outcome};
 use crate::gcra::{self, GcraError};
 use crate::key::BucketKey;
+use crate::limit::Quota;
+use crate::tiers::{MAX_TIERS, TierGrant, TierRequestError};
 use crate::time::{Clock, SystemClock};
 
-/// The script, as run by `EVALSHA`.
-pub const GCRA_SCRIPT: &str = include_str!("gcra.lua");
+/// The script (GCRA and burst tiers), as run by `EVALSHA`.
+pub const SCRIPT: &str = include_str!("ratelimit.lua");
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "rl:";
@@ -306,11 +308,8 @@ impl RedisBackendBuilder {
             let client = conn
                 .client(0)
                 .map_err(|e| RedisSetupError::Connect(e.to_string()))?;
-            match tokio::time::timeout(
-                connect_timeout,
-                client.script_load::<String, _>(GCRA_SCRIPT),
-            )
-            .await
+            match tokio::time::timeout(connect_timeout, client.script_load::<String, _>(SCRIPT))
+                .await
             {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(RedisSetupError::Connect(e.to_string())),
@@ -330,7 +329,7 @@ impl RedisBackendBuilder {
                 local,
                 clustered,
                 timeout,
-                sha: fred::util::sha1_hash(GCRA_SCRIPT),
+                sha: fred::util::sha1_hash(SCRIPT),
                 cache: self
                     .deny_cache
                     .then(|| DenyCache::new(self.deny_cache_capacity)),
@@ -424,8 +423,19 @@ struct ScriptReply {
     outcomes: Vec<Outcome>,
     /// TAT stored after the script, per key (0: none).
     tats: Vec<u64>,
+    /// Per tiered key, when asked for: its value before and after, and the milliseconds the
+    /// value before had to live.
+    raws: Vec<Option<RawChange>>,
     /// The script's now.
     now: u64,
+}
+
+/// A tiered key's value before and after a spend, to undo it.
+#[derive(Clone)]
+struct RawChange {
+    before: Value,
+    after: Value,
+    ttl_ms: i64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -442,6 +452,10 @@ impl Op {
         }
     }
 }
+
+/// The suffix of a tiered key's Redis key (after the hash tag, so it stays in the same slot):
+/// a name switched between GCRA and tiers never reads the other algorithm's state.
+const TIERS_SUFFIX: &str = ":t";
 
 fn mode_code(mode: Mode) -> i64 {
     match mode {
@@ -547,6 +561,14 @@ impl RedisBackend {
         redis_key(&self.inner.prefix, key)
     }
 
+    /// The Redis key of a tiered key's state: [`redis_key`](Self::redis_key) followed by `:t`
+    /// (same slot; a name switched between GCRA and tiers never reads the other's state).
+    pub fn redis_tier_key(&self, key: &BucketKey) -> String {
+        let mut k = redis_key(&self.inner.prefix, key);
+        k.push_str(TIERS_SUFFIX);
+        k
+    }
+
     fn now_arg(&self) -> Result<(i64, u64), BackendError> {
         let local = self.inner.local.now_us();
         if !self.inner.caller_time {
@@ -623,9 +645,10 @@ impl RedisBackend {
         batch: &[BucketTx<'_>],
         keys: &[Key],
         (slot, group): &(u16, Vec<usize>),
+        want_raw: bool,
     ) -> Result<ScriptReply, BackendError> {
         let slot = *slot;
-        let mut args = Vec::with_capacity(3 + group.len() * 5);
+        let mut args = Vec::with_capacity(4 + group.len() * 6);
         args.push(Value::from(op.name()));
         args.push(Value::Integer(now));
         args.push(Value::Integer(if self.inner.caller_time {
@@ -633,14 +656,33 @@ impl RedisBackend {
         } else {
             -1
         }));
+        args.push(Value::Integer(i64::from(want_raw)));
         let mut script_keys = Vec::with_capacity(group.len());
         for &i in group {
             let tx = &batch[i];
-            args.push(int(tx.limit.emission_interval_us()));
-            args.push(int(tx.limit.burst_offset_us()));
-            args.push(int(tx.limit.burst()));
-            args.push(int(tx.cost));
-            args.push(Value::Integer(mode_code(tx.mode)));
+            match tx.quota {
+                Quota::Gcra(limit) => {
+                    args.push(Value::Integer(0));
+                    args.push(int(limit.emission_interval_us()));
+                    args.push(int(limit.burst_offset_us()));
+                    args.push(int(limit.burst()));
+                    args.push(int(tx.cost));
+                    args.push(Value::Integer(mode_code(tx.mode)));
+                }
+                Quota::Tiered(limit) => {
+                    args.push(Value::Integer(1));
+                    args.push(Value::Integer(mode_code(tx.mode)));
+                    args.push(int(tx.min_cost));
+                    args.push(int(tx.cost));
+                    args.push(int(limit.tiers().len() as u64));
+                    for t in limit.tiers() {
+                        args.push(int(t.limit()));
+                        args.push(int(t.window_us()));
+                        args.push(int(t.active_us()));
+                        args.push(int(t.cooldown_us()));
+                    }
+                }
+            }
             script_keys.push(keys[i].clone());
         }
         let sha = self.inner.sha.as_str();
@@ -655,11 +697,7 @@ impl RedisBackend {
                         Err(e) if e.details().contains("NOSCRIPT") => {
                             tracing::debug!("Redis lost the rate-limit script; sending it again");
                             client
-                                .eval::<Value, _, _, _>(
-                                    GCRA_SCRIPT,
-                                    script_keys.clone(),
-                                    args.clone(),
-                                )
+                                .eval::<Value, _, _, _>(SCRIPT, script_keys.clone(), args.clone())
                                 .await
                         }
                         other => other,
@@ -667,7 +705,7 @@ impl RedisBackend {
                 }
             })
             .await?;
-        decode(value, batch, group, keys)
+        decode(value, batch, group, keys, want_raw)
     }
 
     /// Runs `op` on every group (concurrently), returning replies in batch order.
@@ -680,12 +718,14 @@ impl RedisBackend {
         groups: &[(u16, Vec<usize>)],
     ) -> Vec<Result<ScriptReply, BackendError>> {
         if let [group] = groups {
-            return vec![self.run_script(op, now, batch, keys, group).await];
+            return vec![self.run_script(op, now, batch, keys, group, false).await];
         }
+        // Several slots: a spend may have to be undone, so tiered keys report their values.
+        let want_raw = op == Op::Spend && batch.iter().any(|tx| tx.quota.as_tiered().is_some());
         futures_util::future::join_all(
             groups
                 .iter()
-                .map(|g| self.run_script(op, now, batch, keys, g)),
+                .map(|g| self.run_script(op, now, batch, keys, g, want_raw)),
         )
         .await
     }
@@ -693,28 +733,99 @@ impl RedisBackend {
     fn keys(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Key>, BackendError> {
         batch
             .iter()
-            .map(|tx| {
-                if tx.cost > tx.limit.burst() {
-                    return Err(GcraError::CostAboveBurst {
-                        cost: tx.cost,
-                        burst: tx.limit.burst(),
+            .map(|tx| match tx.quota {
+                Quota::Gcra(limit) => {
+                    if tx.cost > limit.burst() {
+                        return Err(GcraError::CostAboveBurst {
+                            cost: tx.cost,
+                            burst: limit.burst(),
+                        }
+                        .into());
                     }
-                    .into());
+                    Ok(Key::from(self.redis_key(tx.key)))
                 }
-                Ok(Key::from(self.redis_key(tx.key)))
+                Quota::Tiered(limit) => {
+                    if tx.min_cost > tx.cost {
+                        return Err(TierRequestError::MinAboveMax {
+                            min: tx.min_cost,
+                            max: tx.cost,
+                        }
+                        .into());
+                    }
+                    if tx.min_cost > limit.capacity() {
+                        return Err(TierRequestError::MinAboveCapacity {
+                            min: tx.min_cost,
+                            capacity: limit.capacity(),
+                        }
+                        .into());
+                    }
+                    Ok(Key::from(self.redis_tier_key(tx.key)))
+                }
             })
             .collect()
     }
 
-    /// Gives back what allowed groups of a denied cluster batch spent.
-    async fn compensate(&self, batch: &[BucketTx<'_>], spent: &[usize]) {
-        let txs: Vec<BucketTx<'_>> = spent.iter().map(|&i| batch[i]).collect();
+    /// Gives back what allowed groups of a denied cluster batch spent: GCRA buckets by a
+    /// refund, tiered keys by putting back their value from before (when nobody wrote them
+    /// since), which also undoes the tiers the spend entered.
+    async fn compensate(
+        &self,
+        batch: &[BucketTx<'_>],
+        keys: &[Key],
+        spent: &[usize],
+        raws: &[Option<RawChange>],
+    ) {
+        let txs: Vec<BucketTx<'_>> = spent
+            .iter()
+            .filter(|&&i| batch[i].quota.as_gcra().is_some())
+            .map(|&i| batch[i])
+            .collect();
         if let Err(e) = self.refund_batch(&txs).await {
             tracing::error!(
                 error = %e,
                 "could not refund the allowed part of a denied cross-slot batch; \
                  it drains at the limits' rate"
             );
+        }
+        for &i in spent {
+            let Some(raw) = &raws[i] else { continue };
+            if raw.before == raw.after {
+                continue;
+            }
+            let slot = fred::util::redis_keyslot(keys[i].as_bytes());
+            let args: Vec<Value> = vec![
+                Value::from("restore"),
+                Value::Integer(-1),
+                Value::Integer(-1),
+                Value::Integer(0),
+                raw.after.clone(),
+                raw.before.clone(),
+                Value::Integer(raw.ttl_ms),
+            ];
+            let key = keys[i].clone();
+            let sha = self.inner.sha.as_str();
+            let result = self
+                .with_client(slot, |client| {
+                    let (key, args) = (key.clone(), args.clone());
+                    async move {
+                        match client
+                            .evalsha::<Value, _, _, _>(sha, key.clone(), args.clone())
+                            .await
+                        {
+                            Err(e) if e.details().contains("NOSCRIPT") => {
+                                client.eval::<Value, _, _, _>(SCRIPT, key, args).await
+                            }
+                            other => other,
+                        }
+                    }
+                })
+                .await;
+            if let Err(e) = result {
+                tracing::error!(
+                    error = %e,
+                    "could not undo the tiered part of a denied cross-slot batch"
+                );
+            }
         }
     }
 
@@ -769,10 +880,11 @@ fn decode(
     batch: &[BucketTx<'_>],
     group: &[usize],
     keys: &[Key],
+    want_raw: bool,
 ) -> Result<ScriptReply, BackendError> {
     let bad =
         |reason: String| BackendError::Unavailable(format!("unexpected script reply: {reason}"));
-    let Value::Array(items) = value else {
+    let Value::Array(mut items) = value else {
         return Err(bad(format!("{:?}", value.kind())));
     };
     if items.first().and_then(Value::as_i64) == Some(-1) {
@@ -797,7 +909,7 @@ fn decode(
         );
         return Err(BackendError::InvalidState { key, reason });
     }
-    if items.len() != group.len() * 5 + 1 {
+    if items.len() != group.len() + 1 {
         return Err(bad(format!(
             "{} values for {} keys",
             items.len(),
@@ -809,21 +921,60 @@ fn decode(
             .and_then(|n| u64::try_from(n).ok())
             .ok_or_else(|| bad(format!("{v:?} is not a non-negative integer")))
     };
+    let now = num(&items[group.len()])?;
     let mut outcomes = Vec::with_capacity(group.len());
     let mut tats = Vec::with_capacity(group.len());
-    for chunk in items[..group.len() * 5].chunks_exact(5) {
-        outcomes.push(Outcome::new(
-            num(&chunk[0])? == 1,
-            num(&chunk[1])?,
-            num(&chunk[2])?,
-            num(&chunk[3])?,
-        ));
-        tats.push(num(&chunk[4])?);
+    let mut raws = Vec::new();
+    for (&i, item) in group.iter().zip(items.iter_mut()) {
+        let Value::Array(fields) = item else {
+            return Err(bad(format!("{:?} for one key", item.kind())));
+        };
+        let tiers = batch[i].quota.as_tiered().map(|t| t.tiers().len());
+        let expected = match tiers {
+            None => 5,
+            Some(n) => 8 + n + if want_raw { 3 } else { 0 },
+        };
+        if fields.len() != expected {
+            return Err(bad(format!("{} values for one key", fields.len())));
+        }
+        let mut outcome = Outcome::new(
+            num(&fields[0])? == 1,
+            num(&fields[1])?,
+            num(&fields[2])?,
+            num(&fields[3])?,
+        );
+        tats.push(num(&fields[4])?);
+        if let Some(n) = tiers {
+            let mut grant = TierGrant {
+                granted: num(&fields[5])?,
+                tier_count: n as u8,
+                tier: u8::try_from(num(&fields[6])?).map_err(|_| bad("tier".into()))?,
+                burst: num(&fields[7])? == 1,
+                ..TierGrant::default()
+            };
+            for (j, u) in fields[8..8 + n.min(MAX_TIERS)].iter().enumerate() {
+                grant.units[j] = num(u)?;
+            }
+            outcome.tiers = Some(grant);
+            if want_raw {
+                let ttl_ms = fields[8 + n + 2].as_i64().unwrap_or(-1);
+                let after = std::mem::replace(&mut fields[8 + n + 1], Value::Null);
+                let before = std::mem::replace(&mut fields[8 + n], Value::Null);
+                raws.resize(outcomes.len(), None);
+                raws.push(Some(RawChange {
+                    before,
+                    after,
+                    ttl_ms,
+                }));
+            }
+        }
+        outcomes.push(outcome);
     }
-    let now = num(&items[group.len() * 5])?;
+    raws.resize(outcomes.len(), None);
     Ok(ScriptReply {
         outcomes,
         tats,
+        raws,
         now,
     })
 }
@@ -848,9 +999,13 @@ impl Backend for RedisBackend {
         let mut local_tats = vec![0u64; batch.len()];
         let mut group_allowed = Vec::with_capacity(groups.len());
         let mut first_error = None;
+        let mut raws: Vec<Option<RawChange>> = vec![None; batch.len()];
         for ((_, group), reply) in groups.iter().zip(replies) {
             match reply {
                 Ok(reply) => {
+                    for (&i, raw) in group.iter().zip(&reply.raws) {
+                        raws[i] = raw.clone();
+                    }
                     let allowed = group
                         .iter()
                         .zip(&reply.outcomes)
@@ -883,7 +1038,7 @@ impl Backend for RedisBackend {
                 .filter(|&i| batch[i].mode != Mode::CheckOnly && outcomes[i].allowed)
                 .collect();
             if !spent.is_empty() {
-                self.compensate(batch, &spent).await;
+                self.compensate(batch, &keys, &spent, &raws).await;
             }
         }
         if let Some(e) = first_error {
@@ -891,6 +1046,9 @@ impl Backend for RedisBackend {
         }
         if let Some(cache) = &self.inner.cache {
             for (i, tx) in batch.iter().enumerate() {
+                if tx.quota.as_tiered().is_some() {
+                    continue;
+                }
                 if all_allowed {
                     cache.refresh(tx.key, local_tats[i]);
                 } else if spent.contains(&i) {
@@ -923,7 +1081,15 @@ impl Backend for RedisBackend {
                 cache.forget(key);
             }
         }
-        let redis_keys: Vec<Key> = keys.iter().map(|k| Key::from(self.redis_key(k))).collect();
+        let redis_keys: Vec<Key> = keys
+            .iter()
+            .flat_map(|k| {
+                [
+                    Key::from(self.redis_key(k)),
+                    Key::from(self.redis_tier_key(k)),
+                ]
+            })
+            .collect();
         let groups = self.groups(&redis_keys);
         let dels = groups.iter().map(|(slot, g)| {
             let ks: Vec<Key> = g.iter().map(|&i| redis_keys[i].clone()).collect();
@@ -968,8 +1134,10 @@ impl DenyCache {
         }
         let mut outcomes = Vec::with_capacity(batch.len());
         for tx in batch {
+            // Only GCRA buckets are remembered: a batch with a tiered key goes to Redis.
+            let limit = tx.quota.as_gcra()?;
             let tat = *self.map.get(tx.key)?;
-            match gcra::check(&tx.limit, (tat != 0).then_some(tat), now, tx.cost) {
+            match gcra::check(limit, (tat != 0).then_some(tat), now, tx.cost) {
                 Ok(o) => outcomes.push(Outcome::from(o)),
                 Err(_) => return None,
             }

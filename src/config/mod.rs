@@ -9,7 +9,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::key::{BucketKey, Id, IdError, IdKind, NameId};
-use crate::limit::{Limit, LimitError};
+use crate::limit::{LimitError, Quota};
+use crate::tiers::TierError;
 use crate::time::DurationError;
 
 #[cfg(feature = "yaml")]
@@ -94,7 +95,26 @@ pub enum ConfigErrorKind {
     /// A limit that does not validate.
     #[error("invalid limit: {0}")]
     InvalidLimit(#[from] LimitError),
-    /// The configured cost of a request is larger than a burst it applies to.
+    /// Tiers that do not validate (the error names the tier and the field).
+    #[error("invalid tiers: {0}")]
+    InvalidTiers(#[from] TierError),
+    /// A tier field that is missing or does not parse.
+    #[error("tier {tier}: {field} {reason}")]
+    InvalidTier {
+        /// The tier, from 1.
+        tier: usize,
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Fields that cannot be given together (`tiers` with `burst`/`count`/`period`).
+    #[error(
+        "{0} and {1} cannot be given together: a limit is either GCRA (burst, count, period) or tiered (tiers)"
+    )]
+    ConflictingFields(&'static str, &'static str),
+    /// The configured cost of a request is larger than a burst (or, for tiers, the sum of the
+    /// tiers' limits) it applies to.
     #[error("cost {cost} exceeds the burst of {burst}: no request could ever be allowed")]
     CostAboveBurst {
         /// The cost.
@@ -198,7 +218,7 @@ struct NameEntry {
     name: Arc<str>,
     kind: IdKind,
     cost: u64,
-    default: Option<Limit>,
+    default: Option<Quota>,
 }
 
 /// A snapshot of every limit: names (interned), id kinds, default costs, defaults and overrides.
@@ -217,13 +237,13 @@ struct NameEntry {
 ///     .unwrap();
 /// let name = limits.name_id("ApiPerIp").unwrap();
 /// let key = limits.key(name, Id::new("10.0.0.2").unwrap());
-/// assert_eq!(limits.resolve(&key).unwrap().count(), 40);
+/// assert_eq!(limits.resolve(&key).unwrap().as_gcra().unwrap().count(), 40);
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
     names: Vec<NameEntry>,
     by_name: HashMap<Arc<str>, NameId>,
-    overrides: HashMap<BucketKey, Limit>,
+    overrides: HashMap<BucketKey, Quota>,
 }
 
 impl Limits {
@@ -253,8 +273,10 @@ impl Limits {
     }
 
     /// The default limit of a name (`None`: disabled unless overridden).
-    pub fn default_limit(&self, id: NameId) -> Option<Limit> {
-        self.names.get(id.0 as usize).and_then(|e| e.default)
+    pub fn default_limit(&self, id: NameId) -> Option<&Quota> {
+        self.names
+            .get(id.0 as usize)
+            .and_then(|e| e.default.as_ref())
     }
 
     /// Every name, in number order.
@@ -277,11 +299,11 @@ impl Limits {
 
     /// The limit that applies to a bucket: its override, else the name's default, else `None`
     /// (disabled).
-    pub fn resolve(&self, key: &BucketKey) -> Option<Limit> {
+    pub fn resolve(&self, key: &BucketKey) -> Option<&Quota> {
         if !self.overrides.is_empty()
             && let Some(l) = self.overrides.get(key)
         {
-            return Some(*l);
+            return Some(l);
         }
         self.default_limit(key.name())
     }
@@ -315,19 +337,20 @@ impl LimitsBuilder {
         self.error.get_or_insert(e);
     }
 
-    /// Defines `name` with ids of any kind and a default limit.
-    pub fn limit(self, name: &str, limit: Limit) -> Self {
-        self.define(name, IdKind::Any, 1, Some(limit))
+    /// Defines `name` with ids of any kind and a default limit (a [`Limit`] or a
+    /// [`TieredLimit`](crate::tiers::TieredLimit)).
+    pub fn limit(self, name: &str, limit: impl Into<Quota>) -> Self {
+        self.define(name, IdKind::Any, 1, Some(limit.into()))
     }
 
     /// Defines `name` with ids of `kind` and a default limit.
-    pub fn limit_for(self, name: &str, kind: IdKind, limit: Limit) -> Self {
-        self.define(name, kind, 1, Some(limit))
+    pub fn limit_for(self, name: &str, kind: IdKind, limit: impl Into<Quota>) -> Self {
+        self.define(name, kind, 1, Some(limit.into()))
     }
 
     /// Defines `name` in full: id kind, the cost of a request when a transaction sets none, and
     /// the default limit (`None`: the limit applies only to overridden ids).
-    pub fn define(mut self, name: &str, kind: IdKind, cost: u64, default: Option<Limit>) -> Self {
+    pub fn define(mut self, name: &str, kind: IdKind, cost: u64, default: Option<Quota>) -> Self {
         if let Err(e) = self.try_define(name, kind, cost, default) {
             self.fail(e.for_limit(name));
         }
@@ -339,7 +362,7 @@ impl LimitsBuilder {
         name: &str,
         kind: IdKind,
         cost: u64,
-        default: Option<Limit>,
+        default: Option<Quota>,
     ) -> Result<(), ConfigError> {
         check_name(name).map_err(ConfigError::new)?;
         if self.limits.by_name.contains_key(name) {
@@ -347,12 +370,12 @@ impl LimitsBuilder {
                 name.to_owned(),
             )));
         }
-        if let Some(l) = default
-            && cost > l.burst()
+        if let Some(l) = &default
+            && cost > l.max_cost()
         {
             return Err(ConfigError::new(ConfigErrorKind::CostAboveBurst {
                 cost,
-                burst: l.burst(),
+                burst: l.max_cost(),
             }));
         }
         let name: Arc<str> = Arc::from(name);
@@ -369,8 +392,8 @@ impl LimitsBuilder {
     }
 
     /// Overrides `name`'s limit for one id, given as text and checked against the name's kind.
-    pub fn override_for(mut self, name: &str, id: &str, limit: Limit) -> Self {
-        if let Err(e) = self.try_override(name, id, limit) {
+    pub fn override_for(mut self, name: &str, id: &str, limit: impl Into<Quota>) -> Self {
+        if let Err(e) = self.try_override(name, id, limit.into()) {
             self.fail(e.for_limit(name));
         }
         self
@@ -380,17 +403,17 @@ impl LimitsBuilder {
         &mut self,
         name: &str,
         id: &str,
-        limit: Limit,
+        limit: Quota,
     ) -> Result<(), ConfigError> {
         let number = self
             .limits
             .name_id(name)
             .ok_or_else(|| ConfigError::new(ConfigErrorKind::UnknownName(name.to_owned())))?;
         let entry = &self.limits.names[number.0 as usize];
-        if entry.cost > limit.burst() {
+        if entry.cost > limit.max_cost() {
             return Err(ConfigError::new(ConfigErrorKind::CostAboveBurst {
                 cost: entry.cost,
-                burst: limit.burst(),
+                burst: limit.max_cost(),
             }));
         }
         let parsed = entry.kind.parse(id).map_err(ConfigError::new)?;

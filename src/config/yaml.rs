@@ -11,7 +11,8 @@ use serde_saphyr::Spanned;
 
 use super::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, check_name};
 use crate::key::IdKind;
-use crate::limit::Limit;
+use crate::limit::{Limit, Quota};
+use crate::tiers::{Tier, TierError, TieredLimit};
 use crate::time::parse_duration_us;
 
 /// The largest configuration file accepted: 16 MiB.
@@ -192,6 +193,7 @@ struct Fields<'a> {
     burst: Option<&'a Node>,
     count: Option<&'a Node>,
     period: Option<&'a Node>,
+    tiers: Option<&'a Node>,
     kind: Option<&'a Node>,
     cost: Option<&'a Node>,
     ids: Option<&'a Node>,
@@ -218,6 +220,7 @@ fn fields<'a>(node: &'a Node, allowed: &[&'static str]) -> Result<Fields<'a>, Co
             "burst" => &mut f.burst,
             "count" => &mut f.count,
             "period" => &mut f.period,
+            "tiers" => &mut f.tiers,
             "kind" => &mut f.kind,
             "cost" => &mut f.cost,
             "ids" => &mut f.ids,
@@ -239,6 +242,127 @@ fn need<'a>(
     n: Option<&'a Node>,
 ) -> Result<&'a Node, ConfigError> {
     n.ok_or_else(|| err_at(ConfigErrorKind::MissingField(field), f.line))
+}
+
+/// A GCRA limit (`burst`, `count`, `period`) or burst tiers (`tiers`).
+fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
+    let Some(tiers) = f.tiers else {
+        return limit_of(f).map(Quota::from);
+    };
+    for (name, node) in [("burst", f.burst), ("count", f.count), ("period", f.period)] {
+        if let Some(n) = node {
+            return Err(err_at(
+                ConfigErrorKind::ConflictingFields("tiers", name),
+                n.line,
+            ));
+        }
+    }
+    tiers_of(tiers).map(Quota::from)
+}
+
+/// `tiers: [{limit, window, active, cooldown}, ...]`.
+fn tiers_of(node: &Node) -> Result<TieredLimit, ConfigError> {
+    let Value::Seq(items) = &node.value else {
+        return Err(wrong_shape(
+            "a list of tiers ({limit, window, active, cooldown})",
+            node,
+        ));
+    };
+    let mut tiers = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let number = i + 1;
+        let Value::Map(entries) = &item.value else {
+            return Err(wrong_shape(
+                "a tier: {limit, window, active, cooldown}",
+                item,
+            ));
+        };
+        let mut slots: [Option<&Node>; 4] = [None; 4];
+        const FIELDS: [&str; 4] = ["limit", "window", "active", "cooldown"];
+        for (k, v) in entries {
+            let key = as_str(k, "a tier field")?;
+            if key == "comment" {
+                continue;
+            }
+            let Some(at) = FIELDS.iter().position(|f| *f == key) else {
+                return Err(err_at(
+                    ConfigErrorKind::UnknownField(key.to_owned()),
+                    k.line,
+                ));
+            };
+            if slots[at].replace(v).is_some() {
+                return Err(err_at(
+                    ConfigErrorKind::DuplicateField(key.to_owned()),
+                    k.line,
+                ));
+            }
+        }
+        let bad = |field: &'static str, reason: String, line: u64| {
+            err_at(
+                ConfigErrorKind::InvalidTier {
+                    tier: number,
+                    field,
+                    reason,
+                },
+                line,
+            )
+        };
+        let get =
+            |at: usize| slots[at].ok_or_else(|| bad(FIELDS[at], "is missing".into(), item.line));
+        let limit_node = get(0)?;
+        let limit = match &limit_node.value {
+            Value::Int(v) => u64::try_from(*v).map_err(|_| {
+                bad(
+                    "limit",
+                    format!("must be a whole number of at least 0, found {v}"),
+                    limit_node.line,
+                )
+            })?,
+            other => {
+                return Err(bad(
+                    "limit",
+                    format!(
+                        "must be a whole number of at least 0, found {}",
+                        other.describe()
+                    ),
+                    limit_node.line,
+                ));
+            }
+        };
+        let mut durations = [0u64; 3];
+        for (j, slot) in durations.iter_mut().enumerate() {
+            let field = FIELDS[j + 1];
+            let n = get(j + 1)?;
+            *slot = match &n.value {
+                Value::Int(0) => 0,
+                Value::Str(text) => parse_duration_us(text)
+                    .map_err(|e| bad(field, format!("is not a duration: {e}"), n.line))?,
+                other => {
+                    return Err(bad(
+                        field,
+                        format!(
+                            "must be a duration such as 1s or 15m, found {}",
+                            other.describe()
+                        ),
+                        n.line,
+                    ));
+                }
+            };
+        }
+        tiers.push((
+            item.line,
+            Tier::from_micros(limit, durations[0], durations[1], durations[2]),
+        ));
+    }
+    TieredLimit::new(tiers.iter().map(|&(_, t)| t)).map_err(|e| {
+        let line = match &e {
+            TierError::Zero { tier, .. } | TierError::TooLarge { tier, .. } => {
+                tiers.get(tier - 1).map_or(node.line, |&(l, _)| l)
+            }
+            _ => node.line,
+        };
+        err_at(e.into(), line)
+    })
 }
 
 fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {
@@ -307,9 +431,14 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
     for (k, v) in entries {
         let name = as_str(k, "a limit name")?;
         let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
-        let f =
-            fields(v, &["burst", "count", "period", "kind", "cost", "comment"]).map_err(located)?;
-        let limit = limit_of(&f).map_err(located)?;
+        let f = fields(
+            v,
+            &[
+                "burst", "count", "period", "tiers", "kind", "cost", "comment",
+            ],
+        )
+        .map_err(located)?;
+        let limit = quota_of(&f).map_err(located)?;
         let kind = match f.kind {
             None => IdKind::Any,
             Some(n) => as_str(n, "an id kind")?
@@ -349,9 +478,9 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                 };
                 let name = as_str(k, "a limit name")?;
                 let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
-                let f =
-                    fields(v, &["burst", "count", "period", "ids", "comment"]).map_err(located)?;
-                let limit = limit_of(&f).map_err(located)?;
+                let f = fields(v, &["burst", "count", "period", "tiers", "ids", "comment"])
+                    .map_err(located)?;
+                let limit = quota_of(&f).map_err(located)?;
                 let ids_node = f
                     .ids
                     .ok_or_else(|| located(err_at(ConfigErrorKind::MissingField("ids"), f.line)))?;
@@ -370,7 +499,7 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                 for id in ids {
                     let (text, line) = id_text(id).map_err(located)?;
                     builder
-                        .try_override(name, &text, limit)
+                        .try_override(name, &text, limit.clone())
                         .map_err(|e| e.for_limit(name).at_line(line))?;
                 }
             }
@@ -390,8 +519,9 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                     ));
                 };
                 let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
-                let f = fields(v, &["burst", "count", "period", "comment"]).map_err(located)?;
-                let limit = limit_of(&f).map_err(located)?;
+                let f = fields(v, &["burst", "count", "period", "tiers", "comment"])
+                    .map_err(located)?;
+                let limit = quota_of(&f).map_err(located)?;
                 builder.try_override(name, id, limit).map_err(located)?;
             }
             Ok(())

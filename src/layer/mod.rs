@@ -184,8 +184,8 @@ impl Shared {
     /// The precomputed `RateLimit-Policy` of a decision's limit, when it is its default.
     pub(crate) fn cached_policy(&self, d: &crate::decision::Decision) -> Option<http::HeaderValue> {
         let rule = self.rules.iter().find(|r| r.name == d.key.name())?;
-        match (&rule.policy, d.limit) {
-            (Some((l, v)), Some(dl)) if *l == dl => Some(v.clone()),
+        match (&rule.policy, &d.limit) {
+            (Some((l, v)), Some(crate::limit::Quota::Gcra(dl))) if l == dl => Some(v.clone()),
             _ => None,
         }
     }
@@ -272,6 +272,7 @@ impl RateLimitLayerBuilder {
             let kind = limits.id_kind(name).unwrap_or_default();
             let policy = limits
                 .default_limit(name)
+                .and_then(|q| q.as_gcra().copied())
                 .map(|l| (l, response::policy_value(&rule.name, &l)));
             rules.push(ResolvedRule {
                 name,

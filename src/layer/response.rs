@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+
+use crate::limit::Quota;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, Response, StatusCode};
 
@@ -68,6 +70,13 @@ pub fn policy_value(name: &str, limit: &crate::limit::Limit) -> HeaderValue {
     sf_item(name, b'q', limit.burst(), b'w', window)
 }
 
+/// The `RateLimit-Policy` value of a tiered limit's serving tier: `q` is the tier's limit and
+/// `w` its window in seconds (rounded up).
+pub fn tier_policy_value(name: &str, tier: &crate::tiers::Tier) -> HeaderValue {
+    let window = ceil_secs(Duration::from_micros(tier.window_us()));
+    sf_item(name, b'q', tier.limit(), b'w', window)
+}
+
 /// The `RateLimit` value of a decision: `r` is the tokens left and `t` the seconds until the
 /// bucket is full again (rounded up).
 pub fn state_value(decision: &Decision) -> HeaderValue {
@@ -89,12 +98,24 @@ pub(crate) fn insert_ratelimit_headers(
     policy: Option<HeaderValue>,
     legacy: bool,
 ) {
-    let Some(limit) = decision.limit else { return };
-    let policy = policy.unwrap_or_else(|| policy_value(&decision.name, &limit));
+    let Some(limit) = &decision.limit else { return };
+    let (quota, policy) = match limit {
+        Quota::Gcra(l) => (
+            l.burst(),
+            policy.unwrap_or_else(|| policy_value(&decision.name, l)),
+        ),
+        Quota::Tiered(t) => {
+            let number = decision.tiers.map_or(1, |g| usize::from(g.tier));
+            let Some(tier) = t.tier(number).or(t.tiers().first()) else {
+                return;
+            };
+            (tier.limit(), tier_policy_value(&decision.name, tier))
+        }
+    };
     headers.insert(RATELIMIT_POLICY.clone(), policy);
     headers.insert(RATELIMIT.clone(), state_value(decision));
     if legacy {
-        headers.insert(X_RATELIMIT_LIMIT.clone(), number(limit.burst()));
+        headers.insert(X_RATELIMIT_LIMIT.clone(), number(quota));
         headers.insert(X_RATELIMIT_REMAINING.clone(), number(decision.remaining));
         headers.insert(
             X_RATELIMIT_RESET.clone(),
@@ -137,18 +158,27 @@ impl Denial<'_> {
     }
 
     /// The default JSON body:
-    /// `{"errors":[{"code":"TOOMANYREQUESTS","message":"too many requests","detail":{"limiter":..,"entity":..,"retry_after_ms":..}}]}`.
+    /// `{"errors":[{"code":"TOOMANYREQUESTS","message":"too many requests","detail":{"limiter":..,"entity":..,"retry_after_ms":..}}]}`;
+    /// for a tiered limit `detail` also has `"tier"`: the tier (from 1) that refused.
     pub fn json_body(&self) -> Bytes {
         let (limiter, entity) = self
             .decision()
             .map(|d| (d.name.to_string(), d.key.id().to_string()))
             .unwrap_or_default();
         let retry_ms = self.retry_after().as_micros().div_ceil(1000);
+        let mut detail = serde_json::json!({
+            "limiter": limiter, "entity": entity, "retry_after_ms": retry_ms
+        });
+        if let Some(t) = self.decision().and_then(|d| d.tiers)
+            && let Some(map) = detail.as_object_mut()
+        {
+            map.insert("tier".into(), t.tier.into());
+        }
         let body = serde_json::json!({
             "errors": [{
                 "code": "TOOMANYREQUESTS",
                 "message": "too many requests",
-                "detail": {"limiter": limiter, "entity": entity, "retry_after_ms": retry_ms}
+                "detail": detail
             }]
         });
         Bytes::from(body.to_string())

@@ -16,7 +16,7 @@ use fred::prelude::{
     Client, ClientLike, Config, Error as FredError, LuaInterface, ServerConfig, Value,
 };
 
-use super::{GCRA_SCRIPT, RedisSetupError, configured_builder};
+use super::{RedisSetupError, SCRIPT, configured_builder};
 use crate::backend::BackendError;
 
 const SLOTS: usize = 16_384;
@@ -142,8 +142,7 @@ impl ClusterRouter {
     pub(super) async fn load_script(&self, deadline: Duration) -> Result<(), RedisSetupError> {
         let topology = read_lock(&self.inner.topology).clone();
         for (host, port, client) in &topology.nodes {
-            match tokio::time::timeout(deadline, client.script_load::<String, _>(GCRA_SCRIPT)).await
-            {
+            match tokio::time::timeout(deadline, client.script_load::<String, _>(SCRIPT)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
                     return Err(RedisSetupError::Connect(format!("{host}:{port}: {e}")));

@@ -1,0 +1,539 @@
+-- tower-ratelimits: a batch of buckets in one slot, decided and written atomically.
+-- GCRA buckets mirror src/gcra.rs, tiered keys mirror src/tiers.rs. Every value is an
+-- integer number of microseconds (or units) below 2^53, so Lua's doubles hold them exactly.
+--
+-- KEYS[i]   the keys (one slot).
+-- ARGV[1]   'spend', 'refund' or 'restore'.
+-- ARGV[2]   now in microseconds, or -1 to read the server's clock (TIME).
+-- ARGV[3]   -1: expire keys when their state equals a fresh one, on the server's clock (PXAT);
+--           m >= 0: that long after now plus m milliseconds (PX), for caller time, which the
+--           server's clock cannot follow.
+-- ARGV[4]   1: return, for tiered keys, the value before and after (to undo a spend of a
+--           denied cross-slot batch with 'restore'); 0: do not.
+-- then, per key, a record:
+--   GCRA    0, emission interval, burst offset, burst, cost, mode
+--   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
+--   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
+--           and the milliseconds the value before had to live (-1: none)
+--   (mode 0 check-and-spend, 1 check-only, 2 spend-only)
+--
+-- Returns, per key, a list: allowed (0/1), remaining, retry_after, reset_after, then for GCRA
+-- the TAT stored afterwards (0: none); for tiered keys 0, granted, the serving tier, burst (0/1),
+-- the units of each tier and, when ARGV[4] is 1, the value before, the value after and the
+-- milliseconds the value before had to live. After the lists: now. A key holding something
+-- that is not a valid state returns {-1, index, reason} and changes nothing.
+--
+-- A tiered state is one MessagePack array: {1, base, n, then per tier: entry - base (-1: none),
+-- grant count k, then k pairs (time - base, units)}.
+
+local LIMIT = 4503599627370496 -- 2^52: stored times and now stay below it
+
+local op = ARGV[1]
+local now = tonumber(ARGV[2])
+local margin = tonumber(ARGV[3])
+local want_raw = ARGV[4] == '1'
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local n = #KEYS
+
+local function expire_args(at)
+  if margin < 0 then
+    return 'PXAT', string.format('%.0f', math.floor((at + 999) / 1000))
+  end
+  return 'PX', string.format('%.0f', math.floor((at - now + 999) / 1000) + margin)
+end
+
+if op == 'restore' then
+  for i = 1, n do
+    local b = 4 + (i - 1) * 3
+    local written, before, ttl = ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
+    local cur = redis.pcall('GET', KEYS[i])
+    if cur == written then
+      if before == '' then
+        redis.call('DEL', KEYS[i])
+      elseif ttl > 0 then
+        redis.call('SET', KEYS[i], before, 'PX', string.format('%.0f', ttl))
+      else
+        redis.call('SET', KEYS[i], before)
+      end
+    end
+  end
+  return {now}
+end
+
+-- Parse the records.
+local rec = {}
+local a = 5
+for i = 1, n do
+  local kind = tonumber(ARGV[a])
+  if kind == 0 then
+    rec[i] = {kind = 0, ei = tonumber(ARGV[a + 1]), bo = tonumber(ARGV[a + 2]),
+      burst = tonumber(ARGV[a + 3]), cost = tonumber(ARGV[a + 4]), mode = tonumber(ARGV[a + 5])}
+    a = a + 6
+  else
+    local r = {kind = 1, mode = tonumber(ARGV[a + 1]), min = tonumber(ARGV[a + 2]),
+      max = tonumber(ARGV[a + 3]), n = tonumber(ARGV[a + 4]), L = {}, W = {}, A = {}, C = {}}
+    a = a + 5
+    for j = 1, r.n do
+      r.L[j], r.W[j], r.A[j], r.C[j] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]),
+        tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+      a = a + 4
+    end
+    rec[i] = r
+  end
+end
+
+-- Read every key before deciding anything.
+local function int_ok(v, lo)
+  return type(v) == 'number' and v == math.floor(v) and v >= lo and v < LIMIT
+end
+
+-- A tiered state: entry[j] (or nil), lt[j] / lc[j] the grants' times and units, for the
+-- configured tiers (stored tiers beyond them are ignored, missing ones are empty).
+local function decode_tiers(raw, r)
+  local ok, v = pcall(cmsgpack.unpack, raw)
+  if not ok or type(v) ~= 'table' or v[1] ~= 1 then
+    return nil, 'the stored value is not a tier state'
+  end
+  local base, cnt = v[2], v[3]
+  if not int_ok(base, 0) or not int_ok(cnt, 0) or cnt > 64 then
+    return nil, 'the stored tier state is out of range'
+  end
+  local s = {entry = {}, lt = {}, lc = {}}
+  local p = 4
+  for j = 1, cnt do
+    local e, k = v[p], v[p + 1]
+    if not int_ok(e, -1) or not int_ok(k, 0) then
+      return nil, 'the stored tier state is malformed'
+    end
+    p = p + 2
+    local lt, lc = {}, {}
+    for g = 1, k do
+      local t, c = v[p], v[p + 1]
+      if not int_ok(t, 0) or not int_ok(c, 1) or base + t >= LIMIT then
+        return nil, 'the stored tier state has a malformed grant'
+      end
+      lt[g], lc[g] = base + t, c
+      p = p + 2
+    end
+    if j <= r.n then
+      if e >= 0 then s.entry[j] = base + e end
+      s.lt[j], s.lc[j] = lt, lc
+    end
+  end
+  for j = 1, r.n do
+    if not s.lt[j] then s.lt[j], s.lc[j] = {}, {} end
+  end
+  return s
+end
+
+local stored = {}
+local raws = {}
+local ttls = {}
+for i = 1, n do
+  local raw = redis.pcall('GET', KEYS[i])
+  if type(raw) == 'table' then
+    return {-1, i, 'the key holds a value that is not a string'}
+  end
+  local r = rec[i]
+  if r.kind == 0 then
+    if raw == false then
+      stored[i] = 0
+    else
+      if #raw > 16 or not string.match(raw, '^%d+$') then
+        return {-1, i, 'the stored value is not a TAT in microseconds'}
+      end
+      local v = tonumber(raw)
+      if v >= LIMIT then
+        return {-1, i, 'the stored TAT is out of range'}
+      end
+      stored[i] = v
+    end
+  else
+    if raw == false then
+      stored[i] = {entry = {}, lt = {}, lc = {}}
+      for j = 1, r.n do stored[i].lt[j], stored[i].lc[j] = {}, {} end
+      raws[i] = ''
+    else
+      local s, reason = decode_tiers(raw, r)
+      if not s then return {-1, i, reason} end
+      stored[i] = s
+      raws[i] = raw
+    end
+  end
+end
+
+-- GCRA ---------------------------------------------------------------------------------------
+
+-- floor(v / ei) for v >= 0, corrected for the rounding of the division.
+local function tokens(v, ei)
+  if v <= 0 then return 0 end
+  local q = math.floor(v / ei)
+  if q * ei > v then
+    q = q - 1
+  elseif (q + 1) * ei <= v then
+    q = q + 1
+  end
+  return q
+end
+
+local function write_tat(key, tat)
+  if tat <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, string.format('%.0f', tat), expire_args(tat))
+  end
+end
+
+-- Burst tiers ---------------------------------------------------------------------------------
+
+-- 0 inactive, 1 active, 2 cooldown
+local function phase(r, j, e, t)
+  if e == nil then return 0 end
+  local ae = e + r.A[j]
+  if t > ae + r.C[j] then return 0 end
+  if t <= ae then return 1 end
+  return 2
+end
+
+local function sum_since(lt, lc, start)
+  local u = 0
+  for g = #lt, 1, -1 do
+    if lt[g] < start then break end
+    u = u + lc[g]
+  end
+  return u
+end
+
+local function used(r, s, j, t, ph)
+  local start = t - r.W[j]
+  if j > 1 then
+    local e = s.entry[j]
+    if ph == 0 or e == nil then return 0 end
+    if e > start then start = e end
+  end
+  return sum_since(s.lt[j], s.lc[j], start)
+end
+
+local function current(r, s, t)
+  for j = r.n, 1, -1 do
+    if phase(r, j, s.entry[j], t) == 1 then return j end
+  end
+  return 1
+end
+
+-- The plan for min..max units: units per tier, tiers to enter, the last tier visited.
+local function plan(r, s, t, min, max)
+  local cur = current(r, s, t)
+  local want, need = max, min
+  local p = {units = {}, enter = {}, last = nil, allowed = false, cur = cur}
+  for j = 1, r.n do p.units[j] = 0 end
+  for j = cur, r.n do
+    if want == 0 then break end
+    local ph = phase(r, j, s.entry[j], t)
+    if ph == 2 then break end
+    local free = r.L[j] - used(r, s, j, t, ph)
+    if free < 0 then free = 0 end
+    local d = math.min(free, want)
+    p.units[j] = d
+    p.last = j
+    if ph == 0 then p.enter[j] = true end
+    want = want - d
+    need = need - d
+  end
+  p.allowed = need <= 0
+  return p
+end
+
+-- The first instant at which the state (with plan p recorded at now) equals a fresh one.
+local function fresh_at(r, s, p)
+  local at = 0
+  for j = 1, r.n do
+    local e = s.entry[j]
+    if p and p.enter[j] then e = now end
+    if e ~= nil then at = math.max(at, e + r.A[j] + r.C[j] + 1) end
+  end
+  local lt = s.lt[1]
+  local last = lt[#lt]
+  if p and p.units[1] > 0 then last = now end
+  if last ~= nil then at = math.max(at, last + r.W[1] + 1) end
+  return at
+end
+
+-- The exact wait until `need` units would be granted (see tiers.rs: retry_after).
+local function retry_after(r, s, need)
+  local events = {}
+  for j = 1, r.n do
+    local lt = s.lt[j]
+    for g = 1, #lt do
+      local ev = lt[g] + r.W[j] + 1
+      if ev > now then events[#events + 1] = ev end
+    end
+    local e = s.entry[j]
+    if e ~= nil then
+      local ae = e + r.A[j] + 1
+      if ae > now then events[#events + 1] = ae end
+      if ae + r.C[j] > now then events[#events + 1] = ae + r.C[j] end
+    end
+  end
+  table.sort(events)
+  local first, dropped, total = {}, {}, {}
+  for j = 1, r.n do
+    first[j], dropped[j], total[j] = 1, 0, 0
+    for g = 1, #s.lc[j] do total[j] = total[j] + s.lc[j][g] end
+  end
+  local prev = -1
+  for _, at in ipairs(events) do
+    if at ~= prev then
+      prev = at
+      local cur = current(r, s, at)
+      local left = need
+      for j = cur, r.n do
+        local ph = phase(r, j, s.entry[j], at)
+        if ph == 2 then break end
+        local u = 0
+        if not (j > 1 and ph == 0) then
+          local start = at - r.W[j]
+          local e = s.entry[j]
+          if j > 1 and e ~= nil and e > start then start = e end
+          local lt, lc = s.lt[j], s.lc[j]
+          while first[j] <= #lt and lt[first[j]] < start do
+            dropped[j] = dropped[j] + lc[first[j]]
+            first[j] = first[j] + 1
+          end
+          u = total[j] - dropped[j]
+        end
+        local free = r.L[j] - u
+        if free > 0 then left = left - free end
+        if left <= 0 then return at - now end
+      end
+    end
+  end
+  local f = fresh_at(r, s, nil) - now
+  if f < 0 then f = 0 end
+  return f
+end
+
+-- Drops what can no longer count (see tiers.rs: normalize).
+local function normalize(r, s)
+  for j = 1, r.n do
+    if phase(r, j, s.entry[j], now) == 0 then
+      s.entry[j] = nil
+      if j > 1 then s.lt[j], s.lc[j] = {}, {} end
+    end
+    local start = now - r.W[j]
+    local e = s.entry[j]
+    if j > 1 and e ~= nil and e > start then start = e end
+    local lt, lc = s.lt[j], s.lc[j]
+    local keep = 1
+    while keep <= #lt and lt[keep] < start do keep = keep + 1 end
+    if keep > 1 then
+      local nt, nc = {}, {}
+      for g = keep, #lt do nt[#nt + 1], nc[#nc + 1] = lt[g], lc[g] end
+      s.lt[j], s.lc[j] = nt, nc
+    end
+  end
+end
+
+local function apply(r, s, p)
+  for j = 1, r.n do
+    if p.enter[j] then
+      s.entry[j] = now
+      if j > 1 then s.lt[j], s.lc[j] = {}, {} end
+    end
+    local d = p.units[j]
+    if d > 0 then
+      local lt, lc = s.lt[j], s.lc[j]
+      if lt[#lt] == now then
+        lc[#lc] = lc[#lc] + d
+      else
+        lt[#lt + 1], lc[#lc + 1] = now, d
+      end
+    end
+  end
+  normalize(r, s)
+end
+
+-- Writes a tiered state (deleting it when it equals a fresh one); returns the value written.
+local function write_tiers(key, r, s)
+  local at = fresh_at(r, s, nil)
+  if at <= now then
+    redis.call('DEL', key)
+    return ''
+  end
+  local base = nil
+  for j = 1, r.n do
+    local e = s.entry[j]
+    if e ~= nil and (base == nil or e < base) then base = e end
+    local t = s.lt[j][1]
+    if t ~= nil and (base == nil or t < base) then base = t end
+  end
+  if base == nil then base = now end
+  local v = {1, base, r.n}
+  for j = 1, r.n do
+    local e = s.entry[j]
+    v[#v + 1] = e and (e - base) or -1
+    local lt, lc = s.lt[j], s.lc[j]
+    v[#v + 1] = #lt
+    for g = 1, #lt do
+      v[#v + 1] = lt[g] - base
+      v[#v + 1] = lc[g]
+    end
+  end
+  local raw = cmsgpack.pack(v)
+  redis.call('SET', key, raw, expire_args(at))
+  return raw
+end
+
+local function tier_reply(r, allowed, remaining, retry, reset, granted, tier, burst, units)
+  local o = {allowed, remaining, retry, reset, 0, granted, tier, burst}
+  for j = 1, r.n do o[8 + j] = units[j] or 0 end
+  return o
+end
+
+local function decide_tiers(r, s)
+  local p = plan(r, s, now, r.min, r.max)
+  if not p.allowed then
+    local cur = p.cur
+    local rem = r.L[cur] - used(r, s, cur, now, phase(r, cur, s.entry[cur], now))
+    if rem < 0 then rem = 0 end
+    local reset = fresh_at(r, s, nil) - now
+    if reset < 0 then reset = 0 end
+    return tier_reply(r, 0, rem, retry_after(r, s, r.min), reset, 0, cur, 0, {}), p
+  end
+  local last = p.last or p.cur
+  local rem = r.L[last] - used(r, s, last, now, phase(r, last, s.entry[last], now)) - p.units[last]
+  if rem < 0 then rem = 0 end
+  local granted, burst = 0, 0
+  for j = 1, r.n do
+    granted = granted + p.units[j]
+    if j > p.cur and p.units[j] > 0 then burst = 1 end
+  end
+  local reset = fresh_at(r, s, p) - now
+  if reset < 0 then reset = 0 end
+  return tier_reply(r, 1, rem, 0, reset, granted, last, burst, p.units), p
+end
+
+-- Decide -------------------------------------------------------------------------------------
+
+local out = {}
+
+local function add_raw(i, before, after)
+  if want_raw then
+    local o = out[i]
+    o[#o + 1] = before
+    o[#o + 1] = after
+    o[#o + 1] = ttls[i] or -1
+  end
+end
+
+if op == 'spend' then
+  local batch_allowed = true
+  local writes = {}
+  local plans = {}
+  for i = 1, n do
+    local r = rec[i]
+    if r.kind == 0 then
+      local ei, bo, cost, mode = r.ei, r.bo, r.cost, r.mode
+      local tat = math.max(stored[i], now)
+      local incr = ei * cost
+      local new_tat = tat + incr
+      local difference = now - (new_tat - bo)
+      if difference < 0 then
+        out[i] = {0, tokens(now - (tat - bo), ei), -difference, tat - now, stored[i]}
+        if mode ~= 2 then batch_allowed = false end
+      else
+        local retry = 0
+        if difference < incr then retry = incr - difference end
+        out[i] = {1, tokens(difference, ei), retry, new_tat - now, stored[i]}
+        if mode ~= 1 and new_tat > now and new_tat ~= stored[i] then
+          writes[i] = new_tat
+        end
+      end
+    else
+      local o, p = decide_tiers(r, stored[i])
+      out[i] = o
+      if o[1] == 1 then
+        plans[i] = p
+      elseif r.mode ~= 2 then
+        batch_allowed = false
+      end
+    end
+  end
+  for i = 1, n do
+    local r = rec[i]
+    local after = raws[i]
+    if batch_allowed then
+      if r.kind == 0 and writes[i] then
+        write_tat(KEYS[i], writes[i])
+        out[i][5] = writes[i]
+      elseif r.kind == 1 and plans[i] and r.mode ~= 1 then
+        if want_raw then ttls[i] = redis.call('PTTL', KEYS[i]) end
+        apply(r, stored[i], plans[i])
+        after = write_tiers(KEYS[i], r, stored[i])
+      end
+    end
+    if r.kind == 1 then add_raw(i, raws[i], after) end
+  end
+elseif op == 'refund' then
+  for i = 1, n do
+    local r = rec[i]
+    if r.kind == 0 then
+      local ei, bo, burst, cost = r.ei, r.bo, r.burst, r.cost
+      local s = stored[i]
+      if s == 0 or s < now then
+        out[i] = {0, burst, 0, 0, s}
+      else
+        local new_tat = math.max(s - ei * cost, now)
+        out[i] = {(new_tat ~= s) and 1 or 0, tokens(now - (new_tat - bo), ei), 0, new_tat - now, s}
+        if new_tat ~= s then
+          write_tat(KEYS[i], new_tat)
+          out[i][5] = new_tat
+        end
+      end
+    else
+      local s = stored[i]
+      normalize(r, s)
+      local taken = {}
+      for j = 1, r.n do taken[j] = 0 end
+      local left = r.max
+      while left > 0 do
+        local best, best_t = nil, nil
+        for j = r.n, 1, -1 do
+          local lt = s.lt[j]
+          local t = lt[#lt]
+          if t ~= nil and (best_t == nil or t > best_t) then best, best_t = j, t end
+        end
+        if best == nil then break end
+        local lt, lc = s.lt[best], s.lc[best]
+        local d = math.min(lc[#lc], left)
+        lc[#lc] = lc[#lc] - d
+        if lc[#lc] == 0 then
+          lt[#lt] = nil
+          lc[#lc] = nil
+        end
+        taken[best] = taken[best] + d
+        left = left - d
+      end
+      local refunded = r.max - left
+      if refunded > 0 then write_tiers(KEYS[i], r, s) end
+      local cur = current(r, s, now)
+      local rem = r.L[cur] - used(r, s, cur, now, phase(r, cur, s.entry[cur], now))
+      if rem < 0 then rem = 0 end
+      local reset = fresh_at(r, s, nil) - now
+      if reset < 0 then reset = 0 end
+      out[i] = tier_reply(r, refunded > 0 and 1 or 0, rem, 0, reset, refunded, cur, 0, taken)
+    end
+  end
+else
+  return redis.error_reply('tower-ratelimits: unknown operation')
+end
+
+for i = 1, n do
+  if rec[i].kind == 0 and out[i][5] <= now then out[i][5] = 0 end
+end
+out[n + 1] = now
+return out
