@@ -58,19 +58,30 @@ Big:
   burst: 100
   count: 60
   period: 1m
+TierA:
+  tiers:
+    - {limit: 3, window: 1s, active: 1s, cooldown: 0s}
+    - {limit: 5, window: 2s, active: 1s, cooldown: 2s}
+TierB:
+  tiers:
+    - {limit: 2, window: 500ms, active: 2s, cooldown: 1s}
+    - {limit: 2, window: 1s, active: 1s, cooldown: 0s}
+    - {limit: 3, window: 3s, active: 2s, cooldown: 1s}
 ";
 
-/// The limits of the conformance traces: those of the worked-examples trace
-/// (`examples/traces/gcra-20-per-second.yaml`) plus `CONFORMANCE_LIMITS`.
+/// The limits of the conformance traces: those of the example traces
+/// (`examples/traces/gcra-20-per-second.yaml`, `examples/traces/burst-tiers.yaml`) plus
+/// `CONFORMANCE_LIMITS`.
 fn conformance_limits() -> Limits {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples/traces/gcra-20-per-second.yaml");
-    let examples = std::fs::read_to_string(path).unwrap();
-    Limits::from_yaml_str(&format!("{examples}\n{CONFORMANCE_LIMITS}"), None).unwrap()
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
+    let gcra = std::fs::read_to_string(dir.join("gcra-20-per-second.yaml")).unwrap();
+    let tiers = std::fs::read_to_string(dir.join("burst-tiers.yaml")).unwrap();
+    Limits::from_yaml_str(&format!("{gcra}\n{tiers}\n{CONFORMANCE_LIMITS}"), None).unwrap()
 }
 
-/// A deterministic pseudo-random trace: batches of 1 to 3 limits, all modes, costs from 0 to the
-/// burst, checks, refunds and resets, and time steps from 0 to 700 ms.
+/// A deterministic pseudo-random trace: batches of 1 to 3 limits (GCRA and tiered, mixed), all
+/// modes, costs from 0 to the burst (ranges for tiered limits), checks, refunds and resets, and
+/// time steps from 0 to 700 ms.
 fn random_trace(seed: u64, lines: usize) -> String {
     let mut state = seed
         .wrapping_mul(6364136223846793005)
@@ -81,7 +92,13 @@ fn random_trace(seed: u64, lines: usize) -> String {
             .wrapping_add(1442695040888963407);
         (state >> 33) % n
     };
-    let limits = [("Fast", 5u64), ("Slow", 3), ("Big", 100)];
+    let limits = [
+        ("Fast", 5u64),
+        ("TierA", 8),
+        ("Slow", 3),
+        ("TierB", 7),
+        ("Big", 100),
+    ];
     let ids = ["u1", "u2", "a{b}", "x%7By"];
     let mut t_ms = 0u64;
     let mut out = String::new();
@@ -94,10 +111,10 @@ fn random_trace(seed: u64, lines: usize) -> String {
             _ => "reset",
         };
         out.push_str(&format!("{t_ms}ms {op}"));
-        let first = next(3) as usize;
+        let first = next(limits.len() as u64) as usize;
         let count = 1 + next(3) as usize;
         for k in 0..count {
-            let (name, burst) = limits[(first + k) % 3];
+            let (name, burst) = limits[(first + k) % limits.len()];
             let id = ids[next(ids.len() as u64) as usize];
             let mode = if op == "spend" {
                 ["", "", "", "check-only:", "spend-only:"][next(5) as usize]
@@ -111,7 +128,12 @@ fn random_trace(seed: u64, lines: usize) -> String {
                     1 => burst,
                     _ => 1 + next(burst.min(4)),
                 };
-                out.push_str(&format!("*{cost}"));
+                if name.starts_with("Tier") && op != "refund" && next(2) == 0 {
+                    let max = cost + next(4);
+                    out.push_str(&format!("*{cost}..{max}"));
+                } else {
+                    out.push_str(&format!("*{cost}"));
+                }
             }
         }
         out.push('\n');
@@ -146,14 +168,14 @@ async fn simulate_redis(url: &str, trace: &str, cache: bool) -> String {
 }
 
 fn traces() -> Vec<(String, String)> {
-    let mut traces = vec![(
-        "gcra-worked-examples".to_owned(),
-        std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("examples/traces/gcra-worked-examples.trace"),
-        )
-        .unwrap(),
-    )];
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
+    let mut traces: Vec<(String, String)> = ["gcra-worked-examples", "burst-tiers-v1-v8"]
+        .iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(dir.join(format!("{name}.trace"))).unwrap();
+            ((*name).to_owned(), text)
+        })
+        .collect();
     for seed in 0..6 {
         traces.push((format!("random seed {seed}"), random_trace(seed, 250)));
     }

@@ -315,3 +315,86 @@ fn command_line_exit_codes() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--defaults is required"));
 }
+
+/// Every line of `examples/traces/burst-tiers-v1-v8.trace` ends with the spec's answer
+/// (`# G [units per tier]` or `# R`); the simulator's output must give exactly that answer.
+#[tokio::test]
+async fn the_burst_tier_examples_v1_to_v8() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
+    let limits = std::fs::read_to_string(dir.join("burst-tiers.yaml")).unwrap();
+    let trace = std::fs::read_to_string(dir.join("burst-tiers-v1-v8.trace")).unwrap();
+    let out = run(&limits, None, &trace).await.unwrap();
+    let mut checked = 0;
+    for line in &out {
+        let number = line["line"].as_u64().unwrap() as usize;
+        let text = trace.lines().nth(number - 1).unwrap();
+        let expected = text.split("# ").nth(1).unwrap().trim();
+        let d = &line["decisions"][0];
+        if expected == "R" {
+            assert_eq!(d["allowed"], false, "line {number}: {text}\n{line}");
+            assert_eq!(d["granted"], 0, "line {number}");
+        } else {
+            let units: Vec<u64> =
+                serde_json::from_str(expected.strip_prefix("G ").unwrap()).unwrap();
+            assert_eq!(d["allowed"], true, "line {number}: {text}\n{line}");
+            assert_eq!(
+                d["tiers"],
+                serde_json::json!(units),
+                "line {number}: {text}"
+            );
+            assert_eq!(d["granted"], units.iter().sum::<u64>(), "line {number}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 105);
+}
+
+#[tokio::test]
+async fn tiered_decisions_carry_granted_tiers_burst_and_tier() {
+    let limits = "\
+P:
+  tiers:
+    - {limit: 2, window: 1s, active: 1s, cooldown: 0s}
+    - {limit: 3, window: 1s, active: 1s, cooldown: 5s}
+";
+    let out = run(
+        limits,
+        None,
+        "0s spend P=a cost=1..4\n0s spend P=a*2\n0s spend P=a\n",
+    )
+    .await
+    .unwrap();
+    let d = &out[0]["decisions"][0];
+    assert_eq!(d["granted"], 4);
+    assert_eq!(d["tiers"], serde_json::json!([2, 2]));
+    assert_eq!(d["burst"], true);
+    assert_eq!(d["tier"], 2);
+    assert_eq!(d["remaining"], 1);
+    let denied = &out[1]["decisions"][0];
+    assert_eq!(
+        (denied["allowed"].clone(), denied["tier"].clone()),
+        (false.into(), 2.into())
+    );
+    // Tier 2's active period ends at 1s + 1us; then tier 1 is full (until 1s + 1us too).
+    assert_eq!(denied["retry_after_us"], 1_000_001);
+    assert_eq!(out[2]["decisions"][0]["granted"], 1);
+    // GCRA decisions keep their fields (no tier fields).
+    let gcra = run(DEFAULTS, None, "0s spend NewFoosPerIPAddress=1.2.3.4\n")
+        .await
+        .unwrap();
+    assert!(gcra[0]["decisions"][0].get("granted").is_none());
+    // A range on a GCRA limit, an empty range and a malformed one are errors naming the line.
+    let e = run(
+        DEFAULTS,
+        None,
+        "0s spend NewFoosPerIPAddress=1.2.3.4 cost=1..2\n",
+    )
+    .await;
+    assert!(e.unwrap_err().contains("cost range needs a tiered limit"));
+    let e = run(limits, None, "0s spend P=a cost=3..2\n").await;
+    assert!(e.unwrap_err().contains("empty"));
+    let e = run(limits, None, "0s spend P=a cost=1..x\n").await;
+    assert!(e.unwrap_err().contains("malformed cost"));
+    let e = run(limits, None, "0s spend P=a cost=6..9\n").await;
+    assert!(e.unwrap_err().contains("exceeds"), "too large a minimum");
+}
