@@ -570,3 +570,110 @@ fn builder_reports_the_first_error() {
         .unwrap_err();
     assert!(matches!(err.kind(), ConfigErrorKind::UnknownName(_)));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Burst tiers in YAML.
+// ---------------------------------------------------------------------------------------------
+
+const TIERED: &str = "\
+ApiCallsPerAccount:
+  kind: account
+  tiers:
+    - {limit: 5, window: 1s, active: 1s, cooldown: 0s}
+    - {limit: 50, window: 5s, active: 5s, cooldown: 15s}
+";
+
+#[test]
+fn tiers_load_and_overrides_replace_them_for_an_id() {
+    let overrides = "\
+- ApiCallsPerAccount:
+    tiers:
+      - {limit: 10, window: 1s, active: 1s, cooldown: 0}
+    ids: [42]
+- ApiCallsPerAccount:
+    burst: 3
+    count: 3
+    period: 1s
+    ids: [43]
+";
+    let limits = Limits::from_yaml_str(TIERED, Some(overrides)).unwrap();
+    let name = limits.name_id("ApiCallsPerAccount").unwrap();
+    let quota = |id: &str| {
+        limits
+            .resolve(&limits.key(name, Id::new(id).unwrap()))
+            .unwrap()
+            .clone()
+    };
+    let default = quota("1");
+    let tiers = default.as_tiered().unwrap();
+    assert_eq!(tiers.tiers().len(), 2);
+    assert_eq!(tiers.tiers()[1].cooldown_us(), 15_000_000);
+    assert_eq!(tiers.capacity(), 55);
+    assert_eq!(quota("42").as_tiered().unwrap().capacity(), 10);
+    assert_eq!(quota("43").as_gcra().unwrap().burst(), 3);
+    // Every pattern file of the examples loads.
+    for file in ["simple", "penalty", "punishment", "batch"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("examples/config/tiers-{file}.yaml"));
+        Limits::from_yaml_files(&path, None).unwrap();
+    }
+}
+
+#[test]
+fn tier_errors_name_the_tier_the_field_and_the_line() {
+    let cases: &[(&str, &str, u64)] = &[
+        (
+            "A:\n  tiers:\n    - {limit: 5, window: 1s, active: 1s, cooldown: 0s}\n    - {limit: 5, active: 1s, cooldown: 0s}\n",
+            "tier 2: window is missing",
+            4,
+        ),
+        (
+            "A:\n  tiers:\n    - {limit: 5, window: 1s, active: 0s, cooldown: 0s}\n",
+            "tier 1: active must be greater than zero",
+            3,
+        ),
+        (
+            "A:\n  tiers:\n    - {limit: -1, window: 1s, active: 1s, cooldown: 0s}\n",
+            "tier 1: limit must be a whole number of at least 0, found -1",
+            3,
+        ),
+        (
+            "A:\n  tiers:\n    - {limit: 1, window: 1x, active: 1s, cooldown: 0s}\n",
+            "tier 1: window is not a duration",
+            3,
+        ),
+        (
+            "A:\n  tiers:\n    - {limit: 1, window: 1s, active: 1s, cooldown: 0s, burst: 3}\n",
+            "unknown field \"burst\"",
+            3,
+        ),
+        (
+            "A:\n  burst: 1\n  tiers:\n    - {limit: 1, window: 1s, active: 1s, cooldown: 0s}\n",
+            "tiers and burst cannot be given together",
+            2,
+        ),
+        ("A:\n  tiers: []\n", "at least one tier", 2),
+        (
+            "A:\n  tiers:\n    - {limit: 0, window: 1s, active: 1s, cooldown: 0s}\n",
+            "every tier has limit 0",
+            3,
+        ),
+        (
+            "A:\n  cost: 6\n  tiers:\n    - {limit: 5, window: 1s, active: 1s, cooldown: 0s}\n",
+            "cost 6 exceeds the burst of 5",
+            2,
+        ),
+        (
+            "A:\n  tiers:\n    - {limit: 1, window: 1s, active: 1s, cooldown: 200y}\n",
+            "tier 1: cooldown",
+            3,
+        ),
+    ];
+    for (text, message, line) in cases {
+        let err = Limits::from_yaml_str(text, None).unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.contains(message), "{text}\n-> {shown}");
+        assert!(shown.contains("limit A"), "{shown}");
+        assert_eq!(err.location().line, Some(*line), "{text}\n-> {shown}");
+    }
+}

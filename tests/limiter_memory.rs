@@ -407,3 +407,181 @@ proptest! {
         })?;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Burst tiers in memory.
+// ---------------------------------------------------------------------------------------------
+
+fn tiered_setup() -> (Limiter, MemoryBackend, ManualClock) {
+    use tower_ratelimits::tiers::{Tier, TieredLimit};
+    let s = Duration::from_secs;
+    let tiers = TieredLimit::new([
+        Tier::new(5, s(1), s(1), s(0)),
+        Tier::new(50, s(5), s(5), s(15)),
+    ])
+    .unwrap();
+    let limits = Limits::builder()
+        .limit("Penalty", tiers)
+        .limit("G", Limit::new(3, 3, s(1)).unwrap())
+        .build()
+        .unwrap();
+    let clock = ManualClock::new(T0);
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
+    (Limiter::new(limits, backend.clone()), backend, clock)
+}
+
+#[test]
+fn concurrent_tiered_requests_never_over_grant() {
+    let (limiter, backend, _clock) = tiered_setup();
+    let k = key(&limiter, "Penalty", "hot");
+    let granted = Arc::new(AtomicU64::new(0));
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            let (limiter, k, granted) = (limiter.clone(), k.clone(), granted.clone());
+            scope.spawn(move || {
+                for _ in 0..100 {
+                    let tx = Transaction::new(k.clone()).cost_range(1..=3);
+                    let d = limiter.try_spend_now(&[tx]).unwrap().unwrap();
+                    granted.fetch_add(d.decisions()[0].granted, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    // At one instant: 5 from tier 1 and 50 from tier 2, never more.
+    assert_eq!(granted.load(Ordering::Relaxed), 55);
+    let state = backend.tier_state(&k).unwrap();
+    let units: u64 = state
+        .tiers()
+        .iter()
+        .flat_map(|t| t.grants())
+        .map(|g| g.1)
+        .sum();
+    assert_eq!(units, 55);
+    // Same instant: one (t, units) pair per tier.
+    assert!(state.tiers().iter().all(|t| t.grants().len() == 1));
+}
+
+#[tokio::test]
+async fn mixed_batches_are_all_or_nothing() {
+    let (limiter, backend, _clock) = tiered_setup();
+    let t = key(&limiter, "Penalty", "a");
+    let g = key(&limiter, "G", "a");
+    // GCRA allows 3; the tiered limit allows 55 at once.
+    let ok = limiter
+        .spend(&[
+            Transaction::new(t.clone()).cost(5),
+            Transaction::new(g.clone()).cost(3),
+        ])
+        .await
+        .unwrap();
+    assert!(ok.allowed());
+    let before = backend.tier_state(&t).unwrap();
+    // The GCRA bucket is empty: the tiered part must not be written.
+    let denied = limiter
+        .spend(&[
+            Transaction::new(t.clone()).cost_range(1..=10),
+            Transaction::new(g.clone()),
+        ])
+        .await
+        .unwrap();
+    assert!(!denied.allowed());
+    assert!(denied.decisions()[0].allowed, "the tier alone would grant");
+    assert_eq!(backend.tier_state(&t).unwrap(), before);
+    // The tiered part denies (min above what is left): the GCRA bucket is untouched.
+    let tat = backend.tat(&g);
+    let denied = limiter
+        .spend(&[
+            Transaction::new(t.clone()).cost(51),
+            Transaction::new(g.clone()).cost(0),
+        ])
+        .await
+        .unwrap();
+    assert!(!denied.allowed());
+    assert_eq!(denied.strictest().unwrap().key, t);
+    assert_eq!(backend.tat(&g), tat);
+    assert_eq!(backend.tier_state(&t).unwrap(), before);
+    // Check-only writes nothing, even for a key never seen.
+    let fresh = key(&limiter, "Penalty", "never");
+    assert!(
+        limiter
+            .check(&[Transaction::new(fresh.clone())])
+            .await
+            .unwrap()
+            .allowed()
+    );
+    assert!(backend.tier_state(&fresh).is_none());
+}
+
+#[tokio::test]
+async fn tiered_state_is_swept_once_fresh_and_reset_clears_it() {
+    let (limiter, backend, clock) = tiered_setup();
+    let t = key(&limiter, "Penalty", "s");
+    let d = limiter
+        .spend(&[Transaction::new(t.clone()).cost(6)])
+        .await
+        .unwrap();
+    let d = &d.decisions()[0];
+    assert!(d.allowed && d.tiers.unwrap().burst);
+    // Tier 2 entered now: fresh again after 5 s + 15 s (+1us).
+    assert_eq!(d.reset_after, Duration::from_micros(20_000_001));
+    clock.advance(Duration::from_micros(20_000_000));
+    assert_eq!(backend.sweep(), 0);
+    clock.advance(Duration::from_micros(1));
+    assert_eq!(backend.sweep(), 1);
+    assert!(backend.is_empty());
+    limiter.spend(&[Transaction::new(t.clone())]).await.unwrap();
+    assert_eq!(backend.len(), 1);
+    limiter.reset(std::slice::from_ref(&t)).await.unwrap();
+    assert!(backend.tier_state(&t).is_none());
+    assert!(backend.is_empty());
+    // A refund of a tiered key takes back units.
+    limiter
+        .spend(&[Transaction::new(t.clone()).cost(5)])
+        .await
+        .unwrap();
+    let r = limiter
+        .refund(&[Transaction::new(t.clone()).cost(2)])
+        .await
+        .unwrap();
+    assert_eq!(r.decisions()[0].granted, 2);
+    assert_eq!(r.decisions()[0].remaining, 2);
+}
+
+#[tokio::test]
+async fn cost_ranges_are_checked() {
+    let (limiter, _backend, _clock) = tiered_setup();
+    let t = key(&limiter, "Penalty", "c");
+    let g = key(&limiter, "G", "c");
+    let e = limiter
+        .spend(&[Transaction::new(g).cost_range(1..=2)])
+        .await;
+    assert!(
+        matches!(e, Err(LimiterError::CostRangeOnGcra { .. })),
+        "{e:?}"
+    );
+    let e = limiter
+        .spend(&[Transaction::new(t.clone()).cost_range(3..=2)])
+        .await;
+    assert!(
+        matches!(e, Err(LimiterError::EmptyCostRange { .. })),
+        "{e:?}"
+    );
+    let e = limiter.spend(&[Transaction::new(t.clone()).cost(56)]).await;
+    assert!(
+        matches!(
+            e,
+            Err(LimiterError::CostAboveBurst {
+                cost: 56,
+                burst: 55,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    // A range may ask for more than the capacity; it gets what there is.
+    let d = limiter
+        .spend(&[Transaction::new(t).cost_range(1..=1000)])
+        .await
+        .unwrap();
+    assert_eq!(d.decisions()[0].granted, 55);
+}
