@@ -1036,3 +1036,189 @@ mod simulator {
         assert!(out.stdout.is_empty());
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Burst tiers on Redis.
+// ---------------------------------------------------------------------------------------------
+
+const TIER_LIMITS: &str = "\
+Penalty:
+  tiers:
+    - {limit: 5, window: 1s, active: 1s, cooldown: 0s}
+    - {limit: 50, window: 5s, active: 5s, cooldown: 15s}
+Short:
+  tiers:
+    - {limit: 1, window: 30ms, active: 30ms, cooldown: 0s}
+Hot:
+  tiers:
+    - {limit: 60, window: 1000h, active: 1000h, cooldown: 0s}
+    - {limit: 40, window: 1000h, active: 1000h, cooldown: 1000h}
+";
+
+async fn raw_bytes(backend: &RedisBackend, key: &str) -> Option<Vec<u8>> {
+    backend
+        .client_for_key(key)
+        .unwrap()
+        .get::<Option<Vec<u8>>, _>(key)
+        .await
+        .unwrap()
+}
+
+async fn server_time_us(backend: &RedisBackend, key: &str) -> u64 {
+    let t: Vec<String> = backend
+        .client_for_key(key)
+        .unwrap()
+        .custom(fred::cmd!("TIME"), Vec::<String>::new())
+        .await
+        .unwrap();
+    t[0].parse::<u64>().unwrap() * 1_000_000 + t[1].parse::<u64>().unwrap()
+}
+
+#[tokio::test]
+async fn a_tiered_key_is_one_value_unchanged_by_rejections_and_expires_when_fresh() {
+    let redis = TestRedis::single();
+    let backend = backend(&redis.url, &unique_prefix("tiers")).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(TIER_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let key = limiter.parse_key("Penalty", "acct").unwrap();
+    let redis_key = backend.redis_tier_key(&key);
+    let before_us = server_time_us(&backend, &redis_key).await;
+    let d = limiter
+        .spend(&[Transaction::new(key.clone()).cost(6)])
+        .await
+        .unwrap();
+    let after_us = server_time_us(&backend, &redis_key).await;
+    let d = &d.decisions()[0];
+    assert!(d.allowed && d.tiers.unwrap().burst);
+    let raw = raw_bytes(&backend, &redis_key).await.unwrap();
+    // Expiry: the moment the state equals a fresh one (tier 2's cooldown end), on the server.
+    let reset_us = d.reset_after.as_micros() as u64;
+    let expire_ms: i64 = backend
+        .client()
+        .custom(fred::cmd!("PEXPIRETIME"), vec![redis_key.clone()])
+        .await
+        .unwrap();
+    let expire_ms = expire_ms as u64;
+    assert!(
+        ((before_us + reset_us) / 1000..=(after_us + reset_us).div_ceil(1000)).contains(&expire_ms),
+        "PEXPIRETIME {expire_ms} vs reset {reset_us}us"
+    );
+    // A rejected request writes nothing.
+    let denied = limiter
+        .spend(&[Transaction::new(key.clone()).cost(50)])
+        .await
+        .unwrap();
+    assert!(!denied.allowed());
+    assert_eq!(raw_bytes(&backend, &redis_key).await.unwrap(), raw);
+    // The state is compact: one MessagePack array.
+    assert!(raw.len() < 40, "{} bytes", raw.len());
+    // Reset deletes it.
+    limiter.reset(std::slice::from_ref(&key)).await.unwrap();
+    assert_eq!(raw_bytes(&backend, &redis_key).await, None);
+    // A short-lived state goes away by itself.
+    let short = limiter.parse_key("Short", "acct").unwrap();
+    limiter
+        .spend(&[Transaction::new(short.clone())])
+        .await
+        .unwrap();
+    let short_key = backend.redis_tier_key(&short);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while raw_bytes(&backend, &short_key).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the fresh state was never dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn no_over_grant_of_tiers(url: &str) {
+    let limits = Limits::from_yaml_str(TIER_LIMITS, None).unwrap();
+    let prefix = unique_prefix("tier-atomic");
+    let granted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _client in 0..2 {
+        let limiter = Arc::new(Limiter::new(limits.clone(), backend(url, &prefix).await));
+        for _ in 0..64 {
+            let (limiter, granted) = (limiter.clone(), granted.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..3 {
+                    let key = limiter.parse_key("Hot", "one-key").unwrap();
+                    let tx = Transaction::new(key).cost_range(1..=2);
+                    let d = limiter.spend(&[tx]).await.unwrap();
+                    granted.fetch_add(d.decisions()[0].granted, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(granted.load(Ordering::Relaxed), 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_and_128_tasks_grant_exactly_the_tiers_capacity_on_single_redis() {
+    let redis = TestRedis::single();
+    no_over_grant_of_tiers(&redis.url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_and_128_tasks_grant_exactly_the_tiers_capacity_on_the_cluster() {
+    let redis = TestRedis::cluster();
+    no_over_grant_of_tiers(&redis.url).await;
+}
+
+#[tokio::test]
+async fn foreign_data_at_a_tiered_key_is_a_defined_error() {
+    let redis = TestRedis::single();
+    let backend = backend(&redis.url, &unique_prefix("tier-foreign")).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(TIER_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let key = limiter.parse_key("Penalty", "x").unwrap();
+    let redis_key = backend.redis_tier_key(&key);
+    let client = backend.client_for_key(&redis_key).unwrap();
+    // Not MessagePack, MessagePack of the wrong shape, a negative time, a hash.
+    let values: [&[u8]; 3] = [
+        b"hello",
+        &[0x93, 0x02, 0x00, 0x00],
+        &[0x95, 0x01, 0xff, 0x01, 0x00, 0x00],
+    ];
+    for value in values {
+        let _: () = client
+            .set(&redis_key, value.to_vec(), None, None, false)
+            .await
+            .unwrap();
+        let e = limiter
+            .spend(&[Transaction::new(key.clone())])
+            .await
+            .unwrap_err();
+        match e {
+            LimiterError::Backend(BackendError::InvalidState { key: k, .. }) => {
+                assert_eq!(k, redis_key)
+            }
+            other => panic!("{value:?}: {other:?}"),
+        }
+        assert_eq!(raw_bytes(&backend, &redis_key).await.unwrap(), value);
+    }
+    let _: i64 = client.del(&redis_key).await.unwrap();
+    let _: i64 = client
+        .custom(
+            fred::cmd!("HSET"),
+            vec![redis_key.clone(), "f".into(), "v".into()],
+        )
+        .await
+        .unwrap();
+    let e = limiter
+        .spend(&[Transaction::new(key.clone())])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, LimiterError::Backend(BackendError::InvalidState { .. })),
+        "{e:?}"
+    );
+}
