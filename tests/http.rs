@@ -256,3 +256,73 @@ async fn account_header_missing_skips_or_rejects_and_malformed_is_400() {
     );
     assert!(r.body.contains(r#""code":"UNAUTHORIZED""#), "{}", r.body);
 }
+
+#[tokio::test]
+async fn a_tiered_limit_reports_its_serving_tier_and_the_exact_retry_after() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limits = Limits::from_yaml_str(
+        "\
+ApiCallsPerAccount:
+  kind: account
+  tiers:
+    - {limit: 2, window: 1s, active: 1s, cooldown: 0s}
+    - {limit: 3, window: 10s, active: 2500ms, cooldown: 15s}
+",
+        None,
+    )
+    .unwrap();
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let layer = RateLimitLayer::builder(limiter)
+        .rule(Rule::new("ApiCallsPerAccount", Header::new("x-account")))
+        .build()
+        .unwrap();
+    let server = serve(app(layer)).await;
+    let client = HttpClient::new(&server);
+    let acct = [("x-account", "42")];
+    // Tier 1: 2 per second, policy q=2;w=1.
+    for remaining in [1, 0] {
+        let r = client.get("/", &acct).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some("\"ApiCallsPerAccount\";q=2;w=1")
+        );
+        assert_eq!(
+            r.header("ratelimit").unwrap(),
+            // Fresh again 1 s + 1 us after the last grant (closed window), rounded up.
+            format!("\"ApiCallsPerAccount\";r={remaining};t=2")
+        );
+    }
+    // The burst into tier 2: its limit and window are reported.
+    for remaining in [2, 1, 0] {
+        let r = client.get("/", &acct).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some("\"ApiCallsPerAccount\";q=3;w=10")
+        );
+        assert!(
+            r.header("ratelimit")
+                .unwrap()
+                .starts_with(&format!("\"ApiCallsPerAccount\";r={remaining};")),
+        );
+    }
+    // Tier 2 is full: 429 until its active period ends at 2.5 s + 1 us (Retry-After rounds
+    // up to 3 s), and the body names the tier that refused.
+    let r = client.get("/", &acct).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), Some("3"));
+    let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    let detail = &body["errors"][0]["detail"];
+    assert_eq!(detail["tier"], 2);
+    assert_eq!(detail["retry_after_ms"], 2501);
+    assert_eq!(detail["limiter"], "ApiCallsPerAccount");
+    // After it, tier 1 serves again (tier 2 cools down: no further burst).
+    clock.advance(Duration::from_micros(2_500_001));
+    for status in [200, 200, 429] {
+        assert_eq!(client.get("/", &acct).await.status, status);
+    }
+}
