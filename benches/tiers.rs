@@ -65,7 +65,7 @@ fn bench(c: &mut Criterion) {
             let mut i = 0usize;
             b.iter(|| {
                 i += 1;
-                if i % 1000 == 0 {
+                if i.is_multiple_of(1000) {
                     clock.advance(Duration::from_millis(250));
                 }
                 let tx = [Transaction::new(keys[i % 1000].clone())];

@@ -560,7 +560,7 @@ async fn cost_ranges_are_checked() {
         "{e:?}"
     );
     let e = limiter
-        .spend(&[Transaction::new(t.clone()).cost_range(3..=2)])
+        .spend(&[Transaction::new(t.clone()).cost_range(std::ops::RangeInclusive::new(3, 2))])
         .await;
     assert!(
         matches!(e, Err(LimiterError::EmptyCostRange { .. })),

@@ -337,7 +337,7 @@ impl LimitsBuilder {
         self.error.get_or_insert(e);
     }
 
-    /// Defines `name` with ids of any kind and a default limit (a [`Limit`] or a
+    /// Defines `name` with ids of any kind and a default limit (a [`Limit`](crate::Limit) or a
     /// [`TieredLimit`](crate::tiers::TieredLimit)).
     pub fn limit(self, name: &str, limit: impl Into<Quota>) -> Self {
         self.define(name, IdKind::Any, 1, Some(limit.into()))
