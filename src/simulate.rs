@@ -212,10 +212,11 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
         let (name, id) = rest
             .split_once('=')
             .ok_or_else(|| format!("malformed transaction {spec:?}: write <Name>=<id>"))?;
-        let is_cost = |c: &str| {
-            !c.is_empty()
-                && c.bytes().all(|b| b.is_ascii_digit() || b == b'.')
-                && c.bytes().next().is_some_and(|b| b.is_ascii_digit())
+        // `*<n>` or `*<min>..<max>`; anything else after a `*` is part of the id.
+        let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+        let is_cost = |c: &str| match c.split_once("..") {
+            Some((min, max)) => digits(min) && digits(max),
+            None => digits(c),
         };
         let (id, cost) = match id.rsplit_once('*') {
             Some((id, c)) if is_cost(c) => (id, Some(parse_cost(c)?)),
