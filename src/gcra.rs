@@ -95,10 +95,43 @@ pub fn check(
         });
     }
     let ei_u = limit.emission_interval_us();
+    let bo_u = limit.burst_offset_us();
+    let tat_u = stored_tat.unwrap_or(0).max(now);
+    // The same computation in u64 when nothing overflows (every realistic input); the i128
+    // path below is the reference and handles the rest.
+    if let (Some(incr), Some(horizon)) = (ei_u.checked_mul(cost), now.checked_add(bo_u))
+        && let Some(new_tat) = tat_u.checked_add(incr)
+    {
+        // `horizon - new_tat` is the spec's `difference` (now - (new_tat - burst offset)).
+        return Ok(if new_tat <= horizon {
+            let difference = horizon - new_tat;
+            GcraOutcome {
+                allowed: true,
+                remaining: difference / ei_u,
+                retry_after_us: incr.saturating_sub(difference),
+                reset_after_us: new_tat - now,
+                new_tat: Some(new_tat),
+            }
+        } else {
+            GcraOutcome {
+                allowed: false,
+                remaining: horizon.saturating_sub(tat_u) / ei_u,
+                retry_after_us: new_tat - horizon,
+                reset_after_us: tat_u - now,
+                new_tat: None,
+            }
+        });
+    }
+    check_wide(limit, tat_u, now, cost)
+}
+
+/// [`check`] in `i128`, where no input overflows: the reference the u64 path must equal.
+fn check_wide(limit: &Limit, tat_u: u64, now: u64, cost: u64) -> Result<GcraOutcome, GcraError> {
+    let ei_u = limit.emission_interval_us();
     let ei = i128::from(ei_u);
     let bo = i128::from(limit.burst_offset_us());
     let now_i = i128::from(now);
-    let tat = i128::from(stored_tat.unwrap_or(0).max(now));
+    let tat = i128::from(tat_u);
     let incr = ei * i128::from(cost);
     let new_tat = tat + incr;
     let difference = now_i - (new_tat - bo);
@@ -171,4 +204,31 @@ pub fn refund(
             None
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    proptest! {
+        /// The u64 fast path decides exactly as the i128 reference, near the edges of u64 too.
+        #[test]
+        fn fast_path_equals_the_wide_reference(
+            burst in 1u64..2_000_000,
+            count in 1u64..2_000_000,
+            period_us in 1u64..10_000_000_000,
+            tat in prop_oneof![0u64..4_000_000_000_000_000, (u64::MAX - 1_000_000_000_000)..=u64::MAX],
+            now in prop_oneof![0u64..4_000_000_000_000_000, (u64::MAX - 1_000_000_000_000)..=u64::MAX],
+            cost_frac in 0.0f64..=1.0,
+        ) {
+            let Ok(limit) = Limit::new(burst, count, Duration::from_micros(period_us)) else {
+                return Ok(());
+            };
+            let cost = (cost_frac * limit.burst() as f64) as u64;
+            let stored = tat.max(now);
+            prop_assert_eq!(check(&limit, Some(tat), now, cost), check_wide(&limit, stored, now, cost));
+        }
+    }
 }

@@ -153,7 +153,7 @@ impl fmt::Debug for Id {
 }
 
 /// The bucket of one limit for one id: `<name number>:<id>`.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct BucketKey {
     name: NameId,
     id: Id,
@@ -173,6 +173,33 @@ impl BucketKey {
     /// The id.
     pub fn id(&self) -> &Id {
         &self.id
+    }
+}
+
+/// One hasher write per key for addresses and numbers (the request path's ids): the name,
+/// the id's kind and its value packed into one `u128`. Equal keys hash equally, as `Eq`
+/// compares the same parts.
+impl std::hash::Hash for BucketKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let name = u128::from(self.name.0) << 96;
+        match &self.id.0 {
+            Repr::Number(n) => state.write_u128(name | (1 << 64) | u128::from(*n)),
+            Repr::Ip(IpAddr::V4(v4)) => {
+                state.write_u128(name | (2 << 64) | u128::from(v4.to_bits()));
+            }
+            Repr::Ip(IpAddr::V6(v6)) => {
+                state.write_u128(v6.to_bits());
+                state.write_u64(u64::from(self.name.0) | 3 << 32);
+            }
+            Repr::Ipv6Range48(v6) => {
+                state.write_u128(v6.to_bits());
+                state.write_u64(u64::from(self.name.0) | 4 << 32);
+            }
+            Repr::Text(t) => {
+                state.write_u64(u64::from(self.name.0) | 5 << 32);
+                state.write(t.as_bytes());
+            }
+        }
     }
 }
 

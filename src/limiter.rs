@@ -106,6 +106,10 @@ impl std::fmt::Debug for Limiter {
     }
 }
 
+/// A batch's per-transaction working data: on the stack for up to 4 transactions (a request's
+/// rules), so the request path does not allocate for it.
+type Batch<T> = smallvec::SmallVec<[T; 4]>;
+
 /// One transaction of a batch, resolved.
 struct Resolved<'a> {
     quota: Option<&'a Quota>,
@@ -229,15 +233,15 @@ impl Limiter {
         &'a self,
         batch: &'a [Transaction],
         op: Op,
-    ) -> Result<(Vec<Resolved<'a>>, Vec<BucketTx<'a>>), LimiterError> {
+    ) -> Result<(Batch<Resolved<'a>>, Batch<BucketTx<'a>>), LimiterError> {
         let limits = &self.inner.limits;
         for (i, tx) in batch.iter().enumerate() {
             if batch[..i].iter().any(|other| other.key() == tx.key()) {
                 return Err(LimiterError::DuplicateKey(tx.key().to_string()));
             }
         }
-        let mut resolved: Vec<Resolved<'a>> = Vec::with_capacity(batch.len());
-        let mut txs: Vec<BucketTx<'_>> = Vec::with_capacity(batch.len());
+        let mut resolved: Batch<Resolved<'a>> = Batch::with_capacity(batch.len());
+        let mut txs: Batch<BucketTx<'_>> = Batch::with_capacity(batch.len());
         for tx in batch {
             let name = tx.key().name();
             let Some(label) = limits.name(name) else {
@@ -297,7 +301,7 @@ impl Limiter {
     fn finish(
         &self,
         batch: &[Transaction],
-        resolved: Vec<Resolved<'_>>,
+        resolved: Batch<Resolved<'_>>,
         sent: usize,
         outcomes: Vec<Outcome>,
         op: Op,

@@ -31,17 +31,31 @@ fn wall_clock_us() -> u64 {
         .unwrap_or(0)
 }
 
-static ANCHOR: std::sync::OnceLock<(u64, quanta::Instant)> = std::sync::OnceLock::new();
+/// The wall time at start-up, the TSC reading taken with it, and the calibrated counter.
+struct Anchor {
+    wall_us: u64,
+    raw: u64,
+    counter: quanta::Clock,
+}
+
+static ANCHOR: std::sync::OnceLock<Anchor> = std::sync::OnceLock::new();
 
 impl Clock for SystemClock {
+    #[inline]
     fn now_us(&self) -> u64 {
-        let (wall, mono) = ANCHOR.get_or_init(|| (wall_clock_us(), quanta::Instant::now()));
-        let elapsed = quanta::Instant::now().saturating_duration_since(*mono);
-        let micros = elapsed
-            .as_secs()
-            .saturating_mul(1_000_000)
-            .saturating_add(u64::from(elapsed.subsec_micros()));
-        wall.saturating_add(micros)
+        let anchor = ANCHOR.get_or_init(|| {
+            let counter = quanta::Clock::new();
+            Anchor {
+                wall_us: wall_clock_us(),
+                raw: counter.raw(),
+                counter,
+            }
+        });
+        // `delta_as_nanos` saturates at 0 if the counter reads below the anchor.
+        let elapsed_ns = anchor
+            .counter
+            .delta_as_nanos(anchor.raw, anchor.counter.raw());
+        anchor.wall_us.saturating_add(elapsed_ns / 1_000)
     }
 }
 

@@ -14,3 +14,5 @@ pub fn ready<F: Future>(f: F) -> F::Output {
         Poll::Pending => panic!("the benchmarked future waited"),
     }
 }
+
+pub mod apps;

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use crate::limit::Quota;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
@@ -32,7 +33,7 @@ fn number(n: u64) -> HeaderValue {
 }
 
 /// Appends the decimal digits of `n` to `buf`.
-fn push_u64(buf: &mut Vec<u8>, n: u64) {
+fn push_u64(buf: &mut SmallVec<[u8; 96]>, n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     let mut n = n;
@@ -48,9 +49,9 @@ fn push_u64(buf: &mut Vec<u8>, n: u64) {
 }
 
 /// `"<name>";<a>=<x>;<b>=<y>`: a structured-field list member. Names are `[A-Za-z0-9_.-]`, so
-/// the value is always a valid header value.
+/// the value is always a valid header value. Built on the stack, then copied once.
 fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
-    let mut buf = Vec::with_capacity(name.len() + 48);
+    let mut buf = SmallVec::<[u8; 96]>::new();
     buf.push(b'"');
     buf.extend_from_slice(name.as_bytes());
     buf.extend_from_slice(b"\";");
@@ -58,8 +59,7 @@ fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
     push_u64(&mut buf, x);
     buf.extend_from_slice(&[b';', b, b'=']);
     push_u64(&mut buf, y);
-    HeaderValue::from_maybe_shared(Bytes::from(buf))
-        .unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
+    HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
 }
 
 /// The `RateLimit-Policy` value of a limit: `q` is the burst (the most tokens held, so `r`

@@ -1,0 +1,65 @@
+//! The axum apps the middleware benches compare: bare, ours (1 or 3 rules) and
+//! tower_governor, all with a hello-world handler and an equivalent quota (every request of
+//! the benches is allowed, so each takes the full decision path).
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+
+use axum::extract::ConnectInfo;
+use axum::{Router, body::Body, routing::get};
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_ratelimits::layer::{ClientIp, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule};
+use tower_ratelimits::{Limiter, Limits, MemoryBackend};
+
+const LIMITS: &str = "\
+PerIp: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
+PerRange: {kind: ipv6_range, burst: 1000000, count: 1000000, period: 1s}
+PerAccount: {kind: account, burst: 1000000, count: 1000000, period: 1s}
+";
+
+/// The app with no rate limit.
+pub fn bare() -> Router {
+    Router::new().route("/", get(|| async { "hello" }))
+}
+
+/// Ours with the first `rules` of: per IP, per /48, per account header (1 to 3), in memory.
+pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        MemoryBackend::new(),
+    );
+    let all = [
+        Rule::new("PerIp", ClientIp::new()),
+        Rule::new("PerRange", Ipv6Range48::new(ClientIp::new())),
+        Rule::new("PerAccount", Header::new("x-account-id")).on_missing_key(OnMissingKey::Skip),
+    ];
+    let layer = all
+        .into_iter()
+        .take(rules)
+        .fold(RateLimitLayer::builder(limiter), |b, r| b.rule(r))
+        .ratelimit_headers_on_allowed(headers_on_allowed)
+        .build()
+        .unwrap();
+    bare().layer(layer)
+}
+
+/// tower_governor per peer IP (its default key), 1,000,000 per second, burst 1,000,000.
+pub fn governor() -> Router {
+    let config = GovernorConfigBuilder::default()
+        .per_nanosecond(1_000)
+        .burst_size(1_000_000)
+        .finish()
+        .unwrap();
+    bare().layer(GovernorLayer::new(config))
+}
+
+/// Request `i` of a run: client `10.0.x.y` (1,000 distinct), account `i % 1000`.
+pub fn request(i: u32) -> http::Request<Body> {
+    let peer = SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 4000));
+    http::Request::get("/")
+        .header("x-account-id", (i % 1000).to_string())
+        .extension(ConnectInfo(peer))
+        .body(Body::empty())
+        .unwrap()
+}
