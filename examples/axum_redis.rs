@@ -14,6 +14,8 @@
 //!   `redis://127.0.0.1:6379`)
 //! - `RATELIMITS_ON_BACKEND_ERROR`: `open` (default: let requests through when Redis cannot
 //!   answer) or `closed` (answer 503)
+//! - `RATELIMITS_DENY_CACHE`: `on` (default: a key denied until a known instant is answered
+//!   locally until then, without asking Redis) or `off`
 
 mod common;
 
@@ -45,7 +47,17 @@ async fn run() -> Result<(), String> {
             ));
         }
     };
+    let deny_cache = match std::env::var("RATELIMITS_DENY_CACHE").as_deref() {
+        Err(_) | Ok("on") => true,
+        Ok("off") => false,
+        Ok(other) => {
+            return Err(format!(
+                "RATELIMITS_DENY_CACHE: {other:?} is neither `on` nor `off`"
+            ));
+        }
+    };
     let backend = RedisBackend::from_url(url.as_str())
+        .deny_cache(deny_cache)
         .connect()
         .await
         .map_err(|e| format!("{url}: {e}"))?;
@@ -54,5 +66,5 @@ async fn run() -> Result<(), String> {
         .on_backend_failure(policy)
         .build()
         .map_err(|e| e.to_string())?;
-    common::serve(&settings, layer, &format!("on {url}, failing {policy:?}")).await
+    common::serve(&settings, layer, &format!("on {url}, failing {policy:?}, deny cache {}", if deny_cache { "on" } else { "off" })).await
 }

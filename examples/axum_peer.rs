@@ -1,0 +1,79 @@
+//! The quickstart's hello-world app with a peer's rate limiter instead of ours, for
+//! side-by-side load tests (`benches/load.sh`): the same router, the same handler, the same
+//! listener set-up as `axum_memory`.
+//!
+//! ```text
+//! PEER=tower_governor PER_SECOND=1000000 BURST=1000000 cargo run --release --example axum_peer
+//! ```
+//!
+//! Settings (environment):
+//! - `ADDR`: listen address (default `127.0.0.1:3000`)
+//! - `PEER`: `tower_governor` (default: per peer IP, its default key) or `none` (no limit)
+//! - `PER_SECOND`, `BURST`: tower_governor's quota (default 20 and 20, as the quickstart's
+//!   `RequestsPerIPAddress`)
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::{Router, routing::get};
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("axum_peer: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn number(var: &str, default: u64) -> Result<u64, String> {
+    match std::env::var(var) {
+        Err(_) => Ok(default),
+        Ok(s) => match s.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{var}: {s:?} is not a positive integer")),
+        },
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let addr: SocketAddr = std::env::var("ADDR")
+        .unwrap_or_else(|_| "127.0.0.1:3000".into())
+        .parse()
+        .map_err(|e| format!("ADDR: {e}"))?;
+    let app = Router::new().route("/", get(|| async { "hello\n" }));
+    let peer = std::env::var("PEER").unwrap_or_else(|_| "tower_governor".into());
+    let app = match peer.as_str() {
+        "tower_governor" => {
+            let per_second = number("PER_SECOND", 20)?;
+            let burst = number("BURST", 20)?;
+            let burst = u32::try_from(burst).map_err(|_| "BURST: too large".to_string())?;
+            let config = GovernorConfigBuilder::default()
+                .period(Duration::from_nanos((1_000_000_000 / per_second).max(1)))
+                .burst_size(burst)
+                .finish()
+                .ok_or("tower_governor refused the quota")?;
+            app.layer(GovernorLayer::new(config))
+        }
+        "none" => app,
+        other => return Err(format!("PEER: {other:?} is neither `tower_governor` nor `none`")),
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    println!("listening on http://{addr} ({peer})");
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
