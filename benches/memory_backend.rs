@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use tower_ratelimits::backend::{Backend, BucketTx};
-use tower_ratelimits::{BucketKey, Id, Limit, Limiter, Limits, MemoryBackend, Transaction};
+use tower_ratelimits::{
+    BucketKey, Id, Limit, Limiter, Limits, ManualClock, MemoryBackend, Transaction,
+};
 
 const RATE: u32 = 1_000_000;
 
@@ -56,13 +58,17 @@ fn rss_bytes() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
-/// Bytes per live key: the RSS growth while 1M keys are added, divided by 1M.
-fn bytes_per_key() {
+/// Bytes per live key (the RSS growth while 1M keys are added, divided by 1M), and the RSS
+/// left once those keys have gone idle and been swept (ours: `sweep`; governor:
+/// `retain_recent` + `shrink_to_fit`, its documented clean-up).
+fn memory_per_key() {
     const N: u64 = 1_000_000;
+    let mb = |b: u64| b as f64 / 1_048_576.0;
     let limits = limits();
     let name = limits.name_id("Bench").unwrap();
     let limit = limits.default_limit(name).unwrap();
-    let backend = MemoryBackend::new();
+    let clock = ManualClock::new(1_000_000_000_000);
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
     let before = rss_bytes();
     for k in 0..N {
         let key = BucketKey::new(name, Id::from(k));
@@ -75,20 +81,44 @@ fn bytes_per_key() {
         };
         backend.spend_one(&tx).unwrap();
     }
-    let ours = rss_bytes().saturating_sub(before) / N;
+    let live = rss_bytes();
+    clock.advance(Duration::from_secs(60));
+    let swept = backend.sweep();
+    let after = rss_bytes();
+    println!(
+        "ours: {} bytes per live key (RSS {:.1} MiB -> {:.1} MiB with 1M keys); \
+         after all went idle and {swept} were swept: {:.1} MiB ({} live keys)",
+        live.saturating_sub(before) / N,
+        mb(before),
+        mb(live),
+        mb(after),
+        backend.len()
+    );
+    drop(backend);
     let quota = Quota::per_second(NonZeroU32::new(RATE).unwrap());
     let governor = RateLimiter::keyed(quota);
     let before = rss_bytes();
     for k in 0..N {
         let _ = governor.check_key(&k);
     }
-    let theirs = rss_bytes().saturating_sub(before) / N;
-    println!("bytes per live key (RSS growth over 1M keys): ours {ours}, governor {theirs}");
-    drop(backend);
+    let live = rss_bytes();
+    std::thread::sleep(Duration::from_millis(50)); // every key is full again after 1 us
+    governor.retain_recent();
+    governor.shrink_to_fit();
+    let after = rss_bytes();
+    println!(
+        "governor: {} bytes per live key (RSS {:.1} MiB -> {:.1} MiB with 1M keys); \
+         after all went idle, retain_recent + shrink_to_fit: {:.1} MiB ({} live keys)",
+        live.saturating_sub(before) / N,
+        mb(before),
+        mb(live),
+        mb(after),
+        governor.len()
+    );
 }
 
 fn bench(c: &mut Criterion) {
-    bytes_per_key();
+    memory_per_key();
     let mut group = c.benchmark_group("memory_spend");
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(2));

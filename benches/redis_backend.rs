@@ -6,7 +6,9 @@
 //!
 //! Uses `REDIS_URL` when set, otherwise spawns a `redis-server` on a free loopback port. Besides
 //! criterion's timings (C concurrent operations per iteration, C = 1, 16, 64) it prints ops/s,
-//! p50 and p99 latency per variant and `MEMORY USAGE` of a bucket key.
+//! p50 and p99 latency per variant, `MEMORY USAGE` of a bucket key, Redis's own time per script
+//! call, and Redis memory with 1M live buckets and after they expire (about a minute; skip it
+//! with `TRL_BENCH_SKIP_IDLE=1`). The peer is tower-rate-limit-fred, GCRA over the same fred.
 
 #[path = "../tests/support/redis.rs"]
 mod redis_support;
@@ -34,6 +36,11 @@ C:
   burst: 100000000
   count: 1000000
   period: 1s
+Live:
+  kind: account
+  burst: 2
+  count: 1
+  period: 30s
 ";
 const TRIVIAL: &str = "return 1";
 const KEYS: u64 = 1000;
@@ -78,6 +85,8 @@ enum Variant {
     Baseline,
     Ours1Rule,
     Ours3Rules,
+    /// tower-rate-limit-fred's `rate_limit`: GCRA in one Lua script over fred, as ours.
+    PeerTowerRateLimitFred,
 }
 
 impl Variant {
@@ -86,6 +95,7 @@ impl Variant {
             Variant::Baseline => "baseline_evalsha",
             Variant::Ours1Rule => "ours_1_rule",
             Variant::Ours3Rules => "ours_3_rules",
+            Variant::PeerTowerRateLimitFred => "tower_rate_limit_fred",
         }
     }
 }
@@ -115,6 +125,102 @@ async fn one(s: &Setup, variant: Variant, i: u64) {
                 Transaction::new(s.limiter.key("C", tower_ratelimits::Id::from(id)).unwrap()),
             ];
             assert!(s.limiter.spend(&batch).await.unwrap().allowed());
+        }
+        Variant::PeerTowerRateLimitFred => {
+            // Its largest burst (u16) at 1,000/s per key: never denied here.
+            let retry = tower_rate_limit_fred::rate_limit(
+                &s.backend.client(),
+                format!("trlf:bench:{id}"),
+                u16::MAX,
+                Duration::from_millis(1),
+            )
+            .await
+            .unwrap();
+            assert_eq!(retry, None);
+        }
+    }
+}
+
+async fn command(s: &Setup, cmd: &'static str, args: &[&str]) -> Value {
+    s.backend
+        .client()
+        .custom(
+            fred::cmd!(cmd),
+            args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap()
+}
+
+/// Redis's own time per script call (`INFO commandstats`, EVALSHA's usec / calls) while
+/// `variant` runs 10,000 operations at concurrency 16.
+async fn server_usec_per_call(s: &Arc<Setup>, variant: Variant) -> f64 {
+    command(s, "CONFIG", &["RESETSTAT"]).await;
+    measure(s, variant, 16, 10_000).await;
+    let info = command(s, "INFO", &["commandstats"]).await;
+    let info = info.as_str().map(|c| c.to_string()).unwrap_or_default();
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn used_memory(info: &Value) -> u64 {
+    let text = info.as_str().map(|c| c.to_string()).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Redis memory per live bucket (1M keys that live 30 s) and once they have all expired.
+async fn idle_memory(s: &Arc<Setup>) {
+    const N: u64 = 1_000_000;
+    let before = used_memory(&command(s, "INFO", &["memory"]).await);
+    let workers = (0..64u64).map(|w| {
+        let s = s.clone();
+        tokio::spawn(async move {
+            for i in (w..N).step_by(64) {
+                let key = s
+                    .limiter
+                    .key("Live", tower_ratelimits::Id::from(i))
+                    .unwrap();
+                assert!(
+                    s.limiter
+                        .spend(&[Transaction::new(key)])
+                        .await
+                        .unwrap()
+                        .allowed()
+                );
+            }
+        })
+    });
+    let started = Instant::now();
+    join_all(workers).await;
+    let written_in = started.elapsed();
+    let live = used_memory(&command(s, "INFO", &["memory"]).await);
+    let keys = command(s, "DBSIZE", &[]).await;
+    println!(
+        "Redis used_memory: {:.1} MiB before, {:.1} MiB with {N} live buckets ({keys:?} keys, \
+         written in {written_in:.1?}): {} bytes per live bucket",
+        before as f64 / 1_048_576.0,
+        live as f64 / 1_048_576.0,
+        live.saturating_sub(before) / N
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let keys = command(s, "DBSIZE", &[]).await.as_u64().unwrap_or(u64::MAX);
+        if keys == 0 || Instant::now() > deadline {
+            let after = used_memory(&command(s, "INFO", &["memory"]).await);
+            println!(
+                "Redis used_memory after the buckets went idle: {:.1} MiB ({keys} keys left, \
+                 {:.0?} after the last write)",
+                after as f64 / 1_048_576.0,
+                started.elapsed() - written_in
+            );
+            return;
         }
     }
 }
@@ -156,7 +262,12 @@ fn bench(c: &mut Criterion) {
         .build()
         .unwrap();
     let setup = Arc::new(rt.block_on(setup()));
-    let variants = [Variant::Baseline, Variant::Ours1Rule, Variant::Ours3Rules];
+    let variants = [
+        Variant::Baseline,
+        Variant::Ours1Rule,
+        Variant::Ours3Rules,
+        Variant::PeerTowerRateLimitFred,
+    ];
 
     let mut group = c.benchmark_group("redis_spend");
     group.measurement_time(Duration::from_secs(3));
@@ -216,6 +327,20 @@ fn bench(c: &mut Criterion) {
         ))
         .unwrap();
     println!("MEMORY USAGE {redis_key}: {bytes:?} bytes");
+
+    println!("\nRedis time per script call (INFO commandstats, C=16, 10,000 calls)");
+    let baseline = rt.block_on(server_usec_per_call(&setup, Variant::Baseline));
+    for variant in variants {
+        let usec = rt.block_on(server_usec_per_call(&setup, variant));
+        println!(
+            "{:<24} {usec:>6.2} usec per call   {:.2}x the baseline",
+            variant.name(),
+            usec / baseline
+        );
+    }
+    if std::env::var_os("TRL_BENCH_SKIP_IDLE").is_none() {
+        rt.block_on(idle_memory(&setup));
+    }
 }
 
 criterion_group!(benches, bench);

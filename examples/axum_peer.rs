@@ -61,7 +61,11 @@ async fn run() -> Result<(), String> {
             app.layer(GovernorLayer::new(config))
         }
         "none" => app,
-        other => return Err(format!("PEER: {other:?} is neither `tower_governor` nor `none`")),
+        other => {
+            return Err(format!(
+                "PEER: {other:?} is neither `tower_governor` nor `none`"
+            ));
+        }
     };
     let listener = tokio::net::TcpListener::bind(addr)
         .await

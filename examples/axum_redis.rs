@@ -66,5 +66,13 @@ async fn run() -> Result<(), String> {
         .on_backend_failure(policy)
         .build()
         .map_err(|e| e.to_string())?;
-    common::serve(&settings, layer, &format!("on {url}, failing {policy:?}, deny cache {}", if deny_cache { "on" } else { "off" })).await
+    common::serve(
+        &settings,
+        layer,
+        &format!(
+            "on {url}, failing {policy:?}, deny cache {}",
+            if deny_cache { "on" } else { "off" }
+        ),
+    )
+    .await
 }

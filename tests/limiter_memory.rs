@@ -585,3 +585,30 @@ async fn cost_ranges_are_checked() {
         .unwrap();
     assert_eq!(d.decisions()[0].granted, 55);
 }
+
+#[tokio::test]
+async fn a_sweep_that_empties_the_table_gives_its_memory_back() {
+    let (limiter, backend, clock) = setup();
+    let name = limiter.limits().name_id("A").unwrap();
+    for i in 0..50_000u64 {
+        let k = BucketKey::new(name, tower_ratelimits::Id::from(i));
+        assert!(
+            limiter
+                .spend(&[Transaction::new(k)])
+                .await
+                .unwrap()
+                .allowed()
+        );
+    }
+    assert_eq!(backend.len(), 50_000);
+    let grown = backend.capacity();
+    assert!(grown >= 50_000, "{grown}");
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(backend.sweep(), 50_000);
+    assert!(backend.is_empty());
+    assert!(
+        backend.capacity() < grown / 100,
+        "{} slots kept of {grown}",
+        backend.capacity()
+    );
+}

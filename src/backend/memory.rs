@@ -169,6 +169,12 @@ impl MemoryBackend {
         self.inner.len.load(Ordering::Relaxed)
     }
 
+    /// How many buckets the tables have room for without growing (for diagnostics: after a
+    /// [`sweep`](Self::sweep) that leaves them mostly empty, the room is given back).
+    pub fn capacity(&self) -> usize {
+        self.inner.map.capacity() + self.inner.tiers.capacity()
+    }
+
     /// Whether no bucket is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -207,6 +213,14 @@ impl MemoryBackend {
             false
         });
         self.inner.len.fetch_sub(dropped, Ordering::Relaxed);
+        // Give the memory back once most of the table is empty (after a flood of one-off keys,
+        // say); a table still mostly in use keeps its room to grow.
+        if self.inner.map.len().saturating_mul(4) < self.inner.map.capacity() {
+            self.inner.map.shrink_to_fit();
+        }
+        if self.inner.tiers.len().saturating_mul(4) < self.inner.tiers.capacity() {
+            self.inner.tiers.shrink_to_fit();
+        }
         dropped
     }
 

@@ -39,6 +39,78 @@ end
 
 local n = #KEYS
 
+-- Fast path: a spend whose keys are all GCRA (every request of a GCRA-only configuration).
+-- The same decisions, validation and reply as the general path below, without building
+-- record tables or the closures that path needs (Lua would create them on every call).
+if op == 'spend' then
+  local gcra_only = true
+  for i = 1, n do
+    if ARGV[5 + (i - 1) * 6] ~= '0' then
+      gcra_only = false
+      break
+    end
+  end
+  if gcra_only then
+    local out, writes, allowed = {}, {}, true
+    for i = 1, n do
+      local a = 5 + (i - 1) * 6
+      local ei, bo = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+      local cost, mode = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+      local raw = redis.pcall('GET', KEYS[i])
+      local s = 0
+      if type(raw) == 'table' then
+        return {-1, i, 'the key holds a value that is not a string'}
+      elseif raw then
+        if #raw > 16 or not string.match(raw, '^%d+$') then
+          return {-1, i, 'the stored value is not a TAT in microseconds'}
+        end
+        s = tonumber(raw)
+        if s >= LIMIT then
+          return {-1, i, 'the stored TAT is out of range'}
+        end
+      end
+      local tat = s
+      if tat < now then tat = now end
+      local incr = ei * cost
+      local new_tat = tat + incr
+      local difference = now - (new_tat - bo)
+      -- tokens(v, ei): floor(v / ei) for v > 0, corrected for rounding of the division.
+      local v = difference
+      if v < 0 then v = now - (tat - bo) end
+      local q = 0
+      if v > 0 then
+        q = math.floor(v / ei)
+        if q * ei > v then q = q - 1 elseif (q + 1) * ei <= v then q = q + 1 end
+      end
+      if difference < 0 then
+        out[i] = {0, q, -difference, tat - now, s}
+        if mode ~= 2 then allowed = false end
+      else
+        local retry = 0
+        if difference < incr then retry = incr - difference end
+        out[i] = {1, q, retry, new_tat - now, s}
+        if mode ~= 1 and new_tat > now and new_tat ~= s then writes[i] = new_tat end
+      end
+    end
+    for i = 1, n do
+      local w = allowed and writes[i]
+      if w then
+        if margin < 0 then
+          redis.call('SET', KEYS[i], string.format('%.0f', w), 'PXAT',
+            string.format('%.0f', math.floor((w + 999) / 1000)))
+        else
+          redis.call('SET', KEYS[i], string.format('%.0f', w), 'PX',
+            string.format('%.0f', math.floor((w - now + 999) / 1000) + margin))
+        end
+        out[i][5] = w
+      end
+      if out[i][5] <= now then out[i][5] = 0 end
+    end
+    out[n + 1] = now
+    return out
+  end
+end
+
 local function expire_args(at)
   if margin < 0 then
     return 'PXAT', string.format('%.0f', math.floor((at + 999) / 1000))

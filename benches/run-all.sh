@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every benchmark behind BENCHMARKS.md, in one command (about 20 minutes on 2 cores):
+#
+#   bash benches/run-all.sh
+#
+# Writes each part's output to target/bench-results/ and prints the tables. Needs the
+# Debian packages valgrind, wrk and redis-server (installed when missing, as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=target/bench-results
+mkdir -p "$OUT"
+for tool in valgrind wrk redis-server; do
+  command -v "$tool" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool" >/dev/null
+done
+{
+  echo "Machine: $(nproc) cores ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(uname -sr)"
+  rustc --version
+  redis-server --version
+  date -u
+} | tee "$OUT/machine.txt"
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+step "instructions and allocations per operation (callgrind)"
+bash benches/instructions.sh | tee "$OUT/instructions.md"
+step "criterion: GCRA, memory backend vs governor, middleware, burst tiers, Redis"
+cargo bench --all-features --bench gcra --bench memory_backend --bench middleware \
+  --bench tiers --bench redis_backend -- --noplot 2>&1 | tee "$OUT/criterion.log" |
+  grep -vE '^(Benchmarking|Found|  [0-9]+ \(|Warning|.*Gnuplot)' || true
+python3 benches/report.py | tee "$OUT/criterion.md"
+step "over a socket: axum_memory vs tower_governor vs no limit (wrk)"
+bash benches/load.sh | tee "$OUT/load.md"
+step "under attack: axum_redis with the deny cache on and off"
+bash benches/attack.sh | tee "$OUT/attack.md"
+echo
+echo "Results in $OUT/"
