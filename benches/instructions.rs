@@ -2,7 +2,7 @@
 //! CPU instructions per operation (counted by `valgrind --tool=callgrind`, which counts the
 //! same for the same binary whatever else the machine is doing).
 //!
-//! `cargo bench --bench instructions` prints allocations per operation for every variant.
+//! `cargo bench -p tower-ratelimits-benches --bench instructions` prints allocations per operation for every variant.
 //! `benches/instructions.sh` runs each variant under callgrind and prints instructions per
 //! operation and the ratios. One variant alone:
 //! `instructions --variant ours_spend_one --ops 100000` (only `trl_measured` is timed by

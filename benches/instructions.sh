@@ -8,7 +8,7 @@ OPS=${1:-20000}
 if ! command -v valgrind >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 fi
-BIN=$(cargo bench --bench instructions --no-run --message-format=json 2>/dev/null |
+BIN=$(cargo bench -p tower-ratelimits-benches --bench instructions --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*instructions[^"]*\)".*/\1/p' | tail -1)
 [ -x "$BIN" ] || { echo "could not build the instructions bench"; exit 1; }
 declare -A ALLOCS

@@ -22,7 +22,8 @@ THREADS=${THREADS:-1}
 if ! command -v wrk >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
 fi
-cargo build -q --release --example axum_memory --example axum_peer
+cargo build -q --release --example axum_memory
+cargo build -q --release -p tower-ratelimits-benches --example axum_peer
 BIN=target/release/examples
 
 WORK=$(mktemp -d)

@@ -2,7 +2,7 @@
 //! distinct keys, on 1 and 2 threads. Both use their default clocks and an equivalent quota
 //! (1,000,000 per second, burst 1,000,000: every call is allowed and writes).
 //!
-//! `cargo bench --bench memory_backend`
+//! `cargo bench -p tower-ratelimits-benches --bench memory_backend`
 mod common;
 
 use std::num::NonZeroU32;

@@ -2,7 +2,7 @@
 //! layer (in-memory backend, 1 rule and 3 rules), and with tower_governor's layer (per IP, an
 //! equivalent quota). Every request is allowed, so each one takes the full decision path.
 //!
-//! `cargo bench --bench middleware`
+//! `cargo bench -p tower-ratelimits-benches --bench middleware`
 mod common;
 
 use std::time::Duration;

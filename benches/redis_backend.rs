@@ -2,7 +2,7 @@
 //! a trivial one-key script through the same fred client. All the cost of a decision is the
 //! round trip, so the target is ours >= 80% of the baseline's throughput.
 //!
-//! `cargo bench --bench redis_backend --features redis`
+//! `cargo bench -p tower-ratelimits-benches --bench redis_backend`
 //!
 //! Uses `REDIS_URL` when set, otherwise spawns a `redis-server` on a free loopback port. Besides
 //! criterion's timings (C concurrent operations per iteration, C = 1, 16, 64) it prints ops/s,

@@ -23,7 +23,7 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 step "instructions and allocations per operation (callgrind)"
 bash benches/instructions.sh | tee "$OUT/instructions.md"
 step "criterion: GCRA, memory backend vs governor, middleware, burst tiers, Redis"
-cargo bench --all-features --bench gcra --bench memory_backend --bench middleware \
+cargo bench -p tower-ratelimits-benches --bench gcra --bench memory_backend --bench middleware \
   --bench tiers --bench redis_backend -- --noplot 2>&1 | tee "$OUT/criterion.log" |
   grep -vE '^(Benchmarking|Found|  [0-9]+ \(|Warning|.*Gnuplot)' || true
 python3 benches/report.py | tee "$OUT/criterion.md"

@@ -3,7 +3,7 @@
 //! decision on the same path; with the `redis` feature, the Redis script's server time per call
 //! and `MEMORY USAGE` per key of every named pattern under full load.
 //!
-//! `cargo bench --bench tiers --all-features` (uses `REDIS_URL` when set, otherwise spawns a
+//! `cargo bench -p tower-ratelimits-benches --bench tiers` (uses `REDIS_URL` when set, otherwise spawns a
 //! `redis-server` on a free loopback port; without the `redis` feature the Redis part is skipped).
 
 use std::hint::black_box;
@@ -75,15 +75,12 @@ fn bench(c: &mut Criterion) {
     }
     group.finish();
 
-    #[cfg(feature = "redis")]
     redis_part::run();
 }
 
-#[cfg(feature = "redis")]
 #[path = "../tests/support/redis.rs"]
 mod redis_support;
 
-#[cfg(feature = "redis")]
 mod redis_part {
     use fred::prelude::{ClientLike as _, Value};
     use tower_ratelimits::{Limiter, Limits, RedisBackend, Transaction};

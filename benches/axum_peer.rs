@@ -3,7 +3,7 @@
 //! listener set-up as `axum_memory`.
 //!
 //! ```text
-//! PEER=tower_governor PER_SECOND=1000000 BURST=1000000 cargo run --release --example axum_peer
+//! PEER=tower_governor PER_SECOND=1000000 BURST=1000000 cargo run --release -p tower-ratelimits-benches --example axum_peer
 //! ```
 //!
 //! Settings (environment):
