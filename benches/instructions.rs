@@ -80,7 +80,7 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
         )
         .build()
         .unwrap();
-    let name = limits.name_id("Bench").unwrap();
+    let name = limits.name("Bench").unwrap();
     let keys: Vec<BucketKey> = (0..KEYS)
         .map(|k| BucketKey::new(name, Id::from(k)))
         .collect();

@@ -65,7 +65,7 @@ fn memory_per_key() {
     const N: u64 = 1_000_000;
     let mb = |b: u64| b as f64 / 1_048_576.0;
     let limits = limits();
-    let name = limits.name_id("Bench").unwrap();
+    let name = limits.name("Bench").unwrap();
     let limit = limits.default_limit(name).unwrap();
     let clock = ManualClock::new(1_000_000_000_000);
     let backend = MemoryBackend::builder().clock(clock.clone()).build();
@@ -125,7 +125,7 @@ fn bench(c: &mut Criterion) {
     group.sample_size(20);
     for &keys in &[1_000u64, 1_000_000] {
         let limits = limits();
-        let name = limits.name_id("Bench").unwrap();
+        let name = limits.name("Bench").unwrap();
         let bucket_keys: Vec<BucketKey> = (0..keys)
             .map(|k| BucketKey::new(name, Id::from(k)))
             .collect();

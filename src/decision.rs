@@ -1,9 +1,8 @@
 //! Transactions (what to ask) and decisions (what was decided).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::key::BucketKey;
+use crate::key::{BucketKey, LimitName};
 use crate::limit::Quota;
 use crate::tiers::{TierDecision, TierGrant, TieredLimit};
 
@@ -33,7 +32,7 @@ impl Mode {
 /// use tower_ratelimits::{BucketKey, Id, Mode, Transaction};
 /// # let name = tower_ratelimits::Limits::builder()
 /// #     .limit("ApiPerIp", tower_ratelimits::Limit::new(5, 5, std::time::Duration::from_secs(1)).unwrap())
-/// #     .build().unwrap().name_id("ApiPerIp").unwrap();
+/// #     .build().unwrap().name("ApiPerIp").unwrap();
 /// let tx = Transaction::new(BucketKey::new(name, Id::from(7u64))).cost(2).mode(Mode::CheckOnly);
 /// assert_eq!(tx.cost_or(1), 2);
 /// ```
@@ -71,7 +70,7 @@ impl Transaction {
     /// # use tower_ratelimits::{BucketKey, Id, Transaction};
     /// # let name = tower_ratelimits::Limits::builder()
     /// #     .limit("A", tower_ratelimits::Limit::new(5, 5, std::time::Duration::from_secs(1)).unwrap())
-    /// #     .build().unwrap().name_id("A").unwrap();
+    /// #     .build().unwrap().name("A").unwrap();
     /// let tx = Transaction::new(BucketKey::new(name, Id::from(7u64))).cost_range(1..=10);
     /// assert_eq!((tx.min_cost_or(0), tx.cost_or(0)), (1, 10));
     /// ```
@@ -174,7 +173,7 @@ pub struct Decision {
     /// the tier serving the client (on a denial, the tier that refused).
     pub tiers: Option<TierGrant>,
     /// The limit's name.
-    pub name: Arc<str>,
+    pub name: LimitName,
     /// The bucket.
     pub key: BucketKey,
     /// The transaction's mode.

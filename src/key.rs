@@ -1,34 +1,129 @@
 //! Ids, id kinds and bucket keys.
 //!
-//! A bucket is named by a [`BucketKey`]: the interned number of a limit name plus an [`Id`]
-//! (`3:10.0.0.1`). Ids have one canonical form each, so an id taken from a request and the same
+//! A bucket is named by a [`BucketKey`]: a limit's name plus an [`Id`]
+//! (`RequestsPerIPAddress:10.0.0.1`). Ids have one canonical form each, so an id taken from a request and the same
 //! id written in an overrides file always name the same bucket: IP addresses and numbers are
 //! stored as values (no allocation, no string hashing on the request path), other ids as text.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::BuildHasher as _;
 use std::net::{IpAddr, Ipv6Addr};
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use sha2::{Digest, Sha256};
 
 /// The longest id accepted, in bytes.
 pub const MAX_ID_LEN: usize = 256;
 
-/// The interned number of a limit name, assigned when limits are loaded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NameId(pub(crate) u32);
+/// A limit's name: the identity of its buckets, in memory and in Redis.
+///
+/// Buckets are keyed by the name itself, never by where the name stands in a configuration
+/// file: reordering, extending or reloading the file keeps every bucket's state where it was.
+/// Names are interned once per process (the set of names is the configuration's, so it is
+/// small and bounded), which makes a `LimitName` a copyable pointer: comparing two names or
+/// hashing one costs no string work on the request path.
+///
+/// Names come from a [`Limits`](crate::Limits) (`limits.name("Api")`) or a
+/// [`Limiter`](crate::Limiter) (`limiter.name("Api")`).
+#[derive(Clone, Copy)]
+pub struct LimitName(&'static NameData);
 
-impl NameId {
-    /// The number used in bucket keys.
-    pub fn get(self) -> u32 {
-        self.0
+struct NameData {
+    text: Box<str>,
+    /// A hash of the text, computed once (used for in-process hashing only, never stored).
+    hash: u64,
+}
+
+type Interned = HashMap<&'static str, &'static NameData>;
+
+fn interned() -> &'static Mutex<Interned> {
+    static NAMES: OnceLock<Mutex<Interned>> = OnceLock::new();
+    NAMES.get_or_init(Mutex::default)
+}
+
+impl LimitName {
+    /// The name for `text`, interned on first use. Only configuration (a checked name) calls
+    /// this, so the interned set stays as small as the set of configured names.
+    pub(crate) fn intern(text: &str) -> Self {
+        let mut names = interned().lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(data) = names.get(text) {
+            return Self(data);
+        }
+        let hash = foldhash::fast::FixedState::with_seed(0x7472_6c5f_6e61_6d65).hash_one(text);
+        let data: &'static NameData = Box::leak(Box::new(NameData {
+            text: text.into(),
+            hash,
+        }));
+        names.insert(&data.text, data);
+        Self(data)
+    }
+
+    /// The name's text.
+    pub fn as_str(&self) -> &'static str {
+        &self.0.text
+    }
+
+    fn hash64(self) -> u64 {
+        self.0.hash
     }
 }
 
-impl fmt::Display for NameId {
+impl PartialEq for LimitName {
+    fn eq(&self, other: &Self) -> bool {
+        // Interned: one allocation per text.
+        std::ptr::eq(self.0, other.0)
+    }
+}
+
+impl Eq for LimitName {}
+
+impl PartialEq<str> for LimitName {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for LimitName {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl std::hash::Hash for LimitName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0.hash);
+    }
+}
+
+impl PartialOrd for LimitName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for LimitName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl AsRef<str> for LimitName {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Display for LimitName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for LimitName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LimitName({:?})", self.as_str())
     }
 }
 
@@ -152,21 +247,21 @@ impl fmt::Debug for Id {
     }
 }
 
-/// The bucket of one limit for one id: `<name number>:<id>`.
+/// The bucket of one limit for one id: `<limit name>:<id>`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct BucketKey {
-    name: NameId,
+    name: LimitName,
     id: Id,
 }
 
 impl BucketKey {
     /// The key of `name`'s bucket for `id`.
-    pub fn new(name: NameId, id: Id) -> Self {
+    pub fn new(name: LimitName, id: Id) -> Self {
         Self { name, id }
     }
 
-    /// The limit name's number.
-    pub fn name(&self) -> NameId {
+    /// The limit's name.
+    pub fn name(&self) -> LimitName {
         self.name
     }
 
@@ -176,27 +271,26 @@ impl BucketKey {
     }
 }
 
-/// One hasher write per key for addresses and numbers (the request path's ids): the name,
-/// the id's kind and its value packed into one `u128`. Equal keys hash equally, as `Eq`
-/// compares the same parts.
+/// One hasher write per key for addresses and numbers (the request path's ids): the name's
+/// precomputed hash, the id's kind and its value packed into one `u128`. Equal keys hash
+/// equally, as `Eq` compares the same parts.
 impl std::hash::Hash for BucketKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        let name = u128::from(self.name.0) << 96;
+        let name = self.name.hash64();
+        let high = |kind: u64| u128::from(name ^ kind) << 64;
         match &self.id.0 {
-            Repr::Number(n) => state.write_u128(name | (1 << 64) | u128::from(*n)),
-            Repr::Ip(IpAddr::V4(v4)) => {
-                state.write_u128(name | (2 << 64) | u128::from(v4.to_bits()));
-            }
+            Repr::Number(n) => state.write_u128(high(1) | u128::from(*n)),
+            Repr::Ip(IpAddr::V4(v4)) => state.write_u128(high(2) | u128::from(v4.to_bits())),
             Repr::Ip(IpAddr::V6(v6)) => {
                 state.write_u128(v6.to_bits());
-                state.write_u64(u64::from(self.name.0) | 3 << 32);
+                state.write_u64(name ^ 3);
             }
             Repr::Ipv6Range48(v6) => {
                 state.write_u128(v6.to_bits());
-                state.write_u64(u64::from(self.name.0) | 4 << 32);
+                state.write_u64(name ^ 4);
             }
             Repr::Text(t) => {
-                state.write_u64(u64::from(self.name.0) | 5 << 32);
+                state.write_u64(name ^ 5);
                 state.write(t.as_bytes());
             }
         }
@@ -623,6 +717,19 @@ mod tests {
     }
 
     #[test]
+    fn names_are_interned_by_text() {
+        let a = LimitName::intern("SameName");
+        let b = LimitName::intern(&String::from("SameName"));
+        assert_eq!(a, b);
+        assert!(std::ptr::eq(a.as_str(), b.as_str()));
+        assert_ne!(a, LimitName::intern("OtherName"));
+        assert_eq!(a, "SameName");
+        let key = |n| BucketKey::new(n, Id::from(7u64));
+        assert_eq!(key(a), key(b));
+        assert_ne!(key(a), key(LimitName::intern("OtherName")));
+    }
+
+    #[test]
     fn fqdn_sets_are_normalized_then_hashed() {
         let a = IdKind::FqdnSet
             .parse("b.example.com,A.example.com,a.example.com")
@@ -648,7 +755,7 @@ mod tests {
         assert_eq!(Id::new("42").unwrap(), Id::from(42u64));
         assert_ne!(Id::new("042").unwrap(), Id::from(42u64));
         assert_eq!(Id::new("042").unwrap().as_text(), Some("042"));
-        let k = BucketKey::new(NameId(3), Id::from(12345678u64));
-        assert_eq!(k.to_string(), "3:12345678");
+        let k = BucketKey::new(LimitName::intern("PerAccount"), Id::from(12345678u64));
+        assert_eq!(k.to_string(), "PerAccount:12345678");
     }
 }

@@ -15,7 +15,7 @@ pub use backend::RedisBackend;
 pub use backend::{Backend, BackendError, MemoryBackend};
 pub use config::{ConfigError, Limits};
 pub use decision::{BatchDecision, Decision, Mode, Outcome, Transaction};
-pub use key::{BucketKey, Id, IdKind, NameId};
+pub use key::{BucketKey, Id, IdKind, LimitName};
 pub use limit::{Limit, Quota};
 pub use time::{Clock, ManualClock, SystemClock};
 pub mod limiter;

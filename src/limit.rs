@@ -171,7 +171,7 @@ impl fmt::Display for Limit {
 ///     .limit("PerAccount", tiers)
 ///     .build()
 ///     .unwrap();
-/// let quota = limits.default_limit(limits.name_id("PerAccount").unwrap()).unwrap();
+/// let quota = limits.default_limit(limits.name("PerAccount").unwrap()).unwrap();
 /// assert!(matches!(quota, Quota::Tiered(_)));
 /// assert_eq!(quota.max_cost(), 55);
 /// ```

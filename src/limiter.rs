@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::backend::{Backend, BackendError, BucketTx};
 use crate::config::Limits;
 use crate::decision::{BatchDecision, Decision, Mode, Outcome, Transaction};
-use crate::key::{BucketKey, Id, IdError, NameId};
+use crate::key::{BucketKey, Id, IdError, LimitName};
 use crate::limit::Quota;
 use crate::time::us;
 
@@ -17,9 +17,6 @@ pub enum LimiterError {
     /// A limit name the configuration does not define.
     #[error("unknown limit {0:?}")]
     UnknownName(String),
-    /// A name number that does not belong to this limiter's configuration.
-    #[error("unknown limit number {0}")]
-    UnknownNameId(NameId),
     /// The same bucket appears twice in one batch.
     #[error("bucket {0} appears twice in one batch")]
     DuplicateKey(String),
@@ -29,7 +26,7 @@ pub enum LimiterError {
     #[error("limit {name}: cost {cost} exceeds the burst of {burst}")]
     CostAboveBurst {
         /// The limit name.
-        name: Arc<str>,
+        name: LimitName,
         /// The cost.
         cost: u64,
         /// The burst.
@@ -40,13 +37,13 @@ pub enum LimiterError {
     #[error("limit {name}: a cost range needs a tiered limit (GCRA grants all or nothing)")]
     CostRangeOnGcra {
         /// The limit name.
-        name: Arc<str>,
+        name: LimitName,
     },
     /// A cost range whose lower end is above its upper end.
     #[error("limit {name}: the cost range {min}..={max} is empty")]
     EmptyCostRange {
         /// The limit name.
-        name: Arc<str>,
+        name: LimitName,
         /// The lower end.
         min: u64,
         /// The upper end.
@@ -56,7 +53,7 @@ pub enum LimiterError {
     #[error("limit {name}: {source}")]
     InvalidId {
         /// The limit name.
-        name: Arc<str>,
+        name: LimitName,
         /// Why the id was refused.
         source: IdError,
     },
@@ -147,28 +144,27 @@ impl Limiter {
         &self.inner.backend
     }
 
-    /// The number of a limit name (look it up once, at set-up).
-    pub fn name_id(&self, name: &str) -> Result<NameId, LimiterError> {
+    /// A limit's name, when the configuration defines it (look it up once, at set-up).
+    pub fn name(&self, name: &str) -> Result<LimitName, LimiterError> {
         self.inner
             .limits
-            .name_id(name)
+            .name(name)
             .ok_or_else(|| LimiterError::UnknownName(name.to_owned()))
     }
 
     /// The bucket key of a name and an id.
     pub fn key(&self, name: &str, id: Id) -> Result<BucketKey, LimiterError> {
-        Ok(BucketKey::new(self.name_id(name)?, id))
+        Ok(BucketKey::new(self.name(name)?, id))
     }
 
     /// The bucket key of a name and an id given as text, checked against the name's id kind.
     pub fn parse_key(&self, name: &str, id: &str) -> Result<BucketKey, LimiterError> {
-        let number = self.name_id(name)?;
-        let kind = self.inner.limits.id_kind(number).unwrap_or_default();
-        let id = kind.parse(id).map_err(|source| LimiterError::InvalidId {
-            name: Arc::from(name),
-            source,
-        })?;
-        Ok(BucketKey::new(number, id))
+        let name = self.name(name)?;
+        let kind = self.inner.limits.id_kind(name).unwrap_or_default();
+        let id = kind
+            .parse(id)
+            .map_err(|source| LimiterError::InvalidId { name, source })?;
+        Ok(BucketKey::new(name, id))
     }
 
     /// Decides a batch and spends it if it is allowed (all or nothing).
@@ -244,9 +240,9 @@ impl Limiter {
         let mut txs: Batch<BucketTx<'_>> = Batch::with_capacity(batch.len());
         for tx in batch {
             let name = tx.key().name();
-            let Some(label) = limits.name(name) else {
-                return Err(LimiterError::UnknownNameId(name));
-            };
+            if !limits.contains(name) {
+                return Err(LimiterError::UnknownName(name.to_string()));
+            }
             let mode = if op == Op::Check {
                 Mode::CheckOnly
             } else {
@@ -259,7 +255,7 @@ impl Limiter {
                 let min_cost = tx.min_cost_or(default_cost);
                 if min_cost > cost {
                     return Err(LimiterError::EmptyCostRange {
-                        name: label.clone(),
+                        name,
                         min: min_cost,
                         max: cost,
                     });
@@ -267,7 +263,7 @@ impl Limiter {
                 let too_much = match quota {
                     Quota::Gcra(_) if min_cost != cost && op != Op::Refund => {
                         return Err(LimiterError::CostRangeOnGcra {
-                            name: label.clone(),
+                            name,
                         });
                     }
                     Quota::Gcra(l) => cost > l.burst(),
@@ -275,7 +271,7 @@ impl Limiter {
                 };
                 if too_much {
                     return Err(LimiterError::CostAboveBurst {
-                        name: label.clone(),
+                        name,
                         cost: if quota.as_gcra().is_some() {
                             cost
                         } else {
@@ -306,7 +302,6 @@ impl Limiter {
         outcomes: Vec<Outcome>,
         op: Op,
     ) -> Result<BatchDecision, LimiterError> {
-        let limits = &self.inner.limits;
         if outcomes.len() != sent {
             return Err(BackendError::Unavailable(format!(
                 "backend returned {} outcomes for {} transactions",
@@ -337,7 +332,7 @@ impl Limiter {
                     reset_after: us(o.reset_after_us),
                     limit: r.quota.cloned(),
                     tiers: o.tiers,
-                    name: limits.name(tx.key().name()).cloned().unwrap_or_default(),
+                    name: tx.key().name(),
                     key: tx.key().clone(),
                     mode: r.mode,
                 }

@@ -305,7 +305,7 @@ pub async fn run(
                     .decisions()
                     .iter()
                     .map(|d| TxOut {
-                        limit: &d.name,
+                        limit: d.name.as_str(),
                         id: d.key.id().to_string(),
                         allowed: d.allowed,
                         remaining: d.remaining,

@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use tower_ratelimits::config::ConfigErrorKind;
-use tower_ratelimits::{Id, IdKind, Limit, Limits};
+use tower_ratelimits::{BucketKey, Id, IdKind, Limit, Limits};
 
 const DEFAULTS: &str = "\
 NewRegistrationsPerIPAddress:
@@ -25,10 +25,10 @@ CertificatesPerDomainPerAccount:
 ";
 
 fn limit_of(limits: &Limits, name: &str, id: &str) -> Limit {
-    let n = limits.name_id(name).unwrap();
+    let n = limits.name(name).unwrap();
     let id = limits.id_kind(n).unwrap().parse(id).unwrap();
     *limits
-        .resolve(&limits.key(n, id))
+        .resolve(&BucketKey::new(n, id))
         .unwrap()
         .as_gcra()
         .unwrap()
@@ -73,17 +73,14 @@ fn loads_defaults_and_list_overrides() {
         limit_of(&limits, "CertificatesPerDomainPerAccount", "1:example.com").period_us(),
         5_400_000_000
     );
-    // Names are interned in file order.
-    let names: Vec<_> = limits
-        .names()
-        .map(|(n, s)| (n.get(), s.to_owned()))
-        .collect();
-    assert_eq!(names[1], (1, "NewOrdersPerAccount".to_owned()));
-    let key = limits.key(
-        limits.name_id("NewOrdersPerAccount").unwrap(),
+    // Names are listed in file order; a bucket is keyed by its limit's name, never a position.
+    let names: Vec<_> = limits.names().map(|n| n.as_str()).collect();
+    assert_eq!(names[1], "NewOrdersPerAccount");
+    let key = BucketKey::new(
+        limits.name("NewOrdersPerAccount").unwrap(),
         Id::from(12345678u64),
     );
-    assert_eq!(key.to_string(), "1:12345678");
+    assert_eq!(key.to_string(), "NewOrdersPerAccount:12345678");
 }
 
 #[test]
@@ -597,10 +594,10 @@ fn tiers_load_and_overrides_replace_them_for_an_id() {
     ids: [43]
 ";
     let limits = Limits::from_yaml_str(TIERED, Some(overrides)).unwrap();
-    let name = limits.name_id("ApiCallsPerAccount").unwrap();
+    let name = limits.name("ApiCallsPerAccount").unwrap();
     let quota = |id: &str| {
         limits
-            .resolve(&limits.key(name, Id::new(id).unwrap()))
+            .resolve(&BucketKey::new(name, Id::new(id).unwrap()))
             .unwrap()
             .clone()
     };

@@ -1,6 +1,8 @@
 //! The Limiter on the in-memory backend: batches, modes, atomicity under concurrency, the
 //! sweep and the key cap.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -159,7 +161,7 @@ async fn errors_and_disabled_limits() {
         "{e}"
     );
     assert!(matches!(
-        l.name_id("Nope"),
+        l.name("Nope"),
         Err(LimiterError::UnknownName(_))
     ));
     assert!(matches!(
@@ -589,7 +591,7 @@ async fn cost_ranges_are_checked() {
 #[tokio::test]
 async fn a_sweep_that_empties_the_table_gives_its_memory_back() {
     let (limiter, backend, clock) = setup();
-    let name = limiter.limits().name_id("A").unwrap();
+    let name = limiter.limits().name("A").unwrap();
     for i in 0..50_000u64 {
         let k = BucketKey::new(name, tower_ratelimits::Id::from(i));
         assert!(
@@ -611,4 +613,15 @@ async fn a_sweep_that_empties_the_table_gives_its_memory_back() {
         "{} slots kept of {grown}",
         backend.capacity()
     );
+}
+
+#[tokio::test]
+async fn reordered_and_extended_files_share_exactly_the_right_buckets_in_memory() {
+    let backend: Arc<dyn tower_ratelimits::Backend> =
+        Arc::new(MemoryBackend::builder().clock(ManualClock::new(T0)).build());
+    let [a, b, c] = support::identity::three_configurations();
+    let a = Limiter::with_shared_backend(a, backend.clone());
+    let b = Limiter::with_shared_backend(b, backend.clone());
+    let c = Limiter::with_shared_backend(c, backend);
+    support::identity::instances_share_exactly_the_right_buckets(&a, &b, &c).await;
 }

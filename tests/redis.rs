@@ -12,7 +12,7 @@ use fred::prelude::{ClientLike as _, KeysInterface, Value};
 use support::redis::{RedisCluster, RedisServer, TestRedis, command, unique_prefix};
 use tower_ratelimits::backend::redis::{RedisBackend, RedisSetupError};
 use tower_ratelimits::{
-    Backend, BackendError, Id, Limiter, LimiterError, Limits, ManualClock, MemoryBackend, Mode,
+    Backend, BackendError, BucketKey, Id, Limiter, LimiterError, Limits, ManualClock, MemoryBackend, Mode,
     Transaction, simulate,
 };
 
@@ -39,6 +39,47 @@ async fn caller_time_backend(
         .connect()
         .await
         .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bucket identity: keys name the limit, not its place in a file.
+// ---------------------------------------------------------------------------------------------
+
+async fn identity_across_reordered_files(url: &str) {
+    let prefix = unique_prefix("identity");
+    let [a, b, c] = support::identity::three_configurations();
+    let a = Limiter::new(a, backend(url, &prefix).await);
+    let b = Limiter::new(b, backend(url, &prefix).await);
+    let c = Limiter::new(c, backend(url, &prefix).await);
+    support::identity::instances_share_exactly_the_right_buckets(&a, &b, &c).await;
+    // The stored keys are the names' own, as the README documents them.
+    let redis = backend(url, &prefix).await;
+    for name in ["RequestsPerIPAddress", "RequestsPerIPv6Range", "Unused"] {
+        let key = BucketKey::new(a_name(&c, name), Id::new("10.0.0.1").unwrap());
+        let stored = redis.redis_key(&key);
+        assert_eq!(stored, format!("{prefix}{{{name}:10.0.0.1}}"));
+        let exists: i64 = redis
+            .client_for_key(&stored)
+            .unwrap()
+            .exists(&stored)
+            .await
+            .unwrap();
+        assert_eq!(exists, 1, "{stored}");
+    }
+}
+
+fn a_name(limiter: &Limiter, name: &str) -> tower_ratelimits::LimitName {
+    limiter.name(name).unwrap()
+}
+
+#[tokio::test]
+async fn reordered_and_extended_files_share_exactly_the_right_buckets_on_single_redis() {
+    identity_across_reordered_files(&TestRedis::single().url).await;
+}
+
+#[tokio::test]
+async fn reordered_and_extended_files_share_exactly_the_right_buckets_on_the_cluster() {
+    identity_across_reordered_files(&TestRedis::cluster().url).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -856,7 +897,7 @@ async fn spend_and_refund_through_the_backend_trait() {
     let clock = ManualClock::new(simulate::EPOCH_US);
     let backend = caller_time_backend(&redis.url, &unique_prefix("trait"), &clock, false).await;
     let limits = Limits::from_yaml_str(KEY_LIMITS, None).unwrap();
-    let key = limits.key(limits.name_id("Api").unwrap(), Id::new("t").unwrap());
+    let key = BucketKey::new(limits.name("Api").unwrap(), Id::new("t").unwrap());
     let limit = limits.default_limit(key.name()).unwrap();
     let tx = tower_ratelimits::backend::BucketTx {
         key: &key,

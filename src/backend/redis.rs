@@ -14,7 +14,7 @@
 //!
 //! # Keys
 //!
-//! A bucket lives at `<prefix>{<name number>:<id>}` (prefix `rl:` by default): the braces are a
+//! A bucket lives at `<prefix>{<limit name>:<id>}` (prefix `rl:` by default): the braces are a
 //! Redis Cluster hash tag. In a text id, every byte outside printable ASCII and every `{`, `}`
 //! and `%` is written as `%XX`, so no client-chosen id can move a key to another slot, collide
 //! with another id, or break the format. A key expires (`PXAT`) at the moment its bucket equals
@@ -547,15 +547,16 @@ impl RedisBackend {
             .map_or(0, |c| c.hits.load(Ordering::Relaxed))
     }
 
-    /// The Redis key of a bucket: `<prefix>{<name number>:<escaped id>}`.
+    /// The Redis key of a bucket: `<prefix>{<limit name>:<escaped id>}`. The limit's name,
+    /// not its place in a file, so the key keeps its meaning when the configuration is
+    /// reordered, extended or reloaded.
     ///
     /// ```
     /// # use tower_ratelimits::{BucketKey, Id, Limits, Limit};
     /// # use tower_ratelimits::backend::redis::redis_key;
-    /// # let limits = Limits::builder().limit("A", Limit::new(1, 1, std::time::Duration::from_secs(1)).unwrap()).build().unwrap();
-    /// # let name = limits.name_id("A").unwrap();
-    /// let key = BucketKey::new(name, Id::new("a{b}%c é").unwrap());
-    /// assert_eq!(redis_key("rl:", &key), format!("rl:{{{}:a%7Bb%7D%25c%20%C3%A9}}", name.get()));
+    /// # let limits = Limits::builder().limit("Api", Limit::new(1, 1, std::time::Duration::from_secs(1)).unwrap()).build().unwrap();
+    /// let key = BucketKey::new(limits.name("Api").unwrap(), Id::new("a{b}%c é").unwrap());
+    /// assert_eq!(redis_key("rl:", &key), "rl:{Api:a%7Bb%7D%25c%20%C3%A9}");
     /// ```
     pub fn redis_key(&self, key: &BucketKey) -> String {
         redis_key(&self.inner.prefix, key)
@@ -869,7 +870,8 @@ pub fn redis_key(prefix: &str, key: &BucketKey) -> String {
     let mut out = String::with_capacity(prefix.len() + 64);
     out.push_str(prefix);
     out.push('{');
-    let _ = write!(out, "{}:", key.name());
+    push_escaped(&mut out, key.name().as_str());
+    out.push(':');
     let _ = write!(Escaping(&mut out), "{}", key.id());
     out.push('}');
     out

@@ -1,14 +1,13 @@
 //! Limits: names, their id kinds, defaults and per-id overrides.
 //!
-//! [`Limits`] is an immutable snapshot. Names are interned to small integers ([`NameId`]) when
-//! the snapshot is built; resolving the limit of a bucket on the request path is one hash
-//! lookup in the overrides (skipped when there are none) and one index into the defaults.
+//! [`Limits`] is an immutable snapshot. Names are interned ([`LimitName`]) when the snapshot is
+//! built; resolving the limit of a bucket on the request path is one hash lookup in the
+//! overrides (skipped when there are none) and one in the names, both on precomputed hashes.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 
-use crate::key::{BucketKey, Id, IdError, IdKind, NameId};
+use crate::key::{BucketKey, IdError, IdKind, LimitName};
 use crate::limit::{LimitError, Quota};
 use crate::tiers::TierError;
 use crate::time::DurationError;
@@ -215,7 +214,7 @@ impl std::error::Error for ConfigError {
 
 #[derive(Debug, Clone)]
 struct NameEntry {
-    name: Arc<str>,
+    name: LimitName,
     kind: IdKind,
     cost: u64,
     default: Option<Quota>,
@@ -227,7 +226,7 @@ struct NameEntry {
 /// [`Limits::from_yaml_files`].
 ///
 /// ```
-/// use tower_ratelimits::{Id, IdKind, Limit, Limits};
+/// use tower_ratelimits::{BucketKey, Id, IdKind, Limit, Limits};
 /// use std::time::Duration;
 ///
 /// let limits = Limits::builder()
@@ -235,15 +234,17 @@ struct NameEntry {
 ///     .override_for("ApiPerIp", "10.0.0.2", Limit::new(20, 40, Duration::from_secs(1)).unwrap())
 ///     .build()
 ///     .unwrap();
-/// let name = limits.name_id("ApiPerIp").unwrap();
-/// let key = limits.key(name, Id::new("10.0.0.2").unwrap());
+/// let name = limits.name("ApiPerIp").unwrap();
+/// let key = BucketKey::new(name, Id::new("10.0.0.2").unwrap());
 /// assert_eq!(limits.resolve(&key).unwrap().as_gcra().unwrap().count(), 40);
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
+    /// In definition order (for listing only: nothing is keyed by a position).
     names: Vec<NameEntry>,
-    by_name: HashMap<Arc<str>, NameId>,
-    overrides: HashMap<BucketKey, Quota>,
+    by_name: HashMap<LimitName, usize, foldhash::fast::RandomState>,
+    by_text: HashMap<&'static str, usize, foldhash::fast::RandomState>,
+    overrides: HashMap<BucketKey, Quota, foldhash::fast::RandomState>,
 }
 
 impl Limits {
@@ -252,39 +253,38 @@ impl Limits {
         LimitsBuilder::default()
     }
 
-    /// The number of a name.
-    pub fn name_id(&self, name: &str) -> Option<NameId> {
-        self.by_name.get(name).copied()
+    fn entry(&self, name: LimitName) -> Option<&NameEntry> {
+        self.by_name.get(&name).map(|&i| &self.names[i])
     }
 
-    /// The name of a number.
-    pub fn name(&self, id: NameId) -> Option<&Arc<str>> {
-        self.names.get(id.0 as usize).map(|e| &e.name)
+    /// The name `text`, when this configuration defines it.
+    pub fn name(&self, text: &str) -> Option<LimitName> {
+        self.by_text.get(text).map(|&i| self.names[i].name)
+    }
+
+    /// Whether this configuration defines `name`.
+    pub fn contains(&self, name: LimitName) -> bool {
+        self.by_name.contains_key(&name)
     }
 
     /// The id kind a name is keyed by.
-    pub fn id_kind(&self, id: NameId) -> Option<IdKind> {
-        self.names.get(id.0 as usize).map(|e| e.kind)
+    pub fn id_kind(&self, name: LimitName) -> Option<IdKind> {
+        self.entry(name).map(|e| e.kind)
     }
 
     /// The cost of one request against a name when the transaction sets none (1 by default).
-    pub fn default_cost(&self, id: NameId) -> u64 {
-        self.names.get(id.0 as usize).map_or(1, |e| e.cost)
+    pub fn default_cost(&self, name: LimitName) -> u64 {
+        self.entry(name).map_or(1, |e| e.cost)
     }
 
     /// The default limit of a name (`None`: disabled unless overridden).
-    pub fn default_limit(&self, id: NameId) -> Option<&Quota> {
-        self.names
-            .get(id.0 as usize)
-            .and_then(|e| e.default.as_ref())
+    pub fn default_limit(&self, name: LimitName) -> Option<&Quota> {
+        self.entry(name).and_then(|e| e.default.as_ref())
     }
 
-    /// Every name, in number order.
-    pub fn names(&self) -> impl Iterator<Item = (NameId, &str)> {
-        self.names
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (NameId(i as u32), &*e.name))
+    /// Every name, in the order they were defined.
+    pub fn names(&self) -> impl Iterator<Item = LimitName> + '_ {
+        self.names.iter().map(|e| e.name)
     }
 
     /// The number of overrides.
@@ -292,13 +292,8 @@ impl Limits {
         self.overrides.len()
     }
 
-    /// The bucket key of a name and id.
-    pub fn key(&self, name: NameId, id: Id) -> BucketKey {
-        BucketKey::new(name, id)
-    }
-
     /// The limit that applies to a bucket: its override, else the name's default, else `None`
-    /// (disabled).
+    /// (disabled, or a name this configuration does not define).
     pub fn resolve(&self, key: &BucketKey) -> Option<&Quota> {
         if !self.overrides.is_empty()
             && let Some(l) = self.overrides.get(key)
@@ -365,7 +360,7 @@ impl LimitsBuilder {
         default: Option<Quota>,
     ) -> Result<(), ConfigError> {
         check_name(name).map_err(ConfigError::new)?;
-        if self.limits.by_name.contains_key(name) {
+        if self.limits.by_text.contains_key(name) {
             return Err(ConfigError::new(ConfigErrorKind::DuplicateName(
                 name.to_owned(),
             )));
@@ -378,10 +373,10 @@ impl LimitsBuilder {
                 burst: l.max_cost(),
             }));
         }
-        let name: Arc<str> = Arc::from(name);
-        let number = u32::try_from(self.limits.names.len())
-            .map_err(|_| ConfigError::new(ConfigErrorKind::InvalidName(name.to_string())))?;
-        self.limits.by_name.insert(name.clone(), NameId(number));
+        let name = LimitName::intern(name);
+        let index = self.limits.names.len();
+        self.limits.by_name.insert(name, index);
+        self.limits.by_text.insert(name.as_str(), index);
         self.limits.names.push(NameEntry {
             name,
             kind,
@@ -405,11 +400,12 @@ impl LimitsBuilder {
         id: &str,
         limit: Quota,
     ) -> Result<(), ConfigError> {
-        let number = self
+        let index = *self
             .limits
-            .name_id(name)
+            .by_text
+            .get(name)
             .ok_or_else(|| ConfigError::new(ConfigErrorKind::UnknownName(name.to_owned())))?;
-        let entry = &self.limits.names[number.0 as usize];
+        let entry = &self.limits.names[index];
         if entry.cost > limit.max_cost() {
             return Err(ConfigError::new(ConfigErrorKind::CostAboveBurst {
                 cost: entry.cost,
@@ -417,7 +413,7 @@ impl LimitsBuilder {
             }));
         }
         let parsed = entry.kind.parse(id).map_err(ConfigError::new)?;
-        let key = BucketKey::new(number, parsed);
+        let key = BucketKey::new(entry.name, parsed);
         if self.limits.overrides.contains_key(&key) {
             return Err(ConfigError::new(ConfigErrorKind::DuplicateId(
                 id.to_owned(),

@@ -491,7 +491,7 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                     return Err(located(err_at(ConfigErrorKind::NoIds, ids_node.line)));
                 }
                 check_name(name).map_err(|e| located(ConfigError::new(e)))?;
-                if builder.limits.name_id(name).is_none() {
+                if builder.limits.name(name).is_none() {
                     return Err(located(ConfigError::new(ConfigErrorKind::UnknownName(
                         name.to_owned(),
                     ))));

@@ -54,7 +54,7 @@ pub use response::{
 };
 
 use crate::decision::{Mode, Transaction};
-use crate::key::{BucketKey, IdKind, NameId};
+use crate::key::{BucketKey, IdKind, LimitName};
 use crate::limiter::Limiter;
 
 /// What to do when a rule's extractor finds no id (e.g. no account header).
@@ -173,7 +173,7 @@ pub enum LayerError {
 }
 
 pub(crate) struct ResolvedRule {
-    pub(crate) name: NameId,
+    pub(crate) name: LimitName,
     pub(crate) kind: IdKind,
     pub(crate) rule: Rule,
     /// The default limit and its `RateLimit-Policy` value, computed once.
@@ -264,7 +264,7 @@ impl RateLimitLayerBuilder {
         let mut rules: Vec<ResolvedRule> = Vec::with_capacity(self.rules.len());
         for rule in self.rules {
             let name = limits
-                .name_id(&rule.name)
+                .name(&rule.name)
                 .ok_or_else(|| LayerError::UnknownLimit(rule.name.clone()))?;
             if rules.iter().any(|r| r.name == name) {
                 return Err(LayerError::DuplicateRule(rule.name));

@@ -81,7 +81,7 @@ pub fn tier_policy_value(name: &str, tier: &crate::tiers::Tier) -> HeaderValue {
 /// bucket is full again (rounded up).
 pub fn state_value(decision: &Decision) -> HeaderValue {
     sf_item(
-        &decision.name,
+        decision.name.as_str(),
         b'r',
         decision.remaining,
         b't',
@@ -102,14 +102,14 @@ pub(crate) fn insert_ratelimit_headers(
     let (quota, policy) = match limit {
         Quota::Gcra(l) => (
             l.burst(),
-            policy.unwrap_or_else(|| policy_value(&decision.name, l)),
+            policy.unwrap_or_else(|| policy_value(decision.name.as_str(), l)),
         ),
         Quota::Tiered(t) => {
             let number = decision.tiers.map_or(1, |g| usize::from(g.tier));
             let Some(tier) = t.tier(number).or(t.tiers().first()) else {
                 return;
             };
-            (tier.limit(), tier_policy_value(&decision.name, tier))
+            (tier.limit(), tier_policy_value(decision.name.as_str(), tier))
         }
     };
     headers.insert(RATELIMIT_POLICY.clone(), policy);

@@ -2,4 +2,5 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod identity;
 pub mod redis;
