@@ -2,7 +2,8 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tower_ratelimits::{Limit, gcra};
+use tower_ratelimits::__private::gcra;
+use tower_ratelimits::Limit;
 
 fn bench(c: &mut Criterion) {
     let limit = Limit::from_micros(20, 20, 1_000_000).unwrap();

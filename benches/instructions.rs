@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use governor::{Quota as GovernorQuota, RateLimiter};
 use tower::ServiceExt;
-use tower_ratelimits::backend::BucketTx;
+use tower_ratelimits::BucketTx;
 use tower_ratelimits::{BucketKey, Id, Limit, Limiter, Limits, MemoryBackend, Transaction};
 
 /// Counts allocations (not frees: an operation that allocates and frees still pays for it).

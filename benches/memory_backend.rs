@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
-use tower_ratelimits::backend::{Backend, BucketTx};
+use tower_ratelimits::{Backend, BucketTx};
 use tower_ratelimits::{
     BucketKey, Id, Limit, Limiter, Limits, ManualClock, MemoryBackend, Transaction,
 };

@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tower_ratelimits::tiers::{self, Tier, TierState, TieredLimit};
+use tower_ratelimits::__private::tiers::{self, Tier, TierState, TieredLimit};
 use tower_ratelimits::{Id, Limit, Limiter, Limits, ManualClock, MemoryBackend, Transaction};
 
 fn penalty() -> TieredLimit {

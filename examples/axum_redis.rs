@@ -21,7 +21,7 @@ mod common;
 
 use std::process::ExitCode;
 
-use tower_ratelimits::layer::FailurePolicy;
+use tower_ratelimits::FailurePolicy;
 use tower_ratelimits::{Limiter, RedisBackend};
 
 #[tokio::main]

@@ -157,7 +157,7 @@ enum Repr {
 pub struct Id(Repr);
 
 impl Id {
-    /// An id from text: non-empty, at most [`MAX_ID_LEN`] bytes, no control characters.
+    /// An id from text: non-empty, at most 256 bytes, no control characters.
     pub fn new(text: &str) -> Result<Self, IdError> {
         check_text(text)?;
         Ok(Self::from_checked_text(text))
@@ -433,7 +433,7 @@ pub enum IdError {
     /// The id was empty.
     #[error("the id is empty")]
     Empty,
-    /// The id is longer than [`MAX_ID_LEN`] bytes.
+    /// The id is longer than 256 bytes.
     #[error("the id is {0} bytes long; at most 256 are allowed")]
     TooLong(usize),
     /// The id contains a control character.
@@ -600,15 +600,7 @@ fn parse_domain(text: &str) -> Result<(), IdError> {
 
 /// Normalizes a comma-separated set of domain names (lower case, de-duplicated, sorted) and
 /// returns the SHA-256 of the normalized set, in hex.
-///
-/// ```
-/// use tower_ratelimits::key::hash_fqdn_set;
-/// assert_eq!(
-///     hash_fqdn_set("www.Example.com,example.org,example.org").unwrap(),
-///     hash_fqdn_set("example.org,www.example.com").unwrap(),
-/// );
-/// ```
-pub fn hash_fqdn_set(text: &str) -> Result<String, IdError> {
+pub(crate) fn hash_fqdn_set(text: &str) -> Result<String, IdError> {
     let mut names: Vec<String> = text
         .split(',')
         .map(|n| n.trim().to_ascii_lowercase())

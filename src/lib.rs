@@ -1,25 +1,48 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod backend;
-pub mod config;
-pub mod decision;
-pub mod gcra;
-pub mod key;
-pub mod limit;
-pub mod tiers;
-pub mod time;
+// The tree, from the inside out (docs/design.md): pure algorithms, quotas and keys,
+// configuration, backends, the limiter, the tower layer. Modules are private; what a user
+// names is re-exported here, once.
+mod algo;
+mod backend;
+mod config;
+mod key;
+mod layer;
+mod limiter;
+mod quota;
+mod time;
 
+pub use algo::gcra::{Limit, LimitError};
+pub use algo::tiers::{Tier, TierError, TierGrant, TierRequestError, TieredLimit};
+pub use backend::{
+    Backend, BackendError, BucketTx, MemoryBackend, MemoryBackendBuilder, Mode, Outcome,
+    SweeperHandle,
+};
 #[cfg(feature = "redis")]
-pub use backend::RedisBackend;
-pub use backend::{Backend, BackendError, MemoryBackend};
-pub use config::{ConfigError, Limits};
-pub use decision::{BatchDecision, Decision, Mode, Outcome, Transaction};
-pub use key::{BucketKey, Id, IdKind, LimitName};
-pub use limit::{Limit, Quota};
-pub use time::{Clock, ManualClock, SystemClock};
-pub mod limiter;
-pub use limiter::{Limiter, LimiterError};
-pub mod layer;
+pub use backend::{RedisBackend, RedisBackendBuilder, RedisSetupError};
+pub use config::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, Location};
+pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
+pub use layer::{
+    ClientIp, Denial, FailurePolicy, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor,
+    LayerError, OnMissingKey, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder,
+    RateLimitService, ResponseFuture, Rule,
+};
+pub use limiter::{BatchDecision, Decision, Limiter, LimiterError, Transaction};
+pub use quota::Quota;
+pub use time::{Clock, DurationError, ManualClock, SystemClock};
+
+/// Not part of the API: what this repository's own tests, benches and examples reach below
+/// the public surface (the pure algorithms, the trace simulator). Anything here may change
+/// in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::algo::{gcra, tiers};
+    pub use crate::simulate;
+    pub use crate::time::parse_duration_us;
+}
+
+#[doc(hidden)]
 pub mod simulate;
-pub use layer::{RateLimitLayer, Rule};

@@ -41,7 +41,8 @@ use std::io::{BufRead, Write};
 
 use serde::Serialize;
 
-use crate::decision::{Mode, Transaction};
+use crate::backend::Mode;
+use crate::limiter::Transaction;
 use crate::limiter::{Limiter, LimiterError};
 use crate::time::ManualClock;
 

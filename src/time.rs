@@ -138,7 +138,7 @@ pub enum DurationError {
 /// `m`, `h`, `d`. Signs, fractions and spaces are refused.
 ///
 /// ```
-/// use tower_ratelimits::time::parse_duration_us;
+/// use tower_ratelimits::__private::parse_duration_us;
 /// assert_eq!(parse_duration_us("1h30m"), Ok(5_400_000_000));
 /// assert_eq!(parse_duration_us("250ms"), Ok(250_000));
 /// assert!(parse_duration_us("-1s").is_err());

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use tower_ratelimits::config::ConfigErrorKind;
+use tower_ratelimits::ConfigErrorKind;
 use tower_ratelimits::{BucketKey, Id, IdKind, Limit, Limits};
 
 const DEFAULTS: &str = "\

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use http::Request;
 use tower_ratelimits::Id;
-use tower_ratelimits::layer::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyExtractor};
+use tower_ratelimits::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyExtractor};
 
 fn parts(peer: &str, headers: &[(&str, &[u8])]) -> http::request::Parts {
     let mut b = Request::get("/").extension(peer.parse::<SocketAddr>().unwrap());

@@ -2,8 +2,8 @@
 //! property test against an independent token-bucket model.
 
 use proptest::prelude::*;
-use tower_ratelimits::gcra::{self, GcraError};
-use tower_ratelimits::{Limit, limit::LimitError};
+use tower_ratelimits::__private::gcra::{self, GcraError};
+use tower_ratelimits::{Limit, LimitError};
 
 const MS: u64 = 1_000;
 const S: u64 = 1_000_000;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::{Router, routing::get};
 use support::http::{HttpClient, serve};
-use tower_ratelimits::layer::{ClientIp, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule};
+use tower_ratelimits::{ClientIp, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule};
 use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
 
 const DEFAULTS: &str = "\

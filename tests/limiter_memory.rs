@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tower_ratelimits::backend::BackendError;
+use tower_ratelimits::BackendError;
 use tower_ratelimits::{
     BucketKey, Id, IdKind, Limit, Limiter, LimiterError, Limits, ManualClock, MemoryBackend, Mode,
     Transaction,
@@ -160,10 +160,7 @@ async fn errors_and_disabled_limits() {
         ),
         "{e}"
     );
-    assert!(matches!(
-        l.name("Nope"),
-        Err(LimiterError::UnknownName(_))
-    ));
+    assert!(matches!(l.name("Nope"), Err(LimiterError::UnknownName(_))));
     assert!(matches!(
         l.parse_key("PerAccount", "x"),
         Err(LimiterError::InvalidId { .. })
@@ -415,7 +412,7 @@ proptest! {
 // ---------------------------------------------------------------------------------------------
 
 fn tiered_setup() -> (Limiter, MemoryBackend, ManualClock) {
-    use tower_ratelimits::tiers::{Tier, TieredLimit};
+    use tower_ratelimits::{Tier, TieredLimit};
     let s = Duration::from_secs;
     let tiers = TieredLimit::new([
         Tier::new(5, s(1), s(1), s(0)),

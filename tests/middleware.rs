@@ -12,11 +12,11 @@ use axum::{Router, body::Body, routing::any};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_ratelimits::backend::{Backend, BackendError, BucketTx};
-use tower_ratelimits::layer::{
+use tower_ratelimits::{Backend, BackendError, BucketTx};
+use tower_ratelimits::{BucketKey, Limiter, Limits, ManualClock, MemoryBackend, Outcome};
+use tower_ratelimits::{
     ClientIp, FailurePolicy, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule,
 };
-use tower_ratelimits::{BucketKey, Limiter, Limits, ManualClock, MemoryBackend, Outcome};
 
 const DEFAULTS: &str = "\
 PerIp: {kind: ip, burst: 2, count: 2, period: 2s}
@@ -322,7 +322,7 @@ async fn bad_requests_and_set_up_errors() {
         .unwrap();
     assert_eq!(send(&app4, long).await.0, StatusCode::BAD_REQUEST);
     // Layer set-up errors.
-    use tower_ratelimits::layer::LayerError;
+    use tower_ratelimits::LayerError;
     assert_eq!(
         RateLimitLayer::new(limiter.clone(), vec![]).unwrap_err(),
         LayerError::NoRules

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::{ClientLike as _, KeysInterface, Value};
 use support::redis::{RedisCluster, RedisServer, TestRedis, command, unique_prefix};
-use tower_ratelimits::backend::redis::{RedisBackend, RedisSetupError};
 use tower_ratelimits::{
-    Backend, BackendError, BucketKey, Id, Limiter, LimiterError, Limits, ManualClock, MemoryBackend, Mode,
-    Transaction, simulate,
+    Backend, BackendError, BucketKey, Id, Limiter, LimiterError, Limits, ManualClock,
+    MemoryBackend, Mode, Transaction, simulate,
 };
+use tower_ratelimits::{RedisBackend, RedisSetupError};
 
 async fn backend(url: &str, prefix: &str) -> RedisBackend {
     RedisBackend::from_url(url)
@@ -899,7 +899,7 @@ async fn spend_and_refund_through_the_backend_trait() {
     let limits = Limits::from_yaml_str(KEY_LIMITS, None).unwrap();
     let key = BucketKey::new(limits.name("Api").unwrap(), Id::new("t").unwrap());
     let limit = limits.default_limit(key.name()).unwrap();
-    let tx = tower_ratelimits::backend::BucketTx {
+    let tx = tower_ratelimits::BucketTx {
         key: &key,
         quota: limit,
         cost: 3,
@@ -909,13 +909,13 @@ async fn spend_and_refund_through_the_backend_trait() {
     let err = backend.spend(&[tx]).await.unwrap_err();
     assert!(matches!(err, BackendError::Gcra(_)), "{err:?}");
     let ok = backend
-        .spend(&[tower_ratelimits::backend::BucketTx { cost: 2, ..tx }])
+        .spend(&[tower_ratelimits::BucketTx { cost: 2, ..tx }])
         .await
         .unwrap();
     assert!(ok[0].allowed);
     assert_eq!(ok[0].remaining, 0);
     let r = backend
-        .refund(&[tower_ratelimits::backend::BucketTx { cost: 1, ..tx }])
+        .refund(&[tower_ratelimits::BucketTx { cost: 1, ..tx }])
         .await
         .unwrap();
     assert!(r[0].allowed);
@@ -935,7 +935,7 @@ mod through_http {
     use super::*;
     use axum::{Router, routing::get};
     use support::http::{HttpClient, serve};
-    use tower_ratelimits::layer::{ClientIp, FailurePolicy, RateLimitLayer, Rule};
+    use tower_ratelimits::{ClientIp, FailurePolicy, RateLimitLayer, Rule};
 
     const LIMITS: &str = "\
 RequestsPerIPAddress:

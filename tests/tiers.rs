@@ -2,7 +2,7 @@
 //! and property tests against a naive model that keeps every single unit it grants.
 
 use proptest::prelude::*;
-use tower_ratelimits::tiers::{self, Tier, TierLog, TierState, TieredLimit};
+use tower_ratelimits::__private::tiers::{self, Tier, TierLog, TierState, TieredLimit};
 
 const S: u64 = 1_000_000;
 

@@ -9,7 +9,7 @@ use axum::extract::ConnectInfo;
 use axum::{Router, body::Body, routing::get};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
-use tower_ratelimits::layer::{ClientIp, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule};
+use tower_ratelimits::{ClientIp, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule};
 use tower_ratelimits::{Limiter, Limits, MemoryBackend};
 
 const LIMITS: &str = "\

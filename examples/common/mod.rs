@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use axum::{Router, routing::get};
 use ipnet::IpNet;
-use tower_ratelimits::layer::{ClientIp, Ipv6Range48, RateLimitLayerBuilder, Rule};
+use tower_ratelimits::{ClientIp, Ipv6Range48, RateLimitLayerBuilder, Rule};
 use tower_ratelimits::{Limiter, Limits, RateLimitLayer};
 
 /// `ADDR`, the YAML files and the trusted proxies.

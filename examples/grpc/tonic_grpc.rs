@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-use tower_ratelimits::layer::{ClientIp, RateLimitLayer, Rule};
+use tower_ratelimits::{ClientIp, RateLimitLayer, Rule};
 use tower_ratelimits::{Limiter, Limits, MemoryBackend};
 
 #[tokio::main]

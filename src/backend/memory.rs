@@ -34,11 +34,12 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
 use super::{Backend, BackendError, BucketTx, batch_allowed};
-use crate::decision::{Mode, Outcome};
-use crate::gcra;
+use crate::algo::gcra;
+use crate::algo::gcra::Limit;
+use crate::algo::tiers::{self, TierState};
+use crate::backend::{Mode, Outcome};
 use crate::key::BucketKey;
-use crate::limit::{Limit, Quota};
-use crate::tiers::{self, TierState};
+use crate::quota::Quota;
 use crate::time::{Clock, SystemClock};
 
 /// The default cap on live buckets: ten million (about 1 GiB at the measured cost per key).
@@ -115,7 +116,7 @@ impl MemoryBackendBuilder {
         self
     }
 
-    /// The most live buckets held at once (default [`DEFAULT_MAX_KEYS`]).
+    /// The most live buckets held at once (default 10,000,000).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -151,7 +152,7 @@ fn stored(v: u64) -> Option<u64> {
 }
 
 impl MemoryBackend {
-    /// A backend on the system clock holding at most [`DEFAULT_MAX_KEYS`] buckets.
+    /// A backend on the system clock holding at most 10,000,000 buckets.
     pub fn new() -> Self {
         Self::builder().build()
     }

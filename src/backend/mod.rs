@@ -6,19 +6,81 @@
 
 use async_trait::async_trait;
 
-use crate::decision::{Mode, Outcome};
-use crate::gcra::GcraError;
+use crate::algo::gcra::{GcraError, GcraOutcome};
+use crate::algo::tiers::{TierDecision, TierGrant, TierRequestError, TieredLimit};
 use crate::key::BucketKey;
-use crate::limit::Quota;
-use crate::tiers::TierRequestError;
+use crate::quota::Quota;
 
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-pub use memory::{MemoryBackend, MemoryBackendBuilder};
+pub use memory::{MemoryBackend, MemoryBackendBuilder, SweeperHandle};
 #[cfg(feature = "redis")]
 pub use redis::{RedisBackend, RedisBackendBuilder, RedisSetupError};
+
+/// How a transaction takes part in a batch (`spec/gcra.md`, "Transactions and batches").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// Counts toward the batch decision and is written when the batch is allowed.
+    #[default]
+    CheckAndSpend,
+    /// Counts toward the batch decision and is never written.
+    CheckOnly,
+    /// Best effort: does not count toward the batch decision, and is written only when the
+    /// batch is allowed and its own decision allows.
+    SpendOnly,
+}
+
+impl Mode {
+    /// Whether this transaction's decision counts toward the batch decision.
+    pub fn counts(self) -> bool {
+        !matches!(self, Mode::SpendOnly)
+    }
+}
+
+/// What a backend decided for one transaction of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Outcome {
+    /// Allowed (spend, check) or refunded something (refund).
+    pub allowed: bool,
+    /// Tokens left.
+    pub remaining: u64,
+    /// Microseconds until an equal request would be allowed.
+    pub retry_after_us: u64,
+    /// Microseconds until the bucket is full again.
+    pub reset_after_us: u64,
+    /// For a tiered limit: the units granted per tier and the tier serving the client.
+    pub tiers: Option<TierGrant>,
+}
+
+impl Outcome {
+    /// An outcome from its fields.
+    pub fn new(allowed: bool, remaining: u64, retry_after_us: u64, reset_after_us: u64) -> Self {
+        Self {
+            allowed,
+            remaining,
+            retry_after_us,
+            reset_after_us,
+            tiers: None,
+        }
+    }
+
+    /// The outcome of a tiered decision.
+    pub fn tiered(d: &TierDecision, limit: &TieredLimit) -> Self {
+        Self {
+            tiers: Some(d.grant(limit)),
+            ..Self::new(d.allowed, d.remaining, d.retry_after_us, d.reset_after_us)
+        }
+    }
+}
+
+impl From<GcraOutcome> for Outcome {
+    fn from(o: GcraOutcome) -> Self {
+        Self::new(o.allowed, o.remaining, o.retry_after_us, o.reset_after_us)
+    }
+}
 
 /// One resolved transaction, as a backend sees it: the limit is already chosen.
 #[derive(Debug, Clone, Copy)]

@@ -4,7 +4,7 @@
 //!
 //! Every transaction of a batch whose keys share a slot is decided **and** written by one Lua
 //! script, run with `EVALSHA` (and `EVAL` once, when the server answers `NOSCRIPT`, e.g. after
-//! `SCRIPT FLUSH` or a failover). The script mirrors [`crate::gcra`] in integer microseconds, so
+//! `SCRIPT FLUSH` or a failover). The script mirrors [`gcra`](crate::algo::gcra) in integer microseconds, so
 //! Redis decides exactly as the in-memory backend does. On a single Redis server the whole batch
 //! is one script, one round trip.
 //!
@@ -68,11 +68,11 @@ mod cluster;
 use cluster::ClusterRouter;
 
 use super::{Backend, BackendError, BucketTx, batch_allowed};
-use crate::decision::{Mode, Outcome};
-use crate::gcra::{self, GcraError};
+use crate::algo::gcra::{self, GcraError};
+use crate::algo::tiers::{MAX_TIERS, TierGrant, TierRequestError};
+use crate::backend::{Mode, Outcome};
 use crate::key::BucketKey;
-use crate::limit::Quota;
-use crate::tiers::{MAX_TIERS, TierGrant, TierRequestError};
+use crate::quota::Quota;
 use crate::time::{Clock, SystemClock};
 
 /// The script (GCRA and burst tiers), as run by `EVALSHA`.
@@ -228,7 +228,7 @@ impl RedisBackendBuilder {
     }
 
     /// How many buckets the deny cache remembers at most (default
-    /// [`DEFAULT_DENY_CACHE_CAPACITY`]).
+    /// 100,000).
     pub fn deny_cache_capacity(mut self, capacity: usize) -> Self {
         self.deny_cache_capacity = capacity;
         self
@@ -391,7 +391,7 @@ impl Drop for Inner {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use tower_ratelimits::{Limiter, Limits, backend::redis::RedisBackend};
+/// use tower_ratelimits::{Limiter, Limits, RedisBackend};
 ///
 /// async fn limiter(limits: Limits) -> Result<Limiter, Box<dyn std::error::Error>> {
 ///     let backend = RedisBackend::from_url("redis://127.0.0.1:6379")
@@ -549,15 +549,9 @@ impl RedisBackend {
 
     /// The Redis key of a bucket: `<prefix>{<limit name>:<escaped id>}`. The limit's name,
     /// not its place in a file, so the key keeps its meaning when the configuration is
-    /// reordered, extended or reloaded.
-    ///
-    /// ```
-    /// # use tower_ratelimits::{BucketKey, Id, Limits, Limit};
-    /// # use tower_ratelimits::backend::redis::redis_key;
-    /// # let limits = Limits::builder().limit("Api", Limit::new(1, 1, std::time::Duration::from_secs(1)).unwrap()).build().unwrap();
-    /// let key = BucketKey::new(limits.name("Api").unwrap(), Id::new("a{b}%c é").unwrap());
-    /// assert_eq!(redis_key("rl:", &key), "rl:{Api:a%7Bb%7D%25c%20%C3%A9}");
-    /// ```
+    /// reordered, extended or reloaded. In the id, `{`, `}`, `%`, spaces and bytes outside
+    /// printable ASCII are percent-escaped: the bucket of limit `Api` for the id `a{b}%c é`
+    /// is `rl:{Api:a%7Bb%7D%25c%20%C3%A9}`.
     pub fn redis_key(&self, key: &BucketKey) -> String {
         redis_key(&self.inner.prefix, key)
     }
@@ -857,7 +851,7 @@ impl RedisBackend {
 }
 
 /// The Redis key of `key` under `prefix` (see [`RedisBackend::redis_key`]).
-pub fn redis_key(prefix: &str, key: &BucketKey) -> String {
+pub(crate) fn redis_key(prefix: &str, key: &BucketKey) -> String {
     use std::fmt::Write as _;
     /// Escapes what the id's `Display` writes, straight into the key.
     struct Escaping<'a>(&'a mut String);
@@ -1178,5 +1172,21 @@ impl DenyCache {
 
     fn forget(&self, key: &BucketKey) {
         self.map.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Id, Limit, Limits};
+
+    #[test]
+    fn keys_name_the_limit_and_escape_the_id() {
+        let limits = Limits::builder()
+            .limit("Api", Limit::from_micros(1, 1, 1_000_000).unwrap())
+            .build()
+            .unwrap();
+        let key = BucketKey::new(limits.name("Api").unwrap(), Id::new("a{b}%c é").unwrap());
+        assert_eq!(redis_key("rl:", &key), "rl:{Api:a%7Bb%7D%25c%20%C3%A9}");
     }
 }

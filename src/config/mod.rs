@@ -7,9 +7,10 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::algo::gcra::LimitError;
+use crate::algo::tiers::TierError;
 use crate::key::{BucketKey, IdError, IdKind, LimitName};
-use crate::limit::{LimitError, Quota};
-use crate::tiers::TierError;
+use crate::quota::Quota;
 use crate::time::DurationError;
 
 #[cfg(feature = "yaml")]
@@ -127,7 +128,7 @@ pub enum ConfigErrorKind {
 ///
 /// ```
 /// # #[cfg(feature = "yaml")] {
-/// use tower_ratelimits::{Limits, config::ConfigErrorKind};
+/// use tower_ratelimits::{ConfigErrorKind, Limits};
 /// let err = Limits::from_yaml_str("Api:\n  burst: 0\n  count: 1\n  period: 1s\n", None).unwrap_err();
 /// assert!(matches!(err.kind(), ConfigErrorKind::BadNumber { field: "burst", .. }));
 /// assert_eq!(err.location().line, Some(2));
@@ -333,7 +334,7 @@ impl LimitsBuilder {
     }
 
     /// Defines `name` with ids of any kind and a default limit (a [`Limit`](crate::Limit) or a
-    /// [`TieredLimit`](crate::tiers::TieredLimit)).
+    /// [`TieredLimit`](crate::algo::tiers::TieredLimit)).
     pub fn limit(self, name: &str, limit: impl Into<Quota>) -> Self {
         self.define(name, IdKind::Any, 1, Some(limit.into()))
     }

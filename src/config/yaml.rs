@@ -10,9 +10,10 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
 use super::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, check_name};
+use crate::algo::gcra::Limit;
+use crate::algo::tiers::{Tier, TierError, TieredLimit};
 use crate::key::IdKind;
-use crate::limit::{Limit, Quota};
-use crate::tiers::{Tier, TierError, TieredLimit};
+use crate::quota::Quota;
 use crate::time::parse_duration_us;
 
 /// The largest configuration file accepted: 16 MiB.

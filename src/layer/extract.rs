@@ -50,7 +50,7 @@ impl KeyError {
 ///
 /// ```
 /// use http::request::Parts;
-/// use tower_ratelimits::{Id, layer::{KeyError, KeyExtractor}};
+/// use tower_ratelimits::{Id, KeyError, KeyExtractor};
 ///
 /// /// Keys requests by the `x-api-token` header.
 /// struct ApiToken;
@@ -115,7 +115,7 @@ const MAX_HEADER_BYTES: usize = 8 * 1024;
 /// that proxy (the nearest address known to be real).
 ///
 /// ```
-/// use tower_ratelimits::layer::{ClientIp, ForwardedHeader};
+/// use tower_ratelimits::{ClientIp, ForwardedHeader};
 /// let ip = ClientIp::new()
 ///     .trusted_proxies(["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()])
 ///     .header(ForwardedHeader::XForwardedFor);
@@ -270,7 +270,7 @@ impl KeyExtractor for ClientIp {
 /// /48: limiting IPv6 clients per address is no limit at all).
 ///
 /// ```
-/// use tower_ratelimits::layer::{ClientIp, Ipv6Range48};
+/// use tower_ratelimits::{ClientIp, Ipv6Range48};
 /// let range = Ipv6Range48::new(ClientIp::new());
 /// ```
 #[derive(Debug, Clone, Default)]
@@ -299,7 +299,7 @@ impl KeyExtractor for Ipv6Range48 {
 /// kind.
 ///
 /// ```
-/// use tower_ratelimits::layer::Header;
+/// use tower_ratelimits::Header;
 /// let account = Header::new("x-account-id");
 /// ```
 #[derive(Debug, Clone)]

@@ -13,8 +13,8 @@ use tower_service::Service;
 use super::body::RateLimitBody;
 use super::response::{Denial, error_response, insert_ratelimit_headers, is_grpc};
 use super::{FailurePolicy, Prepared, Shared};
-use crate::decision::{BatchDecision, Transaction};
 use crate::limiter::LimiterError;
+use crate::limiter::{BatchDecision, Transaction};
 
 enum Failure {
     Limiter(LimiterError),
@@ -114,7 +114,7 @@ where
 
 /// The headers an allowed response gets: the strictest decision, and its cached policy value.
 struct AllowedHeaders {
-    decision: crate::decision::Decision,
+    decision: crate::limiter::Decision,
     policy: Option<http::HeaderValue>,
     legacy: bool,
 }

@@ -9,7 +9,7 @@
 //! ```no_run
 //! use axum::{Router, routing::get};
 //! use tower_ratelimits::{Limiter, Limits, MemoryBackend};
-//! use tower_ratelimits::layer::{ClientIp, Ipv6Range48, RateLimitLayer, Rule};
+//! use tower_ratelimits::{ClientIp, Ipv6Range48, RateLimitLayer, Rule};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let limits = Limits::from_yaml_str(
@@ -47,15 +47,12 @@ use tower_service::Service;
 pub use body::RateLimitBody;
 pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor};
 pub use future::ResponseFuture;
-pub use response::{
-    Denial, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
-    X_RATELIMIT_RESET, add_ratelimit_headers, ceil_secs, grpc_status, is_grpc, policy_value,
-    state_value,
-};
+pub use response::Denial;
 
-use crate::decision::{Mode, Transaction};
+use crate::backend::Mode;
 use crate::key::{BucketKey, IdKind, LimitName};
 use crate::limiter::Limiter;
+use crate::limiter::Transaction;
 
 /// What to do when a rule's extractor finds no id (e.g. no account header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +87,7 @@ type DenialFn = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
 /// One limit applied to requests: a limit name, how to find the id, and what a request costs.
 ///
 /// ```
-/// use tower_ratelimits::layer::{Header, OnMissingKey, Rule};
+/// use tower_ratelimits::{Header, OnMissingKey, Rule};
 /// use tower_ratelimits::Mode;
 /// let rule = Rule::new("ApiCallsPerAccount", Header::new("x-account-id"))
 ///     .cost_fn(|req| if req.method == http::Method::POST { 5 } else { 1 })
@@ -177,15 +174,15 @@ pub(crate) struct ResolvedRule {
     pub(crate) kind: IdKind,
     pub(crate) rule: Rule,
     /// The default limit and its `RateLimit-Policy` value, computed once.
-    pub(crate) policy: Option<(crate::limit::Limit, http::HeaderValue)>,
+    pub(crate) policy: Option<(crate::algo::gcra::Limit, http::HeaderValue)>,
 }
 
 impl Shared {
     /// The precomputed `RateLimit-Policy` of a decision's limit, when it is its default.
-    pub(crate) fn cached_policy(&self, d: &crate::decision::Decision) -> Option<http::HeaderValue> {
+    pub(crate) fn cached_policy(&self, d: &crate::limiter::Decision) -> Option<http::HeaderValue> {
         let rule = self.rules.iter().find(|r| r.name == d.key.name())?;
         match (&rule.policy, &d.limit) {
-            (Some((l, v)), Some(crate::limit::Quota::Gcra(dl))) if l == dl => Some(v.clone()),
+            (Some((l, v)), Some(crate::quota::Quota::Gcra(dl))) if l == dl => Some(v.clone()),
             _ => None,
         }
     }

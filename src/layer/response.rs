@@ -6,11 +6,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use smallvec::SmallVec;
 
-use crate::limit::Quota;
+use crate::quota::Quota;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, Response, StatusCode};
 
-use crate::decision::{BatchDecision, Decision};
+use crate::limiter::{BatchDecision, Decision};
 
 /// `RateLimit-Policy` (IETF httpapi ratelimit-headers, draft 10).
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -65,14 +65,14 @@ fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
 /// The `RateLimit-Policy` value of a limit: `q` is the burst (the most tokens held, so `r`
 /// never exceeds it) and `w` the seconds the bucket takes to refill from empty (the burst
 /// offset, rounded up).
-pub fn policy_value(name: &str, limit: &crate::limit::Limit) -> HeaderValue {
+pub fn policy_value(name: &str, limit: &crate::algo::gcra::Limit) -> HeaderValue {
     let window = ceil_secs(Duration::from_micros(limit.burst_offset_us()));
     sf_item(name, b'q', limit.burst(), b'w', window)
 }
 
 /// The `RateLimit-Policy` value of a tiered limit's serving tier: `q` is the tier's limit and
 /// `w` its window in seconds (rounded up).
-pub fn tier_policy_value(name: &str, tier: &crate::tiers::Tier) -> HeaderValue {
+pub fn tier_policy_value(name: &str, tier: &crate::algo::tiers::Tier) -> HeaderValue {
     let window = ceil_secs(Duration::from_micros(tier.window_us()));
     sf_item(name, b'q', tier.limit(), b'w', window)
 }
@@ -109,7 +109,10 @@ pub(crate) fn insert_ratelimit_headers(
             let Some(tier) = t.tier(number).or(t.tiers().first()) else {
                 return;
             };
-            (tier.limit(), tier_policy_value(decision.name.as_str(), tier))
+            (
+                tier.limit(),
+                tier_policy_value(decision.name.as_str(), tier),
+            )
         }
     };
     headers.insert(RATELIMIT_POLICY.clone(), policy);

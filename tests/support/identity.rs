@@ -4,7 +4,8 @@
 use tower_ratelimits::{BucketKey, Id, Limiter, Limits, Transaction};
 
 const PER_IP: &str = "RequestsPerIPAddress: {kind: ip, burst: 3, count: 3, period: 1h}\n";
-const PER_RANGE: &str = "RequestsPerIPv6Range: {kind: ipv6_range, burst: 5, count: 5, period: 1h}\n";
+const PER_RANGE: &str =
+    "RequestsPerIPv6Range: {kind: ipv6_range, burst: 5, count: 5, period: 1h}\n";
 const UNUSED: &str = "Unused: {kind: ip, burst: 1, count: 1, period: 1h}\n";
 
 /// The stock order, the same limits swapped, and an unused limit inserted first.
@@ -49,7 +50,10 @@ pub async fn instances_share_exactly_the_right_buckets(a: &Limiter, b: &Limiter,
     // The unused limit has a bucket of its own, fresh: it was never one of the others'.
     assert_eq!(spend(c, "Unused").await, (true, 0));
     // Keys name the limit, whichever instance built them.
-    assert_eq!(key(a, "RequestsPerIPv6Range"), key(b, "RequestsPerIPv6Range"));
+    assert_eq!(
+        key(a, "RequestsPerIPv6Range"),
+        key(b, "RequestsPerIPv6Range")
+    );
     assert_eq!(
         key(c, "RequestsPerIPAddress").to_string(),
         "RequestsPerIPAddress:10.0.0.1"

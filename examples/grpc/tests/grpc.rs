@@ -7,7 +7,7 @@ use tonic::Code;
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-use tower_ratelimits::layer::{ClientIp, RateLimitLayer, Rule};
+use tower_ratelimits::{ClientIp, RateLimitLayer, Rule};
 use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
 
 #[tokio::test]

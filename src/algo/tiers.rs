@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_ratelimits::tiers::{self, Tier, TieredLimit, TierState};
+//! use tower_ratelimits::__private::tiers::{self, Tier, TieredLimit, TierState};
 //!
 //! let s = Duration::from_secs;
 //! // "penalty": 5 per second, may burst to 50 per 5 s, and burst again 20 s after entering.
@@ -41,8 +41,8 @@ pub const MAX_TIERS: usize = 8;
 pub const MAX_TIER_LIMIT: u64 = 1 << 32;
 
 /// The longest `window`, `active` or `cooldown` of a tier: 100 years (as
-/// [`MAX_BURST_OFFSET_US`](crate::limit::MAX_BURST_OFFSET_US)).
-pub const MAX_TIER_DURATION_US: u64 = crate::limit::MAX_BURST_OFFSET_US;
+/// [`MAX_BURST_OFFSET_US`](crate::algo::gcra::MAX_BURST_OFFSET_US)).
+pub const MAX_TIER_DURATION_US: u64 = crate::algo::gcra::MAX_BURST_OFFSET_US;
 
 /// Why a tiered limit was refused. Tiers are numbered from 1.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

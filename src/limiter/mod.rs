@@ -4,10 +4,16 @@
 use std::sync::Arc;
 
 use crate::backend::{Backend, BackendError, BucketTx};
+use crate::backend::{Mode, Outcome};
 use crate::config::Limits;
-use crate::decision::{BatchDecision, Decision, Mode, Outcome, Transaction};
+
+pub use decision::{BatchDecision, Decision};
+pub use transaction::Transaction;
+
+mod decision;
+mod transaction;
 use crate::key::{BucketKey, Id, IdError, LimitName};
-use crate::limit::Quota;
+use crate::quota::Quota;
 use crate::time::us;
 
 /// Why the limiter could not decide.
@@ -262,9 +268,7 @@ impl Limiter {
                 }
                 let too_much = match quota {
                     Quota::Gcra(_) if min_cost != cost && op != Op::Refund => {
-                        return Err(LimiterError::CostRangeOnGcra {
-                            name,
-                        });
+                        return Err(LimiterError::CostRangeOnGcra { name });
                     }
                     Quota::Gcra(l) => cost > l.burst(),
                     Quota::Tiered(t) => min_cost > t.capacity(),

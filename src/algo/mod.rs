@@ -1,0 +1,6 @@
+//! The algorithms, as pure functions: no I/O, no clock, nothing from configuration. Every
+//! backend decides with these (the Redis script mirrors them function for function), so they
+//! carry the exhaustive tests: the specs' examples and property tests against naive models.
+
+pub mod gcra;
+pub mod tiers;

@@ -1,0 +1,105 @@
+//! What was decided: one [`Decision`] per transaction, and the batch's.
+
+use std::time::Duration;
+
+use crate::algo::tiers::TierGrant;
+use crate::backend::Mode;
+use crate::key::{BucketKey, LimitName};
+use crate::quota::Quota;
+
+/// The decision for one transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the transaction was allowed (or, for a refund, whether anything was refunded).
+    pub allowed: bool,
+    /// Units granted: the cost when allowed, 0 when denied; for a tiered limit asked for a
+    /// range, how many it granted; for a refund, 0 (GCRA) or the units taken back (tiers).
+    pub granted: u64,
+    /// Tokens left in the bucket (for a tiered limit: in the tier now serving the client).
+    pub remaining: u64,
+    /// How long until an equal request would be allowed (zero when it would be now).
+    pub retry_after: Duration,
+    /// How long until the bucket is full again.
+    pub reset_after: Duration,
+    /// The limit that decided; `None` when the limit is disabled for this id (no default and no
+    /// override), which allows without touching the store.
+    pub limit: Option<Quota>,
+    /// For a tiered limit: units per tier, whether the request burst into a higher tier, and
+    /// the tier serving the client (on a denial, the tier that refused).
+    pub tiers: Option<TierGrant>,
+    /// The limit's name.
+    pub name: LimitName,
+    /// The bucket.
+    pub key: BucketKey,
+    /// The transaction's mode.
+    pub mode: Mode,
+}
+
+impl Decision {
+    /// Whether this decision takes part in choosing the batch decision.
+    pub fn counts(&self) -> bool {
+        self.mode.counts() && self.limit.is_some()
+    }
+}
+
+/// The decisions of one batch, and which of them is the strictest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchDecision {
+    decisions: Vec<Decision>,
+    strictest: Option<usize>,
+}
+
+impl BatchDecision {
+    /// Builds a batch decision, choosing the strictest counting decision: a denial beats an
+    /// allowance; among equals the longer `retry_after`, then the fewer `remaining`, then the
+    /// first.
+    pub fn new(decisions: Vec<Decision>) -> Self {
+        let mut strictest: Option<usize> = None;
+        for (i, d) in decisions.iter().enumerate() {
+            if !d.counts() {
+                continue;
+            }
+            let stricter = match strictest {
+                None => true,
+                Some(s) => {
+                    let s = &decisions[s];
+                    (!d.allowed, d.retry_after, std::cmp::Reverse(d.remaining))
+                        > (!s.allowed, s.retry_after, std::cmp::Reverse(s.remaining))
+                }
+            };
+            if stricter {
+                strictest = Some(i);
+            }
+        }
+        Self {
+            decisions,
+            strictest,
+        }
+    }
+
+    /// Whether the batch was allowed: no counting transaction was denied.
+    pub fn allowed(&self) -> bool {
+        self.strictest().is_none_or(|d| d.allowed)
+    }
+
+    /// The strictest counting decision, which speaks for the batch; `None` when no transaction
+    /// counts (all disabled or spend-only).
+    pub fn strictest(&self) -> Option<&Decision> {
+        self.strictest.map(|i| &self.decisions[i])
+    }
+
+    /// Every decision, in the order of the transactions.
+    pub fn decisions(&self) -> &[Decision] {
+        &self.decisions
+    }
+
+    /// Consumes the batch decision, returning the strictest decision.
+    pub fn into_strictest(mut self) -> Option<Decision> {
+        self.strictest.map(|i| self.decisions.swap_remove(i))
+    }
+
+    /// Consumes the batch decision, returning every decision.
+    pub fn into_decisions(self) -> Vec<Decision> {
+        self.decisions
+    }
+}

@@ -1,0 +1,88 @@
+//! A transaction: one request against one bucket, with its cost and mode. Built by the
+//! caller; checked once, when the limiter resolves it.
+
+use crate::backend::Mode;
+use crate::key::BucketKey;
+
+/// One request against one bucket: a key, a cost and a mode.
+///
+/// ```
+/// use tower_ratelimits::{BucketKey, Id, Mode, Transaction};
+/// # let name = tower_ratelimits::Limits::builder()
+/// #     .limit("ApiPerIp", tower_ratelimits::Limit::new(5, 5, std::time::Duration::from_secs(1)).unwrap())
+/// #     .build().unwrap().name("ApiPerIp").unwrap();
+/// let tx = Transaction::new(BucketKey::new(name, Id::from(7u64))).cost(2).mode(Mode::CheckOnly);
+/// assert_eq!(tx.cost_or(1), 2);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transaction {
+    key: BucketKey,
+    cost: Option<u64>,
+    min_cost: Option<u64>,
+    mode: Mode,
+}
+
+impl Transaction {
+    /// A check-and-spend transaction at the limit's configured cost (1 unless configured).
+    pub fn new(key: BucketKey) -> Self {
+        Self {
+            key,
+            cost: None,
+            min_cost: None,
+            mode: Mode::CheckAndSpend,
+        }
+    }
+
+    /// Sets the cost (0 is a probe that consumes nothing).
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = Some(cost);
+        self.min_cost = None;
+        self
+    }
+
+    /// Asks a tiered limit for as many units as it grants between `min` and `max` (a group
+    /// request); the decision's `granted` says how many. GCRA limits refuse a range whose ends
+    /// differ ([`LimiterError::CostRangeOnGcra`](crate::LimiterError::CostRangeOnGcra)).
+    ///
+    /// ```
+    /// # use tower_ratelimits::{BucketKey, Id, Transaction};
+    /// # let name = tower_ratelimits::Limits::builder()
+    /// #     .limit("A", tower_ratelimits::Limit::new(5, 5, std::time::Duration::from_secs(1)).unwrap())
+    /// #     .build().unwrap().name("A").unwrap();
+    /// let tx = Transaction::new(BucketKey::new(name, Id::from(7u64))).cost_range(1..=10);
+    /// assert_eq!((tx.min_cost_or(0), tx.cost_or(0)), (1, 10));
+    /// ```
+    pub fn cost_range(mut self, range: std::ops::RangeInclusive<u64>) -> Self {
+        let (min, max) = range.into_inner();
+        self.cost = Some(max);
+        self.min_cost = Some(min);
+        self
+    }
+
+    /// Sets the mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The bucket key.
+    pub fn key(&self) -> &BucketKey {
+        &self.key
+    }
+
+    /// The cost set on this transaction, or `default` (for a range: its upper end).
+    pub fn cost_or(&self, default: u64) -> u64 {
+        self.cost.unwrap_or(default)
+    }
+
+    /// The smallest acceptable grant: the lower end of a [`cost_range`](Self::cost_range), else
+    /// the cost (set, or `default`).
+    pub fn min_cost_or(&self, default: u64) -> u64 {
+        self.min_cost.unwrap_or_else(|| self.cost_or(default))
+    }
+
+    /// The mode.
+    pub fn get_mode(&self) -> Mode {
+        self.mode
+    }
+}

@@ -1,0 +1,90 @@
+//! What limits one bucket: a GCRA [`Limit`] or burst tiers ([`TieredLimit`]).
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::algo::gcra::Limit;
+use crate::algo::tiers::TieredLimit;
+
+/// What limits one bucket: a GCRA [`Limit`] or a [`TieredLimit`] (burst tiers).
+///
+/// Anything that takes a quota takes either, through `Into<Quota>`:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimits::{Limit, Limits, Quota};
+/// use tower_ratelimits::{Tier, TieredLimit};
+///
+/// let s = Duration::from_secs;
+/// let tiers = TieredLimit::new([Tier::new(5, s(1), s(1), s(0)), Tier::new(50, s(5), s(5), s(15))])
+///     .unwrap();
+/// let limits = Limits::builder()
+///     .limit("PerIp", Limit::new(20, 20, s(1)).unwrap())
+///     .limit("PerAccount", tiers)
+///     .build()
+///     .unwrap();
+/// let quota = limits.default_limit(limits.name("PerAccount").unwrap()).unwrap();
+/// assert!(matches!(quota, Quota::Tiered(_)));
+/// assert_eq!(quota.max_cost(), 55);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Quota {
+    /// A GCRA bucket.
+    Gcra(Limit),
+    /// Burst tiers (`spec/burst-tiers.md`).
+    Tiered(Arc<TieredLimit>),
+}
+
+impl Quota {
+    /// The GCRA limit, if this is one.
+    pub fn as_gcra(&self) -> Option<&Limit> {
+        match self {
+            Quota::Gcra(l) => Some(l),
+            Quota::Tiered(_) => None,
+        }
+    }
+
+    /// The tiers, if this is a tiered limit.
+    pub fn as_tiered(&self) -> Option<&TieredLimit> {
+        match self {
+            Quota::Gcra(_) => None,
+            Quota::Tiered(t) => Some(t),
+        }
+    }
+
+    /// The largest cost a request can ever be granted: the burst, or the sum of the tiers'
+    /// limits.
+    pub fn max_cost(&self) -> u64 {
+        match self {
+            Quota::Gcra(l) => l.burst(),
+            Quota::Tiered(t) => t.capacity(),
+        }
+    }
+}
+
+impl From<Limit> for Quota {
+    fn from(l: Limit) -> Self {
+        Quota::Gcra(l)
+    }
+}
+
+impl From<TieredLimit> for Quota {
+    fn from(t: TieredLimit) -> Self {
+        Quota::Tiered(Arc::new(t))
+    }
+}
+
+impl From<Arc<TieredLimit>> for Quota {
+    fn from(t: Arc<TieredLimit>) -> Self {
+        Quota::Tiered(t)
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Quota::Gcra(l) => l.fmt(f),
+            Quota::Tiered(t) => t.fmt(f),
+        }
+    }
+}
