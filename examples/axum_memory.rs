@@ -16,7 +16,6 @@
 mod common;
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use tower_ratelimits::{Limiter, MemoryBackend};
 
@@ -33,8 +32,8 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), String> {
     let settings = common::settings()?;
+    // Idle buckets are swept in the background (every 10 s): nothing to start.
     let backend = MemoryBackend::new();
-    let _sweeper = backend.start_sweeper(Duration::from_secs(10));
     let limiter = Limiter::new(settings.limits.clone(), backend);
     let layer = common::layer_builder(limiter, &settings.trusted)
         .build()

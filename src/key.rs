@@ -317,7 +317,8 @@ pub enum IdKind {
     Ip,
     /// An IPv6 /48 prefix in canonical masked form (`2001:db8:1234::/48`), or an IPv4 address.
     Ipv6Range,
-    /// An unsigned 64-bit integer.
+    /// An unsigned 64-bit integer (numeric account ids, as Boulder's). Account ids that are
+    /// UUIDs, slugs or other text take [`IdKind::Any`].
     Account,
     /// A registrable domain (eTLD+1), lower case.
     Domain,
@@ -544,7 +545,13 @@ fn parse_account(text: &str) -> Result<u64, IdError> {
     let n = u64::from_str(text)
         .ok()
         .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
-        .ok_or_else(|| invalid(IdKind::Account, text, "not an unsigned 64-bit integer"))?;
+        .ok_or_else(|| {
+            invalid(
+                IdKind::Account,
+                text,
+                "not an unsigned 64-bit integer (for UUIDs or other text ids, use kind: any)",
+            )
+        })?;
     if n.to_string() != text {
         return Err(IdError::NotCanonical {
             given: truncated(text),

@@ -19,20 +19,25 @@ pub use algo::gcra::{Limit, LimitError};
 pub use algo::tiers::{Tier, TierError, TierGrant, TierRequestError, TieredLimit};
 pub use backend::{
     Backend, BackendError, BucketTx, MemoryBackend, MemoryBackendBuilder, Mode, Outcome,
-    SweeperHandle,
 };
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use backend::{RedisBackend, RedisBackendBuilder, RedisSetupError};
 pub use config::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, Location};
 pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 pub use layer::{
     ClientIp, Denial, FailurePolicy, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor,
     LayerError, OnMissingKey, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder,
-    RateLimitService, ResponseFuture, Rule,
+    RateLimitService, ResponseFuture, Rule, key_fn,
 };
 pub use limiter::{BatchDecision, Decision, Limiter, LimiterError, Transaction};
 pub use quota::Quota;
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
+
+/// The `http` crate, whose request and response types the layer and its extractors use
+/// (`http::request::Parts` in a [`KeyExtractor`] or a cost function), re-exported so a user
+/// need not add it.
+pub use http;
 
 /// Not part of the API: what this repository's own tests, benches and examples reach below
 /// the public surface (the pure algorithms, the trace simulator). Anything here may change

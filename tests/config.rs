@@ -141,7 +141,7 @@ fn loads_files_and_names_them_in_errors() {
     std::fs::write(&o, "[]").unwrap();
     assert!(Limits::from_yaml_files(&d, Some(&o)).is_ok());
     let missing = dir.join("missing.yaml");
-    let err = Limits::from_yaml_files(&missing, None).unwrap_err();
+    let err = Limits::from_yaml_file(&missing).unwrap_err();
     assert!(matches!(err.kind(), ConfigErrorKind::Io(_)));
     assert!(err.to_string().contains("missing.yaml"));
     // A huge file is refused before parsing.
@@ -612,7 +612,7 @@ fn tiers_load_and_overrides_replace_them_for_an_id() {
     for file in ["simple", "penalty", "punishment", "batch"] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join(format!("examples/config/tiers-{file}.yaml"));
-        Limits::from_yaml_files(&path, None).unwrap();
+        Limits::from_yaml_file(&path).unwrap();
     }
 }
 

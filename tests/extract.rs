@@ -236,3 +236,24 @@ fn ranges_and_headers() {
     );
     assert!(Header::try_new("Not A Header").is_err());
 }
+
+#[test]
+fn a_header_name_is_accepted_in_any_case() {
+    let h = Header::new("X-Account-Id");
+    assert_eq!(
+        h.extract(&parts("1.1.1.1:1", &[("x-account-id", b"42")]))
+            .unwrap(),
+        Some(Id::from(42u64))
+    );
+    assert!(Header::try_new("X-Account-Id").is_ok());
+    assert!(Header::try_new("not a header").is_err());
+}
+
+#[test]
+fn a_closure_extractor_needs_no_type_annotations() {
+    let by_method = tower_ratelimits::key_fn(|req| Ok(Id::new(req.method.as_str()).ok()));
+    assert_eq!(
+        by_method.extract(&parts("1.1.1.1:1", &[])).unwrap(),
+        Some(Id::new("GET").unwrap())
+    );
+}

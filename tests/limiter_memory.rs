@@ -361,6 +361,7 @@ async fn the_key_cap_refuses_new_keys_and_frees_expired_ones() {
 
 #[tokio::test(start_paused = true)]
 async fn the_background_sweeper_drops_idle_buckets() {
+    // Nothing is started by hand: the backend sweeps by default (every 10 s).
     let clock = ManualClock::new(T0);
     let backend = MemoryBackend::builder().clock(clock.clone()).build();
     let l = Limiter::new(limits(), backend.clone());
@@ -368,7 +369,6 @@ async fn the_background_sweeper_drops_idle_buckets() {
         l.spend(&[tx(&l, "A", &i.to_string())]).await.unwrap();
     }
     l.spend(&[tx(&l, "Slow", "long")]).await.unwrap();
-    let _sweeper = backend.start_sweeper(Duration::from_secs(10));
     assert_eq!(backend.len(), 101);
     clock.advance(Duration::from_secs(1));
     tokio::time::sleep(Duration::from_secs(11)).await; // paused time: advances instantly
@@ -621,4 +621,51 @@ async fn reordered_and_extended_files_share_exactly_the_right_buckets_in_memory(
     let b = Limiter::with_shared_backend(b, backend.clone());
     let c = Limiter::with_shared_backend(c, backend);
     support::identity::instances_share_exactly_the_right_buckets(&a, &b, &c).await;
+}
+
+#[test]
+fn without_a_runtime_the_backend_sweeps_on_a_thread_of_its_own() {
+    let clock = ManualClock::new(T0);
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .sweep_interval(Duration::from_millis(5))
+        .build();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let l = Limiter::new(limits(), backend.clone());
+    for i in 0..10 {
+        rt.block_on(l.spend(&[tx(&l, "A", &i.to_string())]))
+            .unwrap();
+    }
+    assert_eq!(backend.len(), 10);
+    clock.advance(Duration::from_secs(2));
+    // Waits for the sweep to happen (an event), up to a generous bound; asserts no timing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !backend.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        backend.len(),
+        0,
+        "the sweep thread dropped the idle buckets"
+    );
+}
+
+#[test]
+fn no_background_sweep_keeps_idle_buckets_until_swept_by_hand() {
+    let clock = ManualClock::new(T0);
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .sweep_interval(Duration::from_millis(1))
+        .no_background_sweep()
+        .build();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let l = Limiter::new(limits(), backend.clone());
+    rt.block_on(l.spend(&[tx(&l, "A", "x")])).unwrap();
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(backend.len(), 1);
+    assert_eq!(backend.sweep(), 1);
 }

@@ -14,7 +14,8 @@
 //! # Memory
 //!
 //! A bucket whose TAT is at or before now is the same as a missing one, so [`sweep`] drops
-//! those without changing any decision; [`MemoryBackend::start_sweeper`] runs it periodically.
+//! those without changing any decision, and runs it in the background every 10 s by default
+//! ([`MemoryBackendBuilder::sweep_interval`]); nothing needs to be started.
 //! At most `max_keys` buckets are held. **When full**, the backend first sweeps (at most once per
 //! second) and, if no bucket could be dropped, a transaction that needs a *new* bucket fails
 //! with [`BackendError::Full`]; buckets already held keep working. The middleware then applies
@@ -71,6 +72,8 @@ struct Inner {
     max_keys: usize,
     clock: Arc<dyn Clock>,
     last_full_sweep: AtomicU64,
+    /// Dropped with the backend: wakes a sweeper thread so that it ends at once.
+    stop_sweeper: Mutex<Option<std::sync::mpsc::Sender<()>>>,
 }
 
 /// The in-memory backend. Cheap to clone (an `Arc`).
@@ -103,10 +106,14 @@ impl std::fmt::Debug for MemoryBackend {
     }
 }
 
+/// How often the background sweep runs by default.
+const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Builds a [`MemoryBackend`].
 pub struct MemoryBackendBuilder {
     clock: Arc<dyn Clock>,
     max_keys: usize,
+    sweep_interval: Option<Duration>,
 }
 
 impl MemoryBackendBuilder {
@@ -122,9 +129,25 @@ impl MemoryBackendBuilder {
         self
     }
 
-    /// Builds the backend.
+    /// How often idle buckets are swept away in the background (default 10 s). The sweep
+    /// is lossless (it drops only buckets equal to fresh ones) and runs off the request path.
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = Some(interval);
+        self
+    }
+
+    /// No background sweep: you call [`MemoryBackend::sweep`] yourself. Without it, idle
+    /// buckets are dropped only when the table reaches `max_keys`.
+    pub fn no_background_sweep(mut self) -> Self {
+        self.sweep_interval = None;
+        self
+    }
+
+    /// Builds the backend and starts its background sweep: a tokio task when built inside a
+    /// tokio runtime, a thread otherwise. Either ends by itself when the backend's last clone
+    /// is dropped.
     pub fn build(self) -> MemoryBackend {
-        MemoryBackend {
+        let backend = MemoryBackend {
             inner: Arc::new(Inner {
                 map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
                 tiers: DashMap::with_hasher(foldhash::fast::RandomState::default()),
@@ -132,18 +155,13 @@ impl MemoryBackendBuilder {
                 max_keys: self.max_keys,
                 clock: self.clock,
                 last_full_sweep: AtomicU64::new(0),
+                stop_sweeper: Mutex::new(None),
             }),
+        };
+        if let Some(interval) = self.sweep_interval.filter(|i| !i.is_zero()) {
+            backend.start_sweeper(interval);
         }
-    }
-}
-
-/// A handle to the background sweeper; dropping it stops the sweeper.
-#[derive(Debug)]
-pub struct SweeperHandle(tokio::task::JoinHandle<()>);
-
-impl Drop for SweeperHandle {
-    fn drop(&mut self) {
-        self.0.abort();
+        backend
     }
 }
 
@@ -162,6 +180,7 @@ impl MemoryBackend {
         MemoryBackendBuilder {
             clock: Arc::new(SystemClock),
             max_keys: DEFAULT_MAX_KEYS,
+            sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
         }
     }
 
@@ -232,22 +251,54 @@ impl MemoryBackend {
         (!s.removed).then(|| s.state.clone())
     }
 
-    /// Runs [`sweep`](Self::sweep) every `interval` on the current tokio runtime until the
-    /// handle is dropped or the backend is gone.
-    pub fn start_sweeper(&self, interval: Duration) -> SweeperHandle {
+    /// Sweeps every `interval` until the backend is gone: on the current tokio runtime if
+    /// there is one (so tokio's paused time drives it in tests), else on a thread of its own.
+    fn start_sweeper(&self, interval: Duration) {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        SweeperHandle(tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticker.tick().await;
-            loop {
+        let sweep_once = move || -> bool {
+            let Some(inner) = weak.upgrade() else {
+                return false;
+            };
+            let backend = MemoryBackend { inner };
+            let dropped = backend.sweep();
+            tracing::trace!(dropped, live = backend.len(), "memory backend sweep");
+            true
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let mut ticker = tokio::time::interval(interval);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 ticker.tick().await;
-                let Some(inner) = weak.upgrade() else { return };
-                let backend = MemoryBackend { inner };
-                let dropped = backend.sweep();
-                tracing::trace!(dropped, live = backend.len(), "memory backend sweep");
-            }
-        }))
+                loop {
+                    ticker.tick().await;
+                    if !sweep_once() {
+                        return;
+                    }
+                }
+            });
+            return;
+        }
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        *self
+            .inner
+            .stop_sweeper
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(stop);
+        let spawned = std::thread::Builder::new()
+            .name("tower-ratelimits-sweep".into())
+            .spawn(move || {
+                // A timeout is the next tick; anything else means the backend is gone.
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(interval)
+                {
+                    if !sweep_once() {
+                        return;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start the memory backend's sweep thread; idle buckets are dropped only when the table is full");
+        }
     }
 
     fn now(&self) -> u64 {

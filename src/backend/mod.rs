@@ -15,7 +15,7 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-pub use memory::{MemoryBackend, MemoryBackendBuilder, SweeperHandle};
+pub use memory::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisBackend, RedisBackendBuilder, RedisSetupError};
 

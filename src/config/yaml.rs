@@ -534,6 +534,7 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "yaml")))]
 impl Limits {
     /// Loads defaults, and optionally overrides, from YAML text.
     ///
@@ -552,15 +553,29 @@ impl Limits {
         )
     }
 
-    /// Loads defaults, and optionally overrides, from YAML files. Errors name the file.
+    /// Loads defaults from a YAML file (no overrides). Errors name the file.
+    pub fn from_yaml_file(defaults: impl AsRef<Path>) -> Result<Limits, ConfigError> {
+        Self::from_yaml_files(defaults, None::<&Path>)
+    }
+
+    /// Loads defaults, and optionally overrides, from YAML files. Errors name the file. Paths
+    /// are anything path-like: `&str`, `String`, `&Path`, `PathBuf`.
+    ///
+    /// ```no_run
+    /// # use tower_ratelimits::Limits;
+    /// let limits = Limits::from_yaml_files("ratelimits.yaml", Some("overrides.yaml"))?;
+    /// let from_env = Limits::from_yaml_files("ratelimits.yaml", std::env::var("OVERRIDES").ok())?;
+    /// let defaults_only = Limits::from_yaml_file("ratelimits.yaml")?;
+    /// # Ok::<(), tower_ratelimits::ConfigError>(())
+    /// ```
     pub fn from_yaml_files(
         defaults: impl AsRef<Path>,
-        overrides: Option<&Path>,
+        overrides: Option<impl AsRef<Path>>,
     ) -> Result<Limits, ConfigError> {
         let defaults = defaults.as_ref();
         let d_name = defaults.display().to_string();
         let d_text = read(defaults).map_err(|e| e.in_source(&d_name))?;
-        match overrides {
+        match overrides.as_ref().map(AsRef::as_ref) {
             None => load((&d_text, &d_name), None),
             Some(o) => {
                 let o_name = o.display().to_string();

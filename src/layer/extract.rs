@@ -63,8 +63,8 @@ impl KeyError {
 ///     }
 /// }
 ///
-/// // A closure works as well.
-/// let by_method = |req: &Parts| Ok(Some(Id::new(req.method.as_str()).unwrap()));
+/// // A closure works as well; `key_fn` spares naming its argument's type.
+/// let by_method = tower_ratelimits::key_fn(|req| Ok(Id::new(req.method.as_str()).ok()));
 /// # fn takes(_: impl KeyExtractor) {}
 /// # takes(ApiToken); takes(by_method);
 /// ```
@@ -80,6 +80,32 @@ where
     fn extract(&self, req: &Parts) -> Result<Option<Id>, KeyError> {
         self(req)
     }
+}
+
+/// A [`KeyExtractor`] from a closure over the request head, whose argument's type is inferred
+/// (`|req| ...` rather than `|req: &http::request::Parts| ...`). It returns the closure itself:
+/// any such closure is an extractor.
+///
+/// ```
+/// use tower_ratelimits::{Id, KeyError, Rule, key_fn};
+///
+/// /// What an authentication layer put into the request's extensions.
+/// #[derive(Clone)]
+/// struct AccountId(String);
+///
+/// let rule = Rule::new(
+///     "ApiCallsPerAccount",
+///     key_fn(|req| match req.extensions.get::<AccountId>() {
+///         Some(AccountId(id)) => Id::new(id).map(Some).map_err(|e| KeyError::bad_request(e.to_string())),
+///         None => Err(KeyError::internal("no account: is the authentication layer outside this one?")),
+///     }),
+/// );
+/// ```
+pub fn key_fn<F>(f: F) -> F
+where
+    F: Fn(&Parts) -> Result<Option<Id>, KeyError> + Send + Sync + 'static,
+{
+    f
 }
 
 /// Which forwarding header a trusted proxy sets.
@@ -308,22 +334,24 @@ pub struct Header {
 }
 
 impl Header {
-    /// Reads the header `name`.
+    /// Reads the header `name`, in any case (`X-Account-Id` and `x-account-id` are the same
+    /// header).
     ///
     /// # Panics
     ///
-    /// If `name` is not a valid header name (a programming error at set-up, not a request
-    /// path); use [`Header::try_new`] to handle it.
-    pub fn new(name: &'static str) -> Self {
-        Self {
-            name: HeaderName::from_static(name),
+    /// If `name` is not a valid header name at all (e.g. it holds a space): a programming
+    /// error at set-up, never a request path. [`Header::try_new`] returns the error instead.
+    pub fn new(name: &str) -> Self {
+        match Self::try_new(name) {
+            Ok(h) => h,
+            Err(_) => panic!("Header::new: {name:?} is not a valid HTTP header name"),
         }
     }
 
-    /// Reads the header `name`, if it is a valid header name.
+    /// Reads the header `name` (any case), if it is a valid header name.
     pub fn try_new(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
         Ok(Self {
-            name: HeaderName::try_from(name)?,
+            name: HeaderName::from_bytes(name.as_bytes())?,
         })
     }
 }

@@ -45,7 +45,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 pub use body::RateLimitBody;
-pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor};
+pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor, key_fn};
 pub use future::ResponseFuture;
 pub use response::Denial;
 
