@@ -31,7 +31,7 @@ use crate::algo::tiers::TieredLimit;
 pub enum Quota {
     /// A GCRA bucket.
     Gcra(Limit),
-    /// Burst tiers (`spec/burst-tiers.md`).
+    /// Burst tiers (`docs/burst-tiers.md`).
     Tiered(Arc<TieredLimit>),
 }
 

@@ -1,4 +1,4 @@
-//! GCRA: the worked examples of spec/gcra.md and the reference documents, edge cases, and a
+//! GCRA: the worked examples of docs/gcra.md and the reference documents, edge cases, and a
 //! property test against an independent token-bucket model.
 
 use proptest::prelude::*;

@@ -1,7 +1,7 @@
 //! The Generic Cell Rate Algorithm, as pure functions of `(limit, stored TAT, now, cost)`.
 //!
 //! No I/O and no clock: every backend (memory, Redis) computes exactly these values, and the
-//! Redis Lua script mirrors this file line by line. The contract is `spec/gcra.md`.
+//! Redis Lua script mirrors this file line by line. The contract is `docs/gcra.md`.
 //!
 //! A bucket's whole state is its theoretical arrival time (TAT) in microseconds. A missing
 //! bucket is passed as `None`; a TAT at or before `now` means the same thing (a full bucket).

@@ -1,5 +1,5 @@
 //! Burst tiers: tiered sliding windows with active and cooldown periods, as a pure state
-//! machine (no I/O, no clock). The contract is `spec/burst-tiers.md`; the Redis Lua script
+//! machine (no I/O, no clock). The contract is `docs/burst-tiers.md`; the Redis Lua script
 //! mirrors this file.
 //!
 //! A [`TieredLimit`] is an ordered list of [`Tier`]s. A client fills tier 1; when it is full

@@ -2,7 +2,7 @@
 //!
 //! A [`Backend`] applies a batch of [`BucketTx`] atomically and returns one [`Outcome`] per
 //! transaction. Every backend produces the same outcomes for the same inputs and times
-//! (`spec/gcra.md`); the shared conformance tests hold them to it.
+//! (`docs/gcra.md`); the shared conformance tests hold them to it.
 
 use async_trait::async_trait;
 
@@ -19,7 +19,7 @@ pub use memory::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisBackend, RedisBackendBuilder, RedisSetupError};
 
-/// How a transaction takes part in a batch (`spec/gcra.md`, "Transactions and batches").
+/// How a transaction takes part in a batch (`docs/gcra.md`, "Transactions and batches").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Mode {
     /// Counts toward the batch decision and is written when the batch is allowed.
@@ -139,7 +139,7 @@ pub fn batch_allowed(batch: &[BucketTx<'_>], outcomes: &[Outcome]) -> bool {
 }
 
 /// A store of bucket states. Implementations must be atomic per batch: concurrent batches never
-/// admit more than `spec/gcra.md` allows, and a denied batch writes nothing.
+/// admit more than `docs/gcra.md` allows, and a denied batch writes nothing.
 ///
 /// It is used as `Arc<dyn Backend>`, hence `async_trait`.
 #[async_trait]
