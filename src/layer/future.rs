@@ -11,8 +11,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
+use super::rate_limit_layer::{FailurePolicy, Shared};
 use super::response::{Denial, error_response, insert_ratelimit_headers, is_grpc};
-use super::{FailurePolicy, Prepared, Shared};
+use super::rule::Prepared;
 use crate::limiter::LimiterError;
 use crate::limiter::{BatchDecision, Transaction};
 

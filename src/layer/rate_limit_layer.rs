@@ -1,0 +1,193 @@
+//! The layer, its builder and its options: rules resolved once, when the layer is built.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use tower_layer::Layer;
+
+use super::response::{self, Denial};
+use super::rule::{ResolvedRule, Rule};
+use super::service::RateLimitService;
+use crate::limiter::Limiter;
+
+/// What to do when the backend fails or does not answer within the timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Let the request through and log a warning (the default: a rate limiter outage should not
+    /// become a service outage).
+    #[default]
+    FailOpen,
+    /// Answer `503 Service Unavailable` with a JSON body.
+    FailClosed,
+}
+
+type DenialFn = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
+
+/// Why a layer could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayerError {
+    /// A rule names a limit the configuration does not define.
+    #[error("rule for unknown limit {0:?}")]
+    UnknownLimit(String),
+    /// Two rules name the same limit.
+    #[error("two rules for limit {0:?}")]
+    DuplicateRule(String),
+    /// No rules.
+    #[error("a rate limit layer needs at least one rule")]
+    NoRules,
+}
+
+pub(crate) struct Shared {
+    pub(crate) limiter: Limiter,
+    pub(crate) rules: Vec<ResolvedRule>,
+    pub(crate) timeout: Duration,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) headers_on_allowed: bool,
+    pub(crate) legacy_headers: bool,
+    pub(crate) on_denied: Option<DenialFn>,
+}
+
+/// Builds a [`RateLimitLayer`].
+pub struct RateLimitLayerBuilder {
+    limiter: Limiter,
+    rules: Vec<Rule>,
+    timeout: Duration,
+    failure: FailurePolicy,
+    headers_on_allowed: bool,
+    legacy_headers: bool,
+    on_denied: Option<DenialFn>,
+}
+
+impl RateLimitLayerBuilder {
+    /// Adds a rule.
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// How long to wait for the backend before applying the failure policy (default 1s). A
+    /// backend that decides at once (the in-memory one) never starts the timer.
+    pub fn backend_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What to do when the backend fails or times out (default [`FailurePolicy::FailOpen`]).
+    pub fn on_backend_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// Whether allowed responses carry `RateLimit` and `RateLimit-Policy` (default on).
+    pub fn ratelimit_headers_on_allowed(mut self, on: bool) -> Self {
+        self.headers_on_allowed = on;
+        self
+    }
+
+    /// Whether responses also carry the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining`
+    /// and `X-RateLimit-Reset` (default off).
+    pub fn legacy_headers(mut self, on: bool) -> Self {
+        self.legacy_headers = on;
+        self
+    }
+
+    /// Replaces the denial response (status, headers and body). [`Denial::default_response`]
+    /// and its parts stay available to build on.
+    pub fn denied_response(
+        mut self,
+        f: impl Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.on_denied = Some(Arc::new(f));
+        self
+    }
+
+    /// Resolves the rules' limit names and builds the layer.
+    pub fn build(self) -> Result<RateLimitLayer, LayerError> {
+        if self.rules.is_empty() {
+            return Err(LayerError::NoRules);
+        }
+        let limits = self.limiter.limits();
+        let mut rules: Vec<ResolvedRule> = Vec::with_capacity(self.rules.len());
+        for rule in self.rules {
+            let name = limits
+                .name(&rule.name)
+                .ok_or_else(|| LayerError::UnknownLimit(rule.name.clone()))?;
+            if rules.iter().any(|r| r.name == name) {
+                return Err(LayerError::DuplicateRule(rule.name));
+            }
+            let kind = limits.id_kind(name).unwrap_or_default();
+            let policy = limits
+                .default_limit(name)
+                .and_then(|q| q.as_gcra().copied())
+                .map(|l| (l, response::policy_value(&rule.name, &l)));
+            rules.push(ResolvedRule {
+                name,
+                kind,
+                rule,
+                policy,
+            });
+        }
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                limiter: self.limiter,
+                rules,
+                timeout: self.timeout,
+                failure: self.failure,
+                headers_on_allowed: self.headers_on_allowed,
+                legacy_headers: self.legacy_headers,
+                on_denied: self.on_denied,
+            }),
+        })
+    }
+}
+
+/// A tower layer that rate-limits requests. Cheap to clone.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("rules", &self.shared.rules.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer {
+    /// A builder.
+    pub fn builder(limiter: Limiter) -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            limiter,
+            rules: Vec::new(),
+            timeout: Duration::from_secs(1),
+            failure: FailurePolicy::default(),
+            headers_on_allowed: true,
+            legacy_headers: false,
+            on_denied: None,
+        }
+    }
+
+    /// A layer with `rules` and default settings.
+    pub fn new(
+        limiter: Limiter,
+        rules: impl IntoIterator<Item = Rule>,
+    ) -> Result<Self, LayerError> {
+        rules
+            .into_iter()
+            .fold(Self::builder(limiter), RateLimitLayerBuilder::rule)
+            .build()
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimitService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimitService::new(inner, self.shared.clone())
+    }
+}

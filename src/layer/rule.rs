@@ -1,0 +1,180 @@
+//! A rule (a limit name, how to find the id, what a request costs) and what the rules make of
+//! one request: a batch of transactions, or an answer right away.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Response, StatusCode};
+
+use super::extract::KeyExtractor;
+use super::rate_limit_layer::Shared;
+use super::response;
+use crate::backend::Mode;
+use crate::key::{BucketKey, IdKind, LimitName};
+use crate::limiter::Transaction;
+
+/// What to do when a rule's extractor finds no id (e.g. no account header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnMissingKey {
+    /// Do not apply this rule to the request.
+    Skip,
+    /// Answer with this status (e.g. 401 or 400) and a JSON body. The default, with 400: a
+    /// limit is never skipped unless you say so.
+    Reject(StatusCode),
+}
+
+impl Default for OnMissingKey {
+    fn default() -> Self {
+        Self::Reject(StatusCode::BAD_REQUEST)
+    }
+}
+
+pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+
+/// One limit applied to requests: a limit name, how to find the id, and what a request costs.
+///
+/// ```
+/// use tower_ratelimits::{Header, OnMissingKey, Rule};
+/// use tower_ratelimits::Mode;
+/// let rule = Rule::new("ApiCallsPerAccount", Header::new("x-account-id"))
+///     .cost_fn(|req| if req.method == http::Method::POST { 5 } else { 1 })
+///     .on_missing_key(OnMissingKey::Skip);
+/// ```
+#[derive(Clone)]
+pub struct Rule {
+    pub(crate) name: String,
+    pub(crate) extractor: Arc<dyn KeyExtractor>,
+    pub(crate) cost: Option<u64>,
+    pub(crate) cost_fn: Option<CostFn>,
+    pub(crate) mode: Mode,
+    pub(crate) on_missing: OnMissingKey,
+}
+
+impl fmt::Debug for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rule")
+            .field("name", &self.name)
+            .field("cost", &self.cost)
+            .field("mode", &self.mode)
+            .field("on_missing", &self.on_missing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Rule {
+    /// A rule for the limit `name`, keyed by `extractor`, at the limit's configured cost.
+    pub fn new(name: impl Into<String>, extractor: impl KeyExtractor) -> Self {
+        Self {
+            name: name.into(),
+            extractor: Arc::new(extractor),
+            cost: None,
+            cost_fn: None,
+            mode: Mode::CheckAndSpend,
+            on_missing: OnMissingKey::default(),
+        }
+    }
+
+    /// A fixed cost per request.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = Some(cost);
+        self.cost_fn = None;
+        self
+    }
+
+    /// A cost computed from the request.
+    pub fn cost_fn(mut self, f: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost_fn = Some(Arc::new(f));
+        self.cost = None;
+        self
+    }
+
+    /// The transaction mode (e.g. [`Mode::CheckOnly`] to enforce without spending).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// What to do when the extractor finds no id.
+    pub fn on_missing_key(mut self, policy: OnMissingKey) -> Self {
+        self.on_missing = policy;
+        self
+    }
+}
+
+pub(crate) struct ResolvedRule {
+    pub(crate) name: LimitName,
+    pub(crate) kind: IdKind,
+    pub(crate) rule: Rule,
+    /// The default limit and its `RateLimit-Policy` value, computed once.
+    pub(crate) policy: Option<(crate::algo::gcra::Limit, http::HeaderValue)>,
+}
+
+impl Shared {
+    /// The precomputed `RateLimit-Policy` of a decision's limit, when it is its default.
+    pub(crate) fn cached_policy(&self, d: &crate::limiter::Decision) -> Option<http::HeaderValue> {
+        let rule = self.rules.iter().find(|r| r.name == d.key.name())?;
+        match (&rule.policy, &d.limit) {
+            (Some((l, v)), Some(crate::quota::Quota::Gcra(dl))) if l == dl => Some(v.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// What the rules made of a request: a batch to decide, or an answer right away.
+pub(crate) enum Prepared {
+    Batch(Vec<Transaction>),
+    Reject(Response<Bytes>),
+}
+
+impl Shared {
+    pub(crate) fn prepare(&self, parts: &Parts, grpc: bool) -> Prepared {
+        let mut txs = Vec::with_capacity(self.rules.len());
+        for r in &self.rules {
+            let reject = |status: StatusCode, message: &str| {
+                Prepared::Reject(response::error_response(
+                    status,
+                    &response::error_code(status),
+                    message,
+                    grpc,
+                ))
+            };
+            let id = match r.rule.extractor.extract(parts) {
+                Ok(Some(id)) => id,
+                Ok(None) => match r.rule.on_missing {
+                    OnMissingKey::Skip => continue,
+                    OnMissingKey::Reject(status) => {
+                        return reject(
+                            status,
+                            &format!("missing key for rate limit {}", r.rule.name),
+                        );
+                    }
+                },
+                Err(e) => {
+                    if e.status.is_server_error() {
+                        tracing::error!(limit = %r.rule.name, error = %e, "rate limit key extraction failed");
+                    }
+                    return reject(e.status, &e.message);
+                }
+            };
+            let id = match r.kind.conform(id) {
+                Ok(id) => id,
+                Err(e) => {
+                    return reject(
+                        StatusCode::BAD_REQUEST,
+                        &format!("rate limit {}: {e}", r.rule.name),
+                    );
+                }
+            };
+            let mut tx = Transaction::new(BucketKey::new(r.name, id)).mode(r.rule.mode);
+            if let Some(f) = &r.rule.cost_fn {
+                tx = tx.cost(f(parts));
+            } else if let Some(c) = r.rule.cost {
+                tx = tx.cost(c);
+            }
+            txs.push(tx);
+        }
+        Prepared::Batch(txs)
+    }
+}
