@@ -11,7 +11,7 @@ use super::body::RateLimitBody;
 use super::future::ResponseFuture;
 use super::rate_limit_layer::Shared;
 
-/// The rate-limiting service made by [`RateLimitLayer`].
+/// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer).
 #[derive(Clone)]
 pub struct RateLimitService<S> {
     inner: S,
