@@ -1,4 +1,7 @@
-//! The response future of [`RateLimitService`](super::RateLimitService).
+//! The response future of [`RateLimitService`](super::RateLimitService): a state machine that
+//! waits for the decision (when the backend did not answer at once), then for the inner
+//! service, or hands out the answer `call` already made. What a decision means is decided in
+//! `outcome.rs`, never here.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,39 +14,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::rate_limit_layer::{FailurePolicy, Shared};
-use super::response::{Denial, error_response, insert_ratelimit_headers, is_grpc};
-use super::rule::Prepared;
-use crate::limiter::LimiterError;
-use crate::limiter::{BatchDecision, Transaction};
-
-enum Failure {
-    Limiter(LimiterError),
-    Timeout,
-}
-
-type Decide = Pin<Box<dyn Future<Output = Result<BatchDecision, Failure>> + Send>>;
-
-fn decide(shared: &Arc<Shared>, txs: Vec<Transaction>) -> Decide {
-    let limiter = shared.limiter.clone();
-    let timeout = shared.timeout;
-    Box::pin(async move {
-        let mut spend = std::pin::pin!(limiter.spend(&txs));
-        // A backend that answers at once (in memory) needs no timer.
-        let first = std::future::poll_fn(|cx| match spend.as_mut().poll(cx) {
-            Poll::Ready(r) => Poll::Ready(Some(r)),
-            Poll::Pending => Poll::Ready(None),
-        })
-        .await;
-        match first {
-            Some(r) => r.map_err(Failure::Limiter),
-            None => match tokio::time::timeout(timeout, spend).await {
-                Ok(r) => r.map_err(Failure::Limiter),
-                Err(_) => Err(Failure::Timeout),
-            },
-        }
-    })
-}
+use super::outcome::{AllowedHeaders, Conclusion, Decide, conclude};
+use super::rate_limit_layer::Shared;
+use super::response::{error_response, insert_ratelimit_headers};
 
 pin_project! {
     #[project = StateProj]
@@ -80,122 +53,46 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
-    pub(crate) fn new(shared: Arc<Shared>, mut inner: S, req: Request<B>) -> Self {
-        let (parts, body) = req.into_parts();
-        let grpc = is_grpc(&parts.headers);
-        let state = match shared.prepare(&parts, grpc) {
-            Prepared::Reject(response) => State::Answered {
+    /// Waits for `decide`, then calls `inner` with `req` or answers.
+    pub(crate) fn deciding(
+        shared: Arc<Shared>,
+        decide: Decide,
+        inner: S,
+        req: Request<B>,
+        grpc: bool,
+    ) -> Self {
+        Self {
+            state: State::Deciding {
+                decide,
+                pending: Some((inner, req)),
+                grpc,
+            },
+            shared,
+        }
+    }
+
+    /// Waits for the inner service's response, adding `headers` to it.
+    pub(crate) fn calling(
+        shared: Arc<Shared>,
+        future: S::Future,
+        headers: Option<AllowedHeaders>,
+    ) -> Self {
+        Self {
+            state: State::Calling { future, headers },
+            shared,
+        }
+    }
+
+    /// Answers `response` without calling the inner service.
+    pub(crate) fn answered(shared: Arc<Shared>, response: Response<Bytes>) -> Self {
+        Self {
+            state: State::Answered {
                 response: Some(response),
             },
-            Prepared::Batch(txs) if txs.is_empty() => State::Calling {
-                future: inner.call(Request::from_parts(parts, body)),
-                headers: None,
-            },
-            Prepared::Batch(txs) => match shared.limiter.try_spend_now(&txs) {
-                // The backend decided at once (in memory): no box, nothing stored.
-                Some(result) => match conclude(&shared, result.map_err(Failure::Limiter), grpc) {
-                    Conclusion::Call(headers) => State::Calling {
-                        future: inner.call(Request::from_parts(parts, body)),
-                        headers,
-                    },
-                    Conclusion::Answer(response) => State::Answered {
-                        response: Some(response),
-                    },
-                },
-                None => State::Deciding {
-                    decide: decide(&shared, txs),
-                    pending: Some((inner, Request::from_parts(parts, body))),
-                    grpc,
-                },
-            },
-        };
-        Self { state, shared }
-    }
-}
-
-/// The headers an allowed response gets: the strictest decision, and its cached policy value.
-struct AllowedHeaders {
-    decision: crate::limiter::Decision,
-    policy: Option<http::HeaderValue>,
-    legacy: bool,
-}
-
-enum Conclusion {
-    /// Call the inner service, adding these headers to its response.
-    Call(Option<AllowedHeaders>),
-    /// Answer with this response.
-    Answer(Response<Bytes>),
-}
-
-/// What a decision (or a failure to decide) means for the request.
-fn conclude(shared: &Shared, result: Result<BatchDecision, Failure>, grpc: bool) -> Conclusion {
-    match result {
-        Ok(batch) if batch.allowed() => {
-            count("allowed");
-            if !shared.headers_on_allowed {
-                return Conclusion::Call(None);
-            }
-            let policy = batch.strictest().and_then(|d| shared.cached_policy(d));
-            Conclusion::Call(batch.into_strictest().map(|decision| AllowedHeaders {
-                decision,
-                policy,
-                legacy: shared.legacy_headers,
-            }))
-        }
-        Ok(batch) => {
-            count("denied");
-            let denial = Denial {
-                batch: &batch,
-                grpc,
-                legacy_headers: shared.legacy_headers,
-            };
-            Conclusion::Answer(match &shared.on_denied {
-                Some(f) => f(&denial),
-                None => denial.default_response(),
-            })
-        }
-        Err(Failure::Limiter(LimiterError::CostAboveBurst { name, cost, burst })) => {
-            count("rejected");
-            let message =
-                format!("request cost {cost} exceeds the burst of {burst} of rate limit {name}");
-            Conclusion::Answer(error_response(
-                StatusCode::BAD_REQUEST,
-                "BADREQUEST",
-                &message,
-                grpc,
-            ))
-        }
-        Err(failure) => {
-            count("backend_failure");
-            let reason = match &failure {
-                Failure::Timeout => format!(
-                    "rate limit backend did not answer within {:?}",
-                    shared.timeout
-                ),
-                Failure::Limiter(e) => e.to_string(),
-            };
-            if shared.failure == FailurePolicy::FailClosed {
-                tracing::warn!(%reason, "rate limiter failed; failing closed");
-                return Conclusion::Answer(error_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "UNAVAILABLE",
-                    "rate limiter unavailable",
-                    grpc,
-                ));
-            }
-            tracing::warn!(%reason, "rate limiter failed; failing open");
-            Conclusion::Call(None)
+            shared,
         }
     }
 }
-
-#[cfg(feature = "metrics")]
-fn count(outcome: &'static str) {
-    metrics::counter!("tower_ratelimits_requests_total", "outcome" => outcome).increment(1);
-}
-
-#[cfg(not(feature = "metrics"))]
-fn count(_: &'static str) {}
 
 impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where

@@ -9,7 +9,10 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::future::ResponseFuture;
+use super::outcome::{Conclusion, Failure, conclude, decide};
 use super::rate_limit_layer::Shared;
+use super::response::is_grpc;
+use super::rule::Prepared;
 
 /// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer).
 #[derive(Clone)]
@@ -55,7 +58,35 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         // Take the service that is ready; leave a clone for the next call.
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(self.shared.clone(), inner, req)
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        let (parts, body) = req.into_parts();
+        let grpc = is_grpc(&parts.headers);
+        let txs = match shared.prepare(&parts, grpc) {
+            Prepared::Reject(response) => return ResponseFuture::answered(shared, response),
+            Prepared::Batch(txs) => txs,
+        };
+        if txs.is_empty() {
+            let future = inner.call(Request::from_parts(parts, body));
+            return ResponseFuture::calling(shared, future, None);
+        }
+        let Some(result) = shared.limiter.try_spend_now(&txs) else {
+            let decide = decide(&shared, txs);
+            return ResponseFuture::deciding(
+                shared,
+                decide,
+                inner,
+                Request::from_parts(parts, body),
+                grpc,
+            );
+        };
+        // The backend decided at once (in memory): no box, nothing stored.
+        match conclude(&shared, result.map_err(Failure::Limiter), grpc) {
+            Conclusion::Call(headers) => {
+                let future = inner.call(Request::from_parts(parts, body));
+                ResponseFuture::calling(shared, future, headers)
+            }
+            Conclusion::Answer(response) => ResponseFuture::answered(shared, response),
+        }
     }
 }
