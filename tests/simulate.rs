@@ -5,7 +5,12 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
-use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend, simulate};
+use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
+
+/// The trace simulator, from the `simulate` example.
+#[allow(dead_code)]
+#[path = "../examples/simulate/trace.rs"]
+mod simulate;
 
 const DEFAULTS: &str = "\
 NewFoosPerIPAddress:
@@ -404,4 +409,13 @@ P:
     assert_eq!(ids[1]["decisions"][0]["granted"], 2);
     let e = run(limits, None, "0s spend P=a cost=6..9\n").await;
     assert!(e.unwrap_err().contains("exceeds"), "too large a minimum");
+}
+
+#[test]
+fn trace_times_are_exact_microseconds() {
+    assert_eq!(simulate::parse_time_us("1.01s"), Ok(1_010_000));
+    assert_eq!(simulate::parse_time_us("250us"), Ok(250));
+    assert_eq!(simulate::parse_time_us("0ms"), Ok(0));
+    assert!(simulate::parse_time_us("1.0000001s").is_err());
+    assert!(simulate::parse_time_us("5").is_err());
 }

@@ -11,14 +11,17 @@
 //! trace time they need to refill).
 //!
 //! TRACE is a file, or standard input when absent or `-`. The format is documented in
-//! `tower_ratelimits::simulate`. A malformed trace or configuration prints the line and the
+//! `examples/simulate/trace.rs`. A malformed trace or configuration prints the line and the
 //! reason on standard error and exits with code 2.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend, simulate};
+use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
+
+mod trace;
+use trace as simulate;
 
 const USAGE: &str = "usage: simulate [--redis URL] --defaults FILE [--overrides FILE] [TRACE]";
 

@@ -1,5 +1,5 @@
 //! The trace simulator behind `cargo run --example simulate`: runs a trace through a real
-//! [`Limiter`] on a [`ManualClock`] and writes one JSON object per trace line.
+//! `Limiter` on a `ManualClock` and writes one JSON object per trace line.
 //!
 //! # Trace format
 //!
@@ -24,27 +24,15 @@
 //! `"tier":N` (the tier serving the client, or the one that refused). A `reset` line prints `{"line":N,"at_us":T,"op":"reset",
 //! "keys":["Name=id",...]}`.
 //!
-//! ```
-//! use tower_ratelimits::{Limits, ManualClock, MemoryBackend, Limiter, simulate};
-//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! let limits = Limits::from_yaml_str("Api:\n  burst: 1\n  count: 1\n  period: 1s\n", None).unwrap();
-//! let clock = ManualClock::new(simulate::EPOCH_US);
-//! let limiter = Limiter::new(limits, MemoryBackend::builder().clock(clock.clone()).build());
-//! let mut out = Vec::new();
-//! simulate::run(&limiter, &clock, "0s spend Api=a\n0.5s spend Api=a\n".as_bytes(), &mut out).await.unwrap();
-//! let text = String::from_utf8(out).unwrap();
-//! assert!(text.lines().nth(1).unwrap().contains(r#""allowed":false"#));
-//! # });
-//! ```
+//! `tests/simulate.rs` runs it on the worked examples, and `tests/redis.rs` runs the same
+//! traces through memory, a Redis and a cluster. The file is part of the `simulate` example,
+//! not of the library: the tests include it by path.
 
 use std::io::{BufRead, Write};
 
 use serde::Serialize;
 
-use crate::backend::Mode;
-use crate::limiter::Transaction;
-use crate::limiter::{Limiter, LimiterError};
-use crate::time::ManualClock;
+use tower_ratelimits::{Limiter, LimiterError, ManualClock, Mode, Transaction};
 
 /// The absolute time (microseconds since the Unix epoch) of trace time zero: 2023-11-14.
 pub const EPOCH_US: u64 = 1_700_000_000_000_000;
@@ -73,14 +61,8 @@ pub enum SimulateError {
     Io(#[from] std::io::Error),
 }
 
-/// Parses a trace time (`0ms`, `1.01s`, `250us`) into microseconds.
-///
-/// ```
-/// use tower_ratelimits::simulate::parse_time_us;
-/// assert_eq!(parse_time_us("1.01s"), Ok(1_010_000));
-/// assert_eq!(parse_time_us("250us"), Ok(250));
-/// assert!(parse_time_us("1.0000001s").is_err());
-/// ```
+/// Parses a trace time (`0ms`, `1.01s`, `250us`) into microseconds (tested in
+/// `tests/simulate.rs`).
 pub fn parse_time_us(text: &str) -> Result<u64, String> {
     let (number, scale, digits) = if let Some(n) = text.strip_suffix("us") {
         (n, 1u64, 0usize)
