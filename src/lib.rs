@@ -15,10 +15,11 @@ mod limiter;
 mod quota;
 mod time;
 
-pub use algo::gcra::{Limit, LimitError};
+pub use algo::gcra::{GcraError, Limit, LimitError};
 pub use algo::tiers::{Tier, TierError, TierGrant, TierRequestError, TieredLimit};
 pub use backend::{
     Backend, BackendError, BucketTx, MemoryBackend, MemoryBackendBuilder, Mode, Outcome,
+    TransactionError,
 };
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -40,14 +41,10 @@ pub use time::{Clock, DurationError, ManualClock, SystemClock};
 pub use http;
 
 /// Not part of the API: what this repository's own tests, benches and examples reach below
-/// the public surface (the pure algorithms, the trace simulator). Anything here may change
+/// the public surface (the pure algorithms, duration parsing). Anything here may change
 /// in any release.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::algo::{gcra, tiers};
-    pub use crate::simulate;
     pub use crate::time::parse_duration_us;
 }
-
-#[doc(hidden)]
-pub mod simulate;

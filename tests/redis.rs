@@ -11,9 +11,14 @@ use std::time::{Duration, Instant};
 use fred::prelude::{ClientLike as _, KeysInterface, Value};
 use support::redis::{RedisCluster, RedisServer, TestRedis, command, unique_prefix};
 use tower_ratelimits::{
-    Backend, BackendError, BucketKey, Id, Limiter, LimiterError, Limits, ManualClock,
-    MemoryBackend, Mode, Transaction, simulate,
+    Backend, BackendError, BucketKey, BucketTx, GcraError, Id, Limiter, LimiterError, Limits,
+    ManualClock, MemoryBackend, Mode, Transaction, TransactionError,
 };
+
+/// The trace simulator, from the `simulate` example.
+#[allow(dead_code)]
+#[path = "../examples/simulate/trace.rs"]
+mod simulate;
 use tower_ratelimits::{RedisBackend, RedisSetupError};
 
 async fn backend(url: &str, prefix: &str) -> RedisBackend {
@@ -899,31 +904,186 @@ async fn spend_and_refund_through_the_backend_trait() {
     let limits = Limits::from_yaml_str(KEY_LIMITS, None).unwrap();
     let key = BucketKey::new(limits.name("Api").unwrap(), Id::new("t").unwrap());
     let limit = limits.default_limit(key.name()).unwrap();
-    let tx = tower_ratelimits::BucketTx {
-        key: &key,
-        quota: limit,
-        cost: 3,
-        min_cost: 3,
-        mode: Mode::CheckAndSpend,
-    };
-    let err = backend.spend(&[tx]).await.unwrap_err();
-    assert!(matches!(err, BackendError::Gcra(_)), "{err:?}");
-    let ok = backend
-        .spend(&[tower_ratelimits::BucketTx { cost: 2, ..tx }])
-        .await
-        .unwrap();
+    let tx = |cost| BucketTx::new(&key, limit, cost..=cost, Mode::CheckAndSpend);
+    // A cost above the burst never reaches a backend: the transaction cannot be built.
+    assert_eq!(
+        tx(3).unwrap_err(),
+        TransactionError::CostAboveBurst { cost: 3, burst: 2 }
+    );
+    let ok = backend.spend(&[tx(2).unwrap()]).await.unwrap();
     assert!(ok[0].allowed);
     assert_eq!(ok[0].remaining, 0);
-    let r = backend
-        .refund(&[tower_ratelimits::BucketTx { cost: 1, ..tx }])
-        .await
-        .unwrap();
+    let refund = BucketTx::for_refund(&key, limit, 1..=1, Mode::CheckAndSpend).unwrap();
+    let r = backend.refund(&[refund]).await.unwrap();
     assert!(r[0].allowed);
     assert_eq!(r[0].remaining, 1);
     let v: Value = backend.client().get(backend.redis_key(&key)).await.unwrap();
     assert_eq!(
         v.as_string().unwrap().parse::<u64>().unwrap(),
         simulate::EPOCH_US + 500_000
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The script's two paths: an all-GCRA spend takes a fast path; a batch with a tiered key the
+// general one. Both call the script's one `gcra` function; these tests hold them together.
+// ---------------------------------------------------------------------------------------------
+
+const PATH_LIMITS: &str = "\
+G: {burst: 3, count: 3, period: 1s}
+H: {burst: 5, count: 2, period: 1s}
+T:
+  tiers:
+    - {limit: 2, window: 1s, active: 1s, cooldown: 0s}
+";
+
+/// A limiter over its own prefix, on `clock`, with the deny cache off (every batch runs the
+/// script).
+async fn path_limiter(url: &str, name: &str, clock: &ManualClock) -> (Limiter, RedisBackend) {
+    let backend = caller_time_backend(url, &unique_prefix(name), clock, false).await;
+    let limits = Limits::from_yaml_str(PATH_LIMITS, None).unwrap();
+    (Limiter::new(limits, backend.clone()), backend)
+}
+
+#[tokio::test]
+async fn the_scripts_fast_path_decides_gcra_exactly_as_its_general_path() {
+    let redis = TestRedis::single();
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let (fast, fast_backend) = path_limiter(&redis.url, "fast", &clock).await;
+    let (general, general_backend) = path_limiter(&redis.url, "general", &clock).await;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for step in 0..400 {
+        clock.advance(Duration::from_micros(next(400_000)));
+        let modes = [Mode::CheckAndSpend, Mode::CheckOnly, Mode::SpendOnly];
+        let gcra = |l: &Limiter, name: &str, id: &str, cost: u64, mode: Mode| {
+            Transaction::new(l.key(name, Id::new(id).unwrap()).unwrap())
+                .cost(cost)
+                .mode(mode)
+        };
+        let (g_cost, h_cost) = (next(4), next(6));
+        let (g_mode, h_mode) = (modes[next(3) as usize], modes[next(3) as usize]);
+        let id = ["a", "b"][next(2) as usize];
+        let refund = next(5) == 0;
+        let batch = |l: &Limiter| {
+            vec![
+                gcra(l, "G", id, g_cost, g_mode),
+                gcra(l, "H", "h", h_cost, h_mode),
+            ]
+        };
+        let (f, g) = if refund {
+            (
+                fast.refund(&batch(&fast)).await,
+                general
+                    .refund(&{
+                        let mut b = batch(&general);
+                        b.push(gcra(&general, "T", "t", 1, Mode::CheckAndSpend));
+                        b
+                    })
+                    .await,
+            )
+        } else {
+            // A spend-only tiered key never changes the batch decision: the GCRA keys decide.
+            let mut b = batch(&general);
+            b.push(gcra(&general, "T", "t", 1, Mode::SpendOnly));
+            (fast.spend(&batch(&fast)).await, general.spend(&b).await)
+        };
+        let (f, g) = (f.unwrap(), g.unwrap());
+        for (df, dg) in f.decisions().iter().zip(g.decisions()) {
+            assert_eq!(
+                (df.allowed, df.remaining, df.retry_after, df.reset_after),
+                (dg.allowed, dg.remaining, dg.retry_after, dg.reset_after),
+                "step {step}: {}",
+                df.key
+            );
+        }
+        if !refund {
+            assert_eq!(f.allowed(), g.allowed(), "step {step}");
+        }
+        for (name, id) in [("G", id), ("H", "h")] {
+            let stored = |l: &Limiter, b: &RedisBackend| {
+                b.redis_key(&l.key(name, Id::new(id).unwrap()).unwrap())
+            };
+            assert_eq!(
+                raw_get(&fast_backend, &stored(&fast, &fast_backend)).await,
+                raw_get(&general_backend, &stored(&general, &general_backend)).await,
+                "step {step}: stored TAT of {name}={id}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn both_paths_take_a_stored_tat_below_2_pow_52_and_refuse_one_at_it() {
+    let redis = TestRedis::single();
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let (limiter, backend) = path_limiter(&redis.url, "edges", &clock).await;
+    let g = limiter.key("G", Id::new("edge").unwrap()).unwrap();
+    let t = limiter.key("T", Id::new("edge").unwrap()).unwrap();
+    let key = backend.redis_key(&g);
+    let set = |v: u64| {
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            let _: () = backend
+                .client_for_key(&key)
+                .unwrap()
+                .set(&key, v.to_string(), None, None, false)
+                .await
+                .unwrap();
+        }
+    };
+    let fast = || vec![Transaction::new(g.clone())];
+    let general = || {
+        vec![
+            Transaction::new(g.clone()),
+            Transaction::new(t.clone()).mode(Mode::SpendOnly),
+        ]
+    };
+    for batch in [fast(), general()] {
+        // 2^52 - 1: a TAT far ahead, still exact in a double: a plain denial.
+        set((1 << 52) - 1).await;
+        let d = limiter.spend(&batch).await.unwrap();
+        assert!(!d.decisions()[0].allowed);
+        assert_eq!(
+            d.decisions()[0].reset_after,
+            Duration::from_micros((1 << 52) - 1 - simulate::EPOCH_US)
+        );
+        // 2^52: not a TAT of ours; nothing is written.
+        set(1 << 52).await;
+        let err = limiter.spend(&batch).await.unwrap_err();
+        assert!(
+            matches!(&err, LimiterError::Backend(BackendError::InvalidState { reason, .. }) if reason.contains("out of range")),
+            "{err:?}"
+        );
+        assert_eq!(
+            raw_get(&backend, &key).await,
+            Some((1u64 << 52).to_string())
+        );
+    }
+    // A caller clock at 2^52 is refused before anything is sent.
+    let late = ManualClock::new(1 << 52);
+    let late_backend = caller_time_backend(&redis.url, &unique_prefix("late"), &late, false).await;
+    let late_limiter = Limiter::new(
+        Limits::from_yaml_str(PATH_LIMITS, None).unwrap(),
+        late_backend,
+    );
+    let err = late_limiter
+        .spend(&[Transaction::new(
+            late_limiter.key("G", Id::new("x").unwrap()).unwrap(),
+        )])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LimiterError::Backend(BackendError::Gcra(GcraError::TimeOverflow))
+        ),
+        "{err:?}"
     );
 }
 

@@ -177,36 +177,18 @@ pub struct GcraOutcome {
 /// Why a GCRA computation could not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum GcraError {
-    /// The cost is larger than the limit's burst: such a request could never be allowed.
-    #[error("cost {cost} exceeds the burst of {burst}")]
-    CostAboveBurst {
-        /// The requested cost.
-        cost: u64,
-        /// The limit's burst.
-        burst: u64,
-    },
-    /// The new TAT would not fit in 64-bit microseconds.
+    /// The new TAT would not fit in 64-bit microseconds (a clock or a stored value near the
+    /// end of `u64` time; never a real clock).
     #[error("theoretical arrival time overflows 64-bit microseconds")]
     TimeOverflow,
-}
-
-/// `max(v, 0) / ei` with the division in 64 bits (`v` is at most a burst offset plus slack).
-fn tokens(v: i128, ei: u64) -> u64 {
-    clamp_u64(v) / ei
-}
-
-fn clamp_u64(v: i128) -> u64 {
-    if v <= 0 {
-        0
-    } else {
-        u64::try_from(v).unwrap_or(u64::MAX)
-    }
 }
 
 /// Spends `cost` tokens if they are available.
 ///
 /// On a denial the store must stay unchanged (`new_tat` is `None`). A cost of 0 is a probe: it
-/// reports the bucket without consuming anything.
+/// reports the bucket without consuming anything. Costs are checked against the burst once,
+/// when a transaction is built ([`BucketTx::new`](crate::BucketTx::new)); a cost above the
+/// burst is simply never allowed here.
 ///
 /// ```
 /// use tower_ratelimits::Limit;
@@ -232,79 +214,41 @@ pub fn spend(
 
 /// Computes what [`spend`] would decide. `new_tat` is the TAT a spend would store; a caller
 /// that only checks must not write it.
+///
+/// This is the GCRA rule of `docs/gcra.md`, written once for every backend (the Redis script's
+/// `gcra` function mirrors it). The spec's quantities are measured from `now`, so nothing
+/// overflows: `ahead = tat - now`, `need = ahead + EI * cost` (the new TAT's distance from now),
+/// and the request fits when `need <= BO`; then `difference = BO - need`.
 pub fn check(
     limit: &Limit,
     stored_tat: Option<u64>,
     now: u64,
     cost: u64,
 ) -> Result<GcraOutcome, GcraError> {
-    if cost > limit.burst() {
-        return Err(GcraError::CostAboveBurst {
-            cost,
-            burst: limit.burst(),
-        });
-    }
-    let ei_u = limit.emission_interval_us();
-    let bo_u = limit.burst_offset_us();
-    let tat_u = stored_tat.unwrap_or(0).max(now);
-    // The same computation in u64 when nothing overflows (every realistic input); the i128
-    // path below is the reference and handles the rest.
-    if let (Some(incr), Some(horizon)) = (ei_u.checked_mul(cost), now.checked_add(bo_u))
-        && let Some(new_tat) = tat_u.checked_add(incr)
-    {
-        // `horizon - new_tat` is the spec's `difference` (now - (new_tat - burst offset)).
-        return Ok(if new_tat <= horizon {
-            let difference = horizon - new_tat;
-            GcraOutcome {
-                allowed: true,
-                remaining: difference / ei_u,
-                retry_after_us: incr.saturating_sub(difference),
-                reset_after_us: new_tat - now,
-                new_tat: Some(new_tat),
-            }
-        } else {
-            GcraOutcome {
-                allowed: false,
-                remaining: horizon.saturating_sub(tat_u) / ei_u,
-                retry_after_us: new_tat - horizon,
-                reset_after_us: tat_u - now,
-                new_tat: None,
-            }
-        });
-    }
-    check_wide(limit, tat_u, now, cost)
-}
-
-/// [`check`] in `i128`, where no input overflows: the reference the u64 path must equal.
-fn check_wide(limit: &Limit, tat_u: u64, now: u64, cost: u64) -> Result<GcraOutcome, GcraError> {
-    let ei_u = limit.emission_interval_us();
-    let ei = i128::from(ei_u);
-    let bo = i128::from(limit.burst_offset_us());
-    let now_i = i128::from(now);
-    let tat = i128::from(tat_u);
-    let incr = ei * i128::from(cost);
-    let new_tat = tat + incr;
-    let difference = now_i - (new_tat - bo);
-    if difference < 0 {
+    let ei = limit.emission_interval_us();
+    let bo = limit.burst_offset_us();
+    // A TAT in the past cannot bank capacity: max(stored, now) - now.
+    let ahead = stored_tat.unwrap_or(0).saturating_sub(now);
+    let incr = ei.saturating_mul(cost);
+    // `None`: beyond u64, which only a TAT stored near the end of u64 time can cause; a
+    // denial whose wait saturates.
+    let need = ahead.checked_add(incr).filter(|&n| n <= bo);
+    let Some(need) = need else {
         return Ok(GcraOutcome {
             allowed: false,
-            remaining: tokens(now_i - (tat - bo), ei_u),
-            retry_after_us: clamp_u64(-difference),
-            reset_after_us: clamp_u64(tat - now_i),
+            remaining: bo.saturating_sub(ahead) / ei,
+            retry_after_us: ahead.checked_add(incr).map_or(u64::MAX, |n| n - bo),
+            reset_after_us: ahead,
             new_tat: None,
         });
-    }
-    let new_tat_u64 = u64::try_from(new_tat).map_err(|_| GcraError::TimeOverflow)?;
+    };
+    let difference = bo - need;
     Ok(GcraOutcome {
         allowed: true,
-        remaining: tokens(difference, ei_u),
-        retry_after_us: if difference < incr {
-            clamp_u64(incr - difference)
-        } else {
-            0
-        },
-        reset_after_us: clamp_u64(new_tat - now_i),
-        new_tat: Some(new_tat_u64),
+        remaining: difference / ei,
+        retry_after_us: incr.saturating_sub(difference),
+        reset_after_us: need,
+        new_tat: Some(now.checked_add(need).ok_or(GcraError::TimeOverflow)?),
     })
 }
 
@@ -318,12 +262,6 @@ pub fn refund(
     now: u64,
     cost: u64,
 ) -> Result<GcraOutcome, GcraError> {
-    if cost > limit.burst() {
-        return Err(GcraError::CostAboveBurst {
-            cost,
-            burst: limit.burst(),
-        });
-    }
     let stored = match stored_tat {
         Some(t) if t >= now => t,
         _ => {
@@ -336,23 +274,18 @@ pub fn refund(
             });
         }
     };
-    let ei_u = limit.emission_interval_us();
-    let ei = i128::from(ei_u);
-    let bo = i128::from(limit.burst_offset_us());
-    let now_i = i128::from(now);
-    let new_tat = (i128::from(stored) - ei * i128::from(cost)).max(now_i);
-    let changed = new_tat != i128::from(stored);
+    let ei = limit.emission_interval_us();
+    let bo = limit.burst_offset_us();
+    // new_tat = max(stored - EI * cost, now), measured from now.
+    let ahead = (stored - now).saturating_sub(ei.saturating_mul(cost));
+    let new_tat = now + ahead; // between now and stored
+    let changed = new_tat != stored;
     Ok(GcraOutcome {
         allowed: changed,
-        remaining: tokens(now_i - (new_tat - bo), ei_u),
+        remaining: bo.saturating_sub(ahead) / ei,
         retry_after_us: 0,
-        reset_after_us: clamp_u64(new_tat - now_i),
-        // new_tat lies between now and stored, both u64.
-        new_tat: if changed {
-            u64::try_from(new_tat).ok()
-        } else {
-            None
-        },
+        reset_after_us: ahead,
+        new_tat: changed.then_some(new_tat),
     })
 }
 
@@ -362,10 +295,81 @@ mod tests {
     use proptest::prelude::*;
     use std::time::Duration;
 
+    fn clamp(v: i128) -> u64 {
+        u64::try_from(v.max(0)).unwrap_or(u64::MAX)
+    }
+
+    /// `docs/gcra.md`'s spend, transcribed literally in `i128` (where nothing overflows): the
+    /// reference `check` must equal. Not used by the library.
+    fn spec_check(limit: &Limit, stored: Option<u64>, now: u64, cost: u64) -> GcraOutcome {
+        let (ei, bo) = (
+            i128::from(limit.emission_interval_us()),
+            i128::from(limit.burst_offset_us()),
+        );
+        let now = i128::from(now);
+        let tat = i128::from(stored.unwrap_or(0)).max(now);
+        let incr = ei * i128::from(cost);
+        let new_tat = tat + incr;
+        let difference = now - (new_tat - bo);
+        let tokens = |v: i128| clamp(v) / limit.emission_interval_us();
+        if difference < 0 {
+            GcraOutcome {
+                allowed: false,
+                remaining: tokens(now - (tat - bo)),
+                retry_after_us: clamp(-difference),
+                reset_after_us: clamp(tat - now),
+                new_tat: None,
+            }
+        } else {
+            GcraOutcome {
+                allowed: true,
+                remaining: tokens(difference),
+                retry_after_us: if difference < incr {
+                    clamp(incr - difference)
+                } else {
+                    0
+                },
+                reset_after_us: clamp(new_tat - now),
+                new_tat: u64::try_from(new_tat).ok(),
+            }
+        }
+    }
+
+    /// `docs/gcra.md`'s refund, transcribed literally.
+    fn spec_refund(limit: &Limit, stored: Option<u64>, now: u64, cost: u64) -> GcraOutcome {
+        let Some(stored) = stored.filter(|&t| t >= now) else {
+            return GcraOutcome {
+                allowed: false,
+                remaining: limit.burst(),
+                retry_after_us: 0,
+                reset_after_us: 0,
+                new_tat: None,
+            };
+        };
+        let (ei, bo) = (
+            i128::from(limit.emission_interval_us()),
+            i128::from(limit.burst_offset_us()),
+        );
+        let now_i = i128::from(now);
+        let new_tat = (i128::from(stored) - ei * i128::from(cost)).max(now_i);
+        let changed = new_tat != i128::from(stored);
+        GcraOutcome {
+            allowed: changed,
+            remaining: clamp(now_i - (new_tat - bo)) / limit.emission_interval_us(),
+            retry_after_us: 0,
+            reset_after_us: clamp(new_tat - now_i),
+            new_tat: if changed {
+                u64::try_from(new_tat).ok()
+            } else {
+                None
+            },
+        }
+    }
+
     proptest! {
-        /// The u64 fast path decides exactly as the i128 reference, near the edges of u64 too.
+        /// The one GCRA rule decides exactly as the spec's formulas, near the edges of u64 too.
         #[test]
-        fn fast_path_equals_the_wide_reference(
+        fn check_and_refund_equal_the_spec(
             burst in 1u64..2_000_000,
             count in 1u64..2_000_000,
             period_us in 1u64..10_000_000_000,
@@ -377,8 +381,13 @@ mod tests {
                 return Ok(());
             };
             let cost = (cost_frac * limit.burst() as f64) as u64;
-            let stored = tat.max(now);
-            prop_assert_eq!(check(&limit, Some(tat), now, cost), check_wide(&limit, stored, now, cost));
+            let spec = spec_check(&limit, Some(tat), now, cost);
+            match check(&limit, Some(tat), now, cost) {
+                Ok(o) => prop_assert_eq!(o, spec),
+                // Only an allowed TAT past u64 is an error.
+                Err(GcraError::TimeOverflow) => prop_assert!(spec.allowed && spec.new_tat.is_none()),
+            }
+            prop_assert_eq!(refund(&limit, Some(tat), now, cost).unwrap(), spec_refund(&limit, Some(tat), now, cost));
         }
     }
 }

@@ -383,6 +383,7 @@ impl MemoryBackend {
     /// the [`Backend`] implementation takes for a one-transaction batch.
     ///
     /// A compare-and-swap loop on the bucket's TAT, made under the map's shard read guard.
+    #[doc(hidden)] // plumbing, public for the benches only
     pub fn spend_one(&self, tx: &BucketTx<'_>) -> Result<Outcome, BackendError> {
         self.spend_one_at(tx, self.now())
     }
@@ -518,7 +519,7 @@ impl MemoryBackend {
                     }
                 }
             }
-            if !batch_allowed(batch, &outcomes) {
+            if !batch_allowed(batch.iter().zip(&outcomes)) {
                 return Ok(outcomes);
             }
             written.clear();

@@ -4,6 +4,8 @@
 //! transaction. Every backend produces the same outcomes for the same inputs and times
 //! (`docs/gcra.md`); the shared conformance tests hold them to it.
 
+use std::ops::RangeInclusive;
+
 use async_trait::async_trait;
 
 use crate::algo::gcra::{GcraError, GcraOutcome};
@@ -82,20 +84,136 @@ impl From<GcraOutcome> for Outcome {
     }
 }
 
-/// One resolved transaction, as a backend sees it: the limit is already chosen.
+/// One transaction as a backend sees it: a bucket, the quota that applies to it, what is
+/// asked and how it takes part in the batch.
+///
+/// It is checked once, when it is built ([`BucketTx::new`], [`BucketTx::for_refund`]; the
+/// [`Limiter`](crate::Limiter) builds every one it sends): a backend never checks a cost
+/// again, it decides.
 #[derive(Debug, Clone, Copy)]
 pub struct BucketTx<'a> {
+    pub(crate) key: &'a BucketKey,
+    pub(crate) quota: &'a Quota,
+    pub(crate) cost: u64,
+    pub(crate) min_cost: u64,
+    pub(crate) mode: Mode,
+}
+
+/// Why a transaction cannot be built: what it asks could never be granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransactionError {
+    /// The cost (for a tiered limit: the smallest acceptable grant) is above the burst (the
+    /// sum of the tiers' limits).
+    #[error("cost {cost} exceeds the burst of {burst}")]
+    CostAboveBurst {
+        /// The cost.
+        cost: u64,
+        /// The burst.
+        burst: u64,
+    },
+    /// A cost range with different ends on a GCRA limit, which grants all or nothing.
+    #[error("a cost range needs a tiered limit (GCRA grants all or nothing)")]
+    CostRangeOnGcra,
+    /// A cost range whose lower end is above its upper end.
+    #[error("the cost range {min}..={max} is empty")]
+    EmptyCostRange {
+        /// The lower end.
+        min: u64,
+        /// The upper end.
+        max: u64,
+    },
+}
+
+impl<'a> BucketTx<'a> {
+    /// A spend (or, in [`Mode::CheckOnly`], a check) of `costs` units on `key` under `quota`:
+    /// one cost (`n..=n`), or for a tiered limit a range (`min..=max`, as many units as it
+    /// grants).
+    ///
+    /// ```
+    /// use tower_ratelimits::{BucketKey, BucketTx, Id, Limit, Limits, Mode, Quota, TransactionError};
+    /// # let limits = Limits::builder()
+    /// #     .limit("Api", Limit::from_micros(5, 5, 1_000_000).unwrap()).build().unwrap();
+    /// let key = BucketKey::new(limits.name("Api").unwrap(), Id::from(7u64));
+    /// let quota = limits.resolve(&key).unwrap();
+    /// assert!(BucketTx::new(&key, quota, 2..=2, Mode::CheckAndSpend).is_ok());
+    /// assert_eq!(
+    ///     BucketTx::new(&key, quota, 6..=6, Mode::CheckAndSpend).unwrap_err(),
+    ///     TransactionError::CostAboveBurst { cost: 6, burst: 5 }
+    /// );
+    /// ```
+    pub fn new(
+        key: &'a BucketKey,
+        quota: &'a Quota,
+        costs: RangeInclusive<u64>,
+        mode: Mode,
+    ) -> Result<Self, TransactionError> {
+        let (min_cost, cost) = costs.into_inner();
+        if quota.as_gcra().is_some() && min_cost != cost && min_cost <= cost {
+            return Err(TransactionError::CostRangeOnGcra);
+        }
+        Self::for_refund(key, quota, min_cost..=cost, mode)
+    }
+
+    /// A refund of up to `costs`' upper end (a GCRA refund may carry a range; only its upper
+    /// end counts).
+    pub fn for_refund(
+        key: &'a BucketKey,
+        quota: &'a Quota,
+        costs: RangeInclusive<u64>,
+        mode: Mode,
+    ) -> Result<Self, TransactionError> {
+        let (min_cost, cost) = costs.into_inner();
+        if min_cost > cost {
+            return Err(TransactionError::EmptyCostRange {
+                min: min_cost,
+                max: cost,
+            });
+        }
+        // What must fit: all of a GCRA cost, the least acceptable part of a tiered request.
+        let must_fit = match quota {
+            Quota::Gcra(_) => cost,
+            Quota::Tiered(_) => min_cost,
+        };
+        if must_fit > quota.max_cost() {
+            return Err(TransactionError::CostAboveBurst {
+                cost: must_fit,
+                burst: quota.max_cost(),
+            });
+        }
+        Ok(Self {
+            key,
+            quota,
+            cost,
+            min_cost,
+            mode,
+        })
+    }
+
     /// The bucket.
-    pub key: &'a BucketKey,
-    /// The limit that applies to this bucket.
-    pub quota: &'a Quota,
-    /// Tokens to spend or refund (at most the limit's [`max_cost`](Quota::max_cost)); for a
-    /// tiered limit, the most units asked for.
-    pub cost: u64,
-    /// For a tiered limit, the fewest units acceptable (`min_cost..=cost`); GCRA ignores it.
-    pub min_cost: u64,
+    pub fn key(&self) -> &'a BucketKey {
+        self.key
+    }
+
+    /// The quota that applies to the bucket.
+    pub fn quota(&self) -> &'a Quota {
+        self.quota
+    }
+
+    /// Units to spend or refund; for a tiered limit, the most units asked for.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// For a tiered limit, the fewest units acceptable (`min_cost..=cost`).
+    pub fn min_cost(&self) -> u64 {
+        self.min_cost
+    }
+
     /// How this transaction takes part in the batch.
-    pub mode: Mode,
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
 }
 
 /// Why a backend could not decide.
@@ -130,11 +248,13 @@ pub enum BackendError {
     Tiers(#[from] TierRequestError),
 }
 
-/// Whether a batch is allowed: every transaction that counts was allowed.
-pub fn batch_allowed(batch: &[BucketTx<'_>], outcomes: &[Outcome]) -> bool {
-    batch
-        .iter()
-        .zip(outcomes)
+/// The batch rule (`docs/gcra.md`): a batch is allowed when every transaction that counts
+/// was allowed. Backends apply it through this function only.
+pub(crate) fn batch_allowed<'t>(
+    decided: impl IntoIterator<Item = (&'t BucketTx<'t>, &'t Outcome)>,
+) -> bool {
+    decided
+        .into_iter()
         .all(|(tx, o)| !tx.mode.counts() || o.allowed)
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, BackendError, BucketTx};
+use crate::backend::{Backend, BackendError, BucketTx, TransactionError};
 use crate::backend::{Mode, Outcome};
 use crate::config::Limits;
 
@@ -66,6 +66,20 @@ pub enum LimiterError {
     /// The backend failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
+}
+
+impl LimiterError {
+    fn from_transaction(name: LimitName, e: TransactionError) -> Self {
+        match e {
+            TransactionError::CostAboveBurst { cost, burst } => {
+                Self::CostAboveBurst { name, cost, burst }
+            }
+            TransactionError::CostRangeOnGcra => Self::CostRangeOnGcra { name },
+            TransactionError::EmptyCostRange { min, max } => {
+                Self::EmptyCostRange { name, min, max }
+            }
+        }
+    }
 }
 
 struct Inner {
@@ -258,39 +272,13 @@ impl Limiter {
             let default_cost = limits.default_cost(name);
             let cost = tx.cost_or(default_cost);
             if let Some(quota) = quota {
-                let min_cost = tx.min_cost_or(default_cost);
-                if min_cost > cost {
-                    return Err(LimiterError::EmptyCostRange {
-                        name,
-                        min: min_cost,
-                        max: cost,
-                    });
-                }
-                let too_much = match quota {
-                    Quota::Gcra(_) if min_cost != cost && op != Op::Refund => {
-                        return Err(LimiterError::CostRangeOnGcra { name });
-                    }
-                    Quota::Gcra(l) => cost > l.burst(),
-                    Quota::Tiered(t) => min_cost > t.capacity(),
+                let costs = tx.min_cost_or(default_cost)..=cost;
+                let checked = if op == Op::Refund {
+                    BucketTx::for_refund(tx.key(), quota, costs, mode)
+                } else {
+                    BucketTx::new(tx.key(), quota, costs, mode)
                 };
-                if too_much {
-                    return Err(LimiterError::CostAboveBurst {
-                        name,
-                        cost: if quota.as_gcra().is_some() {
-                            cost
-                        } else {
-                            min_cost
-                        },
-                        burst: quota.max_cost(),
-                    });
-                }
-                txs.push(BucketTx {
-                    key: tx.key(),
-                    quota,
-                    cost,
-                    min_cost,
-                    mode,
-                });
+                txs.push(checked.map_err(|e| LimiterError::from_transaction(name, e))?);
             }
             resolved.push(Resolved { quota, mode, cost });
         }

@@ -16,7 +16,9 @@ use fred::prelude::{
     Client, ClientLike, Config, Error as FredError, LuaInterface, ServerConfig, Value,
 };
 
-use super::{RedisSetupError, SCRIPT, configured_builder};
+use super::RedisSetupError;
+use super::connect::configured_builder;
+use super::script::SCRIPT;
 use crate::backend::BackendError;
 
 const SLOTS: usize = 16_384;

@@ -1,6 +1,8 @@
 -- tower-ratelimits: a batch of buckets in one slot, decided and written atomically.
--- GCRA buckets mirror src/gcra.rs, tiered keys mirror src/tiers.rs. Every value is an
--- integer number of microseconds (or units) below 2^53, so Lua's doubles hold them exactly.
+-- GCRA buckets mirror src/algo/gcra.rs (one function here: `gcra`), tiered keys mirror
+-- src/algo/tiers.rs. The protocol below is encoded and decoded by src/backend/redis/script.rs.
+-- Every value is an integer number of microseconds (or units) below 2^53, so Lua's doubles
+-- hold them exactly.
 --
 -- KEYS[i]   the keys (one slot).
 -- ARGV[1]   'spend', 'refund' or 'restore'.
@@ -39,9 +41,86 @@ end
 
 local n = #KEYS
 
--- Fast path: a spend whose keys are all GCRA (every request of a GCRA-only configuration).
--- The same decisions, validation and reply as the general path below, without building
--- record tables or the closures that path needs (Lua would create them on every call).
+-- Shared by every path ------------------------------------------------------------------------
+
+-- floor(v / ei) for v > 0 (0 otherwise), corrected for the rounding of the division.
+local function tokens(v, ei)
+  if v <= 0 then return 0 end
+  local q = math.floor(v / ei)
+  if q * ei > v then
+    q = q - 1
+  elseif (q + 1) * ei <= v then
+    q = q + 1
+  end
+  return q
+end
+
+-- The GCRA rule (docs/gcra.md "spend"; src/algo/gcra.rs `check`): the decision for `cost` on a
+-- bucket whose stored TAT is `stored` (0: none). Returns allowed (0/1), remaining,
+-- retry_after, reset_after and the TAT a spend stores (nil on a denial).
+local function gcra(stored, ei, bo, cost)
+  local tat = stored
+  if tat < now then tat = now end
+  local incr = ei * cost
+  local new_tat = tat + incr
+  local difference = now - (new_tat - bo)
+  if difference < 0 then
+    return 0, tokens(now - (tat - bo), ei), -difference, tat - now, nil
+  end
+  local retry = 0
+  if difference < incr then retry = incr - difference end
+  return 1, tokens(difference, ei), retry, new_tat - now, new_tat
+end
+
+-- The GCRA refund (docs/gcra.md "refund"): allowed (0/1), remaining, reset_after, and the TAT
+-- to store (nil: unchanged).
+local function gcra_refund(stored, ei, bo, burst, cost)
+  if stored == 0 or stored < now then return 0, burst, 0, nil end
+  local new_tat = math.max(stored - ei * cost, now)
+  if new_tat == stored then
+    return 0, tokens(now - (new_tat - bo), ei), new_tat - now, nil
+  end
+  return 1, tokens(now - (new_tat - bo), ei), new_tat - now, new_tat
+end
+
+-- Whether a transaction of this mode counts toward the batch (spend-only does not).
+local function counts(mode) return mode ~= 2 end
+
+-- Whether an allowed GCRA spend writes its new TAT (never a check-only one, never a no-op).
+local function gcra_writes(mode, new_tat, stored)
+  return mode ~= 1 and new_tat > now and new_tat ~= stored
+end
+
+-- The stored TAT of GCRA key i (0: none), or nil and why the value is not ours.
+local function read_tat(i)
+  local raw = redis.pcall('GET', KEYS[i])
+  if type(raw) == 'table' then return nil, 'the key holds a value that is not a string' end
+  if not raw then return 0 end
+  if #raw > 16 or not string.match(raw, '^%d+$') then
+    return nil, 'the stored value is not a TAT in microseconds'
+  end
+  local v = tonumber(raw)
+  if v >= LIMIT then return nil, 'the stored TAT is out of range' end
+  return v
+end
+
+local function expire_args(at)
+  if margin < 0 then
+    return 'PXAT', string.format('%.0f', math.floor((at + 999) / 1000))
+  end
+  return 'PX', string.format('%.0f', math.floor((at - now + 999) / 1000) + margin)
+end
+
+local function write_tat(key, tat)
+  if tat <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, string.format('%.0f', tat), expire_args(tat))
+  end
+end
+
+-- Fast path: a spend whose keys are all GCRA (every request of a GCRA-only configuration):
+-- the same functions as the general path below, without its per-key record tables.
 if op == 'spend' then
   local gcra_only = true
   for i = 1, n do
@@ -54,68 +133,28 @@ if op == 'spend' then
     local out, writes, allowed = {}, {}, true
     for i = 1, n do
       local a = 5 + (i - 1) * 6
-      local ei, bo = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-      local cost, mode = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-      local raw = redis.pcall('GET', KEYS[i])
-      local s = 0
-      if type(raw) == 'table' then
-        return {-1, i, 'the key holds a value that is not a string'}
-      elseif raw then
-        if #raw > 16 or not string.match(raw, '^%d+$') then
-          return {-1, i, 'the stored value is not a TAT in microseconds'}
-        end
-        s = tonumber(raw)
-        if s >= LIMIT then
-          return {-1, i, 'the stored TAT is out of range'}
-        end
-      end
-      local tat = s
-      if tat < now then tat = now end
-      local incr = ei * cost
-      local new_tat = tat + incr
-      local difference = now - (new_tat - bo)
-      -- tokens(v, ei): floor(v / ei) for v > 0, corrected for rounding of the division.
-      local v = difference
-      if v < 0 then v = now - (tat - bo) end
-      local q = 0
-      if v > 0 then
-        q = math.floor(v / ei)
-        if q * ei > v then q = q - 1 elseif (q + 1) * ei <= v then q = q + 1 end
-      end
-      if difference < 0 then
-        out[i] = {0, q, -difference, tat - now, s}
-        if mode ~= 2 then allowed = false end
-      else
-        local retry = 0
-        if difference < incr then retry = incr - difference end
-        out[i] = {1, q, retry, new_tat - now, s}
-        if mode ~= 1 and new_tat > now and new_tat ~= s then writes[i] = new_tat end
+      local s, reason = read_tat(i)
+      if not s then return {-1, i, reason} end
+      local mode = tonumber(ARGV[a + 5])
+      local ok, rem, retry, reset, new_tat =
+        gcra(s, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4]))
+      out[i] = {ok, rem, retry, reset, s}
+      if ok == 0 then
+        if counts(mode) then allowed = false end
+      elseif gcra_writes(mode, new_tat, s) then
+        writes[i] = new_tat
       end
     end
     for i = 1, n do
-      local w = allowed and writes[i]
-      if w then
-        if margin < 0 then
-          redis.call('SET', KEYS[i], string.format('%.0f', w), 'PXAT',
-            string.format('%.0f', math.floor((w + 999) / 1000)))
-        else
-          redis.call('SET', KEYS[i], string.format('%.0f', w), 'PX',
-            string.format('%.0f', math.floor((w - now + 999) / 1000) + margin))
-        end
-        out[i][5] = w
+      if allowed and writes[i] then
+        write_tat(KEYS[i], writes[i])
+        out[i][5] = writes[i]
       end
       if out[i][5] <= now then out[i][5] = 0 end
     end
     out[n + 1] = now
     return out
   end
-end
-
-local function expire_args(at)
-  if margin < 0 then
-    return 'PXAT', string.format('%.0f', math.floor((at + 999) / 1000))
-  end
-  return 'PX', string.format('%.0f', math.floor((at - now + 999) / 1000) + margin)
 end
 
 if op == 'restore' then
@@ -206,25 +245,16 @@ local stored = {}
 local raws = {}
 local ttls = {}
 for i = 1, n do
-  local raw = redis.pcall('GET', KEYS[i])
-  if type(raw) == 'table' then
-    return {-1, i, 'the key holds a value that is not a string'}
-  end
   local r = rec[i]
   if r.kind == 0 then
-    if raw == false then
-      stored[i] = 0
-    else
-      if #raw > 16 or not string.match(raw, '^%d+$') then
-        return {-1, i, 'the stored value is not a TAT in microseconds'}
-      end
-      local v = tonumber(raw)
-      if v >= LIMIT then
-        return {-1, i, 'the stored TAT is out of range'}
-      end
-      stored[i] = v
-    end
+    local v, reason = read_tat(i)
+    if not v then return {-1, i, reason} end
+    stored[i] = v
   else
+    local raw = redis.pcall('GET', KEYS[i])
+    if type(raw) == 'table' then
+      return {-1, i, 'the key holds a value that is not a string'}
+    end
     if raw == false then
       stored[i] = {entry = {}, lt = {}, lc = {}}
       for j = 1, r.n do stored[i].lt[j], stored[i].lc[j] = {}, {} end
@@ -235,28 +265,6 @@ for i = 1, n do
       stored[i] = s
       raws[i] = raw
     end
-  end
-end
-
--- GCRA ---------------------------------------------------------------------------------------
-
--- floor(v / ei) for v >= 0, corrected for the rounding of the division.
-local function tokens(v, ei)
-  if v <= 0 then return 0 end
-  local q = math.floor(v / ei)
-  if q * ei > v then
-    q = q - 1
-  elseif (q + 1) * ei <= v then
-    q = q + 1
-  end
-  return q
-end
-
-local function write_tat(key, tat)
-  if tat <= now then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, string.format('%.0f', tat), expire_args(tat))
   end
 end
 
@@ -509,28 +517,20 @@ if op == 'spend' then
   for i = 1, n do
     local r = rec[i]
     if r.kind == 0 then
-      local ei, bo, cost, mode = r.ei, r.bo, r.cost, r.mode
-      local tat = math.max(stored[i], now)
-      local incr = ei * cost
-      local new_tat = tat + incr
-      local difference = now - (new_tat - bo)
-      if difference < 0 then
-        out[i] = {0, tokens(now - (tat - bo), ei), -difference, tat - now, stored[i]}
-        if mode ~= 2 then batch_allowed = false end
-      else
-        local retry = 0
-        if difference < incr then retry = incr - difference end
-        out[i] = {1, tokens(difference, ei), retry, new_tat - now, stored[i]}
-        if mode ~= 1 and new_tat > now and new_tat ~= stored[i] then
-          writes[i] = new_tat
-        end
+      local s = stored[i]
+      local ok, rem, retry, reset, new_tat = gcra(s, r.ei, r.bo, r.cost)
+      out[i] = {ok, rem, retry, reset, s}
+      if ok == 0 then
+        if counts(r.mode) then batch_allowed = false end
+      elseif gcra_writes(r.mode, new_tat, s) then
+        writes[i] = new_tat
       end
     else
       local o, p = decide_tiers(r, stored[i])
       out[i] = o
       if o[1] == 1 then
         plans[i] = p
-      elseif r.mode ~= 2 then
+      elseif counts(r.mode) then
         batch_allowed = false
       end
     end
@@ -554,17 +554,12 @@ elseif op == 'refund' then
   for i = 1, n do
     local r = rec[i]
     if r.kind == 0 then
-      local ei, bo, burst, cost = r.ei, r.bo, r.burst, r.cost
       local s = stored[i]
-      if s == 0 or s < now then
-        out[i] = {0, burst, 0, 0, s}
-      else
-        local new_tat = math.max(s - ei * cost, now)
-        out[i] = {(new_tat ~= s) and 1 or 0, tokens(now - (new_tat - bo), ei), 0, new_tat - now, s}
-        if new_tat ~= s then
-          write_tat(KEYS[i], new_tat)
-          out[i][5] = new_tat
-        end
+      local ok, rem, reset, new_tat = gcra_refund(s, r.ei, r.bo, r.burst, r.cost)
+      out[i] = {ok, rem, 0, reset, s}
+      if new_tat then
+        write_tat(KEYS[i], new_tat)
+        out[i][5] = new_tat
       end
     else
       local s = stored[i]

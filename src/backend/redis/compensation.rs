@@ -1,0 +1,50 @@
+//! Compensation: a cluster batch spans slots, one script per slot; when one slot denies, what
+//! the others spent is given back, so the batch stays all or nothing as the client sees it.
+
+use fred::prelude::Key;
+
+use super::RedisBackend;
+use super::script::{self, RawChange};
+use crate::backend::BucketTx;
+
+impl RedisBackend {
+    /// Gives back what allowed groups of a denied cluster batch spent: GCRA buckets by a
+    /// refund, tiered keys by putting back their value from before (when nobody wrote them
+    /// since), which also undoes the tiers the spend entered.
+    pub(super) async fn compensate(
+        &self,
+        batch: &[BucketTx<'_>],
+        keys: &[Key],
+        spent: &[usize],
+        raws: &[Option<RawChange>],
+    ) {
+        let txs: Vec<BucketTx<'_>> = spent
+            .iter()
+            .filter(|&&i| batch[i].quota.as_gcra().is_some())
+            .map(|&i| batch[i])
+            .collect();
+        if let Err(e) = self.refund_batch(&txs).await {
+            tracing::error!(
+                error = %e,
+                "could not refund the allowed part of a denied cross-slot batch; \
+                 it drains at the limits' rate"
+            );
+        }
+        for &i in spent {
+            let Some(raw) = &raws[i] else { continue };
+            if raw.before == raw.after {
+                continue;
+            }
+            let slot = fred::util::redis_keyslot(keys[i].as_bytes());
+            let result = self
+                .eval(slot, vec![keys[i].clone()], script::encode_restore(raw))
+                .await;
+            if let Err(e) = result {
+                tracing::error!(
+                    error = %e,
+                    "could not undo the tiered part of a denied cross-slot batch"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! Connecting: the builder, the connection (a client, a pool, or one client per cluster
+//! master), loading the script, closing what the backend opened.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::{
+    Builder, Client, ClientLike, Config, LuaInterface, Pool, ReconnectPolicy, ServerConfig,
+};
+
+use super::cluster::ClusterRouter;
+use super::deny_cache::DenyCache;
+use super::script::SCRIPT;
+use super::{Inner, RedisBackend};
+use crate::backend::BackendError;
+use crate::time::{Clock, SystemClock};
+
+/// The default key prefix.
+pub(super) const DEFAULT_PREFIX: &str = "rl:";
+
+/// The default timeout of every Redis command.
+pub(super) const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The default number of buckets the local deny cache remembers.
+pub(super) const DEFAULT_DENY_CACHE_CAPACITY: usize = 100_000;
+
+/// Why a [`RedisBackend`] could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisSetupError {
+    /// The URL is not a Redis URL fred understands.
+    #[error("invalid Redis URL: {0}")]
+    InvalidUrl(String),
+    /// The key prefix contains `{` or `}` (it would take over the hash tag) or is too long.
+    #[error("invalid key prefix {prefix:?}: {reason}")]
+    InvalidPrefix {
+        /// The prefix.
+        prefix: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The server could not be reached or refused to load the script.
+    #[error("cannot connect to Redis: {0}")]
+    Connect(String),
+}
+
+pub(super) enum Connection {
+    Client(Client),
+    Pool(Pool),
+    Cluster(ClusterRouter),
+}
+
+impl Connection {
+    /// The client for `slot` (any client when not clustered).
+    pub(super) fn client(&self, slot: u16) -> Result<Client, BackendError> {
+        match self {
+            Connection::Client(c) => Ok(c.clone()),
+            Connection::Pool(p) => Ok(p.next().clone()),
+            Connection::Cluster(r) => r.client_for_slot(slot),
+        }
+    }
+}
+
+/// A fred builder with the backend's settings: the command timeout, one attempt per command
+/// (a retried spend could be applied twice) and reconnection forever, in the background.
+pub(super) fn configured_builder(config: Config, timeout: Duration) -> Builder {
+    let mut builder = Builder::from_config(config);
+    builder
+        .with_performance_config(|p| p.default_command_timeout = timeout)
+        .with_connection_config(|c| {
+            c.connection_timeout = timeout.max(Duration::from_secs(1));
+            c.internal_command_timeout = timeout.max(Duration::from_secs(1));
+            c.max_command_attempts = 1;
+        })
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
+    builder
+}
+
+pub(super) enum Source {
+    Url(String),
+    Client(Client),
+    Pool(Pool),
+}
+
+/// Builds a [`RedisBackend`]: see [`RedisBackend::from_url`], [`RedisBackend::from_client`] and
+/// [`RedisBackend::from_pool`].
+pub struct RedisBackendBuilder {
+    source: Source,
+    prefix: String,
+    command_timeout: Duration,
+    pool_size: usize,
+    clock: Option<Arc<dyn Clock>>,
+    deny_cache: bool,
+    deny_cache_capacity: usize,
+}
+
+impl fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("prefix", &self.prefix)
+            .field("command_timeout", &self.command_timeout)
+            .field("pool_size", &self.pool_size)
+            .field("caller_time", &self.clock.is_some())
+            .field("deny_cache", &self.deny_cache)
+            .finish()
+    }
+}
+
+impl RedisBackendBuilder {
+    pub(super) fn new(source: Source) -> Self {
+        Self {
+            source,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            pool_size: 1,
+            clock: None,
+            deny_cache: true,
+            deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
+        }
+    }
+
+    /// The prefix of every key (default `rl:`). It must not contain `{` or `}` and is at most
+    /// 128 bytes.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The timeout of every command (default 500 ms). A zero duration is raised to 1 ms: there
+    /// is always a timeout.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Connections to open when built from a URL (default 1; fred pipelines commands on one
+    /// connection, more help only under heavy concurrency).
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// Uses `clock` instead of the server's clock as the time of every decision. For tests and
+    /// the simulator: app instances whose clocks disagree would disagree on decisions. Keys then
+    /// expire one hour (on the server's clock) after the time their bucket needs to refill
+    /// (the server cannot follow a manual clock).
+    pub fn caller_time(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Turns the local deny cache on or off (default on).
+    pub fn deny_cache(mut self, enabled: bool) -> Self {
+        self.deny_cache = enabled;
+        self
+    }
+
+    /// How many buckets the deny cache remembers at most (default
+    /// 100,000).
+    pub fn deny_cache_capacity(mut self, capacity: usize) -> Self {
+        self.deny_cache_capacity = capacity;
+        self
+    }
+
+    /// Connects (when built from a URL) and loads the script.
+    pub async fn connect(self) -> Result<RedisBackend, RedisSetupError> {
+        if self.prefix.contains(['{', '}']) {
+            return Err(RedisSetupError::InvalidPrefix {
+                prefix: self.prefix,
+                reason: "it must not contain '{' or '}'",
+            });
+        }
+        if self.prefix.len() > 128 {
+            return Err(RedisSetupError::InvalidPrefix {
+                prefix: self.prefix,
+                reason: "it is longer than 128 bytes",
+            });
+        }
+        let timeout = self.command_timeout;
+        let connect_timeout = timeout.max(Duration::from_secs(2));
+        // Connections the backend opened itself are closed when it is dropped.
+        let owned = matches!(self.source, Source::Url(_));
+        let conn = match self.source {
+            Source::Client(c) if c.is_clustered() => {
+                // The backend opens one connection per master from the client's configuration.
+                Connection::Cluster(ClusterRouter::connect(c.client_config(), timeout).await?)
+            }
+            Source::Pool(p) if p.next().is_clustered() => Connection::Cluster(
+                ClusterRouter::connect(p.next().client_config(), timeout).await?,
+            ),
+            Source::Client(c) => Connection::Client(c),
+            Source::Pool(p) => Connection::Pool(p),
+            Source::Url(url) => {
+                check_scheme(&url)?;
+                let config = Config::from_url(&url)
+                    .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
+                if matches!(config.server, ServerConfig::Clustered { .. }) {
+                    Connection::Cluster(ClusterRouter::connect(config, timeout).await?)
+                } else {
+                    let builder = configured_builder(config, timeout);
+                    let conn = if self.pool_size > 1 {
+                        let pool = builder
+                            .build_pool(self.pool_size)
+                            .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
+                        Connection::Pool(pool)
+                    } else {
+                        let client = builder
+                            .build()
+                            .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
+                        Connection::Client(client)
+                    };
+                    let init = async {
+                        match &conn {
+                            Connection::Client(c) => c.init().await.map(drop),
+                            Connection::Pool(p) => p.init().await.map(drop),
+                            Connection::Cluster(_) => Ok(()),
+                        }
+                    };
+                    match tokio::time::timeout(connect_timeout, init).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return Err(RedisSetupError::Connect(e.to_string())),
+                        Err(_) => {
+                            return Err(RedisSetupError::Connect(format!(
+                                "no connection within {connect_timeout:?}"
+                            )));
+                        }
+                    }
+                    conn
+                }
+            }
+        };
+        let clustered = matches!(conn, Connection::Cluster(_));
+        if let Connection::Cluster(router) = &conn {
+            router.load_script(connect_timeout).await?;
+        } else {
+            let client = conn
+                .client(0)
+                .map_err(|e| RedisSetupError::Connect(e.to_string()))?;
+            match tokio::time::timeout(connect_timeout, client.script_load::<String, _>(SCRIPT))
+                .await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(RedisSetupError::Connect(e.to_string())),
+                Err(_) => return Err(RedisSetupError::Connect("SCRIPT LOAD timed out".into())),
+            }
+        }
+        let local: Arc<dyn Clock> = match &self.clock {
+            Some(c) => c.clone(),
+            None => Arc::new(SystemClock),
+        };
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                conn,
+                owned: owned || clustered,
+                prefix: self.prefix,
+                caller_time: self.clock.is_some(),
+                local,
+                clustered,
+                timeout,
+                sha: fred::util::sha1_hash(SCRIPT),
+                cache: self
+                    .deny_cache
+                    .then(|| DenyCache::new(self.deny_cache_capacity)),
+            }),
+        })
+    }
+}
+
+/// Accepts the schemes the backend supports, with a clear error for the others.
+fn check_scheme(url: &str) -> Result<(), RedisSetupError> {
+    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+    match scheme {
+        "redis" | "redis-cluster" => Ok(()),
+        "rediss" | "rediss-cluster" if cfg!(feature = "redis-tls") => Ok(()),
+        "rediss" | "rediss-cluster" => Err(RedisSetupError::InvalidUrl(format!(
+            "{scheme}:// needs the `redis-tls` feature of tower-ratelimits"
+        ))),
+        _ => Err(RedisSetupError::InvalidUrl(format!(
+            "unsupported scheme {scheme:?}: use redis://, rediss:// or redis-cluster://"
+        ))),
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        match &self.conn {
+            Connection::Client(c) => {
+                let c = c.clone();
+                runtime.spawn(async move { c.quit().await });
+            }
+            Connection::Pool(p) => {
+                let p = p.clone();
+                runtime.spawn(async move { p.quit().await });
+            }
+            Connection::Cluster(r) => r.close(),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The local deny cache: remembers the TATs of buckets Redis denied, so that a flood of
+//! requests on an exhausted bucket is denied without a round trip (see the module docs of
+//! the Redis backend for what it may and may not answer).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dashmap::DashMap;
+
+use crate::algo::gcra;
+use crate::backend::{BackendError, BucketTx, Outcome, batch_allowed};
+use crate::key::BucketKey;
+
+/// Remembers the TATs of recently denied buckets, on the local clock.
+pub(super) struct DenyCache {
+    /// Bucket -> TAT lower bound in local microseconds (0: the bucket was fresh).
+    map: DashMap<BucketKey, u64, foldhash::fast::RandomState>,
+    capacity: usize,
+    pub(super) hits: AtomicU64,
+}
+
+impl DenyCache {
+    pub(super) fn new(capacity: usize) -> Self {
+        Self {
+            map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            capacity,
+            hits: AtomicU64::new(0),
+        }
+    }
+
+    /// Answers a batch locally when every bucket is remembered and the remembered TATs deny
+    /// it. Never answers "allowed".
+    pub(super) fn answer(
+        &self,
+        batch: &[BucketTx<'_>],
+        now: u64,
+    ) -> Option<Result<Vec<Outcome>, BackendError>> {
+        if self.map.is_empty() {
+            return None;
+        }
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for tx in batch {
+            // Only GCRA buckets are remembered: a batch with a tiered key goes to Redis.
+            let limit = tx.quota.as_gcra()?;
+            let tat = *self.map.get(tx.key)?;
+            match gcra::check(limit, (tat != 0).then_some(tat), now, tx.cost) {
+                Ok(o) => outcomes.push(Outcome::from(o)),
+                Err(_) => return None,
+            }
+        }
+        if batch_allowed(batch.iter().zip(&outcomes)) {
+            return None;
+        }
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(Ok(outcomes))
+    }
+
+    /// Remembers a bucket of a denied batch.
+    pub(super) fn remember(&self, key: &BucketKey, tat: u64, now: u64) {
+        if let Some(mut v) = self.map.get_mut(key) {
+            *v = tat;
+            return;
+        }
+        if self.map.len() >= self.capacity {
+            self.map.retain(|_, t| *t > now);
+            if self.map.len() >= self.capacity {
+                return;
+            }
+        }
+        self.map.insert(key.clone(), tat);
+    }
+
+    /// Updates a bucket if it is remembered.
+    pub(super) fn refresh(&self, key: &BucketKey, tat: u64) {
+        if self.map.is_empty() {
+            return;
+        }
+        if let Some(mut v) = self.map.get_mut(key) {
+            *v = tat;
+        }
+    }
+
+    pub(super) fn forget(&self, key: &BucketKey) {
+        self.map.remove(key);
+    }
+}

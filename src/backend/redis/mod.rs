@@ -1,0 +1,530 @@
+//! The Redis / Redis Cluster backend (feature `redis`), over [fred].
+//!
+//! # How a request is decided
+//!
+//! Every transaction of a batch whose keys share a slot is decided **and** written by one Lua
+//! script, run with `EVALSHA` (and `EVAL` once, when the server answers `NOSCRIPT`, e.g. after
+//! `SCRIPT FLUSH` or a failover). The script mirrors [`gcra`](crate::algo::gcra) in integer microseconds, so
+//! Redis decides exactly as the in-memory backend does. On a single Redis server the whole batch
+//! is one script, one round trip.
+//!
+//! By default the script reads the server's clock (`TIME`), so app instances whose clocks
+//! disagree still agree on every decision. [`RedisBackendBuilder::caller_time`] makes the
+//! caller's [`Clock`] the time source instead (tests, the simulator).
+//!
+//! # Keys
+//!
+//! A bucket lives at `<prefix>{<limit name>:<id>}` (prefix `rl:` by default): the braces are a
+//! Redis Cluster hash tag. In a text id, every byte outside printable ASCII and every `{`, `}`
+//! and `%` is written as `%XX`, so no client-chosen id can move a key to another slot, collide
+//! with another id, or break the format. A key expires (`PXAT`) at the moment its bucket equals
+//! a fresh one, so an idle client costs nothing.
+//!
+//! # Redis Cluster
+//!
+//! The keys of one request usually live in different slots. The batch is split by slot and the
+//! scripts run concurrently, one per slot. If a group is denied while another group was allowed
+//! (and spent), what the allowed groups spent is refunded at once, so the batch is all or nothing
+//! as seen by the client. **The remaining race:** between the spend and its refund (one round
+//! trip), other requests on those keys see the spend and may be denied; they are never
+//! over-admitted. If the refund itself fails (the node went away), the spend stays until it
+//! drains at the limit's rate; the failure is logged.
+//!
+//! # Local deny cache
+//!
+//! On by default. When Redis denies a batch, the backend remembers each of its buckets' TAT
+//! (translated to the local clock, rounded toward "earlier"). A later batch whose buckets are all
+//! remembered and that the remembered TATs already deny is denied locally, with no round trip:
+//! a client flooding a denied key costs Redis nothing. Remembered TATs are lower bounds of the
+//! real ones (spends only move a TAT forward), so the cache never denies what Redis would allow,
+//! with one exception it cannot see: a refund or reset made **by another app instance**. Refunds
+//! and resets made through this backend update the cache. Turn it off with
+//! [`RedisBackendBuilder::deny_cache`] if other instances refund or reset and a wrong denial of
+//! up to `retry_after` is not acceptable.
+//!
+//! # Failures
+//!
+//! Every command has a timeout ([`RedisBackendBuilder::command_timeout`], 500 ms by default;
+//! fred's own default is none). An unreachable server gives [`BackendError::Unavailable`] or
+//! [`BackendError::Timeout`], and the middleware applies its failure policy; the client
+//! reconnects by itself, so the backend recovers without restarting the app. Another program's
+//! data at a bucket's key (a wrong type, a value that is not a TAT) gives
+//! [`BackendError::InvalidState`] and nothing is written.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fred::prelude::{
+    Client, Error as FredError, ErrorKind, Key, KeysInterface, LuaInterface, Pool, Value,
+};
+
+mod cluster;
+mod compensation;
+mod connect;
+mod deny_cache;
+mod keys;
+mod script;
+
+pub use connect::{RedisBackendBuilder, RedisSetupError};
+
+use connect::{Connection, Source};
+use deny_cache::DenyCache;
+use keys::{TIERS_SUFFIX, redis_key};
+use script::{Call, Expiry, MAX_TIME_US, Op, RawChange, Reply, SCRIPT, ScriptReply};
+
+use super::{Backend, BackendError, BucketTx, Mode, Outcome, batch_allowed};
+use crate::algo::gcra::GcraError;
+use crate::key::BucketKey;
+use crate::quota::Quota;
+use crate::time::Clock;
+
+/// In caller-time mode a key expires this long after the moment its bucket is full again,
+/// counted on the server's clock from the write: the server cannot follow the caller's clock,
+/// and a run slower than its own time must not lose state.
+const CALLER_TIME_EXPIRY_MARGIN_MS: i64 = 3_600_000;
+
+/// The backend's shared state.
+struct Inner {
+    conn: Connection,
+    /// Whether the backend opened its connections itself (and so closes them).
+    owned: bool,
+    prefix: String,
+    caller_time: bool,
+    local: Arc<dyn Clock>,
+    clustered: bool,
+    timeout: Duration,
+    sha: String,
+    cache: Option<DenyCache>,
+}
+
+/// The Redis / Redis Cluster backend. Cheap to clone (an `Arc`).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_ratelimits::{Limiter, Limits, RedisBackend};
+///
+/// async fn limiter(limits: Limits) -> Result<Limiter, Box<dyn std::error::Error>> {
+///     let backend = RedisBackend::from_url("redis://127.0.0.1:6379")
+///         .prefix("myapp:rl:")
+///         .command_timeout(Duration::from_millis(200))
+///         .connect()
+///         .await?;
+///     Ok(Limiter::new(limits, backend))
+/// }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.prefix)
+            .field("clustered", &self.inner.clustered)
+            .field("caller_time", &self.inner.caller_time)
+            .field("deny_cache", &self.inner.cache.is_some())
+            .finish()
+    }
+}
+
+fn unavailable(e: FredError) -> BackendError {
+    BackendError::Unavailable(e.to_string())
+}
+
+impl RedisBackend {
+    /// A builder connecting to `url`: `redis://[user:pass@]host:port[/db]`, `rediss://` (TLS,
+    /// needs the `redis-tls` feature) or `redis-cluster://host:port[?node=host:port…]`.
+    pub fn from_url(url: impl Into<String>) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(Source::Url(url.into()))
+    }
+
+    /// A builder over a fred client you configured and initialized. Set its command timeout
+    /// yourself if you like; the backend also bounds each command by
+    /// [`command_timeout`](RedisBackendBuilder::command_timeout).
+    pub fn from_client(client: Client) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(Source::Client(client))
+    }
+
+    /// A builder over a fred pool you configured and initialized.
+    pub fn from_pool(pool: Pool) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(Source::Pool(pool))
+    }
+
+    /// A fred client of this backend (the next one of the pool; on a cluster, the client of
+    /// the node serving slot 0), for your own commands.
+    pub fn client(&self) -> Client {
+        match &self.inner.conn {
+            Connection::Client(c) => c.clone(),
+            Connection::Pool(p) => p.next().clone(),
+            Connection::Cluster(r) => r.any_client(),
+        }
+    }
+
+    /// The fred client of the node that holds `key` (see [`redis_key`](Self::redis_key)).
+    pub fn client_for_key(&self, key: &str) -> Result<Client, BackendError> {
+        self.inner
+            .conn
+            .client(fred::util::redis_keyslot(key.as_bytes()))
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// Whether the server is a Redis Cluster.
+    pub fn is_clustered(&self) -> bool {
+        self.inner.clustered
+    }
+
+    /// The SHA-1 of the script, as used by `EVALSHA`.
+    pub fn script_sha(&self) -> &str {
+        &self.inner.sha
+    }
+
+    /// Batches the local deny cache answered without a round trip, since the backend was built.
+    pub fn deny_cache_hits(&self) -> u64 {
+        self.inner
+            .cache
+            .as_ref()
+            .map_or(0, |c| c.hits.load(Ordering::Relaxed))
+    }
+
+    /// The Redis key of a bucket: `<prefix>{<limit name>:<escaped id>}`. The limit's name,
+    /// not its place in a file, so the key keeps its meaning when the configuration is
+    /// reordered, extended or reloaded. In the id, `{`, `}`, `%`, spaces and bytes outside
+    /// printable ASCII are percent-escaped: the bucket of limit `Api` for the id `a{b}%c é`
+    /// is `rl:{Api:a%7Bb%7D%25c%20%C3%A9}`.
+    pub fn redis_key(&self, key: &BucketKey) -> String {
+        redis_key(&self.inner.prefix, key)
+    }
+
+    /// The Redis key of a tiered key's state: [`redis_key`](Self::redis_key) followed by `:t`
+    /// (same slot; a name switched between GCRA and tiers never reads the other's state).
+    pub fn redis_tier_key(&self, key: &BucketKey) -> String {
+        let mut k = redis_key(&self.inner.prefix, key);
+        k.push_str(TIERS_SUFFIX);
+        k
+    }
+
+    /// The time the script decides at (`None`: the server's clock) and the local time.
+    fn now_arg(&self) -> Result<(Option<u64>, u64), BackendError> {
+        let local = self.inner.local.now_us();
+        if !self.inner.caller_time {
+            return Ok((None, local));
+        }
+        if local >= MAX_TIME_US {
+            return Err(GcraError::TimeOverflow.into());
+        }
+        Ok((Some(local), local))
+    }
+
+    fn expiry(&self) -> Expiry {
+        if self.inner.caller_time {
+            Expiry::AfterMargin(CALLER_TIME_EXPIRY_MARGIN_MS)
+        } else {
+            Expiry::AtFresh
+        }
+    }
+
+    /// Splits a batch into groups of one slot (one group, "slot" 0, when not clustered).
+    fn groups(&self, keys: &[Key]) -> Vec<(u16, Vec<usize>)> {
+        if !self.inner.clustered {
+            return vec![(0, (0..keys.len()).collect())];
+        }
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let slot = fred::util::redis_keyslot(key.as_bytes());
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        groups
+    }
+
+    /// Runs `f` on the client of `slot`; on a cluster, a `MOVED`/`ASK` answer refreshes the
+    /// slot map and retries once (the command did not run), and a failure to reach the node
+    /// schedules a refresh (a failover may have moved the slot).
+    async fn with_client<T, F, Fut>(&self, slot: u16, f: F) -> Result<T, BackendError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, FredError>>,
+    {
+        let timeout = self.inner.timeout;
+        let attempt = |client: Client| async {
+            match tokio::time::timeout(timeout, f(client)).await {
+                Ok(r) => r.map_err(Some),
+                Err(_) => Err(None),
+            }
+        };
+        let client = self.inner.conn.client(slot)?;
+        let result = attempt(client).await;
+        let Connection::Cluster(router) = &self.inner.conn else {
+            return result.map_err(|e| self.error(e));
+        };
+        match result {
+            Ok(v) => Ok(v),
+            Err(Some(e)) if cluster::is_redirect(&e) => {
+                router.refresh_now().await;
+                let client = self.inner.conn.client(slot)?;
+                attempt(client).await.map_err(|e| self.error(e))
+            }
+            Err(e) => {
+                router.refresh_soon();
+                Err(self.error(e))
+            }
+        }
+    }
+
+    fn error(&self, e: Option<FredError>) -> BackendError {
+        match e {
+            None => BackendError::Timeout(self.inner.timeout),
+            Some(e) if *e.kind() == ErrorKind::Timeout => BackendError::Timeout(self.inner.timeout),
+            Some(e) => unavailable(e),
+        }
+    }
+
+    /// Runs the script on `slot`'s node: `EVALSHA`, and `EVAL` once when the server lost
+    /// the script (`SCRIPT FLUSH`, a failover).
+    async fn eval(
+        &self,
+        slot: u16,
+        keys: Vec<Key>,
+        args: Vec<Value>,
+    ) -> Result<Value, BackendError> {
+        let sha = self.inner.sha.as_str();
+        self.with_client(slot, |client| {
+            let (keys, args) = (&keys, &args);
+            async move {
+                match client
+                    .evalsha::<Value, _, _, _>(sha, keys.clone(), args.clone())
+                    .await
+                {
+                    Err(e) if e.details().contains("NOSCRIPT") => {
+                        tracing::debug!("Redis lost the rate-limit script; sending it again");
+                        client
+                            .eval::<Value, _, _, _>(SCRIPT, keys.clone(), args.clone())
+                            .await
+                    }
+                    other => other,
+                }
+            }
+        })
+        .await
+    }
+
+    async fn run_script(
+        &self,
+        call: Call,
+        batch: &[BucketTx<'_>],
+        keys: &[Key],
+        (slot, group): &(u16, Vec<usize>),
+    ) -> Result<ScriptReply, BackendError> {
+        let txs = || group.iter().map(|&i| &batch[i]);
+        let args = script::encode(call, txs());
+        let script_keys = group.iter().map(|&i| keys[i].clone()).collect();
+        let value = self.eval(*slot, script_keys, args).await?;
+        match script::decode(value, txs(), call.want_raw)? {
+            Reply::Decided(reply) => Ok(reply),
+            Reply::InvalidState { index, reason } => {
+                let key = group
+                    .get(index)
+                    .and_then(|&i| keys[i].as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "?".into());
+                Err(BackendError::InvalidState { key, reason })
+            }
+        }
+    }
+
+    /// Runs `op` on every group (concurrently), returning replies in batch order.
+    async fn run_groups(
+        &self,
+        op: Op,
+        now: Option<u64>,
+        batch: &[BucketTx<'_>],
+        keys: &[Key],
+        groups: &[(u16, Vec<usize>)],
+    ) -> Vec<Result<ScriptReply, BackendError>> {
+        let mut call = Call {
+            op,
+            now,
+            expiry: self.expiry(),
+            want_raw: false,
+        };
+        if let [group] = groups {
+            return vec![self.run_script(call, batch, keys, group).await];
+        }
+        // Several slots: a spend may have to be undone, so tiered keys report their values.
+        call.want_raw = op == Op::Spend && batch.iter().any(|tx| tx.quota.as_tiered().is_some());
+        futures_util::future::join_all(groups.iter().map(|g| self.run_script(call, batch, keys, g)))
+            .await
+    }
+
+    fn keys(&self, batch: &[BucketTx<'_>]) -> Vec<Key> {
+        batch
+            .iter()
+            .map(|tx| match tx.quota {
+                // Costs were checked when the transaction was built (`BucketTx::new`).
+                Quota::Gcra(_) => Key::from(self.redis_key(tx.key)),
+                Quota::Tiered(_) => Key::from(self.redis_tier_key(tx.key)),
+            })
+            .collect()
+    }
+
+    pub(super) async fn refund_batch(
+        &self,
+        batch: &[BucketTx<'_>],
+    ) -> Result<Vec<Outcome>, BackendError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = self.keys(batch);
+        let (now, _) = self.now_arg()?;
+        if let Some(cache) = &self.inner.cache {
+            for tx in batch {
+                cache.forget(tx.key);
+            }
+        }
+        let groups = self.groups(&keys);
+        let replies = self
+            .run_groups(Op::Refund, now, batch, &keys, &groups)
+            .await;
+        let mut outcomes = vec![Outcome::new(false, 0, 0, 0); batch.len()];
+        for ((_, group), reply) in groups.iter().zip(replies) {
+            let reply = reply?;
+            for (&i, o) in group.iter().zip(reply.outcomes) {
+                outcomes[i] = o;
+            }
+        }
+        Ok(outcomes)
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (now, local_now) = self.now_arg()?;
+        if let Some(cache) = &self.inner.cache
+            && let Some(answer) = cache.answer(batch, local_now)
+        {
+            return answer;
+        }
+        let keys = self.keys(batch);
+        let groups = self.groups(&keys);
+        let replies = self.run_groups(Op::Spend, now, batch, &keys, &groups).await;
+
+        let mut outcomes = vec![Outcome::new(false, 0, 0, 0); batch.len()];
+        let mut local_tats = vec![0u64; batch.len()];
+        let mut group_allowed = Vec::with_capacity(groups.len());
+        let mut first_error = None;
+        let mut raws: Vec<Option<RawChange>> = vec![None; batch.len()];
+        for ((_, group), reply) in groups.iter().zip(replies) {
+            match reply {
+                Ok(reply) => {
+                    for (&i, raw) in group.iter().zip(&reply.raws) {
+                        raws[i] = raw.clone();
+                    }
+                    let allowed =
+                        batch_allowed(group.iter().map(|&i| &batch[i]).zip(&reply.outcomes));
+                    group_allowed.push(Some(allowed));
+                    for ((&i, o), tat) in group.iter().zip(reply.outcomes).zip(reply.tats) {
+                        outcomes[i] = o;
+                        local_tats[i] = if tat > reply.now {
+                            local_now.saturating_add(tat - reply.now)
+                        } else {
+                            0
+                        };
+                    }
+                }
+                Err(e) => {
+                    group_allowed.push(None);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let all_allowed = group_allowed.iter().all(|a| *a == Some(true));
+        let mut spent = Vec::new();
+        if !all_allowed && groups.len() > 1 {
+            // Another group was denied or failed: take back what the allowed groups spent.
+            spent = groups
+                .iter()
+                .zip(&group_allowed)
+                .filter(|(_, a)| **a == Some(true))
+                .flat_map(|((_, g), _)| g.iter().copied())
+                .filter(|&i| batch[i].mode != Mode::CheckOnly && outcomes[i].allowed)
+                .collect();
+            if !spent.is_empty() {
+                self.compensate(batch, &keys, &spent, &raws).await;
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if let Some(cache) = &self.inner.cache {
+            for (i, tx) in batch.iter().enumerate() {
+                if tx.quota.as_tiered().is_some() {
+                    continue;
+                }
+                if all_allowed {
+                    cache.refresh(tx.key, local_tats[i]);
+                } else if spent.contains(&i) {
+                    // Refunded: its TAT is no longer the one the script returned.
+                    cache.forget(tx.key);
+                } else {
+                    cache.remember(tx.key, local_tats[i], local_now);
+                }
+            }
+        }
+        Ok(outcomes)
+    }
+
+    fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
+        let cache = self.inner.cache.as_ref()?;
+        let now = self.inner.local.now_us();
+        cache.answer(batch, now)
+    }
+
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        self.refund_batch(batch).await
+    }
+
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        if let Some(cache) = &self.inner.cache {
+            for key in keys {
+                cache.forget(key);
+            }
+        }
+        let redis_keys: Vec<Key> = keys
+            .iter()
+            .flat_map(|k| {
+                [
+                    Key::from(self.redis_key(k)),
+                    Key::from(self.redis_tier_key(k)),
+                ]
+            })
+            .collect();
+        let groups = self.groups(&redis_keys);
+        let dels = groups.iter().map(|(slot, g)| {
+            let ks: Vec<Key> = g.iter().map(|&i| redis_keys[i].clone()).collect();
+            self.with_client(*slot, move |client| {
+                let ks = ks.clone();
+                async move { client.del::<i64, _>(ks).await }
+            })
+        });
+        for r in futures_util::future::join_all(dels).await {
+            r?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,296 @@
+//! The script's protocol, in one place: what `ratelimit.lua` takes (`ARGV`) and what it
+//! answers, encoded and decoded here only, field by named field. The script's header comment
+//! documents the same layout; `tests/redis.rs` holds the two to each other.
+//!
+//! `ARGV`: the operation, now (`-1`: the server's `TIME`), the expiry mode, whether tiered keys
+//! report their values before and after, then one record per key:
+//!
+//! | record | fields |
+//! |---|---|
+//! | GCRA | `0`, emission interval, burst offset, burst, cost, mode |
+//! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
+//! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
+//!
+//! The answer: one list per key, then now; or `{-1, key index, reason}` when a key holds
+//! something that is not a state of ours (nothing is then written).
+
+use fred::prelude::Value;
+
+use crate::algo::tiers::{MAX_TIERS, TierGrant};
+use crate::backend::{BackendError, BucketTx, Mode, Outcome};
+use crate::quota::Quota;
+
+/// The script (GCRA and burst tiers), as run by `EVALSHA`.
+pub(super) const SCRIPT: &str = include_str!("ratelimit.lua");
+
+/// TATs and times sent to or read from Redis stay below 2^52 µs (year 2112), so that the
+/// script's doubles are exact (the script refuses stored values at or above it).
+pub(super) const MAX_TIME_US: u64 = 1 << 52;
+
+/// What a call asks the script to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    Spend,
+    Refund,
+    /// Puts back a tiered key's value from before a spend (undoing a denied cross-slot batch).
+    Restore,
+}
+
+/// When keys expire.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Expiry {
+    /// At the moment the state equals a fresh one, on the server's clock (`PXAT`).
+    AtFresh,
+    /// That long after now plus a margin in milliseconds (`PX`): caller time, which the
+    /// server's clock cannot follow.
+    AfterMargin(i64),
+}
+
+/// The head of every call.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Call {
+    pub(super) op: Op,
+    /// `None`: the server's clock.
+    pub(super) now: Option<u64>,
+    pub(super) expiry: Expiry,
+    /// Tiered keys report their values before and after (to undo a spend with `Restore`).
+    pub(super) want_raw: bool,
+}
+
+impl Call {
+    fn push_head(&self, args: &mut Vec<Value>) {
+        args.push(Value::from(match self.op {
+            Op::Spend => "spend",
+            Op::Refund => "refund",
+            Op::Restore => "restore",
+        }));
+        args.push(self.now.map_or(Value::Integer(-1), int));
+        args.push(Value::Integer(match self.expiry {
+            Expiry::AtFresh => -1,
+            Expiry::AfterMargin(ms) => ms,
+        }));
+        args.push(Value::Integer(i64::from(self.want_raw)));
+    }
+}
+
+fn int(v: u64) -> Value {
+    // Every value sent is below 2^53 (see `MAX_BURST_OFFSET_US` and `MAX_TIME_US`).
+    Value::Integer(i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+fn mode_code(mode: Mode) -> Value {
+    Value::Integer(match mode {
+        Mode::CheckAndSpend => 0,
+        Mode::CheckOnly => 1,
+        Mode::SpendOnly => 2,
+    })
+}
+
+/// The arguments of a spend or refund of `txs` (one slot's keys, in order).
+pub(super) fn encode<'a>(call: Call, txs: impl Iterator<Item = &'a BucketTx<'a>>) -> Vec<Value> {
+    let mut args = Vec::with_capacity(4 + 6 * 4);
+    call.push_head(&mut args);
+    for tx in txs {
+        match tx.quota {
+            Quota::Gcra(limit) => args.extend([
+                Value::Integer(0),
+                int(limit.emission_interval_us()),
+                int(limit.burst_offset_us()),
+                int(limit.burst()),
+                int(tx.cost),
+                mode_code(tx.mode),
+            ]),
+            Quota::Tiered(limit) => {
+                args.extend([
+                    Value::Integer(1),
+                    mode_code(tx.mode),
+                    int(tx.min_cost),
+                    int(tx.cost),
+                    int(limit.tiers().len() as u64),
+                ]);
+                for t in limit.tiers() {
+                    args.extend([
+                        int(t.limit()),
+                        int(t.window_us()),
+                        int(t.active_us()),
+                        int(t.cooldown_us()),
+                    ]);
+                }
+            }
+        }
+    }
+    args
+}
+
+/// The arguments that put back one tiered key's value from before a spend.
+pub(super) fn encode_restore(change: &RawChange) -> Vec<Value> {
+    let mut args = Vec::with_capacity(7);
+    Call {
+        op: Op::Restore,
+        now: None,
+        expiry: Expiry::AtFresh,
+        want_raw: false,
+    }
+    .push_head(&mut args);
+    args.extend([
+        change.after.clone(),
+        change.before.clone(),
+        Value::Integer(change.ttl_ms),
+    ]);
+    args
+}
+
+/// A tiered key's value before and after a spend, to undo it.
+#[derive(Clone, Debug)]
+pub(super) struct RawChange {
+    pub(super) before: Value,
+    pub(super) after: Value,
+    pub(super) ttl_ms: i64,
+}
+
+/// What one script run answered, per key in the order sent.
+pub(super) struct ScriptReply {
+    pub(super) outcomes: Vec<Outcome>,
+    /// The TAT stored after the script, per key (0: none; always 0 for a tiered key).
+    pub(super) tats: Vec<u64>,
+    /// Per tiered key, when asked for: its value before and after.
+    pub(super) raws: Vec<Option<RawChange>>,
+    /// The script's now.
+    pub(super) now: u64,
+}
+
+/// What the script can answer.
+pub(super) enum Reply {
+    Decided(ScriptReply),
+    /// Key number `index` (from 0, in the order sent) holds something that is not our state.
+    InvalidState {
+        index: usize,
+        reason: String,
+    },
+}
+
+fn bad(what: String) -> BackendError {
+    BackendError::Unavailable(format!("unexpected script reply: {what}"))
+}
+
+/// Reads one key's list field by field, by name.
+struct Fields {
+    key: usize,
+    values: std::vec::IntoIter<Value>,
+}
+
+impl Fields {
+    fn next(&mut self, name: &str) -> Result<Value, BackendError> {
+        self.values
+            .next()
+            .ok_or_else(|| bad(format!("key {}: no {name}", self.key + 1)))
+    }
+
+    fn u64(&mut self, name: &str) -> Result<u64, BackendError> {
+        let v = self.next(name)?;
+        v.as_i64()
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| bad(format!("key {}: {name} is {v:?}", self.key + 1)))
+    }
+
+    fn flag(&mut self, name: &str) -> Result<bool, BackendError> {
+        match self.u64(name)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            n => Err(bad(format!("key {}: {name} is {n}", self.key + 1))),
+        }
+    }
+
+    fn end(mut self) -> Result<(), BackendError> {
+        match self.values.next() {
+            None => Ok(()),
+            Some(v) => Err(bad(format!("key {}: an extra value {v:?}", self.key + 1))),
+        }
+    }
+}
+
+/// Decodes a spend's or refund's answer for `txs` (the keys sent, in order).
+pub(super) fn decode<'a>(
+    value: Value,
+    txs: impl ExactSizeIterator<Item = &'a BucketTx<'a>>,
+    want_raw: bool,
+) -> Result<Reply, BackendError> {
+    let Value::Array(items) = value else {
+        return Err(bad(format!("{:?}", value.kind())));
+    };
+    if items.first().and_then(Value::as_i64) == Some(-1) {
+        let mut f = Fields {
+            key: 0,
+            values: items.into_iter(),
+        };
+        f.next("marker")?;
+        let index = f.u64("key index")?;
+        let reason = f
+            .next("reason")?
+            .as_string()
+            .unwrap_or_else(|| "invalid state".into());
+        let index = usize::try_from(index)
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .ok_or_else(|| bad(format!("key index {index}")))?;
+        return Ok(Reply::InvalidState { index, reason });
+    }
+    let n = txs.len();
+    if items.len() != n + 1 {
+        return Err(bad(format!("{} values for {n} keys", items.len())));
+    }
+    let mut items = items.into_iter();
+    let mut reply = ScriptReply {
+        outcomes: Vec::with_capacity(n),
+        tats: Vec::with_capacity(n),
+        raws: Vec::with_capacity(n),
+        now: 0,
+    };
+    for (key, (tx, item)) in txs.zip(items.by_ref()).enumerate() {
+        let Value::Array(values) = item else {
+            return Err(bad(format!("key {}: {:?}", key + 1, item.kind())));
+        };
+        let mut f = Fields {
+            key,
+            values: values.into_iter(),
+        };
+        let mut outcome = Outcome::new(
+            f.flag("allowed")?,
+            f.u64("remaining")?,
+            f.u64("retry_after")?,
+            f.u64("reset_after")?,
+        );
+        reply.tats.push(f.u64("stored TAT")?);
+        let mut raw = None;
+        if let Quota::Tiered(limit) = tx.quota {
+            let tier_count = limit.tiers().len().min(MAX_TIERS);
+            let mut grant = TierGrant {
+                granted: f.u64("granted")?,
+                tier_count: tier_count as u8,
+                tier: u8::try_from(f.u64("tier")?).map_err(|_| bad("tier".into()))?,
+                burst: f.flag("burst")?,
+                ..TierGrant::default()
+            };
+            for units in grant.units.iter_mut().take(tier_count) {
+                *units = f.u64("units of a tier")?;
+            }
+            outcome.tiers = Some(grant);
+            if want_raw {
+                raw = Some(RawChange {
+                    before: f.next("value before")?,
+                    after: f.next("value after")?,
+                    ttl_ms: f.next("ttl")?.as_i64().unwrap_or(-1),
+                });
+            }
+        }
+        f.end()?;
+        reply.outcomes.push(outcome);
+        reply.raws.push(raw);
+    }
+    let now = items.next().ok_or_else(|| bad("no now".into()))?;
+    reply.now = now
+        .as_i64()
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| bad(format!("now is {now:?}")))?;
+    Ok(Reply::Decided(reply))
+}
