@@ -326,3 +326,68 @@ ApiCallsPerAccount:
         assert_eq!(client.get("/", &acct).await.status, status);
     }
 }
+
+/// What the authentication layer of `keyed_by_the_identity_an_authentication_layer_verified`
+/// verified.
+#[derive(Clone)]
+struct VerifiedAccount(&'static str);
+
+#[tokio::test]
+async fn keyed_by_the_identity_an_authentication_layer_verified() {
+    use axum::extract::Request;
+    use axum::middleware::{self, Next};
+    use axum::response::{IntoResponse, Response};
+    use tower_ratelimits::{Id, KeyError, key_fn};
+
+    async fn authenticate(mut req: Request, next: Next) -> Response {
+        let account = match req.headers().get("authorization").map(|v| v.as_bytes()) {
+            Some(b"Bearer alice-token") => "6f1c2a7e-0b1d-4c1e-9a55-2b8e7f3d9c01",
+            Some(b"Bearer bob-token") => "d2a94b3c-5e6f-4a70-8b12-9c3d4e5f6a7b",
+            _ => return (http::StatusCode::UNAUTHORIZED, "who are you?").into_response(),
+        };
+        req.extensions_mut().insert(VerifiedAccount(account));
+        next.run(req).await
+    }
+
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limits = Limits::from_yaml_str(
+        "PerAccount: {kind: any, burst: 2, count: 1, period: 1h}\n",
+        None,
+    )
+    .unwrap();
+    let limiter = Limiter::new(limits, MemoryBackend::builder().clock(clock).build());
+    let rule = Rule::new(
+        "PerAccount",
+        key_fn(|req| match req.extensions.get::<VerifiedAccount>() {
+            Some(VerifiedAccount(id)) => Ok(Id::new(id).ok()),
+            None => Err(KeyError::internal("no verified account")),
+        }),
+    );
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(limiter, [rule]).unwrap())
+        .layer(middleware::from_fn(authenticate));
+    let server = serve(app).await;
+    let client = HttpClient::new(&server);
+    let alice = ("authorization", "Bearer alice-token");
+    assert_eq!(client.get("/", &[alice]).await.status, 200);
+    // Whatever else Alice writes, she spends her own quota.
+    assert_eq!(
+        client
+            .get("/", &[alice, ("x-account-id", "bob")])
+            .await
+            .status,
+        200
+    );
+    let r = client.get("/", &[alice]).await;
+    assert_eq!(r.status, 429);
+    assert!(
+        r.body.contains("6f1c2a7e-0b1d-4c1e-9a55-2b8e7f3d9c01"),
+        "{}",
+        r.body
+    );
+    // Bob's quota is his own; an unknown client never reaches the limiter.
+    let bob = ("authorization", "Bearer bob-token");
+    assert_eq!(client.get("/", &[bob]).await.status, 200);
+    assert_eq!(client.get("/", &[]).await.status, 401);
+}
