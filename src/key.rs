@@ -97,6 +97,10 @@ impl std::hash::Hash for LimitName {
     }
 }
 
+/// A name hashes as its precomputed hash, one `write_u64`: a map keyed by names needs no
+/// hasher of its own.
+impl nohash_hasher::IsEnabled for LimitName {}
+
 impl PartialOrd for LimitName {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))

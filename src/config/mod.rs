@@ -213,11 +213,13 @@ impl std::error::Error for ConfigError {
     }
 }
 
+/// What the configuration says of one name.
 #[derive(Debug, Clone)]
-struct NameEntry {
+pub(crate) struct NameEntry {
     name: LimitName,
     kind: IdKind,
-    cost: u64,
+    /// The cost of a request when its transaction sets none.
+    pub(crate) cost: u64,
     default: Option<Quota>,
 }
 
@@ -243,7 +245,7 @@ struct NameEntry {
 pub struct Limits {
     /// In definition order (for listing only: nothing is keyed by a position).
     names: Vec<NameEntry>,
-    by_name: HashMap<LimitName, usize, foldhash::fast::RandomState>,
+    by_name: HashMap<LimitName, usize, nohash_hasher::BuildNoHashHasher<LimitName>>,
     by_text: HashMap<&'static str, usize, foldhash::fast::RandomState>,
     overrides: HashMap<BucketKey, Quota, foldhash::fast::RandomState>,
 }
@@ -254,7 +256,8 @@ impl Limits {
         LimitsBuilder::default()
     }
 
-    fn entry(&self, name: LimitName) -> Option<&NameEntry> {
+    /// A name's entry: one lookup, for everything the request path needs of the name.
+    pub(crate) fn entry(&self, name: LimitName) -> Option<&NameEntry> {
         self.by_name.get(&name).map(|&i| &self.names[i])
     }
 
@@ -296,12 +299,21 @@ impl Limits {
     /// The limit that applies to a bucket: its override, else the name's default, else `None`
     /// (disabled, or a name this configuration does not define).
     pub fn resolve(&self, key: &BucketKey) -> Option<&Quota> {
+        self.resolve_in(self.entry(key.name())?, key)
+    }
+
+    /// [`resolve`](Self::resolve), with the key's name entry already looked up.
+    pub(crate) fn resolve_in<'a>(
+        &'a self,
+        entry: &'a NameEntry,
+        key: &BucketKey,
+    ) -> Option<&'a Quota> {
         if !self.overrides.is_empty()
             && let Some(l) = self.overrides.get(key)
         {
             return Some(l);
         }
-        self.default_limit(key.name())
+        entry.default.as_ref()
     }
 }
 

@@ -260,16 +260,16 @@ impl Limiter {
         let mut txs: Batch<BucketTx<'_>> = Batch::with_capacity(batch.len());
         for tx in batch {
             let name = tx.key().name();
-            if !limits.contains(name) {
+            let Some(entry) = limits.entry(name) else {
                 return Err(LimiterError::UnknownName(name.to_string()));
-            }
+            };
             let mode = if op == Op::Check {
                 Mode::CheckOnly
             } else {
                 tx.get_mode()
             };
-            let quota = limits.resolve(tx.key());
-            let default_cost = limits.default_cost(name);
+            let quota = limits.resolve_in(entry, tx.key());
+            let default_cost = entry.cost;
             let cost = tx.cost_or(default_cost);
             if let Some(quota) = quota {
                 let costs = tx.min_cost_or(default_cost)..=cost;
