@@ -1,7 +1,7 @@
 //! A tonic gRPC server behind the rate limit layer, and a client that runs into it.
 //!
 //! ```text
-//! cargo run --example tonic_grpc
+//! cargo run -p tonic-example --example tonic_grpc
 //! ```
 //!
 //! The server is the standard gRPC health service (no protobuf compiler needed), limited to 3
