@@ -36,10 +36,10 @@ pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
 /// One limit applied to requests: a limit name, how to find the id, and what a request costs.
 ///
 /// ```
+/// use tower_ratelimits::http::Method;
 /// use tower_ratelimits::{Header, OnMissingKey, Rule};
-/// use tower_ratelimits::Mode;
-/// let rule = Rule::new("ApiCallsPerAccount", Header::new("x-account-id"))
-///     .cost_fn(|req| if req.method == http::Method::POST { 5 } else { 1 })
+/// let rule = Rule::new("ApiCallsPerAccount", Header::new("X-Account-Id"))
+///     .cost_fn(|req| if req.method == Method::POST { 5 } else { 1 })
 ///     .on_missing_key(OnMissingKey::Skip);
 /// ```
 #[derive(Clone)]
