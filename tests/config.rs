@@ -674,3 +674,30 @@ fn tier_errors_name_the_tier_the_field_and_the_line() {
         assert_eq!(err.location().line, Some(*line), "{text}\n-> {shown}");
     }
 }
+
+#[test]
+fn a_rate_microseconds_cannot_express_is_refused_with_its_location() {
+    let err = Limits::from_yaml_str(
+        "Ok: {burst: 1, count: 20, period: 1s}\nFast:\n  burst: 10\n  count: 600000\n  period: 1s\n",
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(err.limit(), Some("Fast"));
+    assert!(err.location().line.is_some(), "{err}");
+    assert!(
+        matches!(
+            err.kind(),
+            ConfigErrorKind::InvalidLimit(tower_ratelimits::LimitError::Inexact {
+                emission_interval_us: 2,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.starts_with("<defaults>:"), "{text}");
+    assert!(text.contains("limit Fast"), "{text}");
+    assert!(text.contains("166\u{2030} fewer than 600000"), "{text}");
+    // 500,000 per second is 2us each, exactly: accepted.
+    assert!(Limits::from_yaml_str("Fast: {burst: 10, count: 500000, period: 1s}\n", None).is_ok());
+}

@@ -135,8 +135,8 @@ async fn the_strictest_decision_speaks_for_the_batch() {
     assert!(!b.allowed());
     let s = b.strictest().unwrap();
     assert_eq!(s.name.as_ref(), "B");
-    // B's EI is 33_333us: 10 spent + 30 wanted - 30 burst = 10 tokens short.
-    assert_eq!(s.retry_after, Duration::from_micros(333_330));
+    // B's EI is 1s/30 rounded up, 33_334us: 10 spent + 30 wanted - 30 burst = 10 tokens short.
+    assert_eq!(s.retry_after, Duration::from_micros(333_340));
     assert_eq!(b.decisions()[0].retry_after, Duration::from_millis(100));
 }
 
@@ -323,7 +323,7 @@ fn concurrent_overlapping_batches_never_over_admit_or_lose_writes() {
     assert_eq!(backend.tat(&a), Some(T0 + 20 * MS * spent_a));
     assert_eq!(
         backend.tat(&b).unwrap_or(T0),
-        T0 + (1_000 * MS / 30) * spent_b
+        T0 + (1_000 * MS).div_ceil(30) * spent_b
     );
     assert!(spent_b >= 29, "B is drained by the end ({spent_b})");
 }

@@ -419,3 +419,77 @@ fn trace_times_are_exact_microseconds() {
     assert!(simulate::parse_time_us("1.0000001s").is_err());
     assert!(simulate::parse_time_us("5").is_err());
 }
+
+#[tokio::test]
+async fn a_line_that_never_ends_is_an_error_in_bounded_memory() {
+    let limits = Limits::from_yaml_str(DEFAULTS, None).unwrap();
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    // A first good line, then bytes that never end: the reader gives up after the cap.
+    let input = std::io::BufReader::new(std::io::Read::chain(
+        "0s spend NewFoosPerIPAddress=10.0.0.1\n".as_bytes(),
+        std::io::repeat(b'a'),
+    ));
+    let mut out = Vec::new();
+    let err = simulate::run(&limiter, &clock, input, &mut out)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "line 2: too long (more than {} bytes)",
+            simulate::MAX_LINE_BYTES
+        )
+    );
+    assert_eq!(String::from_utf8(out).unwrap().lines().count(), 1);
+    // A line at the cap is read; one byte more is refused.
+    let at_cap = format!(
+        "0s spend NewFoosPerIPAddress=10.0.0.1{}\n",
+        " ".repeat(simulate::MAX_LINE_BYTES - "0s spend NewFoosPerIPAddress=10.0.0.1".len(),)
+    );
+    assert!(run(DEFAULTS, None, &at_cap).await.is_ok());
+    let over = format!("{} \n", &at_cap[..at_cap.len() - 1]);
+    assert!(
+        run(DEFAULTS, None, &over)
+            .await
+            .unwrap_err()
+            .contains("too long")
+    );
+    // Bytes that are not UTF-8 are a line error, not an i/o failure.
+    let mut out = Vec::new();
+    let err = simulate::run(&limiter, &clock, &b"0s spend \xff\n"[..], &mut out)
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "line 1: not UTF-8");
+}
+
+#[tokio::test]
+async fn a_line_with_many_transactions_finds_its_duplicate() {
+    // 20,000 distinct ids and one repeated at the end: the duplicate is found (by a hash set
+    // beyond 16 transactions) and named.
+    let mut line = String::from("0s check");
+    for i in 0..20_000u32 {
+        line.push_str(&format!(
+            " NewFoosPerIPAddress=10.{}.{}.{}",
+            i >> 16,
+            (i >> 8) & 255,
+            i & 255
+        ));
+    }
+    let unique = run(DEFAULTS, None, &format!("{line}\n")).await.unwrap();
+    assert_eq!(unique[0]["decisions"].as_array().unwrap().len(), 20_000);
+    let err = run(
+        DEFAULTS,
+        None,
+        &format!("{line} NewFoosPerIPAddress=10.0.78.31\n"),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.contains("NewFoosPerIPAddress:10.0.78.31 appears twice"),
+        "{err}"
+    );
+}

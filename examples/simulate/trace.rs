@@ -61,6 +61,10 @@ pub enum SimulateError {
     Io(#[from] std::io::Error),
 }
 
+/// The longest trace line accepted, in bytes (a longer one is an error, never a growing
+/// buffer).
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
 /// Parses a trace time (`0ms`, `1.01s`, `250us`) into microseconds (tested in
 /// `tests/simulate.rs`).
 pub fn parse_time_us(text: &str) -> Result<u64, String> {
@@ -228,16 +232,39 @@ fn strip_comment(line: &str) -> &str {
 pub async fn run(
     limiter: &Limiter,
     clock: &ManualClock,
-    input: impl BufRead,
+    mut input: impl BufRead,
     mut output: impl Write,
 ) -> Result<(), SimulateError> {
     let mut last_us = 0u64;
-    for (index, line) in input.lines().enumerate() {
-        let number = index + 1;
-        let line = line?;
+    let mut buf = Vec::new();
+    for number in 1.. {
+        // Bounded: a line that never ends costs at most MAX_LINE_BYTES of memory.
+        buf.clear();
+        let read = std::io::Read::take(&mut input, MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)?;
+        if read == 0 {
+            break;
+        }
+        if buf.last() == Some(&b'\n') {
+            buf.pop();
+        } else if buf.len() > MAX_LINE_BYTES {
+            return Err(SimulateError::Line {
+                line: number,
+                reason: format!("too long (more than {MAX_LINE_BYTES} bytes)"),
+            });
+        }
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+        let Ok(line) = std::str::from_utf8(&buf) else {
+            return Err(SimulateError::Line {
+                line: number,
+                reason: "not UTF-8".into(),
+            });
+        };
         // A comment starts with '#' at the beginning of a line or after white space, so an
         // id may contain '#'.
-        let text = strip_comment(&line).trim();
+        let text = strip_comment(line).trim();
         if text.is_empty() {
             continue;
         }

@@ -38,6 +38,22 @@ pub enum LimitError {
         /// The count.
         count: u64,
     },
+    /// `period / count` is not a whole number of microseconds, and the nearest emission
+    /// interval that never admits more than configured (`period / count` rounded up) would
+    /// admit more than 0.1% less.
+    #[error(
+        "period/count = {period_us}us/{count} is not a whole number of microseconds: rounded up to {emission_interval_us}us (never more than configured), it would admit {shortfall_permille}\u{2030} fewer than {count} per period; use a count that divides the period within 0.1%"
+    )]
+    Inexact {
+        /// The period in microseconds.
+        period_us: u64,
+        /// The count.
+        count: u64,
+        /// `period / count` rounded up.
+        emission_interval_us: u64,
+        /// How much slower the rounded interval is, in thousandths (rounded down).
+        shortfall_permille: u64,
+    },
     /// `burst * period / count` overflows or exceeds [`MAX_BURST_OFFSET_US`].
     #[error(
         "burst offset burst*period/count = {burst}*{emission_interval_us}us is larger than 100 years"
@@ -52,10 +68,12 @@ pub enum LimitError {
 
 /// A GCRA limit: a bucket of `burst` tokens refilled at `count` tokens per `period`.
 ///
-/// Its derived values are the emission interval `EI = period / count` (truncated to whole
-/// microseconds) and the burst offset `BO = EI * burst`. A limit is always valid: the
-/// constructor refuses zeros, an `EI` below one microsecond and a `BO` above
-/// [`MAX_BURST_OFFSET_US`].
+/// Its derived values are the emission interval `EI = period / count`, in whole microseconds
+/// and **rounded up**, so a limit never admits more than configured, and the burst offset
+/// `BO = EI * burst`. A limit is always valid: the constructor refuses zeros, more than one
+/// request per microsecond, a rate that whole microseconds cannot express within 0.1%
+/// ([`LimitError::Inexact`]: 600,000 per second would be 1 every 2 us, a third less) and a
+/// `BO` above [`MAX_BURST_OFFSET_US`].
 ///
 /// ```
 /// use tower_ratelimits::Limit;
@@ -88,9 +106,21 @@ impl Limit {
                 return Err(LimitError::Zero { field });
             }
         }
-        let emission_interval_us = period_us / count;
-        if emission_interval_us == 0 {
+        if period_us < count {
             return Err(LimitError::TooFast { period_us, count });
+        }
+        // Rounded up: the limit may only ever admit less than configured, and by at most 0.1%
+        // (EI * count <= 1.001 * period).
+        let emission_interval_us = period_us.div_ceil(count);
+        let rounded = u128::from(emission_interval_us) * u128::from(count);
+        if rounded * 1000 > u128::from(period_us) * 1001 {
+            let shortfall = (rounded - u128::from(period_us)) * 1000 / rounded;
+            return Err(LimitError::Inexact {
+                period_us,
+                count,
+                emission_interval_us,
+                shortfall_permille: u64::try_from(shortfall).unwrap_or(u64::MAX),
+            });
         }
         let burst_offset_us = emission_interval_us
             .checked_mul(burst)
@@ -128,7 +158,8 @@ impl Limit {
         Duration::from_micros(self.period_us)
     }
 
-    /// `period / count` in whole microseconds: one token is added every emission interval.
+    /// `period / count` in whole microseconds, rounded up: one token is added every emission
+    /// interval.
     pub fn emission_interval_us(&self) -> u64 {
         self.emission_interval_us
     }
@@ -424,9 +455,66 @@ mod limit_tests {
         ));
         let l = Limit::from_micros(1, 1, MAX_BURST_OFFSET_US).unwrap();
         assert_eq!(l.burst_offset_us(), MAX_BURST_OFFSET_US);
-        // EI truncates: 1s / 3 = 333_333us.
+        // EI rounds up (never admits more than configured): 1s / 3 = 333_334us.
         let l = Limit::from_micros(3, 3, 1_000_000).unwrap();
-        assert_eq!(l.emission_interval_us(), 333_333);
-        assert_eq!(l.burst_offset_us(), 999_999);
+        assert_eq!(l.emission_interval_us(), 333_334);
+        assert_eq!(l.burst_offset_us(), 1_000_002);
+    }
+
+    /// The configured rate is a promise: at most `count` per `period`, and within 0.1% of it,
+    /// or the limit is refused. Before, `period / count` was truncated: 600,000/s admitted
+    /// 1,000,000/s and 300,000/s admitted 11% too many.
+    #[test]
+    fn never_admits_more_than_configured_and_refuses_what_microseconds_cannot_express() {
+        for (count, period_us) in [
+            (600_000u64, 1_000_000u64),
+            (300_000, 1_000_000),
+            (3_000, 1_000_000 - 1),
+            (999_999, 1_000_000),
+        ] {
+            assert!(
+                matches!(
+                    Limit::from_micros(count, count, period_us),
+                    Err(LimitError::Inexact { .. })
+                ),
+                "{count}/{period_us}us"
+            );
+        }
+        let e = Limit::from_micros(600_000, 600_000, 1_000_000).unwrap_err();
+        assert_eq!(
+            e,
+            LimitError::Inexact {
+                period_us: 1_000_000,
+                count: 600_000,
+                emission_interval_us: 2,
+                shortfall_permille: 166,
+            }
+        );
+        // Over any span, the admitted rate never exceeds count/period, and is within 0.1%.
+        for count in (1u64..=20_000).chain([100_000, 500_000, 1_000_000]) {
+            let period_us = 1_000_000;
+            let Ok(l) = Limit::from_micros(1, count, period_us) else {
+                continue;
+            };
+            let ei = u128::from(l.emission_interval_us());
+            assert!(ei * u128::from(count) >= u128::from(period_us), "{count}");
+            assert!(
+                ei * u128::from(count) * 1000 <= u128::from(period_us) * 1001,
+                "{count}"
+            );
+        }
+        // Boulder's limits are exact.
+        assert_eq!(
+            Limit::from_micros(20, 20, 1_000_000)
+                .unwrap()
+                .emission_interval_us(),
+            50_000
+        );
+        assert_eq!(
+            Limit::from_micros(300, 300, 180 * 60_000_000)
+                .unwrap()
+                .emission_interval_us(),
+            36_000_000
+        );
     }
 }

@@ -68,6 +68,27 @@ pub enum LimiterError {
     Backend(#[from] BackendError),
 }
 
+/// The first key that appears twice in `batch`: pairwise for a request's few rules (no
+/// allocation), through a hash set beyond that, so a batch of any size costs linear time.
+fn first_duplicate(batch: &[Transaction]) -> Option<&BucketKey> {
+    const PAIRWISE_UP_TO: usize = 16;
+    if batch.len() <= PAIRWISE_UP_TO {
+        return batch
+            .iter()
+            .enumerate()
+            .find(|(i, tx)| batch[..*i].iter().any(|other| other.key() == tx.key()))
+            .map(|(_, tx)| tx.key());
+    }
+    let mut seen = std::collections::HashSet::with_capacity_and_hasher(
+        batch.len(),
+        foldhash::fast::RandomState::default(),
+    );
+    batch
+        .iter()
+        .map(Transaction::key)
+        .find(|&key| !seen.insert(key))
+}
+
 impl LimiterError {
     fn from_transaction(name: LimitName, e: TransactionError) -> Self {
         match e {
@@ -251,10 +272,8 @@ impl Limiter {
         op: Op,
     ) -> Result<(Batch<Resolved<'a>>, Batch<BucketTx<'a>>), LimiterError> {
         let limits = &self.inner.limits;
-        for (i, tx) in batch.iter().enumerate() {
-            if batch[..i].iter().any(|other| other.key() == tx.key()) {
-                return Err(LimiterError::DuplicateKey(tx.key().to_string()));
-            }
+        if let Some(key) = first_duplicate(batch) {
+            return Err(LimiterError::DuplicateKey(key.to_string()));
         }
         let mut resolved: Batch<Resolved<'a>> = Batch::with_capacity(batch.len());
         let mut txs: Batch<BucketTx<'_>> = Batch::with_capacity(batch.len());
