@@ -21,6 +21,13 @@ fn ip(e: &impl KeyExtractor, peer: &str, headers: &[(&str, &[u8])]) -> String {
         .to_string()
 }
 
+/// The status a request is refused with, when the extractor refuses it.
+fn refused(e: &impl KeyExtractor, peer: &str, headers: &[(&str, &[u8])]) -> Option<u16> {
+    e.extract(&parts(peer, headers))
+        .err()
+        .map(|k| k.status.as_u16())
+}
+
 fn trusting(nets: &[&str]) -> ClientIp {
     ClientIp::new().trusted_proxies(nets.iter().map(|n| n.parse().unwrap()))
 }
@@ -100,27 +107,15 @@ fn clients_behind_trusted_proxies_are_keyed_by_their_real_address() {
         ),
         "10.3.3.3"
     );
-    // Garbage written by (or passed through) a trusted hop: keyed by the nearest real address.
-    assert_eq!(
-        ip(
-            &two,
-            "10.0.0.1:1",
-            &[("x-forwarded-for", b"203.0.113.5, junk")]
-        ),
-        "10.0.0.1"
-    );
-    assert_eq!(
-        ip(
-            &two,
-            "10.0.0.1:1",
-            &[("x-forwarded-for", b"junk, 10.2.2.2")]
-        ),
-        "10.2.2.2"
-    );
-    assert_eq!(
-        ip(&two, "10.0.0.1:1", &[("x-forwarded-for", b",")]),
-        "10.0.0.1"
-    );
+    // Garbage written by (or passed through) a trusted hop: refused, never the proxy.
+    for h in [&b"203.0.113.5, junk"[..], b"junk, 10.2.2.2", b","] {
+        assert_eq!(
+            refused(&two, "10.0.0.1:1", &[("x-forwarded-for", h)]),
+            Some(400),
+            "{}",
+            String::from_utf8_lossy(h)
+        );
+    }
 }
 
 #[test]
@@ -130,14 +125,20 @@ fn forwarded_and_x_real_ip() {
         (b"for=192.0.2.60;proto=http;by=203.0.113.43", "192.0.2.60"),
         (b"for=\"[2001:db8:cafe::17]:4711\"", "2001:db8:cafe::17"),
         (b"For=\"192.0.2.43:47011\", for=10.1.1.1", "192.0.2.43"),
-        (b"for=unknown", "10.0.0.1"),
         (b"for=_hidden, for=198.51.100.17", "198.51.100.17"),
-        (b"proto=https", "10.0.0.1"),
     ];
     for (h, want) in cases {
         assert_eq!(
             ip(&fwd, "10.0.0.1:1", &[("forwarded", h)]),
             *want,
+            "{}",
+            String::from_utf8_lossy(h)
+        );
+    }
+    for h in [&b"for=unknown"[..], b"proto=https", b"for=_hidden"] {
+        assert_eq!(
+            refused(&fwd, "10.0.0.1:1", &[("forwarded", h)]),
+            Some(400),
             "{}",
             String::from_utf8_lossy(h)
         );
@@ -148,16 +149,16 @@ fn forwarded_and_x_real_ip() {
         "203.0.113.9"
     );
     assert_eq!(
-        ip(
+        refused(
             &real,
             "10.0.0.1:1",
             &[("x-real-ip", b"203.0.113.9"), ("x-real-ip", b"1.1.1.1")]
         ),
-        "10.0.0.1"
+        Some(400)
     );
     assert_eq!(
-        ip(&real, "10.0.0.1:1", &[("x-real-ip", b"nope")]),
-        "10.0.0.1"
+        refused(&real, "10.0.0.1:1", &[("x-real-ip", b"nope")]),
+        Some(400)
     );
     // X-Forwarded-For is ignored when X-Real-IP is the configured header.
     assert_eq!(
@@ -178,10 +179,6 @@ fn address_forms_and_hostile_values() {
         (b"::ffff:192.0.2.1", "192.0.2.1"),
         (b"  192.0.2.2  ", "192.0.2.2"),
         (b"2001:DB8::A", "2001:db8::a"),
-        (b"[2001:db8::1", "127.0.0.1"),
-        (b"300.1.1.1", "127.0.0.1"),
-        (b"1.2.3.4.5", "127.0.0.1"),
-        (b"::ffff:1.2.3.4:80", "127.0.0.1"),
     ];
     for (h, want) in cases {
         assert_eq!(
@@ -191,18 +188,41 @@ fn address_forms_and_hostile_values() {
             String::from_utf8_lossy(h)
         );
     }
-    // Not text (obs-text bytes) and over-long values: the peer.
+    // What a trusted proxy passed on and is not an address is refused (400), never keyed as
+    // the proxy, whose bucket every client behind it shares.
+    let unusable: &[&[u8]] = &[
+        b"[2001:db8::1",
+        b"300.1.1.1",
+        b"1.2.3.4.5",
+        b"::ffff:1.2.3.4:80",
+        b"\xff1.2.3.4",
+        b"",
+        b"unknown",
+    ];
+    for h in unusable {
+        assert_eq!(
+            refused(&e, "127.0.0.1:1", &[("x-forwarded-for", h)]),
+            Some(400),
+            "{}",
+            String::from_utf8_lossy(h)
+        );
+    }
+    let long_entry = format!("1.1.1.1{}", " ".repeat(200));
     assert_eq!(
-        ip(&e, "127.0.0.1:1", &[("x-forwarded-for", b"\xff1.2.3.4")]),
-        "127.0.0.1"
+        refused(
+            &e,
+            "127.0.0.1:1",
+            &[("x-forwarded-for", long_entry.as_bytes())]
+        ),
+        Some(400)
     );
-    let long = format!("{}203.0.113.1", "1.1.1.1, ".repeat(2000));
-    assert_eq!(
-        ip(&e, "127.0.0.1:1", &[("x-forwarded-for", long.as_bytes())]),
-        "127.0.0.1"
-    );
-    // Many trusted hops: the walk is bounded and ends at the last trusted address examined.
+    // Many trusted hops: the walk is bounded, and what it cannot finish is refused.
     let hops = vec!["127.0.0.1"; 100].join(",");
+    assert_eq!(
+        refused(&e, "127.0.0.1:1", &[("x-forwarded-for", hops.as_bytes())]),
+        Some(400)
+    );
+    let hops = vec!["127.0.0.1"; 31].join(",");
     assert_eq!(
         ip(&e, "127.0.0.1:1", &[("x-forwarded-for", hops.as_bytes())]),
         "127.0.0.1"
@@ -256,4 +276,77 @@ fn a_closure_extractor_needs_no_type_annotations() {
         by_method.extract(&parts("1.1.1.1:1", &[])).unwrap(),
         Some(Id::new("GET").unwrap())
     );
+}
+
+/// A client behind a trusted proxy (which appends the address it saw on the right, as nginx
+/// and most proxies do) controls everything to the left: no length and no bytes there can
+/// move its key to the proxy or to anyone else. Before, more than 8 KiB or one non-UTF-8 byte
+/// anywhere in the header keyed the client as the proxy.
+#[test]
+fn whatever_a_client_writes_left_of_the_proxys_entry_cannot_move_its_key() {
+    let proxy = trusting(&["10.0.0.0/8"]);
+    let client = "203.0.113.77";
+    let lefts: Vec<Vec<u8>> = vec![
+        "1.1.1.1, ".repeat(2_000).into_bytes(),
+        b"\xff\xfe not text at all".to_vec(),
+        vec![b'a'; 64 * 1024],
+        b"10.0.0.1, 10.0.0.2".to_vec(),
+        b"unknown".to_vec(),
+        b",,,,".to_vec(),
+    ];
+    for left in &lefts {
+        let mut header = left.clone();
+        header.extend_from_slice(format!(", {client}").as_bytes());
+        assert_eq!(
+            ip(&proxy, "10.0.0.1:1", &[("x-forwarded-for", &header)]),
+            client,
+            "left part of {} bytes",
+            left.len()
+        );
+        // The same client's own header line, before the proxy's.
+        assert_eq!(
+            ip(
+                &proxy,
+                "10.0.0.1:1",
+                &[
+                    ("x-forwarded-for", left),
+                    ("x-forwarded-for", client.as_bytes())
+                ]
+            ),
+            client
+        );
+        let forwarded = [left.as_slice(), format!(", for={client}").as_bytes()].concat();
+        assert_eq!(
+            ip(
+                &proxy.clone().header(ForwardedHeader::Forwarded),
+                "10.0.0.1:1",
+                &[("forwarded", &forwarded)]
+            ),
+            client
+        );
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// The trust rule, for any bytes a client can put in a header value: nothing to the left of
+    /// the proxy's entry changes the key.
+    #[test]
+    fn no_left_part_changes_the_key(
+        left in proptest::collection::vec(
+            proptest::prop_oneof![0x20u8..0x7f, 0x80u8..=0xff, proptest::strategy::Just(b'\t')],
+            0..10_000,
+        ),
+        client in proptest::prelude::any::<u32>(),
+    ) {
+        let client = std::net::Ipv4Addr::from(client);
+        proptest::prop_assume!(!client.is_private());
+        let proxy = trusting(&["10.0.0.0/8"]);
+        let mut header = left.clone();
+        header.extend_from_slice(format!(",{client}").as_bytes());
+        proptest::prop_assert_eq!(
+            ip(&proxy, "10.0.0.1:1", &[("x-forwarded-for", &header)]),
+            client.to_string()
+        );
+    }
 }

@@ -391,3 +391,47 @@ async fn keyed_by_the_identity_an_authentication_layer_verified() {
     assert_eq!(client.get("/", &[bob]).await.status, 200);
     assert_eq!(client.get("/", &[]).await.status, 401);
 }
+
+/// Issue 13, item 1: behind a trusted proxy that appends the address it saw, a client that
+/// sends more than 8 KiB, or one byte that is not UTF-8, in its own X-Forwarded-For used to be
+/// keyed as the proxy, in the bucket every client behind the proxy shares. It is keyed by its
+/// own address, and the proxy's bucket is untouched.
+#[tokio::test]
+async fn a_hostile_forwarding_header_cannot_escape_into_the_proxys_bucket() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let server = serve(app(RateLimitLayer::new(
+        limiter(&clock),
+        ip_rules(&["127.0.0.0/8", "::1/128"]),
+    )
+    .unwrap()))
+    .await;
+    let client = HttpClient::new(&server);
+    let mut long = "1.1.1.1, ".repeat(1_000).into_bytes();
+    long.extend_from_slice(b"203.0.113.20");
+    let mut not_text = b"\xff\xfe, ".to_vec();
+    not_text.extend_from_slice(b"203.0.113.21");
+    for (header, entity) in [(long, "203.0.113.20"), (not_text, "203.0.113.21")] {
+        // The burst (3) passes, the 4th is refused in the client's own bucket.
+        for _ in 0..3 {
+            let r = client.get_raw("/", &[("x-forwarded-for", &header)]).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+        let r = client.get_raw("/", &[("x-forwarded-for", &header)]).await;
+        assert_eq!(r.status, 429);
+        assert!(
+            r.body.contains(&format!(r#""entity":"{entity}""#)),
+            "{}",
+            r.body
+        );
+    }
+    // The proxy's own bucket (a request from it with no forwarding header) was never spent.
+    for _ in 0..3 {
+        assert_eq!(client.get("/", &[]).await.status, 200);
+    }
+    // A proxy that passed on garbage as the client's address: 400, not the proxy's bucket.
+    let r = client
+        .get("/", &[("x-forwarded-for", "203.0.113.22, junk")])
+        .await;
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("not an address"), "{}", r.body);
+}

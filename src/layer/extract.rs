@@ -122,8 +122,8 @@ pub enum ForwardedHeader {
 
 /// The most forwarded entries examined, from the right: enough for any real proxy chain.
 const MAX_HOPS: usize = 32;
-/// Forwarding headers longer than this are not parsed (the peer is used).
-const MAX_HEADER_BYTES: usize = 8 * 1024;
+/// The longest forwarded entry examined, in bytes (`[v6 address%zone]:port` fits easily).
+const MAX_ENTRY_BYTES: usize = 128;
 
 /// The client's IP address.
 ///
@@ -134,11 +134,18 @@ const MAX_HEADER_BYTES: usize = 8 * 1024;
 /// "unknown" by accident.
 ///
 /// Forwarding headers are read **only when the peer is a trusted proxy**. Then the chosen
-/// header is walked from the right, skipping trusted addresses; the first untrusted address is
-/// the client. A client talking to the server directly cannot change its key with any header.
-/// IPv4-mapped IPv6 addresses are folded to IPv4; ports, brackets and IPv6 zone ids are
-/// stripped. If a trusted proxy wrote an entry that is not an address, the request is keyed by
-/// that proxy (the nearest address known to be real).
+/// header is walked from the right, on its raw bytes, skipping trusted addresses; the first
+/// untrusted address is the client. Only the entries written by the trusted proxies and the
+/// client's own address are ever looked at: whatever the client wrote to the left of them (any
+/// length, any bytes) cannot change its key. A client talking to the server directly cannot
+/// change its key with any header. IPv4-mapped IPv6 addresses are folded to IPv4; ports,
+/// brackets and IPv6 zone ids are stripped.
+///
+/// What cannot be keyed is refused with **400**, never keyed as the proxy (whose bucket every
+/// client behind it shares): an entry a trusted proxy passed on that is not an address
+/// (`unknown`, garbage, not text, over 128 bytes), a `Forwarded` element without `for=`, more
+/// than 32 trusted hops, or several `X-Real-IP` headers. A trusted peer that sends no
+/// forwarding header at all is itself the client (a health check from the proxy's host).
 ///
 /// ```
 /// use tower_ratelimits::{ClientIp, ForwardedHeader};
@@ -236,54 +243,77 @@ impl ClientIp {
         if self.trusted.is_empty() || !self.is_trusted(peer) {
             return Ok(peer);
         }
-        Ok(self.walk(req, peer))
+        self.walk(req, peer)
     }
 
     /// Walks the forwarding header from the right, starting at a trusted peer.
-    fn walk(&self, req: &Parts, peer: IpAddr) -> IpAddr {
+    fn walk(&self, req: &Parts, peer: IpAddr) -> Result<IpAddr, KeyError> {
         let name: HeaderName = match self.header {
             ForwardedHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
             ForwardedHeader::Forwarded => http::header::FORWARDED,
             ForwardedHeader::XRealIp => HeaderName::from_static("x-real-ip"),
         };
-        let values: Vec<&str> = match req
-            .headers
-            .get_all(&name)
-            .iter()
-            .map(|v| v.to_str().ok().filter(|s| s.len() <= MAX_HEADER_BYTES))
-            .collect::<Option<Vec<_>>>()
-        {
-            Some(v) => v,
-            None => return peer, // not text, or absurdly long: believe nothing
-        };
+        let unusable = |what: String| KeyError::bad_request(format!("{name}: {what}"));
+        let mut values = req.headers.get_all(&name).iter();
         if self.header == ForwardedHeader::XRealIp {
-            // One address, set by the nearest proxy; several headers are a forgery.
-            return match values.as_slice() {
-                [one] => parse_forwarded_ip(one).unwrap_or(peer),
-                _ => peer,
+            // One address, set by the nearest proxy.
+            return match (values.next(), values.next()) {
+                (None, _) => Ok(peer),
+                (Some(one), None) => parse_entry(one.as_bytes()).ok_or_else(|| {
+                    unusable(format!("set by trusted proxy {peer}, not an address"))
+                }),
+                (Some(_), Some(_)) => Err(unusable(
+                    "given more than once: which one the proxy set is unknown".into(),
+                )),
             };
         }
         let mut nearest = peer;
-        let entries = values.iter().rev().flat_map(|v| v.rsplit(','));
-        for entry in entries.take(MAX_HOPS) {
-            let address = match self.header {
-                ForwardedHeader::Forwarded => entry
-                    .split(';')
-                    .find_map(|pair| {
-                        let (k, v) = pair.split_once('=')?;
-                        k.trim().eq_ignore_ascii_case("for").then_some(v)
-                    })
-                    .and_then(parse_forwarded_ip),
-                _ => parse_forwarded_ip(entry),
-            };
-            match address {
-                Some(ip) if self.is_trusted(ip) => nearest = ip,
-                Some(ip) => return ip,
-                None => return nearest,
+        let mut hops = 0;
+        // Header lines from the last, each line's entries from the right: only as far as the
+        // first untrusted address, so nothing to its left is even read.
+        for value in values.rev() {
+            for entry in value.as_bytes().rsplit(|&b| b == b',') {
+                hops += 1;
+                if hops > MAX_HOPS {
+                    return Err(unusable(format!("more than {MAX_HOPS} trusted proxies")));
+                }
+                let address = match self.header {
+                    ForwardedHeader::Forwarded => forwarded_for(entry),
+                    _ => parse_entry(entry),
+                };
+                match address {
+                    Some(ip) if self.is_trusted(ip) => nearest = ip,
+                    Some(ip) => return Ok(ip),
+                    None => {
+                        return Err(unusable(format!(
+                            "the entry trusted proxy {nearest} passed on is not an address"
+                        )));
+                    }
+                }
             }
         }
-        nearest
+        // Every entry was a trusted proxy: the request comes from one of them.
+        Ok(nearest)
     }
+}
+
+/// One forwarded entry's address, from raw bytes: `None` when it is not one (too long, not
+/// text, `unknown`, an obfuscated `_name`, garbage).
+fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
+    if entry.len() > MAX_ENTRY_BYTES {
+        return None;
+    }
+    parse_forwarded_ip(std::str::from_utf8(entry).ok()?)
+}
+
+/// The `for=` address of one `Forwarded` element (RFC 7239: `for=..;proto=..;by=..`).
+fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
+    element.split(|&b| b == b';').find_map(|pair| {
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        let (key, value) = (pair[..eq].trim_ascii(), &pair[eq + 1..]);
+        key.eq_ignore_ascii_case(b"for")
+            .then(|| parse_entry(value))?
+    })
 }
 
 impl KeyExtractor for ClientIp {

@@ -62,9 +62,15 @@ impl HttpClient {
     }
 
     pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let raw: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        self.get_raw(path, &raw).await
+    }
+
+    /// A GET whose header values may hold any bytes a client can send (obs-text too).
+    pub async fn get_raw(&self, path: &str, headers: &[(&str, &[u8])]) -> Reply {
         let mut req = http::Request::get(format!("{}{path}", self.base));
         for (k, v) in headers {
-            req = req.header(*k, *v);
+            req = req.header(*k, http::HeaderValue::from_bytes(v).unwrap());
         }
         let response = self
             .client
