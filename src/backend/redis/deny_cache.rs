@@ -4,27 +4,33 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dashmap::DashMap;
+use quick_cache::sync::Cache;
 
 use crate::algo::gcra;
 use crate::backend::{BackendError, BucketTx, Outcome, batch_allowed};
 use crate::key::BucketKey;
 
 /// Remembers the TATs of recently denied buckets, on the local clock.
+///
+/// A bounded cache with O(1) insertion and eviction (quick_cache, S3-FIFO): a flood of new
+/// denied keys evicts old entries as it goes, and never makes one request scan the cache.
 pub(super) struct DenyCache {
     /// Bucket -> TAT lower bound in local microseconds (0: the bucket was fresh).
-    map: DashMap<BucketKey, u64, foldhash::fast::RandomState>,
-    capacity: usize,
+    map: Cache<BucketKey, u64>,
     pub(super) hits: AtomicU64,
 }
 
 impl DenyCache {
     pub(super) fn new(capacity: usize) -> Self {
         Self {
-            map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
-            capacity,
+            map: Cache::new(capacity.max(1)),
             hits: AtomicU64::new(0),
         }
+    }
+
+    /// Buckets remembered (at most the capacity).
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
     }
 
     /// Answers a batch locally when every bucket is remembered and the remembered TATs deny
@@ -41,7 +47,7 @@ impl DenyCache {
         for tx in batch {
             // Only GCRA buckets are remembered: a batch with a tiered key goes to Redis.
             let limit = tx.quota.as_gcra()?;
-            let tat = *self.map.get(tx.key)?;
+            let tat = self.map.get(tx.key)?;
             match gcra::check(limit, (tat != 0).then_some(tat), now, tx.cost) {
                 Ok(o) => outcomes.push(Outcome::from(o)),
                 Err(_) => return None,
@@ -54,28 +60,15 @@ impl DenyCache {
         Some(Ok(outcomes))
     }
 
-    /// Remembers a bucket of a denied batch.
-    pub(super) fn remember(&self, key: &BucketKey, tat: u64, now: u64) {
-        if let Some(mut v) = self.map.get_mut(key) {
-            *v = tat;
-            return;
-        }
-        if self.map.len() >= self.capacity {
-            self.map.retain(|_, t| *t > now);
-            if self.map.len() >= self.capacity {
-                return;
-            }
-        }
+    /// Remembers a bucket of a denied batch (evicting another when full).
+    pub(super) fn remember(&self, key: &BucketKey, tat: u64) {
         self.map.insert(key.clone(), tat);
     }
 
     /// Updates a bucket if it is remembered.
     pub(super) fn refresh(&self, key: &BucketKey, tat: u64) {
-        if self.map.is_empty() {
-            return;
-        }
-        if let Some(mut v) = self.map.get_mut(key) {
-            *v = tat;
+        if !self.map.is_empty() && self.map.contains_key(key) {
+            let _ = self.map.replace(key.clone(), tat, true);
         }
     }
 

@@ -40,7 +40,10 @@
 //! with one exception it cannot see: a refund or reset made **by another app instance**. Refunds
 //! and resets made through this backend update the cache. Turn it off with
 //! [`RedisBackendBuilder::deny_cache`] if other instances refund or reset and a wrong denial of
-//! up to `retry_after` is not acceptable.
+//! up to `retry_after` is not acceptable. The cache holds at most
+//! [`deny_cache_capacity`](RedisBackendBuilder::deny_cache_capacity) buckets (100,000 by
+//! default) and evicts in O(1) (quick_cache), so a flood of new denied keys neither grows it nor
+//! slows it down.
 //!
 //! # Failures
 //!
@@ -184,6 +187,11 @@ impl RedisBackend {
     /// The SHA-1 of the script, as used by `EVALSHA`.
     pub fn script_sha(&self) -> &str {
         &self.inner.sha
+    }
+
+    /// Buckets the local deny cache remembers now (at most its capacity; 0 when it is off).
+    pub fn deny_cache_len(&self) -> usize {
+        self.inner.cache.as_ref().map_or(0, DenyCache::len)
     }
 
     /// Batches the local deny cache answered without a round trip, since the backend was built.
@@ -479,7 +487,7 @@ impl Backend for RedisBackend {
                     // Refunded: its TAT is no longer the one the script returned.
                     cache.forget(tx.key);
                 } else {
-                    cache.remember(tx.key, local_tats[i], local_now);
+                    cache.remember(tx.key, local_tats[i]);
                 }
             }
         }
