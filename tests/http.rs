@@ -435,3 +435,37 @@ async fn a_hostile_forwarding_header_cannot_escape_into_the_proxys_bucket() {
     assert_eq!(r.status, 400);
     assert!(r.body.contains("not an address"), "{}", r.body);
 }
+
+/// Issue 13, item 3: at the key cap, a new client used to be let through unlimited (the
+/// default failure policy is fail open) while the table stayed full. It is refused with 503 and
+/// `Retry-After: 1` whatever the failure policy; clients already tracked keep their limits.
+#[tokio::test]
+async fn a_full_memory_table_refuses_new_clients_instead_of_letting_them_through() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limits = Limits::from_yaml_str(DEFAULTS, None).unwrap();
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .max_keys(2)
+        .build();
+    let ip = ClientIp::new().trusted_proxies(["127.0.0.0/8".parse().unwrap()]);
+    let layer = RateLimitLayer::new(
+        Limiter::new(limits, backend.clone()),
+        [Rule::new("RequestsPerIPAddress", ip)],
+    )
+    .unwrap();
+    let server = serve(app(layer)).await;
+    let client = HttpClient::new(&server);
+    let from = |addr: &'static str| [("x-forwarded-for", addr)];
+    assert_eq!(client.get("/", &from("203.0.113.1")).await.status, 200);
+    assert_eq!(client.get("/", &from("203.0.113.2")).await.status, 200);
+    for _ in 0..3 {
+        let r = client.get("/", &from("203.0.113.3")).await;
+        assert_eq!(r.status, 503, "{}", r.body);
+        assert_eq!(r.header("retry-after"), Some("1"));
+    }
+    assert_eq!(backend.full_refusals(), 3);
+    // Tracked clients keep their own limits (burst 3).
+    assert_eq!(client.get("/", &from("203.0.113.1")).await.status, 200);
+    assert_eq!(client.get("/", &from("203.0.113.1")).await.status, 200);
+    assert_eq!(client.get("/", &from("203.0.113.1")).await.status, 429);
+}

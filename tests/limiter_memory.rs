@@ -353,8 +353,23 @@ async fn the_key_cap_refuses_new_keys_and_frees_expired_ones() {
             .allowed()
     );
     assert_eq!(backend.len(), 3);
-    // Once the held buckets are full again (TAT <= now), the cap sweeps them away.
+    assert_eq!(backend.full_refusals(), 1);
+    // Once the held buckets are full again (TAT <= now), a refusal wakes the background sweep,
+    // which makes room; the request itself never sweeps.
     clock.advance(Duration::from_secs(2));
+    let e = l.spend(&[tx(&l, "A", "4")]).await.unwrap_err();
+    assert!(
+        matches!(e, LimiterError::Backend(BackendError::Full { .. })),
+        "{e}"
+    );
+    assert_eq!(backend.len(), 3, "the refused request did not sweep");
+    for _ in 0..100 {
+        if backend.is_empty() {
+            break;
+        }
+        tokio::task::yield_now().await; // the sweep task runs (no time passes)
+    }
+    assert!(backend.is_empty());
     assert!(l.spend(&[tx(&l, "A", "4")]).await.unwrap().allowed());
     assert_eq!(backend.len(), 1);
 }

@@ -16,13 +16,18 @@
 //! A bucket whose TAT is at or before now is the same as a missing one, so [`sweep`] drops
 //! those without changing any decision, and runs it in the background every 10 s by default
 //! ([`MemoryBackendBuilder::sweep_interval`]); nothing needs to be started.
-//! At most `max_keys` buckets are held. **When full**, the backend first sweeps (at most once per
-//! second) and, if no bucket could be dropped, a transaction that needs a *new* bucket fails
-//! with [`BackendError::Full`]; buckets already held keep working. The middleware then applies
-//! its backend-failure policy (`FailurePolicy`: fail open by default, so new clients are let
-//! through unlimited while the table is full; choose fail closed to refuse them). Dropping
-//! live buckets instead would hand their owners a fresh burst, which is exactly what a flood
-//! of new keys would aim for.
+//! At most `max_keys` buckets are held. **When full**, a transaction that needs a *new* bucket
+//! fails with [`BackendError::Full`] (counted by [`MemoryBackend::full_refusals`]), and the
+//! background sweep is woken (at most once a second) to make room; buckets already held keep
+//! working, and no request ever runs the sweep itself. The middleware answers such a request
+//! `503` with `Retry-After: 1`, whatever its failure policy: a full table is the limiter
+//! protecting its memory, and letting new keys through unlimited is exactly what a flood of new
+//! keys would aim for (so would dropping live buckets, which hands their owners a fresh burst).
+//!
+//! What the cap costs: about 86 bytes per bucket whose id is an address or a number, plus the
+//! id's length for a text id (a 256-byte account id: about 350 bytes). The default cap of
+//! 10,000,000 is about 0.9 GiB of addresses, or 3.5 GiB of 256-byte ids: size `max_keys` by
+//! the ids you key on.
 //!
 //! [`sweep`]: MemoryBackend::sweep
 
@@ -72,8 +77,12 @@ struct Inner {
     max_keys: usize,
     clock: Arc<dyn Clock>,
     last_full_sweep: AtomicU64,
-    /// Dropped with the backend: wakes a sweeper thread so that it ends at once.
-    stop_sweeper: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    /// New keys refused because the table was full.
+    full_refusals: AtomicU64,
+    /// Wakes the background sweep when the table is full (a tokio task's).
+    sweep_now: Arc<tokio::sync::Notify>,
+    /// Wakes a sweeper thread (a message: sweep now; dropped with the backend: end).
+    thread_sweeper: Mutex<Option<std::sync::mpsc::Sender<()>>>,
 }
 
 /// The in-memory backend. Cheap to clone (an `Arc`).
@@ -155,7 +164,9 @@ impl MemoryBackendBuilder {
                 max_keys: self.max_keys,
                 clock: self.clock,
                 last_full_sweep: AtomicU64::new(0),
-                stop_sweeper: Mutex::new(None),
+                full_refusals: AtomicU64::new(0),
+                sweep_now: Arc::new(tokio::sync::Notify::new()),
+                thread_sweeper: Mutex::new(None),
             }),
         };
         if let Some(interval) = self.sweep_interval.filter(|i| !i.is_zero()) {
@@ -265,12 +276,11 @@ impl MemoryBackend {
             true
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let sweep_now = self.inner.sweep_now.clone();
             runtime.spawn(async move {
-                let mut ticker = tokio::time::interval(interval);
-                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                ticker.tick().await;
                 loop {
-                    ticker.tick().await;
+                    // An interval's wait, cut short when a full table asks for room.
+                    let _ = tokio::time::timeout(interval, sweep_now.notified()).await;
                     if !sweep_once() {
                         return;
                     }
@@ -278,19 +288,21 @@ impl MemoryBackend {
             });
             return;
         }
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (wake, woken) = std::sync::mpsc::channel::<()>();
         *self
             .inner
-            .stop_sweeper
+            .thread_sweeper
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(stop);
+            .unwrap_or_else(PoisonError::into_inner) = Some(wake);
         let spawned = std::thread::Builder::new()
             .name("tower-ratelimits-sweep".into())
             .spawn(move || {
-                // A timeout is the next tick; anything else means the backend is gone.
-                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(interval)
-                {
+                // A timeout is the next tick, a message a full table; a closed channel means
+                // the backend is gone.
+                while !matches!(
+                    woken.recv_timeout(interval),
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected)
+                ) {
                     if !sweep_once() {
                         return;
                     }
@@ -305,12 +317,16 @@ impl MemoryBackend {
         self.inner.clock.now_us()
     }
 
-    /// Makes room for one new bucket, sweeping at most once a second when full.
+    /// Room for one new bucket, or `Full`; when full, wakes the background sweep (at most
+    /// once a second). Never sweeps on the caller's (a request's) time.
     fn reserve(&self, now: u64) -> Result<(), BackendError> {
         let inner = &self.inner;
         if inner.len.load(Ordering::Relaxed) < inner.max_keys {
             return Ok(());
         }
+        inner.full_refusals.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("tower_ratelimits_memory_full_total").increment(1);
         let last = inner.last_full_sweep.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= 1_000_000
             && inner
@@ -318,15 +334,28 @@ impl MemoryBackend {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            self.sweep();
+            tracing::warn!(
+                max_keys = inner.max_keys,
+                "the in-memory rate limiter is full: new keys are refused until a sweep makes room"
+            );
+            inner.sweep_now.notify_one();
+            if let Some(wake) = inner
+                .thread_sweeper
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+            {
+                let _ = wake.send(());
+            }
         }
-        if inner.len.load(Ordering::Relaxed) < inner.max_keys {
-            Ok(())
-        } else {
-            Err(BackendError::Full {
-                max_keys: inner.max_keys,
-            })
-        }
+        Err(BackendError::Full {
+            max_keys: inner.max_keys,
+        })
+    }
+
+    /// New keys refused because the table was full, since the backend was built.
+    pub fn full_refusals(&self) -> u64 {
+        self.inner.full_refusals.load(Ordering::Relaxed)
     }
 
     /// Reads a bucket's raw TAT (0 when missing).

@@ -12,6 +12,7 @@ use http::{Response, StatusCode};
 
 use super::rate_limit_layer::{FailurePolicy, Shared};
 use super::response::{Denial, error_response};
+use crate::backend::BackendError;
 use crate::limiter::LimiterError;
 use crate::limiter::{BatchDecision, Decision, Transaction};
 
@@ -87,6 +88,25 @@ pub(crate) fn conclude(
                 Some(f) => f(&denial),
                 None => denial.default_response(),
             })
+        }
+        Err(Failure::Limiter(LimiterError::Backend(BackendError::Full { .. }))) => {
+            // The memory backend protects its memory: a new key cannot be tracked now. Letting
+            // it through unlimited (fail open) is what a flood of new keys aims for, so this is
+            // refused whatever the failure policy, with a hint to come back.
+            count("full");
+            let mut response = error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "UNAVAILABLE",
+                "the rate limiter is at capacity; try again shortly",
+                grpc,
+            );
+            if !grpc {
+                response.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from_static("1"),
+                );
+            }
+            Conclusion::Answer(response)
         }
         Err(Failure::Limiter(LimiterError::CostAboveBurst { name, cost, burst })) => {
             count("rejected");

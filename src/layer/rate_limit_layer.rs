@@ -77,6 +77,8 @@ impl RateLimitLayerBuilder {
     }
 
     /// What to do when the backend fails or times out (default [`FailurePolicy::FailOpen`]).
+    /// A full in-memory table is not a failure: a request that needs a new bucket then gets
+    /// `503` with `Retry-After: 1` under either policy.
     pub fn on_backend_failure(mut self, policy: FailurePolicy) -> Self {
         self.failure = policy;
         self
