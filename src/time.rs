@@ -130,18 +130,25 @@ pub enum DurationError {
     /// The value does not fit in 64-bit microseconds.
     #[error("duration {0:?} is too large")]
     Overflow(String),
+    /// A unit given twice, or after a smaller one (`1s1s`, `30m1h`): almost always a typo.
+    #[error(
+        "duration {0:?}: each unit at most once, from the largest to the smallest (like 1h30m)"
+    )]
+    UnitOrder(String),
 }
 
 /// Parses a duration such as `1s`, `250ms`, `180m`, `1h30m`, `2d` or `500us` into microseconds.
 ///
 /// Each part is a whole number followed by a unit; parts are added. Units: `us`, `ms`, `s`,
-/// `m`, `h`, `d`. Signs, fractions and spaces are refused.
+/// `m`, `h`, `d`, each at most once and from the largest to the smallest (`1h30m`, not
+/// `30m1h` or `1s1s`). Signs, fractions and spaces are refused.
 ///
 /// ```
 /// use tower_ratelimits::__private::parse_duration_us;
 /// assert_eq!(parse_duration_us("1h30m"), Ok(5_400_000_000));
 /// assert_eq!(parse_duration_us("250ms"), Ok(250_000));
 /// assert!(parse_duration_us("-1s").is_err());
+/// assert!(parse_duration_us("1s1s").is_err());
 /// ```
 pub fn parse_duration_us(input: &str) -> Result<u64, DurationError> {
     if input.is_empty() {
@@ -152,6 +159,7 @@ pub fn parse_duration_us(input: &str) -> Result<u64, DurationError> {
     let bytes = input.as_bytes();
     let mut i = 0;
     let mut total: u64 = 0;
+    let mut last_scale = u64::MAX;
     while i < bytes.len() {
         let start = i;
         while i < bytes.len() && bytes[i].is_ascii_digit() {
@@ -181,6 +189,10 @@ pub fn parse_duration_us(input: &str) -> Result<u64, DurationError> {
                 });
             }
         };
+        if scale >= last_scale {
+            return Err(DurationError::UnitOrder(input.to_owned()));
+        }
+        last_scale = scale;
         let part = number.checked_mul(scale).ok_or_else(overflow)?;
         total = total.checked_add(part).ok_or_else(overflow)?;
     }

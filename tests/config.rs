@@ -701,3 +701,106 @@ fn a_rate_microseconds_cannot_express_is_refused_with_its_location() {
     // 500,000 per second is 2us each, exactly: accepted.
     assert!(Limits::from_yaml_str("Fast: {burst: 10, count: 500000, period: 1s}\n", None).is_ok());
 }
+
+/// Issue 13, "must define": configuration edge cases each get a precise, located answer.
+#[test]
+fn edge_cases_of_the_loader_each_get_a_precise_answer() {
+    // A configured cost of 0 counts nothing: refused like any zero (README says so).
+    let err = Limits::from_yaml_str(
+        "A:\n  burst: 1\n  count: 1\n  period: 1s\n  cost: 0\n",
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::BadNumber { field: "cost", .. }),
+        "{err}"
+    );
+    assert_eq!(err.location().line, Some(5));
+    // Units once each, largest first.
+    for period in ["1s1s", "30m1h", "1ms1s"] {
+        let err = Limits::from_yaml_str(
+            &format!("A: {{burst: 1, count: 1, period: {period}}}\n"),
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("each unit at most once"),
+            "{period}: {err}"
+        );
+    }
+    assert!(Limits::from_yaml_str("A: {burst: 1, count: 1, period: 1h30m}\n", None).is_ok());
+    // A tag the loader does not know is an error, not silently dropped.
+    let err =
+        Limits::from_yaml_str("A: {burst: !foo 5, count: 1, period: 1s}\n", None).unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::Yaml(_)), "{err}");
+}
+
+#[test]
+fn only_regular_utf8_files_of_at_most_16_mib_are_read() {
+    let dir = std::env::temp_dir().join(format!("trl-config-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A directory, and a FIFO (which would block forever on open): not regular files.
+    let err = Limits::from_yaml_file(&dir).unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::NotAFile), "{err}");
+    let fifo = dir.join("fifo.yaml");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|s| s.success()) {
+        let err = Limits::from_yaml_file(&fifo).unwrap_err();
+        assert!(matches!(err.kind(), ConfigErrorKind::NotAFile), "{err}");
+        assert!(
+            err.to_string().contains("fifo.yaml: not a regular file"),
+            "{err}"
+        );
+    }
+    // Valid UTF-8 over 16 MiB whose cut falls inside a character: "too large", not "not UTF-8".
+    let big = dir.join("big.yaml");
+    let mut text = String::from("# ");
+    while text.len() < 16 * 1024 * 1024 + 8 {
+        text.push('\u{e9}');
+    }
+    std::fs::write(&big, &text).unwrap();
+    let err = Limits::from_yaml_file(&big).unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::TooLarge { .. }),
+        "{err}"
+    );
+    // Not UTF-8: said so, with where.
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, b"A: {burst: 1, count: 1, period: 1s}\n# \xff\n").unwrap();
+    let err = Limits::from_yaml_file(&bad).unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::NotUtf8 { offset: 38 }),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// YAML reads `1_000`, `0x10`, `0o17`, `+5` and `017` as numbers (which ones depends on the
+/// YAML version), and a whole number beyond 64 bits as a decimal one. Here a number is plain
+/// decimal digits; the others are refused, saying what was written.
+#[test]
+fn numbers_are_plain_decimal_and_too_large_says_so() {
+    let burst = |v: &str| {
+        Limits::from_yaml_str(
+            &format!("A:\n  burst: {v}\n  count: 1\n  period: 1s\n"),
+            None,
+        )
+        .map(|_| ())
+        .map_err(|e| (e.location().line, e.to_string()))
+    };
+    for v in ["1_000", "0x10", "0o17", "+5", "017"] {
+        let (line, text) = burst(v).unwrap_err();
+        assert_eq!(line, Some(2), "{v}");
+        assert!(
+            text.contains(&format!("found {v:?} (write plain decimal digits)")),
+            "{text}"
+        );
+    }
+    let (_, text) = burst("99999999999999999999").unwrap_err();
+    assert!(
+        text.contains("found 99999999999999999999, which is larger than 18446744073709551615"),
+        "{text}"
+    );
+    assert!(burst("1000").is_ok());
+    assert!(burst("5.0").unwrap_err().1.contains("a decimal number"));
+}

@@ -350,3 +350,22 @@ proptest::proptest! {
         );
     }
 }
+
+/// The `Header` extractor takes UTF-8 ids, as the `any` kind does (it refused them as "not
+/// text"); bytes that are not UTF-8 are a 400.
+#[test]
+fn a_header_id_may_be_any_utf8_text() {
+    let h = Header::new("x-tenant");
+    assert_eq!(
+        h.extract(&parts(
+            "1.1.1.1:1",
+            &[("x-tenant", "caf\u{e9}-m\u{fc}nchen".as_bytes())]
+        ))
+        .unwrap(),
+        Some(Id::new("caf\u{e9}-m\u{fc}nchen").unwrap())
+    );
+    let err = h
+        .extract(&parts("1.1.1.1:1", &[("x-tenant", b"\xff\xfe")]))
+        .unwrap_err();
+    assert_eq!(err.status.as_u16(), 400);
+}

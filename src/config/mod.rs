@@ -40,6 +40,15 @@ pub enum ConfigErrorKind {
         /// The cap.
         max: u64,
     },
+    /// The path is not a regular file (a directory, a FIFO, a device).
+    #[error("not a regular file")]
+    NotAFile,
+    /// The file is not UTF-8 text.
+    #[error("not valid UTF-8 (at byte {offset})")]
+    NotUtf8 {
+        /// The first byte that is not part of valid UTF-8.
+        offset: usize,
+    },
     /// The file holds no YAML document.
     #[error("the file is empty (write {{}} or [] for none)")]
     Empty,

@@ -22,6 +22,8 @@ pub const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 #[derive(Debug)]
 struct Node {
     line: u64,
+    /// Where the node's text is in the source (byte offset and length), when known.
+    span: Option<(usize, usize)>,
     value: Value,
 }
 
@@ -31,6 +33,11 @@ enum Value {
     Bool,
     Int(i128),
     Float,
+    /// A number YAML reads but that is not written in plain decimal (`1_000`, `0x10`, `+5`,
+    /// `017`): refused, since what it means depends on the YAML version.
+    Unplain(String),
+    /// A whole number too large for 64 bits.
+    Big(String),
     Str(String),
     Seq(Vec<Node>),
     Map(Vec<(Node, Node)>),
@@ -43,6 +50,8 @@ impl Value {
             Value::Bool => "a boolean",
             Value::Int(_) => "a number",
             Value::Float => "a decimal number",
+            Value::Unplain(_) => "a number not in plain decimal",
+            Value::Big(_) => "a number too large",
             Value::Str(_) => "a string",
             Value::Seq(_) => "a list",
             Value::Map(_) => "a map",
@@ -53,8 +62,13 @@ impl Value {
 impl<'de> Deserialize<'de> for Node {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let spanned: Spanned<Value> = Spanned::deserialize(d)?;
+        let span = spanned.referenced.span();
         Ok(Node {
             line: spanned.referenced.line(),
+            span: span
+                .byte_offset()
+                .zip(span.byte_len())
+                .and_then(|(o, l)| Some((usize::try_from(o).ok()?, usize::try_from(l).ok()?))),
             value: spanned.value,
         })
     }
@@ -149,14 +163,49 @@ fn parse(text: &str) -> Result<Option<Node>, ConfigError> {
         budget.max_documents = 1;
     }
     options.with_snippet = false;
+    // `!tags` the loader does not know are errors, not silently dropped.
+    options.reject_unsupported_tags = true;
     match serde_saphyr::from_str_with_options::<Node>(text, options) {
-        Ok(n) => Ok(Some(n)),
+        Ok(mut n) => {
+            plain_numbers(&mut n, text);
+            Ok(Some(n))
+        }
         Err(e) => {
             let line = e.location().map_or(0, |l| l.line());
             let message = e.to_string();
             let first = message.lines().next().unwrap_or("").to_owned();
             Err(err_at(ConfigErrorKind::Yaml(first), line))
         }
+    }
+}
+
+/// Reads numbers from their source text: YAML also reads `1_000`, `0x10`, `0o17`, `+5` (and,
+/// in YAML 1.1, `017` as octal) as numbers, and a whole number beyond 64 bits as a decimal
+/// one. Only plain decimal digits are numbers here; the others get a precise error.
+fn plain_numbers(node: &mut Node, text: &str) {
+    match &mut node.value {
+        Value::Int(_) | Value::Float => {
+            let Some(raw) = node.span.and_then(|(o, l)| text.get(o..o.checked_add(l)?)) else {
+                return;
+            };
+            let raw = raw.trim();
+            let digits = raw.strip_prefix('-').unwrap_or(raw);
+            let all_digits = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+            let plain = all_digits && (digits == "0" || !digits.starts_with('0'));
+            match (&node.value, plain, all_digits) {
+                (Value::Float, true, _) => node.value = Value::Big(raw.to_owned()),
+                (Value::Int(_), false, _) | (Value::Float, false, true) => {
+                    node.value = Value::Unplain(raw.to_owned());
+                }
+                _ => {}
+            }
+        }
+        Value::Seq(items) => items.iter_mut().for_each(|n| plain_numbers(n, text)),
+        Value::Map(items) => items.iter_mut().for_each(|(k, v)| {
+            plain_numbers(k, text);
+            plain_numbers(v, text);
+        }),
+        _ => {}
     }
 }
 
@@ -179,9 +228,13 @@ fn as_str<'a>(node: &'a Node, expected: &'static str) -> Result<&'a str, ConfigE
 
 fn positive(field: &'static str, node: &Node) -> Result<u64, ConfigError> {
     let bad = |found: String| err_at(ConfigErrorKind::BadNumber { field, found }, node.line);
+    let too_large =
+        |v: &dyn std::fmt::Display| bad(format!("{v}, which is larger than {}", u64::MAX));
     match &node.value {
-        Value::Int(v) if *v > 0 => u64::try_from(*v).map_err(|_| bad(v.to_string())),
+        Value::Int(v) if *v > 0 => u64::try_from(*v).map_err(|_| too_large(v)),
         Value::Int(v) => Err(bad(v.to_string())),
+        Value::Big(s) => Err(too_large(s)),
+        Value::Unplain(s) => Err(bad(format!("{s:?} (write plain decimal digits)"))),
         Value::Str(s) => Err(bad(format!("{s:?}"))),
         other => Err(bad(other.describe().to_owned())),
     }
@@ -446,12 +499,11 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
                 .parse::<IdKind>()
                 .map_err(|e| located(err_at(e.into(), n.line)))?,
         };
+        // A configured cost of 0 would make the limit count nothing: refused like any zero.
+        // (A request can still probe with cost 0: `Rule::cost(0)`, `Transaction::cost(0)`.)
         let cost = match f.cost {
             None => 1,
-            Some(n) => match n.value {
-                Value::Int(0) => 0,
-                _ => positive("cost", n).map_err(located)?,
-            },
+            Some(n) => positive("cost", n).map_err(located)?,
         };
         builder
             .try_define(name, kind, cost, Some(limit))
@@ -588,19 +640,29 @@ impl Limits {
 
 fn read(path: &Path) -> Result<String, ConfigError> {
     use std::io::Read;
+    // Only a regular file: opening a FIFO (or reading a device) could block forever.
+    let metadata = std::fs::metadata(path).map_err(ConfigError::new)?;
+    if !metadata.is_file() {
+        return Err(ConfigError::new(ConfigErrorKind::NotAFile));
+    }
     let file = std::fs::File::open(path).map_err(ConfigError::new)?;
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     let read = file
         .take(MAX_FILE_BYTES + 1)
-        .read_to_string(&mut text)
+        .read_to_end(&mut bytes)
         .map_err(ConfigError::new)?;
+    // The size first: a cut through a multi-byte character is not the file's fault.
     if read as u64 > MAX_FILE_BYTES {
         return Err(ConfigError::new(ConfigErrorKind::TooLarge {
-            bytes: read as u64,
+            bytes: metadata.len().max(read as u64),
             max: MAX_FILE_BYTES,
         }));
     }
-    Ok(text)
+    String::from_utf8(bytes).map_err(|e| {
+        ConfigError::new(ConfigErrorKind::NotUtf8 {
+            offset: e.utf8_error().valid_up_to(),
+        })
+    })
 }
 
 fn load(defaults: (&str, &str), overrides: Option<(&str, &str)>) -> Result<Limits, ConfigError> {

@@ -398,9 +398,9 @@ impl KeyExtractor for Header {
                 self.name
             )));
         }
-        let text = value
-            .to_str()
-            .map_err(|_| KeyError::bad_request(format!("header {} is not text", self.name)))?;
+        // UTF-8, as the `any` id kind accepts (not only visible ASCII).
+        let text = std::str::from_utf8(value.as_bytes())
+            .map_err(|_| KeyError::bad_request(format!("header {} is not UTF-8", self.name)))?;
         Id::new(text)
             .map(Some)
             .map_err(|e| KeyError::bad_request(format!("header {}: {e}", self.name)))
