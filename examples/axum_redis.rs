@@ -56,8 +56,12 @@ async fn run() -> Result<(), String> {
             ));
         }
     };
+    // A single server is connected in the background: the app starts (and fails open or
+    // closed, as configured) while Redis is still coming up. A cluster's topology is read now.
+    let lazy = !url.contains("-cluster://");
     let backend = RedisBackend::from_url(url.as_str())
         .deny_cache(deny_cache)
+        .lazy(lazy)
         .connect()
         .await
         .map_err(|e| format!("{url}: {e}"))?;

@@ -809,6 +809,120 @@ async fn a_dead_redis_gives_errors_within_the_timeout_and_a_restarted_one_is_use
     }
 }
 
+/// Issue 13, item 6: while Redis is down, every request used to wait the full command timeout
+/// before the failure policy applied. After `failures` consecutive failures the circuit opens:
+/// requests get `CircuitOpen` at once, without trying, until the cool-off ends; then one
+/// request probes, and its success closes the circuit.
+#[tokio::test]
+async fn a_dead_redis_opens_the_circuit_and_a_successful_probe_closes_it() {
+    let mut server = RedisServer::start();
+    let port = server.port;
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let backend = RedisBackend::from_url(server.url())
+        .caller_time(clock.clone())
+        .command_timeout(Duration::from_millis(300))
+        .circuit_breaker(2, Duration::from_secs(3600))
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let tx = [Transaction::new(
+        limiter.parse_key("PerAccount", "7").unwrap(),
+    )];
+    assert!(limiter.spend(&tx).await.unwrap().allowed());
+    server.kill();
+    for _ in 0..2 {
+        let err = limiter.spend(&tx).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LimiterError::Backend(BackendError::Timeout(_) | BackendError::Unavailable(_))
+            ),
+            "{err:?}"
+        );
+    }
+    assert!(backend.circuit_open());
+    // Open: answered at once, without trying (the cool-off is on the manual clock).
+    for _ in 0..100 {
+        let err = limiter.spend(&tx).await.unwrap_err();
+        assert!(
+            matches!(err, LimiterError::Backend(BackendError::CircuitOpen { retry_in }) if retry_in == Duration::from_secs(3600)),
+            "{err:?}"
+        );
+    }
+    assert_eq!(backend.circuit_opened_count(), 1);
+    // Redis is back, but nothing tries it before the cool-off ends.
+    let _server = RedisServer::start_on(port, &[]);
+    assert!(matches!(
+        limiter.spend(&tx).await.unwrap_err(),
+        LimiterError::Backend(BackendError::CircuitOpen { .. })
+    ));
+    // After the cool-off, a probe (the client reconnects in the background; a failed probe
+    // opens the circuit for another cool-off, so the clock moves past it each time).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        clock.advance(Duration::from_secs(3601));
+        match limiter.spend(&tx).await {
+            Ok(d) => {
+                assert!(d.allowed());
+                break;
+            }
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the circuit did not close: {e}"),
+        }
+    }
+    assert!(!backend.circuit_open());
+}
+
+/// Issue 13, item 6: an app could not even start without Redis. A lazy backend connects in
+/// the background: built while nothing listens, it fails requests (fast once the circuit
+/// opens) and uses Redis as soon as it is up, loading the script on first use.
+#[tokio::test]
+async fn a_lazy_backend_starts_without_redis_and_uses_it_once_it_is_up() {
+    let port = support::redis::free_port();
+    let backend = RedisBackend::from_url(format!("redis://127.0.0.1:{port}"))
+        .command_timeout(Duration::from_millis(200))
+        .lazy(true)
+        .connect()
+        .await
+        .expect("a lazy backend is built without a server");
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let tx = [Transaction::new(
+        limiter.parse_key("PerAccount", "7").unwrap(),
+    )];
+    assert!(limiter.spend(&tx).await.is_err());
+    let _server = RedisServer::start_on(port, &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match limiter.spend(&tx).await {
+            Ok(d) => {
+                assert!(d.allowed());
+                break;
+            }
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the lazy backend never connected: {e}"),
+        }
+    }
+    // A cluster's topology is read when connecting: lazy is refused for it, clearly.
+    let err = RedisBackend::from_url(format!("redis-cluster://127.0.0.1:{port}"))
+        .lazy(true)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisSetupError::InvalidUrl(_)), "{err}");
+}
+
 #[tokio::test]
 async fn a_dead_cluster_node_fails_only_its_own_slots() {
     let mut cluster = RedisCluster::start();

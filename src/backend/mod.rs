@@ -232,6 +232,13 @@ pub enum BackendError {
     /// The store could not be reached or failed.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// The store failed repeatedly and the circuit breaker is open: answered at once, without
+    /// trying. A probe goes through when the cool-off ends.
+    #[error("backend circuit open after repeated failures (probe in {retry_in:?})")]
+    CircuitOpen {
+        /// Until the cool-off ends and a probe is let through.
+        retry_in: std::time::Duration,
+    },
     /// A bucket's stored value is not a valid state (e.g. another program's data at the key).
     #[error("invalid state stored for bucket {key}: {reason}")]
     InvalidState {

@@ -9,6 +9,7 @@ use fred::prelude::{
     Builder, Client, ClientLike, Config, LuaInterface, Pool, ReconnectPolicy, ServerConfig,
 };
 
+use super::breaker;
 use super::cluster::ClusterRouter;
 use super::deny_cache::DenyCache;
 use super::script::SCRIPT;
@@ -93,6 +94,8 @@ pub struct RedisBackendBuilder {
     clock: Option<Arc<dyn Clock>>,
     deny_cache: bool,
     deny_cache_capacity: usize,
+    breaker: (u32, Duration),
+    lazy: bool,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -117,7 +120,30 @@ impl RedisBackendBuilder {
             clock: None,
             deny_cache: true,
             deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
+            breaker: (breaker::DEFAULT_FAILURES, breaker::DEFAULT_COOL_OFF),
+            lazy: false,
         }
+    }
+
+    /// Connects in the background (default off): [`connect`](Self::connect) returns at once,
+    /// even while Redis is down or still starting, so an app that fails open starts and
+    /// serves; requests fail (fast, once the circuit breaker opens) until the connection is
+    /// up, and the script is loaded by the first request that needs it. For a URL of a
+    /// single server (or a pool); a cluster's topology is read at `connect`, so a
+    /// `redis-cluster://` URL is refused with `lazy`.
+    pub fn lazy(mut self, lazy: bool) -> Self {
+        self.lazy = lazy;
+        self
+    }
+
+    /// The circuit breaker (default: 5 consecutive failures open it for 1 s). While open, a
+    /// request that needs Redis gets [`BackendError::CircuitOpen`] at once, so the
+    /// middleware's failure policy applies without waiting for the command timeout; when the
+    /// cool-off ends, one request probes Redis, and its success closes the circuit. Failures are
+    /// timeouts and unreachable servers, not answers. `failures = 0` turns it off.
+    pub fn circuit_breaker(mut self, failures: u32, cool_off: Duration) -> Self {
+        self.breaker = (failures, cool_off);
+        self
     }
 
     /// The prefix of every key (default `rl:`). It must not contain `{` or `}` and is at most
@@ -164,7 +190,7 @@ impl RedisBackendBuilder {
     }
 
     /// Connects (when built from a URL) and loads the script.
-    pub async fn connect(self) -> Result<RedisBackend, RedisSetupError> {
+    pub async fn connect(mut self) -> Result<RedisBackend, RedisSetupError> {
         if self.prefix.contains(['{', '}']) {
             return Err(RedisSetupError::InvalidPrefix {
                 prefix: self.prefix,
@@ -181,7 +207,8 @@ impl RedisBackendBuilder {
         let connect_timeout = timeout.max(Duration::from_secs(2));
         // Connections the backend opened itself are closed when it is dropped.
         let owned = matches!(self.source, Source::Url(_));
-        let conn = match self.source {
+        let source = std::mem::replace(&mut self.source, Source::Url(String::new()));
+        let conn = match source {
             Source::Client(c) if c.is_clustered() => {
                 // The backend opens one connection per master from the client's configuration.
                 Connection::Cluster(ClusterRouter::connect(c.client_config(), timeout).await?)
@@ -196,8 +223,16 @@ impl RedisBackendBuilder {
                 let config = Config::from_url(&url)
                     .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
                 if matches!(config.server, ServerConfig::Clustered { .. }) {
+                    if self.lazy {
+                        return Err(RedisSetupError::InvalidUrl(
+                            "a lazy connection needs a single server: a cluster's topology is read when connecting".into(),
+                        ));
+                    }
                     Connection::Cluster(ClusterRouter::connect(config, timeout).await?)
                 } else {
+                    let mut config = config;
+                    // Lazy: the first connection is retried like any lost one.
+                    config.fail_fast = !self.lazy;
                     let builder = configured_builder(config, timeout);
                     let conn = if self.pool_size > 1 {
                         let pool = builder
@@ -210,6 +245,15 @@ impl RedisBackendBuilder {
                             .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
                         Connection::Client(client)
                     };
+                    if self.lazy {
+                        // Connect (and reconnect) in the background; nothing waits for it.
+                        match &conn {
+                            Connection::Client(c) => drop(c.connect()),
+                            Connection::Pool(p) => drop(p.connect()),
+                            Connection::Cluster(_) => {}
+                        }
+                        return Ok(self.finish(conn, owned, false, timeout));
+                    }
                     let init = async {
                         match &conn {
                             Connection::Client(c) => c.init().await.map(drop),
@@ -245,14 +289,24 @@ impl RedisBackendBuilder {
                 Err(_) => return Err(RedisSetupError::Connect("SCRIPT LOAD timed out".into())),
             }
         }
+        Ok(self.finish(conn, owned || clustered, clustered, timeout))
+    }
+
+    fn finish(
+        self,
+        conn: Connection,
+        owned: bool,
+        clustered: bool,
+        timeout: Duration,
+    ) -> RedisBackend {
         let local: Arc<dyn Clock> = match &self.clock {
             Some(c) => c.clone(),
             None => Arc::new(SystemClock),
         };
-        Ok(RedisBackend {
+        RedisBackend {
             inner: Arc::new(Inner {
                 conn,
-                owned: owned || clustered,
+                owned,
                 prefix: self.prefix,
                 caller_time: self.clock.is_some(),
                 local,
@@ -262,8 +316,9 @@ impl RedisBackendBuilder {
                 cache: self
                     .deny_cache
                     .then(|| DenyCache::new(self.deny_cache_capacity)),
+                breaker: breaker::Breaker::new(self.breaker.0, self.breaker.1),
             }),
-        })
+        }
     }
 }
 

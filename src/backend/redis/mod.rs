@@ -64,6 +64,7 @@ use fred::prelude::{
     Client, Error as FredError, ErrorKind, Key, KeysInterface, LuaInterface, Pool, Value,
 };
 
+mod breaker;
 mod cluster;
 mod compensation;
 mod connect;
@@ -101,6 +102,7 @@ struct Inner {
     timeout: Duration,
     sha: String,
     cache: Option<DenyCache>,
+    breaker: breaker::Breaker,
 }
 
 /// The Redis / Redis Cluster backend. Cheap to clone (an `Arc`).
@@ -194,6 +196,17 @@ impl RedisBackend {
         self.inner.cache.as_ref().map_or(0, DenyCache::len)
     }
 
+    /// Whether the circuit breaker is open: Redis failed repeatedly, and requests are answered
+    /// at once ([`BackendError::CircuitOpen`]) until a probe succeeds.
+    pub fn circuit_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+
+    /// How many times the circuit breaker opened since the backend was built.
+    pub fn circuit_opened_count(&self) -> u64 {
+        self.inner.breaker.opened.load(Ordering::Relaxed)
+    }
+
     /// Batches the local deny cache answered without a round trip, since the backend was built.
     pub fn deny_cache_hits(&self) -> u64 {
         self.inner
@@ -259,6 +272,33 @@ impl RedisBackend {
     /// slot map and retries once (the command did not run), and a failure to reach the node
     /// schedules a refresh (a failover may have moved the slot).
     async fn with_client<T, F, Fut>(&self, slot: u16, f: F) -> Result<T, BackendError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, FredError>>,
+    {
+        let breaker = &self.inner.breaker;
+        let now = self.inner.local.now_us();
+        let probe = match breaker.admit(now) {
+            breaker::Admission::Go => false,
+            breaker::Admission::Probe => true,
+            breaker::Admission::Refuse(us) => {
+                return Err(BackendError::CircuitOpen {
+                    retry_in: Duration::from_micros(us),
+                });
+            }
+        };
+        let result = self.call(slot, f).await;
+        let reached = !matches!(
+            result,
+            Err(BackendError::Timeout(_) | BackendError::Unavailable(_))
+        );
+        breaker.record(reached, probe, self.inner.local.now_us());
+        result
+    }
+
+    /// One command on `slot`'s node, within the command timeout; on a cluster, a
+    /// `MOVED`/`ASK` answer refreshes the slot map and retries once.
+    async fn call<T, F, Fut>(&self, slot: u16, f: F) -> Result<T, BackendError>
     where
         F: Fn(Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, FredError>>,

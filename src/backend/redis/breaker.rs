@@ -1,0 +1,112 @@
+//! The circuit breaker: after repeated failures to reach Redis, requests are answered at once
+//! (by the middleware's failure policy) instead of each waiting for the command timeout, for a
+//! cool-off; then one request probes, and a success closes the circuit again.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Consecutive failures that open the circuit, by default.
+pub(super) const DEFAULT_FAILURES: u32 = 5;
+/// How long an open circuit answers at once before it lets one request probe, by default.
+pub(super) const DEFAULT_COOL_OFF: Duration = Duration::from_secs(1);
+
+pub(super) struct Breaker {
+    /// Consecutive failures that open the circuit (0: never opens).
+    threshold: u32,
+    cool_off_us: u64,
+    failures: AtomicU32,
+    /// While open: the local time (us) until which it answers at once; 0 when closed.
+    open_until: AtomicU64,
+    /// Whether a probe is under way (one at a time).
+    probing: AtomicBool,
+    /// How many times the circuit opened.
+    pub(super) opened: AtomicU64,
+}
+
+/// Whether a call may go to Redis.
+pub(super) enum Admission {
+    /// Closed: go.
+    Go,
+    /// Open, cool-off over: this call is the probe.
+    Probe,
+    /// Open: answer now; the cool-off ends in this many microseconds.
+    Refuse(u64),
+}
+
+impl Breaker {
+    pub(super) fn new(threshold: u32, cool_off: Duration) -> Self {
+        Self {
+            threshold,
+            cool_off_us: u64::try_from(cool_off.as_micros()).unwrap_or(u64::MAX),
+            failures: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+            opened: AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn is_open(&self) -> bool {
+        self.open_until.load(Ordering::Acquire) != 0
+    }
+
+    pub(super) fn admit(&self, now: u64) -> Admission {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Admission::Go;
+        }
+        if now < until {
+            return Admission::Refuse(until - now);
+        }
+        if self
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            Admission::Probe
+        } else {
+            Admission::Refuse(0)
+        }
+    }
+
+    /// Records what a call that was let through found.
+    pub(super) fn record(&self, reached: bool, probe: bool, now: u64) {
+        if reached {
+            self.failures.store(0, Ordering::Release);
+            if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+                tracing::info!("Redis answers again: the rate limiter's circuit is closed");
+            }
+            if probe {
+                self.probing.store(false, Ordering::Release);
+            }
+            return;
+        }
+        if probe {
+            self.open(now);
+            self.probing.store(false, Ordering::Release);
+            return;
+        }
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
+        if self.threshold > 0 && failures >= self.threshold && !self.is_open() {
+            self.open(now);
+            tracing::warn!(
+                failures,
+                cool_off_ms = self.cool_off_us / 1_000,
+                "Redis failed repeatedly: the rate limiter answers at once by its failure policy \
+                 until a probe succeeds"
+            );
+        }
+    }
+
+    fn open(&self, now: u64) {
+        self.open_until.store(
+            now.saturating_add(self.cool_off_us).max(1),
+            Ordering::Release,
+        );
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("tower_ratelimits_redis_circuit_opened_total").increment(1);
+    }
+}
