@@ -13,7 +13,8 @@
 //! - `REDIS_URL`: `redis://`, `rediss://` or `redis-cluster://` URL (default
 //!   `redis://127.0.0.1:6379`)
 //! - `RATELIMITS_ON_BACKEND_ERROR`: `open` (default: let requests through when Redis cannot
-//!   answer) or `closed` (answer 503)
+//!   answer), `closed` (answer 503) or `memory:<percent>` (decide in this instance's memory at
+//!   that share of every limit, e.g. `memory:50` for two instances)
 //! - `RATELIMITS_DENY_CACHE`: `on` (default: a key denied until a known instant is answered
 //!   locally until then, without asking Redis) or `off`
 
@@ -41,11 +42,16 @@ async fn run() -> Result<(), String> {
     let policy = match std::env::var("RATELIMITS_ON_BACKEND_ERROR").as_deref() {
         Err(_) | Ok("open") => FailurePolicy::FailOpen,
         Ok("closed") => FailurePolicy::FailClosed,
-        Ok(other) => {
-            return Err(format!(
-                "RATELIMITS_ON_BACKEND_ERROR: {other:?} is neither `open` nor `closed`"
-            ));
-        }
+        Ok(other) => match other.strip_prefix("memory:").map(str::parse::<u8>) {
+            Some(Ok(percent)) if (1..=100).contains(&percent) => {
+                FailurePolicy::FallbackToMemory { percent }
+            }
+            _ => {
+                return Err(format!(
+                    "RATELIMITS_ON_BACKEND_ERROR: {other:?} is not `open`, `closed` or `memory:<1-100>`"
+                ));
+            }
+        },
     };
     let deny_cache = match std::env::var("RATELIMITS_DENY_CACHE").as_deref() {
         Err(_) | Ok("on") => true,

@@ -1248,7 +1248,7 @@ mod through_http {
     use super::*;
     use axum::{Router, routing::get};
     use support::http::{HttpClient, serve};
-    use tower_ratelimits::{ClientIp, FailurePolicy, RateLimitLayer, Rule};
+    use tower_ratelimits::{ClientIp, FailurePolicy, LayerError, RateLimitLayer, Rule};
 
     const LIMITS: &str = "\
 RequestsPerIPAddress:
@@ -1329,6 +1329,43 @@ RequestsPerIPAddress:
                 "took {elapsed:?}"
             );
         }
+    }
+
+    /// Issue 13, item 6: the third failure policy. While Redis is down, each instance decides
+    /// in memory at a share of every limit (burst 7 at 43% is 3): neither unlimited (fail
+    /// open) nor refused (fail closed).
+    #[tokio::test]
+    async fn a_dead_redis_falls_back_to_memory_at_a_share_of_each_limit() {
+        let mut server = RedisServer::start();
+        let timeout = Duration::from_millis(300);
+        let fallback = FailurePolicy::FallbackToMemory { percent: 43 };
+        let server_app = serve(app(&server.url(), "rl:", fallback, timeout).await).await;
+        let client = HttpClient::new(&server_app);
+        assert_eq!(client.get("/", &[]).await.status, 200);
+        server.kill();
+        for _ in 0..3 {
+            let r = client.get("/", &[]).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            // The fallback's own limit: burst 3, refilled over 3,589 s (7 per 8,372 s, 43% of
+            // 7 per hour).
+            assert_eq!(
+                r.header("ratelimit-policy"),
+                Some("\"RequestsPerIPAddress\";q=3;w=3589")
+            );
+        }
+        let r = client.get("/", &[]).await;
+        assert_eq!(r.status, 429, "{}", r.body);
+        // An invalid share is refused when the layer is built.
+        let limiter = Limiter::new(
+            Limits::from_yaml_str(LIMITS, None).unwrap(),
+            MemoryBackend::new(),
+        );
+        let err = RateLimitLayer::builder(limiter)
+            .rule(Rule::new("RequestsPerIPAddress", ClientIp::new()))
+            .on_backend_failure(FailurePolicy::FallbackToMemory { percent: 0 })
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, LayerError::Fallback(_)), "{err}");
     }
 }
 

@@ -326,6 +326,55 @@ impl Limits {
     }
 }
 
+impl Limits {
+    /// The same limits at `percent` of their rate and burst (1 to 100), for an in-memory
+    /// fallback limiter per instance: GCRA keeps `count` and stretches the period by
+    /// `100 / percent` (so the rate scales without a new rounding of the emission interval)
+    /// and scales the burst; tiers scale their limits. Nothing scales below 1 or below the
+    /// configured cost of a request. Errors name the limit that cannot be scaled.
+    pub(crate) fn scaled(&self, percent: u8) -> Result<Limits, ConfigError> {
+        let p = u64::from(percent.clamp(1, 100));
+        let scale = |v: u64, floor: u64| (v.saturating_mul(p) / 100).max(floor).max(1);
+        let quota = |q: &Quota, cost: u64| -> Result<Quota, ConfigErrorKind> {
+            Ok(match q {
+                Quota::Gcra(l) => Quota::Gcra(crate::algo::gcra::Limit::from_micros(
+                    scale(l.burst(), cost),
+                    l.count(),
+                    l.period_us().saturating_mul(100) / p,
+                )?),
+                Quota::Tiered(t) => {
+                    let tiers = t.tiers().iter().map(|tier| {
+                        crate::algo::tiers::Tier::from_micros(
+                            if tier.limit() == 0 {
+                                0
+                            } else {
+                                scale(tier.limit(), 1)
+                            },
+                            tier.window_us(),
+                            tier.active_us(),
+                            tier.cooldown_us(),
+                        )
+                    });
+                    Quota::from(crate::algo::tiers::TieredLimit::new(tiers)?)
+                }
+            })
+        };
+        let mut scaled = self.clone();
+        for e in &mut scaled.names {
+            if let Some(q) = &e.default {
+                e.default = Some(
+                    quota(q, e.cost).map_err(|k| ConfigError::new(k).for_limit(e.name.as_str()))?,
+                );
+            }
+        }
+        for (key, q) in &mut scaled.overrides {
+            let cost = self.entry(key.name()).map_or(1, |e| e.cost);
+            *q = quota(q, cost).map_err(|k| ConfigError::new(k).for_limit(key.name().as_str()))?;
+        }
+        Ok(scaled)
+    }
+}
+
 /// Builds [`Limits`]; errors are reported by [`LimitsBuilder::build`], the first one found.
 #[derive(Debug, Default)]
 pub struct LimitsBuilder {
@@ -451,5 +500,68 @@ impl LimitsBuilder {
             Some(e) => Err(e),
             None => Ok(self.limits),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::gcra::Limit;
+    use crate::algo::tiers::{Tier, TieredLimit};
+
+    #[test]
+    fn scaled_limits_keep_names_costs_and_shares() {
+        let s = |secs| std::time::Duration::from_secs(secs);
+        let limits = Limits::builder()
+            .limit("Gcra", Limit::new(20, 20, s(1)).unwrap())
+            .define(
+                "Costly",
+                IdKind::Any,
+                5,
+                Some(Limit::new(6, 6, s(1)).unwrap().into()),
+            )
+            .limit(
+                "Tiered",
+                TieredLimit::new([
+                    Tier::new(5, s(1), s(1), s(0)),
+                    Tier::new(50, s(5), s(5), s(15)),
+                ])
+                .unwrap(),
+            )
+            .override_for("Gcra", "vip", Limit::new(100, 100, s(1)).unwrap())
+            .build()
+            .unwrap();
+        let half = limits.scaled(50).unwrap();
+        let gcra = |l: &Limits, name: &str| {
+            *l.default_limit(l.name(name).unwrap())
+                .unwrap()
+                .as_gcra()
+                .unwrap()
+        };
+        // GCRA: half the burst, the same count over twice the period: half the rate, exactly.
+        let g = gcra(&half, "Gcra");
+        assert_eq!((g.burst(), g.count(), g.period_us()), (10, 20, 2_000_000));
+        assert_eq!(g.emission_interval_us(), 100_000);
+        // Never below a request's configured cost.
+        assert_eq!(gcra(&half, "Costly").burst(), 5);
+        // Tiers scale their limits.
+        let t = half
+            .default_limit(half.name("Tiered").unwrap())
+            .unwrap()
+            .as_tiered()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            t.tiers().iter().map(Tier::limit).collect::<Vec<_>>(),
+            [2, 25]
+        );
+        // Overrides scale too.
+        let vip = BucketKey::new(half.name("Gcra").unwrap(), crate::Id::new("vip").unwrap());
+        assert_eq!(half.resolve(&vip).unwrap().as_gcra().unwrap().burst(), 50);
+        // 100% is the same limits.
+        assert_eq!(
+            gcra(&limits.scaled(100).unwrap(), "Gcra"),
+            gcra(&limits, "Gcra")
+        );
     }
 }

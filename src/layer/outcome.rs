@@ -21,27 +21,61 @@ pub(crate) enum Failure {
     Timeout,
 }
 
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Limiter(e) => e.fmt(f),
+            Failure::Timeout => f.write_str("the store did not answer in time"),
+        }
+    }
+}
+
 pub(crate) type Decide = Pin<Box<dyn Future<Output = Result<BatchDecision, Failure>> + Send>>;
 
 pub(crate) fn decide(shared: &Arc<Shared>, txs: Vec<Transaction>) -> Decide {
     let limiter = shared.limiter.clone();
+    let fallback = shared.fallback.clone();
     let timeout = shared.timeout;
     Box::pin(async move {
-        let mut spend = std::pin::pin!(limiter.spend(&txs));
-        // A backend that answers at once (in memory) needs no timer.
-        let first = std::future::poll_fn(|cx| match spend.as_mut().poll(cx) {
-            Poll::Ready(r) => Poll::Ready(Some(r)),
-            Poll::Pending => Poll::Ready(None),
-        })
-        .await;
-        match first {
-            Some(r) => r.map_err(Failure::Limiter),
-            None => match tokio::time::timeout(timeout, spend).await {
-                Ok(r) => r.map_err(Failure::Limiter),
-                Err(_) => Err(Failure::Timeout),
-            },
+        let result = {
+            let mut spend = std::pin::pin!(limiter.spend(&txs));
+            // A backend that answers at once (in memory) needs no timer.
+            let first = std::future::poll_fn(|cx| match spend.as_mut().poll(cx) {
+                Poll::Ready(r) => Poll::Ready(Some(r)),
+                Poll::Pending => Poll::Ready(None),
+            })
+            .await;
+            match first {
+                Some(r) => r.map_err(Failure::Limiter),
+                None => match tokio::time::timeout(timeout, spend).await {
+                    Ok(r) => r.map_err(Failure::Limiter),
+                    Err(_) => Err(Failure::Timeout),
+                },
+            }
+        };
+        match (result, fallback) {
+            // The store failed: this instance's in-memory limiter decides instead.
+            (
+                Err(failure @ (Failure::Timeout | Failure::Limiter(LimiterError::Backend(_)))),
+                Some(local),
+            ) => {
+                count("fallback");
+                tracing::debug!(reason = %failure, "rate limit store failed; deciding in memory");
+                local
+                    .try_spend_now(&txs)
+                    .unwrap_or(Err(failure_error(failure)))
+                    .map_err(Failure::Limiter)
+            }
+            (result, _) => result,
         }
     })
+}
+
+fn failure_error(failure: Failure) -> LimiterError {
+    match failure {
+        Failure::Limiter(e) => e,
+        Failure::Timeout => LimiterError::Backend(BackendError::Timeout(std::time::Duration::ZERO)),
+    }
 }
 
 /// The headers an allowed response gets: the strictest decision, and its cached policy value.

@@ -22,6 +22,14 @@ pub enum FailurePolicy {
     FailOpen,
     /// Answer `503 Service Unavailable` with a JSON body.
     FailClosed,
+    /// Decide with an in-memory limiter of this instance, at `percent` (1 to 100) of every
+    /// limit's rate and burst: an outage neither opens the gates nor closes the shop. With N
+    /// instances, `100 / N` keeps the whole fleet near the configured limits. Buckets start
+    /// full when the fallback begins, and what it spends is not carried back to the store.
+    FallbackToMemory {
+        /// The share of each limit every instance grants on its own, from 1 to 100.
+        percent: u8,
+    },
 }
 
 type DenialFn = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
@@ -39,10 +47,16 @@ pub enum LayerError {
     /// No rules.
     #[error("a rate limit layer needs at least one rule")]
     NoRules,
+    /// The in-memory fallback cannot be built (a percent outside 1..=100, or a limit that does
+    /// not scale).
+    #[error("in-memory fallback: {0}")]
+    Fallback(String),
 }
 
 pub(crate) struct Shared {
     pub(crate) limiter: Limiter,
+    /// The in-memory limiter of `FailurePolicy::FallbackToMemory`.
+    pub(crate) fallback: Option<Limiter>,
     pub(crate) rules: Vec<ResolvedRule>,
     pub(crate) timeout: Duration,
     pub(crate) failure: FailurePolicy,
@@ -133,8 +147,23 @@ impl RateLimitLayerBuilder {
                 policy,
             });
         }
+        let fallback = match self.failure {
+            FailurePolicy::FallbackToMemory { percent } => {
+                if !(1..=100).contains(&percent) {
+                    return Err(LayerError::Fallback(format!(
+                        "percent {percent} is not between 1 and 100"
+                    )));
+                }
+                let scaled = limits
+                    .scaled(percent)
+                    .map_err(|e| LayerError::Fallback(e.to_string()))?;
+                Some(Limiter::new(scaled, crate::backend::MemoryBackend::new()))
+            }
+            _ => None,
+        };
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
+                fallback,
                 limiter: self.limiter,
                 rules,
                 timeout: self.timeout,
