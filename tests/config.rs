@@ -804,3 +804,63 @@ fn numbers_are_plain_decimal_and_too_large_says_so() {
     assert!(burst("1000").is_ok());
     assert!(burst("5.0").unwrap_err().1.contains("a decimal number"));
 }
+
+// Hostile input, generated: no panic, and every refusal is a located error.
+
+fn yaml_fragment() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let atoms = prop_oneof![
+        Just("A:".to_owned()),
+        Just("  burst: ".to_owned()),
+        Just("  count: ".to_owned()),
+        Just("  period: ".to_owned()),
+        Just("  tiers:".to_owned()),
+        Just("    - {limit: 1, window: 1s, active: 1s, cooldown: 0s}".to_owned()),
+        Just("  kind: ".to_owned()),
+        Just("  cost: ".to_owned()),
+        Just("- A:".to_owned()),
+        Just("    ids: [".to_owned()),
+        Just("]".to_owned()),
+        Just("{".to_owned()),
+        Just("&a *a !!str !foo ? : - | >".to_owned()),
+        "[0-9xo_+.e-]{0,24}".prop_map(|s| s),
+        "[a-z0-9:.,/ ]{0,12}".prop_map(|s| s),
+        any::<String>(),
+    ];
+    proptest::collection::vec(atoms, 0..24).prop_map(|parts| parts.join("\n"))
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+    /// Any text, as defaults and as overrides: loads or says where it is wrong; never panics.
+    #[test]
+    fn any_text_loads_or_is_a_located_error(
+        defaults in yaml_fragment(),
+        overrides in proptest::option::of(yaml_fragment()),
+    ) {
+        let base = "A: {burst: 5, count: 5, period: 1s, kind: ip}\n";
+        for (d, o) in [(defaults.as_str(), overrides.as_deref()), (base, Some(defaults.as_str()))] {
+            if let Err(e) = Limits::from_yaml_str(d, o) {
+                let text = e.to_string();
+                proptest::prop_assert!(!text.is_empty());
+                proptest::prop_assert!(e.location().source.is_some(), "{text}");
+            }
+        }
+    }
+
+    /// Any text as an id of any kind: parsed or refused, never a panic; what parses is in
+    /// canonical form (it parses again to itself).
+    #[test]
+    fn any_text_as_an_id_is_parsed_or_refused(text in proptest::prelude::any::<String>()) {
+        for (_, kind) in IdKind::ALL {
+            if let Ok(id) = kind.parse(&text) {
+                let shown = id.to_string();
+                if matches!(kind, IdKind::FqdnSet | IdKind::AccountFqdnSet) {
+                    continue; // hashed: the canonical form is the digest
+                }
+                proptest::prop_assert_eq!(kind.parse(&shown).ok(), Some(id), "{} {:?}", kind, text);
+            }
+        }
+        let _ = Id::new(&text);
+    }
+}
