@@ -1,6 +1,9 @@
 //! Configuration loading: good files load, and every bad input is a typed error naming the
 //! place (file, line, limit) and the value. None panics.
 
+#[path = "support/cases.rs"]
+mod cases;
+
 use std::io::Write;
 
 use tower_ratelimits::ConfigErrorKind;
@@ -831,7 +834,7 @@ fn yaml_fragment() -> impl proptest::strategy::Strategy<Value = String> {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(cases::cases(512)))]
     /// Any text, as defaults and as overrides: loads or says where it is wrong; never panics.
     #[test]
     fn any_text_loads_or_is_a_located_error(

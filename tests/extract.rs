@@ -1,5 +1,8 @@
 //! Key extractors: client IPs behind no, one and two trusted proxies; hostile headers.
 
+#[path = "support/cases.rs"]
+mod cases;
+
 use std::net::SocketAddr;
 
 use http::Request;
@@ -328,7 +331,7 @@ fn whatever_a_client_writes_left_of_the_proxys_entry_cannot_move_its_key() {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(cases::cases(64)))]
     /// The trust rule, for any bytes a client can put in a header value: nothing to the left of
     /// the proxy's entry changes the key.
     #[test]

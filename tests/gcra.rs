@@ -1,6 +1,9 @@
 //! GCRA: the worked examples of docs/gcra.md and the reference documents, edge cases, and a
 //! property test against an independent token-bucket model.
 
+#[path = "support/cases.rs"]
+mod cases;
+
 use proptest::prelude::*;
 use tower_ratelimits::__private::gcra::{self, GcraError};
 use tower_ratelimits::{Limit, LimitError};
@@ -272,7 +275,7 @@ impl TokenBucket {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(ProptestConfig::with_cases(cases::cases(400)))]
     #[test]
     fn gcra_agrees_with_a_token_bucket(
         burst in 1u64..30,

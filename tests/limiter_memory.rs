@@ -1,6 +1,9 @@
 //! The Limiter on the in-memory backend: batches, modes, atomicity under concurrency, the
 //! sweep and the key cap.
 
+#[path = "support/cases.rs"]
+mod cases;
+
 mod support;
 
 use std::sync::Arc;
@@ -396,7 +399,7 @@ async fn the_background_sweeper_drops_idle_buckets() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(cases::cases(64)))]
     /// Sweeping drops only buckets equal to fresh ones: the decisions of any trace are the same
     /// with sweeps between every step as without.
     #[test]

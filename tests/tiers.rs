@@ -1,6 +1,9 @@
 //! The burst-tier state machine: the spec's examples V1-V8, the named patterns as scenarios,
 //! and property tests against a naive model that keeps every single unit it grants.
 
+#[path = "support/cases.rs"]
+mod cases;
+
 use proptest::prelude::*;
 use tower_ratelimits::__private::tiers::{self, Tier, TierLog, TierState, TieredLimit};
 
@@ -572,7 +575,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(ProptestConfig::with_cases(cases::cases(400)))]
 
     #[test]
     fn matches_the_naive_model(
