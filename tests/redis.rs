@@ -483,22 +483,19 @@ async fn hostile_ids_keep_their_slot_and_never_collide() {
 // Bad state at a key.
 // ---------------------------------------------------------------------------------------------
 
+/// Issue 13, "must define": another program's data at a bucket key (another type, text, a
+/// negative or fractional number, a TAT out of range) used to be an error on every request:
+/// the id was unlimited forever under fail open, blocked forever under fail closed. It is now a
+/// fresh bucket: decided as one, and replaced by the first spend that writes; a check writes
+/// nothing and leaves it.
 #[tokio::test]
-async fn foreign_data_at_a_key_is_a_defined_error_and_nothing_is_written() {
+async fn foreign_data_at_a_key_is_a_fresh_bucket_replaced_by_the_first_write() {
     let redis = TestRedis::single();
     let backend = backend(&redis.url, &unique_prefix("foreign")).await;
     let limiter = Limiter::new(
         Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
         backend.clone(),
     );
-    let good = limiter.parse_key("PerAccount", "1").unwrap();
-    let good_key = backend.redis_key(&good);
-    limiter
-        .spend(&[Transaction::new(good.clone())])
-        .await
-        .unwrap();
-    let good_before = raw_get(&backend, &good_key).await.unwrap();
-
     let cases: [(&str, Option<&str>); 6] = [
         ("list", None),
         ("text", Some("not a number")),
@@ -529,41 +526,46 @@ async fn foreign_data_at_a_key_is_a_defined_error_and_nothing_is_written() {
                     .unwrap();
             }
         }
-        // The bad key and a good one in one batch: an error, and the good one is not spent.
-        let err = limiter
-            .spend(&[
-                Transaction::new(good.clone()),
-                Transaction::new(bad.clone()),
-            ])
+        // A check sees a fresh bucket (Api: burst 2) and writes nothing.
+        let d = limiter
+            .check(&[Transaction::new(bad.clone())])
             .await
-            .unwrap_err();
-        match err {
-            LimiterError::Backend(BackendError::InvalidState { key, reason }) => {
-                assert_eq!(key, bad_key, "{id}");
-                assert!(!reason.is_empty());
-            }
-            other => panic!("{id}: expected InvalidState, got {other:?}"),
+            .unwrap();
+        assert!(d.allowed(), "{id}");
+        assert_eq!(d.decisions()[0].remaining, 1, "{id}");
+        if let Some(v) = value {
+            assert_eq!(
+                raw_get(&backend, &bad_key).await.as_deref(),
+                Some(v),
+                "{id}"
+            );
         }
-        assert_eq!(
-            raw_get(&backend, &good_key).await.unwrap(),
-            good_before,
+        // A spend decides as on a fresh bucket and replaces the value with its TAT; from then
+        // on the id is limited as any other.
+        assert!(
+            limiter
+                .spend(&[Transaction::new(bad.clone())])
+                .await
+                .unwrap()
+                .allowed()
+        );
+        let stored = raw_get(&backend, &bad_key).await.unwrap();
+        assert!(stored.parse::<u64>().is_ok(), "{id}: {stored}");
+        assert!(
+            limiter
+                .spend(&[Transaction::new(bad.clone())])
+                .await
+                .unwrap()
+                .allowed()
+        );
+        assert!(
+            !limiter
+                .spend(&[Transaction::new(bad.clone())])
+                .await
+                .unwrap()
+                .allowed(),
             "{id}"
         );
-        let err = limiter
-            .refund(&[Transaction::new(bad.clone())])
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                LimiterError::Backend(BackendError::InvalidState { .. })
-            ),
-            "{id}: {err:?}"
-        );
-        // The foreign value is untouched.
-        if let Some(v) = value {
-            assert_eq!(raw_get(&backend, &bad_key).await.as_deref(), Some(v));
-        }
     }
 }
 
@@ -1172,7 +1174,7 @@ async fn the_scripts_fast_path_decides_gcra_exactly_as_its_general_path() {
 }
 
 #[tokio::test]
-async fn both_paths_take_a_stored_tat_below_2_pow_52_and_refuse_one_at_it() {
+async fn both_paths_take_a_stored_tat_below_2_pow_52_and_replace_one_at_it() {
     let redis = TestRedis::single();
     let clock = ManualClock::new(simulate::EPOCH_US);
     let (limiter, backend) = path_limiter(&redis.url, "edges", &clock).await;
@@ -1206,17 +1208,13 @@ async fn both_paths_take_a_stored_tat_below_2_pow_52_and_refuse_one_at_it() {
             d.decisions()[0].reset_after,
             Duration::from_micros((1 << 52) - 1 - simulate::EPOCH_US)
         );
-        // 2^52: not a TAT of ours; nothing is written.
+        // 2^52: not a TAT of ours: a fresh bucket (G: burst 3), replaced by the spend.
         set(1 << 52).await;
-        let err = limiter.spend(&batch).await.unwrap_err();
-        assert!(
-            matches!(&err, LimiterError::Backend(BackendError::InvalidState { reason, .. }) if reason.contains("out of range")),
-            "{err:?}"
-        );
-        assert_eq!(
-            raw_get(&backend, &key).await,
-            Some((1u64 << 52).to_string())
-        );
+        let d = limiter.spend(&batch).await.unwrap();
+        assert!(d.decisions()[0].allowed);
+        assert_eq!(d.decisions()[0].remaining, 2);
+        let stored: u64 = raw_get(&backend, &key).await.unwrap().parse().unwrap();
+        assert!(stored < 1 << 52);
     }
     // A caller clock at 2^52 is refused before anything is sent.
     let late = ManualClock::new(1 << 52);
@@ -1562,41 +1560,39 @@ async fn two_clients_and_128_tasks_grant_exactly_the_tiers_capacity_on_the_clust
     no_over_grant_of_tiers(&redis.url).await;
 }
 
+/// The same for a tiered key: not MessagePack, MessagePack of the wrong shape, a negative
+/// time, a hash: a fresh state, replaced by the first spend.
 #[tokio::test]
-async fn foreign_data_at_a_tiered_key_is_a_defined_error() {
+async fn foreign_data_at_a_tiered_key_is_a_fresh_state_replaced_by_the_first_write() {
     let redis = TestRedis::single();
     let backend = backend(&redis.url, &unique_prefix("tier-foreign")).await;
     let limiter = Limiter::new(
         Limits::from_yaml_str(TIER_LIMITS, None).unwrap(),
         backend.clone(),
     );
-    let key = limiter.parse_key("Penalty", "x").unwrap();
-    let redis_key = backend.redis_tier_key(&key);
-    let client = backend.client_for_key(&redis_key).unwrap();
-    // Not MessagePack, MessagePack of the wrong shape, a negative time, a hash.
     let values: [&[u8]; 3] = [
         b"hello",
         &[0x93, 0x02, 0x00, 0x00],
         &[0x95, 0x01, 0xff, 0x01, 0x00, 0x00],
     ];
-    for value in values {
+    for (i, value) in values.into_iter().enumerate() {
+        let key = limiter.parse_key("Penalty", &format!("x{i}")).unwrap();
+        let redis_key = backend.redis_tier_key(&key);
+        let client = backend.client_for_key(&redis_key).unwrap();
         let _: () = client
             .set(&redis_key, value.to_vec(), None, None, false)
             .await
             .unwrap();
-        let e = limiter
+        let d = limiter
             .spend(&[Transaction::new(key.clone())])
             .await
-            .unwrap_err();
-        match e {
-            LimiterError::Backend(BackendError::InvalidState { key: k, .. }) => {
-                assert_eq!(k, redis_key)
-            }
-            other => panic!("{value:?}: {other:?}"),
-        }
-        assert_eq!(raw_bytes(&backend, &redis_key).await.unwrap(), value);
+            .unwrap();
+        assert!(d.allowed(), "{value:?}");
+        assert_ne!(raw_bytes(&backend, &redis_key).await.unwrap(), value);
     }
-    let _: i64 = client.del(&redis_key).await.unwrap();
+    let key = limiter.parse_key("Penalty", "hash").unwrap();
+    let redis_key = backend.redis_tier_key(&key);
+    let client = backend.client_for_key(&redis_key).unwrap();
     let _: i64 = client
         .custom(
             fred::cmd!("HSET"),
@@ -1604,12 +1600,16 @@ async fn foreign_data_at_a_tiered_key_is_a_defined_error() {
         )
         .await
         .unwrap();
-    let e = limiter
-        .spend(&[Transaction::new(key.clone())])
-        .await
-        .unwrap_err();
     assert!(
-        matches!(e, LimiterError::Backend(BackendError::InvalidState { .. })),
-        "{e:?}"
+        limiter
+            .spend(&[Transaction::new(key.clone())])
+            .await
+            .unwrap()
+            .allowed()
     );
+    let kind: String = client
+        .custom(fred::cmd!("TYPE"), vec![redis_key.clone()])
+        .await
+        .unwrap();
+    assert_eq!(kind, "string", "the hash was replaced by our state");
 }

@@ -239,7 +239,9 @@ pub enum BackendError {
         /// Until the cool-off ends and a probe is let through.
         retry_in: std::time::Duration,
     },
-    /// A bucket's stored value is not a valid state (e.g. another program's data at the key).
+    /// A bucket's stored value is not a valid state. The backends of this crate never return
+    /// it (the Redis backend decides such a value as a fresh bucket and replaces it); a custom
+    /// backend may.
     #[error("invalid state stored for bucket {key}: {reason}")]
     InvalidState {
         /// The bucket.

@@ -49,10 +49,12 @@
 //!
 //! Every command has a timeout ([`RedisBackendBuilder::command_timeout`], 500 ms by default;
 //! fred's own default is none). An unreachable server gives [`BackendError::Unavailable`] or
-//! [`BackendError::Timeout`], and the middleware applies its failure policy; the client
-//! reconnects by itself, so the backend recovers without restarting the app. Another program's
-//! data at a bucket's key (a wrong type, a value that is not a TAT) gives
-//! [`BackendError::InvalidState`] and nothing is written.
+//! [`BackendError::Timeout`], and the middleware applies its failure policy; after repeated
+//! failures the circuit breaker answers at once
+//! ([`circuit_breaker`](RedisBackendBuilder::circuit_breaker)); the client reconnects by
+//! itself, so the backend recovers without restarting the app. Another program's data at a
+//! bucket's key (a wrong type, a value that is not a state of ours) is decided as a fresh bucket
+//! and replaced by the first spend that writes: keys under the prefix are the limiter's.
 
 use std::fmt;
 use std::sync::Arc;

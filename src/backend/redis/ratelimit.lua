@@ -23,7 +23,7 @@
 -- the TAT stored afterwards (0: none); for tiered keys 0, granted, the serving tier, burst (0/1),
 -- the units of each tier and, when ARGV[4] is 1, the value before, the value after and the
 -- milliseconds the value before had to live. After the lists: now. A key holding something
--- that is not a valid state returns {-1, index, reason} and changes nothing.
+-- that is not a state of ours is decided as a fresh one and replaced by the first write.
 --
 -- A tiered state is one MessagePack array: {1, base, n, then per tier: entry - base (-1: none),
 -- grant count k, then k pairs (time - base, units)}.
@@ -91,16 +91,15 @@ local function gcra_writes(mode, new_tat, stored)
   return mode ~= 1 and new_tat > now and new_tat ~= stored
 end
 
--- The stored TAT of GCRA key i (0: none), or nil and why the value is not ours.
+-- The stored TAT of GCRA key i (0: none). A value that is not a TAT of ours (another type,
+-- not a number, out of range: another program's data, or a future format) is a fresh bucket,
+-- and the first spend that writes replaces it (SET replaces a value of any type).
 local function read_tat(i)
   local raw = redis.pcall('GET', KEYS[i])
-  if type(raw) == 'table' then return nil, 'the key holds a value that is not a string' end
-  if not raw then return 0 end
-  if #raw > 16 or not string.match(raw, '^%d+$') then
-    return nil, 'the stored value is not a TAT in microseconds'
-  end
+  if type(raw) ~= 'string' then return 0 end
+  if #raw > 16 or not string.match(raw, '^%d+$') then return 0 end
   local v = tonumber(raw)
-  if v >= LIMIT then return nil, 'the stored TAT is out of range' end
+  if v >= LIMIT then return 0 end
   return v
 end
 
@@ -133,8 +132,7 @@ if op == 'spend' then
     local out, writes, allowed = {}, {}, true
     for i = 1, n do
       local a = 5 + (i - 1) * 6
-      local s, reason = read_tat(i)
-      if not s then return {-1, i, reason} end
+      local s = read_tat(i)
       local mode = tonumber(ARGV[a + 5])
       local ok, rem, retry, reset, new_tat =
         gcra(s, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4]))
@@ -247,23 +245,19 @@ local ttls = {}
 for i = 1, n do
   local r = rec[i]
   if r.kind == 0 then
-    local v, reason = read_tat(i)
-    if not v then return {-1, i, reason} end
-    stored[i] = v
+    stored[i] = read_tat(i)
   else
+    -- A value that is not a tier state of ours is a fresh state, replaced by the first write
+    -- (as for GCRA keys). Undoing a spend puts back what was there ('' deletes the key).
     local raw = redis.pcall('GET', KEYS[i])
-    if type(raw) == 'table' then
-      return {-1, i, 'the key holds a value that is not a string'}
-    end
-    if raw == false then
-      stored[i] = {entry = {}, lt = {}, lc = {}}
-      for j = 1, r.n do stored[i].lt[j], stored[i].lc[j] = {}, {} end
-      raws[i] = ''
-    else
-      local s, reason = decode_tiers(raw, r)
-      if not s then return {-1, i, reason} end
+    local s = type(raw) == 'string' and decode_tiers(raw, r) or nil
+    if s then
       stored[i] = s
       raws[i] = raw
+    else
+      stored[i] = {entry = {}, lt = {}, lc = {}}
+      for j = 1, r.n do stored[i].lt[j], stored[i].lc[j] = {}, {} end
+      raws[i] = type(raw) == 'string' and raw or ''
     end
   end
 end
