@@ -761,6 +761,27 @@ async fn script_flush_is_survived() {
     assert_eq!(commandstat(server.port, "eval"), evals);
 }
 
+/// Spends `tx` until the backend answers (it reconnects in the background), calling `before`
+/// ahead of each try; panics with `what` after 30 s.
+async fn until_answered(
+    limiter: &Limiter,
+    tx: &[Transaction],
+    before: impl Fn(),
+    what: &str,
+) -> tower_ratelimits::BatchDecision {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        before();
+        match limiter.spend(tx).await {
+            Ok(d) => return d,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_dead_redis_gives_errors_within_the_timeout_and_a_restarted_one_is_used_again() {
     let mut server = RedisServer::start();
@@ -796,19 +817,8 @@ async fn a_dead_redis_gives_errors_within_the_timeout_and_a_restarted_one_is_use
     }
 
     let _server = RedisServer::start_on(port, &[]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match limiter.spend(&tx).await {
-            Ok(d) => {
-                assert!(d.allowed());
-                break;
-            }
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("the backend did not recover: {e}"),
-        }
-    }
+    let d = until_answered(&limiter, &tx, || {}, "the backend did not recover").await;
+    assert!(d.allowed());
 }
 
 /// Issue 13, item 6: while Redis is down, every request used to wait the full command timeout
@@ -865,20 +875,14 @@ async fn a_dead_redis_opens_the_circuit_and_a_successful_probe_closes_it() {
     ));
     // After the cool-off, a probe (the client reconnects in the background; a failed probe
     // opens the circuit for another cool-off, so the clock moves past it each time).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        clock.advance(Duration::from_secs(3601));
-        match limiter.spend(&tx).await {
-            Ok(d) => {
-                assert!(d.allowed());
-                break;
-            }
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("the circuit did not close: {e}"),
-        }
-    }
+    let d = until_answered(
+        &limiter,
+        &tx,
+        || clock.advance(Duration::from_secs(3601)),
+        "the circuit did not close",
+    )
+    .await;
+    assert!(d.allowed());
     assert!(!backend.circuit_open());
 }
 
@@ -903,19 +907,8 @@ async fn a_lazy_backend_starts_without_redis_and_uses_it_once_it_is_up() {
     )];
     assert!(limiter.spend(&tx).await.is_err());
     let _server = RedisServer::start_on(port, &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match limiter.spend(&tx).await {
-            Ok(d) => {
-                assert!(d.allowed());
-                break;
-            }
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("the lazy backend never connected: {e}"),
-        }
-    }
+    let d = until_answered(&limiter, &tx, || {}, "the lazy backend never connected").await;
+    assert!(d.allowed());
     // A cluster's topology is read when connecting: lazy is refused for it, clearly.
     let err = RedisBackend::from_url(format!("redis-cluster://127.0.0.1:{port}"))
         .lazy(true)
@@ -976,7 +969,18 @@ async fn a_dead_cluster_node_fails_only_its_own_slots() {
             started.elapsed()
         );
     }
-    // The other nodes keep deciding (allow some time for the client to settle its view).
+    // Five failures in a row opened the dead master's circuit (and only its own: one breaker
+    // per master).
+    let err = limiter
+        .spend(&[Transaction::new(dead_key.clone())])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LimiterError::Backend(BackendError::CircuitOpen { .. })),
+        "{err:?}"
+    );
+    // The other nodes keep deciding (allow some time for the client to settle its view), and
+    // never answer from the dead master's circuit.
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut successes = 0;
     while successes < 5 {
@@ -986,6 +990,10 @@ async fn a_dead_cluster_node_fails_only_its_own_slots() {
                 successes += 1;
             }
             Err(e) => {
+                assert!(
+                    !matches!(e, LimiterError::Backend(BackendError::CircuitOpen { .. })),
+                    "a live master answered from a circuit: {e}"
+                );
                 assert!(
                     Instant::now() < deadline,
                     "the live node stopped answering: {e}"

@@ -61,21 +61,15 @@ pub(crate) fn decide(shared: &Arc<Shared>, txs: Vec<Transaction>) -> Decide {
             ) => {
                 count("fallback");
                 tracing::debug!(reason = %failure, "rate limit store failed; deciding in memory");
-                local
-                    .try_spend_now(&txs)
-                    .unwrap_or(Err(failure_error(failure)))
-                    .map_err(Failure::Limiter)
+                // In memory it always answers at once; if it did not, the failure stands.
+                match local.try_spend_now(&txs) {
+                    Some(result) => result.map_err(Failure::Limiter),
+                    None => Err(failure),
+                }
             }
             (result, _) => result,
         }
     })
-}
-
-fn failure_error(failure: Failure) -> LimiterError {
-    match failure {
-        Failure::Limiter(e) => e,
-        Failure::Timeout => LimiterError::Backend(BackendError::Timeout(std::time::Duration::ZERO)),
-    }
 }
 
 /// The headers an allowed response gets: the strictest decision, and its cached policy value.

@@ -10,6 +10,24 @@ pub(super) const DEFAULT_FAILURES: u32 = 5;
 /// How long an open circuit answers at once before it lets one request probe, by default.
 pub(super) const DEFAULT_COOL_OFF: Duration = Duration::from_secs(1);
 
+/// When a circuit opens and for how long.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Settings {
+    /// Consecutive failures that open the circuit (0: never opens).
+    pub(super) failures: u32,
+    pub(super) cool_off: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            failures: DEFAULT_FAILURES,
+            cool_off: DEFAULT_COOL_OFF,
+        }
+    }
+}
+
+/// One circuit: per server, so a dead cluster master opens only its own.
 pub(super) struct Breaker {
     /// Consecutive failures that open the circuit (0: never opens).
     threshold: u32,
@@ -34,10 +52,10 @@ pub(super) enum Admission {
 }
 
 impl Breaker {
-    pub(super) fn new(threshold: u32, cool_off: Duration) -> Self {
+    pub(super) fn new(settings: Settings) -> Self {
         Self {
-            threshold,
-            cool_off_us: u64::try_from(cool_off.as_micros()).unwrap_or(u64::MAX),
+            threshold: settings.failures,
+            cool_off_us: u64::try_from(settings.cool_off.as_micros()).unwrap_or(u64::MAX),
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
@@ -49,11 +67,13 @@ impl Breaker {
         self.open_until.load(Ordering::Acquire) != 0
     }
 
-    pub(super) fn admit(&self, now: u64) -> Admission {
+    /// `now` is read only while the circuit is open.
+    pub(super) fn admit(&self, now: impl Fn() -> u64) -> Admission {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
             return Admission::Go;
         }
+        let now = now();
         if now < until {
             return Admission::Refuse(until - now);
         }
@@ -69,10 +89,16 @@ impl Breaker {
     }
 
     /// Records what a call that was let through found.
-    pub(super) fn record(&self, reached: bool, probe: bool, now: u64) {
+    /// `now` is read only when the circuit opens.
+    pub(super) fn record(&self, reached: bool, probe: bool, now: impl Fn() -> u64) {
         if reached {
-            self.failures.store(0, Ordering::Release);
-            if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+            // Read first: a healthy server's answers then write nothing to these shared atomics.
+            if self.failures.load(Ordering::Acquire) != 0 {
+                self.failures.store(0, Ordering::Release);
+            }
+            if self.open_until.load(Ordering::Acquire) != 0
+                && self.open_until.swap(0, Ordering::AcqRel) != 0
+            {
                 tracing::info!("Redis answers again: the rate limiter's circuit is closed");
             }
             if probe {
@@ -81,7 +107,7 @@ impl Breaker {
             return;
         }
         if probe {
-            self.open(now);
+            self.open(now());
             self.probing.store(false, Ordering::Release);
             return;
         }
@@ -90,7 +116,7 @@ impl Breaker {
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
         if self.threshold > 0 && failures >= self.threshold && !self.is_open() {
-            self.open(now);
+            self.open(now());
             tracing::warn!(
                 failures,
                 cool_off_ms = self.cool_off_us / 1_000,

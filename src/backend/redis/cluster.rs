@@ -17,6 +17,7 @@ use fred::prelude::{
 };
 
 use super::RedisSetupError;
+use super::breaker::{self, Breaker};
 use super::connect::configured_builder;
 use super::script::SCRIPT;
 use crate::backend::BackendError;
@@ -28,6 +29,8 @@ struct Topology {
     /// Node index per slot (`UNASSIGNED`: no master).
     slots: Box<[u16]>,
     nodes: Vec<(String, u16, Client)>,
+    /// Each node's circuit breaker, by node index (kept across refreshes for the same node).
+    breakers: Vec<Arc<Breaker>>,
 }
 
 struct RouterInner {
@@ -35,6 +38,7 @@ struct RouterInner {
     timeout: Duration,
     seeds: Vec<(String, u16)>,
     topology: RwLock<Arc<Topology>>,
+    breaker: breaker::Settings,
     refreshing: AtomicBool,
     started: Instant,
     /// Milliseconds since `started` of the last refresh.
@@ -62,6 +66,7 @@ impl ClusterRouter {
     pub(super) async fn connect(
         config: Config,
         timeout: Duration,
+        breaker: breaker::Settings,
     ) -> Result<Self, RedisSetupError> {
         let ServerConfig::Clustered { hosts, .. } = &config.server else {
             return Err(RedisSetupError::InvalidUrl(
@@ -78,7 +83,9 @@ impl ClusterRouter {
                 topology: RwLock::new(Arc::new(Topology {
                     slots: vec![UNASSIGNED; SLOTS].into_boxed_slice(),
                     nodes: Vec::new(),
+                    breakers: Vec::new(),
                 })),
+                breaker,
                 refreshing: AtomicBool::new(false),
                 started: Instant::now(),
                 last_refresh_ms: AtomicU64::new(0),
@@ -118,6 +125,18 @@ impl ClusterRouter {
                 )))
             }
         }
+    }
+
+    /// The circuit breaker of the master of `slot`.
+    pub(super) fn breaker_for_slot(&self, slot: u16) -> Option<Arc<Breaker>> {
+        let topology = read_lock(&self.inner.topology).clone();
+        let i = *topology.slots.get(usize::from(slot))?;
+        topology.breakers.get(usize::from(i)).cloned()
+    }
+
+    /// Every master's circuit breaker.
+    pub(super) fn breakers(&self) -> Vec<Arc<Breaker>> {
+        read_lock(&self.inner.topology).breakers.clone()
     }
 
     /// Some master's client.
@@ -274,6 +293,18 @@ impl ClusterRouter {
         if nodes.is_empty() {
             return Err("the cluster serves no slot".into());
         }
+        // A node keeps its circuit across refreshes; a new node starts closed.
+        let breakers = nodes
+            .iter()
+            .map(|(host, port, _)| {
+                current
+                    .nodes
+                    .iter()
+                    .position(|(h, p, _)| h == host && p == port)
+                    .and_then(|j| current.breakers.get(j).cloned())
+                    .unwrap_or_else(|| Arc::new(Breaker::new(self.inner.breaker)))
+            })
+            .collect();
         // Clients of nodes that no longer hold slots are dropped (and closed).
         for (_, client) in existing {
             tokio::spawn(async move {
@@ -284,7 +315,11 @@ impl ClusterRouter {
             .inner
             .topology
             .write()
-            .unwrap_or_else(|p| p.into_inner()) = Arc::new(Topology { slots, nodes });
+            .unwrap_or_else(|p| p.into_inner()) = Arc::new(Topology {
+            slots,
+            nodes,
+            breakers,
+        });
         Ok(())
     }
 }

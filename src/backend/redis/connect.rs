@@ -94,7 +94,7 @@ pub struct RedisBackendBuilder {
     clock: Option<Arc<dyn Clock>>,
     deny_cache: bool,
     deny_cache_capacity: usize,
-    breaker: (u32, Duration),
+    breaker: breaker::Settings,
     lazy: bool,
 }
 
@@ -120,7 +120,7 @@ impl RedisBackendBuilder {
             clock: None,
             deny_cache: true,
             deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
-            breaker: (breaker::DEFAULT_FAILURES, breaker::DEFAULT_COOL_OFF),
+            breaker: breaker::Settings::default(),
             lazy: false,
         }
     }
@@ -136,13 +136,14 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// The circuit breaker (default: 5 consecutive failures open it for 1 s). While open, a
+    /// The circuit breaker (default: 5 consecutive failures open it for 1 s), one per server
+    /// (on a cluster, per master: a dead master opens only its own slots' circuit). While open, a
     /// request that needs Redis gets [`BackendError::CircuitOpen`] at once, so the
     /// middleware's failure policy applies without waiting for the command timeout; when the
     /// cool-off ends, one request probes Redis, and its success closes the circuit. Failures are
     /// timeouts and unreachable servers, not answers. `failures = 0` turns it off.
     pub fn circuit_breaker(mut self, failures: u32, cool_off: Duration) -> Self {
-        self.breaker = (failures, cool_off);
+        self.breaker = breaker::Settings { failures, cool_off };
         self
     }
 
@@ -211,10 +212,12 @@ impl RedisBackendBuilder {
         let conn = match source {
             Source::Client(c) if c.is_clustered() => {
                 // The backend opens one connection per master from the client's configuration.
-                Connection::Cluster(ClusterRouter::connect(c.client_config(), timeout).await?)
+                Connection::Cluster(
+                    ClusterRouter::connect(c.client_config(), timeout, self.breaker).await?,
+                )
             }
             Source::Pool(p) if p.next().is_clustered() => Connection::Cluster(
-                ClusterRouter::connect(p.next().client_config(), timeout).await?,
+                ClusterRouter::connect(p.next().client_config(), timeout, self.breaker).await?,
             ),
             Source::Client(c) => Connection::Client(c),
             Source::Pool(p) => Connection::Pool(p),
@@ -228,7 +231,9 @@ impl RedisBackendBuilder {
                             "a lazy connection needs a single server: a cluster's topology is read when connecting".into(),
                         ));
                     }
-                    Connection::Cluster(ClusterRouter::connect(config, timeout).await?)
+                    Connection::Cluster(
+                        ClusterRouter::connect(config, timeout, self.breaker).await?,
+                    )
                 } else {
                     let mut config = config;
                     // Lazy: the first connection is retried like any lost one.
@@ -316,7 +321,7 @@ impl RedisBackendBuilder {
                 cache: self
                     .deny_cache
                     .then(|| DenyCache::new(self.deny_cache_capacity)),
-                breaker: breaker::Breaker::new(self.breaker.0, self.breaker.1),
+                breaker: Arc::new(breaker::Breaker::new(self.breaker)),
             }),
         }
     }

@@ -104,7 +104,8 @@ struct Inner {
     timeout: Duration,
     sha: String,
     cache: Option<DenyCache>,
-    breaker: breaker::Breaker,
+    /// The circuit breaker of a single server or pool (a cluster has one per master).
+    breaker: Arc<breaker::Breaker>,
 }
 
 /// The Redis / Redis Cluster backend. Cheap to clone (an `Arc`).
@@ -135,6 +136,22 @@ impl fmt::Debug for RedisBackend {
             .field("caller_time", &self.inner.caller_time)
             .field("deny_cache", &self.inner.cache.is_some())
             .finish()
+    }
+}
+
+/// A server's circuit breaker, borrowed or shared.
+enum BreakerRef<'a> {
+    Borrowed(&'a breaker::Breaker),
+    Shared(Arc<breaker::Breaker>),
+}
+
+impl std::ops::Deref for BreakerRef<'_> {
+    type Target = breaker::Breaker;
+    fn deref(&self) -> &breaker::Breaker {
+        match self {
+            BreakerRef::Borrowed(b) => b,
+            BreakerRef::Shared(b) => b,
+        }
     }
 }
 
@@ -198,15 +215,20 @@ impl RedisBackend {
         self.inner.cache.as_ref().map_or(0, DenyCache::len)
     }
 
-    /// Whether the circuit breaker is open: Redis failed repeatedly, and requests are answered
-    /// at once ([`BackendError::CircuitOpen`]) until a probe succeeds.
+    /// Whether a circuit breaker is open (on a cluster: any master's): that server failed
+    /// repeatedly, and requests for it are answered at once ([`BackendError::CircuitOpen`])
+    /// until a probe succeeds.
     pub fn circuit_open(&self) -> bool {
-        self.inner.breaker.is_open()
+        self.breakers().iter().any(|b| b.is_open())
     }
 
-    /// How many times the circuit breaker opened since the backend was built.
+    /// How many times a circuit breaker opened since the backend was built (on a cluster: all
+    /// masters').
     pub fn circuit_opened_count(&self) -> u64 {
-        self.inner.breaker.opened.load(Ordering::Relaxed)
+        self.breakers()
+            .iter()
+            .map(|b| b.opened.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Batches the local deny cache answered without a round trip, since the backend was built.
@@ -278,9 +300,8 @@ impl RedisBackend {
         F: Fn(Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, FredError>>,
     {
-        let breaker = &self.inner.breaker;
-        let now = self.inner.local.now_us();
-        let probe = match breaker.admit(now) {
+        let breaker = self.breaker(slot);
+        let probe = match breaker.admit(|| self.inner.local.now_us()) {
             breaker::Admission::Go => false,
             breaker::Admission::Probe => true,
             breaker::Admission::Refuse(us) => {
@@ -294,8 +315,28 @@ impl RedisBackend {
             result,
             Err(BackendError::Timeout(_) | BackendError::Unavailable(_))
         );
-        breaker.record(reached, probe, self.inner.local.now_us());
+        breaker.record(reached, probe, || self.inner.local.now_us());
         result
+    }
+
+    /// The circuit breaker of `slot`'s server: borrowed for a single server (no reference
+    /// count touched per command), shared from the topology on a cluster.
+    fn breaker(&self, slot: u16) -> BreakerRef<'_> {
+        match &self.inner.conn {
+            Connection::Cluster(router) => match router.breaker_for_slot(slot) {
+                Some(b) => BreakerRef::Shared(b),
+                None => BreakerRef::Borrowed(&self.inner.breaker),
+            },
+            _ => BreakerRef::Borrowed(&self.inner.breaker),
+        }
+    }
+
+    /// Every circuit breaker of this backend (one per cluster master).
+    fn breakers(&self) -> Vec<Arc<breaker::Breaker>> {
+        match &self.inner.conn {
+            Connection::Cluster(router) => router.breakers(),
+            _ => vec![self.inner.breaker.clone()],
+        }
     }
 
     /// One command on `slot`'s node, within the command timeout; on a cluster, a
