@@ -21,8 +21,10 @@
 //! "retry_after_us":X,"reset_after_us":Y}, ...]}`; the top-level fields are the batch decision
 //! (its strictest transaction). The decision of a tiered limit also has `"granted":G` (units
 //! granted), `"tiers":[units per tier]`, `"burst":bool` (it burst into a higher tier) and
-//! `"tier":N` (the tier serving the client, or the one that refused). A `reset` line prints `{"line":N,"at_us":T,"op":"reset",
-//! "keys":["Name=id",...]}`.
+//! `"tier":N` (the tier serving the client, or the one that refused). A transaction the
+//! backend did not evaluate, because another one already denied the batch (the Redis deny
+//! cache), has `"skipped":true` and zero numbers; the memory backend never skips. A `reset`
+//! line prints `{"line":N,"at_us":T,"op":"reset","keys":["Name=id",...]}`.
 //!
 //! `tests/simulate.rs` runs it on the worked examples, and `tests/redis.rs` runs the same
 //! traces through memory, a Redis and a cluster. The file is part of the `simulate` example,
@@ -117,6 +119,8 @@ struct TxOut<'a> {
     burst: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tier: Option<u8>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    skipped: bool,
 }
 
 /// Parses `<n>` or `<min>..<max>`.
@@ -325,6 +329,7 @@ pub async fn run(
                         tiers: d.tiers.as_ref().map(|t| t.units()),
                         burst: d.tiers.map(|t| t.burst),
                         tier: d.tiers.map(|t| t.tier),
+                        skipped: d.skipped,
                     })
                     .collect(),
             })

@@ -55,6 +55,10 @@ pub struct Outcome {
     pub reset_after_us: u64,
     /// For a tiered limit: the units granted per tier and the tier serving the client.
     pub tiers: Option<TierGrant>,
+    /// Not evaluated: another counting transaction of the batch was already known to be denied
+    /// (the Redis backend's local deny cache), so this one was never looked at. A skipped
+    /// outcome is not allowed and all its numbers are zero; nothing was spent.
+    pub skipped: bool,
 }
 
 impl Outcome {
@@ -66,6 +70,16 @@ impl Outcome {
             retry_after_us,
             reset_after_us,
             tiers: None,
+            skipped: false,
+        }
+    }
+
+    /// The outcome of a transaction that was not evaluated because its batch was already
+    /// denied by another transaction (see [`Outcome::skipped`]).
+    pub fn skip() -> Self {
+        Self {
+            skipped: true,
+            ..Self::new(false, 0, 0, 0)
         }
     }
 

@@ -33,12 +33,18 @@ pub struct Decision {
     pub key: BucketKey,
     /// The transaction's mode.
     pub mode: Mode,
+    /// Not evaluated: the batch was already denied by another transaction's remembered
+    /// denial (the Redis backend's local deny cache answers a flood without a round trip and
+    /// looks no further). A skipped decision is not allowed, grants nothing, its numbers are
+    /// zero and it never speaks for the batch; nothing was spent on its bucket.
+    pub skipped: bool,
 }
 
 impl Decision {
-    /// Whether this decision takes part in choosing the batch decision.
+    /// Whether this decision takes part in choosing the batch decision: its mode counts, its
+    /// limit is enabled and it was evaluated.
     pub fn counts(&self) -> bool {
-        self.mode.counts() && self.limit.is_some()
+        self.mode.counts() && self.limit.is_some() && !self.skipped
     }
 }
 

@@ -346,6 +346,7 @@ impl Limiter {
                     name: tx.key().name(),
                     key: tx.key().clone(),
                     mode: r.mode,
+                    skipped: o.skipped,
                 }
             })
             .collect();

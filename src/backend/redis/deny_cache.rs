@@ -33,8 +33,10 @@ impl DenyCache {
         self.map.len()
     }
 
-    /// Answers a batch locally when every bucket is remembered and the remembered TATs deny
-    /// it. Never answers "allowed".
+    /// Answers a batch locally when the remembered TAT of one of its counting transactions
+    /// denies it: a batch is all or nothing, so that denial decides it. Remembered buckets
+    /// report what their TATs say; the others are [skipped](Outcome::skip). Never answers
+    /// "allowed" (the remembered TATs are lower bounds: only their denials are certain).
     pub(super) fn answer(
         &self,
         batch: &[BucketTx<'_>],
@@ -45,15 +47,25 @@ impl DenyCache {
         }
         let mut outcomes = Vec::with_capacity(batch.len());
         for tx in batch {
-            // Only GCRA buckets are remembered: a batch with a tiered key goes to Redis.
-            let limit = tx.quota.as_gcra()?;
-            let tat = self.map.get(tx.key)?;
-            match gcra::check(limit, (tat != 0).then_some(tat), now, tx.cost) {
-                Ok(o) => outcomes.push(Outcome::from(o)),
-                Err(_) => return None,
-            }
+            // Only GCRA buckets are remembered: a tiered one is skipped, never guessed.
+            let remembered = tx
+                .quota
+                .as_gcra()
+                .and_then(|limit| Some((limit, self.map.get(tx.key)?)));
+            let outcome = match remembered {
+                Some((limit, tat)) => {
+                    match gcra::check(limit, (tat != 0).then_some(tat), now, tx.cost) {
+                        Ok(o) => Outcome::from(o),
+                        Err(_) => return None,
+                    }
+                }
+                None => Outcome::skip(),
+            };
+            outcomes.push(outcome);
         }
-        if batch_allowed(batch.iter().zip(&outcomes)) {
+        // The batch rule over the evaluated transactions: one counting denial decides.
+        let evaluated = batch.iter().zip(&outcomes).filter(|(_, o)| !o.skipped);
+        if batch_allowed(evaluated) {
             return None;
         }
         self.hits.fetch_add(1, Ordering::Relaxed);

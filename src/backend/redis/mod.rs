@@ -33,9 +33,13 @@
 //! # Local deny cache
 //!
 //! On by default. When Redis denies a batch, the backend remembers each of its buckets' TAT
-//! (translated to the local clock, rounded toward "earlier"). A later batch whose buckets are all
-//! remembered and that the remembered TATs already deny is denied locally, with no round trip:
-//! a client flooding a denied key costs Redis nothing. Remembered TATs are lower bounds of the
+//! (translated to the local clock, rounded toward "earlier"). A later batch in which one counting
+//! transaction's remembered TAT already denies it is denied locally, with no round trip (a batch
+//! is all or nothing, so that one denial decides it): a client flooding a denied key, or
+//! rotating addresses inside an exhausted /48, costs Redis nothing. Remembered buckets report
+//! what their TATs say; the batch's other transactions are not evaluated and come back
+//! [skipped](crate::Outcome::skipped), so the 429's `Retry-After` is the remembered denial's
+//! (Redis may know a longer one). Remembered TATs are lower bounds of the
 //! real ones (spends only move a TAT forward), so the cache never denies what Redis would allow,
 //! with one exception it cannot see: a refund or reset made **by another app instance**. Refunds
 //! and resets made through this backend update the cache. Turn it off with
