@@ -12,6 +12,14 @@
 //!   `RequestsPerIPAddress` and `RequestsPerIPv6Range`)
 //! - `RATELIMITS_TRUSTED_PROXIES`: comma-separated CIDRs whose `X-Forwarded-For` is believed
 //!   (default none)
+//! - `RATELIMITS_SHADOW`: `off` (default), `on` (every rule in shadow mode: decided, counted
+//!   and logged, never refusing), or a comma-separated list of limit names to shadow
+//! - `RUST_LOG`: what is logged to stderr (default `info`; `tower_ratelimits=debug` logs every
+//!   decision)
+//!
+//! `GET /metrics` answers the Prometheus text format (not rate limited). The two YAML files
+//! are watched: an edit takes effect within a second or two, logged with what changed, or
+//! refused with its location while the previous limits stay in force (also on SIGHUP).
 
 mod common;
 
@@ -35,8 +43,8 @@ async fn run() -> Result<(), String> {
     // Idle buckets are swept in the background (every 10 s): nothing to start.
     let backend = MemoryBackend::new();
     let limiter = Limiter::new(settings.limits.clone(), backend);
-    let layer = common::layer_builder(limiter, &settings.trusted)
+    let layer = common::layer_builder(limiter.clone(), &settings)
         .build()
         .map_err(|e| e.to_string())?;
-    common::serve(&settings, layer, "in memory").await
+    common::serve(&settings, limiter, layer, "in memory").await
 }

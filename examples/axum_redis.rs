@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Settings (environment): those of `axum_memory` (`ADDR`, `RATELIMITS_DEFAULTS`,
-//! `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`), plus
+//! `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`, `RATELIMITS_SHADOW`, `RUST_LOG`;
+//! `GET /metrics`; the YAML files are watched and reloaded), plus
 //! - `REDIS_URL`: `redis://`, `rediss://` or `redis-cluster://` URL (default
 //!   `redis://127.0.0.1:6379`)
 //! - `RATELIMITS_ON_BACKEND_ERROR`: `open` (default: let requests through when Redis cannot
@@ -72,12 +73,13 @@ async fn run() -> Result<(), String> {
         .await
         .map_err(|e| format!("{url}: {e}"))?;
     let limiter = Limiter::new(settings.limits.clone(), backend);
-    let layer = common::layer_builder(limiter, &settings.trusted)
+    let layer = common::layer_builder(limiter.clone(), &settings)
         .on_backend_failure(policy)
         .build()
         .map_err(|e| e.to_string())?;
     common::serve(
         &settings,
+        limiter,
         layer,
         &format!(
             "on {url}, failing {policy:?}, deny cache {}",

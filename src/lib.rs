@@ -13,6 +13,9 @@ mod key;
 mod layer;
 mod limiter;
 mod quota;
+#[cfg(feature = "reload")]
+mod reload;
+mod telemetry;
 mod time;
 
 pub use algo::gcra::{GcraError, Limit, LimitError};
@@ -31,8 +34,13 @@ pub use layer::{
     LayerError, OnMissingKey, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder,
     RateLimitService, ResponseFuture, Rule, key_fn,
 };
-pub use limiter::{BatchDecision, Decision, Limiter, LimiterError, Transaction};
+pub use limiter::{
+    BatchDecision, Decision, Limiter, LimiterError, LimitsChange, ReloadError, Transaction,
+};
 pub use quota::Quota;
+#[cfg(feature = "reload")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reload")))]
+pub use reload::{LimitsWatcher, ReloadReport, WatchError};
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
 
 /// The `http` crate, whose request and response types the layer and its extractors use

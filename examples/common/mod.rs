@@ -6,15 +6,99 @@ use std::path::PathBuf;
 
 use axum::{Router, routing::get};
 use ipnet::IpNet;
-use tower_ratelimits::{ClientIp, Ipv6Range48, RateLimitLayerBuilder, Rule};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tower_ratelimits::{ClientIp, Ipv6Range48, LimitsWatcher, RateLimitLayerBuilder, Rule};
 use tower_ratelimits::{Limiter, Limits, RateLimitLayer};
 
-/// `ADDR`, the YAML files and the trusted proxies.
+/// `ADDR`, the YAML files, the trusted proxies, shadow mode, and the metrics exporter.
 pub struct Settings {
     pub addr: SocketAddr,
     pub defaults: PathBuf,
+    pub overrides: PathBuf,
     pub limits: Limits,
     pub trusted: Vec<IpNet>,
+    pub shadow: Shadow,
+    pub metrics: PrometheusHandle,
+}
+
+/// `RATELIMITS_SHADOW`: `off` (default), `on` (every rule), or a comma-separated list of limit
+/// names to shadow.
+pub enum Shadow {
+    Off,
+    All,
+    Names(Vec<String>),
+}
+
+impl Shadow {
+    fn from_env(limits: &Limits) -> Result<Self, String> {
+        let text = match std::env::var("RATELIMITS_SHADOW") {
+            Err(std::env::VarError::NotPresent) => return Ok(Shadow::Off),
+            Err(_) => return Err("RATELIMITS_SHADOW: not UTF-8".into()),
+            Ok(text) => text,
+        };
+        match text.trim() {
+            "" | "off" => Ok(Shadow::Off),
+            "on" => Ok(Shadow::All),
+            list => {
+                let names: Vec<String> = list
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if let Some(unknown) = names.iter().find(|n| limits.name(n).is_none()) {
+                    return Err(format!(
+                        "RATELIMITS_SHADOW: {unknown:?} is not a configured limit (use `off`, `on` or limit names)"
+                    ));
+                }
+                Ok(Shadow::Names(names))
+            }
+        }
+    }
+
+    pub fn covers(&self, name: &str) -> bool {
+        match self {
+            Shadow::Off => false,
+            Shadow::All => true,
+            Shadow::Names(names) => names.iter().any(|n| n == name),
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Installs the Prometheus recorder (before any layer is built: rules register their
+/// counters when built).
+fn install_metrics() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".into()),
+            &[
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0,
+            ],
+        )
+        .map_err(|e| e.to_string())?
+        .install_recorder()
+        .map_err(|e| format!("metrics: {e}"))?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
 }
 
 fn config_path(var: &str, default: &str) -> PathBuf {
@@ -38,9 +122,11 @@ fn trusted_proxies() -> Result<Vec<IpNet>, String> {
         .collect()
 }
 
-/// Reads `ADDR`, `RATELIMITS_DEFAULTS`, `RATELIMITS_OVERRIDES` and
-/// `RATELIMITS_TRUSTED_PROXIES`.
+/// Starts logging and metrics, and reads `ADDR`, `RATELIMITS_DEFAULTS`,
+/// `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES` and `RATELIMITS_SHADOW`.
 pub fn settings() -> Result<Settings, String> {
+    init_logging();
+    let metrics = install_metrics()?;
     let addr: SocketAddr = std::env::var("ADDR")
         .unwrap_or_else(|_| "127.0.0.1:3000".into())
         .parse()
@@ -50,40 +136,62 @@ pub fn settings() -> Result<Settings, String> {
     let limits = Limits::from_yaml_files(&defaults, Some(&overrides)).map_err(|e| e.to_string())?;
     Ok(Settings {
         addr,
+        shadow: Shadow::from_env(&limits)?,
         defaults,
+        overrides,
         limits,
         trusted: trusted_proxies()?,
+        metrics,
     })
 }
 
-/// The layer builder with the two quickstart rules: per client IP and per IPv6 /48.
-pub fn layer_builder(limiter: Limiter, trusted: &[IpNet]) -> RateLimitLayerBuilder {
-    let client_ip = ClientIp::new().trusted_proxies(trusted.to_vec());
+/// The layer builder with the two quickstart rules: per client IP and per IPv6 /48, each
+/// shadowed when `RATELIMITS_SHADOW` says so.
+pub fn layer_builder(limiter: Limiter, settings: &Settings) -> RateLimitLayerBuilder {
+    let client_ip = ClientIp::new().trusted_proxies(settings.trusted.clone());
+    let rule = |name: &str, rule: Rule| rule.shadow(settings.shadow.covers(name));
     RateLimitLayer::builder(limiter)
-        .rule(Rule::new("RequestsPerIPAddress", client_ip.clone()))
-        .rule(Rule::new(
+        .rule(rule(
+            "RequestsPerIPAddress",
+            Rule::new("RequestsPerIPAddress", client_ip.clone()),
+        ))
+        .rule(rule(
             "RequestsPerIPv6Range",
-            Ipv6Range48::new(client_ip),
+            Rule::new("RequestsPerIPv6Range", Ipv6Range48::new(client_ip)),
         ))
 }
 
-/// Serves a hello-world app behind `layer` until Ctrl-C.
+/// Serves a hello-world app behind `layer` (and `GET /metrics`, not rate limited) until
+/// Ctrl-C, reloading `limiter`'s limits when the YAML files change.
 pub async fn serve(
     settings: &Settings,
+    limiter: Limiter,
     layer: RateLimitLayer,
     backend: &str,
 ) -> Result<(), String> {
+    let _watcher = LimitsWatcher::spawn(limiter, &settings.defaults, Some(&settings.overrides))
+        .map_err(|e| e.to_string())?;
+    let metrics = settings.metrics.clone();
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
-        .layer(layer);
+        .layer(layer)
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        );
     let listener = tokio::net::TcpListener::bind(settings.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", settings.addr))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!(
-        "listening on http://{addr} (limits from {}, {backend})",
+        "listening on http://{addr} (limits from {}, {backend}; metrics on /metrics)",
         settings.defaults.display()
     );
+    match &settings.shadow {
+        Shadow::Off => {}
+        Shadow::All => println!("shadow mode: no rule refuses a request"),
+        Shadow::Names(names) => println!("shadow mode for {}", names.join(", ")),
+    }
     if !settings.trusted.is_empty() {
         println!("trusting X-Forwarded-For from {:?}", settings.trusted);
     }

@@ -43,7 +43,7 @@ use super::{Backend, BackendError, BucketTx, batch_allowed};
 use crate::algo::gcra;
 use crate::algo::gcra::Limit;
 use crate::algo::tiers::{self, TierState};
-use crate::backend::{Mode, Outcome};
+use crate::backend::Outcome;
 use crate::key::BucketKey;
 use crate::quota::Quota;
 use crate::time::{Clock, SystemClock};
@@ -252,6 +252,7 @@ impl MemoryBackend {
         if self.inner.tiers.len().saturating_mul(4) < self.inner.tiers.capacity() {
             self.inner.tiers.shrink_to_fit();
         }
+        crate::telemetry::memory_swept(dropped, self.inner.len.load(Ordering::Relaxed));
         dropped
     }
 
@@ -325,8 +326,7 @@ impl MemoryBackend {
             return Ok(());
         }
         inner.full_refusals.fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "metrics")]
-        metrics::counter!("tower_ratelimits_memory_full_total").increment(1);
+        crate::telemetry::memory_full();
         let last = inner.last_full_sweep.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= 1_000_000
             && inner
@@ -422,9 +422,7 @@ impl MemoryBackend {
             return Ok(self.spend_mixed(std::slice::from_ref(tx), now)?.remove(0));
         };
         let writes = |out: &gcra::GcraOutcome, cur: u64| match out.new_tat {
-            Some(new) if out.allowed && tx.mode != Mode::CheckOnly && new > now && new != cur => {
-                Some(new)
-            }
+            Some(new) if out.allowed && tx.mode.spends() && new > now && new != cur => Some(new),
             _ => None,
         };
         loop {
@@ -488,7 +486,7 @@ impl MemoryBackend {
             for tx in batch {
                 slots.push(match tx.quota {
                     Quota::Gcra(_) => None,
-                    Quota::Tiered(_) => self.tier_slot(tx.key, tx.mode != Mode::CheckOnly, now)?,
+                    Quota::Tiered(_) => self.tier_slot(tx.key, tx.mode.spends(), now)?,
                 });
             }
             let mut order: Vec<usize> = (0..batch.len()).filter(|&i| slots[i].is_some()).collect();
@@ -554,8 +552,8 @@ impl MemoryBackend {
             written.clear();
             for (i, tx) in batch.iter().enumerate() {
                 let Some(r) = gcra_results[i] else { continue };
-                let new = match (tx.mode, r.new_tat) {
-                    (Mode::CheckOnly, _) | (_, None) => continue,
+                let new = match (tx.mode.spends(), r.new_tat) {
+                    (false, _) | (_, None) => continue,
                     (_, Some(_)) if !r.allowed => continue,
                     (_, Some(new)) if new <= now || new == reads[i] => continue,
                     (_, Some(new)) => new,
@@ -580,7 +578,7 @@ impl MemoryBackend {
             for (i, g) in guards.iter_mut() {
                 let tx = &batch[*i];
                 if let (Quota::Tiered(limit), Some(plan)) = (tx.quota, &plans[*i])
-                    && tx.mode != Mode::CheckOnly
+                    && tx.mode.spends()
                 {
                     tiers::apply(limit, &mut g.state, now, plan);
                     g.expires_at = tiers::fresh_at(limit, &g.state, now, None);

@@ -327,6 +327,41 @@ impl Limits {
 }
 
 impl Limits {
+    /// What replacing `self` with `new` changes, by name.
+    pub(crate) fn change_to(&self, new: &Limits) -> crate::limiter::LimitsChange {
+        let mut change = crate::limiter::LimitsChange::default();
+        fn overrides_of(limits: &Limits, name: LimitName) -> Vec<(String, &Quota)> {
+            let mut o: Vec<(String, &Quota)> = limits
+                .overrides
+                .iter()
+                .filter(|(k, _)| k.name() == name)
+                .map(|(k, q)| (k.id().to_string(), q))
+                .collect();
+            o.sort_by(|a, b| a.0.cmp(&b.0));
+            o
+        }
+        for e in &new.names {
+            match self.entry(e.name) {
+                None => change.added.push(e.name.to_string()),
+                Some(old) => {
+                    if old.kind != e.kind
+                        || old.cost != e.cost
+                        || old.default != e.default
+                        || overrides_of(self, e.name) != overrides_of(new, e.name)
+                    {
+                        change.changed.push(e.name.to_string());
+                    }
+                }
+            }
+        }
+        for e in &self.names {
+            if !new.contains(e.name) {
+                change.removed.push(e.name.to_string());
+            }
+        }
+        change
+    }
+
     /// The same limits at `percent` of their rate and burst (1 to 100), for an in-memory
     /// fallback limiter per instance: GCRA keeps `count` and stretches the period by
     /// `100 / percent` (so the rate scales without a new rounding of the emission interval)

@@ -10,9 +10,11 @@ use std::task::Poll;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
+use super::observe::{RuleOutcome, count_request, observe_batch};
 use super::rate_limit_layer::{FailurePolicy, Shared};
 use super::response::{Denial, error_response};
 use crate::backend::BackendError;
+use crate::config::Limits;
 use crate::limiter::LimiterError;
 use crate::limiter::{BatchDecision, Decision, Transaction};
 
@@ -30,15 +32,23 @@ impl std::fmt::Display for Failure {
     }
 }
 
-pub(crate) type Decide = Pin<Box<dyn Future<Output = Result<BatchDecision, Failure>> + Send>>;
+/// A request's decision, with what it was made of.
+pub(crate) struct Decided {
+    pub(crate) result: Result<BatchDecision, Failure>,
+    pub(crate) txs: Vec<Transaction>,
+    /// The store failed and the in-memory fallback decided.
+    pub(crate) fell_back: bool,
+}
 
-pub(crate) fn decide(shared: &Arc<Shared>, txs: Vec<Transaction>) -> Decide {
-    let limiter = shared.limiter.clone();
-    let fallback = shared.fallback.clone();
-    let timeout = shared.timeout;
+pub(crate) type Decide = Pin<Box<dyn Future<Output = Decided> + Send>>;
+
+/// Decides `txs` under `limits`, the snapshot the request's transactions were prepared under.
+pub(crate) fn decide(shared: &Arc<Shared>, limits: Arc<Limits>, txs: Vec<Transaction>) -> Decide {
+    let shared = shared.clone();
     Box::pin(async move {
+        let timeout = shared.timeout;
         let result = {
-            let mut spend = std::pin::pin!(limiter.spend(&txs));
+            let mut spend = std::pin::pin!(shared.limiter.spend_in(&limits, &txs));
             // A backend that answers at once (in memory) needs no timer.
             let first = std::future::poll_fn(|cx| match spend.as_mut().poll(cx) {
                 Poll::Ready(r) => Poll::Ready(Some(r)),
@@ -53,21 +63,33 @@ pub(crate) fn decide(shared: &Arc<Shared>, txs: Vec<Transaction>) -> Decide {
                 },
             }
         };
-        match (result, fallback) {
+        match (result, &shared.fallback) {
             // The store failed: this instance's in-memory limiter decides instead.
             (
                 Err(failure @ (Failure::Timeout | Failure::Limiter(LimiterError::Backend(_)))),
-                Some(local),
+                Some(fallback),
             ) => {
-                count("fallback");
+                let local = fallback.limiter(&shared.limiter);
                 tracing::debug!(reason = %failure, "rate limit store failed; deciding in memory");
                 // In memory it always answers at once; if it did not, the failure stands.
                 match local.try_spend_now(&txs) {
-                    Some(result) => result.map_err(Failure::Limiter),
-                    None => Err(failure),
+                    Some(result) => Decided {
+                        result: result.map_err(Failure::Limiter),
+                        txs,
+                        fell_back: true,
+                    },
+                    None => Decided {
+                        result: Err(failure),
+                        txs,
+                        fell_back: false,
+                    },
                 }
             }
-            (result, _) => result,
+            (result, _) => Decided {
+                result,
+                txs,
+                fell_back: false,
+            },
         }
     })
 }
@@ -86,12 +108,31 @@ pub(crate) enum Conclusion {
     Answer(Response<Bytes>),
 }
 
-/// What a decision (or a failure to decide) means for the request.
-pub(crate) fn conclude(
-    shared: &Shared,
-    result: Result<BatchDecision, Failure>,
-    grpc: bool,
-) -> Conclusion {
+/// Counts every rule of a request that did not get a decision of its own.
+fn count_rules(shared: &Shared, txs: &[Transaction], outcome: RuleOutcome) {
+    for tx in txs {
+        if let Some(rule) = shared.rules.iter().find(|r| r.name == tx.key().name()) {
+            rule.metrics.count(outcome);
+        }
+    }
+}
+
+/// What a decision (or a failure to decide) means for the request: counted, traced, and
+/// turned into a call or an answer.
+pub(crate) fn conclude(shared: &Shared, decided: Decided, grpc: bool) -> Conclusion {
+    let Decided {
+        result,
+        txs,
+        fell_back,
+    } = decided;
+    match &result {
+        Ok(_) if fell_back => {
+            count("fallback");
+            count_rules(shared, &txs, RuleOutcome::Fallback);
+        }
+        Ok(batch) => observe_batch(batch, &shared.rules, shared.log_ids),
+        Err(_) => {}
+    }
     match result {
         Ok(batch) if batch.allowed() => {
             count("allowed");
@@ -122,6 +163,7 @@ pub(crate) fn conclude(
             // it through unlimited (fail open) is what a flood of new keys aims for, so this is
             // refused whatever the failure policy, with a hint to come back.
             count("full");
+            count_rules(shared, &txs, RuleOutcome::FailedClosed);
             let mut response = error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "UNAVAILABLE",
@@ -138,6 +180,9 @@ pub(crate) fn conclude(
         }
         Err(Failure::Limiter(LimiterError::CostAboveBurst { name, cost, burst })) => {
             count("rejected");
+            if let Some(rule) = shared.rules.iter().find(|r| r.name == name) {
+                rule.metrics.count(RuleOutcome::Rejected);
+            }
             let message =
                 format!("request cost {cost} exceeds the burst of {burst} of rate limit {name}");
             Conclusion::Answer(error_response(
@@ -156,8 +201,30 @@ pub(crate) fn conclude(
                 ),
                 Failure::Limiter(e) => e.to_string(),
             };
-            if shared.failure == FailurePolicy::FailClosed {
-                tracing::warn!(%reason, "rate limiter failed; failing closed");
+            let closed = shared.failure == FailurePolicy::FailClosed;
+            count_rules(
+                shared,
+                &txs,
+                if closed {
+                    RuleOutcome::FailedClosed
+                } else {
+                    RuleOutcome::FailedOpen
+                },
+            );
+            let policy = if closed {
+                "failing closed"
+            } else {
+                "failing open"
+            };
+            match shared.warn_gate.admit() {
+                Some(0) => tracing::warn!(%reason, "rate limiter failed; {policy}"),
+                Some(held) => tracing::warn!(
+                    %reason,
+                    "rate limiter failed; {policy} ({held} more failures since the last warning)"
+                ),
+                None => tracing::debug!(%reason, "rate limiter failed; {policy}"),
+            }
+            if closed {
                 return Conclusion::Answer(error_response(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "UNAVAILABLE",
@@ -165,16 +232,11 @@ pub(crate) fn conclude(
                     grpc,
                 ));
             }
-            tracing::warn!(%reason, "rate limiter failed; failing open");
             Conclusion::Call(None)
         }
     }
 }
 
-#[cfg(feature = "metrics")]
 fn count(outcome: &'static str) {
-    metrics::counter!("tower_ratelimits_requests_total", "outcome" => outcome).increment(1);
+    count_request(outcome);
 }
-
-#[cfg(not(feature = "metrics"))]
-fn count(_: &'static str) {}

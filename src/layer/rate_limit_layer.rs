@@ -2,12 +2,14 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
 use tower_layer::Layer;
 
+use super::observe::{RuleMetrics, WarnGate};
 use super::response::{self, Denial};
 use super::rule::{ResolvedRule, Rule};
 use super::service::RateLimitService;
@@ -53,11 +55,43 @@ pub enum LayerError {
     Fallback(String),
 }
 
+/// The in-memory limiter of `FailurePolicy::FallbackToMemory`: the main limiter's limits at
+/// `percent`, scaled again after each reload.
+pub(crate) struct Fallback {
+    percent: u8,
+    limiter: Limiter,
+    /// The main limiter's generation the scaled limits were made from.
+    generation: AtomicU64,
+}
+
+impl Fallback {
+    /// The fallback limiter, following a reload of `main` first if there was one.
+    pub(crate) fn limiter(&self, main: &Limiter) -> &Limiter {
+        let current = main.generation();
+        if self.generation.load(Ordering::Acquire) != current {
+            self.generation.store(current, Ordering::Release);
+            match main.limits().scaled(self.percent) {
+                Ok(scaled) => {
+                    if let Err(e) = self.limiter.reload(scaled) {
+                        tracing::warn!(error = %e, "in-memory fallback keeps its previous limits");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reloaded limits do not scale; the in-memory fallback keeps its previous limits");
+                }
+            }
+        }
+        &self.limiter
+    }
+}
+
 pub(crate) struct Shared {
     pub(crate) limiter: Limiter,
-    /// The in-memory limiter of `FailurePolicy::FallbackToMemory`.
-    pub(crate) fallback: Option<Limiter>,
+    pub(crate) fallback: Option<Fallback>,
     pub(crate) rules: Vec<ResolvedRule>,
+    pub(crate) log_ids: bool,
+    /// Backend failure warnings: one per 10 s at most.
+    pub(crate) warn_gate: WarnGate,
     pub(crate) timeout: Duration,
     pub(crate) failure: FailurePolicy,
     pub(crate) headers_on_allowed: bool,
@@ -74,9 +108,26 @@ pub struct RateLimitLayerBuilder {
     headers_on_allowed: bool,
     legacy_headers: bool,
     on_denied: Option<DenialFn>,
+    shadow: bool,
+    log_ids: bool,
 }
 
 impl RateLimitLayerBuilder {
+    /// Shadow (dry-run) mode for every rule of the layer (see [`Rule::shadow`]): requests are
+    /// decided and counted, buckets evolve as if enforced, and no request is refused by a
+    /// limit. Rejections (a missing or bad key) and failure policies still apply.
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
+    /// Whether decision events (`tracing`) carry the id (default off: ids can be personal data
+    /// such as IP addresses). Metrics never carry ids.
+    pub fn log_ids(mut self, on: bool) -> Self {
+        self.log_ids = on;
+        self
+    }
+
     /// Adds a rule.
     pub fn rule(mut self, rule: Rule) -> Self {
         self.rules.push(rule);
@@ -121,7 +172,9 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Resolves the rules' limit names and builds the layer.
+    /// Resolves the rules' limit names and builds the layer. The names are then in use: a
+    /// [`Limiter::reload`] that removes one is refused. With the `metrics` feature, the rules'
+    /// counters are registered here: install the metrics recorder first.
     pub fn build(self) -> Result<RateLimitLayer, LayerError> {
         if self.rules.is_empty() {
             return Err(LayerError::NoRules);
@@ -135,17 +188,27 @@ impl RateLimitLayerBuilder {
             if rules.iter().any(|r| r.name == name) {
                 return Err(LayerError::DuplicateRule(rule.name));
             }
-            let kind = limits.id_kind(name).unwrap_or_default();
             let policy = limits
                 .default_limit(name)
                 .and_then(|q| q.as_gcra().copied())
                 .map(|l| (l, response::policy_value(&rule.name, &l)));
+            let shadow = self.shadow || rule.shadow;
+            let mode = if shadow {
+                rule.mode.shadowed()
+            } else {
+                rule.mode
+            };
             rules.push(ResolvedRule {
                 name,
-                kind,
+                metrics: RuleMetrics::new(name),
+                shadow,
+                mode,
                 rule,
                 policy,
             });
+        }
+        for r in &rules {
+            self.limiter.pin(r.name);
         }
         let fallback = match self.failure {
             FailurePolicy::FallbackToMemory { percent } => {
@@ -157,7 +220,11 @@ impl RateLimitLayerBuilder {
                 let scaled = limits
                     .scaled(percent)
                     .map_err(|e| LayerError::Fallback(e.to_string()))?;
-                Some(Limiter::new(scaled, crate::backend::MemoryBackend::new()))
+                Some(Fallback {
+                    percent,
+                    limiter: Limiter::new(scaled, crate::backend::MemoryBackend::new()),
+                    generation: AtomicU64::new(self.limiter.generation()),
+                })
             }
             _ => None,
         };
@@ -166,6 +233,8 @@ impl RateLimitLayerBuilder {
                 fallback,
                 limiter: self.limiter,
                 rules,
+                log_ids: self.log_ids,
+                warn_gate: WarnGate::new(Duration::from_secs(10)),
                 timeout: self.timeout,
                 failure: self.failure,
                 headers_on_allowed: self.headers_on_allowed,
@@ -201,6 +270,8 @@ impl RateLimitLayer {
             headers_on_allowed: true,
             legacy_headers: false,
             on_denied: None,
+            shadow: false,
+            log_ids: false,
         }
     }
 

@@ -9,10 +9,12 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 
 use super::extract::KeyExtractor;
+use super::observe::{RuleMetrics, RuleOutcome};
 use super::rate_limit_layer::Shared;
 use super::response;
 use crate::backend::Mode;
-use crate::key::{BucketKey, IdKind, LimitName};
+use crate::config::Limits;
+use crate::key::{BucketKey, LimitName};
 use crate::limiter::Transaction;
 
 /// What to do when a rule's extractor finds no id (e.g. no account header).
@@ -49,6 +51,7 @@ pub struct Rule {
     pub(crate) cost: Option<u64>,
     pub(crate) cost_fn: Option<CostFn>,
     pub(crate) mode: Mode,
+    pub(crate) shadow: bool,
     pub(crate) on_missing: OnMissingKey,
 }
 
@@ -58,6 +61,7 @@ impl fmt::Debug for Rule {
             .field("name", &self.name)
             .field("cost", &self.cost)
             .field("mode", &self.mode)
+            .field("shadow", &self.shadow)
             .field("on_missing", &self.on_missing)
             .finish_non_exhaustive()
     }
@@ -72,6 +76,7 @@ impl Rule {
             cost: None,
             cost_fn: None,
             mode: Mode::CheckAndSpend,
+            shadow: false,
             on_missing: OnMissingKey::default(),
         }
     }
@@ -96,6 +101,23 @@ impl Rule {
         self
     }
 
+    /// Shadow (dry-run) mode for this rule: it is decided, and its bucket evolves exactly as
+    /// if it were enforced (a request it would deny writes nothing to it), but no request is
+    /// ever refused because of it. Each "would deny" is counted
+    /// (`tower_ratelimits_decisions_total{outcome="shadow_denied"}`) and logged at `info` on the
+    /// target `tower_ratelimits::shadow`. Enforced and shadowed rules of a request are still
+    /// one backend call. [`RateLimitLayerBuilder::shadow`](crate::RateLimitLayerBuilder::shadow)
+    /// shadows every rule of a layer.
+    ///
+    /// ```
+    /// use tower_ratelimits::{ClientIp, Rule};
+    /// let rollout = Rule::new("NewStricterLimit", ClientIp::peer()).shadow(true);
+    /// ```
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
     /// What to do when the extractor finds no id.
     pub fn on_missing_key(mut self, policy: OnMissingKey) -> Self {
         self.on_missing = policy;
@@ -105,8 +127,12 @@ impl Rule {
 
 pub(crate) struct ResolvedRule {
     pub(crate) name: LimitName,
-    pub(crate) kind: IdKind,
     pub(crate) rule: Rule,
+    pub(crate) metrics: RuleMetrics,
+    /// Shadowed, by the rule or by the layer.
+    pub(crate) shadow: bool,
+    /// The mode its transactions are sent in (shadowed when `shadow`).
+    pub(crate) mode: Mode,
     /// The default limit and its `RateLimit-Policy` value, computed once.
     pub(crate) policy: Option<(crate::algo::gcra::Limit, http::HeaderValue)>,
 }
@@ -129,10 +155,15 @@ pub(crate) enum Prepared {
 }
 
 impl Shared {
-    pub(crate) fn prepare(&self, parts: &Parts, grpc: bool) -> Prepared {
+    /// The rules' transactions for a request, under `limits` (the snapshot the request is
+    /// decided under: a rule's id kind comes from it).
+    pub(crate) fn prepare(&self, limits: &Limits, parts: &Parts, grpc: bool) -> Prepared {
         let mut txs = Vec::with_capacity(self.rules.len());
         for r in &self.rules {
             let reject = |status: StatusCode, message: &str| {
+                r.metrics.count(RuleOutcome::Rejected);
+                super::observe::count_request("rejected");
+                tracing::debug!(target: "tower_ratelimits::decision", limit = r.name.as_str(), outcome = "rejected", status = status.as_u16(), reason = message, "rate limit rejected the request");
                 Prepared::Reject(response::error_response(
                     status,
                     &response::error_code(status),
@@ -158,7 +189,8 @@ impl Shared {
                     return reject(e.status, &e.message);
                 }
             };
-            let id = match r.kind.conform(id) {
+            let kind = limits.id_kind(r.name).unwrap_or_default();
+            let id = match kind.conform(id) {
                 Ok(id) => id,
                 Err(e) => {
                     return reject(
@@ -167,7 +199,7 @@ impl Shared {
                     );
                 }
             };
-            let mut tx = Transaction::new(BucketKey::new(r.name, id)).mode(r.rule.mode);
+            let mut tx = Transaction::new(BucketKey::new(r.name, id)).mode(r.mode);
             if let Some(f) = &r.rule.cost_fn {
                 tx = tx.cost(f(parts));
             } else if let Some(c) = r.rule.cost {

@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::future::ResponseFuture;
-use super::outcome::{Conclusion, Failure, conclude, decide};
+use super::outcome::{Conclusion, Decided, Failure, conclude, decide};
 use super::rate_limit_layer::Shared;
 use super::response::is_grpc;
 use super::rule::Prepared;
@@ -62,7 +62,9 @@ where
         let shared = self.shared.clone();
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
-        let txs = match shared.prepare(&parts, grpc) {
+        // One snapshot of the limits for the whole request: a reload never mixes two.
+        let limits = shared.limiter.load();
+        let txs = match shared.prepare(&limits, &parts, grpc) {
             Prepared::Reject(response) => return ResponseFuture::answered(shared, response),
             Prepared::Batch(txs) => txs,
         };
@@ -70,8 +72,8 @@ where
             let future = inner.call(Request::from_parts(parts, body));
             return ResponseFuture::calling(shared, future, None);
         }
-        let Some(result) = shared.limiter.try_spend_now(&txs) else {
-            let decide = decide(&shared, txs);
+        let Some(result) = shared.limiter.try_spend_now_in(&limits, &txs) else {
+            let decide = decide(&shared, arc_swap::Guard::into_inner(limits), txs);
             return ResponseFuture::deciding(
                 shared,
                 decide,
@@ -81,7 +83,12 @@ where
             );
         };
         // The backend decided at once (in memory): no box, nothing stored.
-        match conclude(&shared, result.map_err(Failure::Limiter), grpc) {
+        let decided = Decided {
+            result: result.map_err(Failure::Limiter),
+            txs,
+            fell_back: false,
+        };
+        match conclude(&shared, decided, grpc) {
             Conclusion::Call(headers) => {
                 let future = inner.call(Request::from_parts(parts, body));
                 ResponseFuture::calling(shared, future, headers)

@@ -1,13 +1,17 @@
 //! The [`Limiter`]: limits plus a backend, usable on its own (a job queue, a CLI, an
 //! interceptor) or through the tower middleware.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::{ArcSwap, Guard};
 
 use crate::backend::{Backend, BackendError, BucketTx, TransactionError};
 use crate::backend::{Mode, Outcome};
 use crate::config::Limits;
 
 pub use decision::{BatchDecision, Decision};
+
 pub use transaction::Transaction;
 
 mod decision;
@@ -104,8 +108,74 @@ impl LimiterError {
 }
 
 struct Inner {
-    limits: Limits,
+    /// The current limits: read without a lock on the request path, replaced whole by
+    /// [`Limiter::reload`].
+    limits: ArcSwap<Limits>,
     backend: Arc<dyn Backend>,
+    /// Bumped by every reload: what derives from the limits (the fallback's scaled copy)
+    /// knows when to follow.
+    generation: AtomicU64,
+    /// Names that rules of layers built on this limiter use: a reload may not remove them.
+    pinned: Mutex<Vec<LimitName>>,
+    /// Serialises reloads (the check of the pinned names and the swap are one step).
+    reloading: Mutex<()>,
+}
+
+/// Why [`Limiter::reload`] refused new limits; the old ones stay in force.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReloadError {
+    /// The new configuration does not define a limit that a rule of a layer built on this
+    /// limiter uses.
+    #[error("limit {0:?} is used by a rate limit rule and the new configuration removes it")]
+    LimitInUse(String),
+    /// The new configuration could not be loaded (its location and limit are in the error).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+}
+
+/// What a reload changed, by limit name (in the new configuration's order; removed names in
+/// the old one's). Its `Display` is one line for a log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimitsChange {
+    /// Names the new configuration adds.
+    pub added: Vec<String>,
+    /// Names it removes.
+    pub removed: Vec<String>,
+    /// Names whose id kind, cost, default or overrides changed.
+    pub changed: Vec<String>,
+}
+
+impl LimitsChange {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+}
+
+impl std::fmt::Display for LimitsChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_empty() {
+            return f.write_str("no limit changed");
+        }
+        let mut first = true;
+        for (what, names) in [
+            ("added", &self.added),
+            ("removed", &self.removed),
+            ("changed", &self.changed),
+        ] {
+            if names.is_empty() {
+                continue;
+            }
+            if !first {
+                f.write_str("; ")?;
+            }
+            first = false;
+            write!(f, "{what}: {}", names.join(", "))?;
+        }
+        Ok(())
+    }
 }
 
 /// Decides transactions against a [`Limits`] snapshot, storing state in a [`Backend`].
@@ -162,6 +232,17 @@ enum Op {
     Refund,
 }
 
+impl Op {
+    #[cfg(feature = "metrics")]
+    fn label(self) -> &'static str {
+        match self {
+            Op::Spend => "spend",
+            Op::Check => "check",
+            Op::Refund => "refund",
+        }
+    }
+}
+
 impl Limiter {
     /// A limiter over `limits` storing state in `backend`.
     pub fn new(limits: Limits, backend: impl Backend) -> Self {
@@ -171,13 +252,86 @@ impl Limiter {
     /// A limiter over a backend shared with others.
     pub fn with_shared_backend(limits: Limits, backend: Arc<dyn Backend>) -> Self {
         Self {
-            inner: Arc::new(Inner { limits, backend }),
+            inner: Arc::new(Inner {
+                limits: ArcSwap::from_pointee(limits),
+                backend,
+                generation: AtomicU64::new(0),
+                pinned: Mutex::new(Vec::new()),
+                reloading: Mutex::new(()),
+            }),
         }
     }
 
-    /// The limits.
-    pub fn limits(&self) -> &Limits {
-        &self.inner.limits
+    /// The limits in force now (a snapshot: a later [`reload`](Self::reload) does not change
+    /// it).
+    pub fn limits(&self) -> Arc<Limits> {
+        self.inner.limits.load_full()
+    }
+
+    /// The limits in force now, without touching a reference count (the request path).
+    pub(crate) fn load(&self) -> Guard<Arc<Limits>> {
+        self.inner.limits.load()
+    }
+
+    /// How many reloads replaced the limits since the limiter was built.
+    pub fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Acquire)
+    }
+
+    /// Replaces the limits, atomically: every batch is decided entirely under the old limits
+    /// or entirely under the new ones, and the request path takes no lock. Bucket state is
+    /// kept (it is keyed by limit name and id, never by position): a drained bucket stays
+    /// drained, and a changed limit applies to existing buckets from their next request (a
+    /// GCRA bucket's stored TAT is read under the new emission interval and burst; a tiered
+    /// bucket's windows under the new tiers, a state for a different number of tiers starting
+    /// fresh).
+    ///
+    /// Refused, keeping the old limits, when the new ones drop a limit that a rule of a layer
+    /// built on this limiter uses ([`ReloadError::LimitInUse`]).
+    ///
+    /// ```
+    /// use tower_ratelimits::{Limiter, Limits, MemoryBackend};
+    /// let limiter = Limiter::new(
+    ///     Limits::from_yaml_str("Api: {burst: 5, count: 5, period: 1s}\n", None).unwrap(),
+    ///     MemoryBackend::new(),
+    /// );
+    /// let change = limiter
+    ///     .reload(Limits::from_yaml_str("Api: {burst: 9, count: 9, period: 1s}\n", None).unwrap())
+    ///     .unwrap();
+    /// assert_eq!(change.to_string(), "changed: Api");
+    /// ```
+    pub fn reload(&self, limits: Limits) -> Result<LimitsChange, ReloadError> {
+        let _one_at_a_time = self
+            .inner
+            .reloading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        {
+            let pinned = self
+                .inner
+                .pinned
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(name) = pinned.iter().find(|n| !limits.contains(**n)) {
+                return Err(ReloadError::LimitInUse(name.to_string()));
+            }
+        }
+        let change = self.inner.limits.load().change_to(&limits);
+        self.inner.limits.store(Arc::new(limits));
+        self.inner.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(change)
+    }
+
+    /// Marks `name` as used by a rule: a reload may not remove it.
+    pub(crate) fn pin(&self, name: LimitName) {
+        let mut pinned = self
+            .inner
+            .pinned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !pinned.contains(&name) {
+            pinned.push(name);
+        }
     }
 
     /// The backend.
@@ -187,8 +341,7 @@ impl Limiter {
 
     /// A limit's name, when the configuration defines it (look it up once, at set-up).
     pub fn name(&self, name: &str) -> Result<LimitName, LimiterError> {
-        self.inner
-            .limits
+        self.load()
             .name(name)
             .ok_or_else(|| LimiterError::UnknownName(name.to_owned()))
     }
@@ -200,8 +353,11 @@ impl Limiter {
 
     /// The bucket key of a name and an id given as text, checked against the name's id kind.
     pub fn parse_key(&self, name: &str, id: &str) -> Result<BucketKey, LimiterError> {
-        let name = self.name(name)?;
-        let kind = self.inner.limits.id_kind(name).unwrap_or_default();
+        let limits = self.load();
+        let name = limits
+            .name(name)
+            .ok_or_else(|| LimiterError::UnknownName(name.to_owned()))?;
+        let kind = limits.id_kind(name).unwrap_or_default();
         let id = kind
             .parse(id)
             .map_err(|source| LimiterError::InvalidId { name, source })?;
@@ -237,7 +393,16 @@ impl Limiter {
         &self,
         batch: &[Transaction],
     ) -> Option<Result<BatchDecision, LimiterError>> {
-        let (resolved, txs) = match self.resolve(batch, Op::Spend) {
+        self.try_spend_now_in(&self.load(), batch)
+    }
+
+    /// [`try_spend_now`](Self::try_spend_now) under a snapshot of the limits the caller holds.
+    pub(crate) fn try_spend_now_in(
+        &self,
+        limits: &Limits,
+        batch: &[Transaction],
+    ) -> Option<Result<BatchDecision, LimiterError>> {
+        let (resolved, txs) = match self.resolve(limits, batch, Op::Spend) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
@@ -253,13 +418,39 @@ impl Limiter {
     }
 
     async fn run(&self, batch: &[Transaction], op: Op) -> Result<BatchDecision, LimiterError> {
-        let (resolved, txs) = self.resolve(batch, op)?;
+        let limits = self.load();
+        self.run_in(&limits, batch, op).await
+    }
+
+    /// [`spend`](Self::spend) under a snapshot of the limits the caller holds.
+    pub(crate) async fn spend_in(
+        &self,
+        limits: &Limits,
+        batch: &[Transaction],
+    ) -> Result<BatchDecision, LimiterError> {
+        self.run_in(limits, batch, Op::Spend).await
+    }
+
+    async fn run_in(
+        &self,
+        limits: &Limits,
+        batch: &[Transaction],
+        op: Op,
+    ) -> Result<BatchDecision, LimiterError> {
+        let (resolved, txs) = self.resolve(limits, batch, op)?;
         let outcomes = if txs.is_empty() {
             Vec::new()
-        } else if op == Op::Refund {
-            self.inner.backend.refund(&txs).await?
         } else {
-            self.inner.backend.spend(&txs).await?
+            #[cfg(feature = "metrics")]
+            let started = std::time::Instant::now();
+            let outcomes = if op == Op::Refund {
+                self.inner.backend.refund(&txs).await
+            } else {
+                self.inner.backend.spend(&txs).await
+            };
+            #[cfg(feature = "metrics")]
+            crate::telemetry::backend_duration(op.label(), started.elapsed().as_secs_f64());
+            outcomes?
         };
         self.finish(batch, resolved, txs.len(), outcomes, op)
     }
@@ -267,11 +458,11 @@ impl Limiter {
     /// Checks a batch and resolves each transaction's limit and cost.
     #[allow(clippy::type_complexity)]
     fn resolve<'a>(
-        &'a self,
+        &self,
+        limits: &'a Limits,
         batch: &'a [Transaction],
         op: Op,
     ) -> Result<(Batch<Resolved<'a>>, Batch<BucketTx<'a>>), LimiterError> {
-        let limits = &self.inner.limits;
         if let Some(key) = first_duplicate(batch) {
             return Err(LimiterError::DuplicateKey(key.to_string()));
         }
@@ -282,10 +473,11 @@ impl Limiter {
             let Some(entry) = limits.entry(name) else {
                 return Err(LimiterError::UnknownName(name.to_string()));
             };
-            let mode = if op == Op::Check {
-                Mode::CheckOnly
-            } else {
-                tx.get_mode()
+            // A check writes nothing: what spends only checks, what counts still counts.
+            let mode = match (op, tx.get_mode()) {
+                (Op::Check, m) if m.counts() => Mode::CheckOnly,
+                (Op::Check, _) => Mode::Observe,
+                (_, m) => m,
             };
             let quota = limits.resolve_in(entry, tx.key());
             let default_cost = entry.cost;

@@ -132,7 +132,6 @@ impl Breaker {
             Ordering::Release,
         );
         self.opened.fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "metrics")]
-        metrics::counter!("tower_ratelimits_redis_circuit_opened_total").increment(1);
+        crate::telemetry::circuit_opened();
     }
 }

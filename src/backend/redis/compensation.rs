@@ -18,6 +18,7 @@ impl RedisBackend {
         spent: &[usize],
         raws: &[Option<RawChange>],
     ) {
+        crate::telemetry::compensation();
         let txs: Vec<BucketTx<'_>> = spent
             .iter()
             .filter(|&&i| batch[i].quota.as_gcra().is_some())

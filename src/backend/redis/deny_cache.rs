@@ -69,6 +69,7 @@ impl DenyCache {
             return None;
         }
         self.hits.fetch_add(1, Ordering::Relaxed);
+        crate::telemetry::deny_cache_hit();
         Some(Ok(outcomes))
     }
 

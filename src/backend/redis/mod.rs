@@ -85,7 +85,7 @@ use deny_cache::DenyCache;
 use keys::{TIERS_SUFFIX, redis_key};
 use script::{Call, Expiry, MAX_TIME_US, Op, RawChange, Reply, SCRIPT, ScriptReply};
 
-use super::{Backend, BackendError, BucketTx, Mode, Outcome, batch_allowed};
+use super::{Backend, BackendError, BucketTx, Outcome, batch_allowed};
 use crate::algo::gcra::GcraError;
 use crate::key::BucketKey;
 use crate::quota::Quota;
@@ -393,6 +393,7 @@ impl RedisBackend {
         args: Vec<Value>,
     ) -> Result<Value, BackendError> {
         let sha = self.inner.sha.as_str();
+        crate::telemetry::redis_round_trip();
         self.with_client(slot, |client| {
             let (keys, args) = (&keys, &args);
             async move {
@@ -554,7 +555,7 @@ impl Backend for RedisBackend {
                 .zip(&group_allowed)
                 .filter(|(_, a)| **a == Some(true))
                 .flat_map(|((_, g), _)| g.iter().copied())
-                .filter(|&i| batch[i].mode != Mode::CheckOnly && outcomes[i].allowed)
+                .filter(|&i| batch[i].mode.spends() && outcomes[i].allowed)
                 .collect();
             if !spent.is_empty() {
                 self.compensate(batch, &keys, &spent, &raws).await;

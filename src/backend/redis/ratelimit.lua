@@ -17,7 +17,7 @@
 --   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
 --   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
 --           and the milliseconds the value before had to live (-1: none)
---   (mode 0 check-and-spend, 1 check-only, 2 spend-only)
+--   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe)
 --
 -- Returns, per key, a list: allowed (0/1), remaining, retry_after, reset_after, then for GCRA
 -- the TAT stored afterwards (0: none); for tiered keys 0, granted, the serving tier, burst (0/1),
@@ -83,12 +83,16 @@ local function gcra_refund(stored, ei, bo, burst, cost)
   return 1, tokens(now - (new_tat - bo), ei), new_tat - now, new_tat
 end
 
--- Whether a transaction of this mode counts toward the batch (spend-only does not).
-local function counts(mode) return mode ~= 2 end
+-- Whether a transaction of this mode counts toward the batch (spend-only and observe do not).
+local function counts(mode) return mode == 0 or mode == 1 end
 
--- Whether an allowed GCRA spend writes its new TAT (never a check-only one, never a no-op).
+-- Whether a transaction of this mode is written when allowed (check-only and observe are not).
+local function spends(mode) return mode == 0 or mode == 2 end
+
+-- Whether an allowed GCRA spend writes its new TAT (never one that does not spend, never a
+-- no-op).
 local function gcra_writes(mode, new_tat, stored)
-  return mode ~= 1 and new_tat > now and new_tat ~= stored
+  return spends(mode) and new_tat > now and new_tat ~= stored
 end
 
 -- The stored TAT of GCRA key i (0: none). A value that is not a TAT of ours (another type,
@@ -536,7 +540,7 @@ if op == 'spend' then
       if r.kind == 0 and writes[i] then
         write_tat(KEYS[i], writes[i])
         out[i][5] = writes[i]
-      elseif r.kind == 1 and plans[i] and r.mode ~= 1 then
+      elseif r.kind == 1 and plans[i] and spends(r.mode) then
         if want_raw then ttls[i] = redis.call('PTTL', KEYS[i]) end
         apply(r, stored[i], plans[i])
         after = write_tiers(KEYS[i], r, stored[i])

@@ -83,6 +83,7 @@ fn mode_code(mode: Mode) -> Value {
         Mode::CheckAndSpend => 0,
         Mode::CheckOnly => 1,
         Mode::SpendOnly => 2,
+        Mode::Observe => 3,
     })
 }
 

@@ -1,0 +1,202 @@
+//! What the layer tells operators: a counter per limit and outcome (feature `metrics`), a
+//! `tracing` event per decision, and rate-limited warnings for backend failures. The names,
+//! labels and levels are listed in the README ("Metrics and logs").
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::key::LimitName;
+use crate::limiter::{BatchDecision, Decision};
+
+/// What happened to one rule of one request: the `outcome` label of
+/// `tower_ratelimits_decisions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RuleOutcome {
+    /// Allowed (or the limit is disabled for the id).
+    Allowed,
+    /// Denied, and the request was refused.
+    Denied,
+    /// A shadowed rule that would have denied: the request was not refused because of it.
+    ShadowDenied,
+    /// Not evaluated: another rule's remembered denial decided the request (Redis deny cache).
+    Skipped,
+    /// A spend-only rule (not shadowed) whose own decision denied: nothing spent, the request
+    /// was not refused because of it.
+    NotSpent,
+    /// The request was refused before deciding: missing key, bad key, or a cost above the
+    /// burst.
+    Rejected,
+    /// The backend failed and the request went through (fail open).
+    FailedOpen,
+    /// The backend failed and the request was refused (fail closed, or a full memory table).
+    FailedClosed,
+    /// The backend failed and the in-memory fallback decided.
+    Fallback,
+}
+
+impl RuleOutcome {
+    const ALL: [RuleOutcome; 9] = [
+        RuleOutcome::Allowed,
+        RuleOutcome::Denied,
+        RuleOutcome::ShadowDenied,
+        RuleOutcome::Skipped,
+        RuleOutcome::NotSpent,
+        RuleOutcome::Rejected,
+        RuleOutcome::FailedOpen,
+        RuleOutcome::FailedClosed,
+        RuleOutcome::Fallback,
+    ];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            RuleOutcome::Allowed => "allowed",
+            RuleOutcome::Denied => "denied",
+            RuleOutcome::ShadowDenied => "shadow_denied",
+            RuleOutcome::Skipped => "skipped",
+            RuleOutcome::NotSpent => "not_spent",
+            RuleOutcome::Rejected => "rejected",
+            RuleOutcome::FailedOpen => "failed_open",
+            RuleOutcome::FailedClosed => "failed_closed",
+            RuleOutcome::Fallback => "fallback",
+        }
+    }
+
+    /// The outcome of a decided rule.
+    fn of(d: &Decision, shadow: bool) -> Self {
+        if d.skipped {
+            RuleOutcome::Skipped
+        } else if d.allowed {
+            RuleOutcome::Allowed
+        } else if shadow {
+            RuleOutcome::ShadowDenied
+        } else if d.counts() {
+            RuleOutcome::Denied
+        } else {
+            RuleOutcome::NotSpent
+        }
+    }
+}
+
+/// A rule's counters, registered once when the layer is built (so install the metrics
+/// recorder before building layers), one per outcome; labels are the limit name and the
+/// outcome, never an id.
+pub(crate) struct RuleMetrics {
+    #[cfg(feature = "metrics")]
+    counters: [metrics::Counter; 9],
+}
+
+impl RuleMetrics {
+    pub(crate) fn new(name: LimitName) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            Self {
+                counters: RuleOutcome::ALL.map(|o| {
+                    metrics::counter!(
+                        "tower_ratelimits_decisions_total",
+                        "limit" => name.as_str(),
+                        "outcome" => o.label()
+                    )
+                }),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = (name, RuleOutcome::ALL);
+            Self {}
+        }
+    }
+
+    pub(crate) fn count(&self, outcome: RuleOutcome) {
+        #[cfg(feature = "metrics")]
+        self.counters[outcome as usize].increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = outcome;
+    }
+}
+
+/// The request-level counter `tower_ratelimits_requests_total{outcome}`.
+pub(crate) fn count_request(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_requests_total", "outcome" => outcome).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = outcome;
+}
+
+/// One `tracing` event per decided rule: `debug` on the target `tower_ratelimits::decision`;
+/// a shadowed rule that would deny at `info` on `tower_ratelimits::shadow`. The id is a field
+/// only when `log_ids` is on (ids can be personal data).
+pub(crate) fn trace_decision(d: &Decision, outcome: RuleOutcome, log_ids: bool) {
+    let retry_after_ms = d.retry_after.as_millis() as u64;
+    let limit = d.name.as_str();
+    let outcome = outcome.label();
+    if outcome == "shadow_denied" {
+        if log_ids {
+            tracing::info!(target: "tower_ratelimits::shadow", limit, id = %d.key.id(), retry_after_ms, "shadow rule would deny");
+        } else {
+            tracing::info!(target: "tower_ratelimits::shadow", limit, retry_after_ms, "shadow rule would deny");
+        }
+    } else if log_ids {
+        tracing::debug!(target: "tower_ratelimits::decision", limit, outcome, id = %d.key.id(), retry_after_ms, remaining = d.remaining, "rate limit decision");
+    } else {
+        tracing::debug!(target: "tower_ratelimits::decision", limit, outcome, retry_after_ms, remaining = d.remaining, "rate limit decision");
+    }
+}
+
+/// Counts and traces every decision of a batch.
+pub(crate) fn observe_batch(
+    batch: &BatchDecision,
+    rules: &[super::rule::ResolvedRule],
+    log_ids: bool,
+) {
+    for d in batch.decisions() {
+        let Some(rule) = rules.iter().find(|r| r.name == d.name) else {
+            continue;
+        };
+        let outcome = RuleOutcome::of(d, rule.shadow);
+        rule.metrics.count(outcome);
+        trace_decision(d, outcome, log_ids);
+    }
+}
+
+/// Lets one warning through per interval and counts the ones it held back, so that an outage
+/// writes a line every 10 s instead of one per request.
+pub(crate) struct WarnGate {
+    start: Instant,
+    /// Microseconds since `start` of the next warning allowed (0: now).
+    next_us: AtomicU64,
+    suppressed: AtomicU64,
+    interval: Duration,
+}
+
+impl WarnGate {
+    pub(crate) fn new(interval: Duration) -> Self {
+        Self {
+            start: Instant::now(),
+            next_us: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+            interval,
+        }
+    }
+
+    /// `Some(held back since the last one)` when a warning may be written now.
+    pub(crate) fn admit(&self) -> Option<u64> {
+        let now = self.start.elapsed().as_micros() as u64;
+        let next = self.next_us.load(Ordering::Relaxed);
+        let interval = self.interval.as_micros() as u64;
+        if now >= next
+            && self
+                .next_us
+                .compare_exchange(
+                    next,
+                    now.saturating_add(interval),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            return Some(self.suppressed.swap(0, Ordering::Relaxed));
+        }
+        self.suppressed.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}

@@ -1,0 +1,60 @@
+//! Every metric the crate emits, in one place (feature `metrics`; without it each function is
+//! empty). Names follow Prometheus conventions; the README's "Metrics and logs" lists them.
+//! Labels are bounded: operation names and limit names, never ids.
+#![cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+
+/// `tower_ratelimits_backend_duration_seconds{op}`: how long a backend took to decide a batch
+/// that it did not decide at once (Redis; memory decides synchronously and is not timed).
+#[cfg(feature = "metrics")]
+pub(crate) fn backend_duration(op: &'static str, seconds: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("tower_ratelimits_backend_duration_seconds", "op" => op).record(seconds);
+}
+
+/// `tower_ratelimits_redis_round_trips_total`: scripts sent to Redis (one per slot of a
+/// batch, and the compensations of a denied cross-slot batch).
+#[cfg(feature = "redis")]
+pub(crate) fn redis_round_trip() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_redis_round_trips_total").increment(1);
+}
+
+/// `tower_ratelimits_redis_deny_cache_hits_total`: batches the deny cache denied locally.
+#[cfg(feature = "redis")]
+pub(crate) fn deny_cache_hit() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_redis_deny_cache_hits_total").increment(1);
+}
+
+/// `tower_ratelimits_redis_compensations_total`: denied cross-slot batches whose allowed slots
+/// were given back.
+#[cfg(feature = "redis")]
+pub(crate) fn compensation() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_redis_compensations_total").increment(1);
+}
+
+/// `tower_ratelimits_redis_circuit_opened_total`: times a circuit breaker opened.
+#[cfg(feature = "redis")]
+pub(crate) fn circuit_opened() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_redis_circuit_opened_total").increment(1);
+}
+
+/// `tower_ratelimits_memory_full_total`: requests refused because the memory table was full.
+pub(crate) fn memory_full() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_memory_full_total").increment(1);
+}
+
+/// After a sweep: `tower_ratelimits_memory_sweeps_total`,
+/// `tower_ratelimits_memory_swept_keys_total` (buckets dropped) and the gauge
+/// `tower_ratelimits_memory_keys` (buckets held).
+pub(crate) fn memory_swept(dropped: usize, live: usize) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!("tower_ratelimits_memory_sweeps_total").increment(1);
+        metrics::counter!("tower_ratelimits_memory_swept_keys_total").increment(dropped as u64);
+        metrics::gauge!("tower_ratelimits_memory_keys").set(live as f64);
+    }
+}
