@@ -672,3 +672,58 @@ async fn the_watcher_applies_edits_and_refuses_a_broken_file_with_its_location()
     assert_eq!(burst_of_vip(), 3);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A tiered limit reloaded with fewer and then more tiers: the recorded grants are read tier by
+/// tier (tiers the new limit lacks are dropped, new ones start empty), on memory and Redis;
+/// nothing panics and no request fails.
+async fn tiers_across_reloads(store: Store) {
+    let three = "\
+Tiered:
+  kind: account
+  tiers:
+    - {limit: 2, window: 1h, active: 1h, cooldown: 0s}
+    - {limit: 3, window: 1h, active: 1h, cooldown: 1h}
+    - {limit: 4, window: 1h, active: 1h, cooldown: 1h}
+";
+    let one = "\
+Tiered:
+  kind: account
+  tiers:
+    - {limit: 2, window: 1h, active: 1h, cooldown: 0s}
+";
+    let fixture = Fixture::new(store);
+    let limiter = fixture.limiter(store, limits(three)).await;
+    let tx = [Transaction::new(limiter.parse_key("Tiered", "5").unwrap())];
+    let mut granted = 0;
+    for _ in 0..4 {
+        granted += limiter
+            .spend(&tx)
+            .await
+            .unwrap()
+            .strictest()
+            .unwrap()
+            .granted;
+    }
+    assert_eq!(granted, 4, "{store:?}: tier 1 (2) and two of tier 2");
+    limiter.reload(limits(one)).unwrap();
+    // Under one tier, tier 1's two grants fill it.
+    assert!(!limiter.spend(&tx).await.unwrap().allowed(), "{store:?}");
+    limiter.reload(limits(three)).unwrap();
+    // Back to three tiers: what the one-tier spends wrote is read again tier by tier; the
+    // bucket still holds tier 1's grants, so the next grant comes from a higher tier.
+    let d = limiter.spend(&tx).await.unwrap();
+    let d = d.strictest().unwrap();
+    assert!(d.allowed, "{store:?}: {d:?}");
+    assert!(d.tiers.unwrap().tier >= 1, "{store:?}: {d:?}");
+}
+
+#[tokio::test]
+async fn in_memory_a_tiered_bucket_survives_reloads_that_change_its_tier_count() {
+    tiers_across_reloads(Store::Memory).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn on_redis_a_tiered_bucket_survives_reloads_that_change_its_tier_count() {
+    tiers_across_reloads(Store::Redis).await;
+}

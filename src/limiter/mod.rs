@@ -283,8 +283,8 @@ impl Limiter {
     /// kept (it is keyed by limit name and id, never by position): a drained bucket stays
     /// drained, and a changed limit applies to existing buckets from their next request (a
     /// GCRA bucket's stored TAT is read under the new emission interval and burst; a tiered
-    /// bucket's windows under the new tiers, a state for a different number of tiers starting
-    /// fresh).
+    /// bucket's recorded grants tier by tier under the new tiers, tiers the new limit lacks
+    /// dropped and new ones empty: `docs/gcra.md`, "Changing a limit").
     ///
     /// Refused, keeping the old limits, when the new ones drop a limit that a rule of a layer
     /// built on this limiter uses ([`ReloadError::LimitInUse`]).

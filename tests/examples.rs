@@ -1,0 +1,351 @@
+//! The quickstart examples as an operator runs them: the real binaries (`axum_memory`,
+//! `axum_redis`), their `GET /metrics` scraped over HTTP and parsed by a Prometheus text
+//! parser, `RATELIMITS_SHADOW`, and their overrides file edited while they run.
+//!
+//! The binaries are built by `cargo test` (examples are test targets' companions); the
+//! limits here refill once an hour, so counts do not depend on the machine's speed.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const DEFAULTS: &str = "\
+RequestsPerIPAddress:
+  kind: ip
+  burst: 5
+  count: 5
+  period: 1h
+RequestsPerIPv6Range:
+  kind: ipv6_range
+  burst: 100
+  count: 100
+  period: 1h
+";
+
+/// A running example: killed when dropped.
+struct Example {
+    child: Child,
+    base: String,
+    stderr: mpsc::Receiver<String>,
+    dir: PathBuf,
+}
+
+impl Drop for Example {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn example_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name)
+}
+
+impl Example {
+    /// Starts `name` on a free port with `DEFAULTS`, empty overrides, 127.0.0.1 trusted as a
+    /// proxy (so the test names clients in `X-Forwarded-For`), and `env`.
+    fn start(name: &str, env: &[(&str, &str)]) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "trl-example-{name}-{}-{}",
+            std::process::id(),
+            support::redis::free_port()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("defaults.yaml"), DEFAULTS).unwrap();
+        std::fs::write(dir.join("overrides.yaml"), "[]\n").unwrap();
+        let mut command = Command::new(example_binary(name));
+        command
+            .env("ADDR", "127.0.0.1:0")
+            .env("RATELIMITS_DEFAULTS", dir.join("defaults.yaml"))
+            .env("RATELIMITS_OVERRIDES", dir.join("overrides.yaml"))
+            .env("RATELIMITS_TRUSTED_PROXIES", "127.0.0.1/32")
+            .env("RUST_LOG", "info")
+            .env_remove("RATELIMITS_SHADOW")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: {e} (built by `cargo test --all-features`)"));
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (addr_tx, addr_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("listening on ") {
+                    let base = rest.split_whitespace().next().unwrap_or("").to_owned();
+                    let _ = addr_tx.send(base);
+                }
+            }
+        });
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (err_tx, err_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let _ = err_tx.send(line);
+            }
+        });
+        let base = match addr_rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(base) => base,
+            Err(_) => {
+                let _ = child.kill();
+                let logs: Vec<String> = err_rx.try_iter().collect();
+                panic!("{name} did not start: {logs:?}");
+            }
+        };
+        Self {
+            child,
+            base,
+            stderr: err_rx,
+            dir,
+        }
+    }
+
+    fn overrides(&self) -> PathBuf {
+        self.dir.join("overrides.yaml")
+    }
+
+    /// Waits for a log line containing `needle` (the reload is asynchronous), returning it.
+    fn log_line(&self, needle: &str) -> String {
+        loop {
+            match self.stderr.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => continue,
+                Err(_) => panic!("no log line with {needle:?}"),
+            }
+        }
+    }
+}
+
+async fn get(
+    client: &reqwest_like::Client,
+    base: &str,
+    path: &str,
+    forwarded: Option<&str>,
+) -> (u16, String) {
+    client.get(base, path, forwarded).await
+}
+
+/// A minimal HTTP/1.1 client over hyper.
+mod reqwest_like {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client as Hyper;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::TokioExecutor;
+
+    pub struct Client(Hyper<HttpConnector, Full<Bytes>>);
+
+    impl Client {
+        pub fn new() -> Self {
+            Self(Hyper::builder(TokioExecutor::new()).build_http())
+        }
+
+        pub async fn get(&self, base: &str, path: &str, forwarded: Option<&str>) -> (u16, String) {
+            let mut req = http::Request::get(format!("{base}{path}"));
+            if let Some(f) = forwarded {
+                req = req.header("x-forwarded-for", f);
+            }
+            let res = self
+                .0
+                .request(req.body(Full::new(Bytes::new())).unwrap())
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    }
+}
+
+/// The scrape, parsed by `prometheus-parse`: value by metric name and sorted labels.
+struct Scrape(HashMap<String, f64>);
+
+impl Scrape {
+    async fn of(client: &reqwest_like::Client, base: &str) -> Self {
+        let (status, text) = get(client, base, "/metrics", None).await;
+        assert_eq!(status, 200);
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text format");
+        let mut values = HashMap::new();
+        for s in scrape.samples {
+            let mut labels: Vec<(String, String)> = s
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            labels.sort();
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let value = match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                prometheus_parse::Value::Histogram(h) => {
+                    h.iter().map(|b| b.count).fold(0.0, f64::max)
+                }
+                prometheus_parse::Value::Summary(_) => f64::NAN,
+            };
+            values.insert(format!("{}{{{}}}", s.metric, labels.join(",")), value);
+        }
+        Scrape(values)
+    }
+
+    /// A sample's value; a series never written is 0.
+    fn get(&self, key: &str) -> f64 {
+        self.0.get(key).copied().unwrap_or(0.0)
+    }
+
+    fn decisions(&self, limit: &str, outcome: &str) -> f64 {
+        self.get(&format!(
+            "tower_ratelimits_decisions_total{{limit={limit},outcome={outcome}}}"
+        ))
+    }
+
+    fn requests(&self, outcome: &str) -> f64 {
+        self.get(&format!(
+            "tower_ratelimits_requests_total{{outcome={outcome}}}"
+        ))
+    }
+}
+
+/// The scripted sequence: 7 requests from one client (5 allowed, 2 denied by the per-IP
+/// limit) and one whose forwarded address is garbage (400, rejected by the per-IP rule).
+async fn script(client: &reqwest_like::Client, base: &str, expect_denials: bool) {
+    for n in 0..7 {
+        let (status, _) = get(client, base, "/", Some("198.51.100.1")).await;
+        let expected = if n < 5 || !expect_denials { 200 } else { 429 };
+        assert_eq!(status, expected, "request {n}");
+    }
+    let (status, _) = get(client, base, "/", Some("not-an-address")).await;
+    assert_eq!(status, 400);
+}
+
+fn assert_counts(m: &Scrape, shadow: bool) {
+    let ip = "RequestsPerIPAddress";
+    assert_eq!(m.decisions(ip, "allowed"), 5.0);
+    assert_eq!(
+        m.decisions(ip, if shadow { "shadow_denied" } else { "denied" }),
+        2.0
+    );
+    assert_eq!(
+        m.decisions(ip, if shadow { "denied" } else { "shadow_denied" }),
+        0.0
+    );
+    assert_eq!(m.decisions(ip, "rejected"), 1.0);
+    // The range rule allowed all 7 (a request denied by another rule is not its denial).
+    assert_eq!(m.decisions("RequestsPerIPv6Range", "allowed"), 7.0);
+    assert_eq!(m.requests("allowed"), if shadow { 7.0 } else { 5.0 });
+    assert_eq!(m.requests("denied"), if shadow { 0.0 } else { 2.0 });
+    assert_eq!(m.requests("rejected"), 1.0);
+}
+
+/// Edits the overrides while the example runs: the log says what changed, and the client
+/// denied above gets the override's room from the next request; then a broken file is
+/// refused with its location and the override keeps working.
+async fn reload(example: &Example, client: &reqwest_like::Client) {
+    std::fs::write(
+        example.overrides(),
+        "- RequestsPerIPAddress: {burst: 8, count: 8, period: 2h, ids: [198.51.100.1]}\n",
+    )
+    .unwrap();
+    let line = example.log_line("rate limits reloaded");
+    assert!(line.contains("changed: RequestsPerIPAddress"), "{line}");
+    // The drained bucket's state is kept and read under the override: its stored TAT is an
+    // hour ahead (5 spends at 12 min), and 8 per 2 h (15 min each, a 2 h burst offset) leaves
+    // room for 4 more.
+    for n in 0..4 {
+        let (status, _) = get(client, &example.base, "/", Some("198.51.100.1")).await;
+        assert_eq!(status, 200, "request {n} under the override");
+    }
+    let (status, _) = get(client, &example.base, "/", Some("198.51.100.1")).await;
+    assert_eq!(status, 429);
+
+    std::fs::write(example.overrides(), "- RequestsPerIPAddress: {burst: -1}\n").unwrap();
+    let line = example.log_line("not reloaded");
+    let location = format!("{}:1", example.overrides().display());
+    assert!(line.contains(&location), "{line}");
+    let (status, _) = get(client, &example.base, "/", Some("198.51.100.2")).await;
+    assert_eq!(status, 200, "the previous limits keep deciding");
+}
+
+fn skip_unless_built(name: &str) -> bool {
+    let built = Path::new(&example_binary(name)).exists();
+    assert!(
+        built,
+        "{} is missing: run the tests with `cargo test --workspace --all-features`",
+        example_binary(name).display()
+    );
+    built
+}
+
+#[tokio::test]
+async fn axum_memory_counts_every_outcome_on_metrics_and_reloads_its_overrides() {
+    skip_unless_built("axum_memory");
+    let example = Example::start("axum_memory", &[]);
+    let client = reqwest_like::Client::new();
+    script(&client, &example.base, true).await;
+    let m = Scrape::of(&client, &example.base).await;
+    assert_counts(&m, false);
+    // Sweeps run in the background; the memory gauges exist once one ran.
+    reload(&example, &client).await;
+}
+
+#[tokio::test]
+async fn axum_memory_in_shadow_answers_everything_and_counts_what_it_would_deny() {
+    skip_unless_built("axum_memory");
+    let example = Example::start("axum_memory", &[("RATELIMITS_SHADOW", "on")]);
+    let client = reqwest_like::Client::new();
+    script(&client, &example.base, false).await;
+    assert_counts(&Scrape::of(&client, &example.base).await, true);
+}
+
+#[tokio::test]
+async fn an_unknown_name_in_ratelimits_shadow_is_refused() {
+    skip_unless_built("axum_memory");
+    let out = Command::new(example_binary("axum_memory"))
+        .env("ADDR", "127.0.0.1:0")
+        .env("RATELIMITS_SHADOW", "RequestsPerIPAddress,NoSuchLimit")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("\"NoSuchLimit\" is not a configured limit"),
+        "{stderr}"
+    );
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn axum_redis_counts_outcomes_round_trips_and_deny_cache_hits_and_reloads() {
+    skip_unless_built("axum_redis");
+    // A private server: the example writes under the default prefix.
+    let redis = support::redis::RedisServer::start();
+    let url = redis.url();
+    let example = Example::start("axum_redis", &[("REDIS_URL", url.as_str())]);
+    let client = reqwest_like::Client::new();
+    script(&client, &example.base, true).await;
+    let m = Scrape::of(&client, &example.base).await;
+    assert_counts(&m, false);
+    // Requests 1-6 went to Redis (one script each); the 7th was denied by the deny cache.
+    assert_eq!(m.get("tower_ratelimits_redis_round_trips_total{}"), 6.0);
+    assert_eq!(m.get("tower_ratelimits_redis_deny_cache_hits_total{}"), 1.0);
+    assert_eq!(
+        m.get("tower_ratelimits_backend_duration_seconds_count{op=spend}"),
+        6.0
+    );
+    reload(&example, &client).await;
+}
