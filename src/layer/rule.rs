@@ -111,7 +111,7 @@ impl Rule {
     ///
     /// ```
     /// use tower_ratelimits::{ClientIp, Rule};
-    /// let rollout = Rule::new("NewStricterLimit", ClientIp::peer()).shadow(true);
+    /// let rollout = Rule::new("NewStricterLimit", ClientIp::new()).shadow(true);
     /// ```
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow = on;
