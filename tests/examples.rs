@@ -349,3 +349,48 @@ async fn axum_redis_counts_outcomes_round_trips_and_deny_cache_hits_and_reloads(
     );
     reload(&example, &client).await;
 }
+
+/// A dead Redis: under `open` each rule of each request counts `failed_open` and the request
+/// passes; under `memory:50` the in-memory fallback decides (at half the limits: burst 2 of 5)
+/// and each rule counts `fallback`.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn axum_redis_counts_backend_failures_with_the_policy_applied() {
+    skip_unless_built("axum_redis");
+    let dead = format!("redis://127.0.0.1:{}", support::redis::free_port());
+    let client = reqwest_like::Client::new();
+
+    let open = Example::start("axum_redis", &[("REDIS_URL", dead.as_str())]);
+    for n in 0..3 {
+        let (status, _) = get(&client, &open.base, "/", Some("198.51.100.7")).await;
+        assert_eq!(status, 200, "fail open, request {n}");
+    }
+    let m = Scrape::of(&client, &open.base).await;
+    for limit in ["RequestsPerIPAddress", "RequestsPerIPv6Range"] {
+        assert_eq!(m.decisions(limit, "failed_open"), 3.0, "{limit}");
+        assert_eq!(m.decisions(limit, "allowed"), 0.0, "{limit}");
+    }
+    assert_eq!(m.requests("backend_failure"), 3.0);
+    drop(open);
+
+    let fallback = Example::start(
+        "axum_redis",
+        &[
+            ("REDIS_URL", dead.as_str()),
+            ("RATELIMITS_ON_BACKEND_ERROR", "memory:50"),
+        ],
+    );
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let (status, _) = get(&client, &fallback.base, "/", Some("198.51.100.8")).await;
+        statuses.push(status);
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 429, 429],
+        "half of a burst of 5, rounded down"
+    );
+    let m = Scrape::of(&client, &fallback.base).await;
+    assert_eq!(m.decisions("RequestsPerIPAddress", "fallback"), 4.0);
+    assert_eq!(m.requests("fallback"), 4.0);
+}
