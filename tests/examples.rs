@@ -299,8 +299,18 @@ async fn axum_memory_counts_every_outcome_on_metrics_and_reloads_its_overrides()
     script(&client, &example.base, true).await;
     let m = Scrape::of(&client, &example.base).await;
     assert_counts(&m, false);
-    // Sweeps run in the background; the memory gauges exist once one ran.
     reload(&example, &client).await;
+    std::fs::write(example.overrides(), "[]\n").unwrap();
+    let line = example.log_line("rate limits reloaded");
+    assert!(line.contains("changed: RequestsPerIPAddress"), "{line}");
+    // SIGHUP reloads even when nothing changed.
+    let hup = Command::new("kill")
+        .args(["-HUP", &example.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let line = example.log_line("rate limits reloaded");
+    assert!(line.contains("no limit changed"), "{line}");
 }
 
 #[tokio::test]

@@ -180,7 +180,11 @@ impl WarnGate {
 
     /// `Some(held back since the last one)` when a warning may be written now.
     pub(crate) fn admit(&self) -> Option<u64> {
-        let now = self.start.elapsed().as_micros() as u64;
+        self.admit_at(self.start.elapsed().as_micros() as u64)
+    }
+
+    /// [`admit`](Self::admit) at `now` microseconds since the gate was made.
+    fn admit_at(&self, now: u64) -> Option<u64> {
         let next = self.next_us.load(Ordering::Relaxed);
         let interval = self.interval.as_micros() as u64;
         if now >= next
@@ -198,5 +202,22 @@ impl WarnGate {
         }
         self.suppressed.fetch_add(1, Ordering::Relaxed);
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_warn_gate_lets_one_warning_through_per_interval_and_counts_the_rest() {
+        let gate = WarnGate::new(Duration::from_secs(10));
+        assert_eq!(gate.admit_at(5), Some(0));
+        for t in [6, 1_000, 9_999_999] {
+            assert_eq!(gate.admit_at(t), None, "at {t} us");
+        }
+        assert_eq!(gate.admit_at(10_000_005), Some(3), "three held back");
+        assert_eq!(gate.admit_at(10_000_006), None);
+        assert_eq!(gate.admit_at(30_000_000), Some(1));
     }
 }
