@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::{Router, routing::get};
 use support::http::{HttpClient, serve};
 use tower_ratelimits::{ClientIp, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule};
-use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
+use tower_ratelimits::{Clock, Limiter, Limits, ManualClock, MemoryBackend};
 
 const DEFAULTS: &str = "\
 RequestsPerIPAddress:
@@ -70,7 +70,8 @@ async fn the_burst_passes_then_429_with_every_header_and_the_exact_body() {
         );
         assert_eq!(
             r.header("ratelimit"),
-            Some(format!("\"RequestsPerIPAddress\";r={remaining};t={}", 3 - remaining).as_str())
+            // Draft-11: `t` is the effective window, the time until one more unit (1 s here).
+            Some(format!("\"RequestsPerIPAddress\";r={remaining};t=1").as_str())
         );
         assert_eq!(
             r.header("x-ratelimit-remaining"),
@@ -86,9 +87,11 @@ async fn the_burst_passes_then_429_with_every_header_and_the_exact_body() {
         r.header("ratelimit-policy"),
         Some("\"RequestsPerIPAddress\";q=3;w=3")
     );
+    // Draft-11: `t` is the wait before a cost-1 request passes (600 ms, rounded up), never
+    // later than `Retry-After`.
     assert_eq!(
         r.header("ratelimit"),
-        Some("\"RequestsPerIPAddress\";r=0;t=3")
+        Some("\"RequestsPerIPAddress\";r=0;t=1")
     );
     assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
@@ -468,4 +471,124 @@ async fn a_full_memory_table_refuses_new_clients_instead_of_letting_them_through
     assert_eq!(client.get("/", &from("203.0.113.1")).await.status, 200);
     assert_eq!(client.get("/", &from("203.0.113.1")).await.status, 200);
     assert_eq!(client.get("/", &from("203.0.113.1")).await.status, 429);
+}
+
+/// `(name, first parameter, second parameter)` of each member of a `RateLimit` or
+/// `RateLimit-Policy` field, parsed by an RFC 9651 parser (`sfv`): every member must be an
+/// sf-string item with exactly the two integer parameters.
+fn sf_members(value: &str, a: &str, b: &str) -> Vec<(String, u64, u64)> {
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse()
+        .unwrap_or_else(|e| panic!("{value:?} is not a structured-field list: {e}"));
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("{value:?}: an inner list")
+            };
+            let name = item.bare_item.as_string().expect("an sf-string").as_str();
+            assert_eq!(item.params.len(), 2, "{value:?}");
+            let param = |key: &str| -> u64 {
+                let v = item
+                    .params
+                    .get(key)
+                    .unwrap_or_else(|| panic!("{value:?}: no {key}"));
+                let n = i64::from(v.as_integer().expect("an integer"));
+                u64::try_from(n).expect("not negative")
+            };
+            (name.to_owned(), param(a), param(b))
+        })
+        .collect()
+}
+
+/// Draft-11, checked on every response of a script over two GCRA rules (3 per 3 s per IP, 5
+/// per 10 s per account): both fields parse as structured-field lists with one member per
+/// rule, the strictest first, in the same order; `r` is the units left; `t` is the effective
+/// window, checked against the bucket's stored TAT by an independent model (after `t` seconds
+/// one more unit is available, one second earlier it is not); on every 429 the first member
+/// names the limit that denied and `Retry-After >= t`.
+#[tokio::test]
+async fn every_ratelimit_field_follows_draft_11() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limits = Limits::from_yaml_str(
+        "\
+PerIp: {kind: ip, burst: 3, count: 3, period: 3s}
+PerAccount: {kind: account, burst: 5, count: 5, period: 10s}
+",
+        None,
+    )
+    .unwrap();
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
+    let limiter = Limiter::new(limits, backend.clone());
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        [
+            Rule::new("PerIp", ClientIp::new()),
+            Rule::new("PerAccount", Header::new("x-account")),
+        ],
+    )
+    .unwrap();
+    let server = serve(app(layer)).await;
+    let client = HttpClient::new(&server);
+    let key = |name: &str| {
+        let id = if name == "PerIp" { "127.0.0.1" } else { "7" };
+        limiter.parse_key(name, id).unwrap()
+    };
+    let (mut denied, mut allowed) = (0, 0);
+    for (step, advance_ms) in [0, 0, 0, 0, 700, 300, 1000, 0, 0, 2500, 0, 0, 0, 6000, 0, 0]
+        .into_iter()
+        .enumerate()
+    {
+        clock.advance(Duration::from_millis(advance_ms));
+        let r = client.get("/", &[("x-account", "7")]).await;
+        let state = sf_members(r.header("ratelimit").unwrap(), "r", "t");
+        let policy = sf_members(r.header("ratelimit-policy").unwrap(), "q", "w");
+        let names: Vec<&str> = state.iter().map(|m| m.0.as_str()).collect();
+        assert_eq!(names.len(), 2, "step {step}: one member per rule");
+        assert!(
+            policy
+                .iter()
+                .map(|m| m.0.as_str())
+                .eq(names.iter().copied()),
+            "step {step}: the same order in both fields"
+        );
+        let now = clock.now_us();
+        for ((name, r_left, t), (_, q, _)) in state.iter().zip(&policy) {
+            let quota = limiter.limits().resolve(&key(name)).unwrap().clone();
+            let l = quota.as_gcra().unwrap();
+            assert_eq!(*q, l.burst(), "step {step} {name}");
+            // The model: units available at a time, from the stored TAT.
+            let tat = backend.tat(&key(name)).unwrap_or(0);
+            let available_at = |at: u64| {
+                let ahead = tat.saturating_sub(at);
+                (l.burst_offset_us() - ahead.min(l.burst_offset_us())) / l.emission_interval_us()
+            };
+            assert_eq!(available_at(now), *r_left, "step {step} {name}: r");
+            let want = (r_left + 1).min(l.burst());
+            assert!(
+                available_at(now + t * 1_000_000) >= want,
+                "step {step} {name}: one more unit after t={t}"
+            );
+            if *t > 0 && *r_left < l.burst() {
+                assert!(
+                    available_at(now + (t - 1) * 1_000_000) <= *r_left,
+                    "step {step} {name}: t={t} is not the shortest whole-second window"
+                );
+            }
+        }
+        match r.status {
+            200 => allowed += 1,
+            429 => {
+                denied += 1;
+                let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+                assert!(retry >= state[0].2, "step {step}: Retry-After {retry} < t");
+                let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+                assert_eq!(body["errors"][0]["detail"]["limiter"], state[0].0.as_str());
+            }
+            other => panic!("step {step}: {other}"),
+        }
+    }
+    assert!(
+        allowed >= 5 && denied >= 4,
+        "{allowed} allowed, {denied} denied"
+    );
 }

@@ -135,10 +135,11 @@ where
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;
                     if let Some(h) = headers.take() {
+                        let shared = &**this.shared;
                         insert_ratelimit_headers(
                             response.headers_mut(),
-                            &h.decision,
-                            h.policy,
+                            &h.batch,
+                            |d| shared.cached_policy(d),
                             h.legacy,
                         );
                     }

@@ -16,7 +16,7 @@ use super::response::{Denial, error_response};
 use crate::backend::BackendError;
 use crate::config::Limits;
 use crate::limiter::LimiterError;
-use crate::limiter::{BatchDecision, Decision, Transaction};
+use crate::limiter::{BatchDecision, Transaction};
 
 pub(crate) enum Failure {
     Limiter(LimiterError),
@@ -94,10 +94,9 @@ pub(crate) fn decide(shared: &Arc<Shared>, limits: Arc<Limits>, txs: Vec<Transac
     })
 }
 
-/// The headers an allowed response gets: the strictest decision, and its cached policy value.
+/// What an allowed response's `RateLimit` fields are made of: the batch's decisions.
 pub(crate) struct AllowedHeaders {
-    pub(crate) decision: Decision,
-    pub(crate) policy: Option<http::HeaderValue>,
+    pub(crate) batch: BatchDecision,
     pub(crate) legacy: bool,
 }
 
@@ -139,10 +138,8 @@ pub(crate) fn conclude(shared: &Shared, decided: Decided, grpc: bool) -> Conclus
             if !shared.headers_on_allowed {
                 return Conclusion::Call(None);
             }
-            let policy = batch.strictest().and_then(|d| shared.cached_policy(d));
-            Conclusion::Call(batch.into_strictest().map(|decision| AllowedHeaders {
-                decision,
-                policy,
+            Conclusion::Call(Some(AllowedHeaders {
+                batch,
                 legacy: shared.legacy_headers,
             }))
         }

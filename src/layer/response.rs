@@ -12,9 +12,9 @@ use http::{HeaderMap, HeaderName, Response, StatusCode};
 
 use crate::limiter::{BatchDecision, Decision};
 
-/// `RateLimit-Policy` (IETF httpapi ratelimit-headers, draft 10).
+/// `RateLimit-Policy` (IETF httpapi ratelimit-headers, draft 11).
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit` (IETF httpapi ratelimit-headers, draft 10).
+/// `RateLimit` (IETF httpapi ratelimit-headers, draft 11).
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// Legacy `X-RateLimit-Limit`.
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -77,60 +77,122 @@ pub fn tier_policy_value(name: &str, tier: &crate::algo::tiers::Tier) -> HeaderV
     sf_item(name, b'q', tier.limit(), b'w', window)
 }
 
-/// The `RateLimit` value of a decision: `r` is the tokens left and `t` the seconds until the
-/// bucket is full again (rounded up).
+/// The draft-11 effective window of a decision, in microseconds: the time within which the
+/// client can use no more than `r` units. For GCRA that is the time until one more unit is
+/// available, `ahead + (r + 1)·EI − BO` (with `r = 0`, the wait before a request of cost 1
+/// passes; on a full bucket, one emission interval). For a tiered limit: on a denial, the wait
+/// before the request passes; else the time until the serving tier is fresh (a client whose
+/// tier is used up may still burst into the next one, so `r` is not a ceiling there).
+fn effective_window_us(d: &Decision) -> u64 {
+    let micros = |t: Duration| u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
+    match &d.limit {
+        Some(Quota::Gcra(l)) => micros(d.reset_after)
+            .saturating_add(
+                d.remaining
+                    .saturating_add(1)
+                    .saturating_mul(l.emission_interval_us()),
+            )
+            .saturating_sub(l.burst_offset_us()),
+        Some(Quota::Tiered(_)) if !d.allowed => micros(d.retry_after),
+        Some(Quota::Tiered(_)) => micros(d.reset_after),
+        None => 0,
+    }
+}
+
+/// The `RateLimit` value of a decision: `r` is the units left and `t` the effective window in
+/// seconds, rounded up (draft-11; see `docs/keys-and-http.md`).
 pub fn state_value(decision: &Decision) -> HeaderValue {
     sf_item(
         decision.name.as_str(),
         b'r',
         decision.remaining,
         b't',
-        ceil_secs(decision.reset_after),
+        ceil_secs(Duration::from_micros(effective_window_us(decision))),
     )
 }
 
-/// Adds `RateLimit-Policy` and `RateLimit` for a decision (and the legacy `X-RateLimit-*`
-/// fields when asked). `policy` is a precomputed `RateLimit-Policy` value for the decision's
-/// limit, if the caller has one.
-pub(crate) fn insert_ratelimit_headers(
-    headers: &mut HeaderMap,
-    decision: &Decision,
-    policy: Option<HeaderValue>,
-    legacy: bool,
-) {
-    let Some(limit) = &decision.limit else { return };
-    let (quota, policy) = match limit {
-        Quota::Gcra(l) => (
+/// A decision's `RateLimit-Policy` value (`cached` when the caller has it) and its legacy
+/// `X-RateLimit-Limit` number; `None` when the limit is disabled for the id.
+fn policy_of(decision: &Decision, cached: Option<HeaderValue>) -> Option<(HeaderValue, u64)> {
+    match decision.limit.as_ref()? {
+        Quota::Gcra(l) => Some((
+            cached.unwrap_or_else(|| policy_value(decision.name.as_str(), l)),
             l.burst(),
-            policy.unwrap_or_else(|| policy_value(decision.name.as_str(), l)),
-        ),
+        )),
         Quota::Tiered(t) => {
             let number = decision.tiers.map_or(1, |g| usize::from(g.tier));
-            let Some(tier) = t.tier(number).or(t.tiers().first()) else {
-                return;
-            };
-            (
-                tier.limit(),
+            let tier = t.tier(number).or(t.tiers().first())?;
+            Some((
                 tier_policy_value(decision.name.as_str(), tier),
-            )
+                tier.limit(),
+            ))
         }
-    };
-    headers.insert(RATELIMIT_POLICY.clone(), policy);
-    headers.insert(RATELIMIT.clone(), state_value(decision));
-    if legacy {
-        headers.insert(X_RATELIMIT_LIMIT.clone(), number(quota));
-        headers.insert(X_RATELIMIT_REMAINING.clone(), number(decision.remaining));
-        headers.insert(
-            X_RATELIMIT_RESET.clone(),
-            number(ceil_secs(decision.reset_after)),
-        );
     }
 }
 
-/// Adds `RateLimit-Policy` and `RateLimit` for a decision (and the legacy `X-RateLimit-*`
-/// fields when asked). See [`policy_value`] and [`state_value`] for what they say.
-pub fn add_ratelimit_headers(headers: &mut HeaderMap, decision: &Decision, legacy: bool) {
-    insert_ratelimit_headers(headers, decision, None, legacy);
+/// The decisions a response reports, one list member each: the strictest first, then every
+/// other counting decision (enforced, evaluated, enabled) in rule order.
+fn reported(batch: &BatchDecision) -> impl Iterator<Item = &Decision> {
+    let first = batch.strictest();
+    first.into_iter().chain(
+        batch
+            .decisions()
+            .iter()
+            .filter(move |d| d.counts() && !first.is_some_and(|f| std::ptr::eq(f, *d))),
+    )
+}
+
+/// Appends `item` to the list in `buf` (`, ` between members).
+fn push_member(buf: &mut SmallVec<[u8; 96]>, item: &HeaderValue) {
+    if !buf.is_empty() {
+        buf.extend_from_slice(b", ");
+    }
+    buf.extend_from_slice(item.as_bytes());
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit` as lists with one member per reported decision (the
+/// strictest first), and the legacy `X-RateLimit-*` fields of the strictest when asked.
+/// `cached` gives a decision's precomputed `RateLimit-Policy` member, if any.
+pub(crate) fn insert_ratelimit_headers(
+    headers: &mut HeaderMap,
+    batch: &BatchDecision,
+    cached: impl Fn(&Decision) -> Option<HeaderValue>,
+    legacy: bool,
+) {
+    let mut members = reported(batch).filter_map(|d| Some((d, policy_of(d, cached(d))?)));
+    let Some((first, (first_policy, quota))) = members.next() else {
+        return;
+    };
+    let first_state = state_value(first);
+    let (policy, state) = match members.next() {
+        // One member (the common case): no list to build.
+        None => (first_policy, first_state),
+        Some(second) => {
+            let (mut policy, mut state) = (SmallVec::new(), SmallVec::new());
+            for (d, (p, _)) in [(first, (first_policy, quota)), second]
+                .into_iter()
+                .chain(members)
+            {
+                push_member(&mut policy, &p);
+                push_member(&mut state, &state_value(d));
+            }
+            let list = |buf: &[u8]| {
+                HeaderValue::from_bytes(buf)
+                    .unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
+            };
+            (list(&policy), list(&state))
+        }
+    };
+    headers.insert(RATELIMIT_POLICY.clone(), policy);
+    headers.insert(RATELIMIT.clone(), state);
+    if legacy {
+        headers.insert(X_RATELIMIT_LIMIT.clone(), number(quota));
+        headers.insert(X_RATELIMIT_REMAINING.clone(), number(first.remaining));
+        headers.insert(
+            X_RATELIMIT_RESET.clone(),
+            number(ceil_secs(first.reset_after)),
+        );
+    }
 }
 
 /// A denied request, as handed to a custom response function.
@@ -209,9 +271,7 @@ impl Denial<'_> {
         };
         let headers = response.headers_mut();
         headers.insert(RETRY_AFTER, number(retry));
-        if let Some(d) = self.decision() {
-            add_ratelimit_headers(headers, d, self.legacy_headers);
-        }
+        insert_ratelimit_headers(headers, self.batch, |_| None, self.legacy_headers);
         response
     }
 }

@@ -12,10 +12,13 @@ use crate::quota::Quota;
 pub struct Decision {
     /// Whether the transaction was allowed (or, for a refund, whether anything was refunded).
     pub allowed: bool,
-    /// Units granted: the cost when allowed, 0 when denied; for a tiered limit asked for a
-    /// range, how many it granted; for a refund, 0 (GCRA) or the units taken back (tiers).
+    /// Units granted: the cost when allowed, 0 when denied or when another transaction denied
+    /// the batch (a GCRA spend); for a tiered limit asked for a range, how many it granted;
+    /// for a refund, 0 (GCRA) or the units taken back (tiers).
     pub granted: u64,
-    /// Tokens left in the bucket (for a tiered limit: in the tier now serving the client).
+    /// Tokens left in the bucket (for a tiered limit: in the tier now serving the client). In
+    /// a denied batch nothing is spent, and an allowed GCRA transaction reports its bucket as
+    /// it is.
     pub remaining: u64,
     /// How long until an equal request would be allowed (zero when it would be now).
     pub retry_after: Duration,
@@ -80,6 +83,28 @@ impl BatchDecision {
         Self {
             decisions,
             strictest,
+        }
+    }
+
+    /// A denied spend writes nothing, but a backend reports each allowed GCRA transaction as
+    /// if it had spent: report the bucket as it is instead (the cost back in `remaining`, one
+    /// emission interval per unit off `reset_after`, nothing granted). Exact for GCRA, where
+    /// `remaining` and `reset_after` move by whole emission intervals; a tiered decision keeps
+    /// what the backend said.
+    pub(crate) fn unspend(&mut self) {
+        for d in &mut self.decisions {
+            let Some(crate::quota::Quota::Gcra(l)) = &d.limit else {
+                continue;
+            };
+            if !d.allowed || d.skipped || !d.mode.spends() || d.granted == 0 {
+                continue;
+            }
+            let cost = d.granted;
+            d.remaining = d.remaining.saturating_add(cost).min(l.burst());
+            let back =
+                std::time::Duration::from_micros(cost.saturating_mul(l.emission_interval_us()));
+            d.reset_after = d.reset_after.saturating_sub(back);
+            d.granted = 0;
         }
     }
 

@@ -542,6 +542,10 @@ impl Limiter {
                 }
             })
             .collect();
-        Ok(BatchDecision::new(decisions))
+        let mut batch = BatchDecision::new(decisions);
+        if op == Op::Spend && !batch.allowed() {
+            batch.unspend();
+        }
+        Ok(batch)
     }
 }

@@ -65,9 +65,11 @@ async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
         "3",
         "2.5s rounded up"
     );
+    // Draft-11: `t` is the wait before one call passes (2.5 s, rounded up), not the time until
+    // the bucket is full; never later than `retry-after`.
     assert_eq!(
         status.metadata().get("ratelimit").unwrap(),
-        "\"Calls\";r=0;t=7"
+        "\"Calls\";r=0;t=3"
     );
     // One emission interval after the burst, one call fits again; the channel still works.
     clock.advance(Duration::from_millis(2500));
