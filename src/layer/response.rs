@@ -258,10 +258,12 @@ impl Denial<'_> {
                 .decision()
                 .map(|d| d.name.to_string())
                 .unwrap_or_default();
-            grpc_status(
-                8,
-                &format!("rate limit {name} exceeded; retry after {retry}s"),
-            )
+            let message = format!("rate limit {name} exceeded; retry after {retry}s");
+            #[allow(unused_mut)]
+            let mut r = grpc_status(8, &message);
+            #[cfg(feature = "tonic")]
+            self.add_grpc_details(r.headers_mut(), &message);
+            r
         } else {
             let mut r = Response::new(self.json_body());
             *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -273,6 +275,35 @@ impl Denial<'_> {
         headers.insert(RETRY_AFTER, number(retry));
         insert_ratelimit_headers(headers, self.batch, |_| None, self.legacy_headers);
         response
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl Denial<'_> {
+    /// `grpc-status-details-bin`: a `google.rpc.Status` with `RetryInfo` (the exact wait
+    /// before this request passes) and a `QuotaFailure` violation per limit that denied
+    /// (subject: the limit's name), encoded by `tonic-types`, so standard clients read the
+    /// delay without parsing text.
+    fn add_grpc_details(&self, headers: &mut HeaderMap, message: &str) {
+        use tonic_types::{ErrorDetails, StatusExt};
+        let mut details = ErrorDetails::with_retry_info(Some(self.retry_after()));
+        for d in self
+            .batch
+            .decisions()
+            .iter()
+            .filter(|d| d.counts() && !d.allowed)
+        {
+            let retry_ms = d.retry_after.as_micros().div_ceil(1000);
+            details.add_quota_failure_violation(
+                d.name.as_str(),
+                format!("rate limit {} exceeded; retry after {retry_ms} ms", d.name),
+            );
+        }
+        let status =
+            tonic::Status::with_error_details(tonic::Code::ResourceExhausted, message, details);
+        if let Err(e) = status.add_header(headers) {
+            tracing::debug!(error = %e, "gRPC error details not added");
+        }
     }
 }
 

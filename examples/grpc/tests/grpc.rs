@@ -71,6 +71,20 @@ async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
         status.metadata().get("ratelimit").unwrap(),
         "\"Calls\";r=0;t=3"
     );
+    // The standard error details, read the way any client reads them: the exact delay, and
+    // the limit that refused.
+    {
+        use tonic_types::StatusExt;
+        let details = status.get_error_details();
+        assert_eq!(
+            details.retry_info().unwrap().retry_delay,
+            Some(Duration::from_millis(2500))
+        );
+        let violations = &details.quota_failure().unwrap().violations;
+        assert_eq!(violations.len(), 1);
+        assert_eq!(violations[0].subject, "Calls");
+        assert!(violations[0].description.contains("retry after 2500 ms"));
+    }
     // One emission interval after the burst, one call fits again; the channel still works.
     clock.advance(Duration::from_millis(2500));
     client.check(check()).await.unwrap();
