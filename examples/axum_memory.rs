@@ -14,6 +14,8 @@
 //!   (default none)
 //! - `RATELIMITS_SHADOW`: `off` (default), `on` (every rule in shadow mode: decided, counted
 //!   and logged, never refusing), or a comma-separated list of limit names to shadow
+//! - `RATELIMITS_PROBLEM_JSON`: `off` (default) or `on`: 429, 400 and 503 bodies as RFC 9457
+//!   `application/problem+json`
 //! - `RUST_LOG`: what is logged to stderr (default `info`; `tower_ratelimits=debug` logs every
 //!   decision)
 //!

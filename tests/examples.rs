@@ -404,3 +404,20 @@ async fn axum_redis_counts_backend_failures_with_the_policy_applied() {
     assert_eq!(m.decisions("RequestsPerIPAddress", "fallback"), 4.0);
     assert_eq!(m.requests("fallback"), 4.0);
 }
+
+#[tokio::test]
+async fn ratelimits_problem_json_on_makes_the_429_a_problem() {
+    skip_unless_built("axum_memory");
+    let example = Example::start("axum_memory", &[("RATELIMITS_PROBLEM_JSON", "on")]);
+    let client = reqwest_like::Client::new();
+    for _ in 0..5 {
+        get(&client, &example.base, "/", Some("198.51.100.9")).await;
+    }
+    let (status, body) = get(&client, &example.base, "/", Some("198.51.100.9")).await;
+    assert_eq!(status, 429);
+    let p: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        p["violated-policies"],
+        serde_json::json!(["RequestsPerIPAddress"])
+    );
+}

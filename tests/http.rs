@@ -592,3 +592,71 @@ PerAccount: {kind: account, burst: 5, count: 5, period: 10s}
         "{allowed} allowed, {denied} denied"
     );
 }
+
+/// RFC 9457, opt in: the 429 is `application/problem+json` with the draft's `#quota-exceeded`
+/// type and `violated-policies` naming every limit that denied (the strictest first); the 400
+/// and the 503 the middleware writes are problems too.
+#[tokio::test]
+async fn problem_json_bodies_for_429_400_and_503() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limits = Limits::from_yaml_str(
+        "\
+PerIp: {kind: ip, burst: 1, count: 1, period: 2s}
+PerAccount: {kind: account, burst: 1, count: 1, period: 1s}
+",
+        None,
+    )
+    .unwrap();
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .max_keys(3)
+        .build();
+    let ip = ClientIp::new().trusted_proxies(["127.0.0.0/8".parse().unwrap()]);
+    let layer = RateLimitLayer::builder(Limiter::new(limits, backend))
+        .rule(Rule::new("PerIp", ip))
+        .rule(Rule::new("PerAccount", Header::new("x-account")))
+        .problem_json(true)
+        .build()
+        .unwrap();
+    let server = serve(app(layer)).await;
+    let client = HttpClient::new(&server);
+    let from = |addr: &'static str| [("x-forwarded-for", addr), ("x-account", "1")];
+    assert_eq!(client.get("/", &from("203.0.113.1")).await.status, 200);
+
+    let r = client.get("/", &from("203.0.113.1")).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let p: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(
+        p["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(p["status"], 429);
+    assert_eq!(p["title"], "Too Many Requests");
+    assert_eq!(
+        p["violated-policies"],
+        serde_json::json!(["PerIp", "PerAccount"])
+    );
+    assert_eq!(p["retry_after_ms"], 2000);
+    assert_eq!(r.header("retry-after"), Some("2"));
+
+    let r = client.get("/", &[("x-forwarded-for", "203.0.113.2")]).await;
+    assert_eq!(r.status, 400, "no account header");
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let p: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(p["type"], "about:blank");
+    assert_eq!(p["status"], 400);
+    assert!(p["detail"].as_str().unwrap().contains("PerAccount"), "{p}");
+
+    // Two buckets held, room for one more: a new client with a new account needs two.
+    let r = client
+        .get(
+            "/",
+            &[("x-forwarded-for", "203.0.113.3"), ("x-account", "2")],
+        )
+        .await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let p: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(p["status"], 503);
+}

@@ -18,6 +18,7 @@ pub struct Settings {
     pub limits: Limits,
     pub trusted: Vec<IpNet>,
     pub shadow: Shadow,
+    pub problem_json: bool,
     pub metrics: PrometheusHandle,
 }
 
@@ -62,6 +63,17 @@ impl Shadow {
             Shadow::All => true,
             Shadow::Names(names) => names.iter().any(|n| n == name),
         }
+    }
+}
+
+/// `RATELIMITS_PROBLEM_JSON`: `off` (default) or `on`.
+fn problem_json() -> Result<bool, String> {
+    match std::env::var("RATELIMITS_PROBLEM_JSON").as_deref() {
+        Err(_) | Ok("off") => Ok(false),
+        Ok("on") => Ok(true),
+        Ok(other) => Err(format!(
+            "RATELIMITS_PROBLEM_JSON: {other:?} is neither `on` nor `off`"
+        )),
     }
 }
 
@@ -123,7 +135,8 @@ fn trusted_proxies() -> Result<Vec<IpNet>, String> {
 }
 
 /// Starts logging and metrics, and reads `ADDR`, `RATELIMITS_DEFAULTS`,
-/// `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES` and `RATELIMITS_SHADOW`.
+/// `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`, `RATELIMITS_SHADOW` and
+/// `RATELIMITS_PROBLEM_JSON`.
 pub fn settings() -> Result<Settings, String> {
     init_logging();
     let metrics = install_metrics()?;
@@ -137,6 +150,7 @@ pub fn settings() -> Result<Settings, String> {
     Ok(Settings {
         addr,
         shadow: Shadow::from_env(&limits)?,
+        problem_json: problem_json()?,
         defaults,
         overrides,
         limits,
@@ -151,6 +165,7 @@ pub fn layer_builder(limiter: Limiter, settings: &Settings) -> RateLimitLayerBui
     let client_ip = ClientIp::new().trusted_proxies(settings.trusted.clone());
     let rule = |name: &str, rule: Rule| rule.shadow(settings.shadow.covers(name));
     RateLimitLayer::builder(limiter)
+        .problem_json(settings.problem_json)
         .rule(rule(
             "RequestsPerIPAddress",
             Rule::new("RequestsPerIPAddress", client_ip.clone()),

@@ -126,6 +126,7 @@ where
                             "INTERNAL",
                             "polled after completion",
                             *grpc,
+                            false,
                         );
                         return Poll::Ready(Ok(r.map(RateLimitBody::full)));
                     };
@@ -151,6 +152,7 @@ where
                             StatusCode::INTERNAL_SERVER_ERROR,
                             "INTERNAL",
                             "polled after completion",
+                            false,
                             false,
                         )
                     });

@@ -149,6 +149,7 @@ pub(crate) fn conclude(shared: &Shared, decided: Decided, grpc: bool) -> Conclus
                 batch: &batch,
                 grpc,
                 legacy_headers: shared.legacy_headers,
+                problem_json: shared.problem_json,
             };
             Conclusion::Answer(match &shared.on_denied {
                 Some(f) => f(&denial),
@@ -166,6 +167,7 @@ pub(crate) fn conclude(shared: &Shared, decided: Decided, grpc: bool) -> Conclus
                 "UNAVAILABLE",
                 "the rate limiter is at capacity; try again shortly",
                 grpc,
+                shared.problem_json,
             );
             if !grpc {
                 response.headers_mut().insert(
@@ -187,6 +189,7 @@ pub(crate) fn conclude(shared: &Shared, decided: Decided, grpc: bool) -> Conclus
                 "BADREQUEST",
                 &message,
                 grpc,
+                shared.problem_json,
             ))
         }
         Err(failure) => {
@@ -227,6 +230,7 @@ pub(crate) fn conclude(shared: &Shared, decided: Decided, grpc: bool) -> Conclus
                     "UNAVAILABLE",
                     "rate limiter unavailable",
                     grpc,
+                    shared.problem_json,
                 ));
             }
             Conclusion::Call(None)

@@ -96,6 +96,7 @@ pub(crate) struct Shared {
     pub(crate) failure: FailurePolicy,
     pub(crate) headers_on_allowed: bool,
     pub(crate) legacy_headers: bool,
+    pub(crate) problem_json: bool,
     pub(crate) on_denied: Option<DenialFn>,
 }
 
@@ -110,9 +111,19 @@ pub struct RateLimitLayerBuilder {
     on_denied: Option<DenialFn>,
     shadow: bool,
     log_ids: bool,
+    problem_json: bool,
 }
 
 impl RateLimitLayerBuilder {
+    /// Whether the middleware's own answers (429, and the 400 and 503 it writes) have RFC 9457
+    /// `application/problem+json` bodies (default off: the JSON `{"errors":[..]}` body). A
+    /// 429's problem has the draft's `#quota-exceeded` type and `violated-policies`
+    /// ([`Denial::problem_body`]).
+    pub fn problem_json(mut self, on: bool) -> Self {
+        self.problem_json = on;
+        self
+    }
+
     /// Shadow (dry-run) mode for every rule of the layer (see [`Rule::shadow`]): requests are
     /// decided and counted, buckets evolve as if enforced, and no request is refused by a
     /// limit. Rejections (a missing or bad key) and failure policies still apply.
@@ -239,6 +250,7 @@ impl RateLimitLayerBuilder {
                 failure: self.failure,
                 headers_on_allowed: self.headers_on_allowed,
                 legacy_headers: self.legacy_headers,
+                problem_json: self.problem_json,
                 on_denied: self.on_denied,
             }),
         })
@@ -272,6 +284,7 @@ impl RateLimitLayer {
             on_denied: None,
             shadow: false,
             log_ids: false,
+            problem_json: false,
         }
     }
 

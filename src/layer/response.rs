@@ -204,6 +204,9 @@ pub struct Denial<'a> {
     pub grpc: bool,
     /// Whether legacy `X-RateLimit-*` headers are enabled.
     pub legacy_headers: bool,
+    /// Whether bodies are RFC 9457 `application/problem+json`
+    /// ([`RateLimitLayerBuilder::problem_json`](crate::RateLimitLayerBuilder::problem_json)).
+    pub problem_json: bool,
 }
 
 impl Denial<'_> {
@@ -249,8 +252,38 @@ impl Denial<'_> {
         Bytes::from(body.to_string())
     }
 
+    /// The RFC 9457 body of a 429: `type` is the draft's `#quota-exceeded` problem type,
+    /// `violated-policies` names every limit that denied (strictest first), `retry_after_ms`
+    /// is the exact wait:
+    /// `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Too Many Requests","status":429,"detail":"..","violated-policies":[".."],"retry_after_ms":..}`.
+    pub fn problem_body(&self) -> Bytes {
+        let first = self.decision();
+        let violated: Vec<&str> = first
+            .into_iter()
+            .chain(self.batch.decisions().iter().filter(|d| {
+                d.counts() && !d.allowed && !first.is_some_and(|f| std::ptr::eq(f, *d))
+            }))
+            .map(|d| d.name.as_str())
+            .collect();
+        let retry_ms = self.retry_after().as_micros().div_ceil(1000);
+        let body = serde_json::json!({
+            "type": QUOTA_EXCEEDED,
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": format!(
+                "rate limit {} exceeded; retry after {}s",
+                violated.first().copied().unwrap_or(""),
+                self.retry_after_secs()
+            ),
+            "violated-policies": violated,
+            "retry_after_ms": retry_ms,
+        });
+        Bytes::from(body.to_string())
+    }
+
     /// The default response: a gRPC trailers-only `RESOURCE_EXHAUSTED`, or a 429 with
-    /// `Retry-After`, the `RateLimit` fields and [`json_body`](Self::json_body).
+    /// `Retry-After`, the `RateLimit` fields and [`json_body`](Self::json_body) (or
+    /// [`problem_body`](Self::problem_body) with `problem_json`).
     pub fn default_response(&self) -> Response<Bytes> {
         let retry = self.retry_after_secs();
         let mut response = if self.grpc {
@@ -265,10 +298,15 @@ impl Denial<'_> {
             self.add_grpc_details(r.headers_mut(), &message);
             r
         } else {
-            let mut r = Response::new(self.json_body());
+            let (body, content_type) = if self.problem_json {
+                (self.problem_body(), PROBLEM_JSON)
+            } else {
+                (self.json_body(), "application/json")
+            };
+            let mut r = Response::new(body);
             *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             r.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
             r
         };
         let headers = response.headers_mut();
@@ -348,6 +386,7 @@ pub(crate) fn error_response(
     code: &str,
     message: &str,
     grpc: bool,
+    problem: bool,
 ) -> Response<Bytes> {
     if grpc {
         let grpc_code = match status {
@@ -358,11 +397,34 @@ pub(crate) fn error_response(
         };
         return grpc_status(grpc_code, message);
     }
+    if problem {
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": status.as_u16(),
+            "detail": message,
+        });
+        return json_response(status, body, PROBLEM_JSON);
+    }
     let body = serde_json::json!({"errors": [{"code": code, "message": message}]});
+    json_response(status, body, "application/json")
+}
+
+/// `application/problem+json` (RFC 9457).
+const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The problem type of a rate-limited request (draft-ietf-httpapi-ratelimit-headers-11).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+fn json_response(
+    status: StatusCode,
+    body: serde_json::Value,
+    content_type: &'static str,
+) -> Response<Bytes> {
     let mut r = Response::new(Bytes::from(body.to_string()));
     *r.status_mut() = status;
     r.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
 }
 

@@ -169,6 +169,7 @@ impl Shared {
                     &response::error_code(status),
                     message,
                     grpc,
+                    self.problem_json,
                 ))
             };
             let id = match r.rule.extractor.extract(parts) {
