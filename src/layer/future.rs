@@ -135,7 +135,11 @@ where
                 }
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some(h) = headers.take() {
+                    // A 429 from an inner layer keeps its own fields: adding ours would make
+                    // them contradict the status.
+                    if let Some(h) = headers.take()
+                        && response.status() != StatusCode::TOO_MANY_REQUESTS
+                    {
                         let shared = &**this.shared;
                         insert_ratelimit_headers(
                             response.headers_mut(),

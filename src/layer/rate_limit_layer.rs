@@ -9,11 +9,13 @@ use bytes::Bytes;
 use http::Response;
 use tower_layer::Layer;
 
+use super::extract::ClientIp;
 use super::observe::{RuleMetrics, WarnGate};
 use super::response::{self, Denial};
 use super::rule::{ResolvedRule, Rule};
 use super::service::RateLimitService;
 use crate::limiter::Limiter;
+use ipnet::IpNet;
 
 /// What to do when the backend fails or does not answer within the timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -98,6 +100,20 @@ pub(crate) struct Shared {
     pub(crate) legacy_headers: bool,
     pub(crate) problem_json: bool,
     pub(crate) on_denied: Option<DenialFn>,
+    /// Clients whose address (found by the `ClientIp`) is in one of these bypass every rule.
+    pub(crate) exempt: Option<(ClientIp, Vec<IpNet>)>,
+}
+
+impl Shared {
+    /// Whether the request comes from an exempt address.
+    pub(crate) fn exempt(&self, parts: &http::request::Parts) -> bool {
+        let Some((client, nets)) = &self.exempt else {
+            return false;
+        };
+        client
+            .client_ip(parts)
+            .is_ok_and(|ip| nets.iter().any(|n| n.contains(&ip)))
+    }
 }
 
 /// Builds a [`RateLimitLayer`].
@@ -112,9 +128,36 @@ pub struct RateLimitLayerBuilder {
     shadow: bool,
     log_ids: bool,
     problem_json: bool,
+    exempt: Option<(ClientIp, Vec<IpNet>)>,
 }
 
 impl RateLimitLayerBuilder {
+    /// Exempts clients whose address is in one of `nets` from every rule (internal health
+    /// checkers, a partner's egress): their requests go straight to the inner service, with
+    /// no `RateLimit` fields, and are counted as `exempt`. The address is the one `client`
+    /// finds (so forwarding headers count only from its trusted proxies); a request whose
+    /// address cannot be found is not exempt.
+    ///
+    /// ```
+    /// use tower_ratelimits::{ClientIp, Limiter, Limits, MemoryBackend, RateLimitLayer, Rule};
+    /// # let limiter = Limiter::new(
+    /// #     Limits::from_yaml_str("PerIp: {kind: ip, burst: 5, count: 5, period: 1s}\n", None).unwrap(),
+    /// #     MemoryBackend::new());
+    /// let layer = RateLimitLayer::builder(limiter)
+    ///     .rule(Rule::new("PerIp", ClientIp::new()))
+    ///     .exempt_addresses(ClientIp::new(), ["10.0.0.0/8".parse().unwrap()])
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn exempt_addresses(
+        mut self,
+        client: ClientIp,
+        nets: impl IntoIterator<Item = IpNet>,
+    ) -> Self {
+        self.exempt = Some((client, nets.into_iter().collect()));
+        self
+    }
+
     /// Whether the middleware's own answers (429, and the 400 and 503 it writes) have RFC 9457
     /// `application/problem+json` bodies (default off: the JSON `{"errors":[..]}` body). A
     /// 429's problem has the draft's `#quota-exceeded` type and `violated-policies`
@@ -251,6 +294,7 @@ impl RateLimitLayerBuilder {
                 headers_on_allowed: self.headers_on_allowed,
                 legacy_headers: self.legacy_headers,
                 problem_json: self.problem_json,
+                exempt: self.exempt,
                 on_denied: self.on_denied,
             }),
         })
@@ -285,6 +329,7 @@ impl RateLimitLayer {
             shadow: false,
             log_ids: false,
             problem_json: false,
+            exempt: None,
         }
     }
 

@@ -151,7 +151,8 @@ fn push_member(buf: &mut SmallVec<[u8; 96]>, item: &HeaderValue) {
 }
 
 /// Adds `RateLimit-Policy` and `RateLimit` as lists with one member per reported decision (the
-/// strictest first), and the legacy `X-RateLimit-*` fields of the strictest when asked.
+/// strictest first), appended to members another layer already wrote, and the legacy
+/// `X-RateLimit-*` fields of the strictest when asked (unless another layer wrote them).
 /// `cached` gives a decision's precomputed `RateLimit-Policy` member, if any.
 pub(crate) fn insert_ratelimit_headers(
     headers: &mut HeaderMap,
@@ -183,9 +184,23 @@ pub(crate) fn insert_ratelimit_headers(
             (list(&policy), list(&state))
         }
     };
-    headers.insert(RATELIMIT_POLICY.clone(), policy);
-    headers.insert(RATELIMIT.clone(), state);
-    if legacy {
+    // Another layer's members (stacked layers) are kept: ours are appended to the lists.
+    let append = |headers: &mut HeaderMap, name: &HeaderName, ours: HeaderValue| {
+        let joined = headers.get(name).map(|theirs| {
+            let mut buf = SmallVec::<[u8; 96]>::new();
+            push_member(&mut buf, theirs);
+            push_member(&mut buf, &ours);
+            HeaderValue::from_bytes(&buf)
+        });
+        match joined {
+            Some(Ok(both)) => headers.insert(name.clone(), both),
+            Some(Err(_)) => None,
+            None => headers.insert(name.clone(), ours),
+        };
+    };
+    append(headers, &RATELIMIT_POLICY, policy);
+    append(headers, &RATELIMIT, state);
+    if legacy && !headers.contains_key(&X_RATELIMIT_LIMIT) {
         headers.insert(X_RATELIMIT_LIMIT.clone(), number(quota));
         headers.insert(X_RATELIMIT_REMAINING.clone(), number(first.remaining));
         headers.insert(

@@ -34,6 +34,15 @@ impl Default for OnMissingKey {
 }
 
 pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+pub(crate) type Predicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+
+/// Whether `path` is `prefix` or below it, segment by segment (`/api` covers `/api` and
+/// `/api/x`, not `/apix`).
+fn under(path: &str, prefix: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || prefix.is_empty())
+}
 
 /// One limit applied to requests: a limit name, how to find the id, and what a request costs.
 ///
@@ -53,6 +62,10 @@ pub struct Rule {
     pub(crate) mode: Mode,
     pub(crate) shadow: bool,
     pub(crate) on_missing: OnMissingKey,
+    /// The rule applies only when every one of these holds.
+    pub(crate) scope: Vec<Predicate>,
+    /// The rule does not apply when any of these holds.
+    pub(crate) exempt: Vec<Predicate>,
 }
 
 impl fmt::Debug for Rule {
@@ -63,6 +76,8 @@ impl fmt::Debug for Rule {
             .field("mode", &self.mode)
             .field("shadow", &self.shadow)
             .field("on_missing", &self.on_missing)
+            .field("scoped", &!self.scope.is_empty())
+            .field("exemptions", &self.exempt.len())
             .finish_non_exhaustive()
     }
 }
@@ -78,6 +93,8 @@ impl Rule {
             mode: Mode::CheckAndSpend,
             shadow: false,
             on_missing: OnMissingKey::default(),
+            scope: Vec::new(),
+            exempt: Vec::new(),
         }
     }
 
@@ -115,6 +132,59 @@ impl Rule {
     /// ```
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow = on;
+        self
+    }
+
+    /// Applies the rule only to requests for which `f` holds (a scope over the request head).
+    /// Several scopes must all hold. An out-of-scope rule is left out of the request's batch:
+    /// every rule of a layer that applies is still decided in one all-or-nothing backend call.
+    ///
+    /// ```
+    /// use tower_ratelimits::{ClientIp, Rule};
+    /// let uploads = Rule::new("UploadsPerIp", ClientIp::new())
+    ///     .when(|req| req.headers.contains_key("content-length"));
+    /// ```
+    pub fn when(mut self, f: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.scope.push(Arc::new(f));
+        self
+    }
+
+    /// Applies the rule only to these methods.
+    ///
+    /// ```
+    /// use tower_ratelimits::http::Method;
+    /// use tower_ratelimits::{ClientIp, Rule};
+    /// let writes = Rule::new("WritesPerIp", ClientIp::new()).for_methods([Method::POST, Method::PUT]);
+    /// ```
+    pub fn for_methods(self, methods: impl IntoIterator<Item = http::Method>) -> Self {
+        let methods: Vec<http::Method> = methods.into_iter().collect();
+        self.when(move |req| methods.contains(&req.method))
+    }
+
+    /// Applies the rule only to paths at or below `prefix`, segment by segment (`/api` covers
+    /// `/api` and `/api/users`, not `/apix`).
+    pub fn for_path_prefix(self, prefix: impl Into<String>) -> Self {
+        let prefix = prefix.into();
+        self.when(move |req| under(req.uri.path(), &prefix))
+    }
+
+    /// Applies the rule only to requests axum routed to `route`, as written in the router
+    /// (`"/users/{id}"`; axum's `MatchedPath`, present when the layer is added with
+    /// `Router::layer`).
+    #[cfg(feature = "axum")]
+    pub fn for_route(self, route: impl Into<String>) -> Self {
+        let route = route.into();
+        self.when(move |req| {
+            req.extensions
+                .get::<axum::extract::MatchedPath>()
+                .is_some_and(|m| m.as_str() == route)
+        })
+    }
+
+    /// Exempts requests for which `f` holds from this rule (an internal health checker, a
+    /// partner's header checked by an earlier layer). Several exemptions: any one exempts.
+    pub fn exempt_if(mut self, f: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.exempt.push(Arc::new(f));
         self
     }
 
@@ -160,6 +230,9 @@ impl Shared {
     pub(crate) fn prepare(&self, limits: &Limits, parts: &Parts, grpc: bool) -> Prepared {
         let mut txs = Vec::with_capacity(self.rules.len());
         for r in &self.rules {
+            if !r.rule.scope.iter().all(|f| f(parts)) || r.rule.exempt.iter().any(|f| f(parts)) {
+                continue;
+            }
             let reject = |status: StatusCode, message: &str| {
                 r.metrics.count(RuleOutcome::Rejected);
                 super::observe::count_request("rejected");

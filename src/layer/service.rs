@@ -62,6 +62,11 @@ where
         let shared = self.shared.clone();
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
+        if shared.exempt(&parts) {
+            super::observe::count_request("exempt");
+            let future = inner.call(Request::from_parts(parts, body));
+            return ResponseFuture::calling(shared, future, None);
+        }
         // One snapshot of the limits for the whole request: a reload never mixes two.
         let limits = shared.limiter.load();
         let txs = match shared.prepare(&limits, &parts, grpc) {

@@ -68,7 +68,29 @@ impl HttpClient {
 
     /// A GET whose header values may hold any bytes a client can send (obs-text too).
     pub async fn get_raw(&self, path: &str, headers: &[(&str, &[u8])]) -> Reply {
-        let mut req = http::Request::get(format!("{}{path}", self.base));
+        self.request_raw(http::Method::GET, path, headers).await
+    }
+
+    /// A request with any method.
+    pub async fn request(
+        &self,
+        method: http::Method,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let raw: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        self.request_raw(method, path, &raw).await
+    }
+
+    async fn request_raw(
+        &self,
+        method: http::Method,
+        path: &str,
+        headers: &[(&str, &[u8])],
+    ) -> Reply {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
         for (k, v) in headers {
             req = req.header(*k, http::HeaderValue::from_bytes(v).unwrap());
         }

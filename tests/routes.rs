@@ -1,0 +1,247 @@
+//! One layer for a whole app (rules scoped by method, path and route), stacked layers that
+//! never contradict a status, and exemptions: a real axum server over TCP.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use axum::{Router, routing::get};
+use http::Method;
+use support::http::{HttpClient, Reply, serve};
+use tower_ratelimits::{
+    Backend, BackendError, BucketKey, BucketTx, ClientIp, Header, Limiter, Limits, ManualClock,
+    MemoryBackend, OnMissingKey, Outcome, RateLimitLayer, Rule,
+};
+
+/// The memory backend, counting its batches.
+struct Counting {
+    calls: Arc<AtomicUsize>,
+    inner: MemoryBackend,
+}
+
+#[async_trait]
+impl Backend for Counting {
+    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.spend(batch).await
+    }
+    fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.spend_now(batch)
+    }
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        self.inner.refund(batch).await
+    }
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        self.inner.reset(keys).await
+    }
+}
+
+const LIMITS: &str = "\
+PerIp: {kind: ip, burst: 10, count: 10, period: 10s}
+Reads: {kind: ip, burst: 5, count: 5, period: 10s}
+Writes: {kind: ip, burst: 1, count: 1, period: 10s}
+UserPage: {kind: ip, burst: 2, count: 2, period: 10s}
+PerAccount: {kind: account, burst: 1, count: 1, period: 10s}
+";
+
+fn limiter(calls: &Arc<AtomicUsize>, clock: &ManualClock) -> Limiter {
+    Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        Counting {
+            calls: calls.clone(),
+            inner: MemoryBackend::builder().clock(clock.clone()).build(),
+        },
+    )
+}
+
+/// The names in a `RateLimit` field, in order.
+fn members(r: &Reply) -> Vec<String> {
+    r.header("ratelimit")
+        .unwrap_or("")
+        .split(", ")
+        .filter(|m| !m.is_empty())
+        .map(|m| m.split(';').next().unwrap().trim_matches('"').to_owned())
+        .collect()
+}
+
+fn routes() -> Router {
+    Router::new()
+        .route(
+            "/api/items",
+            get(|| async { "list" }).post(|| async { "created" }),
+        )
+        .route("/users/{id}", get(|| async { "user" }))
+        .route("/health", get(|| async { "ok" }))
+}
+
+#[tokio::test]
+async fn scoped_rules_in_one_layer_are_one_call_per_request_with_their_own_fields() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let layer = RateLimitLayer::new(
+        limiter(&calls, &clock),
+        [
+            Rule::new("PerIp", ClientIp::new()),
+            Rule::new("Reads", ClientIp::new())
+                .for_methods([Method::GET])
+                .for_path_prefix("/api"),
+            Rule::new("Writes", ClientIp::new()).for_methods([Method::POST]),
+            Rule::new("UserPage", ClientIp::new()).for_route("/users/{id}"),
+        ],
+    )
+    .unwrap();
+    let server = serve(routes().layer(layer)).await;
+    let client = HttpClient::new(&server);
+    let mut expected_calls = 0;
+    let mut call = async |method: Method, path: &str| {
+        let r = client.request(method, path, &[]).await;
+        expected_calls += 1;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            expected_calls,
+            "one call per request"
+        );
+        r
+    };
+
+    let r = call(Method::GET, "/api/items").await;
+    assert_eq!(r.status, 200);
+    let mut names = members(&r);
+    names.sort();
+    assert_eq!(names, ["PerIp", "Reads"]);
+
+    let r = call(Method::POST, "/api/items").await;
+    assert_eq!(r.status, 200);
+    let mut names = members(&r);
+    names.sort();
+    assert_eq!(names, ["PerIp", "Writes"]);
+
+    let r = call(Method::GET, "/users/7").await;
+    let mut names = members(&r);
+    names.sort();
+    assert_eq!(names, ["PerIp", "UserPage"]);
+
+    let r = call(Method::GET, "/health").await;
+    assert_eq!(members(&r), ["PerIp"]);
+    // PerIp has spent 4 of 10.
+    assert!(
+        r.header("ratelimit").unwrap().contains(";r=6;"),
+        "{:?}",
+        r.header("ratelimit")
+    );
+
+    // A second write is denied by Writes alone, and spends nothing anywhere (all or nothing).
+    let r = call(Method::POST, "/api/items").await;
+    assert_eq!(r.status, 429);
+    assert_eq!(members(&r)[0], "Writes");
+    let r = call(Method::GET, "/health").await;
+    assert!(
+        r.header("ratelimit").unwrap().contains(";r=5;"),
+        "{:?}",
+        r.header("ratelimit")
+    );
+    // `/api` does not cover `/apix` (no such route: 404, but PerIp still counts it).
+    let r = call(Method::GET, "/apix").await;
+    assert_eq!(members(&r), ["PerIp"]);
+}
+
+/// Two layers stacked: the inner one's 429 keeps its own fields (the outer layer adds nothing
+/// to it), and an allowed response lists both layers' members.
+#[tokio::test]
+async fn stacked_layers_append_their_fields_and_never_touch_a_429() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limiter = limiter(&calls, &clock);
+    let inner = RateLimitLayer::new(
+        limiter.clone(),
+        [Rule::new("PerAccount", Header::new("x-account"))],
+    )
+    .unwrap();
+    let outer = RateLimitLayer::new(limiter, [Rule::new("PerIp", ClientIp::new())]).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(inner)
+        .layer(outer);
+    let server = serve(app).await;
+    let client = HttpClient::new(&server);
+    let acct = [("x-account", "3")];
+
+    let r = client.get("/", &acct).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(members(&r), ["PerAccount", "PerIp"]);
+    let policy = r.header("ratelimit-policy").unwrap();
+    assert!(
+        policy.starts_with("\"PerAccount\";q=1;w=10, \"PerIp\";q=10;"),
+        "{policy}"
+    );
+
+    let r = client.get("/", &acct).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(members(&r), ["PerAccount"], "the 429's own fields only");
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some("\"PerAccount\";q=1;w=10")
+    );
+    let t: u64 = r
+        .header("ratelimit")
+        .unwrap()
+        .rsplit("t=")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry >= t);
+    assert!(r.body.contains("PerAccount"));
+}
+
+#[tokio::test]
+async fn exempt_addresses_and_exempt_rules_bypass_limits() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let ip = ClientIp::new().trusted_proxies(["127.0.0.0/8".parse().unwrap()]);
+    let layer = RateLimitLayer::builder(limiter(&calls, &clock))
+        .rule(Rule::new("Writes", ip.clone()))
+        .rule(
+            Rule::new("PerAccount", Header::new("x-account"))
+                .on_missing_key(OnMissingKey::Skip)
+                .exempt_if(|req| req.headers.get("x-internal").is_some_and(|v| v == "yes")),
+        )
+        .exempt_addresses(ip, ["10.0.0.0/8".parse().unwrap()])
+        .build()
+        .unwrap();
+    let server = serve(routes().layer(layer)).await;
+    let client = HttpClient::new(&server);
+
+    // An exempt address: never limited, no fields, no backend call.
+    for _ in 0..5 {
+        let r = client
+            .get("/health", &[("x-forwarded-for", "10.1.2.3")])
+            .await;
+        assert_eq!(r.status, 200);
+        assert!(r.header("ratelimit").is_none());
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // Anyone else: limited (Writes: burst 1).
+    let other = [("x-forwarded-for", "192.0.2.1")];
+    assert_eq!(client.get("/health", &other).await.status, 200);
+    assert_eq!(client.get("/health", &other).await.status, 429);
+
+    // The per-rule exemption: PerAccount (burst 1) does not apply to internal calls.
+    let internal = [
+        ("x-forwarded-for", "192.0.2.2"),
+        ("x-account", "9"),
+        ("x-internal", "yes"),
+    ];
+    let r = client.get("/health", &internal).await;
+    assert_eq!(members(&r), ["Writes"]);
+    let external = [("x-forwarded-for", "192.0.2.3"), ("x-account", "9")];
+    assert_eq!(client.get("/health", &external).await.status, 200);
+    let external = [("x-forwarded-for", "192.0.2.4"), ("x-account", "9")];
+    let r = client.get("/health", &external).await;
+    assert_eq!(r.status, 429, "the account's bucket is spent");
+    assert_eq!(members(&r)[0], "PerAccount");
+}
