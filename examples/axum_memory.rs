@@ -16,6 +16,8 @@
 //!   and logged, never refusing), or a comma-separated list of limit names to shadow
 //! - `RATELIMITS_PROBLEM_JSON`: `off` (default) or `on`: 429, 400 and 503 bodies as RFC 9457
 //!   `application/problem+json`
+//! - `RATELIMITS_EXEMPT`: comma-separated CIDRs whose clients bypass every rule (default none;
+//!   the client address honours `RATELIMITS_TRUSTED_PROXIES`)
 //! - `RUST_LOG`: what is logged to stderr (default `info`; `tower_ratelimits=debug` logs every
 //!   decision)
 //!

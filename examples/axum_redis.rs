@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Settings (environment): those of `axum_memory` (`ADDR`, `RATELIMITS_DEFAULTS`,
-//! `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`, `RATELIMITS_SHADOW`, `RATELIMITS_PROBLEM_JSON`, `RUST_LOG`;
+//! `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`, `RATELIMITS_SHADOW`, `RATELIMITS_PROBLEM_JSON`, `RATELIMITS_EXEMPT`, `RUST_LOG`;
 //! `GET /metrics`; the YAML files are watched and reloaded), plus
 //! - `REDIS_URL`: `redis://`, `rediss://` or `redis-cluster://` URL (default
 //!   `redis://127.0.0.1:6379`)

@@ -867,3 +867,89 @@ proptest::proptest! {
         let _ = Id::new(&text);
     }
 }
+
+/// `unlimited: true` in an override entry (both formats) makes a limit unlimited for its ids;
+/// anything else in that field, or a limit beside it, is a located error.
+#[test]
+fn an_override_can_make_a_limit_unlimited_for_listed_ids() {
+    let limits = Limits::from_yaml_str(
+        DEFAULTS,
+        Some(
+            "\
+- NewOrdersPerAccount:
+    unlimited: true
+    ids: [7, 8]
+    comment: the partner's accounts
+- NewOrdersPerAccount:
+    burst: 600
+    count: 600
+    period: 180m
+    ids: [9]
+",
+        ),
+    )
+    .unwrap();
+    let key = |id: &str| {
+        let n = limits.name("NewOrdersPerAccount").unwrap();
+        BucketKey::new(n, IdKind::Account.parse(id).unwrap())
+    };
+    assert!(limits.resolve(&key("7")).is_none(), "unlimited");
+    assert!(limits.resolve(&key("8")).is_none(), "unlimited");
+    assert_eq!(limit_of(&limits, "NewOrdersPerAccount", "9").burst(), 600);
+    assert_eq!(limit_of(&limits, "NewOrdersPerAccount", "10").burst(), 300);
+    assert_eq!(limits.override_count(), 3);
+
+    let old_format =
+        Limits::from_yaml_str(DEFAULTS, Some("NewOrdersPerAccount:7: {unlimited: true}\n"))
+            .unwrap();
+    let n = old_format.name("NewOrdersPerAccount").unwrap();
+    assert!(
+        old_format
+            .resolve(&BucketKey::new(n, Id::from(7u64)))
+            .is_none()
+    );
+
+    for (overrides, line, what) in [
+        (
+            "- NewOrdersPerAccount: {unlimited: false, ids: [7]}\n",
+            1,
+            "false",
+        ),
+        (
+            "- NewOrdersPerAccount: {unlimited: 1, ids: [7]}\n",
+            1,
+            "a number",
+        ),
+        (
+            "- NewOrdersPerAccount:\n    unlimited: true\n    burst: 5\n    ids: [7]\n",
+            3,
+            "burst",
+        ),
+        (
+            "- NewOrdersPerAccount: {unlimited: true, ids: [7]}\n- NewOrdersPerAccount: {unlimited: true, ids: [7]}\n",
+            2,
+            "7",
+        ),
+    ] {
+        let e = Limits::from_yaml_str(DEFAULTS, Some(overrides)).unwrap_err();
+        assert_eq!(e.location().line, Some(line), "{overrides}: {e}");
+        assert_eq!(e.limit(), Some("NewOrdersPerAccount"), "{overrides}: {e}");
+        assert!(e.to_string().contains(what), "{overrides}: {e}");
+    }
+
+    // In code too.
+    let built = Limits::builder()
+        .limit(
+            "Api",
+            Limit::new(1, 1, std::time::Duration::from_secs(1)).unwrap(),
+        )
+        .unlimited_for("Api", "vip")
+        .build()
+        .unwrap();
+    let n = built.name("Api").unwrap();
+    assert!(
+        built
+            .resolve(&BucketKey::new(n, Id::new("vip").unwrap()))
+            .is_none()
+    );
+}

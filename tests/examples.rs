@@ -421,3 +421,23 @@ async fn ratelimits_problem_json_on_makes_the_429_a_problem() {
         serde_json::json!(["RequestsPerIPAddress"])
     );
 }
+
+#[tokio::test]
+async fn ratelimits_exempt_lets_its_clients_bypass_every_rule() {
+    skip_unless_built("axum_memory");
+    let example = Example::start("axum_memory", &[("RATELIMITS_EXEMPT", "203.0.113.0/24")]);
+    let client = reqwest_like::Client::new();
+    for _ in 0..8 {
+        let (status, _) = get(&client, &example.base, "/", Some("203.0.113.5")).await;
+        assert_eq!(status, 200, "exempt");
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(
+            get(&client, &example.base, "/", Some("198.51.100.50"))
+                .await
+                .0,
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+}

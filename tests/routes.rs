@@ -245,3 +245,34 @@ async fn exempt_addresses_and_exempt_rules_bypass_limits() {
     assert_eq!(r.status, 429, "the account's bucket is spent");
     assert_eq!(members(&r)[0], "PerAccount");
 }
+
+/// An id an override makes unlimited is never limited and gets no member in the fields; other
+/// ids keep the default.
+#[tokio::test]
+async fn an_unlimited_override_is_never_limited() {
+    let limits = Limits::from_yaml_str(
+        "PerAccount: {kind: account, burst: 1, count: 1, period: 10s}\n",
+        Some("- PerAccount: {unlimited: true, ids: ['42']}\n"),
+    )
+    .unwrap();
+    let layer = RateLimitLayer::new(
+        Limiter::new(limits, MemoryBackend::new()),
+        [Rule::new("PerAccount", Header::new("x-account"))],
+    )
+    .unwrap();
+    let server = serve(routes().layer(layer)).await;
+    let client = HttpClient::new(&server);
+    for _ in 0..5 {
+        let r = client.get("/health", &[("x-account", "42")]).await;
+        assert_eq!(r.status, 200);
+        assert!(r.header("ratelimit").is_none());
+    }
+    assert_eq!(
+        client.get("/health", &[("x-account", "43")]).await.status,
+        200
+    );
+    assert_eq!(
+        client.get("/health", &[("x-account", "43")]).await.status,
+        429
+    );
+}

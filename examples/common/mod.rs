@@ -19,6 +19,7 @@ pub struct Settings {
     pub trusted: Vec<IpNet>,
     pub shadow: Shadow,
     pub problem_json: bool,
+    pub exempt: Vec<IpNet>,
     pub metrics: PrometheusHandle,
 }
 
@@ -120,7 +121,12 @@ fn config_path(var: &str, default: &str) -> PathBuf {
 }
 
 fn trusted_proxies() -> Result<Vec<IpNet>, String> {
-    let Ok(text) = std::env::var("RATELIMITS_TRUSTED_PROXIES") else {
+    cidrs("RATELIMITS_TRUSTED_PROXIES")
+}
+
+/// A comma-separated list of CIDRs (or addresses) from `var`; none when unset.
+fn cidrs(var: &str) -> Result<Vec<IpNet>, String> {
+    let Ok(text) = std::env::var(var) else {
         return Ok(Vec::new());
     };
     text.split(',')
@@ -129,14 +135,14 @@ fn trusted_proxies() -> Result<Vec<IpNet>, String> {
         .map(|s| {
             s.parse::<IpNet>()
                 .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from))
-                .map_err(|_| format!("RATELIMITS_TRUSTED_PROXIES: {s:?} is not a CIDR"))
+                .map_err(|_| format!("{var}: {s:?} is not a CIDR"))
         })
         .collect()
 }
 
 /// Starts logging and metrics, and reads `ADDR`, `RATELIMITS_DEFAULTS`,
-/// `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`, `RATELIMITS_SHADOW` and
-/// `RATELIMITS_PROBLEM_JSON`.
+/// `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`, `RATELIMITS_SHADOW`,
+/// `RATELIMITS_PROBLEM_JSON` and `RATELIMITS_EXEMPT`.
 pub fn settings() -> Result<Settings, String> {
     init_logging();
     let metrics = install_metrics()?;
@@ -151,6 +157,7 @@ pub fn settings() -> Result<Settings, String> {
         addr,
         shadow: Shadow::from_env(&limits)?,
         problem_json: problem_json()?,
+        exempt: cidrs("RATELIMITS_EXEMPT")?,
         defaults,
         overrides,
         limits,
@@ -164,8 +171,11 @@ pub fn settings() -> Result<Settings, String> {
 pub fn layer_builder(limiter: Limiter, settings: &Settings) -> RateLimitLayerBuilder {
     let client_ip = ClientIp::new().trusted_proxies(settings.trusted.clone());
     let rule = |name: &str, rule: Rule| rule.shadow(settings.shadow.covers(name));
-    RateLimitLayer::builder(limiter)
-        .problem_json(settings.problem_json)
+    let mut builder = RateLimitLayer::builder(limiter).problem_json(settings.problem_json);
+    if !settings.exempt.is_empty() {
+        builder = builder.exempt_addresses(client_ip.clone(), settings.exempt.clone());
+    }
+    builder
         .rule(rule(
             "RequestsPerIPAddress",
             Rule::new("RequestsPerIPAddress", client_ip.clone()),

@@ -4,7 +4,7 @@
 //! built; resolving the limit of a bucket on the request path is one hash lookup in the
 //! overrides (skipped when there are none) and one in the names, both on precomputed hashes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use crate::algo::gcra::LimitError;
@@ -257,6 +257,8 @@ pub struct Limits {
     by_name: HashMap<LimitName, usize, nohash_hasher::BuildNoHashHasher<LimitName>>,
     by_text: HashMap<&'static str, usize, foldhash::fast::RandomState>,
     overrides: HashMap<BucketKey, Quota, foldhash::fast::RandomState>,
+    /// Ids an override makes unlimited (`unlimited: true`): no limit, whatever the default.
+    unlimited: HashSet<BucketKey, foldhash::fast::RandomState>,
 }
 
 impl Limits {
@@ -300,9 +302,9 @@ impl Limits {
         self.names.iter().map(|e| e.name)
     }
 
-    /// The number of overrides.
+    /// The number of overrides (unlimited ids included).
     pub fn override_count(&self) -> usize {
-        self.overrides.len()
+        self.overrides.len() + self.unlimited.len()
     }
 
     /// The limit that applies to a bucket: its override, else the name's default, else `None`
@@ -322,6 +324,9 @@ impl Limits {
         {
             return Some(l);
         }
+        if !self.unlimited.is_empty() && self.unlimited.contains(key) {
+            return None;
+        }
         entry.default.as_ref()
     }
 }
@@ -330,12 +335,19 @@ impl Limits {
     /// What replacing `self` with `new` changes, by name.
     pub(crate) fn change_to(&self, new: &Limits) -> crate::limiter::LimitsChange {
         let mut change = crate::limiter::LimitsChange::default();
-        fn overrides_of(limits: &Limits, name: LimitName) -> Vec<(String, &Quota)> {
-            let mut o: Vec<(String, &Quota)> = limits
+        fn overrides_of(limits: &Limits, name: LimitName) -> Vec<(String, Option<&Quota>)> {
+            let mut o: Vec<(String, Option<&Quota>)> = limits
                 .overrides
                 .iter()
                 .filter(|(k, _)| k.name() == name)
-                .map(|(k, q)| (k.id().to_string(), q))
+                .map(|(k, q)| (k.id().to_string(), Some(q)))
+                .chain(
+                    limits
+                        .unlimited
+                        .iter()
+                        .filter(|k| k.name() == name)
+                        .map(|k| (k.id().to_string(), None)),
+                )
                 .collect();
             o.sort_by(|a, b| a.0.cmp(&b.0));
             o
@@ -494,17 +506,27 @@ impl LimitsBuilder {
 
     /// Overrides `name`'s limit for one id, given as text and checked against the name's kind.
     pub fn override_for(mut self, name: &str, id: &str, limit: impl Into<Quota>) -> Self {
-        if let Err(e) = self.try_override(name, id, limit.into()) {
+        if let Err(e) = self.try_override(name, id, Some(limit.into())) {
             self.fail(e.for_limit(name));
         }
         self
     }
 
+    /// Makes `name` unlimited for one id (YAML: `unlimited: true` in an override entry): its
+    /// requests are allowed without touching the store, like a limit with no default.
+    pub fn unlimited_for(mut self, name: &str, id: &str) -> Self {
+        if let Err(e) = self.try_override(name, id, None) {
+            self.fail(e.for_limit(name));
+        }
+        self
+    }
+
+    /// An override: a limit, or `None` for unlimited.
     pub(crate) fn try_override(
         &mut self,
         name: &str,
         id: &str,
-        limit: Quota,
+        limit: Option<Quota>,
     ) -> Result<(), ConfigError> {
         let index = *self
             .limits
@@ -512,7 +534,9 @@ impl LimitsBuilder {
             .get(name)
             .ok_or_else(|| ConfigError::new(ConfigErrorKind::UnknownName(name.to_owned())))?;
         let entry = &self.limits.names[index];
-        if entry.cost > limit.max_cost() {
+        if let Some(limit) = &limit
+            && entry.cost > limit.max_cost()
+        {
             return Err(ConfigError::new(ConfigErrorKind::CostAboveBurst {
                 cost: entry.cost,
                 burst: limit.max_cost(),
@@ -520,12 +544,19 @@ impl LimitsBuilder {
         }
         let parsed = entry.kind.parse(id).map_err(ConfigError::new)?;
         let key = BucketKey::new(entry.name, parsed);
-        if self.limits.overrides.contains_key(&key) {
+        if self.limits.overrides.contains_key(&key) || self.limits.unlimited.contains(&key) {
             return Err(ConfigError::new(ConfigErrorKind::DuplicateId(
                 id.to_owned(),
             )));
         }
-        self.limits.overrides.insert(key, limit);
+        match limit {
+            Some(limit) => {
+                self.limits.overrides.insert(key, limit);
+            }
+            None => {
+                self.limits.unlimited.insert(key);
+            }
+        }
         Ok(())
     }
 

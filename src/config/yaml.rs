@@ -30,7 +30,7 @@ struct Node {
 #[derive(Debug)]
 enum Value {
     Null,
-    Bool,
+    Bool(bool),
     Int(i128),
     Float,
     /// A number YAML reads but that is not written in plain decimal (`1_000`, `0x10`, `+5`,
@@ -47,7 +47,7 @@ impl Value {
     fn describe(&self) -> &'static str {
         match self {
             Value::Null => "nothing",
-            Value::Bool => "a boolean",
+            Value::Bool(_) => "a boolean",
             Value::Int(_) => "a number",
             Value::Float => "a decimal number",
             Value::Unplain(_) => "a number not in plain decimal",
@@ -96,8 +96,8 @@ impl<'de> Visitor<'de> for ValueVisitor {
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
         Value::deserialize(d)
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Value, E> {
-        Ok(Value::Bool)
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
     }
     fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
         Ok(Value::Int(v.into()))
@@ -251,6 +251,7 @@ struct Fields<'a> {
     kind: Option<&'a Node>,
     cost: Option<&'a Node>,
     ids: Option<&'a Node>,
+    unlimited: Option<&'a Node>,
     comment: Option<&'a Node>,
 }
 
@@ -278,6 +279,7 @@ fn fields<'a>(node: &'a Node, allowed: &[&'static str]) -> Result<Fields<'a>, Co
             "kind" => &mut f.kind,
             "cost" => &mut f.cost,
             "ids" => &mut f.ids,
+            "unlimited" => &mut f.unlimited,
             _ => &mut f.comment,
         };
         if slot.replace(v).is_some() {
@@ -296,6 +298,41 @@ fn need<'a>(
     n: Option<&'a Node>,
 ) -> Result<&'a Node, ConfigError> {
     n.ok_or_else(|| err_at(ConfigErrorKind::MissingField(field), f.line))
+}
+
+/// What an override entry gives its ids: a limit, or `unlimited: true` (no limit at all).
+fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> {
+    let Some(node) = f.unlimited else {
+        return quota_of(f).map(Some);
+    };
+    match node.value {
+        Value::Bool(true) => {}
+        Value::Bool(false) => {
+            return Err(err_at(
+                ConfigErrorKind::WrongShape {
+                    expected: "true (to give the limit, write it instead)",
+                    found: "false",
+                },
+                node.line,
+            ));
+        }
+        _ => return Err(wrong_shape("true", node)),
+    }
+    let others = [
+        ("burst", f.burst),
+        ("count", f.count),
+        ("period", f.period),
+        ("tiers", f.tiers),
+    ];
+    for (name, other) in others {
+        if let Some(n) = other {
+            return Err(err_at(
+                ConfigErrorKind::ConflictingFields("unlimited", name),
+                n.line,
+            ));
+        }
+    }
+    Ok(None)
 }
 
 /// A GCRA limit (`burst`, `count`, `period`) or burst tiers (`tiers`).
@@ -531,9 +568,20 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                 };
                 let name = as_str(k, "a limit name")?;
                 let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
-                let f = fields(v, &["burst", "count", "period", "tiers", "ids", "comment"])
-                    .map_err(located)?;
-                let limit = quota_of(&f).map_err(located)?;
+                let f = fields(
+                    v,
+                    &[
+                        "burst",
+                        "count",
+                        "period",
+                        "tiers",
+                        "ids",
+                        "unlimited",
+                        "comment",
+                    ],
+                )
+                .map_err(located)?;
+                let limit = override_of(&f).map_err(located)?;
                 let ids_node = f
                     .ids
                     .ok_or_else(|| located(err_at(ConfigErrorKind::MissingField("ids"), f.line)))?;
@@ -572,9 +620,12 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                     ));
                 };
                 let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
-                let f = fields(v, &["burst", "count", "period", "tiers", "comment"])
-                    .map_err(located)?;
-                let limit = quota_of(&f).map_err(located)?;
+                let f = fields(
+                    v,
+                    &["burst", "count", "period", "tiers", "unlimited", "comment"],
+                )
+                .map_err(located)?;
+                let limit = override_of(&f).map_err(located)?;
                 builder.try_override(name, id, limit).map_err(located)?;
             }
             Ok(())
