@@ -94,3 +94,61 @@ async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
     );
     server.abort();
 }
+
+/// The example with `ADDR` set serves until stopped; a real tonic client calling it reads the
+/// standard `RetryInfo` and `QuotaFailure` details of the fourth call.
+#[tokio::test]
+async fn the_example_serves_on_addr_until_stopped() {
+    use tonic_types::StatusExt;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let exe = std::env::current_exe().unwrap();
+    let binary = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("tonic_grpc");
+    let mut child = std::process::Command::new(&binary)
+        .env("ADDR", format!("127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e} (built by `cargo test`)", binary.display()));
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let channel = loop {
+        match Endpoint::from_shared(url.clone()).unwrap().connect().await {
+            Ok(c) => break c,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let mut client = HealthClient::new(channel);
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+    for _ in 0..3 {
+        client.check(check()).await.unwrap();
+    }
+    let status = client.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let details = status.get_error_details();
+    let delay = details.retry_info().unwrap().retry_delay.unwrap();
+    assert!(
+        delay > Duration::ZERO && delay <= Duration::from_secs(1),
+        "{delay:?}"
+    );
+    assert_eq!(
+        details.quota_failure().unwrap().violations[0].subject,
+        "GrpcCallsPerIPAddress"
+    );
+    // Still serving: it does not exit on its own.
+    assert!(child.try_wait().unwrap().is_none());
+    let _ = child.kill();
+    let _ = child.wait();
+}
