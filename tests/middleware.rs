@@ -2,6 +2,9 @@
 //! both ways (error and timeout), response options, gRPC answers, bad requests. Test backends
 //! wrap or replace the real one here; the real backends are proven in their own tests.
 
+#[path = "support/counting.rs"]
+mod counting;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,6 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use axum::{Router, body::Body, routing::any};
+use counting::Counting;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
@@ -23,26 +27,6 @@ PerIp: {kind: ip, burst: 2, count: 2, period: 2s}
 PerRange: {kind: ipv6_range, burst: 10, count: 10, period: 1s}
 PerAccount: {kind: account, burst: 10, count: 10, period: 1s}
 ";
-
-/// Counts calls, then delegates to the in-memory backend.
-struct Counting {
-    calls: Arc<AtomicUsize>,
-    inner: MemoryBackend,
-}
-
-#[async_trait]
-impl Backend for Counting {
-    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.spend(batch).await
-    }
-    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
-        self.inner.refund(batch).await
-    }
-    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
-        self.inner.reset(keys).await
-    }
-}
 
 /// Fails every call, or never answers.
 struct Broken {

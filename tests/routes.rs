@@ -1,43 +1,21 @@
 //! One layer for a whole app (rules scoped by method, path and route), stacked layers that
 //! never contradict a status, and exemptions: a real axum server over TCP.
 
+#[path = "support/counting.rs"]
+mod counting;
 mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use async_trait::async_trait;
 use axum::{Router, routing::get};
+use counting::Counting;
 use http::Method;
 use support::http::{HttpClient, Reply, serve};
 use tower_ratelimits::{
-    Backend, BackendError, BucketKey, BucketTx, ClientIp, Header, Limiter, Limits, ManualClock,
-    MemoryBackend, OnMissingKey, Outcome, RateLimitLayer, Rule,
+    ClientIp, Header, Limiter, Limits, ManualClock, MemoryBackend, OnMissingKey, RateLimitLayer,
+    Rule,
 };
-
-/// The memory backend, counting its batches.
-struct Counting {
-    calls: Arc<AtomicUsize>,
-    inner: MemoryBackend,
-}
-
-#[async_trait]
-impl Backend for Counting {
-    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.spend(batch).await
-    }
-    fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.spend_now(batch)
-    }
-    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
-        self.inner.refund(batch).await
-    }
-    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
-        self.inner.reset(keys).await
-    }
-}
 
 const LIMITS: &str = "\
 PerIp: {kind: ip, burst: 10, count: 10, period: 10s}

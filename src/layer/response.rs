@@ -354,8 +354,15 @@ impl Denial<'_> {
         }
         let status =
             tonic::Status::with_error_details(tonic::Code::ResourceExhausted, message, details);
-        if let Err(e) = status.add_header(headers) {
-            tracing::debug!(error = %e, "gRPC error details not added");
+        // Only the details: `grpc-status` and `grpc-message` are ours already.
+        let mut encoded = HeaderMap::new();
+        match status.add_header(&mut encoded) {
+            Ok(()) => {
+                if let Some(v) = encoded.remove("grpc-status-details-bin") {
+                    headers.insert("grpc-status-details-bin", v);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "gRPC error details not added"),
         }
     }
 }
