@@ -33,7 +33,7 @@ fn number(n: u64) -> HeaderValue {
 }
 
 /// Appends the decimal digits of `n` to `buf`.
-fn push_u64(buf: &mut SmallVec<[u8; 96]>, n: u64) {
+fn push_u64(buf: &mut Buf, n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     let mut n = n;
@@ -48,18 +48,33 @@ fn push_u64(buf: &mut SmallVec<[u8; 96]>, n: u64) {
     buf.extend_from_slice(&digits[i..]);
 }
 
-/// `"<name>";<a>=<x>;<b>=<y>`: a structured-field list member. Names are `[A-Za-z0-9_.-]`, so
-/// the value is always a valid header value. Built on the stack, then copied once.
-fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
-    let mut buf = SmallVec::<[u8; 96]>::new();
+/// A header value being built, on the stack up to 256 bytes (a few list members).
+type Buf = SmallVec<[u8; 256]>;
+
+/// Appends `"<name>";<a>=<x>;<b>=<y>`, a structured-field list member, to `buf` (`, ` first
+/// when the list has members). Names are `[A-Za-z0-9_.-]`, so the value is always valid.
+fn push_item(buf: &mut Buf, name: &str, a: u8, x: u64, b: u8, y: u64) {
+    if !buf.is_empty() {
+        buf.extend_from_slice(b", ");
+    }
     buf.push(b'"');
     buf.extend_from_slice(name.as_bytes());
     buf.extend_from_slice(b"\";");
     buf.extend_from_slice(&[a, b'=']);
-    push_u64(&mut buf, x);
+    push_u64(buf, x);
     buf.extend_from_slice(&[b';', b, b'=']);
-    push_u64(&mut buf, y);
-    HeaderValue::from_bytes(&buf).unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
+    push_u64(buf, y);
+}
+
+fn value(buf: &[u8]) -> HeaderValue {
+    HeaderValue::from_bytes(buf).unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
+}
+
+/// One structured-field member as a header value, built on the stack and copied once.
+fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
+    let mut buf = Buf::new();
+    push_item(&mut buf, name, a, x, b, y);
+    value(&buf)
 }
 
 /// The `RateLimit-Policy` value of a limit: `q` is the burst (the most tokens held, so `r`
@@ -68,13 +83,6 @@ fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
 pub fn policy_value(name: &str, limit: &crate::algo::gcra::Limit) -> HeaderValue {
     let window = ceil_secs(Duration::from_micros(limit.burst_offset_us()));
     sf_item(name, b'q', limit.burst(), b'w', window)
-}
-
-/// The `RateLimit-Policy` value of a tiered limit's serving tier: `q` is the tier's limit and
-/// `w` its window in seconds (rounded up).
-pub fn tier_policy_value(name: &str, tier: &crate::algo::tiers::Tier) -> HeaderValue {
-    let window = ceil_secs(Duration::from_micros(tier.window_us()));
-    sf_item(name, b'q', tier.limit(), b'w', window)
 }
 
 /// The draft-11 effective window of a decision, in microseconds: the time within which the
@@ -99,32 +107,30 @@ fn effective_window_us(d: &Decision) -> u64 {
     }
 }
 
-/// The `RateLimit` value of a decision: `r` is the units left and `t` the effective window in
-/// seconds, rounded up (draft-11; see `docs/keys-and-http.md`).
-pub fn state_value(decision: &Decision) -> HeaderValue {
-    sf_item(
-        decision.name.as_str(),
-        b'r',
+/// The `r` and `t` of a decision's `RateLimit` member: the units left and the effective window
+/// in seconds, rounded up (draft-11; see `docs/keys-and-http.md`).
+fn state_params(decision: &Decision) -> (u64, u64) {
+    (
         decision.remaining,
-        b't',
         ceil_secs(Duration::from_micros(effective_window_us(decision))),
     )
 }
 
-/// A decision's `RateLimit-Policy` value (`cached` when the caller has it) and its legacy
-/// `X-RateLimit-Limit` number; `None` when the limit is disabled for the id.
-fn policy_of(decision: &Decision, cached: Option<HeaderValue>) -> Option<(HeaderValue, u64)> {
+/// The `q` and `w` of a decision's `RateLimit-Policy` member, and its legacy
+/// `X-RateLimit-Limit`; `None` when the limit is disabled for the id. GCRA: the burst and the
+/// burst offset; tiered: the serving tier's limit and window (seconds, rounded up).
+fn policy_params(decision: &Decision) -> Option<(u64, u64)> {
     match decision.limit.as_ref()? {
         Quota::Gcra(l) => Some((
-            cached.unwrap_or_else(|| policy_value(decision.name.as_str(), l)),
             l.burst(),
+            ceil_secs(Duration::from_micros(l.burst_offset_us())),
         )),
         Quota::Tiered(t) => {
             let number = decision.tiers.map_or(1, |g| usize::from(g.tier));
             let tier = t.tier(number).or(t.tiers().first())?;
             Some((
-                tier_policy_value(decision.name.as_str(), tier),
                 tier.limit(),
+                ceil_secs(Duration::from_micros(tier.window_us())),
             ))
         }
     }
@@ -142,64 +148,66 @@ fn reported(batch: &BatchDecision) -> impl Iterator<Item = &Decision> {
     )
 }
 
-/// Appends `item` to the list in `buf` (`, ` between members).
-fn push_member(buf: &mut SmallVec<[u8; 96]>, item: &HeaderValue) {
-    if !buf.is_empty() {
-        buf.extend_from_slice(b", ");
-    }
-    buf.extend_from_slice(item.as_bytes());
-}
-
 /// Adds `RateLimit-Policy` and `RateLimit` as lists with one member per reported decision (the
 /// strictest first), appended to members another layer already wrote, and the legacy
 /// `X-RateLimit-*` fields of the strictest when asked (unless another layer wrote them).
-/// `cached` gives a decision's precomputed `RateLimit-Policy` member, if any.
+/// `cached` gives a decision's precomputed `RateLimit-Policy` member, if any. Each field is
+/// built on the stack and copied once.
 pub(crate) fn insert_ratelimit_headers(
     headers: &mut HeaderMap,
     batch: &BatchDecision,
     cached: impl Fn(&Decision) -> Option<HeaderValue>,
     legacy: bool,
 ) {
-    let mut members = reported(batch).filter_map(|d| Some((d, policy_of(d, cached(d))?)));
-    let Some((first, (first_policy, quota))) = members.next() else {
+    let mut members = reported(batch)
+        .filter_map(|d| Some((d, policy_params(d)?)))
+        .peekable();
+    let Some((first, (quota, window))) = members.next() else {
         return;
     };
-    let first_state = state_value(first);
-    let (policy, state) = match members.next() {
-        // One member (the common case): no list to build.
-        None => (first_policy, first_state),
-        Some(second) => {
-            let (mut policy, mut state) = (SmallVec::new(), SmallVec::new());
-            for (d, (p, _)) in [(first, (first_policy, quota)), second]
-                .into_iter()
-                .chain(members)
-            {
-                push_member(&mut policy, &p);
-                push_member(&mut state, &state_value(d));
+    let (mut policy, mut state) = (Buf::new(), Buf::new());
+    // One member and a precomputed policy (the common case): the policy value is shared, not
+    // copied.
+    let single_cached = match members.peek() {
+        None => cached(first),
+        Some(_) => None,
+    };
+    let policy_member = |buf: &mut Buf, d: &Decision, q: u64, w: u64| match cached(d) {
+        Some(v) => {
+            if !buf.is_empty() {
+                buf.extend_from_slice(b", ");
             }
-            let list = |buf: &[u8]| {
-                HeaderValue::from_bytes(buf)
-                    .unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
-            };
-            (list(&policy), list(&state))
+            buf.extend_from_slice(v.as_bytes());
+        }
+        None => push_item(buf, d.name.as_str(), b'q', q, b'w', w),
+    };
+    for (d, (q, w)) in std::iter::once((first, (quota, window))).chain(members) {
+        if single_cached.is_none() {
+            policy_member(&mut policy, d, q, w);
+        }
+        let (r, t) = state_params(d);
+        push_item(&mut state, d.name.as_str(), b'r', r, b't', t);
+    }
+    // Another layer's members (stacked layers) are kept: ours are appended to its lists.
+    let mut put = |name: &HeaderName, ours: HeaderValue| match headers.entry(name) {
+        http::header::Entry::Occupied(mut theirs) => {
+            let mut both = Buf::new();
+            both.extend_from_slice(theirs.get().as_bytes());
+            both.extend_from_slice(b", ");
+            both.extend_from_slice(ours.as_bytes());
+            if let Ok(v) = HeaderValue::from_bytes(&both) {
+                theirs.insert(v);
+            }
+        }
+        http::header::Entry::Vacant(slot) => {
+            slot.insert(ours);
         }
     };
-    // Another layer's members (stacked layers) are kept: ours are appended to the lists.
-    let append = |headers: &mut HeaderMap, name: &HeaderName, ours: HeaderValue| {
-        let joined = headers.get(name).map(|theirs| {
-            let mut buf = SmallVec::<[u8; 96]>::new();
-            push_member(&mut buf, theirs);
-            push_member(&mut buf, &ours);
-            HeaderValue::from_bytes(&buf)
-        });
-        match joined {
-            Some(Ok(both)) => headers.insert(name.clone(), both),
-            Some(Err(_)) => None,
-            None => headers.insert(name.clone(), ours),
-        };
-    };
-    append(headers, &RATELIMIT_POLICY, policy);
-    append(headers, &RATELIMIT, state);
+    put(
+        &RATELIMIT_POLICY,
+        single_cached.unwrap_or_else(|| value(&policy)),
+    );
+    put(&RATELIMIT, value(&state));
     if legacy && !headers.contains_key(&X_RATELIMIT_LIMIT) {
         headers.insert(X_RATELIMIT_LIMIT.clone(), number(quota));
         headers.insert(X_RATELIMIT_REMAINING.clone(), number(first.remaining));
