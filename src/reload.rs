@@ -17,6 +17,9 @@ pub type ReloadReport = Result<LimitsChange, ReloadError>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WatchError {
+    /// The system's file watcher cannot be started.
+    #[error("cannot start a file watcher: {0}")]
+    Watcher(std::io::Error),
     /// A file's directory cannot be watched.
     #[error("cannot watch {path}: {source}")]
     Watch {
@@ -130,10 +133,7 @@ impl LimitsWatcher {
         let mut watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
             let _ = wake.try_send(());
         })
-        .map_err(|e| WatchError::Watch {
-            path: PathBuf::new(),
-            source: std::io::Error::other(e),
-        })?;
+        .map_err(|e| WatchError::Watcher(std::io::Error::other(e)))?;
         let mut dirs: Vec<PathBuf> = Vec::new();
         for file in &files {
             let dir = match file.parent() {

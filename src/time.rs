@@ -27,7 +27,7 @@ fn wall_clock_us() -> u64 {
     // A clock set before 1970 reads as the epoch rather than panicking.
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .map(duration_us)
         .unwrap_or(0)
 }
 
@@ -89,7 +89,7 @@ impl ManualClock {
 
     /// Moves the time forward (saturating at `u64::MAX`).
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        let by = duration_us(by);
         let _ = self
             .now
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {

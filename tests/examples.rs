@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::examples::example_binary;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -41,16 +43,6 @@ impl Drop for Example {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn example_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name)
 }
 
 impl Example {
@@ -178,29 +170,7 @@ impl Scrape {
     async fn of(client: &reqwest_like::Client, base: &str) -> Self {
         let (status, text) = get(client, base, "/metrics", None).await;
         assert_eq!(status, 200);
-        let lines = text.lines().map(|l| Ok(l.to_owned()));
-        let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text format");
-        let mut values = HashMap::new();
-        for s in scrape.samples {
-            let mut labels: Vec<(String, String)> = s
-                .labels
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            labels.sort();
-            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            let value = match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                prometheus_parse::Value::Histogram(h) => {
-                    h.iter().map(|b| b.count).fold(0.0, f64::max)
-                }
-                prometheus_parse::Value::Summary(_) => f64::NAN,
-            };
-            values.insert(format!("{}{{{}}}", s.metric, labels.join(",")), value);
-        }
-        Scrape(values)
+        Scrape(support::scrape::samples(&text))
     }
 
     /// A sample's value; a series never written is 0.

@@ -687,3 +687,50 @@ fn no_background_sweep_keeps_idle_buckets_until_swept_by_hand() {
     assert_eq!(backend.len(), 1);
     assert_eq!(backend.sweep(), 1);
 }
+
+/// The memory backend's metrics, recorded by a real Prometheus recorder (this thread's) and
+/// parsed: a sweep counts itself and the buckets it dropped and sets the live-key gauge; a
+/// refusal at the key cap is counted.
+#[test]
+fn sweeps_live_keys_and_full_refusals_are_counted() {
+    #[path = "support/scrape.rs"]
+    mod scrape;
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        let clock = ManualClock::new(1_000_000);
+        let backend = MemoryBackend::builder()
+            .clock(clock.clone())
+            .max_keys(4)
+            .build();
+        let limiter = Limiter::new(
+            Limits::from_yaml_str("A: {burst: 1, count: 1, period: 1s}\n", None).unwrap(),
+            backend.clone(),
+        );
+        let spend = |id: &str| {
+            limiter
+                .try_spend_now(&[Transaction::new(limiter.parse_key("A", id).unwrap())])
+                .unwrap()
+        };
+        for id in ["a", "b", "c"] {
+            assert!(spend(id).unwrap().allowed());
+        }
+        clock.advance(std::time::Duration::from_secs(2));
+        assert!(spend("d").unwrap().allowed());
+        assert_eq!(backend.sweep(), 3, "a, b and c are full again");
+        // Only after the sweep: a refusal wakes the background sweep (on its own thread,
+        // which this thread's recorder does not see).
+        for id in ["e", "f", "g"] {
+            assert!(spend(id).unwrap().allowed());
+        }
+        assert!(spend("h").is_err(), "the fifth key is over the cap of 4");
+    });
+    let m = scrape::samples(&handle.render());
+    assert_eq!(m["tower_ratelimits_memory_full_total{}"], 1.0);
+    assert_eq!(m["tower_ratelimits_memory_sweeps_total{}"], 1.0);
+    assert_eq!(m["tower_ratelimits_memory_swept_keys_total{}"], 3.0);
+    assert_eq!(
+        m["tower_ratelimits_memory_keys{}"], 1.0,
+        "d was held after the sweep"
+    );
+}

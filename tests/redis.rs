@@ -1500,14 +1500,7 @@ mod simulator {
     use std::process::Command;
 
     fn simulator() -> std::path::PathBuf {
-        // target/<profile>/deps/redis-<hash> -> target/<profile>/examples/simulate
-        let exe = std::env::current_exe().unwrap();
-        exe.parent()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .join("examples")
-            .join("simulate")
+        super::support::examples::example_binary("simulate")
     }
 
     fn run(extra: &[&str]) -> String {
@@ -1740,4 +1733,55 @@ async fn foreign_data_at_a_tiered_key_is_a_fresh_state_replaced_by_the_first_wri
         .await
         .unwrap();
     assert_eq!(kind, "string", "the hash was replaced by our state");
+}
+
+/// The Redis metrics, recorded by a real Prometheus recorder (this thread's) and parsed: a
+/// cross-slot batch denied in one slot is one compensation, three scripts (one per slot, one
+/// refund); the latency histogram counts each spend.
+#[tokio::test]
+async fn round_trips_compensations_and_latency_are_counted_on_the_cluster() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(&[0.001, 0.01, 0.1, 1.0])
+        .unwrap()
+        .build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let redis = TestRedis::cluster();
+    let backend = RedisBackend::from_url(&redis.url)
+        .prefix(unique_prefix("metrics"))
+        .deny_cache(false)
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(Limits::from_yaml_str(KEY_LIMITS, None).unwrap(), backend);
+    let api = limiter.parse_key("Api", "42").unwrap();
+    let acct = limiter.parse_key("PerAccount", "42").unwrap();
+    for _ in 0..2 {
+        assert!(
+            limiter
+                .spend(&[Transaction::new(api.clone())])
+                .await
+                .unwrap()
+                .allowed()
+        );
+    }
+    for _ in 0..3 {
+        let batch = [
+            Transaction::new(acct.clone()),
+            Transaction::new(api.clone()),
+        ];
+        assert!(!limiter.spend(&batch).await.unwrap().allowed());
+    }
+    let m = support::scrape::samples(&handle.render());
+    assert_eq!(m["tower_ratelimits_redis_compensations_total{}"], 3.0);
+    assert_eq!(
+        m["tower_ratelimits_redis_round_trips_total{}"],
+        2.0 + 3.0 * 3.0
+    );
+    assert_eq!(
+        m["tower_ratelimits_backend_duration_seconds{op=spend}"],
+        5.0
+    );
+    assert!(!m.contains_key("tower_ratelimits_redis_deny_cache_hits_total{}"));
 }

@@ -7,6 +7,8 @@ use std::process::Command;
 use serde_json::Value;
 use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
 
+#[path = "support/examples.rs"]
+mod examples;
 /// The trace simulator, from the `simulate` example.
 #[allow(dead_code)]
 #[path = "../examples/simulate/trace.rs"]
@@ -226,14 +228,7 @@ async fn bad_lines_name_the_line_and_print_nothing_for_it() {
 }
 
 fn simulator() -> PathBuf {
-    // target/<profile>/deps/simulate-<hash> -> target/<profile>/examples/simulate
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("simulate")
+    examples::example_binary("simulate")
 }
 
 #[test]

@@ -180,13 +180,13 @@ impl WarnGate {
 
     /// `Some(held back since the last one)` when a warning may be written now.
     pub(crate) fn admit(&self) -> Option<u64> {
-        self.admit_at(self.start.elapsed().as_micros() as u64)
+        self.admit_at(crate::time::duration_us(self.start.elapsed()))
     }
 
     /// [`admit`](Self::admit) at `now` microseconds since the gate was made.
     fn admit_at(&self, now: u64) -> Option<u64> {
         let next = self.next_us.load(Ordering::Relaxed);
-        let interval = self.interval.as_micros() as u64;
+        let interval = crate::time::duration_us(self.interval);
         if now >= next
             && self
                 .next_us

@@ -28,6 +28,12 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
+/// Whole milliseconds of a duration counted in microseconds, rounded up (the bodies'
+/// `retry_after_ms`).
+fn ceil_ms(d: Duration) -> u128 {
+    d.as_micros().div_ceil(1000)
+}
+
 fn number(n: u64) -> HeaderValue {
     HeaderValue::from(n)
 }
@@ -92,7 +98,7 @@ pub fn policy_value(name: &str, limit: &crate::algo::gcra::Limit) -> HeaderValue
 /// before the request passes; else the time until the serving tier is fresh (a client whose
 /// tier is used up may still burst into the next one, so `r` is not a ceiling there).
 fn effective_window_us(d: &Decision) -> u64 {
-    let micros = |t: Duration| u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
+    let micros = crate::time::duration_us;
     match &d.limit {
         Some(Quota::Gcra(l)) => micros(d.reset_after)
             .saturating_add(
@@ -256,7 +262,7 @@ impl Denial<'_> {
             .decision()
             .map(|d| (d.name.to_string(), d.key.id().to_string()))
             .unwrap_or_default();
-        let retry_ms = self.retry_after().as_micros().div_ceil(1000);
+        let retry_ms = ceil_ms(self.retry_after());
         let mut detail = serde_json::json!({
             "limiter": limiter, "entity": entity, "retry_after_ms": retry_ms
         });
@@ -288,7 +294,7 @@ impl Denial<'_> {
             }))
             .map(|d| d.name.as_str())
             .collect();
-        let retry_ms = self.retry_after().as_micros().div_ceil(1000);
+        let retry_ms = ceil_ms(self.retry_after());
         let body = serde_json::json!({
             "type": QUOTA_EXCEEDED,
             "title": "Too Many Requests",
@@ -354,7 +360,7 @@ impl Denial<'_> {
             .iter()
             .filter(|d| d.counts() && !d.allowed)
         {
-            let retry_ms = d.retry_after.as_micros().div_ceil(1000);
+            let retry_ms = ceil_ms(d.retry_after);
             details.add_quota_failure_violation(
                 d.name.as_str(),
                 format!("rate limit {} exceeded; retry after {retry_ms} ms", d.name),

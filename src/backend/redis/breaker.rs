@@ -55,7 +55,7 @@ impl Breaker {
     pub(super) fn new(settings: Settings) -> Self {
         Self {
             threshold: settings.failures,
-            cool_off_us: u64::try_from(settings.cool_off.as_micros()).unwrap_or(u64::MAX),
+            cool_off_us: crate::time::duration_us(settings.cool_off),
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
