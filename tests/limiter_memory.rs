@@ -693,8 +693,6 @@ fn no_background_sweep_keeps_idle_buckets_until_swept_by_hand() {
 /// refusal at the key cap is counted.
 #[test]
 fn sweeps_live_keys_and_full_refusals_are_counted() {
-    #[path = "support/scrape.rs"]
-    mod scrape;
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
@@ -725,7 +723,7 @@ fn sweeps_live_keys_and_full_refusals_are_counted() {
         }
         assert!(spend("h").is_err(), "the fifth key is over the cap of 4");
     });
-    let m = scrape::samples(&handle.render());
+    let m = support::scrape::samples(&handle.render());
     assert_eq!(m["tower_ratelimits_memory_full_total{}"], 1.0);
     assert_eq!(m["tower_ratelimits_memory_sweeps_total{}"], 1.0);
     assert_eq!(m["tower_ratelimits_memory_swept_keys_total{}"], 3.0);
