@@ -58,3 +58,22 @@ pub(crate) fn memory_swept(dropped: usize, live: usize) {
         metrics::gauge!("tower_ratelimits_memory_keys").set(live as f64);
     }
 }
+
+/// A settled reservation ([`Settle`](crate::Settle)):
+/// `tower_ratelimits_settlements_total{limit, outcome}` with `outcome` one of `exact`,
+/// `refunded`, `charged`, `forgiven` (extra units the bucket could not take whole), `kept` (no
+/// true cost found: the estimate stands) and `failed` (the store did not settle: the estimate
+/// stands); and `tower_ratelimits_settled_units_total{limit, outcome}` for the units refunded,
+/// charged or forgiven.
+pub(crate) fn settled(limit: crate::key::LimitName, outcome: &'static str, units: u64) {
+    #[cfg(feature = "metrics")]
+    {
+        let limit = limit.as_str();
+        metrics::counter!("tower_ratelimits_settlements_total", "limit" => limit, "outcome" => outcome)
+            .increment(1);
+        if units > 0 {
+            metrics::counter!("tower_ratelimits_settled_units_total", "limit" => limit, "outcome" => outcome)
+                .increment(units);
+        }
+    }
+}

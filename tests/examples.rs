@@ -49,13 +49,18 @@ impl Example {
     /// Starts `name` on a free port with `DEFAULTS`, empty overrides, 127.0.0.1 trusted as a
     /// proxy (so the test names clients in `X-Forwarded-For`), and `env`.
     fn start(name: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_with(name, DEFAULTS, env)
+    }
+
+    /// [`start`](Self::start) with other default limits.
+    fn start_with(name: &str, defaults: &str, env: &[(&str, &str)]) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "trl-example-{name}-{}-{}",
             std::process::id(),
             support::redis::free_port()
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("defaults.yaml"), DEFAULTS).unwrap();
+        std::fs::write(dir.join("defaults.yaml"), defaults).unwrap();
         std::fs::write(dir.join("overrides.yaml"), "[]\n").unwrap();
         let mut command = Command::new(example_binary(name));
         command
@@ -147,6 +152,16 @@ mod reqwest_like {
         }
 
         pub async fn get(&self, base: &str, path: &str, forwarded: Option<&str>) -> (u16, String) {
+            let (status, _, body) = self.get_with_headers(base, path, forwarded).await;
+            (status, body)
+        }
+
+        pub async fn get_with_headers(
+            &self,
+            base: &str,
+            path: &str,
+            forwarded: Option<&str>,
+        ) -> (u16, http::HeaderMap, String) {
             let mut req = http::Request::get(format!("{base}{path}"));
             if let Some(f) = forwarded {
                 req = req.header("x-forwarded-for", f);
@@ -157,8 +172,9 @@ mod reqwest_like {
                 .await
                 .unwrap();
             let status = res.status().as_u16();
+            let headers = res.headers().clone();
             let body = res.into_body().collect().await.unwrap().to_bytes();
-            (status, String::from_utf8_lossy(&body).into_owned())
+            (status, headers, String::from_utf8_lossy(&body).into_owned())
         }
     }
 }
@@ -410,4 +426,79 @@ async fn ratelimits_exempt_lets_its_clients_bypass_every_rule() {
         );
     }
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+}
+
+/// `axum_routes`: two routes with their own limits in one layer, and `/generate` reserving
+/// `max_tokens` and settled to the `x-tokens-used` its handler reports, with the settlements on
+/// `/metrics`. The limits refill once an hour per unit: every number is exact.
+#[tokio::test]
+async fn axum_routes_limits_each_route_and_settles_tokens_from_the_response() {
+    skip_unless_built("axum_routes");
+    let example = Example::start_with(
+        "axum_routes",
+        "SearchesPerIP: {kind: ip, burst: 3, count: 3, period: 3h}\n\
+         TokensPerIP: {kind: ip, burst: 1000, count: 1000, period: 1000h}\n",
+        &[],
+    );
+    let client = reqwest_like::Client::new();
+    let who = Some("198.51.100.7");
+    let tokens_left = |headers: &http::HeaderMap| -> String {
+        let field = headers.get("ratelimit").unwrap().to_str().unwrap();
+        assert!(field.starts_with("\"TokensPerIP\";"), "{field}");
+        field.split(';').nth(1).unwrap().to_owned()
+    };
+    // 300 reserved, 10 used: the response already shows 990.
+    let (status, headers, body) = client
+        .get_with_headers(
+            &example.base,
+            "/generate?prompt=abcdefghij&max_tokens=300",
+            who,
+        )
+        .await;
+    assert_eq!((status, body.as_str()), (200, "generated 10 tokens\n"));
+    assert_eq!(headers.get("x-tokens-used").unwrap(), "10");
+    assert_eq!(tokens_left(&headers), "r=990");
+    // A reservation must fit whole: 995 do not.
+    let (status, _, _) = client
+        .get_with_headers(
+            &example.base,
+            "/generate?prompt=abcdefghij&max_tokens=995",
+            who,
+        )
+        .await;
+    assert_eq!(status, 429);
+    let (status, headers, _) = client
+        .get_with_headers(
+            &example.base,
+            "/generate?prompt=abcdefghij&max_tokens=990",
+            who,
+        )
+        .await;
+    assert_eq!((status, tokens_left(&headers)), (200, "r=980".into()));
+    // Searches have their own limit; drained, they do not touch the tokens.
+    let mut searches = Vec::new();
+    for _ in 0..4 {
+        searches.push(get(&client, &example.base, "/search?q=rust", who).await.0);
+    }
+    assert_eq!(searches, [200, 200, 200, 429]);
+    let (status, headers, _) = client
+        .get_with_headers(&example.base, "/generate?prompt=abcdefghij", who)
+        .await;
+    assert_eq!((status, tokens_left(&headers)), (200, "r=970".into()));
+
+    let m = Scrape::of(&client, &example.base).await;
+    let settled = |what: &str, outcome: &str| {
+        m.get(&format!(
+            "tower_ratelimits_{what}{{limit=TokensPerIP,outcome={outcome}}}"
+        ))
+    };
+    assert_eq!(settled("settlements_total", "refunded"), 3.0);
+    assert_eq!(
+        settled("settled_units_total", "refunded"),
+        (290 + 980 + 246) as f64,
+        "300, 990 and the default 256 reserved, 10 used each"
+    );
+    assert_eq!(m.decisions("SearchesPerIP", "denied"), 1.0);
+    assert_eq!(m.decisions("TokensPerIP", "denied"), 1.0);
+    assert_eq!(m.decisions("TokensPerIP", "allowed"), 3.0);
 }

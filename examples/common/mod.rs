@@ -144,14 +144,22 @@ fn cidrs(var: &str) -> Result<Vec<IpNet>, String> {
 /// `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`, `RATELIMITS_SHADOW`,
 /// `RATELIMITS_PROBLEM_JSON` and `RATELIMITS_EXEMPT`.
 pub fn settings() -> Result<Settings, String> {
+    settings_with(
+        "examples/config/defaults.yaml",
+        "examples/config/overrides.yaml",
+    )
+}
+
+/// [`settings`] with other default YAML files (relative to the crate).
+pub fn settings_with(defaults: &str, overrides: &str) -> Result<Settings, String> {
     init_logging();
     let metrics = install_metrics()?;
     let addr: SocketAddr = std::env::var("ADDR")
         .unwrap_or_else(|_| "127.0.0.1:3000".into())
         .parse()
         .map_err(|e| format!("ADDR: {e}"))?;
-    let defaults = config_path("RATELIMITS_DEFAULTS", "examples/config/defaults.yaml");
-    let overrides = config_path("RATELIMITS_OVERRIDES", "examples/config/overrides.yaml");
+    let defaults = config_path("RATELIMITS_DEFAULTS", defaults);
+    let overrides = config_path("RATELIMITS_OVERRIDES", overrides);
     let limits = Limits::from_yaml_files(&defaults, Some(&overrides)).map_err(|e| e.to_string())?;
     Ok(Settings {
         addr,
@@ -169,13 +177,9 @@ pub fn settings() -> Result<Settings, String> {
 /// The layer builder with the two quickstart rules: per client IP and per IPv6 /48, each
 /// shadowed when `RATELIMITS_SHADOW` says so.
 pub fn layer_builder(limiter: Limiter, settings: &Settings) -> RateLimitLayerBuilder {
-    let client_ip = ClientIp::new().trusted_proxies(settings.trusted.clone());
-    let rule = |name: &str, rule: Rule| rule.shadow(settings.shadow.covers(name));
-    let mut builder = RateLimitLayer::builder(limiter).problem_json(settings.problem_json);
-    if !settings.exempt.is_empty() {
-        builder = builder.exempt_addresses(client_ip.clone(), settings.exempt.clone());
-    }
-    builder
+    let client_ip = settings.client_ip();
+    let rule = |name: &str, rule: Rule| settings.rule(name, rule);
+    base_builder(limiter, settings)
         .rule(rule(
             "RequestsPerIPAddress",
             Rule::new("RequestsPerIPAddress", client_ip.clone()),
@@ -186,6 +190,27 @@ pub fn layer_builder(limiter: Limiter, settings: &Settings) -> RateLimitLayerBui
         ))
 }
 
+impl Settings {
+    /// The client address: the peer, or what `RATELIMITS_TRUSTED_PROXIES` forward.
+    pub fn client_ip(&self) -> ClientIp {
+        ClientIp::new().trusted_proxies(self.trusted.clone())
+    }
+
+    /// `rule`, shadowed when `RATELIMITS_SHADOW` names `name` (or is `on`).
+    pub fn rule(&self, name: &str, rule: Rule) -> Rule {
+        rule.shadow(self.shadow.covers(name))
+    }
+}
+
+/// A layer builder with the settings' problem+json and exempt addresses, and no rules yet.
+pub fn base_builder(limiter: Limiter, settings: &Settings) -> RateLimitLayerBuilder {
+    let builder = RateLimitLayer::builder(limiter).problem_json(settings.problem_json);
+    if settings.exempt.is_empty() {
+        return builder;
+    }
+    builder.exempt_addresses(settings.client_ip(), settings.exempt.clone())
+}
+
 /// Serves a hello-world app behind `layer` (and `GET /metrics`, not rate limited) until
 /// Ctrl-C, reloading `limiter`'s limits when the YAML files change.
 pub async fn serve(
@@ -194,16 +219,29 @@ pub async fn serve(
     layer: RateLimitLayer,
     backend: &str,
 ) -> Result<(), String> {
+    let app = Router::new()
+        .route("/", get(|| async { "hello\n" }))
+        .layer(layer);
+    serve_app(settings, limiter, app, backend, "/").await
+}
+
+/// Serves `app` (already rate limited) and `GET /metrics` (not rate limited) until Ctrl-C,
+/// reloading `limiter`'s limits when the YAML files change; `path` is the one the printed
+/// `curl` loop asks.
+pub async fn serve_app(
+    settings: &Settings,
+    limiter: Limiter,
+    app: Router,
+    backend: &str,
+    path: &str,
+) -> Result<(), String> {
     let _watcher = LimitsWatcher::spawn(limiter, &settings.defaults, Some(&settings.overrides))
         .map_err(|e| e.to_string())?;
     let metrics = settings.metrics.clone();
-    let app = Router::new()
-        .route("/", get(|| async { "hello\n" }))
-        .layer(layer)
-        .route(
-            "/metrics",
-            get(move || std::future::ready(metrics.render())),
-        );
+    let app = app.route(
+        "/metrics",
+        get(move || std::future::ready(metrics.render())),
+    );
     let listener = tokio::net::TcpListener::bind(settings.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", settings.addr))?;
@@ -221,7 +259,7 @@ pub async fn serve(
         println!("trusting X-Forwarded-For from {:?}", settings.trusted);
     }
     println!(
-        "try: for i in $(seq 1 25); do curl -s -o /dev/null -w '%{{http_code}} ' http://{addr}/; done; echo"
+        "try: for i in $(seq 1 25); do curl -s -o /dev/null -w '%{{http_code}} ' 'http://{addr}{path}'; done; echo"
     );
     axum::serve(
         listener,

@@ -1,18 +1,28 @@
-//! The response body of a rate-limited service: the inner service's body, or one the
-//! middleware wrote (a 429, a 503, a 400).
+//! The response body of a rate-limited service: the inner service's body (counted and settled
+//! at its end when a rule settles from the body), or one the middleware wrote (a 429, a 503, a
+//! 400).
 
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+use super::settle::BodySettle;
 
 pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<B> {
         Inner { #[pin] body: B },
+        Settling {
+            #[pin]
+            body: B,
+            // Boxed: a body that settles nothing stays as small as the inner one.
+            settle: Box<BodySettle>,
+        },
         Full { data: Option<Bytes> },
     }
 }
@@ -43,6 +53,16 @@ impl<B> RateLimitBody<B> {
             kind: Kind::Inner { body },
         }
     }
+
+    /// The inner service's body, settling `settle`'s rules when it ends.
+    pub(crate) fn settling(body: B, settle: Option<Box<BodySettle>>) -> Self {
+        match settle {
+            None => Self::inner(body),
+            Some(settle) => Self {
+                kind: Kind::Settling { body, settle },
+            },
+        }
+    }
 }
 
 impl<B> Body for RateLimitBody<B>
@@ -59,19 +79,64 @@ where
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Settling { mut body, settle } => loop {
+                // The end (or the trailers) is passed on only once the settle is done, so a
+                // client that saw the end of the body sees the settled bucket.
+                if let Some(t) = &mut settle.task {
+                    ready!(Pin::new(t).poll(cx));
+                    settle.task = None;
+                    settle.done = true;
+                    return Poll::Ready(settle.held.take().map(Ok));
+                }
+                if settle.done {
+                    return body.poll_frame(cx);
+                }
+                match ready!(body.as_mut().poll_frame(cx)) {
+                    Some(Ok(frame)) => {
+                        if let Some(data) = frame.data_ref() {
+                            settle.sent(data.len());
+                        } else if let Some(trailers) = frame.trailers_ref() {
+                            settle.task = settle.finish(Some(trailers));
+                            if settle.task.is_some() {
+                                settle.held = Some(frame);
+                                continue;
+                            }
+                            settle.done = true;
+                        }
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    Some(Err(e)) => {
+                        // A failed body settles on what was sent; the error is not held back.
+                        drop(settle.finish(None));
+                        settle.done = true;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                    None => {
+                        settle.task = settle.finish(None);
+                        if settle.task.is_none() {
+                            settle.done = true;
+                            return Poll::Ready(None);
+                        }
+                    }
+                }
+            },
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
+            // Not over until settled: the server polls once more, and the settle runs.
+            Kind::Settling { body, settle } => {
+                settle.done && settle.task.is_none() && body.is_end_stream()
+            }
             Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body } | Kind::Settling { body, .. } => body.size_hint(),
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

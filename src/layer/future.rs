@@ -14,13 +14,14 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::outcome::{AllowedHeaders, Conclusion, Decide, conclude};
+use super::outcome::{Allowed, Conclusion, Decide, conclude};
 use super::rate_limit_layer::Shared;
 use super::response::{error_response, insert_ratelimit_headers};
+use super::settle::{self, BodySettle, Task};
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, B, F> {
+    enum State<S, B, F, R> {
         Deciding {
             decide: Decide,
             pending: Option<(S, Request<B>)>,
@@ -29,7 +30,13 @@ pin_project! {
         Calling {
             #[pin]
             future: F,
-            headers: Option<AllowedHeaders>,
+            allowed: Option<Allowed>,
+        },
+        // Settling the rules that settle from the response head, before handing it on (boxed:
+        // the future of a request that settles nothing stays small).
+        Settling {
+            task: Task,
+            held: Option<Box<(R, Allowed)>>,
         },
         Answered {
             response: Option<Response<Bytes>>,
@@ -44,7 +51,7 @@ pin_project! {
         S: Service<Request<B>>,
     {
         #[pin]
-        state: State<S, B, S::Future>,
+        state: State<S, B, S::Future, S::Response>,
         shared: Arc<Shared>,
     }
 }
@@ -71,14 +78,14 @@ where
         }
     }
 
-    /// Waits for the inner service's response, adding `headers` to it.
+    /// Waits for the inner service's response, adding what `allowed` asks to it.
     pub(crate) fn calling(
         shared: Arc<Shared>,
         future: S::Future,
-        headers: Option<AllowedHeaders>,
+        allowed: Option<Allowed>,
     ) -> Self {
         Self {
-            state: State::Calling { future, headers },
+            state: State::Calling { future, allowed },
             shared,
         }
     }
@@ -110,8 +117,8 @@ where
                     grpc,
                 } => {
                     let result = ready!(decide.as_mut().poll(cx));
-                    let headers = match conclude(this.shared, result, *grpc) {
-                        Conclusion::Call(headers) => headers,
+                    let allowed = match conclude(this.shared, result, *grpc) {
+                        Conclusion::Call(allowed) => allowed,
                         Conclusion::Answer(response) => {
                             this.state.set(State::Answered {
                                 response: Some(response),
@@ -120,49 +127,82 @@ where
                         }
                     };
                     let Some((mut inner, req)) = pending.take() else {
-                        // Only reachable if polled again after completion.
-                        let r = error_response(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "INTERNAL",
-                            "polled after completion",
-                            *grpc,
-                            false,
-                        );
-                        return Poll::Ready(Ok(r.map(RateLimitBody::full)));
+                        return Poll::Ready(Ok(polled_after_completion(*grpc)));
                     };
                     let future = inner.call(req);
-                    this.state.set(State::Calling { future, headers });
+                    this.state.set(State::Calling { future, allowed });
                 }
-                StateProj::Calling { future, headers } => {
-                    let mut response = ready!(future.poll(cx))?;
-                    // A 429 from an inner layer keeps its own fields: adding ours would make
-                    // them contradict the status.
-                    if let Some(h) = headers.take()
-                        && response.status() != StatusCode::TOO_MANY_REQUESTS
-                    {
-                        let shared = &**this.shared;
-                        insert_ratelimit_headers(
-                            response.headers_mut(),
-                            &h.batch,
-                            |d| shared.cached_policy(d),
-                            h.legacy,
-                        );
+                StateProj::Calling { future, allowed } => {
+                    let response = ready!(future.poll(cx))?;
+                    let Some(allowed) = allowed.take() else {
+                        return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
+                    };
+                    if !allowed.settle {
+                        return Poll::Ready(Ok(respond(this.shared, response, allowed)));
                     }
-                    return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
+                    let (head, body) = response.into_parts();
+                    let task = settle::settle_head(this.shared, &allowed.batch, &head);
+                    let response = Response::from_parts(head, body);
+                    let Some(task) = task else {
+                        return Poll::Ready(Ok(respond(this.shared, response, allowed)));
+                    };
+                    this.state.set(State::Settling {
+                        task,
+                        held: Some(Box::new((response, allowed))),
+                    });
+                }
+                StateProj::Settling { task, held } => {
+                    let settled = ready!(Pin::new(task).poll(cx));
+                    let Some(held) = held.take() else {
+                        return Poll::Ready(Ok(polled_after_completion(false)));
+                    };
+                    let (response, mut allowed) = *held;
+                    settle::merge(&mut allowed.batch, settled);
+                    return Poll::Ready(Ok(respond(this.shared, response, allowed)));
                 }
                 StateProj::Answered { response } => {
-                    let response = response.take().unwrap_or_else(|| {
-                        error_response(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "INTERNAL",
-                            "polled after completion",
-                            false,
-                            false,
-                        )
-                    });
+                    let Some(response) = response.take() else {
+                        return Poll::Ready(Ok(polled_after_completion(false)));
+                    };
                     return Poll::Ready(Ok(response.map(RateLimitBody::full)));
                 }
             }
         }
     }
+}
+
+/// The answer of a future polled again after it completed (a caller's bug; never a panic).
+fn polled_after_completion<B>(grpc: bool) -> Response<RateLimitBody<B>> {
+    error_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "INTERNAL",
+        "polled after completion",
+        grpc,
+        false,
+    )
+    .map(RateLimitBody::full)
+}
+
+/// An allowed request's response: its `RateLimit` fields added (unless an inner layer answered
+/// 429: ours would contradict the status), and its body settling the rules that settle from
+/// the body.
+fn respond<B>(
+    shared: &Arc<Shared>,
+    mut response: Response<B>,
+    allowed: Allowed,
+) -> Response<RateLimitBody<B>> {
+    if allowed.headers && response.status() != StatusCode::TOO_MANY_REQUESTS {
+        insert_ratelimit_headers(
+            response.headers_mut(),
+            &allowed.batch,
+            |d| shared.cached_policy(d),
+            allowed.legacy,
+        );
+    }
+    let settle = if allowed.settle {
+        BodySettle::of(shared, &allowed.batch)
+    } else {
+        None
+    };
+    response.map(|body| RateLimitBody::settling(body, settle))
 }

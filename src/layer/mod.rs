@@ -37,6 +37,7 @@ mod rate_limit_layer;
 mod response;
 mod rule;
 mod service;
+mod settle;
 
 pub use body::RateLimitBody;
 pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor, key_fn};
@@ -45,3 +46,4 @@ pub use rate_limit_layer::{FailurePolicy, LayerError, RateLimitLayer, RateLimitL
 pub use response::Denial;
 pub use rule::{OnMissingKey, Rule};
 pub use service::RateLimitService;
+pub use settle::Settle;

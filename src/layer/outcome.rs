@@ -94,15 +94,20 @@ pub(crate) fn decide(shared: &Arc<Shared>, limits: Arc<Limits>, txs: Vec<Transac
     })
 }
 
-/// What an allowed response's `RateLimit` fields are made of: the batch's decisions.
-pub(crate) struct AllowedHeaders {
+/// What an allowed request's response needs from its decision: the `RateLimit` fields, the
+/// reservations to settle, or both.
+pub(crate) struct Allowed {
     pub(crate) batch: BatchDecision,
+    /// Add the `RateLimit` fields.
+    pub(crate) headers: bool,
     pub(crate) legacy: bool,
+    /// Settle the rules that settle from the response ([`Rule::settle`](crate::Rule::settle)).
+    pub(crate) settle: bool,
 }
 
 pub(crate) enum Conclusion {
-    /// Call the inner service, adding these headers to its response.
-    Call(Option<AllowedHeaders>),
+    /// Call the inner service; its response gets what `Allowed` asks.
+    Call(Option<Allowed>),
     /// Answer with this response.
     Answer(Response<Bytes>),
 }
@@ -135,12 +140,16 @@ pub(crate) fn conclude(shared: &Shared, decided: Decided, grpc: bool) -> Conclus
     match result {
         Ok(batch) if batch.allowed() => {
             count("allowed");
-            if !shared.headers_on_allowed {
+            // What the in-memory fallback spent is settled nowhere: its estimates stand.
+            let settle = shared.settles && !fell_back;
+            if !shared.headers_on_allowed && !settle {
                 return Conclusion::Call(None);
             }
-            Conclusion::Call(Some(AllowedHeaders {
+            Conclusion::Call(Some(Allowed {
                 batch,
+                headers: shared.headers_on_allowed,
                 legacy: shared.legacy_headers,
+                settle,
             }))
         }
         Ok(batch) => {

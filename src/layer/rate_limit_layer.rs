@@ -51,6 +51,15 @@ pub enum LayerError {
     /// No rules.
     #[error("a rate limit layer needs at least one rule")]
     NoRules,
+    /// A rule's [`Settle`](crate::Settle) cannot be used: a bad header name, a unit of 0
+    /// bytes, or a rule that spends nothing.
+    #[error("rule for limit {limit:?}: settle: {reason}")]
+    Settle {
+        /// The rule's limit name.
+        limit: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The in-memory fallback cannot be built (a percent outside 1..=100, or a limit that does
     /// not scale).
     #[error("in-memory fallback: {0}")]
@@ -100,6 +109,8 @@ pub(crate) struct Shared {
     pub(crate) legacy_headers: bool,
     pub(crate) problem_json: bool,
     pub(crate) on_denied: Option<DenialFn>,
+    /// Some rule settles its cost from the response ([`Rule::settle`]).
+    pub(crate) settles: bool,
     /// Clients whose address (found by the `ClientIp`) is in one of these bypass every rule.
     pub(crate) exempt: Option<(ClientIp, Vec<IpNet>)>,
 }
@@ -242,6 +253,19 @@ impl RateLimitLayerBuilder {
             if rules.iter().any(|r| r.name == name) {
                 return Err(LayerError::DuplicateRule(rule.name));
             }
+            if let Some(settle) = &rule.settle {
+                let refused = |reason: String| LayerError::Settle {
+                    limit: rule.name.clone(),
+                    reason,
+                };
+                settle.check().map_err(refused)?;
+                if !rule.mode.spends() {
+                    return Err(refused(format!(
+                        "a {:?} rule spends nothing to settle",
+                        rule.mode
+                    )));
+                }
+            }
             let policy = limits
                 .default_limit(name)
                 .and_then(|q| q.as_gcra().copied())
@@ -282,8 +306,10 @@ impl RateLimitLayerBuilder {
             }
             _ => None,
         };
+        let settles = rules.iter().any(|r| r.rule.settle.is_some());
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
+                settles,
                 fallback,
                 limiter: self.limiter,
                 rules,

@@ -66,6 +66,8 @@ pub struct Rule {
     pub(crate) scope: Vec<Predicate>,
     /// The rule does not apply when any of these holds.
     pub(crate) exempt: Vec<Predicate>,
+    /// Where the true cost is found once the response is known.
+    pub(crate) settle: Option<super::settle::Settle>,
 }
 
 impl fmt::Debug for Rule {
@@ -78,6 +80,7 @@ impl fmt::Debug for Rule {
             .field("on_missing", &self.on_missing)
             .field("scoped", &!self.scope.is_empty())
             .field("exemptions", &self.exempt.len())
+            .field("settle", &self.settle)
             .finish_non_exhaustive()
     }
 }
@@ -95,6 +98,7 @@ impl Rule {
             on_missing: OnMissingKey::default(),
             scope: Vec::new(),
             exempt: Vec::new(),
+            settle: None,
         }
     }
 
@@ -185,6 +189,23 @@ impl Rule {
     /// partner's header checked by an earlier layer). Several exemptions: any one exempts.
     pub fn exempt_if(mut self, f: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
         self.exempt.push(Arc::new(f));
+        self
+    }
+
+    /// Reserve, then reconcile: the rule's cost is charged as an estimate when the request is
+    /// decided, and the difference with the true cost, found in the response by `settle`, is
+    /// settled on the same bucket (unused units refunded, extra units spent spend-only). See
+    /// [`Settle`](super::Settle) for the sources and what each outcome charges. A rule that
+    /// spends nothing ([`Mode::CheckOnly`]) has nothing to settle: the layer refuses it.
+    ///
+    /// ```
+    /// use tower_ratelimits::{ClientIp, Rule, Settle};
+    /// let rule = Rule::new("TokensPerIp", ClientIp::new())
+    ///     .cost(500)
+    ///     .settle(Settle::header("x-tokens-used"));
+    /// ```
+    pub fn settle(mut self, settle: super::settle::Settle) -> Self {
+        self.settle = Some(settle);
         self
     }
 

@@ -108,6 +108,34 @@ impl BatchDecision {
         }
     }
 
+    /// Brings buckets' later states (a settle's refund or charge decisions, by key) into an
+    /// allowed batch's decisions: `remaining` and `reset_after` become the bucket's, and a
+    /// GCRA `retry_after` the wait before an equal request (its granted cost) fits again. The
+    /// strictest decision is chosen again.
+    pub(crate) fn update(&mut self, states: impl IntoIterator<Item = Decision>) {
+        let mut changed = false;
+        for s in states {
+            let Some(d) = self.decisions.iter_mut().find(|d| d.key == s.key) else {
+                continue;
+            };
+            d.remaining = s.remaining;
+            d.reset_after = s.reset_after;
+            d.retry_after = match &d.limit {
+                Some(Quota::Gcra(l)) => {
+                    let ahead = crate::time::duration_us(s.reset_after);
+                    let need =
+                        ahead.saturating_add(d.granted.saturating_mul(l.emission_interval_us()));
+                    std::time::Duration::from_micros(need.saturating_sub(l.burst_offset_us()))
+                }
+                _ => s.retry_after,
+            };
+            changed = true;
+        }
+        if changed {
+            *self = Self::new(std::mem::take(&mut self.decisions));
+        }
+    }
+
     /// Whether the batch was allowed: no counting transaction was denied.
     pub fn allowed(&self) -> bool {
         self.strictest().is_none_or(|d| d.allowed)

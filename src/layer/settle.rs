@@ -1,0 +1,522 @@
+//! Reserve, then reconcile: a rule charges an estimate when its request is decided and settles
+//! the difference once the response tells the true cost (a response header, a function of the
+//! response head, the bytes of the body, or a trailer). The settle rule lives here, once:
+//! unused units are refunded, extra units are spent as spend-only (they never turn a response
+//! already on its way into a denial), and anything that prevents settling keeps the estimate.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::HeaderName;
+use http::response::Parts;
+
+use super::rate_limit_layer::Shared;
+use crate::backend::Mode;
+use crate::key::BucketKey;
+use crate::limiter::{BatchDecision, Decision, Transaction};
+
+type HeadFn = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
+
+/// Where a rule finds a request's true cost once the response is known ([`Rule::settle`]).
+///
+/// The rule's cost ([`Rule::cost`](crate::Rule::cost), [`Rule::cost_fn`](crate::Rule::cost_fn)
+/// or the limit's) is the estimate, charged when the request is decided like any cost; when
+/// the true cost is known the difference is settled on the same bucket:
+/// - less than the estimate: the unused units are refunded (never above a full bucket);
+/// - more: the extra units are spent **spend-only**: taken when the bucket holds them all,
+///   forgiven when it does not (an already-sent response is never turned into a denial, and
+///   the bucket never goes below empty). Reserve the most a request can cost when an overrun
+///   must never be forgiven (an LLM gateway reserves `max_tokens`): settling is then a refund.
+///
+/// Head sources ([`header`](Self::header), [`response`](Self::response)) settle before the
+/// response is handed on, so its `RateLimit` fields already show the settled bucket. Body
+/// sources ([`body_bytes`](Self::body_bytes), [`trailer`](Self::trailer)) settle when the body
+/// ends, before its end is passed on. What is charged when a request fails or is cancelled
+/// first is in the README ("Reserve, then reconcile").
+///
+/// ```
+/// use tower_ratelimits::{ClientIp, Rule, Settle};
+/// // Charge 100 tokens up front; the handler says how many it used.
+/// let tokens = Rule::new("TokensPerIp", ClientIp::new())
+///     .cost(100)
+///     .settle(Settle::header("x-tokens-used"));
+/// // Charge one unit per KiB actually sent.
+/// let bytes = Rule::new("KibPerIp", ClientIp::new())
+///     .cost(64)
+///     .settle(Settle::body_bytes_per(1024));
+/// ```
+///
+/// [`Rule::settle`]: crate::Rule::settle
+#[derive(Clone)]
+pub struct Settle {
+    source: Source,
+}
+
+#[derive(Clone)]
+enum Source {
+    Header(HeaderName),
+    Head(HeadFn),
+    BodyBytes {
+        per_unit: u64,
+    },
+    Trailer(HeaderName),
+    /// Refused when the layer is built, with this reason.
+    Invalid(String),
+}
+
+impl std::fmt::Debug for Settle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.source {
+            Source::Header(h) => write!(f, "Settle::header({h:?})"),
+            Source::Head(_) => f.write_str("Settle::response(..)"),
+            Source::BodyBytes { per_unit } => write!(f, "Settle::body_bytes_per({per_unit})"),
+            Source::Trailer(h) => write!(f, "Settle::trailer({h:?})"),
+            Source::Invalid(reason) => write!(f, "Settle(invalid: {reason})"),
+        }
+    }
+}
+
+fn header_name(name: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a header name"))
+}
+
+/// A cost written in a header or trailer: ASCII digits only, at most 20 (`u64`), optional
+/// surrounding whitespace. Anything else is no cost (the estimate is kept).
+fn parse_units(value: &http::HeaderValue) -> Option<u64> {
+    let text = value.to_str().ok()?.trim();
+    if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+impl Settle {
+    /// The true cost is the integer in this response header (ASCII digits). A missing or
+    /// malformed value keeps the estimate. The header is left in the response.
+    pub fn header(name: &str) -> Self {
+        Self {
+            source: header_name(name).map_or_else(Source::Invalid, Source::Header),
+        }
+    }
+
+    /// The true cost is what `f` finds in the response head (status, headers, extensions);
+    /// `None` keeps the estimate.
+    ///
+    /// ```
+    /// use tower_ratelimits::{ClientIp, Rule, Settle};
+    /// // A failed request costs nothing.
+    /// let rule = Rule::new("CallsPerIp", ClientIp::new())
+    ///     .settle(Settle::response(|head| head.status.is_server_error().then_some(0)));
+    /// ```
+    pub fn response(f: impl Fn(&Parts) -> Option<u64> + Send + Sync + 'static) -> Self {
+        Self {
+            source: Source::Head(Arc::new(f)),
+        }
+    }
+
+    /// The true cost is the number of body bytes sent, one unit per byte.
+    pub fn body_bytes() -> Self {
+        Self::body_bytes_per(1)
+    }
+
+    /// The true cost is one unit per `bytes` body bytes sent, the last one rounded up (so
+    /// `body_bytes_per(1024)` counts started KiB). `0` is refused when the layer is built.
+    pub fn body_bytes_per(bytes: u64) -> Self {
+        Self {
+            source: if bytes == 0 {
+                Source::Invalid("body_bytes_per(0): a unit needs at least one byte".into())
+            } else {
+                Source::BodyBytes { per_unit: bytes }
+            },
+        }
+    }
+
+    /// The true cost is the integer in this trailer of the body (gRPC and HTTP/2 services
+    /// report usage this way). A body that ends without it keeps the estimate.
+    pub fn trailer(name: &str) -> Self {
+        Self {
+            source: header_name(name).map_or_else(Source::Invalid, Source::Trailer),
+        }
+    }
+
+    /// Why this settle cannot be used, if it cannot.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        match &self.source {
+            Source::Invalid(reason) => Err(reason.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the true cost comes from the body (settled when it ends).
+    fn on_body(&self) -> bool {
+        matches!(self.source, Source::BodyBytes { .. } | Source::Trailer(_))
+    }
+
+    /// The true cost from the response head; `None` for body sources.
+    fn cost_in_head(&self, head: &Parts) -> Option<u64> {
+        match &self.source {
+            Source::Header(name) => head.headers.get(name).and_then(parse_units),
+            Source::Head(f) => f(head),
+            _ => None,
+        }
+    }
+
+    /// The true cost from a body that ended (or stopped) after `bytes` bytes, with its
+    /// trailers if it had any; `None` for head sources.
+    fn cost_in_body(&self, bytes: u64, trailers: Option<&http::HeaderMap>) -> Option<u64> {
+        match &self.source {
+            Source::BodyBytes { per_unit } => Some(bytes.div_ceil(*per_unit)),
+            Source::Trailer(name) => trailers?.get(name).and_then(parse_units),
+            _ => None,
+        }
+    }
+}
+
+/// What settling a reservation does to its bucket: the settle rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Adjust {
+    /// The estimate was right.
+    Exact,
+    /// Give back this many units.
+    Refund(u64),
+    /// Spend this many more, spend-only.
+    Charge(u64),
+}
+
+impl Adjust {
+    fn of(reserved: u64, actual: u64) -> Self {
+        match actual.cmp(&reserved) {
+            std::cmp::Ordering::Equal => Adjust::Exact,
+            std::cmp::Ordering::Less => Adjust::Refund(reserved - actual),
+            std::cmp::Ordering::Greater => Adjust::Charge(actual - reserved),
+        }
+    }
+}
+
+/// One bucket a request was charged on, waiting for its true cost.
+pub(crate) struct Reserved {
+    /// Index of the rule in the layer.
+    rule: usize,
+    key: BucketKey,
+    /// Units charged up front.
+    reserved: u64,
+    /// The most one transaction may ask of the bucket (its burst).
+    max_cost: u64,
+}
+
+type Reservations = smallvec::SmallVec<[Reserved; 1]>;
+
+impl Shared {
+    /// The buckets of an allowed batch whose rules settle from the head (`on_body == false`)
+    /// or from the body: allowed, evaluated, spending, enabled decisions only (a shadowed rule
+    /// that would deny spent nothing and settles nothing).
+    fn reservations(&self, batch: &BatchDecision, on_body: bool) -> Reservations {
+        let mut out = Reservations::new();
+        for d in batch.decisions() {
+            let Some(limit) = &d.limit else { continue };
+            if !d.allowed || d.skipped || !d.mode.spends() {
+                continue;
+            }
+            let Some(rule) = self.rules.iter().position(|r| r.name == d.name) else {
+                continue;
+            };
+            if self.rules[rule]
+                .rule
+                .settle
+                .as_ref()
+                .is_some_and(|s| s.on_body() == on_body)
+            {
+                out.push(Reserved {
+                    rule,
+                    key: d.key.clone(),
+                    reserved: d.granted,
+                    max_cost: limit.max_cost(),
+                });
+            }
+        }
+        out
+    }
+
+    fn settle_of(&self, r: &Reserved) -> Option<&Settle> {
+        self.rules.get(r.rule)?.rule.settle.as_ref()
+    }
+}
+
+/// A settle under way: spawned on the runtime (it completes even if the request goes away), or
+/// run in place where there is no runtime.
+pub(crate) enum Task {
+    Spawned(tokio::task::JoinHandle<Vec<Decision>>),
+    Inline(Pin<Box<dyn Future<Output = Vec<Decision>> + Send>>),
+}
+
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Task::Spawned(_) => "Task::Spawned",
+            Task::Inline(_) => "Task::Inline",
+        })
+    }
+}
+
+impl Future for Task {
+    type Output = Vec<Decision>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Vec<Decision>> {
+        match self.get_mut() {
+            // A settle that panicked or was cancelled with the runtime changed nothing we
+            // can report: the response keeps the fields it had.
+            Task::Spawned(handle) => Pin::new(handle).poll(cx).map(Result::unwrap_or_default),
+            Task::Inline(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+/// Starts settling `work` (reservations with their true costs); `None` when nothing needs the
+/// store (every estimate exact or kept).
+fn start(shared: &Arc<Shared>, work: Vec<(Reserved, Option<u64>)>) -> Option<Task> {
+    let mut refunds = Vec::new();
+    let mut charges = Vec::new();
+    for (r, actual) in work {
+        let name = r.key.name();
+        let Some(actual) = actual else {
+            crate::telemetry::settled(name, "kept", 0);
+            continue;
+        };
+        match Adjust::of(r.reserved, actual) {
+            Adjust::Exact => crate::telemetry::settled(name, "exact", 0),
+            Adjust::Refund(n) => refunds.push(Transaction::new(r.key).cost(n)),
+            // More than the burst can never be taken whole: forgiven without asking.
+            Adjust::Charge(n) if n > r.max_cost => crate::telemetry::settled(name, "forgiven", n),
+            Adjust::Charge(n) => {
+                charges.push(Transaction::new(r.key).cost(n).mode(Mode::SpendOnly));
+            }
+        }
+    }
+    if refunds.is_empty() && charges.is_empty() {
+        return None;
+    }
+    let future = run(shared.clone(), refunds, charges);
+    Some(match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => Task::Spawned(runtime.spawn(future)),
+        Err(_) => Task::Inline(Box::pin(future)),
+    })
+}
+
+/// Refunds and charges (one backend call each, when there are any), counted; returns the
+/// buckets' new states.
+async fn run(
+    shared: Arc<Shared>,
+    refunds: Vec<Transaction>,
+    charges: Vec<Transaction>,
+) -> Vec<Decision> {
+    let mut states = Vec::with_capacity(refunds.len() + charges.len());
+    if !refunds.is_empty() {
+        let asked: Vec<u64> = refunds.iter().map(|t| t.cost_or(0)).collect();
+        match within(&shared, shared.limiter.refund(&refunds)).await {
+            Ok(batch) => {
+                for (d, n) in batch.into_decisions().into_iter().zip(asked) {
+                    crate::telemetry::settled(d.name, "refunded", n);
+                    states.push(d);
+                }
+            }
+            Err(reason) => failed(&shared, &refunds, &reason),
+        }
+    }
+    if !charges.is_empty() {
+        match within(&shared, shared.limiter.spend(&charges)).await {
+            Ok(batch) => {
+                for d in batch.into_decisions() {
+                    let outcome = if d.allowed { "charged" } else { "forgiven" };
+                    let asked = charges
+                        .iter()
+                        .find(|t| t.key() == &d.key)
+                        .map_or(0, |t| t.cost_or(0));
+                    crate::telemetry::settled(d.name, outcome, asked);
+                    states.push(d);
+                }
+            }
+            Err(reason) => failed(&shared, &charges, &reason),
+        }
+    }
+    states
+}
+
+/// `f` within the layer's backend timeout.
+async fn within<T>(
+    shared: &Shared,
+    f: impl Future<Output = Result<T, crate::LimiterError>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(shared.timeout, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {:?}", shared.timeout)),
+    }
+}
+
+/// A settle the store could not apply: the estimates stand.
+fn failed(shared: &Shared, txs: &[Transaction], reason: &str) {
+    for t in txs {
+        crate::telemetry::settled(t.key().name(), "failed", 0);
+    }
+    // The failure policy does not apply: the response is already out.
+    match shared.warn_gate.admit() {
+        Some(_) => {
+            tracing::warn!(%reason, "rate limit settle failed; the estimated costs stand")
+        }
+        None => tracing::debug!(%reason, "rate limit settle failed; the estimated costs stand"),
+    }
+}
+
+/// Starts settling the head-settled rules of an allowed batch from the response head; `None`
+/// when there is nothing to send to the store.
+pub(crate) fn settle_head(
+    shared: &Arc<Shared>,
+    batch: &BatchDecision,
+    head: &Parts,
+) -> Option<Task> {
+    let work: Vec<(Reserved, Option<u64>)> = shared
+        .reservations(batch, false)
+        .into_iter()
+        .map(|r| {
+            let actual = shared.settle_of(&r).and_then(|s| s.cost_in_head(head));
+            (r, actual)
+        })
+        .collect();
+    if work.is_empty() {
+        return None;
+    }
+    start(shared, work)
+}
+
+/// Brings the settled buckets' states into the batch whose `RateLimit` fields the response is
+/// about to carry.
+pub(crate) fn merge(batch: &mut BatchDecision, settled: Vec<Decision>) {
+    batch.update(settled);
+}
+
+/// The body-settled rules of a request: counts the body's bytes and settles when it ends.
+pub(crate) struct BodySettle {
+    shared: Arc<Shared>,
+    pending: Reservations,
+    bytes: u64,
+    /// The settle under way, and the frame held back until it is done (the trailers, or `None`
+    /// for the end of the body).
+    pub(crate) task: Option<Task>,
+    pub(crate) held: Option<http_body::Frame<bytes::Bytes>>,
+    /// Settled: the rest of the body passes through.
+    pub(crate) done: bool,
+}
+
+impl std::fmt::Debug for BodySettle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BodySettle")
+            .field("pending", &self.pending.len())
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BodySettle {
+    /// The body-settled rules of an allowed batch; `None` when it has none.
+    pub(crate) fn of(shared: &Arc<Shared>, batch: &BatchDecision) -> Option<Box<Self>> {
+        let pending = shared.reservations(batch, true);
+        (!pending.is_empty()).then(|| {
+            Box::new(Self {
+                shared: shared.clone(),
+                pending,
+                bytes: 0,
+                task: None,
+                held: None,
+                done: false,
+            })
+        })
+    }
+
+    /// Counts `n` more body bytes sent.
+    pub(crate) fn sent(&mut self, n: usize) {
+        self.bytes = self.bytes.saturating_add(n as u64);
+    }
+
+    /// Settles now, with the bytes so far and `trailers` when the body ended with them. Once:
+    /// later calls (and the drop) find nothing pending.
+    pub(crate) fn finish(&mut self, trailers: Option<&http::HeaderMap>) -> Option<Task> {
+        let bytes = self.bytes;
+        let work: Vec<(Reserved, Option<u64>)> = std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|r| {
+                let actual = self
+                    .shared
+                    .settle_of(&r)
+                    .and_then(|s| s.cost_in_body(bytes, trailers));
+                (r, actual)
+            })
+            .collect();
+        if work.is_empty() {
+            return None;
+        }
+        start(&self.shared, work)
+    }
+}
+
+impl Drop for BodySettle {
+    /// A body dropped before its end (the client went away) settles on the bytes sent so far;
+    /// a trailer never came, so those rules keep their estimates. The settle runs on the
+    /// runtime; without one it cannot run and the estimates stand.
+    fn drop(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        if let Some(Task::Inline(_)) = self.finish(None) {
+            tracing::debug!("rate limit settle dropped: no runtime; the estimated costs stand");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_settle_rule_refunds_the_unused_and_charges_the_extra() {
+        assert_eq!(Adjust::of(10, 10), Adjust::Exact);
+        assert_eq!(Adjust::of(10, 3), Adjust::Refund(7));
+        assert_eq!(Adjust::of(10, 0), Adjust::Refund(10));
+        assert_eq!(Adjust::of(0, 4), Adjust::Charge(4));
+        assert_eq!(Adjust::of(2, u64::MAX), Adjust::Charge(u64::MAX - 2));
+    }
+
+    #[test]
+    fn units_are_plain_decimal_integers() {
+        let v = |s: &'static str| http::HeaderValue::from_static(s);
+        assert_eq!(parse_units(&v("42")), Some(42));
+        assert_eq!(parse_units(&v(" 7 ")), Some(7));
+        assert_eq!(parse_units(&v("0")), Some(0));
+        assert_eq!(parse_units(&v("18446744073709551615")), Some(u64::MAX));
+        for bad in [
+            "",
+            "-1",
+            "+1",
+            "1.5",
+            "1e3",
+            "18446744073709551616",
+            "12 3",
+            "0x10",
+        ] {
+            assert_eq!(parse_units(&v(bad)), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn body_bytes_round_the_last_unit_up() {
+        let kib = Settle::body_bytes_per(1024);
+        assert_eq!(kib.cost_in_body(0, None), Some(0));
+        assert_eq!(kib.cost_in_body(1, None), Some(1));
+        assert_eq!(kib.cost_in_body(1024, None), Some(1));
+        assert_eq!(kib.cost_in_body(1025, None), Some(2));
+        assert_eq!(Settle::body_bytes().cost_in_body(77, None), Some(77));
+        assert!(Settle::body_bytes_per(0).check().is_err());
+        assert!(Settle::header("bad header").check().is_err());
+        assert!(Settle::trailer("x-used").check().is_ok());
+    }
+}

@@ -1,0 +1,544 @@
+//! Reserve, then reconcile: a rule charges an estimate and settles the true cost from the
+//! response (a header, a function of the head, the bytes of a streamed body, a trailer), on
+//! memory and on a real Redis, over real HTTP. Time is a manual clock that never moves unless
+//! a test moves it, so every number is exact.
+
+mod support;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use axum::{Router, routing::get};
+use bytes::Bytes;
+use http_body::Frame;
+use support::http::{HttpClient, Reply, serve};
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tower_ratelimits::{
+    ClientIp, Id, LayerError, Limiter, Limits, ManualClock, MemoryBackend, Mode, RateLimitLayer,
+    Rule, Settle, Transaction,
+};
+
+const EPOCH_US: u64 = 1_700_000_000_000_000;
+
+/// One unit per second refills each bucket: a frozen clock keeps every number exact.
+const LIMITS: &str = "\
+Tokens: {kind: ip, burst: 100, count: 100, period: 100s}
+Bytes: {kind: ip, burst: 10000, count: 10000, period: 10000s}
+Units: {kind: ip, burst: 50, count: 50, period: 50s}
+";
+
+#[derive(Clone, Copy, Debug)]
+enum Store {
+    Memory,
+    #[cfg(feature = "redis")]
+    Redis,
+}
+
+struct Fixture {
+    clock: ManualClock,
+    #[cfg(feature = "redis")]
+    _redis: Option<support::redis::TestRedis>,
+}
+
+impl Fixture {
+    fn new(store: Store) -> Self {
+        let clock = ManualClock::new(EPOCH_US);
+        match store {
+            Store::Memory => Self {
+                clock,
+                #[cfg(feature = "redis")]
+                _redis: None,
+            },
+            #[cfg(feature = "redis")]
+            Store::Redis => Self {
+                clock,
+                _redis: Some(support::redis::TestRedis::single()),
+            },
+        }
+    }
+
+    async fn limiter(&self, store: Store) -> Limiter {
+        let limits = Limits::from_yaml_str(LIMITS, None).unwrap();
+        match store {
+            Store::Memory => Limiter::new(
+                limits,
+                MemoryBackend::builder().clock(self.clock.clone()).build(),
+            ),
+            #[cfg(feature = "redis")]
+            Store::Redis => {
+                let url = &self._redis.as_ref().unwrap().url;
+                let backend = tower_ratelimits::RedisBackend::from_url(url)
+                    .prefix(support::redis::unique_prefix("settle"))
+                    .caller_time(self.clock.clone())
+                    .connect()
+                    .await
+                    .unwrap();
+                Limiter::new(limits, backend)
+            }
+        }
+    }
+}
+
+/// What the bucket of `name` for 127.0.0.1 holds now, asked of the store directly.
+async fn remaining(limiter: &Limiter, name: &str) -> u64 {
+    let key = limiter
+        .key(
+            name,
+            Id::from("127.0.0.1".parse::<std::net::IpAddr>().unwrap()),
+        )
+        .unwrap();
+    let probe = Transaction::new(key).cost(0);
+    limiter.check(&[probe]).await.unwrap().decisions()[0].remaining
+}
+
+/// The `r` of the `RateLimit` member named `name`.
+fn r_of(reply: &Reply, name: &str) -> u64 {
+    let field = reply.header("ratelimit").expect("a RateLimit field");
+    let member = field
+        .split(", ")
+        .find(|m| m.starts_with(&format!("\"{name}\"")))
+        .unwrap_or_else(|| panic!("no {name} in {field}"));
+    let r = member
+        .split(';')
+        .find_map(|p| p.strip_prefix("r="))
+        .unwrap_or_else(|| panic!("no r in {member}"));
+    r.parse().unwrap()
+}
+
+/// `/gen?used=N` answers with `x-tokens-used: N` (none without `used`); `status=S` sets the
+/// status.
+async fn generate(uri: http::Uri) -> Response {
+    let mut response = Response::new(Body::from("generated"));
+    for pair in uri.query().unwrap_or("").split('&') {
+        match pair.split_once('=') {
+            Some(("used", used)) => {
+                response
+                    .headers_mut()
+                    .insert("x-tokens-used", used.parse().unwrap());
+            }
+            Some(("status", status)) => {
+                *response.status_mut() =
+                    http::StatusCode::from_u16(status.parse().unwrap()).unwrap();
+            }
+            _ => {}
+        }
+    }
+    response
+}
+
+/// From a response header: unused units come back, extra units are spent when the bucket holds
+/// them, forgiven when it does not, a missing or malformed header keeps the estimate; each
+/// response already carries the settled bucket, and the next request sees it.
+async fn settles_from_a_header(store: Store) {
+    let fixture = Fixture::new(store);
+    let limiter = fixture.limiter(store).await;
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        [Rule::new("Tokens", ClientIp::new())
+            .cost(30)
+            .settle(Settle::header("x-tokens-used"))],
+    )
+    .unwrap();
+    let server = serve(Router::new().route("/gen", get(generate)).layer(layer)).await;
+    let client = HttpClient::new(&server);
+
+    // (query, status, bucket afterwards): the bucket starts with 100.
+    let steps: [(&str, u16, u64); 7] = [
+        // 30 reserved, 10 used: 20 back.
+        ("used=10", 200, 90),
+        // 30 reserved, 50 used: 20 more, which the bucket holds.
+        ("used=50", 200, 40),
+        // 30 reserved (10 left), 100 used: the extra 70 does not fit whole and is forgiven.
+        ("used=100", 200, 10),
+        // 30 do not fit in 10: refused, nothing spent, nothing settled.
+        ("used=0", 429, 10),
+        // 70 s refill 70 units (80); no header keeps the estimate.
+        ("", 200, 50),
+        // A malformed header keeps it too.
+        ("used=abc", 200, 20),
+        ("used=0", 429, 20),
+    ];
+    for (step, (query, status, after)) in steps.into_iter().enumerate() {
+        if step == 4 {
+            fixture.clock.advance(Duration::from_secs(70));
+        }
+        let reply = client.get(&format!("/gen?{query}"), &[]).await;
+        assert_eq!(reply.status, status, "{store:?} step {step} ({query})");
+        if status == 200 {
+            assert_eq!(
+                r_of(&reply, "Tokens"),
+                after,
+                "{store:?} step {step}: the response shows the settled bucket"
+            );
+        }
+        assert_eq!(
+            remaining(&limiter, "Tokens").await,
+            after,
+            "{store:?} step {step} ({query})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn in_memory_a_header_settles_the_true_cost() {
+    settles_from_a_header(Store::Memory).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn on_redis_a_header_settles_the_true_cost() {
+    settles_from_a_header(Store::Redis).await;
+}
+
+/// From a function of the response head: a failed request costs nothing.
+#[tokio::test]
+async fn a_function_of_the_head_refunds_failed_requests() {
+    let fixture = Fixture::new(Store::Memory);
+    let limiter = fixture.limiter(Store::Memory).await;
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        [Rule::new("Tokens", ClientIp::new())
+            .cost(10)
+            .settle(Settle::response(|head| {
+                head.status.is_server_error().then_some(0)
+            }))],
+    )
+    .unwrap();
+    let server = serve(Router::new().route("/gen", get(generate)).layer(layer)).await;
+    let client = HttpClient::new(&server);
+    assert_eq!(client.get("/gen?status=503", &[]).await.status, 503);
+    assert_eq!(remaining(&limiter, "Tokens").await, 100, "refunded");
+    assert_eq!(client.get("/gen", &[]).await.status, 200);
+    assert_eq!(remaining(&limiter, "Tokens").await, 90, "kept");
+}
+
+/// A body the test feeds frame by frame; it tells when the server dropped it.
+struct Fed {
+    frames: mpsc::UnboundedReceiver<Frame<Bytes>>,
+    _dropped: oneshot::Sender<()>,
+}
+
+impl http_body::Body for Fed {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.frames.poll_recv(cx).map(|f| f.map(Ok))
+    }
+}
+
+/// A route whose response body is fed by the test: each request takes the next feed.
+type Feeds = Arc<Mutex<mpsc::UnboundedReceiver<Fed>>>;
+
+fn fed_route(feeds: Feeds) -> Router {
+    Router::new().route(
+        "/download",
+        get(move || {
+            let feeds = feeds.clone();
+            async move {
+                let fed = feeds.lock().await.recv().await.expect("a feed per request");
+                Response::new(Body::new(fed))
+            }
+        }),
+    )
+}
+
+struct Feeder {
+    feeds: mpsc::UnboundedSender<Fed>,
+}
+
+impl Feeder {
+    fn new() -> (Self, Feeds) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self { feeds: tx }, Arc::new(Mutex::new(rx)))
+    }
+
+    /// The next response's body: send frames on the first, learn of its drop on the second.
+    fn next(&self) -> (mpsc::UnboundedSender<Frame<Bytes>>, oneshot::Receiver<()>) {
+        let (frames, rx) = mpsc::unbounded_channel();
+        let (dropped, gone) = oneshot::channel();
+        self.feeds
+            .send(Fed {
+                frames: rx,
+                _dropped: dropped,
+            })
+            .unwrap();
+        (frames, gone)
+    }
+}
+
+fn chunk(n: usize) -> Frame<Bytes> {
+    Frame::data(Bytes::from(vec![b'x'; n]))
+}
+
+/// Waits (bounded) until the bucket holds `want`: a settle spawned when a body was dropped
+/// completes on its own time. This waits for an effect; it asserts no duration.
+async fn until_remaining(limiter: &Limiter, name: &str, want: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = remaining(limiter, name).await;
+        if got == want || tokio::time::Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A streamed body settles on its bytes when it ends, before its end reaches the client (so
+/// the next request sees it); a body the client abandons settles on the bytes sent so far.
+async fn settles_a_streamed_body(store: Store) {
+    let fixture = Fixture::new(store);
+    let limiter = fixture.limiter(store).await;
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        [Rule::new("Bytes", ClientIp::new())
+            .cost(1000)
+            .settle(Settle::body_bytes())],
+    )
+    .unwrap();
+    let (feeder, feeds) = Feeder::new();
+    let server = serve(fed_route(feeds).layer(layer)).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<Bytes>>();
+    let uri: http::Uri = format!("http://{}/download", server.addr).parse().unwrap();
+
+    // 1. Three chunks of 100 bytes: 1,000 reserved, 300 used.
+    let (frames, _gone) = feeder.next();
+    let response = client.get(uri.clone()).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        r_of_head(response.headers(), "Bytes"),
+        9000,
+        "{store:?}: the estimate"
+    );
+    let mut body = response.into_body();
+    for _ in 0..3 {
+        frames.send(chunk(100)).unwrap();
+        let f = http_body_util::BodyExt::frame(&mut body)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.into_data().unwrap().len(), 100);
+    }
+    assert_eq!(
+        remaining(&limiter, "Bytes").await,
+        9000,
+        "{store:?}: not settled before the end"
+    );
+    drop(frames);
+    assert!(http_body_util::BodyExt::frame(&mut body).await.is_none());
+    assert_eq!(
+        remaining(&limiter, "Bytes").await,
+        9700,
+        "{store:?}: settled on 300 bytes by the time the client saw the end"
+    );
+
+    // 2. The next request shows it: 9,700 - 1,000 reserved.
+    let (frames, gone) = feeder.next();
+    let response = client.get(uri.clone()).await.unwrap();
+    assert_eq!(r_of_head(response.headers(), "Bytes"), 8700, "{store:?}");
+    // 3. The client reads 250 bytes and goes away.
+    let mut body = response.into_body();
+    frames.send(chunk(250)).unwrap();
+    let f = http_body_util::BodyExt::frame(&mut body)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(f.into_data().unwrap().len(), 250);
+    drop(body);
+    gone.await.unwrap_err(); // the server dropped the body
+    assert_eq!(
+        until_remaining(&limiter, "Bytes", 9450).await,
+        9450,
+        "{store:?}: an abandoned body is charged the 250 bytes it sent"
+    );
+    drop(frames);
+}
+
+fn r_of_head(headers: &http::HeaderMap, name: &str) -> u64 {
+    r_of(
+        &Reply {
+            status: 200,
+            headers: headers.clone(),
+            body: String::new(),
+        },
+        name,
+    )
+}
+
+#[tokio::test]
+async fn in_memory_a_streamed_body_settles_its_bytes() {
+    settles_a_streamed_body(Store::Memory).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn on_redis_a_streamed_body_settles_its_bytes() {
+    settles_a_streamed_body(Store::Redis).await;
+}
+
+/// A trailer settles when it arrives; a body that ends without it keeps the estimate.
+async fn settles_from_a_trailer(store: Store) {
+    let fixture = Fixture::new(store);
+    let limiter = fixture.limiter(store).await;
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        [Rule::new("Units", ClientIp::new())
+            .cost(10)
+            .settle(Settle::trailer("x-units"))],
+    )
+    .unwrap();
+    let (feeder, feeds) = Feeder::new();
+    let server = serve(fed_route(feeds).layer(layer)).await;
+    let client = HttpClient::new(&server);
+
+    let (frames, _gone) = feeder.next();
+    frames.send(chunk(5)).unwrap();
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-units", "3".parse().unwrap());
+    frames.send(Frame::trailers(trailers)).unwrap();
+    drop(frames);
+    let reply = client.get("/download", &[]).await;
+    assert_eq!((reply.status, reply.body.len()), (200, 5));
+    assert_eq!(
+        remaining(&limiter, "Units").await,
+        47,
+        "{store:?}: 3 units used"
+    );
+
+    let (frames, _gone) = feeder.next();
+    frames.send(chunk(5)).unwrap();
+    drop(frames);
+    let reply = client.get("/download", &[]).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        remaining(&limiter, "Units").await,
+        37,
+        "{store:?}: no trailer, the 10 reserved stand"
+    );
+}
+
+#[tokio::test]
+async fn in_memory_a_trailer_settles_the_true_cost() {
+    settles_from_a_trailer(Store::Memory).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn on_redis_a_trailer_settles_the_true_cost() {
+    settles_from_a_trailer(Store::Redis).await;
+}
+
+/// Settling is refused where it cannot work, when the layer is built.
+#[test]
+fn a_settle_that_cannot_work_is_refused_when_the_layer_is_built() {
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        MemoryBackend::new(),
+    );
+    let build = |rule: Rule| RateLimitLayer::new(limiter.clone(), [rule]).map(|_| ());
+    let rule = || Rule::new("Tokens", ClientIp::new());
+    for (settle_rule, reason) in [
+        (
+            rule().settle(Settle::header("not a header")),
+            "\"not a header\" is not a header name",
+        ),
+        (
+            rule().settle(Settle::trailer("")),
+            "\"\" is not a header name",
+        ),
+        (
+            rule().settle(Settle::body_bytes_per(0)),
+            "body_bytes_per(0): a unit needs at least one byte",
+        ),
+        (
+            rule().mode(Mode::CheckOnly).settle(Settle::body_bytes()),
+            "a CheckOnly rule spends nothing to settle",
+        ),
+    ] {
+        assert_eq!(
+            build(settle_rule),
+            Err(LayerError::Settle {
+                limit: "Tokens".into(),
+                reason: reason.into()
+            })
+        );
+    }
+    assert!(build(rule().settle(Settle::header("x-tokens-used"))).is_ok());
+}
+
+/// The in-memory backend whose refunds wait until the client saw the end of the body (or a
+/// second passed): the order of the two events shows whether the middleware held the end back
+/// until the settle was done.
+struct HoldsRefunds {
+    inner: MemoryBackend,
+    end_seen: Arc<tokio::sync::Notify>,
+    log: Arc<std::sync::Mutex<Vec<&'static str>>>,
+}
+
+#[async_trait::async_trait]
+impl tower_ratelimits::Backend for HoldsRefunds {
+    async fn spend(
+        &self,
+        batch: &[tower_ratelimits::BucketTx<'_>],
+    ) -> Result<Vec<tower_ratelimits::Outcome>, tower_ratelimits::BackendError> {
+        self.inner.spend(batch).await
+    }
+    async fn refund(
+        &self,
+        batch: &[tower_ratelimits::BucketTx<'_>],
+    ) -> Result<Vec<tower_ratelimits::Outcome>, tower_ratelimits::BackendError> {
+        // Not a timing assertion: the wait only breaks the deadlock of a correct middleware.
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.end_seen.notified()).await;
+        let out = self.inner.refund(batch).await;
+        self.log.lock().unwrap().push("settled");
+        out
+    }
+    async fn reset(
+        &self,
+        keys: &[&tower_ratelimits::BucketKey],
+    ) -> Result<(), tower_ratelimits::BackendError> {
+        self.inner.reset(keys).await
+    }
+}
+
+#[tokio::test]
+async fn the_end_of_a_body_reaches_the_client_only_once_it_is_settled() {
+    let end_seen = Arc::new(tokio::sync::Notify::new());
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        HoldsRefunds {
+            inner: MemoryBackend::builder()
+                .clock(ManualClock::new(EPOCH_US))
+                .build(),
+            end_seen: end_seen.clone(),
+            log: log.clone(),
+        },
+    );
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        [Rule::new("Bytes", ClientIp::new())
+            .cost(1000)
+            .settle(Settle::body_bytes())],
+    )
+    .unwrap();
+    let (feeder, feeds) = Feeder::new();
+    let server = serve(fed_route(feeds).layer(layer)).await;
+    let client = HttpClient::new(&server);
+    let (frames, _gone) = feeder.next();
+    frames.send(chunk(10)).unwrap();
+    drop(frames);
+    let reply = client.get("/download", &[]).await;
+    log.lock().unwrap().push("end seen");
+    end_seen.notify_one();
+    assert_eq!(reply.body.len(), 10);
+    assert_eq!(*log.lock().unwrap(), ["settled", "end seen"]);
+    assert_eq!(remaining(&limiter, "Bytes").await, 9990);
+}
