@@ -1366,6 +1366,31 @@ async fn both_paths_take_a_stored_tat_below_2_pow_52_and_replace_one_at_it() {
     );
 }
 
+/// The script passes numbers to `SET` as they are (no `string.format`): a TAT just below 2^52
+/// with every digit significant is stored exactly, on the lean path and the general one.
+#[tokio::test]
+async fn a_tat_near_2_pow_52_is_stored_to_the_microsecond_on_both_paths() {
+    let redis = TestRedis::single();
+    let start = (1u64 << 52) - 2_000_001;
+    let clock = ManualClock::new(start);
+    let (limiter, backend) = path_limiter(&redis.url, "exact", &clock).await;
+    let t = limiter.key("T", Id::new("x").unwrap()).unwrap();
+    for (n, id) in ["lean", "general"].into_iter().enumerate() {
+        let g = limiter.key("G", Id::new(id).unwrap()).unwrap();
+        let mut batch = vec![Transaction::new(g.clone())];
+        if n == 1 {
+            batch.push(Transaction::new(t.clone()).mode(Mode::SpendOnly));
+        }
+        assert!(limiter.spend(&batch).await.unwrap().allowed());
+        // G: 3 per second, an emission interval of 333,334 us.
+        assert_eq!(
+            raw_get(&backend, &backend.redis_key(&g)).await,
+            Some((start + 333_334).to_string()),
+            "{id}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Through the middleware and the tools.
 // ---------------------------------------------------------------------------------------------

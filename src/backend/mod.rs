@@ -291,8 +291,8 @@ pub enum BackendError {
 
 /// The batch rule (`docs/gcra.md`): a batch is allowed when every transaction that counts
 /// was allowed. Backends apply it through this function only.
-pub(crate) fn batch_allowed<'t>(
-    decided: impl IntoIterator<Item = (&'t BucketTx<'t>, &'t Outcome)>,
+pub(crate) fn batch_allowed<'t, 'b: 't, 'o>(
+    decided: impl IntoIterator<Item = (&'t BucketTx<'b>, &'o Outcome)>,
 ) -> bool {
     decided
         .into_iter()

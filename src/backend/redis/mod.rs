@@ -422,10 +422,11 @@ impl RedisBackend {
         (slot, group): &(u16, Vec<usize>),
     ) -> Result<ScriptReply, BackendError> {
         let txs = || group.iter().map(|&i| &batch[i]);
-        let args = script::encode(call, txs());
+        let lean = script::is_lean(call, txs());
+        let args = script::encode(call, lean, txs());
         let script_keys = group.iter().map(|&i| keys[i].clone()).collect();
         let value = self.eval(*slot, script_keys, args).await?;
-        match script::decode(value, txs(), call.want_raw)? {
+        match script::decode(value, lean, txs(), call.want_raw)? {
             Reply::Decided(reply) => Ok(reply),
             Reply::InvalidState { index, reason } => {
                 let key = group

@@ -5,7 +5,10 @@
 -- hold them exactly.
 --
 -- KEYS[i]   the keys (one slot).
--- ARGV[1]   'spend', 'refund' or 'restore'.
+-- ARGV[1]   'g' or 'G' (a spend whose keys are all GCRA: the lean path below), 'spend',
+--           'refund' or 'restore'. 'g' is 'G' with the defaults (the server's clock, keys
+--           expiring when fresh, every key check-and-spend) and no head: its records start at
+--           ARGV[2]. Every other op has the head ARGV[2..4]:
 -- ARGV[2]   now in microseconds, or -1 to read the server's clock (TIME).
 -- ARGV[3]   -1: expire keys when their state equals a fresh one, on the server's clock (PXAT);
 --           m >= 0: that long after now plus m milliseconds (PX), for caller time, which the
@@ -13,13 +16,18 @@
 -- ARGV[4]   1: return, for tiered keys, the value before and after (to undo a spend of a
 --           denied cross-slot batch with 'restore'); 0: do not.
 -- then, per key, a record:
+--   lean    (op 'G') increment (emission interval * cost), burst offset, mode; (op 'g') the
+--           same without the mode
 --   GCRA    0, emission interval, burst offset, burst, cost, mode
 --   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
 --   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
 --           and the milliseconds the value before had to live (-1: none)
 --   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe)
 --
--- Returns, per key, a list: allowed (0/1), remaining, retry_after, reset_after, then for GCRA
+-- Ops 'g' and 'G' return a flat list: now, then each key's stored TAT before the call (0: none); the
+-- caller computes the decisions from them with the same rule (src/algo/gcra.rs `check`, and
+-- the batch rule), so nothing is formatted or divided here. The other ops return, per key, a
+-- list: allowed (0/1), remaining, retry_after, reset_after, then for GCRA
 -- the TAT stored afterwards (0: none); for tiered keys 0, granted, the serving tier, burst (0/1),
 -- the units of each tier and, when ARGV[4] is 1, the value before, the value after and the
 -- milliseconds the value before had to live. After the lists: now. A key holding something
@@ -31,9 +39,13 @@
 local LIMIT = 4503599627370496 -- 2^52: stored times and now stay below it
 
 local op = ARGV[1]
-local now = tonumber(ARGV[2])
-local margin = tonumber(ARGV[3])
-local want_raw = ARGV[4] == '1'
+-- Op 'g' (the lean spend with the defaults) has no head: its records start at ARGV[2].
+local now, margin, want_raw = -1, -1, false
+if op ~= 'g' then
+  now = tonumber(ARGV[2])
+  margin = tonumber(ARGV[3])
+  want_raw = ARGV[4] == '1'
+end
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -41,7 +53,104 @@ end
 
 local n = #KEYS
 
+-- The lean path: a spend whose keys are all GCRA (every request of a GCRA-only
+-- configuration). Per key: increment, burst offset (and mode for 'G'); the answer is now and
+-- the TATs read. It runs before anything below is defined and calls no function of this
+-- script: in Lua 5.1 each `local function` is a closure allocated on every call, and that cost
+-- the lean path 14,000 server instructions per call (benches/redis_instructions.sh). So the
+-- GCRA rule (`gcra_fits`), the stored-value check (`read_tat`), the modes (`counts`,
+-- `gcra_writes`) and the expiry (`expire_args`) are written out here once more;
+-- tests/redis.rs (`the_scripts_fast_path_decides_gcra_exactly_as_its_general_path`, the 2^52
+-- and expiry tests) holds the two writings to each other.
+if op == 'g' or op == 'G' then
+  local first, per = 5, 3
+  if op == 'g' then first, per = 2, 2 end
+  local out, nt, allowed = {now, 0, 0, 0}, {false, false, false}, true
+  for i = 1, n do
+    local a = first + (i - 1) * per
+    local s = tonumber(redis.pcall('GET', KEYS[i]))
+    if s == nil or s < 0 or s >= LIMIT or s ~= math.floor(s) then s = 0 end
+    local mode = 0
+    if per == 3 then mode = tonumber(ARGV[a + 2]) end
+    local tat = s
+    if tat < now then tat = now end
+    local new_tat = tat + tonumber(ARGV[a])
+    out[i + 1] = s
+    nt[i] = false
+    if new_tat - tonumber(ARGV[a + 1]) > now then
+      if mode == 0 or mode == 1 then allowed = false end
+    elseif (mode == 0 or mode == 2) and new_tat > now and new_tat ~= s then
+      nt[i] = new_tat
+    end
+  end
+  if n < 3 then out[n + 2] = nil end
+  if allowed then
+    for i = 1, n do
+      local t = nt[i]
+      if t then
+        if margin < 0 then
+          redis.call('SET', KEYS[i], t, 'PXAT', math.floor((t + 999) / 1000))
+        else
+          redis.call('SET', KEYS[i], t, 'PX', math.floor((t - now + 999) / 1000) + margin)
+        end
+      end
+    end
+  end
+  return out
+end
+
 -- Shared by every path ------------------------------------------------------------------------
+
+-- The core of the rule: the TAT after spending `incr` (emission interval * cost) on a bucket
+-- whose stored TAT is `stored`, and whether it fits (new_tat - bo <= now).
+local function gcra_fits(stored, incr, bo)
+  local tat = stored
+  if tat < now then tat = now end
+  local new_tat = tat + incr
+  return new_tat, new_tat - bo <= now
+end
+
+-- Whether a transaction of this mode counts toward the batch (spend-only and observe do not).
+local function counts(mode) return mode == 0 or mode == 1 end
+
+-- Whether a transaction of this mode is written when allowed (check-only and observe are not).
+local function spends(mode) return mode == 0 or mode == 2 end
+
+-- Whether an allowed GCRA spend writes its new TAT (never one that does not spend, never a
+-- no-op).
+local function gcra_writes(mode, new_tat, stored)
+  return spends(mode) and new_tat > now and new_tat ~= stored
+end
+
+-- The stored TAT of GCRA key i (0: none). A value that is not a TAT of ours (another type,
+-- not a number, not a whole number, out of range: another program's data, or a future format)
+-- is a fresh bucket, and the first spend that writes replaces it (SET replaces a value of any
+-- type). `tonumber` yields nil for a missing key (false), another type (an error table) and
+-- text that is not a number.
+local function read_tat(i)
+  local v = tonumber(redis.pcall('GET', KEYS[i]))
+  if v == nil or v < 0 or v >= LIMIT or v ~= math.floor(v) then return 0 end
+  return v
+end
+
+-- Numbers are passed to commands as they are: Redis 7 writes a whole double below 2^53 as
+-- its exact decimal digits (`tests/redis.rs` holds it to that).
+local function expire_args(at)
+  if margin < 0 then
+    return 'PXAT', math.floor((at + 999) / 1000)
+  end
+  return 'PX', math.floor((at - now + 999) / 1000) + margin
+end
+
+local function write_tat(key, tat)
+  if tat <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, tat, expire_args(tat))
+  end
+end
+
+-- The rest: refunds, restores, tiered keys and mixed batches --------------------------------
 
 -- floor(v / ei) for v > 0 (0 otherwise), corrected for the rounding of the division.
 local function tokens(v, ei)
@@ -59,12 +168,11 @@ end
 -- bucket whose stored TAT is `stored` (0: none). Returns allowed (0/1), remaining,
 -- retry_after, reset_after and the TAT a spend stores (nil on a denial).
 local function gcra(stored, ei, bo, cost)
-  local tat = stored
-  if tat < now then tat = now end
   local incr = ei * cost
-  local new_tat = tat + incr
+  local new_tat, fits = gcra_fits(stored, incr, bo)
+  local tat = new_tat - incr
   local difference = now - (new_tat - bo)
-  if difference < 0 then
+  if not fits then
     return 0, tokens(now - (tat - bo), ei), -difference, tat - now, nil
   end
   local retry = 0
@@ -83,82 +191,6 @@ local function gcra_refund(stored, ei, bo, burst, cost)
   return 1, tokens(now - (new_tat - bo), ei), new_tat - now, new_tat
 end
 
--- Whether a transaction of this mode counts toward the batch (spend-only and observe do not).
-local function counts(mode) return mode == 0 or mode == 1 end
-
--- Whether a transaction of this mode is written when allowed (check-only and observe are not).
-local function spends(mode) return mode == 0 or mode == 2 end
-
--- Whether an allowed GCRA spend writes its new TAT (never one that does not spend, never a
--- no-op).
-local function gcra_writes(mode, new_tat, stored)
-  return spends(mode) and new_tat > now and new_tat ~= stored
-end
-
--- The stored TAT of GCRA key i (0: none). A value that is not a TAT of ours (another type,
--- not a number, out of range: another program's data, or a future format) is a fresh bucket,
--- and the first spend that writes replaces it (SET replaces a value of any type).
-local function read_tat(i)
-  local raw = redis.pcall('GET', KEYS[i])
-  if type(raw) ~= 'string' then return 0 end
-  if #raw > 16 or not string.match(raw, '^%d+$') then return 0 end
-  local v = tonumber(raw)
-  if v >= LIMIT then return 0 end
-  return v
-end
-
-local function expire_args(at)
-  if margin < 0 then
-    return 'PXAT', string.format('%.0f', math.floor((at + 999) / 1000))
-  end
-  return 'PX', string.format('%.0f', math.floor((at - now + 999) / 1000) + margin)
-end
-
-local function write_tat(key, tat)
-  if tat <= now then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, string.format('%.0f', tat), expire_args(tat))
-  end
-end
-
--- Fast path: a spend whose keys are all GCRA (every request of a GCRA-only configuration):
--- the same functions as the general path below, without its per-key record tables.
-if op == 'spend' then
-  local gcra_only = true
-  for i = 1, n do
-    if ARGV[5 + (i - 1) * 6] ~= '0' then
-      gcra_only = false
-      break
-    end
-  end
-  if gcra_only then
-    local out, writes, allowed = {}, {}, true
-    for i = 1, n do
-      local a = 5 + (i - 1) * 6
-      local s = read_tat(i)
-      local mode = tonumber(ARGV[a + 5])
-      local ok, rem, retry, reset, new_tat =
-        gcra(s, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 4]))
-      out[i] = {ok, rem, retry, reset, s}
-      if ok == 0 then
-        if counts(mode) then allowed = false end
-      elseif gcra_writes(mode, new_tat, s) then
-        writes[i] = new_tat
-      end
-    end
-    for i = 1, n do
-      if allowed and writes[i] then
-        write_tat(KEYS[i], writes[i])
-        out[i][5] = writes[i]
-      end
-      if out[i][5] <= now then out[i][5] = 0 end
-    end
-    out[n + 1] = now
-    return out
-  end
-end
-
 if op == 'restore' then
   for i = 1, n do
     local b = 4 + (i - 1) * 3
@@ -168,7 +200,7 @@ if op == 'restore' then
       if before == '' then
         redis.call('DEL', KEYS[i])
       elseif ttl > 0 then
-        redis.call('SET', KEYS[i], before, 'PX', string.format('%.0f', ttl))
+        redis.call('SET', KEYS[i], before, 'PX', ttl)
       else
         redis.call('SET', KEYS[i], before)
       end

@@ -7,17 +7,22 @@
 //!
 //! | record | fields |
 //! |---|---|
+//! | lean (op `G`: a spend whose keys are all GCRA) | increment (emission interval * cost), burst offset, mode |
+//! | lean with the defaults (op `g`, no head: server clock, expiry when fresh, check-and-spend) | increment, burst offset |
 //! | GCRA | `0`, emission interval, burst offset, burst, cost, mode |
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
 //!
-//! The answer: one list per key, then now; or `{-1, key index, reason}` when a key holds
-//! something that is not a state of ours (nothing is then written).
+//! The answer to `g` and `G`: now, then each key's stored TAT before the call (flat); the decisions are
+//! computed here from them, with `gcra::check` and the batch rule, exactly as the script
+//! decided. The other answers: one list per key, then now; or `{-1, key index, reason}` when a
+//! key holds something that is not a state of ours (nothing is then written).
 
 use fred::prelude::Value;
 
+use crate::algo::gcra;
 use crate::algo::tiers::{MAX_TIERS, TierGrant};
-use crate::backend::{BackendError, BucketTx, Mode, Outcome};
+use crate::backend::{BackendError, BucketTx, Mode, Outcome, batch_allowed};
 use crate::quota::Quota;
 
 /// The script (GCRA and burst tiers), as run by `EVALSHA`.
@@ -58,8 +63,9 @@ pub(super) struct Call {
 }
 
 impl Call {
-    fn push_head(&self, args: &mut Vec<Value>) {
+    fn push_head(&self, args: &mut Vec<Value>, lean: bool) {
         args.push(Value::from(match self.op {
+            Op::Spend if lean => "G",
             Op::Spend => "spend",
             Op::Refund => "refund",
             Op::Restore => "restore",
@@ -87,10 +93,25 @@ fn mode_code(mode: Mode) -> Value {
     })
 }
 
-/// The arguments of a spend or refund of `txs` (one slot's keys, in order).
-pub(super) fn encode<'a>(call: Call, txs: impl Iterator<Item = &'a BucketTx<'a>>) -> Vec<Value> {
-    let mut args = Vec::with_capacity(4 + 6 * 4);
-    call.push_head(&mut args);
+/// Whether a call takes the script's lean path: a spend whose keys are all GCRA.
+pub(super) fn is_lean<'a>(call: Call, mut txs: impl Iterator<Item = &'a BucketTx<'a>>) -> bool {
+    call.op == Op::Spend && txs.all(|tx| tx.quota.as_gcra().is_some())
+}
+
+/// The arguments of a spend or refund of `txs` (one slot's keys, in order); `lean` as
+/// [`is_lean`] says.
+pub(super) fn encode<'a>(
+    call: Call,
+    lean: bool,
+    txs: impl Iterator<Item = &'a BucketTx<'a>> + Clone,
+) -> Vec<Value> {
+    let txs = txs.into_iter();
+    let (size, _) = txs.size_hint();
+    if lean {
+        return encode_lean(call, txs, size);
+    }
+    let mut args = Vec::with_capacity(4 + 6 * size);
+    call.push_head(&mut args, false);
     for tx in txs {
         match tx.quota {
             Quota::Gcra(limit) => args.extend([
@@ -123,6 +144,38 @@ pub(super) fn encode<'a>(call: Call, txs: impl Iterator<Item = &'a BucketTx<'a>>
     args
 }
 
+/// The arguments of the lean path: `g` and two fields per key when the call uses the defaults
+/// (the server's clock, keys expiring when fresh, every key check-and-spend: a request's usual
+/// batch), else `G`, the head and three fields per key. Each argument costs the server about
+/// 2,000 instructions (`benches/redis_instructions.sh`).
+fn encode_lean<'a>(
+    call: Call,
+    txs: impl Iterator<Item = &'a BucketTx<'a>> + Clone,
+    size: usize,
+) -> Vec<Value> {
+    let defaults = call.now.is_none()
+        && matches!(call.expiry, Expiry::AtFresh)
+        && txs.clone().all(|tx| tx.mode == Mode::CheckAndSpend);
+    let mut args = Vec::with_capacity(if defaults { 1 + 2 * size } else { 4 + 3 * size });
+    if defaults {
+        args.push(Value::from("g"));
+    } else {
+        call.push_head(&mut args, true);
+    }
+    for tx in txs {
+        if let Quota::Gcra(limit) = tx.quota {
+            // Below 2^53: the cost was checked against the burst, so this is at most the
+            // burst offset.
+            args.push(int(limit.emission_interval_us().saturating_mul(tx.cost)));
+            args.push(int(limit.burst_offset_us()));
+            if !defaults {
+                args.push(mode_code(tx.mode));
+            }
+        }
+    }
+    args
+}
+
 /// The arguments that put back one tiered key's value from before a spend.
 pub(super) fn encode_restore(change: &RawChange) -> Vec<Value> {
     let mut args = Vec::with_capacity(7);
@@ -132,7 +185,7 @@ pub(super) fn encode_restore(change: &RawChange) -> Vec<Value> {
         expiry: Expiry::AtFresh,
         want_raw: false,
     }
-    .push_head(&mut args);
+    .push_head(&mut args, false);
     args.extend([
         change.after.clone(),
         change.before.clone(),
@@ -210,15 +263,73 @@ impl Fields {
     }
 }
 
-/// Decodes a spend's or refund's answer for `txs` (the keys sent, in order).
+/// Whether a GCRA spend of an allowed batch writes its new TAT: the script's `gcra_writes`
+/// (a mode that spends, a TAT in the future, a change).
+fn writes(tx: &BucketTx<'_>, new_tat: u64, stored: u64, now: u64) -> bool {
+    tx.mode.spends() && new_tat > now && new_tat != stored
+}
+
+/// Decodes the lean path's answer (now, then the TATs read) into the decisions the script
+/// made: the same rule (`gcra::check`), the same batch rule.
+fn decode_lean<'a>(
+    items: Vec<Value>,
+    txs: impl ExactSizeIterator<Item = &'a BucketTx<'a>> + Clone,
+) -> Result<Reply, BackendError> {
+    let n = txs.len();
+    if items.len() != n + 1 {
+        return Err(bad(format!("{} values for {n} keys", items.len())));
+    }
+    let mut items = items.into_iter();
+    let mut number = |what: &str| -> Result<u64, BackendError> {
+        let v = items.next().ok_or_else(|| bad(format!("no {what}")))?;
+        v.as_i64()
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| bad(format!("{what} is {v:?}")))
+    };
+    let now = number("now")?;
+    let mut decided: smallvec::SmallVec<[(u64, gcra::GcraOutcome); 4]> =
+        smallvec::SmallVec::with_capacity(n);
+    for tx in txs.clone() {
+        let stored = number("stored TAT")?;
+        let Quota::Gcra(limit) = tx.quota else {
+            return Err(bad("a tiered key on the lean path".into()));
+        };
+        let outcome = gcra::check(limit, (stored > 0).then_some(stored), now, tx.cost)?;
+        decided.push((stored, outcome));
+    }
+    let outcomes: Vec<Outcome> = decided.iter().map(|(_, o)| Outcome::from(*o)).collect();
+    let allowed = batch_allowed(txs.clone().zip(outcomes.iter()));
+    let tats = txs
+        .zip(&decided)
+        .map(|(tx, (stored, o))| {
+            let after = match o.new_tat {
+                Some(t) if allowed && o.allowed && writes(tx, t, *stored, now) => t,
+                _ => *stored,
+            };
+            if after <= now { 0 } else { after }
+        })
+        .collect();
+    Ok(Reply::Decided(ScriptReply {
+        outcomes,
+        tats,
+        raws: vec![None; n],
+        now,
+    }))
+}
+
+/// Decodes a spend's or refund's answer for `txs` (the keys sent, in order); `lean` as sent.
 pub(super) fn decode<'a>(
     value: Value,
-    txs: impl ExactSizeIterator<Item = &'a BucketTx<'a>>,
+    lean: bool,
+    txs: impl ExactSizeIterator<Item = &'a BucketTx<'a>> + Clone,
     want_raw: bool,
 ) -> Result<Reply, BackendError> {
     let Value::Array(items) = value else {
         return Err(bad(format!("{:?}", value.kind())));
     };
+    if lean {
+        return decode_lean(items, txs);
+    }
     if items.first().and_then(Value::as_i64) == Some(-1) {
         let mut f = Fields {
             key: 0,
