@@ -42,7 +42,13 @@ async fn one(s: &Setup, variant: &str, i: u64) {
         }
         "ours_1_rule" => {
             let key = s.limiter.key("A", Id::from(id)).unwrap();
-            assert!(s.limiter.spend(&[Transaction::new(key)]).await.unwrap().allowed());
+            assert!(
+                s.limiter
+                    .spend(&[Transaction::new(key)])
+                    .await
+                    .unwrap()
+                    .allowed()
+            );
         }
         "ours_3_rules" => {
             let ip = std::net::IpAddr::from([10, 0, (id >> 8) as u8, id as u8]);
@@ -113,7 +119,10 @@ fn main() {
             .await
             .expect("connect to Redis");
         let trivial_sha: String = backend.client().script_load("return 1").await.unwrap();
-        let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), backend.clone());
+        let limiter = Limiter::new(
+            Limits::from_yaml_str(LIMITS, None).unwrap(),
+            backend.clone(),
+        );
         Arc::new(Setup {
             limiter,
             backend,
@@ -127,7 +136,10 @@ fn main() {
         // for its go.
         let ready = std::env::var("TRL_READY_FILE").unwrap();
         std::fs::write(&ready, "ready").unwrap();
-        while std::fs::read_to_string(&ready).map(|s| s.trim() != "go").unwrap_or(true) {
+        while std::fs::read_to_string(&ready)
+            .map(|s| s.trim() != "go")
+            .unwrap_or(true)
+        {
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -31,5 +31,6 @@ step "over a socket: axum_memory vs tower_governor vs no limit (wrk)"
 bash benches/load.sh | tee "$OUT/load.md"
 step "under attack: axum_redis with the deny cache on and off"
 bash benches/attack.sh | tee "$OUT/attack.md"
+bash benches/redis_instructions.sh | tee "$OUT/redis_instructions.md"
 echo
 echo "Results in $OUT/"
