@@ -149,12 +149,7 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|p| args.get(p + 1))
-            .cloned()
-    };
+    let arg = |flag: &str| common::arg(&args, flag);
     let ops: u64 = arg("--ops").map_or(100_000, |s| s.parse().expect("--ops N"));
     if let Some(variant) = arg("--variant") {
         let mut op = operation(&variant);

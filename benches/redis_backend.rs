@@ -10,46 +10,22 @@
 //! call, and Redis memory with 1M live buckets and after they expire (about a minute; skip it
 //! with `TRL_BENCH_SKIP_IDLE=1`). The peer is tower-rate-limit-fred, GCRA over the same fred.
 
+mod common;
 #[path = "../tests/support/redis.rs"]
 mod redis_support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::redis_ops::{RedisOps, VARIANTS};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fred::prelude::{ClientLike as _, LuaInterface, Value};
+use fred::prelude::{ClientLike as _, Value};
 use futures_util::future::join_all;
-use tower_ratelimits::{Limiter, Limits, RedisBackend, Transaction};
-
-const LIMITS: &str = "\
-A:
-  burst: 100000000
-  count: 1000000
-  period: 1s
-B:
-  kind: ip
-  burst: 100000000
-  count: 1000000
-  period: 1s
-C:
-  kind: account
-  burst: 100000000
-  count: 1000000
-  period: 1s
-Live:
-  kind: account
-  burst: 2
-  count: 1
-  period: 30s
-";
-const TRIVIAL: &str = "return 1";
-const KEYS: u64 = 1000;
+use tower_ratelimits::Transaction;
 
 struct Setup {
     _server: Option<redis_support::RedisServer>,
-    limiter: Arc<Limiter>,
-    backend: RedisBackend,
-    trivial_sha: String,
+    ops: RedisOps,
 }
 
 async fn setup() -> Setup {
@@ -61,22 +37,9 @@ async fn setup() -> Setup {
             (Some(s), url)
         }
     };
-    let backend = RedisBackend::from_url(url.as_str())
-        .prefix("rl:bench:")
-        .deny_cache(false)
-        .connect()
-        .await
-        .expect("connect to Redis");
-    let trivial_sha: String = backend.client().script_load(TRIVIAL).await.unwrap();
-    let limiter = Arc::new(Limiter::new(
-        Limits::from_yaml_str(LIMITS, None).unwrap(),
-        backend.clone(),
-    ));
     Setup {
         _server: server,
-        limiter,
-        backend,
-        trivial_sha,
+        ops: RedisOps::connect(&url).await,
     }
 }
 
@@ -92,57 +55,21 @@ enum Variant {
 impl Variant {
     fn name(self) -> &'static str {
         match self {
-            Variant::Baseline => "baseline_evalsha",
-            Variant::Ours1Rule => "ours_1_rule",
-            Variant::Ours3Rules => "ours_3_rules",
-            Variant::PeerTowerRateLimitFred => "tower_rate_limit_fred",
+            Variant::Baseline => VARIANTS[0],
+            Variant::Ours1Rule => VARIANTS[1],
+            Variant::Ours3Rules => VARIANTS[2],
+            Variant::PeerTowerRateLimitFred => VARIANTS[3],
         }
     }
 }
 
 async fn one(s: &Setup, variant: Variant, i: u64) {
-    let id = i % KEYS;
-    match variant {
-        Variant::Baseline => {
-            let key = format!("rl:bench:{{0:{id}}}");
-            let _: Value = s
-                .backend
-                .client()
-                .evalsha(s.trivial_sha.as_str(), vec![key], Vec::<Value>::new())
-                .await
-                .unwrap();
-        }
-        Variant::Ours1Rule => {
-            let key = s.limiter.key("A", tower_ratelimits::Id::from(id)).unwrap();
-            let d = s.limiter.spend(&[Transaction::new(key)]).await.unwrap();
-            assert!(d.allowed());
-        }
-        Variant::Ours3Rules => {
-            let ip = std::net::IpAddr::from([10, 0, (id >> 8) as u8, id as u8]);
-            let batch = [
-                Transaction::new(s.limiter.key("A", tower_ratelimits::Id::from(id)).unwrap()),
-                Transaction::new(s.limiter.key("B", tower_ratelimits::Id::from(ip)).unwrap()),
-                Transaction::new(s.limiter.key("C", tower_ratelimits::Id::from(id)).unwrap()),
-            ];
-            assert!(s.limiter.spend(&batch).await.unwrap().allowed());
-        }
-        Variant::PeerTowerRateLimitFred => {
-            // Its largest burst (u16) at 1,000/s per key: never denied here.
-            let retry = tower_rate_limit_fred::rate_limit(
-                &s.backend.client(),
-                format!("trlf:bench:{id}"),
-                u16::MAX,
-                Duration::from_millis(1),
-            )
-            .await
-            .unwrap();
-            assert_eq!(retry, None);
-        }
-    }
+    s.ops.one(variant.name(), i).await;
 }
 
 async fn command(s: &Setup, cmd: &'static str, args: &[&str]) -> Value {
-    s.backend
+    s.ops
+        .backend
         .client()
         .custom(
             fred::cmd!(cmd),
@@ -183,11 +110,13 @@ async fn idle_memory(s: &Arc<Setup>) {
         tokio::spawn(async move {
             for i in (w..N).step_by(64) {
                 let key = s
+                    .ops
                     .limiter
                     .key("Live", tower_ratelimits::Id::from(i))
                     .unwrap();
                 assert!(
-                    s.limiter
+                    s.ops
+                        .limiter
                         .spend(&[Transaction::new(key)])
                         .await
                         .unwrap()
@@ -317,14 +246,15 @@ fn bench(c: &mut Criterion) {
     }
     // A bucket that lives 30 s (the bench's own keys expire within a millisecond).
     let key = setup
+        .ops
         .limiter
         .key("Live", tower_ratelimits::Id::from(u64::MAX))
         .unwrap();
-    rt.block_on(setup.limiter.spend(&[Transaction::new(key.clone())]))
+    rt.block_on(setup.ops.limiter.spend(&[Transaction::new(key.clone())]))
         .unwrap();
-    let redis_key = setup.backend.redis_key(&key);
+    let redis_key = setup.ops.backend.redis_key(&key);
     let bytes: Value = rt
-        .block_on(setup.backend.client().custom(
+        .block_on(setup.ops.backend.client().custom(
             fred::cmd!("MEMORY"),
             vec!["USAGE".to_owned(), redis_key.clone()],
         ))

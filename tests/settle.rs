@@ -83,6 +83,12 @@ impl Fixture {
     }
 }
 
+/// A real server for `app` behind one layer with `rule` on `limiter`.
+async fn serve_rule(limiter: &Limiter, rule: Rule, app: Router) -> support::http::Server {
+    let layer = RateLimitLayer::new(limiter.clone(), [rule]).unwrap();
+    serve(app.layer(layer)).await
+}
+
 /// What the bucket of `name` for 127.0.0.1 holds now, asked of the store directly.
 async fn remaining(limiter: &Limiter, name: &str) -> u64 {
     let key = limiter
@@ -136,14 +142,14 @@ async fn generate(uri: http::Uri) -> Response {
 async fn settles_from_a_header(store: Store) {
     let fixture = Fixture::new(store);
     let limiter = fixture.limiter(store).await;
-    let layer = RateLimitLayer::new(
-        limiter.clone(),
-        [Rule::new("Tokens", ClientIp::new())
+    let server = serve_rule(
+        &limiter,
+        Rule::new("Tokens", ClientIp::new())
             .cost(30)
-            .settle(Settle::header("x-tokens-used"))],
+            .settle(Settle::header("x-tokens-used")),
+        Router::new().route("/gen", get(generate)),
     )
-    .unwrap();
-    let server = serve(Router::new().route("/gen", get(generate)).layer(layer)).await;
+    .await;
     let client = HttpClient::new(&server);
 
     // (query, status, bucket afterwards): the bucket starts with 100.
@@ -199,16 +205,16 @@ async fn on_redis_a_header_settles_the_true_cost() {
 async fn a_function_of_the_head_refunds_failed_requests() {
     let fixture = Fixture::new(Store::Memory);
     let limiter = fixture.limiter(Store::Memory).await;
-    let layer = RateLimitLayer::new(
-        limiter.clone(),
-        [Rule::new("Tokens", ClientIp::new())
+    let server = serve_rule(
+        &limiter,
+        Rule::new("Tokens", ClientIp::new())
             .cost(10)
             .settle(Settle::response(|head| {
                 head.status.is_server_error().then_some(0)
-            }))],
+            })),
+        Router::new().route("/gen", get(generate)),
     )
-    .unwrap();
-    let server = serve(Router::new().route("/gen", get(generate)).layer(layer)).await;
+    .await;
     let client = HttpClient::new(&server);
     assert_eq!(client.get("/gen?status=503", &[]).await.status, 503);
     assert_eq!(remaining(&limiter, "Tokens").await, 100, "refunded");
@@ -295,15 +301,15 @@ async fn until_remaining(limiter: &Limiter, name: &str, want: u64) -> u64 {
 async fn settles_a_streamed_body(store: Store) {
     let fixture = Fixture::new(store);
     let limiter = fixture.limiter(store).await;
-    let layer = RateLimitLayer::new(
-        limiter.clone(),
-        [Rule::new("Bytes", ClientIp::new())
-            .cost(1000)
-            .settle(Settle::body_bytes())],
-    )
-    .unwrap();
     let (feeder, feeds) = Feeder::new();
-    let server = serve(fed_route(feeds).layer(layer)).await;
+    let server = serve_rule(
+        &limiter,
+        Rule::new("Bytes", ClientIp::new())
+            .cost(1000)
+            .settle(Settle::body_bytes()),
+        fed_route(feeds),
+    )
+    .await;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<Bytes>>();
     let uri: http::Uri = format!("http://{}/download", server.addr).parse().unwrap();
@@ -387,15 +393,15 @@ async fn on_redis_a_streamed_body_settles_its_bytes() {
 async fn settles_from_a_trailer(store: Store) {
     let fixture = Fixture::new(store);
     let limiter = fixture.limiter(store).await;
-    let layer = RateLimitLayer::new(
-        limiter.clone(),
-        [Rule::new("Units", ClientIp::new())
-            .cost(10)
-            .settle(Settle::trailer("x-units"))],
-    )
-    .unwrap();
     let (feeder, feeds) = Feeder::new();
-    let server = serve(fed_route(feeds).layer(layer)).await;
+    let server = serve_rule(
+        &limiter,
+        Rule::new("Units", ClientIp::new())
+            .cost(10)
+            .settle(Settle::trailer("x-units")),
+        fed_route(feeds),
+    )
+    .await;
     let client = HttpClient::new(&server);
 
     let (frames, _gone) = feeder.next();
@@ -522,15 +528,15 @@ async fn the_end_of_a_body_reaches_the_client_only_once_it_is_settled() {
             log: log.clone(),
         },
     );
-    let layer = RateLimitLayer::new(
-        limiter.clone(),
-        [Rule::new("Bytes", ClientIp::new())
-            .cost(1000)
-            .settle(Settle::body_bytes())],
-    )
-    .unwrap();
     let (feeder, feeds) = Feeder::new();
-    let server = serve(fed_route(feeds).layer(layer)).await;
+    let server = serve_rule(
+        &limiter,
+        Rule::new("Bytes", ClientIp::new())
+            .cost(1000)
+            .settle(Settle::body_bytes()),
+        fed_route(feeds),
+    )
+    .await;
     let client = HttpClient::new(&server);
     let (frames, _gone) = feeder.next();
     frames.send(chunk(10)).unwrap();

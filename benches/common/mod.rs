@@ -16,3 +16,12 @@ pub fn ready<F: Future>(f: F) -> F::Output {
 }
 
 pub mod apps;
+pub mod redis_ops;
+
+/// The value after `flag` on the command line.
+pub fn arg(args: &[String], flag: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|p| args.get(p + 1))
+        .cloned()
+}

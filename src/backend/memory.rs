@@ -421,10 +421,7 @@ impl MemoryBackend {
         let Quota::Gcra(limit) = tx.quota else {
             return Ok(self.spend_mixed(std::slice::from_ref(tx), now)?.remove(0));
         };
-        let writes = |out: &gcra::GcraOutcome, cur: u64| match out.new_tat {
-            Some(new) if out.allowed && tx.mode.spends() && new > now && new != cur => Some(new),
-            _ => None,
-        };
+        let writes = |out: &gcra::GcraOutcome, cur: u64| super::gcra_write(tx.mode, out, cur, now);
         loop {
             if let Some(entry) = self.inner.map.get(tx.key) {
                 let mut cur = entry.load(Ordering::Acquire);
@@ -552,11 +549,8 @@ impl MemoryBackend {
             written.clear();
             for (i, tx) in batch.iter().enumerate() {
                 let Some(r) = gcra_results[i] else { continue };
-                let new = match (tx.mode.spends(), r.new_tat) {
-                    (false, _) | (_, None) => continue,
-                    (_, Some(_)) if !r.allowed => continue,
-                    (_, Some(new)) if new <= now || new == reads[i] => continue,
-                    (_, Some(new)) => new,
+                let Some(new) = super::gcra_write(tx.mode, &r, reads[i], now) else {
+                    continue;
                 };
                 match self.compare_and_set(tx.key, reads[i], new, now) {
                     Ok(true) => written.push((i, new)),

@@ -299,6 +299,15 @@ pub(crate) fn batch_allowed<'t, 'b: 't, 'o>(
         .all(|(tx, o)| !tx.mode.counts() || o.allowed)
 }
 
+/// The TAT an allowed GCRA transaction of an allowed batch writes (`docs/gcra.md`): its new TAT
+/// when its mode spends, the TAT is in the future and it changes the bucket (`stored`: the TAT
+/// read, 0 for none); `None` writes nothing. The backends apply it through this function only
+/// (the script's `gcra_writes` in Lua).
+pub(crate) fn gcra_write(mode: Mode, out: &GcraOutcome, stored: u64, now: u64) -> Option<u64> {
+    out.new_tat
+        .filter(|&new| out.allowed && mode.spends() && new > now && new != stored)
+}
+
 /// A store of bucket states. Implementations must be atomic per batch: concurrent batches never
 /// admit more than `docs/gcra.md` allows, and a denied batch writes nothing.
 ///

@@ -312,11 +312,10 @@ async fn run(
 ) -> Vec<Decision> {
     let mut states = Vec::with_capacity(refunds.len() + charges.len());
     if !refunds.is_empty() {
-        let asked: Vec<u64> = refunds.iter().map(|t| t.cost_or(0)).collect();
         match within(&shared, shared.limiter.refund(&refunds)).await {
             Ok(batch) => {
-                for (d, n) in batch.into_decisions().into_iter().zip(asked) {
-                    crate::telemetry::settled(d.name, "refunded", n);
+                for (d, t) in batch.into_decisions().into_iter().zip(&refunds) {
+                    crate::telemetry::settled(d.name, "refunded", t.cost_or(0));
                     states.push(d);
                 }
             }
@@ -326,13 +325,10 @@ async fn run(
     if !charges.is_empty() {
         match within(&shared, shared.limiter.spend(&charges)).await {
             Ok(batch) => {
-                for d in batch.into_decisions() {
+                // Decisions come in the order of the transactions.
+                for (d, t) in batch.into_decisions().into_iter().zip(&charges) {
                     let outcome = if d.allowed { "charged" } else { "forgiven" };
-                    let asked = charges
-                        .iter()
-                        .find(|t| t.key() == &d.key)
-                        .map_or(0, |t| t.cost_or(0));
-                    crate::telemetry::settled(d.name, outcome, asked);
+                    crate::telemetry::settled(d.name, outcome, t.cost_or(0));
                     states.push(d);
                 }
             }

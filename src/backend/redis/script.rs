@@ -22,7 +22,7 @@ use fred::prelude::Value;
 
 use crate::algo::gcra;
 use crate::algo::tiers::{MAX_TIERS, TierGrant};
-use crate::backend::{BackendError, BucketTx, Mode, Outcome, batch_allowed};
+use crate::backend::{BackendError, BucketTx, Mode, Outcome, batch_allowed, gcra_write};
 use crate::quota::Quota;
 
 /// The script (GCRA and burst tiers), as run by `EVALSHA`.
@@ -263,12 +263,6 @@ impl Fields {
     }
 }
 
-/// Whether a GCRA spend of an allowed batch writes its new TAT: the script's `gcra_writes`
-/// (a mode that spends, a TAT in the future, a change).
-fn writes(tx: &BucketTx<'_>, new_tat: u64, stored: u64, now: u64) -> bool {
-    tx.mode.spends() && new_tat > now && new_tat != stored
-}
-
 /// Decodes the lean path's answer (now, then the TATs read) into the decisions the script
 /// made: the same rule (`gcra::check`), the same batch rule.
 fn decode_lean<'a>(
@@ -302,10 +296,8 @@ fn decode_lean<'a>(
     let tats = txs
         .zip(&decided)
         .map(|(tx, (stored, o))| {
-            let after = match o.new_tat {
-                Some(t) if allowed && o.allowed && writes(tx, t, *stored, now) => t,
-                _ => *stored,
-            };
+            let written = allowed.then(|| gcra_write(tx.mode, o, *stored, now));
+            let after = written.flatten().unwrap_or(*stored);
             if after <= now { 0 } else { after }
         })
         .collect();

@@ -1,0 +1,99 @@
+//! The Redis decisions the Redis benches compare, in one place: `redis_backend.rs` times them,
+//! `redis_calls.rs` (under `redis_instructions.sh`) counts their instructions.
+
+use std::time::Duration;
+
+use fred::prelude::{LuaInterface, Value};
+use tower_ratelimits::{Id, Limiter, Limits, RedisBackend, Transaction};
+
+/// Every request of the benches is allowed and writes (`Live` is for the memory measurements).
+pub const LIMITS: &str = "\
+A: {burst: 100000000, count: 1000000, period: 1s}
+B: {kind: ip, burst: 100000000, count: 1000000, period: 1s}
+C: {kind: account, burst: 100000000, count: 1000000, period: 1s}
+Live: {kind: account, burst: 2, count: 1, period: 30s}
+";
+
+/// Keys cycled: `0..KEYS`.
+pub const KEYS: u64 = 1000;
+
+/// The variants, by name.
+pub const VARIANTS: [&str; 4] = [
+    "baseline_evalsha",
+    "ours_1_rule",
+    "ours_3_rules",
+    "tower_rate_limit_fred",
+];
+
+/// A limiter over our Redis backend, and the baseline's trivial script.
+pub struct RedisOps {
+    pub limiter: Limiter,
+    pub backend: RedisBackend,
+    pub trivial_sha: String,
+}
+
+impl RedisOps {
+    /// Connects to `url` (keys under `rl:bench:`, no deny cache: every decision is a call).
+    pub async fn connect(url: &str) -> Self {
+        let backend = RedisBackend::from_url(url)
+            .prefix("rl:bench:")
+            .deny_cache(false)
+            .connect()
+            .await
+            .expect("connect to Redis");
+        let trivial_sha: String = backend.client().script_load("return 1").await.unwrap();
+        let limiter = Limiter::new(
+            Limits::from_yaml_str(LIMITS, None).unwrap(),
+            backend.clone(),
+        );
+        Self {
+            limiter,
+            backend,
+            trivial_sha,
+        }
+    }
+
+    /// Decision `i` of `variant`: `baseline_evalsha` (`EVALSHA` of `return 1`), `ours_1_rule`,
+    /// `ours_3_rules` (one script), `tower_rate_limit_fred` (the peer's GCRA script over the
+    /// same fred client; its largest burst at 1,000/s per key, never denied here).
+    pub async fn one(&self, variant: &str, i: u64) {
+        let id = i % KEYS;
+        match variant {
+            "baseline_evalsha" => {
+                let key = format!("rl:bench:{{0:{id}}}");
+                let _: Value = self
+                    .backend
+                    .client()
+                    .evalsha(self.trivial_sha.as_str(), vec![key], Vec::<Value>::new())
+                    .await
+                    .unwrap();
+            }
+            "ours_1_rule" => {
+                let key = self.limiter.key("A", Id::from(id)).unwrap();
+                let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
+                assert!(d.allowed());
+            }
+            "ours_3_rules" => {
+                let ip = std::net::IpAddr::from([10, 0, (id >> 8) as u8, id as u8]);
+                let batch = [
+                    Transaction::new(self.limiter.key("A", Id::from(id)).unwrap()),
+                    Transaction::new(self.limiter.key("B", Id::from(ip)).unwrap()),
+                    Transaction::new(self.limiter.key("C", Id::from(id)).unwrap()),
+                ];
+                assert!(self.limiter.spend(&batch).await.unwrap().allowed());
+            }
+            "tower_rate_limit_fred" => {
+                let retry = tower_rate_limit_fred::rate_limit(
+                    &self.backend.client(),
+                    format!("trlf:bench:{id}"),
+                    u16::MAX,
+                    Duration::from_millis(1),
+                )
+                .await
+                .unwrap();
+                assert_eq!(retry, None);
+            }
+            other => panic!("unknown variant {other}"),
+        }
+    }
+}
