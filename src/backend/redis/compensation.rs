@@ -38,7 +38,9 @@ impl RedisBackend {
             }
             let slot = fred::util::redis_keyslot(keys[i].as_bytes());
             let result = self
-                .eval(slot, vec![keys[i].clone()], script::encode_restore(raw))
+                .eval(slot, || {
+                    (vec![keys[i].clone()], script::encode_restore(raw))
+                })
                 .await;
             if let Err(e) = result {
                 tracing::error!(

@@ -317,7 +317,9 @@ impl RedisBackendBuilder {
                 local,
                 clustered,
                 timeout,
-                sha: fred::util::sha1_hash(SCRIPT),
+                // The clients built here carry the command timeout themselves.
+                fred_timeout: owned || clustered,
+                sha: fred::util::sha1_hash(SCRIPT).into(),
                 cache: self
                     .deny_cache
                     .then(|| DenyCache::new(self.deny_cache_capacity)),

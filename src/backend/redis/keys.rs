@@ -9,39 +9,63 @@ use crate::key::BucketKey;
 /// a name switched between GCRA and tiers never reads the other algorithm's state.
 pub(super) const TIERS_SUFFIX: &str = ":t";
 
-/// Writes `id` into `out`, escaping what could break the key format (see the module docs).
-fn push_escaped(out: &mut String, id: &str) {
-    for b in id.bytes() {
-        if (0x21..=0x7e).contains(&b) && !matches!(b, b'{' | b'}' | b'%') {
-            out.push(b as char);
-        } else {
-            const HEX: &[u8; 16] = b"0123456789ABCDEF";
-            out.push('%');
-            out.push(HEX[usize::from(b >> 4)] as char);
-            out.push(HEX[usize::from(b & 0xf)] as char);
+/// A key being built: on the stack up to 192 bytes, so that the one allocation is the key's
+/// own, made at its exact size.
+pub(super) struct KeyBuf(smallvec::SmallVec<[u8; 192]>);
+
+impl KeyBuf {
+    /// `<prefix>{<limit name>:<escaped id>}` then `suffix`.
+    pub(super) fn new(prefix: &str, key: &BucketKey, suffix: &str) -> Self {
+        use std::fmt::Write as _;
+        /// Escapes what the id's `Display` writes, straight into the key.
+        struct Escaping<'a>(&'a mut KeyBuf);
+        impl fmt::Write for Escaping<'_> {
+            fn write_str(&mut self, s: &str) -> fmt::Result {
+                self.0.push_escaped(s);
+                Ok(())
+            }
         }
+        let mut out = KeyBuf(smallvec::SmallVec::new());
+        out.push(prefix);
+        out.push("{");
+        out.push_escaped(key.name().as_str());
+        out.push(":");
+        let _ = write!(Escaping(&mut out), "{}", key.id());
+        out.push("}");
+        out.push(suffix);
+        out
+    }
+
+    fn push(&mut self, s: &str) {
+        self.0.extend_from_slice(s.as_bytes());
+    }
+
+    /// Writes `id`, escaping what could break the key format (see the module docs).
+    fn push_escaped(&mut self, id: &str) {
+        for b in id.bytes() {
+            if (0x21..=0x7e).contains(&b) && !matches!(b, b'{' | b'}' | b'%') {
+                self.0.push(b);
+            } else {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                self.0.extend_from_slice(&[
+                    b'%',
+                    HEX[usize::from(b >> 4)],
+                    HEX[usize::from(b & 0xf)],
+                ]);
+            }
+        }
+    }
+
+    /// The key, for fred.
+    pub(super) fn key(&self) -> fred::prelude::Key {
+        fred::prelude::Key::from(&self.0[..])
     }
 }
 
 /// The Redis key of `key` under `prefix` (see [`RedisBackend::redis_key`]).
 pub(crate) fn redis_key(prefix: &str, key: &BucketKey) -> String {
-    use std::fmt::Write as _;
-    /// Escapes what the id's `Display` writes, straight into the key.
-    struct Escaping<'a>(&'a mut String);
-    impl fmt::Write for Escaping<'_> {
-        fn write_str(&mut self, s: &str) -> fmt::Result {
-            push_escaped(self.0, s);
-            Ok(())
-        }
-    }
-    let mut out = String::with_capacity(prefix.len() + 64);
-    out.push_str(prefix);
-    out.push('{');
-    push_escaped(&mut out, key.name().as_str());
-    out.push(':');
-    let _ = write!(Escaping(&mut out), "{}", key.id());
-    out.push('}');
-    out
+    // Only whole `str`s and escaped ASCII were written: the bytes are UTF-8.
+    String::from_utf8_lossy(&KeyBuf::new(prefix, key, "").0).into_owned()
 }
 
 #[cfg(test)]

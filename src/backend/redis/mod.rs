@@ -82,13 +82,12 @@ pub use connect::{RedisBackendBuilder, RedisSetupError};
 
 use connect::{Connection, Source};
 use deny_cache::DenyCache;
-use keys::{TIERS_SUFFIX, redis_key};
+use keys::{KeyBuf, TIERS_SUFFIX, redis_key};
 use script::{Call, Expiry, MAX_TIME_US, Op, RawChange, Reply, SCRIPT, ScriptReply};
 
 use super::{Backend, BackendError, BucketTx, Outcome, batch_allowed};
 use crate::algo::gcra::GcraError;
 use crate::key::BucketKey;
-use crate::quota::Quota;
 use crate::time::Clock;
 
 /// In caller-time mode a key expires this long after the moment its bucket is full again,
@@ -106,7 +105,11 @@ struct Inner {
     local: Arc<dyn Clock>,
     clustered: bool,
     timeout: Duration,
-    sha: String,
+    /// Whether fred's own command timeout is [`timeout`](Self::timeout) (the clients the
+    /// backend built); else each command is also bounded by a tokio timeout.
+    fred_timeout: bool,
+    /// The script's SHA-1, shared (not copied) into every `EVALSHA`.
+    sha: fred::bytes_utils::Str,
     cache: Option<DenyCache>,
     /// The circuit breaker of a single server or pool (a cluster has one per master).
     breaker: Arc<breaker::Breaker>,
@@ -260,6 +263,12 @@ impl RedisBackend {
         k
     }
 
+    /// The Redis key of `key`'s state (`tiered`: its tiered state), for a command.
+    fn command_key(&self, key: &BucketKey, tiered: bool) -> Key {
+        let suffix = if tiered { TIERS_SUFFIX } else { "" };
+        KeyBuf::new(&self.inner.prefix, key, suffix).key()
+    }
+
     /// The time the script decides at (`None`: the server's clock) and the local time.
     fn now_arg(&self) -> Result<(Option<u64>, u64), BackendError> {
         let local = self.inner.local.now_us();
@@ -350,8 +359,13 @@ impl RedisBackend {
         F: Fn(Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, FredError>>,
     {
-        let timeout = self.inner.timeout;
-        let attempt = |client: Client| async {
+        let (timeout, fred_timeout) = (self.inner.timeout, self.inner.fred_timeout);
+        let f = &f;
+        let attempt = |client: Client| async move {
+            if fred_timeout {
+                // fred's own timeout is ours: a second one would only register another timer.
+                return f(client).await.map_err(Some);
+            }
             match tokio::time::timeout(timeout, f(client)).await {
                 Ok(r) => r.map_err(Some),
                 Err(_) => Err(None),
@@ -385,27 +399,27 @@ impl RedisBackend {
     }
 
     /// Runs the script on `slot`'s node: `EVALSHA`, and `EVAL` once when the server lost
-    /// the script (`SCRIPT FLUSH`, a failover).
-    async fn eval(
-        &self,
-        slot: u16,
-        keys: Vec<Key>,
-        args: Vec<Value>,
-    ) -> Result<Value, BackendError> {
-        let sha = self.inner.sha.as_str();
+    /// the script (`SCRIPT FLUSH`, a failover). `make` builds the keys and arguments of a
+    /// command: once per command sent, so that nothing is copied for a resend that almost
+    /// never happens.
+    async fn eval<M>(&self, slot: u16, make: M) -> Result<Value, BackendError>
+    where
+        M: Fn() -> (Vec<Key>, Vec<Value>),
+    {
+        let sha = &self.inner.sha;
         crate::telemetry::redis_round_trip();
         self.with_client(slot, |client| {
-            let (keys, args) = (&keys, &args);
+            let make = &make;
             async move {
+                let (keys, args) = make();
                 match client
-                    .evalsha::<Value, _, _, _>(sha, keys.clone(), args.clone())
+                    .evalsha::<Value, _, _, _>(sha.clone(), keys, args)
                     .await
                 {
                     Err(e) if e.details().contains("NOSCRIPT") => {
                         tracing::debug!("Redis lost the rate-limit script; sending it again");
-                        client
-                            .eval::<Value, _, _, _>(SCRIPT, keys.clone(), args.clone())
-                            .await
+                        let (keys, args) = make();
+                        client.eval::<Value, _, _, _>(SCRIPT, keys, args).await
                     }
                     other => other,
                 }
@@ -414,28 +428,47 @@ impl RedisBackend {
         .await
     }
 
-    async fn run_script(
+    /// Runs the script on one slot's transactions `txs`, whose Redis keys `keys` builds.
+    async fn run_script<'a, T, K>(
+        &self,
+        call: Call,
+        slot: u16,
+        txs: T,
+        keys: K,
+    ) -> Result<ScriptReply, BackendError>
+    where
+        T: ExactSizeIterator<Item = &'a BucketTx<'a>> + Clone,
+        K: Fn() -> Vec<Key>,
+    {
+        let lean = script::is_lean(call, txs.clone());
+        let value = self
+            .eval(slot, || (keys(), script::encode(call, lean, txs.clone())))
+            .await?;
+        match script::decode(value, lean, txs.clone(), call.want_raw)? {
+            Reply::Decided(reply) => Ok(reply),
+            Reply::InvalidState { index, reason } => {
+                let key = txs
+                    .clone()
+                    .nth(index)
+                    .map(|tx| self.script_key(tx))
+                    .and_then(|k| k.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "?".into());
+                Err(BackendError::InvalidState { key, reason })
+            }
+        }
+    }
+
+    /// Runs the script on one group of `batch` (one slot's keys).
+    async fn run_group(
         &self,
         call: Call,
         batch: &[BucketTx<'_>],
         keys: &[Key],
         (slot, group): &(u16, Vec<usize>),
     ) -> Result<ScriptReply, BackendError> {
-        let txs = || group.iter().map(|&i| &batch[i]);
-        let lean = script::is_lean(call, txs());
-        let args = script::encode(call, lean, txs());
-        let script_keys = group.iter().map(|&i| keys[i].clone()).collect();
-        let value = self.eval(*slot, script_keys, args).await?;
-        match script::decode(value, lean, txs(), call.want_raw)? {
-            Reply::Decided(reply) => Ok(reply),
-            Reply::InvalidState { index, reason } => {
-                let key = group
-                    .get(index)
-                    .and_then(|&i| keys[i].as_str().map(str::to_owned))
-                    .unwrap_or_else(|| "?".into());
-                Err(BackendError::InvalidState { key, reason })
-            }
-        }
+        let txs = group.iter().map(|&i| &batch[i]);
+        let script_keys = || group.iter().map(|&i| keys[i].clone()).collect();
+        self.run_script(call, *slot, txs, script_keys).await
     }
 
     /// Runs `op` on every group (concurrently), returning replies in batch order.
@@ -454,23 +487,65 @@ impl RedisBackend {
             want_raw: false,
         };
         if let [group] = groups {
-            return vec![self.run_script(call, batch, keys, group).await];
+            return vec![self.run_group(call, batch, keys, group).await];
         }
         // Several slots: a spend may have to be undone, so tiered keys report their values.
         call.want_raw = op == Op::Spend && batch.iter().any(|tx| tx.quota.as_tiered().is_some());
-        futures_util::future::join_all(groups.iter().map(|g| self.run_script(call, batch, keys, g)))
+        futures_util::future::join_all(groups.iter().map(|g| self.run_group(call, batch, keys, g)))
             .await
     }
 
+    /// The Redis key of a transaction's state.
+    fn script_key(&self, tx: &BucketTx<'_>) -> Key {
+        self.command_key(tx.key, tx.quota.as_tiered().is_some())
+    }
+
     fn keys(&self, batch: &[BucketTx<'_>]) -> Vec<Key> {
-        batch
-            .iter()
-            .map(|tx| match tx.quota {
-                // Costs were checked when the transaction was built (`BucketTx::new`).
-                Quota::Gcra(_) => Key::from(self.redis_key(tx.key)),
-                Quota::Tiered(_) => Key::from(self.redis_tier_key(tx.key)),
-            })
-            .collect()
+        batch.iter().map(|tx| self.script_key(tx)).collect()
+    }
+
+    /// A spend whose keys all live on one node (a single server, or one key): one script
+    /// call, whose answer is the batch's, with no grouping and nothing to undo.
+    async fn spend_one_call(
+        &self,
+        batch: &[BucketTx<'_>],
+        now: Option<u64>,
+        local_now: u64,
+    ) -> Result<Vec<Outcome>, BackendError> {
+        let slot = match batch {
+            [tx] if self.inner.clustered => {
+                fred::util::redis_keyslot(self.script_key(tx).as_bytes())
+            }
+            _ => 0,
+        };
+        let call = Call {
+            op: Op::Spend,
+            now,
+            expiry: self.expiry(),
+            want_raw: false,
+        };
+        let reply = self
+            .run_script(call, slot, batch.iter(), || self.keys(batch))
+            .await?;
+        if let Some(cache) = &self.inner.cache {
+            let all_allowed = batch_allowed(batch.iter().zip(&reply.outcomes));
+            for (tx, &tat) in batch.iter().zip(&reply.tats) {
+                if tx.quota.as_tiered().is_some() {
+                    continue;
+                }
+                let local_tat = if tat > reply.now {
+                    local_now.saturating_add(tat - reply.now)
+                } else {
+                    0
+                };
+                if all_allowed {
+                    cache.refresh(tx.key, local_tat);
+                } else {
+                    cache.remember(tx.key, local_tat);
+                }
+            }
+        }
+        Ok(reply.outcomes)
     }
 
     pub(super) async fn refund_batch(
@@ -513,6 +588,9 @@ impl Backend for RedisBackend {
             && let Some(answer) = cache.answer(batch, local_now)
         {
             return answer;
+        }
+        if !self.inner.clustered || batch.len() == 1 {
+            return self.spend_one_call(batch, now, local_now).await;
         }
         let keys = self.keys(batch);
         let groups = self.groups(&keys);
@@ -604,12 +682,7 @@ impl Backend for RedisBackend {
         }
         let redis_keys: Vec<Key> = keys
             .iter()
-            .flat_map(|k| {
-                [
-                    Key::from(self.redis_key(k)),
-                    Key::from(self.redis_tier_key(k)),
-                ]
-            })
+            .flat_map(|k| [self.command_key(k, false), self.command_key(k, true)])
             .collect();
         let groups = self.groups(&redis_keys);
         let dels = groups.iter().map(|(slot, g)| {

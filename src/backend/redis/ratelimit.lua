@@ -5,10 +5,12 @@
 -- hold them exactly.
 --
 -- KEYS[i]   the keys (one slot).
--- ARGV[1]   'g' or 'G' (a spend whose keys are all GCRA: the lean path below), 'spend',
---           'refund' or 'restore'. 'g' is 'G' with the defaults (the server's clock, keys
---           expiring when fresh, every key check-and-spend) and no head: its records start at
---           ARGV[2]. Every other op has the head ARGV[2..4]:
+-- ARGV[1]   'G' (a spend whose keys are all GCRA: the lean path below), 'spend', 'refund' or
+--           'restore', then the head ARGV[2..4]; or, with exactly two arguments per key and
+--           no op (the lean spend with the defaults: the server's clock, keys expiring when
+--           fresh, every key check-and-spend; every other call has more), the records alone,
+--           from ARGV[1]. Called 'g' below. Each argument costs the server about 2,000
+--           instructions, so the most frequent call sends none it can do without.
 -- ARGV[2]   now in microseconds, or -1 to read the server's clock (TIME).
 -- ARGV[3]   -1: expire keys when their state equals a fresh one, on the server's clock (PXAT);
 --           m >= 0: that long after now plus m milliseconds (PX), for caller time, which the
@@ -16,7 +18,7 @@
 -- ARGV[4]   1: return, for tiered keys, the value before and after (to undo a spend of a
 --           denied cross-slot batch with 'restore'); 0: do not.
 -- then, per key, a record:
---   lean    (op 'G') increment (emission interval * cost), burst offset, mode; (op 'g') the
+--   lean    (op 'G') increment (emission interval * cost), burst offset, mode; ('g') the
 --           same without the mode
 --   GCRA    0, emission interval, burst offset, burst, cost, mode
 --   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
@@ -24,7 +26,7 @@
 --           and the milliseconds the value before had to live (-1: none)
 --   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe)
 --
--- Ops 'g' and 'G' return a flat list: now, then each key's stored TAT before the call (0: none); the
+-- 'g' and 'G' return a flat list: now, then each key's stored TAT before the call (0: none); the
 -- caller computes the decisions from them with the same rule (src/algo/gcra.rs `check`, and
 -- the batch rule), so nothing is formatted or divided here. The other ops return, per key, a
 -- list: allowed (0/1), remaining, retry_after, reset_after, then for GCRA
@@ -38,10 +40,11 @@
 
 local LIMIT = 4503599627370496 -- 2^52: stored times and now stay below it
 
-local op = ARGV[1]
--- Op 'g' (the lean spend with the defaults) has no head: its records start at ARGV[2].
-local now, margin, want_raw = -1, -1, false
-if op ~= 'g' then
+local n = #KEYS
+-- 'g' (the lean spend with the defaults) has no op and no head: two arguments per key.
+local op, now, margin, want_raw = 'g', -1, -1, false
+if #ARGV ~= 2 * n then
+  op = ARGV[1]
   now = tonumber(ARGV[2])
   margin = tonumber(ARGV[3])
   want_raw = ARGV[4] == '1'
@@ -50,8 +53,6 @@ if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-
-local n = #KEYS
 
 -- The lean path: a spend whose keys are all GCRA (every request of a GCRA-only
 -- configuration). Per key: increment, burst offset (and mode for 'G'); the answer is now and
@@ -64,38 +65,44 @@ local n = #KEYS
 -- and expiry tests) holds the two writings to each other.
 if op == 'g' or op == 'G' then
   local first, per = 5, 3
-  if op == 'g' then first, per = 2, 2 end
-  local out, nt, allowed = {now, 0, 0, 0}, {false, false, false}, true
+  if op == 'g' then first, per = 1, 2 end
+  -- out: now and the TATs read (the answer), then the TATs to write (false: none), which are
+  -- cut off before answering: one table, sized for up to three keys.
+  local out, allowed = {now, 0, 0, 0, 0, 0, 0}, true
   for i = 1, n do
     local a = first + (i - 1) * per
     local s = tonumber(redis.pcall('GET', KEYS[i]))
-    if s == nil or s < 0 or s >= LIMIT or s ~= math.floor(s) then s = 0 end
+    if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0 then s = 0 end
     local mode = 0
     if per == 3 then mode = tonumber(ARGV[a + 2]) end
     local tat = s
     if tat < now then tat = now end
-    local new_tat = tat + tonumber(ARGV[a])
+    local new_tat = tat + ARGV[a]
     out[i + 1] = s
-    nt[i] = false
-    if new_tat - tonumber(ARGV[a + 1]) > now then
+    out[n + 1 + i] = false
+    if new_tat - ARGV[a + 1] > now then
       if mode == 0 or mode == 1 then allowed = false end
     elseif (mode == 0 or mode == 2) and new_tat > now and new_tat ~= s then
-      nt[i] = new_tat
+      out[n + 1 + i] = new_tat
     end
   end
-  if n < 3 then out[n + 2] = nil end
   if allowed then
     for i = 1, n do
-      local t = nt[i]
+      local t = out[n + 1 + i]
       if t then
+        -- Whole milliseconds, rounded up, without a call: t + 999 - (t + 999) % 1000 is exact
+        -- below 2^53.
+        local up = t + 999
         if margin < 0 then
-          redis.call('SET', KEYS[i], t, 'PXAT', math.floor((t + 999) / 1000))
+          redis.call('SET', KEYS[i], t, 'PXAT', (up - up % 1000) / 1000)
         else
-          redis.call('SET', KEYS[i], t, 'PX', math.floor((t - now + 999) / 1000) + margin)
+          up = up - now
+          redis.call('SET', KEYS[i], t, 'PX', (up - up % 1000) / 1000 + margin)
         end
       end
     end
   end
+  out[n + 2] = nil
   return out
 end
 
@@ -129,7 +136,7 @@ end
 -- text that is not a number.
 local function read_tat(i)
   local v = tonumber(redis.pcall('GET', KEYS[i]))
-  if v == nil or v < 0 or v >= LIMIT or v ~= math.floor(v) then return 0 end
+  if v == nil or v < 0 or v >= LIMIT or v % 1 ~= 0 then return 0 end
   return v
 end
 

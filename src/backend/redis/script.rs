@@ -8,7 +8,7 @@
 //! | record | fields |
 //! |---|---|
 //! | lean (op `G`: a spend whose keys are all GCRA) | increment (emission interval * cost), burst offset, mode |
-//! | lean with the defaults (op `g`, no head: server clock, expiry when fresh, check-and-spend) | increment, burst offset |
+//! | lean with the defaults (`g`: no op and no head, exactly two arguments per key; server clock, expiry when fresh, check-and-spend) | increment, burst offset |
 //! | GCRA | `0`, emission interval, burst offset, burst, cost, mode |
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
@@ -64,7 +64,7 @@ pub(super) struct Call {
 
 impl Call {
     fn push_head(&self, args: &mut Vec<Value>, lean: bool) {
-        args.push(Value::from(match self.op {
+        args.push(word(match self.op {
             Op::Spend if lean => "G",
             Op::Spend => "spend",
             Op::Refund => "refund",
@@ -77,6 +77,11 @@ impl Call {
         }));
         args.push(Value::Integer(i64::from(self.want_raw)));
     }
+}
+
+/// A word of the protocol, sent without copying it.
+fn word(w: &'static str) -> Value {
+    Value::String(fred::bytes_utils::Str::from_static(w))
 }
 
 fn int(v: u64) -> Value {
@@ -144,10 +149,11 @@ pub(super) fn encode<'a>(
     args
 }
 
-/// The arguments of the lean path: `g` and two fields per key when the call uses the defaults
-/// (the server's clock, keys expiring when fresh, every key check-and-spend: a request's usual
-/// batch), else `G`, the head and three fields per key. Each argument costs the server about
-/// 2,000 instructions (`benches/redis_instructions.sh`).
+/// The arguments of the lean path: two fields per key and nothing else when the call uses the
+/// defaults (the server's clock, keys expiring when fresh, every key check-and-spend: a
+/// request's usual batch; the script knows it by the count), else `G`, the head and three
+/// fields per key. Each argument costs the server about 2,000 instructions
+/// (`benches/redis_instructions.sh`).
 fn encode_lean<'a>(
     call: Call,
     txs: impl Iterator<Item = &'a BucketTx<'a>> + Clone,
@@ -156,10 +162,8 @@ fn encode_lean<'a>(
     let defaults = call.now.is_none()
         && matches!(call.expiry, Expiry::AtFresh)
         && txs.clone().all(|tx| tx.mode == Mode::CheckAndSpend);
-    let mut args = Vec::with_capacity(if defaults { 1 + 2 * size } else { 4 + 3 * size });
-    if defaults {
-        args.push(Value::from("g"));
-    } else {
+    let mut args = Vec::with_capacity(if defaults { 2 * size } else { 4 + 3 * size });
+    if !defaults {
         call.push_head(&mut args, true);
     }
     for tx in txs {
@@ -207,7 +211,8 @@ pub(super) struct ScriptReply {
     pub(super) outcomes: Vec<Outcome>,
     /// The TAT stored after the script, per key (0: none; always 0 for a tiered key).
     pub(super) tats: Vec<u64>,
-    /// Per tiered key, when asked for: its value before and after.
+    /// Per tiered key, when asked for: its value before and after (empty from the lean path,
+    /// which has no tiered key).
     pub(super) raws: Vec<Option<RawChange>>,
     /// The script's now.
     pub(super) now: u64,
@@ -304,7 +309,7 @@ fn decode_lean<'a>(
     Ok(Reply::Decided(ScriptReply {
         outcomes,
         tats,
-        raws: vec![None; n],
+        raws: Vec::new(),
         now,
     }))
 }
