@@ -50,6 +50,8 @@ enum Variant {
     Ours3Rules,
     /// tower-rate-limit-fred's `rate_limit`: GCRA in one Lua script over fred, as ours.
     PeerTowerRateLimitFred,
+    /// Ours, 1 rule, with `coalesce(64)`.
+    Ours1RuleCoalesced,
 }
 
 impl Variant {
@@ -59,6 +61,7 @@ impl Variant {
             Variant::Ours1Rule => VARIANTS[1],
             Variant::Ours3Rules => VARIANTS[2],
             Variant::PeerTowerRateLimitFred => VARIANTS[3],
+            Variant::Ours1RuleCoalesced => VARIANTS[4],
         }
     }
 }
@@ -79,18 +82,28 @@ async fn command(s: &Setup, cmd: &'static str, args: &[&str]) -> Value {
         .unwrap()
 }
 
-/// Redis's own time per script call (`INFO commandstats`, EVALSHA's usec / calls) while
-/// `variant` runs 10,000 operations at concurrency 16.
-async fn server_usec_per_call(s: &Arc<Setup>, variant: Variant) -> f64 {
+/// Redis's own time per decision (`INFO commandstats`: EVALSHA's usec over the decisions;
+/// one call per decision except when coalescing) while `variant` runs 10,000 operations at
+/// `concurrency`; and the decisions per call.
+async fn server_usec_per_decision(
+    s: &Arc<Setup>,
+    variant: Variant,
+    concurrency: u64,
+) -> (f64, f64) {
+    const OPS: u64 = 10_000;
     command(s, "CONFIG", &["RESETSTAT"]).await;
-    measure(s, variant, 16, 10_000).await;
+    measure(s, variant, concurrency, OPS).await;
     let info = command(s, "INFO", &["commandstats"]).await;
     let info = info.as_str().map(|c| c.to_string()).unwrap_or_default();
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(f64::NAN)
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split([':', ',']).find_map(|f| f.strip_prefix(name)))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let (usec, calls) = (field("usec="), field("calls="));
+    (usec / OPS as f64, OPS as f64 / calls)
 }
 
 fn used_memory(info: &Value) -> u64 {
@@ -196,6 +209,7 @@ fn bench(c: &mut Criterion) {
         Variant::Ours1Rule,
         Variant::Ours3Rules,
         Variant::PeerTowerRateLimitFred,
+        Variant::Ours1RuleCoalesced,
     ];
 
     let mut group = c.benchmark_group("redis_spend");
@@ -261,15 +275,24 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     println!("MEMORY USAGE {redis_key}: {bytes:?} bytes");
 
-    println!("\nRedis time per script call (INFO commandstats, C=16, 10,000 calls)");
-    let baseline = rt.block_on(server_usec_per_call(&setup, Variant::Baseline));
-    for variant in variants {
-        let usec = rt.block_on(server_usec_per_call(&setup, variant));
+    for concurrency in [16, 64] {
         println!(
-            "{:<24} {usec:>6.2} usec per call   {:.2}x the baseline",
-            variant.name(),
-            usec / baseline
+            "\nRedis time per decision (INFO commandstats, C={concurrency}, 10,000 decisions)"
         );
+        let (baseline, _) = rt.block_on(server_usec_per_decision(
+            &setup,
+            Variant::Baseline,
+            concurrency,
+        ));
+        for variant in variants {
+            let (usec, per_call) =
+                rt.block_on(server_usec_per_decision(&setup, variant, concurrency));
+            println!(
+                "{:<24} {usec:>6.2} usec per decision   {:.2}x the baseline   {per_call:.1} decisions per call",
+                variant.name(),
+                usec / baseline
+            );
+        }
     }
     if std::env::var_os("TRL_BENCH_SKIP_IDLE").is_none() {
         rt.block_on(idle_memory(&setup));

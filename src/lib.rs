@@ -26,7 +26,7 @@ pub use backend::{
 };
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use backend::{RedisBackend, RedisBackendBuilder, RedisSetupError};
+pub use backend::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
 pub use config::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, Location};
 pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 pub use layer::{

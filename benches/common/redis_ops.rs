@@ -18,16 +18,22 @@ Live: {kind: account, burst: 2, count: 1, period: 30s}
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 4] = [
+pub const VARIANTS: [&str; 5] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_3_rules",
     "tower_rate_limit_fred",
+    "ours_1_rule_coalesced",
 ];
+
+/// Requests one coalesced call carries at most (`ours_1_rule_coalesced`).
+pub const COALESCE: usize = 64;
 
 /// A limiter over our Redis backend, and the baseline's trivial script.
 pub struct RedisOps {
     pub limiter: Limiter,
+    /// The same limits over a backend that coalesces (`RedisBackendBuilder::coalesce`).
+    pub coalesced: Limiter,
     pub backend: RedisBackend,
     pub trivial_sha: String,
 }
@@ -46,8 +52,17 @@ impl RedisOps {
             Limits::from_yaml_str(LIMITS, None).unwrap(),
             backend.clone(),
         );
+        let coalescing = RedisBackend::from_url(url)
+            .prefix("rl:bench:")
+            .deny_cache(false)
+            .coalesce(COALESCE)
+            .connect()
+            .await
+            .expect("connect to Redis");
+        let coalesced = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), coalescing);
         Self {
             limiter,
+            coalesced,
             backend,
             trivial_sha,
         }
@@ -71,6 +86,15 @@ impl RedisOps {
             "ours_1_rule" => {
                 let key = self.limiter.key("A", Id::from(id)).unwrap();
                 let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
+                assert!(d.allowed());
+            }
+            "ours_1_rule_coalesced" => {
+                let key = self.coalesced.key("A", Id::from(id)).unwrap();
+                let d = self
+                    .coalesced
+                    .spend(&[Transaction::new(key)])
+                    .await
+                    .unwrap();
                 assert!(d.allowed());
             }
             "ours_3_rules" => {

@@ -19,7 +19,7 @@ pub mod redis;
 
 pub use memory::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
-pub use redis::{RedisBackend, RedisBackendBuilder, RedisSetupError};
+pub use redis::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
 
 /// How a transaction takes part in a batch (`docs/gcra.md`, "Transactions and batches").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -249,7 +249,7 @@ impl<'a> BucketTx<'a> {
 }
 
 /// Why a backend could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum BackendError {
     /// The in-memory backend holds `max_keys` live buckets and cannot track a new one.

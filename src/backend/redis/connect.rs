@@ -96,6 +96,7 @@ pub struct RedisBackendBuilder {
     deny_cache_capacity: usize,
     breaker: breaker::Settings,
     lazy: bool,
+    coalesce: Option<super::coalesce::Settings>,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -106,6 +107,7 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("pool_size", &self.pool_size)
             .field("caller_time", &self.clock.is_some())
             .field("deny_cache", &self.deny_cache)
+            .field("coalesce", &self.coalesce)
             .finish()
     }
 }
@@ -122,7 +124,36 @@ impl RedisBackendBuilder {
             deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
             breaker: breaker::Settings::default(),
             lazy: false,
+            coalesce: None,
         }
+    }
+
+    /// Coalescing (default off): when script calls are in flight, the decisions of other
+    /// requests queue up and the next call carries up to `max_batch` of them, so Redis runs
+    /// one script for many decisions (each request still its own all-or-nothing batch,
+    /// decided in queue order as if sent alone; `BENCHMARKS.md` has what it saves). A request
+    /// is never held on purpose: it is sent at once while fewer than
+    /// [`coalesce_in_flight`](Self::coalesce_in_flight) calls are outstanding, else it waits
+    /// for the next call (at most one call's round trip, never beyond the command timeout).
+    /// It applies to a single server or a pool, to spends whose keys are all GCRA and
+    /// check-and-spend on the server's clock (a request's usual batch); others, a cluster and
+    /// [`caller_time`](Self::caller_time) call as without it. `max_batch` 0 or 1 turns it off.
+    pub fn coalesce(mut self, max_batch: usize) -> Self {
+        self.coalesce = (max_batch > 1).then(|| super::coalesce::Settings {
+            max_batch,
+            in_flight: self.coalesce.map_or(2, |c| c.in_flight),
+        });
+        self
+    }
+
+    /// With [`coalesce`](Self::coalesce): how many calls may be in flight before requests
+    /// queue for the next one (default 2, at least 1). Fewer means larger batches and more
+    /// waiting.
+    pub fn coalesce_in_flight(mut self, calls: usize) -> Self {
+        if let Some(c) = &mut self.coalesce {
+            c.in_flight = calls.max(1);
+        }
+        self
     }
 
     /// Connects in the background (default off): [`connect`](Self::connect) returns at once,
@@ -308,8 +339,9 @@ impl RedisBackendBuilder {
             Some(c) => c.clone(),
             None => Arc::new(SystemClock),
         };
+        let coalesce = self.coalesce.filter(|_| !clustered);
         RedisBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|weak| Inner {
                 conn,
                 owned,
                 prefix: self.prefix,
@@ -324,6 +356,8 @@ impl RedisBackendBuilder {
                     .deny_cache
                     .then(|| DenyCache::new(self.deny_cache_capacity)),
                 breaker: Arc::new(breaker::Breaker::new(self.breaker)),
+                coalescer: coalesce
+                    .and_then(|c| super::coalesce::Coalescer::start(c, timeout, weak.clone())),
             }),
         }
     }

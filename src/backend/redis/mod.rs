@@ -72,12 +72,14 @@ use fred::prelude::{
 
 mod breaker;
 mod cluster;
+mod coalesce;
 mod compensation;
 mod connect;
 mod deny_cache;
 mod keys;
 mod script;
 
+pub use coalesce::CoalesceStats;
 pub use connect::{RedisBackendBuilder, RedisSetupError};
 
 use connect::{Connection, Source};
@@ -113,6 +115,8 @@ struct Inner {
     cache: Option<DenyCache>,
     /// The circuit breaker of a single server or pool (a cluster has one per master).
     breaker: Arc<breaker::Breaker>,
+    /// The queue of lean spends waiting to share a call, when coalescing is on.
+    coalescer: Option<coalesce::Coalescer>,
 }
 
 /// The Redis / Redis Cluster backend. Cheap to clone (an `Arc`).
@@ -215,6 +219,15 @@ impl RedisBackend {
     /// The SHA-1 of the script, as used by `EVALSHA`.
     pub fn script_sha(&self) -> &str {
         &self.inner.sha
+    }
+
+    /// What coalescing did so far ([`RedisBackendBuilder::coalesce`]); `None` when it is off
+    /// (or the backend is clustered, where it does not apply).
+    pub fn coalesce_stats(&self) -> Option<CoalesceStats> {
+        self.inner
+            .coalescer
+            .as_ref()
+            .map(coalesce::Coalescer::stats)
     }
 
     /// Buckets the local deny cache remembers now (at most its capacity; 0 when it is off).
@@ -524,9 +537,24 @@ impl RedisBackend {
             expiry: self.expiry(),
             want_raw: false,
         };
-        let reply = self
-            .run_script(call, slot, batch.iter(), || self.keys(batch))
-            .await?;
+        let coalesced = match &self.inner.coalescer {
+            Some(coalescer)
+                if script::is_lean(call, batch.iter())
+                    && script::uses_defaults(call, batch.iter()) =>
+            {
+                let args = script::encode(call, true, batch.iter());
+                // `None`: the queue is full, sent on its own.
+                coalescer.spend(self.keys(batch), args).await.ok()
+            }
+            _ => None,
+        };
+        let reply = match coalesced {
+            Some(answer) => script::decode_lean(answer?, batch.iter())?,
+            None => {
+                self.run_script(call, slot, batch.iter(), || self.keys(batch))
+                    .await?
+            }
+        };
         if let Some(cache) = &self.inner.cache {
             let all_allowed = batch_allowed(batch.iter().zip(&reply.outcomes));
             for (tx, &tat) in batch.iter().zip(&reply.tats) {

@@ -10,7 +10,9 @@
 --           no op (the lean spend with the defaults: the server's clock, keys expiring when
 --           fresh, every key check-and-spend; every other call has more), the records alone,
 --           from ARGV[1]. Called 'g' below. Each argument costs the server about 2,000
---           instructions, so the most frequent call sends none it can do without.
+--           instructions, so the most frequent call sends none it can do without. 'M'
+--           (coalesced 'g' calls of several requests) has its own head, described at the lean
+--           path below.
 -- ARGV[2]   now in microseconds, or -1 to read the server's clock (TIME).
 -- ARGV[3]   -1: expire keys when their state equals a fresh one, on the server's clock (PXAT);
 --           m >= 0: that long after now plus m milliseconds (PX), for caller time, which the
@@ -45,9 +47,11 @@ local n = #KEYS
 local op, now, margin, want_raw = 'g', -1, -1, false
 if #ARGV ~= 2 * n then
   op = ARGV[1]
-  now = tonumber(ARGV[2])
-  margin = tonumber(ARGV[3])
-  want_raw = ARGV[4] == '1'
+  if op ~= 'M' then
+    now = tonumber(ARGV[2])
+    margin = tonumber(ARGV[3])
+    want_raw = ARGV[4] == '1'
+  end
 end
 if now < 0 then
   local t = redis.call('TIME')
@@ -63,44 +67,60 @@ end
 -- `gcra_writes`) and the expiry (`expire_args`) are written out here once more;
 -- tests/redis.rs (`the_scripts_fast_path_decides_gcra_exactly_as_its_general_path`, the 2^52
 -- and expiry tests) holds the two writings to each other.
-if op == 'g' or op == 'G' then
-  local first, per = 5, 3
-  if op == 'g' then first, per = 1, 2 end
+--
+-- 'M' (coalesced: several requests' lean spends with the defaults in one call, each its own
+-- batch, all or nothing alone) has no head: ARGV[2] is the number of batches b, ARGV[3..2+b]
+-- their key counts (in KEYS order), then two fields per key as in 'g'. Batches are decided in
+-- order, each written before the next is read, as if they had been separate calls; the answer
+-- is one list, now then every key's TAT read.
+if op == 'g' or op == 'G' or op == 'M' then
+  local first, per, batches, sizes = 5, 3, 1, 0
+  if op == 'g' then
+    first, per = 1, 2
+  elseif op == 'M' then
+    batches = tonumber(ARGV[2])
+    first, per, sizes = 3 + batches, 2, 2
+  end
   -- out: now and the TATs read (the answer), then the TATs to write (false: none), which are
   -- cut off before answering: one table, sized for up to three keys.
-  local out, allowed = {now, 0, 0, 0, 0, 0, 0}, true
-  for i = 1, n do
-    local a = first + (i - 1) * per
-    local s = tonumber(redis.pcall('GET', KEYS[i]))
-    if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0 then s = 0 end
-    local mode = 0
-    if per == 3 then mode = tonumber(ARGV[a + 2]) end
-    local tat = s
-    if tat < now then tat = now end
-    local new_tat = tat + ARGV[a]
-    out[i + 1] = s
-    out[n + 1 + i] = false
-    if new_tat - ARGV[a + 1] > now then
-      if mode == 0 or mode == 1 then allowed = false end
-    elseif (mode == 0 or mode == 2) and new_tat > now and new_tat ~= s then
-      out[n + 1 + i] = new_tat
+  local out, done = {now, 0, 0, 0, 0, 0, 0}, 0
+  for b = 1, batches do
+    local last, allowed = n, true
+    if sizes > 0 then last = done + tonumber(ARGV[sizes + b]) end
+    for i = done + 1, last do
+      local a = first + (i - 1) * per
+      local s = tonumber(redis.pcall('GET', KEYS[i]))
+      if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0 then s = 0 end
+      local mode = 0
+      if per == 3 then mode = tonumber(ARGV[a + 2]) end
+      local tat = s
+      if tat < now then tat = now end
+      local new_tat = tat + ARGV[a]
+      out[i + 1] = s
+      out[n + 1 + i] = false
+      if new_tat - ARGV[a + 1] > now then
+        if mode == 0 or mode == 1 then allowed = false end
+      elseif (mode == 0 or mode == 2) and new_tat > now and new_tat ~= s then
+        out[n + 1 + i] = new_tat
+      end
     end
-  end
-  if allowed then
-    for i = 1, n do
-      local t = out[n + 1 + i]
-      if t then
-        -- Whole milliseconds, rounded up, without a call: t + 999 - (t + 999) % 1000 is exact
-        -- below 2^53.
-        local up = t + 999
-        if margin < 0 then
-          redis.call('SET', KEYS[i], t, 'PXAT', (up - up % 1000) / 1000)
-        else
-          up = up - now
-          redis.call('SET', KEYS[i], t, 'PX', (up - up % 1000) / 1000 + margin)
+    if allowed then
+      for i = done + 1, last do
+        local t = out[n + 1 + i]
+        if t then
+          -- Whole milliseconds, rounded up, without a call: t + 999 - (t + 999) % 1000 is
+          -- exact below 2^53.
+          local up = t + 999
+          if margin < 0 then
+            redis.call('SET', KEYS[i], t, 'PXAT', (up - up % 1000) / 1000)
+          else
+            up = up - now
+            redis.call('SET', KEYS[i], t, 'PX', (up - up % 1000) / 1000 + margin)
+          end
         end
       end
     end
+    done = last
   end
   out[n + 2] = nil
   return out

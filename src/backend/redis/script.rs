@@ -149,6 +149,18 @@ pub(super) fn encode<'a>(
     args
 }
 
+/// Whether a lean call uses the defaults (the server's clock, keys expiring when fresh, every
+/// key check-and-spend): then it is sent as two arguments per key and nothing else (`g`), and
+/// can be coalesced with others (`M`).
+pub(super) fn uses_defaults<'a>(
+    call: Call,
+    mut txs: impl Iterator<Item = &'a BucketTx<'a>>,
+) -> bool {
+    call.now.is_none()
+        && matches!(call.expiry, Expiry::AtFresh)
+        && txs.all(|tx| tx.mode == Mode::CheckAndSpend)
+}
+
 /// The arguments of the lean path: two fields per key and nothing else when the call uses the
 /// defaults (the server's clock, keys expiring when fresh, every key check-and-spend: a
 /// request's usual batch; the script knows it by the count), else `G`, the head and three
@@ -159,9 +171,7 @@ fn encode_lean<'a>(
     txs: impl Iterator<Item = &'a BucketTx<'a>> + Clone,
     size: usize,
 ) -> Vec<Value> {
-    let defaults = call.now.is_none()
-        && matches!(call.expiry, Expiry::AtFresh)
-        && txs.clone().all(|tx| tx.mode == Mode::CheckAndSpend);
+    let defaults = uses_defaults(call, txs.clone());
     let mut args = Vec::with_capacity(if defaults { 2 * size } else { 4 + 3 * size });
     if !defaults {
         call.push_head(&mut args, true);
@@ -270,10 +280,10 @@ impl Fields {
 
 /// Decodes the lean path's answer (now, then the TATs read) into the decisions the script
 /// made: the same rule (`gcra::check`), the same batch rule.
-fn decode_lean<'a>(
+pub(super) fn decode_lean<'a>(
     items: Vec<Value>,
     txs: impl ExactSizeIterator<Item = &'a BucketTx<'a>> + Clone,
-) -> Result<Reply, BackendError> {
+) -> Result<ScriptReply, BackendError> {
     let n = txs.len();
     if items.len() != n + 1 {
         return Err(bad(format!("{} values for {n} keys", items.len())));
@@ -306,12 +316,12 @@ fn decode_lean<'a>(
             if after <= now { 0 } else { after }
         })
         .collect();
-    Ok(Reply::Decided(ScriptReply {
+    Ok(ScriptReply {
         outcomes,
         tats,
         raws: Vec::new(),
         now,
-    }))
+    })
 }
 
 /// Decodes a spend's or refund's answer for `txs` (the keys sent, in order); `lean` as sent.
@@ -325,7 +335,7 @@ pub(super) fn decode<'a>(
         return Err(bad(format!("{:?}", value.kind())));
     };
     if lean {
-        return decode_lean(items, txs);
+        return decode_lean(items, txs).map(Reply::Decided);
     }
     if items.first().and_then(Value::as_i64) == Some(-1) {
         let mut f = Fields {
