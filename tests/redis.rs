@@ -1907,10 +1907,15 @@ async fn coalesced_requests_decide_as_if_sent_one_by_one() {
         assert_eq!(d.decisions()[0].remaining, 9, "b{i}");
     }
 
-    // They did share calls: 70 requests in fewer calls.
+    // They did share calls: one found the call slot free, the 69 others queued behind it and
+    // shared fewer calls.
     let after = backend.coalesce_stats().unwrap();
-    let (calls, requests) = (after.calls - before.calls, after.requests - before.requests);
-    assert_eq!(requests, 70);
+    let (calls, requests, direct) = (
+        after.calls - before.calls,
+        after.requests - before.requests,
+        after.direct - before.direct,
+    );
+    assert_eq!((direct, requests), (1, 69));
     assert!(
         calls < requests / 2,
         "{calls} calls for {requests} requests"
@@ -1942,7 +1947,8 @@ async fn backend_without_cache(url: &str, prefix: &str) -> RedisBackend {
 }
 
 /// Calls that coalescing cannot carry are made as without it: a check (not a spend) and a
-/// spend-only transaction decide exactly, and coalescing counts none of them.
+/// spend-only transaction decide exactly, and coalescing counts none of them; a spend that
+/// finds no call in flight makes its own.
 #[tokio::test]
 async fn what_coalescing_cannot_carry_is_called_directly() {
     let redis = TestRedis::single();
@@ -1961,13 +1967,13 @@ async fn what_coalescing_cannot_carry_is_called_directly() {
         .unwrap();
     assert_eq!(d.decisions()[0].remaining, 9);
     assert_eq!(backend.coalesce_stats().unwrap(), before);
-    // A plain spend goes through the queue.
+    // A plain spend with no call in flight makes its own, as without coalescing.
     let d = l.spend(&[slow(&l, "c")]).await.unwrap();
     assert_eq!(d.decisions()[0].remaining, 8);
     let after = backend.coalesce_stats().unwrap();
     assert_eq!(
-        (after.calls, after.requests),
-        (before.calls + 1, before.requests + 1)
+        (after.calls, after.requests, after.direct),
+        (before.calls, before.requests, before.direct + 1)
     );
 }
 
@@ -2009,4 +2015,28 @@ async fn coalesced_requests_time_out_when_the_server_stops_answering() {
             Err(e) => panic!("no recovery: {e}"),
         }
     }
+}
+
+/// A request cancelled while its call is in flight (a client that went away) gives the call
+/// slot back: the next request still makes its own call instead of queueing behind a slot
+/// nobody holds (it would time out).
+#[tokio::test]
+async fn a_cancelled_request_gives_its_call_slot_back() {
+    use futures_util::FutureExt as _;
+    let redis = TestRedis::single();
+    let (l, backend) = coalescing_limiter(
+        &redis.url,
+        &unique_prefix("coalesce-cancel"),
+        Duration::from_secs(2),
+    )
+    .await;
+    for i in 0..3 {
+        let batch = [slow(&l, &format!("gone{i}"))];
+        assert!(l.spend(&batch).now_or_never().is_none(), "answered at once");
+    }
+    let before = backend.coalesce_stats().unwrap();
+    let d = l.spend(&[slow(&l, "next")]).await.unwrap();
+    assert!(d.allowed());
+    let after = backend.coalesce_stats().unwrap();
+    assert_eq!(after.direct, before.direct + 1);
 }

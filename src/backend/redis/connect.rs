@@ -128,16 +128,17 @@ impl RedisBackendBuilder {
         }
     }
 
-    /// Coalescing (default off): when script calls are in flight, the decisions of other
-    /// requests queue up and the next call carries up to `max_batch` of them, so Redis runs
-    /// one script for many decisions (each request still its own all-or-nothing batch,
-    /// decided in queue order as if sent alone; `BENCHMARKS.md` has what it saves). A request
-    /// is never held on purpose: it is sent at once while fewer than
-    /// [`coalesce_in_flight`](Self::coalesce_in_flight) calls are outstanding, else it waits
-    /// for the next call (at most one call's round trip, never beyond the command timeout).
-    /// It applies to a single server or a pool, to spends whose keys are all GCRA and
-    /// check-and-spend on the server's clock (a request's usual batch); others, a cluster and
-    /// [`caller_time`](Self::caller_time) call as without it. `max_batch` 0 or 1 turns it off.
+    /// Coalescing (default off): a request that finds
+    /// [`coalesce_in_flight`](Self::coalesce_in_flight) script calls already outstanding
+    /// queues, and the next call to end sends up to `max_batch` queued requests as one call,
+    /// so Redis runs one script for many decisions (each request still its own all-or-nothing
+    /// batch, decided in queue order as if sent alone; `BENCHMARKS.md` has what it saves). A
+    /// request that finds a call free makes its own, as without coalescing; a queued one waits
+    /// for one call at most, never beyond the command timeout. It applies to a single server
+    /// or a pool, to spends whose keys are all GCRA and check-and-spend on the server's clock
+    /// (a request's usual batch); others, a cluster and [`caller_time`](Self::caller_time) call
+    /// as without it. `max_batch` 0 or 1 turns it off. Off by default: a call carrying many
+    /// decisions holds Redis's single thread longer, which other users of that Redis see.
     pub fn coalesce(mut self, max_batch: usize) -> Self {
         self.coalesce = (max_batch > 1).then(|| super::coalesce::Settings {
             max_batch,
@@ -341,7 +342,7 @@ impl RedisBackendBuilder {
         };
         let coalesce = self.coalesce.filter(|_| !clustered);
         RedisBackend {
-            inner: Arc::new_cyclic(|weak| Inner {
+            inner: Arc::new(Inner {
                 conn,
                 owned,
                 prefix: self.prefix,
@@ -356,8 +357,7 @@ impl RedisBackendBuilder {
                     .deny_cache
                     .then(|| DenyCache::new(self.deny_cache_capacity)),
                 breaker: Arc::new(breaker::Breaker::new(self.breaker)),
-                coalescer: coalesce
-                    .and_then(|c| super::coalesce::Coalescer::start(c, timeout, weak.clone())),
+                coalescer: coalesce.map(|c| super::coalesce::Coalescer::new(c, timeout)),
             }),
         }
     }

@@ -537,24 +537,33 @@ impl RedisBackend {
             expiry: self.expiry(),
             want_raw: false,
         };
-        let coalesced = match &self.inner.coalescer {
-            Some(coalescer)
-                if script::is_lean(call, batch.iter())
-                    && script::uses_defaults(call, batch.iter()) =>
-            {
-                let args = script::encode(call, true, batch.iter());
-                // `None`: the queue is full, sent on its own.
-                coalescer.spend(self.keys(batch), args).await.ok()
+        let mut _slot = None;
+        if let Some(coalescer) = &self.inner.coalescer
+            && script::is_lean(call, batch.iter())
+            && script::uses_defaults(call, batch.iter())
+        {
+            let make = || (self.keys(batch), script::encode(call, true, batch.iter()));
+            match self.coalesce(coalescer, make).await {
+                coalesce::Route::Direct(slot) => _slot = slot,
+                coalesce::Route::Queued(answer) => {
+                    let reply = script::decode_lean(answer?, batch.iter())?;
+                    return Ok(self.after_spend(batch, reply, local_now));
+                }
             }
-            _ => None,
-        };
-        let reply = match coalesced {
-            Some(answer) => script::decode_lean(answer?, batch.iter())?,
-            None => {
-                self.run_script(call, slot, batch.iter(), || self.keys(batch))
-                    .await?
-            }
-        };
+        }
+        let reply = self
+            .run_script(call, slot, batch.iter(), || self.keys(batch))
+            .await?;
+        Ok(self.after_spend(batch, reply, local_now))
+    }
+
+    /// Updates the deny cache from a one-call spend's reply; its outcomes.
+    fn after_spend(
+        &self,
+        batch: &[BucketTx<'_>],
+        reply: ScriptReply,
+        local_now: u64,
+    ) -> Vec<Outcome> {
         if let Some(cache) = &self.inner.cache {
             let all_allowed = batch_allowed(batch.iter().zip(&reply.outcomes));
             for (tx, &tat) in batch.iter().zip(&reply.tats) {
@@ -573,7 +582,7 @@ impl RedisBackend {
                 }
             }
         }
-        Ok(reply.outcomes)
+        reply.outcomes
     }
 
     pub(super) async fn refund_batch(
