@@ -370,3 +370,75 @@ async fn readiness_is_forwarded_and_the_ready_service_is_used() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
 }
+
+/// A layer of one rule decides allowed requests on a path of its own (no batch, no vectors;
+/// issue 16). It must answer exactly as the general path: the same requests, at the same
+/// times, through one layer with the rule alone and one with the rule and a second rule that
+/// never applies (so the general path decides), give the same statuses, `RateLimit` and
+/// `RateLimit-Policy` fields, legacy fields and bodies, with headers on and off, costs from a
+/// function, an override, and denials.
+#[tokio::test]
+async fn the_single_rule_path_answers_exactly_as_the_general_path() {
+    const WITH_OVERRIDE: &str = "\
+PerIp: {kind: ip, burst: 3, count: 3, period: 2s}
+Never: {kind: account, burst: 1, count: 1, period: 1s}
+";
+    const OVERRIDES: &str = "\
+- PerIp:
+    burst: 5
+    count: 5
+    period: 1s
+    ids: [10.0.0.9]
+";
+    for (headers, legacy) in [(true, false), (true, true), (false, false)] {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let make = |general: bool| {
+            let limiter = Limiter::new(
+                Limits::from_yaml_str(WITH_OVERRIDE, Some(OVERRIDES)).unwrap(),
+                MemoryBackend::builder().clock(clock.clone()).build(),
+            );
+            let rule = Rule::new("PerIp", ClientIp::new())
+                .cost_fn(|r| if r.method == http::Method::POST { 2 } else { 1 });
+            let mut builder = RateLimitLayer::builder(limiter)
+                .rule(rule)
+                .ratelimit_headers_on_allowed(headers)
+                .legacy_headers(legacy);
+            if general {
+                builder = builder.rule(
+                    Rule::new("Never", Header::new("x-never")).on_missing_key(OnMissingKey::Skip),
+                );
+            }
+            app(builder.build().unwrap())
+        };
+        let (single, general) = (make(false), make(true));
+        let steps: [(&str, &str, u64); 12] = [
+            ("GET", "10.0.0.1:1", 0),
+            ("POST", "10.0.0.1:1", 100),
+            ("GET", "10.0.0.1:1", 0),
+            ("GET", "10.0.0.1:1", 250),
+            ("POST", "10.0.0.1:1", 700),
+            ("GET", "10.0.0.9:1", 0),
+            ("POST", "10.0.0.9:1", 1),
+            ("POST", "10.0.0.9:1", 1),
+            ("POST", "10.0.0.9:1", 1),
+            ("GET", "[2001:db8::1]:1", 3000),
+            ("GET", "10.0.0.1:1", 0),
+            ("POST", "10.0.0.1:1", 0),
+        ];
+        let mut denied = 0;
+        for (n, (method, peer, ms)) in steps.into_iter().enumerate() {
+            clock.advance(Duration::from_millis(ms));
+            let req = || request(peer).method(method).body(Body::empty()).unwrap();
+            let (a, b) = (send(&single, req()).await, send(&general, req()).await);
+            assert_eq!(
+                a, b,
+                "step {n} ({method} {peer}), headers {headers}, legacy {legacy}"
+            );
+            denied += usize::from(a.0 == StatusCode::TOO_MANY_REQUESTS);
+            if headers && a.0 == StatusCode::OK {
+                assert!(a.1.contains_key("ratelimit"), "step {n}");
+            }
+        }
+        assert!(denied >= 2, "the steps must deny too");
+    }
+}

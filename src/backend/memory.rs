@@ -643,6 +643,10 @@ impl Backend for MemoryBackend {
         Some(self.spend_sync(batch))
     }
 
+    fn spend_one_now(&self, tx: &BucketTx<'_>) -> Option<Result<Outcome, BackendError>> {
+        Some(self.spend_one(tx))
+    }
+
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
         let now = self.now();
         let mut outcomes = Vec::with_capacity(batch.len());

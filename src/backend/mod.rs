@@ -330,6 +330,14 @@ pub trait Backend: Send + Sync + 'static {
         let _ = batch;
         None
     }
+
+    /// [`spend_now`](Backend::spend_now) for a batch of one transaction, without a vector:
+    /// the middleware's path for a single rule. `None` (the default) means "use `spend_now` or
+    /// [`spend`](Backend::spend)"; when it answers, it must answer exactly as they would.
+    fn spend_one_now(&self, tx: &BucketTx<'_>) -> Option<Result<Outcome, BackendError>> {
+        let _ = tx;
+        None
+    }
 }
 
 #[async_trait]
@@ -345,5 +353,8 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
         (**self).spend_now(batch)
+    }
+    fn spend_one_now(&self, tx: &BucketTx<'_>) -> Option<Result<Outcome, BackendError>> {
+        (**self).spend_one_now(tx)
     }
 }

@@ -226,7 +226,7 @@ impl std::error::Error for ConfigError {
 #[derive(Debug, Clone)]
 pub(crate) struct NameEntry {
     name: LimitName,
-    kind: IdKind,
+    pub(crate) kind: IdKind,
     /// The cost of a request when its transaction sets none.
     pub(crate) cost: u64,
     default: Option<Quota>,

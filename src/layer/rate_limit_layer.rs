@@ -111,6 +111,8 @@ pub(crate) struct Shared {
     pub(crate) on_denied: Option<DenialFn>,
     /// Some rule settles its cost from the response ([`Rule::settle`]).
     pub(crate) settles: bool,
+    /// [`Shared::allow_single`] may decide requests (see there).
+    pub(crate) single_path: bool,
     /// Clients whose address (found by the `ClientIp`) is in one of these bypass every rule.
     pub(crate) exempt: Option<(ClientIp, Vec<IpNet>)>,
 }
@@ -307,9 +309,14 @@ impl RateLimitLayerBuilder {
             _ => None,
         };
         let settles = rules.iter().any(|r| r.rule.settle.is_some());
+        // A single enforced check-and-spend rule that settles nothing takes the single-rule
+        // path (`Shared::allow_single`).
+        let single_path = matches!(&rules[..], [r] if !r.shadow && r.mode == crate::backend::Mode::CheckAndSpend)
+            && !settles;
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 settles,
+                single_path,
                 fallback,
                 limiter: self.limiter,
                 rules,

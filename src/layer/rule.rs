@@ -239,6 +239,93 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// The single-rule path: when the layer has one enforced rule, nothing settles and the
+    /// backend decides one transaction at once (in memory), an allowed request is decided,
+    /// counted and traced here with no `Transaction`, no batch and no vector, and a `Decision`
+    /// only when `RateLimit` fields are written on allowed responses: `Some(allowed)` (what
+    /// to add to the response, if anything) means it was allowed and spent. Anything else
+    /// (`None`: out of scope, no key, a rejected key or cost, no limit, a tiered limit, a
+    /// denial, an error) goes the general way, which decides it again: nothing was written (a
+    /// denied GCRA spend writes nothing), so the general path's answer is the request's. It
+    /// decides exactly as the general path: the same `BucketTx::new`, the same backend rule,
+    /// the same decision (`tests/middleware.rs` holds the two paths to each other).
+    pub(crate) fn allow_single(&self, limits: &Limits, parts: &Parts) -> Single {
+        self.try_single(limits, parts).unwrap_or(Single::General)
+    }
+
+    fn try_single(&self, limits: &Limits, parts: &Parts) -> Option<Single> {
+        let [r] = &self.rules[..] else {
+            return None;
+        };
+        if !self.single_path {
+            return None;
+        }
+        if !r.rule.scope.iter().all(|f| f(parts)) || r.rule.exempt.iter().any(|f| f(parts)) {
+            return None;
+        }
+        let Ok(Some(id)) = r.rule.extractor.extract(parts) else {
+            return None;
+        };
+        let entry = limits.entry(r.name)?;
+        let Ok(id) = entry.kind.conform(id) else {
+            return None;
+        };
+        let key = BucketKey::new(r.name, id);
+        // Tiered limits (which spend on a denial's path too) go the general way.
+        let quota = limits
+            .resolve_in(entry, &key)
+            .filter(|q| q.as_gcra().is_some())?;
+        let cost = match (&r.rule.cost_fn, r.rule.cost) {
+            (Some(f), _) => f(parts),
+            (None, Some(c)) => c,
+            (None, None) => entry.cost,
+        };
+        let Ok(tx) = crate::backend::BucketTx::new(&key, quota, cost..=cost, r.mode) else {
+            return None;
+        };
+        match self.limiter.backend().spend_one_now(&tx)? {
+            // The backend refused (a full table): answered as the general path answers it,
+            // without asking the backend twice.
+            Err(e) => Some(Single::Failed(e)),
+            Ok(o) if o.allowed => {
+                r.metrics.count(RuleOutcome::Allowed);
+                super::observe::count_request("allowed");
+                super::observe::trace_fields(
+                    r.name,
+                    key.id(),
+                    o.retry_after_us,
+                    o.remaining,
+                    RuleOutcome::Allowed,
+                    self.log_ids,
+                );
+                if !self.headers_on_allowed {
+                    return Some(Single::Allowed(None));
+                }
+                Some(Single::Allowed(Some(super::outcome::Allowed {
+                    batch: crate::limiter::Limiter::spent_alone(key, quota, r.mode, cost, o),
+                    headers: true,
+                    legacy: self.legacy_headers,
+                    settle: false,
+                })))
+            }
+            // Denied: nothing was written; the general path decides it again and answers.
+            Ok(_) => None,
+        }
+    }
+}
+
+/// What the single-rule path made of a request.
+pub(crate) enum Single {
+    /// Allowed and spent; what to add to the response, if anything.
+    Allowed(Option<super::outcome::Allowed>),
+    /// The backend refused the spend (nothing was written): answered as the general path
+    /// answers that error.
+    Failed(crate::backend::BackendError),
+    /// Not for this path (or denied): the general path decides.
+    General,
+}
+
 /// What the rules made of a request: a batch to decide, or an answer right away.
 pub(crate) enum Prepared {
     Batch(Vec<Transaction>),

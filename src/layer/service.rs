@@ -12,7 +12,7 @@ use super::future::ResponseFuture;
 use super::outcome::{Conclusion, Decided, Failure, conclude, decide};
 use super::rate_limit_layer::Shared;
 use super::response::is_grpc;
-use super::rule::Prepared;
+use super::rule::{Prepared, Single};
 
 /// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer).
 #[derive(Clone)]
@@ -61,7 +61,6 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         let (parts, body) = req.into_parts();
-        let grpc = is_grpc(&parts.headers);
         if shared.exempt(&parts) {
             super::observe::count_request("exempt");
             let future = inner.call(Request::from_parts(parts, body));
@@ -69,6 +68,15 @@ where
         }
         // One snapshot of the limits for the whole request: a reload never mixes two.
         let limits = shared.limiter.load();
+        let failed = match shared.allow_single(&limits, &parts) {
+            Single::Allowed(allowed) => {
+                let future = inner.call(Request::from_parts(parts, body));
+                return ResponseFuture::calling(shared, future, allowed);
+            }
+            Single::Failed(e) => Some(e),
+            Single::General => None,
+        };
+        let grpc = is_grpc(&parts.headers);
         let txs = match shared.prepare(&limits, &parts, grpc) {
             Prepared::Reject(response) => return ResponseFuture::answered(shared, response),
             Prepared::Batch(txs) => txs,
@@ -77,7 +85,11 @@ where
             let future = inner.call(Request::from_parts(parts, body));
             return ResponseFuture::calling(shared, future, None);
         }
-        let Some(result) = shared.limiter.try_spend_now_in(&limits, &txs) else {
+        let decided_now = match failed {
+            Some(e) => Some(Err(e.into())),
+            None => shared.limiter.try_spend_now_in(&limits, &txs),
+        };
+        let Some(result) = decided_now else {
             let decide = decide(&shared, arc_swap::Guard::into_inner(limits), txs);
             return ResponseFuture::deciding(
                 shared,

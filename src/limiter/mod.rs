@@ -232,6 +232,35 @@ enum Op {
     Refund,
 }
 
+/// One transaction's decision from its outcome: the one place a `Decision` is made.
+fn decision(
+    key: BucketKey,
+    quota: Option<&Quota>,
+    mode: Mode,
+    cost: u64,
+    o: Outcome,
+    op: Op,
+) -> Decision {
+    let granted = match (&o.tiers, o.allowed, op) {
+        (Some(t), _, _) => t.granted,
+        (None, true, Op::Spend | Op::Check) => cost,
+        _ => 0,
+    };
+    Decision {
+        allowed: o.allowed,
+        granted,
+        remaining: o.remaining,
+        retry_after: us(o.retry_after_us),
+        reset_after: us(o.reset_after_us),
+        limit: quota.cloned(),
+        tiers: o.tiers,
+        name: key.name(),
+        key,
+        mode,
+        skipped: o.skipped,
+    }
+}
+
 impl Op {
     #[cfg(feature = "metrics")]
     fn label(self) -> &'static str {
@@ -496,6 +525,23 @@ impl Limiter {
         Ok((resolved, txs))
     }
 
+    /// The decision of a spend of one transaction the backend decided alone (the layer's
+    /// single-rule path): as [`spend`](Self::spend) would report it.
+    pub(crate) fn spent_alone(
+        key: BucketKey,
+        quota: &Quota,
+        mode: Mode,
+        cost: u64,
+        outcome: Outcome,
+    ) -> BatchDecision {
+        let d = decision(key, Some(quota), mode, cost, outcome, Op::Spend);
+        let mut batch = BatchDecision::new(vec![d]);
+        if !batch.allowed() {
+            batch.unspend();
+        }
+        batch
+    }
+
     /// Turns the backend's outcomes into decisions.
     fn finish(
         &self,
@@ -522,24 +568,7 @@ impl Limiter {
                     Some(_) => outcomes.next().unwrap_or_default(),
                     None => Outcome::new(true, u64::MAX, 0, 0),
                 };
-                let granted = match (&o.tiers, o.allowed, op) {
-                    (Some(t), _, _) => t.granted,
-                    (None, true, Op::Spend | Op::Check) => r.cost,
-                    _ => 0,
-                };
-                Decision {
-                    allowed: o.allowed,
-                    granted,
-                    remaining: o.remaining,
-                    retry_after: us(o.retry_after_us),
-                    reset_after: us(o.reset_after_us),
-                    limit: r.quota.cloned(),
-                    tiers: o.tiers,
-                    name: tx.key().name(),
-                    key: tx.key().clone(),
-                    mode: r.mode,
-                    skipped: o.skipped,
-                }
+                decision(tx.key().clone(), r.quota, r.mode, r.cost, o, op)
             })
             .collect();
         let mut batch = BatchDecision::new(decisions);
