@@ -49,6 +49,18 @@
 //! default) and evicts in O(1) (quick_cache), so a flood of new denied keys neither grows it nor
 //! slows it down.
 //!
+//! # Coalescing
+//!
+//! Off by default ([`RedisBackendBuilder::coalesce`]). When on, a request that finds
+//! [`coalesce_in_flight`](RedisBackendBuilder::coalesce_in_flight) calls outstanding queues,
+//! and the next call to end sends the queue as one script call: each request is still its own
+//! all-or-nothing batch, decided and written in queue order as if sent alone, and Redis runs
+//! one script for many decisions. A request that finds a call free makes its own, so coalescing
+//! costs nothing at low concurrency. A queued request waits at most for one call and never
+//! beyond the command timeout; if it times out, it may still be sent later (as a timed-out
+//! call may still be applied: it can only under-admit). [`RedisBackend::coalesce_stats`]
+//! counts what it shared.
+//!
 //! # Failures
 //!
 //! Every command has a timeout ([`RedisBackendBuilder::command_timeout`], 500 ms by default;
