@@ -228,6 +228,22 @@ pub(crate) struct ResolvedRule {
     pub(crate) policy: Option<(crate::algo::gcra::Limit, http::HeaderValue)>,
 }
 
+impl ResolvedRule {
+    /// Whether the rule applies to a request (in its scope, not exempted by it).
+    fn applies(&self, parts: &Parts) -> bool {
+        self.rule.scope.iter().all(|f| f(parts)) && !self.rule.exempt.iter().any(|f| f(parts))
+    }
+
+    /// The cost the rule sets for a request (its function's, else its fixed cost); `None`:
+    /// the limit's default cost.
+    fn cost(&self, parts: &Parts) -> Option<u64> {
+        match &self.rule.cost_fn {
+            Some(f) => Some(f(parts)),
+            None => self.rule.cost,
+        }
+    }
+}
+
 impl Shared {
     /// The precomputed `RateLimit-Policy` of a decision's limit, when it is its default.
     pub(crate) fn cached_policy(&self, d: &crate::limiter::Decision) -> Option<http::HeaderValue> {
@@ -261,7 +277,7 @@ impl Shared {
         if !self.single_path {
             return None;
         }
-        if !r.rule.scope.iter().all(|f| f(parts)) || r.rule.exempt.iter().any(|f| f(parts)) {
+        if !r.applies(parts) {
             return None;
         }
         let Ok(Some(id)) = r.rule.extractor.extract(parts) else {
@@ -276,11 +292,7 @@ impl Shared {
         let quota = limits
             .resolve_in(entry, &key)
             .filter(|q| q.as_gcra().is_some())?;
-        let cost = match (&r.rule.cost_fn, r.rule.cost) {
-            (Some(f), _) => f(parts),
-            (None, Some(c)) => c,
-            (None, None) => entry.cost,
-        };
+        let cost = r.cost(parts).unwrap_or(entry.cost);
         let Ok(tx) = crate::backend::BucketTx::new(&key, quota, cost..=cost, r.mode) else {
             return None;
         };
@@ -338,7 +350,7 @@ impl Shared {
     pub(crate) fn prepare(&self, limits: &Limits, parts: &Parts, grpc: bool) -> Prepared {
         let mut txs = Vec::with_capacity(self.rules.len());
         for r in &self.rules {
-            if !r.rule.scope.iter().all(|f| f(parts)) || r.rule.exempt.iter().any(|f| f(parts)) {
+            if !r.applies(parts) {
                 continue;
             }
             let reject = |status: StatusCode, message: &str| {
@@ -382,9 +394,7 @@ impl Shared {
                 }
             };
             let mut tx = Transaction::new(BucketKey::new(r.name, id)).mode(r.mode);
-            if let Some(f) = &r.rule.cost_fn {
-                tx = tx.cost(f(parts));
-            } else if let Some(c) = r.rule.cost {
+            if let Some(c) = r.cost(parts) {
                 tx = tx.cost(c);
             }
             txs.push(tx);

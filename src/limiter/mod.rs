@@ -525,8 +525,9 @@ impl Limiter {
         Ok((resolved, txs))
     }
 
-    /// The decision of a spend of one transaction the backend decided alone (the layer's
-    /// single-rule path): as [`spend`](Self::spend) would report it.
+    /// The decision of an allowed spend of one transaction the backend decided alone (the
+    /// layer's single-rule path, which sends denials the general way): as
+    /// [`spend`](Self::spend) would report it.
     pub(crate) fn spent_alone(
         key: BucketKey,
         quota: &Quota,
@@ -534,12 +535,15 @@ impl Limiter {
         cost: u64,
         outcome: Outcome,
     ) -> BatchDecision {
-        let d = decision(key, Some(quota), mode, cost, outcome, Op::Spend);
-        let mut batch = BatchDecision::new(vec![d]);
-        if !batch.allowed() {
-            batch.unspend();
-        }
-        batch
+        debug_assert!(outcome.allowed);
+        BatchDecision::new(vec![decision(
+            key,
+            Some(quota),
+            mode,
+            cost,
+            outcome,
+            Op::Spend,
+        )])
     }
 
     /// Turns the backend's outcomes into decisions.

@@ -18,7 +18,7 @@ use std::time::Duration;
 use fred::prelude::{Key, Value};
 use tokio::sync::oneshot;
 
-use super::RedisBackend;
+use super::{RedisBackend, script};
 use crate::backend::BackendError;
 
 /// Requests the queue holds at most; beyond, a request makes its own call.
@@ -124,7 +124,8 @@ pub(super) enum Route<'a> {
 }
 
 impl RedisBackend {
-    /// Routes a lean spend with the defaults (`keys`, `args` built only when it queues).
+    /// Routes a lean spend with the defaults (`make` builds its keys and arguments, only when
+    /// it queues).
     pub(super) async fn coalesce<M>(&self, coalescer: &Coalescer, make: M) -> Route<'_>
     where
         M: FnOnce() -> (Vec<Key>, Vec<Value>),
@@ -134,6 +135,8 @@ impl RedisBackend {
             return Route::Direct(Some(Slot(self)));
         }
         let (reply, answer) = oneshot::channel();
+        // Built before the lock is taken, which then only guards a push.
+        let (keys, args) = make();
         {
             let mut queue = coalescer.queue();
             if queue.len() >= QUEUE {
@@ -141,7 +144,6 @@ impl RedisBackend {
                 coalescer.direct.fetch_add(1, Ordering::Relaxed);
                 return Route::Direct(None);
             }
-            let (keys, args) = make();
             queue.push(Job { keys, args, reply });
         }
         // A call may have ended between the check and the push: send the queue if a slot is
@@ -199,7 +201,10 @@ impl RedisBackend {
         let result = if let [job] = &jobs[..] {
             self.eval(0, || (job.keys.clone(), job.args.clone())).await
         } else {
-            self.eval(0, || coalesced_call(&jobs)).await
+            self.eval(0, || {
+                script::encode_coalesced(jobs.iter().map(|j| (&j.keys[..], &j.args[..])))
+            })
+            .await
         };
         let items = match result {
             Ok(Value::Array(items)) => items,
@@ -227,22 +232,4 @@ impl RedisBackend {
             let _ = job.reply.send(Ok(answer));
         }
     }
-}
-
-/// The keys and arguments of an `M` call: the number of requests, each one's key count, then
-/// every request's two arguments per key, in queue order.
-fn coalesced_call(jobs: &[Job]) -> (Vec<Key>, Vec<Value>) {
-    let n: usize = jobs.iter().map(|j| j.keys.len()).sum();
-    let mut keys = Vec::with_capacity(n);
-    let mut args = Vec::with_capacity(2 + jobs.len() + 2 * n);
-    args.push(Value::String(fred::bytes_utils::Str::from_static("M")));
-    args.push(Value::Integer(jobs.len() as i64));
-    for job in jobs {
-        args.push(Value::Integer(job.keys.len() as i64));
-    }
-    for job in jobs {
-        keys.extend(job.keys.iter().cloned());
-        args.extend(job.args.iter().cloned());
-    }
-    (keys, args)
 }

@@ -62,10 +62,10 @@ impl KeyBuf {
     }
 }
 
-/// The Redis key of `key` under `prefix` (see [`RedisBackend::redis_key`]).
-pub(crate) fn redis_key(prefix: &str, key: &BucketKey) -> String {
+/// The Redis key of `key` under `prefix`, then `suffix` (see [`RedisBackend::redis_key`]).
+pub(crate) fn redis_key(prefix: &str, key: &BucketKey, suffix: &str) -> String {
     // Only whole `str`s and escaped ASCII were written: the bytes are UTF-8.
-    String::from_utf8_lossy(&KeyBuf::new(prefix, key, "").0).into_owned()
+    String::from_utf8_lossy(&KeyBuf::new(prefix, key, suffix).0).into_owned()
 }
 
 #[cfg(test)]
@@ -80,6 +80,6 @@ mod tests {
             .build()
             .unwrap();
         let key = BucketKey::new(limits.name("Api").unwrap(), Id::new("a{b}%c é").unwrap());
-        assert_eq!(redis_key("rl:", &key), "rl:{Api:a%7Bb%7D%25c%20%C3%A9}");
+        assert_eq!(redis_key("rl:", &key, ""), "rl:{Api:a%7Bb%7D%25c%20%C3%A9}");
     }
 }

@@ -131,6 +131,16 @@ struct Inner {
     coalescer: Option<coalesce::Coalescer>,
 }
 
+/// A TAT the script answered (on the server's clock, `server_now` then), on the local clock
+/// for the deny cache: 0 when it is not in the future.
+fn local_tat(tat: u64, server_now: u64, local_now: u64) -> u64 {
+    if tat > server_now {
+        local_now.saturating_add(tat - server_now)
+    } else {
+        0
+    }
+}
+
 /// The Redis / Redis Cluster backend. Cheap to clone (an `Arc`).
 ///
 /// ```no_run
@@ -277,15 +287,13 @@ impl RedisBackend {
     /// printable ASCII are percent-escaped: the bucket of limit `Api` for the id `a{b}%c é`
     /// is `rl:{Api:a%7Bb%7D%25c%20%C3%A9}`.
     pub fn redis_key(&self, key: &BucketKey) -> String {
-        redis_key(&self.inner.prefix, key)
+        redis_key(&self.inner.prefix, key, "")
     }
 
     /// The Redis key of a tiered key's state: [`redis_key`](Self::redis_key) followed by `:t`
     /// (same slot; a name switched between GCRA and tiers never reads the other's state).
     pub fn redis_tier_key(&self, key: &BucketKey) -> String {
-        let mut k = redis_key(&self.inner.prefix, key);
-        k.push_str(TIERS_SUFFIX);
-        k
+        redis_key(&self.inner.prefix, key, TIERS_SUFFIX)
     }
 
     /// The Redis key of `key`'s state (`tiered`: its tiered state), for a command.
@@ -549,14 +557,15 @@ impl RedisBackend {
             expiry: self.expiry(),
             want_raw: false,
         };
-        let mut _slot = None;
+        // A coalescing call slot, held until this call ends (then given back).
+        let mut held = None;
         if let Some(coalescer) = &self.inner.coalescer
             && script::is_lean(call, batch.iter())
             && script::uses_defaults(call, batch.iter())
         {
             let make = || (self.keys(batch), script::encode(call, true, batch.iter()));
             match self.coalesce(coalescer, make).await {
-                coalesce::Route::Direct(slot) => _slot = slot,
+                coalesce::Route::Direct(slot) => held = slot,
                 coalesce::Route::Queued(answer) => {
                     let reply = script::decode_lean(answer?, batch.iter())?;
                     return Ok(self.after_spend(batch, reply, local_now));
@@ -565,8 +574,9 @@ impl RedisBackend {
         }
         let reply = self
             .run_script(call, slot, batch.iter(), || self.keys(batch))
-            .await?;
-        Ok(self.after_spend(batch, reply, local_now))
+            .await;
+        drop(held);
+        Ok(self.after_spend(batch, reply?, local_now))
     }
 
     /// Updates the deny cache from a one-call spend's reply; its outcomes.
@@ -582,11 +592,7 @@ impl RedisBackend {
                 if tx.quota.as_tiered().is_some() {
                     continue;
                 }
-                let local_tat = if tat > reply.now {
-                    local_now.saturating_add(tat - reply.now)
-                } else {
-                    0
-                };
+                let local_tat = local_tat(tat, reply.now, local_now);
                 if all_allowed {
                     cache.refresh(tx.key, local_tat);
                 } else {
@@ -661,11 +667,7 @@ impl Backend for RedisBackend {
                     group_allowed.push(Some(allowed));
                     for ((&i, o), tat) in group.iter().zip(reply.outcomes).zip(reply.tats) {
                         outcomes[i] = o;
-                        local_tats[i] = if tat > reply.now {
-                            local_now.saturating_add(tat - reply.now)
-                        } else {
-                            0
-                        };
+                        local_tats[i] = local_tat(tat, reply.now, local_now);
                     }
                 }
                 Err(e) => {

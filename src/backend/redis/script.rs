@@ -13,12 +13,16 @@
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
 //!
+//! `M` (coalesced `g` calls, see `coalesce.rs`): `M`, the number of requests, each one's key
+//! count, then every request's `g` arguments in order; it answers as `g` for all the keys, and
+//! each request takes its slice.
+//!
 //! The answer to `g` and `G`: now, then each key's stored TAT before the call (flat); the decisions are
 //! computed here from them, with `gcra::check` and the batch rule, exactly as the script
 //! decided. The other answers: one list per key, then now; or `{-1, key index, reason}` when a
 //! key holds something that is not a state of ours (nothing is then written).
 
-use fred::prelude::Value;
+use fred::prelude::{Key, Value};
 
 use crate::algo::gcra;
 use crate::algo::tiers::{MAX_TIERS, TierGrant};
@@ -159,6 +163,27 @@ pub(super) fn uses_defaults<'a>(
     call.now.is_none()
         && matches!(call.expiry, Expiry::AtFresh)
         && txs.all(|tx| tx.mode == Mode::CheckAndSpend)
+}
+
+/// The keys and arguments of an `M` call (coalesced `g` calls): the number of requests, each
+/// one's key count, then every request's two arguments per key, in queue order. `requests`
+/// gives each request's keys and its `g` arguments.
+pub(super) fn encode_coalesced<'r>(
+    requests: impl Iterator<Item = (&'r [Key], &'r [Value])> + Clone,
+) -> (Vec<Key>, Vec<Value>) {
+    let (count, n) = requests
+        .clone()
+        .fold((0, 0), |(c, n), (keys, _)| (c + 1, n + keys.len()));
+    let mut keys = Vec::with_capacity(n);
+    let mut args = Vec::with_capacity(2 + count + 2 * n);
+    args.push(word("M"));
+    args.push(int(count as u64));
+    args.extend(requests.clone().map(|(k, _)| int(k.len() as u64)));
+    for (k, a) in requests {
+        keys.extend_from_slice(k);
+        args.extend_from_slice(a);
+    }
+    (keys, args)
 }
 
 /// The arguments of the lean path: two fields per key and nothing else when the call uses the
