@@ -168,6 +168,17 @@ impl Id {
     }
 
     fn from_checked_text(text: &str) -> Self {
+        let bytes = text.as_bytes();
+        if bytes.iter().all(u8::is_ascii_digit) {
+            // Digits alone are never an address, and a number in canonical form has no leading
+            // zero (`"0"` aside): checked without parsing an address or formatting the number.
+            if (bytes.len() == 1 || bytes[0] != b'0')
+                && let Ok(n) = u64::from_str(text)
+            {
+                return Self(Repr::Number(n));
+            }
+            return Self(Repr::Text(Arc::from(text)));
+        }
         if let Ok(ip) = IpAddr::from_str(text)
             && ip.to_string() == text
         {
@@ -671,6 +682,42 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{kind} {text}: {e}"));
             assert_eq!(id.to_string(), shown, "{kind} {text}");
         }
+    }
+
+    /// The digits-only shortcut of `Id::new` gives the id that parsing the text as an address,
+    /// then as a number, and comparing with the canonical form gives.
+    #[test]
+    fn digit_ids_are_numbers_only_in_canonical_form() {
+        fn reference(text: &str) -> Id {
+            if let Ok(ip) = IpAddr::from_str(text)
+                && ip.to_string() == text
+            {
+                return Id::from(ip);
+            }
+            match u64::from_str(text) {
+                Ok(n) if n.to_string() == text => Id(Repr::Number(n)),
+                _ => Id(Repr::Text(Arc::from(text))),
+            }
+        }
+        let cases = [
+            "0",
+            "7",
+            "00",
+            "007",
+            "10",
+            "12345678",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999999",
+        ];
+        for text in cases {
+            assert_eq!(Id::new(text).unwrap(), reference(text), "{text}");
+        }
+        assert_eq!(Id::new("42").unwrap(), Id::from(42u64));
+        assert!(Id::new("007").unwrap().as_number().is_none());
+        proptest::proptest!(|(text in "[0-9]{1,22}")| {
+            proptest::prop_assert_eq!(Id::new(&text).unwrap(), reference(&text));
+        });
     }
 
     #[test]

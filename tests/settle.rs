@@ -529,14 +529,18 @@ async fn the_end_of_a_body_reaches_the_client_only_once_it_is_settled() {
         },
     );
     let (feeder, feeds) = Feeder::new();
-    let server = serve_rule(
-        &limiter,
-        Rule::new("Bytes", ClientIp::new())
-            .cost(1000)
-            .settle(Settle::body_bytes()),
-        fed_route(feeds),
-    )
-    .await;
+    // The layer waits for the settle far longer than the backend holds it back: with equal
+    // times, a busy machine could let the layer's timeout end the settle first.
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .rule(
+            Rule::new("Bytes", ClientIp::new())
+                .cost(1000)
+                .settle(Settle::body_bytes()),
+        )
+        .backend_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let server = serve(fed_route(feeds).layer(layer)).await;
     let client = HttpClient::new(&server);
     let (frames, _gone) = feeder.next();
     frames.send(chunk(10)).unwrap();

@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::outcome::{Allowed, Conclusion, Decide, conclude};
+use super::outcome::{Allowed, Conclusion, Decide, Fields, conclude};
 use super::rate_limit_layer::Shared;
 use super::response::{error_response, insert_ratelimit_headers};
 use super::settle::{self, BodySettle, Task};
@@ -141,7 +141,10 @@ where
                         return Poll::Ready(Ok(respond(this.shared, response, allowed)));
                     }
                     let (head, body) = response.into_parts();
-                    let task = settle::settle_head(this.shared, &allowed.batch, &head);
+                    let task = match &allowed.fields {
+                        Fields::Batch(batch) => settle::settle_head(this.shared, batch, &head),
+                        Fields::One(_) => None,
+                    };
                     let response = Response::from_parts(head, body);
                     let Some(task) = task else {
                         return Poll::Ready(Ok(respond(this.shared, response, allowed)));
@@ -157,7 +160,9 @@ where
                         return Poll::Ready(Ok(polled_after_completion(false)));
                     };
                     let (response, mut allowed) = *held;
-                    settle::merge(&mut allowed.batch, settled);
+                    if let Fields::Batch(batch) = &mut allowed.fields {
+                        settle::merge(batch, settled);
+                    }
                     return Poll::Ready(Ok(respond(this.shared, response, allowed)));
                 }
                 StateProj::Answered { response } => {
@@ -192,17 +197,26 @@ fn respond<B>(
     allowed: Allowed,
 ) -> Response<RateLimitBody<B>> {
     if allowed.headers && response.status() != StatusCode::TOO_MANY_REQUESTS {
-        insert_ratelimit_headers(
-            response.headers_mut(),
-            &allowed.batch,
-            |d| shared.cached_policy(d),
-            allowed.legacy,
-        );
+        let headers = response.headers_mut();
+        match &allowed.fields {
+            Fields::Batch(batch) => insert_ratelimit_headers(
+                headers,
+                batch,
+                |d| shared.cached_policy(d),
+                allowed.legacy,
+            ),
+            Fields::One(one) => {
+                if let Some(rule) = shared.rules.get(one.rule)
+                    && let Some((limit, policy)) = &rule.policy
+                {
+                    one.insert(headers, rule.name.as_str(), limit, policy, allowed.legacy);
+                }
+            }
+        }
     }
-    let settle = if allowed.settle {
-        BodySettle::of(shared, &allowed.batch)
-    } else {
-        None
+    let settle = match &allowed.fields {
+        Fields::Batch(batch) if allowed.settle => BodySettle::of(shared, batch),
+        _ => None,
     };
     response.map(|body| RateLimitBody::settling(body, settle))
 }

@@ -12,7 +12,7 @@ use http::{Response, StatusCode};
 
 use super::observe::{RuleOutcome, count_request, observe_batch};
 use super::rate_limit_layer::{FailurePolicy, Shared};
-use super::response::{Denial, error_response};
+use super::response::{Denial, OneFields, error_response};
 use crate::backend::BackendError;
 use crate::config::Limits;
 use crate::limiter::LimiterError;
@@ -97,12 +97,21 @@ pub(crate) fn decide(shared: &Arc<Shared>, limits: Arc<Limits>, txs: Vec<Transac
 /// What an allowed request's response needs from its decision: the `RateLimit` fields, the
 /// reservations to settle, or both.
 pub(crate) struct Allowed {
-    pub(crate) batch: BatchDecision,
+    pub(crate) fields: Fields,
     /// Add the `RateLimit` fields.
     pub(crate) headers: bool,
     pub(crate) legacy: bool,
     /// Settle the rules that settle from the response ([`Rule::settle`](crate::Rule::settle)).
     pub(crate) settle: bool,
+}
+
+/// The decisions whose `RateLimit` fields an allowed response gets.
+pub(crate) enum Fields {
+    /// The batch's decisions (the general path).
+    Batch(BatchDecision),
+    /// One GCRA spend on its rule's default limit (the single-rule path): the fields' numbers,
+    /// with no `Decision` built.
+    One(OneFields),
 }
 
 pub(crate) enum Conclusion {
@@ -146,7 +155,7 @@ pub(crate) fn conclude(shared: &Shared, decided: Decided, grpc: bool) -> Conclus
                 return Conclusion::Call(None);
             }
             Conclusion::Call(Some(Allowed {
-                batch,
+                fields: Fields::Batch(batch),
                 headers: shared.headers_on_allowed,
                 legacy: shared.legacy_headers,
                 settle,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use smallvec::SmallVec;
 
+use crate::algo::gcra::Limit;
 use crate::quota::Quota;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, Response, StatusCode};
@@ -40,18 +41,7 @@ fn number(n: u64) -> HeaderValue {
 
 /// Appends the decimal digits of `n` to `buf`.
 fn push_u64(buf: &mut Buf, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    buf.extend_from_slice(&digits[i..]);
+    buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// A header value being built, on the stack up to 256 bytes (a few list members).
@@ -92,25 +82,32 @@ pub fn policy_value(name: &str, limit: &crate::algo::gcra::Limit) -> HeaderValue
 }
 
 /// The draft-11 effective window of a decision, in microseconds: the time within which the
-/// client can use no more than `r` units. For GCRA that is the time until one more unit is
-/// available, `ahead + (r + 1)·EI − BO` (with `r = 0`, the wait before a request of cost 1
-/// passes; on a full bucket, one emission interval). For a tiered limit: on a denial, the wait
-/// before the request passes; else the time until the serving tier is fresh (a client whose
-/// tier is used up may still burst into the next one, so `r` is not a ceiling there).
+/// client can use no more than `r` units. For GCRA, [`gcra_window_us`]. For a tiered limit: on
+/// a denial, the wait before the request passes; else the time until the serving tier is fresh
+/// (a client whose tier is used up may still burst into the next one, so `r` is not a ceiling
+/// there).
 fn effective_window_us(d: &Decision) -> u64 {
     let micros = crate::time::duration_us;
     match &d.limit {
-        Some(Quota::Gcra(l)) => micros(d.reset_after)
-            .saturating_add(
-                d.remaining
-                    .saturating_add(1)
-                    .saturating_mul(l.emission_interval_us()),
-            )
-            .saturating_sub(l.burst_offset_us()),
+        Some(Quota::Gcra(l)) => gcra_window_us(l, micros(d.reset_after), d.remaining),
         Some(Quota::Tiered(_)) if !d.allowed => micros(d.retry_after),
         Some(Quota::Tiered(_)) => micros(d.reset_after),
         None => 0,
     }
+}
+
+/// The effective window of a GCRA bucket that is full again in `reset_after_us` and holds
+/// `remaining` units: the time until one more unit is available, `ahead + (r + 1)·EI − BO`
+/// (with `r = 0`, the wait before a request of cost 1 passes; on a full bucket, one emission
+/// interval).
+fn gcra_window_us(limit: &Limit, reset_after_us: u64, remaining: u64) -> u64 {
+    reset_after_us
+        .saturating_add(
+            remaining
+                .saturating_add(1)
+                .saturating_mul(limit.emission_interval_us()),
+        )
+        .saturating_sub(limit.burst_offset_us())
 }
 
 /// The `r` and `t` of a decision's `RateLimit` member: the units left and the effective window
@@ -194,8 +191,26 @@ pub(crate) fn insert_ratelimit_headers(
         let (r, t) = state_params(d);
         push_item(&mut state, d.name.as_str(), b'r', r, b't', t);
     }
-    // Another layer's members (stacked layers) are kept: ours are appended to its lists.
-    let mut put = |name: &HeaderName, ours: HeaderValue| match headers.entry(name) {
+    put(
+        headers,
+        &RATELIMIT_POLICY,
+        single_cached.unwrap_or_else(|| value(&policy)),
+    );
+    put(headers, &RATELIMIT, value(&state));
+    if legacy {
+        insert_legacy(
+            headers,
+            quota,
+            first.remaining,
+            ceil_secs(first.reset_after),
+        );
+    }
+}
+
+/// Adds `ours` to the field `name`: appended to the members another layer already wrote
+/// (stacked layers), else as the field.
+fn put(headers: &mut HeaderMap, name: &HeaderName, ours: HeaderValue) {
+    match headers.entry(name) {
         http::header::Entry::Occupied(mut theirs) => {
             let mut both = Buf::new();
             both.extend_from_slice(theirs.get().as_bytes());
@@ -208,19 +223,78 @@ pub(crate) fn insert_ratelimit_headers(
         http::header::Entry::Vacant(slot) => {
             slot.insert(ours);
         }
-    };
-    put(
-        &RATELIMIT_POLICY,
-        single_cached.unwrap_or_else(|| value(&policy)),
-    );
-    put(&RATELIMIT, value(&state));
-    if legacy && !headers.contains_key(&X_RATELIMIT_LIMIT) {
-        headers.insert(X_RATELIMIT_LIMIT.clone(), number(quota));
-        headers.insert(X_RATELIMIT_REMAINING.clone(), number(first.remaining));
-        headers.insert(
-            X_RATELIMIT_RESET.clone(),
-            number(ceil_secs(first.reset_after)),
-        );
+    }
+}
+
+/// The legacy `X-RateLimit-*` fields (limit, remaining, reset in seconds), unless another
+/// layer wrote them.
+fn insert_legacy(headers: &mut HeaderMap, limit: u64, remaining: u64, reset_secs: u64) {
+    if !headers.contains_key(&X_RATELIMIT_LIMIT) {
+        headers.insert(X_RATELIMIT_LIMIT.clone(), number(limit));
+        headers.insert(X_RATELIMIT_REMAINING.clone(), number(remaining));
+        headers.insert(X_RATELIMIT_RESET.clone(), number(reset_secs));
+    }
+}
+
+/// The numbers of the `RateLimit` fields of one allowed GCRA spend on a rule's default limit
+/// (the layer's single-rule path): what [`insert_ratelimit_headers`] writes for a batch of that
+/// one decision, without building the decision.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OneFields {
+    /// The rule (its place in the layer).
+    pub(crate) rule: usize,
+    /// `r`: the units left.
+    pub(crate) remaining: u64,
+    /// `t`: the effective window, in seconds (rounded up).
+    pub(crate) window_secs: u64,
+    /// The legacy `X-RateLimit-Reset`: seconds until the bucket is full (rounded up).
+    pub(crate) reset_secs: u64,
+}
+
+impl OneFields {
+    /// The fields of `rule`'s allowed spend on `limit`, with the backend's `outcome`.
+    pub(crate) fn new(rule: usize, limit: &Limit, outcome: &crate::backend::Outcome) -> Self {
+        Self {
+            rule,
+            remaining: outcome.remaining,
+            window_secs: gcra_window_us(limit, outcome.reset_after_us, outcome.remaining)
+                .div_ceil(1_000_000),
+            reset_secs: outcome.reset_after_us.div_ceil(1_000_000),
+        }
+    }
+
+    /// Writes the fields: `policy` is the limit's precomputed `RateLimit-Policy` member.
+    pub(crate) fn insert(
+        &self,
+        headers: &mut HeaderMap,
+        name: &str,
+        limit: &Limit,
+        policy: &HeaderValue,
+        legacy: bool,
+    ) {
+        // `"<name>";r=<r>;t=<t>`, written once into a buffer of its exact size (which the
+        // header value then owns without a copy).
+        let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (r, t) = (r.format(self.remaining), t.format(self.window_secs));
+        let parts = [
+            b"\"",
+            name.as_bytes(),
+            b"\";r=",
+            r.as_bytes(),
+            b";t=",
+            t.as_bytes(),
+        ];
+        let mut state = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+        for part in parts {
+            state.extend_from_slice(part);
+        }
+        let state = HeaderValue::from_maybe_shared(Bytes::from(state))
+            .unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""));
+        put(headers, &RATELIMIT_POLICY, policy.clone());
+        put(headers, &RATELIMIT, state);
+        if legacy {
+            insert_legacy(headers, limit.burst(), self.remaining, self.reset_secs);
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use http::{Response, StatusCode};
 
 use super::extract::KeyExtractor;
 use super::observe::{RuleMetrics, RuleOutcome};
+use super::outcome::Fields;
 use super::rate_limit_layer::Shared;
 use super::response;
 use crate::backend::Mode;
@@ -314,8 +315,18 @@ impl Shared {
                 if !self.headers_on_allowed {
                     return Some(Single::Allowed(None));
                 }
+                // The fields of the rule's default limit are written from the outcome's
+                // numbers; another limit (an override, a reloaded default) gets a decision.
+                let fields = match (&r.policy, quota.as_gcra()) {
+                    (Some((default, _)), Some(limit)) if default == limit => {
+                        Fields::One(super::response::OneFields::new(0, limit, &o))
+                    }
+                    _ => Fields::Batch(crate::limiter::Limiter::spent_alone(
+                        key, quota, r.mode, cost, o,
+                    )),
+                };
                 Some(Single::Allowed(Some(super::outcome::Allowed {
-                    batch: crate::limiter::Limiter::spent_alone(key, quota, r.mode, cost, o),
+                    fields,
                     headers: true,
                     legacy: self.legacy_headers,
                     settle: false,
