@@ -442,3 +442,95 @@ Never: {kind: account, burst: 1, count: 1, period: 1s}
         assert!(denied >= 2, "the steps must deny too");
     }
 }
+
+/// The fast path for several rules decides exactly as the general path: the same requests, at
+/// the same times, through one layer with the rules alone and one with a shadowed rule added
+/// that never applies (a shadowed rule sends every request the general way), give the same
+/// statuses, `RateLimit` and `RateLimit-Policy` fields (the strictest member first), legacy
+/// fields and bodies, with headers on and off, a rule out of scope for some requests, costs
+/// from a function, an override, and denials by either rule.
+#[tokio::test]
+async fn the_fast_path_for_several_rules_answers_exactly_as_the_general_path() {
+    const LIMITS: &str = "\
+PerIp: {kind: ip, burst: 4, count: 4, period: 2s}
+PerRange: {kind: ipv6_range, burst: 3, count: 3, period: 1s}
+PerAccount: {kind: account, burst: 6, count: 6, period: 3s}
+Never: {kind: account, burst: 1, count: 1, period: 1s}
+";
+    const OVERRIDES: &str = "\
+- PerIp:
+    burst: 8
+    count: 8
+    period: 1s
+    ids: [10.0.0.9]
+";
+    for (headers, legacy) in [(true, false), (true, true), (false, false)] {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let make = |general: bool| {
+            let limiter = Limiter::new(
+                Limits::from_yaml_str(LIMITS, Some(OVERRIDES)).unwrap(),
+                MemoryBackend::builder().clock(clock.clone()).build(),
+            );
+            let mut builder = RateLimitLayer::builder(limiter)
+                .rule(
+                    Rule::new("PerIp", ClientIp::new())
+                        .cost_fn(|r| if r.method == http::Method::POST { 2 } else { 1 }),
+                )
+                .rule(Rule::new("PerRange", Ipv6Range48::new(ClientIp::new())))
+                .rule(
+                    Rule::new("PerAccount", Header::new("x-account-id"))
+                        .for_methods([http::Method::POST]),
+                )
+                .ratelimit_headers_on_allowed(headers)
+                .legacy_headers(legacy);
+            if general {
+                builder = builder.rule(
+                    Rule::new("Never", Header::new("x-never"))
+                        .on_missing_key(OnMissingKey::Skip)
+                        .shadow(true),
+                );
+            }
+            app(builder.build().unwrap())
+        };
+        let (fast, general) = (make(false), make(true));
+        let steps: [(&str, &str, u64); 16] = [
+            ("GET", "10.0.0.1:1", 0),
+            ("POST", "10.0.0.1:1", 100),
+            ("GET", "10.0.0.1:1", 0),
+            ("GET", "10.0.0.1:1", 250),
+            ("POST", "10.0.0.1:1", 700),
+            ("GET", "10.0.0.9:1", 0),
+            ("POST", "10.0.0.9:1", 1),
+            ("POST", "10.0.0.9:1", 1),
+            ("GET", "[2001:db8::1]:1", 3000),
+            ("GET", "[2001:db8::2]:1", 10),
+            ("GET", "[2001:db8::3]:1", 10),
+            ("GET", "[2001:db8::4]:1", 10),
+            ("POST", "[2001:db8::5]:1", 400),
+            ("GET", "10.0.0.1:1", 0),
+            ("POST", "10.0.0.1:1", 0),
+            ("POST", "10.0.0.1:1", 0),
+        ];
+        let mut denied = 0;
+        for (n, (method, peer, ms)) in steps.into_iter().enumerate() {
+            clock.advance(Duration::from_millis(ms));
+            let req = || {
+                request(peer)
+                    .method(method)
+                    .header("x-account-id", "42")
+                    .body(Body::empty())
+                    .unwrap()
+            };
+            let (a, b) = (send(&fast, req()).await, send(&general, req()).await);
+            assert_eq!(
+                a, b,
+                "step {n} ({method} {peer}), headers {headers}, legacy {legacy}"
+            );
+            denied += usize::from(a.0 == StatusCode::TOO_MANY_REQUESTS);
+            if headers && a.0 == StatusCode::OK {
+                assert!(a.1.contains_key("ratelimit"), "step {n}");
+            }
+        }
+        assert!(denied >= 3, "the steps must deny too ({denied})");
+    }
+}

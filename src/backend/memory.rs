@@ -38,6 +38,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
+use smallvec::SmallVec;
 
 use super::{Backend, BackendError, BucketTx, batch_allowed};
 use crate::algo::gcra;
@@ -47,6 +48,9 @@ use crate::backend::Outcome;
 use crate::key::BucketKey;
 use crate::quota::Quota;
 use crate::time::{Clock, SystemClock};
+
+/// The transactions of a batch whose working vectors stay on the stack.
+const BATCH: usize = 4;
 
 /// The default cap on live buckets: ten million (about 1 GiB at the measured cost per key).
 pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
@@ -477,7 +481,8 @@ impl MemoryBackend {
     /// is lost), tiered keys under their slot's lock, taken in address order (so two batches
     /// never wait for each other) and held until the batch is written.
     fn spend_mixed(&self, batch: &[BucketTx<'_>], now: u64) -> Result<Vec<Outcome>, BackendError> {
-        let mut slots: Vec<Option<SharedSlot>> = Vec::with_capacity(batch.len());
+        // The working vectors of a batch live on the stack up to `BATCH` transactions.
+        let mut slots: SmallVec<[Option<SharedSlot>; BATCH]> = SmallVec::with_capacity(batch.len());
         'slots: loop {
             slots.clear();
             for tx in batch {
@@ -486,10 +491,11 @@ impl MemoryBackend {
                     Quota::Tiered(_) => self.tier_slot(tx.key, tx.mode.spends(), now)?,
                 });
             }
-            let mut order: Vec<usize> = (0..batch.len()).filter(|&i| slots[i].is_some()).collect();
+            let mut order: SmallVec<[usize; BATCH]> =
+                (0..batch.len()).filter(|&i| slots[i].is_some()).collect();
             order.sort_by_key(|&i| slots[i].as_ref().map(Arc::as_ptr));
-            let mut guards: Vec<(usize, MutexGuard<'_, TierSlot>)> =
-                Vec::with_capacity(order.len());
+            let mut guards: SmallVec<[(usize, MutexGuard<'_, TierSlot>); BATCH]> =
+                SmallVec::with_capacity(order.len());
             for &i in &order {
                 if let Some(slot) = &slots[i] {
                     let g = lock(slot);
@@ -510,11 +516,13 @@ impl MemoryBackend {
         guards: &mut [(usize, MutexGuard<'_, TierSlot>)],
     ) -> Result<Vec<Outcome>, BackendError> {
         let fresh = TierState::new();
-        let mut reads = Vec::with_capacity(batch.len());
-        let mut gcra_results = Vec::with_capacity(batch.len());
-        let mut plans = Vec::with_capacity(batch.len());
+        let mut reads: SmallVec<[u64; BATCH]> = SmallVec::with_capacity(batch.len());
+        let mut gcra_results: SmallVec<[Option<gcra::GcraOutcome>; BATCH]> =
+            SmallVec::with_capacity(batch.len());
+        let mut plans: SmallVec<[Option<tiers::Plan>; BATCH]> =
+            SmallVec::with_capacity(batch.len());
         let mut outcomes = Vec::with_capacity(batch.len());
-        let mut written: Vec<(usize, u64)> = Vec::with_capacity(batch.len());
+        let mut written: SmallVec<[(usize, u64); BATCH]> = SmallVec::with_capacity(batch.len());
         'retry: loop {
             reads.clear();
             gcra_results.clear();

@@ -16,7 +16,7 @@ use tower_service::Service;
 use super::body::RateLimitBody;
 use super::outcome::{Allowed, Conclusion, Decide, Fields, conclude};
 use super::rate_limit_layer::Shared;
-use super::response::{error_response, insert_ratelimit_headers};
+use super::response::{error_response, insert_fields, insert_ratelimit_headers};
 use super::settle::{self, BodySettle, Task};
 
 pin_project! {
@@ -143,7 +143,7 @@ where
                     let (head, body) = response.into_parts();
                     let task = match &allowed.fields {
                         Fields::Batch(batch) => settle::settle_head(this.shared, batch, &head),
-                        Fields::One(_) => None,
+                        Fields::One(_) | Fields::Many(_) => None,
                     };
                     let response = Response::from_parts(head, body);
                     let Some(task) = task else {
@@ -205,13 +205,13 @@ fn respond<B>(
                 |d| shared.cached_policy(d),
                 allowed.legacy,
             ),
-            Fields::One(one) => {
-                if let Some(rule) = shared.rules.get(one.rule)
-                    && let Some((limit, policy)) = &rule.policy
-                {
-                    one.insert(headers, rule.name.as_str(), limit, policy, allowed.legacy);
-                }
-            }
+            Fields::One(one) => insert_fields(
+                headers,
+                &shared.rules,
+                std::slice::from_ref(one),
+                allowed.legacy,
+            ),
+            Fields::Many(many) => insert_fields(headers, &shared.rules, many, allowed.legacy),
         }
     }
     let settle = match &allowed.fields {

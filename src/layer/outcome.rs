@@ -109,9 +109,12 @@ pub(crate) struct Allowed {
 pub(crate) enum Fields {
     /// The batch's decisions (the general path).
     Batch(BatchDecision),
-    /// One GCRA spend on its rule's default limit (the single-rule path): the fields' numbers,
-    /// with no `Decision` built.
+    /// One GCRA spend on its rule's default limit (the fast path, one rule): the fields'
+    /// numbers, with no `Decision` built.
     One(OneFields),
+    /// GCRA spends on their rules' default limits (the fast path, several rules), the
+    /// strictest first.
+    Many(Box<[OneFields]>),
 }
 
 pub(crate) enum Conclusion {

@@ -111,8 +111,8 @@ pub(crate) struct Shared {
     pub(crate) on_denied: Option<DenialFn>,
     /// Some rule settles its cost from the response ([`Rule::settle`]).
     pub(crate) settles: bool,
-    /// [`Shared::allow_single`] may decide requests (see there).
-    pub(crate) single_path: bool,
+    /// [`Shared::allow_fast`] may decide requests (see there).
+    pub(crate) fast_path: bool,
     /// Clients whose address (found by the `ClientIp`) is in one of these bypass every rule.
     pub(crate) exempt: Option<(ClientIp, Vec<IpNet>)>,
 }
@@ -309,14 +309,13 @@ impl RateLimitLayerBuilder {
             _ => None,
         };
         let settles = rules.iter().any(|r| r.rule.settle.is_some());
-        // A single enforced check-and-spend rule that settles nothing takes the single-rule
-        // path (`Shared::allow_single`).
-        let single_path = matches!(&rules[..], [r] if !r.shadow && r.mode == crate::backend::Mode::CheckAndSpend)
-            && !settles;
+        // Enforced check-and-spend rules that settle nothing take the fast path
+        // (`Shared::allow_fast`).
+        let fast_path = super::rule::fast_path(&rules, settles);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 settles,
-                single_path,
+                fast_path,
                 fallback,
                 limiter: self.limiter,
                 rules,

@@ -237,8 +237,8 @@ fn insert_legacy(headers: &mut HeaderMap, limit: u64, remaining: u64, reset_secs
 }
 
 /// The numbers of the `RateLimit` fields of one allowed GCRA spend on a rule's default limit
-/// (the layer's single-rule path): what [`insert_ratelimit_headers`] writes for a batch of that
-/// one decision, without building the decision.
+/// (the layer's fast path): what [`insert_ratelimit_headers`] writes for its decision, without
+/// building the decision.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OneFields {
     /// The rule (its place in the layer).
@@ -262,39 +262,87 @@ impl OneFields {
             reset_secs: outcome.reset_after_us.div_ceil(1_000_000),
         }
     }
+}
 
-    /// Writes the fields: `policy` is the limit's precomputed `RateLimit-Policy` member.
-    pub(crate) fn insert(
-        &self,
-        headers: &mut HeaderMap,
-        name: &str,
-        limit: &Limit,
-        policy: &HeaderValue,
-        legacy: bool,
-    ) {
-        // `"<name>";r=<r>;t=<t>`, written once into a buffer of its exact size (which the
-        // header value then owns without a copy).
-        let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
-        let (r, t) = (r.format(self.remaining), t.format(self.window_secs));
-        let parts = [
+/// The number of decimal digits of `n`.
+fn decimal_len(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |l| l as usize + 1)
+}
+
+impl OneFields {
+    /// The length of the member [`push_member`](Self::push_member) writes.
+    fn member_len(&self, name: &str) -> usize {
+        name.len() + 8 + decimal_len(self.remaining) + decimal_len(self.window_secs)
+    }
+
+    /// Appends the `RateLimit` member `"<name>";r=<r>;t=<t>`.
+    #[inline(always)]
+    fn push_member(&self, buf: &mut Vec<u8>, name: &str) {
+        for part in [
             b"\"",
             name.as_bytes(),
             b"\";r=",
-            r.as_bytes(),
+            itoa::Buffer::new().format(self.remaining).as_bytes(),
             b";t=",
-            t.as_bytes(),
-        ];
-        let mut state = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-        for part in parts {
-            state.extend_from_slice(part);
+            itoa::Buffer::new().format(self.window_secs).as_bytes(),
+        ] {
+            buf.extend_from_slice(part);
         }
-        let state = HeaderValue::from_maybe_shared(Bytes::from(state))
-            .unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""));
-        put(headers, &RATELIMIT_POLICY, policy.clone());
-        put(headers, &RATELIMIT, state);
-        if legacy {
-            insert_legacy(headers, limit.burst(), self.remaining, self.reset_secs);
+    }
+}
+
+/// A header value that owns `bytes` (written at their exact size, so nothing is copied).
+fn owned_value(bytes: Vec<u8>) -> HeaderValue {
+    HeaderValue::from_maybe_shared(Bytes::from(bytes))
+        .unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
+}
+
+/// Writes the fields of `members` (the strictest first; each names its rule in `rules`, whose
+/// default limit and precomputed `RateLimit-Policy` member it reports), as
+/// [`insert_ratelimit_headers`] writes them for the same decisions. Each value is written once
+/// into a buffer of its exact size; a lone member's policy is the precomputed value itself.
+pub(crate) fn insert_fields(
+    headers: &mut HeaderMap,
+    rules: &[super::rule::ResolvedRule],
+    members: &[OneFields],
+    legacy: bool,
+) {
+    let of = |m: &OneFields| {
+        let rule = rules.get(m.rule)?;
+        let (limit, policy) = rule.policy.as_ref()?;
+        Some((rule.name.as_str(), limit, policy))
+    };
+    let Some((first, (name, limit, policy))) = members.first().and_then(|m| Some((m, of(m)?)))
+    else {
+        return;
+    };
+    let (policy, state) = if members.len() == 1 {
+        let mut state = Vec::with_capacity(first.member_len(name));
+        first.push_member(&mut state, name);
+        (policy.clone(), state)
+    } else {
+        let known = || members.iter().filter_map(|m| Some((m, of(m)?)));
+        let (mut policy_len, mut state_len) = (0, 0);
+        for (m, (name, _, cached)) in known() {
+            policy_len += cached.len() + 2;
+            state_len += m.member_len(name) + 2;
         }
+        let mut policy = Vec::with_capacity(policy_len.saturating_sub(2));
+        let mut state = Vec::with_capacity(state_len.saturating_sub(2));
+        for (m, (name, _, cached)) in known() {
+            if !state.is_empty() {
+                policy.extend_from_slice(b", ");
+                state.extend_from_slice(b", ");
+            }
+            policy.extend_from_slice(cached.as_bytes());
+            m.push_member(&mut state, name);
+        }
+        (owned_value(policy), state)
+    };
+    put(headers, &RATELIMIT_POLICY, policy);
+    put(headers, &RATELIMIT, owned_value(state));
+    if legacy {
+        insert_legacy(headers, limit.burst(), first.remaining, first.reset_secs);
     }
 }
 

@@ -68,10 +68,25 @@ where
         }
         // One snapshot of the limits for the whole request: a reload never mixes two.
         let limits = shared.limiter.load();
-        let failed = match shared.allow_single(&limits, &parts) {
+        let failed = match shared.allow_fast(&limits, &parts) {
             Single::Allowed(allowed) => {
                 let future = inner.call(Request::from_parts(parts, body));
                 return ResponseFuture::calling(shared, future, allowed);
+            }
+            Single::Decided(batch) => {
+                let decided = Decided {
+                    result: Ok(batch),
+                    txs: Vec::new(),
+                    fell_back: false,
+                };
+                let grpc = is_grpc(&parts.headers);
+                return match conclude(&shared, decided, grpc) {
+                    Conclusion::Call(headers) => {
+                        let future = inner.call(Request::from_parts(parts, body));
+                        ResponseFuture::calling(shared, future, headers)
+                    }
+                    Conclusion::Answer(response) => ResponseFuture::answered(shared, response),
+                };
             }
             Single::Failed(e) => Some(e),
             Single::General => None,

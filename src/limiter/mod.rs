@@ -525,25 +525,17 @@ impl Limiter {
         Ok((resolved, txs))
     }
 
-    /// The decision of an allowed spend of one transaction the backend decided alone (the
-    /// layer's single-rule path, which sends denials the general way): as
-    /// [`spend`](Self::spend) would report it.
-    pub(crate) fn spent_alone(
-        key: BucketKey,
-        quota: &Quota,
-        mode: Mode,
-        cost: u64,
-        outcome: Outcome,
+    /// The decision of a spend the backend decided at once for the layer's fast path, from
+    /// each transaction's bucket, limit, mode, cost and outcome: as [`spend`](Self::spend)
+    /// would report it (a denied batch reports its buckets unspent).
+    pub(crate) fn spent_now<'q>(
+        spent: impl IntoIterator<Item = (BucketKey, &'q Quota, Mode, u64, Outcome)>,
     ) -> BatchDecision {
-        debug_assert!(outcome.allowed);
-        BatchDecision::new(vec![decision(
-            key,
-            Some(quota),
-            mode,
-            cost,
-            outcome,
-            Op::Spend,
-        )])
+        let decisions = spent
+            .into_iter()
+            .map(|(key, quota, mode, cost, o)| decision(key, Some(quota), mode, cost, o, Op::Spend))
+            .collect();
+        concluded(decisions, Op::Spend)
     }
 
     /// Turns the backend's outcomes into decisions.
@@ -575,10 +567,16 @@ impl Limiter {
                 decision(tx.key().clone(), r.quota, r.mode, r.cost, o, op)
             })
             .collect();
-        let mut batch = BatchDecision::new(decisions);
-        if op == Op::Spend && !batch.allowed() {
-            batch.unspend();
-        }
-        Ok(batch)
+        Ok(concluded(decisions, op))
     }
+}
+
+/// The batch decision of `decisions`: a denied spend reports its buckets unspent (nothing of
+/// a denied batch was written).
+fn concluded(decisions: Vec<Decision>, op: Op) -> BatchDecision {
+    let mut batch = BatchDecision::new(decisions);
+    if op == Op::Spend && !batch.allowed() {
+        batch.unspend();
+    }
+    batch
 }
