@@ -411,7 +411,7 @@ Never: {kind: account, burst: 1, count: 1, period: 1s}
             app(builder.build().unwrap())
         };
         let (single, general) = (make(false), make(true));
-        let steps: [(&str, &str, u64); 12] = [
+        let steps = [
             ("GET", "10.0.0.1:1", 0),
             ("POST", "10.0.0.1:1", 100),
             ("GET", "10.0.0.1:1", 0),
@@ -425,20 +425,8 @@ Never: {kind: account, burst: 1, count: 1, period: 1s}
             ("GET", "10.0.0.1:1", 0),
             ("POST", "10.0.0.1:1", 0),
         ];
-        let mut denied = 0;
-        for (n, (method, peer, ms)) in steps.into_iter().enumerate() {
-            clock.advance(Duration::from_millis(ms));
-            let req = || request(peer).method(method).body(Body::empty()).unwrap();
-            let (a, b) = (send(&single, req()).await, send(&general, req()).await);
-            assert_eq!(
-                a, b,
-                "step {n} ({method} {peer}), headers {headers}, legacy {legacy}"
-            );
-            denied += usize::from(a.0 == StatusCode::TOO_MANY_REQUESTS);
-            if headers && a.0 == StatusCode::OK {
-                assert!(a.1.contains_key("ratelimit"), "step {n}");
-            }
-        }
+        let label = format!("headers {headers}, legacy {legacy}");
+        let denied = same_answers(&single, &general, &clock, &steps, headers, &label).await;
         assert!(denied >= 2, "the steps must deny too");
     }
 }
@@ -493,7 +481,7 @@ Never: {kind: account, burst: 1, count: 1, period: 1s}
             app(builder.build().unwrap())
         };
         let (fast, general) = (make(false), make(true));
-        let steps: [(&str, &str, u64); 16] = [
+        let steps = [
             ("GET", "10.0.0.1:1", 0),
             ("POST", "10.0.0.1:1", 100),
             ("GET", "10.0.0.1:1", 0),
@@ -511,26 +499,39 @@ Never: {kind: account, burst: 1, count: 1, period: 1s}
             ("POST", "10.0.0.1:1", 0),
             ("POST", "10.0.0.1:1", 0),
         ];
-        let mut denied = 0;
-        for (n, (method, peer, ms)) in steps.into_iter().enumerate() {
-            clock.advance(Duration::from_millis(ms));
-            let req = || {
-                request(peer)
-                    .method(method)
-                    .header("x-account-id", "42")
-                    .body(Body::empty())
-                    .unwrap()
-            };
-            let (a, b) = (send(&fast, req()).await, send(&general, req()).await);
-            assert_eq!(
-                a, b,
-                "step {n} ({method} {peer}), headers {headers}, legacy {legacy}"
-            );
-            denied += usize::from(a.0 == StatusCode::TOO_MANY_REQUESTS);
-            if headers && a.0 == StatusCode::OK {
-                assert!(a.1.contains_key("ratelimit"), "step {n}");
-            }
-        }
+        let label = format!("headers {headers}, legacy {legacy}");
+        let denied = same_answers(&fast, &general, &clock, &steps, headers, &label).await;
         assert!(denied >= 3, "the steps must deny too ({denied})");
     }
+}
+
+/// Sends each step (method, peer, milliseconds to advance `clock` first; with an account
+/// header) to `a` and to `b`, asserts they answer the same (status, every header, body) and
+/// that allowed answers carry `RateLimit` when `headers`; returns how many were denied.
+async fn same_answers(
+    a: &Router,
+    b: &Router,
+    clock: &ManualClock,
+    steps: &[(&str, &str, u64)],
+    headers: bool,
+    label: &str,
+) -> usize {
+    let mut denied = 0;
+    for (n, &(method, peer, ms)) in steps.iter().enumerate() {
+        clock.advance(Duration::from_millis(ms));
+        let req = || {
+            request(peer)
+                .method(method)
+                .header("x-account-id", "42")
+                .body(Body::empty())
+                .unwrap()
+        };
+        let (x, y) = (send(a, req()).await, send(b, req()).await);
+        assert_eq!(x, y, "step {n} ({method} {peer}), {label}");
+        denied += usize::from(x.0 == StatusCode::TOO_MANY_REQUESTS);
+        if headers && x.0 == StatusCode::OK {
+            assert!(x.1.contains_key("ratelimit"), "step {n}, {label}");
+        }
+    }
+    denied
 }

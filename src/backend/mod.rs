@@ -340,6 +340,15 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
+impl BackendError {
+    /// A backend answered `got` outcomes for `sent` transactions (a custom backend's bug).
+    pub(crate) fn outcome_count(got: usize, sent: usize) -> Self {
+        Self::Unavailable(format!(
+            "backend returned {got} outcomes for {sent} transactions"
+        ))
+    }
+}
+
 #[async_trait]
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {

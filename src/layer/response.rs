@@ -262,14 +262,7 @@ impl OneFields {
             reset_secs: outcome.reset_after_us.div_ceil(1_000_000),
         }
     }
-}
 
-/// The number of decimal digits of `n`.
-fn decimal_len(n: u64) -> usize {
-    n.checked_ilog10().map_or(1, |l| l as usize + 1)
-}
-
-impl OneFields {
     /// The length of the member [`push_member`](Self::push_member) writes.
     fn member_len(&self, name: &str) -> usize {
         name.len() + 8 + decimal_len(self.remaining) + decimal_len(self.window_secs)
@@ -289,6 +282,11 @@ impl OneFields {
             buf.extend_from_slice(part);
         }
     }
+}
+
+/// The number of decimal digits of `n`.
+fn decimal_len(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |l| l as usize + 1)
 }
 
 /// A header value that owns `bytes` (written at their exact size, so nothing is copied).

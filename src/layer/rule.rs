@@ -250,10 +250,10 @@ impl Shared {
     /// The precomputed `RateLimit-Policy` of a decision's limit, when it is its default.
     pub(crate) fn cached_policy(&self, d: &crate::limiter::Decision) -> Option<http::HeaderValue> {
         let rule = self.rules.iter().find(|r| r.name == d.key.name())?;
-        match (&rule.policy, &d.limit) {
-            (Some((l, v)), Some(crate::quota::Quota::Gcra(dl))) if l == dl => Some(v.clone()),
-            _ => None,
-        }
+        let limit = d.limit.as_ref()?;
+        rule.is_default(limit)
+            .then(|| rule.policy.as_ref().map(|(_, v)| v.clone()))
+            .flatten()
     }
 }
 
@@ -268,7 +268,7 @@ pub(crate) fn fast_path(rules: &[ResolvedRule], settles: bool) -> bool {
         && rules.len() <= MAX_FAST_RULES
         && rules
             .iter()
-            .all(|r| !r.shadow && r.mode == crate::backend::Mode::CheckAndSpend)
+            .all(|r| !r.shadow && r.mode == Mode::CheckAndSpend)
 }
 
 impl ResolvedRule {
@@ -419,12 +419,9 @@ impl Shared {
             Ok(outcomes) => outcomes,
         };
         if outcomes.len() != picked.len() {
-            return Some(Single::Failed(crate::backend::BackendError::Unavailable(
-                format!(
-                    "backend returned {} outcomes for {} transactions",
-                    outcomes.len(),
-                    picked.len()
-                ),
+            return Some(Single::Failed(crate::backend::BackendError::outcome_count(
+                outcomes.len(),
+                picked.len(),
             )));
         }
         if !outcomes.iter().all(|o| o.allowed) {
@@ -441,13 +438,13 @@ impl Shared {
         if !self.headers_on_allowed {
             return Some(self.allowed(None));
         }
-        // The strictest first (as `BatchDecision` chooses it among allowed decisions: the
-        // longer wait, then the fewer left, then the first), then the others in rule order.
+        // The strictest first (as `BatchDecision` chooses it: `rev` makes the first of equals
+        // win), then the others in rule order.
         let strictest = (0..outcomes.len())
             .rev()
             .max_by_key(|&j| {
                 let o = &outcomes[j];
-                (o.retry_after_us, std::cmp::Reverse(o.remaining))
+                crate::limiter::strictness(o.allowed, o.retry_after_us, o.remaining)
             })
             .unwrap_or(0);
         let mut fields = Vec::with_capacity(outcomes.len());

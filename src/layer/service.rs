@@ -80,13 +80,13 @@ where
                     fell_back: false,
                 };
                 let grpc = is_grpc(&parts.headers);
-                return match conclude(&shared, decided, grpc) {
-                    Conclusion::Call(headers) => {
-                        let future = inner.call(Request::from_parts(parts, body));
-                        ResponseFuture::calling(shared, future, headers)
-                    }
-                    Conclusion::Answer(response) => ResponseFuture::answered(shared, response),
-                };
+                return concluded(
+                    shared,
+                    inner,
+                    Request::from_parts(parts, body),
+                    decided,
+                    grpc,
+                );
             }
             Single::Failed(e) => Some(e),
             Single::General => None,
@@ -120,12 +120,32 @@ where
             txs,
             fell_back: false,
         };
-        match conclude(&shared, decided, grpc) {
-            Conclusion::Call(headers) => {
-                let future = inner.call(Request::from_parts(parts, body));
-                ResponseFuture::calling(shared, future, headers)
-            }
-            Conclusion::Answer(response) => ResponseFuture::answered(shared, response),
+        concluded(
+            shared,
+            inner,
+            Request::from_parts(parts, body),
+            decided,
+            grpc,
+        )
+    }
+}
+
+/// A request decided at once: calls `inner` with it, or answers, as the decision says.
+fn concluded<S, B, ResBody>(
+    shared: Arc<Shared>,
+    mut inner: S,
+    req: Request<B>,
+    decided: Decided,
+    grpc: bool,
+) -> ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    match conclude(&shared, decided, grpc) {
+        Conclusion::Call(headers) => {
+            let future = inner.call(req);
+            ResponseFuture::calling(shared, future, headers)
         }
+        Conclusion::Answer(response) => ResponseFuture::answered(shared, response),
     }
 }

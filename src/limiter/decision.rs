@@ -58,6 +58,13 @@ pub struct BatchDecision {
     strictest: Option<usize>,
 }
 
+/// How strict a decision is, as [`BatchDecision::new`] compares them (greater is stricter;
+/// among equals the first is chosen): a denial beats an allowance, then the longer
+/// `retry_after` (a `Duration`, or the same wait in microseconds), then the fewer `remaining`.
+pub(crate) fn strictness<T: Ord>(allowed: bool, retry_after: T, remaining: u64) -> impl Ord {
+    (!allowed, retry_after, std::cmp::Reverse(remaining))
+}
+
 impl BatchDecision {
     /// Builds a batch decision, choosing the strictest counting decision: a denial beats an
     /// allowance; among equals the longer `retry_after`, then the fewer `remaining`, then the
@@ -72,8 +79,8 @@ impl BatchDecision {
                 None => true,
                 Some(s) => {
                     let s = &decisions[s];
-                    (!d.allowed, d.retry_after, std::cmp::Reverse(d.remaining))
-                        > (!s.allowed, s.retry_after, std::cmp::Reverse(s.remaining))
+                    strictness(d.allowed, d.retry_after, d.remaining)
+                        > strictness(s.allowed, s.retry_after, s.remaining)
                 }
             };
             if stricter {

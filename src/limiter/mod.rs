@@ -10,6 +10,7 @@ use crate::backend::{Backend, BackendError, BucketTx, TransactionError};
 use crate::backend::{Mode, Outcome};
 use crate::config::Limits;
 
+pub(crate) use decision::strictness;
 pub use decision::{BatchDecision, Decision};
 
 pub use transaction::Transaction;
@@ -548,12 +549,7 @@ impl Limiter {
         op: Op,
     ) -> Result<BatchDecision, LimiterError> {
         if outcomes.len() != sent {
-            return Err(BackendError::Unavailable(format!(
-                "backend returned {} outcomes for {} transactions",
-                outcomes.len(),
-                sent
-            ))
-            .into());
+            return Err(BackendError::outcome_count(outcomes.len(), sent).into());
         }
         let mut outcomes = outcomes.into_iter();
         let decisions = batch
