@@ -569,13 +569,19 @@ async fn cost_ranges_are_checked() {
     let (limiter, _backend, _clock) = tiered_setup();
     let t = key(&limiter, "Penalty", "c");
     let g = key(&limiter, "G", "c");
+    // A GCRA range's lower end must fit the burst; its upper end need not.
     let e = limiter
-        .spend(&[Transaction::new(g).cost_range(1..=2)])
+        .spend(&[Transaction::new(g.clone()).cost_range(4..=7)])
         .await;
     assert!(
-        matches!(e, Err(LimiterError::CostRangeOnGcra { .. })),
+        matches!(e, Err(LimiterError::CostAboveBurst { cost: 4, .. })),
         "{e:?}"
     );
+    let d = limiter
+        .spend(&[Transaction::new(g).cost_range(1..=7)])
+        .await
+        .unwrap();
+    assert_eq!(d.decisions()[0].granted, 3);
     let e = limiter
         .spend(&[Transaction::new(t.clone()).cost_range(std::ops::RangeInclusive::new(3, 2))])
         .await;

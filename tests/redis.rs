@@ -117,16 +117,21 @@ TierB:
 
 /// The limits of the conformance traces: those of the example traces
 /// (`examples/traces/gcra-20-per-second.yaml`, `examples/traces/burst-tiers.yaml`) plus
-/// `CONFORMANCE_LIMITS`.
+/// `examples/traces/partial-grants.yaml` and `CONFORMANCE_LIMITS`.
 fn conformance_limits() -> Limits {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
-    let gcra = std::fs::read_to_string(dir.join("gcra-20-per-second.yaml")).unwrap();
-    let tiers = std::fs::read_to_string(dir.join("burst-tiers.yaml")).unwrap();
-    Limits::from_yaml_str(&format!("{gcra}\n{tiers}\n{CONFORMANCE_LIMITS}"), None).unwrap()
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    let (gcra, tiers) = (read("gcra-20-per-second.yaml"), read("burst-tiers.yaml"));
+    let partial = read("partial-grants.yaml");
+    Limits::from_yaml_str(
+        &format!("{gcra}\n{tiers}\n{partial}\n{CONFORMANCE_LIMITS}"),
+        None,
+    )
+    .unwrap()
 }
 
 /// A deterministic pseudo-random trace: batches of 1 to 3 limits (GCRA and tiered, mixed), all
-/// modes, costs from 0 to the burst (ranges for tiered limits), checks, refunds and resets, and
+/// modes, costs from 0 to the burst and ranges (partial grants, GCRA and tiered), checks, refunds and resets, and
 /// time steps from 0 to 700 ms.
 fn random_trace(seed: u64, lines: usize) -> String {
     let mut state = seed
@@ -174,7 +179,7 @@ fn random_trace(seed: u64, lines: usize) -> String {
                     1 => burst,
                     _ => 1 + next(burst.min(4)),
                 };
-                if name.starts_with("Tier") && op != "refund" && next(2) == 0 {
+                if op != "refund" && next(2) == 0 {
                     let max = cost + next(4);
                     out.push_str(&format!("*{cost}..{max}"));
                 } else {
@@ -215,13 +220,17 @@ async fn simulate_redis(url: &str, trace: &str, cache: bool) -> String {
 
 fn traces() -> Vec<(String, String)> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
-    let mut traces: Vec<(String, String)> = ["gcra-worked-examples", "burst-tiers-v1-v8"]
-        .iter()
-        .map(|name| {
-            let text = std::fs::read_to_string(dir.join(format!("{name}.trace"))).unwrap();
-            ((*name).to_owned(), text)
-        })
-        .collect();
+    let mut traces: Vec<(String, String)> = [
+        "gcra-worked-examples",
+        "burst-tiers-v1-v8",
+        "partial-grants",
+    ]
+    .iter()
+    .map(|name| {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.trace"))).unwrap();
+        ((*name).to_owned(), text)
+    })
+    .collect();
     for seed in 0..6 {
         traces.push((format!("random seed {seed}"), random_trace(seed, 250)));
     }

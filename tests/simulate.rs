@@ -349,6 +349,32 @@ async fn the_burst_tier_examples_v1_to_v8() {
     assert_eq!(checked, 105);
 }
 
+/// Every line of `examples/traces/partial-grants.trace` (redis_rate's `AllowAtMost` and
+/// Envoy's partial consumption, published values) ends with the fields its decision must have.
+#[tokio::test]
+async fn partial_grants_on_gcra_give_the_published_values() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
+    let limits = std::fs::read_to_string(dir.join("partial-grants.yaml")).unwrap();
+    let trace = std::fs::read_to_string(dir.join("partial-grants.trace")).unwrap();
+    let out = run(&limits, None, &trace).await.unwrap();
+    for line in &out {
+        let number = line["line"].as_u64().unwrap() as usize;
+        let text = trace.lines().nth(number - 1).unwrap();
+        let expected: Value = serde_json::from_str(text.split("# ").nth(1).unwrap()).unwrap();
+        let d = &line["decisions"][0];
+        for (field, want) in expected.as_object().unwrap() {
+            assert_eq!(&d[field], want, "line {number} {field}: {text}\n{line}");
+        }
+        // A range says what it granted; a single cost does not.
+        assert_eq!(
+            d.get("granted").is_some(),
+            text.contains(".."),
+            "line {number}"
+        );
+    }
+    assert_eq!(out.len(), 12);
+}
+
 #[tokio::test]
 async fn tiered_decisions_carry_granted_tiers_burst_and_tier() {
     let limits = "\
@@ -383,14 +409,15 @@ P:
         .await
         .unwrap();
     assert!(gcra[0]["decisions"][0].get("granted").is_none());
-    // A range on a GCRA limit, an empty range and a malformed one are errors naming the line.
+    // A range whose lower end exceeds the burst, an empty range and a malformed one are errors
+    // naming the line.
     let e = run(
         DEFAULTS,
         None,
-        "0s spend NewFoosPerIPAddress=1.2.3.4 cost=1..2\n",
+        "0s spend NewFoosPerIPAddress=1.2.3.4 cost=21..22\n",
     )
     .await;
-    assert!(e.unwrap_err().contains("cost range needs a tiered limit"));
+    assert!(e.unwrap_err().contains("cost 21 exceeds the burst of 20"));
     let e = run(limits, None, "0s spend P=a cost=3..2\n").await;
     assert!(e.unwrap_err().contains("empty"));
     let e = run(limits, None, "0s spend P=a cost=1..x\n").await;

@@ -11,17 +11,18 @@
 //! - `<tx>`: `[check-only:|spend-only:]<Name>=<id>[*<cost>]`. All transactions of a line are
 //!   one batch; `*<cost>` overrides the line's cost for that transaction.
 //! - `cost=<n>`: the line's cost (default: the limit's configured cost, 1 unless set).
-//!   `cost=<min>..<max>` (or `*<min>..<max>`) asks a tiered limit for as many units as it
-//!   grants between `min` and `max`.
+//!   `cost=<min>..<max>` (or `*<min>..<max>`) asks for as many units as the limit grants
+//!   between `min` and `max` (a partial grant, on GCRA and tiered limits).
 //!
 //! # Output
 //!
 //! `{"line":N,"at_us":T,"op":"spend","allowed":bool,"remaining":R,"retry_after_us":X,
 //! "reset_after_us":Y,"decisions":[{"limit":"Name","id":"...","allowed":bool,"remaining":R,
 //! "retry_after_us":X,"reset_after_us":Y}, ...]}`; the top-level fields are the batch decision
-//! (its strictest transaction). The decision of a tiered limit also has `"granted":G` (units
-//! granted), `"tiers":[units per tier]`, `"burst":bool` (it burst into a higher tier) and
-//! `"tier":N` (the tier serving the client, or the one that refused). A transaction the
+//! (its strictest transaction). The decision of a range (`cost=<min>..<max>`) and of a tiered
+//! limit also has `"granted":G` (units granted); a tiered one also has `"tiers":[units per
+//! tier]`, `"burst":bool` (it burst into a higher tier) and `"tier":N` (the tier serving the
+//! client, or the one that refused). A transaction the
 //! backend did not evaluate, because another one already denied the batch (the Redis deny
 //! cache), has `"skipped":true` and zero numbers; the memory backend never skips. A `reset`
 //! line prints `{"line":N,"at_us":T,"op":"reset","keys":["Name=id",...]}`.
@@ -318,14 +319,17 @@ pub async fn run(
                 decisions: batch
                     .decisions()
                     .iter()
-                    .map(|d| TxOut {
+                    .zip(&txs)
+                    .map(|(d, tx)| TxOut {
                         limit: d.name.as_str(),
                         id: d.key.id().to_string(),
                         allowed: d.allowed,
                         remaining: d.remaining,
                         retry_after_us: micros(d.retry_after),
                         reset_after_us: micros(d.reset_after),
-                        granted: d.tiers.map(|_| d.granted),
+                        // A tiered limit, or a range (a partial grant), says how much.
+                        granted: (d.tiers.is_some() || tx.min_cost_or(0) != tx.cost_or(0))
+                            .then_some(d.granted),
                         tiers: d.tiers.as_ref().map(|t| t.units()),
                         burst: d.tiers.map(|t| t.burst),
                         tier: d.tiers.map(|t| t.tier),

@@ -283,6 +283,48 @@ pub fn check(
     })
 }
 
+/// Decides a spend of **as many units as fit** between `min` and `max` (a partial grant, as
+/// go-redis/redis_rate's `AllowAtMost` and Envoy's partial token consumption): the most units
+/// `k <= max` the bucket holds at `now`, when `k >= min`. Returns the outcome and `k`.
+///
+/// The outcome is exactly [`check`]'s for a spend of `k` units (so `remaining`, `retry_after`
+/// and `reset_after` follow from what was granted); when fewer than `min` units fit, it is the
+/// denial of `min` units (its `retry_after` is the wait before `min` units fit) and `k` is 0.
+/// `max` may exceed the burst; `min` is checked against it when a transaction is built. With
+/// `min == max` this is [`check`] of that cost.
+///
+/// ```
+/// use tower_ratelimits::Limit;
+/// use tower_ratelimits::__private::gcra;
+/// use std::time::Duration;
+///
+/// let limit = Limit::new(10, 10, Duration::from_secs(1)).unwrap();
+/// let t0 = 1_000_000_000;
+/// // 10 fit: asked for 1..=25, granted 10.
+/// let (d, granted) = gcra::check_range(&limit, None, t0, 1, 25).unwrap();
+/// assert!(d.allowed);
+/// assert_eq!((granted, d.remaining), (10, 0));
+/// // Now none fits: denied, with the wait before one unit does.
+/// let (d, granted) = gcra::check_range(&limit, d.new_tat, t0, 1, 25).unwrap();
+/// assert!(!d.allowed);
+/// assert_eq!((granted, d.retry_after_us), (0, 100_000));
+/// ```
+pub fn check_range(
+    limit: &Limit,
+    stored_tat: Option<u64>,
+    now: u64,
+    min: u64,
+    max: u64,
+) -> Result<(GcraOutcome, u64), GcraError> {
+    // Whole units that fit under the burst offset now (0 when a lowered limit leaves the TAT
+    // beyond it); then the most of them the range takes, or `min` when too few fit.
+    let ahead = stored_tat.unwrap_or(0).saturating_sub(now);
+    let fits = limit.burst_offset_us().saturating_sub(ahead) / limit.emission_interval_us();
+    let cost = fits.min(max).max(min);
+    let out = check(limit, stored_tat, now, cost)?;
+    Ok((out, if out.allowed { cost } else { 0 }))
+}
+
 /// Gives back `cost` tokens, never above a full bucket.
 ///
 /// `allowed` tells whether anything was refunded. A missing bucket or one whose TAT is in the
@@ -398,6 +440,34 @@ mod tests {
     }
 
     proptest! {
+        /// A partial grant is the naive search: the largest `k` from `max` down to `min` whose
+        /// plain spend the spec allows, with that spend's numbers; else the spec's denial of
+        /// `min`.
+        #[test]
+        fn a_range_grants_the_most_units_a_plain_spend_would_allow(
+            burst in 1u64..40,
+            count in 1u64..40,
+            period_us in 1_000u64..10_000_000,
+            tat_ahead in 0u64..20_000_000,
+            tat_behind in any::<bool>(),
+            min in 0u64..40,
+            extra in 0u64..60,
+        ) {
+            let Ok(limit) = Limit::new(burst, count, Duration::from_micros(period_us)) else {
+                return Ok(());
+            };
+            let now = 5_000_000_000u64;
+            let tat = if tat_behind { now - tat_ahead } else { now + tat_ahead };
+            let min = min.min(burst);
+            let max = min + extra;
+            let naive = (min..=max)
+                .rev()
+                .map(|k| (spec_check(&limit, Some(tat), now, k), k))
+                .find(|(o, _)| o.allowed)
+                .unwrap_or((spec_check(&limit, Some(tat), now, min), 0));
+            prop_assert_eq!(check_range(&limit, Some(tat), now, min, max).unwrap(), naive);
+        }
+
         /// The one GCRA rule decides exactly as the spec's formulas, near the edges of u64 too.
         #[test]
         fn check_and_refund_equal_the_spec(

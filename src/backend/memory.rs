@@ -430,23 +430,23 @@ impl MemoryBackend {
             if let Some(entry) = self.inner.map.get(tx.key) {
                 let mut cur = entry.load(Ordering::Acquire);
                 loop {
-                    let out = gcra::check(limit, stored(cur), now, tx.cost)?;
+                    let (out, outcome) = super::gcra_decide(tx, limit, stored(cur), now)?;
                     let Some(new) = writes(&out, cur) else {
-                        return Ok(out.into());
+                        return Ok(outcome);
                     };
                     match entry.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
                     {
-                        Ok(_) => return Ok(out.into()),
+                        Ok(_) => return Ok(outcome),
                         Err(actual) => cur = actual,
                     }
                 }
             }
-            let out = gcra::check(limit, None, now, tx.cost)?;
+            let (out, outcome) = super::gcra_decide(tx, limit, None, now)?;
             let Some(new) = writes(&out, 0) else {
-                return Ok(out.into());
+                return Ok(outcome);
             };
             if self.compare_and_set(tx.key, 0, new, now)? {
-                return Ok(out.into());
+                return Ok(outcome);
             }
         }
     }
@@ -532,11 +532,11 @@ impl MemoryBackend {
                 match tx.quota {
                     Quota::Gcra(limit) => {
                         let cur = self.load(tx.key);
-                        let r = gcra::check(limit, stored(cur), now, tx.cost)?;
+                        let (r, outcome) = super::gcra_decide(tx, limit, stored(cur), now)?;
                         reads.push(cur);
                         gcra_results.push(Some(r));
                         plans.push(None);
-                        outcomes.push(Outcome::from(r));
+                        outcomes.push(outcome);
                     }
                     Quota::Tiered(limit) => {
                         let state = guards

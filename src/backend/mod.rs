@@ -8,7 +8,7 @@ use std::ops::RangeInclusive;
 
 use async_trait::async_trait;
 
-use crate::algo::gcra::{GcraError, GcraOutcome};
+use crate::algo::gcra::{self, GcraError, GcraOutcome, Limit};
 use crate::algo::tiers::{TierDecision, TierGrant, TierRequestError, TieredLimit};
 use crate::key::BucketKey;
 use crate::quota::Quota;
@@ -73,6 +73,10 @@ pub struct Outcome {
     pub reset_after_us: u64,
     /// For a tiered limit: the units granted per tier and the tier serving the client.
     pub tiers: Option<TierGrant>,
+    /// For a GCRA transaction asked for a range of units (a partial grant,
+    /// [`gcra::check_range`](crate::__private::gcra::check_range)): the units granted, 0 on a
+    /// denial. `None` for a single cost, which is granted whole when allowed.
+    pub granted: Option<u64>,
     /// Not evaluated: another counting transaction of the batch was already known to be denied
     /// (the Redis backend's local deny cache), so this one was never looked at. A skipped
     /// outcome is not allowed and all its numbers are zero; nothing was spent.
@@ -88,6 +92,7 @@ impl Outcome {
             retry_after_us,
             reset_after_us,
             tiers: None,
+            granted: None,
             skipped: false,
         }
     }
@@ -135,8 +140,8 @@ pub struct BucketTx<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransactionError {
-    /// The cost (for a tiered limit: the smallest acceptable grant) is above the burst (the
-    /// sum of the tiers' limits).
+    /// The cost (for a range: its lower end, the smallest acceptable grant) is above the
+    /// burst (for a tiered limit: the sum of the tiers' limits).
     #[error("cost {cost} exceeds the burst of {burst}")]
     CostAboveBurst {
         /// The cost.
@@ -144,9 +149,6 @@ pub enum TransactionError {
         /// The burst.
         burst: u64,
     },
-    /// A cost range with different ends on a GCRA limit, which grants all or nothing.
-    #[error("a cost range needs a tiered limit (GCRA grants all or nothing)")]
-    CostRangeOnGcra,
     /// A cost range whose lower end is above its upper end.
     #[error("the cost range {min}..={max} is empty")]
     EmptyCostRange {
@@ -159,8 +161,8 @@ pub enum TransactionError {
 
 impl<'a> BucketTx<'a> {
     /// A spend (or, in [`Mode::CheckOnly`], a check) of `costs` units on `key` under `quota`:
-    /// one cost (`n..=n`), or for a tiered limit a range (`min..=max`, as many units as it
-    /// grants).
+    /// one cost (`n..=n`), or a range (`min..=max`: as many units as the limit grants, at
+    /// least `min`; `max` may exceed the burst).
     ///
     /// ```
     /// use tower_ratelimits::{BucketKey, BucketTx, Id, Limit, Limits, Mode, Quota, TransactionError};
@@ -180,11 +182,7 @@ impl<'a> BucketTx<'a> {
         costs: RangeInclusive<u64>,
         mode: Mode,
     ) -> Result<Self, TransactionError> {
-        let (min_cost, cost) = costs.into_inner();
-        if quota.as_gcra().is_some() && min_cost != cost && min_cost <= cost {
-            return Err(TransactionError::CostRangeOnGcra);
-        }
-        Self::for_refund(key, quota, min_cost..=cost, mode)
+        Self::for_refund(key, quota, costs, mode)
     }
 
     /// A refund of up to `costs`' upper end (a GCRA refund may carry a range; only its upper
@@ -202,14 +200,11 @@ impl<'a> BucketTx<'a> {
                 max: cost,
             });
         }
-        // What must fit: all of a GCRA cost, the least acceptable part of a tiered request.
-        let must_fit = match quota {
-            Quota::Gcra(_) => cost,
-            Quota::Tiered(_) => min_cost,
-        };
-        if must_fit > quota.max_cost() {
+        // What must fit is the least acceptable part (a single cost is its own least part):
+        // a range may ask for more than the burst, and is granted what fits.
+        if min_cost > quota.max_cost() {
             return Err(TransactionError::CostAboveBurst {
-                cost: must_fit,
+                cost: min_cost,
                 burst: quota.max_cost(),
             });
         }
@@ -232,12 +227,12 @@ impl<'a> BucketTx<'a> {
         self.quota
     }
 
-    /// Units to spend or refund; for a tiered limit, the most units asked for.
+    /// Units to spend or refund; for a range, the most units asked for.
     pub fn cost(&self) -> u64 {
         self.cost
     }
 
-    /// For a tiered limit, the fewest units acceptable (`min_cost..=cost`).
+    /// For a range, the fewest units acceptable (`min_cost..=cost`); else the cost.
     pub fn min_cost(&self) -> u64 {
         self.min_cost
     }
@@ -297,6 +292,30 @@ pub(crate) fn batch_allowed<'t, 'b: 't, 'o>(
     decided
         .into_iter()
         .all(|(tx, o)| !tx.mode.counts() || o.allowed)
+}
+
+/// The GCRA decision of a transaction on a bucket whose stored TAT is `stored`: its single cost
+/// ([`gcra::check`]), or for a range the most units that fit ([`gcra::check_range`], with
+/// `granted` set). Every backend decides a GCRA transaction through this function only (the
+/// script's `gcra_grant` in Lua).
+pub(crate) fn gcra_decide(
+    tx: &BucketTx<'_>,
+    limit: &Limit,
+    stored: Option<u64>,
+    now: u64,
+) -> Result<(GcraOutcome, Outcome), GcraError> {
+    if tx.min_cost == tx.cost {
+        let out = gcra::check(limit, stored, now, tx.cost)?;
+        return Ok((out, Outcome::from(out)));
+    }
+    let (out, granted) = gcra::check_range(limit, stored, now, tx.min_cost, tx.cost)?;
+    Ok((
+        out,
+        Outcome {
+            granted: Some(granted),
+            ..Outcome::from(out)
+        },
+    ))
 }
 
 /// The TAT an allowed GCRA transaction of an allowed batch writes (`docs/gcra.md`): its new TAT

@@ -13,8 +13,8 @@ pub struct Decision {
     /// Whether the transaction was allowed (or, for a refund, whether anything was refunded).
     pub allowed: bool,
     /// Units granted: the cost when allowed, 0 when denied or when another transaction denied
-    /// the batch (a GCRA spend); for a tiered limit asked for a range, how many it granted;
-    /// for a refund, 0 (GCRA) or the units taken back (tiers).
+    /// the batch (a GCRA spend); for a range (`min..=max`), how many it granted; for a refund,
+    /// 0 (GCRA) or the units taken back (tiers).
     pub granted: u64,
     /// Tokens left in the bucket (for a tiered limit: in the tier now serving the client). In
     /// a denied batch nothing is spent, and an allowed GCRA transaction reports its bucket as

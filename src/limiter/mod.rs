@@ -43,13 +43,6 @@ pub enum LimiterError {
         /// The burst.
         burst: u64,
     },
-    /// A cost range (`min..=max` with `min < max`) for a GCRA limit, which grants all or
-    /// nothing; only tiered limits grant part of a request.
-    #[error("limit {name}: a cost range needs a tiered limit (GCRA grants all or nothing)")]
-    CostRangeOnGcra {
-        /// The limit name.
-        name: LimitName,
-    },
     /// A cost range whose lower end is above its upper end.
     #[error("limit {name}: the cost range {min}..={max} is empty")]
     EmptyCostRange {
@@ -100,7 +93,6 @@ impl LimiterError {
             TransactionError::CostAboveBurst { cost, burst } => {
                 Self::CostAboveBurst { name, cost, burst }
             }
-            TransactionError::CostRangeOnGcra => Self::CostRangeOnGcra { name },
             TransactionError::EmptyCostRange { min, max } => {
                 Self::EmptyCostRange { name, min, max }
             }
@@ -242,9 +234,10 @@ fn decision(
     o: Outcome,
     op: Op,
 ) -> Decision {
-    let granted = match (&o.tiers, o.allowed, op) {
-        (Some(t), _, _) => t.granted,
-        (None, true, Op::Spend | Op::Check) => cost,
+    let granted = match (&o.tiers, o.granted, o.allowed, op) {
+        (Some(t), _, _, _) => t.granted,
+        (None, Some(g), _, Op::Spend | Op::Check) => g,
+        (None, None, true, Op::Spend | Op::Check) => cost,
         _ => 0,
     };
     Decision {

@@ -40,9 +40,11 @@ impl Transaction {
         self
     }
 
-    /// Asks a tiered limit for as many units as it grants between `min` and `max` (a group
-    /// request); the decision's `granted` says how many. GCRA limits refuse a range whose ends
-    /// differ ([`LimiterError::CostRangeOnGcra`](crate::LimiterError::CostRangeOnGcra)).
+    /// Asks for as many units as the limit grants between `min` and `max` (a partial grant:
+    /// "give me what you have"); the decision's `granted` says how many. A GCRA limit grants
+    /// the most units that fit at that instant, all or nothing at `min`; a tiered limit plans
+    /// them across its tiers. `max` may exceed the burst, `min` may not. In a batch, the
+    /// transaction takes part in all-or-nothing at `min`.
     ///
     /// ```
     /// # use tower_ratelimits::{BucketKey, Id, Transaction};

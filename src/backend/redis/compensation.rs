@@ -5,7 +5,7 @@ use fred::prelude::Key;
 
 use super::RedisBackend;
 use super::script::{self, RawChange};
-use crate::backend::BucketTx;
+use crate::backend::{BucketTx, Outcome};
 
 impl RedisBackend {
     /// Gives back what allowed groups of a denied cluster batch spent: GCRA buckets by a
@@ -16,13 +16,18 @@ impl RedisBackend {
         batch: &[BucketTx<'_>],
         keys: &[Key],
         spent: &[usize],
+        outcomes: &[Outcome],
         raws: &[Option<RawChange>],
     ) {
         crate::telemetry::compensation();
+        // A GCRA bucket gets back what it was granted: its cost, or a partial grant's units.
         let txs: Vec<BucketTx<'_>> = spent
             .iter()
             .filter(|&&i| batch[i].quota.as_gcra().is_some())
-            .map(|&i| batch[i])
+            .map(|&i| BucketTx {
+                cost: outcomes[i].granted.unwrap_or(batch[i].cost),
+                ..batch[i]
+            })
             .collect();
         if let Err(e) = self.refund_batch(&txs).await {
             tracing::error!(

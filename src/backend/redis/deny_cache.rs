@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use quick_cache::sync::Cache;
 
-use crate::algo::gcra;
-use crate::backend::{BackendError, BucketTx, Outcome, batch_allowed};
+use crate::backend::{BackendError, BucketTx, Outcome, batch_allowed, gcra_decide};
 use crate::key::BucketKey;
 
 /// Remembers the TATs of recently denied buckets, on the local clock.
@@ -54,8 +53,8 @@ impl DenyCache {
                 .and_then(|limit| Some((limit, self.map.get(tx.key)?)));
             let outcome = match remembered {
                 Some((limit, tat)) => {
-                    match gcra::check(limit, (tat != 0).then_some(tat), now, tx.cost) {
-                        Ok(o) => Outcome::from(o),
+                    match gcra_decide(tx, limit, (tat != 0).then_some(tat), now) {
+                        Ok((_, o)) => o,
                         Err(_) => return None,
                     }
                 }

@@ -477,7 +477,7 @@ impl RedisBackend {
         let value = self
             .eval(slot, || (keys(), script::encode(call, lean, txs.clone())))
             .await?;
-        match script::decode(value, lean, txs.clone(), call.want_raw)? {
+        match script::decode(value, lean, txs.clone(), call)? {
             Reply::Decided(reply) => Ok(reply),
             Reply::InvalidState { index, reason } => {
                 let key = txs
@@ -688,7 +688,8 @@ impl Backend for RedisBackend {
                 .filter(|&i| batch[i].mode.spends() && outcomes[i].allowed)
                 .collect();
             if !spent.is_empty() {
-                self.compensate(batch, &keys, &spent, &raws).await;
+                self.compensate(batch, &keys, &spent, &outcomes, &raws)
+                    .await;
             }
         }
         if let Some(e) = first_error {

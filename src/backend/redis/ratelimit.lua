@@ -22,7 +22,8 @@
 -- then, per key, a record:
 --   lean    (op 'G') increment (emission interval * cost), burst offset, mode; ('g') the
 --           same without the mode
---   GCRA    0, emission interval, burst offset, burst, cost, mode
+--   GCRA    0, emission interval, burst offset, burst, cost, mode, min (the least units
+--           acceptable: the cost itself, or the lower end of a partial grant min..cost)
 --   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
 --   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
 --           and the milliseconds the value before had to live (-1: none)
@@ -32,7 +33,8 @@
 -- caller computes the decisions from them with the same rule (src/algo/gcra.rs `check`, and
 -- the batch rule), so nothing is formatted or divided here. The other ops return, per key, a
 -- list: allowed (0/1), remaining, retry_after, reset_after, then for GCRA
--- the TAT stored afterwards (0: none); for tiered keys 0, granted, the serving tier, burst (0/1),
+-- the TAT stored afterwards (0: none) and, for a spend of a range (min < cost), the units
+-- granted; for tiered keys 0, granted, the serving tier, burst (0/1),
 -- the units of each tier and, when ARGV[4] is 1, the value before, the value after and the
 -- milliseconds the value before had to live. After the lists: now. A key holding something
 -- that is not a state of ours is decided as a fresh one and replaced by the first write.
@@ -207,6 +209,18 @@ local function gcra(stored, ei, bo, cost)
   return 1, tokens(difference, ei), retry, new_tat - now, new_tat
 end
 
+-- The units a GCRA spend of min..max takes (docs/gcra.md "partial grants"; src/algo/gcra.rs
+-- `check_range`): the most whole units that fit now, at most max; min when fewer fit (then
+-- `gcra` denies it, with the wait before min units fit).
+local function gcra_grant(stored, ei, bo, min, max)
+  local tat = stored
+  if tat < now then tat = now end
+  local k = tokens(bo - (tat - now), ei)
+  if k > max then k = max end
+  if k < min then k = min end
+  return k
+end
+
 -- The GCRA refund (docs/gcra.md "refund"): allowed (0/1), remaining, reset_after, and the TAT
 -- to store (nil: unchanged).
 local function gcra_refund(stored, ei, bo, burst, cost)
@@ -243,8 +257,9 @@ for i = 1, n do
   local kind = tonumber(ARGV[a])
   if kind == 0 then
     rec[i] = {kind = 0, ei = tonumber(ARGV[a + 1]), bo = tonumber(ARGV[a + 2]),
-      burst = tonumber(ARGV[a + 3]), cost = tonumber(ARGV[a + 4]), mode = tonumber(ARGV[a + 5])}
-    a = a + 6
+      burst = tonumber(ARGV[a + 3]), cost = tonumber(ARGV[a + 4]), mode = tonumber(ARGV[a + 5]),
+      min = tonumber(ARGV[a + 6])}
+    a = a + 7
   else
     local r = {kind = 1, mode = tonumber(ARGV[a + 1]), min = tonumber(ARGV[a + 2]),
       max = tonumber(ARGV[a + 3]), n = tonumber(ARGV[a + 4]), L = {}, W = {}, A = {}, C = {}}
@@ -575,8 +590,11 @@ if op == 'spend' then
     local r = rec[i]
     if r.kind == 0 then
       local s = stored[i]
-      local ok, rem, retry, reset, new_tat = gcra(s, r.ei, r.bo, r.cost)
+      local cost = r.cost
+      if r.min < cost then cost = gcra_grant(s, r.ei, r.bo, r.min, cost) end
+      local ok, rem, retry, reset, new_tat = gcra(s, r.ei, r.bo, cost)
       out[i] = {ok, rem, retry, reset, s}
+      if r.min < r.cost then out[i][6] = ok * cost end
       if ok == 0 then
         if counts(r.mode) then batch_allowed = false end
       elseif gcra_writes(r.mode, new_tat, s) then

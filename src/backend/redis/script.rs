@@ -102,9 +102,10 @@ fn mode_code(mode: Mode) -> Value {
     })
 }
 
-/// Whether a call takes the script's lean path: a spend whose keys are all GCRA.
+/// Whether a call takes the script's lean path: a spend whose keys are all GCRA, each of one
+/// cost (a partial grant takes the general path).
 pub(super) fn is_lean<'a>(call: Call, mut txs: impl Iterator<Item = &'a BucketTx<'a>>) -> bool {
-    call.op == Op::Spend && txs.all(|tx| tx.quota.as_gcra().is_some())
+    call.op == Op::Spend && txs.all(|tx| tx.quota.as_gcra().is_some() && tx.min_cost == tx.cost)
 }
 
 /// The arguments of a spend or refund of `txs` (one slot's keys, in order); `lean` as
@@ -130,6 +131,7 @@ pub(super) fn encode<'a>(
                 int(limit.burst()),
                 int(tx.cost),
                 mode_code(tx.mode),
+                int(tx.min_cost),
             ]),
             Quota::Tiered(limit) => {
                 args.extend([
@@ -354,8 +356,9 @@ pub(super) fn decode<'a>(
     value: Value,
     lean: bool,
     txs: impl ExactSizeIterator<Item = &'a BucketTx<'a>> + Clone,
-    want_raw: bool,
+    call: Call,
 ) -> Result<Reply, BackendError> {
+    let want_raw = call.want_raw;
     let Value::Array(items) = value else {
         return Err(bad(format!("{:?}", value.kind())));
     };
@@ -405,6 +408,9 @@ pub(super) fn decode<'a>(
             f.u64("reset_after")?,
         );
         reply.tats.push(f.u64("stored TAT")?);
+        if call.op == Op::Spend && tx.quota.as_gcra().is_some() && tx.min_cost < tx.cost {
+            outcome.granted = Some(f.u64("granted")?);
+        }
         let mut raw = None;
         if let Quota::Tiered(limit) = tx.quota {
             let tier_count = limit.tiers().len().min(MAX_TIERS);
