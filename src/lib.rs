@@ -32,7 +32,7 @@ pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 pub use layer::{
     ClientIp, Denial, FailurePolicy, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor,
     LayerError, OnMissingKey, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder,
-    RateLimitService, ResponseFuture, Rule, Settle, key_fn,
+    RateLimitService, ResponseFuture, Rule, Settle, Wait, key_fn,
 };
 pub use limiter::{
     BatchDecision, Decision, Limiter, LimiterError, LimitsChange, ReloadError, Transaction,

@@ -77,3 +77,41 @@ pub(crate) fn settled(limit: crate::key::LimitName, outcome: &'static str, units
         }
     }
 }
+
+/// A request that would have been denied waits instead ([`Wait`](crate::Wait)):
+/// `tower_ratelimits_waits_total{limit, outcome="waited"}` (a wait began; a request that loses
+/// the race when it wakes and waits again counts again).
+pub(crate) fn waited(limit: crate::key::LimitName) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_waits_total", "limit" => limit.as_str(), "outcome" => "waited")
+        .increment(1);
+}
+
+/// A request of a waiting rule refused anyway: `tower_ratelimits_waits_total{limit, outcome}`
+/// with `outcome` `too_long` (its wait is beyond the rule's bound) or `full` (the rule already
+/// has its most waiting requests).
+pub(crate) fn wait_refused(limit: crate::key::LimitName, outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_waits_total", "limit" => limit.as_str(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// `tower_ratelimits_waiting{limit}`: requests of a rule waiting now.
+pub(crate) fn waiting(limit: crate::key::LimitName, now: usize) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tower_ratelimits_waiting", "limit" => limit.as_str()).set(now as f64);
+}
+
+/// A spend of a cost range (a partial grant): `tower_ratelimits_partial_grants_total{limit,
+/// outcome}` with `outcome` `whole` (the range's upper end granted), `partial` (less, at least
+/// its lower end) or `denied`; and `tower_ratelimits_partial_granted_units_total{limit}`.
+pub(crate) fn partial_grant(limit: crate::key::LimitName, outcome: &'static str, units: u64) {
+    #[cfg(feature = "metrics")]
+    {
+        let limit = limit.as_str();
+        metrics::counter!("tower_ratelimits_partial_grants_total", "limit" => limit, "outcome" => outcome)
+            .increment(1);
+        metrics::counter!("tower_ratelimits_partial_granted_units_total", "limit" => limit)
+            .increment(units);
+    }
+}

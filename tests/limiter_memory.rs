@@ -738,3 +738,42 @@ fn sweeps_live_keys_and_full_refusals_are_counted() {
         "d was held after the sweep"
     );
 }
+
+/// Partial grants are counted by outcome, with their units, recorded by a real Prometheus
+/// recorder and parsed.
+#[test]
+fn partial_grants_are_counted() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        let clock = ManualClock::new(1_000_000);
+        let limiter = Limiter::new(
+            Limits::from_yaml_str("A: {burst: 10, count: 10, period: 1s}\n", None).unwrap(),
+            MemoryBackend::builder().clock(clock.clone()).build(),
+        );
+        let key = limiter.parse_key("A", "x").unwrap();
+        let mut spend = |range: std::ops::RangeInclusive<u64>| {
+            let tx = Transaction::new(key.clone()).cost_range(range);
+            let d = limiter.try_spend_now(&[tx]).unwrap().unwrap();
+            d.decisions()[0].granted
+        };
+        assert_eq!(spend(1..=4), 4, "whole");
+        assert_eq!(spend(2..=100), 6, "partial");
+        assert_eq!(spend(1..=3), 0, "denied");
+        // A single cost is not a range.
+        let single = Transaction::new(key.clone()).cost(0);
+        limiter.try_spend_now(&[single]).unwrap().unwrap();
+    });
+    let m = support::scrape::samples(&handle.render());
+    let grants = |outcome: &str| {
+        m[&format!("tower_ratelimits_partial_grants_total{{limit=A,outcome={outcome}}}")]
+    };
+    assert_eq!(
+        (grants("whole"), grants("partial"), grants("denied")),
+        (1.0, 1.0, 1.0)
+    );
+    assert_eq!(
+        m["tower_ratelimits_partial_granted_units_total{limit=A}"],
+        10.0
+    );
+}

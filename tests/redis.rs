@@ -361,6 +361,57 @@ async fn no_over_admission(url: &str) {
     assert_eq!(admitted.load(Ordering::Relaxed), BURST);
 }
 
+/// `Limiter::spend_or_wait` on the store's arithmetic: two app instances, six callers each,
+/// a batch of two limits (two slots on the cluster), one token per 20 ms. Every caller passes
+/// within its bound, and no faster than the limits allow (11 waits of 20 ms after the first).
+async fn waiting_callers_pass_at_the_limits_rate(url: &str) {
+    let limits = Limits::from_yaml_str(
+        "Wa: {burst: 1, count: 50, period: 1s}\nWb: {burst: 2, count: 50, period: 1s}\n",
+        None,
+    )
+    .unwrap();
+    let prefix = unique_prefix("wait");
+    let start = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _instance in 0..2 {
+        let limiter = Arc::new(Limiter::new(limits.clone(), backend(url, &prefix).await));
+        for _ in 0..6 {
+            let limiter = limiter.clone();
+            tasks.push(tokio::spawn(async move {
+                let batch = [
+                    Transaction::new(limiter.parse_key("Wa", "job").unwrap()),
+                    Transaction::new(limiter.parse_key("Wb", "other").unwrap()),
+                ];
+                limiter
+                    .spend_or_wait(&batch, Duration::from_secs(30))
+                    .await
+                    .unwrap()
+                    .allowed()
+            }));
+        }
+    }
+    for t in tasks {
+        assert!(t.await.unwrap(), "a caller gave up within its bound");
+    }
+    assert!(
+        start.elapsed() >= Duration::from_millis(11 * 20),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_callers_pass_at_the_limits_rate_on_single_redis() {
+    let redis = TestRedis::single();
+    waiting_callers_pass_at_the_limits_rate(&redis.url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_callers_pass_at_the_limits_rate_on_the_cluster() {
+    let redis = TestRedis::cluster();
+    waiting_callers_pass_at_the_limits_rate(&redis.url).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_and_128_tasks_admit_exactly_the_burst_on_single_redis() {
     let redis = TestRedis::single();

@@ -14,9 +14,12 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
-use super::outcome::{Allowed, Conclusion, Decide, Fields, conclude};
+use super::outcome::{
+    Allowed, Conclusion, Decide, Decided, Failure, Fields, Waited, conclude, decide,
+};
 use super::rate_limit_layer::Shared;
 use super::response::{error_response, insert_fields, insert_ratelimit_headers};
+use super::rule::Prepared;
 use super::settle::{self, BodySettle, Task};
 
 pin_project! {
@@ -41,6 +44,14 @@ pin_project! {
         Answered {
             response: Option<Response<Bytes>>,
         },
+        // Denied, waiting to be decided again ([`Rule::wait`](crate::Rule::wait)): nothing
+        // held but the request and its place among the rule's waiting requests.
+        Waiting {
+            #[pin]
+            sleep: tokio::time::Sleep,
+            pending: Option<(S, Request<B>)>,
+            grpc: bool,
+        },
     }
 }
 
@@ -53,6 +64,7 @@ pin_project! {
         #[pin]
         state: State<S, B, S::Future, S::Response>,
         shared: Arc<Shared>,
+        waited: Waited,
     }
 }
 
@@ -75,6 +87,7 @@ where
                 grpc,
             },
             shared,
+            waited: Waited::default(),
         }
     }
 
@@ -87,6 +100,7 @@ where
         Self {
             state: State::Calling { future, allowed },
             shared,
+            waited: Waited::default(),
         }
     }
 
@@ -97,6 +111,25 @@ where
                 response: Some(response),
             },
             shared,
+            waited: Waited::default(),
+        }
+    }
+
+    /// Goes where a request's first conclusion says: calls `inner` with `req`, answers, or
+    /// waits to decide it again.
+    pub(crate) fn concluded(
+        shared: Arc<Shared>,
+        conclusion: Conclusion,
+        inner: S,
+        req: Request<B>,
+        grpc: bool,
+    ) -> Self {
+        let mut waited = Waited::default();
+        let state = next(conclusion, inner, req, grpc, &mut waited);
+        Self {
+            state,
+            shared,
+            waited,
         }
     }
 }
@@ -117,20 +150,26 @@ where
                     grpc,
                 } => {
                     let result = ready!(decide.as_mut().poll(cx));
-                    let allowed = match conclude(this.shared, result, *grpc) {
-                        Conclusion::Call(allowed) => allowed,
-                        Conclusion::Answer(response) => {
-                            this.state.set(State::Answered {
-                                response: Some(response),
-                            });
-                            continue;
-                        }
+                    let grpc = *grpc;
+                    let Some((inner, req)) = pending.take() else {
+                        return Poll::Ready(Ok(polled_after_completion(grpc)));
                     };
-                    let Some((mut inner, req)) = pending.take() else {
-                        return Poll::Ready(Ok(polled_after_completion(*grpc)));
+                    let conclusion = conclude(this.shared, result, grpc, this.waited);
+                    let state = next(conclusion, inner, req, grpc, this.waited);
+                    this.state.set(state);
+                }
+                StateProj::Waiting {
+                    sleep,
+                    pending,
+                    grpc,
+                } => {
+                    ready!(sleep.poll(cx));
+                    let grpc = *grpc;
+                    let Some((inner, req)) = pending.take() else {
+                        return Poll::Ready(Ok(polled_after_completion(grpc)));
                     };
-                    let future = inner.call(req);
-                    this.state.set(State::Calling { future, allowed });
+                    let state = again(this.shared, inner, req, grpc, this.waited);
+                    this.state.set(state);
                 }
                 StateProj::Calling { future, allowed } => {
                     let response = ready!(future.poll(cx))?;
@@ -173,6 +212,84 @@ where
                 }
             }
         }
+    }
+}
+
+/// The state a conclusion leads to: calling `inner` with `req`, answering, or waiting (the
+/// place kept in `waited`, and the time of the first wait).
+fn next<S, B>(
+    conclusion: Conclusion,
+    mut inner: S,
+    req: Request<B>,
+    grpc: bool,
+    waited: &mut Waited,
+) -> State<S, B, S::Future, S::Response>
+where
+    S: Service<Request<B>>,
+{
+    match conclusion {
+        Conclusion::Call(allowed) => State::Calling {
+            future: inner.call(req),
+            allowed,
+        },
+        Conclusion::Answer(response) => State::Answered {
+            response: Some(response),
+        },
+        Conclusion::Wait(delay, permit) => {
+            waited.since.get_or_insert_with(tokio::time::Instant::now);
+            waited.permit = Some(permit);
+            State::Waiting {
+                sleep: tokio::time::sleep(delay),
+                pending: Some((inner, req)),
+                grpc,
+            }
+        }
+    }
+}
+
+/// Decides a request again after its wait, under the limits of now, as the service does.
+fn again<S, B>(
+    shared: &Arc<Shared>,
+    inner: S,
+    req: Request<B>,
+    grpc: bool,
+    waited: &mut Waited,
+) -> State<S, B, S::Future, S::Response>
+where
+    S: Service<Request<B>>,
+{
+    let (parts, body) = req.into_parts();
+    let limits = shared.limiter.load();
+    let txs = match shared.prepare(&limits, &parts, grpc) {
+        Prepared::Reject(response) => {
+            waited.permit = None;
+            return State::Answered {
+                response: Some(response),
+            };
+        }
+        Prepared::Batch(txs) => txs,
+    };
+    let req = Request::from_parts(parts, body);
+    if txs.is_empty() {
+        // A reload disabled every rule that applied.
+        waited.permit = None;
+        return next(Conclusion::Call(None), inner, req, grpc, waited);
+    }
+    match shared.limiter.try_spend_now_in(&limits, &txs) {
+        Some(result) => {
+            let decided = Decided {
+                result: result.map_err(Failure::Limiter),
+                txs,
+                fell_back: false,
+            };
+            let conclusion = conclude(shared, decided, grpc, waited);
+            next(conclusion, inner, req, grpc, waited)
+        }
+        None => State::Deciding {
+            decide: decide(shared, arc_swap::Guard::into_inner(limits), txs),
+            pending: Some((inner, req)),
+            grpc,
+        },
     }
 }
 

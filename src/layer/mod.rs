@@ -38,6 +38,7 @@ mod response;
 mod rule;
 mod service;
 mod settle;
+mod wait;
 
 pub use body::RateLimitBody;
 pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor, key_fn};
@@ -47,3 +48,4 @@ pub use response::Denial;
 pub use rule::{OnMissingKey, Rule};
 pub use service::RateLimitService;
 pub use settle::Settle;
+pub use wait::Wait;

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -13,6 +14,7 @@ use http::{Response, StatusCode};
 use super::observe::{RuleOutcome, count_request, observe_batch};
 use super::rate_limit_layer::{FailurePolicy, Shared};
 use super::response::{Denial, OneFields, error_response};
+use super::wait::WaitPermit;
 use crate::backend::BackendError;
 use crate::config::Limits;
 use crate::limiter::LimiterError;
@@ -122,6 +124,17 @@ pub(crate) enum Conclusion {
     Call(Option<Allowed>),
     /// Answer with this response.
     Answer(Response<Bytes>),
+    /// Denied, but every rule that denied waits ([`Rule::wait`](crate::Rule::wait)): sleep
+    /// this long, holding the place, then decide the request again.
+    Wait(Duration, WaitPermit),
+}
+
+/// Where a request stands with waiting: since when it has been waiting (its first denial that
+/// waited), and its place among its rule's waiting requests.
+#[derive(Default)]
+pub(crate) struct Waited {
+    pub(crate) since: Option<tokio::time::Instant>,
+    pub(crate) permit: Option<WaitPermit>,
 }
 
 /// Counts every rule of a request that did not get a decision of its own.
@@ -135,12 +148,19 @@ fn count_rules(shared: &Shared, txs: &[Transaction], outcome: RuleOutcome) {
 
 /// What a decision (or a failure to decide) means for the request: counted, traced, and
 /// turned into a call or an answer.
-pub(crate) fn conclude(shared: &Shared, decided: Decided, grpc: bool) -> Conclusion {
+pub(crate) fn conclude(
+    shared: &Arc<Shared>,
+    decided: Decided,
+    grpc: bool,
+    waited: &mut Waited,
+) -> Conclusion {
     let Decided {
         result,
         txs,
         fell_back,
     } = decided;
+    // Decided: a place among waiting requests is given back, unless the request waits again.
+    let held = waited.permit.take();
     match &result {
         Ok(_) if fell_back => {
             count("fallback");
@@ -165,6 +185,11 @@ pub(crate) fn conclude(shared: &Shared, decided: Decided, grpc: bool) -> Conclus
             }))
         }
         Ok(batch) => {
+            if shared.waits
+                && let Ok((delay, permit)) = shared.wait_for(&batch, waited.since, held)
+            {
+                return Conclusion::Wait(delay, permit);
+            }
             count("denied");
             let denial = Denial {
                 batch: &batch,

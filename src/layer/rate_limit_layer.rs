@@ -113,6 +113,8 @@ pub(crate) struct Shared {
     pub(crate) settles: bool,
     /// [`Shared::allow_fast`] may decide requests (see there).
     pub(crate) fast_path: bool,
+    /// Some rule waits instead of rejecting ([`Rule::wait`]).
+    pub(crate) waits: bool,
     /// Clients whose address (found by the `ClientIp`) is in one of these bypass every rule.
     pub(crate) exempt: Option<(ClientIp, Vec<IpNet>)>,
 }
@@ -285,6 +287,7 @@ impl RateLimitLayerBuilder {
                 mode,
                 rule,
                 policy,
+                waiting: Default::default(),
             });
         }
         for r in &rules {
@@ -312,10 +315,12 @@ impl RateLimitLayerBuilder {
         // Enforced check-and-spend rules that settle nothing take the fast path
         // (`Shared::allow_fast`).
         let fast_path = super::rule::fast_path(&rules, settles);
+        let waits = rules.iter().any(|r| r.rule.wait.is_some());
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 settles,
                 fast_path,
+                waits,
                 fallback,
                 limiter: self.limiter,
                 rules,

@@ -70,6 +70,8 @@ pub struct Rule {
     pub(crate) exempt: Vec<Predicate>,
     /// Where the true cost is found once the response is known.
     pub(crate) settle: Option<super::settle::Settle>,
+    /// How long a request it denies may wait instead.
+    pub(crate) wait: Option<super::wait::Wait>,
 }
 
 impl fmt::Debug for Rule {
@@ -83,6 +85,7 @@ impl fmt::Debug for Rule {
             .field("scoped", &!self.scope.is_empty())
             .field("exemptions", &self.exempt.len())
             .field("settle", &self.settle)
+            .field("wait", &self.wait)
             .finish_non_exhaustive()
     }
 }
@@ -101,6 +104,7 @@ impl Rule {
             scope: Vec::new(),
             exempt: Vec::new(),
             settle: None,
+            wait: None,
         }
     }
 
@@ -211,6 +215,23 @@ impl Rule {
         self
     }
 
+    /// Wait instead of reject: a request this rule would deny, whose `retry_after` is within
+    /// the bound, waits that long (holding nothing) and is decided again; beyond the bound, or
+    /// when too many already wait, it is refused as before. Every rule that denies a request
+    /// must wait for the request to wait. See [`Wait`](super::Wait) for the bound, the cap and
+    /// fairness.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimits::{Header, Rule, Wait};
+    /// let jobs = Rule::new("JobsPerAccount", Header::new("x-account-id"))
+    ///     .wait(Wait::up_to(Duration::from_millis(500)));
+    /// ```
+    pub fn wait(mut self, wait: super::wait::Wait) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
     /// What to do when the extractor finds no id.
     pub fn on_missing_key(mut self, policy: OnMissingKey) -> Self {
         self.on_missing = policy;
@@ -228,6 +249,8 @@ pub(crate) struct ResolvedRule {
     pub(crate) mode: Mode,
     /// The default limit and its `RateLimit-Policy` value, computed once.
     pub(crate) policy: Option<(crate::algo::gcra::Limit, http::HeaderValue)>,
+    /// Requests of this rule waiting now ([`Rule::wait`]).
+    pub(crate) waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl ResolvedRule {

@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::future::ResponseFuture;
-use super::outcome::{Conclusion, Decided, Failure, conclude, decide};
+use super::outcome::{Conclusion, Decided, Failure, Waited, conclude, decide};
 use super::rate_limit_layer::Shared;
 use super::response::is_grpc;
 use super::rule::{Prepared, Single};
@@ -141,11 +141,12 @@ fn concluded<S, B, ResBody>(
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
 {
-    match conclude(&shared, decided, grpc) {
+    match conclude(&shared, decided, grpc, &mut Waited::default()) {
         Conclusion::Call(headers) => {
             let future = inner.call(req);
             ResponseFuture::calling(shared, future, headers)
         }
         Conclusion::Answer(response) => ResponseFuture::answered(shared, response),
+        wait @ Conclusion::Wait(..) => ResponseFuture::concluded(shared, wait, inner, req, grpc),
     }
 }

@@ -20,6 +20,7 @@ mod transaction;
 use crate::key::{BucketKey, Id, IdError, LimitName};
 use crate::quota::Quota;
 use crate::time::us;
+use std::time::Duration;
 
 /// Why the limiter could not decide.
 #[derive(Debug, thiserror::Error)]
@@ -392,6 +393,51 @@ impl Limiter {
         self.run(batch, Op::Spend).await
     }
 
+    /// Spends a batch, waiting instead of being denied when the wait is short enough: a
+    /// batch denied with a `retry_after` within what is left of `max_wait` sleeps exactly that
+    /// long (tokio's timer, no polling) and is spent again; a denial beyond it is returned as
+    /// [`spend`](Self::spend) would return it. For job queues and internal callers that would
+    /// rather be slowed than refused.
+    ///
+    /// Nothing is held while waiting, and a denied batch spent nothing: dropping the future
+    /// (a cancelled job) costs nothing. Waiters are not queued: each is decided again when its
+    /// wait ends, against what arrived meanwhile, and waits again (within `max_wait`) if it
+    /// lost. The number of waiting callers is the caller's to bound (the layer's
+    /// [`Wait::max_waiting`](crate::Wait::max_waiting) does it for requests). Needs a tokio
+    /// runtime with its timer.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_ratelimits::{Id, Limiter, Limits, MemoryBackend, Transaction};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limits = Limits::from_yaml_str("Jobs: {burst: 1, count: 10, period: 1s}", None)?;
+    /// let limiter = Limiter::new(limits, MemoryBackend::new());
+    /// let job = Transaction::new(limiter.key("Jobs", Id::from(7u64))?);
+    /// assert!(limiter.spend_or_wait(&[job.clone()], Duration::from_secs(1)).await?.allowed());
+    /// // The second waits for the next token (100 ms), then passes.
+    /// assert!(limiter.spend_or_wait(&[job], Duration::from_secs(1)).await?.allowed());
+    /// # Ok(()) }
+    /// ```
+    pub async fn spend_or_wait(
+        &self,
+        batch: &[Transaction],
+        max_wait: Duration,
+    ) -> Result<BatchDecision, LimiterError> {
+        let start = tokio::time::Instant::now();
+        loop {
+            let decided = self.run(batch, Op::Spend).await?;
+            let wait = match decided.strictest() {
+                Some(d) if !d.allowed => d.retry_after,
+                _ => return Ok(decided),
+            };
+            if !may_wait(start.elapsed(), wait, max_wait) {
+                return Ok(decided);
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// Decides a batch without spending anything.
     pub async fn check(&self, batch: &[Transaction]) -> Result<BatchDecision, LimiterError> {
         self.run(batch, Op::Check).await
@@ -556,8 +602,37 @@ impl Limiter {
                 decision(tx.key().clone(), r.quota, r.mode, r.cost, o, op)
             })
             .collect();
-        Ok(concluded(decisions, op))
+        let batch_decision = concluded(decisions, op);
+        if op == Op::Spend {
+            count_partial_grants(batch, &batch_decision);
+        }
+        Ok(batch_decision)
     }
+}
+
+/// Counts the partial grants (cost ranges) of a spend batch: `whole` (the range's upper end
+/// granted), `partial` (less, at least its lower end) or `denied` (nothing: the range or its
+/// batch was denied), with the units granted.
+fn count_partial_grants(batch: &[Transaction], decided: &BatchDecision) {
+    for (tx, d) in batch.iter().zip(decided.decisions()) {
+        let max = tx.cost_or(0);
+        if tx.min_cost_or(max) == max || d.limit.is_none() {
+            continue;
+        }
+        let outcome = match (decided.allowed() && d.allowed, d.granted == max) {
+            (false, _) => "denied",
+            (true, true) => "whole",
+            (true, false) => "partial",
+        };
+        crate::telemetry::partial_grant(d.name, outcome, d.granted);
+    }
+}
+
+/// The waiting rule, for [`Limiter::spend_or_wait`] and the layer's [`Wait`](crate::Wait): a
+/// denial whose `retry_after` (`wait`, above zero) ends within `bound` of the first denial
+/// (`waited` ago) waits.
+pub(crate) fn may_wait(waited: Duration, wait: Duration, bound: Duration) -> bool {
+    !wait.is_zero() && waited.saturating_add(wait) <= bound
 }
 
 /// The batch decision of `decisions`: a denied spend reports its buckets unspent (nothing of
