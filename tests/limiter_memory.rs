@@ -752,7 +752,7 @@ fn partial_grants_are_counted() {
             MemoryBackend::builder().clock(clock.clone()).build(),
         );
         let key = limiter.parse_key("A", "x").unwrap();
-        let mut spend = |range: std::ops::RangeInclusive<u64>| {
+        let spend = |range: std::ops::RangeInclusive<u64>| {
             let tx = Transaction::new(key.clone()).cost_range(range);
             let d = limiter.try_spend_now(&[tx]).unwrap().unwrap();
             d.decisions()[0].granted
