@@ -430,23 +430,23 @@ impl MemoryBackend {
             if let Some(entry) = self.inner.map.get(tx.key) {
                 let mut cur = entry.load(Ordering::Acquire);
                 loop {
-                    let (out, outcome) = super::gcra_decide(tx, limit, stored(cur), now)?;
-                    let Some(new) = writes(&out, cur) else {
-                        return Ok(outcome);
+                    let d = super::gcra_decide(tx, limit, stored(cur), now)?;
+                    let Some(new) = writes(&d.out, cur) else {
+                        return Ok(d.outcome());
                     };
                     match entry.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
                     {
-                        Ok(_) => return Ok(outcome),
+                        Ok(_) => return Ok(d.outcome()),
                         Err(actual) => cur = actual,
                     }
                 }
             }
-            let (out, outcome) = super::gcra_decide(tx, limit, None, now)?;
-            let Some(new) = writes(&out, 0) else {
-                return Ok(outcome);
+            let d = super::gcra_decide(tx, limit, None, now)?;
+            let Some(new) = writes(&d.out, 0) else {
+                return Ok(d.outcome());
             };
             if self.compare_and_set(tx.key, 0, new, now)? {
-                return Ok(outcome);
+                return Ok(d.outcome());
             }
         }
     }
@@ -532,11 +532,11 @@ impl MemoryBackend {
                 match tx.quota {
                     Quota::Gcra(limit) => {
                         let cur = self.load(tx.key);
-                        let (r, outcome) = super::gcra_decide(tx, limit, stored(cur), now)?;
+                        let d = super::gcra_decide(tx, limit, stored(cur), now)?;
                         reads.push(cur);
-                        gcra_results.push(Some(r));
+                        gcra_results.push(Some(d.out));
                         plans.push(None);
-                        outcomes.push(outcome);
+                        outcomes.push(d.outcome());
                     }
                     Quota::Tiered(limit) => {
                         let state = guards

@@ -295,27 +295,46 @@ pub(crate) fn batch_allowed<'t, 'b: 't, 'o>(
 }
 
 /// The GCRA decision of a transaction on a bucket whose stored TAT is `stored`: its single cost
-/// ([`gcra::check`]), or for a range the most units that fit ([`gcra::check_range`], with
-/// `granted` set). Every backend decides a GCRA transaction through this function only (the
-/// script's `gcra_grant` in Lua).
+/// ([`gcra::check`]), or for a range the most units that fit ([`gcra::check_range`]), with the
+/// units granted. Every backend decides a GCRA transaction through this function only (the
+/// script's `gcra_grant` in Lua); [`GcraDecision::outcome`] is what it reports.
+#[inline(always)]
 pub(crate) fn gcra_decide(
     tx: &BucketTx<'_>,
     limit: &Limit,
     stored: Option<u64>,
     now: u64,
-) -> Result<(GcraOutcome, Outcome), GcraError> {
+) -> Result<GcraDecision, GcraError> {
     if tx.min_cost == tx.cost {
-        let out = gcra::check(limit, stored, now, tx.cost)?;
-        return Ok((out, Outcome::from(out)));
+        return Ok(GcraDecision {
+            out: gcra::check(limit, stored, now, tx.cost)?,
+            granted: None,
+        });
     }
     let (out, granted) = gcra::check_range(limit, stored, now, tx.min_cost, tx.cost)?;
-    Ok((
+    Ok(GcraDecision {
         out,
+        granted: Some(granted),
+    })
+}
+
+/// A GCRA transaction's decision ([`gcra_decide`]).
+#[derive(Clone, Copy)]
+pub(crate) struct GcraDecision {
+    pub(crate) out: GcraOutcome,
+    /// For a range: the units granted.
+    pub(crate) granted: Option<u64>,
+}
+
+impl GcraDecision {
+    /// The outcome a backend reports.
+    #[inline(always)]
+    pub(crate) fn outcome(&self) -> Outcome {
         Outcome {
-            granted: Some(granted),
-            ..Outcome::from(out)
-        },
-    ))
+            granted: self.granted,
+            ..Outcome::from(self.out)
+        }
+    }
 }
 
 /// The TAT an allowed GCRA transaction of an allowed batch writes (`docs/gcra.md`): its new TAT

@@ -54,7 +54,7 @@ impl DenyCache {
             let outcome = match remembered {
                 Some((limit, tat)) => {
                     match gcra_decide(tx, limit, (tat != 0).then_some(tat), now) {
-                        Ok((_, o)) => o,
+                        Ok(d) => d.outcome(),
                         Err(_) => return None,
                     }
                 }
