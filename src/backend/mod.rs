@@ -75,7 +75,8 @@ pub struct Outcome {
     pub tiers: Option<TierGrant>,
     /// For a GCRA transaction asked for a range of units (a partial grant,
     /// [`gcra::check_range`](crate::__private::gcra::check_range)): the units granted, 0 on a
-    /// denial. `None` for a single cost, which is granted whole when allowed.
+    /// denial. `None` for a single cost, which is granted whole when allowed. A custom
+    /// backend that decides a range ([`BucketTx::min_cost`] below [`BucketTx::cost`]) sets it.
     pub granted: Option<u64>,
     /// Not evaluated: another counting transaction of the batch was already known to be denied
     /// (the Redis backend's local deny cache), so this one was never looked at. A skipped

@@ -186,7 +186,7 @@ pub(crate) fn conclude(
         }
         Ok(batch) => {
             if shared.waits
-                && let Ok((delay, permit)) = shared.wait_for(&batch, waited.since, held)
+                && let Some((delay, permit)) = shared.wait_for(&batch, waited.since, held)
             {
                 return Conclusion::Wait(delay, permit);
             }

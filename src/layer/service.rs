@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::future::ResponseFuture;
-use super::outcome::{Conclusion, Decided, Failure, Waited, conclude, decide};
+use super::outcome::{Decided, Failure, Waited, conclude, decide};
 use super::rate_limit_layer::Shared;
 use super::response::is_grpc;
 use super::rule::{Prepared, Single};
@@ -130,10 +130,10 @@ where
     }
 }
 
-/// A request decided at once: calls `inner` with it, or answers, as the decision says.
+/// A request decided at once: calls `inner` with it, answers, or waits, as the decision says.
 fn concluded<S, B, ResBody>(
     shared: Arc<Shared>,
-    mut inner: S,
+    inner: S,
     req: Request<B>,
     decided: Decided,
     grpc: bool,
@@ -141,12 +141,6 @@ fn concluded<S, B, ResBody>(
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
 {
-    match conclude(&shared, decided, grpc, &mut Waited::default()) {
-        Conclusion::Call(headers) => {
-            let future = inner.call(req);
-            ResponseFuture::calling(shared, future, headers)
-        }
-        Conclusion::Answer(response) => ResponseFuture::answered(shared, response),
-        wait @ Conclusion::Wait(..) => ResponseFuture::concluded(shared, wait, inner, req, grpc),
-    }
+    let conclusion = conclude(&shared, decided, grpc, &mut Waited::default());
+    ResponseFuture::concluded(shared, conclusion, inner, req, grpc)
 }

@@ -83,17 +83,6 @@ impl Drop for WaitPermit {
     }
 }
 
-/// Why a denied request does not wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NoWait {
-    /// A rule that denied does not wait (or nothing denied).
-    NotWaiting,
-    /// The wait is longer than what is left of a denying rule's bound.
-    TooLong,
-    /// The rule already has its most waiting requests.
-    Full,
-}
-
 impl Shared {
     /// Whether a denied `batch` waits, and how long: every counting rule that denied has a
     /// [`Wait`], the batch's `retry_after` (its strictest denial's, the longest) is above zero
@@ -106,14 +95,12 @@ impl Shared {
         batch: &BatchDecision,
         since: Option<Instant>,
         held: Option<WaitPermit>,
-    ) -> Result<(Duration, WaitPermit), NoWait> {
-        let Some(strictest) = batch.strictest() else {
-            return Err(NoWait::NotWaiting);
-        };
+    ) -> Option<(Duration, WaitPermit)> {
+        let strictest = batch.strictest()?;
         let delay = strictest.retry_after;
         // Sleeping needs tokio's timer; with no runtime the request is refused as before.
-        if strictest.allowed || tokio::runtime::Handle::try_current().is_err() {
-            return Err(NoWait::NotWaiting);
+        if strictest.allowed || delay.is_zero() || tokio::runtime::Handle::try_current().is_err() {
+            return None;
         }
         let waited = since.map_or(Duration::ZERO, |s| s.elapsed());
         let mut rule_of_strictest = None;
@@ -121,26 +108,20 @@ impl Shared {
             if d.allowed || !d.counts() {
                 continue;
             }
-            let Some(i) = self.rules.iter().position(|r| r.name == d.name) else {
-                return Err(NoWait::NotWaiting);
-            };
-            let Some(wait) = self.rules[i].rule.wait else {
-                return Err(NoWait::NotWaiting);
-            };
+            let i = self.rules.iter().position(|r| r.name == d.name)?;
+            let wait = self.rules[i].rule.wait?;
             if !crate::limiter::may_wait(waited, delay, wait.up_to) {
                 crate::telemetry::wait_refused(d.name, "too_long");
-                return Err(NoWait::TooLong);
+                return None;
             }
             if std::ptr::eq(d, strictest) {
                 rule_of_strictest = Some((i, wait));
             }
         }
-        let Some((rule, wait)) = rule_of_strictest else {
-            return Err(NoWait::NotWaiting);
-        };
+        let (rule, wait) = rule_of_strictest?;
         if let Some(permit) = held.filter(|p| p.rule == rule) {
             crate::telemetry::waited(strictest.name);
-            return Ok((delay, permit));
+            return Some((delay, permit));
         }
         let r = &self.rules[rule];
         let taken = r
@@ -152,7 +133,7 @@ impl Shared {
             Ok(before) => {
                 crate::telemetry::waited(strictest.name);
                 crate::telemetry::waiting(r.name, before + 1);
-                Ok((
+                Some((
                     delay,
                     WaitPermit {
                         shared: self.clone(),
@@ -162,7 +143,7 @@ impl Shared {
             }
             Err(_) => {
                 crate::telemetry::wait_refused(strictest.name, "full");
-                Err(NoWait::Full)
+                None
             }
         }
     }

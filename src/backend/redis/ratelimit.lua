@@ -22,8 +22,8 @@
 -- then, per key, a record:
 --   lean    (op 'G') increment (emission interval * cost), burst offset, mode; ('g') the
 --           same without the mode
---   GCRA    0, emission interval, burst offset, burst, cost, mode, min (the least units
---           acceptable: the cost itself, or the lower end of a partial grant min..cost)
+--   GCRA    0, emission interval, burst offset, burst, cost, mode; or for a partial grant
+--           (min..cost) 2, the same fields, then min (the least units acceptable)
 --   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
 --   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
 --           and the milliseconds the value before had to live (-1: none)
@@ -255,11 +255,15 @@ local rec = {}
 local a = 5
 for i = 1, n do
   local kind = tonumber(ARGV[a])
-  if kind == 0 then
+  if kind == 0 or kind == 2 then
+    local cost = tonumber(ARGV[a + 4])
     rec[i] = {kind = 0, ei = tonumber(ARGV[a + 1]), bo = tonumber(ARGV[a + 2]),
-      burst = tonumber(ARGV[a + 3]), cost = tonumber(ARGV[a + 4]), mode = tonumber(ARGV[a + 5]),
-      min = tonumber(ARGV[a + 6])}
-    a = a + 7
+      burst = tonumber(ARGV[a + 3]), cost = cost, mode = tonumber(ARGV[a + 5]), min = cost}
+    a = a + 6
+    if kind == 2 then
+      rec[i].min = tonumber(ARGV[a])
+      a = a + 1
+    end
   else
     local r = {kind = 1, mode = tonumber(ARGV[a + 1]), min = tonumber(ARGV[a + 2]),
       max = tonumber(ARGV[a + 3]), n = tonumber(ARGV[a + 4]), L = {}, W = {}, A = {}, C = {}}

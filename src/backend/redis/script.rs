@@ -124,15 +124,21 @@ pub(super) fn encode<'a>(
     call.push_head(&mut args, false);
     for tx in txs {
         match tx.quota {
-            Quota::Gcra(limit) => args.extend([
-                Value::Integer(0),
-                int(limit.emission_interval_us()),
-                int(limit.burst_offset_us()),
-                int(limit.burst()),
-                int(tx.cost),
-                mode_code(tx.mode),
-                int(tx.min_cost),
-            ]),
+            Quota::Gcra(limit) => {
+                // A range (kind 2) adds its lower end; a single cost sends no argument more.
+                let range = tx.min_cost < tx.cost;
+                args.extend([
+                    Value::Integer(if range { 2 } else { 0 }),
+                    int(limit.emission_interval_us()),
+                    int(limit.burst_offset_us()),
+                    int(limit.burst()),
+                    int(tx.cost),
+                    mode_code(tx.mode),
+                ]);
+                if range {
+                    args.push(int(tx.min_cost));
+                }
+            }
             Quota::Tiered(limit) => {
                 args.extend([
                     Value::Integer(1),
