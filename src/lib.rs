@@ -18,6 +18,7 @@ mod reload;
 mod telemetry;
 mod time;
 
+pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 pub use algo::gcra::{GcraError, Limit, LimitError};
 pub use algo::tiers::{Tier, TierError, TierGrant, TierRequestError, TieredLimit};
 pub use backend::{
@@ -35,7 +36,7 @@ pub use layer::{
     RateLimitService, ResponseFuture, Rule, Settle, Wait, key_fn,
 };
 pub use limiter::{
-    BatchDecision, Decision, Limiter, LimiterError, LimitsChange, ReloadError, Transaction,
+    BatchDecision, Decision, Lease, Limiter, LimiterError, LimitsChange, ReloadError, Transaction,
 };
 pub use quota::Quota;
 #[cfg(feature = "reload")]
@@ -53,6 +54,6 @@ pub use http;
 /// in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::algo::{gcra, tiers};
+    pub use crate::algo::{concurrency, gcra, tiers};
     pub use crate::time::parse_duration_us;
 }

@@ -1,14 +1,17 @@
-//! What limits one bucket: a GCRA [`Limit`] or burst tiers ([`TieredLimit`]).
+//! What limits one bucket: a GCRA [`Limit`], burst tiers ([`TieredLimit`]) or a concurrency
+//! limit ([`ConcurrencyLimit`]).
 
 use std::fmt;
 use std::sync::Arc;
 
+use crate::algo::concurrency::ConcurrencyLimit;
 use crate::algo::gcra::Limit;
 use crate::algo::tiers::TieredLimit;
 
-/// What limits one bucket: a GCRA [`Limit`] or a [`TieredLimit`] (burst tiers).
+/// What limits one bucket: a GCRA [`Limit`], a [`TieredLimit`] (burst tiers) or a
+/// [`ConcurrencyLimit`] (requests in flight).
 ///
-/// Anything that takes a quota takes either, through `Into<Quota>`:
+/// Anything that takes a quota takes any of them, through `Into<Quota>`:
 ///
 /// ```
 /// use std::time::Duration;
@@ -33,6 +36,8 @@ pub enum Quota {
     Gcra(Limit),
     /// Burst tiers (`docs/burst-tiers.md`).
     Tiered(Arc<TieredLimit>),
+    /// Requests in flight per key (`docs/concurrency.md`).
+    Concurrency(ConcurrencyLimit),
 }
 
 impl Quota {
@@ -40,24 +45,33 @@ impl Quota {
     pub fn as_gcra(&self) -> Option<&Limit> {
         match self {
             Quota::Gcra(l) => Some(l),
-            Quota::Tiered(_) => None,
+            Quota::Tiered(_) | Quota::Concurrency(_) => None,
         }
     }
 
     /// The tiers, if this is a tiered limit.
     pub fn as_tiered(&self) -> Option<&TieredLimit> {
         match self {
-            Quota::Gcra(_) => None,
             Quota::Tiered(t) => Some(t),
+            Quota::Gcra(_) | Quota::Concurrency(_) => None,
         }
     }
 
-    /// The largest cost a request can ever be granted: the burst, or the sum of the tiers'
-    /// limits.
+    /// The concurrency limit, if this is one.
+    pub fn as_concurrency(&self) -> Option<&ConcurrencyLimit> {
+        match self {
+            Quota::Concurrency(c) => Some(c),
+            Quota::Gcra(_) | Quota::Tiered(_) => None,
+        }
+    }
+
+    /// The largest cost a request can ever be granted: the burst, the sum of the tiers'
+    /// limits, or 1 for a concurrency limit (a request holds one slot).
     pub fn max_cost(&self) -> u64 {
         match self {
             Quota::Gcra(l) => l.burst(),
             Quota::Tiered(t) => t.capacity(),
+            Quota::Concurrency(_) => 1,
         }
     }
 }
@@ -80,11 +94,18 @@ impl From<Arc<TieredLimit>> for Quota {
     }
 }
 
+impl From<ConcurrencyLimit> for Quota {
+    fn from(c: ConcurrencyLimit) -> Self {
+        Quota::Concurrency(c)
+    }
+}
+
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Quota::Gcra(l) => l.fmt(f),
             Quota::Tiered(t) => t.fmt(f),
+            Quota::Concurrency(c) => c.fmt(f),
         }
     }
 }

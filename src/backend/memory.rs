@@ -41,6 +41,7 @@ use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
 use super::{Backend, BackendError, BucketTx, batch_allowed};
+use crate::algo::concurrency::{self, ConcurrencyLimit};
 use crate::algo::gcra;
 use crate::algo::gcra::Limit;
 use crate::algo::tiers::{self, TierState};
@@ -55,12 +56,16 @@ const BATCH: usize = 4;
 /// The default cap on live buckets: ten million (about 1 GiB at the measured cost per key).
 pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
 
-/// The state of one tiered key, and when it will equal a fresh one.
+/// The state of one tiered or concurrency key, and when it will equal a fresh one.
 #[derive(Default)]
 struct TierSlot {
     state: TierState,
     /// The first instant at which the state equals a fresh one (0: it already does).
     expires_at: u64,
+    /// A concurrency key's leases: (id, deadline), live while the deadline is after now.
+    leases: Vec<(u64, u64)>,
+    /// The last lease deadline (0: no lease).
+    leases_until: u64,
     /// Set when the slot left the map (sweep, reset): whoever holds it must look again.
     removed: bool,
 }
@@ -240,7 +245,7 @@ impl MemoryBackend {
             let Ok(mut s) = slot.try_lock() else {
                 return true;
             };
-            if s.expires_at > now {
+            if s.expires_at > now || s.leases_until > now {
                 return true;
             }
             s.removed = true;
@@ -489,6 +494,7 @@ impl MemoryBackend {
                 slots.push(match tx.quota {
                     Quota::Gcra(_) => None,
                     Quota::Tiered(_) => self.tier_slot(tx.key, tx.mode.spends(), now)?,
+                    Quota::Concurrency(_) => self.tier_slot(tx.key, takes_lease(tx), now)?,
                 });
             }
             let mut order: SmallVec<[usize; BATCH]> =
@@ -549,6 +555,17 @@ impl MemoryBackend {
                         plans.push(d.allowed.then_some(plan));
                         outcomes.push(Outcome::tiered(&d, limit));
                     }
+                    Quota::Concurrency(limit) => {
+                        let live = guards
+                            .iter()
+                            .find(|(j, _)| *j == i)
+                            .map_or(0, |(_, g)| live_leases(&g.leases, now));
+                        let d = concurrency::decide(limit, live, tx.cost == 1);
+                        reads.push(0);
+                        gcra_results.push(None);
+                        plans.push(None);
+                        outcomes.push(d.into());
+                    }
                 }
             }
             if !batch_allowed(batch.iter().zip(&outcomes)) {
@@ -576,14 +593,19 @@ impl MemoryBackend {
                     }
                 }
             }
-            // The GCRA part is written; the tiered part cannot fail (its slots are locked).
+            // The GCRA part is written; the tiered and concurrency parts cannot fail (their
+            // slots are locked).
             for (i, g) in guards.iter_mut() {
                 let tx = &batch[*i];
-                if let (Quota::Tiered(limit), Some(plan)) = (tx.quota, &plans[*i])
-                    && tx.mode.spends()
-                {
-                    tiers::apply(limit, &mut g.state, now, plan);
-                    g.expires_at = tiers::fresh_at(limit, &g.state, now, None);
+                match (tx.quota, &plans[*i]) {
+                    (Quota::Tiered(limit), Some(plan)) if tx.mode.spends() => {
+                        tiers::apply(limit, &mut g.state, now, plan);
+                        g.expires_at = tiers::fresh_at(limit, &g.state, now, None);
+                    }
+                    (Quota::Concurrency(limit), _) if outcomes[*i].allowed && takes_lease(tx) => {
+                        take_lease(g, limit, tx.lease, now);
+                    }
+                    _ => {}
                 }
             }
             return Ok(outcomes);
@@ -641,6 +663,77 @@ impl MemoryBackend {
     }
 }
 
+/// Whether a transaction on a concurrency key takes a lease when it and its batch are allowed:
+/// a spend of one slot with a lease id.
+fn takes_lease(tx: &BucketTx<'_>) -> bool {
+    tx.mode.spends() && tx.cost == 1 && tx.lease != 0
+}
+
+/// The leases of a key that are live at `now`.
+fn live_leases(leases: &[(u64, u64)], now: u64) -> u64 {
+    leases
+        .iter()
+        .filter(|&&(_, deadline)| concurrency::live(deadline, now))
+        .count() as u64
+}
+
+/// Records lease `id` on a concurrency key's slot (dropping the leases that ended).
+fn take_lease(slot: &mut TierSlot, limit: &ConcurrencyLimit, id: u64, now: u64) {
+    slot.leases
+        .retain(|&(_, deadline)| concurrency::live(deadline, now));
+    let deadline = concurrency::deadline(limit, now);
+    slot.leases.push((id, deadline));
+    slot.leases_until = slot.leases_until.max(deadline);
+}
+
+impl MemoryBackend {
+    /// Gives back a lease (a refund on a concurrency key): allowed when it was held.
+    fn release(
+        &self,
+        tx: &BucketTx<'_>,
+        limit: &ConcurrencyLimit,
+        now: u64,
+    ) -> Result<Outcome, BackendError> {
+        loop {
+            let Some(slot) = self.tier_slot(tx.key, false, now)? else {
+                return Ok(Outcome::new(false, limit.max(), 0, 0));
+            };
+            let mut g = lock(&slot);
+            if g.removed {
+                continue;
+            }
+            // Held: a live lease of that id (as the script: ended leases go first, then it).
+            let released = tx.lease != 0
+                && g.leases
+                    .iter()
+                    .any(|&(id, deadline)| id == tx.lease && concurrency::live(deadline, now));
+            g.leases
+                .retain(|&(id, deadline)| id != tx.lease && concurrency::live(deadline, now));
+            g.leases_until = g.leases.iter().map(|&(_, d)| d).max().unwrap_or(0);
+            let live = g.leases.len() as u64;
+            return Ok(Outcome::new(
+                released,
+                limit.max().saturating_sub(live),
+                0,
+                0,
+            ));
+        }
+    }
+
+    /// The live leases of a concurrency key (for tests and diagnostics).
+    pub fn leases(&self, key: &BucketKey) -> usize {
+        let now = self.now();
+        self.inner.tiers.get(key).map_or(0, |slot| {
+            let s = lock(&slot);
+            if s.removed {
+                0
+            } else {
+                live_leases(&s.leases, now) as usize
+            }
+        })
+    }
+}
+
 #[async_trait]
 impl Backend for MemoryBackend {
     async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
@@ -663,6 +756,10 @@ impl Backend for MemoryBackend {
                 Quota::Gcra(limit) => limit,
                 Quota::Tiered(limit) => {
                     outcomes.push(self.refund_tiered(tx, limit, now)?);
+                    continue;
+                }
+                Quota::Concurrency(limit) => {
+                    outcomes.push(self.release(tx, limit, now)?);
                     continue;
                 }
             };

@@ -8,6 +8,7 @@ use std::ops::RangeInclusive;
 
 use async_trait::async_trait;
 
+use crate::algo::concurrency::ConcurrencyOutcome;
 use crate::algo::gcra::{self, GcraError, GcraOutcome, Limit};
 use crate::algo::tiers::{TierDecision, TierGrant, TierRequestError, TieredLimit};
 use crate::key::BucketKey;
@@ -116,6 +117,12 @@ impl Outcome {
     }
 }
 
+impl From<ConcurrencyOutcome> for Outcome {
+    fn from(o: ConcurrencyOutcome) -> Self {
+        Self::new(o.allowed, o.remaining, o.retry_after_us, o.reset_after_us)
+    }
+}
+
 impl From<GcraOutcome> for Outcome {
     fn from(o: GcraOutcome) -> Self {
         Self::new(o.allowed, o.remaining, o.retry_after_us, o.reset_after_us)
@@ -135,6 +142,8 @@ pub struct BucketTx<'a> {
     pub(crate) cost: u64,
     pub(crate) min_cost: u64,
     pub(crate) mode: Mode,
+    /// On a concurrency limit: the lease a spend takes or a refund gives back (0: none).
+    pub(crate) lease: u64,
 }
 
 /// Why a transaction cannot be built: what it asks could never be granted.
@@ -158,6 +167,9 @@ pub enum TransactionError {
         /// The upper end.
         max: u64,
     },
+    /// A cost range on a concurrency limit, where a request holds one slot or probes (cost 0).
+    #[error("a concurrency limit takes a cost of 0 or 1, not a range")]
+    RangeOnConcurrency,
 }
 
 impl<'a> BucketTx<'a> {
@@ -209,13 +221,31 @@ impl<'a> BucketTx<'a> {
                 burst: quota.max_cost(),
             });
         }
+        if quota.as_concurrency().is_some() && min_cost < cost {
+            return Err(TransactionError::RangeOnConcurrency);
+        }
         Ok(Self {
             key,
             quota,
             cost,
             min_cost,
             mode,
+            lease: 0,
         })
+    }
+
+    /// On a concurrency limit, the lease this transaction takes (a spend of cost 1) or gives
+    /// back (a refund): an id unique among the leases of its key, not 0 (the
+    /// [`Limiter`](crate::Limiter) makes one per spend). A concurrency spend without a lease
+    /// id is decided but takes no slot; elsewhere the id is ignored.
+    pub fn with_lease(mut self, id: u64) -> Self {
+        self.lease = id;
+        self
+    }
+
+    /// The lease id (0: none); see [`with_lease`](Self::with_lease).
+    pub fn lease(&self) -> u64 {
+        self.lease
     }
 
     /// The bucket.

@@ -104,6 +104,9 @@ pub enum ConfigErrorKind {
     /// A limit that does not validate.
     #[error("invalid limit: {0}")]
     InvalidLimit(#[from] LimitError),
+    /// A concurrency limit that does not validate.
+    #[error("invalid concurrency limit: {0}")]
+    InvalidConcurrency(#[from] crate::algo::concurrency::ConcurrencyError),
     /// Tiers that do not validate (the error names the tier and the field).
     #[error("invalid tiers: {0}")]
     InvalidTiers(#[from] TierError),
@@ -117,9 +120,10 @@ pub enum ConfigErrorKind {
         /// What is wrong with it.
         reason: String,
     },
-    /// Fields that cannot be given together (`tiers` with `burst`/`count`/`period`).
+    /// Fields that cannot be given together (`tiers` with `burst`/`count`/`period`, `concurrency`
+    /// with either).
     #[error(
-        "{0} and {1} cannot be given together: a limit is either GCRA (burst, count, period) or tiered (tiers)"
+        "{0} and {1} cannot be given together: a limit is GCRA (burst, count, period), tiered (tiers) or a concurrency limit (concurrency, lease, retry_after)"
     )]
     ConflictingFields(&'static str, &'static str),
     /// The configured cost of a request is larger than a burst (or, for tiers, the sum of the
@@ -404,6 +408,14 @@ impl Limits {
                     });
                     Quota::from(crate::algo::tiers::TieredLimit::new(tiers)?)
                 }
+                // Requests in flight per instance: the same share of the slots.
+                Quota::Concurrency(c) => Quota::Concurrency(
+                    crate::algo::concurrency::ConcurrencyLimit::from_micros(
+                        scale(c.max(), 1),
+                        c.lease_us(),
+                    )?
+                    .retry_after(crate::time::us(c.retry_after_us()))?,
+                ),
             })
         };
         let mut scaled = self.clone();

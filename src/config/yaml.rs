@@ -10,6 +10,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
 use super::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, check_name};
+use crate::algo::concurrency::ConcurrencyLimit;
 use crate::algo::gcra::Limit;
 use crate::algo::tiers::{Tier, TierError, TieredLimit};
 use crate::key::IdKind;
@@ -248,6 +249,9 @@ struct Fields<'a> {
     count: Option<&'a Node>,
     period: Option<&'a Node>,
     tiers: Option<&'a Node>,
+    concurrency: Option<&'a Node>,
+    lease: Option<&'a Node>,
+    retry_after: Option<&'a Node>,
     kind: Option<&'a Node>,
     cost: Option<&'a Node>,
     ids: Option<&'a Node>,
@@ -276,6 +280,9 @@ fn fields<'a>(node: &'a Node, allowed: &[&'static str]) -> Result<Fields<'a>, Co
             "count" => &mut f.count,
             "period" => &mut f.period,
             "tiers" => &mut f.tiers,
+            "concurrency" => &mut f.concurrency,
+            "lease" => &mut f.lease,
+            "retry_after" => &mut f.retry_after,
             "kind" => &mut f.kind,
             "cost" => &mut f.cost,
             "ids" => &mut f.ids,
@@ -323,6 +330,7 @@ fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> {
         ("count", f.count),
         ("period", f.period),
         ("tiers", f.tiers),
+        ("concurrency", f.concurrency),
     ];
     for (name, other) in others {
         if let Some(n) = other {
@@ -335,8 +343,28 @@ fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> {
     Ok(None)
 }
 
-/// A GCRA limit (`burst`, `count`, `period`) or burst tiers (`tiers`).
+/// A GCRA limit (`burst`, `count`, `period`), burst tiers (`tiers`) or a concurrency limit
+/// (`concurrency`, with `lease` and `retry_after`).
 fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
+    if let Some(max) = f.concurrency {
+        return concurrency_of(f, max).map(Quota::from);
+    }
+    // `lease` and `retry_after` belong to a concurrency limit.
+    for (name, node) in [("lease", f.lease), ("retry_after", f.retry_after)] {
+        if let Some(n) = node {
+            let rate = [("burst", f.burst), ("count", f.count), ("period", f.period)]
+                .into_iter()
+                .chain([("tiers", f.tiers)])
+                .find_map(|(other, node)| node.map(|_| other));
+            return Err(err_at(
+                match rate {
+                    Some(other) => ConfigErrorKind::ConflictingFields(name, other),
+                    None => ConfigErrorKind::MissingField("concurrency"),
+                },
+                n.line,
+            ));
+        }
+    }
     let Some(tiers) = f.tiers else {
         return limit_of(f).map(Quota::from);
     };
@@ -456,6 +484,49 @@ fn tiers_of(node: &Node) -> Result<TieredLimit, ConfigError> {
     })
 }
 
+/// The default lease time of a concurrency limit: a request holding its slot longer than this
+/// (or whose instance died) stops counting.
+const DEFAULT_LEASE: &str = "60s";
+
+/// `concurrency: N` with an optional `lease` (default 60s) and `retry_after` (default 1s).
+fn concurrency_of(f: &Fields<'_>, max_node: &Node) -> Result<ConcurrencyLimit, ConfigError> {
+    for (name, node) in [
+        ("burst", f.burst),
+        ("count", f.count),
+        ("period", f.period),
+        ("tiers", f.tiers),
+    ] {
+        if let Some(n) = node {
+            return Err(err_at(
+                ConfigErrorKind::ConflictingFields("concurrency", name),
+                n.line,
+            ));
+        }
+    }
+    let max = positive("concurrency", max_node)?;
+    let duration = |field: &'static str, node: Option<&Node>, default: &str| {
+        let (text, line) = match node.map(|n| (&n.value, n.line)) {
+            None => (default, max_node.line),
+            Some((Value::Str(s), line)) => (s.as_str(), line),
+            Some((other, line)) => {
+                return Err(err_at(
+                    ConfigErrorKind::BadNumber {
+                        field,
+                        found: format!("{} (write a duration such as 1s or 5m)", other.describe()),
+                    },
+                    line,
+                ));
+            }
+        };
+        parse_duration_us(text).map_err(|e| err_at(e.into(), line))
+    };
+    let lease_us = duration("lease", f.lease, DEFAULT_LEASE)?;
+    let retry_us = duration("retry_after", f.retry_after, "1s")?;
+    ConcurrencyLimit::from_micros(max, lease_us)
+        .and_then(|c| c.retry_after(crate::time::us(retry_us)))
+        .map_err(|e| err_at(e.into(), max_node.line))
+}
+
 fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {
     let need = |field, n| need(f, field, n);
     let burst_node = need("burst", f.burst)?;
@@ -525,7 +596,16 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
         let f = fields(
             v,
             &[
-                "burst", "count", "period", "tiers", "kind", "cost", "comment",
+                "burst",
+                "count",
+                "period",
+                "tiers",
+                "concurrency",
+                "lease",
+                "retry_after",
+                "kind",
+                "cost",
+                "comment",
             ],
         )
         .map_err(located)?;
@@ -622,7 +702,17 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                 let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
                 let f = fields(
                     v,
-                    &["burst", "count", "period", "tiers", "unlimited", "comment"],
+                    &[
+                        "burst",
+                        "count",
+                        "period",
+                        "tiers",
+                        "concurrency",
+                        "lease",
+                        "retry_after",
+                        "unlimited",
+                        "comment",
+                    ],
                 )
                 .map_err(located)?;
                 let limit = override_of(&f).map_err(located)?;

@@ -62,6 +62,19 @@ fn push_item(buf: &mut Buf, name: &str, a: u8, x: u64, b: u8, y: u64) {
     push_u64(buf, y);
 }
 
+/// Appends `"<name>";q=<max>;qu="concurrent-requests"`, the `RateLimit-Policy` member of a
+/// concurrency limit (the draft's quota unit for requests in flight; no window).
+fn push_concurrency_policy(buf: &mut Buf, name: &str, max: u64) {
+    if !buf.is_empty() {
+        buf.extend_from_slice(b", ");
+    }
+    buf.push(b'"');
+    buf.extend_from_slice(name.as_bytes());
+    buf.extend_from_slice(b"\";q=");
+    push_u64(buf, max);
+    buf.extend_from_slice(b";qu=\"concurrent-requests\"");
+}
+
 fn value(buf: &[u8]) -> HeaderValue {
     HeaderValue::from_bytes(buf).unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
 }
@@ -92,6 +105,8 @@ fn effective_window_us(d: &Decision) -> u64 {
         Some(Quota::Gcra(l)) => gcra_window_us(l, micros(d.reset_after), d.remaining),
         Some(Quota::Tiered(_)) if !d.allowed => micros(d.retry_after),
         Some(Quota::Tiered(_)) => micros(d.reset_after),
+        // Slots in flight: a denial's hint, else nothing to wait for.
+        Some(Quota::Concurrency(_)) => micros(d.retry_after),
         None => 0,
     }
 }
@@ -121,9 +136,12 @@ fn state_params(decision: &Decision) -> (u64, u64) {
 
 /// The `q` and `w` of a decision's `RateLimit-Policy` member, and its legacy
 /// `X-RateLimit-Limit`; `None` when the limit is disabled for the id. GCRA: the burst and the
-/// burst offset; tiered: the serving tier's limit and window (seconds, rounded up).
+/// burst offset; tiered: the serving tier's limit and window (seconds, rounded up); concurrency:
+/// the requests allowed in flight, and no window (its member is written by
+/// [`push_concurrency_policy`]).
 fn policy_params(decision: &Decision) -> Option<(u64, u64)> {
     match decision.limit.as_ref()? {
+        Quota::Concurrency(c) => Some((c.max(), 0)),
         Quota::Gcra(l) => Some((
             l.burst(),
             ceil_secs(Duration::from_micros(l.burst_offset_us())),
@@ -181,6 +199,9 @@ pub(crate) fn insert_ratelimit_headers(
                 buf.extend_from_slice(b", ");
             }
             buf.extend_from_slice(v.as_bytes());
+        }
+        None if matches!(d.limit, Some(Quota::Concurrency(_))) => {
+            push_concurrency_policy(buf, d.name.as_str(), q)
         }
         None => push_item(buf, d.name.as_str(), b'q', q, b'w', w),
     };

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::algo::concurrency::ConcurrencyLimit;
 use crate::algo::tiers::TierGrant;
 use crate::backend::Mode;
 use crate::key::{BucketKey, LimitName};
@@ -41,6 +42,37 @@ pub struct Decision {
     /// looks no further). A skipped decision is not allowed, grants nothing, its numbers are
     /// zero and it never speaks for the batch; nothing was spent on its bucket.
     pub skipped: bool,
+    /// On a concurrency limit, the slot this spend holds when it and its batch were allowed:
+    /// give it back with [`Limiter::release`](crate::Limiter::release) when the work ends (or
+    /// it ends by itself after the limit's lease time). `None` everywhere else.
+    pub lease: Option<Lease>,
+}
+
+/// A slot held on a concurrency limit ([`ConcurrencyLimit`]): a bucket and a lease id unique
+/// among its leases. Give it back with [`Limiter::release`](crate::Limiter::release); one never
+/// given back stops counting at its deadline (the limit's lease time after it was taken).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub(crate) key: BucketKey,
+    pub(crate) quota: Quota,
+    pub(crate) id: u64,
+}
+
+impl Lease {
+    /// The bucket the slot is held on.
+    pub fn key(&self) -> &BucketKey {
+        &self.key
+    }
+
+    /// The lease id (never 0).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The concurrency limit the slot was taken under.
+    pub fn limit(&self) -> Option<&ConcurrencyLimit> {
+        self.quota.as_concurrency()
+    }
 }
 
 impl Decision {
@@ -100,12 +132,20 @@ impl BatchDecision {
     /// what the backend said.
     pub(crate) fn unspend(&mut self) {
         for d in &mut self.decisions {
-            let Some(crate::quota::Quota::Gcra(l)) = &d.limit else {
-                continue;
-            };
             if !d.allowed || d.skipped || !d.mode.spends() || d.granted == 0 {
                 continue;
             }
+            let l = match &d.limit {
+                Some(Quota::Gcra(l)) => l,
+                // A slot was not taken: it is still free, and no lease is held.
+                Some(Quota::Concurrency(c)) => {
+                    d.remaining = d.remaining.saturating_add(1).min(c.max());
+                    d.granted = 0;
+                    d.lease = None;
+                    continue;
+                }
+                _ => continue,
+            };
             let cost = d.granted;
             d.remaining = d.remaining.saturating_add(cost).min(l.burst());
             let back =

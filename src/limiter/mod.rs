@@ -11,7 +11,7 @@ use crate::backend::{Mode, Outcome};
 use crate::config::Limits;
 
 pub(crate) use decision::strictness;
-pub use decision::{BatchDecision, Decision};
+pub use decision::{BatchDecision, Decision, Lease};
 
 pub use transaction::Transaction;
 
@@ -53,6 +53,12 @@ pub enum LimiterError {
         min: u64,
         /// The upper end.
         max: u64,
+    },
+    /// A cost range on a concurrency limit (a request holds one slot, or probes with cost 0).
+    #[error("limit {name}: a concurrency limit takes a cost of 0 or 1, not a range")]
+    RangeOnConcurrency {
+        /// The limit name.
+        name: LimitName,
     },
     /// An id that does not fit the limit's id kind.
     #[error("limit {name}: {source}")]
@@ -97,6 +103,7 @@ impl LimiterError {
             TransactionError::EmptyCostRange { min, max } => {
                 Self::EmptyCostRange { name, min, max }
             }
+            TransactionError::RangeOnConcurrency => Self::RangeOnConcurrency { name },
         }
     }
 }
@@ -113,6 +120,23 @@ struct Inner {
     pinned: Mutex<Vec<LimitName>>,
     /// Serialises reloads (the check of the pinned names and the swap are one step).
     reloading: Mutex<()>,
+    /// The next lease id, from a random start: unique among the leases of this limiter, and
+    /// (with 2^64 starts) apart from other instances' on a shared store.
+    next_lease: AtomicU64,
+}
+
+/// A random 64-bit start for lease ids: the standard library's per-process random hash keys,
+/// mixed with the time and the process id (no dependency for 8 random bytes).
+fn random_start() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 /// Why [`Limiter::reload`] refused new limits; the old ones stay in force.
@@ -217,6 +241,8 @@ struct Resolved<'a> {
     quota: Option<&'a Quota>,
     mode: Mode,
     cost: u64,
+    /// The lease a concurrency spend takes (0: none).
+    lease: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -234,7 +260,16 @@ fn decision(
     cost: u64,
     o: Outcome,
     op: Op,
+    lease: u64,
 ) -> Decision {
+    let lease = (lease != 0 && o.allowed && op == Op::Spend)
+        .then(|| quota.cloned())
+        .flatten()
+        .map(|quota| Lease {
+            key: key.clone(),
+            quota,
+            id: lease,
+        });
     let granted = match (&o.tiers, o.granted, o.allowed, op) {
         (Some(t), _, _, _) => t.granted,
         (None, Some(g), _, Op::Spend | Op::Check) => g,
@@ -253,6 +288,7 @@ fn decision(
         key,
         mode,
         skipped: o.skipped,
+        lease,
     }
 }
 
@@ -282,6 +318,7 @@ impl Limiter {
                 generation: AtomicU64::new(0),
                 pinned: Mutex::new(Vec::new()),
                 reloading: Mutex::new(()),
+                next_lease: AtomicU64::new(random_start()),
             }),
         }
     }
@@ -449,6 +486,44 @@ impl Limiter {
         self.run(batch, Op::Refund).await
     }
 
+    /// Gives back slots held on concurrency limits ([`Decision::lease`]); returns how many
+    /// were still held (a lease already given back, or past its deadline, is not). Each is
+    /// released under the limit it was taken under, whatever a reload changed since.
+    ///
+    /// ```
+    /// # use tower_ratelimits::{Id, Limiter, Limits, MemoryBackend, Transaction};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limits = Limits::from_yaml_str("Exports: {concurrency: 1, lease: 10m}", None)?;
+    /// let limiter = Limiter::new(limits, MemoryBackend::new());
+    /// let export = Transaction::new(limiter.key("Exports", Id::from(7u64))?);
+    /// let first = limiter.spend(&[export.clone()]).await?;
+    /// assert!(first.allowed());
+    /// assert!(!limiter.spend(&[export.clone()]).await?.allowed()); // one in flight already
+    /// let leases: Vec<_> = first.decisions().iter().filter_map(|d| d.lease.clone()).collect();
+    /// assert_eq!(limiter.release(&leases).await?, 1);
+    /// assert!(limiter.spend(&[export]).await?.allowed());
+    /// # Ok(()) }
+    /// ```
+    pub async fn release(&self, leases: &[Lease]) -> Result<usize, LimiterError> {
+        let txs = leases
+            .iter()
+            .map(|l| {
+                BucketTx::for_refund(&l.key, &l.quota, 1..=1, Mode::CheckAndSpend)
+                    .map(|tx| tx.with_lease(l.id))
+                    .map_err(|e| LimiterError::from_transaction(l.key.name(), e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if txs.is_empty() {
+            return Ok(0);
+        }
+        let outcomes = self.inner.backend.refund(&txs).await?;
+        for l in leases {
+            crate::telemetry::lease(l.key.name(), "released");
+        }
+        Ok(outcomes.iter().filter(|o| o.allowed).count())
+    }
+
     /// Deletes buckets: they become full.
     pub async fn reset(&self, keys: &[BucketKey]) -> Result<(), LimiterError> {
         let refs: Vec<&BucketKey> = keys.iter().collect();
@@ -551,6 +626,7 @@ impl Limiter {
             let quota = limits.resolve_in(entry, tx.key());
             let default_cost = entry.cost;
             let cost = tx.cost_or(default_cost);
+            let mut lease = 0;
             if let Some(quota) = quota {
                 let costs = tx.min_cost_or(default_cost)..=cost;
                 let checked = if op == Op::Refund {
@@ -558,9 +634,21 @@ impl Limiter {
                 } else {
                     BucketTx::new(tx.key(), quota, costs, mode)
                 };
-                txs.push(checked.map_err(|e| LimiterError::from_transaction(name, e))?);
+                let mut checked = checked.map_err(|e| LimiterError::from_transaction(name, e))?;
+                // A spend of a slot takes a lease of its own.
+                if op == Op::Spend && quota.as_concurrency().is_some() && cost == 1 && mode.spends()
+                {
+                    lease = self.lease_id();
+                    checked = checked.with_lease(lease);
+                }
+                txs.push(checked);
             }
-            resolved.push(Resolved { quota, mode, cost });
+            resolved.push(Resolved {
+                quota,
+                mode,
+                cost,
+                lease,
+            });
         }
         Ok((resolved, txs))
     }
@@ -573,7 +661,9 @@ impl Limiter {
     ) -> BatchDecision {
         let decisions = spent
             .into_iter()
-            .map(|(key, quota, mode, cost, o)| decision(key, Some(quota), mode, cost, o, Op::Spend))
+            .map(|(key, quota, mode, cost, o)| {
+                decision(key, Some(quota), mode, cost, o, Op::Spend, 0)
+            })
             .collect();
         concluded(decisions, Op::Spend)
     }
@@ -599,14 +689,43 @@ impl Limiter {
                     Some(_) => outcomes.next().unwrap_or_default(),
                     None => Outcome::new(true, u64::MAX, 0, 0),
                 };
-                decision(tx.key().clone(), r.quota, r.mode, r.cost, o, op)
+                decision(tx.key().clone(), r.quota, r.mode, r.cost, o, op, r.lease)
             })
             .collect();
         let batch_decision = concluded(decisions, op);
         if op == Op::Spend {
             count_partial_grants(batch, &batch_decision);
+            count_leases(&batch_decision);
         }
         Ok(batch_decision)
+    }
+}
+
+/// Counts the leases a spend batch took on concurrency limits, and its concurrency denials
+/// that counted.
+fn count_leases(decided: &BatchDecision) {
+    for d in decided.decisions() {
+        if !matches!(d.limit, Some(Quota::Concurrency(_))) || d.skipped {
+            continue;
+        }
+        let outcome = match &d.lease {
+            Some(_) => "acquired",
+            None if !d.allowed && d.mode.counts() => "denied",
+            None => continue,
+        };
+        crate::telemetry::lease(d.name, outcome);
+    }
+}
+
+impl Limiter {
+    /// A new lease id (never 0).
+    fn lease_id(&self) -> u64 {
+        loop {
+            let id = self.inner.next_lease.fetch_add(1, Ordering::Relaxed);
+            if id != 0 {
+                return id;
+            }
+        }
     }
 }
 

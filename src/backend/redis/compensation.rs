@@ -9,8 +9,9 @@ use crate::backend::{BucketTx, Outcome};
 
 impl RedisBackend {
     /// Gives back what allowed groups of a denied cluster batch spent: GCRA buckets by a
-    /// refund, tiered keys by putting back their value from before (when nobody wrote them
-    /// since), which also undoes the tiers the spend entered.
+    /// refund, concurrency keys by releasing the lease taken, tiered keys by putting back their
+    /// value from before (when nobody wrote them since), which also undoes the tiers the spend
+    /// entered.
     pub(super) async fn compensate(
         &self,
         batch: &[BucketTx<'_>],
@@ -20,10 +21,11 @@ impl RedisBackend {
         raws: &[Option<RawChange>],
     ) {
         crate::telemetry::compensation();
-        // A GCRA bucket gets back what it was granted: its cost, or a partial grant's units.
+        // A GCRA bucket gets back what it was granted: its cost, or a partial grant's units;
+        // a concurrency key its lease (a refund there is a release).
         let txs: Vec<BucketTx<'_>> = spent
             .iter()
-            .filter(|&&i| batch[i].quota.as_gcra().is_some())
+            .filter(|&&i| batch[i].quota.as_tiered().is_none())
             .map(|&i| BucketTx {
                 cost: outcomes[i].granted.unwrap_or(batch[i].cost),
                 ..batch[i]

@@ -1,5 +1,5 @@
 //! Where a bucket lives: `<prefix>{<limit name>:<escaped id>}`, and `:t` after the hash tag
-//! for a tiered state.
+//! for a tiered state, `:c` for a concurrency key's leases.
 
 use std::fmt;
 
@@ -8,6 +8,20 @@ use crate::key::BucketKey;
 /// The suffix of a tiered key's Redis key (after the hash tag, so it stays in the same slot):
 /// a name switched between GCRA and tiers never reads the other algorithm's state.
 pub(super) const TIERS_SUFFIX: &str = ":t";
+
+/// The suffix of a concurrency key's Redis key (a sorted set of leases scored by deadline),
+/// after the hash tag: a name switched to or from a concurrency limit never reads the other
+/// kind's state.
+pub(super) const CONCURRENCY_SUFFIX: &str = ":c";
+
+/// The suffix of the Redis key holding a quota's state.
+pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {
+    match quota {
+        crate::quota::Quota::Gcra(_) => "",
+        crate::quota::Quota::Tiered(_) => TIERS_SUFFIX,
+        crate::quota::Quota::Concurrency(_) => CONCURRENCY_SUFFIX,
+    }
+}
 
 /// A key being built: on the stack up to 192 bytes, so that the one allocation is the key's
 /// own, made at its exact size.

@@ -96,7 +96,7 @@ pub use connect::{RedisBackendBuilder, RedisSetupError};
 
 use connect::{Connection, Source};
 use deny_cache::DenyCache;
-use keys::{KeyBuf, TIERS_SUFFIX, redis_key};
+use keys::{CONCURRENCY_SUFFIX, KeyBuf, TIERS_SUFFIX, redis_key};
 use script::{Call, Expiry, MAX_TIME_US, Op, RawChange, Reply, SCRIPT, ScriptReply};
 
 use super::{Backend, BackendError, BucketTx, Outcome, batch_allowed};
@@ -296,9 +296,15 @@ impl RedisBackend {
         redis_key(&self.inner.prefix, key, TIERS_SUFFIX)
     }
 
-    /// The Redis key of `key`'s state (`tiered`: its tiered state), for a command.
-    fn command_key(&self, key: &BucketKey, tiered: bool) -> Key {
-        let suffix = if tiered { TIERS_SUFFIX } else { "" };
+    /// The Redis key of a concurrency key's leases: [`redis_key`](Self::redis_key) followed
+    /// by `:c` (same slot), a sorted set of lease ids scored by their deadlines.
+    pub fn redis_concurrency_key(&self, key: &BucketKey) -> String {
+        redis_key(&self.inner.prefix, key, CONCURRENCY_SUFFIX)
+    }
+
+    /// The Redis key of `key`'s state under a quota of the kind whose `suffix` it takes
+    /// ([`keys::suffix`]), for a command.
+    fn command_key(&self, key: &BucketKey, suffix: &str) -> Key {
         KeyBuf::new(&self.inner.prefix, key, suffix).key()
     }
 
@@ -530,7 +536,7 @@ impl RedisBackend {
 
     /// The Redis key of a transaction's state.
     fn script_key(&self, tx: &BucketTx<'_>) -> Key {
-        self.command_key(tx.key, tx.quota.as_tiered().is_some())
+        self.command_key(tx.key, keys::suffix(tx.quota))
     }
 
     fn keys(&self, batch: &[BucketTx<'_>]) -> Vec<Key> {
@@ -589,7 +595,7 @@ impl RedisBackend {
         if let Some(cache) = &self.inner.cache {
             let all_allowed = batch_allowed(batch.iter().zip(&reply.outcomes));
             for (tx, &tat) in batch.iter().zip(&reply.tats) {
-                if tx.quota.as_tiered().is_some() {
+                if tx.quota.as_gcra().is_none() {
                     continue;
                 }
                 let local_tat = local_tat(tat, reply.now, local_now);
@@ -697,7 +703,7 @@ impl Backend for RedisBackend {
         }
         if let Some(cache) = &self.inner.cache {
             for (i, tx) in batch.iter().enumerate() {
-                if tx.quota.as_tiered().is_some() {
+                if tx.quota.as_gcra().is_none() {
                     continue;
                 }
                 if all_allowed {
@@ -734,7 +740,9 @@ impl Backend for RedisBackend {
         }
         let redis_keys: Vec<Key> = keys
             .iter()
-            .flat_map(|k| [self.command_key(k, false), self.command_key(k, true)])
+            .flat_map(|k| {
+                ["", TIERS_SUFFIX, CONCURRENCY_SUFFIX].map(|suffix| self.command_key(k, suffix))
+            })
             .collect();
         let groups = self.groups(&redis_keys);
         let dels = groups.iter().map(|(slot, g)| {

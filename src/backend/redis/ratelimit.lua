@@ -25,6 +25,9 @@
 --   GCRA    0, emission interval, burst offset, burst, cost, mode; or for a partial grant
 --           (min..cost) 2, the same fields, then min (the least units acceptable)
 --   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
+--   concurrency  3, mode, cost (0 probes, 1 takes a slot), max in flight, lease time, retry
+--           hint, lease id (text; '0': none). The key is a sorted set of lease ids scored by
+--           their deadlines (src/algo/concurrency.rs); a refund releases the lease
 --   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
 --           and the milliseconds the value before had to live (-1: none)
 --   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe)
@@ -34,7 +37,7 @@
 -- the batch rule), so nothing is formatted or divided here. The other ops return, per key, a
 -- list: allowed (0/1), remaining, retry_after, reset_after, then for GCRA
 -- the TAT stored afterwards (0: none) and, for a spend of a range (min < cost), the units
--- granted; for tiered keys 0, granted, the serving tier, burst (0/1),
+-- granted; for concurrency keys 0; for tiered keys 0, granted, the serving tier, burst (0/1),
 -- the units of each tier and, when ARGV[4] is 1, the value before, the value after and the
 -- milliseconds the value before had to live. After the lists: now. A key holding something
 -- that is not a state of ours is decided as a fresh one and replaced by the first write.
@@ -264,6 +267,11 @@ for i = 1, n do
       rec[i].min = tonumber(ARGV[a])
       a = a + 1
     end
+  elseif kind == 3 then
+    rec[i] = {kind = 3, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
+      max = tonumber(ARGV[a + 3]), lease = tonumber(ARGV[a + 4]), retry = tonumber(ARGV[a + 5]),
+      id = ARGV[a + 6]}
+    a = a + 7
   else
     local r = {kind = 1, mode = tonumber(ARGV[a + 1]), min = tonumber(ARGV[a + 2]),
       max = tonumber(ARGV[a + 3]), n = tonumber(ARGV[a + 4]), L = {}, W = {}, A = {}, C = {}}
@@ -328,6 +336,16 @@ for i = 1, n do
   local r = rec[i]
   if r.kind == 0 then
     stored[i] = read_tat(i)
+  elseif r.kind == 3 then
+    -- The live leases (deadline after now): ended ones are dropped first, which changes no
+    -- decision. A value that is not a sorted set is no lease at all (-1), and the first lease
+    -- replaces it.
+    local trimmed = redis.pcall('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+    if type(trimmed) == 'table' then
+      stored[i] = -1
+    else
+      stored[i] = redis.call('ZCARD', KEYS[i])
+    end
   else
     -- A value that is not a tier state of ours is a fresh state, replaced by the first write
     -- (as for GCRA keys). Undoing a spend puts back what was there ('' deletes the key).
@@ -573,6 +591,35 @@ local function decide_tiers(r, s)
   return tier_reply(r, 1, rem, 0, reset, granted, last, burst, p.units), p
 end
 
+-- Concurrency keys ----------------------------------------------------------------------------
+
+-- The rule (src/algo/concurrency.rs `decide`): a request taking a slot (cost 1) is allowed when
+-- fewer than max leases are live; a probe (cost 0) always is. Returns allowed (0/1), remaining
+-- and the hint (0 when allowed).
+local function concurrency(r, live)
+  if live < 0 then live = 0 end
+  local used = live + r.cost
+  if used <= r.max or r.cost == 0 then
+    local rem = r.max - used
+    if rem < 0 then rem = 0 end
+    return 1, rem, 0
+  end
+  return 0, 0, r.retry
+end
+
+-- Records lease r.id on key i, taken now, and keeps the key until its last lease ends.
+local function take_lease(i, r)
+  if stored[i] < 0 then redis.call('DEL', KEYS[i]) end
+  redis.call('ZADD', KEYS[i], now + r.lease, r.id)
+  local last = tonumber(redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')[2])
+  local how, ms = expire_args(last)
+  if how == 'PXAT' then
+    redis.call('PEXPIREAT', KEYS[i], ms)
+  else
+    redis.call('PEXPIRE', KEYS[i], ms)
+  end
+end
+
 -- Decide -------------------------------------------------------------------------------------
 
 local out = {}
@@ -604,6 +651,10 @@ if op == 'spend' then
       elseif gcra_writes(r.mode, new_tat, s) then
         writes[i] = new_tat
       end
+    elseif r.kind == 3 then
+      local ok, rem, retry = concurrency(r, stored[i])
+      out[i] = {ok, rem, retry, retry, 0}
+      if ok == 0 and counts(r.mode) then batch_allowed = false end
     else
       local o, p = decide_tiers(r, stored[i])
       out[i] = o
@@ -621,6 +672,9 @@ if op == 'spend' then
       if r.kind == 0 and writes[i] then
         write_tat(KEYS[i], writes[i])
         out[i][5] = writes[i]
+      elseif r.kind == 3 and out[i][1] == 1 and spends(r.mode) and r.cost == 1
+          and r.id ~= '0' then
+        take_lease(i, r)
       elseif r.kind == 1 and plans[i] and spends(r.mode) then
         if want_raw then ttls[i] = redis.call('PTTL', KEYS[i]) end
         apply(r, stored[i], plans[i])
@@ -640,6 +694,16 @@ elseif op == 'refund' then
         write_tat(KEYS[i], new_tat)
         out[i][5] = new_tat
       end
+    elseif r.kind == 3 then
+      -- A release: the lease's id leaves the set (ended leases already left it).
+      local released, live = 0, 0
+      if stored[i] >= 0 then
+        released = redis.call('ZREM', KEYS[i], r.id)
+        live = redis.call('ZCARD', KEYS[i])
+      end
+      local rem = r.max - live
+      if rem < 0 then rem = 0 end
+      out[i] = {released, rem, 0, 0, 0}
     else
       local s = stored[i]
       normalize(r, s)

@@ -11,6 +11,7 @@
 //! | lean with the defaults (`g`: no op and no head, exactly two arguments per key; server clock, expiry when fresh, check-and-spend) | increment, burst offset |
 //! | GCRA | `0`, emission interval, burst offset, burst, cost, mode |
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
+//! | concurrency | `3`, mode, cost, max, lease (µs), retry hint (µs), lease id (decimal text; `0`: none) |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
 //!
 //! `M` (coalesced `g` calls, see `coalesce.rs`): `M`, the number of requests, each one's key
@@ -138,6 +139,18 @@ pub(super) fn encode<'a>(
                 if range {
                     args.push(int(tx.min_cost));
                 }
+            }
+            Quota::Concurrency(limit) => {
+                args.extend([
+                    Value::Integer(3),
+                    mode_code(tx.mode),
+                    int(tx.cost),
+                    int(limit.max()),
+                    int(limit.lease_us()),
+                    int(limit.retry_after_us()),
+                    // Text: an id is any u64, beyond what the script's doubles hold exactly.
+                    Value::String(itoa::Buffer::new().format(tx.lease).into()),
+                ]);
             }
             Quota::Tiered(limit) => {
                 args.extend([
