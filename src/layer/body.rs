@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::lease::Held;
 use super::settle::BodySettle;
 
 pin_project! {
@@ -30,10 +31,21 @@ pin_project! {
 pin_project! {
     /// Either the inner service's body or a complete body written by the middleware (empty for
     /// gRPC trailers-only responses).
-    #[derive(Debug)]
     pub struct RateLimitBody<B> {
         #[pin]
         kind: Kind<B>,
+        // The request's slots on concurrency limits: given back at the body's end, or when it
+        // is dropped.
+        release: Held,
+    }
+}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for RateLimitBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitBody")
+            .field("kind", &self.kind)
+            .field("holds_slots", &self.release.is_some())
+            .finish()
     }
 }
 
@@ -44,6 +56,7 @@ impl<B> RateLimitBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
+            release: None,
         }
     }
 
@@ -51,17 +64,18 @@ impl<B> RateLimitBody<B> {
     pub fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
+            release: None,
         }
     }
 
-    /// The inner service's body, settling `settle`'s rules when it ends.
-    pub(crate) fn settling(body: B, settle: Option<Box<BodySettle>>) -> Self {
-        match settle {
-            None => Self::inner(body),
-            Some(settle) => Self {
-                kind: Kind::Settling { body, settle },
-            },
-        }
+    /// The inner service's body, settling `settle`'s rules when it ends and giving back the
+    /// request's slots (`release`) when it ends or is dropped.
+    pub(crate) fn settling(body: B, settle: Option<Box<BodySettle>>, release: Held) -> Self {
+        let kind = match settle {
+            None => Kind::Inner { body },
+            Some(settle) => Kind::Settling { body, settle },
+        };
+        Self { kind, release }
     }
 }
 
@@ -76,51 +90,14 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            KindProj::Settling { mut body, settle } => loop {
-                // The end (or the trailers) is passed on only once the settle is done, so a
-                // client that saw the end of the body sees the settled bucket.
-                if let Some(t) = &mut settle.task {
-                    ready!(Pin::new(t).poll(cx));
-                    settle.task = None;
-                    settle.done = true;
-                    return Poll::Ready(settle.held.take().map(Ok));
-                }
-                if settle.done {
-                    return body.poll_frame(cx);
-                }
-                match ready!(body.as_mut().poll_frame(cx)) {
-                    Some(Ok(frame)) => {
-                        if let Some(data) = frame.data_ref() {
-                            settle.sent(data.len());
-                        } else if let Some(trailers) = frame.trailers_ref() {
-                            settle.task = settle.finish(Some(trailers));
-                            if settle.task.is_some() {
-                                settle.held = Some(frame);
-                                continue;
-                            }
-                            settle.done = true;
-                        }
-                        return Poll::Ready(Some(Ok(frame)));
-                    }
-                    Some(Err(e)) => {
-                        // A failed body settles on what was sent; the error is not held back.
-                        drop(settle.finish(None));
-                        settle.done = true;
-                        return Poll::Ready(Some(Err(e)));
-                    }
-                    None => {
-                        settle.task = settle.finish(None);
-                        if settle.task.is_none() {
-                            settle.done = true;
-                            return Poll::Ready(None);
-                        }
-                    }
-                }
-            },
+        let this = self.project();
+        let polled = poll_kind(this.kind, cx);
+        // The body is over (its end, or an error: the server stops there): the request's
+        // slots are free.
+        if this.release.is_some() && matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            *this.release = None;
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -141,5 +118,57 @@ where
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
         }
+    }
+}
+
+/// The next frame of the body itself (settling at its end when it settles).
+fn poll_kind<B: Body<Data = Bytes>>(
+    kind: Pin<&mut Kind<B>>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    match kind.project() {
+        KindProj::Inner { body } => body.poll_frame(cx),
+        KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        KindProj::Settling { mut body, settle } => loop {
+            // The end (or the trailers) is passed on only once the settle is done, so a
+            // client that saw the end of the body sees the settled bucket.
+            if let Some(t) = &mut settle.task {
+                ready!(Pin::new(t).poll(cx));
+                settle.task = None;
+                settle.done = true;
+                return Poll::Ready(settle.held.take().map(Ok));
+            }
+            if settle.done {
+                return body.poll_frame(cx);
+            }
+            match ready!(body.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        settle.sent(data.len());
+                    } else if let Some(trailers) = frame.trailers_ref() {
+                        settle.task = settle.finish(Some(trailers));
+                        if settle.task.is_some() {
+                            settle.held = Some(frame);
+                            continue;
+                        }
+                        settle.done = true;
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Some(Err(e)) => {
+                    // A failed body settles on what was sent; the error is not held back.
+                    drop(settle.finish(None));
+                    settle.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                None => {
+                    settle.task = settle.finish(None);
+                    if settle.task.is_none() {
+                        settle.done = true;
+                        return Poll::Ready(None);
+                    }
+                }
+            }
+        },
     }
 }

@@ -14,6 +14,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::body::RateLimitBody;
+use super::lease::Held;
 use super::outcome::{
     Allowed, Conclusion, Decide, Decided, Failure, Fields, Waited, conclude, decide,
 };
@@ -65,6 +66,9 @@ pin_project! {
         state: State<S, B, S::Future, S::Response>,
         shared: Arc<Shared>,
         waited: Waited,
+        // The slots the request holds on concurrency limits: moved into the response body,
+        // given back if the future is dropped first (cancelled, or the handler panicked).
+        release: Held,
     }
 }
 
@@ -88,6 +92,7 @@ where
             },
             shared,
             waited: Waited::default(),
+            release: None,
         }
     }
 
@@ -101,6 +106,7 @@ where
             state: State::Calling { future, allowed },
             shared,
             waited: Waited::default(),
+            release: None,
         }
     }
 
@@ -112,6 +118,7 @@ where
             },
             shared,
             waited: Waited::default(),
+            release: None,
         }
     }
 
@@ -125,11 +132,13 @@ where
         grpc: bool,
     ) -> Self {
         let mut waited = Waited::default();
-        let state = next(conclusion, inner, req, grpc, &mut waited);
+        let mut release = None;
+        let state = next(conclusion, inner, req, grpc, &mut waited, &mut release);
         Self {
             state,
             shared,
             waited,
+            release,
         }
     }
 }
@@ -155,7 +164,7 @@ where
                         return Poll::Ready(Ok(polled_after_completion(grpc)));
                     };
                     let conclusion = conclude(this.shared, result, grpc, this.waited);
-                    let state = next(conclusion, inner, req, grpc, this.waited);
+                    let state = next(conclusion, inner, req, grpc, this.waited, this.release);
                     this.state.set(state);
                 }
                 StateProj::Waiting {
@@ -168,16 +177,20 @@ where
                     let Some((inner, req)) = pending.take() else {
                         return Poll::Ready(Ok(polled_after_completion(grpc)));
                     };
-                    let state = again(this.shared, inner, req, grpc, this.waited);
+                    let state = again(this.shared, inner, req, grpc, this.waited, this.release);
                     this.state.set(state);
                 }
                 StateProj::Calling { future, allowed } => {
                     let response = ready!(future.poll(cx))?;
                     let Some(allowed) = allowed.take() else {
-                        return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
+                        let release = this.release.take();
+                        return Poll::Ready(Ok(
+                            response.map(|b| RateLimitBody::settling(b, None, release))
+                        ));
                     };
                     if !allowed.settle {
-                        return Poll::Ready(Ok(respond(this.shared, response, allowed)));
+                        let release = this.release.take();
+                        return Poll::Ready(Ok(respond(this.shared, response, allowed, release)));
                     }
                     let (head, body) = response.into_parts();
                     let task = match &allowed.fields {
@@ -186,7 +199,8 @@ where
                     };
                     let response = Response::from_parts(head, body);
                     let Some(task) = task else {
-                        return Poll::Ready(Ok(respond(this.shared, response, allowed)));
+                        let release = this.release.take();
+                        return Poll::Ready(Ok(respond(this.shared, response, allowed, release)));
                     };
                     this.state.set(State::Settling {
                         task,
@@ -202,7 +216,8 @@ where
                     if let Fields::Batch(batch) = &mut allowed.fields {
                         settle::merge(batch, settled);
                     }
-                    return Poll::Ready(Ok(respond(this.shared, response, allowed)));
+                    let release = this.release.take();
+                    return Poll::Ready(Ok(respond(this.shared, response, allowed, release)));
                 }
                 StateProj::Answered { response } => {
                     let Some(response) = response.take() else {
@@ -215,23 +230,29 @@ where
     }
 }
 
-/// The state a conclusion leads to: calling `inner` with `req`, answering, or waiting (the
-/// place kept in `waited`, and the time of the first wait).
+/// The state a conclusion leads to: calling `inner` with `req` (the slots it holds kept in
+/// `release`), answering, or waiting (the place kept in `waited`, and the time of the first
+/// wait).
 fn next<S, B>(
     conclusion: Conclusion,
     mut inner: S,
     req: Request<B>,
     grpc: bool,
     waited: &mut Waited,
+    release: &mut Held,
 ) -> State<S, B, S::Future, S::Response>
 where
     S: Service<Request<B>>,
 {
     match conclusion {
-        Conclusion::Call(allowed) => State::Calling {
-            future: inner.call(req),
-            allowed,
-        },
+        Conclusion::Call(allowed, held) => {
+            // Held before the call: a handler that panics in `call` still gives them back.
+            *release = held;
+            State::Calling {
+                future: inner.call(req),
+                allowed,
+            }
+        }
         Conclusion::Answer(response) => State::Answered {
             response: Some(response),
         },
@@ -254,6 +275,7 @@ fn again<S, B>(
     req: Request<B>,
     grpc: bool,
     waited: &mut Waited,
+    release: &mut Held,
 ) -> State<S, B, S::Future, S::Response>
 where
     S: Service<Request<B>>,
@@ -273,7 +295,14 @@ where
     if txs.is_empty() {
         // A reload disabled every rule that applied.
         waited.permit = None;
-        return next(Conclusion::Call(None), inner, req, grpc, waited);
+        return next(
+            Conclusion::Call(None, None),
+            inner,
+            req,
+            grpc,
+            waited,
+            release,
+        );
     }
     match shared.limiter.try_spend_now_in(&limits, &txs) {
         Some(result) => {
@@ -283,7 +312,7 @@ where
                 fell_back: false,
             };
             let conclusion = conclude(shared, decided, grpc, waited);
-            next(conclusion, inner, req, grpc, waited)
+            next(conclusion, inner, req, grpc, waited, release)
         }
         None => State::Deciding {
             decide: decide(shared, arc_swap::Guard::into_inner(limits), txs),
@@ -312,6 +341,7 @@ fn respond<B>(
     shared: &Arc<Shared>,
     mut response: Response<B>,
     allowed: Allowed,
+    release: Held,
 ) -> Response<RateLimitBody<B>> {
     if allowed.headers && response.status() != StatusCode::TOO_MANY_REQUESTS {
         let headers = response.headers_mut();
@@ -335,5 +365,5 @@ fn respond<B>(
         Fields::Batch(batch) if allowed.settle => BodySettle::of(shared, batch),
         _ => None,
     };
-    response.map(|body| RateLimitBody::settling(body, settle))
+    response.map(|body| RateLimitBody::settling(body, settle, release))
 }

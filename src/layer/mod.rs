@@ -31,6 +31,7 @@
 mod body;
 mod extract;
 mod future;
+mod lease;
 mod observe;
 mod outcome;
 mod rate_limit_layer;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
+use super::lease::{Held, Release};
 use super::observe::{RuleOutcome, count_request, observe_batch};
 use super::rate_limit_layer::{FailurePolicy, Shared};
 use super::response::{Denial, OneFields, error_response};
@@ -120,8 +121,9 @@ pub(crate) enum Fields {
 }
 
 pub(crate) enum Conclusion {
-    /// Call the inner service; its response gets what `Allowed` asks.
-    Call(Option<Allowed>),
+    /// Call the inner service; its response gets what `Allowed` asks, and the request holds
+    /// its slots on concurrency limits until it ends.
+    Call(Option<Allowed>, Held),
     /// Answer with this response.
     Answer(Response<Bytes>),
     /// Denied, but every rule that denied waits ([`Rule::wait`](crate::Rule::wait)): sleep
@@ -172,17 +174,25 @@ pub(crate) fn conclude(
     match result {
         Ok(batch) if batch.allowed() => {
             count("allowed");
+            // Slots taken by the in-memory fallback are given back to it.
+            let release = match (&shared.fallback, fell_back) {
+                (Some(fallback), true) => Release::of(fallback.limiter(&shared.limiter), &batch),
+                _ => Release::of(&shared.limiter, &batch),
+            };
             // What the in-memory fallback spent is settled nowhere: its estimates stand.
             let settle = shared.settles && !fell_back;
             if !shared.headers_on_allowed && !settle {
-                return Conclusion::Call(None);
+                return Conclusion::Call(None, release);
             }
-            Conclusion::Call(Some(Allowed {
-                fields: Fields::Batch(batch),
-                headers: shared.headers_on_allowed,
-                legacy: shared.legacy_headers,
-                settle,
-            }))
+            Conclusion::Call(
+                Some(Allowed {
+                    fields: Fields::Batch(batch),
+                    headers: shared.headers_on_allowed,
+                    legacy: shared.legacy_headers,
+                    settle,
+                }),
+                release,
+            )
         }
         Ok(batch) => {
             if shared.waits
@@ -279,7 +289,7 @@ pub(crate) fn conclude(
                     shared.problem_json,
                 ));
             }
-            Conclusion::Call(None)
+            Conclusion::Call(None, None)
         }
     }
 }

@@ -216,7 +216,8 @@ impl Shared {
         let mut out = Reservations::new();
         for d in batch.decisions() {
             let Some(limit) = &d.limit else { continue };
-            if !d.allowed || d.skipped || !d.mode.spends() {
+            // A slot in flight is given back when the request ends, never settled.
+            if !d.allowed || d.skipped || !d.mode.spends() || limit.as_concurrency().is_some() {
                 continue;
             }
             let Some(rule) = self.rules.iter().position(|r| r.name == d.name) else {

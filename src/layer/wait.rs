@@ -108,6 +108,13 @@ impl Shared {
             if d.allowed || !d.counts() {
                 continue;
             }
+            // A slot frees when a request ends, which no wait can know: never waited for.
+            if d.limit
+                .as_ref()
+                .is_some_and(|l| l.as_concurrency().is_some())
+            {
+                return None;
+            }
             let i = self.rules.iter().position(|r| r.name == d.name)?;
             let wait = self.rules[i].rule.wait?;
             if !crate::limiter::may_wait(waited, delay, wait.up_to) {

@@ -1,0 +1,536 @@
+//! Per-key concurrency limits (`concurrency: N` in YAML) on the memory backend: through the
+//! `Limiter`, and through the layer on a real axum server over TCP with slow handlers held at
+//! a gate (no sleeps: a handler waits for the test to open the gate). The Redis and cluster
+//! versions, with two app instances, are in `tests/redis.rs`.
+
+#[path = "support/http.rs"]
+mod http_support;
+#[path = "support/scrape.rs"]
+mod scrape;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::{Router, body::Body, routing::get};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use http_support::{HttpClient, serve};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tower_ratelimits::{
+    ConfigErrorKind, Header, Id, Limiter, LimiterError, Limits, ManualClock, MemoryBackend, Mode,
+    RateLimitLayer, Rule, Transaction,
+};
+
+const LIMITS: &str = "\
+Exports: {kind: account, concurrency: 3, lease: 60s, retry_after: 2s}
+One: {kind: account, concurrency: 1, lease: 1h}
+Expiring: {kind: account, concurrency: 1, lease: 10s}
+PerAccount: {kind: account, burst: 2, count: 2, period: 1s}
+";
+
+/// Where slow handlers wait: each counts itself in `entered`, then waits for a permit.
+#[derive(Clone)]
+struct Gate {
+    entered: Arc<watch::Sender<usize>>,
+    open: Arc<Semaphore>,
+}
+
+impl Gate {
+    fn new() -> Self {
+        Self {
+            entered: Arc::new(watch::channel(0).0),
+            open: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    async fn pass(&self) {
+        self.entered.send_modify(|n| *n += 1);
+        if let Ok(permit) = self.open.acquire().await {
+            permit.forget();
+        }
+    }
+
+    /// Waits until `n` handlers have entered in all.
+    async fn entered(&self, n: usize) {
+        let mut rx = self.entered.subscribe();
+        tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|&e| e >= n))
+            .await
+            .expect("handlers never entered")
+            .unwrap();
+    }
+}
+
+/// Waits (bounded) until `done` holds: a slot is given back when the server drops the body,
+/// which may come just after the client saw its end.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never: {what}");
+}
+
+struct App {
+    router: Router,
+    limiter: Limiter,
+    backend: MemoryBackend,
+    gate: Gate,
+    /// The bodies of `/stream` requests, fed by the test.
+    streams: Arc<std::sync::Mutex<Vec<mpsc::Sender<Result<Bytes, Infallible>>>>>,
+}
+
+fn app(limit: &str) -> App {
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let gate = Gate::new();
+    let streams: Arc<std::sync::Mutex<Vec<mpsc::Sender<Result<Bytes, Infallible>>>>> =
+        Arc::default();
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .rule(Rule::new(limit, Header::new("x-account")))
+        .build()
+        .unwrap();
+    let slow = gate.clone();
+    let feeds = streams.clone();
+    let router = Router::new()
+        .route(
+            "/slow",
+            get(move || {
+                let gate = slow.clone();
+                async move {
+                    gate.pass().await;
+                    "done"
+                }
+            }),
+        )
+        .route("/quick", get(|| async { "quick" }))
+        .route(
+            "/stream",
+            get(move || {
+                let feeds = feeds.clone();
+                async move {
+                    let (tx, rx) = mpsc::channel(4);
+                    feeds.lock().unwrap().push(tx);
+                    Body::new(ChannelBody(rx))
+                }
+            }),
+        )
+        .route(
+            "/panic",
+            get(|| async {
+                if true {
+                    panic!("a handler that panics");
+                }
+                "never"
+            }),
+        )
+        .layer(layer);
+    App {
+        router,
+        limiter,
+        backend,
+        gate,
+        streams,
+    }
+}
+
+/// A response body made of the chunks sent on its channel, ending when every sender is gone.
+struct ChannelBody(mpsc::Receiver<Result<Bytes, Infallible>>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| c.map(http_body::Frame::data)))
+    }
+}
+
+fn key(limiter: &Limiter, name: &str, account: u64) -> tower_ratelimits::BucketKey {
+    limiter.key(name, Id::from(account)).unwrap()
+}
+
+/// N + 1 slow requests of one key over TCP: exactly N reach the handler, the last is refused
+/// with 429, `Retry-After` from the limit's hint and the `concurrent-requests` policy; another
+/// key is not affected; once the N end, their slots are free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_plus_one_slow_requests_admit_exactly_n() {
+    let app = app("Exports");
+    let server = serve(app.router.clone()).await;
+    let client = Arc::new(HttpClient::new(&server));
+    let exports = key(&app.limiter, "Exports", 7);
+    let mut slow = Vec::new();
+    for _ in 0..3 {
+        let client = client.clone();
+        slow.push(tokio::spawn(async move {
+            client.get("/slow", &[("x-account", "7")]).await
+        }));
+    }
+    app.gate.entered(3).await;
+    assert_eq!(app.backend.leases(&exports), 3);
+
+    let refused = client.get("/quick", &[("x-account", "7")]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("retry-after"), Some("2"));
+    assert_eq!(
+        refused.header("ratelimit-policy"),
+        Some("\"Exports\";q=3;qu=\"concurrent-requests\"")
+    );
+    assert_eq!(refused.header("ratelimit"), Some("\"Exports\";r=0;t=2"));
+
+    // Another key has its own slots.
+    let other = client.get("/quick", &[("x-account", "8")]).await;
+    assert_eq!(other.status, 200);
+    assert_eq!(other.header("ratelimit"), Some("\"Exports\";r=2;t=0"));
+
+    app.gate.open.add_permits(3);
+    for s in slow {
+        assert_eq!(s.await.unwrap().status, 200);
+    }
+    eventually("the slots are given back", || {
+        app.backend.leases(&exports) == 0
+    })
+    .await;
+    let again = client.get("/quick", &[("x-account", "7")]).await;
+    assert_eq!(again.status, 200);
+}
+
+/// The slot is held until the response body ends, not only until its head: a streaming
+/// response keeps its key at its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_is_held_until_the_body_ends() {
+    let app = app("One");
+    let server = serve(app.router.clone()).await;
+    let client = HttpClient::new(&server);
+    let one = key(&app.limiter, "One", 7);
+    let raw = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<Bytes>>();
+    let request = http::Request::get(format!("http://{}/stream", server.addr))
+        .header("x-account", "7")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let response = raw.request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let feed = app.streams.lock().unwrap().pop().unwrap();
+    feed.send(Ok(Bytes::from_static(b"part 1"))).await.unwrap();
+
+    assert_eq!(app.backend.leases(&one), 1);
+    assert_eq!(
+        client.get("/quick", &[("x-account", "7")]).await.status,
+        429
+    );
+
+    drop(feed);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"part 1");
+    eventually("the slot is given back at the body's end", || {
+        app.backend.leases(&one) == 0
+    })
+    .await;
+    assert_eq!(
+        client.get("/quick", &[("x-account", "7")]).await.status,
+        200
+    );
+}
+
+/// A client that goes away in the middle of the body gives its slot back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_gives_its_slot_back() {
+    let app = app("One");
+    let server = serve(app.router.clone()).await;
+    let one = key(&app.limiter, "One", 7);
+    let raw = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build_http::<http_body_util::Full<Bytes>>();
+    let request = http::Request::get(format!("http://{}/stream", server.addr))
+        .header("x-account", "7")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let response = raw.request(request).await.unwrap();
+    let feed = app.streams.lock().unwrap().pop().unwrap();
+    feed.send(Ok(Bytes::from_static(b"part 1"))).await.unwrap();
+    assert_eq!(app.backend.leases(&one), 1);
+    drop(response);
+    drop(raw);
+    // The server notices when it next writes: the stream keeps going until then.
+    let feeding = tokio::spawn(async move {
+        while feed.send(Ok(Bytes::from_static(b"more"))).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    eventually("the slot of a client that went away is given back", || {
+        app.backend.leases(&one) == 0
+    })
+    .await;
+    feeding.abort();
+}
+
+/// A handler that panics gives its slot back (its connection dies, and the response future
+/// with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_gives_its_slot_back() {
+    let app = app("One");
+    let server = serve(app.router.clone()).await;
+    let one = key(&app.limiter, "One", 7);
+    let raw = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<Bytes>>();
+    let request = http::Request::get(format!("http://{}/panic", server.addr))
+        .header("x-account", "7")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    assert!(raw.request(request).await.is_err(), "the connection dies");
+    eventually("the slot of a panicking handler is given back", || {
+        app.backend.leases(&one) == 0
+    })
+    .await;
+    let client = HttpClient::new(&server);
+    assert_eq!(
+        client.get("/quick", &[("x-account", "7")]).await.status,
+        200
+    );
+}
+
+/// A request cancelled while its handler runs (its future dropped) gives its slot back at once.
+#[tokio::test]
+async fn a_cancelled_request_gives_its_slot_back_at_once() {
+    use tower::ServiceExt;
+    let app = app("One");
+    let one = key(&app.limiter, "One", 7);
+    let router = app.router.clone();
+    let request = http::Request::get("/slow")
+        .header("x-account", "7")
+        .body(Body::empty())
+        .unwrap();
+    let running = tokio::spawn(router.oneshot(request));
+    app.gate.entered(1).await;
+    assert_eq!(app.backend.leases(&one), 1);
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled());
+    assert_eq!(app.backend.leases(&one), 0);
+}
+
+/// Through the `Limiter`: a slot per spend, given back by `release` (once: a second release
+/// finds nothing); a lease never given back stops counting at its deadline, on the backend's
+/// clock.
+#[tokio::test]
+async fn leases_are_released_once_and_expire_at_their_deadline() {
+    let clock = ManualClock::new(1_000_000);
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let tx = Transaction::new(key(&limiter, "Expiring", 7));
+    let first = limiter.spend(std::slice::from_ref(&tx)).await.unwrap();
+    assert!(first.allowed());
+    let lease = first.decisions()[0].lease.clone().unwrap();
+    assert_eq!(lease.limit().unwrap().max(), 1);
+    let denied = limiter.spend(std::slice::from_ref(&tx)).await.unwrap();
+    assert!(!denied.allowed());
+    assert_eq!(denied.decisions()[0].retry_after, Duration::from_secs(1));
+    assert_eq!(denied.decisions()[0].lease, None);
+
+    assert_eq!(
+        limiter.release(std::slice::from_ref(&lease)).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        limiter.release(std::slice::from_ref(&lease)).await.unwrap(),
+        0
+    );
+
+    // Taken and never given back (its instance died): it counts for 10 s, then no longer.
+    assert!(
+        limiter
+            .spend(std::slice::from_ref(&tx))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    clock.advance(Duration::from_secs(10) - Duration::from_micros(1));
+    assert!(
+        !limiter
+            .spend(std::slice::from_ref(&tx))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    clock.advance(Duration::from_micros(1));
+    assert!(
+        limiter
+            .spend(std::slice::from_ref(&tx))
+            .await
+            .unwrap()
+            .allowed()
+    );
+    // Every lease has ended: the sweep drops the key.
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(backend.leases(tx.key()), 0);
+    assert_eq!(backend.sweep(), 1);
+}
+
+/// In a batch, a concurrency limit is all or nothing with the others: a batch another limit
+/// denies takes no slot. A probe (cost 0) and a check take none either; a range is refused.
+#[tokio::test]
+async fn batches_probes_and_checks_take_no_slot_unless_allowed() {
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let one = key(&limiter, "One", 7);
+    let rate = key(&limiter, "PerAccount", 7);
+    let batch = [
+        Transaction::new(one.clone()),
+        Transaction::new(rate.clone()).cost(2),
+    ];
+    let allowed = limiter.spend(&batch).await.unwrap();
+    assert!(allowed.allowed());
+    let held = allowed.decisions()[0].lease.clone().unwrap();
+    assert_eq!(limiter.release(&[held]).await.unwrap(), 1);
+
+    // The rate limit is spent: the batch is denied, and the free slot stays free.
+    let denied = limiter.spend(&batch).await.unwrap();
+    assert!(!denied.allowed());
+    assert!(denied.decisions()[0].allowed);
+    assert_eq!(denied.decisions()[0].remaining, 1);
+    assert_eq!(denied.decisions()[0].lease, None);
+    assert_eq!(backend.leases(&one), 0);
+
+    let probe = limiter
+        .spend(&[Transaction::new(one.clone()).cost(0)])
+        .await
+        .unwrap();
+    assert!(probe.allowed());
+    assert_eq!(
+        (probe.decisions()[0].remaining, probe.decisions()[0].granted),
+        (1, 0)
+    );
+    let check = limiter
+        .spend(&[Transaction::new(one.clone()).mode(Mode::CheckOnly)])
+        .await
+        .unwrap();
+    assert!(check.allowed());
+    assert_eq!(check.decisions()[0].lease, None);
+    assert_eq!(backend.leases(&one), 0);
+
+    assert!(matches!(
+        limiter
+            .spend(&[Transaction::new(one.clone()).cost_range(0..=1)])
+            .await,
+        Err(LimiterError::RangeOnConcurrency { .. })
+    ));
+    assert!(matches!(
+        limiter.spend(&[Transaction::new(one).cost(2)]).await,
+        Err(LimiterError::CostAboveBurst {
+            cost: 2,
+            burst: 1,
+            ..
+        })
+    ));
+}
+
+/// The YAML form: `concurrency` with its `lease` (default 60 s) and `retry_after` (default
+/// 1 s), in defaults and overrides; mixing it with a rate limit's fields is an error naming
+/// both, and `lease` without `concurrency` names what is missing.
+#[test]
+fn the_yaml_form_and_its_errors() {
+    let limits = Limits::from_yaml_str("Jobs: {concurrency: 4}", None).unwrap();
+    let name = limits.name("Jobs").unwrap();
+    let quota = limits.default_limit(name).unwrap();
+    let c = quota.as_concurrency().unwrap();
+    assert_eq!(
+        (c.max(), c.lease_us(), c.retry_after_us()),
+        (4, 60_000_000, 1_000_000)
+    );
+    assert_eq!(quota.max_cost(), 1);
+
+    let with_override = Limits::from_yaml_str(
+        "Jobs: {kind: account, concurrency: 4}\n",
+        Some("Jobs:42: {concurrency: 40, lease: 5m}\n"),
+    )
+    .unwrap();
+    let vip =
+        tower_ratelimits::BucketKey::new(with_override.name("Jobs").unwrap(), Id::from(42u64));
+    assert_eq!(
+        with_override
+            .resolve(&vip)
+            .unwrap()
+            .as_concurrency()
+            .unwrap()
+            .max(),
+        40
+    );
+
+    let err = |yaml: &str| Limits::from_yaml_str(yaml, None).unwrap_err();
+    assert!(matches!(
+        err("Jobs: {concurrency: 4, burst: 5}").kind(),
+        ConfigErrorKind::ConflictingFields("concurrency", "burst")
+    ));
+    assert!(matches!(
+        err("Jobs: {burst: 5, count: 5, period: 1s, lease: 5s}").kind(),
+        ConfigErrorKind::ConflictingFields("lease", "burst")
+    ));
+    assert!(matches!(
+        err("Jobs: {lease: 5s}").kind(),
+        ConfigErrorKind::MissingField("concurrency")
+    ));
+    assert!(matches!(
+        err("Jobs: {concurrency: 0}").kind(),
+        ConfigErrorKind::BadNumber {
+            field: "concurrency",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err("Jobs: {concurrency: 4, lease: 0s}").kind(),
+        ConfigErrorKind::InvalidConcurrency(_)
+    ));
+    assert!(matches!(
+        err("Jobs: {concurrency: 4, cost: 2}").kind(),
+        ConfigErrorKind::CostAboveBurst { cost: 2, burst: 1 }
+    ));
+}
+
+/// Slots are counted, by a real Prometheus recorder, parsed: acquired, denied, released.
+#[tokio::test]
+async fn slots_are_counted() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        MemoryBackend::new(),
+    );
+    let tx = [Transaction::new(key(&limiter, "One", 7))];
+    let first = limiter.spend(&tx).await.unwrap();
+    assert!(!limiter.spend(&tx).await.unwrap().allowed());
+    let leases: Vec<_> = first
+        .decisions()
+        .iter()
+        .filter_map(|d| d.lease.clone())
+        .collect();
+    limiter.release(&leases).await.unwrap();
+    let m = scrape::samples(&handle.render());
+    let count = |outcome: &str| {
+        m.get(&format!(
+            "tower_ratelimits_leases_total{{limit=One,outcome={outcome}}}"
+        ))
+        .copied()
+        .unwrap_or(0.0)
+    };
+    assert_eq!(
+        (count("acquired"), count("denied"), count("released")),
+        (1.0, 1.0, 1.0)
+    );
+}
