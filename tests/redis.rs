@@ -117,22 +117,24 @@ TierB:
 
 /// The limits of the conformance traces: those of the example traces
 /// (`examples/traces/gcra-20-per-second.yaml`, `examples/traces/burst-tiers.yaml`) plus
-/// `examples/traces/partial-grants.yaml` and `CONFORMANCE_LIMITS`.
+/// `examples/traces/partial-grants.yaml`, `examples/traces/concurrency.yaml` and
+/// `CONFORMANCE_LIMITS`.
 fn conformance_limits() -> Limits {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
     let (gcra, tiers) = (read("gcra-20-per-second.yaml"), read("burst-tiers.yaml"));
     let partial = read("partial-grants.yaml");
+    let concurrency = read("concurrency.yaml");
     Limits::from_yaml_str(
-        &format!("{gcra}\n{tiers}\n{partial}\n{CONFORMANCE_LIMITS}"),
+        &format!("{gcra}\n{tiers}\n{partial}\n{concurrency}\n{CONFORMANCE_LIMITS}"),
         None,
     )
     .unwrap()
 }
 
-/// A deterministic pseudo-random trace: batches of 1 to 3 limits (GCRA and tiered, mixed), all
-/// modes, costs from 0 to the burst and ranges (partial grants, GCRA and tiered), checks, refunds and resets, and
-/// time steps from 0 to 700 ms.
+/// A deterministic pseudo-random trace: batches of 1 to 3 limits (GCRA, tiered and
+/// concurrency, mixed), all modes, costs from 0 to the burst and ranges (partial grants, GCRA
+/// and tiered), checks, refunds, resets and releases of slots, and time steps from 0 to 700 ms.
 fn random_trace(seed: u64, lines: usize) -> String {
     let mut state = seed
         .wrapping_mul(6364136223846793005)
@@ -149,6 +151,7 @@ fn random_trace(seed: u64, lines: usize) -> String {
         ("Slow", 3),
         ("TierB", 7),
         ("Big", 100),
+        ("InFlight2", 1),
     ];
     let ids = ["u1", "u2", "a{b}", "x%7By"];
     let mut t_ms = 0u64;
@@ -158,7 +161,8 @@ fn random_trace(seed: u64, lines: usize) -> String {
         let op = match next(20) {
             0..=12 => "spend",
             13..=15 => "check",
-            16..=18 => "refund",
+            16..=17 => "refund",
+            18 => "release",
             _ => "reset",
         };
         out.push_str(&format!("{t_ms}ms {op}"));
@@ -173,7 +177,10 @@ fn random_trace(seed: u64, lines: usize) -> String {
                 ""
             };
             out.push_str(&format!(" {mode}{name}={id}"));
-            if op != "reset" && next(2) == 0 {
+            // A concurrency limit takes a cost of 0 or 1, never a range.
+            if name == "InFlight2" && op != "reset" && op != "release" && next(2) == 0 {
+                out.push_str(&format!("*{}", next(2)));
+            } else if op != "reset" && op != "release" && name != "InFlight2" && next(2) == 0 {
                 let cost = match next(4) {
                     0 => 0,
                     1 => burst,
@@ -224,6 +231,7 @@ fn traces() -> Vec<(String, String)> {
         "gcra-worked-examples",
         "burst-tiers-v1-v8",
         "partial-grants",
+        "concurrency",
     ]
     .iter()
     .map(|name| {

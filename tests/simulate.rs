@@ -375,6 +375,39 @@ async fn partial_grants_on_gcra_give_the_published_values() {
     assert_eq!(out.len(), 12);
 }
 
+/// Every line of `examples/traces/concurrency.trace` (slots taken, refused, probed, released,
+/// held back by a batch's rate limit, ended at their lease time) ends with the fields its first
+/// decision (a `release` line: the line itself) must have.
+#[tokio::test]
+async fn concurrency_limits_give_the_documented_values() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
+    let limits = std::fs::read_to_string(dir.join("concurrency.yaml")).unwrap();
+    let trace = std::fs::read_to_string(dir.join("concurrency.trace")).unwrap();
+    let out = run(&limits, None, &trace).await.unwrap();
+    for line in &out {
+        let number = line["line"].as_u64().unwrap() as usize;
+        let text = trace.lines().nth(number - 1).unwrap();
+        let expected: Value = serde_json::from_str(text.split("# ").nth(1).unwrap()).unwrap();
+        let d = if line["op"] == "release" {
+            line
+        } else {
+            &line["decisions"][0]
+        };
+        for (field, want) in expected.as_object().unwrap() {
+            assert_eq!(&d[field], want, "line {number} {field}: {text}\n{line}");
+        }
+        // Only a slot taken says so.
+        if line["op"] != "release" {
+            assert_eq!(
+                d.get("lease").is_some(),
+                text.contains("\"lease\":true"),
+                "line {number}"
+            );
+        }
+    }
+    assert_eq!(out.len(), 15);
+}
+
 #[tokio::test]
 async fn tiered_decisions_carry_granted_tiers_burst_and_tier() {
     let limits = "\

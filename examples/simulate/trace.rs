@@ -7,7 +7,9 @@
 //! (`#` at the start of a line or after white space) are skipped.
 //! - `<time>`: since the trace start, an integer or decimal with unit `us`, `ms` or `s`
 //!   (`0ms`, `1.01s`, `250us`). Times must not go backwards.
-//! - `<op>`: `spend`, `check`, `refund` or `reset`.
+//! - `<op>`: `spend`, `check`, `refund`, `reset` or `release`. A `spend` on a concurrency
+//!   limit (`concurrency: N`) takes a slot when allowed; `release` gives back the oldest slot
+//!   each listed key took in the trace and still holds (none held: nothing happens).
 //! - `<tx>`: `[check-only:|spend-only:]<Name>=<id>[*<cost>]`. All transactions of a line are
 //!   one batch; `*<cost>` overrides the line's cost for that transaction.
 //! - `cost=<n>`: the line's cost (default: the limit's configured cost, 1 unless set).
@@ -25,7 +27,10 @@
 //! client, or the one that refused). A transaction the
 //! backend did not evaluate, because another one already denied the batch (the Redis deny
 //! cache), has `"skipped":true` and zero numbers; the memory backend never skips. A `reset`
-//! line prints `{"line":N,"at_us":T,"op":"reset","keys":["Name=id",...]}`.
+//! line prints `{"line":N,"at_us":T,"op":"reset","keys":["Name=id",...]}`. A decision that
+//! took a slot on a concurrency limit has `"lease":true`; a `release` line prints
+//! `{"line":N,"at_us":T,"op":"release","keys":["Name=id",...],"released":K}` (K: the slots
+//! that were still held, not ended at their lease time).
 //!
 //! `tests/simulate.rs` runs it on the worked examples, and `tests/redis.rs` runs the same
 //! traces through memory, a Redis and a cluster. The file is part of the `simulate` example,
@@ -122,6 +127,8 @@ struct TxOut<'a> {
     tier: Option<u8>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     skipped: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    lease: bool,
 }
 
 /// Parses `<n>` or `<min>..<max>`.
@@ -157,6 +164,8 @@ struct ResetOut<'a> {
     at_us: u64,
     op: &'a str,
     keys: Vec<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    released: Option<usize>,
 }
 
 fn micros(d: std::time::Duration) -> u64 {
@@ -175,10 +184,10 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
     let at_us = parse_time_us(time)?;
     let op = words
         .next()
-        .ok_or("missing operation (spend, check, refund, reset)")?;
-    if !matches!(op, "spend" | "check" | "refund" | "reset") {
+        .ok_or("missing operation (spend, check, refund, reset, release)")?;
+    if !matches!(op, "spend" | "check" | "refund" | "reset" | "release") {
         return Err(format!(
-            "unknown operation {op:?}: use spend, check, refund or reset"
+            "unknown operation {op:?}: use spend, check, refund, reset or release"
         ));
     }
     let mut specs: Vec<&str> = words.collect();
@@ -242,6 +251,11 @@ pub async fn run(
 ) -> Result<(), SimulateError> {
     let mut last_us = 0u64;
     let mut buf = Vec::new();
+    // The slots the trace's spends hold, oldest first per key (for `release`).
+    let mut held: std::collections::HashMap<
+        tower_ratelimits::BucketKey,
+        std::collections::VecDeque<tower_ratelimits::Lease>,
+    > = std::collections::HashMap::new();
     for number in 1.. {
         // Bounded: a line that never ends costs at most MAX_LINE_BYTES of memory.
         buf.clear();
@@ -299,6 +313,20 @@ pub async fn run(
                 at_us: parsed.at_us,
                 op: parsed.op,
                 keys: parsed.txs.iter().map(|(s, _)| *s).collect(),
+                released: None,
+            })
+        } else if parsed.op == "release" {
+            let leases: Vec<_> = txs
+                .iter()
+                .filter_map(|t| held.get_mut(t.key())?.pop_front())
+                .collect();
+            let released = limiter.release(&leases).await.map_err(failed)?;
+            serde_json::to_string(&ResetOut {
+                line: number,
+                at_us: parsed.at_us,
+                op: parsed.op,
+                keys: parsed.txs.iter().map(|(s, _)| *s).collect(),
+                released: Some(released),
             })
         } else {
             let batch = match parsed.op {
@@ -307,6 +335,13 @@ pub async fn run(
                 _ => limiter.refund(&txs).await,
             }
             .map_err(failed)?;
+            for d in batch.decisions() {
+                if let Some(lease) = &d.lease {
+                    held.entry(d.key.clone())
+                        .or_default()
+                        .push_back(lease.clone());
+                }
+            }
             let top = batch.strictest().or(batch.decisions().first());
             serde_json::to_string(&LineOut {
                 line: number,
@@ -334,6 +369,7 @@ pub async fn run(
                         burst: d.tiers.map(|t| t.burst),
                         tier: d.tiers.map(|t| t.tier),
                         skipped: d.skipped,
+                        lease: d.lease.is_some(),
                     })
                     .collect(),
             })
