@@ -73,13 +73,16 @@ async fn eventually(what: &str, done: impl Fn() -> bool) {
     panic!("never: {what}");
 }
 
+/// The senders feeding the bodies of `/stream` responses.
+type Feeds = Arc<std::sync::Mutex<Vec<mpsc::Sender<Result<Bytes, Infallible>>>>>;
+
 struct App {
     router: Router,
     limiter: Limiter,
     backend: MemoryBackend,
     gate: Gate,
     /// The bodies of `/stream` requests, fed by the test.
-    streams: Arc<std::sync::Mutex<Vec<mpsc::Sender<Result<Bytes, Infallible>>>>>,
+    streams: Feeds,
 }
 
 fn app(limit: &str) -> App {
@@ -89,8 +92,7 @@ fn app(limit: &str) -> App {
         backend.clone(),
     );
     let gate = Gate::new();
-    let streams: Arc<std::sync::Mutex<Vec<mpsc::Sender<Result<Bytes, Infallible>>>>> =
-        Arc::default();
+    let streams: Feeds = Arc::default();
     let layer = RateLimitLayer::builder(limiter.clone())
         .rule(Rule::new(limit, Header::new("x-account")))
         .build()
