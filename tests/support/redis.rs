@@ -31,11 +31,13 @@ fn port_free(port: u16) -> bool {
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
-/// A free loopback port `p` whose cluster bus port `p + 10000` is free as well.
+/// A free loopback port `p` whose cluster bus port `p + 10000` is free as well, both below the
+/// kernel's ephemeral range (32768 and up by default), where an outgoing connection's local
+/// port could take one after the check.
 pub fn free_port() -> u16 {
     let seed = std::process::id() as u64 * 7919 + NEXT.fetch_add(1, Ordering::Relaxed) as u64;
     for i in 0..2000u64 {
-        let port = 20000 + ((seed * 31 + i * 97) % 10000) as u16;
+        let port = 10000 + ((seed * 31 + i * 97) % 12000) as u16;
         if port_free(port) && port_free(port + 10000) {
             return port;
         }
