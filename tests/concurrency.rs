@@ -335,12 +335,12 @@ async fn leases_are_released_once_and_expire_at_their_deadline() {
     let tx = Transaction::new(key(&limiter, "Expiring", 7));
     let first = limiter.spend(std::slice::from_ref(&tx)).await.unwrap();
     assert!(first.allowed());
-    let lease = first.decisions()[0].lease.clone().unwrap();
+    let lease = first.decisions()[0].lease().unwrap();
     assert_eq!(lease.limit().unwrap().max(), 1);
     let denied = limiter.spend(std::slice::from_ref(&tx)).await.unwrap();
     assert!(!denied.allowed());
     assert_eq!(denied.decisions()[0].retry_after, Duration::from_secs(1));
-    assert_eq!(denied.decisions()[0].lease, None);
+    assert_eq!(denied.decisions()[0].lease_id, None);
 
     assert_eq!(
         limiter.release(std::slice::from_ref(&lease)).await.unwrap(),
@@ -398,7 +398,7 @@ async fn batches_probes_and_checks_take_no_slot_unless_allowed() {
     ];
     let allowed = limiter.spend(&batch).await.unwrap();
     assert!(allowed.allowed());
-    let held = allowed.decisions()[0].lease.clone().unwrap();
+    let held = allowed.decisions()[0].lease().unwrap();
     assert_eq!(limiter.release(&[held]).await.unwrap(), 1);
 
     // The rate limit is spent: the batch is denied, and the free slot stays free.
@@ -406,7 +406,7 @@ async fn batches_probes_and_checks_take_no_slot_unless_allowed() {
     assert!(!denied.allowed());
     assert!(denied.decisions()[0].allowed);
     assert_eq!(denied.decisions()[0].remaining, 1);
-    assert_eq!(denied.decisions()[0].lease, None);
+    assert_eq!(denied.decisions()[0].lease_id, None);
     assert_eq!(backend.leases(&one), 0);
 
     let probe = limiter
@@ -423,7 +423,7 @@ async fn batches_probes_and_checks_take_no_slot_unless_allowed() {
         .await
         .unwrap();
     assert!(check.allowed());
-    assert_eq!(check.decisions()[0].lease, None);
+    assert_eq!(check.decisions()[0].lease_id, None);
     assert_eq!(backend.leases(&one), 0);
 
     assert!(matches!(
@@ -517,11 +517,7 @@ async fn slots_are_counted() {
     let tx = [Transaction::new(key(&limiter, "One", 7))];
     let first = limiter.spend(&tx).await.unwrap();
     assert!(!limiter.spend(&tx).await.unwrap().allowed());
-    let leases: Vec<_> = first
-        .decisions()
-        .iter()
-        .filter_map(|d| d.lease.clone())
-        .collect();
+    let leases: Vec<_> = first.decisions().iter().filter_map(|d| d.lease()).collect();
     limiter.release(&leases).await.unwrap();
     let m = scrape::samples(&handle.render());
     let count = |outcome: &str| {

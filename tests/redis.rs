@@ -2392,7 +2392,7 @@ async fn concurrency_conforms(url: &str) {
                         d.remaining,
                         d.retry_after,
                         d.granted,
-                        d.lease.is_some(),
+                        d.lease_id.is_some(),
                     )
                 })
                 .collect::<Vec<_>>()
@@ -2403,7 +2403,7 @@ async fn concurrency_conforms(url: &str) {
             "step {step}: {batch:?}"
         );
         for (l, d) in decided.iter().enumerate() {
-            held[l].extend(d.decisions().iter().filter_map(|d| d.lease.clone()));
+            held[l].extend(d.decisions().iter().filter_map(|d| d.lease()));
         }
         denied += usize::from(!decided[0].allowed());
     }

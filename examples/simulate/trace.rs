@@ -336,10 +336,8 @@ pub async fn run(
             }
             .map_err(failed)?;
             for d in batch.decisions() {
-                if let Some(lease) = &d.lease {
-                    held.entry(d.key.clone())
-                        .or_default()
-                        .push_back(lease.clone());
+                if let Some(lease) = d.lease() {
+                    held.entry(d.key.clone()).or_default().push_back(lease);
                 }
             }
             let top = batch.strictest().or(batch.decisions().first());
@@ -369,7 +367,7 @@ pub async fn run(
                         burst: d.tiers.map(|t| t.burst),
                         tier: d.tiers.map(|t| t.tier),
                         skipped: d.skipped,
-                        lease: d.lease.is_some(),
+                        lease: d.lease_id.is_some(),
                     })
                     .collect(),
             })

@@ -23,11 +23,8 @@ pub(crate) struct Release {
 impl Release {
     /// The leases `batch` (allowed, decided by `limiter`) holds; `None` when it holds none.
     pub(crate) fn of(limiter: &Limiter, batch: &BatchDecision) -> Option<Box<Self>> {
-        let leases: SmallVec<[Lease; 1]> = batch
-            .decisions()
-            .iter()
-            .filter_map(|d| d.lease.clone())
-            .collect();
+        let leases: SmallVec<[Lease; 1]> =
+            batch.decisions().iter().filter_map(|d| d.lease()).collect();
         if leases.is_empty() {
             return None;
         }

@@ -1,5 +1,6 @@
 //! What was decided: one [`Decision`] per transaction, and the batch's.
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use crate::algo::concurrency::ConcurrencyLimit;
@@ -42,10 +43,10 @@ pub struct Decision {
     /// looks no further). A skipped decision is not allowed, grants nothing, its numbers are
     /// zero and it never speaks for the batch; nothing was spent on its bucket.
     pub skipped: bool,
-    /// On a concurrency limit, the slot this spend holds when it and its batch were allowed:
-    /// give it back with [`Limiter::release`](crate::Limiter::release) when the work ends (or
-    /// it ends by itself after the limit's lease time). `None` everywhere else.
-    pub lease: Option<Lease>,
+    /// On a concurrency limit, the id of the slot this spend holds when it and its batch were
+    /// allowed ([`lease`](Self::lease) gives it with its bucket, for
+    /// [`Limiter::release`](crate::Limiter::release)). `None` everywhere else.
+    pub lease_id: Option<NonZeroU64>,
 }
 
 /// A slot held on a concurrency limit ([`ConcurrencyLimit`]): a bucket and a lease id unique
@@ -76,6 +77,17 @@ impl Lease {
 }
 
 impl Decision {
+    /// The slot this spend holds on a concurrency limit, to give back with
+    /// [`Limiter::release`](crate::Limiter::release) when the work ends (it also ends by itself
+    /// after the limit's lease time); `None` when it holds none.
+    pub fn lease(&self) -> Option<Lease> {
+        Some(Lease {
+            id: self.lease_id?.get(),
+            key: self.key.clone(),
+            quota: self.limit.clone()?,
+        })
+    }
+
     /// Whether this decision takes part in choosing the batch decision: its mode counts, its
     /// limit is enabled and it was evaluated.
     pub fn counts(&self) -> bool {
@@ -141,7 +153,7 @@ impl BatchDecision {
                 Some(Quota::Concurrency(c)) => {
                     d.remaining = d.remaining.saturating_add(1).min(c.max());
                     d.granted = 0;
-                    d.lease = None;
+                    d.lease_id = None;
                     continue;
                 }
                 _ => continue,

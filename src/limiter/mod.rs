@@ -262,14 +262,7 @@ fn decision(
     op: Op,
     lease: u64,
 ) -> Decision {
-    let lease = (lease != 0 && o.allowed && op == Op::Spend)
-        .then(|| quota.cloned())
-        .flatten()
-        .map(|quota| Lease {
-            key: key.clone(),
-            quota,
-            id: lease,
-        });
+    let lease_id = std::num::NonZeroU64::new(lease).filter(|_| o.allowed && op == Op::Spend);
     let granted = match (&o.tiers, o.granted, o.allowed, op) {
         (Some(t), _, _, _) => t.granted,
         (None, Some(g), _, Op::Spend | Op::Check) => g,
@@ -288,7 +281,7 @@ fn decision(
         key,
         mode,
         skipped: o.skipped,
-        lease,
+        lease_id,
     }
 }
 
@@ -500,7 +493,7 @@ impl Limiter {
     /// let first = limiter.spend(&[export.clone()]).await?;
     /// assert!(first.allowed());
     /// assert!(!limiter.spend(&[export.clone()]).await?.allowed()); // one in flight already
-    /// let leases: Vec<_> = first.decisions().iter().filter_map(|d| d.lease.clone()).collect();
+    /// let leases: Vec<_> = first.decisions().iter().filter_map(|d| d.lease()).collect();
     /// assert_eq!(limiter.release(&leases).await?, 1);
     /// assert!(limiter.spend(&[export]).await?.allowed());
     /// # Ok(()) }
@@ -708,7 +701,7 @@ fn count_leases(decided: &BatchDecision) {
         if !matches!(d.limit, Some(Quota::Concurrency(_))) || d.skipped {
             continue;
         }
-        let outcome = match &d.lease {
+        let outcome = match d.lease_id {
             Some(_) => "acquired",
             None if !d.allowed && d.mode.counts() => "denied",
             None => continue,
