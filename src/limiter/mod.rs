@@ -241,8 +241,6 @@ struct Resolved<'a> {
     quota: Option<&'a Quota>,
     mode: Mode,
     cost: u64,
-    /// The lease a concurrency spend takes (0: none).
-    lease: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -551,7 +549,7 @@ impl Limiter {
                 Err(e) => return Some(Err(e.into())),
             }
         };
-        Some(self.finish(batch, resolved, txs.len(), outcomes, Op::Spend))
+        Some(self.finish(batch, resolved, &txs, outcomes, Op::Spend))
     }
 
     async fn run(&self, batch: &[Transaction], op: Op) -> Result<BatchDecision, LimiterError> {
@@ -589,7 +587,7 @@ impl Limiter {
             crate::telemetry::backend_duration(op.label(), started.elapsed().as_secs_f64());
             outcomes?
         };
-        self.finish(batch, resolved, txs.len(), outcomes, op)
+        self.finish(batch, resolved, &txs, outcomes, op)
     }
 
     /// Checks a batch and resolves each transaction's limit and cost.
@@ -619,7 +617,6 @@ impl Limiter {
             let quota = limits.resolve_in(entry, tx.key());
             let default_cost = entry.cost;
             let cost = tx.cost_or(default_cost);
-            let mut lease = 0;
             if let Some(quota) = quota {
                 let costs = tx.min_cost_or(default_cost)..=cost;
                 let checked = if op == Op::Refund {
@@ -631,17 +628,11 @@ impl Limiter {
                 // A spend of a slot takes a lease of its own.
                 if op == Op::Spend && quota.as_concurrency().is_some() && cost == 1 && mode.spends()
                 {
-                    lease = self.lease_id();
-                    checked = checked.with_lease(lease);
+                    checked = checked.with_lease(self.lease_id());
                 }
                 txs.push(checked);
             }
-            resolved.push(Resolved {
-                quota,
-                mode,
-                cost,
-                lease,
-            });
+            resolved.push(Resolved { quota, mode, cost });
         }
         Ok((resolved, txs))
     }
@@ -666,23 +657,28 @@ impl Limiter {
         &self,
         batch: &[Transaction],
         resolved: Batch<Resolved<'_>>,
-        sent: usize,
+        sent: &[BucketTx<'_>],
         outcomes: Vec<Outcome>,
         op: Op,
     ) -> Result<BatchDecision, LimiterError> {
-        if outcomes.len() != sent {
-            return Err(BackendError::outcome_count(outcomes.len(), sent).into());
+        if outcomes.len() != sent.len() {
+            return Err(BackendError::outcome_count(outcomes.len(), sent.len()).into());
         }
         let mut outcomes = outcomes.into_iter();
+        // The transactions sent, in order: one per resolved transaction with a limit.
+        let mut sent = sent.iter();
         let decisions = batch
             .iter()
             .zip(resolved)
             .map(|(tx, r)| {
-                let o = match r.quota {
-                    Some(_) => outcomes.next().unwrap_or_default(),
-                    None => Outcome::new(true, u64::MAX, 0, 0),
+                let (o, lease) = match r.quota {
+                    Some(_) => (
+                        outcomes.next().unwrap_or_default(),
+                        sent.next().map_or(0, |t| t.lease),
+                    ),
+                    None => (Outcome::new(true, u64::MAX, 0, 0), 0),
                 };
-                decision(tx.key().clone(), r.quota, r.mode, r.cost, o, op, r.lease)
+                decision(tx.key().clone(), r.quota, r.mode, r.cost, o, op, lease)
             })
             .collect();
         let batch_decision = concluded(decisions, op);
