@@ -3,6 +3,8 @@
 //! a gate (no sleeps: a handler waits for the test to open the gate). The Redis and cluster
 //! versions, with two app instances, are in `tests/redis.rs`.
 
+#[path = "support/gate.rs"]
+mod gate;
 #[path = "support/http.rs"]
 mod http_support;
 #[path = "support/scrape.rs"]
@@ -14,9 +16,10 @@ use std::time::Duration;
 
 use axum::{Router, body::Body, routing::get};
 use bytes::Bytes;
+use gate::Gate;
 use http_body_util::BodyExt;
 use http_support::{HttpClient, serve};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::mpsc;
 use tower_ratelimits::{
     ConfigErrorKind, Header, Id, Limiter, LimiterError, Limits, ManualClock, MemoryBackend, Mode,
     RateLimitLayer, Rule, Transaction,
@@ -28,38 +31,6 @@ One: {kind: account, concurrency: 1, lease: 1h}
 Expiring: {kind: account, concurrency: 1, lease: 10s}
 PerAccount: {kind: account, burst: 2, count: 2, period: 1s}
 ";
-
-/// Where slow handlers wait: each counts itself in `entered`, then waits for a permit.
-#[derive(Clone)]
-struct Gate {
-    entered: Arc<watch::Sender<usize>>,
-    open: Arc<Semaphore>,
-}
-
-impl Gate {
-    fn new() -> Self {
-        Self {
-            entered: Arc::new(watch::channel(0).0),
-            open: Arc::new(Semaphore::new(0)),
-        }
-    }
-
-    async fn pass(&self) {
-        self.entered.send_modify(|n| *n += 1);
-        if let Ok(permit) = self.open.acquire().await {
-            permit.forget();
-        }
-    }
-
-    /// Waits until `n` handlers have entered in all.
-    async fn entered(&self, n: usize) {
-        let mut rx = self.entered.subscribe();
-        tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|&e| e >= n))
-            .await
-            .expect("handlers never entered")
-            .unwrap();
-    }
-}
 
 /// Waits (bounded) until `done` holds: a slot is given back when the server drops the body,
 /// which may come just after the client saw its end.
@@ -158,6 +129,31 @@ impl http_body::Body for ChannelBody {
     }
 }
 
+/// A client that keeps no idle connection, and its GET of `path` for account 7 as a response
+/// whose body is still to be read (or the error of a connection that died).
+async fn raw_get(
+    server: &http_support::Server,
+    path: &str,
+) -> (
+    RawClient,
+    Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
+) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build_http::<http_body_util::Full<Bytes>>();
+    let request = http::Request::get(format!("http://{}{path}", server.addr))
+        .header("x-account", "7")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(request).await;
+    (client, response)
+}
+
+type RawClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<Bytes>,
+>;
+
 fn key(limiter: &Limiter, name: &str, account: u64) -> tower_ratelimits::BucketKey {
     limiter.key(name, Id::from(account)).unwrap()
 }
@@ -195,7 +191,7 @@ async fn n_plus_one_slow_requests_admit_exactly_n() {
     assert_eq!(other.status, 200);
     assert_eq!(other.header("ratelimit"), Some("\"Exports\";r=2;t=0"));
 
-    app.gate.open.add_permits(3);
+    app.gate.open(3);
     for s in slow {
         assert_eq!(s.await.unwrap().status, 200);
     }
@@ -215,13 +211,8 @@ async fn a_slot_is_held_until_the_body_ends() {
     let server = serve(app.router.clone()).await;
     let client = HttpClient::new(&server);
     let one = key(&app.limiter, "One", 7);
-    let raw = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Full<Bytes>>();
-    let request = http::Request::get(format!("http://{}/stream", server.addr))
-        .header("x-account", "7")
-        .body(http_body_util::Full::new(Bytes::new()))
-        .unwrap();
-    let response = raw.request(request).await.unwrap();
+    let (_client, response) = raw_get(&server, "/stream").await;
+    let response = response.unwrap();
     assert_eq!(response.status(), 200);
     let feed = app.streams.lock().unwrap().pop().unwrap();
     feed.send(Ok(Bytes::from_static(b"part 1"))).await.unwrap();
@@ -251,14 +242,8 @@ async fn a_client_that_disconnects_gives_its_slot_back() {
     let app = app("One");
     let server = serve(app.router.clone()).await;
     let one = key(&app.limiter, "One", 7);
-    let raw = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_max_idle_per_host(0)
-        .build_http::<http_body_util::Full<Bytes>>();
-    let request = http::Request::get(format!("http://{}/stream", server.addr))
-        .header("x-account", "7")
-        .body(http_body_util::Full::new(Bytes::new()))
-        .unwrap();
-    let response = raw.request(request).await.unwrap();
+    let (raw, response) = raw_get(&server, "/stream").await;
+    let response = response.unwrap();
     let feed = app.streams.lock().unwrap().pop().unwrap();
     feed.send(Ok(Bytes::from_static(b"part 1"))).await.unwrap();
     assert_eq!(app.backend.leases(&one), 1);
@@ -284,13 +269,8 @@ async fn a_handler_that_panics_gives_its_slot_back() {
     let app = app("One");
     let server = serve(app.router.clone()).await;
     let one = key(&app.limiter, "One", 7);
-    let raw = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Full<Bytes>>();
-    let request = http::Request::get(format!("http://{}/panic", server.addr))
-        .header("x-account", "7")
-        .body(http_body_util::Full::new(Bytes::new()))
-        .unwrap();
-    assert!(raw.request(request).await.is_err(), "the connection dies");
+    let (_client, response) = raw_get(&server, "/panic").await;
+    assert!(response.is_err(), "the connection dies");
     eventually("the slot of a panicking handler is given back", || {
         app.backend.leases(&one) == 0
     })
@@ -498,6 +478,29 @@ fn the_yaml_form_and_its_errors() {
         err("Jobs: {concurrency: 4, lease: 0s}").kind(),
         ConfigErrorKind::InvalidConcurrency(_)
     ));
+    // A lease error is on the lease's line, a concurrency above the cap on its own line; a
+    // duration written as a number says what to write.
+    let lease = err("Jobs:\n  concurrency: 4\n  lease: 0s\n");
+    assert!(matches!(
+        lease.kind(),
+        ConfigErrorKind::InvalidConcurrency(_)
+    ));
+    assert_eq!(lease.location().line, Some(3));
+    let many = err("Jobs:\n  lease: 5s\n  concurrency: 100001\n");
+    assert!(matches!(
+        many.kind(),
+        ConfigErrorKind::InvalidConcurrency(tower_ratelimits::ConcurrencyError::TooMany {
+            max: 100_001
+        })
+    ));
+    assert_eq!(many.location().line, Some(3));
+    assert!(matches!(
+        err("Jobs: {concurrency: 4, retry_after: 1}").kind(),
+        ConfigErrorKind::BadNumber {
+            field: "retry_after",
+            ..
+        }
+    ));
     assert!(matches!(
         err("Jobs: {concurrency: 4, cost: 2}").kind(),
         ConfigErrorKind::CostAboveBurst { cost: 2, burst: 1 }
@@ -519,6 +522,8 @@ async fn slots_are_counted() {
     assert!(!limiter.spend(&tx).await.unwrap().allowed());
     let leases: Vec<_> = first.decisions().iter().filter_map(|d| d.lease()).collect();
     limiter.release(&leases).await.unwrap();
+    // Given back twice: the second finds nothing held and is not counted.
+    assert_eq!(limiter.release(&leases).await.unwrap(), 0);
     let m = scrape::samples(&handle.render());
     let count = |outcome: &str| {
         m.get(&format!(

@@ -2119,38 +2119,13 @@ Brief: {kind: account, concurrency: 2, lease: 10s}
 Rate: {kind: account, burst: 1, count: 1, period: 1h}
 ";
 
-/// A slow handler's gate, shared by both instances' handlers: each counts itself in, then
-/// waits for a permit.
-#[derive(Clone)]
-struct Gate {
-    entered: Arc<tokio::sync::watch::Sender<usize>>,
-    open: Arc<tokio::sync::Semaphore>,
-}
-
-impl Gate {
-    fn new() -> Self {
-        Self {
-            entered: Arc::new(tokio::sync::watch::channel(0).0),
-            open: Arc::new(tokio::sync::Semaphore::new(0)),
-        }
-    }
-
-    async fn entered(&self, n: usize) {
-        let mut rx = self.entered.subscribe();
-        tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|&e| e >= n))
-            .await
-            .expect("handlers never entered")
-            .unwrap();
-    }
-}
-
 /// One app instance: its own limiter and connection to the store, a layer with `rules`, a
 /// slow route held at `gate` and a quick one, served over TCP.
 async fn concurrency_instance(
     url: &str,
     prefix: &str,
     rules: &[&str],
-    gate: &Gate,
+    gate: &support::gate::Gate,
 ) -> (support::http::Server, RedisBackend) {
     use axum::{Router, routing::get};
     use tower_ratelimits::{Header, RateLimitLayer, Rule};
@@ -2170,10 +2145,7 @@ async fn concurrency_instance(
             get(move || {
                 let gate = gate.clone();
                 async move {
-                    gate.entered.send_modify(|n| *n += 1);
-                    if let Ok(p) = gate.open.acquire().await {
-                        p.forget();
-                    }
+                    gate.pass().await;
                     "done"
                 }
             }),
@@ -2202,7 +2174,7 @@ async fn live_leases(backend: &RedisBackend, key: &str) -> i64 {
 async fn concurrency_is_shared_by_instances(url: &str) {
     use support::http::HttpClient;
     let prefix = unique_prefix("conc");
-    let gate = Gate::new();
+    let gate = support::gate::Gate::new();
     let (a, backend) = concurrency_instance(url, &prefix, &["Exports"], &gate).await;
     let (b, _) = concurrency_instance(url, &prefix, &["Exports"], &gate).await;
     let clients = [Arc::new(HttpClient::new(&a)), Arc::new(HttpClient::new(&b))];
@@ -2214,30 +2186,23 @@ async fn concurrency_is_shared_by_instances(url: &str) {
         }));
     }
     gate.entered(3).await;
-    let set = backend.redis_concurrency_key(&BucketKey::new(
-        Limits::from_yaml_str(CONCURRENCY_LIMITS, None)
-            .unwrap()
-            .name("Exports")
-            .unwrap(),
-        Id::from(7u64),
-    ));
+    let name = Limits::from_yaml_str(CONCURRENCY_LIMITS, None)
+        .unwrap()
+        .name("Exports")
+        .unwrap();
+    let set_of = |id: u64| backend.redis_concurrency_key(&BucketKey::new(name, Id::from(id)));
+    let set = set_of(7);
     assert_eq!(live_leases(&backend, &set).await, 3);
     for client in &clients {
         let refused = client.get("/quick", &[("x-account", "7")]).await;
         assert_eq!(refused.status, 429);
         assert_eq!(refused.header("retry-after"), Some("2"));
     }
-    gate.open.add_permits(3);
+    gate.open(3);
     for s in slow {
         assert_eq!(s.await.unwrap(), 200);
     }
-    for _ in 0..1000 {
-        if live_leases(&backend, &set).await == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(live_leases(&backend, &set).await, 0);
+    until_no_leases(&backend, &set).await;
     assert_eq!(
         clients[1].get("/quick", &[("x-account", "7")]).await.status,
         200
@@ -2254,14 +2219,19 @@ async fn concurrency_is_shared_by_instances(url: &str) {
         client.get("/quick", &[("x-account", "9")]).await.status,
         429
     );
-    let set9 = set.replace(":7}", ":9}");
+    until_no_leases(&backend, &set_of(9)).await;
+}
+
+/// Waits (bounded) until the sorted set `key` holds no lease: a slot is given back when the
+/// server drops the response body, which may come just after the client saw its end.
+async fn until_no_leases(backend: &RedisBackend, key: &str) {
     for _ in 0..1000 {
-        if live_leases(&backend, &set9).await == 0 {
+        if live_leases(backend, key).await == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(live_leases(&backend, &set9).await, 0);
+    assert_eq!(live_leases(backend, key).await, 0, "{key}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -349,27 +349,43 @@ async fn the_burst_tier_examples_v1_to_v8() {
     assert_eq!(checked, 105);
 }
 
+/// Runs `examples/traces/<name>.trace` on `<name>.yaml` and holds every output line to the
+/// fields its trace line ends with (`# {...}`): those of its first decision, or of the line
+/// itself for a `release`. Returns each output line with its trace text.
+async fn documented_values(name: &str) -> Vec<(Value, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
+    let limits = std::fs::read_to_string(dir.join(format!("{name}.yaml"))).unwrap();
+    let trace = std::fs::read_to_string(dir.join(format!("{name}.trace"))).unwrap();
+    let out = run(&limits, None, &trace).await.unwrap();
+    out.into_iter()
+        .map(|line| {
+            let number = line["line"].as_u64().unwrap() as usize;
+            let text = trace.lines().nth(number - 1).unwrap().to_owned();
+            let expected: Value = serde_json::from_str(text.split("# ").nth(1).unwrap()).unwrap();
+            let d = if line["op"] == "release" {
+                &line
+            } else {
+                &line["decisions"][0]
+            };
+            for (field, want) in expected.as_object().unwrap() {
+                assert_eq!(&d[field], want, "line {number} {field}: {text}\n{line}");
+            }
+            (line, text)
+        })
+        .collect()
+}
+
 /// Every line of `examples/traces/partial-grants.trace` (redis_rate's `AllowAtMost` and
 /// Envoy's partial consumption, published values) ends with the fields its decision must have.
 #[tokio::test]
 async fn partial_grants_on_gcra_give_the_published_values() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
-    let limits = std::fs::read_to_string(dir.join("partial-grants.yaml")).unwrap();
-    let trace = std::fs::read_to_string(dir.join("partial-grants.trace")).unwrap();
-    let out = run(&limits, None, &trace).await.unwrap();
-    for line in &out {
-        let number = line["line"].as_u64().unwrap() as usize;
-        let text = trace.lines().nth(number - 1).unwrap();
-        let expected: Value = serde_json::from_str(text.split("# ").nth(1).unwrap()).unwrap();
-        let d = &line["decisions"][0];
-        for (field, want) in expected.as_object().unwrap() {
-            assert_eq!(&d[field], want, "line {number} {field}: {text}\n{line}");
-        }
+    let out = documented_values("partial-grants").await;
+    for (line, text) in &out {
         // A range says what it granted; a single cost does not.
         assert_eq!(
-            d.get("granted").is_some(),
+            line["decisions"][0].get("granted").is_some(),
             text.contains(".."),
-            "line {number}"
+            "{text}"
         );
     }
     assert_eq!(out.len(), 12);
@@ -380,28 +396,14 @@ async fn partial_grants_on_gcra_give_the_published_values() {
 /// decision (a `release` line: the line itself) must have.
 #[tokio::test]
 async fn concurrency_limits_give_the_documented_values() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
-    let limits = std::fs::read_to_string(dir.join("concurrency.yaml")).unwrap();
-    let trace = std::fs::read_to_string(dir.join("concurrency.trace")).unwrap();
-    let out = run(&limits, None, &trace).await.unwrap();
-    for line in &out {
-        let number = line["line"].as_u64().unwrap() as usize;
-        let text = trace.lines().nth(number - 1).unwrap();
-        let expected: Value = serde_json::from_str(text.split("# ").nth(1).unwrap()).unwrap();
-        let d = if line["op"] == "release" {
-            line
-        } else {
-            &line["decisions"][0]
-        };
-        for (field, want) in expected.as_object().unwrap() {
-            assert_eq!(&d[field], want, "line {number} {field}: {text}\n{line}");
-        }
+    let out = documented_values("concurrency").await;
+    for (line, text) in &out {
         // Only a slot taken says so.
         if line["op"] != "release" {
             assert_eq!(
-                d.get("lease").is_some(),
+                line["decisions"][0].get("lease").is_some(),
                 text.contains("\"lease\":true"),
-                "line {number}"
+                "{text}"
             );
         }
     }

@@ -64,8 +64,6 @@ struct TierSlot {
     expires_at: u64,
     /// A concurrency key's leases: (id, deadline), live while the deadline is after now.
     leases: Vec<(u64, u64)>,
-    /// The last lease deadline (0: no lease).
-    leases_until: u64,
     /// Set when the slot left the map (sweep, reset): whoever holds it must look again.
     removed: bool,
 }
@@ -245,7 +243,7 @@ impl MemoryBackend {
             let Ok(mut s) = slot.try_lock() else {
                 return true;
             };
-            if s.expires_at > now || s.leases_until > now {
+            if s.expires_at > now || live_leases(&s.leases, now) > 0 {
                 return true;
             }
             s.removed = true;
@@ -681,9 +679,7 @@ fn live_leases(leases: &[(u64, u64)], now: u64) -> u64 {
 fn take_lease(slot: &mut TierSlot, limit: &ConcurrencyLimit, id: u64, now: u64) {
     slot.leases
         .retain(|&(_, deadline)| concurrency::live(deadline, now));
-    let deadline = concurrency::deadline(limit, now);
-    slot.leases.push((id, deadline));
-    slot.leases_until = slot.leases_until.max(deadline);
+    slot.leases.push((id, concurrency::deadline(limit, now)));
 }
 
 impl MemoryBackend {
@@ -709,7 +705,6 @@ impl MemoryBackend {
                     .any(|&(id, deadline)| id == tx.lease && concurrency::live(deadline, now));
             g.leases
                 .retain(|&(id, deadline)| id != tx.lease && concurrency::live(deadline, now));
-            g.leases_until = g.leases.iter().map(|&(_, d)| d).max().unwrap_or(0);
             let live = g.leases.len() as u64;
             return Ok(Outcome::new(
                 released,

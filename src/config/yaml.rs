@@ -10,7 +10,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
 use super::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, check_name};
-use crate::algo::concurrency::ConcurrencyLimit;
+use crate::algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 use crate::algo::gcra::Limit;
 use crate::algo::tiers::{Tier, TierError, TieredLimit};
 use crate::key::IdKind;
@@ -352,13 +352,9 @@ fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
     // `lease` and `retry_after` belong to a concurrency limit.
     for (name, node) in [("lease", f.lease), ("retry_after", f.retry_after)] {
         if let Some(n) = node {
-            let rate = [("burst", f.burst), ("count", f.count), ("period", f.period)]
-                .into_iter()
-                .chain([("tiers", f.tiers)])
-                .find_map(|(other, node)| node.map(|_| other));
             return Err(err_at(
-                match rate {
-                    Some(other) => ConfigErrorKind::ConflictingFields(name, other),
+                match rate_field(f) {
+                    Some((other, _)) => ConfigErrorKind::ConflictingFields(name, other),
                     None => ConfigErrorKind::MissingField("concurrency"),
                 },
                 n.line,
@@ -486,45 +482,64 @@ fn tiers_of(node: &Node) -> Result<TieredLimit, ConfigError> {
 
 /// The default lease time of a concurrency limit: a request holding its slot longer than this
 /// (or whose instance died) stops counting.
-const DEFAULT_LEASE: &str = "60s";
+const DEFAULT_LEASE_US: u64 = 60_000_000;
 
-/// `concurrency: N` with an optional `lease` (default 60s) and `retry_after` (default 1s).
-fn concurrency_of(f: &Fields<'_>, max_node: &Node) -> Result<ConcurrencyLimit, ConfigError> {
-    for (name, node) in [
+/// The first field of a rate limit (GCRA or tiers) an entry gives, if any.
+fn rate_field<'a>(f: &Fields<'a>) -> Option<(&'static str, &'a Node)> {
+    [
         ("burst", f.burst),
         ("count", f.count),
         ("period", f.period),
         ("tiers", f.tiers),
-    ] {
-        if let Some(n) = node {
-            return Err(err_at(
-                ConfigErrorKind::ConflictingFields("concurrency", name),
-                n.line,
-            ));
-        }
+    ]
+    .into_iter()
+    .find_map(|(name, node)| Some((name, node?)))
+}
+
+/// A duration field (`period`, `lease`, `retry_after`), in microseconds.
+fn duration_of(field: &'static str, node: &Node) -> Result<u64, ConfigError> {
+    let Value::Str(text) = &node.value else {
+        return Err(err_at(
+            ConfigErrorKind::BadNumber {
+                field,
+                found: format!(
+                    "{} (write a duration such as 1s or 180m)",
+                    node.value.describe()
+                ),
+            },
+            node.line,
+        ));
+    };
+    parse_duration_us(text).map_err(|e| err_at(e.into(), node.line))
+}
+
+/// `concurrency: N` with an optional `lease` (default 60s) and `retry_after` (default 1s).
+fn concurrency_of(f: &Fields<'_>, max_node: &Node) -> Result<ConcurrencyLimit, ConfigError> {
+    if let Some((name, n)) = rate_field(f) {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("concurrency", name),
+            n.line,
+        ));
     }
     let max = positive("concurrency", max_node)?;
-    let duration = |field: &'static str, node: Option<&Node>, default: &str| {
-        let (text, line) = match node.map(|n| (&n.value, n.line)) {
-            None => (default, max_node.line),
-            Some((Value::Str(s), line)) => (s.as_str(), line),
-            Some((other, line)) => {
-                return Err(err_at(
-                    ConfigErrorKind::BadNumber {
-                        field,
-                        found: format!("{} (write a duration such as 1s or 5m)", other.describe()),
-                    },
-                    line,
-                ));
-            }
-        };
-        parse_duration_us(text).map_err(|e| err_at(e.into(), line))
+    let lease_us = match f.lease {
+        Some(n) => duration_of("lease", n)?,
+        None => DEFAULT_LEASE_US,
     };
-    let lease_us = duration("lease", f.lease, DEFAULT_LEASE)?;
-    let retry_us = duration("retry_after", f.retry_after, "1s")?;
-    ConcurrencyLimit::from_micros(max, lease_us)
-        .and_then(|c| c.retry_after(crate::time::us(retry_us)))
-        .map_err(|e| err_at(e.into(), max_node.line))
+    let mut limit = ConcurrencyLimit::from_micros(max, lease_us).map_err(|e| {
+        // A lease error is on the lease's line; `concurrency` above the cap on its own.
+        let line = match (&e, f.lease) {
+            (ConcurrencyError::TooMany { .. }, _) | (_, None) => max_node.line,
+            (_, Some(lease)) => lease.line,
+        };
+        err_at(e.into(), line)
+    })?;
+    if let Some(n) = f.retry_after {
+        limit = limit
+            .retry_after(crate::time::us(duration_of("retry_after", n)?))
+            .map_err(|e| err_at(e.into(), n.line))?;
+    }
+    Ok(limit)
 }
 
 fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {
@@ -532,21 +547,7 @@ fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {
     let burst_node = need("burst", f.burst)?;
     let burst = positive("burst", burst_node)?;
     let count = positive("count", need("count", f.count)?)?;
-    let period_node = need("period", f.period)?;
-    let period_text = match &period_node.value {
-        Value::Str(s) => s.as_str(),
-        other => {
-            return Err(err_at(
-                ConfigErrorKind::BadNumber {
-                    field: "period",
-                    found: format!("{} (write a duration such as 1s or 180m)", other.describe()),
-                },
-                period_node.line,
-            ));
-        }
-    };
-    let period_us =
-        parse_duration_us(period_text).map_err(|e| err_at(e.into(), period_node.line))?;
+    let period_us = duration_of("period", need("period", f.period)?)?;
     Limit::from_micros(burst, count, period_us).map_err(|e| err_at(e.into(), burst_node.line))
 }
 

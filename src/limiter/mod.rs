@@ -509,10 +509,12 @@ impl Limiter {
             return Ok(0);
         }
         let outcomes = self.inner.backend.refund(&txs).await?;
-        for l in leases {
+        let mut released = 0;
+        for (l, _) in leases.iter().zip(&outcomes).filter(|(_, o)| o.allowed) {
             crate::telemetry::lease(l.key.name(), "released");
+            released += 1;
         }
-        Ok(outcomes.iter().filter(|o| o.allowed).count())
+        Ok(released)
     }
 
     /// Deletes buckets: they become full.

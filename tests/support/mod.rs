@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod examples;
+pub mod gate;
 pub mod http;
 pub mod identity;
 pub mod redis;
