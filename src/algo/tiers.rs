@@ -334,11 +334,26 @@ impl TierState {
     }
 }
 
+/// A tier's phase at an instant (`docs/burst-tiers.md`, "Derived at time `now`").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
+pub enum Phase {
+    /// Never entered, or its cooldown is over.
     Inactive,
+    /// Entered at most `active` ago: it can serve the client.
     Active,
+    /// Its active period is over and its cooldown is not: it blocks any burst through it.
     Cooldown,
+}
+
+/// Tier `i` (0-based) of a key at `now`: its phase and the grants its window counts (the
+/// spec's `phase_i` and `used_i`, as decisions derive them). For diagnostics and the
+/// simulator's timeline; a tier the limit does not have is inactive and empty.
+pub fn tier_at(limit: &TieredLimit, state: &TierState, i: usize, now: u64) -> (Phase, u64) {
+    let Some(tier) = limit.tiers.get(i) else {
+        return (Phase::Inactive, 0);
+    };
+    let phase = tier.phase(state.entry(i), now);
+    (phase, state.used(limit, i, now, phase))
 }
 
 /// What a tiered decision granted, per tier.
