@@ -1,7 +1,11 @@
-//! Runs a trace of requests through the limiter and prints one JSON decision per line.
+//! Runs a trace of requests through the limiter and prints one JSON decision per line, and
+//! draws it as a timeline on request.
 //!
 //! ```text
 //! cargo run --example simulate -- --defaults FILE [--overrides FILE] [TRACE]
+//! cargo run --example simulate -- --defaults FILE --html OUT.html [--svg OUT.svg] [TRACE]
+//! cargo run --example simulate -- --defaults FILE --generate "burst 30 at 0s, then 5/s for 20s" \
+//!     [--key Name=id ...] --html OUT.html
 //! cargo run --example simulate --features redis -- --redis redis://127.0.0.1:6379 --defaults FILE [TRACE]
 //! ```
 //!
@@ -11,25 +15,45 @@
 //! trace time they need to refill).
 //!
 //! TRACE is a file, or standard input when absent or `-`. The format is documented in
-//! `examples/simulate/trace.rs`. A malformed trace or configuration prints the line and the
-//! reason on standard error and exits with code 2.
+//! `examples/simulate/trace.rs`. `--generate PHRASE` makes the trace from a workload phrase
+//! instead (grammar: `examples/simulate/generate.rs`), each request a batch of the `--key`
+//! transactions (trace syntax, repeatable; default: every limit of the defaults file with an id
+//! its kind accepts).
+//!
+//! `--html FILE` and `--svg FILE` also draw the run (`examples/simulate/timeline.rs`): one
+//! self-contained file, `--width PX` wide (default 1400). `--quiet` leaves out the JSON lines.
+//!
+//! A malformed trace, phrase or configuration, an unknown option or an output file that cannot
+//! be written prints the reason on standard error and exits with code 2, leaving no output file.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
+use tower_ratelimits::{IdKind, Limiter, Limits, ManualClock, MemoryBackend};
 
+mod generate;
+mod timeline;
 mod trace;
 use trace as simulate;
 
-const USAGE: &str = "usage: simulate [--redis URL] --defaults FILE [--overrides FILE] [TRACE]";
+const USAGE: &str = "usage: simulate [--redis URL] --defaults FILE [--overrides FILE] \
+[--html FILE] [--svg FILE] [--width PX] [--quiet] [--generate PHRASE [--key Name=id ...] | TRACE]";
+
+/// The largest trace drawn (a drawing reads the whole trace before running it).
+const MAX_DRAWN_TRACE_BYTES: u64 = 256 << 20;
 
 struct Args {
     redis: Option<String>,
     defaults: PathBuf,
     overrides: Option<PathBuf>,
     trace: Option<PathBuf>,
+    html: Option<PathBuf>,
+    svg: Option<PathBuf>,
+    generate: Option<String>,
+    keys: Vec<String>,
+    width: u32,
+    quiet: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -37,35 +61,164 @@ fn parse_args() -> Result<Args, String> {
     let mut overrides = None;
     let mut trace = None;
     let mut redis = None;
+    let mut html = None;
+    let mut svg = None;
+    let mut generate = None;
+    let mut keys = Vec::new();
+    let mut width = timeline::DEFAULT_WIDTH;
+    let mut quiet = false;
     let mut args = std::env::args_os().skip(1);
+    let text = |option: &str, value: Option<std::ffi::OsString>| -> Result<String, String> {
+        value
+            .ok_or_else(|| format!("{option} needs a value"))?
+            .into_string()
+            .map_err(|_| format!("{option}: the value is not UTF-8"))
+    };
     while let Some(arg) = args.next() {
         match arg.to_str() {
             Some("--defaults") => defaults = Some(args.next().ok_or("--defaults needs a file")?),
             Some("--overrides") => overrides = Some(args.next().ok_or("--overrides needs a file")?),
-            Some("--redis") => {
-                let url = args.next().ok_or("--redis needs a URL")?;
-                redis = Some(
-                    url.into_string()
-                        .map_err(|_| "--redis: the URL is not UTF-8")?,
-                );
+            Some("--html") => html = Some(PathBuf::from(args.next().ok_or("--html needs a file")?)),
+            Some("--svg") => svg = Some(PathBuf::from(args.next().ok_or("--svg needs a file")?)),
+            Some("--redis") => redis = Some(text("--redis", args.next())?),
+            Some("--generate") => generate = Some(text("--generate", args.next())?),
+            Some("--key") => keys.push(text("--key", args.next())?),
+            Some("--width") => {
+                let w = text("--width", args.next())?;
+                width = w
+                    .parse()
+                    .ok()
+                    .filter(|w| timeline::WIDTH_RANGE.contains(w))
+                    .ok_or_else(|| {
+                        format!(
+                            "--width {w:?}: a number of pixels from {} to {}",
+                            timeline::WIDTH_RANGE.start(),
+                            timeline::WIDTH_RANGE.end()
+                        )
+                    })?;
             }
+            Some("--quiet" | "-q") => quiet = true,
             Some("-h" | "--help") => return Err(String::new()),
             Some(s) if s.starts_with("--") => return Err(format!("unknown option {s}")),
             _ if trace.is_none() => trace = Some(arg),
             _ => return Err("more than one trace given".into()),
         }
     }
+    if generate.is_some() && trace.is_some() {
+        return Err("give a TRACE or --generate, not both".into());
+    }
+    if !keys.is_empty() && generate.is_none() {
+        return Err("--key only goes with --generate (a trace names its own keys)".into());
+    }
+    if redis.is_some() && (html.is_some() || svg.is_some()) {
+        return Err(
+            "--html and --svg draw from the in-memory backend's state: drop --redis (both \
+             backends decide the same)"
+                .into(),
+        );
+    }
     Ok(Args {
         redis,
         defaults: defaults.ok_or("--defaults is required")?.into(),
         overrides: overrides.map(PathBuf::from),
         trace: trace.map(PathBuf::from).filter(|p| p.as_os_str() != "-"),
+        html,
+        svg,
+        generate,
+        keys,
+        width,
+        quiet,
     })
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("simulate: {message}");
     ExitCode::from(2)
+}
+
+/// An output file, created before the run so an unwritable path fails first, and removed
+/// again unless the run completes.
+struct Output {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl Output {
+    fn create(option: &str, path: &Path) -> Result<Output, String> {
+        let file =
+            std::fs::File::create(path).map_err(|e| format!("{option} {}: {e}", path.display()))?;
+        Ok(Output {
+            path: path.to_owned(),
+            file: Some(file),
+        })
+    }
+
+    fn write(mut self, text: &str) -> Result<(), String> {
+        let result = self.file.take().map_or(Ok(()), |mut f| {
+            f.write_all(text.as_bytes()).and_then(|()| f.flush())
+        });
+        result.map_err(|e| format!("{}: {e}", self.path.display()))?;
+        self.path = PathBuf::new();
+        Ok(())
+    }
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if !self.path.as_os_str().is_empty() {
+            drop(self.file.take());
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// An id that a limit of this kind accepts, for the default `--generate` keys.
+fn sample_id(kind: IdKind) -> &'static str {
+    match kind {
+        IdKind::Ip => "192.0.2.1",
+        IdKind::Ipv6Range => "2001:db8::/48",
+        IdKind::Account => "1",
+        IdKind::Domain | IdKind::FqdnSet => "example.com",
+        IdKind::AccountDomain | IdKind::AccountFqdnSet => "1:example.com",
+        _ => "client",
+    }
+}
+
+/// The trace text a `--generate` phrase makes, each request a batch of `keys`.
+fn generated_trace(limiter: &Limiter, phrase: &str, keys: &[String]) -> Result<String, String> {
+    let requests = generate::generate(phrase).map_err(|e| format!("--generate {phrase:?}: {e}"))?;
+    let limits = limiter.limits();
+    let batch = if keys.is_empty() {
+        let mut names: Vec<_> = limits.names().collect();
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        let all: Vec<String> = names
+            .iter()
+            .map(|&n| {
+                let id = sample_id(limits.id_kind(n).unwrap_or_default());
+                format!("{}={id}", n.as_str())
+            })
+            .collect();
+        if all.is_empty() {
+            return Err("--generate: the defaults file has no limit to spend on".into());
+        }
+        all.join(" ")
+    } else {
+        for key in keys {
+            // The first line the phrase makes shows any mistake in a key at once.
+            let line = format!("0s spend {key}");
+            simulate::check_line(limiter, &line).map_err(|e| format!("--key {key:?}: {e}"))?;
+        }
+        keys.join(" ")
+    };
+    let mut text = String::with_capacity(requests.len() * (batch.len() + 24));
+    for (at, cost) in requests {
+        use std::fmt::Write as _;
+        let _ = match cost {
+            Some(c) => writeln!(text, "{at}us spend {batch} cost={c}"),
+            None => writeln!(text, "{at}us spend {batch}"),
+        };
+    }
+    Ok(text)
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -78,33 +231,99 @@ async fn main() -> ExitCode {
         }
         Err(e) => return fail(format!("{e}\n{USAGE}")),
     };
-    let limits = match Limits::from_yaml_files(&args.defaults, args.overrides.as_deref()) {
-        Ok(l) => l,
-        Err(e) => return fail(e),
-    };
-    let input: Box<dyn BufRead> = match &args.trace {
-        None => Box::new(BufReader::new(std::io::stdin())),
-        Some(p) => match std::fs::File::open(p) {
-            Ok(f) => Box::new(BufReader::new(f)),
-            Err(e) => return fail(format!("{}: {e}", p.display())),
-        },
-    };
-    let clock = ManualClock::new(simulate::EPOCH_US);
-    let limiter = match &args.redis {
-        None => Limiter::new(
-            limits,
-            MemoryBackend::builder().clock(clock.clone()).build(),
-        ),
-        Some(url) => match redis_backend(url, &clock).await {
-            Ok(backend) => Limiter::with_shared_backend(limits, backend),
-            Err(e) => return fail(e),
-        },
-    };
-    let stdout = std::io::stdout().lock();
-    match simulate::run(&limiter, &clock, input, stdout).await {
+    match simulate_main(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
+}
+
+async fn simulate_main(args: Args) -> Result<(), String> {
+    let limits = Limits::from_yaml_files(&args.defaults, args.overrides.as_deref())
+        .map_err(|e| e.to_string())?;
+    let html = args
+        .html
+        .as_deref()
+        .map(|p| Output::create("--html", p))
+        .transpose()?;
+    let svg = args
+        .svg
+        .as_deref()
+        .map(|p| Output::create("--svg", p))
+        .transpose()?;
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let memory = MemoryBackend::builder().clock(clock.clone()).build();
+    let limiter = match &args.redis {
+        None => Limiter::new(limits, memory.clone()),
+        Some(url) => Limiter::with_shared_backend(limits, redis_backend(url, &clock).await?),
+    };
+    let generated = match &args.generate {
+        Some(phrase) => Some(generated_trace(&limiter, phrase, &args.keys)?),
+        None => None,
+    };
+    let input: Box<dyn BufRead> = match (&generated, &args.trace) {
+        (Some(text), _) => Box::new(text.as_bytes()),
+        (None, None) => Box::new(BufReader::new(std::io::stdin())),
+        (None, Some(p)) => match std::fs::File::open(p) {
+            Ok(f) => Box::new(BufReader::new(f)),
+            Err(e) => return Err(format!("{}: {e}", p.display())),
+        },
+    };
+    let stdout: Box<dyn Write> = if args.quiet {
+        Box::new(std::io::sink())
+    } else {
+        Box::new(std::io::stdout().lock())
+    };
+    if html.is_none() && svg.is_none() {
+        return simulate::run(&limiter, &clock, input, stdout)
+            .await
+            .map_err(|e| e.to_string());
+    }
+    // A drawing reads the trace first: its axis needs every time.
+    let mut text = Vec::new();
+    input
+        .take(MAX_DRAWN_TRACE_BYTES + 1)
+        .read_to_end(&mut text)
+        .map_err(|e| format!("reading the trace: {e}"))?;
+    if text.len() as u64 > MAX_DRAWN_TRACE_BYTES {
+        return Err(format!(
+            "the trace is larger than {} MiB, the most a drawing reads",
+            MAX_DRAWN_TRACE_BYTES >> 20
+        ));
+    }
+    let limits = limiter.limits();
+    let events: Vec<(u64, u64)> = String::from_utf8_lossy(&text)
+        .lines()
+        .filter_map(|line| simulate::peek(&limiter, line))
+        .map(|(at, keys)| {
+            let memory = keys
+                .iter()
+                .map(|k| timeline::memory_us(limits.resolve(k)))
+                .max()
+                .unwrap_or(0);
+            (at, at.saturating_add(memory))
+        })
+        .collect();
+    let title = format!(
+        "{} · {}",
+        args.defaults.display(),
+        match (&args.generate, &args.trace) {
+            (Some(phrase), _) => format!("--generate \"{phrase}\""),
+            (None, Some(p)) => p.display().to_string(),
+            (None, None) => "standard input".into(),
+        }
+    );
+    let axis = timeline::Axis::new(&events, args.width);
+    let mut drawing = timeline::Timeline::new(axis, &limiter, memory, clock.clone(), title);
+    simulate::run_observed(&limiter, &clock, &text[..], stdout, &mut drawing)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(out) = svg {
+        out.write(&drawing.svg())?;
+    }
+    if let Some(out) = html {
+        out.write(&drawing.html())?;
+    }
+    Ok(())
 }
 
 #[cfg(feature = "redis")]

@@ -40,7 +40,9 @@ use std::io::{BufRead, Write};
 
 use serde::Serialize;
 
-use tower_ratelimits::{Limiter, LimiterError, ManualClock, Mode, Transaction};
+use tower_ratelimits::{
+    BatchDecision, BucketKey, Limiter, LimiterError, ManualClock, Mode, Transaction,
+};
 
 /// The absolute time (microseconds since the Unix epoch) of trace time zero: 2023-11-14.
 pub const EPOCH_US: u64 = 1_700_000_000_000_000;
@@ -235,6 +237,25 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
     Ok(ParsedLine { at_us, op, txs })
 }
 
+/// The time and keys of a trace line, or `None` for a blank, comment or malformed line (the
+/// run reports those). For a pass over a trace before running it (the timeline's axis).
+pub fn peek(limiter: &Limiter, line: &str) -> Option<(u64, Vec<BucketKey>)> {
+    let text = strip_comment(line).trim();
+    if text.is_empty() {
+        return None;
+    }
+    let parsed = parse_line(limiter, text).ok()?;
+    Some((
+        parsed.at_us,
+        parsed.txs.iter().map(|(_, t)| t.key().clone()).collect(),
+    ))
+}
+
+/// Whether a trace line parses: its time, operation, limit names and ids.
+pub fn check_line(limiter: &Limiter, line: &str) -> Result<(), String> {
+    parse_line(limiter, strip_comment(line).trim()).map(|_| ())
+}
+
 fn strip_comment(line: &str) -> &str {
     let bytes = line.as_bytes();
     let cut = (0..bytes.len())
@@ -242,12 +263,45 @@ fn strip_comment(line: &str) -> &str {
     cut.map_or(line, |i| &line[..i])
 }
 
+/// What watches a run besides its JSON output (the timeline drawing, `timeline.rs`): told
+/// before the clock moves to a line's time, and what each line decided or changed.
+pub trait Observer {
+    /// The clock is about to move from the previous line's time to `at_us` (trace time).
+    fn advance(&mut self, _at_us: u64) {}
+    /// A `spend`, `check` or `refund` line was decided: its transactions and their decisions.
+    fn decided(
+        &mut self,
+        _line: usize,
+        _at_us: u64,
+        _op: &str,
+        _txs: &[Transaction],
+        _batch: &BatchDecision,
+    ) {
+    }
+    /// A `reset` or `release` line was applied to these keys.
+    fn changed(&mut self, _line: usize, _at_us: u64, _op: &str, _keys: &[BucketKey]) {}
+}
+
+/// Nothing watches.
+impl Observer for () {}
+
 /// Runs a trace, writing one JSON line per request. Stops at the first bad line.
 pub async fn run(
     limiter: &Limiter,
     clock: &ManualClock,
+    input: impl BufRead,
+    output: impl Write,
+) -> Result<(), SimulateError> {
+    run_observed(limiter, clock, input, output, &mut ()).await
+}
+
+/// [`run`], telling `observer` what happens.
+pub async fn run_observed(
+    limiter: &Limiter,
+    clock: &ManualClock,
     mut input: impl BufRead,
     mut output: impl Write,
+    observer: &mut impl Observer,
 ) -> Result<(), SimulateError> {
     let mut last_us = 0u64;
     let mut buf = Vec::new();
@@ -299,6 +353,7 @@ pub async fn run(
             )));
         }
         last_us = parsed.at_us;
+        observer.advance(parsed.at_us);
         clock.set(EPOCH_US.saturating_add(parsed.at_us));
         let txs: Vec<Transaction> = parsed.txs.iter().map(|(_, t)| t.clone()).collect();
         let failed = |source| SimulateError::Limiter {
@@ -308,6 +363,7 @@ pub async fn run(
         let json = if parsed.op == "reset" {
             let keys: Vec<_> = txs.iter().map(|t| t.key().clone()).collect();
             limiter.reset(&keys).await.map_err(failed)?;
+            observer.changed(number, parsed.at_us, parsed.op, &keys);
             serde_json::to_string(&ResetOut {
                 line: number,
                 at_us: parsed.at_us,
@@ -321,6 +377,8 @@ pub async fn run(
                 .filter_map(|t| held.get_mut(t.key())?.pop_front())
                 .collect();
             let released = limiter.release(&leases).await.map_err(failed)?;
+            let keys: Vec<_> = txs.iter().map(|t| t.key().clone()).collect();
+            observer.changed(number, parsed.at_us, parsed.op, &keys);
             serde_json::to_string(&ResetOut {
                 line: number,
                 at_us: parsed.at_us,
@@ -335,6 +393,7 @@ pub async fn run(
                 _ => limiter.refund(&txs).await,
             }
             .map_err(failed)?;
+            observer.decided(number, parsed.at_us, parsed.op, &txs, &batch);
             for d in batch.decisions() {
                 if let Some(lease) = d.lease() {
                     held.entry(d.key.clone()).or_default().push_back(lease);
