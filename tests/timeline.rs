@@ -513,6 +513,38 @@ fn a_hundred_thousand_requests_draw_into_a_bounded_file() {
     assert!((200.0..=222.0).contains(&allowed), "{allowed}");
 }
 
+#[test]
+fn many_buckets_draw_the_first_hundred_and_count_the_rest() {
+    let scratch = Scratch::new("lanes");
+    let trace = scratch.path("ids.trace");
+    let lines: String = (0..150)
+        .map(|i| {
+            format!(
+                "{i}ms spend NewFoosPerIPAddress=10.0.{}.{}\n",
+                i / 100,
+                i % 100
+            )
+        })
+        .collect();
+    std::fs::write(&trace, lines).unwrap();
+    let (json, svg) = draw(
+        &repo("examples/traces/gcra-20-per-second.yaml"),
+        &[trace.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(json.len(), 150, "every line is still decided and printed");
+    let doc = roxmltree::Document::parse(&svg).unwrap();
+    let lanes = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("lane"))
+        .count();
+    assert_eq!(lanes, 100);
+    assert!(
+        svg.contains("and 50 decisions on buckets past the first 100, not drawn"),
+        "the drawing says what it left out"
+    );
+}
+
 fn at_us(run: &Run) -> Vec<u64> {
     run.json
         .iter()
@@ -703,7 +735,9 @@ fn the_page_opens_in_a_real_browser_without_errors_or_network_requests() {
         );
     }
 
-    let mut b = browser::Browser::start(&binary);
+    let profile = scratch.path("profile");
+    std::fs::create_dir_all(&profile).unwrap();
+    let mut b = browser::Browser::start(&binary, &profile);
     let url = format!("file://{}", html.display());
     b.open(&url);
     let marks = b.eval("document.querySelectorAll('g[data-line]').length");

@@ -21,9 +21,11 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use tower_ratelimits::__private::tiers::MAX_TIERS;
 use tower_ratelimits::__private::{gcra, tiers};
 use tower_ratelimits::{
-    BatchDecision, BucketKey, Limiter, Limits, ManualClock, MemoryBackend, Quota, Transaction,
+    BatchDecision, BucketKey, LimitName, Limiter, Limits, ManualClock, MemoryBackend, Quota,
+    TierGrant, Transaction,
 };
 
 use crate::trace::{EPOCH_US, Observer};
@@ -45,6 +47,9 @@ const LANE_GAP: f64 = 16.0;
 /// Top of the first lane (title, legend and the time axis above it).
 const TOP: f64 = 110.0;
 
+/// The most buckets drawn (in the order of their first request); decisions on others are
+/// counted, not drawn.
+pub const MAX_LANES: usize = 100;
 /// The default drawing width, and the accepted range, in pixels.
 pub const DEFAULT_WIDTH: u32 = 1400;
 pub const WIDTH_RANGE: std::ops::RangeInclusive<u32> = 600..=100_000;
@@ -216,7 +221,7 @@ impl Class {
 }
 
 /// One request (or reset, release) on one bucket.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Mark {
     line: usize,
     at: u64,
@@ -230,14 +235,83 @@ struct Mark {
     remaining: u64,
     retry_us: u64,
     reset_us: u64,
-    refused_by: Option<String>,
-    tiers: Option<Vec<u64>>,
-    tier: Option<u8>,
-    burst: bool,
+    refused_by: Option<LimitName>,
+    tiers: Option<TierGrant>,
     skipped: bool,
     lease: bool,
-    /// Each quantity of the lane just after the line.
-    after: Vec<u64>,
+    /// Each quantity of the lane just after the line (the first `series.len()`).
+    after: [u64; MAX_TIERS],
+}
+
+/// The marks that share a place on the axis (within [`BIN_PX`] of the first).
+#[derive(Debug, Clone)]
+enum Group {
+    /// Up to [`STACK`] marks, drawn each on its own.
+    Marks(Vec<Mark>),
+    /// More: drawn as one mark with their counts.
+    Aggregate(Counts),
+}
+
+/// Counts of marks, for an aggregate mark and a lane's summary.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    count: u64,
+    allowed: u64,
+    partial: u64,
+    denied: u64,
+    blocked: u64,
+    other: u64,
+    granted: u64,
+    from: u64,
+    to: u64,
+    first_line: usize,
+    last_line: usize,
+}
+
+impl Counts {
+    fn add(&mut self, m: &Mark) {
+        if self.count == 0 {
+            self.from = m.at;
+            self.first_line = m.line;
+        }
+        self.count += 1;
+        self.to = m.at;
+        self.last_line = m.line;
+        match m.class {
+            Class::Allowed => self.allowed += 1,
+            Class::Partial => self.partial += 1,
+            Class::Denied => self.denied += 1,
+            Class::Blocked => self.blocked += 1,
+            Class::Other => self.other += 1,
+        }
+        if m.class != Class::Other {
+            self.granted += m.granted;
+        }
+    }
+}
+
+impl Group {
+    fn add(&mut self, m: Mark) {
+        match self {
+            Group::Marks(marks) if marks.len() < STACK => marks.push(m),
+            Group::Marks(marks) => {
+                let mut counts = Counts::default();
+                for old in marks.iter() {
+                    counts.add(old);
+                }
+                counts.add(&m);
+                *self = Group::Aggregate(counts);
+            }
+            Group::Aggregate(counts) => counts.add(&m),
+        }
+    }
+
+    fn marks(&self) -> &[Mark] {
+        match self {
+            Group::Marks(m) => m,
+            Group::Aggregate(_) => &[],
+        }
+    }
 }
 
 /// One drawn quantity of a lane.
@@ -245,8 +319,49 @@ struct Mark {
 struct Series {
     label: String,
     max: u64,
-    /// `(trace time, value)`, in time order; the value holds until the next point.
-    points: Vec<(u64, u64)>,
+    /// Per pixel column touched, in time order: the value at the column's first point, the
+    /// lowest and highest, and the last (which holds until the next column's first).
+    columns: Vec<Column>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Column {
+    x: f64,
+    first: u64,
+    low: u64,
+    high: u64,
+    last: u64,
+}
+
+impl Series {
+    fn new(label: String, max: u64) -> Series {
+        Series {
+            label,
+            max,
+            columns: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, x: f64, v: u64) {
+        match self.columns.last_mut() {
+            Some(c) if c.x.round() == x.round() => {
+                c.low = c.low.min(v);
+                c.high = c.high.max(v);
+                c.last = v;
+            }
+            _ => self.columns.push(Column {
+                x,
+                first: v,
+                low: v,
+                high: v,
+                last: v,
+            }),
+        }
+    }
+
+    fn last(&self) -> u64 {
+        self.columns.last().map_or(0, |c| c.last)
+    }
 }
 
 /// A tier's activation: entered at `entry`, active for `active`, then cooling for `cooldown`.
@@ -264,7 +379,10 @@ struct Lane {
     label: String,
     quota: Option<Quota>,
     series: Vec<Series>,
-    marks: Vec<Mark>,
+    /// Closed groups of marks, in time order, and the open one with its first mark's x.
+    groups: Vec<Group>,
+    open: Option<(f64, Group)>,
+    totals: Counts,
     bands: Vec<Band>,
     /// Per tier, the last entry seen (so each activation is one band).
     entries: Vec<Option<u64>>,
@@ -282,6 +400,8 @@ pub struct Timeline {
     index: HashMap<BucketKey, usize>,
     title: String,
     lines: usize,
+    /// Decisions on buckets beyond [`MAX_LANES`], not drawn.
+    undrawn: u64,
 }
 
 impl Timeline {
@@ -304,36 +424,30 @@ impl Timeline {
             index: HashMap::new(),
             title,
             lines: 0,
+            undrawn: 0,
         }
     }
 
-    fn lane(&mut self, key: &BucketKey) -> usize {
+    /// The lane of `key`, made on its first request; `None` past [`MAX_LANES`].
+    fn lane(&mut self, key: &BucketKey) -> Option<usize> {
         if let Some(&i) = self.index.get(key) {
-            return i;
+            return Some(i);
+        }
+        if self.lanes.len() >= MAX_LANES {
+            self.undrawn += 1;
+            return None;
         }
         let quota = self.limits.resolve(key).cloned();
         let series = match &quota {
             None => Vec::new(),
-            Some(Quota::Gcra(l)) => vec![Series {
-                label: "tokens".into(),
-                max: l.burst(),
-                points: Vec::new(),
-            }],
+            Some(Quota::Gcra(l)) => vec![Series::new("tokens".into(), l.burst())],
             Some(Quota::Tiered(t)) => t
                 .tiers()
                 .iter()
                 .enumerate()
-                .map(|(i, tier)| Series {
-                    label: format!("T{} used", i + 1),
-                    max: tier.limit(),
-                    points: Vec::new(),
-                })
+                .map(|(i, tier)| Series::new(format!("T{} used", i + 1), tier.limit()))
                 .collect(),
-            Some(Quota::Concurrency(c)) => vec![Series {
-                label: "slots in use".into(),
-                max: c.max(),
-                points: Vec::new(),
-            }],
+            Some(Quota::Concurrency(c)) => vec![Series::new("slots in use".into(), c.max())],
         };
         let tiers = quota
             .as_ref()
@@ -344,54 +458,52 @@ impl Timeline {
             key: key.clone(),
             quota,
             series,
-            marks: Vec::new(),
+            groups: Vec::new(),
+            open: None,
+            totals: Counts::default(),
             bands: Vec::new(),
             entries: vec![None; tiers],
         };
         // Before its first request a bucket is fresh (the backend already holds the request).
-        let fresh = lane.values(None, self.axis.start());
         let start = self.axis.start();
+        let fresh = lane.values(None, start);
+        let x = self.axis.x(start);
         for (s, v) in lane.series.iter_mut().zip(fresh) {
-            s.points.push((start, v));
+            s.push(x, v);
         }
         self.lanes.push(lane);
         self.index.insert(key.clone(), self.lanes.len() - 1);
-        self.lanes.len() - 1
+        Some(self.lanes.len() - 1)
     }
 
     /// Samples every lane at trace time `t` (the backend's clock must be there).
     fn sample_all(&mut self, t: u64) {
         for lane in &mut self.lanes {
-            lane.sample(&self.backend, t);
+            lane.sample(&self.axis, &self.backend, t);
         }
     }
 
-    fn mark_other(&mut self, line: usize, at: u64, op: &'static str, key: &BucketKey) {
-        let i = self.lane(key);
+    /// Adds `mark` to the lane of `key`, sampling the lane's state just after it.
+    fn mark(&mut self, key: &BucketKey, mut mark: Mark) {
+        let Some(i) = self.lane(key) else {
+            return;
+        };
         let lane = &mut self.lanes[i];
-        lane.sample(&self.backend, at);
-        let after = lane.last_values();
-        lane.marks.push(Mark {
-            line,
-            at,
-            op,
-            class: Class::Other,
-            allowed: true,
-            batch_allowed: true,
-            cost: 0,
-            min_cost: 0,
-            granted: 0,
-            remaining: 0,
-            retry_us: 0,
-            reset_us: 0,
-            refused_by: None,
-            tiers: None,
-            tier: None,
-            burst: false,
-            skipped: false,
-            lease: false,
-            after,
-        });
+        lane.sample(&self.axis, &self.backend, mark.at);
+        for (slot, s) in mark.after.iter_mut().zip(&lane.series) {
+            *slot = s.last();
+        }
+        lane.totals.add(&mark);
+        let x = self.axis.x(mark.at);
+        match &mut lane.open {
+            Some((x0, group)) if x - *x0 < BIN_PX => group.add(mark),
+            open => {
+                if let Some((_, group)) = open.take() {
+                    lane.groups.push(group);
+                }
+                *open = Some((x, Group::Marks(vec![mark])));
+            }
+        }
     }
 }
 
@@ -429,13 +541,10 @@ impl Observer for Timeline {
     ) {
         self.lines += 1;
         let refused_by = (!batch.allowed())
-            .then(|| batch.strictest().map(|d| d.name.as_str().to_owned()))
+            .then(|| batch.strictest().map(|d| d.name))
             .flatten();
         for (d, tx) in batch.decisions().iter().zip(txs) {
-            let i = self.lane(&d.key);
             let default = self.limits.default_cost(d.name);
-            let lane = &mut self.lanes[i];
-            lane.sample(&self.backend, at_us);
             let cost = tx.cost_or(default);
             let class = if op == "refund" {
                 Class::Other
@@ -448,8 +557,7 @@ impl Observer for Timeline {
             } else {
                 Class::Allowed
             };
-            let after = lane.last_values();
-            lane.marks.push(Mark {
+            let mark = Mark {
                 line,
                 at: at_us,
                 op: op_name(op),
@@ -462,21 +570,39 @@ impl Observer for Timeline {
                 remaining: d.remaining,
                 retry_us: u64::try_from(d.retry_after.as_micros()).unwrap_or(u64::MAX),
                 reset_us: u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX),
-                refused_by: refused_by.clone().filter(|_| class == Class::Blocked),
-                tiers: d.tiers.as_ref().map(|t| t.units().to_vec()),
-                tier: d.tiers.map(|t| t.tier),
-                burst: d.tiers.is_some_and(|t| t.burst),
+                refused_by: refused_by.filter(|_| class == Class::Blocked),
+                tiers: d.tiers,
                 skipped: d.skipped,
                 lease: d.lease_id.is_some(),
-                after,
-            });
+                after: [0; MAX_TIERS],
+            };
+            self.mark(&d.key, mark);
         }
     }
 
     fn changed(&mut self, line: usize, at_us: u64, op: &str, keys: &[BucketKey]) {
         self.lines += 1;
         for key in keys {
-            self.mark_other(line, at_us, op_name(op), key);
+            let mark = Mark {
+                line,
+                at: at_us,
+                op: op_name(op),
+                class: Class::Other,
+                allowed: true,
+                batch_allowed: true,
+                cost: 0,
+                min_cost: 0,
+                granted: 0,
+                remaining: 0,
+                retry_us: 0,
+                reset_us: 0,
+                refused_by: None,
+                tiers: None,
+                skipped: false,
+                lease: false,
+                after: [0; MAX_TIERS],
+            };
+            self.mark(key, mark);
         }
     }
 }
@@ -506,12 +632,11 @@ impl Lane {
         }
     }
 
-    fn sample(&mut self, backend: &MemoryBackend, t: u64) {
+    fn sample(&mut self, axis: &Axis, backend: &MemoryBackend, t: u64) {
         let values = self.values(Some(backend), t);
+        let x = axis.x(t);
         for (s, v) in self.series.iter_mut().zip(values) {
-            if s.points.last().map(|p| p.1) != Some(v) || s.points.last().map(|p| p.0) != Some(t) {
-                s.points.push((t, v));
-            }
+            s.push(x, v);
         }
         if let Some(Quota::Tiered(limit)) = &self.quota {
             let state = backend.tier_state(&self.key).unwrap_or_default();
@@ -532,11 +657,9 @@ impl Lane {
         }
     }
 
-    fn last_values(&self) -> Vec<u64> {
-        self.series
-            .iter()
-            .map(|s| s.points.last().map_or(0, |p| p.1))
-            .collect()
+    /// The groups of marks, the open one last.
+    fn all_groups(&self) -> impl Iterator<Item = &Group> {
+        self.groups.iter().chain(self.open.as_ref().map(|(_, g)| g))
     }
 
     fn height(&self) -> f64 {
@@ -663,13 +786,21 @@ impl Timeline {
             r#"<text x="12" y="24" class="title">{}</text>"#,
             esc(&self.title)
         );
-        let requests: usize = self.lanes.iter().map(|l| l.marks.len()).sum();
+        let requests: u64 = self.lanes.iter().map(|l| l.totals.count).sum();
         let _ = write!(
             out,
-            r#"<text x="12" y="44" class="muted">{} trace lines, {} decisions on {} buckets · hover a mark for its numbers</text>"#,
+            r#"<text x="12" y="44" class="muted">{} trace lines, {} decisions on {} buckets{} · hover a mark for its numbers</text>"#,
             self.lines,
             requests,
-            self.lanes.len()
+            self.lanes.len(),
+            if self.undrawn > 0 {
+                format!(
+                    " (and {} decisions on buckets past the first {MAX_LANES}, not drawn)",
+                    self.undrawn
+                )
+            } else {
+                String::new()
+            }
         );
         self.write_legend(out, 12.0, 66.0);
         self.write_axis(out, height);
@@ -851,10 +982,9 @@ impl Timeline {
                 base - series.max as f64 * scale,
                 base - series.max as f64 * scale,
             );
-            let d = self.step_path(&series.points, base, scale);
-            if !d.is_empty() {
-                let last_x = self.axis.x(series.points.last().map_or(0, |p| p.0));
-                let first_x = self.axis.x(series.points[0].0);
+            let d = step_path(&series.columns, base, scale);
+            if let (Some(first), Some(last)) = (series.columns.first(), series.columns.last()) {
+                let (first_x, last_x) = (first.x, last.x);
                 let _ = write!(
                     out,
                     r#"<path class="area" d="{d} H{:.1} V{base:.1} H{first_x:.1} Z"/><path class="curve" d="{d} H{:.1}"/>"#,
@@ -863,11 +993,8 @@ impl Timeline {
                 );
             }
             // The exact value just after each request drawn on its own.
-            for group in self.bins(&lane.marks) {
-                if group.len() > STACK {
-                    continue;
-                }
-                for m in group {
+            for group in lane.all_groups() {
+                for m in group.marks() {
                     if let Some(&v) = m.after.get(i) {
                         let _ = write!(
                             out,
@@ -891,62 +1018,18 @@ impl Timeline {
             LEFT - 8.0,
             mid + 4.0
         );
-        for group in self.bins(&lane.marks) {
-            if group.len() > STACK {
-                self.write_aggregate(out, group, mid);
-                continue;
-            }
-            for (k, m) in group.iter().enumerate() {
-                let offset = (k as f64 - (group.len() - 1) as f64 / 2.0) * 10.0;
-                self.write_mark(out, lane, m, mid + offset);
+        for group in lane.all_groups() {
+            match group {
+                Group::Aggregate(counts) => self.write_aggregate(out, counts, mid),
+                Group::Marks(marks) => {
+                    for (k, m) in marks.iter().enumerate() {
+                        let offset = (k as f64 - (marks.len() - 1) as f64 / 2.0) * 10.0;
+                        self.write_mark(out, lane, m, mid + offset);
+                    }
+                }
             }
         }
         out.push_str("</g>");
-    }
-
-    /// The marks in groups of consecutive ones within [`BIN_PX`] of the group's first.
-    fn bins<'a>(&self, marks: &'a [Mark]) -> Vec<&'a [Mark]> {
-        let mut out = Vec::new();
-        let mut start = 0;
-        while start < marks.len() {
-            let x0 = self.axis.x(marks[start].at);
-            let mut end = start + 1;
-            while end < marks.len() && self.axis.x(marks[end].at) - x0 < BIN_PX {
-                end += 1;
-            }
-            out.push(&marks[start..end]);
-            start = end;
-        }
-        out
-    }
-
-    /// A step line through `points`: each value holds until the next point; at most four
-    /// points per pixel column (first, lowest, highest, last).
-    fn step_path(&self, points: &[(u64, u64)], base: f64, scale: f64) -> String {
-        let mut d = String::new();
-        let mut i = 0;
-        while i < points.len() {
-            let x = self.axis.x(points[i].0);
-            let col = x.round();
-            let mut j = i;
-            let (mut lo, mut hi) = (points[i].1, points[i].1);
-            while j + 1 < points.len() && self.axis.x(points[j + 1].0).round() == col {
-                j += 1;
-                lo = lo.min(points[j].1);
-                hi = hi.max(points[j].1);
-            }
-            let y = |v: u64| base - v as f64 * scale;
-            if d.is_empty() {
-                let _ = write!(d, "M{x:.1} {:.1}", y(points[i].1));
-            } else {
-                let _ = write!(d, " H{x:.1} V{:.1}", y(points[i].1));
-            }
-            if j > i {
-                let _ = write!(d, " V{:.1} V{:.1} V{:.1}", y(lo), y(hi), y(points[j].1));
-            }
-            i = j + 1;
-        }
-        d
     }
 
     fn write_mark(&self, out: &mut String, lane: &Lane, m: &Mark, mid: f64) {
@@ -995,24 +1078,25 @@ impl Timeline {
             );
         }
         if let Some(by) = &m.refused_by {
+            let by = by.as_str();
             let _ = write!(attrs, r#" data-refused-by="{}""#, esc(by));
             let _ = write!(title, "\nthe batch was refused by {by}");
         }
         if let Some(t) = &m.tiers {
-            let units: Vec<String> = t.iter().map(u64::to_string).collect();
+            let units: Vec<String> = t.units().iter().map(u64::to_string).collect();
             let _ = write!(
                 attrs,
                 r#" data-tiers="{}" data-tier="{}" data-burst="{}""#,
                 units.join(","),
-                m.tier.unwrap_or(0),
-                m.burst
+                t.tier,
+                t.burst
             );
             let _ = write!(
                 title,
                 "\nper tier [{}], tier {}{}",
                 units.join(", "),
-                m.tier.unwrap_or(0),
-                if m.burst { ", burst" } else { "" }
+                t.tier,
+                if t.burst { ", burst" } else { "" }
             );
         }
         if m.skipped {
@@ -1080,48 +1164,47 @@ impl Timeline {
         out.push_str("</g>");
     }
 
-    fn write_aggregate(&self, out: &mut String, marks: &[Mark], mid: f64) {
-        let count = |c: Class| marks.iter().filter(|m| m.class == c).count();
+    fn write_aggregate(&self, out: &mut String, c: &Counts, mid: f64) {
         let counts = [
-            (Class::Allowed, count(Class::Allowed)),
-            (Class::Partial, count(Class::Partial)),
-            (Class::Denied, count(Class::Denied)),
-            (Class::Blocked, count(Class::Blocked)),
-            (Class::Other, count(Class::Other)),
+            (Class::Allowed, c.allowed),
+            (Class::Partial, c.partial),
+            (Class::Denied, c.denied),
+            (Class::Blocked, c.blocked),
+            (Class::Other, c.other),
         ];
-        let granted: u64 = marks.iter().map(|m| m.granted).sum();
-        let (first, last) = (marks[0].at, marks[marks.len() - 1].at);
-        let x = self.axis.x(first);
+        let x = self.axis.x(c.from);
         let h = MARKS_H - 8.0;
         let _ = write!(
             out,
-            r#"<g class="agg" data-count="{}" data-allowed="{}" data-partial="{}" data-denied="{}" data-blocked="{}" data-other="{}" data-from-us="{first}" data-to-us="{last}" data-first-line="{}" data-last-line="{}"><title>{} decisions, lines {} to {}, {} to {}&#10;allowed {}, partly granted {}, denied {}, refused by the batch {}, other {}&#10;units granted {}</title>"#,
-            marks.len(),
-            counts[0].1,
-            counts[1].1,
-            counts[2].1,
-            counts[3].1,
-            counts[4].1,
-            marks[0].line,
-            marks[marks.len() - 1].line,
-            marks.len(),
-            marks[0].line,
-            marks[marks.len() - 1].line,
-            seconds(first),
-            seconds(last),
-            counts[0].1,
-            counts[1].1,
-            counts[2].1,
-            counts[3].1,
-            counts[4].1,
-            granted
+            r#"<g class="agg" data-count="{}" data-allowed="{}" data-partial="{}" data-denied="{}" data-blocked="{}" data-other="{}" data-from-us="{}" data-to-us="{}" data-first-line="{}" data-last-line="{}"><title>{} decisions, lines {} to {}, {} to {}&#10;allowed {}, partly granted {}, denied {}, refused by the batch {}, other {}&#10;units granted {}</title>"#,
+            c.count,
+            c.allowed,
+            c.partial,
+            c.denied,
+            c.blocked,
+            c.other,
+            c.from,
+            c.to,
+            c.first_line,
+            c.last_line,
+            c.count,
+            c.first_line,
+            c.last_line,
+            seconds(c.from),
+            seconds(c.to),
+            c.allowed,
+            c.partial,
+            c.denied,
+            c.blocked,
+            c.other,
+            c.granted
         );
         let mut top = mid - h / 2.0;
         for (class, n) in counts {
             if n == 0 {
                 continue;
             }
-            let part = h * n as f64 / marks.len() as f64;
+            let part = h * n as f64 / c.count as f64;
             let css = match class {
                 Class::Denied => "agg-deny",
                 c => c.css(),
@@ -1149,24 +1232,18 @@ impl Timeline {
         self.write_svg(&mut out);
         out.push_str(r#"</div><table class="summary"><thead><tr><th>bucket</th><th>limit</th><th>decisions</th><th>allowed</th><th>partly</th><th>denied</th><th>refused by the batch</th><th>units granted</th></tr></thead><tbody>"#);
         for lane in &self.lanes {
-            let count = |c: Class| lane.marks.iter().filter(|m| m.class == c).count();
-            let granted: u64 = lane
-                .marks
-                .iter()
-                .filter(|m| m.class != Class::Other)
-                .map(|m| m.granted)
-                .sum();
+            let t = &lane.totals;
             let _ = write!(
                 out,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&lane.label),
                 esc(&lane.quota_text()),
-                lane.marks.len(),
-                count(Class::Allowed),
-                count(Class::Partial),
-                count(Class::Denied),
-                count(Class::Blocked),
-                granted
+                t.count,
+                t.allowed,
+                t.partial,
+                t.denied,
+                t.blocked,
+                t.granted
             );
         }
         out.push_str("</tbody></table>");
@@ -1206,6 +1283,24 @@ const PAGE_SCRIPT: &str = r#"
   svg.addEventListener('mouseleave', function () { tip.hidden = true; });
 })();
 "#;
+
+/// A step line through a series' columns: each value holds until the next column; a column
+/// with several values draws its first, lowest, highest and last.
+fn step_path(columns: &[Column], base: f64, scale: f64) -> String {
+    let y = |v: u64| base - v as f64 * scale;
+    let mut d = String::new();
+    for c in columns {
+        if d.is_empty() {
+            let _ = write!(d, "M{:.1} {:.1}", c.x, y(c.first));
+        } else {
+            let _ = write!(d, " H{:.1} V{:.1}", c.x, y(c.first));
+        }
+        if (c.low, c.high, c.last) != (c.first, c.first, c.first) {
+            let _ = write!(d, " V{:.1} V{:.1} V{:.1}", y(c.low), y(c.high), y(c.last));
+        }
+    }
+    d
+}
 
 /// An x of half-size `r` at (`x`, `y`).
 fn cross(x: f64, y: f64, r: f64) -> String {

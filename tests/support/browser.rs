@@ -49,29 +49,12 @@ pub struct Browser {
     next_id: u64,
     /// Every event received so far (with a `method`), in order.
     pub events: Vec<Value>,
-    _profile: TempDir,
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 impl Browser {
-    /// Starts `binary` headless with a fresh profile and opens a blank page.
-    pub fn start(binary: &Path) -> Browser {
-        let profile = std::env::temp_dir().join(format!(
-            "trl-chromium-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&profile).unwrap();
+    /// Starts `binary` headless with its profile in `profile` (an empty directory the caller
+    /// removes) and opens a blank page.
+    pub fn start(binary: &Path, profile: &Path) -> Browser {
         let (browser_reads, commands) = std::io::pipe().unwrap();
         let (replies, browser_writes) = std::io::pipe().unwrap();
         let (r, w) = (browser_reads.as_raw_fd(), browser_writes.as_raw_fd());
@@ -141,7 +124,6 @@ impl Browser {
             session: String::new(),
             next_id: 0,
             events: Vec::new(),
-            _profile: TempDir(profile),
         };
         let target = browser.call_browser("Target.createTarget", json!({"url": "about:blank"}));
         let target_id = target["targetId"].as_str().unwrap().to_owned();
