@@ -490,6 +490,7 @@ impl Timeline {
         };
         let lane = &mut self.lanes[i];
         lane.sample(&self.axis, &self.backend, mark.at);
+        lane.note_activations(&self.backend);
         for (slot, s) in mark.after.iter_mut().zip(&lane.series) {
             *slot = s.last();
         }
@@ -608,28 +609,30 @@ impl Observer for Timeline {
 }
 
 impl Lane {
-    /// Each quantity of this bucket at trace time `t`, as the backend's state says (`None`:
-    /// a fresh bucket's).
-    fn values(&self, backend: Option<&MemoryBackend>, t: u64) -> Vec<u64> {
+    /// Each quantity of this bucket at trace time `t` (the first `series.len()`), as the
+    /// backend's state says (`None`: a fresh bucket's).
+    fn values(&self, backend: Option<&MemoryBackend>, t: u64) -> [u64; MAX_TIERS] {
         let now = EPOCH_US.saturating_add(t);
+        let mut out = [0; MAX_TIERS];
         match &self.quota {
-            None => Vec::new(),
+            None => {}
             Some(Quota::Gcra(l)) => {
                 let tat = backend.and_then(|b| b.tat(&self.key));
-                vec![gcra::check(l, tat, now, 0).map_or(0, |o| o.remaining)]
+                out[0] = gcra::check(l, tat, now, 0).map_or(0, |o| o.remaining);
             }
             Some(Quota::Tiered(limit)) => {
                 let state = backend
                     .and_then(|b| b.tier_state(&self.key))
                     .unwrap_or_default();
-                (0..limit.tiers().len())
-                    .map(|i| tiers::tier_at(limit, &state, i, now).1)
-                    .collect()
+                for (i, v) in out.iter_mut().enumerate().take(limit.tiers().len()) {
+                    *v = tiers::tier_at(limit, &state, i, now).1;
+                }
             }
             Some(Quota::Concurrency(_)) => {
-                vec![backend.map_or(0, |b| b.leases(&self.key) as u64)]
+                out[0] = backend.map_or(0, |b| b.leases(&self.key) as u64);
             }
         }
+        out
     }
 
     fn sample(&mut self, axis: &Axis, backend: &MemoryBackend, t: u64) {
@@ -638,21 +641,28 @@ impl Lane {
         for (s, v) in self.series.iter_mut().zip(values) {
             s.push(x, v);
         }
-        if let Some(Quota::Tiered(limit)) = &self.quota {
-            let state = backend.tier_state(&self.key).unwrap_or_default();
-            for (i, log) in state.tiers().iter().enumerate().take(self.entries.len()) {
-                if let Some(e) = log.entry()
-                    && self.entries[i] != Some(e)
-                {
-                    self.entries[i] = Some(e);
-                    let tier = &limit.tiers()[i];
-                    self.bands.push(Band {
-                        tier: i,
-                        entry: e.saturating_sub(EPOCH_US),
-                        active: tier.active_us(),
-                        cooldown: tier.cooldown_us(),
-                    });
-                }
+    }
+
+    /// Records the tier activations a request made (a tier is entered only by a request).
+    fn note_activations(&mut self, backend: &MemoryBackend) {
+        let Some(Quota::Tiered(limit)) = &self.quota else {
+            return;
+        };
+        let Some(state) = backend.tier_state(&self.key) else {
+            return;
+        };
+        for (i, log) in state.tiers().iter().enumerate().take(self.entries.len()) {
+            if let Some(e) = log.entry()
+                && self.entries[i] != Some(e)
+            {
+                self.entries[i] = Some(e);
+                let tier = &limit.tiers()[i];
+                self.bands.push(Band {
+                    tier: i,
+                    entry: e.saturating_sub(EPOCH_US),
+                    active: tier.active_us(),
+                    cooldown: tier.cooldown_us(),
+                });
             }
         }
     }

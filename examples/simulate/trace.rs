@@ -360,31 +360,25 @@ pub async fn run_observed(
             line: number,
             source,
         };
-        let json = if parsed.op == "reset" {
+        let json = if matches!(parsed.op, "reset" | "release") {
             let keys: Vec<_> = txs.iter().map(|t| t.key().clone()).collect();
-            limiter.reset(&keys).await.map_err(failed)?;
+            let released = if parsed.op == "reset" {
+                limiter.reset(&keys).await.map_err(failed)?;
+                None
+            } else {
+                let leases: Vec<_> = keys
+                    .iter()
+                    .filter_map(|k| held.get_mut(k)?.pop_front())
+                    .collect();
+                Some(limiter.release(&leases).await.map_err(failed)?)
+            };
             observer.changed(number, parsed.at_us, parsed.op, &keys);
             serde_json::to_string(&ResetOut {
                 line: number,
                 at_us: parsed.at_us,
                 op: parsed.op,
                 keys: parsed.txs.iter().map(|(s, _)| *s).collect(),
-                released: None,
-            })
-        } else if parsed.op == "release" {
-            let leases: Vec<_> = txs
-                .iter()
-                .filter_map(|t| held.get_mut(t.key())?.pop_front())
-                .collect();
-            let released = limiter.release(&leases).await.map_err(failed)?;
-            let keys: Vec<_> = txs.iter().map(|t| t.key().clone()).collect();
-            observer.changed(number, parsed.at_us, parsed.op, &keys);
-            serde_json::to_string(&ResetOut {
-                line: number,
-                at_us: parsed.at_us,
-                op: parsed.op,
-                keys: parsed.txs.iter().map(|(s, _)| *s).collect(),
-                released: Some(released),
+                released,
             })
         } else {
             let batch = match parsed.op {
