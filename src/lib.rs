@@ -28,7 +28,7 @@ pub use backend::{
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use backend::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
-pub use config::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, Location};
+pub use config::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, LimitsChange, Location};
 pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 pub use layer::{
     ClientIp, Denial, FailurePolicy, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor,
@@ -36,7 +36,7 @@ pub use layer::{
     RateLimitService, ResponseFuture, Rule, Settle, Wait, key_fn,
 };
 pub use limiter::{
-    BatchDecision, Decision, Lease, Limiter, LimiterError, LimitsChange, ReloadError, Transaction,
+    BatchDecision, Decision, Lease, Limiter, LimiterError, ReloadError, Transaction,
 };
 pub use quota::Quota;
 #[cfg(feature = "reload")]

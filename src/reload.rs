@@ -7,7 +7,8 @@ use notify::Watcher as _;
 use tokio::sync::mpsc;
 
 use crate::config::Limits;
-use crate::limiter::{Limiter, LimitsChange, ReloadError};
+use crate::config::LimitsChange;
+use crate::limiter::{Limiter, ReloadError};
 
 /// What one reload attempt gave: what changed, or why the files were refused (the previous
 /// limits then stay in force).

@@ -337,8 +337,8 @@ impl Limits {
 
 impl Limits {
     /// What replacing `self` with `new` changes, by name.
-    pub(crate) fn change_to(&self, new: &Limits) -> crate::limiter::LimitsChange {
-        let mut change = crate::limiter::LimitsChange::default();
+    pub(crate) fn change_to(&self, new: &Limits) -> LimitsChange {
+        let mut change = LimitsChange::default();
         fn overrides_of(limits: &Limits, name: LimitName) -> Vec<(String, Option<&Quota>)> {
             let mut o: Vec<(String, Option<&Quota>)> = limits
                 .overrides
@@ -578,6 +578,50 @@ impl LimitsBuilder {
             Some(e) => Err(e),
             None => Ok(self.limits),
         }
+    }
+}
+
+/// What a reload changed, by limit name (in the new configuration's order; removed names in
+/// the old one's). Its `Display` is one line for a log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimitsChange {
+    /// Names the new configuration adds.
+    pub added: Vec<String>,
+    /// Names it removes.
+    pub removed: Vec<String>,
+    /// Names whose id kind, cost, default or overrides changed.
+    pub changed: Vec<String>,
+}
+
+impl LimitsChange {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+}
+
+impl std::fmt::Display for LimitsChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_empty() {
+            return f.write_str("no limit changed");
+        }
+        let mut first = true;
+        for (what, names) in [
+            ("added", &self.added),
+            ("removed", &self.removed),
+            ("changed", &self.changed),
+        ] {
+            if names.is_empty() {
+                continue;
+            }
+            if !first {
+                f.write_str("; ")?;
+            }
+            first = false;
+            write!(f, "{what}: {}", names.join(", "))?;
+        }
+        Ok(())
     }
 }
 

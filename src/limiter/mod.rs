@@ -8,7 +8,7 @@ use arc_swap::{ArcSwap, Guard};
 
 use crate::backend::{Backend, BackendError, BucketTx, TransactionError};
 use crate::backend::{Mode, Outcome};
-use crate::config::Limits;
+use crate::config::{Limits, LimitsChange};
 
 pub(crate) use decision::strictness;
 pub use decision::{BatchDecision, Decision, Lease};
@@ -150,50 +150,6 @@ pub enum ReloadError {
     /// The new configuration could not be loaded (its location and limit are in the error).
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-}
-
-/// What a reload changed, by limit name (in the new configuration's order; removed names in
-/// the old one's). Its `Display` is one line for a log.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LimitsChange {
-    /// Names the new configuration adds.
-    pub added: Vec<String>,
-    /// Names it removes.
-    pub removed: Vec<String>,
-    /// Names whose id kind, cost, default or overrides changed.
-    pub changed: Vec<String>,
-}
-
-impl LimitsChange {
-    /// Whether nothing changed.
-    pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
-    }
-}
-
-impl std::fmt::Display for LimitsChange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.is_empty() {
-            return f.write_str("no limit changed");
-        }
-        let mut first = true;
-        for (what, names) in [
-            ("added", &self.added),
-            ("removed", &self.removed),
-            ("changed", &self.changed),
-        ] {
-            if names.is_empty() {
-                continue;
-            }
-            if !first {
-                f.write_str("; ")?;
-            }
-            first = false;
-            write!(f, "{what}: {}", names.join(", "))?;
-        }
-        Ok(())
-    }
 }
 
 /// Decides transactions against a [`Limits`] snapshot, storing state in a [`Backend`].

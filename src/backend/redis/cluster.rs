@@ -16,10 +16,9 @@ use fred::prelude::{
     Client, ClientLike, Config, Error as FredError, LuaInterface, ServerConfig, Value,
 };
 
-use super::RedisSetupError;
 use super::breaker::{self, Breaker};
-use super::connect::configured_builder;
 use super::script::SCRIPT;
+use super::setup::{RedisSetupError, configured_builder};
 use crate::backend::BackendError;
 
 const SLOTS: usize = 16_384;

@@ -5,14 +5,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::prelude::{
-    Builder, Client, ClientLike, Config, LuaInterface, Pool, ReconnectPolicy, ServerConfig,
-};
+use fred::prelude::{Client, ClientLike, Config, LuaInterface, Pool, ServerConfig};
 
 use super::breaker;
 use super::cluster::ClusterRouter;
 use super::deny_cache::DenyCache;
 use super::script::SCRIPT;
+use super::setup::{RedisSetupError, configured_builder};
 use super::{Inner, RedisBackend};
 use crate::backend::BackendError;
 use crate::time::{Clock, SystemClock};
@@ -25,26 +24,6 @@ pub(super) const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The default number of buckets the local deny cache remembers.
 pub(super) const DEFAULT_DENY_CACHE_CAPACITY: usize = 100_000;
-
-/// Why a [`RedisBackend`] could not be set up.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RedisSetupError {
-    /// The URL is not a Redis URL fred understands.
-    #[error("invalid Redis URL: {0}")]
-    InvalidUrl(String),
-    /// The key prefix contains `{` or `}` (it would take over the hash tag) or is too long.
-    #[error("invalid key prefix {prefix:?}: {reason}")]
-    InvalidPrefix {
-        /// The prefix.
-        prefix: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// The server could not be reached or refused to load the script.
-    #[error("cannot connect to Redis: {0}")]
-    Connect(String),
-}
 
 pub(super) enum Connection {
     Client(Client),
@@ -61,21 +40,6 @@ impl Connection {
             Connection::Cluster(r) => r.client_for_slot(slot),
         }
     }
-}
-
-/// A fred builder with the backend's settings: the command timeout, one attempt per command
-/// (a retried spend could be applied twice) and reconnection forever, in the background.
-pub(super) fn configured_builder(config: Config, timeout: Duration) -> Builder {
-    let mut builder = Builder::from_config(config);
-    builder
-        .with_performance_config(|p| p.default_command_timeout = timeout)
-        .with_connection_config(|c| {
-            c.connection_timeout = timeout.max(Duration::from_secs(1));
-            c.internal_command_timeout = timeout.max(Duration::from_secs(1));
-            c.max_command_attempts = 1;
-        })
-        .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
-    builder
 }
 
 pub(super) enum Source {

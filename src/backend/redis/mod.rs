@@ -90,9 +90,11 @@ mod connect;
 mod deny_cache;
 mod keys;
 mod script;
+mod setup;
 
 pub use coalesce::CoalesceStats;
-pub use connect::{RedisBackendBuilder, RedisSetupError};
+pub use connect::RedisBackendBuilder;
+pub use setup::RedisSetupError;
 
 use connect::{Connection, Source};
 use deny_cache::DenyCache;

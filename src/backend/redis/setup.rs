@@ -1,0 +1,41 @@
+//! What connecting to a single Redis and to a cluster share: the setup error and the fred
+//! builder every client of the backend is made with.
+
+use std::time::Duration;
+
+use fred::prelude::{Builder, Config, ReconnectPolicy};
+
+/// Why a [`RedisBackend`](super::RedisBackend) could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisSetupError {
+    /// The URL is not a Redis URL fred understands.
+    #[error("invalid Redis URL: {0}")]
+    InvalidUrl(String),
+    /// The key prefix contains `{` or `}` (it would take over the hash tag) or is too long.
+    #[error("invalid key prefix {prefix:?}: {reason}")]
+    InvalidPrefix {
+        /// The prefix.
+        prefix: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The server could not be reached or refused to load the script.
+    #[error("cannot connect to Redis: {0}")]
+    Connect(String),
+}
+
+/// A fred builder with the backend's settings: the command timeout, one attempt per command
+/// (a retried spend could be applied twice) and reconnection forever, in the background.
+pub(super) fn configured_builder(config: Config, timeout: Duration) -> Builder {
+    let mut builder = Builder::from_config(config);
+    builder
+        .with_performance_config(|p| p.default_command_timeout = timeout)
+        .with_connection_config(|c| {
+            c.connection_timeout = timeout.max(Duration::from_secs(1));
+            c.internal_command_timeout = timeout.max(Duration::from_secs(1));
+            c.max_command_attempts = 1;
+        })
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
+    builder
+}
