@@ -57,7 +57,10 @@ pub fn trl_measured(op: &mut dyn FnMut(u64), ops: u64) {
 
 const VARIANTS: &[(&str, &str)] = &[
     ("governor_check_key", "governor keyed check_key (u64 keys)"),
-    ("ours_spend_one", "MemoryBackend::spend_one"),
+    (
+        "ours_spend_one",
+        "MemoryBackend as Backend: spend, 1 transaction",
+    ),
     ("ours_limiter", "Limiter::spend, 1 transaction"),
     ("http_request_only", "building the request alone"),
     ("http_bare", "axum, no limit"),
@@ -107,7 +110,8 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 .map(|k| BucketTx::new(k, quota, 1..=1, Mode::CheckAndSpend).unwrap())
                 .collect();
             Box::new(move |i| {
-                let _ = std::hint::black_box(backend.spend_one(&txs[(i % KEYS) as usize]));
+                let _ =
+                    std::hint::black_box(common::spend_one(&backend, &txs[(i % KEYS) as usize]));
             })
         }
         "ours_limiter" => {

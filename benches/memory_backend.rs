@@ -73,7 +73,7 @@ fn memory_per_key() {
     for k in 0..N {
         let key = BucketKey::new(name, Id::from(k));
         let tx = BucketTx::new(&key, limit, 1..=1, Mode::CheckAndSpend).unwrap();
-        backend.spend_one(&tx).unwrap();
+        common::spend_one(&backend, &tx).unwrap();
     }
     let live = rss_bytes();
     clock.advance(Duration::from_secs(60));
@@ -157,14 +157,14 @@ fn bench(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     run_threads(threads, iters, |i| {
                         let tx = &bucket_txs[(i % keys) as usize];
-                        let _ = common::ready(backend.spend(std::slice::from_ref(tx)));
+                        let _ = common::ready(backend.spend(std::slice::from_ref(tx)).outcomes());
                     })
                 })
             });
             group.bench_function(BenchmarkId::new("ours_spend_one", &id), |b| {
                 b.iter_custom(|iters| {
                     run_threads(threads, iters, |i| {
-                        let _ = backend.spend_one(&bucket_txs[(i % keys) as usize]);
+                        let _ = common::spend_one(&backend, &bucket_txs[(i % keys) as usize]);
                     })
                 })
             });

@@ -22,8 +22,8 @@ pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 pub use algo::gcra::{GcraError, Limit, LimitError};
 pub use algo::tiers::{Tier, TierError, TierGrant, TierRequestError, TieredLimit};
 pub use backend::{
-    Backend, BackendError, BucketTx, MemoryBackend, MemoryBackendBuilder, Mode, Outcome,
-    TransactionError,
+    Backend, BackendError, BucketTx, MemoryBackend, MemoryBackendBuilder, Mode, Outcome, Outcomes,
+    PendingSpend, Spend, TransactionError,
 };
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

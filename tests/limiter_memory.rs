@@ -458,7 +458,7 @@ fn concurrent_tiered_requests_never_over_grant() {
             scope.spawn(move || {
                 for _ in 0..100 {
                     let tx = Transaction::new(k.clone()).cost_range(1..=3);
-                    let d = limiter.try_spend_now(&[tx]).unwrap().unwrap();
+                    let d = support::ready(limiter.spend(&[tx])).unwrap();
                     granted.fetch_add(d.decisions()[0].granted, Ordering::Relaxed);
                 }
             });
@@ -712,9 +712,7 @@ fn sweeps_live_keys_and_full_refusals_are_counted() {
             backend.clone(),
         );
         let spend = |id: &str| {
-            limiter
-                .try_spend_now(&[Transaction::new(limiter.parse_key("A", id).unwrap())])
-                .unwrap()
+            support::ready(limiter.spend(&[Transaction::new(limiter.parse_key("A", id).unwrap())]))
         };
         for id in ["a", "b", "c"] {
             assert!(spend(id).unwrap().allowed());
@@ -754,7 +752,7 @@ fn partial_grants_are_counted() {
         let key = limiter.parse_key("A", "x").unwrap();
         let spend = |range: std::ops::RangeInclusive<u64>| {
             let tx = Transaction::new(key.clone()).cost_range(range);
-            let d = limiter.try_spend_now(&[tx]).unwrap().unwrap();
+            let d = support::ready(limiter.spend(&[tx])).unwrap();
             d.decisions()[0].granted
         };
         assert_eq!(spend(1..=4), 4, "whole");
@@ -762,7 +760,7 @@ fn partial_grants_are_counted() {
         assert_eq!(spend(1..=3), 0, "denied");
         // A single cost is not a range.
         let single = Transaction::new(key.clone()).cost(0);
-        limiter.try_spend_now(&[single]).unwrap().unwrap();
+        support::ready(limiter.spend(&[single])).unwrap();
     });
     let m = support::scrape::samples(&handle.render());
     let grants = |outcome: &str| {

@@ -16,7 +16,7 @@ use counting::Counting;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_ratelimits::{Backend, BackendError, BucketTx};
+use tower_ratelimits::{Backend, BackendError, BucketTx, Spend};
 use tower_ratelimits::{BucketKey, Limiter, Limits, ManualClock, MemoryBackend, Outcome};
 use tower_ratelimits::{
     ClientIp, FailurePolicy, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule,
@@ -35,14 +35,20 @@ struct Broken {
 
 #[async_trait]
 impl Backend for Broken {
-    async fn spend(&self, _: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+    fn spend(&self, _: &[BucketTx<'_>]) -> Spend {
+        let hang = self.hang;
+        Spend::Pending(Box::pin(async move {
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            Err(BackendError::Unavailable("connection refused".into()))
+        }))
+    }
+    async fn refund(&self, _: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
         if self.hang {
             std::future::pending::<()>().await;
         }
         Err(BackendError::Unavailable("connection refused".into()))
-    }
-    async fn refund(&self, b: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
-        self.spend(b).await
     }
     async fn reset(&self, _: &[&BucketKey]) -> Result<(), BackendError> {
         Err(BackendError::Unavailable("connection refused".into()))

@@ -490,11 +490,8 @@ struct HoldsRefunds {
 
 #[async_trait::async_trait]
 impl tower_ratelimits::Backend for HoldsRefunds {
-    async fn spend(
-        &self,
-        batch: &[tower_ratelimits::BucketTx<'_>],
-    ) -> Result<Vec<tower_ratelimits::Outcome>, tower_ratelimits::BackendError> {
-        self.inner.spend(batch).await
+    fn spend(&self, batch: &[tower_ratelimits::BucketTx<'_>]) -> tower_ratelimits::Spend {
+        self.inner.spend(batch)
     }
     async fn refund(
         &self,

@@ -15,6 +15,18 @@ pub fn ready<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// One transaction spent on a backend that answers at once (the in-memory one): its one
+/// `spend`, with a batch of one. Panics if it would wait (a bench set-up error).
+pub fn spend_one(
+    backend: &impl tower_ratelimits::Backend,
+    tx: &tower_ratelimits::BucketTx<'_>,
+) -> Result<tower_ratelimits::Outcomes, tower_ratelimits::BackendError> {
+    match backend.spend(std::slice::from_ref(tx)) {
+        tower_ratelimits::Spend::Ready(r) => r,
+        tower_ratelimits::Spend::Pending(_) => panic!("the benchmarked spend waited"),
+    }
+}
+
 pub mod apps;
 pub mod redis_ops;
 

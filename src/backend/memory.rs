@@ -40,7 +40,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
-use super::{Backend, BackendError, BucketTx, batch_allowed};
+use super::{Backend, BackendError, BucketTx, Outcomes, Spend, batch_allowed};
 use crate::algo::concurrency::{self, ConcurrencyLimit};
 use crate::algo::gcra;
 use crate::algo::gcra::Limit;
@@ -415,15 +415,10 @@ impl MemoryBackend {
         }
     }
 
-    /// Decides and spends one transaction without a future or an allocation: the fast path
-    /// the [`Backend`] implementation takes for a one-transaction batch.
+    /// Decides and spends one transaction without an allocation: the path
+    /// [`Backend::spend`] takes for a one-transaction batch.
     ///
     /// A compare-and-swap loop on the bucket's TAT, made under the map's shard read guard.
-    #[doc(hidden)] // plumbing, public for the benches only
-    pub fn spend_one(&self, tx: &BucketTx<'_>) -> Result<Outcome, BackendError> {
-        self.spend_one_at(tx, self.now())
-    }
-
     fn spend_one_at(&self, tx: &BucketTx<'_>, now: u64) -> Result<Outcome, BackendError> {
         let Quota::Gcra(limit) = tx.quota else {
             return Ok(self.spend_mixed(std::slice::from_ref(tx), now)?.remove(0));
@@ -612,11 +607,11 @@ impl MemoryBackend {
 }
 
 impl MemoryBackend {
-    fn spend_sync(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+    fn spend_sync(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
         let now = self.now();
         match batch {
-            [one] => Ok(vec![self.spend_one_at(one, now)?]),
-            _ => self.spend_mixed(batch, now),
+            [one] => Ok(smallvec::smallvec![self.spend_one_at(one, now)?]),
+            _ => self.spend_mixed(batch, now).map(Outcomes::from_vec),
         }
     }
 }
@@ -731,16 +726,8 @@ impl MemoryBackend {
 
 #[async_trait]
 impl Backend for MemoryBackend {
-    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
-        self.spend_sync(batch)
-    }
-
-    fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
-        Some(self.spend_sync(batch))
-    }
-
-    fn spend_one_now(&self, tx: &BucketTx<'_>) -> Option<Result<Outcome, BackendError>> {
-        Some(self.spend_one(tx))
+    fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
+        Spend::Ready(self.spend_sync(batch))
     }
 
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {

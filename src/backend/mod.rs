@@ -377,36 +377,62 @@ pub(crate) fn gcra_write(mode: Mode, out: &GcraOutcome, stored: u64, now: u64) -
         .filter(|&new| out.allowed && mode.spends() && new > now && new != stored)
 }
 
+/// A backend's outcomes for a batch, one per transaction, in order: on the stack for a batch
+/// of one (a request with one rule), so the commonest decision allocates nothing.
+pub type Outcomes = smallvec::SmallVec<[Outcome; 1]>;
+
+/// A spend still under way: a future that owns what it needs (it outlives the batch it was
+/// asked for), answering the batch's outcomes.
+pub type PendingSpend =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Outcomes, BackendError>> + Send>>;
+
+/// A backend's answer to [`Backend::spend`]: decided at once (in memory; a denial the Redis
+/// backend's deny cache is sure of), or a future to await (a round trip to a store). A ready
+/// answer needs no box and no await: the middleware answers such a request in `call`.
+#[must_use = "a pending spend does nothing unless awaited"]
+pub enum Spend {
+    /// Decided.
+    Ready(Result<Outcomes, BackendError>),
+    /// Under way.
+    Pending(PendingSpend),
+}
+
+impl Spend {
+    /// The outcomes, awaited if need be.
+    pub async fn outcomes(self) -> Result<Outcomes, BackendError> {
+        match self {
+            Spend::Ready(r) => r,
+            Spend::Pending(f) => f.await,
+        }
+    }
+}
+
+impl std::fmt::Debug for Spend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Spend::Ready(r) => f.debug_tuple("Ready").field(r).finish(),
+            Spend::Pending(_) => f.write_str("Pending(..)"),
+        }
+    }
+}
+
 /// A store of bucket states. Implementations must be atomic per batch: concurrent batches never
 /// admit more than `docs/gcra.md` allows, and a denied batch writes nothing.
 ///
-/// It is used as `Arc<dyn Backend>`, hence `async_trait`.
+/// It is used as `Arc<dyn Backend>`, hence `async_trait` for `refund` and `reset`.
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
-    /// Decides a batch and, if the batch is allowed, spends it (modes as in [`Mode`]).
-    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError>;
+    /// Decides a batch and, if the batch is allowed, spends it (modes as in [`Mode`]): one call
+    /// per batch, the only way a batch is spent. A backend that decides without waiting
+    /// answers [`Spend::Ready`]; one that must wait answers [`Spend::Pending`] with a future
+    /// that owns what it needs (clone the keys and quotas it reads after its await).
+    fn spend(&self, batch: &[BucketTx<'_>]) -> Spend;
 
     /// Refunds each transaction's cost, independently, never above a full bucket.
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError>;
 
     /// Deletes buckets (they become full).
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError>;
-
-    /// Decides and spends a batch without waiting, if this backend can (the in-memory one
-    /// can): the middleware then skips the boxed future. `None` (the default) means "use
-    /// [`spend`](Backend::spend)". When it answers, it must answer exactly as `spend` would.
-    fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
-        let _ = batch;
-        None
-    }
-
-    /// [`spend_now`](Backend::spend_now) for a batch of one transaction, without a vector:
-    /// the middleware's path for a single rule. `None` (the default) means "use `spend_now` or
-    /// [`spend`](Backend::spend)"; when it answers, it must answer exactly as they would.
-    fn spend_one_now(&self, tx: &BucketTx<'_>) -> Option<Result<Outcome, BackendError>> {
-        let _ = tx;
-        None
-    }
 }
 
 impl BackendError {
@@ -420,19 +446,13 @@ impl BackendError {
 
 #[async_trait]
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
-    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
-        (**self).spend(batch).await
+    fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
+        (**self).spend(batch)
     }
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
         (**self).refund(batch).await
     }
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
         (**self).reset(keys).await
-    }
-    fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
-        (**self).spend_now(batch)
-    }
-    fn spend_one_now(&self, tx: &BucketTx<'_>) -> Option<Result<Outcome, BackendError>> {
-        (**self).spend_one_now(tx)
     }
 }

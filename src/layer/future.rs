@@ -15,12 +15,9 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::lease::Held;
-use super::outcome::{
-    Allowed, Conclusion, Decide, Decided, Failure, Fields, Waited, conclude, decide,
-};
+use super::outcome::{Allowed, Conclusion, Decide, Road, Waited, conclude, road};
 use super::rate_limit_layer::Shared;
-use super::response::{error_response, insert_fields, insert_ratelimit_headers};
-use super::rule::Prepared;
+use super::response::{error_response, insert_ratelimit_headers};
 use super::settle::{self, BodySettle, Task};
 
 pin_project! {
@@ -193,10 +190,7 @@ where
                         return Poll::Ready(Ok(respond(this.shared, response, allowed, release)));
                     }
                     let (head, body) = response.into_parts();
-                    let task = match &allowed.fields {
-                        Fields::Batch(batch) => settle::settle_head(this.shared, batch, &head),
-                        Fields::One(_) | Fields::Many(_) => None,
-                    };
+                    let task = settle::settle_head(this.shared, &allowed.batch, &head);
                     let response = Response::from_parts(head, body);
                     let Some(task) = task else {
                         let release = this.release.take();
@@ -213,9 +207,7 @@ where
                         return Poll::Ready(Ok(polled_after_completion(false)));
                     };
                     let (response, mut allowed) = *held;
-                    if let Fields::Batch(batch) = &mut allowed.fields {
-                        settle::merge(batch, settled);
-                    }
+                    settle::merge(&mut allowed.batch, settled);
                     let release = this.release.take();
                     return Poll::Ready(Ok(respond(this.shared, response, allowed, release)));
                 }
@@ -281,41 +273,33 @@ where
     S: Service<Request<B>>,
 {
     let (parts, body) = req.into_parts();
-    let limits = shared.limiter.load();
-    let txs = match shared.prepare(&limits, &parts, grpc) {
-        Prepared::Reject(response) => {
-            waited.permit = None;
-            return State::Answered {
-                response: Some(response),
-            };
-        }
-        Prepared::Batch(txs) => txs,
-    };
+    let decided = road(shared, &parts, grpc);
     let req = Request::from_parts(parts, body);
-    if txs.is_empty() {
+    match decided {
+        Road::Answer(response) => {
+            waited.permit = None;
+            State::Answered {
+                response: Some(response),
+            }
+        }
         // A reload disabled every rule that applied.
-        waited.permit = None;
-        return next(
-            Conclusion::Call(None, None),
-            inner,
-            req,
-            grpc,
-            waited,
-            release,
-        );
-    }
-    match shared.limiter.try_spend_now_in(&limits, &txs) {
-        Some(result) => {
-            let decided = Decided {
-                result: result.map_err(Failure::Limiter),
-                txs,
-                fell_back: false,
-            };
+        Road::Call => {
+            waited.permit = None;
+            next(
+                Conclusion::Call(None, None),
+                inner,
+                req,
+                grpc,
+                waited,
+                release,
+            )
+        }
+        Road::Decided(decided) => {
             let conclusion = conclude(shared, decided, grpc, waited);
             next(conclusion, inner, req, grpc, waited, release)
         }
-        None => State::Deciding {
-            decide: decide(shared, arc_swap::Guard::into_inner(limits), txs),
+        Road::Deciding(decide) => State::Deciding {
+            decide,
             pending: Some((inner, req)),
             grpc,
         },
@@ -345,25 +329,16 @@ fn respond<B>(
 ) -> Response<RateLimitBody<B>> {
     if allowed.headers && response.status() != StatusCode::TOO_MANY_REQUESTS {
         let headers = response.headers_mut();
-        match &allowed.fields {
-            Fields::Batch(batch) => insert_ratelimit_headers(
-                headers,
-                batch,
-                |d| shared.cached_policy(d),
-                allowed.legacy,
-            ),
-            Fields::One(one) => insert_fields(
-                headers,
-                &shared.rules,
-                std::slice::from_ref(one),
-                allowed.legacy,
-            ),
-            Fields::Many(many) => insert_fields(headers, &shared.rules, many, allowed.legacy),
-        }
+        insert_ratelimit_headers(
+            headers,
+            &allowed.batch,
+            |d| shared.cached_policy(d),
+            allowed.legacy,
+        );
     }
-    let settle = match &allowed.fields {
-        Fields::Batch(batch) if allowed.settle => BodySettle::of(shared, batch),
-        _ => None,
+    let settle = match allowed.settle {
+        true => BodySettle::of(shared, &allowed.batch),
+        false => None,
     };
     response.map(|body| RateLimitBody::settling(body, settle, release))
 }

@@ -5,25 +5,38 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
+use http::request::Parts;
+
 use super::lease::{Held, Release};
 use super::observe::{RuleOutcome, count_request, observe_batch};
 use super::rate_limit_layer::{FailurePolicy, Shared};
-use super::response::{Denial, OneFields, error_response};
+use super::response::{Denial, error_response};
+use super::rule::Prepared;
 use super::wait::WaitPermit;
 use crate::backend::BackendError;
-use crate::config::Limits;
 use crate::limiter::LimiterError;
-use crate::limiter::{BatchDecision, Transaction};
+use crate::limiter::{BatchDecision, Pending, Step, Transaction};
 
 pub(crate) enum Failure {
     Limiter(LimiterError),
     Timeout,
+}
+
+impl Failure {
+    /// Whether the store failed (timed out, unreachable, open circuit, a bad stored value):
+    /// what the in-memory fallback decides instead. A full memory table is not such a failure.
+    fn store_failed(&self) -> bool {
+        match self {
+            Failure::Timeout => true,
+            Failure::Limiter(LimiterError::Backend(e)) => !matches!(e, BackendError::Full { .. }),
+            Failure::Limiter(_) => false,
+        }
+    }
 }
 
 impl std::fmt::Display for Failure {
@@ -45,79 +58,94 @@ pub(crate) struct Decided {
 
 pub(crate) type Decide = Pin<Box<dyn Future<Output = Decided> + Send>>;
 
-/// Decides `txs` under `limits`, the snapshot the request's transactions were prepared under.
-pub(crate) fn decide(shared: &Arc<Shared>, limits: Arc<Limits>, txs: Vec<Transaction>) -> Decide {
+/// Where a request goes once its rules are applied: the one road, taken by `call` and by a
+/// request decided again after its wait.
+pub(crate) enum Road {
+    /// Answer now (a missing or bad key).
+    Answer(Response<Bytes>),
+    /// No rule applies: call the inner service as it is.
+    Call,
+    /// Decided at once (in memory, or a certain denial of the deny cache): no box, no await.
+    Decided(Decided),
+    /// The store must answer first.
+    Deciding(Decide),
+}
+
+/// Applies the rules to a request and asks the limiter once, under one snapshot of the limits
+/// (a reload never mixes two within a request).
+pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts, grpc: bool) -> Road {
+    let limits = shared.limiter.load();
+    let txs = match shared.prepare(&limits, parts, grpc) {
+        Prepared::Reject(response) => return Road::Answer(response),
+        Prepared::Batch(txs) => txs,
+    };
+    if txs.is_empty() {
+        return Road::Call;
+    }
+    match shared.limiter.spend_step(&limits, &txs) {
+        Step::Ready(result) => {
+            Road::Decided(decided(shared, result.map_err(Failure::Limiter), txs))
+        }
+        Step::Pending(pending) => Road::Deciding(decide(shared, pending, txs)),
+    }
+}
+
+/// Waits for a spend under way (`pending`, the limiter's step for `txs`), within the layer's
+/// timeout.
+pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Vec<Transaction>) -> Decide {
     let shared = shared.clone();
     Box::pin(async move {
-        let timeout = shared.timeout;
-        let result = {
-            let mut spend = std::pin::pin!(shared.limiter.spend_in(&limits, &txs));
-            // A backend that answers at once (in memory) needs no timer.
-            let first = std::future::poll_fn(|cx| match spend.as_mut().poll(cx) {
-                Poll::Ready(r) => Poll::Ready(Some(r)),
-                Poll::Pending => Poll::Ready(None),
-            })
-            .await;
-            match first {
-                Some(r) => r.map_err(Failure::Limiter),
-                None => match tokio::time::timeout(timeout, spend).await {
-                    Ok(r) => r.map_err(Failure::Limiter),
-                    Err(_) => Err(Failure::Timeout),
+        let result = match tokio::time::timeout(shared.timeout, pending.decided(&txs)).await {
+            Ok(r) => r.map_err(Failure::Limiter),
+            Err(_) => Err(Failure::Timeout),
+        };
+        decided(&shared, result, txs)
+    })
+}
+
+/// A request's decision: when the store failed (not a full memory table, which is refused
+/// whatever the policy), this instance's in-memory fallback decides `txs` instead, if the
+/// layer has one.
+fn decided(
+    shared: &Shared,
+    result: Result<BatchDecision, Failure>,
+    txs: Vec<Transaction>,
+) -> Decided {
+    match (result, &shared.fallback) {
+        (Err(failure), Some(fallback)) if failure.store_failed() => {
+            let local = fallback.limiter(&shared.limiter);
+            tracing::debug!(reason = %failure, "rate limit store failed; deciding in memory");
+            // In memory it always answers at once; if it did not, the failure stands.
+            match local.spend_step(&local.load(), &txs) {
+                Step::Ready(result) => Decided {
+                    result: result.map_err(Failure::Limiter),
+                    txs,
+                    fell_back: true,
+                },
+                Step::Pending(_) => Decided {
+                    result: Err(failure),
+                    txs,
+                    fell_back: false,
                 },
             }
-        };
-        match (result, &shared.fallback) {
-            // The store failed: this instance's in-memory limiter decides instead.
-            (
-                Err(failure @ (Failure::Timeout | Failure::Limiter(LimiterError::Backend(_)))),
-                Some(fallback),
-            ) => {
-                let local = fallback.limiter(&shared.limiter);
-                tracing::debug!(reason = %failure, "rate limit store failed; deciding in memory");
-                // In memory it always answers at once; if it did not, the failure stands.
-                match local.try_spend_now(&txs) {
-                    Some(result) => Decided {
-                        result: result.map_err(Failure::Limiter),
-                        txs,
-                        fell_back: true,
-                    },
-                    None => Decided {
-                        result: Err(failure),
-                        txs,
-                        fell_back: false,
-                    },
-                }
-            }
-            (result, _) => Decided {
-                result,
-                txs,
-                fell_back: false,
-            },
         }
-    })
+        (result, _) => Decided {
+            result,
+            txs,
+            fell_back: false,
+        },
+    }
 }
 
 /// What an allowed request's response needs from its decision: the `RateLimit` fields, the
 /// reservations to settle, or both.
 pub(crate) struct Allowed {
-    pub(crate) fields: Fields,
+    pub(crate) batch: BatchDecision,
     /// Add the `RateLimit` fields.
     pub(crate) headers: bool,
     pub(crate) legacy: bool,
     /// Settle the rules that settle from the response ([`Rule::settle`](crate::Rule::settle)).
     pub(crate) settle: bool,
-}
-
-/// The decisions whose `RateLimit` fields an allowed response gets.
-pub(crate) enum Fields {
-    /// The batch's decisions (the general path).
-    Batch(BatchDecision),
-    /// One GCRA spend on its rule's default limit (the fast path, one rule): the fields'
-    /// numbers, with no `Decision` built.
-    One(OneFields),
-    /// GCRA spends on their rules' default limits (the fast path, several rules), the
-    /// strictest first.
-    Many(Box<[OneFields]>),
 }
 
 pub(crate) enum Conclusion {
@@ -186,7 +214,7 @@ pub(crate) fn conclude(
             }
             Conclusion::Call(
                 Some(Allowed {
-                    fields: Fields::Batch(batch),
+                    batch,
                     headers: shared.headers_on_allowed,
                     legacy: shared.legacy_headers,
                     settle,

@@ -111,8 +111,6 @@ pub(crate) struct Shared {
     pub(crate) on_denied: Option<DenialFn>,
     /// Some rule settles its cost from the response ([`Rule::settle`]).
     pub(crate) settles: bool,
-    /// [`Shared::allow_fast`] may decide requests (see there).
-    pub(crate) fast_path: bool,
     /// Some rule waits instead of rejecting ([`Rule::wait`]).
     pub(crate) waits: bool,
     /// Clients whose address (found by the `ClientIp`) is in one of these bypass every rule.
@@ -312,14 +310,10 @@ impl RateLimitLayerBuilder {
             _ => None,
         };
         let settles = rules.iter().any(|r| r.rule.settle.is_some());
-        // Enforced check-and-spend rules that settle nothing take the fast path
-        // (`Shared::allow_fast`).
-        let fast_path = super::rule::fast_path(&rules, settles);
         let waits = rules.iter().any(|r| r.rule.wait.is_some());
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 settles,
-                fast_path,
                 waits,
                 fallback,
                 limiter: self.limiter,

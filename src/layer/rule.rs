@@ -10,14 +10,12 @@ use http::{Response, StatusCode};
 
 use super::extract::KeyExtractor;
 use super::observe::{RuleMetrics, RuleOutcome};
-use super::outcome::Fields;
 use super::rate_limit_layer::Shared;
 use super::response;
 use crate::backend::Mode;
 use crate::config::Limits;
 use crate::key::{BucketKey, LimitName};
-use crate::limiter::{Limiter, Transaction};
-use smallvec::SmallVec;
+use crate::limiter::Transaction;
 
 /// What to do when a rule's extractor finds no id (e.g. no account header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -280,20 +278,6 @@ impl Shared {
     }
 }
 
-/// The most rules a layer may have for its requests to take the fast path (the general path
-/// has no limit).
-const MAX_FAST_RULES: usize = 8;
-
-/// Whether a layer's requests may take the fast path ([`Shared::allow_fast`]): every rule is
-/// an enforced check-and-spend, nothing settles, and there are at most `MAX_FAST_RULES`.
-pub(crate) fn fast_path(rules: &[ResolvedRule], settles: bool) -> bool {
-    !settles
-        && rules.len() <= MAX_FAST_RULES
-        && rules
-            .iter()
-            .all(|r| !r.shadow && r.mode == Mode::CheckAndSpend)
-}
-
 impl ResolvedRule {
     /// Whether `limit` is the rule's default limit, whose `RateLimit-Policy` member was
     /// computed when the layer was built.
@@ -301,199 +285,6 @@ impl ResolvedRule {
     fn is_default(&self, limit: &crate::quota::Quota) -> bool {
         matches!((&self.policy, limit.as_gcra()), (Some((default, _)), Some(l)) if default == l)
     }
-}
-
-impl Shared {
-    /// The fast path: when every rule of the layer is an enforced check-and-spend, nothing
-    /// settles and the backend decides at once (in memory), a request is decided here in one
-    /// backend call with no `Transaction`. An allowed one is counted and traced with no
-    /// `Decision` and no batch decision, its `RateLimit` fields written from the outcomes'
-    /// numbers ([`OneFields`]) (`Single::Allowed`); a denied one gets the batch decision the
-    /// general path would make of the same outcomes, and is answered from it
-    /// (`Single::Decided`). Anything the fast path does not cover (out of scope, no key, a
-    /// rejected key or cost, no limit, a tiered limit) goes the general way before anything
-    /// is spent. It decides exactly as the general path: the same `BucketTx::new`, the same
-    /// backend rule, the same decisions and fields (`tests/middleware.rs` holds the paths to
-    /// each other).
-    ///
-    /// [`OneFields`]: super::response::OneFields
-    pub(crate) fn allow_fast(&self, limits: &Limits, parts: &Parts) -> Single {
-        if !self.fast_path {
-            return Single::General;
-        }
-        let decided = match &self.rules[..] {
-            [r] => self.try_single(r, limits, parts),
-            _ => self.try_many(limits, parts),
-        };
-        decided.unwrap_or(Single::General)
-    }
-
-    /// A rule's bucket, limit and cost for a request on the fast path; `None` sends the
-    /// request the general way (no key, a rejected key, no limit, a tiered limit).
-    #[inline(always)]
-    fn fast_tx<'l>(
-        &self,
-        r: &ResolvedRule,
-        limits: &'l Limits,
-        parts: &Parts,
-    ) -> Option<(BucketKey, &'l crate::quota::Quota, u64)> {
-        let Ok(Some(id)) = r.rule.extractor.extract(parts) else {
-            return None;
-        };
-        let entry = limits.entry(r.name)?;
-        let id = entry.kind.conform(id).ok()?;
-        let key = BucketKey::new(r.name, id);
-        // Tiered limits (which spend on a denial's path too) go the general way.
-        let quota = limits
-            .resolve_in(entry, &key)
-            .filter(|q| q.as_gcra().is_some())?;
-        let cost = r.cost(parts).unwrap_or(entry.cost);
-        Some((key, quota, cost))
-    }
-
-    /// Counts and traces an allowed rule of the fast path.
-    fn observe_allowed(&self, r: &ResolvedRule, key: &BucketKey, o: &crate::backend::Outcome) {
-        r.metrics.count(RuleOutcome::Allowed);
-        super::observe::trace_fields(
-            r.name,
-            key.id(),
-            o.retry_after_us,
-            o.remaining,
-            RuleOutcome::Allowed,
-            self.log_ids,
-        );
-    }
-
-    /// What an allowed request's response gets on the fast path.
-    fn allowed(&self, fields: Option<Fields>) -> Single {
-        Single::Allowed(fields.map(|fields| super::outcome::Allowed {
-            fields,
-            headers: true,
-            legacy: self.legacy_headers,
-            settle: false,
-        }))
-    }
-
-    /// One rule: no vector at all.
-    fn try_single(&self, r: &ResolvedRule, limits: &Limits, parts: &Parts) -> Option<Single> {
-        if !r.applies(parts) {
-            return None;
-        }
-        let (key, quota, cost) = self.fast_tx(r, limits, parts)?;
-        let Ok(tx) = crate::backend::BucketTx::new(&key, quota, cost..=cost, r.mode) else {
-            return None;
-        };
-        let o = match self.limiter.backend().spend_one_now(&tx)? {
-            // The backend refused (a full table): answered as the general path answers it,
-            // without asking the backend twice.
-            Err(e) => return Some(Single::Failed(e)),
-            Ok(o) => o,
-        };
-        if !o.allowed {
-            let spent = [(key, quota, r.mode, cost, o)];
-            return Some(Single::Decided(Limiter::spent_now(spent)));
-        }
-        self.observe_allowed(r, &key, &o);
-        super::observe::count_request("allowed");
-        if !self.headers_on_allowed {
-            return Some(self.allowed(None));
-        }
-        // The fields of the rule's default limit are written from the outcome's numbers;
-        // another limit (an override, a reloaded default) gets a decision.
-        let fields = match quota.as_gcra() {
-            Some(limit) if r.is_default(quota) => {
-                Fields::One(super::response::OneFields::new(0, limit, &o))
-            }
-            _ => Fields::Batch(Limiter::spent_now([(key, quota, r.mode, cost, o)])),
-        };
-        Some(self.allowed(Some(fields)))
-    }
-
-    /// Several rules: one all-or-nothing backend batch, the fields from its outcomes. A rule
-    /// out of scope is left out, as on the general path; a limit other than a rule's default
-    /// (an override, a reloaded default) sends the request the general way before anything
-    /// is spent, when fields are written.
-    fn try_many(&self, limits: &Limits, parts: &Parts) -> Option<Single> {
-        let mut picked: SmallVec<[(usize, BucketKey, &crate::quota::Quota, u64); 4]> =
-            SmallVec::new();
-        for (i, r) in self.rules.iter().enumerate() {
-            if !r.applies(parts) {
-                continue;
-            }
-            let (key, quota, cost) = self.fast_tx(r, limits, parts)?;
-            if self.headers_on_allowed && !r.is_default(quota) {
-                return None;
-            }
-            picked.push((i, key, quota, cost));
-        }
-        if picked.is_empty() {
-            return None;
-        }
-        let txs = picked
-            .iter()
-            .map(|(i, key, quota, cost)| {
-                crate::backend::BucketTx::new(key, quota, *cost..=*cost, self.rules[*i].mode).ok()
-            })
-            .collect::<Option<SmallVec<[_; 4]>>>()?;
-        let decided = self.limiter.backend().spend_now(&txs)?;
-        drop(txs);
-        let outcomes = match decided {
-            Err(e) => return Some(Single::Failed(e)),
-            Ok(outcomes) => outcomes,
-        };
-        if outcomes.len() != picked.len() {
-            return Some(Single::Failed(crate::backend::BackendError::outcome_count(
-                outcomes.len(),
-                picked.len(),
-            )));
-        }
-        if !outcomes.iter().all(|o| o.allowed) {
-            let spent = picked
-                .into_iter()
-                .zip(outcomes)
-                .map(|((i, key, quota, cost), o)| (key, quota, self.rules[i].mode, cost, o));
-            return Some(Single::Decided(Limiter::spent_now(spent)));
-        }
-        for ((i, key, ..), o) in picked.iter().zip(&outcomes) {
-            self.observe_allowed(&self.rules[*i], key, o);
-        }
-        super::observe::count_request("allowed");
-        if !self.headers_on_allowed {
-            return Some(self.allowed(None));
-        }
-        // The strictest first (as `BatchDecision` chooses it: `rev` makes the first of equals
-        // win), then the others in rule order.
-        let strictest = (0..outcomes.len())
-            .rev()
-            .max_by_key(|&j| {
-                let o = &outcomes[j];
-                crate::limiter::strictness(o.allowed, o.retry_after_us, o.remaining)
-            })
-            .unwrap_or(0);
-        let mut fields = Vec::with_capacity(outcomes.len());
-        for j in std::iter::once(strictest).chain((0..outcomes.len()).filter(|&j| j != strictest)) {
-            let (i, _, quota, _) = &picked[j];
-            if let Some(limit) = quota.as_gcra() {
-                fields.push(super::response::OneFields::new(*i, limit, &outcomes[j]));
-            }
-        }
-        let fields = fields.into_boxed_slice();
-        Some(self.allowed(Some(Fields::Many(fields))))
-    }
-}
-
-/// What the fast path made of a request.
-pub(crate) enum Single {
-    /// Allowed and spent; what to add to the response, if anything.
-    Allowed(Option<super::outcome::Allowed>),
-    /// Denied (nothing was written): answered from this decision, as the general path
-    /// answers a denied batch.
-    Decided(crate::limiter::BatchDecision),
-    /// The backend refused the spend (nothing was written): answered as the general path
-    /// answers that error.
-    Failed(crate::backend::BackendError),
-    /// Not for this path (or denied): the general path decides.
-    General,
 }
 
 /// What the rules made of a request: a batch to decide, or an answer right away.

@@ -9,10 +9,9 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::future::ResponseFuture;
-use super::outcome::{Decided, Failure, Waited, conclude, decide};
+use super::outcome::{Decided, Road, Waited, conclude, road};
 use super::rate_limit_layer::Shared;
 use super::response::is_grpc;
-use super::rule::{Prepared, Single};
 
 /// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer).
 #[derive(Clone)]
@@ -66,67 +65,28 @@ where
             let future = inner.call(Request::from_parts(parts, body));
             return ResponseFuture::calling(shared, future, None);
         }
-        // One snapshot of the limits for the whole request: a reload never mixes two.
-        let limits = shared.limiter.load();
-        let failed = match shared.allow_fast(&limits, &parts) {
-            Single::Allowed(allowed) => {
-                let future = inner.call(Request::from_parts(parts, body));
-                return ResponseFuture::calling(shared, future, allowed);
-            }
-            Single::Decided(batch) => {
-                let decided = Decided {
-                    result: Ok(batch),
-                    txs: Vec::new(),
-                    fell_back: false,
-                };
-                let grpc = is_grpc(&parts.headers);
-                return concluded(
-                    shared,
-                    inner,
-                    Request::from_parts(parts, body),
-                    decided,
-                    grpc,
-                );
-            }
-            Single::Failed(e) => Some(e),
-            Single::General => None,
-        };
         let grpc = is_grpc(&parts.headers);
-        let txs = match shared.prepare(&limits, &parts, grpc) {
-            Prepared::Reject(response) => return ResponseFuture::answered(shared, response),
-            Prepared::Batch(txs) => txs,
-        };
-        if txs.is_empty() {
-            let future = inner.call(Request::from_parts(parts, body));
-            return ResponseFuture::calling(shared, future, None);
-        }
-        let decided_now = match failed {
-            Some(e) => Some(Err(e.into())),
-            None => shared.limiter.try_spend_now_in(&limits, &txs),
-        };
-        let Some(result) = decided_now else {
-            let decide = decide(&shared, arc_swap::Guard::into_inner(limits), txs);
-            return ResponseFuture::deciding(
+        match road(&shared, &parts, grpc) {
+            Road::Answer(response) => ResponseFuture::answered(shared, response),
+            Road::Call => {
+                let future = inner.call(Request::from_parts(parts, body));
+                ResponseFuture::calling(shared, future, None)
+            }
+            Road::Decided(decided) => concluded(
+                shared,
+                inner,
+                Request::from_parts(parts, body),
+                decided,
+                grpc,
+            ),
+            Road::Deciding(decide) => ResponseFuture::deciding(
                 shared,
                 decide,
                 inner,
                 Request::from_parts(parts, body),
                 grpc,
-            );
-        };
-        // The backend decided at once (in memory): no box, nothing stored.
-        let decided = Decided {
-            result: result.map_err(Failure::Limiter),
-            txs,
-            fell_back: false,
-        };
-        concluded(
-            shared,
-            inner,
-            Request::from_parts(parts, body),
-            decided,
-            grpc,
-        )
+            ),
+        }
     }
 }
 

@@ -105,7 +105,7 @@ pub struct BatchDecision {
 /// How strict a decision is, as [`BatchDecision::new`] compares them (greater is stricter;
 /// among equals the first is chosen): a denial beats an allowance, then the longer
 /// `retry_after` (a `Duration`, or the same wait in microseconds), then the fewer `remaining`.
-pub(crate) fn strictness<T: Ord>(allowed: bool, retry_after: T, remaining: u64) -> impl Ord {
+fn strictness<T: Ord>(allowed: bool, retry_after: T, remaining: u64) -> impl Ord {
     (!allowed, retry_after, std::cmp::Reverse(remaining))
 }
 

@@ -6,11 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::{ArcSwap, Guard};
 
-use crate::backend::{Backend, BackendError, BucketTx, TransactionError};
+use crate::backend::{Backend, BackendError, BucketTx, Outcomes, Spend, TransactionError};
 use crate::backend::{Mode, Outcome};
 use crate::config::{Limits, LimitsChange};
 
-pub(crate) use decision::strictness;
 pub use decision::{BatchDecision, Decision, Lease};
 
 pub use transaction::Transaction;
@@ -192,11 +191,44 @@ impl std::fmt::Debug for Limiter {
 /// rules), so the request path does not allocate for it.
 type Batch<T> = smallvec::SmallVec<[T; 4]>;
 
-/// One transaction of a batch, resolved.
-struct Resolved<'a> {
-    quota: Option<&'a Quota>,
+/// One transaction of a batch, resolved: its quota (`Q`: borrowed from the limits while the
+/// batch is decided at once, owned by a spend under way), mode, cost and lease id (0: none).
+struct Resolved<Q> {
+    quota: Option<Q>,
     mode: Mode,
     cost: u64,
+    lease: u64,
+}
+
+/// A batch being decided: at once, or by a backend spend under way.
+pub(crate) enum Step {
+    /// Decided.
+    Ready(Result<BatchDecision, LimiterError>),
+    /// The backend must wait: [`Pending::decided`] turns its outcomes into the decision.
+    Pending(Pending),
+}
+
+/// A spend under way on the backend, with what its outcomes need to become decisions: the
+/// batch was resolved and validated once, before it was sent.
+pub(crate) struct Pending {
+    spend: crate::backend::PendingSpend,
+    resolved: Vec<Resolved<Quota>>,
+    op: Op,
+    #[cfg(feature = "metrics")]
+    started: std::time::Instant,
+}
+
+impl Pending {
+    /// Waits for the backend and decides `batch` (the transactions the step was made of).
+    pub(crate) async fn decided(
+        self,
+        batch: &[Transaction],
+    ) -> Result<BatchDecision, LimiterError> {
+        let outcomes = self.spend.await;
+        #[cfg(feature = "metrics")]
+        crate::telemetry::backend_duration(self.op.label(), self.started.elapsed().as_secs_f64());
+        finish(batch, self.resolved, outcomes?, self.op)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -480,72 +512,78 @@ impl Limiter {
         Ok(())
     }
 
-    /// Decides and spends a batch without waiting, when the backend can (see
-    /// [`Backend::spend_now`]); `None` means "call [`spend`](Self::spend)".
-    pub fn try_spend_now(
-        &self,
-        batch: &[Transaction],
-    ) -> Option<Result<BatchDecision, LimiterError>> {
-        self.try_spend_now_in(&self.load(), batch)
-    }
-
-    /// [`try_spend_now`](Self::try_spend_now) under a snapshot of the limits the caller holds.
-    pub(crate) fn try_spend_now_in(
-        &self,
-        limits: &Limits,
-        batch: &[Transaction],
-    ) -> Option<Result<BatchDecision, LimiterError>> {
-        let (resolved, txs) = match self.resolve(limits, batch, Op::Spend) {
-            Ok(r) => r,
-            Err(e) => return Some(Err(e)),
-        };
-        let outcomes = if txs.is_empty() {
-            Vec::new()
-        } else {
-            match self.inner.backend.spend_now(&txs)? {
-                Ok(o) => o,
-                Err(e) => return Some(Err(e.into())),
-            }
-        };
-        Some(self.finish(batch, resolved, &txs, outcomes, Op::Spend))
-    }
-
     async fn run(&self, batch: &[Transaction], op: Op) -> Result<BatchDecision, LimiterError> {
-        let limits = self.load();
-        self.run_in(&limits, batch, op).await
+        if op == Op::Refund {
+            return self.refund_in(&self.load(), batch).await;
+        }
+        let step = self.step(&self.load(), batch, op);
+        match step {
+            Step::Ready(r) => r,
+            Step::Pending(p) => p.decided(batch).await,
+        }
     }
 
-    /// [`spend`](Self::spend) under a snapshot of the limits the caller holds.
-    pub(crate) async fn spend_in(
+    /// Spends `batch` under `limits` (a snapshot the caller holds): resolved and validated once
+    /// and sent to the backend once, decided at once when the backend answers at once.
+    pub(crate) fn spend_step(&self, limits: &Limits, batch: &[Transaction]) -> Step {
+        self.step(limits, batch, Op::Spend)
+    }
+
+    /// A spend or a check: the one road every batch takes to the backend.
+    fn step(&self, limits: &Limits, batch: &[Transaction], op: Op) -> Step {
+        let (resolved, txs) = match self.resolve(limits, batch, op) {
+            Ok(r) => r,
+            Err(e) => return Step::Ready(Err(e)),
+        };
+        if txs.is_empty() {
+            return Step::Ready(finish(batch, resolved, Outcomes::new(), op));
+        }
+        // The backend's time is measured for a spend it could not decide at once (the README's
+        // `backend_duration_seconds`): a decision in memory or from the deny cache is not
+        // a store's time.
+        #[cfg(feature = "metrics")]
+        let started = std::time::Instant::now();
+        match self.inner.backend.spend(&txs) {
+            Spend::Ready(outcomes) => Step::Ready(
+                outcomes
+                    .map_err(LimiterError::from)
+                    .and_then(|outcomes| finish(batch, resolved, outcomes, op)),
+            ),
+            Spend::Pending(spend) => Step::Pending(Pending {
+                spend,
+                resolved: resolved
+                    .into_iter()
+                    .map(|r| Resolved {
+                        quota: r.quota.cloned(),
+                        mode: r.mode,
+                        cost: r.cost,
+                        lease: r.lease,
+                    })
+                    .collect(),
+                op,
+                #[cfg(feature = "metrics")]
+                started,
+            }),
+        }
+    }
+
+    async fn refund_in(
         &self,
         limits: &Limits,
         batch: &[Transaction],
     ) -> Result<BatchDecision, LimiterError> {
-        self.run_in(limits, batch, Op::Spend).await
-    }
-
-    async fn run_in(
-        &self,
-        limits: &Limits,
-        batch: &[Transaction],
-        op: Op,
-    ) -> Result<BatchDecision, LimiterError> {
-        let (resolved, txs) = self.resolve(limits, batch, op)?;
+        let (resolved, txs) = self.resolve(limits, batch, Op::Refund)?;
         let outcomes = if txs.is_empty() {
             Vec::new()
         } else {
             #[cfg(feature = "metrics")]
             let started = std::time::Instant::now();
-            let outcomes = if op == Op::Refund {
-                self.inner.backend.refund(&txs).await
-            } else {
-                self.inner.backend.spend(&txs).await
-            };
+            let outcomes = self.inner.backend.refund(&txs).await;
             #[cfg(feature = "metrics")]
-            crate::telemetry::backend_duration(op.label(), started.elapsed().as_secs_f64());
+            crate::telemetry::backend_duration(Op::Refund.label(), started.elapsed().as_secs_f64());
             outcomes?
         };
-        self.finish(batch, resolved, &txs, outcomes, op)
+        finish(batch, resolved, outcomes, Op::Refund)
     }
 
     /// Checks a batch and resolves each transaction's limit and cost.
@@ -555,11 +593,11 @@ impl Limiter {
         limits: &'a Limits,
         batch: &'a [Transaction],
         op: Op,
-    ) -> Result<(Batch<Resolved<'a>>, Batch<BucketTx<'a>>), LimiterError> {
+    ) -> Result<(Batch<Resolved<&'a Quota>>, Batch<BucketTx<'a>>), LimiterError> {
         if let Some(key) = first_duplicate(batch) {
             return Err(LimiterError::DuplicateKey(key.to_string()));
         }
-        let mut resolved: Batch<Resolved<'a>> = Batch::with_capacity(batch.len());
+        let mut resolved: Batch<Resolved<&'a Quota>> = Batch::with_capacity(batch.len());
         let mut txs: Batch<BucketTx<'_>> = Batch::with_capacity(batch.len());
         for tx in batch {
             let name = tx.key().name();
@@ -575,6 +613,7 @@ impl Limiter {
             let quota = limits.resolve_in(entry, tx.key());
             let default_cost = entry.cost;
             let cost = tx.cost_or(default_cost);
+            let mut lease = 0;
             if let Some(quota) = quota {
                 let costs = tx.min_cost_or(default_cost)..=cost;
                 let checked = if op == Op::Refund {
@@ -586,66 +625,53 @@ impl Limiter {
                 // A spend of a slot takes a lease of its own.
                 if op == Op::Spend && quota.as_concurrency().is_some() && cost == 1 && mode.spends()
                 {
-                    checked = checked.with_lease(self.lease_id());
+                    lease = self.lease_id();
+                    checked = checked.with_lease(lease);
                 }
                 txs.push(checked);
             }
-            resolved.push(Resolved { quota, mode, cost });
+            resolved.push(Resolved {
+                quota,
+                mode,
+                cost,
+                lease,
+            });
         }
         Ok((resolved, txs))
     }
+}
 
-    /// The decision of a spend the backend decided at once for the layer's fast path, from
-    /// each transaction's bucket, limit, mode, cost and outcome: as [`spend`](Self::spend)
-    /// would report it (a denied batch reports its buckets unspent).
-    pub(crate) fn spent_now<'q>(
-        spent: impl IntoIterator<Item = (BucketKey, &'q Quota, Mode, u64, Outcome)>,
-    ) -> BatchDecision {
-        let decisions = spent
-            .into_iter()
-            .map(|(key, quota, mode, cost, o)| {
-                decision(key, Some(quota), mode, cost, o, Op::Spend, 0)
-            })
-            .collect();
-        concluded(decisions, Op::Spend)
+/// Turns the backend's outcomes into decisions.
+fn finish<Q: std::borrow::Borrow<Quota>>(
+    batch: &[Transaction],
+    resolved: impl IntoIterator<Item = Resolved<Q>>,
+    outcomes: impl IntoIterator<Item = Outcome, IntoIter: ExactSizeIterator>,
+    op: Op,
+) -> Result<BatchDecision, LimiterError> {
+    let resolved: Batch<Resolved<Q>> = resolved.into_iter().collect();
+    let mut outcomes = outcomes.into_iter();
+    let sent = resolved.iter().filter(|r| r.quota.is_some()).count();
+    if outcomes.len() != sent {
+        return Err(BackendError::outcome_count(outcomes.len(), sent).into());
     }
-
-    /// Turns the backend's outcomes into decisions.
-    fn finish(
-        &self,
-        batch: &[Transaction],
-        resolved: Batch<Resolved<'_>>,
-        sent: &[BucketTx<'_>],
-        outcomes: Vec<Outcome>,
-        op: Op,
-    ) -> Result<BatchDecision, LimiterError> {
-        if outcomes.len() != sent.len() {
-            return Err(BackendError::outcome_count(outcomes.len(), sent.len()).into());
-        }
-        let mut outcomes = outcomes.into_iter();
-        // The transactions sent, in order: one per resolved transaction with a limit.
-        let mut sent = sent.iter();
-        let decisions = batch
-            .iter()
-            .zip(resolved)
-            .map(|(tx, r)| {
-                let (o, lease) = match r.quota {
-                    Some(_) => (
-                        outcomes.next().unwrap_or_default(),
-                        sent.next().map_or(0, |t| t.lease),
-                    ),
-                    None => (Outcome::new(true, u64::MAX, 0, 0), 0),
-                };
-                decision(tx.key().clone(), r.quota, r.mode, r.cost, o, op, lease)
-            })
-            .collect();
-        let batch_decision = concluded(decisions, op);
-        if op == Op::Spend {
-            count_partial_grants(batch, &batch_decision);
-            count_leases(&batch_decision);
-        }
-        Ok(batch_decision)
+    let decisions = batch
+        .iter()
+        .zip(resolved)
+        .map(|(tx, r)| {
+            let o = match r.quota {
+                Some(_) => outcomes.next().unwrap_or_default(),
+                None => Outcome::new(true, u64::MAX, 0, 0),
+            };
+            let quota = r.quota.as_ref().map(std::borrow::Borrow::borrow);
+            decision(tx.key().clone(), quota, r.mode, r.cost, o, op, r.lease)
+        })
+        .collect();
+    let batch_decision = concluded(decisions, op);
+    if op == Op::Spend {
+        count_partial_grants(batch, &batch_decision);
+        count_leases(&batch_decision);
     }
+    Ok(batch_decision)
 }
 
 /// Counts the leases a spend batch took on concurrency limits, and its concurrency denials

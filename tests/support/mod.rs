@@ -7,3 +7,14 @@ pub mod http;
 pub mod identity;
 pub mod redis;
 pub mod scrape;
+
+/// The output of a future that is ready at its first poll (a spend the in-memory backend, or
+/// the Redis deny cache, decides at once); panics if it would wait.
+pub fn ready<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(out) => out,
+        std::task::Poll::Pending => panic!("the future was not ready at its first poll"),
+    }
+}

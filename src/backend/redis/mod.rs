@@ -101,9 +101,10 @@ use deny_cache::DenyCache;
 use keys::{CONCURRENCY_SUFFIX, KeyBuf, TIERS_SUFFIX, redis_key};
 use script::{Call, Expiry, MAX_TIME_US, Op, RawChange, Reply, SCRIPT, ScriptReply};
 
-use super::{Backend, BackendError, BucketTx, Outcome, batch_allowed};
+use super::{Backend, BackendError, BucketTx, Outcome, Outcomes, Spend, batch_allowed};
 use crate::algo::gcra::GcraError;
 use crate::key::BucketKey;
+use crate::quota::Quota;
 use crate::time::Clock;
 
 /// In caller-time mode a key expires this long after the moment its bucket is full again,
@@ -640,18 +641,49 @@ impl RedisBackend {
     }
 }
 
-#[async_trait]
-impl Backend for RedisBackend {
-    async fn spend(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
+/// A transaction owned by a spend under way: the pending future outlives the batch it was
+/// asked for.
+struct OwnedTx {
+    key: BucketKey,
+    quota: Quota,
+    cost: u64,
+    min_cost: u64,
+    mode: super::Mode,
+    lease: u64,
+}
+
+impl OwnedTx {
+    fn of(tx: &BucketTx<'_>) -> Self {
+        Self {
+            key: tx.key.clone(),
+            quota: tx.quota.clone(),
+            cost: tx.cost,
+            min_cost: tx.min_cost,
+            mode: tx.mode,
+            lease: tx.lease,
         }
-        let (now, local_now) = self.now_arg()?;
-        if let Some(cache) = &self.inner.cache
-            && let Some(answer) = cache.answer(batch, local_now)
-        {
-            return answer;
+    }
+
+    fn tx(&self) -> BucketTx<'_> {
+        BucketTx {
+            key: &self.key,
+            quota: &self.quota,
+            cost: self.cost,
+            min_cost: self.min_cost,
+            mode: self.mode,
+            lease: self.lease,
         }
+    }
+}
+
+impl RedisBackend {
+    /// A spend the deny cache could not answer: one script per slot, at `now`.
+    async fn spend_remote(
+        &self,
+        batch: &[BucketTx<'_>],
+        now: Option<u64>,
+        local_now: u64,
+    ) -> Result<Vec<Outcome>, BackendError> {
         if !self.inner.clustered || batch.len() == 1 {
             return self.spend_one_call(batch, now, local_now).await;
         }
@@ -720,11 +752,33 @@ impl Backend for RedisBackend {
         }
         Ok(outcomes)
     }
+}
 
-    fn spend_now(&self, batch: &[BucketTx<'_>]) -> Option<Result<Vec<Outcome>, BackendError>> {
-        let cache = self.inner.cache.as_ref()?;
-        let now = self.inner.local.now_us();
-        cache.answer(batch, now)
+#[async_trait]
+impl Backend for RedisBackend {
+    /// Ready when the deny cache is sure of a denial (no round trip); otherwise a future that
+    /// owns a copy of the batch and calls the script.
+    fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
+        if batch.is_empty() {
+            return Spend::Ready(Ok(Outcomes::new()));
+        }
+        let (now, local_now) = match self.now_arg() {
+            Ok(t) => t,
+            Err(e) => return Spend::Ready(Err(e)),
+        };
+        if let Some(cache) = &self.inner.cache
+            && let Some(answer) = cache.answer(batch, local_now)
+        {
+            return Spend::Ready(answer.map(Outcomes::from_vec));
+        }
+        let this = self.clone();
+        let owned: Vec<OwnedTx> = batch.iter().map(OwnedTx::of).collect();
+        Spend::Pending(Box::pin(async move {
+            let batch: Vec<BucketTx<'_>> = owned.iter().map(OwnedTx::tx).collect();
+            this.spend_remote(&batch, now, local_now)
+                .await
+                .map(Outcomes::from_vec)
+        }))
     }
 
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
