@@ -16,7 +16,7 @@ use super::lease::{Held, Release};
 use super::observe::{RuleOutcome, count_request, observe_batch};
 use super::rate_limit_layer::{FailurePolicy, Shared};
 use super::response::{Denial, error_response};
-use super::rule::Prepared;
+use super::rule::{Prepared, Txs};
 use super::wait::WaitPermit;
 use crate::backend::BackendError;
 use crate::limiter::LimiterError;
@@ -51,7 +51,7 @@ impl std::fmt::Display for Failure {
 /// A request's decision, with what it was made of.
 pub(crate) struct Decided {
     pub(crate) result: Result<BatchDecision, Failure>,
-    pub(crate) txs: Vec<Transaction>,
+    pub(crate) txs: Txs,
     /// The store failed and the in-memory fallback decided.
     pub(crate) fell_back: bool,
 }
@@ -92,7 +92,7 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts, grpc: bool) -> Road {
 
 /// Waits for a spend under way (`pending`, the limiter's step for `txs`), within the layer's
 /// timeout.
-pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Vec<Transaction>) -> Decide {
+pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Txs) -> Decide {
     let shared = shared.clone();
     Box::pin(async move {
         let result = match tokio::time::timeout(shared.timeout, pending.decided(&txs)).await {
@@ -106,11 +106,7 @@ pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Vec<Transactio
 /// A request's decision: when the store failed (not a full memory table, which is refused
 /// whatever the policy), this instance's in-memory fallback decides `txs` instead, if the
 /// layer has one.
-fn decided(
-    shared: &Shared,
-    result: Result<BatchDecision, Failure>,
-    txs: Vec<Transaction>,
-) -> Decided {
+fn decided(shared: &Shared, result: Result<BatchDecision, Failure>, txs: Txs) -> Decided {
     match (result, &shared.fallback) {
         (Err(failure), Some(fallback)) if failure.store_failed() => {
             let local = fallback.limiter(&shared.limiter);

@@ -44,8 +44,8 @@ fn push_u64(buf: &mut Buf, n: u64) {
     buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
-/// A header value being built, on the stack up to 256 bytes (a few list members).
-type Buf = SmallVec<[u8; 256]>;
+/// A header value being built (at its exact size where the layer writes it on every request).
+type Buf = Vec<u8>;
 
 /// Appends `"<name>";<a>=<x>;<b>=<y>`, a structured-field list member, to `buf` (`, ` first
 /// when the list has members). Names are `[A-Za-z0-9_.-]`, so the value is always valid.
@@ -75,15 +75,11 @@ fn push_concurrency_policy(buf: &mut Buf, name: &str, max: u64) {
     buf.extend_from_slice(b";qu=\"concurrent-requests\"");
 }
 
-fn value(buf: &[u8]) -> HeaderValue {
-    HeaderValue::from_bytes(buf).unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
-}
-
-/// One structured-field member as a header value, built on the stack and copied once.
+/// One structured-field member as a header value.
 fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
-    let mut buf = Buf::new();
+    let mut buf = Buf::with_capacity(item_len(name, x, y));
     push_item(&mut buf, name, a, x, b, y);
-    value(&buf)
+    owned_value(buf)
 }
 
 /// The `RateLimit-Policy` value of a limit: `q` is the burst (the most tokens held, so `r`
@@ -169,61 +165,131 @@ fn reported(batch: &BatchDecision) -> impl Iterator<Item = &Decision> {
     )
 }
 
+/// One reported decision's numbers: its `RateLimit-Policy` member (precomputed, or `q` and
+/// `w`) and its `RateLimit` member's `r` and `t`.
+struct Member<'d> {
+    decision: &'d Decision,
+    q: u64,
+    w: u64,
+    r: u64,
+    t: u64,
+    cached: Option<HeaderValue>,
+}
+
+impl Member<'_> {
+    fn name(&self) -> &str {
+        self.decision.name.as_str()
+    }
+
+    /// The length of its `RateLimit-Policy` member.
+    fn policy_len(&self) -> usize {
+        match (&self.cached, &self.decision.limit) {
+            (Some(v), _) => v.len(),
+            (None, Some(Quota::Concurrency(_))) => self.name().len() + 30 + decimal_len(self.q),
+            (None, _) => item_len(self.name(), self.q, self.w),
+        }
+    }
+
+    fn push_policy(&self, buf: &mut Buf) {
+        match (&self.cached, &self.decision.limit) {
+            (Some(v), _) => {
+                if !buf.is_empty() {
+                    buf.extend_from_slice(b", ");
+                }
+                buf.extend_from_slice(v.as_bytes());
+            }
+            (None, Some(Quota::Concurrency(_))) => {
+                push_concurrency_policy(buf, self.name(), self.q)
+            }
+            (None, _) => push_item(buf, self.name(), b'q', self.q, b'w', self.w),
+        }
+    }
+}
+
+/// The length of the member [`push_item`] writes.
+fn item_len(name: &str, x: u64, y: u64) -> usize {
+    name.len() + 8 + decimal_len(x) + decimal_len(y)
+}
+
+/// The number of decimal digits of `n`.
+fn decimal_len(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |l| l as usize + 1)
+}
+
+/// A header value that owns `buf`, written at its exact size (so nothing is copied).
+fn owned_value(buf: Buf) -> HeaderValue {
+    HeaderValue::from_maybe_shared(Bytes::from(buf))
+        .unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
+}
+
 /// Adds `RateLimit-Policy` and `RateLimit` as lists with one member per reported decision (the
 /// strictest first), appended to members another layer already wrote, and the legacy
 /// `X-RateLimit-*` fields of the strictest when asked (unless another layer wrote them).
-/// `cached` gives a decision's precomputed `RateLimit-Policy` member, if any. Each field is
-/// built on the stack and copied once.
+/// `cached` gives a decision's precomputed `RateLimit-Policy` member, if any. Each value is
+/// written once, into a buffer of its exact size; a lone member's precomputed policy is
+/// shared, not copied. The one writer of the fields, for allowed and denied responses alike.
 pub(crate) fn insert_ratelimit_headers(
     headers: &mut HeaderMap,
     batch: &BatchDecision,
     cached: impl Fn(&Decision) -> Option<HeaderValue>,
     legacy: bool,
 ) {
-    let mut members = reported(batch)
-        .filter_map(|d| Some((d, policy_params(d)?)))
-        .peekable();
-    let Some((first, (quota, window))) = members.next() else {
+    let members: SmallVec<[Member<'_>; 2]> = reported(batch)
+        .filter_map(|d| {
+            let (q, w) = policy_params(d)?;
+            let (r, t) = state_params(d);
+            Some(Member {
+                decision: d,
+                q,
+                w,
+                r,
+                t,
+                cached: cached(d),
+            })
+        })
+        .collect();
+    let Some(first) = members.first() else {
         return;
     };
-    let (mut policy, mut state) = (Buf::new(), Buf::new());
-    // One member and a precomputed policy (the common case): the policy value is shared, not
-    // copied.
-    let single_cached = match members.peek() {
-        None => cached(first),
-        Some(_) => None,
-    };
-    let policy_member = |buf: &mut Buf, d: &Decision, q: u64, w: u64| match cached(d) {
-        Some(v) => {
-            if !buf.is_empty() {
-                buf.extend_from_slice(b", ");
+    let separators = 2 * (members.len() - 1);
+    let policy = match (&members[..], &first.cached) {
+        ([_], Some(v)) => v.clone(),
+        _ => {
+            let len = members.iter().map(Member::policy_len).sum::<usize>() + separators;
+            let mut policy = Buf::with_capacity(len);
+            for m in &members {
+                m.push_policy(&mut policy);
             }
-            buf.extend_from_slice(v.as_bytes());
+            debug_assert_eq!(
+                policy.len(),
+                len,
+                "the policy field's length was computed wrong"
+            );
+            owned_value(policy)
         }
-        None if matches!(d.limit, Some(Quota::Concurrency(_))) => {
-            push_concurrency_policy(buf, d.name.as_str(), q)
-        }
-        None => push_item(buf, d.name.as_str(), b'q', q, b'w', w),
     };
-    for (d, (q, w)) in std::iter::once((first, (quota, window))).chain(members) {
-        if single_cached.is_none() {
-            policy_member(&mut policy, d, q, w);
-        }
-        let (r, t) = state_params(d);
-        push_item(&mut state, d.name.as_str(), b'r', r, b't', t);
+    let len = members
+        .iter()
+        .map(|m| item_len(m.name(), m.r, m.t))
+        .sum::<usize>()
+        + separators;
+    let mut state = Buf::with_capacity(len);
+    for m in &members {
+        push_item(&mut state, m.name(), b'r', m.r, b't', m.t);
     }
-    put(
-        headers,
-        &RATELIMIT_POLICY,
-        single_cached.unwrap_or_else(|| value(&policy)),
+    debug_assert_eq!(
+        state.len(),
+        len,
+        "the state field's length was computed wrong"
     );
-    put(headers, &RATELIMIT, value(&state));
+    put(headers, &RATELIMIT_POLICY, policy);
+    put(headers, &RATELIMIT, owned_value(state));
     if legacy {
         insert_legacy(
             headers,
-            quota,
-            first.remaining,
-            ceil_secs(first.reset_after),
+            first.q,
+            first.decision.remaining,
+            ceil_secs(first.decision.reset_after),
         );
     }
 }
@@ -233,11 +299,11 @@ pub(crate) fn insert_ratelimit_headers(
 fn put(headers: &mut HeaderMap, name: &HeaderName, ours: HeaderValue) {
     match headers.entry(name) {
         http::header::Entry::Occupied(mut theirs) => {
-            let mut both = Buf::new();
+            let mut both = Buf::with_capacity(theirs.get().len() + 2 + ours.len());
             both.extend_from_slice(theirs.get().as_bytes());
             both.extend_from_slice(b", ");
             both.extend_from_slice(ours.as_bytes());
-            if let Ok(v) = HeaderValue::from_bytes(&both) {
+            if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(both)) {
                 theirs.insert(v);
             }
         }

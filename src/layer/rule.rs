@@ -287,9 +287,12 @@ impl ResolvedRule {
     }
 }
 
+/// A request's transactions, one per rule that applies: on the stack for up to two rules.
+pub(crate) type Txs = smallvec::SmallVec<[Transaction; 2]>;
+
 /// What the rules made of a request: a batch to decide, or an answer right away.
 pub(crate) enum Prepared {
-    Batch(Vec<Transaction>),
+    Batch(Txs),
     Reject(Response<Bytes>),
 }
 
@@ -297,7 +300,7 @@ impl Shared {
     /// The rules' transactions for a request, under `limits` (the snapshot the request is
     /// decided under: a rule's id kind comes from it).
     pub(crate) fn prepare(&self, limits: &Limits, parts: &Parts, grpc: bool) -> Prepared {
-        let mut txs = Vec::with_capacity(self.rules.len());
+        let mut txs = Txs::new();
         for r in &self.rules {
             if !r.applies(parts) {
                 continue;

@@ -213,6 +213,7 @@ pub(crate) enum Step {
 pub(crate) struct Pending {
     spend: crate::backend::PendingSpend,
     resolved: Vec<Resolved<Quota>>,
+    counted: Counted,
     op: Op,
     #[cfg(feature = "metrics")]
     started: std::time::Instant,
@@ -227,7 +228,7 @@ impl Pending {
         let outcomes = self.spend.await;
         #[cfg(feature = "metrics")]
         crate::telemetry::backend_duration(self.op.label(), self.started.elapsed().as_secs_f64());
-        finish(batch, self.resolved, outcomes?, self.op)
+        finish(batch, &self.resolved, outcomes?, self.op, self.counted)
     }
 }
 
@@ -531,12 +532,16 @@ impl Limiter {
 
     /// A spend or a check: the one road every batch takes to the backend.
     fn step(&self, limits: &Limits, batch: &[Transaction], op: Op) -> Step {
-        let (resolved, txs) = match self.resolve(limits, batch, op) {
+        let Resolution {
+            resolved,
+            txs,
+            counted,
+        } = match self.resolve(limits, batch, op) {
             Ok(r) => r,
             Err(e) => return Step::Ready(Err(e)),
         };
         if txs.is_empty() {
-            return Step::Ready(finish(batch, resolved, Outcomes::new(), op));
+            return Step::Ready(finish(batch, &resolved, Outcomes::new(), op, counted));
         }
         // The backend's time is measured for a spend it could not decide at once (the README's
         // `backend_duration_seconds`): a decision in memory or from the deny cache is not
@@ -544,15 +549,14 @@ impl Limiter {
         #[cfg(feature = "metrics")]
         let started = std::time::Instant::now();
         match self.inner.backend.spend(&txs) {
-            Spend::Ready(outcomes) => Step::Ready(
-                outcomes
-                    .map_err(LimiterError::from)
-                    .and_then(|outcomes| finish(batch, resolved, outcomes, op)),
-            ),
+            Spend::Ready(Ok(outcomes)) => {
+                Step::Ready(finish(batch, &resolved, outcomes, op, counted))
+            }
+            Spend::Ready(Err(e)) => Step::Ready(Err(e.into())),
             Spend::Pending(spend) => Step::Pending(Pending {
                 spend,
                 resolved: resolved
-                    .into_iter()
+                    .iter()
                     .map(|r| Resolved {
                         quota: r.quota.cloned(),
                         mode: r.mode,
@@ -560,6 +564,7 @@ impl Limiter {
                         lease: r.lease,
                     })
                     .collect(),
+                counted,
                 op,
                 #[cfg(feature = "metrics")]
                 started,
@@ -572,7 +577,11 @@ impl Limiter {
         limits: &Limits,
         batch: &[Transaction],
     ) -> Result<BatchDecision, LimiterError> {
-        let (resolved, txs) = self.resolve(limits, batch, Op::Refund)?;
+        let Resolution {
+            resolved,
+            txs,
+            counted,
+        } = self.resolve(limits, batch, Op::Refund)?;
         let outcomes = if txs.is_empty() {
             Vec::new()
         } else {
@@ -583,22 +592,28 @@ impl Limiter {
             crate::telemetry::backend_duration(Op::Refund.label(), started.elapsed().as_secs_f64());
             outcomes?
         };
-        finish(batch, resolved, outcomes, Op::Refund)
+        finish(
+            batch,
+            &resolved,
+            Outcomes::from_vec(outcomes),
+            Op::Refund,
+            counted,
+        )
     }
 
     /// Checks a batch and resolves each transaction's limit and cost.
-    #[allow(clippy::type_complexity)]
     fn resolve<'a>(
         &self,
         limits: &'a Limits,
         batch: &'a [Transaction],
         op: Op,
-    ) -> Result<(Batch<Resolved<&'a Quota>>, Batch<BucketTx<'a>>), LimiterError> {
+    ) -> Result<Resolution<'a>, LimiterError> {
         if let Some(key) = first_duplicate(batch) {
             return Err(LimiterError::DuplicateKey(key.to_string()));
         }
         let mut resolved: Batch<Resolved<&'a Quota>> = Batch::with_capacity(batch.len());
         let mut txs: Batch<BucketTx<'_>> = Batch::with_capacity(batch.len());
+        let mut counted = Counted::default();
         for tx in batch {
             let name = tx.key().name();
             let Some(entry) = limits.entry(name) else {
@@ -615,7 +630,9 @@ impl Limiter {
             let cost = tx.cost_or(default_cost);
             let mut lease = 0;
             if let Some(quota) = quota {
-                let costs = tx.min_cost_or(default_cost)..=cost;
+                let min_cost = tx.min_cost_or(default_cost);
+                counted.ranges |= min_cost != cost;
+                let costs = min_cost..=cost;
                 let checked = if op == Op::Refund {
                     BucketTx::for_refund(tx.key(), quota, costs, mode)
                 } else {
@@ -628,6 +645,7 @@ impl Limiter {
                     lease = self.lease_id();
                     checked = checked.with_lease(lease);
                 }
+                counted.concurrency |= quota.as_concurrency().is_some();
                 txs.push(checked);
             }
             resolved.push(Resolved {
@@ -637,39 +655,69 @@ impl Limiter {
                 lease,
             });
         }
-        Ok((resolved, txs))
+        Ok(Resolution {
+            resolved,
+            txs,
+            counted,
+        })
     }
 }
 
-/// Turns the backend's outcomes into decisions.
+/// A batch resolved: each transaction's limit, mode and cost, the transactions sent to the
+/// backend (one per enabled limit), and what its decisions are counted by.
+struct Resolution<'a> {
+    resolved: Batch<Resolved<&'a Quota>>,
+    txs: Batch<BucketTx<'a>>,
+    counted: Counted,
+}
+
+/// What a spend's decisions are counted by beyond the decisions themselves: cost ranges (the
+/// partial-grant counter) and concurrency limits (the lease counter). A batch with neither
+/// skips both passes.
+#[derive(Clone, Copy, Default)]
+struct Counted {
+    ranges: bool,
+    concurrency: bool,
+}
+
+/// Turns the backend's outcomes (one per resolved transaction with a limit) into decisions.
 fn finish<Q: std::borrow::Borrow<Quota>>(
     batch: &[Transaction],
-    resolved: impl IntoIterator<Item = Resolved<Q>>,
-    outcomes: impl IntoIterator<Item = Outcome, IntoIter: ExactSizeIterator>,
+    resolved: &[Resolved<Q>],
+    outcomes: Outcomes,
     op: Op,
+    counted: Counted,
 ) -> Result<BatchDecision, LimiterError> {
-    let resolved: Batch<Resolved<Q>> = resolved.into_iter().collect();
-    let mut outcomes = outcomes.into_iter();
     let sent = resolved.iter().filter(|r| r.quota.is_some()).count();
     if outcomes.len() != sent {
         return Err(BackendError::outcome_count(outcomes.len(), sent).into());
     }
-    let decisions = batch
-        .iter()
-        .zip(resolved)
-        .map(|(tx, r)| {
-            let o = match r.quota {
-                Some(_) => outcomes.next().unwrap_or_default(),
-                None => Outcome::new(true, u64::MAX, 0, 0),
-            };
-            let quota = r.quota.as_ref().map(std::borrow::Borrow::borrow);
-            decision(tx.key().clone(), quota, r.mode, r.cost, o, op, r.lease)
-        })
-        .collect();
+    let mut outcomes = outcomes.into_iter();
+    let mut decisions = Vec::with_capacity(batch.len());
+    for (tx, r) in batch.iter().zip(resolved) {
+        let quota = r.quota.as_ref().map(std::borrow::Borrow::borrow);
+        let o = match quota {
+            Some(_) => outcomes.next().unwrap_or_default(),
+            None => Outcome::new(true, u64::MAX, 0, 0),
+        };
+        decisions.push(decision(
+            tx.key().clone(),
+            quota,
+            r.mode,
+            r.cost,
+            o,
+            op,
+            r.lease,
+        ));
+    }
     let batch_decision = concluded(decisions, op);
     if op == Op::Spend {
-        count_partial_grants(batch, &batch_decision);
-        count_leases(&batch_decision);
+        if counted.ranges {
+            count_partial_grants(batch, &batch_decision);
+        }
+        if counted.concurrency {
+            count_leases(&batch_decision);
+        }
     }
     Ok(batch_decision)
 }
