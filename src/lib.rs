@@ -31,9 +31,9 @@ pub use backend::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupEr
 pub use config::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, LimitsChange, Location};
 pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 pub use layer::{
-    ClientIp, Denial, FailurePolicy, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor,
-    LayerError, OnMissingKey, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder,
-    RateLimitService, ResponseFuture, Rule, Settle, Wait, key_fn,
+    ClientIp, Denial, ErrorBody, FailurePolicy, FieldStyle, ForwardedHeader, Header, Ipv6Range48,
+    KeyError, KeyExtractor, LayerError, OnMissingKey, RateLimitBody, RateLimitLayer,
+    RateLimitLayerBuilder, RateLimitService, ResponseFuture, Rule, Settle, Wait, key_fn,
 };
 pub use limiter::{
     BatchDecision, Decision, Lease, Limiter, LimiterError, ReloadError, Transaction,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::{Router, routing::get};
 use support::http::{HttpClient, serve};
 use tower_ratelimits::{ClientIp, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule};
-use tower_ratelimits::{Clock, Limiter, Limits, ManualClock, MemoryBackend};
+use tower_ratelimits::{Clock, ErrorBody, FieldStyle, Limiter, Limits, ManualClock, MemoryBackend};
 
 const DEFAULTS: &str = "\
 RequestsPerIPAddress:
@@ -55,7 +55,7 @@ async fn the_burst_passes_then_429_with_every_header_and_the_exact_body() {
     let clock = ManualClock::new(1_700_000_000_000_000);
     let layer = RateLimitLayer::builder(limiter(&clock))
         .rule(ip_rules(&[])[0].clone())
-        .legacy_headers(true)
+        .fields(FieldStyle::IetfAndLegacy)
         .build()
         .unwrap();
     let server = serve(app(layer)).await;
@@ -615,7 +615,7 @@ PerAccount: {kind: account, burst: 1, count: 1, period: 1s}
     let layer = RateLimitLayer::builder(Limiter::new(limits, backend))
         .rule(Rule::new("PerIp", ip))
         .rule(Rule::new("PerAccount", Header::new("x-account")))
-        .problem_json(true)
+        .error_body(ErrorBody::ProblemJson)
         .build()
         .unwrap();
     let server = serve(app(layer)).await;

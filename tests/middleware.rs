@@ -16,7 +16,7 @@ use counting::Counting;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_ratelimits::{Backend, BackendError, BucketTx, Spend};
+use tower_ratelimits::{Backend, BackendError, BucketTx, FieldStyle, Spend};
 use tower_ratelimits::{BucketKey, Limiter, Limits, ManualClock, MemoryBackend, Outcome};
 use tower_ratelimits::{
     ClientIp, FailurePolicy, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule,
@@ -52,6 +52,16 @@ impl Backend for Broken {
     }
     async fn reset(&self, _: &[&BucketKey]) -> Result<(), BackendError> {
         Err(BackendError::Unavailable("connection refused".into()))
+    }
+}
+
+/// The field style of the flags: fields on allowed responses, and the legacy ones too.
+fn style(on_allowed: bool, legacy: bool) -> FieldStyle {
+    match (on_allowed, legacy) {
+        (true, false) => FieldStyle::Ietf,
+        (true, true) => FieldStyle::IetfAndLegacy,
+        (false, false) => FieldStyle::IetfOnDenials,
+        (false, true) => FieldStyle::IetfAndLegacyOnDenials,
     }
 }
 
@@ -182,7 +192,7 @@ async fn response_options() {
     );
     let quiet = app(RateLimitLayer::builder(limiter.clone())
         .rule(Rule::new("PerIp", ClientIp::new()))
-        .ratelimit_headers_on_allowed(false)
+        .fields(FieldStyle::IetfOnDenials)
         .denied_response(|d| {
             let mut r = http::Response::new(bytes::Bytes::from(format!(
                 "slow down, {}s",
@@ -407,8 +417,7 @@ Never: {kind: account, burst: 1, count: 1, period: 1s}
                 .cost_fn(|r| if r.method == http::Method::POST { 2 } else { 1 });
             let mut builder = RateLimitLayer::builder(limiter)
                 .rule(rule)
-                .ratelimit_headers_on_allowed(headers)
-                .legacy_headers(legacy);
+                .fields(style(headers, legacy));
             if general {
                 builder = builder.rule(
                     Rule::new("Never", Header::new("x-never")).on_missing_key(OnMissingKey::Skip),
@@ -475,8 +484,7 @@ Never: {kind: account, burst: 1, count: 1, period: 1s}
                     Rule::new("PerAccount", Header::new("x-account-id"))
                         .for_methods([http::Method::POST]),
                 )
-                .ratelimit_headers_on_allowed(headers)
-                .legacy_headers(legacy);
+                .fields(style(headers, legacy));
             if general {
                 builder = builder.rule(
                     Rule::new("Never", Header::new("x-never"))

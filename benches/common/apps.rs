@@ -9,7 +9,9 @@ use axum::extract::ConnectInfo;
 use axum::{Router, body::Body, routing::get};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
-use tower_ratelimits::{ClientIp, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule};
+use tower_ratelimits::{
+    ClientIp, FieldStyle, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule,
+};
 use tower_ratelimits::{Limiter, Limits, MemoryBackend};
 
 const LIMITS: &str = "\
@@ -38,7 +40,11 @@ pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
         .into_iter()
         .take(rules)
         .fold(RateLimitLayer::builder(limiter), |b, r| b.rule(r))
-        .ratelimit_headers_on_allowed(headers_on_allowed)
+        .fields(if headers_on_allowed {
+            FieldStyle::Ietf
+        } else {
+            FieldStyle::IetfOnDenials
+        })
         .build()
         .unwrap();
     bare().layer(layer)

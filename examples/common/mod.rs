@@ -8,7 +8,7 @@ use axum::{Router, routing::get};
 use ipnet::IpNet;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tower_ratelimits::{ClientIp, Ipv6Range48, LimitsWatcher, RateLimitLayerBuilder, Rule};
-use tower_ratelimits::{Limiter, Limits, RateLimitLayer};
+use tower_ratelimits::{ErrorBody, Limiter, Limits, RateLimitLayer};
 
 /// `ADDR`, the YAML files, the trusted proxies, shadow mode, and the metrics exporter.
 pub struct Settings {
@@ -204,7 +204,12 @@ impl Settings {
 
 /// A layer builder with the settings' problem+json and exempt addresses, and no rules yet.
 pub fn base_builder(limiter: Limiter, settings: &Settings) -> RateLimitLayerBuilder {
-    let builder = RateLimitLayer::builder(limiter).problem_json(settings.problem_json);
+    let body = if settings.problem_json {
+        ErrorBody::ProblemJson
+    } else {
+        ErrorBody::Json
+    };
+    let builder = RateLimitLayer::builder(limiter).error_body(body);
     if settings.exempt.is_empty() {
         return builder;
     }

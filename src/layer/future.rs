@@ -17,7 +17,7 @@ use super::body::RateLimitBody;
 use super::lease::Held;
 use super::outcome::{Allowed, Conclusion, Decide, Road, Waited, conclude, road};
 use super::rate_limit_layer::Shared;
-use super::response::{error_response, insert_ratelimit_headers};
+use super::response::{ErrorBody, error_response};
 use super::settle::{self, BodySettle, Task};
 
 pin_project! {
@@ -313,7 +313,7 @@ fn polled_after_completion<B>(grpc: bool) -> Response<RateLimitBody<B>> {
         "INTERNAL",
         "polled after completion",
         grpc,
-        false,
+        ErrorBody::Json,
     )
     .map(RateLimitBody::full)
 }
@@ -329,12 +329,9 @@ fn respond<B>(
 ) -> Response<RateLimitBody<B>> {
     if allowed.headers && response.status() != StatusCode::TOO_MANY_REQUESTS {
         let headers = response.headers_mut();
-        insert_ratelimit_headers(
-            headers,
-            &allowed.batch,
-            |d| shared.cached_policy(d),
-            allowed.legacy,
-        );
+        shared
+            .fields
+            .write(headers, &allowed.batch, |d| shared.cached_policy(d));
     }
     let settle = match allowed.settle {
         true => BodySettle::of(shared, &allowed.batch),

@@ -45,7 +45,7 @@ pub use body::RateLimitBody;
 pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor, key_fn};
 pub use future::ResponseFuture;
 pub use rate_limit_layer::{FailurePolicy, LayerError, RateLimitLayer, RateLimitLayerBuilder};
-pub use response::Denial;
+pub use response::{Denial, ErrorBody, FieldStyle};
 pub use rule::{OnMissingKey, Rule};
 pub use service::RateLimitService;
 pub use settle::Settle;

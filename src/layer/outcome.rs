@@ -139,7 +139,6 @@ pub(crate) struct Allowed {
     pub(crate) batch: BatchDecision,
     /// Add the `RateLimit` fields.
     pub(crate) headers: bool,
-    pub(crate) legacy: bool,
     /// Settle the rules that settle from the response ([`Rule::settle`](crate::Rule::settle)).
     pub(crate) settle: bool,
 }
@@ -205,14 +204,14 @@ pub(crate) fn conclude(
             };
             // What the in-memory fallback spent is settled nowhere: its estimates stand.
             let settle = shared.settles && !fell_back;
-            if !shared.headers_on_allowed && !settle {
+            let headers = shared.fields.on_allowed();
+            if !headers && !settle {
                 return Conclusion::Call(None, release);
             }
             Conclusion::Call(
                 Some(Allowed {
                     batch,
-                    headers: shared.headers_on_allowed,
-                    legacy: shared.legacy_headers,
+                    headers,
                     settle,
                 }),
                 release,
@@ -225,12 +224,7 @@ pub(crate) fn conclude(
                 return Conclusion::Wait(delay, permit);
             }
             count("denied");
-            let denial = Denial {
-                batch: &batch,
-                grpc,
-                legacy_headers: shared.legacy_headers,
-                problem_json: shared.problem_json,
-            };
+            let denial = Denial::new(&batch, grpc, shared.fields, shared.body);
             Conclusion::Answer(match &shared.on_denied {
                 Some(f) => f(&denial),
                 None => denial.default_response(),
@@ -247,7 +241,7 @@ pub(crate) fn conclude(
                 "UNAVAILABLE",
                 "the rate limiter is at capacity; try again shortly",
                 grpc,
-                shared.problem_json,
+                shared.body,
             );
             if !grpc {
                 response.headers_mut().insert(
@@ -269,7 +263,7 @@ pub(crate) fn conclude(
                 "BADREQUEST",
                 &message,
                 grpc,
-                shared.problem_json,
+                shared.body,
             ))
         }
         Err(failure) => {
@@ -310,7 +304,7 @@ pub(crate) fn conclude(
                     "UNAVAILABLE",
                     "rate limiter unavailable",
                     grpc,
-                    shared.problem_json,
+                    shared.body,
                 ));
             }
             Conclusion::Call(None, None)

@@ -11,7 +11,7 @@ use tower_layer::Layer;
 
 use super::extract::ClientIp;
 use super::observe::{RuleMetrics, WarnGate};
-use super::response::{self, Denial};
+use super::response::{self, Denial, ErrorBody, FieldStyle};
 use super::rule::{ResolvedRule, Rule};
 use super::service::RateLimitService;
 use crate::limiter::Limiter;
@@ -105,9 +105,8 @@ pub(crate) struct Shared {
     pub(crate) warn_gate: WarnGate,
     pub(crate) timeout: Duration,
     pub(crate) failure: FailurePolicy,
-    pub(crate) headers_on_allowed: bool,
-    pub(crate) legacy_headers: bool,
-    pub(crate) problem_json: bool,
+    pub(crate) fields: FieldStyle,
+    pub(crate) body: ErrorBody,
     pub(crate) on_denied: Option<DenialFn>,
     /// Some rule settles its cost from the response ([`Rule::settle`]).
     pub(crate) settles: bool,
@@ -135,12 +134,11 @@ pub struct RateLimitLayerBuilder {
     rules: Vec<Rule>,
     timeout: Duration,
     failure: FailurePolicy,
-    headers_on_allowed: bool,
-    legacy_headers: bool,
+    fields: FieldStyle,
     on_denied: Option<DenialFn>,
     shadow: bool,
     log_ids: bool,
-    problem_json: bool,
+    body: ErrorBody,
     exempt: Option<(ClientIp, Vec<IpNet>)>,
 }
 
@@ -171,12 +169,11 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Whether the middleware's own answers (429, and the 400 and 503 it writes) have RFC 9457
-    /// `application/problem+json` bodies (default off: the JSON `{"errors":[..]}` body). A
-    /// 429's problem has the draft's `#quota-exceeded` type and `violated-policies`
-    /// ([`Denial::problem_body`]).
-    pub fn problem_json(mut self, on: bool) -> Self {
-        self.problem_json = on;
+    /// How the middleware writes the bodies of its own answers (the 429, and the 400 and 503
+    /// it writes): [`ErrorBody::Json`] (the default) or RFC 9457
+    /// [`ErrorBody::ProblemJson`].
+    pub fn error_body(mut self, body: ErrorBody) -> Self {
+        self.body = body;
         self
     }
 
@@ -216,16 +213,10 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Whether allowed responses carry `RateLimit` and `RateLimit-Policy` (default on).
-    pub fn ratelimit_headers_on_allowed(mut self, on: bool) -> Self {
-        self.headers_on_allowed = on;
-        self
-    }
-
-    /// Whether responses also carry the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining`
-    /// and `X-RateLimit-Reset` (default off).
-    pub fn legacy_headers(mut self, on: bool) -> Self {
-        self.legacy_headers = on;
+    /// The rate-limit header fields responses carry (default [`FieldStyle::Ietf`]: the
+    /// draft-11 `RateLimit` and `RateLimit-Policy` on every response).
+    pub fn fields(mut self, style: FieldStyle) -> Self {
+        self.fields = style;
         self
     }
 
@@ -322,9 +313,8 @@ impl RateLimitLayerBuilder {
                 warn_gate: WarnGate::new(Duration::from_secs(10)),
                 timeout: self.timeout,
                 failure: self.failure,
-                headers_on_allowed: self.headers_on_allowed,
-                legacy_headers: self.legacy_headers,
-                problem_json: self.problem_json,
+                fields: self.fields,
+                body: self.body,
                 exempt: self.exempt,
                 on_denied: self.on_denied,
             }),
@@ -354,12 +344,11 @@ impl RateLimitLayer {
             rules: Vec::new(),
             timeout: Duration::from_secs(1),
             failure: FailurePolicy::default(),
-            headers_on_allowed: true,
-            legacy_headers: false,
+            fields: FieldStyle::default(),
             on_denied: None,
             shadow: false,
             log_ids: false,
-            problem_json: false,
+            body: ErrorBody::default(),
             exempt: None,
         }
     }

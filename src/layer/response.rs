@@ -24,6 +24,101 @@ pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rateli
 /// Legacy `X-RateLimit-Reset` (seconds from now).
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+/// The rate-limit header fields a layer's responses carry
+/// ([`RateLimitLayerBuilder::fields`](crate::RateLimitLayerBuilder::fields)). Every denial
+/// carries `Retry-After` whatever the style. A new format is one variant here and one writer.
+///
+/// ```
+/// use tower_ratelimits::{FieldStyle, Limiter, Limits, MemoryBackend, RateLimitLayer, Rule, ClientIp};
+/// # let limiter = Limiter::new(
+/// #     Limits::from_yaml_str("PerIp: {kind: ip, burst: 5, count: 5, period: 1s}\n", None).unwrap(),
+/// #     MemoryBackend::new());
+/// let layer = RateLimitLayer::builder(limiter)
+///     .rule(Rule::new("PerIp", ClientIp::new()))
+///     .fields(FieldStyle::IetfAndLegacy)
+///     .build()
+///     .unwrap();
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum FieldStyle {
+    /// The IETF draft-11 `RateLimit` and `RateLimit-Policy` fields, on every response (the
+    /// default).
+    #[default]
+    Ietf,
+    /// The draft-11 fields and the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` (of the strictest limit), on every response.
+    IetfAndLegacy,
+    /// The draft-11 fields on denials only: allowed responses carry no rate-limit field.
+    IetfOnDenials,
+    /// The draft-11 and the legacy fields on denials only.
+    IetfAndLegacyOnDenials,
+}
+
+impl FieldStyle {
+    /// Whether allowed responses carry the fields.
+    pub(crate) fn on_allowed(self) -> bool {
+        matches!(self, Self::Ietf | Self::IetfAndLegacy)
+    }
+
+    /// Writes the fields of `batch` into `headers`; `cached` gives a decision's precomputed
+    /// `RateLimit-Policy` member, if any.
+    pub(crate) fn write(
+        self,
+        headers: &mut HeaderMap,
+        batch: &BatchDecision,
+        cached: impl Fn(&Decision) -> Option<HeaderValue>,
+    ) {
+        let legacy = matches!(self, Self::IetfAndLegacy | Self::IetfAndLegacyOnDenials);
+        insert_ratelimit_headers(headers, batch, cached, legacy);
+    }
+}
+
+/// How the middleware writes the bodies of its own answers: the 429 of a denial, and the
+/// 400 and 503 it writes when a key is missing or the store fails
+/// ([`RateLimitLayerBuilder::error_body`](crate::RateLimitLayerBuilder::error_body)). gRPC
+/// calls get a status whatever the format. A new format is one variant here and one writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ErrorBody {
+    /// `{"errors":[{"code":..,"message":..}]}` (the default); a 429's error also has a
+    /// `detail` ([`Denial::json_body`]).
+    #[default]
+    Json,
+    /// RFC 9457 `application/problem+json`; a 429's problem has the draft's
+    /// `#quota-exceeded` type and `violated-policies` ([`Denial::problem_body`]).
+    ProblemJson,
+}
+
+impl ErrorBody {
+    /// A denial's body and its content type.
+    fn denial(self, denial: &Denial<'_>) -> (Bytes, &'static str) {
+        match self {
+            Self::Json => (denial.json_body(), "application/json"),
+            Self::ProblemJson => (denial.problem_body(), PROBLEM_JSON),
+        }
+    }
+
+    /// The body of an error the middleware writes (not a rate limit), as a response.
+    fn error(self, status: StatusCode, code: &str, message: &str) -> Response<Bytes> {
+        match self {
+            Self::Json => {
+                let body = serde_json::json!({"errors": [{"code": code, "message": message}]});
+                json_response(status, body, "application/json")
+            }
+            Self::ProblemJson => {
+                let body = serde_json::json!({
+                    "type": "about:blank",
+                    "title": status.canonical_reason().unwrap_or("Error"),
+                    "status": status.as_u16(),
+                    "detail": message,
+                });
+                json_response(status, body, PROBLEM_JSON)
+            }
+        }
+    }
+}
+
 /// Whole seconds, rounded up.
 pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
@@ -228,7 +323,7 @@ fn owned_value(buf: Buf) -> HeaderValue {
 /// `cached` gives a decision's precomputed `RateLimit-Policy` member, if any. Each value is
 /// written once, into a buffer of its exact size; a lone member's precomputed policy is
 /// shared, not copied. The one writer of the fields, for allowed and denied responses alike.
-pub(crate) fn insert_ratelimit_headers(
+fn insert_ratelimit_headers(
     headers: &mut HeaderMap,
     batch: &BatchDecision,
     cached: impl Fn(&Decision) -> Option<HeaderValue>,
@@ -323,18 +418,50 @@ fn insert_legacy(headers: &mut HeaderMap, limit: u64, remaining: u64, reset_secs
     }
 }
 
-/// A denied request, as handed to a custom response function.
+/// A denied request, as handed to a custom response function
+/// ([`RateLimitLayerBuilder::denied_response`](crate::RateLimitLayerBuilder::denied_response)).
 #[derive(Debug)]
 pub struct Denial<'a> {
+    batch: &'a BatchDecision,
+    grpc: bool,
+    fields: FieldStyle,
+    body: ErrorBody,
+}
+
+impl<'a> Denial<'a> {
+    pub(crate) fn new(
+        batch: &'a BatchDecision,
+        grpc: bool,
+        fields: FieldStyle,
+        body: ErrorBody,
+    ) -> Self {
+        Self {
+            batch,
+            grpc,
+            fields,
+            body,
+        }
+    }
+
     /// The batch decision; its strictest decision is the one that denied.
-    pub batch: &'a BatchDecision,
+    pub fn batch(&self) -> &'a BatchDecision {
+        self.batch
+    }
+
     /// Whether the request is a gRPC call.
-    pub grpc: bool,
-    /// Whether legacy `X-RateLimit-*` headers are enabled.
-    pub legacy_headers: bool,
-    /// Whether bodies are RFC 9457 `application/problem+json`
-    /// ([`RateLimitLayerBuilder::problem_json`](crate::RateLimitLayerBuilder::problem_json)).
-    pub problem_json: bool,
+    pub fn is_grpc(&self) -> bool {
+        self.grpc
+    }
+
+    /// The layer's field style.
+    pub fn field_style(&self) -> FieldStyle {
+        self.fields
+    }
+
+    /// The layer's body format.
+    pub fn error_body(&self) -> ErrorBody {
+        self.body
+    }
 }
 
 impl Denial<'_> {
@@ -410,8 +537,8 @@ impl Denial<'_> {
     }
 
     /// The default response: a gRPC trailers-only `RESOURCE_EXHAUSTED`, or a 429 with
-    /// `Retry-After`, the `RateLimit` fields and [`json_body`](Self::json_body) (or
-    /// [`problem_body`](Self::problem_body) with `problem_json`).
+    /// `Retry-After`, the fields of the layer's [`FieldStyle`] and the body of its
+    /// [`ErrorBody`] ([`json_body`](Self::json_body) or [`problem_body`](Self::problem_body)).
     pub fn default_response(&self) -> Response<Bytes> {
         let retry = self.retry_after_secs();
         let mut response = if self.grpc {
@@ -426,11 +553,7 @@ impl Denial<'_> {
             self.add_grpc_details(r.headers_mut(), &message);
             r
         } else {
-            let (body, content_type) = if self.problem_json {
-                (self.problem_body(), PROBLEM_JSON)
-            } else {
-                (self.json_body(), "application/json")
-            };
+            let (body, content_type) = self.body.denial(self);
             let mut r = Response::new(body);
             *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             r.headers_mut()
@@ -439,7 +562,7 @@ impl Denial<'_> {
         };
         let headers = response.headers_mut();
         headers.insert(RETRY_AFTER, number(retry));
-        insert_ratelimit_headers(headers, self.batch, |_| None, self.legacy_headers);
+        self.fields.write(headers, self.batch, |_| None);
         response
     }
 }
@@ -521,7 +644,7 @@ pub(crate) fn error_response(
     code: &str,
     message: &str,
     grpc: bool,
-    problem: bool,
+    body: ErrorBody,
 ) -> Response<Bytes> {
     if grpc {
         let grpc_code = match status {
@@ -532,17 +655,7 @@ pub(crate) fn error_response(
         };
         return grpc_status(grpc_code, message);
     }
-    if problem {
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-            "detail": message,
-        });
-        return json_response(status, body, PROBLEM_JSON);
-    }
-    let body = serde_json::json!({"errors": [{"code": code, "message": message}]});
-    json_response(status, body, "application/json")
+    body.error(status, code, message)
 }
 
 /// `application/problem+json` (RFC 9457).

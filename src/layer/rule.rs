@@ -314,7 +314,7 @@ impl Shared {
                     &response::error_code(status),
                     message,
                     grpc,
-                    self.problem_json,
+                    self.body,
                 ))
             };
             let id = match r.rule.extractor.extract(parts) {
