@@ -17,8 +17,9 @@ use super::body::RateLimitBody;
 use super::lease::Held;
 use super::outcome::{Allowed, Conclusion, Decide, Road, Waited, conclude, road};
 use super::rate_limit_layer::Shared;
-use super::response::{ErrorBody, error_response};
+use super::response::{ErrorBody, Fields, error_response};
 use super::settle::{self, BodySettle, Task};
+use crate::limiter::BatchDecision;
 
 pin_project! {
     #[project = StateProj]
@@ -37,7 +38,7 @@ pin_project! {
         // the future of a request that settles nothing stays small).
         Settling {
             task: Task,
-            held: Option<Box<(R, Allowed)>>,
+            held: Option<Box<(R, BatchDecision, bool)>>,
         },
         Answered {
             response: Option<Response<Bytes>>,
@@ -179,37 +180,55 @@ where
                 }
                 StateProj::Calling { future, allowed } => {
                     let response = ready!(future.poll(cx))?;
-                    let Some(allowed) = allowed.take() else {
-                        let release = this.release.take();
-                        return Poll::Ready(Ok(
-                            response.map(|b| RateLimitBody::settling(b, None, release))
-                        ));
+                    let (batch, headers) = match allowed.take() {
+                        None => {
+                            let release = this.release.take();
+                            return Poll::Ready(Ok(
+                                response.map(|b| RateLimitBody::settling(b, None, release))
+                            ));
+                        }
+                        Some(Allowed::Fields(fields)) => {
+                            let release = this.release.take();
+                            let response = with_fields(this.shared, response, &fields);
+                            return Poll::Ready(Ok(
+                                response.map(|b| RateLimitBody::settling(b, None, release))
+                            ));
+                        }
+                        Some(Allowed::Settle { batch, headers }) => (batch, headers),
                     };
-                    if !allowed.settle {
-                        let release = this.release.take();
-                        return Poll::Ready(Ok(respond(this.shared, response, allowed, release)));
-                    }
                     let (head, body) = response.into_parts();
-                    let task = settle::settle_head(this.shared, &allowed.batch, &head);
+                    let task = settle::settle_head(this.shared, &batch, &head);
                     let response = Response::from_parts(head, body);
                     let Some(task) = task else {
                         let release = this.release.take();
-                        return Poll::Ready(Ok(respond(this.shared, response, allowed, release)));
+                        return Poll::Ready(Ok(settled(
+                            this.shared,
+                            response,
+                            batch,
+                            headers,
+                            release,
+                        )));
                     };
                     this.state.set(State::Settling {
                         task,
-                        held: Some(Box::new((response, allowed))),
+                        held: Some(Box::new((response, batch, headers))),
                     });
                 }
                 StateProj::Settling { task, held } => {
-                    let settled = ready!(Pin::new(task).poll(cx));
+                    let states = ready!(Pin::new(task).poll(cx));
                     let Some(held) = held.take() else {
                         return Poll::Ready(Ok(polled_after_completion(false)));
                     };
-                    let (response, mut allowed) = *held;
-                    settle::merge(&mut allowed.batch, settled);
+                    let (response, mut batch, headers) = *held;
+                    settle::merge(&mut batch, states);
                     let release = this.release.take();
-                    return Poll::Ready(Ok(respond(this.shared, response, allowed, release)));
+                    return Poll::Ready(Ok(settled(
+                        this.shared,
+                        response,
+                        batch,
+                        headers,
+                        release,
+                    )));
                 }
                 StateProj::Answered { response } => {
                     let Some(response) = response.take() else {
@@ -318,24 +337,27 @@ fn polled_after_completion<B>(grpc: bool) -> Response<RateLimitBody<B>> {
     .map(RateLimitBody::full)
 }
 
-/// An allowed request's response: its `RateLimit` fields added (unless an inner layer answered
-/// 429: ours would contradict the status), and its body settling the rules that settle from
-/// the body.
-fn respond<B>(
+/// An allowed request's response with its `RateLimit` fields added (unless an inner layer
+/// answered 429: ours would contradict the status).
+fn with_fields<B>(shared: &Shared, mut response: Response<B>, fields: &Fields) -> Response<B> {
+    if response.status() != StatusCode::TOO_MANY_REQUESTS {
+        shared.fields.write(response.headers_mut(), fields);
+    }
+    response
+}
+
+/// The response of an allowed request whose rules settle: the fields of its settled decisions
+/// (when `headers`), and its body settling the rules that settle from the body.
+fn settled<B>(
     shared: &Arc<Shared>,
     mut response: Response<B>,
-    allowed: Allowed,
+    batch: BatchDecision,
+    headers: bool,
     release: Held,
 ) -> Response<RateLimitBody<B>> {
-    if allowed.headers && response.status() != StatusCode::TOO_MANY_REQUESTS {
-        let headers = response.headers_mut();
-        shared
-            .fields
-            .write(headers, &allowed.batch, |d| shared.cached_policy(d));
+    if headers && let Some(fields) = Fields::of(&batch, |d| shared.cached_policy(d)) {
+        response = with_fields(shared, response, &fields);
     }
-    let settle = match allowed.settle {
-        true => BodySettle::of(shared, &allowed.batch),
-        false => None,
-    };
+    let settle = BodySettle::of(shared, &batch);
     response.map(|body| RateLimitBody::settling(body, settle, release))
 }

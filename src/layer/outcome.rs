@@ -15,7 +15,7 @@ use http::request::Parts;
 use super::lease::{Held, Release};
 use super::observe::{RuleOutcome, count_request, observe_batch};
 use super::rate_limit_layer::{FailurePolicy, Shared};
-use super::response::{Denial, error_response};
+use super::response::{Denial, Fields, error_response};
 use super::rule::{Prepared, Txs};
 use super::wait::WaitPermit;
 use crate::backend::BackendError;
@@ -133,14 +133,15 @@ fn decided(shared: &Shared, result: Result<BatchDecision, Failure>, txs: Txs) ->
     }
 }
 
-/// What an allowed request's response needs from its decision: the `RateLimit` fields, the
-/// reservations to settle, or both.
-pub(crate) struct Allowed {
-    pub(crate) batch: BatchDecision,
-    /// Add the `RateLimit` fields.
-    pub(crate) headers: bool,
-    /// Settle the rules that settle from the response ([`Rule::settle`](crate::Rule::settle)).
-    pub(crate) settle: bool,
+/// What an allowed request's response needs from its decision.
+pub(crate) enum Allowed {
+    /// The `RateLimit` fields to add (nothing settles), taken from the decisions when they
+    /// were made: the decisions are not kept.
+    Fields(Fields),
+    /// The decisions of rules that settle from the response
+    /// ([`Rule::settle`](crate::Rule::settle)); their fields (when `headers`) are written
+    /// once the response head is settled.
+    Settle { batch: BatchDecision, headers: bool },
 }
 
 pub(crate) enum Conclusion {
@@ -205,17 +206,14 @@ pub(crate) fn conclude(
             // What the in-memory fallback spent is settled nowhere: its estimates stand.
             let settle = shared.settles && !fell_back;
             let headers = shared.fields.on_allowed();
-            if !headers && !settle {
-                return Conclusion::Call(None, release);
-            }
-            Conclusion::Call(
-                Some(Allowed {
-                    batch,
-                    headers,
-                    settle,
-                }),
-                release,
-            )
+            let allowed = if settle {
+                Some(Allowed::Settle { batch, headers })
+            } else if headers {
+                Fields::of(&batch, |d| shared.cached_policy(d)).map(Allowed::Fields)
+            } else {
+                None
+            };
+            Conclusion::Call(allowed, release)
         }
         Ok(batch) => {
             if shared.waits

@@ -11,6 +11,7 @@ use crate::quota::Quota;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, Response, StatusCode};
 
+use crate::key::LimitName;
 use crate::limiter::{BatchDecision, Decision};
 
 /// `RateLimit-Policy` (IETF httpapi ratelimit-headers, draft 11).
@@ -61,16 +62,10 @@ impl FieldStyle {
         matches!(self, Self::Ietf | Self::IetfAndLegacy)
     }
 
-    /// Writes the fields of `batch` into `headers`; `cached` gives a decision's precomputed
-    /// `RateLimit-Policy` member, if any.
-    pub(crate) fn write(
-        self,
-        headers: &mut HeaderMap,
-        batch: &BatchDecision,
-        cached: impl Fn(&Decision) -> Option<HeaderValue>,
-    ) {
+    /// Writes `fields` into `headers` in this style.
+    pub(crate) fn write(self, headers: &mut HeaderMap, fields: &Fields) {
         let legacy = matches!(self, Self::IetfAndLegacy | Self::IetfAndLegacyOnDenials);
-        insert_ratelimit_headers(headers, batch, cached, legacy);
+        fields.write(headers, legacy);
     }
 }
 
@@ -185,6 +180,11 @@ pub fn policy_value(name: &str, limit: &crate::algo::gcra::Limit) -> HeaderValue
     sf_item(name, b'q', limit.burst(), b'w', window)
 }
 
+/// Whole seconds of a time in microseconds, rounded up.
+fn ceil_secs_us(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
 /// The draft-11 effective window of a decision, in microseconds: the time within which the
 /// client can use no more than `r` units. For GCRA, [`gcra_window_us`]. For a tiered limit: on
 /// a denial, the wait before the request passes; else the time until the serving tier is fresh
@@ -205,7 +205,7 @@ fn effective_window_us(d: &Decision) -> u64 {
 /// The effective window of a GCRA bucket that is full again in `reset_after_us` and holds
 /// `remaining` units: the time until one more unit is available, `ahead + (r + 1)·EI − BO`
 /// (with `r = 0`, the wait before a request of cost 1 passes; on a full bucket, one emission
-/// interval).
+/// interval). The one window function.
 fn gcra_window_us(limit: &Limit, reset_after_us: u64, remaining: u64) -> u64 {
     reset_after_us
         .saturating_add(
@@ -216,15 +216,6 @@ fn gcra_window_us(limit: &Limit, reset_after_us: u64, remaining: u64) -> u64 {
         .saturating_sub(limit.burst_offset_us())
 }
 
-/// The `r` and `t` of a decision's `RateLimit` member: the units left and the effective window
-/// in seconds, rounded up (draft-11; see `docs/keys-and-http.md`).
-fn state_params(decision: &Decision) -> (u64, u64) {
-    (
-        decision.remaining,
-        ceil_secs(Duration::from_micros(effective_window_us(decision))),
-    )
-}
-
 /// The `q` and `w` of a decision's `RateLimit-Policy` member, and its legacy
 /// `X-RateLimit-Limit`; `None` when the limit is disabled for the id. GCRA: the burst and the
 /// burst offset; tiered: the serving tier's limit and window (seconds, rounded up); concurrency:
@@ -233,17 +224,11 @@ fn state_params(decision: &Decision) -> (u64, u64) {
 fn policy_params(decision: &Decision) -> Option<(u64, u64)> {
     match decision.limit.as_ref()? {
         Quota::Concurrency(c) => Some((c.max(), 0)),
-        Quota::Gcra(l) => Some((
-            l.burst(),
-            ceil_secs(Duration::from_micros(l.burst_offset_us())),
-        )),
+        Quota::Gcra(l) => Some((l.burst(), ceil_secs_us(l.burst_offset_us()))),
         Quota::Tiered(t) => {
             let number = decision.tiers.map_or(1, |g| usize::from(g.tier));
             let tier = t.tier(number).or(t.tiers().first())?;
-            Some((
-                tier.limit(),
-                ceil_secs(Duration::from_micros(tier.window_us())),
-            ))
+            Some((tier.limit(), ceil_secs_us(tier.window_us())))
         }
     }
 }
@@ -261,9 +246,10 @@ fn reported(batch: &BatchDecision) -> impl Iterator<Item = &Decision> {
 }
 
 /// One reported decision's numbers: its `RateLimit-Policy` member (precomputed, or `q` and
-/// `w`) and its `RateLimit` member's `r` and `t`.
-struct Member<'d> {
-    decision: &'d Decision,
+/// `w`) and its `RateLimit` member's `r` and `t` (draft-11; see `docs/keys-and-http.md`).
+struct Member {
+    name: LimitName,
+    concurrency: bool,
     q: u64,
     w: u64,
     r: u64,
@@ -271,32 +257,121 @@ struct Member<'d> {
     cached: Option<HeaderValue>,
 }
 
-impl Member<'_> {
-    fn name(&self) -> &str {
-        self.decision.name.as_str()
-    }
-
+impl Member {
     /// The length of its `RateLimit-Policy` member.
     fn policy_len(&self) -> usize {
-        match (&self.cached, &self.decision.limit) {
-            (Some(v), _) => v.len(),
-            (None, Some(Quota::Concurrency(_))) => self.name().len() + 30 + decimal_len(self.q),
-            (None, _) => item_len(self.name(), self.q, self.w),
+        match &self.cached {
+            Some(v) => v.len(),
+            None if self.concurrency => self.name.as_str().len() + 30 + decimal_len(self.q),
+            None => item_len(self.name.as_str(), self.q, self.w),
         }
     }
 
     fn push_policy(&self, buf: &mut Buf) {
-        match (&self.cached, &self.decision.limit) {
-            (Some(v), _) => {
+        let name = self.name.as_str();
+        match &self.cached {
+            Some(v) => {
                 if !buf.is_empty() {
                     buf.extend_from_slice(b", ");
                 }
                 buf.extend_from_slice(v.as_bytes());
             }
-            (None, Some(Quota::Concurrency(_))) => {
-                push_concurrency_policy(buf, self.name(), self.q)
+            None if self.concurrency => push_concurrency_policy(buf, name, self.q),
+            None => push_item(buf, name, b'q', self.q, b'w', self.w),
+        }
+    }
+}
+
+/// The numbers of a response's rate-limit fields, taken from its decisions when they are made
+/// (the decisions themselves need not be kept): one member per reported decision, the
+/// strictest first, and the legacy fields' numbers (of the strictest).
+pub(crate) struct Fields {
+    members: SmallVec<[Member; 1]>,
+    /// `X-RateLimit-Reset`: seconds until the strictest bucket is full, rounded up.
+    reset_secs: u64,
+}
+
+impl Fields {
+    /// The fields of `batch`; `cached` gives a decision's precomputed `RateLimit-Policy`
+    /// member, if any. `None` when no decision is reported.
+    pub(crate) fn of(
+        batch: &BatchDecision,
+        cached: impl Fn(&Decision) -> Option<HeaderValue>,
+    ) -> Option<Self> {
+        let mut reset_secs = 0;
+        let members: SmallVec<[Member; 1]> = reported(batch)
+            .filter_map(|d| {
+                let (q, w) = policy_params(d)?;
+                if reset_secs == 0 {
+                    reset_secs = ceil_secs(d.reset_after);
+                }
+                Some(Member {
+                    name: d.name,
+                    concurrency: matches!(d.limit, Some(Quota::Concurrency(_))),
+                    q,
+                    w,
+                    r: d.remaining,
+                    t: ceil_secs_us(effective_window_us(d)),
+                    cached: cached(d),
+                })
+            })
+            .collect();
+        if members.is_empty() {
+            return None;
+        }
+        Some(Self {
+            members,
+            reset_secs,
+        })
+    }
+
+    /// Adds `RateLimit-Policy` and `RateLimit` as lists with one member each (the strictest
+    /// first), appended to members another layer already wrote, and the legacy
+    /// `X-RateLimit-*` fields of the strictest when asked (unless another layer wrote them).
+    /// Each value is written once, into a buffer of its exact size; a lone member's
+    /// precomputed policy is shared, not copied.
+    fn write(&self, headers: &mut HeaderMap, legacy: bool) {
+        let members = &self.members[..];
+        let Some(first) = members.first() else {
+            return;
+        };
+        let separators = 2 * (members.len() - 1);
+        let policy = match (members, &first.cached) {
+            ([_], Some(v)) => v.clone(),
+            _ => {
+                let len = members.iter().map(Member::policy_len).sum::<usize>() + separators;
+                let mut policy = Buf::with_capacity(len);
+                for m in members {
+                    m.push_policy(&mut policy);
+                }
+                debug_assert_eq!(
+                    policy.len(),
+                    len,
+                    "the policy field's length was computed wrong"
+                );
+                owned_value(policy)
             }
-            (None, _) => push_item(buf, self.name(), b'q', self.q, b'w', self.w),
+        };
+        let len = members
+            .iter()
+            .map(|m| item_len(m.name.as_str(), m.r, m.t))
+            .sum::<usize>()
+            + separators;
+        let mut state = Buf::with_capacity(len);
+        for m in members {
+            push_item(&mut state, m.name.as_str(), b'r', m.r, b't', m.t);
+        }
+        debug_assert_eq!(
+            state.len(),
+            len,
+            "the state field's length was computed wrong"
+        );
+        put(headers, &RATELIMIT_POLICY, policy);
+        put(headers, &RATELIMIT, owned_value(state));
+        if legacy && !headers.contains_key(&X_RATELIMIT_LIMIT) {
+            headers.insert(X_RATELIMIT_LIMIT.clone(), number(first.q));
+            headers.insert(X_RATELIMIT_REMAINING.clone(), number(first.r));
+            headers.insert(X_RATELIMIT_RESET.clone(), number(self.reset_secs));
         }
     }
 }
@@ -317,78 +392,6 @@ fn owned_value(buf: Buf) -> HeaderValue {
         .unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
 }
 
-/// Adds `RateLimit-Policy` and `RateLimit` as lists with one member per reported decision (the
-/// strictest first), appended to members another layer already wrote, and the legacy
-/// `X-RateLimit-*` fields of the strictest when asked (unless another layer wrote them).
-/// `cached` gives a decision's precomputed `RateLimit-Policy` member, if any. Each value is
-/// written once, into a buffer of its exact size; a lone member's precomputed policy is
-/// shared, not copied. The one writer of the fields, for allowed and denied responses alike.
-fn insert_ratelimit_headers(
-    headers: &mut HeaderMap,
-    batch: &BatchDecision,
-    cached: impl Fn(&Decision) -> Option<HeaderValue>,
-    legacy: bool,
-) {
-    let members: SmallVec<[Member<'_>; 2]> = reported(batch)
-        .filter_map(|d| {
-            let (q, w) = policy_params(d)?;
-            let (r, t) = state_params(d);
-            Some(Member {
-                decision: d,
-                q,
-                w,
-                r,
-                t,
-                cached: cached(d),
-            })
-        })
-        .collect();
-    let Some(first) = members.first() else {
-        return;
-    };
-    let separators = 2 * (members.len() - 1);
-    let policy = match (&members[..], &first.cached) {
-        ([_], Some(v)) => v.clone(),
-        _ => {
-            let len = members.iter().map(Member::policy_len).sum::<usize>() + separators;
-            let mut policy = Buf::with_capacity(len);
-            for m in &members {
-                m.push_policy(&mut policy);
-            }
-            debug_assert_eq!(
-                policy.len(),
-                len,
-                "the policy field's length was computed wrong"
-            );
-            owned_value(policy)
-        }
-    };
-    let len = members
-        .iter()
-        .map(|m| item_len(m.name(), m.r, m.t))
-        .sum::<usize>()
-        + separators;
-    let mut state = Buf::with_capacity(len);
-    for m in &members {
-        push_item(&mut state, m.name(), b'r', m.r, b't', m.t);
-    }
-    debug_assert_eq!(
-        state.len(),
-        len,
-        "the state field's length was computed wrong"
-    );
-    put(headers, &RATELIMIT_POLICY, policy);
-    put(headers, &RATELIMIT, owned_value(state));
-    if legacy {
-        insert_legacy(
-            headers,
-            first.q,
-            first.decision.remaining,
-            ceil_secs(first.decision.reset_after),
-        );
-    }
-}
-
 /// Adds `ours` to the field `name`: appended to the members another layer already wrote
 /// (stacked layers), else as the field.
 fn put(headers: &mut HeaderMap, name: &HeaderName, ours: HeaderValue) {
@@ -405,16 +408,6 @@ fn put(headers: &mut HeaderMap, name: &HeaderName, ours: HeaderValue) {
         http::header::Entry::Vacant(slot) => {
             slot.insert(ours);
         }
-    }
-}
-
-/// The legacy `X-RateLimit-*` fields (limit, remaining, reset in seconds), unless another
-/// layer wrote them.
-fn insert_legacy(headers: &mut HeaderMap, limit: u64, remaining: u64, reset_secs: u64) {
-    if !headers.contains_key(&X_RATELIMIT_LIMIT) {
-        headers.insert(X_RATELIMIT_LIMIT.clone(), number(limit));
-        headers.insert(X_RATELIMIT_REMAINING.clone(), number(remaining));
-        headers.insert(X_RATELIMIT_RESET.clone(), number(reset_secs));
     }
 }
 
@@ -562,7 +555,9 @@ impl Denial<'_> {
         };
         let headers = response.headers_mut();
         headers.insert(RETRY_AFTER, number(retry));
-        self.fields.write(headers, self.batch, |_| None);
+        if let Some(fields) = Fields::of(self.batch, |_| None) {
+            self.fields.write(headers, &fields);
+        }
         response
     }
 }
