@@ -12,6 +12,7 @@ mod config;
 mod key;
 mod layer;
 mod limiter;
+mod mode;
 mod quota;
 #[cfg(feature = "reload")]
 mod reload;

@@ -164,6 +164,20 @@ impl Limit {
         self.emission_interval_us
     }
 
+    /// The effective window (draft-11 `t`) of a bucket that is full again in
+    /// `reset_after_us` and holds `remaining` units: the time until one more unit is
+    /// available, `ahead + (r + 1)·EI − BO` (with `r = 0`, the wait before a request of cost 1
+    /// passes; on a full bucket, one emission interval). The one window function.
+    pub(crate) fn window_us(&self, reset_after_us: u64, remaining: u64) -> u64 {
+        reset_after_us
+            .saturating_add(
+                remaining
+                    .saturating_add(1)
+                    .saturating_mul(self.emission_interval_us()),
+            )
+            .saturating_sub(self.burst_offset_us())
+    }
+
     /// `emission interval * burst`: how far the TAT may run ahead of now.
     pub fn burst_offset_us(&self) -> u64 {
         self.burst_offset_us

@@ -18,47 +18,10 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+pub use crate::mode::Mode;
 pub use memory::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
-
-/// How a transaction takes part in a batch (`docs/gcra.md`, "Transactions and batches").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Mode {
-    /// Counts toward the batch decision and is written when the batch is allowed.
-    #[default]
-    CheckAndSpend,
-    /// Counts toward the batch decision and is never written.
-    CheckOnly,
-    /// Best effort: does not count toward the batch decision, and is written only when the
-    /// batch is allowed and its own decision allows. A shadowed spending rule
-    /// ([`Rule::shadow`](crate::Rule::shadow)) runs in this mode.
-    SpendOnly,
-    /// Decided only: does not count toward the batch decision and is never written. A
-    /// shadowed check-only rule runs in this mode.
-    Observe,
-}
-
-impl Mode {
-    /// Whether this transaction's decision counts toward the batch decision.
-    pub fn counts(self) -> bool {
-        matches!(self, Mode::CheckAndSpend | Mode::CheckOnly)
-    }
-
-    /// Whether this transaction spends (is written) when it and its batch are allowed.
-    pub fn spends(self) -> bool {
-        matches!(self, Mode::CheckAndSpend | Mode::SpendOnly)
-    }
-
-    /// The mode of this transaction in shadow: decided and, for a spending mode, written
-    /// exactly as when enforced, but never counting toward the batch decision.
-    pub fn shadowed(self) -> Self {
-        match self {
-            Mode::CheckAndSpend | Mode::SpendOnly => Mode::SpendOnly,
-            Mode::CheckOnly | Mode::Observe => Mode::Observe,
-        }
-    }
-}
 
 /// What a backend decided for one transaction of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

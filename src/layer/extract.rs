@@ -406,3 +406,20 @@ impl KeyExtractor for Header {
             .map_err(|e| KeyError::bad_request(format!("header {}: {e}", self.name)))
     }
 }
+
+/// Clients that bypass every rule of a layer: those whose address (found by `client`, so
+/// forwarding headers count only from its trusted proxies) is in one of `nets`.
+pub(crate) struct Exemptions {
+    pub(crate) client: ClientIp,
+    pub(crate) nets: Vec<IpNet>,
+}
+
+impl Exemptions {
+    /// Whether the request comes from an exempt address (one whose address cannot be found is
+    /// not exempt).
+    pub(crate) fn cover(&self, parts: &Parts) -> bool {
+        self.client
+            .client_ip(parts)
+            .is_ok_and(|ip| self.nets.iter().any(|n| n.contains(&ip)))
+    }
+}

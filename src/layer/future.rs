@@ -15,8 +15,7 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::lease::Held;
-use super::outcome::{Allowed, Conclusion, Decide, Road, Waited, conclude, road};
-use super::rate_limit_layer::Shared;
+use super::outcome::{Allowed, Conclusion, Decide, Road, Shared, Waited, conclude, road};
 use super::response::{ErrorBody, Fields, error_response};
 use super::settle::{self, BodySettle, Task};
 use crate::limiter::BatchDecision;
@@ -197,7 +196,8 @@ where
                         Some(Allowed::Settle { batch, headers }) => (batch, headers),
                     };
                     let (head, body) = response.into_parts();
-                    let task = settle::settle_head(this.shared, &batch, &head);
+                    let reserved = this.shared.rules.reservations(&batch, false);
+                    let task = settle::settle_head(&this.shared.settler, reserved, &head);
                     let response = Response::from_parts(head, body);
                     let Some(task) = task else {
                         let release = this.release.take();
@@ -341,7 +341,7 @@ fn polled_after_completion<B>(grpc: bool) -> Response<RateLimitBody<B>> {
 /// answered 429: ours would contradict the status).
 fn with_fields<B>(shared: &Shared, mut response: Response<B>, fields: &Fields) -> Response<B> {
     if response.status() != StatusCode::TOO_MANY_REQUESTS {
-        shared.fields.write(response.headers_mut(), fields);
+        shared.answers.fields.write(response.headers_mut(), fields);
     }
     response
 }
@@ -355,9 +355,9 @@ fn settled<B>(
     headers: bool,
     release: Held,
 ) -> Response<RateLimitBody<B>> {
-    if headers && let Some(fields) = Fields::of(&batch, |d| shared.cached_policy(d)) {
+    if headers && let Some(fields) = Fields::of(&batch, |d| shared.rules.cached_policy(d)) {
         response = with_fields(shared, response, &fields);
     }
-    let settle = BodySettle::of(shared, &batch);
+    let settle = BodySettle::of(&shared.settler, shared.rules.reservations(&batch, true));
     response.map(|body| RateLimitBody::settling(body, settle, release))
 }

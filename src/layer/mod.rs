@@ -30,6 +30,7 @@
 
 mod body;
 mod extract;
+mod failure;
 mod future;
 mod lease;
 mod observe;
@@ -43,8 +44,9 @@ mod wait;
 
 pub use body::RateLimitBody;
 pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor, key_fn};
+pub use failure::FailurePolicy;
 pub use future::ResponseFuture;
-pub use rate_limit_layer::{FailurePolicy, LayerError, RateLimitLayer, RateLimitLayerBuilder};
+pub use rate_limit_layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
 pub use response::{Denial, ErrorBody, FieldStyle};
 pub use rule::{OnMissingKey, Rule};
 pub use service::RateLimitService;

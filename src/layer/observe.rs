@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::key::LimitName;
-use crate::limiter::{BatchDecision, Decision};
+use crate::limiter::Decision;
 
 /// What happened to one rule of one request: the `outcome` label of
 /// `tower_ratelimits_decisions_total`.
@@ -62,7 +62,7 @@ impl RuleOutcome {
     }
 
     /// The outcome of a decided rule.
-    fn of(d: &Decision, shadow: bool) -> Self {
+    pub(crate) fn of(d: &Decision, shadow: bool) -> Self {
         if d.skipped {
             RuleOutcome::Skipped
         } else if d.allowed {
@@ -158,22 +158,6 @@ pub(crate) fn trace_fields(
         tracing::debug!(target: "tower_ratelimits::decision", limit, outcome, id = %id, retry_after_ms, remaining, "rate limit decision");
     } else {
         tracing::debug!(target: "tower_ratelimits::decision", limit, outcome, retry_after_ms, remaining, "rate limit decision");
-    }
-}
-
-/// Counts and traces every decision of a batch.
-pub(crate) fn observe_batch(
-    batch: &BatchDecision,
-    rules: &[super::rule::ResolvedRule],
-    log_ids: bool,
-) {
-    for d in batch.decisions() {
-        let Some(rule) = rules.iter().find(|r| r.name == d.name) else {
-            continue;
-        };
-        let outcome = RuleOutcome::of(d, rule.shadow);
-        rule.metrics.count(outcome);
-        trace_decision(d, outcome, log_ids);
     }
 }
 

@@ -12,15 +12,31 @@ use http::{Response, StatusCode};
 
 use http::request::Parts;
 
+use super::extract::Exemptions;
+use super::failure::{FailurePolicy, OnFailure};
 use super::lease::{Held, Release};
-use super::observe::{RuleOutcome, count_request, observe_batch};
-use super::rate_limit_layer::{FailurePolicy, Shared};
-use super::response::{Denial, Fields, error_response};
-use super::rule::{Prepared, Txs};
+use super::observe::{RuleOutcome, count_request};
+use super::response::{Answers, Fields};
+use super::rule::{Prepared, Rules, Txs};
+use super::settle::Settler;
 use super::wait::WaitPermit;
 use crate::backend::BackendError;
+use crate::limiter::Limiter;
 use crate::limiter::LimiterError;
-use crate::limiter::{BatchDecision, Pending, Step, Transaction};
+use crate::limiter::{BatchDecision, Pending, Step};
+
+/// What a layer holds, as plain pieces each owned by the file that uses it: the limiter, the
+/// rules (`rule.rs`), the failure handling (`failure.rs`), how it answers (`response.rs`), the
+/// exempt clients (`extract.rs`) and what settling needs (`settle.rs`). Built once by
+/// [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build).
+pub(crate) struct Shared {
+    pub(crate) limiter: Limiter,
+    pub(crate) rules: Rules,
+    pub(crate) failure: OnFailure,
+    pub(crate) answers: Answers,
+    pub(crate) exempt: Option<Exemptions>,
+    pub(crate) settler: Settler,
+}
 
 pub(crate) enum Failure {
     Limiter(LimiterError),
@@ -75,7 +91,10 @@ pub(crate) enum Road {
 /// (a reload never mixes two within a request).
 pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts, grpc: bool) -> Road {
     let limits = shared.limiter.load();
-    let txs = match shared.prepare(&limits, parts, grpc) {
+    let txs = match shared
+        .rules
+        .prepare(&limits, parts, grpc, shared.answers.body)
+    {
         Prepared::Reject(response) => return Road::Answer(response),
         Prepared::Batch(txs) => txs,
     };
@@ -95,7 +114,8 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts, grpc: bool) -> Road {
 pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Txs) -> Decide {
     let shared = shared.clone();
     Box::pin(async move {
-        let result = match tokio::time::timeout(shared.timeout, pending.decided(&txs)).await {
+        let timeout = shared.failure.timeout;
+        let result = match tokio::time::timeout(timeout, pending.decided(&txs)).await {
             Ok(r) => r.map_err(Failure::Limiter),
             Err(_) => Err(Failure::Timeout),
         };
@@ -107,7 +127,7 @@ pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Txs) -> Decide
 /// whatever the policy), this instance's in-memory fallback decides `txs` instead, if the
 /// layer has one.
 fn decided(shared: &Shared, result: Result<BatchDecision, Failure>, txs: Txs) -> Decided {
-    match (result, &shared.fallback) {
+    match (result, &shared.failure.fallback) {
         (Err(failure), Some(fallback)) if failure.store_failed() => {
             let local = fallback.limiter(&shared.limiter);
             tracing::debug!(reason = %failure, "rate limit store failed; deciding in memory");
@@ -163,15 +183,6 @@ pub(crate) struct Waited {
     pub(crate) permit: Option<WaitPermit>,
 }
 
-/// Counts every rule of a request that did not get a decision of its own.
-fn count_rules(shared: &Shared, txs: &[Transaction], outcome: RuleOutcome) {
-    for tx in txs {
-        if let Some(rule) = shared.rules.iter().find(|r| r.name == tx.key().name()) {
-            rule.metrics.count(outcome);
-        }
-    }
-}
-
 /// What a decision (or a failure to decide) means for the request: counted, traced, and
 /// turned into a call or an answer.
 pub(crate) fn conclude(
@@ -190,56 +201,51 @@ pub(crate) fn conclude(
     match &result {
         Ok(_) if fell_back => {
             count("fallback");
-            count_rules(shared, &txs, RuleOutcome::Fallback);
+            shared.rules.count(&txs, RuleOutcome::Fallback);
         }
-        Ok(batch) => observe_batch(batch, &shared.rules, shared.log_ids),
+        Ok(batch) => shared.rules.observe(batch),
         Err(_) => {}
     }
     match result {
         Ok(batch) if batch.allowed() => {
             count("allowed");
             // Slots taken by the in-memory fallback are given back to it.
-            let release = match (&shared.fallback, fell_back) {
+            let release = match (&shared.failure.fallback, fell_back) {
                 (Some(fallback), true) => Release::of(fallback.limiter(&shared.limiter), &batch),
                 _ => Release::of(&shared.limiter, &batch),
             };
             // What the in-memory fallback spent is settled nowhere: its estimates stand.
-            let settle = shared.settles && !fell_back;
-            let headers = shared.fields.on_allowed();
+            let settle = shared.rules.settles && !fell_back;
+            let headers = shared.answers.fields.on_allowed();
             let allowed = if settle {
                 Some(Allowed::Settle { batch, headers })
             } else if headers {
-                Fields::of(&batch, |d| shared.cached_policy(d)).map(Allowed::Fields)
+                Fields::of(&batch, |d| shared.rules.cached_policy(d)).map(Allowed::Fields)
             } else {
                 None
             };
             Conclusion::Call(allowed, release)
         }
         Ok(batch) => {
-            if shared.waits
-                && let Some((delay, permit)) = shared.wait_for(&batch, waited.since, held)
+            if shared.rules.waits
+                && let Some((delay, permit)) = shared.rules.wait_for(&batch, waited.since, held)
             {
                 return Conclusion::Wait(delay, permit);
             }
             count("denied");
-            let denial = Denial::new(&batch, grpc, shared.fields, shared.body);
-            Conclusion::Answer(match &shared.on_denied {
-                Some(f) => f(&denial),
-                None => denial.default_response(),
-            })
+            Conclusion::Answer(shared.answers.denied(&batch, grpc))
         }
         Err(Failure::Limiter(LimiterError::Backend(BackendError::Full { .. }))) => {
             // The memory backend protects its memory: a new key cannot be tracked now. Letting
             // it through unlimited (fail open) is what a flood of new keys aims for, so this is
             // refused whatever the failure policy, with a hint to come back.
             count("full");
-            count_rules(shared, &txs, RuleOutcome::FailedClosed);
-            let mut response = error_response(
+            shared.rules.count(&txs, RuleOutcome::FailedClosed);
+            let mut response = shared.answers.error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "UNAVAILABLE",
                 "the rate limiter is at capacity; try again shortly",
                 grpc,
-                shared.body,
             );
             if !grpc {
                 response.headers_mut().insert(
@@ -251,17 +257,14 @@ pub(crate) fn conclude(
         }
         Err(Failure::Limiter(LimiterError::CostAboveBurst { name, cost, burst })) => {
             count("rejected");
-            if let Some(rule) = shared.rules.iter().find(|r| r.name == name) {
-                rule.metrics.count(RuleOutcome::Rejected);
-            }
+            shared.rules.count_one(name, RuleOutcome::Rejected);
             let message =
                 format!("request cost {cost} exceeds the burst of {burst} of rate limit {name}");
-            Conclusion::Answer(error_response(
+            Conclusion::Answer(shared.answers.error(
                 StatusCode::BAD_REQUEST,
                 "BADREQUEST",
                 &message,
                 grpc,
-                shared.body,
             ))
         }
         Err(failure) => {
@@ -269,13 +272,12 @@ pub(crate) fn conclude(
             let reason = match &failure {
                 Failure::Timeout => format!(
                     "rate limit backend did not answer within {:?}",
-                    shared.timeout
+                    shared.failure.timeout
                 ),
                 Failure::Limiter(e) => e.to_string(),
             };
-            let closed = shared.failure == FailurePolicy::FailClosed;
-            count_rules(
-                shared,
+            let closed = shared.failure.policy == FailurePolicy::FailClosed;
+            shared.rules.count(
                 &txs,
                 if closed {
                     RuleOutcome::FailedClosed
@@ -288,7 +290,7 @@ pub(crate) fn conclude(
             } else {
                 "failing open"
             };
-            match shared.warn_gate.admit() {
+            match shared.failure.warn_gate.admit() {
                 Some(0) => tracing::warn!(%reason, "rate limiter failed; {policy}"),
                 Some(held) => tracing::warn!(
                     %reason,
@@ -297,12 +299,11 @@ pub(crate) fn conclude(
                 None => tracing::debug!(%reason, "rate limiter failed; {policy}"),
             }
             if closed {
-                return Conclusion::Answer(error_response(
+                return Conclusion::Answer(shared.answers.error(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "UNAVAILABLE",
                     "rate limiter unavailable",
                     grpc,
-                    shared.body,
                 ));
             }
             Conclusion::Call(None, None)

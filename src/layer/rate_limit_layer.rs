@@ -2,41 +2,23 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
 use tower_layer::Layer;
 
-use super::extract::ClientIp;
+use super::extract::{ClientIp, Exemptions};
+use super::failure::{FailurePolicy, Fallback, OnFailure};
 use super::observe::{RuleMetrics, WarnGate};
-use super::response::{self, Denial, ErrorBody, FieldStyle};
-use super::rule::{ResolvedRule, Rule};
+use super::outcome::Shared;
+use super::response::{self, Answers, Denial, DenialFn, ErrorBody, FieldStyle};
+use super::rule::{ResolvedRule, Rule, Rules};
 use super::service::RateLimitService;
+use super::settle::Settler;
+use super::wait::Waiting;
 use crate::limiter::Limiter;
 use ipnet::IpNet;
-
-/// What to do when the backend fails or does not answer within the timeout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FailurePolicy {
-    /// Let the request through and log a warning (the default: a rate limiter outage should not
-    /// become a service outage).
-    #[default]
-    FailOpen,
-    /// Answer `503 Service Unavailable` with a JSON body.
-    FailClosed,
-    /// Decide with an in-memory limiter of this instance, at `percent` (1 to 100) of every
-    /// limit's rate and burst: an outage neither opens the gates nor closes the shop. With N
-    /// instances, `100 / N` keeps the whole fleet near the configured limits. Buckets start
-    /// full when the fallback begins, and what it spends is not carried back to the store.
-    FallbackToMemory {
-        /// The share of each limit every instance grants on its own, from 1 to 100.
-        percent: u8,
-    },
-}
-
-type DenialFn = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
 
 /// Why a layer could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,68 +46,6 @@ pub enum LayerError {
     /// not scale).
     #[error("in-memory fallback: {0}")]
     Fallback(String),
-}
-
-/// The in-memory limiter of `FailurePolicy::FallbackToMemory`: the main limiter's limits at
-/// `percent`, scaled again after each reload.
-pub(crate) struct Fallback {
-    percent: u8,
-    limiter: Limiter,
-    /// The main limiter's generation the scaled limits were made from.
-    generation: AtomicU64,
-}
-
-impl Fallback {
-    /// The fallback limiter, following a reload of `main` first if there was one.
-    pub(crate) fn limiter(&self, main: &Limiter) -> &Limiter {
-        let current = main.generation();
-        if self.generation.load(Ordering::Acquire) != current {
-            self.generation.store(current, Ordering::Release);
-            match main.limits().scaled(self.percent) {
-                Ok(scaled) => {
-                    if let Err(e) = self.limiter.reload(scaled) {
-                        tracing::warn!(error = %e, "in-memory fallback keeps its previous limits");
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "reloaded limits do not scale; the in-memory fallback keeps its previous limits");
-                }
-            }
-        }
-        &self.limiter
-    }
-}
-
-pub(crate) struct Shared {
-    pub(crate) limiter: Limiter,
-    pub(crate) fallback: Option<Fallback>,
-    pub(crate) rules: Vec<ResolvedRule>,
-    pub(crate) log_ids: bool,
-    /// Backend failure warnings: one per 10 s at most.
-    pub(crate) warn_gate: WarnGate,
-    pub(crate) timeout: Duration,
-    pub(crate) failure: FailurePolicy,
-    pub(crate) fields: FieldStyle,
-    pub(crate) body: ErrorBody,
-    pub(crate) on_denied: Option<DenialFn>,
-    /// Some rule settles its cost from the response ([`Rule::settle`]).
-    pub(crate) settles: bool,
-    /// Some rule waits instead of rejecting ([`Rule::wait`]).
-    pub(crate) waits: bool,
-    /// Clients whose address (found by the `ClientIp`) is in one of these bypass every rule.
-    pub(crate) exempt: Option<(ClientIp, Vec<IpNet>)>,
-}
-
-impl Shared {
-    /// Whether the request comes from an exempt address.
-    pub(crate) fn exempt(&self, parts: &http::request::Parts) -> bool {
-        let Some((client, nets)) = &self.exempt else {
-            return false;
-        };
-        client
-            .client_ip(parts)
-            .is_ok_and(|ip| nets.iter().any(|n| n.contains(&ip)))
-    }
 }
 
 /// Builds a [`RateLimitLayer`].
@@ -259,10 +179,10 @@ impl RateLimitLayerBuilder {
                     )));
                 }
             }
-            let policy = limits
-                .default_limit(name)
-                .and_then(|q| q.as_gcra().copied())
-                .map(|l| (l, response::policy_value(&rule.name, &l)));
+            let policy = limits.default_limit(name).and_then(|q| {
+                let value = response::policy_value(&rule.name, q)?;
+                Some((q.clone(), value))
+            });
             let shadow = self.shadow || rule.shadow;
             let mode = if shadow {
                 rule.mode.shadowed()
@@ -276,7 +196,7 @@ impl RateLimitLayerBuilder {
                 mode,
                 rule,
                 policy,
-                waiting: Default::default(),
+                waiting: Waiting::new(name),
             });
         }
         for r in &rules {
@@ -292,31 +212,42 @@ impl RateLimitLayerBuilder {
                 let scaled = limits
                     .scaled(percent)
                     .map_err(|e| LayerError::Fallback(e.to_string()))?;
-                Some(Fallback {
-                    percent,
-                    limiter: Limiter::new(scaled, crate::backend::MemoryBackend::new()),
-                    generation: AtomicU64::new(self.limiter.generation()),
-                })
+                Some(Fallback::new(percent, scaled, self.limiter.generation()))
             }
             _ => None,
         };
         let settles = rules.iter().any(|r| r.rule.settle.is_some());
         let waits = rules.iter().any(|r| r.rule.wait.is_some());
+        // One gate for the warnings of store failures, on requests and on settles alike.
+        let warn_gate = Arc::new(WarnGate::new(Duration::from_secs(10)));
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
-                settles,
-                waits,
-                fallback,
+                settler: Settler {
+                    limiter: self.limiter.clone(),
+                    timeout: self.timeout,
+                    warn_gate: warn_gate.clone(),
+                },
                 limiter: self.limiter,
-                rules,
-                log_ids: self.log_ids,
-                warn_gate: WarnGate::new(Duration::from_secs(10)),
-                timeout: self.timeout,
-                failure: self.failure,
-                fields: self.fields,
-                body: self.body,
-                exempt: self.exempt,
-                on_denied: self.on_denied,
+                rules: Rules {
+                    list: rules,
+                    settles,
+                    waits,
+                    log_ids: self.log_ids,
+                },
+                failure: OnFailure {
+                    policy: self.failure,
+                    fallback,
+                    timeout: self.timeout,
+                    warn_gate,
+                },
+                answers: Answers {
+                    fields: self.fields,
+                    body: self.body,
+                    on_denied: self.on_denied,
+                },
+                exempt: self
+                    .exempt
+                    .map(|(client, nets)| Exemptions { client, nets }),
             }),
         })
     }
@@ -331,7 +262,7 @@ pub struct RateLimitLayer {
 impl fmt::Debug for RateLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("rules", &self.shared.rules.len())
+            .field("rules", &self.shared.rules.list.len())
             .finish_non_exhaustive()
     }
 }

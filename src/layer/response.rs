@@ -1,12 +1,12 @@
 //! What a client sees: `429 Too Many Requests` with `Retry-After`, the IETF `RateLimit` and
 //! `RateLimit-Policy` fields and a JSON body; gRPC clients get `RESOURCE_EXHAUSTED`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use smallvec::SmallVec;
 
-use crate::algo::gcra::Limit;
 use crate::quota::Quota;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, Response, StatusCode};
@@ -114,6 +114,39 @@ impl ErrorBody {
     }
 }
 
+/// A user's own denial response ([`RateLimitLayerBuilder::denied_response`](crate::RateLimitLayerBuilder::denied_response)).
+pub(crate) type DenialFn = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
+
+/// How a layer answers: the fields it writes, the bodies of its own answers, and a user's own
+/// denial response, if any.
+pub(crate) struct Answers {
+    pub(crate) fields: FieldStyle,
+    pub(crate) body: ErrorBody,
+    pub(crate) on_denied: Option<DenialFn>,
+}
+
+impl Answers {
+    /// The answer to a denied batch.
+    pub(crate) fn denied(&self, batch: &BatchDecision, grpc: bool) -> Response<Bytes> {
+        let denial = Denial::new(batch, grpc, self.fields, self.body);
+        match &self.on_denied {
+            Some(f) => f(&denial),
+            None => denial.default_response(),
+        }
+    }
+
+    /// An error the middleware writes (not a rate limit).
+    pub(crate) fn error(
+        &self,
+        status: StatusCode,
+        code: &str,
+        message: &str,
+        grpc: bool,
+    ) -> Response<Bytes> {
+        error_response(status, code, message, grpc, self.body)
+    }
+}
+
 /// Whole seconds, rounded up.
 pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
@@ -172,12 +205,15 @@ fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
     owned_value(buf)
 }
 
-/// The `RateLimit-Policy` value of a limit: `q` is the burst (the most tokens held, so `r`
-/// never exceeds it) and `w` the seconds the bucket takes to refill from empty (the burst
-/// offset, rounded up).
-pub fn policy_value(name: &str, limit: &crate::algo::gcra::Limit) -> HeaderValue {
-    let window = ceil_secs(Duration::from_micros(limit.burst_offset_us()));
-    sf_item(name, b'q', limit.burst(), b'w', window)
+/// The `RateLimit-Policy` value of a GCRA limit, computed once when a layer is built: `q` is
+/// the burst (the most tokens held, so `r` never exceeds it) and `w` the seconds the bucket
+/// takes to refill from empty (the burst offset, rounded up); `None` for another shape.
+pub(crate) fn policy_value(name: &str, quota: &Quota) -> Option<HeaderValue> {
+    let Quota::Gcra(limit) = quota else {
+        return None;
+    };
+    let window = ceil_secs_us(limit.burst_offset_us());
+    Some(sf_item(name, b'q', limit.burst(), b'w', window))
 }
 
 /// Whole seconds of a time in microseconds, rounded up.
@@ -186,34 +222,20 @@ fn ceil_secs_us(us: u64) -> u64 {
 }
 
 /// The draft-11 effective window of a decision, in microseconds: the time within which the
-/// client can use no more than `r` units. For GCRA, [`gcra_window_us`]. For a tiered limit: on
+/// client can use no more than `r` units. For GCRA, `Limit::window_us`. For a tiered limit: on
 /// a denial, the wait before the request passes; else the time until the serving tier is fresh
 /// (a client whose tier is used up may still burst into the next one, so `r` is not a ceiling
 /// there).
 fn effective_window_us(d: &Decision) -> u64 {
     let micros = crate::time::duration_us;
     match &d.limit {
-        Some(Quota::Gcra(l)) => gcra_window_us(l, micros(d.reset_after), d.remaining),
+        Some(Quota::Gcra(l)) => l.window_us(micros(d.reset_after), d.remaining),
         Some(Quota::Tiered(_)) if !d.allowed => micros(d.retry_after),
         Some(Quota::Tiered(_)) => micros(d.reset_after),
         // Slots in flight: a denial's hint, else nothing to wait for.
         Some(Quota::Concurrency(_)) => micros(d.retry_after),
         None => 0,
     }
-}
-
-/// The effective window of a GCRA bucket that is full again in `reset_after_us` and holds
-/// `remaining` units: the time until one more unit is available, `ahead + (r + 1)·EI − BO`
-/// (with `r = 0`, the wait before a request of cost 1 passes; on a full bucket, one emission
-/// interval). The one window function.
-fn gcra_window_us(limit: &Limit, reset_after_us: u64, remaining: u64) -> u64 {
-    reset_after_us
-        .saturating_add(
-            remaining
-                .saturating_add(1)
-                .saturating_mul(limit.emission_interval_us()),
-        )
-        .saturating_sub(limit.burst_offset_us())
 }
 
 /// The `q` and `w` of a decision's `RateLimit-Policy` member, and its legacy

@@ -8,14 +8,17 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Response, StatusCode};
 
+use std::time::Duration;
+
 use super::extract::KeyExtractor;
 use super::observe::{RuleMetrics, RuleOutcome};
-use super::rate_limit_layer::Shared;
-use super::response;
-use crate::backend::Mode;
+use super::response::{self, ErrorBody};
+use super::settle::{Reservations, Reserved};
+use super::wait::{WaitPermit, Waiting};
 use crate::config::Limits;
 use crate::key::{BucketKey, LimitName};
-use crate::limiter::Transaction;
+use crate::limiter::{BatchDecision, Decision, Transaction};
+use crate::mode::Mode;
 
 /// What to do when a rule's extractor finds no id (e.g. no account header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,9 +249,9 @@ pub(crate) struct ResolvedRule {
     /// The mode its transactions are sent in (shadowed when `shadow`).
     pub(crate) mode: Mode,
     /// The default limit and its `RateLimit-Policy` value, computed once.
-    pub(crate) policy: Option<(crate::algo::gcra::Limit, http::HeaderValue)>,
+    pub(crate) policy: Option<(crate::quota::Quota, http::HeaderValue)>,
     /// Requests of this rule waiting now ([`Rule::wait`]).
-    pub(crate) waiting: std::sync::atomic::AtomicUsize,
+    pub(crate) waiting: Arc<Waiting>,
 }
 
 impl ResolvedRule {
@@ -267,23 +270,14 @@ impl ResolvedRule {
     }
 }
 
-impl Shared {
-    /// The precomputed `RateLimit-Policy` of a decision's limit, when it is its default.
-    pub(crate) fn cached_policy(&self, d: &crate::limiter::Decision) -> Option<http::HeaderValue> {
-        let rule = self.rules.iter().find(|r| r.name == d.key.name())?;
-        let limit = d.limit.as_ref()?;
-        rule.is_default(limit)
-            .then(|| rule.policy.as_ref().map(|(_, v)| v.clone()))
-            .flatten()
-    }
-}
-
 impl ResolvedRule {
     /// Whether `limit` is the rule's default limit, whose `RateLimit-Policy` member was
     /// computed when the layer was built.
     #[inline(always)]
     fn is_default(&self, limit: &crate::quota::Quota) -> bool {
-        matches!((&self.policy, limit.as_gcra()), (Some((default, _)), Some(l)) if default == l)
+        self.policy
+            .as_ref()
+            .is_some_and(|(default, _)| default == limit)
     }
 }
 
@@ -296,12 +290,157 @@ pub(crate) enum Prepared {
     Reject(Response<Bytes>),
 }
 
-impl Shared {
+/// A layer's rules, resolved when it was built, with what the rest of the layer asks of them.
+pub(crate) struct Rules {
+    pub(crate) list: Vec<ResolvedRule>,
+    /// Some rule settles its cost from the response ([`Rule::settle`]).
+    pub(crate) settles: bool,
+    /// Some rule waits instead of rejecting ([`Rule::wait`]).
+    pub(crate) waits: bool,
+    /// Decision events carry the id.
+    pub(crate) log_ids: bool,
+}
+
+impl Rules {
+    /// The rule of a limit.
+    fn of(&self, name: LimitName) -> Option<&ResolvedRule> {
+        self.list.iter().find(|r| r.name == name)
+    }
+
+    /// The precomputed `RateLimit-Policy` of a decision's limit, when it is its default.
+    pub(crate) fn cached_policy(&self, d: &Decision) -> Option<http::HeaderValue> {
+        let rule = self.of(d.key.name())?;
+        let limit = d.limit.as_ref()?;
+        rule.is_default(limit)
+            .then(|| rule.policy.as_ref().map(|(_, v)| v.clone()))
+            .flatten()
+    }
+
+    /// Counts and traces every decision of a batch.
+    pub(crate) fn observe(&self, batch: &BatchDecision) {
+        for d in batch.decisions() {
+            let Some(rule) = self.of(d.name) else {
+                continue;
+            };
+            let outcome = RuleOutcome::of(d, rule.shadow);
+            rule.metrics.count(outcome);
+            super::observe::trace_decision(d, outcome, self.log_ids);
+        }
+    }
+
+    /// Counts every rule of a request that did not get a decision of its own.
+    pub(crate) fn count(&self, txs: &[Transaction], outcome: RuleOutcome) {
+        for tx in txs {
+            if let Some(rule) = self.of(tx.key().name()) {
+                rule.metrics.count(outcome);
+            }
+        }
+    }
+
+    /// Counts a rule's outcome.
+    pub(crate) fn count_one(&self, name: LimitName, outcome: RuleOutcome) {
+        if let Some(rule) = self.of(name) {
+            rule.metrics.count(outcome);
+        }
+    }
+
+    /// The buckets of an allowed batch whose rules settle from the head (`on_body == false`)
+    /// or from the body: allowed, evaluated, spending, enabled decisions only (a shadowed rule
+    /// that would deny spent nothing and settles nothing).
+    pub(crate) fn reservations(&self, batch: &BatchDecision, on_body: bool) -> Reservations {
+        let mut out = Reservations::new();
+        for d in batch.decisions() {
+            let Some(limit) = &d.limit else { continue };
+            // A slot in flight is given back when the request ends, never settled.
+            if !d.allowed || d.skipped || !d.mode.spends() || limit.as_concurrency().is_some() {
+                continue;
+            }
+            let Some(settle) = self.of(d.name).and_then(|r| r.rule.settle.as_ref()) else {
+                continue;
+            };
+            if settle.on_body() == on_body {
+                out.push(Reserved::new(
+                    settle.clone(),
+                    d.key.clone(),
+                    d.granted,
+                    limit.max_cost(),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Whether a denied `batch` waits, and how long: every counting rule that denied has a
+    /// [`Wait`](super::Wait), the batch's `retry_after` (its strictest denial's, the longest)
+    /// is above zero and within what is left of each such rule's bound (`since`: the request's
+    /// first denial), and the strictest rule has room for one more waiting request. The place
+    /// is taken (or kept: `held`, from an earlier wait of the same request) and returned with
+    /// the wait. The one home of the waiting rule in the layer.
+    pub(crate) fn wait_for(
+        &self,
+        batch: &BatchDecision,
+        since: Option<tokio::time::Instant>,
+        held: Option<WaitPermit>,
+    ) -> Option<(Duration, WaitPermit)> {
+        let strictest = batch.strictest()?;
+        let delay = strictest.retry_after;
+        // Sleeping needs tokio's timer; with no runtime the request is refused as before.
+        if strictest.allowed || delay.is_zero() || tokio::runtime::Handle::try_current().is_err() {
+            return None;
+        }
+        let waited = since.map_or(Duration::ZERO, |s| s.elapsed());
+        let mut rule_of_strictest = None;
+        for d in batch.decisions() {
+            if d.allowed || !d.counts() {
+                continue;
+            }
+            // A slot frees when a request ends, which no wait can know: never waited for.
+            if d.limit
+                .as_ref()
+                .is_some_and(|l| l.as_concurrency().is_some())
+            {
+                return None;
+            }
+            let rule = self.of(d.name)?;
+            let wait = rule.rule.wait?;
+            if !crate::limiter::may_wait(waited, delay, wait.up_to) {
+                crate::telemetry::wait_refused(d.name, "too_long");
+                return None;
+            }
+            if std::ptr::eq(d, strictest) {
+                rule_of_strictest = Some((rule, wait));
+            }
+        }
+        let (rule, wait) = rule_of_strictest?;
+        if let Some(permit) = held.filter(|p| p.is_among(&rule.waiting)) {
+            crate::telemetry::waited(strictest.name);
+            return Some((delay, permit));
+        }
+        match rule.waiting.take(wait.max_waiting) {
+            Some(permit) => {
+                crate::telemetry::waited(strictest.name);
+                Some((delay, permit))
+            }
+            None => {
+                crate::telemetry::wait_refused(strictest.name, "full");
+                None
+            }
+        }
+    }
+}
+
+impl Rules {
     /// The rules' transactions for a request, under `limits` (the snapshot the request is
-    /// decided under: a rule's id kind comes from it).
-    pub(crate) fn prepare(&self, limits: &Limits, parts: &Parts, grpc: bool) -> Prepared {
+    /// decided under: a rule's id kind comes from it); a rejection is written as `body` says.
+    pub(crate) fn prepare(
+        &self,
+        limits: &Limits,
+        parts: &Parts,
+        grpc: bool,
+        body: ErrorBody,
+    ) -> Prepared {
         let mut txs = Txs::new();
-        for r in &self.rules {
+        for r in &self.list {
             if !r.applies(parts) {
                 continue;
             }
@@ -314,7 +453,7 @@ impl Shared {
                     &response::error_code(status),
                     message,
                     grpc,
-                    self.body,
+                    body,
                 ))
             };
             let id = match r.rule.extractor.extract(parts) {

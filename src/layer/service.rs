@@ -9,8 +9,7 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::future::ResponseFuture;
-use super::outcome::{Decided, Road, Waited, conclude, road};
-use super::rate_limit_layer::Shared;
+use super::outcome::{Decided, Road, Shared, Waited, conclude, road};
 use super::response::is_grpc;
 
 /// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer).
@@ -60,7 +59,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         let (parts, body) = req.into_parts();
-        if shared.exempt(&parts) {
+        if shared.exempt.as_ref().is_some_and(|e| e.cover(&parts)) {
             super::observe::count_request("exempt");
             let future = inner.call(Request::from_parts(parts, body));
             return ResponseFuture::calling(shared, future, None);

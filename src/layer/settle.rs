@@ -12,10 +12,12 @@ use std::task::{Context, Poll};
 use http::HeaderName;
 use http::response::Parts;
 
-use super::rate_limit_layer::Shared;
-use crate::backend::Mode;
+use std::time::Duration;
+
+use super::observe::WarnGate;
 use crate::key::BucketKey;
-use crate::limiter::{BatchDecision, Decision, Transaction};
+use crate::limiter::{BatchDecision, Decision, Limiter, Transaction};
+use crate::mode::Mode;
 
 type HeadFn = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
 
@@ -150,7 +152,7 @@ impl Settle {
     }
 
     /// Whether the true cost comes from the body (settled when it ends).
-    fn on_body(&self) -> bool {
+    pub(crate) fn on_body(&self) -> bool {
         matches!(self.source, Source::BodyBytes { .. } | Source::Trailer(_))
     }
 
@@ -197,8 +199,8 @@ impl Adjust {
 
 /// One bucket a request was charged on, waiting for its true cost.
 pub(crate) struct Reserved {
-    /// Index of the rule in the layer.
-    rule: usize,
+    /// Where its rule finds the true cost.
+    settle: Settle,
     key: BucketKey,
     /// Units charged up front.
     reserved: u64,
@@ -206,43 +208,26 @@ pub(crate) struct Reserved {
     max_cost: u64,
 }
 
-type Reservations = smallvec::SmallVec<[Reserved; 1]>;
-
-impl Shared {
-    /// The buckets of an allowed batch whose rules settle from the head (`on_body == false`)
-    /// or from the body: allowed, evaluated, spending, enabled decisions only (a shadowed rule
-    /// that would deny spent nothing and settles nothing).
-    fn reservations(&self, batch: &BatchDecision, on_body: bool) -> Reservations {
-        let mut out = Reservations::new();
-        for d in batch.decisions() {
-            let Some(limit) = &d.limit else { continue };
-            // A slot in flight is given back when the request ends, never settled.
-            if !d.allowed || d.skipped || !d.mode.spends() || limit.as_concurrency().is_some() {
-                continue;
-            }
-            let Some(rule) = self.rules.iter().position(|r| r.name == d.name) else {
-                continue;
-            };
-            if self.rules[rule]
-                .rule
-                .settle
-                .as_ref()
-                .is_some_and(|s| s.on_body() == on_body)
-            {
-                out.push(Reserved {
-                    rule,
-                    key: d.key.clone(),
-                    reserved: d.granted,
-                    max_cost: limit.max_cost(),
-                });
-            }
+impl Reserved {
+    pub(crate) fn new(settle: Settle, key: BucketKey, reserved: u64, max_cost: u64) -> Self {
+        Self {
+            settle,
+            key,
+            reserved,
+            max_cost,
         }
-        out
     }
+}
 
-    fn settle_of(&self, r: &Reserved) -> Option<&Settle> {
-        self.rules.get(r.rule)?.rule.settle.as_ref()
-    }
+pub(crate) type Reservations = smallvec::SmallVec<[Reserved; 1]>;
+
+/// What settling needs of the layer: the limiter, the backend timeout, and the gate that lets
+/// one warning through per interval (shared with the failure policy's warnings).
+#[derive(Clone)]
+pub(crate) struct Settler {
+    pub(crate) limiter: Limiter,
+    pub(crate) timeout: Duration,
+    pub(crate) warn_gate: Arc<WarnGate>,
 }
 
 /// A settle under way: spawned on the runtime (it completes even if the request goes away), or
@@ -275,7 +260,7 @@ impl Future for Task {
 
 /// Starts settling `work` (reservations with their true costs); `None` when nothing needs the
 /// store (every estimate exact or kept).
-fn start(shared: &Arc<Shared>, work: Vec<(Reserved, Option<u64>)>) -> Option<Task> {
+fn start(settler: &Settler, work: Vec<(Reserved, Option<u64>)>) -> Option<Task> {
     let mut refunds = Vec::new();
     let mut charges = Vec::new();
     for (r, actual) in work {
@@ -297,7 +282,7 @@ fn start(shared: &Arc<Shared>, work: Vec<(Reserved, Option<u64>)>) -> Option<Tas
     if refunds.is_empty() && charges.is_empty() {
         return None;
     }
-    let future = run(shared.clone(), refunds, charges);
+    let future = run(settler.clone(), refunds, charges);
     Some(match tokio::runtime::Handle::try_current() {
         Ok(runtime) => Task::Spawned(runtime.spawn(future)),
         Err(_) => Task::Inline(Box::pin(future)),
@@ -307,24 +292,24 @@ fn start(shared: &Arc<Shared>, work: Vec<(Reserved, Option<u64>)>) -> Option<Tas
 /// Refunds and charges (one backend call each, when there are any), counted; returns the
 /// buckets' new states.
 async fn run(
-    shared: Arc<Shared>,
+    settler: Settler,
     refunds: Vec<Transaction>,
     charges: Vec<Transaction>,
 ) -> Vec<Decision> {
     let mut states = Vec::with_capacity(refunds.len() + charges.len());
     if !refunds.is_empty() {
-        match within(&shared, shared.limiter.refund(&refunds)).await {
+        match within(settler.timeout, settler.limiter.refund(&refunds)).await {
             Ok(batch) => {
                 for (d, t) in batch.into_decisions().into_iter().zip(&refunds) {
                     crate::telemetry::settled(d.name, "refunded", t.cost_or(0));
                     states.push(d);
                 }
             }
-            Err(reason) => failed(&shared, &refunds, &reason),
+            Err(reason) => failed(&settler.warn_gate, &refunds, &reason),
         }
     }
     if !charges.is_empty() {
-        match within(&shared, shared.limiter.spend(&charges)).await {
+        match within(settler.timeout, settler.limiter.spend(&charges)).await {
             Ok(batch) => {
                 // Decisions come in the order of the transactions.
                 for (d, t) in batch.into_decisions().into_iter().zip(&charges) {
@@ -333,7 +318,7 @@ async fn run(
                     states.push(d);
                 }
             }
-            Err(reason) => failed(&shared, &charges, &reason),
+            Err(reason) => failed(&settler.warn_gate, &charges, &reason),
         }
     }
     states
@@ -341,23 +326,23 @@ async fn run(
 
 /// `f` within the layer's backend timeout.
 async fn within<T>(
-    shared: &Shared,
+    timeout: Duration,
     f: impl Future<Output = Result<T, crate::LimiterError>>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(shared.timeout, f).await {
+    match tokio::time::timeout(timeout, f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {:?}", shared.timeout)),
+        Err(_) => Err(format!("no answer within {timeout:?}")),
     }
 }
 
 /// A settle the store could not apply: the estimates stand.
-fn failed(shared: &Shared, txs: &[Transaction], reason: &str) {
+fn failed(warn_gate: &WarnGate, txs: &[Transaction], reason: &str) {
     for t in txs {
         crate::telemetry::settled(t.key().name(), "failed", 0);
     }
     // The failure policy does not apply: the response is already out.
-    match shared.warn_gate.admit() {
+    match warn_gate.admit() {
         Some(_) => {
             tracing::warn!(%reason, "rate limit settle failed; the estimated costs stand")
         }
@@ -367,23 +352,18 @@ fn failed(shared: &Shared, txs: &[Transaction], reason: &str) {
 
 /// Starts settling the head-settled rules of an allowed batch from the response head; `None`
 /// when there is nothing to send to the store.
-pub(crate) fn settle_head(
-    shared: &Arc<Shared>,
-    batch: &BatchDecision,
-    head: &Parts,
-) -> Option<Task> {
-    let work: Vec<(Reserved, Option<u64>)> = shared
-        .reservations(batch, false)
+pub(crate) fn settle_head(settler: &Settler, reserved: Reservations, head: &Parts) -> Option<Task> {
+    let work: Vec<(Reserved, Option<u64>)> = reserved
         .into_iter()
         .map(|r| {
-            let actual = shared.settle_of(&r).and_then(|s| s.cost_in_head(head));
+            let actual = r.settle.cost_in_head(head);
             (r, actual)
         })
         .collect();
     if work.is_empty() {
         return None;
     }
-    start(shared, work)
+    start(settler, work)
 }
 
 /// Brings the settled buckets' states into the batch whose `RateLimit` fields the response is
@@ -394,7 +374,7 @@ pub(crate) fn merge(batch: &mut BatchDecision, settled: Vec<Decision>) {
 
 /// The body-settled rules of a request: counts the body's bytes and settles when it ends.
 pub(crate) struct BodySettle {
-    shared: Arc<Shared>,
+    settler: Settler,
     pending: Reservations,
     bytes: u64,
     /// The settle under way, and the frame held back until it is done (the trailers, or `None`
@@ -415,12 +395,11 @@ impl std::fmt::Debug for BodySettle {
 }
 
 impl BodySettle {
-    /// The body-settled rules of an allowed batch; `None` when it has none.
-    pub(crate) fn of(shared: &Arc<Shared>, batch: &BatchDecision) -> Option<Box<Self>> {
-        let pending = shared.reservations(batch, true);
+    /// The body-settled reservations of a request (`pending`); `None` when it has none.
+    pub(crate) fn of(settler: &Settler, pending: Reservations) -> Option<Box<Self>> {
         (!pending.is_empty()).then(|| {
             Box::new(Self {
-                shared: shared.clone(),
+                settler: settler.clone(),
                 pending,
                 bytes: 0,
                 task: None,
@@ -442,17 +421,14 @@ impl BodySettle {
         let work: Vec<(Reserved, Option<u64>)> = std::mem::take(&mut self.pending)
             .into_iter()
             .map(|r| {
-                let actual = self
-                    .shared
-                    .settle_of(&r)
-                    .and_then(|s| s.cost_in_body(bytes, trailers));
+                let actual = r.settle.cost_in_body(bytes, trailers);
                 (r, actual)
             })
             .collect();
         if work.is_empty() {
             return None;
         }
-        start(&self.shared, work)
+        start(&self.settler, work)
     }
 }
 

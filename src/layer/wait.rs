@@ -1,15 +1,12 @@
 //! Wait instead of reject: a request that would be denied, whose wait is short enough, sleeps
-//! exactly that wait and is decided again. The rule of when a request waits lives here, once
-//! (`Shared::wait_for`); the response future only sleeps.
+//! exactly that wait and is decided again. The rule of when a request waits lives once, in
+//! `Rules::wait_for` (`rule.rs`), which takes places here; the response future only sleeps.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use super::rate_limit_layer::Shared;
-use crate::limiter::BatchDecision;
+use crate::key::LimitName;
 
 /// The default cap on requests waiting at once for one rule.
 const DEFAULT_MAX_WAITING: usize = 1024;
@@ -67,91 +64,55 @@ impl Wait {
     }
 }
 
+/// A rule's waiting requests: how many wait now, counted against its [`Wait::max_waiting`].
+pub(crate) struct Waiting {
+    name: LimitName,
+    count: AtomicUsize,
+}
+
+impl Waiting {
+    pub(crate) fn new(name: LimitName) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            count: AtomicUsize::new(0),
+        })
+    }
+
+    /// A place among the rule's waiting requests, when fewer than `max` wait.
+    pub(crate) fn take(self: &Arc<Self>, max: usize) -> Option<WaitPermit> {
+        let before = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        crate::telemetry::waiting(self.name, before + 1);
+        Some(WaitPermit {
+            places: self.clone(),
+        })
+    }
+}
+
 /// A place among a rule's waiting requests, given back when dropped (the request was decided
 /// again, answered, or went away).
 pub(crate) struct WaitPermit {
-    shared: Arc<Shared>,
-    rule: usize,
+    places: Arc<Waiting>,
+}
+
+impl WaitPermit {
+    /// Whether this is a place among `places`.
+    pub(crate) fn is_among(&self, places: &Arc<Waiting>) -> bool {
+        Arc::ptr_eq(&self.places, places)
+    }
 }
 
 impl Drop for WaitPermit {
     fn drop(&mut self) {
-        if let Some(r) = self.shared.rules.get(self.rule) {
-            let left = r.waiting.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
-            crate::telemetry::waiting(r.name, left);
-        }
-    }
-}
-
-impl Shared {
-    /// Whether a denied `batch` waits, and how long: every counting rule that denied has a
-    /// [`Wait`], the batch's `retry_after` (its strictest denial's, the longest) is above zero
-    /// and within what is left of each such rule's bound (`since`: the request's first
-    /// denial), and the strictest rule has room for one more waiting request. The place is
-    /// taken (or kept: `held`, from an earlier wait of the same request) and returned with the
-    /// wait.
-    pub(crate) fn wait_for(
-        self: &Arc<Self>,
-        batch: &BatchDecision,
-        since: Option<Instant>,
-        held: Option<WaitPermit>,
-    ) -> Option<(Duration, WaitPermit)> {
-        let strictest = batch.strictest()?;
-        let delay = strictest.retry_after;
-        // Sleeping needs tokio's timer; with no runtime the request is refused as before.
-        if strictest.allowed || delay.is_zero() || tokio::runtime::Handle::try_current().is_err() {
-            return None;
-        }
-        let waited = since.map_or(Duration::ZERO, |s| s.elapsed());
-        let mut rule_of_strictest = None;
-        for d in batch.decisions() {
-            if d.allowed || !d.counts() {
-                continue;
-            }
-            // A slot frees when a request ends, which no wait can know: never waited for.
-            if d.limit
-                .as_ref()
-                .is_some_and(|l| l.as_concurrency().is_some())
-            {
-                return None;
-            }
-            let i = self.rules.iter().position(|r| r.name == d.name)?;
-            let wait = self.rules[i].rule.wait?;
-            if !crate::limiter::may_wait(waited, delay, wait.up_to) {
-                crate::telemetry::wait_refused(d.name, "too_long");
-                return None;
-            }
-            if std::ptr::eq(d, strictest) {
-                rule_of_strictest = Some((i, wait));
-            }
-        }
-        let (rule, wait) = rule_of_strictest?;
-        if let Some(permit) = held.filter(|p| p.rule == rule) {
-            crate::telemetry::waited(strictest.name);
-            return Some((delay, permit));
-        }
-        let r = &self.rules[rule];
-        let taken = r
-            .waiting
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < wait.max_waiting).then_some(n + 1)
-            });
-        match taken {
-            Ok(before) => {
-                crate::telemetry::waited(strictest.name);
-                crate::telemetry::waiting(r.name, before + 1);
-                Some((
-                    delay,
-                    WaitPermit {
-                        shared: self.clone(),
-                        rule,
-                    },
-                ))
-            }
-            Err(_) => {
-                crate::telemetry::wait_refused(strictest.name, "full");
-                None
-            }
-        }
+        let left = self
+            .places
+            .count
+            .fetch_sub(1, Ordering::AcqRel)
+            .saturating_sub(1);
+        crate::telemetry::waiting(self.places.name, left);
     }
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::algo::concurrency::ConcurrencyLimit;
 use crate::algo::tiers::TierGrant;
-use crate::backend::Mode;
 use crate::key::{BucketKey, LimitName};
+use crate::mode::Mode;
 use crate::quota::Quota;
 
 /// The decision for one transaction.

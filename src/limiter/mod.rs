@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::{ArcSwap, Guard};
 
+use crate::backend::Outcome;
 use crate::backend::{Backend, BackendError, BucketTx, Outcomes, Spend, TransactionError};
-use crate::backend::{Mode, Outcome};
 use crate::config::{Limits, LimitsChange};
+use crate::mode::Mode;
 
 pub use decision::{BatchDecision, Decision, Lease};
 
@@ -287,6 +288,12 @@ impl Limiter {
     /// A limiter over `limits` storing state in `backend`.
     pub fn new(limits: Limits, backend: impl Backend) -> Self {
         Self::with_shared_backend(limits, Arc::new(backend))
+    }
+
+    /// A limiter over `limits` deciding in this process's memory (the layer's in-memory
+    /// fallback).
+    pub(crate) fn in_memory(limits: Limits) -> Self {
+        Self::new(limits, crate::backend::MemoryBackend::new())
     }
 
     /// A limiter over a backend shared with others.

@@ -1,8 +1,8 @@
 //! A transaction: one request against one bucket, with its cost and mode. Built by the
 //! caller; checked once, when the limiter resolves it.
 
-use crate::backend::Mode;
 use crate::key::BucketKey;
+use crate::mode::Mode;
 
 /// One request against one bucket: a key, a cost and a mode.
 ///
