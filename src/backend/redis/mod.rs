@@ -99,7 +99,7 @@ pub use setup::RedisSetupError;
 use connect::{Connection, Source};
 use deny_cache::DenyCache;
 use keys::{CONCURRENCY_SUFFIX, KeyBuf, TIERS_SUFFIX, redis_key};
-use script::{Call, Expiry, MAX_TIME_US, Op, RawChange, Reply, SCRIPT, ScriptReply};
+use script::{Call, Expiry, MAX_TIME_US, Op, RawChange, SCRIPT, ScriptReply};
 
 use super::{Backend, BackendError, BucketTx, Outcome, Outcomes, Spend, batch_allowed};
 use crate::algo::gcra::GcraError;
@@ -486,18 +486,7 @@ impl RedisBackend {
         let value = self
             .eval(slot, || (keys(), script::encode(call, lean, txs.clone())))
             .await?;
-        match script::decode(value, lean, txs.clone(), call)? {
-            Reply::Decided(reply) => Ok(reply),
-            Reply::InvalidState { index, reason } => {
-                let key = txs
-                    .clone()
-                    .nth(index)
-                    .map(|tx| self.script_key(tx))
-                    .and_then(|k| k.as_str().map(str::to_owned))
-                    .unwrap_or_else(|| "?".into());
-                Err(BackendError::InvalidState { key, reason })
-            }
-        }
+        script::decode(value, lean, txs.clone(), call)
     }
 
     /// Runs the script on one group of `batch` (one slot's keys).

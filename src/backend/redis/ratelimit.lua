@@ -47,12 +47,20 @@
 
 local LIMIT = 4503599627370496 -- 2^52: stored times and now stay below it
 
+-- The protocol's codes, from the one table in src/backend/redis/script.rs (`PROTOCOL`); a
+-- test there holds these lines to it, and no code below compares a kind, a mode or an op with
+-- a bare literal.
+local OP_LEAN_DEFAULTS, OP_LEAN, OP_COALESCED = 'g', 'G', 'M'
+local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
+local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY = 0, 1, 2, 3
+local MODE_CHECK_AND_SPEND, MODE_CHECK_ONLY, MODE_SPEND_ONLY, MODE_OBSERVE = 0, 1, 2, 3
+
 local n = #KEYS
 -- 'g' (the lean spend with the defaults) has no op and no head: two arguments per key.
-local op, now, margin, want_raw = 'g', -1, -1, false
+local op, now, margin, want_raw = OP_LEAN_DEFAULTS, -1, -1, false
 if #ARGV ~= 2 * n then
   op = ARGV[1]
-  if op ~= 'M' then
+  if op ~= OP_COALESCED then
     now = tonumber(ARGV[2])
     margin = tonumber(ARGV[3])
     want_raw = ARGV[4] == '1'
@@ -78,11 +86,11 @@ end
 -- their key counts (in KEYS order), then two fields per key as in 'g'. Batches are decided in
 -- order, each written before the next is read, as if they had been separate calls; the answer
 -- is one list, now then every key's TAT read.
-if op == 'g' or op == 'G' or op == 'M' then
+if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
   local first, per, batches, sizes = 5, 3, 1, 0
-  if op == 'g' then
+  if op == OP_LEAN_DEFAULTS then
     first, per = 1, 2
-  elseif op == 'M' then
+  elseif op == OP_COALESCED then
     batches = tonumber(ARGV[2])
     first, per, sizes = 3 + batches, 2, 2
   end
@@ -96,7 +104,7 @@ if op == 'g' or op == 'G' or op == 'M' then
       local a = first + (i - 1) * per
       local s = tonumber(redis.pcall('GET', KEYS[i]))
       if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0 then s = 0 end
-      local mode = 0
+      local mode = MODE_CHECK_AND_SPEND
       if per == 3 then mode = tonumber(ARGV[a + 2]) end
       local tat = s
       if tat < now then tat = now end
@@ -104,8 +112,9 @@ if op == 'g' or op == 'G' or op == 'M' then
       out[i + 1] = s
       out[n + 1 + i] = false
       if new_tat - ARGV[a + 1] > now then
-        if mode == 0 or mode == 1 then allowed = false end
-      elseif (mode == 0 or mode == 2) and new_tat > now and new_tat ~= s then
+        if mode == MODE_CHECK_AND_SPEND or mode == MODE_CHECK_ONLY then allowed = false end
+      elseif (mode == MODE_CHECK_AND_SPEND or mode == MODE_SPEND_ONLY) and new_tat > now
+        and new_tat ~= s then
         out[n + 1 + i] = new_tat
       end
     end
@@ -143,10 +152,10 @@ local function gcra_fits(stored, incr, bo)
 end
 
 -- Whether a transaction of this mode counts toward the batch (spend-only and observe do not).
-local function counts(mode) return mode == 0 or mode == 1 end
+local function counts(mode) return mode == MODE_CHECK_AND_SPEND or mode == MODE_CHECK_ONLY end
 
 -- Whether a transaction of this mode is written when allowed (check-only and observe are not).
-local function spends(mode) return mode == 0 or mode == 2 end
+local function spends(mode) return mode == MODE_CHECK_AND_SPEND or mode == MODE_SPEND_ONLY end
 
 -- Whether an allowed GCRA spend writes its new TAT (never one that does not spend, never a
 -- no-op).
@@ -235,7 +244,7 @@ local function gcra_refund(stored, ei, bo, burst, cost)
   return 1, tokens(now - (new_tat - bo), ei), new_tat - now, new_tat
 end
 
-if op == 'restore' then
+if op == OP_RESTORE then
   for i = 1, n do
     local b = 4 + (i - 1) * 3
     local written, before, ttl = ARGV[b + 1], ARGV[b + 2], tonumber(ARGV[b + 3])
@@ -258,22 +267,22 @@ local rec = {}
 local a = 5
 for i = 1, n do
   local kind = tonumber(ARGV[a])
-  if kind == 0 or kind == 2 then
+  if kind == KIND_GCRA or kind == KIND_RANGE then
     local cost = tonumber(ARGV[a + 4])
-    rec[i] = {kind = 0, ei = tonumber(ARGV[a + 1]), bo = tonumber(ARGV[a + 2]),
+    rec[i] = {kind = KIND_GCRA, ei = tonumber(ARGV[a + 1]), bo = tonumber(ARGV[a + 2]),
       burst = tonumber(ARGV[a + 3]), cost = cost, mode = tonumber(ARGV[a + 5]), min = cost}
     a = a + 6
-    if kind == 2 then
+    if kind == KIND_RANGE then
       rec[i].min = tonumber(ARGV[a])
       a = a + 1
     end
-  elseif kind == 3 then
-    rec[i] = {kind = 3, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
+  elseif kind == KIND_CONCURRENCY then
+    rec[i] = {kind = KIND_CONCURRENCY, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
       max = tonumber(ARGV[a + 3]), lease = tonumber(ARGV[a + 4]), retry = tonumber(ARGV[a + 5]),
       id = ARGV[a + 6]}
     a = a + 7
   else
-    local r = {kind = 1, mode = tonumber(ARGV[a + 1]), min = tonumber(ARGV[a + 2]),
+    local r = {kind = KIND_TIERED, mode = tonumber(ARGV[a + 1]), min = tonumber(ARGV[a + 2]),
       max = tonumber(ARGV[a + 3]), n = tonumber(ARGV[a + 4]), L = {}, W = {}, A = {}, C = {}}
     a = a + 5
     for j = 1, r.n do
@@ -334,9 +343,9 @@ local raws = {}
 local ttls = {}
 for i = 1, n do
   local r = rec[i]
-  if r.kind == 0 then
+  if r.kind == KIND_GCRA then
     stored[i] = read_tat(i)
-  elseif r.kind == 3 then
+  elseif r.kind == KIND_CONCURRENCY then
     -- The live leases (deadline after now): ended ones are dropped first, which changes no
     -- decision. A value that is not a sorted set is no lease at all (-1), and the first lease
     -- replaces it.
@@ -633,13 +642,13 @@ local function add_raw(i, before, after)
   end
 end
 
-if op == 'spend' then
+if op == OP_SPEND then
   local batch_allowed = true
   local writes = {}
   local plans = {}
   for i = 1, n do
     local r = rec[i]
-    if r.kind == 0 then
+    if r.kind == KIND_GCRA then
       local s = stored[i]
       local cost = r.cost
       if r.min < cost then cost = gcra_grant(s, r.ei, r.bo, r.min, cost) end
@@ -651,7 +660,7 @@ if op == 'spend' then
       elseif gcra_writes(r.mode, new_tat, s) then
         writes[i] = new_tat
       end
-    elseif r.kind == 3 then
+    elseif r.kind == KIND_CONCURRENCY then
       local ok, rem, retry = concurrency(r, stored[i])
       out[i] = {ok, rem, retry, retry, 0}
       if ok == 0 and counts(r.mode) then batch_allowed = false end
@@ -669,24 +678,24 @@ if op == 'spend' then
     local r = rec[i]
     local after = raws[i]
     if batch_allowed then
-      if r.kind == 0 and writes[i] then
+      if r.kind == KIND_GCRA and writes[i] then
         write_tat(KEYS[i], writes[i])
         out[i][5] = writes[i]
-      elseif r.kind == 3 and out[i][1] == 1 and spends(r.mode) and r.cost == 1
+      elseif r.kind == KIND_CONCURRENCY and out[i][1] == 1 and spends(r.mode) and r.cost == 1
           and r.id ~= '0' then
         take_lease(i, r)
-      elseif r.kind == 1 and plans[i] and spends(r.mode) then
+      elseif r.kind == KIND_TIERED and plans[i] and spends(r.mode) then
         if want_raw then ttls[i] = redis.call('PTTL', KEYS[i]) end
         apply(r, stored[i], plans[i])
         after = write_tiers(KEYS[i], r, stored[i])
       end
     end
-    if r.kind == 1 then add_raw(i, raws[i], after) end
+    if r.kind == KIND_TIERED then add_raw(i, raws[i], after) end
   end
-elseif op == 'refund' then
+elseif op == OP_REFUND then
   for i = 1, n do
     local r = rec[i]
-    if r.kind == 0 then
+    if r.kind == KIND_GCRA then
       local s = stored[i]
       local ok, rem, reset, new_tat = gcra_refund(s, r.ei, r.bo, r.burst, r.cost)
       out[i] = {ok, rem, 0, reset, s}
@@ -694,7 +703,7 @@ elseif op == 'refund' then
         write_tat(KEYS[i], new_tat)
         out[i][5] = new_tat
       end
-    elseif r.kind == 3 then
+    elseif r.kind == KIND_CONCURRENCY then
       -- A release: the lease's id leaves the set (ended leases already left it).
       local released, live = 0, 0
       if stored[i] >= 0 then
@@ -743,7 +752,7 @@ else
 end
 
 for i = 1, n do
-  if rec[i].kind == 0 and out[i][5] <= now then out[i][5] = 0 end
+  if rec[i].kind == KIND_GCRA and out[i][5] <= now then out[i][5] = 0 end
 end
 out[n + 1] = now
 return out

@@ -20,8 +20,9 @@
 //!
 //! The answer to `g` and `G`: now, then each key's stored TAT before the call (flat); the decisions are
 //! computed here from them, with `gcra::check` and the batch rule, exactly as the script
-//! decided. The other answers: one list per key, then now; or `{-1, key index, reason}` when a
-//! key holds something that is not a state of ours (nothing is then written).
+//! decided. The other answers: one list per key, then now. A key holding something that is not
+//! a state of ours is decided as a fresh bucket and replaced by the first write. The codes
+//! (kinds, modes, ops) are one table here, which a test holds the script's constants to.
 
 use fred::prelude::{Key, Value};
 
@@ -29,6 +30,64 @@ use crate::algo::gcra;
 use crate::algo::tiers::{MAX_TIERS, TierGrant};
 use crate::backend::{BackendError, BucketTx, Mode, Outcome, batch_allowed, gcra_write};
 use crate::quota::Quota;
+
+/// The protocol's codes: the record kinds, the modes and the ops, each by the name the
+/// script's constants carry (`local KIND_GCRA, ... = 0, ...` at the top of `ratelimit.lua`;
+/// the test below holds the script to this table, so a code changes in one place).
+const KIND_GCRA: i64 = 0;
+const KIND_TIERED: i64 = 1;
+const KIND_RANGE: i64 = 2;
+const KIND_CONCURRENCY: i64 = 3;
+const OP_LEAN: &str = "G";
+const OP_COALESCED: &str = "M";
+const OP_SPEND: &str = "spend";
+const OP_REFUND: &str = "refund";
+const OP_RESTORE: &str = "restore";
+
+/// A mode's code.
+const fn mode_number(mode: Mode) -> i64 {
+    match mode {
+        Mode::CheckAndSpend => 0,
+        Mode::CheckOnly => 1,
+        Mode::SpendOnly => 2,
+        Mode::Observe => 3,
+    }
+}
+
+/// Every code by its name in the script: numbers, and the ops' words.
+#[cfg(test)]
+const PROTOCOL: &[(&str, Code)] = &[
+    ("OP_LEAN_DEFAULTS", Code::Word("g")),
+    ("OP_LEAN", Code::Word(OP_LEAN)),
+    ("OP_COALESCED", Code::Word(OP_COALESCED)),
+    ("OP_SPEND", Code::Word(OP_SPEND)),
+    ("OP_REFUND", Code::Word(OP_REFUND)),
+    ("OP_RESTORE", Code::Word(OP_RESTORE)),
+    ("KIND_GCRA", Code::Number(KIND_GCRA)),
+    ("KIND_TIERED", Code::Number(KIND_TIERED)),
+    ("KIND_RANGE", Code::Number(KIND_RANGE)),
+    ("KIND_CONCURRENCY", Code::Number(KIND_CONCURRENCY)),
+    (
+        "MODE_CHECK_AND_SPEND",
+        Code::Number(mode_number(Mode::CheckAndSpend)),
+    ),
+    (
+        "MODE_CHECK_ONLY",
+        Code::Number(mode_number(Mode::CheckOnly)),
+    ),
+    (
+        "MODE_SPEND_ONLY",
+        Code::Number(mode_number(Mode::SpendOnly)),
+    ),
+    ("MODE_OBSERVE", Code::Number(mode_number(Mode::Observe))),
+];
+
+#[cfg(test)]
+#[derive(Debug, PartialEq)]
+enum Code {
+    Number(i64),
+    Word(&'static str),
+}
 
 /// The script (GCRA and burst tiers), as run by `EVALSHA`.
 pub(super) const SCRIPT: &str = include_str!("ratelimit.lua");
@@ -70,10 +129,10 @@ pub(super) struct Call {
 impl Call {
     fn push_head(&self, args: &mut Vec<Value>, lean: bool) {
         args.push(word(match self.op {
-            Op::Spend if lean => "G",
-            Op::Spend => "spend",
-            Op::Refund => "refund",
-            Op::Restore => "restore",
+            Op::Spend if lean => OP_LEAN,
+            Op::Spend => OP_SPEND,
+            Op::Refund => OP_REFUND,
+            Op::Restore => OP_RESTORE,
         }));
         args.push(self.now.map_or(Value::Integer(-1), int));
         args.push(Value::Integer(match self.expiry {
@@ -95,12 +154,7 @@ fn int(v: u64) -> Value {
 }
 
 fn mode_code(mode: Mode) -> Value {
-    Value::Integer(match mode {
-        Mode::CheckAndSpend => 0,
-        Mode::CheckOnly => 1,
-        Mode::SpendOnly => 2,
-        Mode::Observe => 3,
-    })
+    Value::Integer(mode_number(mode))
 }
 
 /// Whether a call takes the script's lean path: a spend whose keys are all GCRA, each of one
@@ -126,10 +180,10 @@ pub(super) fn encode<'a>(
     for tx in txs {
         match tx.quota {
             Quota::Gcra(limit) => {
-                // A range (kind 2) adds its lower end; a single cost sends no argument more.
+                // A range adds its lower end; a single cost sends no argument more.
                 let range = tx.min_cost < tx.cost;
                 args.extend([
-                    Value::Integer(if range { 2 } else { 0 }),
+                    Value::Integer(if range { KIND_RANGE } else { KIND_GCRA }),
                     int(limit.emission_interval_us()),
                     int(limit.burst_offset_us()),
                     int(limit.burst()),
@@ -142,7 +196,7 @@ pub(super) fn encode<'a>(
             }
             Quota::Concurrency(limit) => {
                 args.extend([
-                    Value::Integer(3),
+                    Value::Integer(KIND_CONCURRENCY),
                     mode_code(tx.mode),
                     int(tx.cost),
                     int(limit.max()),
@@ -154,7 +208,7 @@ pub(super) fn encode<'a>(
             }
             Quota::Tiered(limit) => {
                 args.extend([
-                    Value::Integer(1),
+                    Value::Integer(KIND_TIERED),
                     mode_code(tx.mode),
                     int(tx.min_cost),
                     int(tx.cost),
@@ -197,7 +251,7 @@ pub(super) fn encode_coalesced<'r>(
         .fold((0, 0), |(c, n), (keys, _)| (c + 1, n + keys.len()));
     let mut keys = Vec::with_capacity(n);
     let mut args = Vec::with_capacity(2 + count + 2 * n);
-    args.push(word("M"));
+    args.push(word(OP_COALESCED));
     args.push(int(count as u64));
     args.extend(requests.clone().map(|(k, _)| int(k.len() as u64)));
     for (k, a) in requests {
@@ -272,16 +326,6 @@ pub(super) struct ScriptReply {
     pub(super) raws: Vec<Option<RawChange>>,
     /// The script's now.
     pub(super) now: u64,
-}
-
-/// What the script can answer.
-pub(super) enum Reply {
-    Decided(ScriptReply),
-    /// Key number `index` (from 0, in the order sent) holds something that is not our state.
-    InvalidState {
-        index: usize,
-        reason: String,
-    },
 }
 
 fn bad(what: String) -> BackendError {
@@ -376,30 +420,13 @@ pub(super) fn decode<'a>(
     lean: bool,
     txs: impl ExactSizeIterator<Item = &'a BucketTx<'a>> + Clone,
     call: Call,
-) -> Result<Reply, BackendError> {
+) -> Result<ScriptReply, BackendError> {
     let want_raw = call.want_raw;
     let Value::Array(items) = value else {
         return Err(bad(format!("{:?}", value.kind())));
     };
     if lean {
-        return decode_lean(items, txs).map(Reply::Decided);
-    }
-    if items.first().and_then(Value::as_i64) == Some(-1) {
-        let mut f = Fields {
-            key: 0,
-            values: items.into_iter(),
-        };
-        f.next("marker")?;
-        let index = f.u64("key index")?;
-        let reason = f
-            .next("reason")?
-            .as_string()
-            .unwrap_or_else(|| "invalid state".into());
-        let index = usize::try_from(index)
-            .ok()
-            .and_then(|i| i.checked_sub(1))
-            .ok_or_else(|| bad(format!("key index {index}")))?;
-        return Ok(Reply::InvalidState { index, reason });
+        return decode_lean(items, txs);
     }
     let n = txs.len();
     if items.len() != n + 1 {
@@ -461,5 +488,74 @@ pub(super) fn decode<'a>(
         .as_i64()
         .and_then(|n| u64::try_from(n).ok())
         .ok_or_else(|| bad(format!("now is {now:?}")))?;
-    Ok(Reply::Decided(reply))
+    Ok(reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Code, PROTOCOL, SCRIPT};
+
+    /// The script's `local A, B = x, y` lines: every name with its value.
+    fn script_constants() -> Vec<(String, Code)> {
+        let mut out = Vec::new();
+        for line in SCRIPT.lines() {
+            let Some(rest) = line.strip_prefix("local ") else {
+                continue;
+            };
+            let Some((names, values)) = rest.split_once(" = ") else {
+                continue;
+            };
+            let names: Vec<&str> = names.split(", ").collect();
+            let values: Vec<&str> = values.split(", ").collect();
+            if names.len() != values.len()
+                || !names.iter().all(|n| {
+                    n.starts_with("OP_") || n.starts_with("KIND_") || n.starts_with("MODE_")
+                })
+            {
+                continue;
+            }
+            for (name, value) in names.iter().zip(values) {
+                let code = match value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')) {
+                    Some(word) => Code::Word(Box::leak(word.to_owned().into_boxed_str())),
+                    None => Code::Number(value.parse().expect("a number")),
+                };
+                out.push((name.to_string(), code));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_scripts_codes_are_the_protocol_table() {
+        let script = script_constants();
+        for (name, code) in PROTOCOL {
+            let found: Vec<_> = script.iter().filter(|(n, _)| n == name).collect();
+            assert_eq!(found.len(), 1, "{name} is defined once in ratelimit.lua");
+            assert_eq!(&found[0].1, code, "{name} in ratelimit.lua");
+        }
+        assert_eq!(script.len(), PROTOCOL.len(), "no code the table lacks");
+    }
+
+    /// The script compares kinds, modes and ops with the named codes only, so the table is
+    /// the whole protocol.
+    #[test]
+    fn the_script_compares_no_code_with_a_bare_literal() {
+        for (i, line) in SCRIPT.lines().enumerate() {
+            let code = line.split("--").next().unwrap_or("");
+            for what in ["kind", "mode", "op"] {
+                for cmp in ["==", "~="] {
+                    let needle = format!("{what} {cmp} ");
+                    if let Some(at) = code.find(&needle) {
+                        let next = code[at + needle.len()..].chars().next();
+                        assert!(
+                            !matches!(next, Some('0'..='9' | '\'' | '"')),
+                            "ratelimit.lua line {}: {}",
+                            i + 1,
+                            line.trim()
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
