@@ -21,7 +21,9 @@ mod time;
 
 pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 pub use algo::gcra::{GcraError, Limit, LimitError};
-pub use algo::tiers::{Tier, TierError, TierGrant, TierRequestError, TieredLimit};
+pub use algo::tiers::{Tier, TierError, TierGrant, TierRequestError, TierState, TieredLimit};
+/// The batch kit: what a backend decides, written once, for a backend outside the crate.
+pub use backend::kit;
 pub use backend::{
     Backend, BackendError, BucketTx, MemoryBackend, MemoryBackendBuilder, Mode, Outcome, Outcomes,
     PendingSpend, Spend, TransactionError,

@@ -40,10 +40,8 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
-use super::{Backend, BackendError, BucketTx, Outcomes, Spend, batch_allowed};
-use crate::algo::concurrency::{self, ConcurrencyLimit};
+use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
 use crate::algo::gcra;
-use crate::algo::gcra::Limit;
 use crate::algo::tiers::{self, TierState};
 use crate::backend::Outcome;
 use crate::key::BucketKey;
@@ -243,7 +241,7 @@ impl MemoryBackend {
             let Ok(mut s) = slot.try_lock() else {
                 return true;
             };
-            if s.expires_at > now || live_leases(&s.leases, now) > 0 {
+            if s.expires_at > now || kit::live_leases(&s.leases, now) > 0 {
                 return true;
             }
             s.removed = true;
@@ -487,7 +485,7 @@ impl MemoryBackend {
                 slots.push(match tx.quota {
                     Quota::Gcra(_) => None,
                     Quota::Tiered(_) => self.tier_slot(tx.key, tx.mode.spends(), now)?,
-                    Quota::Concurrency(_) => self.tier_slot(tx.key, takes_lease(tx), now)?,
+                    Quota::Concurrency(_) => self.tier_slot(tx.key, kit::takes_lease(tx), now)?,
                 });
             }
             let mut order: SmallVec<[usize; BATCH]> =
@@ -508,79 +506,57 @@ impl MemoryBackend {
         }
     }
 
+    /// Decides a batch with the kit from the states read (GCRA TATs loaded, tiered and
+    /// concurrency states under their locked slots) and writes what it says: GCRA buckets by
+    /// compare-and-swap (a lost race rolls back what was written and decides again), the rest
+    /// under their locks, which cannot fail.
     fn decide_mixed(
         &self,
         batch: &[BucketTx<'_>],
         now: u64,
         guards: &mut [(usize, MutexGuard<'_, TierSlot>)],
     ) -> Result<Vec<Outcome>, BackendError> {
-        let fresh = TierState::new();
-        let mut reads: SmallVec<[u64; BATCH]> = SmallVec::with_capacity(batch.len());
-        let mut gcra_results: SmallVec<[Option<gcra::GcraOutcome>; BATCH]> =
-            SmallVec::with_capacity(batch.len());
-        let mut plans: SmallVec<[Option<tiers::Plan>; BATCH]> =
-            SmallVec::with_capacity(batch.len());
-        let mut outcomes = Vec::with_capacity(batch.len());
         let mut written: SmallVec<[(usize, u64); BATCH]> = SmallVec::with_capacity(batch.len());
         'retry: loop {
-            reads.clear();
-            gcra_results.clear();
-            plans.clear();
-            outcomes.clear();
-            for (i, tx) in batch.iter().enumerate() {
-                match tx.quota {
-                    Quota::Gcra(limit) => {
-                        let cur = self.load(tx.key);
-                        let d = super::gcra_decide(tx, limit, stored(cur), now)?;
-                        reads.push(cur);
-                        gcra_results.push(Some(d.out));
-                        plans.push(None);
-                        outcomes.push(d.outcome());
-                    }
-                    Quota::Tiered(limit) => {
-                        let state = guards
-                            .iter()
-                            .find(|(j, _)| *j == i)
-                            .map_or(&fresh, |(_, g)| &g.state);
-                        let (d, plan) = tiers::decide(limit, state, now, tx.min_cost, tx.cost)?;
-                        reads.push(0);
-                        gcra_results.push(None);
-                        plans.push(d.allowed.then_some(plan));
-                        outcomes.push(Outcome::tiered(&d, limit));
-                    }
-                    Quota::Concurrency(limit) => {
-                        let live = guards
-                            .iter()
-                            .find(|(j, _)| *j == i)
-                            .map_or(0, |(_, g)| live_leases(&g.leases, now));
-                        let d = concurrency::decide(limit, live, tx.cost == 1);
-                        reads.push(0);
-                        gcra_results.push(None);
-                        plans.push(None);
-                        outcomes.push(d.into());
-                    }
+            let mut tats: SmallVec<[u64; BATCH]> = SmallVec::with_capacity(batch.len());
+            let spent = {
+                let mut read: SmallVec<[Option<kit::Read<'_>>; BATCH]> =
+                    SmallVec::with_capacity(batch.len());
+                for (i, tx) in batch.iter().enumerate() {
+                    let slot = guards.iter().find(|(j, _)| *j == i).map(|(_, g)| &**g);
+                    let cur = match tx.quota {
+                        Quota::Gcra(_) => self.load(tx.key),
+                        _ => 0,
+                    };
+                    tats.push(cur);
+                    read.push(match (tx.quota, slot) {
+                        (Quota::Gcra(_), _) => Some(kit::Read::Tat(stored(cur).unwrap_or(0))),
+                        (Quota::Tiered(_), Some(g)) => Some(kit::Read::Tiers(&g.state)),
+                        (Quota::Concurrency(_), Some(g)) => Some(kit::Read::Leases(&g.leases)),
+                        _ => None,
+                    });
                 }
-            }
-            if !batch_allowed(batch.iter().zip(&outcomes)) {
-                return Ok(outcomes);
+                kit::spend(batch, &read, now)?
+            };
+            if !spent.allowed(batch) {
+                return Ok(spent.outcomes.into_vec());
             }
             written.clear();
             for (i, tx) in batch.iter().enumerate() {
-                let Some(r) = gcra_results[i] else { continue };
-                let Some(new) = super::gcra_write(tx.mode, &r, reads[i], now) else {
+                let Some(kit::Stored::Tat(new)) = spent.writes[i] else {
                     continue;
                 };
-                match self.compare_and_set(tx.key, reads[i], new, now) {
+                match self.compare_and_set(tx.key, tats[i], new, now) {
                     Ok(true) => written.push((i, new)),
                     Ok(false) => {
                         for &(j, new_j) in &written {
-                            self.roll_back(batch[j].key, reads[j], new_j, now);
+                            self.roll_back(batch[j].key, tats[j], new_j, now);
                         }
                         continue 'retry;
                     }
                     Err(e) => {
                         for &(j, new_j) in &written {
-                            self.roll_back(batch[j].key, reads[j], new_j, now);
+                            self.roll_back(batch[j].key, tats[j], new_j, now);
                         }
                         return Err(e);
                     }
@@ -588,20 +564,18 @@ impl MemoryBackend {
             }
             // The GCRA part is written; the tiered and concurrency parts cannot fail (their
             // slots are locked).
+            let mut writes = spent.writes;
             for (i, g) in guards.iter_mut() {
-                let tx = &batch[*i];
-                match (tx.quota, &plans[*i]) {
-                    (Quota::Tiered(limit), Some(plan)) if tx.mode.spends() => {
-                        tiers::apply(limit, &mut g.state, now, plan);
+                match (batch[*i].quota, writes[*i].take()) {
+                    (Quota::Tiered(limit), Some(kit::Stored::Tiers(state))) => {
+                        g.state = state;
                         g.expires_at = tiers::fresh_at(limit, &g.state, now, None);
                     }
-                    (Quota::Concurrency(limit), _) if outcomes[*i].allowed && takes_lease(tx) => {
-                        take_lease(g, limit, tx.lease, now);
-                    }
+                    (_, Some(kit::Stored::Leases(leases))) => g.leases = leases,
                     _ => {}
                 }
             }
-            return Ok(outcomes);
+            return Ok(spent.outcomes.into_vec());
         }
     }
 }
@@ -617,96 +591,46 @@ impl MemoryBackend {
 }
 
 impl MemoryBackend {
-    fn refund_gcra(
-        &self,
-        tx: &BucketTx<'_>,
-        limit: &Limit,
-        now: u64,
-    ) -> Result<Outcome, BackendError> {
-        loop {
-            let cur = self.load(tx.key);
-            let out = gcra::refund(limit, stored(cur), now, tx.cost)?;
-            match out.new_tat {
-                Some(new) if self.compare_and_set(tx.key, cur, new, now)? => return Ok(out.into()),
-                Some(_) => continue,
-                None => return Ok(out.into()),
+    /// Refunds one transaction with the kit: a GCRA bucket by compare-and-swap, a tiered or
+    /// concurrency key under its slot's lock (a key never stored is refunded as a fresh one and
+    /// nothing is written).
+    fn refund_one(&self, tx: &BucketTx<'_>, now: u64) -> Result<Outcome, BackendError> {
+        if let Quota::Gcra(_) = tx.quota {
+            loop {
+                let cur = self.load(tx.key);
+                let (out, write) = kit::refund(tx, Some(kit::Read::Tat(cur)), now)?;
+                match write {
+                    Some(kit::Stored::Tat(new))
+                        if !self.compare_and_set(tx.key, cur, new, now)? =>
+                    {
+                        continue;
+                    }
+                    _ => return Ok(out),
+                }
             }
         }
-    }
-
-    fn refund_tiered(
-        &self,
-        tx: &BucketTx<'_>,
-        limit: &tiers::TieredLimit,
-        now: u64,
-    ) -> Result<Outcome, BackendError> {
         loop {
             let Some(slot) = self.tier_slot(tx.key, false, now)? else {
-                let d = tiers::refund(limit, &mut TierState::new(), now, tx.cost);
-                return Ok(Outcome::tiered(&d, limit));
+                return Ok(kit::refund(tx, None, now)?.0);
             };
             let mut g = lock(&slot);
             if g.removed {
                 continue;
             }
-            let d = tiers::refund(limit, &mut g.state, now, tx.cost);
-            g.expires_at = tiers::fresh_at(limit, &g.state, now, None);
-            return Ok(Outcome::tiered(&d, limit));
-        }
-    }
-}
-
-/// Whether a transaction on a concurrency key takes a lease when it and its batch are allowed:
-/// a spend of one slot with a lease id.
-fn takes_lease(tx: &BucketTx<'_>) -> bool {
-    tx.mode.spends() && tx.cost == 1 && tx.lease != 0
-}
-
-/// The leases of a key that are live at `now`.
-fn live_leases(leases: &[(u64, u64)], now: u64) -> u64 {
-    leases
-        .iter()
-        .filter(|&&(_, deadline)| concurrency::live(deadline, now))
-        .count() as u64
-}
-
-/// Records lease `id` on a concurrency key's slot (dropping the leases that ended).
-fn take_lease(slot: &mut TierSlot, limit: &ConcurrencyLimit, id: u64, now: u64) {
-    slot.leases
-        .retain(|&(_, deadline)| concurrency::live(deadline, now));
-    slot.leases.push((id, concurrency::deadline(limit, now)));
-}
-
-impl MemoryBackend {
-    /// Gives back a lease (a refund on a concurrency key): allowed when it was held.
-    fn release(
-        &self,
-        tx: &BucketTx<'_>,
-        limit: &ConcurrencyLimit,
-        now: u64,
-    ) -> Result<Outcome, BackendError> {
-        loop {
-            let Some(slot) = self.tier_slot(tx.key, false, now)? else {
-                return Ok(Outcome::new(false, limit.max(), 0, 0));
+            let read = match tx.quota {
+                Quota::Tiered(_) => kit::Read::Tiers(&g.state),
+                _ => kit::Read::Leases(&g.leases),
             };
-            let mut g = lock(&slot);
-            if g.removed {
-                continue;
+            let (out, write) = kit::refund(tx, Some(read), now)?;
+            match (tx.quota, write) {
+                (Quota::Tiered(limit), Some(kit::Stored::Tiers(state))) => {
+                    g.state = state;
+                    g.expires_at = tiers::fresh_at(limit, &g.state, now, None);
+                }
+                (_, Some(kit::Stored::Leases(leases))) => g.leases = leases,
+                _ => {}
             }
-            // Held: a live lease of that id (as the script: ended leases go first, then it).
-            let released = tx.lease != 0
-                && g.leases
-                    .iter()
-                    .any(|&(id, deadline)| id == tx.lease && concurrency::live(deadline, now));
-            g.leases
-                .retain(|&(id, deadline)| id != tx.lease && concurrency::live(deadline, now));
-            let live = g.leases.len() as u64;
-            return Ok(Outcome::new(
-                released,
-                limit.max().saturating_sub(live),
-                0,
-                0,
-            ));
+            return Ok(out);
         }
     }
 
@@ -718,7 +642,7 @@ impl MemoryBackend {
             if s.removed {
                 0
             } else {
-                live_leases(&s.leases, now) as usize
+                kit::live_leases(&s.leases, now) as usize
             }
         })
     }
@@ -732,22 +656,7 @@ impl Backend for MemoryBackend {
 
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
         let now = self.now();
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for tx in batch {
-            let limit = match tx.quota {
-                Quota::Gcra(limit) => limit,
-                Quota::Tiered(limit) => {
-                    outcomes.push(self.refund_tiered(tx, limit, now)?);
-                    continue;
-                }
-                Quota::Concurrency(limit) => {
-                    outcomes.push(self.release(tx, limit, now)?);
-                    continue;
-                }
-            };
-            outcomes.push(self.refund_gcra(tx, limit, now)?);
-        }
-        Ok(outcomes)
+        batch.iter().map(|tx| self.refund_one(tx, now)).collect()
     }
 
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {

@@ -9,16 +9,20 @@ use std::ops::RangeInclusive;
 use async_trait::async_trait;
 
 use crate::algo::concurrency::ConcurrencyOutcome;
-use crate::algo::gcra::{self, GcraError, GcraOutcome, Limit};
+use crate::algo::gcra::{GcraError, GcraOutcome};
 use crate::algo::tiers::{TierDecision, TierGrant, TierRequestError, TieredLimit};
 use crate::key::BucketKey;
 use crate::quota::Quota;
 
+pub mod kit;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
 pub use crate::mode::Mode;
+#[cfg(feature = "redis")]
+pub(crate) use kit::batch_allowed;
+pub(crate) use kit::{gcra_decide, gcra_write};
 pub use memory::{MemoryBackend, MemoryBackendBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
@@ -276,68 +280,6 @@ pub enum BackendError {
     /// The tiered algorithm refused the request (a range it cannot grant).
     #[error(transparent)]
     Tiers(#[from] TierRequestError),
-}
-
-/// The batch rule (`docs/gcra.md`): a batch is allowed when every transaction that counts
-/// was allowed. Backends apply it through this function only.
-pub(crate) fn batch_allowed<'t, 'b: 't, 'o>(
-    decided: impl IntoIterator<Item = (&'t BucketTx<'b>, &'o Outcome)>,
-) -> bool {
-    decided
-        .into_iter()
-        .all(|(tx, o)| !tx.mode.counts() || o.allowed)
-}
-
-/// The GCRA decision of a transaction on a bucket whose stored TAT is `stored`: its single cost
-/// ([`gcra::check`]), or for a range the most units that fit ([`gcra::check_range`]), with the
-/// units granted. Every backend decides a GCRA transaction through this function only (the
-/// script's `gcra_grant` in Lua); [`GcraDecision::outcome`] is what it reports.
-#[inline(always)]
-pub(crate) fn gcra_decide(
-    tx: &BucketTx<'_>,
-    limit: &Limit,
-    stored: Option<u64>,
-    now: u64,
-) -> Result<GcraDecision, GcraError> {
-    if tx.min_cost == tx.cost {
-        return Ok(GcraDecision {
-            out: gcra::check(limit, stored, now, tx.cost)?,
-            granted: None,
-        });
-    }
-    let (out, granted) = gcra::check_range(limit, stored, now, tx.min_cost, tx.cost)?;
-    Ok(GcraDecision {
-        out,
-        granted: Some(granted),
-    })
-}
-
-/// A GCRA transaction's decision ([`gcra_decide`]).
-#[derive(Clone, Copy)]
-pub(crate) struct GcraDecision {
-    pub(crate) out: GcraOutcome,
-    /// For a range: the units granted.
-    pub(crate) granted: Option<u64>,
-}
-
-impl GcraDecision {
-    /// The outcome a backend reports.
-    #[inline(always)]
-    pub(crate) fn outcome(&self) -> Outcome {
-        Outcome {
-            granted: self.granted,
-            ..Outcome::from(self.out)
-        }
-    }
-}
-
-/// The TAT an allowed GCRA transaction of an allowed batch writes (`docs/gcra.md`): its new TAT
-/// when its mode spends, the TAT is in the future and it changes the bucket (`stored`: the TAT
-/// read, 0 for none); `None` writes nothing. The backends apply it through this function only
-/// (the script's `gcra_writes` in Lua).
-pub(crate) fn gcra_write(mode: Mode, out: &GcraOutcome, stored: u64, now: u64) -> Option<u64> {
-    out.new_tat
-        .filter(|&new| out.allowed && mode.spends() && new > now && new != stored)
 }
 
 /// A backend's outcomes for a batch, one per transaction, in order: on the stack for a batch

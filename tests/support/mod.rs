@@ -6,6 +6,8 @@ pub mod gate;
 pub mod http;
 pub mod identity;
 pub mod redis;
+#[cfg(feature = "redis")]
+pub mod redis_backend;
 pub mod scrape;
 
 /// The output of a future that is ready at its first poll (a spend the in-memory backend, or

@@ -1,0 +1,241 @@
+//! Coalescing (`RedisBackendBuilder::coalesce`): coalesced requests decide as if sent one by
+//! one, what cannot be coalesced is called directly, timeouts and cancellation.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::redis::{RedisServer, TestRedis, command, unique_prefix};
+use tower_ratelimits::{BackendError, Id, Limiter, LimiterError, Limits, Mode, Transaction};
+
+use tower_ratelimits::RedisBackend;
+
+// ---------------------------------------------------------------------------------------------
+// Coalescing (`RedisBackendBuilder::coalesce`, issue 16).
+
+const SLOW_LIMITS: &str = "Slow: {burst: 10, count: 1, period: 1h}\n";
+
+async fn coalescing_limiter(url: &str, prefix: &str, timeout: Duration) -> (Limiter, RedisBackend) {
+    let backend = RedisBackend::from_url(url)
+        .prefix(prefix)
+        .command_timeout(timeout)
+        .deny_cache(false)
+        .coalesce(64)
+        .coalesce_in_flight(1)
+        .connect()
+        .await
+        .unwrap();
+    let limits = Limits::from_yaml_str(SLOW_LIMITS, None).unwrap();
+    (Limiter::new(limits, backend.clone()), backend)
+}
+
+fn slow(limiter: &Limiter, id: &str) -> Transaction {
+    Transaction::new(limiter.key("Slow", Id::new(id).unwrap()).unwrap())
+}
+
+/// Many requests in flight at once share script calls, and each is decided as if it had been
+/// sent alone, in order: 30 requests for one bucket of 10 admit exactly 10, with the remaining
+/// counts 9 down to 0 once each (a later request in a call reads what an earlier one wrote);
+/// 30 requests for 30 buckets are all allowed with 9 left; a two-key request whose second
+/// bucket is empty is denied whole and spends nothing, while the requests beside it in the
+/// same call are allowed. Without coalescing the same requests decide the same.
+#[tokio::test]
+async fn coalesced_requests_decide_as_if_sent_one_by_one() {
+    let redis = TestRedis::single();
+    let (l, backend) = coalescing_limiter(
+        &redis.url,
+        &unique_prefix("coalesce"),
+        Duration::from_secs(5),
+    )
+    .await;
+    for _ in 0..10 {
+        assert!(l.spend(&[slow(&l, "full")]).await.unwrap().allowed());
+    }
+    let before = backend.coalesce_stats().unwrap();
+
+    let same: Vec<[Transaction; 1]> = (0..30).map(|_| [slow(&l, "same")]).collect();
+    let apart: Vec<[Transaction; 1]> = (0..30).map(|i| [slow(&l, &format!("k{i}"))]).collect();
+    let blocked: Vec<[Transaction; 2]> = (0..10)
+        .map(|i| [slow(&l, &format!("b{i}")), slow(&l, "full")])
+        .collect();
+    let (same, apart, blocked) = tokio::join!(
+        futures_util::future::join_all(same.iter().map(|b| l.spend(b))),
+        futures_util::future::join_all(apart.iter().map(|b| l.spend(b))),
+        futures_util::future::join_all(blocked.iter().map(|b| l.spend(b))),
+    );
+
+    let mut remaining: Vec<u64> = same
+        .iter()
+        .map(|d| d.as_ref().unwrap())
+        .filter(|d| d.allowed())
+        .map(|d| d.decisions()[0].remaining)
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..10).collect::<Vec<u64>>());
+    for d in same
+        .iter()
+        .map(|d| d.as_ref().unwrap())
+        .filter(|d| !d.allowed())
+    {
+        assert!(
+            d.strictest().unwrap().retry_after > Duration::from_secs(3500),
+            "{d:?}"
+        );
+    }
+    for d in apart {
+        let d = d.unwrap();
+        assert!(d.allowed());
+        assert_eq!(d.decisions()[0].remaining, 9);
+    }
+    for d in blocked {
+        assert!(!d.unwrap().allowed());
+    }
+    // What was allowed was written; the denied requests spent nothing on their first bucket.
+    for i in 0..30 {
+        let d = l.check(&[slow(&l, &format!("k{i}"))]).await.unwrap();
+        assert_eq!(
+            d.decisions()[0].remaining,
+            8,
+            "k{i}: spent once, and one more fits"
+        );
+    }
+    let d = l.check(&[slow(&l, "same")]).await.unwrap();
+    assert!(!d.allowed());
+    for i in 0..10 {
+        let d = l.check(&[slow(&l, &format!("b{i}"))]).await.unwrap();
+        assert_eq!(d.decisions()[0].remaining, 9, "b{i}");
+    }
+
+    // They did share calls: one found the call slot free, the 69 others queued behind it and
+    // shared fewer calls.
+    let after = backend.coalesce_stats().unwrap();
+    let (calls, requests, direct) = (
+        after.calls - before.calls,
+        after.requests - before.requests,
+        after.direct - before.direct,
+    );
+    assert_eq!((direct, requests), (1, 69));
+    assert!(
+        calls < requests / 2,
+        "{calls} calls for {requests} requests"
+    );
+
+    // The same requests without coalescing decide the same (fresh buckets).
+    let plain = Limiter::new(
+        Limits::from_yaml_str(SLOW_LIMITS, None).unwrap(),
+        backend_without_cache(&redis.url, &unique_prefix("coalesce-off")).await,
+    );
+    let mut plain_remaining = Vec::new();
+    for _ in 0..30 {
+        let d = plain.spend(&[slow(&plain, "same")]).await.unwrap();
+        if d.allowed() {
+            plain_remaining.push(d.decisions()[0].remaining);
+        }
+    }
+    plain_remaining.sort_unstable();
+    assert_eq!(plain_remaining, remaining);
+}
+
+async fn backend_without_cache(url: &str, prefix: &str) -> RedisBackend {
+    RedisBackend::from_url(url)
+        .prefix(prefix)
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Calls that coalescing cannot carry are made as without it: a check (not a spend) and a
+/// spend-only transaction decide exactly, and coalescing counts none of them; a spend that
+/// finds no call in flight makes its own.
+#[tokio::test]
+async fn what_coalescing_cannot_carry_is_called_directly() {
+    let redis = TestRedis::single();
+    let (l, backend) = coalescing_limiter(
+        &redis.url,
+        &unique_prefix("coalesce-direct"),
+        Duration::from_secs(5),
+    )
+    .await;
+    let before = backend.coalesce_stats().unwrap();
+    let d = l.check(&[slow(&l, "c")]).await.unwrap();
+    assert_eq!(d.decisions()[0].remaining, 9);
+    let d = l
+        .spend(&[slow(&l, "c").mode(Mode::SpendOnly)])
+        .await
+        .unwrap();
+    assert_eq!(d.decisions()[0].remaining, 9);
+    assert_eq!(backend.coalesce_stats().unwrap(), before);
+    // A plain spend with no call in flight makes its own, as without coalescing.
+    let d = l.spend(&[slow(&l, "c")]).await.unwrap();
+    assert_eq!(d.decisions()[0].remaining, 8);
+    let after = backend.coalesce_stats().unwrap();
+    assert_eq!(
+        (after.calls, after.requests, after.direct),
+        (before.calls, before.requests, before.direct + 1)
+    );
+}
+
+/// A paused server: every queued request fails with a timeout (the middleware's failure policy
+/// applies), none waits forever behind the stuck call, and the limiter answers again after.
+#[tokio::test]
+async fn coalesced_requests_time_out_when_the_server_stops_answering() {
+    let server = RedisServer::start();
+    let (l, _) = coalescing_limiter(
+        &server.url(),
+        &unique_prefix("coalesce-pause"),
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(l.spend(&[slow(&l, "p")]).await.unwrap().allowed());
+    assert!(
+        command(server.port, "CLIENT PAUSE 2000 ALL")
+            .unwrap()
+            .starts_with("+OK")
+    );
+    let batches: Vec<[Transaction; 1]> = (0..20).map(|i| [slow(&l, &format!("p{i}"))]).collect();
+    for r in futures_util::future::join_all(batches.iter().map(|b| l.spend(b))).await {
+        let err = r.unwrap_err();
+        assert!(
+            matches!(err, LimiterError::Backend(BackendError::Timeout(_))),
+            "{err:?}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match l.spend(&[slow(&l, "after")]).await {
+            Ok(d) => {
+                assert!(d.allowed());
+                break;
+            }
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no recovery: {e}"),
+        }
+    }
+}
+
+/// A request cancelled while its call is in flight (a client that went away) gives the call
+/// slot back: the next request still makes its own call instead of queueing behind a slot
+/// nobody holds (it would time out).
+#[tokio::test]
+async fn a_cancelled_request_gives_its_call_slot_back() {
+    use futures_util::FutureExt as _;
+    let redis = TestRedis::single();
+    let (l, backend) = coalescing_limiter(
+        &redis.url,
+        &unique_prefix("coalesce-cancel"),
+        Duration::from_secs(2),
+    )
+    .await;
+    for i in 0..3 {
+        let batch = [slow(&l, &format!("gone{i}"))];
+        assert!(l.spend(&batch).now_or_never().is_none(), "answered at once");
+    }
+    let before = backend.coalesce_stats().unwrap();
+    let d = l.spend(&[slow(&l, "next")]).await.unwrap();
+    assert!(d.allowed());
+    let after = backend.coalesce_stats().unwrap();
+    assert_eq!(after.direct, before.direct + 1);
+}

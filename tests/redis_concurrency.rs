@@ -1,0 +1,306 @@
+//! Concurrency limits on Redis: leases in a sorted set per key, shared by every instance.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::KeysInterface;
+use support::redis::{TestRedis, unique_prefix};
+use tower_ratelimits::{
+    BucketKey, Id, Limiter, Limits, ManualClock, MemoryBackend, Mode, Transaction,
+};
+
+/// The trace simulator, from the `simulate` example.
+#[allow(dead_code)]
+#[path = "../examples/simulate/trace.rs"]
+mod simulate;
+use support::redis_backend::{backend, caller_time_backend};
+use tower_ratelimits::RedisBackend;
+
+// ---------------------------------------------------------------------------------------------
+// Concurrency limits: leases in a sorted set per key, shared by every instance.
+// ---------------------------------------------------------------------------------------------
+
+const CONCURRENCY_LIMITS: &str = "\
+Exports: {kind: account, concurrency: 3, lease: 1h, retry_after: 2s}
+Brief: {kind: account, concurrency: 2, lease: 10s}
+Rate: {kind: account, burst: 1, count: 1, period: 1h}
+";
+
+/// One app instance: its own limiter and connection to the store, a layer with `rules`, a
+/// slow route held at `gate` and a quick one, served over TCP.
+async fn concurrency_instance(
+    url: &str,
+    prefix: &str,
+    rules: &[&str],
+    gate: &support::gate::Gate,
+) -> (support::http::Server, RedisBackend) {
+    use axum::{Router, routing::get};
+    use tower_ratelimits::{Header, RateLimitLayer, Rule};
+    let backend = backend(url, prefix).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(CONCURRENCY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let mut layer = RateLimitLayer::builder(limiter);
+    for name in rules {
+        layer = layer.rule(Rule::new(*name, Header::new("x-account")));
+    }
+    let gate = gate.clone();
+    let router = Router::new()
+        .route(
+            "/slow",
+            get(move || {
+                let gate = gate.clone();
+                async move {
+                    gate.pass().await;
+                    "done"
+                }
+            }),
+        )
+        .route("/quick", get(|| async { "quick" }))
+        .layer(layer.build().unwrap());
+    (support::http::serve(router).await, backend)
+}
+
+async fn live_leases(backend: &RedisBackend, key: &str) -> i64 {
+    use fred::interfaces::ClientLike;
+    let zcard =
+        fred::types::CustomCommand::new_static("ZCARD", fred::types::ClusterHash::FirstKey, false);
+    backend
+        .client_for_key(key)
+        .unwrap()
+        .custom::<i64, _>(zcard, vec![key])
+        .await
+        .unwrap()
+}
+
+/// Two app instances share one store: N + 1 slow requests of one key, spread over both,
+/// admit exactly N; when they end the sorted set is empty and the key passes again. A batch
+/// with a rate limit that denies takes no slot (on the cluster the two limits live in two
+/// slots, and the slot taken is released by the compensation).
+async fn concurrency_is_shared_by_instances(url: &str) {
+    use support::http::HttpClient;
+    let prefix = unique_prefix("conc");
+    let gate = support::gate::Gate::new();
+    let (a, backend) = concurrency_instance(url, &prefix, &["Exports"], &gate).await;
+    let (b, _) = concurrency_instance(url, &prefix, &["Exports"], &gate).await;
+    let clients = [Arc::new(HttpClient::new(&a)), Arc::new(HttpClient::new(&b))];
+    let mut slow = Vec::new();
+    for i in 0..3 {
+        let client = clients[i % 2].clone();
+        slow.push(tokio::spawn(async move {
+            client.get("/slow", &[("x-account", "7")]).await.status
+        }));
+    }
+    gate.entered(3).await;
+    let name = Limits::from_yaml_str(CONCURRENCY_LIMITS, None)
+        .unwrap()
+        .name("Exports")
+        .unwrap();
+    let set_of = |id: u64| backend.redis_concurrency_key(&BucketKey::new(name, Id::from(id)));
+    let set = set_of(7);
+    assert_eq!(live_leases(&backend, &set).await, 3);
+    for client in &clients {
+        let refused = client.get("/quick", &[("x-account", "7")]).await;
+        assert_eq!(refused.status, 429);
+        assert_eq!(refused.header("retry-after"), Some("2"));
+    }
+    gate.open(3);
+    for s in slow {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    until_no_leases(&backend, &set).await;
+    assert_eq!(
+        clients[1].get("/quick", &[("x-account", "7")]).await.status,
+        200
+    );
+
+    // With a rate limit in the batch: the second request is denied by it, and holds no slot.
+    let (c, _) = concurrency_instance(url, &prefix, &["Exports", "Rate"], &gate).await;
+    let client = HttpClient::new(&c);
+    assert_eq!(
+        client.get("/quick", &[("x-account", "9")]).await.status,
+        200
+    );
+    assert_eq!(
+        client.get("/quick", &[("x-account", "9")]).await.status,
+        429
+    );
+    until_no_leases(&backend, &set_of(9)).await;
+}
+
+/// Waits (bounded) until the sorted set `key` holds no lease: a slot is given back when the
+/// server drops the response body, which may come just after the client saw its end.
+async fn until_no_leases(backend: &RedisBackend, key: &str) {
+    for _ in 0..1000 {
+        if live_leases(backend, key).await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(live_leases(backend, key).await, 0, "{key}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_is_shared_by_instances_on_single_redis() {
+    let redis = TestRedis::single();
+    concurrency_is_shared_by_instances(&redis.url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_is_shared_by_instances_on_the_cluster() {
+    let redis = TestRedis::cluster();
+    concurrency_is_shared_by_instances(&redis.url).await;
+}
+
+/// An instance that dies holding slots (its leases never given back) blocks the key only
+/// until the leases' deadlines, on the caller's clock; the key itself expires in the store.
+async fn a_killed_instances_leases_expire(url: &str) {
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let prefix = unique_prefix("killed");
+    let limits = Limits::from_yaml_str(CONCURRENCY_LIMITS, None).unwrap();
+    let doomed = Limiter::new(
+        limits.clone(),
+        caller_time_backend(url, &prefix, &clock, false).await,
+    );
+    let tx = [Transaction::new(doomed.parse_key("Brief", "7").unwrap())];
+    for _ in 0..2 {
+        assert!(doomed.spend(&tx).await.unwrap().allowed());
+    }
+    drop(doomed); // killed: nothing is given back
+    let backend = caller_time_backend(url, &prefix, &clock, false).await;
+    let survivor = Limiter::new(limits, backend.clone());
+    assert!(!survivor.spend(&tx).await.unwrap().allowed());
+    let set = backend.redis_concurrency_key(tx[0].key());
+    let ttl: i64 = backend
+        .client_for_key(&set)
+        .unwrap()
+        .pttl(&set)
+        .await
+        .unwrap();
+    assert!(ttl > 0, "the set expires in the store ({ttl})");
+    clock.advance(Duration::from_secs(10) - Duration::from_micros(1));
+    assert!(!survivor.spend(&tx).await.unwrap().allowed());
+    clock.advance(Duration::from_micros(1));
+    let after = survivor.spend(&tx).await.unwrap();
+    assert!(after.allowed());
+    assert_eq!(after.decisions()[0].remaining, 1);
+    assert_eq!(live_leases(&backend, &set).await, 1);
+}
+
+#[tokio::test]
+async fn a_killed_instances_leases_expire_on_single_redis() {
+    let redis = TestRedis::single();
+    a_killed_instances_leases_expire(&redis.url).await;
+}
+
+#[tokio::test]
+async fn a_killed_instances_leases_expire_on_the_cluster() {
+    let redis = TestRedis::cluster();
+    a_killed_instances_leases_expire(&redis.url).await;
+}
+
+/// Memory and Redis decide concurrency exactly alike: a pseudo-random sequence of spends
+/// (alone, with a rate limit, probes, checks), releases of held leases and clock steps across
+/// the lease time, on the same manual clock; every decision's numbers are compared.
+async fn concurrency_conforms(url: &str) {
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let limits = Limits::from_yaml_str(CONCURRENCY_LIMITS, None).unwrap();
+    let memory = Limiter::new(
+        limits.clone(),
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let redis = Limiter::new(
+        limits,
+        caller_time_backend(url, &unique_prefix("conc-conf"), &clock, false).await,
+    );
+    let mut held: [Vec<tower_ratelimits::Lease>; 2] = [Vec::new(), Vec::new()];
+    let (mut denied, mut released_held, mut expired) = (0, 0, 0);
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for step in 0..300 {
+        let account = next(2).to_string();
+        let brief = Transaction::new(memory.parse_key("Brief", &account).unwrap());
+        let rate = Transaction::new(memory.parse_key("Rate", &account).unwrap());
+        let choice = next(10);
+        if choice == 0 {
+            clock.advance(Duration::from_millis(next(6000)));
+            continue;
+        }
+        if choice <= 2 {
+            if held[0].is_empty() {
+                continue;
+            }
+            let i = next(held[0].len() as u64) as usize;
+            let (m, r) = (held[0].remove(i), held[1].remove(i));
+            let released = [
+                memory.release(&[m]).await.unwrap(),
+                redis.release(&[r]).await.unwrap(),
+            ];
+            assert_eq!(released[0], released[1], "step {step}: release");
+            if released[0] == 1 {
+                released_held += 1;
+            } else {
+                expired += 1;
+            }
+            continue;
+        }
+        let batch = match choice {
+            3 => vec![brief.cost(0)],
+            4 => vec![brief.mode(Mode::CheckOnly)],
+            5 => vec![brief, rate],
+            _ => vec![brief],
+        };
+        let decided = [
+            memory.spend(&batch).await.unwrap(),
+            redis.spend(&batch).await.unwrap(),
+        ];
+        let numbers = |d: &tower_ratelimits::BatchDecision| {
+            d.decisions()
+                .iter()
+                .map(|d| {
+                    (
+                        d.allowed,
+                        d.remaining,
+                        d.retry_after,
+                        d.granted,
+                        d.lease_id.is_some(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            numbers(&decided[0]),
+            numbers(&decided[1]),
+            "step {step}: {batch:?}"
+        );
+        for (l, d) in decided.iter().enumerate() {
+            held[l].extend(d.decisions().iter().filter_map(|d| d.lease()));
+        }
+        denied += usize::from(!decided[0].allowed());
+    }
+    // The sequence went through every case: denials, releases of live and of ended leases.
+    assert!(
+        denied > 10 && released_held > 10 && expired > 0,
+        "{denied} {released_held} {expired}"
+    );
+}
+
+#[tokio::test]
+async fn concurrency_decides_as_memory_does_on_single_redis() {
+    let redis = TestRedis::single();
+    concurrency_conforms(&redis.url).await;
+}
+
+#[tokio::test]
+async fn concurrency_decides_as_memory_does_on_the_cluster() {
+    let redis = TestRedis::cluster();
+    concurrency_conforms(&redis.url).await;
+}

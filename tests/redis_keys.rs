@@ -1,0 +1,450 @@
+//! What the Redis backend stores: the key layout and its expiry, one round trip per request,
+//! hostile ids, foreign data at a key, and the script's two paths deciding and storing alike.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use fred::prelude::{ClientLike as _, KeysInterface};
+use support::redis::{RedisServer, TestRedis, unique_prefix};
+use tower_ratelimits::{
+    BackendError, GcraError, Id, Limiter, LimiterError, Limits, ManualClock, Mode, Transaction,
+};
+
+/// The trace simulator, from the `simulate` example.
+#[allow(dead_code)]
+#[path = "../examples/simulate/trace.rs"]
+mod simulate;
+use support::redis_backend::{KEY_LIMITS, backend, caller_time_backend, commandstat, raw_get};
+use tower_ratelimits::{RedisBackend, RedisSetupError};
+
+// ---------------------------------------------------------------------------------------------
+// Keys, expiry, round trips.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_key_expires_exactly_when_its_bucket_is_full_again() {
+    let redis = TestRedis::single();
+    let backend = backend(&redis.url, &unique_prefix("expiry")).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let key = limiter.parse_key("Api", "client-1").unwrap();
+    let d = limiter
+        .spend(&[Transaction::new(key.clone())])
+        .await
+        .unwrap();
+    assert!(d.allowed());
+    let redis_key = backend.redis_key(&key);
+    let tat: u64 = raw_get(&backend, &redis_key)
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    let expire_ms: i64 = backend
+        .client()
+        .custom(fred::cmd!("PEXPIRETIME"), vec![redis_key.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        expire_ms as u64,
+        tat.div_ceil(1000),
+        "PXAT is the TAT, rounded up to a ms"
+    );
+
+    // A refund back to full deletes the key at once.
+    limiter
+        .refund(&[Transaction::new(key.clone())])
+        .await
+        .unwrap();
+    assert_eq!(raw_get(&backend, &redis_key).await, None);
+
+    // And an idle key goes away by itself (30 ms bucket): wait for Redis to drop it.
+    let blip = limiter.parse_key("Blip", "client-1").unwrap();
+    limiter
+        .spend(&[Transaction::new(blip.clone())])
+        .await
+        .unwrap();
+    let blip_key = backend.redis_key(&blip);
+    assert!(raw_get(&backend, &blip_key).await.is_some());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while raw_get(&backend, &blip_key).await.is_some() {
+        assert!(Instant::now() < deadline, "the idle key was never dropped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_three_rule_request_is_one_round_trip_on_a_single_node() {
+    let mut server = RedisServer::start();
+    let backend = backend(&server.url(), "rl:").await;
+    let limiter = Limiter::new(Limits::from_yaml_str(KEY_LIMITS, None).unwrap(), backend);
+    let batch = [
+        Transaction::new(limiter.parse_key("Wide", "acct-9").unwrap()),
+        Transaction::new(limiter.parse_key("PerIp", "10.0.0.1").unwrap()),
+        Transaction::new(limiter.parse_key("PerAccount", "9").unwrap()),
+    ];
+    let calls = |port| commandstat(port, "evalsha") + commandstat(port, "eval");
+    // The first call may meet NOSCRIPT only if the script was flushed; it was just loaded.
+    let before = calls(server.port);
+    for _ in 0..5 {
+        assert!(limiter.spend(&batch).await.unwrap().allowed());
+    }
+    assert_eq!(
+        calls(server.port) - before,
+        5,
+        "one script call per 3-rule request"
+    );
+    server.kill();
+}
+
+#[tokio::test]
+async fn hostile_ids_keep_their_slot_and_never_collide() {
+    let redis = TestRedis::cluster();
+    let prefix = unique_prefix("hostile");
+    let backend = backend(&redis.url, &prefix).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let long = "é".repeat(128);
+    let hostile = [
+        "a}b",
+        "a%7Db",
+        "{x}",
+        "%7Bx%7D",
+        "}{",
+        "a b",
+        "a%20b",
+        "ümlaut",
+        "%C3%BCmlaut",
+        "x}:1",
+        "a\u{a0}b",
+        long.as_str(),
+    ];
+    let mut keys = std::collections::HashSet::new();
+    for id in hostile {
+        let key = limiter.parse_key("Api", id).unwrap();
+        let redis_key = backend.redis_key(&key);
+        assert!(redis_key.is_ascii(), "{redis_key}");
+        assert!(
+            keys.insert(redis_key.clone()),
+            "{id:?} collides: {redis_key}"
+        );
+        // The hash tag is exactly `{<name>:<escaped id>}`: one `{`, one `}`, at the end.
+        let tag = &redis_key[prefix.len()..];
+        assert!(tag.starts_with('{') && tag.ends_with('}'), "{redis_key}");
+        assert_eq!(tag.matches('{').count(), 1, "{redis_key}");
+        assert_eq!(tag.matches('}').count(), 1, "{redis_key}");
+        // Each id has its own bucket: 2 allowed, the third denied, on the cluster.
+        for expected in [true, true, false] {
+            let d = limiter
+                .spend(&[Transaction::new(key.clone())])
+                .await
+                .unwrap();
+            assert_eq!(d.allowed(), expected, "{id:?}");
+        }
+        assert!(raw_get(&backend, &redis_key).await.is_some());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad state at a key.
+// ---------------------------------------------------------------------------------------------
+
+/// Issue 13, "must define": another program's data at a bucket key (another type, text, a
+/// negative or fractional number, a TAT out of range) used to be an error on every request:
+/// the id was unlimited forever under fail open, blocked forever under fail closed. It is now a
+/// fresh bucket: decided as one, and replaced by the first spend that writes; a check writes
+/// nothing and leaves it.
+#[tokio::test]
+async fn foreign_data_at_a_key_is_a_fresh_bucket_replaced_by_the_first_write() {
+    let redis = TestRedis::single();
+    let backend = backend(&redis.url, &unique_prefix("foreign")).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let cases: [(&str, Option<&str>); 6] = [
+        ("list", None),
+        ("text", Some("not a number")),
+        ("negative", Some("-5")),
+        ("float", Some("1.5e3")),
+        ("huge", Some("99999999999999999999")),
+        ("out-of-range", Some("9000000000000000")),
+    ];
+    for (id, value) in cases {
+        let bad = limiter.parse_key("Api", id).unwrap();
+        let bad_key = backend.redis_key(&bad);
+        match value {
+            None => {
+                let _: i64 = backend
+                    .client()
+                    .custom(
+                        fred::cmd!("LPUSH"),
+                        vec![bad_key.clone(), "someone else's".into()],
+                    )
+                    .await
+                    .unwrap();
+            }
+            Some(v) => {
+                let _: () = backend
+                    .client()
+                    .set(&bad_key, v, None, None, false)
+                    .await
+                    .unwrap();
+            }
+        }
+        // A check sees a fresh bucket (Api: burst 2) and writes nothing.
+        let d = limiter
+            .check(&[Transaction::new(bad.clone())])
+            .await
+            .unwrap();
+        assert!(d.allowed(), "{id}");
+        assert_eq!(d.decisions()[0].remaining, 1, "{id}");
+        if let Some(v) = value {
+            assert_eq!(
+                raw_get(&backend, &bad_key).await.as_deref(),
+                Some(v),
+                "{id}"
+            );
+        }
+        // A spend decides as on a fresh bucket and replaces the value with its TAT; from then
+        // on the id is limited as any other.
+        assert!(
+            limiter
+                .spend(&[Transaction::new(bad.clone())])
+                .await
+                .unwrap()
+                .allowed()
+        );
+        let stored = raw_get(&backend, &bad_key).await.unwrap();
+        assert!(stored.parse::<u64>().is_ok(), "{id}: {stored}");
+        assert!(
+            limiter
+                .spend(&[Transaction::new(bad.clone())])
+                .await
+                .unwrap()
+                .allowed()
+        );
+        assert!(
+            !limiter
+                .spend(&[Transaction::new(bad.clone())])
+                .await
+                .unwrap()
+                .allowed(),
+            "{id}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn setup_errors_are_typed() {
+    let err = RedisBackend::from_url("http://127.0.0.1:1")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisSetupError::InvalidUrl(_)), "{err:?}");
+    let err = RedisBackend::from_url("redis://127.0.0.1:6379")
+        .prefix("a{b")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedisSetupError::InvalidPrefix { .. }),
+        "{err:?}"
+    );
+    // Nothing listens on a port that was just free.
+    let port = support::redis::free_port();
+    let err = RedisBackend::from_url(format!("redis://127.0.0.1:{port}"))
+        .command_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisSetupError::Connect(_)), "{err:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The script's two paths: an all-GCRA spend takes a fast path; a batch with a tiered key the
+// general one. Both call the script's one `gcra` function; these tests hold them together.
+// ---------------------------------------------------------------------------------------------
+
+const PATH_LIMITS: &str = "\
+G: {burst: 3, count: 3, period: 1s}
+H: {burst: 5, count: 2, period: 1s}
+T:
+  tiers:
+    - {limit: 2, window: 1s, active: 1s, cooldown: 0s}
+";
+
+/// A limiter over its own prefix, on `clock`, with the deny cache off (every batch runs the
+/// script).
+async fn path_limiter(url: &str, name: &str, clock: &ManualClock) -> (Limiter, RedisBackend) {
+    let backend = caller_time_backend(url, &unique_prefix(name), clock, false).await;
+    let limits = Limits::from_yaml_str(PATH_LIMITS, None).unwrap();
+    (Limiter::new(limits, backend.clone()), backend)
+}
+
+#[tokio::test]
+async fn the_scripts_fast_path_decides_gcra_exactly_as_its_general_path() {
+    let redis = TestRedis::single();
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let (fast, fast_backend) = path_limiter(&redis.url, "fast", &clock).await;
+    let (general, general_backend) = path_limiter(&redis.url, "general", &clock).await;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for step in 0..400 {
+        clock.advance(Duration::from_micros(next(400_000)));
+        let modes = [Mode::CheckAndSpend, Mode::CheckOnly, Mode::SpendOnly];
+        let gcra = |l: &Limiter, name: &str, id: &str, cost: u64, mode: Mode| {
+            Transaction::new(l.key(name, Id::new(id).unwrap()).unwrap())
+                .cost(cost)
+                .mode(mode)
+        };
+        let (g_cost, h_cost) = (next(4), next(6));
+        let (g_mode, h_mode) = (modes[next(3) as usize], modes[next(3) as usize]);
+        let id = ["a", "b"][next(2) as usize];
+        let refund = next(5) == 0;
+        let batch = |l: &Limiter| {
+            vec![
+                gcra(l, "G", id, g_cost, g_mode),
+                gcra(l, "H", "h", h_cost, h_mode),
+            ]
+        };
+        let (f, g) = if refund {
+            (
+                fast.refund(&batch(&fast)).await,
+                general
+                    .refund(&{
+                        let mut b = batch(&general);
+                        b.push(gcra(&general, "T", "t", 1, Mode::CheckAndSpend));
+                        b
+                    })
+                    .await,
+            )
+        } else {
+            // A spend-only tiered key never changes the batch decision: the GCRA keys decide.
+            let mut b = batch(&general);
+            b.push(gcra(&general, "T", "t", 1, Mode::SpendOnly));
+            (fast.spend(&batch(&fast)).await, general.spend(&b).await)
+        };
+        let (f, g) = (f.unwrap(), g.unwrap());
+        for (df, dg) in f.decisions().iter().zip(g.decisions()) {
+            assert_eq!(
+                (df.allowed, df.remaining, df.retry_after, df.reset_after),
+                (dg.allowed, dg.remaining, dg.retry_after, dg.reset_after),
+                "step {step}: {}",
+                df.key
+            );
+        }
+        if !refund {
+            assert_eq!(f.allowed(), g.allowed(), "step {step}");
+        }
+        for (name, id) in [("G", id), ("H", "h")] {
+            let stored = |l: &Limiter, b: &RedisBackend| {
+                b.redis_key(&l.key(name, Id::new(id).unwrap()).unwrap())
+            };
+            assert_eq!(
+                raw_get(&fast_backend, &stored(&fast, &fast_backend)).await,
+                raw_get(&general_backend, &stored(&general, &general_backend)).await,
+                "step {step}: stored TAT of {name}={id}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn both_paths_take_a_stored_tat_below_2_pow_52_and_replace_one_at_it() {
+    let redis = TestRedis::single();
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let (limiter, backend) = path_limiter(&redis.url, "edges", &clock).await;
+    let g = limiter.key("G", Id::new("edge").unwrap()).unwrap();
+    let t = limiter.key("T", Id::new("edge").unwrap()).unwrap();
+    let key = backend.redis_key(&g);
+    let set = |v: u64| {
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            let _: () = backend
+                .client_for_key(&key)
+                .unwrap()
+                .set(&key, v.to_string(), None, None, false)
+                .await
+                .unwrap();
+        }
+    };
+    let fast = || vec![Transaction::new(g.clone())];
+    let general = || {
+        vec![
+            Transaction::new(g.clone()),
+            Transaction::new(t.clone()).mode(Mode::SpendOnly),
+        ]
+    };
+    for batch in [fast(), general()] {
+        // 2^52 - 1: a TAT far ahead, still exact in a double: a plain denial.
+        set((1 << 52) - 1).await;
+        let d = limiter.spend(&batch).await.unwrap();
+        assert!(!d.decisions()[0].allowed);
+        assert_eq!(
+            d.decisions()[0].reset_after,
+            Duration::from_micros((1 << 52) - 1 - simulate::EPOCH_US)
+        );
+        // 2^52: not a TAT of ours: a fresh bucket (G: burst 3), replaced by the spend.
+        set(1 << 52).await;
+        let d = limiter.spend(&batch).await.unwrap();
+        assert!(d.decisions()[0].allowed);
+        assert_eq!(d.decisions()[0].remaining, 2);
+        let stored: u64 = raw_get(&backend, &key).await.unwrap().parse().unwrap();
+        assert!(stored < 1 << 52);
+    }
+    // A caller clock at 2^52 is refused before anything is sent.
+    let late = ManualClock::new(1 << 52);
+    let late_backend = caller_time_backend(&redis.url, &unique_prefix("late"), &late, false).await;
+    let late_limiter = Limiter::new(
+        Limits::from_yaml_str(PATH_LIMITS, None).unwrap(),
+        late_backend,
+    );
+    let err = late_limiter
+        .spend(&[Transaction::new(
+            late_limiter.key("G", Id::new("x").unwrap()).unwrap(),
+        )])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LimiterError::Backend(BackendError::Gcra(GcraError::TimeOverflow))
+        ),
+        "{err:?}"
+    );
+}
+
+/// The script passes numbers to `SET` as they are (no `string.format`): a TAT just below 2^52
+/// with every digit significant is stored exactly, on the lean path and the general one.
+#[tokio::test]
+async fn a_tat_near_2_pow_52_is_stored_to_the_microsecond_on_both_paths() {
+    let redis = TestRedis::single();
+    let start = (1u64 << 52) - 2_000_001;
+    let clock = ManualClock::new(start);
+    let (limiter, backend) = path_limiter(&redis.url, "exact", &clock).await;
+    let t = limiter.key("T", Id::new("x").unwrap()).unwrap();
+    for (n, id) in ["lean", "general"].into_iter().enumerate() {
+        let g = limiter.key("G", Id::new(id).unwrap()).unwrap();
+        let mut batch = vec![Transaction::new(g.clone())];
+        if n == 1 {
+            batch.push(Transaction::new(t.clone()).mode(Mode::SpendOnly));
+        }
+        assert!(limiter.spend(&batch).await.unwrap().allowed());
+        // G: 3 per second, an emission interval of 333,334 us.
+        assert_eq!(
+            raw_get(&backend, &backend.redis_key(&g)).await,
+            Some((start + 333_334).to_string()),
+            "{id}"
+        );
+    }
+}

@@ -1,0 +1,85 @@
+//! A backend written outside the crate, as a user would write one for another store: a
+//! `Mutex<HashMap>` of states, deciding with the public batch kit (`tower_ratelimits::kit`)
+//! only. It reads a batch's states, lets the kit decide, and writes what the kit says, all under
+//! one lock (so a batch is atomic). `tests/conformance.rs` holds it to memory's decisions.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use tower_ratelimits::kit::{self, Stored};
+use tower_ratelimits::{Backend, BackendError, BucketKey, BucketTx, Clock, Outcome, Quota, Spend};
+
+/// A bucket's key in the map: its limit and id, and the shape of its state (a limit that
+/// changes shape in a reload starts afresh, as the Redis backend's suffixed keys do).
+type Slot = (BucketKey, u8);
+
+fn slot(tx: &BucketTx<'_>) -> Slot {
+    let shape = match tx.quota() {
+        Quota::Gcra(_) => 0,
+        Quota::Tiered(_) => 1,
+        _ => 2,
+    };
+    (tx.key().clone(), shape)
+}
+
+pub struct Outside<C> {
+    clock: C,
+    states: Mutex<HashMap<Slot, Stored>>,
+}
+
+impl<C: Clock> Outside<C> {
+    pub fn new(clock: C) -> Self {
+        Self {
+            clock,
+            states: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn states(&self) -> std::sync::MutexGuard<'_, HashMap<Slot, Stored>> {
+        self.states.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait::async_trait]
+impl<C: Clock> Backend for Outside<C> {
+    fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
+        let now = self.clock.now_us();
+        let mut states = self.states();
+        let slots: Vec<Slot> = batch.iter().map(slot).collect();
+        let read: Vec<_> = slots
+            .iter()
+            .map(|s| states.get(s).map(Stored::read))
+            .collect();
+        let spent = match kit::spend(batch, &read, now) {
+            Ok(spent) => spent,
+            Err(e) => return Spend::Ready(Err(e)),
+        };
+        for (s, write) in slots.into_iter().zip(spent.writes) {
+            if let Some(state) = write {
+                states.insert(s, state);
+            }
+        }
+        Spend::Ready(Ok(spent.outcomes))
+    }
+
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        let now = self.clock.now_us();
+        let mut states = self.states();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for tx in batch {
+            let s = slot(tx);
+            let (outcome, write) = kit::refund(tx, states.get(&s).map(Stored::read), now)?;
+            if let Some(state) = write {
+                states.insert(s, state);
+            }
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        let mut states = self.states();
+        states.retain(|(key, _), _| !keys.contains(&key));
+        Ok(())
+    }
+}
