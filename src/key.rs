@@ -326,6 +326,17 @@ impl fmt::Debug for BucketKey {
 
 /// What kind of id a limit name is keyed by. Override ids are checked against it when limits
 /// are loaded, and ids taken from requests (e.g. a header) when they are extracted.
+///
+/// Adding a kind, every place it MUST be added (as Boulder's `names.go` keeps it):
+/// - a variant here, documented with its canonical form;
+/// - [`IdKind::ALL`], with its configuration name (`as_str`, `FromStr` and the unknown-kind
+///   message derive from it);
+/// - [`IdKind::parse`] (the canonical form, refused otherwise) and `IdKind::conform` (an id
+///   from a request, folded to that form);
+/// - `examples/simulate/main.rs`: an id the kind accepts, for `--generate`'s default keys;
+/// - the kinds table of `README.md` ("Keys") and of `docs/keys-and-http.md`;
+/// - `tests/config.rs` (an override id of the kind is checked at load) and
+///   `tests/support/identity.rs` (its ids keep their Redis slot and never collide).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum IdKind {
     /// An IPv4 or IPv6 address in canonical text form.
@@ -360,6 +371,11 @@ impl IdKind {
         ("account_fqdn_set", IdKind::AccountFqdnSet),
         ("any", IdKind::Any),
     ];
+
+    /// Every kind's configuration name, comma-separated (for messages).
+    fn names() -> String {
+        Self::ALL.map(|(name, _)| name).join(", ")
+    }
 
     /// The kind's name in configuration files.
     pub fn as_str(self) -> &'static str {
@@ -474,9 +490,7 @@ pub enum IdError {
         reason: &'static str,
     },
     /// An id kind name that does not exist.
-    #[error(
-        "unknown id kind {0:?}; expected one of ip, ipv6_range, account, domain, fqdn_set, account_domain, account_fqdn_set, any"
-    )]
+    #[error("unknown id kind {0:?}; expected one of {names}", names = IdKind::names())]
     UnknownKind(String),
 }
 
@@ -807,5 +821,23 @@ mod tests {
         assert_eq!(Id::new("042").unwrap().as_text(), Some("042"));
         let k = BucketKey::new(LimitName::intern("PerAccount"), Id::from(12345678u64));
         assert_eq!(k.to_string(), "PerAccount:12345678");
+    }
+
+    #[test]
+    fn the_unknown_kind_message_names_every_kind_in_order() {
+        let e = "ipv7".parse::<IdKind>().unwrap_err().to_string();
+        let names: Vec<&str> = IdKind::ALL.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            e,
+            format!(
+                "unknown id kind \"ipv7\"; expected one of {}",
+                names.join(", ")
+            )
+        );
+        assert_eq!(
+            e,
+            "unknown id kind \"ipv7\"; expected one of ip, ipv6_range, account, domain, \
+             fqdn_set, account_domain, account_fqdn_set, any"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! Per-key concurrency limits (`concurrency: N` in YAML) on the memory backend: through the
 //! `Limiter`, and through the layer on a real axum server over TCP with slow handlers held at
 //! a gate (no sleeps: a handler waits for the test to open the gate). The Redis and cluster
-//! versions, with two app instances, are in `tests/redis.rs`.
+//! versions, with two app instances, are in `tests/redis_concurrency.rs`.
 
 #[path = "support/gate.rs"]
 mod gate;

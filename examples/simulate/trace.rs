@@ -32,7 +32,7 @@
 //! `{"line":N,"at_us":T,"op":"release","keys":["Name=id",...],"released":K}` (K: the slots
 //! that were still held, not ended at their lease time).
 //!
-//! `tests/simulate.rs` runs it on the worked examples, and `tests/redis.rs` runs the same
+//! `tests/simulate.rs` runs it on the worked examples, and `tests/conformance.rs` runs the same
 //! traces through memory, a Redis and a cluster. The file is part of the `simulate` example,
 //! not of the library: the tests include it by path.
 

@@ -120,7 +120,7 @@ pub struct Spent {
     pub outcomes: Outcomes,
     /// What to store for each transaction's bucket (`None`: leave it as it is). All `None`
     /// when the batch is denied: a denied batch writes nothing.
-    pub writes: smallvec::SmallVec<[Option<Stored>; 1]>,
+    pub writes: smallvec::SmallVec<[Option<Stored>; 4]>,
 }
 
 impl Spent {

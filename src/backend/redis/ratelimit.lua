@@ -78,7 +78,7 @@ end
 -- the lean path 14,000 server instructions per call (benches/redis_instructions.sh). So the
 -- GCRA rule (`gcra_fits`), the stored-value check (`read_tat`), the modes (`counts`,
 -- `gcra_writes`) and the expiry (`expire_args`) are written out here once more;
--- tests/redis.rs (`the_scripts_fast_path_decides_gcra_exactly_as_its_general_path`, the 2^52
+-- tests/redis_keys.rs (`the_scripts_fast_path_decides_gcra_exactly_as_its_general_path`, the 2^52
 -- and expiry tests) holds the two writings to each other.
 --
 -- 'M' (coalesced: several requests' lean spends with the defaults in one call, each its own
@@ -175,7 +175,7 @@ local function read_tat(i)
 end
 
 -- Numbers are passed to commands as they are: Redis 7 writes a whole double below 2^53 as
--- its exact decimal digits (`tests/redis.rs` holds it to that).
+-- its exact decimal digits (`tests/redis_keys.rs` holds it to that).
 local function expire_args(at)
   if margin < 0 then
     return 'PXAT', math.floor((at + 999) / 1000)

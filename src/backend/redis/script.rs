@@ -1,6 +1,6 @@
 //! The script's protocol, in one place: what `ratelimit.lua` takes (`ARGV`) and what it
 //! answers, encoded and decoded here only, field by named field. The script's header comment
-//! documents the same layout; `tests/redis.rs` holds the two to each other.
+//! documents the same layout; `tests/redis_keys.rs` and the tests below hold the two to each other.
 //!
 //! `ARGV`: the operation, now (`-1`: the server's `TIME`), the expiry mode, whether tiered keys
 //! report their values before and after, then one record per key:
