@@ -180,20 +180,19 @@ where
                 StateProj::Calling { future, allowed } => {
                     let response = ready!(future.poll(cx))?;
                     let (batch, headers) = match allowed.take() {
-                        None => {
-                            let release = this.release.take();
-                            return Poll::Ready(Ok(
-                                response.map(|b| RateLimitBody::settling(b, None, release))
-                            ));
-                        }
-                        Some(Allowed::Fields(fields)) => {
-                            let release = this.release.take();
-                            let response = with_fields(this.shared, response, &fields);
-                            return Poll::Ready(Ok(
-                                response.map(|b| RateLimitBody::settling(b, None, release))
-                            ));
-                        }
                         Some(Allowed::Settle { batch, headers }) => (batch, headers),
+                        fields => {
+                            let response = match &fields {
+                                Some(Allowed::Fields(fields)) => {
+                                    with_fields(this.shared, response, fields)
+                                }
+                                _ => response,
+                            };
+                            let release = this.release.take();
+                            return Poll::Ready(Ok(
+                                response.map(|b| RateLimitBody::settling(b, None, release))
+                            ));
+                        }
                     };
                     let (head, body) = response.into_parts();
                     let reserved = this.shared.rules.reservations(&batch, false);
@@ -292,7 +291,7 @@ where
     S: Service<Request<B>>,
 {
     let (parts, body) = req.into_parts();
-    let decided = road(shared, &parts, grpc);
+    let decided = road(shared, &parts);
     let req = Request::from_parts(parts, body);
     match decided {
         Road::Answer(response) => {

@@ -23,6 +23,10 @@ pub(crate) struct Release {
 impl Release {
     /// The leases `batch` (allowed, decided by `limiter`) holds; `None` when it holds none.
     pub(crate) fn of(limiter: &Limiter, batch: &BatchDecision) -> Option<Box<Self>> {
+        // Most requests hold no slot: one pass over the ids, nothing built.
+        if batch.decisions().iter().all(|d| d.lease_id.is_none()) {
+            return None;
+        }
         let leases: SmallVec<[Lease; 1]> =
             batch.decisions().iter().filter_map(|d| d.lease()).collect();
         if leases.is_empty() {

@@ -72,6 +72,14 @@ pub(crate) struct Decided {
     pub(crate) fell_back: bool,
 }
 
+impl Decided {
+    /// Whether the request is allowed: then its answer is the inner service's, and whether it
+    /// is a gRPC call does not matter.
+    pub(crate) fn allowed(&self) -> bool {
+        self.result.as_ref().is_ok_and(BatchDecision::allowed)
+    }
+}
+
 pub(crate) type Decide = Pin<Box<dyn Future<Output = Decided> + Send>>;
 
 /// Where a request goes once its rules are applied: the one road, taken by `call` and by a
@@ -89,12 +97,9 @@ pub(crate) enum Road {
 
 /// Applies the rules to a request and asks the limiter once, under one snapshot of the limits
 /// (a reload never mixes two within a request).
-pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts, grpc: bool) -> Road {
+pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
     let limits = shared.limiter.load();
-    let txs = match shared
-        .rules
-        .prepare(&limits, parts, grpc, shared.answers.body)
-    {
+    let txs = match shared.rules.prepare(&limits, parts, shared.answers.body) {
         Prepared::Reject(response) => return Road::Answer(response),
         Prepared::Batch(txs) => txs,
     };

@@ -432,13 +432,7 @@ impl Rules {
 impl Rules {
     /// The rules' transactions for a request, under `limits` (the snapshot the request is
     /// decided under: a rule's id kind comes from it); a rejection is written as `body` says.
-    pub(crate) fn prepare(
-        &self,
-        limits: &Limits,
-        parts: &Parts,
-        grpc: bool,
-        body: ErrorBody,
-    ) -> Prepared {
+    pub(crate) fn prepare(&self, limits: &Limits, parts: &Parts, body: ErrorBody) -> Prepared {
         let mut txs = Txs::new();
         for r in &self.list {
             if !r.applies(parts) {
@@ -452,7 +446,7 @@ impl Rules {
                     status,
                     &response::error_code(status),
                     message,
-                    grpc,
+                    response::is_grpc(&parts.headers),
                     body,
                 ))
             };

@@ -64,27 +64,33 @@ where
             let future = inner.call(Request::from_parts(parts, body));
             return ResponseFuture::calling(shared, future, None);
         }
-        let grpc = is_grpc(&parts.headers);
-        match road(&shared, &parts, grpc) {
+        match road(&shared, &parts) {
             Road::Answer(response) => ResponseFuture::answered(shared, response),
             Road::Call => {
                 let future = inner.call(Request::from_parts(parts, body));
                 ResponseFuture::calling(shared, future, None)
             }
-            Road::Decided(decided) => concluded(
-                shared,
-                inner,
-                Request::from_parts(parts, body),
-                decided,
-                grpc,
-            ),
-            Road::Deciding(decide) => ResponseFuture::deciding(
-                shared,
-                decide,
-                inner,
-                Request::from_parts(parts, body),
-                grpc,
-            ),
+            Road::Decided(decided) => {
+                // Only an answer of ours depends on it.
+                let grpc = !decided.allowed() && is_grpc(&parts.headers);
+                concluded(
+                    shared,
+                    inner,
+                    Request::from_parts(parts, body),
+                    decided,
+                    grpc,
+                )
+            }
+            Road::Deciding(decide) => {
+                let grpc = is_grpc(&parts.headers);
+                ResponseFuture::deciding(
+                    shared,
+                    decide,
+                    inner,
+                    Request::from_parts(parts, body),
+                    grpc,
+                )
+            }
         }
     }
 }
