@@ -45,6 +45,61 @@ RequestsPerIPAddress:
             .layer(layer)
     }
 
+    /// One road: a request on Redis has its key extracted once and is decided by one spend,
+    /// whether Redis answers (allowed) or the deny cache does (denied). Before the one road, a
+    /// one-rule request was tried on a fast path first and prepared again when Redis could not
+    /// answer at once: its key was extracted twice.
+    #[tokio::test]
+    async fn every_request_on_redis_extracts_its_key_once() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tower_ratelimits::{Header, Id, KeyError, key_fn};
+        let redis = TestRedis::single();
+        let backend = RedisBackend::from_url(&redis.url)
+            .prefix(&unique_prefix("once"))
+            .command_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap();
+        let limits = Limits::from_yaml_str("PerClient: {burst: 3, count: 3, period: 1h}\n", None);
+        let limiter = Limiter::new(limits.unwrap(), backend.clone());
+        let extracted = Arc::new(AtomicUsize::new(0));
+        let header = Header::new("x-client");
+        let counted = extracted.clone();
+        let extractor = key_fn(
+            move |req: &http::request::Parts| -> Result<Option<Id>, KeyError> {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tower_ratelimits::KeyExtractor::extract(&header, req)
+            },
+        );
+        let layer = RateLimitLayer::builder(limiter)
+            .rule(Rule::new("PerClient", extractor))
+            .build()
+            .unwrap();
+        let server = serve(
+            Router::new()
+                .route("/", get(|| async { "hello" }))
+                .layer(layer),
+        )
+        .await;
+        let client = HttpClient::new(&server);
+        let mut statuses = Vec::new();
+        for _ in 0..10 {
+            statuses.push(client.get("/", &[("x-client", "c1")]).await.status);
+        }
+        assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429, 429, 429, 429]);
+        assert_eq!(
+            extracted.load(Ordering::SeqCst),
+            10,
+            "one extraction per request"
+        );
+        assert_eq!(
+            backend.deny_cache_hits(),
+            6,
+            "the first denial came from Redis, the six after it from the deny cache"
+        );
+    }
+
     #[tokio::test]
     async fn two_app_instances_on_one_redis_share_one_limit() {
         let redis = TestRedis::single();
