@@ -56,7 +56,7 @@ RequestsPerIPAddress:
         use tower_ratelimits::{Header, Id, KeyError, key_fn};
         let redis = TestRedis::single();
         let backend = RedisBackend::from_url(&redis.url)
-            .prefix(&unique_prefix("once"))
+            .prefix(unique_prefix("once"))
             .command_timeout(Duration::from_secs(2))
             .connect()
             .await

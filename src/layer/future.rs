@@ -312,6 +312,17 @@ where
                 release,
             )
         }
+        Road::Allowed(allowed) => {
+            waited.permit = None;
+            next(
+                Conclusion::Call(allowed, None),
+                inner,
+                req,
+                grpc,
+                waited,
+                release,
+            )
+        }
         Road::Decided(decided) => {
             let conclusion = conclude(shared, decided, grpc, waited);
             next(conclusion, inner, req, grpc, waited, release)
@@ -354,7 +365,11 @@ fn settled<B>(
     headers: bool,
     release: Held,
 ) -> Response<RateLimitBody<B>> {
-    if headers && let Some(fields) = Fields::of(&batch, |d| shared.rules.cached_policy(d)) {
+    if headers
+        && let Some(fields) = Fields::of(&batch, |name, quota| {
+            shared.rules.cached_policy(name, quota)
+        })
+    {
         response = with_fields(shared, response, &fields);
     }
     let settle = BodySettle::of(&shared.settler, shared.rules.reservations(&batch, true));

@@ -62,17 +62,44 @@ impl RuleOutcome {
     }
 
     /// The outcome of a decided rule.
-    pub(crate) fn of(d: &Decision, shadow: bool) -> Self {
+    pub(crate) fn of(d: &Seen<'_>, shadow: bool) -> Self {
         if d.skipped {
             RuleOutcome::Skipped
         } else if d.allowed {
             RuleOutcome::Allowed
         } else if shadow {
             RuleOutcome::ShadowDenied
-        } else if d.counts() {
+        } else if d.counts {
             RuleOutcome::Denied
         } else {
             RuleOutcome::NotSpent
+        }
+    }
+}
+
+/// What the counters and decision events need of one decided transaction: taken from a
+/// [`Decision`], or from the backend's outcome when no decision was built.
+pub(crate) struct Seen<'a> {
+    pub(crate) name: LimitName,
+    pub(crate) id: &'a crate::key::Id,
+    pub(crate) allowed: bool,
+    pub(crate) skipped: bool,
+    /// It takes part in choosing the batch decision ([`Decision::counts`]).
+    pub(crate) counts: bool,
+    pub(crate) retry_after_us: u64,
+    pub(crate) remaining: u64,
+}
+
+impl<'a> From<&'a Decision> for Seen<'a> {
+    fn from(d: &'a Decision) -> Self {
+        Self {
+            name: d.name,
+            id: d.key.id(),
+            allowed: d.allowed,
+            skipped: d.skipped,
+            counts: d.counts(),
+            retry_after_us: crate::time::duration_us(d.retry_after),
+            remaining: d.remaining,
         }
     }
 }
@@ -125,11 +152,11 @@ pub(crate) fn count_request(outcome: &'static str) {
 /// One `tracing` event per decided rule: `debug` on the target `tower_ratelimits::decision`;
 /// a shadowed rule that would deny at `info` on `tower_ratelimits::shadow`. The id is a field
 /// only when `log_ids` is on (ids can be personal data).
-pub(crate) fn trace_decision(d: &Decision, outcome: RuleOutcome, log_ids: bool) {
+pub(crate) fn trace_decision(d: &Seen<'_>, outcome: RuleOutcome, log_ids: bool) {
     trace_fields(
         d.name,
-        d.key.id(),
-        crate::time::duration_us(d.retry_after),
+        d.id,
+        d.retry_after_us,
         d.remaining,
         outcome,
         log_ids,

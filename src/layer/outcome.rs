@@ -15,15 +15,15 @@ use http::request::Parts;
 use super::extract::Exemptions;
 use super::failure::{FailurePolicy, OnFailure};
 use super::lease::{Held, Release};
-use super::observe::{RuleOutcome, count_request};
-use super::response::{Answers, Fields};
+use super::observe::{RuleOutcome, Seen, count_request};
+use super::response::{Answers, Fields, Reported};
 use super::rule::{Prepared, Rules, Txs};
 use super::settle::Settler;
 use super::wait::WaitPermit;
 use crate::backend::BackendError;
 use crate::limiter::Limiter;
 use crate::limiter::LimiterError;
-use crate::limiter::{BatchDecision, Pending, Step};
+use crate::limiter::{BatchDecision, Pending, Step, Verdict};
 
 /// What a layer holds, as plain pieces each owned by the file that uses it: the limiter, the
 /// rules (`rule.rs`), the failure handling (`failure.rs`), how it answers (`response.rs`), the
@@ -89,6 +89,9 @@ pub(crate) enum Road {
     Answer(Response<Bytes>),
     /// No rule applies: call the inner service as it is.
     Call,
+    /// Allowed at once, concluded from the backend's outcomes by reference (no decision
+    /// built): call the inner service, its response getting these fields, if any.
+    Allowed(Option<Allowed>),
     /// Decided at once (in memory, or a certain denial of the deny cache): no box, no await.
     Decided(Decided),
     /// The store must answer first.
@@ -106,12 +109,57 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
     if txs.is_empty() {
         return Road::Call;
     }
-    match shared.limiter.spend_step(&limits, &txs) {
-        Step::Ready(result) => {
-            Road::Decided(decided(shared, result.map_err(Failure::Limiter), txs))
+    // What the step leads to, taken out of it before `txs` moves on.
+    let result = match shared.limiter.spend_step(&limits, &txs) {
+        Step::Ready(Ok(verdict)) if verdict.plain() && !shared.rules.settles => {
+            if verdict.allowed() {
+                return Road::Allowed(allowed_now(shared, &verdict));
+            }
+            Ok(verdict.decision())
         }
-        Step::Pending(pending) => Road::Deciding(decide(shared, pending, txs)),
+        Step::Ready(result) => Ok(result.and_then(Verdict::decision)),
+        Step::Pending(pending) => Err(pending),
+    };
+    match result {
+        Ok(result) => Road::Decided(decided(shared, result.map_err(Failure::Limiter), txs)),
+        Err(pending) => Road::Deciding(decide(shared, pending, txs)),
     }
+}
+
+/// An allowed request concluded from its verdict by reference, as `conclude` concludes its
+/// decisions: counted and traced, and its fields' numbers taken. Only for a verdict that holds
+/// no slot, no cost range and nothing to settle (`Verdict::plain`), whose decisions would
+/// carry nothing more.
+fn allowed_now(shared: &Shared, verdict: &Verdict<'_>) -> Option<Allowed> {
+    count("allowed");
+    shared.rules.observe(verdict.entries().map(|e| Seen {
+        name: e.tx.key().name(),
+        id: e.tx.key().id(),
+        allowed: e.outcome.allowed,
+        skipped: e.outcome.skipped,
+        counts: e.counts(),
+        retry_after_us: e.outcome.retry_after_us,
+        remaining: e.outcome.remaining,
+    }));
+    if !shared.answers.fields.on_allowed() {
+        return None;
+    }
+    let reported = verdict.entries().map(|e| {
+        let quota = e.quota.filter(|_| e.counts())?;
+        Some(Reported {
+            name: e.tx.key().name(),
+            quota,
+            allowed: e.outcome.allowed,
+            remaining: e.outcome.remaining,
+            retry_after_us: e.outcome.retry_after_us,
+            reset_after_us: e.outcome.reset_after_us,
+            tier: e.outcome.tiers.map(|t| t.tier),
+        })
+    });
+    Fields::from_reported(verdict.strictest(), reported, |name, quota| {
+        shared.rules.cached_policy(name, quota)
+    })
+    .map(Allowed::Fields)
 }
 
 /// Waits for a spend under way (`pending`, the limiter's step for `txs`), within the layer's
@@ -137,13 +185,18 @@ fn decided(shared: &Shared, result: Result<BatchDecision, Failure>, txs: Txs) ->
             let local = fallback.limiter(&shared.limiter);
             tracing::debug!(reason = %failure, "rate limit store failed; deciding in memory");
             // In memory it always answers at once; if it did not, the failure stands.
-            match local.spend_step(&local.load(), &txs) {
-                Step::Ready(result) => Decided {
+            let local_limits = local.load();
+            let result = match local.spend_step(&local_limits, &txs) {
+                Step::Ready(result) => Some(result.and_then(Verdict::decision)),
+                Step::Pending(_) => None,
+            };
+            match result {
+                Some(result) => Decided {
                     result: result.map_err(Failure::Limiter),
                     txs,
                     fell_back: true,
                 },
-                Step::Pending(_) => Decided {
+                None => Decided {
                     result: Err(failure),
                     txs,
                     fell_back: false,
@@ -208,7 +261,9 @@ pub(crate) fn conclude(
             count("fallback");
             shared.rules.count(&txs, RuleOutcome::Fallback);
         }
-        Ok(batch) => shared.rules.observe(batch),
+        Ok(batch) => shared
+            .rules
+            .observe(batch.decisions().iter().map(Seen::from)),
         Err(_) => {}
     }
     match result {
@@ -225,7 +280,10 @@ pub(crate) fn conclude(
             let allowed = if settle {
                 Some(Allowed::Settle { batch, headers })
             } else if headers {
-                Fields::of(&batch, |d| shared.rules.cached_policy(d)).map(Allowed::Fields)
+                Fields::of(&batch, |name, quota| {
+                    shared.rules.cached_policy(name, quota)
+                })
+                .map(Allowed::Fields)
             } else {
                 None
             };

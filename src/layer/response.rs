@@ -221,50 +221,64 @@ fn ceil_secs_us(us: u64) -> u64 {
     us.div_ceil(1_000_000)
 }
 
-/// The draft-11 effective window of a decision, in microseconds: the time within which the
-/// client can use no more than `r` units. For GCRA, `Limit::window_us`. For a tiered limit: on
-/// a denial, the wait before the request passes; else the time until the serving tier is fresh
-/// (a client whose tier is used up may still burst into the next one, so `r` is not a ceiling
-/// there).
-fn effective_window_us(d: &Decision) -> u64 {
-    let micros = crate::time::duration_us;
-    match &d.limit {
-        Some(Quota::Gcra(l)) => l.window_us(micros(d.reset_after), d.remaining),
-        Some(Quota::Tiered(_)) if !d.allowed => micros(d.retry_after),
-        Some(Quota::Tiered(_)) => micros(d.reset_after),
-        // Slots in flight: a denial's hint, else nothing to wait for.
-        Some(Quota::Concurrency(_)) => micros(d.retry_after),
-        None => 0,
-    }
+/// What a response's fields report of one decided transaction: taken from a [`Decision`], or
+/// from the backend's outcome when no decision was built (an allowed request's fields).
+pub(crate) struct Reported<'a> {
+    pub(crate) name: LimitName,
+    pub(crate) quota: &'a Quota,
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u64,
+    pub(crate) retry_after_us: u64,
+    pub(crate) reset_after_us: u64,
+    /// For a tiered limit: the tier serving the client (on a denial, the one that refused).
+    pub(crate) tier: Option<u8>,
 }
 
-/// The `q` and `w` of a decision's `RateLimit-Policy` member, and its legacy
-/// `X-RateLimit-Limit`; `None` when the limit is disabled for the id. GCRA: the burst and the
-/// burst offset; tiered: the serving tier's limit and window (seconds, rounded up); concurrency:
-/// the requests allowed in flight, and no window (its member is written by
-/// [`push_concurrency_policy`]).
-fn policy_params(decision: &Decision) -> Option<(u64, u64)> {
-    match decision.limit.as_ref()? {
-        Quota::Concurrency(c) => Some((c.max(), 0)),
-        Quota::Gcra(l) => Some((l.burst(), ceil_secs_us(l.burst_offset_us()))),
-        Quota::Tiered(t) => {
-            let number = decision.tiers.map_or(1, |g| usize::from(g.tier));
-            let tier = t.tier(number).or(t.tiers().first())?;
-            Some((tier.limit(), ceil_secs_us(tier.window_us())))
+impl<'a> Reported<'a> {
+    /// A decision's numbers; `None` when its limit is disabled for the id.
+    fn of(d: &'a Decision) -> Option<Self> {
+        let micros = crate::time::duration_us;
+        Some(Self {
+            name: d.name,
+            quota: d.limit.as_ref()?,
+            allowed: d.allowed,
+            remaining: d.remaining,
+            retry_after_us: micros(d.retry_after),
+            reset_after_us: micros(d.reset_after),
+            tier: d.tiers.map(|t| t.tier),
+        })
+    }
+
+    /// The draft-11 effective window, in microseconds: the time within which the client can
+    /// use no more than `r` units. For GCRA, `Limit::window_us`. For a tiered limit: on a
+    /// denial, the wait before the request passes; else the time until the serving tier is
+    /// fresh (a client whose tier is used up may still burst into the next one, so `r` is not
+    /// a ceiling there).
+    fn window_us(&self) -> u64 {
+        match self.quota {
+            Quota::Gcra(l) => l.window_us(self.reset_after_us, self.remaining),
+            Quota::Tiered(_) if !self.allowed => self.retry_after_us,
+            Quota::Tiered(_) => self.reset_after_us,
+            // Slots in flight: a denial's hint, else nothing to wait for.
+            Quota::Concurrency(_) => self.retry_after_us,
         }
     }
-}
 
-/// The decisions a response reports, one list member each: the strictest first, then every
-/// other counting decision (enforced, evaluated, enabled) in rule order.
-fn reported(batch: &BatchDecision) -> impl Iterator<Item = &Decision> {
-    let first = batch.strictest();
-    first.into_iter().chain(
-        batch
-            .decisions()
-            .iter()
-            .filter(move |d| d.counts() && !first.is_some_and(|f| std::ptr::eq(f, *d))),
-    )
+    /// The `q` and `w` of its `RateLimit-Policy` member, and its legacy `X-RateLimit-Limit`.
+    /// GCRA: the burst and the burst offset; tiered: the serving tier's limit and window
+    /// (seconds, rounded up); concurrency: the requests allowed in flight, and no window (its
+    /// member is written by [`push_concurrency_policy`]).
+    fn policy(&self) -> Option<(u64, u64)> {
+        match self.quota {
+            Quota::Concurrency(c) => Some((c.max(), 0)),
+            Quota::Gcra(l) => Some((l.burst(), ceil_secs_us(l.burst_offset_us()))),
+            Quota::Tiered(t) => {
+                let number = self.tier.map_or(1, usize::from);
+                let tier = t.tier(number).or(t.tiers().first())?;
+                Some((tier.limit(), ceil_secs_us(tier.window_us())))
+            }
+        }
+    }
 }
 
 /// One reported decision's numbers: its `RateLimit-Policy` member (precomputed, or `q` and
@@ -314,36 +328,59 @@ pub(crate) struct Fields {
 }
 
 impl Fields {
-    /// The fields of `batch`; `cached` gives a decision's precomputed `RateLimit-Policy`
-    /// member, if any. `None` when no decision is reported.
+    /// The fields of `batch`; `cached` gives a limit's precomputed `RateLimit-Policy` member,
+    /// if any. `None` when no decision is reported.
     pub(crate) fn of(
         batch: &BatchDecision,
-        cached: impl Fn(&Decision) -> Option<HeaderValue>,
+        cached: impl Fn(LimitName, &Quota) -> Option<HeaderValue>,
     ) -> Option<Self> {
-        let mut reset_secs = 0;
-        let members: SmallVec<[Member; 1]> = reported(batch)
-            .filter_map(|d| {
-                let (q, w) = policy_params(d)?;
-                if reset_secs == 0 {
-                    reset_secs = ceil_secs(d.reset_after);
-                }
+        let decisions = batch.decisions();
+        let strictest = batch
+            .strictest()
+            .and_then(|s| decisions.iter().position(|d| std::ptr::eq(d, s)));
+        Self::from_reported(
+            strictest,
+            decisions
+                .iter()
+                .map(|d| d.counts().then(|| Reported::of(d)).flatten()),
+            cached,
+        )
+    }
+
+    /// The fields of the transactions `items` (`None`: one that does not count), reporting
+    /// the `strictest` first, then every other one that counts, in order. The one home of the
+    /// fields' numbers.
+    pub(crate) fn from_reported<'a>(
+        strictest: Option<usize>,
+        items: impl Iterator<Item = Option<Reported<'a>>> + Clone,
+        cached: impl Fn(LimitName, &Quota) -> Option<HeaderValue>,
+    ) -> Option<Self> {
+        let first = strictest.and_then(|i| items.clone().nth(i).flatten());
+        let rest = items
+            .enumerate()
+            .filter(|&(i, _)| Some(i) != strictest)
+            .filter_map(|(_, r)| r);
+        let mut reset_secs = None;
+        let members: SmallVec<[Member; 1]> = first
+            .into_iter()
+            .chain(rest)
+            .filter_map(|r| {
+                let (q, w) = r.policy()?;
+                reset_secs.get_or_insert(ceil_secs_us(r.reset_after_us));
                 Some(Member {
-                    name: d.name,
-                    concurrency: matches!(d.limit, Some(Quota::Concurrency(_))),
+                    name: r.name,
+                    concurrency: matches!(r.quota, Quota::Concurrency(_)),
                     q,
                     w,
-                    r: d.remaining,
-                    t: ceil_secs_us(effective_window_us(d)),
-                    cached: cached(d),
+                    r: r.remaining,
+                    t: ceil_secs_us(r.window_us()),
+                    cached: cached(r.name, r.quota),
                 })
             })
             .collect();
-        if members.is_empty() {
-            return None;
-        }
         Some(Self {
+            reset_secs: reset_secs?,
             members,
-            reset_secs,
         })
     }
 
@@ -577,7 +614,7 @@ impl Denial<'_> {
         };
         let headers = response.headers_mut();
         headers.insert(RETRY_AFTER, number(retry));
-        if let Some(fields) = Fields::of(self.batch, |_| None) {
+        if let Some(fields) = Fields::of(self.batch, |_, _| None) {
             self.fields.write(headers, &fields);
         }
         response

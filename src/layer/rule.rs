@@ -11,13 +11,13 @@ use http::{Response, StatusCode};
 use std::time::Duration;
 
 use super::extract::KeyExtractor;
-use super::observe::{RuleMetrics, RuleOutcome};
+use super::observe::{RuleMetrics, RuleOutcome, Seen};
 use super::response::{self, ErrorBody};
 use super::settle::{Reservations, Reserved};
 use super::wait::{WaitPermit, Waiting};
 use crate::config::Limits;
 use crate::key::{BucketKey, LimitName};
-use crate::limiter::{BatchDecision, Decision, Transaction};
+use crate::limiter::{BatchDecision, Transaction};
 use crate::mode::Mode;
 
 /// What to do when a rule's extractor finds no id (e.g. no account header).
@@ -307,24 +307,27 @@ impl Rules {
         self.list.iter().find(|r| r.name == name)
     }
 
-    /// The precomputed `RateLimit-Policy` of a decision's limit, when it is its default.
-    pub(crate) fn cached_policy(&self, d: &Decision) -> Option<http::HeaderValue> {
-        let rule = self.of(d.key.name())?;
-        let limit = d.limit.as_ref()?;
+    /// The precomputed `RateLimit-Policy` of a limit's quota, when it is its default.
+    pub(crate) fn cached_policy(
+        &self,
+        name: LimitName,
+        limit: &crate::quota::Quota,
+    ) -> Option<http::HeaderValue> {
+        let rule = self.of(name)?;
         rule.is_default(limit)
             .then(|| rule.policy.as_ref().map(|(_, v)| v.clone()))
             .flatten()
     }
 
-    /// Counts and traces every decision of a batch.
-    pub(crate) fn observe(&self, batch: &BatchDecision) {
-        for d in batch.decisions() {
+    /// Counts and traces every decided transaction of a request.
+    pub(crate) fn observe<'a>(&self, decided: impl IntoIterator<Item = Seen<'a>>) {
+        for d in decided {
             let Some(rule) = self.of(d.name) else {
                 continue;
             };
-            let outcome = RuleOutcome::of(d, rule.shadow);
+            let outcome = RuleOutcome::of(&d, rule.shadow);
             rule.metrics.count(outcome);
-            super::observe::trace_decision(d, outcome, self.log_ids);
+            super::observe::trace_decision(&d, outcome, self.log_ids);
         }
     }
 

@@ -70,6 +70,10 @@ where
                 let future = inner.call(Request::from_parts(parts, body));
                 ResponseFuture::calling(shared, future, None)
             }
+            Road::Allowed(allowed) => {
+                let future = inner.call(Request::from_parts(parts, body));
+                ResponseFuture::calling(shared, future, allowed)
+            }
             Road::Decided(decided) => {
                 // Only an answer of ours depends on it.
                 let grpc = !decided.allowed() && is_grpc(&parts.headers);

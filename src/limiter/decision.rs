@@ -102,11 +102,25 @@ pub struct BatchDecision {
     strictest: Option<usize>,
 }
 
-/// How strict a decision is, as [`BatchDecision::new`] compares them (greater is stricter;
-/// among equals the first is chosen): a denial beats an allowance, then the longer
-/// `retry_after` (a `Duration`, or the same wait in microseconds), then the fewer `remaining`.
-fn strictness<T: Ord>(allowed: bool, retry_after: T, remaining: u64) -> impl Ord {
-    (!allowed, retry_after, std::cmp::Reverse(remaining))
+/// The strictest of decisions given as `(allowed, retry_after, remaining)` (`None`: one that
+/// does not count): a denial beats an allowance; among equals the longer `retry_after` (a
+/// `Duration`, or the same wait in microseconds), then the fewer `remaining`, then the first.
+/// The one home of "which decision speaks for the batch".
+pub(crate) fn strictest<T: Ord>(
+    decisions: impl IntoIterator<Item = Option<(bool, T, u64)>>,
+) -> Option<usize> {
+    type Strictness<T> = (bool, T, std::cmp::Reverse<u64>);
+    let mut best: Option<(usize, Strictness<T>)> = None;
+    for (i, d) in decisions.into_iter().enumerate() {
+        let Some((allowed, retry_after, remaining)) = d else {
+            continue;
+        };
+        let key = (!allowed, retry_after, std::cmp::Reverse(remaining));
+        if best.as_ref().is_none_or(|(_, b)| key > *b) {
+            best = Some((i, key));
+        }
+    }
+    best.map(|(i, _)| i)
 }
 
 impl BatchDecision {
@@ -114,23 +128,10 @@ impl BatchDecision {
     /// allowance; among equals the longer `retry_after`, then the fewer `remaining`, then the
     /// first.
     pub fn new(decisions: Vec<Decision>) -> Self {
-        let mut strictest: Option<usize> = None;
-        for (i, d) in decisions.iter().enumerate() {
-            if !d.counts() {
-                continue;
-            }
-            let stricter = match strictest {
-                None => true,
-                Some(s) => {
-                    let s = &decisions[s];
-                    strictness(d.allowed, d.retry_after, d.remaining)
-                        > strictness(s.allowed, s.retry_after, s.remaining)
-                }
-            };
-            if stricter {
-                strictest = Some(i);
-            }
-        }
+        let strictest = strictest(decisions.iter().map(|d| {
+            d.counts()
+                .then_some((d.allowed, d.retry_after, d.remaining))
+        }));
         Self {
             decisions,
             strictest,

@@ -202,11 +202,103 @@ struct Resolved<Q> {
 }
 
 /// A batch being decided: at once, or by a backend spend under way.
-pub(crate) enum Step {
-    /// Decided.
-    Ready(Result<BatchDecision, LimiterError>),
+// The ready variant lives on the stack: boxing it would cost the allocation it saves.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Step<'a> {
+    /// Decided: the outcomes, not yet turned into [`Decision`]s ([`Verdict::decision`]).
+    Ready(Result<Verdict<'a>, LimiterError>),
     /// The backend must wait: [`Pending::decided`] turns its outcomes into the decision.
     Pending(Pending),
+}
+
+/// A batch the backend decided at once, kept as the backend answered it (stack storage, the
+/// quotas borrowed from the limits snapshot): read by reference where nothing more is needed
+/// (an allowed request's fields and counters), turned into a [`BatchDecision`] otherwise.
+pub(crate) struct Verdict<'a> {
+    batch: &'a [Transaction],
+    resolved: Batch<Resolved<&'a Quota>>,
+    outcomes: Outcomes,
+    op: Op,
+    counted: Counted,
+}
+
+/// One transaction of a [`Verdict`], by reference.
+pub(crate) struct Entry<'v> {
+    pub(crate) tx: &'v Transaction,
+    /// `None`: the limit is disabled for this id (allowed, nothing stored).
+    pub(crate) quota: Option<&'v Quota>,
+    pub(crate) mode: Mode,
+    pub(crate) outcome: &'v Outcome,
+}
+
+impl Entry<'_> {
+    /// Whether it takes part in choosing the batch decision (as [`Decision::counts`]).
+    pub(crate) fn counts(&self) -> bool {
+        self.mode.counts() && self.quota.is_some() && !self.outcome.skipped
+    }
+}
+
+/// The outcome of a transaction whose limit is disabled for its id.
+const DISABLED: Outcome = Outcome {
+    allowed: true,
+    remaining: u64::MAX,
+    retry_after_us: 0,
+    reset_after_us: 0,
+    tiers: None,
+    granted: None,
+    skipped: false,
+};
+
+impl<'a> Verdict<'a> {
+    /// Whether the verdict can be read by reference alone: a spend with no cost range and no
+    /// concurrency limit (whose counters and leases need the decisions).
+    pub(crate) fn plain(&self) -> bool {
+        self.op == Op::Spend && !self.counted.ranges && !self.counted.concurrency
+    }
+
+    /// Each transaction with its quota, mode and outcome, in order.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = Entry<'_>> + Clone {
+        let mut outcomes = self.outcomes.iter();
+        self.batch
+            .iter()
+            .zip(&self.resolved)
+            .map(move |(tx, r)| Entry {
+                tx,
+                quota: r.quota,
+                mode: r.mode,
+                outcome: match r.quota {
+                    Some(_) => outcomes.next().unwrap_or(&DISABLED),
+                    None => &DISABLED,
+                },
+            })
+    }
+
+    /// The strictest counting transaction (as [`BatchDecision::strictest`]).
+    pub(crate) fn strictest(&self) -> Option<usize> {
+        decision::strictest(self.entries().map(|e| {
+            e.counts().then_some((
+                e.outcome.allowed,
+                e.outcome.retry_after_us,
+                e.outcome.remaining,
+            ))
+        }))
+    }
+
+    /// Whether the batch is allowed: no counting transaction was denied.
+    pub(crate) fn allowed(&self) -> bool {
+        self.entries().all(|e| !e.counts() || e.outcome.allowed)
+    }
+
+    /// The decisions.
+    pub(crate) fn decision(self) -> Result<BatchDecision, LimiterError> {
+        finish(
+            self.batch,
+            &self.resolved,
+            self.outcomes,
+            self.op,
+            self.counted,
+        )
+    }
 }
 
 /// A spend under way on the backend, with what its outcomes need to become decisions: the
@@ -524,21 +616,21 @@ impl Limiter {
         if op == Op::Refund {
             return self.refund_in(&self.load(), batch).await;
         }
-        let step = self.step(&self.load(), batch, op);
-        match step {
-            Step::Ready(r) => r,
-            Step::Pending(p) => p.decided(batch).await,
-        }
+        let pending = match self.step(&self.load(), batch, op) {
+            Step::Ready(r) => return r.and_then(Verdict::decision),
+            Step::Pending(p) => p,
+        };
+        pending.decided(batch).await
     }
 
     /// Spends `batch` under `limits` (a snapshot the caller holds): resolved and validated once
     /// and sent to the backend once, decided at once when the backend answers at once.
-    pub(crate) fn spend_step(&self, limits: &Limits, batch: &[Transaction]) -> Step {
+    pub(crate) fn spend_step<'a>(&self, limits: &'a Limits, batch: &'a [Transaction]) -> Step<'a> {
         self.step(limits, batch, Op::Spend)
     }
 
     /// A spend or a check: the one road every batch takes to the backend.
-    fn step(&self, limits: &Limits, batch: &[Transaction], op: Op) -> Step {
+    fn step<'a>(&self, limits: &'a Limits, batch: &'a [Transaction], op: Op) -> Step<'a> {
         let Resolution {
             resolved,
             txs,
@@ -547,8 +639,15 @@ impl Limiter {
             Ok(r) => r,
             Err(e) => return Step::Ready(Err(e)),
         };
+        let verdict = |resolved, outcomes| Verdict {
+            batch,
+            resolved,
+            outcomes,
+            op,
+            counted,
+        };
         if txs.is_empty() {
-            return Step::Ready(finish(batch, &resolved, Outcomes::new(), op, counted));
+            return Step::Ready(Ok(verdict(resolved, Outcomes::new())));
         }
         // The backend's time is measured for a spend it could not decide at once (the README's
         // `backend_duration_seconds`): a decision in memory or from the deny cache is not
@@ -557,7 +656,13 @@ impl Limiter {
         let started = std::time::Instant::now();
         match self.inner.backend.spend(&txs) {
             Spend::Ready(Ok(outcomes)) => {
-                Step::Ready(finish(batch, &resolved, outcomes, op, counted))
+                let sent = txs.len();
+                if outcomes.len() != sent {
+                    let e = BackendError::outcome_count(outcomes.len(), sent);
+                    return Step::Ready(Err(e.into()));
+                }
+                drop(txs);
+                Step::Ready(Ok(verdict(resolved, outcomes)))
             }
             Spend::Ready(Err(e)) => Step::Ready(Err(e.into())),
             Spend::Pending(spend) => Step::Pending(Pending {
