@@ -48,12 +48,11 @@
 local LIMIT = 4503599627370496 -- 2^52: stored times and now stay below it
 
 -- The protocol's codes, from the one table in src/backend/redis/script.rs (`PROTOCOL`); a
--- test there holds these lines to it, and no code below compares a kind, a mode or an op with
--- a bare literal.
+-- test there holds these lines to it, and no code compares a kind, a mode or an op with a bare
+-- literal. Those the lean path reads are here; the rest follow it (each local costs every call
+-- that declares it about 50 server instructions).
 local OP_LEAN_DEFAULTS, OP_LEAN, OP_COALESCED = 'g', 'G', 'M'
-local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
-local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY = 0, 1, 2, 3
-local MODE_CHECK_AND_SPEND, MODE_CHECK_ONLY, MODE_SPEND_ONLY, MODE_OBSERVE = 0, 1, 2, 3
+local MODE_CHECK_AND_SPEND, MODE_CHECK_ONLY, MODE_SPEND_ONLY = 0, 1, 2
 
 local n = #KEYS
 -- 'g' (the lean spend with the defaults) has no op and no head: two arguments per key.
@@ -141,6 +140,10 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
 end
 
 -- Shared by every path ------------------------------------------------------------------------
+
+local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
+local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY = 0, 1, 2, 3
+local MODE_OBSERVE = 3
 
 -- The core of the rule: the TAT after spending `incr` (emission interval * cost) on a bucket
 -- whose stored TAT is `stored`, and whether it fits (new_tat - bo <= now).
