@@ -290,6 +290,8 @@ struct Member {
     w: u64,
     r: u64,
     t: u64,
+    /// The legacy `X-RateLimit-Reset`: seconds until the bucket is full, rounded up.
+    reset_secs: u64,
     cached: Option<HeaderValue>,
 }
 
@@ -323,8 +325,6 @@ impl Member {
 /// strictest first, and the legacy fields' numbers (of the strictest).
 pub(crate) struct Fields {
     members: SmallVec<[Member; 1]>,
-    /// `X-RateLimit-Reset`: seconds until the strictest bucket is full, rounded up.
-    reset_secs: u64,
 }
 
 impl Fields {
@@ -352,36 +352,35 @@ impl Fields {
     /// fields' numbers.
     pub(crate) fn from_reported<'a>(
         strictest: Option<usize>,
-        items: impl Iterator<Item = Option<Reported<'a>>> + Clone,
+        items: impl Iterator<Item = Option<Reported<'a>>>,
         cached: impl Fn(LimitName, &Quota) -> Option<HeaderValue>,
     ) -> Option<Self> {
-        let first = strictest.and_then(|i| items.clone().nth(i).flatten());
-        let rest = items
-            .enumerate()
-            .filter(|&(i, _)| Some(i) != strictest)
-            .filter_map(|(_, r)| r);
-        let mut reset_secs = None;
-        let members: SmallVec<[Member; 1]> = first
-            .into_iter()
-            .chain(rest)
-            .filter_map(|r| {
-                let (q, w) = r.policy()?;
-                reset_secs.get_or_insert(ceil_secs_us(r.reset_after_us));
-                Some(Member {
-                    name: r.name,
-                    concurrency: matches!(r.quota, Quota::Concurrency(_)),
-                    q,
-                    w,
-                    r: r.remaining,
-                    t: ceil_secs_us(r.window_us()),
-                    cached: cached(r.name, r.quota),
-                })
-            })
-            .collect();
-        Some(Self {
-            reset_secs: reset_secs?,
-            members,
-        })
+        // One pass: each member as it comes, the strictest moved to the front at the end.
+        let mut members: SmallVec<[Member; 1]> = SmallVec::new();
+        let mut first = None;
+        for (i, r) in items.enumerate() {
+            let Some(r) = r else { continue };
+            let Some((q, w)) = r.policy() else { continue };
+            let member = Member {
+                name: r.name,
+                concurrency: matches!(r.quota, Quota::Concurrency(_)),
+                q,
+                w,
+                r: r.remaining,
+                t: ceil_secs_us(r.window_us()),
+                reset_secs: ceil_secs_us(r.reset_after_us),
+                cached: cached(r.name, r.quota),
+            };
+            if Some(i) == strictest {
+                first = Some(members.len());
+            }
+            members.push(member);
+        }
+        if let Some(at @ 1..) = first {
+            let m = members.remove(at);
+            members.insert(0, m);
+        }
+        (!members.is_empty()).then_some(Self { members })
     }
 
     /// Adds `RateLimit-Policy` and `RateLimit` as lists with one member each (the strictest
@@ -430,7 +429,7 @@ impl Fields {
         if legacy && !headers.contains_key(&X_RATELIMIT_LIMIT) {
             headers.insert(X_RATELIMIT_LIMIT.clone(), number(first.q));
             headers.insert(X_RATELIMIT_REMAINING.clone(), number(first.r));
-            headers.insert(X_RATELIMIT_RESET.clone(), number(self.reset_secs));
+            headers.insert(X_RATELIMIT_RESET.clone(), number(first.reset_secs));
         }
     }
 }

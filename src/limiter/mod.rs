@@ -631,23 +631,27 @@ impl Limiter {
 
     /// A spend or a check: the one road every batch takes to the backend.
     fn step<'a>(&self, limits: &'a Limits, batch: &'a [Transaction], op: Op) -> Step<'a> {
-        let Resolution {
-            resolved,
-            txs,
-            counted,
-        } = match self.resolve(limits, batch, op) {
-            Ok(r) => r,
-            Err(e) => return Step::Ready(Err(e)),
-        };
-        let verdict = |resolved, outcomes| Verdict {
+        // Resolved in place: the verdict is built where it will be read, not moved into.
+        let mut verdict = Verdict {
             batch,
-            resolved,
-            outcomes,
+            resolved: Batch::new(),
+            outcomes: Outcomes::new(),
             op,
-            counted,
+            counted: Counted::default(),
         };
+        let mut txs: Batch<BucketTx<'a>> = Batch::new();
+        if let Err(e) = self.resolve(
+            limits,
+            batch,
+            op,
+            &mut verdict.resolved,
+            &mut txs,
+            &mut verdict.counted,
+        ) {
+            return Step::Ready(Err(e));
+        }
         if txs.is_empty() {
-            return Step::Ready(Ok(verdict(resolved, Outcomes::new())));
+            return Step::Ready(Ok(verdict));
         }
         // The backend's time is measured for a spend it could not decide at once (the README's
         // `backend_duration_seconds`): a decision in memory or from the deny cache is not
@@ -661,13 +665,14 @@ impl Limiter {
                     let e = BackendError::outcome_count(outcomes.len(), sent);
                     return Step::Ready(Err(e.into()));
                 }
-                drop(txs);
-                Step::Ready(Ok(verdict(resolved, outcomes)))
+                verdict.outcomes = outcomes;
+                Step::Ready(Ok(verdict))
             }
             Spend::Ready(Err(e)) => Step::Ready(Err(e.into())),
             Spend::Pending(spend) => Step::Pending(Pending {
                 spend,
-                resolved: resolved
+                resolved: verdict
+                    .resolved
                     .iter()
                     .map(|r| Resolved {
                         quota: r.quota.cloned(),
@@ -676,7 +681,7 @@ impl Limiter {
                         lease: r.lease,
                     })
                     .collect(),
-                counted,
+                counted: verdict.counted,
                 op,
                 #[cfg(feature = "metrics")]
                 started,
@@ -689,11 +694,15 @@ impl Limiter {
         limits: &Limits,
         batch: &[Transaction],
     ) -> Result<BatchDecision, LimiterError> {
-        let Resolution {
-            resolved,
-            txs,
-            counted,
-        } = self.resolve(limits, batch, Op::Refund)?;
+        let (mut resolved, mut txs, mut counted) = (Batch::new(), Batch::new(), Counted::default());
+        self.resolve(
+            limits,
+            batch,
+            Op::Refund,
+            &mut resolved,
+            &mut txs,
+            &mut counted,
+        )?;
         let outcomes = if txs.is_empty() {
             Vec::new()
         } else {
@@ -713,19 +722,22 @@ impl Limiter {
         )
     }
 
-    /// Checks a batch and resolves each transaction's limit and cost.
+    /// Checks a batch and resolves each transaction's limit, mode and cost into `resolved`
+    /// (one per transaction), the transactions to send into `txs` (one per enabled limit,
+    /// validated by `BucketTx::new`) and what its decisions are counted by into `counted`:
+    /// in place, into the caller's storage, so nothing is moved on the way to the backend.
     fn resolve<'a>(
         &self,
         limits: &'a Limits,
         batch: &'a [Transaction],
         op: Op,
-    ) -> Result<Resolution<'a>, LimiterError> {
+        resolved: &mut Batch<Resolved<&'a Quota>>,
+        txs: &mut Batch<BucketTx<'a>>,
+        counted: &mut Counted,
+    ) -> Result<(), LimiterError> {
         if let Some(key) = first_duplicate(batch) {
             return Err(LimiterError::DuplicateKey(key.to_string()));
         }
-        let mut resolved: Batch<Resolved<&'a Quota>> = Batch::with_capacity(batch.len());
-        let mut txs: Batch<BucketTx<'_>> = Batch::with_capacity(batch.len());
-        let mut counted = Counted::default();
         for tx in batch {
             let name = tx.key().name();
             let Some(entry) = limits.entry(name) else {
@@ -767,20 +779,8 @@ impl Limiter {
                 lease,
             });
         }
-        Ok(Resolution {
-            resolved,
-            txs,
-            counted,
-        })
+        Ok(())
     }
-}
-
-/// A batch resolved: each transaction's limit, mode and cost, the transactions sent to the
-/// backend (one per enabled limit), and what its decisions are counted by.
-struct Resolution<'a> {
-    resolved: Batch<Resolved<&'a Quota>>,
-    txs: Batch<BucketTx<'a>>,
-    counted: Counted,
 }
 
 /// What a spend's decisions are counted by beyond the decisions themselves: cost ranges (the
