@@ -9,12 +9,10 @@ use std::time::Duration;
 use axum::{Router, routing::get};
 use support::http::{HttpClient, serve};
 use tower_ratelimits::{
-    Header, Id, Limiter, Limits, LimitsChange, LimitsWatcher, ManualClock, MemoryBackend,
-    RateLimitLayer, ReloadError, ReloadReport, Rule, Transaction,
+    Header, Id, Limiter, Limits, LimitsChange, LimitsWatcher, MemoryBackend, RateLimitLayer,
+    ReloadError, ReloadReport, Rule, Transaction,
 };
 use tracing_subscriber::layer::SubscriberExt as _;
-
-const EPOCH_US: u64 = 1_700_000_000_000_000;
 
 const LIMITS: &str = "\
 PerAccount:
@@ -29,67 +27,7 @@ Strict:
   period: 1s
 ";
 
-/// Which store a test runs against.
-#[derive(Clone, Copy, Debug)]
-enum Store {
-    Memory,
-    #[cfg(feature = "redis")]
-    Redis,
-}
-
-struct Fixture {
-    clock: ManualClock,
-    #[cfg(feature = "redis")]
-    _redis: Option<support::redis::TestRedis>,
-    #[cfg(feature = "redis")]
-    url: String,
-}
-
-impl Fixture {
-    fn new(store: Store) -> Self {
-        let clock = ManualClock::new(EPOCH_US);
-        match store {
-            Store::Memory => Self {
-                clock,
-                #[cfg(feature = "redis")]
-                _redis: None,
-                #[cfg(feature = "redis")]
-                url: String::new(),
-            },
-            #[cfg(feature = "redis")]
-            Store::Redis => {
-                let redis = support::redis::TestRedis::single();
-                Self {
-                    clock,
-                    url: redis.url.clone(),
-                    _redis: Some(redis),
-                }
-            }
-        }
-    }
-
-    /// A limiter over `limits` on this store (a fresh key prefix on Redis, no deny cache so
-    /// every request is one round trip).
-    async fn limiter(&self, store: Store, limits: Limits) -> Limiter {
-        match store {
-            Store::Memory => Limiter::new(
-                limits,
-                MemoryBackend::builder().clock(self.clock.clone()).build(),
-            ),
-            #[cfg(feature = "redis")]
-            Store::Redis => {
-                let backend = tower_ratelimits::RedisBackend::from_url(&self.url)
-                    .prefix(support::redis::unique_prefix("operate"))
-                    .caller_time(self.clock.clone())
-                    .deny_cache(false)
-                    .connect()
-                    .await
-                    .unwrap();
-                Limiter::new(limits, backend)
-            }
-        }
-    }
-}
+use support::store::{Fixture, Store};
 
 fn limits(yaml: &str) -> Limits {
     Limits::from_yaml_str(yaml, None).unwrap()
@@ -172,8 +110,12 @@ async fn shadow_decides_like_enforced(store: Store) {
         Store::Redis => ["2001", "2002"],
     };
     let fixture = Fixture::new(store);
-    let enforced = fixture.limiter(store, limits(LIMITS)).await;
-    let shadowed = fixture.limiter(store, limits(LIMITS)).await;
+    let enforced = fixture
+        .limiter(store, limits(LIMITS), "operate", false)
+        .await;
+    let shadowed = fixture
+        .limiter(store, limits(LIMITS), "operate", false)
+        .await;
     let rule = || Rule::new("PerAccount", Header::new("x-account"));
     let enforced_server =
         serve(app(RateLimitLayer::new(enforced.clone(), [rule()]).unwrap())).await;
@@ -267,7 +209,9 @@ async fn on_redis_a_shadowed_rule_decides_like_the_enforced_one_while_every_requ
 /// in the 429).
 async fn enforced_and_shadowed_together(store: Store) {
     let fixture = Fixture::new(store);
-    let limiter = fixture.limiter(store, limits(LIMITS)).await;
+    let limiter = fixture
+        .limiter(store, limits(LIMITS), "operate", false)
+        .await;
     let layer = RateLimitLayer::new(
         limiter.clone(),
         [
@@ -346,7 +290,9 @@ async fn enforced_and_shadowed_rules_of_a_request_are_one_round_trip() {
 #[tokio::test]
 async fn a_shadowed_layer_never_refuses_and_still_rejects_a_missing_key() {
     let fixture = Fixture::new(Store::Memory);
-    let limiter = fixture.limiter(Store::Memory, limits(LIMITS)).await;
+    let limiter = fixture
+        .limiter(Store::Memory, limits(LIMITS), "operate", false)
+        .await;
     let layer = RateLimitLayer::builder(limiter.clone())
         .rule(Rule::new("PerAccount", Header::new("x-account")))
         .rule(Rule::new("Strict", Header::new("x-account")))
@@ -405,7 +351,9 @@ Strict:
 /// `docs/gcra.md`).
 async fn reload_keeps_state(store: Store) {
     let fixture = Fixture::new(store);
-    let limiter = fixture.limiter(store, limits(LIMITS)).await;
+    let limiter = fixture
+        .limiter(store, limits(LIMITS), "operate", false)
+        .await;
     let layer = RateLimitLayer::new(
         limiter.clone(),
         [Rule::new("PerAccount", Header::new("x-account"))],
@@ -461,7 +409,9 @@ async fn on_redis_a_reload_keeps_state_and_applies_a_changed_limit_from_the_next
 #[tokio::test]
 async fn a_reload_that_removes_a_rules_limit_is_refused_and_the_old_limits_stay() {
     let fixture = Fixture::new(Store::Memory);
-    let limiter = fixture.limiter(Store::Memory, limits(LIMITS)).await;
+    let limiter = fixture
+        .limiter(Store::Memory, limits(LIMITS), "operate", false)
+        .await;
     let _layer = RateLimitLayer::new(
         limiter.clone(),
         [Rule::new("Strict", Header::new("x-account"))],
@@ -692,7 +642,9 @@ Tiered:
     - {limit: 2, window: 1h, active: 1h, cooldown: 0s}
 ";
     let fixture = Fixture::new(store);
-    let limiter = fixture.limiter(store, limits(three)).await;
+    let limiter = fixture
+        .limiter(store, limits(three), "operate", false)
+        .await;
     let tx = [Transaction::new(limiter.parse_key("Tiered", "5").unwrap())];
     let mut granted = 0;
     for _ in 0..4 {

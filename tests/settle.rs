@@ -22,8 +22,6 @@ use tower_ratelimits::{
     Rule, Settle, Transaction,
 };
 
-const EPOCH_US: u64 = 1_700_000_000_000_000;
-
 /// One unit per second refills each bucket: a frozen clock keeps every number exact.
 const LIMITS: &str = "\
 Tokens: {kind: ip, burst: 100, count: 100, period: 100s}
@@ -31,56 +29,12 @@ Bytes: {kind: ip, burst: 10000, count: 10000, period: 10000s}
 Units: {kind: ip, burst: 50, count: 50, period: 50s}
 ";
 
-#[derive(Clone, Copy, Debug)]
-enum Store {
-    Memory,
-    #[cfg(feature = "redis")]
-    Redis,
-}
+use support::store::{EPOCH_US, Fixture, Store};
 
-struct Fixture {
-    clock: ManualClock,
-    #[cfg(feature = "redis")]
-    _redis: Option<support::redis::TestRedis>,
-}
-
-impl Fixture {
-    fn new(store: Store) -> Self {
-        let clock = ManualClock::new(EPOCH_US);
-        match store {
-            Store::Memory => Self {
-                clock,
-                #[cfg(feature = "redis")]
-                _redis: None,
-            },
-            #[cfg(feature = "redis")]
-            Store::Redis => Self {
-                clock,
-                _redis: Some(support::redis::TestRedis::single()),
-            },
-        }
-    }
-
-    async fn limiter(&self, store: Store) -> Limiter {
-        let limits = Limits::from_yaml_str(LIMITS, None).unwrap();
-        match store {
-            Store::Memory => Limiter::new(
-                limits,
-                MemoryBackend::builder().clock(self.clock.clone()).build(),
-            ),
-            #[cfg(feature = "redis")]
-            Store::Redis => {
-                let url = &self._redis.as_ref().unwrap().url;
-                let backend = tower_ratelimits::RedisBackend::from_url(url)
-                    .prefix(support::redis::unique_prefix("settle"))
-                    .caller_time(self.clock.clone())
-                    .connect()
-                    .await
-                    .unwrap();
-                Limiter::new(limits, backend)
-            }
-        }
-    }
+/// A limiter over `LIMITS` on `store` (on Redis with the deny cache, as the layer's default).
+async fn limiter(fixture: &Fixture, store: Store) -> Limiter {
+    let limits = Limits::from_yaml_str(LIMITS, None).unwrap();
+    fixture.limiter(store, limits, "settle", true).await
 }
 
 /// A real server for `app` behind one layer with `rule` on `limiter`.
@@ -141,7 +95,7 @@ async fn generate(uri: http::Uri) -> Response {
 /// response already carries the settled bucket, and the next request sees it.
 async fn settles_from_a_header(store: Store) {
     let fixture = Fixture::new(store);
-    let limiter = fixture.limiter(store).await;
+    let limiter = limiter(&fixture, store).await;
     let server = serve_rule(
         &limiter,
         Rule::new("Tokens", ClientIp::new())
@@ -204,7 +158,7 @@ async fn on_redis_a_header_settles_the_true_cost() {
 #[tokio::test]
 async fn a_function_of_the_head_refunds_failed_requests() {
     let fixture = Fixture::new(Store::Memory);
-    let limiter = fixture.limiter(Store::Memory).await;
+    let limiter = limiter(&fixture, Store::Memory).await;
     let server = serve_rule(
         &limiter,
         Rule::new("Tokens", ClientIp::new())
@@ -300,7 +254,7 @@ async fn until_remaining(limiter: &Limiter, name: &str, want: u64) -> u64 {
 /// the next request sees it); a body the client abandons settles on the bytes sent so far.
 async fn settles_a_streamed_body(store: Store) {
     let fixture = Fixture::new(store);
-    let limiter = fixture.limiter(store).await;
+    let limiter = limiter(&fixture, store).await;
     let (feeder, feeds) = Feeder::new();
     let server = serve_rule(
         &limiter,
@@ -392,7 +346,7 @@ async fn on_redis_a_streamed_body_settles_its_bytes() {
 /// A trailer settles when it arrives; a body that ends without it keeps the estimate.
 async fn settles_from_a_trailer(store: Store) {
     let fixture = Fixture::new(store);
-    let limiter = fixture.limiter(store).await;
+    let limiter = limiter(&fixture, store).await;
     let (feeder, feeds) = Feeder::new();
     let server = serve_rule(
         &limiter,

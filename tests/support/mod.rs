@@ -9,6 +9,7 @@ pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redis_backend;
 pub mod scrape;
+pub mod store;
 
 /// The output of a future that is ready at its first poll (a spend the in-memory backend, or
 /// the Redis deny cache, decides at once); panics if it would wait.
