@@ -238,15 +238,23 @@ fn assert_counts(m: &Scrape, shadow: bool) {
     assert_eq!(m.requests("rejected"), 1.0);
 }
 
+/// Replaces a watched file whole: written beside it, then renamed over it, so the watcher
+/// never reads it half-written (`std::fs::write` truncates first: a watcher that read the
+/// empty file in between refused "the file is empty" instead of the error under test).
+fn replace_file(path: &Path, text: &str) {
+    let next = path.with_extension("yaml.next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
 /// Edits the overrides while the example runs: the log says what changed, and the client
 /// denied above gets the override's room from the next request; then a broken file is
 /// refused with its location and the override keeps working.
 async fn reload(example: &Example, client: &reqwest_like::Client) {
-    std::fs::write(
-        example.overrides(),
+    replace_file(
+        &example.overrides(),
         "- RequestsPerIPAddress: {burst: 8, count: 8, period: 2h, ids: [198.51.100.1]}\n",
-    )
-    .unwrap();
+    );
     let line = example.log_line("rate limits reloaded");
     assert!(line.contains("changed: RequestsPerIPAddress"), "{line}");
     // The drained bucket's state is kept and read under the override: its stored TAT is an
@@ -259,7 +267,10 @@ async fn reload(example: &Example, client: &reqwest_like::Client) {
     let (status, _) = get(client, &example.base, "/", Some("198.51.100.1")).await;
     assert_eq!(status, 429);
 
-    std::fs::write(example.overrides(), "- RequestsPerIPAddress: {burst: -1}\n").unwrap();
+    replace_file(
+        &example.overrides(),
+        "- RequestsPerIPAddress: {burst: -1}\n",
+    );
     let line = example.log_line("not reloaded");
     let location = format!("{}:1", example.overrides().display());
     assert!(line.contains(&location), "{line}");
@@ -286,7 +297,7 @@ async fn axum_memory_counts_every_outcome_on_metrics_and_reloads_its_overrides()
     let m = Scrape::of(&client, &example.base).await;
     assert_counts(&m, false);
     reload(&example, &client).await;
-    std::fs::write(example.overrides(), "[]\n").unwrap();
+    replace_file(&example.overrides(), "[]\n");
     let line = example.log_line("rate limits reloaded");
     assert!(line.contains("changed: RequestsPerIPAddress"), "{line}");
     // SIGHUP reloads even when nothing changed.
