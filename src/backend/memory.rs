@@ -581,16 +581,6 @@ impl MemoryBackend {
 }
 
 impl MemoryBackend {
-    fn spend_sync(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
-        let now = self.now();
-        match batch {
-            [one] => Ok(smallvec::smallvec![self.spend_one_at(one, now)?]),
-            _ => self.spend_mixed(batch, now).map(Outcomes::from_vec),
-        }
-    }
-}
-
-impl MemoryBackend {
     /// Refunds one transaction with the kit: a GCRA bucket by compare-and-swap, a tiered or
     /// concurrency key under its slot's lock (a key never stored is refunded as a fresh one and
     /// nothing is written).
@@ -651,7 +641,20 @@ impl MemoryBackend {
 #[async_trait]
 impl Backend for MemoryBackend {
     fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
-        Spend::Ready(self.spend_sync(batch))
+        let now = self.now();
+        // One transaction (a request with one rule): its outcome written straight into the
+        // answer, no batch machinery.
+        if let [one] = batch {
+            let mut outcomes = Outcomes::new();
+            return match self.spend_one_at(one, now) {
+                Ok(o) => {
+                    outcomes.push(o);
+                    Spend::Ready(Ok(outcomes))
+                }
+                Err(e) => Spend::Ready(Err(e)),
+            };
+        }
+        Spend::Ready(self.spend_mixed(batch, now).map(Outcomes::from_vec))
     }
 
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
