@@ -19,7 +19,7 @@ use tower::ServiceExt;
 use tower_ratelimits::{Backend, BackendError, BucketTx, FieldStyle, Spend};
 use tower_ratelimits::{BucketKey, Limiter, Limits, ManualClock, MemoryBackend, Outcome};
 use tower_ratelimits::{
-    ClientIp, FailurePolicy, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule,
+    ClientIp, FailurePolicy, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule, Settle,
 };
 
 const DEFAULTS: &str = "\
@@ -387,10 +387,11 @@ async fn readiness_is_forwarded_and_the_ready_service_is_used() {
     assert_eq!(r.status(), StatusCode::OK);
 }
 
-/// A layer of one rule decides allowed requests on a path of its own (no batch, no vectors;
-/// issue 16). It must answer exactly as the general path: the same requests, at the same
-/// times, through one layer with the rule alone and one with the rule and a second rule that
-/// never applies (so the general path decides), give the same statuses, `RateLimit` and
+/// An allowed request with nothing to settle has its fields taken from the backend's outcomes
+/// by reference (the limiter's `Verdict`, no `Decision` built); a layer in which some rule
+/// settles takes them from the decisions. Both must answer exactly alike: the same requests,
+/// at the same times, through one layer with the rule alone and one with the rule and a
+/// second, settling rule that never applies, give the same statuses, `RateLimit` and
 /// `RateLimit-Policy` fields, legacy fields and bodies, with headers on and off, costs from a
 /// function, an override, and denials.
 #[tokio::test]
@@ -420,7 +421,9 @@ Never: {kind: account, burst: 1, count: 1, period: 1s}
                 .fields(style(headers, legacy));
             if general {
                 builder = builder.rule(
-                    Rule::new("Never", Header::new("x-never")).on_missing_key(OnMissingKey::Skip),
+                    Rule::new("Never", Header::new("x-never"))
+                        .on_missing_key(OnMissingKey::Skip)
+                        .settle(Settle::header("x-never-used")),
                 );
             }
             app(builder.build().unwrap())
@@ -446,9 +449,10 @@ Never: {kind: account, burst: 1, count: 1, period: 1s}
     }
 }
 
-/// The fast path for several rules decides exactly as the general path: the same requests, at
-/// the same times, through one layer with the rules alone and one with a shadowed rule added
-/// that never applies (a shadowed rule sends every request the general way), give the same
+/// Several rules: fields taken by reference answer exactly as fields taken from decisions: the
+/// same requests, at the same times, through one layer with the rules alone and one with a
+/// shadowed, settling rule added that never applies (a layer that settles concludes from
+/// decisions), give the same
 /// statuses, `RateLimit` and `RateLimit-Policy` fields (the strictest member first), legacy
 /// fields and bodies, with headers on and off, a rule out of scope for some requests, costs
 /// from a function, an override, and denials by either rule.
@@ -489,7 +493,8 @@ Never: {kind: account, burst: 1, count: 1, period: 1s}
                 builder = builder.rule(
                     Rule::new("Never", Header::new("x-never"))
                         .on_missing_key(OnMissingKey::Skip)
-                        .shadow(true),
+                        .shadow(true)
+                        .settle(Settle::header("x-never-used")),
                 );
             }
             app(builder.build().unwrap())
