@@ -116,18 +116,14 @@ impl Stored {
 /// A batch the kit decided ([`spend`]): one outcome and one write per transaction, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spent {
+    /// Whether the batch is allowed: every transaction that counts was allowed (the batch
+    /// rule, applied once by [`spend`]).
+    pub allowed: bool,
     /// What each transaction reports.
     pub outcomes: Outcomes,
     /// What to store for each transaction's bucket (`None`: leave it as it is). All `None`
     /// when the batch is denied: a denied batch writes nothing.
     pub writes: smallvec::SmallVec<[Option<Stored>; 4]>,
-}
-
-impl Spent {
-    /// Whether the batch is allowed: every transaction that counts was allowed.
-    pub fn allowed(&self, batch: &[BucketTx<'_>]) -> bool {
-        batch_allowed(batch.iter().zip(&self.outcomes))
-    }
 }
 
 /// The batch rule (`docs/gcra.md`): a batch is allowed when every transaction that counts was
@@ -191,10 +187,15 @@ pub fn spend(
         outcomes.push(outcome);
         writes.push(write);
     }
-    if !batch_allowed(batch.iter().zip(&outcomes)) {
+    let allowed = batch_allowed(batch.iter().zip(&outcomes));
+    if !allowed {
         writes.iter_mut().for_each(|w| *w = None);
     }
-    Ok(Spent { outcomes, writes })
+    Ok(Spent {
+        allowed,
+        outcomes,
+        writes,
+    })
 }
 
 /// Decides a refund of `tx` (its cost; on a concurrency key, the release of its lease) from the

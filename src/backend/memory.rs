@@ -538,7 +538,7 @@ impl MemoryBackend {
                 }
                 kit::spend(batch, &read, now)?
             };
-            if !spent.allowed(batch) {
+            if !spent.allowed {
                 return Ok(spent.outcomes.into_vec());
             }
             written.clear();
