@@ -28,7 +28,7 @@ pub use memory::{MemoryBackend, MemoryBackendBuilder};
 pub use redis::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
 
 /// What a backend decided for one transaction of a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Outcome {
     /// Allowed (spend, check) or refunded something (refund).
@@ -39,8 +39,9 @@ pub struct Outcome {
     pub retry_after_us: u64,
     /// Microseconds until the bucket is full again.
     pub reset_after_us: u64,
-    /// For a tiered limit: the units granted per tier and the tier serving the client.
-    pub tiers: Option<TierGrant>,
+    /// For a tiered limit: the units granted per tier and the tier serving the client (boxed:
+    /// an outcome is moved on every request's road, and only a tiered limit has this).
+    pub tiers: Option<Box<TierGrant>>,
     /// For a GCRA transaction asked for a range of units (a partial grant,
     /// [`gcra::check_range`](crate::__private::gcra::check_range)): the units granted, 0 on a
     /// denial. `None` for a single cost, which is granted whole when allowed. A custom
@@ -78,7 +79,7 @@ impl Outcome {
     /// The outcome of a tiered decision.
     pub fn tiered(d: &TierDecision, limit: &TieredLimit) -> Self {
         Self {
-            tiers: Some(d.grant(limit)),
+            tiers: Some(Box::new(d.grant(limit))),
             ..Self::new(d.allowed, d.remaining, d.retry_after_us, d.reset_after_us)
         }
     }

@@ -182,7 +182,7 @@ where
                     let (batch, headers) = match allowed.take() {
                         Some(Allowed::Settle { batch, headers }) => (batch, headers),
                         fields => {
-                            let response = match &fields {
+                            let response = match fields {
                                 Some(Allowed::Fields(fields)) => {
                                     with_fields(this.shared, response, fields)
                                 }
@@ -349,7 +349,7 @@ fn polled_after_completion<B>(grpc: bool) -> Response<RateLimitBody<B>> {
 
 /// An allowed request's response with its `RateLimit` fields added (unless an inner layer
 /// answered 429: ours would contradict the status).
-fn with_fields<B>(shared: &Shared, mut response: Response<B>, fields: &Fields) -> Response<B> {
+fn with_fields<B>(shared: &Shared, mut response: Response<B>, fields: Fields) -> Response<B> {
     if response.status() != StatusCode::TOO_MANY_REQUESTS {
         shared.answers.fields.write(response.headers_mut(), fields);
     }
@@ -370,7 +370,7 @@ fn settled<B>(
             shared.rules.cached_policy(name, quota)
         })
     {
-        response = with_fields(shared, response, &fields);
+        response = with_fields(shared, response, fields);
     }
     let settle = BodySettle::of(&shared.settler, shared.rules.reservations(&batch, true));
     response.map(|body| RateLimitBody::settling(body, settle, release))

@@ -153,35 +153,18 @@ pub(crate) fn count_request(outcome: &'static str) {
 /// a shadowed rule that would deny at `info` on `tower_ratelimits::shadow`. The id is a field
 /// only when `log_ids` is on (ids can be personal data).
 pub(crate) fn trace_decision(d: &Seen<'_>, outcome: RuleOutcome, log_ids: bool) {
-    trace_fields(
-        d.name,
-        d.id,
-        d.retry_after_us,
-        d.remaining,
-        outcome,
-        log_ids,
-    );
-}
-
-/// [`trace_decision`] from the decision's fields (the single-rule path has no `Decision`).
-pub(crate) fn trace_fields(
-    name: crate::key::LimitName,
-    id: &crate::key::Id,
-    retry_after_us: u64,
-    remaining: u64,
-    outcome: RuleOutcome,
-    log_ids: bool,
-) {
-    let retry_after_ms = retry_after_us / 1000;
-    let limit = name.as_str();
-    let outcome = outcome.label();
-    if outcome == "shadow_denied" {
+    let retry_after_ms = d.retry_after_us / 1000;
+    let (limit, id, remaining) = (d.name.as_str(), d.id, d.remaining);
+    if outcome == RuleOutcome::ShadowDenied {
         if log_ids {
             tracing::info!(target: "tower_ratelimits::shadow", limit, id = %id, retry_after_ms, "shadow rule would deny");
         } else {
             tracing::info!(target: "tower_ratelimits::shadow", limit, retry_after_ms, "shadow rule would deny");
         }
-    } else if log_ids {
+        return;
+    }
+    let outcome = outcome.label();
+    if log_ids {
         tracing::debug!(target: "tower_ratelimits::decision", limit, outcome, id = %id, retry_after_ms, remaining, "rate limit decision");
     } else {
         tracing::debug!(target: "tower_ratelimits::decision", limit, outcome, retry_after_ms, remaining, "rate limit decision");

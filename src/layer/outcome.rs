@@ -17,7 +17,7 @@ use super::failure::{FailurePolicy, OnFailure};
 use super::lease::{Held, Release};
 use super::observe::{RuleOutcome, Seen, count_request};
 use super::response::{Answers, Fields, Reported};
-use super::rule::{Prepared, Rules, Txs};
+use super::rule::{Rules, Txs};
 use super::settle::Settler;
 use super::wait::WaitPermit;
 use crate::backend::BackendError;
@@ -102,23 +102,27 @@ pub(crate) enum Road {
 /// (a reload never mixes two within a request).
 pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
     let limits = shared.limiter.load();
-    let txs = match shared.rules.prepare(&limits, parts, shared.answers.body) {
-        Prepared::Reject(response) => return Road::Answer(response),
-        Prepared::Batch(txs) => txs,
-    };
+    let mut txs = Txs::new();
+    if let Some(response) = shared
+        .rules
+        .prepare(&limits, parts, shared.answers.body, &mut txs)
+    {
+        return Road::Answer(response);
+    }
     if txs.is_empty() {
         return Road::Call;
     }
-    // What the step leads to, taken out of it before `txs` moves on.
-    let result = match shared.limiter.spend_step(&limits, &txs) {
-        Step::Ready(Ok(verdict)) if verdict.plain() && !shared.rules.settles => {
-            if verdict.allowed() {
+    // What the step leads to, taken out of it (the verdict borrows `txs`) before `txs` moves on.
+    let result = {
+        let mut verdict = Verdict::new(&txs);
+        match shared.limiter.spend_step(&limits, &mut verdict) {
+            Ok(Step::Ready) if verdict.plain() && !shared.rules.settles && verdict.allowed() => {
                 return Road::Allowed(allowed_now(shared, &verdict));
             }
-            Ok(verdict.decision())
+            Ok(Step::Ready) => Ok(verdict.decision()),
+            Ok(Step::Pending(pending)) => Err(pending),
+            Err(e) => Ok(Err(e)),
         }
-        Step::Ready(result) => Ok(result.and_then(Verdict::decision)),
-        Step::Pending(pending) => Err(pending),
     };
     match result {
         Ok(result) => Road::Decided(decided(shared, result.map_err(Failure::Limiter), txs)),
@@ -153,10 +157,10 @@ fn allowed_now(shared: &Shared, verdict: &Verdict<'_>) -> Option<Allowed> {
             remaining: e.outcome.remaining,
             retry_after_us: e.outcome.retry_after_us,
             reset_after_us: e.outcome.reset_after_us,
-            tier: e.outcome.tiers.map(|t| t.tier),
+            tier: e.outcome.tiers.as_ref().map(|t| t.tier),
         })
     });
-    Fields::from_reported(verdict.strictest(), reported, |name, quota| {
+    Fields::from_reported(reported, |name, quota| {
         shared.rules.cached_policy(name, quota)
     })
     .map(Allowed::Fields)
@@ -186,9 +190,13 @@ fn decided(shared: &Shared, result: Result<BatchDecision, Failure>, txs: Txs) ->
             tracing::debug!(reason = %failure, "rate limit store failed; deciding in memory");
             // In memory it always answers at once; if it did not, the failure stands.
             let local_limits = local.load();
-            let result = match local.spend_step(&local_limits, &txs) {
-                Step::Ready(result) => Some(result.and_then(Verdict::decision)),
-                Step::Pending(_) => None,
+            let result = {
+                let mut verdict = Verdict::new(&txs);
+                match local.spend_step(&local_limits, &mut verdict) {
+                    Ok(Step::Ready) => Some(verdict.decision()),
+                    Ok(Step::Pending(_)) => None,
+                    Err(e) => Some(Err(e)),
+                }
             };
             match result {
                 Some(result) => Decided {

@@ -12,7 +12,7 @@ use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, Response, StatusCode};
 
 use crate::key::LimitName;
-use crate::limiter::{BatchDecision, Decision};
+use crate::limiter::{BatchDecision, Decision, Strictest};
 
 /// `RateLimit-Policy` (IETF httpapi ratelimit-headers, draft 11).
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -63,7 +63,7 @@ impl FieldStyle {
     }
 
     /// Writes `fields` into `headers` in this style.
-    pub(crate) fn write(self, headers: &mut HeaderMap, fields: &Fields) {
+    pub(crate) fn write(self, headers: &mut HeaderMap, fields: Fields) {
         let legacy = matches!(self, Self::IetfAndLegacy | Self::IetfAndLegacyOnDenials);
         fields.write(headers, legacy);
     }
@@ -283,7 +283,7 @@ impl<'a> Reported<'a> {
 
 /// One reported decision's numbers: its `RateLimit-Policy` member (precomputed, or `q` and
 /// `w`) and its `RateLimit` member's `r` and `t` (draft-11; see `docs/keys-and-http.md`).
-struct Member {
+struct Member<'c> {
     name: LimitName,
     concurrency: bool,
     q: u64,
@@ -292,13 +292,13 @@ struct Member {
     t: u64,
     /// The legacy `X-RateLimit-Reset`: seconds until the bucket is full, rounded up.
     reset_secs: u64,
-    cached: Option<HeaderValue>,
+    cached: Option<&'c HeaderValue>,
 }
 
-impl Member {
+impl Member<'_> {
     /// The length of its `RateLimit-Policy` member.
     fn policy_len(&self) -> usize {
-        match &self.cached {
+        match self.cached {
             Some(v) => v.len(),
             None if self.concurrency => self.name.as_str().len() + 30 + decimal_len(self.q),
             None => item_len(self.name.as_str(), self.q, self.w),
@@ -307,7 +307,7 @@ impl Member {
 
     fn push_policy(&self, buf: &mut Buf) {
         let name = self.name.as_str();
-        match &self.cached {
+        match self.cached {
             Some(v) => {
                 if !buf.is_empty() {
                     buf.extend_from_slice(b", ");
@@ -320,27 +320,27 @@ impl Member {
     }
 }
 
-/// The numbers of a response's rate-limit fields, taken from its decisions when they are made
-/// (the decisions themselves need not be kept): one member per reported decision, the
-/// strictest first, and the legacy fields' numbers (of the strictest).
+/// A response's rate-limit fields, written when its decisions are made (the decisions
+/// themselves need not be kept): the `RateLimit-Policy` and `RateLimit` values, one member per
+/// reported decision, the strictest first, and the legacy fields' numbers (of the strictest).
+/// Two values whatever the number of rules, each written once at its exact size.
 pub(crate) struct Fields {
-    members: SmallVec<[Member; 1]>,
+    policy: HeaderValue,
+    state: HeaderValue,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`.
+    legacy: [u64; 3],
 }
 
 impl Fields {
     /// The fields of `batch`; `cached` gives a limit's precomputed `RateLimit-Policy` member,
     /// if any. `None` when no decision is reported.
-    pub(crate) fn of(
+    pub(crate) fn of<'c>(
         batch: &BatchDecision,
-        cached: impl Fn(LimitName, &Quota) -> Option<HeaderValue>,
+        cached: impl Fn(LimitName, &Quota) -> Option<&'c HeaderValue>,
     ) -> Option<Self> {
-        let decisions = batch.decisions();
-        let strictest = batch
-            .strictest()
-            .and_then(|s| decisions.iter().position(|d| std::ptr::eq(d, s)));
         Self::from_reported(
-            strictest,
-            decisions
+            batch
+                .decisions()
                 .iter()
                 .map(|d| d.counts().then(|| Reported::of(d)).flatten()),
             cached,
@@ -348,20 +348,26 @@ impl Fields {
     }
 
     /// The fields of the transactions `items` (`None`: one that does not count), reporting
-    /// the `strictest` first, then every other one that counts, in order. The one home of the
-    /// fields' numbers.
-    pub(crate) fn from_reported<'a>(
-        strictest: Option<usize>,
+    /// the strictest first (as [`BatchDecision::strictest`] chooses it), then every other one
+    /// that counts, in order. The one home of the fields' numbers.
+    pub(crate) fn from_reported<'a, 'c>(
         items: impl Iterator<Item = Option<Reported<'a>>>,
-        cached: impl Fn(LimitName, &Quota) -> Option<HeaderValue>,
+        cached: impl Fn(LimitName, &Quota) -> Option<&'c HeaderValue>,
     ) -> Option<Self> {
-        // One pass: each member as it comes, the strictest moved to the front at the end.
-        let mut members: SmallVec<[Member; 1]> = SmallVec::new();
+        // One pass: each member as it comes (on the stack for a request's few rules), the
+        // strictest chosen on the way and moved to the front at the end.
+        let mut members: SmallVec<[Member<'c>; 4]> = SmallVec::new();
+        let mut strictest = Strictest::default();
         let mut first = None;
         for (i, r) in items.enumerate() {
             let Some(r) = r else { continue };
-            let Some((q, w)) = r.policy() else { continue };
-            let member = Member {
+            strictest.offer(i, r.allowed, r.retry_after_us, r.remaining);
+            let policy = r.policy();
+            if strictest.index() == Some(i) {
+                first = policy.map(|_| members.len());
+            }
+            let Some((q, w)) = policy else { continue };
+            members.push(Member {
                 name: r.name,
                 concurrency: matches!(r.quota, Quota::Concurrency(_)),
                 q,
@@ -370,36 +376,19 @@ impl Fields {
                 t: ceil_secs_us(r.window_us()),
                 reset_secs: ceil_secs_us(r.reset_after_us),
                 cached: cached(r.name, r.quota),
-            };
-            if Some(i) == strictest {
-                first = Some(members.len());
-            }
-            members.push(member);
+            });
         }
         if let Some(at @ 1..) = first {
-            let m = members.remove(at);
-            members.insert(0, m);
+            members[..=at].rotate_right(1);
         }
-        (!members.is_empty()).then_some(Self { members })
-    }
-
-    /// Adds `RateLimit-Policy` and `RateLimit` as lists with one member each (the strictest
-    /// first), appended to members another layer already wrote, and the legacy
-    /// `X-RateLimit-*` fields of the strictest when asked (unless another layer wrote them).
-    /// Each value is written once, into a buffer of its exact size; a lone member's
-    /// precomputed policy is shared, not copied.
-    fn write(&self, headers: &mut HeaderMap, legacy: bool) {
-        let members = &self.members[..];
-        let Some(first) = members.first() else {
-            return;
-        };
+        let first = members.first()?;
         let separators = 2 * (members.len() - 1);
-        let policy = match (members, &first.cached) {
+        let policy = match (&members[..], first.cached) {
             ([_], Some(v)) => v.clone(),
             _ => {
                 let len = members.iter().map(Member::policy_len).sum::<usize>() + separators;
                 let mut policy = Buf::with_capacity(len);
-                for m in members {
+                for m in &members {
                     m.push_policy(&mut policy);
                 }
                 debug_assert_eq!(
@@ -416,7 +405,7 @@ impl Fields {
             .sum::<usize>()
             + separators;
         let mut state = Buf::with_capacity(len);
-        for m in members {
+        for m in &members {
             push_item(&mut state, m.name.as_str(), b'r', m.r, b't', m.t);
         }
         debug_assert_eq!(
@@ -424,12 +413,24 @@ impl Fields {
             len,
             "the state field's length was computed wrong"
         );
-        put(headers, &RATELIMIT_POLICY, policy);
-        put(headers, &RATELIMIT, owned_value(state));
+        Some(Self {
+            policy,
+            state: owned_value(state),
+            legacy: [first.q, first.r, first.reset_secs],
+        })
+    }
+
+    /// Adds `RateLimit-Policy` and `RateLimit`, appended to members another layer already
+    /// wrote, and the legacy `X-RateLimit-*` fields of the strictest when asked (unless
+    /// another layer wrote them). A lone member's precomputed policy is shared, not copied.
+    fn write(self, headers: &mut HeaderMap, legacy: bool) {
+        put(headers, &RATELIMIT_POLICY, self.policy);
+        put(headers, &RATELIMIT, self.state);
         if legacy && !headers.contains_key(&X_RATELIMIT_LIMIT) {
-            headers.insert(X_RATELIMIT_LIMIT.clone(), number(first.q));
-            headers.insert(X_RATELIMIT_REMAINING.clone(), number(first.r));
-            headers.insert(X_RATELIMIT_RESET.clone(), number(first.reset_secs));
+            let [limit, remaining, reset] = self.legacy;
+            headers.insert(X_RATELIMIT_LIMIT.clone(), number(limit));
+            headers.insert(X_RATELIMIT_REMAINING.clone(), number(remaining));
+            headers.insert(X_RATELIMIT_RESET.clone(), number(reset));
         }
     }
 }
@@ -453,7 +454,7 @@ fn owned_value(buf: Buf) -> HeaderValue {
 /// Adds `ours` to the field `name`: appended to the members another layer already wrote
 /// (stacked layers), else as the field.
 fn put(headers: &mut HeaderMap, name: &HeaderName, ours: HeaderValue) {
-    match headers.entry(name) {
+    match headers.entry(name.clone()) {
         http::header::Entry::Occupied(mut theirs) => {
             let mut both = Buf::with_capacity(theirs.get().len() + 2 + ours.len());
             both.extend_from_slice(theirs.get().as_bytes());
@@ -614,7 +615,7 @@ impl Denial<'_> {
         let headers = response.headers_mut();
         headers.insert(RETRY_AFTER, number(retry));
         if let Some(fields) = Fields::of(self.batch, |_, _| None) {
-            self.fields.write(headers, &fields);
+            self.fields.write(headers, fields);
         }
         response
     }

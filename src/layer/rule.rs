@@ -284,12 +284,6 @@ impl ResolvedRule {
 /// A request's transactions, one per rule that applies: on the stack for up to two rules.
 pub(crate) type Txs = smallvec::SmallVec<[Transaction; 2]>;
 
-/// What the rules made of a request: a batch to decide, or an answer right away.
-pub(crate) enum Prepared {
-    Batch(Txs),
-    Reject(Response<Bytes>),
-}
-
 /// A layer's rules, resolved when it was built, with what the rest of the layer asks of them.
 pub(crate) struct Rules {
     pub(crate) list: Vec<ResolvedRule>,
@@ -312,10 +306,10 @@ impl Rules {
         &self,
         name: LimitName,
         limit: &crate::quota::Quota,
-    ) -> Option<http::HeaderValue> {
+    ) -> Option<&http::HeaderValue> {
         let rule = self.of(name)?;
         rule.is_default(limit)
-            .then(|| rule.policy.as_ref().map(|(_, v)| v.clone()))
+            .then(|| rule.policy.as_ref().map(|(_, v)| v))
             .flatten()
     }
 
@@ -434,9 +428,16 @@ impl Rules {
 
 impl Rules {
     /// The rules' transactions for a request, under `limits` (the snapshot the request is
-    /// decided under: a rule's id kind comes from it); a rejection is written as `body` says.
-    pub(crate) fn prepare(&self, limits: &Limits, parts: &Parts, body: ErrorBody) -> Prepared {
-        let mut txs = Txs::new();
+    /// decided under: a rule's id kind comes from it), pushed into `txs` (the caller's, so
+    /// nothing is moved). `Some`: the request is answered now with this response, written as
+    /// `body` says.
+    pub(crate) fn prepare(
+        &self,
+        limits: &Limits,
+        parts: &Parts,
+        body: ErrorBody,
+        txs: &mut Txs,
+    ) -> Option<Response<Bytes>> {
         for r in &self.list {
             if !r.applies(parts) {
                 continue;
@@ -445,7 +446,7 @@ impl Rules {
                 r.metrics.count(RuleOutcome::Rejected);
                 super::observe::count_request("rejected");
                 tracing::debug!(target: "tower_ratelimits::decision", limit = r.name.as_str(), outcome = "rejected", status = status.as_u16(), reason = message, "rate limit rejected the request");
-                Prepared::Reject(response::error_response(
+                Some(response::error_response(
                     status,
                     &response::error_code(status),
                     message,
@@ -487,6 +488,6 @@ impl Rules {
             }
             txs.push(tx);
         }
-        Prepared::Batch(txs)
+        None
     }
 }

@@ -105,22 +105,47 @@ pub struct BatchDecision {
 /// The strictest of decisions given as `(allowed, retry_after, remaining)` (`None`: one that
 /// does not count): a denial beats an allowance; among equals the longer `retry_after` (a
 /// `Duration`, or the same wait in microseconds), then the fewer `remaining`, then the first.
-/// The one home of "which decision speaks for the batch".
 pub(crate) fn strictest<T: Ord>(
     decisions: impl IntoIterator<Item = Option<(bool, T, u64)>>,
 ) -> Option<usize> {
-    type Strictness<T> = (bool, T, std::cmp::Reverse<u64>);
-    let mut best: Option<(usize, Strictness<T>)> = None;
+    let mut best = Strictest::default();
     for (i, d) in decisions.into_iter().enumerate() {
-        let Some((allowed, retry_after, remaining)) = d else {
-            continue;
-        };
-        let key = (!allowed, retry_after, std::cmp::Reverse(remaining));
-        if best.as_ref().is_none_or(|(_, b)| key > *b) {
-            best = Some((i, key));
+        if let Some((allowed, retry_after, remaining)) = d {
+            best.offer(i, allowed, retry_after, remaining);
         }
     }
-    best.map(|(i, _)| i)
+    best.index()
+}
+
+/// The strictest decision seen so far, offered one at a time (for a pass that does more than
+/// choose it). The one home of "which decision speaks for the batch".
+pub(crate) struct Strictest<T> {
+    best: Option<(usize, Strictness<T>)>,
+}
+
+/// How strict a decision is, compared as a tuple: denied, then `retry_after`, then fewer
+/// `remaining`.
+type Strictness<T> = (bool, T, std::cmp::Reverse<u64>);
+
+impl<T> Default for Strictest<T> {
+    fn default() -> Self {
+        Self { best: None }
+    }
+}
+
+impl<T: Ord> Strictest<T> {
+    /// Offers the counting decision at `index`.
+    pub(crate) fn offer(&mut self, index: usize, allowed: bool, retry_after: T, remaining: u64) {
+        let key = (!allowed, retry_after, std::cmp::Reverse(remaining));
+        if self.best.as_ref().is_none_or(|(_, b)| key > *b) {
+            self.best = Some((index, key));
+        }
+    }
+
+    /// The index of the strictest decision offered, if any.
+    pub(crate) fn index(&self) -> Option<usize> {
+        self.best.as_ref().map(|(i, _)| *i)
+    }
 }
 
 impl BatchDecision {

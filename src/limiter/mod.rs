@@ -11,6 +11,7 @@ use crate::backend::{Backend, BackendError, BucketTx, Outcomes, Spend, Transacti
 use crate::config::{Limits, LimitsChange};
 use crate::mode::Mode;
 
+pub(crate) use decision::Strictest;
 pub use decision::{BatchDecision, Decision, Lease};
 
 pub use transaction::Transaction;
@@ -201,12 +202,12 @@ struct Resolved<Q> {
     lease: u64,
 }
 
-/// A batch being decided: at once, or by a backend spend under way.
-// The ready variant lives on the stack: boxing it would cost the allocation it saves.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Step<'a> {
-    /// Decided: the outcomes, not yet turned into [`Decision`]s ([`Verdict::decision`]).
-    Ready(Result<Verdict<'a>, LimiterError>),
+/// Where a batch stands once sent: decided (its [`Verdict`] holds the outcomes), or waiting
+/// for a backend spend under way.
+pub(crate) enum Step {
+    /// Decided: the verdict holds the outcomes, not yet turned into [`Decision`]s
+    /// ([`Verdict::decision`]).
+    Ready,
     /// The backend must wait: [`Pending::decided`] turns its outcomes into the decision.
     Pending(Pending),
 }
@@ -250,6 +251,18 @@ const DISABLED: Outcome = Outcome {
 };
 
 impl<'a> Verdict<'a> {
+    /// The verdict of `batch`, to be decided by [`Limiter::spend_step`]: built where it will be
+    /// read (the caller's stack), so nothing is moved on the way.
+    pub(crate) fn new(batch: &'a [Transaction]) -> Self {
+        Self {
+            batch,
+            resolved: Batch::new(),
+            outcomes: Outcomes::new(),
+            op: Op::Spend,
+            counted: Counted::default(),
+        }
+    }
+
     /// Whether the verdict can be read by reference alone: a spend with no cost range and no
     /// concurrency limit (whose counters and leases need the decisions).
     pub(crate) fn plain(&self) -> bool {
@@ -271,17 +284,6 @@ impl<'a> Verdict<'a> {
                     None => &DISABLED,
                 },
             })
-    }
-
-    /// The strictest counting transaction (as [`BatchDecision::strictest`]).
-    pub(crate) fn strictest(&self) -> Option<usize> {
-        decision::strictest(self.entries().map(|e| {
-            e.counts().then_some((
-                e.outcome.allowed,
-                e.outcome.retry_after_us,
-                e.outcome.remaining,
-            ))
-        }))
     }
 
     /// Whether the batch is allowed: no counting transaction was denied.
@@ -356,7 +358,7 @@ fn decision(
         retry_after: us(o.retry_after_us),
         reset_after: us(o.reset_after_us),
         limit: quota.cloned(),
-        tiers: o.tiers,
+        tiers: o.tiers.map(|t| *t),
         name: key.name(),
         key,
         mode,
@@ -616,42 +618,48 @@ impl Limiter {
         if op == Op::Refund {
             return self.refund_in(&self.load(), batch).await;
         }
-        let pending = match self.step(&self.load(), batch, op) {
-            Step::Ready(r) => return r.and_then(Verdict::decision),
-            Step::Pending(p) => p,
+        let pending = {
+            let limits = self.load();
+            let mut verdict = Verdict::new(batch);
+            match self.step(&limits, &mut verdict, op)? {
+                Step::Ready => return verdict.decision(),
+                Step::Pending(p) => p,
+            }
         };
         pending.decided(batch).await
     }
 
-    /// Spends `batch` under `limits` (a snapshot the caller holds): resolved and validated once
-    /// and sent to the backend once, decided at once when the backend answers at once.
-    pub(crate) fn spend_step<'a>(&self, limits: &'a Limits, batch: &'a [Transaction]) -> Step<'a> {
-        self.step(limits, batch, Op::Spend)
+    /// Spends `verdict`'s batch under `limits` (a snapshot the caller holds): resolved and
+    /// validated once and sent to the backend once, decided into `verdict` when the backend
+    /// answers at once.
+    pub(crate) fn spend_step<'a>(
+        &self,
+        limits: &'a Limits,
+        verdict: &mut Verdict<'a>,
+    ) -> Result<Step, LimiterError> {
+        self.step(limits, verdict, Op::Spend)
     }
 
     /// A spend or a check: the one road every batch takes to the backend.
-    fn step<'a>(&self, limits: &'a Limits, batch: &'a [Transaction], op: Op) -> Step<'a> {
-        // Resolved in place: the verdict is built where it will be read, not moved into.
-        let mut verdict = Verdict {
-            batch,
-            resolved: Batch::new(),
-            outcomes: Outcomes::new(),
-            op,
-            counted: Counted::default(),
-        };
+    fn step<'a>(
+        &self,
+        limits: &'a Limits,
+        verdict: &mut Verdict<'a>,
+        op: Op,
+    ) -> Result<Step, LimiterError> {
+        // Resolved in place: the verdict is decided where it will be read, not moved into.
+        verdict.op = op;
         let mut txs: Batch<BucketTx<'a>> = Batch::new();
-        if let Err(e) = self.resolve(
+        self.resolve(
             limits,
-            batch,
+            verdict.batch,
             op,
             &mut verdict.resolved,
             &mut txs,
             &mut verdict.counted,
-        ) {
-            return Step::Ready(Err(e));
-        }
+        )?;
         if txs.is_empty() {
-            return Step::Ready(Ok(verdict));
+            return Ok(Step::Ready);
         }
         // The backend's time is measured for a spend it could not decide at once (the README's
         // `backend_duration_seconds`): a decision in memory or from the deny cache is not
@@ -659,17 +667,16 @@ impl Limiter {
         #[cfg(feature = "metrics")]
         let started = std::time::Instant::now();
         match self.inner.backend.spend(&txs) {
-            Spend::Ready(Ok(outcomes)) => {
+            Spend::Ready(outcomes) => {
+                let outcomes = outcomes?;
                 let sent = txs.len();
                 if outcomes.len() != sent {
-                    let e = BackendError::outcome_count(outcomes.len(), sent);
-                    return Step::Ready(Err(e.into()));
+                    return Err(BackendError::outcome_count(outcomes.len(), sent).into());
                 }
                 verdict.outcomes = outcomes;
-                Step::Ready(Ok(verdict))
+                Ok(Step::Ready)
             }
-            Spend::Ready(Err(e)) => Step::Ready(Err(e.into())),
-            Spend::Pending(spend) => Step::Pending(Pending {
+            Spend::Pending(spend) => Ok(Step::Pending(Pending {
                 spend,
                 resolved: verdict
                     .resolved
@@ -685,7 +692,7 @@ impl Limiter {
                 op,
                 #[cfg(feature = "metrics")]
                 started,
-            }),
+            })),
         }
     }
 

@@ -470,7 +470,7 @@ pub(super) fn decode<'a>(
             for units in grant.units.iter_mut().take(tier_count) {
                 *units = f.u64("units of a tier")?;
             }
-            outcome.tiers = Some(grant);
+            outcome.tiers = Some(Box::new(grant));
             if want_raw {
                 raw = Some(RawChange {
                     before: f.next("value before")?,
