@@ -182,12 +182,10 @@ where
                     let (batch, headers) = match allowed.take() {
                         Some(Allowed::Settle { batch, headers }) => (batch, headers),
                         fields => {
-                            let response = match fields {
-                                Some(Allowed::Fields(fields)) => {
-                                    with_fields(this.shared, response, fields)
-                                }
-                                _ => response,
-                            };
+                            let mut response = response;
+                            if let Some(Allowed::Fields(fields)) = fields {
+                                with_fields(this.shared, &mut response, fields);
+                            }
                             let release = this.release.take();
                             return Poll::Ready(Ok(
                                 response.map(|b| RateLimitBody::settling(b, None, release))
@@ -349,11 +347,10 @@ fn polled_after_completion<B>(grpc: bool) -> Response<RateLimitBody<B>> {
 
 /// An allowed request's response with its `RateLimit` fields added (unless an inner layer
 /// answered 429: ours would contradict the status).
-fn with_fields<B>(shared: &Shared, mut response: Response<B>, fields: Fields) -> Response<B> {
+fn with_fields<B>(shared: &Shared, response: &mut Response<B>, fields: Fields) {
     if response.status() != StatusCode::TOO_MANY_REQUESTS {
         shared.answers.fields.write(response.headers_mut(), fields);
     }
-    response
 }
 
 /// The response of an allowed request whose rules settle: the fields of its settled decisions
@@ -370,7 +367,7 @@ fn settled<B>(
             shared.rules.cached_policy(name, quota)
         })
     {
-        response = with_fields(shared, response, fields);
+        with_fields(shared, &mut response, fields);
     }
     let settle = BodySettle::of(&shared.settler, shared.rules.reservations(&batch, true));
     response.map(|body| RateLimitBody::settling(body, settle, release))

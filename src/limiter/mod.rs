@@ -661,11 +661,6 @@ impl Limiter {
         if txs.is_empty() {
             return Ok(Step::Ready);
         }
-        // The backend's time is measured for a spend it could not decide at once (the README's
-        // `backend_duration_seconds`): a decision in memory or from the deny cache is not
-        // a store's time.
-        #[cfg(feature = "metrics")]
-        let started = std::time::Instant::now();
         match self.inner.backend.spend(&txs) {
             Spend::Ready(outcomes) => {
                 let outcomes = outcomes?;
@@ -676,6 +671,9 @@ impl Limiter {
                 verdict.outcomes = outcomes;
                 Ok(Step::Ready)
             }
+            // The backend's time is measured for a spend it could not decide at once (the
+            // README's `backend_duration_seconds`), from when its future exists (it works when
+            // polled): a decision in memory or from the deny cache reads no clock for it.
             Spend::Pending(spend) => Ok(Step::Pending(Pending {
                 spend,
                 resolved: verdict
@@ -691,7 +689,7 @@ impl Limiter {
                 counted: verdict.counted,
                 op,
                 #[cfg(feature = "metrics")]
-                started,
+                started: std::time::Instant::now(),
             })),
         }
     }
