@@ -476,7 +476,11 @@ impl MemoryBackend {
     /// Any batch: GCRA buckets by compare-and-swap (rolled back and decided again when a race
     /// is lost), tiered keys under their slot's lock, taken in address order (so two batches
     /// never wait for each other) and held until the batch is written.
-    fn spend_mixed(&self, batch: &[BucketTx<'_>], now: u64) -> Result<Vec<Outcome>, BackendError> {
+    fn spend_mixed(&self, batch: &[BucketTx<'_>], now: u64) -> Result<Outcomes, BackendError> {
+        // A batch of GCRA buckets only (a request's usual rules) locks nothing: no slots.
+        if batch.iter().all(|tx| matches!(tx.quota, Quota::Gcra(_))) {
+            return self.decide_mixed(batch, now, &mut []);
+        }
         // The working vectors of a batch live on the stack up to `BATCH` transactions.
         let mut slots: SmallVec<[Option<SharedSlot>; BATCH]> = SmallVec::with_capacity(batch.len());
         'slots: loop {
@@ -515,7 +519,7 @@ impl MemoryBackend {
         batch: &[BucketTx<'_>],
         now: u64,
         guards: &mut [(usize, MutexGuard<'_, TierSlot>)],
-    ) -> Result<Vec<Outcome>, BackendError> {
+    ) -> Result<Outcomes, BackendError> {
         let mut written: SmallVec<[(usize, u64); BATCH]> = SmallVec::with_capacity(batch.len());
         'retry: loop {
             let mut tats: SmallVec<[u64; BATCH]> = SmallVec::with_capacity(batch.len());
@@ -539,7 +543,7 @@ impl MemoryBackend {
                 kit::spend(batch, &read, now)?
             };
             if !spent.allowed {
-                return Ok(spent.outcomes.into_vec());
+                return Ok(spent.outcomes);
             }
             written.clear();
             for (i, tx) in batch.iter().enumerate() {
@@ -575,7 +579,7 @@ impl MemoryBackend {
                     _ => {}
                 }
             }
-            return Ok(spent.outcomes.into_vec());
+            return Ok(spent.outcomes);
         }
     }
 }
@@ -645,16 +649,9 @@ impl Backend for MemoryBackend {
         // One transaction (a request with one rule): its outcome written straight into the
         // answer, no batch machinery.
         if let [one] = batch {
-            let mut outcomes = Outcomes::new();
-            return match self.spend_one_at(one, now) {
-                Ok(o) => {
-                    outcomes.push(o);
-                    Spend::Ready(Ok(outcomes))
-                }
-                Err(e) => Spend::Ready(Err(e)),
-            };
+            return Spend::Ready(self.spend_one_at(one, now).map(|o| Outcomes::from_buf([o])));
         }
-        Spend::Ready(self.spend_mixed(batch, now).map(Outcomes::from_vec))
+        Spend::Ready(self.spend_mixed(batch, now))
     }
 
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {

@@ -284,7 +284,9 @@ pub enum BackendError {
 }
 
 /// A backend's outcomes for a batch, one per transaction, in order: on the stack for a batch
-/// of one (a request with one rule), so the commonest decision allocates nothing.
+/// of one (a request with one rule), so the commonest decision allocates nothing. (Four
+/// inline cost a one-rule request 29 instructions and `Backend::spend` 51, for 27 fewer on
+/// three rules: callgrind, `benches/instructions.sh`.)
 pub type Outcomes = smallvec::SmallVec<[Outcome; 1]>;
 
 /// A spend still under way: a future that owns what it needs (it outlives the batch it was

@@ -219,6 +219,8 @@ pub(crate) struct Verdict<'a> {
     batch: &'a [Transaction],
     resolved: Batch<Resolved<&'a Quota>>,
     outcomes: Outcomes,
+    /// The batch rule's answer, taken when the outcomes came.
+    allowed: bool,
     op: Op,
     counted: Counted,
 }
@@ -258,6 +260,7 @@ impl<'a> Verdict<'a> {
             batch,
             resolved: Batch::new(),
             outcomes: Outcomes::new(),
+            allowed: true,
             op: Op::Spend,
             counted: Counted::default(),
         }
@@ -288,7 +291,7 @@ impl<'a> Verdict<'a> {
 
     /// Whether the batch is allowed: no counting transaction was denied.
     pub(crate) fn allowed(&self) -> bool {
-        self.entries().all(|e| !e.counts() || e.outcome.allowed)
+        self.allowed
     }
 
     /// The decisions.
@@ -668,6 +671,8 @@ impl Limiter {
                 if outcomes.len() != sent {
                     return Err(BackendError::outcome_count(outcomes.len(), sent).into());
                 }
+                // The batch rule, once (a disabled limit sent nothing and allows).
+                verdict.allowed = crate::backend::batch_allowed(txs.iter().zip(&outcomes));
                 verdict.outcomes = outcomes;
                 Ok(Step::Ready)
             }
