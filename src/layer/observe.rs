@@ -153,6 +153,12 @@ pub(crate) fn count_request(outcome: &'static str) {
 /// a shadowed rule that would deny at `info` on `tower_ratelimits::shadow`. The id is a field
 /// only when `log_ids` is on (ids can be personal data).
 pub(crate) fn trace_decision(d: &Seen<'_>, outcome: RuleOutcome, log_ids: bool) {
+    // Every request comes here: nothing is prepared unless a subscriber may want the event.
+    if !tracing::level_enabled!(tracing::Level::INFO)
+        || (outcome != RuleOutcome::ShadowDenied && !tracing::level_enabled!(tracing::Level::DEBUG))
+    {
+        return;
+    }
     let retry_after_ms = d.retry_after_us / 1000;
     let (limit, id, remaining) = (d.name.as_str(), d.id, d.remaining);
     if outcome == RuleOutcome::ShadowDenied {

@@ -482,11 +482,11 @@ impl Rules {
                     );
                 }
             };
-            let mut tx = Transaction::new(BucketKey::new(r.name, id)).mode(r.mode);
-            if let Some(c) = r.cost(parts) {
-                tx = tx.cost(c);
-            }
-            txs.push(tx);
+            txs.push(Transaction::of(
+                BucketKey::new(r.name, id),
+                r.mode,
+                r.cost(parts),
+            ));
         }
         None
     }

@@ -745,7 +745,9 @@ impl Limiter {
         txs: &mut Batch<BucketTx<'a>>,
         counted: &mut Counted,
     ) -> Result<(), LimiterError> {
-        if let Some(key) = first_duplicate(batch) {
+        if batch.len() > 1
+            && let Some(key) = first_duplicate(batch)
+        {
             return Err(LimiterError::DuplicateKey(key.to_string()));
         }
         for tx in batch {

@@ -33,6 +33,17 @@ impl Transaction {
         }
     }
 
+    /// A transaction in `mode` at `cost` (`None`: the limit's), built in one go where it is
+    /// stored (the layer's request path).
+    pub(crate) fn of(key: BucketKey, mode: Mode, cost: Option<u64>) -> Self {
+        Self {
+            key,
+            cost,
+            min_cost: None,
+            mode,
+        }
+    }
+
     /// Sets the cost (0 is a probe that consumes nothing).
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = Some(cost);
