@@ -672,7 +672,7 @@ impl Limiter {
                     return Err(BackendError::outcome_count(outcomes.len(), sent).into());
                 }
                 // The batch rule, once (a disabled limit sent nothing and allows).
-                verdict.allowed = crate::backend::batch_allowed(txs.iter().zip(&outcomes));
+                verdict.allowed = crate::backend::kit::batch_allowed(txs.iter().zip(&outcomes));
                 verdict.outcomes = outcomes;
                 Ok(Step::Ready)
             }
