@@ -5,8 +5,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::algo::tiers::TierGrant;
 use crate::key::LimitName;
-use crate::limiter::Decision;
+use crate::limiter::{Decision, Entry};
+use crate::quota::Quota;
 
 /// What happened to one rule of one request: the `outcome` label of
 /// `tower_ratelimits_decisions_total`.
@@ -77,29 +79,57 @@ impl RuleOutcome {
     }
 }
 
-/// What the counters and decision events need of one decided transaction: taken from a
-/// [`Decision`], or from the backend's outcome when no decision was built.
+/// One decided transaction as the layer shows it (its counters, its trace event, its
+/// `RateLimit` members): taken from a [`Decision`], or from the backend's outcome when no
+/// decision was built. The layer's one view of a decision.
 pub(crate) struct Seen<'a> {
     pub(crate) name: LimitName,
     pub(crate) id: &'a crate::key::Id,
+    /// `None`: the limit is disabled for this id.
+    pub(crate) quota: Option<&'a Quota>,
     pub(crate) allowed: bool,
     pub(crate) skipped: bool,
     /// It takes part in choosing the batch decision ([`Decision::counts`]).
     pub(crate) counts: bool,
-    pub(crate) retry_after_us: u64,
     pub(crate) remaining: u64,
+    pub(crate) retry_after_us: u64,
+    pub(crate) reset_after_us: u64,
+    /// For a tiered limit: the units per tier and the tier serving the client (on a denial,
+    /// the one that refused).
+    pub(crate) tiers: Option<&'a TierGrant>,
 }
 
 impl<'a> From<&'a Decision> for Seen<'a> {
     fn from(d: &'a Decision) -> Self {
+        let micros = crate::time::duration_us;
         Self {
             name: d.name,
             id: d.key.id(),
+            quota: d.limit.as_ref(),
             allowed: d.allowed,
             skipped: d.skipped,
             counts: d.counts(),
-            retry_after_us: crate::time::duration_us(d.retry_after),
             remaining: d.remaining,
+            retry_after_us: micros(d.retry_after),
+            reset_after_us: micros(d.reset_after),
+            tiers: d.tiers.as_ref(),
+        }
+    }
+}
+
+impl<'a> From<Entry<'a>> for Seen<'a> {
+    fn from(e: Entry<'a>) -> Self {
+        Self {
+            name: e.tx.key().name(),
+            id: e.tx.key().id(),
+            quota: e.quota,
+            allowed: e.outcome.allowed,
+            skipped: e.outcome.skipped,
+            counts: e.counts(),
+            remaining: e.outcome.remaining,
+            retry_after_us: e.outcome.retry_after_us,
+            reset_after_us: e.outcome.reset_after_us,
+            tiers: e.outcome.tiers.as_deref(),
         }
     }
 }

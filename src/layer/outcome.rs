@@ -16,7 +16,7 @@ use super::extract::Exemptions;
 use super::failure::{FailurePolicy, OnFailure};
 use super::lease::{Held, Release};
 use super::observe::{RuleOutcome, Seen, count_request};
-use super::response::{Answers, Fields, Reported};
+use super::response::{Answers, Fields};
 use super::rule::{Rules, Txs};
 use super::settle::Settler;
 use super::wait::WaitPermit;
@@ -136,34 +136,15 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
 /// carry nothing more.
 fn allowed_now(shared: &Shared, verdict: &Verdict<'_>) -> Option<Allowed> {
     count("allowed");
-    shared.rules.observe(verdict.entries().map(|e| Seen {
-        name: e.tx.key().name(),
-        id: e.tx.key().id(),
-        allowed: e.outcome.allowed,
-        skipped: e.outcome.skipped,
-        counts: e.counts(),
-        retry_after_us: e.outcome.retry_after_us,
-        remaining: e.outcome.remaining,
-    }));
+    let seen = verdict.entries().map(Seen::from);
     if !shared.answers.fields.on_allowed() {
+        shared.rules.observe(seen);
         return None;
     }
-    let reported = verdict.entries().map(|e| {
-        let quota = e.quota.filter(|_| e.counts())?;
-        Some(Reported {
-            name: e.tx.key().name(),
-            quota,
-            allowed: e.outcome.allowed,
-            remaining: e.outcome.remaining,
-            retry_after_us: e.outcome.retry_after_us,
-            reset_after_us: e.outcome.reset_after_us,
-            tier: e.outcome.tiers.as_ref().map(|t| t.tier),
-        })
-    });
-    Fields::from_reported(reported, |name, quota| {
-        shared.rules.cached_policy(name, quota)
-    })
-    .map(Allowed::Fields)
+    // One pass: each transaction counted and traced as the fields take its numbers.
+    let seen = seen.inspect(|s| shared.rules.observe_one(s));
+    Fields::from_reported(seen, |name, quota| shared.rules.cached_policy(name, quota))
+        .map(Allowed::Fields)
 }
 
 /// Waits for a spend under way (`pending`, the limiter's step for `txs`), within the layer's

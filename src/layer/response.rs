@@ -11,6 +11,7 @@ use crate::quota::Quota;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, Response, StatusCode};
 
+use super::observe::Seen;
 use crate::key::LimitName;
 use crate::limiter::{BatchDecision, Decision, Strictest};
 
@@ -221,62 +222,33 @@ fn ceil_secs_us(us: u64) -> u64 {
     us.div_ceil(1_000_000)
 }
 
-/// What a response's fields report of one decided transaction: taken from a [`Decision`], or
-/// from the backend's outcome when no decision was built (an allowed request's fields).
-pub(crate) struct Reported<'a> {
-    pub(crate) name: LimitName,
-    pub(crate) quota: &'a Quota,
-    pub(crate) allowed: bool,
-    pub(crate) remaining: u64,
-    pub(crate) retry_after_us: u64,
-    pub(crate) reset_after_us: u64,
-    /// For a tiered limit: the tier serving the client (on a denial, the one that refused).
-    pub(crate) tier: Option<u8>,
+/// The draft-11 effective window of `s` under `quota`, in microseconds: the time within
+/// which the client can use no more than `r` units. For GCRA, `Limit::window_us`. For a
+/// tiered limit: on a denial, the wait before the request passes; else the time until the
+/// serving tier is fresh (a client whose tier is used up may still burst into the next one, so
+/// `r` is not a ceiling there).
+fn window_us(s: &Seen<'_>, quota: &Quota) -> u64 {
+    match quota {
+        Quota::Gcra(l) => l.window_us(s.reset_after_us, s.remaining),
+        Quota::Tiered(_) if !s.allowed => s.retry_after_us,
+        Quota::Tiered(_) => s.reset_after_us,
+        // Slots in flight: a denial's hint, else nothing to wait for.
+        Quota::Concurrency(_) => s.retry_after_us,
+    }
 }
 
-impl<'a> Reported<'a> {
-    /// A decision's numbers; `None` when its limit is disabled for the id.
-    fn of(d: &'a Decision) -> Option<Self> {
-        let micros = crate::time::duration_us;
-        Some(Self {
-            name: d.name,
-            quota: d.limit.as_ref()?,
-            allowed: d.allowed,
-            remaining: d.remaining,
-            retry_after_us: micros(d.retry_after),
-            reset_after_us: micros(d.reset_after),
-            tier: d.tiers.map(|t| t.tier),
-        })
-    }
-
-    /// The draft-11 effective window, in microseconds: the time within which the client can
-    /// use no more than `r` units. For GCRA, `Limit::window_us`. For a tiered limit: on a
-    /// denial, the wait before the request passes; else the time until the serving tier is
-    /// fresh (a client whose tier is used up may still burst into the next one, so `r` is not
-    /// a ceiling there).
-    fn window_us(&self) -> u64 {
-        match self.quota {
-            Quota::Gcra(l) => l.window_us(self.reset_after_us, self.remaining),
-            Quota::Tiered(_) if !self.allowed => self.retry_after_us,
-            Quota::Tiered(_) => self.reset_after_us,
-            // Slots in flight: a denial's hint, else nothing to wait for.
-            Quota::Concurrency(_) => self.retry_after_us,
-        }
-    }
-
-    /// The `q` and `w` of its `RateLimit-Policy` member, and its legacy `X-RateLimit-Limit`.
-    /// GCRA: the burst and the burst offset; tiered: the serving tier's limit and window
-    /// (seconds, rounded up); concurrency: the requests allowed in flight, and no window (its
-    /// member is written by [`push_concurrency_policy`]).
-    fn policy(&self) -> Option<(u64, u64)> {
-        match self.quota {
-            Quota::Concurrency(c) => Some((c.max(), 0)),
-            Quota::Gcra(l) => Some((l.burst(), ceil_secs_us(l.burst_offset_us()))),
-            Quota::Tiered(t) => {
-                let number = self.tier.map_or(1, usize::from);
-                let tier = t.tier(number).or(t.tiers().first())?;
-                Some((tier.limit(), ceil_secs_us(tier.window_us())))
-            }
+/// The `q` and `w` of `s`'s `RateLimit-Policy` member under `quota`, and its legacy
+/// `X-RateLimit-Limit`. GCRA: the burst and the burst offset; tiered: the serving tier's limit
+/// and window (seconds, rounded up); concurrency: the requests allowed in flight, and no
+/// window (its member is written by [`push_concurrency_policy`]).
+fn policy(s: &Seen<'_>, quota: &Quota) -> Option<(u64, u64)> {
+    match quota {
+        Quota::Concurrency(c) => Some((c.max(), 0)),
+        Quota::Gcra(l) => Some((l.burst(), ceil_secs_us(l.burst_offset_us()))),
+        Quota::Tiered(t) => {
+            let number = s.tiers.map_or(1, |t| usize::from(t.tier));
+            let tier = t.tier(number).or(t.tiers().first())?;
+            Some((tier.limit(), ceil_secs_us(tier.window_us())))
         }
     }
 }
@@ -338,20 +310,15 @@ impl Fields {
         batch: &BatchDecision,
         cached: impl Fn(LimitName, &Quota) -> Option<&'c HeaderValue>,
     ) -> Option<Self> {
-        Self::from_reported(
-            batch
-                .decisions()
-                .iter()
-                .map(|d| d.counts().then(|| Reported::of(d)).flatten()),
-            cached,
-        )
+        Self::from_reported(batch.decisions().iter().map(Seen::from), cached)
     }
 
-    /// The fields of the transactions `items` (`None`: one that does not count), reporting
-    /// the strictest first (as [`BatchDecision::strictest`] chooses it), then every other one
-    /// that counts, in order. The one home of the fields' numbers.
+    /// The fields of the transactions `items`, reporting the strictest first (as
+    /// [`BatchDecision::strictest`] chooses it), then every other one that counts, in order.
+    /// Every item is taken (a caller may count and trace them on the way). The one home of
+    /// the fields' numbers.
     pub(crate) fn from_reported<'a, 'c>(
-        items: impl Iterator<Item = Option<Reported<'a>>>,
+        items: impl Iterator<Item = Seen<'a>>,
         cached: impl Fn(LimitName, &Quota) -> Option<&'c HeaderValue>,
     ) -> Option<Self> {
         // One pass: each member as it comes (on the stack for a request's few rules), the
@@ -360,22 +327,24 @@ impl Fields {
         let mut strictest = Strictest::default();
         let mut first = None;
         for (i, r) in items.enumerate() {
-            let Some(r) = r else { continue };
+            let Some(quota) = r.quota.filter(|_| r.counts) else {
+                continue;
+            };
             strictest.offer(i, r.allowed, r.retry_after_us, r.remaining);
-            let policy = r.policy();
+            let policy = policy(&r, quota);
             if strictest.index() == Some(i) {
                 first = policy.map(|_| members.len());
             }
             let Some((q, w)) = policy else { continue };
             members.push(Member {
                 name: r.name,
-                concurrency: matches!(r.quota, Quota::Concurrency(_)),
+                concurrency: matches!(quota, Quota::Concurrency(_)),
                 q,
                 w,
                 r: r.remaining,
-                t: ceil_secs_us(r.window_us()),
+                t: ceil_secs_us(window_us(&r, quota)),
                 reset_secs: ceil_secs_us(r.reset_after_us),
-                cached: cached(r.name, r.quota),
+                cached: cached(r.name, quota),
             });
         }
         if let Some(at @ 1..) = first {

@@ -316,13 +316,18 @@ impl Rules {
     /// Counts and traces every decided transaction of a request.
     pub(crate) fn observe<'a>(&self, decided: impl IntoIterator<Item = Seen<'a>>) {
         for d in decided {
-            let Some(rule) = self.of(d.name) else {
-                continue;
-            };
-            let outcome = RuleOutcome::of(&d, rule.shadow);
-            rule.metrics.count(outcome);
-            super::observe::trace_decision(&d, outcome, self.log_ids);
+            self.observe_one(&d);
         }
+    }
+
+    /// Counts and traces one decided transaction.
+    pub(crate) fn observe_one(&self, d: &Seen<'_>) {
+        let Some(rule) = self.of(d.name) else {
+            return;
+        };
+        let outcome = RuleOutcome::of(d, rule.shadow);
+        rule.metrics.count(outcome);
+        super::observe::trace_decision(d, outcome, self.log_ids);
     }
 
     /// Counts every rule of a request that did not get a decision of its own.
