@@ -45,13 +45,10 @@ fn a_name(limiter: &Limiter, name: &str) -> tower_ratelimits::LimitName {
 }
 
 #[tokio::test]
-async fn reordered_and_extended_files_share_exactly_the_right_buckets_on_single_redis() {
-    identity_across_reordered_files(&TestRedis::single().url).await;
-}
-
-#[tokio::test]
-async fn reordered_and_extended_files_share_exactly_the_right_buckets_on_the_cluster() {
-    identity_across_reordered_files(&TestRedis::cluster().url).await;
+async fn reordered_and_extended_files_share_exactly_the_right_buckets_on_each_redis() {
+    for redis in TestRedis::each() {
+        identity_across_reordered_files(&redis.url).await;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -130,25 +127,15 @@ async fn waiting_callers_pass_at_the_limits_rate(url: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_callers_pass_at_the_limits_rate_on_single_redis() {
-    let redis = TestRedis::single();
-    waiting_callers_pass_at_the_limits_rate(&redis.url).await;
+async fn waiting_callers_pass_at_the_limits_rate_on_each_redis() {
+    for redis in TestRedis::each() {
+        waiting_callers_pass_at_the_limits_rate(&redis.url).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_callers_pass_at_the_limits_rate_on_the_cluster() {
-    let redis = TestRedis::cluster();
-    waiting_callers_pass_at_the_limits_rate(&redis.url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_clients_and_128_tasks_admit_exactly_the_burst_on_single_redis() {
-    let redis = TestRedis::single();
-    no_over_admission(&redis.url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_clients_and_128_tasks_admit_exactly_the_burst_on_the_cluster() {
-    let redis = TestRedis::cluster();
-    no_over_admission(&redis.url).await;
+async fn two_clients_and_128_tasks_admit_exactly_the_burst_on_each_redis() {
+    for redis in TestRedis::each() {
+        no_over_admission(&redis.url).await;
+    }
 }

@@ -144,15 +144,10 @@ async fn until_no_leases(backend: &RedisBackend, key: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrency_is_shared_by_instances_on_single_redis() {
-    let redis = TestRedis::single();
-    concurrency_is_shared_by_instances(&redis.url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrency_is_shared_by_instances_on_the_cluster() {
-    let redis = TestRedis::cluster();
-    concurrency_is_shared_by_instances(&redis.url).await;
+async fn concurrency_is_shared_by_instances_on_each_redis() {
+    for redis in TestRedis::each() {
+        concurrency_is_shared_by_instances(&redis.url).await;
+    }
 }
 
 /// An instance that dies holding slots (its leases never given back) blocks the key only
@@ -191,15 +186,10 @@ async fn a_killed_instances_leases_expire(url: &str) {
 }
 
 #[tokio::test]
-async fn a_killed_instances_leases_expire_on_single_redis() {
-    let redis = TestRedis::single();
-    a_killed_instances_leases_expire(&redis.url).await;
-}
-
-#[tokio::test]
-async fn a_killed_instances_leases_expire_on_the_cluster() {
-    let redis = TestRedis::cluster();
-    a_killed_instances_leases_expire(&redis.url).await;
+async fn a_killed_instances_leases_expire_on_each_redis() {
+    for redis in TestRedis::each() {
+        a_killed_instances_leases_expire(&redis.url).await;
+    }
 }
 
 /// Memory and Redis decide concurrency exactly alike: a pseudo-random sequence of spends
@@ -294,13 +284,8 @@ async fn concurrency_conforms(url: &str) {
 }
 
 #[tokio::test]
-async fn concurrency_decides_as_memory_does_on_single_redis() {
-    let redis = TestRedis::single();
-    concurrency_conforms(&redis.url).await;
-}
-
-#[tokio::test]
-async fn concurrency_decides_as_memory_does_on_the_cluster() {
-    let redis = TestRedis::cluster();
-    concurrency_conforms(&redis.url).await;
+async fn concurrency_decides_as_memory_does_on_each_redis() {
+    for redis in TestRedis::each() {
+        concurrency_conforms(&redis.url).await;
+    }
 }

@@ -136,15 +136,10 @@ async fn no_over_grant_of_tiers(url: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_clients_and_128_tasks_grant_exactly_the_tiers_capacity_on_single_redis() {
-    let redis = TestRedis::single();
-    no_over_grant_of_tiers(&redis.url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_clients_and_128_tasks_grant_exactly_the_tiers_capacity_on_the_cluster() {
-    let redis = TestRedis::cluster();
-    no_over_grant_of_tiers(&redis.url).await;
+async fn two_clients_and_128_tasks_grant_exactly_the_tiers_capacity_on_each_redis() {
+    for redis in TestRedis::each() {
+        no_over_grant_of_tiers(&redis.url).await;
+    }
 }
 
 /// The same for a tiered key: not MessagePack, MessagePack of the wrong shape, a negative

@@ -256,6 +256,20 @@ impl TestRedis {
         }
     }
 
+    /// The store matrix of the Redis tests: a single server, then the cluster, each with
+    /// the name a failing test prints (`on <name>`) before it runs there.
+    pub fn each() -> impl Iterator<Item = Self> {
+        [
+            ("a single Redis", Self::single as fn() -> Self),
+            ("the cluster", Self::cluster),
+        ]
+        .into_iter()
+        .map(|(name, start)| {
+            eprintln!("on {name}");
+            start()
+        })
+    }
+
     pub fn cluster() -> Self {
         if let Ok(url) = std::env::var("TRL_TEST_REDIS_CLUSTER_URL") {
             return Self {
