@@ -208,13 +208,7 @@ async fn concurrency_conforms(url: &str) {
     );
     let mut held: [Vec<tower_ratelimits::Lease>; 2] = [Vec::new(), Vec::new()];
     let (mut denied, mut released_held, mut expired) = (0, 0, 0);
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut next = support::xorshift(0x2545_f491_4f6c_dd1d);
     for step in 0..300 {
         let account = next(2).to_string();
         let brief = Transaction::new(memory.parse_key("Brief", &account).unwrap());

@@ -16,7 +16,9 @@ use tower_ratelimits::{
 #[allow(dead_code)]
 #[path = "../examples/simulate/trace.rs"]
 mod simulate;
-use support::redis_backend::{KEY_LIMITS, backend, caller_time_backend, commandstat, raw_get};
+use support::redis_backend::{
+    KEY_LIMITS, backend, caller_time_backend, commandstat, limiter_on, raw_get,
+};
 use tower_ratelimits::{RedisBackend, RedisSetupError};
 
 // ---------------------------------------------------------------------------------------------
@@ -299,11 +301,7 @@ async fn a_dead_cluster_node_fails_only_its_own_slots() {
 #[tokio::test]
 async fn a_cross_slot_batch_denied_in_one_slot_spends_nothing_in_the_others() {
     let redis = TestRedis::cluster();
-    let backend = backend(&redis.url, &unique_prefix("xslot")).await;
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
-        backend.clone(),
-    );
+    let (backend, limiter) = limiter_on(&redis.url, &unique_prefix("xslot"), KEY_LIMITS).await;
     let api = limiter.parse_key("Api", "42").unwrap();
     let acct = limiter.parse_key("PerAccount", "42").unwrap();
     let slot = |k| fred::util::redis_keyslot(backend.redis_key(k).as_bytes());

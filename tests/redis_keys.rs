@@ -15,7 +15,9 @@ use tower_ratelimits::{
 #[allow(dead_code)]
 #[path = "../examples/simulate/trace.rs"]
 mod simulate;
-use support::redis_backend::{KEY_LIMITS, backend, caller_time_backend, commandstat, raw_get};
+use support::redis_backend::{
+    KEY_LIMITS, backend, caller_time_backend, commandstat, limiter_on, raw_get,
+};
 use tower_ratelimits::{RedisBackend, RedisSetupError};
 
 // ---------------------------------------------------------------------------------------------
@@ -25,11 +27,7 @@ use tower_ratelimits::{RedisBackend, RedisSetupError};
 #[tokio::test]
 async fn a_key_expires_exactly_when_its_bucket_is_full_again() {
     let redis = TestRedis::single();
-    let backend = backend(&redis.url, &unique_prefix("expiry")).await;
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
-        backend.clone(),
-    );
+    let (backend, limiter) = limiter_on(&redis.url, &unique_prefix("expiry"), KEY_LIMITS).await;
     let key = limiter.parse_key("Api", "client-1").unwrap();
     let d = limiter
         .spend(&[Transaction::new(key.clone())])
@@ -161,11 +159,7 @@ async fn hostile_ids_keep_their_slot_and_never_collide() {
 #[tokio::test]
 async fn foreign_data_at_a_key_is_a_fresh_bucket_replaced_by_the_first_write() {
     let redis = TestRedis::single();
-    let backend = backend(&redis.url, &unique_prefix("foreign")).await;
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
-        backend.clone(),
-    );
+    let (backend, limiter) = limiter_on(&redis.url, &unique_prefix("foreign"), KEY_LIMITS).await;
     let cases: [(&str, Option<&str>); 6] = [
         ("list", None),
         ("text", Some("not a number")),
@@ -292,13 +286,7 @@ async fn the_scripts_fast_path_decides_gcra_exactly_as_its_general_path() {
     let clock = ManualClock::new(simulate::EPOCH_US);
     let (fast, fast_backend) = path_limiter(&redis.url, "fast", &clock).await;
     let (general, general_backend) = path_limiter(&redis.url, "general", &clock).await;
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut next = support::xorshift(0x2545_f491_4f6c_dd1d);
     for step in 0..400 {
         clock.advance(Duration::from_micros(next(400_000)));
         let modes = [Mode::CheckAndSpend, Mode::CheckOnly, Mode::SpendOnly];

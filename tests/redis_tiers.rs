@@ -10,7 +10,7 @@ use fred::prelude::{ClientLike as _, KeysInterface};
 use support::redis::{TestRedis, unique_prefix};
 use tower_ratelimits::{Limiter, Limits, Transaction};
 
-use support::redis_backend::{KEY_LIMITS, backend};
+use support::redis_backend::{KEY_LIMITS, backend, limiter_on};
 use tower_ratelimits::RedisBackend;
 
 // ---------------------------------------------------------------------------------------------
@@ -53,11 +53,7 @@ async fn server_time_us(backend: &RedisBackend, key: &str) -> u64 {
 #[tokio::test]
 async fn a_tiered_key_is_one_value_unchanged_by_rejections_and_expires_when_fresh() {
     let redis = TestRedis::single();
-    let backend = backend(&redis.url, &unique_prefix("tiers")).await;
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(TIER_LIMITS, None).unwrap(),
-        backend.clone(),
-    );
+    let (backend, limiter) = limiter_on(&redis.url, &unique_prefix("tiers"), TIER_LIMITS).await;
     let key = limiter.parse_key("Penalty", "acct").unwrap();
     let redis_key = backend.redis_tier_key(&key);
     let before_us = server_time_us(&backend, &redis_key).await;
@@ -147,11 +143,8 @@ async fn two_clients_and_128_tasks_grant_exactly_the_tiers_capacity_on_each_redi
 #[tokio::test]
 async fn foreign_data_at_a_tiered_key_is_a_fresh_state_replaced_by_the_first_write() {
     let redis = TestRedis::single();
-    let backend = backend(&redis.url, &unique_prefix("tier-foreign")).await;
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(TIER_LIMITS, None).unwrap(),
-        backend.clone(),
-    );
+    let (backend, limiter) =
+        limiter_on(&redis.url, &unique_prefix("tier-foreign"), TIER_LIMITS).await;
     let values: [&[u8]; 3] = [
         b"hello",
         &[0x93, 0x02, 0x00, 0x00],

@@ -11,6 +11,17 @@ pub mod redis_backend;
 pub mod scrape;
 pub mod store;
 
+/// A seeded xorshift: `next(n)` is a pseudo-random number below `n`, the same sequence on
+/// every run (the random traces the conformance tests replay).
+pub fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    }
+}
+
 /// The output of a future that is ready at its first poll (a spend the in-memory backend, or
 /// the Redis deny cache, decides at once); panics if it would wait.
 pub fn ready<F: std::future::Future>(f: F) -> F::Output {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use fred::prelude::KeysInterface;
-use tower_ratelimits::{ManualClock, RedisBackend};
+use tower_ratelimits::{Limiter, Limits, ManualClock, RedisBackend};
 
 use super::redis::command;
 
@@ -40,6 +40,13 @@ pub async fn backend(url: &str, prefix: &str) -> RedisBackend {
         .connect()
         .await
         .unwrap()
+}
+
+/// A Redis backend under a fresh `prefix` and a limiter over `yaml` storing in it.
+pub async fn limiter_on(url: &str, prefix: &str, yaml: &str) -> (RedisBackend, Limiter) {
+    let backend = backend(url, prefix).await;
+    let limits = Limits::from_yaml_str(yaml, None).unwrap();
+    (backend.clone(), Limiter::new(limits, backend))
 }
 
 pub async fn caller_time_backend(
