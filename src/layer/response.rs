@@ -422,19 +422,19 @@ fn owned_value(buf: Buf) -> HeaderValue {
 
 /// Adds `ours` to the field `name`: appended to the members another layer already wrote
 /// (stacked layers), else as the field.
-fn put(headers: &mut HeaderMap, name: &HeaderName, ours: HeaderValue) {
-    match headers.entry(name.clone()) {
-        http::header::Entry::Occupied(mut theirs) => {
-            let mut both = Buf::with_capacity(theirs.get().len() + 2 + ours.len());
-            both.extend_from_slice(theirs.get().as_bytes());
-            both.extend_from_slice(b", ");
-            both.extend_from_slice(ours.as_bytes());
-            if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(both)) {
-                theirs.insert(v);
-            }
-        }
-        http::header::Entry::Vacant(slot) => {
-            slot.insert(ours);
+fn put(headers: &mut HeaderMap, name: &'static HeaderName, ours: HeaderValue) {
+    // One lookup when the field is new (the common case); a field another layer wrote is
+    // read back and joined.
+    let Some(theirs) = headers.insert(name, ours) else {
+        return;
+    };
+    if let Some(slot) = headers.get_mut(name) {
+        let mut both = Buf::with_capacity(theirs.len() + 2 + slot.len());
+        both.extend_from_slice(theirs.as_bytes());
+        both.extend_from_slice(b", ");
+        both.extend_from_slice(slot.as_bytes());
+        if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(both)) {
+            *slot = v;
         }
     }
 }
