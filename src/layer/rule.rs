@@ -281,8 +281,9 @@ impl ResolvedRule {
     }
 }
 
-/// A request's transactions, one per rule that applies: on the stack for up to two rules.
-pub(crate) type Txs = smallvec::SmallVec<[Transaction; 2]>;
+/// A request's transactions, one per rule that applies: on the stack for up to four rules (the
+/// limiter's batches hold four too; at two, three rules spilled to the heap: +254 instructions).
+pub(crate) type Txs = smallvec::SmallVec<[Transaction; 4]>;
 
 /// A layer's rules, resolved when it was built, with what the rest of the layer asks of them.
 pub(crate) struct Rules {
