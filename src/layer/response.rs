@@ -409,9 +409,15 @@ fn item_len(name: &str, x: u64, y: u64) -> usize {
     name.len() + 8 + decimal_len(x) + decimal_len(y)
 }
 
-/// The number of decimal digits of `n`.
-fn decimal_len(n: u64) -> usize {
-    n.checked_ilog10().map_or(1, |l| l as usize + 1)
+/// The number of decimal digits of `n`: a digit at a time, as the fields' numbers are small
+/// (`ilog10` costs 26 instructions whatever the number; this, 2 for a digit and 5 per more).
+fn decimal_len(mut n: u64) -> usize {
+    let mut len = 1;
+    while n >= 10 {
+        n /= 10;
+        len += 1;
+    }
+    len
 }
 
 /// A header value that owns `buf`, written at its exact size (so nothing is copied).
@@ -704,4 +710,16 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decimal_len;
+
+    #[test]
+    fn decimal_len_counts_the_digits_itoa_writes() {
+        for n in [0, 1, 9, 10, 11, 99, 100, 999_999, 1_000_000, u64::MAX / 10, u64::MAX] {
+            assert_eq!(decimal_len(n), itoa::Buffer::new().format(n).len(), "{n}");
+        }
+    }
 }
