@@ -718,7 +718,19 @@ mod tests {
 
     #[test]
     fn decimal_len_counts_the_digits_itoa_writes() {
-        for n in [0, 1, 9, 10, 11, 99, 100, 999_999, 1_000_000, u64::MAX / 10, u64::MAX] {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            11,
+            99,
+            100,
+            999_999,
+            1_000_000,
+            u64::MAX / 10,
+            u64::MAX,
+        ] {
             assert_eq!(decimal_len(n), itoa::Buffer::new().format(n).len(), "{n}");
         }
     }
