@@ -254,3 +254,32 @@ async fn an_unlimited_override_is_never_limited() {
         429
     );
 }
+
+/// axum answers HEAD with the GET handler, so a GET scope covers HEAD: HEAD requests are no way
+/// around a rule on a GET route (20 of 20 passed a limit of 2 before).
+#[tokio::test]
+async fn a_get_scope_covers_head() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let layer = RateLimitLayer::new(
+        limiter(&calls, &clock),
+        [Rule::new("UserPage", ClientIp::new()).for_methods([Method::GET])],
+    )
+    .unwrap();
+    let server = serve(routes().layer(layer)).await;
+    let client = HttpClient::new(&server);
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(client.request(Method::HEAD, "/users/7", &[]).await.status);
+    }
+    assert_eq!(statuses, [200, 200, 429, 429], "UserPage allows 2");
+    // GET and HEAD share the bucket; other methods stay out of the scope.
+    assert_eq!(
+        client.request(Method::GET, "/users/7", &[]).await.status,
+        429
+    );
+    assert_eq!(
+        client.request(Method::POST, "/api/items", &[]).await.status,
+        200
+    );
+}

@@ -160,7 +160,10 @@ impl Rule {
         self
     }
 
-    /// Applies the rule only to these methods.
+    /// Applies the rule only to these methods. `GET` covers `HEAD` too, as axum's
+    /// `MethodFilter::GET` does (axum answers a `HEAD` with the `GET` handler, so a `GET`
+    /// scope that left `HEAD` out would let anyone past it); list `HEAD` alone to limit only
+    /// `HEAD`.
     ///
     /// ```
     /// use tower_ratelimits::http::Method;
@@ -168,7 +171,10 @@ impl Rule {
     /// let writes = Rule::new("WritesPerIp", ClientIp::new()).for_methods([Method::POST, Method::PUT]);
     /// ```
     pub fn for_methods(self, methods: impl IntoIterator<Item = http::Method>) -> Self {
-        let methods: Vec<http::Method> = methods.into_iter().collect();
+        let mut methods: Vec<http::Method> = methods.into_iter().collect();
+        if methods.contains(&http::Method::GET) && !methods.contains(&http::Method::HEAD) {
+            methods.push(http::Method::HEAD);
+        }
         self.when(move |req| methods.contains(&req.method))
     }
 
