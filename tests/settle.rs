@@ -154,6 +154,43 @@ async fn on_redis_a_header_settles_the_true_cost() {
     settles_from_a_header(Store::Redis).await;
 }
 
+/// An estimate of 0 (an LLM gateway's `max_tokens=0`, read from the request) is charged as 1:
+/// it no longer passes an empty bucket, where the true cost could only be forgiven. Twenty such
+/// requests that each use 100 tokens get 100 tokens from a bucket of 100 (2,000 before: every
+/// request passed, the first one's 100 settled, the others' forgiven).
+#[tokio::test]
+async fn an_estimate_of_0_is_charged_1_up_front() {
+    let fixture = Fixture::new(Store::Memory);
+    let limiter = limiter(&fixture, Store::Memory).await;
+    let server = serve_rule(
+        &limiter,
+        Rule::new("Tokens", ClientIp::new())
+            .cost_fn(|parts| {
+                let query = parts.uri.query().unwrap_or("");
+                query
+                    .split('&')
+                    .find_map(|p| p.strip_prefix("max_tokens="))
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(0)
+            })
+            .settle(Settle::header("x-tokens-used")),
+        Router::new().route("/gen", get(generate)),
+    )
+    .await;
+    let client = HttpClient::new(&server);
+    let mut used = 0;
+    for _ in 0..20 {
+        let reply = client.get("/gen?max_tokens=0&used=100", &[]).await;
+        if reply.status == 200 {
+            used += 100;
+        } else {
+            assert_eq!(reply.status, 429);
+        }
+    }
+    assert_eq!(used, 100, "tokens served against a bucket of 100");
+    assert_eq!(remaining(&limiter, "Tokens").await, 0);
+}
+
 /// From a function of the response head: a failed request costs nothing.
 #[tokio::test]
 async fn a_function_of_the_head_refunds_failed_requests() {

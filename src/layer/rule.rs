@@ -208,8 +208,9 @@ impl Rule {
     /// Reserve, then reconcile: the rule's cost is charged as an estimate when the request is
     /// decided, and the difference with the true cost, found in the response by `settle`, is
     /// settled on the same bucket (unused units refunded, extra units spent spend-only). See
-    /// [`Settle`](super::Settle) for the sources and what each outcome charges. A rule that
-    /// spends nothing ([`Mode::CheckOnly`]) has nothing to settle: the layer refuses it.
+    /// [`Settle`](super::Settle) for the sources and what each outcome charges. The estimate
+    /// is at least 1 (a cost of 0 is charged as 1), so a request cannot pass an empty bucket by
+    /// estimating nothing. A rule that spends nothing ([`Mode::CheckOnly`]) has nothing to settle: the layer refuses it.
     ///
     /// ```
     /// use tower_ratelimits::{ClientIp, Rule, Settle};
@@ -267,11 +268,17 @@ impl ResolvedRule {
     }
 
     /// The cost the rule sets for a request (its function's, else its fixed cost); `None`:
-    /// the limit's default cost.
+    /// the limit's default cost. A rule that settles charges at least 1 up front: an estimate
+    /// of 0 (a client's `max_tokens=0`) would pass an empty bucket, and the true cost found
+    /// later could only be forgiven there.
     fn cost(&self, parts: &Parts) -> Option<u64> {
-        match &self.rule.cost_fn {
+        let cost = match &self.rule.cost_fn {
             Some(f) => Some(f(parts)),
             None => self.rule.cost,
+        };
+        match cost {
+            Some(0) if self.rule.settle.is_some() => Some(1),
+            cost => cost,
         }
     }
 }
