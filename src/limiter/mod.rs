@@ -736,6 +736,9 @@ impl Limiter {
     /// (one per transaction), the transactions to send into `txs` (one per enabled limit,
     /// validated by `BucketTx::new`) and what its decisions are counted by into `counted`:
     /// in place, into the caller's storage, so nothing is moved on the way to the backend.
+    /// Inlined into the step (its seven arguments passed in registers and on the stack cost a
+    /// request about 50 instructions; three rules +21).
+    #[inline]
     fn resolve<'a>(
         &self,
         limits: &'a Limits,
