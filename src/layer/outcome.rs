@@ -146,9 +146,7 @@ fn allowed_now(shared: &Shared, verdict: &Verdict<'_>) -> Option<Allowed> {
         return None;
     }
     // One pass: each transaction counted and traced as the fields take its numbers.
-    let seen = seen.inspect(|s| shared.rules.observe_one(s));
-    Fields::from_reported(seen, |name, quota| shared.rules.cached_policy(name, quota))
-        .map(Allowed::Fields)
+    Fields::from_reported(seen.map(|s| shared.rules.observe_reported(s))).map(Allowed::Fields)
 }
 
 /// Waits for a spend under way (`pending`, the limiter's step for `txs`), within the layer's

@@ -240,10 +240,12 @@ fn window_us(s: &Seen<'_>, quota: &Quota) -> u64 {
 /// The `q` and `w` of `s`'s `RateLimit-Policy` member under `quota`, and its legacy
 /// `X-RateLimit-Limit`. GCRA: the burst and the burst offset; tiered: the serving tier's limit
 /// and window (seconds, rounded up); concurrency: the requests allowed in flight, and no
-/// window (its member is written by [`push_concurrency_policy`]).
-fn policy(s: &Seen<'_>, quota: &Quota) -> Option<(u64, u64)> {
+/// window (its member is written by [`push_concurrency_policy`]). A GCRA window only when
+/// `window` (a member whose policy is precomputed writes none: 0).
+fn policy(s: &Seen<'_>, quota: &Quota, window: bool) -> Option<(u64, u64)> {
     match quota {
         Quota::Concurrency(c) => Some((c.max(), 0)),
+        Quota::Gcra(l) if !window => Some((l.burst(), 0)),
         Quota::Gcra(l) => Some((l.burst(), ceil_secs_us(l.burst_offset_us()))),
         Quota::Tiered(t) => {
             let number = s.tiers.map_or(1, |t| usize::from(t.tier));
@@ -310,28 +312,32 @@ impl Fields {
         batch: &BatchDecision,
         cached: impl Fn(LimitName, &Quota) -> Option<&'c HeaderValue>,
     ) -> Option<Self> {
-        Self::from_reported(batch.decisions().iter().map(Seen::from), cached)
+        Self::from_reported(batch.decisions().iter().map(|d| {
+            let seen = Seen::from(d);
+            let policy = seen.quota.and_then(|q| cached(seen.name, q));
+            (seen, policy)
+        }))
     }
 
-    /// The fields of the transactions `items`, reporting the strictest first (as
-    /// [`BatchDecision::strictest`] chooses it), then every other one that counts, in order.
-    /// Every item is taken (a caller may count and trace them on the way). The one home of
-    /// the fields' numbers.
+    /// The fields of the transactions `items`, each with its precomputed `RateLimit-Policy`
+    /// member if any, reporting the strictest first (as [`BatchDecision::strictest`] chooses
+    /// it), then every other one that counts, in order. Every item is taken (a caller may count
+    /// and trace them on the way). The one home of the fields' numbers.
     pub(crate) fn from_reported<'a, 'c>(
-        items: impl Iterator<Item = Seen<'a>>,
-        cached: impl Fn(LimitName, &Quota) -> Option<&'c HeaderValue>,
+        items: impl Iterator<Item = (Seen<'a>, Option<&'c HeaderValue>)>,
     ) -> Option<Self> {
         // One pass: each member as it comes (on the stack for a request's few rules), the
         // strictest chosen on the way and moved to the front at the end.
         let mut members: SmallVec<[Member<'c>; 4]> = SmallVec::new();
         let mut strictest = Strictest::default();
         let mut first = None;
-        for (i, r) in items.enumerate() {
+        for (i, (r, cached)) in items.enumerate() {
             let Some(quota) = r.quota.filter(|_| r.counts) else {
                 continue;
             };
             strictest.offer(i, r.allowed, r.retry_after_us, r.remaining);
-            let policy = policy(&r, quota);
+            // A cached member needs no window.
+            let policy = policy(&r, quota, cached.is_none());
             if strictest.index() == Some(i) {
                 first = policy.map(|_| members.len());
             }
@@ -344,7 +350,7 @@ impl Fields {
                 r: r.remaining,
                 t: ceil_secs_us(window_us(&r, quota)),
                 reset_secs: ceil_secs_us(r.reset_after_us),
-                cached: cached(r.name, quota),
+                cached,
             });
         }
         if let Some(at @ 1..) = first {

@@ -292,6 +292,20 @@ impl ResolvedRule {
             .as_ref()
             .is_some_and(|(default, _)| default == limit)
     }
+
+    /// The precomputed `RateLimit-Policy` of `limit`, when it is the rule's default.
+    fn cached_policy(&self, limit: &crate::quota::Quota) -> Option<&http::HeaderValue> {
+        self.is_default(limit)
+            .then(|| self.policy.as_ref().map(|(_, v)| v))
+            .flatten()
+    }
+
+    /// Counts and traces one of its decided transactions.
+    fn observe(&self, d: &Seen<'_>, log_ids: bool) {
+        let outcome = RuleOutcome::of(d, self.shadow);
+        self.metrics.count(outcome);
+        super::observe::trace_decision(d, outcome, log_ids);
+    }
 }
 
 /// A request's transactions, one per rule that applies: on the stack for up to four rules (the
@@ -321,27 +335,30 @@ impl Rules {
         name: LimitName,
         limit: &crate::quota::Quota,
     ) -> Option<&http::HeaderValue> {
-        let rule = self.of(name)?;
-        rule.is_default(limit)
-            .then(|| rule.policy.as_ref().map(|(_, v)| v))
-            .flatten()
+        self.of(name)?.cached_policy(limit)
     }
 
     /// Counts and traces every decided transaction of a request.
     pub(crate) fn observe<'a>(&self, decided: impl IntoIterator<Item = Seen<'a>>) {
         for d in decided {
-            self.observe_one(&d);
+            if let Some(rule) = self.of(d.name) {
+                rule.observe(&d, self.log_ids);
+            }
         }
     }
 
-    /// Counts and traces one decided transaction.
-    pub(crate) fn observe_one(&self, d: &Seen<'_>) {
+    /// Counts and traces one decided transaction and gives it with its precomputed
+    /// `RateLimit-Policy` member (as [`Rules::cached_policy`]): the rule found once for both.
+    pub(crate) fn observe_reported<'a>(
+        &self,
+        d: Seen<'a>,
+    ) -> (Seen<'a>, Option<&http::HeaderValue>) {
         let Some(rule) = self.of(d.name) else {
-            return;
+            return (d, None);
         };
-        let outcome = RuleOutcome::of(d, rule.shadow);
-        rule.metrics.count(outcome);
-        super::observe::trace_decision(d, outcome, self.log_ids);
+        rule.observe(&d, self.log_ids);
+        let cached = d.quota.and_then(|q| rule.cached_policy(q));
+        (d, cached)
     }
 
     /// Counts every rule of a request that did not get a decision of its own.
