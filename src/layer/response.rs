@@ -356,14 +356,15 @@ impl Fields {
         if let Some(at @ 1..) = first {
             members[..=at].rotate_right(1);
         }
+        let members: &[Member<'c>] = &members;
         let first = members.first()?;
         let separators = 2 * (members.len() - 1);
-        let policy = match (&members[..], first.cached) {
+        let policy = match (members, first.cached) {
             ([_], Some(v)) => v.clone(),
             _ => {
                 let len = members.iter().map(Member::policy_len).sum::<usize>() + separators;
                 let mut policy = Buf::with_capacity(len);
-                for m in &members {
+                for m in members {
                     m.push_policy(&mut policy);
                 }
                 debug_assert_eq!(
@@ -380,7 +381,7 @@ impl Fields {
             .sum::<usize>()
             + separators;
         let mut state = Buf::with_capacity(len);
-        for m in &members {
+        for m in members {
             push_item(&mut state, m.name.as_str(), b'r', m.r, b't', m.t);
         }
         debug_assert_eq!(
