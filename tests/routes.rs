@@ -283,3 +283,37 @@ async fn a_get_scope_covers_head() {
         200
     );
 }
+
+/// Exemption and proxy networks written in IPv4-mapped form match the IPv4 addresses they map
+/// (addresses are folded to IPv4 before they are compared, so `::ffff:10.0.0.0/104` never
+/// matched before).
+#[tokio::test]
+async fn ipv4_mapped_networks_match_the_addresses_they_map() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let ip = ClientIp::new().trusted_proxies(["::ffff:127.0.0.0/104".parse().unwrap()]);
+    let layer = RateLimitLayer::builder(limiter(&calls, &clock))
+        .rule(Rule::new("Writes", ip.clone()))
+        .exempt_addresses(ip, ["::ffff:10.0.0.0/104".parse().unwrap()])
+        .build()
+        .unwrap();
+    let server = serve(routes().layer(layer)).await;
+    let client = HttpClient::new(&server);
+    for _ in 0..3 {
+        let r = client
+            .get("/health", &[("x-forwarded-for", "10.1.2.3")])
+            .await;
+        assert_eq!(r.status, 200, "exempt through the mapped network");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // The proxy network in mapped form is trusted: the forwarded client is keyed, not the proxy.
+    let other = [("x-forwarded-for", "192.0.2.1")];
+    assert_eq!(client.get("/health", &other).await.status, 200);
+    assert_eq!(client.get("/health", &other).await.status, 429);
+    let third = [("x-forwarded-for", "192.0.2.2")];
+    assert_eq!(
+        client.get("/health", &third).await.status,
+        200,
+        "its own bucket"
+    );
+}

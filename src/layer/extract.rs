@@ -167,6 +167,22 @@ fn fold(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// A network in the form addresses are compared in: an IPv4-mapped network
+/// (`::ffff:10.0.0.0/104`) as the IPv4 network it maps (`10.0.0.0/8`), since addresses are
+/// folded to IPv4 first ([`fold`]) and would never match it. A network that covers more than
+/// mapped addresses (a prefix under 96 bits) is kept as written.
+pub(crate) fn fold_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => {
+                ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, |n| IpNet::V4(n.trunc()))
+            }
+            None => net,
+        },
+        net => net,
+    }
+}
+
 /// Parses one forwarded address: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:443`,
 /// `fe80::1%eth0`, optionally quoted. Anything else (`unknown`, `_hidden`, garbage) is `None`.
 pub(crate) fn parse_forwarded_ip(text: &str) -> Option<IpAddr> {
@@ -188,9 +204,10 @@ impl ClientIp {
         Self::default()
     }
 
-    /// Proxies whose forwarding headers are believed.
+    /// Proxies whose forwarding headers are believed. A network in IPv4-mapped form
+    /// (`::ffff:10.0.0.0/104`) is taken as the IPv4 network it maps, as addresses are.
     pub fn trusted_proxies(mut self, nets: impl IntoIterator<Item = IpNet>) -> Self {
-        self.trusted = nets.into_iter().collect();
+        self.trusted = nets.into_iter().map(fold_net).collect();
         self
     }
 
@@ -421,5 +438,25 @@ impl Exemptions {
         self.client
             .client_ip(parts)
             .is_ok_and(|ip| self.nets.iter().any(|n| n.contains(&ip)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fold_net;
+    use ipnet::IpNet;
+
+    #[test]
+    fn mapped_networks_fold_to_the_ipv4_networks_they_map() {
+        let fold = |s: &str| fold_net(s.parse::<IpNet>().unwrap()).to_string();
+        assert_eq!(fold("::ffff:10.0.0.0/104"), "10.0.0.0/8");
+        assert_eq!(fold("::ffff:10.1.2.3/128"), "10.1.2.3/32");
+        assert_eq!(fold("::ffff:0.0.0.0/96"), "0.0.0.0/0");
+        // Host bits below the prefix are dropped, as IPv4 networks keep them.
+        assert_eq!(fold("::ffff:10.1.2.3/104"), "10.0.0.0/8");
+        // Wider than the mapped space, or not mapped: kept as written.
+        assert_eq!(fold("::ffff:0.0.0.0/95"), "::ffff:0.0.0.0/95");
+        assert_eq!(fold("2001:db8::/32"), "2001:db8::/32");
+        assert_eq!(fold("10.0.0.0/8"), "10.0.0.0/8");
     }
 }

@@ -67,7 +67,9 @@ impl RateLimitLayerBuilder {
     /// checkers, a partner's egress): their requests go straight to the inner service, with
     /// no `RateLimit` fields, and are counted as `exempt`. The address is the one `client`
     /// finds (so forwarding headers count only from its trusted proxies); a request whose
-    /// address cannot be found is not exempt.
+    /// address cannot be found is not exempt. Addresses are compared as IPv4 when they are
+    /// IPv4-mapped, so a network written in mapped form (`::ffff:10.0.0.0/104`) is taken as
+    /// the IPv4 network it maps (`10.0.0.0/8`).
     ///
     /// ```
     /// use tower_ratelimits::{ClientIp, Limiter, Limits, MemoryBackend, RateLimitLayer, Rule};
@@ -85,7 +87,10 @@ impl RateLimitLayerBuilder {
         client: ClientIp,
         nets: impl IntoIterator<Item = IpNet>,
     ) -> Self {
-        self.exempt = Some((client, nets.into_iter().collect()));
+        self.exempt = Some((
+            client,
+            nets.into_iter().map(super::extract::fold_net).collect(),
+        ));
         self
     }
 
