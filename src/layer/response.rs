@@ -19,6 +19,8 @@ use crate::limiter::{BatchDecision, Decision, Strictest};
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit` (IETF httpapi ratelimit-headers, draft 11).
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `grpc-retry-pushback-ms`, on every `RESOURCE_EXHAUSTED` denial (gRPC's client retry design).
+static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 /// Legacy `X-RateLimit-Limit`.
 pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// Legacy `X-RateLimit-Remaining`.
@@ -578,7 +580,8 @@ impl Denial<'_> {
         Bytes::from(body.to_string())
     }
 
-    /// The default response: a gRPC trailers-only `RESOURCE_EXHAUSTED`, or a 429 with
+    /// The default response: a gRPC trailers-only `RESOURCE_EXHAUSTED` (with `retry-after`,
+    /// `grpc-retry-pushback-ms` and, with the `tonic` feature, `RetryInfo`), or a 429 with
     /// `Retry-After`, the fields of the layer's [`FieldStyle`] and the body of its
     /// [`ErrorBody`] ([`json_body`](Self::json_body) or [`problem_body`](Self::problem_body)).
     pub fn default_response(&self) -> Response<Bytes> {
@@ -591,6 +594,17 @@ impl Denial<'_> {
             let message = format!("rate limit {name} exceeded; retry after {retry}s");
             #[allow(unused_mut)]
             let mut r = grpc_status(8, &message);
+            // gRPC's client-retry "pushback": a client whose retry policy lists
+            // RESOURCE_EXHAUSTED waits this long before it retries (the exact wait, whole
+            // milliseconds rounded up, at least 1, as `retry-after` is at least a second).
+            r.headers_mut().insert(
+                &GRPC_RETRY_PUSHBACK_MS,
+                number(
+                    u64::try_from(ceil_ms(self.retry_after()))
+                        .unwrap_or(u64::MAX)
+                        .max(1),
+                ),
+            );
             #[cfg(feature = "tonic")]
             self.add_grpc_details(r.headers_mut(), &message);
             r

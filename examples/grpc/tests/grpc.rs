@@ -65,6 +65,12 @@ async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
         "3",
         "2.5s rounded up"
     );
+    // gRPC's retry pushback: the exact wait in whole milliseconds, so a client whose retry
+    // policy lists RESOURCE_EXHAUSTED backs off by itself.
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "2500"
+    );
     // Draft-11: `t` is the wait before one call passes (2.5 s, rounded up), not the time until
     // the bucket is full; never later than `retry-after`.
     assert_eq!(
