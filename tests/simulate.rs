@@ -227,6 +227,43 @@ async fn bad_lines_name_the_line_and_print_nothing_for_it() {
     }
 }
 
+/// A `*` suffix that starts like a cost (a digit, `-` or `.`) but does not parse is an error
+/// naming the line (it became part of a text id before); any other `*` stays in the id.
+#[tokio::test]
+async fn a_malformed_cost_suffix_is_an_error_and_other_stars_stay_in_the_id() {
+    let yaml = "Any: {kind: any, burst: 20, count: 20, period: 1s}\n";
+    let run = async |trace: &str| {
+        let clock = ManualClock::new(simulate::EPOCH_US);
+        let limiter = Limiter::new(
+            Limits::from_yaml_str(yaml, None).unwrap(),
+            MemoryBackend::builder().clock(clock.clone()).build(),
+        );
+        let mut out = Vec::new();
+        simulate::run(&limiter, &clock, trace.as_bytes(), &mut out)
+            .await
+            .map(|()| String::from_utf8(out).unwrap())
+            .map_err(|e| e.to_string())
+    };
+    for suffix in ["*..5", "*-1..5", "*.5", "*5..", "*1..x", "*3x"] {
+        let err = run(&format!("0s spend Any=user{suffix}\n"))
+            .await
+            .unwrap_err();
+        assert!(err.starts_with("line 1"), "{suffix}: {err}");
+        assert!(err.contains("malformed cost suffix"), "{suffix}: {err}");
+    }
+    // A cost, and stars that do not start like one.
+    let out = run("0s spend Any=user*5\n0s spend Any=a*b\n0s spend Any=*x*\n")
+        .await
+        .unwrap();
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["remaining"], 15, "user spent 5");
+    assert_eq!(lines[1]["remaining"], 19, "a*b is an id of its own");
+    assert_eq!(lines[2]["remaining"], 19, "*x* too");
+}
+
 fn simulator() -> PathBuf {
     examples::example_binary("simulate")
 }

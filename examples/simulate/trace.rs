@@ -215,14 +215,21 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
         let (name, id) = rest
             .split_once('=')
             .ok_or_else(|| format!("malformed transaction {spec:?}: write <Name>=<id>"))?;
-        // `*<n>` or `*<min>..<max>`; anything else after a `*` is part of the id.
+        // `*<n>` or `*<min>..<max>`. A suffix that starts like a cost (a digit, `-` or `.`)
+        // but is not one is an error; anything else after a `*` is part of the id.
         let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
         let is_cost = |c: &str| match c.split_once("..") {
             Some((min, max)) => digits(min) && digits(max),
             None => digits(c),
         };
+        let like_cost = |c: &str| matches!(c.bytes().next(), Some(b'0'..=b'9' | b'-' | b'.'));
         let (id, cost) = match id.rsplit_once('*') {
             Some((id, c)) if is_cost(c) => (id, Some(parse_cost(c)?)),
+            Some((_, c)) if like_cost(c) => {
+                return Err(format!(
+                    "malformed cost suffix *{c} in {spec:?}: write *<n> or *<min>..<max>"
+                ));
+            }
             _ => (id, None),
         };
         let key = limiter.parse_key(name, id).map_err(|e| e.to_string())?;
