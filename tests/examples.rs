@@ -231,8 +231,18 @@ fn assert_counts(m: &Scrape, shadow: bool) {
         0.0
     );
     assert_eq!(m.decisions(ip, "rejected"), 1.0);
-    // The range rule allowed all 7 (a request denied by another rule is not its denial).
-    assert_eq!(m.decisions("RequestsPerIPv6Range", "allowed"), 7.0);
+    // The range rule's own limit allowed all 7: a request another rule denied is not its
+    // denial, but nothing was spent either (`batch_denied`, not `allowed`).
+    let range = "RequestsPerIPv6Range";
+    assert_eq!(
+        m.decisions(range, "allowed"),
+        if shadow { 7.0 } else { 5.0 }
+    );
+    assert_eq!(
+        m.decisions(range, "batch_denied"),
+        if shadow { 0.0 } else { 2.0 }
+    );
+    assert_eq!(m.decisions(range, "denied"), 0.0);
     assert_eq!(m.requests("allowed"), if shadow { 7.0 } else { 5.0 });
     assert_eq!(m.requests("denied"), if shadow { 0.0 } else { 2.0 });
     assert_eq!(m.requests("rejected"), 1.0);

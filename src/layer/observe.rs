@@ -16,6 +16,8 @@ use crate::quota::Quota;
 pub(crate) enum RuleOutcome {
     /// Allowed (or the limit is disabled for the id).
     Allowed,
+    /// Its own limit allowed, but another rule denied the request: nothing was spent.
+    BatchDenied,
     /// Denied, and the request was refused.
     Denied,
     /// A shadowed rule that would have denied: the request was not refused because of it.
@@ -37,8 +39,9 @@ pub(crate) enum RuleOutcome {
 }
 
 impl RuleOutcome {
-    const ALL: [RuleOutcome; 9] = [
+    const ALL: [RuleOutcome; 10] = [
         RuleOutcome::Allowed,
+        RuleOutcome::BatchDenied,
         RuleOutcome::Denied,
         RuleOutcome::ShadowDenied,
         RuleOutcome::Skipped,
@@ -52,6 +55,7 @@ impl RuleOutcome {
     pub(crate) fn label(self) -> &'static str {
         match self {
             RuleOutcome::Allowed => "allowed",
+            RuleOutcome::BatchDenied => "batch_denied",
             RuleOutcome::Denied => "denied",
             RuleOutcome::ShadowDenied => "shadow_denied",
             RuleOutcome::Skipped => "skipped",
@@ -63,12 +67,14 @@ impl RuleOutcome {
         }
     }
 
-    /// The outcome of a decided rule.
-    pub(crate) fn of(d: &Seen<'_>, shadow: bool) -> Self {
+    /// The outcome of a decided rule in a batch that was allowed or not (`batch_allowed`).
+    pub(crate) fn of(d: &Seen<'_>, shadow: bool, batch_allowed: bool) -> Self {
         if d.skipped {
             RuleOutcome::Skipped
-        } else if d.allowed {
+        } else if d.allowed && batch_allowed {
             RuleOutcome::Allowed
+        } else if d.allowed {
+            RuleOutcome::BatchDenied
         } else if shadow {
             RuleOutcome::ShadowDenied
         } else if d.counts {
@@ -139,7 +145,7 @@ impl<'a> From<Entry<'a>> for Seen<'a> {
 /// outcome, never an id.
 pub(crate) struct RuleMetrics {
     #[cfg(feature = "metrics")]
-    counters: [metrics::Counter; 9],
+    counters: [metrics::Counter; RuleOutcome::ALL.len()],
 }
 
 impl RuleMetrics {
@@ -182,7 +188,12 @@ pub(crate) fn count_request(outcome: &'static str) {
 /// One `tracing` event per decided rule: `debug` on the target `tower_ratelimits::decision`;
 /// a shadowed rule that would deny at `info` on `tower_ratelimits::shadow`. The id is a field
 /// only when `log_ids` is on (ids can be personal data).
-pub(crate) fn trace_decision(d: &Seen<'_>, outcome: RuleOutcome, log_ids: bool) {
+pub(crate) fn trace_decision(
+    d: &Seen<'_>,
+    outcome: RuleOutcome,
+    log_ids: bool,
+    shadow_gate: &WarnGate,
+) {
     // Every request comes here: nothing is prepared unless a subscriber may want the event.
     if !tracing::level_enabled!(tracing::Level::INFO)
         || (outcome != RuleOutcome::ShadowDenied && !tracing::level_enabled!(tracing::Level::DEBUG))
@@ -192,10 +203,15 @@ pub(crate) fn trace_decision(d: &Seen<'_>, outcome: RuleOutcome, log_ids: bool) 
     let retry_after_ms = d.retry_after_us / 1000;
     let (limit, id, remaining) = (d.name.as_str(), d.id, d.remaining);
     if outcome == RuleOutcome::ShadowDenied {
+        // At most one line per interval (every "would deny" is counted in the metrics): a
+        // shadowed limit that denies much would otherwise log once per request.
+        let Some(held_back) = shadow_gate.admit() else {
+            return;
+        };
         if log_ids {
-            tracing::info!(target: "tower_ratelimits::shadow", limit, id = %id, retry_after_ms, "shadow rule would deny");
+            tracing::info!(target: "tower_ratelimits::shadow", limit, id = %id, retry_after_ms, held_back, "shadow rule would deny");
         } else {
-            tracing::info!(target: "tower_ratelimits::shadow", limit, retry_after_ms, "shadow rule would deny");
+            tracing::info!(target: "tower_ratelimits::shadow", limit, retry_after_ms, held_back, "shadow rule would deny");
         }
         return;
     }

@@ -142,7 +142,7 @@ fn allowed_now(shared: &Shared, verdict: &Verdict<'_>) -> Option<Allowed> {
     count("allowed");
     let seen = verdict.entries().map(Seen::from);
     if !shared.answers.fields.on_allowed() {
-        shared.rules.observe(seen);
+        shared.rules.observe(seen, true);
         return None;
     }
     // One pass: each transaction counted and traced as the fields take its numbers.
@@ -254,7 +254,7 @@ pub(crate) fn conclude(
         }
         Ok(batch) => shared
             .rules
-            .observe(batch.decisions().iter().map(Seen::from)),
+            .observe(batch.decisions().iter().map(Seen::from), batch.allowed()),
         Err(_) => {}
     }
     match result {

@@ -238,6 +238,7 @@ impl RateLimitLayerBuilder {
                     settles,
                     waits,
                     log_ids: self.log_ids,
+                    shadow_gate: WarnGate::new(Duration::from_secs(10)),
                 },
                 failure: OnFailure {
                     policy: self.failure,

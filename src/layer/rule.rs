@@ -133,7 +133,8 @@ impl Rule {
     /// if it were enforced (a request it would deny writes nothing to it), but no request is
     /// ever refused because of it. Each "would deny" is counted
     /// (`tower_ratelimits_decisions_total{outcome="shadow_denied"}`) and logged at `info` on the
-    /// target `tower_ratelimits::shadow`. Enforced and shadowed rules of a request are still
+    /// target `tower_ratelimits::shadow`, at most once per 10 s per layer (the line's
+    /// `held_back` counts those not logged since the last one). Enforced and shadowed rules of a request are still
     /// one backend call. [`RateLimitLayerBuilder::shadow`](crate::RateLimitLayerBuilder::shadow)
     /// shadows every rule of a layer.
     ///
@@ -300,11 +301,11 @@ impl ResolvedRule {
             .flatten()
     }
 
-    /// Counts and traces one of its decided transactions.
-    fn observe(&self, d: &Seen<'_>, log_ids: bool) {
-        let outcome = RuleOutcome::of(d, self.shadow);
+    /// Counts and traces one of its decided transactions, of a batch allowed or not.
+    fn observe(&self, d: &Seen<'_>, batch_allowed: bool, rules: &Rules) {
+        let outcome = RuleOutcome::of(d, self.shadow, batch_allowed);
         self.metrics.count(outcome);
-        super::observe::trace_decision(d, outcome, log_ids);
+        super::observe::trace_decision(d, outcome, rules.log_ids, &rules.shadow_gate);
     }
 }
 
@@ -321,6 +322,8 @@ pub(crate) struct Rules {
     pub(crate) waits: bool,
     /// Decision events carry the id.
     pub(crate) log_ids: bool,
+    /// Lets one shadow "would deny" line through per interval.
+    pub(crate) shadow_gate: super::observe::WarnGate,
 }
 
 impl Rules {
@@ -338,17 +341,23 @@ impl Rules {
         self.of(name)?.cached_policy(limit)
     }
 
-    /// Counts and traces every decided transaction of a request.
-    pub(crate) fn observe<'a>(&self, decided: impl IntoIterator<Item = Seen<'a>>) {
+    /// Counts and traces every decided transaction of a request whose batch was allowed or
+    /// not (`batch_allowed`).
+    pub(crate) fn observe<'a>(
+        &self,
+        decided: impl IntoIterator<Item = Seen<'a>>,
+        batch_allowed: bool,
+    ) {
         for d in decided {
             if let Some(rule) = self.of(d.name) {
-                rule.observe(&d, self.log_ids);
+                rule.observe(&d, batch_allowed, self);
             }
         }
     }
 
-    /// Counts and traces one decided transaction and gives it with its precomputed
-    /// `RateLimit-Policy` member (as [`Rules::cached_policy`]): the rule found once for both.
+    /// Counts and traces one decided transaction of an allowed batch and gives it with its
+    /// precomputed `RateLimit-Policy` member (as [`Rules::cached_policy`]): the rule found
+    /// once for both.
     pub(crate) fn observe_reported<'a>(
         &self,
         d: Seen<'a>,
@@ -356,7 +365,7 @@ impl Rules {
         let Some(rule) = self.of(d.name) else {
             return (d, None);
         };
-        rule.observe(&d, self.log_ids);
+        rule.observe(&d, true, self);
         let cached = d.quota.and_then(|q| rule.cached_policy(q));
         (d, cached)
     }
