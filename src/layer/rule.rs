@@ -134,9 +134,10 @@ impl Rule {
     /// ever refused because of it. Each "would deny" is counted
     /// (`tower_ratelimits_decisions_total{outcome="shadow_denied"}`) and logged at `info` on the
     /// target `tower_ratelimits::shadow`, at most once per 10 s per layer (the line's
-    /// `held_back` counts those not logged since the last one). Enforced and shadowed rules of a request are still
-    /// one backend call. [`RateLimitLayerBuilder::shadow`](crate::RateLimitLayerBuilder::shadow)
-    /// shadows every rule of a layer.
+    /// `held_back` counts those not logged since the last one). Enforced and shadowed rules of
+    /// a request are still one backend call.
+    /// [`RateLimitLayerBuilder::shadow`](crate::RateLimitLayerBuilder::shadow) shadows every
+    /// rule of a layer.
     ///
     /// ```
     /// use tower_ratelimits::{ClientIp, Rule};
