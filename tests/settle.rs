@@ -69,8 +69,8 @@ fn r_of(reply: &Reply, name: &str) -> u64 {
     r.parse().unwrap()
 }
 
-/// `/gen?used=N` answers with `x-tokens-used: N` (none without `used`); `status=S` sets the
-/// status.
+/// `/gen?used=N` answers with `x-tokens-used: N` (none without `used`; one field per `used`);
+/// `status=S` sets the status.
 async fn generate(uri: http::Uri) -> Response {
     let mut response = Response::new(Body::from("generated"));
     for pair in uri.query().unwrap_or("").split('&') {
@@ -78,7 +78,7 @@ async fn generate(uri: http::Uri) -> Response {
             Some(("used", used)) => {
                 response
                     .headers_mut()
-                    .insert("x-tokens-used", used.parse().unwrap());
+                    .append("x-tokens-used", used.parse().unwrap());
             }
             Some(("status", status)) => {
                 *response.status_mut() =
@@ -189,6 +189,29 @@ async fn an_estimate_of_0_is_charged_1_up_front() {
     }
     assert_eq!(used, 100, "tokens served against a bucket of 100");
     assert_eq!(remaining(&limiter, "Tokens").await, 0);
+}
+
+/// A settle header sent twice is ambiguous: neither value counts and the estimate stands
+/// (before, the first one counted).
+#[tokio::test]
+async fn a_settle_header_sent_twice_keeps_the_estimate() {
+    let fixture = Fixture::new(Store::Memory);
+    let limiter = limiter(&fixture, Store::Memory).await;
+    let server = serve_rule(
+        &limiter,
+        Rule::new("Tokens", ClientIp::new())
+            .cost(30)
+            .settle(Settle::header("x-tokens-used")),
+        Router::new().route("/gen", get(generate)),
+    )
+    .await;
+    let client = HttpClient::new(&server);
+    let reply = client.get("/gen?used=10&used=50", &[]).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(r_of(&reply, "Tokens"), 70, "the estimate of 30 stands");
+    // One field settles as before.
+    let reply = client.get("/gen?used=10", &[]).await;
+    assert_eq!(r_of(&reply, "Tokens"), 60);
 }
 
 /// From a function of the response head: a failed request costs nothing.

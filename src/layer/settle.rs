@@ -84,6 +84,18 @@ fn header_name(name: &str) -> Result<HeaderName, String> {
     HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a header name"))
 }
 
+/// The cost in the field `name` of `headers`: its one value, as [`parse_units`] reads it. A
+/// field sent twice is ambiguous and is no cost (the estimate is kept): taking either value
+/// would let whoever adds the second one choose the charge.
+fn units_in(headers: &http::HeaderMap, name: &HeaderName) -> Option<u64> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    parse_units(value)
+}
+
 /// A cost written in a header or trailer: ASCII digits only, at most 20 (`u64`), optional
 /// surrounding whitespace. Anything else is no cost (the estimate is kept).
 fn parse_units(value: &http::HeaderValue) -> Option<u64> {
@@ -96,7 +108,8 @@ fn parse_units(value: &http::HeaderValue) -> Option<u64> {
 
 impl Settle {
     /// The true cost is the integer in this response header (ASCII digits). A missing or
-    /// malformed value keeps the estimate. The header is left in the response.
+    /// malformed value keeps the estimate, and so does a header sent twice (ambiguous: no
+    /// value is chosen). The header is left in the response.
     pub fn header(name: &str) -> Self {
         Self {
             source: header_name(name).map_or_else(Source::Invalid, Source::Header),
@@ -136,7 +149,8 @@ impl Settle {
     }
 
     /// The true cost is the integer in this trailer of the body (gRPC and HTTP/2 services
-    /// report usage this way). A body that ends without it keeps the estimate.
+    /// report usage this way). A body that ends without it, or with it twice, keeps the
+    /// estimate.
     pub fn trailer(name: &str) -> Self {
         Self {
             source: header_name(name).map_or_else(Source::Invalid, Source::Trailer),
@@ -159,7 +173,7 @@ impl Settle {
     /// The true cost from the response head; `None` for body sources.
     fn cost_in_head(&self, head: &Parts) -> Option<u64> {
         match &self.source {
-            Source::Header(name) => head.headers.get(name).and_then(parse_units),
+            Source::Header(name) => units_in(&head.headers, name),
             Source::Head(f) => f(head),
             _ => None,
         }
@@ -170,7 +184,7 @@ impl Settle {
     fn cost_in_body(&self, bytes: u64, trailers: Option<&http::HeaderMap>) -> Option<u64> {
         match &self.source {
             Source::BodyBytes { per_unit } => Some(bytes.div_ceil(*per_unit)),
-            Source::Trailer(name) => trailers?.get(name).and_then(parse_units),
+            Source::Trailer(name) => units_in(trailers?, name),
             _ => None,
         }
     }
