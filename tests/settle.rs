@@ -214,6 +214,39 @@ async fn a_settle_header_sent_twice_keeps_the_estimate() {
     assert_eq!(r_of(&reply, "Tokens"), 60);
 }
 
+/// A `Range` request pays for the bytes it got: a 206 with 2 KiB of a larger file settles to
+/// 2 units of 1 KiB, whatever the file's size.
+#[tokio::test]
+async fn a_range_request_pays_for_the_part_it_got() {
+    let fixture = Fixture::new(Store::Memory);
+    let limiter = limiter(&fixture, Store::Memory).await;
+    let part = || async {
+        let mut response = Response::new(Body::from(vec![b'x'; 2048]));
+        *response.status_mut() = http::StatusCode::PARTIAL_CONTENT;
+        response.headers_mut().insert(
+            "content-range",
+            http::HeaderValue::from_static("bytes 0-2047/1048576"),
+        );
+        response
+    };
+    let server = serve_rule(
+        &limiter,
+        Rule::new("Bytes", ClientIp::new())
+            .cost(64)
+            .settle(Settle::body_bytes_per(1024)),
+        Router::new().route("/file", get(part)),
+    )
+    .await;
+    let client = HttpClient::new(&server);
+    let reply = client.get("/file", &[("range", "bytes=0-2047")]).await;
+    assert_eq!(reply.status, 206);
+    assert_eq!(
+        remaining(&limiter, "Bytes").await,
+        10_000 - 2,
+        "64 reserved, 2 kept"
+    );
+}
+
 /// From a function of the response head: a failed request costs nothing.
 #[tokio::test]
 async fn a_function_of_the_head_refunds_failed_requests() {
