@@ -40,12 +40,34 @@ pub enum WatchError {
 /// How long to wait after a change for the rest of it (an editor writes in several steps).
 const SETTLE: Duration = Duration::from_millis(150);
 
+/// How long changed files must stay unchanged before they are read: a file written in place
+/// with a pause (a slow writer, a copy over a network) is not applied half-written, as long as
+/// the pause is shorter than this. Write-then-rename is never seen half-written at all.
+const STABLE: Duration = Duration::from_millis(500);
+
+/// The files' signatures once they stopped changing: read, then read again [`STABLE`] later,
+/// until two reads agree.
+async fn stable_signatures(mut read: impl FnMut() -> Vec<Signature>) -> Vec<Signature> {
+    let mut last = read();
+    loop {
+        tokio::time::sleep(STABLE).await;
+        let now = read();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
 /// Reloads a [`Limiter`]'s limits from YAML files when they change and on SIGHUP (Unix), until
 /// dropped.
 ///
 /// It watches the files' directories (so a file replaced by rename, as editors and
 /// Kubernetes ConfigMaps do, is seen), waits 150 ms for a change to settle, and reloads when a
-/// file's size, modification time or inode changed; SIGHUP always reloads. Each attempt goes
+/// file's size, modification time or inode changed and then stayed unchanged for 500 ms (a
+/// file written in place with a pause is not applied half-written); SIGHUP always reloads, at
+/// once. Edit by writing a new file beside the old one and renaming it over it: a rename is
+/// atomic, so no reader ever sees half a file. Each attempt goes
 /// through [`Limiter::reload`]: validated completely first, applied atomically, and a refused
 /// file (its error names the file, line and limit) leaves the previous limits in force.
 /// [`spawn`](Self::spawn) logs every attempt (`info` with what changed, `error` with why a
@@ -185,6 +207,14 @@ impl LimitsWatcher {
                 if !forced && now == seen {
                     continue;
                 }
+                // Changed: read it only once it stays unchanged (SIGHUP reads at once).
+                let now = if forced {
+                    now
+                } else {
+                    let now = stable_signatures(|| signatures(&files)).await;
+                    while woken.try_recv().is_ok() {}
+                    now
+                };
                 seen = now;
                 let (limiter, defaults, overrides) =
                     (limiter.clone(), defaults.clone(), overrides.clone());
@@ -200,5 +230,38 @@ impl LimitsWatcher {
             }
         });
         Ok(Self { task })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file written in place in two halves with a pause shorter than `STABLE` is read only
+    /// once whole; one that stays put is read after one `STABLE`.
+    #[tokio::test(start_paused = true)]
+    async fn a_file_is_read_only_once_it_stops_changing() {
+        let start = tokio::time::Instant::now();
+        let half = Some((10, None, 1));
+        let whole = Some((20, None, 1));
+        // The second half lands 400 ms after the first read.
+        let read = || {
+            let at = start.elapsed();
+            vec![if at < Duration::from_millis(400) {
+                half
+            } else {
+                whole
+            }]
+        };
+        assert_eq!(stable_signatures(read).await, vec![whole]);
+        assert_eq!(
+            start.elapsed(),
+            2 * STABLE,
+            "read at 0, 500 (changed), 1000 (same)"
+        );
+
+        let start = tokio::time::Instant::now();
+        assert_eq!(stable_signatures(|| vec![whole]).await, vec![whole]);
+        assert_eq!(start.elapsed(), STABLE);
     }
 }
