@@ -41,6 +41,14 @@ pub(crate) fn circuit_opened() {
     metrics::counter!("tower_ratelimits_redis_circuit_opened_total").increment(1);
 }
 
+/// `tower_ratelimits_redis_out_of_memory_total`: spends Redis refused for lack of memory
+/// (`maxmemory` under `noeviction`), counted apart from other store failures.
+#[cfg(feature = "redis")]
+pub(crate) fn redis_out_of_memory() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_redis_out_of_memory_total").increment(1);
+}
+
 /// `tower_ratelimits_memory_full_total`: requests refused because the memory table was full.
 pub(crate) fn memory_full() {
     #[cfg(feature = "metrics")]

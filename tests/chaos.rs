@@ -147,7 +147,7 @@ async fn a_full_server_refuses_writes_and_nothing_is_admitted_unrecorded() {
     for id in ["m", "new-client"] {
         let err = l.spend(&tx(&l, id)).await.unwrap_err();
         assert!(
-            matches!(err, LimiterError::Backend(BackendError::Unavailable(ref m)) if m.contains("OOM")),
+            matches!(err, LimiterError::Backend(BackendError::OutOfMemory(ref m)) if m.contains("OOM")),
             "{err:?}"
         );
     }

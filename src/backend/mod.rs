@@ -258,6 +258,11 @@ pub enum BackendError {
     /// The store could not be reached or failed.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// The store is out of memory and refused the write (Redis at `maxmemory` with the
+    /// `noeviction` policy): nothing was recorded. The store was reached, so the circuit
+    /// breaker does not count it; the failure policy applies.
+    #[error("the store is out of memory and refused the write: {0}")]
+    OutOfMemory(String),
     /// The store failed repeatedly and the circuit breaker is open: answered at once, without
     /// trying. A probe goes through when the cool-off ends.
     #[error("backend circuit open after repeated failures (probe in {retry_in:?})")]

@@ -192,7 +192,13 @@ impl std::ops::Deref for BreakerRef<'_> {
 }
 
 fn unavailable(e: FredError) -> BackendError {
-    BackendError::Unavailable(e.to_string())
+    let text = e.to_string();
+    // Redis's answer to a write at `maxmemory` under `noeviction`, also inside a script.
+    if text.contains("OOM command not allowed") {
+        crate::telemetry::redis_out_of_memory();
+        return BackendError::OutOfMemory(text);
+    }
+    BackendError::Unavailable(text)
 }
 
 impl RedisBackend {
