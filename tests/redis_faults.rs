@@ -176,6 +176,65 @@ async fn a_dead_redis_opens_the_circuit_and_a_successful_probe_closes_it() {
     assert!(!backend.circuit_open());
 }
 
+/// Issue 30, item 8: once the cool-off ends, no request waits the command timeout to learn
+/// whether Redis is back. The probe goes in the background; the request that started it, and
+/// every request while it runs, is answered at once (`CircuitOpen`; before, that request was
+/// the probe and waited the full timeout: `Timeout`). The probe's answer closes the circuit.
+#[tokio::test]
+async fn the_probe_runs_in_the_background_and_no_request_waits_for_it() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let backend = RedisBackend::from_url(server.url())
+        .caller_time(clock.clone())
+        .command_timeout(Duration::from_millis(300))
+        .circuit_breaker(2, Duration::from_secs(3600))
+        .deny_cache(false)
+        .connect()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let tx = [Transaction::new(
+        limiter.parse_key("PerAccount", "7").unwrap(),
+    )];
+    assert!(limiter.spend(&tx).await.unwrap().allowed());
+    // Paused: commands wait (long enough for what follows on a busy machine).
+    assert!(
+        command(server.port, "CLIENT PAUSE 5000 ALL")
+            .unwrap()
+            .starts_with("+OK")
+    );
+    for _ in 0..2 {
+        let err = limiter.spend(&tx).await.unwrap_err();
+        assert!(
+            matches!(err, LimiterError::Backend(BackendError::Timeout(_))),
+            "{err:?}"
+        );
+    }
+    assert!(backend.circuit_open());
+    clock.advance(Duration::from_secs(3601));
+    for n in 0..3 {
+        let err = limiter.spend(&tx).await.unwrap_err();
+        assert!(
+            matches!(err, LimiterError::Backend(BackendError::CircuitOpen { .. })),
+            "request {n} after the cool-off: {err:?}"
+        );
+    }
+    // The pause ends; a probe (each failed one opens another cool-off, so the clock moves
+    // past it) closes the circuit, and requests reach Redis again.
+    let d = until_answered(
+        &limiter,
+        &tx,
+        || clock.advance(Duration::from_secs(3601)),
+        "the circuit did not close",
+    )
+    .await;
+    assert!(d.allowed());
+    assert!(!backend.circuit_open());
+}
+
 /// Issue 13, item 6: an app could not even start without Redis. A lazy backend connects in
 /// the background: built while nothing listens, it fails requests (fast once the circuit
 /// opens) and uses Redis as soon as it is up, loading the script on first use.

@@ -264,7 +264,8 @@ pub enum BackendError {
     #[error("the store is out of memory and refused the write: {0}")]
     OutOfMemory(String),
     /// The store failed repeatedly and the circuit breaker is open: answered at once, without
-    /// trying. A probe goes through when the cool-off ends.
+    /// trying. When the cool-off ends a probe runs in the background; `retry_in` is zero while
+    /// it does.
     #[error("backend circuit open after repeated failures (probe in {retry_in:?})")]
     CircuitOpen {
         /// Until the cool-off ends and a probe is let through.

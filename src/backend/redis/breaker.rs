@@ -1,6 +1,7 @@
 //! The circuit breaker: after repeated failures to reach Redis, requests are answered at once
 //! (by the middleware's failure policy) instead of each waiting for the command timeout, for a
-//! cool-off; then one request probes, and a success closes the circuit again.
+//! cool-off; then a probe runs in the background (the request that found the cool-off over
+//! starts it and is answered at once), and a success closes the circuit again.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -45,7 +46,7 @@ pub(super) struct Breaker {
 pub(super) enum Admission {
     /// Closed: go.
     Go,
-    /// Open, cool-off over: this call is the probe.
+    /// Open, cool-off over: this call starts the probe (in the background).
     Probe,
     /// Open: answer now; the cool-off ends in this many microseconds.
     Refuse(u64),

@@ -136,8 +136,9 @@ impl RedisBackendBuilder {
     /// (on a cluster, per master: a dead master opens only its own slots' circuit). While open, a
     /// request that needs Redis gets [`BackendError::CircuitOpen`] at once, so the
     /// middleware's failure policy applies without waiting for the command timeout; when the
-    /// cool-off ends, one request probes Redis, and its success closes the circuit. Failures are
-    /// timeouts and unreachable servers, not answers. `failures = 0` turns it off.
+    /// cool-off ends, Redis is probed in the background (a `PING` within the command timeout;
+    /// no request waits for it), and its answer closes the circuit. Failures are timeouts and
+    /// unreachable servers, not answers. `failures = 0` turns it off.
     pub fn circuit_breaker(mut self, failures: u32, cool_off: Duration) -> Self {
         self.breaker = breaker::Settings { failures, cool_off };
         self

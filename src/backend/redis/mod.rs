@@ -79,7 +79,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fred::prelude::{
-    Client, Error as FredError, ErrorKind, Key, KeysInterface, LuaInterface, Pool, Value,
+    Client, ClientLike, Error as FredError, ErrorKind, Key, KeysInterface, LuaInterface, Pool,
+    Value,
 };
 
 mod breaker;
@@ -189,6 +190,14 @@ impl std::ops::Deref for BreakerRef<'_> {
             BreakerRef::Shared(b) => b,
         }
     }
+}
+
+/// Whether a call reached the server (an error the server answered counts: it is up).
+fn reached<T>(result: &Result<T, BackendError>) -> bool {
+    !matches!(
+        result,
+        Err(BackendError::Timeout(_) | BackendError::Unavailable(_))
+    )
 }
 
 fn unavailable(e: FredError) -> BackendError {
@@ -362,22 +371,37 @@ impl RedisBackend {
         Fut: std::future::Future<Output = Result<T, FredError>>,
     {
         let breaker = self.breaker(slot);
-        let probe = match breaker.admit(|| self.inner.local.now_us()) {
-            breaker::Admission::Go => false,
-            breaker::Admission::Probe => true,
+        match breaker.admit(|| self.inner.local.now_us()) {
+            breaker::Admission::Go => {}
+            breaker::Admission::Probe => {
+                // The cool-off is over: probe in the background, so that no request waits
+                // the command timeout for a server that may still be down. The circuit stays
+                // open until the probe answers.
+                let backend = self.clone();
+                tokio::spawn(async move { backend.probe(slot).await });
+                return Err(BackendError::CircuitOpen {
+                    retry_in: Duration::ZERO,
+                });
+            }
             breaker::Admission::Refuse(us) => {
                 return Err(BackendError::CircuitOpen {
                     retry_in: Duration::from_micros(us),
                 });
             }
-        };
+        }
         let result = self.call(slot, f).await;
-        let reached = !matches!(
-            result,
-            Err(BackendError::Timeout(_) | BackendError::Unavailable(_))
-        );
-        breaker.record(reached, probe, || self.inner.local.now_us());
+        breaker.record(reached(&result), false, || self.inner.local.now_us());
         result
+    }
+
+    /// Pings `slot`'s server within the command timeout and records what it found on its
+    /// circuit: an answer closes it, a failure opens it for another cool-off.
+    async fn probe(&self, slot: u16) {
+        let result = self
+            .call(slot, |client| async move { client.ping::<()>(None).await })
+            .await;
+        self.breaker(slot)
+            .record(reached(&result), true, || self.inner.local.now_us());
     }
 
     /// The circuit breaker of `slot`'s server: borrowed for a single server (no reference
