@@ -247,6 +247,56 @@ async fn a_range_request_pays_for_the_part_it_got() {
     );
 }
 
+/// A `HEAD` has no body, so a rule that settles from the body keeps its estimate (before, the
+/// empty body settled to 0: 300 of 300 `HEAD`s of a download were free); a rule that settles
+/// from a header settles from the `HEAD`'s header as from the `GET`'s.
+#[tokio::test]
+async fn a_head_keeps_the_estimate_of_a_body_settle() {
+    let fixture = Fixture::new(Store::Memory);
+    let limiter = limiter(&fixture, Store::Memory).await;
+    let download = || async { Response::new(Body::from(vec![b'x'; 10 * 1024])) };
+    let server = serve_rule(
+        &limiter,
+        Rule::new("Bytes", ClientIp::new())
+            .cost(4)
+            .settle(Settle::body_bytes_per(1024)),
+        Router::new().route("/file", get(download)),
+    )
+    .await;
+    let client = HttpClient::new(&server);
+    for _ in 0..3 {
+        let reply = client.request(http::Method::HEAD, "/file", &[]).await;
+        assert_eq!(reply.status, 200);
+    }
+    assert_eq!(
+        remaining(&limiter, "Bytes").await,
+        10_000 - 3 * 4,
+        "three estimates"
+    );
+    // A GET pays for its 10 KiB.
+    client.get("/file", &[]).await;
+    assert_eq!(remaining(&limiter, "Bytes").await, 10_000 - 12 - 10);
+
+    let server = serve_rule(
+        &limiter,
+        Rule::new("Tokens", ClientIp::new())
+            .cost(30)
+            .settle(Settle::header("x-tokens-used")),
+        Router::new().route("/gen", get(generate)),
+    )
+    .await;
+    let client = HttpClient::new(&server);
+    let reply = client
+        .request(http::Method::HEAD, "/gen?used=10", &[])
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        remaining(&limiter, "Tokens").await,
+        90,
+        "settled from the header"
+    );
+}
+
 /// From a function of the response head: a failed request costs nothing.
 #[tokio::test]
 async fn a_function_of_the_head_refunds_failed_requests() {

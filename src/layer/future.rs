@@ -36,7 +36,7 @@ pin_project! {
         // the future of a request that settles nothing stays small).
         Settling {
             task: Task,
-            held: Option<Box<(R, BatchDecision, bool)>>,
+            held: Option<Box<(R, BatchDecision, bool, bool)>>,
         },
         Answered {
             response: Option<Response<Bytes>>,
@@ -211,8 +211,12 @@ where
                 }
                 StateProj::Calling { future } => {
                     let response = ready!(future.poll(cx))?;
-                    let (batch, headers) = match this.allowed.take() {
-                        Some(Allowed::Settle { batch, headers }) => (batch, headers),
+                    let (batch, headers, body_settles) = match this.allowed.take() {
+                        Some(Allowed::Settle {
+                            batch,
+                            headers,
+                            body,
+                        }) => (batch, headers, body),
                         fields => {
                             let mut response = response;
                             if let Some(Allowed::Fields(fields)) = fields {
@@ -234,13 +238,13 @@ where
                             this.shared,
                             response,
                             batch,
-                            headers,
+                            (headers, body_settles),
                             release,
                         )));
                     };
                     this.state.set(State::Settling {
                         task,
-                        held: Some(Box::new((response, batch, headers))),
+                        held: Some(Box::new((response, batch, headers, body_settles))),
                     });
                 }
                 StateProj::Settling { task, held } => {
@@ -248,14 +252,14 @@ where
                     let Some(held) = held.take() else {
                         return Poll::Ready(Ok(polled_after_completion(false)));
                     };
-                    let (response, mut batch, headers) = *held;
+                    let (response, mut batch, headers, body_settles) = *held;
                     settle::merge(&mut batch, states);
                     let release = this.release.take();
                     return Poll::Ready(Ok(settled(
                         this.shared,
                         response,
                         batch,
-                        headers,
+                        (headers, body_settles),
                         release,
                     )));
                 }
@@ -390,12 +394,13 @@ fn with_fields<B>(shared: &Shared, response: &mut Response<B>, fields: Fields) {
 }
 
 /// The response of an allowed request whose rules settle: the fields of its settled decisions
-/// (when `headers`), and its body settling the rules that settle from the body.
+/// (when `headers`), and its body settling the rules that settle from the body (when
+/// `body_settles`: not for a `HEAD`).
 fn settled<B>(
     shared: &Arc<Shared>,
     mut response: Response<B>,
     batch: BatchDecision,
-    headers: bool,
+    (headers, body_settles): (bool, bool),
     release: Held,
 ) -> Response<RateLimitBody<B>> {
     if headers
@@ -405,6 +410,9 @@ fn settled<B>(
     {
         with_fields(shared, &mut response, fields);
     }
-    let settle = BodySettle::of(&shared.settler, shared.rules.reservations(&batch, true));
+    // A HEAD's response has no body: its rules that settle from the body keep the estimate.
+    let settle = body_settles
+        .then(|| BodySettle::of(&shared.settler, shared.rules.reservations(&batch, true)))
+        .flatten();
     response.map(|body| RateLimitBody::settling(body, settle, release))
 }

@@ -70,6 +70,9 @@ pub(crate) struct Decided {
     pub(crate) txs: Txs,
     /// The store failed and the in-memory fallback decided.
     pub(crate) fell_back: bool,
+    /// A `HEAD` request: its response has no body, so a rule that settles from the body
+    /// keeps its estimate (a `HEAD` of a download is not free).
+    pub(crate) head: bool,
 }
 
 impl Decided {
@@ -129,8 +132,17 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
         }
     };
     match result {
-        Ok(result) => Road::Decided(decided(shared, result.map_err(Failure::Limiter), txs)),
-        Err(pending) => Road::Deciding(decide(shared, pending, txs)),
+        Ok(result) => {
+            let mut decided = decided(shared, result.map_err(Failure::Limiter), txs);
+            decided.head = parts.method == http::Method::HEAD;
+            Road::Decided(decided)
+        }
+        Err(pending) => Road::Deciding(decide(
+            shared,
+            pending,
+            txs,
+            parts.method == http::Method::HEAD,
+        )),
     }
 }
 
@@ -151,7 +163,7 @@ fn allowed_now(shared: &Shared, verdict: &Verdict<'_>) -> Option<Allowed> {
 
 /// Waits for a spend under way (`pending`, the limiter's step for `txs`), within the layer's
 /// timeout.
-pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Txs) -> Decide {
+pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Txs, head: bool) -> Decide {
     let shared = shared.clone();
     Box::pin(async move {
         let timeout = shared.failure.timeout;
@@ -159,7 +171,9 @@ pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Txs) -> Decide
             Ok(r) => r.map_err(Failure::Limiter),
             Err(_) => Err(Failure::Timeout),
         };
-        decided(&shared, result, txs)
+        let mut decided = decided(&shared, result, txs);
+        decided.head = head;
+        decided
     })
 }
 
@@ -186,11 +200,13 @@ fn decided(shared: &Shared, result: Result<BatchDecision, Failure>, txs: Txs) ->
                     result: result.map_err(Failure::Limiter),
                     txs,
                     fell_back: true,
+                    head: false,
                 },
                 None => Decided {
                     result: Err(failure),
                     txs,
                     fell_back: false,
+                    head: false,
                 },
             }
         }
@@ -198,6 +214,7 @@ fn decided(shared: &Shared, result: Result<BatchDecision, Failure>, txs: Txs) ->
             result,
             txs,
             fell_back: false,
+            head: false,
         },
     }
 }
@@ -209,8 +226,13 @@ pub(crate) enum Allowed {
     Fields(Fields),
     /// The decisions of rules that settle from the response
     /// ([`Rule::settle`](crate::Rule::settle)); their fields (when `headers`) are written
-    /// once the response head is settled.
-    Settle { batch: BatchDecision, headers: bool },
+    /// once the response head is settled; rules that settle from the body do so when `body`
+    /// (not for a `HEAD`, whose estimate stands).
+    Settle {
+        batch: BatchDecision,
+        headers: bool,
+        body: bool,
+    },
 }
 
 pub(crate) enum Conclusion {
@@ -244,6 +266,7 @@ pub(crate) fn conclude(
         result,
         txs,
         fell_back,
+        head,
     } = decided;
     // Decided: a place among waiting requests is given back, unless the request waits again.
     let held = waited.permit.take();
@@ -269,7 +292,11 @@ pub(crate) fn conclude(
             let settle = shared.rules.settles && !fell_back;
             let headers = shared.answers.fields.on_allowed();
             let allowed = if settle {
-                Some(Allowed::Settle { batch, headers })
+                Some(Allowed::Settle {
+                    batch,
+                    headers,
+                    body: !head,
+                })
             } else if headers {
                 Fields::of(&batch, |name, quota| {
                     shared.rules.cached_policy(name, quota)
