@@ -188,6 +188,7 @@ pub(crate) fn count_request(outcome: &'static str) {
 /// One `tracing` event per decided rule: `debug` on the target `tower_ratelimits::decision`;
 /// a shadowed rule that would deny at `info` on `tower_ratelimits::shadow`. The id is a field
 /// only when `log_ids` is on (ids can be personal data).
+#[inline]
 pub(crate) fn trace_decision(
     d: &Seen<'_>,
     outcome: RuleOutcome,
@@ -200,6 +201,13 @@ pub(crate) fn trace_decision(
     {
         return;
     }
+    trace_enabled(d, outcome, log_ids, shadow_gate);
+}
+
+/// [`trace_decision`] once a subscriber may want the event (out of line: the check above is
+/// what every request pays).
+#[inline(never)]
+fn trace_enabled(d: &Seen<'_>, outcome: RuleOutcome, log_ids: bool, shadow_gate: &WarnGate) {
     let retry_after_ms = d.retry_after_us / 1000;
     let (limit, id, remaining) = (d.name.as_str(), d.id, d.remaining);
     if outcome == RuleOutcome::ShadowDenied {

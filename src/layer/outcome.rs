@@ -150,6 +150,7 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
 /// decisions: counted and traced, and its fields' numbers taken. Only for a verdict that holds
 /// no slot, no cost range and nothing to settle (`Verdict::plain`), whose decisions would
 /// carry nothing more.
+#[inline]
 fn allowed_now(shared: &Shared, verdict: &Verdict<'_>) -> Option<Allowed> {
     count("allowed");
     let seen = verdict.entries().map(Seen::from);

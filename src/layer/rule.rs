@@ -296,6 +296,7 @@ impl ResolvedRule {
     }
 
     /// The precomputed `RateLimit-Policy` of `limit`, when it is the rule's default.
+    #[inline]
     fn cached_policy(&self, limit: &crate::quota::Quota) -> Option<&http::HeaderValue> {
         self.is_default(limit)
             .then(|| self.policy.as_ref().map(|(_, v)| v))
@@ -303,6 +304,7 @@ impl ResolvedRule {
     }
 
     /// Counts and traces one of its decided transactions, of a batch allowed or not.
+    #[inline]
     fn observe(&self, d: &Seen<'_>, batch_allowed: bool, rules: &Rules) {
         let outcome = RuleOutcome::of(d, self.shadow, batch_allowed);
         self.metrics.count(outcome);
@@ -344,6 +346,7 @@ impl Rules {
 
     /// Counts and traces every decided transaction of a request whose batch was allowed or
     /// not (`batch_allowed`).
+    #[inline]
     pub(crate) fn observe<'a>(
         &self,
         decided: impl IntoIterator<Item = Seen<'a>>,
@@ -359,6 +362,7 @@ impl Rules {
     /// Counts and traces one decided transaction of an allowed batch and gives it with its
     /// precomputed `RateLimit-Policy` member (as [`Rules::cached_policy`]): the rule found
     /// once for both.
+    #[inline]
     pub(crate) fn observe_reported<'a>(
         &self,
         d: Seen<'a>,
@@ -477,6 +481,7 @@ impl Rules {
     /// decided under: a rule's id kind comes from it), pushed into `txs` (the caller's, so
     /// nothing is moved). `Some`: the request is answered now with this response, written as
     /// `body` says.
+    #[inline]
     pub(crate) fn prepare(
         &self,
         limits: &Limits,

@@ -255,6 +255,7 @@ const DISABLED: Outcome = Outcome {
 impl<'a> Verdict<'a> {
     /// The verdict of `batch`, to be decided by [`Limiter::spend_step`]: built where it will be
     /// read (the caller's stack), so nothing is moved on the way.
+    #[inline]
     pub(crate) fn new(batch: &'a [Transaction]) -> Self {
         Self {
             batch,
@@ -268,11 +269,13 @@ impl<'a> Verdict<'a> {
 
     /// Whether the verdict can be read by reference alone: a spend with no cost range and no
     /// concurrency limit (whose counters and leases need the decisions).
+    #[inline]
     pub(crate) fn plain(&self) -> bool {
         self.op == Op::Spend && !self.counted.ranges && !self.counted.concurrency
     }
 
     /// Each transaction with its quota, mode and outcome, in order.
+    #[inline]
     pub(crate) fn entries(&self) -> impl Iterator<Item = Entry<'_>> + Clone {
         let mut outcomes = self.outcomes.iter();
         self.batch
