@@ -494,11 +494,15 @@ P:
     assert!(e.unwrap_err().contains("empty"));
     let e = run(limits, None, "0s spend P=a cost=1..x\n").await;
     assert!(e.unwrap_err().contains("malformed cost"));
-    // After a `*`, only `<n>` or `<min>..<max>` is a cost; anything else is part of the id.
-    let ids = run(limits, None, "0s spend P=a*1.2\n0s spend P=a*1..2\n")
+    // After a `*`, `<n>` or `<min>..<max>` is a cost; a suffix that starts like one (a digit,
+    // `-` or `.`) but is not one is an error (issue 30, item 14: `a*1.2` was the id "a*1.2");
+    // anything else is part of the id.
+    let e = run(limits, None, "0s spend P=a*1.2\n").await;
+    assert!(e.unwrap_err().contains("malformed cost suffix *1.2"));
+    let ids = run(limits, None, "0s spend P=a*b\n0s spend P=a*1..2\n")
         .await
         .unwrap();
-    assert_eq!(ids[0]["decisions"][0]["id"], "a*1.2");
+    assert_eq!(ids[0]["decisions"][0]["id"], "a*b");
     assert_eq!(ids[1]["decisions"][0]["id"], "a");
     assert_eq!(ids[1]["decisions"][0]["granted"], 2);
     let e = run(limits, None, "0s spend P=a cost=6..9\n").await;
