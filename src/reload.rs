@@ -67,9 +67,9 @@ async fn stable_signatures(mut read: impl FnMut() -> Vec<Signature>) -> Vec<Sign
 /// file's size, modification time or inode changed and then stayed unchanged for 500 ms (a
 /// file written in place with a pause is not applied half-written); SIGHUP always reloads, at
 /// once. Edit by writing a new file beside the old one and renaming it over it: a rename is
-/// atomic, so no reader ever sees half a file. Each attempt goes
-/// through [`Limiter::reload`]: validated completely first, applied atomically, and a refused
-/// file (its error names the file, line and limit) leaves the previous limits in force.
+/// atomic, so no reader ever sees half a file. Each attempt goes through [`Limiter::reload`]:
+/// validated completely first, applied atomically, and a refused file (its error names the
+/// file, line and limit) leaves the previous limits in force.
 /// [`spawn`](Self::spawn) logs every attempt (`info` with what changed, `error` with why a
 /// file was refused, on the target `tower_ratelimits::reload`);
 /// [`spawn_with`](Self::spawn_with) hands each to a function instead.

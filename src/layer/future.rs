@@ -15,7 +15,9 @@ use tower_service::Service;
 
 use super::body::RateLimitBody;
 use super::lease::Held;
-use super::outcome::{Allowed, Conclusion, Decide, Road, Shared, Waited, conclude, road};
+use super::outcome::{
+    AfterSettle, Allowed, Conclusion, Decide, Road, Shared, Waited, conclude, road,
+};
 use super::response::{ErrorBody, Fields, error_response};
 use super::settle::{self, BodySettle, Task};
 use crate::limiter::BatchDecision;
@@ -36,7 +38,7 @@ pin_project! {
         // the future of a request that settles nothing stays small).
         Settling {
             task: Task,
-            held: Option<Box<(R, BatchDecision, bool, bool)>>,
+            held: Option<Box<(R, BatchDecision, AfterSettle)>>,
         },
         Answered {
             response: Option<Response<Bytes>>,
@@ -211,12 +213,8 @@ where
                 }
                 StateProj::Calling { future } => {
                     let response = ready!(future.poll(cx))?;
-                    let (batch, headers, body_settles) = match this.allowed.take() {
-                        Some(Allowed::Settle {
-                            batch,
-                            headers,
-                            body,
-                        }) => (batch, headers, body),
+                    let (batch, after) = match this.allowed.take() {
+                        Some(Allowed::Settle { batch, after }) => (batch, after),
                         fields => {
                             let mut response = response;
                             if let Some(Allowed::Fields(fields)) = fields {
@@ -238,13 +236,13 @@ where
                             this.shared,
                             response,
                             batch,
-                            (headers, body_settles),
+                            after,
                             release,
                         )));
                     };
                     this.state.set(State::Settling {
                         task,
-                        held: Some(Box::new((response, batch, headers, body_settles))),
+                        held: Some(Box::new((response, batch, after))),
                     });
                 }
                 StateProj::Settling { task, held } => {
@@ -252,16 +250,10 @@ where
                     let Some(held) = held.take() else {
                         return Poll::Ready(Ok(polled_after_completion(false)));
                     };
-                    let (response, mut batch, headers, body_settles) = *held;
+                    let (response, mut batch, after) = *held;
                     settle::merge(&mut batch, states);
                     let release = this.release.take();
-                    return Poll::Ready(Ok(settled(
-                        this.shared,
-                        response,
-                        batch,
-                        (headers, body_settles),
-                        release,
-                    )));
+                    return Poll::Ready(Ok(settled(this.shared, response, batch, after, release)));
                 }
                 StateProj::Answered { response } => {
                     let Some(response) = response.take() else {
@@ -275,8 +267,8 @@ where
 }
 
 /// The state a conclusion leads to: calling `inner` with `req` (the slots it holds kept in
-/// `release`, what its response gets in `gets`), answering, or waiting (the place kept in `waited`, and the time of the first
-/// wait).
+/// `release`, what its response gets in `gets`), answering, or waiting (the place kept in
+/// `waited`, and the time of the first wait).
 fn next<S, B>(
     conclusion: Conclusion,
     mut inner: S,
@@ -393,17 +385,16 @@ fn with_fields<B>(shared: &Shared, response: &mut Response<B>, fields: Fields) {
     }
 }
 
-/// The response of an allowed request whose rules settle: the fields of its settled decisions
-/// (when `headers`), and its body settling the rules that settle from the body (when
-/// `body_settles`: not for a `HEAD`).
+/// The response of an allowed request whose rules settle, as `after` says: the fields of its
+/// settled decisions, and its body settling the rules that settle from the body.
 fn settled<B>(
     shared: &Arc<Shared>,
     mut response: Response<B>,
     batch: BatchDecision,
-    (headers, body_settles): (bool, bool),
+    after: AfterSettle,
     release: Held,
 ) -> Response<RateLimitBody<B>> {
-    if headers
+    if after.fields
         && let Some(fields) = Fields::of(&batch, |name, quota| {
             shared.rules.cached_policy(name, quota)
         })
@@ -411,7 +402,8 @@ fn settled<B>(
         with_fields(shared, &mut response, fields);
     }
     // A HEAD's response has no body: its rules that settle from the body keep the estimate.
-    let settle = body_settles
+    let settle = after
+        .body
         .then(|| BodySettle::of(&shared.settler, shared.rules.reservations(&batch, true)))
         .flatten();
     response.map(|body| RateLimitBody::settling(body, settle, release))

@@ -132,11 +132,12 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
         }
     };
     match result {
-        Ok(result) => {
-            let mut decided = decided(shared, result.map_err(Failure::Limiter), txs);
-            decided.head = parts.method == http::Method::HEAD;
-            Road::Decided(decided)
-        }
+        Ok(result) => Road::Decided(decided(
+            shared,
+            result.map_err(Failure::Limiter),
+            txs,
+            parts.method == http::Method::HEAD,
+        )),
         Err(pending) => Road::Deciding(decide(
             shared,
             pending,
@@ -172,16 +173,19 @@ pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Txs, head: boo
             Ok(r) => r.map_err(Failure::Limiter),
             Err(_) => Err(Failure::Timeout),
         };
-        let mut decided = decided(&shared, result, txs);
-        decided.head = head;
-        decided
+        decided(&shared, result, txs, head)
     })
 }
 
 /// A request's decision: when the store failed (not a full memory table, which is refused
 /// whatever the policy), this instance's in-memory fallback decides `txs` instead, if the
 /// layer has one.
-fn decided(shared: &Shared, result: Result<BatchDecision, Failure>, txs: Txs) -> Decided {
+fn decided(
+    shared: &Shared,
+    result: Result<BatchDecision, Failure>,
+    txs: Txs,
+    head: bool,
+) -> Decided {
     match (result, &shared.failure.fallback) {
         (Err(failure), Some(fallback)) if failure.store_failed() => {
             let local = fallback.limiter(&shared.limiter);
@@ -201,13 +205,13 @@ fn decided(shared: &Shared, result: Result<BatchDecision, Failure>, txs: Txs) ->
                     result: result.map_err(Failure::Limiter),
                     txs,
                     fell_back: true,
-                    head: false,
+                    head,
                 },
                 None => Decided {
                     result: Err(failure),
                     txs,
                     fell_back: false,
-                    head: false,
+                    head,
                 },
             }
         }
@@ -215,7 +219,7 @@ fn decided(shared: &Shared, result: Result<BatchDecision, Failure>, txs: Txs) ->
             result,
             txs,
             fell_back: false,
-            head: false,
+            head,
         },
     }
 }
@@ -226,14 +230,22 @@ pub(crate) enum Allowed {
     /// were made: the decisions are not kept.
     Fields(Fields),
     /// The decisions of rules that settle from the response
-    /// ([`Rule::settle`](crate::Rule::settle)); their fields (when `headers`) are written
-    /// once the response head is settled; rules that settle from the body do so when `body`
-    /// (not for a `HEAD`, whose estimate stands).
+    /// ([`Rule::settle`](crate::Rule::settle)), and what the response gets once they are
+    /// settled.
     Settle {
         batch: BatchDecision,
-        headers: bool,
-        body: bool,
+        after: AfterSettle,
     },
+}
+
+/// What the response of a request whose rules settle gets once they are settled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AfterSettle {
+    /// The `RateLimit` fields of the settled decisions.
+    pub(crate) fields: bool,
+    /// A body that settles the rules that settle from the body: not for a `HEAD` (no body),
+    /// whose estimate stands.
+    pub(crate) body: bool,
 }
 
 pub(crate) enum Conclusion {
@@ -295,8 +307,10 @@ pub(crate) fn conclude(
             let allowed = if settle {
                 Some(Allowed::Settle {
                     batch,
-                    headers,
-                    body: !head,
+                    after: AfterSettle {
+                        fields: headers,
+                        body: !head,
+                    },
                 })
             } else if headers {
                 Fields::of(&batch, |name, quota| {

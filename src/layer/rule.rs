@@ -212,7 +212,8 @@ impl Rule {
     /// settled on the same bucket (unused units refunded, extra units spent spend-only). See
     /// [`Settle`](super::Settle) for the sources and what each outcome charges. The estimate
     /// is at least 1 (a cost of 0 is charged as 1), so a request cannot pass an empty bucket by
-    /// estimating nothing. A rule that spends nothing ([`Mode::CheckOnly`]) has nothing to settle: the layer refuses it.
+    /// estimating nothing. A rule that spends nothing ([`Mode::CheckOnly`]) has nothing to
+    /// settle: the layer refuses it.
     ///
     /// ```
     /// use tower_ratelimits::{ClientIp, Rule, Settle};

@@ -397,9 +397,23 @@ impl RedisBackend {
     /// Pings `slot`'s server within the command timeout and records what it found on its
     /// circuit: an answer closes it, a failure opens it for another cool-off.
     async fn probe(&self, slot: u16) {
+        /// A probe dropped before it answered (its runtime shut down) counts as failed, so the
+        /// circuit is not left waiting for it forever: another cool-off, then another probe.
+        struct Unanswered<'a>(Option<(&'a RedisBackend, u16)>);
+        impl Drop for Unanswered<'_> {
+            fn drop(&mut self) {
+                if let Some((backend, slot)) = self.0 {
+                    backend
+                        .breaker(slot)
+                        .record(false, true, || backend.inner.local.now_us());
+                }
+            }
+        }
+        let mut unanswered = Unanswered(Some((self, slot)));
         let result = self
             .call(slot, |client| async move { client.ping::<()>(None).await })
             .await;
+        unanswered.0 = None;
         self.breaker(slot)
             .record(reached(&result), true, || self.inner.local.now_us());
     }
@@ -831,5 +845,57 @@ impl Backend for RedisBackend {
             r?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::ManualClock;
+
+    /// A probe dropped before it answers (its runtime shut down, its task aborted) must not
+    /// leave the circuit waiting for it: it counts as a failed probe, so after another
+    /// cool-off the next request starts a new one. Before, `probing` stayed set and every
+    /// request was refused for good.
+    #[tokio::test]
+    async fn a_probe_dropped_before_it_answers_lets_the_next_cool_off_probe_again() {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        // Nothing listens: a lazy backend is built anyway, and its commands wait to connect.
+        let backend = RedisBackend::from_url("redis://127.0.0.1:9")
+            .lazy(true)
+            .caller_time(clock.clone())
+            .command_timeout(Duration::from_secs(60))
+            .circuit_breaker(1, Duration::from_secs(1))
+            .connect()
+            .await
+            .unwrap();
+        let breaker = backend.breaker(0);
+        breaker.record(false, false, || clock.now_us());
+        assert!(breaker.is_open());
+        clock.advance(Duration::from_secs(2));
+        assert!(matches!(
+            breaker.admit(|| clock.now_us()),
+            breaker::Admission::Probe
+        ));
+        // The probe starts, cannot answer yet, and is dropped.
+        {
+            let probe = std::pin::pin!(backend.probe(0));
+            let waker = std::task::Waker::noop();
+            let mut cx = std::task::Context::from_waker(waker);
+            assert!(probe.poll(&mut cx).is_pending());
+        }
+        assert!(
+            breaker.is_open(),
+            "a dropped probe does not close the circuit"
+        );
+        assert!(matches!(
+            breaker.admit(|| clock.now_us()),
+            breaker::Admission::Refuse(_)
+        ));
+        clock.advance(Duration::from_secs(2));
+        assert!(
+            matches!(breaker.admit(|| clock.now_us()), breaker::Admission::Probe),
+            "the next cool-off probes again"
+        );
     }
 }
