@@ -16,6 +16,14 @@ pub enum Mode {
     /// Decided only: does not count toward the batch decision and is never written. A
     /// shadowed check-only rule runs in this mode.
     Observe,
+    /// Units charged after the fact (a [`Settle`](crate::Settle) overrun): does not count
+    /// toward the batch decision and is never denied. On a GCRA limit it takes as many of its
+    /// units as fit within the limit's [`max_debt`](crate::Limit::max_debt) below empty (the
+    /// rest is forgiven; the outcome's `granted` says how many were charged), and the key is
+    /// denied until time repays the debt. On a tiered limit it is a spend-only (debt is not
+    /// defined for tiers: an overrun that does not fit is forgiven); a concurrency limit has
+    /// nothing to charge (refused when the transaction is built).
+    Charge,
 }
 
 impl Mode {
@@ -26,7 +34,7 @@ impl Mode {
 
     /// Whether this transaction spends (is written) when it and its batch are allowed.
     pub fn spends(self) -> bool {
-        matches!(self, Mode::CheckAndSpend | Mode::SpendOnly)
+        matches!(self, Mode::CheckAndSpend | Mode::SpendOnly | Mode::Charge)
     }
 
     /// The mode of this transaction in shadow: decided and, for a spending mode, written
@@ -35,6 +43,7 @@ impl Mode {
         match self {
             Mode::CheckAndSpend | Mode::SpendOnly => Mode::SpendOnly,
             Mode::CheckOnly | Mode::Observe => Mode::Observe,
+            Mode::Charge => Mode::Charge,
         }
     }
 }

@@ -69,21 +69,31 @@ pub(crate) fn memory_swept(dropped: usize, live: usize) {
 
 /// A settled reservation ([`Settle`](crate::Settle)):
 /// `tower_ratelimits_settlements_total{limit, outcome}` with `outcome` one of `exact`,
-/// `refunded`, `charged`, `forgiven` (extra units the bucket could not take whole), `kept` (no
-/// true cost found: the estimate stands) and `failed` (the store did not settle: the estimate
-/// stands); and `tower_ratelimits_settled_units_total{limit, outcome}` for the units refunded,
-/// charged or forgiven.
+/// `refunded`, `charged` (extra units taken, into debt as far as the limit allows),
+/// `forgiven` (extra units of which none could be taken), `kept` (no true cost found: the
+/// estimate stands) and `failed` (the store did not settle: the estimate stands); and
+/// `tower_ratelimits_settled_units_total{limit, outcome}` for the units refunded, charged or
+/// forgiven (the units beyond the debt bound of a charge that took some count as forgiven).
 pub(crate) fn settled(limit: crate::key::LimitName, outcome: &'static str, units: u64) {
     #[cfg(feature = "metrics")]
     {
         let limit = limit.as_str();
         metrics::counter!("tower_ratelimits_settlements_total", "limit" => limit, "outcome" => outcome)
             .increment(1);
-        if units > 0 {
-            metrics::counter!("tower_ratelimits_settled_units_total", "limit" => limit, "outcome" => outcome)
-                .increment(units);
-        }
     }
+    settled_units(limit, outcome, units);
+}
+
+/// Units of a settlement counted under `outcome` without counting a settlement (the forgiven
+/// part of a charge that took some of its units).
+pub(crate) fn settled_units(limit: crate::key::LimitName, outcome: &'static str, units: u64) {
+    #[cfg(feature = "metrics")]
+    if units > 0 {
+        metrics::counter!("tower_ratelimits_settled_units_total", "limit" => limit.as_str(), "outcome" => outcome)
+            .increment(units);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (limit, outcome, units);
 }
 
 /// A request that would have been denied waits instead ([`Wait`](crate::Wait)):

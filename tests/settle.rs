@@ -90,9 +90,10 @@ async fn generate(uri: http::Uri) -> Response {
     response
 }
 
-/// From a response header: unused units come back, extra units are spent when the bucket holds
-/// them, forgiven when it does not, a missing or malformed header keeps the estimate; each
-/// response already carries the settled bucket, and the next request sees it.
+/// From a response header: unused units come back, extra units are charged (into debt when
+/// the bucket does not hold them: the key then waits until time repays it), a missing or
+/// malformed header keeps the estimate; each response already carries the settled bucket, and
+/// the next request sees it.
 async fn settles_from_a_header(store: Store) {
     let fixture = Fixture::new(store);
     let limiter = limiter(&fixture, store).await;
@@ -112,19 +113,20 @@ async fn settles_from_a_header(store: Store) {
         ("used=10", 200, 90),
         // 30 reserved, 50 used: 20 more, which the bucket holds.
         ("used=50", 200, 40),
-        // 30 reserved (10 left), 100 used: the extra 70 does not fit whole and is forgiven.
-        ("used=100", 200, 10),
-        // 30 do not fit in 10: refused, nothing spent, nothing settled.
-        ("used=0", 429, 10),
-        // 70 s refill 70 units (80); no header keeps the estimate.
-        ("", 200, 50),
+        // 30 reserved (10 left), 100 used: the extra 70 is charged, 60 of it as debt (it was
+        // forgiven before, and the next request passed).
+        ("used=100", 200, 0),
+        // In debt: refused, nothing spent, nothing settled.
+        ("used=0", 429, 0),
+        // 120 s repay the 60 of debt and refill 60 units; no header keeps the estimate.
+        ("", 200, 30),
         // A malformed header keeps it too.
-        ("used=abc", 200, 20),
-        ("used=0", 429, 20),
+        ("used=abc", 200, 0),
+        ("used=0", 429, 0),
     ];
     for (step, (query, status, after)) in steps.into_iter().enumerate() {
         if step == 4 {
-            fixture.clock.advance(Duration::from_secs(70));
+            fixture.clock.advance(Duration::from_secs(120));
         }
         let reply = client.get(&format!("/gen?{query}"), &[]).await;
         assert_eq!(reply.status, status, "{store:?} step {step} ({query})");
@@ -245,6 +247,63 @@ async fn a_range_request_pays_for_the_part_it_got() {
         10_000 - 2,
         "64 reserved, 2 kept"
     );
+}
+
+/// A bytes limit limits bytes: a client downloading 1 MiB files against 100 KiB per hour
+/// (`cost(4)`, one unit per KiB) gets one file, and then waits until the debt is repaid, with
+/// an exact `Retry-After`. Before, every overrun the bucket could not hold was forgiven: 100
+/// downloads of 1 MiB passed in a row (100 MiB).
+async fn a_bytes_limit_limits_bytes(store: Store) {
+    let fixture = Fixture::new(store);
+    let limits = Limits::from_yaml_str(
+        "KibPerHour: {kind: ip, burst: 100, count: 100, period: 1h}\n",
+        None,
+    )
+    .unwrap();
+    let limiter = fixture.limiter(store, limits, "bytes", true).await;
+    let file = || async { Response::new(Body::from(vec![b'x'; 1024 * 1024])) };
+    let server = serve_rule(
+        &limiter,
+        Rule::new("KibPerHour", ClientIp::new())
+            .cost(4)
+            .settle(Settle::body_bytes_per(1024)),
+        Router::new().route("/file", get(file)),
+    )
+    .await;
+    let client = HttpClient::new(&server);
+    let (mut served, mut denied) = (0usize, Vec::new());
+    for _ in 0..100 {
+        let reply = client.get("/file", &[]).await;
+        match reply.status {
+            200 => served += reply.body.len(),
+            429 => denied.push(reply),
+            other => panic!("{store:?}: status {other}"),
+        }
+    }
+    assert_eq!(
+        served,
+        1024 * 1024,
+        "{store:?}: bytes served against 100 KiB"
+    );
+    assert_eq!(denied.len(), 99, "{store:?}");
+    // 4 reserved, 1,024 used: 96 left and 100 of debt charged, 824 forgiven. A request of 4
+    // fits once 100 + 4 units (36 s each) are repaid: 3,744 s.
+    assert_eq!(denied[0].header("retry-after"), Some("3744"), "{store:?}");
+    fixture.clock.advance(Duration::from_secs(3743));
+    assert_eq!(client.get("/file", &[]).await.status, 429, "{store:?}");
+    fixture.clock.advance(Duration::from_secs(1));
+    assert_eq!(client.get("/file", &[]).await.status, 200, "{store:?}");
+}
+
+#[tokio::test]
+async fn in_memory_a_bytes_limit_limits_bytes() {
+    a_bytes_limit_limits_bytes(Store::Memory).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn on_redis_a_bytes_limit_limits_bytes() {
+    a_bytes_limit_limits_bytes(Store::Redis).await;
 }
 
 /// A `HEAD` has no body, so a rule that settles from the body keeps its estimate (before, the

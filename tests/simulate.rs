@@ -428,6 +428,37 @@ async fn partial_grants_on_gcra_give_the_published_values() {
     assert_eq!(out.len(), 12);
 }
 
+/// Every line of `examples/traces/debt.trace` (charges into debt, the debt bound, exact
+/// waits, `max_debt: 0`, the default, tiers without debt) ends with the fields its decision
+/// must have; a charge always says what it charged.
+#[tokio::test]
+async fn charges_go_into_debt_up_to_the_bound_and_the_key_waits_exactly() {
+    let out = documented_values("debt").await;
+    for (line, text) in &out {
+        if line["op"] == "charge" {
+            assert!(line["decisions"][0].get("granted").is_some(), "{text}");
+            assert_eq!(line["allowed"], true, "a charge is never denied: {text}");
+        }
+    }
+    assert_eq!(out.len(), 17);
+}
+
+/// A charge line takes no mode prefix, and a concurrency limit has nothing to charge: both
+/// are errors, not decisions.
+#[tokio::test]
+async fn a_charge_with_a_mode_or_on_slots_is_an_error() {
+    let limits = "Debt5:\n  burst: 10\n  count: 10\n  period: 1s\nSlots:\n  concurrency: 2\n";
+    let err = run(limits, None, "0s charge spend-only:Debt5=a*3\n")
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("line 1") && err.contains("no mode prefix"),
+        "{err}"
+    );
+    let err = run(limits, None, "0s charge Slots=a\n").await.unwrap_err();
+    assert!(err.contains("no units to charge"), "{err}");
+}
+
 /// Every line of `examples/traces/concurrency.trace` (slots taken, refused, probed, released,
 /// held back by a batch's rate limit, ended at their lease time) ends with the fields its first
 /// decision (a `release` line: the line itself) must have.

@@ -513,6 +513,7 @@ fn op_name(op: &str) -> &'static str {
         "spend" => "spend",
         "check" => "check",
         "refund" => "refund",
+        "charge" => "charge",
         "reset" => "reset",
         _ => "release",
     }

@@ -7,9 +7,13 @@
 //! (`#` at the start of a line or after white space) are skipped.
 //! - `<time>`: since the trace start, an integer or decimal with unit `us`, `ms` or `s`
 //!   (`0ms`, `1.01s`, `250us`). Times must not go backwards.
-//! - `<op>`: `spend`, `check`, `refund`, `reset` or `release`. A `spend` on a concurrency
-//!   limit (`concurrency: N`) takes a slot when allowed; `release` gives back the oldest slot
-//!   each listed key took in the trace and still holds (none held: nothing happens).
+//! - `<op>`: `spend`, `check`, `refund`, `charge`, `reset` or `release`. A `spend` on a
+//!   concurrency limit (`concurrency: N`) takes a slot when allowed; `release` gives back the
+//!   oldest slot each listed key took in the trace and still holds (none held: nothing
+//!   happens). `charge` charges its cost after the fact, as a settle's overrun is: never
+//!   denied, it takes as many units as fit within the limit's `max_debt` below empty (on a
+//!   tiered limit: all of them when they fit, else none); its transactions take no mode
+//!   prefix.
 //! - `<tx>`: `[check-only:|spend-only:]<Name>=<id>[*<cost>]`. All transactions of a line are
 //!   one batch; `*<cost>` overrides the line's cost for that transaction.
 //! - `cost=<n>`: the line's cost (default: the limit's configured cost, 1 unless set).
@@ -21,8 +25,8 @@
 //! `{"line":N,"at_us":T,"op":"spend","allowed":bool,"remaining":R,"retry_after_us":X,
 //! "reset_after_us":Y,"decisions":[{"limit":"Name","id":"...","allowed":bool,"remaining":R,
 //! "retry_after_us":X,"reset_after_us":Y}, ...]}`; the top-level fields are the batch decision
-//! (its strictest transaction). The decision of a range (`cost=<min>..<max>`) and of a tiered
-//! limit also has `"granted":G` (units granted); a tiered one also has `"tiers":[units per
+//! (its strictest transaction). The decision of a range (`cost=<min>..<max>`), of a charge and
+//! of a tiered limit also has `"granted":G` (units granted or charged); a tiered one also has `"tiers":[units per
 //! tier]`, `"burst":bool` (it burst into a higher tier) and `"tier":N` (the tier serving the
 //! client, or the one that refused). A transaction the
 //! backend did not evaluate, because another one already denied the batch (the Redis deny
@@ -186,10 +190,13 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
     let at_us = parse_time_us(time)?;
     let op = words
         .next()
-        .ok_or("missing operation (spend, check, refund, reset, release)")?;
-    if !matches!(op, "spend" | "check" | "refund" | "reset" | "release") {
+        .ok_or("missing operation (spend, check, refund, charge, reset, release)")?;
+    if !matches!(
+        op,
+        "spend" | "check" | "refund" | "charge" | "reset" | "release"
+    ) {
         return Err(format!(
-            "unknown operation {op:?}: use spend, check, refund, reset or release"
+            "unknown operation {op:?}: use spend, check, refund, charge, reset or release"
         ));
     }
     let mut specs: Vec<&str> = words.collect();
@@ -211,6 +218,15 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
             (Mode::SpendOnly, r)
         } else {
             (Mode::CheckAndSpend, spec)
+        };
+        let mode = match (op, mode) {
+            ("charge", Mode::CheckAndSpend) => Mode::Charge,
+            ("charge", _) => {
+                return Err(format!(
+                    "{spec:?}: a charge takes no mode prefix (it is never denied)"
+                ));
+            }
+            (_, mode) => mode,
         };
         let (name, id) = rest
             .split_once('=')
@@ -389,7 +405,7 @@ pub async fn run_observed(
             })
         } else {
             let batch = match parsed.op {
-                "spend" => limiter.spend(&txs).await,
+                "spend" | "charge" => limiter.spend(&txs).await,
                 "check" => limiter.check(&txs).await,
                 _ => limiter.refund(&txs).await,
             }
@@ -420,8 +436,11 @@ pub async fn run_observed(
                         remaining: d.remaining,
                         retry_after_us: micros(d.retry_after),
                         reset_after_us: micros(d.reset_after),
-                        // A tiered limit, or a range (a partial grant), says how much.
-                        granted: (d.tiers.is_some() || tx.min_cost_or(0) != tx.cost_or(0))
+                        // A tiered limit, a range (a partial grant) or a charge says how
+                        // much.
+                        granted: (d.tiers.is_some()
+                            || tx.min_cost_or(0) != tx.cost_or(0)
+                            || parsed.op == "charge")
                             .then_some(d.granted),
                         tiers: d.tiers.as_ref().map(|t| t.units()),
                         burst: d.tiers.map(|t| t.burst),

@@ -64,6 +64,19 @@ pub enum LimitError {
         /// The emission interval in microseconds.
         emission_interval_us: u64,
     },
+    /// `(burst + max_debt) * period / count`, how far a bucket in full debt runs ahead of now,
+    /// overflows or exceeds [`MAX_BURST_OFFSET_US`].
+    #[error(
+        "max_debt {max_debt} with burst {burst}: (burst+max_debt)*{emission_interval_us}us is larger than 100 years"
+    )]
+    DebtTooLarge {
+        /// The burst.
+        burst: u64,
+        /// The most units of debt asked for.
+        max_debt: u64,
+        /// The emission interval in microseconds.
+        emission_interval_us: u64,
+    },
 }
 
 /// A GCRA limit: a bucket of `burst` tokens refilled at `count` tokens per `period`.
@@ -84,6 +97,24 @@ pub enum LimitError {
 /// assert_eq!(limit.burst_offset_us(), 1_000_000);
 /// assert!(Limit::new(0, 20, Duration::from_secs(1)).is_err());
 /// ```
+///
+/// A limit also bounds **debt**: units charged after the fact ([`Mode::Charge`], what a
+/// [`Settle`](crate::Settle) overrun is charged with) may take the bucket up to
+/// [`max_debt`](Self::max_debt) units below empty; the key is then denied until time repays
+/// them. The default is the burst (or, for a burst offset above 50 years, as much as keeps the
+/// bucket within 100 years); [`with_max_debt`](Self::with_max_debt) sets it, and 0 forgives
+/// every unit that does not fit.
+///
+/// ```
+/// use tower_ratelimits::Limit;
+/// use std::time::Duration;
+///
+/// let limit = Limit::new(100, 100, Duration::from_secs(3600)).unwrap();
+/// assert_eq!(limit.max_debt(), 100);
+/// assert_eq!(limit.with_max_debt(0).unwrap().max_debt(), 0);
+/// ```
+///
+/// [`Mode::Charge`]: crate::Mode::Charge
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limit {
     burst: u64,
@@ -91,6 +122,7 @@ pub struct Limit {
     period_us: u64,
     emission_interval_us: u64,
     burst_offset_us: u64,
+    max_debt: u64,
 }
 
 impl Limit {
@@ -129,13 +161,46 @@ impl Limit {
                 burst,
                 emission_interval_us,
             })?;
+        // The default debt: the burst, or as much of it as keeps the bucket within 100 years.
+        let max_debt = burst.min((MAX_BURST_OFFSET_US - burst_offset_us) / emission_interval_us);
         Ok(Self {
             burst,
             count,
             period_us,
             emission_interval_us,
             burst_offset_us,
+            max_debt,
         })
+    }
+
+    /// This limit with at most `max_debt` units of debt (0: none, every overrun that does not
+    /// fit is forgiven); refused when `(burst + max_debt) * EI` exceeds
+    /// [`MAX_BURST_OFFSET_US`].
+    pub fn with_max_debt(self, max_debt: u64) -> Result<Self, LimitError> {
+        let fits = max_debt
+            .checked_mul(self.emission_interval_us)
+            .and_then(|d| d.checked_add(self.burst_offset_us))
+            .is_some_and(|ahead| ahead <= MAX_BURST_OFFSET_US);
+        if !fits {
+            return Err(LimitError::DebtTooLarge {
+                burst: self.burst,
+                max_debt,
+                emission_interval_us: self.emission_interval_us,
+            });
+        }
+        Ok(Self { max_debt, ..self })
+    }
+
+    /// The most units a charge may take the bucket below empty ([`Mode::Charge`]).
+    ///
+    /// [`Mode::Charge`]: crate::Mode::Charge
+    pub fn max_debt(&self) -> u64 {
+        self.max_debt
+    }
+
+    /// `EI * max_debt`: how far beyond the burst offset a charge may take the TAT.
+    pub fn debt_offset_us(&self) -> u64 {
+        self.emission_interval_us * self.max_debt
     }
 
     /// The most tokens the bucket holds: the largest burst of cost-1 requests.
@@ -190,6 +255,7 @@ impl fmt::Debug for Limit {
             .field("burst", &self.burst)
             .field("count", &self.count)
             .field("period_us", &self.period_us)
+            .field("max_debt", &self.max_debt)
             .finish()
     }
 }
@@ -337,6 +403,60 @@ pub fn check_range(
     let cost = fits.min(max).max(min);
     let out = check(limit, stored_tat, now, cost)?;
     Ok((out, if out.allowed { cost } else { 0 }))
+}
+
+/// Charges `cost` units after the fact ([`Mode::Charge`](crate::Mode::Charge): a settle's
+/// overrun): as many whole units as fit between the TAT and `BO + EI * max_debt` ahead of
+/// `now`, so the bucket may go up to `max_debt` units below empty; the rest is forgiven. Never
+/// denied. Returns the outcome and the units charged.
+///
+/// The outcome reports the bucket after the charge: `remaining` (0 in debt), `reset_after`,
+/// and `retry_after`, the wait before one unit fits again (in debt: until time has repaid the
+/// debt and one unit more).
+///
+/// ```
+/// use tower_ratelimits::Limit;
+/// use tower_ratelimits::__private::gcra;
+/// use std::time::Duration;
+///
+/// // 10 per second, burst 10, up to 10 units of debt.
+/// let limit = Limit::new(10, 10, Duration::from_secs(1)).unwrap();
+/// let t0 = 1_000_000_000;
+/// // 25 units on a full bucket: 20 are charged (10 of them debt), 5 forgiven.
+/// let (d, charged) = gcra::charge(&limit, None, t0, 25).unwrap();
+/// assert_eq!((charged, d.remaining), (20, 0));
+/// // One unit fits again once the debt and one unit are repaid: 1.1 s.
+/// assert_eq!(d.retry_after_us, 1_100_000);
+/// assert!(!gcra::check(&limit, d.new_tat, t0 + 1_099_999, 1).unwrap().allowed);
+/// assert!(gcra::check(&limit, d.new_tat, t0 + 1_100_000, 1).unwrap().allowed);
+/// ```
+pub fn charge(
+    limit: &Limit,
+    stored_tat: Option<u64>,
+    now: u64,
+    cost: u64,
+) -> Result<(GcraOutcome, u64), GcraError> {
+    let ei = limit.emission_interval_us();
+    let bo = limit.burst_offset_us();
+    let ahead = stored_tat.unwrap_or(0).saturating_sub(now);
+    // Whole units that fit before the debt bound (`BO + EI * max_debt` is within 100 years).
+    let fits = (bo + limit.debt_offset_us()).saturating_sub(ahead) / ei;
+    let charged = fits.min(cost);
+    // At most the debt bound ahead of now, so no overflow below it.
+    let after = ahead + ei * charged;
+    let new_tat = (charged > 0)
+        .then(|| now.checked_add(after).ok_or(GcraError::TimeOverflow))
+        .transpose()?;
+    Ok((
+        GcraOutcome {
+            allowed: true,
+            remaining: bo.saturating_sub(after) / ei,
+            retry_after_us: after.saturating_add(ei).saturating_sub(bo),
+            reset_after_us: after,
+            new_tat,
+        },
+        charged,
+    ))
 }
 
 /// Gives back `cost` tokens, never above a full bucket.

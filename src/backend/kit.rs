@@ -238,8 +238,8 @@ pub fn refund(
 }
 
 /// The GCRA decision of a transaction on a bucket whose stored TAT is `stored`: its single cost
-/// ([`gcra::check`]), or for a range the most units that fit ([`gcra::check_range`]), with the
-/// units granted. Every backend decides a GCRA transaction through this function only (the
+/// ([`gcra::check`]), for a range the most units that fit ([`gcra::check_range`]), for a charge
+/// the most units that fit within the debt bound ([`gcra::charge`]), with the units granted. Every backend decides a GCRA transaction through this function only (the
 /// script's `gcra_grant` in Lua); [`GcraDecision::outcome`] is what it reports.
 #[inline(always)]
 pub(crate) fn gcra_decide(
@@ -248,6 +248,13 @@ pub(crate) fn gcra_decide(
     stored: Option<u64>,
     now: u64,
 ) -> Result<GcraDecision, GcraError> {
+    if tx.mode == Mode::Charge {
+        let (out, charged) = gcra::charge(limit, stored, now, tx.cost)?;
+        return Ok(GcraDecision {
+            out,
+            granted: Some(charged),
+        });
+    }
     if tx.min_cost == tx.cost {
         return Ok(GcraDecision {
             out: gcra::check(limit, stored, now, tx.cost)?,

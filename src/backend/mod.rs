@@ -138,6 +138,9 @@ pub enum TransactionError {
     /// A cost range on a concurrency limit, where a request holds one slot or probes (cost 0).
     #[error("a concurrency limit takes a cost of 0 or 1, not a range")]
     RangeOnConcurrency,
+    /// A charge ([`Mode::Charge`]) on a concurrency limit, which holds slots, not units.
+    #[error("a concurrency limit holds slots: it has no units to charge")]
+    ChargeOnConcurrency,
 }
 
 impl<'a> BucketTx<'a> {
@@ -181,9 +184,14 @@ impl<'a> BucketTx<'a> {
                 max: cost,
             });
         }
+        if mode == Mode::Charge && quota.as_concurrency().is_some() {
+            return Err(TransactionError::ChargeOnConcurrency);
+        }
         // What must fit is the least acceptable part (a single cost is its own least part):
-        // a range may ask for more than the burst, and is granted what fits.
-        if min_cost > quota.max_cost() {
+        // a range may ask for more than the burst, and is granted what fits. A charge on a
+        // GCRA limit takes what fits, whatever its size.
+        let takes_what_fits = mode == Mode::Charge && quota.as_gcra().is_some();
+        if min_cost > quota.max_cost() && !takes_what_fits {
             return Err(TransactionError::CostAboveBurst {
                 cost: min_cost,
                 burst: quota.max_cost(),

@@ -388,11 +388,14 @@ impl Limits {
         let scale = |v: u64, floor: u64| (v.saturating_mul(p) / 100).max(floor).max(1);
         let quota = |q: &Quota, cost: u64| -> Result<Quota, ConfigErrorKind> {
             Ok(match q {
-                Quota::Gcra(l) => Quota::Gcra(crate::algo::gcra::Limit::from_micros(
-                    scale(l.burst(), cost),
-                    l.count(),
-                    l.period_us().saturating_mul(100) / p,
-                )?),
+                Quota::Gcra(l) => Quota::Gcra(
+                    crate::algo::gcra::Limit::from_micros(
+                        scale(l.burst(), cost),
+                        l.count(),
+                        l.period_us().saturating_mul(100) / p,
+                    )?
+                    .with_max_debt(l.max_debt().saturating_mul(p) / 100)?,
+                ),
                 Quota::Tiered(t) => {
                     let tiers = t.tiers().iter().map(|tier| {
                         crate::algo::tiers::Tier::from_micros(

@@ -248,6 +248,7 @@ struct Fields<'a> {
     burst: Option<&'a Node>,
     count: Option<&'a Node>,
     period: Option<&'a Node>,
+    max_debt: Option<&'a Node>,
     tiers: Option<&'a Node>,
     concurrency: Option<&'a Node>,
     lease: Option<&'a Node>,
@@ -279,6 +280,7 @@ fn fields<'a>(node: &'a Node, allowed: &[&'static str]) -> Result<Fields<'a>, Co
             "burst" => &mut f.burst,
             "count" => &mut f.count,
             "period" => &mut f.period,
+            "max_debt" => &mut f.max_debt,
             "tiers" => &mut f.tiers,
             "concurrency" => &mut f.concurrency,
             "lease" => &mut f.lease,
@@ -329,6 +331,7 @@ fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> {
         ("burst", f.burst),
         ("count", f.count),
         ("period", f.period),
+        ("max_debt", f.max_debt),
         ("tiers", f.tiers),
         ("concurrency", f.concurrency),
     ];
@@ -346,6 +349,17 @@ fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> {
 /// A GCRA limit (`burst`, `count`, `period`), burst tiers (`tiers`) or a concurrency limit
 /// (`concurrency`, with `lease` and `retry_after`).
 fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
+    // Debt is a GCRA limit's: tiers forgive overruns, and slots have no units.
+    if let Some(debt) = f.max_debt {
+        for (name, node) in [("tiers", f.tiers), ("concurrency", f.concurrency)] {
+            if node.is_some() {
+                return Err(err_at(
+                    ConfigErrorKind::ConflictingFields("max_debt", name),
+                    debt.line,
+                ));
+            }
+        }
+    }
     if let Some(max) = f.concurrency {
         return concurrency_of(f, max).map(Quota::from);
     }
@@ -548,7 +562,18 @@ fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {
     let burst = positive("burst", burst_node)?;
     let count = positive("count", need("count", f.count)?)?;
     let period_us = duration_of("period", need("period", f.period)?)?;
-    Limit::from_micros(burst, count, period_us).map_err(|e| err_at(e.into(), burst_node.line))
+    let limit = Limit::from_micros(burst, count, period_us)
+        .map_err(|e| err_at(e.into(), burst_node.line))?;
+    let Some(debt) = f.max_debt else {
+        return Ok(limit);
+    };
+    let max_debt = match debt.value {
+        Value::Int(0) => 0,
+        _ => positive("max_debt", debt)?,
+    };
+    limit
+        .with_max_debt(max_debt)
+        .map_err(|e| err_at(e.into(), debt.line))
 }
 
 fn id_text(node: &Node) -> Result<(String, u64), ConfigError> {
@@ -600,6 +625,7 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
                 "burst",
                 "count",
                 "period",
+                "max_debt",
                 "tiers",
                 "concurrency",
                 "lease",
@@ -655,6 +681,7 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                         "burst",
                         "count",
                         "period",
+                        "max_debt",
                         "tiers",
                         "ids",
                         "unlimited",
@@ -707,6 +734,7 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                         "burst",
                         "count",
                         "period",
+                        "max_debt",
                         "tiers",
                         "concurrency",
                         "lease",

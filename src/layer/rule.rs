@@ -411,7 +411,12 @@ impl Rules {
                     settle.clone(),
                     d.key.clone(),
                     d.granted,
-                    limit.max_cost(),
+                    // A GCRA charge takes what fits within its debt, whatever it is asked.
+                    if limit.as_gcra().is_some() {
+                        u64::MAX
+                    } else {
+                        limit.max_cost()
+                    },
                 ));
             }
         }

@@ -1,8 +1,9 @@
 //! Reserve, then reconcile: a rule charges an estimate when its request is decided and settles
 //! the difference once the response tells the true cost (a response header, a function of the
 //! response head, the bytes of the body, or a trailer). The settle rule lives here, once:
-//! unused units are refunded, extra units are spent as spend-only (they never turn a response
-//! already on its way into a denial), and anything that prevents settling keeps the estimate.
+//! unused units are refunded, extra units are charged (into debt, up to the limit's
+//! `max_debt`; they never turn a response already on its way into a denial), and anything that
+//! prevents settling keeps the estimate.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,10 +28,16 @@ type HeadFn = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
 /// or the limit's) is the estimate, charged when the request is decided like any cost; when
 /// the true cost is known the difference is settled on the same bucket:
 /// - less than the estimate: the unused units are refunded (never above a full bucket);
-/// - more: the extra units are spent **spend-only**: taken when the bucket holds them all,
-///   forgiven when it does not (an already-sent response is never turned into a denial, and
-///   the bucket never goes below empty). Reserve the most a request can cost when an overrun
-///   must never be forgiven (an LLM gateway reserves `max_tokens`): settling is then a refund.
+/// - more: the extra units are **charged** ([`Mode::Charge`](crate::Mode::Charge)): an
+///   already-sent response is never turned into a denial, but on a GCRA limit the bucket may
+///   go into **debt**, up to the limit's [`max_debt`](crate::Limit::max_debt) units below
+///   empty (by default its burst), and the key is denied until time repays it. Units beyond
+///   the debt bound are forgiven (counted as `forgiven`). On a tiered limit, which has no debt,
+///   the extra units are taken when the tiers hold them all and forgiven when they do not.
+///   Requests admitted in parallel before the first overrun is charged may each overrun; once
+///   the debt is recorded the key is denied. Reserve the most a request can cost when an
+///   overrun must never be forgiven (an LLM gateway reserves `max_tokens`): settling is then a
+///   refund.
 ///
 /// Head sources ([`header`](Self::header), [`response`](Self::response)) settle before the
 /// response is handed on, so its `RateLimit` fields already show the settled bucket. Body
@@ -197,7 +204,7 @@ enum Adjust {
     Exact,
     /// Give back this many units.
     Refund(u64),
-    /// Spend this many more, spend-only.
+    /// Charge this many more (into debt, as far as the limit allows).
     Charge(u64),
 }
 
@@ -218,7 +225,8 @@ pub(crate) struct Reserved {
     key: BucketKey,
     /// Units charged up front.
     reserved: u64,
-    /// The most one transaction may ask of the bucket (its burst).
+    /// The most a charge may ask of the bucket (a tiered limit's capacity; unbounded for GCRA,
+    /// where a charge takes what fits within the debt bound).
     max_cost: u64,
 }
 
@@ -286,10 +294,10 @@ fn start(settler: &Settler, work: Vec<(Reserved, Option<u64>)>) -> Option<Task> 
         match Adjust::of(r.reserved, actual) {
             Adjust::Exact => crate::telemetry::settled(name, "exact", 0),
             Adjust::Refund(n) => refunds.push(Transaction::new(r.key).cost(n)),
-            // More than the burst can never be taken whole: forgiven without asking.
+            // More than tiers hold can never be taken: forgiven without asking.
             Adjust::Charge(n) if n > r.max_cost => crate::telemetry::settled(name, "forgiven", n),
             Adjust::Charge(n) => {
-                charges.push(Transaction::new(r.key).cost(n).mode(Mode::SpendOnly));
+                charges.push(Transaction::new(r.key).cost(n).mode(Mode::Charge));
             }
         }
     }
@@ -327,8 +335,17 @@ async fn run(
             Ok(batch) => {
                 // Decisions come in the order of the transactions.
                 for (d, t) in batch.into_decisions().into_iter().zip(&charges) {
-                    let outcome = if d.allowed { "charged" } else { "forgiven" };
-                    crate::telemetry::settled(d.name, outcome, t.cost_or(0));
+                    // A GCRA charge takes what fits within the debt bound (`granted`); a tiered
+                    // one all or nothing.
+                    let charged = if d.allowed { d.granted } else { 0 };
+                    let asked = t.cost_or(0);
+                    let forgiven = asked.saturating_sub(charged);
+                    if charged > 0 {
+                        crate::telemetry::settled(d.name, "charged", charged);
+                        crate::telemetry::settled_units(d.name, "forgiven", forgiven);
+                    } else {
+                        crate::telemetry::settled(d.name, "forgiven", forgiven);
+                    }
                     states.push(d);
                 }
             }

@@ -61,6 +61,12 @@ pub enum LimiterError {
         /// The limit name.
         name: LimitName,
     },
+    /// A charge ([`Mode::Charge`]) on a concurrency limit, which holds slots, not units.
+    #[error("limit {name}: a concurrency limit holds slots: it has no units to charge")]
+    ChargeOnConcurrency {
+        /// The limit name.
+        name: LimitName,
+    },
     /// An id that does not fit the limit's id kind.
     #[error("limit {name}: {source}")]
     InvalidId {
@@ -105,6 +111,7 @@ impl LimiterError {
                 Self::EmptyCostRange { name, min, max }
             }
             TransactionError::RangeOnConcurrency => Self::RangeOnConcurrency { name },
+            TransactionError::ChargeOnConcurrency => Self::ChargeOnConcurrency { name },
         }
     }
 }

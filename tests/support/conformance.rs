@@ -36,16 +36,17 @@ TierB:
 
 /// The limits of the conformance traces: those of the example traces
 /// (`examples/traces/gcra-20-per-second.yaml`, `examples/traces/burst-tiers.yaml`) plus
-/// `examples/traces/partial-grants.yaml`, `examples/traces/concurrency.yaml` and
-/// `CONFORMANCE_LIMITS`.
+/// `examples/traces/partial-grants.yaml`, `examples/traces/concurrency.yaml`,
+/// `examples/traces/debt.yaml` and `CONFORMANCE_LIMITS`.
 pub fn conformance_limits() -> Limits {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
     let (gcra, tiers) = (read("gcra-20-per-second.yaml"), read("burst-tiers.yaml"));
     let partial = read("partial-grants.yaml");
     let concurrency = read("concurrency.yaml");
+    let debt = read("debt.yaml");
     Limits::from_yaml_str(
-        &format!("{gcra}\n{tiers}\n{partial}\n{concurrency}\n{CONFORMANCE_LIMITS}"),
+        &format!("{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{CONFORMANCE_LIMITS}"),
         None,
     )
     .unwrap()
@@ -53,7 +54,8 @@ pub fn conformance_limits() -> Limits {
 
 /// A deterministic pseudo-random trace: batches of 1 to 3 limits (GCRA, tiered and
 /// concurrency, mixed), all modes, costs from 0 to the burst and ranges (partial grants, GCRA
-/// and tiered), checks, refunds, resets and releases of slots, and time steps from 0 to 700 ms.
+/// and tiered), checks, refunds, charges (up to three bursts: into debt and beyond it), resets
+/// and releases of slots, and time steps from 0 to 700 ms.
 pub fn random_trace(seed: u64, lines: usize) -> String {
     let mut state = seed
         .wrapping_mul(6364136223846793005)
@@ -77,16 +79,24 @@ pub fn random_trace(seed: u64, lines: usize) -> String {
     let mut out = String::new();
     for _ in 0..lines {
         t_ms += [0, 0, 1, 50, 100, 300, 700][next(7) as usize];
-        let op = match next(20) {
+        let op = match next(22) {
             0..=12 => "spend",
             13..=15 => "check",
             16..=17 => "refund",
             18 => "release",
+            19..=20 => "charge",
             _ => "reset",
         };
         out.push_str(&format!("{t_ms}ms {op}"));
-        let first = next(limits.len() as u64) as usize;
-        let count = 1 + next(3) as usize;
+        let mut first = next(limits.len() as u64) as usize;
+        let mut count = 1 + next(3) as usize;
+        if op == "charge" {
+            // A concurrency limit has nothing to charge: one GCRA or tiered key.
+            count = 1;
+            if limits[first].0 == "InFlight2" {
+                first = 0;
+            }
+        }
         for k in 0..count {
             let (name, burst) = limits[(first + k) % limits.len()];
             let id = ids[next(ids.len() as u64) as usize];
@@ -99,6 +109,14 @@ pub fn random_trace(seed: u64, lines: usize) -> String {
             // A concurrency limit takes a cost of 0 or 1, never a range.
             if name == "InFlight2" && op != "reset" && op != "release" && next(2) == 0 {
                 out.push_str(&format!("*{}", next(2)));
+            } else if op == "charge" {
+                // Tiers take a charge whole or not at all, and refuse one above their capacity.
+                let most = if name.starts_with("Tier") {
+                    burst
+                } else {
+                    3 * burst
+                };
+                out.push_str(&format!("*{}", next(most + 1)));
             } else if op != "reset" && op != "release" && name != "InFlight2" && next(2) == 0 {
                 let cost = match next(4) {
                     0 => 0,
@@ -152,6 +170,7 @@ pub fn traces() -> Vec<(String, String)> {
         "burst-tiers-v1-v8",
         "partial-grants",
         "concurrency",
+        "debt",
     ]
     .iter()
     .map(|name| {

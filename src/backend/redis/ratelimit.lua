@@ -23,21 +23,23 @@
 --   lean    (op 'G') increment (emission interval * cost), burst offset, mode; ('g') the
 --           same without the mode
 --   GCRA    0, emission interval, burst offset, burst, cost, mode; or for a partial grant
---           (min..cost) 2, the same fields, then min (the least units acceptable)
+--           (min..cost) 2, the same fields, then min (the least units acceptable); or for a
+--           charge (mode 4: a settle's overrun, never denied, may go into debt) 4, the same
+--           fields, then the debt offset (emission interval * max_debt)
 --   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
 --   concurrency  3, mode, cost (0 probes, 1 takes a slot), max in flight, lease time, retry
 --           hint, lease id (text; '0': none). The key is a sorted set of lease ids scored by
 --           their deadlines (src/algo/concurrency.rs); a refund releases the lease
 --   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
 --           and the milliseconds the value before had to live (-1: none)
---   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe)
+--   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe, 4 charge)
 --
 -- 'g' and 'G' return a flat list: now, then each key's stored TAT before the call (0: none); the
 -- caller computes the decisions from them with the same rule (src/algo/gcra.rs `check`, and
 -- the batch rule), so nothing is formatted or divided here. The other ops return, per key, a
 -- list: allowed (0/1), remaining, retry_after, reset_after, then for GCRA
--- the TAT stored afterwards (0: none) and, for a spend of a range (min < cost), the units
--- granted; for concurrency keys 0; for tiered keys 0, granted, the serving tier, burst (0/1),
+-- the TAT stored afterwards (0: none) and, for a spend of a range (min < cost) or a charge,
+-- the units granted; for concurrency keys 0; for tiered keys 0, granted, the serving tier, burst (0/1),
 -- the units of each tier and, when ARGV[4] is 1, the value before, the value after and the
 -- milliseconds the value before had to live. After the lists: now. A key holding something
 -- that is not a state of ours is decided as a fresh one and replaced by the first write.
@@ -142,8 +144,8 @@ end
 -- Shared by every path ------------------------------------------------------------------------
 
 local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
-local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY = 0, 1, 2, 3
-local MODE_OBSERVE = 3
+local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY, KIND_CHARGE = 0, 1, 2, 3, 4
+local MODE_OBSERVE, MODE_CHARGE = 3, 4
 
 -- The core of the rule: the TAT after spending `incr` (emission interval * cost) on a bucket
 -- whose stored TAT is `stored`, and whether it fits (new_tat - bo <= now).
@@ -158,7 +160,9 @@ end
 local function counts(mode) return mode == MODE_CHECK_AND_SPEND or mode == MODE_CHECK_ONLY end
 
 -- Whether a transaction of this mode is written when allowed (check-only and observe are not).
-local function spends(mode) return mode == MODE_CHECK_AND_SPEND or mode == MODE_SPEND_ONLY end
+local function spends(mode)
+  return mode == MODE_CHECK_AND_SPEND or mode == MODE_SPEND_ONLY or mode == MODE_CHARGE
+end
 
 -- Whether an allowed GCRA spend writes its new TAT (never one that does not spend, never a
 -- no-op).
@@ -236,6 +240,23 @@ local function gcra_grant(stored, ei, bo, min, max)
   return k
 end
 
+-- A charge (docs/gcra.md "charge"; src/algo/gcra.rs `charge`): the most whole units, at most
+-- cost, that fit before the debt bound (bo + debt ahead of now); never denied. Returns 1,
+-- remaining, retry_after (the wait before one unit fits), reset_after, the TAT to store (nil:
+-- none) and the units charged.
+local function gcra_charge(stored, ei, bo, debt, cost)
+  local tat = stored
+  if tat < now then tat = now end
+  local k = tokens(bo + debt - (tat - now), ei)
+  if k > cost then k = cost end
+  local after = tat - now + ei * k
+  local retry = after + ei - bo
+  if retry < 0 then retry = 0 end
+  local new_tat = nil
+  if k > 0 then new_tat = now + after end
+  return 1, tokens(bo - after, ei), retry, after, new_tat, k
+end
+
 -- The GCRA refund (docs/gcra.md "refund"): allowed (0/1), remaining, reset_after, and the TAT
 -- to store (nil: unchanged).
 local function gcra_refund(stored, ei, bo, burst, cost)
@@ -270,13 +291,16 @@ local rec = {}
 local a = 5
 for i = 1, n do
   local kind = tonumber(ARGV[a])
-  if kind == KIND_GCRA or kind == KIND_RANGE then
+  if kind == KIND_GCRA or kind == KIND_RANGE or kind == KIND_CHARGE then
     local cost = tonumber(ARGV[a + 4])
     rec[i] = {kind = KIND_GCRA, ei = tonumber(ARGV[a + 1]), bo = tonumber(ARGV[a + 2]),
       burst = tonumber(ARGV[a + 3]), cost = cost, mode = tonumber(ARGV[a + 5]), min = cost}
     a = a + 6
     if kind == KIND_RANGE then
       rec[i].min = tonumber(ARGV[a])
+      a = a + 1
+    elseif kind == KIND_CHARGE then
+      rec[i].debt = tonumber(ARGV[a])
       a = a + 1
     end
   elseif kind == KIND_CONCURRENCY then
@@ -651,7 +675,11 @@ if op == OP_SPEND then
   local plans = {}
   for i = 1, n do
     local r = rec[i]
-    if r.kind == KIND_GCRA then
+    if r.kind == KIND_GCRA and r.debt then
+      local ok, rem, retry, reset, new_tat, k = gcra_charge(stored[i], r.ei, r.bo, r.debt, r.cost)
+      out[i] = {ok, rem, retry, reset, stored[i], k}
+      if new_tat and gcra_writes(r.mode, new_tat, stored[i]) then writes[i] = new_tat end
+    elseif r.kind == KIND_GCRA then
       local s = stored[i]
       local cost = r.cost
       if r.min < cost then cost = gcra_grant(s, r.ei, r.bo, r.min, cost) end

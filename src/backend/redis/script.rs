@@ -10,6 +10,8 @@
 //! | lean (op `G`: a spend whose keys are all GCRA) | increment (emission interval * cost), burst offset, mode |
 //! | lean with the defaults (`g`: no op and no head, exactly two arguments per key; server clock, expiry when fresh, check-and-spend) | increment, burst offset |
 //! | GCRA | `0`, emission interval, burst offset, burst, cost, mode |
+//! | GCRA range (a partial grant) | `2`, the GCRA fields, then the least units acceptable |
+//! | GCRA charge (mode charge: a settle's overrun) | `4`, the GCRA fields, then the debt offset (emission interval * `max_debt`) |
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
 //! | concurrency | `3`, mode, cost, max, lease (µs), retry hint (µs), lease id (decimal text; `0`: none) |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
@@ -38,6 +40,7 @@ const KIND_GCRA: i64 = 0;
 const KIND_TIERED: i64 = 1;
 const KIND_RANGE: i64 = 2;
 const KIND_CONCURRENCY: i64 = 3;
+const KIND_CHARGE: i64 = 4;
 const OP_LEAN: &str = "G";
 const OP_COALESCED: &str = "M";
 const OP_SPEND: &str = "spend";
@@ -51,6 +54,7 @@ const fn mode_number(mode: Mode) -> i64 {
         Mode::CheckOnly => 1,
         Mode::SpendOnly => 2,
         Mode::Observe => 3,
+        Mode::Charge => 4,
     }
 }
 
@@ -67,6 +71,7 @@ const PROTOCOL: &[(&str, Code)] = &[
     ("KIND_TIERED", Code::Number(KIND_TIERED)),
     ("KIND_RANGE", Code::Number(KIND_RANGE)),
     ("KIND_CONCURRENCY", Code::Number(KIND_CONCURRENCY)),
+    ("KIND_CHARGE", Code::Number(KIND_CHARGE)),
     (
         "MODE_CHECK_AND_SPEND",
         Code::Number(mode_number(Mode::CheckAndSpend)),
@@ -80,6 +85,7 @@ const PROTOCOL: &[(&str, Code)] = &[
         Code::Number(mode_number(Mode::SpendOnly)),
     ),
     ("MODE_OBSERVE", Code::Number(mode_number(Mode::Observe))),
+    ("MODE_CHARGE", Code::Number(mode_number(Mode::Charge))),
 ];
 
 #[cfg(test)]
@@ -158,9 +164,19 @@ fn mode_code(mode: Mode) -> Value {
 }
 
 /// Whether a call takes the script's lean path: a spend whose keys are all GCRA, each of one
-/// cost (a partial grant takes the general path).
+/// cost (a partial grant and a charge take the general path).
 pub(super) fn is_lean<'a>(call: Call, mut txs: impl Iterator<Item = &'a BucketTx<'a>>) -> bool {
-    call.op == Op::Spend && txs.all(|tx| tx.quota.as_gcra().is_some() && tx.min_cost == tx.cost)
+    call.op == Op::Spend
+        && txs.all(|tx| {
+            tx.quota.as_gcra().is_some() && tx.min_cost == tx.cost && tx.mode != Mode::Charge
+        })
+}
+
+/// Whether the script answers a transaction's units granted: a GCRA range or charge.
+fn reports_granted(call: Call, tx: &BucketTx<'_>) -> bool {
+    call.op == Op::Spend
+        && tx.quota.as_gcra().is_some()
+        && (tx.min_cost < tx.cost || tx.mode == Mode::Charge)
 }
 
 /// The arguments of a spend or refund of `txs` (one slot's keys, in order); `lean` as
@@ -180,17 +196,28 @@ pub(super) fn encode<'a>(
     for tx in txs {
         match tx.quota {
             Quota::Gcra(limit) => {
-                // A range adds its lower end; a single cost sends no argument more.
-                let range = tx.min_cost < tx.cost;
+                // A charge adds its debt offset, a range its lower end; a single cost sends no
+                // argument more.
+                let charge = tx.mode == Mode::Charge;
+                let range = tx.min_cost < tx.cost && !charge;
+                let kind = match (charge, range) {
+                    (true, _) => KIND_CHARGE,
+                    (_, true) => KIND_RANGE,
+                    _ => KIND_GCRA,
+                };
                 args.extend([
-                    Value::Integer(if range { KIND_RANGE } else { KIND_GCRA }),
+                    Value::Integer(kind),
                     int(limit.emission_interval_us()),
                     int(limit.burst_offset_us()),
                     int(limit.burst()),
-                    int(tx.cost),
+                    // A charge may exceed what the script's doubles hold exactly: it takes at
+                    // most the units that fit within the debt bound, which are below 2^53.
+                    int(tx.cost.min(MAX_TIME_US)),
                     mode_code(tx.mode),
                 ]);
-                if range {
+                if charge {
+                    args.push(int(limit.debt_offset_us()));
+                } else if range {
                     args.push(int(tx.min_cost));
                 }
             }
@@ -207,9 +234,14 @@ pub(super) fn encode<'a>(
                 ]);
             }
             Quota::Tiered(limit) => {
+                // Debt is not defined for tiers: a charge is a spend-only there.
+                let mode = match tx.mode {
+                    Mode::Charge => Mode::SpendOnly,
+                    mode => mode,
+                };
                 args.extend([
                     Value::Integer(KIND_TIERED),
-                    mode_code(tx.mode),
+                    mode_code(mode),
                     int(tx.min_cost),
                     int(tx.cost),
                     int(limit.tiers().len() as u64),
@@ -454,7 +486,7 @@ pub(super) fn decode<'a>(
             f.u64("reset_after")?,
         );
         reply.tats.push(f.u64("stored TAT")?);
-        if call.op == Op::Spend && tx.quota.as_gcra().is_some() && tx.min_cost < tx.cost {
+        if reports_granted(call, tx) {
             outcome.granted = Some(f.u64("granted")?);
         }
         let mut raw = None;
