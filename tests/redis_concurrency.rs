@@ -283,3 +283,68 @@ async fn concurrency_decides_as_memory_does_on_each_redis() {
         concurrency_conforms(&redis.url).await;
     }
 }
+
+/// Leases the crate could not have written (three scored 10^18, decades past any lease time,
+/// at a key of limit 3, with no TTL) hold no slot: they blocked the key for good before. The
+/// first lease taken drops them; a lease at the lease time is still counted.
+async fn foreign_leases_hold_no_slot(url: &str) {
+    use fred::interfaces::ClientLike;
+    let backend = backend(url, &unique_prefix("foreign-leases")).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(CONCURRENCY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let key = limiter.parse_key("Exports", "7").unwrap();
+    let redis_key = backend.redis_concurrency_key(&key);
+    let zadd =
+        fred::types::CustomCommand::new_static("ZADD", fred::types::ClusterHash::FirstKey, false);
+    let client = backend.client_for_key(&redis_key).unwrap();
+    let _: i64 = client
+        .custom(
+            zadd,
+            vec![
+                redis_key.clone(),
+                "1e18".into(),
+                "a".into(),
+                "1e18".into(),
+                "b".into(),
+                "1e18".into(),
+                "c".into(),
+            ],
+        )
+        .await
+        .unwrap();
+    let d = limiter
+        .spend(&[Transaction::new(key.clone())])
+        .await
+        .unwrap();
+    assert!(d.allowed(), "foreign leases took no slot");
+    assert_eq!(
+        live_leases(&backend, &redis_key).await,
+        1,
+        "only ours is left"
+    );
+    // Ours count: two more fit, the fourth does not.
+    for _ in 0..2 {
+        assert!(
+            limiter
+                .spend(&[Transaction::new(key.clone())])
+                .await
+                .unwrap()
+                .allowed()
+        );
+    }
+    assert!(
+        !limiter
+            .spend(&[Transaction::new(key.clone())])
+            .await
+            .unwrap()
+            .allowed()
+    );
+}
+
+#[tokio::test]
+async fn foreign_leases_hold_no_slot_on_each_redis() {
+    foreign_leases_hold_no_slot(&TestRedis::single().url).await;
+    foreign_leases_hold_no_slot(&TestRedis::cluster().url).await;
+}

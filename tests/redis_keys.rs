@@ -348,7 +348,7 @@ async fn the_scripts_fast_path_decides_gcra_exactly_as_its_general_path() {
 }
 
 #[tokio::test]
-async fn both_paths_take_a_stored_tat_below_2_pow_52_and_replace_one_at_it() {
+async fn both_paths_decide_a_tat_beyond_what_the_crate_writes_as_a_fresh_bucket() {
     let redis = TestRedis::single();
     let clock = ManualClock::new(simulate::EPOCH_US);
     let (limiter, backend) = path_limiter(&redis.url, "edges", &clock).await;
@@ -373,22 +373,36 @@ async fn both_paths_take_a_stored_tat_below_2_pow_52_and_replace_one_at_it() {
             Transaction::new(t.clone()).mode(Mode::SpendOnly),
         ]
     };
-    for batch in [fast(), general()] {
-        // 2^52 - 1: a TAT far ahead, still exact in a double: a plain denial.
-        set((1 << 52) - 1).await;
+    // G: burst 3 per second (burst offset 1,000,002 us) and 3 units of debt (as much again):
+    // the crate writes a TAT at most 2,000,004 us ahead; a minute more is allowed for clocks.
+    let furthest = 2_000_004 + tower_ratelimits::__private::gcra::FOREIGN_SLACK_US;
+    let now = simulate::EPOCH_US;
+    for (path, batch) in [("lean", fast()), ("general", general())] {
+        // As far as the crate may write: a bucket in debt, denied until it is repaid.
+        set(now + furthest).await;
         let d = limiter.spend(&batch).await.unwrap();
-        assert!(!d.decisions()[0].allowed);
+        assert!(!d.decisions()[0].allowed, "{path}");
         assert_eq!(
             d.decisions()[0].reset_after,
-            Duration::from_micros((1 << 52) - 1 - simulate::EPOCH_US)
+            Duration::from_micros(furthest),
+            "{path}"
         );
-        // 2^52: not a TAT of ours: a fresh bucket (G: burst 3), replaced by the spend.
-        set(1 << 52).await;
-        let d = limiter.spend(&batch).await.unwrap();
-        assert!(d.decisions()[0].allowed);
-        assert_eq!(d.decisions()[0].remaining, 2);
-        let stored: u64 = raw_get(&backend, &key).await.unwrap().parse().unwrap();
-        assert!(stored < 1 << 52);
+        // One microsecond further, decades ahead (a key blocked for decades before: a
+        // denial writes nothing), 2^52 - 1 and 2^52: not a TAT of ours. A fresh bucket,
+        // replaced by the spend.
+        for foreign in [
+            now + furthest + 1,
+            now + 30 * 365 * 86_400_000_000,
+            (1 << 52) - 1,
+            1 << 52,
+        ] {
+            set(foreign).await;
+            let d = limiter.spend(&batch).await.unwrap();
+            assert!(d.decisions()[0].allowed, "{path} {foreign}");
+            assert_eq!(d.decisions()[0].remaining, 2, "{path} {foreign}");
+            let stored: u64 = raw_get(&backend, &key).await.unwrap().parse().unwrap();
+            assert_eq!(stored, now + 333_334, "{path} {foreign}");
+        }
     }
     // A caller clock at 2^52 is refused before anything is sent.
     let late = ManualClock::new(1 << 52);

@@ -139,16 +139,27 @@ async fn two_clients_and_128_tasks_grant_exactly_the_tiers_capacity_on_each_redi
 }
 
 /// The same for a tiered key: not MessagePack, MessagePack of the wrong shape, a negative
-/// time, a hash: a fresh state, replaced by the first spend.
+/// time, a grant of 1,000 units 30 years ahead (it counted in every window before: the key was
+/// blocked for 30 years), a hash: a fresh state, replaced by the first spend.
 #[tokio::test]
 async fn foreign_data_at_a_tiered_key_is_a_fresh_state_replaced_by_the_first_write() {
     let redis = TestRedis::single();
     let (backend, limiter) =
         limiter_on(&redis.url, &unique_prefix("tier-foreign"), TIER_LIMITS).await;
-    let values: [&[u8]; 3] = [
+    // {1, base, 1 tier, no entry, 1 grant: (base + 0, 1000 units)}, base 30 years from now
+    // on the server's clock (this machine's).
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let mut ahead = vec![0x97, 0x01, 0xcf];
+    ahead.extend((now_us + 30 * 365 * 86_400_000_000).to_be_bytes());
+    ahead.extend([0x01, 0xff, 0x01, 0x00, 0xcd, 0x03, 0xe8]);
+    let values: [&[u8]; 4] = [
         b"hello",
         &[0x93, 0x02, 0x00, 0x00],
         &[0x95, 0x01, 0xff, 0x01, 0x00, 0x00],
+        &ahead,
     ];
     for (i, value) in values.into_iter().enumerate() {
         let key = limiter.parse_key("Penalty", &format!("x{i}")).unwrap();

@@ -177,14 +177,40 @@ pub fn deadline(limit: &ConcurrencyLimit, now: u64) -> u64 {
     now.saturating_add(limit.lease_us)
 }
 
-/// Whether a lease with this deadline still counts at `now`.
+/// Whether a lease with this deadline has not ended at `now`.
 pub fn live(deadline: u64, now: u64) -> bool {
     deadline > now
+}
+
+/// Whether a lease with this deadline holds a slot of `limit` at `now`: it has not ended, and
+/// its deadline is no further ahead than the crate can write (the lease time, plus
+/// [`FOREIGN_SLACK_US`](crate::algo::gcra::FOREIGN_SLACK_US) for clocks that disagree). A
+/// deadline beyond that was not written by this crate under this limit (another program's
+/// data, a corrupted value): it holds nothing, and the key's next write drops it.
+pub fn holds(limit: &ConcurrencyLimit, deadline: u64, now: u64) -> bool {
+    live(deadline, now)
+        && deadline - now
+            <= limit
+                .lease_us
+                .saturating_add(crate::algo::gcra::FOREIGN_SLACK_US)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lease whose deadline is further ahead than a lease runs (plus the slack for clocks)
+    /// holds no slot; one at the lease time does.
+    #[test]
+    fn a_deadline_beyond_the_lease_time_holds_nothing() {
+        let l = limit(3);
+        let now = 5_000_000_000;
+        let furthest = now + 1_000_000 + crate::algo::gcra::FOREIGN_SLACK_US;
+        assert!(holds(&l, furthest, now));
+        assert!(!holds(&l, furthest + 1, now));
+        assert!(!holds(&l, 1_000_000_000_000_000_000, now));
+        assert!(!holds(&l, now, now), "ended");
+    }
 
     fn limit(max: u64) -> ConcurrencyLimit {
         ConcurrencyLimit::from_micros(max, 1_000_000).unwrap()

@@ -19,6 +19,15 @@ use crate::time::duration_us;
 /// exact in a Redis Lua number (a double) until the year 2200.
 pub const MAX_BURST_OFFSET_US: u64 = 100 * 365 * 86_400 * 1_000_000;
 
+/// How far beyond what the crate writes a stored time may run before it is foreign: one
+/// minute, for clocks that disagree (instances deciding on their own clocks, a server clock
+/// stepped back). A TAT more than `BO + EI * max_debt` plus this ahead of now, or a lease
+/// deadline more than the lease time plus this, was not written by the crate under this limit
+/// (another program's data, a corrupted value, a limit lowered by more than this in a
+/// reload): it is decided as a fresh bucket (a lease that holds nothing) and replaced by the
+/// first write. The Redis script holds the same value (`SLACK`).
+pub const FOREIGN_SLACK_US: u64 = 60_000_000;
+
 /// Why a limit was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimitError {
@@ -123,6 +132,8 @@ pub struct Limit {
     emission_interval_us: u64,
     burst_offset_us: u64,
     max_debt: u64,
+    /// `BO + EI * max_debt + FOREIGN_SLACK_US`: a TAT further ahead of now is foreign.
+    foreign_after_us: u64,
 }
 
 impl Limit {
@@ -170,7 +181,29 @@ impl Limit {
             emission_interval_us,
             burst_offset_us,
             max_debt,
-        })
+            foreign_after_us: 0,
+        }
+        .settled())
+    }
+
+    /// With its derived bound computed.
+    fn settled(self) -> Self {
+        Self {
+            foreign_after_us: self.burst_offset_us + self.debt_offset_us() + FOREIGN_SLACK_US,
+            ..self
+        }
+    }
+
+    /// How far ahead of `now` the stored TAT `stored` runs (0: none, in the past, or
+    /// foreign: further than the crate writes, see [`FOREIGN_SLACK_US`]).
+    #[inline(always)]
+    pub(crate) fn ahead_of(&self, stored: Option<u64>, now: u64) -> u64 {
+        let ahead = stored.unwrap_or(0).saturating_sub(now);
+        if ahead > self.foreign_after_us {
+            0
+        } else {
+            ahead
+        }
     }
 
     /// This limit with at most `max_debt` units of debt (0: none, every overrun that does not
@@ -188,7 +221,7 @@ impl Limit {
                 emission_interval_us: self.emission_interval_us,
             });
         }
-        Ok(Self { max_debt, ..self })
+        Ok(Self { max_debt, ..self }.settled())
     }
 
     /// The most units a charge may take the bucket below empty ([`Mode::Charge`]).
@@ -338,8 +371,8 @@ pub fn check(
 ) -> Result<GcraOutcome, GcraError> {
     let ei = limit.emission_interval_us();
     let bo = limit.burst_offset_us();
-    // A TAT in the past cannot bank capacity: max(stored, now) - now.
-    let ahead = stored_tat.unwrap_or(0).saturating_sub(now);
+    // A TAT in the past cannot bank capacity: max(stored, now) - now; a foreign one is none.
+    let ahead = limit.ahead_of(stored_tat, now);
     let incr = ei.saturating_mul(cost);
     // `None`: beyond u64, which only a TAT stored near the end of u64 time can cause; a
     // denial whose wait saturates.
@@ -398,7 +431,7 @@ pub fn check_range(
 ) -> Result<(GcraOutcome, u64), GcraError> {
     // Whole units that fit under the burst offset now (0 when a lowered limit leaves the TAT
     // beyond it); then the most of them the range takes, or `min` when too few fit.
-    let ahead = stored_tat.unwrap_or(0).saturating_sub(now);
+    let ahead = limit.ahead_of(stored_tat, now);
     let fits = limit.burst_offset_us().saturating_sub(ahead) / limit.emission_interval_us();
     let cost = fits.min(max).max(min);
     let out = check(limit, stored_tat, now, cost)?;
@@ -438,7 +471,7 @@ pub fn charge(
 ) -> Result<(GcraOutcome, u64), GcraError> {
     let ei = limit.emission_interval_us();
     let bo = limit.burst_offset_us();
-    let ahead = stored_tat.unwrap_or(0).saturating_sub(now);
+    let ahead = limit.ahead_of(stored_tat, now);
     // Whole units that fit before the debt bound (`BO + EI * max_debt` is within 100 years).
     let fits = (bo + limit.debt_offset_us()).saturating_sub(ahead) / ei;
     let charged = fits.min(cost);
@@ -470,7 +503,8 @@ pub fn refund(
     cost: u64,
 ) -> Result<GcraOutcome, GcraError> {
     let stored = match stored_tat {
-        Some(t) if t >= now => t,
+        // A foreign TAT is no bucket: nothing to refund.
+        Some(t) if t >= now && t - now <= limit.foreign_after_us => t,
         _ => {
             return Ok(GcraOutcome {
                 allowed: false,
@@ -508,7 +542,13 @@ mod tests {
 
     /// `docs/gcra.md`'s spend, transcribed literally in `i128` (where nothing overflows): the
     /// reference `check` must equal. Not used by the library.
+    /// The spec's stored TAT: a foreign one (further ahead than the crate writes) is none.
+    fn ours(limit: &Limit, stored: Option<u64>, now: u64) -> Option<u64> {
+        stored.filter(|&t| t <= now || t - now <= limit.foreign_after_us)
+    }
+
     fn spec_check(limit: &Limit, stored: Option<u64>, now: u64, cost: u64) -> GcraOutcome {
+        let stored = ours(limit, stored, now);
         let (ei, bo) = (
             i128::from(limit.emission_interval_us()),
             i128::from(limit.burst_offset_us()),
@@ -544,6 +584,7 @@ mod tests {
 
     /// `docs/gcra.md`'s refund, transcribed literally.
     fn spec_refund(limit: &Limit, stored: Option<u64>, now: u64, cost: u64) -> GcraOutcome {
+        let stored = ours(limit, stored, now);
         let Some(stored) = stored.filter(|&t| t >= now) else {
             return GcraOutcome {
                 allowed: false,
@@ -663,6 +704,35 @@ mod limit_tests {
         let l = Limit::from_micros(3, 3, 1_000_000).unwrap();
         assert_eq!(l.emission_interval_us(), 333_334);
         assert_eq!(l.burst_offset_us(), 1_000_002);
+    }
+
+    /// A TAT as far ahead as the crate writes (burst offset, debt, the slack) is a bucket in
+    /// debt; one microsecond further it is foreign: a fresh bucket for every computation (a
+    /// TAT decades ahead blocked its key for decades before: a denial writes nothing).
+    #[test]
+    fn a_tat_beyond_what_the_crate_writes_is_a_fresh_bucket() {
+        let l = Limit::from_micros(3, 3, 1_000_000)
+            .unwrap()
+            .with_max_debt(2)
+            .unwrap();
+        let now = 1_000_000_000_000;
+        let furthest = l.burst_offset_us() + l.debt_offset_us() + FOREIGN_SLACK_US;
+        let ours = Some(now + furthest);
+        assert!(!check(&l, ours, now, 0).unwrap().allowed);
+        assert_eq!(charge(&l, ours, now, 5).unwrap().1, 0);
+        assert!(refund(&l, ours, now, 1).unwrap().allowed);
+        for foreign in [
+            now + furthest + 1,
+            now + 30 * 365 * 86_400_000_000,
+            u64::MAX,
+        ] {
+            let d = check(&l, Some(foreign), now, 1).unwrap();
+            assert_eq!(d, check(&l, None, now, 1).unwrap(), "{foreign}");
+            assert_eq!(d.new_tat, Some(now + l.emission_interval_us()));
+            assert_eq!(check_range(&l, Some(foreign), now, 0, 9).unwrap().1, 3);
+            assert_eq!(charge(&l, Some(foreign), now, 9).unwrap().1, 5);
+            assert!(!refund(&l, Some(foreign), now, 1).unwrap().allowed);
+        }
     }
 
     /// The configured rate is a promise: at most `count` per `period`, and within 0.1% of it,

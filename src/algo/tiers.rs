@@ -318,6 +318,16 @@ impl TierState {
         self.tiers.get(i).and_then(|t| t.entry)
     }
 
+    /// Whether the state holds a time further ahead of `now` than the crate writes (any time
+    /// beyond [`FOREIGN_SLACK_US`](crate::algo::gcra::FOREIGN_SLACK_US) ahead): not a state of
+    /// ours, decided as a fresh one and replaced by the first write.
+    pub(crate) fn is_foreign(&self, now: u64) -> bool {
+        let far = now.saturating_add(crate::algo::gcra::FOREIGN_SLACK_US);
+        self.tiers
+            .iter()
+            .any(|t| t.entry.is_some_and(|e| e > far) || t.grants.iter().any(|&(at, _)| at > far))
+    }
+
     /// The grants that count for tier `i` (0-based) at `now` in `phase`.
     fn used(&self, limit: &TieredLimit, i: usize, now: u64, phase: Phase) -> u64 {
         let Some(log) = self.tiers.get(i) else {

@@ -162,7 +162,7 @@ pub fn spend(
             Quota::Tiered(limit) => {
                 let fresh = TierState::new();
                 let state = match stored {
-                    Some(Read::Tiers(s)) => s,
+                    Some(Read::Tiers(s)) if !s.is_foreign(now) => s,
                     _ => &fresh,
                 };
                 let (d, plan) = tiers::decide(limit, state, now, tx.min_cost, tx.cost)?;
@@ -178,7 +178,7 @@ pub fn spend(
                     Some(Read::Leases(l)) => l,
                     _ => &[],
                 };
-                let d = concurrency::decide(limit, live_leases(leases, now), tx.cost == 1);
+                let d = concurrency::decide(limit, live_leases(limit, leases, now), tx.cost == 1);
                 let write = (d.allowed && takes_lease(tx))
                     .then(|| Stored::Leases(with_lease(leases, limit, tx.lease, now)));
                 (Outcome::from(d), write)
@@ -216,7 +216,7 @@ pub fn refund(
         }
         Quota::Tiered(limit) => {
             let mut state = match stored {
-                Some(Read::Tiers(s)) => s.clone(),
+                Some(Read::Tiers(s)) if !s.is_foreign(now) => s.clone(),
                 _ => TierState::new(),
             };
             let d = tiers::refund(limit, &mut state, now, tx.cost);
@@ -227,7 +227,7 @@ pub fn refund(
                 Some(Read::Leases(l)) => l,
                 _ => &[],
             };
-            let (released, left) = release(leases, tx.lease, now);
+            let (released, left) = release(limit, leases, tx.lease, now);
             let live = left.len() as u64;
             (
                 Outcome::new(released, limit.max().saturating_sub(live), 0, 0),
@@ -302,15 +302,15 @@ pub(crate) fn takes_lease(tx: &BucketTx<'_>) -> bool {
     tx.mode.spends() && tx.cost == 1 && tx.lease != 0
 }
 
-/// The leases of a key that are live at `now`.
-pub(crate) fn live_leases(leases: &[(u64, u64)], now: u64) -> u64 {
+/// The leases of a key that hold a slot at `now` ([`concurrency::holds`]).
+pub(crate) fn live_leases(limit: &ConcurrencyLimit, leases: &[(u64, u64)], now: u64) -> u64 {
     leases
         .iter()
-        .filter(|&&(_, deadline)| concurrency::live(deadline, now))
+        .filter(|&&(_, deadline)| concurrency::holds(limit, deadline, now))
         .count() as u64
 }
 
-/// A key's live leases with lease `id` taken at `now` (the ended ones dropped).
+/// A key's live leases with lease `id` taken at `now` (the ended and foreign ones dropped).
 pub(crate) fn with_lease(
     leases: &[(u64, u64)],
     limit: &ConcurrencyLimit,
@@ -320,23 +320,29 @@ pub(crate) fn with_lease(
     let mut next: Vec<(u64, u64)> = leases
         .iter()
         .copied()
-        .filter(|&(_, deadline)| concurrency::live(deadline, now))
+        .filter(|&(_, deadline)| concurrency::holds(limit, deadline, now))
         .collect();
     next.push((id, concurrency::deadline(limit, now)));
     next
 }
 
 /// Gives back lease `id`: whether it was held (a live lease of that id), and the live leases
-/// left (as the script: ended leases go first, then it).
-pub(crate) fn release(leases: &[(u64, u64)], id: u64, now: u64) -> (bool, Vec<(u64, u64)>) {
+/// left (as the script: ended and foreign leases go first, then it).
+pub(crate) fn release(
+    limit: &ConcurrencyLimit,
+    leases: &[(u64, u64)],
+    id: u64,
+    now: u64,
+) -> (bool, Vec<(u64, u64)>) {
+    let holds = |deadline| concurrency::holds(limit, deadline, now);
     let held = id != 0
         && leases
             .iter()
-            .any(|&(l, deadline)| l == id && concurrency::live(deadline, now));
+            .any(|&(l, deadline)| l == id && holds(deadline));
     let left = leases
         .iter()
         .copied()
-        .filter(|&(l, deadline)| l != id && concurrency::live(deadline, now))
+        .filter(|&(l, deadline)| l != id && holds(deadline))
         .collect();
     (held, left)
 }

@@ -41,8 +41,8 @@ use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
 use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
-use crate::algo::gcra;
 use crate::algo::tiers::{self, TierState};
+use crate::algo::{concurrency, gcra};
 use crate::backend::Outcome;
 use crate::key::BucketKey;
 use crate::quota::Quota;
@@ -241,7 +241,7 @@ impl MemoryBackend {
             let Ok(mut s) = slot.try_lock() else {
                 return true;
             };
-            if s.expires_at > now || kit::live_leases(&s.leases, now) > 0 {
+            if s.expires_at > now || s.leases.iter().any(|&(_, d)| concurrency::live(d, now)) {
                 return true;
             }
             s.removed = true;
@@ -636,7 +636,10 @@ impl MemoryBackend {
             if s.removed {
                 0
             } else {
-                kit::live_leases(&s.leases, now) as usize
+                s.leases
+                    .iter()
+                    .filter(|&&(_, d)| concurrency::live(d, now))
+                    .count()
             }
         })
     }

@@ -22,10 +22,10 @@
 -- then, per key, a record:
 --   lean    (op 'G') increment (emission interval * cost), burst offset, mode; ('g') the
 --           same without the mode
---   GCRA    0, emission interval, burst offset, burst, cost, mode; or for a partial grant
---           (min..cost) 2, the same fields, then min (the least units acceptable); or for a
---           charge (mode 4: a settle's overrun, never denied, may go into debt) 4, the same
---           fields, then the debt offset (emission interval * max_debt)
+--   GCRA    0, emission interval, burst offset, burst, cost, mode, debt offset (emission
+--           interval * max_debt); or for a partial grant (min..cost) 2, the same fields, then
+--           min (the least units acceptable); or for a charge (mode 4: a settle's overrun,
+--           never denied, may go into debt) 4, the same fields
 --   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
 --   concurrency  3, mode, cost (0 probes, 1 takes a slot), max in flight, lease time, retry
 --           hint, lease id (text; '0': none). The key is a sorted set of lease ids scored by
@@ -42,12 +42,18 @@
 -- the units granted; for concurrency keys 0; for tiered keys 0, granted, the serving tier, burst (0/1),
 -- the units of each tier and, when ARGV[4] is 1, the value before, the value after and the
 -- milliseconds the value before had to live. After the lists: now. A key holding something
--- that is not a state of ours is decided as a fresh one and replaced by the first write.
+-- that is not a state of ours is decided as a fresh one and replaced by the first write: so
+-- is a time further ahead than the crate writes (a TAT beyond now + burst offset + debt
+-- offset + SLACK, a lease deadline beyond now + lease + SLACK, a tier grant beyond now +
+-- SLACK; SLACK is src/algo/gcra.rs `FOREIGN_SLACK_US`). The lean path carries only limits
+-- whose debt offset is their burst offset (the default), so its bound is 2 * burst offset.
 --
 -- A tiered state is one MessagePack array: {1, base, n, then per tier: entry - base (-1: none),
 -- grant count k, then k pairs (time - base, units)}.
 
-local LIMIT = 4503599627370496 -- 2^52: stored times and now stay below it
+-- 2^52: stored times and now stay below it; SLACK: how far beyond what the crate writes a
+-- stored time may run before it is foreign (src/algo/gcra.rs FOREIGN_SLACK_US).
+local LIMIT, SLACK = 4503599627370496, 60000000
 
 -- The protocol's codes, from the one table in src/backend/redis/script.rs (`PROTOCOL`); a
 -- test there holds these lines to it, and no code compares a kind, a mode or an op with a bare
@@ -104,7 +110,9 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
     for i = done + 1, last do
       local a = first + (i - 1) * per
       local s = tonumber(redis.pcall('GET', KEYS[i]))
-      if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0 then s = 0 end
+      if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0 or s - now > 2 * ARGV[a + 1] + SLACK then
+        s = 0
+      end
       local mode = MODE_CHECK_AND_SPEND
       if per == 3 then mode = tonumber(ARGV[a + 2]) end
       local tat = s
@@ -171,13 +179,13 @@ local function gcra_writes(mode, new_tat, stored)
 end
 
 -- The stored TAT of GCRA key i (0: none). A value that is not a TAT of ours (another type,
--- not a number, not a whole number, out of range: another program's data, or a future format)
--- is a fresh bucket, and the first spend that writes replaces it (SET replaces a value of any
--- type). `tonumber` yields nil for a missing key (false), another type (an error table) and
--- text that is not a number.
-local function read_tat(i)
+-- not a number, not a whole number, out of range, further ahead than `far` past now: another
+-- program's data, or a future format) is a fresh bucket, and the first spend that writes
+-- replaces it (SET replaces a value of any type). `tonumber` yields nil for a missing key
+-- (false), another type (an error table) and text that is not a number.
+local function read_tat(i, far)
   local v = tonumber(redis.pcall('GET', KEYS[i]))
-  if v == nil or v < 0 or v >= LIMIT or v % 1 ~= 0 then return 0 end
+  if v == nil or v < 0 or v >= LIMIT or v % 1 ~= 0 or v - now > far then return 0 end
   return v
 end
 
@@ -294,13 +302,11 @@ for i = 1, n do
   if kind == KIND_GCRA or kind == KIND_RANGE or kind == KIND_CHARGE then
     local cost = tonumber(ARGV[a + 4])
     rec[i] = {kind = KIND_GCRA, ei = tonumber(ARGV[a + 1]), bo = tonumber(ARGV[a + 2]),
-      burst = tonumber(ARGV[a + 3]), cost = cost, mode = tonumber(ARGV[a + 5]), min = cost}
-    a = a + 6
+      burst = tonumber(ARGV[a + 3]), cost = cost, mode = tonumber(ARGV[a + 5]), min = cost,
+      debt = tonumber(ARGV[a + 6]), charge = kind == KIND_CHARGE}
+    a = a + 7
     if kind == KIND_RANGE then
       rec[i].min = tonumber(ARGV[a])
-      a = a + 1
-    elseif kind == KIND_CHARGE then
-      rec[i].debt = tonumber(ARGV[a])
       a = a + 1
     end
   elseif kind == KIND_CONCURRENCY then
@@ -334,21 +340,21 @@ local function decode_tiers(raw, r)
     return nil, 'the stored value is not a tier state'
   end
   local base, cnt = v[2], v[3]
-  if not int_ok(base, 0) or not int_ok(cnt, 0) or cnt > 64 then
+  if not int_ok(base, 0) or not int_ok(cnt, 0) or cnt > 64 or base > now + SLACK then
     return nil, 'the stored tier state is out of range'
   end
   local s = {entry = {}, lt = {}, lc = {}}
   local p = 4
   for j = 1, cnt do
     local e, k = v[p], v[p + 1]
-    if not int_ok(e, -1) or not int_ok(k, 0) then
+    if not int_ok(e, -1) or not int_ok(k, 0) or (e >= 0 and base + e > now + SLACK) then
       return nil, 'the stored tier state is malformed'
     end
     p = p + 2
     local lt, lc = {}, {}
     for g = 1, k do
       local t, c = v[p], v[p + 1]
-      if not int_ok(t, 0) or not int_ok(c, 1) or base + t >= LIMIT then
+      if not int_ok(t, 0) or not int_ok(c, 1) or base + t >= LIMIT or base + t > now + SLACK then
         return nil, 'the stored tier state has a malformed grant'
       end
       lt[g], lc[g] = base + t, c
@@ -371,15 +377,17 @@ local ttls = {}
 for i = 1, n do
   local r = rec[i]
   if r.kind == KIND_GCRA then
-    stored[i] = read_tat(i)
+    stored[i] = read_tat(i, r.bo + r.debt + SLACK)
   elseif r.kind == KIND_CONCURRENCY then
     -- The live leases (deadline after now): ended ones are dropped first, which changes no
-    -- decision. A value that is not a sorted set is no lease at all (-1), and the first lease
-    -- replaces it.
+    -- decision, and so are foreign ones (a deadline further ahead than a lease runs), which
+    -- hold nothing. A value that is not a sorted set is no lease at all (-1), and the first
+    -- lease replaces it.
     local trimmed = redis.pcall('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
     if type(trimmed) == 'table' then
       stored[i] = -1
     else
+      redis.call('ZREMRANGEBYSCORE', KEYS[i], now + r.lease + SLACK + 1, '+inf')
       stored[i] = redis.call('ZCARD', KEYS[i])
     end
   else
@@ -675,7 +683,7 @@ if op == OP_SPEND then
   local plans = {}
   for i = 1, n do
     local r = rec[i]
-    if r.kind == KIND_GCRA and r.debt then
+    if r.kind == KIND_GCRA and r.charge then
       local ok, rem, retry, reset, new_tat, k = gcra_charge(stored[i], r.ei, r.bo, r.debt, r.cost)
       out[i] = {ok, rem, retry, reset, stored[i], k}
       if new_tat and gcra_writes(r.mode, new_tat, stored[i]) then writes[i] = new_tat end

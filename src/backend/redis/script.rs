@@ -9,9 +9,9 @@
 //! |---|---|
 //! | lean (op `G`: a spend whose keys are all GCRA) | increment (emission interval * cost), burst offset, mode |
 //! | lean with the defaults (`g`: no op and no head, exactly two arguments per key; server clock, expiry when fresh, check-and-spend) | increment, burst offset |
-//! | GCRA | `0`, emission interval, burst offset, burst, cost, mode |
+//! | GCRA | `0`, emission interval, burst offset, burst, cost, mode, debt offset (emission interval * `max_debt`) |
 //! | GCRA range (a partial grant) | `2`, the GCRA fields, then the least units acceptable |
-//! | GCRA charge (mode charge: a settle's overrun) | `4`, the GCRA fields, then the debt offset (emission interval * `max_debt`) |
+//! | GCRA charge (mode charge: a settle's overrun) | `4`, the GCRA fields |
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
 //! | concurrency | `3`, mode, cost, max, lease (µs), retry hint (µs), lease id (decimal text; `0`: none) |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
@@ -23,7 +23,10 @@
 //! The answer to `g` and `G`: now, then each key's stored TAT before the call (flat); the decisions are
 //! computed here from them, with `gcra::check` and the batch rule, exactly as the script
 //! decided. The other answers: one list per key, then now. A key holding something that is not
-//! a state of ours is decided as a fresh bucket and replaced by the first write. The codes
+//! a state of ours (including a time further ahead than the crate writes:
+//! `gcra::FOREIGN_SLACK_US`) is decided as a fresh bucket and replaced by the first write. The
+//! lean path knows no debt offset: it carries only limits whose debt offset is their burst
+//! offset (the default `max_debt`). The codes
 //! (kinds, modes, ops) are one table here, which a test holds the script's constants to.
 
 use fred::prelude::{Key, Value};
@@ -168,7 +171,12 @@ fn mode_code(mode: Mode) -> Value {
 pub(super) fn is_lean<'a>(call: Call, mut txs: impl Iterator<Item = &'a BucketTx<'a>>) -> bool {
     call.op == Op::Spend
         && txs.all(|tx| {
-            tx.quota.as_gcra().is_some() && tx.min_cost == tx.cost && tx.mode != Mode::Charge
+            // The lean path bounds stored TATs by twice the burst offset: the default debt.
+            tx.quota
+                .as_gcra()
+                .is_some_and(|l| l.debt_offset_us() == l.burst_offset_us())
+                && tx.min_cost == tx.cost
+                && tx.mode != Mode::Charge
         })
 }
 
@@ -196,8 +204,8 @@ pub(super) fn encode<'a>(
     for tx in txs {
         match tx.quota {
             Quota::Gcra(limit) => {
-                // A charge adds its debt offset, a range its lower end; a single cost sends no
-                // argument more.
+                // A range adds its lower end; a single cost or a charge sends no argument
+                // more.
                 let charge = tx.mode == Mode::Charge;
                 let range = tx.min_cost < tx.cost && !charge;
                 let kind = match (charge, range) {
@@ -214,10 +222,9 @@ pub(super) fn encode<'a>(
                     // most the units that fit within the debt bound, which are below 2^53.
                     int(tx.cost.min(MAX_TIME_US)),
                     mode_code(tx.mode),
+                    int(limit.debt_offset_us()),
                 ]);
-                if charge {
-                    args.push(int(limit.debt_offset_us()));
-                } else if range {
+                if range {
                     args.push(int(tx.min_cost));
                 }
             }
