@@ -953,3 +953,50 @@ fn an_override_can_make_a_limit_unlimited_for_listed_ids() {
             .is_none()
     );
 }
+
+/// `max_debt` on a GCRA limit, in defaults and overrides (default: the burst; 0 allowed); on
+/// tiers or a concurrency limit, negative, or so large that a bucket in full debt would run
+/// more than 100 years ahead, it is refused with its line.
+#[test]
+fn max_debt_is_a_gcra_field_checked_with_its_line() {
+    let limits = Limits::from_yaml_str(
+        "A: {burst: 10, count: 10, period: 1s, max_debt: 4}\nB: {burst: 10, count: 10, period: 1s}\nC: {burst: 10, count: 10, period: 1s, max_debt: 0}\n",
+        Some("- A:\n    burst: 5\n    count: 5\n    period: 1s\n    max_debt: 50\n    ids: [x]\n"),
+    )
+    .unwrap();
+    let debt = |name: &str, id: &str| {
+        let key = tower_ratelimits::BucketKey::new(limits.name(name).unwrap(), Id::new(id).unwrap());
+        limits.resolve(&key).unwrap().as_gcra().unwrap().max_debt()
+    };
+    assert_eq!((debt("A", "y"), debt("A", "x")), (4, 50));
+    assert_eq!((debt("B", "y"), debt("C", "y")), (10, 0));
+    let cases: &[(&str, &str, u64)] = &[
+        (
+            "A:\n  max_debt: 3\n  tiers:\n    - {limit: 5, window: 1s, active: 1s, cooldown: 0s}\n",
+            "max_debt and tiers cannot be given together",
+            2,
+        ),
+        (
+            "A:\n  concurrency: 3\n  max_debt: 3\n",
+            "max_debt and concurrency cannot be given together",
+            3,
+        ),
+        (
+            "A:\n  burst: 1\n  count: 1\n  period: 1s\n  max_debt: -1\n",
+            "max_debt",
+            5,
+        ),
+        (
+            "A:\n  burst: 1\n  count: 1\n  period: 1d\n  max_debt: 40000\n",
+            "larger than 100 years",
+            5,
+        ),
+    ];
+    for (text, message, line) in cases {
+        let err = Limits::from_yaml_str(text, None).unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.contains(message), "{text}\n-> {shown}");
+        assert!(shown.contains("limit A"), "{shown}");
+        assert_eq!(err.location().line, Some(*line), "{text}\n-> {shown}");
+    }
+}
