@@ -24,6 +24,14 @@ pub enum Mode {
     /// defined for tiers: an overrun that does not fit is forgiven); a concurrency limit has
     /// nothing to charge (refused when the transaction is built).
     Charge,
+    /// A live request's slot kept: on a concurrency limit, moves the deadline of the lease the
+    /// transaction names ([`BucketTx::with_lease`](crate::BucketTx::with_lease)) to now plus
+    /// the lease time, when that lease still holds its slot; it never takes a slot (spending
+    /// the same lease again would count it twice) and does not count toward the batch
+    /// decision. The outcome is allowed when the lease was renewed.
+    /// [`Limiter::renew`](crate::Limiter::renew) sends it; the layer renews a request's leases
+    /// every third of their lease time while the request lives. Refused on other limits.
+    Renew,
 }
 
 impl Mode {
@@ -44,6 +52,7 @@ impl Mode {
             Mode::CheckAndSpend | Mode::SpendOnly => Mode::SpendOnly,
             Mode::CheckOnly | Mode::Observe => Mode::Observe,
             Mode::Charge => Mode::Charge,
+            Mode::Renew => Mode::Renew,
         }
     }
 }

@@ -135,8 +135,9 @@ pub(crate) fn partial_grant(limit: crate::key::LimitName, outcome: &'static str,
 }
 
 /// A slot on a concurrency limit: `tower_ratelimits_leases_total{limit, outcome}` with
-/// `outcome` `acquired` (a request took a slot), `denied` (every slot was in use) or
-/// `released` (given back by this instance while still held, not past its lease time).
+/// `outcome` `acquired` (a request took a slot), `denied` (every slot was in use),
+/// `renewed` (a live request's lease got a new deadline) or `released` (given back by this
+/// instance while still held, not past its lease time).
 pub(crate) fn lease(limit: crate::key::LimitName, outcome: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tower_ratelimits_leases_total", "limit" => limit.as_str(), "outcome" => outcome)

@@ -965,7 +965,8 @@ fn max_debt_is_a_gcra_field_checked_with_its_line() {
     )
     .unwrap();
     let debt = |name: &str, id: &str| {
-        let key = tower_ratelimits::BucketKey::new(limits.name(name).unwrap(), Id::new(id).unwrap());
+        let key =
+            tower_ratelimits::BucketKey::new(limits.name(name).unwrap(), Id::new(id).unwrap());
         limits.resolve(&key).unwrap().as_gcra().unwrap().max_debt()
     };
     assert_eq!((debt("A", "y"), debt("A", "x")), (4, 50));

@@ -348,3 +348,49 @@ async fn foreign_leases_hold_no_slot_on_each_redis() {
     foreign_leases_hold_no_slot(&TestRedis::single().url).await;
     foreign_leases_hold_no_slot(&TestRedis::cluster().url).await;
 }
+
+/// A renewal on Redis moves a live lease's deadline (the script's renew), never takes a slot
+/// back once the lease ended or was released, and decides as memory does.
+async fn leases_are_renewed_by_the_script(url: &str) {
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let backend = caller_time_backend(url, &unique_prefix("renew"), &clock, false).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(CONCURRENCY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let key = limiter.parse_key("Brief", "7").unwrap();
+    let tx = || Transaction::new(key.clone());
+    let mut leases = Vec::new();
+    for _ in 0..2 {
+        let batch = limiter.spend(&[tx()]).await.unwrap();
+        leases.extend(batch.decisions().iter().filter_map(|d| d.lease()));
+    }
+    // Brief: 2 slots, a lease of 10 s. Renewed at 9 s, both still hold at 18 s.
+    clock.advance(Duration::from_secs(9));
+    assert_eq!(limiter.renew(&leases).await.unwrap(), 2);
+    clock.advance(Duration::from_secs(9));
+    assert!(
+        !limiter.check(&[tx()]).await.unwrap().allowed(),
+        "both held at 18 s"
+    );
+    // One released: renewing it takes nothing back; the other one is renewed.
+    assert_eq!(limiter.release(&leases[..1]).await.unwrap(), 1);
+    assert_eq!(limiter.renew(&leases).await.unwrap(), 1);
+    assert_eq!(
+        live_leases(&backend, &backend.redis_concurrency_key(&key)).await,
+        1
+    );
+    // Not renewed again: it ends 10 s after its last renewal, and a renewal then is nothing.
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(limiter.renew(&leases).await.unwrap(), 0);
+    assert_eq!(
+        live_leases(&backend, &backend.redis_concurrency_key(&key)).await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn leases_are_renewed_by_the_script_on_each_redis() {
+    leases_are_renewed_by_the_script(&TestRedis::single().url).await;
+    leases_are_renewed_by_the_script(&TestRedis::cluster().url).await;
+}

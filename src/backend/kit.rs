@@ -173,6 +173,18 @@ pub fn spend(
                 });
                 (Outcome::tiered(&d, limit), write)
             }
+            Quota::Concurrency(limit) if tx.mode == Mode::Renew => {
+                let leases = match stored {
+                    Some(Read::Leases(l)) => l,
+                    _ => &[],
+                };
+                let (renewed, next) = renew(limit, leases, tx.lease, now);
+                let live = live_leases(limit, leases, now);
+                (
+                    Outcome::new(renewed, limit.max().saturating_sub(live), 0, 0),
+                    renewed.then_some(Stored::Leases(next)),
+                )
+            }
             Quota::Concurrency(limit) => {
                 let leases = match stored {
                     Some(Read::Leases(l)) => l,
@@ -300,6 +312,31 @@ pub(crate) fn gcra_write(mode: Mode, out: &GcraOutcome, stored: u64, now: u64) -
 /// a spend of one slot with a lease id.
 pub(crate) fn takes_lease(tx: &BucketTx<'_>) -> bool {
     tx.mode.spends() && tx.cost == 1 && tx.lease != 0
+}
+
+/// Renews lease `id` at `now`: whether it still held its slot, and the key's live leases with
+/// its deadline moved to now plus the lease time (as the script: ended and foreign leases go).
+/// A lease that no longer holds a slot is not taken again.
+pub(crate) fn renew(
+    limit: &ConcurrencyLimit,
+    leases: &[(u64, u64)],
+    id: u64,
+    now: u64,
+) -> (bool, Vec<(u64, u64)>) {
+    let mut renewed = false;
+    let next = leases
+        .iter()
+        .filter(|&&(_, deadline)| concurrency::holds(limit, deadline, now))
+        .map(|&(l, deadline)| {
+            if l == id && id != 0 {
+                renewed = true;
+                (l, concurrency::deadline(limit, now))
+            } else {
+                (l, deadline)
+            }
+        })
+        .collect();
+    (renewed, next)
 }
 
 /// The leases of a key that hold a slot at `now` ([`concurrency::holds`]).

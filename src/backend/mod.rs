@@ -141,6 +141,9 @@ pub enum TransactionError {
     /// A charge ([`Mode::Charge`]) on a concurrency limit, which holds slots, not units.
     #[error("a concurrency limit holds slots: it has no units to charge")]
     ChargeOnConcurrency,
+    /// A renewal ([`Mode::Renew`]) on a limit that holds no slots (GCRA, tiers).
+    #[error("only a concurrency limit's leases can be renewed")]
+    RenewWithoutSlots,
 }
 
 impl<'a> BucketTx<'a> {
@@ -186,6 +189,9 @@ impl<'a> BucketTx<'a> {
         }
         if mode == Mode::Charge && quota.as_concurrency().is_some() {
             return Err(TransactionError::ChargeOnConcurrency);
+        }
+        if mode == Mode::Renew && quota.as_concurrency().is_none() {
+            return Err(TransactionError::RenewWithoutSlots);
         }
         // What must fit is the least acceptable part (a single cost is its own least part):
         // a range may ask for more than the burst, and is granted what fits. A charge on a

@@ -67,6 +67,12 @@ pub enum LimiterError {
         /// The limit name.
         name: LimitName,
     },
+    /// A renewal ([`Mode::Renew`]) on a limit that holds no slots.
+    #[error("limit {name}: only a concurrency limit's leases can be renewed")]
+    RenewWithoutSlots {
+        /// The limit name.
+        name: LimitName,
+    },
     /// An id that does not fit the limit's id kind.
     #[error("limit {name}: {source}")]
     InvalidId {
@@ -112,6 +118,7 @@ impl LimiterError {
             }
             TransactionError::RangeOnConcurrency => Self::RangeOnConcurrency { name },
             TransactionError::ChargeOnConcurrency => Self::ChargeOnConcurrency { name },
+            TransactionError::RenewWithoutSlots => Self::RenewWithoutSlots { name },
         }
     }
 }
@@ -618,6 +625,53 @@ impl Limiter {
             released += 1;
         }
         Ok(released)
+    }
+
+    /// Keeps slots of work still under way: each lease that still holds its slot gets a new
+    /// deadline, now plus its limit's lease time; an ended or released lease is not taken
+    /// again (renewing never takes a slot). Returns how many were renewed. The layer renews a
+    /// request's leases every third of their lease time while its response future or body
+    /// lives, so the lease time bounds only the slots of an instance that died; call it the
+    /// same way for work tracked through [`Limiter::spend`].
+    ///
+    /// ```
+    /// use tower_ratelimits::{Id, Limiter, Limits, ManualClock, MemoryBackend, Transaction};
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = ManualClock::new(1_700_000_000_000_000);
+    /// let limits = Limits::from_yaml_str("Exports: {concurrency: 1, lease: 10s}", None)?;
+    /// let limiter = Limiter::new(limits, MemoryBackend::builder().clock(clock.clone()).build());
+    /// let export = Transaction::new(limiter.key("Exports", Id::from(7u64))?);
+    /// let first = limiter.spend(&[export.clone()]).await?;
+    /// let leases: Vec<_> = first.decisions().iter().filter_map(|d| d.lease()).collect();
+    /// clock.advance(Duration::from_secs(9));
+    /// assert_eq!(limiter.renew(&leases).await?, 1);
+    /// clock.advance(Duration::from_secs(9)); // 18 s in: the slot is still held
+    /// assert!(!limiter.spend(&[export.clone()]).await?.allowed());
+    /// assert_eq!(limiter.release(&leases).await?, 1);
+    /// assert_eq!(limiter.renew(&leases).await?, 0); // released: nothing to renew
+    /// # Ok(()) }
+    /// ```
+    pub async fn renew(&self, leases: &[Lease]) -> Result<usize, LimiterError> {
+        let txs = leases
+            .iter()
+            .map(|l| {
+                BucketTx::new(&l.key, &l.quota, 1..=1, Mode::Renew)
+                    .map(|tx| tx.with_lease(l.id))
+                    .map_err(|e| LimiterError::from_transaction(l.key.name(), e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if txs.is_empty() {
+            return Ok(0);
+        }
+        let outcomes = self.inner.backend.spend(&txs).outcomes().await?;
+        let mut renewed = 0;
+        for (l, _) in leases.iter().zip(&outcomes).filter(|(_, o)| o.allowed) {
+            crate::telemetry::lease(l.key.name(), "renewed");
+            renewed += 1;
+        }
+        Ok(renewed)
     }
 
     /// Deletes buckets: they become full.

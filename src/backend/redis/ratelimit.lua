@@ -32,7 +32,9 @@
 --           their deadlines (src/algo/concurrency.rs); a refund releases the lease
 --   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
 --           and the milliseconds the value before had to live (-1: none)
---   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe, 4 charge)
+--   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe, 4 charge, 5 renew: a
+--   concurrency key's lease id gets the deadline now + lease when it still holds its slot;
+--   it never takes one)
 --
 -- 'g' and 'G' return a flat list: now, then each key's stored TAT before the call (0: none); the
 -- caller computes the decisions from them with the same rule (src/algo/gcra.rs `check`, and
@@ -153,7 +155,7 @@ end
 
 local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
 local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY, KIND_CHARGE = 0, 1, 2, 3, 4
-local MODE_OBSERVE, MODE_CHARGE = 3, 4
+local MODE_OBSERVE, MODE_CHARGE, MODE_RENEW = 3, 4, 5
 
 -- The core of the rule: the TAT after spending `incr` (emission interval * cost) on a bucket
 -- whose stored TAT is `stored`, and whether it fits (new_tat - bo <= now).
@@ -651,10 +653,8 @@ local function concurrency(r, live)
   return 0, 0, r.retry
 end
 
--- Records lease r.id on key i, taken now, and keeps the key until its last lease ends.
-local function take_lease(i, r)
-  if stored[i] < 0 then redis.call('DEL', KEYS[i]) end
-  redis.call('ZADD', KEYS[i], now + r.lease, r.id)
+-- Keeps key i until its last lease ends.
+local function keep_until_last(i)
   local last = tonumber(redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')[2])
   local how, ms = expire_args(last)
   if how == 'PXAT' then
@@ -662,6 +662,20 @@ local function take_lease(i, r)
   else
     redis.call('PEXPIRE', KEYS[i], ms)
   end
+end
+
+-- Records lease r.id on key i, taken now, and keeps the key until its last lease ends.
+local function take_lease(i, r)
+  if stored[i] < 0 then redis.call('DEL', KEYS[i]) end
+  redis.call('ZADD', KEYS[i], now + r.lease, r.id)
+  keep_until_last(i)
+end
+
+-- Renews lease r.id on key i (it holds its slot: decided before): deadline now + lease, set
+-- only on a member that is there (XX), so a release that ran first is not undone.
+local function renew_lease(i, r)
+  redis.call('ZADD', KEYS[i], 'XX', now + r.lease, r.id)
+  keep_until_last(i)
 end
 
 -- Decide -------------------------------------------------------------------------------------
@@ -699,6 +713,13 @@ if op == OP_SPEND then
       elseif gcra_writes(r.mode, new_tat, s) then
         writes[i] = new_tat
       end
+    elseif r.kind == KIND_CONCURRENCY and r.mode == MODE_RENEW then
+      -- Held: the id is among the live leases (ended and foreign ones were removed).
+      local held = 0
+      if stored[i] >= 0 and redis.call('ZSCORE', KEYS[i], r.id) then held = 1 end
+      local rem = r.max - math.max(stored[i], 0)
+      if rem < 0 then rem = 0 end
+      out[i] = {held, rem, 0, 0, 0}
     elseif r.kind == KIND_CONCURRENCY then
       local ok, rem, retry = concurrency(r, stored[i])
       out[i] = {ok, rem, retry, retry, 0}
@@ -720,6 +741,8 @@ if op == OP_SPEND then
       if r.kind == KIND_GCRA and writes[i] then
         write_tat(KEYS[i], writes[i])
         out[i][5] = writes[i]
+      elseif r.kind == KIND_CONCURRENCY and r.mode == MODE_RENEW and out[i][1] == 1 then
+        renew_lease(i, r)
       elseif r.kind == KIND_CONCURRENCY and out[i][1] == 1 and spends(r.mode) and r.cost == 1
           and r.id ~= '0' then
         take_lease(i, r)

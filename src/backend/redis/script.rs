@@ -58,6 +58,7 @@ const fn mode_number(mode: Mode) -> i64 {
         Mode::SpendOnly => 2,
         Mode::Observe => 3,
         Mode::Charge => 4,
+        Mode::Renew => 5,
     }
 }
 
@@ -89,6 +90,7 @@ const PROTOCOL: &[(&str, Code)] = &[
     ),
     ("MODE_OBSERVE", Code::Number(mode_number(Mode::Observe))),
     ("MODE_CHARGE", Code::Number(mode_number(Mode::Charge))),
+    ("MODE_RENEW", Code::Number(mode_number(Mode::Renew))),
 ];
 
 #[cfg(test)]
