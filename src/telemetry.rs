@@ -106,8 +106,9 @@ pub(crate) fn waited(limit: crate::key::LimitName) {
 }
 
 /// A request of a waiting rule refused anyway: `tower_ratelimits_waits_total{limit, outcome}`
-/// with `outcome` `too_long` (its wait is beyond the rule's bound) or `full` (the rule already
-/// has its most waiting requests).
+/// with `outcome` `too_long` (its wait, or its turn in its key's line, is beyond the rule's
+/// bound), `full` (the rule already has its most waiting requests) or `key_full` (its key
+/// does).
 pub(crate) fn wait_refused(limit: crate::key::LimitName, outcome: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tower_ratelimits_waits_total", "limit" => limit.as_str(), "outcome" => outcome)

@@ -14,7 +14,7 @@ use super::extract::KeyExtractor;
 use super::observe::{RuleMetrics, RuleOutcome, Seen};
 use super::response::{self, ErrorBody};
 use super::settle::{Reservations, Reserved};
-use super::wait::{WaitPermit, Waiting};
+use super::wait::{Join, WaitPermit, Waiting};
 use crate::config::Limits;
 use crate::key::{BucketKey, LimitName};
 use crate::limiter::{BatchDecision, Transaction};
@@ -443,6 +443,8 @@ impl Rules {
         }
         let waited = since.map_or(Duration::ZERO, |s| s.elapsed());
         let mut rule_of_strictest = None;
+        // What is left of the tightest bound among the denying rules.
+        let mut room = Duration::MAX;
         for d in batch.decisions() {
             if d.allowed || !d.counts() {
                 continue;
@@ -460,22 +462,35 @@ impl Rules {
                 crate::telemetry::wait_refused(d.name, "too_long");
                 return None;
             }
+            room = room.min(wait.up_to.saturating_sub(waited));
             if std::ptr::eq(d, strictest) {
                 rule_of_strictest = Some((rule, wait));
             }
         }
         let (rule, wait) = rule_of_strictest?;
-        if let Some(permit) = held.filter(|p| p.is_among(&rule.waiting)) {
-            crate::telemetry::waited(strictest.name);
-            return Some((delay, permit));
-        }
-        match rule.waiting.take(wait.max_waiting) {
-            Some(permit) => {
+        // On a GCRA limit a denial tells the time its units take to come back:
+        // retry_after = ahead + units - burst offset, and reset_after = ahead.
+        let interval =
+            strictest
+                .limit
+                .as_ref()
+                .and_then(|l| l.as_gcra())
+                .map_or(Duration::ZERO, |l| {
+                    (strictest.retry_after + Duration::from_micros(l.burst_offset_us()))
+                        .saturating_sub(strictest.reset_after)
+                });
+        let join = Join {
+            delay,
+            interval,
+            room,
+        };
+        match rule.waiting.join(&wait, &strictest.key, join, held) {
+            Ok((sleep, permit)) => {
                 crate::telemetry::waited(strictest.name);
-                Some((delay, permit))
+                Some((sleep, permit))
             }
-            None => {
-                crate::telemetry::wait_refused(strictest.name, "full");
+            Err(refused) => {
+                crate::telemetry::wait_refused(strictest.name, refused.outcome());
                 None
             }
         }

@@ -2,14 +2,20 @@
 //! exactly that wait and is decided again. The rule of when a request waits lives once, in
 //! `Rules::wait_for` (`rule.rs`), which takes places here; the response future only sleeps.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::key::LimitName;
+use tokio::time::Instant;
+
+use crate::key::{BucketKey, LimitName};
 
 /// The default cap on requests waiting at once for one rule.
 const DEFAULT_MAX_WAITING: usize = 1024;
+
+/// The default cap on requests waiting at once for one key of a rule.
+const DEFAULT_MAX_WAITING_PER_KEY: usize = 32;
 
 /// How long a rule's requests may wait instead of being refused ([`Rule::wait`]).
 ///
@@ -20,11 +26,15 @@ const DEFAULT_MAX_WAITING: usize = 1024;
 /// that goes away while waiting costs nothing. Beyond the bound, or when `max_waiting`
 /// requests of the rule are already waiting, it is refused as it would have been.
 ///
-/// **Fairness**: waiters are not queued. Each wakes when its own wait ends and competes with
-/// every request decided at that instant; one that loses waits again, for as long as its bound
-/// still allows. Several requests denied together are told the same wait, wake together, and
-/// the units that came back go to the first decided: roughly first come, first served, never
-/// guaranteed.
+/// **Order**: the waiters of one key wake one per unit that frees, in the order they arrived
+/// (per instance): the first when its own wait ends, each next one when the units it needs
+/// after the one before it have come back (on a GCRA limit; on a tiered limit each wakes when
+/// its own wait ends). So each waiter goes to the store about once more, when its units are
+/// there. One that still loses them (to a request that did not wait, or to another instance)
+/// waits again behind the key's line, for as long as its bound allows. A wait the line would
+/// stretch beyond the bound is refused at once. At most
+/// [`max_waiting_per_key`](Self::max_waiting_per_key) requests of one key wait at once (32 by
+/// default), so one client cannot take every place of the rule.
 ///
 /// ```
 /// use std::time::Duration;
@@ -39,6 +49,7 @@ const DEFAULT_MAX_WAITING: usize = 1024;
 pub struct Wait {
     pub(crate) up_to: Duration,
     pub(crate) max_waiting: usize,
+    pub(crate) max_waiting_per_key: usize,
 }
 
 impl Wait {
@@ -48,7 +59,15 @@ impl Wait {
         Self {
             up_to: max,
             max_waiting: DEFAULT_MAX_WAITING,
+            max_waiting_per_key: DEFAULT_MAX_WAITING_PER_KEY,
         }
+    }
+
+    /// At most `n` requests of one key (one client, one account) waiting at once; the next
+    /// one of that key is refused (default 32).
+    pub fn max_waiting_per_key(mut self, n: usize) -> Self {
+        self.max_waiting_per_key = n;
+        self
     }
 
     /// At most `n` requests of the rule waiting at once; the next one is refused (`0`: none
@@ -64,10 +83,51 @@ impl Wait {
     }
 }
 
-/// A rule's waiting requests: how many wait now, counted against its [`Wait::max_waiting`].
+/// A rule's waiting requests: how many wait now, counted against its [`Wait::max_waiting`],
+/// and each key's line (its waiters and when the last of them wakes).
 pub(crate) struct Waiting {
     name: LimitName,
     count: AtomicUsize,
+    /// The keys with waiters. Held only to read or change a line, never across an await.
+    lines: Mutex<HashMap<BucketKey, Line>>,
+}
+
+/// One key's waiting requests.
+struct Line {
+    waiters: usize,
+    /// When the last waiter scheduled wakes.
+    last_wake: Instant,
+}
+
+/// Why a request may not wait after all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The rule has its most waiting requests.
+    Full,
+    /// Its key has its most waiting requests.
+    KeyFull,
+    /// The key's line would wake it beyond its bound.
+    TooLong,
+}
+
+impl Refused {
+    pub(crate) fn outcome(self) -> &'static str {
+        match self {
+            Refused::Full => "full",
+            Refused::KeyFull => "key_full",
+            Refused::TooLong => "too_long",
+        }
+    }
+}
+
+/// When a request joins a key's line: its own wait (`delay`, the store's), the units it
+/// needs after the waiter before it (`interval`: the time they take to come back; zero when
+/// unknown), and the most it may sleep (`room`, what is left of its bound).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Join {
+    pub(crate) delay: Duration,
+    pub(crate) interval: Duration,
+    pub(crate) room: Duration,
 }
 
 impl Waiting {
@@ -75,35 +135,82 @@ impl Waiting {
         Arc::new(Self {
             name,
             count: AtomicUsize::new(0),
+            lines: Mutex::new(HashMap::new()),
         })
     }
 
-    /// A place among the rule's waiting requests, when fewer than `max` wait.
-    pub(crate) fn take(self: &Arc<Self>, max: usize) -> Option<WaitPermit> {
-        let before = self
-            .count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()?;
-        crate::telemetry::waiting(self.name, before + 1);
-        Some(WaitPermit {
-            places: self.clone(),
-        })
+    /// A place in `key`'s line, and how long to sleep: the first waiter of a key its own
+    /// `delay`; a later one until its units are back after the waiter before it. `held`: the
+    /// place of this request from an earlier wait (it lost its units and joins again, behind
+    /// the line). Refused when the rule has `wait.max_waiting` waiters, the key
+    /// `wait.max_waiting_per_key`, or the sleep would exceed `join.room`.
+    pub(crate) fn join(
+        self: &Arc<Self>,
+        wait: &super::Wait,
+        key: &BucketKey,
+        join: Join,
+        held: Option<WaitPermit>,
+    ) -> Result<(Duration, WaitPermit), Refused> {
+        // A place from another rule or key is given back first (its drop takes its lock).
+        let held = held.filter(|p| Arc::ptr_eq(&p.places, self) && p.key == *key);
+        let is_new = held.is_none();
+        let now = Instant::now();
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let line = lines.get(key);
+        // The waiters before this one (a held place is one of the line's).
+        let ahead = line.map_or(0, |l| l.waiters) - usize::from(!is_new);
+        let own = now + join.delay;
+        let wake = match line {
+            Some(l) if ahead > 0 => own.max(l.last_wake + join.interval),
+            _ => own,
+        };
+        let refused = if is_new && ahead >= wait.max_waiting_per_key {
+            Some(Refused::KeyFull)
+        } else if wake - now > join.room {
+            Some(Refused::TooLong)
+        } else if is_new
+            && self
+                .count
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < wait.max_waiting).then_some(n + 1)
+                })
+                .is_err()
+        {
+            Some(Refused::Full)
+        } else {
+            None
+        };
+        if let Some(refused) = refused {
+            // Unlocked before a held place is dropped: its drop takes the lock.
+            drop(lines);
+            drop(held);
+            return Err(refused);
+        }
+        let line = lines.entry(key.clone()).or_insert(Line {
+            waiters: 0,
+            last_wake: wake,
+        });
+        line.last_wake = line.last_wake.max(wake);
+        let permit = match held {
+            Some(permit) => permit,
+            None => {
+                line.waiters += 1;
+                crate::telemetry::waiting(self.name, self.count.load(Ordering::Acquire));
+                WaitPermit {
+                    places: self.clone(),
+                    key: key.clone(),
+                }
+            }
+        };
+        Ok((wake - now, permit))
     }
 }
 
-/// A place among a rule's waiting requests, given back when dropped (the request was decided
-/// again, answered, or went away).
+/// A place among a rule's waiting requests and in its key's line, given back when dropped
+/// (the request was decided again, answered, or went away).
 pub(crate) struct WaitPermit {
     places: Arc<Waiting>,
-}
-
-impl WaitPermit {
-    /// Whether this is a place among `places`.
-    pub(crate) fn is_among(&self, places: &Arc<Waiting>) -> bool {
-        Arc::ptr_eq(&self.places, places)
-    }
+    key: BucketKey,
 }
 
 impl Drop for WaitPermit {
@@ -114,5 +221,16 @@ impl Drop for WaitPermit {
             .fetch_sub(1, Ordering::AcqRel)
             .saturating_sub(1);
         crate::telemetry::waiting(self.places.name, left);
+        let mut lines = self
+            .places
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(line) = lines.get_mut(&self.key) {
+            line.waiters = line.waiters.saturating_sub(1);
+            if line.waiters == 0 {
+                lines.remove(&self.key);
+            }
+        }
     }
 }
