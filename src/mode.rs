@@ -21,8 +21,10 @@ pub enum Mode {
     /// units as fit within the limit's [`max_debt`](crate::Limit::max_debt) below empty (the
     /// rest is forgiven; the outcome's `granted` says how many were charged), and the key is
     /// denied until time repays the debt. On a tiered limit it is a spend-only (debt is not
-    /// defined for tiers: an overrun that does not fit is forgiven); a concurrency limit has
-    /// nothing to charge (refused when the transaction is built).
+    /// defined for tiers: an overrun that does not fit is forgiven). On a concurrency limit it
+    /// records a slot already in use (the lease it names, taken where the store could not see
+    /// it: the in-memory fallback during an outage): always taken, even above the limit, so
+    /// the key refuses new requests until enough slots end.
     Charge,
     /// A live request's slot kept: on a concurrency limit, moves the deadline of the lease the
     /// transaction names ([`BucketTx::with_lease`](crate::BucketTx::with_lease)) to now plus

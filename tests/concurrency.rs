@@ -537,3 +537,117 @@ async fn slots_are_counted() {
         (1.0, 1.0, 1.0)
     );
 }
+
+/// A store that can be taken down and brought back: the memory backend behind a switch (a
+/// fake for the middleware's own logic; the store's part, a charge of a slot, is in the
+/// conformance traces on Redis and the cluster).
+#[derive(Clone)]
+struct Switch {
+    down: Arc<std::sync::atomic::AtomicBool>,
+    inner: MemoryBackend,
+}
+
+#[async_trait::async_trait]
+impl tower_ratelimits::Backend for Switch {
+    fn spend(&self, batch: &[tower_ratelimits::BucketTx<'_>]) -> tower_ratelimits::Spend {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return tower_ratelimits::Spend::Ready(Err(
+                tower_ratelimits::BackendError::Unavailable("down".into()),
+            ));
+        }
+        self.inner.spend(batch)
+    }
+    async fn refund(
+        &self,
+        batch: &[tower_ratelimits::BucketTx<'_>],
+    ) -> Result<Vec<tower_ratelimits::Outcome>, tower_ratelimits::BackendError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(tower_ratelimits::BackendError::Unavailable("down".into()));
+        }
+        self.inner.refund(batch).await
+    }
+    async fn reset(
+        &self,
+        keys: &[&tower_ratelimits::BucketKey],
+    ) -> Result<(), tower_ratelimits::BackendError> {
+        self.inner.reset(keys).await
+    }
+}
+
+/// Slots the in-memory fallback handed out during an outage are recorded in the store within
+/// a second of its return, so they keep counting there: limit 3, three streams admitted by the
+/// fallback, the store back, then a fourth request is refused (before, the store knew none of
+/// them and admitted three more: six in flight). When the streams end their slots are given
+/// back in both.
+#[tokio::test(start_paused = true)]
+async fn slots_the_fallback_handed_out_count_in_the_store_once_it_returns() {
+    use tower::ServiceExt;
+    let switch = Switch {
+        down: Arc::default(),
+        inner: MemoryBackend::new(),
+    };
+    let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), switch.clone());
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .rule(Rule::new("Exports", Header::new("x-account")))
+        .on_backend_failure(tower_ratelimits::FailurePolicy::FallbackToMemory { percent: 100 })
+        .build()
+        .unwrap();
+    let feeds: Feeds = Arc::default();
+    let streams = feeds.clone();
+    let app = Router::new()
+        .route(
+            "/stream",
+            get(move || {
+                let feeds = streams.clone();
+                async move {
+                    let (tx, rx) = mpsc::channel(4);
+                    feeds.lock().unwrap().push(tx);
+                    Body::new(ChannelBody(rx))
+                }
+            }),
+        )
+        .route("/quick", get(|| async { "quick" }))
+        .layer(layer);
+    let get_ = |path: &'static str| {
+        let app = app.clone();
+        async move {
+            app.oneshot(
+                http::Request::get(path)
+                    .header("x-account", "7")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let exports = key(&limiter, "Exports", 7);
+    switch.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let response = get_("/stream").await;
+        assert_eq!(response.status(), 200, "the fallback admits");
+        held.push(response);
+    }
+    assert_eq!(get_("/quick").await.status(), 429, "the fallback holds 3");
+    switch
+        .down
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(switch.inner.leases(&exports), 3, "recorded in the store");
+    assert_eq!(
+        get_("/quick").await.status(),
+        429,
+        "a fourth is refused by the store"
+    );
+    drop(held);
+    drop(feeds);
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(switch.inner.leases(&exports), 0, "given back in the store");
+    assert_eq!(get_("/quick").await.status(), 200);
+}

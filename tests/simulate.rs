@@ -443,10 +443,10 @@ async fn charges_go_into_debt_up_to_the_bound_and_the_key_waits_exactly() {
     assert_eq!(out.len(), 17);
 }
 
-/// A charge line takes no mode prefix, and a concurrency limit has nothing to charge: both
-/// are errors, not decisions.
+/// A charge line takes no mode prefix (an error, not a decision); on a concurrency limit a
+/// charge records a slot already in use, even when none is free.
 #[tokio::test]
-async fn a_charge_with_a_mode_or_on_slots_is_an_error() {
+async fn a_charge_takes_no_mode_and_takes_a_slot_even_when_none_is_free() {
     let limits = "Debt5:\n  burst: 10\n  count: 10\n  period: 1s\nSlots:\n  concurrency: 2\n";
     let err = run(limits, None, "0s charge spend-only:Debt5=a*3\n")
         .await
@@ -455,8 +455,22 @@ async fn a_charge_with_a_mode_or_on_slots_is_an_error() {
         err.contains("line 1") && err.contains("no mode prefix"),
         "{err}"
     );
-    let err = run(limits, None, "0s charge Slots=a\n").await.unwrap_err();
-    assert!(err.contains("no units to charge"), "{err}");
+    let out = run(
+        limits,
+        None,
+        "0s spend Slots=a\n0s spend Slots=a\n0s charge Slots=a\n0s spend Slots=a\n",
+    )
+    .await
+    .unwrap();
+    let allowed: Vec<_> = out
+        .iter()
+        .map(|l| l["allowed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(allowed, [true, true, true, false]);
+    assert_eq!(
+        out[2]["decisions"][0]["lease"], true,
+        "the charge took a slot"
+    );
 }
 
 /// Every line of `examples/traces/concurrency.trace` (slots taken, refused, probed, released,

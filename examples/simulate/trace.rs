@@ -12,8 +12,8 @@
 //!   oldest slot each listed key took in the trace and still holds (none held: nothing
 //!   happens). `charge` charges its cost after the fact, as a settle's overrun is: never
 //!   denied, it takes as many units as fit within the limit's `max_debt` below empty (on a
-//!   tiered limit: all of them when they fit, else none); its transactions take no mode
-//!   prefix.
+//!   tiered limit: all of them when they fit, else none; on a concurrency limit it takes a
+//!   slot even when none is free); its transactions take no mode prefix.
 //! - `<tx>`: `[check-only:|spend-only:]<Name>=<id>[*<cost>]`. All transactions of a line are
 //!   one batch; `*<cost>` overrides the line's cost for that transaction.
 //! - `cost=<n>`: the line's cost (default: the limit's configured cost, 1 unless set).

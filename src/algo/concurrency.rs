@@ -172,6 +172,19 @@ pub fn decide(limit: &ConcurrencyLimit, live: u64, take: bool) -> ConcurrencyOut
     }
 }
 
+/// A slot already in use recorded after the fact (a charge, `take`; `false` is a probe):
+/// always allowed, even beyond `max` (then nothing is free until enough leases end).
+pub fn charge(limit: &ConcurrencyLimit, live: u64, take: bool) -> ConcurrencyOutcome {
+    ConcurrencyOutcome {
+        allowed: true,
+        remaining: limit
+            .max
+            .saturating_sub(live.saturating_add(u64::from(take))),
+        retry_after_us: 0,
+        reset_after_us: 0,
+    }
+}
+
 /// The deadline of a lease taken at `now`.
 pub fn deadline(limit: &ConcurrencyLimit, now: u64) -> u64 {
     now.saturating_add(limit.lease_us)

@@ -190,7 +190,12 @@ pub fn spend(
                     Some(Read::Leases(l)) => l,
                     _ => &[],
                 };
-                let d = concurrency::decide(limit, live_leases(limit, leases, now), tx.cost == 1);
+                let live = live_leases(limit, leases, now);
+                let d = if tx.mode == Mode::Charge {
+                    concurrency::charge(limit, live, tx.cost == 1)
+                } else {
+                    concurrency::decide(limit, live, tx.cost == 1)
+                };
                 let write = (d.allowed && takes_lease(tx))
                     .then(|| Stored::Leases(with_lease(leases, limit, tx.lease, now)));
                 (Outcome::from(d), write)

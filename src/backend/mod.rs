@@ -138,9 +138,6 @@ pub enum TransactionError {
     /// A cost range on a concurrency limit, where a request holds one slot or probes (cost 0).
     #[error("a concurrency limit takes a cost of 0 or 1, not a range")]
     RangeOnConcurrency,
-    /// A charge ([`Mode::Charge`]) on a concurrency limit, which holds slots, not units.
-    #[error("a concurrency limit holds slots: it has no units to charge")]
-    ChargeOnConcurrency,
     /// A renewal ([`Mode::Renew`]) on a limit that holds no slots (GCRA, tiers).
     #[error("only a concurrency limit's leases can be renewed")]
     RenewWithoutSlots,
@@ -186,9 +183,6 @@ impl<'a> BucketTx<'a> {
                 min: min_cost,
                 max: cost,
             });
-        }
-        if mode == Mode::Charge && quota.as_concurrency().is_some() {
-            return Err(TransactionError::ChargeOnConcurrency);
         }
         if mode == Mode::Renew && quota.as_concurrency().is_none() {
             return Err(TransactionError::RenewWithoutSlots);

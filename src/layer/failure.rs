@@ -20,7 +20,9 @@ pub enum FailurePolicy {
     /// Decide with an in-memory limiter of this instance, at `percent` (1 to 100) of every
     /// limit's rate and burst: an outage neither opens the gates nor closes the shop. With N
     /// instances, `100 / N` keeps the whole fleet near the configured limits. Buckets start
-    /// full when the fallback begins, and what it spends is not carried back to the store.
+    /// full when the fallback begins, and what it spends is not carried back to the store,
+    /// except concurrency slots still in use: those are recorded in the store within a second
+    /// of its return, so every instance counts them until they end.
     FallbackToMemory {
         /// The share of each limit every instance grants on its own, from 1 to 100.
         percent: u8,

@@ -8,68 +8,120 @@
 //! than the lease time keeps its slots; the lease time bounds only the slots of an instance
 //! that died. A lease that cannot be released (no runtime, the store down) still stops
 //! counting at its deadline.
+//!
+//! Slots the in-memory fallback handed out during an outage are unknown to the store. The
+//! task tries, every second (or third of the lease time, if shorter), to record them in the
+//! store as leases of its own (`Limiter::adopt`: taken even above the limit, since the work is
+//! under way); from then on every instance counts them, they are renewed there too, and they
+//! are released there as well when the request ends.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Waker};
 use std::time::Duration;
 
 use smallvec::SmallVec;
+use tokio::time::Instant;
 
 use crate::limiter::{BatchDecision, Lease, Limiter};
+
+type Leases = SmallVec<[Lease; 1]>;
 
 /// The leases of one request, renewed while it lives and released when dropped.
 pub(crate) struct Release {
     limiter: Limiter,
-    leases: SmallVec<[Lease; 1]>,
+    leases: Leases,
     /// The task renewing the leases (none without a runtime: they end at their lease time).
     renewer: Option<tokio::task::AbortHandle>,
+    /// For leases the in-memory fallback took: the store's limiter and the leases recorded
+    /// there once it answers again.
+    adopted: Option<(Limiter, Arc<Mutex<Vec<Lease>>>)>,
+}
+
+/// The leases `batch` holds; `None` when it holds none.
+fn leases_of(batch: &BatchDecision) -> Option<Leases> {
+    // Most requests hold no slot: one pass over the ids, nothing built.
+    if batch.decisions().iter().all(|d| d.lease_id.is_none()) {
+        return None;
+    }
+    let leases: Leases = batch.decisions().iter().filter_map(|d| d.lease()).collect();
+    (!leases.is_empty()).then_some(leases)
 }
 
 impl Release {
     /// The leases `batch` (allowed, decided by `limiter`) holds; `None` when it holds none.
     pub(crate) fn of(limiter: &Limiter, batch: &BatchDecision) -> Option<Box<Self>> {
-        // Most requests hold no slot: one pass over the ids, nothing built.
-        if batch.decisions().iter().all(|d| d.lease_id.is_none()) {
-            return None;
-        }
-        let leases: SmallVec<[Lease; 1]> =
-            batch.decisions().iter().filter_map(|d| d.lease()).collect();
-        if leases.is_empty() {
-            return None;
-        }
-        let renewer = tokio::runtime::Handle::try_current().ok().map(|runtime| {
-            runtime
-                .spawn(renew(limiter.clone(), leases.clone()))
-                .abort_handle()
-        });
+        let leases = leases_of(batch)?;
+        let renewer = spawn(renew(limiter.clone(), leases.clone(), Instant::now()));
         Some(Box::new(Self {
             limiter: limiter.clone(),
             leases,
             renewer,
+            adopted: None,
+        }))
+    }
+
+    /// The leases `batch` (allowed, decided by the in-memory `fallback` because the store of
+    /// `main` failed) holds, to be recorded in that store once it answers again.
+    pub(crate) fn of_fallback(
+        fallback: &Limiter,
+        main: &Limiter,
+        batch: &BatchDecision,
+    ) -> Option<Box<Self>> {
+        let leases = leases_of(batch)?;
+        let adopted = Arc::new(Mutex::new(Vec::new()));
+        let renewer = spawn(adopt(
+            fallback.clone(),
+            main.clone(),
+            leases.clone(),
+            adopted.clone(),
+            Instant::now(),
+        ));
+        Some(Box::new(Self {
+            limiter: fallback.clone(),
+            leases,
+            renewer,
+            adopted: Some((main.clone(), adopted)),
         }))
     }
 }
 
-/// Renews `leases` every third of their shortest lease time (at least every millisecond),
-/// until aborted. A renewal the store cannot make is warned about (once, until one succeeds
-/// again) and tried again at the next tick: the leases run to their deadlines meanwhile.
-async fn renew(limiter: Limiter, leases: SmallVec<[Lease; 1]>) {
+/// `task` on the runtime, if there is one.
+fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Option<tokio::task::AbortHandle> {
+    tokio::runtime::Handle::try_current()
+        .ok()
+        .map(|runtime| runtime.spawn(task).abort_handle())
+}
+
+/// A third of the shortest lease time of `leases`, at least a millisecond.
+fn third_of_lease(leases: &[Lease]) -> Duration {
     let lease_us = leases
         .iter()
         .filter_map(|l| l.limit().map(|c| c.lease_us()))
         .min()
         .unwrap_or(u64::MAX);
-    let every = Duration::from_micros((lease_us / 3).max(1_000));
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    Duration::from_micros((lease_us / 3).max(1_000))
+}
+
+/// Ticks every `every`, the first one `every` after `start` (when the leases were taken, not
+/// when the task first runs).
+fn ticks(start: Instant, every: Duration) -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval_at(start + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut warned = false;
-    loop {
-        ticks.tick().await;
-        match limiter.renew(&leases).await {
-            Ok(_) => warned = false,
-            Err(e) if !warned => {
-                warned = true;
+    ticks
+}
+
+/// Warns once about a store that cannot renew, until a renewal succeeds again.
+#[derive(Default)]
+struct RenewWarning(bool);
+
+impl RenewWarning {
+    fn after(&mut self, result: Result<usize, crate::LimiterError>) {
+        match result {
+            Ok(_) => self.0 = false,
+            Err(e) if !self.0 => {
+                self.0 = true;
                 tracing::warn!(error = %e, "could not renew concurrency slots; they end at their lease time unless a later renewal succeeds");
             }
             Err(_) => {}
@@ -77,35 +129,90 @@ async fn renew(limiter: Limiter, leases: SmallVec<[Lease; 1]>) {
     }
 }
 
+/// Renews `leases` every third of their shortest lease time, until aborted. A renewal the
+/// store cannot make is tried again at the next tick: the leases run to their deadlines
+/// meanwhile.
+async fn renew(limiter: Limiter, leases: Leases, start: Instant) {
+    let mut ticks = ticks(start, third_of_lease(&leases));
+    let mut warning = RenewWarning::default();
+    loop {
+        ticks.tick().await;
+        warning.after(limiter.renew(&leases).await);
+    }
+}
+
+/// Renews the fallback's `leases` in memory and records them in `main`'s store as soon as it
+/// answers (tried every second, or every third of the lease time if shorter), then renews
+/// them there too, until aborted.
+async fn adopt(
+    fallback: Limiter,
+    main: Limiter,
+    leases: Leases,
+    adopted: Arc<Mutex<Vec<Lease>>>,
+    start: Instant,
+) {
+    let every = third_of_lease(&leases).min(Duration::from_secs(1));
+    let mut ticks = ticks(start, every);
+    let mut warning = RenewWarning::default();
+    let mut held: Vec<Lease> = Vec::new();
+    loop {
+        ticks.tick().await;
+        // In memory: answered at once.
+        let _ = fallback.renew(&leases).await;
+        if held.is_empty() {
+            if let Ok(mine) = main.adopt(&leases).await {
+                held.clone_from(&mine);
+                *adopted.lock().unwrap_or_else(PoisonError::into_inner) = mine;
+            }
+        } else {
+            warning.after(main.renew(&held).await);
+        }
+    }
+}
+
 impl Drop for Release {
     /// Releases the leases: at once when the backend answers at once (in memory), else on the
-    /// tokio runtime. Without a runtime they stop counting at their deadlines.
+    /// tokio runtime. Without a runtime they stop counting at their deadlines. Leases the
+    /// fallback took and the store adopted are released in both.
     fn drop(&mut self) {
         if let Some(renewer) = self.renewer.take() {
             renewer.abort();
         }
-        let limiter = self.limiter.clone();
-        let leases = std::mem::take(&mut self.leases);
-        let mut release: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
-            if let Err(e) = limiter.release(&leases).await {
-                tracing::warn!(error = %e, "could not release concurrency slots; they end at their lease time");
+        release(
+            self.limiter.clone(),
+            std::mem::take(&mut self.leases).into_vec(),
+        );
+        if let Some((main, adopted)) = self.adopted.take() {
+            let adopted =
+                std::mem::take(&mut *adopted.lock().unwrap_or_else(PoisonError::into_inner));
+            if !adopted.is_empty() {
+                release(main, adopted);
             }
-        });
-        if release
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-            .is_ready()
-        {
-            return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(release);
-            }
-            Err(_) => tracing::warn!(
-                "concurrency slots released with no runtime to release them on; they end at their lease time"
-            ),
+    }
+}
+
+/// Releases `leases` on `limiter`: at once when it answers at once, else on the runtime.
+fn release(limiter: Limiter, leases: Vec<Lease>) {
+    let mut release: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
+        if let Err(e) = limiter.release(&leases).await {
+            tracing::warn!(error = %e, "could not release concurrency slots; they end at their lease time");
         }
+    });
+    if release
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_ready()
+    {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(release);
+        }
+        Err(_) => tracing::warn!(
+            "concurrency slots released with no runtime to release them on; they end at their lease time"
+        ),
     }
 }
 

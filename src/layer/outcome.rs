@@ -298,7 +298,9 @@ pub(crate) fn conclude(
             count("allowed");
             // Slots taken by the in-memory fallback are given back to it.
             let release = match (&shared.failure.fallback, fell_back) {
-                (Some(fallback), true) => Release::of(fallback.limiter(&shared.limiter), &batch),
+                (Some(fallback), true) => {
+                    Release::of_fallback(fallback.limiter(&shared.limiter), &shared.limiter, &batch)
+                }
                 _ => Release::of(&shared.limiter, &batch),
             };
             // What the in-memory fallback spent is settled nowhere: its estimates stand.

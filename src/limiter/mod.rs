@@ -61,12 +61,6 @@ pub enum LimiterError {
         /// The limit name.
         name: LimitName,
     },
-    /// A charge ([`Mode::Charge`]) on a concurrency limit, which holds slots, not units.
-    #[error("limit {name}: a concurrency limit holds slots: it has no units to charge")]
-    ChargeOnConcurrency {
-        /// The limit name.
-        name: LimitName,
-    },
     /// A renewal ([`Mode::Renew`]) on a limit that holds no slots.
     #[error("limit {name}: only a concurrency limit's leases can be renewed")]
     RenewWithoutSlots {
@@ -117,7 +111,6 @@ impl LimiterError {
                 Self::EmptyCostRange { name, min, max }
             }
             TransactionError::RangeOnConcurrency => Self::RangeOnConcurrency { name },
-            TransactionError::ChargeOnConcurrency => Self::ChargeOnConcurrency { name },
             TransactionError::RenewWithoutSlots => Self::RenewWithoutSlots { name },
         }
     }
@@ -672,6 +665,44 @@ impl Limiter {
             renewed += 1;
         }
         Ok(renewed)
+    }
+
+    /// Records slots already in use that this store has not seen (taken by the in-memory
+    /// fallback during an outage) as leases of its own: each lease's key under this limiter's
+    /// limits, with the same lease id, taken even above the limit (a charge: the work is under
+    /// way). Returns the leases now held here, to renew and release. A key that is no longer
+    /// a concurrency limit here is skipped.
+    pub(crate) async fn adopt(&self, leases: &[Lease]) -> Result<Vec<Lease>, LimiterError> {
+        let limits = self.load();
+        let mine: Vec<Lease> = leases
+            .iter()
+            .filter_map(|l| {
+                let quota = limits.resolve(&l.key)?;
+                quota.as_concurrency().map(|_| Lease {
+                    key: l.key.clone(),
+                    quota: quota.clone(),
+                    id: l.id,
+                })
+            })
+            .collect();
+        let txs = mine
+            .iter()
+            .map(|l| {
+                BucketTx::new(&l.key, &l.quota, 1..=1, Mode::Charge)
+                    .map(|tx| tx.with_lease(l.id))
+                    .map_err(|e| LimiterError::from_transaction(l.key.name(), e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if txs.is_empty() {
+            return Ok(mine);
+        }
+        let outcomes = self.inner.backend.spend(&txs).outcomes().await?;
+        Ok(mine
+            .into_iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| o.allowed)
+            .map(|(l, _)| l)
+            .collect())
     }
 
     /// Deletes buckets: they become full.

@@ -88,14 +88,11 @@ pub fn random_trace(seed: u64, lines: usize) -> String {
             _ => "reset",
         };
         out.push_str(&format!("{t_ms}ms {op}"));
-        let mut first = next(limits.len() as u64) as usize;
+        let first = next(limits.len() as u64) as usize;
         let mut count = 1 + next(3) as usize;
         if op == "charge" {
-            // A concurrency limit has nothing to charge: one GCRA or tiered key.
+            // One key: a slot charged on a concurrency limit, units elsewhere.
             count = 1;
-            if limits[first].0 == "InFlight2" {
-                first = 0;
-            }
         }
         for k in 0..count {
             let (name, burst) = limits[(first + k) % limits.len()];
@@ -108,6 +105,9 @@ pub fn random_trace(seed: u64, lines: usize) -> String {
             out.push_str(&format!(" {mode}{name}={id}"));
             // A concurrency limit takes a cost of 0 or 1, never a range.
             if name == "InFlight2" && op != "reset" && op != "release" && next(2) == 0 {
+                out.push_str(&format!("*{}", next(2)));
+            } else if op == "charge" && name == "InFlight2" {
+                // A slot (or a probe), taken even when none is free.
                 out.push_str(&format!("*{}", next(2)));
             } else if op == "charge" {
                 // Tiers take a charge whole or not at all, and refuse one above their capacity.

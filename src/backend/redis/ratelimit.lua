@@ -645,7 +645,8 @@ end
 local function concurrency(r, live)
   if live < 0 then live = 0 end
   local used = live + r.cost
-  if used <= r.max or r.cost == 0 then
+  -- A charge records a slot already in use: taken even beyond max.
+  if used <= r.max or r.cost == 0 or r.mode == MODE_CHARGE then
     local rem = r.max - used
     if rem < 0 then rem = 0 end
     return 1, rem, 0
