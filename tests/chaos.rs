@@ -124,10 +124,15 @@ async fn a_flushed_server_gives_each_client_one_fresh_burst_and_no_more() {
 }
 
 /// `maxmemory` reached with `noeviction`: Redis refuses the script's writes. The request fails
-/// (the failure policy applies), nothing is admitted that is not recorded, and once memory is
-/// available again the limiter works with the state it had.
+/// (the failure policy applies), nothing is admitted that is not recorded, each refusal is
+/// counted in `tower_ratelimits_redis_out_of_memory_total` (scraped from a real Prometheus
+/// recorder and parsed), and once memory is available again the limiter works with the state
+/// it had.
 #[tokio::test]
 async fn a_full_server_refuses_writes_and_nothing_is_admitted_unrecorded() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
     let server = RedisServer::start();
     let clock = ManualClock::new(1_700_000_000_000_000);
     let (l, _) = limiter(&server, &clock).await;
@@ -151,6 +156,8 @@ async fn a_full_server_refuses_writes_and_nothing_is_admitted_unrecorded() {
             "{err:?}"
         );
     }
+    let m = support::scrape::samples(&handle.render());
+    assert_eq!(m["tower_ratelimits_redis_out_of_memory_total{}"], 2.0);
     assert!(
         command(server.port, "CONFIG SET maxmemory 0")
             .unwrap()
