@@ -203,18 +203,26 @@ fn overflow_is_an_error_never_a_wrap_or_panic() {
         Err(LimitError::BurstOffsetTooLarge { .. })
     ));
     let l = Limit::from_micros(10, 1, 365 * 86_400 * S).unwrap();
-    // tat + incr beyond u64: an error on allow, a plain denial when the TAT is stored far ahead.
+    // tat + incr beyond u64: an error on allow.
     assert_eq!(
         gcra::spend(&l, None, u64::MAX - 5, 1),
         Err(GcraError::TimeOverflow)
     );
-    let o = gcra::spend(&l, Some(u64::MAX), T0, 1).unwrap();
+    // A TAT as far ahead as the crate writes (burst offset and debt), near the end of u64
+    // time: a plain denial, whose wait saturates rather than wraps.
+    let furthest = l.burst_offset_us() + l.debt_offset_us();
+    let o = gcra::spend(&l, Some(u64::MAX), u64::MAX - furthest, 1).unwrap();
     assert!(!o.allowed);
     assert_eq!(o.remaining, 0);
     let o = gcra::refund(&l, Some(u64::MAX), u64::MAX, 10).unwrap();
     assert!(!o.allowed);
-    let o = gcra::refund(&l, Some(u64::MAX), 0, 10).unwrap();
+    // Further ahead than the crate writes: foreign, a fresh bucket (it was a denial for
+    // centuries before).
+    let o = gcra::spend(&l, Some(u64::MAX), T0, 1).unwrap();
     assert!(o.allowed);
+    assert_eq!(o.remaining, 9);
+    let o = gcra::refund(&l, Some(u64::MAX), 0, 10).unwrap();
+    assert!(!o.allowed);
 }
 
 #[test]
