@@ -23,8 +23,8 @@ const LIMITS: &str = "Line: {kind: ip, burst: 5, count: 50, period: 1s}\n";
 /// its token still there (the burst holds five), so lateness costs no call.
 async fn fifty_waiters_cost_at_most_three_calls_each(deny_cache: bool) -> f64 {
     let server = RedisServer::start();
-    let backend = RedisBackend::from_url(&server.url())
-        .prefix(&unique_prefix("wait"))
+    let backend = RedisBackend::from_url(server.url())
+        .prefix(unique_prefix("wait"))
         .deny_cache(deny_cache)
         .command_timeout(Duration::from_secs(5))
         .connect()
