@@ -600,24 +600,12 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn release(&self, leases: &[Lease]) -> Result<usize, LimiterError> {
-        let txs = leases
-            .iter()
-            .map(|l| {
-                BucketTx::for_refund(&l.key, &l.quota, 1..=1, Mode::CheckAndSpend)
-                    .map(|tx| tx.with_lease(l.id))
-                    .map_err(|e| LimiterError::from_transaction(l.key.name(), e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let txs = lease_txs(leases, Mode::CheckAndSpend)?;
         if txs.is_empty() {
             return Ok(0);
         }
         let outcomes = self.inner.backend.refund(&txs).await?;
-        let mut released = 0;
-        for (l, _) in leases.iter().zip(&outcomes).filter(|(_, o)| o.allowed) {
-            crate::telemetry::lease(l.key.name(), "released");
-            released += 1;
-        }
-        Ok(released)
+        Ok(count_allowed(leases, &outcomes, "released"))
     }
 
     /// Keeps slots of work still under way: each lease that still holds its slot gets a new
@@ -647,24 +635,12 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn renew(&self, leases: &[Lease]) -> Result<usize, LimiterError> {
-        let txs = leases
-            .iter()
-            .map(|l| {
-                BucketTx::new(&l.key, &l.quota, 1..=1, Mode::Renew)
-                    .map(|tx| tx.with_lease(l.id))
-                    .map_err(|e| LimiterError::from_transaction(l.key.name(), e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let txs = lease_txs(leases, Mode::Renew)?;
         if txs.is_empty() {
             return Ok(0);
         }
         let outcomes = self.inner.backend.spend(&txs).outcomes().await?;
-        let mut renewed = 0;
-        for (l, _) in leases.iter().zip(&outcomes).filter(|(_, o)| o.allowed) {
-            crate::telemetry::lease(l.key.name(), "renewed");
-            renewed += 1;
-        }
-        Ok(renewed)
+        Ok(count_allowed(leases, &outcomes, "renewed"))
     }
 
     /// Records slots already in use that this store has not seen (taken by the in-memory
@@ -685,14 +661,7 @@ impl Limiter {
                 })
             })
             .collect();
-        let txs = mine
-            .iter()
-            .map(|l| {
-                BucketTx::new(&l.key, &l.quota, 1..=1, Mode::Charge)
-                    .map(|tx| tx.with_lease(l.id))
-                    .map_err(|e| LimiterError::from_transaction(l.key.name(), e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let txs = lease_txs(&mine, Mode::Charge)?;
         if txs.is_empty() {
             return Ok(mine);
         }
@@ -970,6 +939,29 @@ impl Limiter {
             }
         }
     }
+}
+
+/// One transaction per lease, in `mode`, each naming its lease (a release is a refund of it).
+fn lease_txs(leases: &[Lease], mode: Mode) -> Result<Vec<BucketTx<'_>>, LimiterError> {
+    leases
+        .iter()
+        .map(|l| {
+            BucketTx::new(&l.key, &l.quota, 1..=1, mode)
+                .map(|tx| tx.with_lease(l.id))
+                .map_err(|e| LimiterError::from_transaction(l.key.name(), e))
+        })
+        .collect()
+}
+
+/// How many of `leases` their `outcomes` allowed, each counted as `what` in
+/// `tower_ratelimits_leases_total`.
+fn count_allowed(leases: &[Lease], outcomes: &[Outcome], what: &'static str) -> usize {
+    let mut allowed = 0;
+    for (l, _) in leases.iter().zip(outcomes).filter(|(_, o)| o.allowed) {
+        crate::telemetry::lease(l.key.name(), what);
+        allowed += 1;
+    }
+    allowed
 }
 
 /// Counts the partial grants (cost ranges) of a spend batch: `whole` (the range's upper end
