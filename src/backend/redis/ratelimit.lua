@@ -112,7 +112,10 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
     for i = done + 1, last do
       local a = first + (i - 1) * per
       local s = tonumber(redis.pcall('GET', KEYS[i]))
-      if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0 or s - now > 2 * ARGV[a + 1] + SLACK then
+      -- Foreign beyond 2 * burst offset + SLACK; the burst offset is read (a string to
+      -- convert) only for a TAT more than SLACK ahead.
+      if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0
+          or (s - now > SLACK and s - now > 2 * ARGV[a + 1] + SLACK) then
         s = 0
       end
       local mode = MODE_CHECK_AND_SPEND
