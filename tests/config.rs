@@ -619,6 +619,17 @@ fn tiers_load_and_overrides_replace_them_for_an_id() {
     }
 }
 
+/// Each `(defaults, message, line)` is refused, naming limit A, the message and the line.
+fn refused_with_their_lines(cases: &[(&str, &str, u64)]) {
+    for (text, message, line) in cases {
+        let err = Limits::from_yaml_str(text, None).unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.contains(message), "{text}\n-> {shown}");
+        assert!(shown.contains("limit A"), "{shown}");
+        assert_eq!(err.location().line, Some(*line), "{text}\n-> {shown}");
+    }
+}
+
 #[test]
 fn tier_errors_name_the_tier_the_field_and_the_line() {
     let cases: &[(&str, &str, u64)] = &[
@@ -669,13 +680,7 @@ fn tier_errors_name_the_tier_the_field_and_the_line() {
             3,
         ),
     ];
-    for (text, message, line) in cases {
-        let err = Limits::from_yaml_str(text, None).unwrap_err();
-        let shown = err.to_string();
-        assert!(shown.contains(message), "{text}\n-> {shown}");
-        assert!(shown.contains("limit A"), "{shown}");
-        assert_eq!(err.location().line, Some(*line), "{text}\n-> {shown}");
-    }
+    refused_with_their_lines(cases);
 }
 
 #[test]
@@ -984,7 +989,12 @@ fn max_debt_is_a_gcra_field_checked_with_its_line() {
         ),
         (
             "A:\n  burst: 1\n  count: 1\n  period: 1s\n  max_debt: -1\n",
-            "max_debt",
+            "max_debt must be a whole number, 0 or more, found -1",
+            5,
+        ),
+        (
+            "A:\n  burst: 1\n  count: 1\n  period: 1s\n  max_debt: 1_000\n",
+            "max_debt must be a whole number, 0 or more, found \"1_000\" (write plain decimal digits)",
             5,
         ),
         (
@@ -993,11 +1003,5 @@ fn max_debt_is_a_gcra_field_checked_with_its_line() {
             5,
         ),
     ];
-    for (text, message, line) in cases {
-        let err = Limits::from_yaml_str(text, None).unwrap_err();
-        let shown = err.to_string();
-        assert!(shown.contains(message), "{text}\n-> {shown}");
-        assert!(shown.contains("limit A"), "{shown}");
-        assert_eq!(err.location().line, Some(*line), "{text}\n-> {shown}");
-    }
+    refused_with_their_lines(cases);
 }

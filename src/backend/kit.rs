@@ -256,8 +256,9 @@ pub fn refund(
 
 /// The GCRA decision of a transaction on a bucket whose stored TAT is `stored`: its single cost
 /// ([`gcra::check`]), for a range the most units that fit ([`gcra::check_range`]), for a charge
-/// the most units that fit within the debt bound ([`gcra::charge`]), with the units granted. Every backend decides a GCRA transaction through this function only (the
-/// script's `gcra_grant` in Lua); [`GcraDecision::outcome`] is what it reports.
+/// the most units that fit within the debt bound ([`gcra::charge`]), with the units granted.
+/// Every backend decides a GCRA transaction through this function only (the script's
+/// `gcra_grant` and `gcra_charge` in Lua); [`GcraDecision::outcome`] is what it reports.
 #[inline(always)]
 pub(crate) fn gcra_decide(
     tx: &BucketTx<'_>,

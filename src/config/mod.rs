@@ -80,6 +80,14 @@ pub enum ConfigErrorKind {
         /// What was found.
         found: String,
     },
+    /// A number that is not a whole number of at least 0 that fits (`max_debt`).
+    #[error("{field} must be a whole number, 0 or more, found {found}")]
+    BadCount {
+        /// The field.
+        field: &'static str,
+        /// What was found.
+        found: String,
+    },
     /// A limit name that is not made of letters, digits, `_`, `-` and `.`, or longer than 64.
     #[error("invalid limit name {0:?}: use up to 64 letters, digits, '_', '-' or '.'")]
     InvalidName(String),

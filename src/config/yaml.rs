@@ -228,11 +228,23 @@ fn as_str<'a>(node: &'a Node, expected: &'static str) -> Result<&'a str, ConfigE
 }
 
 fn positive(field: &'static str, node: &Node) -> Result<u64, ConfigError> {
-    let bad = |found: String| err_at(ConfigErrorKind::BadNumber { field, found }, node.line);
+    whole(field, node, 1)
+}
+
+/// A whole number of at least `least` (0 or 1), in plain decimal digits, that fits 64 bits.
+fn whole(field: &'static str, node: &Node, least: i128) -> Result<u64, ConfigError> {
+    let bad = |found: String| {
+        let kind = if least == 0 {
+            ConfigErrorKind::BadCount { field, found }
+        } else {
+            ConfigErrorKind::BadNumber { field, found }
+        };
+        err_at(kind, node.line)
+    };
     let too_large =
         |v: &dyn std::fmt::Display| bad(format!("{v}, which is larger than {}", u64::MAX));
     match &node.value {
-        Value::Int(v) if *v > 0 => u64::try_from(*v).map_err(|_| too_large(v)),
+        Value::Int(v) if *v >= least => u64::try_from(*v).map_err(|_| too_large(v)),
         Value::Int(v) => Err(bad(v.to_string())),
         Value::Big(s) => Err(too_large(s)),
         Value::Unplain(s) => Err(bad(format!("{s:?} (write plain decimal digits)"))),
@@ -567,10 +579,7 @@ fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {
     let Some(debt) = f.max_debt else {
         return Ok(limit);
     };
-    let max_debt = match debt.value {
-        Value::Int(0) => 0,
-        _ => positive("max_debt", debt)?,
-    };
+    let max_debt = whole("max_debt", debt, 0)?;
     limit
         .with_max_debt(max_debt)
         .map_err(|e| err_at(e.into(), debt.line))

@@ -224,7 +224,18 @@ mod tests {
     use std::time::Duration;
 
     use super::Release;
-    use crate::{Id, Limiter, Limits, ManualClock, MemoryBackend, Transaction};
+    use crate::{BucketKey, Id, Limiter, Limits, ManualClock, MemoryBackend, Transaction};
+
+    /// A limiter on a manual clock with `Streams`: `max` slots of a 3 s lease; the key of
+    /// client 7.
+    fn streams(max: u64) -> (ManualClock, MemoryBackend, Limiter, BucketKey) {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let backend = MemoryBackend::builder().clock(clock.clone()).build();
+        let yaml = format!("Streams: {{concurrency: {max}, lease: 3s}}");
+        let limiter = Limiter::new(Limits::from_yaml_str(&yaml, None).unwrap(), backend.clone());
+        let key = limiter.key("Streams", Id::from(7u64)).unwrap();
+        (clock, backend, limiter, key)
+    }
 
     /// Three streams of 8 s on a limit of 3 with a lease of 3 s keep their three slots the whole
     /// time: at 3.7 s (and at every 100 ms step) a fourth request is denied. Before, the slots
@@ -232,11 +243,7 @@ mod tests {
     /// Once the streams end their slots are free at once.
     #[tokio::test(start_paused = true)]
     async fn a_live_request_keeps_its_slots_past_the_lease_time() {
-        let clock = ManualClock::new(1_700_000_000_000_000);
-        let backend = MemoryBackend::builder().clock(clock.clone()).build();
-        let limits = Limits::from_yaml_str("Streams: {concurrency: 3, lease: 3s}", None).unwrap();
-        let limiter = Limiter::new(limits, backend.clone());
-        let key = limiter.key("Streams", Id::from(7u64)).unwrap();
+        let (clock, backend, limiter, key) = streams(3);
         let tx = || Transaction::new(key.clone());
         let mut streams = Vec::new();
         for _ in 0..3 {
@@ -267,11 +274,7 @@ mod tests {
     /// A renewal never takes a slot: a lease that ended (or was released) stays ended.
     #[tokio::test(start_paused = true)]
     async fn a_renewal_never_brings_back_an_ended_lease() {
-        let clock = ManualClock::new(1_700_000_000_000_000);
-        let backend = MemoryBackend::builder().clock(clock.clone()).build();
-        let limits = Limits::from_yaml_str("Streams: {concurrency: 1, lease: 3s}", None).unwrap();
-        let limiter = Limiter::new(limits, backend.clone());
-        let key = limiter.key("Streams", Id::from(7u64)).unwrap();
+        let (clock, backend, limiter, key) = streams(1);
         let batch = limiter
             .spend(&[Transaction::new(key.clone())])
             .await
