@@ -53,10 +53,11 @@ pub use time::{Clock, DurationError, ManualClock, SystemClock};
 pub use http;
 
 /// Not part of the API: what this repository's own tests, benches and examples reach below
-/// the public surface (the pure algorithms, duration parsing). Anything here may change
+/// the public surface (the pure algorithms, duration parsing, a rule's scope, a settle header's units). Anything here may change
 /// in any release.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::algo::{concurrency, gcra, tiers};
+    pub use crate::layer::{in_scope, parse_units, units_in};
     pub use crate::time::parse_duration_us;
 }

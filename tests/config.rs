@@ -613,7 +613,7 @@ fn tiers_load_and_overrides_replace_them_for_an_id() {
     assert_eq!(quota("43").as_gcra().unwrap().burst(), 3);
     // Every pattern file of the examples loads.
     for file in ["simple", "penalty", "punishment", "batch"] {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .join(format!("examples/config/tiers-{file}.yaml"));
         Limits::from_yaml_file(&path).unwrap();
     }

@@ -7,7 +7,7 @@ mod support;
 
 /// The trace simulator, from the `simulate` example.
 #[allow(dead_code)]
-#[path = "../examples/simulate/trace.rs"]
+#[path = "../simulator/src/trace.rs"]
 mod simulate;
 
 #[allow(dead_code)]

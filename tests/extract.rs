@@ -372,3 +372,20 @@ fn a_header_id_may_be_any_utf8_text() {
         .unwrap_err();
     assert_eq!(err.status.as_u16(), 400);
 }
+
+proptest::proptest! {
+    /// Any digits make the id that parsing them as an address, then as a number, then as text
+    /// makes: a number only in canonical form (`007` stays text, so it never shares a bucket
+    /// with `7`), text beyond `u64`.
+    #[test]
+    fn digit_ids_are_numbers_only_in_canonical_form(text in "[0-9]{1,22}") {
+        let reference = match text.parse::<std::net::IpAddr>() {
+            Ok(ip) if ip.to_string() == text => Id::from(ip),
+            _ => match text.parse::<u64>() {
+                Ok(n) if n.to_string() == text => Id::from(n),
+                _ => tower_ratelimits::IdKind::Any.parse(&text).unwrap(),
+            },
+        };
+        proptest::prop_assert_eq!(Id::new(&text).unwrap(), reference);
+    }
+}

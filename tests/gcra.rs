@@ -314,3 +314,147 @@ proptest! {
         }
     }
 }
+
+/// The one GCRA rule (`check`, `check_range`, `refund`) against `docs/gcra.md`'s formulas,
+/// transcribed literally in `i128`.
+mod spec {
+    use super::*;
+    use std::time::Duration;
+    use tower_ratelimits::__private::gcra::{
+        FOREIGN_SLACK_US, GcraOutcome, check, check_range, refund,
+    };
+
+    fn clamp(v: i128) -> u64 {
+        u64::try_from(v.max(0)).unwrap_or(u64::MAX)
+    }
+
+    /// `docs/gcra.md`'s spend, transcribed literally in `i128` (where nothing overflows): the
+    /// reference `check` must equal. Not used by the library.
+    /// The spec's stored TAT: a foreign one (further ahead than the crate writes) is none.
+    fn ours(limit: &Limit, stored: Option<u64>, now: u64) -> Option<u64> {
+        stored.filter(|&t| {
+            t <= now
+                || t - now <= limit.burst_offset_us() + limit.debt_offset_us() + FOREIGN_SLACK_US
+        })
+    }
+
+    fn spec_check(limit: &Limit, stored: Option<u64>, now: u64, cost: u64) -> GcraOutcome {
+        let stored = ours(limit, stored, now);
+        let (ei, bo) = (
+            i128::from(limit.emission_interval_us()),
+            i128::from(limit.burst_offset_us()),
+        );
+        let now = i128::from(now);
+        let tat = i128::from(stored.unwrap_or(0)).max(now);
+        let incr = ei * i128::from(cost);
+        let new_tat = tat + incr;
+        let difference = now - (new_tat - bo);
+        let tokens = |v: i128| clamp(v) / limit.emission_interval_us();
+        if difference < 0 {
+            GcraOutcome {
+                allowed: false,
+                remaining: tokens(now - (tat - bo)),
+                retry_after_us: clamp(-difference),
+                reset_after_us: clamp(tat - now),
+                new_tat: None,
+            }
+        } else {
+            GcraOutcome {
+                allowed: true,
+                remaining: tokens(difference),
+                retry_after_us: if difference < incr {
+                    clamp(incr - difference)
+                } else {
+                    0
+                },
+                reset_after_us: clamp(new_tat - now),
+                new_tat: u64::try_from(new_tat).ok(),
+            }
+        }
+    }
+
+    /// `docs/gcra.md`'s refund, transcribed literally.
+    fn spec_refund(limit: &Limit, stored: Option<u64>, now: u64, cost: u64) -> GcraOutcome {
+        let stored = ours(limit, stored, now);
+        let Some(stored) = stored.filter(|&t| t >= now) else {
+            return GcraOutcome {
+                allowed: false,
+                remaining: limit.burst(),
+                retry_after_us: 0,
+                reset_after_us: 0,
+                new_tat: None,
+            };
+        };
+        let (ei, bo) = (
+            i128::from(limit.emission_interval_us()),
+            i128::from(limit.burst_offset_us()),
+        );
+        let now_i = i128::from(now);
+        let new_tat = (i128::from(stored) - ei * i128::from(cost)).max(now_i);
+        let changed = new_tat != i128::from(stored);
+        GcraOutcome {
+            allowed: changed,
+            remaining: clamp(now_i - (new_tat - bo)) / limit.emission_interval_us(),
+            retry_after_us: 0,
+            reset_after_us: clamp(new_tat - now_i),
+            new_tat: if changed {
+                u64::try_from(new_tat).ok()
+            } else {
+                None
+            },
+        }
+    }
+
+    proptest! {
+        /// A partial grant is the naive search: the largest `k` from `max` down to `min` whose
+        /// plain spend the spec allows, with that spend's numbers; else the spec's denial of
+        /// `min`.
+        #[test]
+        fn a_range_grants_the_most_units_a_plain_spend_would_allow(
+            burst in 1u64..40,
+            count in 1u64..40,
+            period_us in 1_000u64..10_000_000,
+            tat_ahead in 0u64..20_000_000,
+            tat_behind in any::<bool>(),
+            min in 0u64..40,
+            extra in 0u64..60,
+        ) {
+            let Ok(limit) = Limit::new(burst, count, Duration::from_micros(period_us)) else {
+                return Ok(());
+            };
+            let now = 5_000_000_000u64;
+            let tat = if tat_behind { now - tat_ahead } else { now + tat_ahead };
+            let min = min.min(burst);
+            let max = min + extra;
+            let naive = (min..=max)
+                .rev()
+                .map(|k| (spec_check(&limit, Some(tat), now, k), k))
+                .find(|(o, _)| o.allowed)
+                .unwrap_or((spec_check(&limit, Some(tat), now, min), 0));
+            prop_assert_eq!(check_range(&limit, Some(tat), now, min, max).unwrap(), naive);
+        }
+
+        /// The one GCRA rule decides exactly as the spec's formulas, near the edges of u64 too.
+        #[test]
+        fn check_and_refund_equal_the_spec(
+            burst in 1u64..2_000_000,
+            count in 1u64..2_000_000,
+            period_us in 1u64..10_000_000_000,
+            tat in prop_oneof![0u64..4_000_000_000_000_000, (u64::MAX - 1_000_000_000_000)..=u64::MAX],
+            now in prop_oneof![0u64..4_000_000_000_000_000, (u64::MAX - 1_000_000_000_000)..=u64::MAX],
+            cost_frac in 0.0f64..=1.0,
+        ) {
+            let Ok(limit) = Limit::new(burst, count, Duration::from_micros(period_us)) else {
+                return Ok(());
+            };
+            let cost = (cost_frac * limit.burst() as f64) as u64;
+            let spec = spec_check(&limit, Some(tat), now, cost);
+            match check(&limit, Some(tat), now, cost) {
+                Ok(o) => prop_assert_eq!(o, spec),
+                // Only an allowed TAT past u64 is an error.
+                Err(GcraError::TimeOverflow) => prop_assert!(spec.allowed && spec.new_tat.is_none()),
+            }
+            prop_assert_eq!(refund(&limit, Some(tat), now, cost).unwrap(), spec_refund(&limit, Some(tat), now, cost));
+        }
+    }
+}

@@ -10,7 +10,7 @@ use tower_ratelimits::{Limiter, Limits, ManualClock, Mode, Transaction};
 
 /// The trace simulator, from the `simulate` example.
 #[allow(dead_code)]
-#[path = "../examples/simulate/trace.rs"]
+#[path = "../simulator/src/trace.rs"]
 mod simulate;
 use support::redis_backend::{KEY_LIMITS, caller_time_backend, commandstat};
 use tower_ratelimits::RedisBackend;

@@ -14,7 +14,7 @@ use tower_ratelimits::{
 
 /// The trace simulator, from the `simulate` example.
 #[allow(dead_code)]
-#[path = "../examples/simulate/trace.rs"]
+#[path = "../simulator/src/trace.rs"]
 mod simulate;
 use support::redis_backend::{
     KEY_LIMITS, backend, caller_time_backend, commandstat, limiter_on, raw_get,

@@ -202,7 +202,7 @@ mod simulator {
     }
 
     fn run(extra: &[&str]) -> String {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
         let out = Command::new(simulator())
             .args(extra)
             .arg("--defaults")
@@ -231,7 +231,7 @@ mod simulator {
     #[test]
     fn an_unreachable_redis_is_exit_code_2() {
         let port = support::redis::free_port();
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
         let out = Command::new(simulator())
             .args(["--redis", &format!("redis://127.0.0.1:{port}")])
             .arg("--defaults")

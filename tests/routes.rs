@@ -317,3 +317,78 @@ async fn ipv4_mapped_networks_match_the_addresses_they_map() {
         "its own bucket"
     );
 }
+
+/// Scopes by path prefix and method, for any path and method a client can send.
+mod scope_properties {
+    use proptest::prelude::*;
+    use tower_ratelimits::{__private, ClientIp, Rule};
+
+    /// Whether `rule`'s scopes hold for a request of `method` to `path`.
+    fn in_scope(rule: &Rule, method: &http::Method, path: &str) -> bool {
+        let (parts, ()) = http::Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .body(())
+            .unwrap()
+            .into_parts();
+        __private::in_scope(rule, &parts)
+    }
+
+    fn segment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            Just("api".to_owned()),
+            Just("apix".to_owned()),
+            Just("API".to_owned()),
+            Just("%61pi".to_owned()),
+            Just("..".to_owned()),
+            "[a-z]{1,3}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// A path prefix covers a path exactly when the prefix's segments (a trailing `/`
+        /// ignored) begin the path's segments: never `/apix` for `/api`, never another case or
+        /// encoding of a segment, never a path that only shares its characters.
+        #[test]
+        fn a_path_prefix_matches_whole_segments(
+            prefix in proptest::collection::vec(segment(), 0..3),
+            trailing in any::<bool>(),
+            path in proptest::collection::vec(segment(), 0..5),
+        ) {
+            let prefix_text = format!("/{}{}", prefix.join("/"), if trailing { "/" } else { "" });
+            let path_text = format!("/{}", path.join("/"));
+            let model = {
+                let trimmed = prefix_text.trim_end_matches('/');
+                trimmed.is_empty() || {
+                    let want: Vec<&str> = trimmed.split('/').collect();
+                    let have: Vec<&str> = path_text.split('/').collect();
+                    have.starts_with(&want)
+                }
+            };
+            let rule = Rule::new("R", ClientIp::new()).for_path_prefix(prefix_text.clone());
+            prop_assert_eq!(in_scope(&rule, &http::Method::GET, &path_text), model, "{} under {}", path_text, prefix_text);
+        }
+
+        /// A method scope holds for exactly its methods, and a `GET` scope for `HEAD` too; a
+        /// method spelled otherwise (`get`, `GETX`, an extension method) is not `GET`.
+        #[test]
+        fn a_method_scope_holds_for_its_methods_and_get_for_head(
+            method in prop_oneof![
+                Just("GET".to_owned()), Just("HEAD".to_owned()), Just("POST".to_owned()),
+                Just("get".to_owned()), Just("GETX".to_owned()), "[A-Za-z]{1,8}",
+            ],
+            scope in proptest::sample::subsequence(vec!["GET", "HEAD", "POST", "PUT"], 1..=4),
+        ) {
+            let method = http::Method::from_bytes(method.as_bytes()).unwrap();
+            let methods: Vec<http::Method> =
+                scope.iter().map(|m| http::Method::from_bytes(m.as_bytes()).unwrap()).collect();
+            let expected = methods.contains(&method)
+                || (method == http::Method::HEAD && methods.contains(&http::Method::GET));
+            let rule = Rule::new("R", ClientIp::new()).for_methods(methods);
+            prop_assert_eq!(in_scope(&rule, &method, "/"), expected);
+        }
+    }
+}

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use http_body::Frame;
 use support::http::{HttpClient, Reply, serve};
 use tokio::sync::{Mutex, mpsc, oneshot};
+use tower_ratelimits::__private;
 use tower_ratelimits::{
     ClientIp, Id, LayerError, Limiter, Limits, ManualClock, MemoryBackend, Mode, RateLimitLayer,
     Rule, Settle, Transaction,
@@ -704,4 +705,48 @@ async fn the_end_of_a_body_reaches_the_client_only_once_it_is_settled() {
     assert_eq!(reply.body.len(), 10);
     assert_eq!(*log.lock().unwrap(), ["settled", "end seen"]);
     assert_eq!(remaining(&limiter, "Bytes").await, 9990);
+}
+
+// The units a settle header reports, for any value a server may send.
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    /// Any `u64`, in plain digits with optional spaces or tabs around it (leading zeros
+    /// too), is that cost; the same value sent twice in a field is no cost (ambiguous).
+    #[test]
+    fn a_cost_is_its_digits_and_a_field_sent_twice_is_none(
+        n in proptest::prelude::any::<u64>(),
+        zeros in 0usize..3,
+        before in "[ \t]{0,2}",
+        after in "[ \t]{0,2}",
+    ) {
+        let digits = format!("{}{n}", "0".repeat(zeros));
+        let text = format!("{before}{digits}{after}");
+        let value = http::HeaderValue::from_str(&text).unwrap();
+        let expected = (digits.len() <= 20).then_some(n);
+        proptest::prop_assert_eq!(__private::parse_units(&value), expected);
+        let name = http::HeaderName::from_static("x-tokens-used");
+        let mut headers = http::HeaderMap::new();
+        headers.append(&name, value.clone());
+        proptest::prop_assert_eq!(__private::units_in(&headers, &name), expected);
+        headers.append(&name, value);
+        proptest::prop_assert_eq!(__private::units_in(&headers, &name), None);
+    }
+
+    /// Anything that is not plain digits (a sign, a decimal point, an exponent, letters, an
+    /// empty value, digits split by a space) is no cost: the estimate is kept.
+    #[test]
+    fn anything_but_digits_is_no_cost(text in "[0-9+\\-.eE xX_a-z]{0,24}") {
+        let trimmed = text.trim_matches([' ', '\t']);
+        let digits = !trimmed.is_empty()
+            && trimmed.len() <= 20
+            && trimmed.bytes().all(|b| b.is_ascii_digit());
+        let value = http::HeaderValue::from_str(&text).unwrap();
+        let parsed = __private::parse_units(&value);
+        if digits {
+            proptest::prop_assert_eq!(parsed, trimmed.parse::<u64>().ok());
+        } else {
+            proptest::prop_assert_eq!(parsed, None);
+        }
+    }
 }

@@ -78,15 +78,25 @@ fn problem_json() -> Result<bool, String> {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`): a level, `target=level` pairs, or
+/// both, comma-separated (`info,tower_ratelimits=debug`).
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let default = || Targets::new().with_default(LevelFilter::INFO);
+    let filter = match std::env::var("RUST_LOG") {
+        Err(_) => default(),
+        Ok(text) => text.parse::<Targets>().unwrap_or_else(|e| {
+            eprintln!("RUST_LOG={text:?}: {e}; logging at info");
+            default()
+        }),
+    };
+    let logs = tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
-        .try_init();
+        .finish()
+        .with(filter);
+    let _ = tracing::subscriber::set_global_default(logs);
 }
 
 /// Installs the Prometheus recorder (before any layer is built: rules register their

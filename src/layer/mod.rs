@@ -52,3 +52,7 @@ pub use rule::{OnMissingKey, Rule};
 pub use service::RateLimitService;
 pub use settle::Settle;
 pub use wait::Wait;
+
+// For `crate::__private` only (this repository's property tests); not re-exported otherwise.
+pub use rule::in_scope;
+pub use settle::{parse_units, units_in};

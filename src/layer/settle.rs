@@ -94,7 +94,7 @@ fn header_name(name: &str) -> Result<HeaderName, String> {
 /// The cost in the field `name` of `headers`: its one value, as [`parse_units`] reads it. A
 /// field sent twice is ambiguous and is no cost (the estimate is kept): taking either value
 /// would let whoever adds the second one choose the charge.
-fn units_in(headers: &http::HeaderMap, name: &HeaderName) -> Option<u64> {
+pub fn units_in(headers: &http::HeaderMap, name: &HeaderName) -> Option<u64> {
     let mut values = headers.get_all(name).iter();
     let value = values.next()?;
     if values.next().is_some() {
@@ -105,7 +105,7 @@ fn units_in(headers: &http::HeaderMap, name: &HeaderName) -> Option<u64> {
 
 /// A cost written in a header or trailer: ASCII digits only, at most 20 (`u64`), optional
 /// surrounding whitespace. Anything else is no cost (the estimate is kept).
-fn parse_units(value: &http::HeaderValue) -> Option<u64> {
+pub fn parse_units(value: &http::HeaderValue) -> Option<u64> {
     let text = value.to_str().ok()?.trim();
     if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -480,50 +480,7 @@ impl Drop for BodySettle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
-
-        /// Any `u64`, in plain digits with optional spaces or tabs around it (leading zeros
-        /// too), is that cost; the same value sent twice in a field is no cost (ambiguous).
-        #[test]
-        fn a_cost_is_its_digits_and_a_field_sent_twice_is_none(
-            n in any::<u64>(),
-            zeros in 0usize..3,
-            before in "[ \t]{0,2}",
-            after in "[ \t]{0,2}",
-        ) {
-            let digits = format!("{}{n}", "0".repeat(zeros));
-            let text = format!("{before}{digits}{after}");
-            let value = http::HeaderValue::from_str(&text).unwrap();
-            let expected = (digits.len() <= 20).then_some(n);
-            prop_assert_eq!(parse_units(&value), expected);
-            let name = HeaderName::from_static("x-tokens-used");
-            let mut headers = http::HeaderMap::new();
-            headers.append(&name, value.clone());
-            prop_assert_eq!(units_in(&headers, &name), expected);
-            headers.append(&name, value);
-            prop_assert_eq!(units_in(&headers, &name), None);
-        }
-
-        /// Anything that is not plain digits (a sign, a decimal point, an exponent, letters, an
-        /// empty value, digits split by a space) is no cost: the estimate is kept.
-        #[test]
-        fn anything_but_digits_is_no_cost(text in "[0-9+\\-.eE xX_a-z]{0,24}") {
-            let trimmed = text.trim_matches([' ', '\t']);
-            let digits = !trimmed.is_empty()
-                && trimmed.len() <= 20
-                && trimmed.bytes().all(|b| b.is_ascii_digit());
-            let value = http::HeaderValue::from_str(&text).unwrap();
-            let parsed = parse_units(&value);
-            if digits {
-                prop_assert_eq!(parsed, trimmed.parse::<u64>().ok());
-            } else {
-                prop_assert_eq!(parsed, None);
-            }
-        }
-    }
+    // tests/settle.rs holds the parsing rules for any value (property tests).
 
     #[test]
     fn the_settle_rule_refunds_the_unused_and_charges_the_extra() {

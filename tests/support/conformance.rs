@@ -39,7 +39,8 @@ TierB:
 /// `examples/traces/partial-grants.yaml`, `examples/traces/concurrency.yaml`,
 /// `examples/traces/debt.yaml` and `CONFORMANCE_LIMITS`.
 pub fn conformance_limits() -> Limits {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
+    let dir =
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join("examples/traces");
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
     let (gcra, tiers) = (read("gcra-20-per-second.yaml"), read("burst-tiers.yaml"));
     let partial = read("partial-grants.yaml");
@@ -164,7 +165,8 @@ pub async fn simulate_redis(url: &str, trace: &str, cache: bool) -> String {
 }
 
 pub fn traces() -> Vec<(String, String)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
+    let dir =
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join("examples/traces");
     let mut traces: Vec<(String, String)> = [
         "gcra-worked-examples",
         "burst-tiers-v1-v8",

@@ -1,13 +1,18 @@
-//! Runs a trace of requests through the limiter and prints one JSON decision per line, and
-//! draws it as a timeline on request.
+//! The trace simulator of [tower-ratelimits](https://docs.rs/tower-ratelimits): runs a trace
+//! of requests through the limiter and prints one JSON decision per line, and draws it as a
+//! timeline on request.
 //!
 //! ```text
-//! cargo run --example simulate -- --defaults FILE [--overrides FILE] [TRACE]
-//! cargo run --example simulate -- --defaults FILE --html OUT.html [--svg OUT.svg] [TRACE]
-//! cargo run --example simulate -- --defaults FILE --generate "burst 30 at 0s, then 5/s for 20s" \
+//! cargo install tower-ratelimits-simulator        # the `tower-ratelimits-simulate` command
+//! tower-ratelimits-simulate --defaults FILE [--overrides FILE] [TRACE]
+//! tower-ratelimits-simulate --defaults FILE --html OUT.html [--svg OUT.svg] [TRACE]
+//! tower-ratelimits-simulate --defaults FILE --generate "burst 30 at 0s, then 5/s for 20s" \
 //!     [--key Name=id ...] --html OUT.html
-//! cargo run --example simulate --features redis -- --redis redis://127.0.0.1:6379 --defaults FILE [TRACE]
+//! tower-ratelimits-simulate --redis redis://127.0.0.1:6379 --defaults FILE [TRACE]   # feature `redis`
 //! ```
+//!
+//! In the repository, `cargo run --example simulate -- ARGS` runs the same command (add
+//! `--features redis` for `--redis`).
 //!
 //! With `--redis URL` (feature `redis`) the trace runs through the Redis backend in caller-time
 //! mode and prints exactly what the in-memory run prints. Its keys live under a prefix of their
@@ -15,12 +20,12 @@
 //! trace time they need to refill).
 //!
 //! TRACE is a file, or standard input when absent or `-`. The format is documented in
-//! `examples/simulate/trace.rs`. `--generate PHRASE` makes the trace from a workload phrase
-//! instead (grammar: `examples/simulate/generate.rs`), each request a batch of the `--key`
+//! `simulator/src/trace.rs`. `--generate PHRASE` makes the trace from a workload phrase
+//! instead (grammar: `simulator/src/generate.rs`), each request a batch of the `--key`
 //! transactions (trace syntax, repeatable; default: every limit of the defaults file with an id
 //! its kind accepts).
 //!
-//! `--html FILE` and `--svg FILE` also draw the run (`examples/simulate/timeline.rs`): one
+//! `--html FILE` and `--svg FILE` also draw the run (`simulator/src/timeline.rs`): one
 //! self-contained file, `--width PX` wide (default 1400). `--quiet` leaves out the JSON lines.
 //!
 //! A malformed trace, phrase or configuration, an unknown option or an output file that cannot
@@ -178,7 +183,9 @@ fn sample_id(kind: IdKind) -> &'static str {
         IdKind::Ip => "192.0.2.1",
         IdKind::Ipv6Range => "2001:db8::/48",
         IdKind::Account => "1",
+        #[cfg(feature = "acme")]
         IdKind::Domain | IdKind::FqdnSet => "example.com",
+        #[cfg(feature = "acme")]
         IdKind::AccountDomain | IdKind::AccountFqdnSet => "1:example.com",
         _ => "client",
     }
@@ -221,8 +228,9 @@ fn generated_trace(limiter: &Limiter, phrase: &str, keys: &[String]) -> Result<S
     Ok(text)
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
+/// Runs the command line (`std::env::args`) to its end: the JSON lines on standard output, a
+/// reason on standard error and exit code 2 on bad input.
+pub fn cli() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) if e.is_empty() => {
@@ -231,7 +239,14 @@ async fn main() -> ExitCode {
         }
         Err(e) => return fail(format!("{e}\n{USAGE}")),
     };
-    match simulate_main(args).await {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(format!("starting the runtime: {e}")),
+    };
+    match runtime.block_on(simulate_main(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
@@ -348,5 +363,5 @@ async fn redis_backend(
     _url: &str,
     _clock: &ManualClock,
 ) -> Result<std::sync::Arc<dyn tower_ratelimits::Backend>, String> {
-    Err("--redis needs the `redis` feature: cargo run --example simulate --features redis".into())
+    Err("--redis needs the `redis` feature: build the simulator with `--features redis`".into())
 }

@@ -7,11 +7,9 @@ use std::process::Command;
 use serde_json::Value;
 use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
 
-#[path = "support/examples.rs"]
-mod examples;
 /// The trace simulator, from the `simulate` example.
 #[allow(dead_code)]
-#[path = "../examples/simulate/trace.rs"]
+#[path = "../src/trace.rs"]
 mod simulate;
 
 const DEFAULTS: &str = "\
@@ -264,8 +262,14 @@ async fn a_malformed_cost_suffix_is_an_error_and_other_stars_stay_in_the_id() {
     assert_eq!(lines[2]["remaining"], 19, "*x* too");
 }
 
+/// The `tower-ratelimits-simulate` binary, built by `cargo test` for this crate's tests.
+/// The repository's root (the traces and configurations live in its `examples/`).
+fn repository() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 fn simulator() -> PathBuf {
-    examples::example_binary("simulate")
+    PathBuf::from(env!("CARGO_BIN_EXE_tower-ratelimits-simulate"))
 }
 
 #[test]
@@ -273,17 +277,17 @@ fn command_line_exit_codes() {
     let bin = simulator();
     assert!(
         bin.exists(),
-        "cargo test builds the examples: {}",
+        "cargo test builds the binary: {}",
         bin.display()
     );
-    let root = env!("CARGO_MANIFEST_DIR");
+    let root = repository();
     let out = Command::new(&bin)
         .args([
             "--defaults",
             "examples/traces/gcra-20-per-second.yaml",
             "examples/traces/gcra-worked-examples.trace",
         ])
-        .current_dir(root)
+        .current_dir(&root)
         .output()
         .unwrap();
     assert!(
@@ -327,7 +331,7 @@ fn command_line_exit_codes() {
     // A bad trace line from stdin: exit 2, earlier lines printed, none for the bad one.
     let mut child = Command::new(&bin)
         .args(["--defaults", "examples/config/defaults.yaml", "-"])
-        .current_dir(root)
+        .current_dir(&root)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -357,7 +361,7 @@ fn command_line_exit_codes() {
 /// (`# G [units per tier]` or `# R`); the simulator's output must give exactly that answer.
 #[tokio::test]
 async fn the_burst_tier_examples_v1_to_v8() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
+    let dir = repository().join("examples/traces");
     let limits = std::fs::read_to_string(dir.join("burst-tiers.yaml")).unwrap();
     let trace = std::fs::read_to_string(dir.join("burst-tiers-v1-v8.trace")).unwrap();
     let out = run(&limits, None, &trace).await.unwrap();
@@ -390,7 +394,7 @@ async fn the_burst_tier_examples_v1_to_v8() {
 /// fields its trace line ends with (`# {...}`): those of its first decision, or of the line
 /// itself for a `release`. Returns each output line with its trace text.
 async fn documented_values(name: &str) -> Vec<(Value, String)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
+    let dir = repository().join("examples/traces");
     let limits = std::fs::read_to_string(dir.join(format!("{name}.yaml"))).unwrap();
     let trace = std::fs::read_to_string(dir.join(format!("{name}.trace"))).unwrap();
     let out = run(&limits, None, &trace).await.unwrap();

@@ -4,8 +4,7 @@
 //! with a located message and leaves no file, and the page opens in a real headless Chromium
 //! without console errors or network requests, with a screenshot that is not blank.
 //!
-//! These tests run the `simulate` example binary (`cargo build --all-features --examples`
-//! first when run alone).
+//! These tests run the `tower-ratelimits-simulate` binary, which cargo builds for them.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,11 +14,10 @@ use serde_json::{Value, json};
 
 #[path = "support/browser.rs"]
 mod browser;
-#[path = "support/examples.rs"]
-mod examples;
 
+/// The `tower-ratelimits-simulate` binary, built by `cargo test` for this crate's tests.
 fn simulator() -> PathBuf {
-    examples::example_binary("simulate")
+    PathBuf::from(env!("CARGO_BIN_EXE_tower-ratelimits-simulate"))
 }
 
 /// A scratch directory, removed at the end of the test.
@@ -71,6 +69,7 @@ fn simulate(args: &[&str]) -> Run {
 
 fn repo(path: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
         .join(path)
         .display()
         .to_string()
