@@ -339,6 +339,7 @@ impl fmt::Debug for BucketKey {
 /// - `tests/config.rs` (an override id of the kind is checked at load) and
 ///   `tests/support/identity.rs` (its ids keep their Redis slot and never collide).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum IdKind {
     /// An IPv4 or IPv6 address in canonical text form.
     Ip,
@@ -502,6 +503,7 @@ impl fmt::Display for IdKind {
 
 /// Why an id was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum IdError {
     /// The id was empty.
     #[error("the id is empty")]

@@ -21,7 +21,9 @@ mod time;
 
 pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 pub use algo::gcra::{GcraError, Limit, LimitError};
-pub use algo::tiers::{Tier, TierError, TierGrant, TierRequestError, TierState, TieredLimit};
+pub use algo::tiers::{
+    Tier, TierError, TierGrant, TierLog, TierRequestError, TierState, TieredLimit,
+};
 /// The batch kit: what a backend decides, written once, for a backend outside the crate.
 pub use backend::kit;
 pub use backend::{
@@ -51,6 +53,11 @@ pub use time::{Clock, DurationError, ManualClock, SystemClock};
 /// (`http::request::Parts` in a [`KeyExtractor`] or a cost function), re-exported so a user
 /// need not add it.
 pub use http;
+
+/// The `ipnet` crate's `IpNet`, in which trusted proxies and exemptions are given
+/// ([`ClientIp::trusted_proxies`], [`RateLimitLayerBuilder::exempt_addresses`]), re-exported so a user
+/// need not add it.
+pub use ipnet::IpNet;
 
 /// Not part of the API: what this repository's own tests, benches and examples reach below
 /// the public surface (the pure algorithms, duration parsing, a rule's scope, a settle header's units). Anything here may change

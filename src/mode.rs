@@ -3,6 +3,7 @@
 
 /// How a transaction takes part in a batch (`docs/gcra.md`, "Transactions and batches").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Mode {
     /// Counts toward the batch decision and is written when the batch is allowed.
     #[default]

@@ -31,6 +31,7 @@ use crate::algo::tiers::TieredLimit;
 /// assert_eq!(quota.max_cost(), 55);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Quota {
     /// A GCRA bucket.
     Gcra(Limit),

@@ -112,6 +112,7 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 
 /// Why a duration string was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DurationError {
     /// The string was empty.
     #[error("empty duration")]

@@ -453,6 +453,7 @@ mod spec {
                 Ok(o) => prop_assert_eq!(o, spec),
                 // Only an allowed TAT past u64 is an error.
                 Err(GcraError::TimeOverflow) => prop_assert!(spec.allowed && spec.new_tat.is_none()),
+                Err(e) => prop_assert!(false, "{e}"),
             }
             prop_assert_eq!(refund(&limit, Some(tat), now, cost).unwrap(), spec_refund(&limit, Some(tat), now, cost));
         }

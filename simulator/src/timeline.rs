@@ -190,6 +190,7 @@ pub fn memory_us(quota: Option<&Quota>) -> u64 {
             .max()
             .unwrap_or(0),
         Some(Quota::Concurrency(c)) => c.lease_us(),
+        Some(_) => 0,
     }
 }
 
@@ -448,6 +449,7 @@ impl Timeline {
                 .map(|(i, tier)| Series::new(format!("T{} used", i + 1), tier.limit()))
                 .collect(),
             Some(Quota::Concurrency(c)) => vec![Series::new("slots in use".into(), c.max())],
+            Some(_) => Vec::new(),
         };
         let tiers = quota
             .as_ref()
@@ -632,6 +634,7 @@ impl Lane {
             Some(Quota::Concurrency(_)) => {
                 out[0] = backend.map_or(0, |b| b.leases(&self.key) as u64);
             }
+            Some(_) => {}
         }
         out
     }
@@ -707,6 +710,7 @@ impl Lane {
                 c.max(),
                 seconds(c.lease_us())
             ),
+            Some(_) => "a limit of another shape".into(),
         }
     }
 }
@@ -938,6 +942,7 @@ impl Timeline {
                 Some(Quota::Gcra(_)) => "gcra",
                 Some(Quota::Tiered(_)) => "tiered",
                 Some(Quota::Concurrency(_)) => "concurrency",
+                Some(_) => "other",
             },
             y,
             self.axis.width - 8.0,

@@ -30,6 +30,7 @@ pub const FOREIGN_SLACK_US: u64 = 60_000_000;
 
 /// Why a limit was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LimitError {
     /// `burst`, `count` or `period` was zero.
     #[error("{field} must be greater than zero")]
@@ -320,6 +321,7 @@ pub struct GcraOutcome {
 
 /// Why a GCRA computation could not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GcraError {
     /// The new TAT would not fit in 64-bit microseconds (a clock or a stored value near the
     /// end of `u64` time; never a real clock).

@@ -368,6 +368,7 @@ pub fn tier_at(limit: &TieredLimit, state: &TierState, i: usize, now: u64) -> (P
 
 /// What a tiered decision granted, per tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct TierGrant {
     /// Units granted in total (for a refund: units taken back).
     pub granted: u64,

@@ -43,7 +43,7 @@ pub struct Outcome {
     /// an outcome is moved on every request's road, and only a tiered limit has this).
     pub tiers: Option<Box<TierGrant>>,
     /// For a GCRA transaction asked for a range of units (a partial grant,
-    /// [`gcra::check_range`](crate::__private::gcra::check_range)): the units granted, 0 on a
+    /// [`Transaction::cost_range`](crate::Transaction::cost_range)): the units granted, 0 on a
     /// denial. `None` for a single cost, which is granted whole when allowed. A custom
     /// backend that decides a range ([`BucketTx::min_cost`] below [`BucketTx::cost`]) sets it.
     pub granted: Option<u64>,
@@ -77,7 +77,7 @@ impl Outcome {
     }
 
     /// The outcome of a tiered decision.
-    pub fn tiered(d: &TierDecision, limit: &TieredLimit) -> Self {
+    pub(crate) fn tiered(d: &TierDecision, limit: &TieredLimit) -> Self {
         Self {
             tiers: Some(Box::new(d.grant(limit))),
             ..Self::new(d.allowed, d.remaining, d.retry_after_us, d.reset_after_us)

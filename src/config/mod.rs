@@ -18,6 +18,7 @@ mod yaml;
 
 /// Where a configuration error was found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Location {
     /// The file (or a label such as `<defaults>` for text loaded from a string).
     pub source: Option<String>,

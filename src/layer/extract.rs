@@ -21,6 +21,7 @@ use crate::key::Id;
 /// body carrying `message`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
+#[non_exhaustive]
 pub struct KeyError {
     /// The response status (400 for a malformed value, 500 for a server set-up problem).
     pub status: StatusCode,
@@ -110,6 +111,7 @@ where
 
 /// Which forwarding header a trusted proxy sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ForwardedHeader {
     /// `X-Forwarded-For: client, proxy1, proxy2` (the default).
     #[default]

@@ -10,6 +10,7 @@ use crate::limiter::Limiter;
 
 /// What to do when the backend fails or does not answer within the timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum FailurePolicy {
     /// Let the request through and log a warning (the default: a rate limiter outage should not
     /// become a service outage).

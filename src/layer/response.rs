@@ -465,6 +465,7 @@ fn put(headers: &mut HeaderMap, name: &'static HeaderName, ours: HeaderValue) {
 /// A denied request, as handed to a custom response function
 /// ([`RateLimitLayerBuilder::denied_response`](crate::RateLimitLayerBuilder::denied_response)).
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Denial<'a> {
     batch: &'a BatchDecision,
     grpc: bool,

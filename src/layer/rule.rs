@@ -22,6 +22,7 @@ use crate::mode::Mode;
 
 /// What to do when a rule's extractor finds no id (e.g. no account header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OnMissingKey {
     /// Do not apply this rule to the request.
     Skip,

@@ -11,6 +11,7 @@ use crate::quota::Quota;
 
 /// The decision for one transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Decision {
     /// Whether the transaction was allowed (or, for a refund, whether anything was refunded).
     pub allowed: bool,

@@ -36,6 +36,7 @@ pub(super) struct Settings {
 /// `calls` made for `requests` queued requests (`requests / calls` of them per call), and the
 /// `direct` requests that found a call free and made their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct CoalesceStats {
     /// Calls that carried queued requests.
     pub calls: u64,
