@@ -201,7 +201,7 @@ gcra:
                         .spend(&[Transaction::new(key.clone())])
                         .await
                         .unwrap();
-                    granted += d.decisions()[0].granted.min(1);
+                    granted += d.decisions()[0].granted().min(1);
                 }
                 let redis_key = if name == "gcra" {
                     backend.redis_key(&key)

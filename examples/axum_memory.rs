@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --example axum_memory
-//! for i in $(seq 1 25); do curl -s -o /dev/null -w "%{http_code} " http://127.0.0.1:3000/; done
+//! curl -s -w '%{stderr}%{http_code} ' 'http://127.0.0.1:3000/?[1-25]' >/dev/null; echo
 //! ```
 //!
 //! Settings (environment):

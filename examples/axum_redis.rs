@@ -4,8 +4,8 @@
 //! ```text
 //! cargo run --example axum_redis --features redis
 //! ADDR=127.0.0.1:3001 cargo run --example axum_redis --features redis   # a second instance
-//! for i in $(seq 1 25); do curl -s -o /dev/null -w "%{http_code} " http://127.0.0.1:3000/; done
-//! for i in $(seq 1 25); do curl -s -o /dev/null -w "%{http_code} " http://127.0.0.1:3001/; done
+//! curl -s -w '%{stderr}%{http_code} ' 'http://127.0.0.1:3000/?[1-25]' >/dev/null; echo
+//! curl -s -w '%{stderr}%{http_code} ' 'http://127.0.0.1:3001/?[1-25]' >/dev/null; echo
 //! ```
 //!
 //! Settings (environment): those of `axum_memory` (`ADDR`, `RATELIMITS_DEFAULTS`,

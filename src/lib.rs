@@ -1,4 +1,108 @@
-#![doc = include_str!("../README.md")]
+//! Rate limits in front of any [tower](https://docs.rs/tower) service: axum, tonic and hyper
+//! apps add a [`RateLimitLayer`] and are protected, in one process (in memory) or across many
+//! (Redis and Redis Cluster, feature `redis`), with the same decisions to the microsecond.
+//!
+//! # Words
+//!
+//! A [`Limit`] is one GCRA rate: a burst of tokens, refilled at `count` per `period`. A
+//! [`Quota`] is any shape a limit can take: a GCRA [`Limit`], burst tiers ([`TieredLimit`]) or
+//! requests in flight ([`ConcurrencyLimit`]). [`Limits`] is a whole configuration: named
+//! limits, each keyed by one kind of id ([`IdKind`]), with a default and per-id overrides,
+//! loaded from YAML or built with [`Limits::builder`]. A [`Limiter`] decides against a
+//! snapshot of its [`Limits`] through a [`Backend`] ([`MemoryBackend`], `RedisBackend`): one
+//! [`Transaction`] per limit and id, all of a request's in one all-or-nothing batch, answered
+//! by a [`BatchDecision`]. A [`Rule`] tells the layer which limit applies to a request and how
+//! to key it ([`KeyExtractor`]: [`ClientIp`], [`Header`], [`key_fn`]).
+//!
+//! # One limit per client IP
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_ratelimits::{Limit, RateLimitLayer};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // 20 requests at once per client IP, then 10 per second, in memory.
+//! let layer = RateLimitLayer::per_client_ip(Limit::new(20, 10, Duration::from_secs(1))?)?;
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/", axum::routing::get(|| async { "hello" }))
+//!     .layer(layer);
+//! // Serve with the peer address:
+//! // axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! # Named limits, several rules
+//!
+//! ```
+//! use tower_ratelimits::{ClientIp, Header, Limiter, Limits, MemoryBackend, RateLimitLayer, Rule};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limits = Limits::from_yaml_str(
+//!     "
+//! RequestsPerIPAddress: {kind: ip, burst: 20, count: 20, period: 1s}
+//! ExportsPerAccount: {kind: account, burst: 5, count: 5, period: 1h}
+//! ",
+//!     // Overrides for some ids (a second file in production).
+//!     Some("ExportsPerAccount:12345678: {burst: 50, count: 50, period: 1h}"),
+//! )?;
+//! let layer = RateLimitLayer::builder(Limiter::new(limits, MemoryBackend::new()))
+//!     .rule(Rule::new("RequestsPerIPAddress", ClientIp::new()))
+//!     // Key by an identity your authentication layer verified, not by what a client says.
+//!     .rule(Rule::new("ExportsPerAccount", Header::new("x-account-id")).for_path_prefix("/exports"))
+//!     .build()?;
+//! # let _ = layer; Ok(()) }
+//! ```
+//!
+//! Every rule that applies to a request is decided in one backend call: allowed, the response
+//! carries the IETF `RateLimit` and `RateLimit-Policy` fields; denied, a `429` with
+//! `Retry-After` and a JSON body ([`FieldStyle`], [`ErrorBody`]), or `RESOURCE_EXHAUSTED` for
+//! gRPC.
+//!
+//! # Without tower
+//!
+//! ```
+//! use tower_ratelimits::{Id, Limiter, Limits, MemoryBackend, Transaction};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limits = Limits::from_yaml_str("Exports: {kind: account, burst: 2, count: 10, period: 1h}", None)?;
+//! let limiter = Limiter::new(limits, MemoryBackend::new());
+//! let key = limiter.key("Exports", Id::from(12345678u64))?;
+//! let batch = limiter.spend(&[Transaction::new(key)]).await?;
+//! assert!(batch.allowed());
+//! # Ok(()) }
+//! ```
+//!
+//! # Where to read on
+//!
+//! | for | see |
+//! |---|---|
+//! | the layer's knobs: scopes, exemptions, failure policy, fields, bodies | [`RateLimitLayerBuilder`], [`Rule`] |
+//! | a cost known only after the response (reserve, then settle) | [`Settle`] |
+//! | waiting instead of refusing | [`Wait`] |
+//! | requests in flight | [`ConcurrencyLimit`], [`specs::concurrency`] |
+//! | burst tiers | [`TieredLimit`], [`specs::burst_tiers`] |
+//! | the GCRA rule, partial grants, debt | [`Limit`], [`Transaction::cost_range`], [`specs::gcra`] |
+//! | keys, forwarding headers, the response fields | [`ClientIp`], [`specs::keys_and_http`] |
+//! | Redis and Redis Cluster | `RedisBackend` (feature `redis`) |
+//! | reloading limits while running | [`Limiter::reload`], `LimitsWatcher` (feature `reload`) |
+//! | a backend for another store | [`Backend`], [`kit`] |
+//!
+//! The repository's README covers operating it (shadow mode, metrics, sizing, failure
+//! behaviour) and the examples.
+//!
+//! # Features
+//!
+//! | feature | default | adds |
+//! |---|---|---|
+//! | `yaml` | on | [`Limits::from_yaml_str`] and the file loaders |
+//! | `axum` | on | the peer address from axum's `ConnectInfo` |
+//! | `tonic` | off | the peer address from tonic's `TcpConnectInfo`; gRPC error details |
+//! | `redis` | off | `RedisBackend`: Redis and Redis Cluster |
+//! | `redis-tls` | off | `rediss://` URLs |
+//! | `metrics` | off | counters and histograms through the `metrics` facade |
+//! | `reload` | off | `LimitsWatcher`: reload on file changes and SIGHUP |
+//! | `acme` | off | the id kinds `domain`, `fqdn_set`, `account_domain`, `account_fqdn_set` |
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -58,6 +162,25 @@ pub use http;
 /// ([`ClientIp::trusted_proxies`], [`RateLimitLayerBuilder::exempt_addresses`]), re-exported so a user
 /// need not add it.
 pub use ipnet::IpNet;
+
+/// The specifications the crate is held to, as kept in the repository's `docs/`.
+// Prose in Markdown: brackets there are data (`[5,1,1,0]`), not links to items.
+#[allow(rustdoc::broken_intra_doc_links, clippy::doc_lazy_continuation)]
+pub mod specs {
+    #[doc = include_str!("../docs/gcra.md")]
+    pub mod gcra {}
+    #[doc = include_str!("../docs/burst-tiers.md")]
+    pub mod burst_tiers {}
+    #[doc = include_str!("../docs/concurrency.md")]
+    pub mod concurrency {}
+    #[doc = include_str!("../docs/keys-and-http.md")]
+    pub mod keys_and_http {}
+}
+
+/// The README's code, compiled and run as doc tests (every feature: its examples use them).
+#[cfg(all(doctest, feature = "redis", feature = "yaml", feature = "axum"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 /// Not part of the API: what this repository's own tests, benches and examples reach below
 /// the public surface (the pure algorithms, duration parsing, a rule's scope, a settle header's units). Anything here may change

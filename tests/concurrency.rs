@@ -319,8 +319,8 @@ async fn leases_are_released_once_and_expire_at_their_deadline() {
     assert_eq!(lease.limit().unwrap().max(), 1);
     let denied = limiter.spend(std::slice::from_ref(&tx)).await.unwrap();
     assert!(!denied.allowed());
-    assert_eq!(denied.decisions()[0].retry_after, Duration::from_secs(1));
-    assert_eq!(denied.decisions()[0].lease_id, None);
+    assert_eq!(denied.decisions()[0].retry_after(), Duration::from_secs(1));
+    assert_eq!(denied.decisions()[0].lease_id(), None);
 
     assert_eq!(
         limiter.release(std::slice::from_ref(&lease)).await.unwrap(),
@@ -384,9 +384,9 @@ async fn batches_probes_and_checks_take_no_slot_unless_allowed() {
     // The rate limit is spent: the batch is denied, and the free slot stays free.
     let denied = limiter.spend(&batch).await.unwrap();
     assert!(!denied.allowed());
-    assert!(denied.decisions()[0].allowed);
-    assert_eq!(denied.decisions()[0].remaining, 1);
-    assert_eq!(denied.decisions()[0].lease_id, None);
+    assert!(denied.decisions()[0].allowed());
+    assert_eq!(denied.decisions()[0].remaining(), 1);
+    assert_eq!(denied.decisions()[0].lease_id(), None);
     assert_eq!(backend.leases(&one), 0);
 
     let probe = limiter
@@ -395,7 +395,10 @@ async fn batches_probes_and_checks_take_no_slot_unless_allowed() {
         .unwrap();
     assert!(probe.allowed());
     assert_eq!(
-        (probe.decisions()[0].remaining, probe.decisions()[0].granted),
+        (
+            probe.decisions()[0].remaining(),
+            probe.decisions()[0].granted()
+        ),
         (1, 0)
     );
     let check = limiter
@@ -403,7 +406,7 @@ async fn batches_probes_and_checks_take_no_slot_unless_allowed() {
         .await
         .unwrap();
     assert!(check.allowed());
-    assert_eq!(check.decisions()[0].lease_id, None);
+    assert_eq!(check.decisions()[0].lease_id(), None);
     assert_eq!(backend.leases(&one), 0);
 
     assert!(matches!(

@@ -60,8 +60,8 @@ async fn a_denial_in_one_key_leaves_the_others_untouched() {
         .await
         .unwrap();
     assert!(!batch.allowed());
-    assert!(batch.decisions()[0].allowed, "A alone would pass");
-    assert_eq!(batch.strictest().unwrap().name.as_ref(), "Slow");
+    assert!(batch.decisions()[0].allowed(), "A alone would pass");
+    assert_eq!(batch.strictest().unwrap().name().as_ref(), "Slow");
     assert_eq!(
         backend.tat(&a),
         before,
@@ -91,8 +91,8 @@ async fn modes_follow_the_spec() {
         .await
         .unwrap();
     assert!(b.allowed());
-    assert!(!b.decisions()[1].allowed);
-    assert_eq!(b.strictest().unwrap().name.as_ref(), "A");
+    assert!(!b.decisions()[1].allowed());
+    assert_eq!(b.strictest().unwrap().name().as_ref(), "A");
     // ... and is not written when its own decision denies.
     assert_eq!(backend.tat(&key(&l, "Slow", "m")), slow_tat);
     // spend-only is written when it allows and the batch allows.
@@ -128,8 +128,8 @@ async fn the_strictest_decision_speaks_for_the_batch() {
         .await
         .unwrap();
     assert!(b.allowed());
-    assert_eq!(b.strictest().unwrap().name.as_ref(), "B");
-    assert_eq!(b.strictest().unwrap().remaining, 20);
+    assert_eq!(b.strictest().unwrap().name().as_ref(), "B");
+    assert_eq!(b.strictest().unwrap().remaining(), 20);
     // Two denials: the longer retry_after wins.
     let b = l
         .spend(&[tx(&l, "A", "s").cost(45), tx(&l, "B", "s").cost(30)])
@@ -137,10 +137,10 @@ async fn the_strictest_decision_speaks_for_the_batch() {
         .unwrap();
     assert!(!b.allowed());
     let s = b.strictest().unwrap();
-    assert_eq!(s.name.as_ref(), "B");
+    assert_eq!(s.name().as_ref(), "B");
     // B's EI is 1s/30 rounded up, 33_334us: 10 spent + 30 wanted - 30 burst = 10 tokens short.
-    assert_eq!(s.retry_after, Duration::from_micros(333_340));
-    assert_eq!(b.decisions()[0].retry_after, Duration::from_millis(100));
+    assert_eq!(s.retry_after(), Duration::from_micros(333_340));
+    assert_eq!(b.decisions()[0].retry_after(), Duration::from_millis(100));
 }
 
 #[tokio::test]
@@ -173,7 +173,7 @@ async fn errors_and_disabled_limits() {
         let b = l.spend(&[tx(&l, "OverrideOnly", "anyone")]).await.unwrap();
         assert!(b.allowed());
         assert!(b.strictest().is_none());
-        assert_eq!(b.decisions()[0].limit, None);
+        assert_eq!(b.decisions()[0].limit(), None);
     }
     assert_eq!(backend.len(), 0);
     // The override applies to its id.
@@ -210,7 +210,7 @@ async fn refund_and_reset() {
     );
     let r = l.refund(&[Transaction::new(k.clone())]).await.unwrap();
     assert!(r.allowed());
-    assert_eq!(r.decisions()[0].remaining, 1);
+    assert_eq!(r.decisions()[0].remaining(), 1);
     assert!(
         l.spend(&[Transaction::new(k.clone())])
             .await
@@ -222,7 +222,7 @@ async fn refund_and_reset() {
         .refund(&[Transaction::new(k.clone()).cost(3)])
         .await
         .unwrap();
-    assert_eq!(r.decisions()[0].remaining, 3);
+    assert_eq!(r.decisions()[0].remaining(), 3);
     assert_eq!(backend.tat(&k), Some(T0));
     // Refunding a fresh bucket does nothing and stores nothing.
     let fresh = key(&l, "Slow", "fresh");
@@ -237,7 +237,7 @@ async fn refund_and_reset() {
     l.reset(std::slice::from_ref(&k)).await.unwrap();
     assert_eq!(backend.tat(&k), None);
     let b = l.spend(&[Transaction::new(k.clone())]).await.unwrap();
-    assert_eq!(b.decisions()[0].remaining, 2);
+    assert_eq!(b.decisions()[0].remaining(), 2);
 }
 
 #[test]
@@ -459,7 +459,7 @@ fn concurrent_tiered_requests_never_over_grant() {
                 for _ in 0..100 {
                     let tx = Transaction::new(k.clone()).cost_range(1..=3);
                     let d = support::ready(limiter.spend(&[tx])).unwrap();
-                    granted.fetch_add(d.decisions()[0].granted, Ordering::Relaxed);
+                    granted.fetch_add(d.decisions()[0].granted(), Ordering::Relaxed);
                 }
             });
         }
@@ -502,7 +502,10 @@ async fn mixed_batches_are_all_or_nothing() {
         .await
         .unwrap();
     assert!(!denied.allowed());
-    assert!(denied.decisions()[0].allowed, "the tier alone would grant");
+    assert!(
+        denied.decisions()[0].allowed(),
+        "the tier alone would grant"
+    );
     assert_eq!(backend.tier_state(&t).unwrap(), before);
     // The tiered part denies (min above what is left): the GCRA bucket is untouched.
     let tat = backend.tat(&g);
@@ -514,7 +517,7 @@ async fn mixed_batches_are_all_or_nothing() {
         .await
         .unwrap();
     assert!(!denied.allowed());
-    assert_eq!(denied.strictest().unwrap().key, t);
+    assert_eq!(denied.strictest().unwrap().key(), &t);
     assert_eq!(backend.tat(&g), tat);
     assert_eq!(backend.tier_state(&t).unwrap(), before);
     // Check-only writes nothing, even for a key never seen.
@@ -538,9 +541,9 @@ async fn tiered_state_is_swept_once_fresh_and_reset_clears_it() {
         .await
         .unwrap();
     let d = &d.decisions()[0];
-    assert!(d.allowed && d.tiers.unwrap().burst);
+    assert!(d.allowed() && d.tiers().unwrap().burst);
     // Tier 2 entered now: fresh again after 5 s + 15 s (+1us).
-    assert_eq!(d.reset_after, Duration::from_micros(20_000_001));
+    assert_eq!(d.reset_after(), Duration::from_micros(20_000_001));
     clock.advance(Duration::from_micros(20_000_000));
     assert_eq!(backend.sweep(), 0);
     clock.advance(Duration::from_micros(1));
@@ -560,8 +563,8 @@ async fn tiered_state_is_swept_once_fresh_and_reset_clears_it() {
         .refund(&[Transaction::new(t.clone()).cost(2)])
         .await
         .unwrap();
-    assert_eq!(r.decisions()[0].granted, 2);
-    assert_eq!(r.decisions()[0].remaining, 2);
+    assert_eq!(r.decisions()[0].granted(), 2);
+    assert_eq!(r.decisions()[0].remaining(), 2);
 }
 
 #[tokio::test]
@@ -581,7 +584,7 @@ async fn cost_ranges_are_checked() {
         .spend(&[Transaction::new(g).cost_range(1..=7)])
         .await
         .unwrap();
-    assert_eq!(d.decisions()[0].granted, 3);
+    assert_eq!(d.decisions()[0].granted(), 3);
     let e = limiter
         .spend(&[Transaction::new(t.clone()).cost_range(std::ops::RangeInclusive::new(3, 2))])
         .await;
@@ -606,7 +609,7 @@ async fn cost_ranges_are_checked() {
         .spend(&[Transaction::new(t).cost_range(1..=1000)])
         .await
         .unwrap();
-    assert_eq!(d.decisions()[0].granted, 55);
+    assert_eq!(d.decisions()[0].granted(), 55);
 }
 
 #[tokio::test]
@@ -753,7 +756,7 @@ fn partial_grants_are_counted() {
         let spend = |range: std::ops::RangeInclusive<u64>| {
             let tx = Transaction::new(key.clone()).cost_range(range);
             let d = support::ready(limiter.spend(&[tx])).unwrap();
-            d.decisions()[0].granted
+            d.decisions()[0].granted()
         };
         assert_eq!(spend(1..=4), 4, "whole");
         assert_eq!(spend(2..=100), 6, "partial");

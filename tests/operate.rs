@@ -189,7 +189,7 @@ async fn shadow_decides_like_enforced(store: Store) {
                 async move {
                     let d = l.check(&tx).await.unwrap();
                     let d = d.strictest().unwrap().clone();
-                    (d.allowed, d.remaining, d.retry_after, d.reset_after)
+                    (d.allowed(), d.remaining(), d.retry_after(), d.reset_after())
                 }
             };
             assert_eq!(
@@ -494,7 +494,7 @@ async fn a_batch_is_decided_under_one_configuration_while_reloads_race_it() {
                 let bursts: Vec<u64> = d
                     .decisions()
                     .iter()
-                    .map(|d| d.limit.as_ref().unwrap().as_gcra().unwrap().burst())
+                    .map(|d| d.limit().as_ref().unwrap().as_gcra().unwrap().burst())
                     .collect();
                 assert!(
                     bursts == [10, 20] || bursts == [11, 21],
@@ -669,7 +669,7 @@ Tiered:
             .unwrap()
             .strictest()
             .unwrap()
-            .granted;
+            .granted();
     }
     assert_eq!(granted, 4, "{store:?}: tier 1 (2) and two of tier 2");
     limiter.reload(limits(one)).unwrap();
@@ -680,8 +680,8 @@ Tiered:
     // bucket still holds tier 1's grants, so the next grant comes from a higher tier.
     let d = limiter.spend(&tx).await.unwrap();
     let d = d.strictest().unwrap();
-    assert!(d.allowed, "{store:?}: {d:?}");
-    assert!(d.tiers.unwrap().tier >= 1, "{store:?}: {d:?}");
+    assert!(d.allowed(), "{store:?}: {d:?}");
+    assert!(d.tiers().unwrap().tier >= 1, "{store:?}: {d:?}");
 }
 
 #[tokio::test]

@@ -68,7 +68,7 @@ async fn coalesced_requests_decide_as_if_sent_one_by_one() {
         .iter()
         .map(|d| d.as_ref().unwrap())
         .filter(|d| d.allowed())
-        .map(|d| d.decisions()[0].remaining)
+        .map(|d| d.decisions()[0].remaining())
         .collect();
     remaining.sort_unstable();
     assert_eq!(remaining, (0..10).collect::<Vec<u64>>());
@@ -78,14 +78,14 @@ async fn coalesced_requests_decide_as_if_sent_one_by_one() {
         .filter(|d| !d.allowed())
     {
         assert!(
-            d.strictest().unwrap().retry_after > Duration::from_secs(3500),
+            d.strictest().unwrap().retry_after() > Duration::from_secs(3500),
             "{d:?}"
         );
     }
     for d in apart {
         let d = d.unwrap();
         assert!(d.allowed());
-        assert_eq!(d.decisions()[0].remaining, 9);
+        assert_eq!(d.decisions()[0].remaining(), 9);
     }
     for d in blocked {
         assert!(!d.unwrap().allowed());
@@ -94,7 +94,7 @@ async fn coalesced_requests_decide_as_if_sent_one_by_one() {
     for i in 0..30 {
         let d = l.check(&[slow(&l, &format!("k{i}"))]).await.unwrap();
         assert_eq!(
-            d.decisions()[0].remaining,
+            d.decisions()[0].remaining(),
             8,
             "k{i}: spent once, and one more fits"
         );
@@ -103,7 +103,7 @@ async fn coalesced_requests_decide_as_if_sent_one_by_one() {
     assert!(!d.allowed());
     for i in 0..10 {
         let d = l.check(&[slow(&l, &format!("b{i}"))]).await.unwrap();
-        assert_eq!(d.decisions()[0].remaining, 9, "b{i}");
+        assert_eq!(d.decisions()[0].remaining(), 9, "b{i}");
     }
 
     // They did share calls: one found the call slot free, the 69 others queued behind it and
@@ -129,7 +129,7 @@ async fn coalesced_requests_decide_as_if_sent_one_by_one() {
     for _ in 0..30 {
         let d = plain.spend(&[slow(&plain, "same")]).await.unwrap();
         if d.allowed() {
-            plain_remaining.push(d.decisions()[0].remaining);
+            plain_remaining.push(d.decisions()[0].remaining());
         }
     }
     plain_remaining.sort_unstable();
@@ -159,16 +159,16 @@ async fn what_coalescing_cannot_carry_is_called_directly() {
     .await;
     let before = backend.coalesce_stats().unwrap();
     let d = l.check(&[slow(&l, "c")]).await.unwrap();
-    assert_eq!(d.decisions()[0].remaining, 9);
+    assert_eq!(d.decisions()[0].remaining(), 9);
     let d = l
         .spend(&[slow(&l, "c").mode(Mode::SpendOnly)])
         .await
         .unwrap();
-    assert_eq!(d.decisions()[0].remaining, 9);
+    assert_eq!(d.decisions()[0].remaining(), 9);
     assert_eq!(backend.coalesce_stats().unwrap(), before);
     // A plain spend with no call in flight makes its own, as without coalescing.
     let d = l.spend(&[slow(&l, "c")]).await.unwrap();
-    assert_eq!(d.decisions()[0].remaining, 8);
+    assert_eq!(d.decisions()[0].remaining(), 8);
     let after = backend.coalesce_stats().unwrap();
     assert_eq!(
         (after.calls, after.requests, after.direct),

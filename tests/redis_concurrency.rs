@@ -181,7 +181,7 @@ async fn a_killed_instances_leases_expire(url: &str) {
     clock.advance(Duration::from_micros(1));
     let after = survivor.spend(&tx).await.unwrap();
     assert!(after.allowed());
-    assert_eq!(after.decisions()[0].remaining, 1);
+    assert_eq!(after.decisions()[0].remaining(), 1);
     assert_eq!(live_leases(&backend, &set).await, 1);
 }
 
@@ -251,11 +251,11 @@ async fn concurrency_conforms(url: &str) {
                 .iter()
                 .map(|d| {
                     (
-                        d.allowed,
-                        d.remaining,
-                        d.retry_after,
-                        d.granted,
-                        d.lease_id.is_some(),
+                        d.allowed(),
+                        d.remaining(),
+                        d.retry_after(),
+                        d.granted(),
+                        d.lease_id().is_some(),
                     )
                 })
                 .collect::<Vec<_>>()

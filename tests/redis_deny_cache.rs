@@ -44,7 +44,7 @@ async fn a_flood_on_a_denied_key_does_not_reach_redis() {
         let d = limiter.spend(&batch).await.unwrap();
         assert!(!d.allowed());
         assert_eq!(
-            d.strictest().unwrap().retry_after,
+            d.strictest().unwrap().retry_after(),
             Duration::from_millis(500)
         );
     }
@@ -187,11 +187,11 @@ Per48: {kind: ipv6_range, burst: 3, count: 3, period: 1s}
         let [ip, range] = d.decisions() else {
             panic!("two decisions")
         };
-        assert!(ip.skipped && !ip.allowed && ip.granted == 0, "{ip:?}");
-        assert!(!range.skipped && !range.allowed);
-        assert_eq!(d.strictest().unwrap().name, range.name);
+        assert!(ip.skipped() && !ip.allowed() && ip.granted() == 0, "{ip:?}");
+        assert!(!range.skipped() && !range.allowed());
+        assert_eq!(d.strictest().unwrap().name(), range.name());
         assert_eq!(
-            d.strictest().unwrap().retry_after,
+            d.strictest().unwrap().retry_after(),
             Duration::from_micros(333_334)
         );
     }

@@ -44,7 +44,7 @@ async fn script_flush_is_survived() {
     );
     let d = limiter.spend(&tx).await.unwrap();
     assert!(d.allowed());
-    assert_eq!(d.strictest().unwrap().remaining, 8);
+    assert_eq!(d.strictest().unwrap().remaining(), 8);
     // The script is cached again: the next call is a plain EVALSHA.
     let evals = commandstat(server.port, "eval");
     assert!(limiter.spend(&tx).await.unwrap().allowed());
@@ -392,7 +392,7 @@ async fn a_cross_slot_batch_denied_in_one_slot_spends_nothing_in_the_others() {
         .spend(&[Transaction::new(acct.clone()).mode(Mode::CheckOnly)])
         .await
         .unwrap();
-    assert_eq!(d.strictest().unwrap().remaining, 9);
+    assert_eq!(d.strictest().unwrap().remaining(), 9);
     // Resets go to every slot.
     limiter.reset(&[api.clone(), acct.clone()]).await.unwrap();
     assert!(

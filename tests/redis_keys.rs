@@ -196,7 +196,7 @@ async fn foreign_data_at_a_key_is_a_fresh_bucket_replaced_by_the_first_write() {
             .await
             .unwrap();
         assert!(d.allowed(), "{id}");
-        assert_eq!(d.decisions()[0].remaining, 1, "{id}");
+        assert_eq!(d.decisions()[0].remaining(), 1, "{id}");
         if let Some(v) = value {
             assert_eq!(
                 raw_get(&backend, &bad_key).await.as_deref(),
@@ -325,10 +325,20 @@ async fn the_scripts_fast_path_decides_gcra_exactly_as_its_general_path() {
         let (f, g) = (f.unwrap(), g.unwrap());
         for (df, dg) in f.decisions().iter().zip(g.decisions()) {
             assert_eq!(
-                (df.allowed, df.remaining, df.retry_after, df.reset_after),
-                (dg.allowed, dg.remaining, dg.retry_after, dg.reset_after),
+                (
+                    df.allowed(),
+                    df.remaining(),
+                    df.retry_after(),
+                    df.reset_after()
+                ),
+                (
+                    dg.allowed(),
+                    dg.remaining(),
+                    dg.retry_after(),
+                    dg.reset_after()
+                ),
                 "step {step}: {}",
-                df.key
+                df.key()
             );
         }
         if !refund {
@@ -381,9 +391,9 @@ async fn both_paths_decide_a_tat_beyond_what_the_crate_writes_as_a_fresh_bucket(
         // As far as the crate may write: a bucket in debt, denied until it is repaid.
         set(now + furthest).await;
         let d = limiter.spend(&batch).await.unwrap();
-        assert!(!d.decisions()[0].allowed, "{path}");
+        assert!(!d.decisions()[0].allowed(), "{path}");
         assert_eq!(
-            d.decisions()[0].reset_after,
+            d.decisions()[0].reset_after(),
             Duration::from_micros(furthest),
             "{path}"
         );
@@ -398,8 +408,8 @@ async fn both_paths_decide_a_tat_beyond_what_the_crate_writes_as_a_fresh_bucket(
         ] {
             set(foreign).await;
             let d = limiter.spend(&batch).await.unwrap();
-            assert!(d.decisions()[0].allowed, "{path} {foreign}");
-            assert_eq!(d.decisions()[0].remaining, 2, "{path} {foreign}");
+            assert!(d.decisions()[0].allowed(), "{path} {foreign}");
+            assert_eq!(d.decisions()[0].remaining(), 2, "{path} {foreign}");
             let stored: u64 = raw_get(&backend, &key).await.unwrap().parse().unwrap();
             assert_eq!(stored, now + 333_334, "{path} {foreign}");
         }

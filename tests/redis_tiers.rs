@@ -63,10 +63,10 @@ async fn a_tiered_key_is_one_value_unchanged_by_rejections_and_expires_when_fres
         .unwrap();
     let after_us = server_time_us(&backend, &redis_key).await;
     let d = &d.decisions()[0];
-    assert!(d.allowed && d.tiers.unwrap().burst);
+    assert!(d.allowed() && d.tiers().unwrap().burst);
     let raw = raw_bytes(&backend, &redis_key).await.unwrap();
     // Expiry: the moment the state equals a fresh one (tier 2's cooldown end), on the server.
-    let reset_us = d.reset_after.as_micros() as u64;
+    let reset_us = d.reset_after().as_micros() as u64;
     let expire_ms: i64 = backend
         .client()
         .custom(fred::cmd!("PEXPIRETIME"), vec![redis_key.clone()])
@@ -120,7 +120,7 @@ async fn no_over_grant_of_tiers(url: &str) {
                     let key = limiter.parse_key("Hot", "one-key").unwrap();
                     let tx = Transaction::new(key).cost_range(1..=2);
                     let d = limiter.spend(&[tx]).await.unwrap();
-                    granted.fetch_add(d.decisions()[0].granted, Ordering::Relaxed);
+                    granted.fetch_add(d.decisions()[0].granted(), Ordering::Relaxed);
                 }
             }));
         }

@@ -53,7 +53,7 @@ async fn remaining(limiter: &Limiter, name: &str) -> u64 {
         )
         .unwrap();
     let probe = Transaction::new(key).cost(0);
-    limiter.check(&[probe]).await.unwrap().decisions()[0].remaining
+    limiter.check(&[probe]).await.unwrap().decisions()[0].remaining()
 }
 
 /// The `r` of the `RateLimit` member named `name`.

@@ -210,7 +210,7 @@ async fn a_waiting_request_is_decided_again_with_every_rule() {
         .await
         .unwrap();
     // 3 spent in 200 ms (one token back): 5 - 3 + 1.
-    assert_eq!(d.decisions()[0].remaining, 3);
+    assert_eq!(d.decisions()[0].remaining(), 3);
 }
 
 #[tokio::test(start_paused = true)]
@@ -223,7 +223,7 @@ async fn the_limiter_waits_exactly_and_gives_up_beyond_the_bound() {
     // One per second: a bound of 999 ms is too short; the denial comes back at once.
     let d = limiter.spend_or_wait(&tx, ms(999)).await.unwrap();
     assert!(!d.allowed());
-    assert_eq!(d.strictest().unwrap().retry_after, Duration::from_secs(1));
+    assert_eq!(d.strictest().unwrap().retry_after(), Duration::from_secs(1));
     assert_eq!(start.elapsed(), Duration::ZERO);
     // A bound of a second is enough: it waits exactly that.
     assert!(

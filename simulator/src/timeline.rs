@@ -545,18 +545,18 @@ impl Observer for Timeline {
     ) {
         self.lines += 1;
         let refused_by = (!batch.allowed())
-            .then(|| batch.strictest().map(|d| d.name))
+            .then(|| batch.strictest().map(|d| d.name()))
             .flatten();
         for (d, tx) in batch.decisions().iter().zip(txs) {
-            let default = self.limits.default_cost(d.name);
+            let default = self.limits.default_cost(d.name());
             let cost = tx.cost_or(default);
             let class = if op == "refund" {
                 Class::Other
-            } else if !d.allowed {
+            } else if !d.allowed() {
                 Class::Denied
             } else if !batch.allowed() {
                 Class::Blocked
-            } else if d.granted < cost {
+            } else if d.granted() < cost {
                 Class::Partial
             } else {
                 Class::Allowed
@@ -566,21 +566,21 @@ impl Observer for Timeline {
                 at: at_us,
                 op: op_name(op),
                 class,
-                allowed: d.allowed,
+                allowed: d.allowed(),
                 batch_allowed: batch.allowed(),
                 cost,
                 min_cost: tx.min_cost_or(default),
-                granted: d.granted,
-                remaining: d.remaining,
-                retry_us: u64::try_from(d.retry_after.as_micros()).unwrap_or(u64::MAX),
-                reset_us: u64::try_from(d.reset_after.as_micros()).unwrap_or(u64::MAX),
+                granted: d.granted(),
+                remaining: d.remaining(),
+                retry_us: u64::try_from(d.retry_after().as_micros()).unwrap_or(u64::MAX),
+                reset_us: u64::try_from(d.reset_after().as_micros()).unwrap_or(u64::MAX),
                 refused_by: refused_by.filter(|_| class == Class::Blocked),
-                tiers: d.tiers,
-                skipped: d.skipped,
-                lease: d.lease_id.is_some(),
+                tiers: d.tiers().copied(),
+                skipped: d.skipped(),
+                lease: d.lease_id().is_some(),
                 after: [0; MAX_TIERS],
             };
-            self.mark(&d.key, mark);
+            self.mark(d.key(), mark);
         }
     }
 

@@ -413,7 +413,7 @@ pub async fn run_observed(
             observer.decided(number, parsed.at_us, parsed.op, &txs, &batch);
             for d in batch.decisions() {
                 if let Some(lease) = d.lease() {
-                    held.entry(d.key.clone()).or_default().push_back(lease);
+                    held.entry(d.key().clone()).or_default().push_back(lease);
                 }
             }
             let top = batch.strictest().or(batch.decisions().first());
@@ -422,31 +422,31 @@ pub async fn run_observed(
                 at_us: parsed.at_us,
                 op: parsed.op,
                 allowed: batch.allowed(),
-                remaining: top.map_or(0, |d| d.remaining),
-                retry_after_us: top.map_or(0, |d| micros(d.retry_after)),
-                reset_after_us: top.map_or(0, |d| micros(d.reset_after)),
+                remaining: top.map_or(0, |d| d.remaining()),
+                retry_after_us: top.map_or(0, |d| micros(d.retry_after())),
+                reset_after_us: top.map_or(0, |d| micros(d.reset_after())),
                 decisions: batch
                     .decisions()
                     .iter()
                     .zip(&txs)
                     .map(|(d, tx)| TxOut {
-                        limit: d.name.as_str(),
-                        id: d.key.id().to_string(),
-                        allowed: d.allowed,
-                        remaining: d.remaining,
-                        retry_after_us: micros(d.retry_after),
-                        reset_after_us: micros(d.reset_after),
+                        limit: d.name().as_str(),
+                        id: d.key().id().to_string(),
+                        allowed: d.allowed(),
+                        remaining: d.remaining(),
+                        retry_after_us: micros(d.retry_after()),
+                        reset_after_us: micros(d.reset_after()),
                         // A tiered limit, a range (a partial grant) or a charge says how
                         // much.
-                        granted: (d.tiers.is_some()
+                        granted: (d.tiers().is_some()
                             || tx.min_cost_or(0) != tx.cost_or(0)
                             || parsed.op == "charge")
-                            .then_some(d.granted),
-                        tiers: d.tiers.as_ref().map(|t| t.units()),
-                        burst: d.tiers.map(|t| t.burst),
-                        tier: d.tiers.map(|t| t.tier),
-                        skipped: d.skipped,
-                        lease: d.lease_id.is_some(),
+                            .then_some(d.granted()),
+                        tiers: d.tiers().map(|t| t.units()),
+                        burst: d.tiers().map(|t| t.burst),
+                        tier: d.tiers().map(|t| t.tier),
+                        skipped: d.skipped(),
+                        lease: d.lease_id().is_some(),
                     })
                     .collect(),
             })

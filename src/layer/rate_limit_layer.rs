@@ -17,7 +17,10 @@ use super::rule::{ResolvedRule, Rule, Rules};
 use super::service::RateLimitService;
 use super::settle::Settler;
 use super::wait::Waiting;
+use crate::config::Limits;
+use crate::key::IdKind;
 use crate::limiter::Limiter;
+use crate::quota::Quota;
 use ipnet::IpNet;
 
 /// Why a layer could not be built.
@@ -46,6 +49,10 @@ pub enum LayerError {
     /// not scale).
     #[error("in-memory fallback: {0}")]
     Fallback(String),
+    /// The limits a shortcut such as [`RateLimitLayer::per_client_ip`] defines were refused
+    /// (the message of the [`ConfigError`](crate::ConfigError)).
+    #[error("limits: {0}")]
+    Limits(String),
 }
 
 /// Builds a [`RateLimitLayer`].
@@ -300,6 +307,47 @@ impl RateLimitLayer {
             .fold(Self::builder(limiter), RateLimitLayerBuilder::rule)
             .build()
     }
+
+    /// One limit per client IP address, in memory, in one expression: the set-up for a single
+    /// process that needs no configuration file. The limit is named
+    /// [`PER_CLIENT_IP`](Self::PER_CLIENT_IP) (in the `RateLimit` fields, the metrics and the
+    /// logs); the address is the peer's ([`ClientIp::new`]: forwarding headers are not
+    /// believed), so serve with the peer address (axum:
+    /// `into_make_service_with_connect_info::<SocketAddr>()`). For more rules, overrides,
+    /// Redis or trusted proxies, use [`RateLimitLayer::builder`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, routing::get};
+    /// use tower_ratelimits::{Limit, RateLimitLayer};
+    /// use tower_service::Service;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Two requests at once per client, then one per second.
+    /// let layer = RateLimitLayer::per_client_ip(Limit::new(2, 1, Duration::from_secs(1))?)?;
+    /// let mut app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// for expected in [200, 200, 429] {
+    ///     let mut request = http::Request::new(Body::empty());
+    ///     // What axum's connect info provides when serving; set here by hand.
+    ///     request.extensions_mut().insert(std::net::SocketAddr::from(([192, 0, 2, 7], 50_000)));
+    ///     assert_eq!(app.call(request).await?.status(), expected);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn per_client_ip(limit: impl Into<Quota>) -> Result<Self, LayerError> {
+        let limits = Limits::builder()
+            .limit_for(Self::PER_CLIENT_IP, IdKind::Ip, limit)
+            .build()
+            .map_err(|e| LayerError::Limits(e.to_string()))?;
+        Self::new(
+            Limiter::in_memory(limits),
+            [Rule::new(Self::PER_CLIENT_IP, ClientIp::new())],
+        )
+    }
+
+    /// The name of [`per_client_ip`](Self::per_client_ip)'s limit.
+    pub const PER_CLIENT_IP: &'static str = "RequestsPerClientIP";
 }
 
 impl<S> Layer<S> for RateLimitLayer {

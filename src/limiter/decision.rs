@@ -14,40 +14,40 @@ use crate::quota::Quota;
 #[non_exhaustive]
 pub struct Decision {
     /// Whether the transaction was allowed (or, for a refund, whether anything was refunded).
-    pub allowed: bool,
+    pub(crate) allowed: bool,
     /// Units granted: the cost when allowed, 0 when denied or when another transaction denied
     /// the batch (a GCRA spend); for a range (`min..=max`), how many it granted; for a refund,
     /// 0 (GCRA) or the units taken back (tiers).
-    pub granted: u64,
+    pub(crate) granted: u64,
     /// Tokens left in the bucket (for a tiered limit: in the tier now serving the client). In
     /// a denied batch nothing is spent, and an allowed GCRA transaction reports its bucket as
     /// it is.
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// How long until an equal request would be allowed (zero when it would be now).
-    pub retry_after: Duration,
+    pub(crate) retry_after: Duration,
     /// How long until the bucket is full again.
-    pub reset_after: Duration,
+    pub(crate) reset_after: Duration,
     /// The limit that decided; `None` when the limit is disabled for this id (no default and no
     /// override), which allows without touching the store.
-    pub limit: Option<Quota>,
+    pub(crate) limit: Option<Quota>,
     /// For a tiered limit: units per tier, whether the request burst into a higher tier, and
     /// the tier serving the client (on a denial, the tier that refused).
-    pub tiers: Option<TierGrant>,
+    pub(crate) tiers: Option<TierGrant>,
     /// The limit's name.
-    pub name: LimitName,
+    pub(crate) name: LimitName,
     /// The bucket.
-    pub key: BucketKey,
+    pub(crate) key: BucketKey,
     /// The transaction's mode.
-    pub mode: Mode,
+    pub(crate) mode: Mode,
     /// Not evaluated: the batch was already denied by another transaction's remembered
     /// denial (the Redis backend's local deny cache answers a flood without a round trip and
     /// looks no further). A skipped decision is not allowed, grants nothing, its numbers are
     /// zero and it never speaks for the batch; nothing was spent on its bucket.
-    pub skipped: bool,
+    pub(crate) skipped: bool,
     /// On a concurrency limit, the id of the slot this spend holds when it and its batch were
     /// allowed ([`lease`](Self::lease) gives it with its bucket, for
     /// [`Limiter::release`](crate::Limiter::release)). `None` everywhere else.
-    pub lease_id: Option<NonZeroU64>,
+    pub(crate) lease_id: Option<NonZeroU64>,
 }
 
 /// A slot held on a concurrency limit ([`ConcurrencyLimit`]): a bucket and a lease id unique
@@ -78,6 +78,88 @@ impl Lease {
 }
 
 impl Decision {
+    /// Whether the transaction was allowed (or, for a refund, whether anything was refunded).
+    #[inline]
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Units granted: the cost when allowed, 0 when denied or when another transaction denied
+    /// the batch (a GCRA spend); for a range (`min..=max`), how many it granted; for a refund,
+    /// 0 (GCRA) or the units taken back (tiers).
+    #[inline]
+    pub fn granted(&self) -> u64 {
+        self.granted
+    }
+
+    /// Tokens left in the bucket (for a tiered limit: in the tier now serving the client). In
+    /// a denied batch nothing is spent, and an allowed GCRA transaction reports its bucket as
+    /// it is.
+    #[inline]
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// How long until an equal request would be allowed (zero when it would be now).
+    #[inline]
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// How long until the bucket is full again.
+    #[inline]
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
+    /// The limit that decided; `None` when the limit is disabled for this id (no default and no
+    /// override), which allows without touching the store.
+    #[inline]
+    pub fn limit(&self) -> Option<&Quota> {
+        self.limit.as_ref()
+    }
+
+    /// For a tiered limit: units per tier, whether the request burst into a higher tier, and
+    /// the tier serving the client (on a denial, the tier that refused).
+    #[inline]
+    pub fn tiers(&self) -> Option<&TierGrant> {
+        self.tiers.as_ref()
+    }
+
+    /// The limit's name.
+    #[inline]
+    pub fn name(&self) -> LimitName {
+        self.name
+    }
+
+    /// The bucket.
+    #[inline]
+    pub fn key(&self) -> &BucketKey {
+        &self.key
+    }
+
+    /// The transaction's mode.
+    #[inline]
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Not evaluated: the batch was already denied by another transaction's remembered
+    /// denial (the Redis backend's local deny cache answers a flood without a round trip and
+    /// looks no further). A skipped decision is not allowed, grants nothing, its numbers are
+    /// zero and it never speaks for the batch; nothing was spent on its bucket.
+    #[inline]
+    pub fn skipped(&self) -> bool {
+        self.skipped
+    }
+
+    /// On a concurrency limit, the id of the slot this spend holds when it and its batch were
+    /// allowed ([`lease`](Self::lease) gives it with its bucket). `None` everywhere else.
+    #[inline]
+    pub fn lease_id(&self) -> Option<NonZeroU64> {
+        self.lease_id
+    }
+
     /// The slot this spend holds on a concurrency limit, to give back with
     /// [`Limiter::release`](crate::Limiter::release) when the work ends (it also ends by itself
     /// after the limit's lease time); `None` when it holds none.

@@ -180,7 +180,7 @@ pub enum ReloadError {
 /// }
 /// let denied = limiter.spend(&[Transaction::new(key.clone())]).await.unwrap();
 /// assert!(!denied.allowed());
-/// assert_eq!(denied.strictest().unwrap().retry_after, Duration::from_millis(500));
+/// assert_eq!(denied.strictest().unwrap().retry_after(), Duration::from_millis(500));
 /// # });
 /// ```
 #[derive(Clone)]

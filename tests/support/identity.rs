@@ -30,7 +30,7 @@ async fn spend(limiter: &Limiter, name: &str) -> (bool, u64) {
         .await
         .unwrap();
     let d = &d.decisions()[0];
-    (d.allowed, d.remaining)
+    (d.allowed(), d.remaining())
 }
 
 /// `a`, `b` and `c` run `three_configurations()` in that order over one store.
