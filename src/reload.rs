@@ -109,10 +109,10 @@ fn signature(path: &Path) -> Signature {
 fn log_report(files: &str, report: &ReloadReport) {
     match report {
         Ok(change) => {
-            tracing::info!(target: "tower_ratelimits::reload", "rate limits reloaded from {files}: {change}")
+            tracing::info!(target: crate::telemetry::target::RELOAD, "rate limits reloaded from {files}: {change}")
         }
         Err(e) => {
-            tracing::error!(target: "tower_ratelimits::reload", "rate limits not reloaded, the previous limits stay in force: {e}")
+            tracing::error!(target: crate::telemetry::target::RELOAD, "rate limits not reloaded, the previous limits stay in force: {e}")
         }
     }
 }
@@ -225,7 +225,7 @@ impl LimitsWatcher {
                 .await;
                 match report {
                     Ok(report) => on_reload(&report),
-                    Err(e) => tracing::error!(target: "tower_ratelimits::reload", "rate limits reload failed: {e}"),
+                    Err(e) => tracing::error!(target: crate::telemetry::target::RELOAD, "rate limits reload failed: {e}"),
                 }
             }
         });

@@ -3,6 +3,23 @@
 //! Labels are bounded: operation names and limit names, never ids.
 #![cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 
+/// The log targets, a promise to operators (the README's "Metrics and logs" lists them): every
+/// event the crate logs is on one of these, never on a module path that moves with the code.
+pub(crate) mod target {
+    /// Each decision (`debug`) and each request refused for its key (`debug`).
+    pub(crate) const DECISION: &str = "tower_ratelimits::decision";
+    /// What a shadow rule would have denied (`info`).
+    pub(crate) const SHADOW: &str = "tower_ratelimits::shadow";
+    /// Reloads of the limits, from files or in code, and the fallback's copy of them.
+    pub(crate) const RELOAD: &str = "tower_ratelimits::reload";
+    /// The store: failures and recoveries, the failure policy applied, the circuit breaker,
+    /// slots not renewed or released, settles not applied, the memory table.
+    pub(crate) const BACKEND: &str = "tower_ratelimits::backend";
+    /// Keys that could not be extracted because of the server's set-up (not the client's
+    /// request), and responses that could not carry all they should (gRPC details).
+    pub(crate) const LAYER: &str = "tower_ratelimits::layer";
+}
+
 /// `tower_ratelimits_backend_duration_seconds{op}`: how long a backend took to decide a batch
 /// that it did not decide at once (Redis; memory decides synchronously and is not timed).
 #[cfg(feature = "metrics")]

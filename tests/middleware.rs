@@ -554,3 +554,69 @@ async fn same_answers(
     }
     denied
 }
+
+/// The targets of the events this crate logs, from a global subscriber (installed once; the
+/// tests of this binary share it, so the test below only looks for what it caused).
+fn logged_targets() -> &'static std::sync::Mutex<Vec<String>> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    static TARGETS: std::sync::OnceLock<Arc<std::sync::Mutex<Vec<String>>>> =
+        std::sync::OnceLock::new();
+    struct Record(Arc<std::sync::Mutex<Vec<String>>>);
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Record {
+        fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            if e.metadata().target().starts_with("tower_ratelimits") {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(e.metadata().target().to_owned());
+            }
+        }
+    }
+    TARGETS.get_or_init(|| {
+        let targets = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let _ = tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(Record(targets.clone())),
+        );
+        targets
+    })
+}
+
+/// Every event is on one of the targets the README lists, never on a module path that moves
+/// with the code: a decision on `tower_ratelimits::decision`, a store failure on
+/// `tower_ratelimits::backend` (it was `tower_ratelimits::layer::outcome`).
+#[tokio::test]
+async fn logs_use_the_documented_targets() {
+    const DOCUMENTED: [&str; 5] = [
+        "tower_ratelimits::decision",
+        "tower_ratelimits::shadow",
+        "tower_ratelimits::reload",
+        "tower_ratelimits::backend",
+        "tower_ratelimits::layer",
+    ];
+    let targets = logged_targets();
+    let fine = app(RateLimitLayer::new(
+        Limiter::new(limits(), MemoryBackend::new()),
+        three_rules()[..1].to_vec(),
+    )
+    .unwrap());
+    let broken = app(RateLimitLayer::new(
+        Limiter::new(limits(), Broken { hang: false }),
+        three_rules()[..1].to_vec(),
+    )
+    .unwrap());
+    send(&fine, request("10.9.9.9:1").body(Body::empty()).unwrap()).await;
+    send(&broken, request("10.9.9.9:1").body(Body::empty()).unwrap()).await;
+    let seen = targets.lock().unwrap().clone();
+    for target in &seen {
+        assert!(
+            DOCUMENTED.contains(&target.as_str()),
+            "undocumented log target {target}"
+        );
+    }
+    for expected in ["tower_ratelimits::decision", "tower_ratelimits::backend"] {
+        assert!(
+            seen.iter().any(|t| t == expected),
+            "nothing on {expected}: {seen:?}"
+        );
+    }
+}

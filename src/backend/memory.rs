@@ -278,7 +278,7 @@ impl MemoryBackend {
             };
             let backend = MemoryBackend { inner };
             let dropped = backend.sweep();
-            tracing::trace!(dropped, live = backend.len(), "memory backend sweep");
+            tracing::trace!(target: crate::telemetry::target::BACKEND, dropped, live = backend.len(), "memory backend sweep");
             true
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -315,7 +315,7 @@ impl MemoryBackend {
                 }
             });
         if let Err(e) = spawned {
-            tracing::warn!(error = %e, "could not start the memory backend's sweep thread; idle buckets are dropped only when the table is full");
+            tracing::warn!(target: crate::telemetry::target::BACKEND, error = %e, "could not start the memory backend's sweep thread; idle buckets are dropped only when the table is full");
         }
     }
 
@@ -339,7 +339,7 @@ impl MemoryBackend {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            tracing::warn!(
+            tracing::warn!(target: crate::telemetry::target::BACKEND,
                 max_keys = inner.max_keys,
                 "the in-memory rate limiter is full: new keys are refused until a sweep makes room"
             );

@@ -58,11 +58,11 @@ impl Fallback {
             match main.limits().scaled(self.percent) {
                 Ok(scaled) => {
                     if let Err(e) = self.limiter.reload(scaled) {
-                        tracing::warn!(error = %e, "in-memory fallback keeps its previous limits");
+                        tracing::warn!(target: crate::telemetry::target::RELOAD, error = %e, "in-memory fallback keeps its previous limits");
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "reloaded limits do not scale; the in-memory fallback keeps its previous limits");
+                    tracing::warn!(target: crate::telemetry::target::RELOAD, error = %e, "reloaded limits do not scale; the in-memory fallback keeps its previous limits");
                 }
             }
         }

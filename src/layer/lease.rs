@@ -122,7 +122,7 @@ impl RenewWarning {
             Ok(_) => self.0 = false,
             Err(e) if !self.0 => {
                 self.0 = true;
-                tracing::warn!(error = %e, "could not renew concurrency slots; they end at their lease time unless a later renewal succeeds");
+                tracing::warn!(target: crate::telemetry::target::BACKEND, error = %e, "could not renew concurrency slots; they end at their lease time unless a later renewal succeeds");
             }
             Err(_) => {}
         }
@@ -196,7 +196,7 @@ impl Drop for Release {
 fn release(limiter: Limiter, leases: Vec<Lease>) {
     let mut release: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
         if let Err(e) = limiter.release(&leases).await {
-            tracing::warn!(error = %e, "could not release concurrency slots; they end at their lease time");
+            tracing::warn!(target: crate::telemetry::target::BACKEND, error = %e, "could not release concurrency slots; they end at their lease time");
         }
     });
     if release
@@ -210,7 +210,7 @@ fn release(limiter: Limiter, leases: Vec<Lease>) {
         Ok(runtime) => {
             runtime.spawn(release);
         }
-        Err(_) => tracing::warn!(
+        Err(_) => tracing::warn!(target: crate::telemetry::target::BACKEND,
             "concurrency slots released with no runtime to release them on; they end at their lease time"
         ),
     }

@@ -217,17 +217,17 @@ fn trace_enabled(d: &Seen<'_>, outcome: RuleOutcome, log_ids: bool, shadow_gate:
             return;
         };
         if log_ids {
-            tracing::info!(target: "tower_ratelimits::shadow", limit, id = %id, retry_after_ms, held_back, "shadow rule would deny");
+            tracing::info!(target: crate::telemetry::target::SHADOW, limit, id = %id, retry_after_ms, held_back, "shadow rule would deny");
         } else {
-            tracing::info!(target: "tower_ratelimits::shadow", limit, retry_after_ms, held_back, "shadow rule would deny");
+            tracing::info!(target: crate::telemetry::target::SHADOW, limit, retry_after_ms, held_back, "shadow rule would deny");
         }
         return;
     }
     let outcome = outcome.label();
     if log_ids {
-        tracing::debug!(target: "tower_ratelimits::decision", limit, outcome, id = %id, retry_after_ms, remaining, "rate limit decision");
+        tracing::debug!(target: crate::telemetry::target::DECISION, limit, outcome, id = %id, retry_after_ms, remaining, "rate limit decision");
     } else {
-        tracing::debug!(target: "tower_ratelimits::decision", limit, outcome, retry_after_ms, remaining, "rate limit decision");
+        tracing::debug!(target: crate::telemetry::target::DECISION, limit, outcome, retry_after_ms, remaining, "rate limit decision");
     }
 }
 

@@ -189,7 +189,7 @@ fn decided(
     match (result, &shared.failure.fallback) {
         (Err(failure), Some(fallback)) if failure.store_failed() => {
             let local = fallback.limiter(&shared.limiter);
-            tracing::debug!(reason = %failure, "rate limit store failed; deciding in memory");
+            tracing::debug!(target: crate::telemetry::target::BACKEND, reason = %failure, "rate limit store failed; deciding in memory");
             // In memory it always answers at once; if it did not, the failure stands.
             let local_limits = local.load();
             let result = {
@@ -389,12 +389,16 @@ pub(crate) fn conclude(
                 "failing open"
             };
             match shared.failure.warn_gate.admit() {
-                Some(0) => tracing::warn!(%reason, "rate limiter failed; {policy}"),
-                Some(held) => tracing::warn!(
+                Some(0) => {
+                    tracing::warn!(target: crate::telemetry::target::BACKEND, %reason, "rate limiter failed; {policy}")
+                }
+                Some(held) => tracing::warn!(target: crate::telemetry::target::BACKEND,
                     %reason,
                     "rate limiter failed; {policy} ({held} more failures since the last warning)"
                 ),
-                None => tracing::debug!(%reason, "rate limiter failed; {policy}"),
+                None => {
+                    tracing::debug!(target: crate::telemetry::target::BACKEND, %reason, "rate limiter failed; {policy}")
+                }
             }
             if closed {
                 return Conclusion::Answer(shared.answers.error(

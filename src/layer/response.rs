@@ -659,7 +659,9 @@ impl Denial<'_> {
                     headers.insert("grpc-status-details-bin", v);
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "gRPC error details not added"),
+            Err(e) => {
+                tracing::debug!(target: crate::telemetry::target::LAYER, error = %e, "gRPC error details not added")
+            }
         }
     }
 }

@@ -518,7 +518,7 @@ impl Rules {
             let reject = |status: StatusCode, message: &str| {
                 r.metrics.count(RuleOutcome::Rejected);
                 super::observe::count_request("rejected");
-                tracing::debug!(target: "tower_ratelimits::decision", limit = r.name.as_str(), outcome = "rejected", status = status.as_u16(), reason = message, "rate limit rejected the request");
+                tracing::debug!(target: crate::telemetry::target::DECISION, limit = r.name.as_str(), outcome = "rejected", status = status.as_u16(), reason = message, "rate limit rejected the request");
                 Some(response::error_response(
                     status,
                     &response::error_code(status),
@@ -540,7 +540,7 @@ impl Rules {
                 },
                 Err(e) => {
                     if e.status.is_server_error() {
-                        tracing::error!(limit = %r.rule.name, error = %e, "rate limit key extraction failed");
+                        tracing::error!(target: crate::telemetry::target::LAYER, limit = %r.rule.name, error = %e, "rate limit key extraction failed");
                     }
                     return reject(e.status, &e.message);
                 }

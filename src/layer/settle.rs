@@ -375,9 +375,11 @@ fn failed(warn_gate: &WarnGate, txs: &[Transaction], reason: &str) {
     // The failure policy does not apply: the response is already out.
     match warn_gate.admit() {
         Some(_) => {
-            tracing::warn!(%reason, "rate limit settle failed; the estimated costs stand")
+            tracing::warn!(target: crate::telemetry::target::BACKEND, %reason, "rate limit settle failed; the estimated costs stand")
         }
-        None => tracing::debug!(%reason, "rate limit settle failed; the estimated costs stand"),
+        None => {
+            tracing::debug!(target: crate::telemetry::target::BACKEND, %reason, "rate limit settle failed; the estimated costs stand")
+        }
     }
 }
 
@@ -472,7 +474,7 @@ impl Drop for BodySettle {
             return;
         }
         if let Some(Task::Inline(_)) = self.finish(None) {
-            tracing::debug!("rate limit settle dropped: no runtime; the estimated costs stand");
+            tracing::debug!(target: crate::telemetry::target::BACKEND, "rate limit settle dropped: no runtime; the estimated costs stand");
         }
     }
 }

@@ -100,7 +100,7 @@ impl Breaker {
             if self.open_until.load(Ordering::Acquire) != 0
                 && self.open_until.swap(0, Ordering::AcqRel) != 0
             {
-                tracing::info!("Redis answers again: the rate limiter's circuit is closed");
+                tracing::info!(target: crate::telemetry::target::BACKEND, "Redis answers again: the rate limiter's circuit is closed");
             }
             if probe {
                 self.probing.store(false, Ordering::Release);
@@ -118,7 +118,7 @@ impl Breaker {
             .saturating_add(1);
         if self.threshold > 0 && failures >= self.threshold && !self.is_open() {
             self.open(now());
-            tracing::warn!(
+            tracing::warn!(target: crate::telemetry::target::BACKEND,
                 failures,
                 cool_off_ms = self.cool_off_us / 1_000,
                 "Redis failed repeatedly: the rate limiter answers at once by its failure policy \

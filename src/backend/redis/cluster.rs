@@ -183,7 +183,7 @@ impl ClusterRouter {
             return;
         }
         if let Err(e) = self.refresh().await {
-            tracing::warn!(error = %e, "could not refresh the Redis Cluster slot map");
+            tracing::warn!(target: crate::telemetry::target::BACKEND, error = %e, "could not refresh the Redis Cluster slot map");
         }
         self.inner.refreshing.store(false, Ordering::Release);
     }

@@ -32,7 +32,7 @@ impl RedisBackend {
             })
             .collect();
         if let Err(e) = self.refund_batch(&txs).await {
-            tracing::error!(
+            tracing::error!(target: crate::telemetry::target::BACKEND,
                 error = %e,
                 "could not refund the allowed part of a denied cross-slot batch; \
                  it drains at the limits' rate"
@@ -50,7 +50,7 @@ impl RedisBackend {
                 })
                 .await;
             if let Err(e) = result {
-                tracing::error!(
+                tracing::error!(target: crate::telemetry::target::BACKEND,
                     error = %e,
                     "could not undo the tiered part of a denied cross-slot batch"
                 );

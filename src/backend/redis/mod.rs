@@ -503,7 +503,7 @@ impl RedisBackend {
                     .await
                 {
                     Err(e) if e.details().contains("NOSCRIPT") => {
-                        tracing::debug!("Redis lost the rate-limit script; sending it again");
+                        tracing::debug!(target: crate::telemetry::target::BACKEND, "Redis lost the rate-limit script; sending it again");
                         let (keys, args) = make();
                         client.eval::<Value, _, _, _>(SCRIPT, keys, args).await
                     }
