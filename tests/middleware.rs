@@ -620,3 +620,50 @@ async fn logs_use_the_documented_targets() {
         );
     }
 }
+
+/// With `jitter(2 s)`, clients refused together are told to come back spread over the next
+/// two seconds, never earlier than the exact time: `Retry-After` from 3600 (the exact wait,
+/// rounded up) to 3602, the `RateLimit` field's `t` and the body's `retry_after_ms` moved
+/// alike. Without jitter every one of them is told the same.
+#[tokio::test]
+async fn jitter_spreads_retries_and_never_shortens_them() {
+    let hourly = || {
+        Limits::from_yaml_str("PerIp: {kind: ip, burst: 1, count: 1, period: 1h}", None).unwrap()
+    };
+    let layer = |jitter| {
+        // Time stands still: without jitter, every denial's numbers are the same.
+        let frozen = MemoryBackend::builder()
+            .clock(ManualClock::new(1_000_000_000_000))
+            .build();
+        RateLimitLayer::builder(Limiter::new(hourly(), frozen))
+            .rule(Rule::new("PerIp", ClientIp::new()))
+            .jitter(jitter)
+            .build()
+            .unwrap()
+    };
+    for (jitter, spread) in [(Duration::ZERO, false), (Duration::from_secs(2), true)] {
+        let app = app(layer(jitter));
+        send(&app, request("10.0.0.1:1").body(Body::empty()).unwrap()).await;
+        let mut retries = std::collections::BTreeSet::new();
+        for _ in 0..50 {
+            let (status, headers, body) =
+                send(&app, request("10.0.0.1:1").body(Body::empty()).unwrap()).await;
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+            let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+            let field = headers["ratelimit"].to_str().unwrap();
+            let t: u64 = field.rsplit("t=").next().unwrap().parse().unwrap();
+            let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let ms = body["errors"][0]["detail"]["retry_after_ms"]
+                .as_u64()
+                .unwrap();
+            assert!((3600..=3602).contains(&retry), "Retry-After {retry}");
+            assert!(t <= retry && t >= 3600, "t={t}, Retry-After {retry}");
+            assert!(
+                ms > 3_599_000 && ms <= 3_602_000 && ms.div_ceil(1000) == retry,
+                "{ms} ms"
+            );
+            retries.insert(ms);
+        }
+        assert_eq!(retries.len() > 1, spread, "{jitter:?}: {retries:?}");
+    }
+}

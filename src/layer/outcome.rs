@@ -324,7 +324,8 @@ pub(crate) fn conclude(
             };
             Conclusion::Call(allowed, release)
         }
-        Ok(batch) => {
+        Ok(mut batch) => {
+            shared.answers.jitter(&mut batch);
             if shared.rules.waits
                 && let Some((delay, permit)) = shared.rules.wait_for(&batch, waited.since, held)
             {

@@ -67,6 +67,7 @@ pub struct RateLimitLayerBuilder {
     log_ids: bool,
     body: ErrorBody,
     exempt: Option<(ClientIp, Vec<IpNet>)>,
+    jitter: Duration,
 }
 
 impl RateLimitLayerBuilder {
@@ -114,6 +115,28 @@ impl RateLimitLayerBuilder {
     /// limit. Rejections (a missing or bad key) and failure policies still apply.
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow = on;
+        self
+    }
+
+    /// Adds a random delay of up to `max` (uniform, drawn per denied request) to what a denied
+    /// request is told and made to wait: `Retry-After`, the `RateLimit` field's `t`, the
+    /// bodies' `retry_after_ms`, gRPC's `RetryInfo` and pushback, and a waiting rule's sleep.
+    /// Clients refused together then come back spread out instead of all at once (the IETF
+    /// draft's advice against synchronised retries). Never earlier than the exact time: a
+    /// client that honours the hint is never refused again for coming back too early. Default
+    /// 0 (off). A wait's jitter counts toward its rule's [`Wait`](crate::Wait) bound.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimits::{Limiter, Limits, MemoryBackend, RateLimitLayer, Rule, ClientIp};
+    /// # let limits = Limits::from_yaml_str("PerIp: {kind: ip, burst: 5, count: 5, period: 1s}", None).unwrap();
+    /// let layer = RateLimitLayer::builder(Limiter::new(limits, MemoryBackend::new()))
+    ///     .rule(Rule::new("PerIp", ClientIp::new()))
+    ///     .jitter(Duration::from_secs(2))
+    ///     .build();
+    /// ```
+    pub fn jitter(mut self, max: Duration) -> Self {
+        self.jitter = max;
         self
     }
 
@@ -257,6 +280,7 @@ impl RateLimitLayerBuilder {
                     fields: self.fields,
                     body: self.body,
                     on_denied: self.on_denied,
+                    jitter: self.jitter,
                 },
                 exempt: self
                     .exempt
@@ -292,6 +316,7 @@ impl RateLimitLayer {
             on_denied: None,
             shadow: false,
             log_ids: false,
+            jitter: Duration::ZERO,
             body: ErrorBody::default(),
             exempt: None,
         }

@@ -126,9 +126,21 @@ pub(crate) struct Answers {
     pub(crate) fields: FieldStyle,
     pub(crate) body: ErrorBody,
     pub(crate) on_denied: Option<DenialFn>,
+    /// The most a denial's times are put back by ([`RateLimitLayerBuilder::jitter`]).
+    ///
+    /// [`RateLimitLayerBuilder::jitter`]: crate::RateLimitLayerBuilder::jitter
+    pub(crate) jitter: Duration,
 }
 
 impl Answers {
+    /// Puts a denied batch's times back by a random part of the layer's jitter, before it is
+    /// waited on or answered (nothing when the layer has none).
+    pub(crate) fn jitter(&self, batch: &mut BatchDecision) {
+        if !self.jitter.is_zero() {
+            batch.delay(random_up_to(self.jitter));
+        }
+    }
+
     /// The answer to a denied batch.
     pub(crate) fn denied(&self, batch: &BatchDecision, grpc: bool) -> Response<Bytes> {
         let denial = Denial::new(batch, grpc, self.fields, self.body);
@@ -148,6 +160,23 @@ impl Answers {
     ) -> Response<Bytes> {
         error_response(status, code, message, grpc, self.body)
     }
+}
+
+/// A duration in `[0, max]`, uniform to the microsecond: std's per-process random hash keys
+/// over a counter (jitter needs spread, not secrecy; no generator crate needed).
+fn random_up_to(max: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static KEYS: OnceLock<std::hash::RandomState> = OnceLock::new();
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = KEYS.get_or_init(std::hash::RandomState::new).build_hasher();
+    hasher.write_u64(DRAWS.fetch_add(1, Ordering::Relaxed));
+    let max_us = u64::try_from(max.as_micros()).unwrap_or(u64::MAX);
+    Duration::from_micros(match max_us.checked_add(1) {
+        Some(span) => hasher.finish() % span,
+        None => hasher.finish(),
+    })
 }
 
 /// Whole seconds, rounded up.

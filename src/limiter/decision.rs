@@ -276,6 +276,18 @@ impl BatchDecision {
         }
     }
 
+    /// Puts every counting denial's times back by `extra` (a layer's jitter): `retry_after`,
+    /// and `reset_after` with it, so that each time told to the client moves alike and none
+    /// moves earlier.
+    pub(crate) fn delay(&mut self, extra: Duration) {
+        for d in &mut self.decisions {
+            if !d.allowed && d.counts() {
+                d.retry_after = d.retry_after.saturating_add(extra);
+                d.reset_after = d.reset_after.saturating_add(extra);
+            }
+        }
+    }
+
     /// Brings buckets' later states (a settle's refund or charge decisions, by key) into an
     /// allowed batch's decisions: `remaining` and `reset_after` become the bucket's, and a
     /// GCRA `retry_after` the wait before an equal request (its granted cost) fits again. The
