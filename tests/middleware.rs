@@ -4,6 +4,8 @@
 
 #[path = "support/counting.rs"]
 mod counting;
+#[path = "support/scrape.rs"]
+mod scrape;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -665,5 +667,53 @@ async fn jitter_spreads_retries_and_never_shortens_them() {
             retries.insert(ms);
         }
         assert_eq!(retries.len() > 1, spread, "{jitter:?}: {retries:?}");
+    }
+}
+
+/// `tower_ratelimits_near_limit_total{limit}`, scraped from a real Prometheus recorder,
+/// counts the allowed requests that leave at most a fifth of the burst (80%, by default) or
+/// half of it (50%): a burst of 10 leaves 9, 8, ... 0, then refuses. A percent outside 1..=100
+/// is refused when the layer is built.
+#[tokio::test]
+async fn near_limit_counts_the_allowed_requests_close_to_the_limit() {
+    for (percent, near) in [(None, 3.0), (Some(50), 6.0)] {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        let limits =
+            Limits::from_yaml_str("PerIp: {kind: ip, burst: 10, count: 10, period: 1h}", None)
+                .unwrap();
+        let builder = RateLimitLayer::builder(Limiter::new(limits, MemoryBackend::new()))
+            .rule(Rule::new("PerIp", ClientIp::new()));
+        let builder = match percent {
+            Some(p) => builder.near_limit_percent(p),
+            None => builder,
+        };
+        let app = app(builder.build().unwrap());
+        for _ in 0..11 {
+            send(&app, request("10.0.0.1:1").body(Body::empty()).unwrap()).await;
+        }
+        let m = scrape::samples(&handle.render());
+        assert_eq!(
+            m["tower_ratelimits_near_limit_total{limit=PerIp}"], near,
+            "{percent:?}"
+        );
+        assert_eq!(
+            m["tower_ratelimits_decisions_total{limit=PerIp,outcome=allowed}"],
+            10.0
+        );
+    }
+    for bad in [0, 101] {
+        let limits =
+            Limits::from_yaml_str("PerIp: {kind: ip, burst: 10, count: 10, period: 1h}", None)
+                .unwrap();
+        let built = RateLimitLayer::builder(Limiter::new(limits, MemoryBackend::new()))
+            .rule(Rule::new("PerIp", ClientIp::new()))
+            .near_limit_percent(bad)
+            .build();
+        assert_eq!(
+            built.err(),
+            Some(tower_ratelimits::LayerError::NearLimitPercent(bad))
+        );
     }
 }

@@ -105,6 +105,27 @@ pub(crate) struct Seen<'a> {
     pub(crate) tiers: Option<&'a TierGrant>,
 }
 
+impl Seen<'_> {
+    /// The tier serving the client under the tiered limit `t` (the first when none is named).
+    pub(crate) fn serving_tier<'t>(&self, t: &'t crate::TieredLimit) -> Option<&'t crate::Tier> {
+        let number = self.tiers.map_or(1, |t| usize::from(t.tier));
+        t.tier(number).or(t.tiers().first())
+    }
+
+    /// Whether it left at most `100 - percent` % of its limit's size: the burst, the serving
+    /// tier's limit, or the slots of a concurrency limit. A disabled limit never is.
+    #[cfg(feature = "metrics")]
+    fn near_limit(&self, percent: u8) -> bool {
+        let size = match self.quota {
+            None => return false,
+            Some(Quota::Gcra(l)) => l.burst(),
+            Some(Quota::Tiered(t)) => self.serving_tier(t).map_or(0, |tier| tier.limit()),
+            Some(Quota::Concurrency(c)) => c.max(),
+        };
+        u128::from(self.remaining) * 100 <= u128::from(size) * u128::from(100 - percent.min(100))
+    }
+}
+
 impl<'a> From<&'a Decision> for Seen<'a> {
     fn from(d: &'a Decision) -> Self {
         let micros = crate::time::duration_us;
@@ -146,6 +167,9 @@ impl<'a> From<Entry<'a>> for Seen<'a> {
 pub(crate) struct RuleMetrics {
     #[cfg(feature = "metrics")]
     counters: [metrics::Counter; RuleOutcome::ALL.len()],
+    /// `tower_ratelimits_near_limit_total{limit}`.
+    #[cfg(feature = "metrics")]
+    near_limit: metrics::Counter,
 }
 
 impl RuleMetrics {
@@ -160,6 +184,10 @@ impl RuleMetrics {
                         "outcome" => o.label()
                     )
                 }),
+                near_limit: metrics::counter!(
+                    "tower_ratelimits_near_limit_total",
+                    "limit" => name.as_str()
+                ),
             }
         }
         #[cfg(not(feature = "metrics"))]
@@ -174,6 +202,18 @@ impl RuleMetrics {
         self.counters[outcome as usize].increment(1);
         #[cfg(not(feature = "metrics"))]
         let _ = outcome;
+    }
+
+    /// Counts `d` in `tower_ratelimits_near_limit_total` when it was allowed and left at most
+    /// `100 - percent` % of its limit (Envoy's rate-limit service: 80).
+    #[inline]
+    pub(crate) fn count_near_limit(&self, d: &Seen<'_>, outcome: RuleOutcome, percent: u8) {
+        #[cfg(feature = "metrics")]
+        if outcome == RuleOutcome::Allowed && d.near_limit(percent) {
+            self.near_limit.increment(1);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (d, outcome, percent);
     }
 }
 

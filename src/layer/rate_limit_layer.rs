@@ -53,6 +53,9 @@ pub enum LayerError {
     /// (the message of the [`ConfigError`](crate::ConfigError)).
     #[error("limits: {0}")]
     Limits(String),
+    /// [`RateLimitLayerBuilder::near_limit_percent`] outside `1..=100`.
+    #[error("near-limit percent {0} is not in 1..=100")]
+    NearLimitPercent(u8),
 }
 
 /// Builds a [`RateLimitLayer`].
@@ -68,6 +71,7 @@ pub struct RateLimitLayerBuilder {
     body: ErrorBody,
     exempt: Option<(ClientIp, Vec<IpNet>)>,
     jitter: Duration,
+    near_limit_percent: u8,
 }
 
 impl RateLimitLayerBuilder {
@@ -140,6 +144,16 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// When an allowed decision counts as near its limit, in
+    /// `tower_ratelimits_near_limit_total{limit}` (feature `metrics`): when it leaves at most
+    /// `100 - percent` % of the limit (the burst, a tier's limit, the slots). Default 80, as
+    /// Envoy's rate-limit service; a percent of 0 or above 100 is refused by
+    /// [`build`](Self::build).
+    pub fn near_limit_percent(mut self, percent: u8) -> Self {
+        self.near_limit_percent = percent;
+        self
+    }
+
     /// Whether decision events (`tracing`) carry the id (default off: ids can be personal data
     /// such as IP addresses). Metrics never carry ids.
     pub fn log_ids(mut self, on: bool) -> Self {
@@ -191,6 +205,9 @@ impl RateLimitLayerBuilder {
     pub fn build(self) -> Result<RateLimitLayer, LayerError> {
         if self.rules.is_empty() {
             return Err(LayerError::NoRules);
+        }
+        if !(1..=100).contains(&self.near_limit_percent) {
+            return Err(LayerError::NearLimitPercent(self.near_limit_percent));
         }
         let limits = self.limiter.limits();
         let mut rules: Vec<ResolvedRule> = Vec::with_capacity(self.rules.len());
@@ -269,6 +286,7 @@ impl RateLimitLayerBuilder {
                     waits,
                     log_ids: self.log_ids,
                     shadow_gate: WarnGate::new(Duration::from_secs(10)),
+                    near_limit_percent: self.near_limit_percent,
                 },
                 failure: OnFailure {
                     policy: self.failure,
@@ -317,6 +335,7 @@ impl RateLimitLayer {
             shadow: false,
             log_ids: false,
             jitter: Duration::ZERO,
+            near_limit_percent: 80,
             body: ErrorBody::default(),
             exempt: None,
         }

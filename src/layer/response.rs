@@ -279,8 +279,7 @@ fn policy(s: &Seen<'_>, quota: &Quota, window: bool) -> Option<(u64, u64)> {
         Quota::Gcra(l) if !window => Some((l.burst(), 0)),
         Quota::Gcra(l) => Some((l.burst(), ceil_secs_us(l.burst_offset_us()))),
         Quota::Tiered(t) => {
-            let number = s.tiers.map_or(1, |t| usize::from(t.tier));
-            let tier = t.tier(number).or(t.tiers().first())?;
+            let tier = s.serving_tier(t)?;
             Some((tier.limit(), ceil_secs_us(tier.window_us())))
         }
     }

@@ -310,6 +310,8 @@ impl ResolvedRule {
     fn observe(&self, d: &Seen<'_>, batch_allowed: bool, rules: &Rules) {
         let outcome = RuleOutcome::of(d, self.shadow, batch_allowed);
         self.metrics.count(outcome);
+        self.metrics
+            .count_near_limit(d, outcome, rules.near_limit_percent);
         super::observe::trace_decision(d, outcome, rules.log_ids, &rules.shadow_gate);
     }
 }
@@ -329,6 +331,8 @@ pub(crate) struct Rules {
     pub(crate) log_ids: bool,
     /// Lets one shadow "would deny" line through per interval.
     pub(crate) shadow_gate: super::observe::WarnGate,
+    /// An allowed decision leaving at most `100 - this` % of its limit is near it.
+    pub(crate) near_limit_percent: u8,
 }
 
 impl Rules {
