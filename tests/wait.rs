@@ -375,3 +375,28 @@ async fn one_key_takes_at_most_its_share_of_the_waiting_places() {
     let (status, _, took) = other.await.unwrap();
     assert_eq!((status, took), (StatusCode::OK, ms(100)));
 }
+
+/// With the layer's jitter, a waiting request sleeps its exact wait plus a random part of the
+/// jitter: never less than exact, at most exact + jitter, and not the same for every request.
+#[tokio::test(start_paused = true)]
+async fn jitter_lengthens_waits_within_its_bound() {
+    let limiter = limiter();
+    let app = Router::new().route("/", any(|| async { "ok" })).layer(
+        RateLimitLayer::builder(limiter)
+            .rule(Rule::new("PerIp", ClientIp::new()).wait(Wait::up_to(ms(1_000))))
+            .jitter(ms(50))
+            .build()
+            .unwrap(),
+    );
+    let mut waits = std::collections::BTreeSet::new();
+    for client in 1..=20 {
+        let peer = format!("10.0.1.{client}:1");
+        send(&app, &peer).await;
+        // Burst 1, one token per 100 ms: the exact wait is 100 ms.
+        let (status, _, took) = send(&app, &peer).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(took >= ms(100) && took <= ms(150), "{took:?}");
+        waits.insert(took);
+    }
+    assert!(waits.len() > 1, "{waits:?}");
+}
