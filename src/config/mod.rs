@@ -643,6 +643,24 @@ mod tests {
     use crate::algo::gcra::Limit;
     use crate::algo::tiers::{Tier, TieredLimit};
 
+    /// Without the feature `acme`, a file naming one of its kinds is refused at the kind's
+    /// line, saying which feature brings it (not "unknown kind"). Run by `.ci/run`'s unit tests
+    /// with the default features.
+    #[cfg(all(feature = "yaml", not(feature = "acme")))]
+    #[test]
+    fn an_acme_kind_without_the_feature_names_it_at_its_line() {
+        let e = Limits::from_yaml_str(
+            "Certs:\n  kind: account_domain\n  burst: 1\n  count: 1\n  period: 1s\n",
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "<defaults>:2: limit Certs: invalid id: id kind \"account_domain\" needs the `acme` \
+             feature of tower-ratelimits"
+        );
+    }
+
     #[test]
     fn scaled_limits_keep_names_costs_and_shares() {
         let s = |secs| std::time::Duration::from_secs(secs);
