@@ -18,12 +18,13 @@ Live: {kind: account, burst: 2, count: 1, period: 30s}
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 5] = [
+pub const VARIANTS: [&str; 6] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_3_rules",
     "tower_rate_limit_fred",
     "ours_1_rule_coalesced",
+    "ours_1_rule_hot_key",
 ];
 
 /// Requests one coalesced call carries at most (`ours_1_rule_coalesced`).
@@ -85,6 +86,12 @@ impl RedisOps {
             }
             "ours_1_rule" => {
                 let key = self.limiter.key("A", Id::from(id)).unwrap();
+                let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
+                assert!(d.allowed());
+            }
+            // One key for every decision: a hot key (a tenant behind many instances).
+            "ours_1_rule_hot_key" => {
+                let key = self.limiter.key("A", Id::from(0u64)).unwrap();
                 let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
                 assert!(d.allowed());
             }
