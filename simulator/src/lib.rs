@@ -42,7 +42,7 @@ mod timeline;
 mod trace;
 use trace as simulate;
 
-const USAGE: &str = "usage: simulate [--redis URL] --defaults FILE [--overrides FILE] \
+const USAGE: &str = "usage: tower-ratelimits-simulate [--redis URL] --defaults FILE [--overrides FILE] \
 [--html FILE] [--svg FILE] [--width PX] [--quiet] [--generate PHRASE [--key Name=id ...] | TRACE]";
 
 /// The largest trace drawn (a drawing reads the whole trace before running it).
