@@ -332,6 +332,8 @@ impl fmt::Debug for BucketKey {
 /// - a variant here, documented with its canonical form;
 /// - [`IdKind::ALL`], with its configuration name (`as_str`, `FromStr` and the unknown-kind
 ///   message derive from it);
+/// - a kind behind a feature: `#[cfg]` on its variant and its `ALL` entry, and its name in
+///   `IdKind::ACME` (or a list like it), so a build without the feature names the feature;
 /// - [`IdKind::parse`] (the canonical form, refused otherwise) and `IdKind::conform` (an id
 ///   from a request, folded to that form);
 /// - `simulator/src/lib.rs`: an id the kind accepts, for `--generate`'s default keys;

@@ -159,8 +159,8 @@ pub use time::{Clock, DurationError, ManualClock, SystemClock};
 pub use http;
 
 /// The `ipnet` crate's `IpNet`, in which trusted proxies and exemptions are given
-/// ([`ClientIp::trusted_proxies`], [`RateLimitLayerBuilder::exempt_addresses`]), re-exported so a user
-/// need not add it.
+/// ([`ClientIp::trusted_proxies`], [`RateLimitLayerBuilder::exempt_addresses`]), re-exported
+/// so a user need not add it.
 pub use ipnet::IpNet;
 
 /// The specifications the crate is held to, as kept in the repository's `docs/`.
@@ -183,8 +183,8 @@ pub mod specs {
 struct ReadmeDoctests;
 
 /// Not part of the API: what this repository's own tests, benches and examples reach below
-/// the public surface (the pure algorithms, duration parsing, a rule's scope, a settle header's units). Anything here may change
-/// in any release.
+/// the public surface (the pure algorithms, duration parsing, a rule's scope, a settle
+/// header's units). Anything here may change in any release.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::algo::{concurrency, gcra, tiers};

@@ -106,10 +106,15 @@ pub(crate) struct Seen<'a> {
 }
 
 impl Seen<'_> {
-    /// The tier serving the client under the tiered limit `t` (the first when none is named).
-    pub(crate) fn serving_tier<'t>(&self, t: &'t crate::TieredLimit) -> Option<&'t crate::Tier> {
+    /// On a tiered limit, the limit and the window (microseconds) of the tier serving the
+    /// client (the first when none is named); `None` on another shape.
+    pub(crate) fn serving_tier(&self) -> Option<(u64, u64)> {
+        let Some(Quota::Tiered(t)) = self.quota else {
+            return None;
+        };
         let number = self.tiers.map_or(1, |t| usize::from(t.tier));
-        t.tier(number).or(t.tiers().first())
+        let tier = t.tier(number).or(t.tiers().first())?;
+        Some((tier.limit(), tier.window_us()))
     }
 
     /// Whether it left at most `100 - percent` % of its limit's size: the burst, the serving
@@ -119,7 +124,7 @@ impl Seen<'_> {
         let size = match self.quota {
             None => return false,
             Some(Quota::Gcra(l)) => l.burst(),
-            Some(Quota::Tiered(t)) => self.serving_tier(t).map_or(0, |tier| tier.limit()),
+            Some(Quota::Tiered(_)) => self.serving_tier().map_or(0, |(limit, _)| limit),
             Some(Quota::Concurrency(c)) => c.max(),
         };
         u128::from(self.remaining) * 100 <= u128::from(size) * u128::from(100 - percent.min(100))

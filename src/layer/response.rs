@@ -278,9 +278,9 @@ fn policy(s: &Seen<'_>, quota: &Quota, window: bool) -> Option<(u64, u64)> {
         Quota::Concurrency(c) => Some((c.max(), 0)),
         Quota::Gcra(l) if !window => Some((l.burst(), 0)),
         Quota::Gcra(l) => Some((l.burst(), ceil_secs_us(l.burst_offset_us()))),
-        Quota::Tiered(t) => {
-            let tier = s.serving_tier(t)?;
-            Some((tier.limit(), ceil_secs_us(tier.window_us())))
+        Quota::Tiered(_) => {
+            let (limit, window_us) = s.serving_tier()?;
+            Some((limit, ceil_secs_us(window_us)))
         }
     }
 }
@@ -493,7 +493,6 @@ fn put(headers: &mut HeaderMap, name: &'static HeaderName, ours: HeaderValue) {
 /// A denied request, as handed to a custom response function
 /// ([`RateLimitLayerBuilder::denied_response`](crate::RateLimitLayerBuilder::denied_response)).
 #[derive(Debug)]
-#[non_exhaustive]
 pub struct Denial<'a> {
     batch: &'a BatchDecision,
     grpc: bool,

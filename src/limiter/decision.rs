@@ -11,7 +11,6 @@ use crate::quota::Quota;
 
 /// The decision for one transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Decision {
     /// Whether the transaction was allowed (or, for a refund, whether anything was refunded).
     pub(crate) allowed: bool,
