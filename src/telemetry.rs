@@ -66,6 +66,37 @@ pub(crate) fn redis_out_of_memory() {
     metrics::counter!("tower_ratelimits_redis_out_of_memory_total").increment(1);
 }
 
+/// `tower_ratelimits_prefetch_refills_total{limit}`: refills of prefetched tokens the store
+/// granted (a refill rides a request's own script call).
+#[cfg(feature = "redis")]
+pub(crate) fn prefetch_refill(limit: crate::key::LimitName) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_prefetch_refills_total", "limit" => limit.as_str())
+        .increment(1);
+}
+
+/// `tower_ratelimits_prefetch_returned_units_total{limit}`: prefetched tokens given back to
+/// the store unused (expired, dropped by a charge, or at shutdown).
+#[cfg(feature = "redis")]
+pub(crate) fn prefetch_returned(limit: crate::key::LimitName, units: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_prefetch_returned_units_total", "limit" => limit.as_str())
+        .increment(units);
+}
+
+/// `tower_ratelimits_prefetch_local_decisions_total{limit, decision}`: requests of a
+/// prefetching limit decided without a call, `allowed` (from prefetched tokens) or `denied`
+/// (the store's last word leaves no room for a refill).
+#[cfg(feature = "redis")]
+pub(crate) fn prefetch_local_decision(limit: crate::key::LimitName, allowed: bool) {
+    #[cfg(feature = "metrics")]
+    {
+        let decision = if allowed { "allowed" } else { "denied" };
+        metrics::counter!("tower_ratelimits_prefetch_local_decisions_total", "limit" => limit.as_str(), "decision" => decision)
+            .increment(1);
+    }
+}
+
 /// `tower_ratelimits_memory_full_total`: requests refused because the memory table was full.
 pub(crate) fn memory_full() {
     #[cfg(feature = "metrics")]

@@ -28,6 +28,9 @@ pub const MAX_BURST_OFFSET_US: u64 = 100 * 365 * 86_400 * 1_000_000;
 /// first write. The Redis script holds the same value (`SLACK`).
 pub const FOREIGN_SLACK_US: u64 = 60_000_000;
 
+/// The default time to live of prefetched tokens ([`Limit::with_prefetch`]): one second.
+pub(crate) const DEFAULT_PREFETCH_TTL_US: u32 = 1_000_000;
+
 /// Why a limit was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -87,7 +90,25 @@ pub enum LimitError {
         /// The emission interval in microseconds.
         emission_interval_us: u64,
     },
+    /// `prefetch` above the burst: an instance cannot hold more tokens than the bucket has.
+    #[error("prefetch {prefetch} is above the burst of {burst}")]
+    PrefetchAboveBurst {
+        /// The prefetch asked for.
+        prefetch: u64,
+        /// The burst.
+        burst: u64,
+    },
+    /// A `prefetch_ttl` outside 1 ms ..= 1 h.
+    #[error("prefetch_ttl {ttl_us}us is outside 1ms..=1h")]
+    PrefetchTtl {
+        /// The time to live asked for, in microseconds.
+        ttl_us: u64,
+    },
 }
+
+/// The longest [`Limit::with_prefetch`] time to live: one hour (tokens held longer than that
+/// are capacity other instances cannot use for as long).
+pub(crate) const MAX_PREFETCH_TTL_US: u64 = 3_600_000_000;
 
 /// A GCRA limit: a bucket of `burst` tokens refilled at `count` tokens per `period`.
 ///
@@ -124,6 +145,22 @@ pub enum LimitError {
 /// assert_eq!(limit.with_max_debt(0).unwrap().max_debt(), 0);
 /// ```
 ///
+/// A limit may let instances of a shared store **prefetch** tokens of a hot key
+/// ([`with_prefetch`](Self::with_prefetch)): the Redis backend then takes up to that many
+/// tokens in one call and answers the key's next requests from them, locally (`docs/gcra.md`,
+/// "Prefetched tokens"). It never changes what a limit admits in total; the in-memory backend
+/// ignores it.
+///
+/// ```
+/// use tower_ratelimits::Limit;
+/// use std::time::Duration;
+///
+/// let limit = Limit::new(500, 300, Duration::from_secs(1)).unwrap()
+///     .with_prefetch(50, Duration::from_secs(1)).unwrap();
+/// assert_eq!((limit.prefetch(), limit.prefetch_ttl()), (50, Duration::from_secs(1)));
+/// assert!(limit.with_prefetch(501, Duration::from_secs(1)).is_err());
+/// ```
+///
 /// [`Mode::Charge`]: crate::Mode::Charge
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limit {
@@ -135,6 +172,10 @@ pub struct Limit {
     max_debt: u64,
     /// `BO + EI * max_debt + FOREIGN_SLACK_US`: a TAT further ahead of now is foreign.
     foreign_after_us: u64,
+    /// Tokens an instance may prefetch (0: none); at most the burst.
+    prefetch: u32,
+    /// How long prefetched tokens live, in microseconds (at most one hour).
+    prefetch_ttl_us: u32,
 }
 
 impl Limit {
@@ -183,6 +224,8 @@ impl Limit {
             burst_offset_us,
             max_debt,
             foreign_after_us: 0,
+            prefetch: 0,
+            prefetch_ttl_us: DEFAULT_PREFETCH_TTL_US,
         }
         .settled())
     }
@@ -223,6 +266,51 @@ impl Limit {
             });
         }
         Ok(Self { max_debt, ..self }.settled())
+    }
+
+    /// This limit with prefetched tokens: an instance of a shared store may take up to
+    /// `units` tokens of a key in one call and use them for up to `ttl` (0 units: none, the
+    /// default). Refused above the burst, above `u32::MAX` units, or for a `ttl` outside
+    /// 1 ms ..= 1 h.
+    pub fn with_prefetch(self, units: u64, ttl: Duration) -> Result<Self, LimitError> {
+        let ttl_us = duration_us(ttl);
+        if units > self.burst {
+            return Err(LimitError::PrefetchAboveBurst {
+                prefetch: units,
+                burst: self.burst,
+            });
+        }
+        let Some(ttl) = u32::try_from(ttl_us)
+            .ok()
+            .filter(|t| (1_000..=MAX_PREFETCH_TTL_US).contains(&u64::from(*t)))
+        else {
+            return Err(LimitError::PrefetchTtl { ttl_us });
+        };
+        let prefetch = u32::try_from(units).map_err(|_| LimitError::PrefetchAboveBurst {
+            prefetch: units,
+            burst: u64::from(u32::MAX),
+        })?;
+        Ok(Self {
+            prefetch,
+            prefetch_ttl_us: ttl,
+            ..self
+        })
+    }
+
+    /// The most tokens an instance prefetches (0: none); see
+    /// [`with_prefetch`](Self::with_prefetch).
+    pub fn prefetch(&self) -> u64 {
+        u64::from(self.prefetch)
+    }
+
+    /// How long prefetched tokens live (1 s unless set).
+    pub fn prefetch_ttl(&self) -> Duration {
+        Duration::from_micros(self.prefetch_ttl_us())
+    }
+
+    /// [`prefetch_ttl`](Self::prefetch_ttl) in microseconds.
+    pub(crate) fn prefetch_ttl_us(&self) -> u64 {
+        u64::from(self.prefetch_ttl_us)
     }
 
     /// The most units a charge may take the bucket below empty ([`Mode::Charge`]).
@@ -290,6 +378,8 @@ impl fmt::Debug for Limit {
             .field("count", &self.count)
             .field("period_us", &self.period_us)
             .field("max_debt", &self.max_debt)
+            .field("prefetch", &self.prefetch)
+            .field("prefetch_ttl_us", &self.prefetch_ttl_us)
             .finish()
     }
 }

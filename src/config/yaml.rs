@@ -11,7 +11,7 @@ use serde_saphyr::Spanned;
 
 use super::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, check_name};
 use crate::algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
-use crate::algo::gcra::Limit;
+use crate::algo::gcra::{Limit, LimitError};
 use crate::algo::tiers::{Tier, TierError, TieredLimit};
 use crate::key::IdKind;
 use crate::quota::Quota;
@@ -261,6 +261,8 @@ struct Fields<'a> {
     count: Option<&'a Node>,
     period: Option<&'a Node>,
     max_debt: Option<&'a Node>,
+    prefetch: Option<&'a Node>,
+    prefetch_ttl: Option<&'a Node>,
     tiers: Option<&'a Node>,
     concurrency: Option<&'a Node>,
     lease: Option<&'a Node>,
@@ -293,6 +295,8 @@ fn fields<'a>(node: &'a Node, allowed: &[&'static str]) -> Result<Fields<'a>, Co
             "count" => &mut f.count,
             "period" => &mut f.period,
             "max_debt" => &mut f.max_debt,
+            "prefetch" => &mut f.prefetch,
+            "prefetch_ttl" => &mut f.prefetch_ttl,
             "tiers" => &mut f.tiers,
             "concurrency" => &mut f.concurrency,
             "lease" => &mut f.lease,
@@ -344,6 +348,8 @@ fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> {
         ("count", f.count),
         ("period", f.period),
         ("max_debt", f.max_debt),
+        ("prefetch", f.prefetch),
+        ("prefetch_ttl", f.prefetch_ttl),
         ("tiers", f.tiers),
         ("concurrency", f.concurrency),
     ];
@@ -361,13 +367,20 @@ fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> {
 /// A GCRA limit (`burst`, `count`, `period`), burst tiers (`tiers`) or a concurrency limit
 /// (`concurrency`, with `lease` and `retry_after`).
 fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
-    // Debt is a GCRA limit's: tiers forgive overruns, and slots have no units.
-    if let Some(debt) = f.max_debt {
+    // Debt and prefetched tokens are a GCRA limit's: tiers forgive overruns and keep a
+    // state no instance can split, and slots have no units.
+    let gcra_only = [
+        ("max_debt", f.max_debt),
+        ("prefetch", f.prefetch),
+        ("prefetch_ttl", f.prefetch_ttl),
+    ];
+    for (field, given) in gcra_only {
+        let Some(given) = given else { continue };
         for (name, node) in [("tiers", f.tiers), ("concurrency", f.concurrency)] {
             if node.is_some() {
                 return Err(err_at(
-                    ConfigErrorKind::ConflictingFields("max_debt", name),
-                    debt.line,
+                    ConfigErrorKind::ConflictingFields(field, name),
+                    given.line,
                 ));
             }
         }
@@ -574,15 +587,39 @@ fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {
     let burst = positive("burst", burst_node)?;
     let count = positive("count", need("count", f.count)?)?;
     let period_us = duration_of("period", need("period", f.period)?)?;
-    let limit = Limit::from_micros(burst, count, period_us)
+    let mut limit = Limit::from_micros(burst, count, period_us)
         .map_err(|e| err_at(e.into(), burst_node.line))?;
-    let Some(debt) = f.max_debt else {
-        return Ok(limit);
+    if let Some(debt) = f.max_debt {
+        let max_debt = whole("max_debt", debt, 0)?;
+        limit = limit
+            .with_max_debt(max_debt)
+            .map_err(|e| err_at(e.into(), debt.line))?;
+    }
+    prefetch_of(f, limit)
+}
+
+/// `prefetch: N` and `prefetch_ttl: D` (default 1s) on a GCRA limit.
+fn prefetch_of(f: &Fields<'_>, limit: Limit) -> Result<Limit, ConfigError> {
+    let Some(units_node) = f.prefetch else {
+        return match f.prefetch_ttl {
+            Some(ttl) => Err(err_at(ConfigErrorKind::MissingField("prefetch"), ttl.line)),
+            None => Ok(limit),
+        };
     };
-    let max_debt = whole("max_debt", debt, 0)?;
+    let units = positive("prefetch", units_node)?;
+    let ttl_us = match f.prefetch_ttl {
+        Some(n) => duration_of("prefetch_ttl", n)?,
+        None => u64::from(crate::algo::gcra::DEFAULT_PREFETCH_TTL_US),
+    };
     limit
-        .with_max_debt(max_debt)
-        .map_err(|e| err_at(e.into(), debt.line))
+        .with_prefetch(units, std::time::Duration::from_micros(ttl_us))
+        .map_err(|e| {
+            let line = match (&e, f.prefetch_ttl) {
+                (LimitError::PrefetchTtl { .. }, Some(ttl)) => ttl.line,
+                _ => units_node.line,
+            };
+            err_at(e.into(), line)
+        })
 }
 
 fn id_text(node: &Node) -> Result<(String, u64), ConfigError> {
@@ -635,6 +672,8 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
                 "count",
                 "period",
                 "max_debt",
+                "prefetch",
+                "prefetch_ttl",
                 "tiers",
                 "concurrency",
                 "lease",
@@ -691,6 +730,8 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                         "count",
                         "period",
                         "max_debt",
+                        "prefetch",
+                        "prefetch_ttl",
                         "tiers",
                         "ids",
                         "unlimited",
@@ -744,6 +785,8 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                         "count",
                         "period",
                         "max_debt",
+                        "prefetch",
+                        "prefetch_ttl",
                         "tiers",
                         "concurrency",
                         "lease",

@@ -323,6 +323,7 @@ impl RedisBackendBuilder {
                     .then(|| DenyCache::new(self.deny_cache_capacity)),
                 breaker: Arc::new(breaker::Breaker::new(self.breaker)),
                 coalescer: coalesce.map(|c| super::coalesce::Coalescer::new(c, timeout)),
+                pools: super::prefetch::Pools::new(),
             }),
         }
     }

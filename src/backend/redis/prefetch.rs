@@ -1,0 +1,346 @@
+//! Prefetched tokens (`docs/gcra.md`, "Prefetched tokens"): an instance takes up to
+//! [`Limit::prefetch`] tokens of a hot key from the store in one call and answers the key's
+//! next requests from them, locally, for up to [`Limit::prefetch_ttl`]; what it did not use
+//! goes back (a refund) when they expire or when it shuts down.
+//!
+//! Tokens are spent in the store before they are used, so all instances together never admit
+//! more than the bucket allows from a full bucket; what prefetching trades is timing (a token
+//! is used up to one TTL after it was taken) and capacity one instance holds while another is
+//! denied. The rules, each in one place below:
+//!
+//! - **Who prefetches**: a check-and-spend of one cost above 0 on a GCRA limit with
+//!   `prefetch > 0` ([`eligible`]). Ranges, checks, spend-only, shadow and charges go to the
+//!   store as they are; a charge (a settle's overrun) also drops the key's local tokens, which
+//!   go back to the store.
+//! - **How many** ([`Pool::ask`]): the demand this instance saw on the key in the last TTL,
+//!   at most `prefetch`, on top of what the request needs. A key seen for the first time in a
+//!   TTL is sent as it is (a cold key costs what it always did: one call, nothing to give
+//!   back).
+//! - **At saturation**: a refill asks for a range, at least the request's need plus half the
+//!   target (the smallest useful refill), so a nearly empty bucket is not taken one token per
+//!   call. While the store's last reported state says that least refill does not fit, the
+//!   key's requests are denied here, without a call, with the wait before it fits (never
+//!   earlier than the store said: at least the request's own cost must fit, and the state is
+//!   the store's).
+//! - **One refill per key at a time**: a request that finds the pool empty while a refill is
+//!   under way waits for it, then decides again.
+//! - **All or nothing**: tokens taken for a request whose batch the store denies go back to
+//!   the pool.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use dashmap::DashMap;
+use tokio::sync::Notify;
+
+use crate::algo::gcra::{self, Limit};
+use crate::backend::{BucketTx, Mode, Outcome};
+use crate::key::BucketKey;
+
+/// Keys tracked at most (pools and the demand of keys seen recently). A key that finds the
+/// table full is sent to the store as it is, as without prefetching; idle entries leave the
+/// table within two TTLs.
+pub(super) const MAX_POOLS: usize = 100_000;
+
+/// How often expired tokens are looked for and given back, while any are held.
+pub(super) const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Whether a transaction may be answered from prefetched tokens.
+#[inline]
+pub(super) fn eligible<'a>(tx: &BucketTx<'a>) -> Option<&'a Limit> {
+    let limit = tx.quota.as_gcra()?;
+    (limit.prefetch() > 0
+        && tx.mode == Mode::CheckAndSpend
+        && tx.min_cost == tx.cost
+        && tx.cost > 0)
+        .then_some(limit)
+}
+
+/// Whether a transaction drops the key's local tokens: a charge (a settle's overrun, perhaps
+/// into debt), after which the store's state, not the pool, must decide the key.
+#[inline]
+pub(super) fn drops_pool(tx: &BucketTx<'_>) -> bool {
+    tx.mode == Mode::Charge && tx.quota.as_gcra().is_some_and(|l| l.prefetch() > 0)
+}
+
+/// One key's prefetched tokens and what this instance knows of its bucket.
+struct Pool {
+    /// The limit the tokens were last taken under (they go back under it).
+    limit: Limit,
+    /// Tokens held, usable until `expires_at` (local microseconds).
+    units: u64,
+    expires_at: u64,
+    /// Tokens no longer usable (expired, or dropped by a charge), to give back.
+    stale: u64,
+    /// The bucket's TAT as the store last reported it, on the local clock: a lower bound of
+    /// the real one (0: unknown).
+    store_tat: u64,
+    /// Demand: units asked in the current window (one TTL long, from `window_start`) and in
+    /// the window before.
+    window_start: u64,
+    window_units: u64,
+    prev_units: u64,
+    /// A refill is under way; `generation` counts the refills that ended.
+    refilling: bool,
+    generation: u64,
+    /// Wakes the requests waiting for the refill under way (made by the first one).
+    notify: Option<Arc<Notify>>,
+}
+
+/// What one transaction's pool decided.
+pub(super) enum Step {
+    /// Not a prefetching transaction: to the store as it is.
+    Store,
+    /// Sent as it is (a cold key, or the table is full); its answer updates the pool.
+    Plain,
+    /// Served from the pool (`units` taken).
+    Take(u64),
+    /// A refill: the store is asked for `lo..=hi`, of which `need` is the request's; `took`
+    /// units came from the pool.
+    Refill {
+        lo: u64,
+        hi: u64,
+        need: u64,
+        took: u64,
+    },
+    /// Denied here: the least refill does not fit the store's last reported state.
+    Deny(Outcome),
+    /// A refill is under way: wait for `generation` to end.
+    Wait(Arc<Notify>, u64),
+}
+
+/// The pools of one backend.
+pub(super) struct Pools {
+    map: DashMap<BucketKey, Pool>,
+    /// A task gives back expired tokens while any pool holds some.
+    pub(super) sweeping: AtomicBool,
+}
+
+/// Tokens to give back: a key, the limit they were taken under, how many.
+pub(super) type Returned = Vec<(BucketKey, Limit, u64)>;
+
+impl Pools {
+    pub(super) fn new() -> Self {
+        Self {
+            map: DashMap::new(),
+            sweeping: AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Decides one eligible transaction from its key's pool at `now`.
+    pub(super) fn step(&self, tx: &BucketTx<'_>, limit: &Limit, now: u64) -> Step {
+        let mut pool = match self.map.get_mut(tx.key) {
+            Some(p) => p,
+            None if self.map.len() >= MAX_POOLS => return Step::Plain,
+            None => self
+                .map
+                .entry(tx.key.clone())
+                .or_insert_with(|| Pool::new(*limit, now)),
+        };
+        pool.step(limit, tx.cost, now)
+    }
+
+    /// Gives back what `Take` and `Refill` steps took from the pool of `key` (their batch
+    /// was denied or failed), and ends a refill.
+    pub(super) fn undo(&self, key: &BucketKey, step: &Step) {
+        let Some(mut pool) = self.map.get_mut(key) else {
+            return;
+        };
+        match *step {
+            Step::Take(units) => pool.units += units,
+            Step::Refill { took, .. } => {
+                pool.units += took;
+                pool.end_refill();
+            }
+            _ => {}
+        }
+    }
+
+    /// Records the store's answer `outcome` (at local time `now`) to a `Plain` or `Refill`
+    /// step of an allowed (`batch_allowed`) or denied batch; the outcome the request reports.
+    pub(super) fn finish(
+        &self,
+        key: &BucketKey,
+        step: &Step,
+        mut outcome: Outcome,
+        batch_allowed: bool,
+        now: u64,
+    ) -> Outcome {
+        let Some(mut pool) = self.map.get_mut(key) else {
+            outcome.granted = None;
+            return outcome;
+        };
+        pool.store_tat = now.saturating_add(outcome.reset_after_us).max(1);
+        if let Step::Refill { hi, need, took, .. } = *step {
+            // A range of one size (`lo == hi`) is a single cost: granted whole when allowed.
+            let whole = if outcome.allowed { hi } else { 0 };
+            let granted = outcome.granted.take().unwrap_or(whole);
+            if batch_allowed && outcome.allowed {
+                pool.expires_at = now.saturating_add(pool.limit.prefetch_ttl_us());
+                pool.units += granted.saturating_sub(need);
+                crate::telemetry::prefetch_refill(key.name());
+            } else {
+                pool.units += took;
+            }
+            pool.end_refill();
+            // This instance's view: the store's bucket plus what the pool holds.
+            outcome.remaining = outcome
+                .remaining
+                .saturating_add(pool.units)
+                .min(pool.limit.burst());
+        }
+        outcome
+    }
+
+    /// The outcome a `Take` step reports at `now`: this instance's view of the bucket (the
+    /// store's state as last reported, plus the tokens the pool still holds).
+    pub(super) fn view(&self, key: &BucketKey, limit: &Limit, now: u64) -> Outcome {
+        let (store_tat, units) = self.map.get(key).map_or((0, 0), |p| (p.store_tat, p.units));
+        let ahead = limit.ahead_of((store_tat != 0).then_some(store_tat), now);
+        let remaining =
+            limit.burst_offset_us().saturating_sub(ahead) / limit.emission_interval_us();
+        Outcome::new(
+            true,
+            remaining.saturating_add(units).min(limit.burst()),
+            0,
+            ahead,
+        )
+    }
+
+    /// The generation of `key`'s refills, to know whether the one waited for ended.
+    pub(super) fn generation(&self, key: &BucketKey) -> Option<u64> {
+        self.map.get(key).map(|p| p.generation)
+    }
+
+    /// A charge on `key`: its local tokens go back to the store (the key's state must decide
+    /// it now, debt included).
+    pub(super) fn drop_units(&self, key: &BucketKey) {
+        if let Some(mut pool) = self.map.get_mut(key) {
+            pool.stale += std::mem::take(&mut pool.units);
+            pool.store_tat = 0;
+        }
+    }
+
+    /// A reset of `key`: its bucket is full again, so its local tokens are worth nothing
+    /// (giving them back to a full bucket changes nothing).
+    pub(super) fn forget(&self, key: &BucketKey) {
+        if let Some(mut pool) = self.map.get_mut(key) {
+            pool.units = 0;
+            pool.stale = 0;
+            pool.store_tat = 0;
+        }
+    }
+
+    /// Takes out the tokens to give back at `now` (all of them when `all`: a shutdown), and
+    /// drops the keys idle for two TTLs.
+    pub(super) fn returned(&self, now: u64, all: bool) -> Returned {
+        let mut out = Vec::new();
+        self.map.retain(|key, pool| {
+            if pool.units > 0 && (all || pool.expires_at <= now) {
+                pool.stale += std::mem::take(&mut pool.units);
+            }
+            if pool.stale > 0 {
+                out.push((key.clone(), pool.limit, std::mem::take(&mut pool.stale)));
+            }
+            let idle_since = pool
+                .window_start
+                .saturating_add(2 * pool.limit.prefetch_ttl_us());
+            pool.units > 0 || pool.refilling || now < idle_since
+        });
+        out
+    }
+}
+
+impl Pool {
+    fn new(limit: Limit, now: u64) -> Self {
+        Self {
+            limit,
+            units: 0,
+            expires_at: 0,
+            stale: 0,
+            store_tat: 0,
+            window_start: now,
+            window_units: 0,
+            prev_units: 0,
+            refilling: false,
+            generation: 0,
+            notify: None,
+        }
+    }
+
+    fn end_refill(&mut self) {
+        self.refilling = false;
+        self.generation = self.generation.wrapping_add(1);
+        if let Some(n) = &self.notify {
+            n.notify_waiters();
+        }
+    }
+
+    /// Counts `cost` units of demand at `now`; the demand seen before them (the larger of
+    /// this window's and the last one's).
+    fn observe(&mut self, cost: u64, ttl: u64, now: u64) -> u64 {
+        if now >= self.window_start.saturating_add(ttl) {
+            let next = now < self.window_start.saturating_add(2 * ttl);
+            self.prev_units = if next { self.window_units } else { 0 };
+            self.window_start = now;
+            self.window_units = 0;
+        }
+        let seen = self.window_units.max(self.prev_units);
+        self.window_units = self.window_units.saturating_add(cost);
+        seen
+    }
+
+    fn step(&mut self, limit: &Limit, cost: u64, now: u64) -> Step {
+        // A reload applies from here: the next refill asks under the new limit.
+        self.limit = *limit;
+        let seen = self.observe(cost, limit.prefetch_ttl_us(), now);
+        if self.units > 0 && self.expires_at <= now {
+            self.stale += std::mem::take(&mut self.units);
+        }
+        if self.units >= cost {
+            self.units -= cost;
+            return Step::Take(cost);
+        }
+        if self.refilling {
+            let notify = self.notify.get_or_insert_with(Default::default).clone();
+            return Step::Wait(notify, self.generation);
+        }
+        let Some((lo, hi, need)) = self.ask(cost, seen) else {
+            return Step::Plain;
+        };
+        if self.store_tat != 0 {
+            // The least refill against the store's last word: denied here while it does not
+            // fit, with the wait before it does.
+            let tx_limit = &self.limit;
+            if let Ok((out, _)) = gcra::check_range(tx_limit, Some(self.store_tat), now, lo, hi)
+                && !out.allowed
+            {
+                return Step::Deny(Outcome::from(out));
+            }
+        }
+        let took = std::mem::take(&mut self.units);
+        self.refilling = true;
+        Step::Refill { lo, hi, need, took }
+    }
+
+    /// A refill for a request of `cost` units when the key's demand in a TTL was `seen`:
+    /// `(lo, hi, need)`, the least and most units to ask the store for and the request's part
+    /// of them; `None` for a key too cold to prefetch (sent as it is).
+    fn ask(&self, cost: u64, seen: u64) -> Option<(u64, u64, u64)> {
+        let target = seen.min(self.limit.prefetch());
+        if target == 0 {
+            return None;
+        }
+        let need = cost - self.units;
+        let hi = need.saturating_add(target);
+        let lo = need
+            .saturating_add(target.div_ceil(2))
+            .min(self.limit.burst())
+            .max(need);
+        Some((lo, hi, need))
+    }
+}
