@@ -72,7 +72,7 @@ async fn run() -> Result<(), String> {
         .connect()
         .await
         .map_err(|e| format!("{url}: {e}"))?;
-    let limiter = Limiter::new(settings.limits.clone(), backend);
+    let limiter = Limiter::new(settings.limits.clone(), backend.clone());
     let layer = common::layer_builder(limiter.clone(), &settings)
         .on_backend_failure(policy)
         .build()
@@ -86,5 +86,11 @@ async fn run() -> Result<(), String> {
             if deny_cache { "on" } else { "off" }
         ),
     )
-    .await
+    .await?;
+    // Stopped taking requests: the tokens of limits with `prefetch` this instance did not use
+    // go back to Redis for the other instances.
+    if let Err(e) = backend.return_prefetched().await {
+        eprintln!("axum_redis: prefetched tokens not given back: {e}");
+    }
+    Ok(())
 }

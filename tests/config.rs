@@ -1005,3 +1005,90 @@ fn max_debt_is_a_gcra_field_checked_with_its_line() {
     ];
     refused_with_their_lines(cases);
 }
+
+/// `prefetch` and `prefetch_ttl` (default 1s) on a GCRA limit, in defaults and in both
+/// override formats; on tiers, a concurrency limit or `unlimited`, 0, above the burst, a TTL
+/// without `prefetch`, or a TTL outside 1ms..=1h, they are refused with their line.
+#[test]
+fn prefetch_is_a_gcra_field_checked_with_its_line() {
+    let limits = Limits::from_yaml_str(
+        "A: {burst: 500, count: 300, period: 1s, prefetch: 50}\nB: {burst: 10, count: 10, period: 1s, prefetch: 10, prefetch_ttl: 250ms}\nC: {burst: 10, count: 10, period: 1s}\n",
+        Some("- A:\n    burst: 50\n    count: 50\n    period: 1s\n    prefetch: 5\n    prefetch_ttl: 2s\n    ids: [x]\n"),
+    )
+    .unwrap();
+    let prefetch = |name: &str, id: &str| {
+        let key =
+            tower_ratelimits::BucketKey::new(limits.name(name).unwrap(), Id::new(id).unwrap());
+        let limit = *limits.resolve(&key).unwrap().as_gcra().unwrap();
+        (limit.prefetch(), limit.prefetch_ttl().as_millis())
+    };
+    assert_eq!(prefetch("A", "y"), (50, 1000));
+    assert_eq!(prefetch("A", "x"), (5, 2000), "the override's own");
+    assert_eq!(prefetch("B", "y"), (10, 250));
+    assert_eq!(prefetch("C", "y").0, 0, "off unless given");
+    let map_format = Limits::from_yaml_str(
+        "A: {burst: 500, count: 300, period: 1s}\n",
+        Some("A:x: {burst: 50, count: 50, period: 1s, prefetch: 7}\n"),
+    )
+    .unwrap();
+    let key =
+        tower_ratelimits::BucketKey::new(map_format.name("A").unwrap(), Id::new("x").unwrap());
+    assert_eq!(
+        map_format
+            .resolve(&key)
+            .unwrap()
+            .as_gcra()
+            .unwrap()
+            .prefetch(),
+        7
+    );
+    let cases: &[(&str, &str, u64)] = &[
+        (
+            "A:\n  prefetch: 3\n  tiers:\n    - {limit: 5, window: 1s, active: 1s, cooldown: 0s}\n",
+            "prefetch and tiers cannot be given together",
+            2,
+        ),
+        (
+            "A:\n  concurrency: 3\n  prefetch_ttl: 1s\n",
+            "prefetch_ttl and concurrency cannot be given together",
+            3,
+        ),
+        (
+            "A:\n  burst: 10\n  count: 10\n  period: 1s\n  prefetch: 0\n",
+            "prefetch must be",
+            5,
+        ),
+        (
+            "A:\n  burst: 10\n  count: 10\n  period: 1s\n  prefetch: 11\n",
+            "prefetch 11 is above the burst of 10",
+            5,
+        ),
+        (
+            "A:\n  burst: 10\n  count: 10\n  period: 1s\n  prefetch_ttl: 1s\n",
+            "prefetch",
+            5,
+        ),
+        (
+            "A:\n  burst: 10\n  count: 10\n  period: 1s\n  prefetch: 5\n  prefetch_ttl: 2h\n",
+            "prefetch_ttl 7200000000us is outside 1ms..=1h",
+            6,
+        ),
+        (
+            "A:\n  burst: 10\n  count: 10\n  period: 1s\n  prefetch: 5\n  prefetch_ttl: 500us\n",
+            "outside 1ms..=1h",
+            6,
+        ),
+    ];
+    refused_with_their_lines(cases);
+    let unlimited = Limits::from_yaml_str(
+        "A: {burst: 10, count: 10, period: 1s}\n",
+        Some("- A:\n    unlimited: true\n    prefetch: 5\n    ids: [x]\n"),
+    )
+    .unwrap_err();
+    assert!(
+        unlimited
+            .to_string()
+            .contains("unlimited and prefetch cannot be given together"),
+        "{unlimited}"
+    );
+}

@@ -367,6 +367,117 @@ async fn axum_redis_counts_outcomes_round_trips_and_deny_cache_hits_and_reloads(
     reload(&example, &client).await;
 }
 
+/// Issue 32's measure over TCP: one hot key behind two `axum_redis` processes on one Redis,
+/// both of the example's limits with `prefetch: 50` (burst 500, 300 per second), loaded for
+/// 3 s by 16 keep-alive clients spread over both, above the limit (600/s) and at half of it
+/// (150/s). Admitted never above burst + rate x elapsed (elapsed from the first request sent
+/// to the last answer, so the bound is generous to the server, never to the test), at least
+/// 80% of it above the limit and every request at half of it, and at most one script call
+/// (`INFO commandstats`) per 10 admitted.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn two_axum_redis_instances_share_a_hot_key_with_prefetched_tokens() {
+    const PREFETCHING: &str = "\
+RequestsPerIPAddress:
+  kind: ip
+  burst: 500
+  count: 300
+  period: 1s
+  prefetch: 50
+RequestsPerIPv6Range:
+  kind: ipv6_range
+  burst: 500
+  count: 300
+  period: 1s
+  prefetch: 50
+";
+    skip_unless_built("axum_redis");
+    for (per_second, client) in [(600, "198.51.100.7"), (150, "198.51.100.8")] {
+        let redis = support::redis::RedisServer::start();
+        let env = [("REDIS_URL", redis.url())];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let instances = [
+            Example::start_with("axum_redis", PREFETCHING, &env),
+            Example::start_with("axum_redis", PREFETCHING, &env),
+        ];
+        let calls = || {
+            support::redis_backend::commandstat(redis.port, "evalsha")
+                + support::redis_backend::commandstat(redis.port, "eval")
+        };
+        let before = calls();
+        let bases: Vec<String> = instances.iter().map(|e| e.base.clone()).collect();
+        let (admitted, sent, elapsed) = paced_load(&bases, client, per_second, 3).await;
+        let calls = calls() - before;
+        let bound = 500 + (300.0 * elapsed.as_secs_f64()).ceil() as u64;
+        eprintln!(
+            "{per_second}/s: {admitted} admitted of {sent} in {elapsed:?} (bound {bound}), \
+             {calls} script calls"
+        );
+        assert!(admitted <= bound, "{admitted} admitted, above {bound}");
+        let expected = bound.min(sent);
+        let least = if per_second > 300 {
+            expected * 8 / 10
+        } else {
+            sent
+        };
+        assert!(admitted >= least, "{admitted} admitted, fewer than {least}");
+        assert!(
+            calls * 10 <= admitted,
+            "{calls} script calls for {admitted} admitted"
+        );
+        let client = reqwest_like::Client::new();
+        let local = "tower_ratelimits_prefetch_local_decisions_total{decision=allowed,limit=RequestsPerIPAddress}";
+        for example in &instances {
+            let m = Scrape::of(&client, &example.base).await;
+            assert!(m.get(local) > 0.0, "{}: no local decision", example.base);
+            assert!(
+                m.get("tower_ratelimits_prefetch_refills_total{limit=RequestsPerIPAddress}") > 0.0
+            );
+        }
+    }
+}
+
+/// Sends `per_second` requests a second for `seconds` from `client` (an `X-Forwarded-For`
+/// address: one hot key) over 8 keep-alive connections per instance: the requests admitted,
+/// sent, and the time from the first request to the last answer.
+#[cfg(feature = "redis")]
+async fn paced_load(
+    bases: &[String],
+    client: &str,
+    per_second: u64,
+    seconds: u64,
+) -> (u64, u64, Duration) {
+    const PER_INSTANCE: u64 = 8;
+    let connections = PER_INSTANCE * bases.len() as u64;
+    let period = Duration::from_secs_f64(connections as f64 / per_second as f64);
+    let each = per_second * seconds / connections;
+    let start = std::time::Instant::now();
+    let tasks = bases.iter().flat_map(|base| {
+        (0..PER_INSTANCE).map(move |_| {
+            let (base, client) = (base.clone(), client.to_owned());
+            tokio::spawn(async move {
+                let http = reqwest_like::Client::new();
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut admitted = 0;
+                for _ in 0..each {
+                    tick.tick().await;
+                    let (status, _) = get(&http, &base, "/", Some(&client)).await;
+                    assert!(status == 200 || status == 429, "{status}");
+                    admitted += u64::from(status == 200);
+                }
+                admitted
+            })
+        })
+    });
+    let tasks: Vec<_> = tasks.collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    (admitted, each * connections, start.elapsed())
+}
+
 /// A dead Redis: under `open` each rule of each request counts `failed_open` and the request
 /// passes; under `memory:50` the in-memory fallback decides (at half the limits: burst 2 of 5)
 /// and each rule counts `fallback`.

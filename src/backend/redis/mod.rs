@@ -844,7 +844,6 @@ impl Prefetching {
         let pools = &self.backend.inner.pools;
         let mut remote = remote.into_iter();
         let mut outcomes = Outcomes::with_capacity(self.owned.len());
-        let mut refilled = false;
         for (tx, step) in self.owned.iter().zip(&self.steps) {
             let outcome = match step {
                 prefetch::Step::Take(_) => {
@@ -857,16 +856,12 @@ impl Prefetching {
                     limit.map_or_else(Outcome::skip, |l| pools.view(&tx.key, &l, local_now))
                 }
                 prefetch::Step::Plain | prefetch::Step::Refill { .. } => {
-                    refilled |= matches!(step, prefetch::Step::Refill { .. });
                     let o = remote.next().unwrap_or_else(Outcome::skip);
                     pools.finish(&tx.key, step, o, allowed, local_now)
                 }
                 _ => remote.next().unwrap_or_else(Outcome::skip),
             };
             outcomes.push(outcome);
-        }
-        if refilled && allowed {
-            self.backend.ensure_sweeper();
         }
         outcomes
     }
@@ -914,6 +909,10 @@ impl RedisBackend {
                 }
             })
             .collect();
+        // The table's idle keys leave it (and expired tokens go back) by the sweeper's hand.
+        if !pools.sweeping.load(Ordering::Relaxed) && !pools.is_empty() {
+            self.ensure_sweeper();
+        }
         let mut plan = Prefetching {
             backend: self.clone(),
             owned,

@@ -344,3 +344,91 @@ impl Pool {
         Some((lo, hi, need))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{Id, LimitName};
+    use crate::quota::Quota;
+    use std::time::Duration;
+
+    fn hot() -> Limit {
+        Limit::new(500, 300, Duration::from_secs(1))
+            .unwrap()
+            .with_prefetch(50, Duration::from_secs(1))
+            .unwrap()
+    }
+
+    fn key(i: u64) -> BucketKey {
+        BucketKey::new(LimitName::intern("Hot"), Id::from(i))
+    }
+
+    fn spend<'a>(key: &'a BucketKey, quota: &'a Quota) -> BucketTx<'a> {
+        BucketTx::new(key, quota, 1..=1, Mode::CheckAndSpend).unwrap()
+    }
+
+    /// The demand rule: a key's first request in a TTL is sent as it is, the next ones ask
+    /// for what the key used, at most `prefetch`, and at least half of it.
+    #[test]
+    fn refills_follow_the_demand_up_to_prefetch() {
+        let pools = Pools::new();
+        let quota = Quota::Gcra(hot());
+        let k = key(1);
+        let now = 1_000_000_000;
+        assert!(matches!(
+            pools.step(&spend(&k, &quota), &hot(), now),
+            Step::Plain
+        ));
+        let Step::Refill { lo, hi, need, took } = pools.step(&spend(&k, &quota), &hot(), now)
+        else {
+            panic!("a second request refills");
+        };
+        assert_eq!((lo, hi, need, took), (2, 2, 1, 0));
+        // A refill under way: the next request waits for it.
+        assert!(matches!(
+            pools.step(&spend(&k, &quota), &hot(), now),
+            Step::Wait(..)
+        ));
+        let step = Step::Refill { lo, hi, need, took };
+        let o = pools.finish(&k, &step, Outcome::new(true, 497, 0, 10_002), true, now);
+        assert_eq!(
+            o.remaining, 498,
+            "the store's bucket plus the one token held"
+        );
+        assert!(matches!(
+            pools.step(&spend(&k, &quota), &hot(), now),
+            Step::Take(1)
+        ));
+        // Demand 4 so far: the next refill asks for 1 + 4, at least 1 + 2.
+        let Step::Refill { lo, hi, .. } = pools.step(&spend(&k, &quota), &hot(), now) else {
+            panic!("the pool is empty");
+        };
+        assert_eq!((lo, hi), (3, 5));
+    }
+
+    /// A key the table has no room for is sent as it is; idle keys leave the table within
+    /// two TTLs, so it never holds more than `MAX_POOLS` keys however many ids come.
+    #[test]
+    fn the_table_is_bounded_and_idle_keys_leave_it() {
+        let pools = Pools::new();
+        let quota = Quota::Gcra(hot());
+        let now = 1_000_000_000;
+        for i in 0..MAX_POOLS as u64 {
+            let k = key(i);
+            assert!(matches!(
+                pools.step(&spend(&k, &quota), &hot(), now),
+                Step::Plain
+            ));
+        }
+        let k = key(u64::MAX);
+        assert!(matches!(
+            pools.step(&spend(&k, &quota), &hot(), now),
+            Step::Plain
+        ));
+        assert_eq!(pools.map.len(), MAX_POOLS);
+        assert!(pools.returned(now + 1_000_000, false).is_empty());
+        assert_eq!(pools.map.len(), MAX_POOLS, "seen within two TTLs: kept");
+        assert!(pools.returned(now + 2_000_000, false).is_empty());
+        assert!(pools.is_empty());
+    }
+}
