@@ -228,6 +228,41 @@ mod simulator {
         assert_eq!(run(&["--redis", &cluster.url]), memory);
     }
 
+    /// Issue 32: prefetched tokens are a deployment's optimisation; the simulator decides a
+    /// trace as if no limit had `prefetch`, on Redis as in memory.
+    #[test]
+    fn the_simulator_decides_as_if_prefetch_were_absent() {
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        let yaml =
+            std::fs::read_to_string(root.join("examples/traces/gcra-20-per-second.yaml")).unwrap();
+        let prefetching = yaml.replace("  period: 1s\n", "  period: 1s\n  prefetch: 20\n");
+        assert_ne!(prefetching, yaml);
+        let dir = std::env::temp_dir().join(format!("trl-sim-prefetch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let defaults = dir.join("defaults.yaml");
+        std::fs::write(&defaults, prefetching).unwrap();
+        let run_with = |extra: &[&str]| {
+            let out = Command::new(simulator())
+                .args(extra)
+                .arg("--defaults")
+                .arg(&defaults)
+                .arg(root.join("examples/traces/gcra-worked-examples.trace"))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let memory = run(&[]);
+        assert_eq!(run_with(&[]), memory);
+        let single = TestRedis::single();
+        assert_eq!(run_with(&["--redis", &single.url]), memory);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn an_unreachable_redis_is_exit_code_2() {
         let port = support::redis::free_port();

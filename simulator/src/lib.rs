@@ -17,7 +17,8 @@
 //! With `--redis URL` (feature `redis`) the trace runs through the Redis backend in caller-time
 //! mode and prints exactly what the in-memory run prints. Its keys live under a prefix of their
 //! own (`rl:sim:<pid>-<time>:`) and expire by themselves on the server (one hour after the
-//! trace time they need to refill).
+//! trace time they need to refill). A limit's `prefetch` (prefetched tokens, a deployment's
+//! optimisation) is ignored there as in memory: a trace decides exactly.
 //!
 //! TRACE is a file, or standard input when absent or `-`. The format is documented in
 //! `simulator/src/trace.rs`. `--generate PHRASE` makes the trace from a workload phrase
@@ -352,6 +353,9 @@ async fn redis_backend(
     let backend = tower_ratelimits::RedisBackend::from_url(url)
         .prefix(format!("rl:sim:{}-{nanos}:", std::process::id()))
         .caller_time(clock.clone())
+        // Prefetched tokens are a deployment's optimisation: a trace decides as if no limit
+        // had `prefetch`, exactly as in memory.
+        .prefetch(false)
         .connect()
         .await
         .map_err(|e| format!("--redis {url}: {e}"))?;

@@ -57,6 +57,7 @@ pub struct RedisBackendBuilder {
     pool_size: usize,
     clock: Option<Arc<dyn Clock>>,
     deny_cache: bool,
+    prefetch: bool,
     deny_cache_capacity: usize,
     breaker: breaker::Settings,
     lazy: bool,
@@ -85,6 +86,7 @@ impl RedisBackendBuilder {
             pool_size: 1,
             clock: None,
             deny_cache: true,
+            prefetch: true,
             deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
             breaker: breaker::Settings::default(),
             lazy: false,
@@ -177,6 +179,15 @@ impl RedisBackendBuilder {
     /// Turns the local deny cache on or off (default on).
     pub fn deny_cache(mut self, enabled: bool) -> Self {
         self.deny_cache = enabled;
+        self
+    }
+
+    /// Turns prefetched tokens on or off (default on: limits with
+    /// [`prefetch`](crate::Limit::with_prefetch) prefetch). Off, every request of every limit
+    /// is decided by the store, as if no limit had `prefetch`: what a harness that compares
+    /// decisions with another backend (the simulator's `--redis`) needs.
+    pub fn prefetch(mut self, enabled: bool) -> Self {
+        self.prefetch = enabled;
         self
     }
 
@@ -324,6 +335,7 @@ impl RedisBackendBuilder {
                 breaker: Arc::new(breaker::Breaker::new(self.breaker)),
                 coalescer: coalesce.map(|c| super::coalesce::Coalescer::new(c, timeout)),
                 pools: super::prefetch::Pools::new(),
+                prefetch: self.prefetch,
             }),
         }
     }

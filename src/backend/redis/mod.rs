@@ -136,6 +136,8 @@ struct Inner {
     coalescer: Option<coalesce::Coalescer>,
     /// Prefetched tokens of hot keys, per key.
     pools: prefetch::Pools,
+    /// Whether limits with `prefetch` prefetch ([`RedisBackendBuilder::prefetch`]).
+    prefetch: bool,
 }
 
 /// A TAT the script answered (on the server's clock, `server_now` then), on the local clock
@@ -1093,9 +1095,10 @@ impl Backend for RedisBackend {
             Ok(t) => t,
             Err(e) => return Spend::Ready(Err(e)),
         };
-        if batch
-            .iter()
-            .any(|tx| prefetch::eligible(tx).is_some() || prefetch::drops_pool(tx))
+        if self.inner.prefetch
+            && batch
+                .iter()
+                .any(|tx| prefetch::eligible(tx).is_some() || prefetch::drops_pool(tx))
         {
             return self.spend_prefetching(batch.iter().map(OwnedTx::of).collect(), local_now);
         }
