@@ -437,6 +437,80 @@ RequestsPerIPv6Range:
     }
 }
 
+/// Chaos over TCP: two `axum_redis` processes take prefetched tokens of one key (a limit that
+/// refills one token in 7.2 s, so the counts are the burst's), then one stops. Killed
+/// (`SIGKILL`), the tokens it held are lost to the other: together they admit fewer than the
+/// burst, never more. Interrupted (Ctrl-C), it gives them back as it shuts down: the other
+/// then admits the whole rest of the burst.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_stopped_axum_redis_instance_never_lets_its_prefetched_tokens_over_admit() {
+    const SLOW: &str = "\
+RequestsPerIPAddress:
+  kind: ip
+  burst: 500
+  count: 500
+  period: 1h
+  prefetch: 50
+RequestsPerIPv6Range:
+  kind: ipv6_range
+  burst: 500
+  count: 500
+  period: 1h
+";
+    skip_unless_built("axum_redis");
+    let client = reqwest_like::Client::new();
+    for killed in [true, false] {
+        let redis = support::redis::RedisServer::start();
+        let url = redis.url();
+        let env = [("REDIS_URL", url.as_str())];
+        let mut a = Example::start_with("axum_redis", SLOW, &env);
+        let b = Example::start_with("axum_redis", SLOW, &env);
+        let started = std::time::Instant::now();
+        let mut admitted = 0;
+        for _ in 0..60 {
+            for example in [&a, &b] {
+                let (status, _) = get(&client, &example.base, "/", Some("198.51.100.9")).await;
+                admitted += u64::from(status == 200);
+            }
+        }
+        assert_eq!(admitted, 120);
+        if killed {
+            a.child.kill().unwrap();
+        } else {
+            let pid = a.child.id().to_string();
+            assert!(
+                Command::new("kill")
+                    .args(["-INT", &pid])
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        }
+        a.child.wait().unwrap();
+        loop {
+            let (status, _) = get(&client, &b.base, "/", Some("198.51.100.9")).await;
+            if status != 200 {
+                break;
+            }
+            admitted += 1;
+            assert!(admitted <= 501, "more than the burst admitted");
+        }
+        // One token refills every 7.2 s.
+        let refilled = started.elapsed().as_secs() / 7 + 1;
+        assert!(admitted <= 500 + refilled, "{admitted} admitted");
+        if killed {
+            assert!(
+                admitted >= 500 - 50,
+                "{admitted}: at most what `a` held is lost"
+            );
+            assert!(admitted < 500, "{admitted}: what `a` held is lost");
+        } else {
+            assert!(admitted >= 500, "{admitted}: `a` gave its tokens back");
+        }
+    }
+}
+
 /// Sends `per_second` requests a second for `seconds` from `client` (an `X-Forwarded-For`
 /// address: one hot key) over 8 keep-alive connections per instance: the requests admitted,
 /// sent, and the time from the first request to the last answer.

@@ -12,19 +12,21 @@ A: {burst: 100000000, count: 1000000, period: 1s}
 B: {kind: ip, burst: 100000000, count: 1000000, period: 1s}
 C: {kind: account, burst: 100000000, count: 1000000, period: 1s}
 Live: {kind: account, burst: 2, count: 1, period: 30s}
+Hot: {burst: 100000000, count: 1000000, period: 1s, prefetch: 50}
 ";
 
 /// Keys cycled: `0..KEYS`.
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 6] = [
+pub const VARIANTS: [&str; 7] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_3_rules",
     "tower_rate_limit_fred",
     "ours_1_rule_coalesced",
     "ours_1_rule_hot_key",
+    "ours_1_rule_hot_key_prefetch",
 ];
 
 /// Requests one coalesced call carries at most (`ours_1_rule_coalesced`).
@@ -92,6 +94,12 @@ impl RedisOps {
             // One key for every decision: a hot key (a tenant behind many instances).
             "ours_1_rule_hot_key" => {
                 let key = self.limiter.key("A", Id::from(0u64)).unwrap();
+                let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
+                assert!(d.allowed());
+            }
+            // The same hot key under a limit with `prefetch: 50` (issue 32).
+            "ours_1_rule_hot_key_prefetch" => {
+                let key = self.limiter.key("Hot", Id::from(0u64)).unwrap();
                 let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
                 assert!(d.allowed());
             }

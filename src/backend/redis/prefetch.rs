@@ -17,8 +17,8 @@
 //!   TTL is sent as it is (a cold key costs what it always did: one call, nothing to give
 //!   back).
 //! - **At saturation**: a refill asks for a range, at least the request's need plus half the
-//!   target (the smallest useful refill), so a nearly empty bucket is not taken one token per
-//!   call. While the store's last reported state says that least refill does not fit, the
+//!   target (the smallest useful refill; no more than the bucket refills in one TTL), so a
+//!   nearly empty bucket is not taken one token per call. While the store's last reported state says that least refill does not fit, the
 //!   key's requests are denied here, without a call, with the wait before it fits (never
 //!   earlier than the store said: at least the request's own cost must fit, and the state is
 //!   the store's).
@@ -151,9 +151,9 @@ impl Pools {
             return;
         };
         match *step {
-            Step::Take(units) => pool.units += units,
+            Step::Take(units) => pool.give_back(units),
             Step::Refill { took, .. } => {
-                pool.units += took;
+                pool.give_back(took);
                 pool.end_refill();
             }
             _ => {}
@@ -181,10 +181,10 @@ impl Pools {
             let granted = outcome.granted.take().unwrap_or(whole);
             if batch_allowed && outcome.allowed {
                 pool.expires_at = now.saturating_add(pool.limit.prefetch_ttl_us());
-                pool.units += granted.saturating_sub(need);
+                pool.give_back(granted.saturating_sub(need));
                 crate::telemetry::prefetch_refill(key.name());
             } else {
-                pool.units += took;
+                pool.give_back(took);
             }
             pool.end_refill();
             // This instance's view: the store's bucket plus what the pool holds.
@@ -272,6 +272,14 @@ impl Pool {
         }
     }
 
+    /// Tokens into the pool (a refill's, or those a denied batch took), which never holds
+    /// more than `prefetch`: the rest goes back to the store.
+    fn give_back(&mut self, units: u64) {
+        let room = self.limit.prefetch().saturating_sub(self.units);
+        self.units += units.min(room);
+        self.stale += units.saturating_sub(room);
+    }
+
     fn end_refill(&mut self) {
         self.refilling = false;
         self.generation = self.generation.wrapping_add(1);
@@ -337,8 +345,11 @@ impl Pool {
         }
         let need = cost - self.units;
         let hi = need.saturating_add(target);
+        // Worth waiting for: half the target, or what the bucket refills in one TTL if less
+        // (a slow limit's last tokens are not held back for a refill that takes longer).
+        let per_ttl = self.limit.prefetch_ttl_us() / self.limit.emission_interval_us();
         let lo = need
-            .saturating_add(target.div_ceil(2))
+            .saturating_add(target.div_ceil(2).min(per_ttl))
             .min(self.limit.burst())
             .max(need);
         Some((lo, hi, need))
