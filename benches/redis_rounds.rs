@@ -9,7 +9,6 @@
 
 mod common;
 #[path = "../tests/support/redis.rs"]
-#[allow(dead_code)]
 mod redis_support;
 
 use std::sync::Arc;
