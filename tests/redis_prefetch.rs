@@ -193,6 +193,43 @@ async fn a_killed_instance_loses_its_tokens_to_everyone_and_never_over_admits() 
     }
 }
 
+/// The timing bound, measured: tokens taken before a window and used in it. Two instances
+/// hold what they prefetched; a third client (no prefetching) then takes everything the store
+/// has. In the next millisecond the bucket alone allows nothing more, and the two instances
+/// admit what they hold: more than the bucket alone, never more than instances x N.
+#[tokio::test]
+async fn in_a_short_window_instances_admit_at_most_what_they_hold() {
+    for redis in TestRedis::each() {
+        let clock = ManualClock::new(EPOCH_US);
+        let prefix = unique_prefix("window");
+        let (_, a) = instance(&redis.url, &prefix, &clock, HOT).await;
+        let (_, b) = instance(&redis.url, &prefix, &clock, HOT).await;
+        let plain = HOT.replace("  prefetch: 50\n", "");
+        let (_, store) = instance(&redis.url, &prefix, &clock, &plain).await;
+        for _ in 0..40 {
+            for limiter in [&a, &b] {
+                assert!(limiter.spend(&hot(limiter, "k")).await.unwrap().allowed());
+            }
+        }
+        // The store's bucket, drained by a client that holds nothing.
+        while store.spend(&hot(&store, "k")).await.unwrap().allowed() {}
+        let mut in_window = 0;
+        for _ in 0..200 {
+            for limiter in [&a, &b] {
+                in_window += u64::from(limiter.spend(&hot(limiter, "k")).await.unwrap().allowed());
+            }
+        }
+        clock.advance(Duration::from_micros(999));
+        assert!(
+            !store.spend(&hot(&store, "k")).await.unwrap().allowed(),
+            "the bucket alone: none"
+        );
+        eprintln!("{in_window} admitted in a window where the bucket alone allows none");
+        assert!(in_window > 0, "the instances used what they held");
+        assert!(in_window <= 2 * 50, "{in_window}: more than instances x N");
+    }
+}
+
 /// A batch is all or nothing: when another rule denies it, the token a request took from
 /// the pool goes back, and the instance's view of the bucket is what it was. On the cluster
 /// the two keys live in different slots (the denied slot's batch is undone there).
