@@ -169,8 +169,9 @@ pub struct Limit {
     period_us: u64,
     emission_interval_us: u64,
     burst_offset_us: u64,
-    /// `EI * max_debt` (so the foreign bound below is two additions, and a limit is 56 bytes).
-    debt_offset_us: u64,
+    /// `BO + EI * max_debt + FOREIGN_SLACK_US`: a TAT further ahead of now is foreign (read on
+    /// every decision; `EI * max_debt` is derived from it, so a limit is 56 bytes).
+    foreign_after_us: u64,
     /// Tokens an instance may prefetch (0: none); at most the burst.
     prefetch: u32,
     /// How long prefetched tokens live, in microseconds (at most one hour).
@@ -221,17 +222,10 @@ impl Limit {
             period_us,
             emission_interval_us,
             burst_offset_us,
-            debt_offset_us: max_debt * emission_interval_us,
+            foreign_after_us: burst_offset_us + max_debt * emission_interval_us + FOREIGN_SLACK_US,
             prefetch: 0,
             prefetch_ttl_us: DEFAULT_PREFETCH_TTL_US,
         })
-    }
-
-    /// `BO + EI * max_debt + FOREIGN_SLACK_US`: a TAT further ahead of now is foreign (no
-    /// overflow: `BO + EI * max_debt` is within 100 years).
-    #[inline(always)]
-    fn foreign_after_us(&self) -> u64 {
-        self.burst_offset_us + self.debt_offset_us + FOREIGN_SLACK_US
     }
 
     /// How far ahead of `now` the stored TAT `stored` runs (0: none, in the past, or
@@ -239,7 +233,7 @@ impl Limit {
     #[inline(always)]
     pub(crate) fn ahead_of(&self, stored: Option<u64>, now: u64) -> u64 {
         let ahead = stored.unwrap_or(0).saturating_sub(now);
-        if ahead > self.foreign_after_us() {
+        if ahead > self.foreign_after_us {
             0
         } else {
             ahead
@@ -262,7 +256,9 @@ impl Limit {
             });
         }
         Ok(Self {
-            debt_offset_us: max_debt * self.emission_interval_us,
+            foreign_after_us: self.burst_offset_us
+                + max_debt * self.emission_interval_us
+                + FOREIGN_SLACK_US,
             ..self
         })
     }
@@ -316,12 +312,12 @@ impl Limit {
     ///
     /// [`Mode::Charge`]: crate::Mode::Charge
     pub fn max_debt(&self) -> u64 {
-        self.debt_offset_us / self.emission_interval_us
+        self.debt_offset_us() / self.emission_interval_us
     }
 
     /// `EI * max_debt`: how far beyond the burst offset a charge may take the TAT.
     pub fn debt_offset_us(&self) -> u64 {
-        self.debt_offset_us
+        self.foreign_after_us - self.burst_offset_us - FOREIGN_SLACK_US
     }
 
     /// The most tokens the bucket holds: the largest burst of cost-1 requests.
@@ -595,7 +591,7 @@ pub fn refund(
 ) -> Result<GcraOutcome, GcraError> {
     let stored = match stored_tat {
         // A foreign TAT is no bucket: nothing to refund.
-        Some(t) if t >= now && t - now <= limit.foreign_after_us() => t,
+        Some(t) if t >= now && t - now <= limit.foreign_after_us => t,
         _ => {
             return Ok(GcraOutcome {
                 allowed: false,
@@ -626,13 +622,14 @@ mod limit_tests {
     use super::*;
 
     /// A limit is copied on every request's road (in its quota and decision): prefetching's
-    /// two fields fit in the place of a derived bound now computed (two additions).
+    /// two fields fit in the place of `max_debt`, now derived from the foreign bound.
     #[test]
     fn a_limit_is_56_bytes() {
         assert_eq!(std::mem::size_of::<Limit>(), 56);
     }
 
-    /// `max_debt` survives being stored as its offset, and prefetching does not change it.
+    /// `max_debt` survives being stored inside the foreign bound, and prefetching does not
+    /// change it.
     #[test]
     fn max_debt_round_trips() {
         let limit = Limit::from_micros(10, 3, 1_000_000).unwrap();

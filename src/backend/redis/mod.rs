@@ -61,6 +61,16 @@
 //! call may still be applied: it can only under-admit). [`RedisBackend::coalesce_stats`]
 //! counts what it shared.
 //!
+//! # Prefetched tokens
+//!
+//! For a limit with [`prefetch`](crate::Limit::with_prefetch), a hot key's requests are
+//! answered from tokens this instance took from Redis in one call (a refill: a partial grant
+//! riding the request's own script call), without a round trip; what is not used goes back
+//! when it expires (within 50 ms) or on [`RedisBackend::return_prefetched`]. A key seen once
+//! per TTL is sent as it is. All instances together never admit more than the limit; the
+//! timing and under-admission bounds, and the refill rule, are in `docs/gcra.md` ("Prefetched
+//! tokens"). [`RedisBackendBuilder::prefetch`] turns it off.
+//!
 //! # Failures
 //!
 //! Every command has a timeout ([`RedisBackendBuilder::command_timeout`], 500 ms by default;
