@@ -28,14 +28,16 @@
 //!   the pool.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use dashmap::DashMap;
 use tokio::sync::Notify;
 
+use super::{OwnedTx, RedisBackend};
 use crate::algo::gcra::{self, Limit};
-use crate::backend::{BucketTx, Mode, Outcome};
+use crate::backend::{BackendError, BucketTx, Mode, Outcome, Outcomes, Spend, batch_allowed};
 use crate::key::BucketKey;
+use crate::quota::Quota;
 
 /// Keys tracked at most (pools and the demand of keys seen recently). A key that finds the
 /// table full is sent to the store as it is, as without prefetching; idle entries leave the
@@ -353,6 +355,289 @@ impl Pool {
             .min(self.limit.burst())
             .max(need);
         Some((lo, hi, need))
+    }
+}
+
+/// A batch some of whose transactions prefetch: each one's step, undone when dropped unless
+/// finished (a denied or failed batch gives back what it took from the pools).
+struct Prefetching {
+    backend: RedisBackend,
+    owned: Vec<OwnedTx>,
+    steps: Vec<Step>,
+    done: bool,
+}
+
+impl Drop for Prefetching {
+    fn drop(&mut self) {
+        self.undo();
+    }
+}
+
+impl Prefetching {
+    fn undo(&mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        for (tx, step) in self.owned.iter().zip(&self.steps) {
+            self.backend.inner.pools.undo(&tx.key, step);
+        }
+    }
+
+    /// What goes to the store: every transaction but those served from a pool, a refill as
+    /// the range it asks.
+    fn remote(&self) -> Vec<BucketTx<'_>> {
+        self.owned
+            .iter()
+            .zip(&self.steps)
+            .filter_map(|(o, step)| match *step {
+                Step::Take(_) => None,
+                Step::Refill { lo, hi, .. } => Some(BucketTx {
+                    cost: hi,
+                    min_cost: lo,
+                    ..o.tx()
+                }),
+                _ => Some(o.tx()),
+            })
+            .collect()
+    }
+
+    /// The batch's outcomes from the store's `remote` outcomes (or the deny cache's), with
+    /// the pools updated: the tokens a refill brought in, or what a denied batch took back.
+    fn finish(mut self, remote: Vec<Outcome>, local_now: u64) -> Outcomes {
+        let allowed = {
+            let sent = self.remote();
+            batch_allowed(sent.iter().zip(&remote))
+        };
+        self.done = true;
+        let pools = &self.backend.inner.pools;
+        let mut remote = remote.into_iter();
+        let mut outcomes = Outcomes::with_capacity(self.owned.len());
+        for (tx, step) in self.owned.iter().zip(&self.steps) {
+            let outcome = match step {
+                Step::Take(_) => {
+                    if allowed {
+                        crate::telemetry::prefetch_local_decision(tx.key.name(), true);
+                    } else {
+                        pools.undo(&tx.key, step);
+                    }
+                    let limit = tx.quota.as_gcra().copied();
+                    limit.map_or_else(Outcome::skip, |l| pools.view(&tx.key, &l, local_now))
+                }
+                Step::Plain | Step::Refill { .. } => {
+                    let o = remote.next().unwrap_or_else(Outcome::skip);
+                    pools.finish(&tx.key, step, o, allowed, local_now)
+                }
+                _ => remote.next().unwrap_or_else(Outcome::skip),
+            };
+            outcomes.push(outcome);
+        }
+        outcomes
+    }
+}
+
+/// A prefetching batch, planned: decided here, waiting for a refill under way, or for the
+/// store.
+enum Planned {
+    Decided(Result<Outcomes, BackendError>),
+    /// Waits for the refill of `owned[i]`'s key, of generation `g`, to end.
+    Wait(Vec<OwnedTx>, usize, Arc<Notify>, u64),
+    Remote(Prefetching),
+}
+
+impl RedisBackend {
+    /// A batch with a prefetching transaction (or a charge that drops a pool): decided from
+    /// the pools when they can, else one call that also refills them.
+    pub(super) fn spend_prefetching(&self, owned: Vec<OwnedTx>, local_now: u64) -> Spend {
+        match self.plan(owned, local_now) {
+            Planned::Decided(r) => Spend::Ready(r),
+            planned => {
+                let this = self.clone();
+                Spend::Pending(Box::pin(async move { this.prefetched(planned).await }))
+            }
+        }
+    }
+
+    /// Each transaction's step from its key's pool at `local_now`, and what follows.
+    fn plan(&self, owned: Vec<OwnedTx>, local_now: u64) -> Planned {
+        let pools = &self.inner.pools;
+        let steps = owned
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let tx = o.tx();
+                if drops_pool(&tx) {
+                    pools.drop_units(&o.key);
+                }
+                // A key twice in one batch (two rules of one limit) is decided by the store
+                // after its first transaction: one step per pool and batch.
+                let again = owned[..i].iter().any(|earlier| earlier.key == o.key);
+                match eligible(&tx) {
+                    Some(limit) if !again => pools.step(&tx, limit, local_now),
+                    _ => Step::Store,
+                }
+            })
+            .collect();
+        // The table's idle keys leave it (and expired tokens go back) by the sweeper's hand.
+        if !pools.sweeping.load(Ordering::Relaxed) && !pools.is_empty() {
+            self.ensure_sweeper();
+        }
+        let mut plan = Prefetching {
+            backend: self.clone(),
+            owned,
+            steps,
+            done: false,
+        };
+        // A local denial decides the batch (all or nothing), as the deny cache's does.
+        if plan.steps.iter().any(|s| matches!(s, Step::Deny(_))) {
+            let outcomes = plan
+                .owned
+                .iter()
+                .zip(&plan.steps)
+                .map(|(tx, step)| match step {
+                    Step::Deny(o) => {
+                        crate::telemetry::prefetch_local_decision(tx.key.name(), false);
+                        o.clone()
+                    }
+                    _ => Outcome::skip(),
+                })
+                .collect();
+            return Planned::Decided(Ok(outcomes));
+        }
+        let waiting = plan.steps.iter().enumerate().find_map(|(i, s)| match s {
+            Step::Wait(notify, generation) => Some((i, notify.clone(), *generation)),
+            _ => None,
+        });
+        if let Some((i, notify, generation)) = waiting {
+            plan.undo();
+            let owned = std::mem::take(&mut plan.owned);
+            return Planned::Wait(owned, i, notify, generation);
+        }
+        if plan.steps.iter().all(|s| matches!(s, Step::Take(_))) {
+            return Planned::Decided(Ok(plan.finish(Vec::new(), local_now)));
+        }
+        if let Some(cache) = &self.inner.cache
+            && let Some(answer) = cache.answer(&plan.remote(), local_now)
+        {
+            // Denied: the plan, dropped, gives back what it took.
+            return Planned::Decided(answer.map(|remote| {
+                let mut remote = remote.into_iter();
+                plan.steps
+                    .iter()
+                    .map(|s| match s {
+                        Step::Take(_) => Outcome::skip(),
+                        _ => {
+                            let mut o = remote.next().unwrap_or_else(Outcome::skip);
+                            o.granted = None;
+                            o
+                        }
+                    })
+                    .collect()
+            }));
+        }
+        Planned::Remote(plan)
+    }
+
+    /// The rest of a planned batch: waits for refills under way, then the store.
+    async fn prefetched(&self, mut planned: Planned) -> Result<Outcomes, BackendError> {
+        loop {
+            match planned {
+                Planned::Decided(r) => return r,
+                Planned::Wait(owned, i, notify, generation) => {
+                    let notified = notify.notified();
+                    let mut notified = std::pin::pin!(notified);
+                    notified.as_mut().enable();
+                    if self.inner.pools.generation(&owned[i].key) == Some(generation) {
+                        notified.await;
+                    }
+                    let (_, local_now) = self.now_arg()?;
+                    planned = self.plan(owned, local_now);
+                }
+                Planned::Remote(plan) => {
+                    let (now, local_now) = self.now_arg()?;
+                    let remote = {
+                        let batch = plan.remote();
+                        self.spend_remote(&batch, now, local_now).await?
+                    };
+                    return Ok(plan.finish(remote, local_now));
+                }
+            }
+        }
+    }
+
+    /// Starts the task that gives back expired prefetched tokens, unless it runs.
+    fn ensure_sweeper(&self) {
+        let pools = &self.inner.pools;
+        if pools.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            pools.sweeping.store(false, Ordering::Release);
+            return;
+        };
+        let weak = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let backend = RedisBackend { inner };
+                let _ = backend.give_back(false).await;
+                let pools = &backend.inner.pools;
+                if pools.is_empty() {
+                    pools.sweeping.store(false, Ordering::Release);
+                    // A pool made since found the task running: look once more.
+                    if pools.is_empty() || pools.sweeping.swap(true, Ordering::AcqRel) {
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Gives back prefetched tokens: the expired ones, or all (`all`); the units given back.
+    async fn give_back(&self, all: bool) -> Result<u64, BackendError> {
+        let (_, local_now) = self.now_arg()?;
+        let returned = self.inner.pools.returned(local_now, all);
+        if returned.is_empty() {
+            return Ok(0);
+        }
+        let quotas: Vec<Quota> = returned.iter().map(|(_, l, _)| Quota::Gcra(*l)).collect();
+        let txs: Vec<BucketTx<'_>> = returned
+            .iter()
+            .zip(&quotas)
+            .map(|((key, _, units), quota)| BucketTx {
+                key,
+                quota,
+                cost: *units,
+                min_cost: *units,
+                mode: Mode::CheckAndSpend,
+                lease: 0,
+            })
+            .collect();
+        match self.refund_batch(&txs).await {
+            Ok(_) => Ok(returned
+                .iter()
+                .map(|(key, _, units)| {
+                    crate::telemetry::prefetch_returned(key.name(), *units);
+                    units
+                })
+                .sum()),
+            Err(e) => {
+                tracing::warn!(target: crate::telemetry::target::BACKEND,
+                    error = %e,
+                    "could not give back prefetched tokens; they are lost until the buckets refill"
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives every prefetched token this backend holds back to the store (call it when the
+    /// app shuts down, after the server stopped taking requests): the units given back.
+    /// Expired tokens go back by themselves, within 50 ms of their time to live; tokens of an
+    /// instance that stops without this are lost to every instance until the buckets refill
+    /// (fewer admissions, never more).
+    pub async fn return_prefetched(&self) -> Result<u64, BackendError> {
+        self.give_back(true).await
     }
 }
 
