@@ -201,13 +201,24 @@ mod simulator {
         super::support::examples::example_binary("simulate")
     }
 
+    fn root() -> &'static std::path::Path {
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+    }
+
     fn run(extra: &[&str]) -> String {
-        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        run_with(
+            &root().join("examples/traces/gcra-20-per-second.yaml"),
+            extra,
+        )
+    }
+
+    /// The worked examples' trace under the limits of `defaults`.
+    fn run_with(defaults: &std::path::Path, extra: &[&str]) -> String {
         let out = Command::new(simulator())
             .args(extra)
             .arg("--defaults")
-            .arg(root.join("examples/traces/gcra-20-per-second.yaml"))
-            .arg(root.join("examples/traces/gcra-worked-examples.trace"))
+            .arg(defaults)
+            .arg(root().join("examples/traces/gcra-worked-examples.trace"))
             .output()
             .unwrap();
         assert!(
@@ -232,41 +243,25 @@ mod simulator {
     /// trace as if no limit had `prefetch`, on Redis as in memory.
     #[test]
     fn the_simulator_decides_as_if_prefetch_were_absent() {
-        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
-        let yaml =
-            std::fs::read_to_string(root.join("examples/traces/gcra-20-per-second.yaml")).unwrap();
+        let yaml = std::fs::read_to_string(root().join("examples/traces/gcra-20-per-second.yaml"))
+            .unwrap();
         let prefetching = yaml.replace("  period: 1s\n", "  period: 1s\n  prefetch: 20\n");
         assert_ne!(prefetching, yaml);
         let dir = std::env::temp_dir().join(format!("trl-sim-prefetch-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let defaults = dir.join("defaults.yaml");
         std::fs::write(&defaults, prefetching).unwrap();
-        let run_with = |extra: &[&str]| {
-            let out = Command::new(simulator())
-                .args(extra)
-                .arg("--defaults")
-                .arg(&defaults)
-                .arg(root.join("examples/traces/gcra-worked-examples.trace"))
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8(out.stdout).unwrap()
-        };
         let memory = run(&[]);
-        assert_eq!(run_with(&[]), memory);
+        assert_eq!(run_with(&defaults, &[]), memory);
         let single = TestRedis::single();
-        assert_eq!(run_with(&["--redis", &single.url]), memory);
+        assert_eq!(run_with(&defaults, &["--redis", &single.url]), memory);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn an_unreachable_redis_is_exit_code_2() {
         let port = support::redis::free_port();
-        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        let root = root();
         let out = Command::new(simulator())
             .args(["--redis", &format!("redis://127.0.0.1:{port}")])
             .arg("--defaults")
