@@ -40,9 +40,24 @@ for v in "${VARIANTS[@]}"; do
   : > "$READY"
   TRL_READY_FILE="$READY" valgrind --tool=callgrind --toggle-collect=trl_measured \
     --callgrind-out-file="$DIR/client.$v" "$BIN" --url "redis://127.0.0.1:$PORT" \
-    --variant "$v" --ops "$OPS" --concurrency "$C" >/dev/null 2>&1 &
+    --variant "$v" --ops "$OPS" --concurrency "$C" >"$DIR/client.$v.log" 2>&1 &
   CLIENT=$!
-  until [ "$(cat "$READY")" = ready ]; do sleep 0.1; done
+  # The client says when its warm-up is over; if it fails before (a bad variant, no Redis),
+  # say why instead of waiting forever. 10 minutes at most for the warm-up under valgrind.
+  waited=0
+  until [ "$(cat "$READY")" = ready ]; do
+    if ! kill -0 "$CLIENT" 2>/dev/null; then
+      wait "$CLIENT" || true
+      echo "the $v client failed before its measured loop:"
+      grep -v '^==' "$DIR/client.$v.log" | grep -A2 -m1 'panicked' || tail -20 "$DIR/client.$v.log"
+      exit 1
+    fi
+    if [ "$waited" -ge 6000 ]; then
+      kill "$CLIENT" 2>/dev/null || true
+      echo "the $v client did not finish its warm-up in 10 minutes:"; tail -20 "$DIR/client.$v.log"; exit 1
+    fi
+    sleep 0.1; waited=$((waited + 1))
+  done
   callgrind_control -z "$SERVER" >/dev/null 2>&1
   echo go > "$READY"
   wait "$CLIENT"
