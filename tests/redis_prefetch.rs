@@ -42,6 +42,14 @@ fn hot(limiter: &Limiter, id: &str) -> [Transaction; 1] {
     [Transaction::new(limiter.parse_key("Hot", id).unwrap())]
 }
 
+/// `n` requests on the key `k`, each allowed.
+async fn allowed(limiter: &Limiter, n: usize) {
+    for i in 0..n {
+        let d = limiter.spend(&hot(limiter, "k")).await.unwrap();
+        assert!(d.allowed(), "request {i}");
+    }
+}
+
 /// Script calls the server ran (`EVALSHA`, and `EVAL` after a lost script).
 fn script_calls(port: u16) -> u64 {
     commandstat(port, "evalsha") + commandstat(port, "eval")
@@ -239,9 +247,7 @@ async fn a_batch_another_rule_denies_gives_its_token_back_to_the_pool() {
         let clock = ManualClock::new(EPOCH_US);
         let (_, a) = instance(&redis.url, &unique_prefix("batch"), &clock, HOT).await;
         let remaining = |d: tower_ratelimits::BatchDecision| d.decisions()[0].remaining();
-        for _ in 0..5 {
-            assert!(a.spend(&hot(&a, "k")).await.unwrap().allowed());
-        }
+        allowed(&a, 5).await;
         let view = remaining(a.spend(&hot(&a, "k")).await.unwrap());
         let batch = [
             Transaction::new(a.parse_key("Hot", "k").unwrap()),
@@ -270,9 +276,7 @@ async fn concurrent_requests_on_an_empty_pool_share_one_refill() {
     let clock = ManualClock::new(EPOCH_US);
     let (_, a) = instance(&server.url(), &unique_prefix("herd"), &clock, HOT).await;
     // Demand seen: the next refill takes 50.
-    for _ in 0..60 {
-        assert!(a.spend(&hot(&a, "k")).await.unwrap().allowed());
-    }
+    allowed(&a, 60).await;
     clock.advance(Duration::from_millis(1));
     let before = script_calls(server.port);
     let spends = (0..40).map(|_| {
@@ -345,18 +349,14 @@ async fn unused_tokens_go_back_when_they_expire_and_at_shutdown() {
             .unwrap()
             .remaining()
     };
-    for _ in 0..10 {
-        assert!(a.spend(&hot(&a, "k")).await.unwrap().allowed());
-    }
+    allowed(&a, 10).await;
     let held = 500 - 10 - in_store().await;
     assert!(held > 0, "refills took more than was used");
     assert_eq!(backend.return_prefetched().await.unwrap(), held);
     assert_eq!(in_store().await, 490);
 
     // Again, and this time let the tokens expire: the backend gives them back by itself.
-    for _ in 0..10 {
-        assert!(a.spend(&hot(&a, "k")).await.unwrap().allowed());
-    }
+    allowed(&a, 10).await;
     assert!(in_store().await < 480, "a refill took tokens");
     clock.advance(Duration::from_millis(11));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -381,9 +381,7 @@ async fn a_reset_or_a_charge_drops_the_local_tokens() {
     let server = RedisServer::start();
     let clock = ManualClock::new(EPOCH_US);
     let (_, a) = instance(&server.url(), &unique_prefix("drop"), &clock, HOT).await;
-    for _ in 0..5 {
-        assert!(a.spend(&hot(&a, "k")).await.unwrap().allowed());
-    }
+    allowed(&a, 5).await;
     let key = a.parse_key("Hot", "k").unwrap();
     a.reset(std::slice::from_ref(&key)).await.unwrap();
     let d = a.spend(&hot(&a, "k")).await.unwrap();
@@ -393,9 +391,7 @@ async fn a_reset_or_a_charge_drops_the_local_tokens() {
         "the store's fresh bucket"
     );
 
-    for _ in 0..5 {
-        assert!(a.spend(&hot(&a, "k")).await.unwrap().allowed());
-    }
+    allowed(&a, 5).await;
     // A charge of 1,000 units: 500 of the burst and 500 of debt.
     let charge = [Transaction::new(key.clone()).cost(1000).mode(Mode::Charge)];
     a.spend(&charge).await.unwrap();
@@ -410,17 +406,13 @@ async fn a_reload_applies_from_the_next_refill() {
     let clock = ManualClock::new(EPOCH_US);
     let prefix = unique_prefix("reload");
     let (_, a) = instance(&server.url(), &prefix, &clock, HOT).await;
-    for _ in 0..60 {
-        assert!(a.spend(&hot(&a, "k")).await.unwrap().allowed());
-    }
+    allowed(&a, 60).await;
     let off = HOT.replace("  prefetch: 50\n", "");
     a.reload(Limits::from_yaml_str(&off, None).unwrap())
         .unwrap();
     // What the pool holds is used; then every request is a call.
     let before = script_calls(server.port);
-    for _ in 0..200 {
-        assert!(a.spend(&hot(&a, "k")).await.unwrap().allowed());
-    }
+    allowed(&a, 200).await;
     let calls = script_calls(server.port) - before;
     assert!((150..=200).contains(&calls), "{calls} calls");
 }

@@ -609,7 +609,7 @@ fn prefetch_of(f: &Fields<'_>, limit: Limit) -> Result<Limit, ConfigError> {
     let units = positive("prefetch", units_node)?;
     let ttl_us = match f.prefetch_ttl {
         Some(n) => duration_of("prefetch_ttl", n)?,
-        None => u64::from(crate::algo::gcra::DEFAULT_PREFETCH_TTL_US),
+        None => limit.prefetch_ttl_us(),
     };
     limit
         .with_prefetch(units, std::time::Duration::from_micros(ttl_us))

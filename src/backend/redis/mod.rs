@@ -819,7 +819,7 @@ impl Backend for RedisBackend {
                 .iter()
                 .any(|tx| prefetch::eligible(tx).is_some() || prefetch::drops_pool(tx))
         {
-            return self.spend_prefetching(batch.iter().map(OwnedTx::of).collect(), local_now);
+            return self.spend_prefetching(batch, local_now);
         }
         if let Some(cache) = &self.inner.cache
             && let Some(answer) = cache.answer(batch, local_now)

@@ -4,9 +4,9 @@
 //! goes back (a refund) when they expire or when it shuts down.
 //!
 //! Tokens are spent in the store before they are used, so all instances together never admit
-//! more than the bucket allows from a full bucket; what prefetching trades is timing (a token
-//! is used up to one TTL after it was taken) and capacity one instance holds while another is
-//! denied. The rules, each in one place below:
+//! more than the bucket allows from a full bucket; what prefetching trades is timing (a pool
+//! of at most `prefetch` tokens is used for up to one TTL after its refill) and capacity one
+//! instance holds while another is denied. The rules, each in one place below:
 //!
 //! - **Who prefetches**: a check-and-spend of one cost above 0 on a GCRA limit with
 //!   `prefetch > 0` ([`eligible`]). Ranges, checks, spend-only, shadow and charges go to the
@@ -18,10 +18,10 @@
 //!   back).
 //! - **At saturation**: a refill asks for a range, at least the request's need plus half the
 //!   target (the smallest useful refill; no more than the bucket refills in one TTL), so a
-//!   nearly empty bucket is not taken one token per call. While the store's last reported state says that least refill does not fit, the
-//!   key's requests are denied here, without a call, with the wait before it fits (never
-//!   earlier than the store said: at least the request's own cost must fit, and the state is
-//!   the store's).
+//!   nearly empty bucket is not taken one token per call. While the store's last reported
+//!   state says that least refill does not fit, the key's requests are denied here, without
+//!   a call, with the wait before it fits (never earlier than the store said: at least the
+//!   request's own cost must fit, and the state is the store's).
 //! - **One refill per key at a time**: a request that finds the pool empty while a refill is
 //!   under way waits for it, then decides again.
 //! - **All or nothing**: tokens taken for a request whose batch the store denies go back to
@@ -95,8 +95,9 @@ pub(super) enum Step {
     Store,
     /// Sent as it is (a cold key, or the table is full); its answer updates the pool.
     Plain,
-    /// Served from the pool (`units` taken).
-    Take(u64),
+    /// Served from the pool (`units` taken), with the outcome it reports: this instance's
+    /// view of the bucket (the store's state as last reported, plus what the pool holds).
+    Take(u64, Outcome),
     /// A refill: the store is asked for `lo..=hi`, of which `need` is the request's; `took`
     /// units came from the pool.
     Refill {
@@ -153,7 +154,7 @@ impl Pools {
             return;
         };
         match *step {
-            Step::Take(units) => pool.give_back(units),
+            Step::Take(units, _) => pool.give_back(units),
             Step::Refill { took, .. } => {
                 pool.give_back(took);
                 pool.end_refill();
@@ -164,7 +165,7 @@ impl Pools {
 
     /// Records the store's answer `outcome` (at local time `now`) to a `Plain` or `Refill`
     /// step of an allowed (`batch_allowed`) or denied batch; the outcome the request reports.
-    pub(super) fn finish(
+    fn finish_one(
         &self,
         key: &BucketKey,
         step: &Step,
@@ -196,21 +197,6 @@ impl Pools {
                 .min(pool.limit.burst());
         }
         outcome
-    }
-
-    /// The outcome a `Take` step reports at `now`: this instance's view of the bucket (the
-    /// store's state as last reported, plus the tokens the pool still holds).
-    pub(super) fn view(&self, key: &BucketKey, limit: &Limit, now: u64) -> Outcome {
-        let (store_tat, units) = self.map.get(key).map_or((0, 0), |p| (p.store_tat, p.units));
-        let ahead = limit.ahead_of((store_tat != 0).then_some(store_tat), now);
-        let remaining =
-            limit.burst_offset_us().saturating_sub(ahead) / limit.emission_interval_us();
-        Outcome::new(
-            true,
-            remaining.saturating_add(units).min(limit.burst()),
-            0,
-            ahead,
-        )
     }
 
     /// The generation of `key`'s refills, to know whether the one waited for ended.
@@ -282,6 +268,23 @@ impl Pool {
         self.stale += units.saturating_sub(room);
     }
 
+    /// This instance's view of the bucket at `now`: the store's bucket as last reported
+    /// (refilled since), plus the tokens the pool holds.
+    fn view(&self, now: u64) -> Outcome {
+        let store = (self.store_tat != 0).then_some(self.store_tat);
+        let bucket = gcra::check(&self.limit, store, now, 0)
+            .map_or(Outcome::new(true, 0, 0, 0), Outcome::from);
+        Outcome::new(
+            true,
+            bucket
+                .remaining
+                .saturating_add(self.units)
+                .min(self.limit.burst()),
+            0,
+            bucket.reset_after_us,
+        )
+    }
+
     fn end_refill(&mut self) {
         self.refilling = false;
         self.generation = self.generation.wrapping_add(1);
@@ -313,7 +316,7 @@ impl Pool {
         }
         if self.units >= cost {
             self.units -= cost;
-            return Step::Take(cost);
+            return Step::Take(cost, self.view(now));
         }
         if self.refilling {
             let notify = self.notify.get_or_insert_with(Default::default).clone();
@@ -325,8 +328,7 @@ impl Pool {
         if self.store_tat != 0 {
             // The least refill against the store's last word: denied here while it does not
             // fit, with the wait before it does.
-            let tx_limit = &self.limit;
-            if let Ok((out, _)) = gcra::check_range(tx_limit, Some(self.store_tat), now, lo, hi)
+            if let Ok((out, _)) = gcra::check_range(&self.limit, Some(self.store_tat), now, lo, hi)
                 && !out.allowed
             {
                 return Step::Deny(Outcome::from(out));
@@ -358,74 +360,61 @@ impl Pool {
     }
 }
 
-/// A batch some of whose transactions prefetch: each one's step, undone when dropped unless
-/// finished (a denied or failed batch gives back what it took from the pools).
-struct Prefetching {
-    backend: RedisBackend,
-    owned: Vec<OwnedTx>,
-    steps: Vec<Step>,
-    done: bool,
+/// One step per transaction of a batch (inline for the commonest batch, one rule).
+type Steps = smallvec::SmallVec<[Step; 1]>;
+
+/// What goes to the store: every transaction but those served from a pool, a refill as the
+/// range it asks.
+fn remote_of<'a>(batch: &[BucketTx<'a>], steps: &[Step]) -> Vec<BucketTx<'a>> {
+    batch
+        .iter()
+        .zip(steps)
+        .filter_map(|(tx, step)| match *step {
+            Step::Take(..) => None,
+            Step::Refill { lo, hi, .. } => Some(BucketTx {
+                cost: hi,
+                min_cost: lo,
+                ..*tx
+            }),
+            _ => Some(*tx),
+        })
+        .collect()
 }
 
-impl Drop for Prefetching {
-    fn drop(&mut self) {
-        self.undo();
-    }
-}
-
-impl Prefetching {
-    fn undo(&mut self) {
-        if std::mem::replace(&mut self.done, true) {
-            return;
-        }
-        for (tx, step) in self.owned.iter().zip(&self.steps) {
-            self.backend.inner.pools.undo(&tx.key, step);
+impl Pools {
+    /// Gives back what the steps of a batch that was not decided took from the pools.
+    fn undo_all(&self, batch: &[BucketTx<'_>], steps: &[Step]) {
+        for (tx, step) in batch.iter().zip(steps) {
+            self.undo(tx.key, step);
         }
     }
 
-    /// What goes to the store: every transaction but those served from a pool, a refill as
-    /// the range it asks.
-    fn remote(&self) -> Vec<BucketTx<'_>> {
-        self.owned
-            .iter()
-            .zip(&self.steps)
-            .filter_map(|(o, step)| match *step {
-                Step::Take(_) => None,
-                Step::Refill { lo, hi, .. } => Some(BucketTx {
-                    cost: hi,
-                    min_cost: lo,
-                    ..o.tx()
-                }),
-                _ => Some(o.tx()),
-            })
-            .collect()
-    }
-
-    /// The batch's outcomes from the store's `remote` outcomes (or the deny cache's), with
-    /// the pools updated: the tokens a refill brought in, or what a denied batch took back.
-    fn finish(mut self, remote: Vec<Outcome>, local_now: u64) -> Outcomes {
-        let allowed = {
-            let sent = self.remote();
-            batch_allowed(sent.iter().zip(&remote))
-        };
-        self.done = true;
-        let pools = &self.backend.inner.pools;
+    /// The batch's outcomes from the store's `remote` outcomes (none when every transaction
+    /// was served from a pool), with the pools updated: the tokens a refill brought in, or
+    /// what a denied batch took back.
+    fn finish(
+        &self,
+        batch: &[BucketTx<'_>],
+        steps: &[Step],
+        remote: Vec<Outcome>,
+        now: u64,
+    ) -> Outcomes {
+        let allowed = batch_allowed(remote_of(batch, steps).iter().zip(&remote));
         let mut remote = remote.into_iter();
-        let mut outcomes = Outcomes::with_capacity(self.owned.len());
-        for (tx, step) in self.owned.iter().zip(&self.steps) {
+        let mut outcomes = Outcomes::with_capacity(batch.len());
+        for (tx, step) in batch.iter().zip(steps) {
             let outcome = match step {
-                Step::Take(_) => {
+                Step::Take(_, view) => {
                     if allowed {
                         crate::telemetry::prefetch_local_decision(tx.key.name(), true);
                     } else {
-                        pools.undo(&tx.key, step);
+                        self.undo(tx.key, step);
                     }
-                    let limit = tx.quota.as_gcra().copied();
-                    limit.map_or_else(Outcome::skip, |l| pools.view(&tx.key, &l, local_now))
+                    view.clone()
                 }
                 Step::Plain | Step::Refill { .. } => {
                     let o = remote.next().unwrap_or_else(Outcome::skip);
-                    pools.finish(&tx.key, step, o, allowed, local_now)
+                    self.finish_one(tx.key, step, o, allowed, now)
                 }
                 _ => remote.next().unwrap_or_else(Outcome::skip),
             };
@@ -435,44 +424,131 @@ impl Prefetching {
     }
 }
 
-/// A prefetching batch, planned: decided here, waiting for a refill under way, or for the
-/// store.
+/// A prefetching batch on its way to the store: its own copy of the batch (the future
+/// outlives the one it was asked for) and the steps it took from the pools, given back when
+/// dropped unless finished (a failed or abandoned call takes nothing).
+struct Sent {
+    backend: RedisBackend,
+    owned: Vec<OwnedTx>,
+    steps: Steps,
+    done: bool,
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        if !self.done {
+            let batch: Vec<BucketTx<'_>> = self.owned.iter().map(OwnedTx::tx).collect();
+            self.backend.inner.pools.undo_all(&batch, &self.steps);
+        }
+    }
+}
+
+impl Sent {
+    /// One call with the batch's other transactions and its refills; the batch's outcomes.
+    async fn send(mut self) -> Result<Outcomes, BackendError> {
+        let (now, local_now) = self.backend.now_arg()?;
+        let batch: Vec<BucketTx<'_>> = self.owned.iter().map(OwnedTx::tx).collect();
+        let remote = remote_of(&batch, &self.steps);
+        let answer = self.backend.spend_remote(&remote, now, local_now).await?;
+        let outcomes = self
+            .backend
+            .inner
+            .pools
+            .finish(&batch, &self.steps, answer, local_now);
+        self.done = true;
+        Ok(outcomes)
+    }
+}
+
+/// A prefetching batch, planned from the pools: decided here, waiting for a refill under way
+/// (nothing taken), or for the store (its steps took from the pools: hand them to a [`Sent`]
+/// at once).
 enum Planned {
     Decided(Result<Outcomes, BackendError>),
-    /// Waits for the refill of `owned[i]`'s key, of generation `g`, to end.
-    Wait(Vec<OwnedTx>, usize, Arc<Notify>, u64),
-    Remote(Prefetching),
+    /// Waits for the refill of the key of transaction `i`, of generation `g`, to end.
+    Wait(usize, Arc<Notify>, u64),
+    Remote(Steps),
 }
 
 impl RedisBackend {
     /// A batch with a prefetching transaction (or a charge that drops a pool): decided from
-    /// the pools when they can, else one call that also refills them.
-    pub(super) fn spend_prefetching(&self, owned: Vec<OwnedTx>, local_now: u64) -> Spend {
-        match self.plan(owned, local_now) {
-            Planned::Decided(r) => Spend::Ready(r),
-            planned => {
+    /// the pools when they can (no copy of the batch, no box), else one call that also
+    /// refills them.
+    pub(super) fn spend_prefetching(&self, batch: &[BucketTx<'_>], local_now: u64) -> Spend {
+        let planned = self.plan(batch, local_now);
+        if let Planned::Decided(r) = planned {
+            return Spend::Ready(r);
+        }
+        let owned: Vec<OwnedTx> = batch.iter().map(OwnedTx::of).collect();
+        match planned {
+            Planned::Remote(steps) => {
+                let sent = self.sent(owned, steps);
+                Spend::Pending(Box::pin(sent.send()))
+            }
+            Planned::Wait(i, notify, generation) => {
                 let this = self.clone();
-                Spend::Pending(Box::pin(async move { this.prefetched(planned).await }))
+                Spend::Pending(Box::pin(async move {
+                    this.after_refill(owned, i, notify, generation).await
+                }))
+            }
+            Planned::Decided(_) => unreachable!("returned above"),
+        }
+    }
+
+    fn sent(&self, owned: Vec<OwnedTx>, steps: Steps) -> Sent {
+        Sent {
+            backend: self.clone(),
+            owned,
+            steps,
+            done: false,
+        }
+    }
+
+    /// Waits for the refill under way on `owned[i]`'s key, then plans the batch again.
+    async fn after_refill(
+        &self,
+        owned: Vec<OwnedTx>,
+        mut i: usize,
+        mut notify: Arc<Notify>,
+        mut generation: u64,
+    ) -> Result<Outcomes, BackendError> {
+        loop {
+            {
+                let notified = notify.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                if self.inner.pools.generation(&owned[i].key) == Some(generation) {
+                    notified.await;
+                }
+            }
+            let (_, local_now) = self.now_arg()?;
+            let planned = {
+                let batch: Vec<BucketTx<'_>> = owned.iter().map(OwnedTx::tx).collect();
+                self.plan(&batch, local_now)
+            };
+            match planned {
+                Planned::Decided(r) => return r,
+                Planned::Remote(steps) => return self.sent(owned, steps).send().await,
+                Planned::Wait(next, n, g) => (i, notify, generation) = (next, n, g),
             }
         }
     }
 
     /// Each transaction's step from its key's pool at `local_now`, and what follows.
-    fn plan(&self, owned: Vec<OwnedTx>, local_now: u64) -> Planned {
+    fn plan(&self, batch: &[BucketTx<'_>], local_now: u64) -> Planned {
         let pools = &self.inner.pools;
-        let steps = owned
+        let steps: Steps = batch
             .iter()
             .enumerate()
-            .map(|(i, o)| {
-                let tx = o.tx();
-                if drops_pool(&tx) {
-                    pools.drop_units(&o.key);
+            .map(|(i, tx)| {
+                if drops_pool(tx) {
+                    pools.drop_units(tx.key);
                 }
                 // A key twice in one batch (two rules of one limit) is decided by the store
                 // after its first transaction: one step per pool and batch.
-                let again = owned[..i].iter().any(|earlier| earlier.key == o.key);
-                match eligible(&tx) {
-                    Some(limit) if !again => pools.step(&tx, limit, local_now),
+                let again = batch[..i].iter().any(|earlier| earlier.key == tx.key);
+                match eligible(tx) {
+                    Some(limit) if !again => pools.step(tx, limit, local_now),
                     _ => Step::Store,
                 }
             })
@@ -481,18 +557,12 @@ impl RedisBackend {
         if !pools.sweeping.load(Ordering::Relaxed) && !pools.is_empty() {
             self.ensure_sweeper();
         }
-        let mut plan = Prefetching {
-            backend: self.clone(),
-            owned,
-            steps,
-            done: false,
-        };
         // A local denial decides the batch (all or nothing), as the deny cache's does.
-        if plan.steps.iter().any(|s| matches!(s, Step::Deny(_))) {
-            let outcomes = plan
-                .owned
+        if steps.iter().any(|s| matches!(s, Step::Deny(_))) {
+            pools.undo_all(batch, &steps);
+            let outcomes = batch
                 .iter()
-                .zip(&plan.steps)
+                .zip(&steps)
                 .map(|(tx, step)| match step {
                     Step::Deny(o) => {
                         crate::telemetry::prefetch_local_decision(tx.key.name(), false);
@@ -503,28 +573,27 @@ impl RedisBackend {
                 .collect();
             return Planned::Decided(Ok(outcomes));
         }
-        let waiting = plan.steps.iter().enumerate().find_map(|(i, s)| match s {
+        let waiting = steps.iter().enumerate().find_map(|(i, s)| match s {
             Step::Wait(notify, generation) => Some((i, notify.clone(), *generation)),
             _ => None,
         });
         if let Some((i, notify, generation)) = waiting {
-            plan.undo();
-            let owned = std::mem::take(&mut plan.owned);
-            return Planned::Wait(owned, i, notify, generation);
+            pools.undo_all(batch, &steps);
+            return Planned::Wait(i, notify, generation);
         }
-        if plan.steps.iter().all(|s| matches!(s, Step::Take(_))) {
-            return Planned::Decided(Ok(plan.finish(Vec::new(), local_now)));
+        if steps.iter().all(|s| matches!(s, Step::Take(..))) {
+            return Planned::Decided(Ok(pools.finish(batch, &steps, Vec::new(), local_now)));
         }
         if let Some(cache) = &self.inner.cache
-            && let Some(answer) = cache.answer(&plan.remote(), local_now)
+            && let Some(answer) = cache.answer(&remote_of(batch, &steps), local_now)
         {
-            // Denied: the plan, dropped, gives back what it took.
+            pools.undo_all(batch, &steps);
             return Planned::Decided(answer.map(|remote| {
                 let mut remote = remote.into_iter();
-                plan.steps
+                steps
                     .iter()
                     .map(|s| match s {
-                        Step::Take(_) => Outcome::skip(),
+                        Step::Take(..) => Outcome::skip(),
                         _ => {
                             let mut o = remote.next().unwrap_or_else(Outcome::skip);
                             o.granted = None;
@@ -534,34 +603,7 @@ impl RedisBackend {
                     .collect()
             }));
         }
-        Planned::Remote(plan)
-    }
-
-    /// The rest of a planned batch: waits for refills under way, then the store.
-    async fn prefetched(&self, mut planned: Planned) -> Result<Outcomes, BackendError> {
-        loop {
-            match planned {
-                Planned::Decided(r) => return r,
-                Planned::Wait(owned, i, notify, generation) => {
-                    let notified = notify.notified();
-                    let mut notified = std::pin::pin!(notified);
-                    notified.as_mut().enable();
-                    if self.inner.pools.generation(&owned[i].key) == Some(generation) {
-                        notified.await;
-                    }
-                    let (_, local_now) = self.now_arg()?;
-                    planned = self.plan(owned, local_now);
-                }
-                Planned::Remote(plan) => {
-                    let (now, local_now) = self.now_arg()?;
-                    let remote = {
-                        let batch = plan.remote();
-                        self.spend_remote(&batch, now, local_now).await?
-                    };
-                    return Ok(plan.finish(remote, local_now));
-                }
-            }
-        }
+        Planned::Remote(steps)
     }
 
     /// Starts the task that gives back expired prefetched tokens, unless it runs.
@@ -686,15 +728,19 @@ mod tests {
             Step::Wait(..)
         ));
         let step = Step::Refill { lo, hi, need, took };
-        let o = pools.finish(&k, &step, Outcome::new(true, 497, 0, 10_002), true, now);
+        let o = pools.finish_one(&k, &step, Outcome::new(true, 497, 0, 10_002), true, now);
         assert_eq!(
             o.remaining, 498,
             "the store's bucket plus the one token held"
         );
-        assert!(matches!(
-            pools.step(&spend(&k, &quota), &hot(), now),
-            Step::Take(1)
-        ));
+        let Step::Take(1, view) = pools.step(&spend(&k, &quota), &hot(), now) else {
+            panic!("the pool holds one token");
+        };
+        assert_eq!(
+            (view.allowed, view.remaining, view.reset_after_us),
+            (true, 497, 10_002),
+            "this instance's view: the store's bucket, the pool now empty"
+        );
         // Demand 4 so far: the next refill asks for 1 + 4, at least 1 + 2.
         let Step::Refill { lo, hi, .. } = pools.step(&spend(&k, &quota), &hot(), now) else {
             panic!("the pool is empty");
