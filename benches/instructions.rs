@@ -6,7 +6,8 @@
 //! `benches/instructions.sh` runs each variant under callgrind and prints instructions per
 //! operation and the ratios. One variant alone:
 //! `instructions --variant ours_spend_one --ops 100000` (only `trl_measured` is timed by
-//! callgrind: `--toggle-collect=trl_measured`).
+//! callgrind: `--toggle-collect=trl_measured`). `--keys N` cycles through N keys (1,000 unless
+//! told; the in-memory variants warm every one of them first).
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -43,7 +44,8 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-const KEYS: u64 = 1_000;
+/// Keys cycled through (`--keys N`; 1,000 unless told).
+static KEYS: AtomicU64 = AtomicU64::new(1_000);
 const RATE: u32 = 1_000_000;
 
 /// The measured loop: callgrind collects only inside this function.
@@ -73,11 +75,24 @@ const VARIANTS: &[(&str, &str)] = &[
         "http_ours_3_rules",
         "axum + ours, 3 rules, RateLimit headers",
     ),
+    (
+        "http_ours_2_rules",
+        "axum + ours, 2 rules, RateLimit headers",
+    ),
+    (
+        "http_ours_4_rules",
+        "axum + ours, 4 rules, RateLimit headers",
+    ),
+    (
+        "http_ours_8_rules",
+        "axum + ours, 8 rules, RateLimit headers",
+    ),
     ("http_tower_governor", "axum + tower_governor, per IP"),
 ];
 
 /// Builds the variant's operation, warmed (every key seen once).
 fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
+    let keys_n = KEYS.load(Ordering::Relaxed);
     let limits = Limits::builder()
         .limit(
             "Bench",
@@ -86,7 +101,7 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
         .build()
         .unwrap();
     let name = limits.name("Bench").unwrap();
-    let keys: Vec<BucketKey> = (0..KEYS)
+    let keys: Vec<BucketKey> = (0..keys_n)
         .map(|k| BucketKey::new(name, Id::from(k)))
         .collect();
     let mut op: Box<dyn FnMut(u64)> = match variant {
@@ -95,7 +110,7 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 .allow_burst(NonZeroU32::new(RATE).unwrap());
             let governor = RateLimiter::keyed(quota);
             Box::new(move |i| {
-                let _ = std::hint::black_box(governor.check_key(&(i % KEYS)));
+                let _ = std::hint::black_box(governor.check_key(&(i % keys_n)));
             })
         }
         "ours_spend_one" => {
@@ -111,20 +126,20 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 .collect();
             Box::new(move |i| {
                 let _ =
-                    std::hint::black_box(common::spend_one(&backend, &txs[(i % KEYS) as usize]));
+                    std::hint::black_box(common::spend_one(&backend, &txs[(i % keys_n) as usize]));
             })
         }
         "ours_limiter" => {
             let limiter = Limiter::new(limits, MemoryBackend::new());
             let txs: Vec<Transaction> = keys.into_iter().map(Transaction::new).collect();
             Box::new(move |i| {
-                let tx = std::slice::from_ref(&txs[(i % KEYS) as usize]);
+                let tx = std::slice::from_ref(&txs[(i % keys_n) as usize]);
                 let _ = std::hint::black_box(common::ready(limiter.spend(tx)));
             })
         }
         "http_request_only" => Box::new(move |i| {
             drop(std::hint::black_box(common::apps::request(
-                (i % KEYS) as u32,
+                (i % keys_n) as u32,
             )));
         }),
         http => {
@@ -132,36 +147,125 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 "http_bare" => common::apps::bare(),
                 "http_ours_1_rule" => common::apps::ours(1, true),
                 "http_ours_1_rule_no_headers" => common::apps::ours(1, false),
+                "http_ours_2_rules" => common::apps::ours(2, true),
                 "http_ours_3_rules" => common::apps::ours(3, true),
+                "http_ours_4_rules" => common::apps::ours(4, true),
+                "http_ours_8_rules" => common::apps::ours(8, true),
                 "http_tower_governor" => common::apps::governor(),
                 other => panic!("unknown variant {other}"),
             };
             // Building the request is counted in every variant (`http_request_only` alone).
             Box::new(move |i| {
-                let req = common::apps::request((i % KEYS) as u32);
+                let req = common::apps::request((i % keys_n) as u32);
                 let response = common::ready(app.clone().oneshot(req)).unwrap();
                 assert!(response.status().is_success());
                 drop(std::hint::black_box(response));
             })
         }
     };
-    for i in 0..KEYS {
+    for i in 0..keys_n {
         op(i);
     }
     op
+}
+
+/// Resident set size in bytes (Linux), or 0 elsewhere.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// `--memory STORE`: the RSS growth while `--keys` keys are added, per key, then the RSS once
+/// they have gone idle and been cleaned up (ours: `sweep`; governor: `retain_recent` +
+/// `shrink_to_fit`, its documented clean-up). One store per process, so no measure reuses
+/// memory another freed. Stores: `ours_numbers` (ids that pack into one word), `ours_text`
+/// (`user-<k>`: the general table), `governor` (u64 keys).
+fn memory(store: &str, n: u64) {
+    let mb = |b: u64| b as f64 / 1_048_576.0;
+    let (before, live, after) = match store {
+        "governor" => {
+            let quota = GovernorQuota::per_second(NonZeroU32::new(RATE).unwrap());
+            let governor = RateLimiter::keyed(quota);
+            let before = rss_bytes();
+            for k in 0..n {
+                let _ = governor.check_key(&k);
+            }
+            let live = rss_bytes();
+            std::thread::sleep(Duration::from_millis(50)); // every key is full again after 1 us
+            governor.retain_recent();
+            governor.shrink_to_fit();
+            assert_eq!(governor.len(), 0);
+            (before, live, rss_bytes())
+        }
+        ours => {
+            let id: fn(u64) -> Id = match ours {
+                "ours_numbers" => Id::from,
+                "ours_text" => |k| Id::new(&format!("user-{k}")).unwrap(),
+                other => panic!("unknown store {other}"),
+            };
+            let limits = Limits::builder()
+                .limit(
+                    "Bench",
+                    Limit::new(RATE.into(), RATE.into(), Duration::from_secs(1)).unwrap(),
+                )
+                .build()
+                .unwrap();
+            let name = limits.name("Bench").unwrap();
+            let limit = limits.default_limit(name).unwrap();
+            let clock = tower_ratelimits::ManualClock::new(1_000_000_000_000);
+            let backend = MemoryBackend::builder()
+                .clock(clock.clone())
+                .no_background_sweep()
+                .build();
+            let before = rss_bytes();
+            for k in 0..n {
+                let key = BucketKey::new(name, id(k));
+                let tx = BucketTx::new(&key, limit, 1..=1, Mode::CheckAndSpend).unwrap();
+                common::spend_one(&backend, &tx).unwrap();
+            }
+            let live = rss_bytes();
+            assert_eq!(backend.len() as u64, n);
+            clock.advance(Duration::from_secs(60));
+            assert_eq!(backend.sweep() as u64, n);
+            (before, live, rss_bytes())
+        }
+    };
+    println!(
+        "{store} {n} {} {:.1} {:.1} {:.1}",
+        live.saturating_sub(before) / n,
+        mb(before),
+        mb(live),
+        mb(after)
+    );
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |flag: &str| common::arg(&args, flag);
     let ops: u64 = arg("--ops").map_or(100_000, |s| s.parse().expect("--ops N"));
+    if let Some(keys) = arg("--keys") {
+        KEYS.store(keys.parse().expect("--keys N"), Ordering::Relaxed);
+    }
+    if let Some(store) = arg("--memory") {
+        memory(&store, KEYS.load(Ordering::Relaxed));
+        return;
+    }
     if let Some(variant) = arg("--variant") {
         let mut op = operation(&variant);
         trl_measured(&mut op, ops);
         return;
     }
+    // `--variants a,b`: list only those.
+    let only = arg("--variants");
+    let listed = |v: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == v));
     println!("{:<30} {:>14}  what", "variant", "allocs per op");
-    for (variant, what) in VARIANTS {
+    for (variant, what) in VARIANTS.iter().filter(|(v, _)| listed(v)) {
         let mut op = operation(variant);
         let before = ALLOCATIONS.load(Ordering::Relaxed);
         trl_measured(&mut op, ops);

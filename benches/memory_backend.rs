@@ -2,7 +2,8 @@
 //! distinct keys, on 1 and 2 threads. Both use their default clocks and an equivalent quota
 //! (1,000,000 per second, burst 1,000,000: every call is allowed and writes).
 //!
-//! `cargo bench -p tower-ratelimits-benches --bench memory_backend`
+//! `cargo bench -p tower-ratelimits-benches --bench memory_backend` (bytes per key:
+//! `bash benches/memory.sh`)
 mod common;
 
 use std::num::NonZeroU32;
@@ -12,9 +13,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use tower_ratelimits::{Backend, BucketTx};
-use tower_ratelimits::{
-    BucketKey, Id, Limit, Limiter, Limits, ManualClock, MemoryBackend, Mode, Transaction,
-};
+use tower_ratelimits::{BucketKey, Id, Limit, Limiter, Limits, MemoryBackend, Mode, Transaction};
 
 const RATE: u32 = 1_000_000;
 
@@ -46,73 +45,7 @@ fn run_threads<F: Fn(u64) + Sync>(threads: u64, iters: u64, op: F) -> Duration {
     start.elapsed()
 }
 
-/// Resident set size in bytes (Linux), or 0 elsewhere.
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<u64>().ok())
-        })
-        .map_or(0, |pages| pages * 4096)
-}
-
-/// Bytes per live key (the RSS growth while 1M keys are added, divided by 1M), and the RSS
-/// left once those keys have gone idle and been swept (ours: `sweep`; governor:
-/// `retain_recent` + `shrink_to_fit`, its documented clean-up).
-fn memory_per_key() {
-    const N: u64 = 1_000_000;
-    let mb = |b: u64| b as f64 / 1_048_576.0;
-    let limits = limits();
-    let name = limits.name("Bench").unwrap();
-    let limit = limits.default_limit(name).unwrap();
-    let clock = ManualClock::new(1_000_000_000_000);
-    let backend = MemoryBackend::builder().clock(clock.clone()).build();
-    let before = rss_bytes();
-    for k in 0..N {
-        let key = BucketKey::new(name, Id::from(k));
-        let tx = BucketTx::new(&key, limit, 1..=1, Mode::CheckAndSpend).unwrap();
-        common::spend_one(&backend, &tx).unwrap();
-    }
-    let live = rss_bytes();
-    clock.advance(Duration::from_secs(60));
-    let swept = backend.sweep();
-    let after = rss_bytes();
-    println!(
-        "ours: {} bytes per live key (RSS {:.1} MiB -> {:.1} MiB with 1M keys); \
-         after all went idle and {swept} were swept: {:.1} MiB ({} live keys)",
-        live.saturating_sub(before) / N,
-        mb(before),
-        mb(live),
-        mb(after),
-        backend.len()
-    );
-    drop(backend);
-    let quota = Quota::per_second(NonZeroU32::new(RATE).unwrap());
-    let governor = RateLimiter::keyed(quota);
-    let before = rss_bytes();
-    for k in 0..N {
-        let _ = governor.check_key(&k);
-    }
-    let live = rss_bytes();
-    std::thread::sleep(Duration::from_millis(50)); // every key is full again after 1 us
-    governor.retain_recent();
-    governor.shrink_to_fit();
-    let after = rss_bytes();
-    println!(
-        "governor: {} bytes per live key (RSS {:.1} MiB -> {:.1} MiB with 1M keys); \
-         after all went idle, retain_recent + shrink_to_fit: {:.1} MiB ({} live keys)",
-        live.saturating_sub(before) / N,
-        mb(before),
-        mb(live),
-        mb(after),
-        governor.len()
-    );
-}
-
 fn bench(c: &mut Criterion) {
-    memory_per_key();
     let mut group = c.benchmark_group("memory_spend");
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(2));

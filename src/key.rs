@@ -35,7 +35,14 @@ struct NameData {
     text: Box<str>,
     /// A hash of the text, computed once (used for in-process hashing only, never stored).
     hash: u64,
+    /// The high bits of this name's one-word bucket keys ([`BucketKey::packed`]): the count
+    /// of names interned before it, shifted; `None` from the 2^14th name on. In-process only
+    /// (it depends on the order names were first seen), so never stored.
+    packed_base: Option<u64>,
 }
+
+/// The bits of a one-word bucket key's value; two more name the id's kind, the rest the limit.
+const PACKED_VALUE_BITS: u32 = 48;
 
 type Interned = HashMap<&'static str, &'static NameData>;
 
@@ -56,6 +63,10 @@ impl LimitName {
         let data: &'static NameData = Box::leak(Box::new(NameData {
             text: text.into(),
             hash,
+            packed_base: u64::try_from(names.len())
+                .ok()
+                .filter(|&n| n < 1 << 14)
+                .map(|n| n << (PACKED_VALUE_BITS + 2)),
         }));
         names.insert(&data.text, data);
         Self(data)
@@ -284,6 +295,24 @@ impl BucketKey {
     /// The id.
     pub fn id(&self) -> &Id {
         &self.id
+    }
+
+    /// The key in one word, for the ids that fit one (an IPv4 address, an IPv6 /48 range, a
+    /// number below 2^48) of the first 2^14 names: the name's process number (14 bits), the
+    /// id's kind (2 bits) and its value (48 bits). Two keys pack to the same word exactly when
+    /// they are equal. In-process only (the name's number depends on the order names were
+    /// interned): for the in-memory tables, never for anything stored.
+    #[inline]
+    pub(crate) fn packed(&self) -> Option<u64> {
+        const KIND: u32 = PACKED_VALUE_BITS;
+        let value = match &self.id.0 {
+            Repr::Ip(IpAddr::V4(v4)) => u64::from(u32::from(*v4)),
+            // The range's 48 network bits (the rest are zero).
+            Repr::Ipv6Range48(net) => 1 << KIND | (u128::from(*net) >> 80) as u64,
+            Repr::Number(n) if *n < 1 << PACKED_VALUE_BITS => 2 << KIND | *n,
+            _ => return None,
+        };
+        Some(self.name.0.packed_base? | value)
     }
 }
 
@@ -719,6 +748,41 @@ pub(crate) fn hash_fqdn_set(text: &str) -> Result<String, IdError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two keys pack into the same word exactly when they are equal: ids whose values share
+    /// their low bits but differ in kind, and names, stay apart; ids that do not fit one word
+    /// (a full IPv6 address, a number from 2^48, text) do not pack.
+    #[test]
+    fn one_word_keys_are_equal_only_for_equal_keys() {
+        let (a, b) = (LimitName::intern("PackA"), LimitName::intern("PackB"));
+        let v6 = |s: &str| Id::ipv6_range48(s.parse().unwrap());
+        let fits = [
+            Id::from(IpAddr::from([1, 2, 3, 4])),
+            Id::from(0x0102_0304u64),
+            v6("0:102:304::"),
+            Id::from(0u64),
+            Id::from(IpAddr::from([0, 0, 0, 0])),
+            v6("::"),
+            Id::from((1u64 << 48) - 1),
+            v6("ffff:ffff:ffff::"),
+        ];
+        let mut words = std::collections::HashMap::new();
+        for name in [a, b] {
+            for id in &fits {
+                let key = BucketKey::new(name, id.clone());
+                let word = key.packed().unwrap_or_else(|| panic!("{id} packs"));
+                assert_eq!(words.insert(word, key.clone()), None, "{id} collides");
+            }
+        }
+        for id in [
+            Id::from(1u64 << 48),
+            Id::from(u64::MAX),
+            Id::from(IpAddr::from("2001:db8::1".parse::<Ipv6Addr>().unwrap())),
+            Id::new("user-1").unwrap(),
+        ] {
+            assert_eq!(BucketKey::new(a, id.clone()).packed(), None, "{id}");
+        }
+    }
 
     #[test]
     fn canonical_ids_by_kind() {

@@ -612,6 +612,48 @@ async fn cost_ranges_are_checked() {
     assert_eq!(d.decisions()[0].granted(), 55);
 }
 
+/// Ids that fit one word (addresses, /48 ranges, small numbers) and ids that do not (text,
+/// full IPv6 addresses, large numbers) live in two tables: each keeps its own bucket, however
+/// alike their values, and a reset or a sweep reaches both.
+#[tokio::test]
+async fn ids_of_every_shape_keep_their_own_buckets() {
+    let (l, backend, clock) = setup();
+    let ids = [
+        Id::from(std::net::IpAddr::from([1, 2, 3, 4])),
+        Id::from(0x0102_0304u64),
+        Id::ipv6_range48("0:102:304::".parse().unwrap()),
+        Id::from((1u64 << 48) + 0x0102_0304),
+        Id::new("2001:db8::1").unwrap(),
+        Id::new("16909060-text").unwrap(),
+    ];
+    let keys: Vec<BucketKey> = ["Slow", "B"]
+        .iter()
+        .flat_map(|name| ids.iter().map(|id| l.key(name, id.clone()).unwrap()))
+        .collect();
+    let spend = |k: &BucketKey, cost| Transaction::new(k.clone()).cost(cost);
+    // "Slow" holds 3: each of its keys takes all 3 once; "B" (30) takes 3 of its 30.
+    for k in &keys {
+        assert!(l.spend(&[spend(k, 3)]).await.unwrap().allowed(), "{k:?}");
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let again = l.spend(&[spend(k, 1)]).await.unwrap().allowed();
+        assert_eq!(
+            again,
+            i >= ids.len(),
+            "{k:?}: only B's keys have tokens left"
+        );
+    }
+    assert_eq!(backend.len(), keys.len());
+    l.reset(&keys[..ids.len()]).await.unwrap();
+    for k in &keys[..ids.len()] {
+        assert_eq!(backend.tat(k), None, "{k:?} reset");
+        assert!(l.spend(&[spend(k, 3)]).await.unwrap().allowed(), "{k:?}");
+    }
+    clock.advance(Duration::from_secs(3 * 3600));
+    assert_eq!(backend.sweep(), keys.len());
+    assert!(backend.is_empty());
+}
+
 #[tokio::test]
 async fn a_sweep_that_empties_the_table_gives_its_memory_back() {
     let (limiter, backend, clock) = setup();

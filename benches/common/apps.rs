@@ -18,6 +18,11 @@ const LIMITS: &str = "\
 PerIp: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
 PerRange: {kind: ipv6_range, burst: 1000000, count: 1000000, period: 1s}
 PerAccount: {kind: account, burst: 1000000, count: 1000000, period: 1s}
+PerIp4: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
+PerIp5: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
+PerIp6: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
+PerIp7: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
+PerIp8: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
 ";
 
 /// The app with no rate limit.
@@ -25,7 +30,8 @@ pub fn bare() -> Router {
     Router::new().route("/", get(|| async { "hello" }))
 }
 
-/// Ours with the first `rules` of: per IP, per /48, per account header (1 to 3), in memory.
+/// Ours with the first `rules` of: per IP, per /48, per account header, then per IP under
+/// other names (`PerIp4` to `PerIp8`; 1 to 8 rules), in memory.
 pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
     let limiter = Limiter::new(
         Limits::from_yaml_str(LIMITS, None).unwrap(),
@@ -35,7 +41,9 @@ pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
         Rule::new("PerIp", ClientIp::new()),
         Rule::new("PerRange", Ipv6Range48::new(ClientIp::new())),
         Rule::new("PerAccount", Header::new("x-account-id")).on_missing_key(OnMissingKey::Skip),
-    ];
+    ]
+    .into_iter()
+    .chain((4..=8).map(|n| Rule::new(format!("PerIp{n}"), ClientIp::new())));
     let layer = all
         .into_iter()
         .take(rules)

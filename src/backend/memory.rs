@@ -1,6 +1,7 @@
 //! The in-memory backend: one process, no set-up.
 //!
-//! State is a [`DashMap`] from bucket key to the bucket's TAT in an [`AtomicU64`]. A
+//! State is a [`DashMap`] from bucket key to the bucket's TAT in an [`AtomicU64`] (two of
+//! them: keys whose id fits one word with its limit, keyed by that word, and the rest). A
 //! one-transaction batch is a compare-and-swap loop on that atomic, made while holding the
 //! map's shard read guard (so a sweep can never drop a bucket between the read and the write).
 //! A batch of several transactions reads every bucket, decides, then writes each with a
@@ -24,10 +25,12 @@
 //! protecting its memory, and letting new keys through unlimited is exactly what a flood of new
 //! keys would aim for (so would dropping live buckets, which hands their owners a fresh burst).
 //!
-//! What the cap costs: about 86 bytes per bucket whose id is an address or a number, plus the
-//! id's length for a text id (a 256-byte account id: about 350 bytes). The default cap of
-//! 10,000,000 is about 0.9 GiB of addresses, or 3.5 GiB of 256-byte ids: size `max_keys` by
-//! the ids you key on.
+//! What the cap costs: about 36 bytes per bucket whose id is an IPv4 address, an IPv6 /48
+//! range or a number below 2^48 (28 at ten million: the table's fill varies with its size);
+//! about 90 bytes plus the id's length for any other id (a full IPv6 address, a larger number,
+//! text: a 256-byte account id costs about 350 bytes). The default cap of 10,000,000 is about
+//! 0.3 GiB of addresses, or 3.5 GiB of 256-byte ids: size `max_keys` by the ids you key on.
+//! (`bash benches/memory.sh` measures it.)
 //!
 //! [`sweep`]: MemoryBackend::sweep
 
@@ -51,7 +54,8 @@ use crate::time::{Clock, SystemClock};
 /// The transactions of a batch whose working vectors stay on the stack.
 const BATCH: usize = 4;
 
-/// The default cap on live buckets: ten million (about 1 GiB at the measured cost per key).
+/// The default cap on live buckets: ten million (about 0.3 GiB of address ids at the measured
+/// cost per key; see the module's notes for other ids).
 pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
 
 /// The state of one tiered or concurrency key, and when it will equal a fresh one.
@@ -74,13 +78,124 @@ fn lock(slot: &SharedSlot) -> MutexGuard<'_, TierSlot> {
     slot.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Where a GCRA bucket lives: in the table of one-word keys or in the general one.
+#[derive(Clone, Copy)]
+enum Place<'a> {
+    Packed(u64),
+    Wide(&'a BucketKey),
+}
+
+/// The GCRA buckets, one `AtomicU64` (the TAT) each. Keys whose id fits one word with its
+/// name (`BucketKey::packed`: IPv4 addresses, IPv6 /48 ranges, numbers below 2^48) live in a
+/// table keyed by that word (an entry of 16 bytes), the rest in a table keyed by the
+/// `BucketKey` (40 bytes and the text of a text id). A key has one place, found without a
+/// lookup, so the two tables never hold the same key.
+struct Buckets {
+    packed: DashMap<u64, AtomicU64, foldhash::fast::RandomState>,
+    wide: DashMap<BucketKey, AtomicU64, foldhash::fast::RandomState>,
+}
+
+impl Buckets {
+    fn new() -> Self {
+        Self {
+            packed: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            wide: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+        }
+    }
+
+    #[inline]
+    fn place(key: &BucketKey) -> Place<'_> {
+        match key.packed() {
+            Some(word) => Place::Packed(word),
+            None => Place::Wide(key),
+        }
+    }
+
+    /// The bucket's TAT under its shard's read guard (held until the answer is dropped), if the
+    /// bucket is held.
+    #[inline]
+    fn get(&self, place: Place<'_>) -> Option<Held<'_>> {
+        match place {
+            Place::Packed(word) => self.packed.get(&word).map(Held::Packed),
+            Place::Wide(key) => self.wide.get(key).map(Held::Wide),
+        }
+    }
+
+    /// Inserts the bucket holding `tat` unless it is held: whether it was inserted.
+    fn insert_new(&self, place: Place<'_>, tat: u64) -> bool {
+        fn vacant<K: Eq + std::hash::Hash + Clone>(
+            entry: Entry<'_, K, AtomicU64>,
+            tat: u64,
+        ) -> bool {
+            match entry {
+                Entry::Vacant(slot) => {
+                    slot.insert(AtomicU64::new(tat));
+                    true
+                }
+                Entry::Occupied(_) => false,
+            }
+        }
+        match place {
+            Place::Packed(word) => vacant(self.packed.entry(word), tat),
+            Place::Wide(key) => vacant(self.wide.entry(key.clone()), tat),
+        }
+    }
+
+    /// Removes the bucket: whether one was held.
+    fn remove(&self, key: &BucketKey) -> bool {
+        match Self::place(key) {
+            Place::Packed(word) => self.packed.remove(&word).is_some(),
+            Place::Wide(key) => self.wide.remove(key).is_some(),
+        }
+    }
+
+    /// Keeps the buckets whose TAT `keep` accepts.
+    fn retain(&self, mut keep: impl FnMut(&AtomicU64) -> bool) {
+        self.packed.retain(|_, tat| keep(tat));
+        self.wide.retain(|_, tat| keep(tat));
+    }
+
+    fn capacity(&self) -> usize {
+        self.packed.capacity() + self.wide.capacity()
+    }
+
+    /// Gives a table's memory back when it is less than a quarter full.
+    fn shrink_if_sparse(&self) {
+        if self.packed.len().saturating_mul(4) < self.packed.capacity() {
+            self.packed.shrink_to_fit();
+        }
+        if self.wide.len().saturating_mul(4) < self.wide.capacity() {
+            self.wide.shrink_to_fit();
+        }
+    }
+}
+
+/// A held bucket: its shard's read guard, dereferencing to the TAT.
+enum Held<'a> {
+    Packed(dashmap::mapref::one::Ref<'a, u64, AtomicU64>),
+    Wide(dashmap::mapref::one::Ref<'a, BucketKey, AtomicU64>),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = AtomicU64;
+
+    #[inline]
+    fn deref(&self) -> &AtomicU64 {
+        match self {
+            Held::Packed(r) => r.value(),
+            Held::Wide(r) => r.value(),
+        }
+    }
+}
+
 struct Inner {
-    map: DashMap<BucketKey, AtomicU64, foldhash::fast::RandomState>,
+    map: Buckets,
     /// Tiered keys: a separate map, so a GCRA bucket stays one `AtomicU64`.
     tiers: DashMap<BucketKey, SharedSlot, foldhash::fast::RandomState>,
     len: AtomicUsize,
     max_keys: usize,
-    clock: Arc<dyn Clock>,
+    /// The time source; `None`: the system clock (read inline, not through a `dyn` call).
+    clock: Option<Arc<dyn Clock>>,
     last_full_sweep: AtomicU64,
     /// New keys refused because the table was full.
     full_refusals: AtomicU64,
@@ -125,7 +240,7 @@ const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Builds a [`MemoryBackend`].
 pub struct MemoryBackendBuilder {
-    clock: Arc<dyn Clock>,
+    clock: Option<Arc<dyn Clock>>,
     max_keys: usize,
     sweep_interval: Option<Duration>,
 }
@@ -133,7 +248,7 @@ pub struct MemoryBackendBuilder {
 impl MemoryBackendBuilder {
     /// The time source (default: the system clock).
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+        self.clock = Some(Arc::new(clock));
         self
     }
 
@@ -163,7 +278,7 @@ impl MemoryBackendBuilder {
     pub fn build(self) -> MemoryBackend {
         let backend = MemoryBackend {
             inner: Arc::new(Inner {
-                map: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+                map: Buckets::new(),
                 tiers: DashMap::with_hasher(foldhash::fast::RandomState::default()),
                 len: AtomicUsize::new(0),
                 max_keys: self.max_keys,
@@ -194,7 +309,7 @@ impl MemoryBackend {
     /// A builder.
     pub fn builder() -> MemoryBackendBuilder {
         MemoryBackendBuilder {
-            clock: Arc::new(SystemClock),
+            clock: None,
             max_keys: DEFAULT_MAX_KEYS,
             sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
         }
@@ -220,16 +335,16 @@ impl MemoryBackend {
     pub fn tat(&self, key: &BucketKey) -> Option<u64> {
         self.inner
             .map
-            .get(key)
+            .get(Buckets::place(key))
             .and_then(|v| stored(v.load(Ordering::Acquire)))
     }
 
     /// Drops every bucket that equals a fresh one (TAT at or before now) and returns how many
     /// were dropped. No decision changes.
     pub fn sweep(&self) -> usize {
-        let now = self.inner.clock.now_us();
+        let now = self.now();
         let mut dropped = 0;
-        self.inner.map.retain(|_, tat| {
+        self.inner.map.retain(|tat| {
             let keep = tat.load(Ordering::Acquire) > now;
             if !keep {
                 dropped += 1;
@@ -251,9 +366,7 @@ impl MemoryBackend {
         self.inner.len.fetch_sub(dropped, Ordering::Relaxed);
         // Give the memory back once most of the table is empty (after a flood of one-off keys,
         // say); a table still mostly in use keeps its room to grow.
-        if self.inner.map.len().saturating_mul(4) < self.inner.map.capacity() {
-            self.inner.map.shrink_to_fit();
-        }
+        self.inner.map.shrink_if_sparse();
         if self.inner.tiers.len().saturating_mul(4) < self.inner.tiers.capacity() {
             self.inner.tiers.shrink_to_fit();
         }
@@ -319,8 +432,12 @@ impl MemoryBackend {
         }
     }
 
+    #[inline]
     fn now(&self) -> u64 {
-        self.inner.clock.now_us()
+        match &self.inner.clock {
+            None => SystemClock.now_us(),
+            Some(clock) => clock.now_us(),
+        }
     }
 
     /// Room for one new bucket, or `Full`; when full, wakes the background sweep (at most
@@ -367,7 +484,7 @@ impl MemoryBackend {
     fn load(&self, key: &BucketKey) -> u64 {
         self.inner
             .map
-            .get(key)
+            .get(Buckets::place(key))
             .map_or(0, |v| v.load(Ordering::Acquire))
     }
 
@@ -379,30 +496,40 @@ impl MemoryBackend {
         new: u64,
         now: u64,
     ) -> Result<bool, BackendError> {
-        if let Some(v) = self.inner.map.get(key) {
+        let place = Buckets::place(key);
+        if let Some(v) = self.inner.map.get(place) {
             return Ok(v
                 .compare_exchange(expected, new, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok());
         }
+        self.insert_new(place, expected, new, now)
+    }
+
+    /// Inserts a bucket found missing, holding `new`, if `expected` (the TAT read, 0: missing)
+    /// still describes it: whether it was written.
+    fn insert_new(
+        &self,
+        place: Place<'_>,
+        expected: u64,
+        new: u64,
+        now: u64,
+    ) -> Result<bool, BackendError> {
         if expected != 0 && expected > now {
             // We read a live bucket that has since gone: someone reset it. Decide again.
             return Ok(false);
         }
         self.reserve(now)?;
-        match self.inner.map.entry(key.clone()) {
-            Entry::Vacant(slot) => {
-                slot.insert(AtomicU64::new(new));
-                self.inner.len.fetch_add(1, Ordering::Relaxed);
-                Ok(true)
-            }
-            Entry::Occupied(_) => Ok(false),
+        let inserted = self.inner.map.insert_new(place, new);
+        if inserted {
+            self.inner.len.fetch_add(1, Ordering::Relaxed);
         }
+        Ok(inserted)
     }
 
     /// Takes back a write this batch made, as a refund of what it added.
     fn roll_back(&self, key: &BucketKey, before: u64, written: u64, now: u64) {
         let added = written - before.max(now);
-        if let Some(v) = self.inner.map.get(key) {
+        if let Some(v) = self.inner.map.get(Buckets::place(key)) {
             let _ = v.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
                 Some(if cur == written {
                     before
@@ -414,35 +541,41 @@ impl MemoryBackend {
     }
 
     /// Decides and spends one transaction without an allocation: the path
-    /// [`Backend::spend`] takes for a one-transaction batch.
+    /// [`Backend::spend`] takes for a one-transaction batch, answering with the `Spend` itself
+    /// (built where it is returned: no copy of the outcome on the way out).
     ///
     /// A compare-and-swap loop on the bucket's TAT, made under the map's shard read guard.
-    fn spend_one_at(&self, tx: &BucketTx<'_>, now: u64) -> Result<Outcome, BackendError> {
+    fn spend_one_at(&self, tx: &BucketTx<'_>, now: u64) -> Spend {
         let Quota::Gcra(limit) = tx.quota else {
-            return Ok(self.spend_mixed(std::slice::from_ref(tx), now)?.remove(0));
+            return Spend::Ready(self.spend_mixed(std::slice::from_ref(tx), now));
         };
         let writes = |out: &gcra::GcraOutcome, cur: u64| super::gcra_write(tx.mode, out, cur, now);
+        let answer = |d: &kit::GcraDecision| Spend::Ready(Ok(Outcomes::from_buf([d.outcome()])));
+        let place = Buckets::place(tx.key);
         loop {
-            if let Some(entry) = self.inner.map.get(tx.key) {
-                let mut cur = entry.load(Ordering::Acquire);
-                loop {
-                    let d = super::gcra_decide(tx, limit, stored(cur), now)?;
-                    let Some(new) = writes(&d.out, cur) else {
-                        return Ok(d.outcome());
-                    };
-                    match entry.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
-                    {
-                        Ok(_) => return Ok(d.outcome()),
-                        Err(actual) => cur = actual,
+            let held = self.inner.map.get(place);
+            let mut cur = held
+                .as_ref()
+                .map_or(0, |entry| entry.load(Ordering::Acquire));
+            loop {
+                let d = match super::gcra_decide(tx, limit, stored(cur), now) {
+                    Ok(d) => d,
+                    Err(e) => return Spend::Ready(Err(e.into())),
+                };
+                let Some(new) = writes(&d.out, cur) else {
+                    return answer(&d);
+                };
+                let Some(entry) = &held else {
+                    match self.insert_new(place, 0, new, now) {
+                        Ok(true) => return answer(&d),
+                        Ok(false) => break,
+                        Err(e) => return Spend::Ready(Err(e)),
                     }
+                };
+                match entry.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return answer(&d),
+                    Err(actual) => cur = actual,
                 }
-            }
-            let d = super::gcra_decide(tx, limit, None, now)?;
-            let Some(new) = writes(&d.out, 0) else {
-                return Ok(d.outcome());
-            };
-            if self.compare_and_set(tx.key, 0, new, now)? {
-                return Ok(d.outcome());
             }
         }
     }
@@ -652,7 +785,7 @@ impl Backend for MemoryBackend {
         // One transaction (a request with one rule): its outcome written straight into the
         // answer, no batch machinery.
         if let [one] = batch {
-            return Spend::Ready(self.spend_one_at(one, now).map(|o| Outcomes::from_buf([o])));
+            return self.spend_one_at(one, now);
         }
         Spend::Ready(self.spend_mixed(batch, now))
     }
@@ -664,7 +797,7 @@ impl Backend for MemoryBackend {
 
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
         for key in keys {
-            if self.inner.map.remove(*key).is_some() {
+            if self.inner.map.remove(key) {
                 self.inner.len.fetch_sub(1, Ordering::Relaxed);
             }
             if let Some((_, slot)) = self.inner.tiers.remove(*key) {
