@@ -1,6 +1,6 @@
-//! The quickstart's hello-world app with a peer's rate limiter instead of ours, for
-//! side-by-side load tests (`benches/load.sh`): the same router, the same handler, the same
-//! listener set-up as `axum_memory`.
+//! The quickstart's hello-world app with a peer's rate limiter instead of ours, or ours cut to
+//! the peer's shape, for side-by-side load tests (`benches/load.sh`): the same router, the same
+//! handler, the same listener set-up as `axum_memory`.
 //!
 //! ```text
 //! PEER=tower_governor PER_SECOND=1000000 BURST=1000000 cargo run --release -p tower-ratelimits-benches --example axum_peer
@@ -8,8 +8,10 @@
 //!
 //! Settings (environment):
 //! - `ADDR`: listen address (default `127.0.0.1:3000`)
-//! - `PEER`: `tower_governor` (default: per peer IP, its default key) or `none` (no limit)
-//! - `PER_SECOND`, `BURST`: tower_governor's quota (default 20 and 20, as the quickstart's
+//! - `PEER`: `tower_governor` (default: per peer IP, its default key), `ours_1_rule` (ours
+//!   like for like: one rule per peer IP, in memory, no `RateLimit` fields on allowed
+//!   responses, as tower_governor sends none) or `none` (no limit)
+//! - `PER_SECOND`, `BURST`: the quota (default 20 and 20, as the quickstart's
 //!   `RequestsPerIPAddress`)
 
 use std::net::SocketAddr;
@@ -19,6 +21,9 @@ use std::time::Duration;
 use axum::{Router, routing::get};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
+use tower_ratelimits::{
+    ClientIp, FieldStyle, IdKind, Limit, Limiter, Limits, MemoryBackend, RateLimitLayer, Rule,
+};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -48,10 +53,10 @@ async fn run() -> Result<(), String> {
         .map_err(|e| format!("ADDR: {e}"))?;
     let app = Router::new().route("/", get(|| async { "hello\n" }));
     let peer = std::env::var("PEER").unwrap_or_else(|_| "tower_governor".into());
+    let per_second = number("PER_SECOND", 20)?;
+    let burst = number("BURST", 20)?;
     let app = match peer.as_str() {
         "tower_governor" => {
-            let per_second = number("PER_SECOND", 20)?;
-            let burst = number("BURST", 20)?;
             let burst = u32::try_from(burst).map_err(|_| "BURST: too large".to_string())?;
             let config = GovernorConfigBuilder::default()
                 .period(Duration::from_nanos((1_000_000_000 / per_second).max(1)))
@@ -60,10 +65,24 @@ async fn run() -> Result<(), String> {
                 .ok_or("tower_governor refused the quota")?;
             app.layer(GovernorLayer::new(config))
         }
+        "ours_1_rule" => {
+            let limit =
+                Limit::new(burst, per_second, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+            let limits = Limits::builder()
+                .limit_for("RequestsPerIPAddress", IdKind::Ip, limit)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let layer = RateLimitLayer::builder(Limiter::new(limits, MemoryBackend::new()))
+                .rule(Rule::new("RequestsPerIPAddress", ClientIp::new()))
+                .fields(FieldStyle::IetfOnDenials)
+                .build()
+                .map_err(|e| e.to_string())?;
+            app.layer(layer)
+        }
         "none" => app,
         other => {
             return Err(format!(
-                "PEER: {other:?} is neither `tower_governor` nor `none`"
+                "PEER: {other:?} is not `tower_governor`, `ours_1_rule` or `none`"
             ));
         }
     };

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Over a socket: the quickstart app (`axum_memory`) against the same app with tower_governor
-# (`axum_peer`) and with no limit, loaded by wrk over loopback. Each variant is run ROUNDS
+# Over a socket: the quickstart app (`axum_memory`: two rules, `RateLimit` fields on every
+# response) and ours like for like (`axum_peer` with PEER=ours_1_rule: one rule per IP, no fields
+# on allowed responses) against the same app with tower_governor (`axum_peer`, one rule per IP,
+# no fields) and with no limit, loaded by wrk over loopback. Each variant is run ROUNDS
 # times for DURATION, alternating (A B C, then C B A, ...), and the median of the rounds is
 # reported with its ratio. Installs wrk when missing (Debian, as root).
 #
@@ -9,7 +11,7 @@
 #
 # Scenarios:
 # - allowed: limits so large that every request is allowed (ours: 1,000,000/s per IP and per
-#   /48, the quickstart's two rules; tower_governor: 1,000,000/s per IP);
+#   /48, the quickstart's two rules; ours_1_rule and tower_governor: 1,000,000/s per IP);
 # - denied: the quickstart's limits (20/s per IP; tower_governor 20/s burst 20), so wrk's
 #   single client is refused almost always: the cost of answering a flood with 429s.
 set -euo pipefail
@@ -107,9 +109,11 @@ echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 104857
 P_OURS=$(free_port); start "$P_OURS" RATELIMITS_DEFAULTS="$WORK/allowed.yaml" \
   RATELIMITS_OVERRIDES="$WORK/no-overrides.yaml" "$BIN/axum_memory"
 P_GOV=$(free_port); start "$P_GOV" PEER=tower_governor PER_SECOND=1000000 BURST=1000000 "$BIN/axum_peer"
+P_ONE=$(free_port); start "$P_ONE" PEER=ours_1_rule PER_SECOND=1000000 BURST=1000000 "$BIN/axum_peer"
 P_BARE=$(free_port); start "$P_BARE" PEER=none "$BIN/axum_peer"
-run_scenario allowed tower_governor "$P_GOV" ours "$P_OURS" bare "$P_BARE"
+run_scenario allowed tower_governor "$P_GOV" ours_1_rule "$P_ONE" ours "$P_OURS" bare "$P_BARE"
 
 P_OURS_Q=$(free_port); start "$P_OURS_Q" "$BIN/axum_memory"
 P_GOV_Q=$(free_port); start "$P_GOV_Q" PEER=tower_governor PER_SECOND=20 BURST=20 "$BIN/axum_peer"
-run_scenario denied tower_governor "$P_GOV_Q" ours "$P_OURS_Q"
+P_ONE_Q=$(free_port); start "$P_ONE_Q" PEER=ours_1_rule PER_SECOND=20 BURST=20 "$BIN/axum_peer"
+run_scenario denied tower_governor "$P_GOV_Q" ours_1_rule "$P_ONE_Q" ours "$P_OURS_Q"

@@ -276,6 +276,79 @@ fn concurrent_spenders_on_one_key_admit_exactly_the_burst() {
     });
 }
 
+/// A batch holds its buckets from the read to the write, and a new bucket needs its shard's
+/// write lock: batches that mix held and new keys, beside sweeps and resets, all finish (a
+/// deadlock fails after a minute instead of hanging) and spend the shared key exactly.
+#[test]
+fn batches_mixing_new_and_held_keys_beside_sweeps_never_deadlock() {
+    let clock = ManualClock::new(T0); // frozen
+    let backend = MemoryBackend::builder()
+        .clock(clock)
+        .no_background_sweep()
+        .build();
+    let limiter = Limiter::new(limits(), backend.clone());
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    // Numbers, as the new keys: one table, so held and new buckets share its shards.
+    let shared = key(&limiter, "B", "999999999");
+    let worker = {
+        let (limiter, backend, shared) = (limiter.clone(), backend.clone(), shared.clone());
+        std::thread::spawn(move || {
+            let admitted: u64 = std::thread::scope(|s| {
+                let spenders: Vec<_> = (0..4u64)
+                    .map(|t| {
+                        let (limiter, shared) = (limiter.clone(), shared.clone());
+                        s.spawn(move || {
+                            let rt = tokio::runtime::Builder::new_current_thread()
+                                .build()
+                                .unwrap();
+                            let mut admitted = 0;
+                            for i in 0..300u64 {
+                                let fresh = |n: u64| {
+                                    tx(&limiter, "A", &(t * 100_000 + i * 4 + n).to_string())
+                                };
+                                let batch = [
+                                    fresh(0),
+                                    Transaction::new(shared.clone()),
+                                    fresh(1),
+                                    tx(&limiter, "A", "hot"),
+                                ];
+                                if rt.block_on(limiter.spend(&batch)).unwrap().allowed() {
+                                    admitted += 1;
+                                }
+                            }
+                            admitted
+                        })
+                    })
+                    .collect();
+                let sweeper = s.spawn(|| {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    for i in 0..300u64 {
+                        backend.sweep();
+                        let gone = key(&limiter, "A", &(i * 4).to_string());
+                        rt.block_on(limiter.reset(&[gone])).unwrap();
+                    }
+                });
+                sweeper.join().unwrap();
+                spenders.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            let _ = done_tx.send(admitted);
+        })
+    };
+    let admitted = done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the batches finished (no deadlock)");
+    worker.join().unwrap();
+    // "B" holds 30 and "A"'s hot key 50: the shared key is the tighter, and every admitted
+    // batch spent it once.
+    assert_eq!(admitted, 30);
+    assert_eq!(
+        backend.tat(&shared),
+        Some(T0 + (1_000 * MS).div_ceil(30) * 30)
+    );
+}
+
 #[test]
 fn concurrent_overlapping_batches_never_over_admit_or_lose_writes() {
     let clock = ManualClock::new(T0); // frozen

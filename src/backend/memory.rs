@@ -656,15 +656,22 @@ impl MemoryBackend {
         let mut written: SmallVec<[(usize, u64); BATCH]> = SmallVec::with_capacity(batch.len());
         'retry: loop {
             let mut tats: SmallVec<[u64; BATCH]> = SmallVec::with_capacity(batch.len());
+            // The GCRA buckets held (their shards' read guards) from the read to the write: one
+            // lookup per key. Read guards of one shard may be held together (the lock lets
+            // readers in while a writer waits), but no bucket may be inserted while any is held.
+            let mut held: SmallVec<[Option<Held<'_>>; BATCH]> =
+                SmallVec::with_capacity(batch.len());
             let spent = {
                 let mut read: SmallVec<[Option<kit::Read<'_>>; BATCH]> =
                     SmallVec::with_capacity(batch.len());
                 for (i, tx) in batch.iter().enumerate() {
                     let slot = guards.iter().find(|(j, _)| *j == i).map(|(_, g)| &**g);
-                    let cur = match tx.quota {
-                        Quota::Gcra(_) => self.load(tx.key),
-                        _ => 0,
+                    let bucket = match tx.quota {
+                        Quota::Gcra(_) => self.inner.map.get(Buckets::place(tx.key)),
+                        _ => None,
                     };
+                    let cur = bucket.as_ref().map_or(0, |b| b.load(Ordering::Acquire));
+                    held.push(bucket);
                     tats.push(cur);
                     read.push(match (tx.quota, slot) {
                         (Quota::Gcra(_), _) => Some(kit::Read::Tat(stored(cur).unwrap_or(0))),
@@ -679,11 +686,23 @@ impl MemoryBackend {
                 return Ok(spent.outcomes);
             }
             written.clear();
+            let inserts = (0..batch.len())
+                .any(|i| matches!(spent.writes[i], Some(kit::Stored::Tat(_))) && held[i].is_none());
+            if inserts {
+                // A new bucket takes its shard's write lock: let go of every bucket first.
+                held.clear();
+            }
             for (i, tx) in batch.iter().enumerate() {
                 let Some(kit::Stored::Tat(new)) = spent.writes[i] else {
                     continue;
                 };
-                match self.compare_and_set(tx.key, tats[i], new, now) {
+                let swapped = match held.get(i).and_then(Option::as_ref) {
+                    Some(tat) => Ok(tat
+                        .compare_exchange(tats[i], new, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()),
+                    None => self.compare_and_set(tx.key, tats[i], new, now),
+                };
+                match swapped {
                     Ok(true) => written.push((i, new)),
                     Ok(false) => {
                         for &(j, new_j) in &written {
