@@ -22,15 +22,23 @@ done
 step() { printf '\n==> %s\n' "$*" >&2; }
 step "instructions and allocations per operation (callgrind)"
 bash benches/instructions.sh | tee "$OUT/instructions.md"
+step "how cost grows with keys: the in-memory decision at 100k, 1M and 10M keys (callgrind)"
+for keys in 100000 1000000 10000000; do
+  bash benches/instructions.sh 20000 "$keys" governor_check_key ours_spend_one ours_limiter
+done | tee "$OUT/instructions-keys.md"
+step "bytes per live key in memory, ours and governor, at 1M and 10M keys"
+bash benches/memory.sh | tee "$OUT/memory.md"
 step "criterion: GCRA, memory backend vs governor, middleware, burst tiers, Redis"
 cargo bench -p tower-ratelimits-benches --bench gcra --bench memory_backend --bench middleware \
   --bench tiers --bench redis_backend -- --noplot 2>&1 | tee "$OUT/criterion.log" |
   grep -vE '^(Benchmarking|Found|  [0-9]+ \(|Warning|.*Gnuplot)' || true
 python3 benches/report.py | tee "$OUT/criterion.md"
-step "over a socket: axum_memory vs tower_governor vs no limit (wrk)"
+step "over a socket: tower_governor vs ours like for like vs the quickstart vs no limit (wrk)"
 bash benches/load.sh | tee "$OUT/load.md"
 step "under attack: axum_redis with the deny cache on and off"
 bash benches/attack.sh | tee "$OUT/attack.md"
 bash benches/redis_instructions.sh | tee "$OUT/redis_instructions.md"
+step "a hot key on Redis, with and without prefetched tokens (alternating timed rounds)"
+cargo bench -p tower-ratelimits-benches --bench redis_rounds | tee "$OUT/redis_rounds.md"
 echo
 echo "Results in $OUT/"
