@@ -90,16 +90,21 @@ const VARIANTS: &[(&str, &str)] = &[
     ("http_tower_governor", "axum + tower_governor, per IP"),
 ];
 
-/// Builds the variant's operation, warmed (every key seen once).
-fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
-    let keys_n = KEYS.load(Ordering::Relaxed);
-    let limits = Limits::builder()
+/// One limit, `Bench`: `RATE` per second, burst `RATE` (every call of the benches allowed).
+fn bench_limits() -> Limits {
+    Limits::builder()
         .limit(
             "Bench",
             Limit::new(RATE.into(), RATE.into(), Duration::from_secs(1)).unwrap(),
         )
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// Builds the variant's operation, warmed (every key seen once).
+fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
+    let keys_n = KEYS.load(Ordering::Relaxed);
+    let limits = bench_limits();
     let name = limits.name("Bench").unwrap();
     let keys: Vec<BucketKey> = (0..keys_n)
         .map(|k| BucketKey::new(name, Id::from(k)))
@@ -209,13 +214,7 @@ fn memory(store: &str, n: u64) {
                 "ours_text" => |k| Id::new(&format!("user-{k}")).unwrap(),
                 other => panic!("unknown store {other}"),
             };
-            let limits = Limits::builder()
-                .limit(
-                    "Bench",
-                    Limit::new(RATE.into(), RATE.into(), Duration::from_secs(1)).unwrap(),
-                )
-                .build()
-                .unwrap();
+            let limits = bench_limits();
             let name = limits.name("Bench").unwrap();
             let limit = limits.default_limit(name).unwrap();
             let clock = tower_ratelimits::ManualClock::new(1_000_000_000_000);

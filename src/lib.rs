@@ -137,7 +137,9 @@ pub use backend::{
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use backend::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
-pub use config::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, LimitsChange, Location};
+pub use config::{
+    ConfigError, ConfigErrorKind, LimitSource, Limits, LimitsBuilder, LimitsChange, Location,
+};
 pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 pub use layer::{
     ClientIp, Denial, ErrorBody, FailurePolicy, FieldStyle, ForwardedHeader, Header, Ipv6Range48,
@@ -145,7 +147,7 @@ pub use layer::{
     RateLimitLayerBuilder, RateLimitService, ResponseFuture, Rule, Settle, Wait, key_fn,
 };
 pub use limiter::{
-    BatchDecision, Decision, Lease, Limiter, LimiterError, ReloadError, Transaction,
+    BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, ReloadError, Transaction,
 };
 pub use quota::Quota;
 #[cfg(feature = "reload")]

@@ -728,6 +728,14 @@ async fn ids_of_every_shape_keep_their_own_buckets() {
 }
 
 #[tokio::test]
+async fn inspection_reads_a_bucket_without_spending_in_memory() {
+    let clock = ManualClock::new(T0);
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
+    let limiter = Limiter::new(support::inspect::limits(), backend);
+    support::inspect::inspection_reads_without_spending(&limiter, &clock).await;
+}
+
+#[tokio::test]
 async fn a_sweep_that_empties_the_table_gives_its_memory_back() {
     let (limiter, backend, clock) = setup();
     let name = limiter.limits().name("A").unwrap();

@@ -460,3 +460,16 @@ async fn a_tat_near_2_pow_52_is_stored_to_the_microsecond_on_both_paths() {
         );
     }
 }
+
+/// `Limiter::inspect` answers on a single Redis and the cluster as in memory: the limit in
+/// force and its source, the bucket's numbers, and nothing spent.
+#[tokio::test]
+async fn inspection_reads_a_bucket_without_spending_on_redis() {
+    for redis in TestRedis::each() {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let backend =
+            caller_time_backend(&redis.url, &unique_prefix("inspect"), &clock, true).await;
+        let limiter = Limiter::new(support::inspect::limits(), backend);
+        support::inspect::inspection_reads_without_spending(&limiter, &clock).await;
+    }
+}

@@ -327,20 +327,32 @@ impl Limits {
     }
 
     /// [`resolve`](Self::resolve), with the key's name entry already looked up.
+    #[inline]
     pub(crate) fn resolve_in<'a>(
         &'a self,
         entry: &'a NameEntry,
         key: &BucketKey,
     ) -> Option<&'a Quota> {
+        self.resolve_with_source(entry, key).0
+    }
+
+    /// The limit that applies to a bucket and where it comes from: the one home of the
+    /// precedence (an override, then the name's default).
+    #[inline]
+    pub(crate) fn resolve_with_source<'a>(
+        &'a self,
+        entry: &'a NameEntry,
+        key: &BucketKey,
+    ) -> (Option<&'a Quota>, LimitSource) {
         if !self.overrides.is_empty()
             && let Some(l) = self.overrides.get(key)
         {
-            return Some(l);
+            return (Some(l), LimitSource::Override);
         }
         if !self.unlimited.is_empty() && self.unlimited.contains(key) {
-            return None;
+            return (None, LimitSource::Override);
         }
-        entry.default.as_ref()
+        (entry.default.as_ref(), LimitSource::Default)
     }
 }
 
@@ -716,4 +728,15 @@ mod tests {
             gcra(&limits, "Gcra")
         );
     }
+}
+
+/// Where the limit in force for a bucket comes from ([`Limiter::inspect`](crate::Limiter::inspect)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LimitSource {
+    /// The name's default limit (or none: the name is disabled for ids without an override).
+    Default,
+    /// An override for this id in the [`Limits`]: its overrides file, or
+    /// [`LimitsBuilder::override_for`] in code. An `unlimited` override is one too.
+    Override,
 }

@@ -49,6 +49,22 @@ pub struct Decision {
     pub(crate) lease_id: Option<NonZeroU64>,
 }
 
+/// A bucket seen without spending ([`Limiter::inspect`](crate::Limiter::inspect)): the limit in
+/// force for it, where that limit comes from, and what the bucket holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Inspection {
+    /// The limit in force; `None`: none applies (the name is disabled for this id, or an
+    /// `unlimited` override): every request of this id is allowed.
+    pub limit: Option<Quota>,
+    /// Where [`limit`](Self::limit) comes from.
+    pub source: crate::config::LimitSource,
+    /// Tokens (a concurrency limit: slots) a request could take now; 0 without a limit.
+    pub remaining: u64,
+    /// How long until the bucket is full again (zero when it is, or without a limit).
+    pub reset_after: Duration,
+}
+
 /// A slot held on a concurrency limit ([`ConcurrencyLimit`]): a bucket and a lease id unique
 /// among its leases. Give it back with [`Limiter::release`](crate::Limiter::release); one never
 /// given back stops counting at its deadline (the limit's lease time after it was taken).

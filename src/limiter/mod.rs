@@ -12,7 +12,7 @@ use crate::config::{Limits, LimitsChange};
 use crate::mode::Mode;
 
 pub(crate) use decision::Strictest;
-pub use decision::{BatchDecision, Decision, Lease};
+pub use decision::{BatchDecision, Decision, Inspection, Lease};
 
 pub use transaction::Transaction;
 
@@ -672,6 +672,70 @@ impl Limiter {
             .filter(|(_, o)| o.allowed)
             .map(|(l, _)| l)
             .collect())
+    }
+
+    /// A bucket seen without spending from it: the limit in force for the key, where that
+    /// limit comes from, the tokens a request could take now and when the bucket is full
+    /// again. It is a check of cost 0 (one backend call; nothing is written on any backend),
+    /// resolved under one snapshot of the limits (a reload in between is looked at again).
+    /// On Redis with prefetched tokens ([`Limit::with_prefetch`](crate::Limit::with_prefetch)),
+    /// tokens an instance holds count as spent.
+    ///
+    /// ```
+    /// # use tower_ratelimits::{Id, LimitSource, Limiter, Limits, ManualClock, MemoryBackend, Transaction};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limits = Limits::from_yaml_str(
+    ///     "Api: {kind: account, burst: 3, count: 3, period: 1h}",
+    ///     Some("Api:42: {burst: 10, count: 10, period: 1h}"),
+    /// )?;
+    /// let backend = MemoryBackend::builder().clock(ManualClock::new(0)).build();
+    /// let limiter = Limiter::new(limits, backend);
+    /// let key = limiter.key("Api", Id::from(7u64))?;
+    /// limiter.spend(&[Transaction::new(key.clone())]).await?;
+    /// let seen = limiter.inspect(&key).await?;
+    /// assert_eq!((seen.source, seen.remaining), (LimitSource::Default, 2));
+    /// assert_eq!(seen.reset_after, Duration::from_secs(20 * 60));
+    /// assert_eq!(limiter.inspect(&key).await?.remaining, 2); // nothing was spent
+    /// let vip = limiter.inspect(&limiter.key("Api", Id::from(42u64))?).await?;
+    /// assert_eq!((vip.source, vip.remaining), (LimitSource::Override, 10));
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, key: &BucketKey) -> Result<Inspection, LimiterError> {
+        let probe = [Transaction::new(key.clone()).cost(0)];
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let generation = self.generation();
+            let source = {
+                let limits = self.load();
+                let Some(entry) = limits.entry(key.name()) else {
+                    return Err(LimiterError::UnknownName(key.name().to_string()));
+                };
+                limits.resolve_with_source(entry, key).1
+            };
+            let decided = self.check(&probe).await?;
+            // A reload between resolving and deciding: look again (at most three times; the
+            // last answer stands if reloads keep coming).
+            if self.generation() != generation && tries < 3 {
+                continue;
+            }
+            let Some(d) = decided.decisions().first() else {
+                return Err(LimiterError::Backend(BackendError::outcome_count(0, 1)));
+            };
+            let limit = d.limit().cloned();
+            let (remaining, reset_after) = match limit {
+                Some(_) => (d.remaining(), d.reset_after()),
+                None => (0, Duration::ZERO),
+            };
+            return Ok(Inspection {
+                limit,
+                source,
+                remaining,
+                reset_after,
+            });
+        }
     }
 
     /// Deletes buckets: they become full.

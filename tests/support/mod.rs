@@ -5,6 +5,7 @@ pub mod examples;
 pub mod gate;
 pub mod http;
 pub mod identity;
+pub mod inspect;
 pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redis_backend;
