@@ -21,6 +21,9 @@ BIN=$(cargo bench -p tower-ratelimits-benches --bench instructions --no-run --me
 [ -x "$BIN" ] || { echo "could not build the instructions bench"; exit 1; }
 declare -A ALLOCS
 while read -r variant allocs _; do ALLOCS[$variant]=$allocs; done < <("$BIN" --ops "$OPS" --keys "$KEYS" ${ONLY:+--variants "$ONLY"} | tail -n +2)
+for v in "$@"; do
+  [ -n "${ALLOCS[$v]:-}" ] || { echo "no such variant: $v (see VARIANTS in benches/instructions.rs)"; exit 1; }
+done
 declare -A IR
 for variant in "${!ALLOCS[@]}"; do
   out=$(mktemp)

@@ -123,10 +123,7 @@ impl Buckets {
 
     /// Inserts the bucket holding `tat` unless it is held: whether it was inserted.
     fn insert_new(&self, place: Place<'_>, tat: u64) -> bool {
-        fn vacant<K: Eq + std::hash::Hash + Clone>(
-            entry: Entry<'_, K, AtomicU64>,
-            tat: u64,
-        ) -> bool {
+        fn vacant<K: Eq + std::hash::Hash>(entry: Entry<'_, K, AtomicU64>, tat: u64) -> bool {
             match entry {
                 Entry::Vacant(slot) => {
                     slot.insert(AtomicU64::new(tat));

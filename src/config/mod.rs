@@ -649,6 +649,17 @@ impl std::fmt::Display for LimitsChange {
     }
 }
 
+/// Where the limit in force for a bucket comes from ([`Limiter::inspect`](crate::Limiter::inspect)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LimitSource {
+    /// The name's default limit (or none: the name is disabled for ids without an override).
+    Default,
+    /// An override for this id in the [`Limits`]: its overrides file, or
+    /// [`LimitsBuilder::override_for`] in code. An `unlimited` override is one too.
+    Override,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -728,15 +739,4 @@ mod tests {
             gcra(&limits, "Gcra")
         );
     }
-}
-
-/// Where the limit in force for a bucket comes from ([`Limiter::inspect`](crate::Limiter::inspect)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LimitSource {
-    /// The name's default limit (or none: the name is disabled for ids without an override).
-    Default,
-    /// An override for this id in the [`Limits`]: its overrides file, or
-    /// [`LimitsBuilder::override_for`] in code. An `unlimited` override is one too.
-    Override,
 }

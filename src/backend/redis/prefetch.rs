@@ -475,23 +475,20 @@ impl RedisBackend {
     /// the pools when they can (no copy of the batch, no box), else one call that also
     /// refills them.
     pub(super) fn spend_prefetching(&self, batch: &[BucketTx<'_>], local_now: u64) -> Spend {
-        let planned = self.plan(batch, local_now);
-        if let Planned::Decided(r) = planned {
-            return Spend::Ready(r);
-        }
-        let owned: Vec<OwnedTx> = batch.iter().map(OwnedTx::of).collect();
-        match planned {
+        // The batch is copied (owned by the future) only when it goes to the store or waits.
+        let owned = || -> Vec<OwnedTx> { batch.iter().map(OwnedTx::of).collect() };
+        match self.plan(batch, local_now) {
+            Planned::Decided(r) => Spend::Ready(r),
             Planned::Remote(steps) => {
-                let sent = self.sent(owned, steps);
+                let sent = self.sent(owned(), steps);
                 Spend::Pending(Box::pin(sent.send()))
             }
             Planned::Wait(i, notify, generation) => {
-                let this = self.clone();
+                let (this, owned) = (self.clone(), owned());
                 Spend::Pending(Box::pin(async move {
                     this.after_refill(owned, i, notify, generation).await
                 }))
             }
-            Planned::Decided(_) => unreachable!("returned above"),
         }
     }
 
