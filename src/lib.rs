@@ -110,6 +110,8 @@
 // The tree, from the inside out (docs/design.md): pure algorithms, quotas and keys,
 // configuration, backends, the limiter, the tower layer. Modules are private; what a user
 // names is re-exported here, once.
+#[cfg(feature = "admin")]
+mod admin;
 mod algo;
 mod backend;
 mod config;
@@ -117,12 +119,16 @@ mod key;
 mod layer;
 mod limiter;
 mod mode;
+mod overrides;
 mod quota;
 #[cfg(feature = "reload")]
 mod reload;
 mod telemetry;
 mod time;
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub use admin::{AdminPrincipal, admin_router};
 pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 pub use algo::gcra::{GcraError, Limit, LimitError};
 pub use algo::tiers::{
@@ -147,8 +153,10 @@ pub use layer::{
     RateLimitLayerBuilder, RateLimitService, ResponseFuture, Rule, Settle, Wait, key_fn,
 };
 pub use limiter::{
-    BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, ReloadError, Transaction,
+    BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, OverrideError, ReloadError,
+    Transaction,
 };
+pub use overrides::{BLOCK_WITHOUT_END, OverrideKind, StoredOverride};
 pub use quota::Quota;
 #[cfg(feature = "reload")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reload")))]

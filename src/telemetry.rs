@@ -192,3 +192,12 @@ pub(crate) fn lease(limit: crate::key::LimitName, outcome: &'static str) {
     metrics::counter!("tower_ratelimits_leases_total", "limit" => limit.as_str(), "outcome" => outcome)
         .increment(1);
 }
+
+/// `tower_ratelimits_stored_overrides`: the stored overrides in force on this limiter (set at
+/// run time, applied to its limits; expired ones drop out when the store is next read).
+pub(crate) fn stored_overrides(now: usize) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tower_ratelimits_stored_overrides").set(now as f64);
+    #[cfg(not(feature = "metrics"))]
+    let _ = now;
+}

@@ -210,6 +210,31 @@ pub(crate) fn duration_us(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
+/// A duration in microseconds written as [`parse_duration_us`] reads it, largest units first
+/// (`1h`, `1h30m`, `1s500ms`, `0s`).
+#[cfg_attr(not(feature = "admin"), allow(dead_code))]
+pub(crate) fn format_duration_us(mut us: u64) -> String {
+    if us == 0 {
+        return "0s".to_owned();
+    }
+    let mut out = String::new();
+    for (unit, size) in [
+        ("d", 86_400_000_000),
+        ("h", 3_600_000_000),
+        ("m", 60_000_000),
+        ("s", 1_000_000),
+        ("ms", 1_000),
+        ("us", 1),
+    ] {
+        if us >= size {
+            out.push_str(itoa::Buffer::new().format(us / size));
+            out.push_str(unit);
+            us %= size;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +248,23 @@ mod tests {
         assert_eq!(parse_duration_us("1m30s250ms"), Ok(90_250_000));
         assert_eq!(parse_duration_us("0s"), Ok(0));
         assert_eq!(parse_duration_us("7us"), Ok(7));
+    }
+
+    #[test]
+    fn formatted_durations_read_back() {
+        for (us, text) in [
+            (0, "0s"),
+            (7, "7us"),
+            (500_000, "500ms"),
+            (1_000_000, "1s"),
+            (1_500_000, "1s500ms"),
+            (3_600_000_000, "1h"),
+            (5_400_000_000, "1h30m"),
+            (86_400_000_001, "1d1us"),
+        ] {
+            assert_eq!(format_duration_us(us), text);
+            assert_eq!(parse_duration_us(text), Ok(us));
+        }
     }
 
     #[test]

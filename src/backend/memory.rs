@@ -200,6 +200,8 @@ struct Inner {
     sweep_now: Arc<tokio::sync::Notify>,
     /// Wakes a sweeper thread (a message: sweep now; dropped with the backend: end).
     thread_sweeper: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    /// Overrides set at run time (this process only).
+    overrides: Arc<super::MemoryOverrides>,
 }
 
 /// The in-memory backend. Cheap to clone (an `Arc`).
@@ -279,6 +281,7 @@ impl MemoryBackendBuilder {
                 tiers: DashMap::with_hasher(foldhash::fast::RandomState::default()),
                 len: AtomicUsize::new(0),
                 max_keys: self.max_keys,
+                overrides: Arc::new(super::MemoryOverrides::new(self.clock.clone())),
                 clock: self.clock,
                 last_full_sweep: AtomicU64::new(0),
                 full_refusals: AtomicU64::new(0),
@@ -822,5 +825,9 @@ impl Backend for MemoryBackend {
             }
         }
         Ok(())
+    }
+
+    fn override_store(&self) -> Option<super::OverrideStoreRef> {
+        Some(super::OverrideStoreRef(self.inner.overrides.clone()))
     }
 }

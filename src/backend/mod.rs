@@ -16,6 +16,7 @@ use crate::quota::Quota;
 
 pub mod kit;
 pub mod memory;
+mod overrides;
 #[cfg(feature = "redis")]
 pub mod redis;
 
@@ -24,6 +25,10 @@ pub use crate::mode::Mode;
 pub(crate) use kit::batch_allowed;
 pub(crate) use kit::{gcra_decide, gcra_write};
 pub use memory::{MemoryBackend, MemoryBackendBuilder};
+pub use overrides::OverrideStoreRef;
+pub(crate) use overrides::{MemoryOverrides, OverrideStore, StoreEvent};
+#[cfg(feature = "redis")]
+pub(crate) use overrides::{Watched, Watcher};
 #[cfg(feature = "redis")]
 pub use redis::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
 
@@ -355,6 +360,15 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Deletes buckets (they become full).
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError>;
+
+    /// Where this backend keeps the overrides set at run time
+    /// ([`Limiter::set_override`](crate::Limiter::set_override)): the crate's memory and Redis
+    /// backends keep them; `None` (the default) for a backend that keeps none, whose limiters
+    /// refuse them ([`OverrideError::NoStore`](crate::OverrideError::NoStore)).
+    #[doc(hidden)]
+    fn override_store(&self) -> Option<OverrideStoreRef> {
+        None
+    }
 }
 
 impl BackendError {
@@ -376,5 +390,8 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
         (**self).reset(keys).await
+    }
+    fn override_store(&self) -> Option<OverrideStoreRef> {
+        (**self).override_store()
     }
 }

@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 
 use crate::algo::gcra::LimitError;
 use crate::algo::tiers::TierError;
@@ -13,8 +14,11 @@ use crate::key::{BucketKey, IdError, IdKind, LimitName};
 use crate::quota::Quota;
 use crate::time::DurationError;
 
+mod stored;
 #[cfg(feature = "yaml")]
 mod yaml;
+
+pub(crate) use stored::{StoredSet, check_limit};
 
 /// Where a configuration error was found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -242,7 +246,7 @@ pub(crate) struct NameEntry {
     pub(crate) kind: IdKind,
     /// The cost of a request when its transaction sets none.
     pub(crate) cost: u64,
-    default: Option<Quota>,
+    pub(crate) default: Option<Quota>,
 }
 
 /// A snapshot of every limit: names (interned), id kinds, default costs, defaults and overrides.
@@ -272,6 +276,9 @@ pub struct Limits {
     overrides: HashMap<BucketKey, Quota, foldhash::fast::RandomState>,
     /// Ids an override makes unlimited (`unlimited: true`): no limit, whatever the default.
     unlimited: HashSet<BucketKey, foldhash::fast::RandomState>,
+    /// Overrides kept in the store (`Limiter::set_override`), applied to these limits; `None`
+    /// when there are none (the request path checks one pointer).
+    stored: Option<Arc<StoredSet>>,
 }
 
 impl Limits {
@@ -315,44 +322,77 @@ impl Limits {
         self.names.iter().map(|e| e.name)
     }
 
-    /// The number of overrides (unlimited ids included).
+    /// The number of overrides (unlimited ids included), not counting stored ones.
     pub fn override_count(&self) -> usize {
         self.overrides.len() + self.unlimited.len()
+    }
+
+    /// The number of stored overrides ([`Limiter::set_override`](crate::Limiter::set_override))
+    /// that apply to these limits.
+    pub fn stored_override_count(&self) -> usize {
+        self.stored.as_ref().map_or(0, |s| s.len())
+    }
+
+    /// These limits with `stored` applied in place of the stored overrides they had.
+    pub(crate) fn with_stored(&self, stored: Option<Arc<StoredSet>>) -> Self {
+        let mut l = self.clone();
+        l.stored = stored;
+        l
     }
 
     /// The limit that applies to a bucket: its override, else the name's default, else `None`
     /// (disabled, or a name this configuration does not define).
     pub fn resolve(&self, key: &BucketKey) -> Option<&Quota> {
-        self.resolve_in(self.entry(key.name())?, key)
+        self.resolve_in(self.entry(key.name())?, key).quota
     }
 
-    /// [`resolve`](Self::resolve), with the key's name entry already looked up.
+    /// The limit that applies to a bucket and where it comes from: the one home of the
+    /// precedence (a stored override, then a file override, then the name's default).
     #[inline]
     pub(crate) fn resolve_in<'a>(
         &'a self,
         entry: &'a NameEntry,
         key: &BucketKey,
-    ) -> Option<&'a Quota> {
-        self.resolve_with_source(entry, key).0
-    }
-
-    /// The limit that applies to a bucket and where it comes from: the one home of the
-    /// precedence (an override, then the name's default).
-    #[inline]
-    pub(crate) fn resolve_with_source<'a>(
-        &'a self,
-        entry: &'a NameEntry,
-        key: &BucketKey,
-    ) -> (Option<&'a Quota>, LimitSource) {
+    ) -> Resolution<'a> {
+        if let Some(stored) = &self.stored
+            && let Some(r) = stored.resolve(key)
+        {
+            return Resolution {
+                quota: r.quota,
+                source: LimitSource::Store,
+                block_us: r.block_us,
+            };
+        }
         if !self.overrides.is_empty()
             && let Some(l) = self.overrides.get(key)
         {
-            return (Some(l), LimitSource::Override);
+            return Resolution::of(Some(l), LimitSource::Override);
         }
         if !self.unlimited.is_empty() && self.unlimited.contains(key) {
-            return (None, LimitSource::Override);
+            return Resolution::of(None, LimitSource::Override);
         }
-        (entry.default.as_ref(), LimitSource::Default)
+        Resolution::of(entry.default.as_ref(), LimitSource::Default)
+    }
+}
+
+/// The limit that applies to a bucket ([`Limits::resolve_in`]).
+pub(crate) struct Resolution<'a> {
+    /// `None`: no limit (disabled for this id, or unlimited).
+    pub(crate) quota: Option<&'a Quota>,
+    pub(crate) source: LimitSource,
+    /// A stored block: microseconds until it ends (0: not blocked). A blocked transaction is
+    /// denied without asking the backend.
+    pub(crate) block_us: u64,
+}
+
+impl<'a> Resolution<'a> {
+    #[inline]
+    fn of(quota: Option<&'a Quota>, source: LimitSource) -> Self {
+        Self {
+            quota,
+            source,
+            block_us: 0,
+        }
     }
 }
 
@@ -658,6 +698,9 @@ pub enum LimitSource {
     /// An override for this id in the [`Limits`]: its overrides file, or
     /// [`LimitsBuilder::override_for`] in code. An `unlimited` override is one too.
     Override,
+    /// An override kept in the store ([`Limiter::set_override`](crate::Limiter::set_override)),
+    /// which wins over the other two.
+    Store,
 }
 
 #[cfg(test)]

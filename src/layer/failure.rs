@@ -45,7 +45,7 @@ impl Fallback {
     pub(crate) fn new(percent: u8, scaled: crate::config::Limits, generation: u64) -> Self {
         Self {
             percent,
-            limiter: Limiter::in_memory(scaled),
+            limiter: Limiter::fallback(scaled),
             generation: AtomicU64::new(generation),
         }
     }

@@ -59,6 +59,11 @@ pub struct Inspection {
     pub limit: Option<Quota>,
     /// Where [`limit`](Self::limit) comes from.
     pub source: crate::config::LimitSource,
+    /// Whether a stored block denies every request of the id ([`OverrideKind::Block`]): then
+    /// `limit` is the name's default, `remaining` 0 and `reset_after` the block's end.
+    ///
+    /// [`OverrideKind::Block`]: crate::OverrideKind::Block
+    pub blocked: bool,
     /// Tokens (a concurrency limit: slots) a request could take now; 0 without a limit.
     pub remaining: u64,
     /// How long until the bucket is full again (zero when it is, or without a limit).

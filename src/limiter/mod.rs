@@ -17,10 +17,13 @@ pub use decision::{BatchDecision, Decision, Inspection, Lease};
 pub use transaction::Transaction;
 
 mod decision;
+mod overrides;
 mod transaction;
+
 use crate::key::{BucketKey, Id, IdError, LimitName};
 use crate::quota::Quota;
 use crate::time::us;
+pub use overrides::OverrideError;
 use std::time::Duration;
 
 /// Why the limiter could not decide.
@@ -131,6 +134,8 @@ struct Inner {
     /// The next lease id, from a random start: unique among the leases of this limiter, and
     /// (with 2^64 starts) apart from other instances' on a shared store.
     next_lease: AtomicU64,
+    /// The backend's store of overrides set at run time, if it keeps one.
+    store: Option<Arc<dyn crate::backend::OverrideStore>>,
 }
 
 /// A random 64-bit start for lease ids: the standard library's per-process random hash keys,
@@ -207,6 +212,9 @@ struct Resolved<Q> {
     mode: Mode,
     cost: u64,
     lease: u64,
+    /// A stored block: microseconds until it ends (0: not blocked). Not sent to the backend:
+    /// denied here ([`with_blocks`]).
+    block_us: u64,
 }
 
 /// Where a batch stands once sent: decided (its [`Verdict`] holds the outcomes), or waiting
@@ -336,7 +344,11 @@ impl Pending {
         let outcomes = self.spend.await;
         #[cfg(feature = "metrics")]
         crate::telemetry::backend_duration(self.op.label(), self.started.elapsed().as_secs_f64());
-        finish(batch, &self.resolved, outcomes?, self.op, self.counted)
+        let mut outcomes = outcomes?;
+        if self.counted.blocks {
+            outcomes = with_blocks(&self.resolved, outcomes)?;
+        }
+        finish(batch, &self.resolved, outcomes, self.op, self.counted)
     }
 }
 
@@ -405,7 +417,26 @@ impl Limiter {
 
     /// A limiter over a backend shared with others.
     pub fn with_shared_backend(limits: Limits, backend: Arc<dyn Backend>) -> Self {
-        Self {
+        let store = backend.override_store().map(|s| s.0);
+        Self::build(limits, backend, store)
+    }
+
+    /// A limiter deciding in memory what `limits` say, stored overrides included, without
+    /// following a store of its own (the layer's fallback: it follows the main limiter's).
+    pub(crate) fn fallback(limits: Limits) -> Self {
+        Self::build(limits, Arc::new(crate::backend::MemoryBackend::new()), None)
+    }
+
+    fn build(
+        limits: Limits,
+        backend: Arc<dyn Backend>,
+        store: Option<Arc<dyn crate::backend::OverrideStore>>,
+    ) -> Self {
+        let limits = match &store {
+            Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
+            None => limits,
+        };
+        let limiter = Self {
             inner: Arc::new(Inner {
                 limits: ArcSwap::from_pointee(limits),
                 backend,
@@ -413,8 +444,11 @@ impl Limiter {
                 pinned: Mutex::new(Vec::new()),
                 reloading: Mutex::new(()),
                 next_lease: AtomicU64::new(random_start()),
+                store,
             }),
-        }
+        };
+        limiter.watch_store();
+        limiter
     }
 
     /// The limits in force now (a snapshot: a later [`reload`](Self::reload) does not change
@@ -472,6 +506,10 @@ impl Limiter {
             }
         }
         let change = self.inner.limits.load().change_to(&limits);
+        let limits = match &self.inner.store {
+            Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
+            None => limits,
+        };
         self.inner.limits.store(Arc::new(limits));
         self.inner.generation.fetch_add(1, Ordering::AcqRel);
         Ok(change)
@@ -708,12 +746,13 @@ impl Limiter {
         loop {
             tries += 1;
             let generation = self.generation();
-            let source = {
+            let (source, blocked) = {
                 let limits = self.load();
                 let Some(entry) = limits.entry(key.name()) else {
                     return Err(LimiterError::UnknownName(key.name().to_string()));
                 };
-                limits.resolve_with_source(entry, key).1
+                let r = limits.resolve_in(entry, key);
+                (r.source, r.block_us != 0)
             };
             let decided = self.check(&probe).await?;
             // A reload between resolving and deciding: look again (at most three times; the
@@ -732,6 +771,7 @@ impl Limiter {
             return Ok(Inspection {
                 limit,
                 source,
+                blocked,
                 remaining,
                 reset_after,
             });
@@ -789,7 +829,21 @@ impl Limiter {
             &mut txs,
             &mut verdict.counted,
         )?;
-        if txs.is_empty() {
+        if verdict.counted.blocks {
+            // A stored block denies its batch: the others are only looked at.
+            if verdict.counted.blocked {
+                for tx in &mut txs {
+                    if tx.mode.spends() {
+                        tx.mode = Mode::CheckOnly;
+                    }
+                }
+            }
+            if txs.is_empty() {
+                verdict.outcomes = with_blocks(&verdict.resolved, Outcomes::new())?;
+                verdict.allowed = !verdict.counted.blocked;
+                return Ok(Step::Ready);
+            }
+        } else if txs.is_empty() {
             return Ok(Step::Ready);
         }
         match self.inner.backend.spend(&txs) {
@@ -801,7 +855,12 @@ impl Limiter {
                 }
                 // The batch rule, once (a disabled limit sent nothing and allows).
                 verdict.allowed = crate::backend::kit::batch_allowed(txs.iter().zip(&outcomes));
-                verdict.outcomes = outcomes;
+                if verdict.counted.blocks {
+                    verdict.allowed &= !verdict.counted.blocked;
+                    verdict.outcomes = with_blocks(&verdict.resolved, outcomes)?;
+                } else {
+                    verdict.outcomes = outcomes;
+                }
                 Ok(Step::Ready)
             }
             // The backend's time is measured for a spend it could not decide at once (the
@@ -817,6 +876,7 @@ impl Limiter {
                         mode: r.mode,
                         cost: r.cost,
                         lease: r.lease,
+                        block_us: r.block_us,
                     })
                     .collect(),
                 counted: verdict.counted,
@@ -851,13 +911,11 @@ impl Limiter {
             crate::telemetry::backend_duration(Op::Refund.label(), started.elapsed().as_secs_f64());
             outcomes?
         };
-        finish(
-            batch,
-            &resolved,
-            Outcomes::from_vec(outcomes),
-            Op::Refund,
-            counted,
-        )
+        let mut outcomes = Outcomes::from_vec(outcomes);
+        if counted.blocks {
+            outcomes = with_blocks(&resolved, outcomes)?;
+        }
+        finish(batch, &resolved, outcomes, Op::Refund, counted)
     }
 
     /// Checks a batch and resolves each transaction's limit, mode and cost into `resolved`
@@ -892,11 +950,16 @@ impl Limiter {
                 (Op::Check, _) => Mode::Observe,
                 (_, m) => m,
             };
-            let quota = limits.resolve_in(entry, tx.key());
+            let resolution = limits.resolve_in(entry, tx.key());
+            let quota = resolution.quota;
             let default_cost = entry.cost;
             let cost = tx.cost_or(default_cost);
             let mut lease = 0;
-            if let Some(quota) = quota {
+            if resolution.block_us != 0 {
+                // Denied here, not sent (`with_blocks`); a counting one denies the batch.
+                counted.blocks = true;
+                counted.blocked |= mode.counts();
+            } else if let Some(quota) = quota {
                 let min_cost = tx.min_cost_or(default_cost);
                 counted.ranges |= min_cost != cost;
                 let costs = min_cost..=cost;
@@ -920,6 +983,7 @@ impl Limiter {
                 mode,
                 cost,
                 lease,
+                block_us: resolution.block_us,
             });
         }
         Ok(())
@@ -933,6 +997,33 @@ impl Limiter {
 struct Counted {
     ranges: bool,
     concurrency: bool,
+    /// A transaction is blocked by a stored override ([`with_blocks`]).
+    blocks: bool,
+    /// One of them counts: the batch is denied.
+    blocked: bool,
+}
+
+/// The outcomes of a batch with blocked transactions: the backend's (`sent`, one per
+/// transaction sent) with each blocked one's denial in its place (nothing left, allowed again
+/// when the block ends).
+fn with_blocks<Q>(resolved: &[Resolved<Q>], sent: Outcomes) -> Result<Outcomes, LimiterError> {
+    let expected = resolved
+        .iter()
+        .filter(|r| r.quota.is_some() && r.block_us == 0)
+        .count();
+    if sent.len() != expected {
+        return Err(BackendError::outcome_count(sent.len(), expected).into());
+    }
+    let mut sent = sent.into_iter();
+    let mut out = Outcomes::new();
+    for r in resolved.iter().filter(|r| r.quota.is_some()) {
+        out.push(if r.block_us != 0 {
+            Outcome::new(false, 0, r.block_us, r.block_us)
+        } else {
+            sent.next().unwrap_or_default()
+        });
+    }
+    Ok(out)
 }
 
 /// Turns the backend's outcomes (one per resolved transaction with a limit) into decisions.

@@ -82,11 +82,34 @@ impl HttpClient {
         self.request_raw(method, path, &raw).await
     }
 
+    /// A request with a body.
+    pub async fn send(
+        &self,
+        method: http::Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
+        let raw: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        self.request_body(method, path, &raw, Bytes::copy_from_slice(body.as_bytes()))
+            .await
+    }
+
     async fn request_raw(
         &self,
         method: http::Method,
         path: &str,
         headers: &[(&str, &[u8])],
+    ) -> Reply {
+        self.request_body(method, path, headers, Bytes::new()).await
+    }
+
+    async fn request_body(
+        &self,
+        method: http::Method,
+        path: &str,
+        headers: &[(&str, &[u8])],
+        body: Bytes,
     ) -> Reply {
         let mut req = http::Request::builder()
             .method(method)
@@ -96,7 +119,7 @@ impl HttpClient {
         }
         let response = self
             .client
-            .request(req.body(Full::new(Bytes::new())).unwrap())
+            .request(req.body(Full::new(body)).unwrap())
             .await
             .unwrap();
         let status = response.status().as_u16();

@@ -1,6 +1,7 @@
 //! Test support: real servers and clients.
 #![allow(dead_code)]
 
+pub mod admin;
 pub mod examples;
 pub mod gate;
 pub mod http;

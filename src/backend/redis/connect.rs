@@ -302,7 +302,15 @@ impl RedisBackendBuilder {
                 Err(_) => return Err(RedisSetupError::Connect("SCRIPT LOAD timed out".into())),
             }
         }
-        Ok(self.finish(conn, owned || clustered, clustered, timeout))
+        let backend = self.finish(conn, owned || clustered, clustered, timeout);
+        // The overrides set at run time, before the first request (if Redis answers in time:
+        // otherwise the task following them reads them within a second of it answering).
+        match tokio::time::timeout(connect_timeout, backend.read_overrides()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "stored overrides could not be read yet"),
+            Err(_) => tracing::warn!("stored overrides could not be read yet: timed out"),
+        }
+        Ok(backend)
     }
 
     fn finish(
@@ -317,11 +325,10 @@ impl RedisBackendBuilder {
             None => Arc::new(SystemClock),
         };
         let coalesce = self.coalesce.filter(|_| !clustered);
-        RedisBackend {
+        let backend = RedisBackend {
             inner: Arc::new(Inner {
                 conn,
                 owned,
-                prefix: self.prefix,
                 caller_time: self.clock.is_some(),
                 local,
                 clustered,
@@ -336,8 +343,14 @@ impl RedisBackendBuilder {
                 coalescer: coalesce.map(|c| super::coalesce::Coalescer::new(c, timeout)),
                 pools: super::prefetch::Pools::new(),
                 prefetch: self.prefetch,
+                overrides: crate::backend::Watched::default(),
+                overrides_version: std::sync::atomic::AtomicU64::new(0),
+                override_names: super::overrides::Names::new(&self.prefix),
+                prefix: self.prefix,
             }),
-        }
+        };
+        backend.follow_overrides();
+        backend
     }
 }
 

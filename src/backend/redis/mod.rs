@@ -100,6 +100,7 @@ mod compensation;
 mod connect;
 mod deny_cache;
 mod keys;
+mod overrides;
 mod prefetch;
 mod script;
 mod setup;
@@ -148,6 +149,12 @@ struct Inner {
     pools: prefetch::Pools,
     /// Whether limits with `prefetch` prefetch ([`RedisBackendBuilder::prefetch`]).
     prefetch: bool,
+    /// The overrides set at run time, as last read, and who follows them.
+    overrides: super::Watched,
+    /// The version of the overrides last applied (a read older than a change made here since
+    /// is not applied).
+    overrides_version: std::sync::atomic::AtomicU64,
+    override_names: overrides::Names,
 }
 
 /// A TAT the script answered (on the server's clock, `server_now` then), on the local clock
@@ -867,7 +874,16 @@ impl Backend for RedisBackend {
         for r in futures_util::future::join_all(dels).await {
             r?;
         }
+        self.publish_reset(keys).await;
         Ok(())
+    }
+
+    fn override_store(&self) -> Option<crate::backend::OverrideStoreRef> {
+        Some(crate::backend::OverrideStoreRef(Arc::new(
+            overrides::RedisOverrides {
+                backend: self.clone(),
+            },
+        )))
     }
 }
 

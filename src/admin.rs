@@ -1,0 +1,329 @@
+//! The admin router (feature `admin`): stored overrides and buckets over HTTP, JSON in and out.
+//!
+//! It carries no authentication of its own: mount it behind the application's own auth, on an
+//! internal port. That auth layer names the caller by inserting an [`AdminPrincipal`] into the
+//! request's extensions; every change is logged at `info` (target `tower_ratelimits::admin`)
+//! with what changed and that principal.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `PUT /overrides/{limit}/{id}` with `{"burst": 3, "count": 3, "period": "1h"}`, `{"unlimited": true}` or `{"block": true}`, each optionally with `"expires_in": "1h"` | 200, the override stored |
+//! | `GET /overrides` | 200, `{"overrides": [...]}` |
+//! | `DELETE /overrides/{limit}/{id}` | 204, or 404 without one |
+//! | `GET /buckets/{limit}/{id}` | 200, the limit in force, its source (`default`, `file`, `store`), `remaining`, `reset_after_ms` |
+//! | `DELETE /buckets/{limit}/{id}` | 204: the bucket is full again, on every instance |
+//!
+//! `{id}` is one percent-encoded path segment (`2001:db8::%2F48`); answers carry ids in their
+//! canonical text. Errors are `{"error": "..."}`: 400 for an unknown limit, an id of the wrong
+//! kind, a zero burst or count, a malformed duration or body; 503 when the store cannot be
+//! reached (the overrides last known stay in force).
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use crate::algo::gcra::Limit;
+use crate::config::LimitSource;
+use crate::limiter::{Limiter, LimiterError, OverrideError};
+use crate::overrides::{OverrideKind, StoredOverride};
+use crate::quota::Quota;
+use crate::time::{duration_us, format_duration_us, parse_duration_us};
+
+/// Who is making an admin change: set by the application's auth layer as a request extension,
+/// logged with every change the [`admin_router`] makes.
+///
+/// ```
+/// use tower_ratelimits::AdminPrincipal;
+/// let mut request = axum::http::Request::new(axum::body::Body::empty());
+/// request.extensions_mut().insert(AdminPrincipal("ops@example.com".into()));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminPrincipal(pub String);
+
+/// The admin router over `limiter` (the module's table: stored overrides and buckets). Serve
+/// it apart from the application, behind its own auth:
+///
+/// ```no_run
+/// # use tower_ratelimits::{admin_router, AdminPrincipal, Limiter};
+/// # async fn serve(limiter: Limiter) -> std::io::Result<()> {
+/// // An internal port; `authenticate` stands for the application's own auth layer, which
+/// // inserts an `AdminPrincipal` into the request's extensions.
+/// # let authenticate = axum::middleware::from_fn(|mut req: axum::extract::Request, next: axum::middleware::Next| async move {
+/// #     req.extensions_mut().insert(AdminPrincipal("ops".into()));
+/// #     next.run(req).await
+/// # });
+/// let admin = admin_router(limiter).layer(authenticate);
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:9091").await?;
+/// axum::serve(listener, admin).await
+/// # }
+/// ```
+pub fn admin_router(limiter: Limiter) -> Router {
+    Router::new()
+        .route("/overrides", get(list_overrides))
+        .route(
+            "/overrides/{limit}/{id}",
+            axum::routing::put(put_override).delete(delete_override),
+        )
+        .route(
+            "/buckets/{limit}/{id}",
+            get(get_bucket).delete(reset_bucket),
+        )
+        .with_state(limiter)
+}
+
+/// An answer: a status and a JSON body (or none).
+struct Answer(StatusCode, Option<Value>);
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        match self.1 {
+            None => self.0.into_response(),
+            Some(body) => (
+                self.0,
+                [(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                )],
+                body.to_string(),
+            )
+                .into_response(),
+        }
+    }
+}
+
+fn error(status: StatusCode, why: impl std::fmt::Display) -> Answer {
+    Answer(status, Some(json!({"error": why.to_string()})))
+}
+
+fn override_error(e: OverrideError) -> Answer {
+    let status = match &e {
+        OverrideError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        OverrideError::NoStore => StatusCode::NOT_IMPLEMENTED,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    error(status, e)
+}
+
+fn limiter_error(e: LimiterError) -> Answer {
+    let status = match &e {
+        LimiterError::UnknownName(_) | LimiterError::InvalidId { .. } => StatusCode::BAD_REQUEST,
+        LimiterError::Backend(_) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(status, e)
+}
+
+fn path(p: Result<Path<(String, String)>, PathRejection>) -> Result<(String, String), Answer> {
+    p.map(|Path(p)| p)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, e.body_text()))
+}
+
+fn principal(p: Option<&AdminPrincipal>) -> &str {
+    p.map_or("(none)", |p| p.0.as_str())
+}
+
+/// A limit's numbers as JSON fields of `v`.
+fn limit_fields(v: &mut Value, l: &Limit) {
+    v["burst"] = l.burst().into();
+    v["count"] = l.count().into();
+    v["period"] = format_duration_us(l.period_us()).into();
+}
+
+/// A stored override as the API shows it.
+fn override_json(o: &StoredOverride) -> Value {
+    let mut v = json!({"limit": o.limit(), "id": o.id()});
+    match o.kind() {
+        OverrideKind::Limit(l) => limit_fields(&mut v, l),
+        OverrideKind::Unlimited => v["unlimited"] = true.into(),
+        OverrideKind::Block => v["block"] = true.into(),
+    }
+    v["expires_at_ms"] = o.expires_at_ms().into();
+    v
+}
+
+/// A `PUT` body.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutBody {
+    burst: Option<u64>,
+    count: Option<u64>,
+    period: Option<String>,
+    unlimited: Option<bool>,
+    block: Option<bool>,
+    expires_in: Option<String>,
+}
+
+fn duration(field: &str, text: &str) -> Result<std::time::Duration, Answer> {
+    parse_duration_us(text)
+        .map(crate::time::us)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("{field}: {e}")))
+}
+
+fn parse_put(body: &[u8]) -> Result<(OverrideKind, Option<std::time::Duration>), Answer> {
+    let b: PutBody = serde_json::from_slice(body)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("malformed body: {e}")))?;
+    let kind = match (b.burst, b.count, b.period, b.unlimited, b.block) {
+        (Some(burst), Some(count), Some(period), None, None) => {
+            let period = duration("period", &period)?;
+            OverrideKind::Limit(
+                Limit::new(burst, count, period).map_err(|e| error(StatusCode::BAD_REQUEST, e))?,
+            )
+        }
+        (None, None, None, Some(true), None) => OverrideKind::Unlimited,
+        (None, None, None, None, Some(true)) => OverrideKind::Block,
+        _ => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "the body is one of {\"burst\", \"count\", \"period\"}, {\"unlimited\": true} or \
+                 {\"block\": true}, optionally with \"expires_in\"",
+            ));
+        }
+    };
+    let expires_in = b
+        .expires_in
+        .map(|t| duration("expires_in", &t))
+        .transpose()?;
+    Ok((kind, expires_in))
+}
+
+async fn put_override(
+    State(limiter): State<Limiter>,
+    p: Result<Path<(String, String)>, PathRejection>,
+    who: Option<axum::Extension<AdminPrincipal>>,
+    body: Bytes,
+) -> Answer {
+    let (limit, id) = match path(p) {
+        Ok(p) => p,
+        Err(a) => return a,
+    };
+    let (kind, expires_in) = match parse_put(&body) {
+        Ok(k) => k,
+        Err(a) => return a,
+    };
+    match limiter.set_override(&limit, &id, kind, expires_in).await {
+        Ok(o) => {
+            let shown = override_json(&o);
+            tracing::info!(
+                target: "tower_ratelimits::admin",
+                principal = principal(who.as_deref()),
+                limit = %o.limit(),
+                id = %o.id(),
+                stored = %shown,
+                "override set"
+            );
+            Answer(StatusCode::OK, Some(shown))
+        }
+        Err(e) => override_error(e),
+    }
+}
+
+async fn list_overrides(State(limiter): State<Limiter>) -> Answer {
+    match limiter.stored_overrides().await {
+        Ok(list) => Answer(
+            StatusCode::OK,
+            Some(json!({"overrides": list.iter().map(override_json).collect::<Vec<_>>()})),
+        ),
+        Err(e) => override_error(e),
+    }
+}
+
+async fn delete_override(
+    State(limiter): State<Limiter>,
+    p: Result<Path<(String, String)>, PathRejection>,
+    who: Option<axum::Extension<AdminPrincipal>>,
+) -> Answer {
+    let (limit, id) = match path(p) {
+        Ok(p) => p,
+        Err(a) => return a,
+    };
+    match limiter.remove_override(&limit, &id).await {
+        Ok(true) => {
+            tracing::info!(
+                target: "tower_ratelimits::admin",
+                principal = principal(who.as_deref()),
+                limit = %limit,
+                id = %id,
+                "override removed"
+            );
+            Answer(StatusCode::NO_CONTENT, None)
+        }
+        Ok(false) => error(
+            StatusCode::NOT_FOUND,
+            format!("no stored override for {limit:?} and {id:?}"),
+        ),
+        Err(e) => override_error(e),
+    }
+}
+
+async fn get_bucket(
+    State(limiter): State<Limiter>,
+    p: Result<Path<(String, String)>, PathRejection>,
+) -> Answer {
+    let (limit, id) = match path(p) {
+        Ok(p) => p,
+        Err(a) => return a,
+    };
+    let key = match limiter.parse_key(&limit, &id) {
+        Ok(k) => k,
+        Err(e) => return limiter_error(e),
+    };
+    let seen = match limiter.inspect(&key).await {
+        Ok(s) => s,
+        Err(e) => return limiter_error(e),
+    };
+    let source = match seen.source {
+        LimitSource::Default => "default",
+        LimitSource::Override => "file",
+        LimitSource::Store => "store",
+    };
+    let mut v = json!({"limit": limit, "id": key.id().to_string(), "source": source});
+    match (&seen.limit, seen.blocked) {
+        (_, true) => v["block"] = true.into(),
+        (None, false) => v["unlimited"] = true.into(),
+        (Some(Quota::Gcra(l)), false) => limit_fields(&mut v, l),
+        (Some(q), false) => {
+            v["kind"] = match q {
+                Quota::Tiered(_) => "tiered",
+                _ => "concurrency",
+            }
+            .into();
+            v["burst"] = q.max_cost().into();
+        }
+    }
+    v["remaining"] = seen.remaining.into();
+    v["reset_after_ms"] = (duration_us(seen.reset_after).div_ceil(1_000)).into();
+    Answer(StatusCode::OK, Some(v))
+}
+
+async fn reset_bucket(
+    State(limiter): State<Limiter>,
+    p: Result<Path<(String, String)>, PathRejection>,
+    who: Option<axum::Extension<AdminPrincipal>>,
+) -> Answer {
+    let (limit, id) = match path(p) {
+        Ok(p) => p,
+        Err(a) => return a,
+    };
+    let key = match limiter.parse_key(&limit, &id) {
+        Ok(k) => k,
+        Err(e) => return limiter_error(e),
+    };
+    match limiter.reset(std::slice::from_ref(&key)).await {
+        Ok(()) => {
+            tracing::info!(
+                target: "tower_ratelimits::admin",
+                principal = principal(who.as_deref()),
+                limit = %limit,
+                id = %key.id(),
+                "bucket reset"
+            );
+            Answer(StatusCode::NO_CONTENT, None)
+        }
+        Err(e) => limiter_error(e),
+    }
+}

@@ -1,0 +1,218 @@
+//! Overrides set at run time, on a real Redis and a real cluster: two app instances, each with
+//! its own connections and its admin router on real TCP ports. A change made through one
+//! applies on the other within two seconds (polled with a deadline), blocks and expiries hold
+//! on both, a reset reaches the other's deny cache, bad input changes nothing, and with Redis
+//! down the last overrides stay in force while the admin API answers 503.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::admin::{Instance, instance, within};
+use support::redis::{RedisServer, TestRedis, unique_prefix};
+use tower_ratelimits::RedisBackend;
+
+/// The issue's promise: every instance applies a change within two seconds.
+const TWO_SECONDS: Duration = Duration::from_secs(2);
+
+async fn backend(url: &str, prefix: &str) -> RedisBackend {
+    RedisBackend::from_url(url)
+        .prefix(prefix)
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn source_on(node: &Instance, id: &str) -> Result<serde_json::Value, String> {
+    let (status, body) = node.get(&format!("/buckets/PerClient/{id}")).await;
+    if status == 200 {
+        Ok(body)
+    } else {
+        Err(format!("{status} {body}"))
+    }
+}
+
+async fn status_on(node: &Instance, id: &str, want: u16) -> Result<support::http::Reply, String> {
+    let r = node.request(id).await;
+    if r.status == want {
+        Ok(r)
+    } else {
+        Err(format!("{} {}", r.status, r.body))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_one_instance_applies_on_the_other() {
+    for redis in TestRedis::each() {
+        let prefix = unique_prefix("overrides");
+        let a = instance(backend(&redis.url, &prefix).await).await;
+        let b = instance(backend(&redis.url, &prefix).await).await;
+
+        // c1 is denied on b: b's deny cache remembers it.
+        for _ in 0..2 {
+            assert_eq!(b.request("c1").await.status, 200);
+        }
+        assert_eq!(b.request("c1").await.status, 429);
+
+        // Raised through a (a larger burst at the same rate: the hour c1 spent stays spent):
+        // b applies it (inspection says so) and lets c1 through.
+        let (status, body) = a
+            .put(
+                "/overrides/PerClient/c1",
+                r#"{"burst": 10, "count": 2, "period": "1h"}"#,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        within(TWO_SECONDS, "b applies the raised limit", || async {
+            let v = source_on(&b, "c1").await?;
+            (v["source"] == json!("store") && v["burst"] == json!(10))
+                .then_some(())
+                .ok_or(v.to_string())
+        })
+        .await;
+        assert_eq!(
+            b.request("c1").await.status,
+            200,
+            "the deny cache forgot c1"
+        );
+
+        // A block through a: b denies with the block's Retry-After.
+        let (status, body) = a
+            .put(
+                "/overrides/PerClient/c2",
+                r#"{"block": true, "expires_in": "1h"}"#,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        let denied = within(TWO_SECONDS, "b applies the block", || {
+            status_on(&b, "c2", 429)
+        })
+        .await;
+        let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+        assert!((3595..=3600).contains(&retry), "Retry-After {retry}");
+        let (_, v) = b.get("/buckets/PerClient/c2").await;
+        assert_eq!((&v["source"], &v["block"]), (&json!("store"), &json!(true)));
+
+        // A short block ends on both, and leaves the store.
+        let (status, _) = a
+            .put(
+                "/overrides/PerClient/c3",
+                r#"{"block": true, "expires_in": "1s"}"#,
+            )
+            .await;
+        assert_eq!(status, 200);
+        within(TWO_SECONDS, "b applies the short block", || {
+            status_on(&b, "c3", 429)
+        })
+        .await;
+        within(Duration::from_secs(5), "the short block ends on b", || {
+            status_on(&b, "c3", 200)
+        })
+        .await;
+        within(
+            Duration::from_secs(5),
+            "the ended block leaves the store",
+            || async {
+                let listed = a.listed().await;
+                (!listed.iter().any(|(_, id)| id == "c3"))
+                    .then_some(())
+                    .ok_or(format!("{listed:?}"))
+            },
+        )
+        .await;
+
+        // Deleted through b: a goes back to the default.
+        assert_eq!(
+            a.get("/buckets/PerClient/c1").await.1["source"],
+            json!("store")
+        );
+        assert_eq!(b.delete("/overrides/PerClient/c1").await.0, 204);
+        assert_eq!(b.delete("/overrides/PerClient/c1").await.0, 404);
+        within(TWO_SECONDS, "a drops the deleted override", || async {
+            let v = source_on(&a, "c1").await?;
+            (v["source"] == json!("default"))
+                .then_some(())
+                .ok_or(v.to_string())
+        })
+        .await;
+
+        // A reset through a reaches b's deny cache.
+        for _ in 0..2 {
+            assert_eq!(b.request("c4").await.status, 200);
+        }
+        assert_eq!(b.request("c4").await.status, 429);
+        assert_eq!(b.request("c4").await.status, 429, "denied from b's cache");
+        assert_eq!(a.delete("/buckets/PerClient/c4").await.0, 204);
+        within(TWO_SECONDS, "b forgets c4's denial", || {
+            status_on(&b, "c4", 200)
+        })
+        .await;
+
+        // Bad input: 400, and nothing changes anywhere.
+        let before = a.listed().await;
+        for (path, body) in [
+            ("/overrides/Nope/x", r#"{"block": true}"#),
+            (
+                "/overrides/PerClient/x",
+                r#"{"burst": 0, "count": 1, "period": "1h"}"#,
+            ),
+            (
+                "/overrides/PerClient/x",
+                r#"{"block": true, "expires_in": "later"}"#,
+            ),
+            ("/overrides/PerRange/nope", r#"{"block": true}"#),
+            ("/overrides/PerClient/x", "not json"),
+        ] {
+            assert_eq!(a.put(path, body).await.0, 400, "{path} {body}");
+        }
+        assert_eq!(a.listed().await, before);
+        assert_eq!(b.listed().await, before);
+        assert_eq!(b.request("x").await.status, 200);
+    }
+}
+
+/// With Redis down, the overrides last read stay in force (a block still denies, an unlimited
+/// id is still let through by the override, not by the failure policy) and the admin API
+/// answers 503 for what needs the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_the_last_overrides_stay_in_force() {
+    let mut server = RedisServer::start();
+    let prefix = unique_prefix("overrides-down");
+    let a = instance(backend(&server.url(), &prefix).await).await;
+    let b = instance(backend(&server.url(), &prefix).await).await;
+    assert_eq!(
+        a.put("/overrides/PerClient/bad", r#"{"block": true}"#)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        a.put("/overrides/PerClient/vip", r#"{"unlimited": true}"#)
+            .await
+            .0,
+        200
+    );
+    within(TWO_SECONDS, "b applies both", || async {
+        let listed = b.limiter.limits().stored_override_count();
+        (listed == 2).then_some(()).ok_or(listed.to_string())
+    })
+    .await;
+    server.kill();
+    for node in [&a, &b] {
+        assert_eq!(node.request("bad").await.status, 429);
+        for _ in 0..5 {
+            assert_eq!(node.request("vip").await.status, 200);
+        }
+        let (status, body) = node
+            .put("/overrides/PerClient/new", r#"{"block": true}"#)
+            .await;
+        assert_eq!(status, 503, "{body}");
+        assert!(body["error"].as_str().unwrap().contains("store"), "{body}");
+        assert_eq!(node.get("/overrides").await.0, 503);
+        assert_eq!(node.delete("/overrides/PerClient/bad").await.0, 503);
+        assert_eq!(node.delete("/buckets/PerClient/bad").await.0, 503);
+        assert_eq!(node.limiter.limits().stored_override_count(), 2);
+    }
+}
