@@ -9,8 +9,9 @@
 //! ```
 //!
 //! Settings (environment): those of `axum_memory` (`ADDR`, `RATELIMITS_DEFAULTS`,
-//! `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`, `RATELIMITS_SHADOW`, `RATELIMITS_PROBLEM_JSON`, `RATELIMITS_EXEMPT`, `RUST_LOG`;
-//! `GET /metrics`; the YAML files are watched and reloaded), plus
+//! `RATELIMITS_OVERRIDES`, `RATELIMITS_TRUSTED_PROXIES`, `RATELIMITS_SHADOW`, `RATELIMITS_PROBLEM_JSON`, `RATELIMITS_EXEMPT`, `RATELIMITS_ADMIN_ADDR`, `RUST_LOG`;
+//! `GET /metrics`; the YAML files are watched and reloaded; the admin API's overrides are kept
+//! in Redis, so a change through one instance's admin API applies on all), plus
 //! - `REDIS_URL`: `redis://`, `rediss://` or `redis-cluster://` URL (default
 //!   `redis://127.0.0.1:6379`)
 //! - `RATELIMITS_ON_BACKEND_ERROR`: `open` (default: let requests through when Redis cannot

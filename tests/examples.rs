@@ -320,6 +320,51 @@ async fn axum_memory_counts_every_outcome_on_metrics_and_reloads_its_overrides()
     assert!(line.contains("no limit changed"), "{line}");
 }
 
+/// `RATELIMITS_ADMIN_ADDR` serves the admin API: a block set through it denies with its
+/// `Retry-After`, is logged with the principal, and counts on the stored-overrides gauge (a
+/// real Prometheus scrape); removing it lets the client through again.
+#[tokio::test]
+async fn axum_memory_serves_the_admin_api_on_ratelimits_admin_addr() {
+    skip_unless_built("axum_memory");
+    let port = support::redis::free_port();
+    let admin_addr = format!("127.0.0.1:{port}");
+    let example = Example::start("axum_memory", &[("RATELIMITS_ADMIN_ADDR", &admin_addr)]);
+    let admin = support::http::HttpClient::for_base(&format!("http://{admin_addr}"));
+    let client = reqwest_like::Client::new();
+    let put = admin
+        .send(
+            http::Method::PUT,
+            "/overrides/RequestsPerIPAddress/198.51.100.9",
+            &[("x-admin-principal", "ops@example.com")],
+            r#"{"block": true, "expires_in": "1h"}"#,
+        )
+        .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    let line = example.log_line("override set");
+    assert!(line.contains("ops@example.com"), "{line}");
+    assert!(line.contains("198.51.100.9"), "{line}");
+    let (status, headers, _) = client
+        .get_with_headers(&example.base, "/", Some("198.51.100.9"))
+        .await;
+    assert_eq!(status, 429);
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((3595..=3600).contains(&retry), "Retry-After {retry}");
+    let m = Scrape::of(&client, &example.base).await;
+    assert_eq!(m.get("tower_ratelimits_stored_overrides{}"), 1.0);
+    let delete = admin
+        .request(
+            http::Method::DELETE,
+            "/overrides/RequestsPerIPAddress/198.51.100.9",
+            &[("x-admin-principal", "ops@example.com")],
+        )
+        .await;
+    assert_eq!(delete.status, 204);
+    let (status, _) = get(&client, &example.base, "/", Some("198.51.100.9")).await;
+    assert_eq!(status, 200);
+    let m = Scrape::of(&client, &example.base).await;
+    assert_eq!(m.get("tower_ratelimits_stored_overrides{}"), 0.0);
+}
+
 #[tokio::test]
 async fn axum_memory_in_shadow_answers_everything_and_counts_what_it_would_deny() {
     skip_unless_built("axum_memory");

@@ -21,6 +21,8 @@ pub struct Settings {
     pub problem_json: bool,
     pub exempt: Vec<IpNet>,
     pub metrics: PrometheusHandle,
+    /// `RATELIMITS_ADMIN_ADDR`: where the admin router listens (nowhere when unset).
+    pub admin_addr: Option<SocketAddr>,
 }
 
 /// `RATELIMITS_SHADOW`: `off` (default), `on` (every rule), or a comma-separated list of limit
@@ -171,7 +173,16 @@ pub fn settings_with(defaults: &str, overrides: &str) -> Result<Settings, String
     let defaults = config_path("RATELIMITS_DEFAULTS", defaults);
     let overrides = config_path("RATELIMITS_OVERRIDES", overrides);
     let limits = Limits::from_yaml_files(&defaults, Some(&overrides)).map_err(|e| e.to_string())?;
+    let admin_addr = match std::env::var("RATELIMITS_ADMIN_ADDR") {
+        Ok(text) => Some(
+            text.parse()
+                .map_err(|e| format!("RATELIMITS_ADMIN_ADDR: {e}"))?,
+        ),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(_) => return Err("RATELIMITS_ADMIN_ADDR: not UTF-8".into()),
+    };
     Ok(Settings {
+        admin_addr,
         addr,
         shadow: Shadow::from_env(&limits)?,
         problem_json: problem_json()?,
@@ -240,6 +251,36 @@ pub async fn serve(
     serve_app(settings, limiter, app, backend, "/").await
 }
 
+/// Serves the admin router on `addr` in the background. For demonstration only: the principal
+/// is whatever the `x-admin-principal` header says, and nothing checks it; a real application
+/// mounts the router behind its own auth, which sets the `AdminPrincipal`.
+async fn serve_admin(addr: SocketAddr, limiter: Limiter) -> Result<(), String> {
+    let admin = tower_ratelimits::admin_router(limiter).layer(axum::middleware::from_fn(
+        |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
+            let who = req
+                .headers()
+                .get("x-admin-principal")
+                .and_then(|v| v.to_str().ok())
+                .map(|v| tower_ratelimits::AdminPrincipal(v.to_owned()));
+            if let Some(who) = who {
+                req.extensions_mut().insert(who);
+            }
+            next.run(req).await
+        },
+    ));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("RATELIMITS_ADMIN_ADDR: cannot listen on {addr}: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("admin API on http://{bound} (demonstration: x-admin-principal names the caller)");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, admin).await {
+            eprintln!("admin API stopped: {e}");
+        }
+    });
+    Ok(())
+}
+
 /// Serves `app` (already rate limited) and `GET /metrics` (not rate limited) until Ctrl-C,
 /// reloading `limiter`'s limits when the YAML files change; `path` is the one the printed
 /// `curl` loop asks.
@@ -250,6 +291,9 @@ pub async fn serve_app(
     backend: &str,
     path: &str,
 ) -> Result<(), String> {
+    if let Some(addr) = settings.admin_addr {
+        serve_admin(addr, limiter.clone()).await?;
+    }
     let _watcher = LimitsWatcher::spawn(limiter, &settings.defaults, Some(&settings.overrides))
         .map_err(|e| e.to_string())?;
     let metrics = settings.metrics.clone();

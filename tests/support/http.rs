@@ -55,9 +55,14 @@ pub struct HttpClient {
 
 impl HttpClient {
     pub fn new(server: &Server) -> Self {
+        Self::for_base(&format!("http://{}", server.addr))
+    }
+
+    /// A client of a server at `base` (`http://host:port`), e.g. another process.
+    pub fn for_base(base: &str) -> Self {
         Self {
             client: Client::builder(TokioExecutor::new()).build_http(),
-            base: format!("http://{}", server.addr),
+            base: base.to_owned(),
         }
     }
 
