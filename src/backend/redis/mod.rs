@@ -41,10 +41,11 @@
 //! [skipped](crate::Outcome::skipped), so the 429's `Retry-After` is the remembered denial's
 //! (Redis may know a longer one). Remembered TATs are lower bounds of the
 //! real ones (spends only move a TAT forward), so the cache never denies what Redis would allow,
-//! with one exception it cannot see: a refund or reset made **by another app instance**. Refunds
-//! and resets made through this backend update the cache. Turn it off with
-//! [`RedisBackendBuilder::deny_cache`] if other instances refund or reset and a wrong denial of
-//! up to `retry_after` is not acceptable. The cache holds at most
+//! with one exception it cannot see: a refund made **by another app instance**. Refunds made
+//! through this backend update the cache; a reset, or a change of a stored override, is
+//! published to every instance (the channel `<prefix>overrides`), each of which forgets the
+//! key. Turn it off with [`RedisBackendBuilder::deny_cache`] if other instances refund and a
+//! wrong denial of up to `retry_after` is not acceptable. The cache holds at most
 //! [`deny_cache_capacity`](RedisBackendBuilder::deny_cache_capacity) buckets (100,000 by
 //! default) and evicts in O(1) (quick_cache), so a flood of new denied keys neither grows it nor
 //! slows it down.

@@ -11,7 +11,9 @@
 //! Each instance runs one task: it listens on the channel (a change: read the hash, apply it,
 //! forget the bucket; a reset: forget it) and every second reads the version (read the hash
 //! when it moved, or every 30 s) and removes expired overrides. A lost notification is so
-//! caught within a second; with Redis down, the overrides last read stay in force.
+//! caught within a second; with Redis down, the overrides last read stay in force. These
+//! commands bypass the circuit breakers: they are not requests, and a reconcile failing while
+//! nobody asks must not open (or close) a circuit the requests see.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -19,7 +21,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fred::prelude::{
-    ClientLike, EventInterface, KeysInterface, LuaInterface, PubsubInterface, Value,
+    ClientLike, EventInterface, HashesInterface, KeysInterface, LuaInterface, PubsubInterface,
+    Value,
 };
 
 use super::{Inner, RedisBackend};
@@ -34,8 +37,6 @@ const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 /// Every this many ticks, the hash is read whatever the version says.
 const FULL_READ_EVERY: u32 = 30;
 
-/// Reads the version and the hash in one step.
-const READ: &str = "return {redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1])}";
 /// Stores one override, bumps the version, tells every instance.
 const PUT: &str = "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) \
     local v = redis.call('INCR', KEYS[2]) \
@@ -91,7 +92,7 @@ impl RedisBackend {
     ) -> Result<Value, BackendError> {
         let names = &self.inner.override_names;
         let keys = vec![names.hash.clone(), names.version.clone()];
-        self.with_client(names.slot, move |client| {
+        self.call(names.slot, move |client| {
             let (keys, args) = (keys.clone(), args.clone());
             async move { client.eval::<Value, _, _, _>(script, keys, args).await }
         })
@@ -101,24 +102,36 @@ impl RedisBackend {
     /// Reads the hash; applies it unless a change made here since is newer. Removes what has
     /// expired (each removal tells every instance).
     pub(super) async fn read_overrides(&self) -> Result<Arc<[StoredOverride]>, BackendError> {
-        let reply = self.run_overrides(READ, Vec::new()).await?;
-        let Value::Array(mut parts) = reply else {
-            return Err(BackendError::Unavailable(format!(
-                "unexpected overrides reply {reply:?}"
-            )));
-        };
-        let fields = parts.pop().unwrap_or(Value::Null);
-        let version = parts
-            .pop()
-            .and_then(|v| v.as_string())
-            .and_then(|v| v.parse::<u64>().ok())
+        // The version first, then the hash: the hash is at least as new as the version read (a
+        // change in between is seen again at the next tick). Plain commands, not a script: the
+        // reconcile of every instance adds nothing to a server's script calls.
+        let names = &self.inner.override_names;
+        let (version_key, hash) = (names.version.clone(), names.hash.clone());
+        let version = self
+            .call(names.slot, move |client| {
+                let key = version_key.clone();
+                async move { client.get::<Option<u64>, _>(key).await }
+            })
+            .await?
             .unwrap_or(0);
+        let fields = self
+            .call(names.slot, move |client| {
+                let key = hash.clone();
+                async move {
+                    client
+                        .hgetall::<std::collections::HashMap<fred::types::Key, Value>, _>(key)
+                        .await
+                }
+            })
+            .await?;
         let mut list = Vec::new();
         let mut raw = Vec::new();
-        if let Value::Array(items) = fields {
-            for pair in items.chunks(2) {
-                let [field, value] = pair else { continue };
-                let (Some(field), Some(value)) = (field.as_string(), value.as_string()) else {
+        {
+            for (field, value) in fields {
+                let (Some(field), Some(value)) =
+                    (field.as_str().map(str::to_owned), value.as_string())
+                else {
+                    tracing::warn!("skipping a stored override that is not text");
                     continue;
                 };
                 match StoredOverride::decode(&value) {
@@ -176,7 +189,7 @@ impl RedisBackend {
         let names = &self.inner.override_names;
         let (channel, text) = (names.channel.clone(), message("reset", &pairs));
         let sent = self
-            .with_client(names.slot, move |client| {
+            .call(names.slot, move |client| {
                 let (channel, text) = (channel.clone(), text.clone());
                 async move { client.publish::<i64, _, _>(channel, text).await }
             })
@@ -249,7 +262,7 @@ async fn follow(weak: Weak<Inner>, config: fred::prelude::Config, timeout: Durat
                 let names = &backend.inner.override_names;
                 let key = names.version.clone();
                 let version = backend
-                    .with_client(names.slot, move |client| {
+                    .call(names.slot, move |client| {
                         let key = key.clone();
                         async move { client.get::<Option<String>, _>(key).await }
                     })
