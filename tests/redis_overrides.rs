@@ -8,6 +8,7 @@ mod support;
 
 use std::time::Duration;
 
+use fred::prelude::LuaInterface;
 use serde_json::json;
 use support::admin::{Instance, instance, within};
 use support::redis::{RedisServer, TestRedis, unique_prefix};
@@ -214,5 +215,111 @@ async fn with_redis_down_the_last_overrides_stay_in_force() {
         assert_eq!(node.delete("/overrides/PerClient/bad").await.0, 503);
         assert_eq!(node.delete("/buckets/PerClient/bad").await.0, 503);
         assert_eq!(node.limiter.limits().stored_override_count(), 2);
+    }
+}
+
+/// A block among a request's rules on Redis: the other rules are only checked (nothing spent,
+/// no slot taken) while the store answers for them, and the block's denial joins their
+/// outcomes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_beside_other_rules_spends_nothing_on_redis() {
+    use tower_ratelimits::{OverrideKind, Transaction};
+    for redis in TestRedis::each() {
+        let prefix = unique_prefix("overrides-batch");
+        let node = instance(backend(&redis.url, &prefix).await).await;
+        let limiter = &node.limiter;
+        limiter
+            .set_override(
+                "PerClient",
+                "bad",
+                OverrideKind::Block,
+                Some(Duration::from_secs(600)),
+            )
+            .await
+            .unwrap();
+        let bad = limiter.parse_key("PerClient", "bad").unwrap();
+        let slots = limiter.parse_key("Slots", "bad").unwrap();
+        let range = limiter.parse_key("PerRange", "2001:db8::/48").unwrap();
+        let batch = [
+            Transaction::new(range.clone()),
+            Transaction::new(bad.clone()),
+            Transaction::new(slots.clone()),
+        ];
+        let denied = limiter.spend(&batch).await.unwrap();
+        assert!(!denied.allowed());
+        let strictest = denied.strictest().unwrap();
+        assert_eq!(strictest.key(), &bad);
+        assert!((595..=600).contains(&strictest.retry_after().as_secs()));
+        assert!(denied.decisions().iter().all(|d| d.lease().is_none()));
+        assert_eq!(limiter.inspect(&slots).await.unwrap().remaining, 2);
+        assert_eq!(limiter.inspect(&range).await.unwrap().remaining, 2);
+    }
+}
+
+/// Runs `script` on the node of `key` (what another program could write there).
+async fn raw(backend: &RedisBackend, key: &str, script: &str, args: Vec<String>) {
+    backend
+        .client_for_key(key)
+        .unwrap()
+        .eval::<fred::prelude::Value, _, _, _>(script, vec![key.to_owned()], args)
+        .await
+        .unwrap();
+}
+
+/// Foreign data in the override hash is skipped (with the valid entries beside it applied),
+/// and a foreign type at its key makes the admin API answer 503 while requests go on under
+/// the overrides last known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_data_in_the_store_is_skipped_or_refused_never_applied() {
+    for redis in TestRedis::each() {
+        let prefix = unique_prefix("overrides-foreign");
+        let hash = format!("{prefix}{{overrides}}");
+        let seed = backend(&redis.url, &prefix).await;
+        let hset = "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])";
+        for (field, value) in [
+            ("garbage", "not json"),
+            // Valid, but filed under another bucket's name.
+            (
+                "PerClient:other",
+                r#"{"v":1,"limit":"PerClient","id":"moved","block":true}"#,
+            ),
+            // A later version this crate does not know.
+            (
+                "PerClient:future",
+                r#"{"v":2,"limit":"PerClient","id":"future","block":true}"#,
+            ),
+            // What this crate writes: applied.
+            (
+                "PerClient:bad",
+                r#"{"v":1,"limit":"PerClient","id":"bad","block":true}"#,
+            ),
+        ] {
+            raw(&seed, &hash, hset, vec![field.into(), value.into()]).await;
+        }
+        let node = instance(backend(&redis.url, &prefix).await).await;
+        assert_eq!(
+            node.listed().await,
+            [("PerClient".to_owned(), "bad".to_owned())]
+        );
+        assert_eq!(node.request("bad").await.status, 429);
+        for id in ["moved", "future", "other"] {
+            assert_eq!(node.request(id).await.status, 200, "{id}");
+        }
+
+        raw(
+            &seed,
+            &hash,
+            "redis.call('DEL', KEYS[1]) redis.call('SET', KEYS[1], 'x')",
+            vec![],
+        )
+        .await;
+        let (status, body) = node.get("/overrides").await;
+        assert_eq!(status, 503, "{body}");
+        let (status, body) = node
+            .put("/overrides/PerClient/new", r#"{"block": true}"#)
+            .await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(node.request("bad").await.status, 429, "the last known stay");
+        assert_eq!(node.request("new").await.status, 200);
     }
 }

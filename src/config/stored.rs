@@ -9,7 +9,7 @@ use crate::algo::gcra::Limit;
 use crate::key::BucketKey;
 use crate::overrides::{BLOCK_WITHOUT_END, OverrideKind, StoredOverride};
 use crate::quota::Quota;
-use crate::time::{Clock, SystemClock, duration_us};
+use crate::time::{Clock, SystemClock};
 
 /// One stored override, applied.
 #[derive(Debug, Clone)]
@@ -40,8 +40,8 @@ impl std::fmt::Debug for StoredSet {
 /// How a stored override resolves one bucket.
 pub(crate) struct StoredResolution<'a> {
     pub(crate) quota: Option<&'a Quota>,
-    /// Microseconds until a block ends (0: not blocked).
-    pub(crate) block_us: u64,
+    /// Seconds until a block ends, rounded up (0: not blocked).
+    pub(crate) block_s: u32,
 }
 
 impl StoredSet {
@@ -122,14 +122,14 @@ impl StoredSet {
         if now >= a.expires_at_us {
             return None;
         }
-        let block_us = match (a.block, a.expires_at_us) {
+        let block_s = match (a.block, a.expires_at_us) {
             (false, _) => 0,
-            (true, u64::MAX) => duration_us(BLOCK_WITHOUT_END),
-            (true, at) => (at - now).max(1),
+            (true, u64::MAX) => u32::try_from(BLOCK_WITHOUT_END.as_secs()).unwrap_or(u32::MAX),
+            (true, at) => u32::try_from((at - now).div_ceil(1_000_000)).unwrap_or(u32::MAX),
         };
         Some(StoredResolution {
             quota: a.quota.as_ref(),
-            block_us,
+            block_s,
         })
     }
 }

@@ -212,9 +212,9 @@ struct Resolved<Q> {
     mode: Mode,
     cost: u64,
     lease: u64,
-    /// A stored block: microseconds until it ends (0: not blocked). Not sent to the backend:
-    /// denied here ([`with_blocks`]).
-    block_us: u64,
+    /// A stored block: seconds until it ends (0: not blocked). Not sent to the backend: denied
+    /// here ([`with_blocks`]). In the padding after `mode`: the struct stays 32 bytes.
+    block_s: u32,
 }
 
 /// Where a batch stands once sent: decided (its [`Verdict`] holds the outcomes), or waiting
@@ -336,6 +336,30 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
+    /// A spend under way, owning what its decision needs of `verdict` (out of line: the step
+    /// of a batch decided at once stays small).
+    #[inline(never)]
+    fn new(spend: crate::backend::PendingSpend, verdict: &Verdict<'_>, op: Op) -> Self {
+        Pending {
+            spend,
+            resolved: verdict
+                .resolved
+                .iter()
+                .map(|r| Resolved {
+                    quota: r.quota.cloned(),
+                    mode: r.mode,
+                    cost: r.cost,
+                    lease: r.lease,
+                    block_s: r.block_s,
+                })
+                .collect(),
+            counted: verdict.counted,
+            op,
+            #[cfg(feature = "metrics")]
+            started: std::time::Instant::now(),
+        }
+    }
+
     /// Waits for the backend and decides `batch` (the transactions the step was made of).
     pub(crate) async fn decided(
         self,
@@ -752,7 +776,7 @@ impl Limiter {
                     return Err(LimiterError::UnknownName(key.name().to_string()));
                 };
                 let r = limits.resolve_in(entry, key);
-                (r.source, r.block_us != 0)
+                (r.source, r.block_s != 0)
             };
             let decided = self.check(&probe).await?;
             // A reload between resolving and deciding: look again (at most three times; the
@@ -830,20 +854,9 @@ impl Limiter {
             &mut verdict.counted,
         )?;
         if verdict.counted.blocks {
-            // A stored block denies its batch: the others are only looked at.
-            if verdict.counted.blocked {
-                for tx in &mut txs {
-                    if tx.mode.spends() {
-                        tx.mode = Mode::CheckOnly;
-                    }
-                }
-            }
-            if txs.is_empty() {
-                verdict.outcomes = with_blocks(&verdict.resolved, Outcomes::new())?;
-                verdict.allowed = !verdict.counted.blocked;
-                return Ok(Step::Ready);
-            }
-        } else if txs.is_empty() {
+            return self.blocked_step(verdict, txs, op);
+        }
+        if txs.is_empty() {
             return Ok(Step::Ready);
         }
         match self.inner.backend.spend(&txs) {
@@ -855,36 +868,54 @@ impl Limiter {
                 }
                 // The batch rule, once (a disabled limit sent nothing and allows).
                 verdict.allowed = crate::backend::kit::batch_allowed(txs.iter().zip(&outcomes));
-                if verdict.counted.blocks {
-                    verdict.allowed &= !verdict.counted.blocked;
-                    verdict.outcomes = with_blocks(&verdict.resolved, outcomes)?;
-                } else {
-                    verdict.outcomes = outcomes;
-                }
+                verdict.outcomes = outcomes;
                 Ok(Step::Ready)
             }
             // The backend's time is measured for a spend it could not decide at once (the
             // README's `backend_duration_seconds`), from when its future exists (it works when
             // polled): a decision in memory or from the deny cache reads no clock for it.
-            Spend::Pending(spend) => Ok(Step::Pending(Pending {
-                spend,
-                resolved: verdict
-                    .resolved
-                    .iter()
-                    .map(|r| Resolved {
-                        quota: r.quota.cloned(),
-                        mode: r.mode,
-                        cost: r.cost,
-                        lease: r.lease,
-                        block_us: r.block_us,
-                    })
-                    .collect(),
-                counted: verdict.counted,
-                op,
-                #[cfg(feature = "metrics")]
-                started: std::time::Instant::now(),
-            })),
+            Spend::Pending(spend) => Ok(Step::Pending(Pending::new(spend, verdict, op))),
         }
+    }
+
+    /// [`step`](Self::step) for a batch with transactions a stored block denies (out of line:
+    /// the road of other batches does not carry it). The blocked ones are not sent; if one of
+    /// them counts, the others are only looked at (checked, not spent) and the batch is denied.
+    #[inline(never)]
+    fn blocked_step(
+        &self,
+        verdict: &mut Verdict<'_>,
+        mut txs: Batch<BucketTx<'_>>,
+        op: Op,
+    ) -> Result<Step, LimiterError> {
+        if verdict.counted.blocked {
+            for tx in &mut txs {
+                if tx.mode.spends() {
+                    tx.mode = Mode::CheckOnly;
+                }
+            }
+        }
+        let outcomes = if txs.is_empty() {
+            Outcomes::new()
+        } else {
+            match self.inner.backend.spend(&txs) {
+                Spend::Ready(outcomes) => {
+                    let outcomes = outcomes?;
+                    if outcomes.len() != txs.len() {
+                        return Err(BackendError::outcome_count(outcomes.len(), txs.len()).into());
+                    }
+                    verdict.allowed = crate::backend::kit::batch_allowed(txs.iter().zip(&outcomes));
+                    outcomes
+                }
+                // `Pending::decided` joins the denials in.
+                Spend::Pending(spend) => {
+                    return Ok(Step::Pending(Pending::new(spend, verdict, op)));
+                }
+            }
+        };
+        verdict.allowed &= !verdict.counted.blocked;
+        verdict.outcomes = with_blocks(&verdict.resolved, outcomes)?;
+        Ok(Step::Ready)
     }
 
     async fn refund_in(
@@ -955,7 +986,7 @@ impl Limiter {
             let default_cost = entry.cost;
             let cost = tx.cost_or(default_cost);
             let mut lease = 0;
-            if resolution.block_us != 0 {
+            if resolution.block_s != 0 {
                 // Denied here, not sent (`with_blocks`); a counting one denies the batch.
                 counted.blocks = true;
                 counted.blocked |= mode.counts();
@@ -983,7 +1014,7 @@ impl Limiter {
                 mode,
                 cost,
                 lease,
-                block_us: resolution.block_us,
+                block_s: resolution.block_s,
             });
         }
         Ok(())
@@ -1009,7 +1040,7 @@ struct Counted {
 fn with_blocks<Q>(resolved: &[Resolved<Q>], sent: Outcomes) -> Result<Outcomes, LimiterError> {
     let expected = resolved
         .iter()
-        .filter(|r| r.quota.is_some() && r.block_us == 0)
+        .filter(|r| r.quota.is_some() && r.block_s == 0)
         .count();
     if sent.len() != expected {
         return Err(BackendError::outcome_count(sent.len(), expected).into());
@@ -1017,8 +1048,9 @@ fn with_blocks<Q>(resolved: &[Resolved<Q>], sent: Outcomes) -> Result<Outcomes, 
     let mut sent = sent.into_iter();
     let mut out = Outcomes::new();
     for r in resolved.iter().filter(|r| r.quota.is_some()) {
-        out.push(if r.block_us != 0 {
-            Outcome::new(false, 0, r.block_us, r.block_us)
+        out.push(if r.block_s != 0 {
+            let us = u64::from(r.block_s) * 1_000_000;
+            Outcome::new(false, 0, us, us)
         } else {
             sent.next().unwrap_or_default()
         });
