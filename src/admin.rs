@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 
 use crate::algo::gcra::Limit;
 use crate::config::LimitSource;
+use crate::key::BucketKey;
 use crate::limiter::{Limiter, LimiterError, OverrideError};
 use crate::overrides::{OverrideKind, StoredOverride};
 use crate::quota::Quota;
@@ -260,17 +261,23 @@ async fn delete_override(
     }
 }
 
+/// The bucket a `/buckets/{limit}/{id}` path names.
+fn bucket(
+    limiter: &Limiter,
+    p: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(String, BucketKey), Answer> {
+    let (limit, id) = path(p)?;
+    let key = limiter.parse_key(&limit, &id).map_err(limiter_error)?;
+    Ok((limit, key))
+}
+
 async fn get_bucket(
     State(limiter): State<Limiter>,
     p: Result<Path<(String, String)>, PathRejection>,
 ) -> Answer {
-    let (limit, id) = match path(p) {
-        Ok(p) => p,
+    let (limit, key) = match bucket(&limiter, p) {
+        Ok(b) => b,
         Err(a) => return a,
-    };
-    let key = match limiter.parse_key(&limit, &id) {
-        Ok(k) => k,
-        Err(e) => return limiter_error(e),
     };
     let seen = match limiter.inspect(&key).await {
         Ok(s) => s,
@@ -305,13 +312,9 @@ async fn reset_bucket(
     p: Result<Path<(String, String)>, PathRejection>,
     who: Option<axum::Extension<AdminPrincipal>>,
 ) -> Answer {
-    let (limit, id) = match path(p) {
-        Ok(p) => p,
+    let (limit, key) = match bucket(&limiter, p) {
+        Ok(b) => b,
         Err(a) => return a,
-    };
-    let key = match limiter.parse_key(&limit, &id) {
-        Ok(k) => k,
-        Err(e) => return limiter_error(e),
     };
     match limiter.reset(std::slice::from_ref(&key)).await {
         Ok(()) => {

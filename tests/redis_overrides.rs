@@ -12,19 +12,11 @@ use fred::prelude::LuaInterface;
 use serde_json::json;
 use support::admin::{Instance, instance, within};
 use support::redis::{RedisServer, TestRedis, unique_prefix};
+use support::redis_backend::backend;
 use tower_ratelimits::RedisBackend;
 
 /// The promise: every instance applies a change within two seconds.
 const TWO_SECONDS: Duration = Duration::from_secs(2);
-
-async fn backend(url: &str, prefix: &str) -> RedisBackend {
-    RedisBackend::from_url(url)
-        .prefix(prefix)
-        .command_timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .unwrap()
-}
 
 async fn source_on(node: &Instance, id: &str) -> Result<serde_json::Value, String> {
     let (status, body) = node.get(&format!("/buckets/PerClient/{id}")).await;

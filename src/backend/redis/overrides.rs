@@ -228,7 +228,7 @@ async fn follow(weak: Weak<Inner>, config: fred::prelude::Config, timeout: Durat
     let mut seen_version: Option<String> = None;
     loop {
         let message = tokio::select! {
-            m = async { match &mut messages { Some(rx) => rx.recv().await.ok(), None => std::future::pending().await } } => m,
+            m = next_message(&mut messages) => m,
             _ = tick.tick() => None,
         };
         let Some(inner) = weak.upgrade() else { break };
@@ -285,6 +285,22 @@ async fn follow(weak: Weak<Inner>, config: fred::prelude::Config, timeout: Durat
     }
     if let Some(s) = subscriber {
         let _ = s.quit().await;
+    }
+}
+
+/// The next notification; `None` after a lag (the reconcile catches up) and once the
+/// receiver is closed (it is then dropped: only the reconcile follows the store).
+async fn next_message<T: Clone>(rx: &mut Option<tokio::sync::broadcast::Receiver<T>>) -> Option<T> {
+    let Some(receiver) = rx else {
+        return std::future::pending().await;
+    };
+    match receiver.recv().await {
+        Ok(m) => Some(m),
+        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
+        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+            *rx = None;
+            None
+        }
     }
 }
 
