@@ -399,6 +399,43 @@ async fn a_reset_or_a_charge_drops_the_local_tokens() {
     assert!(!d.allowed(), "in debt: the pool no longer answers");
 }
 
+/// A reset through another instance reaches this one's prefetched tokens (told on the store's
+/// channel): once the news is in, the key's next request here is decided by the store's fresh
+/// bucket, not from tokens taken before the reset. The news is seen on a second key of the same
+/// reset that this instance's deny cache held (polled until it is let through: those requests
+/// touch nothing), within the two seconds the issue allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_through_another_instance_drops_this_ones_tokens() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(EPOCH_US);
+    let prefix = unique_prefix("drop-elsewhere");
+    let (_, a) = instance(&server.url(), &prefix, &clock, HOT).await;
+    let (_, b) = instance(&server.url(), &prefix, &clock, HOT).await;
+    allowed(&b, 100).await;
+    let tight = [Transaction::new(b.parse_key("Tight", "x").unwrap())];
+    assert!(b.spend(&tight).await.unwrap().allowed());
+    assert!(!b.spend(&tight).await.unwrap().allowed());
+    let keys = [
+        a.parse_key("Hot", "k").unwrap(),
+        a.parse_key("Tight", "x").unwrap(),
+    ];
+    a.reset(&keys).await.unwrap();
+    let start = std::time::Instant::now();
+    while !b.spend(&tight).await.unwrap().allowed() {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "b's deny cache never heard of the reset"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let d = b.spend(&hot(&b, "k")).await.unwrap();
+    assert_eq!(
+        d.strictest().unwrap().remaining(),
+        499,
+        "decided by the fresh bucket, not by tokens taken before the reset"
+    );
+}
+
 /// A reload that changes `prefetch` applies from the next refill.
 #[tokio::test]
 async fn a_reload_applies_from_the_next_refill() {
