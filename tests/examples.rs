@@ -434,6 +434,86 @@ async fn two_axum_redis_instances_share_a_hot_key_with_prefetched_tokens() {
     }
 }
 
+/// Two `axum_redis` processes, each serving the admin API on `RATELIMITS_ADMIN_ADDR`: a block
+/// set through the first applies on the second within two seconds (polled), with its
+/// `Retry-After`; deleted through the second, it ends on the first. On a single Redis and on a
+/// cluster, each its own (the examples' key prefix is fixed).
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn two_axum_redis_instances_share_overrides_set_through_either_admin_api() {
+    skip_unless_built("axum_redis");
+    let single = support::redis::RedisServer::start();
+    let cluster = support::redis::RedisCluster::start();
+    for url in [single.url(), cluster.url()] {
+        let admins: Vec<String> = (0..2)
+            .map(|_| format!("127.0.0.1:{}", support::redis::free_port()))
+            .collect();
+        let instances: Vec<Example> = admins
+            .iter()
+            .map(|admin| {
+                Example::start(
+                    "axum_redis",
+                    &[
+                        ("REDIS_URL", url.as_str()),
+                        ("RATELIMITS_ADMIN_ADDR", admin),
+                    ],
+                )
+            })
+            .collect();
+        let admin =
+            |i: usize| support::http::HttpClient::for_base(&format!("http://{}", admins[i]));
+        let client = reqwest_like::Client::new();
+        let path = "/overrides/RequestsPerIPAddress/198.51.100.66";
+        let put = admin(0)
+            .send(
+                http::Method::PUT,
+                path,
+                &[("x-admin-principal", "ops")],
+                r#"{"block": true, "expires_in": "10m"}"#,
+            )
+            .await;
+        assert_eq!(put.status, 200, "{}", put.body);
+        // Polled by inspection (nothing spent), then asked once.
+        let bucket = "/buckets/RequestsPerIPAddress/198.51.100.66";
+        let start = std::time::Instant::now();
+        while !admin(1)
+            .get(bucket, &[])
+            .await
+            .body
+            .contains(r#""block":true"#)
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "the second instance did not apply the block within 2 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (status, headers, _) = client
+            .get_with_headers(&instances[1].base, "/", Some("198.51.100.66"))
+            .await;
+        assert_eq!(status, 429);
+        let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((595..=600).contains(&retry), "Retry-After {retry}");
+        let delete = admin(1).request(http::Method::DELETE, path, &[]).await;
+        assert_eq!(delete.status, 204);
+        let start = std::time::Instant::now();
+        while !admin(0)
+            .get(bucket, &[])
+            .await
+            .body
+            .contains(r#""source":"default""#)
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "the first instance kept the deleted block"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (status, _) = get(&client, &instances[0].base, "/", Some("198.51.100.66")).await;
+        assert_eq!(status, 200);
+    }
+}
+
 /// One run of the measure above on the store at `url` (whose servers listen on `ports`; a
 /// request's keys span `slots` slots there).
 #[cfg(feature = "redis")]

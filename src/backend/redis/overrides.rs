@@ -208,11 +208,17 @@ impl RedisBackend {
         let weak = Arc::downgrade(&self.inner);
         let config = self.client().client_config();
         let timeout = self.inner.timeout;
-        runtime.spawn(follow(weak, config, timeout));
+        let channel = self.inner.override_names.channel.clone();
+        runtime.spawn(follow(weak, config, timeout, channel));
     }
 }
 
-async fn follow(weak: Weak<Inner>, config: fred::prelude::Config, timeout: Duration) {
+async fn follow(
+    weak: Weak<Inner>,
+    config: fred::prelude::Config,
+    timeout: Duration,
+    channel: String,
+) {
     let subscriber = super::setup::configured_builder(config, timeout)
         .build_subscriber_client()
         .ok();
@@ -221,6 +227,13 @@ async fn follow(weak: Weak<Inner>, config: fred::prelude::Config, timeout: Durat
     if let Some(s) = &subscriber {
         drop(s.connect());
         drop(s.manage_subscriptions());
+        // Listening before the first change an instance could miss (a later start is caught
+        // by the next reconcile, within a second).
+        let connected =
+            tokio::time::timeout(timeout.max(Duration::from_secs(2)), s.wait_for_connect());
+        if matches!(connected.await, Ok(Ok(()))) {
+            subscribed = s.subscribe(channel.as_str()).await.is_ok();
+        }
     }
     let mut tick = tokio::time::interval(RECONCILE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -233,7 +246,6 @@ async fn follow(weak: Weak<Inner>, config: fred::prelude::Config, timeout: Durat
         };
         let Some(inner) = weak.upgrade() else { break };
         let backend = RedisBackend { inner };
-        let channel = backend.inner.override_names.channel.clone();
         if let (Some(s), false) = (&subscriber, subscribed) {
             subscribed = s.subscribe(channel.as_str()).await.is_ok();
         }
