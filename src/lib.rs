@@ -86,6 +86,7 @@
 //! | keys, forwarding headers, the response fields | [`ClientIp`], [`specs::keys_and_http`] |
 //! | Redis and Redis Cluster | `RedisBackend` (feature `redis`) |
 //! | reloading limits while running | [`Limiter::reload`], `LimitsWatcher` (feature `reload`) |
+//! | overrides changed while running, on every instance; looking at a bucket | [`Limiter::set_override`], [`Limiter::inspect`], `admin_router` (feature `admin`) |
 //! | a backend for another store | [`Backend`], [`kit`] |
 //!
 //! The repository's README covers operating it (shadow mode, metrics, sizing, failure
@@ -102,6 +103,7 @@
 //! | `redis-tls` | off | `rediss://` URLs |
 //! | `metrics` | off | counters and histograms through the `metrics` facade |
 //! | `reload` | off | `LimitsWatcher`: reload on file changes and SIGHUP |
+//! | `admin` | off | `admin_router`: stored overrides and buckets over HTTP (axum) |
 //! | `acme` | off | the id kinds `domain`, `fqdn_set`, `account_domain`, `account_fqdn_set` |
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
