@@ -503,6 +503,15 @@ impl Limits {
             let cost = self.entry(key.name()).map_or(1, |e| e.cost);
             *q = quota(q, cost).map_err(|k| ConfigError::new(k).for_limit(key.name().as_str()))?;
         }
+        // Stored overrides' limits scale too (a block or unlimited stays what it is).
+        if let Some(stored) = &self.stored {
+            let mut stored = (**stored).clone();
+            stored.try_map_quotas(|key, q| {
+                let cost = self.entry(key.name()).map_or(1, |e| e.cost);
+                quota(q, cost).map_err(|k| ConfigError::new(k).for_limit(key.name().as_str()))
+            })?;
+            scaled.stored = Some(Arc::new(stored));
+        }
         Ok(scaled)
     }
 }
@@ -785,6 +794,21 @@ mod tests {
         // Overrides scale too.
         let vip = BucketKey::new(half.name("Gcra").unwrap(), crate::Id::new("vip").unwrap());
         assert_eq!(half.resolve(&vip).unwrap().as_gcra().unwrap().burst(), 50);
+        // So do stored overrides (the fallback follows them).
+        let vip_store = crate::overrides::StoredOverride {
+            limit: "Gcra".into(),
+            id: "store-vip".into(),
+            kind: crate::overrides::OverrideKind::Limit(Limit::new(80, 80, s(1)).unwrap()),
+            expires_at_ms: None,
+        };
+        let with_stored = limits.with_stored(StoredSet::build(&limits, &[vip_store], None));
+        let half = with_stored.scaled(50).unwrap();
+        let key = BucketKey::new(
+            half.name("Gcra").unwrap(),
+            crate::Id::new("store-vip").unwrap(),
+        );
+        assert_eq!(half.resolve(&key).unwrap().as_gcra().unwrap().burst(), 40);
+        assert_eq!(half.stored_override_count(), 1);
         // 100% is the same limits.
         assert_eq!(
             gcra(&limits.scaled(100).unwrap(), "Gcra"),

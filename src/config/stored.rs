@@ -105,6 +105,19 @@ impl StoredSet {
         ))
     }
 
+    /// Replaces each limit with `f` of it (the fallback's scaled copy).
+    pub(crate) fn try_map_quotas<E>(
+        &mut self,
+        mut f: impl FnMut(&BucketKey, &Quota) -> Result<Quota, E>,
+    ) -> Result<(), E> {
+        for (key, a) in &mut self.map {
+            if let Some(q) = &a.quota {
+                a.quota = Some(f(key, q)?);
+            }
+        }
+        Ok(())
+    }
+
     /// How many apply.
     pub(crate) fn len(&self) -> usize {
         self.map.len()
