@@ -61,8 +61,8 @@ impl StoredOverride {
         self.expires_at_ms.is_some_and(|at| at <= now_ms)
     }
 
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The store's name for it: unique per limit and id.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn field(limit: &str, id: &str) -> String {
         let mut f = String::with_capacity(limit.len() + 1 + id.len());
         f.push_str(limit);
@@ -71,8 +71,8 @@ impl StoredOverride {
         f
     }
 
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// Its stored value (version 1).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn encode(&self) -> String {
         let mut v = serde_json::json!({"v": 1, "limit": self.limit, "id": self.id});
         match &self.kind {
@@ -90,9 +90,9 @@ impl StoredOverride {
         v.to_string()
     }
 
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// A stored value read back; `None` for one this crate could not have written (foreign
     /// data, a later version, a limit that does not validate), which is skipped, not applied.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn decode(text: &str) -> Option<Self> {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
