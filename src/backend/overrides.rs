@@ -44,8 +44,12 @@ pub(crate) trait OverrideStore: Send + Sync {
     fn watch(&self, w: Watcher);
     /// Drops what this instance remembers of `key` (the deny cache, prefetched tokens).
     fn forget_local(&self, key: &BucketKey);
-    /// The clock expiries are read against.
-    fn clock(&self) -> Option<Arc<dyn Clock>>;
+    /// The clock expiries are read against (the backend's).
+    fn clock(&self) -> Arc<dyn Clock>;
+    /// Now on [`clock`](Self::clock), in Unix milliseconds.
+    fn now_ms(&self) -> u64 {
+        self.clock().now_us() / 1_000
+    }
 }
 
 /// A backend's store of run-time overrides, for its limiters ([`Backend::override_store`]):
@@ -140,14 +144,15 @@ impl Watched {
 /// The in-memory backend's store: this process only.
 pub(crate) struct MemoryOverrides {
     watched: Watched,
-    clock: Option<Arc<dyn Clock>>,
+    clock: Arc<dyn Clock>,
 }
 
 impl MemoryOverrides {
+    /// The store of a memory backend whose clock is `clock` (`None`: the system's).
     pub(crate) fn new(clock: Option<Arc<dyn Clock>>) -> Self {
         Self {
             watched: Watched::default(),
-            clock,
+            clock: clock.unwrap_or_else(|| Arc::new(crate::time::SystemClock)),
         }
     }
 }
@@ -160,11 +165,7 @@ impl OverrideStore for MemoryOverrides {
 
     async fn refresh(&self) -> Result<Arc<[StoredOverride]>, BackendError> {
         // Nothing to read: drop what ended.
-        let now_ms = self
-            .clock
-            .as_ref()
-            .map_or_else(|| crate::time::SystemClock.now_us(), |c| c.now_us())
-            / 1_000;
+        let now_ms = self.now_ms();
         self.watched
             .update(|list| list.retain(|o| !o.expired(now_ms)));
         Ok(self.watched.current())
@@ -185,7 +186,7 @@ impl OverrideStore for MemoryOverrides {
 
     fn forget_local(&self, _key: &BucketKey) {}
 
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
+    fn clock(&self) -> Arc<dyn Clock> {
         self.clock.clone()
     }
 }

@@ -801,7 +801,11 @@ mod tests {
             kind: crate::overrides::OverrideKind::Limit(Limit::new(80, 80, s(1)).unwrap()),
             expires_at_ms: None,
         };
-        let with_stored = limits.with_stored(StoredSet::build(&limits, &[vip_store], None));
+        let with_stored = limits.with_stored(StoredSet::build(
+            &limits,
+            &[vip_store],
+            Arc::new(crate::SystemClock),
+        ));
         let half = with_stored.scaled(50).unwrap();
         let key = BucketKey::new(
             half.name("Gcra").unwrap(),

@@ -9,7 +9,7 @@ use crate::algo::gcra::Limit;
 use crate::key::BucketKey;
 use crate::overrides::{BLOCK_WITHOUT_END, OverrideKind, StoredOverride};
 use crate::quota::Quota;
-use crate::time::{Clock, SystemClock};
+use crate::time::Clock;
 
 /// One stored override, applied.
 #[derive(Debug, Clone)]
@@ -51,9 +51,8 @@ impl StoredSet {
     pub(crate) fn build(
         limits: &Limits,
         list: &[StoredOverride],
-        clock: Option<Arc<dyn Clock>>,
+        clock: Arc<dyn Clock>,
     ) -> Option<Arc<Self>> {
-        let clock = clock.unwrap_or_else(|| Arc::new(SystemClock));
         let now_ms = clock.now_us() / 1_000;
         let mut map = HashMap::default();
         for o in list.iter().filter(|o| !o.expired(now_ms)) {
@@ -71,10 +70,9 @@ impl StoredSet {
     }
 
     fn apply(limits: &Limits, o: &StoredOverride) -> Result<(BucketKey, Applied), String> {
-        let name = limits
-            .name(&o.limit)
-            .ok_or_else(|| "the limit is not defined".to_owned())?;
-        let entry = limits.entry(name).ok_or("the limit is not defined")?;
+        let not_defined = || "the limit is not defined".to_owned();
+        let name = limits.name(&o.limit).ok_or_else(not_defined)?;
+        let entry = limits.entry(name).ok_or_else(not_defined)?;
         let id = entry.kind.parse(&o.id).map_err(|e| e.to_string())?;
         let (quota, block) = match &o.kind {
             OverrideKind::Limit(l) => {

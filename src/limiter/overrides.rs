@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use super::Limiter;
 use crate::backend::{BackendError, OverrideStore, StoreEvent};
-use crate::config::{Limits, StoredSet};
+use crate::config::{Limits, NameEntry, StoredSet};
 use crate::key::IdError;
 use crate::overrides::{OverrideKind, StoredOverride};
-use crate::time::Clock;
 
 /// The longest expiry an override may be given: ten years.
 const MAX_EXPIRY: Duration = Duration::from_secs(10 * 365 * 86_400);
@@ -50,6 +49,26 @@ pub enum OverrideError {
     /// overrides last known stay in force.
     #[error("the override store cannot be reached: {0}")]
     Store(#[from] BackendError),
+}
+
+/// The entry of `limit` in `limits` and `id` in its canonical text, checked against its kind.
+fn canonical<'a>(
+    limits: &'a Limits,
+    limit: &str,
+    id: &str,
+) -> Result<(&'a NameEntry, String), OverrideError> {
+    let entry = limits
+        .name(limit)
+        .and_then(|name| limits.entry(name))
+        .ok_or_else(|| OverrideError::UnknownName(limit.to_owned()))?;
+    let id = entry
+        .kind
+        .parse(id)
+        .map_err(|source| OverrideError::InvalidId {
+            limit: limit.to_owned(),
+            source,
+        })?;
+    Ok((entry, id.to_string()))
 }
 
 /// `limits` with the stored overrides of `list` applied, the gauge set.
@@ -107,19 +126,7 @@ impl Limiter {
         let store = self.store()?;
         let id = {
             let limits = self.load();
-            let name = limits
-                .name(limit)
-                .ok_or_else(|| OverrideError::UnknownName(limit.to_owned()))?;
-            let Some(entry) = limits.entry(name) else {
-                return Err(OverrideError::UnknownName(limit.to_owned()));
-            };
-            let parsed = entry
-                .kind
-                .parse(id)
-                .map_err(|source| OverrideError::InvalidId {
-                    limit: limit.to_owned(),
-                    source,
-                })?;
+            let (entry, id) = canonical(&limits, limit, id)?;
             if let OverrideKind::Limit(l) = &kind {
                 crate::config::check_limit(entry.cost, entry.default.as_ref(), l).map_err(
                     |reason| OverrideError::Refused {
@@ -128,18 +135,14 @@ impl Limiter {
                     },
                 )?;
             }
-            parsed.to_string()
+            id
         };
         let expires_at_ms = match expires_in {
             None => None,
             Some(d) if d.is_zero() || d > MAX_EXPIRY => return Err(OverrideError::Expiry(d)),
             Some(d) => {
-                let now_ms = store
-                    .clock()
-                    .map_or_else(|| crate::time::SystemClock.now_us(), |c| c.now_us())
-                    / 1_000;
                 let ms = u64::try_from(d.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX);
-                Some(now_ms.saturating_add(ms))
+                Some(store.now_ms().saturating_add(ms))
             }
         };
         let o = StoredOverride {
@@ -156,22 +159,17 @@ impl Limiter {
     /// every instance as [`set_override`](Self::set_override) sets one; whether there was one.
     pub async fn remove_override(&self, limit: &str, id: &str) -> Result<bool, OverrideError> {
         let store = self.store()?;
-        let canonical = {
-            let limits = self.load();
-            match limits.name(limit).and_then(|n| limits.id_kind(n)) {
-                Some(kind) => kind
-                    .parse(id)
-                    .map_err(|source| OverrideError::InvalidId {
-                        limit: limit.to_owned(),
-                        source,
-                    })?
-                    .to_string(),
-                // A limit the configuration no longer defines: its overrides can still go.
-                None if store.current().iter().any(|o| o.limit == limit) => id.to_owned(),
-                None => return Err(OverrideError::UnknownName(limit.to_owned())),
+        let id = match canonical(&self.load(), limit, id) {
+            Ok((_, id)) => id,
+            // A limit the configuration no longer defines: its overrides can still go.
+            Err(OverrideError::UnknownName(_))
+                if store.current().iter().any(|o| o.limit == limit) =>
+            {
+                id.to_owned()
             }
+            Err(e) => return Err(e),
         };
-        Ok(store.remove(limit, &canonical).await?)
+        Ok(store.remove(limit, &id).await?)
     }
 
     /// The stored overrides, read from the store now (an error when it cannot be reached; the
@@ -180,10 +178,7 @@ impl Limiter {
     pub async fn stored_overrides(&self) -> Result<Vec<StoredOverride>, OverrideError> {
         let store = self.store()?;
         let list = store.refresh().await?;
-        let now_ms = store
-            .clock()
-            .map_or_else(|| crate::time::SystemClock.now_us(), |c| c.now_us())
-            / 1_000;
+        let now_ms = store.now_ms();
         Ok(list
             .iter()
             .filter(|o| !o.expired(now_ms))

@@ -124,35 +124,27 @@ impl RedisBackend {
                 }
             })
             .await?;
-        let mut list = Vec::new();
-        let mut raw = Vec::new();
-        {
-            for (field, value) in fields {
-                let (Some(field), Some(value)) =
-                    (field.as_str().map(str::to_owned), value.as_string())
-                else {
-                    tracing::warn!("skipping a stored override that is not text");
-                    continue;
-                };
-                match StoredOverride::decode(&value) {
-                    Some(o) if StoredOverride::field(&o.limit, &o.id) == field => {
-                        raw.push((field, value));
+        let now_ms = self.now_ms();
+        let mut list = Vec::with_capacity(fields.len());
+        for (field, value) in fields {
+            let (Some(field), Some(value)) = (field.as_str(), value.as_string()) else {
+                tracing::warn!("skipping a stored override that is not text");
+                continue;
+            };
+            match StoredOverride::decode(&value) {
+                Some(o) if StoredOverride::field(&o.limit, &o.id) == field => {
+                    if o.expired(now_ms) {
+                        self.remove_field(&o.limit, &o.id, &value).await?;
+                    } else {
                         list.push(o);
                     }
-                    _ => tracing::warn!(
-                        field,
-                        "skipping a stored override this crate could not have written"
-                    ),
                 }
+                _ => tracing::warn!(
+                    field,
+                    "skipping a stored override this crate could not have written"
+                ),
             }
         }
-        let now_ms = self.now_ms();
-        for (o, (field, value)) in list.iter().zip(&raw) {
-            if o.expired(now_ms) {
-                self.remove_field(field, value).await?;
-            }
-        }
-        list.retain(|o| !o.expired(now_ms));
         let inner = &self.inner;
         if version >= inner.overrides_version.load(Ordering::Acquire) {
             inner.overrides_version.fetch_max(version, Ordering::AcqRel);
@@ -161,13 +153,17 @@ impl RedisBackend {
         Ok(inner.overrides.current())
     }
 
-    async fn remove_field(&self, field: &str, only_if: &str) -> Result<bool, BackendError> {
-        let Some((limit, id)) = field.split_once(':') else {
-            return Ok(false);
-        };
+    /// Removes the override of `limit` and `id` (only if its stored value is still `only_if`,
+    /// unless that is empty), telling every instance; whether it was there.
+    async fn remove_field(
+        &self,
+        limit: &str,
+        id: &str,
+        only_if: &str,
+    ) -> Result<bool, BackendError> {
         let names = &self.inner.override_names;
         let args = vec![
-            field.to_owned(),
+            StoredOverride::field(limit, id),
             only_if.to_owned(),
             names.channel.clone(),
             message("change", &[(limit, id)]),
@@ -355,9 +351,7 @@ impl OverrideStore for RedisOverrides {
 
     async fn remove(&self, limit: &str, id: &str) -> Result<bool, BackendError> {
         let b = &self.backend;
-        let removed = b
-            .remove_field(&StoredOverride::field(limit, id), "")
-            .await?;
+        let removed = b.remove_field(limit, id, "").await?;
         b.inner.overrides.remove(limit, id);
         b.inner.overrides.tell(&StoreEvent::Forget { limit, id });
         Ok(removed)
@@ -374,7 +368,7 @@ impl OverrideStore for RedisOverrides {
         self.backend.inner.pools.forget(key);
     }
 
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        Some(self.backend.inner.local.clone())
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.backend.inner.local.clone()
     }
 }
