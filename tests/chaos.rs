@@ -4,7 +4,7 @@
 //! (A killed cluster master, and a dead server with the circuit breaker, are in `redis.rs`:
 //! `a_dead_cluster_node_fails_only_its_own_slots`,
 //! `a_dead_redis_opens_the_circuit_and_a_successful_probe_closes_it`; foreign data:
-//! `foreign_data_at_a_key_is_a_fresh_bucket_replaced_by_the_first_write`.)
+//! `foreign_data_at_a_key_is_a_drained_bucket_replaced_at_once`.)
 
 mod support;
 

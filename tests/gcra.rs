@@ -216,13 +216,20 @@ fn overflow_is_an_error_never_a_wrap_or_panic() {
     assert_eq!(o.remaining, 0);
     let o = gcra::refund(&l, Some(u64::MAX), u64::MAX, 10).unwrap();
     assert!(!o.allowed);
-    // Further ahead than the crate writes: foreign, a fresh bucket (it was a denial for
-    // centuries before).
+    // Further ahead than the crate writes: foreign, a bucket drained under this limit (it was
+    // a denial for centuries before, then a fresh bucket, which handed a drained client a
+    // full burst).
     let o = gcra::spend(&l, Some(u64::MAX), T0, 1).unwrap();
-    assert!(o.allowed);
-    assert_eq!(o.remaining, 9);
-    let o = gcra::refund(&l, Some(u64::MAX), 0, 10).unwrap();
     assert!(!o.allowed);
+    assert_eq!(
+        (o.remaining, o.retry_after_us),
+        (0, l.emission_interval_us())
+    );
+    assert_eq!(o.reset_after_us, l.burst_offset_us());
+    // A refund gives back from the drained bucket (and replaces the value).
+    let o = gcra::refund(&l, Some(u64::MAX), 0, 10).unwrap();
+    assert!(o.allowed);
+    assert_eq!(o.new_tat, Some(0));
 }
 
 #[test]
@@ -328,16 +335,22 @@ mod spec {
         u64::try_from(v.max(0)).unwrap_or(u64::MAX)
     }
 
-    /// `docs/gcra.md`'s spend, transcribed literally in `i128` (where nothing overflows): the
-    /// reference `check` must equal. Not used by the library.
-    /// The spec's stored TAT: a foreign one (further ahead than the crate writes) is none.
-    fn ours(limit: &Limit, stored: Option<u64>, now: u64) -> Option<u64> {
-        stored.filter(|&t| {
-            t <= now
-                || t - now <= limit.burst_offset_us() + limit.debt_offset_us() + FOREIGN_SLACK_US
+    /// The spec's stored TAT (`docs/gcra.md`, "Foreign values"): one further ahead than the
+    /// crate writes is read as the bucket drained under the limit, `now + BO`.
+    fn ours(limit: &Limit, stored: Option<u64>, now: u64) -> Option<i128> {
+        stored.map(|t| {
+            let foreign = t > now
+                && t - now > limit.burst_offset_us() + limit.debt_offset_us() + FOREIGN_SLACK_US;
+            if foreign {
+                i128::from(now) + i128::from(limit.burst_offset_us())
+            } else {
+                i128::from(t)
+            }
         })
     }
 
+    /// `docs/gcra.md`'s spend, transcribed literally in `i128` (where nothing overflows): the
+    /// reference `check` must equal. Not used by the library.
     fn spec_check(limit: &Limit, stored: Option<u64>, now: u64, cost: u64) -> GcraOutcome {
         let stored = ours(limit, stored, now);
         let (ei, bo) = (
@@ -345,7 +358,7 @@ mod spec {
             i128::from(limit.burst_offset_us()),
         );
         let now = i128::from(now);
-        let tat = i128::from(stored.unwrap_or(0)).max(now);
+        let tat = stored.unwrap_or(0).max(now);
         let incr = ei * i128::from(cost);
         let new_tat = tat + incr;
         let difference = now - (new_tat - bo);
@@ -373,36 +386,37 @@ mod spec {
         }
     }
 
-    /// `docs/gcra.md`'s refund, transcribed literally.
-    fn spec_refund(limit: &Limit, stored: Option<u64>, now: u64, cost: u64) -> GcraOutcome {
-        let stored = ours(limit, stored, now);
-        let Some(stored) = stored.filter(|&t| t >= now) else {
-            return GcraOutcome {
+    /// `docs/gcra.md`'s refund, transcribed literally: `None` when the TAT it writes does not
+    /// fit in a `u64` (the library's `TimeOverflow`).
+    fn spec_refund(limit: &Limit, stored: Option<u64>, now: u64, cost: u64) -> Option<GcraOutcome> {
+        let now_i = i128::from(now);
+        let Some(read) = ours(limit, stored, now).filter(|&t| t > now_i) else {
+            return Some(GcraOutcome {
                 allowed: false,
                 remaining: limit.burst(),
                 retry_after_us: 0,
                 reset_after_us: 0,
                 new_tat: None,
-            };
+            });
         };
         let (ei, bo) = (
             i128::from(limit.emission_interval_us()),
             i128::from(limit.burst_offset_us()),
         );
-        let now_i = i128::from(now);
-        let new_tat = (i128::from(stored) - ei * i128::from(cost)).max(now_i);
-        let changed = new_tat != i128::from(stored);
-        GcraOutcome {
-            allowed: changed,
+        let new_tat = (read - ei * i128::from(cost)).max(now_i);
+        // Written when it changes the store: a refund, or a foreign value replaced.
+        let changed = Some(new_tat) != stored.map(i128::from);
+        Some(GcraOutcome {
+            allowed: new_tat < read,
             remaining: clamp(now_i - (new_tat - bo)) / limit.emission_interval_us(),
             retry_after_us: 0,
             reset_after_us: clamp(new_tat - now_i),
             new_tat: if changed {
-                u64::try_from(new_tat).ok()
+                Some(u64::try_from(new_tat).ok()?)
             } else {
                 None
             },
-        }
+        })
     }
 
     proptest! {
@@ -455,7 +469,8 @@ mod spec {
                 Err(GcraError::TimeOverflow) => prop_assert!(spec.allowed && spec.new_tat.is_none()),
                 Err(e) => prop_assert!(false, "{e}"),
             }
-            prop_assert_eq!(refund(&limit, Some(tat), now, cost).unwrap(), spec_refund(&limit, Some(tat), now, cost));
+            // Only a refund whose TAT would not fit in a u64 is an error.
+            prop_assert_eq!(refund(&limit, Some(tat), now, cost).ok(), spec_refund(&limit, Some(tat), now, cost));
         }
     }
 }

@@ -284,17 +284,20 @@ async fn concurrency_decides_as_memory_does_on_each_redis() {
     }
 }
 
-/// Leases the crate could not have written (three scored 10^18, decades past any lease time,
-/// at a key of limit 3, with no TTL) hold no slot: they blocked the key for good before. The
-/// first lease taken drops them; a lease at the lease time is still counted.
-async fn foreign_leases_hold_no_slot(url: &str) {
+/// Leases the crate could not have written (deadlines at 10^18: another program's data) are cut
+/// to one lease from now: they hold their slots for one lease time, then end; never for ever
+/// (before the foreign rule: centuries) and never nothing (after it, until this change: the key
+/// admitted three more at once). The cut is written, so it ends on time.
+async fn foreign_leases_are_cut_to_one_lease(url: &str) {
     use fred::interfaces::ClientLike;
-    let backend = backend(url, &unique_prefix("foreign-leases")).await;
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let backend = caller_time_backend(url, &unique_prefix("foreign-leases"), &clock, false).await;
     let limiter = Limiter::new(
         Limits::from_yaml_str(CONCURRENCY_LIMITS, None).unwrap(),
         backend.clone(),
     );
-    let key = limiter.parse_key("Exports", "7").unwrap();
+    // Brief: 2 slots, a lease of 10 s.
+    let key = limiter.parse_key("Brief", "7").unwrap();
     let redis_key = backend.redis_concurrency_key(&key);
     let zadd =
         fred::types::CustomCommand::new_static("ZADD", fred::types::ClusterHash::FirstKey, false);
@@ -308,45 +311,44 @@ async fn foreign_leases_hold_no_slot(url: &str) {
                 "a".into(),
                 "1e18".into(),
                 "b".into(),
-                "1e18".into(),
-                "c".into(),
             ],
         )
         .await
         .unwrap();
-    let d = limiter
-        .spend(&[Transaction::new(key.clone())])
+    let one = [Transaction::new(key.clone())];
+    let spend = || limiter.spend(&one);
+    assert!(
+        !spend().await.unwrap().allowed(),
+        "the two foreign leases hold both slots"
+    );
+    let zscore =
+        fred::types::CustomCommand::new_static("ZSCORE", fred::types::ClusterHash::FirstKey, false);
+    let score: String = client
+        .custom(zscore, vec![redis_key.clone(), "a".into()])
         .await
         .unwrap();
-    assert!(d.allowed(), "foreign leases took no slot");
     assert_eq!(
-        live_leases(&backend, &redis_key).await,
-        1,
-        "only ours is left"
+        score.parse::<u64>().unwrap(),
+        simulate::EPOCH_US + 10_000_000,
+        "cut to one lease from now, and stored so"
     );
-    // Ours count: two more fit, the fourth does not.
-    for _ in 0..2 {
-        assert!(
-            limiter
-                .spend(&[Transaction::new(key.clone())])
-                .await
-                .unwrap()
-                .allowed()
-        );
-    }
+    clock.advance(Duration::from_micros(9_999_999));
     assert!(
-        !limiter
-            .spend(&[Transaction::new(key.clone())])
-            .await
-            .unwrap()
-            .allowed()
+        !spend().await.unwrap().allowed(),
+        "held until the lease ends"
     );
+    clock.advance(Duration::from_micros(1));
+    for _ in 0..2 {
+        assert!(spend().await.unwrap().allowed(), "ended at one lease time");
+    }
+    assert!(!spend().await.unwrap().allowed());
+    assert_eq!(live_leases(&backend, &redis_key).await, 2, "ours");
 }
 
 #[tokio::test]
-async fn foreign_leases_hold_no_slot_on_each_redis() {
-    foreign_leases_hold_no_slot(&TestRedis::single().url).await;
-    foreign_leases_hold_no_slot(&TestRedis::cluster().url).await;
+async fn foreign_leases_are_cut_to_one_lease_on_each_redis() {
+    foreign_leases_are_cut_to_one_lease(&TestRedis::single().url).await;
+    foreign_leases_are_cut_to_one_lease(&TestRedis::cluster().url).await;
 }
 
 /// A renewal on Redis moves a live lease's deadline (the script's renew), never takes a slot

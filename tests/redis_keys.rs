@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use fred::prelude::{ClientLike as _, KeysInterface};
 use support::redis::{RedisServer, TestRedis, unique_prefix};
 use tower_ratelimits::{
-    BackendError, GcraError, Id, Limiter, LimiterError, Limits, ManualClock, Mode, Transaction,
+    BackendError, Clock, GcraError, Id, Limiter, LimiterError, Limits, ManualClock, Mode,
+    Transaction,
 };
 
 /// The trace simulator, from the `simulate` example.
@@ -45,10 +46,12 @@ async fn a_key_expires_exactly_when_its_bucket_is_full_again() {
         .custom(fred::cmd!("PEXPIRETIME"), vec![redis_key.clone()])
         .await
         .unwrap();
+    // Api: burst 2 per second, as much debt: a bound of 2 s, whose bit length (21) the key
+    // keeps as the milliseconds it lives past its TAT (`docs/gcra.md`, "Changing a limit").
     assert_eq!(
         expire_ms as u64,
-        tat.div_ceil(1000),
-        "PXAT is the TAT, rounded up to a ms"
+        tat.div_ceil(1000) + 21,
+        "PXAT is the TAT, rounded up to a ms, and the writer's bound"
     );
 
     // A refund back to full deletes the key at once.
@@ -153,22 +156,29 @@ async fn hostile_ids_keep_their_slot_and_never_collide() {
 
 /// Issue 13, "must define": another program's data at a bucket key (another type, text, a
 /// negative or fractional number, a TAT out of range) used to be an error on every request:
-/// the id was unlimited forever under fail open, blocked forever under fail closed. It is now a
-/// fresh bucket: decided as one, and replaced by the first spend that writes; a check writes
-/// nothing and leaves it.
+/// the id was unlimited forever under fail open, blocked forever under fail closed. Then it was
+/// a fresh bucket, a full burst to whoever wrote it. It is now (issue 43) the bucket drained
+/// under the limit in force: a check sees it so and replaces the value with that drained TAT,
+/// and the id refills from there like any other.
 #[tokio::test]
-async fn foreign_data_at_a_key_is_a_fresh_bucket_replaced_by_the_first_write() {
+async fn foreign_data_at_a_key_is_a_drained_bucket_replaced_at_once() {
     let redis = TestRedis::single();
-    let (backend, limiter) = limiter_on(&redis.url, &unique_prefix("foreign"), KEY_LIMITS).await;
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let backend = caller_time_backend(&redis.url, &unique_prefix("foreign"), &clock, false).await;
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+        backend.clone(),
+    );
     let cases: [(&str, Option<&str>); 6] = [
         ("list", None),
         ("text", Some("not a number")),
         ("negative", Some("-5")),
-        ("float", Some("1.5e3")),
+        ("fraction", Some("1.5")),
         ("huge", Some("99999999999999999999")),
         ("out-of-range", Some("9000000000000000")),
     ];
     for (id, value) in cases {
+        let now = clock.now_us();
         let bad = limiter.parse_key("Api", id).unwrap();
         let bad_key = backend.redis_key(&bad);
         match value {
@@ -190,46 +200,32 @@ async fn foreign_data_at_a_key_is_a_fresh_bucket_replaced_by_the_first_write() {
                     .unwrap();
             }
         }
-        // A check sees a fresh bucket (Api: burst 2) and writes nothing.
+        // A check sees the bucket drained under Api (burst 2 per second): nothing left, the
+        // next unit in 500 ms; the value is replaced by that drained TAT.
         let d = limiter
             .check(&[Transaction::new(bad.clone())])
             .await
             .unwrap();
-        assert!(d.allowed(), "{id}");
-        assert_eq!(d.decisions()[0].remaining(), 1, "{id}");
-        if let Some(v) = value {
-            assert_eq!(
-                raw_get(&backend, &bad_key).await.as_deref(),
-                Some(v),
-                "{id}"
-            );
-        }
-        // A spend decides as on a fresh bucket and replaces the value with its TAT; from then
-        // on the id is limited as any other.
-        assert!(
-            limiter
-                .spend(&[Transaction::new(bad.clone())])
-                .await
-                .unwrap()
-                .allowed()
-        );
-        let stored = raw_get(&backend, &bad_key).await.unwrap();
-        assert!(stored.parse::<u64>().is_ok(), "{id}: {stored}");
-        assert!(
-            limiter
-                .spend(&[Transaction::new(bad.clone())])
-                .await
-                .unwrap()
-                .allowed()
-        );
-        assert!(
-            !limiter
-                .spend(&[Transaction::new(bad.clone())])
-                .await
-                .unwrap()
-                .allowed(),
+        assert!(!d.allowed(), "{id}");
+        assert_eq!(d.decisions()[0].remaining(), 0, "{id}");
+        assert_eq!(
+            d.decisions()[0].retry_after(),
+            Duration::from_millis(500),
             "{id}"
         );
+        assert_eq!(
+            raw_get(&backend, &bad_key).await,
+            Some((now + 1_000_000).to_string()),
+            "{id}"
+        );
+        // From then on the id is limited as any other: one unit every 500 ms.
+        let one = [Transaction::new(bad.clone())];
+        let spend = || limiter.spend(&one);
+        assert!(!spend().await.unwrap().allowed(), "{id}");
+        clock.advance(Duration::from_millis(500));
+        assert!(spend().await.unwrap().allowed(), "{id}");
+        assert!(!spend().await.unwrap().allowed(), "{id}");
+        clock.advance(Duration::from_secs(10));
     }
 }
 
@@ -358,7 +354,7 @@ async fn the_scripts_fast_path_decides_gcra_exactly_as_its_general_path() {
 }
 
 #[tokio::test]
-async fn both_paths_decide_a_tat_beyond_what_the_crate_writes_as_a_fresh_bucket() {
+async fn both_paths_decide_a_tat_beyond_what_the_crate_writes_as_a_drained_bucket() {
     let redis = TestRedis::single();
     let clock = ManualClock::new(simulate::EPOCH_US);
     let (limiter, backend) = path_limiter(&redis.url, "edges", &clock).await;
@@ -386,9 +382,10 @@ async fn both_paths_decide_a_tat_beyond_what_the_crate_writes_as_a_fresh_bucket(
     // G: burst 3 per second (burst offset 1,000,002 us) and 3 units of debt (as much again):
     // the crate writes a TAT at most 2,000,004 us ahead; a minute more is allowed for clocks.
     let furthest = 2_000_004 + tower_ratelimits::__private::gcra::FOREIGN_SLACK_US;
-    let now = simulate::EPOCH_US;
+    let bo = 1_000_002;
     for (path, batch) in [("lean", fast()), ("general", general())] {
         // As far as the crate may write: a bucket in debt, denied until it is repaid.
+        let now = clock.now_us();
         set(now + furthest).await;
         let d = limiter.spend(&batch).await.unwrap();
         assert!(!d.decisions()[0].allowed(), "{path}");
@@ -398,20 +395,34 @@ async fn both_paths_decide_a_tat_beyond_what_the_crate_writes_as_a_fresh_bucket(
             "{path}"
         );
         // One microsecond further, decades ahead (a key blocked for decades before: a
-        // denial writes nothing), 2^52 - 1 and 2^52: not a TAT of ours. A fresh bucket,
-        // replaced by the spend.
+        // denial writes nothing), 2^52 - 1 and 2^52: not a TAT of ours. The bucket drained
+        // under G (not a fresh one, which handed a full burst to whoever wrote it), replaced
+        // by its drained TAT though the spend is denied; one emission interval later a unit
+        // fits.
         for foreign in [
             now + furthest + 1,
             now + 30 * 365 * 86_400_000_000,
             (1 << 52) - 1,
             1 << 52,
         ] {
+            let now = clock.now_us();
             set(foreign).await;
             let d = limiter.spend(&batch).await.unwrap();
-            assert!(d.decisions()[0].allowed(), "{path} {foreign}");
-            assert_eq!(d.decisions()[0].remaining(), 2, "{path} {foreign}");
+            assert!(!d.decisions()[0].allowed(), "{path} {foreign}");
+            assert_eq!(d.decisions()[0].remaining(), 0, "{path} {foreign}");
+            assert_eq!(
+                d.decisions()[0].retry_after(),
+                Duration::from_micros(333_334),
+                "{path} {foreign}"
+            );
             let stored: u64 = raw_get(&backend, &key).await.unwrap().parse().unwrap();
-            assert_eq!(stored, now + 333_334, "{path} {foreign}");
+            assert_eq!(stored, now + bo, "{path} {foreign}");
+            clock.advance(Duration::from_micros(333_334));
+            assert!(
+                limiter.spend(&batch).await.unwrap().allowed(),
+                "{path} {foreign}"
+            );
+            clock.advance(Duration::from_secs(5));
         }
     }
     // A caller clock at 2^52 is refused before anything is sent.

@@ -140,9 +140,11 @@ async fn two_clients_and_128_tasks_grant_exactly_the_tiers_capacity_on_each_redi
 
 /// The same for a tiered key: not MessagePack, MessagePack of the wrong shape, a negative
 /// time, a grant of 1,000 units 30 years ahead (it counted in every window before: the key was
-/// blocked for 30 years), a hash: a fresh state, replaced by the first spend.
+/// blocked for 30 years), a hash: the state drained under the limit (what a fresh key holds
+/// once its whole capacity was granted: Penalty's tier 2 entered and used up, 5 s active),
+/// replaced by it at once; never a fresh state (a full burst to whoever wrote it).
 #[tokio::test]
-async fn foreign_data_at_a_tiered_key_is_a_fresh_state_replaced_by_the_first_write() {
+async fn foreign_data_at_a_tiered_key_is_a_drained_state_replaced_at_once() {
     let redis = TestRedis::single();
     let (backend, limiter) =
         limiter_on(&redis.url, &unique_prefix("tier-foreign"), TIER_LIMITS).await;
@@ -170,11 +172,24 @@ async fn foreign_data_at_a_tiered_key_is_a_fresh_state_replaced_by_the_first_wri
             .await
             .unwrap();
         let d = limiter
+            .check(&[Transaction::new(key.clone())])
+            .await
+            .unwrap();
+        assert!(!d.allowed(), "{value:?}");
+        let replaced = raw_bytes(&backend, &redis_key).await.unwrap();
+        assert_ne!(replaced, value);
+        let d = limiter
             .spend(&[Transaction::new(key.clone())])
             .await
             .unwrap();
-        assert!(d.allowed(), "{value:?}");
-        assert_ne!(raw_bytes(&backend, &redis_key).await.unwrap(), value);
+        assert!(!d.allowed(), "{value:?}");
+        // Tier 2 is active for 5 s from the replacement: the wait says so.
+        let wait = d.strictest().unwrap().retry_after();
+        assert!(
+            wait > Duration::from_secs(4) && wait <= Duration::from_secs(5),
+            "{wait:?}"
+        );
+        assert_eq!(raw_bytes(&backend, &redis_key).await.unwrap(), replaced);
     }
     let key = limiter.parse_key("Penalty", "hash").unwrap();
     let redis_key = backend.redis_tier_key(&key);
@@ -187,7 +202,7 @@ async fn foreign_data_at_a_tiered_key_is_a_fresh_state_replaced_by_the_first_wri
         .await
         .unwrap();
     assert!(
-        limiter
+        !limiter
             .spend(&[Transaction::new(key.clone())])
             .await
             .unwrap()

@@ -195,17 +195,28 @@ pub fn live(deadline: u64, now: u64) -> bool {
     deadline > now
 }
 
-/// Whether a lease with this deadline holds a slot of `limit` at `now`: it has not ended, and
-/// its deadline is no further ahead than the crate can write (the lease time, plus
-/// [`FOREIGN_SLACK_US`](crate::algo::gcra::FOREIGN_SLACK_US) for clocks that disagree). A
-/// deadline beyond that was not written by this crate under this limit (another program's
-/// data, a corrupted value): it holds nothing, and the key's next write drops it.
-pub fn holds(limit: &ConcurrencyLimit, deadline: u64, now: u64) -> bool {
+/// Whether a lease with this deadline holds a slot at `now`: it has not ended. (A deadline
+/// further ahead than the crate writes holds one too, cut to one lease time: [`read`].)
+pub fn holds(deadline: u64, now: u64) -> bool {
     live(deadline, now)
-        && deadline - now
-            <= limit
-                .lease_us
-                .saturating_add(crate::algo::gcra::FOREIGN_SLACK_US)
+}
+
+/// A stored deadline as `limit` reads it at `now`: as it is when it is no further ahead than
+/// the crate writes (the lease time, plus
+/// [`FOREIGN_SLACK_US`](crate::algo::gcra::FOREIGN_SLACK_US) for clocks that disagree); a
+/// deadline beyond that was not written by this crate under this limit (another program's
+/// data, a corrupted value, a clock stepped back): it is cut to a lease taken now, which holds
+/// a slot for one lease time (never for ever, never nothing), and the key's next write stores
+/// it so (`docs/gcra.md`, "Foreign values").
+pub fn read(limit: &ConcurrencyLimit, deadline: u64, now: u64) -> u64 {
+    let furthest = limit
+        .lease_us
+        .saturating_add(crate::algo::gcra::FOREIGN_SLACK_US);
+    if deadline.saturating_sub(now) > furthest {
+        self::deadline(limit, now)
+    } else {
+        deadline
+    }
 }
 
 #[cfg(test)]
@@ -213,16 +224,18 @@ mod tests {
     use super::*;
 
     /// A lease whose deadline is further ahead than a lease runs (plus the slack for clocks)
-    /// holds no slot; one at the lease time does.
+    /// is cut to a lease taken now: it holds a slot for one lease time, not for ever and not
+    /// nothing; one at the lease time is read as it is.
     #[test]
-    fn a_deadline_beyond_the_lease_time_holds_nothing() {
+    fn a_deadline_beyond_the_lease_time_is_cut_to_one_lease() {
         let l = limit(3);
         let now = 5_000_000_000;
         let furthest = now + 1_000_000 + crate::algo::gcra::FOREIGN_SLACK_US;
-        assert!(holds(&l, furthest, now));
-        assert!(!holds(&l, furthest + 1, now));
-        assert!(!holds(&l, 1_000_000_000_000_000_000, now));
-        assert!(!holds(&l, now, now), "ended");
+        assert_eq!(read(&l, furthest, now), furthest);
+        assert_eq!(read(&l, furthest + 1, now), now + 1_000_000);
+        assert_eq!(read(&l, 1_000_000_000_000_000_000, now), now + 1_000_000);
+        assert!(holds(read(&l, u64::MAX, now), now));
+        assert!(!holds(now, now), "ended");
     }
 
     fn limit(max: u64) -> ConcurrencyLimit {

@@ -21,11 +21,12 @@ pub const MAX_BURST_OFFSET_US: u64 = 100 * 365 * 86_400 * 1_000_000;
 
 /// How far beyond what the crate writes a stored time may run before it is foreign: one
 /// minute, for clocks that disagree (instances deciding on their own clocks, a server clock
-/// stepped back). A TAT more than `BO + EI * max_debt` plus this ahead of now, or a lease
-/// deadline more than the lease time plus this, was not written by the crate under this limit
-/// (another program's data, a corrupted value, a limit lowered by more than this in a
-/// reload): it is decided as a fresh bucket (a lease that holds nothing) and replaced by the
-/// first write. The Redis script holds the same value (`SLACK`).
+/// stepped back). A TAT more than the larger of `BO + EI * max_debt` (this limit's bound) and
+/// its writer's bound (the limit that wrote it, recorded with it: `docs/gcra.md`, "Changing a
+/// limit") plus this ahead of now, or a lease deadline more than the lease time plus this, was
+/// not written by the crate (another program's data, a corrupted value, a clock stepped
+/// back): it is read as drained under the limit in force (a lease ending one lease time from
+/// now) and replaced by that state. The Redis script holds the same value (`SLACK`).
 pub const FOREIGN_SLACK_US: u64 = 60_000_000;
 
 /// The default time to live of prefetched tokens ([`Limit::with_prefetch`]): one second.
@@ -168,9 +169,13 @@ pub struct Limit {
     count: u64,
     period_us: u64,
     emission_interval_us: u64,
-    burst_offset_us: u64,
-    /// `BO + EI * max_debt + FOREIGN_SLACK_US`: a TAT further ahead of now is foreign (read on
-    /// every decision; `EI * max_debt` is derived from it, so a limit is 56 bytes).
+    /// `EI * max_debt`: how far beyond the burst offset a charge may take the TAT. (The burst
+    /// offset `EI * burst` is computed where it is read: one multiplication, so a limit stays
+    /// 56 bytes.)
+    debt_offset_us: u64,
+    /// A stored TAT further ahead of now is foreign (read on every decision): this limit's
+    /// bound `BO + EI * max_debt` plus [`FOREIGN_SLACK_US`], or the bound of the limit that
+    /// wrote the TAT when that is larger ([`Limit::reading`], for one decision).
     foreign_after_us: u64,
     /// Tokens an instance may prefetch (0: none); at most the burst.
     prefetch: u32,
@@ -221,22 +226,59 @@ impl Limit {
             count,
             period_us,
             emission_interval_us,
-            burst_offset_us,
+            debt_offset_us: max_debt * emission_interval_us,
             foreign_after_us: burst_offset_us + max_debt * emission_interval_us + FOREIGN_SLACK_US,
             prefetch: 0,
             prefetch_ttl_us: DEFAULT_PREFETCH_TTL_US,
         })
     }
 
-    /// How far ahead of `now` the stored TAT `stored` runs (0: none, in the past, or
-    /// foreign: further than the crate writes, see [`FOREIGN_SLACK_US`]).
+    /// How far ahead of `now` the stored TAT `stored` runs (0: none, or in the past); for a
+    /// foreign one (further than the crate writes, see [`FOREIGN_SLACK_US`]), the burst
+    /// offset: the bucket drained under this limit, which is what it is replaced with
+    /// ([`Limit::repair`]).
     #[inline(always)]
     pub(crate) fn ahead_of(&self, stored: Option<u64>, now: u64) -> u64 {
         let ahead = stored.unwrap_or(0).saturating_sub(now);
         if ahead > self.foreign_after_us {
-            0
+            self.burst_offset_us()
         } else {
             ahead
+        }
+    }
+
+    /// Whether `stored` runs further ahead of `now` than the crate writes (as this limit reads
+    /// it): foreign, read as drained ([`ahead_of`](Self::ahead_of)).
+    #[inline]
+    pub(crate) fn is_foreign(&self, stored: Option<u64>, now: u64) -> bool {
+        stored.unwrap_or(0).saturating_sub(now) > self.foreign_after_us
+    }
+
+    /// The TAT that replaces a foreign `stored` at `now`: the bucket drained under this limit
+    /// (`now + BO`), whatever the decision that read it (a denial writes it too: left in place,
+    /// a foreign TAT would be read as drained for ever). `None` when `stored` is not foreign.
+    pub(crate) fn repair(&self, stored: Option<u64>, now: u64) -> Option<u64> {
+        self.is_foreign(stored, now)
+            .then(|| now.saturating_add(self.burst_offset_us()))
+    }
+
+    /// The furthest ahead of now a write under this limit sets the TAT: `BO + EI * max_debt`
+    /// (recorded with every write as the writer's bound: `docs/gcra.md`, "Changing a limit").
+    #[inline]
+    pub(crate) fn bound_us(&self) -> u64 {
+        self.burst_offset_us() + self.debt_offset_us
+    }
+
+    /// This limit reading a TAT written under a limit whose bound was `writer_bound_us` (the
+    /// limit the bucket had before a change): a TAT up to that far ahead (plus the slack) is
+    /// the crate's, not foreign. For one decision; what it writes is this limit's.
+    #[inline]
+    pub(crate) fn reading(&self, writer_bound_us: u64) -> Self {
+        Self {
+            foreign_after_us: self
+                .foreign_after_us
+                .max(writer_bound_us.saturating_add(FOREIGN_SLACK_US)),
+            ..*self
         }
     }
 
@@ -246,7 +288,7 @@ impl Limit {
     pub fn with_max_debt(self, max_debt: u64) -> Result<Self, LimitError> {
         let fits = max_debt
             .checked_mul(self.emission_interval_us)
-            .and_then(|d| d.checked_add(self.burst_offset_us))
+            .and_then(|d| d.checked_add(self.burst_offset_us()))
             .is_some_and(|ahead| ahead <= MAX_BURST_OFFSET_US);
         if !fits {
             return Err(LimitError::DebtTooLarge {
@@ -256,7 +298,8 @@ impl Limit {
             });
         }
         Ok(Self {
-            foreign_after_us: self.burst_offset_us
+            debt_offset_us: max_debt * self.emission_interval_us,
+            foreign_after_us: self.burst_offset_us()
                 + max_debt * self.emission_interval_us
                 + FOREIGN_SLACK_US,
             ..self
@@ -312,12 +355,12 @@ impl Limit {
     ///
     /// [`Mode::Charge`]: crate::Mode::Charge
     pub fn max_debt(&self) -> u64 {
-        self.debt_offset_us() / self.emission_interval_us
+        self.debt_offset_us / self.emission_interval_us
     }
 
     /// `EI * max_debt`: how far beyond the burst offset a charge may take the TAT.
     pub fn debt_offset_us(&self) -> u64 {
-        self.foreign_after_us - self.burst_offset_us - FOREIGN_SLACK_US
+        self.debt_offset_us
     }
 
     /// The most tokens the bucket holds: the largest burst of cost-1 requests.
@@ -361,8 +404,10 @@ impl Limit {
     }
 
     /// `emission interval * burst`: how far the TAT may run ahead of now.
+    #[inline(always)]
     pub fn burst_offset_us(&self) -> u64 {
-        self.burst_offset_us
+        // Checked at construction: at most `MAX_BURST_OFFSET_US`.
+        self.emission_interval_us * self.burst
     }
 }
 
@@ -582,38 +627,37 @@ pub fn charge(
 /// Gives back `cost` tokens, never above a full bucket.
 ///
 /// `allowed` tells whether anything was refunded. A missing bucket or one whose TAT is in the
-/// past is full already: nothing changes.
+/// past is full already: nothing changes. A foreign TAT is read as drained (as every
+/// computation reads it), so the refund gives back from a drained bucket and its `new_tat`
+/// replaces the foreign value.
 pub fn refund(
     limit: &Limit,
     stored_tat: Option<u64>,
     now: u64,
     cost: u64,
 ) -> Result<GcraOutcome, GcraError> {
-    let stored = match stored_tat {
-        // A foreign TAT is no bucket: nothing to refund.
-        Some(t) if t >= now && t - now <= limit.foreign_after_us => t,
-        _ => {
-            return Ok(GcraOutcome {
-                allowed: false,
-                remaining: limit.burst(),
-                retry_after_us: 0,
-                reset_after_us: 0,
-                new_tat: None,
-            });
-        }
-    };
+    let ahead = limit.ahead_of(stored_tat, now);
+    if ahead == 0 {
+        return Ok(GcraOutcome {
+            allowed: false,
+            remaining: limit.burst(),
+            retry_after_us: 0,
+            reset_after_us: 0,
+            new_tat: None,
+        });
+    }
     let ei = limit.emission_interval_us();
     let bo = limit.burst_offset_us();
-    // new_tat = max(stored - EI * cost, now), measured from now.
-    let ahead = (stored - now).saturating_sub(ei.saturating_mul(cost));
-    let new_tat = now + ahead; // between now and stored
-    let changed = new_tat != stored;
+    // new_tat = max(tat - EI * cost, now), measured from now.
+    let after = ahead.saturating_sub(ei.saturating_mul(cost));
+    let new_tat = now.checked_add(after).ok_or(GcraError::TimeOverflow)?;
     Ok(GcraOutcome {
-        allowed: changed,
-        remaining: bo.saturating_sub(ahead) / ei,
+        allowed: after < ahead,
+        remaining: bo.saturating_sub(after) / ei,
         retry_after_us: 0,
-        reset_after_us: ahead,
-        new_tat: changed.then_some(new_tat),
+        reset_after_us: after,
+        // Written when it changes the store: a refund, or a foreign value replaced.
+        new_tat: (Some(new_tat) != stored_tat).then_some(new_tat),
     })
 }
 
@@ -674,31 +718,53 @@ mod limit_tests {
     }
 
     /// A TAT as far ahead as the crate writes (burst offset, debt, the slack) is a bucket in
-    /// debt; one microsecond further it is foreign: a fresh bucket for every computation (a
-    /// TAT decades ahead blocked its key for decades before: a denial writes nothing).
+    /// debt; one microsecond further it is foreign: a bucket drained under this limit for every
+    /// computation, replaced by that drained state (a TAT decades ahead blocked its key for
+    /// decades before, since a denial writes nothing; read as fresh, a bucket drained under a
+    /// larger limit was handed a full burst).
     #[test]
-    fn a_tat_beyond_what_the_crate_writes_is_a_fresh_bucket() {
+    fn a_tat_beyond_what_the_crate_writes_is_a_drained_bucket() {
         let l = Limit::from_micros(3, 3, 1_000_000)
             .unwrap()
             .with_max_debt(2)
             .unwrap();
         let now = 1_000_000_000_000;
-        let furthest = l.burst_offset_us() + l.debt_offset_us() + FOREIGN_SLACK_US;
+        let bo = l.burst_offset_us();
+        let furthest = l.bound_us() + FOREIGN_SLACK_US;
         let ours = Some(now + furthest);
         assert!(!check(&l, ours, now, 0).unwrap().allowed);
         assert_eq!(charge(&l, ours, now, 5).unwrap().1, 0);
         assert!(refund(&l, ours, now, 1).unwrap().allowed);
+        assert_eq!(l.repair(ours, now), None);
+        let drained = Some(now + bo);
         for foreign in [
             now + furthest + 1,
             now + 30 * 365 * 86_400_000_000,
             u64::MAX,
         ] {
             let d = check(&l, Some(foreign), now, 1).unwrap();
-            assert_eq!(d, check(&l, None, now, 1).unwrap(), "{foreign}");
-            assert_eq!(d.new_tat, Some(now + l.emission_interval_us()));
-            assert_eq!(check_range(&l, Some(foreign), now, 0, 9).unwrap().1, 3);
-            assert_eq!(charge(&l, Some(foreign), now, 9).unwrap().1, 5);
-            assert!(!refund(&l, Some(foreign), now, 1).unwrap().allowed);
+            assert_eq!(d, check(&l, drained, now, 1).unwrap(), "{foreign}");
+            assert!(!d.allowed);
+            assert_eq!(
+                (d.remaining, d.retry_after_us),
+                (0, l.emission_interval_us())
+            );
+            // A probe sees the drained bucket; a range gets nothing; a charge goes into debt.
+            assert!(check(&l, Some(foreign), now, 0).unwrap().allowed);
+            assert_eq!(check_range(&l, Some(foreign), now, 0, 9).unwrap().1, 0);
+            assert_eq!(charge(&l, Some(foreign), now, 9).unwrap().1, 2);
+            // A refund gives back from the drained bucket, and its write replaces the value.
+            let r = refund(&l, Some(foreign), now, 1).unwrap();
+            assert!(r.allowed);
+            assert_eq!(r.new_tat, Some(now + bo - l.emission_interval_us()));
+            assert_eq!(l.repair(Some(foreign), now), drained);
+            // Read by a limit that knows its writer's bound, it is the crate's.
+            let wide = l.reading(foreign - now);
+            assert!(!wide.is_foreign(Some(foreign), now));
+            assert_eq!(
+                check(&wide, Some(foreign), now, 0).unwrap().reset_after_us,
+                foreign - now
+            );
         }
     }
 

@@ -320,7 +320,7 @@ impl TierState {
 
     /// Whether the state holds a time further ahead of `now` than the crate writes (any time
     /// beyond [`FOREIGN_SLACK_US`](crate::algo::gcra::FOREIGN_SLACK_US) ahead): not a state of
-    /// ours, decided as a fresh one and replaced by the first write.
+    /// ours, read as [`drained`] and replaced by it.
     pub(crate) fn is_foreign(&self, now: u64) -> bool {
         let far = now.saturating_add(crate::algo::gcra::FOREIGN_SLACK_US);
         self.tiers
@@ -604,6 +604,22 @@ pub fn spend(
     Ok(decision)
 }
 
+/// The state of a key drained under `limit` at `now`: what a fresh key holds after a request
+/// of the limit's whole capacity was granted (every tier entered and used up). A tier state the
+/// crate could not have written is read as this, and replaced by it (`docs/gcra.md`, "Foreign
+/// values"): a key never waits longer for it than the limit itself can make it wait, and never
+/// gets a fresh burst.
+pub fn drained(limit: &TieredLimit, now: u64) -> TierState {
+    let mut state = TierState::new();
+    let capacity = limit.capacity();
+    if let Ok((d, plan)) = decide(limit, &state, now, capacity, capacity)
+        && d.allowed
+    {
+        apply(limit, &mut state, now, &plan);
+    }
+    state
+}
+
 /// Takes back up to `units` of the most recent grants that still count, newest first (the
 /// higher tier first among equal times). Entry times do not change: a tier entered stays
 /// entered. `allowed` is whether anything was taken back; `granted` and `units` say how much.
@@ -778,6 +794,28 @@ fn retry_after(limit: &TieredLimit, state: &TierState, now: u64, need: u64) -> u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The drained state is what a fresh key holds once its whole capacity was granted: nothing
+    /// more is granted until the tiers' own times say so.
+    #[test]
+    fn a_drained_state_is_a_fresh_key_after_its_whole_capacity() {
+        let limit = TieredLimit::new([
+            Tier::from_micros(5, 1_000_000, 1_000_000, 0),
+            Tier::from_micros(50, 5_000_000, 5_000_000, 15_000_000),
+        ])
+        .unwrap();
+        let now = 7_000_000_000;
+        let mut spent = TierState::new();
+        spend(&limit, &mut spent, now, 55, 55).unwrap();
+        let drained = drained(&limit, now);
+        assert_eq!(drained, spent);
+        let (d, _) = decide(&limit, &drained, now, 1, 1).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(
+            d.retry_after_us, 5_000_001,
+            "tier 2 active for 5 s, then tier 1 serves"
+        );
+    }
 
     #[test]
     fn validation_names_the_tier_and_field() {

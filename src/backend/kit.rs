@@ -69,9 +69,10 @@
 
 use crate::algo::concurrency::{self, ConcurrencyLimit};
 use crate::algo::gcra::{self, GcraError, GcraOutcome, Limit};
-use crate::algo::tiers::{self, TierState};
+use crate::algo::tiers::{self, TierState, TieredLimit};
 use crate::mode::Mode;
 use crate::quota::Quota;
+use std::borrow::Cow;
 
 use super::{BackendError, BucketTx, Outcome, Outcomes};
 
@@ -80,7 +81,11 @@ use super::{BackendError, BucketTx, Outcome, Outcomes};
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Stored {
-    /// A GCRA bucket: its theoretical arrival time, in microseconds.
+    /// A GCRA bucket: one word, its theoretical arrival time in microseconds in the low 58
+    /// bits and, in the top 6, the bound of the limit that wrote it (how far ahead of its
+    /// writing that limit could set the TAT, as a bit length: `docs/gcra.md`, "Changing a
+    /// limit"). Keep the word as it is; a plain TAT (the top bits 0) is read as written by the
+    /// limit in force.
     Tat(u64),
     /// A tiered key: its grants per tier.
     Tiers(TierState),
@@ -94,7 +99,7 @@ pub enum Stored {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Read<'a> {
-    /// A GCRA bucket's theoretical arrival time (0: none).
+    /// A GCRA bucket's stored word ([`Stored::Tat`]; 0: none).
     Tat(u64),
     /// A tiered key's grants per tier.
     Tiers(&'a TierState),
@@ -121,8 +126,10 @@ pub struct Spent {
     pub allowed: bool,
     /// What each transaction reports.
     pub outcomes: Outcomes,
-    /// What to store for each transaction's bucket (`None`: leave it as it is). All `None`
-    /// when the batch is denied: a denied batch writes nothing.
+    /// What to store for each transaction's bucket (`None`: leave it as it is). When the batch
+    /// is denied, only the states that replace foreign ones (a value the crate could not have
+    /// written, read as drained: `docs/gcra.md`, "Foreign values"): a denied batch spends
+    /// nothing.
     pub writes: smallvec::SmallVec<[Option<Stored>; 4]>,
 }
 
@@ -147,24 +154,30 @@ pub fn spend(
 ) -> Result<Spent, BackendError> {
     let mut outcomes = Outcomes::with_capacity(batch.len());
     let mut writes = smallvec::SmallVec::with_capacity(batch.len());
+    // What replaces a foreign value, written whatever the batch decides.
+    let mut repairs: smallvec::SmallVec<[Option<Stored>; 4]> =
+        smallvec::SmallVec::with_capacity(batch.len());
     for (i, tx) in batch.iter().enumerate() {
         let stored = read.get(i).copied().flatten();
+        let mut repair = None;
         let (outcome, write) = match tx.quota {
             Quota::Gcra(limit) => {
-                let tat = match stored {
+                let word = match stored {
                     Some(Read::Tat(t)) => t,
                     _ => 0,
                 };
-                let d = gcra_decide(tx, limit, (tat != 0).then_some(tat), now)?;
-                let write = gcra_write(tx.mode, &d.out, tat, now).map(Stored::Tat);
-                (d.outcome(), write)
+                let step = gcra_step(tx, limit, word, now)?;
+                repair = step.repair.map(Stored::Tat);
+                (step.decision.outcome(), step.write.map(Stored::Tat))
             }
             Quota::Tiered(limit) => {
-                let fresh = TierState::new();
-                let state = match stored {
-                    Some(Read::Tiers(s)) if !s.is_foreign(now) => s,
-                    _ => &fresh,
-                };
+                let read = read_tiers(limit, stored, now);
+                if let Cow::Owned(drained) = &read
+                    && !drained.is_empty()
+                {
+                    repair = Some(Stored::Tiers(drained.clone()));
+                }
+                let state = &*read;
                 let (d, plan) = tiers::decide(limit, state, now, tx.min_cost, tx.cost)?;
                 let write = (d.allowed && tx.mode.spends()).then(|| {
                     let mut next = state.clone();
@@ -173,40 +186,42 @@ pub fn spend(
                 });
                 (Outcome::tiered(&d, limit), write)
             }
-            Quota::Concurrency(limit) if tx.mode == Mode::Renew => {
-                let leases = match stored {
-                    Some(Read::Leases(l)) => l,
-                    _ => &[],
-                };
-                let (renewed, next) = renew(limit, leases, tx.lease, now);
-                let live = live_leases(limit, leases, now);
-                (
-                    Outcome::new(renewed, limit.max().saturating_sub(live), 0, 0),
-                    renewed.then_some(Stored::Leases(next)),
-                )
-            }
             Quota::Concurrency(limit) => {
-                let leases = match stored {
-                    Some(Read::Leases(l)) => l,
-                    _ => &[],
-                };
-                let live = live_leases(limit, leases, now);
-                let d = if tx.mode == Mode::Charge {
-                    concurrency::charge(limit, live, tx.cost == 1)
+                let (leases, cut) = read_leases(limit, stored, now);
+                if cut {
+                    repair = Some(Stored::Leases(leases.to_vec()));
+                }
+                let live = live_leases(&leases, now);
+                if tx.mode == Mode::Renew {
+                    let (renewed, next) = renew(limit, &leases, tx.lease, now);
+                    (
+                        Outcome::new(renewed, limit.max().saturating_sub(live), 0, 0),
+                        renewed.then_some(Stored::Leases(next)),
+                    )
                 } else {
-                    concurrency::decide(limit, live, tx.cost == 1)
-                };
-                let write = (d.allowed && takes_lease(tx))
-                    .then(|| Stored::Leases(with_lease(leases, limit, tx.lease, now)));
-                (Outcome::from(d), write)
+                    let d = if tx.mode == Mode::Charge {
+                        concurrency::charge(limit, live, tx.cost == 1)
+                    } else {
+                        concurrency::decide(limit, live, tx.cost == 1)
+                    };
+                    let write = (d.allowed && takes_lease(tx))
+                        .then(|| Stored::Leases(with_lease(&leases, limit, tx.lease, now)));
+                    (Outcome::from(d), write)
+                }
             }
         };
         outcomes.push(outcome);
         writes.push(write);
+        repairs.push(repair);
     }
     let allowed = batch_allowed(batch.iter().zip(&outcomes));
-    if !allowed {
-        writes.iter_mut().for_each(|w| *w = None);
+    for (write, repair) in writes.iter_mut().zip(repairs) {
+        if !allowed {
+            *write = None;
+        }
+        if write.is_none() {
+            *write = repair;
+        }
     }
     Ok(Spent {
         allowed,
@@ -224,27 +239,28 @@ pub fn refund(
 ) -> Result<(Outcome, Option<Stored>), BackendError> {
     Ok(match tx.quota {
         Quota::Gcra(limit) => {
-            let tat = match stored {
-                Some(Read::Tat(t)) if t != 0 => Some(t),
-                _ => None,
+            let word = match stored {
+                Some(Read::Tat(t)) => t,
+                _ => 0,
             };
-            let out = gcra::refund(limit, tat, now, tx.cost)?;
-            (out.into(), out.new_tat.map(Stored::Tat))
+            let (tat, writer) = gcra_unword(word);
+            let wide = reading(limit, writer);
+            let limit = wide.as_ref().unwrap_or(limit);
+            let out = gcra::refund(limit, (tat != 0).then_some(tat), now, tx.cost)?;
+            // What a refund leaves may still be as far ahead as the writer set it: keep its
+            // bound with it.
+            let bound = limit.bound_us().max(writer);
+            let write = out.new_tat.map(|t| gcra_word(t, bound)).transpose()?;
+            (out.into(), write.map(Stored::Tat))
         }
         Quota::Tiered(limit) => {
-            let mut state = match stored {
-                Some(Read::Tiers(s)) if !s.is_foreign(now) => s.clone(),
-                _ => TierState::new(),
-            };
+            let mut state = read_tiers(limit, stored, now).into_owned();
             let d = tiers::refund(limit, &mut state, now, tx.cost);
             (Outcome::tiered(&d, limit), Some(Stored::Tiers(state)))
         }
         Quota::Concurrency(limit) => {
-            let leases = match stored {
-                Some(Read::Leases(l)) => l,
-                _ => &[],
-            };
-            let (released, left) = release(limit, leases, tx.lease, now);
+            let (leases, _) = read_leases(limit, stored, now);
+            let (released, left) = release(&leases, tx.lease, now);
             let live = left.len() as u64;
             (
                 Outcome::new(released, limit.max().saturating_sub(live), 0, 0),
@@ -252,6 +268,126 @@ pub fn refund(
             )
         }
     })
+}
+
+/// How a GCRA bucket is kept in one word ([`Stored::Tat`]): the bit length of the writer's
+/// bound in the top 6 bits, the TAT below (microseconds, so until the year 11,100).
+const WRITER_SHIFT: u32 = 58;
+const TAT_MASK: u64 = (1 << WRITER_SHIFT) - 1;
+
+/// The stored word of a TAT written under a limit whose bound is `bound_us`
+/// ([`Limit::bound_us`]: at most 100 years, so its bit length is at most 52). A TAT beyond the
+/// word's 58 bits is [`GcraError::TimeOverflow`].
+pub(crate) fn gcra_word(tat: u64, bound_us: u64) -> Result<u64, GcraError> {
+    if tat > TAT_MASK {
+        return Err(GcraError::TimeOverflow);
+    }
+    let length = u64::from(u64::BITS - bound_us.leading_zeros());
+    Ok(tat | (length << WRITER_SHIFT))
+}
+
+/// A stored word's TAT, and its writer's bound: `2^length` (above the bound itself), 0 when
+/// none is recorded (a plain TAT) or the length is not one the crate writes.
+pub(crate) fn gcra_unword(word: u64) -> (u64, u64) {
+    let length = word >> WRITER_SHIFT;
+    let bound = if (1..=52).contains(&length) {
+        1 << length
+    } else {
+        0
+    };
+    (word & TAT_MASK, bound)
+}
+
+/// `limit` widened to read TATs its writer set up to `writer_bound_us` ahead, when that is
+/// further than `limit` itself writes (`None`: `limit` as it is). The one place a decision
+/// learns that a bucket was drained under a larger limit (`docs/gcra.md`, "Changing a limit").
+#[inline]
+pub(crate) fn reading(limit: &Limit, writer_bound_us: u64) -> Option<Limit> {
+    (writer_bound_us > limit.bound_us()).then(|| limit.reading(writer_bound_us))
+}
+
+/// `limit` reading a TAT a store already judged to be the crate's (the Redis script's answer,
+/// what an instance remembers of one): widened only when the TAT runs beyond `limit`'s own
+/// bound, so that the decision is the store's (`None`: `limit` as it is).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[inline]
+pub(crate) fn trusted(limit: &Limit, tat: Option<u64>, now: u64) -> Option<Limit> {
+    limit.is_foreign(tat, now).then(|| limit.reading(u64::MAX))
+}
+
+/// One GCRA transaction on a stored word: its decision ([`gcra_decide`]), the word it writes
+/// when its batch is allowed ([`gcra_write`], under this limit's bound), and the word that
+/// replaces a foreign value whatever the batch decides (the bucket drained under this limit).
+pub(crate) struct GcraStep {
+    pub(crate) decision: GcraDecision,
+    pub(crate) write: Option<u64>,
+    pub(crate) repair: Option<u64>,
+}
+
+/// The GCRA step of `tx` on the bucket stored as `word` (0: none) at `now`: every backend that
+/// keeps words (memory, the kit's users) decides a GCRA transaction through it.
+#[inline(always)]
+pub(crate) fn gcra_step(
+    tx: &BucketTx<'_>,
+    limit: &Limit,
+    word: u64,
+    now: u64,
+) -> Result<GcraStep, GcraError> {
+    let (tat, writer) = gcra_unword(word);
+    let wide = reading(limit, writer);
+    let read = wide.as_ref().unwrap_or(limit);
+    let stored = (tat != 0).then_some(tat);
+    let decision = gcra_decide(tx, read, stored, now)?;
+    let bound = limit.bound_us();
+    let write = gcra_write(tx.mode, &decision.out, tat, now)
+        .map(|t| gcra_word(t, bound))
+        .transpose()?;
+    let repair = match read.repair(stored, now) {
+        Some(t) => Some(gcra_word(t, bound)?),
+        None => None,
+    };
+    Ok(GcraStep {
+        decision,
+        write,
+        repair,
+    })
+}
+
+/// A tiered key's state as `limit` reads it at `now`: as stored, fresh when none is (or one of
+/// another shape), drained ([`tiers::drained`]) when it holds a time further ahead than the
+/// crate writes (then an owned, non-empty state: the caller writes it whatever it decides).
+fn read_tiers<'s>(limit: &TieredLimit, stored: Option<Read<'s>>, now: u64) -> Cow<'s, TierState> {
+    match stored {
+        Some(Read::Tiers(s)) if !s.is_foreign(now) => Cow::Borrowed(s),
+        Some(Read::Tiers(_)) => Cow::Owned(tiers::drained(limit, now)),
+        _ => Cow::Owned(TierState::new()),
+    }
+}
+
+/// A concurrency key's leases as `limit` reads them at `now` ([`concurrency::read`]: a
+/// deadline beyond what the crate writes is cut to one lease from now), and whether one was
+/// cut (then the key is written so, whatever the decision).
+fn read_leases<'s>(
+    limit: &ConcurrencyLimit,
+    stored: Option<Read<'s>>,
+    now: u64,
+) -> (Cow<'s, [(u64, u64)]>, bool) {
+    let leases: &[(u64, u64)] = match stored {
+        Some(Read::Leases(l)) => l,
+        _ => &[],
+    };
+    let cut = leases
+        .iter()
+        .any(|&(_, d)| concurrency::read(limit, d, now) != d);
+    if !cut {
+        return (Cow::Borrowed(leases), false);
+    }
+    let read = leases
+        .iter()
+        .map(|&(id, d)| (id, concurrency::read(limit, d, now)))
+        .filter(|&(_, d)| concurrency::holds(d, now))
+        .collect();
+    (Cow::Owned(read), true)
 }
 
 /// The GCRA decision of a transaction on a bucket whose stored TAT is `stored`: its single cost
@@ -321,8 +457,8 @@ pub(crate) fn takes_lease(tx: &BucketTx<'_>) -> bool {
 }
 
 /// Renews lease `id` at `now`: whether it still held its slot, and the key's live leases with
-/// its deadline moved to now plus the lease time (as the script: ended and foreign leases go).
-/// A lease that no longer holds a slot is not taken again.
+/// its deadline moved to now plus the lease time (as the script: ended leases go; `leases` as
+/// [`read_leases`] gives them). A lease that no longer holds a slot is not taken again.
 pub(crate) fn renew(
     limit: &ConcurrencyLimit,
     leases: &[(u64, u64)],
@@ -332,7 +468,7 @@ pub(crate) fn renew(
     let mut renewed = false;
     let next = leases
         .iter()
-        .filter(|&&(_, deadline)| concurrency::holds(limit, deadline, now))
+        .filter(|&&(_, deadline)| concurrency::holds(deadline, now))
         .map(|&(l, deadline)| {
             if l == id && id != 0 {
                 renewed = true;
@@ -345,15 +481,16 @@ pub(crate) fn renew(
     (renewed, next)
 }
 
-/// The leases of a key that hold a slot at `now` ([`concurrency::holds`]).
-pub(crate) fn live_leases(limit: &ConcurrencyLimit, leases: &[(u64, u64)], now: u64) -> u64 {
+/// The leases of a key that hold a slot at `now` ([`concurrency::holds`]; `leases` as
+/// [`read_leases`] gives them).
+pub(crate) fn live_leases(leases: &[(u64, u64)], now: u64) -> u64 {
     leases
         .iter()
-        .filter(|&&(_, deadline)| concurrency::holds(limit, deadline, now))
+        .filter(|&&(_, deadline)| concurrency::holds(deadline, now))
         .count() as u64
 }
 
-/// A key's live leases with lease `id` taken at `now` (the ended and foreign ones dropped).
+/// A key's live leases with lease `id` taken at `now` (the ended ones dropped).
 pub(crate) fn with_lease(
     leases: &[(u64, u64)],
     limit: &ConcurrencyLimit,
@@ -363,21 +500,16 @@ pub(crate) fn with_lease(
     let mut next: Vec<(u64, u64)> = leases
         .iter()
         .copied()
-        .filter(|&(_, deadline)| concurrency::holds(limit, deadline, now))
+        .filter(|&(_, deadline)| concurrency::holds(deadline, now))
         .collect();
     next.push((id, concurrency::deadline(limit, now)));
     next
 }
 
 /// Gives back lease `id`: whether it was held (a live lease of that id), and the live leases
-/// left (as the script: ended and foreign leases go first, then it).
-pub(crate) fn release(
-    limit: &ConcurrencyLimit,
-    leases: &[(u64, u64)],
-    id: u64,
-    now: u64,
-) -> (bool, Vec<(u64, u64)>) {
-    let holds = |deadline| concurrency::holds(limit, deadline, now);
+/// left (as the script: ended leases go first, then it).
+pub(crate) fn release(leases: &[(u64, u64)], id: u64, now: u64) -> (bool, Vec<(u64, u64)>) {
+    let holds = |deadline| concurrency::holds(deadline, now);
     let held = id != 0
         && leases
             .iter()

@@ -44,8 +44,8 @@ use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
 use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
+use crate::algo::concurrency;
 use crate::algo::tiers::{self, TierState};
-use crate::algo::{concurrency, gcra};
 use crate::backend::Outcome;
 use crate::key::BucketKey;
 use crate::quota::Quota;
@@ -336,7 +336,7 @@ impl MemoryBackend {
         self.inner
             .map
             .get(Buckets::place(key))
-            .and_then(|v| stored(v.load(Ordering::Acquire)))
+            .and_then(|v| stored(kit::gcra_unword(v.load(Ordering::Acquire)).0))
     }
 
     /// Drops every bucket that equals a fresh one (TAT at or before now) and returns how many
@@ -344,8 +344,8 @@ impl MemoryBackend {
     pub fn sweep(&self) -> usize {
         let now = self.now();
         let mut dropped = 0;
-        self.inner.map.retain(|tat| {
-            let keep = tat.load(Ordering::Acquire) > now;
+        self.inner.map.retain(|word| {
+            let keep = kit::gcra_unword(word.load(Ordering::Acquire)).0 > now;
             if !keep {
                 dropped += 1;
             }
@@ -514,7 +514,7 @@ impl MemoryBackend {
         new: u64,
         now: u64,
     ) -> Result<bool, BackendError> {
-        if expected != 0 && expected > now {
+        if kit::gcra_unword(expected).0 > now {
             // We read a live bucket that has since gone: someone reset it. Decide again.
             return Ok(false);
         }
@@ -526,15 +526,20 @@ impl MemoryBackend {
         Ok(inserted)
     }
 
-    /// Takes back a write this batch made, as a refund of what it added.
+    /// Takes back a write this batch made (words), as a refund of the time it added (none for
+    /// a foreign value it replaced: that changed no decision).
     fn roll_back(&self, key: &BucketKey, before: u64, written: u64, now: u64) {
-        let added = written - before.max(now);
+        let (tat_before, _) = kit::gcra_unword(before);
+        let (tat_written, _) = kit::gcra_unword(written);
+        let added = tat_written.saturating_sub(tat_before.max(now));
         if let Some(v) = self.inner.map.get(Buckets::place(key)) {
             let _ = v.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
                 Some(if cur == written {
                     before
                 } else {
-                    cur.saturating_sub(added)
+                    // The same bits less the time: a TAT field never borrows from the bound.
+                    let (tat, _) = kit::gcra_unword(cur);
+                    cur - (tat - tat.saturating_sub(added))
                 })
             });
         }
@@ -544,12 +549,11 @@ impl MemoryBackend {
     /// [`Backend::spend`] takes for a one-transaction batch, answering with the `Spend` itself
     /// (built where it is returned: no copy of the outcome on the way out).
     ///
-    /// A compare-and-swap loop on the bucket's TAT, made under the map's shard read guard.
+    /// A compare-and-swap loop on the bucket's word, made under the map's shard read guard.
     fn spend_one_at(&self, tx: &BucketTx<'_>, now: u64) -> Spend {
         let Quota::Gcra(limit) = tx.quota else {
             return Spend::Ready(self.spend_mixed(std::slice::from_ref(tx), now));
         };
-        let writes = |out: &gcra::GcraOutcome, cur: u64| super::gcra_write(tx.mode, out, cur, now);
         let answer = |d: &kit::GcraDecision| Spend::Ready(Ok(Outcomes::from_buf([d.outcome()])));
         let place = Buckets::place(tx.key);
         loop {
@@ -558,22 +562,24 @@ impl MemoryBackend {
                 .as_ref()
                 .map_or(0, |entry| entry.load(Ordering::Acquire));
             loop {
-                let d = match super::gcra_decide(tx, limit, stored(cur), now) {
-                    Ok(d) => d,
+                let step = match kit::gcra_step(tx, limit, cur, now) {
+                    Ok(step) => step,
                     Err(e) => return Spend::Ready(Err(e.into())),
                 };
-                let Some(new) = writes(&d.out, cur) else {
-                    return answer(&d);
+                // A batch of one: what it writes when allowed, else what replaces a foreign
+                // value (a denial writes nothing else).
+                let Some(new) = step.write.or(step.repair) else {
+                    return answer(&step.decision);
                 };
                 let Some(entry) = &held else {
                     match self.insert_new(place, 0, new, now) {
-                        Ok(true) => return answer(&d),
+                        Ok(true) => return answer(&step.decision),
                         Ok(false) => break,
                         Err(e) => return Spend::Ready(Err(e)),
                     }
                 };
                 match entry.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return answer(&d),
+                    Ok(_) => return answer(&step.decision),
                     Err(actual) => cur = actual,
                 }
             }
@@ -683,6 +689,11 @@ impl MemoryBackend {
                 kit::spend(batch, &read, now)?
             };
             if !spent.allowed {
+                // Nothing spent; what replaces a foreign value is written all the same.
+                if spent.writes.iter().any(Option::is_some) {
+                    drop(held);
+                    self.write_repairs(batch, &tats, spent.writes, guards, now);
+                }
                 return Ok(spent.outcomes);
             }
             written.clear();
@@ -737,6 +748,41 @@ impl MemoryBackend {
 }
 
 impl MemoryBackend {
+    /// Writes what replaces the foreign values a denied batch read (each GCRA word only if the
+    /// bucket still holds what was read: a lost race leaves the newer state, which the next
+    /// read judges again; leases under their locked slots).
+    #[cold]
+    fn write_repairs(
+        &self,
+        batch: &[BucketTx<'_>],
+        read: &[u64],
+        mut writes: smallvec::SmallVec<[Option<kit::Stored>; 4]>,
+        guards: &mut [(usize, MutexGuard<'_, TierSlot>)],
+        now: u64,
+    ) {
+        for (i, tx) in batch.iter().enumerate() {
+            match writes[i].take() {
+                Some(kit::Stored::Tat(new)) => {
+                    let _ = self.compare_and_set(tx.key, read[i], new, now);
+                }
+                Some(kit::Stored::Leases(leases)) => {
+                    if let Some((_, g)) = guards.iter_mut().find(|(j, _)| *j == i) {
+                        g.leases = leases;
+                    }
+                }
+                Some(kit::Stored::Tiers(state)) => {
+                    if let (Quota::Tiered(limit), Some((_, g))) =
+                        (tx.quota, guards.iter_mut().find(|(j, _)| *j == i))
+                    {
+                        g.expires_at = tiers::fresh_at(limit, &state, now, None);
+                        g.state = state;
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+
     /// Refunds one transaction with the kit: a GCRA bucket by compare-and-swap, a tiered or
     /// concurrency key under its slot's lock (a key never stored is refunded as a fresh one and
     /// nothing is written).

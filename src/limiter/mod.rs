@@ -738,7 +738,8 @@ impl Limiter {
 
     /// A bucket seen without spending from it: the limit in force for the key, where that
     /// limit comes from, the tokens a request could take now and when the bucket is full
-    /// again. It is a check of cost 0 (one backend call; nothing is written on any backend),
+    /// again. It is a check of cost 0 (one backend call; nothing is spent on any backend, and
+    /// only a foreign value is written over: `docs/gcra.md`, "Foreign values"),
     /// resolved under one snapshot of the limits (a reload in between is looked at again).
     /// On Redis with prefetched tokens ([`Limit::with_prefetch`](crate::Limit::with_prefetch)),
     /// tokens an instance holds count as spent.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use quick_cache::sync::Cache;
 
-use crate::backend::{BackendError, BucketTx, Outcome, batch_allowed, gcra_decide};
+use crate::backend::{BackendError, BucketTx, Outcome, batch_allowed, gcra_decide, kit};
 use crate::key::BucketKey;
 
 /// Remembers the TATs of recently denied buckets, on the local clock.
@@ -53,7 +53,10 @@ impl DenyCache {
                 .and_then(|limit| Some((limit, self.map.get(tx.key)?)));
             let outcome = match remembered {
                 Some((limit, tat)) => {
-                    match gcra_decide(tx, limit, (tat != 0).then_some(tat), now) {
+                    let tat = (tat != 0).then_some(tat);
+                    // The store's TAT: a bucket drained under a larger limit is still drained.
+                    let wide = kit::trusted(limit, tat, now);
+                    match gcra_decide(tx, wide.as_ref().unwrap_or(limit), tat, now) {
                         Ok(d) => d.outcome(),
                         Err(_) => return None,
                     }

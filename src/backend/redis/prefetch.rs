@@ -35,7 +35,7 @@ use tokio::sync::Notify;
 
 use super::{OwnedTx, RedisBackend};
 use crate::algo::gcra::{self, Limit};
-use crate::backend::{BackendError, BucketTx, Mode, Outcome, Outcomes, Spend, batch_allowed};
+use crate::backend::{BackendError, BucketTx, Mode, Outcome, Outcomes, Spend, batch_allowed, kit};
 use crate::key::BucketKey;
 use crate::quota::Quota;
 
@@ -272,7 +272,8 @@ impl Pool {
     /// (refilled since), plus the tokens the pool holds.
     fn view(&self, now: u64) -> Outcome {
         let store = (self.store_tat != 0).then_some(self.store_tat);
-        let bucket = gcra::check(&self.limit, store, now, 0)
+        let wide = kit::trusted(&self.limit, store, now);
+        let bucket = gcra::check(wide.as_ref().unwrap_or(&self.limit), store, now, 0)
             .map_or(Outcome::new(true, 0, 0, 0), Outcome::from);
         Outcome::new(
             true,
@@ -328,7 +329,10 @@ impl Pool {
         if self.store_tat != 0 {
             // The least refill against the store's last word: denied here while it does not
             // fit, with the wait before it does.
-            if let Ok((out, _)) = gcra::check_range(&self.limit, Some(self.store_tat), now, lo, hi)
+            let store = Some(self.store_tat);
+            let wide = kit::trusted(&self.limit, store, now);
+            if let Ok((out, _)) =
+                gcra::check_range(wide.as_ref().unwrap_or(&self.limit), store, now, lo, hi)
                 && !out.allowed
             {
                 return Step::Deny(Outcome::from(out));

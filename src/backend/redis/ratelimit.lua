@@ -43,12 +43,21 @@
 -- the TAT stored afterwards (0: none) and, for a spend of a range (min < cost) or a charge,
 -- the units granted; for concurrency keys 0; for tiered keys 0, granted, the serving tier, burst (0/1),
 -- the units of each tier and, when ARGV[4] is 1, the value before, the value after and the
--- milliseconds the value before had to live. After the lists: now. A key holding something
--- that is not a state of ours is decided as a fresh one and replaced by the first write: so
--- is a time further ahead than the crate writes (a TAT beyond now + burst offset + debt
--- offset + SLACK, a lease deadline beyond now + lease + SLACK, a tier grant beyond now +
--- SLACK; SLACK is src/algo/gcra.rs `FOREIGN_SLACK_US`). The lean path carries only limits
--- whose debt offset is their burst offset (the default), so its bound is 2 * burst offset.
+-- milliseconds the value before had to live.
+--
+-- What the crate wrote, and what it did not (docs/gcra.md, "Changing a limit" and "Foreign
+-- values"). A GCRA key records with its TAT the bound of the limit that wrote it (how far ahead
+-- of its writing that limit sets a TAT: burst offset + debt offset), as a bit length k: the
+-- key expires k milliseconds after its TAT's millisecond (PXAT), read back with PEXPIRETIME
+-- (Redis 7; before it, and with caller time (PX), nothing is known of the writer).
+-- A TAT further ahead of now than the larger of the limit's own bound and 2^k, plus SLACK
+-- (src/algo/gcra.rs `FOREIGN_SLACK_US`), and any value that is not a TAT (another type, not a
+-- whole number, out of range), is foreign: it is read as the bucket drained under the limit in
+-- force (now + burst offset) and replaced by that, whatever the batch decides. A lease
+-- deadline beyond now + lease + SLACK is cut to now + lease. A tier state that is not ours
+-- (or a time in it more than SLACK ahead) is a fresh state, replaced by the first write. The
+-- lean path carries only limits whose debt offset is their burst offset (the default), so its
+-- own bound is 2 * burst offset.
 --
 -- A tiered state is one MessagePack array: {1, base, n, then per tier: entry - base (-1: none),
 -- grant count k, then k pairs (time - base, units)}.
@@ -104,19 +113,38 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
     first, per, sizes = 3 + batches, 2, 2
   end
   -- out: now and the TATs read (the answer), then the TATs to write (false: none), which are
-  -- cut off before answering: one table, sized for up to three keys.
-  local out, done = {now, 0, 0, 0, 0, 0, 0}, 0
+  -- cut off before answering: one table, sized for up to three keys. fix: the drained TATs
+  -- that replace foreign values, by key (false until one is met).
+  local out, done, fix = {now, 0, 0, 0, 0, 0, 0}, 0, false
   for b = 1, batches do
     local last, allowed = n, true
     if sizes > 0 then last = done + tonumber(ARGV[sizes + b]) end
     for i = done + 1, last do
       local a = first + (i - 1) * per
-      local s = tonumber(redis.pcall('GET', KEYS[i]))
-      -- Foreign beyond 2 * burst offset + SLACK; the burst offset is read (a string to
-      -- convert) only for a TAT more than SLACK ahead.
-      if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0
-          or (s - now > SLACK and s - now > 2 * ARGV[a + 1] + SLACK) then
-        s = 0
+      local raw = redis.pcall('GET', KEYS[i])
+      local s = 0
+      if raw then
+        s = tonumber(raw)
+        if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0 then
+          s = -1
+        elseif s - now > SLACK and s - now > 2 * ARGV[a + 1] + SLACK then
+          -- Beyond this limit's bound (the burst offset is read, a string to convert, only
+          -- for a TAT more than SLACK ahead): the crate's if its writer's bound, the key's
+          -- expiry past the TAT's millisecond, reaches it.
+          local up, k = s + 999, -1
+          if margin < 0 then
+            k = redis.pcall('PEXPIRETIME', KEYS[i])
+            if type(k) ~= 'number' then k = 0 end
+            k = k - (up - up % 1000) / 1000
+            if k < 1 or k > 52 then k = -1 end
+          end
+          if s - now > 2 ^ k + SLACK then s = -1 end
+        end
+        if s < 0 then
+          s = now + ARGV[a + 1]
+          if not fix then fix = {} end
+          fix[i] = s
+        end
       end
       local mode = MODE_CHECK_AND_SPEND
       if per == 3 then mode = tonumber(ARGV[a + 2]) end
@@ -132,23 +160,25 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
         out[n + 1 + i] = new_tat
       end
     end
-    if allowed then
-      for i = done + 1, last do
-        local t = out[n + 1 + i]
-        if t then
-          -- Whole milliseconds, rounded up, without a call: t + 999 - (t + 999) % 1000 is
-          -- exact below 2^53.
-          local up = t + 999
-          if margin < 0 then
-            redis.call('SET', KEYS[i], t, 'PXAT', (up - up % 1000) / 1000)
-          else
-            up = up - now
-            redis.call('SET', KEYS[i], t, 'PX', (up - up % 1000) / 1000 + margin)
-          end
+    for i = done + 1, last do
+      local t = out[n + 1 + i]
+      if not allowed then t = false end
+      if fix and not t then t = fix[i] end
+      if t then
+        -- Whole milliseconds, rounded up, without a call: t + 999 - (t + 999) % 1000 is
+        -- exact below 2^53; then k more, the bit length of this limit's bound (2 * burst
+        -- offset).
+        local up = t + 999
+        if margin < 0 then
+          local _, k = math.frexp(2 * ARGV[first + (i - 1) * per + 1])
+          redis.call('SET', KEYS[i], t, 'PXAT', (up - up % 1000) / 1000 + k)
+        else
+          up = up - now
+          redis.call('SET', KEYS[i], t, 'PX', (up - up % 1000) / 1000 + margin)
         end
       end
     end
-    done = last
+    done, fix = last, false
   end
   out[n + 2] = nil
   return out
@@ -183,32 +213,71 @@ local function gcra_writes(mode, new_tat, stored)
   return spends(mode) and new_tat > now and new_tat ~= stored
 end
 
--- The stored TAT of GCRA key i (0: none). A value that is not a TAT of ours (another type,
--- not a number, not a whole number, out of range, further ahead than `far` past now: another
--- program's data, or a future format) is a fresh bucket, and the first spend that writes
--- replaces it (SET replaces a value of any type). `tonumber` yields nil for a missing key
--- (false), another type (an error table) and text that is not a number.
-local function read_tat(i, far)
-  local v = tonumber(redis.pcall('GET', KEYS[i]))
-  if v == nil or v < 0 or v >= LIMIT or v % 1 ~= 0 or v - now > far then return 0 end
-  return v
+-- The stored TAT of GCRA key i under record r (0: none), and its writer's bound's bit length
+-- (0 when it was not needed). A TAT beyond the larger of r's bound and its writer's (plus
+-- SLACK), and a value that is not a TAT of ours (another type, not a number, not a whole
+-- number, out of range: another program's data, or a future format), is foreign: read as the
+-- bucket drained under r, which replaces it (r.fix; SET replaces a value of any type).
+-- `tonumber` yields nil for another type (an error table) and text that is not a number.
+local function read_tat(i, r)
+  local raw = redis.pcall('GET', KEYS[i])
+  if not raw then return 0, 0 end
+  local v = tonumber(raw)
+  local k = 0
+  if v == nil or v < 0 or v >= LIMIT or v % 1 ~= 0 then
+    v = -1
+  elseif v - now > r.bo + r.debt + SLACK then
+    k = -1
+    if margin < 0 then
+      local up = v + 999
+      k = redis.pcall('PEXPIRETIME', KEYS[i])
+      if type(k) ~= 'number' then k = 0 end
+      k = k - (up - up % 1000) / 1000
+      if k < 1 or k > 52 then k = -1 end
+    end
+    if v - now > 2 ^ k + SLACK then v = -1 end
+  end
+  if v < 0 then
+    r.fix = true
+    return now + r.bo, 0
+  end
+  return v, k
 end
 
 -- Numbers are passed to commands as they are: Redis 7 writes a whole double below 2^53 as
--- its exact decimal digits (`tests/redis_keys.rs` holds it to that).
-local function expire_args(at)
+-- its exact decimal digits (`tests/redis_keys.rs` holds it to that). On the server's clock a
+-- GCRA key expires k milliseconds after its TAT: k records the writer's bound (above).
+local function expire_args(at, k)
   if margin < 0 then
-    return 'PXAT', math.floor((at + 999) / 1000)
+    return 'PXAT', math.floor((at + 999) / 1000) + (k or 0)
   end
   return 'PX', math.floor((at - now + 999) / 1000) + margin
 end
 
-local function write_tat(key, tat)
+-- Writes GCRA key i's TAT under a bound of bit length k.
+local function write_tat(key, tat, k)
   if tat <= now then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, tat, expire_args(tat))
+    redis.call('SET', key, tat, expire_args(tat, k))
   end
+end
+
+-- Keeps key i until its last lease ends.
+local function keep_until_last(i)
+  local last = tonumber(redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')[2])
+  local how, ms = expire_args(last)
+  if how == 'PXAT' then
+    redis.call('PEXPIREAT', KEYS[i], ms)
+  else
+    redis.call('PEXPIRE', KEYS[i], ms)
+  end
+end
+
+-- The bit length of record r's bound (burst offset + debt offset): what its writes record.
+local function bound_length(r)
+  local _, k = math.frexp(r.bo + r.debt)
+  return k
 end
 
 -- The rest: refunds, restores, tiered keys and mixed batches --------------------------------
@@ -379,25 +448,30 @@ end
 local stored = {}
 local raws = {}
 local ttls = {}
+local kread = {}
 for i = 1, n do
   local r = rec[i]
   if r.kind == KIND_GCRA then
-    stored[i] = read_tat(i, r.bo + r.debt + SLACK)
+    stored[i], kread[i] = read_tat(i, r)
   elseif r.kind == KIND_CONCURRENCY then
     -- The live leases (deadline after now): ended ones are dropped first, which changes no
-    -- decision, and so are foreign ones (a deadline further ahead than a lease runs), which
-    -- hold nothing. A value that is not a sorted set is no lease at all (-1), and the first
-    -- lease replaces it.
+    -- decision; foreign ones (a deadline further ahead than a lease runs) are cut to a lease
+    -- taken now (src/algo/concurrency.rs `read`): they hold a slot for one lease time. A value
+    -- that is not a sorted set is no lease at all (-1), and the first lease replaces it.
     local trimmed = redis.pcall('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
     if type(trimmed) == 'table' then
       stored[i] = -1
     else
-      redis.call('ZREMRANGEBYSCORE', KEYS[i], now + r.lease + SLACK + 1, '+inf')
+      local far = redis.call('ZRANGEBYSCORE', KEYS[i], now + r.lease + SLACK + 1, '+inf')
+      for _, id in ipairs(far) do redis.call('ZADD', KEYS[i], now + r.lease, id) end
+      if #far > 0 then keep_until_last(i) end
       stored[i] = redis.call('ZCARD', KEYS[i])
     end
   else
-    -- A value that is not a tier state of ours is a fresh state, replaced by the first write
-    -- (as for GCRA keys). Undoing a spend puts back what was there ('' deletes the key).
+    -- A value that is not a tier state of ours (another type, not ours, a time more than SLACK
+    -- ahead) is foreign: read as the state drained under r (below, once the tier functions
+    -- are defined), which replaces it (r.fix). Undoing a spend puts back what was there (''
+    -- deletes the key).
     local raw = redis.pcall('GET', KEYS[i])
     local s = type(raw) == 'string' and decode_tiers(raw, r) or nil
     if s then
@@ -407,6 +481,7 @@ for i = 1, n do
       stored[i] = {entry = {}, lt = {}, lc = {}}
       for j = 1, r.n do stored[i].lt[j], stored[i].lc[j] = {}, {} end
       raws[i] = type(raw) == 'string' and raw or ''
+      r.fix = raw ~= false
     end
   end
 end
@@ -582,6 +657,7 @@ end
 
 -- Writes a tiered state (deleting it when it equals a fresh one); returns the value written.
 local function write_tiers(key, r, s)
+  r.written = true
   local at = fresh_at(r, s, nil)
   if at <= now then
     redis.call('DEL', key)
@@ -640,6 +716,18 @@ local function decide_tiers(r, s)
   return tier_reply(r, 1, rem, 0, reset, granted, last, burst, p.units), p
 end
 
+-- A foreign tier state is read as the state drained under r (src/algo/tiers.rs `drained`):
+-- what a fresh key holds once a request of the whole capacity was granted.
+for i = 1, n do
+  local r = rec[i]
+  if r.kind == KIND_TIERED and r.fix then
+    local cap = 0
+    for j = 1, r.n do cap = cap + r.L[j] end
+    local p = plan(r, stored[i], now, cap, cap)
+    if p.allowed then apply(r, stored[i], p) end
+  end
+end
+
 -- Concurrency keys ----------------------------------------------------------------------------
 
 -- The rule (src/algo/concurrency.rs `decide`): a request taking a slot (cost 1) is allowed when
@@ -655,17 +743,6 @@ local function concurrency(r, live)
     return 1, rem, 0
   end
   return 0, 0, r.retry
-end
-
--- Keeps key i until its last lease ends.
-local function keep_until_last(i)
-  local last = tonumber(redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')[2])
-  local how, ms = expire_args(last)
-  if how == 'PXAT' then
-    redis.call('PEXPIREAT', KEYS[i], ms)
-  else
-    redis.call('PEXPIRE', KEYS[i], ms)
-  end
 end
 
 -- Records lease r.id on key i, taken now, and keeps the key until its last lease ends.
@@ -743,7 +820,7 @@ if op == OP_SPEND then
     local after = raws[i]
     if batch_allowed then
       if r.kind == KIND_GCRA and writes[i] then
-        write_tat(KEYS[i], writes[i])
+        write_tat(KEYS[i], writes[i], bound_length(r))
         out[i][5] = writes[i]
       elseif r.kind == KIND_CONCURRENCY and r.mode == MODE_RENEW and out[i][1] == 1 then
         renew_lease(i, r)
@@ -766,7 +843,8 @@ elseif op == OP_REFUND then
       local ok, rem, reset, new_tat = gcra_refund(s, r.ei, r.bo, r.burst, r.cost)
       out[i] = {ok, rem, 0, reset, s}
       if new_tat then
-        write_tat(KEYS[i], new_tat)
+        -- What a refund leaves may still be as far ahead as its writer set it: keep its bound.
+        write_tat(KEYS[i], new_tat, math.max(bound_length(r), kread[i]))
         out[i][5] = new_tat
       end
     elseif r.kind == KIND_CONCURRENCY then
@@ -815,6 +893,17 @@ elseif op == OP_REFUND then
   end
 else
   return redis.error_reply('tower-ratelimits: unknown operation')
+end
+
+-- Foreign values the batch did not write over: replaced by the drained state they were read
+-- as.
+for i = 1, n do
+  local r = rec[i]
+  if r.kind == KIND_GCRA and r.fix and out[i][5] == stored[i] then
+    write_tat(KEYS[i], stored[i], bound_length(r))
+  elseif r.kind == KIND_TIERED and r.fix and not r.written then
+    write_tiers(KEYS[i], r, stored[i])
+  end
 end
 
 for i = 1, n do

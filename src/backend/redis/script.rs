@@ -434,7 +434,11 @@ pub(super) fn decode_lean<'a>(
         let Quota::Gcra(limit) = tx.quota else {
             return Err(bad("a tiered key on the lean path".into()));
         };
-        let outcome = gcra::check(limit, (stored > 0).then_some(stored), now, tx.cost)?;
+        // The script judged the value (a foreign one comes back as the drained bucket that
+        // replaced it): what it answers is the crate's.
+        let stored_tat = (stored > 0).then_some(stored);
+        let wide = crate::backend::kit::trusted(limit, stored_tat, now);
+        let outcome = gcra::check(wide.as_ref().unwrap_or(limit), stored_tat, now, tx.cost)?;
         decided.push((stored, outcome));
     }
     let outcomes: Vec<Outcome> = decided.iter().map(|(_, o)| Outcome::from(*o)).collect();
