@@ -250,7 +250,7 @@ pub fn refund(
             // What a refund leaves may still be as far ahead as the writer set it: keep its
             // bound with it.
             let bound = limit.bound_us().max(writer);
-            let write = out.new_tat.map(|t| gcra_word(t, bound)).transpose()?;
+            let write = out.new_tat.map(|t| gcra_word_bound(t, bound)).transpose()?;
             (out.into(), write.map(Stored::Tat))
         }
         Quota::Tiered(limit) => {
@@ -275,15 +275,29 @@ pub fn refund(
 const WRITER_SHIFT: u32 = 58;
 const TAT_MASK: u64 = (1 << WRITER_SHIFT) - 1;
 
-/// The stored word of a TAT written under a limit whose bound is `bound_us`
-/// ([`Limit::bound_us`]: at most 100 years, so its bit length is at most 52). A TAT beyond the
-/// word's 58 bits is [`GcraError::TimeOverflow`].
-pub(crate) fn gcra_word(tat: u64, bound_us: u64) -> Result<u64, GcraError> {
+/// The stored word of a TAT written under `limit` (its bound, [`Limit::bound_us`], is at most
+/// 100 years, so its bit length is at most 52). A TAT beyond the word's 58 bits is
+/// [`GcraError::TimeOverflow`].
+#[inline]
+pub(crate) fn gcra_word(tat: u64, limit: &Limit) -> Result<u64, GcraError> {
+    gcra_word_bound(tat, limit.bound_us())
+}
+
+/// [`gcra_word`] for a writer's bound given in microseconds (a refund keeps the larger of its
+/// limit's and the writer's).
+#[inline]
+pub(crate) fn gcra_word_bound(tat: u64, bound_us: u64) -> Result<u64, GcraError> {
     if tat > TAT_MASK {
         return Err(GcraError::TimeOverflow);
     }
     let length = u64::from(u64::BITS - bound_us.leading_zeros());
     Ok(tat | (length << WRITER_SHIFT))
+}
+
+/// A stored word's TAT.
+#[inline(always)]
+pub(crate) fn gcra_tat(word: u64) -> u64 {
+    word & TAT_MASK
 }
 
 /// A stored word's TAT, and its writer's bound: `2^length` (above the bound itself), 0 when
@@ -333,17 +347,46 @@ pub(crate) fn gcra_step(
     word: u64,
     now: u64,
 ) -> Result<GcraStep, GcraError> {
+    let tat = gcra_tat(word);
+    let stored = (tat != 0).then_some(tat);
+    // The common case: a TAT within what this limit writes (or none). Its writer's bound does
+    // not matter, and nothing is foreign.
+    if limit.is_foreign(stored, now) {
+        return gcra_step_beyond(tx, limit, word, now);
+    }
+    let decision = gcra_decide(tx, limit, stored, now)?;
+    let write = match gcra_write(tx.mode, &decision.out, tat, now) {
+        Some(t) => Some(gcra_word(t, limit)?),
+        None => None,
+    };
+    Ok(GcraStep {
+        decision,
+        write,
+        repair: None,
+    })
+}
+
+/// [`gcra_step`] for a TAT beyond what the limit in force writes: the crate's when its writer's
+/// bound reaches it (a bucket drained under a larger limit), else foreign (read as drained, and
+/// replaced). Out of line: the request path of buckets within their limit does not carry it.
+#[cold]
+#[inline(never)]
+fn gcra_step_beyond(
+    tx: &BucketTx<'_>,
+    limit: &Limit,
+    word: u64,
+    now: u64,
+) -> Result<GcraStep, GcraError> {
     let (tat, writer) = gcra_unword(word);
     let wide = reading(limit, writer);
     let read = wide.as_ref().unwrap_or(limit);
     let stored = (tat != 0).then_some(tat);
     let decision = gcra_decide(tx, read, stored, now)?;
-    let bound = limit.bound_us();
     let write = gcra_write(tx.mode, &decision.out, tat, now)
-        .map(|t| gcra_word(t, bound))
+        .map(|t| gcra_word(t, limit))
         .transpose()?;
     let repair = match read.repair(stored, now) {
-        Some(t) => Some(gcra_word(t, bound)?),
+        Some(t) => Some(gcra_word(t, limit)?),
         None => None,
     };
     Ok(GcraStep {

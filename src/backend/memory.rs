@@ -44,8 +44,8 @@ use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
 use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
-use crate::algo::concurrency;
 use crate::algo::tiers::{self, TierState};
+use crate::algo::{concurrency, gcra};
 use crate::backend::Outcome;
 use crate::key::BucketKey;
 use crate::quota::Quota;
@@ -562,24 +562,71 @@ impl MemoryBackend {
                 .as_ref()
                 .map_or(0, |entry| entry.load(Ordering::Acquire));
             loop {
-                let step = match kit::gcra_step(tx, limit, cur, now) {
-                    Ok(step) => step,
+                // The kit's step (`kit::gcra_step`), written out for the common case: a TAT
+                // within what this limit writes. One beyond it (a bucket drained under a larger
+                // limit, or foreign) takes a road of its own, out of line.
+                let tat = kit::gcra_tat(cur);
+                let stored = (tat != 0).then_some(tat);
+                if limit.is_foreign(stored, now) {
+                    drop(held);
+                    return self.spend_one_beyond(tx, limit, now);
+                }
+                let decision = match super::gcra_decide(tx, limit, stored, now) {
+                    Ok(d) => d,
                     Err(e) => return Spend::Ready(Err(e.into())),
                 };
-                // A batch of one: what it writes when allowed, else what replaces a foreign
-                // value (a denial writes nothing else).
-                let Some(new) = step.write.or(step.repair) else {
-                    return answer(&step.decision);
+                let new = match super::gcra_write(tx.mode, &decision.out, tat, now) {
+                    None => return answer(&decision),
+                    Some(t) => match kit::gcra_word(t, limit) {
+                        Ok(w) => w,
+                        Err(e) => return Spend::Ready(Err(e.into())),
+                    },
                 };
                 let Some(entry) = &held else {
                     match self.insert_new(place, 0, new, now) {
-                        Ok(true) => return answer(&step.decision),
+                        Ok(true) => return answer(&decision),
                         Ok(false) => break,
                         Err(e) => return Spend::Ready(Err(e)),
                     }
                 };
                 match entry.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return answer(&step.decision),
+                    Ok(_) => return answer(&decision),
+                    Err(actual) => cur = actual,
+                }
+            }
+        }
+    }
+
+    /// [`spend_one_at`](Self::spend_one_at) on a bucket whose TAT runs beyond what `limit`
+    /// writes: the kit's step, which reads it under its writer's bound or as foreign (then the
+    /// drained TAT it is read as replaces it, whatever the decision).
+    #[cold]
+    #[inline(never)]
+    fn spend_one_beyond(&self, tx: &BucketTx<'_>, limit: &gcra::Limit, now: u64) -> Spend {
+        let place = Buckets::place(tx.key);
+        loop {
+            let held = self.inner.map.get(place);
+            let mut cur = held
+                .as_ref()
+                .map_or(0, |entry| entry.load(Ordering::Acquire));
+            loop {
+                let step = match kit::gcra_step(tx, limit, cur, now) {
+                    Ok(step) => step,
+                    Err(e) => return Spend::Ready(Err(e.into())),
+                };
+                let answer = Spend::Ready(Ok(Outcomes::from_buf([step.decision.outcome()])));
+                let Some(new) = step.write.or(step.repair) else {
+                    return answer;
+                };
+                let Some(entry) = &held else {
+                    match self.insert_new(place, 0, new, now) {
+                        Ok(true) => return answer,
+                        Ok(false) => break,
+                        Err(e) => return Spend::Ready(Err(e)),
+                    }
+                };
+                match entry.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return answer,
                     Err(actual) => cur = actual,
                 }
             }
