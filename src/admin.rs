@@ -105,6 +105,8 @@ fn override_error(e: OverrideError) -> Answer {
     let status = match &e {
         OverrideError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
         OverrideError::NoStore => StatusCode::NOT_IMPLEMENTED,
+        // The store cannot take one more: 507, "unable to store the representation".
+        OverrideError::TooMany { .. } => StatusCode::INSUFFICIENT_STORAGE,
         _ => StatusCode::BAD_REQUEST,
     };
     error(status, e)

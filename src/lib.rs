@@ -139,8 +139,8 @@ pub use algo::tiers::{
 /// The batch kit: what a backend decides, written once, for a backend outside the crate.
 pub use backend::kit;
 pub use backend::{
-    Backend, BackendError, BucketTx, MemoryBackend, MemoryBackendBuilder, Mode, Outcome, Outcomes,
-    PendingSpend, Spend, TransactionError,
+    Backend, BackendError, BucketTx, DEFAULT_MAX_OVERRIDES, MemoryBackend, MemoryBackendBuilder,
+    Mode, Outcome, Outcomes, PendingSpend, Spend, TransactionError,
 };
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -349,3 +349,32 @@ async fn the_admin_router_speaks_the_documented_json() {
     assert_eq!(node.delete("/overrides/Nope/x").await.0, 400);
     assert_eq!(node.listed().await, before);
 }
+
+/// The in-memory store's cap: a new override past `max_overrides` is refused (nothing
+/// changes), one replacing a stored one is taken.
+#[tokio::test]
+async fn the_memory_store_refuses_a_new_override_past_its_cap() {
+    let clock = ManualClock::new(START_US);
+    let limits = Limits::from_yaml_str(LIMITS, Some(FILE_OVERRIDES)).unwrap();
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder()
+            .clock(clock.clone())
+            .max_overrides(1)
+            .build(),
+    );
+    limiter
+        .set_override("PerClient", "a", gcra(5), None)
+        .await
+        .unwrap();
+    let err = limiter
+        .set_override("PerClient", "b", gcra(5), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OverrideError::TooMany { max: 1 }), "{err:?}");
+    limiter
+        .set_override("PerClient", "a", OverrideKind::Unlimited, None)
+        .await
+        .unwrap();
+    assert_eq!(limiter.limits().stored_override_count(), 1);
+}

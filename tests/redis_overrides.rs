@@ -322,3 +322,181 @@ async fn foreign_data_in_the_store_is_skipped_or_refused_never_applied() {
         assert_eq!(node.request("new").await.status, 200);
     }
 }
+
+/// Issue 43, item 3: after the store lost its data (`FLUSHALL`, a restart without
+/// persistence), every instance follows the store, not the list it held. Before, an instance
+/// applied only a read whose version was at least the highest it had seen, and the store's
+/// counter started again at 0: a block set before the loss could not be lifted (`DELETE` 404,
+/// `PUT {"unlimited": true}` through one instance applied on that one only, the other still
+/// answered 429 forty seconds later). Now the store's epoch changes with its life: each
+/// instance reads it again, drops what it no longer holds (with a warning), and applies what
+/// is set after.
+async fn a_store_that_lost_its_data_is_followed(url: &str, flush: &dyn Fn(), what: &str) {
+    let prefix = unique_prefix("overrides-lost");
+    let a = instance(backend(url, &prefix).await).await;
+    let b = instance(backend(url, &prefix).await).await;
+    assert_eq!(
+        a.put(
+            "/overrides/PerClient/c1",
+            r#"{"block": true, "expires_in": "1h"}"#
+        )
+        .await
+        .0,
+        200
+    );
+    within(TWO_SECONDS, "b applies the block", || blocked_on(&b, "c1")).await;
+    assert_eq!(b.request("c1").await.status, 429);
+    for _ in 0..3 {
+        assert!(
+            a.put("/overrides/PerClient/other", r#"{"unlimited": true}"#)
+                .await
+                .0
+                == 200
+        );
+    }
+
+    flush();
+    // Within a reconcile or two (and a reconnect), both follow the empty store: c1 passes.
+    for node in [&a, &b] {
+        within(
+            Duration::from_secs(10),
+            &format!("{what}: the block goes"),
+            || async {
+                let v = source_on(node, "c1").await?;
+                (v["source"] != json!("store"))
+                    .then_some(())
+                    .ok_or(v.to_string())
+            },
+        )
+        .await;
+        assert_eq!(node.limiter.limits().stored_override_count(), 0, "{what}");
+    }
+    assert_eq!(b.request("c1").await.status, 200, "{what}");
+    // Changes after the loss reach every instance (the version starts again, under a new
+    // epoch).
+    let (status, body) = a.put("/overrides/PerClient/c1", r#"{"block": true}"#).await;
+    assert_eq!(status, 200, "{what}: {body}");
+    within(
+        TWO_SECONDS,
+        &format!("{what}: b applies the new block"),
+        || blocked_on(&b, "c1"),
+    )
+    .await;
+    let (status, body) = b.delete("/overrides/PerClient/c1").await;
+    assert_eq!(status, 204, "{what}: {body}");
+    within(TWO_SECONDS, &format!("{what}: a lifts it"), || async {
+        let v = source_on(&a, "c1").await?;
+        (v["source"] != json!("store"))
+            .then_some(())
+            .ok_or(v.to_string())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_lost_its_data_is_followed_by_every_instance() {
+    // A single server flushed, then one restarted on its port without persistence.
+    let server = std::sync::Mutex::new(RedisServer::start());
+    let port = server.lock().unwrap().port;
+    let url = server.lock().unwrap().url();
+    let flushall = || {
+        support::redis::command(port, "FLUSHALL").unwrap();
+    };
+    a_store_that_lost_its_data_is_followed(&url, &flushall, "FLUSHALL").await;
+    let restart = || {
+        let mut s = server.lock().unwrap();
+        s.kill();
+        *s = RedisServer::start_on(port, &[]);
+    };
+    a_store_that_lost_its_data_is_followed(&url, &restart, "a restart").await;
+    // A cluster flushed on every master.
+    let cluster = support::redis::RedisCluster::start();
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    let flush_all = || {
+        for p in &ports {
+            support::redis::command(*p, "FLUSHALL").unwrap();
+        }
+    };
+    a_store_that_lost_its_data_is_followed(&cluster.url(), &flush_all, "the cluster").await;
+}
+
+/// Issue 43, item 6: a change costs the store what it changes, not what it holds. With 5,000
+/// overrides stored and three instances (two apps and the backend that filled the store), one
+/// change is one script call, read back by each of the other two instances with one `HMGET`
+/// of the one field it names (the one that made it has it): no command reads the whole hash
+/// (before, every instance ran `HGETALL` on every change: 145 ms of Redis each at 200,000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_costs_the_store_what_it_changes() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("overrides-cost");
+    let seed = backend(&server.url(), &prefix).await;
+    let hash = format!("{prefix}{{overrides}}");
+    // 5,000 blocks, written straight into the hash (as a store of that size holds them).
+    let fill = "for i = 1, 5000 do redis.call('HSET', KEYS[1], 'PerClient:f' .. i, \
+        '{\"v\":1,\"limit\":\"PerClient\",\"id\":\"f' .. i .. '\",\"block\":true}') end";
+    raw(&seed, &hash, fill, vec![]).await;
+    let a = instance(backend(&server.url(), &prefix).await).await;
+    let b = instance(backend(&server.url(), &prefix).await).await;
+    for node in [&a, &b] {
+        assert_eq!(node.limiter.limits().stored_override_count(), 5_000);
+        assert_eq!(node.request("f17").await.status, 429);
+    }
+    let stat = |name| support::redis_backend::commandstat(server.port, name);
+    let whole = || stat("hgetall") + stat("hscan") + stat("hkeys") + stat("hvals");
+    let (whole_before, hmget_before) = (whole(), stat("hmget"));
+    let (status, body) = a.put("/overrides/PerClient/c9", r#"{"block": true}"#).await;
+    assert_eq!(status, 200, "{body}");
+    within(TWO_SECONDS, "b applies the change", || blocked_on(&b, "c9")).await;
+    // Let a few reconciles pass: they read the version, never the hash.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(whole() - whole_before, 0, "no read of the whole hash");
+    let hmgets = stat("hmget") - hmget_before;
+    assert!(
+        (1..=2).contains(&hmgets),
+        "{hmgets} HMGETs: one per instance told"
+    );
+    assert_eq!(b.limiter.limits().stored_override_count(), 5_001);
+}
+
+/// The cap: a store holds at most `max_overrides`; a new one past it is refused with 507 and
+/// a clear error on every instance (the change itself checks the store's size), while one
+/// replacing an override already stored is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_refuses_a_new_override_with_507() {
+    for redis in TestRedis::each() {
+        let prefix = unique_prefix("overrides-cap");
+        let capped = || async {
+            tower_ratelimits::RedisBackend::from_url(&redis.url)
+                .prefix(&prefix)
+                .max_overrides(2)
+                .command_timeout(Duration::from_secs(2))
+                .connect()
+                .await
+                .unwrap()
+        };
+        let a = instance(capped().await).await;
+        let b = instance(capped().await).await;
+        for id in ["one", "two"] {
+            let (status, body) = a
+                .put(&format!("/overrides/PerClient/{id}"), r#"{"block": true}"#)
+                .await;
+            assert_eq!(status, 200, "{body}");
+        }
+        let (status, body) = b
+            .put("/overrides/PerClient/three", r#"{"block": true}"#)
+            .await;
+        assert_eq!(status, 507, "{body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .contains("most overrides (2)"),
+            "{body}"
+        );
+        let (status, body) = b
+            .put("/overrides/PerClient/two", r#"{"unlimited": true}"#)
+            .await;
+        assert_eq!(status, 200, "replacing one is taken: {body}");
+        assert!(!a.listed().await.iter().any(|(_, id)| id == "three"));
+    }
+}

@@ -241,6 +241,7 @@ const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 pub struct MemoryBackendBuilder {
     clock: Option<Arc<dyn Clock>>,
     max_keys: usize,
+    max_overrides: usize,
     sweep_interval: Option<Duration>,
 }
 
@@ -254,6 +255,15 @@ impl MemoryBackendBuilder {
     /// The most live buckets held at once (default 10,000,000).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
+        self
+    }
+
+    /// The most overrides set at run time this backend keeps
+    /// ([`Limiter::set_override`](crate::Limiter::set_override); default
+    /// [`DEFAULT_MAX_OVERRIDES`](crate::DEFAULT_MAX_OVERRIDES), a million): a new one past it is
+    /// refused ([`OverrideError::TooMany`](crate::OverrideError::TooMany)).
+    pub fn max_overrides(mut self, max: usize) -> Self {
+        self.max_overrides = max;
         self
     }
 
@@ -281,7 +291,10 @@ impl MemoryBackendBuilder {
                 tiers: DashMap::with_hasher(foldhash::fast::RandomState::default()),
                 len: AtomicUsize::new(0),
                 max_keys: self.max_keys,
-                overrides: Arc::new(super::MemoryOverrides::new(self.clock.clone())),
+                overrides: Arc::new(super::MemoryOverrides::new(
+                    self.clock.clone(),
+                    self.max_overrides,
+                )),
                 clock: self.clock,
                 last_full_sweep: AtomicU64::new(0),
                 full_refusals: AtomicU64::new(0),
@@ -311,6 +324,7 @@ impl MemoryBackend {
         MemoryBackendBuilder {
             clock: None,
             max_keys: DEFAULT_MAX_KEYS,
+            max_overrides: super::DEFAULT_MAX_OVERRIDES,
             sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
         }
     }

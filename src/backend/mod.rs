@@ -25,8 +25,9 @@ pub use crate::mode::Mode;
 pub(crate) use kit::batch_allowed;
 pub(crate) use kit::{gcra_decide, gcra_write};
 pub use memory::{MemoryBackend, MemoryBackendBuilder};
+pub use overrides::DEFAULT_MAX_OVERRIDES;
 pub use overrides::OverrideStoreRef;
-pub(crate) use overrides::{MemoryOverrides, OverrideStore, StoreEvent};
+pub(crate) use overrides::{Delta, MemoryOverrides, OverrideStore, PutError, StoreEvent};
 #[cfg(feature = "redis")]
 pub(crate) use overrides::{Watched, Watcher};
 #[cfg(feature = "redis")]

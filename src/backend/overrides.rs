@@ -1,6 +1,12 @@
 //! Where a backend keeps the overrides set at run time, and how it tells every limiter on it
-//! (in this process: at once; in others: through the store's notifications) that they changed.
+//! (in this process: at once; in others: through the store's notifications) what changed.
+//!
+//! A change is told as what it changes ([`Delta`]: overrides set, overrides gone), never as the
+//! whole list: a limiter applies it to its snapshot in time that grows with the change, not
+//! with the number of overrides (`docs/design.md`, "Stored overrides at scale").
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
@@ -10,10 +16,29 @@ use crate::key::BucketKey;
 use crate::overrides::StoredOverride;
 use crate::time::Clock;
 
+/// The most overrides a store keeps unless told otherwise: a million (measured in
+/// `BENCHMARKS.md`, "Stored overrides at scale": the memory each instance holds, and what a
+/// change costs the store).
+pub const DEFAULT_MAX_OVERRIDES: usize = 1_000_000;
+
+/// What changed in a store's overrides: those set (new, or replacing the one of their limit
+/// and id) and those gone (removed or expired), by limit and id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Delta {
+    pub(crate) set: Vec<StoredOverride>,
+    pub(crate) gone: Vec<(String, String)>,
+}
+
+impl Delta {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.gone.is_empty()
+    }
+}
+
 /// What a store tells the limiters watching it.
 pub(crate) enum StoreEvent<'a> {
-    /// The overrides in force now (all of them).
-    Overrides(&'a Arc<[StoredOverride]>),
+    /// The overrides in force changed by this much.
+    Changed(&'a Delta),
     /// A bucket changed elsewhere (only a shared store says so) (its override, or a reset): what this instance remembers of it
     /// (denials, prefetched tokens) is stale. Named by text: the limiter knows the id's kind.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -28,16 +53,39 @@ pub(crate) enum StoreEvent<'a> {
 /// A limiter's callback.
 pub(crate) type Watcher = Box<dyn Fn(&StoreEvent<'_>) + Send + Sync>;
 
+/// Why an override could not be stored.
+#[derive(Debug)]
+pub(crate) enum PutError {
+    /// The store holds its most overrides and this one is new.
+    Full {
+        /// The cap.
+        max: usize,
+    },
+    /// The store could not be reached or refused the change.
+    Store(BackendError),
+}
+
+impl From<BackendError> for PutError {
+    fn from(e: BackendError) -> Self {
+        Self::Store(e)
+    }
+}
+
 /// A backend's store of overrides.
 #[async_trait]
 pub(crate) trait OverrideStore: Send + Sync {
-    /// The overrides last known (the store may be unreachable: these stay in force).
-    fn current(&self) -> Arc<[StoredOverride]>;
-    /// Reads the store, and tells the watchers when what it holds changed.
-    async fn refresh(&self) -> Result<Arc<[StoredOverride]>, BackendError>;
+    /// The overrides last known, sorted by limit and id (the store may be unreachable: these
+    /// stay in force). A copy: for listing and for applying them whole (a reload), not for
+    /// the request path.
+    fn current(&self) -> Vec<StoredOverride>;
+    /// Whether an override of `limit` is known (a limit the configuration no longer defines
+    /// may still have some to remove).
+    fn has_limit(&self, limit: &str) -> bool;
+    /// Reads the store, and tells the watchers what changed.
+    async fn refresh(&self) -> Result<Vec<StoredOverride>, BackendError>;
     /// Stores `o` (replacing the one of its limit and id) and tells every instance: the
     /// watchers of this one before it returns.
-    async fn put(&self, o: &StoredOverride) -> Result<(), BackendError>;
+    async fn put(&self, o: &StoredOverride) -> Result<(), PutError>;
     /// Removes the override of `limit` and `id`; whether there was one.
     async fn remove(&self, limit: &str, id: &str) -> Result<bool, BackendError>;
     /// Calls `w` on every change from now on.
@@ -65,61 +113,154 @@ impl std::fmt::Debug for OverrideStoreRef {
     }
 }
 
+/// The overrides in force, keyed by limit and id.
+type Map = HashMap<(Box<str>, Box<str>), Entry, foldhash::fast::RandomState>;
+
+/// One override as a store keeps it (its limit and id are the map's key).
+#[derive(Debug, Clone)]
+struct Entry {
+    kind: crate::overrides::OverrideKind,
+    expires_at_ms: Option<u64>,
+    /// The last read of the whole store that found it, or during which it was set.
+    pass: u32,
+}
+
+impl Entry {
+    fn same(&self, o: &StoredOverride) -> bool {
+        self.kind == o.kind && self.expires_at_ms == o.expires_at_ms
+    }
+}
+
 /// The list in force and the watchers: the part every store shares.
 #[derive(Default)]
 pub(crate) struct Watched {
     /// Held from a change to the end of telling it, so watchers hear changes in their order.
     changing: Mutex<()>,
-    current: Mutex<Arc<[StoredOverride]>>,
+    current: Mutex<Map>,
     watchers: Mutex<Vec<Watcher>>,
+    /// The read of the whole store under way (or the last one).
+    pass: AtomicU32,
+    /// No override here expires before this (Unix ms; 0: look), so that finding the expired
+    /// ones walks the list only once one has.
+    earliest_expiry_ms: AtomicU64,
 }
 
 impl Watched {
-    pub(crate) fn current(&self) -> Arc<[StoredOverride]> {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    fn map(&self) -> std::sync::MutexGuard<'_, Map> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Changes the list in force with `f` (kept sorted by limit and id) and tells the watchers
-    /// if it changed, before any other change is made. Returns what `f` returned.
-    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut Vec<StoredOverride>) -> R) -> R {
-        let _in_order = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut list = self.current().to_vec();
-        let r = f(&mut list);
+    /// The overrides in force, sorted by limit and id.
+    pub(crate) fn current(&self) -> Vec<StoredOverride> {
+        let mut list: Vec<StoredOverride> = self
+            .map()
+            .iter()
+            .map(|((limit, id), e)| StoredOverride {
+                limit: limit.to_string(),
+                id: id.to_string(),
+                kind: e.kind.clone(),
+                expires_at_ms: e.expires_at_ms,
+            })
+            .collect();
         list.sort_by(|a, b| (&a.limit, &a.id).cmp(&(&b.limit, &b.id)));
-        let list: Arc<[StoredOverride]> = list.into();
-        let changed = {
-            let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-            let changed = *current != list;
-            *current = list.clone();
-            changed
-        };
-        if changed {
-            self.tell(&StoreEvent::Overrides(&list));
+        list
+    }
+
+    /// How many are in force.
+    pub(crate) fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Whether `limit` and `id` has one in force.
+    pub(crate) fn contains(&self, limit: &str, id: &str) -> bool {
+        self.map()
+            .contains_key(&(Box::<str>::from(limit), Box::<str>::from(id)))
+    }
+
+    /// Whether an override of `limit` is in force.
+    pub(crate) fn has_limit(&self, limit: &str) -> bool {
+        self.map().keys().any(|(l, _)| &**l == limit)
+    }
+
+    /// The limits and ids of those ended at `now_ms` (a walk of the list only once one has).
+    pub(crate) fn expired(&self, now_ms: u64) -> Vec<(String, String)> {
+        if now_ms < self.earliest_expiry_ms.load(Ordering::Acquire) {
+            return Vec::new();
         }
-        r
+        let map = self.map();
+        let mut earliest = u64::MAX;
+        let mut ended = Vec::new();
+        for ((l, i), e) in map.iter() {
+            match e.expires_at_ms {
+                Some(at) if at <= now_ms => ended.push((l.to_string(), i.to_string())),
+                Some(at) => earliest = earliest.min(at),
+                None => {}
+            }
+        }
+        // The ended ones stay until the store removes them: looked at again next time.
+        if ended.is_empty() {
+            self.earliest_expiry_ms.store(earliest, Ordering::Release);
+        }
+        ended
     }
 
-    /// Puts `o` in place of its limit's and id's override; whether one was there.
-    pub(crate) fn put(&self, o: &StoredOverride) -> bool {
-        self.update(|list| {
-            let had = Self::take(list, &o.limit, &o.id);
-            list.push(o.clone());
-            had
-        })
+    /// Applies `delta` (what is already so is left out) and tells the watchers what changed,
+    /// before any other change is made. Returns what changed.
+    pub(crate) fn apply(&self, delta: Delta) -> Delta {
+        let _in_order = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut changed = Delta::default();
+        {
+            let pass = self.pass.load(Ordering::Acquire);
+            let mut map = self.map();
+            for (limit, id) in delta.gone {
+                if map
+                    .remove(&(Box::<str>::from(&*limit), Box::<str>::from(&*id)))
+                    .is_some()
+                {
+                    changed.gone.push((limit, id));
+                }
+            }
+            for o in delta.set {
+                let key = (Box::<str>::from(&*o.limit), Box::<str>::from(&*o.id));
+                match map.get_mut(&key) {
+                    Some(e) if e.same(&o) => e.pass = pass,
+                    _ => {
+                        if let Some(at) = o.expires_at_ms {
+                            self.earliest_expiry_ms.fetch_min(at, Ordering::AcqRel);
+                        }
+                        let entry = Entry {
+                            kind: o.kind.clone(),
+                            expires_at_ms: o.expires_at_ms,
+                            pass,
+                        };
+                        map.insert(key, entry);
+                        changed.set.push(o);
+                    }
+                }
+            }
+        }
+        if !changed.is_empty() {
+            self.tell(&StoreEvent::Changed(&changed));
+        }
+        changed
     }
 
-    /// Removes `limit`'s and `id`'s override; whether one was there.
-    pub(crate) fn remove(&self, limit: &str, id: &str) -> bool {
-        self.update(|list| Self::take(list, limit, id))
+    /// Starts a read of the whole store: what is [applied](Self::apply) from now on is marked
+    /// as found (one read at a time), and what is not by its [end](Self::end_pass) is gone from
+    /// the store.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn begin_pass(&self) -> u32 {
+        self.pass.fetch_add(1, Ordering::AcqRel).wrapping_add(1)
     }
 
-    fn take(list: &mut Vec<StoredOverride>, limit: &str, id: &str) -> bool {
-        let before = list.len();
-        list.retain(|x| x.limit != limit || x.id != id);
-        list.len() != before
+    /// The overrides held here that the read `pass` did not find, nor was any set during it.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn end_pass(&self, pass: u32) -> Vec<(String, String)> {
+        self.map()
+            .iter()
+            .filter(|(_, e)| e.pass != pass)
+            .map(|((l, i), _)| (l.to_string(), i.to_string()))
+            .collect()
     }
 
     pub(crate) fn tell(&self, event: &StoreEvent<'_>) {
@@ -145,39 +286,58 @@ impl Watched {
 pub(crate) struct MemoryOverrides {
     watched: Watched,
     clock: Arc<dyn Clock>,
+    max: usize,
 }
 
 impl MemoryOverrides {
-    /// The store of a memory backend whose clock is `clock` (`None`: the system's).
-    pub(crate) fn new(clock: Option<Arc<dyn Clock>>) -> Self {
+    /// The store of a memory backend whose clock is `clock` (`None`: the system's), keeping at
+    /// most `max` overrides.
+    pub(crate) fn new(clock: Option<Arc<dyn Clock>>, max: usize) -> Self {
         Self {
             watched: Watched::default(),
             clock: clock.unwrap_or_else(|| Arc::new(crate::time::SystemClock)),
+            max,
         }
     }
 }
 
 #[async_trait]
 impl OverrideStore for MemoryOverrides {
-    fn current(&self) -> Arc<[StoredOverride]> {
+    fn current(&self) -> Vec<StoredOverride> {
         self.watched.current()
     }
 
-    async fn refresh(&self) -> Result<Arc<[StoredOverride]>, BackendError> {
+    fn has_limit(&self, limit: &str) -> bool {
+        self.watched.has_limit(limit)
+    }
+
+    async fn refresh(&self) -> Result<Vec<StoredOverride>, BackendError> {
         // Nothing to read: drop what ended.
-        let now_ms = self.now_ms();
-        self.watched
-            .update(|list| list.retain(|o| !o.expired(now_ms)));
+        let gone = self.watched.expired(self.now_ms());
+        self.watched.apply(Delta {
+            set: Vec::new(),
+            gone,
+        });
         Ok(self.watched.current())
     }
 
-    async fn put(&self, o: &StoredOverride) -> Result<(), BackendError> {
-        self.watched.put(o);
+    async fn put(&self, o: &StoredOverride) -> Result<(), PutError> {
+        if self.watched.len() >= self.max && !self.watched.contains(&o.limit, &o.id) {
+            return Err(PutError::Full { max: self.max });
+        }
+        self.watched.apply(Delta {
+            set: vec![o.clone()],
+            gone: Vec::new(),
+        });
         Ok(())
     }
 
     async fn remove(&self, limit: &str, id: &str) -> Result<bool, BackendError> {
-        Ok(self.watched.remove(limit, id))
+        let changed = self.watched.apply(Delta {
+            set: Vec::new(),
+            gone: vec![(limit.to_owned(), id.to_owned())],
+        });
+        Ok(!changed.gone.is_empty())
     }
 
     fn watch(&self, w: Watcher) {

@@ -269,6 +269,17 @@ pub(crate) struct NameEntry {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
+    /// What the configuration says, shared by the snapshots that differ only in their stored
+    /// overrides (a stored change copies two pointers, not the configuration).
+    config: Arc<Config>,
+    /// Overrides kept in the store (`Limiter::set_override`), applied to these limits; `None`
+    /// when there are none (the request path checks one pointer).
+    stored: Option<Arc<StoredSet>>,
+}
+
+/// The configuration's part of a [`Limits`]: names, defaults, file overrides.
+#[derive(Debug, Clone, Default)]
+struct Config {
     /// In definition order (for listing only: nothing is keyed by a position).
     names: Vec<NameEntry>,
     by_name: HashMap<LimitName, usize, nohash_hasher::BuildNoHashHasher<LimitName>>,
@@ -276,9 +287,6 @@ pub struct Limits {
     overrides: HashMap<BucketKey, Quota, foldhash::fast::RandomState>,
     /// Ids an override makes unlimited (`unlimited: true`): no limit, whatever the default.
     unlimited: HashSet<BucketKey, foldhash::fast::RandomState>,
-    /// Overrides kept in the store (`Limiter::set_override`), applied to these limits; `None`
-    /// when there are none (the request path checks one pointer).
-    stored: Option<Arc<StoredSet>>,
 }
 
 impl Limits {
@@ -289,17 +297,23 @@ impl Limits {
 
     /// A name's entry: one lookup, for everything the request path needs of the name.
     pub(crate) fn entry(&self, name: LimitName) -> Option<&NameEntry> {
-        self.by_name.get(&name).map(|&i| &self.names[i])
+        self.config
+            .by_name
+            .get(&name)
+            .map(|&i| &self.config.names[i])
     }
 
     /// The name `text`, when this configuration defines it.
     pub fn name(&self, text: &str) -> Option<LimitName> {
-        self.by_text.get(text).map(|&i| self.names[i].name)
+        self.config
+            .by_text
+            .get(text)
+            .map(|&i| self.config.names[i].name)
     }
 
     /// Whether this configuration defines `name`.
     pub fn contains(&self, name: LimitName) -> bool {
-        self.by_name.contains_key(&name)
+        self.config.by_name.contains_key(&name)
     }
 
     /// The id kind a name is keyed by.
@@ -319,12 +333,12 @@ impl Limits {
 
     /// Every name, in the order they were defined.
     pub fn names(&self) -> impl Iterator<Item = LimitName> + '_ {
-        self.names.iter().map(|e| e.name)
+        self.config.names.iter().map(|e| e.name)
     }
 
     /// The number of overrides (unlimited ids included), not counting stored ones.
     pub fn override_count(&self) -> usize {
-        self.overrides.len() + self.unlimited.len()
+        self.config.overrides.len() + self.config.unlimited.len()
     }
 
     /// The number of stored overrides ([`Limiter::set_override`](crate::Limiter::set_override))
@@ -333,11 +347,18 @@ impl Limits {
         self.stored.as_ref().map_or(0, |s| s.len())
     }
 
-    /// These limits with `stored` applied in place of the stored overrides they had.
+    /// These limits with `stored` applied in place of the stored overrides they had (the
+    /// configuration is shared, not copied).
     pub(crate) fn with_stored(&self, stored: Option<Arc<StoredSet>>) -> Self {
-        let mut l = self.clone();
-        l.stored = stored;
-        l
+        Self {
+            config: self.config.clone(),
+            stored,
+        }
+    }
+
+    /// The stored overrides applied to these limits.
+    pub(crate) fn stored(&self) -> Option<&Arc<StoredSet>> {
+        self.stored.as_ref()
     }
 
     /// The limit that applies to a bucket: its override, else the name's default, else `None`
@@ -359,12 +380,12 @@ impl Limits {
         {
             return r;
         }
-        if !self.overrides.is_empty()
-            && let Some(l) = self.overrides.get(key)
+        if !self.config.overrides.is_empty()
+            && let Some(l) = self.config.overrides.get(key)
         {
             return Resolution::of(Some(l), LimitSource::Override);
         }
-        if !self.unlimited.is_empty() && self.unlimited.contains(key) {
+        if !self.config.unlimited.is_empty() && self.config.unlimited.contains(key) {
             return Resolution::of(None, LimitSource::Override);
         }
         Resolution::of(entry.default.as_ref(), LimitSource::Default)
@@ -411,12 +432,14 @@ impl Limits {
         let mut change = LimitsChange::default();
         fn overrides_of(limits: &Limits, name: LimitName) -> Vec<(String, Option<&Quota>)> {
             let mut o: Vec<(String, Option<&Quota>)> = limits
+                .config
                 .overrides
                 .iter()
                 .filter(|(k, _)| k.name() == name)
                 .map(|(k, q)| (k.id().to_string(), Some(q)))
                 .chain(
                     limits
+                        .config
                         .unlimited
                         .iter()
                         .filter(|k| k.name() == name)
@@ -426,7 +449,7 @@ impl Limits {
             o.sort_by(|a, b| a.0.cmp(&b.0));
             o
         }
-        for e in &new.names {
+        for e in &new.config.names {
             match self.entry(e.name) {
                 None => change.added.push(e.name.to_string()),
                 Some(old) => {
@@ -440,7 +463,7 @@ impl Limits {
                 }
             }
         }
-        for e in &self.names {
+        for e in &self.config.names {
             if !new.contains(e.name) {
                 change.removed.push(e.name.to_string());
             }
@@ -492,14 +515,14 @@ impl Limits {
             })
         };
         let mut scaled = self.clone();
-        for e in &mut scaled.names {
+        for e in &mut Arc::make_mut(&mut scaled.config).names {
             if let Some(q) = &e.default {
                 e.default = Some(
                     quota(q, e.cost).map_err(|k| ConfigError::new(k).for_limit(e.name.as_str()))?,
                 );
             }
         }
-        for (key, q) in &mut scaled.overrides {
+        for (key, q) in &mut Arc::make_mut(&mut scaled.config).overrides {
             let cost = self.entry(key.name()).map_or(1, |e| e.cost);
             *q = quota(q, cost).map_err(|k| ConfigError::new(k).for_limit(key.name().as_str()))?;
         }
@@ -572,7 +595,7 @@ impl LimitsBuilder {
         default: Option<Quota>,
     ) -> Result<(), ConfigError> {
         check_name(name).map_err(ConfigError::new)?;
-        if self.limits.by_text.contains_key(name) {
+        if self.limits.config.by_text.contains_key(name) {
             return Err(ConfigError::new(ConfigErrorKind::DuplicateName(
                 name.to_owned(),
             )));
@@ -586,10 +609,11 @@ impl LimitsBuilder {
             }));
         }
         let name = LimitName::intern(name);
-        let index = self.limits.names.len();
-        self.limits.by_name.insert(name, index);
-        self.limits.by_text.insert(name.as_str(), index);
-        self.limits.names.push(NameEntry {
+        let index = self.limits.config.names.len();
+        let config = Arc::make_mut(&mut self.limits.config);
+        config.by_name.insert(name, index);
+        config.by_text.insert(name.as_str(), index);
+        config.names.push(NameEntry {
             name,
             kind,
             cost,
@@ -624,10 +648,11 @@ impl LimitsBuilder {
     ) -> Result<(), ConfigError> {
         let index = *self
             .limits
+            .config
             .by_text
             .get(name)
             .ok_or_else(|| ConfigError::new(ConfigErrorKind::UnknownName(name.to_owned())))?;
-        let entry = &self.limits.names[index];
+        let entry = &self.limits.config.names[index];
         if let Some(limit) = &limit
             && entry.cost > limit.max_cost()
         {
@@ -638,17 +663,21 @@ impl LimitsBuilder {
         }
         let parsed = entry.kind.parse(id).map_err(ConfigError::new)?;
         let key = BucketKey::new(entry.name, parsed);
-        if self.limits.overrides.contains_key(&key) || self.limits.unlimited.contains(&key) {
+        if self.limits.config.overrides.contains_key(&key)
+            || self.limits.config.unlimited.contains(&key)
+        {
             return Err(ConfigError::new(ConfigErrorKind::DuplicateId(
                 id.to_owned(),
             )));
         }
         match limit {
             Some(limit) => {
-                self.limits.overrides.insert(key, limit);
+                Arc::make_mut(&mut self.limits.config)
+                    .overrides
+                    .insert(key, limit);
             }
             None => {
-                self.limits.unlimited.insert(key);
+                Arc::make_mut(&mut self.limits.config).unlimited.insert(key);
             }
         }
         Ok(())

@@ -1,15 +1,24 @@
 //! Stored overrides as they apply to one [`Limits`] snapshot: keyed by bucket, checked against
 //! the limits' names and kinds, ended by their expiry.
+//!
+//! The set is split in shards, each behind its own `Arc`: a change copies the shards it
+//! touches (about a thousandth of the set each) and shares the rest with the snapshot before
+//! it, so applying one change costs the same at a thousand overrides as at a million.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use super::Limits;
 use crate::algo::gcra::Limit;
+use crate::backend::Delta;
 use crate::key::BucketKey;
 use crate::overrides::{BLOCK_WITHOUT_END, OverrideKind, StoredOverride};
 use crate::quota::Quota;
 use crate::time::Clock;
+
+/// The shards of a set: enough that one holds about a thousand overrides at a million.
+const SHARDS: usize = 1024;
 
 /// One stored override, applied.
 #[derive(Debug, Clone)]
@@ -23,17 +32,22 @@ pub(crate) struct Applied {
     expires_at_us: u64,
 }
 
+type Shard = HashMap<BucketKey, Applied, foldhash::fast::RandomState>;
+
 /// The stored overrides that apply to a [`Limits`] snapshot.
 #[derive(Clone)]
 pub(crate) struct StoredSet {
-    map: HashMap<BucketKey, Applied, foldhash::fast::RandomState>,
+    shards: Box<[Arc<Shard>]>,
+    len: usize,
     /// What expiries are read against (the store's clock).
     clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for StoredSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_map().entries(self.map.iter()).finish()
+        f.debug_map()
+            .entries(self.shards.iter().flat_map(|s| s.iter()))
+            .finish()
     }
 }
 
@@ -42,6 +56,13 @@ pub(crate) struct StoredResolution<'a> {
     pub(crate) quota: Option<&'a Quota>,
     /// Seconds until a block ends, rounded up (0: not blocked).
     pub(crate) block_s: u32,
+}
+
+/// The shard a key lives in: a fixed hash, the same in every snapshot.
+fn shard_of(key: &BucketKey) -> usize {
+    let hash = foldhash::fast::FixedState::with_seed(0x5eed).hash_one(key);
+    // The high bits: the low ones also pick the slot inside the shard's table.
+    (hash >> (64 - SHARDS.trailing_zeros())) as usize
 }
 
 impl StoredSet {
@@ -53,23 +74,89 @@ impl StoredSet {
         list: &[StoredOverride],
         clock: Arc<dyn Clock>,
     ) -> Option<Arc<Self>> {
-        let now_ms = clock.now_us() / 1_000;
-        let mut map = HashMap::default();
-        for o in list.iter().filter(|o| !o.expired(now_ms)) {
-            match Self::apply(limits, o) {
-                Ok((key, applied)) => {
-                    map.insert(key, applied);
-                }
-                Err(why) => tracing::warn!(
-                    limit = %o.limit, id = %o.id,
-                    "a stored override does not apply to these limits: {why}"
-                ),
-            }
-        }
-        (!map.is_empty()).then(|| Arc::new(Self { map, clock }))
+        let empty = Self {
+            shards: (0..SHARDS).map(|_| Arc::new(Shard::default())).collect(),
+            len: 0,
+            clock,
+        };
+        empty.changed(limits, list, &[])
     }
 
-    fn apply(limits: &Limits, o: &StoredOverride) -> Result<(BucketKey, Applied), String> {
+    /// This set with `delta` applied (`limits`: the snapshot it applies to; `this`: the set
+    /// before, `None` for none): only the shards the change touches are copied. `None` when no
+    /// override is left.
+    pub(crate) fn apply(
+        this: Option<&Arc<Self>>,
+        limits: &Limits,
+        delta: &Delta,
+        clock: Arc<dyn Clock>,
+    ) -> Option<Arc<Self>> {
+        match this {
+            Some(set) => set.changed(limits, &delta.set, &delta.gone),
+            None => Self::build(limits, &delta.set, clock),
+        }
+    }
+
+    /// A copy with `set` put in and `gone` taken out.
+    fn changed(
+        &self,
+        limits: &Limits,
+        set: &[StoredOverride],
+        gone: &[(String, String)],
+    ) -> Option<Arc<Self>> {
+        let mut next = self.clone();
+        let take = |next: &mut Self, key: &BucketKey| {
+            let shard = &mut next.shards[shard_of(key)];
+            if shard.contains_key(key) && Arc::make_mut(shard).remove(key).is_some() {
+                next.len -= 1;
+            }
+        };
+        for (limit, id) in gone {
+            if let Some(key) = Self::key(limits, limit, id) {
+                take(&mut next, &key);
+            }
+        }
+        let now_ms = self.clock.now_us() / 1_000;
+        for o in set {
+            let applied = if o.expired(now_ms) {
+                Err("it has expired".to_owned())
+            } else {
+                Self::applied(limits, o)
+            };
+            match applied {
+                Ok((key, applied)) => {
+                    if Arc::make_mut(&mut next.shards[shard_of(&key)])
+                        .insert(key, applied)
+                        .is_none()
+                    {
+                        next.len += 1;
+                    }
+                }
+                Err(why) => {
+                    // What it replaces no longer applies either.
+                    if let Some(key) = Self::key(limits, &o.limit, &o.id) {
+                        take(&mut next, &key);
+                    }
+                    if !o.expired(now_ms) {
+                        tracing::warn!(
+                            limit = %o.limit, id = %o.id,
+                            "a stored override does not apply to these limits: {why}"
+                        );
+                    }
+                }
+            }
+        }
+        (next.len > 0).then(|| Arc::new(next))
+    }
+
+    /// The bucket of `limit` and `id` under `limits`, if it names one.
+    fn key(limits: &Limits, limit: &str, id: &str) -> Option<BucketKey> {
+        let name = limits.name(limit)?;
+        let entry = limits.entry(name)?;
+        Some(BucketKey::new(name, entry.kind.parse(id).ok()?))
+    }
+
+    fn applied(limits: &Limits, o: &StoredOverride) -> Result<(BucketKey, Applied), String> {
         let not_defined = || "the limit is not defined".to_owned();
         let name = limits.name(&o.limit).ok_or_else(not_defined)?;
         let entry = limits.entry(name).ok_or_else(not_defined)?;
@@ -108,9 +195,11 @@ impl StoredSet {
         &mut self,
         mut f: impl FnMut(&BucketKey, &Quota) -> Result<Quota, E>,
     ) -> Result<(), E> {
-        for (key, a) in &mut self.map {
-            if let Some(q) = &a.quota {
-                a.quota = Some(f(key, q)?);
+        for shard in self.shards.iter_mut() {
+            for (key, a) in Arc::make_mut(shard).iter_mut() {
+                if let Some(q) = &a.quota {
+                    a.quota = Some(f(key, q)?);
+                }
             }
         }
         Ok(())
@@ -118,13 +207,13 @@ impl StoredSet {
 
     /// How many apply.
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
     /// The stored override of `key` in force now, if any.
     #[inline]
     pub(crate) fn resolve(&self, key: &BucketKey) -> Option<StoredResolution<'_>> {
-        let a = self.map.get(key)?;
+        let a = self.shards[shard_of(key)].get(key)?;
         let now = if a.expires_at_us == u64::MAX && !a.block {
             0
         } else {
@@ -162,4 +251,60 @@ pub(crate) fn check_limit(cost: u64, default: Option<&Quota>, l: &Limit) -> Resu
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::ManualClock;
+
+    fn o(id: &str, burst: u64) -> StoredOverride {
+        StoredOverride {
+            limit: "Api".into(),
+            id: id.into(),
+            kind: OverrideKind::Limit(Limit::from_micros(burst, burst, 1_000_000).unwrap()),
+            expires_at_ms: None,
+        }
+    }
+
+    /// A change copies only the shards it touches: the snapshot before it keeps its own, and
+    /// every other shard is the same allocation in both.
+    #[test]
+    fn a_change_copies_the_shards_it_touches_and_shares_the_rest() {
+        let limits = Limits::builder()
+            .limit("Api", Limit::from_micros(5, 5, 1_000_000).unwrap())
+            .build()
+            .unwrap();
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
+        let list: Vec<_> = (0..5_000).map(|i| o(&i.to_string(), 9)).collect();
+        let before = StoredSet::build(&limits, &list, clock.clone()).unwrap();
+        assert_eq!(before.len(), 5_000);
+        let delta = Delta {
+            set: vec![o("7", 3), o("new", 4)],
+            gone: vec![("Api".into(), "8".into())],
+        };
+        let after = StoredSet::apply(Some(&before), &limits, &delta, clock).unwrap();
+        assert_eq!(after.len(), 5_000);
+        let shared = before
+            .shards
+            .iter()
+            .zip(after.shards.iter())
+            .filter(|(a, b)| Arc::ptr_eq(a, b))
+            .count();
+        assert!(shared >= SHARDS - 3, "{shared} of {SHARDS} shared");
+        let key = |id: &str| {
+            let name = limits.name("Api").unwrap();
+            BucketKey::new(name, crate::key::Id::new(id).unwrap())
+        };
+        let burst = |set: &StoredSet, id| {
+            set.resolve(&key(id))
+                .and_then(|r| r.quota.and_then(Quota::as_gcra).map(Limit::burst))
+        };
+        assert_eq!(
+            (burst(&before, "7"), burst(&after, "7")),
+            (Some(9), Some(3))
+        );
+        assert_eq!((burst(&before, "8"), burst(&after, "8")), (Some(9), None));
+        assert_eq!(burst(&after, "new"), Some(4));
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use super::Limiter;
-use crate::backend::{BackendError, OverrideStore, StoreEvent};
+use crate::backend::{BackendError, Delta, OverrideStore, PutError, StoreEvent};
 use crate::config::{Limits, NameEntry, StoredSet};
 use crate::key::IdError;
 use crate::overrides::{OverrideKind, StoredOverride};
@@ -42,6 +42,13 @@ pub enum OverrideError {
     /// An expiry of zero or above ten years.
     #[error("an override's expiry must be above zero and at most ten years, not {0:?}")]
     Expiry(Duration),
+    /// The store holds its most overrides (`max_overrides` on the backend's builder, a million
+    /// by default) and this one is new: remove some, or raise the cap.
+    #[error("the store holds its most overrides ({max}); remove some, or raise max_overrides")]
+    TooMany {
+        /// The cap.
+        max: usize,
+    },
     /// The limiter's backend keeps no overrides (a custom backend).
     #[error("this limiter's backend keeps no overrides")]
     NoStore,
@@ -78,6 +85,14 @@ pub(super) fn applied(
     list: &[StoredOverride],
 ) -> Limits {
     let stored = StoredSet::build(limits, list, store.clock());
+    crate::telemetry::stored_overrides(stored.as_ref().map_or(0, |s| s.len()));
+    limits.with_stored(stored)
+}
+
+/// `limits` with `delta` applied to its stored overrides (in time that grows with the delta),
+/// the gauge set.
+fn changed(limits: &Limits, store: &dyn OverrideStore, delta: &Delta) -> Limits {
+    let stored = StoredSet::apply(limits.stored(), limits, delta, store.clock());
     crate::telemetry::stored_overrides(stored.as_ref().map_or(0, |s| s.len()));
     limits.with_stored(stored)
 }
@@ -151,7 +166,10 @@ impl Limiter {
             kind,
             expires_at_ms,
         };
-        store.put(&o).await?;
+        store.put(&o).await.map_err(|e| match e {
+            PutError::Full { max } => OverrideError::TooMany { max },
+            PutError::Store(e) => OverrideError::Store(e),
+        })?;
         Ok(o)
     }
 
@@ -162,11 +180,7 @@ impl Limiter {
         let id = match canonical(&self.load(), limit, id) {
             Ok((_, id)) => id,
             // A limit the configuration no longer defines: its overrides can still go.
-            Err(OverrideError::UnknownName(_))
-                if store.current().iter().any(|o| o.limit == limit) =>
-            {
-                id.to_owned()
-            }
+            Err(OverrideError::UnknownName(_)) if store.has_limit(limit) => id.to_owned(),
             Err(e) => return Err(e),
         };
         Ok(store.remove(limit, &id).await?)
@@ -179,11 +193,7 @@ impl Limiter {
         let store = self.store()?;
         let list = store.refresh().await?;
         let now_ms = store.now_ms();
-        Ok(list
-            .iter()
-            .filter(|o| !o.expired(now_ms))
-            .cloned()
-            .collect())
+        Ok(list.into_iter().filter(|o| !o.expired(now_ms)).collect())
     }
 
     fn store(&self) -> Result<&Arc<dyn OverrideStore>, OverrideError> {
@@ -209,13 +219,13 @@ impl Limiter {
             return;
         };
         match event {
-            StoreEvent::Overrides(list) => {
+            StoreEvent::Changed(delta) => {
                 let _one_at_a_time = self
                     .inner
                     .reloading
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
-                let limits = applied(&self.load(), store.as_ref(), list);
+                let limits = changed(&self.load(), store.as_ref(), delta);
                 self.inner.limits.store(Arc::new(limits));
                 self.inner.generation.fetch_add(1, Ordering::AcqRel);
             }

@@ -62,6 +62,7 @@ pub struct RedisBackendBuilder {
     breaker: breaker::Settings,
     lazy: bool,
     coalesce: Option<super::coalesce::Settings>,
+    max_overrides: usize,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -91,6 +92,7 @@ impl RedisBackendBuilder {
             breaker: breaker::Settings::default(),
             lazy: false,
             coalesce: None,
+            max_overrides: crate::backend::DEFAULT_MAX_OVERRIDES,
         }
     }
 
@@ -179,6 +181,18 @@ impl RedisBackendBuilder {
     /// Turns the local deny cache on or off (default on).
     pub fn deny_cache(mut self, enabled: bool) -> Self {
         self.deny_cache = enabled;
+        self
+    }
+
+    /// The most overrides set at run time the store keeps
+    /// ([`Limiter::set_override`](crate::Limiter::set_override); default
+    /// [`DEFAULT_MAX_OVERRIDES`](crate::DEFAULT_MAX_OVERRIDES), a million): a new one past it is
+    /// refused ([`OverrideError::TooMany`](crate::OverrideError::TooMany)), checked in the store
+    /// by the change itself, so every instance agrees. An instance also applies at most this
+    /// many of what the store holds (another program's, or an instance with a larger cap):
+    /// the rest are left out with a warning.
+    pub fn max_overrides(mut self, max: usize) -> Self {
+        self.max_overrides = max;
         self
     }
 
@@ -344,7 +358,9 @@ impl RedisBackendBuilder {
                 pools: super::prefetch::Pools::new(),
                 prefetch: self.prefetch,
                 overrides: crate::backend::Watched::default(),
-                overrides_version: std::sync::atomic::AtomicU64::new(0),
+                override_sync: std::sync::Mutex::default(),
+                max_overrides: self.max_overrides,
+                override_read: tokio::sync::Mutex::new(()),
                 override_names: super::overrides::Names::new(&self.prefix),
                 prefix: self.prefix,
             }),

@@ -152,9 +152,12 @@ struct Inner {
     prefetch: bool,
     /// The overrides set at run time, as last read, and who follows them.
     overrides: super::Watched,
-    /// The version of the overrides last applied (a read older than a change made here since
-    /// is not applied).
-    overrides_version: std::sync::atomic::AtomicU64,
+    /// Where this instance stands with the store's overrides (the epoch and versions applied).
+    override_sync: std::sync::Mutex<overrides::Synced>,
+    /// The most overrides kept (`RedisBackendBuilder::max_overrides`).
+    max_overrides: usize,
+    /// Held by the read of the whole hash under way (one at a time).
+    override_read: tokio::sync::Mutex<()>,
     override_names: overrides::Names,
 }
 
