@@ -295,12 +295,13 @@ async fn get_bucket(
         (_, true) => v["block"] = true.into(),
         (None, false) => v["unlimited"] = true.into(),
         (Some(Quota::Gcra(l)), false) => limit_fields(&mut v, l),
+        (Some(Quota::Concurrency(c)), false) => {
+            v["kind"] = "concurrency".into();
+            v["concurrency"] = c.max().into();
+            v["lease"] = crate::time::format_duration_us(c.lease_us()).into();
+        }
         (Some(q), false) => {
-            v["kind"] = match q {
-                Quota::Tiered(_) => "tiered",
-                _ => "concurrency",
-            }
-            .into();
+            v["kind"] = "tiered".into();
             v["burst"] = q.max_cost().into();
         }
     }

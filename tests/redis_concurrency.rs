@@ -396,3 +396,99 @@ async fn leases_are_renewed_by_the_script_on_each_redis() {
     leases_are_renewed_by_the_script(&TestRedis::single().url).await;
     leases_are_renewed_by_the_script(&TestRedis::cluster().url).await;
 }
+
+/// Issue 43, item 5: a reset of a concurrency key (the admin API's `DELETE /buckets/...`) keeps
+/// the leases of requests in flight. With 3 slow requests holding a limit of 3, a reset lets no
+/// fourth in (before: 3 more, 6 in flight): a reset forgets what a key spent, never requests
+/// still running, which end by themselves. Inspection reports the limit's slots (3; before it
+/// said `"burst": 1`) and none free; when the requests end, the key admits again.
+async fn a_reset_keeps_the_requests_in_flight(backend: impl tower_ratelimits::Backend, what: &str) {
+    use axum::{Router, routing::get};
+    use support::http::HttpClient;
+    use tower_ratelimits::{Header, RateLimitLayer, Rule, admin_router};
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(CONCURRENCY_LIMITS, None).unwrap(),
+        backend,
+    );
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .rule(Rule::new("Exports", Header::new("x-account")))
+        .build()
+        .unwrap();
+    let gate = support::gate::Gate::new();
+    let held = gate.clone();
+    let app = support::http::serve(
+        Router::new()
+            .route(
+                "/slow",
+                get(move || {
+                    let gate = held.clone();
+                    async move {
+                        gate.pass().await;
+                        "done"
+                    }
+                }),
+            )
+            .layer(layer),
+    )
+    .await;
+    let admin = support::http::serve(admin_router(limiter.clone())).await;
+    let (app, admin_client) = (Arc::new(HttpClient::new(&app)), HttpClient::new(&admin));
+    let mut slow = Vec::new();
+    for _ in 0..3 {
+        let app = app.clone();
+        slow.push(tokio::spawn(async move {
+            app.get("/slow", &[("x-account", "7")]).await.status
+        }));
+    }
+    gate.entered(3).await;
+    let reset = admin_client
+        .request(http::Method::DELETE, "/buckets/Exports/7", &[])
+        .await;
+    assert_eq!(reset.status, 204, "{what}");
+    // Three more would make six in flight: each is refused at once (one let in would wait
+    // at the gate: the timeout says so).
+    for _ in 0..3 {
+        let refused = tokio::time::timeout(
+            Duration::from_secs(5),
+            app.get("/slow", &[("x-account", "7")]),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what}: a reset let a fourth request in (it is running)"));
+        assert_eq!(refused.status, 429, "{what}");
+    }
+    let inspected = admin_client.get("/buckets/Exports/7", &[]).await;
+    let v: serde_json::Value = serde_json::from_str(&inspected.body).unwrap();
+    assert_eq!(
+        (&v["kind"], &v["concurrency"], &v["lease"], &v["remaining"]),
+        (
+            &serde_json::json!("concurrency"),
+            &serde_json::json!(3),
+            &serde_json::json!("1h"),
+            &serde_json::json!(0)
+        ),
+        "{what}: {v}"
+    );
+    assert!(v.get("burst").is_none(), "{what}: {v}");
+    gate.open(3);
+    for s in slow {
+        assert_eq!(s.await.unwrap(), 200, "{what}");
+    }
+    // Ended: the key admits again (one held at the gate, let through).
+    let app2 = app.clone();
+    let again = tokio::spawn(async move { app2.get("/slow", &[("x-account", "7")]).await.status });
+    gate.entered(4).await;
+    gate.open(1);
+    assert_eq!(again.await.unwrap(), 200, "{what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_keeps_the_requests_in_flight_on_every_store() {
+    a_reset_keeps_the_requests_in_flight(MemoryBackend::new(), "memory").await;
+    for (what, redis) in [
+        ("a single Redis", TestRedis::single()),
+        ("the cluster", TestRedis::cluster()),
+    ] {
+        let b = backend(&redis.url, &unique_prefix("reset-leases")).await;
+        a_reset_keeps_the_requests_in_flight(b, what).await;
+    }
+}

@@ -922,13 +922,24 @@ impl Backend for MemoryBackend {
     }
 
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        let now = self.now();
         for key in keys {
             if self.inner.map.remove(key) {
                 self.inner.len.fetch_sub(1, Ordering::Relaxed);
             }
-            if let Some((_, slot)) = self.inner.tiers.remove(*key) {
+            // A concurrency key's live leases are requests in flight: kept (forgetting them
+            // would admit more at once than the limit). The rest of the slot is forgotten.
+            let removed = self.inner.tiers.remove_if(*key, |_, slot| {
+                let mut s = lock(slot);
+                s.state = TierState::new();
+                s.expires_at = 0;
+                s.leases.retain(|&(_, d)| concurrency::live(d, now));
+                let gone = s.leases.is_empty();
+                s.removed = gone;
+                gone
+            });
+            if removed.is_some() {
                 self.inner.len.fetch_sub(1, Ordering::Relaxed);
-                lock(&slot).removed = true;
             }
         }
         Ok(())

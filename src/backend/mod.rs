@@ -359,7 +359,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Refunds each transaction's cost, independently, never above a full bucket.
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError>;
 
-    /// Deletes buckets (they become full).
+    /// Forgets what buckets spent: a GCRA bucket or a tiered key becomes full. A concurrency
+    /// key keeps its live leases (they are requests in flight, which end by themselves: their
+    /// release, or their deadline); its ended ones may go.
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError>;
 
     /// Where this backend keeps the overrides set at run time

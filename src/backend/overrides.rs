@@ -113,26 +113,91 @@ impl std::fmt::Debug for OverrideStoreRef {
     }
 }
 
-/// The overrides in force, keyed by limit and id.
-type Map = HashMap<(Box<str>, Box<str>), Entry, foldhash::fast::RandomState>;
+/// The overrides in force, keyed by their field (`<limit>:<id>`: a limit's name holds no `:`),
+/// each in 48 bytes beside its key (`BENCHMARKS.md`, "Stored overrides at scale").
+type Map = HashMap<Box<str>, Entry, foldhash::fast::RandomState>;
 
-/// One override as a store keeps it (its limit and id are the map's key).
-#[derive(Debug, Clone)]
+/// One override as a store keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
-    kind: crate::overrides::OverrideKind,
-    expires_at_ms: Option<u64>,
+    kind: Kind,
+    /// Unix milliseconds; `u64::MAX`: no end.
+    expires_at_ms: u64,
     /// The last read of the whole store that found it, or during which it was set.
     pass: u32,
 }
 
+/// What an override does, in its stored numbers (a limit is validated again when read back:
+/// it was valid when stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Limit {
+        burst: u64,
+        count: u64,
+        period_us: u64,
+    },
+    Unlimited,
+    Block,
+}
+
 impl Entry {
+    fn of(o: &StoredOverride, pass: u32) -> Self {
+        let kind = match &o.kind {
+            crate::overrides::OverrideKind::Limit(l) => Kind::Limit {
+                burst: l.burst(),
+                count: l.count(),
+                period_us: l.period_us(),
+            },
+            crate::overrides::OverrideKind::Unlimited => Kind::Unlimited,
+            crate::overrides::OverrideKind::Block => Kind::Block,
+        };
+        Self {
+            kind,
+            expires_at_ms: o.expires_at_ms.unwrap_or(u64::MAX),
+            pass,
+        }
+    }
+
     fn same(&self, o: &StoredOverride) -> bool {
-        self.kind == o.kind && self.expires_at_ms == o.expires_at_ms
+        let other = Self::of(o, self.pass);
+        *self == other
+    }
+
+    /// The override of `field` this entry keeps.
+    fn read(&self, field: &str) -> Option<StoredOverride> {
+        let (limit, id) = field.split_once(':')?;
+        let kind = match self.kind {
+            Kind::Limit {
+                burst,
+                count,
+                period_us,
+            } => crate::overrides::OverrideKind::Limit(
+                crate::algo::gcra::Limit::from_micros(burst, count, period_us).ok()?,
+            ),
+            Kind::Unlimited => crate::overrides::OverrideKind::Unlimited,
+            Kind::Block => crate::overrides::OverrideKind::Block,
+        };
+        Some(StoredOverride {
+            limit: limit.to_owned(),
+            id: id.to_owned(),
+            kind,
+            expires_at_ms: (self.expires_at_ms != u64::MAX).then_some(self.expires_at_ms),
+        })
     }
 }
 
+/// The field of `limit` and `id` (the map's key).
+fn field(limit: &str, id: &str) -> Box<str> {
+    StoredOverride::field(limit, id).into_boxed_str()
+}
+
+/// The limit and id of a field.
+fn split(field: &str) -> (String, String) {
+    let (l, i) = field.split_once(':').unwrap_or((field, ""));
+    (l.to_owned(), i.to_owned())
+}
+
 /// The list in force and the watchers: the part every store shares.
-#[derive(Default)]
 pub(crate) struct Watched {
     /// Held from a change to the end of telling it, so watchers hear changes in their order.
     changing: Mutex<()>,
@@ -140,9 +205,21 @@ pub(crate) struct Watched {
     watchers: Mutex<Vec<Watcher>>,
     /// The read of the whole store under way (or the last one).
     pass: AtomicU32,
-    /// No override here expires before this (Unix ms; 0: look), so that finding the expired
-    /// ones walks the list only once one has.
+    /// No override here expires before this (Unix ms), so that finding the expired ones walks
+    /// the list only once one has.
     earliest_expiry_ms: AtomicU64,
+}
+
+impl Default for Watched {
+    fn default() -> Self {
+        Self {
+            changing: Mutex::default(),
+            current: Mutex::default(),
+            watchers: Mutex::default(),
+            pass: AtomicU32::new(0),
+            earliest_expiry_ms: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl Watched {
@@ -155,12 +232,7 @@ impl Watched {
         let mut list: Vec<StoredOverride> = self
             .map()
             .iter()
-            .map(|((limit, id), e)| StoredOverride {
-                limit: limit.to_string(),
-                id: id.to_string(),
-                kind: e.kind.clone(),
-                expires_at_ms: e.expires_at_ms,
-            })
+            .filter_map(|(field, e)| e.read(field))
             .collect();
         list.sort_by(|a, b| (&a.limit, &a.id).cmp(&(&b.limit, &b.id)));
         list
@@ -173,13 +245,14 @@ impl Watched {
 
     /// Whether `limit` and `id` has one in force.
     pub(crate) fn contains(&self, limit: &str, id: &str) -> bool {
-        self.map()
-            .contains_key(&(Box::<str>::from(limit), Box::<str>::from(id)))
+        self.map().contains_key(&field(limit, id))
     }
 
     /// Whether an override of `limit` is in force.
     pub(crate) fn has_limit(&self, limit: &str) -> bool {
-        self.map().keys().any(|(l, _)| &**l == limit)
+        self.map()
+            .keys()
+            .any(|f| f.split_once(':').is_some_and(|(l, _)| l == limit))
     }
 
     /// The limits and ids of those ended at `now_ms` (a walk of the list only once one has).
@@ -190,11 +263,11 @@ impl Watched {
         let map = self.map();
         let mut earliest = u64::MAX;
         let mut ended = Vec::new();
-        for ((l, i), e) in map.iter() {
-            match e.expires_at_ms {
-                Some(at) if at <= now_ms => ended.push((l.to_string(), i.to_string())),
-                Some(at) => earliest = earliest.min(at),
-                None => {}
+        for (f, e) in map.iter() {
+            if e.expires_at_ms <= now_ms {
+                ended.push(split(f));
+            } else {
+                earliest = earliest.min(e.expires_at_ms);
             }
         }
         // The ended ones stay until the store removes them: looked at again next time.
@@ -213,27 +286,18 @@ impl Watched {
             let pass = self.pass.load(Ordering::Acquire);
             let mut map = self.map();
             for (limit, id) in delta.gone {
-                if map
-                    .remove(&(Box::<str>::from(&*limit), Box::<str>::from(&*id)))
-                    .is_some()
-                {
+                if map.remove(&field(&limit, &id)).is_some() {
                     changed.gone.push((limit, id));
                 }
             }
             for o in delta.set {
-                let key = (Box::<str>::from(&*o.limit), Box::<str>::from(&*o.id));
-                match map.get_mut(&key) {
+                match map.get_mut(&*StoredOverride::field(&o.limit, &o.id)) {
                     Some(e) if e.same(&o) => e.pass = pass,
                     _ => {
                         if let Some(at) = o.expires_at_ms {
                             self.earliest_expiry_ms.fetch_min(at, Ordering::AcqRel);
                         }
-                        let entry = Entry {
-                            kind: o.kind.clone(),
-                            expires_at_ms: o.expires_at_ms,
-                            pass,
-                        };
-                        map.insert(key, entry);
+                        map.insert(field(&o.limit, &o.id), Entry::of(&o, pass));
                         changed.set.push(o);
                     }
                 }
@@ -259,7 +323,7 @@ impl Watched {
         self.map()
             .iter()
             .filter(|(_, e)| e.pass != pass)
-            .map(|((l, i), _)| (l.to_string(), i.to_string()))
+            .map(|(f, _)| split(f))
             .collect()
     }
 

@@ -376,7 +376,7 @@ impl Limits {
         key: &BucketKey,
     ) -> Resolution<'a> {
         if let Some(stored) = &self.stored
-            && let Some(r) = Self::resolve_stored(stored, key)
+            && let Some(r) = Self::resolve_stored(stored, entry, key)
         {
             return r;
         }
@@ -396,12 +396,18 @@ impl Limits {
     /// A stored override of `key`, out of line: the request path of limits without stored
     /// overrides stays as small as before they existed (one pointer checked).
     #[inline(never)]
-    fn resolve_stored<'a>(stored: &'a StoredSet, key: &BucketKey) -> Option<Resolution<'a>> {
-        stored.resolve(key).map(|r| Resolution {
-            quota: r.quota,
-            source: LimitSource::Store,
-            block_s: r.block_s,
-        })
+    fn resolve_stored<'a>(
+        stored: &'a StoredSet,
+        entry: &'a NameEntry,
+        key: &BucketKey,
+    ) -> Option<Resolution<'a>> {
+        stored
+            .resolve(key, entry.default.as_ref())
+            .map(|r| Resolution {
+                quota: r.quota,
+                source: LimitSource::Store,
+                block_s: r.block_s,
+            })
     }
 }
 

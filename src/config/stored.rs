@@ -20,16 +20,55 @@ use crate::time::Clock;
 /// The shards of a set: enough that one holds about a thousand overrides at a million.
 const SHARDS: usize = 1024;
 
-/// One stored override, applied.
+/// One stored override, applied: 24 bytes beside its key (a limit shared by the overrides
+/// that give the same one).
 #[derive(Debug, Clone)]
 pub(crate) struct Applied {
-    /// The limit in force: the override's own, or for a block the name's default (what its
-    /// `RateLimit-Policy` says; a name without one says a limit of one per second). `None`:
-    /// unlimited.
-    quota: Option<Quota>,
-    block: bool,
+    what: What,
     /// Microseconds since the Unix epoch on the limiter's clock (`u64::MAX`: no end).
     expires_at_us: u64,
+}
+
+/// What a stored override does, applied.
+#[derive(Debug, Clone)]
+enum What {
+    /// A limit of its own (one allocation per distinct limit: `Interned`).
+    Limit(Arc<Quota>),
+    Unlimited,
+    /// Denied; its `RateLimit-Policy` is the name's default (one per second for a name without
+    /// one).
+    Block,
+}
+
+/// The policy a block of a name without a default reports: one per second.
+static BLOCK_POLICY: std::sync::LazyLock<Quota> = std::sync::LazyLock::new(|| {
+    Quota::Gcra(Limit::from_micros(1, 1, 1_000_000).unwrap_or_else(|_| unreachable!()))
+});
+
+/// The limits stored overrides give, one allocation each, shared by every override (and every
+/// snapshot) that gives the same one: a million overrides on a few plans hold a few limits.
+#[derive(Default)]
+struct Interned(
+    std::sync::Mutex<HashMap<Limit, std::sync::Weak<Quota>, foldhash::fast::RandomState>>,
+);
+
+impl Interned {
+    fn get(&self, limit: Limit) -> Arc<Quota> {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(q) = map.get(&limit).and_then(std::sync::Weak::upgrade) {
+            return q;
+        }
+        // Drop what no override uses any more before the table grows.
+        if map.len() >= 64 && map.len().is_power_of_two() {
+            map.retain(|_, q| q.strong_count() > 0);
+        }
+        let q = Arc::new(Quota::Gcra(limit));
+        map.insert(limit, Arc::downgrade(&q));
+        q
+    }
 }
 
 type Shard = HashMap<BucketKey, Applied, foldhash::fast::RandomState>;
@@ -41,6 +80,7 @@ pub(crate) struct StoredSet {
     len: usize,
     /// What expiries are read against (the store's clock).
     clock: Arc<dyn Clock>,
+    interned: Arc<Interned>,
 }
 
 impl std::fmt::Debug for StoredSet {
@@ -78,6 +118,7 @@ impl StoredSet {
             shards: (0..SHARDS).map(|_| Arc::new(Shard::default())).collect(),
             len: 0,
             clock,
+            interned: Arc::default(),
         };
         empty.changed(limits, list, &[])
     }
@@ -121,7 +162,7 @@ impl StoredSet {
             let applied = if o.expired(now_ms) {
                 Err("it has expired".to_owned())
             } else {
-                Self::applied(limits, o)
+                Self::applied(limits, o, &self.interned)
             };
             match applied {
                 Ok((key, applied)) => {
@@ -156,26 +197,22 @@ impl StoredSet {
         Some(BucketKey::new(name, entry.kind.parse(id).ok()?))
     }
 
-    fn applied(limits: &Limits, o: &StoredOverride) -> Result<(BucketKey, Applied), String> {
+    fn applied(
+        limits: &Limits,
+        o: &StoredOverride,
+        interned: &Interned,
+    ) -> Result<(BucketKey, Applied), String> {
         let not_defined = || "the limit is not defined".to_owned();
         let name = limits.name(&o.limit).ok_or_else(not_defined)?;
         let entry = limits.entry(name).ok_or_else(not_defined)?;
         let id = entry.kind.parse(&o.id).map_err(|e| e.to_string())?;
-        let (quota, block) = match &o.kind {
+        let what = match &o.kind {
             OverrideKind::Limit(l) => {
                 check_limit(entry.cost, entry.default.as_ref(), l)?;
-                (Some(Quota::Gcra(*l)), false)
+                What::Limit(interned.get(*l))
             }
-            OverrideKind::Unlimited => (None, false),
-            OverrideKind::Block => {
-                let policy = match &entry.default {
-                    Some(q) => q.clone(),
-                    None => {
-                        Quota::Gcra(Limit::from_micros(1, 1, 1_000_000).map_err(|e| e.to_string())?)
-                    }
-                };
-                (Some(policy), true)
-            }
+            OverrideKind::Unlimited => What::Unlimited,
+            OverrideKind::Block => What::Block,
         };
         let expires_at_us = o
             .expires_at_ms
@@ -183,8 +220,7 @@ impl StoredSet {
         Ok((
             BucketKey::new(name, id),
             Applied {
-                quota,
-                block,
+                what,
                 expires_at_us,
             },
         ))
@@ -197,8 +233,8 @@ impl StoredSet {
     ) -> Result<(), E> {
         for shard in self.shards.iter_mut() {
             for (key, a) in Arc::make_mut(shard).iter_mut() {
-                if let Some(q) = &a.quota {
-                    a.quota = Some(f(key, q)?);
+                if let What::Limit(q) = &a.what {
+                    a.what = What::Limit(Arc::new(f(key, q)?));
                 }
             }
         }
@@ -210,11 +246,17 @@ impl StoredSet {
         self.len
     }
 
-    /// The stored override of `key` in force now, if any.
+    /// The stored override of `key` in force now, if any (`default`: the name's default, what
+    /// a block's policy says).
     #[inline]
-    pub(crate) fn resolve(&self, key: &BucketKey) -> Option<StoredResolution<'_>> {
+    pub(crate) fn resolve<'a>(
+        &'a self,
+        key: &BucketKey,
+        default: Option<&'a Quota>,
+    ) -> Option<StoredResolution<'a>> {
         let a = self.shards[shard_of(key)].get(key)?;
-        let now = if a.expires_at_us == u64::MAX && !a.block {
+        let block = matches!(a.what, What::Block);
+        let now = if a.expires_at_us == u64::MAX && !block {
             0
         } else {
             self.clock.now_us()
@@ -222,15 +264,21 @@ impl StoredSet {
         if now >= a.expires_at_us {
             return None;
         }
-        let block_s = match (a.block, a.expires_at_us) {
-            (false, _) => 0,
-            (true, u64::MAX) => u32::try_from(BLOCK_WITHOUT_END.as_secs()).unwrap_or(u32::MAX),
-            (true, at) => u32::try_from((at - now).div_ceil(1_000_000)).unwrap_or(u32::MAX),
+        let (quota, block_s) = match &a.what {
+            What::Limit(q) => (Some(&**q), 0),
+            What::Unlimited => (None, 0),
+            What::Block => {
+                let s = match a.expires_at_us {
+                    u64::MAX => BLOCK_WITHOUT_END.as_secs(),
+                    at => (at - now).div_ceil(1_000_000),
+                };
+                (
+                    Some(default.unwrap_or(&BLOCK_POLICY)),
+                    u32::try_from(s).unwrap_or(u32::MAX),
+                )
+            }
         };
-        Some(StoredResolution {
-            quota: a.quota.as_ref(),
-            block_s,
-        })
+        Some(StoredResolution { quota, block_s })
     }
 }
 
@@ -297,7 +345,7 @@ mod tests {
             BucketKey::new(name, crate::key::Id::new(id).unwrap())
         };
         let burst = |set: &StoredSet, id| {
-            set.resolve(&key(id))
+            set.resolve(&key(id), None)
                 .and_then(|r| r.quota.and_then(Quota::as_gcra).map(Limit::burst))
         };
         assert_eq!(

@@ -803,7 +803,9 @@ impl Limiter {
         }
     }
 
-    /// Deletes buckets: they become full.
+    /// Forgets what buckets spent: they become full. A concurrency key keeps the leases of its
+    /// requests in flight (a reset never lets more run at once than the limit: they end when
+    /// their requests do, or, for an instance that died, at their deadlines).
     pub async fn reset(&self, keys: &[BucketKey]) -> Result<(), LimiterError> {
         let refs: Vec<&BucketKey> = keys.iter().collect();
         self.inner.backend.reset(&refs).await?;

@@ -102,8 +102,10 @@ impl Limiter {
     /// own, `unlimited` or `block` for `id` on `limit`, ended after `expires_in` if given. It
     /// wins over the configuration's overrides and its default; this limiter applies it before
     /// returning, the others on the same Redis within two seconds (a notification, and a
-    /// reconcile every second as the safety net). Bucket state is kept, as across a reload;
-    /// what instances remember of the bucket (denials, prefetched tokens) is dropped.
+    /// reconcile every second as the safety net). Bucket state is kept, as across a reload:
+    /// what was spent stays spent (`docs/gcra.md`, "Changing a limit"); what instances
+    /// remember of the bucket (denials, prefetched tokens) is dropped. A new override past the
+    /// store's cap is refused ([`OverrideError::TooMany`]).
     ///
     /// The id is checked against the limit's kind and stored in its canonical text. Answers
     /// the override stored.

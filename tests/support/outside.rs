@@ -78,8 +78,9 @@ impl<C: Clock> Backend for Outside<C> {
     }
 
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        // A concurrency key (shape 2) keeps its leases: requests in flight.
         let mut states = self.states();
-        states.retain(|(key, _), _| !keys.contains(&key));
+        states.retain(|(key, shape), _| *shape == 2 || !keys.contains(&key));
         Ok(())
     }
 }

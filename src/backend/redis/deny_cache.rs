@@ -90,4 +90,9 @@ impl DenyCache {
     pub(super) fn forget(&self, key: &BucketKey) {
         self.map.remove(key);
     }
+
+    /// Forgets every bucket.
+    pub(super) fn clear(&self) {
+        self.map.clear();
+    }
 }

@@ -91,11 +91,22 @@ if not e then e = ARGV[2] redis.call('SET', KEYS[3], e) end \
 redis.call('PUBLISH', ARGV[1], cjson.encode({op = 'change', v = v, e = e, keys = gone})) \
 return {v, e}";
 
+/// Counts a reset (`{<prefix>overrides}:r`) and tells every instance which keys it reset:
+/// ARGV[1] the channel, then limit and id per key; answers `{count, epoch}`.
+const RESET: &str = "\
+local keys = {} \
+for i = 2, #ARGV, 2 do keys[#keys + 1] = {ARGV[i], ARGV[i + 1]} end \
+local r = redis.call('INCR', KEYS[1]) \
+local e = redis.call('GET', KEYS[2]) or '' \
+redis.call('PUBLISH', ARGV[1], cjson.encode({op = 'reset', r = r, e = e, keys = keys})) \
+return {r, e}";
+
 /// The names of the hash, the version, the epoch and the channel.
 pub(super) struct Names {
     hash: String,
     version: String,
     epoch: String,
+    resets: String,
     channel: String,
     slot: u16,
 }
@@ -107,6 +118,7 @@ impl Names {
             slot: fred::util::redis_keyslot(hash.as_bytes()),
             version: format!("{hash}:v"),
             epoch: format!("{hash}:e"),
+            resets: format!("{hash}:r"),
             channel: format!("{prefix}overrides"),
             hash,
         }
@@ -127,6 +139,34 @@ pub(super) struct Synced {
     /// A change of another epoch was seen (told by a notification, or answered to a change
     /// made here): the store must be read whole again.
     stale: bool,
+    /// Every reset up to this one (the store's count of resets) is applied here: what this
+    /// instance remembers of its keys (prefetched tokens, denials) is dropped.
+    resets: Counted,
+}
+
+/// Numbers told one by one, perhaps out of order: every one up to `upto` was told, and these
+/// beyond it.
+#[derive(Default)]
+struct Counted {
+    upto: u64,
+    ahead: std::collections::BTreeSet<u64>,
+}
+
+impl Counted {
+    fn told(&mut self, n: u64) {
+        if n > self.upto {
+            self.ahead.insert(n);
+            while self.ahead.remove(&(self.upto + 1)) {
+                self.upto += 1;
+            }
+        }
+    }
+
+    /// From here on, `n` and every number before it count as told.
+    fn start_at(&mut self, n: u64) {
+        self.upto = n;
+        self.ahead.retain(|&a| a > n);
+    }
 }
 
 impl Synced {
@@ -151,6 +191,8 @@ impl Synced {
 struct State {
     version: u64,
     epoch: Option<String>,
+    /// The store's count of resets.
+    resets: u64,
     /// Fields in the hash.
     fields: u64,
 }
@@ -168,6 +210,9 @@ struct Note {
     op: String,
     #[serde(default)]
     v: Option<u64>,
+    /// A reset's number (the store's count of resets).
+    #[serde(default)]
+    r: Option<u64>,
     #[serde(default)]
     e: Option<String>,
     keys: Vec<(String, String)>,
@@ -183,6 +228,8 @@ pub(super) struct RedisOverrides {
 struct Seen {
     /// The store's version, when it was ahead of what was applied here.
     behind: Option<u64>,
+    /// The store's count of resets, when it was ahead of those told here.
+    resets_behind: Option<u64>,
     /// The hash's size, and the version then.
     fields: Option<(u64, u64)>,
 }
@@ -246,7 +293,11 @@ impl RedisBackend {
     /// its name is an error).
     async fn store_state(&self) -> Result<State, BackendError> {
         let names = &self.inner.override_names;
-        let keys = vec![names.version.clone(), names.epoch.clone()];
+        let keys = vec![
+            names.version.clone(),
+            names.epoch.clone(),
+            names.resets.clone(),
+        ];
         let got = self
             .call(names.slot, move |client| {
                 let keys = keys.clone();
@@ -261,14 +312,13 @@ impl RedisBackend {
             })
             .await?;
         let mut got = got.into_iter();
-        let version = got
-            .next()
-            .flatten()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        let number = |v: Option<Option<String>>| v.flatten().and_then(|v| v.parse().ok());
+        let version = number(got.next()).unwrap_or(0);
+        let epoch = got.next().flatten();
         Ok(State {
             version,
-            epoch: got.next().flatten(),
+            epoch,
+            resets: number(got.next()).unwrap_or(0),
             fields,
         })
     }
@@ -384,7 +434,12 @@ impl RedisBackend {
             }
         })
         .await?;
-        let State { version, epoch, .. } = self.store_state().await?;
+        let State {
+            version,
+            epoch,
+            resets,
+            ..
+        } = self.store_state().await?;
         let watched = &self.inner.overrides;
         let held = watched.len();
         let pass = watched.begin_pass();
@@ -445,7 +500,14 @@ impl RedisBackend {
         let mut synced = self.synced();
         if synced.epoch != epoch {
             synced.ahead.clear();
+            // Another store than the one read before (not the first read: a lazy connection
+            // may serve requests before it): what this instance remembers of its keys (tokens
+            // taken from the store before, denials it saw) is not of this one.
+            if synced.read {
+                self.forget_every_key();
+            }
         }
+        synced.resets.start_at(resets);
         synced.epoch = epoch;
         synced.applied = version;
         synced.ahead.retain(|&v| v > version);
@@ -474,6 +536,16 @@ impl RedisBackend {
         Ok(())
     }
 
+    /// Drops what this instance remembers of every key: the tokens it prefetched (they are
+    /// not given back: a reset made the bucket full, or another store does not know them) and
+    /// the denials its deny cache holds.
+    fn forget_every_key(&self) {
+        if let Some(cache) = &self.inner.cache {
+            cache.clear();
+        }
+        self.inner.pools.forget_all();
+    }
+
     /// A change made here was stored as version `v` of epoch `e` (`v` 0: none).
     fn told(&self, v: i64, e: &str) {
         if let Ok(v) = u64::try_from(v)
@@ -484,25 +556,35 @@ impl RedisBackend {
         }
     }
 
-    /// Tells every instance that `keys` were reset (their deny caches and prefetched tokens).
+    /// Tells every instance that `keys` were reset (their deny caches and prefetched tokens),
+    /// counted in the store so that an instance that misses the notification sees it missed
+    /// one (the next reconcile but one).
     pub(super) async fn publish_reset(&self, keys: &[&BucketKey]) {
-        let ids: Vec<String> = keys.iter().map(|k| k.id().to_string()).collect();
-        let pairs: Vec<(&str, &str)> = keys
-            .iter()
-            .zip(&ids)
-            .map(|(k, id)| (k.name().as_str(), id.as_str()))
-            .collect();
         let names = &self.inner.override_names;
-        let text = serde_json::json!({"op": "reset", "keys": pairs}).to_string();
-        let channel = names.channel.clone();
-        let sent = self
+        let mut args = vec![names.channel.clone()];
+        for k in keys {
+            args.extend([k.name().as_str().to_owned(), k.id().to_string()]);
+        }
+        let keys = vec![names.resets.clone(), names.epoch.clone()];
+        let told = self
             .call(names.slot, move |client| {
-                let (channel, text) = (channel.clone(), text.clone());
-                async move { client.publish::<i64, _, _>(channel, text).await }
+                let (keys, args) = (keys.clone(), args.clone());
+                async move { client.eval::<Value, _, _, _>(RESET, keys, args).await }
             })
             .await;
-        if let Err(e) = sent {
-            tracing::warn!(error = %e, "a reset could not be told to the other instances: their deny caches may deny these keys until their remembered denials end");
+        match told {
+            Ok(v) => {
+                let (r, e) = version_and_epoch(v);
+                let mut synced = self.synced();
+                if let Ok(r) = u64::try_from(r)
+                    && synced.epoch.as_deref() == Some(e.as_str())
+                {
+                    synced.resets.told(r);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a reset could not be told to the other instances: their deny caches may deny these keys until their remembered denials end");
+            }
         }
     }
 
@@ -518,6 +600,20 @@ impl RedisBackend {
         // A version the store had a tick ago and that is still not applied here: a
         // notification was lost (one in flight is given that long).
         let missed = seen.behind.is_some_and(|before| applied < before);
+        // The same for resets: one the store counted a tick ago and this instance was not told
+        // of. Which keys it reset is not known: every key's local state is dropped.
+        let resets_told = self.synced().resets.upto;
+        if seen
+            .resets_behind
+            .is_some_and(|before| resets_told < before)
+        {
+            tracing::warn!(
+                "a reset was not told to this instance (its notifications are down?): the tokens it prefetched and the denials it remembers are dropped for every key"
+            );
+            self.forget_every_key();
+            self.synced().resets.start_at(state.resets);
+        }
+        seen.resets_behind = (state.resets > self.synced().resets.upto).then_some(state.resets);
         let by_hand = seen
             .fields
             .is_some_and(|(fields, version)| fields != state.fields && version == state.version);
@@ -634,6 +730,12 @@ async fn follow(
                         .inner
                         .overrides
                         .tell(&StoreEvent::Forget { limit, id });
+                }
+                if let (Some(r), Some(e)) = (note.r, &note.e) {
+                    let mut synced = backend.synced();
+                    if synced.epoch.as_deref() == Some(e.as_str()) {
+                        synced.resets.told(r);
+                    }
                 }
             }
             Some(_) => {}

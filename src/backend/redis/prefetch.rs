@@ -223,6 +223,15 @@ impl Pools {
         }
     }
 
+    /// Every key's tokens forgotten (see [`forget`](Self::forget)).
+    pub(super) fn forget_all(&self) {
+        for mut pool in self.map.iter_mut() {
+            pool.units = 0;
+            pool.stale = 0;
+            pool.store_tat = 0;
+        }
+    }
+
     /// Takes out the tokens to give back at `now` (all of them when `all`: a shutdown), and
     /// drops the keys idle for two TTLs.
     pub(super) fn returned(&self, now: u64, all: bool) -> Returned {
@@ -309,8 +318,15 @@ impl Pool {
     }
 
     fn step(&mut self, limit: &Limit, cost: u64, now: u64) -> Step {
-        // A reload applies from here: the next refill asks under the new limit.
-        self.limit = *limit;
+        // A change of the key's limit (a reload, an override) applies from here: the tokens
+        // taken under the old one are dropped, not used (they would add to what the new limit
+        // admits) and not given back (a refund under the new limit would give back another
+        // time than was taken): fewer admissions, at most `prefetch` per key, never more.
+        if *limit != self.limit {
+            self.units = 0;
+            self.stale = 0;
+            self.limit = *limit;
+        }
         let seen = self.observe(cost, limit.prefetch_ttl_us(), now);
         if self.units > 0 && self.expires_at <= now {
             self.stale += std::mem::take(&mut self.units);
