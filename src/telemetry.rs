@@ -119,7 +119,9 @@ pub(crate) fn memory_swept(dropped: usize, live: usize) {
 /// `tower_ratelimits_settlements_total{limit, outcome}` with `outcome` one of `exact`,
 /// `refunded`, `charged` (extra units taken, into debt as far as the limit allows),
 /// `forgiven` (extra units of which none could be taken), `kept` (no true cost found: the
-/// estimate stands) and `failed` (the store did not settle: the estimate stands); and
+/// estimate stands), `failed` (the store did not settle: the estimate stands) and `absurd` (a
+/// report above 2^40 units: what the bucket takes of it is charged, its units are counted in
+/// no units counter, which they would wrap); and
 /// `tower_ratelimits_settled_units_total{limit, outcome}` for the units refunded, charged or
 /// forgiven (the units beyond the debt bound of a charge that took some count as forgiven).
 pub(crate) fn settled(limit: crate::key::LimitName, outcome: &'static str, units: u64) {
@@ -188,9 +190,16 @@ pub(crate) fn partial_grant(limit: crate::key::LimitName, outcome: &'static str,
 /// `renewed` (a live request's lease got a new deadline) or `released` (given back by this
 /// instance while still held, not past its lease time).
 pub(crate) fn lease(limit: crate::key::LimitName, outcome: &'static str) {
+    leases(limit, outcome, 1);
+}
+
+/// [`lease`], `n` at once (a renewal of a key's leases).
+pub(crate) fn leases(limit: crate::key::LimitName, outcome: &'static str, n: u64) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tower_ratelimits_leases_total", "limit" => limit.as_str(), "outcome" => outcome)
-        .increment(1);
+        .increment(n);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (limit, outcome, n);
 }
 
 /// `tower_ratelimits_stored_overrides`: the stored overrides in force on this limiter (set at

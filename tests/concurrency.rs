@@ -3,6 +3,8 @@
 //! a gate (no sleeps: a handler waits for the test to open the gate). The Redis and cluster
 //! versions, with two app instances, are in `tests/redis_concurrency.rs`.
 
+#[path = "support/counting.rs"]
+mod counting;
 #[path = "support/gate.rs"]
 mod gate;
 #[path = "support/http.rs"]
@@ -653,4 +655,78 @@ async fn slots_the_fallback_handed_out_count_in_the_store_once_it_returns() {
     }
     assert_eq!(switch.inner.leases(&exports), 0, "given back in the store");
     assert_eq!(get_("/quick").await.status(), 200);
+}
+
+/// Issue 43, item 8: the slots of requests in flight are renewed together. 300 long requests
+/// over 3 keys (a lease of 3 s: renewed every second) cost one backend call per renewal, for
+/// all of them: 4 calls over 4 seconds, where each request renewed its own before (1,200). Every
+/// slot stays held past its lease time: the 101st request of a key is refused.
+#[tokio::test(start_paused = true)]
+async fn the_slots_of_requests_in_flight_are_renewed_in_one_call_per_tick() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceExt;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let backend = counting::Counting {
+        calls: calls.clone(),
+        inner: MemoryBackend::new(),
+    };
+    let limits = "Streams: {kind: account, concurrency: 100, lease: 3s}\n";
+    let limiter = Limiter::new(Limits::from_yaml_str(limits, None).unwrap(), backend);
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .rule(Rule::new("Streams", Header::new("x-account")))
+        .build()
+        .unwrap();
+    let feeds: Feeds = Arc::default();
+    let streams = feeds.clone();
+    let app = Router::new()
+        .route(
+            "/stream",
+            get(move || {
+                let feeds = streams.clone();
+                async move {
+                    let (tx, rx) = mpsc::channel(4);
+                    feeds.lock().unwrap().push(tx);
+                    Body::new(ChannelBody(rx))
+                }
+            }),
+        )
+        .layer(layer);
+    let get_ = |account: u64| {
+        let app = app.clone();
+        async move {
+            app.oneshot(
+                http::Request::get("/stream")
+                    .header("x-account", account.to_string())
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let mut held = Vec::new();
+    for i in 0..300u64 {
+        let response = get_(i % 3).await;
+        assert_eq!(response.status(), 200);
+        held.push(response);
+    }
+    let admitted = calls.load(Ordering::SeqCst);
+    assert_eq!(admitted, 300, "one call per request");
+    for second in 1..=4 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            calls.load(Ordering::SeqCst) - admitted,
+            second,
+            "one renewal call per tick, for 300 requests"
+        );
+    }
+    // 4 s past a 3 s lease: every slot is still held.
+    for account in 0..3 {
+        assert_eq!(get_(account).await.status(), 429, "account {account}");
+    }
+    drop(held);
+    drop(feeds);
 }

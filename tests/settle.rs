@@ -750,3 +750,46 @@ proptest::proptest! {
         }
     }
 }
+
+/// Issue 43, item 10: a response that reports an absurd cost (here `u64::MAX` units) is
+/// counted apart (`outcome="absurd"`) and its units in no counter: the forgiven units stay what
+/// the sane reports forgave (before, one such report wrapped the counter to
+/// 18446744073709551415). The bucket is still charged what it takes (its debt). Scraped from
+/// a real Prometheus recorder (this thread's: the runtime runs on it) and parsed.
+#[tokio::test]
+async fn an_absurd_reported_cost_is_counted_apart_and_wraps_no_counter() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let fixture = Fixture::new(Store::Memory);
+    let limiter = limiter(&fixture, Store::Memory).await;
+    let server = serve_rule(
+        &limiter,
+        Rule::new(
+            "Tokens",
+            ClientIp::new().trusted_proxies(["127.0.0.1/32".parse().unwrap()]),
+        )
+        .cost(10)
+        .settle(Settle::header("x-tokens-used")),
+        Router::new().route("/gen", get(generate)),
+    )
+    .await;
+    let client = HttpClient::new(&server);
+    // 10 reserved, 300 used: 90 of the bucket and 100 of debt charged, 100 forgiven.
+    assert_eq!(client.get("/gen?used=300", &[]).await.status, 200);
+    let forgiven = "tower_ratelimits_settled_units_total{limit=Tokens,outcome=forgiven}";
+    let absurd = "tower_ratelimits_settlements_total{limit=Tokens,outcome=absurd}";
+    let m = support::scrape::samples(&handle.render());
+    assert_eq!(m[forgiven], 100.0);
+    // A second client (its own bucket) reports every unit there is.
+    let reply = client
+        .get(
+            "/gen?used=18446744073709551615",
+            &[("x-forwarded-for", "203.0.113.9")],
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    let m = support::scrape::samples(&handle.render());
+    assert_eq!(m[forgiven], 100.0, "no units of the absurd report");
+    assert_eq!(m[absurd], 1.0);
+}

@@ -193,11 +193,12 @@ pub fn spend(
                 }
                 let live = live_leases(&leases, now);
                 if tx.mode == Mode::Renew {
-                    let (renewed, next) = renew(limit, &leases, tx.lease, now);
-                    (
-                        Outcome::new(renewed, limit.max().saturating_sub(live), 0, 0),
-                        renewed.then_some(Stored::Leases(next)),
-                    )
+                    let (renewed, next) = renew(limit, &leases, tx.renewed(), now);
+                    let outcome = Outcome {
+                        granted: Some(renewed),
+                        ..Outcome::new(renewed > 0, limit.max().saturating_sub(live), 0, 0)
+                    };
+                    (outcome, (renewed > 0).then_some(Stored::Leases(next)))
                 } else {
                     let d = if tx.mode == Mode::Charge {
                         concurrency::charge(limit, live, tx.cost == 1)
@@ -499,22 +500,30 @@ pub(crate) fn takes_lease(tx: &BucketTx<'_>) -> bool {
     tx.mode.spends() && tx.cost == 1 && tx.lease != 0
 }
 
-/// Renews lease `id` at `now`: whether it still held its slot, and the key's live leases with
-/// its deadline moved to now plus the lease time (as the script: ended leases go; `leases` as
-/// [`read_leases`] gives them). A lease that no longer holds a slot is not taken again.
+/// Renews the leases `ids` at `now`: how many still held their slots, and the key's live
+/// leases with their deadlines moved to now plus the lease time (as the script: ended leases
+/// go; `leases` as [`read_leases`] gives them). A lease that no longer holds a slot is not
+/// taken again.
 pub(crate) fn renew(
     limit: &ConcurrencyLimit,
     leases: &[(u64, u64)],
-    id: u64,
+    ids: &[u64],
     now: u64,
-) -> (bool, Vec<(u64, u64)>) {
-    let mut renewed = false;
+) -> (u64, Vec<(u64, u64)>) {
+    let mut renewed = 0;
+    // Many leases of one key (an instance's requests in flight): looked up in a set.
+    let set: Option<std::collections::HashSet<u64>> =
+        (ids.len() > 16).then(|| ids.iter().copied().collect());
+    let asked = |l: u64| {
+        set.as_ref()
+            .map_or_else(|| ids.contains(&l), |s| s.contains(&l))
+    };
     let next = leases
         .iter()
         .filter(|&&(_, deadline)| concurrency::holds(deadline, now))
         .map(|&(l, deadline)| {
-            if l == id && id != 0 {
-                renewed = true;
+            if l != 0 && asked(l) {
+                renewed += 1;
                 (l, concurrency::deadline(limit, now))
             } else {
                 (l, deadline)

@@ -118,6 +118,9 @@ pub struct BucketTx<'a> {
     pub(crate) mode: Mode,
     /// On a concurrency limit: the lease a spend takes or a refund gives back (0: none).
     pub(crate) lease: u64,
+    /// A renewal's leases ([`Mode::Renew`]): every lease of the key this instance holds, in
+    /// one transaction (empty: `lease` alone).
+    pub(crate) leases: &'a [u64],
 }
 
 /// Why a transaction cannot be built: what it asks could never be granted.
@@ -213,6 +216,7 @@ impl<'a> BucketTx<'a> {
             min_cost,
             mode,
             lease: 0,
+            leases: &[],
         })
     }
 
@@ -228,6 +232,24 @@ impl<'a> BucketTx<'a> {
     /// The lease id (0: none); see [`with_lease`](Self::with_lease).
     pub fn lease(&self) -> u64 {
         self.lease
+    }
+
+    /// A renewal ([`Mode::Renew`]) of every lease of `ids` on this key, in one transaction:
+    /// the kit renews each that still holds its slot, and reports how many in
+    /// [`Outcome::granted`].
+    pub(crate) fn with_leases(mut self, ids: &'a [u64]) -> Self {
+        self.leases = ids;
+        self
+    }
+
+    /// The leases a renewal renews: those of [`with_leases`](Self::with_leases), else its one
+    /// [`lease`](Self::lease).
+    pub(crate) fn renewed(&self) -> &[u64] {
+        if self.leases.is_empty() {
+            std::slice::from_ref(&self.lease)
+        } else {
+            self.leases
+        }
     }
 
     /// The bucket.

@@ -191,11 +191,17 @@ where
                     this.state.set(state);
                 }
                 StateProj::Waiting {
-                    sleep,
+                    mut sleep,
                     pending,
                     grpc,
                 } => {
-                    ready!(sleep.poll(cx));
+                    ready!(sleep.as_mut().poll(cx));
+                    // The line knows the key's next unit is not free yet (another waiter of
+                    // this instance went to the store for it): sleep on, without a call.
+                    if let Some(more) = this.waited.permit.as_ref().and_then(|p| p.turn()) {
+                        sleep.reset(tokio::time::Instant::now() + more);
+                        continue;
+                    }
                     let grpc = *grpc;
                     let Some((inner, req)) = pending.take() else {
                         return Poll::Ready(Ok(polled_after_completion(grpc)));

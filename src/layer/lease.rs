@@ -3,11 +3,11 @@
 //! A [`Release`] owns the request's leases. The response future holds it until the inner
 //! service answers, then the response body holds it until its end; whichever way the request
 //! ends (the body's end or error, a client that went away, a handler that panicked, a
-//! cancelled future) the guard is dropped and the leases are released. While it lives, a task
-//! renews the leases every third of their lease time ([`Limiter::renew`]), so a request longer
-//! than the lease time keeps its slots; the lease time bounds only the slots of an instance
-//! that died. A lease that cannot be released (no runtime, the store down) still stops
-//! counting at its deadline.
+//! cancelled future) the guard is dropped and the leases are released. While it lives, the
+//! limiter renews them with every other lease it holds, every third of their lease time, in
+//! one store call for all keys (`Limiter::hold`), so a request longer than the lease time keeps
+//! its slots; the lease time bounds only the slots of an instance that died. A lease that
+//! cannot be released (no runtime, the store down) still stops counting at its deadline.
 //!
 //! Slots the in-memory fallback handed out during an outage are unknown to the store. The
 //! task tries, every second (or third of the lease time, if shorter), to record them in the
@@ -32,7 +32,9 @@ type Leases = SmallVec<[Lease; 1]>;
 pub(crate) struct Release {
     limiter: Limiter,
     leases: Leases,
-    /// The task renewing the leases (none without a runtime: they end at their lease time).
+    /// The leases kept renewed by the limiter, while this lives.
+    held: Option<crate::limiter::Hold>,
+    /// The task adopting and renewing the fallback's leases (none without a runtime).
     renewer: Option<tokio::task::AbortHandle>,
     /// For leases the in-memory fallback took: the store's limiter and the leases recorded
     /// there once it answers again.
@@ -53,11 +55,11 @@ impl Release {
     /// The leases `batch` (allowed, decided by `limiter`) holds; `None` when it holds none.
     pub(crate) fn of(limiter: &Limiter, batch: &BatchDecision) -> Option<Box<Self>> {
         let leases = leases_of(batch)?;
-        let renewer = spawn(renew(limiter.clone(), leases.clone(), Instant::now()));
         Some(Box::new(Self {
             limiter: limiter.clone(),
+            held: Some(limiter.hold(&leases)),
             leases,
-            renewer,
+            renewer: None,
             adopted: None,
         }))
     }
@@ -81,6 +83,7 @@ impl Release {
         Some(Box::new(Self {
             limiter: fallback.clone(),
             leases,
+            held: None,
             renewer,
             adopted: Some((main.clone(), adopted)),
         }))
@@ -92,16 +95,6 @@ fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Option<tokio::task:
     tokio::runtime::Handle::try_current()
         .ok()
         .map(|runtime| runtime.spawn(task).abort_handle())
-}
-
-/// A third of the shortest lease time of `leases`, at least a millisecond.
-fn third_of_lease(leases: &[Lease]) -> Duration {
-    let lease_us = leases
-        .iter()
-        .filter_map(|l| l.limit().map(|c| c.lease_us()))
-        .min()
-        .unwrap_or(u64::MAX);
-    Duration::from_micros((lease_us / 3).max(1_000))
 }
 
 /// Ticks every `every`, the first one `every` after `start` (when the leases were taken, not
@@ -129,18 +122,6 @@ impl RenewWarning {
     }
 }
 
-/// Renews `leases` every third of their shortest lease time, until aborted. A renewal the
-/// store cannot make is tried again at the next tick: the leases run to their deadlines
-/// meanwhile.
-async fn renew(limiter: Limiter, leases: Leases, start: Instant) {
-    let mut ticks = ticks(start, third_of_lease(&leases));
-    let mut warning = RenewWarning::default();
-    loop {
-        ticks.tick().await;
-        warning.after(limiter.renew(&leases).await);
-    }
-}
-
 /// Renews the fallback's `leases` in memory and records them in `main`'s store as soon as it
 /// answers (tried every second, or every third of the lease time if shorter), then renews
 /// them there too, until aborted.
@@ -151,7 +132,7 @@ async fn adopt(
     adopted: Arc<Mutex<Vec<Lease>>>,
     start: Instant,
 ) {
-    let every = third_of_lease(&leases).min(Duration::from_secs(1));
+    let every = crate::limiter::third_of_lease(&leases).min(Duration::from_secs(1));
     let mut ticks = ticks(start, every);
     let mut warning = RenewWarning::default();
     let mut held: Vec<Lease> = Vec::new();
@@ -175,6 +156,7 @@ impl Drop for Release {
     /// tokio runtime. Without a runtime they stop counting at their deadlines. Leases the
     /// fallback took and the store adopted are released in both.
     fn drop(&mut self) {
+        self.held = None;
         if let Some(renewer) = self.renewer.take() {
             renewer.abort();
         }

@@ -283,6 +283,13 @@ pub(crate) fn conclude(
     } = decided;
     // Decided: a place among waiting requests is given back, unless the request waits again.
     let held = waited.permit.take();
+    // A waiter allowed: its line learns when the key's next unit is free (the store's word).
+    if let (Some(permit), Ok(batch)) = (&held, &result)
+        && batch.allowed()
+        && let Some(d) = batch.decisions().iter().find(|d| d.key() == permit.key())
+    {
+        permit.admitted(d.retry_after());
+    }
     match &result {
         Ok(_) if fell_back => {
             count("fallback");

@@ -218,6 +218,11 @@ impl Adjust {
     }
 }
 
+/// The most units one response may report and be counted (2^40, a trillion): a report beyond
+/// it is absurd, counted apart (`outcome="absurd"`), so that no counter of units wraps (one
+/// such report made the forgiven units read 18446744073709551415).
+const MOST_UNITS_REPORTED: u64 = 1 << 40;
+
 /// One bucket a request was charged on, waiting for its true cost.
 pub(crate) struct Reserved {
     /// Where its rule finds the true cost.
@@ -294,6 +299,17 @@ fn start(settler: &Settler, work: Vec<(Reserved, Option<u64>)>) -> Option<Task> 
         match Adjust::of(r.reserved, actual) {
             Adjust::Exact => crate::telemetry::settled(name, "exact", 0),
             Adjust::Refund(n) => refunds.push(Transaction::new(r.key).cost(n)),
+            // A report no response could be worth: counted apart (`absurd`), its units in no
+            // counter (they would wrap it). What the bucket can take of it is still charged.
+            Adjust::Charge(n) if n > MOST_UNITS_REPORTED => {
+                crate::telemetry::settled(name, "absurd", 0);
+                if settler.warn_gate.admit().is_some() {
+                    tracing::warn!(target: crate::telemetry::target::LAYER, limit = %name, units = n, "a response reported an absurd cost: counted apart, charged what the bucket takes");
+                }
+                if n <= r.max_cost {
+                    charges.push(Transaction::new(r.key).cost(n).mode(Mode::Charge));
+                }
+            }
             // More than tiers hold can never be taken: forgiven without asking.
             Adjust::Charge(n) if n > r.max_cost => crate::telemetry::settled(name, "forgiven", n),
             Adjust::Charge(n) => {
@@ -340,7 +356,10 @@ async fn run(
                     let charged = if d.allowed { d.granted } else { 0 };
                     let asked = t.cost_or(0);
                     let forgiven = asked.saturating_sub(charged);
-                    if charged > 0 {
+                    if asked > MOST_UNITS_REPORTED {
+                        // Counted as absurd already: only the units really taken count.
+                        crate::telemetry::settled_units(d.name, "charged", charged);
+                    } else if charged > 0 {
                         crate::telemetry::settled(d.name, "charged", charged);
                         crate::telemetry::settled_units(d.name, "forgiven", forgiven);
                     } else {

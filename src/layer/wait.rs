@@ -29,9 +29,12 @@ const DEFAULT_MAX_WAITING_PER_KEY: usize = 32;
 /// **Order**: the waiters of one key wake one per unit that frees, in the order they arrived
 /// (per instance): the first when its own wait ends, each next one when the units it needs
 /// after the one before it have come back (on a GCRA limit; on a tiered limit each wakes when
-/// its own wait ends). So each waiter goes to the store about once more, when its units are
-/// there. One that still loses them (to a request that did not wait, or to another instance)
-/// waits again behind the key's line, for as long as its bound allows. A wait the line would
+/// its own wait ends). A waiter that wakes while the line knows its units are not back yet
+/// (the store's last answer to the line, or another waiter gone to the store for them) sleeps
+/// on without a call: the waiters of one instance never race each other to the store. So each
+/// waiter goes to the store about once more, when its units are there. One that still loses
+/// them (to a request that did not wait, or to another instance) waits again behind the key's
+/// line, for as long as its bound allows. A wait the line would
 /// stretch beyond the bound is refused at once. At most
 /// [`max_waiting_per_key`](Self::max_waiting_per_key) requests of one key wait at once (32 by
 /// default), so one client cannot take every place of the rule.
@@ -97,6 +100,13 @@ struct Line {
     waiters: usize,
     /// When the last waiter scheduled wakes.
     last_wake: Instant,
+    /// Before this, the key's next unit is not free on this instance's latest word: the store's
+    /// last answer to a waiter of the line, or a waiter's claim as it goes to the store (its
+    /// unit, then one more interval). A waiter that wakes before it sleeps until it, without a
+    /// call: the waiters of one instance never race each other to the store for one unit.
+    free_at: Instant,
+    /// The time the units of one waiter take to come back (zero when unknown: a tiered limit).
+    interval: Duration,
 }
 
 /// Why a request may not wait after all.
@@ -160,6 +170,9 @@ impl Waiting {
         // The waiters before this one (a held place is one of the line's).
         let ahead = line.map_or(0, |l| l.waiters) - usize::from(!is_new);
         let own = now + join.delay;
+        // A new waiter queues behind the line; one that woke and lost its unit (to a request
+        // that did not wait, or another instance) keeps its place at the front: it wakes when
+        // the store says, and the gate below keeps the line's waiters from racing it.
         let wake = match line {
             Some(l) if ahead > 0 => own.max(l.last_wake + join.interval),
             _ => own,
@@ -189,8 +202,13 @@ impl Waiting {
         let line = lines.entry(key.clone()).or_insert(Line {
             waiters: 0,
             last_wake: wake,
+            free_at: own,
+            interval: join.interval,
         });
         line.last_wake = line.last_wake.max(wake);
+        // The store's word on this key: its next unit is not free before `own`.
+        line.free_at = line.free_at.max(own);
+        line.interval = join.interval;
         let permit = match held {
             Some(permit) => permit,
             None => {
@@ -211,6 +229,44 @@ impl Waiting {
 pub(crate) struct WaitPermit {
     places: Arc<Waiting>,
     key: BucketKey,
+}
+
+impl WaitPermit {
+    /// A waiter woke: `None` when it goes to the store now (and claims the line's next unit:
+    /// the line's other waiters wait one interval more, or for the store's answer); else how
+    /// long to sleep first, without a call (the line knows its unit is not free yet).
+    pub(crate) fn turn(&self) -> Option<Duration> {
+        let now = Instant::now();
+        let mut lines = self
+            .places
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let line = lines.get_mut(&self.key)?;
+        if line.free_at > now {
+            return Some(line.free_at - now);
+        }
+        line.free_at = now + line.interval;
+        None
+    }
+
+    /// A waiter of the line was allowed: the key's next unit is free `retry_after` from now
+    /// (the store's word).
+    pub(crate) fn admitted(&self, retry_after: Duration) {
+        let mut lines = self
+            .places
+            .lines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(line) = lines.get_mut(&self.key) {
+            line.free_at = Instant::now() + retry_after;
+        }
+    }
+
+    /// The key of the line.
+    pub(crate) fn key(&self) -> &BucketKey {
+        &self.key
+    }
 }
 
 impl Drop for WaitPermit {

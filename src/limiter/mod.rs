@@ -18,7 +18,10 @@ pub use transaction::Transaction;
 
 mod decision;
 mod overrides;
+mod renewals;
 mod transaction;
+
+pub(crate) use renewals::{Hold, third_of_lease};
 
 use crate::key::{BucketKey, Id, IdError, LimitName};
 use crate::quota::Quota;
@@ -136,6 +139,8 @@ struct Inner {
     next_lease: AtomicU64,
     /// The backend's store of overrides set at run time, if it keeps one.
     store: Option<Arc<dyn crate::backend::OverrideStore>>,
+    /// The slots of requests in flight, renewed together.
+    renewals: renewals::Renewals,
 }
 
 /// A random 64-bit start for lease ids: the standard library's per-process random hash keys,
@@ -469,6 +474,7 @@ impl Limiter {
                 reloading: Mutex::new(()),
                 next_lease: AtomicU64::new(random_start()),
                 store,
+                renewals: renewals::Renewals::default(),
             }),
         };
         limiter.watch_store();
@@ -697,12 +703,40 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn renew(&self, leases: &[Lease]) -> Result<usize, LimiterError> {
-        let txs = lease_txs(leases, Mode::Renew)?;
+        // One transaction per key (and lease time), naming all of its leases: a store call
+        // renews every key at once, whatever the number of requests holding them.
+        let mut groups: Vec<(&Lease, Vec<u64>)> = Vec::new();
+        let mut index: std::collections::HashMap<(&BucketKey, &Quota), usize> =
+            std::collections::HashMap::new();
+        for l in leases {
+            match index.get(&(&l.key, &l.quota)) {
+                Some(&i) => groups[i].1.push(l.id),
+                None => {
+                    index.insert((&l.key, &l.quota), groups.len());
+                    groups.push((l, vec![l.id]));
+                }
+            }
+        }
+        let txs = groups
+            .iter()
+            .map(|(l, ids)| {
+                BucketTx::new(&l.key, &l.quota, 1..=1, Mode::Renew)
+                    .map(|tx| tx.with_leases(ids))
+                    .map_err(|e| LimiterError::from_transaction(l.key.name(), e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         if txs.is_empty() {
             return Ok(0);
         }
         let outcomes = self.inner.backend.spend(&txs).outcomes().await?;
-        Ok(count_allowed(leases, &outcomes, "renewed"))
+        let mut renewed = 0;
+        for ((l, _), o) in groups.iter().zip(&outcomes) {
+            // A backend of its own that reports no count renewed the one lease it was given.
+            let n = o.granted.unwrap_or(u64::from(o.allowed));
+            crate::telemetry::leases(l.key.name(), "renewed", n);
+            renewed += n as usize;
+        }
+        Ok(renewed)
     }
 
     /// Records slots already in use that this store has not seen (taken by the in-memory

@@ -709,6 +709,8 @@ struct OwnedTx {
     min_cost: u64,
     mode: super::Mode,
     lease: u64,
+    /// A renewal's leases (empty: `lease` alone; no allocation then).
+    leases: Vec<u64>,
 }
 
 impl OwnedTx {
@@ -720,6 +722,7 @@ impl OwnedTx {
             min_cost: tx.min_cost,
             mode: tx.mode,
             lease: tx.lease,
+            leases: tx.leases.to_vec(),
         }
     }
 
@@ -731,6 +734,7 @@ impl OwnedTx {
             min_cost: self.min_cost,
             mode: self.mode,
             lease: self.lease,
+            leases: &self.leases,
         }
     }
 }

@@ -670,6 +670,7 @@ impl RedisBackend {
                 min_cost: *units,
                 mode: Mode::CheckAndSpend,
                 lease: 0,
+                leases: &[],
             })
             .collect();
         match self.refund_batch(&txs).await {

@@ -28,8 +28,9 @@
 --           never denied, may go into debt) 4, the same fields
 --   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
 --   concurrency  3, mode, cost (0 probes, 1 takes a slot), max in flight, lease time, retry
---           hint, lease id (text; '0': none). The key is a sorted set of lease ids scored by
---           their deadlines (src/algo/concurrency.rs); a refund releases the lease
+--           hint, lease id (text; '0': none; a renewal: every lease it renews, separated by
+--           spaces). The key is a sorted set of lease ids scored by their deadlines
+--           (src/algo/concurrency.rs); a refund releases the lease
 --   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
 --           and the milliseconds the value before had to live (-1: none)
 --   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe, 4 charge, 5 renew: a
@@ -41,7 +42,8 @@
 -- the batch rule), so nothing is formatted or divided here. The other ops return, per key, a
 -- list: allowed (0/1), remaining, retry_after, reset_after, then for GCRA
 -- the TAT stored afterwards (0: none) and, for a spend of a range (min < cost) or a charge,
--- the units granted; for concurrency keys 0; for tiered keys 0, granted, the serving tier, burst (0/1),
+-- the units granted; for concurrency keys 0 (and, for a renewal, the leases renewed); for
+-- tiered keys 0, granted, the serving tier, burst (0/1),
 -- the units of each tier and, when ARGV[4] is 1, the value before, the value after and the
 -- milliseconds the value before had to live.
 --
@@ -752,10 +754,17 @@ local function take_lease(i, r)
   keep_until_last(i)
 end
 
--- Renews lease r.id on key i (it holds its slot: decided before): deadline now + lease, set
--- only on a member that is there (XX), so a release that ran first is not undone.
+-- Renews the leases r.held on key i (they hold their slots: decided before): deadline now +
+-- lease, set only on members that are there (XX), so a release that ran first is not undone.
 local function renew_lease(i, r)
-  redis.call('ZADD', KEYS[i], 'XX', now + r.lease, r.id)
+  for from = 1, #r.held, 1000 do
+    local args = {KEYS[i], 'XX'}
+    for j = from, math.min(from + 999, #r.held) do
+      args[#args + 1] = now + r.lease
+      args[#args + 1] = r.held[j]
+    end
+    redis.call('ZADD', unpack(args))
+  end
   keep_until_last(i)
 end
 
@@ -795,12 +804,28 @@ if op == OP_SPEND then
         writes[i] = new_tat
       end
     elseif r.kind == KIND_CONCURRENCY and r.mode == MODE_RENEW then
-      -- Held: the id is among the live leases (ended and foreign ones were removed).
-      local held = 0
-      if stored[i] >= 0 and redis.call('ZSCORE', KEYS[i], r.id) then held = 1 end
+      -- Held: the ids among the live leases (ended ones were removed, foreign ones cut), each
+      -- renewed below; the answer counts them.
+      local held = {}
+      if stored[i] >= 0 then
+        local ids = {}
+        for id in string.gmatch(r.id, '%d+') do ids[#ids + 1] = id end
+        -- ZMSCORE in chunks (a command's arguments come from one `unpack`).
+        for from = 1, #ids, 1000 do
+          local chunk = {}
+          for j = from, math.min(from + 999, #ids) do chunk[#chunk + 1] = ids[j] end
+          local scores = redis.call('ZMSCORE', KEYS[i], unpack(chunk))
+          for j, score in ipairs(scores) do
+            if score then held[#held + 1] = chunk[j] end
+          end
+        end
+      end
+      r.held = held
       local rem = r.max - math.max(stored[i], 0)
       if rem < 0 then rem = 0 end
-      out[i] = {held, rem, 0, 0, 0}
+      local any = 0
+      if #held > 0 then any = 1 end
+      out[i] = {any, rem, 0, 0, 0, #held}
     elseif r.kind == KIND_CONCURRENCY then
       local ok, rem, retry = concurrency(r, stored[i])
       out[i] = {ok, rem, retry, retry, 0}

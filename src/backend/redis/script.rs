@@ -13,7 +13,7 @@
 //! | GCRA range (a partial grant) | `2`, the GCRA fields, then the least units acceptable |
 //! | GCRA charge (mode charge: a settle's overrun) | `4`, the GCRA fields |
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
-//! | concurrency | `3`, mode, cost, max, lease (µs), retry hint (µs), lease id (decimal text; `0`: none) |
+//! | concurrency | `3`, mode, cost, max, lease (µs), retry hint (µs), lease id (decimal text; `0`: none; a renewal: every lease it renews, separated by spaces) |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
 //!
 //! `M` (coalesced `g` calls, see `coalesce.rs`): `M`, the number of requests, each one's key
@@ -182,11 +182,27 @@ pub(super) fn is_lean<'a>(call: Call, mut txs: impl Iterator<Item = &'a BucketTx
         })
 }
 
-/// Whether the script answers a transaction's units granted: a GCRA range or charge.
+/// Whether the script answers a transaction's units granted: a GCRA range or charge, and a
+/// renewal (the leases it renewed).
 fn reports_granted(call: Call, tx: &BucketTx<'_>) -> bool {
     call.op == Op::Spend
-        && tx.quota.as_gcra().is_some()
-        && (tx.min_cost < tx.cost || tx.mode == Mode::Charge)
+        && (tx.quota.as_gcra().is_some() && (tx.min_cost < tx.cost || tx.mode == Mode::Charge)
+            || tx.mode == Mode::Renew)
+}
+
+/// A concurrency record's lease ids: its lease, or a renewal's leases separated by spaces.
+fn lease_ids(tx: &BucketTx<'_>) -> Value {
+    if tx.mode != Mode::Renew {
+        return Value::String(itoa::Buffer::new().format(tx.lease).into());
+    }
+    let mut text = String::with_capacity(tx.renewed().len() * 21);
+    for (i, id) in tx.renewed().iter().enumerate() {
+        if i > 0 {
+            text.push(' ');
+        }
+        text.push_str(itoa::Buffer::new().format(*id));
+    }
+    Value::String(text.into())
 }
 
 /// The arguments of a spend or refund of `txs` (one slot's keys, in order); `lean` as
@@ -238,8 +254,9 @@ pub(super) fn encode<'a>(
                     int(limit.max()),
                     int(limit.lease_us()),
                     int(limit.retry_after_us()),
-                    // Text: an id is any u64, beyond what the script's doubles hold exactly.
-                    Value::String(itoa::Buffer::new().format(tx.lease).into()),
+                    // Text: an id is any u64, beyond what the script's doubles hold exactly. A
+                    // renewal names every lease it renews, separated by spaces.
+                    lease_ids(tx),
                 ]);
             }
             Quota::Tiered(limit) => {
