@@ -32,8 +32,8 @@ use crate::config::LimitSource;
 use crate::key::BucketKey;
 use crate::limiter::{Limiter, LimiterError, OverrideError};
 use crate::overrides::{OverrideKind, StoredOverride};
-use crate::quota::Quota;
-use crate::time::{duration_us, format_duration_us, parse_duration_us};
+use crate::quota::{Described, Quota};
+use crate::time::{duration_us, parse_duration_us};
 
 /// Who is making an admin change: set by the application's auth layer as a request extension,
 /// logged with every change the [`admin_router`] makes.
@@ -131,17 +131,20 @@ fn principal(p: Option<&AdminPrincipal>) -> &str {
 }
 
 /// A limit's numbers as JSON fields of `v`.
-fn limit_fields(v: &mut Value, l: &Limit) {
-    v["burst"] = l.burst().into();
-    v["count"] = l.count().into();
-    v["period"] = format_duration_us(l.period_us()).into();
+fn quota_fields(v: &mut Value, q: &Quota) {
+    for (field, value) in q.describe() {
+        v[field] = match value {
+            Described::Number(n) => n.into(),
+            Described::Text(t) => t.into(),
+        };
+    }
 }
 
 /// A stored override as the API shows it.
 fn override_json(o: &StoredOverride) -> Value {
     let mut v = json!({"limit": o.limit(), "id": o.id()});
     match o.kind() {
-        OverrideKind::Limit(l) => limit_fields(&mut v, l),
+        OverrideKind::Limit(l) => quota_fields(&mut v, &Quota::Gcra(*l)),
         OverrideKind::Unlimited => v["unlimited"] = true.into(),
         OverrideKind::Block => v["block"] = true.into(),
     }
@@ -294,16 +297,7 @@ async fn get_bucket(
     match (&seen.limit, seen.blocked) {
         (_, true) => v["block"] = true.into(),
         (None, false) => v["unlimited"] = true.into(),
-        (Some(Quota::Gcra(l)), false) => limit_fields(&mut v, l),
-        (Some(Quota::Concurrency(c)), false) => {
-            v["kind"] = "concurrency".into();
-            v["concurrency"] = c.max().into();
-            v["lease"] = crate::time::format_duration_us(c.lease_us()).into();
-        }
-        (Some(q), false) => {
-            v["kind"] = "tiered".into();
-            v["burst"] = q.max_cost().into();
-        }
+        (Some(q), false) => quota_fields(&mut v, q),
     }
     v["remaining"] = seen.remaining.into();
     v["reset_after_ms"] = (duration_us(seen.reset_after).div_ceil(1_000)).into();

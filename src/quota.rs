@@ -1,12 +1,20 @@
 //! What limits one bucket: a GCRA [`Limit`], burst tiers ([`TieredLimit`]) or a concurrency
 //! limit ([`ConcurrencyLimit`]).
+//!
+//! The shape seam: everything outside the algorithms, the kit and the script asks a `Quota`
+//! what its shape means (the policy's numbers, the effective window, its size, how it is shown
+//! to an operator, what an unspent or later state reports, how it scales) through the methods
+//! here, and never matches on its variants. A new shape is its algorithm, its arms here, in the
+//! kit and in the script, and its configuration (`docs/design.md`, "A new limit shape: MUST
+//! update").
 
 use std::fmt;
 use std::sync::Arc;
 
 use crate::algo::concurrency::ConcurrencyLimit;
 use crate::algo::gcra::Limit;
-use crate::algo::tiers::TieredLimit;
+use crate::algo::tiers::{Tier, TierGrant, TieredLimit};
+use crate::config::ConfigErrorKind;
 
 /// What limits one bucket: a GCRA [`Limit`], a [`TieredLimit`] (burst tiers) or a
 /// [`ConcurrencyLimit`] (requests in flight).
@@ -46,7 +54,7 @@ impl Quota {
     pub fn as_gcra(&self) -> Option<&Limit> {
         match self {
             Quota::Gcra(l) => Some(l),
-            Quota::Tiered(_) | Quota::Concurrency(_) => None,
+            _ => None,
         }
     }
 
@@ -54,7 +62,7 @@ impl Quota {
     pub fn as_tiered(&self) -> Option<&TieredLimit> {
         match self {
             Quota::Tiered(t) => Some(t),
-            Quota::Gcra(_) | Quota::Concurrency(_) => None,
+            _ => None,
         }
     }
 
@@ -62,7 +70,7 @@ impl Quota {
     pub fn as_concurrency(&self) -> Option<&ConcurrencyLimit> {
         match self {
             Quota::Concurrency(c) => Some(c),
-            Quota::Gcra(_) | Quota::Tiered(_) => None,
+            _ => None,
         }
     }
 
@@ -75,6 +83,210 @@ impl Quota {
             Quota::Concurrency(_) => 1,
         }
     }
+}
+
+/// A decision's numbers as a shape reads them ([`Quota::shown`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Numbers<'a> {
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u64,
+    pub(crate) retry_after_us: u64,
+    pub(crate) reset_after_us: u64,
+    /// For a tiered limit: units per tier and the tier serving the client.
+    pub(crate) tiers: Option<&'a TierGrant>,
+}
+
+/// What a decision shows of its limit in the `RateLimit` fields: the policy's `q` and `w`
+/// (seconds; 0 when the member's policy is precomputed or has no window) and the effective
+/// window `t` (microseconds, draft-11: the time within which no more than `r` units can be
+/// used).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shown {
+    pub(crate) q: u64,
+    pub(crate) w: u64,
+    pub(crate) t_us: u64,
+    /// A concurrency limit's member (`qu="concurrent-requests"`, no window).
+    pub(crate) concurrency: bool,
+}
+
+/// One value of a limit as an operator sees it ([`Quota::describe`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Described {
+    Number(u64),
+    Text(String),
+}
+
+impl Quota {
+    /// The `RateLimit-Policy` member's `q` and `w` (seconds) when they do not depend on the
+    /// decision (GCRA: the burst and the burst offset rounded up), so a layer writes them once.
+    pub(crate) fn fixed_policy(&self) -> Option<(u64, u64)> {
+        match self {
+            Quota::Gcra(l) => Some((l.burst(), ceil_secs_us(l.burst_offset_us()))),
+            _ => None,
+        }
+    }
+
+    /// What a decision (`n`) shows of this limit: GCRA, the burst and the burst offset, and
+    /// `Limit::window_us`; tiered, the serving tier's limit and window, and on a denial the wait
+    /// before the request passes, else the time until the serving tier is fresh (a client
+    /// whose tier is used up may still burst into the next one, so `r` is not a ceiling);
+    /// concurrency, the slots, and a denial's hint. `window`: whether `w` is wanted (a member
+    /// whose policy is precomputed needs none). `None`: nothing to show (a tiered limit
+    /// without tiers).
+    pub(crate) fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown> {
+        Some(match self {
+            Quota::Gcra(l) => Shown {
+                q: l.burst(),
+                w: if window {
+                    ceil_secs_us(l.burst_offset_us())
+                } else {
+                    0
+                },
+                t_us: l.window_us(n.reset_after_us, n.remaining),
+                concurrency: false,
+            },
+            Quota::Tiered(t) => {
+                let (q, w) = serving_tier(t, n)?;
+                Shown {
+                    q,
+                    w: ceil_secs_us(w),
+                    t_us: if n.allowed {
+                        n.reset_after_us
+                    } else {
+                        n.retry_after_us
+                    },
+                    concurrency: false,
+                }
+            }
+            // Slots in flight: a denial's hint, else nothing to wait for.
+            Quota::Concurrency(c) => Shown {
+                q: c.max(),
+                w: 0,
+                t_us: n.retry_after_us,
+                concurrency: true,
+            },
+        })
+    }
+
+    /// The size `remaining` is measured against (for the near-limit counter): the burst, the
+    /// serving tier's limit, or the slots.
+    pub(crate) fn size(&self, n: &Numbers<'_>) -> u64 {
+        match self {
+            Quota::Gcra(l) => l.burst(),
+            Quota::Tiered(t) => serving_tier(t, n).map_or(0, |(limit, _)| limit),
+            Quota::Concurrency(c) => c.max(),
+        }
+    }
+
+    /// The limit as the admin API shows it, field by field.
+    pub(crate) fn describe(&self) -> Vec<(&'static str, Described)> {
+        use Described::{Number, Text};
+        let duration = |us| Text(crate::time::format_duration_us(us));
+        match self {
+            Quota::Gcra(l) => vec![
+                ("burst", Number(l.burst())),
+                ("count", Number(l.count())),
+                ("period", duration(l.period_us())),
+            ],
+            Quota::Tiered(t) => vec![
+                ("kind", Text("tiered".into())),
+                ("burst", Number(t.capacity())),
+            ],
+            Quota::Concurrency(c) => vec![
+                ("kind", Text("concurrency".into())),
+                ("concurrency", Number(c.max())),
+                ("lease", duration(c.lease_us())),
+            ],
+        }
+    }
+
+    /// What an allowed transaction of a denied batch reports instead (nothing was spent):
+    /// `remaining` and `reset_after` (microseconds) with the `granted` units back. `None`: keep
+    /// what the backend said (a tiered state, whose later state is not known).
+    pub(crate) fn unspent(
+        &self,
+        remaining: u64,
+        reset_after_us: u64,
+        granted: u64,
+    ) -> Option<(u64, u64)> {
+        match self {
+            // Exact: `remaining` and `reset_after` move by whole emission intervals.
+            Quota::Gcra(l) => Some((
+                remaining.saturating_add(granted).min(l.burst()),
+                reset_after_us.saturating_sub(granted.saturating_mul(l.emission_interval_us())),
+            )),
+            // A slot was not taken: it is still free.
+            Quota::Concurrency(c) => {
+                Some((remaining.saturating_add(1).min(c.max()), reset_after_us))
+            }
+            Quota::Tiered(_) => None,
+        }
+    }
+
+    /// The wait before a request of `granted` units fits again, from a bucket's later state
+    /// (`reset_after_us`, after a settle); `None`: the state's own `retry_after` says it.
+    pub(crate) fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64> {
+        match self {
+            Quota::Gcra(l) => Some(
+                reset_after_us
+                    .saturating_add(granted.saturating_mul(l.emission_interval_us()))
+                    .saturating_sub(l.burst_offset_us()),
+            ),
+            _ => None,
+        }
+    }
+
+    /// The same limit at `percent` (1 to 100) of its size, for an in-memory fallback per
+    /// instance: GCRA keeps `count` and stretches the period by `100 / percent` (so the rate
+    /// scales without a new rounding of the emission interval) and scales the burst and the
+    /// debt; tiers scale their limits; a concurrency limit its slots. Nothing scales below 1 or
+    /// below `cost`, a request's configured cost.
+    pub(crate) fn scaled(&self, percent: u8, cost: u64) -> Result<Quota, ConfigErrorKind> {
+        let p = u64::from(percent.clamp(1, 100));
+        let scale = |v: u64, floor: u64| (v.saturating_mul(p) / 100).max(floor).max(1);
+        Ok(match self {
+            Quota::Gcra(l) => Quota::Gcra(
+                Limit::from_micros(
+                    scale(l.burst(), cost),
+                    l.count(),
+                    l.period_us().saturating_mul(100) / p,
+                )?
+                .with_max_debt(l.max_debt().saturating_mul(p) / 100)?,
+            ),
+            Quota::Tiered(t) => {
+                let tiers = t.tiers().iter().map(|tier| {
+                    Tier::from_micros(
+                        if tier.limit() == 0 {
+                            0
+                        } else {
+                            scale(tier.limit(), 1)
+                        },
+                        tier.window_us(),
+                        tier.active_us(),
+                        tier.cooldown_us(),
+                    )
+                });
+                Quota::from(TieredLimit::new(tiers)?)
+            }
+            Quota::Concurrency(c) => Quota::Concurrency(
+                ConcurrencyLimit::from_micros(scale(c.max(), 1), c.lease_us())?
+                    .retry_after(crate::time::us(c.retry_after_us()))?,
+            ),
+        })
+    }
+}
+
+/// The limit and the window (microseconds) of the tier serving the client (the first when
+/// none is named).
+fn serving_tier(t: &TieredLimit, n: &Numbers<'_>) -> Option<(u64, u64)> {
+    let number = n.tiers.map_or(1, |g| usize::from(g.tier));
+    let tier = t.tier(number).or(t.tiers().first())?;
+    Some((tier.limit(), tier.window_us()))
+}
+
+/// Whole seconds of a time in microseconds, rounded up.
+pub(crate) fn ceil_secs_us(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
 }
 
 impl From<Limit> for Quota {

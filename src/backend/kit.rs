@@ -494,6 +494,41 @@ pub(crate) fn gcra_write(mode: Mode, out: &GcraOutcome, stored: u64, now: u64) -
         .filter(|&new| out.allowed && mode.spends() && new > now && new != stored)
 }
 
+/// Whether a transaction may write a state kept apart from GCRA words (a backend that keeps
+/// such states in slots of their own need make one only then): a spend of a tiered key, a
+/// lease taken on a concurrency key.
+pub(crate) fn may_write(tx: &BucketTx<'_>) -> bool {
+    match tx.quota {
+        Quota::Concurrency(_) => takes_lease(tx),
+        _ => tx.mode.spends(),
+    }
+}
+
+/// The first instant at which `state`, kept under `quota`, equals a fresh one: from then on a
+/// store may forget it.
+pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
+    match (quota, state) {
+        (_, Stored::Tat(word)) => gcra_tat(*word),
+        (Quota::Tiered(limit), Stored::Tiers(s)) => tiers::fresh_at(limit, s, now, None),
+        (_, Stored::Leases(leases)) => leases.iter().map(|&(_, d)| d).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// What a reset leaves of a key's state at `now`, and when that equals a fresh one: a
+/// concurrency key's live leases (requests in flight: forgetting them would admit more at once
+/// than the limit); nothing of the rest.
+pub(crate) fn after_reset(state: Stored, now: u64) -> Option<(Stored, u64)> {
+    match state {
+        Stored::Leases(mut leases) => {
+            leases.retain(|&(_, d)| concurrency::live(d, now));
+            let last = leases.iter().map(|&(_, d)| d).max()?;
+            Some((Stored::Leases(leases), last))
+        }
+        _ => None,
+    }
+}
+
 /// Whether a transaction on a concurrency key takes a lease when it and its batch are allowed:
 /// a spend of one slot with a lease id.
 pub(crate) fn takes_lease(tx: &BucketTx<'_>) -> bool {

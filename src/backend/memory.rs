@@ -44,7 +44,7 @@ use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
 use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
-use crate::algo::tiers::{self, TierState};
+use crate::algo::tiers::TierState;
 use crate::algo::{concurrency, gcra};
 use crate::backend::Outcome;
 use crate::key::BucketKey;
@@ -58,16 +58,25 @@ const BATCH: usize = 4;
 /// cost per key; see the module's notes for other ids).
 pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
 
-/// The state of one tiered or concurrency key, and when it will equal a fresh one.
+/// The state of a key that is not a GCRA word (a tiered key, a concurrency key's leases, any
+/// shape the kit keeps as a [`kit::Stored`]), and when it will equal a fresh one.
 #[derive(Default)]
 struct TierSlot {
-    state: TierState,
-    /// The first instant at which the state equals a fresh one (0: it already does).
+    /// As the kit wrote it (`None`: fresh).
+    state: Option<kit::Stored>,
+    /// The first instant at which the state equals a fresh one (`kit::fresh_at`; 0: it
+    /// already does).
     expires_at: u64,
-    /// A concurrency key's leases: (id, deadline), live while the deadline is after now.
-    leases: Vec<(u64, u64)>,
     /// Set when the slot left the map (sweep, reset): whoever holds it must look again.
     removed: bool,
+}
+
+impl TierSlot {
+    /// Keeps what the kit wrote for a key under `quota`.
+    fn write(&mut self, quota: &Quota, state: kit::Stored, now: u64) {
+        self.expires_at = kit::fresh_at(quota, &state, now);
+        self.state = Some(state);
+    }
 }
 
 type SharedSlot = Arc<Mutex<TierSlot>>;
@@ -370,7 +379,7 @@ impl MemoryBackend {
             let Ok(mut s) = slot.try_lock() else {
                 return true;
             };
-            if s.expires_at > now || s.leases.iter().any(|&(_, d)| concurrency::live(d, now)) {
+            if s.expires_at > now {
                 return true;
             }
             s.removed = true;
@@ -392,7 +401,10 @@ impl MemoryBackend {
     pub fn tier_state(&self, key: &BucketKey) -> Option<TierState> {
         let slot = self.inner.tiers.get(key)?.clone();
         let s = lock(&slot);
-        (!s.removed).then(|| s.state.clone())
+        match &s.state {
+            Some(kit::Stored::Tiers(state)) if !s.removed => Some(state.clone()),
+            _ => None,
+        }
     }
 
     /// Sweeps every `interval` until the backend is gone: on the current tokio runtime if
@@ -678,7 +690,7 @@ impl MemoryBackend {
     /// never wait for each other) and held until the batch is written.
     fn spend_mixed(&self, batch: &[BucketTx<'_>], now: u64) -> Result<Outcomes, BackendError> {
         // A batch of GCRA buckets only (a request's usual rules) locks nothing: no slots.
-        if batch.iter().all(|tx| matches!(tx.quota, Quota::Gcra(_))) {
+        if batch.iter().all(|tx| tx.quota.as_gcra().is_some()) {
             return self.decide_mixed(batch, now, &mut []);
         }
         // The working vectors of a batch live on the stack up to `BATCH` transactions.
@@ -686,10 +698,9 @@ impl MemoryBackend {
         'slots: loop {
             slots.clear();
             for tx in batch {
-                slots.push(match tx.quota {
-                    Quota::Gcra(_) => None,
-                    Quota::Tiered(_) => self.tier_slot(tx.key, tx.mode.spends(), now)?,
-                    Quota::Concurrency(_) => self.tier_slot(tx.key, kit::takes_lease(tx), now)?,
+                slots.push(match tx.quota.as_gcra() {
+                    Some(_) => None,
+                    None => self.tier_slot(tx.key, kit::may_write(tx), now)?,
                 });
             }
             let mut order: SmallVec<[usize; BATCH]> =
@@ -733,18 +744,17 @@ impl MemoryBackend {
                     SmallVec::with_capacity(batch.len());
                 for (i, tx) in batch.iter().enumerate() {
                     let slot = guards.iter().find(|(j, _)| *j == i).map(|(_, g)| &**g);
-                    let bucket = match tx.quota {
-                        Quota::Gcra(_) => self.inner.map.get(Buckets::place(tx.key)),
-                        _ => None,
+                    let bucket = match tx.quota.as_gcra() {
+                        Some(_) => self.inner.map.get(Buckets::place(tx.key)),
+                        None => None,
                     };
                     let cur = bucket.as_ref().map_or(0, |b| b.load(Ordering::Acquire));
                     held.push(bucket);
                     tats.push(cur);
-                    read.push(match (tx.quota, slot) {
-                        (Quota::Gcra(_), _) => Some(kit::Read::Tat(stored(cur).unwrap_or(0))),
-                        (Quota::Tiered(_), Some(g)) => Some(kit::Read::Tiers(&g.state)),
-                        (Quota::Concurrency(_), Some(g)) => Some(kit::Read::Leases(&g.leases)),
-                        _ => None,
+                    read.push(match (tx.quota.as_gcra(), slot) {
+                        (Some(_), _) => Some(kit::Read::Tat(stored(cur).unwrap_or(0))),
+                        (None, Some(g)) => g.state.as_ref().map(kit::Stored::read),
+                        (None, None) => None,
                     });
                 }
                 kit::spend(batch, &read, now)?
@@ -794,13 +804,8 @@ impl MemoryBackend {
             // slots are locked).
             let mut writes = spent.writes;
             for (i, g) in guards.iter_mut() {
-                match (batch[*i].quota, writes[*i].take()) {
-                    (Quota::Tiered(limit), Some(kit::Stored::Tiers(state))) => {
-                        g.state = state;
-                        g.expires_at = tiers::fresh_at(limit, &g.state, now, None);
-                    }
-                    (_, Some(kit::Stored::Leases(leases))) => g.leases = leases,
-                    _ => {}
+                if let Some(state) = writes[*i].take() {
+                    g.write(batch[*i].quota, state, now);
                 }
             }
             return Ok(spent.outcomes);
@@ -826,17 +831,9 @@ impl MemoryBackend {
                 Some(kit::Stored::Tat(new)) => {
                     let _ = self.compare_and_set(tx.key, read[i], new, now);
                 }
-                Some(kit::Stored::Leases(leases)) => {
+                Some(state) => {
                     if let Some((_, g)) = guards.iter_mut().find(|(j, _)| *j == i) {
-                        g.leases = leases;
-                    }
-                }
-                Some(kit::Stored::Tiers(state)) => {
-                    if let (Quota::Tiered(limit), Some((_, g))) =
-                        (tx.quota, guards.iter_mut().find(|(j, _)| *j == i))
-                    {
-                        g.expires_at = tiers::fresh_at(limit, &state, now, None);
-                        g.state = state;
+                        g.write(tx.quota, state, now);
                     }
                 }
                 None => {}
@@ -848,7 +845,7 @@ impl MemoryBackend {
     /// concurrency key under its slot's lock (a key never stored is refunded as a fresh one and
     /// nothing is written).
     fn refund_one(&self, tx: &BucketTx<'_>, now: u64) -> Result<Outcome, BackendError> {
-        if let Quota::Gcra(_) = tx.quota {
+        if tx.quota.as_gcra().is_some() {
             loop {
                 let cur = self.load(tx.key);
                 let (out, write) = kit::refund(tx, Some(kit::Read::Tat(cur)), now)?;
@@ -870,18 +867,9 @@ impl MemoryBackend {
             if g.removed {
                 continue;
             }
-            let read = match tx.quota {
-                Quota::Tiered(_) => kit::Read::Tiers(&g.state),
-                _ => kit::Read::Leases(&g.leases),
-            };
-            let (out, write) = kit::refund(tx, Some(read), now)?;
-            match (tx.quota, write) {
-                (Quota::Tiered(limit), Some(kit::Stored::Tiers(state))) => {
-                    g.state = state;
-                    g.expires_at = tiers::fresh_at(limit, &g.state, now, None);
-                }
-                (_, Some(kit::Stored::Leases(leases))) => g.leases = leases,
-                _ => {}
+            let (out, write) = kit::refund(tx, g.state.as_ref().map(kit::Stored::read), now)?;
+            if let Some(state) = write {
+                g.write(tx.quota, state, now);
             }
             return Ok(out);
         }
@@ -892,13 +880,12 @@ impl MemoryBackend {
         let now = self.now();
         self.inner.tiers.get(key).map_or(0, |slot| {
             let s = lock(&slot);
-            if s.removed {
-                0
-            } else {
-                s.leases
+            match &s.state {
+                Some(kit::Stored::Leases(leases)) if !s.removed => leases
                     .iter()
                     .filter(|&&(_, d)| concurrency::live(d, now))
-                    .count()
+                    .count(),
+                _ => 0,
             }
         })
     }
@@ -931,10 +918,12 @@ impl Backend for MemoryBackend {
             // would admit more at once than the limit). The rest of the slot is forgotten.
             let removed = self.inner.tiers.remove_if(*key, |_, slot| {
                 let mut s = lock(slot);
-                s.state = TierState::new();
-                s.expires_at = 0;
-                s.leases.retain(|&(_, d)| concurrency::live(d, now));
-                let gone = s.leases.is_empty();
+                (s.state, s.expires_at) = s
+                    .state
+                    .take()
+                    .and_then(|state| kit::after_reset(state, now))
+                    .map_or((None, 0), |(state, fresh)| (Some(state), fresh));
+                let gone = s.state.is_none();
                 s.removed = gone;
                 gone
             });

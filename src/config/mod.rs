@@ -477,49 +477,11 @@ impl Limits {
         change
     }
 
-    /// The same limits at `percent` of their rate and burst (1 to 100), for an in-memory
-    /// fallback limiter per instance: GCRA keeps `count` and stretches the period by
-    /// `100 / percent` (so the rate scales without a new rounding of the emission interval)
-    /// and scales the burst; tiers scale their limits. Nothing scales below 1 or below the
-    /// configured cost of a request. Errors name the limit that cannot be scaled.
+    /// The same limits at `percent` of their size (1 to 100), for an in-memory fallback
+    /// limiter per instance (each shape scales as `Quota::scaled` says; nothing below the
+    /// configured cost of a request). Errors name the limit that cannot be scaled.
     pub(crate) fn scaled(&self, percent: u8) -> Result<Limits, ConfigError> {
-        let p = u64::from(percent.clamp(1, 100));
-        let scale = |v: u64, floor: u64| (v.saturating_mul(p) / 100).max(floor).max(1);
-        let quota = |q: &Quota, cost: u64| -> Result<Quota, ConfigErrorKind> {
-            Ok(match q {
-                Quota::Gcra(l) => Quota::Gcra(
-                    crate::algo::gcra::Limit::from_micros(
-                        scale(l.burst(), cost),
-                        l.count(),
-                        l.period_us().saturating_mul(100) / p,
-                    )?
-                    .with_max_debt(l.max_debt().saturating_mul(p) / 100)?,
-                ),
-                Quota::Tiered(t) => {
-                    let tiers = t.tiers().iter().map(|tier| {
-                        crate::algo::tiers::Tier::from_micros(
-                            if tier.limit() == 0 {
-                                0
-                            } else {
-                                scale(tier.limit(), 1)
-                            },
-                            tier.window_us(),
-                            tier.active_us(),
-                            tier.cooldown_us(),
-                        )
-                    });
-                    Quota::from(crate::algo::tiers::TieredLimit::new(tiers)?)
-                }
-                // Requests in flight per instance: the same share of the slots.
-                Quota::Concurrency(c) => Quota::Concurrency(
-                    crate::algo::concurrency::ConcurrencyLimit::from_micros(
-                        scale(c.max(), 1),
-                        c.lease_us(),
-                    )?
-                    .retry_after(crate::time::us(c.retry_after_us()))?,
-                ),
-            })
-        };
+        let quota = |q: &Quota, cost: u64| q.scaled(percent, cost);
         let mut scaled = self.clone();
         for e in &mut Arc::make_mut(&mut scaled.config).names {
             if let Some(q) = &e.default {

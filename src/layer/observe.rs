@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::TierGrant;
 use crate::key::LimitName;
 use crate::limiter::{Decision, Entry};
-use crate::quota::Quota;
+use crate::quota::{Numbers, Quota};
 
 /// What happened to one rule of one request: the `outcome` label of
 /// `tower_ratelimits_decisions_total`.
@@ -105,28 +105,27 @@ pub(crate) struct Seen<'a> {
     pub(crate) tiers: Option<&'a TierGrant>,
 }
 
-impl Seen<'_> {
-    /// On a tiered limit, the limit and the window (microseconds) of the tier serving the
-    /// client (the first when none is named); `None` on another shape.
-    pub(crate) fn serving_tier(&self) -> Option<(u64, u64)> {
-        let Some(Quota::Tiered(t)) = self.quota else {
-            return None;
-        };
-        let number = self.tiers.map_or(1, |t| usize::from(t.tier));
-        let tier = t.tier(number).or(t.tiers().first())?;
-        Some((tier.limit(), tier.window_us()))
+impl<'a> Seen<'a> {
+    /// Its numbers as its limit's shape reads them.
+    #[inline]
+    pub(crate) fn numbers(&self) -> Numbers<'a> {
+        Numbers {
+            allowed: self.allowed,
+            remaining: self.remaining,
+            retry_after_us: self.retry_after_us,
+            reset_after_us: self.reset_after_us,
+            tiers: self.tiers,
+        }
     }
 
-    /// Whether it left at most `100 - percent` % of its limit's size: the burst, the serving
-    /// tier's limit, or the slots of a concurrency limit. A disabled limit never is.
+    /// Whether it left at most `100 - percent` % of its limit's size (`Quota::size`). A
+    /// disabled limit never is.
     #[cfg(feature = "metrics")]
     fn near_limit(&self, percent: u8) -> bool {
-        let size = match self.quota {
-            None => return false,
-            Some(Quota::Gcra(l)) => l.burst(),
-            Some(Quota::Tiered(_)) => self.serving_tier().map_or(0, |(limit, _)| limit),
-            Some(Quota::Concurrency(c)) => c.max(),
+        let Some(quota) = self.quota else {
+            return false;
         };
+        let size = quota.size(&self.numbers());
         u128::from(self.remaining) * 100 <= u128::from(size) * u128::from(100 - percent.min(100))
     }
 }

@@ -191,16 +191,7 @@ fn decided(
             let local = fallback.limiter(&shared.limiter);
             tracing::debug!(target: crate::telemetry::target::BACKEND, reason = %failure, "rate limit store failed; deciding in memory");
             // In memory it always answers at once; if it did not, the failure stands.
-            let local_limits = local.load();
-            let result = {
-                let mut verdict = Verdict::new(&txs);
-                match local.spend_step(&local_limits, &mut verdict) {
-                    Ok(Step::Ready) => Some(verdict.decision()),
-                    Ok(Step::Pending(_)) => None,
-                    Err(e) => Some(Err(e)),
-                }
-            };
-            match result {
+            match local.spend_now(&txs) {
                 Some(result) => Decided {
                     result: result.map_err(Failure::Limiter),
                     txs,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use smallvec::SmallVec;
 
-use crate::quota::Quota;
+use crate::quota::{Quota, ceil_secs_us};
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, Response, StatusCode};
 
@@ -237,52 +237,11 @@ fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
     owned_value(buf)
 }
 
-/// The `RateLimit-Policy` value of a GCRA limit, computed once when a layer is built: `q` is
-/// the burst (the most tokens held, so `r` never exceeds it) and `w` the seconds the bucket
-/// takes to refill from empty (the burst offset, rounded up); `None` for another shape.
+/// The `RateLimit-Policy` value of a limit whose policy does not depend on the decision
+/// (`Quota::fixed_policy`), computed once when a layer is built; `None` for another.
 pub(crate) fn policy_value(name: &str, quota: &Quota) -> Option<HeaderValue> {
-    let Quota::Gcra(limit) = quota else {
-        return None;
-    };
-    let window = ceil_secs_us(limit.burst_offset_us());
-    Some(sf_item(name, b'q', limit.burst(), b'w', window))
-}
-
-/// Whole seconds of a time in microseconds, rounded up.
-fn ceil_secs_us(us: u64) -> u64 {
-    us.div_ceil(1_000_000)
-}
-
-/// The draft-11 effective window of `s` under `quota`, in microseconds: the time within
-/// which the client can use no more than `r` units. For GCRA, `Limit::window_us`. For a
-/// tiered limit: on a denial, the wait before the request passes; else the time until the
-/// serving tier is fresh (a client whose tier is used up may still burst into the next one, so
-/// `r` is not a ceiling there).
-fn window_us(s: &Seen<'_>, quota: &Quota) -> u64 {
-    match quota {
-        Quota::Gcra(l) => l.window_us(s.reset_after_us, s.remaining),
-        Quota::Tiered(_) if !s.allowed => s.retry_after_us,
-        Quota::Tiered(_) => s.reset_after_us,
-        // Slots in flight: a denial's hint, else nothing to wait for.
-        Quota::Concurrency(_) => s.retry_after_us,
-    }
-}
-
-/// The `q` and `w` of `s`'s `RateLimit-Policy` member under `quota`, and its legacy
-/// `X-RateLimit-Limit`. GCRA: the burst and the burst offset; tiered: the serving tier's limit
-/// and window (seconds, rounded up); concurrency: the requests allowed in flight, and no
-/// window (its member is written by [`push_concurrency_policy`]). A GCRA window only when
-/// `window` (a member whose policy is precomputed writes none: 0).
-fn policy(s: &Seen<'_>, quota: &Quota, window: bool) -> Option<(u64, u64)> {
-    match quota {
-        Quota::Concurrency(c) => Some((c.max(), 0)),
-        Quota::Gcra(l) if !window => Some((l.burst(), 0)),
-        Quota::Gcra(l) => Some((l.burst(), ceil_secs_us(l.burst_offset_us()))),
-        Quota::Tiered(_) => {
-            let (limit, window_us) = s.serving_tier()?;
-            Some((limit, ceil_secs_us(window_us)))
-        }
-    }
+    let (q, w) = quota.fixed_policy()?;
+    Some(sf_item(name, b'q', q, b'w', w))
 }
 
 /// One reported decision's numbers: its `RateLimit-Policy` member (precomputed, or `q` and
@@ -367,18 +326,18 @@ impl Fields {
             };
             strictest.offer(i, r.allowed, r.retry_after_us, r.remaining);
             // A cached member needs no window.
-            let policy = policy(&r, quota, cached.is_none());
+            let shown = quota.shown(&r.numbers(), cached.is_none());
             if strictest.index() == Some(i) {
-                first = policy.map(|_| members.len());
+                first = shown.map(|_| members.len());
             }
-            let Some((q, w)) = policy else { continue };
+            let Some(shown) = shown else { continue };
             members.push(Member {
                 name: r.name,
-                concurrency: matches!(quota, Quota::Concurrency(_)),
-                q,
-                w,
+                concurrency: shown.concurrency,
+                q: shown.q,
+                w: shown.w,
                 r: r.remaining,
-                t: ceil_secs_us(window_us(&r, quota)),
+                t: ceil_secs_us(shown.t_us),
                 reset_secs: ceil_secs_us(r.reset_after_us),
                 cached,
             });

@@ -8,6 +8,7 @@ use crate::algo::tiers::TierGrant;
 use crate::key::{BucketKey, LimitName};
 use crate::mode::Mode;
 use crate::quota::Quota;
+use crate::time::duration_us;
 
 /// The decision for one transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,22 +277,16 @@ impl BatchDecision {
             if !d.allowed || d.skipped || !d.mode.spends() || d.granted == 0 {
                 continue;
             }
-            let l = match &d.limit {
-                Some(Quota::Gcra(l)) => l,
-                // A slot was not taken: it is still free, and no lease is held.
-                Some(Quota::Concurrency(c)) => {
-                    d.remaining = d.remaining.saturating_add(1).min(c.max());
-                    d.granted = 0;
-                    d.lease_id = None;
-                    continue;
-                }
-                _ => continue,
+            let Some((remaining, reset_after_us)) = d
+                .limit
+                .as_ref()
+                .and_then(|q| q.unspent(d.remaining, duration_us(d.reset_after), d.granted))
+            else {
+                continue;
             };
-            let cost = d.granted;
-            d.remaining = d.remaining.saturating_add(cost).min(l.burst());
-            let back =
-                std::time::Duration::from_micros(cost.saturating_mul(l.emission_interval_us()));
-            d.reset_after = d.reset_after.saturating_sub(back);
+            d.remaining = remaining;
+            d.reset_after = Duration::from_micros(reset_after_us);
+            d.lease_id = None;
             d.granted = 0;
         }
     }
@@ -320,15 +315,11 @@ impl BatchDecision {
             };
             d.remaining = s.remaining;
             d.reset_after = s.reset_after;
-            d.retry_after = match &d.limit {
-                Some(Quota::Gcra(l)) => {
-                    let ahead = crate::time::duration_us(s.reset_after);
-                    let need =
-                        ahead.saturating_add(d.granted.saturating_mul(l.emission_interval_us()));
-                    std::time::Duration::from_micros(need.saturating_sub(l.burst_offset_us()))
-                }
-                _ => s.retry_after,
-            };
+            d.retry_after = d
+                .limit
+                .as_ref()
+                .and_then(|q| q.retry_after_again(duration_us(s.reset_after), d.granted))
+                .map_or(s.retry_after, Duration::from_micros);
             changed = true;
         }
         if changed {

@@ -2,32 +2,33 @@
 //! interceptor) or through the tower middleware.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
-use arc_swap::{ArcSwap, Guard};
+use arc_swap::ArcSwap;
 
 use crate::backend::Outcome;
-use crate::backend::{Backend, BackendError, BucketTx, Outcomes, Spend, TransactionError};
-use crate::config::{Limits, LimitsChange};
+use crate::backend::{Backend, BackendError, BucketTx, TransactionError};
+use crate::config::Limits;
+use crate::key::{BucketKey, IdError, LimitName};
 use crate::mode::Mode;
+use crate::quota::Quota;
+
+mod decision;
+mod limits;
+mod overrides;
+mod renewals;
+mod step;
+mod transaction;
 
 pub(crate) use decision::Strictest;
 pub use decision::{BatchDecision, Decision, Inspection, Lease};
-
-pub use transaction::Transaction;
-
-mod decision;
-mod overrides;
-mod renewals;
-mod transaction;
-
-pub(crate) use renewals::{Hold, third_of_lease};
-
-use crate::key::{BucketKey, Id, IdError, LimitName};
-use crate::quota::Quota;
-use crate::time::us;
+pub use limits::ReloadError;
 pub use overrides::OverrideError;
+pub(crate) use renewals::{Hold, third_of_lease};
 use std::time::Duration;
+use step::Op;
+pub(crate) use step::{Entry, Pending, Step, Verdict};
+pub use transaction::Transaction;
 
 /// Why the limiter could not decide.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +89,7 @@ pub enum LimiterError {
 
 /// The first key that appears twice in `batch`: pairwise for a request's few rules (no
 /// allocation), through a hash set beyond that, so a batch of any size costs linear time.
-fn first_duplicate(batch: &[Transaction]) -> Option<&BucketKey> {
+pub(super) fn first_duplicate(batch: &[Transaction]) -> Option<&BucketKey> {
     const PAIRWISE_UP_TO: usize = 16;
     if batch.len() <= PAIRWISE_UP_TO {
         return batch
@@ -157,19 +158,6 @@ fn random_start() -> u64 {
     h.finish()
 }
 
-/// Why [`Limiter::reload`] refused new limits; the old ones stay in force.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReloadError {
-    /// The new configuration does not define a limit that a rule of a layer built on this
-    /// limiter uses.
-    #[error("limit {0:?} is used by a rate limit rule and the new configuration removes it")]
-    LimitInUse(String),
-    /// The new configuration could not be loaded (its location and limit are in the error).
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-}
-
 /// Decides transactions against a [`Limits`] snapshot, storing state in a [`Backend`].
 /// Cheap to clone.
 ///
@@ -203,232 +191,6 @@ impl std::fmt::Debug for Limiter {
         f.debug_struct("Limiter")
             .field("limits", &self.inner.limits)
             .finish_non_exhaustive()
-    }
-}
-
-/// A batch's per-transaction working data: on the stack for up to 4 transactions (a request's
-/// rules), so the request path does not allocate for it.
-type Batch<T> = smallvec::SmallVec<[T; 4]>;
-
-/// One transaction of a batch, resolved: its quota (`Q`: borrowed from the limits while the
-/// batch is decided at once, owned by a spend under way), mode, cost and lease id (0: none).
-struct Resolved<Q> {
-    quota: Option<Q>,
-    mode: Mode,
-    cost: u64,
-    lease: u64,
-    /// A stored block: seconds until it ends (0: not blocked). Not sent to the backend: denied
-    /// here ([`with_blocks`]). In the padding after `mode`: the struct stays 32 bytes.
-    block_s: u32,
-}
-
-/// Where a batch stands once sent: decided (its [`Verdict`] holds the outcomes), or waiting
-/// for a backend spend under way.
-pub(crate) enum Step {
-    /// Decided: the verdict holds the outcomes, not yet turned into [`Decision`]s
-    /// ([`Verdict::decision`]).
-    Ready,
-    /// The backend must wait: [`Pending::decided`] turns its outcomes into the decision.
-    Pending(Pending),
-}
-
-/// A batch the backend decided at once, kept as the backend answered it (stack storage, the
-/// quotas borrowed from the limits snapshot): read by reference where nothing more is needed
-/// (an allowed request's fields and counters), turned into a [`BatchDecision`] otherwise.
-pub(crate) struct Verdict<'a> {
-    batch: &'a [Transaction],
-    resolved: Batch<Resolved<&'a Quota>>,
-    outcomes: Outcomes,
-    /// The batch rule's answer, taken when the outcomes came.
-    allowed: bool,
-    op: Op,
-    counted: Counted,
-}
-
-/// One transaction of a [`Verdict`], by reference.
-pub(crate) struct Entry<'v> {
-    pub(crate) tx: &'v Transaction,
-    /// `None`: the limit is disabled for this id (allowed, nothing stored).
-    pub(crate) quota: Option<&'v Quota>,
-    pub(crate) mode: Mode,
-    pub(crate) outcome: &'v Outcome,
-}
-
-impl Entry<'_> {
-    /// Whether it takes part in choosing the batch decision (as [`Decision::counts`]).
-    pub(crate) fn counts(&self) -> bool {
-        self.mode.counts() && self.quota.is_some() && !self.outcome.skipped
-    }
-}
-
-/// The outcome of a transaction whose limit is disabled for its id.
-const DISABLED: Outcome = Outcome {
-    allowed: true,
-    remaining: u64::MAX,
-    retry_after_us: 0,
-    reset_after_us: 0,
-    tiers: None,
-    granted: None,
-    skipped: false,
-};
-
-impl<'a> Verdict<'a> {
-    /// The verdict of `batch`, to be decided by [`Limiter::spend_step`]: built where it will be
-    /// read (the caller's stack), so nothing is moved on the way.
-    #[inline]
-    pub(crate) fn new(batch: &'a [Transaction]) -> Self {
-        Self {
-            batch,
-            resolved: Batch::new(),
-            outcomes: Outcomes::new(),
-            allowed: true,
-            op: Op::Spend,
-            counted: Counted::default(),
-        }
-    }
-
-    /// Whether the verdict can be read by reference alone: a spend with no cost range and no
-    /// concurrency limit (whose counters and leases need the decisions).
-    #[inline]
-    pub(crate) fn plain(&self) -> bool {
-        self.op == Op::Spend && !self.counted.ranges && !self.counted.concurrency
-    }
-
-    /// Each transaction with its quota, mode and outcome, in order.
-    #[inline]
-    pub(crate) fn entries(&self) -> impl Iterator<Item = Entry<'_>> + Clone {
-        let mut outcomes = self.outcomes.iter();
-        self.batch
-            .iter()
-            .zip(&self.resolved)
-            .map(move |(tx, r)| Entry {
-                tx,
-                quota: r.quota,
-                mode: r.mode,
-                outcome: match r.quota {
-                    Some(_) => outcomes.next().unwrap_or(&DISABLED),
-                    None => &DISABLED,
-                },
-            })
-    }
-
-    /// Whether the batch is allowed: no counting transaction was denied.
-    pub(crate) fn allowed(&self) -> bool {
-        self.allowed
-    }
-
-    /// The decisions.
-    pub(crate) fn decision(self) -> Result<BatchDecision, LimiterError> {
-        finish(
-            self.batch,
-            &self.resolved,
-            self.outcomes,
-            self.op,
-            self.counted,
-        )
-    }
-}
-
-/// A spend under way on the backend, with what its outcomes need to become decisions: the
-/// batch was resolved and validated once, before it was sent.
-pub(crate) struct Pending {
-    spend: crate::backend::PendingSpend,
-    resolved: Vec<Resolved<Quota>>,
-    counted: Counted,
-    op: Op,
-    #[cfg(feature = "metrics")]
-    started: std::time::Instant,
-}
-
-impl Pending {
-    /// A spend under way, owning what its decision needs of `verdict` (out of line: the step
-    /// of a batch decided at once stays small).
-    #[inline(never)]
-    fn new(spend: crate::backend::PendingSpend, verdict: &Verdict<'_>, op: Op) -> Self {
-        Pending {
-            spend,
-            resolved: verdict
-                .resolved
-                .iter()
-                .map(|r| Resolved {
-                    quota: r.quota.cloned(),
-                    mode: r.mode,
-                    cost: r.cost,
-                    lease: r.lease,
-                    block_s: r.block_s,
-                })
-                .collect(),
-            counted: verdict.counted,
-            op,
-            #[cfg(feature = "metrics")]
-            started: std::time::Instant::now(),
-        }
-    }
-
-    /// Waits for the backend and decides `batch` (the transactions the step was made of).
-    pub(crate) async fn decided(
-        self,
-        batch: &[Transaction],
-    ) -> Result<BatchDecision, LimiterError> {
-        let outcomes = self.spend.await;
-        #[cfg(feature = "metrics")]
-        crate::telemetry::backend_duration(self.op.label(), self.started.elapsed().as_secs_f64());
-        let mut outcomes = outcomes?;
-        if self.counted.blocks {
-            outcomes = with_blocks(&self.resolved, outcomes)?;
-        }
-        finish(batch, &self.resolved, outcomes, self.op, self.counted)
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Op {
-    Spend,
-    Check,
-    Refund,
-}
-
-/// One transaction's decision from its outcome: the one place a `Decision` is made.
-fn decision(
-    key: BucketKey,
-    quota: Option<&Quota>,
-    mode: Mode,
-    cost: u64,
-    o: Outcome,
-    op: Op,
-    lease: u64,
-) -> Decision {
-    let lease_id = std::num::NonZeroU64::new(lease).filter(|_| o.allowed && op == Op::Spend);
-    let granted = match (&o.tiers, o.granted, o.allowed, op) {
-        (Some(t), _, _, _) => t.granted,
-        (None, Some(g), _, Op::Spend | Op::Check) => g,
-        (None, None, true, Op::Spend | Op::Check) => cost,
-        _ => 0,
-    };
-    Decision {
-        allowed: o.allowed,
-        granted,
-        remaining: o.remaining,
-        retry_after: us(o.retry_after_us),
-        reset_after: us(o.reset_after_us),
-        limit: quota.cloned(),
-        tiers: o.tiers.map(|t| *t),
-        name: key.name(),
-        key,
-        mode,
-        skipped: o.skipped,
-        lease_id,
-    }
-}
-
-impl Op {
-    #[cfg(feature = "metrics")]
-    fn label(self) -> &'static str {
-        match self {
-            Op::Spend => "spend",
-            Op::Check => "check",
-            Op::Refund => "refund",
-        }
     }
 }
 
@@ -481,110 +243,9 @@ impl Limiter {
         limiter
     }
 
-    /// The limits in force now (a snapshot: a later [`reload`](Self::reload) does not change
-    /// it).
-    pub fn limits(&self) -> Arc<Limits> {
-        self.inner.limits.load_full()
-    }
-
-    /// The limits in force now, without touching a reference count (the request path).
-    pub(crate) fn load(&self) -> Guard<Arc<Limits>> {
-        self.inner.limits.load()
-    }
-
-    /// How many reloads replaced the limits since the limiter was built.
-    pub fn generation(&self) -> u64 {
-        self.inner.generation.load(Ordering::Acquire)
-    }
-
-    /// Replaces the limits, atomically: every batch is decided entirely under the old limits
-    /// or entirely under the new ones, and the request path takes no lock. Bucket state is
-    /// kept (it is keyed by limit name and id, never by position): a drained bucket stays
-    /// drained, and a changed limit applies to existing buckets from their next request (a
-    /// GCRA bucket's stored TAT is read under the new emission interval and burst; a tiered
-    /// bucket's recorded grants tier by tier under the new tiers, tiers the new limit lacks
-    /// dropped and new ones empty: `docs/gcra.md`, "Changing a limit").
-    ///
-    /// Refused, keeping the old limits, when the new ones drop a limit that a rule of a layer
-    /// built on this limiter uses ([`ReloadError::LimitInUse`]).
-    ///
-    /// ```
-    /// use tower_ratelimits::{Limiter, Limits, MemoryBackend};
-    /// let limiter = Limiter::new(
-    ///     Limits::from_yaml_str("Api: {burst: 5, count: 5, period: 1s}\n", None).unwrap(),
-    ///     MemoryBackend::new(),
-    /// );
-    /// let change = limiter
-    ///     .reload(Limits::from_yaml_str("Api: {burst: 9, count: 9, period: 1s}\n", None).unwrap())
-    ///     .unwrap();
-    /// assert_eq!(change.to_string(), "changed: Api");
-    /// ```
-    pub fn reload(&self, limits: Limits) -> Result<LimitsChange, ReloadError> {
-        let _one_at_a_time = self
-            .inner
-            .reloading
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        {
-            let pinned = self
-                .inner
-                .pinned
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if let Some(name) = pinned.iter().find(|n| !limits.contains(**n)) {
-                return Err(ReloadError::LimitInUse(name.to_string()));
-            }
-        }
-        let change = self.inner.limits.load().change_to(&limits);
-        let limits = match &self.inner.store {
-            Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
-            None => limits,
-        };
-        self.inner.limits.store(Arc::new(limits));
-        self.inner.generation.fetch_add(1, Ordering::AcqRel);
-        Ok(change)
-    }
-
-    /// Marks `name` as used by a rule: a reload may not remove it.
-    pub(crate) fn pin(&self, name: LimitName) {
-        let mut pinned = self
-            .inner
-            .pinned
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if !pinned.contains(&name) {
-            pinned.push(name);
-        }
-    }
-
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
-    }
-
-    /// A limit's name, when the configuration defines it (look it up once, at set-up).
-    pub fn name(&self, name: &str) -> Result<LimitName, LimiterError> {
-        self.load()
-            .name(name)
-            .ok_or_else(|| LimiterError::UnknownName(name.to_owned()))
-    }
-
-    /// The bucket key of a name and an id.
-    pub fn key(&self, name: &str, id: Id) -> Result<BucketKey, LimiterError> {
-        Ok(BucketKey::new(self.name(name)?, id))
-    }
-
-    /// The bucket key of a name and an id given as text, checked against the name's id kind.
-    pub fn parse_key(&self, name: &str, id: &str) -> Result<BucketKey, LimiterError> {
-        let limits = self.load();
-        let name = limits
-            .name(name)
-            .ok_or_else(|| LimiterError::UnknownName(name.to_owned()))?;
-        let kind = limits.id_kind(name).unwrap_or_default();
-        let id = kind
-            .parse(id)
-            .map_err(|source| LimiterError::InvalidId { name, source })?;
-        Ok(BucketKey::new(name, id))
     }
 
     /// Decides a batch and spends it if it is allowed (all or nothing).
@@ -860,297 +521,6 @@ impl Limiter {
         };
         pending.decided(batch).await
     }
-
-    /// Spends `verdict`'s batch under `limits` (a snapshot the caller holds): resolved and
-    /// validated once and sent to the backend once, decided into `verdict` when the backend
-    /// answers at once.
-    pub(crate) fn spend_step<'a>(
-        &self,
-        limits: &'a Limits,
-        verdict: &mut Verdict<'a>,
-    ) -> Result<Step, LimiterError> {
-        self.step(limits, verdict, Op::Spend)
-    }
-
-    /// A spend or a check: the one road every batch takes to the backend.
-    fn step<'a>(
-        &self,
-        limits: &'a Limits,
-        verdict: &mut Verdict<'a>,
-        op: Op,
-    ) -> Result<Step, LimiterError> {
-        // Resolved in place: the verdict is decided where it will be read, not moved into.
-        verdict.op = op;
-        let mut txs: Batch<BucketTx<'a>> = Batch::new();
-        self.resolve(
-            limits,
-            verdict.batch,
-            op,
-            &mut verdict.resolved,
-            &mut txs,
-            &mut verdict.counted,
-        )?;
-        if verdict.counted.blocks {
-            return self.blocked_step(verdict, txs, op);
-        }
-        if txs.is_empty() {
-            return Ok(Step::Ready);
-        }
-        match self.inner.backend.spend(&txs) {
-            Spend::Ready(outcomes) => {
-                let outcomes = outcomes?;
-                let sent = txs.len();
-                if outcomes.len() != sent {
-                    return Err(BackendError::outcome_count(outcomes.len(), sent).into());
-                }
-                // The batch rule, once (a disabled limit sent nothing and allows).
-                verdict.allowed = crate::backend::kit::batch_allowed(txs.iter().zip(&outcomes));
-                verdict.outcomes = outcomes;
-                Ok(Step::Ready)
-            }
-            // The backend's time is measured for a spend it could not decide at once (the
-            // README's `backend_duration_seconds`), from when its future exists (it works when
-            // polled): a decision in memory or from the deny cache reads no clock for it.
-            Spend::Pending(spend) => Ok(Step::Pending(Pending::new(spend, verdict, op))),
-        }
-    }
-
-    /// [`step`](Self::step) for a batch with transactions a stored block denies (out of line:
-    /// the road of other batches does not carry it). The blocked ones are not sent; if one of
-    /// them counts, the others are only looked at (checked, not spent) and the batch is denied.
-    #[inline(never)]
-    fn blocked_step(
-        &self,
-        verdict: &mut Verdict<'_>,
-        mut txs: Batch<BucketTx<'_>>,
-        op: Op,
-    ) -> Result<Step, LimiterError> {
-        if verdict.counted.blocked {
-            for tx in &mut txs {
-                if tx.mode.spends() {
-                    tx.mode = Mode::CheckOnly;
-                }
-            }
-        }
-        let outcomes = if txs.is_empty() {
-            Outcomes::new()
-        } else {
-            match self.inner.backend.spend(&txs) {
-                Spend::Ready(outcomes) => {
-                    let outcomes = outcomes?;
-                    if outcomes.len() != txs.len() {
-                        return Err(BackendError::outcome_count(outcomes.len(), txs.len()).into());
-                    }
-                    verdict.allowed = crate::backend::kit::batch_allowed(txs.iter().zip(&outcomes));
-                    outcomes
-                }
-                // `Pending::decided` joins the denials in.
-                Spend::Pending(spend) => {
-                    return Ok(Step::Pending(Pending::new(spend, verdict, op)));
-                }
-            }
-        };
-        verdict.allowed &= !verdict.counted.blocked;
-        verdict.outcomes = with_blocks(&verdict.resolved, outcomes)?;
-        Ok(Step::Ready)
-    }
-
-    async fn refund_in(
-        &self,
-        limits: &Limits,
-        batch: &[Transaction],
-    ) -> Result<BatchDecision, LimiterError> {
-        let (mut resolved, mut txs, mut counted) = (Batch::new(), Batch::new(), Counted::default());
-        self.resolve(
-            limits,
-            batch,
-            Op::Refund,
-            &mut resolved,
-            &mut txs,
-            &mut counted,
-        )?;
-        let outcomes = if txs.is_empty() {
-            Vec::new()
-        } else {
-            #[cfg(feature = "metrics")]
-            let started = std::time::Instant::now();
-            let outcomes = self.inner.backend.refund(&txs).await;
-            #[cfg(feature = "metrics")]
-            crate::telemetry::backend_duration(Op::Refund.label(), started.elapsed().as_secs_f64());
-            outcomes?
-        };
-        let mut outcomes = Outcomes::from_vec(outcomes);
-        if counted.blocks {
-            outcomes = with_blocks(&resolved, outcomes)?;
-        }
-        finish(batch, &resolved, outcomes, Op::Refund, counted)
-    }
-
-    /// Checks a batch and resolves each transaction's limit, mode and cost into `resolved`
-    /// (one per transaction), the transactions to send into `txs` (one per enabled limit,
-    /// validated by `BucketTx::new`) and what its decisions are counted by into `counted`:
-    /// in place, into the caller's storage, so nothing is moved on the way to the backend.
-    /// Inlined into the step (its seven arguments passed in registers and on the stack cost a
-    /// request about 50 instructions; three rules +21).
-    #[inline]
-    fn resolve<'a>(
-        &self,
-        limits: &'a Limits,
-        batch: &'a [Transaction],
-        op: Op,
-        resolved: &mut Batch<Resolved<&'a Quota>>,
-        txs: &mut Batch<BucketTx<'a>>,
-        counted: &mut Counted,
-    ) -> Result<(), LimiterError> {
-        if batch.len() > 1
-            && let Some(key) = first_duplicate(batch)
-        {
-            return Err(LimiterError::DuplicateKey(key.to_string()));
-        }
-        for tx in batch {
-            let name = tx.key().name();
-            let Some(entry) = limits.entry(name) else {
-                return Err(LimiterError::UnknownName(name.to_string()));
-            };
-            // A check writes nothing: what spends only checks, what counts still counts.
-            let mode = match (op, tx.get_mode()) {
-                (Op::Check, m) if m.counts() => Mode::CheckOnly,
-                (Op::Check, _) => Mode::Observe,
-                (_, m) => m,
-            };
-            let resolution = limits.resolve_in(entry, tx.key());
-            let quota = resolution.quota;
-            let default_cost = entry.cost;
-            let cost = tx.cost_or(default_cost);
-            let mut lease = 0;
-            if resolution.block_s != 0 {
-                // Denied here, not sent (`with_blocks`); a counting one denies the batch.
-                counted.blocks = true;
-                counted.blocked |= mode.counts();
-            } else if let Some(quota) = quota {
-                let min_cost = tx.min_cost_or(default_cost);
-                counted.ranges |= min_cost != cost;
-                let costs = min_cost..=cost;
-                let checked = if op == Op::Refund {
-                    BucketTx::for_refund(tx.key(), quota, costs, mode)
-                } else {
-                    BucketTx::new(tx.key(), quota, costs, mode)
-                };
-                let mut checked = checked.map_err(|e| LimiterError::from_transaction(name, e))?;
-                // A spend of a slot takes a lease of its own.
-                if op == Op::Spend && quota.as_concurrency().is_some() && cost == 1 && mode.spends()
-                {
-                    lease = self.lease_id();
-                    checked = checked.with_lease(lease);
-                }
-                counted.concurrency |= quota.as_concurrency().is_some();
-                txs.push(checked);
-            }
-            resolved.push(Resolved {
-                quota,
-                mode,
-                cost,
-                lease,
-                block_s: resolution.block_s,
-            });
-        }
-        Ok(())
-    }
-}
-
-/// What a spend's decisions are counted by beyond the decisions themselves: cost ranges (the
-/// partial-grant counter) and concurrency limits (the lease counter). A batch with neither
-/// skips both passes.
-#[derive(Clone, Copy, Default)]
-struct Counted {
-    ranges: bool,
-    concurrency: bool,
-    /// A transaction is blocked by a stored override ([`with_blocks`]).
-    blocks: bool,
-    /// One of them counts: the batch is denied.
-    blocked: bool,
-}
-
-/// The outcomes of a batch with blocked transactions: the backend's (`sent`, one per
-/// transaction sent) with each blocked one's denial in its place (nothing left, allowed again
-/// when the block ends).
-fn with_blocks<Q>(resolved: &[Resolved<Q>], sent: Outcomes) -> Result<Outcomes, LimiterError> {
-    let expected = resolved
-        .iter()
-        .filter(|r| r.quota.is_some() && r.block_s == 0)
-        .count();
-    if sent.len() != expected {
-        return Err(BackendError::outcome_count(sent.len(), expected).into());
-    }
-    let mut sent = sent.into_iter();
-    let mut out = Outcomes::new();
-    for r in resolved.iter().filter(|r| r.quota.is_some()) {
-        out.push(if r.block_s != 0 {
-            let us = u64::from(r.block_s) * 1_000_000;
-            Outcome::new(false, 0, us, us)
-        } else {
-            sent.next().unwrap_or_default()
-        });
-    }
-    Ok(out)
-}
-
-/// Turns the backend's outcomes (one per resolved transaction with a limit) into decisions.
-fn finish<Q: std::borrow::Borrow<Quota>>(
-    batch: &[Transaction],
-    resolved: &[Resolved<Q>],
-    outcomes: Outcomes,
-    op: Op,
-    counted: Counted,
-) -> Result<BatchDecision, LimiterError> {
-    let sent = resolved.iter().filter(|r| r.quota.is_some()).count();
-    if outcomes.len() != sent {
-        return Err(BackendError::outcome_count(outcomes.len(), sent).into());
-    }
-    let mut outcomes = outcomes.into_iter();
-    let mut decisions = Vec::with_capacity(batch.len());
-    for (tx, r) in batch.iter().zip(resolved) {
-        let quota = r.quota.as_ref().map(std::borrow::Borrow::borrow);
-        let o = match quota {
-            Some(_) => outcomes.next().unwrap_or_default(),
-            None => Outcome::new(true, u64::MAX, 0, 0),
-        };
-        decisions.push(decision(
-            tx.key().clone(),
-            quota,
-            r.mode,
-            r.cost,
-            o,
-            op,
-            r.lease,
-        ));
-    }
-    let batch_decision = concluded(decisions, op);
-    if op == Op::Spend {
-        if counted.ranges {
-            count_partial_grants(batch, &batch_decision);
-        }
-        if counted.concurrency {
-            count_leases(&batch_decision);
-        }
-    }
-    Ok(batch_decision)
-}
-
-/// Counts the leases a spend batch took on concurrency limits, and its concurrency denials
-/// that counted.
-fn count_leases(decided: &BatchDecision) {
-    for d in decided.decisions() {
-        if !matches!(d.limit, Some(Quota::Concurrency(_))) || d.skipped {
-            continue;
-        }
-        let outcome = match d.lease_id {
-            Some(_) => "acquired",
-            None if !d.allowed && d.mode.counts() => "denied",
-            None => continue,
-        };
-        crate::telemetry::lease(d.name, outcome);
-    }
 }
 
 impl Limiter {
@@ -1188,37 +558,9 @@ fn count_allowed(leases: &[Lease], outcomes: &[Outcome], what: &'static str) -> 
     allowed
 }
 
-/// Counts the partial grants (cost ranges) of a spend batch: `whole` (the range's upper end
-/// granted), `partial` (less, at least its lower end) or `denied` (nothing: the range or its
-/// batch was denied), with the units granted.
-fn count_partial_grants(batch: &[Transaction], decided: &BatchDecision) {
-    for (tx, d) in batch.iter().zip(decided.decisions()) {
-        let max = tx.cost_or(0);
-        if tx.min_cost_or(max) == max || d.limit.is_none() {
-            continue;
-        }
-        let outcome = match (decided.allowed() && d.allowed, d.granted == max) {
-            (false, _) => "denied",
-            (true, true) => "whole",
-            (true, false) => "partial",
-        };
-        crate::telemetry::partial_grant(d.name, outcome, d.granted);
-    }
-}
-
 /// The waiting rule, for [`Limiter::spend_or_wait`] and the layer's [`Wait`](crate::Wait): a
 /// denial whose `retry_after` (`wait`, above zero) ends within `bound` of the first denial
 /// (`waited` ago) waits.
 pub(crate) fn may_wait(waited: Duration, wait: Duration, bound: Duration) -> bool {
     !wait.is_zero() && waited.saturating_add(wait) <= bound
-}
-
-/// The batch decision of `decisions`: a denied spend reports its buckets unspent (nothing of
-/// a denied batch was written).
-fn concluded(decisions: Vec<Decision>, op: Op) -> BatchDecision {
-    let mut batch = BatchDecision::new(decisions);
-    if op == Op::Spend && !batch.allowed() {
-        batch.unspend();
-    }
-    batch
 }

@@ -14,6 +14,11 @@ pub(super) const TIERS_SUFFIX: &str = ":t";
 /// kind's state.
 pub(super) const CONCURRENCY_SUFFIX: &str = ":c";
 
+/// The keys a reset deletes, by suffix: every shape's state but a concurrency key's leases,
+/// which are requests in flight (forgetting them would admit more at once than the limit; they
+/// end when their requests do, or at their deadlines).
+pub(super) const FORGOTTEN_BY_RESET: &[&str] = &["", TIERS_SUFFIX];
+
 /// The suffix of the Redis key holding a quota's state.
 pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {
     match quota {

@@ -865,12 +865,13 @@ impl Backend for RedisBackend {
             }
             self.inner.pools.forget(key);
         }
-        // A concurrency key's leases are requests in flight: kept (forgetting them would
-        // admit more at once than the limit; they end when their requests do, or at their
-        // deadlines).
         let redis_keys: Vec<Key> = keys
             .iter()
-            .flat_map(|k| ["", TIERS_SUFFIX].map(|suffix| self.command_key(k, suffix)))
+            .flat_map(|k| {
+                keys::FORGOTTEN_BY_RESET
+                    .iter()
+                    .map(|suffix| self.command_key(k, suffix))
+            })
             .collect();
         let groups = self.groups(&redis_keys);
         let dels = groups.iter().map(|(slot, g)| {
