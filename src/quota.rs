@@ -14,7 +14,6 @@ use std::sync::Arc;
 use crate::algo::concurrency::ConcurrencyLimit;
 use crate::algo::gcra::Limit;
 use crate::algo::tiers::{Tier, TierGrant, TieredLimit};
-use crate::config::ConfigErrorKind;
 
 /// What limits one bucket: a GCRA [`Limit`], a [`TieredLimit`] (burst tiers) or a
 /// [`ConcurrencyLimit`] (requests in flight).
@@ -241,7 +240,7 @@ impl Quota {
     /// scales without a new rounding of the emission interval) and scales the burst and the
     /// debt; tiers scale their limits; a concurrency limit its slots. Nothing scales below 1 or
     /// below `cost`, a request's configured cost.
-    pub(crate) fn scaled(&self, percent: u8, cost: u64) -> Result<Quota, ConfigErrorKind> {
+    pub(crate) fn scaled(&self, percent: u8, cost: u64) -> Result<Quota, ShapeError> {
         let p = u64::from(percent.clamp(1, 100));
         let scale = |v: u64, floor: u64| (v.saturating_mul(p) / 100).max(floor).max(1);
         Ok(match self {
@@ -273,6 +272,32 @@ impl Quota {
                     .retry_after(crate::time::us(c.retry_after_us()))?,
             ),
         })
+    }
+}
+
+/// Why a shape could not be made (a fallback's scaled limit): its own error.
+#[derive(Debug)]
+pub(crate) enum ShapeError {
+    Limit(crate::algo::gcra::LimitError),
+    Tiers(crate::algo::tiers::TierError),
+    Concurrency(crate::algo::concurrency::ConcurrencyError),
+}
+
+impl From<crate::algo::gcra::LimitError> for ShapeError {
+    fn from(e: crate::algo::gcra::LimitError) -> Self {
+        ShapeError::Limit(e)
+    }
+}
+
+impl From<crate::algo::tiers::TierError> for ShapeError {
+    fn from(e: crate::algo::tiers::TierError) -> Self {
+        ShapeError::Tiers(e)
+    }
+}
+
+impl From<crate::algo::concurrency::ConcurrencyError> for ShapeError {
+    fn from(e: crate::algo::concurrency::ConcurrencyError) -> Self {
+        ShapeError::Concurrency(e)
     }
 }
 

@@ -218,6 +218,16 @@ impl ConfigError {
     }
 }
 
+impl From<crate::quota::ShapeError> for ConfigErrorKind {
+    fn from(e: crate::quota::ShapeError) -> Self {
+        match e {
+            crate::quota::ShapeError::Limit(e) => e.into(),
+            crate::quota::ShapeError::Tiers(e) => e.into(),
+            crate::quota::ShapeError::Concurrency(e) => e.into(),
+        }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (&self.location.source, self.location.line) {
@@ -481,7 +491,7 @@ impl Limits {
     /// limiter per instance (each shape scales as `Quota::scaled` says; nothing below the
     /// configured cost of a request). Errors name the limit that cannot be scaled.
     pub(crate) fn scaled(&self, percent: u8) -> Result<Limits, ConfigError> {
-        let quota = |q: &Quota, cost: u64| q.scaled(percent, cost);
+        let quota = |q: &Quota, cost: u64| q.scaled(percent, cost).map_err(ConfigErrorKind::from);
         let mut scaled = self.clone();
         for e in &mut Arc::make_mut(&mut scaled.config).names {
             if let Some(q) = &e.default {
