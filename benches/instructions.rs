@@ -63,6 +63,10 @@ const VARIANTS: &[(&str, &str)] = &[
         "ours_spend_one",
         "MemoryBackend as Backend: spend, 1 transaction",
     ),
+    (
+        "ours_calendar_spend",
+        "MemoryBackend as Backend: spend, 1 transaction on a calendar quota",
+    ),
     ("ours_limiter", "Limiter::spend, 1 transaction"),
     ("http_request_only", "building the request alone"),
     ("http_bare", "axum, no limit"),
@@ -130,6 +134,24 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
             let quota = limits.default_limit(name).unwrap().clone();
             // Built (and checked) once, outside the measured loop, as the limiter does per
             // request before calling the backend.
+            let keys: &'static [BucketKey] = Box::leak(keys.into_boxed_slice());
+            let quota: &'static Quota = Box::leak(Box::new(quota));
+            let txs: Vec<BucketTx<'static>> = keys
+                .iter()
+                .map(|k| BucketTx::new(k, quota, 1..=1, Mode::CheckAndSpend).unwrap())
+                .collect();
+            Box::new(move |i| {
+                let _ =
+                    std::hint::black_box(common::spend_one(&backend, &txs[(i % keys_n) as usize]));
+            })
+        }
+        "ours_calendar_spend" => {
+            let backend = unswept();
+            // A monthly count no run uses up: every call allowed, as for the others.
+            let quota = Quota::from(
+                tower_ratelimits::CalendarQuota::new(1 << 50, tower_ratelimits::Period::Month)
+                    .unwrap(),
+            );
             let keys: &'static [BucketKey] = Box::leak(keys.into_boxed_slice());
             let quota: &'static Quota = Box::leak(Box::new(quota));
             let txs: Vec<BucketTx<'static>> = keys

@@ -131,6 +131,7 @@ mod time;
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use admin::{AdminPrincipal, admin_router};
+pub use algo::calendar::{CalendarError, CalendarQuota, CalendarState, Period};
 pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 pub use algo::gcra::{GcraError, Limit, LimitError};
 pub use algo::tiers::{
@@ -183,6 +184,8 @@ pub mod specs {
     pub mod gcra {}
     #[doc = include_str!("../docs/burst-tiers.md")]
     pub mod burst_tiers {}
+    #[doc = include_str!("../docs/calendar.md")]
+    pub mod calendar {}
     #[doc = include_str!("../docs/concurrency.md")]
     pub mod concurrency {}
     #[doc = include_str!("../docs/keys-and-http.md")]
@@ -199,7 +202,7 @@ struct ReadmeDoctests;
 /// header's units). Anything here may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::algo::{concurrency, gcra, tiers};
+    pub use crate::algo::{calendar, concurrency, gcra, tiers};
     pub use crate::layer::{in_scope, parse_units, units_in};
     pub use crate::time::parse_duration_us;
 }

@@ -11,6 +11,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::algo::calendar::CalendarQuota;
 use crate::algo::concurrency::ConcurrencyLimit;
 use crate::algo::gcra::Limit;
 use crate::algo::tiers::{Tier, TierGrant, TieredLimit};
@@ -46,6 +47,8 @@ pub enum Quota {
     Tiered(Arc<TieredLimit>),
     /// Requests in flight per key (`docs/concurrency.md`).
     Concurrency(ConcurrencyLimit),
+    /// A count per calendar period, renewing at the period's boundary (`docs/calendar.md`).
+    Calendar(Arc<CalendarQuota>),
 }
 
 impl Quota {
@@ -73,13 +76,22 @@ impl Quota {
         }
     }
 
+    /// The calendar quota, if this is one.
+    pub fn as_calendar(&self) -> Option<&CalendarQuota> {
+        match self {
+            Quota::Calendar(c) => Some(c),
+            _ => None,
+        }
+    }
+
     /// The largest cost a request can ever be granted: the burst, the sum of the tiers'
-    /// limits, or 1 for a concurrency limit (a request holds one slot).
+    /// limits, 1 for a concurrency limit (a request holds one slot), a period's count.
     pub fn max_cost(&self) -> u64 {
         match self {
             Quota::Gcra(l) => l.burst(),
             Quota::Tiered(t) => t.capacity(),
             Quota::Concurrency(_) => 1,
+            Quota::Calendar(c) => c.count(),
         }
     }
 }
@@ -109,6 +121,7 @@ pub(crate) struct Shown {
 }
 
 /// One value of a limit as an operator sees it ([`Quota::describe`]).
+#[cfg(feature = "admin")]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Described {
     Number(u64),
@@ -164,20 +177,30 @@ impl Quota {
                 t_us: n.retry_after_us,
                 concurrency: true,
             },
+            // The period's count and length; `r` holds until the renewal.
+            Quota::Calendar(c) => Shown {
+                q: c.count(),
+                w: if window { c.period_length_s() } else { 0 },
+                t_us: n.reset_after_us,
+                concurrency: false,
+            },
         })
     }
 
     /// The size `remaining` is measured against (for the near-limit counter): the burst, the
     /// serving tier's limit, or the slots.
+    #[cfg(feature = "metrics")]
     pub(crate) fn size(&self, n: &Numbers<'_>) -> u64 {
         match self {
             Quota::Gcra(l) => l.burst(),
             Quota::Tiered(t) => serving_tier(t, n).map_or(0, |(limit, _)| limit),
             Quota::Concurrency(c) => c.max(),
+            Quota::Calendar(c) => c.count(),
         }
     }
 
     /// The limit as the admin API shows it, field by field.
+    #[cfg(feature = "admin")]
     pub(crate) fn describe(&self) -> Vec<(&'static str, Described)> {
         use Described::{Number, Text};
         let duration = |us| Text(crate::time::format_duration_us(us));
@@ -196,6 +219,19 @@ impl Quota {
                 ("concurrency", Number(c.max())),
                 ("lease", duration(c.lease_us())),
             ],
+            Quota::Calendar(c) => {
+                let mut v = vec![
+                    ("kind", Text("calendar".into())),
+                    ("count", Number(c.count())),
+                    ("period", Text(c.period().as_str().into())),
+                    ("at", Text(c.renews_at())),
+                    ("zone", Text(c.zone_name())),
+                ];
+                if let Some(a) = c.anchor() {
+                    v.push(("anchor_day", Number(a)));
+                }
+                v
+            }
         }
     }
 
@@ -218,6 +254,11 @@ impl Quota {
             Quota::Concurrency(c) => {
                 Some((remaining.saturating_add(1).min(c.max()), reset_after_us))
             }
+            // What the period had left, the units back (the renewal does not move).
+            Quota::Calendar(c) => Some((
+                remaining.saturating_add(granted).min(c.count()),
+                reset_after_us,
+            )),
             Quota::Tiered(_) => None,
         }
     }
@@ -271,6 +312,7 @@ impl Quota {
                 ConcurrencyLimit::from_micros(scale(c.max(), 1), c.lease_us())?
                     .retry_after(crate::time::us(c.retry_after_us()))?,
             ),
+            Quota::Calendar(c) => Quota::Calendar(Arc::new(c.scaled(scale(c.count(), cost))?)),
         })
     }
 }
@@ -281,6 +323,13 @@ pub(crate) enum ShapeError {
     Limit(crate::algo::gcra::LimitError),
     Tiers(crate::algo::tiers::TierError),
     Concurrency(crate::algo::concurrency::ConcurrencyError),
+    Calendar(crate::algo::calendar::CalendarError),
+}
+
+impl From<crate::algo::calendar::CalendarError> for ShapeError {
+    fn from(e: crate::algo::calendar::CalendarError) -> Self {
+        ShapeError::Calendar(e)
+    }
 }
 
 impl From<crate::algo::gcra::LimitError> for ShapeError {
@@ -332,6 +381,12 @@ impl From<Arc<TieredLimit>> for Quota {
     }
 }
 
+impl From<CalendarQuota> for Quota {
+    fn from(c: CalendarQuota) -> Self {
+        Quota::Calendar(Arc::new(c))
+    }
+}
+
 impl From<ConcurrencyLimit> for Quota {
     fn from(c: ConcurrencyLimit) -> Self {
         Quota::Concurrency(c)
@@ -344,6 +399,7 @@ impl fmt::Display for Quota {
             Quota::Gcra(l) => l.fmt(f),
             Quota::Tiered(t) => t.fmt(f),
             Quota::Concurrency(c) => c.fmt(f),
+            Quota::Calendar(c) => c.fmt(f),
         }
     }
 }

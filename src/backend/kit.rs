@@ -67,6 +67,7 @@
 //! A state of another shape than the transaction's quota (a limit that changed shape in a
 //! reload) is read as a fresh one of the right shape, and replaced by the first write.
 
+use crate::algo::calendar::{self, CalendarQuota, CalendarState};
 use crate::algo::concurrency::{self, ConcurrencyLimit};
 use crate::algo::gcra::{self, GcraError, GcraOutcome, Limit};
 use crate::algo::tiers::{self, TierState, TieredLimit};
@@ -92,6 +93,8 @@ pub enum Stored {
     /// A concurrency key: its leases, `(lease id, deadline in microseconds)`; ended leases may
     /// still be listed (they do not count).
     Leases(Vec<(u64, u64)>),
+    /// A calendar key: the end of the period its units were counted in, and the units used.
+    Calendar(CalendarState),
 }
 
 /// A bucket's state as the kit reads it: borrowed from the store (`None` in [`spend`]'s
@@ -105,6 +108,8 @@ pub enum Read<'a> {
     Tiers(&'a TierState),
     /// A concurrency key's leases, `(lease id, deadline)`.
     Leases(&'a [(u64, u64)]),
+    /// A calendar key's period end and units used.
+    Calendar(CalendarState),
 }
 
 impl Stored {
@@ -114,6 +119,7 @@ impl Stored {
             Stored::Tat(t) => Read::Tat(*t),
             Stored::Tiers(s) => Read::Tiers(s),
             Stored::Leases(l) => Read::Leases(l),
+            Stored::Calendar(c) => Read::Calendar(*c),
         }
     }
 }
@@ -210,6 +216,10 @@ pub fn spend(
                     (Outcome::from(d), write)
                 }
             }
+            Quota::Calendar(quota) => {
+                let out = calendar_decide(tx, quota, stored, now);
+                (out.0, out.1)
+            }
         };
         outcomes.push(outcome);
         writes.push(write);
@@ -268,7 +278,53 @@ pub fn refund(
                 Some(Stored::Leases(left)),
             )
         }
+        Quota::Calendar(quota) => {
+            let (_, end) = quota.period_at(now);
+            let out = calendar::refund(quota, calendar_read(stored), end, now, tx.cost);
+            (calendar_outcome(&out), out.write.map(Stored::Calendar))
+        }
     })
+}
+
+/// A calendar key's state as the kit reads it (another shape's: none).
+fn calendar_read(stored: Option<Read<'_>>) -> Option<CalendarState> {
+    match stored {
+        Some(Read::Calendar(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// The calendar decision of a transaction ([`calendar::decide`], in the period in force at
+/// `now`) and what it writes.
+fn calendar_decide(
+    tx: &BucketTx<'_>,
+    quota: &CalendarQuota,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> (Outcome, Option<Stored>) {
+    let (_, end) = quota.period_at(now);
+    let out = calendar::decide(
+        quota,
+        calendar_read(stored),
+        end,
+        now,
+        tx.min_cost,
+        tx.cost,
+        tx.mode,
+    );
+    (calendar_outcome(&out), out.write.map(Stored::Calendar))
+}
+
+fn calendar_outcome(out: &calendar::CalendarOutcome) -> Outcome {
+    Outcome {
+        granted: Some(out.granted),
+        ..Outcome::new(
+            out.allowed,
+            out.remaining,
+            out.retry_after_us,
+            out.reset_after_us,
+        )
+    }
 }
 
 /// How a GCRA bucket is kept in one word ([`Stored::Tat`]): the bit length of the writer's
@@ -511,6 +567,7 @@ pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
         (_, Stored::Tat(word)) => gcra_tat(*word),
         (Quota::Tiered(limit), Stored::Tiers(s)) => tiers::fresh_at(limit, s, now, None),
         (_, Stored::Leases(leases)) => leases.iter().map(|&(_, d)| d).max().unwrap_or(0),
+        (_, Stored::Calendar(c)) => c.end_us,
         _ => 0,
     }
 }

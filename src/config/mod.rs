@@ -120,6 +120,9 @@ pub enum ConfigErrorKind {
     /// A concurrency limit that does not validate.
     #[error("invalid concurrency limit: {0}")]
     InvalidConcurrency(#[from] crate::algo::concurrency::ConcurrencyError),
+    /// A calendar quota that does not validate (`docs/calendar.md`).
+    #[error("invalid calendar quota: {0}")]
+    InvalidCalendar(#[from] crate::algo::calendar::CalendarError),
     /// Tiers that do not validate (the error names the tier and the field).
     #[error("invalid tiers: {0}")]
     InvalidTiers(#[from] TierError),
@@ -224,6 +227,7 @@ impl From<crate::quota::ShapeError> for ConfigErrorKind {
             crate::quota::ShapeError::Limit(e) => e.into(),
             crate::quota::ShapeError::Tiers(e) => e.into(),
             crate::quota::ShapeError::Concurrency(e) => e.into(),
+            crate::quota::ShapeError::Calendar(e) => e.into(),
         }
     }
 }

@@ -10,6 +10,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
 use super::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, check_name};
+use crate::algo::calendar::{CalendarError, CalendarQuota, Period};
 use crate::algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 use crate::algo::gcra::{Limit, LimitError};
 use crate::algo::tiers::{Tier, TierError, TieredLimit};
@@ -265,6 +266,7 @@ struct Fields<'a> {
     prefetch_ttl: Option<&'a Node>,
     tiers: Option<&'a Node>,
     concurrency: Option<&'a Node>,
+    calendar: Option<&'a Node>,
     lease: Option<&'a Node>,
     retry_after: Option<&'a Node>,
     kind: Option<&'a Node>,
@@ -299,6 +301,7 @@ fn fields<'a>(node: &'a Node, allowed: &[&'static str]) -> Result<Fields<'a>, Co
             "prefetch_ttl" => &mut f.prefetch_ttl,
             "tiers" => &mut f.tiers,
             "concurrency" => &mut f.concurrency,
+            "calendar" => &mut f.calendar,
             "lease" => &mut f.lease,
             "retry_after" => &mut f.retry_after,
             "kind" => &mut f.kind,
@@ -352,6 +355,7 @@ fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> {
         ("prefetch_ttl", f.prefetch_ttl),
         ("tiers", f.tiers),
         ("concurrency", f.concurrency),
+        ("calendar", f.calendar),
     ];
     for (name, other) in others {
         if let Some(n) = other {
@@ -376,7 +380,11 @@ fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
     ];
     for (field, given) in gcra_only {
         let Some(given) = given else { continue };
-        for (name, node) in [("tiers", f.tiers), ("concurrency", f.concurrency)] {
+        for (name, node) in [
+            ("tiers", f.tiers),
+            ("concurrency", f.concurrency),
+            ("calendar", f.calendar),
+        ] {
             if node.is_some() {
                 return Err(err_at(
                     ConfigErrorKind::ConflictingFields(field, name),
@@ -384,6 +392,12 @@ fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
                 ));
             }
         }
+    }
+    if let (Some(_), Some(calendar)) = (f.concurrency, f.calendar) {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("calendar", "concurrency"),
+            calendar.line,
+        ));
     }
     if let Some(max) = f.concurrency {
         return concurrency_of(f, max).map(Quota::from);
@@ -399,6 +413,9 @@ fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
                 n.line,
             ));
         }
+    }
+    if let Some(calendar) = f.calendar {
+        return calendar_of(f, calendar).map(Quota::from);
     }
     let Some(tiers) = f.tiers else {
         return limit_of(f).map(Quota::from);
@@ -581,6 +598,78 @@ fn concurrency_of(f: &Fields<'_>, max_node: &Node) -> Result<ConcurrencyLimit, C
     Ok(limit)
 }
 
+/// `calendar: {count, period, anchor_day, at, zone}` (`docs/calendar.md`).
+fn calendar_of(f: &Fields<'_>, node: &Node) -> Result<CalendarQuota, ConfigError> {
+    if let Some((name, _)) = rate_field(f) {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("calendar", name),
+            node.line,
+        ));
+    }
+    let Value::Map(entries) = &node.value else {
+        return Err(wrong_shape(
+            "a map: {count, period, anchor_day, at, zone}",
+            node,
+        ));
+    };
+    let [mut count, mut period, mut anchor, mut at, mut zone] = [None::<&Node>; 5];
+    for (k, v) in entries {
+        let key = as_str(k, "a field name")?;
+        let slot = match key {
+            "count" => &mut count,
+            "period" => &mut period,
+            "anchor_day" => &mut anchor,
+            "at" => &mut at,
+            "zone" => &mut zone,
+            _ => {
+                return Err(err_at(
+                    ConfigErrorKind::UnknownField(key.to_owned()),
+                    k.line,
+                ));
+            }
+        };
+        if slot.replace(v).is_some() {
+            return Err(err_at(
+                ConfigErrorKind::DuplicateField(key.to_owned()),
+                k.line,
+            ));
+        }
+    }
+    let missing = |field| err_at(ConfigErrorKind::MissingField(field), node.line);
+    let count_node = count.ok_or_else(|| missing("count"))?;
+    let period_node = period.ok_or_else(|| missing("period"))?;
+    let period = match as_str(period_node, "day, week or month")? {
+        "day" => Period::Day,
+        "week" => Period::Week,
+        "month" => Period::Month,
+        other => {
+            return Err(err_at(
+                CalendarError::Period(other.to_owned()).into(),
+                period_node.line,
+            ));
+        }
+    };
+    let at_line = |e: CalendarError, n: &Node| err_at(e.into(), n.line);
+    let mut q = CalendarQuota::new(positive("count", count_node)?, period)
+        .map_err(|e| at_line(e, count_node))?;
+    if let Some(n) = anchor {
+        q = q
+            .anchor_day(positive("anchor_day", n)?)
+            .map_err(|e| at_line(e, n))?;
+    }
+    if let Some(n) = at {
+        q = q
+            .at(as_str(n, "a time of day, \"HH:MM\"")?)
+            .map_err(|e| at_line(e, n))?;
+    }
+    if let Some(n) = zone {
+        q = q
+            .zone(as_str(n, "a zone, \"+02:00\" or \"Europe/Berlin\"")?)
+            .map_err(|e| at_line(e, n))?;
+    }
+    Ok(q)
+}
+
 fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {
     let need = |field, n| need(f, field, n);
     let burst_node = need("burst", f.burst)?;
@@ -676,6 +765,7 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
                 "prefetch_ttl",
                 "tiers",
                 "concurrency",
+                "calendar",
                 "lease",
                 "retry_after",
                 "kind",
@@ -789,6 +879,7 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                         "prefetch_ttl",
                         "tiers",
                         "concurrency",
+                        "calendar",
                         "lease",
                         "retry_after",
                         "unlimited",

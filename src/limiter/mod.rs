@@ -367,6 +367,9 @@ impl Limiter {
         // One transaction per key (and lease time), naming all of its leases: a store call
         // renews every key at once, whatever the number of requests holding them.
         let mut groups: Vec<(&Lease, Vec<u64>)> = Vec::new();
+        // A calendar quota caches its period in an atomic that takes no part in its equality
+        // or hash: the key cannot change while it is in the map.
+        #[allow(clippy::mutable_key_type)]
         let mut index: std::collections::HashMap<(&BucketKey, &Quota), usize> =
             std::collections::HashMap::new();
         for l in leases {

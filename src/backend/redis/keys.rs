@@ -1,5 +1,5 @@
 //! Where a bucket lives: `<prefix>{<limit name>:<escaped id>}`, and `:t` after the hash tag
-//! for a tiered state, `:c` for a concurrency key's leases.
+//! for a tiered state, `:c` for a concurrency key's leases, `:q` for a calendar quota's count.
 
 use std::fmt;
 
@@ -14,10 +14,14 @@ pub(super) const TIERS_SUFFIX: &str = ":t";
 /// kind's state.
 pub(super) const CONCURRENCY_SUFFIX: &str = ":c";
 
+/// The suffix of a calendar key's Redis key (the period's end and the units used), after the
+/// hash tag: a name switched to or from a calendar quota never reads another shape's state.
+pub(super) const CALENDAR_SUFFIX: &str = ":q";
+
 /// The keys a reset deletes, by suffix: every shape's state but a concurrency key's leases,
 /// which are requests in flight (forgetting them would admit more at once than the limit; they
 /// end when their requests do, or at their deadlines).
-pub(super) const FORGOTTEN_BY_RESET: &[&str] = &["", TIERS_SUFFIX];
+pub(super) const FORGOTTEN_BY_RESET: &[&str] = &["", TIERS_SUFFIX, CALENDAR_SUFFIX];
 
 /// The suffix of the Redis key holding a quota's state.
 pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {
@@ -25,6 +29,7 @@ pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {
         crate::quota::Quota::Gcra(_) => "",
         crate::quota::Quota::Tiered(_) => TIERS_SUFFIX,
         crate::quota::Quota::Concurrency(_) => CONCURRENCY_SUFFIX,
+        crate::quota::Quota::Calendar(_) => CALENDAR_SUFFIX,
     }
 }
 

@@ -31,6 +31,10 @@
 --           hint, lease id (text; '0': none; a renewal: every lease it renews, separated by
 --           spaces). The key is a sorted set of lease ids scored by their deadlines
 --           (src/algo/concurrency.rs); a refund releases the lease
+--   calendar  5, mode, min, max, count, the end of the period in force on the caller's clock,
+--           the end of the one after it (the script counts in the first while its clock is
+--           before that end, else in the second: src/algo/calendar.rs). The key holds
+--           "<period end> <units used>" and expires at the period's end
 --   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
 --           and the milliseconds the value before had to live (-1: none)
 --   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe, 4 charge, 5 renew: a
@@ -189,7 +193,7 @@ end
 -- Shared by every path ------------------------------------------------------------------------
 
 local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
-local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY, KIND_CHARGE = 0, 1, 2, 3, 4
+local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY, KIND_CHARGE, KIND_CALENDAR = 0, 1, 2, 3, 4, 5
 local MODE_OBSERVE, MODE_CHARGE, MODE_RENEW = 3, 4, 5
 
 -- The core of the rule: the TAT after spending `incr` (emission interval * cost) on a bucket
@@ -385,6 +389,12 @@ for i = 1, n do
       rec[i].min = tonumber(ARGV[a])
       a = a + 1
     end
+  elseif kind == KIND_CALENDAR then
+    local e = tonumber(ARGV[a + 5])
+    if now >= e then e = tonumber(ARGV[a + 6]) end
+    rec[i] = {kind = KIND_CALENDAR, mode = tonumber(ARGV[a + 1]), min = tonumber(ARGV[a + 2]),
+      max = tonumber(ARGV[a + 3]), count = tonumber(ARGV[a + 4]), e = e}
+    a = a + 7
   elseif kind == KIND_CONCURRENCY then
     rec[i] = {kind = KIND_CONCURRENCY, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
       max = tonumber(ARGV[a + 3]), lease = tonumber(ARGV[a + 4]), retry = tonumber(ARGV[a + 5]),
@@ -455,6 +465,22 @@ for i = 1, n do
   local r = rec[i]
   if r.kind == KIND_GCRA then
     stored[i], kread[i] = read_tat(i, r)
+  elseif r.kind == KIND_CALENDAR then
+    -- Units used count while the clock is before both the end they were counted to and the
+    -- end of the period in force. A value that is not "<end> <used>" is foreign: read as the
+    -- period drained, and replaced (r.fix).
+    local raw = redis.pcall('GET', KEYS[i])
+    local e, u
+    if type(raw) == 'string' then e, u = string.match(raw, '^(%d+) (%d+)$') end
+    e, u = tonumber(e), tonumber(u)
+    if e and u and e < LIMIT and u < LIMIT then
+      stored[i] = 0
+      if now < math.min(e, r.e) then stored[i] = u end
+    elseif raw then
+      stored[i], r.fix = r.count, true
+    else
+      stored[i] = 0
+    end
   elseif r.kind == KIND_CONCURRENCY then
     -- The live leases (deadline after now): ended ones are dropped first, which changes no
     -- decision; foreign ones (a deadline further ahead than a lease runs) are cut to a lease
@@ -486,6 +512,29 @@ for i = 1, n do
       r.fix = raw ~= false
     end
   end
+end
+
+-- Calendar quotas (src/algo/calendar.rs `decide`) ---------------------------------------------
+
+-- The decision of record r on `used` units of its period: the reply, and the units used after
+-- it when it is written (nil: nothing to write). A charge takes its whole cost.
+local function calendar(r, used)
+  local left = r.count - used
+  if left < 0 then left = 0 end
+  local reset = r.e - now
+  local granted = math.min(r.max, left)
+  if r.mode == MODE_CHARGE then granted = r.max end
+  if r.mode ~= MODE_CHARGE and granted < r.min then return {0, left, reset, reset, 0, 0} end
+  local rem = r.count - used - granted
+  if rem < 0 then rem = 0 end
+  local after
+  if spends(r.mode) and granted > 0 then after = used + granted end
+  return {1, rem, 0, reset, 0, granted}, after
+end
+
+local function write_calendar(key, r, used)
+  redis.call('SET', key, string.format('%d %d', r.e, used), expire_args(r.e))
+  r.written = true
 end
 
 -- Burst tiers ---------------------------------------------------------------------------------
@@ -803,6 +852,9 @@ if op == OP_SPEND then
       elseif gcra_writes(r.mode, new_tat, s) then
         writes[i] = new_tat
       end
+    elseif r.kind == KIND_CALENDAR then
+      out[i], writes[i] = calendar(r, stored[i])
+      if out[i][1] == 0 and counts(r.mode) then batch_allowed = false end
     elseif r.kind == KIND_CONCURRENCY and r.mode == MODE_RENEW then
       -- Held: the ids among the live leases (ended ones were removed, foreign ones cut), each
       -- renewed below; the answer counts them.
@@ -847,6 +899,8 @@ if op == OP_SPEND then
       if r.kind == KIND_GCRA and writes[i] then
         write_tat(KEYS[i], writes[i], bound_length(r))
         out[i][5] = writes[i]
+      elseif r.kind == KIND_CALENDAR and writes[i] then
+        write_calendar(KEYS[i], r, writes[i])
       elseif r.kind == KIND_CONCURRENCY and r.mode == MODE_RENEW and out[i][1] == 1 then
         renew_lease(i, r)
       elseif r.kind == KIND_CONCURRENCY and out[i][1] == 1 and spends(r.mode) and r.cost == 1
@@ -872,6 +926,12 @@ elseif op == OP_REFUND then
         write_tat(KEYS[i], new_tat, math.max(bound_length(r), kread[i]))
         out[i][5] = new_tat
       end
+    elseif r.kind == KIND_CALENDAR then
+      local back = math.min(r.max, stored[i])
+      local rem = r.count - (stored[i] - back)
+      if rem < 0 then rem = 0 end
+      out[i] = {back > 0 and 1 or 0, rem, 0, r.e - now, 0}
+      if back > 0 then write_calendar(KEYS[i], r, stored[i] - back) end
     elseif r.kind == KIND_CONCURRENCY then
       -- A release: the lease's id leaves the set (ended leases already left it).
       local released, live = 0, 0
@@ -928,6 +988,8 @@ for i = 1, n do
     write_tat(KEYS[i], stored[i], bound_length(r))
   elseif r.kind == KIND_TIERED and r.fix and not r.written then
     write_tiers(KEYS[i], r, stored[i])
+  elseif r.kind == KIND_CALENDAR and r.fix and not r.written then
+    write_calendar(KEYS[i], r, stored[i])
   end
 end
 

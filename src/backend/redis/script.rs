@@ -44,6 +44,7 @@ const KIND_TIERED: i64 = 1;
 const KIND_RANGE: i64 = 2;
 const KIND_CONCURRENCY: i64 = 3;
 const KIND_CHARGE: i64 = 4;
+const KIND_CALENDAR: i64 = 5;
 const OP_LEAN: &str = "G";
 const OP_COALESCED: &str = "M";
 const OP_SPEND: &str = "spend";
@@ -76,6 +77,7 @@ const PROTOCOL: &[(&str, Code)] = &[
     ("KIND_RANGE", Code::Number(KIND_RANGE)),
     ("KIND_CONCURRENCY", Code::Number(KIND_CONCURRENCY)),
     ("KIND_CHARGE", Code::Number(KIND_CHARGE)),
+    ("KIND_CALENDAR", Code::Number(KIND_CALENDAR)),
     (
         "MODE_CHECK_AND_SPEND",
         Code::Number(mode_number(Mode::CheckAndSpend)),
@@ -187,7 +189,8 @@ pub(super) fn is_lean<'a>(call: Call, mut txs: impl Iterator<Item = &'a BucketTx
 fn reports_granted(call: Call, tx: &BucketTx<'_>) -> bool {
     call.op == Op::Spend
         && (tx.quota.as_gcra().is_some() && (tx.min_cost < tx.cost || tx.mode == Mode::Charge)
-            || tx.mode == Mode::Renew)
+            || tx.mode == Mode::Renew
+            || tx.quota.as_calendar().is_some())
 }
 
 /// A concurrency record's lease ids: its lease, or a renewal's leases separated by spaces.
@@ -257,6 +260,23 @@ pub(super) fn encode<'a>(
                     // Text: an id is any u64, beyond what the script's doubles hold exactly. A
                     // renewal names every lease it renews, separated by spaces.
                     lease_ids(tx),
+                ]);
+            }
+            Quota::Calendar(quota) => {
+                // The period in force on this instance's clock (or the caller's time), and the
+                // one after it: the script takes the one its clock is in.
+                let now = call
+                    .now
+                    .unwrap_or_else(|| crate::time::Clock::now_us(&crate::time::SystemClock));
+                let (_, end) = quota.period_at(now);
+                args.extend([
+                    Value::Integer(KIND_CALENDAR),
+                    mode_code(tx.mode),
+                    int(tx.min_cost.min(MAX_TIME_US)),
+                    int(tx.cost.min(MAX_TIME_US)),
+                    int(quota.count()),
+                    int(end),
+                    int(quota.period_at(end).1),
                 ]);
             }
             Quota::Tiered(limit) => {

@@ -1,0 +1,885 @@
+//! Calendar quotas: a count of units per calendar period (a day, a week, a month) that renews
+//! exactly at the period's boundary, in a time zone. The contract is `docs/calendar.md`.
+//!
+//! A key's state is the end of the period its units were counted in and the units used; it is
+//! current while `now` is before both that end and the end of the period in force (so a
+//! changed limit keeps what was used until the earlier of the two). The rule below is the whole
+//! decision; every backend stores the pair its own way and the script mirrors it.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::mode::Mode;
+
+/// The most units one period may count (below 2^53, so the script's doubles hold every count
+/// and every sum of two exactly).
+pub const MAX_CALENDAR_COUNT: u64 = 1 << 50;
+
+const DAY_S: i64 = 86_400;
+
+/// The length of a calendar quota's period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Period {
+    /// A day, renewing every day at the quota's time.
+    Day,
+    /// A week, renewing on its anchor day (Monday = 1 .. Sunday = 7; Monday by default).
+    Week,
+    /// A month, renewing on its anchor day (1 to 31; a month shorter than the anchor renews on
+    /// its last day), or, without one, on the month's last day.
+    Month,
+}
+
+impl Period {
+    /// The period's name in a configuration (`day`, `week`, `month`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Week => "week",
+            Period::Month => "month",
+        }
+    }
+}
+
+/// Why a calendar quota was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CalendarError {
+    /// A period that is not `day`, `week` or `month`.
+    #[error("period must be day, week or month, got {0:?}")]
+    Period(String),
+    /// The count was zero or above [`MAX_CALENDAR_COUNT`].
+    #[error("count must be between 1 and {MAX_CALENDAR_COUNT}, got {0}")]
+    Count(u64),
+    /// An anchor day outside its period (1-7 for a week, 1-31 for a month; none for a day).
+    #[error("anchor_day {day} does not fit a {period} period ({allowed})")]
+    AnchorDay {
+        /// The day given.
+        day: u64,
+        /// The period's name.
+        period: &'static str,
+        /// What fits.
+        allowed: &'static str,
+    },
+    /// A time of day that is not `HH:MM` (00:00 to 23:59).
+    #[error("at must be a time of day as \"HH:MM\" (00:00 to 23:59), got {0:?}")]
+    At(String),
+    /// A zone that is neither a fixed offset (`+02:00`, `UTC`) nor a known IANA name.
+    #[error("zone {0:?} is not a fixed offset such as \"+02:00\" or a known IANA time zone name")]
+    Zone(String),
+    /// An IANA zone name without the feature that knows them.
+    #[error(
+        "zone {0:?} is an IANA time zone name: enable the feature `time-zones` (or give a fixed offset such as \"+02:00\")"
+    )]
+    NeedsFeature(String),
+}
+
+/// Where a quota's periods are counted: a fixed offset from UTC, or an IANA time zone (with its
+/// daylight-saving rules; feature `time-zones`).
+#[derive(Clone)]
+enum Zone {
+    /// Seconds east of UTC.
+    Fixed(i32),
+    #[cfg(feature = "time-zones")]
+    Named(String, jiff::tz::TimeZone),
+}
+
+impl Zone {
+    /// Parses `UTC`, `Z`, `+HH:MM` / `-HH:MM`, or an IANA name.
+    fn parse(text: &str) -> Result<Zone, CalendarError> {
+        let t = text.trim();
+        if t.eq_ignore_ascii_case("utc") || t == "Z" {
+            return Ok(Zone::Fixed(0));
+        }
+        if let Some(rest) = t.strip_prefix('+').or_else(|| t.strip_prefix('-')) {
+            let sign = if t.starts_with('-') { -1 } else { 1 };
+            let bad = || CalendarError::Zone(text.to_owned());
+            let (h, m) = rest.split_once(':').ok_or_else(bad)?;
+            let two = |s: &str| {
+                (s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| s.parse::<i32>().ok())
+                    .flatten()
+            };
+            let (h, m) = (two(h).ok_or_else(bad)?, two(m).ok_or_else(bad)?);
+            if h > 18 || m > 59 {
+                return Err(bad());
+            }
+            return Ok(Zone::Fixed(sign * (h * 3600 + m * 60)));
+        }
+        Self::named(t)
+    }
+
+    #[cfg(feature = "time-zones")]
+    fn named(name: &str) -> Result<Zone, CalendarError> {
+        jiff::tz::db()
+            .get(name)
+            .map(|tz| Zone::Named(name.to_owned(), tz))
+            .map_err(|_| CalendarError::Zone(name.to_owned()))
+    }
+
+    #[cfg(not(feature = "time-zones"))]
+    fn named(name: &str) -> Result<Zone, CalendarError> {
+        // Looks like an IANA name (`Area/Location`): say which feature knows it.
+        if name.contains('/')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"/_-+".contains(&b))
+        {
+            Err(CalendarError::NeedsFeature(name.to_owned()))
+        } else {
+            Err(CalendarError::Zone(name.to_owned()))
+        }
+    }
+
+    /// The instant (Unix seconds) of a local wall-clock time (seconds since 1970-01-01 00:00
+    /// local). A time a daylight-saving change skips is read with the offset before the change
+    /// (02:30 on a spring-forward night is 03:30), a time it repeats as the first of the two.
+    fn utc_of_local(&self, local_s: i64) -> i64 {
+        match self {
+            Zone::Fixed(off) => local_s - i64::from(*off),
+            #[cfg(feature = "time-zones")]
+            Zone::Named(_, tz) => {
+                let Ok(civil) = jiff::Timestamp::from_second(local_s)
+                    .map(|t| t.to_zoned(jiff::tz::TimeZone::UTC).datetime())
+                else {
+                    return local_s;
+                };
+                tz.to_ambiguous_timestamp(civil)
+                    .compatible()
+                    .map_or(local_s, |t| t.as_second())
+            }
+        }
+    }
+
+    /// The offset (seconds east of UTC) in force at an instant.
+    fn offset_at(&self, utc_s: i64) -> i64 {
+        // A fixed offset does not depend on the instant.
+        let _ = utc_s;
+        match self {
+            Zone::Fixed(off) => i64::from(*off),
+            #[cfg(feature = "time-zones")]
+            Zone::Named(_, tz) => jiff::Timestamp::from_second(utc_s)
+                .map_or(0, |t| i64::from(tz.to_offset(t).seconds())),
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Zone::Fixed(0) => "UTC".to_owned(),
+            Zone::Fixed(off) => {
+                let a = off.unsigned_abs();
+                format!(
+                    "{}{:02}:{:02}",
+                    if *off < 0 { '-' } else { '+' },
+                    a / 3600,
+                    a % 3600 / 60
+                )
+            }
+            #[cfg(feature = "time-zones")]
+            Zone::Named(name, _) => name.clone(),
+        }
+    }
+}
+
+/// A count of units per calendar period, renewing exactly at the period's boundary: every day,
+/// every week on a weekday or every month on a billing day, at a time of day, in a time zone
+/// (`docs/calendar.md`).
+///
+/// ```
+/// use tower_ratelimits::{CalendarQuota, Period};
+///
+/// // 100,000 a month, renewing on the 15th at midnight in UTC+2.
+/// let quota = CalendarQuota::new(100_000, Period::Month)?.anchor_day(15)?.zone("+02:00")?;
+/// // 2026-11-20 12:00 UTC is in the period from 2026-11-14 22:00 UTC to 2026-12-14 22:00 UTC.
+/// let (start, end) = quota.period_at(1_795_176_000_000_000);
+/// assert_eq!((start, end), (1_794_693_600_000_000, 1_797_285_600_000_000));
+/// # Ok::<(), tower_ratelimits::CalendarError>(())
+/// ```
+pub struct CalendarQuota {
+    count: u64,
+    period: Period,
+    anchor_day: Option<u8>,
+    /// Minutes after midnight.
+    at_min: u16,
+    zone: Zone,
+    /// The period last computed, in whole seconds (start in the high half, end in the low):
+    /// most decisions fall in it and compute nothing. 0: none yet.
+    cache: AtomicU64,
+}
+
+impl CalendarQuota {
+    /// `count` units per `period`, renewing at midnight UTC (a month on its last day, a week on
+    /// Monday).
+    pub fn new(count: u64, period: Period) -> Result<Self, CalendarError> {
+        if count == 0 || count > MAX_CALENDAR_COUNT {
+            return Err(CalendarError::Count(count));
+        }
+        Ok(Self {
+            count,
+            period,
+            anchor_day: None,
+            at_min: 0,
+            zone: Zone::Fixed(0),
+            cache: AtomicU64::new(0),
+        })
+    }
+
+    /// The day the period renews on: a weekday for a week (Monday = 1 .. Sunday = 7), a day of
+    /// the month for a month (1 to 31; a shorter month renews on its last day). Refused for a
+    /// day.
+    pub fn anchor_day(mut self, day: u64) -> Result<Self, CalendarError> {
+        let (max, allowed) = match self.period {
+            Period::Day => (0, "a day has no anchor_day"),
+            Period::Week => (7, "1 to 7, Monday = 1"),
+            Period::Month => (31, "1 to 31"),
+        };
+        if day == 0 || day > max {
+            return Err(CalendarError::AnchorDay {
+                day,
+                period: self.period.as_str(),
+                allowed,
+            });
+        }
+        self.anchor_day = Some(day as u8);
+        Ok(self.fresh())
+    }
+
+    /// The time of day the period renews at, `"HH:MM"` (default `"00:00"`).
+    pub fn at(mut self, time: &str) -> Result<Self, CalendarError> {
+        let bad = || CalendarError::At(time.to_owned());
+        let (h, m) = time.split_once(':').ok_or_else(bad)?;
+        let num = |s: &str, max: u16| {
+            (s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse::<u16>().ok())
+                .flatten()
+                .filter(|&v| v <= max)
+        };
+        let (h, m) = (num(h, 23).ok_or_else(bad)?, num(m, 59).ok_or_else(bad)?);
+        self.at_min = h * 60 + m;
+        Ok(self.fresh())
+    }
+
+    /// The time zone the period is counted in: a fixed offset (`"+02:00"`, `"-05:30"`,
+    /// `"UTC"`) or, with the feature `time-zones`, an IANA name (`"Europe/Berlin"`, its
+    /// daylight-saving changes included). Default UTC.
+    pub fn zone(mut self, zone: &str) -> Result<Self, CalendarError> {
+        self.zone = Zone::parse(zone)?;
+        Ok(self.fresh())
+    }
+
+    fn fresh(self) -> Self {
+        self.cache.store(0, Ordering::Relaxed);
+        self
+    }
+
+    /// Units per period.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The period.
+    pub fn period(&self) -> Period {
+        self.period
+    }
+
+    /// The anchor day, if one was given.
+    pub fn anchor(&self) -> Option<u64> {
+        self.anchor_day.map(u64::from)
+    }
+
+    /// The time of day it renews at, `"HH:MM"`.
+    pub fn renews_at(&self) -> String {
+        format!("{:02}:{:02}", self.at_min / 60, self.at_min % 60)
+    }
+
+    /// The time zone's name (`"UTC"`, `"+02:00"`, `"Europe/Berlin"`).
+    pub fn zone_name(&self) -> String {
+        self.zone.name()
+    }
+
+    /// The period holding `now_us` (Unix microseconds): its start and its end (the renewal),
+    /// in Unix microseconds.
+    pub fn period_at(&self, now_us: u64) -> (u64, u64) {
+        let cached = self.cache.load(Ordering::Relaxed);
+        let (start_s, end_s) = (cached >> 32, cached & 0xffff_ffff);
+        if cached != 0 && start_s * 1_000_000 <= now_us && now_us < end_s * 1_000_000 {
+            return (start_s * 1_000_000, end_s * 1_000_000);
+        }
+        let now_s = i64::try_from(now_us / 1_000_000).unwrap_or(i64::MAX / 4);
+        let k = self.index_at(now_s);
+        let (start, end) = (self.boundary(k), self.boundary(k + 1));
+        if let (Ok(s), Ok(e)) = (u32::try_from(start), u32::try_from(end))
+            && s > 0
+        {
+            self.cache
+                .store(u64::from(s) << 32 | u64::from(e), Ordering::Relaxed);
+        }
+        let at = |s: i64| u64::try_from(s).unwrap_or(0).saturating_mul(1_000_000);
+        (at(start), at(end))
+    }
+
+    /// The length in whole seconds of the period in progress (the one last decided in; before
+    /// any, the period's nominal length, a month's as 30 days).
+    pub(crate) fn period_length_s(&self) -> u64 {
+        let cached = self.cache.load(Ordering::Relaxed);
+        let (start_s, end_s) = (cached >> 32, cached & 0xffff_ffff);
+        if cached != 0 {
+            return end_s - start_s;
+        }
+        match self.period {
+            Period::Day => 86_400,
+            Period::Week => 7 * 86_400,
+            Period::Month => 30 * 86_400,
+        }
+    }
+
+    /// The same quota with another count (a fallback's share).
+    pub(crate) fn scaled(&self, count: u64) -> Result<Self, CalendarError> {
+        let mut q = CalendarQuota::new(count, self.period)?;
+        q.anchor_day = self.anchor_day;
+        q.at_min = self.at_min;
+        q.zone = self.zone.clone();
+        Ok(q)
+    }
+
+    /// The number of the period holding `now_s`: the `k` with `boundary(k) <= now_s <
+    /// boundary(k + 1)`, estimated on the local clock and corrected on the instant.
+    fn index_at(&self, now_s: i64) -> i64 {
+        let local = now_s + self.zone.offset_at(now_s);
+        let at_s = i64::from(self.at_min) * 60;
+        let mut k = match self.period {
+            Period::Day => (local - at_s).div_euclid(DAY_S),
+            Period::Week => (local - at_s - self.week_shift() * DAY_S).div_euclid(7 * DAY_S),
+            Period::Month => {
+                let (y, m, _) = civil_from_days(local.div_euclid(DAY_S));
+                y * 12 + (m - 1)
+            }
+        };
+        // At most a step or two either way (a month's boundary later in the month, an offset
+        // change): bounded, whatever the zone.
+        for _ in 0..4 {
+            if self.boundary(k) > now_s {
+                k -= 1;
+            } else if self.boundary(k + 1) <= now_s {
+                k += 1;
+            } else {
+                break;
+            }
+        }
+        k
+    }
+
+    /// Days from a Thursday (1970-01-01) to the week's anchor weekday.
+    fn week_shift(&self) -> i64 {
+        (i64::from(self.anchor_day.unwrap_or(1)) - 4).rem_euclid(7)
+    }
+
+    /// The instant (Unix seconds) period `k` begins.
+    fn boundary(&self, k: i64) -> i64 {
+        let day = match self.period {
+            Period::Day => k,
+            Period::Week => 7 * k + self.week_shift(),
+            Period::Month => {
+                let (y, m) = (k.div_euclid(12), k.rem_euclid(12) + 1);
+                let last = days_in_month(y, m);
+                let d = self.anchor_day.map_or(last, |a| i64::from(a).min(last));
+                days_from_civil(y, m, d)
+            }
+        };
+        self.zone
+            .utc_of_local(day * DAY_S + i64::from(self.at_min) * 60)
+    }
+}
+
+impl Clone for CalendarQuota {
+    fn clone(&self) -> Self {
+        Self {
+            count: self.count,
+            period: self.period,
+            anchor_day: self.anchor_day,
+            at_min: self.at_min,
+            zone: self.zone.clone(),
+            cache: AtomicU64::new(self.cache.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+impl PartialEq for CalendarQuota {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.count,
+            self.period,
+            self.anchor_day,
+            self.at_min,
+            self.zone.name(),
+        ) == (
+            other.count,
+            other.period,
+            other.anchor_day,
+            other.at_min,
+            other.zone.name(),
+        )
+    }
+}
+
+impl Eq for CalendarQuota {}
+
+impl Hash for CalendarQuota {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (
+            self.count,
+            self.period,
+            self.anchor_day,
+            self.at_min,
+            self.zone.name(),
+        )
+            .hash(state);
+    }
+}
+
+impl fmt::Debug for CalendarQuota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CalendarQuota")
+            .field("count", &self.count)
+            .field("period", &self.period)
+            .field("anchor_day", &self.anchor_day)
+            .field("at", &self.renews_at())
+            .field("zone", &self.zone.name())
+            .finish()
+    }
+}
+
+impl fmt::Display for CalendarQuota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} per {}", self.count, self.period.as_str())?;
+        if let Some(a) = self.anchor_day {
+            write!(f, " from day {a}")?;
+        }
+        write!(f, " at {} {}", self.renews_at(), self.zone.name())
+    }
+}
+
+/// A calendar key's stored state: the end of the period its units were counted in (Unix
+/// microseconds) and the units used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CalendarState {
+    /// The end of the period the units were counted in.
+    pub end_us: u64,
+    /// Units used in it.
+    pub used: u64,
+}
+
+/// A calendar decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CalendarOutcome {
+    /// Whether it fits (a spend, a check) or something was refunded.
+    pub allowed: bool,
+    /// Units granted (a spend or a check; the whole cost of a charge).
+    pub granted: u64,
+    /// Units left this period after it.
+    pub remaining: u64,
+    /// Microseconds until an equal request fits (the renewal, on a denial; 0 when allowed).
+    pub retry_after_us: u64,
+    /// Microseconds until the renewal.
+    pub reset_after_us: u64,
+    /// What to store when it is written.
+    pub write: Option<CalendarState>,
+}
+
+/// The units of `state` that count at `now` in the period `(start, end)` in force: those of a
+/// state whose period has not ended (before both its own end and `end`), else none.
+pub fn used(state: Option<CalendarState>, end_us: u64, now: u64) -> u64 {
+    match state {
+        Some(s) if now < s.end_us.min(end_us) => s.used,
+        _ => 0,
+    }
+}
+
+/// Decides a transaction of `min..=max` units in `mode` on a key whose stored state is `state`
+/// at `now`, under `quota`. `end_us` is the end of the period in force at `now`
+/// ([`CalendarQuota::period_at`]). A spend or check grants the most units that fit, at least
+/// `min`; a charge takes its whole cost (an overrun is denied the rest of the period and ends
+/// with it).
+pub fn decide(
+    quota: &CalendarQuota,
+    state: Option<CalendarState>,
+    end_us: u64,
+    now: u64,
+    min: u64,
+    max: u64,
+    mode: Mode,
+) -> CalendarOutcome {
+    let used = used(state, end_us, now);
+    let left = quota.count.saturating_sub(used);
+    let reset = end_us.saturating_sub(now);
+    let granted = if mode == Mode::Charge {
+        max
+    } else {
+        max.min(left)
+    };
+    let allowed = mode == Mode::Charge || (granted >= min && left >= min);
+    if !allowed {
+        return CalendarOutcome {
+            allowed,
+            granted: 0,
+            remaining: left,
+            retry_after_us: reset,
+            reset_after_us: reset,
+            write: None,
+        };
+    }
+    let now_used = used.saturating_add(granted);
+    CalendarOutcome {
+        allowed,
+        granted,
+        remaining: quota.count.saturating_sub(now_used),
+        retry_after_us: 0,
+        reset_after_us: reset,
+        write: (mode.spends() && granted > 0).then_some(CalendarState {
+            end_us,
+            used: now_used,
+        }),
+    }
+}
+
+/// Gives back `cost` units of the period in force (never below none used): allowed when
+/// something was given back.
+pub fn refund(
+    quota: &CalendarQuota,
+    state: Option<CalendarState>,
+    end_us: u64,
+    now: u64,
+    cost: u64,
+) -> CalendarOutcome {
+    let used = used(state, end_us, now);
+    let back = cost.min(used);
+    let left = used - back;
+    let reset = end_us.saturating_sub(now);
+    CalendarOutcome {
+        allowed: back > 0,
+        granted: back,
+        remaining: quota.count.saturating_sub(left),
+        retry_after_us: 0,
+        reset_after_us: reset,
+        write: (back > 0).then_some(CalendarState { end_us, used: left }),
+    }
+}
+
+/// What replaces a stored value the crate could not have written: the period in force drained.
+pub fn drained(quota: &CalendarQuota, end_us: u64) -> CalendarState {
+    CalendarState {
+        end_us,
+        used: quota.count,
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The proleptic Gregorian date of a day since 1970-01-01 (`civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn days_in_month(y: i64, m: i64) -> i64 {
+    match m {
+        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Unix microseconds of a UTC date and time (for tests and docs).
+#[cfg(test)]
+fn utc(y: i64, m: i64, d: i64, h: i64, min: i64) -> u64 {
+    ((days_from_civil(y, m, d) * DAY_S + h * 3600 + min * 60) * 1_000_000) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn month(anchor: Option<u64>) -> CalendarQuota {
+        let q = CalendarQuota::new(10, Period::Month).unwrap();
+        match anchor {
+            Some(a) => q.anchor_day(a).unwrap(),
+            None => q,
+        }
+    }
+
+    #[test]
+    fn civil_dates_round_trip_over_four_centuries() {
+        for z in -200_000..200_000 {
+            let (y, m, d) = civil_from_days(z);
+            assert_eq!(days_from_civil(y, m, d), z);
+            assert!((1..=days_in_month(y, m)).contains(&d));
+        }
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(
+            days_from_civil(2000, 3, 1) - days_from_civil(2000, 2, 28),
+            2
+        );
+    }
+
+    #[test]
+    fn a_month_without_an_anchor_renews_on_its_last_day() {
+        let q = month(None);
+        assert_eq!(
+            q.period_at(utc(2026, 11, 24, 0, 0)),
+            (utc(2026, 10, 31, 0, 0), utc(2026, 11, 30, 0, 0))
+        );
+        // February of a leap year and of a common one.
+        assert_eq!(
+            q.period_at(utc(2028, 2, 10, 0, 0)).1,
+            utc(2028, 2, 29, 0, 0)
+        );
+        assert_eq!(
+            q.period_at(utc(2027, 2, 10, 0, 0)).1,
+            utc(2027, 2, 28, 0, 0)
+        );
+    }
+
+    #[test]
+    fn anchor_31_renews_on_the_last_day_of_shorter_months() {
+        let q = month(Some(31));
+        assert_eq!(
+            q.period_at(utc(2027, 2, 1, 0, 0)),
+            (utc(2027, 1, 31, 0, 0), utc(2027, 2, 28, 0, 0))
+        );
+        assert_eq!(
+            q.period_at(utc(2027, 3, 1, 0, 0)),
+            (utc(2027, 2, 28, 0, 0), utc(2027, 3, 31, 0, 0))
+        );
+        assert_eq!(
+            q.period_at(utc(2028, 2, 29, 0, 0)).0,
+            utc(2028, 2, 29, 0, 0)
+        );
+        assert_eq!(
+            q.period_at(utc(2027, 4, 30, 12, 0)).0,
+            utc(2027, 4, 30, 0, 0)
+        );
+    }
+
+    #[test]
+    fn the_boundary_is_exact_to_the_microsecond() {
+        let q = month(Some(15)).at("06:30").unwrap().zone("+02:00").unwrap();
+        let renewal = utc(2026, 12, 15, 4, 30);
+        assert_eq!(q.period_at(renewal - 1).1, renewal);
+        assert_eq!(q.period_at(renewal).0, renewal);
+        let s = CalendarState {
+            end_us: renewal,
+            used: 10,
+        };
+        assert!(
+            !decide(
+                &q,
+                Some(s),
+                q.period_at(renewal - 1).1,
+                renewal - 1,
+                1,
+                1,
+                Mode::CheckAndSpend
+            )
+            .allowed
+        );
+        assert!(
+            decide(
+                &q,
+                Some(s),
+                q.period_at(renewal).1,
+                renewal,
+                1,
+                1,
+                Mode::CheckAndSpend
+            )
+            .allowed
+        );
+    }
+
+    #[test]
+    fn days_and_weeks() {
+        let d = CalendarQuota::new(5, Period::Day)
+            .unwrap()
+            .at("23:59")
+            .unwrap();
+        assert_eq!(
+            d.period_at(utc(2026, 11, 24, 12, 0)),
+            (utc(2026, 11, 23, 23, 59), utc(2026, 11, 24, 23, 59))
+        );
+        // 2026-11-24 is a Tuesday; a week renewing on Wednesday (3).
+        let w = CalendarQuota::new(5, Period::Week)
+            .unwrap()
+            .anchor_day(3)
+            .unwrap();
+        assert_eq!(
+            w.period_at(utc(2026, 11, 24, 12, 0)),
+            (utc(2026, 11, 18, 0, 0), utc(2026, 11, 25, 0, 0))
+        );
+        let monday = CalendarQuota::new(5, Period::Week).unwrap();
+        assert_eq!(
+            monday.period_at(utc(2026, 11, 24, 0, 0)).0,
+            utc(2026, 11, 23, 0, 0)
+        );
+        assert!(
+            CalendarQuota::new(5, Period::Day)
+                .unwrap()
+                .anchor_day(1)
+                .is_err()
+        );
+        assert!(
+            CalendarQuota::new(5, Period::Week)
+                .unwrap()
+                .anchor_day(8)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_reason() {
+        assert_eq!(
+            CalendarQuota::new(0, Period::Day).unwrap_err(),
+            CalendarError::Count(0)
+        );
+        for at in ["24:00", "7:00", "07:60", "0700", ""] {
+            assert!(
+                matches!(month(None).at(at), Err(CalendarError::At(_))),
+                "{at}"
+            );
+        }
+        for zone in ["+2", "+19:00", "02:00", "Mars"] {
+            assert!(
+                matches!(month(None).zone(zone), Err(CalendarError::Zone(_))),
+                "{zone}"
+            );
+        }
+    }
+
+    #[test]
+    fn what_was_used_stays_until_the_earlier_end() {
+        let q = CalendarQuota::new(100, Period::Month).unwrap();
+        let now = utc(2026, 11, 24, 0, 0);
+        let (_, end) = q.period_at(now);
+        // Counted under a daily limit ending tonight: kept until then, under the monthly one.
+        let s = CalendarState {
+            end_us: utc(2026, 11, 25, 0, 0),
+            used: 40,
+        };
+        assert_eq!(used(Some(s), end, now), 40);
+        assert_eq!(used(Some(s), end, utc(2026, 11, 25, 0, 0)), 0);
+        // Counted under a monthly limit, read under a daily one: until the day ends.
+        let s = CalendarState {
+            end_us: end,
+            used: 40,
+        };
+        assert_eq!(used(Some(s), utc(2026, 11, 25, 0, 0), now), 40);
+        assert_eq!(
+            used(Some(s), utc(2026, 11, 25, 0, 0), utc(2026, 11, 25, 0, 0)),
+            0
+        );
+    }
+
+    #[test]
+    fn ranges_charges_and_refunds() {
+        let q = CalendarQuota::new(10, Period::Day).unwrap();
+        let now = utc(2026, 11, 24, 12, 0);
+        let (_, end) = q.period_at(now);
+        let s = Some(CalendarState {
+            end_us: end,
+            used: 7,
+        });
+        let r = decide(&q, s, end, now, 2, 5, Mode::CheckAndSpend);
+        assert_eq!((r.allowed, r.granted, r.remaining), (true, 3, 0));
+        assert_eq!(
+            r.write,
+            Some(CalendarState {
+                end_us: end,
+                used: 10
+            })
+        );
+        let r = decide(&q, s, end, now, 4, 5, Mode::CheckAndSpend);
+        assert_eq!(
+            (r.allowed, r.remaining, r.retry_after_us),
+            (false, 3, end - now)
+        );
+        assert_eq!(decide(&q, s, end, now, 1, 1, Mode::CheckOnly).write, None);
+        let c = decide(&q, s, end, now, 9, 9, Mode::Charge);
+        assert_eq!(
+            (c.allowed, c.remaining, c.write.map(|w| w.used)),
+            (true, 0, Some(16))
+        );
+        let back = refund(&q, s, end, now, 9);
+        assert_eq!(
+            (back.allowed, back.remaining, back.write.map(|w| w.used)),
+            (true, 10, Some(0))
+        );
+        assert!(!refund(&q, None, end, now, 1).allowed);
+    }
+
+    #[cfg(feature = "time-zones")]
+    #[test]
+    fn daylight_saving_changes_in_berlin() {
+        let day = CalendarQuota::new(5, Period::Day)
+            .unwrap()
+            .zone("Europe/Berlin")
+            .unwrap();
+        // The night clocks go back (2026-10-25): a day of 25 hours, midnight to midnight.
+        let (start, end) = day.period_at(utc(2026, 10, 25, 12, 0));
+        assert_eq!(
+            (start, end),
+            (utc(2026, 10, 24, 22, 0), utc(2026, 10, 25, 23, 0))
+        );
+        assert_eq!(day.period_length_s(), 25 * 3600);
+        // The night they go forward (2026-03-29), 02:30 does not exist: 03:30 local.
+        let at = CalendarQuota::new(5, Period::Day)
+            .unwrap()
+            .at("02:30")
+            .unwrap()
+            .zone("Europe/Berlin")
+            .unwrap();
+        assert_eq!(
+            at.period_at(utc(2026, 3, 29, 12, 0)).0,
+            utc(2026, 3, 29, 1, 30)
+        );
+        // A month in summer time ends at midnight local, 22:00 UTC.
+        let month = CalendarQuota::new(5, Period::Month)
+            .unwrap()
+            .anchor_day(1)
+            .unwrap()
+            .zone("Europe/Berlin")
+            .unwrap();
+        assert_eq!(
+            month.period_at(utc(2026, 7, 10, 0, 0)),
+            (utc(2026, 6, 30, 22, 0), utc(2026, 7, 31, 22, 0))
+        );
+    }
+
+    #[cfg(not(feature = "time-zones"))]
+    #[test]
+    fn an_iana_name_without_the_feature_names_it() {
+        assert_eq!(
+            CalendarQuota::new(5, Period::Day)
+                .unwrap()
+                .zone("Europe/Berlin")
+                .unwrap_err(),
+            CalendarError::NeedsFeature("Europe/Berlin".into())
+        );
+    }
+}

@@ -1,0 +1,347 @@
+//! Calendar quotas (`docs/calendar.md`) on every store: memory, a single Redis and the
+//! cluster, each on a manual clock (Redis in caller time, so the script's clock is the test's):
+//! the renewal exact to the microsecond, every calendar edge of the spec, a batch of a throttle
+//! and a monthly quota, a plan change that keeps what was used, foreign values, and the
+//! configuration's located errors.
+
+mod support;
+
+use std::time::Duration;
+
+use support::redis::{RedisServer, TestRedis, command, unique_prefix};
+use support::redis_backend::{caller_time_backend, raw_get};
+use tower_ratelimits::{
+    BucketKey, ConfigErrorKind, Limiter, Limits, ManualClock, MemoryBackend, Transaction,
+};
+
+/// Unix microseconds of a UTC date and time.
+fn utc(y: i32, m: u32, d: u32, h: u32, min: u32) -> u64 {
+    let days = {
+        // Days from 1970-01-01 (proleptic Gregorian), as `docs/calendar.md` counts them.
+        let (y, m) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let doy = (153 * m as i32 + 2) / 5 + d as i32 - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        i64::from(era) * 146_097 + i64::from(doe) - 719_468
+    };
+    ((days * 86_400 + i64::from(h) * 3600 + i64::from(min) * 60) * 1_000_000) as u64
+}
+
+/// A limiter over `yaml` on each store, all on `clock`; the Redis servers stop when dropped.
+async fn stores(
+    yaml: &str,
+    name: &str,
+    clock: &ManualClock,
+) -> Vec<(String, Limiter, Option<TestRedis>)> {
+    let limits = || Limits::from_yaml_str(yaml, None).unwrap();
+    let memory = Limiter::new(
+        limits(),
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let mut out = vec![("memory".to_owned(), memory, None)];
+    for (label, redis, cache) in [
+        ("a single Redis", TestRedis::single(), false),
+        ("the cluster", TestRedis::cluster(), true),
+    ] {
+        let backend = caller_time_backend(&redis.url, &unique_prefix(name), clock, cache).await;
+        out.push((
+            label.to_owned(),
+            Limiter::new(limits(), backend),
+            Some(redis),
+        ));
+    }
+    out
+}
+
+async fn spend(limiter: &Limiter, key: &BucketKey) -> tower_ratelimits::BatchDecision {
+    limiter
+        .spend(&[Transaction::new(key.clone())])
+        .await
+        .unwrap()
+}
+
+/// A UTC civil time: year, month, day, hour, minute.
+type Civil = (i32, u32, u32, u32, u32);
+
+/// Each case: a quota of 3, a time in its period, and the period's end (the renewal).
+const CASES: &[(&str, Civil, Civil)] = &[
+    // A month without an anchor renews on its last day: February of a leap year...
+    (
+        "{count: 3, period: month}",
+        (2028, 2, 10, 0, 0),
+        (2028, 2, 29, 0, 0),
+    ),
+    // ...and of a common one.
+    (
+        "{count: 3, period: month}",
+        (2027, 2, 10, 0, 0),
+        (2027, 2, 28, 0, 0),
+    ),
+    // anchor_day 31 in February: its last day; then March's 31st.
+    (
+        "{count: 3, period: month, anchor_day: 31}",
+        (2027, 2, 1, 0, 0),
+        (2027, 2, 28, 0, 0),
+    ),
+    (
+        "{count: 3, period: month, anchor_day: 31}",
+        (2027, 3, 1, 0, 0),
+        (2027, 3, 31, 0, 0),
+    ),
+    // A 30-day month and a 31-day month between billing days.
+    (
+        "{count: 3, period: month, anchor_day: 15}",
+        (2026, 11, 20, 0, 0),
+        (2026, 12, 15, 0, 0),
+    ),
+    (
+        "{count: 3, period: month, anchor_day: 15}",
+        (2026, 12, 20, 0, 0),
+        (2027, 1, 15, 0, 0),
+    ),
+    // A billing time in a fixed zone: 06:30 at +02:00 is 04:30 UTC.
+    (
+        "{count: 3, period: month, anchor_day: 15, at: \"06:30\", zone: \"+02:00\"}",
+        (2026, 11, 24, 0, 0),
+        (2026, 12, 15, 4, 30),
+    ),
+    // A week renewing on Wednesday (2026-11-24 is a Tuesday).
+    (
+        "{count: 3, period: week, anchor_day: 3}",
+        (2026, 11, 24, 12, 0),
+        (2026, 11, 25, 0, 0),
+    ),
+    // Berlin, the night the clocks go back: a day of 25 hours, ending 23:00 UTC.
+    (
+        "{count: 3, period: day, zone: Europe/Berlin}",
+        (2026, 10, 25, 12, 0),
+        (2026, 10, 25, 23, 0),
+    ),
+    // Berlin, the night they go forward: 02:30 does not exist, the day renews at 03:30 CEST.
+    (
+        "{count: 3, period: day, at: \"02:30\", zone: Europe/Berlin}",
+        (2026, 3, 28, 12, 0),
+        (2026, 3, 29, 1, 30),
+    ),
+];
+
+/// Every edge of the spec on every store: the quota's units in the period, a denial told to
+/// come back at the renewal, still denied one microsecond before it, allowed at it with the
+/// whole count again.
+#[tokio::test]
+async fn every_calendar_edge_renews_exactly_at_its_boundary_on_every_store() {
+    for (i, &(quota, at, renewal)) in CASES.iter().enumerate() {
+        let now = utc(at.0, at.1, at.2, at.3, at.4);
+        let renewal = utc(renewal.0, renewal.1, renewal.2, renewal.3, renewal.4);
+        let clock = ManualClock::new(now);
+        let yaml = format!("Plan: {{kind: account, calendar: {quota}}}\n");
+        for (store, limiter, _redis) in stores(&yaml, &format!("edge{i}"), &clock).await {
+            clock.set(now);
+            let what = format!("{store}, case {i}: {quota}");
+            let key = limiter.parse_key("Plan", "7").unwrap();
+            for left in (0..3).rev() {
+                let d = spend(&limiter, &key).await;
+                assert!(d.allowed(), "{what}");
+                assert_eq!(d.strictest().unwrap().remaining(), left, "{what}");
+            }
+            let denied = spend(&limiter, &key).await;
+            assert!(!denied.allowed(), "{what}");
+            let d = denied.strictest().unwrap();
+            assert_eq!(
+                d.retry_after(),
+                Duration::from_micros(renewal - now),
+                "{what}"
+            );
+            assert_eq!(
+                d.reset_after(),
+                Duration::from_micros(renewal - now),
+                "{what}"
+            );
+            clock.set(renewal - 1);
+            assert!(
+                !spend(&limiter, &key).await.allowed(),
+                "{what}: 1 µs before"
+            );
+            clock.set(renewal);
+            let renewed = spend(&limiter, &key).await;
+            assert!(renewed.allowed(), "{what}: at the renewal");
+            assert_eq!(renewed.strictest().unwrap().remaining(), 2, "{what}");
+        }
+    }
+}
+
+/// A throttle and a monthly quota in one batch are all or nothing: once the quota is used up,
+/// the batch is denied and the throttle keeps its tokens.
+#[tokio::test]
+async fn a_throttle_and_a_monthly_quota_decide_together_on_every_store() {
+    let yaml = "Throttle: {kind: account, burst: 10, count: 1, period: 1h}\n\
+                Monthly: {kind: account, calendar: {count: 3, period: month}}\n";
+    let clock = ManualClock::new(utc(2026, 11, 24, 12, 0));
+    for (store, limiter, _redis) in stores(yaml, "batch", &clock).await {
+        let batch = [
+            Transaction::new(limiter.parse_key("Throttle", "7").unwrap()),
+            Transaction::new(limiter.parse_key("Monthly", "7").unwrap()),
+        ];
+        for _ in 0..3 {
+            assert!(limiter.spend(&batch).await.unwrap().allowed(), "{store}");
+        }
+        let denied = limiter.spend(&batch).await.unwrap();
+        assert!(!denied.allowed(), "{store}");
+        assert_eq!(
+            denied.strictest().unwrap().key().name().as_str(),
+            "Monthly",
+            "{store}"
+        );
+        let throttle = limiter.inspect(&batch[0].key().clone()).await.unwrap();
+        assert_eq!(
+            throttle.remaining, 7,
+            "{store}: the denied batch spent nothing"
+        );
+    }
+}
+
+/// A plan change mid-period keeps what was used (`docs/calendar.md`, "Changing a calendar
+/// quota"): 4 of 5 used, raised to 10 leaves 6; lowered to 3 leaves none until the renewal.
+#[tokio::test]
+async fn a_plan_change_keeps_what_was_used_on_every_store() {
+    let plan =
+        |count| format!("Plan: {{kind: account, calendar: {{count: {count}, period: month}}}}\n");
+    let clock = ManualClock::new(utc(2026, 11, 10, 0, 0));
+    for (store, limiter, _redis) in stores(&plan(5), "plan", &clock).await {
+        clock.set(utc(2026, 11, 10, 0, 0));
+        let key = limiter.parse_key("Plan", "7").unwrap();
+        for _ in 0..4 {
+            assert!(spend(&limiter, &key).await.allowed(), "{store}");
+        }
+        limiter
+            .reload(Limits::from_yaml_str(&plan(10), None).unwrap())
+            .unwrap();
+        assert_eq!(
+            limiter.inspect(&key).await.unwrap().remaining,
+            6,
+            "{store}: raised"
+        );
+        limiter
+            .reload(Limits::from_yaml_str(&plan(3), None).unwrap())
+            .unwrap();
+        assert!(
+            !spend(&limiter, &key).await.allowed(),
+            "{store}: lowered below what was used"
+        );
+        clock.set(utc(2026, 11, 30, 0, 0));
+        assert!(spend(&limiter, &key).await.allowed(), "{store}: renewed");
+    }
+}
+
+/// Ranges, refunds and settle charges: a range takes what is left; a refund gives back this
+/// period's units; a charge is taken whole and denies the rest of the period.
+#[tokio::test]
+async fn ranges_refunds_and_charges_on_every_store() {
+    let yaml = "Tokens: {kind: account, calendar: {count: 100, period: day}}\n";
+    let clock = ManualClock::new(utc(2026, 11, 24, 12, 0));
+    for (store, limiter, _redis) in stores(yaml, "units", &clock).await {
+        clock.set(utc(2026, 11, 24, 12, 0));
+        let key = limiter.parse_key("Tokens", "7").unwrap();
+        let d = limiter
+            .spend(&[Transaction::new(key.clone()).cost(70)])
+            .await
+            .unwrap();
+        assert!(d.allowed(), "{store}");
+        let range = limiter
+            .spend(&[Transaction::new(key.clone()).cost_range(10..=50)])
+            .await
+            .unwrap();
+        assert_eq!(
+            range.strictest().unwrap().granted(),
+            30,
+            "{store}: what was left"
+        );
+        limiter
+            .refund(&[Transaction::new(key.clone()).cost(20)])
+            .await
+            .unwrap();
+        assert_eq!(
+            limiter.inspect(&key).await.unwrap().remaining,
+            20,
+            "{store}"
+        );
+        let charge = Transaction::new(key.clone())
+            .cost(50)
+            .mode(tower_ratelimits::Mode::Charge);
+        assert!(
+            limiter.spend(&[charge]).await.unwrap().allowed(),
+            "{store}: never denied"
+        );
+        assert!(!spend(&limiter, &key).await.allowed(), "{store}: overrun");
+        clock.set(utc(2026, 11, 25, 0, 0));
+        assert_eq!(
+            limiter.inspect(&key).await.unwrap().remaining,
+            100,
+            "{store}: renewed"
+        );
+    }
+}
+
+/// A value this crate could not have written is the period drained (never a fresh count),
+/// replaced at once, and gone at the renewal.
+#[tokio::test]
+async fn a_foreign_value_is_the_period_drained_until_the_renewal() {
+    let server = RedisServer::start();
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let clock = ManualClock::new(utc(2026, 11, 24, 12, 0));
+    let prefix = unique_prefix("foreign");
+    let backend = caller_time_backend(&url, &prefix, &clock, false).await;
+    let limits = Limits::from_yaml_str(
+        "Plan: {kind: account, calendar: {count: 3, period: day}}\n",
+        None,
+    )
+    .unwrap();
+    let limiter = Limiter::new(limits, backend.clone());
+    let key = limiter.parse_key("Plan", "7").unwrap();
+    let redis_key = format!("{prefix}{{Plan:7}}:q");
+    command(server.port, &format!("SET {redis_key} not-ours")).unwrap();
+    assert!(!spend(&limiter, &key).await.allowed());
+    let end = utc(2026, 11, 25, 0, 0);
+    assert_eq!(
+        raw_get(&backend, &redis_key).await,
+        Some(format!("{end} 3"))
+    );
+    clock.set(end);
+    assert!(spend(&limiter, &key).await.allowed());
+}
+
+/// Bad calendar values are located errors naming what is wrong.
+#[test]
+fn bad_calendar_values_are_located_errors() {
+    let cases = [
+        ("{count: 0, period: day}", "count"),
+        (
+            "{count: 5, period: year}",
+            "period must be day, week or month",
+        ),
+        ("{count: 5, period: week, anchor_day: 8}", "anchor_day 8"),
+        ("{count: 5, period: day, anchor_day: 1}", "anchor_day 1"),
+        ("{count: 5, period: day, at: \"24:00\"}", "HH:MM"),
+        ("{count: 5, period: day, zone: Mars}", "Mars"),
+        ("{count: 5, period: day, zone: \"+25:00\"}", "+25:00"),
+        ("{count: 5, period: day, every: 2}", "every"),
+        ("{period: day}", "count"),
+    ];
+    for (calendar, says) in cases {
+        let yaml = format!("Plan:\n  kind: account\n  calendar: {calendar}\n");
+        let err = Limits::from_yaml_str(&yaml, None).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(says), "{calendar}: {text}");
+        assert!(
+            text.contains(":3:") && text.contains("Plan"),
+            "{calendar}: {text}"
+        );
+    }
+    let both = "Plan: {burst: 5, count: 5, period: 1s, calendar: {count: 5, period: day}}\n";
+    let err = Limits::from_yaml_str(both, None).unwrap_err();
+    assert!(
+        matches!(err.kind(), ConfigErrorKind::ConflictingFields(..)),
+        "{err}"
+    );
+}
