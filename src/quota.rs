@@ -94,6 +94,14 @@ impl Quota {
             Quota::Calendar(c) => c.count(),
         }
     }
+
+    /// Whether a charge (units reported after the response) of any size is taken: a GCRA
+    /// limit takes what fits within its debt, a calendar quota the whole cost (the overrun
+    /// ends with the period). Elsewhere a charge above [`max_cost`](Self::max_cost) is
+    /// refused.
+    pub(crate) fn charges_any_cost(&self) -> bool {
+        matches!(self, Quota::Gcra(_) | Quota::Calendar(_))
+    }
 }
 
 /// A decision's numbers as a shape reads them ([`Quota::shown`]).

@@ -6,7 +6,10 @@
 //! `<time> <op> <tx> [<tx> ...] [cost=<n>]`, one request per line; blank lines and comments
 //! (`#` at the start of a line or after white space) are skipped.
 //! - `<time>`: since the trace start, an integer or decimal with unit `us`, `ms` or `s`
-//!   (`0ms`, `1.01s`, `250us`). Times must not go backwards.
+//!   (`0ms`, `1.01s`, `250us`), or a date: a UTC instant `YYYY-MM-DDTHH:MM:SS[.ffffff]Z`
+//!   (`2028-02-28T23:59:59.999999Z`), for calendar quotas. The trace starts at
+//!   [`EPOCH_US`] (2023-11-14T22:13:20Z): a date is that far after it, and one before it is an
+//!   error. Times must not go backwards.
 //! - `<op>`: `spend`, `check`, `refund`, `charge`, `reset` or `release`. A `spend` on a
 //!   concurrency limit (`concurrency: N`) takes a slot when allowed; `release` gives back the
 //!   oldest slot each listed key took in the trace and still holds (none held: nothing
@@ -79,9 +82,15 @@ pub enum SimulateError {
 /// buffer).
 pub const MAX_LINE_BYTES: usize = 1 << 20;
 
-/// Parses a trace time (`0ms`, `1.01s`, `250us`) into microseconds (tested in
-/// `tests/simulate.rs`).
+/// Parses a trace time (`0ms`, `1.01s`, `250us`, or a date `2028-02-29T00:00:00Z`) into
+/// microseconds since the trace start (tested in `tests/simulate.rs`).
 pub fn parse_time_us(text: &str) -> Result<u64, String> {
+    if text.ends_with('Z') && text.contains('T') {
+        let at = tower_ratelimits::__private::calendar::parse_instant(text)?;
+        return at
+            .checked_sub(EPOCH_US)
+            .ok_or_else(|| format!("{text:?} is before the trace's start, 2023-11-14T22:13:20Z"));
+    }
     let (number, scale, digits) = if let Some(n) = text.strip_suffix("us") {
         (n, 1u64, 0usize)
     } else if let Some(n) = text.strip_suffix("ms") {

@@ -403,7 +403,7 @@ async fn documented_values(name: &str) -> Vec<(Value, String)> {
             let number = line["line"].as_u64().unwrap() as usize;
             let text = trace.lines().nth(number - 1).unwrap().to_owned();
             let expected: Value = serde_json::from_str(text.split("# ").nth(1).unwrap()).unwrap();
-            let d = if line["op"] == "release" {
+            let d = if matches!(line["op"].as_str(), Some("release" | "reset")) {
                 &line
             } else {
                 &line["decisions"][0]
@@ -414,6 +414,22 @@ async fn documented_values(name: &str) -> Vec<(Value, String)> {
             (line, text)
         })
         .collect()
+}
+
+/// Every line of `examples/traces/calendar.trace` (dated lines: a month renewing on its last
+/// day in a leap year, a billing day of 31 in February, a day at 06:00 in +02:00, a week, a
+/// batch with a throttle, a charge's overrun, a reset) ends with the fields its decision must
+/// have: the renewal exact to the microsecond.
+#[tokio::test]
+async fn calendar_quotas_renew_exactly_at_their_dated_boundaries() {
+    let out = documented_values("calendar").await;
+    assert_eq!(out.len(), 24);
+    // The renewal: denied one microsecond before it, told to retry in 1 us.
+    let before: Vec<_> = out
+        .iter()
+        .filter(|(l, _)| l["retry_after_us"] == 1)
+        .collect();
+    assert_eq!(before.len(), 3);
 }
 
 /// Every line of `examples/traces/partial-grants.trace` (redis_rate's `AllowAtMost` and
@@ -565,6 +581,16 @@ fn trace_times_are_exact_microseconds() {
     assert_eq!(simulate::parse_time_us("0ms"), Ok(0));
     assert!(simulate::parse_time_us("1.0000001s").is_err());
     assert!(simulate::parse_time_us("5").is_err());
+    // A date: that far after the trace's start, to the microsecond.
+    assert_eq!(simulate::parse_time_us("2023-11-14T22:13:20Z"), Ok(0));
+    assert_eq!(
+        simulate::parse_time_us("2023-11-14T22:13:21.000001Z"),
+        Ok(1_000_001)
+    );
+    let before = simulate::parse_time_us("2023-11-14T22:13:19Z").unwrap_err();
+    assert!(before.contains("before the trace's start"), "{before}");
+    let bad = simulate::parse_time_us("2023-02-30T00:00:00Z").unwrap_err();
+    assert!(bad.contains("no such date"), "{bad}");
 }
 
 #[tokio::test]

@@ -55,9 +55,15 @@
 //!         Ok(outcomes)
 //!     }
 //!     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+//!         let now = tower_ratelimits::Clock::now_us(&self.clock);
 //!         let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
 //!         for key in keys {
-//!             states.remove(*key);
+//!             // What a reset keeps (a concurrency key's requests in flight) stays.
+//!             if let Some(state) = states.remove(*key)
+//!                 && let Some((kept, _)) = kit::after_reset(state, now)
+//!             {
+//!                 states.insert((*key).clone(), kept);
+//!             }
 //!         }
 //!         Ok(())
 //!     }
@@ -572,10 +578,11 @@ pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
     }
 }
 
-/// What a reset leaves of a key's state at `now`, and when that equals a fresh one: a
-/// concurrency key's live leases (requests in flight: forgetting them would admit more at once
-/// than the limit); nothing of the rest.
-pub(crate) fn after_reset(state: Stored, now: u64) -> Option<(Stored, u64)> {
+/// What a reset leaves of a key's state at `now`, and when that equals a fresh one (from then
+/// on the store may forget it): a concurrency key's live leases (requests in flight:
+/// forgetting them would admit more at once than the limit); nothing of the rest (`None`:
+/// remove the key).
+pub fn after_reset(state: Stored, now: u64) -> Option<(Stored, u64)> {
     match state {
         Stored::Leases(mut leases) => {
             leases.retain(|&(_, d)| concurrency::live(d, now));

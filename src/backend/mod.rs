@@ -198,8 +198,8 @@ impl<'a> BucketTx<'a> {
         }
         // What must fit is the least acceptable part (a single cost is its own least part):
         // a range may ask for more than the burst, and is granted what fits. A charge on a
-        // GCRA limit takes what fits, whatever its size.
-        let takes_what_fits = mode == Mode::Charge && quota.as_gcra().is_some();
+        // GCRA limit or a calendar quota is taken whatever its size.
+        let takes_what_fits = mode == Mode::Charge && quota.charges_any_cost();
         if min_cost > quota.max_cost() && !takes_what_fits {
             return Err(TransactionError::CostAboveBurst {
                 cost: min_cost,

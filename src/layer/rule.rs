@@ -416,8 +416,9 @@ impl Rules {
                     settle.clone(),
                     d.key.clone(),
                     d.granted,
-                    // A GCRA charge takes what fits within its debt, whatever it is asked.
-                    if limit.as_gcra().is_some() {
+                    // A GCRA charge takes what fits within its debt, a calendar quota's the
+                    // whole overrun, whatever it is asked.
+                    if limit.charges_any_cost() {
                         u64::MAX
                     } else {
                         limit.max_cost()

@@ -27,6 +27,9 @@ TierA:
   tiers:
     - {limit: 3, window: 1s, active: 1s, cooldown: 0s}
     - {limit: 5, window: 2s, active: 1s, cooldown: 2s}
+# A calendar quota renewing 40 s after the traces' start (22:13:20 UTC), mid-trace.
+Quota6:
+  calendar: {count: 6, period: day, at: '22:14'}
 TierB:
   tiers:
     - {limit: 2, window: 500ms, active: 2s, cooldown: 1s}
@@ -37,7 +40,7 @@ TierB:
 /// The limits of the conformance traces: those of the example traces
 /// (`examples/traces/gcra-20-per-second.yaml`, `examples/traces/burst-tiers.yaml`) plus
 /// `examples/traces/partial-grants.yaml`, `examples/traces/concurrency.yaml`,
-/// `examples/traces/debt.yaml` and `CONFORMANCE_LIMITS`.
+/// `examples/traces/debt.yaml`, `examples/traces/calendar.yaml` and `CONFORMANCE_LIMITS`.
 pub fn conformance_limits() -> Limits {
     let dir =
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join("examples/traces");
@@ -46,15 +49,18 @@ pub fn conformance_limits() -> Limits {
     let partial = read("partial-grants.yaml");
     let concurrency = read("concurrency.yaml");
     let debt = read("debt.yaml");
+    let calendar = read("calendar.yaml");
     Limits::from_yaml_str(
-        &format!("{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{CONFORMANCE_LIMITS}"),
+        &format!(
+            "{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{calendar}\n{CONFORMANCE_LIMITS}"
+        ),
         None,
     )
     .unwrap()
 }
 
-/// A deterministic pseudo-random trace: batches of 1 to 3 limits (GCRA, tiered and
-/// concurrency, mixed), all modes, costs from 0 to the burst and ranges (partial grants, GCRA
+/// A deterministic pseudo-random trace: batches of 1 to 3 limits (GCRA, tiered, concurrency
+/// and a calendar quota renewing mid-trace, mixed), all modes, costs from 0 to the burst and ranges (partial grants, GCRA
 /// and tiered), checks, refunds, charges (up to three bursts: into debt and beyond it), resets
 /// and releases of slots, and time steps from 0 to 700 ms.
 pub fn random_trace(seed: u64, lines: usize) -> String {
@@ -74,6 +80,7 @@ pub fn random_trace(seed: u64, lines: usize) -> String {
         ("TierB", 7),
         ("Big", 100),
         ("InFlight2", 1),
+        ("Quota6", 6),
     ];
     let ids = ["u1", "u2", "a{b}", "x%7By"];
     let mut t_ms = 0u64;
@@ -173,6 +180,7 @@ pub fn traces() -> Vec<(String, String)> {
         "partial-grants",
         "concurrency",
         "debt",
+        "calendar",
     ]
     .iter()
     .map(|name| {

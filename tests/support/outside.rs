@@ -17,7 +17,8 @@ fn slot(tx: &BucketTx<'_>) -> Slot {
     let shape = match tx.quota() {
         Quota::Gcra(_) => 0,
         Quota::Tiered(_) => 1,
-        _ => 2,
+        Quota::Concurrency(_) => 2,
+        _ => 3,
     };
     (tx.key().clone(), shape)
 }
@@ -78,9 +79,21 @@ impl<C: Clock> Backend for Outside<C> {
     }
 
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
-        // A concurrency key (shape 2) keeps its leases: requests in flight.
+        // What a reset keeps (a concurrency key's live leases: requests in flight) stays.
+        let now = self.clock.now_us();
         let mut states = self.states();
-        states.retain(|(key, shape), _| *shape == 2 || !keys.contains(&key));
+        let hit: Vec<Slot> = states
+            .keys()
+            .filter(|(key, _)| keys.contains(&key))
+            .cloned()
+            .collect();
+        for s in hit {
+            if let Some(state) = states.remove(&s)
+                && let Some((kept, _)) = kit::after_reset(state, now)
+            {
+                states.insert(s, kept);
+            }
+        }
         Ok(())
     }
 }
