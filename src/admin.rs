@@ -7,10 +7,10 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `PUT /overrides/{limit}/{id}` with `{"burst": 3, "count": 3, "period": "1h"}`, `{"unlimited": true}` or `{"block": true}`, each optionally with `"expires_in": "1h"` | 200, the override stored |
+//! | `PUT /overrides/{limit}/{id}` with `{"burst": 3, "count": 3, "period": "1h"}`, a calendar quota's plan `{"calendar": {"count": 5000000, "period": "month", "anchor_day": 15}}` (on a calendar limit: `at` and `zone` too), `{"unlimited": true}` or `{"block": true}`, each optionally with `"expires_in": "1h"` | 200, the override stored |
 //! | `GET /overrides` | 200, `{"overrides": [...]}` |
 //! | `DELETE /overrides/{limit}/{id}` | 204, or 404 without one |
-//! | `GET /buckets/{limit}/{id}` | 200, the limit in force, its source (`default`, `file`, `store`), `remaining`, `reset_after_ms` |
+//! | `GET /buckets/{limit}/{id}` | 200, the limit in force, its source (`default`, `file`, `store`), `remaining`, `reset_after_ms`; a calendar quota also `used` (the count less what remains) and `renews_at` (the end of the period in force by this host's clock, `2026-11-30T00:00:00Z`) |
 //! | `DELETE /buckets/{limit}/{id}` | 204: the bucket is full again, on every instance |
 //!
 //! `{id}` is one percent-encoded path segment (`2001:db8::%2F48`); answers carry ids in their
@@ -31,7 +31,7 @@ use crate::algo::gcra::Limit;
 use crate::config::LimitSource;
 use crate::key::BucketKey;
 use crate::limiter::{Limiter, LimiterError, OverrideError};
-use crate::overrides::{OverrideKind, StoredOverride};
+use crate::overrides::{CalendarFields, OverrideKind, StoredOverride};
 use crate::quota::{Described, Quota};
 use crate::time::{duration_us, parse_duration_us};
 
@@ -145,6 +145,7 @@ fn override_json(o: &StoredOverride) -> Value {
     let mut v = json!({"limit": o.limit(), "id": o.id()});
     match o.kind() {
         OverrideKind::Limit(l) => quota_fields(&mut v, &Quota::Gcra(*l)),
+        OverrideKind::Calendar(q) => v["calendar"] = CalendarFields::of(q),
         OverrideKind::Unlimited => v["unlimited"] = true.into(),
         OverrideKind::Block => v["block"] = true.into(),
     }
@@ -159,6 +160,7 @@ struct PutBody {
     burst: Option<u64>,
     count: Option<u64>,
     period: Option<String>,
+    calendar: Option<CalendarFields>,
     unlimited: Option<bool>,
     block: Option<bool>,
     expires_in: Option<String>,
@@ -173,20 +175,30 @@ fn duration(field: &str, text: &str) -> Result<std::time::Duration, Answer> {
 fn parse_put(body: &[u8]) -> Result<(OverrideKind, Option<std::time::Duration>), Answer> {
     let b: PutBody = serde_json::from_slice(body)
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("malformed body: {e}")))?;
-    let kind = match (b.burst, b.count, b.period, b.unlimited, b.block) {
-        (Some(burst), Some(count), Some(period), None, None) => {
+    let kind = match (
+        (b.burst, b.count, b.period),
+        b.calendar,
+        b.unlimited,
+        b.block,
+    ) {
+        ((Some(burst), Some(count), Some(period)), None, None, None) => {
             let period = duration("period", &period)?;
             OverrideKind::Limit(
                 Limit::new(burst, count, period).map_err(|e| error(StatusCode::BAD_REQUEST, e))?,
             )
         }
-        (None, None, None, Some(true), None) => OverrideKind::Unlimited,
-        (None, None, None, None, Some(true)) => OverrideKind::Block,
+        ((None, None, None), Some(c), None, None) => OverrideKind::Calendar(
+            c.quota()
+                .map_err(|e| error(StatusCode::BAD_REQUEST, format!("calendar: {e}")))?,
+        ),
+        ((None, None, None), None, Some(true), None) => OverrideKind::Unlimited,
+        ((None, None, None), None, None, Some(true)) => OverrideKind::Block,
         _ => {
             return Err(error(
                 StatusCode::BAD_REQUEST,
-                "the body is one of {\"burst\", \"count\", \"period\"}, {\"unlimited\": true} or \
-                 {\"block\": true}, optionally with \"expires_in\"",
+                "the body is one of {\"burst\", \"count\", \"period\"}, {\"calendar\": {\"count\", \
+                 \"period\", ...}}, {\"unlimited\": true} or {\"block\": true}, optionally with \
+                 \"expires_in\"",
             ));
         }
     };
@@ -301,6 +313,18 @@ async fn get_bucket(
     }
     v["remaining"] = seen.remaining.into();
     v["reset_after_ms"] = (duration_us(seen.reset_after).div_ceil(1_000)).into();
+    // A calendar quota also says what was used and when it renews (the end of the period in
+    // force by this host's clock, as a UTC instant).
+    if let (Some(q), false) = (
+        seen.limit.as_ref().and_then(Quota::as_calendar),
+        seen.blocked,
+    ) {
+        v["used"] = q.count().saturating_sub(seen.remaining).into();
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, duration_us);
+        v["renews_at"] = crate::algo::calendar::instant_text(q.period_at(now_us).1).into();
+    }
     Answer(StatusCode::OK, Some(v))
 }
 

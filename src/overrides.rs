@@ -6,6 +6,7 @@
 //! one version of the crate stays meaningful to the next. Its expiry is in the value (Unix
 //! milliseconds), not a key's TTL: a Redis eviction policy cannot remove it.
 
+use crate::algo::calendar::{CalendarError, CalendarQuota};
 use crate::algo::gcra::Limit;
 
 /// What a stored override does to its id's requests.
@@ -14,11 +15,60 @@ use crate::algo::gcra::Limit;
 pub enum OverrideKind {
     /// A GCRA limit of its own (burst, count, period) in place of the limit's default.
     Limit(Limit),
+    /// A calendar quota of its own (a plan: count, period, ...) in place of the limit's
+    /// default, itself a calendar quota. What the id used this period stays used
+    /// (`docs/calendar.md`, "Changing a calendar quota").
+    Calendar(CalendarQuota),
     /// No limit: every request of the id is allowed without touching the store.
     Unlimited,
     /// Every request of the id is denied until the override ends, with `Retry-After` pointing
     /// at its end (a day when it has none: [`BLOCK_WITHOUT_END`]).
     Block,
+}
+
+/// A calendar quota's fields as JSON, as stored and as the admin API shows and takes them:
+/// `{"count", "period", "anchor_day", "at", "zone"}` (`anchor_day` only when set).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(any(feature = "redis", feature = "admin")), allow(dead_code))]
+pub(crate) struct CalendarFields {
+    count: u64,
+    period: String,
+    anchor_day: Option<u64>,
+    at: Option<String>,
+    zone: Option<String>,
+}
+
+#[cfg_attr(not(any(feature = "redis", feature = "admin")), allow(dead_code))]
+impl CalendarFields {
+    /// The fields of `q`.
+    pub(crate) fn of(q: &CalendarQuota) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "count": q.count(),
+            "period": q.period().as_str(),
+            "at": q.renews_at(),
+            "zone": q.zone_name(),
+        });
+        if let Some(a) = q.anchor() {
+            v["anchor_day"] = a.into();
+        }
+        v
+    }
+
+    /// The quota they describe, or why there is none.
+    pub(crate) fn quota(&self) -> Result<CalendarQuota, CalendarError> {
+        let mut q = CalendarQuota::new(self.count, self.period.parse()?)?;
+        if let Some(a) = self.anchor_day {
+            q = q.anchor_day(a)?;
+        }
+        if let Some(at) = &self.at {
+            q = q.at(at)?;
+        }
+        if let Some(zone) = &self.zone {
+            q = q.zone(zone)?;
+        }
+        Ok(q)
+    }
 }
 
 /// What a block without an expiry answers as `Retry-After`: one day (it has no end to point
@@ -81,6 +131,7 @@ impl StoredOverride {
                 v["count"] = l.count().into();
                 v["period_us"] = l.period_us().into();
             }
+            OverrideKind::Calendar(q) => v["calendar"] = CalendarFields::of(q),
             OverrideKind::Unlimited => v["unlimited"] = true.into(),
             OverrideKind::Block => v["block"] = true.into(),
         }
@@ -103,6 +154,7 @@ impl StoredOverride {
             burst: Option<u64>,
             count: Option<u64>,
             period_us: Option<u64>,
+            calendar: Option<CalendarFields>,
             #[serde(default)]
             unlimited: bool,
             #[serde(default)]
@@ -113,12 +165,15 @@ impl StoredOverride {
         if s.v != 1 {
             return None;
         }
-        let kind = match (s.burst, s.count, s.period_us, s.unlimited, s.block) {
-            (Some(b), Some(c), Some(p), false, false) => {
+        let numbers = (s.burst, s.count, s.period_us);
+        let kind = match (numbers, s.calendar, s.unlimited, s.block) {
+            ((Some(b), Some(c), Some(p)), None, false, false) => {
                 OverrideKind::Limit(Limit::from_micros(b, c, p).ok()?)
             }
-            (None, None, None, true, false) => OverrideKind::Unlimited,
-            (None, None, None, false, true) => OverrideKind::Block,
+            // A quota this build cannot make (an IANA zone without the feature) is skipped.
+            ((None, None, None), Some(c), false, false) => OverrideKind::Calendar(c.quota().ok()?),
+            ((None, None, None), None, true, false) => OverrideKind::Unlimited,
+            ((None, None, None), None, false, true) => OverrideKind::Block,
             _ => return None,
         };
         Some(Self {
@@ -137,8 +192,15 @@ mod tests {
     #[test]
     fn stored_values_read_back_and_foreign_ones_are_refused() {
         let limit = Limit::from_micros(3, 3, 3_600_000_000).unwrap();
+        let plan = CalendarQuota::new(1_000_000, crate::Period::Month)
+            .and_then(|q| q.anchor_day(15))
+            .and_then(|q| q.at("06:30"))
+            .and_then(|q| q.zone("+02:00"))
+            .unwrap();
         for kind in [
             OverrideKind::Limit(limit),
+            OverrideKind::Calendar(plan.clone()),
+            OverrideKind::Calendar(CalendarQuota::new(5, crate::Period::Day).unwrap()),
             OverrideKind::Unlimited,
             OverrideKind::Block,
         ] {
@@ -160,6 +222,13 @@ mod tests {
             .map(|o| o.kind),
             Some(OverrideKind::Limit(limit))
         );
+        assert_eq!(
+            StoredOverride::decode(
+                r#"{"v":1,"limit":"Plan","id":"7","calendar":{"count":1000000,"period":"month","anchor_day":15,"at":"06:30","zone":"+02:00"}}"#
+            )
+            .map(|o| o.kind),
+            Some(OverrideKind::Calendar(plan))
+        );
         for foreign in [
             "",
             "not json",
@@ -168,6 +237,10 @@ mod tests {
             r#"{"v":1,"limit":"Api","id":"7","burst":0,"count":3,"period_us":1000000}"#,
             r#"{"v":1,"limit":"Api","id":"7","burst":3,"count":3}"#,
             r#"{"v":1,"limit":"Api","id":"7","block":true,"extra":1}"#,
+            r#"{"v":1,"limit":"Api","id":"7","calendar":{"count":0,"period":"month"}}"#,
+            r#"{"v":1,"limit":"Api","id":"7","calendar":{"count":3,"period":"year"}}"#,
+            r#"{"v":1,"limit":"Api","id":"7","calendar":{"count":3,"period":"day"},"burst":3}"#,
+            r#"{"v":1,"limit":"Api","id":"7","calendar":{"count":3,"period":"day","x":1}}"#,
         ] {
             assert_eq!(StoredOverride::decode(foreign), None, "{foreign}");
         }

@@ -345,3 +345,162 @@ fn bad_calendar_values_are_located_errors() {
         "{err}"
     );
 }
+
+/// A calendar quota's answers over TCP, beside a throttle: `RateLimit` with `r` = units left
+/// this period and `t` = seconds to the renewal, `RateLimit-Policy` with `q` = the count and
+/// `w` = this period's length, a denial's `Retry-After` (and problem+json's `retry_after_ms`)
+/// at the renewal; the admin API's bucket (used, remaining, renewal), and a plan changed
+/// mid-period through a stored override keeps what was used.
+#[tokio::test]
+async fn http_answers_and_the_admin_api_speak_the_period() {
+    use axum::{Router, routing::get};
+    use http::Method;
+    use support::http::{HttpClient, serve};
+    use tower_ratelimits::{ErrorBody, FieldStyle, Header, RateLimitLayer, Rule, admin_router};
+
+    // 12 hours before the renewal of 2026-11-30 00:00 UTC; the period began 2026-10-31 (30 days).
+    let clock = ManualClock::new(utc(2026, 11, 29, 12, 0));
+    let limits = Limits::from_yaml_str(
+        "Monthly: {kind: any, calendar: {count: 3, period: month}}\n\
+         Throttle: {kind: any, burst: 10, count: 10, period: 1s}\n",
+        None,
+    )
+    .unwrap();
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .rule(Rule::new("Throttle", Header::new("x-client")))
+        .rule(Rule::new("Monthly", Header::new("x-client")))
+        .fields(FieldStyle::Ietf)
+        .error_body(ErrorBody::ProblemJson)
+        .build()
+        .unwrap();
+    let app = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let admin = serve(admin_router(limiter.clone())).await;
+    let (app, admin_client) = (HttpClient::new(&app), HttpClient::new(&admin));
+    let a = [("x-client", "a")];
+
+    for left in [2, 1, 0] {
+        let r = app.get("/", &a).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let fields = r.header("ratelimit").unwrap();
+        assert!(
+            fields.contains(&format!("\"Monthly\";r={left};t=43200")),
+            "{fields}"
+        );
+        let policy = r.header("ratelimit-policy").unwrap();
+        assert!(policy.contains("\"Monthly\";q=3;w=2592000"), "{policy}");
+    }
+    let r = app.get("/", &a).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), Some("43200"), "the renewal");
+    let problem: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(problem["violated-policies"], serde_json::json!(["Monthly"]));
+    assert_eq!(problem["retry_after_ms"], 43_200_000);
+    assert!(
+        r.header("ratelimit")
+            .unwrap()
+            .contains("\"Monthly\";r=0;t=43200")
+    );
+
+    let get = |path: &'static str| {
+        let admin_client = &admin_client;
+        async move {
+            let r = admin_client.get(path, &[]).await;
+            let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+            (r.status, v)
+        }
+    };
+    let put = |path: &'static str, body: &'static str| {
+        let admin_client = &admin_client;
+        async move {
+            let r = admin_client.send(Method::PUT, path, &[], body).await;
+            let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+            (r.status, v)
+        }
+    };
+    let (status, bucket) = get("/buckets/Monthly/a").await;
+    assert_eq!(status, 200, "{bucket}");
+    assert_eq!(bucket["kind"], "calendar");
+    assert_eq!(
+        (bucket["used"].as_u64(), bucket["remaining"].as_u64()),
+        (Some(3), Some(0))
+    );
+    assert_eq!(bucket["reset_after_ms"], 43_200_000);
+    // The renewal by the admin host's clock (the wall clock; the limiter's is a test clock).
+    let wall_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let renews =
+        tower_ratelimits::__private::calendar::parse_instant(bucket["renews_at"].as_str().unwrap())
+            .unwrap();
+    let quota = tower_ratelimits::CalendarQuota::new(3, tower_ratelimits::Period::Month).unwrap();
+    assert_eq!(renews, quota.period_at(wall_now).1, "{bucket}");
+
+    // A plan of 10 for client a, mid-period: the 3 used stay used.
+    let (status, stored) = put(
+        "/overrides/Monthly/a",
+        r#"{"calendar": {"count": 10, "period": "month"}}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{stored}");
+    assert_eq!(stored["calendar"]["count"], 10);
+    assert_eq!(stored["calendar"]["period"], "month");
+    let r = app.get("/", &a).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let fields = r.header("ratelimit").unwrap();
+    assert!(fields.contains("\"Monthly\";r=6;t=43200"), "{fields}");
+    let (_, bucket) = get("/buckets/Monthly/a").await;
+    assert_eq!(bucket["source"], "store");
+    assert_eq!(
+        (bucket["used"].as_u64(), bucket["remaining"].as_u64()),
+        (Some(4), Some(6))
+    );
+
+    // A plan must fit the limit's shape, and bad fields say which.
+    for (path, body, says) in [
+        (
+            "/overrides/Throttle/a",
+            r#"{"calendar": {"count": 10, "period": "month"}}"#,
+            "not a calendar quota",
+        ),
+        (
+            "/overrides/Monthly/b",
+            r#"{"burst": 5, "count": 5, "period": "1s"}"#,
+            "not a GCRA limit",
+        ),
+        (
+            "/overrides/Monthly/b",
+            r#"{"calendar": {"count": 5, "period": "year"}}"#,
+            "year",
+        ),
+        (
+            "/overrides/Monthly/b",
+            r#"{"calendar": {"count": 5, "period": "week", "anchor_day": 8}}"#,
+            "anchor_day",
+        ),
+        (
+            "/overrides/Monthly/b",
+            r#"{"calendar": {"count": 5}}"#,
+            "period",
+        ),
+    ] {
+        let (status, v) = put(path, body).await;
+        assert_eq!(status, 400, "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(says), "{body}: {v}");
+    }
+
+    // The renewal: the plan's full count.
+    clock.set(utc(2026, 11, 30, 0, 0));
+    let r = app.get("/", &a).await;
+    let fields = r.header("ratelimit").unwrap();
+    assert!(fields.contains("\"Monthly\";r=9;t=2678400"), "{fields}");
+}

@@ -42,6 +42,20 @@ impl Period {
     }
 }
 
+impl std::str::FromStr for Period {
+    type Err = CalendarError;
+
+    /// `day`, `week` or `month`.
+    fn from_str(text: &str) -> Result<Self, CalendarError> {
+        match text {
+            "day" => Ok(Period::Day),
+            "week" => Ok(Period::Week),
+            "month" => Ok(Period::Month),
+            other => Err(CalendarError::Period(other.to_owned())),
+        }
+    }
+}
+
 /// Why a calendar quota was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -582,7 +596,7 @@ pub fn instant_text(us: u64) -> String {
     let t = s.rem_euclid(DAY_S);
     let (h, min, sec) = (t / 3600, t / 60 % 60, t % 60);
     let mut text = format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{sec:02}");
-    if us % 1_000_000 != 0 {
+    if !us.is_multiple_of(1_000_000) {
         text.push_str(&format!(".{:06}", us % 1_000_000));
     }
     text.push('Z');

@@ -118,7 +118,7 @@ impl std::fmt::Debug for OverrideStoreRef {
 type Map = HashMap<Box<str>, Entry, foldhash::fast::RandomState>;
 
 /// One override as a store keeps it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
     kind: Kind,
     /// Unix milliseconds; `u64::MAX`: no end.
@@ -129,13 +129,15 @@ struct Entry {
 
 /// What an override does, in its stored numbers (a limit is validated again when read back:
 /// it was valid when stored).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Kind {
     Limit {
         burst: u64,
         count: u64,
         period_us: u64,
     },
+    /// A plan (few distinct ones: shared, as the limits a snapshot holds are).
+    Calendar(Arc<crate::algo::calendar::CalendarQuota>),
     Unlimited,
     Block,
 }
@@ -148,6 +150,7 @@ impl Entry {
                 count: l.count(),
                 period_us: l.period_us(),
             },
+            crate::overrides::OverrideKind::Calendar(q) => Kind::Calendar(Arc::new(q.clone())),
             crate::overrides::OverrideKind::Unlimited => Kind::Unlimited,
             crate::overrides::OverrideKind::Block => Kind::Block,
         };
@@ -166,14 +169,15 @@ impl Entry {
     /// The override of `field` this entry keeps.
     fn read(&self, field: &str) -> Option<StoredOverride> {
         let (limit, id) = field.split_once(':')?;
-        let kind = match self.kind {
+        let kind = match &self.kind {
             Kind::Limit {
                 burst,
                 count,
                 period_us,
             } => crate::overrides::OverrideKind::Limit(
-                crate::algo::gcra::Limit::from_micros(burst, count, period_us).ok()?,
+                crate::algo::gcra::Limit::from_micros(*burst, *count, *period_us).ok()?,
             ),
+            Kind::Calendar(q) => crate::overrides::OverrideKind::Calendar((**q).clone()),
             Kind::Unlimited => crate::overrides::OverrideKind::Unlimited,
             Kind::Block => crate::overrides::OverrideKind::Block,
         };

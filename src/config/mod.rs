@@ -18,7 +18,7 @@ mod stored;
 #[cfg(feature = "yaml")]
 mod yaml;
 
-pub(crate) use stored::{StoredSet, check_limit};
+pub(crate) use stored::{StoredSet, check_override};
 
 /// Where a configuration error was found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

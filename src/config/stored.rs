@@ -208,8 +208,12 @@ impl StoredSet {
         let id = entry.kind.parse(&o.id).map_err(|e| e.to_string())?;
         let what = match &o.kind {
             OverrideKind::Limit(l) => {
-                check_limit(entry.cost, entry.default.as_ref(), l)?;
+                check_override(entry.cost, entry.default.as_ref(), &o.kind)?;
                 What::Limit(interned.get(*l))
+            }
+            OverrideKind::Calendar(q) => {
+                check_override(entry.cost, entry.default.as_ref(), &o.kind)?;
+                What::Limit(Arc::new(Quota::Calendar(Arc::new(q.clone()))))
             }
             OverrideKind::Unlimited => What::Unlimited,
             OverrideKind::Block => What::Block,
@@ -284,19 +288,37 @@ impl StoredSet {
 
 /// Whether a stored GCRA limit may replace a name's limit: the name's requests fit its burst,
 /// and the name is GCRA (or has no default): tiers and concurrency keep their own kind.
-pub(crate) fn check_limit(cost: u64, default: Option<&Quota>, l: &Limit) -> Result<(), String> {
-    if cost > l.burst() {
+/// Whether a stored override of `kind` may replace `default` (a request costing `cost`): a
+/// limit of its own has the default's shape (GCRA for GCRA, a calendar quota for a calendar
+/// quota; unlimited and block replace anything) and fits a request.
+pub(crate) fn check_override(
+    cost: u64,
+    default: Option<&Quota>,
+    kind: &OverrideKind,
+) -> Result<(), String> {
+    let (size, shape_fits, shape) = match kind {
+        OverrideKind::Limit(l) => (
+            l.burst(),
+            default.is_none_or(|q| q.as_gcra().is_some()),
+            "a GCRA limit (burst, count, period)",
+        ),
+        OverrideKind::Calendar(c) => (
+            c.count(),
+            default.is_some_and(|q| q.as_calendar().is_some()),
+            "a calendar quota",
+        ),
+        OverrideKind::Unlimited | OverrideKind::Block => return Ok(()),
+    };
+    if !shape_fits {
         return Err(format!(
-            "a request costs {cost}, more than the burst {}",
-            l.burst()
+            "the limit is not {shape}: only unlimited, block or a limit of its own shape \
+             replace it"
         ));
     }
-    if default.is_some_and(|q| q.as_gcra().is_none()) {
-        return Err(
-            "the limit is not a GCRA limit (burst, count, period): only unlimited or block \
-             replace it"
-                .to_owned(),
-        );
+    if cost > size {
+        return Err(format!(
+            "a request costs {cost}, more than the override's {size}"
+        ));
     }
     Ok(())
 }

@@ -638,17 +638,9 @@ fn calendar_of(f: &Fields<'_>, node: &Node) -> Result<CalendarQuota, ConfigError
     let missing = |field| err_at(ConfigErrorKind::MissingField(field), node.line);
     let count_node = count.ok_or_else(|| missing("count"))?;
     let period_node = period.ok_or_else(|| missing("period"))?;
-    let period = match as_str(period_node, "day, week or month")? {
-        "day" => Period::Day,
-        "week" => Period::Week,
-        "month" => Period::Month,
-        other => {
-            return Err(err_at(
-                CalendarError::Period(other.to_owned()).into(),
-                period_node.line,
-            ));
-        }
-    };
+    let period: Period = as_str(period_node, "day, week or month")?
+        .parse()
+        .map_err(|e: CalendarError| err_at(e.into(), period_node.line))?;
     let at_line = |e: CalendarError, n: &Node| err_at(e.into(), n.line);
     let mut q = CalendarQuota::new(positive("count", count_node)?, period)
         .map_err(|e| at_line(e, count_node))?;

@@ -144,14 +144,12 @@ impl Limiter {
         let id = {
             let limits = self.load();
             let (entry, id) = canonical(&limits, limit, id)?;
-            if let OverrideKind::Limit(l) = &kind {
-                crate::config::check_limit(entry.cost, entry.default.as_ref(), l).map_err(
-                    |reason| OverrideError::Refused {
-                        limit: limit.to_owned(),
-                        reason,
-                    },
-                )?;
-            }
+            crate::config::check_override(entry.cost, entry.default.as_ref(), &kind).map_err(
+                |reason| OverrideError::Refused {
+                    limit: limit.to_owned(),
+                    reason,
+                },
+            )?;
             id
         };
         let expires_at_ms = match expires_in {
