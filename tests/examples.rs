@@ -848,3 +848,53 @@ async fn axum_routes_limits_each_route_and_settles_tokens_from_the_response() {
     assert_eq!(m.decisions("TokensPerIP", "denied"), 1.0);
     assert_eq!(m.decisions("TokensPerIP", "allowed"), 3.0);
 }
+
+/// `axum_calendar`: per account, a monthly quota (3 here) beside a throttle; the quota's
+/// fields say what is left and when it renews, and once it is used the 429's `Retry-After`
+/// points at the renewal (the 15th at 00:00 UTC, by the wall clock both sides read).
+#[tokio::test]
+async fn axum_calendar_refuses_at_the_quota_until_the_renewal() {
+    if !skip_unless_built("axum_calendar") {
+        return;
+    }
+    let example = Example::start_with(
+        "axum_calendar",
+        "ApiCallsPerMonth: {kind: account, calendar: {count: 3, period: month, anchor_day: 15}}\n\
+         ApiCallsPerSecond: {kind: account, burst: 10, count: 10, period: 1s}\n",
+        &[],
+    );
+    let client = support::http::HttpClient::for_base(&example.base);
+    let to_renewal = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
+        let quota = tower_ratelimits::CalendarQuota::new(3, tower_ratelimits::Period::Month)
+            .and_then(|q| q.anchor_day(15))
+            .unwrap();
+        (quota.period_at(now).1 - now).div_ceil(1_000_000)
+    };
+    for left in [2, 1, 0] {
+        let r = client.get("/", &[("x-account", "42")]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let fields = r.header("ratelimit").unwrap().to_owned();
+        let t = to_renewal();
+        // The seconds to the renewal, read a moment apart on both sides.
+        assert!(
+            (t.saturating_sub(1)..=t + 1)
+                .any(|t| fields.contains(&format!("\"ApiCallsPerMonth\";r={left};t={t}"))),
+            "{fields} (t about {t})"
+        );
+    }
+    let r = client.get("/", &[("x-account", "42")]).await;
+    assert_eq!(r.status, 429);
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        retry.abs_diff(to_renewal()) <= 1,
+        "{retry} vs {}",
+        to_renewal()
+    );
+    // Another account has its own quota; a request without one is refused with a 400.
+    assert_eq!(client.get("/", &[("x-account", "7")]).await.status, 200);
+    assert_eq!(client.get("/", &[]).await.status, 400);
+}
