@@ -9,7 +9,8 @@
 //! (every decision on one key), `ours_1_rule_hot_key_prefetch` (the same under a limit with
 //! `prefetch: 50`), `ours_3_rules`,
 //! `tower_rate_limit_fred` (the peer's GCRA script over the same fred client),
-//! `ours_1_rule_coalesced` (ours with `RedisBackendBuilder::coalesce(64)`).
+//! `ours_1_rule_coalesced` (ours with `RedisBackendBuilder::coalesce(64)`), `ours_calendar`
+//! (one monthly calendar quota).
 
 mod common;
 

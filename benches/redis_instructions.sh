@@ -10,7 +10,7 @@ OPS=${1:-5000}
 C=${2:-16}
 shift $(( $# > 2 ? 2 : $# )) || true
 VARIANTS=("$@")
-[ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(baseline_evalsha ours_1_rule ours_3_rules tower_rate_limit_fred ours_1_rule_coalesced)
+[ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(baseline_evalsha ours_1_rule ours_3_rules tower_rate_limit_fred ours_1_rule_coalesced ours_calendar)
 for tool in valgrind redis-server; do
   command -v "$tool" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     "$([ "$tool" = valgrind ] && echo valgrind || echo redis-server)" >/dev/null

@@ -13,13 +13,14 @@ B: {kind: ip, burst: 100000000, count: 1000000, period: 1s}
 C: {kind: account, burst: 100000000, count: 1000000, period: 1s}
 Live: {kind: account, burst: 2, count: 1, period: 30s}
 Hot: {burst: 100000000, count: 1000000, period: 1s, prefetch: 50}
+Monthly: {kind: account, calendar: {count: 1000000000000, period: month}}
 ";
 
 /// Keys cycled: `0..KEYS`.
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 7] = [
+pub const VARIANTS: [&str; 8] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_3_rules",
@@ -27,6 +28,7 @@ pub const VARIANTS: [&str; 7] = [
     "ours_1_rule_coalesced",
     "ours_1_rule_hot_key",
     "ours_1_rule_hot_key_prefetch",
+    "ours_calendar",
 ];
 
 /// Requests one coalesced call carries at most (`ours_1_rule_coalesced`).
@@ -100,6 +102,12 @@ impl RedisOps {
             // The same hot key under a limit with `prefetch: 50` (issue 32).
             "ours_1_rule_hot_key_prefetch" => {
                 let key = self.limiter.key("Hot", Id::from(0u64)).unwrap();
+                let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
+                assert!(d.allowed());
+            }
+            // One calendar quota (a month; never used up here): the script's general path.
+            "ours_calendar" => {
+                let key = self.limiter.key("Monthly", Id::from(id)).unwrap();
                 let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
                 assert!(d.allowed());
             }
