@@ -69,6 +69,14 @@ const VARIANTS: &[(&str, &str)] = &[
     ),
     ("ours_limiter", "Limiter::spend, 1 transaction"),
     ("http_request_only", "building the request alone"),
+    (
+        "http_ours_1_rule_refused",
+        "axum + ours, 1 rule, every request refused (429, JSON body, fields)",
+    ),
+    (
+        "http_tower_governor_refused",
+        "axum + tower_governor, every request refused (429)",
+    ),
     ("http_bare", "axum, no limit"),
     ("http_ours_1_rule", "axum + ours, 1 rule, RateLimit headers"),
     (
@@ -186,13 +194,24 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 "http_ours_4_rules" => common::apps::ours(4, true),
                 "http_ours_8_rules" => common::apps::ours(8, true),
                 "http_tower_governor" => common::apps::governor(),
+                "http_ours_1_rule_refused" => common::apps::ours_refusing(),
+                "http_tower_governor_refused" => common::apps::governor_refusing(),
                 other => panic!("unknown variant {other}"),
             };
+            // A `_refused` variant's warm-up (one request per client) is allowed; every
+            // measured request is refused.
+            let refused = http.ends_with("_refused");
+            let mut calls = 0u64;
             // Building the request is counted in every variant (`http_request_only` alone).
             Box::new(move |i| {
                 let req = common::apps::request((i % keys_n) as u32);
                 let response = common::ready(app.clone().oneshot(req)).unwrap();
-                assert!(response.status().is_success());
+                calls += 1;
+                if !refused {
+                    assert!(response.status().is_success());
+                } else if calls > keys_n {
+                    assert_eq!(response.status(), http::StatusCode::TOO_MANY_REQUESTS);
+                }
                 drop(std::hint::black_box(response));
             })
         }

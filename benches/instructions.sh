@@ -60,3 +60,5 @@ row http_ours_3_rules http_bare http_bare
 row http_ours_4_rules http_bare http_bare
 row http_ours_8_rules http_bare http_bare
 row http_tower_governor http_bare http_bare
+row http_ours_1_rule_refused http_bare http_bare
+row http_tower_governor_refused http_bare http_bare

@@ -660,3 +660,63 @@ PerAccount: {kind: account, burst: 1, count: 1, period: 1s}
     let p: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(p["status"], 503);
 }
+
+/// The 429 bodies are written straight from the denial's numbers, not through a JSON value:
+/// an id with quotes, a backslash and non-ASCII text (a header the client writes) still makes
+/// valid JSON that reads back as the id, in the default body and in problem+json, both with
+/// their keys in the documented order.
+#[tokio::test]
+async fn a_hostile_id_in_a_429_body_is_escaped() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let id = "a\"b\\c\u{e9}</script>";
+    for body in [ErrorBody::Json, ErrorBody::ProblemJson] {
+        let limits = Limits::from_yaml_str(
+            "Per\"Client: {kind: any, burst: 1, count: 1, period: 1h}\n",
+            None,
+        );
+        // A name cannot hold a quote (names are identifiers): the id is what a client writes.
+        assert!(limits.is_err());
+        let limits = Limits::from_yaml_str(
+            "PerClient: {kind: any, burst: 1, count: 1, period: 1h}\n",
+            None,
+        )
+        .unwrap();
+        let limiter = Limiter::new(
+            limits,
+            MemoryBackend::builder().clock(clock.clone()).build(),
+        );
+        let layer = RateLimitLayer::builder(limiter)
+            .rule(Rule::new("PerClient", Header::new("x-client")))
+            .error_body(body)
+            .build()
+            .unwrap();
+        let server = serve(app(layer)).await;
+        let client = HttpClient::new(&server);
+        let raw = [("x-client", id.as_bytes())];
+        assert_eq!(client.get_raw("/", &raw).await.status, 200);
+        let r = client.get_raw("/", &raw).await;
+        assert_eq!(r.status, 429);
+        let v: serde_json::Value =
+            serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", r.body));
+        match body {
+            ErrorBody::Json => {
+                assert_eq!(v["errors"][0]["detail"]["entity"], id, "{}", r.body);
+                assert_eq!(v["errors"][0]["detail"]["limiter"], "PerClient");
+                assert_eq!(v["errors"][0]["detail"]["retry_after_ms"], 3_600_000);
+                assert!(
+                    r.body
+                        .starts_with(r#"{"errors":[{"code":"TOOMANYREQUESTS","detail":{"entity":"#)
+                );
+            }
+            _ => {
+                assert_eq!(
+                    r.body,
+                    "{\"detail\":\"rate limit PerClient exceeded; retry after 3600s\",\
+                     \"retry_after_ms\":3600000,\"status\":429,\"title\":\"Too Many Requests\",\
+                     \"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
+                     \"violated-policies\":[\"PerClient\"]}"
+                );
+            }
+        }
+    }
+}

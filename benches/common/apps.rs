@@ -23,6 +23,7 @@ PerIp5: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
 PerIp6: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
 PerIp7: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
 PerIp8: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
+Tight: {kind: ip, burst: 1, count: 1, period: 1h}
 ";
 
 /// The app with no rate limit.
@@ -56,6 +57,31 @@ pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
         .build()
         .unwrap();
     bare().layer(layer)
+}
+
+/// Ours with one rule per IP of 1 an hour, burst 1, fields on denials (the default): after
+/// one request per client, every request is refused (the `_refused` variants).
+pub fn ours_refusing() -> Router {
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        MemoryBackend::new(),
+    );
+    let layer = RateLimitLayer::builder(limiter)
+        .rule(Rule::new("Tight", ClientIp::new()))
+        .build()
+        .unwrap();
+    bare().layer(layer)
+}
+
+/// tower_governor per peer IP, one request an hour, burst 1: after one request per client,
+/// every request is refused.
+pub fn governor_refusing() -> Router {
+    let config = GovernorConfigBuilder::default()
+        .per_second(3600)
+        .burst_size(1)
+        .finish()
+        .unwrap();
+    bare().layer(GovernorLayer::new(config))
 }
 
 /// tower_governor per peer IP (its default key), 1,000,000 per second, burst 1,000,000.
