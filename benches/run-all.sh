@@ -28,6 +28,8 @@ for keys in 100000 1000000 10000000; do
 done | tee "$OUT/instructions-keys.md"
 step "bytes per live key in memory, ours and governor, at 1M and 10M keys"
 bash benches/memory.sh | tee "$OUT/memory.md"
+step "over a socket, counted: the whole server under callgrind, allowed and refused"
+bash benches/socket_instructions.sh | tee "$OUT/socket_instructions.md"
 step "criterion: GCRA, memory backend vs governor, middleware, burst tiers, Redis"
 cargo bench -p tower-ratelimits-benches --bench gcra --bench memory_backend --bench middleware \
   --bench tiers --bench redis_backend -- --noplot 2>&1 | tee "$OUT/criterion.log" |
