@@ -97,23 +97,32 @@ impl ErrorBody {
         }
     }
 
-    /// The body of an error the middleware writes (not a rate limit), as a response.
+    /// The body of an error the middleware writes (not a rate limit), as a response, written
+    /// into one buffer as the 429's are: `{"errors":[{"code":..,"message":..}]}`, or the
+    /// problem `{"detail":..,"status":..,"title":..,"type":"about:blank"}`.
     fn error(self, status: StatusCode, code: &str, message: &str) -> Response<Bytes> {
-        match self {
+        let mut out = Vec::with_capacity(96 + message.len());
+        let content_type = match self {
             Self::Json => {
-                let body = serde_json::json!({"errors": [{"code": code, "message": message}]});
-                json_response(status, body, "application/json")
+                out.extend_from_slice(br#"{"errors":[{"code":"#);
+                json_text(&mut out, code);
+                out.extend_from_slice(br#","message":"#);
+                json_text(&mut out, message);
+                out.extend_from_slice(b"}]}");
+                "application/json"
             }
             Self::ProblemJson => {
-                let body = serde_json::json!({
-                    "type": "about:blank",
-                    "title": status.canonical_reason().unwrap_or("Error"),
-                    "status": status.as_u16(),
-                    "detail": message,
-                });
-                json_response(status, body, PROBLEM_JSON)
+                out.extend_from_slice(br#"{"detail":"#);
+                json_text(&mut out, message);
+                out.extend_from_slice(br#","status":"#);
+                out.extend_from_slice(itoa::Buffer::new().format(status.as_u16()).as_bytes());
+                out.extend_from_slice(br#","title":"#);
+                json_text(&mut out, status.canonical_reason().unwrap_or("Error"));
+                out.extend_from_slice(br#","type":"about:blank"}"#);
+                PROBLEM_JSON
             }
-        }
+        };
+        json_response(status, Bytes::from(out), content_type)
     }
 }
 
@@ -756,12 +765,8 @@ fn json_id(out: &mut Vec<u8>, id: &crate::key::Id) {
     out.push(b'"');
 }
 
-fn json_response(
-    status: StatusCode,
-    body: serde_json::Value,
-    content_type: &'static str,
-) -> Response<Bytes> {
-    let mut r = Response::new(Bytes::from(body.to_string()));
+fn json_response(status: StatusCode, body: Bytes, content_type: &'static str) -> Response<Bytes> {
+    let mut r = Response::new(body);
     *r.status_mut() = status;
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -797,6 +802,26 @@ mod tests {
             let read: String = serde_json::from_slice(&out).unwrap();
             assert_eq!(read, id.to_string());
         }
+    }
+
+    /// The middleware's own error bodies read back as written, a message with quotes
+    /// escaped, keys in the documented order.
+    #[test]
+    fn error_bodies_are_escaped_json() {
+        use super::ErrorBody;
+        use http::StatusCode;
+        let message = "the header \"x-account\" is not a number: \"12\\3\"";
+        let r = ErrorBody::Json.error(StatusCode::BAD_REQUEST, "BADKEY", message);
+        let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+        assert_eq!(v["errors"][0]["code"], "BADKEY");
+        assert_eq!(v["errors"][0]["message"], message);
+        let r =
+            ErrorBody::ProblemJson.error(StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", "down");
+        assert_eq!(
+            std::str::from_utf8(r.body()).unwrap(),
+            r#"{"detail":"down","status":503,"title":"Service Unavailable","type":"about:blank"}"#
+        );
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]
