@@ -138,39 +138,18 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
             })
         }
         "ours_spend_one" => {
-            let backend = unswept();
             let quota = limits.default_limit(name).unwrap().clone();
-            // Built (and checked) once, outside the measured loop, as the limiter does per
-            // request before calling the backend.
-            let keys: &'static [BucketKey] = Box::leak(keys.into_boxed_slice());
-            let quota: &'static Quota = Box::leak(Box::new(quota));
-            let txs: Vec<BucketTx<'static>> = keys
-                .iter()
-                .map(|k| BucketTx::new(k, quota, 1..=1, Mode::CheckAndSpend).unwrap())
-                .collect();
-            Box::new(move |i| {
-                let _ =
-                    std::hint::black_box(common::spend_one(&backend, &txs[(i % keys_n) as usize]));
-            })
+            spend_one_on(quota, keys, keys_n)
         }
-        "ours_calendar_spend" => {
-            let backend = unswept();
-            // A monthly count no run uses up: every call allowed, as for the others.
-            let quota = Quota::from(
+        // A monthly count no run uses up: every call allowed, as for the others.
+        "ours_calendar_spend" => spend_one_on(
+            Quota::from(
                 tower_ratelimits::CalendarQuota::new(1 << 50, tower_ratelimits::Period::Month)
                     .unwrap(),
-            );
-            let keys: &'static [BucketKey] = Box::leak(keys.into_boxed_slice());
-            let quota: &'static Quota = Box::leak(Box::new(quota));
-            let txs: Vec<BucketTx<'static>> = keys
-                .iter()
-                .map(|k| BucketTx::new(k, quota, 1..=1, Mode::CheckAndSpend).unwrap())
-                .collect();
-            Box::new(move |i| {
-                let _ =
-                    std::hint::black_box(common::spend_one(&backend, &txs[(i % keys_n) as usize]));
-            })
-        }
+            ),
+            keys,
+            keys_n,
+        ),
         "ours_limiter" => {
             let limiter = Limiter::new(limits, unswept());
             let txs: Vec<Transaction> = keys.into_iter().map(Transaction::new).collect();
@@ -220,6 +199,22 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
         op(i);
     }
     op
+}
+
+/// `MemoryBackend` as `Backend`, one transaction of `quota` per call on each of `keys` in turn,
+/// the transactions built (and checked) once outside the measured loop, as the limiter does
+/// per request before calling the backend.
+fn spend_one_on(quota: Quota, keys: Vec<BucketKey>, keys_n: u64) -> Box<dyn FnMut(u64)> {
+    let backend = unswept();
+    let keys: &'static [BucketKey] = Box::leak(keys.into_boxed_slice());
+    let quota: &'static Quota = Box::leak(Box::new(quota));
+    let txs: Vec<BucketTx<'static>> = keys
+        .iter()
+        .map(|k| BucketTx::new(k, quota, 1..=1, Mode::CheckAndSpend).unwrap())
+        .collect();
+    Box::new(move |i| {
+        let _ = std::hint::black_box(common::spend_one(&backend, &txs[(i % keys_n) as usize]));
+    })
 }
 
 /// Resident set size in bytes (Linux), or 0 elsewhere.

@@ -132,7 +132,12 @@ fn principal(p: Option<&AdminPrincipal>) -> &str {
 
 /// A limit's numbers as JSON fields of `v`.
 fn quota_fields(v: &mut Value, q: &Quota) {
-    for (field, value) in q.describe() {
+    put_described(v, q.describe());
+}
+
+/// Described values as JSON fields of `v`.
+fn put_described(v: &mut Value, fields: Vec<(&'static str, Described)>) {
+    for (field, value) in fields {
         v[field] = match value {
             Described::Number(n) => n.into(),
             Described::Text(t) => t.into(),
@@ -144,10 +149,16 @@ fn quota_fields(v: &mut Value, q: &Quota) {
 fn override_json(o: &StoredOverride) -> Value {
     let mut v = json!({"limit": o.limit(), "id": o.id()});
     match o.kind() {
-        OverrideKind::Limit(l) => quota_fields(&mut v, &Quota::Gcra(*l)),
-        OverrideKind::Calendar(q) => v["calendar"] = CalendarFields::of(q),
         OverrideKind::Unlimited => v["unlimited"] = true.into(),
         OverrideKind::Block => v["block"] = true.into(),
+        // A plan shows as it is put: `{"calendar": {...}}`.
+        OverrideKind::Calendar(q) => v["calendar"] = CalendarFields::of(q),
+        // A limit of its own shows as its quota describes itself.
+        kind => {
+            if let Some(q) = kind.quota() {
+                quota_fields(&mut v, &q);
+            }
+        }
     }
     v["expires_at_ms"] = o.expires_at_ms().into();
     v
@@ -313,17 +324,12 @@ async fn get_bucket(
     }
     v["remaining"] = seen.remaining.into();
     v["reset_after_ms"] = (duration_us(seen.reset_after).div_ceil(1_000)).into();
-    // A calendar quota also says what was used and when it renews (the end of the period in
-    // force by this host's clock, as a UTC instant).
-    if let (Some(q), false) = (
-        seen.limit.as_ref().and_then(Quota::as_calendar),
-        seen.blocked,
-    ) {
-        v["used"] = q.count().saturating_sub(seen.remaining).into();
+    // What the key's state adds (a calendar quota: used, and its renewal by this host's clock).
+    if let (Some(q), false) = (&seen.limit, seen.blocked) {
         let now_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, duration_us);
-        v["renews_at"] = crate::algo::calendar::instant_text(q.period_at(now_us).1).into();
+        put_described(&mut v, q.describe_seen(seen.remaining, now_us));
     }
     Answer(StatusCode::OK, Some(v))
 }

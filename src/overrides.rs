@@ -26,6 +26,18 @@ pub enum OverrideKind {
     Block,
 }
 
+impl OverrideKind {
+    /// The limit an override of its own puts in force (`None`: unlimited or a block).
+    #[cfg(feature = "admin")]
+    pub(crate) fn quota(&self) -> Option<crate::quota::Quota> {
+        match self {
+            OverrideKind::Limit(l) => Some((*l).into()),
+            OverrideKind::Calendar(q) => Some(q.clone().into()),
+            OverrideKind::Unlimited | OverrideKind::Block => None,
+        }
+    }
+}
+
 /// A calendar quota's fields as JSON, as stored and as the admin API shows and takes them:
 /// `{"count", "period", "anchor_day", "at", "zone"}` (`anchor_day` only when set).
 #[derive(serde::Deserialize)]

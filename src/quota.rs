@@ -271,6 +271,31 @@ impl Quota {
         }
     }
 
+    /// What a key's state adds to [`describe`](Self::describe) for an operator, with
+    /// `remaining` units left at `now_us` (Unix microseconds, the caller's clock): a calendar
+    /// quota's `used` (the count less what remains: an overrun shows as the whole count) and
+    /// `renews_at` (the end of the period in force, a UTC instant); nothing for the others.
+    #[cfg(feature = "admin")]
+    pub(crate) fn describe_seen(
+        &self,
+        remaining: u64,
+        now_us: u64,
+    ) -> Vec<(&'static str, Described)> {
+        match self {
+            Quota::Calendar(c) => vec![
+                (
+                    "used",
+                    Described::Number(c.count().saturating_sub(remaining)),
+                ),
+                (
+                    "renews_at",
+                    Described::Text(crate::algo::calendar::instant_text(c.period_at(now_us).1)),
+                ),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
     /// The wait before a request of `granted` units fits again, from a bucket's later state
     /// (`reset_after_us`, after a settle); `None`: the state's own `retry_after` says it.
     pub(crate) fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64> {

@@ -213,7 +213,7 @@ impl StoredSet {
             }
             OverrideKind::Calendar(q) => {
                 check_override(entry.cost, entry.default.as_ref(), &o.kind)?;
-                What::Limit(Arc::new(Quota::Calendar(Arc::new(q.clone()))))
+                What::Limit(Arc::new(Quota::from(q.clone())))
             }
             OverrideKind::Unlimited => What::Unlimited,
             OverrideKind::Block => What::Block,
