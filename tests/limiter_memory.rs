@@ -70,6 +70,29 @@ async fn a_denial_in_one_key_leaves_the_others_untouched() {
     assert_eq!(before, None);
 }
 
+/// A batch of GCRA keys is decided from their words alone unless one holds a foreign value
+/// (here: a clock stepped back a day leaves A's TAT a day ahead). That one is read as drained
+/// under its limit and replaced by what it was read as, even though the batch is denied; the
+/// fresh key beside it is left untouched.
+#[tokio::test]
+async fn a_denied_batch_still_replaces_a_foreign_value() {
+    let (l, backend, clock) = setup();
+    assert!(l.spend(&[tx(&l, "A", "x")]).await.unwrap().allowed());
+    clock.set(T0 - 86_400_000 * MS);
+    let batch = l
+        .spend(&[tx(&l, "A", "x"), tx(&l, "B", "x")])
+        .await
+        .unwrap();
+    assert!(!batch.allowed(), "A is read as drained, not fresh");
+    assert!(batch.decisions()[1].allowed(), "B alone would pass");
+    let a = backend.tat(&key(&l, "A", "x")).unwrap();
+    assert!(
+        a <= T0 - 86_400_000 * MS + 1_000 * MS,
+        "A's day-ahead TAT is replaced by one within its limit: {a}"
+    );
+    assert_eq!(backend.tat(&key(&l, "B", "x")), None, "nothing spent of B");
+}
+
 #[tokio::test]
 async fn modes_follow_the_spec() {
     let (l, backend, _) = setup();

@@ -52,7 +52,7 @@ use crate::quota::Quota;
 use crate::time::{Clock, SystemClock};
 
 /// The transactions of a batch whose working vectors stay on the stack.
-const BATCH: usize = 4;
+const BATCH: usize = 8;
 
 /// The default cap on live buckets: ten million (about 0.3 GiB of address ids at the measured
 /// cost per key; see the module's notes for other ids).
@@ -689,8 +689,12 @@ impl MemoryBackend {
     /// is lost), tiered keys under their slot's lock, taken in address order (so two batches
     /// never wait for each other) and held until the batch is written.
     fn spend_mixed(&self, batch: &[BucketTx<'_>], now: u64) -> Result<Outcomes, BackendError> {
-        // A batch of GCRA buckets only (a request's usual rules) locks nothing: no slots.
+        // A batch of GCRA buckets only (a request's usual rules) locks nothing: no slots, and
+        // it is decided from the words alone unless one of them needs a repair.
         if batch.iter().all(|tx| tx.quota.as_gcra().is_some()) {
+            if let Some(decided) = self.spend_words(batch, now) {
+                return decided;
+            }
             return self.decide_mixed(batch, now, &mut []);
         }
         // The working vectors of a batch live on the stack up to `BATCH` transactions.
@@ -731,7 +735,6 @@ impl MemoryBackend {
         now: u64,
         guards: &mut [(usize, MutexGuard<'_, TierSlot>)],
     ) -> Result<Outcomes, BackendError> {
-        let mut written: SmallVec<[(usize, u64); BATCH]> = SmallVec::with_capacity(batch.len());
         'retry: loop {
             let mut tats: SmallVec<[u64; BATCH]> = SmallVec::with_capacity(batch.len());
             // The GCRA buckets held (their shards' read guards) from the read to the write: one
@@ -767,38 +770,12 @@ impl MemoryBackend {
                 }
                 return Ok(spent.outcomes);
             }
-            written.clear();
-            let inserts = (0..batch.len())
-                .any(|i| matches!(spent.writes[i], Some(kit::Stored::Tat(_))) && held[i].is_none());
-            if inserts {
-                // A new bucket takes its shard's write lock: let go of every bucket first.
-                held.clear();
-            }
-            for (i, tx) in batch.iter().enumerate() {
-                let Some(kit::Stored::Tat(new)) = spent.writes[i] else {
-                    continue;
-                };
-                let swapped = match held.get(i).and_then(Option::as_ref) {
-                    Some(tat) => Ok(tat
-                        .compare_exchange(tats[i], new, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()),
-                    None => self.compare_and_set(tx.key, tats[i], new, now),
-                };
-                match swapped {
-                    Ok(true) => written.push((i, new)),
-                    Ok(false) => {
-                        for &(j, new_j) in &written {
-                            self.roll_back(batch[j].key, tats[j], new_j, now);
-                        }
-                        continue 'retry;
-                    }
-                    Err(e) => {
-                        for &(j, new_j) in &written {
-                            self.roll_back(batch[j].key, tats[j], new_j, now);
-                        }
-                        return Err(e);
-                    }
-                }
+            let word = |i: usize| match spent.writes[i] {
+                Some(kit::Stored::Tat(new)) => new,
+                _ => 0,
+            };
+            if !self.write_words(batch, held, &tats, word, now)? {
+                continue 'retry;
             }
             // The GCRA part is written; the tiered and concurrency parts cannot fail (their
             // slots are locked).
@@ -814,6 +791,88 @@ impl MemoryBackend {
 }
 
 impl MemoryBackend {
+    /// A batch of GCRA buckets, each within what its limit writes or drained under a larger
+    /// one (a request's usual rules): decided by the kit's GCRA step and batch rule from the
+    /// words read, written by [`write_words`](Self::write_words), with no state of the kit's
+    /// built on the way. `None` when a bucket holds a foreign value: the general road
+    /// ([`decide_mixed`](Self::decide_mixed)) writes what replaces it.
+    fn spend_words(
+        &self,
+        batch: &[BucketTx<'_>],
+        now: u64,
+    ) -> Option<Result<Outcomes, BackendError>> {
+        loop {
+            let mut held: SmallVec<[Option<Held<'_>>; BATCH]> =
+                SmallVec::with_capacity(batch.len());
+            let mut read: SmallVec<[u64; BATCH]> = SmallVec::with_capacity(batch.len());
+            let mut words: SmallVec<[u64; BATCH]> = SmallVec::with_capacity(batch.len());
+            let mut outcomes = Outcomes::with_capacity(batch.len());
+            for tx in batch {
+                let limit = tx.quota.as_gcra()?;
+                let bucket = self.inner.map.get(Buckets::place(tx.key));
+                let cur = bucket.as_ref().map_or(0, |b| b.load(Ordering::Acquire));
+                let step = match kit::gcra_step(tx, limit, cur, now) {
+                    Ok(step) => step,
+                    Err(e) => return Some(Err(e.into())),
+                };
+                if step.repair.is_some() {
+                    return None;
+                }
+                held.push(bucket);
+                read.push(cur);
+                words.push(step.write.unwrap_or(0));
+                outcomes.push(step.decision.outcome());
+            }
+            if !kit::batch_allowed(batch.iter().zip(&outcomes)) {
+                return Some(Ok(outcomes));
+            }
+            match self.write_words(batch, held, &read, |i| words[i], now) {
+                Ok(true) => return Some(Ok(outcomes)),
+                Ok(false) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// Writes the GCRA words of an allowed batch: `word(i)` (0: nothing) over `read[i]`, the
+    /// word read, by compare-and-swap on the bucket `held[i]` still holds (or, where a bucket
+    /// must be inserted, after letting go of every bucket: an insert takes its shard's write
+    /// lock). `Ok(false)`: a race was lost, and what was written is rolled back (decide again).
+    fn write_words(
+        &self,
+        batch: &[BucketTx<'_>],
+        mut held: SmallVec<[Option<Held<'_>>; BATCH]>,
+        read: &[u64],
+        word: impl Fn(usize) -> u64,
+        now: u64,
+    ) -> Result<bool, BackendError> {
+        if (0..batch.len()).any(|i| word(i) != 0 && held[i].is_none()) {
+            held.clear();
+        }
+        let mut written: SmallVec<[(usize, u64); BATCH]> = SmallVec::new();
+        for (i, tx) in batch.iter().enumerate() {
+            let new = word(i);
+            if new == 0 {
+                continue;
+            }
+            let swapped = match held.get(i).and_then(Option::as_ref) {
+                Some(tat) => Ok(tat
+                    .compare_exchange(read[i], new, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()),
+                None => self.compare_and_set(tx.key, read[i], new, now),
+            };
+            if let Ok(true) = swapped {
+                written.push((i, new));
+                continue;
+            }
+            for &(j, new_j) in &written {
+                self.roll_back(batch[j].key, read[j], new_j, now);
+            }
+            return swapped;
+        }
+        Ok(true)
+    }
+
     /// Writes what replaces the foreign values a denied batch read (each GCRA word only if the
     /// bucket still holds what was read: a lost race leaves the newer state, which the next
     /// read judges again; leases under their locked slots).

@@ -326,7 +326,7 @@ impl Fields {
     ) -> Option<Self> {
         // One pass: each member as it comes (on the stack for a request's few rules), the
         // strictest chosen on the way and moved to the front at the end.
-        let mut members: SmallVec<[Member<'c>; 4]> = SmallVec::new();
+        let mut members: SmallVec<[Member<'c>; 8]> = SmallVec::new();
         let mut strictest = Strictest::default();
         let mut first = None;
         for (i, (r, cached)) in items.enumerate() {

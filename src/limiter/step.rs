@@ -14,9 +14,9 @@ use crate::time::us;
 
 use super::{BatchDecision, Decision, Limiter, LimiterError, Transaction, first_duplicate};
 
-/// A batch's per-transaction working data: on the stack for up to 4 transactions (a request's
+/// A batch's per-transaction working data: on the stack for up to 8 transactions (a request's
 /// rules), so the request path does not allocate for it.
-type Batch<T> = smallvec::SmallVec<[T; 4]>;
+type Batch<T> = smallvec::SmallVec<[T; 8]>;
 
 /// One transaction of a batch, resolved: its quota (`Q`: borrowed from the limits while the
 /// batch is decided at once, owned by a spend under way), mode, cost and lease id (0: none).
