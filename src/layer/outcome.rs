@@ -330,7 +330,8 @@ pub(crate) fn conclude(
                 return Conclusion::Wait(delay, permit);
             }
             count("denied");
-            Conclusion::Answer(shared.answers.denied(&batch, grpc))
+            let cached = |name, quota: &_| shared.rules.cached_policy(name, quota);
+            Conclusion::Answer(shared.answers.denied(&batch, grpc, &cached))
         }
         Err(Failure::Limiter(LimiterError::Backend(BackendError::Full { .. }))) => {
             // The memory backend protects its memory: a new key cannot be tracked now. Letting

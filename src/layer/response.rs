@@ -151,8 +151,13 @@ impl Answers {
     }
 
     /// The answer to a denied batch.
-    pub(crate) fn denied(&self, batch: &BatchDecision, grpc: bool) -> Response<Bytes> {
-        let denial = Denial::new(batch, grpc, self.fields, self.body);
+    pub(crate) fn denied<'a>(
+        &self,
+        batch: &'a BatchDecision,
+        grpc: bool,
+        cached: CachedPolicy<'a>,
+    ) -> Response<Bytes> {
+        let denial = Denial::new(batch, grpc, self.fields, self.body, cached);
         match &self.on_denied {
             Some(f) => f(&denial),
             None => denial.default_response(),
@@ -460,12 +465,27 @@ fn put(headers: &mut HeaderMap, name: &'static HeaderName, ours: HeaderValue) {
 
 /// A denied request, as handed to a custom response function
 /// ([`RateLimitLayerBuilder::denied_response`](crate::RateLimitLayerBuilder::denied_response)).
-#[derive(Debug)]
 pub struct Denial<'a> {
     batch: &'a BatchDecision,
     grpc: bool,
     fields: FieldStyle,
     body: ErrorBody,
+    /// The layer's precomputed `RateLimit-Policy` members (a rule's default limit's).
+    cached: CachedPolicy<'a>,
+}
+
+/// Finds a limit's precomputed `RateLimit-Policy` member, when its quota is its rule's default.
+pub(crate) type CachedPolicy<'a> = &'a dyn Fn(LimitName, &Quota) -> Option<&'a HeaderValue>;
+
+impl std::fmt::Debug for Denial<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Denial")
+            .field("batch", &self.batch)
+            .field("grpc", &self.grpc)
+            .field("fields", &self.fields)
+            .field("body", &self.body)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> Denial<'a> {
@@ -474,12 +494,14 @@ impl<'a> Denial<'a> {
         grpc: bool,
         fields: FieldStyle,
         body: ErrorBody,
+        cached: CachedPolicy<'a>,
     ) -> Self {
         Self {
             batch,
             grpc,
             fields,
             body,
+            cached,
         }
     }
 
@@ -629,7 +651,7 @@ impl Denial<'_> {
         };
         let headers = response.headers_mut();
         headers.insert(RETRY_AFTER, number(retry));
-        if let Some(fields) = Fields::of(self.batch, |_, _| None) {
+        if let Some(fields) = Fields::of(self.batch, self.cached) {
             self.fields.write(headers, fields);
         }
         response
