@@ -51,8 +51,11 @@ use crate::key::BucketKey;
 use crate::quota::Quota;
 use crate::time::{Clock, SystemClock};
 
-/// The transactions of a batch whose working vectors stay on the stack.
-const BATCH: usize = 8;
+/// The transactions of a batch whose working vectors stay on the stack: on the general road
+/// (any shape; larger vectors cost its one-transaction calls of other shapes), and on the
+/// road of GCRA words (a request's rules).
+const BATCH: usize = 4;
+const WORDS: usize = 8;
 
 /// The default cap on live buckets: ten million (about 0.3 GiB of address ids at the measured
 /// cost per key; see the module's notes for other ids).
@@ -774,7 +777,7 @@ impl MemoryBackend {
                 Some(kit::Stored::Tat(new)) => new,
                 _ => 0,
             };
-            if !self.write_words(batch, held, &tats, word, now)? {
+            if !self.write_words(batch, &mut held, &tats, word, now)? {
                 continue 'retry;
             }
             // The GCRA part is written; the tiered and concurrency parts cannot fail (their
@@ -802,10 +805,10 @@ impl MemoryBackend {
         now: u64,
     ) -> Option<Result<Outcomes, BackendError>> {
         loop {
-            let mut held: SmallVec<[Option<Held<'_>>; BATCH]> =
+            let mut held: SmallVec<[Option<Held<'_>>; WORDS]> =
                 SmallVec::with_capacity(batch.len());
-            let mut read: SmallVec<[u64; BATCH]> = SmallVec::with_capacity(batch.len());
-            let mut words: SmallVec<[u64; BATCH]> = SmallVec::with_capacity(batch.len());
+            let mut read: SmallVec<[u64; WORDS]> = SmallVec::with_capacity(batch.len());
+            let mut words: SmallVec<[u64; WORDS]> = SmallVec::with_capacity(batch.len());
             let mut outcomes = Outcomes::with_capacity(batch.len());
             for tx in batch {
                 let limit = tx.quota.as_gcra()?;
@@ -826,7 +829,7 @@ impl MemoryBackend {
             if !kit::batch_allowed(batch.iter().zip(&outcomes)) {
                 return Some(Ok(outcomes));
             }
-            match self.write_words(batch, held, &read, |i| words[i], now) {
+            match self.write_words(batch, &mut held, &read, |i| words[i], now) {
                 Ok(true) => return Some(Ok(outcomes)),
                 Ok(false) => continue,
                 Err(e) => return Some(Err(e)),
@@ -841,15 +844,15 @@ impl MemoryBackend {
     fn write_words(
         &self,
         batch: &[BucketTx<'_>],
-        mut held: SmallVec<[Option<Held<'_>>; BATCH]>,
+        held: &mut [Option<Held<'_>>],
         read: &[u64],
         word: impl Fn(usize) -> u64,
         now: u64,
     ) -> Result<bool, BackendError> {
         if (0..batch.len()).any(|i| word(i) != 0 && held[i].is_none()) {
-            held.clear();
+            held.fill_with(|| None);
         }
-        let mut written: SmallVec<[(usize, u64); BATCH]> = SmallVec::new();
+        let mut written: SmallVec<[(usize, u64); WORDS]> = SmallVec::new();
         for (i, tx) in batch.iter().enumerate() {
             let new = word(i);
             if new == 0 {
