@@ -570,3 +570,47 @@ async fn a_lowered_limit_drops_the_tokens_taken_under_the_old_one() {
     }
     assert_eq!(admitted, 0, "a burst of 2 under 60 spent: nothing left");
 }
+
+/// Many instances on one hot key (requests alternating between them, the clock moving between
+/// requests), over 10 s: above the limit (2x) never more than the bucket, at least 90% of it,
+/// with at most one script call per 10 admitted requests up to 8 instances; at half the limit
+/// every request admitted. Each instance waits for its least refill expecting the others to
+/// take their recent part of what the bucket refills meanwhile; before, an instance called when
+/// the store's last word alone said it fit, and most of those calls were denied (8 instances:
+/// 0.166 calls per admitted, 414 of 571 calls denied).
+#[tokio::test]
+async fn many_instances_share_a_hot_key_with_few_calls() {
+    let server = RedisServer::start();
+    for n in [2usize, 4, 8, 16] {
+        for per_second in [600, 300, 150] {
+            let clock = ManualClock::new(EPOCH_US);
+            let prefix = unique_prefix("many");
+            let mut instances = Vec::new();
+            for _ in 0..n {
+                instances.push(instance(&server.url(), &prefix, &clock, HOT).await.1);
+            }
+            let before = script_calls(server.port);
+            let admitted = load(&instances, &clock, per_second, 10).await;
+            let calls = script_calls(server.port) - before;
+            let per_admitted = calls as f64 / admitted as f64;
+            eprintln!(
+                "{n} instances, {per_second}/s: admitted {admitted}, {calls} script calls, \
+                 {per_admitted:.3} per admitted"
+            );
+            let bound = 500 + 300 * 10;
+            let offered = per_second * 10;
+            assert!(admitted <= bound, "{admitted} above the bound {bound}");
+            if offered <= bound / 2 {
+                assert_eq!(admitted, offered, "below the limit, every request");
+            } else if offered > bound {
+                assert!(
+                    admitted * 10 >= bound * 9,
+                    "{admitted}: below 90% of {bound}"
+                );
+            }
+            if n <= 8 {
+                assert!(per_admitted <= 0.1, "{n} instances: {per_admitted:.3}");
+            }
+        }
+    }
+}

@@ -18,10 +18,16 @@
 //!   back).
 //! - **At saturation**: a refill asks for a range, at least the request's need plus half the
 //!   target (the smallest useful refill; no more than the bucket refills in one TTL), so a
-//!   nearly empty bucket is not taken one token per call. While the store's last reported
-//!   state says that least refill does not fit, the key's requests are denied here, without
-//!   a call, with the wait before it fits (never earlier than the store said: at least the
-//!   request's own cost must fit, and the state is the store's).
+//!   nearly empty bucket is not taken one token per call. While that least refill is not
+//!   expected to fit (the store's last reported state, plus the others' part of what the
+//!   bucket refills meanwhile: the part of the key's recent spends that were not this
+//!   instance's, as the store's answers show them; `Pool::expected_tat`), the key's requests
+//!   are denied here, without a call, with the wait before it is expected to fit (never
+//!   earlier than the store said: at least the request's own cost must fit, and the state is
+//!   the store's).
+//!   Without the others' part, every instance called when the store's last word alone said
+//!   its refill fitted, when the others had usually taken those tokens: most calls were
+//!   denied, more with every instance added.
 //! - **One refill per key at a time**: a request that finds the pool empty while a refill is
 //!   under way waits for it, then decides again.
 //! - **All or nothing**: tokens taken for a request whose batch the store denies go back to
@@ -46,6 +52,11 @@ pub(super) const MAX_POOLS: usize = 100_000;
 
 /// How often expired tokens are looked for and given back, while any are held.
 pub(super) const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The largest part of the refill other clients are assumed to take (31/32): a waiting
+/// instance expects at least 1/32 of what the bucket refills to be left for it, so it waits at
+/// most 32 times as long as the store's last word alone says (and at most one TTL longer).
+const MAX_OTHERS: u32 = 65_536 / 32 * 31;
 
 /// Whether a transaction may be answered from prefetched tokens.
 #[inline]
@@ -75,8 +86,18 @@ struct Pool {
     /// Tokens no longer usable (expired, or dropped by a charge), to give back.
     stale: u64,
     /// The bucket's TAT as the store last reported it, on the local clock: a lower bound of
-    /// the real one (0: unknown).
+    /// the real one (0: unknown), and when it was reported.
     store_tat: u64,
+    seen_at: u64,
+    /// What the key's other clients took and what this instance was granted, in
+    /// microseconds of the TAT, between the store's answers here (each halved at every
+    /// answer: the recent ones weigh most).
+    theirs_us: u64,
+    own_us: u64,
+    /// The others' part of what was taken, `theirs / (theirs + own)` in 1/65,536ths, at most
+    /// [`MAX_OTHERS`]: the part of what the bucket refills while this instance waits that is
+    /// expected to be gone when it calls.
+    others: u32,
     /// Demand: units asked in the current window (one TTL long, from `window_start`) and in
     /// the window before.
     window_start: u64,
@@ -177,12 +198,14 @@ impl Pools {
             outcome.granted = None;
             return outcome;
         };
-        pool.store_tat = now.saturating_add(outcome.reset_after_us).max(1);
+        let tat = now.saturating_add(outcome.reset_after_us).max(1);
         if let Step::Refill { hi, need, took, .. } = *step {
             // A range of one size (`lo == hi`) is a single cost: granted whole when allowed.
             let whole = if outcome.allowed { hi } else { 0 };
             let granted = outcome.granted.take().unwrap_or(whole);
-            if batch_allowed && outcome.allowed {
+            let written = batch_allowed && outcome.allowed;
+            pool.seen(tat, if written { granted } else { 0 }, now);
+            if written {
                 pool.expires_at = now.saturating_add(pool.limit.prefetch_ttl_us());
                 pool.give_back(granted.saturating_sub(need));
                 crate::telemetry::prefetch_refill(key.name());
@@ -195,6 +218,10 @@ impl Pools {
                 .remaining
                 .saturating_add(pool.units)
                 .min(pool.limit.burst());
+        } else {
+            // A plain call (a cold key): the store's word, too soon to tell the others' part.
+            pool.store_tat = tat;
+            pool.seen_at = now;
         }
         outcome
     }
@@ -260,6 +287,10 @@ impl Pool {
             expires_at: 0,
             stale: 0,
             store_tat: 0,
+            seen_at: now,
+            theirs_us: 0,
+            own_us: 0,
+            others: 0,
             window_start: now,
             window_units: 0,
             prev_units: 0,
@@ -295,6 +326,40 @@ impl Pool {
         )
     }
 
+    /// The store's answer to a refill: the bucket's TAT `tat` at `now`, after `own` units it
+    /// wrote for this instance. What the TAT moved beyond them since the last answer the
+    /// key's other clients took. (A spend moves the TAT from itself or from the time of the
+    /// spend, whichever is later, so the move counted starts no earlier than `now`: a full
+    /// bucket's idle time is not taken for the others' spends. It is a lower bound of what
+    /// they took.)
+    fn seen(&mut self, tat: u64, own: u64, now: u64) {
+        let own_us = own.saturating_mul(self.limit.emission_interval_us());
+        if self.store_tat != 0 {
+            let theirs = tat
+                .saturating_sub(own_us)
+                .saturating_sub(self.store_tat.max(now));
+            self.theirs_us = self.theirs_us / 2 + theirs / 2;
+            self.own_us = self.own_us / 2 + own_us / 2;
+            let all = u128::from(self.theirs_us) + u128::from(self.own_us);
+            if let Some(part) = (u128::from(self.theirs_us) << 16).checked_div(all) {
+                self.others = u32::try_from(part).unwrap_or(u32::MAX).min(MAX_OTHERS);
+            }
+        }
+        self.store_tat = tat;
+        self.seen_at = now;
+    }
+
+    /// The bucket's TAT expected at `now`: the store's last word plus the others' part of
+    /// what the bucket refilled since, over one TTL at most (the time over which the
+    /// demand is measured; an estimate older than that is not stretched further).
+    fn expected_tat(&self, now: u64) -> u64 {
+        let since = now.saturating_sub(self.seen_at);
+        let since = u128::from(since.min(self.limit.prefetch_ttl_us()));
+        let theirs = (since * u128::from(self.others)) >> 16;
+        self.store_tat
+            .saturating_add(u64::try_from(theirs).unwrap_or(u64::MAX))
+    }
+
     fn end_refill(&mut self) {
         self.refilling = false;
         self.generation = self.generation.wrapping_add(1);
@@ -326,6 +391,8 @@ impl Pool {
             self.units = 0;
             self.stale = 0;
             self.limit = *limit;
+            // What was taken is counted in the old limit's emission intervals.
+            (self.theirs_us, self.own_us, self.others) = (0, 0, 0);
         }
         let seen = self.observe(cost, limit.prefetch_ttl_us(), now);
         if self.units > 0 && self.expires_at <= now {
@@ -343,20 +410,51 @@ impl Pool {
             return Step::Plain;
         };
         if self.store_tat != 0 {
-            // The least refill against the store's last word: denied here while it does not
-            // fit, with the wait before it does.
-            let store = Some(self.store_tat);
+            // The least refill against the store's last word and what the key's other
+            // clients are expected to have taken since: denied here while it does not fit,
+            // with the wait before it does (never earlier than the store's word alone says).
+            let store = Some(self.expected_tat(now));
             let wide = kit::trusted(&self.limit, store, now);
             if let Ok((out, _)) =
                 gcra::check_range(wide.as_ref().unwrap_or(&self.limit), store, now, lo, hi)
                 && !out.allowed
             {
-                return Step::Deny(Outcome::from(out));
+                return Step::Deny(self.waiting(Outcome::from(out), lo, now));
             }
         }
         let took = std::mem::take(&mut self.units);
         self.refilling = true;
         Step::Refill { lo, hi, need, took }
+    }
+
+    /// A local denial `out` of the least refill `lo`, its wait stretched by the others'
+    /// part: while this instance waits, they take that part of what the bucket refills, so
+    /// `lo` is expected to fit when the rest has covered what was missing at `now`.
+    /// Until one TTL after the store's last answer, only that part is left to cover what is
+    /// missing; after it, the whole refill ([`expected_tat`](Self::expected_tat) stops
+    /// there), so the wait is at most one TTL longer than the store's last word alone says.
+    fn waiting(&self, mut out: Outcome, lo: u64, now: u64) -> Outcome {
+        let missing = u128::from(
+            self.expected_tat(now)
+                .saturating_add(lo.saturating_mul(self.limit.emission_interval_us()))
+                .saturating_sub(now.saturating_add(self.limit.burst_offset_us())),
+        );
+        let left = u128::from(65_536 - self.others);
+        let horizon = self
+            .seen_at
+            .saturating_add(self.limit.prefetch_ttl_us())
+            .saturating_sub(now);
+        // What the part left covers before the horizon, in microseconds of the TAT.
+        let covered = (u128::from(horizon) * left) >> 16;
+        let wait = if missing <= covered {
+            (missing << 16).div_ceil(left)
+        } else {
+            u128::from(horizon) + (missing - covered)
+        };
+        out.retry_after_us = out
+            .retry_after_us
+            .max(u64::try_from(wait).unwrap_or(u64::MAX));
+        out
     }
 
     /// A refill for a request of `cost` units when the key's demand in a TTL was `seen`:
@@ -764,6 +862,78 @@ mod tests {
             panic!("the pool is empty");
         };
         assert_eq!((lo, hi), (3, 5));
+    }
+
+    /// The others' part: read from what the store's TAT moved between two answers beyond
+    /// this instance's own grants, it stretches a local denial's wait (the others take half
+    /// of what is spent: twice the store's wait) and moves the expected TAT, and a TAT that
+    /// jumped (foreign data, a flood) stretches it at most 32 times, and never more than one
+    /// TTL beyond the store's word.
+    #[test]
+    fn the_others_share_stretches_the_wait_for_a_refill() {
+        let limit = hot();
+        let (ei, bo) = (limit.emission_interval_us(), limit.burst_offset_us());
+        let t0 = 1_000_000_000;
+        let mut pool = Pool::new(limit, t0);
+        pool.seen(t0 + bo, 15, t0);
+        assert_eq!(pool.others, 0, "one answer says nothing of the others");
+        // Every 100 ms (30 units refilled) this instance is granted 15 and the others take
+        // 15: the bucket stays empty.
+        let mut t = t0;
+        for _ in 0..20 {
+            t += 100_000;
+            pool.seen(t + bo, 15, t);
+        }
+        let share = f64::from(pool.others) / 65_536.0;
+        assert!((share - 0.5).abs() < 0.01, "{share}");
+        // Right after the last answer, 26 units are missing; the store alone would say 26
+        // emission intervals, half of the refill is left for this instance: twice that.
+        let store_wait = 26 * ei;
+        let told = pool.waiting(Outcome::new(false, 0, store_wait, 0), 26, t);
+        let ratio = told.retry_after_us as f64 / store_wait as f64;
+        assert!((ratio - 2.0).abs() < 0.02, "{ratio}");
+        // When the store alone says 26 fit, the others are expected to have taken half.
+        let then = t + store_wait;
+        let expected = pool.expected_tat(then) - (t + bo);
+        assert!((expected as f64 / (13 * ei) as f64 - 1.0).abs() < 0.02);
+        // Never earlier than the store's own wait.
+        let late = pool.waiting(Outcome::new(false, 0, u64::MAX / 2, 0), 26, t);
+        assert_eq!(late.retry_after_us, u64::MAX / 2);
+        // A TAT that jumped by an hour in 100 ms: the share is capped.
+        for _ in 0..20 {
+            t += 100_000;
+            pool.seen(t + bo + 3_600_000_000, 0, t);
+        }
+        assert!(pool.others <= MAX_OTHERS);
+        let capped = pool.waiting(Outcome::new(false, 0, 0, 0), 26, t);
+        let missing = pool.expected_tat(t) + store_wait - (t + bo);
+        assert!(capped.retry_after_us <= 32 * missing);
+        // A slow limit (one unit a minute, so the store alone says 26 minutes): the others'
+        // part stretches the wait by one TTL at most, and the expected TAT stops growing one
+        // TTL after the last answer.
+        let slow = Limit::new(500, 1, Duration::from_secs(60))
+            .unwrap()
+            .with_prefetch(50, Duration::from_secs(1))
+            .unwrap();
+        let (ei, bo, ttl) = (60_000_000, slow.burst_offset_us(), 1_000_000);
+        let mut pool = Pool::new(slow, t0);
+        pool.seen(t0 + bo, 1, t0);
+        // Every two minutes, one unit here and one for the others: the bucket stays empty.
+        let mut t = t0;
+        for _ in 0..20 {
+            t += 2 * ei;
+            pool.seen(t + bo, 1, t);
+        }
+        assert!(pool.others > 65_536 / 3, "{}", pool.others);
+        let store_wait = 26 * ei;
+        let told = pool.waiting(Outcome::new(false, 0, store_wait, 0), 26, t);
+        assert!(told.retry_after_us > store_wait, "stretched");
+        assert!(
+            told.retry_after_us <= store_wait + ttl,
+            "{}",
+            told.retry_after_us
+        );
+        assert_eq!(pool.expected_tat(t + 10 * ttl), pool.expected_tat(t + ttl));
     }
 
     /// A key the table has no room for is sent as it is; idle keys leave the table within
