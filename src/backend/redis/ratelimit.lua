@@ -91,8 +91,10 @@ if #ARGV ~= 2 * n then
   end
 end
 if now < 0 then
+  -- TIME's two fields are always numbers: Lua's own coercion reads them, about 900 server
+  -- instructions cheaper each than a call of the global `tonumber`.
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2]
 end
 
 -- The lean path: a spend whose keys are all GCRA (every request of a GCRA-only
@@ -118,25 +120,27 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
     batches = tonumber(ARGV[2])
     first, per, sizes = 3 + batches, 2, 2
   end
-  -- out: now and the TATs read (the answer), then the TATs to write (false: none), which are
-  -- cut off before answering: one table, sized for up to three keys. fix: the drained TATs
-  -- that replace foreign values, by key (false until one is met).
+  -- out: now and the TATs read (the answer), then the TATs to write (false: none), then each
+  -- key's burst offset read as a number (a string is converted on every use: about 500
+  -- server instructions each), all cut off before answering: one table, sized for up to two
+  -- keys. fix: the drained TATs that replace foreign values, by key (false until one is met).
   local out, done, fix = {now, 0, 0, 0, 0, 0, 0}, 0, false
   for b = 1, batches do
     local last, allowed = n, true
     if sizes > 0 then last = done + tonumber(ARGV[sizes + b]) end
     for i = done + 1, last do
       local a = first + (i - 1) * per
+      local bo = ARGV[a + 1] + 0
+      out[2 * n + 1 + i] = bo
       local raw = redis.pcall('GET', KEYS[i])
       local s = 0
       if raw then
         s = tonumber(raw)
         if s == nil or s < 0 or s >= LIMIT or s % 1 ~= 0 then
           s = -1
-        elseif s - now > SLACK and s - now > 2 * ARGV[a + 1] + SLACK then
-          -- Beyond this limit's bound (the burst offset is read, a string to convert, only
-          -- for a TAT more than SLACK ahead): the crate's if its writer's bound, the key's
-          -- expiry past the TAT's millisecond, reaches it.
+        elseif s - now > SLACK and s - now > 2 * bo + SLACK then
+          -- Beyond this limit's bound: the crate's if its writer's bound, the key's expiry
+          -- past the TAT's millisecond, reaches it.
           local up, k = s + 999, -1
           if margin < 0 then
             k = redis.pcall('PEXPIRETIME', KEYS[i])
@@ -147,7 +151,7 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
           if s - now > 2 ^ k + SLACK then s = -1 end
         end
         if s < 0 then
-          s = now + ARGV[a + 1]
+          s = now + bo
           if not fix then fix = {} end
           fix[i] = s
         end
@@ -159,7 +163,7 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
       local new_tat = tat + ARGV[a]
       out[i + 1] = s
       out[n + 1 + i] = false
-      if new_tat - ARGV[a + 1] > now then
+      if new_tat - bo > now then
         if mode == MODE_CHECK_AND_SPEND or mode == MODE_CHECK_ONLY then allowed = false end
       elseif (mode == MODE_CHECK_AND_SPEND or mode == MODE_SPEND_ONLY) and new_tat > now
         and new_tat ~= s then
@@ -176,7 +180,7 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
         -- offset).
         local up = t + 999
         if margin < 0 then
-          local _, k = math.frexp(2 * ARGV[first + (i - 1) * per + 1])
+          local _, k = math.frexp(2 * out[2 * n + 1 + i])
           redis.call('SET', KEYS[i], t, 'PXAT', (up - up % 1000) / 1000 + k)
         else
           up = up - now
