@@ -765,26 +765,16 @@ fn json_text(out: &mut Vec<u8>, value: impl std::fmt::Display) {
 }
 
 /// Writes an id as a JSON string, as its `Display` text: an IPv4 address or a number with
-/// integer digits (the `Display` of an address costs four formatter calls), the rest escaped.
+/// integer digits ([`Id::digits`](crate::key::Id::digits)), the rest escaped.
 fn json_id(out: &mut Vec<u8>, id: &crate::key::Id) {
-    out.push(b'"');
-    match (id.as_ip(), id.as_number()) {
-        (Some(std::net::IpAddr::V4(ip)), _) => {
-            for (n, octet) in ip.octets().into_iter().enumerate() {
-                if n > 0 {
-                    out.push(b'.');
-                }
-                out.extend_from_slice(itoa::Buffer::new().format(octet).as_bytes());
-            }
+    match id.digits() {
+        Some(digits) => {
+            out.push(b'"');
+            out.extend_from_slice(digits.as_bytes());
+            out.push(b'"');
         }
-        (_, Some(n)) => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
-        _ => {
-            out.pop();
-            json_text(out, id);
-            return;
-        }
+        None => json_text(out, id),
     }
-    out.push(b'"');
 }
 
 fn json_response(status: StatusCode, body: Bytes, content_type: &'static str) -> Response<Bytes> {

@@ -54,7 +54,16 @@ impl KeyBuf {
         out.push("{");
         out.push_escaped(key.name().as_str());
         out.push(":");
-        let _ = write!(Escaping(&mut out), "{}", key.id());
+        // The id's `Display` text: digits and dots need no escaping, a text id is escaped as
+        // it is, and the rest (IPv6 addresses and ranges) go through the formatter.
+        let id = key.id();
+        if let Some(digits) = id.digits() {
+            out.0.extend_from_slice(digits.as_bytes());
+        } else if let Some(text) = id.as_text() {
+            out.push_escaped(text);
+        } else {
+            let _ = write!(Escaping(&mut out), "{id}");
+        }
         out.push("}");
         out.push(suffix);
         out
@@ -66,8 +75,13 @@ impl KeyBuf {
 
     /// Writes `id`, escaping what could break the key format (see the module docs).
     fn push_escaped(&mut self, id: &str) {
+        // Most names and ids need no escaping: copied at once.
+        if id.bytes().all(Self::plain) {
+            self.0.extend_from_slice(id.as_bytes());
+            return;
+        }
         for b in id.bytes() {
-            if (0x21..=0x7e).contains(&b) && !matches!(b, b'{' | b'}' | b'%') {
+            if Self::plain(b) {
                 self.0.push(b);
             } else {
                 const HEX: &[u8; 16] = b"0123456789ABCDEF";
@@ -78,6 +92,11 @@ impl KeyBuf {
                 ]);
             }
         }
+    }
+
+    /// Whether a byte is written as it is (printable ASCII but the braces and `%`).
+    fn plain(b: u8) -> bool {
+        (0x21..=0x7e).contains(&b) && !matches!(b, b'{' | b'}' | b'%')
     }
 
     /// The key, for fred.
@@ -105,5 +124,41 @@ mod tests {
             .unwrap();
         let key = BucketKey::new(limits.name("Api").unwrap(), Id::new("a{b}%c é").unwrap());
         assert_eq!(redis_key("rl:", &key, ""), "rl:{Api:a%7Bb%7D%25c%20%C3%A9}");
+    }
+
+    /// Stored keys never change: an id written from its digits (an IPv4 address, a number)
+    /// or as plain text gives the key its `Display` text gives, escaped the same way.
+    #[test]
+    fn every_kind_of_id_gives_the_key_of_its_text() {
+        let limits = Limits::builder()
+            .limit("Api", Limit::from_micros(1, 1, 1_000_000).unwrap())
+            .build()
+            .unwrap();
+        let name = limits.name("Api").unwrap();
+        let ids = [
+            Id::from(std::net::IpAddr::from([0, 0, 0, 0])),
+            Id::from(std::net::IpAddr::from([10, 0, 255, 7])),
+            Id::from(std::net::IpAddr::from([255, 255, 255, 255])),
+            Id::from("2001:db8::1".parse::<std::net::IpAddr>().unwrap()),
+            Id::ipv6_range48("2001:db8:1:2::9".parse().unwrap()),
+            Id::from(0u64),
+            Id::from(1_000_000u64),
+            Id::from(u64::MAX),
+            Id::new("user-42").unwrap(),
+            Id::new("a{b}%c é").unwrap(),
+        ];
+        for id in ids {
+            let mut expected = String::from("rl:{Api:");
+            for b in id.to_string().bytes() {
+                if KeyBuf::plain(b) {
+                    expected.push(char::from(b));
+                } else {
+                    expected.push_str(&format!("%{b:02X}"));
+                }
+            }
+            expected.push_str("}:t");
+            let key = BucketKey::new(name, id);
+            assert_eq!(redis_key("rl:", &key, ":t"), expected);
+        }
     }
 }
