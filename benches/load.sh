@@ -24,8 +24,11 @@ THREADS=${THREADS:-1}
 if ! command -v wrk >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
 fi
-cargo build -q --release --example axum_memory
-cargo build -q --release -p tower-ratelimits-benches --example axum_peer
+# One invocation, so that the quickstart and the peers' app are built with the same axum: features
+# unify across the packages a build names (tower_governor asks for axum's defaults, json, http2
+# and tracing among them; the quickstart alone builds axum with http1 and tokio only).
+cargo build -q --release -p tower-ratelimits -p tower-ratelimits-benches \
+  --example axum_memory --example axum_peer
 BIN=target/release/examples
 
 WORK=$(mktemp -d)
