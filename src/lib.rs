@@ -171,6 +171,11 @@ pub use time::{Clock, DurationError, ManualClock, SystemClock};
 /// need not add it.
 pub use http;
 
+/// The `async-trait` crate's attribute, with which [`Backend`] is written, re-exported so that
+/// a backend outside the crate implements it as `#[tower_ratelimits::async_trait]` without
+/// adding the crate (the kit's example, [`kit`], does).
+pub use async_trait::async_trait;
+
 /// The `ipnet` crate's `IpNet`, in which trusted proxies and exemptions are given
 /// ([`ClientIp::trusted_proxies`], [`RateLimitLayerBuilder::exempt_addresses`]), re-exported
 /// so a user need not add it.

@@ -552,7 +552,7 @@ struct Switch {
     inner: MemoryBackend,
 }
 
-#[async_trait::async_trait]
+#[tower_ratelimits::async_trait]
 impl tower_ratelimits::Backend for Switch {
     fn spend(&self, batch: &[tower_ratelimits::BucketTx<'_>]) -> tower_ratelimits::Spend {
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::{Router, body::Body, routing::any};
 use counting::Counting;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
+use tower_ratelimits::async_trait;
 use tower_ratelimits::{Backend, BackendError, BucketTx, FieldStyle, Spend};
 use tower_ratelimits::{BucketKey, Limiter, Limits, ManualClock, MemoryBackend, Outcome};
 use tower_ratelimits::{

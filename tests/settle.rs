@@ -645,7 +645,7 @@ struct HoldsRefunds {
     log: Arc<std::sync::Mutex<Vec<&'static str>>>,
 }
 
-#[async_trait::async_trait]
+#[tower_ratelimits::async_trait]
 impl tower_ratelimits::Backend for HoldsRefunds {
     fn spend(&self, batch: &[tower_ratelimits::BucketTx<'_>]) -> tower_ratelimits::Spend {
         self.inner.spend(batch)

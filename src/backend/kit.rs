@@ -24,7 +24,7 @@
 //!     states: Mutex<HashMap<BucketKey, Stored>>,
 //! }
 //!
-//! #[async_trait::async_trait]
+//! #[tower_ratelimits::async_trait]
 //! impl Backend for Store {
 //!     fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
 //!         let now = tower_ratelimits::Clock::now_us(&self.clock);

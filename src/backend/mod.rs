@@ -369,7 +369,10 @@ impl std::fmt::Debug for Spend {
 /// A store of bucket states. Implementations must be atomic per batch: concurrent batches never
 /// admit more than `docs/gcra.md` allows, and a denied batch writes nothing.
 ///
-/// It is used as `Arc<dyn Backend>`, hence `async_trait` for `refund` and `reset`.
+/// It is used as `Arc<dyn Backend>`, hence `async_trait` for `refund` and `reset`: implement it
+/// under [`#[tower_ratelimits::async_trait]`](crate::async_trait), re-exported so that a
+/// backend outside the crate needs no dependency of its own for it ([`kit`](crate::kit) shows
+/// one in full).
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// Decides a batch and, if the batch is allowed, spends it (modes as in [`Mode`]): one call

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use async_trait::async_trait;
+use tower_ratelimits::async_trait;
 use tower_ratelimits::{Backend, BackendError, BucketKey, BucketTx, MemoryBackend, Outcome, Spend};
 
 pub struct Counting {

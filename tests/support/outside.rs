@@ -41,7 +41,7 @@ impl<C: Clock> Outside<C> {
     }
 }
 
-#[async_trait::async_trait]
+#[tower_ratelimits::async_trait]
 impl<C: Clock> Backend for Outside<C> {
     fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
         let now = self.clock.now_us();
