@@ -258,7 +258,12 @@ fn every_bad_input_is_a_located_typed_error() {
             None,
             Some(5),
             Some("A"),
-            |k| matches!(k, ConfigErrorKind::UnknownField(f) if f == "brust"),
+            |k| {
+                matches!(
+                    k,
+                    ConfigErrorKind::UnknownField { field, did_you_mean: Some("burst") } if field == "brust"
+                )
+            },
             "brust",
         ),
         (
@@ -430,7 +435,7 @@ fn every_bad_input_is_a_located_typed_error() {
             ),
             Some(6),
             Some("A"),
-            |k| matches!(k, ConfigErrorKind::UnknownField(_)),
+            |k| matches!(k, ConfigErrorKind::UnknownField { .. }),
             "why",
         ),
         (
@@ -525,6 +530,86 @@ fn every_bad_input_is_a_located_typed_error() {
         };
         assert!(text.starts_with(source), "case {i}: {text}");
     }
+}
+
+/// An unknown field names the known field it most likely meant, a few letters off (a typo,
+/// two letters swapped), in the error and its message; a name nothing is near gets no
+/// suggestion, and a hostile name of any length is refused as fast.
+#[test]
+fn an_unknown_field_names_the_field_it_most_likely_meant() {
+    let cases = [
+        (
+            "A:\n  burst: 5\n  count: 5\n  perod: 1s\n",
+            "perod",
+            Some("period"),
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5\n  priod: 1s\n",
+            "priod",
+            Some("period"),
+        ),
+        (
+            "A:\n  brust: 5\n  count: 5\n  period: 1s\n",
+            "brust",
+            Some("burst"),
+        ),
+        (
+            "A:\n  burst: 5\n  count: 5\n  period: 1s\n  colour: red\n",
+            "colour",
+            None,
+        ),
+        (
+            "A: {kind: account, calendar: {count: 3, period: month, anchorday: 15}}\n",
+            "anchorday",
+            Some("anchor_day"),
+        ),
+        (
+            "A:\n  tiers:\n    - {limit: 5, widow: 1s}\n",
+            "widow",
+            Some("window"),
+        ),
+    ];
+    let an_override = [(
+        "A:\n  kind: account\n  burst: 5\n  count: 5\n  period: 1s\n",
+        Some("- A:\n    burst: 1\n    count: 1\n    period: 1s\n    ids:\n      - {idd: x}\n"),
+        "idd",
+        Some("id"),
+    )];
+    let cases = cases
+        .into_iter()
+        .map(|(yaml, field, suggestion)| (yaml, None, field, suggestion))
+        .chain(an_override);
+    for (yaml, overrides, field, suggestion) in cases {
+        let err = Limits::from_yaml_str(yaml, overrides).unwrap_err();
+        match err.kind() {
+            ConfigErrorKind::UnknownField {
+                field: f,
+                did_you_mean,
+            } => {
+                assert_eq!(f, field, "{yaml}");
+                assert_eq!(*did_you_mean, suggestion, "{yaml}");
+            }
+            other => panic!("{yaml}: {other:?}"),
+        }
+        let message = err.to_string();
+        match suggestion {
+            Some(s) => assert!(
+                message.contains(&format!("did you mean `{s}`?")),
+                "{message}"
+            ),
+            None => assert!(!message.contains("did you mean"), "{message}"),
+        }
+    }
+    let long = "x".repeat(100_000);
+    let yaml = format!("A:\n  burst: 5\n  count: 5\n  period: 1s\n  {long}: 1\n");
+    let err = Limits::from_yaml_str(&yaml, None).unwrap_err();
+    assert!(matches!(
+        err.kind(),
+        ConfigErrorKind::UnknownField {
+            did_you_mean: None,
+            ..
+        } | ConfigErrorKind::Yaml(_)
+    ));
 }
 
 #[test]

@@ -68,9 +68,15 @@ pub enum ConfigErrorKind {
         /// What was found.
         found: &'static str,
     },
-    /// A field that does not exist.
-    #[error("unknown field {0:?}")]
-    UnknownField(String),
+    /// A field that does not exist, and the known field it most likely meant (a typo: a few
+    /// letters off), when one is that close.
+    #[error("unknown field {field:?}{}", suggestion_text(.did_you_mean))]
+    UnknownField {
+        /// The field as written.
+        field: String,
+        /// The known field nearest to it, when one is a few letters away.
+        did_you_mean: Option<&'static str>,
+    },
     /// A required field is missing.
     #[error("missing field {0:?}")]
     MissingField(&'static str),
@@ -219,6 +225,56 @@ impl ConfigError {
     pub fn limit(&self) -> Option<&str> {
         self.limit.as_deref()
     }
+}
+
+impl ConfigErrorKind {
+    /// An unknown field `field`, with the field of `known` it most likely meant: the nearest
+    /// by edit distance (letters added, removed, changed or swapped), when it is at most a third
+    /// of the field's length away (at least one).
+    pub(crate) fn unknown_field(field: &str, known: &[&'static str]) -> Self {
+        let most = (field.chars().count() / 3).max(1);
+        let did_you_mean = known
+            .iter()
+            .map(|k| (edit_distance(field, k, most), *k))
+            .filter(|(d, _)| *d <= most)
+            .min_by_key(|(d, _)| *d)
+            .map(|(_, k)| k);
+        Self::UnknownField {
+            field: field.to_owned(),
+            did_you_mean,
+        }
+    }
+}
+
+/// `; did you mean `x`?` after an unknown field's message, when there is a suggestion.
+fn suggestion_text(suggestion: &Option<&'static str>) -> String {
+    suggestion.map_or_else(String::new, |s| format!("; did you mean `{s}`?"))
+}
+
+/// The edit distance between `a` and `b` (optimal string alignment: insertions, deletions,
+/// substitutions, and swaps of two neighbours), or `most + 1` when their lengths alone say it
+/// is larger or either is longer than 64 characters (no known field is): a hostile field name
+/// of any length costs nothing.
+fn edit_distance(a: &str, b: &str, most: usize) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    if a.len().abs_diff(b.len()) > most || a.len() > 64 || b.len() > 64 {
+        return most + 1;
+    }
+    // Three rows of the table: two back (for swaps), one back, and this one.
+    let mut before: Vec<usize> = Vec::new();
+    let mut last: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut row = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            row[j] = (last[j] + 1).min(row[j - 1] + 1).min(last[j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                row[j] = row[j].min(before[j - 2] + 1);
+            }
+        }
+        before = std::mem::replace(&mut last, row);
+    }
+    last[b.len()]
 }
 
 impl From<crate::quota::ShapeError> for ConfigErrorKind {

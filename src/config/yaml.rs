@@ -287,10 +287,7 @@ fn fields<'a>(node: &'a Node, allowed: &[&'static str]) -> Result<Fields<'a>, Co
     for (k, v) in entries {
         let key = as_str(k, "a field name")?;
         if !allowed.contains(&key) {
-            return Err(err_at(
-                ConfigErrorKind::UnknownField(key.to_owned()),
-                k.line,
-            ));
+            return Err(err_at(ConfigErrorKind::unknown_field(key, allowed), k.line));
         }
         let slot = match key {
             "burst" => &mut f.burst,
@@ -456,10 +453,8 @@ fn tiers_of(node: &Node) -> Result<TieredLimit, ConfigError> {
                 continue;
             }
             let Some(at) = FIELDS.iter().position(|f| *f == key) else {
-                return Err(err_at(
-                    ConfigErrorKind::UnknownField(key.to_owned()),
-                    k.line,
-                ));
+                const KNOWN: [&str; 5] = ["limit", "window", "active", "cooldown", "comment"];
+                return Err(err_at(ConfigErrorKind::unknown_field(key, &KNOWN), k.line));
             };
             if slots[at].replace(v).is_some() {
                 return Err(err_at(
@@ -622,10 +617,8 @@ fn calendar_of(f: &Fields<'_>, node: &Node) -> Result<CalendarQuota, ConfigError
             "at" => &mut at,
             "zone" => &mut zone,
             _ => {
-                return Err(err_at(
-                    ConfigErrorKind::UnknownField(key.to_owned()),
-                    k.line,
-                ));
+                const KNOWN: [&str; 5] = ["count", "period", "anchor_day", "at", "zone"];
+                return Err(err_at(ConfigErrorKind::unknown_field(key, &KNOWN), k.line));
             }
         };
         if slot.replace(v).is_some() {
@@ -723,7 +716,7 @@ fn id_text(node: &Node) -> Result<(String, u64), ConfigError> {
                     "comment" => {}
                     other => {
                         return Err(err_at(
-                            ConfigErrorKind::UnknownField(other.to_owned()),
+                            ConfigErrorKind::unknown_field(other, &["id", "comment"]),
                             k.line,
                         ));
                     }
