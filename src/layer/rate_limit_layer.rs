@@ -130,6 +130,12 @@ impl RateLimitLayerBuilder {
     /// client that honours the hint is never refused again for coming back too early. Default
     /// 0 (off). A wait's jitter counts toward its rule's [`Wait`](crate::Wait) bound.
     ///
+    /// `Retry-After` and the `RateLimit` field's `t` count whole seconds, rounded up, so a
+    /// jitter below one second shows there only as one second more for some requests: HTTP
+    /// clients that read those spread over whole seconds. The bodies' `retry_after_ms`, gRPC's
+    /// `RetryInfo` and pushback (milliseconds) and a waiting rule's sleep carry it exactly. To
+    /// spread clients that read `Retry-After`, give a jitter of a second or more.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower_ratelimits::{Limiter, Limits, MemoryBackend, RateLimitLayer, Rule, ClientIp};
