@@ -614,3 +614,38 @@ async fn many_instances_share_a_hot_key_with_few_calls() {
         }
     }
 }
+
+/// A limit that sets `prefetch` on a backend that does not prefetch is decided as without it,
+/// and the limiter says so once, at its start, naming the limit: on memory, and on Redis with
+/// prefetching turned off; on Redis with it on (the default), nothing is said.
+#[tokio::test]
+async fn prefetch_where_nothing_prefetches_is_warned_once_at_start() {
+    let limits = || Limits::from_yaml_str(HOT, None).unwrap();
+    let (memory, warned) =
+        support::warnings_during(|| Limiter::new(limits(), tower_ratelimits::MemoryBackend::new()));
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].starts_with("tower_ratelimits::backend: limit Hot sets prefetch"),
+        "{warned:?}"
+    );
+    assert!(memory.spend(&hot(&memory, "k")).await.unwrap().allowed());
+
+    let server = RedisServer::start();
+    let prefix = unique_prefix("warned");
+    let on = RedisBackend::from_url(&server.url())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    let (_, warned) = support::warnings_during(|| Limiter::new(limits(), on));
+    assert!(warned.is_empty(), "{warned:?}");
+    let off = RedisBackend::from_url(&server.url())
+        .prefix(&prefix)
+        .prefetch(false)
+        .connect()
+        .await
+        .unwrap();
+    let (_, warned) = support::warnings_during(|| Limiter::new(limits(), off));
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(warned[0].contains("limit Hot sets prefetch"), "{warned:?}");
+}

@@ -397,6 +397,15 @@ pub trait Backend: Send + Sync + 'static {
     fn override_store(&self) -> Option<OverrideStoreRef> {
         None
     }
+
+    /// Whether this backend answers a hot key's requests from prefetched tokens
+    /// ([`Limit::with_prefetch`](crate::Limit::with_prefetch)): the Redis backend does (unless
+    /// turned off); others decide every request in the store, and a limiter over them warns
+    /// once, at its start, of each limit that sets `prefetch`.
+    #[doc(hidden)]
+    fn prefetches(&self) -> bool {
+        false
+    }
 }
 
 impl BackendError {
@@ -418,6 +427,9 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
         (**self).reset(keys).await
+    }
+    fn prefetches(&self) -> bool {
+        (**self).prefetches()
     }
     fn override_store(&self) -> Option<OverrideStoreRef> {
         (**self).override_store()

@@ -406,6 +406,25 @@ impl Limits {
         self.config.names.iter().map(|e| e.name)
     }
 
+    /// The names whose default or a file override prefetches tokens
+    /// ([`Limit::with_prefetch`](crate::Limit::with_prefetch)), in definition order.
+    pub(crate) fn prefetching_names(&self) -> Vec<LimitName> {
+        let prefetches = |q: &Quota| q.as_gcra().is_some_and(|l| l.prefetch() > 0);
+        self.config
+            .names
+            .iter()
+            .filter(|e| {
+                e.default.as_ref().is_some_and(prefetches)
+                    || self
+                        .config
+                        .overrides
+                        .iter()
+                        .any(|(k, q)| k.name() == e.name && prefetches(q))
+            })
+            .map(|e| e.name)
+            .collect()
+    }
+
     /// The number of overrides (unlimited ids included), not counting stored ones.
     pub fn override_count(&self) -> usize {
         self.config.overrides.len() + self.config.unlimited.len()

@@ -201,13 +201,24 @@ impl Limiter {
     }
 
     /// A limiter over `limits` deciding in this process's memory (the layer's in-memory
-    /// fallback).
+    /// fallback: the limits are the main limiter's, whose backend may prefetch, so nothing is
+    /// said of `prefetch` here).
     pub(crate) fn in_memory(limits: Limits) -> Self {
-        Self::new(limits, crate::backend::MemoryBackend::new())
+        let backend: Arc<dyn Backend> = Arc::new(crate::backend::MemoryBackend::new());
+        let store = backend.override_store().map(|s| s.0);
+        Self::build(limits, backend, store)
     }
 
-    /// A limiter over a backend shared with others.
+    /// A limiter over a backend shared with others. A limit that sets `prefetch` on a backend
+    /// that does not prefetch (memory, a backend outside the crate, Redis with
+    /// [`prefetch(false)`](crate::RedisBackendBuilder::prefetch)) is decided as if it had none,
+    /// and a warning says so once, here (target `tower_ratelimits::backend`).
     pub fn with_shared_backend(limits: Limits, backend: Arc<dyn Backend>) -> Self {
+        if !backend.prefetches() {
+            for name in limits.prefetching_names() {
+                tracing::warn!(target: crate::telemetry::target::BACKEND, limit = name.as_str(), "limit {name} sets prefetch, which this backend ignores: only the Redis backend prefetches tokens (in one process there is no round trip to save); every request is decided by the backend");
+            }
+        }
         let store = backend.override_store().map(|s| s.0);
         Self::build(limits, backend, store)
     }

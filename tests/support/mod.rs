@@ -34,3 +34,40 @@ pub fn ready<F: std::future::Future>(f: F) -> F::Output {
         std::task::Poll::Pending => panic!("the future was not ready at its first poll"),
     }
 }
+
+/// What `f` logged at warning level on this crate's targets, as `target: message`, through a
+/// subscriber of this thread only (so `f` must not hand its work to another thread).
+pub fn warnings_during<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt as _;
+    #[derive(Clone, Default)]
+    struct Warnings(Arc<Mutex<Vec<String>>>);
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+        fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            struct Message(String);
+            impl tracing::field::Visit for Message {
+                fn record_debug(&mut self, field: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                    if field.name() == "message" {
+                        self.0 = format!("{v:?}");
+                    }
+                }
+            }
+            let target = e.metadata().target();
+            if *e.metadata().level() == tracing::Level::WARN
+                && target.starts_with("tower_ratelimits")
+            {
+                let mut message = Message(String::new());
+                e.record(&mut message);
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(format!("{target}: {}", message.0));
+            }
+        }
+    }
+    let warnings = Warnings::default();
+    let out =
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(warnings.clone()), f);
+    let logged = warnings.0.lock().unwrap().clone();
+    (out, logged)
+}

@@ -888,6 +888,10 @@ impl Backend for RedisBackend {
         Ok(())
     }
 
+    fn prefetches(&self) -> bool {
+        self.inner.prefetch
+    }
+
     fn override_store(&self) -> Option<crate::backend::OverrideStoreRef> {
         Some(crate::backend::OverrideStoreRef(Arc::new(
             overrides::RedisOverrides {
