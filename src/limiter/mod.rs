@@ -200,13 +200,10 @@ impl Limiter {
         Self::with_shared_backend(limits, Arc::new(backend))
     }
 
-    /// A limiter over `limits` deciding in this process's memory (the layer's in-memory
-    /// fallback: the limits are the main limiter's, whose backend may prefetch, so nothing is
-    /// said of `prefetch` here).
+    /// A limiter over `limits` deciding in this process's memory
+    /// ([`RateLimitLayer::per_client_ip`](crate::RateLimitLayer::per_client_ip)).
     pub(crate) fn in_memory(limits: Limits) -> Self {
-        let backend: Arc<dyn Backend> = Arc::new(crate::backend::MemoryBackend::new());
-        let store = backend.override_store().map(|s| s.0);
-        Self::build(limits, backend, store)
+        Self::new(limits, crate::backend::MemoryBackend::new())
     }
 
     /// A limiter over a backend shared with others. A limit that sets `prefetch` on a backend
@@ -224,7 +221,9 @@ impl Limiter {
     }
 
     /// A limiter deciding in memory what `limits` say, stored overrides included, without
-    /// following a store of its own (the layer's fallback: it follows the main limiter's).
+    /// following a store of its own (the layer's fallback: it follows the main limiter's). It
+    /// says nothing of `prefetch`: the limits are the main limiter's, whose backend may
+    /// prefetch.
     pub(crate) fn fallback(limits: Limits) -> Self {
         Self::build(limits, Arc::new(crate::backend::MemoryBackend::new()), None)
     }
