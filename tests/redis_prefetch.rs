@@ -632,14 +632,14 @@ async fn prefetch_where_nothing_prefetches_is_warned_once_at_start() {
 
     let server = RedisServer::start();
     let prefix = unique_prefix("warned");
-    let on = RedisBackend::from_url(&server.url())
+    let on = RedisBackend::from_url(server.url())
         .prefix(&prefix)
         .connect()
         .await
         .unwrap();
     let (_, warned) = support::warnings_during(|| Limiter::new(limits(), on));
     assert!(warned.is_empty(), "{warned:?}");
-    let off = RedisBackend::from_url(&server.url())
+    let off = RedisBackend::from_url(server.url())
         .prefix(&prefix)
         .prefetch(false)
         .connect()

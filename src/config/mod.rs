@@ -227,6 +227,7 @@ impl ConfigError {
     }
 }
 
+#[cfg(feature = "yaml")]
 impl ConfigErrorKind {
     /// An unknown field `field`, with the field of `known` it most likely meant: the nearest
     /// by edit distance (letters added, removed, changed or swapped), when it is at most a third
@@ -255,6 +256,7 @@ fn suggestion_text(suggestion: &Option<&'static str>) -> String {
 /// substitutions, and swaps of two neighbours), or `most + 1` when their lengths alone say it
 /// is larger or either is longer than 64 characters (no known field is): a hostile field name
 /// of any length costs nothing.
+#[cfg(feature = "yaml")]
 fn edit_distance(a: &str, b: &str, most: usize) -> usize {
     let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
     if a.len().abs_diff(b.len()) > most || a.len() > 64 || b.len() > 64 {
