@@ -629,6 +629,16 @@ async fn prefetch_where_nothing_prefetches_is_warned_once_at_start() {
         "{warned:?}"
     );
     assert!(memory.spend(&hot(&memory, "k")).await.unwrap().allowed());
+    // A file override that sets it, on a limit whose default does not: warned the same way.
+    let plain = HOT.replace("  prefetch: 50\n", "");
+    let by_override =
+        "- Hot:\n    burst: 500\n    count: 300\n    period: 1s\n    prefetch: 50\n    ids: [k]\n";
+    let (_, warned) = support::warnings_during(|| {
+        let limits = Limits::from_yaml_str(&plain, Some(by_override)).unwrap();
+        Limiter::new(limits, tower_ratelimits::MemoryBackend::new())
+    });
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(warned[0].contains("limit Hot sets prefetch"), "{warned:?}");
 
     let server = RedisServer::start();
     let prefix = unique_prefix("warned");

@@ -255,13 +255,15 @@ fn suggestion_text(suggestion: &Option<&'static str>) -> String {
 /// The edit distance between `a` and `b` (optimal string alignment: insertions, deletions,
 /// substitutions, and swaps of two neighbours), or `most + 1` when their lengths alone say it
 /// is larger or either is longer than 64 characters (no known field is): a hostile field name
-/// of any length costs nothing.
+/// of any length costs one count of its characters per known field.
 #[cfg(feature = "yaml")]
 fn edit_distance(a: &str, b: &str, most: usize) -> usize {
-    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
-    if a.len().abs_diff(b.len()) > most || a.len() > 64 || b.len() > 64 {
+    // Lengths first, by counting (a hostile name is never copied).
+    let (a_len, b_len) = (a.chars().count(), b.chars().count());
+    if a_len.abs_diff(b_len) > most || a_len > 64 || b_len > 64 {
         return most + 1;
     }
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
     // Three rows of the table: two back (for swaps), one back, and this one.
     let mut before: Vec<usize> = Vec::new();
     let mut last: Vec<usize> = (0..=b.len()).collect();
@@ -412,17 +414,17 @@ impl Limits {
     /// ([`Limit::with_prefetch`](crate::Limit::with_prefetch)), in definition order.
     pub(crate) fn prefetching_names(&self) -> Vec<LimitName> {
         let prefetches = |q: &Quota| q.as_gcra().is_some_and(|l| l.prefetch() > 0);
+        // One pass over the overrides (a file may hold millions), then one over the names.
+        let mut by_override: Vec<LimitName> = Vec::new();
+        for (key, quota) in &self.config.overrides {
+            if prefetches(quota) && !by_override.contains(&key.name()) {
+                by_override.push(key.name());
+            }
+        }
         self.config
             .names
             .iter()
-            .filter(|e| {
-                e.default.as_ref().is_some_and(prefetches)
-                    || self
-                        .config
-                        .overrides
-                        .iter()
-                        .any(|(k, q)| k.name() == e.name && prefetches(q))
-            })
+            .filter(|e| e.default.as_ref().is_some_and(prefetches) || by_override.contains(&e.name))
             .map(|e| e.name)
             .collect()
     }
