@@ -659,3 +659,77 @@ async fn prefetch_where_nothing_prefetches_is_warned_once_at_start() {
     assert_eq!(warned.len(), 1, "{warned:?}");
     assert!(warned[0].contains("limit Hot sets prefetch"), "{warned:?}");
 }
+
+/// A reload that brings `prefetch` to a limiter whose backend ignores it warns once of each
+/// limit it brings it to; a reload that keeps it, or drops it, says nothing, and one that
+/// brings it back warns again. On Redis, which prefetches, a reload that brings it says
+/// nothing, and neither does the layer's in-memory fallback when it follows the reload (its
+/// limits are the main limiter's, scaled without prefetch): here Redis is down, so the fallback
+/// decides the request after the reload, at half of the reloaded burst (400).
+#[test]
+fn a_reload_that_brings_prefetch_where_nothing_prefetches_is_warned_once() {
+    use axum::{Router, body::Body, routing::get};
+    use tower::ServiceExt as _;
+    use tower_ratelimits::{ClientIp, FailurePolicy, RateLimitLayer, Rule};
+
+    let plain = HOT.replace("  prefetch: 50\n", "");
+    let yaml = |text: &str| Limits::from_yaml_str(text, None).unwrap();
+    let memory = Limiter::new(yaml(&plain), tower_ratelimits::MemoryBackend::new());
+    let reload = |text: &str| support::warnings_during(|| memory.reload(yaml(text)).unwrap()).1;
+    let warned = reload(HOT);
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].starts_with("tower_ratelimits::backend: limit Hot sets prefetch"),
+        "{warned:?}"
+    );
+    assert_eq!(reload(HOT), Vec::<String>::new());
+    assert_eq!(reload(&plain), Vec::<String>::new());
+    assert_eq!(reload(HOT).len(), 1);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let reloaded = HOT.replace("burst: 500", "burst: 400");
+    let (policy, warned) = support::warnings_during(|| {
+        runtime.block_on(async {
+            // A port nothing listens on: every call fails, and the fallback decides.
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let down = RedisBackend::from_url(format!("redis://127.0.0.1:{port}"))
+                .lazy(true)
+                .command_timeout(Duration::from_millis(50))
+                .connect()
+                .await
+                .unwrap();
+            let limiter = Limiter::new(yaml(&plain), down);
+            let layer = RateLimitLayer::builder(limiter.clone())
+                .rule(Rule::new("Hot", ClientIp::new()))
+                .on_backend_failure(FailurePolicy::FallbackToMemory { percent: 50 })
+                .build()
+                .unwrap();
+            limiter.reload(yaml(&reloaded)).unwrap();
+            let app = Router::new()
+                .route("/", get(|| async { "ok" }))
+                .layer(layer);
+            let request = http::Request::get("/")
+                .extension("10.0.0.1:1".parse::<std::net::SocketAddr>().unwrap())
+                .body(Body::empty())
+                .unwrap();
+            let response = app.oneshot(request).await.unwrap();
+            assert_eq!(response.status(), http::StatusCode::OK);
+            response.headers()["ratelimit-policy"].clone()
+        })
+    });
+    assert_eq!(
+        policy, "\"Hot\";q=200;w=2",
+        "not the fallback's reloaded limit"
+    );
+    assert!(
+        !warned.iter().any(|w| w.contains("sets prefetch")),
+        "{warned:?}"
+    );
+}

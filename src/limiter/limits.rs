@@ -51,7 +51,9 @@ impl Limiter {
     /// dropped and new ones empty: `docs/gcra.md`, "Changing a limit").
     ///
     /// Refused, keeping the old limits, when the new ones drop a limit that a rule of a layer
-    /// built on this limiter uses ([`ReloadError::LimitInUse`]).
+    /// built on this limiter uses ([`ReloadError::LimitInUse`]). A limit the reload makes set
+    /// `prefetch` on a backend that does not prefetch is warned of, as at the start
+    /// ([`Limiter::with_shared_backend`]).
     ///
     /// ```
     /// use tower_ratelimits::{Limiter, Limits, MemoryBackend};
@@ -81,6 +83,10 @@ impl Limiter {
             }
         }
         let change = self.inner.limits.load().change_to(&limits);
+        if self.inner.warns_of_prefetch {
+            let before = self.inner.limits.load().prefetching_names();
+            super::warn_ignored_prefetch(&limits.prefetching_names(), &before);
+        }
         let limits = match &self.inner.store {
             Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
             None => limits,

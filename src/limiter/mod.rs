@@ -142,6 +142,23 @@ struct Inner {
     store: Option<Arc<dyn crate::backend::OverrideStore>>,
     /// The slots of requests in flight, renewed together.
     renewals: renewals::Renewals,
+    /// Whether a limit that sets `prefetch` is warned of (at the start, and when a reload
+    /// brings it): the backend ignores it, and this is not the layer's fallback.
+    warns_of_prefetch: bool,
+}
+
+/// Warns once of each limit in `now` but not in `before` (the names that set `prefetch`): the
+/// limiter's backend decides every request itself.
+fn warn_ignored_prefetch(now: &[LimitName], before: &[LimitName]) {
+    for name in now.iter().filter(|n| !before.contains(n)) {
+        tracing::warn!(
+            target: crate::telemetry::target::BACKEND,
+            limit = name.as_str(),
+            "limit {name} sets prefetch, which this backend ignores: only the Redis backend \
+             prefetches tokens (in one process there is no round trip to save); every request \
+             is decided by the backend"
+        );
+    }
 }
 
 /// A random 64-bit start for lease ids: the standard library's per-process random hash keys,
@@ -209,15 +226,15 @@ impl Limiter {
     /// A limiter over a backend shared with others. A limit that sets `prefetch` on a backend
     /// that does not prefetch (memory, a backend outside the crate, Redis with
     /// [`prefetch(false)`](crate::RedisBackendBuilder::prefetch)) is decided as if it had none,
-    /// and a warning says so once, here (target `tower_ratelimits::backend`).
+    /// and a warning says so once, here, or at the reload that sets it (target
+    /// `tower_ratelimits::backend`).
     pub fn with_shared_backend(limits: Limits, backend: Arc<dyn Backend>) -> Self {
-        if !backend.prefetches() {
-            for name in limits.prefetching_names() {
-                tracing::warn!(target: crate::telemetry::target::BACKEND, limit = name.as_str(), "limit {name} sets prefetch, which this backend ignores: only the Redis backend prefetches tokens (in one process there is no round trip to save); every request is decided by the backend");
-            }
+        let warns_of_prefetch = !backend.prefetches();
+        if warns_of_prefetch {
+            warn_ignored_prefetch(&limits.prefetching_names(), &[]);
         }
         let store = backend.override_store().map(|s| s.0);
-        Self::build(limits, backend, store)
+        Self::build(limits, backend, store, warns_of_prefetch)
     }
 
     /// A limiter deciding in memory what `limits` say, stored overrides included, without
@@ -225,13 +242,19 @@ impl Limiter {
     /// says nothing of `prefetch`: the limits are the main limiter's, whose backend may
     /// prefetch.
     pub(crate) fn fallback(limits: Limits) -> Self {
-        Self::build(limits, Arc::new(crate::backend::MemoryBackend::new()), None)
+        Self::build(
+            limits,
+            Arc::new(crate::backend::MemoryBackend::new()),
+            None,
+            false,
+        )
     }
 
     fn build(
         limits: Limits,
         backend: Arc<dyn Backend>,
         store: Option<Arc<dyn crate::backend::OverrideStore>>,
+        warns_of_prefetch: bool,
     ) -> Self {
         let limits = match &store {
             Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
@@ -247,6 +270,7 @@ impl Limiter {
                 next_lease: AtomicU64::new(random_start()),
                 store,
                 renewals: renewals::Renewals::default(),
+                warns_of_prefetch,
             }),
         };
         limiter.watch_store();
