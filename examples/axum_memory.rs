@@ -19,7 +19,7 @@
 //! - `RATELIMITS_EXEMPT`: comma-separated CIDRs whose clients bypass every rule (default none;
 //!   the client address honours `RATELIMITS_TRUSTED_PROXIES`)
 //! - `RATELIMITS_ADMIN_ADDR`: where to serve the admin API (overrides set at run time, buckets
-//!   looked at and reset: the README's "Changing limits while the service runs"), e.g.
+//!   looked at and reset: `docs/operating.md`, "Changing limits while the service runs"), e.g.
 //!   `127.0.0.1:3001`; not served when unset. For demonstration only: the caller is whatever
 //!   an `x-admin-principal` header says
 //! - `RUST_LOG`: what is logged to stderr (default `info`; `tower_ratelimits=debug` logs every

@@ -411,7 +411,7 @@ impl fmt::Debug for BucketKey {
 /// - [`IdKind::parse`] (the canonical form, refused otherwise) and `IdKind::conform` (an id
 ///   from a request, folded to that form);
 /// - `simulator/src/lib.rs`: an id the kind accepts, for `--generate`'s default keys;
-/// - the kinds table of `README.md` ("Keys") and of `docs/keys-and-http.md`;
+/// - the kinds table of `docs/operating.md` ("Configuration") and of `docs/keys-and-http.md`;
 /// - `tests/config.rs` (an override id of the kind is checked at load) and
 ///   `tests/support/identity.rs` (its ids keep their Redis slot and never collide).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -89,8 +89,9 @@
 //! | overrides changed while running, on every instance; looking at a bucket | [`Limiter::set_override`], [`Limiter::inspect`], `admin_router` (feature `admin`) |
 //! | a backend for another store | [`Backend`], [`kit`] |
 //!
-//! The repository's README covers operating it (shadow mode, metrics, sizing, failure
-//! behaviour) and the examples.
+//! Beyond the API: [`specs::guide`] walks through using every feature in code, and
+//! [`specs::operating`] through running it (the limits file's reference, shadow mode, metrics
+//! and logs, reload, stored overrides and the admin API, sizing, failure behaviour, security).
 //!
 //! # Features
 //!
@@ -181,10 +182,37 @@ pub use async_trait::async_trait;
 /// so a user need not add it.
 pub use ipnet::IpNet;
 
-/// The specifications the crate is held to, as kept in the repository's `docs/`.
+/// The guides and the specifications the crate is held to, as kept in the repository's
+/// `docs/`.
 // Prose in Markdown: brackets there are data (`[5,1,1,0]`), not links to items.
 #[allow(rustdoc::broken_intra_doc_links, clippy::doc_lazy_continuation)]
 pub mod specs {
+    // The guides' Rust code is compiled and run as doc tests where the features it uses are
+    // on (the test command turns every feature on); other builds render the pages alone.
+    #[cfg_attr(
+        any(not(doctest), all(feature = "redis", feature = "yaml", feature = "axum")),
+        doc = include_str!("../docs/guide.md")
+    )]
+    #[cfg_attr(
+        all(
+            doctest,
+            not(all(feature = "redis", feature = "yaml", feature = "axum"))
+        ),
+        doc = "Using tower-ratelimits (its code needs the features `redis`, `yaml`, `axum`)."
+    )]
+    pub mod guide {}
+    #[cfg_attr(
+        any(not(doctest), all(feature = "admin", feature = "yaml", feature = "axum")),
+        doc = include_str!("../docs/operating.md")
+    )]
+    #[cfg_attr(
+        all(
+            doctest,
+            not(all(feature = "admin", feature = "yaml", feature = "axum"))
+        ),
+        doc = "Operating tower-ratelimits (its code needs the features `admin`, `yaml`, `axum`)."
+    )]
+    pub mod operating {}
     #[doc = include_str!("../docs/gcra.md")]
     pub mod gcra {}
     #[doc = include_str!("../docs/burst-tiers.md")]
@@ -197,8 +225,8 @@ pub mod specs {
     pub mod keys_and_http {}
 }
 
-/// The README's code, compiled and run as doc tests (every feature: its examples use them).
-#[cfg(all(doctest, feature = "redis", feature = "yaml", feature = "axum"))]
+/// The README's code, compiled and run as doc tests (its examples use axum and a YAML file).
+#[cfg(all(doctest, feature = "yaml", feature = "axum"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 

@@ -1,10 +1,11 @@
 //! Every metric the crate emits, in one place (feature `metrics`; without it each function is
-//! empty). Names follow Prometheus conventions; the README's "Metrics and logs" lists them.
-//! Labels are bounded: operation names and limit names, never ids.
+//! empty). Names follow Prometheus conventions; `docs/operating.md`'s "Metrics and logs"
+//! lists them. Labels are bounded: operation names and limit names, never ids.
 #![cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 
-/// The log targets, a promise to operators (the README's "Metrics and logs" lists them): every
-/// event the crate logs is on one of these, never on a module path that moves with the code.
+/// The log targets, a promise to operators (`docs/operating.md`, "Metrics and logs", lists
+/// them): every event the crate logs is on one of these, never on a module path that moves
+/// with the code.
 pub(crate) mod target {
     /// Each decision (`debug`) and each request refused for its key (`debug`).
     pub(crate) const DECISION: &str = "tower_ratelimits::decision";

@@ -798,7 +798,7 @@ fn a_rate_microseconds_cannot_express_is_refused_with_its_location() {
 /// Issue 13, "must define": configuration edge cases each get a precise, located answer.
 #[test]
 fn edge_cases_of_the_loader_each_get_a_precise_answer() {
-    // A configured cost of 0 counts nothing: refused like any zero (README says so).
+    // A configured cost of 0 counts nothing: refused like any zero (docs/operating.md says so).
     let err = Limits::from_yaml_str(
         "A:\n  burst: 1\n  count: 1\n  period: 1s\n  cost: 0\n",
         None,

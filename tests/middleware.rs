@@ -583,7 +583,7 @@ fn logged_targets() -> &'static std::sync::Mutex<Vec<String>> {
     })
 }
 
-/// Every event is on one of the targets the README lists, never on a module path that moves
+/// Every event is on one of the targets `docs/operating.md` lists, never on a module path that moves
 /// with the code: a decision on `tower_ratelimits::decision`, a store failure on
 /// `tower_ratelimits::backend` (it was `tower_ratelimits::layer::outcome`).
 #[tokio::test]

@@ -24,7 +24,7 @@ async fn identity_across_reordered_files(url: &str) {
     let b = Limiter::new(b, backend(url, &prefix).await);
     let c = Limiter::new(c, backend(url, &prefix).await);
     support::identity::instances_share_exactly_the_right_buckets(&a, &b, &c).await;
-    // The stored keys are the names' own, as the README documents them.
+    // The stored keys are the names' own, as docs/keys-and-http.md documents them.
     let redis = backend(url, &prefix).await;
     for name in ["RequestsPerIPAddress", "RequestsPerIPv6Range", "Unused"] {
         let key = BucketKey::new(a_name(&c, name), Id::new("10.0.0.1").unwrap());

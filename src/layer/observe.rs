@@ -1,6 +1,6 @@
 //! What the layer tells operators: a counter per limit and outcome (feature `metrics`), a
 //! `tracing` event per decision, and rate-limited warnings for backend failures. The names,
-//! labels and levels are listed in the README ("Metrics and logs").
+//! labels and levels are listed in `docs/operating.md` ("Metrics and logs").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -43,7 +43,7 @@ type HeadFn = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
 /// response is handed on, so its `RateLimit` fields already show the settled bucket. Body
 /// sources ([`body_bytes`](Self::body_bytes), [`trailer`](Self::trailer)) settle when the body
 /// ends, before its end is passed on. What is charged when a request fails or is cancelled
-/// first is in the README ("Reserve, then reconcile").
+/// first is in `docs/guide.md` ("Cost known only after the response").
 ///
 /// ```
 /// use tower_ratelimits::{ClientIp, Rule, Settle};
