@@ -77,6 +77,8 @@
 //!
 //! | for | see |
 //! |---|---|
+//! | every feature in code, walked through | [`specs::guide`] |
+//! | running it: the limits file, shadow mode, metrics and logs, the admin API, sizing, failure behaviour, security | [`specs::operating`] |
 //! | the layer's knobs: scopes, exemptions, failure policy, fields, bodies | [`RateLimitLayerBuilder`], [`Rule`] |
 //! | a cost known only after the response (reserve, then settle) | [`Settle`] |
 //! | waiting instead of refusing | [`Wait`] |
@@ -88,10 +90,6 @@
 //! | reloading limits while running | [`Limiter::reload`], `LimitsWatcher` (feature `reload`) |
 //! | overrides changed while running, on every instance; looking at a bucket | [`Limiter::set_override`], [`Limiter::inspect`], `admin_router` (feature `admin`) |
 //! | a backend for another store | [`Backend`], [`kit`] |
-//!
-//! Beyond the API: [`specs::guide`] walks through using every feature in code, and
-//! [`specs::operating`] through running it (the limits file's reference, shadow mode, metrics
-//! and logs, reload, stored overrides and the admin API, sizing, failure behaviour, security).
 //!
 //! # Features
 //!
