@@ -8,12 +8,11 @@
 #   bash benches/attack.sh                    # DURATION=5s CONNECTIONS=16
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 DURATION=${DURATION:-5s}
 CONNECTIONS=${CONNECTIONS:-16}
 
-for tool in wrk redis-server; do
-  command -v "$tool" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool" >/dev/null
-done
+need wrk redis-server
 cargo build -q --release --features redis --example axum_redis
 WORK=$(mktemp -d)
 PIDS=()
@@ -22,11 +21,6 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {
-  local p
-  while :; do p=$((20000 + RANDOM % 20000)); listening "$p" || { echo "$p"; return; }; done
-}
 wait_port() {
   for _ in $(seq 1 250); do listening "$1" && return 0; sleep 0.02; done
   echo "nothing listens on $1"; cat "$WORK"/*.log; exit 1

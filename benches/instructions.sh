@@ -8,14 +8,13 @@
 # 16, a change anywhere in the crate moves helpers between units and the counts by up to 60.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 OPS=${1:-20000}
 KEYS=${2:-1000}
 shift $(( $# < 2 ? $# : 2 ))
 ONLY=$(IFS=,; echo "$*")
 export CARGO_PROFILE_BENCH_CODEGEN_UNITS=${CARGO_PROFILE_BENCH_CODEGEN_UNITS:-1}
-if ! command -v valgrind >/dev/null; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-fi
+need valgrind
 BIN=$(cargo bench -p tower-ratelimits-benches --bench instructions --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*instructions[^"]*\)".*/\1/p' | tail -1)
 [ -x "$BIN" ] || { echo "could not build the instructions bench"; exit 1; }
@@ -29,7 +28,7 @@ for variant in "${!ALLOCS[@]}"; do
   out=$(mktemp)
   valgrind --tool=callgrind --toggle-collect=trl_measured --callgrind-out-file="$out" \
     "$BIN" --variant "$variant" --ops "$OPS" --keys "$KEYS" >/dev/null 2>&1
-  IR[$variant]=$(awk '/^summary:/ {print $2}' "$out")
+  IR[$variant]=$(callgrind_total "$out")
   rm -f "$out"
 done
 per() { echo $(( ${IR[$1]} / OPS )); }

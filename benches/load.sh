@@ -16,14 +16,13 @@
 #   single client is refused almost always: the cost of answering a flood with 429s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 DURATION=${DURATION:-5s}
 ROUNDS=${ROUNDS:-3}
 CONNECTIONS=${CONNECTIONS:-16}
 THREADS=${THREADS:-1}
 
-if ! command -v wrk >/dev/null; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
-fi
+need wrk
 # One invocation, so that the quickstart and the peers' app are built with the same axum: features
 # unify across the packages a build names (tower_governor asks for axum's defaults, json, http2
 # and tracing among them; the quickstart alone builds axum with http1 and tokio only).
@@ -39,14 +38,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 20000))
-    listening "$p" || { echo "$p"; return; }
-  done
-}
 start() { # port, command...
   local port=$1; shift
   env ADDR="127.0.0.1:$port" "$@" >"$WORK/$port.log" 2>&1 &

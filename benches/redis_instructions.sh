@@ -6,15 +6,13 @@
 #   bash benches/redis_instructions.sh [OPS] [CONCURRENCY] [VARIANT...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 OPS=${1:-5000}
 C=${2:-16}
 shift $(( $# > 2 ? 2 : $# )) || true
 VARIANTS=("$@")
 [ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(baseline_evalsha ours_1_rule ours_3_rules tower_rate_limit_fred ours_1_rule_coalesced ours_calendar)
-for tool in valgrind redis-server; do
-  command -v "$tool" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    "$([ "$tool" = valgrind ] && echo valgrind || echo redis-server)" >/dev/null
-done
+need valgrind redis-server
 BIN=$(cargo bench -p tower-ratelimits-benches --bench redis_calls --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*redis_calls[^"]*\)".*/\1/p' | tail -1)
 [ -x "$BIN" ] || { echo "could not build the redis_calls driver"; exit 1; }
@@ -22,20 +20,12 @@ DIR=$(mktemp -d)
 SERVER=""
 cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; if [ -n "${TRL_KEEP:-}" ]; then echo "dumps kept in $DIR"; else rm -rf "$DIR"; fi; true; }
 trap cleanup EXIT
-total() { awk '/^(summary|totals):/ {print $2; exit}' "$1"; }
 echo "Instructions per decision on Redis (callgrind; $OPS decisions at concurrency $C, 1,000 keys, all allowed)"
 echo
 echo "| variant | server instructions | client instructions |"
 echo "|---|---:|---:|"
 for v in "${VARIANTS[@]}"; do
-  PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  valgrind --tool=callgrind --callgrind-out-file="$DIR/server.$v.%p" \
-    redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 &
-  SERVER=$!
-  for _ in $(seq 1 600); do
-    redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
-    sleep 0.1
-  done
+  redis_under_callgrind "$DIR/server.$v.%p"
   READY="$DIR/ready.$v"
   : > "$READY"
   TRL_READY_FILE="$READY" valgrind --tool=callgrind --toggle-collect=trl_measured \
@@ -65,6 +55,6 @@ for v in "${VARIANTS[@]}"; do
   kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=""
   # The dump made by -d (the newest server file with a part number).
   DUMP=$(ls -t "$DIR"/server."$v".*.* 2>/dev/null | head -1)
-  s=$(total "$DUMP"); c=$(total "$DIR/client.$v")
+  s=$(callgrind_total "$DUMP"); c=$(callgrind_total "$DIR/client.$v")
   printf '| %s | %s | %s |\n' "$v" $(( s / OPS )) $(( c / OPS ))
 done

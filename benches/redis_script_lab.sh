@@ -12,12 +12,10 @@
 # when missing, as root; redis-benchmark comes with redis-server).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 CALLS=${1:-20000}
 shift $(( $# > 0 ? 1 : 0 ))
-for tool in valgrind redis-server; do
-  command -v "$tool" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    "$([ "$tool" = valgrind ] && echo valgrind || echo redis-server)" >/dev/null
-done
+need valgrind redis-server
 DIR=$(mktemp -d)
 SERVER=""
 cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$DIR"; true; }
@@ -40,14 +38,7 @@ echo "|---|---|---:|"
 for ((r = 0; r < ${#RUNS[@]}; r += 3)); do
   script=${RUNS[r]} a1=${RUNS[r + 1]} a2=${RUNS[r + 2]}
   [ -r "$script" ] || { echo "cannot read $script"; exit 1; }
-  PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  valgrind --tool=callgrind --callgrind-out-file="$DIR/cg.%p" \
-    redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 &
-  SERVER=$!
-  for _ in $(seq 1 600); do
-    redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
-    sleep 0.1
-  done
+  redis_under_callgrind "$DIR/cg.%p"
   SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat "$script")")
   [[ "$SHA" =~ ^[0-9a-f]{40}$ ]] || { echo "$script did not load: $SHA"; exit 1; }
   check=$(redis-cli -p "$PORT" EVALSHA "$SHA" 1 lab:check "$a1" "$a2" 2>&1 | head -1)
@@ -60,7 +51,7 @@ for ((r = 0; r < ${#RUNS[@]}; r += 3)); do
   kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=""
   total=0
   for f in "$DIR"/cg.*; do
-    n=$(awk '/^(summary|totals):/ {print $2; exit}' "$f")
+    n=$(callgrind_total "$f")
     # The dump after the zeroing is the one with the measured calls: the largest.
     [ "${n:-0}" -gt "$total" ] && total=$n
   done

@@ -7,11 +7,10 @@
 # Debian packages valgrind, wrk and redis-server (installed when missing, as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 OUT=target/bench-results
 mkdir -p "$OUT"
-for tool in valgrind wrk redis-server; do
-  command -v "$tool" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool" >/dev/null
-done
+need valgrind wrk redis-server
 {
   echo "Machine: $(nproc) cores ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(uname -sr)"
   rustc --version

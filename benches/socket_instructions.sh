@@ -10,11 +10,12 @@
 # VARIANTs: none, ours_1_rule, tower_governor, ours_1_rule_refused, tower_governor_refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 OPS=${1:-5000}
 shift $(( $# > 0 ? 1 : 0 )) || true
 VARIANTS=("$@")
 [ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(none ours_1_rule tower_governor ours_1_rule_refused tower_governor_refused)
-command -v valgrind >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
+need valgrind
 cargo build -q --release -p tower-ratelimits-benches --example axum_peer
 BIN=target/release/examples/axum_peer
 DIR=$(mktemp -d)
@@ -47,7 +48,7 @@ for v in "${VARIANTS[@]}"; do
     *_refused) PEER=${v%_refused}; PER=1; BURST=1; EXPECT=429 ;;
     *) PEER=$v; PER=1000000; BURST=1000000; EXPECT=200 ;;
   esac
-  PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  PORT=$(free_port)
   ADDR="127.0.0.1:$PORT" PEER="$PEER" PER_SECOND=$PER BURST=$BURST \
     valgrind --tool=callgrind --callgrind-out-file="$DIR/$v.%p" "$BIN" >"$DIR/$v.log" 2>&1 &
   SERVER=$!
@@ -68,7 +69,7 @@ for v in "${VARIANTS[@]}"; do
   # alone, every thread's part.
   dump=$(ls "$DIR/$v".*.1 2>/dev/null | head -1)
   [ -n "$dump" ] || { echo "no callgrind dump for $v"; ls "$DIR"; exit 1; }
-  total=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
+  total=$(callgrind_total "$dump")
   echo "| $v | $(( total / OPS )) | $statuses |"
   rm -f "$DIR/$v".*
 done

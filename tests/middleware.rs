@@ -583,8 +583,8 @@ fn logged_targets() -> &'static std::sync::Mutex<Vec<String>> {
     })
 }
 
-/// Every event is on one of the targets `docs/operating.md` lists, never on a module path that moves
-/// with the code: a decision on `tower_ratelimits::decision`, a store failure on
+/// Every event is on one of the targets `docs/operating.md` lists, never on a module path that
+/// moves with the code: a decision on `tower_ratelimits::decision`, a store failure on
 /// `tower_ratelimits::backend` (it was `tower_ratelimits::layer::outcome`).
 #[tokio::test]
 async fn logs_use_the_documented_targets() {

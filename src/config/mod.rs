@@ -72,7 +72,7 @@ pub enum ConfigErrorKind {
     /// letters off), when one is that close.
     #[error("unknown field {field:?}{}", suggestion_text(.did_you_mean))]
     UnknownField {
-        /// The field as written.
+        /// The field as written (its first 80 characters, as for a name).
         field: String,
         /// The known field nearest to it, when one is a few letters away.
         did_you_mean: Option<&'static str>,
@@ -241,7 +241,7 @@ impl ConfigErrorKind {
             .min_by_key(|(d, _)| *d)
             .map(|(_, k)| k);
         Self::UnknownField {
-            field: field.to_owned(),
+            field: field.chars().take(80).collect(),
             did_you_mean,
         }
     }

@@ -304,9 +304,10 @@ impl Limiter {
                 verdict.outcomes = outcomes;
                 Ok(Step::Ready)
             }
-            // The backend's time is measured for a spend it could not decide at once (the
-            // `docs/operating.md`'s `backend_duration_seconds`), from when its future exists (it works when
-            // polled): a decision in memory or from the deny cache reads no clock for it.
+            // The backend's time is measured for a spend it could not decide at once
+            // (`backend_duration_seconds` in docs/operating.md), from when its future exists
+            // (it works when polled): a decision in memory or from the deny cache reads no
+            // clock for it.
             Spend::Pending(spend) => Ok(Step::Pending(Pending::new(spend, verdict, op))),
         }
     }
