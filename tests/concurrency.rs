@@ -730,3 +730,154 @@ async fn the_slots_of_requests_in_flight_are_renewed_in_one_call_per_tick() {
     drop(held);
     drop(feeds);
 }
+
+/// Runs `test` on a runtime of its own (time paused) in a thread of its own, and fails if it
+/// has not finished within a minute: a deadlock parks the runtime's only thread, so only a
+/// watcher outside it can turn the hang into a failure.
+fn within_a_minute(
+    test: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> + Send + 'static,
+) {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(test());
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the test failed (above)"),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("hung: no answer within a minute")
+        }
+    }
+}
+
+/// Issue 53, item 10: slots held across a reload of the limit's count or of its lease time.
+/// The renewal named the key once per limit its leases were taken under, and the memory
+/// backend locked the key's slot once per transaction: the second lock, on the same thread,
+/// never returned, and the server answered nothing from the first renewal tick on. Now the
+/// server keeps answering, and every slot stays held past its lease time (renewed under the
+/// limit in force).
+#[test]
+fn a_reload_with_slots_held_keeps_the_server_answering_and_the_slots_renewed() {
+    for (after, held_after) in [
+        ("Streams: {kind: account, concurrency: 5, lease: 3s}\n", 5),
+        ("Streams: {kind: account, concurrency: 3, lease: 4s}\n", 3),
+    ] {
+        within_a_minute(move || {
+            Box::pin(async move {
+                use tower::ServiceExt;
+                let before = "Streams: {kind: account, concurrency: 3, lease: 3s}\n";
+                let limiter = Limiter::new(
+                    Limits::from_yaml_str(before, None).unwrap(),
+                    MemoryBackend::new(),
+                );
+                let layer = RateLimitLayer::builder(limiter.clone())
+                    .rule(Rule::new("Streams", Header::new("x-account")).for_path_prefix("/stream"))
+                    .build()
+                    .unwrap();
+                let feeds: Feeds = Arc::default();
+                let streams = feeds.clone();
+                let app = Router::new()
+                    .route(
+                        "/stream",
+                        get(move || {
+                            let feeds = streams.clone();
+                            async move {
+                                let (tx, rx) = mpsc::channel(4);
+                                feeds.lock().unwrap().push(tx);
+                                Body::new(ChannelBody(rx))
+                            }
+                        }),
+                    )
+                    .route("/quick", get(|| async { "quick" }))
+                    .layer(layer);
+                let get_ = |path: &'static str| {
+                    let app = app.clone();
+                    async move {
+                        app.oneshot(
+                            http::Request::get(path)
+                                .header("x-account", "7")
+                                .body(Body::empty())
+                                .unwrap(),
+                        )
+                        .await
+                        .unwrap()
+                    }
+                };
+                let mut held = Vec::new();
+                for _ in 0..3 {
+                    let response = get_("/stream").await;
+                    assert_eq!(response.status(), 200);
+                    held.push(response);
+                }
+                limiter
+                    .reload(Limits::from_yaml_str(after, None).unwrap())
+                    .unwrap();
+                for _ in 3..held_after {
+                    let response = get_("/stream").await;
+                    assert_eq!(response.status(), 200, "after the reload to {after}");
+                    held.push(response);
+                }
+                // Past two renewal ticks and the first lease time: the server still answers,
+                // and every slot is still held.
+                for _ in 0..5 {
+                    tokio::time::advance(Duration::from_secs(1)).await;
+                    for _ in 0..8 {
+                        tokio::task::yield_now().await;
+                    }
+                    assert_eq!(get_("/quick").await.status(), 200, "after {after}");
+                }
+                assert_eq!(get_("/stream").await.status(), 429, "after {after}");
+                drop(held);
+                drop(feeds);
+            })
+        });
+    }
+}
+
+/// A batch that names one key twice, sent to the memory backend as the lease calls may send
+/// it: decided in order (the second spend reads what the first leaves), one lock per key, on
+/// every shape, and the key written once.
+#[test]
+fn a_batch_naming_one_key_twice_is_decided_in_order() {
+    within_a_minute(|| {
+        Box::pin(async {
+            use tower_ratelimits::{Backend, BucketTx};
+            let yaml = "\
+Slots: {kind: account, concurrency: 1, lease: 1h}
+Tiered: {kind: account, tiers: [{limit: 1, window: 1m, active: 1m, cooldown: 0s}]}
+Rate: {kind: account, burst: 1, count: 1, period: 1h}
+Monthly: {kind: account, calendar: {count: 1, period: month}}
+";
+            let backend = MemoryBackend::new();
+            let limiter = Limiter::new(Limits::from_yaml_str(yaml, None).unwrap(), backend.clone());
+            for name in ["Slots", "Tiered", "Rate", "Monthly"] {
+                let key = key(&limiter, name, 7);
+                let limits = limiter.limits();
+                let quota = limits.resolve(&key).unwrap();
+                let tx = |lease| {
+                    BucketTx::new(&key, quota, 1..=1, Mode::CheckAndSpend)
+                        .unwrap()
+                        .with_lease(lease)
+                };
+                let both = [tx(1), tx(2)];
+                let outcomes = backend.spend(&both).outcomes().await.unwrap();
+                assert!(outcomes[0].allowed, "{name}: the first spend fits");
+                assert!(
+                    !outcomes[1].allowed,
+                    "{name}: the second reads the first's spend"
+                );
+                // The batch was denied: nothing was spent, one spend still fits.
+                let outcomes = backend.spend(&both[..1]).outcomes().await.unwrap();
+                assert!(outcomes[0].allowed, "{name}: a denied batch spends nothing");
+                let outcomes = backend.spend(&both[1..]).outcomes().await.unwrap();
+                assert!(!outcomes[0].allowed, "{name}: one spend was written");
+            }
+        })
+    });
+}

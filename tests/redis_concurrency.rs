@@ -492,3 +492,77 @@ async fn a_reset_keeps_the_requests_in_flight_on_every_store() {
         a_reset_keeps_the_requests_in_flight(b, what).await;
     }
 }
+
+/// Issue 53, item 10, on Redis: slots taken before and after a reload of the count and the
+/// lease time are renewed in one call that names the key once, under the newest lease's limit
+/// (every deadline moves to now plus the new lease time), within a bound that turns a hang into
+/// a failure.
+#[tokio::test]
+async fn slots_held_across_a_reload_are_renewed_on_each_redis() {
+    for redis in TestRedis::each() {
+        let prefix = unique_prefix("reload-renew");
+        let (backend, limiter) = support::redis_backend::limiter_on(
+            &redis.url,
+            &prefix,
+            "Slots: {kind: account, concurrency: 3, lease: 1h}\n",
+        )
+        .await;
+        let key = limiter.key("Slots", Id::from(7u64)).unwrap();
+        let spend = || async {
+            let d = limiter
+                .spend(&[Transaction::new(key.clone())])
+                .await
+                .unwrap();
+            assert!(d.allowed());
+            d.decisions()[0].lease().unwrap()
+        };
+        let mut leases = Vec::new();
+        for _ in 0..3 {
+            leases.push(spend().await);
+        }
+        limiter
+            .reload(
+                Limits::from_yaml_str("Slots: {kind: account, concurrency: 5, lease: 2h}\n", None)
+                    .unwrap(),
+            )
+            .unwrap();
+        for _ in 0..2 {
+            leases.push(spend().await);
+        }
+        let renewed = tokio::time::timeout(Duration::from_secs(30), limiter.renew(&leases))
+            .await
+            .expect("the renewal hung")
+            .unwrap();
+        assert_eq!(renewed, 5);
+        let set = backend.redis_concurrency_key(&key);
+        use fred::interfaces::ClientLike;
+        let zrange = fred::types::CustomCommand::new_static(
+            "ZRANGE",
+            fred::types::ClusterHash::FirstKey,
+            false,
+        );
+        let scores: Vec<String> = backend
+            .client_for_key(&set)
+            .unwrap()
+            .custom(zrange, vec![set.as_str(), "0", "-1", "WITHSCORES"])
+            .await
+            .unwrap();
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as f64;
+        let deadlines: Vec<f64> = scores
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(deadlines.len(), 5);
+        for d in deadlines {
+            assert!(
+                d > now_us + 3_600e6,
+                "every lease now runs 2 h from its renewal: {d} vs {now_us}"
+            );
+        }
+    }
+}

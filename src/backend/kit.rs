@@ -155,22 +155,57 @@ pub(crate) fn batch_allowed<'t, 'b: 't, 'o>(
         .all(|(tx, o)| !tx.mode.counts() || o.allowed)
 }
 
+/// The last transaction before `batch[i]` on the same key, if any: pairwise, for a batch's
+/// few transactions.
+#[inline]
+pub(crate) fn earlier(batch: &[BucketTx<'_>], i: usize) -> Option<usize> {
+    let key = batch[i].key;
+    batch[..i].iter().rposition(|tx| tx.key == key)
+}
+
 /// Decides a spend (or, in a check mode, a check) of `batch` from the states read for it
 /// (`read[i]` for `batch[i]`; `None`: nothing stored) at `now`: each transaction's outcome,
 /// and, when the batch is allowed, what to write. The backend writes the writes only if the
 /// states are unchanged since it read them (else it reads and decides again).
+///
+/// A key named twice is decided in order: the later transaction reads what the earlier one
+/// writes (or, writing nothing, read), and only the key's last write is returned, so a backend
+/// writes each key at most once (it reads such a key's state for its first transaction).
 pub fn spend(
     batch: &[BucketTx<'_>],
     read: &[Option<Read<'_>>],
     now: u64,
 ) -> Result<Spent, BackendError> {
     let mut outcomes = Outcomes::with_capacity(batch.len());
-    let mut writes = smallvec::SmallVec::with_capacity(batch.len());
+    let mut writes: smallvec::SmallVec<[Option<Stored>; 4]> =
+        smallvec::SmallVec::with_capacity(batch.len());
     // What replaces a foreign value, written whatever the batch decides.
     let mut repairs: smallvec::SmallVec<[Option<Stored>; 4]> =
         smallvec::SmallVec::with_capacity(batch.len());
+    // Where a key is named again, the state its earlier transaction leaves (rare: the
+    // limiter refuses such a batch; the lease calls may send one).
+    let mut carried: Option<Stored>;
+    let mut twice = false;
     for (i, tx) in batch.iter().enumerate() {
-        let stored = read.get(i).copied().flatten();
+        let mut stored = read.get(i).copied().flatten();
+        if let Some(mut k) = earlier(batch, i) {
+            twice = true;
+            // The latest state an earlier transaction of the key leaves, else what its first
+            // one read.
+            carried = loop {
+                if let Some(state) = writes[k].as_ref().or(repairs[k].as_ref()) {
+                    break Some(state.clone());
+                }
+                match earlier(batch, k) {
+                    Some(j) => k = j,
+                    None => break None,
+                }
+            };
+            stored = match &carried {
+                Some(state) => Some(state.read()),
+                None => read.get(k).copied().flatten(),
+            };
+        }
         let mut repair = None;
         let (outcome, write) = match tx.quota {
             Quota::Gcra(limit) => {
@@ -238,6 +273,18 @@ pub fn spend(
         }
         if write.is_none() {
             *write = repair;
+        }
+    }
+    if twice {
+        // A key's last write holds what its earlier transactions wrote.
+        for i in (0..batch.len()).rev() {
+            if writes[i].is_some() {
+                let mut k = i;
+                while let Some(j) = earlier(batch, k) {
+                    writes[j] = None;
+                    k = j;
+                }
+            }
         }
     }
     Ok(Spent {

@@ -690,7 +690,8 @@ impl MemoryBackend {
 
     /// Any batch: GCRA buckets by compare-and-swap (rolled back and decided again when a race
     /// is lost), tiered keys under their slot's lock, taken in address order (so two batches
-    /// never wait for each other) and held until the batch is written.
+    /// never wait for each other) and held until the batch is written. A key named twice is
+    /// locked once (for its first transaction) and decided in order by the kit.
     fn spend_mixed(&self, batch: &[BucketTx<'_>], now: u64) -> Result<Outcomes, BackendError> {
         // A batch of GCRA buckets only (a request's usual rules) locks nothing: no slots, and
         // it is decided from the words alone unless one of them needs a repair.
@@ -704,9 +705,12 @@ impl MemoryBackend {
         let mut slots: SmallVec<[Option<SharedSlot>; BATCH]> = SmallVec::with_capacity(batch.len());
         'slots: loop {
             slots.clear();
-            for tx in batch {
+            for (i, tx) in batch.iter().enumerate() {
                 slots.push(match tx.quota.as_gcra() {
                     Some(_) => None,
+                    // A key named again is under its first transaction's lock: a second
+                    // lock of the same mutex on this thread would never return (issue 53).
+                    None if kit::earlier(batch, i).is_some() => None,
                     None => self.tier_slot(tx.key, kit::may_write(tx), now)?,
                 });
             }
@@ -749,6 +753,14 @@ impl MemoryBackend {
                 let mut read: SmallVec<[Option<kit::Read<'_>>; BATCH]> =
                     SmallVec::with_capacity(batch.len());
                 for (i, tx) in batch.iter().enumerate() {
+                    if let Some(k) = kit::earlier(batch, i) {
+                        // A key named again: the kit reads what its earlier transaction
+                        // leaves, and its write is compared with what the first one read.
+                        held.push(None);
+                        tats.push(tats[k]);
+                        read.push(None);
+                        continue;
+                    }
                     let slot = guards.iter().find(|(j, _)| *j == i).map(|(_, g)| &**g);
                     let bucket = match tx.quota.as_gcra() {
                         Some(_) => self.inner.map.get(Buckets::place(tx.key)),
@@ -782,15 +794,28 @@ impl MemoryBackend {
             }
             // The GCRA part is written; the tiered and concurrency parts cannot fail (their
             // slots are locked).
-            let mut writes = spent.writes;
-            for (i, g) in guards.iter_mut() {
-                if let Some(state) = writes[*i].take() {
-                    g.write(batch[*i].quota, state, now);
+            for (i, write) in spent.writes.into_iter().enumerate() {
+                if let Some(state) = write.filter(|w| !matches!(w, kit::Stored::Tat(_)))
+                    && let Some(g) = guard_of(batch, guards, i)
+                {
+                    g.write(batch[i].quota, state, now);
                 }
             }
             return Ok(spent.outcomes);
         }
     }
+}
+
+/// The locked slot of `batch[i]`'s key: its first transaction's.
+fn guard_of<'g, 'm>(
+    batch: &[BucketTx<'_>],
+    guards: &'g mut [(usize, MutexGuard<'m, TierSlot>)],
+    mut i: usize,
+) -> Option<&'g mut MutexGuard<'m, TierSlot>> {
+    while let Some(k) = kit::earlier(batch, i) {
+        i = k;
+    }
+    guards.iter_mut().find(|(j, _)| *j == i).map(|(_, g)| g)
 }
 
 impl MemoryBackend {
@@ -810,8 +835,12 @@ impl MemoryBackend {
             let mut read: SmallVec<[u64; WORDS]> = SmallVec::with_capacity(batch.len());
             let mut words: SmallVec<[u64; WORDS]> = SmallVec::with_capacity(batch.len());
             let mut outcomes = Outcomes::with_capacity(batch.len());
-            for tx in batch {
+            for (i, tx) in batch.iter().enumerate() {
                 let limit = tx.quota.as_gcra()?;
+                // A key named twice: the general road decides it in order.
+                if i > 0 && kit::earlier(batch, i).is_some() {
+                    return None;
+                }
                 let bucket = self.inner.map.get(Buckets::place(tx.key));
                 let cur = bucket.as_ref().map_or(0, |b| b.load(Ordering::Acquire));
                 let step = match kit::gcra_step(tx, limit, cur, now) {
@@ -894,7 +923,7 @@ impl MemoryBackend {
                     let _ = self.compare_and_set(tx.key, read[i], new, now);
                 }
                 Some(state) => {
-                    if let Some((_, g)) = guards.iter_mut().find(|(j, _)| *j == i) {
+                    if let Some(g) = guard_of(batch, guards, i) {
                         g.write(tx.quota, state, now);
                     }
                 }

@@ -11,7 +11,6 @@ use crate::backend::{Backend, BackendError, BucketTx, TransactionError};
 use crate::config::Limits;
 use crate::key::{BucketKey, IdError, LimitName};
 use crate::mode::Mode;
-use crate::quota::Quota;
 
 mod decision;
 mod limits;
@@ -398,19 +397,26 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn renew(&self, leases: &[Lease]) -> Result<usize, LimiterError> {
-        // One transaction per key (and lease time), naming all of its leases: a store call
-        // renews every key at once, whatever the number of requests holding them.
+        // One transaction per key, naming all of its leases: a store call renews every key at
+        // once, whatever the number of requests holding them. A batch never names a key twice
+        // (a reload between two leases of one key once made two transactions of it, and the
+        // memory backend locked that key's slot twice: issue 53). Leases taken before and after
+        // a change of the limit are renewed under the newest lease's limit (ids only grow): the
+        // lease time in force.
         let mut groups: Vec<(&Lease, Vec<u64>)> = Vec::new();
-        // A calendar quota caches its period in an atomic that takes no part in its equality
-        // or hash: the key cannot change while it is in the map.
-        #[allow(clippy::mutable_key_type)]
-        let mut index: std::collections::HashMap<(&BucketKey, &Quota), usize> =
-            std::collections::HashMap::new();
+        let mut index: std::collections::HashMap<&BucketKey, usize, foldhash::fast::RandomState> =
+            std::collections::HashMap::default();
         for l in leases {
-            match index.get(&(&l.key, &l.quota)) {
-                Some(&i) => groups[i].1.push(l.id),
+            match index.get(&l.key) {
+                Some(&i) => {
+                    let (newest, ids) = &mut groups[i];
+                    ids.push(l.id);
+                    if l.id > newest.id {
+                        *newest = l;
+                    }
+                }
                 None => {
-                    index.insert((&l.key, &l.quota), groups.len());
+                    index.insert(&l.key, groups.len());
                     groups.push((l, vec![l.id]));
                 }
             }
