@@ -66,17 +66,18 @@ type Civil = (i32, u32, u32, u32, u32);
 
 /// Each case: a quota of 3, a time in its period, and the period's end (the renewal).
 const CASES: &[(&str, Civil, Civil)] = &[
-    // A month without an anchor renews on its last day: February of a leap year...
+    // A month without an anchor is the calendar month: its last day is in it (February of a
+    // leap year)...
     (
         "{count: 3, period: month}",
-        (2028, 2, 10, 0, 0),
-        (2028, 2, 29, 0, 0),
+        (2028, 2, 29, 12, 0),
+        (2028, 3, 1, 0, 0),
     ),
-    // ...and of a common one.
+    // ...and it renews on the 1st (issue 53: it renewed a day early, on the last day).
     (
         "{count: 3, period: month}",
-        (2027, 2, 10, 0, 0),
-        (2027, 2, 28, 0, 0),
+        (2026, 11, 25, 0, 0),
+        (2026, 12, 1, 0, 0),
     ),
     // anchor_day 31 in February: its last day; then March's 31st.
     (
@@ -358,8 +359,8 @@ async fn http_answers_and_the_admin_api_speak_the_period() {
     use support::http::{HttpClient, serve};
     use tower_ratelimits::{ErrorBody, FieldStyle, Header, RateLimitLayer, Rule, admin_router};
 
-    // 12 hours before the renewal of 2026-11-30 00:00 UTC; the period began 2026-10-31 (30 days).
-    let clock = ManualClock::new(utc(2026, 11, 29, 12, 0));
+    // 12 hours before the renewal of 2026-12-01 00:00 UTC; the period began 2026-11-01 (30 days).
+    let clock = ManualClock::new(utc(2026, 11, 30, 12, 0));
     let limits = Limits::from_yaml_str(
         "Monthly: {kind: any, calendar: {count: 3, period: month}}\n\
          Throttle: {kind: any, burst: 10, count: 10, period: 1s}\n",

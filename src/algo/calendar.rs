@@ -27,7 +27,7 @@ pub enum Period {
     /// A week, renewing on its anchor day (Monday = 1 .. Sunday = 7; Monday by default).
     Week,
     /// A month, renewing on its anchor day (1 to 31; a month shorter than the anchor renews on
-    /// its last day), or, without one, on the month's last day.
+    /// its last day), or, without one, on the 1st: the calendar month.
     Month,
 }
 
@@ -223,7 +223,7 @@ pub struct CalendarQuota {
 }
 
 impl CalendarQuota {
-    /// `count` units per `period`, renewing at midnight UTC (a month on its last day, a week on
+    /// `count` units per `period`, renewing at midnight UTC (a month on the 1st, a week on
     /// Monday).
     pub fn new(count: u64, period: Period) -> Result<Self, CalendarError> {
         if count == 0 || count > MAX_CALENDAR_COUNT {
@@ -397,7 +397,8 @@ impl CalendarQuota {
             Period::Month => {
                 let (y, m) = (k.div_euclid(12), k.rem_euclid(12) + 1);
                 let last = days_in_month(y, m);
-                let d = self.anchor_day.map_or(last, |a| i64::from(a).min(last));
+                // Without an anchor, the calendar month: from the 1st to the next 1st.
+                let d = i64::from(self.anchor_day.unwrap_or(1)).min(last);
                 days_from_civil(y, m, d)
             }
         };
@@ -749,21 +750,40 @@ mod tests {
     }
 
     #[test]
-    fn a_month_without_an_anchor_renews_on_its_last_day() {
+    fn a_month_without_an_anchor_is_the_calendar_month() {
         let q = month(None);
         assert_eq!(
             q.period_at(utc(2026, 11, 24, 0, 0)),
-            (utc(2026, 10, 31, 0, 0), utc(2026, 11, 30, 0, 0))
+            (utc(2026, 11, 1, 0, 0), utc(2026, 12, 1, 0, 0))
         );
-        // February of a leap year and of a common one.
+        // The last day of a month belongs to it, the 1st to the next one.
         assert_eq!(
-            q.period_at(utc(2028, 2, 10, 0, 0)).1,
-            utc(2028, 2, 29, 0, 0)
+            q.period_at(utc(2026, 11, 30, 23, 59)).1,
+            utc(2026, 12, 1, 0, 0)
         );
         assert_eq!(
-            q.period_at(utc(2027, 2, 10, 0, 0)).1,
-            utc(2027, 2, 28, 0, 0)
+            q.period_at(utc(2026, 12, 1, 0, 0)).0,
+            utc(2026, 12, 1, 0, 0)
         );
+        // February of a leap year and of a common one, and a year's turn.
+        assert_eq!(
+            q.period_at(utc(2028, 2, 10, 0, 0)),
+            (utc(2028, 2, 1, 0, 0), utc(2028, 3, 1, 0, 0))
+        );
+        assert_eq!(
+            q.period_at(utc(2027, 2, 28, 12, 0)),
+            (utc(2027, 2, 1, 0, 0), utc(2027, 3, 1, 0, 0))
+        );
+        assert_eq!(
+            q.period_at(utc(2026, 12, 31, 12, 0)).1,
+            utc(2027, 1, 1, 0, 0)
+        );
+        // The same as anchor_day 1.
+        let first = month(Some(1));
+        for day in 1..=31 {
+            let t = utc(2026, 12, day, 7, 0);
+            assert_eq!(q.period_at(t), first.period_at(t));
+        }
     }
 
     #[test]
