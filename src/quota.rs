@@ -113,6 +113,8 @@ pub(crate) struct Numbers<'a> {
     pub(crate) reset_after_us: u64,
     /// For a tiered limit: units per tier and the tier serving the client.
     pub(crate) tiers: Option<&'a TierGrant>,
+    /// For a calendar quota: the length of the period decided in (microseconds).
+    pub(crate) period_us: u64,
 }
 
 /// What a decision shows of its limit in the `RateLimit` fields: the policy's `q` and `w`
@@ -185,10 +187,11 @@ impl Quota {
                 t_us: n.retry_after_us,
                 concurrency: true,
             },
-            // The period's count and length; `r` holds until the renewal.
+            // The period's count and length (of the period decided in, by the store's clock);
+            // `r` holds until the renewal.
             Quota::Calendar(c) => Shown {
                 q: c.count(),
-                w: if window { c.period_length_s() } else { 0 },
+                w: if window { ceil_secs_us(n.period_us) } else { 0 },
                 t_us: n.reset_after_us,
                 concurrency: false,
             },

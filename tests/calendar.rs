@@ -230,7 +230,7 @@ async fn a_plan_change_keeps_what_was_used_on_every_store() {
             !spend(&limiter, &key).await.allowed(),
             "{store}: lowered below what was used"
         );
-        clock.set(utc(2026, 11, 30, 0, 0));
+        clock.set(utc(2026, 12, 1, 0, 0));
         assert!(spend(&limiter, &key).await.allowed(), "{store}: renewed");
     }
 }
@@ -500,8 +500,215 @@ async fn http_answers_and_the_admin_api_speak_the_period() {
     }
 
     // The renewal: the plan's full count.
-    clock.set(utc(2026, 11, 30, 0, 0));
+    clock.set(utc(2026, 12, 1, 0, 0));
     let r = app.get("/", &a).await;
     let fields = r.header("ratelimit").unwrap();
     assert!(fields.contains("\"Monthly\";r=9;t=2678400"), "{fields}");
+}
+
+/// Issue 53, item 2: every answer of a calendar quota is a pure function of the period in
+/// force, the same on every store. Over TCP, for a 5-a-month quota renewing on the 15th (a
+/// 30-day period) or the 29th (31 days) at 06:00 in Berlin, and for the calendar month: each
+/// response's status, `RateLimit`, `RateLimit-Policy` (`w` the period's length), `Retry-After`
+/// and problem+json's `retry_after_ms` are the memory backend's, on a Redis and the cluster.
+/// Redis answered the neighbouring period's `w` (a cache the script's "next end" overwrote).
+#[tokio::test]
+async fn every_answer_is_the_same_on_every_store() {
+    use axum::{Router, routing::get};
+    use support::http::{HttpClient, serve};
+    use tower_ratelimits::{ErrorBody, FieldStyle, Header, RateLimitLayer, Rule};
+    for (quota, w) in [
+        (
+            "{count: 5, period: month, anchor_day: 15, at: \"06:00\", zone: Europe/Berlin}",
+            2_592_000,
+        ),
+        (
+            "{count: 5, period: month, anchor_day: 29, at: \"06:00\", zone: Europe/Berlin}",
+            2_678_400,
+        ),
+        ("{count: 5, period: month}", 2_592_000),
+    ] {
+        let yaml = format!("Plan: {{kind: any, calendar: {quota}}}\n");
+        let now = utc(2026, 11, 25, 9, 30);
+        let clock = ManualClock::new(now);
+        let mut answers: Vec<(String, Vec<String>)> = Vec::new();
+        for (store, limiter, _redis) in stores(&yaml, "answers", &clock).await {
+            clock.set(now);
+            let layer = RateLimitLayer::builder(limiter)
+                .rule(Rule::new("Plan", Header::new("x-client")))
+                .fields(FieldStyle::Ietf)
+                .error_body(ErrorBody::ProblemJson)
+                .build()
+                .unwrap();
+            let app = serve(
+                Router::new()
+                    .route("/", get(|| async { "ok" }))
+                    .layer(layer),
+            )
+            .await;
+            let client = HttpClient::new(&app);
+            let mut seen = Vec::new();
+            for _ in 0..6 {
+                let r = client.get("/", &[("x-client", "a")]).await;
+                let policy = r.header("ratelimit-policy").unwrap_or_default().to_owned();
+                assert!(
+                    policy.contains(&format!(";w={w}")),
+                    "{store}, {quota}: {policy}"
+                );
+                let ms = serde_json::from_str::<serde_json::Value>(&r.body)
+                    .ok()
+                    .map(|v| v["retry_after_ms"].to_string());
+                seen.push(format!(
+                    "{} | {} | {policy} | {:?} | {ms:?}",
+                    r.status,
+                    r.header("ratelimit").unwrap_or_default(),
+                    r.header("retry-after"),
+                ));
+            }
+            answers.push((store, seen));
+        }
+        let (first, expected) = &answers[0];
+        for (store, seen) in &answers[1..] {
+            assert_eq!(seen, expected, "{quota}: {store} against {first}");
+        }
+    }
+}
+
+/// Issue 53, item 11: units counted to 2^52 or more (one charge of 2^52, two of 2^51, one of
+/// u64::MAX) deny the rest of the period and end with it on every store, in caller time; the
+/// charge reports its whole cost. Redis read its own sum at 2^52 as a foreign value and
+/// denied the next period too.
+#[tokio::test]
+async fn an_overrun_of_any_size_ends_with_its_period_on_every_store() {
+    use tower_ratelimits::Mode;
+    let yaml = "Plan: {kind: account, calendar: {count: 5, period: month}}\n";
+    let now = utc(2026, 11, 25, 12, 0);
+    let renewal = utc(2026, 12, 1, 0, 0);
+    let clock = ManualClock::new(now);
+    for charges in [vec![1u64 << 52], vec![1 << 51, 1 << 51], vec![u64::MAX, 7]] {
+        for (store, limiter, _redis) in stores(yaml, "overrun", &clock).await {
+            clock.set(now);
+            let what = format!("{store}, charges {charges:?}");
+            let key = limiter.parse_key("Plan", "7").unwrap();
+            for &cost in &charges {
+                let d = limiter
+                    .spend(&[Transaction::new(key.clone()).cost(cost).mode(Mode::Charge)])
+                    .await
+                    .unwrap();
+                assert!(d.allowed(), "{what}");
+                assert_eq!(d.decisions()[0].granted(), cost, "{what}");
+            }
+            let denied = spend(&limiter, &key).await;
+            assert!(!denied.allowed(), "{what}");
+            assert_eq!(
+                denied.strictest().unwrap().retry_after(),
+                Duration::from_micros(renewal - now),
+                "{what}"
+            );
+            clock.set(renewal);
+            let fresh = spend(&limiter, &key).await;
+            assert!(fresh.allowed(), "{what}: the overrun ended with its period");
+            assert_eq!(fresh.strictest().unwrap().remaining(), 4, "{what}");
+        }
+    }
+}
+
+/// Issue 53, item 14: units never count past a renewal of the quota in force. A well-formed
+/// value ending a period later than the one in force is cut to it at its first read and
+/// written back with a TTL (it was kept, without one, and counted into the next period); one
+/// ending more than the longest period ahead is foreign (the period drained, replaced).
+#[tokio::test]
+async fn a_stored_end_past_the_period_in_force_is_cut_to_it() {
+    let server = RedisServer::start();
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    let now = utc(2026, 11, 24, 12, 0);
+    let end = utc(2026, 11, 25, 0, 0);
+    let day = 86_400_000_000;
+    for (stored, used_now, written) in [
+        // A day later: its 2 units count until the renewal in force, then never again.
+        (format!("{} 2", end + day), 2, format!("{end} 2")),
+        // More than two days ahead: foreign, the day drained.
+        (format!("{} 1", now + 3 * day), 3, format!("{end} 3")),
+    ] {
+        let clock = ManualClock::new(now);
+        let prefix = unique_prefix("later");
+        let backend = caller_time_backend(&url, &prefix, &clock, false).await;
+        let limits = Limits::from_yaml_str(
+            "Plan: {kind: account, calendar: {count: 3, period: day}}\n",
+            None,
+        )
+        .unwrap();
+        let limiter = Limiter::new(limits, backend.clone());
+        let key = limiter.parse_key("Plan", "7").unwrap();
+        let redis_key = format!("{prefix}{{Plan:7}}:q");
+        command(server.port, &format!("SET {redis_key} \"{stored}\"")).unwrap();
+        let seen = limiter.inspect(&key).await.unwrap();
+        assert_eq!(seen.remaining, 3 - used_now, "{stored}");
+        assert_eq!(
+            raw_get(&backend, &redis_key).await,
+            Some(written.clone()),
+            "{stored}: written back at the first read"
+        );
+        let ttl: i64 = command(server.port, &format!("PTTL {redis_key}"))
+            .unwrap()
+            .trim()
+            .trim_start_matches(':')
+            .parse()
+            .unwrap();
+        assert!(ttl > 0, "{stored}: every value written has a TTL ({ttl})");
+        clock.set(end);
+        let d = spend(&limiter, &key).await;
+        assert!(d.allowed(), "{stored}");
+        assert_eq!(
+            d.strictest().unwrap().remaining(),
+            2,
+            "{stored}: a fresh count"
+        );
+    }
+}
+
+/// Issue 53, item 14: a plan change that moves the renewal earlier (anchor_day 15 -> 1) on
+/// every store. With a request before the 1st, the units counted under the old plan end at
+/// the new renewal. Read first after the 1st, they may have been counted before the change or
+/// after it (a stored `<end> <used>` does not say when): they count in the new plan's first
+/// period, never handing back what was spent (docs/calendar.md, "Changing a calendar quota").
+#[tokio::test]
+async fn a_renewal_moved_earlier_ends_the_old_units_on_every_store() {
+    let plan = |anchor: &str| {
+        format!("Plan: {{kind: account, calendar: {{count: 5, period: month{anchor}}}}}\n")
+    };
+    let start = utc(2026, 11, 20, 0, 0);
+    for request_before_the_1st in [true, false] {
+        let clock = ManualClock::new(start);
+        for (store, limiter, _redis) in stores(&plan(", anchor_day: 15"), "moved", &clock).await {
+            clock.set(start);
+            let what = format!("{store}, a request before the 1st: {request_before_the_1st}");
+            let key = limiter.parse_key("Plan", "7").unwrap();
+            let three = Transaction::new(key.clone()).cost(3);
+            assert!(limiter.spend(&[three]).await.unwrap().allowed(), "{what}");
+            limiter
+                .reload(Limits::from_yaml_str(&plan(""), None).unwrap())
+                .unwrap();
+            if request_before_the_1st {
+                clock.set(utc(2026, 11, 25, 0, 0));
+                let d = spend(&limiter, &key).await;
+                assert_eq!(d.strictest().unwrap().remaining(), 1, "{what}");
+                clock.set(utc(2026, 12, 1, 0, 0));
+                let d = spend(&limiter, &key).await;
+                assert_eq!(
+                    d.strictest().unwrap().remaining(),
+                    4,
+                    "{what}: renewed on the 1st"
+                );
+            } else {
+                // Read first on the 2nd: the 3 count in the new plan's first period.
+                clock.set(utc(2026, 12, 2, 0, 0));
+                let d = spend(&limiter, &key).await;
+                assert_eq!(d.strictest().unwrap().remaining(), 1, "{what}");
+                clock.set(utc(2027, 1, 1, 0, 0));
+                let d = spend(&limiter, &key).await;
+                assert_eq!(d.strictest().unwrap().remaining(), 4, "{what}: renewed");
+            }
+        }
+    }
 }

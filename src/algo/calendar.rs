@@ -333,18 +333,23 @@ impl CalendarQuota {
         (at(start), at(end))
     }
 
-    /// The length in whole seconds of the period in progress (the one last decided in; before
-    /// any, the period's nominal length, a month's as 30 days).
-    pub(crate) fn period_length_s(&self) -> u64 {
-        let cached = self.cache.load(Ordering::Relaxed);
-        let (start_s, end_s) = (cached >> 32, cached & 0xffff_ffff);
-        if cached != 0 {
-            return end_s - start_s;
-        }
+    /// The length of the period that ends at `end_us` (a renewal), in microseconds: what a
+    /// decision in that period shows as its window (`w`). A pure function of the period, so
+    /// every store and every instance answers the same for it.
+    pub fn length_of_period_ending(&self, end_us: u64) -> u64 {
+        let (start, end) = self.period_at(end_us.saturating_sub(1));
+        end.saturating_sub(start)
+    }
+
+    /// How far ahead of now a stored period's end may lie and still be read as this crate's:
+    /// the longest period of its kind (a day of a daylight-saving change, a week, a month of
+    /// 31 days) with room to spare. A later end is a value the crate could not have written.
+    pub fn horizon_us(&self) -> u64 {
+        const H: u64 = 3_600_000_000;
         match self.period {
-            Period::Day => 86_400,
-            Period::Week => 7 * 86_400,
-            Period::Month => 30 * 86_400,
+            Period::Day => 48 * H,
+            Period::Week => 8 * 24 * H,
+            Period::Month => 32 * 24 * H,
         }
     }
 
@@ -502,12 +507,41 @@ pub struct CalendarOutcome {
     pub write: Option<CalendarState>,
 }
 
-/// The units of `state` that count at `now` in the period `(start, end)` in force: those of a
-/// state whose period has not ended (before both its own end and `end`), else none.
+/// The units of `state` that count at `now` in the period in force (ending at `end_us`): those
+/// of a state whose period has not ended (before both its own end and `end_us`), else none.
 pub fn used(state: Option<CalendarState>, end_us: u64, now: u64) -> u64 {
     match state {
         Some(s) if now < s.end_us.min(end_us) => s.used,
         _ => 0,
+    }
+}
+
+/// How a stored state reads at `now` in the period in force (ending at `end_us`): the units
+/// that count ([`used`]) and what to write back in its place, whatever the decision:
+///
+/// - an end more than [`CalendarQuota::horizon_us`] ahead of now is a value the crate could
+///   not have written (foreign): read as the period in force drained, and replaced by that;
+/// - an end later than the period in force (counted under a plan that renews later, or by an
+///   instance whose clock ran ahead) is cut to the end in force and written back at this first
+///   read, so its units never count past a renewal of the quota in force.
+pub fn read(
+    quota: &CalendarQuota,
+    state: Option<CalendarState>,
+    end_us: u64,
+    now: u64,
+) -> (u64, Option<CalendarState>) {
+    match state {
+        Some(s) if s.end_us > now.saturating_add(quota.horizon_us()) => {
+            (quota.count, Some(drained(quota, end_us)))
+        }
+        Some(s) if s.end_us > end_us => (
+            s.used,
+            Some(CalendarState {
+                end_us,
+                used: s.used,
+            }),
+        ),
+        state => (used(state, end_us, now), None),
     }
 }
 
@@ -525,7 +559,7 @@ pub fn decide(
     max: u64,
     mode: Mode,
 ) -> CalendarOutcome {
-    let used = used(state, end_us, now);
+    let used = read(quota, state, end_us, now).0;
     let left = quota.count.saturating_sub(used);
     let reset = end_us.saturating_sub(now);
     let granted = if mode == Mode::Charge {
@@ -567,7 +601,7 @@ pub fn refund(
     now: u64,
     cost: u64,
 ) -> CalendarOutcome {
-    let used = used(state, end_us, now);
+    let used = read(quota, state, end_us, now).0;
     let back = cost.min(used);
     let left = used - back;
     let reset = end_us.saturating_sub(now);
@@ -926,6 +960,29 @@ mod tests {
     }
 
     #[test]
+    fn a_stored_end_past_the_period_in_force_is_cut_and_one_past_the_horizon_is_foreign() {
+        let q = CalendarQuota::new(10, Period::Day).unwrap();
+        let now = utc(2026, 11, 24, 12, 0);
+        let (_, end) = q.period_at(now);
+        let state = |end_us, used| Some(CalendarState { end_us, used });
+        // Its own period: counts, nothing to write back.
+        assert_eq!(read(&q, state(end, 4), end, now), (4, None));
+        // A day later than the period in force: counts now, cut to the end in force.
+        let later = end + 86_400_000_000;
+        assert_eq!(read(&q, state(later, 4), end, now), (4, state(end, 4)));
+        // At the horizon (two days ahead of now) still read; past it, the period drained.
+        let horizon = now + q.horizon_us();
+        assert_eq!(read(&q, state(horizon, 4), end, now), (4, state(end, 4)));
+        assert_eq!(
+            read(&q, state(horizon + 1, 4), end, now),
+            (10, state(end, 10))
+        );
+        // Ended: nothing counts.
+        assert_eq!(read(&q, state(now, 4), end, now), (0, None));
+        assert_eq!(read(&q, None, end, now), (0, None));
+    }
+
+    #[test]
     fn ranges_charges_and_refunds() {
         let q = CalendarQuota::new(10, Period::Day).unwrap();
         let now = utc(2026, 11, 24, 12, 0);
@@ -975,7 +1032,7 @@ mod tests {
             (start, end),
             (utc(2026, 10, 24, 22, 0), utc(2026, 10, 25, 23, 0))
         );
-        assert_eq!(day.period_length_s(), 25 * 3600);
+        assert_eq!(day.length_of_period_ending(end), 25 * 3600 * 1_000_000);
         // The night they go forward (2026-03-29), 02:30 does not exist: 03:30 local.
         let at = CalendarQuota::new(5, Period::Day)
             .unwrap()

@@ -258,8 +258,9 @@ pub fn spend(
                 }
             }
             Quota::Calendar(quota) => {
-                let out = calendar_decide(tx, quota, stored, now);
-                (out.0, out.1)
+                let (outcome, write, fix) = calendar_decide(tx, quota, stored, now);
+                repair = fix;
+                (outcome, write)
             }
         };
         outcomes.push(outcome);
@@ -333,8 +334,14 @@ pub fn refund(
         }
         Quota::Calendar(quota) => {
             let (_, end) = quota.period_at(now);
-            let out = calendar::refund(quota, calendar_read(stored), end, now, tx.cost);
-            (calendar_outcome(&out), out.write.map(Stored::Calendar))
+            let state = calendar_read(stored);
+            let out = calendar::refund(quota, state, end, now, tx.cost);
+            // What the read replaces is written when the refund writes nothing.
+            let write = out.write.or(calendar::read(quota, state, end, now).1);
+            (
+                calendar_outcome(quota, &out, end),
+                write.map(Stored::Calendar),
+            )
         }
     })
 }
@@ -348,29 +355,31 @@ fn calendar_read(stored: Option<Read<'_>>) -> Option<CalendarState> {
 }
 
 /// The calendar decision of a transaction ([`calendar::decide`], in the period in force at
-/// `now`) and what it writes.
+/// `now`), what it writes, and what replaces the state read ([`calendar::read`]: a foreign
+/// value, or an end past the period in force), written whatever the batch decides.
 fn calendar_decide(
     tx: &BucketTx<'_>,
     quota: &CalendarQuota,
     stored: Option<Read<'_>>,
     now: u64,
-) -> (Outcome, Option<Stored>) {
+) -> (Outcome, Option<Stored>, Option<Stored>) {
     let (_, end) = quota.period_at(now);
-    let out = calendar::decide(
-        quota,
-        calendar_read(stored),
-        end,
-        now,
-        tx.min_cost,
-        tx.cost,
-        tx.mode,
-    );
-    (calendar_outcome(&out), out.write.map(Stored::Calendar))
+    let state = calendar_read(stored);
+    let out = calendar::decide(quota, state, end, now, tx.min_cost, tx.cost, tx.mode);
+    let repair = calendar::read(quota, state, end, now).1;
+    (
+        calendar_outcome(quota, &out, end),
+        out.write.map(Stored::Calendar),
+        repair.map(Stored::Calendar),
+    )
 }
 
-fn calendar_outcome(out: &calendar::CalendarOutcome) -> Outcome {
+/// A calendar decision as an outcome, with the length of the period (ending at `end`) it was
+/// made in.
+fn calendar_outcome(quota: &CalendarQuota, out: &calendar::CalendarOutcome, end: u64) -> Outcome {
     Outcome {
         granted: Some(out.granted),
+        period_us: quota.length_of_period_ending(end),
         ..Outcome::new(
             out.allowed,
             out.remaining,

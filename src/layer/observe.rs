@@ -103,6 +103,8 @@ pub(crate) struct Seen<'a> {
     /// For a tiered limit: the units per tier and the tier serving the client (on a denial,
     /// the one that refused).
     pub(crate) tiers: Option<&'a TierGrant>,
+    /// For a calendar quota: the length of the period decided in (microseconds).
+    pub(crate) period_us: u64,
 }
 
 impl<'a> Seen<'a> {
@@ -115,6 +117,7 @@ impl<'a> Seen<'a> {
             retry_after_us: self.retry_after_us,
             reset_after_us: self.reset_after_us,
             tiers: self.tiers,
+            period_us: self.period_us,
         }
     }
 
@@ -144,6 +147,7 @@ impl<'a> From<&'a Decision> for Seen<'a> {
             retry_after_us: micros(d.retry_after),
             reset_after_us: micros(d.reset_after),
             tiers: d.tiers.as_ref(),
+            period_us: d.period_us,
         }
     }
 }
@@ -161,6 +165,7 @@ impl<'a> From<Entry<'a>> for Seen<'a> {
             retry_after_us: e.outcome.retry_after_us,
             reset_after_us: e.outcome.reset_after_us,
             tiers: e.outcome.tiers.as_deref(),
+            period_us: e.outcome.period_us,
         }
     }
 }

@@ -77,6 +77,7 @@ const DISABLED: Outcome = Outcome {
     reset_after_us: 0,
     tiers: None,
     granted: None,
+    period_us: 0,
     skipped: false,
 };
 
@@ -221,6 +222,7 @@ fn decision(
         reset_after: us(o.reset_after_us),
         limit: quota.cloned(),
         tiers: o.tiers.map(|t| *t),
+        period_us: o.period_us,
         name: key.name(),
         key,
         mode,

@@ -63,6 +63,10 @@ pub struct RedisBackendBuilder {
     lazy: bool,
     coalesce: Option<super::coalesce::Settings>,
     max_overrides: usize,
+    /// The tests' instance clock that runs apart from the store's (the script still reads
+    /// the server's).
+    #[cfg(test)]
+    skewed: Option<Arc<dyn Clock>>,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -93,7 +97,17 @@ impl RedisBackendBuilder {
             lazy: false,
             coalesce: None,
             max_overrides: crate::backend::DEFAULT_MAX_OVERRIDES,
+            #[cfg(test)]
+            skewed: None,
         }
+    }
+
+    /// An instance whose own clock is `clock` while the script reads the server's (a clock
+    /// skew between an instance and the store), for the tests.
+    #[cfg(test)]
+    pub(crate) fn skewed_clock(mut self, clock: impl Clock) -> Self {
+        self.skewed = Some(Arc::new(clock));
+        self
     }
 
     /// Coalescing (default off): a request that finds
@@ -338,6 +352,8 @@ impl RedisBackendBuilder {
             Some(c) => c.clone(),
             None => Arc::new(SystemClock),
         };
+        #[cfg(test)]
+        let local = self.skewed.clone().unwrap_or(local);
         let coalesce = self.coalesce.filter(|_| !clustered);
         let backend = RedisBackend {
             inner: Arc::new(Inner {

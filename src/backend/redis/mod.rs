@@ -576,7 +576,7 @@ impl RedisBackend {
     async fn run_groups(
         &self,
         op: Op,
-        now: Option<u64>,
+        (now, local): (Option<u64>, u64),
         batch: &[BucketTx<'_>],
         keys: &[Key],
         groups: &[(u16, Vec<usize>)],
@@ -584,6 +584,7 @@ impl RedisBackend {
         let mut call = Call {
             op,
             now,
+            local,
             expiry: self.expiry(),
             want_raw: false,
         };
@@ -622,6 +623,7 @@ impl RedisBackend {
         let call = Call {
             op: Op::Spend,
             now,
+            local: local_now,
             expiry: self.expiry(),
             want_raw: false,
         };
@@ -679,7 +681,7 @@ impl RedisBackend {
             return Ok(Vec::new());
         }
         let keys = self.keys(batch);
-        let (now, _) = self.now_arg()?;
+        let now = self.now_arg()?;
         if let Some(cache) = &self.inner.cache {
             for tx in batch {
                 cache.forget(tx.key);
@@ -752,7 +754,9 @@ impl RedisBackend {
         }
         let keys = self.keys(batch);
         let groups = self.groups(&keys);
-        let replies = self.run_groups(Op::Spend, now, batch, &keys, &groups).await;
+        let replies = self
+            .run_groups(Op::Spend, (now, local_now), batch, &keys, &groups)
+            .await;
 
         let mut outcomes = vec![Outcome::new(false, 0, 0, 0); batch.len()];
         let mut local_tats = vec![0u64; batch.len()];
@@ -904,7 +908,137 @@ impl Backend for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::ManualClock;
+    use crate::time::{ManualClock, SystemClock};
+
+    /// A Redis to run against: the one `.ci/run` started (`TRL_TEST_REDIS_URL`), or a new
+    /// `redis-server` on a free port, stopped when dropped.
+    struct Server {
+        url: String,
+        child: Option<std::process::Child>,
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            if let Some(child) = &mut self.child {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    fn redis() -> Server {
+        if let Ok(url) = std::env::var("TRL_TEST_REDIS_URL") {
+            return Server { url, child: None };
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server (bash scripts/test installs it)");
+        let server = Server {
+            url: format!("redis://127.0.0.1:{port}"),
+            child: Some(child),
+        };
+        // Until it listens (bounded).
+        for _ in 0..500 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server did not start on port {port}");
+    }
+
+    /// Issue 53, item 12: the store's clock decides the calendar period. A daily quota renews
+    /// at `renewal`, less than 70 s from the store's now. An instance whose clock runs ahead,
+    /// past the renewal, spends the day's 5 units: they are counted in the store's period
+    /// (its denial says retry at the store's renewal, not in a day), and an instance whose
+    /// clock is right sees the whole count again at the renewal. An instance whose clock runs
+    /// behind the renewal the store has passed spends in the store's new period.
+    #[tokio::test]
+    async fn the_stores_clock_decides_the_calendar_period() {
+        use crate::{CalendarQuota, Id, Limiter, Limits, Period, Transaction};
+        let server = redis();
+        let minute = 60_000_000;
+        let real = SystemClock.now_us();
+        for ahead in [true, false] {
+            // The next minute at least 5 s away, or the last one at least 5 s ago.
+            let renewal = if ahead {
+                (real + 5_000_000).div_ceil(minute) * minute
+            } else {
+                (real - 5_000_000) / minute * minute
+            };
+            let at = format!(
+                "{:02}:{:02}",
+                renewal / 3_600_000_000 % 24,
+                renewal / minute % 60
+            );
+            let quota = CalendarQuota::new(5, Period::Day).unwrap().at(&at).unwrap();
+            let limits = || {
+                Limits::builder()
+                    .limit("Daily", quota.clone())
+                    .build()
+                    .unwrap()
+            };
+            let prefix = format!("t:skew:{}:{ahead}:{real}:", std::process::id());
+            // Its clock 10 s past the renewal (ahead of the store), or 10 s before it (behind).
+            let skewed = if ahead {
+                renewal + 10_000_000
+            } else {
+                renewal - 10_000_000
+            };
+            let instance = RedisBackend::from_url(&server.url)
+                .prefix(&prefix)
+                .deny_cache(false)
+                .skewed_clock(ManualClock::new(skewed))
+                .connect()
+                .await
+                .unwrap();
+            let limiter = Limiter::new(limits(), instance);
+            let key = limiter.key("Daily", Id::from(7u64)).unwrap();
+            let tx = Transaction::new(key.clone());
+            assert!(
+                limiter
+                    .spend(&[tx.clone().cost(5)])
+                    .await
+                    .unwrap()
+                    .allowed()
+            );
+            let denied = limiter.spend(std::slice::from_ref(&tx)).await.unwrap();
+            assert!(!denied.allowed(), "ahead: {ahead}");
+            let decided = &denied.decisions()[0];
+            // The store's renewal: the one ahead of its now, or a day after the one it passed.
+            let store_end = if ahead {
+                renewal
+            } else {
+                renewal + 86_400_000_000
+            };
+            let wait = decided.retry_after().as_micros() as u64;
+            let expected = store_end - SystemClock.now_us();
+            assert!(
+                wait.abs_diff(expected) < 5_000_000,
+                "ahead: {ahead}: told to wait {wait} us, the store's renewal is {expected} us away"
+            );
+            assert_eq!(decided.period_us, 86_400_000_000);
+            // A right clock at the store's renewal (caller time): a fresh count.
+            let right = RedisBackend::from_url(&server.url)
+                .prefix(&prefix)
+                .deny_cache(false)
+                .caller_time(ManualClock::new(store_end + 1_000_000))
+                .connect()
+                .await
+                .unwrap();
+            let right = Limiter::new(limits(), right);
+            let fresh = right.spend(std::slice::from_ref(&tx)).await.unwrap();
+            assert!(fresh.allowed(), "ahead: {ahead}");
+            assert_eq!(fresh.decisions()[0].remaining(), 4, "ahead: {ahead}");
+        }
+    }
 
     /// A probe dropped before it answers (its runtime shut down, its task aborted) must not
     /// leave the circuit waiting for it: it counts as a failed probe, so after another

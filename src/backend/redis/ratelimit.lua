@@ -394,11 +394,20 @@ for i = 1, n do
       a = a + 1
     end
   elseif kind == KIND_CALENDAR then
-    local e = tonumber(ARGV[a + 5])
-    if now >= e then e = tonumber(ARGV[a + 6]) end
+    -- The period that holds this server's clock, of the three the instance sends (its own
+    -- period's start and end, and the next end): the store's clock decides, so an instance
+    -- whose clock runs ahead or behind spends in the store's period (before `s`, the period
+    -- ending at `s`).
+    local s, e = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+    if now < s then
+      e = s
+    elseif now >= e then
+      e = tonumber(ARGV[a + 7])
+    end
     rec[i] = {kind = KIND_CALENDAR, mode = tonumber(ARGV[a + 1]), min = tonumber(ARGV[a + 2]),
-      max = tonumber(ARGV[a + 3]), count = tonumber(ARGV[a + 4]), e = e}
-    a = a + 7
+      max = tonumber(ARGV[a + 3]), count = tonumber(ARGV[a + 4]), e = e,
+      h = tonumber(ARGV[a + 8])}
+    a = a + 9
   elseif kind == KIND_CONCURRENCY then
     rec[i] = {kind = KIND_CONCURRENCY, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
       max = tonumber(ARGV[a + 3]), lease = tonumber(ARGV[a + 4]), retry = tonumber(ARGV[a + 5]),
@@ -470,16 +479,23 @@ for i = 1, n do
   if r.kind == KIND_GCRA then
     stored[i], kread[i] = read_tat(i, r)
   elseif r.kind == KIND_CALENDAR then
-    -- Units used count while the clock is before both the end they were counted to and the
-    -- end of the period in force. A value that is not "<end> <used>" is foreign: read as the
-    -- period drained, and replaced (r.fix).
+    -- src/algo/calendar.rs `read`: units used count while the clock is before both the end
+    -- they were counted to and the end of the period in force. An end past the period in
+    -- force is cut to it and written back (r.fix); one more than the horizon ahead, or a
+    -- value that is not "<end> <used>", is foreign: read as the period drained, and replaced.
+    -- Units used past 2^52 (charges add up to any size) read as 2^52: above every count.
     local raw = redis.pcall('GET', KEYS[i])
     local e, u
     if type(raw) == 'string' then e, u = string.match(raw, '^(%d+) (%d+)$') end
     e, u = tonumber(e), tonumber(u)
-    if e and u and e < LIMIT and u < LIMIT then
+    if e and u and e < LIMIT and e <= now + r.h then
+      u = math.min(u, LIMIT)
       stored[i] = 0
-      if now < math.min(e, r.e) then stored[i] = u end
+      if e > r.e then
+        stored[i], r.fix = u, true
+      elseif now < e then
+        stored[i] = u
+      end
     elseif raw then
       stored[i], r.fix = r.count, true
     else
@@ -525,19 +541,21 @@ end
 local function calendar(r, used)
   local left = r.count - used
   if left < 0 then left = 0 end
-  local reset = r.e - now
+  local reset = math.max(r.e - now, 0)
   local granted = math.min(r.max, left)
   if r.mode == MODE_CHARGE then granted = r.max end
-  if r.mode ~= MODE_CHARGE and granted < r.min then return {0, left, reset, reset, 0, 0} end
+  if r.mode ~= MODE_CHARGE and granted < r.min then return {0, left, reset, reset, r.e, 0} end
   local rem = r.count - used - granted
   if rem < 0 then rem = 0 end
   local after
   if spends(r.mode) and granted > 0 then after = used + granted end
-  return {1, rem, 0, reset, 0, granted}, after
+  return {1, rem, 0, reset, r.e, granted}, after
 end
 
+-- Writes the units used in the period in force (at most 2^52: above every count, so an overrun
+-- of any size ends with its period), until its end.
 local function write_calendar(key, r, used)
-  redis.call('SET', key, string.format('%d %d', r.e, used), expire_args(r.e))
+  redis.call('SET', key, string.format('%d %d', r.e, math.min(used, LIMIT)), expire_args(r.e))
   r.written = true
 end
 
@@ -934,7 +952,7 @@ elseif op == OP_REFUND then
       local back = math.min(r.max, stored[i])
       local rem = r.count - (stored[i] - back)
       if rem < 0 then rem = 0 end
-      out[i] = {back > 0 and 1 or 0, rem, 0, r.e - now, 0}
+      out[i] = {back > 0 and 1 or 0, rem, 0, math.max(r.e - now, 0), r.e}
       if back > 0 then write_calendar(KEYS[i], r, stored[i] - back) end
     elseif r.kind == KIND_CONCURRENCY then
       -- A release: the lease's id leaves the set (ended leases already left it).

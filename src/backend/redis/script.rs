@@ -134,6 +134,9 @@ pub(super) struct Call {
     pub(super) op: Op,
     /// `None`: the server's clock.
     pub(super) now: Option<u64>,
+    /// This instance's clock (the caller's time when `now` is set): where it finds the calendar
+    /// periods it sends.
+    pub(super) local: u64,
     pub(super) expiry: Expiry,
     /// Tiered keys report their values before and after (to undo a spend with `Restore`).
     pub(super) want_raw: bool,
@@ -263,20 +266,22 @@ pub(super) fn encode<'a>(
                 ]);
             }
             Quota::Calendar(quota) => {
-                // The period in force on this instance's clock (or the caller's time), and the
-                // one after it: the script takes the one its clock is in.
-                let now = call
-                    .now
-                    .unwrap_or_else(|| crate::time::Clock::now_us(&crate::time::SystemClock));
-                let (_, end) = quota.period_at(now);
+                // The period in force on this instance's clock (or the caller's time): its
+                // start and end, and the next end. The store's clock decides: the script
+                // takes the period before it, it or the next one, the one that holds its now
+                // (an instance whose clock runs ahead of the store's or behind it spends in the
+                // store's period). The horizon bounds a stored end the script keeps.
+                let (start, end) = quota.period_at(call.local);
                 args.extend([
                     Value::Integer(KIND_CALENDAR),
                     mode_code(tx.mode),
                     int(tx.min_cost.min(MAX_TIME_US)),
                     int(tx.cost.min(MAX_TIME_US)),
                     int(quota.count()),
+                    int(start),
                     int(end),
                     int(quota.period_at(end).1),
+                    int(quota.horizon_us()),
                 ]);
             }
             Quota::Tiered(limit) => {
@@ -374,6 +379,7 @@ pub(super) fn encode_restore(change: &RawChange) -> Vec<Value> {
     Call {
         op: Op::Restore,
         now: None,
+        local: 0,
         expiry: Expiry::AtFresh,
         want_raw: false,
     }
@@ -535,9 +541,19 @@ pub(super) fn decode<'a>(
             f.u64("retry_after")?,
             f.u64("reset_after")?,
         );
-        reply.tats.push(f.u64("stored TAT")?);
+        // A GCRA key's TAT; a calendar key's period end, by the store's clock.
+        let tat = f.u64("stored TAT")?;
+        reply.tats.push(tat);
         if reports_granted(call, tx) {
             outcome.granted = Some(f.u64("granted")?);
+        }
+        if let Quota::Calendar(quota) = tx.quota {
+            outcome.period_us = quota.length_of_period_ending(tat);
+            // A charge is taken whole: its cost, which the script saw cut to what its numbers
+            // hold (every count is far below).
+            if tx.mode == Mode::Charge && outcome.allowed && call.op == Op::Spend {
+                outcome.granted = Some(tx.cost);
+            }
         }
         let mut raw = None;
         if let Quota::Tiered(limit) = tx.quota {
