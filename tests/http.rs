@@ -711,12 +711,57 @@ async fn a_hostile_id_in_a_429_body_is_escaped() {
             _ => {
                 assert_eq!(
                     r.body,
-                    "{\"detail\":\"rate limit PerClient exceeded; retry after 3600s\",\
+                    "{\"detail\":\"rate limit PerClient exceeded; retry after 3600 s\",\
                      \"retry_after_ms\":3600000,\"status\":429,\"title\":\"Too Many Requests\",\
                      \"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
                      \"violated-policies\":[\"PerClient\"]}"
                 );
             }
         }
+    }
+}
+
+/// Issue 53, item 7: one wait, said the same way everywhere. 49.3 ms to wait: every field in
+/// milliseconds (`retry_after_ms` of both bodies) is 50, every field in seconds (`Retry-After`,
+/// `RateLimit`'s `t`) is 1, and the text says 50 ms (it said "retry after 1s").
+#[tokio::test]
+async fn a_wait_is_the_same_in_every_field_and_text() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    for body in [ErrorBody::Json, ErrorBody::ProblemJson] {
+        let limits =
+            Limits::from_yaml_str("Fast: {kind: any, burst: 1, count: 20, period: 1s}\n", None)
+                .unwrap();
+        let limiter = Limiter::new(
+            limits,
+            MemoryBackend::builder().clock(clock.clone()).build(),
+        );
+        let layer = RateLimitLayer::builder(limiter)
+            .rule(Rule::new("Fast", Header::new("x-client")))
+            .fields(FieldStyle::Ietf)
+            .error_body(body)
+            .build()
+            .unwrap();
+        let server = serve(app(layer)).await;
+        let client = HttpClient::new(&server);
+        let c = [("x-client", "a")];
+        assert_eq!(client.get("/", &c).await.status, 200);
+        clock.advance(Duration::from_micros(700));
+        let r = client.get("/", &c).await;
+        assert_eq!(r.status, 429);
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert!(
+            r.header("ratelimit").unwrap().ends_with(";t=1"),
+            "{:?}",
+            r.header("ratelimit")
+        );
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        match body {
+            ErrorBody::Json => assert_eq!(v["errors"][0]["detail"]["retry_after_ms"], 50),
+            _ => {
+                assert_eq!(v["retry_after_ms"], 50);
+                assert_eq!(v["detail"], "rate limit Fast exceeded; retry after 50 ms");
+            }
+        }
+        clock.advance(Duration::from_secs(1));
     }
 }

@@ -260,7 +260,7 @@ async fn grpc_requests_get_resource_exhausted_trailers_only() {
     assert_eq!(headers["retry-after"], "1");
     assert_eq!(
         headers["grpc-message"],
-        "rate limit PerIp exceeded; retry after 1s"
+        "rate limit PerIp exceeded; retry after 1 s"
     );
     assert!(body.is_empty());
 }

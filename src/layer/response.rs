@@ -198,10 +198,29 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// Whole milliseconds of a duration counted in microseconds, rounded up (the bodies'
-/// `retry_after_ms`).
-fn ceil_ms(d: Duration) -> u128 {
-    d.as_micros().div_ceil(1000)
+/// Whole milliseconds of a duration, rounded up.
+fn ceil_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
+/// A wait in whole milliseconds as a person reads it, the same wait every millisecond field
+/// gives: `50 ms`, `2.5 s`, `3600 s`.
+struct WaitText(u64);
+
+impl std::fmt::Display for WaitText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0;
+        if ms < 1000 {
+            return write!(f, "{ms} ms");
+        }
+        let (s, frac) = (ms / 1000, ms % 1000);
+        match frac {
+            0 => write!(f, "{s} s"),
+            _ if frac % 100 == 0 => write!(f, "{s}.{} s", frac / 100),
+            _ if frac % 10 == 0 => write!(f, "{s}.{:02} s", frac / 10),
+            _ => write!(f, "{s}.{frac:03} s"),
+        }
+    }
 }
 
 fn number(n: u64) -> HeaderValue {
@@ -542,6 +561,14 @@ impl Denial<'_> {
         ceil_secs(self.retry_after()).max(1)
     }
 
+    /// The wait in whole milliseconds: rounded up, never 0. Every millisecond field says it
+    /// (`retry_after_ms`, `grpc-retry-pushback-ms`, gRPC's `RetryInfo`), and so do the texts
+    /// (`"retry after 50 ms"`); the second fields (`Retry-After`, `RateLimit`'s `t`) round the
+    /// same wait up to the second.
+    pub fn retry_after_ms(&self) -> u64 {
+        ceil_ms(self.retry_after()).max(1)
+    }
+
     /// The default JSON body:
     /// `{"errors":[{"code":"TOOMANYREQUESTS","detail":{"entity":..,"limiter":..,"retry_after_ms":..},"message":"too many requests"}]}`;
     /// for a tiered limit `detail` also has `"tier"`: the tier (from 1) that refused. Written
@@ -557,11 +584,7 @@ impl Denial<'_> {
         out.extend_from_slice(br#","limiter":"#);
         json_text(&mut out, d.map_or("", |d| d.name.as_str()));
         out.extend_from_slice(br#","retry_after_ms":"#);
-        out.extend_from_slice(
-            itoa::Buffer::new()
-                .format(ceil_ms(self.retry_after()))
-                .as_bytes(),
-        );
+        out.extend_from_slice(itoa::Buffer::new().format(self.retry_after_ms()).as_bytes());
         if let Some(t) = d.and_then(|d| d.tiers) {
             out.extend_from_slice(br#","tier":"#);
             out.extend_from_slice(itoa::Buffer::new().format(t.tier).as_bytes());
@@ -587,17 +610,13 @@ impl Denial<'_> {
         json_text(
             &mut out,
             format_args!(
-                "rate limit {} exceeded; retry after {}s",
+                "rate limit {} exceeded; retry after {}",
                 first.map_or("", |d| d.name.as_str()),
-                self.retry_after_secs()
+                WaitText(self.retry_after_ms())
             ),
         );
         out.extend_from_slice(br#","retry_after_ms":"#);
-        out.extend_from_slice(
-            itoa::Buffer::new()
-                .format(ceil_ms(self.retry_after()))
-                .as_bytes(),
-        );
+        out.extend_from_slice(itoa::Buffer::new().format(self.retry_after_ms()).as_bytes());
         out.extend_from_slice(br#","status":429,"title":"Too Many Requests","type":"#);
         json_text(&mut out, QUOTA_EXCEEDED);
         out.extend_from_slice(br#","violated-policies":["#);
@@ -622,21 +641,20 @@ impl Denial<'_> {
                 .decision()
                 .map(|d| d.name.to_string())
                 .unwrap_or_default();
-            let message = format!("rate limit {name} exceeded; retry after {retry}s");
+            let message = format!(
+                "rate limit {name} exceeded; retry after {}",
+                WaitText(self.retry_after_ms())
+            );
             #[allow(unused_mut)]
             let mut r = grpc_status(8, &message);
             // gRPC's client-retry "pushback": a client whose retry policy lists
-            // RESOURCE_EXHAUSTED waits this long before it retries (the exact wait, whole
+            // RESOURCE_EXHAUSTED waits this long before it retries (the wait in whole
             // milliseconds rounded up, at least 1, as `retry-after` is at least a second).
             // By value: `insert` of a `&'static` name has one caller, `put`, where it is inlined
             // (a second caller cost every request 68 instructions).
             r.headers_mut().insert(
                 GRPC_RETRY_PUSHBACK_MS.clone(),
-                number(
-                    u64::try_from(ceil_ms(self.retry_after()))
-                        .unwrap_or(u64::MAX)
-                        .max(1),
-                ),
+                number(self.retry_after_ms()),
             );
             #[cfg(feature = "tonic")]
             self.add_grpc_details(r.headers_mut(), &message);
@@ -666,17 +684,19 @@ impl Denial<'_> {
     /// delay without parsing text.
     fn add_grpc_details(&self, headers: &mut HeaderMap, message: &str) {
         use tonic_types::{ErrorDetails, StatusExt};
-        let mut details = ErrorDetails::with_retry_info(Some(self.retry_after()));
+        // The wait every millisecond field gives.
+        let mut details =
+            ErrorDetails::with_retry_info(Some(Duration::from_millis(self.retry_after_ms())));
         for d in self
             .batch
             .decisions()
             .iter()
             .filter(|d| d.counts() && !d.allowed)
         {
-            let retry_ms = ceil_ms(d.retry_after);
+            let wait = WaitText(ceil_ms(d.retry_after).max(1));
             details.add_quota_failure_violation(
                 d.name.as_str(),
-                format!("rate limit {} exceeded; retry after {retry_ms} ms", d.name),
+                format!("rate limit {} exceeded; retry after {wait}", d.name),
             );
         }
         let status =
@@ -795,6 +815,24 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::decimal_len;
+
+    /// A wait reads as the milliseconds every field gives, in the unit a person reads.
+    #[test]
+    fn a_wait_reads_as_its_milliseconds() {
+        use super::WaitText;
+        for (ms, text) in [
+            (1, "1 ms"),
+            (50, "50 ms"),
+            (999, "999 ms"),
+            (1000, "1 s"),
+            (1001, "1.001 s"),
+            (2500, "2.5 s"),
+            (2550, "2.55 s"),
+            (3_600_000, "3600 s"),
+        ] {
+            assert_eq!(WaitText(ms).to_string(), text);
+        }
+    }
 
     /// An id in a 429 body reads as its `Display` text, whatever its kind.
     #[test]

@@ -49,7 +49,9 @@ async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
             "\"Calls\";q=2;w=8"
         );
     }
-    clock.advance(Duration::from_millis(1500));
+    // 2.4997 s to wait: every field and text gives the same wait, rounded up to the
+    // millisecond (2.5 s) or the second (3 s). RetryInfo said 2.4997 s (issue 53, item 7).
+    clock.advance(Duration::from_micros(1_500_300));
     let status = client.check(check()).await.unwrap_err();
     assert_eq!(
         status.code(),
@@ -58,14 +60,14 @@ async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
     );
     assert_eq!(
         status.message(),
-        "rate limit Calls exceeded; retry after 3s"
+        "rate limit Calls exceeded; retry after 2.5 s"
     );
     assert_eq!(
         status.metadata().get("retry-after").unwrap(),
         "3",
         "2.5s rounded up"
     );
-    // gRPC's retry pushback: the exact wait in whole milliseconds, so a client whose retry
+    // gRPC's retry pushback: the wait in whole milliseconds, so a client whose retry
     // policy lists RESOURCE_EXHAUSTED backs off by itself.
     assert_eq!(
         status.metadata().get("grpc-retry-pushback-ms").unwrap(),
@@ -89,10 +91,14 @@ async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
         let violations = &details.quota_failure().unwrap().violations;
         assert_eq!(violations.len(), 1);
         assert_eq!(violations[0].subject, "Calls");
-        assert!(violations[0].description.contains("retry after 2500 ms"));
+        assert!(
+            violations[0].description.ends_with("retry after 2.5 s"),
+            "{}",
+            violations[0].description
+        );
     }
     // One emission interval after the burst, one call fits again; the channel still works.
-    clock.advance(Duration::from_millis(2500));
+    clock.advance(Duration::from_micros(2_499_700));
     client.check(check()).await.unwrap();
     assert_eq!(
         client.check(check()).await.unwrap_err().code(),
