@@ -111,6 +111,40 @@
 // The tree, from the inside out (docs/design.md): pure algorithms, quotas and keys,
 // configuration, backends, the limiter, the tower layer. Modules are private; what a user
 // names is re-exported here, once.
+/// `Debug` for a public error: its `Display` sentence (what `fn main() -> Result<(), Box<dyn
+/// Error>>` prints for a `?`), the structured form under `{:#?}`. Every variant is listed, so
+/// a new one is a compile error here until it is added.
+macro_rules! readable_debug {
+    ($ty:ident { $($variant:ident $( ( $($t:ident),* ) )? $( { $($f:ident),* } )?),* $(,)? }) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                if !f.alternate() {
+                    return std::fmt::Display::fmt(self, f);
+                }
+                match self {
+                    $(
+                        #[allow(unreachable_code)]
+                        $ty::$variant $( ( $($t),* ) )? $( { $($f),* } )? => {
+                            let name = concat!(stringify!($ty), "::", stringify!($variant));
+                            $(
+                                let mut out = f.debug_tuple(name);
+                                $( out.field($t); )*
+                                return out.finish();
+                            )?
+                            $(
+                                let mut out = f.debug_struct(name);
+                                $( out.field(stringify!($f), $f); )*
+                                return out.finish();
+                            )?
+                            f.write_str(name)
+                        }
+                    )*
+                }
+            }
+        }
+    };
+}
+
 #[cfg(feature = "admin")]
 mod admin;
 mod algo;

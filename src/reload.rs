@@ -15,7 +15,7 @@ use crate::limiter::{Limiter, ReloadError};
 pub type ReloadReport = Result<LimitsChange, ReloadError>;
 
 /// Why a [`LimitsWatcher`] could not start.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum WatchError {
     /// The system's file watcher cannot be started.
@@ -36,6 +36,8 @@ pub enum WatchError {
     #[error("a LimitsWatcher must be started inside a tokio runtime")]
     NoRuntime,
 }
+
+readable_debug!(WatchError { Watcher(error), Watch { path, source }, Signal(error), NoRuntime });
 
 /// How long to wait after a change for the rest of it (an editor writes in several steps).
 const SETTLE: Duration = Duration::from_millis(150);

@@ -1184,3 +1184,60 @@ fn prefetch_is_a_gcra_field_checked_with_its_line() {
         "{unlimited}"
     );
 }
+
+/// Issue 53, item 6: what `fn main() -> Result<(), Box<dyn Error>>` prints for `?` is the
+/// error's `Debug`: the `Display` sentence, with the structured form under `{:#?}` (it printed
+/// `ConfigError { location: Location { .. }, kind: InvalidCalendar(Zone("Mars/Olympus")) }`).
+#[test]
+fn a_config_error_reads_as_its_sentence_where_main_prints_it() {
+    let yaml = "Plan:\n  calendar: {count: 5, period: month, zone: Mars/Olympus}\n";
+    let err = Limits::from_yaml_str(yaml, None).unwrap_err();
+    let printed = format!("{err:?}");
+    assert_eq!(printed, err.to_string());
+    assert!(printed.contains("Mars/Olympus"), "{printed}");
+    assert!(!printed.contains("ConfigError {"), "{printed}");
+    let structured = format!("{err:#?}");
+    assert!(structured.starts_with("ConfigError {"), "{structured}");
+    assert!(structured.contains("InvalidCalendar"), "{structured}");
+    // Through a boxed error, as `main` holds it.
+    let boxed: Box<dyn std::error::Error> = Box::new(err);
+    assert_eq!(format!("{boxed:?}"), printed);
+    // The limiter's and the layer's errors read the same way.
+    let limits = Limits::from_yaml_str("A: {burst: 1, count: 1, period: 1s}\n", None).unwrap();
+    let limiter = tower_ratelimits::Limiter::new(limits, tower_ratelimits::MemoryBackend::new());
+    let err = limiter
+        .key("ApiCallsPerMonth", tower_ratelimits::Id::from(1u64))
+        .unwrap_err();
+    assert_eq!(format!("{err:?}"), err.to_string());
+    assert!(format!("{err:#?}").starts_with("LimiterError::UnknownName("));
+}
+
+/// Issue 53, item 14: an invalid limit name in the error's location is escaped and cut to 80
+/// characters like its quoted part (a 100,000-character name made a 100,180-byte line, and NUL
+/// and ESC reached the terminal).
+#[test]
+fn a_hostile_limit_name_is_escaped_and_cut_in_the_location() {
+    // In YAML (an explicit key, with YAML's escapes: ESC and NUL, then 100,000 characters) and
+    // in code.
+    let yaml = format!(
+        "? \"\\e[31m\\0{}\"\n: {{burst: 1, count: 1, period: 1s}}\n",
+        "x".repeat(100_000)
+    );
+    let name = format!("\u{1b}[31m\u{0}{}", "x".repeat(100_000));
+    let limit = Limit::new(1, 1, std::time::Duration::from_secs(1)).unwrap();
+    for err in [
+        Limits::from_yaml_str(&yaml, None).unwrap_err(),
+        Limits::builder().limit(&name, limit).build().unwrap_err(),
+    ] {
+        let message = err.to_string();
+        assert!(
+            matches!(err.kind(), ConfigErrorKind::InvalidName(_)),
+            "{message}"
+        );
+        assert!(message.len() < 400, "{} bytes: {message}", message.len());
+        assert!(
+            !message.contains('\u{1b}') && !message.contains('\u{0}'),
+            "{message:?}"
+        );
+    }
+}

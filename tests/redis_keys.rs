@@ -245,14 +245,32 @@ async fn setup_errors_are_typed() {
         matches!(err, RedisSetupError::InvalidPrefix { .. }),
         "{err:?}"
     );
-    // Nothing listens on a port that was just free.
+    // Nothing listens on a port that was just free. What `main` prints for `?` (the error's
+    // `Debug`) is the sentence, naming the address (never the URL's password) and the way to
+    // start without the server (issue 53, item 6: it printed `Connect("IO Error: ..")`).
     let port = support::redis::free_port();
-    let err = RedisBackend::from_url(format!("redis://127.0.0.1:{port}"))
+    let err = RedisBackend::from_url(format!("redis://user:s3cret@127.0.0.1:{port}"))
         .command_timeout(Duration::from_millis(200))
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, RedisSetupError::Connect(_)), "{err:?}");
+    assert!(
+        matches!(&err, RedisSetupError::Connect { address, single: true, .. } if *address == format!("127.0.0.1:{port}")),
+        "{err:#?}"
+    );
+    let printed = format!("{err:?}");
+    assert!(
+        printed.starts_with(&format!("cannot connect to Redis at 127.0.0.1:{port}: ")),
+        "{printed}"
+    );
+    assert!(printed.contains("`.lazy(true)`"), "{printed}");
+    assert!(!printed.contains("s3cret"), "{printed}");
+    assert_eq!(printed, err.to_string());
+    let structured = format!("{err:#?}");
+    assert!(
+        structured.starts_with("RedisSetupError::Connect {"),
+        "{structured}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

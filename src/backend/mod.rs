@@ -284,7 +284,7 @@ impl<'a> BucketTx<'a> {
 }
 
 /// Why a backend could not decide.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum BackendError {
     /// The in-memory backend holds `max_keys` live buckets and cannot track a new one.
@@ -329,6 +329,8 @@ pub enum BackendError {
     #[error(transparent)]
     Tiers(#[from] TierRequestError),
 }
+
+readable_debug!(BackendError { Full { max_keys }, Timeout(after), Unavailable(reason), OutOfMemory(reason), CircuitOpen { retry_in }, InvalidState { key, reason }, Gcra(error), Tiers(error) });
 
 /// A backend's outcomes for a batch, one per transaction, in order: on the stack for a batch
 /// of one (a request with one rule), so the commonest decision allocates nothing. (Four

@@ -174,11 +174,25 @@ pub enum ConfigErrorKind {
 /// );
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct ConfigError {
     location: Location,
     limit: Option<String>,
     kind: ConfigErrorKind,
+}
+
+/// The `Display` sentence (what a `main` returning `Box<dyn Error>` prints), the structured
+/// form under `{:#?}`.
+impl fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !f.alternate() {
+            return fmt::Display::fmt(self, f);
+        }
+        f.debug_struct("ConfigError")
+            .field("location", &self.location)
+            .field("limit", &self.limit)
+            .field("kind", &self.kind)
+            .finish()
+    }
 }
 
 impl ConfigError {
@@ -207,7 +221,10 @@ impl ConfigError {
     }
 
     pub(crate) fn for_limit(mut self, name: &str) -> Self {
-        self.limit.get_or_insert_with(|| name.to_owned());
+        // A name that is refused may be anything a file holds: its first 80 characters, as the
+        // error's quoted part keeps them.
+        self.limit
+            .get_or_insert_with(|| name.chars().take(80).collect());
         self
     }
 
@@ -301,7 +318,8 @@ impl fmt::Display for ConfigError {
             (None, None) => {}
         }
         if let Some(name) = &self.limit {
-            write!(f, "limit {name}: ")?;
+            // Escaped: a refused name's control characters never reach a terminal.
+            write!(f, "limit {}: ", name.escape_debug())?;
         }
         self.kind.fmt(f)
     }

@@ -24,7 +24,7 @@ use crate::quota::Quota;
 use ipnet::IpNet;
 
 /// Why a layer could not be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LayerError {
     /// A rule names a limit the configuration does not define.
@@ -57,6 +57,8 @@ pub enum LayerError {
     #[error("near-limit percent {0} is not in 1..=100")]
     NearLimitPercent(u8),
 }
+
+readable_debug!(LayerError { UnknownLimit(name), DuplicateRule(name), NoRules, Settle { limit, reason }, Fallback(reason), Limits(reason), NearLimitPercent(percent) });
 
 /// Builds a [`RateLimitLayer`].
 pub struct RateLimitLayerBuilder {

@@ -13,7 +13,7 @@ use crate::key::{BucketKey, Id, LimitName};
 use super::{Limiter, LimiterError, overrides};
 
 /// Why [`Limiter::reload`] refused new limits; the old ones stay in force.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ReloadError {
     /// The new configuration does not define a limit that a rule of a layer built on this
@@ -24,6 +24,8 @@ pub enum ReloadError {
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
 }
+
+readable_debug!(ReloadError { LimitInUse(name), Config(error) });
 
 impl Limiter {
     /// The limits in force now (a snapshot: a later [`reload`](Self::reload) does not change

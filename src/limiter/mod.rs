@@ -30,7 +30,7 @@ pub(crate) use step::{Entry, Pending, Step, Verdict};
 pub use transaction::Transaction;
 
 /// Why the limiter could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum LimiterError {
     /// A limit name the configuration does not define.
@@ -85,6 +85,8 @@ pub enum LimiterError {
     #[error(transparent)]
     Backend(#[from] BackendError),
 }
+
+readable_debug!(LimiterError { UnknownName(name), DuplicateKey(key), CostAboveBurst { name, cost, burst }, EmptyCostRange { name, min, max }, RangeOnConcurrency { name }, RenewWithoutSlots { name }, InvalidId { name, source }, Backend(error) });
 
 /// The first key that appears twice in `batch`: pairwise for a request's few rules (no
 /// allocation), through a hash set beyond that, so a batch of any size costs linear time.

@@ -15,7 +15,7 @@ use crate::overrides::{OverrideKind, StoredOverride};
 const MAX_EXPIRY: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// Why an override could not be set, removed or listed. Nothing was changed.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum OverrideError {
     /// The configuration defines no limit of this name.
@@ -57,6 +57,8 @@ pub enum OverrideError {
     #[error("the override store cannot be reached: {0}")]
     Store(#[from] BackendError),
 }
+
+readable_debug!(OverrideError { UnknownName(name), InvalidId { limit, source }, Refused { limit, reason }, Expiry(expiry), TooMany { max }, NoStore, Store(error) });
 
 /// The entry of `limit` in `limits` and `id` in its canonical text, checked against its kind.
 fn canonical<'a>(

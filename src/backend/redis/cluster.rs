@@ -93,10 +93,16 @@ impl ClusterRouter {
         let deadline = timeout.max(Duration::from_secs(2));
         match tokio::time::timeout(deadline, router.refresh()).await {
             Ok(Ok(())) => Ok(router),
-            Ok(Err(e)) => Err(RedisSetupError::Connect(e)),
-            Err(_) => Err(RedisSetupError::Connect(format!(
-                "no cluster slot map within {deadline:?}"
-            ))),
+            Ok(Err(e)) => Err(RedisSetupError::connect(
+                &super::setup::address(&config),
+                e,
+                false,
+            )),
+            Err(_) => Err(RedisSetupError::connect(
+                &super::setup::address(&config),
+                format!("no cluster slot map within {deadline:?}"),
+                false,
+            )),
         }
     }
 
@@ -165,12 +171,18 @@ impl ClusterRouter {
             match tokio::time::timeout(deadline, client.script_load::<String, _>(SCRIPT)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
-                    return Err(RedisSetupError::Connect(format!("{host}:{port}: {e}")));
+                    return Err(RedisSetupError::connect(
+                        &format!("{host}:{port}"),
+                        e.to_string(),
+                        false,
+                    ));
                 }
                 Err(_) => {
-                    return Err(RedisSetupError::Connect(format!(
-                        "{host}:{port}: SCRIPT LOAD timed out"
-                    )));
+                    return Err(RedisSetupError::connect(
+                        &format!("{host}:{port}"),
+                        "SCRIPT LOAD timed out",
+                        false,
+                    ));
                 }
             }
         }

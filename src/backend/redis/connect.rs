@@ -245,6 +245,8 @@ impl RedisBackendBuilder {
         // Connections the backend opened itself are closed when it is dropped.
         let owned = matches!(self.source, Source::Url(_));
         let source = std::mem::replace(&mut self.source, Source::Url(String::new()));
+        // Where, for the errors: never the credentials.
+        let mut at = String::new();
         let conn = match source {
             Source::Client(c) if c.is_clustered() => {
                 // The backend opens one connection per master from the client's configuration.
@@ -261,6 +263,7 @@ impl RedisBackendBuilder {
                 check_scheme(&url)?;
                 let config = Config::from_url(&url)
                     .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
+                at = super::setup::address(&config);
                 if matches!(config.server, ServerConfig::Clustered { .. }) {
                     if self.lazy {
                         return Err(RedisSetupError::InvalidUrl(
@@ -304,11 +307,15 @@ impl RedisBackendBuilder {
                     };
                     match tokio::time::timeout(connect_timeout, init).await {
                         Ok(Ok(())) => {}
-                        Ok(Err(e)) => return Err(RedisSetupError::Connect(e.to_string())),
+                        Ok(Err(e)) => {
+                            return Err(RedisSetupError::connect(&at, e.to_string(), true));
+                        }
                         Err(_) => {
-                            return Err(RedisSetupError::Connect(format!(
-                                "no connection within {connect_timeout:?}"
-                            )));
+                            return Err(RedisSetupError::connect(
+                                &at,
+                                format!("no connection within {connect_timeout:?}"),
+                                true,
+                            ));
                         }
                     }
                     conn
@@ -321,13 +328,18 @@ impl RedisBackendBuilder {
         } else {
             let client = conn
                 .client(0)
-                .map_err(|e| RedisSetupError::Connect(e.to_string()))?;
+                .map_err(|e| RedisSetupError::connect(&at, e.to_string(), true))?;
+            if at.is_empty() {
+                at = super::setup::address(&client.client_config());
+            }
             match tokio::time::timeout(connect_timeout, client.script_load::<String, _>(SCRIPT))
                 .await
             {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(RedisSetupError::Connect(e.to_string())),
-                Err(_) => return Err(RedisSetupError::Connect("SCRIPT LOAD timed out".into())),
+                Ok(Err(e)) => return Err(RedisSetupError::connect(&at, e.to_string(), true)),
+                Err(_) => {
+                    return Err(RedisSetupError::connect(&at, "SCRIPT LOAD timed out", true));
+                }
             }
         }
         let backend = self.finish(conn, owned || clustered, clustered, timeout);

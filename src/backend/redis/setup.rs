@@ -6,7 +6,7 @@ use std::time::Duration;
 use fred::prelude::{Builder, Config, ReconnectPolicy};
 
 /// Why a [`RedisBackend`](super::RedisBackend) could not be set up.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisSetupError {
     /// The URL is not a Redis URL fred understands.
@@ -21,8 +21,49 @@ pub enum RedisSetupError {
         reason: &'static str,
     },
     /// The server could not be reached or refused to load the script.
-    #[error("cannot connect to Redis: {0}")]
-    Connect(String),
+    #[error("cannot connect to Redis at {address}: {reason}{}", lazy_hint(*.single))]
+    Connect {
+        /// Where: `host:port` (of every seed node for a cluster), never the credentials.
+        address: String,
+        /// What went wrong.
+        reason: String,
+        /// A single server (or pool), which a lazy backend can start without.
+        single: bool,
+    },
+}
+
+readable_debug!(RedisSetupError { InvalidUrl(url), InvalidPrefix { prefix, reason }, Connect { address, reason, single } });
+
+/// What a single server's connect error suggests: a lazy backend.
+fn lazy_hint(single: bool) -> &'static str {
+    if single {
+        "; to start without it (connecting in the background while the failure policy decides), \
+         build the backend with `.lazy(true)`"
+    } else {
+        ""
+    }
+}
+
+/// The servers of a configuration, `host:port`, without the credentials a URL may hold.
+pub(super) fn address(config: &fred::prelude::Config) -> String {
+    let hosts: Vec<String> = config
+        .server
+        .hosts()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    hosts.join(", ")
+}
+
+impl RedisSetupError {
+    /// A connect error at `address`.
+    pub(super) fn connect(address: &str, reason: impl Into<String>, single: bool) -> Self {
+        RedisSetupError::Connect {
+            address: address.to_owned(),
+            reason: reason.into(),
+            single,
+        }
+    }
 }
 
 /// A fred builder with the backend's settings: the command timeout, one attempt per command
