@@ -1,4 +1,10 @@
 //! What the quickstart examples share: settings from the environment, the rules, serving.
+//!
+//! Built from the published package, the examples have the crate's default features only:
+//! the file watcher (feature `reload`), the admin API (`admin`) and the layer's counters on
+//! `/metrics` (`metrics`) are then left out, and the example says which feature brings each
+//! (`cargo run --example axum_memory --features reload,admin,metrics`). In the repository the
+//! dev-dependencies turn them on.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -7,7 +13,7 @@ use std::path::PathBuf;
 use axum::{Router, routing::get};
 use ipnet::IpNet;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tower_ratelimits::{ClientIp, Ipv6Range48, LimitsWatcher, RateLimitLayerBuilder, Rule};
+use tower_ratelimits::{ClientIp, Ipv6Range48, RateLimitLayerBuilder, Rule};
 use tower_ratelimits::{ErrorBody, Limiter, Limits, RateLimitLayer};
 
 /// `ADDR`, the YAML files, the trusted proxies, shadow mode, and the metrics exporter.
@@ -251,9 +257,19 @@ pub async fn serve(
     serve_app(settings, limiter, app, backend, "/").await
 }
 
+/// Without the feature `admin`: says how to get the admin API.
+#[cfg(not(feature = "admin"))]
+async fn serve_admin(addr: SocketAddr, _limiter: Limiter) -> Result<(), String> {
+    Err(format!(
+        "RATELIMITS_ADMIN_ADDR={addr}: the admin API needs the feature `admin` \
+         (cargo run --example ... --features admin)"
+    ))
+}
+
 /// Serves the admin router on `addr` in the background. For demonstration only: the principal
 /// is whatever the `x-admin-principal` header says, and nothing checks it; a real application
 /// mounts the router behind its own auth, which sets the `AdminPrincipal`.
+#[cfg(feature = "admin")]
 async fn serve_admin(addr: SocketAddr, limiter: Limiter) -> Result<(), String> {
     let admin = tower_ratelimits::admin_router(limiter).layer(axum::middleware::from_fn(
         |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
@@ -294,8 +310,20 @@ pub async fn serve_app(
     if let Some(addr) = settings.admin_addr {
         serve_admin(addr, limiter.clone()).await?;
     }
-    let _watcher = LimitsWatcher::spawn(limiter, &settings.defaults, Some(&settings.overrides))
-        .map_err(|e| e.to_string())?;
+    #[cfg(feature = "reload")]
+    let _watcher = tower_ratelimits::LimitsWatcher::spawn(
+        limiter,
+        &settings.defaults,
+        Some(&settings.overrides),
+    )
+    .map_err(|e| e.to_string())?;
+    #[cfg(not(feature = "reload"))]
+    {
+        drop(limiter);
+        println!("the YAML files are read once: watching them needs the feature `reload`");
+    }
+    #[cfg(not(feature = "metrics"))]
+    println!("/metrics shows no rate-limit counters: they need the feature `metrics`");
     let metrics = settings.metrics.clone();
     let app = app.route(
         "/metrics",
