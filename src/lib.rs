@@ -5,8 +5,9 @@
 //! # Words
 //!
 //! A [`Limit`] is one GCRA rate: a burst of tokens, refilled at `count` per `period`. A
-//! [`Quota`] is any shape a limit can take: a GCRA [`Limit`], burst tiers ([`TieredLimit`]) or
-//! requests in flight ([`ConcurrencyLimit`]). [`Limits`] is a whole configuration: named
+//! [`Quota`] is any shape a limit can take: a GCRA [`Limit`], burst tiers ([`TieredLimit`]),
+//! requests in flight ([`ConcurrencyLimit`]) or a count per calendar day, week or month
+//! ([`CalendarQuota`], renewing exactly at its boundary in a time zone). [`Limits`] is a whole configuration: named
 //! limits, each keyed by one kind of id ([`IdKind`]), with a default and per-id overrides,
 //! loaded from YAML or built with [`Limits::builder`]. A [`Limiter`] decides against a
 //! snapshot of its [`Limits`] through a [`Backend`] ([`MemoryBackend`], `RedisBackend`): one
@@ -84,6 +85,7 @@
 //! | waiting instead of refusing | [`Wait`] |
 //! | requests in flight | [`ConcurrencyLimit`], [`specs::concurrency`] |
 //! | burst tiers | [`TieredLimit`], [`specs::burst_tiers`] |
+//! | a count per day, week or month ("100,000 a month, renewing on the 15th") | [`CalendarQuota`], [`specs::calendar`] |
 //! | the GCRA rule, partial grants, debt | [`Limit`], [`Transaction::cost_range`], [`specs::gcra`] |
 //! | keys, forwarding headers, the response fields | [`ClientIp`], [`specs::keys_and_http`] |
 //! | Redis and Redis Cluster | `RedisBackend` (feature `redis`) |
@@ -104,6 +106,7 @@
 //! | `reload` | off | `LimitsWatcher`: reload on file changes and SIGHUP |
 //! | `admin` | off | `admin_router`: stored overrides and buckets over HTTP (axum) |
 //! | `acme` | off | the id kinds `domain`, `fqdn_set`, `account_domain`, `account_fqdn_set` |
+//! | `time-zones` | off | IANA time-zone names (`Europe/Berlin`) for calendar quotas; fixed offsets need no feature |
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

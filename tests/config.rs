@@ -1241,3 +1241,19 @@ fn a_hostile_limit_name_is_escaped_and_cut_in_the_location() {
         );
     }
 }
+
+/// Issue 53, item 8: a limit that mixes two shapes is refused with a message naming all four
+/// shapes and their fields (it named three, without calendar quotas).
+#[test]
+fn a_mixed_shape_error_names_every_shape() {
+    let yaml = "A: {burst: 1, count: 1, period: 1s, concurrency: 2}\n";
+    let message = Limits::from_yaml_str(yaml, None).unwrap_err().to_string();
+    for shape in [
+        "GCRA (burst, count, period)",
+        "tiered (tiers)",
+        "concurrency limit (concurrency, lease, retry_after)",
+        "calendar quota (calendar)",
+    ] {
+        assert!(message.contains(shape), "{shape}: {message}");
+    }
+}

@@ -145,7 +145,7 @@ pub enum ConfigErrorKind {
     /// Fields that cannot be given together (`tiers` with `burst`/`count`/`period`, `concurrency`
     /// with either).
     #[error(
-        "{0} and {1} cannot be given together: a limit is GCRA (burst, count, period), tiered (tiers) or a concurrency limit (concurrency, lease, retry_after)"
+        "{0} and {1} cannot be given together: a limit is GCRA (burst, count, period), tiered (tiers), a concurrency limit (concurrency, lease, retry_after) or a calendar quota (calendar)"
     )]
     ConflictingFields(&'static str, &'static str),
     /// The configured cost of a request is larger than a burst (or, for tiers, the sum of the
