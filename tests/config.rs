@@ -359,13 +359,14 @@ fn every_bad_input_is_a_located_typed_error() {
             |k| matches!(k, ConfigErrorKind::Empty),
             "empty",
         ),
+        // Anchors are read (a bounded number): this one is a list where a limit's fields go.
         (
             "a: &x [1]\nb: *x\n",
             None,
-            None,
-            None,
-            |k| matches!(k, ConfigErrorKind::Yaml(_)),
-            "YAML",
+            Some(1),
+            Some("a"),
+            |k| matches!(k, ConfigErrorKind::WrongShape { .. }),
+            "a list",
         ),
         // Overrides.
         (
@@ -1256,4 +1257,46 @@ fn a_mixed_shape_error_names_every_shape() {
     ] {
         assert!(message.contains(shape), "{shape}: {message}");
     }
+}
+
+/// Issue 53, item 14: YAML anchors and aliases share settings between limits (every anchor was
+/// refused with "budget breached: Anchors"): a whole value (`B: *rate`), a list of tiers, and a
+/// merge key (`<<: *rate`) with a field of its own; a bounded number of them, and an alias
+/// bomb is still refused at once.
+#[test]
+fn anchors_and_aliases_share_settings_between_limits() {
+    let yaml = "\
+A: &rate {kind: account, burst: 5, count: 5, period: 1s}
+B: *rate
+C:
+  <<: *rate
+  burst: 10
+T1:
+  tiers: &tiers
+    - {limit: 5, window: 1s, active: 1s, cooldown: 0s}
+T2:
+  tiers: *tiers
+";
+    let limits = Limits::from_yaml_str(yaml, None).unwrap_or_else(|e| panic!("{e}"));
+    let gcra = |name: &str| {
+        let key = BucketKey::new(limits.name(name).unwrap(), Id::from(7u64));
+        limits.resolve(&key).unwrap().as_gcra().unwrap().clone()
+    };
+    assert_eq!((gcra("B").burst(), gcra("B").count()), (5, 5));
+    assert_eq!((gcra("C").burst(), gcra("C").count()), (10, 5));
+    // A thousand laughs and more: refused, quickly, with what was breached.
+    let mut bomb = String::from("a: &a [x,x,x,x,x,x,x,x,x,x]\n");
+    for (i, name) in ["b", "c", "d", "e", "f", "g", "h"].iter().enumerate() {
+        let prev = ["a", "b", "c", "d", "e", "f", "g"][i];
+        let list = vec![format!("*{prev}"); 10].join(",");
+        bomb.push_str(&format!("{name}: &{name} [{list}]\n"));
+    }
+    let err = Limits::from_yaml_str(&bomb, None).unwrap_err();
+    assert!(matches!(err.kind(), ConfigErrorKind::Yaml(_)), "{err}");
+    // More anchors than a limits file needs: refused, saying so.
+    let many: String = (0..300)
+        .map(|i| format!("L{i}: &a{i} {{burst: 1, count: 1, period: 1s}}\n"))
+        .collect();
+    let err = Limits::from_yaml_str(&many, None).unwrap_err();
+    assert!(err.to_string().contains("anchors"), "{err}");
 }

@@ -142,6 +142,11 @@ fn err_at(kind: ConfigErrorKind, line: u64) -> ConfigError {
     ConfigError::new(kind).at_line(line)
 }
 
+/// The most anchors (`&name`) a limits file may define.
+pub(crate) const MAX_ANCHORS: usize = 256;
+/// The most aliases (`*name`) a limits file may use.
+pub(crate) const MAX_ALIASES: usize = 1_024;
+
 fn parse(text: &str) -> Result<Option<Node>, ConfigError> {
     if text.len() as u64 > MAX_FILE_BYTES {
         return Err(ConfigError::new(ConfigErrorKind::TooLarge {
@@ -160,8 +165,12 @@ fn parse(text: &str) -> Result<Option<Node>, ConfigError> {
     if let Some(budget) = options.budget.as_mut() {
         budget.max_depth = 16;
         budget.max_nodes = 1_000_000;
-        budget.max_aliases = 0;
-        budget.max_anchors = 0;
+        // Anchors and aliases share settings between limits (`B: *a`, `<<: *a`): a bounded
+        // number, and what they may copy is bounded too (a "billion laughs" stops here).
+        budget.max_aliases = MAX_ALIASES;
+        budget.max_anchors = MAX_ANCHORS;
+        budget.max_recorded_anchor_events = 100_000;
+        budget.max_recorded_anchor_bytes = 1 << 20;
         budget.max_documents = 1;
     }
     options.with_snippet = false;
@@ -175,7 +184,13 @@ fn parse(text: &str) -> Result<Option<Node>, ConfigError> {
         Err(e) => {
             let line = e.location().map_or(0, |l| l.line());
             let message = e.to_string();
-            let first = message.lines().next().unwrap_or("").to_owned();
+            let mut first = message.lines().next().unwrap_or("").to_owned();
+            if first.contains("budget breached") {
+                first.push_str(&format!(
+                    " (a limits file holds at most {MAX_ANCHORS} anchors, {MAX_ALIASES} aliases, \
+                     1,000,000 values and 16 levels)"
+                ));
+            }
             Err(err_at(ConfigErrorKind::Yaml(first), line))
         }
     }
@@ -191,6 +206,11 @@ fn plain_numbers(node: &mut Node, text: &str) {
                 return;
             };
             let raw = raw.trim();
+            // A copy an alias made (its span is the alias, `*name`): the anchored original
+            // was read from its own text where it stands.
+            if raw.starts_with('*') {
+                return;
+            }
             let digits = raw.strip_prefix('-').unwrap_or(raw);
             let all_digits = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
             let plain = all_digits && (digits == "0" || !digits.starts_with('0'));
