@@ -353,9 +353,11 @@ async fn redis_backend(
     let backend = tower_ratelimits::RedisBackend::from_url(url)
         .prefix(format!("rl:sim:{}-{nanos}:", std::process::id()))
         .caller_time(clock.clone())
-        // Prefetched tokens are a deployment's optimisation: a trace decides as if no limit
-        // had `prefetch`, exactly as in memory.
+        // Prefetched tokens and the deny cache are a deployment's optimisations: a trace
+        // decides as if no limit had `prefetch`, and evaluates every transaction of a denied
+        // batch (the deny cache leaves them unevaluated), exactly as in memory.
         .prefetch(false)
+        .deny_cache(false)
         .connect()
         .await
         .map_err(|e| format!("--redis {url}: {e}"))?;

@@ -33,7 +33,8 @@
 //! tier]`, `"burst":bool` (it burst into a higher tier) and `"tier":N` (the tier serving the
 //! client, or the one that refused). A transaction the
 //! backend did not evaluate, because another one already denied the batch (the Redis deny
-//! cache), has `"skipped":true` and zero numbers; the memory backend never skips. A `reset`
+//! cache, which the simulator's `--redis` leaves off), has `"skipped":true` and zero numbers;
+//! the memory backend never skips. A `reset`
 //! line prints `{"line":N,"at_us":T,"op":"reset","keys":["Name=id",...]}`. A decision that
 //! took a slot on a concurrency limit has `"lease":true`; a `release` line prints
 //! `{"line":N,"at_us":T,"op":"release","keys":["Name=id",...],"released":K}` (K: the slots

@@ -666,3 +666,91 @@ async fn a_line_with_many_transactions_finds_its_duplicate() {
         "{err}"
     );
 }
+
+/// Issue 53, item 14: `--redis` prints exactly what the in-memory run prints, also where the
+/// Redis backend's deny cache would answer (a batch denied by its throttle, then the same batch
+/// again: the cache knew the denial and left the quota unevaluated, `"skipped":true`, where
+/// memory evaluates it). The simulator runs Redis without the deny cache and without
+/// prefetching: deployments' optimisations, which a trace leaves out. Every conformance trace
+/// is run both ways too.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_prints_what_memory_prints() {
+    struct Server(Option<std::process::Child>, String);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            if let Some(c) = &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let server = match std::env::var("TRL_TEST_REDIS_URL") {
+        Ok(url) => Server(None, url),
+        Err(_) => {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server (bash scripts/test installs it)");
+            for _ in 0..500 {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Server(Some(child), format!("redis://127.0.0.1:{port}"))
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("sim-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let defaults = dir.join("limits.yaml");
+    std::fs::write(
+        &defaults,
+        "Throttle: {kind: account, burst: 1, count: 1, period: 1h}\n\
+         Monthly: {kind: account, calendar: {count: 5, period: month}}\n",
+    )
+    .unwrap();
+    let trace = dir.join("deny.trace");
+    std::fs::write(
+        &trace,
+        "0ms spend Throttle=7 Monthly=7\n1ms spend Throttle=7 Monthly=7\n2ms spend Throttle=7 Monthly=7\n",
+    )
+    .unwrap();
+    let root = repository();
+    let mut runs: Vec<(String, String)> =
+        vec![(defaults.display().to_string(), trace.display().to_string())];
+    for (yaml, t) in [
+        ("gcra-20-per-second.yaml", "gcra-worked-examples.trace"),
+        ("calendar.yaml", "calendar.trace"),
+        ("concurrency.yaml", "concurrency.trace"),
+    ] {
+        let at = |f: &str| root.join("examples/traces").join(f).display().to_string();
+        runs.push((at(yaml), at(t)));
+    }
+    for (yaml, t) in runs {
+        let run = |redis: bool| {
+            let mut cmd = Command::new(simulator());
+            if redis {
+                cmd.args(["--redis", &server.1]);
+            }
+            let out = cmd.args(["--defaults", &yaml, &t]).output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let memory = run(false);
+        assert!(!memory.is_empty());
+        assert_eq!(run(true), memory, "{t}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

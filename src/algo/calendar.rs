@@ -89,6 +89,16 @@ pub enum CalendarError {
     NeedsFeature(String),
 }
 
+/// The IANA time zone names of the tz database the feature `time-zones` bundles (jiff's), one a
+/// line, sorted: without the feature a build still tells a zone it cannot read from a name
+/// that is no zone at all. A test with the feature holds the list to the bundled database.
+const IANA_NAMES: &str = include_str!("zone_names.txt");
+
+/// Whether `name` is an IANA time zone name (case aside, as the database reads names).
+fn is_iana_name(name: &str) -> bool {
+    IANA_NAMES.lines().any(|n| n.eq_ignore_ascii_case(name))
+}
+
 /// Where a quota's periods are counted: a fixed offset from UTC, or an IANA time zone (with its
 /// daylight-saving rules; feature `time-zones`).
 #[derive(Clone)]
@@ -134,12 +144,8 @@ impl Zone {
 
     #[cfg(not(feature = "time-zones"))]
     fn named(name: &str) -> Result<Zone, CalendarError> {
-        // Looks like an IANA name (`Area/Location`): say which feature knows it.
-        if name.contains('/')
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"/_-+".contains(&b))
-        {
+        // An IANA name: say which feature knows its rules. Any other name is no zone at all.
+        if is_iana_name(name) {
             Err(CalendarError::NeedsFeature(name.to_owned()))
         } else {
             Err(CalendarError::Zone(name.to_owned()))
@@ -1055,6 +1061,34 @@ mod tests {
             month.period_at(utc(2026, 7, 10, 0, 0)),
             (utc(2026, 6, 30, 22, 0), utc(2026, 7, 31, 22, 0))
         );
+    }
+
+    /// The names a build without the feature knows are the bundled database's.
+    #[cfg(feature = "time-zones")]
+    #[test]
+    fn the_iana_names_are_the_bundled_databases() {
+        let mut names: Vec<String> = jiff::tz::db().available().map(|n| n.to_string()).collect();
+        names.sort();
+        let listed: Vec<&str> = IANA_NAMES.lines().collect();
+        assert_eq!(
+            listed, names,
+            "src/algo/zone_names.txt: one name a line, from jiff::tz::db().available(), sorted"
+        );
+    }
+
+    /// A name that is no zone at all is "not a known zone", with the feature or without it.
+    #[test]
+    fn a_name_that_is_no_zone_is_not_a_known_zone() {
+        for name in ["Mars/Olympus", "Europe/Atlantis", "Berlin"] {
+            assert_eq!(
+                CalendarQuota::new(5, Period::Day)
+                    .unwrap()
+                    .zone(name)
+                    .unwrap_err(),
+                CalendarError::Zone(name.into()),
+                "{name}"
+            );
+        }
     }
 
     #[cfg(not(feature = "time-zones"))]
