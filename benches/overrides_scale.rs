@@ -7,6 +7,8 @@
 //! Fills the hash with `--overrides` blocks (straight into Redis, as a store of that size holds
 //! them), connects `--instances` backends with a limiter each (every one its own connections
 //! and its own copy of the overrides, in this one process), then:
+//! - the start-up of a fresh instance: `connect` returns once it read the stored overrides
+//!   whole,
 //! - the memory the instances hold, per override per instance (the process's resident size
 //!   before and after they loaded the store),
 //! - the store's time over 5 quiet seconds (`INFO commandstats`, after `CONFIG RESETSTAT`),
@@ -158,7 +160,8 @@ fn main() {
         let live_before = LIVE.load(Ordering::Relaxed);
         let started = Instant::now();
         let mut limiters = Vec::with_capacity(instances);
-        for _ in 0..instances {
+        for i in 0..instances {
+            let connecting = Instant::now();
             let backend = RedisBackend::from_url(&url)
                 .prefix(PREFIX)
                 .max_overrides(n as usize + 100)
@@ -166,6 +169,15 @@ fn main() {
                 .connect()
                 .await
                 .unwrap();
+            if i == 0 {
+                // A fresh instance starts once it read the stored overrides whole (it decides
+                // no request before: issue 53).
+                println!(
+                    "start-up: connect returned ready after {:.2} s (the stored overrides read whole)",
+                    connecting.elapsed().as_secs_f64()
+                );
+                assert!(backend_ready(&backend));
+            }
             limiters.push(Limiter::new(
                 Limits::from_yaml_str(LIMITS, None).unwrap(),
                 backend,
@@ -245,4 +257,9 @@ fn main() {
         );
         let _ = client.quit().await;
     });
+}
+
+fn backend_ready(backend: &RedisBackend) -> bool {
+    use tower_ratelimits::Backend;
+    backend.ready()
 }

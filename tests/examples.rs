@@ -115,6 +115,19 @@ impl Example {
         self.dir.join("overrides.yaml")
     }
 
+    /// Waits (bounded) until `GET /ready` answers 200: on Redis, once the instance read the
+    /// stored overrides whole (a lazy connection reads them in the background).
+    async fn until_ready(&self) {
+        let client = reqwest_like::Client::new();
+        for _ in 0..600 {
+            if get(&client, &self.base, "/ready", None).await.0 == 200 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{} never became ready", self.base);
+    }
+
     /// Waits for a log line containing `needle` (the reload is asynchronous), returning it.
     fn log_line(&self, needle: &str) -> String {
         loop {
@@ -399,6 +412,7 @@ async fn axum_redis_counts_outcomes_round_trips_and_deny_cache_hits_and_reloads(
     let redis = support::redis::RedisServer::start();
     let url = redis.url();
     let example = Example::start("axum_redis", &[("REDIS_URL", url.as_str())]);
+    example.until_ready().await;
     let client = reqwest_like::Client::new();
     script(&client, &example.base, true).await;
     let m = Scrape::of(&client, &example.base).await;
@@ -479,6 +493,9 @@ async fn two_axum_redis_instances_share_overrides_set_through_either_admin_api()
                 )
             })
             .collect();
+        for instance in &instances {
+            instance.until_ready().await;
+        }
         let admin =
             |i: usize| support::http::HttpClient::for_base(&format!("http://{}", admins[i]));
         let client = reqwest_like::Client::new();
@@ -563,6 +580,9 @@ RequestsPerIPv6Range:
     let instances: Vec<Example> = (0..count)
         .map(|_| Example::start_with("axum_redis", PREFETCHING, &env))
         .collect();
+    for instance in &instances {
+        instance.until_ready().await;
+    }
     let calls = || -> u64 {
         ports
             .iter()
@@ -632,6 +652,8 @@ RequestsPerIPv6Range:
         let env = [("REDIS_URL", url.as_str())];
         let mut a = Example::start_with("axum_redis", SLOW, &env);
         let b = Example::start_with("axum_redis", SLOW, &env);
+        a.until_ready().await;
+        b.until_ready().await;
         let started = std::time::Instant::now();
         let mut admitted = 0;
         for _ in 0..60 {

@@ -500,3 +500,56 @@ async fn a_full_store_refuses_a_new_override_with_507() {
         assert!(!a.listed().await.iter().any(|(_, id)| id == "three"));
     }
 }
+
+/// Issue 53, item 13: a fresh instance never decides an overridden id without its override.
+/// 200,000 stored blocks: `connect` returns once they are read whole (it returned after 2 s,
+/// and an instance serving while it read admitted blocked ids), so the last one written is
+/// refused on the first request and the instance says it is ready. A lazy backend whose store
+/// is down at start is not ready, and its spends fail (the layer's failure policy answers
+/// them) until its first read, in the background, once the store is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_instance_decides_no_request_before_it_read_every_override() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("overrides-fresh");
+    let seed = backend(&server.url(), &prefix).await;
+    let hash = format!("{prefix}{{overrides}}");
+    let fill = "for i = 1, 200000 do redis.call('HSET', KEYS[1], 'PerClient:f' .. i, \
+        '{\"v\":1,\"limit\":\"PerClient\",\"id\":\"f' .. i .. '\",\"block\":true}') end";
+    raw(&seed, &hash, fill, vec![]).await;
+    let fresh = instance(backend(&server.url(), &prefix).await).await;
+    assert!(fresh.limiter.is_ready());
+    assert_eq!(fresh.limiter.limits().stored_override_count(), 200_000);
+    for id in ["f1", "f100000", "f200000"] {
+        assert_eq!(fresh.request(id).await.status, 429, "{id}");
+    }
+
+    // Lazy, with the store down at start: not ready, and a spend fails, until it is up and read.
+    let port = support::redis::free_port();
+    let lazy = RedisBackend::from_url(format!("redis://127.0.0.1:{port}"))
+        .prefix(&prefix)
+        .lazy(true)
+        .command_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let limits = tower_ratelimits::Limits::from_yaml_str(support::admin::LIMITS, None).unwrap();
+    let limiter = tower_ratelimits::Limiter::new(limits, lazy);
+    assert!(!limiter.is_ready());
+    let key = limiter.parse_key("PerClient", "f7").unwrap();
+    let tx = || [tower_ratelimits::Transaction::new(key.clone())];
+    assert!(matches!(
+        limiter.spend(&tx()).await,
+        Err(tower_ratelimits::LimiterError::Backend(
+            tower_ratelimits::BackendError::Unavailable(_)
+        ))
+    ));
+    let _late = RedisServer::start_on(port, &[]);
+    // Another store (empty) on the same address: read whole once it answers.
+    within(
+        Duration::from_secs(10),
+        "the lazy backend is ready",
+        || async { limiter.is_ready().then_some(()).ok_or("not yet".to_owned()) },
+    )
+    .await;
+    assert!(limiter.spend(&tx()).await.unwrap().allowed());
+}

@@ -297,7 +297,8 @@ async fn serve_admin(addr: SocketAddr, limiter: Limiter) -> Result<(), String> {
     Ok(())
 }
 
-/// Serves `app` (already rate limited) and `GET /metrics` (not rate limited) until Ctrl-C,
+/// Serves `app` (already rate limited), `GET /metrics` and `GET /ready` (not rate limited) until
+/// Ctrl-C,
 /// reloading `limiter`'s limits when the YAML files change; `path` is the one the printed
 /// `curl` loop asks.
 pub async fn serve_app(
@@ -310,6 +311,25 @@ pub async fn serve_app(
     if let Some(addr) = settings.admin_addr {
         serve_admin(addr, limiter.clone()).await?;
     }
+    // Readiness for a load balancer (not rate limited): 503 until the limiter decides with all
+    // it must know (on Redis, once the stored overrides were read whole).
+    let ready = limiter.clone();
+    let app = app.route(
+        "/ready",
+        get(move || {
+            let ready = ready.is_ready();
+            async move {
+                if ready {
+                    (axum::http::StatusCode::OK, "ready\n")
+                } else {
+                    (
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        "not ready: reading the stored overrides\n",
+                    )
+                }
+            }
+        }),
+    );
     #[cfg(feature = "reload")]
     let _watcher = tower_ratelimits::LimitsWatcher::spawn(
         limiter,

@@ -92,9 +92,11 @@ pub enum CalendarError {
 /// The IANA time zone names of the tz database the feature `time-zones` bundles (jiff's), one a
 /// line, sorted: without the feature a build still tells a zone it cannot read from a name
 /// that is no zone at all. A test with the feature holds the list to the bundled database.
+#[cfg(any(not(feature = "time-zones"), test))]
 const IANA_NAMES: &str = include_str!("zone_names.txt");
 
 /// Whether `name` is an IANA time zone name (case aside, as the database reads names).
+#[cfg(not(feature = "time-zones"))]
 fn is_iana_name(name: &str) -> bool {
     IANA_NAMES.lines().any(|n| n.eq_ignore_ascii_case(name))
 }

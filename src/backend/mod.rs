@@ -413,6 +413,15 @@ pub trait Backend: Send + Sync + 'static {
     fn prefetches(&self) -> bool {
         false
     }
+
+    /// Whether the backend decides with all it must know. The Redis backend is not ready until
+    /// it has read the stored overrides whole once (a fresh instance never decides an
+    /// overridden id without its override: until then a spend fails, and the layer's failure
+    /// policy answers); a backend that keeps no overrides elsewhere is always ready (the
+    /// default). [`Limiter::is_ready`](crate::Limiter::is_ready) asks it, for a readiness probe.
+    fn ready(&self) -> bool {
+        true
+    }
 }
 
 impl BackendError {
@@ -437,6 +446,9 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn prefetches(&self) -> bool {
         (**self).prefetches()
+    }
+    fn ready(&self) -> bool {
+        (**self).ready()
     }
     fn override_store(&self) -> Option<OverrideStoreRef> {
         (**self).override_store()

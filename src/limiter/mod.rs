@@ -278,6 +278,24 @@ impl Limiter {
         limiter
     }
 
+    /// Whether the limiter decides with all it must know: its backend is ready
+    /// ([`Backend::ready`]; on Redis, the stored overrides were read whole once). Until then a
+    /// spend fails and the layer's failure policy answers: give it to a load balancer as the
+    /// instance's readiness, so that no traffic reaches an instance before it knows every
+    /// block.
+    ///
+    /// ```
+    /// # use tower_ratelimits::{Limiter, Limits, MemoryBackend};
+    /// # let limits = Limits::from_yaml_str("A: {burst: 1, count: 1, period: 1s}", None).unwrap();
+    /// let limiter = Limiter::new(limits, MemoryBackend::new());
+    /// assert!(limiter.is_ready()); // memory keeps its overrides itself
+    /// // axum: .route("/ready", get(move || async move {
+    /// //     if limiter.is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE } }))
+    /// ```
+    pub fn is_ready(&self) -> bool {
+        self.inner.backend.ready()
+    }
+
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend

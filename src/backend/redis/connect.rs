@@ -343,12 +343,16 @@ impl RedisBackendBuilder {
             }
         }
         let backend = self.finish(conn, owned || clustered, clustered, timeout);
-        // The overrides set at run time, before the first request (if Redis answers in time:
-        // otherwise the task following them reads them within a second of it answering).
-        match tokio::time::timeout(connect_timeout, backend.read_overrides()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "stored overrides could not be read yet"),
-            Err(_) => tracing::warn!("stored overrides could not be read yet: timed out"),
+        // The overrides set at run time, read whole before the first request: a fresh instance
+        // never decides an overridden id without its override (issue 53: one that served while
+        // it read 1,000,000 stored blocks admitted blocked ids for 29 s). Each page is bounded
+        // by the command timeout; the read as a whole by what the store holds.
+        if let Err(e) = backend.read_overrides().await {
+            return Err(RedisSetupError::connect(
+                &at,
+                format!("the stored overrides could not be read: {e}"),
+                !clustered,
+            ));
         }
         Ok(backend)
     }
@@ -389,6 +393,7 @@ impl RedisBackendBuilder {
                 override_sync: std::sync::Mutex::default(),
                 max_overrides: self.max_overrides,
                 override_read: tokio::sync::Mutex::new(()),
+                overrides_ready: std::sync::atomic::AtomicBool::new(false),
                 override_names: super::overrides::Names::new(&self.prefix),
                 prefix: self.prefix,
             }),

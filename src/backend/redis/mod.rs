@@ -158,7 +158,18 @@ struct Inner {
     max_overrides: usize,
     /// Held by the read of the whole hash under way (one at a time).
     override_read: tokio::sync::Mutex<()>,
+    /// Whether the stored overrides were read whole once: until then no spend is decided
+    /// (an overridden id must never be decided without its override).
+    overrides_ready: std::sync::atomic::AtomicBool,
     override_names: overrides::Names,
+}
+
+/// A spend before the stored overrides were read whole: the failure policy answers it.
+#[cold]
+fn not_ready() -> BackendError {
+    BackendError::Unavailable(
+        "the stored overrides are not read yet: no request is decided without them".into(),
+    )
 }
 
 /// A TAT the script answered (on the server's clock, `server_now` then), on the local clock
@@ -829,6 +840,9 @@ impl Backend for RedisBackend {
         if batch.is_empty() {
             return Spend::Ready(Ok(Outcomes::new()));
         }
+        if !self.ready() {
+            return Spend::Ready(Err(not_ready()));
+        }
         let (now, local_now) = match self.now_arg() {
             Ok(t) => t,
             Err(e) => return Spend::Ready(Err(e)),
@@ -894,6 +908,14 @@ impl Backend for RedisBackend {
 
     fn prefetches(&self) -> bool {
         self.inner.prefetch
+    }
+
+    /// Ready once the stored overrides were read whole (`connect` waits for that read; a lazy
+    /// backend is ready once its first read, in the background, completes).
+    fn ready(&self) -> bool {
+        self.inner
+            .overrides_ready
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn override_store(&self) -> Option<crate::backend::OverrideStoreRef> {

@@ -514,6 +514,9 @@ impl RedisBackend {
         synced.read = true;
         synced.stale = false;
         drop(synced);
+        self.inner
+            .overrides_ready
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(watched.current())
     }
 
