@@ -1280,7 +1280,7 @@ T2:
     let limits = Limits::from_yaml_str(yaml, None).unwrap_or_else(|e| panic!("{e}"));
     let gcra = |name: &str| {
         let key = BucketKey::new(limits.name(name).unwrap(), Id::from(7u64));
-        limits.resolve(&key).unwrap().as_gcra().unwrap().clone()
+        *limits.resolve(&key).unwrap().as_gcra().unwrap()
     };
     assert_eq!((gcra("B").burst(), gcra("B").count()), (5, 5));
     assert_eq!((gcra("C").burst(), gcra("C").count()), (10, 5));

@@ -329,7 +329,15 @@ async fn simulate_main(args: Args) -> Result<(), String> {
         }
     );
     let axis = timeline::Axis::new(&events, args.width);
-    let mut drawing = timeline::Timeline::new(axis, &limiter, memory, clock.clone(), title);
+    // A trace whose first line is dated is drawn on an axis of UTC dates.
+    let dated = String::from_utf8_lossy(&text)
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .find(|l| !l.is_empty())
+        .and_then(|l| l.split_whitespace().next())
+        .is_some_and(|time| time.ends_with('Z') && time.contains('T'));
+    let mut drawing =
+        timeline::Timeline::new(axis, &limiter, memory, clock.clone(), title).dated(dated);
     simulate::run_observed(&limiter, &clock, &text[..], stdout, &mut drawing)
         .await
         .map_err(|e| e.to_string())?;

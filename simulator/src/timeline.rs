@@ -9,7 +9,9 @@
 //!
 //! Layout, per bucket (a "lane"): a header, one row per drawn quantity (tokens for GCRA; per
 //! tier, the grants its window counts and its active and cooldown periods; slots in use for a
-//! concurrency limit), and a row of marks. Idle stretches (every bucket back to a fresh state
+//! concurrency limit; units used of the count for a calendar quota, its renewals marked across
+//! the lane), and a row of marks. A trace whose first line is dated is drawn on an axis of UTC
+//! dates (ticks on whole minutes, hours or days). Idle stretches (every bucket back to a fresh state
 //! and nothing happening) longer than a twentieth of the trace are cut out of the axis and
 //! drawn as a break. Marks closer than [`BIN_PX`] pixels are stacked, up to [`STACK`] of
 //! them, or drawn as one aggregate mark with their counts, and a quantity's curve keeps at most four points per pixel column, so a
@@ -22,7 +24,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use tower_ratelimits::__private::tiers::MAX_TIERS;
-use tower_ratelimits::__private::{gcra, tiers};
+use tower_ratelimits::__private::{calendar, gcra, tiers};
 use tower_ratelimits::{
     BatchDecision, BucketKey, LimitName, Limiter, Limits, ManualClock, MemoryBackend, Quota,
     TierGrant, Transaction,
@@ -190,6 +192,9 @@ pub fn memory_us(quota: Option<&Quota>) -> u64 {
             .max()
             .unwrap_or(0),
         Some(Quota::Concurrency(c)) => c.lease_us(),
+        // Units used count until the renewal, drawn as such; a stretch with no request is cut
+        // out all the same (a calendar trace spans months, its lines hours or days apart).
+        Some(Quota::Calendar(_)) => 0,
         Some(_) => 0,
     }
 }
@@ -403,6 +408,9 @@ pub struct Timeline {
     lines: usize,
     /// Decisions on buckets beyond [`MAX_LANES`], not drawn.
     undrawn: u64,
+    /// The trace's times are dates: the axis is labelled in UTC dates, its ticks on whole
+    /// minutes, hours or days.
+    dated: bool,
 }
 
 impl Timeline {
@@ -426,7 +434,14 @@ impl Timeline {
             title,
             lines: 0,
             undrawn: 0,
+            dated: false,
         }
+    }
+
+    /// Labels the axis in UTC dates (a trace whose lines are dated).
+    pub fn dated(mut self, dated: bool) -> Timeline {
+        self.dated = dated;
+        self
     }
 
     /// The lane of `key`, made on its first request; `None` past [`MAX_LANES`].
@@ -449,6 +464,7 @@ impl Timeline {
                 .map(|(i, tier)| Series::new(format!("T{} used", i + 1), tier.limit()))
                 .collect(),
             Some(Quota::Concurrency(c)) => vec![Series::new("slots in use".into(), c.max())],
+            Some(Quota::Calendar(c)) => vec![Series::new("used".into(), c.count())],
             Some(_) => Vec::new(),
         };
         let tiers = quota
@@ -634,7 +650,36 @@ impl Lane {
             Some(Quota::Concurrency(_)) => {
                 out[0] = backend.map_or(0, |b| b.leases(&self.key) as u64);
             }
+            Some(Quota::Calendar(c)) => {
+                // The units used in the period in force (an overrun drawn at the count).
+                let state = backend.and_then(|b| b.calendar_state(&self.key));
+                let (_, end) = c.period_at(now);
+                out[0] = calendar::used(state, end, now).min(c.count());
+            }
             Some(_) => {}
+        }
+        out
+    }
+
+    /// The renewals of a calendar quota inside `[from, to]` (trace time), at most `MAX`.
+    fn renewals(&self, from: u64, to: u64) -> Vec<u64> {
+        const MAX: usize = 400;
+        let Some(Quota::Calendar(c)) = &self.quota else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let (_, mut end) = c.period_at(EPOCH_US.saturating_add(from));
+        while out.len() < MAX {
+            let t = end.saturating_sub(EPOCH_US);
+            if t > to || end <= EPOCH_US {
+                break;
+            }
+            out.push(t);
+            let next = c.period_at(end).1;
+            if next <= end {
+                break;
+            }
+            end = next;
         }
         out
     }
@@ -710,8 +755,29 @@ impl Lane {
                 c.max(),
                 seconds(c.lease_us())
             ),
+            Some(Quota::Calendar(c)) => format!(
+                "calendar: {} per {}{}, at {} {}",
+                c.count(),
+                c.period().as_str(),
+                c.anchor()
+                    .map_or(String::new(), |a| format!(", renewing on day {a}")),
+                c.renews_at(),
+                c.zone_name()
+            ),
             Some(_) => "a limit of another shape".into(),
         }
+    }
+}
+
+/// A UTC instant as an axis label: the day (`2028-02-01`) when ticks are days apart, else the
+/// day and the minute (`2028-01-31 12:00`).
+fn date_label(us: u64, step: u64) -> String {
+    let text = calendar::instant_text(us);
+    let day = &text[..text.len().min(10)];
+    if step >= 86_400_000_000 {
+        day.to_owned()
+    } else {
+        format!("{day} {}", &text[11..text.len().min(16)])
     }
 }
 
@@ -753,6 +819,7 @@ svg{font:12px system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;background:#f
 .area{fill:#cfe3f7}
 .curve{fill:none;stroke:#2b6cb0;stroke-width:1.5}
 .cap{stroke:#2b6cb0;stroke-dasharray:2 3;stroke-width:.8}
+.renewal{stroke:#2f855a;stroke-dasharray:4 3;stroke-width:1.2}
 .active{fill:#c6f0d0}
 .cooldown{fill:#f8cccc}
 .ok{fill:#2f9e44}
@@ -883,28 +950,60 @@ impl Timeline {
             r#"<line class="axis" x1="{LEFT}" x2="{}" y1="{top}" y2="{top}"/>"#,
             self.axis.width - RIGHT
         );
-        // Ticks every 1, 2 or 5 x 10^k microseconds, at least 90 px apart.
-        let min_us = self.axis.us_per_px * 90.0;
+        // Ticks every 1, 2 or 5 x 10^k microseconds, at least 90 px apart; on a dated trace,
+        // every whole minute, hour or day (in UTC) that far apart, at least 130 px.
+        let min_us = self.axis.us_per_px * if self.dated { 130.0 } else { 90.0 };
         let mut step = 1u64;
-        'find: for exp in 0..19u32 {
-            for m in [1u64, 2, 5] {
-                let s = m.saturating_mul(10u64.saturating_pow(exp));
-                if s as f64 >= min_us {
-                    step = s;
-                    break 'find;
+        if self.dated {
+            const MIN: u64 = 60_000_000;
+            step = [
+                1, 5, 15, 30, 60, 180, 360, 720, 1440, 2880, 10_080, 20_160, 43_200,
+            ]
+            .iter()
+            .map(|m| m * MIN)
+            .find(|&s| s as f64 >= min_us)
+            .unwrap_or(86_400 * 365 * 1_000_000);
+        } else {
+            'find: for exp in 0..19u32 {
+                for m in [1u64, 2, 5] {
+                    let s = m.saturating_mul(10u64.saturating_pow(exp));
+                    if s as f64 >= min_us {
+                        step = s;
+                        break 'find;
+                    }
                 }
             }
         }
+        // Dated ticks fall on whole UTC instants, counted from 1970, not from the trace's start.
+        let origin = if self.dated { EPOCH_US } else { 0 };
+        // A label too close to the last one (across a cut) is left out.
+        let mut last_label = f64::NEG_INFINITY;
+        let gap = if self.dated { 110.0 } else { 60.0 };
         for (k, p) in self.axis.pieces.iter().enumerate() {
-            let mut t = p.start.div_ceil(step).saturating_mul(step);
+            let mut t = (origin + p.start)
+                .div_ceil(step)
+                .saturating_mul(step)
+                .saturating_sub(origin);
             while t <= p.end {
                 let x = self.axis.x(t);
+                if x - last_label < gap {
+                    t = match t.checked_add(step) {
+                        Some(n) => n,
+                        None => break,
+                    };
+                    continue;
+                }
+                last_label = x;
+                let label = if self.dated {
+                    date_label(EPOCH_US.saturating_add(t), step)
+                } else {
+                    seconds(t)
+                };
                 let _ = write!(
                     out,
-                    r#"<line class="grid" x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{:.0}"/><text x="{x:.1}" y="{}" text-anchor="middle" class="muted">{}</text>"#,
+                    r#"<line class="grid" x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{:.0}"/><text x="{x:.1}" y="{}" text-anchor="middle" class="muted" data-tick-us="{t}">{label}</text>"#,
                     height - 24.0,
                     top - 5.0,
-                    seconds(t)
                 );
                 t = match t.checked_add(step) {
                     Some(n) => n,
@@ -942,6 +1041,7 @@ impl Timeline {
                 Some(Quota::Gcra(_)) => "gcra",
                 Some(Quota::Tiered(_)) => "tiered",
                 Some(Quota::Concurrency(_)) => "concurrency",
+                Some(Quota::Calendar(_)) => "calendar",
                 Some(_) => "other",
             },
             y,
@@ -952,6 +1052,19 @@ impl Timeline {
             y + 15.0,
             esc(&lane.quota_text())
         );
+        // A calendar quota's renewals, across the lane: the count is whole again from each.
+        for piece in &self.axis.pieces {
+            for t in lane.renewals(piece.start, piece.end) {
+                let x = self.axis.x(t);
+                let _ = write!(
+                    out,
+                    r#"<line class="renewal" data-renewal-us="{t}" x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}"><title>renews {}</title></line>"#,
+                    y + HEAD_H,
+                    y + lane.height() - 4.0,
+                    calendar::instant_text(EPOCH_US.saturating_add(t))
+                );
+            }
+        }
         let mut row_y = y + HEAD_H;
         for (i, series) in lane.series.iter().enumerate() {
             let base = row_y + ROW_H - 6.0;

@@ -28,7 +28,9 @@
 //! `{"line":N,"at_us":T,"op":"spend","allowed":bool,"remaining":R,"retry_after_us":X,
 //! "reset_after_us":Y,"decisions":[{"limit":"Name","id":"...","allowed":bool,"remaining":R,
 //! "retry_after_us":X,"reset_after_us":Y}, ...]}`; the top-level fields are the batch decision
-//! (its strictest transaction). The decision of a range (`cost=<min>..<max>`), of a charge and
+//! (its strictest transaction). `at_us` is the line's time in microseconds since the trace's
+//! start, [`EPOCH_US`] (2023-11-14T22:13:20Z): `250ms` is 250000, and a dated line's is its
+//! instant less the start (`2028-02-01T00:00:00Z` is 132976000000000). The decision of a range (`cost=<min>..<max>`), of a charge and
 //! of a tiered limit also has `"granted":G` (units granted or charged); a tiered one also has `"tiers":[units per
 //! tier]`, `"burst":bool` (it burst into a higher tier) and `"tier":N` (the tier serving the
 //! client, or the one that refused). A transaction the

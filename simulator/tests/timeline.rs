@@ -799,3 +799,59 @@ fn the_page_opens_in_a_real_browser_without_errors_or_network_requests() {
     // The navigation itself is the one request seen: the Network domain does watch.
     assert!(b.requests().iter().any(|u| u == &url), "{:?}", b.requests());
 }
+
+/// Issue 53, item 4: a calendar quota is drawn as the units used against its count, with its
+/// renewals marked, on an axis labelled in UTC dates from the first line (its lanes were "a
+/// limit of another shape", dots on an axis of seconds since the trace's epoch).
+#[test]
+fn a_calendar_quota_is_drawn_as_units_used_with_its_renewals_on_a_dated_axis() {
+    let (json, svg) = draw(
+        &repo("examples/traces/calendar.yaml"),
+        &[&repo("examples/traces/calendar.trace")],
+        &[],
+    );
+    let doc = roxmltree::Document::parse(&svg).unwrap();
+    let lane = doc
+        .descendants()
+        .find(|n| {
+            n.attribute("class") == Some("lane") && n.attribute("data-key") == Some("Monthly=a")
+        })
+        .expect("a lane for Monthly=a");
+    assert_eq!(lane.attribute("data-kind"), Some("calendar"));
+    let texts: Vec<&str> = lane.descendants().filter_map(|n| n.text()).collect();
+    assert!(texts.contains(&"used (0..5)"), "{texts:?}");
+    assert!(
+        texts.contains(&"calendar: 5 per month, at 00:00 UTC"),
+        "{texts:?}"
+    );
+    // The renewal of 2028-02-01, in trace time (microseconds since the trace's start).
+    let renewal = tower_ratelimits::__private::calendar::parse_instant("2028-02-01T00:00:00Z")
+        .unwrap()
+        - 1_700_000_000_000_000;
+    let renewals: Vec<u64> = lane
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("renewal"))
+        .map(|n| attr(n, "data-renewal-us").parse().unwrap())
+        .collect();
+    assert!(renewals.contains(&renewal), "{renewals:?}");
+    // The units used after the third request (3, then a range taking the 2 left, of 5): 5.
+    let third = json[2]["line"].to_string();
+    let used: Vec<f64> = lane
+        .descendants()
+        .filter(|n| {
+            n.attribute("class") == Some("qp") && n.attribute("data-line") == Some(third.as_str())
+        })
+        .map(|n| num(n, "data-value"))
+        .collect();
+    assert_eq!(used, [5.0]);
+    // Dated: the first tick is the first line's day, every label a date.
+    let ticks: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.attribute("data-tick-us").is_some())
+        .filter_map(|n| n.text())
+        .collect();
+    assert_eq!(ticks.first(), Some(&"2028-01-31"), "{ticks:?}");
+    assert!(ticks.iter().all(|t| t.starts_with("2028-")), "{ticks:?}");
+    // `at_us` of a dated line is its instant less the trace's start (2023-11-14T22:13:20Z).
+    assert_eq!(json[0]["at_us"], renewal - 12 * 3_600_000_000);
+}

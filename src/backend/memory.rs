@@ -44,6 +44,7 @@ use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
 use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
+use crate::algo::calendar::CalendarState;
 use crate::algo::tiers::TierState;
 use crate::algo::{concurrency, gcra};
 use crate::backend::Outcome;
@@ -406,6 +407,17 @@ impl MemoryBackend {
         let s = lock(&slot);
         match &s.state {
             Some(kit::Stored::Tiers(state)) if !s.removed => Some(state.clone()),
+            _ => None,
+        }
+    }
+
+    /// The state of a calendar key, if one is held (the units used and the end of the period
+    /// they were counted in; for the simulator's drawing, tests and diagnostics).
+    pub fn calendar_state(&self, key: &BucketKey) -> Option<CalendarState> {
+        let slot = self.inner.tiers.get(key)?.clone();
+        let s = lock(&slot);
+        match &s.state {
+            Some(kit::Stored::Calendar(state)) if !s.removed => Some(*state),
             _ => None,
         }
     }
