@@ -114,6 +114,28 @@ fn app(limit: &str) -> App {
     }
 }
 
+/// An app behind `layer`: `/stream` answers a body fed by the test through the returned
+/// senders (its slot held until the body ends), `/quick` answers at once.
+fn streaming_app(layer: RateLimitLayer) -> (Router, Feeds) {
+    let feeds: Feeds = Arc::default();
+    let streams = feeds.clone();
+    let app = Router::new()
+        .route(
+            "/stream",
+            get(move || {
+                let feeds = streams.clone();
+                async move {
+                    let (tx, rx) = mpsc::channel(4);
+                    feeds.lock().unwrap().push(tx);
+                    Body::new(ChannelBody(rx))
+                }
+            }),
+        )
+        .route("/quick", get(|| async { "quick" }))
+        .layer(layer);
+    (app, feeds)
+}
+
 /// A response body made of the chunks sent on its channel, ending when every sender is gone.
 struct ChannelBody(mpsc::Receiver<Result<Bytes, Infallible>>);
 
@@ -597,22 +619,7 @@ async fn slots_the_fallback_handed_out_count_in_the_store_once_it_returns() {
         .on_backend_failure(tower_ratelimits::FailurePolicy::FallbackToMemory { percent: 100 })
         .build()
         .unwrap();
-    let feeds: Feeds = Arc::default();
-    let streams = feeds.clone();
-    let app = Router::new()
-        .route(
-            "/stream",
-            get(move || {
-                let feeds = streams.clone();
-                async move {
-                    let (tx, rx) = mpsc::channel(4);
-                    feeds.lock().unwrap().push(tx);
-                    Body::new(ChannelBody(rx))
-                }
-            }),
-        )
-        .route("/quick", get(|| async { "quick" }))
-        .layer(layer);
+    let (app, feeds) = streaming_app(layer);
     let get_ = |path: &'static str| {
         let app = app.clone();
         async move {
@@ -780,22 +787,7 @@ fn a_reload_with_slots_held_keeps_the_server_answering_and_the_slots_renewed() {
                     .rule(Rule::new("Streams", Header::new("x-account")).for_path_prefix("/stream"))
                     .build()
                     .unwrap();
-                let feeds: Feeds = Arc::default();
-                let streams = feeds.clone();
-                let app = Router::new()
-                    .route(
-                        "/stream",
-                        get(move || {
-                            let feeds = streams.clone();
-                            async move {
-                                let (tx, rx) = mpsc::channel(4);
-                                feeds.lock().unwrap().push(tx);
-                                Body::new(ChannelBody(rx))
-                            }
-                        }),
-                    )
-                    .route("/quick", get(|| async { "quick" }))
-                    .layer(layer);
+                let (app, feeds) = streaming_app(layer);
                 let get_ = |path: &'static str| {
                     let app = app.clone();
                     async move {
