@@ -717,3 +717,61 @@ async fn near_limit_counts_the_allowed_requests_close_to_the_limit() {
         );
     }
 }
+
+/// Issue 53, item 3 (in part): a limit that asks for fail-closed (`on_store_failure:
+/// fail_closed`) refuses its requests while the store fails, whatever the layer's policy: a
+/// monthly quota neither opens (`FailOpen`, which made it unlimited) nor falls back to a fresh
+/// count in memory. A request with only other limits follows the layer's policy.
+#[tokio::test]
+async fn a_limit_that_fails_closed_wins_over_the_layers_policy() {
+    let yaml = "\
+PerIp: {kind: ip, burst: 5, count: 5, period: 1s}
+Monthly: {kind: ip, calendar: {count: 100, period: month}, on_store_failure: fail_closed}
+";
+    for policy in [
+        FailurePolicy::FailOpen,
+        FailurePolicy::FallbackToMemory { percent: 50 },
+    ] {
+        let limits = Limits::from_yaml_str(yaml, None).unwrap();
+        assert!(limits.fails_closed(limits.name("Monthly").unwrap()));
+        assert!(!limits.fails_closed(limits.name("PerIp").unwrap()));
+        let layer = |rules: Vec<Rule>| {
+            let mut b = RateLimitLayer::builder(Limiter::new(
+                Limits::from_yaml_str(yaml, None).unwrap(),
+                Broken { hang: false },
+            ))
+            .on_backend_failure(policy);
+            for r in rules {
+                b = b.rule(r);
+            }
+            app(b.build().unwrap())
+        };
+        let both = layer(vec![
+            Rule::new("PerIp", ClientIp::new()),
+            Rule::new("Monthly", ClientIp::new()),
+        ]);
+        let (status, _, body) =
+            send(&both, request("10.0.0.1:1").body(Body::empty()).unwrap()).await;
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{policy:?}: {body}"
+        );
+        let open = layer(vec![Rule::new("PerIp", ClientIp::new())]);
+        let (status, _, body) =
+            send(&open, request("10.0.0.1:1").body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::OK, "{policy:?}: {body}");
+    }
+    // Anything else than `fail_closed` or `layer` is a located error naming the field.
+    let err = Limits::from_yaml_str(
+        "A: {burst: 1, count: 1, period: 1s, on_store_failure: closed}\n",
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("on_store_failure must be `fail_closed` or `layer`"),
+        "{err}"
+    );
+    assert_eq!(err.location().line, Some(1));
+}

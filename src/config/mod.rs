@@ -108,6 +108,11 @@ pub enum ConfigErrorKind {
     /// An override for a name with no definition.
     #[error("override for unknown limit {0:?}")]
     UnknownName(String),
+    /// `on_store_failure` other than `fail_closed` or `layer`.
+    #[error(
+        "on_store_failure must be `fail_closed` or `layer` (the layer's failure policy), found {0:?}"
+    )]
+    OnStoreFailure(String),
     /// The same bucket overridden twice.
     #[error("id {0:?} is overridden twice")]
     DuplicateId(String),
@@ -339,6 +344,9 @@ pub(crate) struct NameEntry {
     /// The cost of a request when its transaction sets none.
     pub(crate) cost: u64,
     pub(crate) default: Option<Quota>,
+    /// A store failure refuses a request with a rule of this name, whatever the layer's
+    /// failure policy (`on_store_failure: fail_closed`).
+    pub(crate) fail_closed: bool,
 }
 
 /// A snapshot of every limit: names (interned), id kinds, default costs, defaults and overrides.
@@ -416,6 +424,12 @@ impl Limits {
     /// The cost of one request against a name when the transaction sets none (1 by default).
     pub fn default_cost(&self, name: LimitName) -> u64 {
         self.entry(name).map_or(1, |e| e.cost)
+    }
+
+    /// Whether a store failure refuses the requests of `name` whatever the layer's failure
+    /// policy ([`LimitsBuilder::fail_closed`]).
+    pub fn fails_closed(&self, name: LimitName) -> bool {
+        self.entry(name).is_some_and(|e| e.fail_closed)
     }
 
     /// The default limit of a name (`None`: disabled unless overridden).
@@ -697,8 +711,33 @@ impl LimitsBuilder {
             kind,
             cost,
             default,
+            fail_closed: false,
         });
         Ok(())
+    }
+
+    /// Makes a store failure refuse every request with a rule of `name` (`503`, gRPC
+    /// `UNAVAILABLE`), whatever the layer's failure policy: a quota that must hold through an
+    /// outage (a monthly plan) neither opens nor falls back to memory. YAML:
+    /// `on_store_failure: fail_closed` on the limit.
+    ///
+    /// ```
+    /// use tower_ratelimits::{CalendarQuota, Limits, Period};
+    /// let limits = Limits::builder()
+    ///     .limit("ApiCallsPerMonth", CalendarQuota::new(100_000, Period::Month).unwrap())
+    ///     .fail_closed("ApiCallsPerMonth")
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(limits.fails_closed(limits.name("ApiCallsPerMonth").unwrap()));
+    /// ```
+    pub fn fail_closed(mut self, name: &str) -> Self {
+        match self.limits.config.by_text.get(name).copied() {
+            Some(i) => Arc::make_mut(&mut self.limits.config).names[i].fail_closed = true,
+            None => self.fail(ConfigError::new(ConfigErrorKind::UnknownName(
+                name.chars().take(80).collect(),
+            ))),
+        }
+        self
     }
 
     /// Overrides `name`'s limit for one id, given as text and checked against the name's kind.

@@ -291,6 +291,7 @@ struct Fields<'a> {
     retry_after: Option<&'a Node>,
     kind: Option<&'a Node>,
     cost: Option<&'a Node>,
+    on_store_failure: Option<&'a Node>,
     ids: Option<&'a Node>,
     unlimited: Option<&'a Node>,
     comment: Option<&'a Node>,
@@ -323,6 +324,7 @@ fn fields<'a>(node: &'a Node, allowed: &[&'static str]) -> Result<Fields<'a>, Co
             "retry_after" => &mut f.retry_after,
             "kind" => &mut f.kind,
             "cost" => &mut f.cost,
+            "on_store_failure" => &mut f.on_store_failure,
             "ids" => &mut f.ids,
             "unlimited" => &mut f.unlimited,
             _ => &mut f.comment,
@@ -775,6 +777,7 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
                 "retry_after",
                 "kind",
                 "cost",
+                "on_store_failure",
                 "comment",
             ],
         )
@@ -801,6 +804,20 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
                 };
                 located(e.at_line(line))
             })?;
+        // What a store failure does to this limit's requests: the layer's policy (`layer`, the
+        // default) or a refusal whatever that policy is (`fail_closed`).
+        if let Some(n) = f.on_store_failure {
+            match as_str(n, "fail_closed or layer")? {
+                "layer" => {}
+                "fail_closed" => *builder = std::mem::take(builder).fail_closed(name),
+                other => {
+                    return Err(located(err_at(
+                        ConfigErrorKind::OnStoreFailure(other.chars().take(80).collect()),
+                        n.line,
+                    )));
+                }
+            }
+        }
     }
     Ok(())
 }

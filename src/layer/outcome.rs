@@ -187,7 +187,8 @@ fn decided(
     head: bool,
 ) -> Decided {
     match (result, &shared.failure.fallback) {
-        (Err(failure), Some(fallback)) if failure.store_failed() => {
+        // A limit that fails closed is never decided by the fallback.
+        (Err(failure), Some(fallback)) if failure.store_failed() && !fails_closed(shared, &txs) => {
             let local = fallback.limiter(&shared.limiter);
             tracing::debug!(target: crate::telemetry::target::BACKEND, reason = %failure, "rate limit store failed; deciding in memory");
             // In memory it always answers at once; if it did not, the failure stands.
@@ -374,7 +375,8 @@ pub(crate) fn conclude(
                 ),
                 Failure::Limiter(e) => e.to_string(),
             };
-            let closed = shared.failure.policy == FailurePolicy::FailClosed;
+            let closed =
+                shared.failure.policy == FailurePolicy::FailClosed || fails_closed(shared, &txs);
             shared.rules.count(
                 &txs,
                 if closed {
@@ -415,4 +417,12 @@ pub(crate) fn conclude(
 
 fn count(outcome: &'static str) {
     count_request(outcome);
+}
+
+/// Whether a store failure refuses `txs` whatever the layer's policy: one of their limits asks
+/// for it (`on_store_failure: fail_closed`). Asked only when the store failed.
+#[cold]
+fn fails_closed(shared: &Shared, txs: &Txs) -> bool {
+    let limits = shared.limiter.limits();
+    txs.iter().any(|tx| limits.fails_closed(tx.key().name()))
 }
