@@ -113,8 +113,8 @@ pub(crate) struct Numbers<'a> {
     pub(crate) reset_after_us: u64,
     /// For a tiered limit: units per tier and the tier serving the client.
     pub(crate) tiers: Option<&'a TierGrant>,
-    /// For a calendar quota: the length of the period decided in (microseconds).
-    pub(crate) period_us: u64,
+    /// For a calendar quota: the length of the period decided in (whole seconds).
+    pub(crate) period_s: u32,
 }
 
 /// What a decision shows of its limit in the `RateLimit` fields: the policy's `q` and `w`
@@ -191,7 +191,7 @@ impl Quota {
             // `r` holds until the renewal.
             Quota::Calendar(c) => Shown {
                 q: c.count(),
-                w: if window { ceil_secs_us(n.period_us) } else { 0 },
+                w: if window { u64::from(n.period_s) } else { 0 },
                 t_us: n.reset_after_us,
                 concurrency: false,
             },

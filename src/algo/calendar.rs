@@ -515,6 +515,13 @@ pub struct CalendarOutcome {
     pub write: Option<CalendarState>,
 }
 
+/// A period's length (microseconds, [`CalendarQuota::length_of_period_ending`]) in whole seconds,
+/// as a decision reports it (`Outcome::period_s`): boundaries are whole seconds, and a period is
+/// at most 32 days.
+pub fn period_seconds(length_us: u64) -> u32 {
+    u32::try_from(length_us.div_ceil(1_000_000)).unwrap_or(u32::MAX)
+}
+
 /// The units of `state` that count at `now` in the period in force (ending at `end_us`): those
 /// of a state whose period has not ended (before both its own end and `end_us`), else none.
 pub fn used(state: Option<CalendarState>, end_us: u64, now: u64) -> u64 {

@@ -379,7 +379,7 @@ fn calendar_decide(
 fn calendar_outcome(quota: &CalendarQuota, out: &calendar::CalendarOutcome, end: u64) -> Outcome {
     Outcome {
         granted: Some(out.granted),
-        period_us: quota.length_of_period_ending(end),
+        period_s: calendar::period_seconds(quota.length_of_period_ending(end)),
         ..Outcome::new(
             out.allowed,
             out.remaining,

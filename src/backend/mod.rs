@@ -53,10 +53,12 @@ pub struct Outcome {
     /// denial. `None` for a single cost, which is granted whole when allowed. A custom
     /// backend that decides a range ([`BucketTx::min_cost`] below [`BucketTx::cost`]) sets it.
     pub granted: Option<u64>,
-    /// For a calendar quota: the length in microseconds of the period the decision was made
-    /// in, by the store's clock (the `w` of its policy); 0 for every other shape. The kit sets
-    /// it ([`CalendarQuota::length_of_period_ending`](crate::CalendarQuota::length_of_period_ending)).
-    pub period_us: u64,
+    /// For a calendar quota: the length in whole seconds of the period the decision was made
+    /// in, by the store's clock (the `w` of its policy; a period's boundaries are whole
+    /// seconds); 0 for every other shape. The kit sets it
+    /// ([`CalendarQuota::length_of_period_ending`](crate::CalendarQuota::length_of_period_ending)).
+    /// Four bytes beside the flags: an outcome is moved on every request's road.
+    pub period_s: u32,
     /// Not evaluated: another counting transaction of the batch was already known to be denied
     /// (the Redis backend's local deny cache), so this one was never looked at. A skipped
     /// outcome is not allowed and all its numbers are zero; nothing was spent.
@@ -73,7 +75,7 @@ impl Outcome {
             reset_after_us,
             tiers: None,
             granted: None,
-            period_us: 0,
+            period_s: 0,
             skipped: false,
         }
     }

@@ -103,8 +103,8 @@ pub(crate) struct Seen<'a> {
     /// For a tiered limit: the units per tier and the tier serving the client (on a denial,
     /// the one that refused).
     pub(crate) tiers: Option<&'a TierGrant>,
-    /// For a calendar quota: the length of the period decided in (microseconds).
-    pub(crate) period_us: u64,
+    /// For a calendar quota: the length of the period decided in (whole seconds).
+    pub(crate) period_s: u32,
 }
 
 impl<'a> Seen<'a> {
@@ -117,7 +117,7 @@ impl<'a> Seen<'a> {
             retry_after_us: self.retry_after_us,
             reset_after_us: self.reset_after_us,
             tiers: self.tiers,
-            period_us: self.period_us,
+            period_s: self.period_s,
         }
     }
 
@@ -147,7 +147,7 @@ impl<'a> From<&'a Decision> for Seen<'a> {
             retry_after_us: micros(d.retry_after),
             reset_after_us: micros(d.reset_after),
             tiers: d.tiers.as_ref(),
-            period_us: d.period_us,
+            period_s: d.period_s,
         }
     }
 }
@@ -165,7 +165,7 @@ impl<'a> From<Entry<'a>> for Seen<'a> {
             retry_after_us: e.outcome.retry_after_us,
             reset_after_us: e.outcome.reset_after_us,
             tiers: e.outcome.tiers.as_deref(),
-            period_us: e.outcome.period_us,
+            period_s: e.outcome.period_s,
         }
     }
 }

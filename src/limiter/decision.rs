@@ -33,9 +33,9 @@ pub struct Decision {
     /// For a tiered limit: units per tier, whether the request burst into a higher tier, and
     /// the tier serving the client (on a denial, the tier that refused).
     pub(crate) tiers: Option<TierGrant>,
-    /// For a calendar quota: the length of the period it was decided in (microseconds; 0
+    /// For a calendar quota: the length of the period it was decided in (whole seconds; 0
     /// for other shapes).
-    pub(crate) period_us: u64,
+    pub(crate) period_s: u32,
     /// The limit's name.
     pub(crate) name: LimitName,
     /// The bucket.

@@ -77,7 +77,7 @@ const DISABLED: Outcome = Outcome {
     reset_after_us: 0,
     tiers: None,
     granted: None,
-    period_us: 0,
+    period_s: 0,
     skipped: false,
 };
 
@@ -222,7 +222,7 @@ fn decision(
         reset_after: us(o.reset_after_us),
         limit: quota.cloned(),
         tiers: o.tiers.map(|t| *t),
-        period_us: o.period_us,
+        period_s: o.period_s,
         name: key.name(),
         key,
         mode,

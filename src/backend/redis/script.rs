@@ -548,7 +548,8 @@ pub(super) fn decode<'a>(
             outcome.granted = Some(f.u64("granted")?);
         }
         if let Quota::Calendar(quota) = tx.quota {
-            outcome.period_us = quota.length_of_period_ending(tat);
+            outcome.period_s =
+                crate::algo::calendar::period_seconds(quota.length_of_period_ending(tat));
             // A charge is taken whole: its cost, which the script saw cut to what its numbers
             // hold (every count is far below).
             if tx.mode == Mode::Charge && outcome.allowed && call.op == Op::Spend {
