@@ -333,13 +333,13 @@ pub fn refund(
             )
         }
         Quota::Calendar(quota) => {
-            let (_, end) = quota.period_at(now);
+            let (start, end) = quota.period_at(now);
             let state = calendar_read(stored);
             let out = calendar::refund(quota, state, end, now, tx.cost);
             // What the read replaces is written when the refund writes nothing.
             let write = out.write.or(calendar::read(quota, state, end, now).1);
             (
-                calendar_outcome(quota, &out, end),
+                calendar_outcome(&out, end - start),
                 write.map(Stored::Calendar),
             )
         }
@@ -363,23 +363,26 @@ fn calendar_decide(
     stored: Option<Read<'_>>,
     now: u64,
 ) -> (Outcome, Option<Stored>, Option<Stored>) {
-    let (_, end) = quota.period_at(now);
+    let (start, end) = quota.period_at(now);
     let state = calendar_read(stored);
     let out = calendar::decide(quota, state, end, now, tx.min_cost, tx.cost, tx.mode);
-    let repair = calendar::read(quota, state, end, now).1;
+    // What replaces the state read: only a state ending after the period in force can need it.
+    let repair = state
+        .filter(|s| s.end_us > end)
+        .and_then(|_| calendar::read(quota, state, end, now).1);
     (
-        calendar_outcome(quota, &out, end),
+        calendar_outcome(&out, end - start),
         out.write.map(Stored::Calendar),
         repair.map(Stored::Calendar),
     )
 }
 
-/// A calendar decision as an outcome, with the length of the period (ending at `end`) it was
-/// made in.
-fn calendar_outcome(quota: &CalendarQuota, out: &calendar::CalendarOutcome, end: u64) -> Outcome {
+/// A calendar decision as an outcome, with the length of the period it was made in
+/// (microseconds).
+fn calendar_outcome(out: &calendar::CalendarOutcome, length_us: u64) -> Outcome {
     Outcome {
         granted: Some(out.granted),
-        period_s: calendar::period_seconds(quota.length_of_period_ending(end)),
+        period_s: calendar::period_seconds(length_us),
         ..Outcome::new(
             out.allowed,
             out.remaining,
