@@ -61,6 +61,38 @@ async fn spend(limiter: &Limiter, key: &BucketKey) -> tower_ratelimits::BatchDec
         .unwrap()
 }
 
+/// At `now` a spend of `key` is denied until `renewal` (told so by `retry_after` and
+/// `reset_after`), still 1 µs before it, and allowed at it with `left` units left after it.
+async fn denied_until_the_renewal(
+    limiter: &Limiter,
+    key: &BucketKey,
+    clock: &ManualClock,
+    (now, renewal): (u64, u64),
+    left: u64,
+    what: &str,
+) {
+    clock.set(now);
+    let denied = spend(limiter, key).await;
+    assert!(!denied.allowed(), "{what}");
+    let d = denied.strictest().unwrap();
+    assert_eq!(
+        d.retry_after(),
+        Duration::from_micros(renewal - now),
+        "{what}"
+    );
+    assert_eq!(
+        d.reset_after(),
+        Duration::from_micros(renewal - now),
+        "{what}"
+    );
+    clock.set(renewal - 1);
+    assert!(!spend(limiter, key).await.allowed(), "{what}: 1 µs before");
+    clock.set(renewal);
+    let renewed = spend(limiter, key).await;
+    assert!(renewed.allowed(), "{what}: at the renewal");
+    assert_eq!(renewed.strictest().unwrap().remaining(), left, "{what}");
+}
+
 /// A UTC civil time: year, month, day, hour, minute.
 type Civil = (i32, u32, u32, u32, u32);
 
@@ -146,28 +178,7 @@ async fn every_calendar_edge_renews_exactly_at_its_boundary_on_every_store() {
                 assert!(d.allowed(), "{what}");
                 assert_eq!(d.strictest().unwrap().remaining(), left, "{what}");
             }
-            let denied = spend(&limiter, &key).await;
-            assert!(!denied.allowed(), "{what}");
-            let d = denied.strictest().unwrap();
-            assert_eq!(
-                d.retry_after(),
-                Duration::from_micros(renewal - now),
-                "{what}"
-            );
-            assert_eq!(
-                d.reset_after(),
-                Duration::from_micros(renewal - now),
-                "{what}"
-            );
-            clock.set(renewal - 1);
-            assert!(
-                !spend(&limiter, &key).await.allowed(),
-                "{what}: 1 µs before"
-            );
-            clock.set(renewal);
-            let renewed = spend(&limiter, &key).await;
-            assert!(renewed.allowed(), "{what}: at the renewal");
-            assert_eq!(renewed.strictest().unwrap().remaining(), 2, "{what}");
+            denied_until_the_renewal(&limiter, &key, &clock, (now, renewal), 2, &what).await;
         }
     }
 }
@@ -598,17 +609,8 @@ async fn an_overrun_of_any_size_ends_with_its_period_on_every_store() {
                 assert!(d.allowed(), "{what}");
                 assert_eq!(d.decisions()[0].granted(), cost, "{what}");
             }
-            let denied = spend(&limiter, &key).await;
-            assert!(!denied.allowed(), "{what}");
-            assert_eq!(
-                denied.strictest().unwrap().retry_after(),
-                Duration::from_micros(renewal - now),
-                "{what}"
-            );
-            clock.set(renewal);
-            let fresh = spend(&limiter, &key).await;
-            assert!(fresh.allowed(), "{what}: the overrun ended with its period");
-            assert_eq!(fresh.strictest().unwrap().remaining(), 4, "{what}");
+            // The overrun ends with its period.
+            denied_until_the_renewal(&limiter, &key, &clock, (now, renewal), 4, &what).await;
         }
     }
 }

@@ -136,6 +136,20 @@ fn streaming_app(layer: RateLimitLayer) -> (Router, Feeds) {
     (app, feeds)
 }
 
+/// `GET path` for `account`, through `app` in process (its body still to be read).
+async fn get_as(app: &Router, path: &str, account: u64) -> http::Response<Body> {
+    use tower::ServiceExt;
+    app.clone()
+        .oneshot(
+            http::Request::get(path)
+                .header("x-account", account.to_string())
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap()
+}
+
 /// A response body made of the chunks sent on its channel, ending when every sender is gone.
 struct ChannelBody(mpsc::Receiver<Result<Bytes, Infallible>>);
 
@@ -608,7 +622,6 @@ impl tower_ratelimits::Backend for Switch {
 /// back in both.
 #[tokio::test(start_paused = true)]
 async fn slots_the_fallback_handed_out_count_in_the_store_once_it_returns() {
-    use tower::ServiceExt;
     let switch = Switch {
         down: Arc::default(),
         inner: MemoryBackend::new(),
@@ -620,19 +633,7 @@ async fn slots_the_fallback_handed_out_count_in_the_store_once_it_returns() {
         .build()
         .unwrap();
     let (app, feeds) = streaming_app(layer);
-    let get_ = |path: &'static str| {
-        let app = app.clone();
-        async move {
-            app.oneshot(
-                http::Request::get(path)
-                    .header("x-account", "7")
-                    .body(Body::empty())
-                    .unwrap(),
-            )
-            .await
-            .unwrap()
-        }
-    };
+    let get_ = |path: &'static str| get_as(&app, path, 7);
     let exports = key(&limiter, "Exports", 7);
     switch.down.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut held = Vec::new();
@@ -671,7 +672,6 @@ async fn slots_the_fallback_handed_out_count_in_the_store_once_it_returns() {
 #[tokio::test(start_paused = true)]
 async fn the_slots_of_requests_in_flight_are_renewed_in_one_call_per_tick() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tower::ServiceExt;
     let calls = Arc::new(AtomicUsize::new(0));
     let backend = counting::Counting {
         calls: calls.clone(),
@@ -683,34 +683,8 @@ async fn the_slots_of_requests_in_flight_are_renewed_in_one_call_per_tick() {
         .rule(Rule::new("Streams", Header::new("x-account")))
         .build()
         .unwrap();
-    let feeds: Feeds = Arc::default();
-    let streams = feeds.clone();
-    let app = Router::new()
-        .route(
-            "/stream",
-            get(move || {
-                let feeds = streams.clone();
-                async move {
-                    let (tx, rx) = mpsc::channel(4);
-                    feeds.lock().unwrap().push(tx);
-                    Body::new(ChannelBody(rx))
-                }
-            }),
-        )
-        .layer(layer);
-    let get_ = |account: u64| {
-        let app = app.clone();
-        async move {
-            app.oneshot(
-                http::Request::get("/stream")
-                    .header("x-account", account.to_string())
-                    .body(Body::empty())
-                    .unwrap(),
-            )
-            .await
-            .unwrap()
-        }
-    };
+    let (app, feeds) = streaming_app(layer);
+    let get_ = |account: u64| get_as(&app, "/stream", account);
     let mut held = Vec::new();
     for i in 0..300u64 {
         let response = get_(i % 3).await;
@@ -777,7 +751,6 @@ fn a_reload_with_slots_held_keeps_the_server_answering_and_the_slots_renewed() {
     ] {
         within_a_minute(move || {
             Box::pin(async move {
-                use tower::ServiceExt;
                 let before = "Streams: {kind: account, concurrency: 3, lease: 3s}\n";
                 let limiter = Limiter::new(
                     Limits::from_yaml_str(before, None).unwrap(),
@@ -788,19 +761,7 @@ fn a_reload_with_slots_held_keeps_the_server_answering_and_the_slots_renewed() {
                     .build()
                     .unwrap();
                 let (app, feeds) = streaming_app(layer);
-                let get_ = |path: &'static str| {
-                    let app = app.clone();
-                    async move {
-                        app.oneshot(
-                            http::Request::get(path)
-                                .header("x-account", "7")
-                                .body(Body::empty())
-                                .unwrap(),
-                        )
-                        .await
-                        .unwrap()
-                    }
-                };
+                let get_ = |path: &'static str| get_as(&app, path, 7);
                 let mut held = Vec::new();
                 for _ in 0..3 {
                     let response = get_("/stream").await;
