@@ -312,6 +312,25 @@ impl Quota {
         }
     }
 
+    /// What the in-memory fallback grants of this quota weighs once the store answers again
+    /// (`layer/charge.rs`): a calendar quota's units count until their period ends, a GCRA
+    /// limit's of an hour or longer until time repays them; `None` for the rest (a throttle of
+    /// seconds is repaid before an outage ends, tiers are not carried back, and a concurrency
+    /// slot is recorded as a lease of its own).
+    pub(crate) fn charge_back(&self) -> Option<ChargeBack> {
+        match self {
+            Quota::Calendar(c) => Some(ChargeBack {
+                count: c.count(),
+                repaid_every_us: 0,
+            }),
+            Quota::Gcra(l) if l.period_us() >= CHARGED_BACK_FROM_US => Some(ChargeBack {
+                count: l.burst(),
+                repaid_every_us: l.emission_interval_us(),
+            }),
+            _ => None,
+        }
+    }
+
     /// The same limit at `percent` (1 to 100) of its size, for an in-memory fallback per
     /// instance: GCRA keeps `count` and stretches the period by `100 / percent` (so the rate
     /// scales without a new rounding of the emission interval) and scales the burst and the
@@ -351,6 +370,21 @@ impl Quota {
             Quota::Calendar(c) => Quota::Calendar(Arc::new(c.scaled(scale(c.count(), cost))?)),
         })
     }
+}
+
+/// A GCRA limit whose period is at least this long (an hour) has what the fallback grants
+/// charged back to the store.
+pub(crate) const CHARGED_BACK_FROM_US: u64 = 3_600_000_000;
+
+/// How a quota's units weigh after they were granted (for the fallback's charge-back): its
+/// size, and every how many microseconds time repays one unit (0: never, until the period
+/// ends, a calendar quota).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChargeBack {
+    /// The units of a full bucket: a GCRA burst, a calendar count.
+    pub(crate) count: u64,
+    /// A GCRA limit's emission interval; 0 for a calendar quota.
+    pub(crate) repaid_every_us: u64,
 }
 
 /// Why a shape could not be made (a fallback's scaled limit): its own error.

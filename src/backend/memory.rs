@@ -1040,4 +1040,8 @@ impl Backend for MemoryBackend {
     fn override_store(&self) -> Option<super::OverrideStoreRef> {
         Some(super::OverrideStoreRef(self.inner.overrides.clone()))
     }
+
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        self.inner.clock.clone()
+    }
 }

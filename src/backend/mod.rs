@@ -424,6 +424,15 @@ pub trait Backend: Send + Sync + 'static {
     fn ready(&self) -> bool {
         true
     }
+
+    /// The clock this backend decides by when it is not the system's (a manual clock, a
+    /// caller's time): the layer's in-memory fallback decides by it too, so that what it grants
+    /// during an outage is dated as the store dates its decisions. `None` (the default): the
+    /// system clock.
+    #[doc(hidden)]
+    fn clock(&self) -> Option<std::sync::Arc<dyn crate::time::Clock>> {
+        None
+    }
 }
 
 impl BackendError {
@@ -454,5 +463,8 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn override_store(&self) -> Option<OverrideStoreRef> {
         (**self).override_store()
+    }
+    fn clock(&self) -> Option<std::sync::Arc<dyn crate::time::Clock>> {
+        (**self).clock()
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::charge::Ledger;
 use super::observe::WarnGate;
 use crate::limiter::Limiter;
 
@@ -20,10 +21,13 @@ pub enum FailurePolicy {
     FailClosed,
     /// Decide with an in-memory limiter of this instance, at `percent` (1 to 100) of every
     /// limit's rate and burst: an outage neither opens the gates nor closes the shop. With N
-    /// instances, `100 / N` keeps the whole fleet near the configured limits. Buckets start
-    /// full when the fallback begins, and what it spends is not carried back to the store,
-    /// except concurrency slots still in use: those are recorded in the store within a second
-    /// of its return, so every instance counts them until they end.
+    /// instances, `100 / N` keeps the whole fleet near the configured limits. A calendar quota
+    /// and a GCRA limit of an hour or longer start from `percent`% of what the store last told
+    /// this instance was left, and what the fallback grants them is charged to the store once
+    /// it answers again, before it decides another request of that key from this instance
+    /// (docs/operating.md, "What an outage grants"); other limits start full, and what they
+    /// spend is not carried back. Concurrency slots still in use are recorded in the store
+    /// within a second of its return, so every instance counts them until they end.
     FallbackToMemory {
         /// The share of each limit every instance grants on its own, from 1 to 100.
         percent: u8,
@@ -35,18 +39,28 @@ pub enum FailurePolicy {
 pub(crate) struct Fallback {
     percent: u8,
     limiter: Limiter,
+    /// What the store last said of the keys whose units outlive an outage, and what this
+    /// fallback granted them, owed to the store (`charge.rs`).
+    pub(crate) ledger: Arc<Ledger>,
     /// The main limiter's generation the scaled limits were made from.
     generation: AtomicU64,
 }
 
 impl Fallback {
-    /// A fallback deciding `scaled` (the main limits at `percent`) in memory, made from the
-    /// main limiter's `generation`.
-    pub(crate) fn new(percent: u8, scaled: crate::config::Limits, generation: u64) -> Self {
+    /// A fallback deciding `scaled` (the main limits at `percent`) in memory by `main`'s
+    /// clock, made from its `generation`; a charge to its store waits at most `timeout`.
+    pub(crate) fn new(
+        percent: u8,
+        scaled: crate::config::Limits,
+        main: &Limiter,
+        timeout: Duration,
+    ) -> Self {
+        let clock = main.backend().clock();
         Self {
             percent,
-            limiter: Limiter::fallback(scaled),
-            generation: AtomicU64::new(generation),
+            limiter: Limiter::fallback(scaled, clock.clone()),
+            ledger: Arc::new(Ledger::new(percent, clock, timeout)),
+            generation: AtomicU64::new(main.generation()),
         }
     }
 
@@ -78,4 +92,12 @@ pub(crate) struct OnFailure {
     pub(crate) fallback: Option<Fallback>,
     pub(crate) timeout: Duration,
     pub(crate) warn_gate: Arc<WarnGate>,
+}
+
+impl OnFailure {
+    /// The fallback's ledger, when the layer has a fallback.
+    #[inline]
+    pub(crate) fn ledger(&self) -> Option<&Arc<Ledger>> {
+        self.fallback.as_ref().map(|f| &f.ledger)
+    }
 }

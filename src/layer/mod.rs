@@ -29,6 +29,7 @@
 //! ```
 
 mod body;
+mod charge;
 mod extract;
 mod failure;
 mod future;

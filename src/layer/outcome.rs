@@ -12,6 +12,7 @@ use http::{Response, StatusCode};
 
 use http::request::Parts;
 
+use super::charge::{ChargeError, Ledger};
 use super::extract::Exemptions;
 use super::failure::{FailurePolicy, OnFailure};
 use super::lease::{Held, Release};
@@ -119,11 +120,24 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
     if txs.is_empty() {
         return Road::Call;
     }
+    let head = parts.method == http::Method::HEAD;
+    // What the in-memory fallback granted a key during an outage reaches the store first.
+    if let Some(ledger) = shared.failure.ledger()
+        && ledger.owes(&txs)
+    {
+        return Road::Deciding(charged_first(shared, ledger.clone(), txs, head));
+    }
     // What the step leads to, taken out of it (the verdict borrows `txs`) before `txs` moves on.
     let result = {
         let mut verdict = Verdict::new(&txs);
         match shared.limiter.spend_step(&limits, &mut verdict) {
-            Ok(Step::Ready) if verdict.plain() && !shared.rules.settles && verdict.allowed() => {
+            // (A layer with a fallback has its ledger learn from every answer: `decided`.)
+            Ok(Step::Ready)
+                if verdict.plain()
+                    && !shared.rules.settles
+                    && verdict.allowed()
+                    && shared.failure.fallback.is_none() =>
+            {
                 return Road::Allowed(allowed_now(shared, &verdict));
             }
             Ok(Step::Ready) => Ok(verdict.decision()),
@@ -132,19 +146,41 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
         }
     };
     match result {
-        Ok(result) => Road::Decided(decided(
-            shared,
-            result.map_err(Failure::Limiter),
-            txs,
-            parts.method == http::Method::HEAD,
-        )),
-        Err(pending) => Road::Deciding(decide(
-            shared,
-            pending,
-            txs,
-            parts.method == http::Method::HEAD,
-        )),
+        Ok(result) => Road::Decided(decided(shared, result.map_err(Failure::Limiter), txs, head)),
+        Err(pending) => Road::Deciding(decide(shared, pending, txs, head)),
     }
+}
+
+/// The road of a request one of whose keys the in-memory fallback granted units the store has
+/// not been charged (`charge.rs`): the charge first (after any under way), then the request's
+/// own spend, under a snapshot taken then. A charge that fails is the store's failure: the
+/// fallback decides the request, and what is owed stays owed.
+#[cold]
+#[inline(never)]
+fn charged_first(shared: &Arc<Shared>, ledger: Arc<Ledger>, txs: Txs, head: bool) -> Decide {
+    let shared = shared.clone();
+    Box::pin(async move {
+        if let Err(e) = ledger.charge(&shared.limiter, &txs).await {
+            let failure = match e {
+                ChargeError::Limiter(e) => Failure::Limiter(e),
+                ChargeError::Timeout => Failure::Timeout,
+            };
+            return decided(&shared, Err(failure), txs, head);
+        }
+        let step = {
+            let limits = shared.limiter.load();
+            let mut verdict = Verdict::new(&txs);
+            match shared.limiter.spend_step(&limits, &mut verdict) {
+                Ok(Step::Ready) => Ok(verdict.decision()),
+                Ok(Step::Pending(pending)) => Err(pending),
+                Err(e) => Ok(Err(e)),
+            }
+        };
+        match step {
+            Ok(result) => decided(&shared, result.map_err(Failure::Limiter), txs, head),
+            Err(pending) => decide(&shared, pending, txs, head).await,
+        }
+    })
 }
 
 /// An allowed request concluded from its verdict by reference, as `conclude` concludes its
@@ -179,7 +215,7 @@ pub(crate) fn decide(shared: &Arc<Shared>, pending: Pending, txs: Txs, head: boo
 
 /// A request's decision: when the store failed (not a full memory table, which is refused
 /// whatever the policy), this instance's in-memory fallback decides `txs` instead, if the
-/// layer has one.
+/// layer has one; what the store answered and what the fallback granted go to its ledger.
 fn decided(
     shared: &Shared,
     result: Result<BatchDecision, Failure>,
@@ -187,18 +223,38 @@ fn decided(
     head: bool,
 ) -> Decided {
     match (result, &shared.failure.fallback) {
+        (Ok(batch), Some(fallback)) => {
+            fallback.ledger.know(&batch, fallback.ledger.now());
+            Decided {
+                result: Ok(batch),
+                txs,
+                fell_back: false,
+                head,
+            }
+        }
         // A limit that fails closed is never decided by the fallback.
         (Err(failure), Some(fallback)) if failure.store_failed() && !fails_closed(shared, &txs) => {
             let local = fallback.limiter(&shared.limiter);
             tracing::debug!(target: crate::telemetry::target::BACKEND, reason = %failure, "rate limit store failed; deciding in memory");
+            let now = fallback.ledger.now();
+            fallback.ledger.seed(local, &txs, now);
             // In memory it always answers at once; if it did not, the failure stands.
             match local.spend_now(&txs) {
-                Some(result) => Decided {
-                    result: result.map_err(Failure::Limiter),
-                    txs,
-                    fell_back: true,
-                    head,
-                },
+                Some(result) => {
+                    if let Ok(batch) = &result
+                        && batch.allowed()
+                    {
+                        fallback
+                            .ledger
+                            .record(&shared.limiter.load(), batch, now, &shared.limiter);
+                    }
+                    Decided {
+                        result: result.map_err(Failure::Limiter),
+                        txs,
+                        fell_back: true,
+                        head,
+                    }
+                }
                 None => Decided {
                     result: Err(failure),
                     txs,

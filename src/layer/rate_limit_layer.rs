@@ -272,7 +272,7 @@ impl RateLimitLayerBuilder {
                 let scaled = limits
                     .scaled(percent)
                     .map_err(|e| LayerError::Fallback(e.to_string()))?;
-                Some(Fallback::new(percent, scaled, self.limiter.generation()))
+                Some(Fallback::new(percent, scaled, &self.limiter, self.timeout))
             }
             _ => None,
         };
@@ -319,7 +319,7 @@ impl RateLimitLayerBuilder {
 /// A tower layer that rate-limits requests. Cheap to clone.
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
 }
 
 impl fmt::Debug for RateLimitLayer {

@@ -241,14 +241,15 @@ impl Limiter {
     /// A limiter deciding in memory what `limits` say, stored overrides included, without
     /// following a store of its own (the layer's fallback: it follows the main limiter's). It
     /// says nothing of `prefetch`: the limits are the main limiter's, whose backend may
-    /// prefetch.
-    pub(crate) fn fallback(limits: Limits) -> Self {
-        Self::build(
-            limits,
-            Arc::new(crate::backend::MemoryBackend::new()),
-            None,
-            false,
-        )
+    /// prefetch. It decides by `clock` (the main backend's), or the system clock.
+    pub(crate) fn fallback(limits: Limits, clock: Option<Arc<dyn crate::time::Clock>>) -> Self {
+        let memory = match clock {
+            Some(clock) => crate::backend::MemoryBackend::builder()
+                .clock(clock)
+                .build(),
+            None => crate::backend::MemoryBackend::new(),
+        };
+        Self::build(limits, Arc::new(memory), None, false)
     }
 
     fn build(

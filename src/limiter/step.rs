@@ -259,6 +259,18 @@ impl Limiter {
         }
     }
 
+    /// Forgets what `keys` spent when the backend does so at once (in memory): the in-memory
+    /// fallback's start from the store's last answer. `false`: the backend would have to be
+    /// awaited, or failed.
+    pub(crate) fn reset_now(&self, keys: &[&BucketKey]) -> bool {
+        let mut reset = std::pin::pin!(self.inner.backend.reset(keys));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        matches!(
+            std::future::Future::poll(reset.as_mut(), &mut cx),
+            std::task::Poll::Ready(Ok(()))
+        )
+    }
+
     /// Spends `verdict`'s batch under `limits` (a snapshot the caller holds): resolved and
     /// validated once and sent to the backend once, decided into `verdict` when the backend
     /// answers at once.

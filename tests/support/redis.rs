@@ -23,6 +23,8 @@ pub struct RedisServer {
     child: Child,
     stdin: Option<ChildStdin>,
     dir: PathBuf,
+    /// The arguments beyond the port and the directory, for a restart.
+    extra: Vec<String>,
 }
 
 fn port_free(port: u16) -> bool {
@@ -69,6 +71,15 @@ impl RedisServer {
         Self::start_on(free_port(), &[])
     }
 
+    /// A server that writes every command to its append-only file before answering: killed
+    /// and [restarted](Self::restart), it holds what it held.
+    pub fn start_durable() -> Self {
+        Self::start_on(
+            free_port(),
+            &["--appendonly", "yes", "--appendfsync", "always"],
+        )
+    }
+
     /// A server on `port` with extra arguments.
     pub fn start_on(port: u16, extra: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!(
@@ -78,6 +89,25 @@ impl RedisServer {
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).expect("create the server's directory");
+        let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        let (child, stdin) = Self::spawn(port, &dir, &extra);
+        Self {
+            port,
+            child,
+            stdin,
+            dir,
+            extra,
+        }
+    }
+
+    /// Starts the server again, on its port and in its directory, after a [`kill`](Self::kill).
+    pub fn restart(&mut self) {
+        let (child, stdin) = Self::spawn(self.port, &self.dir, &self.extra);
+        self.child = child;
+        self.stdin = stdin;
+    }
+
+    fn spawn(port: u16, dir: &std::path::Path, extra: &[String]) -> (Child, Option<ChildStdin>) {
         let port_s = port.to_string();
         let dir_s = dir.display().to_string();
         let mut args = vec![
@@ -94,7 +124,7 @@ impl RedisServer {
             "--loglevel",
             "warning",
         ];
-        args.extend_from_slice(extra);
+        args.extend(extra.iter().map(String::as_str));
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(r#"redis-server "$@" >/dev/null 2>&1 & pid=$!; read _; kill -9 $pid; wait $pid"#)
@@ -109,12 +139,7 @@ impl RedisServer {
         wait_until(&format!("redis-server on port {port}"), || {
             command(port, "PING").is_ok_and(|r| r.starts_with("+PONG"))
         });
-        Self {
-            port,
-            child,
-            stdin,
-            dir,
-        }
+        (child, stdin)
     }
 
     pub fn url(&self) -> String {

@@ -922,6 +922,11 @@ impl Backend for RedisBackend {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// The instance's clock: the caller's time, when the backend was given one.
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        self.inner.caller_time.then(|| self.inner.local.clone())
+    }
+
     fn override_store(&self) -> Option<crate::backend::OverrideStoreRef> {
         Some(crate::backend::OverrideStoreRef(Arc::new(
             overrides::RedisOverrides {

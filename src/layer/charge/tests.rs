@@ -1,0 +1,237 @@
+//! The charge-back's arithmetic, and a model check of the protocol between two instances and
+//! their store: every sequence of requests, outages, returns, charges and renewals of a small
+//! size, through the layer's road.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::Units;
+use crate::layer::outcome::{Road, road};
+use crate::time::Clock;
+use crate::{
+    Backend, BackendError, BucketKey, BucketTx, FailurePolicy, Header, Id, Limiter, Limits,
+    ManualClock, MemoryBackend, Outcome, RateLimitLayer, Rule, Spend,
+};
+
+#[test]
+fn a_calendar_quotas_units_weigh_until_their_period_ends() {
+    let mut units = Units {
+        units: 0,
+        until_us: 0,
+        every_us: 0,
+    };
+    units.add(2, 1_000, 10);
+    units.add(1, 1_000, 20);
+    assert_eq!(units.at(999), 3);
+    assert_eq!(units.at(1_000), 0, "its period has ended");
+    // A grant of the next period replaces the ended one's; one of an earlier period is not
+    // added to a later one.
+    units.add(1, 2_000, 1_000);
+    units.add(5, 1_000, 1_001);
+    assert_eq!(units.at(1_500), 1);
+    let taken = units;
+    units.add(1, 2_000, 1_600);
+    units.sub(&taken, 1);
+    assert_eq!(
+        units.at(1_700),
+        1,
+        "the grant made during the charge is still owed"
+    );
+}
+
+#[test]
+fn a_gcra_limits_units_are_repaid_by_time_and_rounded_up() {
+    // One unit an hour.
+    let hour = 3_600_000_000;
+    let mut units = Units {
+        units: 0,
+        until_us: 0,
+        every_us: hour,
+    };
+    units.add(2, 0, 0);
+    assert_eq!(units.at(0), 2);
+    assert_eq!(units.at(1), 2, "a unit not fully repaid is still owed");
+    assert_eq!(units.at(hour), 1);
+    assert_eq!(units.at(2 * hour), 0);
+    // A grant after the debt was repaid starts from then.
+    units.add(1, 0, 5 * hour);
+    assert_eq!(units.at(5 * hour), 1);
+    let taken = units;
+    units.sub(&taken, 1);
+    assert_eq!(units.at(5 * hour), 0);
+}
+
+/// The store of the model: memory on a manual clock, which can be down.
+#[derive(Clone)]
+struct Store {
+    memory: MemoryBackend,
+    down: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl Backend for Store {
+    fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
+        if self.down.load(Ordering::Relaxed) {
+            return Spend::Ready(Err(BackendError::Unavailable("down".into())));
+        }
+        self.memory.spend(batch)
+    }
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        self.memory.refund(batch).await
+    }
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        self.memory.reset(keys).await
+    }
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        self.memory.clock()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// A request of the one key on instance 0 or 1.
+    Request(usize),
+    /// The store goes down, or comes back.
+    Flip,
+    /// Instance 0's or 1's task charges what it owes.
+    Charge(usize),
+    /// The day renews.
+    Renew,
+}
+
+const EVENTS: [Event; 6] = [
+    Event::Request(0),
+    Event::Request(1),
+    Event::Flip,
+    Event::Charge(0),
+    Event::Charge(1),
+    Event::Renew,
+];
+
+const COUNT: u64 = 4;
+const DAY_US: u64 = 86_400_000_000;
+
+/// What one run saw: per day, requests allowed, and outages begun.
+#[derive(Default)]
+struct Run {
+    allowed: Vec<u64>,
+    outages: Vec<u64>,
+    instances_used: [bool; 2],
+}
+
+async fn run(limits: &Limits, events: &[Event]) -> (Run, u64) {
+    // 2026-11-25T12:00:00Z; the day renews at midnight UTC.
+    let clock = ManualClock::new(1_795_608_000_000_000);
+    let store = Store {
+        memory: MemoryBackend::builder().clock(clock.clone()).build(),
+        down: Arc::new(AtomicBool::new(false)),
+    };
+    let layers: Vec<RateLimitLayer> = (0..2)
+        .map(|_| {
+            let limiter = Limiter::new(limits.clone(), store.clone());
+            RateLimitLayer::builder(limiter)
+                .rule(Rule::new("Daily", Header::new("x-account")))
+                .on_backend_failure(FailurePolicy::FallbackToMemory { percent: 50 })
+                .backend_timeout(Duration::from_secs(1))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let (parts, ()) = http::Request::get("/")
+        .header("x-account", "a")
+        .body(())
+        .unwrap()
+        .into_parts();
+    let mut seen = Run {
+        allowed: vec![0],
+        outages: vec![0],
+        ..Run::default()
+    };
+    let mut day = 0;
+    for &event in events {
+        match event {
+            Event::Request(i) => {
+                seen.instances_used[i] = true;
+                let allowed = match road(&layers[i].shared, &parts) {
+                    Road::Allowed(_) => true,
+                    Road::Decided(d) => d.allowed(),
+                    Road::Deciding(f) => f.await.allowed(),
+                    Road::Answer(_) | Road::Call => panic!("a rule applies"),
+                };
+                seen.allowed[day] += u64::from(allowed);
+            }
+            Event::Flip => {
+                let down = !store.down.load(Ordering::Relaxed);
+                store.down.store(down, Ordering::Relaxed);
+                seen.outages[day] += u64::from(down);
+            }
+            Event::Charge(i) => {
+                let shared = &layers[i].shared;
+                if let Some(ledger) = shared.failure.ledger() {
+                    let _ = ledger.charge(&shared.limiter, &[]).await;
+                }
+            }
+            Event::Renew => {
+                let now = clock.now_us();
+                clock.set(now - now % DAY_US + DAY_US);
+                day += 1;
+                seen.allowed.push(0);
+                // An outage under way goes on in the new day.
+                seen.outages
+                    .push(u64::from(store.down.load(Ordering::Relaxed)));
+            }
+        }
+    }
+    // The store back, and every instance's charge made: what the store counts today.
+    store.down.store(false, Ordering::Relaxed);
+    for layer in &layers {
+        let shared = &layer.shared;
+        if let Some(ledger) = shared.failure.ledger() {
+            ledger.charge(&shared.limiter, &[]).await.unwrap();
+        }
+    }
+    let reader = Limiter::new(limits.clone(), store.clone());
+    let key = reader.key("Daily", Id::new("a").unwrap()).unwrap();
+    let used = COUNT - reader.inspect(&key).await.unwrap().remaining;
+    (seen, used)
+}
+
+/// Every sequence of up to 6 events (46,656 of length 6): nothing granted is lost (once the
+/// store is back and both instances have charged, the store counts every unit granted today,
+/// up to its count); one instance never grants more than the count in a day, outages or not;
+/// two grant at most the count plus each one's share (half of the count) per outage.
+#[tokio::test(flavor = "current_thread")]
+async fn no_sequence_of_outages_charges_and_renewals_loses_or_inflates_a_quota() {
+    let yaml = format!("Daily: {{calendar: {{count: {COUNT}, period: day}}}}");
+    let limits = Limits::from_yaml_str(&yaml, None).unwrap();
+    let mut sequences = 0;
+    for len in 1..=6u32 {
+        for n in 0..EVENTS.len().pow(len) {
+            let mut events = Vec::with_capacity(len as usize);
+            let mut m = n;
+            for _ in 0..len {
+                events.push(EVENTS[m % EVENTS.len()]);
+                m /= EVENTS.len();
+            }
+            let (seen, used) = run(&limits, &events).await;
+            sequences += 1;
+            let today = *seen.allowed.last().unwrap_or(&0);
+            assert_eq!(used, today.min(COUNT), "{events:?}: the store lost a grant");
+            for (day, (&allowed, &outages)) in seen.allowed.iter().zip(&seen.outages).enumerate() {
+                let bound = if seen.instances_used[1] && seen.instances_used[0] {
+                    COUNT + outages * 2 * (COUNT / 2)
+                } else {
+                    COUNT
+                };
+                assert!(
+                    allowed <= bound,
+                    "{events:?}: {allowed} allowed on day {day}, bound {bound}"
+                );
+            }
+        }
+    }
+    assert_eq!(sequences, 55_986);
+}
