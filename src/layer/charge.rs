@@ -20,7 +20,9 @@
 //! The bound this leaves: per instance and outage, the policy's share of what was left; grants
 //! of an instance that crashes before it charges them are lost (at most what it granted), and
 //! another instance may decide a key between the store's return and this instance's charge
-//! (at most a second, or a round trip after the first request that finds the store back).
+//! (at most a second, or a round trip after the first request that finds the store back). A
+//! charge whose answer comes after the timeout may have reached the store: it stays owed and is
+//! sent again (units lost, never granted twice).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
