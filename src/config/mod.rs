@@ -445,7 +445,7 @@ impl Limits {
     /// The names whose default or a file override prefetches tokens
     /// ([`Limit::with_prefetch`](crate::Limit::with_prefetch)), in definition order.
     pub(crate) fn prefetching_names(&self) -> Vec<LimitName> {
-        let prefetches = |q: &Quota| q.as_gcra().is_some_and(|l| l.prefetch() > 0);
+        let prefetches = Quota::prefetches;
         // One pass over the overrides (a file may hold millions), then one over the names.
         let mut by_override: Vec<LimitName> = Vec::new();
         for (key, quota) in &self.config.overrides {

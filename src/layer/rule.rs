@@ -403,9 +403,11 @@ impl Rules {
     pub(crate) fn reservations(&self, batch: &BatchDecision, on_body: bool) -> Reservations {
         let mut out = Reservations::new();
         for d in batch.decisions() {
-            let Some(limit) = &d.limit else { continue };
             // A slot in flight is given back when the request ends, never settled.
-            if !d.allowed || d.skipped || !d.mode.spends() || limit.as_concurrency().is_some() {
+            let Some(most) = d.limit.as_ref().and_then(crate::Quota::settle_bound) else {
+                continue;
+            };
+            if !d.allowed || d.skipped || !d.mode.spends() {
                 continue;
             }
             let Some(settle) = self.of(d.name).and_then(|r| r.rule.settle.as_ref()) else {
@@ -416,13 +418,7 @@ impl Rules {
                     settle.clone(),
                     d.key.clone(),
                     d.granted,
-                    // A GCRA charge takes what fits within its debt, a calendar quota's the
-                    // whole overrun, whatever it is asked.
-                    if limit.charges_any_cost() {
-                        u64::MAX
-                    } else {
-                        limit.max_cost()
-                    },
+                    most,
                 ));
             }
         }
@@ -456,10 +452,7 @@ impl Rules {
                 continue;
             }
             // A slot frees when a request ends, which no wait can know: never waited for.
-            if d.limit
-                .as_ref()
-                .is_some_and(|l| l.as_concurrency().is_some())
-            {
+            if d.limit.as_ref().is_some_and(|l| !l.waits()) {
                 return None;
             }
             let rule = self.of(d.name)?;
@@ -474,17 +467,13 @@ impl Rules {
             }
         }
         let (rule, wait) = rule_of_strictest?;
-        // On a GCRA limit a denial tells the time its units take to come back:
-        // retry_after = ahead + units - burst offset, and reset_after = ahead.
-        let interval =
-            strictest
-                .limit
-                .as_ref()
-                .and_then(|l| l.as_gcra())
-                .map_or(Duration::ZERO, |l| {
-                    (strictest.retry_after + Duration::from_micros(l.burst_offset_us()))
-                        .saturating_sub(strictest.reset_after)
-                });
+        // How long the strictest denial's units take to come back (a GCRA limit says).
+        let interval = strictest.limit.as_ref().map_or(Duration::ZERO, |l| {
+            Duration::from_micros(l.units_return_us(
+                crate::time::duration_us(strictest.retry_after),
+                crate::time::duration_us(strictest.reset_after),
+            ))
+        });
         let join = Join {
             delay,
             interval,

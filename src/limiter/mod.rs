@@ -475,7 +475,7 @@ impl Limiter {
             .iter()
             .filter_map(|l| {
                 let quota = limits.resolve(&l.key)?;
-                quota.as_concurrency().map(|_| Lease {
+                quota.holds_leases().then(|| Lease {
                     key: l.key.clone(),
                     quota: quota.clone(),
                     id: l.id,

@@ -449,12 +449,11 @@ impl Limiter {
                 };
                 let mut checked = checked.map_err(|e| LimiterError::from_transaction(name, e))?;
                 // A spend of a slot takes a lease of its own.
-                if op == Op::Spend && quota.as_concurrency().is_some() && cost == 1 && mode.spends()
-                {
+                if op == Op::Spend && quota.holds_leases() && cost == 1 && mode.spends() {
                     lease = self.lease_id();
                     checked = checked.with_lease(lease);
                 }
-                counted.concurrency |= quota.as_concurrency().is_some();
+                counted.concurrency |= quota.holds_leases();
                 txs.push(checked);
             }
             resolved.push(Resolved {
@@ -552,7 +551,7 @@ fn finish<Q: std::borrow::Borrow<Quota>>(
 /// that counted.
 fn count_leases(decided: &BatchDecision) {
     for d in decided.decisions() {
-        if !matches!(d.limit, Some(Quota::Concurrency(_))) || d.skipped {
+        if !d.limit.as_ref().is_some_and(Quota::holds_leases) || d.skipped {
             continue;
         }
         let outcome = match d.lease_id {

@@ -1,0 +1,120 @@
+//! What a GCRA limit answers the seam (`docs/gcra.md`).
+
+use super::ceil_secs_us;
+use super::{CHARGED_BACK_FROM_US, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
+use crate::algo::gcra::Limit;
+
+impl Shape for Limit {
+    fn max_cost(&self) -> u64 {
+        self.burst()
+    }
+
+    /// A charge takes what fits within the limit's debt.
+    fn charges_any_cost(&self) -> bool {
+        true
+    }
+
+    fn settle_bound(&self) -> Option<u64> {
+        Some(u64::MAX)
+    }
+
+    fn waits(&self) -> bool {
+        true
+    }
+
+    /// A denial tells the time its units take to come back: `retry_after = ahead + units -
+    /// burst offset`, and `reset_after = ahead`.
+    fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64 {
+        retry_after_us
+            .saturating_add(self.burst_offset_us())
+            .saturating_sub(reset_after_us)
+    }
+
+    fn holds_leases(&self) -> bool {
+        false
+    }
+
+    fn prefetches(&self) -> bool {
+        self.prefetch() > 0
+    }
+
+    /// The burst and the burst offset rounded up.
+    fn fixed_policy(&self) -> Option<(u64, u64)> {
+        Some((self.burst(), ceil_secs_us(self.burst_offset_us())))
+    }
+
+    /// The burst and the burst offset, and `Limit::window_us`.
+    fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown> {
+        Some(Shown {
+            q: self.burst(),
+            w: if window {
+                ceil_secs_us(self.burst_offset_us())
+            } else {
+                0
+            },
+            t_us: self.window_us(n.reset_after_us, n.remaining),
+            concurrency: false,
+        })
+    }
+
+    #[cfg(feature = "metrics")]
+    fn size(&self, _: &Numbers<'_>) -> u64 {
+        self.burst()
+    }
+
+    #[cfg(feature = "admin")]
+    fn describe(&self) -> Vec<(&'static str, super::Described)> {
+        use super::Described::{Number, Text};
+        vec![
+            ("burst", Number(self.burst())),
+            ("count", Number(self.count())),
+            (
+                "period",
+                Text(crate::time::format_duration_us(self.period_us())),
+            ),
+        ]
+    }
+
+    /// Exact: `remaining` and `reset_after` move by whole emission intervals.
+    fn unspent(&self, remaining: u64, reset_after_us: u64, granted: u64) -> Option<(u64, u64)> {
+        Some((
+            remaining.saturating_add(granted).min(self.burst()),
+            reset_after_us.saturating_sub(granted.saturating_mul(self.emission_interval_us())),
+        ))
+    }
+
+    #[cfg(feature = "admin")]
+    fn describe_seen(&self, _: u64, _: u64) -> Vec<(&'static str, super::Described)> {
+        Vec::new()
+    }
+
+    fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64> {
+        Some(
+            reset_after_us
+                .saturating_add(granted.saturating_mul(self.emission_interval_us()))
+                .saturating_sub(self.burst_offset_us()),
+        )
+    }
+
+    /// Of an hour or longer, its units are repaid one per emission interval; a throttle of
+    /// seconds is repaid before an outage ends.
+    fn charge_back(&self) -> Option<ChargeBack> {
+        (self.period_us() >= CHARGED_BACK_FROM_US).then(|| ChargeBack {
+            count: self.burst(),
+            repaid_every_us: self.emission_interval_us(),
+        })
+    }
+
+    /// Keeps `count` and stretches the period by `100 / percent` (so the rate scales without a
+    /// new rounding of the emission interval), and scales the burst and the debt.
+    fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError> {
+        Ok(Quota::Gcra(
+            Limit::from_micros(
+                scale.of(self.burst(), scale.cost),
+                self.count(),
+                self.period_us().saturating_mul(100) / scale.percent,
+            )?
+            .with_max_debt(self.max_debt().saturating_mul(scale.percent) / 100)?,
+        ))
+    }
+}

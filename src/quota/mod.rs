@@ -1,0 +1,399 @@
+//! What limits one bucket: a GCRA [`Limit`], burst tiers ([`TieredLimit`]), a concurrency
+//! limit ([`ConcurrencyLimit`]) or a calendar quota ([`CalendarQuota`]).
+//!
+//! The shape seam: everything outside the algorithms, the kit and the script asks a `Quota`
+//! what its shape means (the policy's numbers, the effective window, its size, how it is shown
+//! to an operator, what an unspent or later state reports, how it scales, whether it is settled,
+//! waited for, holds leases, is charged back after an outage) through the methods here, and
+//! never matches on its variants. Every question is a method of [`Shape`], which no shape
+//! answers by default: each shape answers all of them in its own file beside this one
+//! (`gcra.rs`, `tiers.rs`, `concurrency.rs`, `calendar.rs`), and each method here dispatches
+//! with one exhaustive `match` (`each!`). A new variant makes the compiler list every answer it
+//! owes (`docs/design.md`, "A new limit shape: MUST update").
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::algo::calendar::CalendarQuota;
+use crate::algo::concurrency::ConcurrencyLimit;
+use crate::algo::gcra::Limit;
+use crate::algo::tiers::{TierGrant, TieredLimit};
+
+mod calendar;
+mod concurrency;
+mod gcra;
+mod tiers;
+
+/// `$e` for the shape `$quota` holds, bound to `$s` (one exhaustive `match`: a new variant is a
+/// compile error here, and its `impl Shape` the list of what it must answer).
+macro_rules! each {
+    ($quota:expr, $s:ident => $e:expr) => {
+        match $quota {
+            Quota::Gcra(shape) => {
+                let $s: &Limit = shape;
+                $e
+            }
+            Quota::Tiered(shape) => {
+                let $s: &TieredLimit = shape;
+                $e
+            }
+            Quota::Concurrency(shape) => {
+                let $s: &ConcurrencyLimit = shape;
+                $e
+            }
+            Quota::Calendar(shape) => {
+                let $s: &CalendarQuota = shape;
+                $e
+            }
+        }
+    };
+}
+
+/// What limits one bucket: a GCRA [`Limit`], a [`TieredLimit`] (burst tiers) or a
+/// [`ConcurrencyLimit`] (requests in flight).
+///
+/// Anything that takes a quota takes any of them, through `Into<Quota>`:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimits::{Limit, Limits, Quota};
+/// use tower_ratelimits::{Tier, TieredLimit};
+///
+/// let s = Duration::from_secs;
+/// let tiers = TieredLimit::new([Tier::new(5, s(1), s(1), s(0)), Tier::new(50, s(5), s(5), s(15))])
+///     .unwrap();
+/// let limits = Limits::builder()
+///     .limit("PerIp", Limit::new(20, 20, s(1)).unwrap())
+///     .limit("PerAccount", tiers)
+///     .build()
+///     .unwrap();
+/// let quota = limits.default_limit(limits.name("PerAccount").unwrap()).unwrap();
+/// assert!(matches!(quota, Quota::Tiered(_)));
+/// assert_eq!(quota.max_cost(), 55);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Quota {
+    /// A GCRA bucket.
+    Gcra(Limit),
+    /// Burst tiers (`docs/burst-tiers.md`).
+    Tiered(Arc<TieredLimit>),
+    /// Requests in flight per key (`docs/concurrency.md`).
+    Concurrency(ConcurrencyLimit),
+    /// A count per calendar period, renewing at the period's boundary (`docs/calendar.md`).
+    Calendar(Arc<CalendarQuota>),
+}
+
+impl Quota {
+    /// The GCRA limit, if this is one.
+    pub fn as_gcra(&self) -> Option<&Limit> {
+        match self {
+            Quota::Gcra(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// The tiers, if this is a tiered limit.
+    pub fn as_tiered(&self) -> Option<&TieredLimit> {
+        match self {
+            Quota::Tiered(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The concurrency limit, if this is one.
+    pub fn as_concurrency(&self) -> Option<&ConcurrencyLimit> {
+        match self {
+            Quota::Concurrency(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The calendar quota, if this is one.
+    pub fn as_calendar(&self) -> Option<&CalendarQuota> {
+        match self {
+            Quota::Calendar(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The largest cost a request can ever be granted: the burst, the sum of the tiers'
+    /// limits, 1 for a concurrency limit (a request holds one slot), a period's count.
+    pub fn max_cost(&self) -> u64 {
+        each!(self, s => Shape::max_cost(s))
+    }
+
+    /// Whether a charge (units reported after the response) of any size is taken: a GCRA
+    /// limit takes what fits within its debt, a calendar quota the whole cost (the overrun
+    /// ends with the period). Elsewhere a charge above [`max_cost`](Self::max_cost) is
+    /// refused.
+    pub(crate) fn charges_any_cost(&self) -> bool {
+        each!(self, s => Shape::charges_any_cost(s))
+    }
+
+    /// The most a settle may charge a spend of this limit after the response: any number
+    /// (`u64::MAX`) where [`charges_any_cost`](Self::charges_any_cost), else
+    /// [`max_cost`](Self::max_cost); `None`: a spend of it is never settled (a slot in flight
+    /// is given back when the request ends).
+    pub(crate) fn settle_bound(&self) -> Option<u64> {
+        each!(self, s => Shape::settle_bound(s))
+    }
+
+    /// Whether a denial of it may be waited for: a slot frees when a request ends, which no
+    /// wait can know.
+    pub(crate) fn waits(&self) -> bool {
+        each!(self, s => Shape::waits(s))
+    }
+
+    /// From a denial's `retry_after` and `reset_after` (microseconds), how long the units of
+    /// one request take to come back, for the line of waiters; 0 when the shape does not say.
+    pub(crate) fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64 {
+        each!(self, s => Shape::units_return_us(s, retry_after_us, reset_after_us))
+    }
+
+    /// Whether an allowed spend of it holds a lease (a slot in flight until released).
+    pub(crate) fn holds_leases(&self) -> bool {
+        each!(self, s => Shape::holds_leases(s))
+    }
+
+    /// Whether a backend that prefetches takes tokens of it ahead for hot keys
+    /// ([`Limit::with_prefetch`]).
+    pub(crate) fn prefetches(&self) -> bool {
+        each!(self, s => Shape::prefetches(s))
+    }
+
+    /// The `RateLimit-Policy` member's `q` and `w` (seconds) when they do not depend on the
+    /// decision (GCRA: the burst and the burst offset rounded up), so a layer writes them once.
+    pub(crate) fn fixed_policy(&self) -> Option<(u64, u64)> {
+        each!(self, s => Shape::fixed_policy(s))
+    }
+
+    /// What a decision (`n`) shows of this limit: the policy's `q` and `w` and the effective
+    /// window (each shape says how). `window`: whether `w` is wanted (a member whose policy is
+    /// precomputed needs none). `None`: nothing to show (a tiered limit without tiers).
+    pub(crate) fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown> {
+        each!(self, s => Shape::shown(s, n, window))
+    }
+
+    /// The size `remaining` is measured against (for the near-limit counter).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn size(&self, n: &Numbers<'_>) -> u64 {
+        each!(self, s => Shape::size(s, n))
+    }
+
+    /// The limit as the admin API shows it, field by field.
+    #[cfg(feature = "admin")]
+    pub(crate) fn describe(&self) -> Vec<(&'static str, Described)> {
+        each!(self, s => Shape::describe(s))
+    }
+
+    /// What an allowed transaction of a denied batch reports instead (nothing was spent):
+    /// `remaining` and `reset_after` (microseconds) with the `granted` units back. `None`: keep
+    /// what the backend said (a tiered state, whose later state is not known).
+    pub(crate) fn unspent(
+        &self,
+        remaining: u64,
+        reset_after_us: u64,
+        granted: u64,
+    ) -> Option<(u64, u64)> {
+        each!(self, s => Shape::unspent(s, remaining, reset_after_us, granted))
+    }
+
+    /// What a key's state adds to [`describe`](Self::describe) for an operator, with
+    /// `remaining` units left at `now_us` (Unix microseconds, the caller's clock).
+    #[cfg(feature = "admin")]
+    pub(crate) fn describe_seen(
+        &self,
+        remaining: u64,
+        now_us: u64,
+    ) -> Vec<(&'static str, Described)> {
+        each!(self, s => Shape::describe_seen(s, remaining, now_us))
+    }
+
+    /// The wait before a request of `granted` units fits again, from a bucket's later state
+    /// (`reset_after_us`, after a settle); `None`: the state's own `retry_after` says it.
+    pub(crate) fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64> {
+        each!(self, s => Shape::retry_after_again(s, reset_after_us, granted))
+    }
+
+    /// What the in-memory fallback grants of this quota weighs once the store answers again
+    /// (`layer/charge.rs`); `None`: it is not carried back.
+    pub(crate) fn charge_back(&self) -> Option<ChargeBack> {
+        each!(self, s => Shape::charge_back(s))
+    }
+
+    /// The same limit at `percent` (1 to 100) of its size, for an in-memory fallback per
+    /// instance. Nothing scales below 1 or below `cost`, a request's configured cost.
+    pub(crate) fn scaled(&self, percent: u8, cost: u64) -> Result<Quota, ShapeError> {
+        let p = u64::from(percent.clamp(1, 100));
+        each!(self, s => Shape::scaled(s, &Scale { percent: p, cost }))
+    }
+}
+
+/// What every limit shape answers, each in its own file beside this one: no method has a
+/// default, so a new shape's `impl Shape` is the compiler's list of what it must say.
+/// [`Quota`]'s methods say what each question means.
+trait Shape {
+    fn max_cost(&self) -> u64;
+    fn charges_any_cost(&self) -> bool;
+    fn settle_bound(&self) -> Option<u64>;
+    fn waits(&self) -> bool;
+    fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64;
+    fn holds_leases(&self) -> bool;
+    fn prefetches(&self) -> bool;
+    fn fixed_policy(&self) -> Option<(u64, u64)>;
+    fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown>;
+    #[cfg(feature = "metrics")]
+    fn size(&self, n: &Numbers<'_>) -> u64;
+    #[cfg(feature = "admin")]
+    fn describe(&self) -> Vec<(&'static str, Described)>;
+    fn unspent(&self, remaining: u64, reset_after_us: u64, granted: u64) -> Option<(u64, u64)>;
+    #[cfg(feature = "admin")]
+    fn describe_seen(&self, remaining: u64, now_us: u64) -> Vec<(&'static str, Described)>;
+    fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64>;
+    fn charge_back(&self) -> Option<ChargeBack>;
+    fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError>;
+}
+
+/// A fallback's share of a limit ([`Quota::scaled`]).
+struct Scale {
+    /// 1 to 100.
+    percent: u64,
+    /// A request's configured cost: nothing scales below it.
+    cost: u64,
+}
+
+impl Scale {
+    /// `v` at the share, never below `floor` nor 1.
+    fn of(&self, v: u64, floor: u64) -> u64 {
+        (v.saturating_mul(self.percent) / 100).max(floor).max(1)
+    }
+}
+
+/// A decision's numbers as a shape reads them ([`Quota::shown`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Numbers<'a> {
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u64,
+    pub(crate) retry_after_us: u64,
+    pub(crate) reset_after_us: u64,
+    /// For a tiered limit: units per tier and the tier serving the client.
+    pub(crate) tiers: Option<&'a TierGrant>,
+    /// For a calendar quota: the length of the period decided in (whole seconds).
+    pub(crate) period_s: u32,
+}
+
+/// What a decision shows of its limit in the `RateLimit` fields: the policy's `q` and `w`
+/// (seconds; 0 when the member's policy is precomputed or has no window) and the effective
+/// window `t` (microseconds, draft-11: the time within which no more than `r` units can be
+/// used).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shown {
+    pub(crate) q: u64,
+    pub(crate) w: u64,
+    pub(crate) t_us: u64,
+    /// A concurrency limit's member (`qu="concurrent-requests"`, no window).
+    pub(crate) concurrency: bool,
+}
+
+/// One value of a limit as an operator sees it ([`Quota::describe`]).
+#[cfg(feature = "admin")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Described {
+    Number(u64),
+    Text(String),
+}
+
+/// A GCRA limit whose period is at least this long (an hour) has what the fallback grants
+/// charged back to the store.
+const CHARGED_BACK_FROM_US: u64 = 3_600_000_000;
+
+/// How a quota's units weigh after they were granted (for the fallback's charge-back): its
+/// size, and every how many microseconds time repays one unit (0: never, until the period
+/// ends, a calendar quota).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChargeBack {
+    /// The units of a full bucket: a GCRA burst, a calendar count.
+    pub(crate) count: u64,
+    /// A GCRA limit's emission interval; 0 for a calendar quota.
+    pub(crate) repaid_every_us: u64,
+}
+
+/// Why a shape could not be made (a fallback's scaled limit): its own error.
+#[derive(Debug)]
+pub(crate) enum ShapeError {
+    Limit(crate::algo::gcra::LimitError),
+    Tiers(crate::algo::tiers::TierError),
+    Concurrency(crate::algo::concurrency::ConcurrencyError),
+    Calendar(crate::algo::calendar::CalendarError),
+}
+
+impl From<crate::algo::calendar::CalendarError> for ShapeError {
+    fn from(e: crate::algo::calendar::CalendarError) -> Self {
+        ShapeError::Calendar(e)
+    }
+}
+
+impl From<crate::algo::gcra::LimitError> for ShapeError {
+    fn from(e: crate::algo::gcra::LimitError) -> Self {
+        ShapeError::Limit(e)
+    }
+}
+
+impl From<crate::algo::tiers::TierError> for ShapeError {
+    fn from(e: crate::algo::tiers::TierError) -> Self {
+        ShapeError::Tiers(e)
+    }
+}
+
+impl From<crate::algo::concurrency::ConcurrencyError> for ShapeError {
+    fn from(e: crate::algo::concurrency::ConcurrencyError) -> Self {
+        ShapeError::Concurrency(e)
+    }
+}
+
+/// Whole seconds of a time in microseconds, rounded up.
+pub(crate) fn ceil_secs_us(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+impl From<Limit> for Quota {
+    fn from(l: Limit) -> Self {
+        Quota::Gcra(l)
+    }
+}
+
+impl From<TieredLimit> for Quota {
+    fn from(t: TieredLimit) -> Self {
+        Quota::Tiered(Arc::new(t))
+    }
+}
+
+impl From<Arc<TieredLimit>> for Quota {
+    fn from(t: Arc<TieredLimit>) -> Self {
+        Quota::Tiered(t)
+    }
+}
+
+impl From<CalendarQuota> for Quota {
+    fn from(c: CalendarQuota) -> Self {
+        Quota::Calendar(Arc::new(c))
+    }
+}
+
+impl From<ConcurrencyLimit> for Quota {
+    fn from(c: ConcurrencyLimit) -> Self {
+        Quota::Concurrency(c)
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Quota::Gcra(l) => l.fmt(f),
+            Quota::Tiered(t) => t.fmt(f),
+            Quota::Concurrency(c) => c.fmt(f),
+            Quota::Calendar(c) => c.fmt(f),
+        }
+    }
+}
