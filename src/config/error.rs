@@ -1,0 +1,325 @@
+//! What a configuration error says: the kind (`ConfigErrorKind`, with a did-you-mean for an
+//! unknown field), and where it was found (`Location`: file, line, limit).
+
+use std::fmt;
+
+use crate::algo::gcra::LimitError;
+use crate::algo::tiers::TierError;
+use crate::key::IdError;
+use crate::time::DurationError;
+
+/// Where a configuration error was found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Location {
+    /// The file (or a label such as `<defaults>` for text loaded from a string).
+    pub source: Option<String>,
+    /// The 1-based line, when known.
+    pub line: Option<u64>,
+}
+
+/// What is wrong with a configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigErrorKind {
+    /// The file could not be read.
+    #[error("cannot read the file: {0}")]
+    Io(#[from] std::io::Error),
+    /// The file is larger than the loader accepts.
+    #[error("the file is {bytes} bytes; at most {max} are accepted")]
+    TooLarge {
+        /// Its size.
+        bytes: u64,
+        /// The cap.
+        max: u64,
+    },
+    /// The path is not a regular file (a directory, a FIFO, a device).
+    #[error("not a regular file")]
+    NotAFile,
+    /// The file is not UTF-8 text.
+    #[error("not valid UTF-8 (at byte {offset})")]
+    NotUtf8 {
+        /// The first byte that is not part of valid UTF-8.
+        offset: usize,
+    },
+    /// The file holds no YAML document.
+    #[error("the file is empty (write {{}} or [] for none)")]
+    Empty,
+    /// Not YAML, or YAML beyond the loader's budget (depth, size, aliases).
+    #[error("invalid YAML: {0}")]
+    Yaml(String),
+    /// The document has the wrong shape.
+    #[error("expected {expected}, found {found}")]
+    WrongShape {
+        /// What was expected.
+        expected: &'static str,
+        /// What was found.
+        found: &'static str,
+    },
+    /// A field that does not exist, and the known field it most likely meant (a typo: a few
+    /// letters off), when one is that close.
+    #[error("unknown field {field:?}{}", suggestion_text(.did_you_mean))]
+    UnknownField {
+        /// The field as written (its first 80 characters, as for a name).
+        field: String,
+        /// The known field nearest to it, when one is a few letters away.
+        did_you_mean: Option<&'static str>,
+    },
+    /// A required field is missing.
+    #[error("missing field {0:?}")]
+    MissingField(&'static str),
+    /// A field given twice.
+    #[error("field {0:?} given twice")]
+    DuplicateField(String),
+    /// A number that is not a positive integer that fits.
+    #[error("{field} must be a whole number greater than zero, found {found}")]
+    BadNumber {
+        /// The field.
+        field: &'static str,
+        /// What was found.
+        found: String,
+    },
+    /// A number that is not a whole number of at least 0 that fits (`max_debt`).
+    #[error("{field} must be a whole number, 0 or more, found {found}")]
+    BadCount {
+        /// The field.
+        field: &'static str,
+        /// What was found.
+        found: String,
+    },
+    /// A limit name that is not made of letters, digits, `_`, `-` and `.`, or longer than 64.
+    #[error("invalid limit name {0:?}: use up to 64 letters, digits, '_', '-' or '.'")]
+    InvalidName(String),
+    /// A name defined twice.
+    #[error("limit {0:?} is defined twice")]
+    DuplicateName(String),
+    /// An override for a name with no definition.
+    #[error("override for unknown limit {0:?}")]
+    UnknownName(String),
+    /// `on_store_failure` other than `fail_closed` or `layer`.
+    #[error(
+        "on_store_failure must be `fail_closed` or `layer` (the layer's failure policy), found {0:?}"
+    )]
+    OnStoreFailure(String),
+    /// The same bucket overridden twice.
+    #[error("id {0:?} is overridden twice")]
+    DuplicateId(String),
+    /// An override entry without ids.
+    #[error("an override needs at least one id")]
+    NoIds,
+    /// An id that does not fit the name's kind.
+    #[error("invalid id: {0}")]
+    InvalidId(#[from] IdError),
+    /// A period that does not parse.
+    #[error("invalid period: {0}")]
+    InvalidPeriod(#[from] DurationError),
+    /// A limit that does not validate.
+    #[error("invalid limit: {0}")]
+    InvalidLimit(#[from] LimitError),
+    /// A concurrency limit that does not validate.
+    #[error("invalid concurrency limit: {0}")]
+    InvalidConcurrency(#[from] crate::algo::concurrency::ConcurrencyError),
+    /// A calendar quota that does not validate (`docs/calendar.md`).
+    #[error("invalid calendar quota: {0}")]
+    InvalidCalendar(#[from] crate::algo::calendar::CalendarError),
+    /// Tiers that do not validate (the error names the tier and the field).
+    #[error("invalid tiers: {0}")]
+    InvalidTiers(#[from] TierError),
+    /// A tier field that is missing or does not parse.
+    #[error("tier {tier}: {field} {reason}")]
+    InvalidTier {
+        /// The tier, from 1.
+        tier: usize,
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Fields that cannot be given together (`tiers` with `burst`/`count`/`period`, `concurrency`
+    /// with either).
+    #[error(
+        "{0} and {1} cannot be given together: a limit is GCRA (burst, count, period), tiered (tiers), a concurrency limit (concurrency, lease, retry_after) or a calendar quota (calendar)"
+    )]
+    ConflictingFields(&'static str, &'static str),
+    /// The configured cost of a request is larger than a burst (or, for tiers, the sum of the
+    /// tiers' limits) it applies to.
+    #[error("cost {cost} exceeds the burst of {burst}: no request could ever be allowed")]
+    CostAboveBurst {
+        /// The cost.
+        cost: u64,
+        /// The burst.
+        burst: u64,
+    },
+}
+
+/// A configuration error: what is wrong, and where (file, line, limit name).
+///
+/// ```
+/// # #[cfg(feature = "yaml")] {
+/// use tower_ratelimits::{ConfigErrorKind, Limits};
+/// let err = Limits::from_yaml_str("Api:\n  burst: 0\n  count: 1\n  period: 1s\n", None).unwrap_err();
+/// assert!(matches!(err.kind(), ConfigErrorKind::BadNumber { field: "burst", .. }));
+/// assert_eq!(err.location().line, Some(2));
+/// assert_eq!(err.limit(), Some("Api"));
+/// assert_eq!(
+///     err.to_string(),
+///     "<defaults>:2: limit Api: burst must be a whole number greater than zero, found 0"
+/// );
+/// # }
+/// ```
+pub struct ConfigError {
+    location: Location,
+    limit: Option<String>,
+    kind: ConfigErrorKind,
+}
+
+/// The `Display` sentence (what a `main` returning `Box<dyn Error>` prints), the structured
+/// form under `{:#?}`.
+impl fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !f.alternate() {
+            return fmt::Display::fmt(self, f);
+        }
+        f.debug_struct("ConfigError")
+            .field("location", &self.location)
+            .field("limit", &self.limit)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl ConfigError {
+    pub(crate) fn new(kind: impl Into<ConfigErrorKind>) -> Self {
+        Self {
+            location: Location::default(),
+            limit: None,
+            kind: kind.into(),
+        }
+    }
+
+    #[cfg_attr(not(feature = "yaml"), allow(dead_code))]
+    pub(crate) fn at_line(mut self, line: u64) -> Self {
+        if line > 0 {
+            self.location.line.get_or_insert(line);
+        }
+        self
+    }
+
+    #[cfg_attr(not(feature = "yaml"), allow(dead_code))]
+    pub(crate) fn in_source(mut self, source: &str) -> Self {
+        self.location
+            .source
+            .get_or_insert_with(|| source.to_owned());
+        self
+    }
+
+    pub(crate) fn for_limit(mut self, name: &str) -> Self {
+        // A name that is refused may be anything a file holds: its first 80 characters, as the
+        // error's quoted part keeps them.
+        self.limit
+            .get_or_insert_with(|| name.chars().take(80).collect());
+        self
+    }
+
+    /// What is wrong.
+    pub fn kind(&self) -> &ConfigErrorKind {
+        &self.kind
+    }
+
+    /// Where.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// The limit name involved, when there is one.
+    pub fn limit(&self) -> Option<&str> {
+        self.limit.as_deref()
+    }
+}
+
+#[cfg(feature = "yaml")]
+impl ConfigErrorKind {
+    /// An unknown field `field`, with the field of `known` it most likely meant: the nearest
+    /// by edit distance (letters added, removed, changed or swapped), when it is at most a third
+    /// of the field's length away (at least one).
+    pub(crate) fn unknown_field(field: &str, known: &[&'static str]) -> Self {
+        let most = (field.chars().count() / 3).max(1);
+        let did_you_mean = known
+            .iter()
+            .map(|k| (edit_distance(field, k, most), *k))
+            .filter(|(d, _)| *d <= most)
+            .min_by_key(|(d, _)| *d)
+            .map(|(_, k)| k);
+        Self::UnknownField {
+            field: field.chars().take(80).collect(),
+            did_you_mean,
+        }
+    }
+}
+
+/// `; did you mean `x`?` after an unknown field's message, when there is a suggestion.
+fn suggestion_text(suggestion: &Option<&'static str>) -> String {
+    suggestion.map_or_else(String::new, |s| format!("; did you mean `{s}`?"))
+}
+
+/// The edit distance between `a` and `b` (optimal string alignment: insertions, deletions,
+/// substitutions, and swaps of two neighbours), or `most + 1` when their lengths alone say it
+/// is larger or either is longer than 64 characters (no known field is): a hostile field name
+/// of any length costs one count of its characters per known field.
+#[cfg(feature = "yaml")]
+fn edit_distance(a: &str, b: &str, most: usize) -> usize {
+    // Lengths first, by counting (a hostile name is never copied).
+    let (a_len, b_len) = (a.chars().count(), b.chars().count());
+    if a_len.abs_diff(b_len) > most || a_len > 64 || b_len > 64 {
+        return most + 1;
+    }
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // Three rows of the table: two back (for swaps), one back, and this one.
+    let mut before: Vec<usize> = Vec::new();
+    let mut last: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut row = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            row[j] = (last[j] + 1).min(row[j - 1] + 1).min(last[j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                row[j] = row[j].min(before[j - 2] + 1);
+            }
+        }
+        before = std::mem::replace(&mut last, row);
+    }
+    last[b.len()]
+}
+
+impl From<crate::quota::ShapeError> for ConfigErrorKind {
+    fn from(e: crate::quota::ShapeError) -> Self {
+        match e {
+            crate::quota::ShapeError::Limit(e) => e.into(),
+            crate::quota::ShapeError::Tiers(e) => e.into(),
+            crate::quota::ShapeError::Concurrency(e) => e.into(),
+            crate::quota::ShapeError::Calendar(e) => e.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.location.source, self.location.line) {
+            (Some(s), Some(l)) => write!(f, "{s}:{l}: ")?,
+            (Some(s), None) => write!(f, "{s}: ")?,
+            (None, Some(l)) => write!(f, "line {l}: ")?,
+            (None, None) => {}
+        }
+        if let Some(name) = &self.limit {
+            // Escaped: a refused name's control characters never reach a terminal.
+            write!(f, "limit {}: ", name.escape_debug())?;
+        }
+        self.kind.fmt(f)
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.kind)
+    }
+}

@@ -1,0 +1,385 @@
+//! One limit entry read as its shape: a GCRA limit, burst tiers, a concurrency limit or a
+//! calendar quota, an override's limit, and their fields (durations, rates, prefetch).
+
+use super::node::{Fields, Node, Value, as_str, err_at, need, positive, whole, wrong_shape};
+use crate::algo::calendar::{CalendarError, CalendarQuota, Period};
+use crate::algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
+use crate::algo::gcra::{Limit, LimitError};
+use crate::algo::tiers::{Tier, TierError, TieredLimit};
+use crate::config::{ConfigError, ConfigErrorKind};
+use crate::quota::Quota;
+use crate::time::parse_duration_us;
+
+/// What an override entry gives its ids: a limit, or `unlimited: true` (no limit at all).
+pub(super) fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> {
+    let Some(node) = f.unlimited else {
+        return quota_of(f).map(Some);
+    };
+    match node.value {
+        Value::Bool(true) => {}
+        Value::Bool(false) => {
+            return Err(err_at(
+                ConfigErrorKind::WrongShape {
+                    expected: "true (to give the limit, write it instead)",
+                    found: "false",
+                },
+                node.line,
+            ));
+        }
+        _ => return Err(wrong_shape("true", node)),
+    }
+    let others = [
+        ("burst", f.burst),
+        ("count", f.count),
+        ("period", f.period),
+        ("max_debt", f.max_debt),
+        ("prefetch", f.prefetch),
+        ("prefetch_ttl", f.prefetch_ttl),
+        ("tiers", f.tiers),
+        ("concurrency", f.concurrency),
+        ("calendar", f.calendar),
+    ];
+    for (name, other) in others {
+        if let Some(n) = other {
+            return Err(err_at(
+                ConfigErrorKind::ConflictingFields("unlimited", name),
+                n.line,
+            ));
+        }
+    }
+    Ok(None)
+}
+
+/// A GCRA limit (`burst`, `count`, `period`), burst tiers (`tiers`) or a concurrency limit
+/// (`concurrency`, with `lease` and `retry_after`).
+pub(super) fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
+    // Debt and prefetched tokens are a GCRA limit's: tiers forgive overruns and keep a
+    // state no instance can split, and slots have no units.
+    let gcra_only = [
+        ("max_debt", f.max_debt),
+        ("prefetch", f.prefetch),
+        ("prefetch_ttl", f.prefetch_ttl),
+    ];
+    for (field, given) in gcra_only {
+        let Some(given) = given else { continue };
+        for (name, node) in [
+            ("tiers", f.tiers),
+            ("concurrency", f.concurrency),
+            ("calendar", f.calendar),
+        ] {
+            if node.is_some() {
+                return Err(err_at(
+                    ConfigErrorKind::ConflictingFields(field, name),
+                    given.line,
+                ));
+            }
+        }
+    }
+    if let (Some(_), Some(calendar)) = (f.concurrency, f.calendar) {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("calendar", "concurrency"),
+            calendar.line,
+        ));
+    }
+    if let Some(max) = f.concurrency {
+        return concurrency_of(f, max).map(Quota::from);
+    }
+    // `lease` and `retry_after` belong to a concurrency limit.
+    for (name, node) in [("lease", f.lease), ("retry_after", f.retry_after)] {
+        if let Some(n) = node {
+            return Err(err_at(
+                match rate_field(f) {
+                    Some((other, _)) => ConfigErrorKind::ConflictingFields(name, other),
+                    None => ConfigErrorKind::MissingField("concurrency"),
+                },
+                n.line,
+            ));
+        }
+    }
+    if let Some(calendar) = f.calendar {
+        return calendar_of(f, calendar).map(Quota::from);
+    }
+    let Some(tiers) = f.tiers else {
+        return limit_of(f).map(Quota::from);
+    };
+    for (name, node) in [("burst", f.burst), ("count", f.count), ("period", f.period)] {
+        if let Some(n) = node {
+            return Err(err_at(
+                ConfigErrorKind::ConflictingFields("tiers", name),
+                n.line,
+            ));
+        }
+    }
+    tiers_of(tiers).map(Quota::from)
+}
+
+/// `tiers: [{limit, window, active, cooldown}, ...]`.
+pub(super) fn tiers_of(node: &Node) -> Result<TieredLimit, ConfigError> {
+    let Value::Seq(items) = &node.value else {
+        return Err(wrong_shape(
+            "a list of tiers ({limit, window, active, cooldown})",
+            node,
+        ));
+    };
+    let mut tiers = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let number = i + 1;
+        let Value::Map(entries) = &item.value else {
+            return Err(wrong_shape(
+                "a tier: {limit, window, active, cooldown}",
+                item,
+            ));
+        };
+        let mut slots: [Option<&Node>; 4] = [None; 4];
+        const FIELDS: [&str; 4] = ["limit", "window", "active", "cooldown"];
+        for (k, v) in entries {
+            let key = as_str(k, "a tier field")?;
+            if key == "comment" {
+                continue;
+            }
+            let Some(at) = FIELDS.iter().position(|f| *f == key) else {
+                const KNOWN: [&str; 5] = ["limit", "window", "active", "cooldown", "comment"];
+                return Err(err_at(ConfigErrorKind::unknown_field(key, &KNOWN), k.line));
+            };
+            if slots[at].replace(v).is_some() {
+                return Err(err_at(
+                    ConfigErrorKind::DuplicateField(key.to_owned()),
+                    k.line,
+                ));
+            }
+        }
+        let bad = |field: &'static str, reason: String, line: u64| {
+            err_at(
+                ConfigErrorKind::InvalidTier {
+                    tier: number,
+                    field,
+                    reason,
+                },
+                line,
+            )
+        };
+        let get =
+            |at: usize| slots[at].ok_or_else(|| bad(FIELDS[at], "is missing".into(), item.line));
+        let limit_node = get(0)?;
+        let limit = match &limit_node.value {
+            Value::Int(v) => u64::try_from(*v).map_err(|_| {
+                bad(
+                    "limit",
+                    format!("must be a whole number of at least 0, found {v}"),
+                    limit_node.line,
+                )
+            })?,
+            other => {
+                return Err(bad(
+                    "limit",
+                    format!(
+                        "must be a whole number of at least 0, found {}",
+                        other.describe()
+                    ),
+                    limit_node.line,
+                ));
+            }
+        };
+        let mut durations = [0u64; 3];
+        for (j, slot) in durations.iter_mut().enumerate() {
+            let field = FIELDS[j + 1];
+            let n = get(j + 1)?;
+            *slot = match &n.value {
+                Value::Int(0) => 0,
+                Value::Str(text) => parse_duration_us(text)
+                    .map_err(|e| bad(field, format!("is not a duration: {e}"), n.line))?,
+                other => {
+                    return Err(bad(
+                        field,
+                        format!(
+                            "must be a duration such as 1s or 15m, found {}",
+                            other.describe()
+                        ),
+                        n.line,
+                    ));
+                }
+            };
+        }
+        tiers.push((
+            item.line,
+            Tier::from_micros(limit, durations[0], durations[1], durations[2]),
+        ));
+    }
+    TieredLimit::new(tiers.iter().map(|&(_, t)| t)).map_err(|e| {
+        let line = match &e {
+            TierError::Zero { tier, .. } | TierError::TooLarge { tier, .. } => {
+                tiers.get(tier - 1).map_or(node.line, |&(l, _)| l)
+            }
+            _ => node.line,
+        };
+        err_at(e.into(), line)
+    })
+}
+
+/// The default lease time of a concurrency limit: a request holding its slot longer than this
+/// (or whose instance died) stops counting.
+pub(super) const DEFAULT_LEASE_US: u64 = 60_000_000;
+
+/// The first field of a rate limit (GCRA or tiers) an entry gives, if any.
+pub(super) fn rate_field<'a>(f: &Fields<'a>) -> Option<(&'static str, &'a Node)> {
+    [
+        ("burst", f.burst),
+        ("count", f.count),
+        ("period", f.period),
+        ("tiers", f.tiers),
+    ]
+    .into_iter()
+    .find_map(|(name, node)| Some((name, node?)))
+}
+
+/// A duration field (`period`, `lease`, `retry_after`), in microseconds.
+pub(super) fn duration_of(field: &'static str, node: &Node) -> Result<u64, ConfigError> {
+    let Value::Str(text) = &node.value else {
+        return Err(err_at(
+            ConfigErrorKind::BadNumber {
+                field,
+                found: format!(
+                    "{} (write a duration such as 1s or 180m)",
+                    node.value.describe()
+                ),
+            },
+            node.line,
+        ));
+    };
+    parse_duration_us(text).map_err(|e| err_at(e.into(), node.line))
+}
+
+/// `concurrency: N` with an optional `lease` (default 60s) and `retry_after` (default 1s).
+pub(super) fn concurrency_of(
+    f: &Fields<'_>,
+    max_node: &Node,
+) -> Result<ConcurrencyLimit, ConfigError> {
+    if let Some((name, n)) = rate_field(f) {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("concurrency", name),
+            n.line,
+        ));
+    }
+    let max = positive("concurrency", max_node)?;
+    let lease_us = match f.lease {
+        Some(n) => duration_of("lease", n)?,
+        None => DEFAULT_LEASE_US,
+    };
+    let mut limit = ConcurrencyLimit::from_micros(max, lease_us).map_err(|e| {
+        // A lease error is on the lease's line; `concurrency` above the cap on its own.
+        let line = match (&e, f.lease) {
+            (ConcurrencyError::TooMany { .. }, _) | (_, None) => max_node.line,
+            (_, Some(lease)) => lease.line,
+        };
+        err_at(e.into(), line)
+    })?;
+    if let Some(n) = f.retry_after {
+        limit = limit
+            .retry_after(crate::time::us(duration_of("retry_after", n)?))
+            .map_err(|e| err_at(e.into(), n.line))?;
+    }
+    Ok(limit)
+}
+
+/// `calendar: {count, period, anchor_day, at, zone}` (`docs/calendar.md`).
+pub(super) fn calendar_of(f: &Fields<'_>, node: &Node) -> Result<CalendarQuota, ConfigError> {
+    if let Some((name, _)) = rate_field(f) {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("calendar", name),
+            node.line,
+        ));
+    }
+    let Value::Map(entries) = &node.value else {
+        return Err(wrong_shape(
+            "a map: {count, period, anchor_day, at, zone}",
+            node,
+        ));
+    };
+    let [mut count, mut period, mut anchor, mut at, mut zone] = [None::<&Node>; 5];
+    for (k, v) in entries {
+        let key = as_str(k, "a field name")?;
+        let slot = match key {
+            "count" => &mut count,
+            "period" => &mut period,
+            "anchor_day" => &mut anchor,
+            "at" => &mut at,
+            "zone" => &mut zone,
+            _ => {
+                const KNOWN: [&str; 5] = ["count", "period", "anchor_day", "at", "zone"];
+                return Err(err_at(ConfigErrorKind::unknown_field(key, &KNOWN), k.line));
+            }
+        };
+        if slot.replace(v).is_some() {
+            return Err(err_at(
+                ConfigErrorKind::DuplicateField(key.to_owned()),
+                k.line,
+            ));
+        }
+    }
+    let missing = |field| err_at(ConfigErrorKind::MissingField(field), node.line);
+    let count_node = count.ok_or_else(|| missing("count"))?;
+    let period_node = period.ok_or_else(|| missing("period"))?;
+    let period: Period = as_str(period_node, "day, week or month")?
+        .parse()
+        .map_err(|e: CalendarError| err_at(e.into(), period_node.line))?;
+    let at_line = |e: CalendarError, n: &Node| err_at(e.into(), n.line);
+    let mut q = CalendarQuota::new(positive("count", count_node)?, period)
+        .map_err(|e| at_line(e, count_node))?;
+    if let Some(n) = anchor {
+        q = q
+            .anchor_day(positive("anchor_day", n)?)
+            .map_err(|e| at_line(e, n))?;
+    }
+    if let Some(n) = at {
+        q = q
+            .at(as_str(n, "a time of day, \"HH:MM\"")?)
+            .map_err(|e| at_line(e, n))?;
+    }
+    if let Some(n) = zone {
+        q = q
+            .zone(as_str(n, "a zone, \"+02:00\" or \"Europe/Berlin\"")?)
+            .map_err(|e| at_line(e, n))?;
+    }
+    Ok(q)
+}
+
+pub(super) fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {
+    let need = |field, n| need(f, field, n);
+    let burst_node = need("burst", f.burst)?;
+    let burst = positive("burst", burst_node)?;
+    let count = positive("count", need("count", f.count)?)?;
+    let period_us = duration_of("period", need("period", f.period)?)?;
+    let mut limit = Limit::from_micros(burst, count, period_us)
+        .map_err(|e| err_at(e.into(), burst_node.line))?;
+    if let Some(debt) = f.max_debt {
+        let max_debt = whole("max_debt", debt, 0)?;
+        limit = limit
+            .with_max_debt(max_debt)
+            .map_err(|e| err_at(e.into(), debt.line))?;
+    }
+    prefetch_of(f, limit)
+}
+
+/// `prefetch: N` and `prefetch_ttl: D` (default 1s) on a GCRA limit.
+pub(super) fn prefetch_of(f: &Fields<'_>, limit: Limit) -> Result<Limit, ConfigError> {
+    let Some(units_node) = f.prefetch else {
+        return match f.prefetch_ttl {
+            Some(ttl) => Err(err_at(ConfigErrorKind::MissingField("prefetch"), ttl.line)),
+            None => Ok(limit),
+        };
+    };
+    let units = positive("prefetch", units_node)?;
+    let ttl_us = match f.prefetch_ttl {
+        Some(n) => duration_of("prefetch_ttl", n)?,
+        None => limit.prefetch_ttl_us(),
+    };
+    limit
+        .with_prefetch(units, std::time::Duration::from_micros(ttl_us))
+        .map_err(|e| {
+            let line = match (&e, f.prefetch_ttl) {
+                (LimitError::PrefetchTtl { .. }, Some(ttl)) => ttl.line,
+                _ => units_node.line,
+            };
+            err_at(e.into(), line)
+        })
+}
