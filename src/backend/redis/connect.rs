@@ -368,12 +368,8 @@ impl RedisBackendBuilder {
             Some(c) => c.clone(),
             None => Arc::new(SystemClock),
         };
-        let wall: Arc<dyn Clock> = Arc::new(SystemClock);
         #[cfg(test)]
-        let (local, wall) = match self.skewed.clone() {
-            Some(skewed) => (skewed.clone(), skewed),
-            None => (local, wall),
-        };
+        let local = self.skewed.clone().unwrap_or(local);
         let coalesce = self.coalesce.filter(|_| !clustered);
         let backend = RedisBackend {
             inner: Arc::new(Inner {
@@ -381,7 +377,6 @@ impl RedisBackendBuilder {
                 owned,
                 caller_time: self.clock.is_some(),
                 local,
-                wall,
                 clustered,
                 timeout,
                 // The clients built here carry the command timeout themselves.

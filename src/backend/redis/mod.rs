@@ -134,10 +134,6 @@ struct Inner {
     prefix: String,
     caller_time: bool,
     local: Arc<dyn Clock>,
-    /// The instance's own clock, which a circuit breaker's cool-off is measured by: the
-    /// system's, never the caller's time (a manual clock that stands still would keep a
-    /// circuit open for ever).
-    wall: Arc<dyn Clock>,
     clustered: bool,
     timeout: Duration,
     /// Whether fred's own command timeout is [`timeout`](Self::timeout) (the clients the
@@ -412,7 +408,7 @@ impl RedisBackend {
         Fut: std::future::Future<Output = Result<T, FredError>>,
     {
         let breaker = self.breaker(slot);
-        match breaker.admit(|| self.inner.wall.now_us()) {
+        match breaker.admit(|| self.inner.local.now_us()) {
             breaker::Admission::Go => {}
             breaker::Admission::Probe => {
                 // The cool-off is over: probe in the background, so that no request waits
@@ -431,7 +427,7 @@ impl RedisBackend {
             }
         }
         let result = self.call(slot, f).await;
-        breaker.record(reached(&result), false, || self.inner.wall.now_us());
+        breaker.record(reached(&result), false, || self.inner.local.now_us());
         result
     }
 
@@ -446,7 +442,7 @@ impl RedisBackend {
                 if let Some((backend, slot)) = self.0 {
                     backend
                         .breaker(slot)
-                        .record(false, true, || backend.inner.wall.now_us());
+                        .record(false, true, || backend.inner.local.now_us());
                 }
             }
         }
@@ -456,7 +452,7 @@ impl RedisBackend {
             .await;
         unanswered.0 = None;
         self.breaker(slot)
-            .record(reached(&result), true, || self.inner.wall.now_us());
+            .record(reached(&result), true, || self.inner.local.now_us());
     }
 
     /// The circuit breaker of `slot`'s server: borrowed for a single server (no reference
