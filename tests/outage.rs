@@ -77,6 +77,13 @@ impl Tally {
     /// Requests until the store answers one with a refusal (its policy's `q` is `store_q`),
     /// each answer of the fallback meanwhile a refusal too.
     async fn until_the_store_refuses(&mut self, store_q: u64) {
+        self.until_the_store_refuses_on(store_q, None).await;
+    }
+
+    /// [`until_the_store_refuses`](Self::until_the_store_refuses) where the instance decides
+    /// by `clock` (the caller's time): moved a second between tries, since the circuit
+    /// breaker's cool-off runs on it too.
+    async fn until_the_store_refuses_on(&mut self, store_q: u64, clock: Option<&ManualClock>) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let (allowed, q) = self.get().await;
@@ -89,6 +96,9 @@ impl Tally {
             );
             assert!(Instant::now() < deadline, "the store did not answer again");
             if q != store_q {
+                if let Some(clock) = clock {
+                    clock.advance(Duration::from_secs(1));
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -188,7 +198,7 @@ async fn what_the_fallback_granted_is_charged_to_its_own_period() {
     assert_eq!(tally.allowed, 6);
     server.restart();
     // December's 2 are charged, November's 1 is not: 3 more in December.
-    tally.until_the_store_refuses(5).await;
+    tally.until_the_store_refuses_on(5, Some(&clock)).await;
     tally.allowed(9, "November 3 + 1, December 2 + 3");
 }
 
