@@ -451,9 +451,11 @@ async fn a_change_costs_the_store_what_it_changes() {
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(whole() - whole_before, 0, "no read of the whole hash");
     let hmgets = stat("hmget") - hmget_before;
+    // One per instance told; on a busy machine an instance's reconcile may find the new
+    // version before its notification arrives and read the field once more (never the hash).
     assert!(
-        (1..=2).contains(&hmgets),
-        "{hmgets} HMGETs: one per instance told"
+        (1..=4).contains(&hmgets),
+        "{hmgets} HMGETs: one per instance told, at most twice"
     );
     assert_eq!(b.limiter.limits().stored_override_count(), 5_001);
 }
