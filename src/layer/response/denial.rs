@@ -1,0 +1,244 @@
+//! A denied request's answer (`Denial`): its status, `Retry-After`, fields and body, or for
+//! gRPC `RESOURCE_EXHAUSTED` with its details.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
+
+use super::*;
+
+/// A denied request, as handed to a custom response function
+/// ([`RateLimitLayerBuilder::denied_response`](crate::RateLimitLayerBuilder::denied_response)).
+pub struct Denial<'a> {
+    batch: &'a BatchDecision,
+    grpc: bool,
+    fields: FieldStyle,
+    body: ErrorBody,
+    /// The layer's precomputed `RateLimit-Policy` members (a rule's default limit's).
+    cached: CachedPolicy<'a>,
+}
+
+/// Finds a limit's precomputed `RateLimit-Policy` member, when its quota is its rule's default.
+pub(crate) type CachedPolicy<'a> = &'a dyn Fn(LimitName, &Quota) -> Option<&'a HeaderValue>;
+
+impl std::fmt::Debug for Denial<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Denial")
+            .field("batch", &self.batch)
+            .field("grpc", &self.grpc)
+            .field("fields", &self.fields)
+            .field("body", &self.body)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Denial<'a> {
+    pub(crate) fn new(
+        batch: &'a BatchDecision,
+        grpc: bool,
+        fields: FieldStyle,
+        body: ErrorBody,
+        cached: CachedPolicy<'a>,
+    ) -> Self {
+        Self {
+            batch,
+            grpc,
+            fields,
+            body,
+            cached,
+        }
+    }
+
+    /// The batch decision; its strictest decision is the one that denied.
+    pub fn batch(&self) -> &'a BatchDecision {
+        self.batch
+    }
+
+    /// Whether the request is a gRPC call.
+    pub fn is_grpc(&self) -> bool {
+        self.grpc
+    }
+
+    /// The layer's field style.
+    pub fn field_style(&self) -> FieldStyle {
+        self.fields
+    }
+
+    /// The layer's body format.
+    pub fn error_body(&self) -> ErrorBody {
+        self.body
+    }
+}
+
+impl Denial<'_> {
+    /// The decision that denied.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.batch.strictest()
+    }
+
+    /// How long until the request would be allowed (at least one second in headers).
+    pub fn retry_after(&self) -> Duration {
+        self.decision().map_or(Duration::ZERO, |d| d.retry_after)
+    }
+
+    /// `Retry-After` in whole seconds: rounded up, never 0.
+    pub fn retry_after_secs(&self) -> u64 {
+        ceil_secs(self.retry_after()).max(1)
+    }
+
+    /// The wait in whole milliseconds: rounded up, never 0. Every millisecond field says it
+    /// (`retry_after_ms`, `grpc-retry-pushback-ms`, gRPC's `RetryInfo`), and so do the texts
+    /// (`"retry after 50 ms"`); the second fields (`Retry-After`, `RateLimit`'s `t`) round the
+    /// same wait up to the second.
+    pub fn retry_after_ms(&self) -> u64 {
+        ceil_ms(self.retry_after()).max(1)
+    }
+
+    /// The default JSON body:
+    /// `{"errors":[{"code":"TOOMANYREQUESTS","detail":{"entity":..,"limiter":..,"retry_after_ms":..},"message":"too many requests"}]}`;
+    /// for a tiered limit `detail` also has `"tier"`: the tier (from 1) that refused. Written
+    /// straight from the denial's numbers into one buffer (keys in this order, as before).
+    pub fn json_body(&self) -> Bytes {
+        let d = self.decision();
+        let mut out = Vec::with_capacity(160);
+        out.extend_from_slice(br#"{"errors":[{"code":"TOOMANYREQUESTS","detail":{"entity":"#);
+        match d {
+            Some(d) => json_id(&mut out, d.key.id()),
+            None => out.extend_from_slice(b"\"\""),
+        }
+        out.extend_from_slice(br#","limiter":"#);
+        json_text(&mut out, d.map_or("", |d| d.name.as_str()));
+        out.extend_from_slice(br#","retry_after_ms":"#);
+        out.extend_from_slice(itoa::Buffer::new().format(self.retry_after_ms()).as_bytes());
+        if let Some(t) = d.and_then(|d| d.tiers) {
+            out.extend_from_slice(br#","tier":"#);
+            out.extend_from_slice(itoa::Buffer::new().format(t.tier).as_bytes());
+        }
+        out.extend_from_slice(br#"},"message":"too many requests"}]}"#);
+        Bytes::from(out)
+    }
+
+    /// The RFC 9457 body of a 429: `type` is the draft's `#quota-exceeded` problem type,
+    /// `violated-policies` names every limit that denied (strictest first), `retry_after_ms`
+    /// is the exact wait:
+    /// `{"detail":"..","retry_after_ms":..,"status":429,"title":"Too Many Requests","type":"https://iana.org/assignments/http-problem-types#quota-exceeded","violated-policies":[".."]}`.
+    pub fn problem_body(&self) -> Bytes {
+        let first = self.decision();
+        let violated =
+            first
+                .into_iter()
+                .chain(self.batch.decisions().iter().filter(|d| {
+                    d.counts() && !d.allowed && !first.is_some_and(|f| std::ptr::eq(f, *d))
+                }));
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(br#"{"detail":"#);
+        json_text(
+            &mut out,
+            format_args!(
+                "rate limit {} exceeded; retry after {}",
+                first.map_or("", |d| d.name.as_str()),
+                WaitText(self.retry_after_ms())
+            ),
+        );
+        out.extend_from_slice(br#","retry_after_ms":"#);
+        out.extend_from_slice(itoa::Buffer::new().format(self.retry_after_ms()).as_bytes());
+        out.extend_from_slice(br#","status":429,"title":"Too Many Requests","type":"#);
+        json_text(&mut out, QUOTA_EXCEEDED);
+        out.extend_from_slice(br#","violated-policies":["#);
+        for (n, d) in violated.enumerate() {
+            if n > 0 {
+                out.push(b',');
+            }
+            json_text(&mut out, d.name.as_str());
+        }
+        out.extend_from_slice(b"]}");
+        Bytes::from(out)
+    }
+
+    /// The default response: a gRPC trailers-only `RESOURCE_EXHAUSTED` (with `retry-after`,
+    /// `grpc-retry-pushback-ms` and, with the `tonic` feature, `RetryInfo`), or a 429 with
+    /// `Retry-After`, the fields of the layer's [`FieldStyle`] and the body of its
+    /// [`ErrorBody`] ([`json_body`](Self::json_body) or [`problem_body`](Self::problem_body)).
+    pub fn default_response(&self) -> Response<Bytes> {
+        let retry = self.retry_after_secs();
+        let mut response = if self.grpc {
+            let name = self
+                .decision()
+                .map(|d| d.name.to_string())
+                .unwrap_or_default();
+            let message = format!(
+                "rate limit {name} exceeded; retry after {}",
+                WaitText(self.retry_after_ms())
+            );
+            #[allow(unused_mut)]
+            let mut r = grpc_status(8, &message);
+            // gRPC's client-retry "pushback": a client whose retry policy lists
+            // RESOURCE_EXHAUSTED waits this long before it retries (the wait in whole
+            // milliseconds rounded up, at least 1, as `retry-after` is at least a second).
+            // By value: `insert` of a `&'static` name has one caller, `put`, where it is inlined
+            // (a second caller cost every request 68 instructions).
+            r.headers_mut().insert(
+                GRPC_RETRY_PUSHBACK_MS.clone(),
+                number(self.retry_after_ms()),
+            );
+            #[cfg(feature = "tonic")]
+            self.add_grpc_details(r.headers_mut(), &message);
+            r
+        } else {
+            let (body, content_type) = self.body.denial(self);
+            let mut r = Response::new(body);
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            r.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+            r
+        };
+        let headers = response.headers_mut();
+        headers.insert(RETRY_AFTER, number(retry));
+        if let Some(fields) = Fields::of(self.batch, self.cached) {
+            self.fields.write(headers, fields);
+        }
+        response
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl Denial<'_> {
+    /// `grpc-status-details-bin`: a `google.rpc.Status` with `RetryInfo` (the exact wait
+    /// before this request passes) and a `QuotaFailure` violation per limit that denied
+    /// (subject: the limit's name), encoded by `tonic-types`, so standard clients read the
+    /// delay without parsing text.
+    fn add_grpc_details(&self, headers: &mut HeaderMap, message: &str) {
+        use tonic_types::{ErrorDetails, StatusExt};
+        // The wait every millisecond field gives.
+        let mut details =
+            ErrorDetails::with_retry_info(Some(Duration::from_millis(self.retry_after_ms())));
+        for d in self
+            .batch
+            .decisions()
+            .iter()
+            .filter(|d| d.counts() && !d.allowed)
+        {
+            let wait = WaitText(ceil_ms(d.retry_after).max(1));
+            details.add_quota_failure_violation(
+                d.name.as_str(),
+                format!("rate limit {} exceeded; retry after {wait}", d.name),
+            );
+        }
+        let status =
+            tonic::Status::with_error_details(tonic::Code::ResourceExhausted, message, details);
+        // Only the details: `grpc-status` and `grpc-message` are ours already.
+        let mut encoded = HeaderMap::new();
+        match status.add_header(&mut encoded) {
+            Ok(()) => {
+                if let Some(v) = encoded.remove("grpc-status-details-bin") {
+                    headers.insert("grpc-status-details-bin", v);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(target: crate::telemetry::target::LAYER, error = %e, "gRPC error details not added")
+            }
+        }
+    }
+}
