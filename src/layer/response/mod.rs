@@ -22,8 +22,8 @@ use body::*;
 pub(crate) use body::{error_code, error_response, is_grpc};
 pub use denial::Denial;
 use denial::*;
-pub(crate) use fields::{Fields, policy_value};
 use fields::*;
+pub(crate) use fields::{Fields, policy_value};
 
 /// `RateLimit-Policy` (IETF httpapi ratelimit-headers, draft 11).
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

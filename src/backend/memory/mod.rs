@@ -1,0 +1,444 @@
+//! The in-memory backend: one process, no set-up.
+//!
+//! State is a [`DashMap`] from bucket key to the bucket's TAT in an [`AtomicU64`] (two of
+//! them: keys whose id fits one word with its limit, keyed by that word, and the rest). A
+//! one-transaction batch is a compare-and-swap loop on that atomic, made while holding the
+//! map's shard read guard (so a sweep can never drop a bucket between the read and the write).
+//! A batch of several transactions reads every bucket, decides, then writes each with a
+//! compare-and-swap; if one of them lost a race, the writes already made are rolled back and
+//! the batch is decided again. Every write is therefore a valid transition from the value it
+//! replaced: concurrent batches never admit more than the spec allows, and a denied batch
+//! writes nothing. (During a rollback other requests may briefly see the batch's spend, so
+//! under contention a request can be denied that a serial order would have allowed; never the
+//! reverse.)
+//!
+//! # Memory
+//!
+//! A bucket whose TAT is at or before now is the same as a missing one, so [`sweep`] drops
+//! those without changing any decision, and runs it in the background every 10 s by default
+//! ([`MemoryBackendBuilder::sweep_interval`]); nothing needs to be started.
+//! At most `max_keys` buckets are held. **When full**, a transaction that needs a *new* bucket
+//! fails with [`BackendError::Full`] (counted by [`MemoryBackend::full_refusals`]), and the
+//! background sweep is woken (at most once a second) to make room; buckets already held keep
+//! working, and no request ever runs the sweep itself. The middleware answers such a request
+//! `503` with `Retry-After: 1`, whatever its failure policy: a full table is the limiter
+//! protecting its memory, and letting new keys through unlimited is exactly what a flood of new
+//! keys would aim for (so would dropping live buckets, which hands their owners a fresh burst).
+//!
+//! What the cap costs: about 36 bytes per bucket whose id is an IPv4 address, an IPv6 /48
+//! range or a number below 2^48 (28 at ten million: the table's fill varies with its size);
+//! about 90 bytes plus the id's length for any other id (a full IPv6 address, a larger number,
+//! text: a 256-byte account id costs about 350 bytes). The default cap of 10,000,000 is about
+//! 0.3 GiB of addresses, or 3.5 GiB of 256-byte ids: size `max_keys` by the ids you key on.
+//! (`bash benches/memory.sh` measures it.)
+//!
+//! [`sweep`]: MemoryBackend::sweep
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use smallvec::SmallVec;
+
+use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
+use crate::algo::calendar::CalendarState;
+use crate::algo::tiers::TierState;
+use crate::algo::{concurrency, gcra};
+use crate::backend::Outcome;
+use crate::key::BucketKey;
+use crate::quota::Quota;
+use crate::time::{Clock, SystemClock};
+
+mod buckets;
+mod roads;
+
+use buckets::*;
+
+/// The transactions of a batch whose working vectors stay on the stack: on the general road
+/// (any shape; larger vectors cost its one-transaction calls of other shapes), and on the
+/// road of GCRA words (a request's rules).
+const BATCH: usize = 4;
+const WORDS: usize = 8;
+
+/// The default cap on live buckets: ten million (about 0.3 GiB of address ids at the measured
+/// cost per key; see the module's notes for other ids).
+pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
+
+struct Inner {
+    map: Buckets,
+    /// Tiered keys: a separate map, so a GCRA bucket stays one `AtomicU64`.
+    tiers: DashMap<BucketKey, SharedSlot, foldhash::fast::RandomState>,
+    len: AtomicUsize,
+    max_keys: usize,
+    /// The time source; `None`: the system clock (read inline, not through a `dyn` call).
+    clock: Option<Arc<dyn Clock>>,
+    last_full_sweep: AtomicU64,
+    /// New keys refused because the table was full.
+    full_refusals: AtomicU64,
+    /// Wakes the background sweep when the table is full (a tokio task's).
+    sweep_now: Arc<tokio::sync::Notify>,
+    /// Wakes a sweeper thread (a message: sweep now; dropped with the backend: end).
+    thread_sweeper: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    /// Overrides set at run time (this process only).
+    overrides: Arc<super::MemoryOverrides>,
+}
+
+/// The in-memory backend. Cheap to clone (an `Arc`).
+///
+/// ```
+/// use tower_ratelimits::{MemoryBackend, ManualClock};
+/// let backend = MemoryBackend::builder()
+///     .clock(ManualClock::new(0))
+///     .max_keys(1_000)
+///     .build();
+/// assert_eq!(backend.len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("len", &self.len())
+            .field("max_keys", &self.inner.max_keys)
+            .finish()
+    }
+}
+
+/// How often the background sweep runs by default.
+const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Builds a [`MemoryBackend`].
+pub struct MemoryBackendBuilder {
+    clock: Option<Arc<dyn Clock>>,
+    max_keys: usize,
+    max_overrides: usize,
+    sweep_interval: Option<Duration>,
+}
+
+impl MemoryBackendBuilder {
+    /// The time source (default: the system clock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The most live buckets held at once (default 10,000,000).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The most overrides set at run time this backend keeps
+    /// ([`Limiter::set_override`](crate::Limiter::set_override); default
+    /// [`DEFAULT_MAX_OVERRIDES`](crate::DEFAULT_MAX_OVERRIDES), a million): a new one past it is
+    /// refused ([`OverrideError::TooMany`](crate::OverrideError::TooMany)).
+    pub fn max_overrides(mut self, max: usize) -> Self {
+        self.max_overrides = max;
+        self
+    }
+
+    /// How often idle buckets are swept away in the background (default 10 s). The sweep
+    /// is lossless (it drops only buckets equal to fresh ones) and runs off the request path.
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = Some(interval);
+        self
+    }
+
+    /// No background sweep: you call [`MemoryBackend::sweep`] yourself. Without it, idle
+    /// buckets are dropped only when the table reaches `max_keys`.
+    pub fn no_background_sweep(mut self) -> Self {
+        self.sweep_interval = None;
+        self
+    }
+
+    /// Builds the backend and starts its background sweep: a tokio task when built inside a
+    /// tokio runtime, a thread otherwise. Either ends by itself when the backend's last clone
+    /// is dropped.
+    pub fn build(self) -> MemoryBackend {
+        let backend = MemoryBackend {
+            inner: Arc::new(Inner {
+                map: Buckets::new(),
+                tiers: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+                len: AtomicUsize::new(0),
+                max_keys: self.max_keys,
+                overrides: Arc::new(super::MemoryOverrides::new(
+                    self.clock.clone(),
+                    self.max_overrides,
+                )),
+                clock: self.clock,
+                last_full_sweep: AtomicU64::new(0),
+                full_refusals: AtomicU64::new(0),
+                sweep_now: Arc::new(tokio::sync::Notify::new()),
+                thread_sweeper: Mutex::new(None),
+            }),
+        };
+        if let Some(interval) = self.sweep_interval.filter(|i| !i.is_zero()) {
+            backend.start_sweeper(interval);
+        }
+        backend
+    }
+}
+
+fn stored(v: u64) -> Option<u64> {
+    (v != 0).then_some(v)
+}
+
+impl MemoryBackend {
+    /// A backend on the system clock holding at most 10,000,000 buckets.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder.
+    pub fn builder() -> MemoryBackendBuilder {
+        MemoryBackendBuilder {
+            clock: None,
+            max_keys: DEFAULT_MAX_KEYS,
+            max_overrides: super::DEFAULT_MAX_OVERRIDES,
+            sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
+        }
+    }
+
+    /// Live buckets held.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Relaxed)
+    }
+
+    /// How many buckets the tables have room for without growing (for diagnostics: after a
+    /// [`sweep`](Self::sweep) that leaves them mostly empty, the room is given back).
+    pub fn capacity(&self) -> usize {
+        self.inner.map.capacity() + self.inner.tiers.capacity()
+    }
+
+    /// Whether no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The stored TAT of a bucket, if one is held (for tests and diagnostics).
+    pub fn tat(&self, key: &BucketKey) -> Option<u64> {
+        self.inner
+            .map
+            .get(Buckets::place(key))
+            .and_then(|v| stored(kit::gcra_unword(v.load(Ordering::Acquire)).0))
+    }
+
+    /// Drops every bucket that equals a fresh one (TAT at or before now) and returns how many
+    /// were dropped. No decision changes.
+    pub fn sweep(&self) -> usize {
+        let now = self.now();
+        let mut dropped = 0;
+        self.inner.map.retain(|word| {
+            let keep = kit::gcra_unword(word.load(Ordering::Acquire)).0 > now;
+            if !keep {
+                dropped += 1;
+            }
+            keep
+        });
+        self.inner.tiers.retain(|_, slot| {
+            // A slot in use is kept (and never waited for while the shard is locked).
+            let Ok(mut s) = slot.try_lock() else {
+                return true;
+            };
+            if s.expires_at > now {
+                return true;
+            }
+            s.removed = true;
+            dropped += 1;
+            false
+        });
+        self.inner.len.fetch_sub(dropped, Ordering::Relaxed);
+        // Give the memory back once most of the table is empty (after a flood of one-off keys,
+        // say); a table still mostly in use keeps its room to grow.
+        self.inner.map.shrink_if_sparse();
+        if self.inner.tiers.len().saturating_mul(4) < self.inner.tiers.capacity() {
+            self.inner.tiers.shrink_to_fit();
+        }
+        crate::telemetry::memory_swept(dropped, self.inner.len.load(Ordering::Relaxed));
+        dropped
+    }
+
+    /// The state of a tiered key, if one is held (for tests and diagnostics).
+    pub fn tier_state(&self, key: &BucketKey) -> Option<TierState> {
+        let slot = self.inner.tiers.get(key)?.clone();
+        let s = lock(&slot);
+        match &s.state {
+            Some(kit::Stored::Tiers(state)) if !s.removed => Some(state.clone()),
+            _ => None,
+        }
+    }
+
+    /// The state of a calendar key, if one is held (the units used and the end of the period
+    /// they were counted in; for the simulator's drawing, tests and diagnostics).
+    pub fn calendar_state(&self, key: &BucketKey) -> Option<CalendarState> {
+        let slot = self.inner.tiers.get(key)?.clone();
+        let s = lock(&slot);
+        match &s.state {
+            Some(kit::Stored::Calendar(state)) if !s.removed => Some(*state),
+            _ => None,
+        }
+    }
+
+    /// Sweeps every `interval` until the backend is gone: on the current tokio runtime if
+    /// there is one (so tokio's paused time drives it in tests), else on a thread of its own.
+    fn start_sweeper(&self, interval: Duration) {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let sweep_once = move || -> bool {
+            let Some(inner) = weak.upgrade() else {
+                return false;
+            };
+            let backend = MemoryBackend { inner };
+            let dropped = backend.sweep();
+            tracing::trace!(target: crate::telemetry::target::BACKEND, dropped, live = backend.len(), "memory backend sweep");
+            true
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let sweep_now = self.inner.sweep_now.clone();
+            runtime.spawn(async move {
+                loop {
+                    // An interval's wait, cut short when a full table asks for room.
+                    let _ = tokio::time::timeout(interval, sweep_now.notified()).await;
+                    if !sweep_once() {
+                        return;
+                    }
+                }
+            });
+            return;
+        }
+        let (wake, woken) = std::sync::mpsc::channel::<()>();
+        *self
+            .inner
+            .thread_sweeper
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(wake);
+        let spawned = std::thread::Builder::new()
+            .name("tower-ratelimits-sweep".into())
+            .spawn(move || {
+                // A timeout is the next tick, a message a full table; a closed channel means
+                // the backend is gone.
+                while !matches!(
+                    woken.recv_timeout(interval),
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected)
+                ) {
+                    if !sweep_once() {
+                        return;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(target: crate::telemetry::target::BACKEND, error = %e, "could not start the memory backend's sweep thread; idle buckets are dropped only when the table is full");
+        }
+    }
+
+    #[inline]
+    fn now(&self) -> u64 {
+        match &self.inner.clock {
+            None => SystemClock.now_us(),
+            Some(clock) => clock.now_us(),
+        }
+    }
+
+    /// Room for one new bucket, or `Full`; when full, wakes the background sweep (at most
+    /// once a second). Never sweeps on the caller's (a request's) time.
+    fn reserve(&self, now: u64) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        if inner.len.load(Ordering::Relaxed) < inner.max_keys {
+            return Ok(());
+        }
+        inner.full_refusals.fetch_add(1, Ordering::Relaxed);
+        crate::telemetry::memory_full();
+        let last = inner.last_full_sweep.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 1_000_000
+            && inner
+                .last_full_sweep
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(target: crate::telemetry::target::BACKEND,
+                max_keys = inner.max_keys,
+                "the in-memory rate limiter is full: new keys are refused until a sweep makes room"
+            );
+            inner.sweep_now.notify_one();
+            if let Some(wake) = inner
+                .thread_sweeper
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+            {
+                let _ = wake.send(());
+            }
+        }
+        Err(BackendError::Full {
+            max_keys: inner.max_keys,
+        })
+    }
+
+    /// New keys refused because the table was full, since the backend was built.
+    pub fn full_refusals(&self) -> u64 {
+        self.inner.full_refusals.load(Ordering::Relaxed)
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
+        let now = self.now();
+        // One transaction (a request with one rule): its outcome written straight into the
+        // answer, no batch machinery.
+        if let [one] = batch {
+            return self.spend_one_at(one, now);
+        }
+        Spend::Ready(self.spend_mixed(batch, now))
+    }
+
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        let now = self.now();
+        batch.iter().map(|tx| self.refund_one(tx, now)).collect()
+    }
+
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        let now = self.now();
+        for key in keys {
+            if self.inner.map.remove(key) {
+                self.inner.len.fetch_sub(1, Ordering::Relaxed);
+            }
+            // A concurrency key's live leases are requests in flight: kept (forgetting them
+            // would admit more at once than the limit). The rest of the slot is forgotten.
+            let removed = self.inner.tiers.remove_if(*key, |_, slot| {
+                let mut s = lock(slot);
+                (s.state, s.expires_at) = s
+                    .state
+                    .take()
+                    .and_then(|state| kit::after_reset(state, now))
+                    .map_or((None, 0), |(state, fresh)| (Some(state), fresh));
+                let gone = s.state.is_none();
+                s.removed = gone;
+                gone
+            });
+            if removed.is_some() {
+                self.inner.len.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    fn override_store(&self) -> Option<super::OverrideStoreRef> {
+        Some(super::OverrideStoreRef(self.inner.overrides.clone()))
+    }
+
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        self.inner.clock.clone()
+    }
+}
