@@ -2,7 +2,7 @@
 //! answers again, so that an outage cannot hand out a fresh quota (`docs/operating.md`, "When
 //! the store fails").
 //!
-//! Only units that outlive an outage are carried ([`Quota::charge_back`]): a calendar quota's,
+//! Only units that outlive an outage are carried (the seam's `charge_back`): a calendar quota's,
 //! which count until their period ends, and a GCRA limit's of an hour or longer, which count
 //! until time repays them. For those the layer keeps two bounded tables:
 //!
@@ -185,7 +185,7 @@ impl Ledger {
     /// outlive an outage; a request found the store back, so the task charges at once.
     pub(crate) fn know(&self, batch: &BatchDecision, now: u64) {
         for d in batch.decisions() {
-            let Some(shape) = d.limit().and_then(crate::Quota::charge_back) else {
+            let Some(shape) = d.limit().and_then(|q| q.charge_back()) else {
                 continue;
             };
             if d.skipped() {
@@ -224,7 +224,7 @@ impl Ledger {
                 continue;
             };
             let limits = fallback.load();
-            let Some(size) = limits.resolve(tx.key()).map(crate::Quota::max_cost) else {
+            let Some(size) = limits.resolve(tx.key()).map(|q| q.max_cost()) else {
                 continue;
             };
             let share = left.saturating_mul(u64::from(self.percent)) / 100;
@@ -254,8 +254,7 @@ impl Ledger {
                 if !d.allowed() || !d.mode().spends() || d.granted() == 0 {
                     continue;
                 }
-                let Some(shape) = limits.resolve(d.key()).and_then(crate::Quota::charge_back)
-                else {
+                let Some(shape) = limits.resolve(d.key()).and_then(|q| q.charge_back()) else {
                     continue;
                 };
                 let end_us = now.saturating_add(crate::time::duration_us(d.reset_after()));
@@ -329,10 +328,7 @@ impl Ledger {
                 let n = units.at(now);
                 // A limit that no longer carries its units back (removed, or changed by a
                 // reload) is owed nothing.
-                let carried = limits
-                    .resolve(key)
-                    .and_then(crate::Quota::charge_back)
-                    .is_some();
+                let carried = limits.resolve(key).and_then(|q| q.charge_back()).is_some();
                 if n == 0 || !carried {
                     return false;
                 }

@@ -404,7 +404,7 @@ impl Rules {
         let mut out = Reservations::new();
         for d in batch.decisions() {
             // A slot in flight is given back when the request ends, never settled.
-            let Some(most) = d.limit.as_ref().and_then(crate::Quota::settle_bound) else {
+            let Some(most) = d.limit.as_ref().and_then(|q| q.settle_bound()) else {
                 continue;
             };
             if !d.allowed || d.skipped || !d.mode.spends() {

@@ -551,7 +551,7 @@ fn finish<Q: std::borrow::Borrow<Quota>>(
 /// that counted.
 fn count_leases(decided: &BatchDecision) {
     for d in decided.decisions() {
-        if !d.limit.as_ref().is_some_and(Quota::holds_leases) || d.skipped {
+        if !d.limit.as_ref().is_some_and(|q| q.holds_leases()) || d.skipped {
             continue;
         }
         let outcome = match d.lease_id {
