@@ -56,7 +56,7 @@ pub(super) fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
 }
 
 /// The `RateLimit-Policy` value of a limit whose policy does not depend on the decision
-/// (`Quota::fixed_policy`), computed once when a layer is built; `None` for another.
+/// (the seam's `fixed_policy`), computed once when a layer is built; `None` for another.
 pub(crate) fn policy_value(name: &str, quota: &Quota) -> Option<HeaderValue> {
     let (q, w) = quota.fixed_policy()?;
     Some(sf_item(name, b'q', q, b'w', w))
