@@ -7,7 +7,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `PUT /overrides/{limit}/{id}` with `{"burst": 3, "count": 3, "period": "1h"}`, a calendar quota's plan `{"calendar": {"count": 5000000, "period": "month", "anchor_day": 15}}` (on a calendar limit: `at` and `zone` too), `{"unlimited": true}` or `{"block": true}`, each optionally with `"expires_in": "1h"` | 200, the override stored |
+//! | `PUT /overrides/{limit}/{id}` with a limit of the limit's own shape as the YAML file writes it (`{"burst": 3, "count": 3, "period": "1h"}`; `{"tiers": [{"limit": 5, "window": "1s", "active": "1s", "cooldown": "0s"}]}`; `{"concurrency": 10, "lease": "30s"}`; a calendar quota's plan `{"calendar": {"count": 5000000, "period": "month", "anchor_day": 15}}`), `{"unlimited": true}` or `{"block": true}`, each optionally with `"expires_in": "1h"` | 200, the override stored, shown as it was put |
 //! | `GET /overrides` | 200, `{"overrides": [...]}` |
 //! | `DELETE /overrides/{limit}/{id}` | 204, or 404 without one |
 //! | `GET /buckets/{limit}/{id}` | 200, the limit in force, its source (`default`, `file`, `store`), `remaining`, `reset_after_ms`; a calendar quota also `used` (the count less what remains) and `renews_at` (the end of the period in force by this host's clock, `2026-11-30T00:00:00Z`) |
@@ -27,12 +27,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use crate::algo::gcra::Limit;
 use crate::config::LimitSource;
 use crate::key::BucketKey;
 use crate::limiter::{Limiter, LimiterError, OverrideError};
-use crate::overrides::{CalendarFields, OverrideKind, StoredOverride};
-use crate::quota::{Described, Quota};
+use crate::overrides::{OverrideKind, StoredOverride};
+use crate::quota::{Described, Form, Quota};
 use crate::time::{duration_us, parse_duration_us};
 
 /// Who is making an admin change: set by the application's auth layer as a request extension,
@@ -145,20 +144,14 @@ fn put_described(v: &mut Value, fields: Vec<(&'static str, Described)>) {
     }
 }
 
-/// A stored override as the API shows it.
+/// A stored override as the API shows it: a limit of its own as the YAML file writes it
+/// (`Form::Api`), so what is shown may be put back.
 fn override_json(o: &StoredOverride) -> Value {
     let mut v = json!({"limit": o.limit(), "id": o.id()});
     match o.kind() {
+        OverrideKind::Quota(q) => q.write_json(Form::Api, &mut v),
         OverrideKind::Unlimited => v["unlimited"] = true.into(),
         OverrideKind::Block => v["block"] = true.into(),
-        // A plan shows as it is put: `{"calendar": {...}}`.
-        OverrideKind::Calendar(q) => v["calendar"] = CalendarFields::of(q),
-        // A limit of its own shows as its quota describes itself.
-        kind => {
-            if let Some(q) = kind.quota() {
-                quota_fields(&mut v, &q);
-            }
-        }
     }
     v["expires_at_ms"] = o.expires_at_ms().into();
     v
@@ -166,15 +159,13 @@ fn override_json(o: &StoredOverride) -> Value {
 
 /// A `PUT` body.
 #[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 struct PutBody {
-    burst: Option<u64>,
-    count: Option<u64>,
-    period: Option<String>,
-    calendar: Option<CalendarFields>,
     unlimited: Option<bool>,
     block: Option<bool>,
     expires_in: Option<String>,
+    /// A limit's fields, each shape's own ([`Quota::read_json`]).
+    #[serde(flatten)]
+    limit: serde_json::Map<String, Value>,
 }
 
 fn duration(field: &str, text: &str) -> Result<std::time::Duration, Answer> {
@@ -186,30 +177,20 @@ fn duration(field: &str, text: &str) -> Result<std::time::Duration, Answer> {
 fn parse_put(body: &[u8]) -> Result<(OverrideKind, Option<std::time::Duration>), Answer> {
     let b: PutBody = serde_json::from_slice(body)
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("malformed body: {e}")))?;
-    let kind = match (
-        (b.burst, b.count, b.period),
-        b.calendar,
-        b.unlimited,
-        b.block,
-    ) {
-        ((Some(burst), Some(count), Some(period)), None, None, None) => {
-            let period = duration("period", &period)?;
-            OverrideKind::Limit(
-                Limit::new(burst, count, period).map_err(|e| error(StatusCode::BAD_REQUEST, e))?,
-            )
-        }
-        ((None, None, None), Some(c), None, None) => OverrideKind::Calendar(
-            c.quota()
-                .map_err(|e| error(StatusCode::BAD_REQUEST, format!("calendar: {e}")))?,
+    let kind = match (b.unlimited, b.block, b.limit.is_empty()) {
+        (None, None, false) => OverrideKind::Quota(
+            Quota::read_json(Form::Api, &Value::Object(b.limit))
+                .map_err(|e| error(StatusCode::BAD_REQUEST, e))?,
         ),
-        ((None, None, None), None, Some(true), None) => OverrideKind::Unlimited,
-        ((None, None, None), None, None, Some(true)) => OverrideKind::Block,
+        (Some(true), None, true) => OverrideKind::Unlimited,
+        (None, Some(true), true) => OverrideKind::Block,
         _ => {
             return Err(error(
                 StatusCode::BAD_REQUEST,
-                "the body is one of {\"burst\", \"count\", \"period\"}, {\"calendar\": {\"count\", \
-                 \"period\", ...}}, {\"unlimited\": true} or {\"block\": true}, optionally with \
-                 \"expires_in\"",
+                "the body is one of: a limit as the YAML file writes it ({\"burst\", \"count\", \
+                 \"period\"}, {\"tiers\": [...]}, {\"concurrency\", \"lease\"}, \
+                 {\"calendar\": {...}}), {\"unlimited\": true} or {\"block\": true}, \
+                 optionally with \"expires_in\"",
             ));
         }
     };

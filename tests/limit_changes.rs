@@ -55,7 +55,7 @@ async fn admitted(limiter: &Limiter, key: &tower_ratelimits::BucketKey, n: usize
 }
 
 fn limit(burst: u64) -> OverrideKind {
-    OverrideKind::Limit(Limit::new(burst, 1, HOUR).unwrap())
+    OverrideKind::Quota(Limit::new(burst, 1, HOUR).unwrap().into())
 }
 
 /// The first failure: 30 of 40 spent (10 left), a stored override of burst 2 set then

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
-use support::admin::{FILE_OVERRIDES, LIMITS, instance};
+use support::admin::{FILE_OVERRIDES, LIMITS, every_shape_takes_an_override_of_its_own, instance};
 use tower_ratelimits::{
     Limit, LimitSource, Limiter, Limits, ManualClock, MemoryBackend, OverrideError, OverrideKind,
     Transaction,
@@ -23,7 +23,11 @@ fn limiter(clock: &ManualClock) -> Limiter {
 }
 
 fn gcra(burst: u64) -> OverrideKind {
-    OverrideKind::Limit(Limit::new(burst, burst, Duration::from_secs(3600)).unwrap())
+    OverrideKind::Quota(
+        Limit::new(burst, burst, Duration::from_secs(3600))
+            .unwrap()
+            .into(),
+    )
 }
 
 /// A stored override wins over the file's, which wins over the default; removing it gives the
@@ -330,8 +334,9 @@ async fn the_admin_router_speaks_the_documented_json() {
         (
             "/overrides/PerClient/x",
             r#"{"block": true, "colour": 1}"#,
-            "malformed",
+            "one of",
         ),
+        ("/overrides/PerClient/x", r#"{"colour": 1}"#, "no limit"),
         ("/overrides/PerClient/x", "{", "malformed"),
         (
             "/overrides/Slots/x",
@@ -348,6 +353,14 @@ async fn the_admin_router_speaks_the_documented_json() {
     assert_eq!(node.get("/buckets/PerRange/nope").await.0, 400);
     assert_eq!(node.delete("/overrides/Nope/x").await.0, 400);
     assert_eq!(node.listed().await, before);
+}
+
+/// Tiers and concurrency limits take stored overrides of their own shape, as GCRA limits and
+/// calendar quotas do (they were refused with 400 before `OverrideKind::Quota`).
+#[tokio::test]
+async fn every_shape_takes_a_stored_override_of_its_own_shape() {
+    let node = instance(MemoryBackend::new()).await;
+    every_shape_takes_an_override_of_its_own(&node, &node, Duration::ZERO).await;
 }
 
 /// The in-memory store's cap: a new override past `max_overrides` is refused (nothing

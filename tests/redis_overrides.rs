@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use fred::prelude::LuaInterface;
 use serde_json::json;
-use support::admin::{Instance, instance, within};
+use support::admin::{Instance, every_shape_takes_an_override_of_its_own, instance, within};
 use support::redis::{RedisServer, TestRedis, unique_prefix};
 use support::redis_backend::backend;
 use tower_ratelimits::RedisBackend;
@@ -170,6 +170,18 @@ async fn a_change_through_one_instance_applies_on_the_other() {
         assert_eq!(a.listed().await, before);
         assert_eq!(b.listed().await, before);
         assert_eq!(b.request("x").await.status, 200);
+    }
+}
+
+/// Tiers and concurrency limits take stored overrides of their own shape: put through one
+/// instance, in force on the other, on a real Redis and a real cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shape_takes_a_stored_override_applied_on_every_instance() {
+    for redis in TestRedis::each() {
+        let prefix = unique_prefix("overrides-shapes");
+        let a = instance(backend(&redis.url, &prefix).await).await;
+        let b = instance(backend(&redis.url, &prefix).await).await;
+        every_shape_takes_an_override_of_its_own(&a, &b, TWO_SECONDS).await;
     }
 }
 

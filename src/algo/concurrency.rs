@@ -18,6 +18,10 @@ use crate::time::duration_us;
 /// memory one key can take.
 pub const MAX_CONCURRENCY: u64 = 100_000;
 
+/// The lease of a concurrency limit written without one (YAML, the admin API): a request
+/// holding its slot longer than a minute (or whose instance died) stops counting.
+pub(crate) const DEFAULT_LEASE_US: u64 = 60_000_000;
+
 /// The `retry_after` a denial reports by default (a hint: when a slot frees is not known).
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 

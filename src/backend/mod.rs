@@ -27,7 +27,7 @@ pub(crate) use kit::{gcra_decide, gcra_write};
 pub use memory::{MemoryBackend, MemoryBackendBuilder};
 pub use overrides::DEFAULT_MAX_OVERRIDES;
 pub use overrides::OverrideStoreRef;
-pub(crate) use overrides::{Delta, MemoryOverrides, OverrideStore, PutError, StoreEvent};
+pub(crate) use overrides::{MemoryOverrides, OverrideStore, PutError, StoreEvent};
 #[cfg(feature = "redis")]
 pub(crate) use overrides::{Watched, Watcher};
 #[cfg(feature = "redis")]

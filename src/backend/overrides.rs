@@ -13,27 +13,13 @@ use async_trait::async_trait;
 
 use super::BackendError;
 use crate::key::BucketKey;
-use crate::overrides::StoredOverride;
+use crate::overrides::{Delta, Interned, Shared, StoredOverride};
 use crate::time::Clock;
 
 /// The most overrides a store keeps unless told otherwise: a million (measured in
 /// `BENCHMARKS.md`, "Stored overrides at scale": the memory each instance holds, and what a
 /// change costs the store).
 pub const DEFAULT_MAX_OVERRIDES: usize = 1_000_000;
-
-/// What changed in a store's overrides: those set (new, or replacing the one of their limit
-/// and id) and those gone (removed or expired), by limit and id.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Delta {
-    pub(crate) set: Vec<StoredOverride>,
-    pub(crate) gone: Vec<(String, String)>,
-}
-
-impl Delta {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.set.is_empty() && self.gone.is_empty()
-    }
-}
 
 /// What a store tells the limiters watching it.
 pub(crate) enum StoreEvent<'a> {
@@ -114,77 +100,39 @@ impl std::fmt::Debug for OverrideStoreRef {
 }
 
 /// The overrides in force, keyed by their field (`<limit>:<id>`: a limit's name holds no `:`),
-/// each in 48 bytes beside its key (`BENCHMARKS.md`, "Stored overrides at scale").
+/// each in 32 bytes beside its key (a limit shared by the overrides that give the same one) (`BENCHMARKS.md`, "Stored overrides at scale").
 type Map = HashMap<Box<str>, Entry, foldhash::fast::RandomState>;
 
 /// One override as a store keeps it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 struct Entry {
-    kind: Kind,
+    kind: Shared,
     /// Unix milliseconds; `u64::MAX`: no end.
     expires_at_ms: u64,
     /// The last read of the whole store that found it, or during which it was set.
     pass: u32,
 }
 
-/// What an override does, in its stored numbers (a limit is validated again when read back:
-/// it was valid when stored).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Kind {
-    Limit {
-        burst: u64,
-        count: u64,
-        period_us: u64,
-    },
-    /// A plan (few distinct ones: shared, as the limits a snapshot holds are).
-    Calendar(Arc<crate::algo::calendar::CalendarQuota>),
-    Unlimited,
-    Block,
-}
-
 impl Entry {
-    fn of(o: &StoredOverride, pass: u32) -> Self {
-        let kind = match &o.kind {
-            crate::overrides::OverrideKind::Limit(l) => Kind::Limit {
-                burst: l.burst(),
-                count: l.count(),
-                period_us: l.period_us(),
-            },
-            crate::overrides::OverrideKind::Calendar(q) => Kind::Calendar(Arc::new(q.clone())),
-            crate::overrides::OverrideKind::Unlimited => Kind::Unlimited,
-            crate::overrides::OverrideKind::Block => Kind::Block,
-        };
+    fn of(o: &StoredOverride, pass: u32, interned: &Interned) -> Self {
         Self {
-            kind,
+            kind: Shared::of(&o.kind, interned),
             expires_at_ms: o.expires_at_ms.unwrap_or(u64::MAX),
             pass,
         }
     }
 
     fn same(&self, o: &StoredOverride) -> bool {
-        let other = Self::of(o, self.pass);
-        *self == other
+        self.kind.is(&o.kind) && self.expires_at_ms == o.expires_at_ms.unwrap_or(u64::MAX)
     }
 
     /// The override of `field` this entry keeps.
     fn read(&self, field: &str) -> Option<StoredOverride> {
         let (limit, id) = field.split_once(':')?;
-        let kind = match &self.kind {
-            Kind::Limit {
-                burst,
-                count,
-                period_us,
-            } => crate::overrides::OverrideKind::Limit(
-                crate::algo::gcra::Limit::from_micros(*burst, *count, *period_us).ok()?,
-            ),
-            Kind::Calendar(q) => crate::overrides::OverrideKind::Calendar((**q).clone()),
-            Kind::Unlimited => crate::overrides::OverrideKind::Unlimited,
-            Kind::Block => crate::overrides::OverrideKind::Block,
-        };
         Some(StoredOverride {
             limit: limit.to_owned(),
             id: id.to_owned(),
-            kind,
+            kind: self.kind.kind(),
             expires_at_ms: (self.expires_at_ms != u64::MAX).then_some(self.expires_at_ms),
         })
     }
@@ -212,6 +160,8 @@ pub(crate) struct Watched {
     /// No override here expires before this (Unix ms), so that finding the expired ones walks
     /// the list only once one has.
     earliest_expiry_ms: AtomicU64,
+    /// The limits the overrides give, one allocation per distinct limit.
+    interned: Interned,
 }
 
 impl Default for Watched {
@@ -222,6 +172,7 @@ impl Default for Watched {
             watchers: Mutex::default(),
             pass: AtomicU32::new(0),
             earliest_expiry_ms: AtomicU64::new(u64::MAX),
+            interned: Interned::default(),
         }
     }
 }
@@ -301,7 +252,7 @@ impl Watched {
                         if let Some(at) = o.expires_at_ms {
                             self.earliest_expiry_ms.fetch_min(at, Ordering::AcqRel);
                         }
-                        map.insert(field(&o.limit, &o.id), Entry::of(&o, pass));
+                        map.insert(field(&o.limit, &o.id), Entry::of(&o, pass, &self.interned));
                         changed.set.push(o);
                     }
                 }

@@ -453,7 +453,7 @@ mod tests {
         let vip_store = crate::overrides::StoredOverride {
             limit: "Gcra".into(),
             id: "store-vip".into(),
-            kind: crate::overrides::OverrideKind::Limit(Limit::new(80, 80, s(1)).unwrap()),
+            kind: crate::overrides::OverrideKind::Quota(Limit::new(80, 80, s(1)).unwrap().into()),
             expires_at_ms: None,
         };
         let with_stored = limits.with_stored(StoredSet::build(

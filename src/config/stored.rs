@@ -11,9 +11,8 @@ use std::sync::Arc;
 
 use super::Limits;
 use crate::algo::gcra::Limit;
-use crate::backend::Delta;
 use crate::key::BucketKey;
-use crate::overrides::{BLOCK_WITHOUT_END, OverrideKind, StoredOverride};
+use crate::overrides::{BLOCK_WITHOUT_END, Delta, Interned, OverrideKind, Shared, StoredOverride};
 use crate::quota::Quota;
 use crate::time::Clock;
 
@@ -24,52 +23,15 @@ const SHARDS: usize = 1024;
 /// that give the same one).
 #[derive(Debug, Clone)]
 pub(crate) struct Applied {
-    what: What,
+    what: Shared,
     /// Microseconds since the Unix epoch on the limiter's clock (`u64::MAX`: no end).
     expires_at_us: u64,
-}
-
-/// What a stored override does, applied.
-#[derive(Debug, Clone)]
-enum What {
-    /// A limit of its own (one allocation per distinct limit: `Interned`).
-    Limit(Arc<Quota>),
-    Unlimited,
-    /// Denied; its `RateLimit-Policy` is the name's default (one per second for a name without
-    /// one).
-    Block,
 }
 
 /// The policy a block of a name without a default reports: one per second.
 static BLOCK_POLICY: std::sync::LazyLock<Quota> = std::sync::LazyLock::new(|| {
     Quota::Gcra(Limit::from_micros(1, 1, 1_000_000).unwrap_or_else(|_| unreachable!()))
 });
-
-/// The limits stored overrides give, one allocation each, shared by every override (and every
-/// snapshot) that gives the same one: a million overrides on a few plans hold a few limits.
-#[derive(Default)]
-struct Interned(
-    std::sync::Mutex<HashMap<Limit, std::sync::Weak<Quota>, foldhash::fast::RandomState>>,
-);
-
-impl Interned {
-    fn get(&self, limit: Limit) -> Arc<Quota> {
-        let mut map = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(q) = map.get(&limit).and_then(std::sync::Weak::upgrade) {
-            return q;
-        }
-        // Drop what no override uses any more before the table grows.
-        if map.len() >= 64 && map.len().is_power_of_two() {
-            map.retain(|_, q| q.strong_count() > 0);
-        }
-        let q = Arc::new(Quota::Gcra(limit));
-        map.insert(limit, Arc::downgrade(&q));
-        q
-    }
-}
 
 type Shard = HashMap<BucketKey, Applied, foldhash::fast::RandomState>;
 
@@ -206,18 +168,8 @@ impl StoredSet {
         let name = limits.name(&o.limit).ok_or_else(not_defined)?;
         let entry = limits.entry(name).ok_or_else(not_defined)?;
         let id = entry.kind.parse(&o.id).map_err(|e| e.to_string())?;
-        let what = match &o.kind {
-            OverrideKind::Limit(l) => {
-                check_override(entry.cost, entry.default.as_ref(), &o.kind)?;
-                What::Limit(interned.get(*l))
-            }
-            OverrideKind::Calendar(q) => {
-                check_override(entry.cost, entry.default.as_ref(), &o.kind)?;
-                What::Limit(Arc::new(Quota::from(q.clone())))
-            }
-            OverrideKind::Unlimited => What::Unlimited,
-            OverrideKind::Block => What::Block,
-        };
+        check_override(entry.cost, entry.default.as_ref(), &o.kind)?;
+        let what = Shared::of(&o.kind, interned);
         let expires_at_us = o
             .expires_at_ms
             .map_or(u64::MAX, |ms| ms.saturating_mul(1_000));
@@ -237,8 +189,8 @@ impl StoredSet {
     ) -> Result<(), E> {
         for shard in self.shards.iter_mut() {
             for (key, a) in Arc::make_mut(shard).iter_mut() {
-                if let What::Limit(q) = &a.what {
-                    a.what = What::Limit(Arc::new(f(key, q)?));
+                if let Shared::Quota(q) = &a.what {
+                    a.what = Shared::Quota(Arc::new(f(key, q)?));
                 }
             }
         }
@@ -259,7 +211,7 @@ impl StoredSet {
         default: Option<&'a Quota>,
     ) -> Option<StoredResolution<'a>> {
         let a = self.shards[shard_of(key)].get(key)?;
-        let block = matches!(a.what, What::Block);
+        let block = matches!(a.what, Shared::Block);
         let now = if a.expires_at_us == u64::MAX && !block {
             0
         } else {
@@ -269,9 +221,9 @@ impl StoredSet {
             return None;
         }
         let (quota, block_s) = match &a.what {
-            What::Limit(q) => (Some(&**q), 0),
-            What::Unlimited => (None, 0),
-            What::Block => {
+            Shared::Quota(q) => (Some(&**q), 0),
+            Shared::Unlimited => (None, 0),
+            Shared::Block => {
                 let s = match a.expires_at_us {
                     u64::MAX => BLOCK_WITHOUT_END.as_secs(),
                     at => (at - now).div_ceil(1_000_000),
@@ -286,35 +238,29 @@ impl StoredSet {
     }
 }
 
-/// Whether a stored GCRA limit may replace a name's limit: the name's requests fit its burst,
-/// and the name is GCRA (or has no default): tiers and concurrency keep their own kind.
 /// Whether a stored override of `kind` may replace `default` (a request costing `cost`): a
-/// limit of its own has the default's shape (GCRA for GCRA, a calendar quota for a calendar
-/// quota; unlimited and block replace anything) and fits a request.
+/// limit of its own has the default's shape (any shape where the name has no default: the
+/// state each shape keeps is its own, and a limit of another shape would meet a default's
+/// state it cannot read) and fits a request; unlimited and block replace anything.
 pub(crate) fn check_override(
     cost: u64,
     default: Option<&Quota>,
     kind: &OverrideKind,
 ) -> Result<(), String> {
-    let (size, shape_fits, shape) = match kind {
-        OverrideKind::Limit(l) => (
-            l.burst(),
-            default.is_none_or(|q| q.as_gcra().is_some()),
-            "a GCRA limit (burst, count, period)",
-        ),
-        OverrideKind::Calendar(c) => (
-            c.count(),
-            default.is_some_and(|q| q.as_calendar().is_some()),
-            "a calendar quota",
-        ),
-        OverrideKind::Unlimited | OverrideKind::Block => return Ok(()),
+    let OverrideKind::Quota(q) = kind else {
+        return Ok(());
     };
-    if !shape_fits {
+    if let Some(d) = default
+        && std::mem::discriminant(d) != std::mem::discriminant(q)
+    {
         return Err(format!(
-            "the limit is not {shape}: only unlimited, block or a limit of its own shape \
-             replace it"
+            "the limit is {}, the override {}: only unlimited, block or a limit of the limit's \
+             own shape replace it",
+            d.shape_name(),
+            q.shape_name()
         ));
     }
+    let size = q.max_cost();
     if cost > size {
         return Err(format!(
             "a request costs {cost}, more than the override's {size}"
@@ -332,7 +278,7 @@ mod tests {
         StoredOverride {
             limit: "Api".into(),
             id: id.into(),
-            kind: OverrideKind::Limit(Limit::from_micros(burst, burst, 1_000_000).unwrap()),
+            kind: OverrideKind::Quota(Limit::from_micros(burst, burst, 1_000_000).unwrap().into()),
             expires_at_ms: None,
         }
     }

@@ -6,10 +6,10 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use super::Limiter;
-use crate::backend::{BackendError, Delta, OverrideStore, PutError, StoreEvent};
+use crate::backend::{BackendError, OverrideStore, PutError, StoreEvent};
 use crate::config::{Limits, NameEntry, StoredSet};
 use crate::key::IdError;
-use crate::overrides::{OverrideKind, StoredOverride};
+use crate::overrides::{Delta, OverrideKind, StoredOverride};
 
 /// The longest expiry an override may be given: ten years.
 const MAX_EXPIRY: Duration = Duration::from_secs(10 * 365 * 86_400);
@@ -30,8 +30,9 @@ pub enum OverrideError {
         #[source]
         source: IdError,
     },
-    /// The limit cannot replace this limit's: a request costs more than its burst, or the
-    /// limit is tiered or a concurrency limit (which only `unlimited` or `block` replace).
+    /// The limit cannot replace this limit's: a request costs more than its size, or its
+    /// shape is not the default's (which only `unlimited`, `block` or a limit of its own shape
+    /// replace).
     #[error("limit {limit}: {reason}")]
     Refused {
         /// The limit's name.
@@ -121,7 +122,7 @@ impl Limiter {
     /// let limiter = Limiter::new(limits, MemoryBackend::new());
     /// let vip = Limit::new(100, 100, Duration::from_secs(60))?;
     /// let set = limiter
-    ///     .set_override("Api", "10.0.0.7", OverrideKind::Limit(vip), None)
+    ///     .set_override("Api", "10.0.0.7", OverrideKind::Quota(vip.into()), None)
     ///     .await?;
     /// assert_eq!((set.limit(), set.id()), ("Api", "10.0.0.7"));
     /// let key = limiter.parse_key("Api", "10.0.0.7")?;
@@ -162,12 +163,15 @@ impl Limiter {
                 Some(store.now_ms().saturating_add(ms))
             }
         };
+        // What every instance applies is what the store keeps of it (a GCRA limit of its own
+        // keeps neither a debt nor prefetching): this one too.
         let o = StoredOverride {
             limit: limit.to_owned(),
             id,
             kind,
             expires_at_ms,
-        };
+        }
+        .into_stored();
         store.put(&o).await.map_err(|e| match e {
             PutError::Full { max } => OverrideError::TooMany { max },
             PutError::Store(e) => OverrideError::Store(e),

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use super::{ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use crate::algo::calendar::CalendarQuota;
+use super::{Form, json_fields, names_any};
+use crate::algo::calendar::{CalendarError, CalendarQuota};
 
 impl Shape for CalendarQuota {
     /// A period's count.
@@ -114,4 +115,63 @@ impl Shape for CalendarQuota {
             self.scaled(scale.of(self.count(), scale.cost))?,
         )))
     }
+
+    /// `calendar: {count, period, anchor_day, at, zone}` (`anchor_day` only when set), the
+    /// same in the store and in the API.
+    fn write_json(&self, _: Form, v: &mut serde_json::Value) {
+        let mut c = serde_json::json!({
+            "count": self.count(),
+            "period": self.period().as_str(),
+            "at": self.renews_at(),
+            "zone": self.zone_name(),
+        });
+        if let Some(a) = self.anchor() {
+            c["anchor_day"] = a.into();
+        }
+        v["calendar"] = c;
+    }
+
+    fn shape_name(&self) -> &'static str {
+        "a calendar quota"
+    }
+}
+
+/// A calendar quota's field (`calendar`), if it is there. A quota this build cannot make (an
+/// IANA zone without the feature `time-zones`) is refused with the reason.
+pub(super) fn read_json(_: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Plan {
+        count: u64,
+        period: String,
+        anchor_day: Option<u64>,
+        at: Option<String>,
+        zone: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Calendar {
+        calendar: Plan,
+    }
+    fn quota(p: Plan) -> Result<CalendarQuota, CalendarError> {
+        let mut q = CalendarQuota::new(p.count, p.period.parse()?)?;
+        if let Some(a) = p.anchor_day {
+            q = q.anchor_day(a)?;
+        }
+        if let Some(at) = &p.at {
+            q = q.at(at)?;
+        }
+        if let Some(zone) = &p.zone {
+            q = q.zone(zone)?;
+        }
+        Ok(q)
+    }
+    if !names_any(fields, &["calendar"]) {
+        return None;
+    }
+    Some(json_fields(fields).and_then(|c: Calendar| {
+        quota(c.calendar)
+            .map(Quota::from)
+            .map_err(|e| format!("calendar: {e}"))
+    }))
 }

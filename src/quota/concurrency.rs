@@ -1,7 +1,9 @@
 //! What a concurrency limit answers the seam (`docs/concurrency.md`).
 
 use super::{ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use crate::algo::concurrency::ConcurrencyLimit;
+use super::{Form, json_duration, json_fields, names_any};
+use crate::algo::concurrency::{ConcurrencyLimit, DEFAULT_LEASE_US, DEFAULT_RETRY_AFTER};
+use crate::time::{duration_us, format_duration_us, us};
 
 impl Shape for ConcurrencyLimit {
     /// A request holds one slot.
@@ -93,4 +95,77 @@ impl Shape for ConcurrencyLimit {
                 .retry_after(crate::time::us(self.retry_after_us()))?,
         ))
     }
+
+    /// As the YAML file writes it in the API (`concurrency`, `lease`, `retry_after`); stored,
+    /// `concurrency: {max, lease_us, retry_after_us}`.
+    fn write_json(&self, form: Form, v: &mut serde_json::Value) {
+        match form {
+            Form::Stored => {
+                v["concurrency"] = serde_json::json!({
+                    "max": self.max(),
+                    "lease_us": self.lease_us(),
+                    "retry_after_us": self.retry_after_us(),
+                });
+            }
+            Form::Api => {
+                v["concurrency"] = self.max().into();
+                v["lease"] = format_duration_us(self.lease_us()).into();
+                v["retry_after"] = format_duration_us(self.retry_after_us()).into();
+            }
+        }
+    }
+
+    fn shape_name(&self) -> &'static str {
+        "a concurrency limit"
+    }
+}
+
+/// A concurrency limit's fields (`concurrency`, with `lease` and `retry_after` in the API,
+/// each with the YAML file's default), if it is there.
+pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Slots {
+        max: u64,
+        lease_us: u64,
+        retry_after_us: u64,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Stored {
+        concurrency: Slots,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Api {
+        concurrency: u64,
+        lease: Option<String>,
+        retry_after: Option<String>,
+    }
+    if !names_any(fields, &["concurrency", "lease", "retry_after"]) {
+        return None;
+    }
+    let slots = match form {
+        Form::Stored => json_fields(fields).map(|s: Stored| s.concurrency),
+        Form::Api => json_fields(fields).and_then(|a: Api| {
+            let duration = |field, text: Option<String>, default| {
+                text.map_or(Ok(default), |t| json_duration(field, &t))
+            };
+            Ok(Slots {
+                max: a.concurrency,
+                lease_us: duration("lease", a.lease, DEFAULT_LEASE_US)?,
+                retry_after_us: duration(
+                    "retry_after",
+                    a.retry_after,
+                    duration_us(DEFAULT_RETRY_AFTER),
+                )?,
+            })
+        }),
+    };
+    Some(slots.and_then(|s| {
+        ConcurrencyLimit::from_micros(s.max, s.lease_us)
+            .and_then(|l| l.retry_after(us(s.retry_after_us)))
+            .map(Quota::Concurrency)
+            .map_err(|e| e.to_string())
+    }))
 }

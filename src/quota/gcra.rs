@@ -2,7 +2,9 @@
 
 use super::ceil_secs_us;
 use super::{CHARGED_BACK_FROM_US, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
+use super::{Form, json_duration, json_fields, names_any};
 use crate::algo::gcra::Limit;
+use crate::time::format_duration_us;
 
 impl Shape for Limit {
     fn max_cost(&self) -> u64 {
@@ -117,4 +119,50 @@ impl Shape for Limit {
             .with_max_debt(self.max_debt().saturating_mul(scale.percent) / 100)?,
         ))
     }
+
+    /// `burst`, `count` and the period: `period_us` stored, `period` (`"1h"`) in the API. A
+    /// stored one keeps neither the debt nor prefetching (a limit of its own has neither).
+    fn write_json(&self, form: Form, v: &mut serde_json::Value) {
+        v["burst"] = self.burst().into();
+        v["count"] = self.count().into();
+        match form {
+            Form::Stored => v["period_us"] = self.period_us().into(),
+            Form::Api => v["period"] = format_duration_us(self.period_us()).into(),
+        }
+    }
+
+    fn shape_name(&self) -> &'static str {
+        "a GCRA limit"
+    }
+}
+
+/// A GCRA limit's fields (`burst`, `count`, and `period_us` or `period`), if any is there.
+pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Stored {
+        burst: u64,
+        count: u64,
+        period_us: u64,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Api {
+        burst: u64,
+        count: u64,
+        period: String,
+    }
+    if !names_any(fields, &["burst", "count", "period", "period_us"]) {
+        return None;
+    }
+    let limit = match form {
+        Form::Stored => json_fields(fields).and_then(|s: Stored| {
+            Limit::from_micros(s.burst, s.count, s.period_us).map_err(|e| e.to_string())
+        }),
+        Form::Api => json_fields(fields).and_then(|a: Api| {
+            let period_us = json_duration("period", &a.period)?;
+            Limit::from_micros(a.burst, a.count, period_us).map_err(|e| e.to_string())
+        }),
+    };
+    Some(limit.map(Quota::Gcra))
 }

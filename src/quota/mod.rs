@@ -222,6 +222,34 @@ impl Quota {
         each!(self, s => Shape::charge_back(s))
     }
 
+    /// What the shape is called in an error ("a GCRA limit", "burst tiers").
+    pub(crate) fn shape_name(&self) -> &'static str {
+        each!(self, s => Shape::shape_name(s))
+    }
+
+    /// Its fields as JSON in `form`, added to `v` (an object): what the store keeps of a
+    /// stored override, what the admin API shows and takes.
+    pub(crate) fn write_json(&self, form: Form, v: &mut serde_json::Value) {
+        each!(self, s => Shape::write_json(s, form, v))
+    }
+
+    /// The limit `fields` (a JSON object) write in `form`, or why they write none: each
+    /// shape reads the fields that name it (`burst`/`count`/`period`, `tiers`, `concurrency`,
+    /// `calendar`) and refuses any other field beside them.
+    pub(crate) fn read_json(form: Form, fields: &serde_json::Value) -> Result<Quota, String> {
+        // Each shape's reader (a new shape adds its own: the MUST list).
+        let readers: [Reader; 4] = [
+            gcra::read_json,
+            tiers::read_json,
+            concurrency::read_json,
+            calendar::read_json,
+        ];
+        readers
+            .iter()
+            .find_map(|read| read(form, fields))
+            .unwrap_or_else(|| Err("no limit: write a limit's fields (burst, count, period; tiers; concurrency; calendar)".to_owned()))
+    }
+
     /// The same limit at `percent` (1 to 100) of its size, for an in-memory fallback per
     /// instance. Nothing scales below 1 or below `cost`, a request's configured cost.
     pub(crate) fn scaled(&self, percent: u8, cost: u64) -> Result<Quota, ShapeError> {
@@ -253,6 +281,38 @@ trait Shape {
     fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64>;
     fn charge_back(&self) -> Option<ChargeBack>;
     fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError>;
+    fn write_json(&self, form: Form, v: &mut serde_json::Value);
+    fn shape_name(&self) -> &'static str;
+}
+
+/// How a limit is written as JSON ([`Quota::write_json`], [`Quota::read_json`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// As a stored override keeps it: durations in whole microseconds (`period_us`). A
+    /// promise across versions: what an older instance wrote, a newer one reads, and back.
+    Stored,
+    /// As the admin API shows and takes it: the YAML file's fields, durations as YAML writes
+    /// them (`"1h"`).
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    Api,
+}
+
+/// A shape's reader of its JSON fields: `None` when no field names the shape.
+type Reader = fn(Form, &serde_json::Value) -> Option<Result<Quota, String>>;
+
+/// `fields` read as `T` (its own fields only), or the reader's error.
+fn json_fields<'a, T: serde::Deserialize<'a>>(fields: &'a serde_json::Value) -> Result<T, String> {
+    T::deserialize(fields).map_err(|e| e.to_string())
+}
+
+/// A duration field of the admin API's form (`"1h"`) in microseconds.
+fn json_duration(field: &str, text: &str) -> Result<u64, String> {
+    crate::time::parse_duration_us(text).map_err(|e| format!("{field}: {e}"))
+}
+
+/// Whether any of `names` is a field of `fields`.
+fn names_any(fields: &serde_json::Value, names: &[&str]) -> bool {
+    names.iter().any(|n| fields.get(n).is_some())
 }
 
 /// A fallback's share of a limit ([`Quota::scaled`]).

@@ -2,7 +2,9 @@
 
 use super::ceil_secs_us;
 use super::{ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
+use super::{Form, json_duration, json_fields, names_any};
 use crate::algo::tiers::{Tier, TieredLimit};
+use crate::time::format_duration_us;
 
 impl Shape for TieredLimit {
     /// The sum of the tiers' limits.
@@ -106,6 +108,31 @@ impl Shape for TieredLimit {
         });
         Ok(Quota::from(TieredLimit::new(tiers)?))
     }
+
+    /// `tiers`: a list of `{limit, window, active, cooldown}` as the YAML file writes it in
+    /// the API; stored, the durations in microseconds (`window_us`, `active_us`,
+    /// `cooldown_us`).
+    fn write_json(&self, form: Form, v: &mut serde_json::Value) {
+        let tiers = self.tiers().iter().map(|t| match form {
+            Form::Stored => serde_json::json!({
+                "limit": t.limit(),
+                "window_us": t.window_us(),
+                "active_us": t.active_us(),
+                "cooldown_us": t.cooldown_us(),
+            }),
+            Form::Api => serde_json::json!({
+                "limit": t.limit(),
+                "window": format_duration_us(t.window_us()),
+                "active": format_duration_us(t.active_us()),
+                "cooldown": format_duration_us(t.cooldown_us()),
+            }),
+        });
+        v["tiers"] = tiers.collect::<Vec<_>>().into();
+    }
+
+    fn shape_name(&self) -> &'static str {
+        "burst tiers"
+    }
 }
 
 /// The limit and the window (microseconds) of the tier serving the client (the first when
@@ -114,4 +141,57 @@ fn serving_tier(t: &TieredLimit, n: &Numbers<'_>) -> Option<(u64, u64)> {
     let number = n.tiers.map_or(1, |g| usize::from(g.tier));
     let tier = t.tier(number).or(t.tiers().first())?;
     Some((tier.limit(), tier.window_us()))
+}
+
+/// Burst tiers' field (`tiers`), if it is there.
+pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Stored {
+        limit: u64,
+        window_us: u64,
+        active_us: u64,
+        cooldown_us: u64,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Api {
+        limit: u64,
+        window: String,
+        active: String,
+        cooldown: String,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Tiers<T> {
+        tiers: Vec<T>,
+    }
+    if !names_any(fields, &["tiers"]) {
+        return None;
+    }
+    let tiers: Result<Vec<Tier>, String> = match form {
+        Form::Stored => json_fields(fields).map(|t: Tiers<Stored>| {
+            let each = t.tiers.into_iter();
+            each.map(|t| Tier::from_micros(t.limit, t.window_us, t.active_us, t.cooldown_us))
+                .collect()
+        }),
+        Form::Api => json_fields(fields).and_then(|t: Tiers<Api>| {
+            t.tiers
+                .into_iter()
+                .map(|t| {
+                    Ok(Tier::from_micros(
+                        t.limit,
+                        json_duration("window", &t.window)?,
+                        json_duration("active", &t.active)?,
+                        json_duration("cooldown", &t.cooldown)?,
+                    ))
+                })
+                .collect()
+        }),
+    };
+    Some(tiers.and_then(|t| {
+        TieredLimit::new(t)
+            .map(Quota::from)
+            .map_err(|e| e.to_string())
+    }))
 }

@@ -10,7 +10,8 @@ use axum::routing::get;
 use http::Method;
 use serde_json::Value;
 use tower_ratelimits::{
-    AdminPrincipal, Backend, Header, Limiter, Limits, RateLimitLayer, Rule, admin_router,
+    AdminPrincipal, Backend, Header, Limiter, Limits, RateLimitLayer, Rule, Transaction,
+    admin_router,
 };
 
 use super::http::{HttpClient, Reply, serve};
@@ -27,6 +28,10 @@ PerRange:
   count: 2
   period: 1h
 Slots: {kind: any, concurrency: 2, lease: 10s}
+Tiered:
+  kind: any
+  tiers:
+    - {limit: 2, window: 1h, active: 1h, cooldown: 0s}
 ";
 
 /// A file override the stored ones must win over.
@@ -146,4 +151,111 @@ where
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }
+}
+
+/// Every shape takes a stored override of its own shape (tiers and concurrency limits too),
+/// put through `a`'s admin API and applied on `b` within `deadline` (`a` itself for one
+/// instance): shown as put, in force on `b`'s decisions, refused on a limit of another shape.
+pub async fn every_shape_takes_an_override_of_its_own(
+    a: &Instance,
+    b: &Instance,
+    deadline: Duration,
+) {
+    let tiers = serde_json::json!({"tiers": [
+        {"limit": 3, "window": "1h", "active": "1h", "cooldown": "0s"},
+        {"limit": 2, "window": "10m", "active": "10m", "cooldown": "1h"},
+    ]});
+    let slots = serde_json::json!({"concurrency": 3, "lease": "10s"});
+    for (path, body) in [
+        ("/overrides/Tiered/t1", &tiers),
+        ("/overrides/Slots/s1", &slots),
+    ] {
+        let (status, shown) = a.put(path, &body.to_string()).await;
+        assert_eq!(status, 200, "{path}: {shown}");
+        for (field, value) in body.as_object().unwrap() {
+            assert_eq!(&shown[field], value, "{path}: {shown}");
+        }
+    }
+    // What the API shows is what it takes: put back, the same override.
+    let (_, listed) = a.get("/overrides").await;
+    let shown_slots = listed["overrides"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["limit"] == "Slots")
+        .unwrap()
+        .clone();
+    assert_eq!(shown_slots["retry_after"], "1s", "{listed}");
+    let mut again = shown_slots.clone();
+    for field in ["limit", "id", "expires_at_ms"] {
+        again.as_object_mut().unwrap().remove(field);
+    }
+    let (status, put_back) = a.put("/overrides/Slots/s1", &again.to_string()).await;
+    assert_eq!((status, &put_back), (200, &shown_slots));
+
+    // In force on b: the tiers' 5 units (the default's 2), the 3 slots (the default's 2).
+    let t1 = b.limiter.parse_key("Tiered", "t1").unwrap();
+    let s1 = b.limiter.parse_key("Slots", "s1").unwrap();
+    within(deadline, "the overrides on the other instance", || async {
+        let (_, t) = b.get("/buckets/Tiered/t1").await;
+        let (_, s) = b.get("/buckets/Slots/s1").await;
+        (t["source"] == "store"
+            && t["burst"] == 5
+            && s["source"] == "store"
+            && s["concurrency"] == 3)
+            .then_some(())
+            .ok_or(format!("{t} {s}"))
+    })
+    .await;
+    let spend = |key, cost| {
+        let limiter = b.limiter.clone();
+        async move {
+            let d = limiter
+                .spend(&[Transaction::new(key).cost(cost)])
+                .await
+                .unwrap();
+            d.allowed()
+        }
+    };
+    assert!(spend(t1.clone(), 5).await, "the tiers' 5 units");
+    assert!(!spend(t1, 1).await, "none after them");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let d = b
+            .limiter
+            .spend(&[Transaction::new(s1.clone())])
+            .await
+            .unwrap();
+        assert!(d.allowed(), "3 slots");
+        held.push(d);
+    }
+    assert!(!spend(s1, 1).await, "no fourth slot");
+
+    // Another shape than the limit's is refused, and nothing changes.
+    let before = a.listed().await;
+    for (path, body, says) in [
+        ("/overrides/PerClient/x", tiers.to_string(), "burst tiers"),
+        (
+            "/overrides/Tiered/x",
+            slots.to_string(),
+            "a concurrency limit",
+        ),
+        ("/overrides/Slots/x", r#"{"tiers": []}"#.to_owned(), "tier"),
+        (
+            "/overrides/Slots/x",
+            r#"{"concurrency": 0}"#.to_owned(),
+            "concurrency",
+        ),
+        (
+            "/overrides/Slots/x",
+            r#"{"concurrency": 3, "lease": "soon"}"#.to_owned(),
+            "lease",
+        ),
+    ] {
+        let (status, reply) = a.put(path, &body).await;
+        assert_eq!(status, 400, "{path} {body}: {reply}");
+        let error = reply["error"].as_str().unwrap();
+        assert!(error.contains(says), "{path} {body}: {error}");
+    }
+    assert_eq!(a.listed().await, before);
 }

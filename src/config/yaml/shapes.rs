@@ -3,7 +3,7 @@
 
 use super::node::{Fields, Node, Value, as_str, err_at, need, positive, whole, wrong_shape};
 use crate::algo::calendar::{CalendarError, CalendarQuota, Period};
-use crate::algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
+use crate::algo::concurrency::{ConcurrencyError, ConcurrencyLimit, DEFAULT_LEASE_US};
 use crate::algo::gcra::{Limit, LimitError};
 use crate::algo::tiers::{Tier, TierError, TieredLimit};
 use crate::config::{ConfigError, ConfigErrorKind};
@@ -215,10 +215,6 @@ pub(super) fn tiers_of(node: &Node) -> Result<TieredLimit, ConfigError> {
         err_at(e.into(), line)
     })
 }
-
-/// The default lease time of a concurrency limit: a request holding its slot longer than this
-/// (or whose instance died) stops counting.
-pub(super) const DEFAULT_LEASE_US: u64 = 60_000_000;
 
 /// The first field of a rate limit (GCRA or tiers) an entry gives, if any.
 pub(super) fn rate_field<'a>(f: &Fields<'a>) -> Option<(&'static str, &'a Node)> {

@@ -36,8 +36,9 @@ use fred::prelude::{
 };
 
 use super::{Inner, RedisBackend};
-use crate::backend::{BackendError, Delta, OverrideStore, PutError, StoreEvent, Watcher};
+use crate::backend::{BackendError, OverrideStore, PutError, StoreEvent, Watcher};
 use crate::key::BucketKey;
+use crate::overrides::Delta;
 use crate::overrides::StoredOverride;
 use crate::time::Clock;
 
