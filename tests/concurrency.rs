@@ -354,7 +354,7 @@ async fn leases_are_released_once_and_expire_at_their_deadline() {
     let first = limiter.spend(std::slice::from_ref(&tx)).await.unwrap();
     assert!(first.allowed());
     let lease = first.decisions()[0].lease().unwrap();
-    assert_eq!(lease.limit().unwrap().max(), 1);
+    assert_eq!(lease.quota().max_cost(), 1);
     let denied = limiter.spend(std::slice::from_ref(&tx)).await.unwrap();
     assert!(!denied.allowed());
     assert_eq!(denied.decisions()[0].retry_after(), Duration::from_secs(1));

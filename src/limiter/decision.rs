@@ -3,7 +3,6 @@
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-use crate::algo::concurrency::ConcurrencyLimit;
 use crate::algo::tiers::TierGrant;
 use crate::key::{BucketKey, LimitName};
 use crate::mode::Mode;
@@ -95,9 +94,11 @@ impl Lease {
         self.id
     }
 
-    /// The concurrency limit the slot was taken under.
-    pub fn limit(&self) -> Option<&ConcurrencyLimit> {
-        self.quota.as_concurrency()
+    /// The limit the slot was taken under (a [`ConcurrencyLimit`]).
+    ///
+    /// [`ConcurrencyLimit`]: crate::ConcurrencyLimit
+    pub fn quota(&self) -> &Quota {
+        &self.quota
     }
 }
 

@@ -49,7 +49,7 @@ impl Renewals {
 pub(crate) fn third_of_lease<'l>(leases: impl IntoIterator<Item = &'l Lease>) -> Duration {
     let lease_us = leases
         .into_iter()
-        .filter_map(|l| l.limit().map(|c| c.lease_us()))
+        .filter_map(|l| l.quota.lease_us())
         .min()
         .unwrap_or(u64::MAX);
     Duration::from_micros((lease_us / 3).max(1_000))

@@ -29,8 +29,8 @@ impl Shape for ConcurrencyLimit {
         0
     }
 
-    fn holds_leases(&self) -> bool {
-        true
+    fn lease_us(&self) -> Option<u64> {
+        Some(ConcurrencyLimit::lease_us(self))
     }
 
     fn prefetches(&self) -> bool {

@@ -32,8 +32,8 @@ impl Shape for Limit {
             .saturating_sub(reset_after_us)
     }
 
-    fn holds_leases(&self) -> bool {
-        false
+    fn lease_us(&self) -> Option<u64> {
+        None
     }
 
     fn prefetches(&self) -> bool {

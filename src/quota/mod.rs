@@ -153,7 +153,13 @@ impl Quota {
 
     /// Whether an allowed spend of it holds a lease (a slot in flight until released).
     pub(crate) fn holds_leases(&self) -> bool {
-        each!(self, s => Shape::holds_leases(s))
+        self.lease_us().is_some()
+    }
+
+    /// How long a slot of it lives unless renewed (microseconds), if an allowed spend of it
+    /// holds one.
+    pub(crate) fn lease_us(&self) -> Option<u64> {
+        each!(self, s => Shape::lease_us(s))
     }
 
     /// Whether a backend that prefetches takes tokens of it ahead for hot keys
@@ -267,7 +273,7 @@ trait Shape {
     fn settle_bound(&self) -> Option<u64>;
     fn waits(&self) -> bool;
     fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64;
-    fn holds_leases(&self) -> bool;
+    fn lease_us(&self) -> Option<u64>;
     fn prefetches(&self) -> bool;
     fn fixed_policy(&self) -> Option<(u64, u64)>;
     fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown>;

@@ -29,8 +29,8 @@ impl Shape for TieredLimit {
         0
     }
 
-    fn holds_leases(&self) -> bool {
-        false
+    fn lease_us(&self) -> Option<u64> {
+        None
     }
 
     fn prefetches(&self) -> bool {
