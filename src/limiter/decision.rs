@@ -73,7 +73,7 @@ pub struct Inspection {
     pub reset_after: Duration,
 }
 
-/// A slot held on a concurrency limit ([`ConcurrencyLimit`]): a bucket and a lease id unique
+/// A slot held on a concurrency limit ([`ConcurrencyLimit`](crate::ConcurrencyLimit)): a bucket and a lease id unique
 /// among its leases. Give it back with [`Limiter::release`](crate::Limiter::release); one never
 /// given back stops counting at its deadline (the limit's lease time after it was taken).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -73,13 +73,30 @@
 //! A state of another shape than the transaction's quota (a limit that changed shape in a
 //! reload) is read as a fresh one of the right shape, and replaced by the first write.
 
-use crate::algo::calendar::{self, CalendarQuota, CalendarState};
-use crate::algo::concurrency::{self, ConcurrencyLimit};
-use crate::algo::gcra::{self, GcraError, GcraOutcome, Limit};
-use crate::algo::tiers::{self, TierState, TieredLimit};
+mod calendar;
+mod concurrency;
+mod gcra;
+mod tiers;
+
+use std::borrow::Cow;
+
+use crate::algo::calendar::{self as calendar_rule, CalendarState};
+use crate::algo::concurrency as concurrency_rule;
+use crate::algo::gcra as gcra_rule;
+use crate::algo::tiers::{self as tiers_rule, TierState};
 use crate::mode::Mode;
 use crate::quota::Quota;
-use std::borrow::Cow;
+
+use calendar::{calendar_decide, calendar_outcome, calendar_read};
+use concurrency::read_leases;
+pub(crate) use concurrency::{live_leases, release, renew, takes_lease, with_lease};
+#[cfg(feature = "redis")]
+pub(crate) use gcra::trusted;
+pub(crate) use gcra::{
+    GcraDecision, gcra_decide, gcra_step, gcra_tat, gcra_unword, gcra_word, gcra_word_bound,
+    gcra_write, reading,
+};
+use tiers::read_tiers;
 
 use super::{BackendError, BucketTx, Outcome, Outcomes};
 
@@ -225,10 +242,10 @@ pub fn spend(
                     repair = Some(Stored::Tiers(drained.clone()));
                 }
                 let state = &*read;
-                let (d, plan) = tiers::decide(limit, state, now, tx.min_cost, tx.cost)?;
+                let (d, plan) = tiers_rule::decide(limit, state, now, tx.min_cost, tx.cost)?;
                 let write = (d.allowed && tx.mode.spends()).then(|| {
                     let mut next = state.clone();
-                    tiers::apply(limit, &mut next, now, &plan);
+                    tiers_rule::apply(limit, &mut next, now, &plan);
                     Stored::Tiers(next)
                 });
                 (Outcome::tiered(&d, limit), write)
@@ -248,9 +265,9 @@ pub fn spend(
                     (outcome, (renewed > 0).then_some(Stored::Leases(next)))
                 } else {
                     let d = if tx.mode == Mode::Charge {
-                        concurrency::charge(limit, live, tx.cost == 1)
+                        concurrency_rule::charge(limit, live, tx.cost == 1)
                     } else {
-                        concurrency::decide(limit, live, tx.cost == 1)
+                        concurrency_rule::decide(limit, live, tx.cost == 1)
                     };
                     let write = (d.allowed && takes_lease(tx))
                         .then(|| Stored::Leases(with_lease(&leases, limit, tx.lease, now)));
@@ -311,7 +328,7 @@ pub fn refund(
             let (tat, writer) = gcra_unword(word);
             let wide = reading(limit, writer);
             let limit = wide.as_ref().unwrap_or(limit);
-            let out = gcra::refund(limit, (tat != 0).then_some(tat), now, tx.cost)?;
+            let out = gcra_rule::refund(limit, (tat != 0).then_some(tat), now, tx.cost)?;
             // What a refund leaves may still be as far ahead as the writer set it: keep its
             // bound with it.
             let bound = limit.bound_us().max(writer);
@@ -320,7 +337,7 @@ pub fn refund(
         }
         Quota::Tiered(limit) => {
             let mut state = read_tiers(limit, stored, now).into_owned();
-            let d = tiers::refund(limit, &mut state, now, tx.cost);
+            let d = tiers_rule::refund(limit, &mut state, now, tx.cost);
             (Outcome::tiered(&d, limit), Some(Stored::Tiers(state)))
         }
         Quota::Concurrency(limit) => {
@@ -335,284 +352,15 @@ pub fn refund(
         Quota::Calendar(quota) => {
             let (start, end) = quota.period_at(now);
             let state = calendar_read(stored);
-            let out = calendar::refund(quota, state, end, now, tx.cost);
+            let out = calendar_rule::refund(quota, state, end, now, tx.cost);
             // What the read replaces is written when the refund writes nothing.
-            let write = out.write.or(calendar::read(quota, state, end, now).1);
+            let write = out.write.or(calendar_rule::read(quota, state, end, now).1);
             (
                 calendar_outcome(&out, end - start),
                 write.map(Stored::Calendar),
             )
         }
     })
-}
-
-/// A calendar key's state as the kit reads it (another shape's: none).
-fn calendar_read(stored: Option<Read<'_>>) -> Option<CalendarState> {
-    match stored {
-        Some(Read::Calendar(s)) => Some(s),
-        _ => None,
-    }
-}
-
-/// The calendar decision of a transaction ([`calendar::decide`], in the period in force at
-/// `now`), what it writes, and what replaces the state read ([`calendar::read`]: a foreign
-/// value, or an end past the period in force), written whatever the batch decides.
-fn calendar_decide(
-    tx: &BucketTx<'_>,
-    quota: &CalendarQuota,
-    stored: Option<Read<'_>>,
-    now: u64,
-) -> (Outcome, Option<Stored>, Option<Stored>) {
-    let (start, end) = quota.period_at(now);
-    let state = calendar_read(stored);
-    let out = calendar::decide(quota, state, end, now, tx.min_cost, tx.cost, tx.mode);
-    // What replaces the state read: only a state ending after the period in force can need it.
-    let repair = state
-        .filter(|s| s.end_us > end)
-        .and_then(|_| calendar::read(quota, state, end, now).1);
-    (
-        calendar_outcome(&out, end - start),
-        out.write.map(Stored::Calendar),
-        repair.map(Stored::Calendar),
-    )
-}
-
-/// A calendar decision as an outcome, with the length of the period it was made in
-/// (microseconds).
-fn calendar_outcome(out: &calendar::CalendarOutcome, length_us: u64) -> Outcome {
-    Outcome {
-        granted: Some(out.granted),
-        period_s: calendar::period_seconds(length_us),
-        ..Outcome::new(
-            out.allowed,
-            out.remaining,
-            out.retry_after_us,
-            out.reset_after_us,
-        )
-    }
-}
-
-/// How a GCRA bucket is kept in one word ([`Stored::Tat`]): the bit length of the writer's
-/// bound in the top 6 bits, the TAT below (microseconds, so until the year 11,100).
-const WRITER_SHIFT: u32 = 58;
-const TAT_MASK: u64 = (1 << WRITER_SHIFT) - 1;
-
-/// The stored word of a TAT written under `limit` (its bound, [`Limit::bound_us`], is at most
-/// 100 years, so its bit length is at most 52). A TAT beyond the word's 58 bits is
-/// [`GcraError::TimeOverflow`].
-#[inline]
-pub(crate) fn gcra_word(tat: u64, limit: &Limit) -> Result<u64, GcraError> {
-    gcra_word_bound(tat, limit.bound_us())
-}
-
-/// [`gcra_word`] for a writer's bound given in microseconds (a refund keeps the larger of its
-/// limit's and the writer's).
-#[inline]
-pub(crate) fn gcra_word_bound(tat: u64, bound_us: u64) -> Result<u64, GcraError> {
-    if tat > TAT_MASK {
-        return Err(GcraError::TimeOverflow);
-    }
-    let length = u64::from(u64::BITS - bound_us.leading_zeros());
-    Ok(tat | (length << WRITER_SHIFT))
-}
-
-/// A stored word's TAT.
-#[inline(always)]
-pub(crate) fn gcra_tat(word: u64) -> u64 {
-    word & TAT_MASK
-}
-
-/// A stored word's TAT, and its writer's bound: `2^length` (above the bound itself), 0 when
-/// none is recorded (a plain TAT) or the length is not one the crate writes.
-pub(crate) fn gcra_unword(word: u64) -> (u64, u64) {
-    let length = word >> WRITER_SHIFT;
-    let bound = if (1..=52).contains(&length) {
-        1 << length
-    } else {
-        0
-    };
-    (word & TAT_MASK, bound)
-}
-
-/// `limit` widened to read TATs its writer set up to `writer_bound_us` ahead, when that is
-/// further than `limit` itself writes (`None`: `limit` as it is). The one place a decision
-/// learns that a bucket was drained under a larger limit (`docs/gcra.md`, "Changing a limit").
-#[inline]
-pub(crate) fn reading(limit: &Limit, writer_bound_us: u64) -> Option<Limit> {
-    (writer_bound_us > limit.bound_us()).then(|| limit.reading(writer_bound_us))
-}
-
-/// `limit` reading a TAT a store already judged to be the crate's (the Redis script's answer,
-/// what an instance remembers of one): widened only when the TAT runs beyond `limit`'s own
-/// bound, so that the decision is the store's (`None`: `limit` as it is).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-#[inline]
-pub(crate) fn trusted(limit: &Limit, tat: Option<u64>, now: u64) -> Option<Limit> {
-    limit.is_foreign(tat, now).then(|| limit.reading(u64::MAX))
-}
-
-/// One GCRA transaction on a stored word: its decision ([`gcra_decide`]), the word it writes
-/// when its batch is allowed ([`gcra_write`], under this limit's bound), and the word that
-/// replaces a foreign value whatever the batch decides (the bucket drained under this limit).
-pub(crate) struct GcraStep {
-    pub(crate) decision: GcraDecision,
-    pub(crate) write: Option<u64>,
-    pub(crate) repair: Option<u64>,
-}
-
-/// The GCRA step of `tx` on the bucket stored as `word` (0: none) at `now`: every backend that
-/// keeps words (memory, the kit's users) decides a GCRA transaction through it.
-#[inline(always)]
-pub(crate) fn gcra_step(
-    tx: &BucketTx<'_>,
-    limit: &Limit,
-    word: u64,
-    now: u64,
-) -> Result<GcraStep, GcraError> {
-    let tat = gcra_tat(word);
-    let stored = (tat != 0).then_some(tat);
-    // The common case: a TAT within what this limit writes (or none). Its writer's bound does
-    // not matter, and nothing is foreign.
-    if limit.is_foreign(stored, now) {
-        return gcra_step_beyond(tx, limit, word, now);
-    }
-    let decision = gcra_decide(tx, limit, stored, now)?;
-    let write = match gcra_write(tx.mode, &decision.out, tat, now) {
-        Some(t) => Some(gcra_word(t, limit)?),
-        None => None,
-    };
-    Ok(GcraStep {
-        decision,
-        write,
-        repair: None,
-    })
-}
-
-/// [`gcra_step`] for a TAT beyond what the limit in force writes: the crate's when its writer's
-/// bound reaches it (a bucket drained under a larger limit), else foreign (read as drained, and
-/// replaced). Out of line: the request path of buckets within their limit does not carry it.
-#[cold]
-#[inline(never)]
-fn gcra_step_beyond(
-    tx: &BucketTx<'_>,
-    limit: &Limit,
-    word: u64,
-    now: u64,
-) -> Result<GcraStep, GcraError> {
-    let (tat, writer) = gcra_unword(word);
-    let wide = reading(limit, writer);
-    let read = wide.as_ref().unwrap_or(limit);
-    let stored = (tat != 0).then_some(tat);
-    let decision = gcra_decide(tx, read, stored, now)?;
-    let write = gcra_write(tx.mode, &decision.out, tat, now)
-        .map(|t| gcra_word(t, limit))
-        .transpose()?;
-    let repair = match read.repair(stored, now) {
-        Some(t) => Some(gcra_word(t, limit)?),
-        None => None,
-    };
-    Ok(GcraStep {
-        decision,
-        write,
-        repair,
-    })
-}
-
-/// A tiered key's state as `limit` reads it at `now`: as stored, fresh when none is (or one of
-/// another shape), drained ([`tiers::drained`]) when it holds a time further ahead than the
-/// crate writes (then an owned, non-empty state: the caller writes it whatever it decides).
-fn read_tiers<'s>(limit: &TieredLimit, stored: Option<Read<'s>>, now: u64) -> Cow<'s, TierState> {
-    match stored {
-        Some(Read::Tiers(s)) if !s.is_foreign(now) => Cow::Borrowed(s),
-        Some(Read::Tiers(_)) => Cow::Owned(tiers::drained(limit, now)),
-        _ => Cow::Owned(TierState::new()),
-    }
-}
-
-/// A concurrency key's leases as `limit` reads them at `now` ([`concurrency::read`]: a
-/// deadline beyond what the crate writes is cut to one lease from now), and whether one was
-/// cut (then the key is written so, whatever the decision).
-fn read_leases<'s>(
-    limit: &ConcurrencyLimit,
-    stored: Option<Read<'s>>,
-    now: u64,
-) -> (Cow<'s, [(u64, u64)]>, bool) {
-    let leases: &[(u64, u64)] = match stored {
-        Some(Read::Leases(l)) => l,
-        _ => &[],
-    };
-    let cut = leases
-        .iter()
-        .any(|&(_, d)| concurrency::read(limit, d, now) != d);
-    if !cut {
-        return (Cow::Borrowed(leases), false);
-    }
-    let read = leases
-        .iter()
-        .map(|&(id, d)| (id, concurrency::read(limit, d, now)))
-        .filter(|&(_, d)| concurrency::holds(d, now))
-        .collect();
-    (Cow::Owned(read), true)
-}
-
-/// The GCRA decision of a transaction on a bucket whose stored TAT is `stored`: its single cost
-/// ([`gcra::check`]), for a range the most units that fit ([`gcra::check_range`]), for a charge
-/// the most units that fit within the debt bound ([`gcra::charge`]), with the units granted.
-/// Every backend decides a GCRA transaction through this function only (the script's
-/// `gcra_grant` and `gcra_charge` in Lua); [`GcraDecision::outcome`] is what it reports.
-#[inline(always)]
-pub(crate) fn gcra_decide(
-    tx: &BucketTx<'_>,
-    limit: &Limit,
-    stored: Option<u64>,
-    now: u64,
-) -> Result<GcraDecision, GcraError> {
-    if tx.mode == Mode::Charge {
-        let (out, charged) = gcra::charge(limit, stored, now, tx.cost)?;
-        return Ok(GcraDecision {
-            out,
-            granted: Some(charged),
-        });
-    }
-    if tx.min_cost == tx.cost {
-        return Ok(GcraDecision {
-            out: gcra::check(limit, stored, now, tx.cost)?,
-            granted: None,
-        });
-    }
-    let (out, granted) = gcra::check_range(limit, stored, now, tx.min_cost, tx.cost)?;
-    Ok(GcraDecision {
-        out,
-        granted: Some(granted),
-    })
-}
-
-/// A GCRA transaction's decision ([`gcra_decide`]).
-#[derive(Clone, Copy)]
-pub(crate) struct GcraDecision {
-    pub(crate) out: GcraOutcome,
-    /// For a range: the units granted.
-    pub(crate) granted: Option<u64>,
-}
-
-impl GcraDecision {
-    /// The outcome a backend reports.
-    #[inline(always)]
-    pub(crate) fn outcome(&self) -> Outcome {
-        Outcome {
-            granted: self.granted,
-            ..Outcome::from(self.out)
-        }
-    }
-}
-
-/// The TAT an allowed GCRA transaction of an allowed batch writes (`docs/gcra.md`): its new TAT
-/// when its mode spends, the TAT is in the future and it changes the bucket (`stored`: the TAT
-/// read, 0 for none); `None` writes nothing. The backends apply it through this function only
-/// (the script's `gcra_writes` in Lua).
-pub(crate) fn gcra_write(mode: Mode, out: &GcraOutcome, stored: u64, now: u64) -> Option<u64> {
-    out.new_tat
-        .filter(|&new| out.allowed && mode.spends() && new > now && new != stored)
 }
 
 /// Whether a transaction may write a state kept apart from GCRA words (a backend that keeps
@@ -630,7 +378,7 @@ pub(crate) fn may_write(tx: &BucketTx<'_>) -> bool {
 pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
     match (quota, state) {
         (_, Stored::Tat(word)) => gcra_tat(*word),
-        (Quota::Tiered(limit), Stored::Tiers(s)) => tiers::fresh_at(limit, s, now, None),
+        (Quota::Tiered(limit), Stored::Tiers(s)) => tiers_rule::fresh_at(limit, s, now, None),
         (_, Stored::Leases(leases)) => leases.iter().map(|&(_, d)| d).max().unwrap_or(0),
         (_, Stored::Calendar(c)) => c.end_us,
         _ => 0,
@@ -644,90 +392,10 @@ pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
 pub fn after_reset(state: Stored, now: u64) -> Option<(Stored, u64)> {
     match state {
         Stored::Leases(mut leases) => {
-            leases.retain(|&(_, d)| concurrency::live(d, now));
+            leases.retain(|&(_, d)| concurrency_rule::live(d, now));
             let last = leases.iter().map(|&(_, d)| d).max()?;
             Some((Stored::Leases(leases), last))
         }
         _ => None,
     }
-}
-
-/// Whether a transaction on a concurrency key takes a lease when it and its batch are allowed:
-/// a spend of one slot with a lease id.
-pub(crate) fn takes_lease(tx: &BucketTx<'_>) -> bool {
-    tx.mode.spends() && tx.cost == 1 && tx.lease != 0
-}
-
-/// Renews the leases `ids` at `now`: how many still held their slots, and the key's live
-/// leases with their deadlines moved to now plus the lease time (as the script: ended leases
-/// go; `leases` as [`read_leases`] gives them). A lease that no longer holds a slot is not
-/// taken again.
-pub(crate) fn renew(
-    limit: &ConcurrencyLimit,
-    leases: &[(u64, u64)],
-    ids: &[u64],
-    now: u64,
-) -> (u64, Vec<(u64, u64)>) {
-    let mut renewed = 0;
-    // Many leases of one key (an instance's requests in flight): looked up in a set.
-    let set: Option<std::collections::HashSet<u64>> =
-        (ids.len() > 16).then(|| ids.iter().copied().collect());
-    let asked = |l: u64| {
-        set.as_ref()
-            .map_or_else(|| ids.contains(&l), |s| s.contains(&l))
-    };
-    let next = leases
-        .iter()
-        .filter(|&&(_, deadline)| concurrency::holds(deadline, now))
-        .map(|&(l, deadline)| {
-            if l != 0 && asked(l) {
-                renewed += 1;
-                (l, concurrency::deadline(limit, now))
-            } else {
-                (l, deadline)
-            }
-        })
-        .collect();
-    (renewed, next)
-}
-
-/// The leases of a key that hold a slot at `now` ([`concurrency::holds`]; `leases` as
-/// [`read_leases`] gives them).
-pub(crate) fn live_leases(leases: &[(u64, u64)], now: u64) -> u64 {
-    leases
-        .iter()
-        .filter(|&&(_, deadline)| concurrency::holds(deadline, now))
-        .count() as u64
-}
-
-/// A key's live leases with lease `id` taken at `now` (the ended ones dropped).
-pub(crate) fn with_lease(
-    leases: &[(u64, u64)],
-    limit: &ConcurrencyLimit,
-    id: u64,
-    now: u64,
-) -> Vec<(u64, u64)> {
-    let mut next: Vec<(u64, u64)> = leases
-        .iter()
-        .copied()
-        .filter(|&(_, deadline)| concurrency::holds(deadline, now))
-        .collect();
-    next.push((id, concurrency::deadline(limit, now)));
-    next
-}
-
-/// Gives back lease `id`: whether it was held (a live lease of that id), and the live leases
-/// left (as the script: ended leases go first, then it).
-pub(crate) fn release(leases: &[(u64, u64)], id: u64, now: u64) -> (bool, Vec<(u64, u64)>) {
-    let holds = |deadline| concurrency::holds(deadline, now);
-    let held = id != 0
-        && leases
-            .iter()
-            .any(|&(l, deadline)| l == id && holds(deadline));
-    let left = leases
-        .iter()
-        .copied()
-        .filter(|&(l, deadline)| l != id && holds(deadline))
-        .collect();
-    (held, left)
 }

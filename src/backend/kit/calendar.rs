@@ -1,0 +1,51 @@
+//! The kit's calendar quotas: a key's period end and units used, read, decided and reported
+//! ([`crate::algo::calendar`] holds the rule).
+
+use super::{BucketTx, Outcome, Read, Stored};
+use crate::algo::calendar::{self, CalendarQuota, CalendarState};
+
+/// A calendar key's state as the kit reads it (another shape's: none).
+pub(super) fn calendar_read(stored: Option<Read<'_>>) -> Option<CalendarState> {
+    match stored {
+        Some(Read::Calendar(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// The calendar decision of a transaction ([`calendar::decide`], in the period in force at
+/// `now`), what it writes, and what replaces the state read ([`calendar::read`]: a foreign
+/// value, or an end past the period in force), written whatever the batch decides.
+pub(super) fn calendar_decide(
+    tx: &BucketTx<'_>,
+    quota: &CalendarQuota,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> (Outcome, Option<Stored>, Option<Stored>) {
+    let (start, end) = quota.period_at(now);
+    let state = calendar_read(stored);
+    let out = calendar::decide(quota, state, end, now, tx.min_cost, tx.cost, tx.mode);
+    // What replaces the state read: only a state ending after the period in force can need it.
+    let repair = state
+        .filter(|s| s.end_us > end)
+        .and_then(|_| calendar::read(quota, state, end, now).1);
+    (
+        calendar_outcome(&out, end - start),
+        out.write.map(Stored::Calendar),
+        repair.map(Stored::Calendar),
+    )
+}
+
+/// A calendar decision as an outcome, with the length of the period it was made in
+/// (microseconds).
+pub(super) fn calendar_outcome(out: &calendar::CalendarOutcome, length_us: u64) -> Outcome {
+    Outcome {
+        granted: Some(out.granted),
+        period_s: calendar::period_seconds(length_us),
+        ..Outcome::new(
+            out.allowed,
+            out.remaining,
+            out.retry_after_us,
+            out.reset_after_us,
+        )
+    }
+}
