@@ -1,4 +1,4 @@
-//! Stored overrides at scale (issue 43, item 6): what one change costs the store with many
+//! Stored overrides at scale: what one change costs the store with many
 //! overrides and many instances, what the instances cost it when nothing changes, and the
 //! memory each instance holds per override.
 //!
@@ -171,7 +171,7 @@ fn main() {
                 .unwrap();
             if i == 0 {
                 // A fresh instance starts once it read the stored overrides whole (it decides
-                // no request before: issue 53).
+                // no request before).
                 println!(
                     "start-up: connect returned ready after {:.2} s (the stored overrides read whole)",
                     connecting.elapsed().as_secs_f64()

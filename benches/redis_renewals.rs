@@ -1,4 +1,4 @@
-//! Lease renewals on Redis (issue 43, item 8): the store calls a second that requests in
+//! Lease renewals on Redis: the store calls a second that requests in
 //! flight cost while they hold concurrency slots.
 //!
 //! `cargo bench -p tower-ratelimits-benches --bench redis_renewals -- --requests 2000 --keys 4`
@@ -6,7 +6,7 @@
 //! `--requests` requests (spread over `--keys` accounts, a limit of as many slots each, a lease
 //! of 3 s: renewed every second) are admitted through the layer and held (their bodies never
 //! end); then the store's calls (`INFO commandstats`, after `CONFIG RESETSTAT`) are counted
-//! over 10 seconds. Before issue 43 each request renewed its own lease: one script call per
+//! over 10 seconds. Before, each request renewed its own lease: one script call per
 //! request a second.
 //!
 //! Uses `--url` (or `REDIS_URL`) when given, otherwise spawns a `redis-server` on a free

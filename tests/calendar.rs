@@ -105,7 +105,7 @@ const CASES: &[(&str, Civil, Civil)] = &[
         (2028, 2, 29, 12, 0),
         (2028, 3, 1, 0, 0),
     ),
-    // ...and it renews on the 1st (issue 53: it renewed a day early, on the last day).
+    // ...and it renews on the 1st (it renewed a day early, on the last day).
     (
         "{count: 3, period: month}",
         (2026, 11, 25, 0, 0),
@@ -517,7 +517,7 @@ async fn http_answers_and_the_admin_api_speak_the_period() {
     assert!(fields.contains("\"Monthly\";r=9;t=2678400"), "{fields}");
 }
 
-/// Issue 53, item 2: every answer of a calendar quota is a pure function of the period in
+/// Every answer of a calendar quota is a pure function of the period in
 /// force, the same on every store. Over TCP, for a 5-a-month quota renewing on the 15th (a
 /// 30-day period) or the 29th (31 days) at 06:00 in Berlin, and for the calendar month: each
 /// response's status, `RateLimit`, `RateLimit-Policy` (`w` the period's length), `Retry-After`
@@ -585,7 +585,7 @@ async fn every_answer_is_the_same_on_every_store() {
     }
 }
 
-/// Issue 53, item 11: units counted to 2^52 or more (one charge of 2^52, two of 2^51, one of
+/// Units counted to 2^52 or more (one charge of 2^52, two of 2^51, one of
 /// u64::MAX) deny the rest of the period and end with it on every store, in caller time; the
 /// charge reports its whole cost. Redis read its own sum at 2^52 as a foreign value and
 /// denied the next period too.
@@ -615,7 +615,7 @@ async fn an_overrun_of_any_size_ends_with_its_period_on_every_store() {
     }
 }
 
-/// Issue 53, item 14: units never count past a renewal of the quota in force. A well-formed
+/// Units never count past a renewal of the quota in force. A well-formed
 /// value ending a period later than the one in force is cut to it at its first read and
 /// written back with a TTL (it was kept, without one, and counted into the next period); one
 /// ending more than the longest period ahead is foreign (the period drained, replaced).
@@ -669,7 +669,7 @@ async fn a_stored_end_past_the_period_in_force_is_cut_to_it() {
     }
 }
 
-/// Issue 53, item 14: a plan change that moves the renewal earlier (anchor_day 15 -> 1) on
+/// A plan change that moves the renewal earlier (anchor_day 15 -> 1) on
 /// every store. With a request before the 1st, the units counted under the old plan end at
 /// the new renewal. Read first after the 1st, they may have been counted before the change or
 /// after it (a stored `<end> <used>` does not say when): they count in the new plan's first

@@ -665,7 +665,7 @@ async fn slots_the_fallback_handed_out_count_in_the_store_once_it_returns() {
     assert_eq!(get_("/quick").await.status(), 200);
 }
 
-/// Issue 43, item 8: the slots of requests in flight are renewed together. 300 long requests
+/// The slots of requests in flight are renewed together. 300 long requests
 /// over 3 keys (a lease of 3 s: renewed every second) cost one backend call per renewal, for
 /// all of them: 4 calls over 4 seconds, where each request renewed its own before (1,200). Every
 /// slot stays held past its lease time: the 101st request of a key is refused.
@@ -737,7 +737,7 @@ fn within_a_minute(
     }
 }
 
-/// Issue 53, item 10: slots held across a reload of the limit's count or of its lease time.
+/// Slots held across a reload of the limit's count or of its lease time.
 /// The renewal named the key once per limit its leases were taken under, and the memory
 /// backend locked the key's slot once per transaction: the second lock, on the same thread,
 /// never returned, and the server answered nothing from the first renewal tick on. Now the

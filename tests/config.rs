@@ -668,7 +668,7 @@ fn builder_reports_the_first_error() {
 // Burst tiers in YAML.
 // ---------------------------------------------------------------------------------------------
 
-/// Issue 13, "must define": configuration edge cases each get a precise, located answer.
+/// Configuration edge cases each get a precise, located answer.
 #[test]
 fn edge_cases_of_the_loader_each_get_a_precise_answer() {
     // A configured cost of 0 counts nothing: refused like any zero (docs/operating.md says so).
@@ -917,7 +917,7 @@ fn an_override_can_make_a_limit_unlimited_for_listed_ids() {
     );
 }
 
-/// Issue 53, item 6: what `fn main() -> Result<(), Box<dyn Error>>` prints for `?` is the
+/// What `fn main() -> Result<(), Box<dyn Error>>` prints for `?` is the
 /// error's `Debug`: the `Display` sentence, with the structured form under `{:#?}` (it printed
 /// `ConfigError { location: Location { .. }, kind: InvalidCalendar(Zone("Mars/Olympus")) }`).
 #[test]
@@ -944,7 +944,7 @@ fn a_config_error_reads_as_its_sentence_where_main_prints_it() {
     assert!(format!("{err:#?}").starts_with("LimiterError::UnknownName("));
 }
 
-/// Issue 53, item 14: an invalid limit name in the error's location is escaped and cut to 80
+/// An invalid limit name in the error's location is escaped and cut to 80
 /// characters like its quoted part (a 100,000-character name made a 100,180-byte line, and NUL
 /// and ESC reached the terminal).
 #[test]
@@ -974,7 +974,7 @@ fn a_hostile_limit_name_is_escaped_and_cut_in_the_location() {
     }
 }
 
-/// Issue 53, item 14: YAML anchors and aliases share settings between limits (every anchor was
+/// YAML anchors and aliases share settings between limits (every anchor was
 /// refused with "budget breached: Anchors"): a whole value (`B: *rate`), a list of tiers, and a
 /// merge key (`<<: *rate`) with a field of its own; a bounded number of them, and an alias
 /// bomb is still refused at once.

@@ -274,7 +274,7 @@ fn prefetch_is_a_gcra_field_checked_with_its_line() {
     );
 }
 
-/// Issue 53, item 8: a limit that mixes two shapes is refused with a message naming all four
+/// A limit that mixes two shapes is refused with a message naming all four
 /// shapes and their fields (it named three, without calendar quotas).
 #[test]
 fn a_mixed_shape_error_names_every_shape() {

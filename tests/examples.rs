@@ -427,7 +427,7 @@ async fn axum_redis_counts_outcomes_round_trips_and_deny_cache_hits_and_reloads(
     reload(&example, &client).await;
 }
 
-/// Issue 32's measure over TCP: one hot key behind two `axum_redis` processes on one Redis
+/// The measure over TCP: one hot key behind two `axum_redis` processes on one Redis
 /// (and on a 3-master cluster), both of the example's limits with `prefetch: 50` (burst 500,
 /// 300 per second), loaded for 3 s by 16 keep-alive clients spread over both, above the limit
 /// (600/s) and at half of it (150/s). Admitted never above burst + rate x elapsed (elapsed

@@ -395,7 +395,7 @@ async fn keyed_by_the_identity_an_authentication_layer_verified() {
     assert_eq!(client.get("/", &[]).await.status, 401);
 }
 
-/// Issue 13, item 1: behind a trusted proxy that appends the address it saw, a client that
+/// Behind a trusted proxy that appends the address it saw, a client that
 /// sends more than 8 KiB, or one byte that is not UTF-8, in its own X-Forwarded-For used to be
 /// keyed as the proxy, in the bucket every client behind the proxy shares. It is keyed by its
 /// own address, and the proxy's bucket is untouched.
@@ -439,7 +439,7 @@ async fn a_hostile_forwarding_header_cannot_escape_into_the_proxys_bucket() {
     assert!(r.body.contains("not an address"), "{}", r.body);
 }
 
-/// Issue 13, item 3: at the key cap, a new client used to be let through unlimited (the
+/// At the key cap, a new client used to be let through unlimited (the
 /// default failure policy is fail open) while the table stayed full. It is refused with 503 and
 /// `Retry-After: 1` whatever the failure policy; clients already tracked keep their limits.
 #[tokio::test]
@@ -721,7 +721,7 @@ async fn a_hostile_id_in_a_429_body_is_escaped() {
     }
 }
 
-/// Issue 53, item 7: one wait, said the same way everywhere. 49.3 ms to wait: every field in
+/// One wait, said the same way everywhere. 49.3 ms to wait: every field in
 /// milliseconds (`retry_after_ms` of both bodies) is 50, every field in seconds (`Retry-After`,
 /// `RateLimit`'s `t`) is 1, and the text says 50 ms (it said "retry after 1s").
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! A change of limit never hands back what was spent (issue 43, `docs/gcra.md` "Changing a
+//! A change of limit never hands back what was spent (`docs/gcra.md` "Changing a
 //! limit"): a stored override set then removed, a reload that lowers a limit then restores it,
 //! a raise that ends (removed, or expired); in memory, on a single Redis and on the cluster.
 //! Each bucket keeps its TAT, and with it the bound of the limit that wrote it, so a bucket

@@ -718,7 +718,7 @@ async fn near_limit_counts_the_allowed_requests_close_to_the_limit() {
     }
 }
 
-/// Issue 53, item 3 (in part): a limit that asks for fail-closed (`on_store_failure:
+/// A limit that asks for fail-closed (`on_store_failure:
 /// fail_closed`) refuses its requests while the store fails, whatever the layer's policy: a
 /// monthly quota neither opens (`FailOpen`, which made it unlimited) nor falls back to a fresh
 /// count in memory. A request with only other limits follows the layer's policy.

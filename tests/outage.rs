@@ -126,7 +126,7 @@ fn q(r: &Reply) -> u64 {
 
 const MONTHLY: &str = "Monthly: {kind: ip, calendar: {count: 5, period: month}}\n";
 
-/// Issue 53, item 3: 5 a month, 3 spent before Redis dies. The fallback starts from half of
+/// 5 a month, 3 spent before Redis dies. The fallback starts from half of
 /// the 2 left (1), and once Redis is back that 1 is charged before Redis decides the next
 /// request: 5 in all. Before, the fallback granted a fresh half (2) and Redis another 2: 7.
 #[tokio::test]

@@ -11,7 +11,7 @@ use tower_ratelimits::{BackendError, Id, Limiter, LimiterError, Limits, Mode, Tr
 use tower_ratelimits::RedisBackend;
 
 // ---------------------------------------------------------------------------------------------
-// Coalescing (`RedisBackendBuilder::coalesce`, issue 16).
+// Coalescing (`RedisBackendBuilder::coalesce`).
 
 const SLOW_LIMITS: &str = "Slow: {burst: 10, count: 1, period: 1h}\n";
 

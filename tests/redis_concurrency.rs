@@ -397,7 +397,7 @@ async fn leases_are_renewed_by_the_script_on_each_redis() {
     leases_are_renewed_by_the_script(&TestRedis::cluster().url).await;
 }
 
-/// Issue 43, item 5: a reset of a concurrency key (the admin API's `DELETE /buckets/...`) keeps
+/// A reset of a concurrency key (the admin API's `DELETE /buckets/...`) keeps
 /// the leases of requests in flight. With 3 slow requests holding a limit of 3, a reset lets no
 /// fourth in (before: 3 more, 6 in flight): a reset forgets what a key spent, never requests
 /// still running, which end by themselves. Inspection reports the limit's slots (3; before it
@@ -493,7 +493,7 @@ async fn a_reset_keeps_the_requests_in_flight_on_every_store() {
     }
 }
 
-/// Issue 53, item 10, on Redis: slots taken before and after a reload of the count and the
+/// On Redis: slots taken before and after a reload of the count and the
 /// lease time are renewed in one call that names the key once, under the newest lease's limit
 /// (every deadline moves to now plus the new lease time), within a bound that turns a hang into
 /// a failure.

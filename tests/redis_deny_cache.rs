@@ -64,7 +64,7 @@ async fn a_flood_on_a_denied_key_does_not_reach_redis() {
     assert_eq!(commandstat(server.port, "evalsha"), before + 1);
 }
 
-/// Issue 13, item 4: the deny cache is bounded with O(1) eviction. Before, a full cache scanned
+/// The deny cache is bounded with O(1) eviction. Before, a full cache scanned
 /// every entry (`retain`) for each new denied key, dropping throughput 8-15x under a flood of
 /// new keys, and then stopped remembering new keys at all.
 #[tokio::test]
@@ -150,7 +150,7 @@ async fn the_deny_cache_never_changes_a_decision() {
     assert!(skipped > 0, "no trace exercised a partial answer");
 }
 
-/// Issue 13, item 4: one remembered denial of a counting transaction denies the batch. Before,
+/// One remembered denial of a counting transaction denies the batch. Before,
 /// the cache answered only when every bucket of the request was remembered, so a client rotating
 /// addresses inside an exhausted /48 cost one Redis call per request.
 #[tokio::test]

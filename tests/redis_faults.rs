@@ -111,7 +111,7 @@ async fn a_dead_redis_gives_errors_within_the_timeout_and_a_restarted_one_is_use
     assert!(d.allowed());
 }
 
-/// Issue 13, item 6: while Redis is down, every request used to wait the full command timeout
+/// While Redis is down, every request used to wait the full command timeout
 /// before the failure policy applied. After `failures` consecutive failures the circuit opens:
 /// requests get `CircuitOpen` at once, without trying, until the cool-off ends; then one
 /// request probes, and its success closes the circuit.
@@ -176,7 +176,7 @@ async fn a_dead_redis_opens_the_circuit_and_a_successful_probe_closes_it() {
     assert!(!backend.circuit_open());
 }
 
-/// Issue 30, item 8: once the cool-off ends, no request waits the command timeout to learn
+/// Once the cool-off ends, no request waits the command timeout to learn
 /// whether Redis is back. The probe goes in the background; the request that started it, and
 /// every request while it runs, is answered at once (`CircuitOpen`; before, that request was
 /// the probe and waited the full timeout: `Timeout`). The probe's answer closes the circuit.
@@ -235,7 +235,7 @@ async fn the_probe_runs_in_the_background_and_no_request_waits_for_it() {
     assert!(!backend.circuit_open());
 }
 
-/// Issue 13, item 6: an app could not even start without Redis. A lazy backend connects in
+/// An app could not even start without Redis. A lazy backend connects in
 /// the background: built while nothing listens, it fails requests (fast once the circuit
 /// opens) and uses Redis as soon as it is up, loading the script on first use.
 #[tokio::test]

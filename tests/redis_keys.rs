@@ -154,10 +154,10 @@ async fn hostile_ids_keep_their_slot_and_never_collide() {
 // Bad state at a key.
 // ---------------------------------------------------------------------------------------------
 
-/// Issue 13, "must define": another program's data at a bucket key (another type, text, a
+/// Another program's data at a bucket key (another type, text, a
 /// negative or fractional number, a TAT out of range) used to be an error on every request:
 /// the id was unlimited forever under fail open, blocked forever under fail closed. Then it was
-/// a fresh bucket, a full burst to whoever wrote it. It is now (issue 43) the bucket drained
+/// a fresh bucket, a full burst to whoever wrote it. It is now the bucket drained
 /// under the limit in force: a check sees it so and replaces the value with that drained TAT,
 /// and the id refills from there like any other.
 #[tokio::test]
@@ -247,7 +247,7 @@ async fn setup_errors_are_typed() {
     );
     // Nothing listens on a port that was just free. What `main` prints for `?` (the error's
     // `Debug`) is the sentence, naming the address (never the URL's password) and the way to
-    // start without the server (issue 53, item 6: it printed `Connect("IO Error: ..")`).
+    // start without the server (it printed `Connect("IO Error: ..")`).
     let port = support::redis::free_port();
     let err = RedisBackend::from_url(format!("redis://user:s3cret@127.0.0.1:{port}"))
         .command_timeout(Duration::from_millis(200))

@@ -155,10 +155,10 @@ RequestsPerIPAddress:
         }
     }
 
-    /// Issue 13, item 6: the third failure policy. While Redis is down, each instance decides
+    /// The third failure policy. While Redis is down, each instance decides
     /// in memory at a share of every limit (burst 7 at 43% is 3): neither unlimited (fail
     /// open) nor refused (fail closed). A limit of an hour starts from the share of what Redis
-    /// last said was left (issue 53, item 3): 6 of 7 left, 43% of them is 2.
+    /// last said was left: 6 of 7 left, 43% of them is 2.
     #[tokio::test]
     async fn a_dead_redis_falls_back_to_memory_at_a_share_of_each_limit() {
         let mut server = RedisServer::start();
@@ -240,7 +240,7 @@ mod simulator {
         assert_eq!(run(&["--redis", &cluster.url]), memory);
     }
 
-    /// Issue 32: prefetched tokens are a deployment's optimisation; the simulator decides a
+    /// Prefetched tokens are a deployment's optimisation; the simulator decides a
     /// trace as if no limit had `prefetch`, on Redis as in memory.
     #[test]
     fn the_simulator_decides_as_if_prefetch_were_absent() {

@@ -335,7 +335,7 @@ async fn foreign_data_in_the_store_is_skipped_or_refused_never_applied() {
     }
 }
 
-/// Issue 43, item 3: after the store lost its data (`FLUSHALL`, a restart without
+/// After the store lost its data (`FLUSHALL`, a restart without
 /// persistence), every instance follows the store, not the list it held. Before, an instance
 /// applied only a read whose version was at least the highest it had seen, and the store's
 /// counter started again at 0: a block set before the loss could not be lifted (`DELETE` 404,
@@ -432,7 +432,7 @@ async fn a_store_that_lost_its_data_is_followed_by_every_instance() {
     a_store_that_lost_its_data_is_followed(&cluster.url(), &flush_all, "the cluster").await;
 }
 
-/// Issue 43, item 6: a change costs the store what it changes, not what it holds. With 5,000
+/// A change costs the store what it changes, not what it holds. With 5,000
 /// overrides stored and three instances (two apps and the backend that filled the store), one
 /// change is one script call, read back by each of the other two instances with one `HMGET`
 /// of the one field it names (the one that made it has it): no command reads the whole hash
@@ -515,7 +515,7 @@ async fn a_full_store_refuses_a_new_override_with_507() {
     }
 }
 
-/// Issue 53, item 13: a fresh instance never decides an overridden id without its override.
+/// A fresh instance never decides an overridden id without its override.
 /// 200,000 stored blocks: `connect` returns once they are read whole (it returned after 2 s,
 /// and an instance serving while it read admitted blocked ids), so the last one written is
 /// refused on the first request and the instance says it is ready. A lazy backend whose store

@@ -1,4 +1,4 @@
-//! Prefetched tokens (issue 32): instances of a shared Redis answer a hot key's requests from
+//! Prefetched tokens: instances of a shared Redis answer a hot key's requests from
 //! tokens they took in one call, and all of them together never admit more than the bucket
 //! allows. Real Redis servers and a real cluster; time is a manual clock (the script decides
 //! at the caller's time), so every count here is exact whatever the machine's speed. The
@@ -502,7 +502,7 @@ fn the_builder_api_sets_prefetch() {
     );
 }
 
-/// Issue 43, item 7: an instance whose notifications are down (here: a Redis user that may not
+/// An instance whose notifications are down (here: a Redis user that may not
 /// subscribe) still drops its prefetched tokens and its remembered denials after a reset made
 /// elsewhere, within two seconds: the store counts resets, and a count this instance was not
 /// told of drops every key's local state. Before, it kept its tokens through the reset (4
@@ -547,7 +547,7 @@ async fn a_reset_reaches_an_instance_whose_notifications_are_down() {
     );
 }
 
-/// Issue 43, item 7: a reload that lowers a limit drops the tokens an instance took under the
+/// A reload that lowers a limit drops the tokens an instance took under the
 /// old one. 60 requests spent at once under a burst of 500 (a pool of tokens held), the burst
 /// cut to 2: the bucket is drained under the new limit (what was spent stays spent) and no
 /// token of the pool is used (before: the pool's tokens kept being admitted).

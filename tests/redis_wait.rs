@@ -74,7 +74,7 @@ async fn fifty_waiters_on_one_key_cost_at_most_three_store_calls_each() {
     println!("script calls per admitted waiter: {cached} with the deny cache, {uncached} without");
 }
 
-/// Issue 43, item 9: two instances (each its own connection, layer and lines), fifty waiters of
+/// Two instances (each its own connection, layer and lines), fifty waiters of
 /// one key between them, a burst of one (no slack for a waiter late to its token), the deny
 /// cache off: every one admitted with at most 3 script calls each (measured 2.6 to 2.9; before:
 /// 3.5, and 5.4 in the issue's trial). The waiters of one instance no longer race each other to

@@ -751,7 +751,7 @@ proptest::proptest! {
     }
 }
 
-/// Issue 43, item 10: a response that reports an absurd cost (here `u64::MAX` units) is
+/// A response that reports an absurd cost (here `u64::MAX` units) is
 /// counted apart (`outcome="absurd"`) and its units in no counter: the forgiven units stay what
 /// the sane reports forgave (before, one such report wrapped the counter to
 /// 18446744073709551415). The bucket is still charged what it takes (its debt). Scraped from

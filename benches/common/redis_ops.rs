@@ -99,7 +99,7 @@ impl RedisOps {
                 let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
                 assert!(d.allowed());
             }
-            // The same hot key under a limit with `prefetch: 50` (issue 32).
+            // The same hot key under a limit with `prefetch: 50`.
             "ours_1_rule_hot_key_prefetch" => {
                 let key = self.limiter.key("Hot", Id::from(0u64)).unwrap();
                 let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();

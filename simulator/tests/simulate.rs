@@ -560,7 +560,7 @@ P:
     let e = run(limits, None, "0s spend P=a cost=1..x\n").await;
     assert!(e.unwrap_err().contains("malformed cost"));
     // After a `*`, `<n>` or `<min>..<max>` is a cost; a suffix that starts like one (a digit,
-    // `-` or `.`) but is not one is an error (issue 30, item 14: `a*1.2` was the id "a*1.2");
+    // `-` or `.`) but is not one is an error (`a*1.2` was the id "a*1.2");
     // anything else is part of the id.
     let e = run(limits, None, "0s spend P=a*1.2\n").await;
     assert!(e.unwrap_err().contains("malformed cost suffix *1.2"));
@@ -667,7 +667,7 @@ async fn a_line_with_many_transactions_finds_its_duplicate() {
     );
 }
 
-/// Issue 53, item 14: `--redis` prints exactly what the in-memory run prints, also where the
+/// `--redis` prints exactly what the in-memory run prints, also where the
 /// Redis backend's deny cache would answer (a batch denied by its throttle, then the same batch
 /// again: the cache knew the denial and left the quota unevaluated, `"skipped":true`, where
 /// memory evaluates it). The simulator runs Redis without the deny cache and without

@@ -800,7 +800,7 @@ fn the_page_opens_in_a_real_browser_without_errors_or_network_requests() {
     assert!(b.requests().iter().any(|u| u == &url), "{:?}", b.requests());
 }
 
-/// Issue 53, item 4: a calendar quota is drawn as the units used against its count, with its
+/// A calendar quota is drawn as the units used against its count, with its
 /// renewals marked, on an axis labelled in UTC dates from the first line (its lanes were "a
 /// limit of another shape", dots on an axis of seconds since the trace's epoch).
 #[test]

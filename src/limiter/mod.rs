@@ -421,7 +421,7 @@ impl Limiter {
         // One transaction per key, naming all of its leases: a store call renews every key at
         // once, whatever the number of requests holding them. A batch never names a key twice
         // (a reload between two leases of one key once made two transactions of it, and the
-        // memory backend locked that key's slot twice: issue 53). Leases taken before and after
+        // memory backend locked that key's slot twice). Leases taken before and after
         // a change of the limit are renewed under the newest lease's limit (ids only grow): the
         // lease time in force.
         let mut groups: Vec<(&Lease, Vec<u64>)> = Vec::new();

@@ -1,7 +1,7 @@
 //! The slots this limiter's requests hold, renewed together: one task per limiter renews every
 //! lease held, at every third of the shortest lease time, in one batch (one transaction per
 //! key, naming all of its leases): the store's calls grow with the keys held, not with the
-//! requests holding them (issue 43: 2,000 long requests made about 2,000 calls a second, one
+//! requests holding them (2,000 long requests made about 2,000 calls a second, one
 //! task each).
 
 use std::collections::HashMap;

@@ -50,7 +50,7 @@ async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
         );
     }
     // 2.4997 s to wait: every field and text gives the same wait, rounded up to the
-    // millisecond (2.5 s) or the second (3 s). RetryInfo said 2.4997 s (issue 53, item 7).
+    // millisecond (2.5 s) or the second (3 s). RetryInfo said 2.4997 s.
     clock.advance(Duration::from_micros(1_500_300));
     let status = client.check(check()).await.unwrap_err();
     assert_eq!(

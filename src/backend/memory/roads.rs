@@ -214,7 +214,7 @@ impl MemoryBackend {
                 slots.push(match tx.quota.as_gcra() {
                     Some(_) => None,
                     // A key named again is under its first transaction's lock: a second
-                    // lock of the same mutex on this thread would never return (issue 53).
+                    // lock of the same mutex on this thread would never return.
                     None if kit::earlier(batch, i).is_some() => None,
                     None => self.tier_slot(tx.key, kit::may_write(tx), now)?,
                 });

@@ -344,7 +344,7 @@ impl RedisBackendBuilder {
         }
         let backend = self.finish(conn, owned || clustered, clustered, timeout);
         // The overrides set at run time, read whole before the first request: a fresh instance
-        // never decides an overridden id without its override (issue 53: one that served while
+        // never decides an overridden id without its override (one that served while
         // it read 1,000,000 stored blocks admitted blocked ids for 29 s). Each page is bounded
         // by the command timeout; the read as a whole by what the store holds.
         if let Err(e) = backend.read_overrides().await {

@@ -48,7 +48,7 @@ fn redis() -> Server {
     panic!("redis-server did not start on port {port}");
 }
 
-/// Issue 53, item 12: the store's clock decides the calendar period. A daily quota renews
+/// The store's clock decides the calendar period. A daily quota renews
 /// at `renewal`, less than 70 s from the store's now. An instance whose clock runs ahead,
 /// past the renewal, spends the day's 5 units: they are counted in the store's period
 /// (its denial says retry at the store's renewal, not in a day), and an instance whose
