@@ -69,33 +69,47 @@ impl Limiter {
     /// assert_eq!(change.to_string(), "changed: Api");
     /// ```
     pub fn reload(&self, limits: Limits) -> Result<LimitsChange, ReloadError> {
+        self.replace_limits(|current| {
+            {
+                let pinned = self
+                    .inner
+                    .pinned
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if let Some(name) = pinned.iter().find(|n| !limits.contains(**n)) {
+                    return Err(ReloadError::LimitInUse(name.to_string()));
+                }
+            }
+            let change = current.change_to(&limits);
+            if self.inner.warns_of_prefetch {
+                let before = current.prefetching_names();
+                super::warn_ignored_prefetch(&limits.prefetching_names(), &before);
+            }
+            let limits = match &self.inner.store {
+                Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
+                None => limits,
+            };
+            Ok((limits, change))
+        })
+    }
+
+    /// The one tail of every change of the limits in force (a reload: a file, SIGHUP or code;
+    /// a change of the stored overrides: an admin call or another instance's, told by the
+    /// store): one change at a time, `next` of the limits in force swapped in whole (a batch is
+    /// decided under the old or the new, never both), the generation counted.
+    pub(super) fn replace_limits<T, E>(
+        &self,
+        next: impl FnOnce(&Limits) -> Result<(Limits, T), E>,
+    ) -> Result<T, E> {
         let _one_at_a_time = self
             .inner
             .reloading
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        {
-            let pinned = self
-                .inner
-                .pinned
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if let Some(name) = pinned.iter().find(|n| !limits.contains(**n)) {
-                return Err(ReloadError::LimitInUse(name.to_string()));
-            }
-        }
-        let change = self.inner.limits.load().change_to(&limits);
-        if self.inner.warns_of_prefetch {
-            let before = self.inner.limits.load().prefetching_names();
-            super::warn_ignored_prefetch(&limits.prefetching_names(), &before);
-        }
-        let limits = match &self.inner.store {
-            Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
-            None => limits,
-        };
+        let (limits, out) = next(&self.load())?;
         self.inner.limits.store(Arc::new(limits));
         self.inner.generation.fetch_add(1, Ordering::AcqRel);
-        Ok(change)
+        Ok(out)
     }
 
     /// Marks `name` as used by a rule: a reload may not remove it.

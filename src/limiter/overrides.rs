@@ -1,8 +1,7 @@
 //! Overrides set while the service runs, through the limiter: checked as file overrides are,
 //! kept in the backend's store, applied at once here and, through the store, on every instance.
 
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Limiter;
@@ -226,14 +225,9 @@ impl Limiter {
         };
         match event {
             StoreEvent::Changed(delta) => {
-                let _one_at_a_time = self
-                    .inner
-                    .reloading
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                let limits = changed(&self.load(), store.as_ref(), delta);
-                self.inner.limits.store(Arc::new(limits));
-                self.inner.generation.fetch_add(1, Ordering::AcqRel);
+                let applied: Result<(), std::convert::Infallible> = self
+                    .replace_limits(|current| Ok((changed(current, store.as_ref(), delta), ())));
+                let Ok(()) = applied;
             }
             StoreEvent::Forget { limit, id } => {
                 if let Ok(key) = self.parse_key(limit, id) {
