@@ -482,12 +482,12 @@ async fn http_answers_and_the_admin_api_speak_the_period() {
         (
             "/overrides/Throttle/a",
             r#"{"calendar": {"count": 10, "period": "month"}}"#,
-            "not a calendar quota",
+            "the limit is a GCRA limit, the override a calendar quota",
         ),
         (
             "/overrides/Monthly/b",
             r#"{"burst": 5, "count": 5, "period": "1s"}"#,
-            "not a GCRA limit",
+            "the limit is a calendar quota, the override a GCRA limit",
         ),
         (
             "/overrides/Monthly/b",

@@ -49,6 +49,40 @@ fn tiers_load_and_overrides_replace_them_for_an_id() {
     }
 }
 
+/// Both formats of the overrides file take every shape, from the one table of limit fields:
+/// the list format took neither a concurrency limit nor a calendar quota (`concurrency` was
+/// an unknown field there).
+#[test]
+fn both_override_formats_take_every_shape() {
+    let defaults = "\
+Slots: {kind: account, concurrency: 2, lease: 10s}
+Plan: {kind: account, calendar: {count: 100, period: month}}
+";
+    let listed = "\
+- Slots: {concurrency: 5, lease: 30s, retry_after: 2s, ids: [7]}
+- Plan: {calendar: {count: 1000, period: month, anchor_day: 15}, ids: [7]}
+";
+    let keyed = "\
+Slots:7: {concurrency: 5, lease: 30s, retry_after: 2s}
+Plan:7: {calendar: {count: 1000, period: month, anchor_day: 15}}
+";
+    for overrides in [listed, keyed] {
+        let limits = Limits::from_yaml_str(defaults, Some(overrides)).unwrap();
+        let quota = |name: &str| {
+            let name = limits.name(name).unwrap();
+            let id = limits.id_kind(name).unwrap().parse("7").unwrap();
+            limits.resolve(&BucketKey::new(name, id)).unwrap().clone()
+        };
+        assert_eq!(quota("Slots").max_cost(), 1, "{overrides}");
+        assert_eq!(
+            quota("Slots").to_string(),
+            "5 in flight (lease 30000000us, retry after 2000000us)",
+            "{overrides}"
+        );
+        assert_eq!(quota("Plan").max_cost(), 1000, "{overrides}");
+    }
+}
+
 /// Each `(defaults, message, line)` is refused, naming limit A, the message and the line.
 fn refused_with_their_lines(cases: &[(&str, &str, u64)]) {
     for (text, message, line) in cases {

@@ -61,27 +61,7 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
     for (k, v) in entries {
         let name = as_str(k, "a limit name")?;
         let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
-        let f = fields(
-            v,
-            &[
-                "burst",
-                "count",
-                "period",
-                "max_debt",
-                "prefetch",
-                "prefetch_ttl",
-                "tiers",
-                "concurrency",
-                "calendar",
-                "lease",
-                "retry_after",
-                "kind",
-                "cost",
-                "on_store_failure",
-                "comment",
-            ],
-        )
-        .map_err(located)?;
+        let f = fields(v, &["kind", "cost", "on_store_failure", "comment"]).map_err(located)?;
         let limit = quota_of(&f).map_err(located)?;
         let kind = match f.kind {
             None => IdKind::Any,
@@ -135,22 +115,7 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                 };
                 let name = as_str(k, "a limit name")?;
                 let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
-                let f = fields(
-                    v,
-                    &[
-                        "burst",
-                        "count",
-                        "period",
-                        "max_debt",
-                        "prefetch",
-                        "prefetch_ttl",
-                        "tiers",
-                        "ids",
-                        "unlimited",
-                        "comment",
-                    ],
-                )
-                .map_err(located)?;
+                let f = fields(v, &["ids", "unlimited", "comment"]).map_err(located)?;
                 let limit = override_of(&f).map_err(located)?;
                 let ids_node = f
                     .ids
@@ -190,25 +155,7 @@ fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), Config
                     ));
                 };
                 let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
-                let f = fields(
-                    v,
-                    &[
-                        "burst",
-                        "count",
-                        "period",
-                        "max_debt",
-                        "prefetch",
-                        "prefetch_ttl",
-                        "tiers",
-                        "concurrency",
-                        "calendar",
-                        "lease",
-                        "retry_after",
-                        "unlimited",
-                        "comment",
-                    ],
-                )
-                .map_err(located)?;
+                let f = fields(v, &["unlimited", "comment"]).map_err(located)?;
                 let limit = override_of(&f).map_err(located)?;
                 builder.try_override(name, id, limit).map_err(located)?;
             }

@@ -283,9 +283,27 @@ pub(super) struct Fields<'a> {
     pub(super) comment: Option<&'a Node>,
 }
 
+/// Every limit's fields, in a default and in an override alike: each shape's own, and the GCRA
+/// limit's options (the one table: a new shape's fields join it here).
+const LIMIT_FIELDS: [&str; 11] = [
+    "burst",
+    "count",
+    "period",
+    "max_debt",
+    "prefetch",
+    "prefetch_ttl",
+    "tiers",
+    "concurrency",
+    "calendar",
+    "lease",
+    "retry_after",
+];
+
+/// The fields of one entry: a limit's ([`LIMIT_FIELDS`]) and the entry's own (`entry`: a
+/// default's `kind` and `cost`, an override's `ids` or `unlimited`, ...).
 pub(super) fn fields<'a>(
     node: &'a Node,
-    allowed: &[&'static str],
+    entry: &[&'static str],
 ) -> Result<Fields<'a>, ConfigError> {
     let Value::Map(entries) = &node.value else {
         return Err(wrong_shape("a map of limit fields", node));
@@ -296,8 +314,12 @@ pub(super) fn fields<'a>(
     };
     for (k, v) in entries {
         let key = as_str(k, "a field name")?;
-        if !allowed.contains(&key) {
-            return Err(err_at(ConfigErrorKind::unknown_field(key, allowed), k.line));
+        if !LIMIT_FIELDS.contains(&key) && !entry.contains(&key) {
+            let allowed = [&LIMIT_FIELDS[..], entry].concat();
+            return Err(err_at(
+                ConfigErrorKind::unknown_field(key, &allowed),
+                k.line,
+            ));
         }
         let slot = match key {
             "burst" => &mut f.burst,
