@@ -208,16 +208,7 @@ async fn shadow_decides_like_enforced(store: Store) {
     assert_eq!(logged, 1, "{store:?}: {enforced_denials} would-denies");
 }
 
-#[tokio::test]
-async fn in_memory_a_shadowed_rule_decides_like_the_enforced_one_while_every_request_passes() {
-    shadow_decides_like_enforced(Store::Memory).await;
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test]
-async fn on_redis_a_shadowed_rule_decides_like_the_enforced_one_while_every_request_passes() {
-    shadow_decides_like_enforced(Store::Redis).await;
-}
+on_every_store!(shadow_decides_like_enforced => in_memory_a_shadowed_rule_decides_like_the_enforced_one_while_every_request_passes, on_redis_a_shadowed_rule_decides_like_the_enforced_one_while_every_request_passes);
 
 /// An enforced and a shadowed rule in one request: one backend call per request, the shadow's
 /// denial never refuses, and a request both deny is refused by the enforced one only (its name
@@ -263,16 +254,7 @@ fn evalsha_calls(port: u16) -> u64 {
         .unwrap_or(0)
 }
 
-#[tokio::test]
-async fn in_memory_an_enforced_rule_refuses_what_a_shadowed_one_would_too() {
-    enforced_and_shadowed_together(Store::Memory).await;
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test]
-async fn on_redis_an_enforced_rule_refuses_what_a_shadowed_one_would_too() {
-    enforced_and_shadowed_together(Store::Redis).await;
-}
+on_every_store!(enforced_and_shadowed_together => in_memory_an_enforced_rule_refuses_what_a_shadowed_one_would_too, on_redis_an_enforced_rule_refuses_what_a_shadowed_one_would_too);
 
 /// On a private server: a request with an enforced and a shadowed rule is exactly one script.
 #[cfg(feature = "redis")]
@@ -410,16 +392,7 @@ async fn reload_keeps_state(store: Store) {
     assert_eq!(get().await.status, 429);
 }
 
-#[tokio::test]
-async fn in_memory_a_reload_keeps_state_and_applies_a_changed_limit_from_the_next_request() {
-    reload_keeps_state(Store::Memory).await;
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test]
-async fn on_redis_a_reload_keeps_state_and_applies_a_changed_limit_from_the_next_request() {
-    reload_keeps_state(Store::Redis).await;
-}
+on_every_store!(reload_keeps_state => in_memory_a_reload_keeps_state_and_applies_a_changed_limit_from_the_next_request, on_redis_a_reload_keeps_state_and_applies_a_changed_limit_from_the_next_request);
 
 #[tokio::test]
 async fn a_reload_that_removes_a_rules_limit_is_refused_and_the_old_limits_stay() {
@@ -684,13 +657,4 @@ Tiered:
     assert!(d.tiers().unwrap().tier >= 1, "{store:?}: {d:?}");
 }
 
-#[tokio::test]
-async fn in_memory_a_tiered_bucket_survives_reloads_that_change_its_tier_count() {
-    tiers_across_reloads(Store::Memory).await;
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test]
-async fn on_redis_a_tiered_bucket_survives_reloads_that_change_its_tier_count() {
-    tiers_across_reloads(Store::Redis).await;
-}
+on_every_store!(tiers_across_reloads => in_memory_a_tiered_bucket_survives_reloads_that_change_its_tier_count, on_redis_a_tiered_bucket_survives_reloads_that_change_its_tier_count);

@@ -111,6 +111,56 @@ async fn a_dead_redis_gives_errors_within_the_timeout_and_a_restarted_one_is_use
     assert!(d.allowed());
 }
 
+/// A limiter on a Redis backend whose circuit opens after 2 failures for an hour of the
+/// caller's (manual) clock, with one transaction to send; no deny cache (every request asks).
+struct Breaker {
+    clock: ManualClock,
+    backend: RedisBackend,
+    limiter: Limiter,
+    tx: [Transaction; 1],
+}
+
+impl Breaker {
+    async fn on(url: &str) -> Self {
+        let clock = ManualClock::new(simulate::EPOCH_US);
+        let backend = RedisBackend::from_url(url)
+            .caller_time(clock.clone())
+            .command_timeout(Duration::from_millis(300))
+            .circuit_breaker(2, Duration::from_secs(3600))
+            .deny_cache(false)
+            .connect()
+            .await
+            .unwrap();
+        let limiter = Limiter::new(
+            Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
+            backend.clone(),
+        );
+        let tx = [Transaction::new(
+            limiter.parse_key("PerAccount", "7").unwrap(),
+        )];
+        Self {
+            clock,
+            backend,
+            limiter,
+            tx,
+        }
+    }
+
+    /// Once the store answers, a probe after the cool-off (each failed one opens another, so
+    /// the clock moves past it each time) closes the circuit, and requests reach Redis again.
+    async fn closes_after_its_cool_off(&self) {
+        let d = until_answered(
+            &self.limiter,
+            &self.tx,
+            || self.clock.advance(Duration::from_secs(3601)),
+            "the circuit did not close",
+        )
+        .await;
+        assert!(d.allowed());
+        assert!(!self.backend.circuit_open());
+    }
+}
+
 /// While Redis is down, every request used to wait the full command timeout
 /// before the failure policy applied. After `failures` consecutive failures the circuit opens:
 /// requests get `CircuitOpen` at once, without trying, until the cool-off ends; then one
@@ -119,26 +169,17 @@ async fn a_dead_redis_gives_errors_within_the_timeout_and_a_restarted_one_is_use
 async fn a_dead_redis_opens_the_circuit_and_a_successful_probe_closes_it() {
     let mut server = RedisServer::start();
     let port = server.port;
-    let clock = ManualClock::new(simulate::EPOCH_US);
-    let backend = RedisBackend::from_url(server.url())
-        .caller_time(clock.clone())
-        .command_timeout(Duration::from_millis(300))
-        .circuit_breaker(2, Duration::from_secs(3600))
-        .deny_cache(false)
-        .connect()
-        .await
-        .unwrap();
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
-        backend.clone(),
-    );
-    let tx = [Transaction::new(
-        limiter.parse_key("PerAccount", "7").unwrap(),
-    )];
-    assert!(limiter.spend(&tx).await.unwrap().allowed());
+    let breaker = Breaker::on(&server.url()).await;
+    let Breaker {
+        backend,
+        limiter,
+        tx,
+        ..
+    } = &breaker;
+    assert!(limiter.spend(tx).await.unwrap().allowed());
     server.kill();
     for _ in 0..2 {
-        let err = limiter.spend(&tx).await.unwrap_err();
+        let err = limiter.spend(tx).await.unwrap_err();
         assert!(
             matches!(
                 err,
@@ -150,7 +191,7 @@ async fn a_dead_redis_opens_the_circuit_and_a_successful_probe_closes_it() {
     assert!(backend.circuit_open());
     // Open: answered at once, without trying (the cool-off is on the manual clock).
     for _ in 0..100 {
-        let err = limiter.spend(&tx).await.unwrap_err();
+        let err = limiter.spend(tx).await.unwrap_err();
         assert!(
             matches!(err, LimiterError::Backend(BackendError::CircuitOpen { retry_in }) if retry_in == Duration::from_secs(3600)),
             "{err:?}"
@@ -160,20 +201,11 @@ async fn a_dead_redis_opens_the_circuit_and_a_successful_probe_closes_it() {
     // Redis is back, but nothing tries it before the cool-off ends.
     let _server = RedisServer::start_on(port, &[]);
     assert!(matches!(
-        limiter.spend(&tx).await.unwrap_err(),
+        limiter.spend(tx).await.unwrap_err(),
         LimiterError::Backend(BackendError::CircuitOpen { .. })
     ));
-    // After the cool-off, a probe (the client reconnects in the background; a failed probe
-    // opens the circuit for another cool-off, so the clock moves past it each time).
-    let d = until_answered(
-        &limiter,
-        &tx,
-        || clock.advance(Duration::from_secs(3601)),
-        "the circuit did not close",
-    )
-    .await;
-    assert!(d.allowed());
-    assert!(!backend.circuit_open());
+    // Redis answers again: after the cool-off a probe closes the circuit.
+    breaker.closes_after_its_cool_off().await;
 }
 
 /// Once the cool-off ends, no request waits the command timeout to learn
@@ -183,23 +215,15 @@ async fn a_dead_redis_opens_the_circuit_and_a_successful_probe_closes_it() {
 #[tokio::test]
 async fn the_probe_runs_in_the_background_and_no_request_waits_for_it() {
     let server = RedisServer::start();
-    let clock = ManualClock::new(simulate::EPOCH_US);
-    let backend = RedisBackend::from_url(server.url())
-        .caller_time(clock.clone())
-        .command_timeout(Duration::from_millis(300))
-        .circuit_breaker(2, Duration::from_secs(3600))
-        .deny_cache(false)
-        .connect()
-        .await
-        .unwrap();
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(KEY_LIMITS, None).unwrap(),
-        backend.clone(),
-    );
-    let tx = [Transaction::new(
-        limiter.parse_key("PerAccount", "7").unwrap(),
-    )];
-    assert!(limiter.spend(&tx).await.unwrap().allowed());
+    let breaker = Breaker::on(&server.url()).await;
+    let Breaker {
+        clock,
+        backend,
+        limiter,
+        tx,
+        ..
+    } = &breaker;
+    assert!(limiter.spend(tx).await.unwrap().allowed());
     // Paused: commands wait (long enough for what follows on a busy machine).
     assert!(
         command(server.port, "CLIENT PAUSE 5000 ALL")
@@ -207,7 +231,7 @@ async fn the_probe_runs_in_the_background_and_no_request_waits_for_it() {
             .starts_with("+OK")
     );
     for _ in 0..2 {
-        let err = limiter.spend(&tx).await.unwrap_err();
+        let err = limiter.spend(tx).await.unwrap_err();
         assert!(
             matches!(err, LimiterError::Backend(BackendError::Timeout(_))),
             "{err:?}"
@@ -216,23 +240,14 @@ async fn the_probe_runs_in_the_background_and_no_request_waits_for_it() {
     assert!(backend.circuit_open());
     clock.advance(Duration::from_secs(3601));
     for n in 0..3 {
-        let err = limiter.spend(&tx).await.unwrap_err();
+        let err = limiter.spend(tx).await.unwrap_err();
         assert!(
             matches!(err, LimiterError::Backend(BackendError::CircuitOpen { .. })),
             "request {n} after the cool-off: {err:?}"
         );
     }
-    // The pause ends; a probe (each failed one opens another cool-off, so the clock moves
-    // past it) closes the circuit, and requests reach Redis again.
-    let d = until_answered(
-        &limiter,
-        &tx,
-        || clock.advance(Duration::from_secs(3601)),
-        "the circuit did not close",
-    )
-    .await;
-    assert!(d.allowed());
-    assert!(!backend.circuit_open());
+    // The pause ends: after the cool-off a probe closes the circuit.
+    breaker.closes_after_its_cool_off().await;
 }
 
 /// An app could not even start without Redis. A lazy backend connects in

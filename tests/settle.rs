@@ -38,6 +38,29 @@ async fn limiter(fixture: &Fixture, store: Store) -> Limiter {
     fixture.limiter(store, limits, "settle", true).await
 }
 
+/// A scenario's parts: a limiter over `LIMITS` on a store, a real server for an app behind
+/// one layer with one rule on it, and a client of that server.
+struct Served {
+    fixture: Fixture,
+    limiter: Limiter,
+    server: support::http::Server,
+    client: HttpClient,
+}
+
+/// [`Served`] on `store`, for `app` behind `rule`.
+async fn served(store: Store, rule: Rule, app: Router) -> Served {
+    let fixture = Fixture::new(store);
+    let limiter = limiter(&fixture, store).await;
+    let server = serve_rule(&limiter, rule, app).await;
+    let client = HttpClient::new(&server);
+    Served {
+        fixture,
+        limiter,
+        server,
+        client,
+    }
+}
+
 /// A real server for `app` behind one layer with `rule` on `limiter`.
 async fn serve_rule(limiter: &Limiter, rule: Rule, app: Router) -> support::http::Server {
     let layer = RateLimitLayer::new(limiter.clone(), [rule]).unwrap();
@@ -96,17 +119,19 @@ async fn generate(uri: http::Uri) -> Response {
 /// malformed header keeps the estimate; each response already carries the settled bucket, and
 /// the next request sees it.
 async fn settles_from_a_header(store: Store) {
-    let fixture = Fixture::new(store);
-    let limiter = limiter(&fixture, store).await;
-    let server = serve_rule(
-        &limiter,
+    let Served {
+        fixture,
+        limiter,
+        server: _server,
+        client,
+    } = served(
+        store,
         Rule::new("Tokens", ClientIp::new())
             .cost(30)
             .settle(Settle::header("x-tokens-used")),
         Router::new().route("/gen", get(generate)),
     )
     .await;
-    let client = HttpClient::new(&server);
 
     // (query, status, bucket afterwards): the bucket starts with 100.
     let steps: [(&str, u16, u64); 7] = [
@@ -146,16 +171,7 @@ async fn settles_from_a_header(store: Store) {
     }
 }
 
-#[tokio::test]
-async fn in_memory_a_header_settles_the_true_cost() {
-    settles_from_a_header(Store::Memory).await;
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test]
-async fn on_redis_a_header_settles_the_true_cost() {
-    settles_from_a_header(Store::Redis).await;
-}
+on_every_store!(settles_from_a_header => in_memory_a_header_settles_the_true_cost, on_redis_a_header_settles_the_true_cost);
 
 /// An estimate of 0 (an LLM gateway's `max_tokens=0`, read from the request) is charged as 1:
 /// it no longer passes an empty bucket, where the true cost could only be forgiven. Twenty such
@@ -163,10 +179,13 @@ async fn on_redis_a_header_settles_the_true_cost() {
 /// request passed, the first one's 100 settled, the others' forgiven).
 #[tokio::test]
 async fn an_estimate_of_0_is_charged_1_up_front() {
-    let fixture = Fixture::new(Store::Memory);
-    let limiter = limiter(&fixture, Store::Memory).await;
-    let server = serve_rule(
-        &limiter,
+    let Served {
+        fixture: _fixture,
+        limiter,
+        server: _server,
+        client,
+    } = served(
+        Store::Memory,
         Rule::new("Tokens", ClientIp::new())
             .cost_fn(|parts| {
                 let query = parts.uri.query().unwrap_or("");
@@ -180,7 +199,6 @@ async fn an_estimate_of_0_is_charged_1_up_front() {
         Router::new().route("/gen", get(generate)),
     )
     .await;
-    let client = HttpClient::new(&server);
     let mut used = 0;
     for _ in 0..20 {
         let reply = client.get("/gen?max_tokens=0&used=100", &[]).await;
@@ -198,17 +216,19 @@ async fn an_estimate_of_0_is_charged_1_up_front() {
 /// (before, the first one counted).
 #[tokio::test]
 async fn a_settle_header_sent_twice_keeps_the_estimate() {
-    let fixture = Fixture::new(Store::Memory);
-    let limiter = limiter(&fixture, Store::Memory).await;
-    let server = serve_rule(
-        &limiter,
+    let Served {
+        fixture: _fixture,
+        limiter: _limiter,
+        server: _server,
+        client,
+    } = served(
+        Store::Memory,
         Rule::new("Tokens", ClientIp::new())
             .cost(30)
             .settle(Settle::header("x-tokens-used")),
         Router::new().route("/gen", get(generate)),
     )
     .await;
-    let client = HttpClient::new(&server);
     let reply = client.get("/gen?used=10&used=50", &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(r_of(&reply, "Tokens"), 70, "the estimate of 30 stands");
@@ -221,8 +241,6 @@ async fn a_settle_header_sent_twice_keeps_the_estimate() {
 /// 2 units of 1 KiB, whatever the file's size.
 #[tokio::test]
 async fn a_range_request_pays_for_the_part_it_got() {
-    let fixture = Fixture::new(Store::Memory);
-    let limiter = limiter(&fixture, Store::Memory).await;
     let part = || async {
         let mut response = Response::new(Body::from(vec![b'x'; 2048]));
         *response.status_mut() = http::StatusCode::PARTIAL_CONTENT;
@@ -232,15 +250,19 @@ async fn a_range_request_pays_for_the_part_it_got() {
         );
         response
     };
-    let server = serve_rule(
-        &limiter,
+    let Served {
+        fixture: _fixture,
+        limiter,
+        server: _server,
+        client,
+    } = served(
+        Store::Memory,
         Rule::new("Bytes", ClientIp::new())
             .cost(64)
             .settle(Settle::body_bytes_per(1024)),
         Router::new().route("/file", get(part)),
     )
     .await;
-    let client = HttpClient::new(&server);
     let reply = client.get("/file", &[("range", "bytes=0-2047")]).await;
     assert_eq!(reply.status, 206);
     assert_eq!(
@@ -296,34 +318,27 @@ async fn a_bytes_limit_limits_bytes(store: Store) {
     assert_eq!(client.get("/file", &[]).await.status, 200, "{store:?}");
 }
 
-#[tokio::test]
-async fn in_memory_a_bytes_limit_limits_bytes() {
-    a_bytes_limit_limits_bytes(Store::Memory).await;
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test]
-async fn on_redis_a_bytes_limit_limits_bytes() {
-    a_bytes_limit_limits_bytes(Store::Redis).await;
-}
+on_every_store!(a_bytes_limit_limits_bytes => in_memory_a_bytes_limit_limits_bytes, on_redis_a_bytes_limit_limits_bytes);
 
 /// A `HEAD` has no body, so a rule that settles from the body keeps its estimate (before, the
 /// empty body settled to 0: 300 of 300 `HEAD`s of a download were free); a rule that settles
 /// from a header settles from the `HEAD`'s header as from the `GET`'s.
 #[tokio::test]
 async fn a_head_keeps_the_estimate_of_a_body_settle() {
-    let fixture = Fixture::new(Store::Memory);
-    let limiter = limiter(&fixture, Store::Memory).await;
     let download = || async { Response::new(Body::from(vec![b'x'; 10 * 1024])) };
-    let server = serve_rule(
-        &limiter,
+    let Served {
+        fixture: _fixture,
+        limiter,
+        server: _server,
+        client,
+    } = served(
+        Store::Memory,
         Rule::new("Bytes", ClientIp::new())
             .cost(4)
             .settle(Settle::body_bytes_per(1024)),
         Router::new().route("/file", get(download)),
     )
     .await;
-    let client = HttpClient::new(&server);
     for _ in 0..3 {
         let reply = client.request(http::Method::HEAD, "/file", &[]).await;
         assert_eq!(reply.status, 200);
@@ -360,10 +375,13 @@ async fn a_head_keeps_the_estimate_of_a_body_settle() {
 /// From a function of the response head: a failed request costs nothing.
 #[tokio::test]
 async fn a_function_of_the_head_refunds_failed_requests() {
-    let fixture = Fixture::new(Store::Memory);
-    let limiter = limiter(&fixture, Store::Memory).await;
-    let server = serve_rule(
-        &limiter,
+    let Served {
+        fixture: _fixture,
+        limiter,
+        server: _server,
+        client,
+    } = served(
+        Store::Memory,
         Rule::new("Tokens", ClientIp::new())
             .cost(10)
             .settle(Settle::response(|head| {
@@ -372,7 +390,6 @@ async fn a_function_of_the_head_refunds_failed_requests() {
         Router::new().route("/gen", get(generate)),
     )
     .await;
-    let client = HttpClient::new(&server);
     assert_eq!(client.get("/gen?status=503", &[]).await.status, 503);
     assert_eq!(remaining(&limiter, "Tokens").await, 100, "refunded");
     assert_eq!(client.get("/gen", &[]).await.status, 200);
@@ -456,11 +473,14 @@ async fn until_remaining(limiter: &Limiter, name: &str, want: u64) -> u64 {
 /// A streamed body settles on its bytes when it ends, before its end reaches the client (so
 /// the next request sees it); a body the client abandons settles on the bytes sent so far.
 async fn settles_a_streamed_body(store: Store) {
-    let fixture = Fixture::new(store);
-    let limiter = limiter(&fixture, store).await;
     let (feeder, feeds) = Feeder::new();
-    let server = serve_rule(
-        &limiter,
+    let Served {
+        fixture: _fixture,
+        limiter,
+        server,
+        client: _client,
+    } = served(
+        store,
         Rule::new("Bytes", ClientIp::new())
             .cost(1000)
             .settle(Settle::body_bytes()),
@@ -535,31 +555,24 @@ fn r_of_head(headers: &http::HeaderMap, name: &str) -> u64 {
     )
 }
 
-#[tokio::test]
-async fn in_memory_a_streamed_body_settles_its_bytes() {
-    settles_a_streamed_body(Store::Memory).await;
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test]
-async fn on_redis_a_streamed_body_settles_its_bytes() {
-    settles_a_streamed_body(Store::Redis).await;
-}
+on_every_store!(settles_a_streamed_body => in_memory_a_streamed_body_settles_its_bytes, on_redis_a_streamed_body_settles_its_bytes);
 
 /// A trailer settles when it arrives; a body that ends without it keeps the estimate.
 async fn settles_from_a_trailer(store: Store) {
-    let fixture = Fixture::new(store);
-    let limiter = limiter(&fixture, store).await;
     let (feeder, feeds) = Feeder::new();
-    let server = serve_rule(
-        &limiter,
+    let Served {
+        fixture: _fixture,
+        limiter,
+        server: _server,
+        client,
+    } = served(
+        store,
         Rule::new("Units", ClientIp::new())
             .cost(10)
             .settle(Settle::trailer("x-units")),
         fed_route(feeds),
     )
     .await;
-    let client = HttpClient::new(&server);
 
     let (frames, _gone) = feeder.next();
     frames.send(chunk(5)).unwrap();
@@ -587,16 +600,7 @@ async fn settles_from_a_trailer(store: Store) {
     );
 }
 
-#[tokio::test]
-async fn in_memory_a_trailer_settles_the_true_cost() {
-    settles_from_a_trailer(Store::Memory).await;
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test]
-async fn on_redis_a_trailer_settles_the_true_cost() {
-    settles_from_a_trailer(Store::Redis).await;
-}
+on_every_store!(settles_from_a_trailer => in_memory_a_trailer_settles_the_true_cost, on_redis_a_trailer_settles_the_true_cost);
 
 /// Settling is refused where it cannot work, when the layer is built.
 #[test]
@@ -761,10 +765,13 @@ async fn an_absurd_reported_cost_is_counted_apart_and_wraps_no_counter() {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     let _guard = metrics::set_default_local_recorder(&recorder);
-    let fixture = Fixture::new(Store::Memory);
-    let limiter = limiter(&fixture, Store::Memory).await;
-    let server = serve_rule(
-        &limiter,
+    let Served {
+        fixture: _fixture,
+        limiter: _limiter,
+        server: _server,
+        client,
+    } = served(
+        Store::Memory,
         Rule::new(
             "Tokens",
             ClientIp::new().trusted_proxies(["127.0.0.1/32".parse().unwrap()]),
@@ -774,7 +781,6 @@ async fn an_absurd_reported_cost_is_counted_apart_and_wraps_no_counter() {
         Router::new().route("/gen", get(generate)),
     )
     .await;
-    let client = HttpClient::new(&server);
     // 10 reserved, 300 used: 90 of the bucket and 100 of debt charged, 100 forgiven.
     assert_eq!(client.get("/gen?used=300", &[]).await.status, 200);
     let forgiven = "tower_ratelimits_settled_units_total{limit=Tokens,outcome=forgiven}";

@@ -7,6 +7,24 @@ use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
 /// The time the fixtures start at.
 pub const EPOCH_US: u64 = 1_700_000_000_000_000;
 
+/// One test per store for a scenario (an `async fn(Store)`): `in_memory_<name>` and, with
+/// the feature `redis`, `on_redis_<name>`.
+#[macro_export]
+macro_rules! on_every_store {
+    ($scenario:ident => $memory:ident, $redis:ident) => {
+        #[tokio::test]
+        async fn $memory() {
+            $scenario(Store::Memory).await;
+        }
+
+        #[cfg(feature = "redis")]
+        #[tokio::test]
+        async fn $redis() {
+            $scenario(Store::Redis).await;
+        }
+    };
+}
+
 /// Which store a test runs against.
 #[derive(Clone, Copy, Debug)]
 pub enum Store {
