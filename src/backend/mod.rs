@@ -154,7 +154,8 @@ pub enum TransactionError {
     /// A cost range on a concurrency limit, where a request holds one slot or probes (cost 0).
     #[error("a concurrency limit takes a cost of 0 or 1, not a range")]
     RangeOnConcurrency,
-    /// A renewal ([`Mode::Renew`]) on a limit that holds no slots (GCRA, tiers).
+    /// A renewal ([`Mode::Renew`]) on a limit that holds no slots (GCRA, tiers, a calendar
+    /// quota).
     #[error("only a concurrency limit's leases can be renewed")]
     RenewWithoutSlots,
 }

@@ -49,8 +49,9 @@ macro_rules! each {
     };
 }
 
-/// What limits one bucket: a GCRA [`Limit`], a [`TieredLimit`] (burst tiers) or a
-/// [`ConcurrencyLimit`] (requests in flight).
+/// What limits one bucket: a GCRA [`Limit`], a [`TieredLimit`] (burst tiers), a
+/// [`ConcurrencyLimit`] (requests in flight) or a [`CalendarQuota`] (a count per calendar
+/// period).
 ///
 /// Anything that takes a quota takes any of them, through `Into<Quota>`:
 ///
@@ -71,6 +72,21 @@ macro_rules! each {
 /// assert!(matches!(quota, Quota::Tiered(_)));
 /// assert_eq!(quota.max_cost(), 55);
 /// ```
+///
+/// Adding a shape, every place it MUST be added (the compiler lists the sites marked *; the
+/// rest are named here and in `docs/design.md`, "A new limit shape: MUST update"):
+/// - its algorithm in `algo/<shape>.rs`, with its unit and property tests (and its line in
+///   `algo/mod.rs`);
+/// - a variant here*, its `impl Shape` in `quota/<shape>.rs`* (every answer it owes: no
+///   method has a default), its JSON reader in `Quota::read_json`'s list (or the denied
+///   dead-code warning names it), its `From` and its `pub use` in `lib.rs`;
+/// - the kit: its `Stored` and `Read` variants and arms* (`backend/kit/mod.rs`) and its own
+///   `backend/kit/<shape>.rs`;
+/// - the script: its codes (`backend/redis/script.rs`), its Lua (`ratelimit.lua`), its key
+///   suffix (`backend/redis/keys.rs`);
+/// - its configuration: its fields in the one table (`config/yaml/node.rs`), its entry
+///   (`config/yaml/shapes.rs`), its error's `ConfigErrorKind` variant (`config/error.rs`);
+/// - outside `src/`: its spec in `docs/`, a conformance trace, the simulator's drawing.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Quota {
