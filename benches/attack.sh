@@ -56,7 +56,7 @@ for cache in on off; do
   redis-cli -p "$RPORT" flushall >/dev/null
   port=$(free_port)
   ADDR="127.0.0.1:$port" REDIS_URL="$REDIS_URL" RATELIMITS_DENY_CACHE=$cache \
-    target/release/examples/axum_redis >"$WORK/app-$cache.log" 2>&1 &
+    "${CARGO_TARGET_DIR:-target}"/release/examples/axum_redis >"$WORK/app-$cache.log" 2>&1 &
   PIDS+=($!)
   wait_port "$port"
   read -r before scripts_before < <(calls)

@@ -28,7 +28,7 @@ need wrk
 # and tracing among them; the quickstart alone builds axum with http1 and tokio only).
 cargo build -q --release -p tower-ratelimits -p tower-ratelimits-benches \
   --example axum_memory --example axum_peer
-BIN=target/release/examples
+BIN=${CARGO_TARGET_DIR:-target}/release/examples
 
 WORK=$(mktemp -d)
 PIDS=()

@@ -17,7 +17,7 @@ VARIANTS=("$@")
 [ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(none ours_1_rule tower_governor ours_1_rule_refused tower_governor_refused)
 need valgrind
 cargo build -q --release -p tower-ratelimits-benches --example axum_peer
-BIN=target/release/examples/axum_peer
+BIN=${CARGO_TARGET_DIR:-target}/release/examples/axum_peer
 DIR=$(mktemp -d)
 SERVER=""
 cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$DIR"; true; }
