@@ -10,9 +10,14 @@
 //! - `ADDR`: listen address (default `127.0.0.1:3000`)
 //! - `PEER`: `tower_governor` (default: per peer IP, its default key), `ours_1_rule` (ours
 //!   like for like: one rule per peer IP, in memory, no `RateLimit` fields on allowed
-//!   responses, as tower_governor sends none) or `none` (no limit)
+//!   responses, as tower_governor sends none), `handwritten` (a hand-written
+//!   `Mutex<HashMap>` GCRA layer per peer IP, an empty 429: the floor), `handwritten_fields`
+//!   (the same writing `RateLimit` and `RateLimit-Policy` on every answer) or `none` (no limit)
 //! - `PER_SECOND`, `BURST`: the quota (default 20 and 20, as the quickstart's
 //!   `RequestsPerIPAddress`)
+
+#[path = "common/handwritten.rs"]
+mod handwritten;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -79,10 +84,13 @@ async fn run() -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             app.layer(layer)
         }
+        "handwritten" => app.layer(handwritten::Handwritten::new(burst, per_second, false)),
+        "handwritten_fields" => app.layer(handwritten::Handwritten::new(burst, per_second, true)),
         "none" => app,
         other => {
             return Err(format!(
-                "PEER: {other:?} is not `tower_governor`, `ours_1_rule` or `none`"
+                "PEER: {other:?} is not `tower_governor`, `ours_1_rule`, `handwritten`, \
+                 `handwritten_fields` or `none`"
             ));
         }
     };

@@ -100,6 +100,18 @@ const VARIANTS: &[(&str, &str)] = &[
         "axum + ours, 8 rules, RateLimit headers",
     ),
     ("http_tower_governor", "axum + tower_governor, per IP"),
+    (
+        "http_handwritten",
+        "axum + a hand-written Mutex<HashMap> GCRA layer, per IP, empty 429",
+    ),
+    (
+        "http_handwritten_fields",
+        "axum + the hand-written layer writing RateLimit and RateLimit-Policy",
+    ),
+    (
+        "http_handwritten_refused",
+        "axum + the hand-written layer, every request refused (429)",
+    ),
 ];
 
 /// One limit, `Bench`: `RATE` per second, burst `RATE` (every call of the benches allowed).
@@ -175,6 +187,9 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 "http_tower_governor" => common::apps::governor(),
                 "http_ours_1_rule_refused" => common::apps::ours_refusing(),
                 "http_tower_governor_refused" => common::apps::governor_refusing(),
+                "http_handwritten" => common::apps::handwritten(false),
+                "http_handwritten_fields" => common::apps::handwritten(true),
+                "http_handwritten_refused" => common::apps::handwritten_refusing(),
                 other => panic!("unknown variant {other}"),
             };
             // A `_refused` variant's warm-up (one request per client) is allowed; every

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 OPS=${1:-5000}
 shift $(( $# > 0 ? 1 : 0 )) || true
 VARIANTS=("$@")
-[ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(none ours_1_rule tower_governor ours_1_rule_refused tower_governor_refused)
+[ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(none ours_1_rule tower_governor handwritten handwritten_fields ours_1_rule_refused tower_governor_refused handwritten_refused)
 need valgrind
 cargo build -q --release -p tower-ratelimits-benches --example axum_peer
 BIN=${CARGO_TARGET_DIR:-target}/release/examples/axum_peer

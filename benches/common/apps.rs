@@ -94,6 +94,20 @@ pub fn governor() -> Router {
     bare().layer(GovernorLayer::new(config))
 }
 
+/// The hand-written GCRA layer (`handwritten.rs`) with the quota of `governor()`: an empty 429,
+/// and the two IETF fields on every answer with `fields`.
+pub fn handwritten(fields: bool) -> Router {
+    bare().layer(super::handwritten::Handwritten::new(
+        1_000_000, 1_000_000, fields,
+    ))
+}
+
+/// The hand-written layer at one request an hour, burst 1: after one request per client,
+/// every request is refused.
+pub fn handwritten_refusing() -> Router {
+    bare().layer(super::handwritten::Handwritten::new(1, 1, false))
+}
+
 /// Request `i` of a run: client `10.0.x.y` (1,000 distinct), account `i % 1000`.
 pub fn request(i: u32) -> http::Request<Body> {
     let peer = SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 4000));

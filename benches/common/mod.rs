@@ -28,6 +28,7 @@ pub fn spend_one(
 }
 
 pub mod apps;
+pub mod handwritten;
 pub mod redis_ops;
 
 /// The value after `flag` on the command line.
