@@ -163,7 +163,7 @@ struct PutBody {
     unlimited: Option<bool>,
     block: Option<bool>,
     expires_in: Option<String>,
-    /// A limit's fields, each shape's own ([`Quota::read_json`]).
+    /// A limit's fields, each shape's own (`OverrideKind::limit_from_api`).
     #[serde(flatten)]
     limit: serde_json::Map<String, Value>,
 }
@@ -178,10 +178,8 @@ fn parse_put(body: &[u8]) -> Result<(OverrideKind, Option<std::time::Duration>),
     let b: PutBody = serde_json::from_slice(body)
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("malformed body: {e}")))?;
     let kind = match (b.unlimited, b.block, b.limit.is_empty()) {
-        (None, None, false) => OverrideKind::Quota(
-            Quota::read_json(Form::Api, &Value::Object(b.limit))
-                .map_err(|e| error(StatusCode::BAD_REQUEST, e))?,
-        ),
+        (None, None, false) => OverrideKind::limit_from_api(&Value::Object(b.limit))
+            .map_err(|e| error(StatusCode::BAD_REQUEST, e))?,
         (Some(true), None, true) => OverrideKind::Unlimited,
         (None, Some(true), true) => OverrideKind::Block,
         _ => {

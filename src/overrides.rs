@@ -27,6 +27,15 @@ pub enum OverrideKind {
     Block,
 }
 
+impl OverrideKind {
+    /// A limit of its own from its fields as the admin API takes them (the YAML file's, each
+    /// shape's own: `Form::Api`), or why they give none.
+    #[cfg(feature = "admin")]
+    pub(crate) fn limit_from_api(fields: &serde_json::Value) -> Result<Self, String> {
+        Quota::read_json(Form::Api, fields).map(OverrideKind::Quota)
+    }
+}
+
 /// What a stored override does, as a store or a snapshot keeps it: a limit shared by every
 /// override that gives the same one ([`Interned`]), so a million overrides on a few plans
 /// hold a few limits.
