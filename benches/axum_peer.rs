@@ -84,8 +84,11 @@ async fn run() -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             app.layer(layer)
         }
-        "handwritten" => app.layer(handwritten::Handwritten::new(burst, per_second, false)),
-        "handwritten_fields" => app.layer(handwritten::Handwritten::new(burst, per_second, true)),
+        "handwritten" | "handwritten_fields" => {
+            let every = Duration::from_nanos((1_000_000_000 / per_second).max(1));
+            let fields = peer == "handwritten_fields";
+            app.layer(handwritten::Handwritten::new(burst, every, fields))
+        }
         "none" => app,
         other => {
             return Err(format!(

@@ -97,15 +97,17 @@ pub fn governor() -> Router {
 /// The hand-written GCRA layer (`handwritten.rs`) with the quota of `governor()`: an empty 429,
 /// and the two IETF fields on every answer with `fields`.
 pub fn handwritten(fields: bool) -> Router {
+    let every = std::time::Duration::from_micros(1);
     bare().layer(super::handwritten::Handwritten::new(
-        1_000_000, 1_000_000, fields,
+        1_000_000, every, fields,
     ))
 }
 
 /// The hand-written layer at one request an hour, burst 1: after one request per client,
 /// every request is refused.
 pub fn handwritten_refusing() -> Router {
-    bare().layer(super::handwritten::Handwritten::new(1, 1, false))
+    let every = std::time::Duration::from_secs(3600);
+    bare().layer(super::handwritten::Handwritten::new(1, every, false))
 }
 
 /// Request `i` of a run: client `10.0.x.y` (1,000 distinct), account `i % 1000`.

@@ -16,7 +16,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{HeaderValue, Request, Response, StatusCode};
 
-/// The layer: `burst` requests at once, `per_second` a second, per peer address.
+/// The layer: `burst` requests at once, then one every `interval`, per peer address.
 #[derive(Clone)]
 pub struct Handwritten {
     state: Arc<State>,
@@ -43,8 +43,10 @@ struct Verdict {
 }
 
 impl Handwritten {
-    pub fn new(burst: u64, per_second: u64, fields: bool) -> Self {
-        let interval_us = (1_000_000 / per_second.max(1)).max(1);
+    pub fn new(burst: u64, interval: std::time::Duration, fields: bool) -> Self {
+        let interval_us = u64::try_from(interval.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
         let tolerance_us = burst.max(1).saturating_sub(1).saturating_mul(interval_us);
         let window_s = (tolerance_us + interval_us).div_ceil(1_000_000);
         let policy = HeaderValue::from_str(&format!("\"default\";q={burst};w={window_s}"))
