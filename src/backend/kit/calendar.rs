@@ -35,6 +35,21 @@ pub(super) fn calendar_decide(
     )
 }
 
+/// One calendar transaction alone in its batch: its outcome and what to write, as
+/// [`spend`](super::spend) decides a batch of one (the batch rule applied: a denied spend
+/// writes only what replaces the state read).
+pub(crate) fn calendar_spend_one(
+    tx: &BucketTx<'_>,
+    quota: &CalendarQuota,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> (Outcome, Option<Stored>) {
+    let (outcome, write, repair) = calendar_decide(tx, quota, stored, now);
+    let allowed = super::batch_allowed([(tx, &outcome)]);
+    let write = if allowed { write.or(repair) } else { repair };
+    (outcome, write)
+}
+
 /// A calendar decision as an outcome, with the length of the period it was made in
 /// (microseconds).
 pub(super) fn calendar_outcome(out: &calendar::CalendarOutcome, length_us: u64) -> Outcome {

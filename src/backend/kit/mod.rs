@@ -87,6 +87,7 @@ use crate::algo::tiers::{self as tiers_rule, TierState};
 use crate::mode::Mode;
 use crate::quota::Quota;
 
+pub(crate) use calendar::calendar_spend_one;
 use calendar::{calendar_decide, calendar_outcome, calendar_read};
 use concurrency::read_leases;
 pub(crate) use concurrency::{live_leases, release, renew, takes_lease, with_lease};

@@ -20,7 +20,12 @@ impl TierSlot {
     /// Keeps what the kit wrote for a key under `quota`.
     pub(super) fn write(&mut self, quota: &Quota, state: kit::Stored, now: u64) {
         self.expires_at = kit::fresh_at(quota, &state, now);
-        self.state = Some(state);
+        match (&mut self.state, state) {
+            // A calendar state over a calendar state (its every decision): plain data, nothing
+            // to drop (`ours_calendar_spend` 727 -> 711 instructions, `benches/instructions.sh`).
+            (Some(kit::Stored::Calendar(old)), kit::Stored::Calendar(new)) => *old = new,
+            (slot, state) => *slot = Some(state),
+        }
     }
 }
 

@@ -44,7 +44,7 @@ use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
 use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
-use crate::algo::calendar::CalendarState;
+use crate::algo::calendar::{CalendarQuota, CalendarState};
 use crate::algo::tiers::TierState;
 use crate::algo::{concurrency, gcra};
 use crate::backend::Outcome;

@@ -114,8 +114,10 @@ impl MemoryBackend {
     /// the helper this path took 371 instructions instead of 343, `benches/instructions.sh`
     /// `ours_spend_one`), the one copy of it.
     pub(super) fn spend_one_at(&self, tx: &BucketTx<'_>, now: u64) -> Spend {
-        let Quota::Gcra(limit) = tx.quota else {
-            return Spend::Ready(self.spend_mixed(std::slice::from_ref(tx), now));
+        let limit = match tx.quota {
+            Quota::Gcra(limit) => limit,
+            Quota::Calendar(quota) => return self.spend_one_calendar(tx, quota, now),
+            _ => return Spend::Ready(self.spend_mixed(std::slice::from_ref(tx), now)),
         };
         let answer = |d: &kit::GcraDecision| Spend::Ready(Ok(Outcomes::from_buf([d.outcome()])));
         let place = Buckets::place(tx.key);
@@ -184,6 +186,32 @@ impl MemoryBackend {
             Ok(Ok(d)) => Spend::Ready(Ok(Outcomes::from_buf([d.outcome()]))),
             Ok(Err(e)) => Spend::Ready(Err(e.into())),
             Err(e) => Spend::Ready(Err(e)),
+        }
+    }
+
+    /// One calendar transaction (a calendar quota's request, alone in its batch): its slot
+    /// locked, the kit's decision of one transaction (`kit::calendar_spend_one`), its write. The
+    /// general road's vectors and lock ordering are for several keys.
+    #[inline(never)]
+    fn spend_one_calendar(&self, tx: &BucketTx<'_>, quota: &CalendarQuota, now: u64) -> Spend {
+        loop {
+            let slot = match self.tier_slot(tx.key, kit::may_write(tx), now) {
+                Ok(slot) => slot,
+                Err(e) => return Spend::Ready(Err(e)),
+            };
+            let mut guard = slot.as_ref().map(lock);
+            // Swept or reset since it was looked up: look again.
+            if guard.as_ref().is_some_and(|g| g.removed) {
+                continue;
+            }
+            let (outcome, write) = {
+                let stored = guard.as_ref().and_then(|g| g.state.as_ref());
+                kit::calendar_spend_one(tx, quota, stored.map(kit::Stored::read), now)
+            };
+            if let (Some(state), Some(g)) = (write, guard.as_mut()) {
+                g.write(tx.quota, state, now);
+            }
+            return Spend::Ready(Ok(Outcomes::from_buf([outcome])));
         }
     }
 
