@@ -1,6 +1,7 @@
-//! The response body of a rate-limited service: the inner service's body (counted and settled
-//! at its end when a rule settles from the body), or one the middleware wrote (a 429, a 503, a
-//! 400).
+//! The response body of a rate-limited service: the inner service's own, untouched, unless the
+//! request holds slots or settles from the body; then it is wrapped in [`RateLimitBody`] (its
+//! end counted and settled, its slots given back) and handed on as the inner body's type
+//! ([`ResponseBody`]). The middleware's own answers are [`ResponseBody::from_bytes`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,6 +14,77 @@ use pin_project_lite::pin_project;
 use super::lease::Held;
 use super::settle::BodySettle;
 
+/// A response body type the layer hands on as it is, answers with, and wraps only when a
+/// rule needs the body's end.
+///
+/// An allowed request's response keeps the inner service's body untouched unless the request
+/// holds a slot of a concurrency limit (given back at the body's end) or a rule settles its
+/// cost from the body ([`Settle`](crate::Settle)): then the body is wrapped in a
+/// [`RateLimitBody`] and turned back into this type by [`hooked`](Self::hooked) (a box, for
+/// the types below). The layer's own answers (a 429, a 503, a 400) are
+/// [`from_bytes`](Self::from_bytes).
+///
+/// Implemented for axum's body (feature `axum`), tonic's (feature `tonic`) and
+/// `http-body-util`'s `UnsyncBoxBody`. For another body type, implement it, or map the inner
+/// service's responses into one of these first (`tower::ServiceExt::map_response`).
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body::Body as _;
+/// use http_body_util::combinators::UnsyncBoxBody;
+/// use tower_ratelimits::ResponseBody;
+///
+/// let answer = UnsyncBoxBody::<Bytes, std::io::Error>::from_bytes(Bytes::from_static(b"no"));
+/// assert_eq!(answer.size_hint().exact(), Some(2));
+/// ```
+pub trait ResponseBody: Body<Data = Bytes> + Sized + Send + 'static {
+    /// A complete body holding `data` (empty for a gRPC trailers-only answer).
+    fn from_bytes(data: Bytes) -> Self;
+
+    /// `body`, which gives back the request's slots and settles its costs at its end, as this
+    /// type.
+    fn hooked(body: RateLimitBody<Self>) -> Self;
+}
+
+#[cfg(feature = "axum")]
+impl ResponseBody for axum::body::Body {
+    fn from_bytes(data: Bytes) -> Self {
+        Self::from(data)
+    }
+
+    fn hooked(body: RateLimitBody<Self>) -> Self {
+        Self::new(body)
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl ResponseBody for tonic::body::Body {
+    fn from_bytes(data: Bytes) -> Self {
+        if data.is_empty() {
+            Self::empty()
+        } else {
+            Self::new(http_body_util::Full::new(data))
+        }
+    }
+
+    fn hooked(body: RateLimitBody<Self>) -> Self {
+        Self::new(body)
+    }
+}
+
+impl<E: 'static> ResponseBody for http_body_util::combinators::UnsyncBoxBody<Bytes, E> {
+    fn from_bytes(data: Bytes) -> Self {
+        use http_body_util::BodyExt;
+        http_body_util::Full::new(data)
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
+
+    fn hooked(body: RateLimitBody<Self>) -> Self {
+        Self::new(body)
+    }
+}
+
 pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
@@ -24,13 +96,15 @@ pin_project! {
             // Boxed: a body that settles nothing stays as small as the inner one.
             settle: Box<BodySettle>,
         },
-        Full { data: Option<Bytes> },
     }
 }
 
 pin_project! {
-    /// Either the inner service's body or a complete body written by the middleware (empty for
-    /// gRPC trailers-only responses).
+    /// The inner service's body, with what the request holds until its end: its slots on
+    /// concurrency limits (given back when it ends or is dropped) and the rules it settles
+    /// from the bytes sent ([`Settle`](crate::Settle)). Made by the layer only for a response
+    /// that needs it, and handed on as the inner service's body type
+    /// ([`ResponseBody::hooked`]).
     pub struct RateLimitBody<B> {
         #[pin]
         kind: Kind<B>,
@@ -49,33 +123,17 @@ impl<B: std::fmt::Debug> std::fmt::Debug for RateLimitBody<B> {
     }
 }
 
-impl<B> RateLimitBody<B> {
-    /// A complete body.
-    pub fn full(data: Bytes) -> Self {
-        Self {
-            kind: Kind::Full {
-                data: (!data.is_empty()).then_some(data),
-            },
-            release: None,
-        }
-    }
-
-    /// The inner service's body.
-    pub fn inner(body: B) -> Self {
-        Self {
-            kind: Kind::Inner { body },
-            release: None,
-        }
-    }
-
+impl<B: ResponseBody> RateLimitBody<B> {
     /// The inner service's body, settling `settle`'s rules when it ends and giving back the
-    /// request's slots (`release`) when it ends or is dropped.
-    pub(crate) fn settling(body: B, settle: Option<Box<BodySettle>>, release: Held) -> Self {
-        let kind = match settle {
-            None => Kind::Inner { body },
-            Some(settle) => Kind::Settling { body, settle },
+    /// request's slots (`release`) when it ends or is dropped: the body as it is when there is
+    /// neither.
+    pub(crate) fn settling(body: B, settle: Option<Box<BodySettle>>, release: Held) -> B {
+        let kind = match (settle, &release) {
+            (None, None) => return body,
+            (None, Some(_)) => Kind::Inner { body },
+            (Some(settle), _) => Kind::Settling { body, settle },
         };
-        Self { kind, release }
+        B::hooked(Self { kind, release })
     }
 }
 
@@ -107,16 +165,12 @@ where
             Kind::Settling { body, settle } => {
                 settle.done && settle.task.is_none() && body.is_end_stream()
             }
-            Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } | Kind::Settling { body, .. } => body.size_hint(),
-            Kind::Full { data } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
         }
     }
 }
@@ -128,7 +182,6 @@ fn poll_kind<B: Body<Data = Bytes>>(
 ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
     match kind.project() {
         KindProj::Inner { body } => body.poll_frame(cx),
-        KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         KindProj::Settling { mut body, settle } => loop {
             // The end (or the trailers) is passed on only once the settle is done, so a
             // client that saw the end of the body sees the settled bucket.

@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::body::RateLimitBody;
+use super::body::{RateLimitBody, ResponseBody};
 use super::lease::Held;
 use super::outcome::{
     AfterSettle, Allowed, Conclusion, Decide, Road, Shared, Waited, conclude, road,
@@ -161,8 +161,9 @@ where
 impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
+    ResBody: ResponseBody,
 {
-    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
+    type Output = Result<Response<ResBody>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -265,7 +266,7 @@ where
                     let Some(response) = response.take() else {
                         return Poll::Ready(Ok(polled_after_completion(false)));
                     };
-                    return Poll::Ready(Ok(response.map(RateLimitBody::full)));
+                    return Poll::Ready(Ok(response.map(ResBody::from_bytes)));
                 }
             }
         }
@@ -372,7 +373,7 @@ where
 }
 
 /// The answer of a future polled again after it completed (a caller's bug; never a panic).
-fn polled_after_completion<B>(grpc: bool) -> Response<RateLimitBody<B>> {
+fn polled_after_completion<B: ResponseBody>(grpc: bool) -> Response<B> {
     error_response(
         StatusCode::INTERNAL_SERVER_ERROR,
         "INTERNAL",
@@ -380,7 +381,7 @@ fn polled_after_completion<B>(grpc: bool) -> Response<RateLimitBody<B>> {
         grpc,
         ErrorBody::Json,
     )
-    .map(RateLimitBody::full)
+    .map(B::from_bytes)
 }
 
 /// An allowed request's response with its `RateLimit` fields added (unless an inner layer
@@ -393,13 +394,13 @@ fn with_fields<B>(shared: &Shared, response: &mut Response<B>, fields: Fields) {
 
 /// The response of an allowed request whose rules settle, as `after` says: the fields of its
 /// settled decisions, and its body settling the rules that settle from the body.
-fn settled<B>(
+fn settled<B: ResponseBody>(
     shared: &Arc<Shared>,
     mut response: Response<B>,
     batch: BatchDecision,
     after: AfterSettle,
     release: Held,
-) -> Response<RateLimitBody<B>> {
+) -> Response<B> {
     if after.fields
         && let Some(fields) = Fields::of(&batch, |name, quota| {
             shared.rules.cached_policy(name, quota)

@@ -43,7 +43,7 @@ mod service;
 mod settle;
 mod wait;
 
-pub use body::RateLimitBody;
+pub use body::{RateLimitBody, ResponseBody};
 pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor, key_fn};
 pub use failure::FailurePolicy;
 pub use future::ResponseFuture;

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::body::RateLimitBody;
+use super::body::ResponseBody;
 use super::future::ResponseFuture;
 use super::outcome::{Decided, Road, Shared, Waited, conclude, road};
 use super::response::is_grpc;
@@ -44,8 +44,9 @@ impl<S, B, ResBody> Service<Request<B>> for RateLimitService<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
     B: Send + 'static,
+    ResBody: ResponseBody,
 {
-    type Response = Response<RateLimitBody<ResBody>>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
     type Future = ResponseFuture<S, B>;
 
