@@ -389,3 +389,53 @@ proptest::proptest! {
         proptest::prop_assert_eq!(Id::new(&text).unwrap(), reference);
     }
 }
+
+/// Rules that read the client address with the same settings read it once per request; rules
+/// with other settings (here: one trusting the proxy, one not) never share it. Each rule's
+/// bucket is the one its own extractor names, alone or beside the others.
+#[tokio::test]
+async fn rules_share_an_address_read_only_with_the_same_settings() {
+    use tower::{Layer, ServiceExt};
+    use tower_ratelimits::{Limiter, Limits, MemoryBackend, RateLimitLayer, Rule};
+
+    let limits = "\
+Trusting: {kind: ip, burst: 5, count: 5, period: 1h}
+TrustingRange: {kind: ipv6_range, burst: 5, count: 5, period: 1h}
+TrustingAgain: {kind: ip, burst: 5, count: 5, period: 1h}
+Direct: {kind: ip, burst: 5, count: 5, period: 1h}
+DirectRange: {kind: ipv6_range, burst: 5, count: 5, period: 1h}
+";
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::new(Limits::from_yaml_str(limits, None).unwrap(), backend.clone());
+    let proxy = || trusting(&["10.0.0.0/8"]);
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .rule(Rule::new("Trusting", proxy()))
+        .rule(Rule::new("Direct", ClientIp::new()))
+        .rule(Rule::new("TrustingRange", Ipv6Range48::new(proxy())))
+        .rule(Rule::new("DirectRange", Ipv6Range48::new(ClientIp::new())))
+        .rule(Rule::new("TrustingAgain", proxy()))
+        .build()
+        .unwrap();
+    let service = layer.layer(tower::service_fn(|_req: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+    }));
+    let request = Request::get("/")
+        .extension("10.1.2.3:4000".parse::<SocketAddr>().unwrap())
+        .header("x-forwarded-for", "2001:db8:aa:bb::7")
+        .body(())
+        .unwrap();
+    let response = service.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let client: std::net::IpAddr = "2001:db8:aa:bb::7".parse().unwrap();
+    let std::net::IpAddr::V6(v6) = client else {
+        unreachable!()
+    };
+    let proxy_ip: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+    let spent = |name: &str, id: Id| backend.tat(&limiter.key(name, id).unwrap()).is_some();
+    assert!(spent("Trusting", Id::from(client)));
+    assert!(spent("TrustingAgain", Id::from(client)));
+    assert!(spent("TrustingRange", Id::ipv6_range48(v6)));
+    assert!(spent("Direct", Id::from(proxy_ip)), "not the forwarded address");
+    assert!(spent("DirectRange", Id::from(proxy_ip)));
+    assert!(!spent("Direct", Id::from(client)));
+}

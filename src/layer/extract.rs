@@ -6,8 +6,11 @@
 //!
 //! Built in: [`ClientIp`] (the peer address, or the forwarded client address when the peer
 //! is a trusted proxy), [`Ipv6Range48`] (the client's /48 range; IPv4 clients by address) and
-//! [`Header`] (an id from a header, e.g. an account).
+//! [`Header`] (an id from a header, e.g. an account). Rules whose extractors read the same
+//! client address (a `ClientIp` or an `Ipv6Range48` of equal settings) read it once per request
+//! ([`Readers`]).
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
@@ -69,7 +72,7 @@ impl KeyError {
 /// # fn takes(_: impl KeyExtractor) {}
 /// # takes(ApiToken); takes(by_method);
 /// ```
-pub trait KeyExtractor: Send + Sync + 'static {
+pub trait KeyExtractor: Any + Send + Sync + 'static {
     /// The id of this request, if it has one.
     fn extract(&self, req: &Parts) -> Result<Option<Id>, KeyError>;
 }
@@ -155,7 +158,7 @@ const MAX_ENTRY_BYTES: usize = 128;
 ///     .trusted_proxies(["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()])
 ///     .header(ForwardedHeader::XForwardedFor);
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientIp {
     trusted: Vec<IpNet>,
     header: ForwardedHeader,
@@ -362,9 +365,96 @@ impl Ipv6Range48 {
 
 impl KeyExtractor for Ipv6Range48 {
     fn extract(&self, req: &Parts) -> Result<Option<Id>, KeyError> {
-        Ok(Some(match self.client.client_ip(req)? {
-            IpAddr::V6(v6) => Id::ipv6_range48(v6),
-            v4 => Id::from(v4),
+        Ok(Some(range48_id(self.client.client_ip(req)?)))
+    }
+}
+
+/// The id of an address's /48 range (an IPv4 address is its own).
+fn range48_id(ip: IpAddr) -> Id {
+    match ip {
+        IpAddr::V6(v6) => Id::ipv6_range48(v6),
+        v4 => Id::from(v4),
+    }
+}
+
+/// Where a rule's id comes from: its own extractor, or the client address its layer's rules
+/// read once per request (a `ClientIp`, or an `Ipv6Range48` of one, with the settings two or
+/// more of the rules share: the address itself or its /48 range).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source {
+    Own,
+    Address { range48: bool },
+}
+
+/// The client address settings two or more of a layer's rules read with, if any: their
+/// address is read once per request. Found when the layer is built.
+#[derive(Debug, Default)]
+pub(crate) struct Readers {
+    shared: Option<ClientIp>,
+}
+
+/// The shared client address, once a request's first rule that reads it has read it.
+pub(crate) type Read = Option<IpAddr>;
+
+/// The client address settings of one of the crate's address extractors, and whether it keys
+/// by the /48 range; `None` for any other extractor.
+fn address_of(extractor: &dyn KeyExtractor) -> Option<(&ClientIp, bool)> {
+    let any: &dyn Any = extractor;
+    if let Some(client) = any.downcast_ref::<ClientIp>() {
+        Some((client, false))
+    } else {
+        any.downcast_ref::<Ipv6Range48>()
+            .map(|range| (&range.client, true))
+    }
+}
+
+impl Readers {
+    /// The readers of rules with these extractors: the first address settings two of them
+    /// share (a lone reader reads its address itself: nothing to share).
+    pub(crate) fn shared<'a>(extractors: impl Iterator<Item = &'a dyn KeyExtractor>) -> Self {
+        let mut seen: Vec<&ClientIp> = Vec::new();
+        for (client, _) in extractors.filter_map(address_of) {
+            if seen.contains(&client) {
+                return Self {
+                    shared: Some(client.clone()),
+                };
+            }
+            seen.push(client);
+        }
+        Self::default()
+    }
+
+    /// Where the id of a rule with `extractor` comes from.
+    pub(crate) fn source(&self, extractor: &dyn KeyExtractor) -> Source {
+        match (address_of(extractor), &self.shared) {
+            (Some((client, range48)), Some(shared)) if client == shared => {
+                Source::Address { range48 }
+            }
+            _ => Source::Own,
+        }
+    }
+
+    /// The id of a request for a rule whose id comes from `source`: the shared address, read
+    /// once (kept in `read` for the request's other rules), or what `extractor` finds.
+    #[inline]
+    pub(crate) fn extract(
+        &self,
+        source: Source,
+        extractor: &dyn KeyExtractor,
+        req: &Parts,
+        read: &mut Read,
+    ) -> Result<Option<Id>, KeyError> {
+        let (Source::Address { range48 }, Some(client)) = (source, &self.shared) else {
+            return extractor.extract(req);
+        };
+        let ip = match *read {
+            Some(ip) => ip,
+            None => *read.insert(client.client_ip(req)?),
+        };
+        Ok(Some(if range48 {
+            range48_id(ip)
+        } else {
+            Id::from(ip)
         }))
     }
 }

@@ -250,6 +250,7 @@ impl RateLimitLayerBuilder {
                 rule.mode
             };
             rules.push(ResolvedRule {
+                source: super::extract::Source::Own,
                 name,
                 metrics: RuleMetrics::new(name),
                 shadow,
@@ -259,7 +260,9 @@ impl RateLimitLayerBuilder {
                 waiting: Waiting::new(name),
             });
         }
-        for r in &rules {
+        let readers = super::extract::Readers::shared(rules.iter().map(|r| &*r.rule.extractor));
+        for r in &mut rules {
+            r.source = readers.source(&*r.rule.extractor);
             self.limiter.pin(r.name);
         }
         let fallback = match self.failure {
@@ -290,6 +293,7 @@ impl RateLimitLayerBuilder {
                 limiter: self.limiter,
                 rules: Rules {
                     list: rules,
+                    readers,
                     settles,
                     waits,
                     log_ids: self.log_ids,

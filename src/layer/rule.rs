@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 
 use std::time::Duration;
 
-use super::extract::KeyExtractor;
+use super::extract::{KeyExtractor, Read, Readers, Source};
 use super::observe::{RuleMetrics, RuleOutcome, Seen};
 use super::response::{self, ErrorBody};
 use super::settle::{Reservations, Reserved};
@@ -263,6 +263,8 @@ pub(crate) struct ResolvedRule {
     pub(crate) policy: Option<(crate::quota::Quota, http::HeaderValue)>,
     /// Requests of this rule waiting now ([`Rule::wait`]).
     pub(crate) waiting: Arc<Waiting>,
+    /// Where its id comes from: its extractor, or an address the request's rules read once.
+    pub(crate) source: Source,
 }
 
 impl ResolvedRule {
@@ -323,6 +325,8 @@ pub(crate) type Txs = smallvec::SmallVec<[Transaction; 4]>;
 /// A layer's rules, resolved when it was built, with what the rest of the layer asks of them.
 pub(crate) struct Rules {
     pub(crate) list: Vec<ResolvedRule>,
+    /// The client address readers the rules share.
+    pub(crate) readers: Readers,
     /// Some rule settles its cost from the response ([`Rule::settle`]).
     pub(crate) settles: bool,
     /// Some rule waits instead of rejecting ([`Rule::wait`]).
@@ -505,6 +509,7 @@ impl Rules {
         body: ErrorBody,
         txs: &mut Txs,
     ) -> Option<Response<Bytes>> {
+        let mut read: Read = Default::default();
         for r in &self.list {
             if !r.applies(parts) {
                 continue;
@@ -521,7 +526,10 @@ impl Rules {
                     body,
                 ))
             };
-            let id = match r.rule.extractor.extract(parts) {
+            let id = match self
+                .readers
+                .extract(r.source, &*r.rule.extractor, parts, &mut read)
+            {
                 Ok(Some(id)) => id,
                 Ok(None) => match r.rule.on_missing {
                     OnMissingKey::Skip => continue,
