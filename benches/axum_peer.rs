@@ -10,7 +10,8 @@
 //! - `ADDR`: listen address (default `127.0.0.1:3000`)
 //! - `PEER`: `tower_governor` (default: per peer IP, its default key), `ours_1_rule` (ours
 //!   like for like: one rule per peer IP, in memory, no `RateLimit` fields on allowed
-//!   responses, as tower_governor sends none), `handwritten` (a hand-written
+//!   responses, as tower_governor sends none), `ours_1_rule_no_body` (the same with
+//!   `ErrorBody::Empty`: a 429 without a body), `handwritten` (a hand-written
 //!   `Mutex<HashMap>` GCRA layer per peer IP, an empty 429: the floor), `handwritten_fields`
 //!   (the same writing `RateLimit` and `RateLimit-Policy` on every answer) or `none` (no limit)
 //! - `PER_SECOND`, `BURST`: the quota (default 20 and 20, as the quickstart's
@@ -27,7 +28,8 @@ use axum::{Router, routing::get};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_ratelimits::{
-    ClientIp, FieldStyle, IdKind, Limit, Limiter, Limits, MemoryBackend, RateLimitLayer, Rule,
+    ClientIp, ErrorBody, FieldStyle, IdKind, Limit, Limiter, Limits, MemoryBackend, RateLimitLayer,
+    Rule,
 };
 
 #[tokio::main]
@@ -70,7 +72,7 @@ async fn run() -> Result<(), String> {
                 .ok_or("tower_governor refused the quota")?;
             app.layer(GovernorLayer::new(config))
         }
-        "ours_1_rule" => {
+        "ours_1_rule" | "ours_1_rule_no_body" => {
             let limit =
                 Limit::new(burst, per_second, Duration::from_secs(1)).map_err(|e| e.to_string())?;
             let limits = Limits::builder()
@@ -80,6 +82,11 @@ async fn run() -> Result<(), String> {
             let layer = RateLimitLayer::builder(Limiter::new(limits, MemoryBackend::new()))
                 .rule(Rule::new("RequestsPerIPAddress", ClientIp::new()))
                 .fields(FieldStyle::IetfOnDenials)
+                .error_body(if peer == "ours_1_rule_no_body" {
+                    ErrorBody::Empty
+                } else {
+                    ErrorBody::Json
+                })
                 .build()
                 .map_err(|e| e.to_string())?;
             app.layer(layer)
@@ -92,8 +99,8 @@ async fn run() -> Result<(), String> {
         "none" => app,
         other => {
             return Err(format!(
-                "PEER: {other:?} is not `tower_governor`, `ours_1_rule`, `handwritten`, \
-                 `handwritten_fields` or `none`"
+                "PEER: {other:?} is not `tower_governor`, `ours_1_rule`, `ours_1_rule_no_body`, \
+                 `handwritten`, `handwritten_fields` or `none`"
             ));
         }
     };

@@ -19,7 +19,7 @@ use governor::{Quota as GovernorQuota, RateLimiter};
 use tower::ServiceExt;
 use tower_ratelimits::BucketTx;
 use tower_ratelimits::{
-    BucketKey, Id, Limit, Limiter, Limits, MemoryBackend, Mode, Quota, Transaction,
+    BucketKey, ErrorBody, Id, Limit, Limiter, Limits, MemoryBackend, Mode, Quota, Transaction,
 };
 
 /// Counts allocations (not frees: an operation that allocates and frees still pays for it).
@@ -72,6 +72,10 @@ const VARIANTS: &[(&str, &str)] = &[
     (
         "http_ours_1_rule_refused",
         "axum + ours, 1 rule, every request refused (429, JSON body, fields)",
+    ),
+    (
+        "http_ours_1_rule_refused_no_body",
+        "axum + ours, 1 rule, every request refused (429, no body: ErrorBody::Empty, fields)",
     ),
     (
         "http_tower_governor_refused",
@@ -185,7 +189,8 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 "http_ours_4_rules" => common::apps::ours(4, true),
                 "http_ours_8_rules" => common::apps::ours(8, true),
                 "http_tower_governor" => common::apps::governor(),
-                "http_ours_1_rule_refused" => common::apps::ours_refusing(),
+                "http_ours_1_rule_refused" => common::apps::ours_refusing(ErrorBody::Json),
+                "http_ours_1_rule_refused_no_body" => common::apps::ours_refusing(ErrorBody::Empty),
                 "http_tower_governor_refused" => common::apps::governor_refusing(),
                 "http_handwritten" => common::apps::handwritten(false),
                 "http_handwritten_fields" => common::apps::handwritten(true),
@@ -194,7 +199,7 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
             };
             // A `_refused` variant's warm-up (one request per client) is allowed; every
             // measured request is refused.
-            let refused = http.ends_with("_refused");
+            let refused = http.contains("_refused");
             let mut calls = 0u64;
             // Building the request is counted in every variant (`http_request_only` alone).
             Box::new(move |i| {

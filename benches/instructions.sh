@@ -60,6 +60,7 @@ row http_ours_4_rules http_bare http_bare
 row http_ours_8_rules http_bare http_bare
 row http_tower_governor http_bare http_bare
 row http_ours_1_rule_refused http_bare http_bare
+row http_ours_1_rule_refused_no_body http_bare http_bare
 row http_tower_governor_refused http_bare http_bare
 row http_handwritten http_bare http_bare
 row http_handwritten_fields http_bare http_bare

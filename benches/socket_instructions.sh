@@ -7,14 +7,16 @@
 # refused (1 a second, burst 1: after the warm-up every request but about one a second is
 # refused; the client checks the statuses). Needs valgrind (installed when missing, as root).
 #   bash benches/socket_instructions.sh [OPS] [VARIANT...]
-# VARIANTs: none, ours_1_rule, tower_governor, ours_1_rule_refused, tower_governor_refused.
+# VARIANTs: none, ours_1_rule, tower_governor, handwritten, handwritten_fields, ours_1_rule_refused,
+# ours_1_rule_refused_no_body (429s without a body: ErrorBody::Empty), tower_governor_refused,
+# handwritten_refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/common.sh
 OPS=${1:-5000}
 shift $(( $# > 0 ? 1 : 0 )) || true
 VARIANTS=("$@")
-[ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(none ours_1_rule tower_governor handwritten handwritten_fields ours_1_rule_refused tower_governor_refused handwritten_refused)
+[ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(none ours_1_rule tower_governor handwritten handwritten_fields ours_1_rule_refused ours_1_rule_refused_no_body tower_governor_refused handwritten_refused)
 need valgrind
 cargo build -q --release -p tower-ratelimits-benches --example axum_peer
 BIN=${CARGO_TARGET_DIR:-target}/release/examples/axum_peer
@@ -45,6 +47,7 @@ echo "| variant | instructions per request | statuses |"
 echo "|---|---:|---|"
 for v in "${VARIANTS[@]}"; do
   case "$v" in
+    *_refused_no_body) PEER=${v%_refused_no_body}_no_body; PER=1; BURST=1; EXPECT=429 ;;
     *_refused) PEER=${v%_refused}; PER=1; BURST=1; EXPECT=429 ;;
     *) PEER=$v; PER=1000000; BURST=1000000; EXPECT=200 ;;
   esac

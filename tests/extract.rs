@@ -406,7 +406,10 @@ Direct: {kind: ip, burst: 5, count: 5, period: 1h}
 DirectRange: {kind: ipv6_range, burst: 5, count: 5, period: 1h}
 ";
     let backend = MemoryBackend::new();
-    let limiter = Limiter::new(Limits::from_yaml_str(limits, None).unwrap(), backend.clone());
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(limits, None).unwrap(),
+        backend.clone(),
+    );
     let proxy = || trusting(&["10.0.0.0/8"]);
     let layer = RateLimitLayer::builder(limiter.clone())
         .rule(Rule::new("Trusting", proxy()))
@@ -435,7 +438,10 @@ DirectRange: {kind: ipv6_range, burst: 5, count: 5, period: 1h}
     assert!(spent("Trusting", Id::from(client)));
     assert!(spent("TrustingAgain", Id::from(client)));
     assert!(spent("TrustingRange", Id::ipv6_range48(v6)));
-    assert!(spent("Direct", Id::from(proxy_ip)), "not the forwarded address");
+    assert!(
+        spent("Direct", Id::from(proxy_ip)),
+        "not the forwarded address"
+    );
     assert!(spent("DirectRange", Id::from(proxy_ip)));
     assert!(!spent("Direct", Id::from(client)));
 }

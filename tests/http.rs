@@ -593,11 +593,9 @@ PerAccount: {kind: account, burst: 5, count: 5, period: 10s}
     );
 }
 
-/// RFC 9457, opt in: the 429 is `application/problem+json` with the draft's `#quota-exceeded`
-/// type and `violated-policies` naming every limit that denied (the strictest first); the 400
-/// and the 503 the middleware writes are problems too.
-#[tokio::test]
-async fn problem_json_bodies_for_429_400_and_503() {
+/// The 429, the 400 (no account header) and the 503 (the memory table full) the middleware
+/// writes with `body`, over TCP.
+async fn three_answers(body: ErrorBody) -> [support::http::Reply; 3] {
     let clock = ManualClock::new(1_700_000_000_000_000);
     let limits = Limits::from_yaml_str(
         "\
@@ -615,16 +613,39 @@ PerAccount: {kind: account, burst: 1, count: 1, period: 1s}
     let layer = RateLimitLayer::builder(Limiter::new(limits, backend))
         .rule(Rule::new("PerIp", ip))
         .rule(Rule::new("PerAccount", Header::new("x-account")))
-        .error_body(ErrorBody::ProblemJson)
+        .error_body(body)
         .build()
         .unwrap();
     let server = serve(app(layer)).await;
     let client = HttpClient::new(&server);
     let from = |addr: &'static str| [("x-forwarded-for", addr), ("x-account", "1")];
     assert_eq!(client.get("/", &from("203.0.113.1")).await.status, 200);
+    let denied = client.get("/", &from("203.0.113.1")).await;
+    let bad = client.get("/", &[("x-forwarded-for", "203.0.113.2")]).await;
+    // Two buckets held, room for one more: a new client with a new account needs two.
+    let full = client
+        .get(
+            "/",
+            &[("x-forwarded-for", "203.0.113.3"), ("x-account", "2")],
+        )
+        .await;
+    assert_eq!(
+        [denied.status, bad.status, full.status],
+        [429, 400, 503],
+        "{} / {} / {}",
+        denied.body,
+        bad.body,
+        full.body
+    );
+    [denied, bad, full]
+}
 
-    let r = client.get("/", &from("203.0.113.1")).await;
-    assert_eq!(r.status, 429);
+/// RFC 9457, opt in: the 429 is `application/problem+json` with the draft's `#quota-exceeded`
+/// type and `violated-policies` naming every limit that denied (the strictest first); the 400
+/// and the 503 the middleware writes are problems too.
+#[tokio::test]
+async fn problem_json_bodies_for_429_400_and_503() {
+    let [r, bad, full] = three_answers(ErrorBody::ProblemJson).await;
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     let p: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(
@@ -640,25 +661,33 @@ PerAccount: {kind: account, burst: 1, count: 1, period: 1s}
     assert_eq!(p["retry_after_ms"], 2000);
     assert_eq!(r.header("retry-after"), Some("2"));
 
-    let r = client.get("/", &[("x-forwarded-for", "203.0.113.2")]).await;
-    assert_eq!(r.status, 400, "no account header");
-    assert_eq!(r.header("content-type"), Some("application/problem+json"));
-    let p: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(bad.header("content-type"), Some("application/problem+json"));
+    let p: serde_json::Value = serde_json::from_str(&bad.body).unwrap();
     assert_eq!(p["type"], "about:blank");
     assert_eq!(p["status"], 400);
     assert!(p["detail"].as_str().unwrap().contains("PerAccount"), "{p}");
 
-    // Two buckets held, room for one more: a new client with a new account needs two.
-    let r = client
-        .get(
-            "/",
-            &[("x-forwarded-for", "203.0.113.3"), ("x-account", "2")],
-        )
-        .await;
-    assert_eq!(r.status, 503, "{}", r.body);
-    assert_eq!(r.header("content-type"), Some("application/problem+json"));
-    let p: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(
+        full.header("content-type"),
+        Some("application/problem+json")
+    );
+    let p: serde_json::Value = serde_json::from_str(&full.body).unwrap();
     assert_eq!(p["status"], 503);
+}
+
+/// No bodies, opt in: the 429, the 400 and the 503 have an empty body and no `Content-Type`;
+/// the 429 keeps `Retry-After` and both `RateLimit` fields, the 503 its `Retry-After`.
+#[tokio::test]
+async fn empty_bodies_for_429_400_and_503() {
+    let [denied, bad, full] = three_answers(ErrorBody::Empty).await;
+    for r in [&denied, &bad, &full] {
+        assert_eq!(r.body, "", "{}", r.status);
+        assert_eq!(r.header("content-type"), None, "{}", r.status);
+    }
+    assert_eq!(denied.header("retry-after"), Some("2"));
+    assert!(denied.header("ratelimit").is_some());
+    assert!(denied.header("ratelimit-policy").is_some());
+    assert_eq!(full.header("retry-after"), Some("1"));
 }
 
 /// The 429 bodies are written straight from the denial's numbers, not through a JSON value:

@@ -10,7 +10,7 @@ use axum::{Router, body::Body, routing::get};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_ratelimits::{
-    ClientIp, FieldStyle, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule,
+    ClientIp, ErrorBody, FieldStyle, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule,
 };
 use tower_ratelimits::{Limiter, Limits, MemoryBackend};
 
@@ -59,15 +59,17 @@ pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
     bare().layer(layer)
 }
 
-/// Ours with one rule per IP of 1 an hour, burst 1, fields on denials (the default): after
-/// one request per client, every request is refused (the `_refused` variants).
-pub fn ours_refusing() -> Router {
+/// Ours with one rule per IP of 1 an hour, burst 1, fields on denials (the default), the
+/// 429's body as `body` says: after one request per client, every request is refused (the
+/// `_refused` variants; `_refused_no_body` with `ErrorBody::Empty`).
+pub fn ours_refusing(body: ErrorBody) -> Router {
     let limiter = Limiter::new(
         Limits::from_yaml_str(LIMITS, None).unwrap(),
         MemoryBackend::new(),
     );
     let layer = RateLimitLayer::builder(limiter)
         .rule(Rule::new("Tight", ClientIp::new()))
+        .error_body(body)
         .build()
         .unwrap();
     bare().layer(layer)

@@ -160,7 +160,8 @@ impl Denial<'_> {
     /// The default response: a gRPC trailers-only `RESOURCE_EXHAUSTED` (with `retry-after`,
     /// `grpc-retry-pushback-ms` and, with the `tonic` feature, `RetryInfo`), or a 429 with
     /// `Retry-After`, the fields of the layer's [`FieldStyle`] and the body of its
-    /// [`ErrorBody`] ([`json_body`](Self::json_body) or [`problem_body`](Self::problem_body)).
+    /// [`ErrorBody`] ([`json_body`](Self::json_body), [`problem_body`](Self::problem_body), or
+    /// none).
     pub fn default_response(&self) -> Response<Bytes> {
         let retry = self.retry_after_secs();
         let mut response = if self.grpc {
@@ -187,11 +188,16 @@ impl Denial<'_> {
             self.add_grpc_details(r.headers_mut(), &message);
             r
         } else {
-            let (body, content_type) = self.body.denial(self);
+            let (body, content_type) = match self.body.denial(self) {
+                Some((body, content_type)) => (body, Some(content_type)),
+                None => (Bytes::new(), None),
+            };
             let mut r = Response::new(body);
             *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            r.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+            if let Some(content_type) = content_type {
+                r.headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+            }
             r
         };
         let headers = response.headers_mut();

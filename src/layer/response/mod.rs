@@ -96,14 +96,19 @@ pub enum ErrorBody {
     /// RFC 9457 `application/problem+json`; a 429's problem has the draft's
     /// `#quota-exceeded` type and `violated-policies` ([`Denial::problem_body`]).
     ProblemJson,
+    /// No body and no `Content-Type`: the status, `Retry-After` and the `RateLimit` fields
+    /// say it all (the cheapest refusal: a flood is answered without writing a body). The
+    /// reason of a 400 or 503 is then in the layer's logs only.
+    Empty,
 }
 
 impl ErrorBody {
     /// A denial's body and its content type.
-    fn denial(self, denial: &Denial<'_>) -> (Bytes, &'static str) {
+    fn denial(self, denial: &Denial<'_>) -> Option<(Bytes, &'static str)> {
         match self {
-            Self::Json => (denial.json_body(), "application/json"),
-            Self::ProblemJson => (denial.problem_body(), PROBLEM_JSON),
+            Self::Json => Some((denial.json_body(), "application/json")),
+            Self::ProblemJson => Some((denial.problem_body(), PROBLEM_JSON)),
+            Self::Empty => None,
         }
     }
 
@@ -111,6 +116,11 @@ impl ErrorBody {
     /// into one buffer as the 429's are: `{"errors":[{"code":..,"message":..}]}`, or the
     /// problem `{"detail":..,"status":..,"title":..,"type":"about:blank"}`.
     fn error(self, status: StatusCode, code: &str, message: &str) -> Response<Bytes> {
+        if self == Self::Empty {
+            let mut r = Response::new(Bytes::new());
+            *r.status_mut() = status;
+            return r;
+        }
         let mut out = Vec::with_capacity(96 + message.len());
         let content_type = match self {
             Self::Json => {
@@ -131,6 +141,7 @@ impl ErrorBody {
                 out.extend_from_slice(br#","type":"about:blank"}"#);
                 PROBLEM_JSON
             }
+            Self::Empty => return Response::new(Bytes::new()),
         };
         json_response(status, Bytes::from(out), content_type)
     }
