@@ -13,7 +13,10 @@
 //! snapshot of its [`Limits`] through a [`Backend`] ([`MemoryBackend`], `RedisBackend`): one
 //! [`Transaction`] per limit and id, all of a request's in one all-or-nothing batch, answered
 //! by a [`BatchDecision`]. A [`Rule`] tells the layer which limit applies to a request and how
-//! to key it ([`KeyExtractor`]: [`ClientIp`], [`Header`], [`key_fn`]).
+//! to key it ([`KeyExtractor`]: [`ClientIp`], [`Header`], [`key_fn`]). The layer hands on the
+//! inner service's own response body type ([`ResponseBody`]: axum's, tonic's, or
+//! `http_body_util`'s `UnsyncBoxBody` for a hyper service), wrapped only for a request that
+//! holds a concurrency slot or settles its cost from the body.
 //!
 //! # One limit per client IP
 //!
