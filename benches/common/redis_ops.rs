@@ -20,13 +20,15 @@ Monthly: {kind: account, calendar: {count: 1000000000000, period: month}}
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 8] = [
+pub const VARIANTS: [&str; 10] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_3_rules",
     "tower_rate_limit_fred",
     "ours_1_rule_coalesced",
     "ours_1_rule_hot_key",
+    "ours_1_rule_coalesced_hot_key",
+    "tower_rate_limit_fred_hot_key",
     "ours_1_rule_hot_key_prefetch",
     "ours_calendar",
 ];
@@ -98,6 +100,28 @@ impl RedisOps {
                 let key = self.limiter.key("A", Id::from(0u64)).unwrap();
                 let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
                 assert!(d.allowed());
+            }
+            // The hot key through the coalescing backend.
+            "ours_1_rule_coalesced_hot_key" => {
+                let key = self.coalesced.key("A", Id::from(0u64)).unwrap();
+                let d = self
+                    .coalesced
+                    .spend(&[Transaction::new(key)])
+                    .await
+                    .unwrap();
+                assert!(d.allowed());
+            }
+            // The peer on one hot key (its burst, 65,535, outlasts a run).
+            "tower_rate_limit_fred_hot_key" => {
+                let retry = tower_rate_limit_fred::rate_limit(
+                    &self.backend.client(),
+                    "trlf:bench:hot".to_string(),
+                    u16::MAX,
+                    Duration::from_millis(1),
+                )
+                .await
+                .unwrap();
+                assert_eq!(retry, None);
             }
             // The same hot key under a limit with `prefetch: 50`.
             "ours_1_rule_hot_key_prefetch" => {
