@@ -714,3 +714,76 @@ async fn a_renewal_moved_earlier_ends_the_old_units_on_every_store() {
         }
     }
 }
+
+/// Many threads spending one calendar key in memory at once: exactly the month's count is
+/// granted (its road locks the key's slot; no update is lost and none is counted twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_spends_of_one_key_in_memory_grant_exactly_the_count() {
+    let limits = Limits::from_yaml_str(
+        "Monthly: {kind: account, calendar: {count: 500, period: month}}\n",
+        None,
+    )
+    .unwrap();
+    let limiter = Limiter::new(limits, MemoryBackend::new());
+    let key = limiter
+        .key("Monthly", tower_ratelimits::Id::from(1u64))
+        .unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (limiter, key) = (limiter.clone(), key.clone());
+            tokio::spawn(async move {
+                let mut granted = 0u64;
+                for _ in 0..200 {
+                    let tx = [Transaction::new(key.clone())];
+                    granted += u64::from(limiter.spend(&tx).await.unwrap().allowed());
+                }
+                granted
+            })
+        })
+        .collect();
+    let mut granted = 0;
+    for task in tasks {
+        granted += task.await.unwrap();
+    }
+    assert_eq!(granted, 500);
+}
+
+/// Spends of one calendar key racing its resets (a reset takes the key's shard, then its slot;
+/// a spend takes the same two in the same order): every task ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_spends_and_resets_of_one_key_in_memory_all_end() {
+    let limits = Limits::from_yaml_str(
+        "Monthly: {kind: account, calendar: {count: 50, period: month}}\n",
+        None,
+    )
+    .unwrap();
+    let limiter = Limiter::new(limits, MemoryBackend::new());
+    let key = limiter
+        .key("Monthly", tower_ratelimits::Id::from(1u64))
+        .unwrap();
+    let tasks: Vec<_> = (0..6)
+        .map(|n| {
+            let (limiter, key) = (limiter.clone(), key.clone());
+            tokio::spawn(async move {
+                for _ in 0..300 {
+                    if n % 3 == 0 {
+                        limiter.reset(std::slice::from_ref(&key)).await.unwrap();
+                    } else {
+                        limiter
+                            .spend(&[Transaction::new(key.clone())])
+                            .await
+                            .unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("a spend and a reset waited for each other");
+}

@@ -190,29 +190,26 @@ impl MemoryBackend {
     }
 
     /// One calendar transaction (a calendar quota's request, alone in its batch): its slot
-    /// locked, the kit's decision of one transaction (`kit::calendar_spend_one`), its write. The
-    /// general road's vectors and lock ordering are for several keys.
+    /// locked under its shard's read guard (no reference counted: the slot cannot leave the
+    /// map meanwhile, and every lock of a slot under a guard takes the shard first), the kit's
+    /// decision of one transaction (`kit::calendar_spend_one`), its write. A key without a
+    /// slot yet takes the general road, which inserts it.
     #[inline(never)]
     fn spend_one_calendar(&self, tx: &BucketTx<'_>, quota: &CalendarQuota, now: u64) -> Spend {
-        loop {
-            let slot = match self.tier_slot(tx.key, kit::may_write(tx), now) {
-                Ok(slot) => slot,
-                Err(e) => return Spend::Ready(Err(e)),
-            };
-            let mut guard = slot.as_ref().map(lock);
-            // Swept or reset since it was looked up: look again.
-            if guard.as_ref().is_some_and(|g| g.removed) {
-                continue;
+        if let Some(slot) = self.inner.tiers.get(tx.key) {
+            let mut guard = lock(slot.value());
+            if !guard.removed {
+                let (outcome, write) = {
+                    let stored = guard.state.as_ref().map(kit::Stored::read);
+                    kit::calendar_spend_one(tx, quota, stored, now)
+                };
+                if let Some(state) = write {
+                    guard.write(tx.quota, state, now);
+                }
+                return Spend::Ready(Ok(Outcomes::from_buf([outcome])));
             }
-            let (outcome, write) = {
-                let stored = guard.as_ref().and_then(|g| g.state.as_ref());
-                kit::calendar_spend_one(tx, quota, stored.map(kit::Stored::read), now)
-            };
-            if let (Some(state), Some(g)) = (write, guard.as_mut()) {
-                g.write(tx.quota, state, now);
-            }
-            return Spend::Ready(Ok(Outcomes::from_buf([outcome])));
         }
+        Spend::Ready(self.spend_mixed(std::slice::from_ref(tx), now))
     }
 
     /// The tier slot of a key, inserted when missing unless `create` is false.
