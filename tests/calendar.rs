@@ -715,19 +715,24 @@ async fn a_renewal_moved_earlier_ends_the_old_units_on_every_store() {
     }
 }
 
+/// A limiter in memory with a monthly quota of `count`, and one key of it.
+fn monthly_in_memory(count: u64) -> (Limiter, BucketKey) {
+    let yaml = format!("Monthly: {{kind: account, calendar: {{count: {count}, period: month}}}}\n");
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(&yaml, None).unwrap(),
+        MemoryBackend::new(),
+    );
+    let key = limiter
+        .key("Monthly", tower_ratelimits::Id::from(1u64))
+        .unwrap();
+    (limiter, key)
+}
+
 /// Many threads spending one calendar key in memory at once: exactly the month's count is
 /// granted (its road locks the key's slot; no update is lost and none is counted twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_spends_of_one_key_in_memory_grant_exactly_the_count() {
-    let limits = Limits::from_yaml_str(
-        "Monthly: {kind: account, calendar: {count: 500, period: month}}\n",
-        None,
-    )
-    .unwrap();
-    let limiter = Limiter::new(limits, MemoryBackend::new());
-    let key = limiter
-        .key("Monthly", tower_ratelimits::Id::from(1u64))
-        .unwrap();
+    let (limiter, key) = monthly_in_memory(500);
     let tasks: Vec<_> = (0..8)
         .map(|_| {
             let (limiter, key) = (limiter.clone(), key.clone());
@@ -752,15 +757,7 @@ async fn racing_spends_of_one_key_in_memory_grant_exactly_the_count() {
 /// a spend takes the same two in the same order): every task ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_spends_and_resets_of_one_key_in_memory_all_end() {
-    let limits = Limits::from_yaml_str(
-        "Monthly: {kind: account, calendar: {count: 50, period: month}}\n",
-        None,
-    )
-    .unwrap();
-    let limiter = Limiter::new(limits, MemoryBackend::new());
-    let key = limiter
-        .key("Monthly", tower_ratelimits::Id::from(1u64))
-        .unwrap();
+    let (limiter, key) = monthly_in_memory(50);
     let tasks: Vec<_> = (0..6)
         .map(|n| {
             let (limiter, key) = (limiter.clone(), key.clone());

@@ -90,60 +90,16 @@ impl RedisOps {
                     .await
                     .unwrap();
             }
-            "ours_1_rule" => {
-                let key = self.limiter.key("A", Id::from(id)).unwrap();
-                let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
-                assert!(d.allowed());
-            }
+            "ours_1_rule" => spends(&self.limiter, "A", id).await,
             // One key for every decision: a hot key (a tenant behind many instances).
-            "ours_1_rule_hot_key" => {
-                let key = self.limiter.key("A", Id::from(0u64)).unwrap();
-                let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
-                assert!(d.allowed());
-            }
+            "ours_1_rule_hot_key" => spends(&self.limiter, "A", 0).await,
             // The hot key through the coalescing backend.
-            "ours_1_rule_coalesced_hot_key" => {
-                let key = self.coalesced.key("A", Id::from(0u64)).unwrap();
-                let d = self
-                    .coalesced
-                    .spend(&[Transaction::new(key)])
-                    .await
-                    .unwrap();
-                assert!(d.allowed());
-            }
-            // The peer on one hot key (its burst, 65,535, outlasts a run).
-            "tower_rate_limit_fred_hot_key" => {
-                let retry = tower_rate_limit_fred::rate_limit(
-                    &self.backend.client(),
-                    "trlf:bench:hot".to_string(),
-                    u16::MAX,
-                    Duration::from_millis(1),
-                )
-                .await
-                .unwrap();
-                assert_eq!(retry, None);
-            }
+            "ours_1_rule_coalesced_hot_key" => spends(&self.coalesced, "A", 0).await,
             // The same hot key under a limit with `prefetch: 50`.
-            "ours_1_rule_hot_key_prefetch" => {
-                let key = self.limiter.key("Hot", Id::from(0u64)).unwrap();
-                let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
-                assert!(d.allowed());
-            }
+            "ours_1_rule_hot_key_prefetch" => spends(&self.limiter, "Hot", 0).await,
             // One calendar quota (a month; never used up here): the script's general path.
-            "ours_calendar" => {
-                let key = self.limiter.key("Monthly", Id::from(id)).unwrap();
-                let d = self.limiter.spend(&[Transaction::new(key)]).await.unwrap();
-                assert!(d.allowed());
-            }
-            "ours_1_rule_coalesced" => {
-                let key = self.coalesced.key("A", Id::from(id)).unwrap();
-                let d = self
-                    .coalesced
-                    .spend(&[Transaction::new(key)])
-                    .await
-                    .unwrap();
-                assert!(d.allowed());
-            }
+            "ours_calendar" => spends(&self.limiter, "Monthly", id).await,
+            "ours_1_rule_coalesced" => spends(&self.coalesced, "A", id).await,
             "ours_3_rules" => {
                 let ip = std::net::IpAddr::from([10, 0, (id >> 8) as u8, id as u8]);
                 let batch = [
@@ -153,18 +109,31 @@ impl RedisOps {
                 ];
                 assert!(self.limiter.spend(&batch).await.unwrap().allowed());
             }
-            "tower_rate_limit_fred" => {
-                let retry = tower_rate_limit_fred::rate_limit(
-                    &self.backend.client(),
-                    format!("trlf:bench:{id}"),
-                    u16::MAX,
-                    Duration::from_millis(1),
-                )
-                .await
-                .unwrap();
-                assert_eq!(retry, None);
-            }
+            "tower_rate_limit_fred" => self.peer(format!("trlf:bench:{id}")).await,
+            // The peer on one hot key (its burst, 65,535, outlasts a run).
+            "tower_rate_limit_fred_hot_key" => self.peer("trlf:bench:hot".to_string()).await,
             other => panic!("unknown variant {other}"),
         }
     }
+
+    /// One decision of the peer (tower-rate-limit-fred's GCRA script over the same fred
+    /// client) on `key`: its largest burst at 1,000/s, never denied here.
+    async fn peer(&self, key: String) {
+        let retry = tower_rate_limit_fred::rate_limit(
+            &self.backend.client(),
+            key,
+            u16::MAX,
+            Duration::from_millis(1),
+        )
+        .await
+        .unwrap();
+        assert_eq!(retry, None);
+    }
+}
+
+/// One allowed spend of `limiter`'s limit `name` for the id `id`.
+async fn spends(limiter: &Limiter, name: &str, id: u64) {
+    let key = limiter.key(name, Id::from(id)).unwrap();
+    let d = limiter.spend(&[Transaction::new(key)]).await.unwrap();
+    assert!(d.allowed());
 }
