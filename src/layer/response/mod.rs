@@ -116,11 +116,6 @@ impl ErrorBody {
     /// into one buffer as the 429's are: `{"errors":[{"code":..,"message":..}]}`, or the
     /// problem `{"detail":..,"status":..,"title":..,"type":"about:blank"}`.
     fn error(self, status: StatusCode, code: &str, message: &str) -> Response<Bytes> {
-        if self == Self::Empty {
-            let mut r = Response::new(Bytes::new());
-            *r.status_mut() = status;
-            return r;
-        }
         let mut out = Vec::with_capacity(96 + message.len());
         let content_type = match self {
             Self::Json => {
@@ -141,7 +136,11 @@ impl ErrorBody {
                 out.extend_from_slice(br#","type":"about:blank"}"#);
                 PROBLEM_JSON
             }
-            Self::Empty => return Response::new(Bytes::new()),
+            Self::Empty => {
+                let mut r = Response::new(Bytes::new());
+                *r.status_mut() = status;
+                return r;
+            }
         };
         json_response(status, Bytes::from(out), content_type)
     }
