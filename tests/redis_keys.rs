@@ -371,6 +371,163 @@ async fn the_scripts_fast_path_decides_gcra_exactly_as_its_general_path() {
     }
 }
 
+/// A daily and a monthly quota of 6 (their own path when alone: `C`, or `c` on the server's
+/// clock) and a GCRA limit the general path's batches carry spend-only (so the calendar key
+/// decides those batches alone).
+const CALENDAR_PATH_LIMITS: &str = "\
+Q: {calendar: {count: 6, period: day}}
+M: {calendar: {count: 6, period: month}}
+S: {burst: 1000, count: 1000, period: 1s}
+";
+
+#[tokio::test]
+async fn the_scripts_calendar_path_decides_exactly_as_its_general_path() {
+    let redis = TestRedis::single();
+    let clock = ManualClock::new(simulate::EPOCH_US);
+    let own = caller_time_backend(&redis.url, &unique_prefix("calendar_own"), &clock, false).await;
+    let general = caller_time_backend(
+        &redis.url,
+        &unique_prefix("calendar_general"),
+        &clock,
+        false,
+    )
+    .await;
+    // Days end every few steps.
+    calendar_paths_agree(own, general, "Q", 24 * HOUR_US, Some(&clock)).await;
+}
+
+#[tokio::test]
+async fn the_scripts_calendar_path_on_the_servers_clock_decides_as_its_general_path() {
+    let redis = TestRedis::single();
+    let own = backend(&redis.url, &unique_prefix("calendar_own_server")).await;
+    let general = backend(&redis.url, &unique_prefix("calendar_general_server")).await;
+    // The server's clock: a month, which no run of this test sees end (but at a month's end).
+    calendar_paths_agree(own, general, "M", 30 * 24 * HOUR_US, None).await;
+}
+
+const HOUR_US: u64 = 3_600_000_000;
+
+/// Random spends of limit `name` (period about `period_us` long) on `own` (one calendar key
+/// alone: the script's calendar path) and on `general` (with a spend-only key beside it: the
+/// general path), with the same values written under both keys now and then (the crate's,
+/// ending this period, a later one within the horizon, one past it, one already ended, units
+/// past 2^52, foreign data): the same decisions and the same stored values. On `clock` (caller
+/// time, advanced up to a fifth of a period a step), or on the server's clock when `None`
+/// (then the two decisions are made a moment apart: their times to the renewal are compared to
+/// the second).
+async fn calendar_paths_agree(
+    own: RedisBackend,
+    general: RedisBackend,
+    name: &str,
+    period_us: u64,
+    clock: Option<&ManualClock>,
+) {
+    let limits = || Limits::from_yaml_str(CALENDAR_PATH_LIMITS, None).unwrap();
+    let (own_limiter, general_limiter) = (
+        Limiter::new(limits(), own.clone()),
+        Limiter::new(limits(), general.clone()),
+    );
+    let mut next = support::xorshift(0x9e37_79b9_7f4a_7c15);
+    let steps = if clock.is_some() { 600 } else { 200 };
+    for step in 0..steps {
+        let t = match clock {
+            Some(clock) => {
+                clock.advance(Duration::from_micros(next(period_us / 5)));
+                clock.now_us()
+            }
+            None => tower_ratelimits::SystemClock.now_us(),
+        };
+        let id = ["a", "b"][next(2) as usize];
+        // A calendar key's state is under the bucket's key and `:q`.
+        let key = |l: &Limiter, b: &RedisBackend| {
+            format!(
+                "{}:q",
+                b.redis_key(&l.key(name, Id::new(id).unwrap()).unwrap())
+            )
+        };
+        let (own_key, general_key) = (key(&own_limiter, &own), key(&general_limiter, &general));
+        if next(2) == 0 {
+            let p = period_us;
+            let value = match next(7) {
+                0 => format!("{} {}", t + next(p * 4 / 5), next(8)),
+                1 => format!("{} {}", t + p * 5 / 4 + next(p / 3), next(8)),
+                2 => format!("{} {}", t + p * 21 / 10, next(8)),
+                3 => format!("{} {}", t.saturating_sub(next(HOUR_US)), next(8)),
+                4 => format!(
+                    "{} {}",
+                    t + [HOUR_US, p * 5 / 4][next(2) as usize],
+                    u64::MAX
+                ),
+                5 => "not ours".to_string(),
+                _ => format!("{}", t + HOUR_US),
+            };
+            for (b, k) in [(&own, &own_key), (&general, &general_key)] {
+                let _: () = b
+                    .client_for_key(k)
+                    .unwrap()
+                    .set(k, value.as_str(), None, None, false)
+                    .await
+                    .unwrap();
+            }
+        }
+        let (min, max) = (next(3), 1 + next(3));
+        let q = |l: &Limiter| {
+            Transaction::new(l.key(name, Id::new(id).unwrap()).unwrap())
+                .cost_range(min.min(max)..=max)
+        };
+        let o = own_limiter.spend(&[q(&own_limiter)]).await.unwrap();
+        let g = general_limiter
+            .spend(&[
+                q(&general_limiter),
+                Transaction::new(general_limiter.key("S", Id::new("s").unwrap()).unwrap())
+                    .mode(Mode::SpendOnly),
+            ])
+            .await
+            .unwrap();
+        let (od, gd) = (&o.decisions()[0], &g.decisions()[0]);
+        assert_eq!(
+            (od.allowed(), od.granted(), od.remaining()),
+            (gd.allowed(), gd.granted(), gd.remaining()),
+            "step {step}"
+        );
+        for (a, b) in [
+            (od.retry_after(), gd.retry_after()),
+            (od.reset_after(), gd.reset_after()),
+        ] {
+            match clock {
+                Some(_) => assert_eq!(a, b, "step {step}"),
+                None => assert!(a.abs_diff(b) < Duration::from_secs(1), "step {step}"),
+            }
+        }
+        assert_eq!(o.allowed(), g.allowed(), "step {step}");
+        assert_eq!(
+            raw_get(&own, &own_key).await,
+            raw_get(&general, &general_key).await,
+            "step {step}: the stored value"
+        );
+        // Written with the same expiry (the period's end, plus the caller-time margin):
+        // read a moment apart.
+        let pttl = |b: &RedisBackend, k: &str| {
+            let (b, k) = (b.clone(), k.to_string());
+            async move {
+                b.client_for_key(&k)
+                    .unwrap()
+                    .pttl::<i64, _>(&k)
+                    .await
+                    .unwrap()
+            }
+        };
+        let (a, b) = (
+            pttl(&own, &own_key).await,
+            pttl(&general, &general_key).await,
+        );
+        assert!(
+            (a - b).abs() < 1_000,
+            "step {step}: expiries {a} ms and {b} ms"
+        );
+    }
+}
+
 #[tokio::test]
 async fn both_paths_decide_a_tat_beyond_what_the_crate_writes_as_a_drained_bucket() {
     let redis = TestRedis::single();

@@ -575,6 +575,20 @@ pub fn decide(
     mode: Mode,
 ) -> CalendarOutcome {
     let used = read(quota, state, end_us, now).0;
+    decide_used(quota, used, end_us, now, min, max, mode)
+}
+
+/// [`decide`] on the units that count in the period in force, as [`read`] gives them (the
+/// Redis script's calendar path answers those, and the client decides from them).
+pub fn decide_used(
+    quota: &CalendarQuota,
+    used: u64,
+    end_us: u64,
+    now: u64,
+    min: u64,
+    max: u64,
+    mode: Mode,
+) -> CalendarOutcome {
     let left = quota.count.saturating_sub(used);
     let reset = end_us.saturating_sub(now);
     let granted = if mode == Mode::Charge {

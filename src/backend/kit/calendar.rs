@@ -52,7 +52,7 @@ pub(crate) fn calendar_spend_one(
 
 /// A calendar decision as an outcome, with the length of the period it was made in
 /// (microseconds).
-pub(super) fn calendar_outcome(out: &calendar::CalendarOutcome, length_us: u64) -> Outcome {
+pub(crate) fn calendar_outcome(out: &calendar::CalendarOutcome, length_us: u64) -> Outcome {
     Outcome {
         granted: Some(out.granted),
         period_s: calendar::period_seconds(length_us),

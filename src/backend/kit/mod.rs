@@ -87,8 +87,8 @@ use crate::algo::tiers::{self as tiers_rule, TierState};
 use crate::mode::Mode;
 use crate::quota::Quota;
 
-pub(crate) use calendar::calendar_spend_one;
-use calendar::{calendar_decide, calendar_outcome, calendar_read};
+use calendar::{calendar_decide, calendar_read};
+pub(crate) use calendar::{calendar_outcome, calendar_spend_one};
 use concurrency::read_leases;
 pub(crate) use concurrency::{live_leases, release, renew, takes_lease, with_lease};
 #[cfg(feature = "redis")]

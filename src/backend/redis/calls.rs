@@ -219,11 +219,11 @@ impl RedisBackend {
         T: ExactSizeIterator<Item = &'a BucketTx<'a>> + Clone,
         K: Fn() -> Vec<Key>,
     {
-        let lean = script::is_lean(call, txs.clone());
+        let path = script::path(call, txs.clone());
         let value = self
-            .eval(slot, || (keys(), script::encode(call, lean, txs.clone())))
+            .eval(slot, || (keys(), script::encode(call, path, txs.clone())))
             .await?;
-        script::decode(value, lean, txs.clone(), call)
+        script::decode(value, path, txs.clone(), call)
     }
 
     /// Runs the script on one group of `batch` (one slot's keys).

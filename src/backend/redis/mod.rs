@@ -386,7 +386,12 @@ impl RedisBackend {
             && script::is_lean(call, batch.iter())
             && script::uses_defaults(call, batch.iter())
         {
-            let make = || (self.keys(batch), script::encode(call, true, batch.iter()));
+            let make = || {
+                (
+                    self.keys(batch),
+                    script::encode(call, script::Path::Lean, batch.iter()),
+                )
+            };
             match self.coalesce(coalescer, make).await {
                 coalesce::Route::Direct(slot) => held = slot,
                 coalesce::Route::Queued(answer) => {

@@ -5,8 +5,10 @@
 -- hold them exactly.
 --
 -- KEYS[i]   the keys (one slot).
--- ARGV[1]   'G' (a spend whose keys are all GCRA: the lean path below), 'spend', 'refund' or
---           'restore', then the head ARGV[2..4]; or, with exactly two arguments per key and
+-- ARGV[1]   'G' (a spend whose keys are all GCRA: the lean path below), 'C' (one calendar
+--           key alone, checked and spent: its own path, below the lean one; 'c' with the
+--           defaults, no head), 'spend', 'refund'
+--           or 'restore', then the head ARGV[2..4]; or, with exactly two arguments per key and
 --           no op (the lean spend with the defaults: the server's clock, keys expiring when
 --           fresh, every key check-and-spend; every other call has more), the records alone,
 --           from ARGV[1]. Called 'g' below. Each argument costs the server about 2,000
@@ -77,6 +79,7 @@ local LIMIT, SLACK = 4503599627370496, 60000000
 -- literal. Those the lean path reads are here; the rest follow it (each local costs every call
 -- that declares it about 50 server instructions).
 local OP_LEAN_DEFAULTS, OP_LEAN, OP_COALESCED = 'g', 'G', 'M'
+local OP_CALENDAR, OP_CALENDAR_DEFAULTS = 'C', 'c'
 local MODE_CHECK_AND_SPEND, MODE_CHECK_ONLY, MODE_SPEND_ONLY = 0, 1, 2
 
 local n = #KEYS
@@ -84,7 +87,7 @@ local n = #KEYS
 local op, now, margin, want_raw = OP_LEAN_DEFAULTS, -1, -1, false
 if #ARGV ~= 2 * n then
   op = ARGV[1]
-  if op ~= OP_COALESCED then
+  if op ~= OP_COALESCED and op ~= OP_CALENDAR_DEFAULTS then
     now = tonumber(ARGV[2])
     margin = tonumber(ARGV[3])
     want_raw = ARGV[4] == '1'
@@ -192,6 +195,67 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
   end
   out[n + 2] = nil
   return out
+end
+
+-- 'C' (one calendar key alone, checked and spent: every request of a configuration whose only
+-- rule is a calendar quota): the head, then count, the period in force on the caller's clock
+-- (start, end), the next end and the horizon, as in the calendar record of 'spend', then min,
+-- and max only when it is not min; 'c' the same with the defaults ('g''s) and no head. src/algo/calendar.rs `read` and `decide` (the general
+-- path's `calendar`, below) written out once more, for the reason given at the lean path;
+-- tests/redis_keys.rs (`the_scripts_calendar_path_decides_exactly_as_its_general_path`) holds
+-- the two writings to each other. It answers now, the units that counted and the end of the
+-- period it chose (the caller decides from them with the same rule, `decide_used`: a nested
+-- reply cost 4,000 server instructions more).
+if op == OP_CALENDAR or op == OP_CALENDAR_DEFAULTS then
+  local a = 5
+  if op == OP_CALENDAR_DEFAULTS then a = 2 end
+  local count, e, min, max = ARGV[a] + 0, ARGV[a + 2] + 0, ARGV[a + 5] + 0, ARGV[a + 6]
+  if max then max = max + 0 else max = min end
+  if now < ARGV[a + 1] + 0 then
+    e = ARGV[a + 1] + 0
+  elseif now >= e then
+    e = ARGV[a + 3] + 0
+  end
+  -- The units that count (a stored end past the period in force is cut to it and written
+  -- back; a value that is not "<end> <used>", or an end beyond the horizon, is foreign: the
+  -- period drained, written back).
+  local raw = redis.pcall('GET', KEYS[1])
+  local used, write = 0, false
+  if raw then
+    local se, su
+    if type(raw) == 'string' then se, su = string.match(raw, '^(%d+) (%d+)$') end
+    -- Digits: Lua's own coercion reads them (cheaper than `tonumber`, as for TIME above).
+    if se then se, su = se + 0, su + 0 end
+    if se and se < LIMIT and se <= now + ARGV[a + 4] then
+      -- Units past 2^52 (charges add up to any size) read as 2^52: above every count.
+      if su > LIMIT then su = LIMIT end
+      if se > e then
+        used, write = su, true
+      elseif now < se then
+        used = su
+      end
+    else
+      used, write = count, true
+    end
+  end
+  -- src/algo/calendar.rs `decide_used`: the most units that fit, at least min.
+  local left, counted = count - used, used
+  if left < 0 then left = 0 end
+  local granted = max
+  if left < max then granted = left end
+  if granted >= min and granted > 0 then used, write = used + granted, true end
+  if write then
+    if used > LIMIT then used = LIMIT end
+    local up = e + 999
+    if margin < 0 then
+      redis.call('SET', KEYS[1], string.format('%d %d', e, used), 'PXAT', (up - up % 1000) / 1000)
+    else
+      up = up - now
+      redis.call('SET', KEYS[1], string.format('%d %d', e, used), 'PX',
+        (up - up % 1000) / 1000 + margin)
+    end
+  end
+  return {now, counted, e}
 end
 
 -- Shared by every path ------------------------------------------------------------------------

@@ -16,6 +16,11 @@
 //! | concurrency | `3`, mode, cost, max, lease (µs), retry hint (µs), lease id (decimal text; `0`: none; a renewal: every lease it renews, separated by spaces) |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
 //!
+//! `C` (one calendar key alone, checked and spent: the script's own path for it): the head,
+//! then the calendar record's count, start, end, next end and horizon, then min, and max only
+//! when it is not min; `c` the same without the head when the call uses the defaults (as `g`).
+//! Both answer as `spend` does for one key.
+//!
 //! `M` (coalesced `g` calls, see `coalesce.rs`): `M`, the number of requests, each one's key
 //! count, then every request's `g` arguments in order; it answers as `g` for all the keys, and
 //! each request takes its slice.
@@ -31,6 +36,7 @@
 
 use fred::prelude::{Key, Value};
 
+use crate::algo::calendar::{self, CalendarQuota};
 use crate::algo::gcra;
 use crate::algo::tiers::{MAX_TIERS, TierGrant};
 use crate::backend::{BackendError, BucketTx, Mode, Outcome, batch_allowed, gcra_write};
@@ -47,6 +53,8 @@ const KIND_CHARGE: i64 = 4;
 const KIND_CALENDAR: i64 = 5;
 const OP_LEAN: &str = "G";
 const OP_COALESCED: &str = "M";
+const OP_CALENDAR: &str = "C";
+const OP_CALENDAR_DEFAULTS: &str = "c";
 const OP_SPEND: &str = "spend";
 const OP_REFUND: &str = "refund";
 const OP_RESTORE: &str = "restore";
@@ -69,6 +77,8 @@ const PROTOCOL: &[(&str, Code)] = &[
     ("OP_LEAN_DEFAULTS", Code::Word("g")),
     ("OP_LEAN", Code::Word(OP_LEAN)),
     ("OP_COALESCED", Code::Word(OP_COALESCED)),
+    ("OP_CALENDAR", Code::Word(OP_CALENDAR)),
+    ("OP_CALENDAR_DEFAULTS", Code::Word(OP_CALENDAR_DEFAULTS)),
     ("OP_SPEND", Code::Word(OP_SPEND)),
     ("OP_REFUND", Code::Word(OP_REFUND)),
     ("OP_RESTORE", Code::Word(OP_RESTORE)),
@@ -143,12 +153,14 @@ pub(super) struct Call {
 }
 
 impl Call {
-    fn push_head(&self, args: &mut Vec<Value>, lean: bool) {
-        args.push(word(match self.op {
-            Op::Spend if lean => OP_LEAN,
-            Op::Spend => OP_SPEND,
-            Op::Refund => OP_REFUND,
-            Op::Restore => OP_RESTORE,
+    /// The op word and the head; `path` names a spend's own path (`G` or `C`), if it takes
+    /// one.
+    fn push_head(&self, args: &mut Vec<Value>, path: Option<&'static str>) {
+        args.push(word(match (self.op, path) {
+            (Op::Spend, Some(path)) => path,
+            (Op::Spend, None) => OP_SPEND,
+            (Op::Refund, _) => OP_REFUND,
+            (Op::Restore, _) => OP_RESTORE,
         }));
         args.push(self.now.map_or(Value::Integer(-1), int));
         args.push(Value::Integer(match self.expiry {
@@ -211,20 +223,57 @@ fn lease_ids(tx: &BucketTx<'_>) -> Value {
     Value::String(text.into())
 }
 
-/// The arguments of a spend or refund of `txs` (one slot's keys, in order); `lean` as
-/// [`is_lean`] says.
+/// Which of the script's paths a call takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Path {
+    /// A spend whose keys are all GCRA ([`is_lean`]): `g`, `G`.
+    Lean,
+    /// One calendar key alone, checked and spent: `c`, `C`.
+    Calendar,
+    /// Everything else.
+    General,
+}
+
+/// The path a call of `txs` takes.
+pub(super) fn path<'a>(call: Call, txs: impl Iterator<Item = &'a BucketTx<'a>> + Clone) -> Path {
+    if is_lean(call, txs.clone()) {
+        return Path::Lean;
+    }
+    let mut txs = txs;
+    match (txs.next(), txs.next()) {
+        (Some(tx), None)
+            if call.op == Op::Spend
+                && tx.mode == Mode::CheckAndSpend
+                && tx.quota.as_calendar().is_some() =>
+        {
+            Path::Calendar
+        }
+        _ => Path::General,
+    }
+}
+
+/// The arguments of a spend or refund of `txs` (one slot's keys, in order), on `path` as
+/// [`path`] says.
 pub(super) fn encode<'a>(
     call: Call,
-    lean: bool,
+    path: Path,
     txs: impl Iterator<Item = &'a BucketTx<'a>> + Clone,
 ) -> Vec<Value> {
-    let txs = txs.into_iter();
+    let mut txs = txs.into_iter();
     let (size, _) = txs.size_hint();
-    if lean {
-        return encode_lean(call, txs, size);
+    match path {
+        Path::Lean => return encode_lean(call, txs, size),
+        Path::Calendar => {
+            if let Some(tx) = txs.next()
+                && let Quota::Calendar(quota) = tx.quota
+            {
+                return encode_calendar(call, tx, quota);
+            }
+        }
+        Path::General => {}
     }
     let mut args = Vec::with_capacity(4 + 6 * size);
-    call.push_head(&mut args, false);
+    call.push_head(&mut args, None);
     for tx in txs {
         match tx.quota {
             Quota::Gcra(limit) => {
@@ -266,23 +315,9 @@ pub(super) fn encode<'a>(
                 ]);
             }
             Quota::Calendar(quota) => {
-                // The period in force on this instance's clock (or the caller's time): its
-                // start and end, and the next end. The store's clock decides: the script
-                // takes the period before it, it or the next one, the one that holds its now
-                // (an instance whose clock runs ahead of the store's or behind it spends in the
-                // store's period). The horizon bounds a stored end the script keeps.
-                let (start, end) = quota.period_at(call.local);
-                args.extend([
-                    Value::Integer(KIND_CALENDAR),
-                    mode_code(tx.mode),
-                    int(tx.min_cost.min(MAX_TIME_US)),
-                    int(tx.cost.min(MAX_TIME_US)),
-                    int(quota.count()),
-                    int(start),
-                    int(end),
-                    int(quota.period_at(end).1),
-                    int(quota.horizon_us()),
-                ]);
+                let (min, max) = calendar_costs(tx);
+                args.extend([Value::Integer(KIND_CALENDAR), mode_code(tx.mode), min, max]);
+                args.extend(calendar_fields(call, quota));
             }
             Quota::Tiered(limit) => {
                 // Debt is not defined for tiers: a charge is a spend-only there.
@@ -307,6 +342,52 @@ pub(super) fn encode<'a>(
                 }
             }
         }
+    }
+    args
+}
+
+/// A calendar transaction's least and most units, as the script takes them (every count is far
+/// below what its numbers hold).
+fn calendar_costs(tx: &BucketTx<'_>) -> (Value, Value) {
+    (
+        int(tx.min_cost.min(MAX_TIME_US)),
+        int(tx.cost.min(MAX_TIME_US)),
+    )
+}
+
+/// A calendar record's fields after its costs: count, the period in force on this instance's
+/// clock (or the caller's time: its start and end), the next end, and the horizon. The store's
+/// clock decides: the script takes the period before it, it or the next one, the one that
+/// holds its now (an instance whose clock runs ahead of the store's or behind it spends in the
+/// store's period). The horizon bounds a stored end the script keeps.
+fn calendar_fields(call: Call, quota: &CalendarQuota) -> [Value; 5] {
+    let (start, end) = quota.period_at(call.local);
+    [
+        int(quota.count()),
+        int(start),
+        int(end),
+        int(quota.period_at(end).1),
+        int(quota.horizon_us()),
+    ]
+}
+
+/// The arguments of `C`, when the call is one calendar key alone, checked and spent (the
+/// script's own path for it): the head, the calendar record's fields after its costs, then min,
+/// and max only when it is not min (one argument less for a request's usual cost); of `c` (no
+/// head) when the call uses the defaults, as `g` does.
+fn encode_calendar(call: Call, tx: &BucketTx<'_>, quota: &CalendarQuota) -> Vec<Value> {
+    let mut args = Vec::with_capacity(11);
+    if uses_defaults(call, std::iter::once(tx)) {
+        args.push(word(OP_CALENDAR_DEFAULTS));
+    } else {
+        call.push_head(&mut args, Some(OP_CALENDAR));
+    }
+    args.extend(calendar_fields(call, quota));
+    let (min, max) = calendar_costs(tx);
+    if max != min {
+        args.extend([min, max]);
+    } else {
+        args.push(min);
     }
     args
 }
@@ -357,7 +438,7 @@ fn encode_lean<'a>(
     let defaults = uses_defaults(call, txs.clone());
     let mut args = Vec::with_capacity(if defaults { 2 * size } else { 4 + 3 * size });
     if !defaults {
-        call.push_head(&mut args, true);
+        call.push_head(&mut args, Some(OP_LEAN));
     }
     for tx in txs {
         if let Quota::Gcra(limit) = tx.quota {
@@ -383,7 +464,7 @@ pub(super) fn encode_restore(change: &RawChange) -> Vec<Value> {
         expiry: Expiry::AtFresh,
         want_raw: false,
     }
-    .push_head(&mut args, false);
+    .push_head(&mut args, None);
     args.extend([
         change.after.clone(),
         change.before.clone(),
@@ -502,10 +583,39 @@ pub(super) fn decode_lean<'a>(
     })
 }
 
-/// Decodes a spend's or refund's answer for `txs` (the keys sent, in order); `lean` as sent.
+/// Decodes the calendar path's answer (now, the units that counted, the end of the period the
+/// script chose) into the decision it made: the same rule (`calendar::decide_used`).
+fn decode_calendar<'a>(
+    items: Vec<Value>,
+    mut txs: impl Iterator<Item = &'a BucketTx<'a>>,
+) -> Result<ScriptReply, BackendError> {
+    let (Some(tx), None) = (txs.next(), txs.next()) else {
+        return Err(bad("the calendar path for more than one key".into()));
+    };
+    let Quota::Calendar(quota) = tx.quota else {
+        return Err(bad("another shape on the calendar path".into()));
+    };
+    let [now, used, end] = <[Value; 3]>::try_from(items)
+        .map_err(|items| bad(format!("{} values from the calendar path", items.len())))?
+        .map(|v| v.as_i64().and_then(|n| u64::try_from(n).ok()));
+    let (Some(now), Some(used), Some(end)) = (now, used, end) else {
+        return Err(bad("a value of the calendar path is not a count".into()));
+    };
+    let out = calendar::decide_used(quota, used, end, now, tx.min_cost, tx.cost, tx.mode);
+    let length = quota.length_of_period_ending(end);
+    Ok(ScriptReply {
+        outcomes: vec![crate::backend::kit::calendar_outcome(&out, length)],
+        tats: vec![end],
+        raws: Vec::new(),
+        now,
+    })
+}
+
+/// Decodes a spend's or refund's answer for `txs` (the keys sent, in order), on `path` as
+/// sent.
 pub(super) fn decode<'a>(
     value: Value,
-    lean: bool,
+    path: Path,
     txs: impl ExactSizeIterator<Item = &'a BucketTx<'a>> + Clone,
     call: Call,
 ) -> Result<ScriptReply, BackendError> {
@@ -513,8 +623,10 @@ pub(super) fn decode<'a>(
     let Value::Array(items) = value else {
         return Err(bad(format!("{:?}", value.kind())));
     };
-    if lean {
-        return decode_lean(items, txs);
+    match path {
+        Path::Lean => return decode_lean(items, txs),
+        Path::Calendar => return decode_calendar(items, txs),
+        Path::General => {}
     }
     let n = txs.len();
     if items.len() != n + 1 {
