@@ -1,4 +1,4 @@
-//! Decisions per second of Redis variants, timed in alternating rounds (A, B, A, B, ...), so
+//! Decisions per second of Redis variants, timed in alternating rounds (A, B, B, A, ...), so
 //! that a machine busy in one stretch slows both alike; prints each variant's median ops/s and
 //! the median of the per-round ratios B/A.
 //!
@@ -6,32 +6,109 @@
 //!
 //! Uses `--url` (or `REDIS_URL`) when given, otherwise spawns a `redis-server` on a free
 //! loopback port. Variants as in `common/redis_ops.rs`.
+//!
+//! Each round also times every decision: the median over the rounds of each round's p50 and
+//! p99 latency is printed, and the median of the per-round p99 ratios. `--delay-ms D` puts a
+//! proxy in front of Redis that holds every chunk D ms in each direction (a remote Redis):
+//!
+//! `cargo bench -p tower-ratelimits-benches --bench redis_rounds -- --variants ours_1_rule_uncoalesced,ours_1_rule --rounds 3 --ops 20000 --concurrency 64 --delay-ms 1`
 
 mod common;
 #[path = "../tests/support/redis.rs"]
 mod redis_support;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::redis_ops::RedisOps;
 use futures_util::future::join_all;
 
-/// `ops` decisions of `variant`, `concurrency` workers; ops/s.
-async fn round(s: &Arc<RedisOps>, variant: &str, ops: u64, concurrency: u64) -> f64 {
+/// What one round measured.
+#[derive(Clone, Copy)]
+struct Round {
+    ops_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// `ops` decisions of `variant`, `concurrency` workers: ops/s and latency percentiles.
+async fn round(s: &Arc<RedisOps>, variant: &str, ops: u64, concurrency: u64) -> Round {
     let started = Instant::now();
     let workers = (0..concurrency).map(|w| {
         let (s, variant) = (s.clone(), variant.to_owned());
         tokio::spawn(async move {
+            let mut took = Vec::with_capacity((ops / concurrency) as usize);
             for i in 0..ops / concurrency {
+                let t = Instant::now();
                 s.one(&variant, w * 7919 + i).await;
+                took.push(t.elapsed().as_secs_f64() * 1e6);
             }
+            took
         })
     });
+    let mut took: Vec<f64> = Vec::new();
     for r in join_all(workers).await {
-        r.unwrap();
+        took.extend(r.unwrap());
     }
-    (ops / concurrency * concurrency) as f64 / started.elapsed().as_secs_f64()
+    let ops_per_s = took.len() as f64 / started.elapsed().as_secs_f64();
+    took.sort_by(f64::total_cmp);
+    let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
+    Round {
+        ops_per_s,
+        p50_us: at(0.50),
+        p99_us: at(0.99),
+    }
+}
+
+/// A proxy on a free loopback port in front of `upstream` (`host:port`) that holds every chunk
+/// read `delay` before writing it on, in each direction, in order (a remote store's latency).
+/// Blocking threads, two per direction of a connection, sleeping to the microsecond (a tokio
+/// timer rounds up to the next millisecond).
+fn delaying_proxy(upstream: String, delay: Duration) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let Ok(server) = TcpStream::connect(&upstream) else {
+                continue;
+            };
+            let _ = (client.set_nodelay(true), server.set_nodelay(true));
+            let pipes = [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ];
+            for (mut from, mut to) in pipes {
+                let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0
+                            || tx
+                                .send((Instant::now() + delay, buf[..n].to_vec()))
+                                .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                std::thread::spawn(move || {
+                    while let Ok((at, chunk)) = rx.recv() {
+                        let now = Instant::now();
+                        if at > now {
+                            std::thread::sleep(at - now);
+                        }
+                        if to.write_all(&chunk).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    port
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -48,6 +125,7 @@ fn main() {
     let rounds: usize = arg("--rounds").map_or(9, |s| s.parse().expect("--rounds N"));
     let ops: u64 = arg("--ops").map_or(20_000, |s| s.parse().expect("--ops N"));
     let concurrency: u64 = arg("--concurrency").map_or(16, |s| s.parse().expect("--concurrency N"));
+    let delay_ms: u64 = arg("--delay-ms").map_or(0, |s| s.parse().expect("--delay-ms N"));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -61,23 +139,66 @@ fn main() {
             (Some(s), url)
         }
     };
+    let url = if delay_ms > 0 {
+        let upstream = url
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .to_string();
+        let port = delaying_proxy(upstream, Duration::from_millis(delay_ms));
+        format!("redis://127.0.0.1:{port}")
+    } else {
+        url
+    };
     let setup = Arc::new(rt.block_on(RedisOps::connect(&url)));
+    // Every other round in the reverse order: the one that runs second in a round is slowed
+    // (the first's keys still expiring, its connections' buffers), so each goes first as often.
     let mut per_variant = vec![Vec::new(); variants.len()];
-    for _ in 0..rounds {
-        for (i, v) in variants.iter().enumerate() {
-            per_variant[i].push(rt.block_on(round(&setup, v, ops, concurrency)));
+    for r in 0..rounds {
+        let mut order: Vec<usize> = (0..variants.len()).collect();
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            per_variant[i].push(rt.block_on(round(&setup, variants[i], ops, concurrency)));
         }
     }
-    println!("{rounds} alternating rounds of {ops} decisions at concurrency {concurrency}:");
+    println!(
+        "{rounds} alternating rounds of {ops} decisions at concurrency {concurrency}{}:",
+        if delay_ms > 0 {
+            format!(", through a proxy holding each chunk {delay_ms} ms each way")
+        } else {
+            String::new()
+        }
+    );
+    let of = |r: &[Round], f: fn(&Round) -> f64| median(r.iter().map(f).collect());
     for (v, r) in variants.iter().zip(&per_variant) {
-        println!("  {v:<32} {:>10.0} decisions/s (median)", median(r.clone()));
+        println!(
+            "  {v:<32} {:>10.0} decisions/s, p50 {:>8.0} us, p99 {:>8.0} us (medians)",
+            of(r, |r| r.ops_per_s),
+            of(r, |r| r.p50_us),
+            of(r, |r| r.p99_us)
+        );
+    }
+    if let Some(stats) = setup.backend.coalesce_stats() {
+        println!(
+            "  the default backend (ours_1_rule): {} requests queued, in {} calls; {} direct",
+            stats.requests, stats.calls, stats.direct
+        );
     }
     for (v, r) in variants.iter().zip(&per_variant).skip(1) {
-        let ratios = r.iter().zip(&per_variant[0]).map(|(b, a)| b / a).collect();
+        let ratio = |f: fn(&Round) -> f64| {
+            median(
+                r.iter()
+                    .zip(&per_variant[0])
+                    .map(|(b, a)| f(b) / f(a))
+                    .collect(),
+            )
+        };
         println!(
-            "  {v} / {}: {:.2}x (median of the rounds' ratios)",
+            "  {v} / {}: {:.2}x the decisions/s, {:.3}x the p99 (medians of the rounds' ratios)",
             variants[0],
-            median(ratios)
+            ratio(|r| r.ops_per_s),
+            ratio(|r| r.p99_us)
         );
     }
 }

@@ -239,3 +239,102 @@ async fn a_cancelled_request_gives_its_call_slot_back() {
     let after = backend.coalesce_stats().unwrap();
     assert_eq!(after.direct, before.direct + 1);
 }
+
+/// One request's failure in a coalesced call is its own: a user whose ACL lets it write only
+/// the keys of ids starting with `good` (and read the rest) sends 40 requests at once, every
+/// fourth for a `bad` id; the server refuses any call naming a `bad` key (`NOPERM`, before
+/// the script runs), so a call carrying both kinds is sent again a request a call: every
+/// `good` request is allowed and spent once, every `bad` one fails with the server's refusal.
+#[tokio::test]
+async fn a_request_the_server_refuses_fails_alone_in_a_coalesced_call() {
+    let server = RedisServer::start();
+    let prefix = "acl:";
+    // Read every key of the prefix; write the stored overrides (`{overrides}...`)
+    // and the good ids' buckets.
+    let acl = format!(
+        "ACL SETUSER lim on >pw %R~{prefix}* ~{prefix}{{overrides}}* ~{prefix}{{Slow:good* allchannels +@all"
+    );
+    assert!(command(server.port, &acl).unwrap().starts_with("+OK"));
+    let url = format!("redis://lim:pw@127.0.0.1:{}", server.port);
+    let (l, backend) = coalescing_limiter(&url, prefix, Duration::from_secs(5)).await;
+    let id = |i: usize| format!("{}{i}", if i % 4 == 0 { "bad" } else { "good" });
+    let before = backend.coalesce_stats().unwrap();
+    let batches: Vec<[Transaction; 1]> = (0..40).map(|i| [slow(&l, &id(i))]).collect();
+    let answers = futures_util::future::join_all(batches.iter().map(|b| l.spend(b))).await;
+    for (i, answer) in answers.iter().enumerate() {
+        if i % 4 == 0 {
+            assert!(
+                matches!(answer, Err(LimiterError::Backend(BackendError::Unavailable(t))) if t.contains("NOPERM")),
+                "{}: {answer:?}",
+                id(i)
+            );
+        } else {
+            let d = answer.as_ref().unwrap();
+            assert!(d.allowed(), "{}", id(i));
+            assert_eq!(d.decisions()[0].remaining(), 9, "{}: spent once", id(i));
+        }
+    }
+    let after = backend.coalesce_stats().unwrap();
+    assert!(
+        after.requests - before.requests >= 30,
+        "the requests shared calls: {before:?} -> {after:?}"
+    );
+}
+
+/// One request's refused write in a coalesced call fails that request alone: at `maxmemory`
+/// under `noeviction` Redis refuses the script's writes (the first write of a script without
+/// flags is checked), so the requests that would write fail with `OutOfMemory`, while those
+/// beside them in the same call that write nothing (a bucket already empty: denied) are
+/// decided as usual.
+#[tokio::test]
+async fn a_refused_write_fails_only_its_request_in_a_coalesced_call() {
+    let server = RedisServer::start();
+    let (l, backend) = coalescing_limiter(
+        &server.url(),
+        &unique_prefix("coalesce-oom"),
+        Duration::from_secs(5),
+    )
+    .await;
+    for _ in 0..10 {
+        assert!(l.spend(&[slow(&l, "full")]).await.unwrap().allowed());
+    }
+    for cmd in [
+        "CONFIG SET maxmemory-policy noeviction",
+        "CONFIG SET maxmemory 1",
+    ] {
+        assert!(
+            command(server.port, cmd).unwrap().starts_with("+OK"),
+            "{cmd}"
+        );
+    }
+    let id = |i: usize| {
+        if i % 2 == 0 {
+            "full".to_string()
+        } else {
+            format!("fresh{i}")
+        }
+    };
+    let before = backend.coalesce_stats().unwrap();
+    let batches: Vec<[Transaction; 1]> = (0..20).map(|i| [slow(&l, &id(i))]).collect();
+    let answers = futures_util::future::join_all(batches.iter().map(|b| l.spend(b))).await;
+    let after = backend.coalesce_stats().unwrap();
+    command(server.port, "CONFIG SET maxmemory 0").unwrap();
+    for (i, answer) in answers.iter().enumerate() {
+        if i % 2 == 0 {
+            assert!(!answer.as_ref().unwrap().allowed(), "{}: {answer:?}", id(i));
+        } else {
+            assert!(
+                matches!(
+                    answer,
+                    Err(LimiterError::Backend(BackendError::OutOfMemory(_)))
+                ),
+                "{}: {answer:?}",
+                id(i)
+            );
+        }
+    }
+    assert!(
+        after.requests - before.requests >= 10,
+        "the requests shared calls: {before:?} -> {after:?}"
+    );
+}

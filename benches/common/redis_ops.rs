@@ -20,9 +20,10 @@ Monthly: {kind: account, calendar: {count: 1000000000000, period: month}}
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 10] = [
+pub const VARIANTS: [&str; 11] = [
     "baseline_evalsha",
     "ours_1_rule",
+    "ours_1_rule_uncoalesced",
     "ours_3_rules",
     "tower_rate_limit_fred",
     "ours_1_rule_coalesced",
@@ -41,6 +42,8 @@ pub struct RedisOps {
     pub limiter: Limiter,
     /// The same limits over a backend that coalesces (`RedisBackendBuilder::coalesce`).
     pub coalesced: Limiter,
+    /// The same limits over a backend that never coalesces (`coalesce(0)`).
+    pub uncoalesced: Limiter,
     pub backend: RedisBackend,
     pub trivial_sha: String,
 }
@@ -63,13 +66,23 @@ impl RedisOps {
             .prefix("rl:bench:")
             .deny_cache(false)
             .coalesce(COALESCE)
+            .coalesce_in_flight(2)
             .connect()
             .await
             .expect("connect to Redis");
         let coalesced = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), coalescing);
+        let direct = RedisBackend::from_url(url)
+            .prefix("rl:bench:")
+            .deny_cache(false)
+            .coalesce(0)
+            .connect()
+            .await
+            .expect("connect to Redis");
+        let uncoalesced = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), direct);
         Self {
             limiter,
             coalesced,
+            uncoalesced,
             backend,
             trivial_sha,
         }
@@ -100,6 +113,8 @@ impl RedisOps {
             // One calendar quota (a month; never used up here): the script's general path.
             "ours_calendar" => spends(&self.limiter, "Monthly", id).await,
             "ours_1_rule_coalesced" => spends(&self.coalesced, "A", id).await,
+            // Coalescing turned off.
+            "ours_1_rule_uncoalesced" => spends(&self.uncoalesced, "A", id).await,
             "ours_3_rules" => {
                 let ip = std::net::IpAddr::from([10, 0, (id >> 8) as u8, id as u8]);
                 let batch = [

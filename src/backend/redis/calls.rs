@@ -29,7 +29,11 @@ pub(super) fn reached<T>(result: &Result<T, BackendError>) -> bool {
 }
 
 pub(super) fn unavailable(e: FredError) -> BackendError {
-    let text = e.to_string();
+    server_error(e.to_string())
+}
+
+/// The error a server's answer `text` is: out of memory, or unavailable.
+pub(super) fn server_error(text: String) -> BackendError {
     // Redis's answer to a write at `maxmemory` under `noeviction`, also inside a script.
     if text.contains("OOM command not allowed") {
         crate::telemetry::redis_out_of_memory();

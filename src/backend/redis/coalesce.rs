@@ -10,9 +10,17 @@
 //! request waits at most for one call to end, and never longer than the command timeout (then
 //! [`BackendError::Timeout`]). The queue is bounded: when it is full, a request makes its own
 //! call.
+//!
+//! Queueing pays only while Redis is the bottleneck: then a call waits behind others anyway,
+//! and one call for many requests shortens that wait. When the round trip is the network's
+//! (a remote Redis), waiting for a call to end only adds to it. So by default the limit
+//! adapts ([`Adapt`]): every call's round trip is timed; while the recent round trips (their
+//! moving average) stay under [`CONGESTED`] times the shortest one seen lately, no request
+//! queues; above, requests queue behind `in_flight` calls, until the average falls under
+//! `RELIEVED` times the shortest. An explicit `in_flight` is a fixed limit.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fred::prelude::{Key, Value};
@@ -24,12 +32,94 @@ use crate::backend::BackendError;
 /// Requests the queue holds at most; beyond, a request makes its own call.
 const QUEUE: usize = 4096;
 
-/// The settings: how many requests one call carries at most, and how many calls may be in
-/// flight before requests queue.
+/// The settings: how many requests one call carries at most, how many calls may be in flight
+/// before requests queue, and whether that holds always or only while the round trips say
+/// Redis is busy.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Settings {
     pub(super) max_batch: usize,
     pub(super) in_flight: usize,
+    pub(super) adaptive: bool,
+}
+
+impl Default for Settings {
+    /// On: up to 64 requests a call, queueing behind 2 calls while Redis is busy.
+    fn default() -> Self {
+        Settings {
+            max_batch: 64,
+            in_flight: 2,
+            adaptive: true,
+        }
+    }
+}
+
+/// Round trips this many times the shortest one seen lately (on average) mean Redis is busy:
+/// calls wait behind others there (a remote Redis's round trip is mostly the network's, and
+/// stays near its shortest: about 2.3 times it at 16 and 64 connections through a proxy that
+/// holds every chunk 1 ms each way, `benches/redis_rounds.rs`; a local Redis at 16
+/// connections, tens of times). Requests queue from an average above `CONGESTED` times the
+/// shortest, and stop below `RELIEVED` times it (so a short stretch of slow calls on a
+/// remote link does not turn queueing on and off).
+pub(super) const CONGESTED: u64 = 5;
+const RELIEVED: u64 = 3;
+
+/// Calls timed before the adaptive limit decides (until then, no request queues: the first
+/// calls' round trips carry the connection's start), and the length of the window over which the shortest round trip is kept (it
+/// is the shortest of this window and the one before, so it follows a network that changes).
+const WARM_UP: u64 = 32;
+const WINDOW: u64 = 4096;
+
+/// The adaptive limit's reading of the round trips, all in microseconds (relaxed atomics: a
+/// lost update moves an average a little, never a decision's correctness).
+#[derive(Default)]
+struct Adapt {
+    timed: AtomicU64,
+    shortest: AtomicU64,
+    shortest_before: AtomicU64,
+    average: AtomicU64,
+    /// Whether requests queue now.
+    busy: AtomicBool,
+}
+
+impl Adapt {
+    fn new() -> Self {
+        Adapt {
+            shortest: AtomicU64::new(u64::MAX),
+            shortest_before: AtomicU64::new(u64::MAX),
+            ..Adapt::default()
+        }
+    }
+
+    /// Takes one call's round trip into account.
+    fn observe(&self, rtt: Duration) {
+        let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
+        let timed = self.timed.fetch_add(1, Ordering::Relaxed) + 1;
+        if timed.is_multiple_of(WINDOW) {
+            let last = self.shortest.swap(u64::MAX, Ordering::Relaxed);
+            self.shortest_before.store(last, Ordering::Relaxed);
+        }
+        let shortest = self
+            .shortest
+            .fetch_min(us, Ordering::Relaxed)
+            .min(us)
+            .min(self.shortest_before.load(Ordering::Relaxed));
+        // An average over about the last 64 calls.
+        let average = self.average.load(Ordering::Relaxed);
+        let average = if average == 0 {
+            us
+        } else {
+            average - average / 64 + us / 64
+        };
+        self.average.store(average, Ordering::Relaxed);
+        if timed >= WARM_UP {
+            let busy = self.busy.load(Ordering::Relaxed);
+            let factor = if busy { RELIEVED } else { CONGESTED };
+            let now_busy = average > shortest.saturating_mul(factor);
+            if now_busy != busy {
+                self.busy.store(now_busy, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// What coalescing did since the backend connected ([`RedisBackend::coalesce_stats`]):
@@ -59,6 +149,7 @@ pub(super) struct Coalescer {
     settings: Settings,
     timeout: Duration,
     in_flight: AtomicUsize,
+    adapt: Option<Adapt>,
     queue: Mutex<Vec<Job>>,
     calls: AtomicU64,
     requests: AtomicU64,
@@ -71,6 +162,7 @@ impl Coalescer {
             settings,
             timeout,
             in_flight: AtomicUsize::new(0),
+            adapt: settings.adaptive.then(Adapt::new),
             queue: Mutex::new(Vec::new()),
             calls: AtomicU64::new(0),
             requests: AtomicU64::new(0),
@@ -86,9 +178,14 @@ impl Coalescer {
         }
     }
 
-    /// Takes a call slot if one is free.
+    /// Takes a call slot if one is free (always, while the adaptive limit reads Redis as not
+    /// busy).
     fn enter(&self) -> bool {
-        if self.in_flight.fetch_add(1, Ordering::SeqCst) < self.settings.in_flight {
+        let limit = match &self.adapt {
+            Some(adapt) if !adapt.busy.load(Ordering::Relaxed) => usize::MAX,
+            _ => self.settings.in_flight,
+        };
+        if self.in_flight.fetch_add(1, Ordering::SeqCst) < limit {
             return true;
         }
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -104,14 +201,33 @@ impl Coalescer {
 }
 
 /// A call slot, given back when dropped (also when the call's future is cancelled); giving it
-/// back sends what queued meanwhile.
-pub(super) struct Slot<'a>(&'a RedisBackend);
+/// back sends what queued meanwhile. [`Slot::answered`] times the call's round trip.
+pub(super) struct Slot<'a> {
+    backend: &'a RedisBackend,
+    started: std::time::Instant,
+}
+
+impl<'a> Slot<'a> {
+    fn new(backend: &'a RedisBackend) -> Self {
+        Slot {
+            backend,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    /// The call was answered (or failed): its round trip counts for the adaptive limit.
+    pub(super) fn answered(self) {
+        if let Some(Some(adapt)) = self.backend.inner.coalescer.as_ref().map(|c| &c.adapt) {
+            adapt.observe(self.started.elapsed());
+        }
+    }
+}
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        if let Some(c) = &self.0.inner.coalescer {
+        if let Some(c) = &self.backend.inner.coalescer {
             c.in_flight.fetch_sub(1, Ordering::SeqCst);
-            self.0.flush();
+            self.backend.flush();
         }
     }
 }
@@ -133,7 +249,7 @@ impl RedisBackend {
     {
         if coalescer.enter() {
             coalescer.direct.fetch_add(1, Ordering::Relaxed);
-            return Route::Direct(Some(Slot(self)));
+            return Route::Direct(Some(Slot::new(self)));
         }
         let (reply, answer) = oneshot::channel();
         // Built before the lock is taken, which then only guards a push.
@@ -191,22 +307,50 @@ impl RedisBackend {
                 return;
             };
             runtime.spawn(async move {
-                let _slot = Slot(&backend);
+                let slot = Slot::new(&backend);
                 backend.run_jobs(jobs).await;
+                slot.answered();
             });
         }
     }
 
-    /// One call for `jobs` (the `g` call for one), its answer split among them.
+    /// The `g` call of one queued request.
+    async fn alone(&self, job: &Job) -> Result<Value, BackendError> {
+        self.eval(0, || (job.keys.clone(), job.args.clone())).await
+    }
+
+    /// One call for `jobs` (the `g` call for one), its answer split among them. One request's
+    /// failure is its own: a write the script could not make answers that request's error
+    /// (the script goes on with the next), and a call the server refused for one request's
+    /// keys (`NOPERM`: a user whose ACL does not cover every key) is sent again one request a
+    /// call, so that only the refused ones fail (nothing ran: the server checks the keys before
+    /// the script starts).
     async fn run_jobs(&self, jobs: Vec<Job>) {
         let result = if let [job] = &jobs[..] {
-            self.eval(0, || (job.keys.clone(), job.args.clone())).await
+            self.alone(job).await
         } else {
             self.eval(0, || {
                 script::encode_coalesced(jobs.iter().map(|j| (&j.keys[..], &j.args[..])))
             })
             .await
         };
+        if jobs.len() > 1
+            && let Err(BackendError::Unavailable(text)) = &result
+            && text.contains("NOPERM")
+        {
+            let answers = futures_util::future::join_all(jobs.iter().map(|j| self.alone(j))).await;
+            for (job, answer) in jobs.into_iter().zip(answers) {
+                let answer = answer.and_then(|v| match v {
+                    Value::Array(items) => Ok(items),
+                    v => Err(BackendError::Unavailable(format!(
+                        "unexpected script reply: {:?}",
+                        v.kind()
+                    ))),
+                });
+                let _ = job.reply.send(answer);
+            }
+            return;
+        }
         let items = match result {
             Ok(Value::Array(items)) => items,
             other => {
@@ -229,8 +373,16 @@ impl RedisBackend {
             let mut answer = Vec::with_capacity(1 + job.keys.len());
             answer.push(now.clone());
             answer.extend(read.by_ref().take(job.keys.len()));
-            // A short answer is caught by the decoder (a count that does not match).
-            let _ = job.reply.send(Ok(answer));
+            // A write the script could not make for this request: its text in place of the
+            // TATs. A short answer is caught by the decoder (a count that does not match).
+            let failed = answer[1..].iter().find_map(|v| match v {
+                Value::String(text) => Some(text.to_string()),
+                _ => None,
+            });
+            let _ = job.reply.send(match failed {
+                Some(text) => Err(super::calls::server_error(text)),
+                None => Ok(answer),
+            });
         }
     }
 }

@@ -95,7 +95,7 @@ impl RedisBackendBuilder {
             deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
             breaker: breaker::Settings::default(),
             lazy: false,
-            coalesce: None,
+            coalesce: Some(super::coalesce::Settings::default()),
             max_overrides: crate::backend::DEFAULT_MAX_OVERRIDES,
             #[cfg(test)]
             skewed: None,
@@ -110,31 +110,36 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Coalescing (default off): a request that finds
+    /// Coalescing (on by default, `max_batch` 64): while Redis is busy, a request that finds
     /// [`coalesce_in_flight`](Self::coalesce_in_flight) script calls already outstanding
     /// queues, and the next call to end sends up to `max_batch` queued requests as one call,
     /// so Redis runs one script for many decisions (each request still its own all-or-nothing
     /// batch, decided in queue order as if sent alone; `BENCHMARKS.md` has what it saves). A
     /// request that finds a call free makes its own, as without coalescing; a queued one waits
-    /// for one call at most, never beyond the command timeout. It applies to a single server
+    /// for one call at most, never beyond the command timeout. "Busy" is read from the round
+    /// trips: while they stay near the shortest seen lately (a remote Redis, whose round trip
+    /// is the network's, or a light load), no request queues. It applies to a single server
     /// or a pool, to spends whose keys are all GCRA and check-and-spend on the server's clock
     /// (a request's usual batch); others, a cluster and [`caller_time`](Self::caller_time) call
-    /// as without it. `max_batch` 0 or 1 turns it off. Off by default: a call carrying many
-    /// decisions holds Redis's single thread longer, which other users of that Redis see.
+    /// as without it. `max_batch` bounds how long one call holds Redis's single thread, which
+    /// every other user of that Redis waits behind: about 40,000 server instructions a request
+    /// (`BENCHMARKS.md`), so 64 requests hold it about as long as 40 uncoalesced calls would,
+    /// one after the other. `max_batch` 0 or 1 turns coalescing off.
     pub fn coalesce(mut self, max_batch: usize) -> Self {
         self.coalesce = (max_batch > 1).then(|| super::coalesce::Settings {
             max_batch,
-            in_flight: self.coalesce.map_or(2, |c| c.in_flight),
+            ..self.coalesce.unwrap_or_default()
         });
         self
     }
 
-    /// With [`coalesce`](Self::coalesce): how many calls may be in flight before requests
-    /// queue for the next one (default 2, at least 1). Fewer means larger batches and more
-    /// waiting.
+    /// With [`coalesce`](Self::coalesce): queue behind this many calls in flight always, not
+    /// only while the round trips say Redis is busy (by default 2, then). Fewer means larger
+    /// batches and more waiting.
     pub fn coalesce_in_flight(mut self, calls: usize) -> Self {
         if let Some(c) = &mut self.coalesce {
             c.in_flight = calls.max(1);
+            c.adaptive = false;
         }
         self
     }

@@ -52,15 +52,17 @@
 //!
 //! # Coalescing
 //!
-//! Off by default ([`RedisBackendBuilder::coalesce`]). When on, a request that finds
-//! [`coalesce_in_flight`](RedisBackendBuilder::coalesce_in_flight) calls outstanding queues,
-//! and the next call to end sends the queue as one script call: each request is still its own
-//! all-or-nothing batch, decided and written in queue order as if sent alone, and Redis runs
-//! one script for many decisions. A request that finds a call free makes its own, so coalescing
-//! costs nothing at low concurrency. A queued request waits at most for one call and never
-//! beyond the command timeout; if it times out, it may still be sent later (as a timed-out
-//! call may still be applied: it can only under-admit). [`RedisBackend::coalesce_stats`]
-//! counts what it shared.
+//! On by default ([`RedisBackendBuilder::coalesce`]). While Redis is busy (the recent round
+//! trips run well above the shortest seen lately), a request that finds 2 calls outstanding
+//! queues, and the next call to end sends the queue as one script call: each request is still
+//! its own all-or-nothing batch, decided and written in queue order as if sent alone, and
+//! Redis runs one script for many decisions. A request that finds a call free makes its own,
+//! and no request queues while the round trips are the network's (a remote Redis), so
+//! coalescing costs nothing at low concurrency or far from Redis. A queued request waits at
+//! most for one call and never beyond the command timeout; if it times out, it may still be
+//! sent later (as a timed-out call may still be applied: it can only under-admit). One
+//! request's failure is its own (a write refused, a key the server's ACL refuses).
+//! [`RedisBackend::coalesce_stats`] counts what it shared.
 //!
 //! # Prefetched tokens
 //!
@@ -403,7 +405,9 @@ impl RedisBackend {
         let reply = self
             .run_script(call, slot, batch.iter(), || self.keys(batch))
             .await;
-        drop(held);
+        if let Some(slot) = held {
+            slot.answered();
+        }
         Ok(self.after_spend(batch, reply?, local_now))
     }
 

@@ -114,7 +114,8 @@ end
 -- batch, all or nothing alone) has no head: ARGV[2] is the number of batches b, ARGV[3..2+b]
 -- their key counts (in KEYS order), then two fields per key as in 'g'. Batches are decided in
 -- order, each written before the next is read, as if they had been separate calls; the answer
--- is one list, now then every key's TAT read.
+-- is one list, now then every key's TAT read (a request whose write failed: the error's text
+-- in place of each of its TATs; the others are decided as usual).
 if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
   local first, per, batches, sizes = 5, 3, 1, 0
   if op == OP_LEAN_DEFAULTS then
@@ -181,13 +182,20 @@ if op == OP_LEAN_DEFAULTS or op == OP_LEAN or op == OP_COALESCED then
         -- Whole milliseconds, rounded up, without a call: t + 999 - (t + 999) % 1000 is
         -- exact below 2^53; then k more, the bit length of this limit's bound (2 * burst
         -- offset).
-        local up = t + 999
+        local up, r = t + 999, nil
         if margin < 0 then
           local _, k = math.frexp(2 * out[2 * n + 1 + i])
-          redis.call('SET', KEYS[i], t, 'PXAT', (up - up % 1000) / 1000 + k)
+          r = redis.pcall('SET', KEYS[i], t, 'PXAT', (up - up % 1000) / 1000 + k)
         else
           up = up - now
-          redis.call('SET', KEYS[i], t, 'PX', (up - up % 1000) / 1000 + margin)
+          r = redis.pcall('SET', KEYS[i], t, 'PX', (up - up % 1000) / 1000 + margin)
+        end
+        if r.err then
+          -- A write refused (out of memory): alone, the call's error; coalesced, this
+          -- request's answer is the error text in place of its TATs, and the next goes on.
+          if batches == 1 then return r end
+          for j = done + 1, last do out[j + 1] = r.err end
+          break
         end
       end
     end
