@@ -257,12 +257,12 @@ async fn a_request_the_server_refuses_fails_alone_in_a_coalesced_call() {
     assert!(command(server.port, &acl).unwrap().starts_with("+OK"));
     let url = format!("redis://lim:pw@127.0.0.1:{}", server.port);
     let (l, backend) = coalescing_limiter(&url, prefix, Duration::from_secs(5)).await;
-    let id = |i: usize| format!("{}{i}", if i % 4 == 0 { "bad" } else { "good" });
+    let id = |i: usize| format!("{}{i}", if i.is_multiple_of(4) { "bad" } else { "good" });
     let before = backend.coalesce_stats().unwrap();
     let batches: Vec<[Transaction; 1]> = (0..40).map(|i| [slow(&l, &id(i))]).collect();
     let answers = futures_util::future::join_all(batches.iter().map(|b| l.spend(b))).await;
     for (i, answer) in answers.iter().enumerate() {
-        if i % 4 == 0 {
+        if i.is_multiple_of(4) {
             assert!(
                 matches!(answer, Err(LimiterError::Backend(BackendError::Unavailable(t))) if t.contains("NOPERM")),
                 "{}: {answer:?}",
@@ -308,7 +308,7 @@ async fn a_refused_write_fails_only_its_request_in_a_coalesced_call() {
         );
     }
     let id = |i: usize| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             "full".to_string()
         } else {
             format!("fresh{i}")
@@ -320,7 +320,7 @@ async fn a_refused_write_fails_only_its_request_in_a_coalesced_call() {
     let after = backend.coalesce_stats().unwrap();
     command(server.port, "CONFIG SET maxmemory 0").unwrap();
     for (i, answer) in answers.iter().enumerate() {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             assert!(!answer.as_ref().unwrap().allowed(), "{}: {answer:?}", id(i));
         } else {
             assert!(
