@@ -4,8 +4,8 @@
 # warm-up of 3,000 calls. To count what a statement of the script costs, copy the script, change
 # the statement, and run both here.
 #   bash benches/redis_script_lab.sh [CALLS] [SCRIPT ARG1 ARG2]...
-# With no script: the crate's script, its lean path alone (what a one-rule spend runs; cut where
-# the shared functions begin), both called as 'g' (increment 10,000, burst offset 10,000,000:
+# With no script: the crate's script, its lean path alone (what a one-rule spend runs: the
+# script's first file, ratelimit.lua), both called as 'g' (increment 10,000, burst offset 10,000,000:
 # always allowed), and the peer's script (tower-rate-limit-fred: capacity 1,000, emission
 # interval 10 ms) when cargo has fetched it. Random keys move a count by about 500 from run to
 # run: compare runs of 20,000 calls (the default). Needs valgrind and redis-server (installed
@@ -22,8 +22,8 @@ cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm
 trap cleanup EXIT
 RUNS=()
 if [ $# -eq 0 ]; then
-  cp src/backend/redis/ratelimit.lua "$DIR/crate.lua"
-  awk '/^-- Shared by every path/ {exit} {print}' src/backend/redis/ratelimit.lua > "$DIR/crate_lean_path.lua"
+  cat src/backend/redis/{ratelimit,general_read,general_decide}.lua > "$DIR/crate.lua"
+  cp src/backend/redis/ratelimit.lua "$DIR/crate_lean_path.lua"
   RUNS+=("$DIR/crate.lua" 10000 10000000 "$DIR/crate_lean_path.lua" 10000 10000000)
   PEER=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/tower-rate-limit-fred-*/scripts/rate_limit.lua 2>/dev/null | tail -1 || true)
   [ -n "$PEER" ] && RUNS+=("$PEER" 1000 10)
