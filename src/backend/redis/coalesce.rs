@@ -64,8 +64,9 @@ pub(super) const CONGESTED: u64 = 5;
 const RELIEVED: u64 = 3;
 
 /// Calls timed before the adaptive limit decides (until then, no request queues: the first
-/// calls' round trips carry the connection's start), and the length of the window over which the shortest round trip is kept (it
-/// is the shortest of this window and the one before, so it follows a network that changes).
+/// calls' round trips carry the connection's start), and the length of the window over which
+/// the shortest round trip is kept (it is the shortest of this window and the one before, so
+/// it follows a network that changes).
 const WARM_UP: u64 = 32;
 const WINDOW: u64 = 4096;
 
@@ -103,12 +104,14 @@ impl Adapt {
             .fetch_min(us, Ordering::Relaxed)
             .min(us)
             .min(self.shortest_before.load(Ordering::Relaxed));
-        // An average over about the last 64 calls.
+        // An average over about the last 64 calls (the last 4 during the warm-up, so that the
+        // first calls, which carry the connection's start, leave it soon).
+        let weight = if timed < WARM_UP { 4 } else { 64 };
         let average = self.average.load(Ordering::Relaxed);
         let average = if average == 0 {
             us
         } else {
-            average - average / 64 + us / 64
+            average - average / weight + us / weight
         };
         self.average.store(average, Ordering::Relaxed);
         if timed >= WARM_UP {
@@ -384,5 +387,61 @@ impl RedisBackend {
                 None => Ok(answer),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Adapt, CONGESTED, RELIEVED, WARM_UP};
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    fn busy(a: &Adapt) -> bool {
+        a.busy.load(Ordering::Relaxed)
+    }
+
+    /// Round trips near the shortest (a remote link: 2.3 times it, with a slow one now and
+    /// then) never turn queueing on; an average above `CONGESTED` times the shortest does
+    /// (not before `WARM_UP` calls), and it stays on until the average falls under
+    /// `RELIEVED` times it.
+    #[test]
+    fn the_adaptive_limit_queues_only_while_round_trips_run_far_above_the_shortest() {
+        let a = Adapt::new();
+        let ms = Duration::from_micros;
+        for i in 0..WARM_UP - 1 {
+            a.observe(ms(if i == 0 { 100 } else { 10_000 }));
+        }
+        assert!(!busy(&a), "not before the warm-up ends");
+        // A remote link: 4,600 us, the shortest 2,000 us now and then, and one call of 20 ms
+        // in 50 (what `redis_rounds --delay-ms 1` sees).
+        let remote = |i: u64, typical: u64| match i % 50 {
+            0 => 20_000,
+            25 => 2_000,
+            _ => typical,
+        };
+        let a = Adapt::new();
+        for i in 0..10_000 {
+            a.observe(ms(remote(i, 4_600)));
+            assert!(!busy(&a), "call {i}: a remote link's round trips");
+        }
+        // Redis busy: round trips climb to 20 times the shortest.
+        let mut turned = None;
+        for i in 0..400 {
+            a.observe(ms(40_000));
+            if busy(&a) && turned.is_none() {
+                turned = Some(i);
+            }
+        }
+        let turned = turned.expect("queueing turned on");
+        assert!(turned < 200, "on after {turned} calls");
+        // Back between RELIEVED and CONGESTED times the shortest: still on; under: off.
+        for i in 0..1_000 {
+            a.observe(ms(remote(i, 2_000 * (RELIEVED + CONGESTED) / 2)));
+        }
+        assert!(busy(&a));
+        for i in 0..1_000 {
+            a.observe(ms(remote(i, 2_000 * RELIEVED - 2_000)));
+        }
+        assert!(!busy(&a));
     }
 }
