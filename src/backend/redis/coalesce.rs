@@ -91,8 +91,11 @@ impl Adapt {
         }
     }
 
-    /// Takes one call's round trip into account.
-    fn observe(&self, rtt: Duration) {
+    /// Takes one call's round trip into account, if the script `answered` it.
+    fn observe(&self, rtt: Duration, answered: bool) {
+        if !answered {
+            return;
+        }
         let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
         let timed = self.timed.fetch_add(1, Ordering::Relaxed) + 1;
         if timed.is_multiple_of(WINDOW) {
@@ -204,7 +207,7 @@ impl Coalescer {
 }
 
 /// A call slot, given back when dropped (also when the call's future is cancelled); giving it
-/// back sends what queued meanwhile. [`Slot::answered`] times the call's round trip.
+/// back sends what queued meanwhile. [`Slot::ended`] times the call's round trip.
 pub(super) struct Slot<'a> {
     backend: &'a RedisBackend,
     started: std::time::Instant,
@@ -218,10 +221,12 @@ impl<'a> Slot<'a> {
         }
     }
 
-    /// The call was answered (or failed): its round trip counts for the adaptive limit.
-    pub(super) fn answered(self) {
+    /// The call ended: its round trip counts for the adaptive limit when the script
+    /// `answered` (a call refused by an open circuit, failed or timed out says nothing of
+    /// Redis's load: its few microseconds, or its timeout, would skew the reading).
+    pub(super) fn ended(self, answered: bool) {
         if let Some(Some(adapt)) = self.backend.inner.coalescer.as_ref().map(|c| &c.adapt) {
-            adapt.observe(self.started.elapsed());
+            adapt.observe(self.started.elapsed(), answered);
         }
     }
 }
@@ -311,8 +316,8 @@ impl RedisBackend {
             };
             runtime.spawn(async move {
                 let slot = Slot::new(&backend);
-                backend.run_jobs(jobs).await;
-                slot.answered();
+                let answered = backend.run_jobs(jobs).await;
+                slot.ended(answered);
             });
         }
     }
@@ -322,13 +327,14 @@ impl RedisBackend {
         self.eval(0, || (job.keys.clone(), job.args.clone())).await
     }
 
-    /// One call for `jobs` (the `g` call for one), its answer split among them. One request's
+    /// One call for `jobs` (the `g` call for one), its answer split among them; whether the
+    /// script answered. One request's
     /// failure is its own: a write the script could not make answers that request's error
     /// (the script goes on with the next), and a call the server refused for one request's
     /// keys (`NOPERM`: a user whose ACL does not cover every key) is sent again one request a
     /// call, so that only the refused ones fail (nothing ran: the server checks the keys before
     /// the script starts).
-    async fn run_jobs(&self, jobs: Vec<Job>) {
+    async fn run_jobs(&self, jobs: Vec<Job>) -> bool {
         let result = if let [job] = &jobs[..] {
             self.alone(job).await
         } else {
@@ -352,7 +358,8 @@ impl RedisBackend {
                 });
                 let _ = job.reply.send(answer);
             }
-            return;
+            // The refused call's round trip was the server's: a check of the keys.
+            return false;
         }
         let items = match result {
             Ok(Value::Array(items)) => items,
@@ -367,7 +374,7 @@ impl RedisBackend {
                 for job in jobs {
                     let _ = job.reply.send(Err(e.clone()));
                 }
-                return;
+                return false;
             }
         };
         let now = items.first().cloned().unwrap_or(Value::Null);
@@ -387,6 +394,7 @@ impl RedisBackend {
                 None => Ok(answer),
             });
         }
+        true
     }
 }
 
@@ -400,6 +408,12 @@ mod tests {
         a.busy.load(Ordering::Relaxed)
     }
 
+    impl Adapt {
+        fn observe_answered(&self, rtt: Duration) {
+            self.observe(rtt, true);
+        }
+    }
+
     /// Round trips near the shortest (a remote link: 2.3 times it, with a slow one now and
     /// then) never turn queueing on; an average above `CONGESTED` times the shortest does
     /// (not before `WARM_UP` calls), and it stays on until the average falls under
@@ -409,7 +423,7 @@ mod tests {
         let a = Adapt::new();
         let ms = Duration::from_micros;
         for i in 0..WARM_UP - 1 {
-            a.observe(ms(if i == 0 { 100 } else { 10_000 }));
+            a.observe_answered(ms(if i == 0 { 100 } else { 10_000 }));
         }
         assert!(!busy(&a), "not before the warm-up ends");
         // A remote link: 4,600 us, the shortest 2,000 us now and then, and one call of 20 ms
@@ -421,13 +435,13 @@ mod tests {
         };
         let a = Adapt::new();
         for i in 0..10_000 {
-            a.observe(ms(remote(i, 4_600)));
+            a.observe_answered(ms(remote(i, 4_600)));
             assert!(!busy(&a), "call {i}: a remote link's round trips");
         }
         // Redis busy: round trips climb to 20 times the shortest.
         let mut turned = None;
         for i in 0..400 {
-            a.observe(ms(40_000));
+            a.observe_answered(ms(40_000));
             if busy(&a) && turned.is_none() {
                 turned = Some(i);
             }
@@ -436,12 +450,31 @@ mod tests {
         assert!(turned < 200, "on after {turned} calls");
         // Back between RELIEVED and CONGESTED times the shortest: still on; under: off.
         for i in 0..1_000 {
-            a.observe(ms(remote(i, 2_000 * (RELIEVED + CONGESTED) / 2)));
+            a.observe_answered(ms(remote(i, 2_000 * (RELIEVED + CONGESTED) / 2)));
         }
         assert!(busy(&a));
         for i in 0..1_000 {
-            a.observe(ms(remote(i, 2_000 * RELIEVED - 2_000)));
+            a.observe_answered(ms(remote(i, 2_000 * RELIEVED - 2_000)));
         }
         assert!(!busy(&a));
+    }
+
+    /// Calls that were not answered (an open circuit answers in microseconds, a timeout after
+    /// the command timeout) say nothing of Redis's load: after an outage of thousands of them,
+    /// a remote link's round trips still do not queue.
+    #[test]
+    fn calls_that_were_not_answered_leave_the_adaptive_limit_as_it_was() {
+        let a = Adapt::new();
+        let ms = Duration::from_micros;
+        for _ in 0..100 {
+            a.observe_answered(ms(2_300));
+        }
+        for i in 0..10_000 {
+            a.observe(ms(if i % 2 == 0 { 3 } else { 2_000_000 }), false);
+        }
+        for i in 0..1_000 {
+            a.observe_answered(ms(4_600));
+            assert!(!busy(&a), "call {i} after the outage");
+        }
     }
 }

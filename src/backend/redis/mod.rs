@@ -406,7 +406,7 @@ impl RedisBackend {
             .run_script(call, slot, batch.iter(), || self.keys(batch))
             .await;
         if let Some(slot) = held {
-            slot.answered();
+            slot.ended(reply.is_ok());
         }
         Ok(self.after_spend(batch, reply?, local_now))
     }
