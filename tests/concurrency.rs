@@ -601,7 +601,7 @@ impl tower_ratelimits::Backend for Switch {
     async fn refund(
         &self,
         batch: &[tower_ratelimits::BucketTx<'_>],
-    ) -> Result<Vec<tower_ratelimits::Outcome>, tower_ratelimits::BackendError> {
+    ) -> Result<tower_ratelimits::Outcomes, tower_ratelimits::BackendError> {
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(tower_ratelimits::BackendError::Unavailable("down".into()));
         }

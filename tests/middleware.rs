@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_ratelimits::async_trait;
 use tower_ratelimits::{Backend, BackendError, BucketTx, FieldStyle, Spend};
-use tower_ratelimits::{BucketKey, Limiter, Limits, ManualClock, MemoryBackend, Outcome};
+use tower_ratelimits::{BucketKey, Limiter, Limits, ManualClock, MemoryBackend, Outcomes};
 use tower_ratelimits::{
     ClientIp, FailurePolicy, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule, Settle,
 };
@@ -46,7 +46,7 @@ impl Backend for Broken {
             Err(BackendError::Unavailable("connection refused".into()))
         }))
     }
-    async fn refund(&self, _: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+    async fn refund(&self, _: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
         if self.hang {
             std::future::pending::<()>().await;
         }

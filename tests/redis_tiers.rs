@@ -265,3 +265,47 @@ async fn round_trips_compensations_and_latency_are_counted_on_the_cluster() {
     );
     assert!(!m.contains_key("tower_ratelimits_redis_deny_cache_hits_total{}"));
 }
+
+/// On a cluster a batch's keys go out in one call per slot and their outcomes come back out of
+/// order: each tier grant stays with its own transaction, on a spend and on a refund.
+#[tokio::test]
+async fn tier_grants_stay_with_their_transactions_across_a_clusters_slots() {
+    let redis = TestRedis::cluster();
+    let yaml = format!("{TIER_LIMITS}Plain:\n  burst: 100\n  count: 100\n  period: 1s\n");
+    let (_backend, limiter) = limiter_on(&redis.url, &unique_prefix("grants"), &yaml).await;
+    let plain = |id: &str| limiter.parse_key("Plain", id).unwrap();
+    let hot = limiter.parse_key("Hot", "acct").unwrap();
+    let penalty = limiter.parse_key("Penalty", "other").unwrap();
+    // Two tiered keys between plain ones, on more slots than one.
+    let batch = [
+        Transaction::new(plain("a")),
+        Transaction::new(hot.clone()).cost(70),
+        Transaction::new(plain("b")),
+        Transaction::new(penalty.clone()).cost(3),
+        Transaction::new(plain("c")),
+    ];
+    let d = limiter.spend(&batch).await.unwrap();
+    assert!(d.allowed(), "{d:?}");
+    let tiers: Vec<_> = d
+        .decisions()
+        .iter()
+        .map(|d| d.tiers().map(|t| t.units().to_vec()))
+        .collect();
+    assert_eq!(
+        tiers,
+        [None, Some(vec![60, 10]), None, Some(vec![3, 0]), None],
+        "{d:?}"
+    );
+    let refund = [
+        Transaction::new(plain("a")),
+        Transaction::new(penalty.clone()).cost(2),
+        Transaction::new(hot.clone()).cost(5),
+    ];
+    let r = limiter.refund(&refund).await.unwrap();
+    let taken: Vec<_> = r
+        .decisions()
+        .iter()
+        .map(|d| (d.granted(), d.tiers().map(|t| t.granted)))
+        .collect();
+    assert_eq!(taken, [(0, None), (2, Some(2)), (5, Some(5))], "{r:?}");
+}

@@ -657,7 +657,7 @@ impl tower_ratelimits::Backend for HoldsRefunds {
     async fn refund(
         &self,
         batch: &[tower_ratelimits::BucketTx<'_>],
-    ) -> Result<Vec<tower_ratelimits::Outcome>, tower_ratelimits::BackendError> {
+    ) -> Result<tower_ratelimits::Outcomes, tower_ratelimits::BackendError> {
         // Not a timing assertion: the wait only breaks the deadlock of a correct middleware.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.end_seen.notified()).await;
         let out = self.inner.refund(batch).await;

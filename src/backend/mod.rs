@@ -33,8 +33,10 @@ pub(crate) use overrides::{Watched, Watcher};
 #[cfg(feature = "redis")]
 pub use redis::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
 
-/// What a backend decided for one transaction of a batch.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// What a backend decided for one transaction of a batch. Plain data (`Copy`, nothing to
+/// drop): a tiered transaction's grant per tier travels beside it, in its batch's [`Outcomes`]
+/// ([`Outcomes::tier_grant`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Outcome {
     /// Allowed (spend, check) or refunded something (refund).
@@ -45,9 +47,6 @@ pub struct Outcome {
     pub retry_after_us: u64,
     /// Microseconds until the bucket is full again.
     pub reset_after_us: u64,
-    /// For a tiered limit: the units granted per tier and the tier serving the client (boxed:
-    /// an outcome is moved on every request's road, and only a tiered limit has this).
-    pub tiers: Option<Box<TierGrant>>,
     /// For a GCRA transaction asked for a range of units (a partial grant,
     /// [`Transaction::cost_range`](crate::Transaction::cost_range)): the units granted, 0 on a
     /// denial. `None` for a single cost, which is granted whole when allowed. A custom
@@ -73,7 +72,6 @@ impl Outcome {
             remaining,
             retry_after_us,
             reset_after_us,
-            tiers: None,
             granted: None,
             period_s: 0,
             skipped: false,
@@ -89,12 +87,13 @@ impl Outcome {
         }
     }
 
-    /// The outcome of a tiered decision.
-    pub(crate) fn tiered(d: &TierDecision, limit: &TieredLimit) -> Self {
-        Self {
-            tiers: Some(Box::new(d.grant(limit))),
-            ..Self::new(d.allowed, d.remaining, d.retry_after_us, d.reset_after_us)
-        }
+    /// The outcome of a tiered decision, and its grant per tier (which goes beside it in its
+    /// batch's [`Outcomes`]).
+    pub(crate) fn tiered(d: &TierDecision, limit: &TieredLimit) -> (Self, TierGrant) {
+        (
+            Self::new(d.allowed, d.remaining, d.retry_after_us, d.reset_after_us),
+            d.grant(limit),
+        )
     }
 }
 
@@ -335,11 +334,182 @@ pub enum BackendError {
 
 readable_debug!(BackendError { Full { max_keys }, Timeout(after), Unavailable(reason), OutOfMemory(reason), CircuitOpen { retry_in }, InvalidState { key, reason }, Gcra(error), Tiers(error) });
 
-/// A backend's outcomes for a batch, one per transaction, in order: on the stack for a batch
-/// of one (a request with one rule), so the commonest decision allocates nothing. (Four
-/// inline cost a one-rule request 29 instructions and `Backend::spend` 51, for 27 fewer on
-/// three rules: callgrind, `benches/instructions.sh`.)
-pub type Outcomes = smallvec::SmallVec<[Outcome; 1]>;
+/// A backend's outcomes for a batch, one per transaction, in order (read them as a slice:
+/// `Outcomes` derefs to `[Outcome]`), and the grant per tier of each tiered one
+/// ([`tier_grant`](Self::tier_grant)).
+///
+/// One outcome is on the stack (a request with one rule: the commonest decision allocates
+/// nothing; four inline cost a one-rule request 29 instructions and `Backend::spend` 51, for
+/// 27 fewer on three rules: callgrind, `benches/instructions.sh`). The tier grants, 80 bytes
+/// each, are kept apart so that an outcome is plain data: a batch without a tiered limit
+/// carries an empty list, which costs nothing to build or drop.
+///
+/// ```
+/// use tower_ratelimits::{Outcome, Outcomes};
+/// let mut outcomes = Outcomes::new();
+/// outcomes.push(Outcome::new(true, 4, 0, 200_000));
+/// assert_eq!(outcomes.len(), 1);
+/// assert!(outcomes[0].allowed && outcomes.tier_grant(0).is_none());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcomes {
+    list: smallvec::SmallVec<[Outcome; 1]>,
+    /// `(position, grant)` of the tiered outcomes, by position; `None` when there are none
+    /// (one word, nothing to free; a tiered batch's grants are few, copied when one is added).
+    grants: Option<Box<[(usize, TierGrant)]>>,
+}
+
+impl Outcomes {
+    /// No outcomes.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// No outcomes, with room for `n`.
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            list: smallvec::SmallVec::with_capacity(n),
+            grants: None,
+        }
+    }
+
+    /// `n` copies of `outcome`, each to be replaced ([`set`](Self::set)): for a backend that
+    /// answers a batch's transactions out of order (one call per node of a cluster).
+    pub fn filled(n: usize, outcome: Outcome) -> Self {
+        Self {
+            list: smallvec::smallvec![outcome; n],
+            grants: None,
+        }
+    }
+
+    /// One outcome (built in place: no copy on the way out).
+    #[inline]
+    pub(crate) fn one(outcome: Outcome) -> Self {
+        Self {
+            list: smallvec::SmallVec::from_buf([outcome]),
+            grants: None,
+        }
+    }
+
+    /// Adds the next transaction's outcome.
+    #[inline]
+    pub fn push(&mut self, outcome: Outcome) {
+        self.list.push(outcome);
+    }
+
+    /// Adds the next transaction's outcome with its grant per tier (a tiered limit's).
+    pub fn push_tiered(&mut self, outcome: Outcome, grant: Option<TierGrant>) {
+        if let Some(g) = grant {
+            self.put_grant(self.list.len(), g);
+        }
+        self.list.push(outcome);
+    }
+
+    /// Replaces the outcome at `i` (and its grant); nothing when `i` is out of range.
+    pub fn set(&mut self, i: usize, outcome: Outcome, grant: Option<TierGrant>) {
+        let Some(slot) = self.list.get_mut(i) else {
+            return;
+        };
+        *slot = outcome;
+        if let Some(grants) = self.grants.take() {
+            let left: Vec<_> = grants.into_iter().filter(|&(at, _)| at != i).collect();
+            self.grants = (!left.is_empty()).then(|| left.into_boxed_slice());
+        }
+        if let Some(g) = grant {
+            self.put_grant(i, g);
+        }
+    }
+
+    /// Records the grant of the outcome at `i` (none recorded there), in order of position.
+    fn put_grant(&mut self, i: usize, grant: TierGrant) {
+        let mut grants = self.grants.take().map_or_else(Vec::new, Vec::from);
+        let at = grants.partition_point(|&(at, _)| at < i);
+        grants.insert(at, (i, grant));
+        self.grants = Some(grants.into_boxed_slice());
+    }
+
+    /// Whether any outcome has a grant per tier.
+    #[inline]
+    pub fn has_tier_grants(&self) -> bool {
+        self.grants.is_some()
+    }
+
+    /// The grant per tier of the outcome at `i`, if it is a tiered limit's.
+    #[inline]
+    pub fn tier_grant(&self, i: usize) -> Option<&TierGrant> {
+        let grants = self.grants.as_deref()?;
+        grants.iter().find_map(|(at, g)| (*at == i).then_some(g))
+    }
+
+    /// Each outcome with its grant per tier, in order, by reference.
+    #[inline]
+    pub fn iter_tiered(&self) -> impl Iterator<Item = (&Outcome, Option<&TierGrant>)> + Clone {
+        let mut grants: &[(usize, TierGrant)] = self.grants.as_deref().map_or(&[], |g| g);
+        self.list
+            .iter()
+            .enumerate()
+            .map(move |(i, o)| match grants {
+                [(at, g), rest @ ..] if *at == i => {
+                    grants = rest;
+                    (o, Some(g))
+                }
+                _ => (o, None),
+            })
+    }
+
+    /// Each outcome with its grant per tier, in order.
+    pub fn into_tiered(self) -> impl Iterator<Item = (Outcome, Option<TierGrant>)> {
+        let grants = self.grants;
+        self.list.into_iter().enumerate().map(move |(i, o)| {
+            let g = grants
+                .as_deref()
+                .and_then(|g| g.iter().find_map(|&(at, g)| (at == i).then_some(g)));
+            (o, g)
+        })
+    }
+}
+
+impl std::ops::Deref for Outcomes {
+    type Target = [Outcome];
+    #[inline]
+    fn deref(&self) -> &[Outcome] {
+        &self.list
+    }
+}
+
+impl std::ops::DerefMut for Outcomes {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [Outcome] {
+        &mut self.list
+    }
+}
+
+impl<'a> IntoIterator for &'a Outcomes {
+    type Item = &'a Outcome;
+    type IntoIter = std::slice::Iter<'a, Outcome>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.list.iter()
+    }
+}
+
+impl FromIterator<Outcome> for Outcomes {
+    fn from_iter<I: IntoIterator<Item = Outcome>>(iter: I) -> Self {
+        Self {
+            list: iter.into_iter().collect(),
+            grants: None,
+        }
+    }
+}
+
+impl FromIterator<(Outcome, Option<TierGrant>)> for Outcomes {
+    fn from_iter<I: IntoIterator<Item = (Outcome, Option<TierGrant>)>>(iter: I) -> Self {
+        let mut out = Self::new();
+        for (o, g) in iter {
+            out.push_tiered(o, g);
+        }
+        out
+    }
+}
 
 /// A spend still under way: a future that owns what it needs (it outlives the batch it was
 /// asked for), answering the batch's outcomes.
@@ -392,7 +562,7 @@ pub trait Backend: Send + Sync + 'static {
     fn spend(&self, batch: &[BucketTx<'_>]) -> Spend;
 
     /// Refunds each transaction's cost, independently, never above a full bucket.
-    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError>;
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError>;
 
     /// Forgets what buckets spent: a GCRA bucket or a tiered key becomes full. A concurrency
     /// key keeps its live leases (they are requests in flight, which end by themselves: their
@@ -450,7 +620,7 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
         (**self).spend(batch)
     }
-    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
         (**self).refund(batch).await
     }
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
@@ -467,5 +637,59 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn clock(&self) -> Option<std::sync::Arc<dyn crate::time::Clock>> {
         (**self).clock()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(tier: u8) -> TierGrant {
+        TierGrant {
+            tier,
+            ..TierGrant::default()
+        }
+    }
+
+    /// A grant stays with its outcome: pushed, replaced out of order (a cluster's calls),
+    /// read by position, by reference and by value.
+    #[test]
+    fn tier_grants_follow_their_outcomes() {
+        let plain = Outcome::new(true, 1, 0, 0);
+        let mut o = Outcomes::new();
+        o.push(plain);
+        o.push_tiered(Outcome::new(true, 2, 0, 0), Some(grant(2)));
+        o.push_tiered(plain, None);
+        assert!(o.has_tier_grants());
+        assert_eq!(o.len(), 3);
+        assert_eq!(o.tier_grant(1).map(|g| g.tier), Some(2));
+        assert!(
+            o.tier_grant(0).is_none() && o.tier_grant(2).is_none() && o.tier_grant(9).is_none()
+        );
+
+        let mut filled = Outcomes::filled(3, Outcome::skip());
+        filled.set(2, plain, Some(grant(3)));
+        filled.set(0, plain, Some(grant(1)));
+        filled.set(1, plain, None);
+        filled.set(2, plain, Some(grant(4)));
+        filled.set(7, plain, Some(grant(5)));
+        let tiers = |o: &Outcomes| -> Vec<Option<u8>> {
+            o.iter_tiered().map(|(_, g)| g.map(|g| g.tier)).collect()
+        };
+        assert_eq!(tiers(&filled), [Some(1), None, Some(4)]);
+        filled.set(0, plain, None);
+        assert_eq!(tiers(&filled), [None, None, Some(4)]);
+        let mut emptied = filled.clone();
+        emptied.set(2, plain, None);
+        assert!(!emptied.has_tier_grants() && filled.has_tier_grants());
+        let by_value: Vec<Option<u8>> = filled
+            .clone()
+            .into_tiered()
+            .map(|(_, g)| g.map(|g| g.tier))
+            .collect();
+        assert_eq!(by_value, tiers(&filled));
+        let rebuilt: Outcomes = filled.clone().into_tiered().collect();
+        assert_eq!(rebuilt, filled);
+        assert!(!Outcomes::one(plain).has_tier_grants());
     }
 }

@@ -164,7 +164,7 @@ impl<'a> From<Entry<'a>> for Seen<'a> {
             remaining: e.outcome.remaining,
             retry_after_us: e.outcome.retry_after_us,
             reset_after_us: e.outcome.reset_after_us,
-            tiers: e.outcome.tiers.as_deref(),
+            tiers: e.tiers,
             period_s: e.outcome.period_s,
         }
     }

@@ -4,6 +4,7 @@
 //! answered at once (a [`Verdict`], read by reference) or later (a [`Pending`]). The in-memory
 //! fallback takes the same step ([`Limiter::spend_now`]).
 
+use crate::algo::tiers::TierGrant;
 use crate::backend::Outcome;
 use crate::backend::{BackendError, BucketTx, Outcomes, Spend};
 use crate::config::Limits;
@@ -60,6 +61,8 @@ pub(crate) struct Entry<'v> {
     pub(crate) quota: Option<&'v Quota>,
     pub(crate) mode: Mode,
     pub(crate) outcome: &'v Outcome,
+    /// A tiered limit's grant per tier.
+    pub(crate) tiers: Option<&'v TierGrant>,
 }
 
 impl Entry<'_> {
@@ -75,7 +78,6 @@ const DISABLED: Outcome = Outcome {
     remaining: u64::MAX,
     retry_after_us: 0,
     reset_after_us: 0,
-    tiers: None,
     granted: None,
     period_s: 0,
     skipped: false,
@@ -106,19 +108,28 @@ impl<'a> Verdict<'a> {
     /// Each transaction with its quota, mode and outcome, in order.
     #[inline]
     pub(crate) fn entries(&self) -> impl Iterator<Item = Entry<'_>> + Clone {
-        let mut outcomes = self.outcomes.iter();
-        self.batch
-            .iter()
-            .zip(&self.resolved)
-            .map(move |(tx, r)| Entry {
+        let all = &self.outcomes;
+        // Most batches have no tiered limit: their grants are never looked for.
+        let tiered = all.has_tier_grants();
+        let mut outcomes = all.iter();
+        let mut at = 0;
+        self.batch.iter().zip(&self.resolved).map(move |(tx, r)| {
+            let (outcome, tiers) = match r.quota {
+                Some(_) => {
+                    at += 1;
+                    let tiers = if tiered { all.tier_grant(at - 1) } else { None };
+                    (outcomes.next().unwrap_or(&DISABLED), tiers)
+                }
+                None => (&DISABLED, None),
+            };
+            Entry {
                 tx,
                 quota: r.quota,
                 mode: r.mode,
-                outcome: match r.quota {
-                    Some(_) => outcomes.next().unwrap_or(&DISABLED),
-                    None => &DISABLED,
-                },
-            })
+                outcome,
+                tiers,
+            }
+        })
     }
 
     /// Whether the batch is allowed: no counting transaction was denied.
@@ -203,12 +214,12 @@ fn decision(
     quota: Option<&Quota>,
     mode: Mode,
     cost: u64,
-    o: Outcome,
+    (o, tiers): (Outcome, Option<&TierGrant>),
     op: Op,
     lease: u64,
 ) -> Decision {
     let lease_id = std::num::NonZeroU64::new(lease).filter(|_| o.allowed && op == Op::Spend);
-    let granted = match (&o.tiers, o.granted, o.allowed, op) {
+    let granted = match (&tiers, o.granted, o.allowed, op) {
         (Some(t), _, _, _) => t.granted,
         (None, Some(g), _, Op::Spend | Op::Check) => g,
         (None, None, true, Op::Spend | Op::Check) => cost,
@@ -221,7 +232,7 @@ fn decision(
         retry_after: us(o.retry_after_us),
         reset_after: us(o.reset_after_us),
         limit: quota.cloned(),
-        tiers: o.tiers.map(|t| *t),
+        tiers: tiers.copied(),
         period_s: o.period_s,
         name: key.name(),
         key,
@@ -380,8 +391,8 @@ impl Limiter {
             &mut txs,
             &mut counted,
         )?;
-        let outcomes = if txs.is_empty() {
-            Vec::new()
+        let mut outcomes = if txs.is_empty() {
+            Outcomes::new()
         } else {
             #[cfg(feature = "metrics")]
             let started = std::time::Instant::now();
@@ -390,7 +401,6 @@ impl Limiter {
             crate::telemetry::backend_duration(Op::Refund.label(), started.elapsed().as_secs_f64());
             outcomes?
         };
-        let mut outcomes = Outcomes::from_vec(outcomes);
         if counted.blocks {
             outcomes = with_blocks(&resolved, outcomes)?;
         }
@@ -492,15 +502,16 @@ fn with_blocks<Q>(resolved: &[Resolved<Q>], sent: Outcomes) -> Result<Outcomes, 
     if sent.len() != expected {
         return Err(BackendError::outcome_count(sent.len(), expected).into());
     }
-    let mut sent = sent.into_iter();
+    let mut sent = sent.into_tiered();
     let mut out = Outcomes::new();
     for r in resolved.iter().filter(|r| r.quota.is_some()) {
-        out.push(if r.block_s != 0 {
+        let (o, grant) = if r.block_s != 0 {
             let us = u64::from(r.block_s) * 1_000_000;
-            Outcome::new(false, 0, us, us)
+            (Outcome::new(false, 0, us, us), None)
         } else {
             sent.next().unwrap_or_default()
-        });
+        };
+        out.push_tiered(o, grant);
     }
     Ok(out)
 }
@@ -517,20 +528,22 @@ fn finish<Q: std::borrow::Borrow<Quota>>(
     if outcomes.len() != sent {
         return Err(BackendError::outcome_count(outcomes.len(), sent).into());
     }
-    let mut outcomes = outcomes.into_iter();
+    let mut answered = outcomes.iter_tiered();
     let mut decisions = Vec::with_capacity(batch.len());
     for (tx, r) in batch.iter().zip(resolved) {
         let quota = r.quota.as_ref().map(std::borrow::Borrow::borrow);
-        let o = match quota {
-            Some(_) => outcomes.next().unwrap_or_default(),
-            None => Outcome::new(true, u64::MAX, 0, 0),
+        let (o, grant) = match quota {
+            Some(_) => answered
+                .next()
+                .map_or((Outcome::default(), None), |(o, g)| (*o, g)),
+            None => (Outcome::new(true, u64::MAX, 0, 0), None),
         };
         decisions.push(decision(
             tx.key().clone(),
             quota,
             r.mode,
             r.cost,
-            o,
+            (o, grant),
             op,
             r.lease,
         ));

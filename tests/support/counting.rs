@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tower_ratelimits::async_trait;
-use tower_ratelimits::{Backend, BackendError, BucketKey, BucketTx, MemoryBackend, Outcome, Spend};
+use tower_ratelimits::{
+    Backend, BackendError, BucketKey, BucketTx, MemoryBackend, Outcomes, Spend,
+};
 
 pub struct Counting {
     pub calls: Arc<AtomicUsize>,
@@ -19,7 +21,7 @@ impl Backend for Counting {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.spend(batch)
     }
-    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
         self.inner.refund(batch).await
     }
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use tower_ratelimits::kit::{self, Stored};
-use tower_ratelimits::{Backend, BackendError, BucketKey, BucketTx, Clock, Outcome, Quota, Spend};
+use tower_ratelimits::{Backend, BackendError, BucketKey, BucketTx, Clock, Outcomes, Quota, Spend};
 
 /// A bucket's key in the map: its limit and id, and the shape of its state (a limit that
 /// changes shape in a reload starts afresh, as the Redis backend's suffixed keys do).
@@ -63,17 +63,17 @@ impl<C: Clock> Backend for Outside<C> {
         Spend::Ready(Ok(spent.outcomes))
     }
 
-    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
         let now = self.clock.now_us();
         let mut states = self.states();
-        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut outcomes = Outcomes::with_capacity(batch.len());
         for tx in batch {
             let s = slot(tx);
-            let (outcome, write) = kit::refund(tx, states.get(&s).map(Stored::read), now)?;
-            if let Some(state) = write {
+            let r = kit::refund(tx, states.get(&s).map(Stored::read), now)?;
+            if let Some(state) = r.write {
                 states.insert(s, state);
             }
-            outcomes.push(outcome);
+            outcomes.push_tiered(r.outcome, r.tiers);
         }
         Ok(outcomes)
     }

@@ -16,7 +16,7 @@
 //! use std::collections::HashMap;
 //! use std::sync::Mutex;
 //! use tower_ratelimits::kit::{self, Stored};
-//! use tower_ratelimits::{Backend, BackendError, BucketKey, BucketTx, Outcome, Spend};
+//! use tower_ratelimits::{Backend, BackendError, BucketKey, BucketTx, Outcomes, Spend};
 //!
 //! #[derive(Default)]
 //! struct Store {
@@ -41,16 +41,16 @@
 //!         }
 //!         Spend::Ready(Ok(spent.outcomes))
 //!     }
-//!     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+//!     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
 //!         let now = tower_ratelimits::Clock::now_us(&self.clock);
 //!         let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-//!         let mut outcomes = Vec::with_capacity(batch.len());
+//!         let mut outcomes = Outcomes::with_capacity(batch.len());
 //!         for tx in batch {
-//!             let (outcome, write) = kit::refund(tx, states.get(tx.key()).map(Stored::read), now)?;
-//!             if let Some(state) = write {
+//!             let r = kit::refund(tx, states.get(tx.key()).map(Stored::read), now)?;
+//!             if let Some(state) = r.write {
 //!                 states.insert(tx.key().clone(), state);
 //!             }
-//!             outcomes.push(outcome);
+//!             outcomes.push_tiered(r.outcome, r.tiers);
 //!         }
 //!         Ok(outcomes)
 //!     }
@@ -83,7 +83,7 @@ use std::borrow::Cow;
 use crate::algo::calendar::{self as calendar_rule, CalendarState};
 use crate::algo::concurrency as concurrency_rule;
 use crate::algo::gcra as gcra_rule;
-use crate::algo::tiers::{self as tiers_rule, TierState};
+use crate::algo::tiers::{self as tiers_rule, TierGrant, TierState};
 use crate::mode::Mode;
 use crate::quota::Quota;
 
@@ -225,6 +225,7 @@ pub fn spend(
             };
         }
         let mut repair = None;
+        let mut grant = None;
         let (outcome, write) = match tx.quota {
             Quota::Gcra(limit) => {
                 let word = match stored {
@@ -249,7 +250,9 @@ pub fn spend(
                     tiers_rule::apply(limit, &mut next, now, &plan);
                     Stored::Tiers(next)
                 });
-                (Outcome::tiered(&d, limit), write)
+                let (outcome, g) = Outcome::tiered(&d, limit);
+                grant = Some(g);
+                (outcome, write)
             }
             Quota::Concurrency(limit) => {
                 let (leases, cut) = read_leases(limit, stored, now);
@@ -281,7 +284,7 @@ pub fn spend(
                 (outcome, write)
             }
         };
-        outcomes.push(outcome);
+        outcomes.push_tiered(outcome, grant);
         writes.push(write);
         repairs.push(repair);
     }
@@ -313,14 +316,27 @@ pub fn spend(
     })
 }
 
+/// A transaction the kit refunded ([`refund`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Refunded {
+    /// What the refund reports.
+    pub outcome: Outcome,
+    /// A tiered key's units taken back, per tier (for [`Outcomes::push_tiered`]).
+    pub tiers: Option<TierGrant>,
+    /// What to store for the bucket (`None`: leave it as it is).
+    pub write: Option<Stored>,
+}
+
 /// Decides a refund of `tx` (its cost; on a concurrency key, the release of its lease) from the
 /// state read (`None`: nothing stored) at `now`: its outcome, and what to write.
 pub fn refund(
     tx: &BucketTx<'_>,
     stored: Option<Read<'_>>,
     now: u64,
-) -> Result<(Outcome, Option<Stored>), BackendError> {
-    Ok(match tx.quota {
+) -> Result<Refunded, BackendError> {
+    let mut tiers = None;
+    let (outcome, write) = match tx.quota {
         Quota::Gcra(limit) => {
             let word = match stored {
                 Some(Read::Tat(t)) => t,
@@ -339,7 +355,9 @@ pub fn refund(
         Quota::Tiered(limit) => {
             let mut state = read_tiers(limit, stored, now).into_owned();
             let d = tiers_rule::refund(limit, &mut state, now, tx.cost);
-            (Outcome::tiered(&d, limit), Some(Stored::Tiers(state)))
+            let (outcome, grant) = Outcome::tiered(&d, limit);
+            tiers = Some(grant);
+            (outcome, Some(Stored::Tiers(state)))
         }
         Quota::Concurrency(limit) => {
             let (leases, _) = read_leases(limit, stored, now);
@@ -361,6 +379,11 @@ pub fn refund(
                 write.map(Stored::Calendar),
             )
         }
+    };
+    Ok(Refunded {
+        outcome,
+        tiers,
+        write,
     })
 }
 

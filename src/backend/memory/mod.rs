@@ -45,7 +45,7 @@ use smallvec::SmallVec;
 
 use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
 use crate::algo::calendar::{CalendarQuota, CalendarState};
-use crate::algo::tiers::TierState;
+use crate::algo::tiers::{TierGrant, TierState};
 use crate::algo::{concurrency, gcra};
 use crate::backend::Outcome;
 use crate::key::BucketKey;
@@ -403,7 +403,7 @@ impl Backend for MemoryBackend {
         Spend::Ready(self.spend_mixed(batch, now))
     }
 
-    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
         let now = self.now();
         batch.iter().map(|tx| self.refund_one(tx, now)).collect()
     }

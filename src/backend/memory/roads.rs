@@ -119,7 +119,7 @@ impl MemoryBackend {
             Quota::Calendar(quota) => return self.spend_one_calendar(tx, quota, now),
             _ => return Spend::Ready(self.spend_mixed(std::slice::from_ref(tx), now)),
         };
-        let answer = |d: &kit::GcraDecision| Spend::Ready(Ok(Outcomes::from_buf([d.outcome()])));
+        let answer = |d: &kit::GcraDecision| Spend::Ready(Ok(Outcomes::one(d.outcome())));
         let place = Buckets::place(tx.key);
         loop {
             let held = self.inner.map.get(place);
@@ -183,7 +183,7 @@ impl MemoryBackend {
             }
         });
         match decided {
-            Ok(Ok(d)) => Spend::Ready(Ok(Outcomes::from_buf([d.outcome()]))),
+            Ok(Ok(d)) => Spend::Ready(Ok(Outcomes::one(d.outcome()))),
             Ok(Err(e)) => Spend::Ready(Err(e.into())),
             Err(e) => Spend::Ready(Err(e)),
         }
@@ -206,7 +206,7 @@ impl MemoryBackend {
                 if let Some(state) = write {
                     guard.write(tx.quota, state, now);
                 }
-                return Spend::Ready(Ok(Outcomes::from_buf([outcome])));
+                return Spend::Ready(Ok(Outcomes::one(outcome)));
             }
         }
         Spend::Ready(self.spend_mixed(std::slice::from_ref(tx), now))
@@ -489,28 +489,38 @@ impl MemoryBackend {
     /// Refunds one transaction with the kit: a GCRA bucket by compare-and-swap, a tiered or
     /// concurrency key under its slot's lock (a key never stored is refunded as a fresh one and
     /// nothing is written).
-    pub(super) fn refund_one(&self, tx: &BucketTx<'_>, now: u64) -> Result<Outcome, BackendError> {
+    pub(super) fn refund_one(
+        &self,
+        tx: &BucketTx<'_>,
+        now: u64,
+    ) -> Result<(Outcome, Option<TierGrant>), BackendError> {
         if tx.quota.as_gcra().is_some() {
-            return self.on_word(tx.key, now, |cur| {
+            let out = self.on_word(tx.key, now, |cur| {
                 match kit::refund(tx, Some(kit::Read::Tat(cur)), now) {
-                    Ok((out, Some(kit::Stored::Tat(new)))) => WordStep::Write(Ok(out), new),
-                    answer => WordStep::Answer(answer.map(|(out, _)| out)),
+                    Ok(kit::Refunded {
+                        outcome,
+                        write: Some(kit::Stored::Tat(new)),
+                        ..
+                    }) => WordStep::Write(Ok(outcome), new),
+                    answer => WordStep::Answer(answer.map(|r| r.outcome)),
                 }
-            })?;
+            })??;
+            return Ok((out, None));
         }
         loop {
             let Some(slot) = self.tier_slot(tx.key, false, now)? else {
-                return Ok(kit::refund(tx, None, now)?.0);
+                let r = kit::refund(tx, None, now)?;
+                return Ok((r.outcome, r.tiers));
             };
             let mut g = lock(&slot);
             if g.removed {
                 continue;
             }
-            let (out, write) = kit::refund(tx, g.state.as_ref().map(kit::Stored::read), now)?;
-            if let Some(state) = write {
+            let r = kit::refund(tx, g.state.as_ref().map(kit::Stored::read), now)?;
+            if let Some(state) = r.write {
                 g.write(tx.quota, state, now);
             }
-            return Ok(out);
+            return Ok((r.outcome, r.tiers));
         }
     }
 

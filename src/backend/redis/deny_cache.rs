@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use quick_cache::sync::Cache;
 
-use crate::backend::{BackendError, BucketTx, Outcome, batch_allowed, gcra_decide, kit};
+use crate::backend::{BackendError, BucketTx, Outcome, Outcomes, batch_allowed, gcra_decide, kit};
 use crate::key::BucketKey;
 
 /// Remembers the TATs of recently denied buckets, on the local clock.
@@ -40,11 +40,11 @@ impl DenyCache {
         &self,
         batch: &[BucketTx<'_>],
         now: u64,
-    ) -> Option<Result<Vec<Outcome>, BackendError>> {
+    ) -> Option<Result<Outcomes, BackendError>> {
         if self.map.is_empty() {
             return None;
         }
-        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut outcomes = Outcomes::with_capacity(batch.len());
         for tx in batch {
             // Only GCRA buckets are remembered: a tiered one is skipped, never guessed.
             let remembered = tx

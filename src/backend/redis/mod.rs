@@ -368,7 +368,7 @@ impl RedisBackend {
         batch: &[BucketTx<'_>],
         now: Option<u64>,
         local_now: u64,
-    ) -> Result<Vec<Outcome>, BackendError> {
+    ) -> Result<Outcomes, BackendError> {
         let slot = match batch {
             [tx] if self.inner.clustered => {
                 fred::util::redis_keyslot(self.script_key(tx).as_bytes())
@@ -412,12 +412,7 @@ impl RedisBackend {
     }
 
     /// Updates the deny cache from a one-call spend's reply; its outcomes.
-    fn after_spend(
-        &self,
-        batch: &[BucketTx<'_>],
-        reply: ScriptReply,
-        local_now: u64,
-    ) -> Vec<Outcome> {
+    fn after_spend(&self, batch: &[BucketTx<'_>], reply: ScriptReply, local_now: u64) -> Outcomes {
         if let Some(cache) = &self.inner.cache {
             let all_allowed = batch_allowed(batch.iter().zip(&reply.outcomes));
             for (tx, &tat) in batch.iter().zip(&reply.tats) {
@@ -438,9 +433,9 @@ impl RedisBackend {
     pub(super) async fn refund_batch(
         &self,
         batch: &[BucketTx<'_>],
-    ) -> Result<Vec<Outcome>, BackendError> {
+    ) -> Result<Outcomes, BackendError> {
         if batch.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Outcomes::new());
         }
         let keys = self.keys(batch);
         let now = self.now_arg()?;
@@ -453,11 +448,11 @@ impl RedisBackend {
         let replies = self
             .run_groups(Op::Refund, now, batch, &keys, &groups)
             .await;
-        let mut outcomes = vec![Outcome::new(false, 0, 0, 0); batch.len()];
+        let mut outcomes = Outcomes::filled(batch.len(), Outcome::new(false, 0, 0, 0));
         for ((_, group), reply) in groups.iter().zip(replies) {
             let reply = reply?;
-            for (&i, o) in group.iter().zip(reply.outcomes) {
-                outcomes[i] = o;
+            for (&i, (o, grant)) in group.iter().zip(reply.outcomes.into_tiered()) {
+                outcomes.set(i, o, grant);
             }
         }
         Ok(outcomes)
@@ -510,7 +505,7 @@ impl RedisBackend {
         batch: &[BucketTx<'_>],
         now: Option<u64>,
         local_now: u64,
-    ) -> Result<Vec<Outcome>, BackendError> {
+    ) -> Result<Outcomes, BackendError> {
         if !self.inner.clustered || batch.len() == 1 {
             return self.spend_one_call(batch, now, local_now).await;
         }
@@ -520,7 +515,7 @@ impl RedisBackend {
             .run_groups(Op::Spend, (now, local_now), batch, &keys, &groups)
             .await;
 
-        let mut outcomes = vec![Outcome::new(false, 0, 0, 0); batch.len()];
+        let mut outcomes = Outcomes::filled(batch.len(), Outcome::new(false, 0, 0, 0));
         let mut local_tats = vec![0u64; batch.len()];
         let mut group_allowed = Vec::with_capacity(groups.len());
         let mut first_error = None;
@@ -534,8 +529,9 @@ impl RedisBackend {
                     let allowed =
                         batch_allowed(group.iter().map(|&i| &batch[i]).zip(&reply.outcomes));
                     group_allowed.push(Some(allowed));
-                    for ((&i, o), tat) in group.iter().zip(reply.outcomes).zip(reply.tats) {
-                        outcomes[i] = o;
+                    let answered = reply.outcomes.into_tiered();
+                    for ((&i, (o, grant)), tat) in group.iter().zip(answered).zip(reply.tats) {
+                        outcomes.set(i, o, grant);
                         local_tats[i] = local_tat(tat, reply.now, local_now);
                     }
                 }
@@ -608,19 +604,17 @@ impl Backend for RedisBackend {
         if let Some(cache) = &self.inner.cache
             && let Some(answer) = cache.answer(batch, local_now)
         {
-            return Spend::Ready(answer.map(Outcomes::from_vec));
+            return Spend::Ready(answer);
         }
         let this = self.clone();
         let owned: Vec<OwnedTx> = batch.iter().map(OwnedTx::of).collect();
         Spend::Pending(Box::pin(async move {
             let batch: Vec<BucketTx<'_>> = owned.iter().map(OwnedTx::tx).collect();
-            this.spend_remote(&batch, now, local_now)
-                .await
-                .map(Outcomes::from_vec)
+            this.spend_remote(&batch, now, local_now).await
         }))
     }
 
-    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
         self.refund_batch(batch).await
     }
 

@@ -39,7 +39,7 @@ use fred::prelude::{Key, Value};
 use crate::algo::calendar::{self, CalendarQuota};
 use crate::algo::gcra;
 use crate::algo::tiers::{MAX_TIERS, TierGrant};
-use crate::backend::{BackendError, BucketTx, Mode, Outcome, batch_allowed, gcra_write};
+use crate::backend::{BackendError, BucketTx, Mode, Outcome, Outcomes, batch_allowed, gcra_write};
 use crate::quota::Quota;
 
 /// The protocol's codes: the record kinds, the modes and the ops, each by the name the
@@ -488,7 +488,7 @@ pub(super) struct RawChange {
 
 /// What one script run answered, per key in the order sent.
 pub(super) struct ScriptReply {
-    pub(super) outcomes: Vec<Outcome>,
+    pub(super) outcomes: Outcomes,
     /// The TAT stored after the script, per key (0: none; always 0 for a tiered key).
     pub(super) tats: Vec<u64>,
     /// Per tiered key, when asked for: its value before and after (empty from the lean path,
@@ -570,7 +570,7 @@ pub(super) fn decode_lean<'a>(
         let outcome = gcra::check(wide.as_ref().unwrap_or(limit), stored_tat, now, tx.cost)?;
         decided.push((stored, outcome));
     }
-    let outcomes: Vec<Outcome> = decided.iter().map(|(_, o)| Outcome::from(*o)).collect();
+    let outcomes: Outcomes = decided.iter().map(|(_, o)| Outcome::from(*o)).collect();
     let allowed = batch_allowed(txs.clone().zip(outcomes.iter()));
     let tats = txs
         .zip(&decided)
@@ -609,7 +609,7 @@ fn decode_calendar<'a>(
     let out = calendar::decide_used(quota, used, end, now, tx.min_cost, tx.cost, tx.mode);
     let length = quota.length_of_period_ending(end);
     Ok(ScriptReply {
-        outcomes: vec![crate::backend::kit::calendar_outcome(&out, length)],
+        outcomes: Outcomes::one(crate::backend::kit::calendar_outcome(&out, length)),
         tats: vec![end],
         raws: Vec::new(),
         now,
@@ -639,7 +639,7 @@ pub(super) fn decode<'a>(
     }
     let mut items = items.into_iter();
     let mut reply = ScriptReply {
-        outcomes: Vec::with_capacity(n),
+        outcomes: Outcomes::with_capacity(n),
         tats: Vec::with_capacity(n),
         raws: Vec::with_capacity(n),
         now: 0,
@@ -674,6 +674,7 @@ pub(super) fn decode<'a>(
             }
         }
         let mut raw = None;
+        let mut tiers = None;
         if let Quota::Tiered(limit) = tx.quota {
             let tier_count = limit.tiers().len().min(MAX_TIERS);
             let mut grant = TierGrant {
@@ -686,7 +687,7 @@ pub(super) fn decode<'a>(
             for units in grant.units.iter_mut().take(tier_count) {
                 *units = f.u64("units of a tier")?;
             }
-            outcome.tiers = Some(Box::new(grant));
+            tiers = Some(grant);
             if want_raw {
                 raw = Some(RawChange {
                     before: f.next("value before")?,
@@ -696,7 +697,7 @@ pub(super) fn decode<'a>(
             }
         }
         f.end()?;
-        reply.outcomes.push(outcome);
+        reply.outcomes.push_tiered(outcome, tiers);
         reply.raws.push(raw);
     }
     let now = items.next().ok_or_else(|| bad("no now".into()))?;

@@ -13,7 +13,7 @@ use crate::layer::outcome::{Road, road};
 use crate::time::Clock;
 use crate::{
     Backend, BackendError, BucketKey, BucketTx, FailurePolicy, Header, Id, Limiter, Limits,
-    ManualClock, MemoryBackend, Outcome, RateLimitLayer, Rule, Spend,
+    ManualClock, MemoryBackend, Outcomes, RateLimitLayer, Rule, Spend,
 };
 
 #[test]
@@ -79,7 +79,7 @@ impl Backend for Store {
         }
         self.memory.spend(batch)
     }
-    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Vec<Outcome>, BackendError> {
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
         self.memory.refund(batch).await
     }
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {

@@ -39,11 +39,12 @@ impl Pools {
         &self,
         batch: &[BucketTx<'_>],
         steps: &[Step],
-        remote: Vec<Outcome>,
+        remote: Outcomes,
         now: u64,
     ) -> Outcomes {
         let allowed = batch_allowed(remote_of(batch, steps).iter().zip(&remote));
-        let mut remote = remote.into_iter();
+        let mut remote = remote.into_tiered();
+        let skip = || (Outcome::skip(), None);
         let mut outcomes = Outcomes::with_capacity(batch.len());
         for (tx, step) in batch.iter().zip(steps) {
             let outcome = match step {
@@ -53,15 +54,15 @@ impl Pools {
                     } else {
                         self.undo(tx.key, step);
                     }
-                    view.clone()
+                    (*view, None)
                 }
                 Step::Plain | Step::Refill { .. } => {
-                    let o = remote.next().unwrap_or_else(Outcome::skip);
-                    self.finish_one(tx.key, step, o, allowed, now)
+                    let (o, grant) = remote.next().unwrap_or_else(skip);
+                    (self.finish_one(tx.key, step, o, allowed, now), grant)
                 }
-                _ => remote.next().unwrap_or_else(Outcome::skip),
+                _ => remote.next().unwrap_or_else(skip),
             };
-            outcomes.push(outcome);
+            outcomes.push_tiered(outcome.0, outcome.1);
         }
         outcomes
     }
@@ -210,7 +211,7 @@ impl RedisBackend {
                 .map(|(tx, step)| match step {
                     Step::Deny(o) => {
                         crate::telemetry::prefetch_local_decision(tx.key.name(), false);
-                        o.clone()
+                        *o
                     }
                     _ => Outcome::skip(),
                 })
@@ -226,22 +227,22 @@ impl RedisBackend {
             return Planned::Wait(i, notify, generation);
         }
         if steps.iter().all(|s| matches!(s, Step::Take(..))) {
-            return Planned::Decided(Ok(pools.finish(batch, &steps, Vec::new(), local_now)));
+            return Planned::Decided(Ok(pools.finish(batch, &steps, Outcomes::new(), local_now)));
         }
         if let Some(cache) = &self.inner.cache
             && let Some(answer) = cache.answer(&remote_of(batch, &steps), local_now)
         {
             pools.undo_all(batch, &steps);
             return Planned::Decided(answer.map(|remote| {
-                let mut remote = remote.into_iter();
+                let mut remote = remote.into_tiered();
                 steps
                     .iter()
                     .map(|s| match s {
-                        Step::Take(..) => Outcome::skip(),
+                        Step::Take(..) => (Outcome::skip(), None),
                         _ => {
-                            let mut o = remote.next().unwrap_or_else(Outcome::skip);
+                            let (mut o, grant) = remote.next().unwrap_or((Outcome::skip(), None));
                             o.granted = None;
-                            o
+                            (o, grant)
                         }
                     })
                     .collect()
