@@ -96,6 +96,10 @@ const VARIANTS: &[(&str, &str)] = &[
         "axum + ours, 2 rules, RateLimit headers",
     ),
     (
+        "http_ours_2_rules_same_header",
+        "axum + ours, 2 rules keyed by one header (read once), RateLimit headers",
+    ),
+    (
         "http_ours_4_rules",
         "axum + ours, 4 rules, RateLimit headers",
     ),
@@ -185,6 +189,7 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 "http_ours_1_rule" => common::apps::ours(1, true),
                 "http_ours_1_rule_no_headers" => common::apps::ours(1, false),
                 "http_ours_2_rules" => common::apps::ours(2, true),
+                "http_ours_2_rules_same_header" => common::apps::ours_same_header(),
                 "http_ours_3_rules" => common::apps::ours(3, true),
                 "http_ours_4_rules" => common::apps::ours(4, true),
                 "http_ours_8_rules" => common::apps::ours(8, true),

@@ -55,6 +55,7 @@ row http_bare http_bare http_bare
 row http_ours_1_rule http_bare http_bare
 row http_ours_1_rule_no_headers http_bare http_bare
 row http_ours_2_rules http_bare http_bare
+row http_ours_2_rules_same_header http_bare http_bare
 row http_ours_3_rules http_bare http_bare
 row http_ours_4_rules http_bare http_bare
 row http_ours_8_rules http_bare http_bare

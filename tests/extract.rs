@@ -445,3 +445,66 @@ DirectRange: {kind: ipv6_range, burst: 5, count: 5, period: 1h}
     assert!(spent("DirectRange", Id::from(proxy_ip)));
     assert!(!spent("Direct", Id::from(client)));
 }
+
+/// Rules that read one header read it once per request, and each still applies its own id
+/// kind and its own policy for a missing header; a rule reading another header reads its own.
+#[tokio::test]
+async fn rules_reading_one_header_share_its_id_and_keep_their_own_policies() {
+    use tower::{Layer, ServiceExt};
+    use tower_ratelimits::{Limiter, Limits, MemoryBackend, OnMissingKey, RateLimitLayer, Rule};
+
+    let limits = "\
+PerSecond: {kind: any, burst: 5, count: 5, period: 1s}
+PerDay: {kind: account, burst: 5, count: 5, period: 1d}
+Team: {kind: any, burst: 5, count: 5, period: 1h}
+";
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(limits, None).unwrap(),
+        backend.clone(),
+    );
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .rule(Rule::new("PerSecond", Header::new("x-account")).on_missing_key(OnMissingKey::Skip))
+        .rule(Rule::new("Team", Header::new("x-team")).on_missing_key(OnMissingKey::Skip))
+        .rule(
+            Rule::new("PerDay", Header::new("X-Account"))
+                .on_missing_key(OnMissingKey::Reject(http::StatusCode::UNAUTHORIZED)),
+        )
+        .build()
+        .unwrap();
+    let service = layer.layer(tower::service_fn(|_req: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+    }));
+    let send = |headers: &[(&str, &str)]| {
+        let mut request = Request::get("/");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        service.clone().oneshot(request.body(()).unwrap())
+    };
+    let spent = |name: &str, id: Id| backend.tat(&limiter.key(name, id).unwrap()).is_some();
+
+    let ok = send(&[("x-account", "42"), ("x-team", "blue")])
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    assert!(spent("PerSecond", Id::from(42u64)) && spent("PerDay", Id::from(42u64)));
+    assert!(spent("Team", Id::new("blue").unwrap()));
+    assert!(!spent("Team", Id::from(42u64)) && !spent("PerSecond", Id::new("blue").unwrap()));
+
+    // Missing: the first rule skips, the last one refuses as it says.
+    let missing = send(&[("x-team", "blue")]).await.unwrap();
+    assert_eq!(missing.status(), 401);
+    // One rule's id kind refuses what the other's takes.
+    let text = send(&[("x-account", "abc")]).await.unwrap();
+    assert_eq!(text.status(), 400);
+    assert!(
+        !spent("PerSecond", Id::new("abc").unwrap()),
+        "a refused request spends nothing"
+    );
+    // Sent twice: refused by the first rule that reads it.
+    let twice = send(&[("x-account", "1"), ("x-account", "2")])
+        .await
+        .unwrap();
+    assert_eq!(twice.status(), 400);
+}

@@ -18,6 +18,7 @@ const LIMITS: &str = "\
 PerIp: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
 PerRange: {kind: ipv6_range, burst: 1000000, count: 1000000, period: 1s}
 PerAccount: {kind: account, burst: 1000000, count: 1000000, period: 1s}
+PerAccountDay: {kind: account, burst: 1000000, count: 1000000, period: 1d}
 PerIp4: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
 PerIp5: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
 PerIp6: {kind: ip, burst: 1000000, count: 1000000, period: 1s}
@@ -54,6 +55,22 @@ pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
         } else {
             FieldStyle::IetfOnDenials
         })
+        .build()
+        .unwrap();
+    bare().layer(layer)
+}
+
+/// Ours with two rules keyed by the same header (per account per second and per day, the
+/// header read once), fields on allowed responses.
+pub fn ours_same_header() -> Router {
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        MemoryBackend::new(),
+    );
+    let layer = RateLimitLayer::builder(limiter)
+        .rule(Rule::new("PerAccount", Header::new("x-account-id")))
+        .rule(Rule::new("PerAccountDay", Header::new("x-account-id")))
+        .fields(FieldStyle::Ietf)
         .build()
         .unwrap();
     bare().layer(layer)

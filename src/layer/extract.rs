@@ -15,7 +15,7 @@ use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use http::request::Parts;
-use http::{HeaderName, StatusCode};
+use http::{HeaderName, HeaderValue, StatusCode};
 use ipnet::IpNet;
 
 use crate::key::Id;
@@ -377,24 +377,31 @@ fn range48_id(ip: IpAddr) -> Id {
     }
 }
 
-/// Where a rule's id comes from: its own extractor, or the client address its layer's rules
+/// Where a rule's id comes from: its own extractor, the client address its layer's rules
 /// read once per request (a `ClientIp`, or an `Ipv6Range48` of one, with the settings two or
-/// more of the rules share: the address itself or its /48 range).
+/// more of the rules share: the address itself or its /48 range), or the header two or more
+/// of its rules read (a [`Header`] of one name: per second and per day by account).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Source {
     Own,
     Address { range48: bool },
+    Header,
 }
 
-/// The client address settings two or more of a layer's rules read with, if any: their
-/// address is read once per request. Found when the layer is built.
+/// The client address settings and the header two or more of a layer's rules read, if any:
+/// each is read once per request. Found when the layer is built.
 #[derive(Debug, Default)]
 pub(crate) struct Readers {
     shared: Option<ClientIp>,
+    header: Option<HeaderName>,
 }
 
 /// The shared client address, once a request's first rule that reads it has read it.
 pub(crate) type Read = Option<IpAddr>;
+
+/// The shared header's value (`Some(None)`: the header is missing), once a request's first rule
+/// that reads it has read it. Borrowed from the request: nothing to drop.
+pub(crate) type ReadHeader<'p> = Option<Option<&'p HeaderValue>>;
 
 /// The client address settings of one of the crate's address extractors, and whether it keys
 /// by the /48 range; `None` for any other extractor.
@@ -408,24 +415,44 @@ fn address_of(extractor: &dyn KeyExtractor) -> Option<(&ClientIp, bool)> {
     }
 }
 
+/// The name of the crate's header extractor; `None` for any other extractor.
+fn header_of(extractor: &dyn KeyExtractor) -> Option<&HeaderName> {
+    let any: &dyn Any = extractor;
+    any.downcast_ref::<Header>().map(|h| &h.name)
+}
+
+/// The first item two of `items` share (a lone reader reads for itself: nothing to share).
+fn first_shared<T: PartialEq>(items: impl Iterator<Item = T>) -> Option<T> {
+    let mut seen: Vec<T> = Vec::new();
+    for item in items {
+        if seen.contains(&item) {
+            return Some(item);
+        }
+        seen.push(item);
+    }
+    None
+}
+
 impl Readers {
     /// The readers of rules with these extractors: the first address settings two of them
-    /// share (a lone reader reads its address itself: nothing to share).
-    pub(crate) fn shared<'a>(extractors: impl Iterator<Item = &'a dyn KeyExtractor>) -> Self {
-        let mut seen: Vec<&ClientIp> = Vec::new();
-        for (client, _) in extractors.filter_map(address_of) {
-            if seen.contains(&client) {
-                return Self {
-                    shared: Some(client.clone()),
-                };
-            }
-            seen.push(client);
+    /// share, and the first header two of them read.
+    pub(crate) fn shared<'a>(
+        extractors: impl Iterator<Item = &'a dyn KeyExtractor> + Clone,
+    ) -> Self {
+        Self {
+            shared: first_shared(extractors.clone().filter_map(address_of).map(|(c, _)| c))
+                .cloned(),
+            header: first_shared(extractors.filter_map(header_of)).cloned(),
         }
-        Self::default()
     }
 
     /// Where the id of a rule with `extractor` comes from.
     pub(crate) fn source(&self, extractor: &dyn KeyExtractor) -> Source {
+        if let (Some(name), Some(shared)) = (header_of(extractor), &self.header)
+            && name == shared
+        {
+            return Source::Header;
+        }
         match (address_of(extractor), &self.shared) {
             (Some((client, range48)), Some(shared)) if client == shared => {
                 Source::Address { range48 }
@@ -456,6 +483,26 @@ impl Readers {
         } else {
             Id::from(ip)
         }))
+    }
+
+    /// The shared header's id: its value found by the request's first rule that reads it (its
+    /// error, a 400, answers the request there), each rule's id taken from it as
+    /// [`Header::extract`] takes it. Out of line: the address readers' road stays as small as
+    /// before.
+    #[inline(never)]
+    pub(crate) fn header<'p>(
+        &self,
+        req: &'p Parts,
+        read: &mut ReadHeader<'p>,
+    ) -> Result<Option<Id>, KeyError> {
+        let Some(name) = &self.header else {
+            return Ok(None);
+        };
+        let value = match *read {
+            Some(value) => value,
+            None => *read.insert(header_value(name, req)?),
+        };
+        value.map(|v| header_id(name, v)).transpose()
     }
 }
 
@@ -497,23 +544,37 @@ impl Header {
 
 impl KeyExtractor for Header {
     fn extract(&self, req: &Parts) -> Result<Option<Id>, KeyError> {
-        let mut values = req.headers.get_all(&self.name).iter();
-        let Some(value) = values.next() else {
-            return Ok(None);
-        };
-        if values.next().is_some() {
-            return Err(KeyError::bad_request(format!(
-                "header {} given more than once",
-                self.name
-            )));
-        }
-        // UTF-8, as the `any` id kind accepts (not only visible ASCII).
-        let text = std::str::from_utf8(value.as_bytes())
-            .map_err(|_| KeyError::bad_request(format!("header {} is not UTF-8", self.name)))?;
-        Id::new(text)
-            .map(Some)
-            .map_err(|e| KeyError::bad_request(format!("header {}: {e}", self.name)))
+        header_value(&self.name, req)?
+            .map(|v| header_id(&self.name, v))
+            .transpose()
     }
+}
+
+/// The header `name`'s one value, if it is there (sent twice: a 400).
+#[inline]
+fn header_value<'p>(
+    name: &HeaderName,
+    req: &'p Parts,
+) -> Result<Option<&'p HeaderValue>, KeyError> {
+    let mut values = req.headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyError::bad_request(format!(
+            "header {name} given more than once"
+        )));
+    }
+    Ok(Some(value))
+}
+
+/// The id a header's value names (not UTF-8, or not an id: a 400).
+#[inline]
+fn header_id(name: &HeaderName, value: &HeaderValue) -> Result<Id, KeyError> {
+    // UTF-8, as the `any` id kind accepts (not only visible ASCII).
+    let text = std::str::from_utf8(value.as_bytes())
+        .map_err(|_| KeyError::bad_request(format!("header {name} is not UTF-8")))?;
+    Id::new(text).map_err(|e| KeyError::bad_request(format!("header {name}: {e}")))
 }
 
 /// Clients that bypass every rule of a layer: those whose address (found by `client`, so

@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 
 use std::time::Duration;
 
-use super::extract::{KeyExtractor, Read, Readers, Source};
+use super::extract::{KeyExtractor, Read, ReadHeader, Readers, Source};
 use super::observe::{RuleMetrics, RuleOutcome, Seen};
 use super::response::{self, ErrorBody};
 use super::settle::{Reservations, Reserved};
@@ -509,7 +509,7 @@ impl Rules {
         body: ErrorBody,
         txs: &mut Txs,
     ) -> Option<Response<Bytes>> {
-        let mut read: Read = Default::default();
+        let (mut read, mut read_header): (Read, ReadHeader<'_>) = Default::default();
         for r in &self.list {
             if !r.applies(parts) {
                 continue;
@@ -526,10 +526,13 @@ impl Rules {
                     body,
                 ))
             };
-            let id = match self
-                .readers
-                .extract(r.source, &*r.rule.extractor, parts, &mut read)
-            {
+            let extracted = match r.source {
+                Source::Header => self.readers.header(parts, &mut read_header),
+                _ => self
+                    .readers
+                    .extract(r.source, &*r.rule.extractor, parts, &mut read),
+            };
+            let id = match extracted {
                 Ok(Some(id)) => id,
                 Ok(None) => match r.rule.on_missing {
                     OnMissingKey::Skip => continue,
