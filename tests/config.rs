@@ -1015,3 +1015,50 @@ T2:
     let err = Limits::from_yaml_str(&many, None).unwrap_err();
     assert!(err.to_string().contains("anchors"), "{err}");
 }
+
+/// A configuration finds its names by their process number while few names exist, and by a
+/// hash of the name from the 16,384th name interned in the process on (in its own test
+/// binary's process: at least the last 64 names here are past that line). Every name is found
+/// with its own settings, and a name the configuration lacks is found by neither road.
+#[test]
+fn names_past_the_dense_table_are_found_by_hash() {
+    let limit = Limit::new(10, 10, std::time::Duration::from_secs(1)).unwrap();
+    let count = (1 << 14) + 64;
+    let mut b = Limits::builder();
+    for i in 0..count {
+        let kind = if i % 2 == 0 {
+            IdKind::Ip
+        } else {
+            IdKind::Account
+        };
+        b = b.limit_for(&format!("many-{i}"), kind, limit);
+    }
+    let limits = b.build().unwrap();
+    for i in 0..count {
+        let name = limits.name(&format!("many-{i}")).unwrap();
+        let kind = if i % 2 == 0 {
+            IdKind::Ip
+        } else {
+            IdKind::Account
+        };
+        assert_eq!(limits.id_kind(name), Some(kind), "many-{i}");
+    }
+    let other = Limits::builder()
+        .limit("many-absent", limit)
+        .limit("many-0", limit)
+        .build()
+        .unwrap();
+    let late = other.name("many-absent").unwrap();
+    assert_eq!(limits.id_kind(late), None, "a late name it lacks");
+    assert_eq!(
+        other.id_kind(limits.name("many-1").unwrap()),
+        None,
+        "an early name it lacks"
+    );
+    assert_eq!(
+        other.id_kind(limits.name(&format!("many-{}", count - 1)).unwrap()),
+        None,
+        "a late name it lacks"
+    );
+    assert!(other.id_kind(limits.name("many-0").unwrap()).is_some());
+}

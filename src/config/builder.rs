@@ -79,6 +79,12 @@ impl LimitsBuilder {
         let index = self.limits.config.names.len();
         let config = Arc::make_mut(&mut self.limits.config);
         config.by_name.insert(name, index);
+        if let (Some(slot), Ok(at)) = (
+            crate::key::dense_slot(&mut config.by_number, name.number()),
+            u32::try_from(index + 1),
+        ) {
+            *slot = at;
+        }
         config.by_text.insert(name.as_str(), index);
         config.names.push(NameEntry {
             name,

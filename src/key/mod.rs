@@ -46,6 +46,25 @@ struct NameData {
     /// of names interned before it, shifted; `None` from the 2^14th name on. In-process only
     /// (it depends on the order names were first seen), so never stored.
     packed_base: Option<u64>,
+    /// The count of names interned before it: a dense index for the first
+    /// [`DENSE_NAMES`] names' per-configuration tables. In-process only.
+    number: usize,
+}
+
+/// Names numbered below this are found in a configuration by their number (a table of that
+/// many entries at most), the others by a hash of the name.
+pub(crate) const DENSE_NAMES: usize = 1 << 14;
+
+/// The slot of name number `n` in a table by number, grown to hold it; `None` from
+/// [`DENSE_NAMES`] on.
+pub(crate) fn dense_slot(table: &mut Vec<u32>, n: usize) -> Option<&mut u32> {
+    if n >= DENSE_NAMES {
+        return None;
+    }
+    if table.len() <= n {
+        table.resize(n + 1, 0);
+    }
+    table.get_mut(n)
 }
 
 /// The bits of a one-word bucket key's value; two more name the id's kind, the rest the limit.
@@ -74,9 +93,16 @@ impl LimitName {
                 .ok()
                 .filter(|&n| n < 1 << 14)
                 .map(|n| n << (PACKED_VALUE_BITS + 2)),
+            number: names.len(),
         }));
         names.insert(&data.text, data);
         Self(data)
+    }
+
+    /// The count of names interned before this one (in-process only: never stored).
+    #[inline]
+    pub(crate) fn number(self) -> usize {
+        self.0.number
     }
 
     /// The name's text.
