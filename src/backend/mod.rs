@@ -459,13 +459,19 @@ impl Outcomes {
 
     /// Each outcome with its grant per tier, in order.
     pub fn into_tiered(self) -> impl Iterator<Item = (Outcome, Option<TierGrant>)> {
-        let grants = self.grants;
-        self.list.into_iter().enumerate().map(move |(i, o)| {
-            let g = grants
-                .as_deref()
-                .and_then(|g| g.iter().find_map(|&(at, g)| (at == i).then_some(g)));
-            (o, g)
-        })
+        // The grants are in order of position: one cursor, as `iter_tiered` reads them.
+        let grants = self.grants.unwrap_or_default();
+        let mut next = 0;
+        self.list
+            .into_iter()
+            .enumerate()
+            .map(move |(i, o)| match grants.get(next) {
+                Some(&(at, g)) if at == i => {
+                    next += 1;
+                    (o, Some(g))
+                }
+                _ => (o, None),
+            })
     }
 }
 
