@@ -185,10 +185,16 @@ pub use backend::{
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use backend::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
+#[cfg(feature = "yaml")]
+#[cfg_attr(docsrs, doc(cfg(feature = "yaml")))]
+pub use config::RuleSet;
 pub use config::{
     ConfigError, ConfigErrorKind, LimitSource, Limits, LimitsBuilder, LimitsChange, Location,
 };
 pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
+#[cfg(feature = "yaml")]
+#[cfg_attr(docsrs, doc(cfg(feature = "yaml")))]
+pub use layer::LoggedCost;
 pub use layer::{
     ClientIp, Denial, ErrorBody, FailurePolicy, FieldStyle, ForwardedHeader, Header, Ipv6Range48,
     KeyError, KeyExtractor, LayerError, OnMissingKey, RateLimitBody, RateLimitLayer,

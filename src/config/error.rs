@@ -101,6 +101,10 @@ pub enum ConfigErrorKind {
         "on_store_failure must be `fail_closed` or `layer` (the layer's failure policy), found {0:?}"
     )]
     OnStoreFailure(String),
+    /// A rule of a rules file ([`RuleSet`](crate::RuleSet)) that cannot be built: an unknown
+    /// key, a header or method that does not parse, a limit with two rules.
+    #[error("invalid rule: {0}")]
+    InvalidRule(String),
     /// The same bucket overridden twice.
     #[error("id {0:?} is overridden twice")]
     DuplicateId(String),

@@ -21,6 +21,10 @@ pub use builder::LimitsBuilder;
 pub(crate) use builder::check_name;
 pub use error::{ConfigError, ConfigErrorKind, Location};
 pub(crate) use stored::{StoredSet, check_override};
+#[cfg(feature = "yaml")]
+pub use yaml::RuleSet;
+#[cfg(feature = "yaml")]
+pub(crate) use yaml::{RuleCost, RuleKey};
 
 /// What the configuration says of one name.
 #[derive(Debug, Clone)]

@@ -534,6 +534,11 @@ impl Header {
         }
     }
 
+    /// Reads the header `name`, already checked.
+    pub(crate) fn named(name: HeaderName) -> Self {
+        Self { name }
+    }
+
     /// Reads the header `name` (any case), if it is a valid header name.
     pub fn try_new(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
         Ok(Self {

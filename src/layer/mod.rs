@@ -39,6 +39,8 @@ mod outcome;
 mod rate_limit_layer;
 mod response;
 mod rule;
+#[cfg(feature = "yaml")]
+mod rules_file;
 mod service;
 mod settle;
 mod wait;
@@ -50,6 +52,8 @@ pub use future::ResponseFuture;
 pub use rate_limit_layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
 pub use response::{Denial, ErrorBody, FieldStyle};
 pub use rule::{OnMissingKey, Rule};
+#[cfg(feature = "yaml")]
+pub use rules_file::LoggedCost;
 pub use service::RateLimitService;
 pub use settle::Settle;
 pub use wait::Wait;

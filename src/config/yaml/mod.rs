@@ -7,7 +7,11 @@
 use std::path::Path;
 
 mod node;
+mod rules;
 mod shapes;
+
+pub use rules::RuleSet;
+pub(crate) use rules::{RuleCost, RuleKey};
 
 use node::{Node, Value, as_str, err_at, fields, parse, positive, wrong_shape};
 use shapes::{override_of, quota_of};

@@ -1,0 +1,371 @@
+//! The rules file (`docs/replay.md`, "The rules file"): which limit applies to which requests,
+//! keyed by what, read as data. The layer builds its rules from it (`layer/rules_file.rs`).
+
+use std::path::Path;
+
+use ipnet::IpNet;
+
+use super::node::{Node, Value, as_str, err_at, parse, positive, wrong_shape};
+use super::read;
+use crate::config::{ConfigError, ConfigErrorKind, check_name};
+
+/// What a rule of a [`RuleSet`] is keyed by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RuleKey {
+    /// `client_ip`: the client's address.
+    ClientIp,
+    /// `ipv6_range`: the client's address, an IPv6 one as its /48.
+    Ipv6Range,
+    /// `header:<Name>`: one request header's value.
+    Header(http::HeaderName),
+}
+
+/// What a rule of a [`RuleSet`] costs a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RuleCost {
+    /// The limit's default cost.
+    Default,
+    /// A fixed cost.
+    Fixed(u64),
+    /// `logged`: the request's [`LoggedCost`](crate::LoggedCost), 1 without one.
+    Logged,
+}
+
+/// One rule of a [`RuleSet`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RuleEntry {
+    pub(crate) limit: String,
+    pub(crate) key: RuleKey,
+    pub(crate) methods: Vec<http::Method>,
+    pub(crate) path_prefix: Option<String>,
+    pub(crate) cost: RuleCost,
+}
+
+/// A layer's rules read from a YAML file: each rule names a limit, the key it is keyed by, its
+/// scope and its cost; beside them the proxies whose forwarding headers are believed and the
+/// networks exempt from every rule. [`RuleSet::layer`] builds the layer, so the limits a
+/// deployment runs and the ones [`replay`](crate::Replay) tries read the same file.
+///
+/// ```yaml
+/// trusted_proxies: [10.0.0.0/8]
+/// exempt: [192.0.2.0/24]
+/// rules:
+///   - limit: PerIp
+///     key: client_ip
+///   - limit: ApiWrites
+///     key: client_ip
+///     methods: [POST]
+///     path_prefix: /api
+///   - limit: PerAccount
+///     key: header:x-account
+///     cost: logged
+/// ```
+///
+/// A plain list of rules is a file with no proxies and no exemptions. `key` is `client_ip`,
+/// `ipv6_range` (an IPv6 client by its /48) or `header:<Name>`; `methods` (a rule for `GET`
+/// covers `HEAD` too) and `path_prefix` (segment by segment: `/api` covers `/api/users`, not
+/// `/apix`) narrow the requests a rule applies to; `cost` is a whole number, or `logged` (the
+/// request's [`LoggedCost`](crate::LoggedCost): a replayed log line's `cost`, 1 when it has
+/// none); without it, the limit's default cost.
+///
+/// ```
+/// use tower_ratelimits::RuleSet;
+/// let rules = RuleSet::from_yaml_str("- {limit: PerIp, key: client_ip}\n")?;
+/// assert_eq!(rules.limit_names().collect::<Vec<_>>(), ["PerIp"]);
+/// # Ok::<(), tower_ratelimits::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RuleSet {
+    pub(crate) rules: Vec<RuleEntry>,
+    pub(crate) trusted_proxies: Vec<IpNet>,
+    pub(crate) exempt: Vec<IpNet>,
+}
+
+const FILE_FIELDS: &[&str] = &["rules", "trusted_proxies", "exempt"];
+const RULE_FIELDS: &[&str] = &["limit", "key", "methods", "path_prefix", "cost"];
+
+impl RuleSet {
+    /// Reads a rules file's text. Errors name the line.
+    pub fn from_yaml_str(text: &str) -> Result<RuleSet, ConfigError> {
+        load(text).map_err(|e| e.in_source("<rules>"))
+    }
+
+    /// Reads a rules file. Errors name the file and the line.
+    pub fn from_yaml_file(path: impl AsRef<Path>) -> Result<RuleSet, ConfigError> {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let text = read(path).map_err(|e| e.in_source(&name))?;
+        load(&text).map_err(|e| e.in_source(&name))
+    }
+
+    /// The limits its rules name, in the file's order.
+    pub fn limit_names(&self) -> impl Iterator<Item = &str> {
+        self.rules.iter().map(|r| r.limit.as_str())
+    }
+}
+
+fn load(text: &str) -> Result<RuleSet, ConfigError> {
+    let root = parse(text)?.ok_or_else(|| ConfigError::new(ConfigErrorKind::Empty))?;
+    let mut set = RuleSet::default();
+    let list = match &root.value {
+        Value::Seq(_) => &root,
+        Value::Map(entries) => {
+            let mut rules = None;
+            for (k, v) in entries {
+                let field = as_str(k, "a field name")?;
+                let slot = match field {
+                    "rules" => &mut rules,
+                    "trusted_proxies" | "exempt" => {
+                        let nets = networks(v)?;
+                        let into = if field == "exempt" {
+                            &mut set.exempt
+                        } else {
+                            &mut set.trusted_proxies
+                        };
+                        if !into.is_empty() {
+                            return Err(duplicate(field, k));
+                        }
+                        *into = nets;
+                        continue;
+                    }
+                    other => {
+                        return Err(err_at(
+                            ConfigErrorKind::unknown_field(other, FILE_FIELDS),
+                            k.line,
+                        ));
+                    }
+                };
+                if slot.replace(v).is_some() {
+                    return Err(duplicate(field, k));
+                }
+            }
+            rules.ok_or_else(|| err_at(ConfigErrorKind::MissingField("rules"), root.line))?
+        }
+        _ => {
+            return Err(wrong_shape(
+                "a list of rules, or a map with `rules:`",
+                &root,
+            ));
+        }
+    };
+    let Value::Seq(items) = &list.value else {
+        return Err(wrong_shape("a list of rules", list));
+    };
+    for item in items {
+        let rule = entry(item)?;
+        if set.rules.iter().any(|r| r.limit == rule.limit) {
+            return Err(err_at(
+                ConfigErrorKind::InvalidRule(format!(
+                    "limit {:?} has a rule already (one rule per limit)",
+                    rule.limit
+                )),
+                item.line,
+            ));
+        }
+        set.rules.push(rule);
+    }
+    Ok(set)
+}
+
+fn duplicate(field: &str, at: &Node) -> ConfigError {
+    err_at(ConfigErrorKind::DuplicateField(field.to_owned()), at.line)
+}
+
+fn invalid(message: String, at: &Node) -> ConfigError {
+    err_at(ConfigErrorKind::InvalidRule(message), at.line)
+}
+
+fn networks(node: &Node) -> Result<Vec<IpNet>, ConfigError> {
+    let Value::Seq(items) = &node.value else {
+        return Err(wrong_shape(
+            "a list of networks (10.0.0.0/8, 2001:db8::/32)",
+            node,
+        ));
+    };
+    items
+        .iter()
+        .map(|n| {
+            let text = as_str(n, "a network (10.0.0.0/8, 2001:db8::/32)")?;
+            // A lone address is its own network.
+            text.parse::<IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map_err(|_| invalid(format!("{text:?} is not a network or an address"), n))
+        })
+        .collect()
+}
+
+fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
+    let Value::Map(fields) = &node.value else {
+        return Err(wrong_shape("a rule (a map with `limit` and `key`)", node));
+    };
+    let (mut limit, mut key, mut methods, mut prefix, mut cost) = (None, None, None, None, None);
+    for (k, v) in fields {
+        let field = as_str(k, "a field name")?;
+        let slot = match field {
+            "limit" => &mut limit,
+            "key" => &mut key,
+            "methods" => &mut methods,
+            "path_prefix" => &mut prefix,
+            "cost" => &mut cost,
+            other => {
+                return Err(err_at(
+                    ConfigErrorKind::unknown_field(other, RULE_FIELDS),
+                    k.line,
+                ));
+            }
+        };
+        if slot.replace(v).is_some() {
+            return Err(duplicate(field, k));
+        }
+    }
+    let missing = |field| err_at(ConfigErrorKind::MissingField(field), node.line);
+    let limit_node = limit.ok_or_else(|| missing("limit"))?;
+    let limit = as_str(limit_node, "a limit name")?;
+    check_name(limit).map_err(|kind| err_at(kind, limit_node.line))?;
+    let key_node = key.ok_or_else(|| missing("key"))?;
+    let key = match as_str(key_node, "a key (client_ip, ipv6_range, header:<Name>)")? {
+        "client_ip" => RuleKey::ClientIp,
+        "ipv6_range" => RuleKey::Ipv6Range,
+        text => match text.strip_prefix("header:").map(str::trim) {
+            Some(name) => match http::HeaderName::from_bytes(name.as_bytes()) {
+                Ok(header) => RuleKey::Header(header),
+                Err(_) => {
+                    return Err(invalid(format!("{name:?} is not a header name"), key_node));
+                }
+            },
+            None => {
+                return Err(invalid(
+                    format!("key {text:?}: use client_ip, ipv6_range or header:<Name>"),
+                    key_node,
+                ));
+            }
+        },
+    };
+    let methods = match methods {
+        None => Vec::new(),
+        Some(n) => {
+            let Value::Seq(items) = &n.value else {
+                return Err(wrong_shape("a list of methods ([GET, POST])", n));
+            };
+            let mut out = Vec::with_capacity(items.len());
+            for m in items {
+                let text = as_str(m, "a method (GET, POST, ...)")?;
+                let method = http::Method::from_bytes(text.to_ascii_uppercase().as_bytes())
+                    .map_err(|_| invalid(format!("{text:?} is not a method"), m))?;
+                out.push(method);
+            }
+            if out.is_empty() {
+                return Err(invalid(
+                    "methods: an empty list matches no request".into(),
+                    n,
+                ));
+            }
+            out
+        }
+    };
+    let path_prefix = match prefix {
+        None => None,
+        Some(n) => {
+            let text = as_str(n, "a path prefix (/api)")?;
+            if !text.starts_with('/') {
+                return Err(invalid(
+                    format!("path_prefix {text:?} must start with /"),
+                    n,
+                ));
+            }
+            Some(text.to_owned())
+        }
+    };
+    let cost = match cost {
+        None => RuleCost::Default,
+        Some(n) => match &n.value {
+            Value::Str(s) if s == "logged" => RuleCost::Logged,
+            _ => RuleCost::Fixed(positive("cost", n)?),
+        },
+    };
+    Ok(RuleEntry {
+        limit: limit.to_owned(),
+        key,
+        methods,
+        path_prefix,
+        cost,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_reads_its_rules_scopes_costs_proxies_and_exemptions() {
+        let set = RuleSet::from_yaml_str(
+            "trusted_proxies: [10.0.0.0/8, ::1]\nexempt: [192.0.2.0/24]\nrules:\n  \
+             - {limit: PerIp, key: client_ip}\n  \
+             - {limit: Writes, key: ipv6_range, methods: [post, PUT], path_prefix: /api, cost: 3}\n  \
+             - {limit: PerAccount, key: 'header:X-Account', cost: logged}\n",
+        )
+        .unwrap();
+        assert_eq!(set.trusted_proxies.len(), 2);
+        assert_eq!(set.exempt, ["192.0.2.0/24".parse::<IpNet>().unwrap()]);
+        assert_eq!(set.rules[0].key, RuleKey::ClientIp);
+        assert_eq!(set.rules[0].cost, RuleCost::Default);
+        assert_eq!(
+            set.rules[1].methods,
+            [http::Method::POST, http::Method::PUT]
+        );
+        assert_eq!(set.rules[1].path_prefix.as_deref(), Some("/api"));
+        assert_eq!(set.rules[1].cost, RuleCost::Fixed(3));
+        assert_eq!(
+            set.rules[2].key,
+            RuleKey::Header(http::HeaderName::from_static("x-account"))
+        );
+        assert_eq!(set.rules[2].cost, RuleCost::Logged);
+        let plain = RuleSet::from_yaml_str("- {limit: PerIp, key: client_ip}\n").unwrap();
+        assert!(plain.trusted_proxies.is_empty() && plain.rules.len() == 1);
+    }
+
+    #[test]
+    fn a_bad_rules_file_is_refused_with_its_line() {
+        for (text, says, line) in [
+            ("- {limit: A, key: cookie}\n", "use client_ip", 1),
+            (
+                "- {limit: A, key: client_ip}\n- {limit: B, key: 'header:bad name'}\n",
+                "not a header name",
+                2,
+            ),
+            (
+                "- {limit: A, key: client_ip, cost: 0}\n",
+                "greater than zero",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, methods: []}\n",
+                "matches no request",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, path_prefix: api}\n",
+                "must start with /",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, scope: x}\n",
+                "unknown field",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip}\n- {limit: A, key: client_ip}\n",
+                "one rule per limit",
+                2,
+            ),
+            ("- {key: client_ip}\n", "missing field \"limit\"", 1),
+            ("rules: []\nexempt: [nope]\n", "not a network", 2),
+            ("trusted_proxies: []\n", "missing field \"rules\"", 1),
+            ("'just text'\n", "a list of rules", 1),
+        ] {
+            let e = RuleSet::from_yaml_str(text).unwrap_err();
+            assert!(e.to_string().contains(says), "{text:?}: {e}");
+            assert_eq!(e.location().line, Some(line), "{text:?}: {e}");
+        }
+    }
+}

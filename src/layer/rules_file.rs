@@ -1,0 +1,67 @@
+//! A layer built from a rules file ([`RuleSet`], read in `config/yaml/rules.rs`).
+
+use super::extract::{ClientIp, Header, Ipv6Range48};
+use super::rate_limit_layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
+use super::rule::Rule;
+use crate::config::{RuleCost, RuleKey, RuleSet};
+use crate::limiter::Limiter;
+
+/// A request's cost as a log recorded it: what a rule with `cost: logged` in a [`RuleSet`]
+/// charges (1 when a request has none). The replay ([`Replay`](crate::Replay)) sets it from
+/// each log line's `cost`; a server may set it too (an extension inserted before the layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoggedCost(pub u64);
+
+impl RuleSet {
+    /// A layer builder holding these rules, their trusted proxies and their exemptions, on
+    /// `limiter`: add settings (fields, failure policy, ...) and build.
+    pub fn builder(&self, limiter: Limiter) -> RateLimitLayerBuilder {
+        let client = ClientIp::new().trusted_proxies(self.trusted_proxies.iter().copied());
+        let mut builder = RateLimitLayer::builder(limiter);
+        if !self.exempt.is_empty() {
+            builder = builder.exempt_addresses(client.clone(), self.exempt.iter().copied());
+        }
+        for entry in &self.rules {
+            let rule = match &entry.key {
+                RuleKey::ClientIp => Rule::new(entry.limit.as_str(), client.clone()),
+                RuleKey::Ipv6Range => {
+                    Rule::new(entry.limit.as_str(), Ipv6Range48::new(client.clone()))
+                }
+                RuleKey::Header(name) => {
+                    Rule::new(entry.limit.as_str(), Header::named(name.clone()))
+                }
+            };
+            let rule = if entry.methods.is_empty() {
+                rule
+            } else {
+                rule.for_methods(entry.methods.iter().cloned())
+            };
+            let rule = match &entry.path_prefix {
+                Some(prefix) => rule.for_path_prefix(prefix.as_str()),
+                None => rule,
+            };
+            let rule = match entry.cost {
+                RuleCost::Default => rule,
+                RuleCost::Fixed(cost) => rule.cost(cost),
+                RuleCost::Logged => {
+                    rule.cost_fn(|parts| parts.extensions.get::<LoggedCost>().map_or(1, |c| c.0))
+                }
+            };
+            builder = builder.rule(rule);
+        }
+        builder
+    }
+
+    /// The layer these rules make on `limiter`, with default settings.
+    ///
+    /// ```
+    /// use tower_ratelimits::{Limiter, Limits, RuleSet};
+    /// let limits = Limits::from_yaml_str("PerIp: {kind: ip, burst: 5, count: 5, period: 1s}\n", None)?;
+    /// let rules = RuleSet::from_yaml_str("- {limit: PerIp, key: client_ip}\n")?;
+    /// let layer = rules.layer(Limiter::in_memory(limits))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn layer(&self, limiter: Limiter) -> Result<RateLimitLayer, LayerError> {
+        self.builder(limiter).build()
+    }
+}
