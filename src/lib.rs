@@ -164,6 +164,8 @@ mod overrides;
 mod quota;
 #[cfg(feature = "reload")]
 mod reload;
+#[cfg(feature = "replay")]
+mod replay;
 mod telemetry;
 mod time;
 
@@ -210,6 +212,12 @@ pub use quota::Quota;
 #[cfg(feature = "reload")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reload")))]
 pub use reload::{LimitsWatcher, ReloadReport, WatchError};
+#[cfg(feature = "replay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
+pub use replay::{
+    BadLine, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, LogFormat, LogReader,
+    LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay, ReplayError, Suggested,
+};
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
 
 /// The `http` crate, whose request and response types the layer and its extractors use

@@ -58,6 +58,11 @@ pub use service::RateLimitService;
 pub use settle::Settle;
 pub use wait::Wait;
 
+#[cfg(feature = "replay")]
+pub(crate) use extract::parse_forwarded_ip;
+#[cfg(feature = "replay")]
+pub(crate) use observe::{Note, RuleOutcome};
+
 // For `crate::__private` only (this repository's property tests); not re-exported otherwise.
 pub use rule::in_scope;
 pub use settle::{parse_units, units_in};

@@ -179,13 +179,21 @@ pub(crate) struct RuleMetrics {
     /// `tower_ratelimits_near_limit_total{limit}`.
     #[cfg(feature = "metrics")]
     near_limit: metrics::Counter,
+    /// The layer's journal and the rule's name, for a replay.
+    #[cfg(feature = "replay")]
+    journal: (LimitName, std::sync::Arc<Journal>),
 }
 
 impl RuleMetrics {
-    pub(crate) fn new(name: LimitName) -> Self {
+    pub(crate) fn new(
+        name: LimitName,
+        #[cfg(feature = "replay")] journal: &std::sync::Arc<Journal>,
+    ) -> Self {
         #[cfg(feature = "metrics")]
         {
             Self {
+                #[cfg(feature = "replay")]
+                journal: (name, journal.clone()),
                 counters: RuleOutcome::ALL.map(|o| {
                     metrics::counter!(
                         "tower_ratelimits_decisions_total",
@@ -202,15 +210,31 @@ impl RuleMetrics {
         #[cfg(not(feature = "metrics"))]
         {
             let _ = (name, RuleOutcome::ALL);
-            Self {}
+            Self {
+                #[cfg(feature = "replay")]
+                journal: (name, journal.clone()),
+            }
         }
     }
 
     pub(crate) fn count(&self, outcome: RuleOutcome) {
         #[cfg(feature = "metrics")]
         self.counters[outcome as usize].increment(1);
-        #[cfg(not(feature = "metrics"))]
+        #[cfg(feature = "replay")]
+        self.journal.1.note(self.journal.0, None, outcome);
+        #[cfg(not(any(feature = "metrics", feature = "replay")))]
         let _ = outcome;
+    }
+
+    /// Counts a decided transaction (`count`, with what a replay reads of it).
+    #[inline]
+    pub(crate) fn count_seen(&self, d: &Seen<'_>, outcome: RuleOutcome) {
+        #[cfg(feature = "metrics")]
+        self.counters[outcome as usize].increment(1);
+        #[cfg(feature = "replay")]
+        self.journal.1.note(self.journal.0, Some(d), outcome);
+        #[cfg(not(any(feature = "metrics", feature = "replay")))]
+        let _ = (d, outcome);
     }
 
     /// Counts `d` in `tower_ratelimits_near_limit_total` when it was allowed and left at most
@@ -341,5 +365,68 @@ mod tests {
         assert_eq!(gate.admit_at(10_000_005), Some(3), "three held back");
         assert_eq!(gate.admit_at(10_000_006), None);
         assert_eq!(gate.admit_at(30_000_000), Some(1));
+    }
+}
+
+/// What each rule of a layer decided, in order, for a replay (feature `replay`): nothing is
+/// kept until a replay turns it on ([`Journal::start`]), so a layer in a server pays one load
+/// per decided rule.
+#[cfg(feature = "replay")]
+#[derive(Default)]
+pub(crate) struct Journal {
+    on: std::sync::atomic::AtomicBool,
+    notes: std::sync::Mutex<Vec<Note>>,
+    /// Requests an exemption let through.
+    pub(crate) exempt: AtomicU64,
+}
+
+/// One rule's outcome for one request, as a replay reads it.
+#[cfg(feature = "replay")]
+#[derive(Debug, Clone)]
+pub(crate) struct Note {
+    pub(crate) name: LimitName,
+    pub(crate) outcome: RuleOutcome,
+    /// The bucket's id, when the rule was decided.
+    pub(crate) id: Option<crate::key::Id>,
+    /// Units of the limit's size in use after the decision, and the size.
+    pub(crate) used: u64,
+    pub(crate) size: u64,
+}
+
+#[cfg(feature = "replay")]
+impl Journal {
+    /// Keeps notes from now on.
+    pub(crate) fn start(&self) {
+        self.on.store(true, Ordering::Relaxed);
+    }
+
+    fn note(&self, name: LimitName, d: Option<&Seen<'_>>, outcome: RuleOutcome) {
+        if !self.on.load(Ordering::Relaxed) {
+            return;
+        }
+        let (id, used, size) = match d {
+            Some(d) => {
+                let size = d.quota.map_or(0, |q| q.size(&d.numbers()));
+                (Some(d.id.clone()), size.saturating_sub(d.remaining), size)
+            }
+            None => (None, 0, 0),
+        };
+        let note = Note {
+            name,
+            outcome,
+            id,
+            used,
+            size,
+        };
+        if let Ok(mut notes) = self.notes.lock() {
+            notes.push(note);
+        }
+    }
+
+    /// The notes kept since the last take.
+    pub(crate) fn take(&self, into: &mut Vec<Note>) {
+        if let Ok(mut notes) = self.notes.lock() {
+            into.append(&mut notes);
+        }
     }
 }

@@ -218,6 +218,8 @@ impl RateLimitLayerBuilder {
             return Err(LayerError::NearLimitPercent(self.near_limit_percent));
         }
         let limits = self.limiter.limits();
+        #[cfg(feature = "replay")]
+        let journal = std::sync::Arc::new(super::observe::Journal::default());
         let mut rules: Vec<ResolvedRule> = Vec::with_capacity(self.rules.len());
         for rule in self.rules {
             let name = limits
@@ -252,7 +254,11 @@ impl RateLimitLayerBuilder {
             rules.push(ResolvedRule {
                 source: super::extract::Source::Own,
                 name,
-                metrics: RuleMetrics::new(name),
+                metrics: RuleMetrics::new(
+                    name,
+                    #[cfg(feature = "replay")]
+                    &journal,
+                ),
                 shadow,
                 mode,
                 rule,
@@ -299,6 +305,8 @@ impl RateLimitLayerBuilder {
                     log_ids: self.log_ids,
                     shadow_gate: WarnGate::new(Duration::from_secs(10)),
                     near_limit_percent: self.near_limit_percent,
+                    #[cfg(feature = "replay")]
+                    journal,
                 },
                 failure: OnFailure {
                     policy: self.failure,
@@ -335,6 +343,12 @@ impl fmt::Debug for RateLimitLayer {
 }
 
 impl RateLimitLayer {
+    /// What a replay reads of each decision.
+    #[cfg(feature = "replay")]
+    pub(crate) fn journal(&self) -> &super::observe::Journal {
+        &self.shared.rules.journal
+    }
+
     /// A builder.
     pub fn builder(limiter: Limiter) -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {

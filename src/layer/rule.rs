@@ -311,7 +311,7 @@ impl ResolvedRule {
     #[inline]
     fn observe(&self, d: &Seen<'_>, batch_allowed: bool, rules: &Rules) {
         let outcome = RuleOutcome::of(d, self.shadow, batch_allowed);
-        self.metrics.count(outcome);
+        self.metrics.count_seen(d, outcome);
         self.metrics
             .count_near_limit(d, outcome, rules.near_limit_percent);
         super::observe::trace_decision(d, outcome, rules.log_ids, &rules.shadow_gate);
@@ -337,6 +337,9 @@ pub(crate) struct Rules {
     pub(crate) shadow_gate: super::observe::WarnGate,
     /// An allowed decision leaving at most `100 - this` % of its limit is near it.
     pub(crate) near_limit_percent: u8,
+    /// What a replay reads of each decision.
+    #[cfg(feature = "replay")]
+    pub(crate) journal: std::sync::Arc<super::observe::Journal>,
 }
 
 impl Rules {

@@ -55,10 +55,10 @@ impl RuleSet {
     /// The layer these rules make on `limiter`, with default settings.
     ///
     /// ```
-    /// use tower_ratelimits::{Limiter, Limits, RuleSet};
+    /// use tower_ratelimits::{Limiter, Limits, MemoryBackend, RuleSet};
     /// let limits = Limits::from_yaml_str("PerIp: {kind: ip, burst: 5, count: 5, period: 1s}\n", None)?;
     /// let rules = RuleSet::from_yaml_str("- {limit: PerIp, key: client_ip}\n")?;
-    /// let layer = rules.layer(Limiter::in_memory(limits))?;
+    /// let layer = rules.layer(Limiter::new(limits, MemoryBackend::new()))?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn layer(&self, limiter: Limiter) -> Result<RateLimitLayer, LayerError> {

@@ -62,6 +62,12 @@ where
         let (parts, body) = req.into_parts();
         if shared.exempt.as_ref().is_some_and(|e| e.cover(&parts)) {
             super::observe::count_request("exempt");
+            #[cfg(feature = "replay")]
+            shared
+                .rules
+                .journal
+                .exempt
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let future = inner.call(Request::from_parts(parts, body));
             return ResponseFuture::calling(shared, future, None);
         }

@@ -1,0 +1,880 @@
+//! Access logs read as requests (`docs/replay.md`, "Logs"): JSON lines and the combined log
+//! format of nginx and Apache, plain or gzip, several files merged by time, lines out of order
+//! sorted within a window. Streaming: one line per file and the window's lines in memory.
+
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+
+use crate::algo::calendar::days_from_civil;
+
+/// The longest line read (64 KiB); a longer one is a bad line, skipped to its end.
+pub const MAX_LINE_BYTES: usize = 64 << 10;
+/// The most lines the reorder window holds; past it the earliest is decided at once.
+const MAX_WINDOW_LINES: usize = 1 << 20;
+/// The most headers a JSON line's `headers` may hold.
+const MAX_HEADERS: usize = 64;
+
+/// One request as a log recorded it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedRequest {
+    /// When it started, in microseconds since the Unix epoch.
+    pub time_us: u64,
+    /// The client's address (the peer's: forwarding headers in `headers` are read by the
+    /// rules' trusted proxies as in production).
+    pub ip: IpAddr,
+    /// The method.
+    pub method: Method,
+    /// The path and query.
+    pub path: String,
+    /// The status the server answered, when logged.
+    pub status: Option<u16>,
+    /// Request headers the log kept (the combined format keeps `referer` and `user-agent`).
+    pub headers: HeaderMap,
+    /// How long the server took to answer (a response is held this long in a replay).
+    pub duration_us: u64,
+    /// Its cost, when logged (see [`LoggedCost`](crate::LoggedCost)).
+    pub cost: Option<u64>,
+}
+
+impl LoggedRequest {
+    /// A `GET /` from `ip` at `time_us`, answered at once.
+    pub fn new(time_us: u64, ip: IpAddr) -> Self {
+        Self {
+            time_us,
+            ip,
+            method: Method::GET,
+            path: "/".to_owned(),
+            status: None,
+            headers: HeaderMap::new(),
+            duration_us: 0,
+            cost: None,
+        }
+    }
+}
+
+/// A log's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object a line: `time` (RFC 3339, to the microsecond; the request's start),
+    /// `ip`, `method`, `path`, and optionally `status`, `headers` (an object of strings),
+    /// `duration_ms` and `cost`. Other fields are ignored.
+    Json,
+    /// The combined log format of nginx and Apache (`ip - user [10/Oct/2026:13:55:36 +0000]
+    /// "GET /path HTTP/1.1" 200 2326 "referer" "user agent"`), in whole seconds, optionally
+    /// followed by the request's duration in seconds (nginx's `$request_time`, bare or as
+    /// `rt=0.123` / `request_time=0.123`): the time is then taken as the request's end (what
+    /// nginx writes) and its start computed.
+    Combined,
+}
+
+impl LogFormat {
+    /// The format a line looks like: a JSON object, or the combined format.
+    pub fn of_line(line: &str) -> LogFormat {
+        if line.trim_start().starts_with('{') {
+            LogFormat::Json
+        } else {
+            LogFormat::Combined
+        }
+    }
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "json" => Ok(LogFormat::Json),
+            "combined" => Ok(LogFormat::Combined),
+            other => Err(format!("format {other:?}: json or combined")),
+        }
+    }
+}
+
+/// A line that could not be read as a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {reason}")]
+pub struct BadLine {
+    /// The file (or the label it was given).
+    pub file: String,
+    /// Its 1-based line number.
+    pub line: u64,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+/// One parsed line, ordered by time and then by the order it was read.
+struct Timed {
+    time_us: u64,
+    seq: u64,
+    request: LoggedRequest,
+}
+
+impl PartialEq for Timed {
+    fn eq(&self, other: &Self) -> bool {
+        (self.time_us, self.seq) == (other.time_us, other.seq)
+    }
+}
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Timed {
+    // Reversed: the heap's top is the earliest.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.time_us, other.seq).cmp(&(self.time_us, self.seq))
+    }
+}
+
+/// One log: its lines, read one at a time.
+struct Source {
+    name: String,
+    reader: Box<dyn BufRead + Send>,
+    format: Option<LogFormat>,
+    line: u64,
+    buf: Vec<u8>,
+    /// Its next request, read ahead for the merge.
+    head: Option<LoggedRequest>,
+    done: bool,
+}
+
+enum Next {
+    Request(LoggedRequest),
+    Bad(BadLine),
+    End,
+}
+
+impl Source {
+    fn read(&mut self) -> Next {
+        loop {
+            self.buf.clear();
+            let long = match read_line(&mut *self.reader, &mut self.buf) {
+                Ok(None) => return Next::End,
+                Ok(Some(long)) => long,
+                Err(e) => {
+                    self.line += 1;
+                    let reason = format!("cannot read on: {e}");
+                    // A read error ends the file: what follows cannot be found.
+                    self.done = true;
+                    return Next::Bad(self.bad(reason));
+                }
+            };
+            self.line += 1;
+            if long {
+                return Next::Bad(self.bad(format!("longer than {MAX_LINE_BYTES} bytes")));
+            }
+            let Ok(text) = std::str::from_utf8(&self.buf) else {
+                return Next::Bad(self.bad("not UTF-8".into()));
+            };
+            let text = text.trim_end_matches(['\n', '\r']);
+            if text.trim().is_empty() {
+                continue;
+            }
+            let format = *self.format.get_or_insert_with(|| LogFormat::of_line(text));
+            let parsed = match format {
+                LogFormat::Json => parse_json(text),
+                LogFormat::Combined => parse_combined(text),
+            };
+            return match parsed {
+                Ok(r) => Next::Request(r),
+                Err(reason) => Next::Bad(self.bad(reason)),
+            };
+        }
+    }
+
+    fn bad(&self, reason: String) -> BadLine {
+        BadLine {
+            file: self.name.clone(),
+            line: self.line,
+            reason,
+        }
+    }
+}
+
+/// Reads one line into `buf` (without a cap's worth past [`MAX_LINE_BYTES`]): `None` at the
+/// end, `Some(true)` for a line too long (read to its end and dropped).
+fn read_line(reader: &mut dyn BufRead, buf: &mut Vec<u8>) -> std::io::Result<Option<bool>> {
+    let mut long = false;
+    let mut any = false;
+    loop {
+        let available = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            return Ok(any.then_some(long));
+        }
+        any = true;
+        let (chunk, used, end) = match memchr(available) {
+            Some(i) => (&available[..i], i + 1, true),
+            None => (available, available.len(), false),
+        };
+        if !long && buf.len() + chunk.len() <= MAX_LINE_BYTES {
+            buf.extend_from_slice(chunk);
+        } else {
+            long = true;
+            buf.clear();
+        }
+        reader.consume(used);
+        if end {
+            return Ok(Some(long));
+        }
+    }
+}
+
+fn memchr(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|&b| b == b'\n')
+}
+
+/// Requests read from one or more logs, merged by time (see [`LogFormat`] for the formats).
+///
+/// Each log is read a line at a time (gzip read directly, by its first bytes); the logs'
+/// lines are merged by their times, and lines that arrive out of order are sorted within the
+/// reorder window (a line more than the window earlier than the latest one read is handed on
+/// as it comes: the replay decides it at its own clock, counted late). A line that does not
+/// parse is handed on as a [`BadLine`].
+///
+/// ```
+/// use tower_ratelimits::{LogFormat, LogReader};
+/// let log = "{\"time\":\"2026-11-25T10:00:00.5Z\",\"ip\":\"192.0.2.1\",\"method\":\"GET\",\"path\":\"/\"}\nnonsense\n";
+/// let lines: Vec<_> = LogReader::from_readers(vec![("log".into(), Box::new(log.as_bytes()))], None, std::time::Duration::ZERO).collect();
+/// assert_eq!(lines[0].as_ref().unwrap().time_us, 1_795_600_800_500_000);
+/// assert_eq!(lines[1].as_ref().unwrap_err().line, 2);
+/// ```
+pub struct LogReader {
+    sources: Vec<Source>,
+    window_us: u64,
+    held: BinaryHeap<Timed>,
+    latest_us: u64,
+    seq: u64,
+    primed: bool,
+}
+
+impl std::fmt::Debug for LogReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogReader")
+            .field("sources", &self.sources.len())
+            .field("window_us", &self.window_us)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogReader {
+    /// Opens `paths` (`.gz` or plain, by their first bytes), each in `format` or, when `None`,
+    /// the format its first line looks like; lines out of order are sorted within `reorder`.
+    pub fn open<P: AsRef<Path>>(
+        paths: &[P],
+        format: Option<LogFormat>,
+        reorder: Duration,
+    ) -> Result<LogReader, std::io::Error> {
+        let mut readers: Vec<(String, Box<dyn Read + Send>)> = Vec::with_capacity(paths.len());
+        for path in paths {
+            let path = path.as_ref();
+            let file = File::open(path)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            if !file.metadata()?.is_file() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{}: not a regular file", path.display()),
+                ));
+            }
+            readers.push((path.display().to_string(), Box::new(file)));
+        }
+        Ok(Self::from_readers(readers, format, reorder))
+    }
+
+    /// Reads from `readers` (each named, for its bad lines), as [`LogReader::open`] does.
+    pub fn from_readers(
+        readers: Vec<(String, Box<dyn Read + Send>)>,
+        format: Option<LogFormat>,
+        reorder: Duration,
+    ) -> LogReader {
+        let sources = readers
+            .into_iter()
+            .map(|(name, reader)| {
+                let mut buffered = BufReader::with_capacity(64 << 10, reader);
+                let gzip = buffered
+                    .fill_buf()
+                    .is_ok_and(|b| b.starts_with(&[0x1f, 0x8b]));
+                let reader: Box<dyn BufRead + Send> = if gzip {
+                    Box::new(BufReader::with_capacity(
+                        64 << 10,
+                        flate2::bufread::MultiGzDecoder::new(buffered),
+                    ))
+                } else {
+                    Box::new(buffered)
+                };
+                Source {
+                    name,
+                    reader,
+                    format,
+                    line: 0,
+                    buf: Vec::new(),
+                    head: None,
+                    done: false,
+                }
+            })
+            .collect();
+        LogReader {
+            sources,
+            window_us: crate::time::duration_us(reorder),
+            held: BinaryHeap::new(),
+            latest_us: 0,
+            seq: 0,
+            primed: false,
+        }
+    }
+
+    /// Fills each source's head; a bad line found on the way is handed on first.
+    fn fill(&mut self) -> Option<BadLine> {
+        for source in &mut self.sources {
+            while source.head.is_none() && !source.done {
+                match source.read() {
+                    Next::Request(r) => source.head = Some(r),
+                    Next::Bad(bad) => return Some(bad),
+                    Next::End => source.done = true,
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Iterator for LogReader {
+    type Item = Result<LoggedRequest, BadLine>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(bad) = self.fill() {
+                return Some(Err(bad));
+            }
+            self.primed = true;
+            // The earliest head of all logs moves into the window.
+            let earliest = self
+                .sources
+                .iter_mut()
+                .filter(|s| s.head.is_some())
+                .min_by_key(|s| s.head.as_ref().map_or(u64::MAX, |r| r.time_us));
+            let Some(source) = earliest else {
+                // Every log read: the window empties in order.
+                return self.held.pop().map(|t| Ok(t.request));
+            };
+            let Some(request) = source.head.take() else {
+                continue;
+            };
+            self.latest_us = self.latest_us.max(request.time_us);
+            self.seq += 1;
+            self.held.push(Timed {
+                time_us: request.time_us,
+                seq: self.seq,
+                request,
+            });
+            let ready = self.held.peek().is_some_and(|t| {
+                t.time_us.saturating_add(self.window_us) <= self.latest_us
+                    || self.held.len() > MAX_WINDOW_LINES
+            });
+            if ready {
+                return self.held.pop().map(|t| Ok(t.request));
+            }
+        }
+    }
+}
+
+/// Reads an RFC 3339 instant (`2026-11-25T10:00:00.123456Z`, `...+02:00`; a space or `t`
+/// for the `T`; up to 9 digits of fraction, cut to microseconds) as Unix microseconds.
+pub(crate) fn parse_rfc3339(text: &str) -> Result<u64, String> {
+    let bad = || format!("time {text:?}: write RFC 3339 (2026-11-25T10:00:00.123456Z)");
+    let b = text.as_bytes();
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return Err(bad());
+    }
+    let num = |from: usize, to: usize| -> Result<i64, String> {
+        let t = text.get(from..to).ok_or_else(bad)?;
+        if !t.bytes().all(|c| c.is_ascii_digit()) {
+            return Err(bad());
+        }
+        t.parse().map_err(|_| bad())
+    };
+    let (y, mo, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    let (h, mi, s) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
+    let mut rest = &text[19..];
+    let mut frac_us = 0;
+    if let Some(f) = rest.strip_prefix('.') {
+        let digits = f.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 9 {
+            return Err(bad());
+        }
+        let kept = &f[..digits.min(6)];
+        frac_us = kept.parse::<u64>().map_err(|_| bad())? * 10u64.pow(6 - kept.len() as u32);
+        rest = &f[digits..];
+    }
+    let offset_s = match rest {
+        "Z" | "z" => 0,
+        o if o.len() == 6 && matches!(&o[..1], "+" | "-") && &o[3..4] == ":" => {
+            let sign = if o.starts_with('-') { -1 } else { 1 };
+            let hours: i64 = o[1..3].parse().map_err(|_| bad())?;
+            let minutes: i64 = o[4..6].parse().map_err(|_| bad())?;
+            if hours > 23 || minutes > 59 {
+                return Err(bad());
+            }
+            sign * (hours * 3600 + minutes * 60)
+        }
+        _ => return Err(bad()),
+    };
+    civil_us(y, mo, d, h, mi, s, offset_s)
+        .map(|us| us + frac_us)
+        .ok_or_else(bad)
+}
+
+/// Unix microseconds of a civil time at an offset from UTC; `None` for no such time or one
+/// before 1970.
+fn civil_us(y: i64, mo: i64, d: i64, h: i64, mi: i64, s: i64, offset_s: i64) -> Option<u64> {
+    let month_days = match mo {
+        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        1..=12 => 31,
+        _ => return None,
+    };
+    if !(1970..=9999).contains(&y) || d < 1 || d > month_days || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s.min(59) - offset_s;
+    u64::try_from(secs).ok().map(|s| s * 1_000_000)
+}
+
+/// A duration in seconds written as a decimal (`0.123`), in microseconds.
+fn seconds_us(text: &str) -> Option<u64> {
+    let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |t: &str| t.bytes().all(|c| c.is_ascii_digit());
+    if whole.is_empty() || whole.len() > 9 || !digits(whole) || !digits(frac) {
+        return None;
+    }
+    let kept = &frac[..frac.len().min(6)];
+    let frac_us = if kept.is_empty() {
+        0
+    } else {
+        kept.parse::<u64>().ok()? * 10u64.pow(6 - kept.len() as u32)
+    };
+    Some(whole.parse::<u64>().ok()? * 1_000_000 + frac_us)
+}
+
+fn parse_ip(text: &str) -> Result<IpAddr, String> {
+    crate::layer::parse_forwarded_ip(text).ok_or_else(|| format!("ip {text:?} is not an address"))
+}
+
+fn parse_method(text: &str) -> Result<Method, String> {
+    Method::from_bytes(text.as_bytes()).map_err(|_| format!("method {text:?} is not a method"))
+}
+
+fn check_path(path: &str) -> Result<(), String> {
+    if path.starts_with('/') && http::uri::PathAndQuery::try_from(path).is_ok() {
+        Ok(())
+    } else {
+        Err(format!("path {path:?} is not a path (it starts with /)"))
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct JsonLine<'a> {
+    #[serde(borrow)]
+    time: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    ip: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    path: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    status: Option<u16>,
+    #[serde(borrow, default, deserialize_with = "header_pairs::optional")]
+    headers: Option<header_pairs::Pairs<'a>>,
+    #[serde(default)]
+    duration_ms: Option<f64>,
+    #[serde(default)]
+    cost: Option<u64>,
+}
+
+/// `headers` as an object read into pairs, in order.
+mod header_pairs {
+    use std::borrow::Cow;
+
+    use serde::de::{Deserializer, MapAccess, Visitor};
+
+    pub(super) type Pairs<'a> = Vec<(Cow<'a, str>, Cow<'a, str>)>;
+
+    pub(super) struct PairsVisitor;
+
+    impl<'de> Visitor<'de> for PairsVisitor {
+        type Value = Pairs<'de>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object of header names and string values")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some((k, v)) = map.next_entry::<Cow<'de, str>, Cow<'de, str>>()? {
+                if out.len() == super::MAX_HEADERS {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {} headers",
+                        super::MAX_HEADERS
+                    )));
+                }
+                out.push((k, v));
+            }
+            Ok(out)
+        }
+    }
+
+    pub(super) fn optional<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Pairs<'de>>, D::Error> {
+        d.deserialize_map(PairsVisitor).map(Some)
+    }
+}
+
+fn parse_json(text: &str) -> Result<LoggedRequest, String> {
+    let raw: JsonLine<'_> =
+        serde_json::from_str(text).map_err(|e| format!("not a log line: {e}"))?;
+    let time_us = parse_rfc3339(&raw.time)?;
+    let ip = parse_ip(&raw.ip)?;
+    let method = raw
+        .method
+        .as_deref()
+        .map_or(Ok(Method::GET), parse_method)?;
+    let path = raw.path.map_or_else(|| "/".to_owned(), |p| p.into_owned());
+    check_path(&path)?;
+    let mut headers = HeaderMap::new();
+    for (name, value) in raw.headers.unwrap_or_default() {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("header {name:?} is not a header name"))?;
+        let value = HeaderValue::from_str(&value)
+            .map_err(|_| format!("header {name}: the value is not a header value"))?;
+        headers.append(name, value);
+    }
+    let duration_us = match raw.duration_ms {
+        None => 0,
+        Some(ms) if ms.is_finite() && (0.0..=86_400_000.0).contains(&ms) => (ms * 1000.0) as u64,
+        Some(ms) => return Err(format!("duration_ms {ms}: 0 to 86400000")),
+    };
+    Ok(LoggedRequest {
+        time_us,
+        ip,
+        method,
+        path,
+        status: raw.status,
+        headers,
+        duration_us,
+        cost: raw.cost,
+    })
+}
+
+/// A quoted field of the combined format (`"..."`, `\"` and `\\` escaped), and what follows.
+fn quoted(text: &str) -> Option<(String, &str)> {
+    let rest = text.strip_prefix('"')?;
+    let mut out = String::new();
+    let mut chars = rest.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some((_, e)) = chars.next() {
+                    out.push(e);
+                }
+            }
+            '"' => return Some((out, &rest[i + 1..])),
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+/// `10/Oct/2026:13:55:36 -0700` as Unix microseconds.
+fn parse_clf_time(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    if b.len() != 26 || b[2] != b'/' || b[6] != b'/' || b[11] != b':' || b[20] != b' ' {
+        return None;
+    }
+    let num = |t: &str| -> Option<i64> {
+        t.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| t.parse().ok())?
+    };
+    let d = num(&text[0..2])?;
+    let mo = MONTHS.iter().position(|m| *m == &text[3..6])? as i64 + 1;
+    let y = num(&text[7..11])?;
+    let (h, mi, s) = (
+        num(&text[12..14])?,
+        num(&text[15..17])?,
+        num(&text[18..20])?,
+    );
+    let sign = match &text[21..22] {
+        "+" => 1,
+        "-" => -1,
+        _ => return None,
+    };
+    let (oh, om) = (num(&text[22..24])?, num(&text[24..26])?);
+    civil_us(y, mo, d, h, mi, s, sign * (oh * 3600 + om * 60))
+}
+
+fn parse_combined(text: &str) -> Result<LoggedRequest, String> {
+    let bad = |what: &str| format!("not a combined log line: {what}");
+    let (ip, rest) = text.split_once(' ').ok_or_else(|| bad("no fields"))?;
+    let ip = parse_ip(ip)?;
+    let open = rest.find('[').ok_or_else(|| bad("no [time]"))?;
+    let close = rest[open..].find(']').ok_or_else(|| bad("no [time]"))? + open;
+    let logged_us = parse_clf_time(&rest[open + 1..close])
+        .ok_or_else(|| bad("the time is not dd/Mon/yyyy:HH:MM:SS +hhmm"))?;
+    let (request, rest) =
+        quoted(rest[close + 1..].trim_start()).ok_or_else(|| bad("no \"request line\""))?;
+    let mut parts = request.split(' ');
+    let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
+        return Err(bad("the request line is not METHOD PATH PROTOCOL"));
+    };
+    let method = parse_method(method)?;
+    check_path(path)?;
+    let path = path.to_owned();
+    let mut rest = rest.trim_start();
+    let (status, after) = rest.split_once(' ').unwrap_or((rest, ""));
+    let status = status
+        .parse::<u16>()
+        .ok()
+        .filter(|s| (100..=999).contains(s))
+        .ok_or_else(|| bad("no status"))?;
+    rest = after.trim_start();
+    // The bytes sent.
+    rest = rest.split_once(' ').map_or("", |(_, r)| r).trim_start();
+    let mut headers = HeaderMap::new();
+    for name in ["referer", "user-agent"] {
+        let Some((value, after)) = quoted(rest) else {
+            break;
+        };
+        if value != "-"
+            && let Ok(v) = HeaderValue::from_str(&value)
+        {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+        rest = after.trim_start();
+    }
+    let duration_us = rest
+        .split_whitespace()
+        .find_map(|field| {
+            let value = field
+                .strip_prefix("rt=")
+                .or_else(|| field.strip_prefix("request_time="))
+                .unwrap_or(field);
+            seconds_us(value.trim_matches('"'))
+        })
+        .unwrap_or(0);
+    Ok(LoggedRequest {
+        // nginx writes the time a request ended: with its duration, the start is computed.
+        time_us: logged_us.saturating_sub(duration_us),
+        ip,
+        method,
+        path,
+        status: Some(status),
+        headers,
+        duration_us,
+        cost: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str, reorder_s: u64) -> Vec<Result<LoggedRequest, BadLine>> {
+        LogReader::from_readers(
+            vec![(
+                "log".into(),
+                Box::new(std::io::Cursor::new(text.to_owned())),
+            )],
+            None,
+            Duration::from_secs(reorder_s),
+        )
+        .collect()
+    }
+
+    #[test]
+    fn rfc3339_instants_read_to_the_microsecond_at_any_offset() {
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(
+            parse_rfc3339("2026-11-25T10:00:00.123456789Z"),
+            Ok(1_795_600_800_123_456)
+        );
+        assert_eq!(
+            parse_rfc3339("2026-11-25T12:00:00.5+02:00"),
+            Ok(1_795_600_800_500_000)
+        );
+        assert_eq!(
+            parse_rfc3339("2026-11-25 05:30:00-04:30"),
+            Ok(1_795_600_800_000_000)
+        );
+        for bad in [
+            "2026-11-25T10:00:00",
+            "2026-13-01T00:00:00Z",
+            "2026-02-30T00:00:00Z",
+            "x",
+            "2026-11-25T10:00:00.Z",
+            "1969-12-31T23:59:59Z",
+        ] {
+            assert!(parse_rfc3339(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_json_line_reads_every_field() {
+        let r = parse_json(r#"{"time":"2026-11-25T10:00:00Z","ip":"2001:db8::1","method":"POST","path":"/api/x?a=1","status":201,"headers":{"X-Account":"42","x-b":"c"},"duration_ms":12.5,"cost":3,"extra":[1]}"#).unwrap();
+        assert_eq!(r.ip, "2001:db8::1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            (r.method, r.path.as_str(), r.status),
+            (Method::POST, "/api/x?a=1", Some(201))
+        );
+        assert_eq!(r.headers["x-account"], "42");
+        assert_eq!((r.duration_us, r.cost), (12_500, Some(3)));
+        let minimal = parse_json(r#"{"time":"2026-11-25T10:00:00Z","ip":"192.0.2.1"}"#).unwrap();
+        assert_eq!((minimal.method, minimal.path.as_str()), (Method::GET, "/"));
+        for (line, says) in [
+            (r#"{"ip":"192.0.2.1"}"#, "missing field `time`"),
+            (
+                r#"{"time":"2026-11-25T10:00:00Z","ip":"nobody"}"#,
+                "not an address",
+            ),
+            (
+                r#"{"time":"2026-11-25T10:00:00Z","ip":"192.0.2.1","path":"x"}"#,
+                "not a path",
+            ),
+            (
+                r#"{"time":"2026-11-25T10:00:00Z","ip":"192.0.2.1","duration_ms":-1}"#,
+                "duration_ms",
+            ),
+            (
+                r#"{"time":"2026-11-25T10:00:00Z","ip":"192.0.2.1","headers":{"a b":"c"}}"#,
+                "not a header name",
+            ),
+            ("{", "not a log line"),
+        ] {
+            let e = parse_json(line).unwrap_err();
+            assert!(e.contains(says), "{line}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_combined_line_reads_its_request_and_an_nginx_request_time_moves_its_start() {
+        let r = parse_combined(r#"192.0.2.7 - frank [25/Nov/2026:10:00:01 +0000] "GET /a?b=c HTTP/1.1" 200 2326 "https://example.com/" "curl \"8\"" 0.250"#).unwrap();
+        assert_eq!(r.time_us, 1_795_600_800_750_000);
+        assert_eq!(
+            (r.duration_us, r.status, r.path.as_str()),
+            (250_000, Some(200), "/a?b=c")
+        );
+        assert_eq!(r.headers["user-agent"], "curl \"8\"");
+        let apache = parse_combined(
+            r#"::1 - - [25/Nov/2026:11:00:00 +0100] "POST / HTTP/1.0" 429 - "-" "-""#,
+        )
+        .unwrap();
+        assert_eq!(
+            (apache.time_us, apache.duration_us),
+            (1_795_600_800_000_000, 0)
+        );
+        assert!(apache.headers.is_empty());
+        let rt = parse_combined(
+            r#"192.0.2.7 - - [25/Nov/2026:10:00:01 +0000] "GET / HTTP/1.1" 200 1 "-" "-" rt=1.5"#,
+        )
+        .unwrap();
+        assert_eq!(rt.duration_us, 1_500_000);
+        for line in [
+            "192.0.2.7 - - [25/Nov/2026:10:00:01 +0000] \"-\" 400 0 \"-\" \"-\"",
+            "host.example - - [25/Nov/2026:10:00:01 +0000] \"GET / HTTP/1.1\" 200 1",
+            "192.0.2.7 - - [25/Foo/2026:10:00:01 +0000] \"GET / HTTP/1.1\" 200 1",
+            "192.0.2.7 - - [25/Nov/2026:10:00:01 +0000] \"GET / HTTP/1.1\" OK 1",
+        ] {
+            assert!(parse_combined(line).is_err(), "{line}");
+        }
+    }
+
+    #[test]
+    fn logs_merge_by_time_and_the_window_sorts_late_lines() {
+        let a = "{\"time\":\"2026-11-25T10:00:00Z\",\"ip\":\"192.0.2.1\"}\n{\"time\":\"2026-11-25T10:00:02Z\",\"ip\":\"192.0.2.1\"}\n";
+        let b = "{\"time\":\"2026-11-25T10:00:01Z\",\"ip\":\"192.0.2.2\"}\n{\"time\":\"2026-11-25T10:00:03Z\",\"ip\":\"192.0.2.2\"}\n";
+        let times: Vec<u64> = LogReader::from_readers(
+            vec![
+                ("a".into(), Box::new(a.as_bytes())),
+                ("b".into(), Box::new(b.as_bytes())),
+            ],
+            None,
+            Duration::ZERO,
+        )
+        .map(|r| r.unwrap().time_us % 10_000_000 / 1_000_000)
+        .collect();
+        assert_eq!(times, [0, 1, 2, 3]);
+        // One file out of order: without a window, in file order; with one, sorted.
+        let late = "{\"time\":\"2026-11-25T10:00:05Z\",\"ip\":\"192.0.2.1\"}\n{\"time\":\"2026-11-25T10:00:04Z\",\"ip\":\"192.0.2.1\"}\n{\"time\":\"2026-11-25T10:00:09Z\",\"ip\":\"192.0.2.1\"}\n";
+        let seconds = |w| -> Vec<u64> {
+            read(late, w)
+                .into_iter()
+                .map(|r| r.unwrap().time_us / 1_000_000 % 10)
+                .collect()
+        };
+        assert_eq!(seconds(0), [5, 4, 9]);
+        assert_eq!(seconds(60), [4, 5, 9]);
+    }
+
+    #[test]
+    fn bad_lines_are_handed_on_with_their_numbers_and_a_line_without_end_is_bounded() {
+        let mut text = String::from("{\"time\":\"2026-11-25T10:00:00Z\",\"ip\":\"192.0.2.1\"}\n\n");
+        text.push_str(&"x".repeat(MAX_LINE_BYTES * 3));
+        text.push('\n');
+        text.push_str("{\"time\":\"2026-11-25T10:00:01Z\",\"ip\":\"192.0.2.1\"}\n\u{0}\u{ff}\n");
+        let lines = read(&text, 0);
+        assert!(lines[0].is_ok());
+        let bad = lines[1].as_ref().unwrap_err();
+        assert_eq!(bad.line, 3);
+        assert!(bad.reason.contains("longer than"), "{bad}");
+        assert!(lines[2].is_ok());
+        assert_eq!(lines[3].as_ref().unwrap_err().line, 5);
+        assert_eq!(lines.len(), 4);
+        // The last line without a newline still counts.
+        assert_eq!(
+            read(
+                "{\"time\":\"2026-11-25T10:00:00Z\",\"ip\":\"192.0.2.1\"}",
+                0
+            )
+            .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_gzip_log_is_read_directly() {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(
+            b"::1 - - [25/Nov/2026:10:00:00 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"-\"\n",
+        )
+        .unwrap();
+        let bytes = gz.finish().unwrap();
+        let lines: Vec<_> = LogReader::from_readers(
+            vec![("gz".into(), Box::new(std::io::Cursor::new(bytes)))],
+            None,
+            Duration::ZERO,
+        )
+        .collect();
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0].as_ref().unwrap().time_us, 1_795_600_800_000_000);
+    }
+}

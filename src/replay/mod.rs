@@ -1,0 +1,516 @@
+//! Replaying recorded traffic through the real layer (feature `replay`; `docs/replay.md`).
+//!
+//! Each request of a log is sent, at its logged time, through two layers built by the same
+//! code a deployment runs: one on the current limits, one on a candidate's. Time is tokio's
+//! paused clock, moved to each request's time in turn, and the layers' backends read their
+//! clock from it: every timer (a response held for its logged duration, so a concurrency slot
+//! is held as long as it was; a wait; a lease's renewal; the sweeper) fires on the logged
+//! clock. What each layer decided is read from its journal (`layer/observe.rs`), the same
+//! outcomes its metrics count.
+
+use std::cell::RefCell;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::combinators::UnsyncBoxBody;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::backend::MemoryBackend;
+use crate::config::Limits;
+use crate::layer::{LayerError, LoggedCost, RateLimitLayer, RateLimitService};
+use crate::limiter::Limiter;
+use crate::time::Clock;
+
+mod log;
+mod plan;
+
+pub use log::{BadLine, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
+use plan::{Answer, Tally};
+pub use plan::{
+    BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan, Suggested,
+};
+
+/// How many bad lines and flips of each direction a plan shows.
+const EXAMPLES: usize = 20;
+/// Requests between two sweeps of the suggestion model's idle keys.
+const SWEEP_EVERY: u64 = 1 << 16;
+
+/// Why a replay stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// A policy's layer could not be built.
+    #[error("the {policy} policy's layer: {error}")]
+    Layer {
+        /// `current` or `candidate`.
+        policy: &'static str,
+        /// Why.
+        error: LayerError,
+    },
+    /// A line did not parse, in a strict replay ([`Replay::strict`]).
+    #[error("{0}")]
+    BadLine(BadLine),
+    /// The replay's runtime could not start.
+    #[error("starting the replay's runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+type Build = Rc<dyn Fn(Limiter) -> Result<RateLimitLayer, LayerError>>;
+
+/// A replay of recorded requests through a current and a candidate policy: what the
+/// candidate would change (see [`Plan`]).
+///
+/// The layer is built by `build`, the code a deployment runs (rules, extractors, trusted
+/// proxies, exemptions, settings), on an in-memory limiter of each policy's limits whose
+/// clock is the log's. Every request takes the real road; concurrency slots are held for the
+/// logged duration; waits and leases run on the logged clock.
+///
+/// ```
+/// use tower_ratelimits::{Limits, LogReader, Replay, RuleSet};
+/// let rules = RuleSet::from_yaml_str("- {limit: PerIp, key: client_ip}\n")?;
+/// let current = Limits::from_yaml_str("PerIp: {kind: ip, burst: 2, count: 1, period: 1s}\n", None)?;
+/// let candidate = Limits::from_yaml_str("PerIp: {kind: ip, burst: 1, count: 1, period: 1s}\n", None)?;
+/// let log = "{\"time\":\"2026-11-25T10:00:00Z\",\"ip\":\"192.0.2.1\"}\n".repeat(2);
+/// let lines = LogReader::from_readers(vec![("log".into(), Box::new(std::io::Cursor::new(log)))], None, Default::default());
+/// let plan = Replay::new(move |limiter| rules.layer(limiter), current, candidate).run(lines)?;
+/// assert_eq!((plan.requests, plan.allow_to_deny), (2, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Replay {
+    current: (Limits, Build),
+    candidate: (Limits, Build),
+    strict: bool,
+    target: f64,
+    top_keys: usize,
+}
+
+impl std::fmt::Debug for Replay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replay")
+            .field("strict", &self.strict)
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Replay {
+    /// A replay of the layer `build` makes, under `current` and `candidate` limits.
+    pub fn new(
+        build: impl Fn(Limiter) -> Result<RateLimitLayer, LayerError> + 'static,
+        current: Limits,
+        candidate: Limits,
+    ) -> Replay {
+        let build: Build = Rc::new(build);
+        Replay {
+            current: (current, build.clone()),
+            candidate: (candidate, build),
+            strict: false,
+            target: 0.01,
+            top_keys: 20,
+        }
+    }
+
+    /// The candidate's layer made by other code (other rules: a limit the current policy
+    /// lacks).
+    pub fn candidate_layer(
+        mut self,
+        build: impl Fn(Limiter) -> Result<RateLimitLayer, LayerError> + 'static,
+    ) -> Replay {
+        self.candidate.1 = Rc::new(build);
+        self
+    }
+
+    /// Stops at the first bad line ([`ReplayError::BadLine`]) instead of counting it.
+    pub fn strict(mut self, on: bool) -> Replay {
+        self.strict = on;
+        self
+    }
+
+    /// The share of keys a suggestion may leave refused (default 0.01: 1%), clamped to 0..1.
+    pub fn target(mut self, share: f64) -> Replay {
+        self.target = if share.is_finite() {
+            share.clamp(0.0, 1.0)
+        } else {
+            0.01
+        };
+        self
+    }
+
+    /// How many keys [`Plan::top_keys`] lists (default 20).
+    pub fn top_keys(mut self, n: usize) -> Replay {
+        self.top_keys = n;
+        self
+    }
+
+    /// Replays `requests` (in time order; a request earlier than one before it is decided at
+    /// the replay's clock, counted in [`Plan::late_lines`]) and says what changes. Runs its own
+    /// runtime on a paused clock: call it outside any runtime (or in `spawn_blocking`).
+    pub fn run<I>(self, requests: I) -> Result<Plan, ReplayError>
+    where
+        I: IntoIterator<Item = Result<LoggedRequest, BadLine>>,
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .map_err(ReplayError::Runtime)?;
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&runtime, self.replay(requests.into_iter()))
+    }
+
+    async fn replay(
+        self,
+        mut requests: impl Iterator<Item = Result<LoggedRequest, BadLine>>,
+    ) -> Result<Plan, ReplayError> {
+        let mut tally = Tally::new(0, self.target, self.top_keys, EXAMPLES);
+        // The first request sets the clock.
+        let first = loop {
+            match requests.next() {
+                None => return Ok(tally.plan()),
+                Some(Ok(r)) => break r,
+                Some(Err(bad)) if self.strict => return Err(ReplayError::BadLine(bad)),
+                Some(Err(bad)) => tally.bad_line(&bad),
+            }
+        };
+        let clock = LogClock {
+            start: tokio::time::Instant::now(),
+            start_us: first.time_us,
+        };
+        tally.base_us = first.time_us;
+        let sides = [
+            Side::new("current", &self.current, &clock)?,
+            Side::new("candidate", &self.candidate, &clock)?,
+        ];
+        for name in self.candidate.0.names() {
+            if let Some(limit) = self
+                .candidate
+                .0
+                .default_limit(name)
+                .and_then(|q| q.as_gcra())
+            {
+                tally.size(name, limit);
+            }
+        }
+        let state = Rc::new(RefCell::new(State {
+            tally,
+            pending: std::collections::HashMap::new(),
+        }));
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut next = Some(first);
+        let mut index: u64 = 0;
+        loop {
+            let request = match next.take() {
+                Some(r) => r,
+                None => match requests.next() {
+                    None => break,
+                    Some(Ok(r)) => r,
+                    Some(Err(bad)) if self.strict => return Err(ReplayError::BadLine(bad)),
+                    Some(Err(bad)) => {
+                        state.borrow_mut().tally.bad_line(&bad);
+                        continue;
+                    }
+                },
+            };
+            let now_us = clock.now_us();
+            if request.time_us > now_us {
+                tokio::time::sleep_until(clock.instant(request.time_us)).await;
+            } else if request.time_us < now_us {
+                state.borrow_mut().tally.late_lines += 1;
+            }
+            let at_us = clock.now_us();
+            index += 1;
+            let cost = request.cost.unwrap_or(1);
+            let mut answers: [Option<Answer>; 2] = [None, None];
+            for (side, s) in sides.iter().enumerate() {
+                let (answer, running) = s.send(&request, side, cost, at_us, &state).await;
+                answers[side] = answer;
+                if let Some(running) = running {
+                    let (state, index) = (state.clone(), index);
+                    let (served, layer, clock) = (s.served.clone(), s.layer.clone(), clock.clone());
+                    tasks.spawn_local(async move {
+                        finish(running, side, index, served, layer, state, clock).await;
+                    });
+                }
+            }
+            {
+                let mut st = state.borrow_mut();
+                match answers {
+                    [Some(a), Some(b)] => st.tally.decided(&seen(&request), [&a, &b]),
+                    [a, b] => {
+                        // Tasks run only when this loop yields: none has answered yet.
+                        let entry = Pending {
+                            request: Box::new(request),
+                            answers: [a, b],
+                        };
+                        st.pending.insert(index, entry);
+                    }
+                }
+                if index.is_multiple_of(SWEEP_EVERY) {
+                    st.tally.sweep(at_us);
+                }
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+        let tally = std::mem::replace(&mut state.borrow_mut().tally, Tally::new(0, 0.0, 0, 0));
+        Ok(tally.plan())
+    }
+}
+
+fn seen(request: &LoggedRequest) -> plan::Seen<'_> {
+    plan::Seen {
+        time_us: request.time_us,
+        ip: request.ip,
+        method: request.method.as_str(),
+        path: &request.path,
+    }
+}
+
+/// The log's clock: tokio's paused instant, counted from the first request's time.
+#[derive(Clone)]
+struct LogClock {
+    start: tokio::time::Instant,
+    start_us: u64,
+}
+
+impl LogClock {
+    fn instant(&self, us: u64) -> tokio::time::Instant {
+        self.start + Duration::from_micros(us.saturating_sub(self.start_us))
+    }
+}
+
+impl Clock for LogClock {
+    fn now_us(&self) -> u64 {
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.start);
+        self.start_us
+            .saturating_add(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Requests whose answers are not both known yet.
+struct State {
+    tally: Tally,
+    pending: std::collections::HashMap<u64, Pending>,
+}
+
+struct Pending {
+    request: Box<LoggedRequest>,
+    answers: [Option<Answer>; 2],
+}
+
+impl State {
+    /// A policy's answer to request `index`, given by a task.
+    fn answered(&mut self, index: u64, side: usize, answer: Answer) {
+        let Some(entry) = self.pending.get_mut(&index) else {
+            return;
+        };
+        entry.answers[side] = Some(answer);
+        if let [Some(_), Some(_)] = &entry.answers
+            && let Some(Pending {
+                request,
+                answers: [Some(a), Some(b)],
+            }) = self.pending.remove(&index)
+        {
+            self.tally.decided(&seen(&request), [&a, &b]);
+        }
+    }
+}
+
+/// The inner service of a replayed layer: counts its calls (the request was let through)
+/// and answers when the request's logged duration has passed.
+#[derive(Clone)]
+struct Inner {
+    served: Arc<AtomicU64>,
+}
+
+/// How long the inner service holds a request's response.
+#[derive(Clone, Copy)]
+struct HoldFor(Duration);
+
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+impl Service<Request<()>> for Inner {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Held;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<()>) -> Held {
+        self.served.fetch_add(1, Ordering::Relaxed);
+        let hold = request
+            .extensions()
+            .get::<HoldFor>()
+            .map_or(Duration::ZERO, |h| h.0);
+        Held {
+            sleep: (!hold.is_zero()).then(|| Box::pin(tokio::time::sleep(hold))),
+        }
+    }
+}
+
+/// The inner service's answer, after its hold.
+struct Held {
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Future for Held {
+    type Output = Result<Response<Body>, Infallible>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some(sleep) = self.sleep.as_mut() {
+            std::task::ready!(sleep.as_mut().poll(cx));
+        }
+        use http_body_util::BodyExt;
+        Poll::Ready(Ok(Response::new(
+            http_body_util::Empty::<Bytes>::new()
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )))
+    }
+}
+
+type Running = Pin<Box<<RateLimitService<Inner> as Service<Request<()>>>::Future>>;
+
+/// One policy: its layer around the inner service.
+struct Side {
+    layer: RateLimitLayer,
+    service: RateLimitService<Inner>,
+    served: Arc<AtomicU64>,
+}
+
+impl Side {
+    fn new(
+        policy: &'static str,
+        (limits, build): &(Limits, Build),
+        clock: &LogClock,
+    ) -> Result<Side, ReplayError> {
+        let memory = MemoryBackend::builder().clock(clock.clone()).build();
+        let layer = build(Limiter::new(limits.clone(), memory))
+            .map_err(|error| ReplayError::Layer { policy, error })?;
+        layer.journal().start();
+        let served = Arc::new(AtomicU64::new(0));
+        let service = layer.layer(Inner {
+            served: served.clone(),
+        });
+        Ok(Side {
+            layer,
+            service,
+            served,
+        })
+    }
+
+    /// Sends `logged` through the layer and polls it once: its answer when known now, and
+    /// the response still running (held, or waiting to be decided again) for a task to end.
+    async fn send(
+        &self,
+        logged: &LoggedRequest,
+        side: usize,
+        cost: u64,
+        now_us: u64,
+        state: &Rc<RefCell<State>>,
+    ) -> (Option<Answer>, Option<Running>) {
+        let request = request_of(logged);
+        let journal = self.layer.journal();
+        let (served, exempt) = (
+            self.served.load(Ordering::Relaxed),
+            journal.exempt.load(Ordering::Relaxed),
+        );
+        let mut service = self.service.clone();
+        let mut running: Running = Box::pin(service.call(request));
+        let done =
+            std::future::poll_fn(|cx| Poll::Ready(running.as_mut().poll(cx).is_ready())).await;
+        let mut notes = Vec::new();
+        journal.take(&mut notes);
+        state
+            .borrow_mut()
+            .tally
+            .noted(side, &notes, now_us, Some(cost));
+        let served = self.served.load(Ordering::Relaxed) > served;
+        let exempt = journal.exempt.load(Ordering::Relaxed) > exempt;
+        match (done, served) {
+            (true, _) => (Some(Answer::of(served, exempt, &notes)), None),
+            (false, true) => (Some(Answer::of(true, exempt, &notes)), Some(running)),
+            // Waiting to be decided again: the task answers.
+            (false, false) => (None, Some(running)),
+        }
+    }
+}
+
+/// Drives a running response to its end; answers for it when it had no answer yet (a
+/// request waiting to be decided again), from what its layer notes on the way.
+async fn finish(
+    mut running: Running,
+    side: usize,
+    index: u64,
+    served: Arc<AtomicU64>,
+    layer: RateLimitLayer,
+    state: Rc<RefCell<State>>,
+    clock: LogClock,
+) {
+    let answered = state
+        .borrow()
+        .pending
+        .get(&index)
+        .is_none_or(|p| p.answers[side].is_some());
+    let mut all = Vec::new();
+    let mut through = false;
+    let mut notes = Vec::new();
+    let done = std::future::poll_fn(|cx| {
+        let before = served.load(Ordering::Relaxed);
+        let poll = running.as_mut().poll(cx);
+        through |= served.load(Ordering::Relaxed) > before;
+        notes.clear();
+        layer.journal().take(&mut notes);
+        if !notes.is_empty() {
+            // Decided again after a wait: the shares it used, not a new arrival.
+            state
+                .borrow_mut()
+                .tally
+                .noted(side, &notes, clock.now_us(), None);
+            all.extend(notes.iter().cloned());
+        }
+        if !answered && through {
+            return Poll::Ready(false);
+        }
+        poll.map(|_| true)
+    })
+    .await;
+    if !answered {
+        state
+            .borrow_mut()
+            .answered(index, side, Answer::of(through, false, &all));
+    }
+    if !done {
+        // Let through: the response still runs to its end (its slots are given back there).
+        let _ = running.await;
+    }
+}
+
+/// The request a log line stands for.
+fn request_of(logged: &LoggedRequest) -> Request<()> {
+    let mut request = Request::new(());
+    *request.method_mut() = logged.method.clone();
+    if let Ok(uri) = http::Uri::try_from(logged.path.as_str()) {
+        *request.uri_mut() = uri;
+    }
+    *request.headers_mut() = logged.headers.clone();
+    let extensions = request.extensions_mut();
+    extensions.insert(std::net::SocketAddr::new(logged.ip, 0));
+    if let Some(cost) = logged.cost {
+        extensions.insert(LoggedCost(cost));
+    }
+    if logged.duration_us > 0 {
+        extensions.insert(HoldFor(Duration::from_micros(logged.duration_us)));
+    }
+    request
+}

@@ -1,0 +1,607 @@
+//! What a replay found (`docs/replay.md`, "The plan"): the document and the tallies it is
+//! made from, key by key.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::log::BadLine;
+use crate::algo::calendar::instant_text;
+use crate::key::{Id, LimitName};
+use crate::layer::Note;
+use crate::layer::RuleOutcome;
+
+/// The version of the plan's JSON document. Fields are added, never changed or removed,
+/// within a version.
+pub const PLAN_VERSION: u32 = 1;
+
+/// The grid of counts a count suggestion is taken from: the candidate's count times
+/// `2^(k/4)` for k in `GRID_LOW..=GRID_HIGH` (a quarter of it to 64 times it, steps of 19%).
+const GRID_LOW: i32 = -8;
+const GRID_HIGH: i32 = 24;
+const GRID: usize = (GRID_HIGH - GRID_LOW + 1) as usize;
+
+/// What a replay found: how each policy decided the log's requests, what would change, and
+/// how much of each limit its keys used. Its JSON form (`serde`) is a promise: see
+/// `docs/replay.md` ("The plan") for every field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// [`PLAN_VERSION`].
+    pub version: u32,
+    /// Lines decided (bad lines are not requests).
+    pub requests: u64,
+    /// Lines that did not parse.
+    pub bad_lines: u64,
+    /// The first bad lines, with why.
+    pub bad_line_examples: Vec<BadLineExample>,
+    /// Lines read more than the reorder window after a later one: decided at the replay's
+    /// clock, not their own.
+    pub late_lines: u64,
+    /// The first request's time (RFC 3339), when there was one.
+    pub from: Option<String>,
+    /// The last request's time.
+    pub to: Option<String>,
+    /// How the current policy decided.
+    pub current: Counts,
+    /// How the candidate decided.
+    pub candidate: Counts,
+    /// Requests the current policy let through (allowed or exempt) that the candidate denies.
+    pub allow_to_deny: u64,
+    /// Requests the current policy denies that the candidate lets through.
+    pub deny_to_allow: u64,
+    /// Per limit (of either policy), by name.
+    pub limits: BTreeMap<String, LimitPlan>,
+    /// The keys with the most flips, most first.
+    pub top_keys: Vec<KeyFlips>,
+    /// The first flips of each direction, in order.
+    pub flips: Vec<Flip>,
+}
+
+/// One bad line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BadLineExample {
+    /// The file.
+    pub file: String,
+    /// Its line number.
+    pub line: u64,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+/// How one policy decided the requests: `requests` is the sum of the others.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Requests decided.
+    pub requests: u64,
+    /// Let through by every rule that applied (or by no rule).
+    pub allowed: u64,
+    /// Refused by a limit (a 429).
+    pub denied: u64,
+    /// Refused before a decision (a key the layer cannot read, a cost above a limit) or by a
+    /// failure policy.
+    pub rejected: u64,
+    /// Let through by an exemption.
+    pub exempt: u64,
+}
+
+/// One limit in a plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LimitPlan {
+    /// Requests this limit denied under the current policy (a request denied in a batch
+    /// counts for every limit whose own decision was a denial).
+    pub current_denied: u64,
+    /// The same under the candidate.
+    pub candidate_denied: u64,
+    /// Requests it denies under the candidate that the current policy let through.
+    pub allow_to_deny: u64,
+    /// Requests it denied under the current policy that the candidate lets through.
+    pub deny_to_allow: u64,
+    /// How much of the limit its keys used, when any key was decided.
+    pub headroom: Option<Headroom>,
+    /// The candidate's limit sized to the log, when it is a GCRA limit.
+    pub suggested: Option<Suggested>,
+}
+
+/// The distribution over a limit's keys of the largest share of the limit a key used (in
+/// use after a decision over the limit's size, 0 to 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Headroom {
+    /// Whose decisions: `current` when the current policy has the limit, else `candidate`.
+    pub policy: String,
+    /// Keys decided.
+    pub keys: u64,
+    /// The median key's largest share.
+    pub p50: f64,
+    /// The 90th percentile's.
+    pub p90: f64,
+    /// The 99th percentile's.
+    pub p99: f64,
+    /// The largest.
+    pub max: f64,
+}
+
+/// The candidate's GCRA limit sized so that the log's requests of no more than `target` of
+/// its keys are refused (each key's requests counted at their logged cost, 1 without one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Suggested {
+    /// The share of keys that may see a refusal.
+    pub target: f64,
+    /// Keys the suggestion is taken over.
+    pub keys: u64,
+    /// The smallest burst at the candidate's count and period.
+    pub burst: u64,
+    /// The smallest count per the candidate's period at the candidate's burst, from a grid
+    /// of counts (a quarter of the candidate's to 64 times it, steps of 19%): `None` when
+    /// even 64 times is refused for more keys than the target.
+    pub count: Option<u64>,
+    /// The candidate's period (`1s`, `1h`).
+    pub period: String,
+    /// The candidate's burst and count, for comparison.
+    pub candidate_burst: u64,
+    /// See `candidate_burst`.
+    pub candidate_count: u64,
+}
+
+/// A key's flips.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyFlips {
+    /// The limit.
+    pub limit: String,
+    /// The id.
+    pub id: String,
+    /// Its requests the candidate denies that the current policy let through.
+    pub allow_to_deny: u64,
+    /// Its requests the current policy denied that the candidate lets through.
+    pub deny_to_allow: u64,
+}
+
+/// One request whose answer changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Flip {
+    /// `allow_to_deny` or `deny_to_allow`.
+    pub kind: String,
+    /// When (RFC 3339).
+    pub time: String,
+    /// The client.
+    pub ip: String,
+    /// The method.
+    pub method: String,
+    /// The path.
+    pub path: String,
+    /// The limits that denied it (under the policy that denies).
+    pub limits: Vec<String>,
+}
+
+/// How a policy answered one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    Allowed,
+    Denied,
+    Rejected,
+    Exempt,
+}
+
+impl Class {
+    fn through(self) -> bool {
+        matches!(self, Class::Allowed | Class::Exempt)
+    }
+}
+
+/// One policy's answer to one request: its class and the limits that denied it.
+#[derive(Debug, Clone)]
+pub(crate) struct Answer {
+    pub(crate) class: Class,
+    pub(crate) denied_by: Vec<(LimitName, Option<Id>)>,
+}
+
+impl Answer {
+    /// The answer that `notes` (the request's, every decision round) and whether the inner
+    /// service was called make.
+    pub(crate) fn of(served: bool, exempt: bool, notes: &[Note]) -> Answer {
+        let denials = || {
+            notes
+                .iter()
+                .filter(|n| n.outcome == RuleOutcome::Denied)
+                .map(|n| (n.name, n.id.clone()))
+                .collect::<Vec<_>>()
+        };
+        match (served, exempt) {
+            (true, true) => Answer {
+                class: Class::Exempt,
+                denied_by: Vec::new(),
+            },
+            (true, false) => Answer {
+                class: Class::Allowed,
+                denied_by: Vec::new(),
+            },
+            (false, _) => {
+                let denied_by = denials();
+                Answer {
+                    class: if denied_by.is_empty() {
+                        Class::Rejected
+                    } else {
+                        Class::Denied
+                    },
+                    denied_by,
+                }
+            }
+        }
+    }
+}
+
+/// What a flip shows of its request.
+pub(crate) struct Seen<'a> {
+    pub(crate) time_us: u64,
+    pub(crate) ip: std::net::IpAddr,
+    pub(crate) method: &'a str,
+    pub(crate) path: &'a str,
+}
+
+/// A key's tallies: the largest share it used under each policy, its flips, and the
+/// suggestion model's state while its bucket is not full again.
+#[derive(Default)]
+struct KeyTally {
+    share: [f32; 2],
+    flips: [u32; 2],
+    /// The burst it needed at the candidate's rate (in units).
+    needed_burst: u64,
+    /// Grid points at which it was refused.
+    refused: u64,
+    live: Option<Box<Live>>,
+}
+
+/// A key's buckets in the suggestion model: at the candidate's count with no burst bound, and
+/// at each grid count with the candidate's burst. Times are microseconds since the replay's
+/// start times the bucket's count (so every step is a whole number).
+struct Live {
+    tat: u128,
+    grid: [u128; GRID],
+}
+
+/// The candidate's GCRA numbers a suggestion is sized from.
+#[derive(Clone, Copy)]
+struct Sizing {
+    burst: u64,
+    count: u64,
+    period_us: u64,
+    grid: [u64; GRID],
+}
+
+impl Sizing {
+    fn of(limit: &crate::Limit) -> Sizing {
+        let mut grid = [0; GRID];
+        for (i, k) in (GRID_LOW..=GRID_HIGH).enumerate() {
+            grid[i] = ((limit.count() as f64) * 2f64.powf(f64::from(k) / 4.0))
+                .ceil()
+                .max(1.0) as u64;
+        }
+        Sizing {
+            burst: limit.burst(),
+            count: limit.count(),
+            period_us: limit.period_us(),
+            grid,
+        }
+    }
+}
+
+#[derive(Default)]
+struct LimitTally {
+    denied: [u64; 2],
+    flips: [u64; 2],
+    keys: HashMap<Id, KeyTally>,
+    sizing: Option<Sizing>,
+}
+
+/// The tallies a plan is made from.
+pub(crate) struct Tally {
+    pub(crate) base_us: u64,
+    pub(crate) requests: u64,
+    pub(crate) bad_lines: u64,
+    bad_examples: Vec<BadLineExample>,
+    pub(crate) late_lines: u64,
+    first_us: Option<u64>,
+    last_us: u64,
+    counts: [Counts; 2],
+    flips: [u64; 2],
+    limits: HashMap<LimitName, LimitTally>,
+    flip_examples: Vec<Flip>,
+    flip_kinds: [usize; 2],
+    target: f64,
+    top: usize,
+    max_examples: usize,
+}
+
+const A2D: usize = 0;
+const D2A: usize = 1;
+
+impl Tally {
+    pub(crate) fn new(base_us: u64, target: f64, top: usize, max_examples: usize) -> Tally {
+        Tally {
+            base_us,
+            requests: 0,
+            bad_lines: 0,
+            bad_examples: Vec::new(),
+            late_lines: 0,
+            first_us: None,
+            last_us: 0,
+            counts: [Counts::default(); 2],
+            flips: [0; 2],
+            limits: HashMap::new(),
+            flip_examples: Vec::new(),
+            flip_kinds: [0; 2],
+            target,
+            top,
+            max_examples,
+        }
+    }
+
+    /// Sizes suggestions of `name` from the candidate's default `limit`.
+    pub(crate) fn size(&mut self, name: LimitName, limit: &crate::Limit) {
+        self.limits.entry(name).or_default().sizing = Some(Sizing::of(limit));
+    }
+
+    pub(crate) fn bad_line(&mut self, bad: &BadLine) {
+        self.bad_lines += 1;
+        if self.bad_examples.len() < self.max_examples {
+            self.bad_examples.push(BadLineExample {
+                file: bad.file.clone(),
+                line: bad.line,
+                reason: bad.reason.clone(),
+            });
+        }
+    }
+
+    /// One policy's notes of one request (`side` 0: current, 1: candidate), as they come: the
+    /// shares its keys used and, for the candidate's first decision of a request (`arrival`:
+    /// the request's cost), the suggestion model's arrivals.
+    pub(crate) fn noted(&mut self, side: usize, notes: &[Note], now_us: u64, arrival: Option<u64>) {
+        for note in notes {
+            let Some(id) = &note.id else { continue };
+            let limit = self.limits.entry(note.name).or_default();
+            let key = match limit.keys.get_mut(id) {
+                Some(k) => k,
+                None => limit.keys.entry(id.clone()).or_default(),
+            };
+            if note.size > 0 {
+                let share = (note.used as f64 / note.size as f64).min(1.0) as f32;
+                key.share[side] = key.share[side].max(share);
+            }
+            if side == 1
+                && let (Some(sizing), Some(cost)) = (limit.sizing, arrival)
+            {
+                arrive(key, &sizing, now_us.saturating_sub(self.base_us), cost);
+            }
+        }
+    }
+
+    /// Both policies' answers to one request.
+    pub(crate) fn decided(&mut self, request: &Seen<'_>, answers: [&Answer; 2]) {
+        self.requests += 1;
+        self.first_us.get_or_insert(request.time_us);
+        self.last_us = self.last_us.max(request.time_us);
+        for (side, answer) in answers.iter().enumerate() {
+            let c = &mut self.counts[side];
+            c.requests += 1;
+            match answer.class {
+                Class::Allowed => c.allowed += 1,
+                Class::Denied => c.denied += 1,
+                Class::Rejected => c.rejected += 1,
+                Class::Exempt => c.exempt += 1,
+            }
+            if answer.class == Class::Denied {
+                for (name, _) in &answer.denied_by {
+                    self.limits.entry(*name).or_default().denied[side] += 1;
+                }
+            }
+        }
+        let [current, candidate] = answers;
+        let (kind, denier) = if current.class.through() && candidate.class == Class::Denied {
+            (A2D, candidate)
+        } else if current.class == Class::Denied && candidate.class.through() {
+            (D2A, current)
+        } else {
+            return;
+        };
+        self.flips[kind] += 1;
+        for (name, id) in &denier.denied_by {
+            let limit = self.limits.entry(*name).or_default();
+            limit.flips[kind] += 1;
+            if let Some(id) = id
+                && let Some(key) = limit.keys.get_mut(id)
+            {
+                key.flips[kind] += 1;
+            }
+        }
+        if self.flip_kinds[kind] < self.max_examples {
+            self.flip_kinds[kind] += 1;
+            self.flip_examples.push(Flip {
+                kind: if kind == A2D {
+                    "allow_to_deny"
+                } else {
+                    "deny_to_allow"
+                }
+                .into(),
+                time: instant_text(request.time_us),
+                ip: request.ip.to_string(),
+                method: request.method.to_owned(),
+                path: request.path.to_owned(),
+                limits: denier
+                    .denied_by
+                    .iter()
+                    .map(|(n, _)| n.as_str().to_owned())
+                    .collect(),
+            });
+        }
+    }
+
+    /// Drops the model state of keys whose every bucket is full again at `now_us` (a bucket
+    /// whose TAT is past is the same as a fresh one): memory follows live keys.
+    pub(crate) fn sweep(&mut self, now_us: u64) {
+        let t = u128::from(now_us.saturating_sub(self.base_us));
+        for limit in self.limits.values_mut() {
+            let Some(sizing) = limit.sizing else { continue };
+            for key in limit.keys.values_mut() {
+                let idle = key.live.as_ref().is_some_and(|live| {
+                    live.tat <= t * u128::from(sizing.count)
+                        && live
+                            .grid
+                            .iter()
+                            .zip(sizing.grid)
+                            .all(|(&tat, count)| tat <= t * u128::from(count))
+                });
+                if idle {
+                    key.live = None;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn plan(self) -> Plan {
+        let mut limits = BTreeMap::new();
+        let mut top: Vec<KeyFlips> = Vec::new();
+        for (name, limit) in &self.limits {
+            for (id, key) in &limit.keys {
+                if key.flips != [0, 0] {
+                    top.push(KeyFlips {
+                        limit: name.as_str().to_owned(),
+                        id: id.to_string(),
+                        allow_to_deny: u64::from(key.flips[A2D]),
+                        deny_to_allow: u64::from(key.flips[D2A]),
+                    });
+                }
+            }
+            limits.insert(
+                name.as_str().to_owned(),
+                LimitPlan {
+                    current_denied: limit.denied[0],
+                    candidate_denied: limit.denied[1],
+                    allow_to_deny: limit.flips[A2D],
+                    deny_to_allow: limit.flips[D2A],
+                    headroom: headroom(limit),
+                    suggested: limit.sizing.and_then(|s| suggest(limit, &s, self.target)),
+                },
+            );
+        }
+        top.sort_by(|a, b| {
+            (b.allow_to_deny + b.deny_to_allow)
+                .cmp(&(a.allow_to_deny + a.deny_to_allow))
+                .then_with(|| (&a.limit, &a.id).cmp(&(&b.limit, &b.id)))
+        });
+        top.truncate(self.top);
+        Plan {
+            version: PLAN_VERSION,
+            requests: self.requests,
+            bad_lines: self.bad_lines,
+            bad_line_examples: self.bad_examples,
+            late_lines: self.late_lines,
+            from: self.first_us.map(instant_text),
+            to: self.first_us.map(|_| instant_text(self.last_us)),
+            current: self.counts[0],
+            candidate: self.counts[1],
+            allow_to_deny: self.flips[A2D],
+            deny_to_allow: self.flips[D2A],
+            limits,
+            top_keys: top,
+            flips: self.flip_examples,
+        }
+    }
+}
+
+/// One arrival of `cost` units at `t` (microseconds since the start) in a key's model.
+fn arrive(key: &mut KeyTally, sizing: &Sizing, t: u64, cost: u64) {
+    let live = key.live.get_or_insert_with(|| {
+        Box::new(Live {
+            tat: 0,
+            grid: [0; GRID],
+        })
+    });
+    let (t, cost, period, burst) = (
+        u128::from(t),
+        u128::from(cost),
+        u128::from(sizing.period_us),
+        u128::from(sizing.burst),
+    );
+    let now = t * u128::from(sizing.count);
+    live.tat = live.tat.max(now) + cost * period;
+    let needed = (live.tat - now).div_ceil(period);
+    key.needed_burst = key
+        .needed_burst
+        .max(u64::try_from(needed).unwrap_or(u64::MAX));
+    for (i, (tat, count)) in live.grid.iter_mut().zip(sizing.grid).enumerate() {
+        let now = t * u128::from(count);
+        let after = (*tat).max(now) + cost * period;
+        if after - now > burst * period {
+            key.refused |= 1 << i;
+        } else {
+            *tat = after;
+        }
+    }
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+fn headroom(limit: &LimitTally) -> Option<Headroom> {
+    let side = if limit.keys.values().any(|k| k.share[0] > 0.0) {
+        0
+    } else {
+        1
+    };
+    let mut shares: Vec<f64> = limit
+        .keys
+        .values()
+        .map(|k| f64::from(k.share[side]))
+        .collect();
+    if shares.is_empty() {
+        return None;
+    }
+    shares.sort_by(f64::total_cmp);
+    let round = |x: f64| (x * 10_000.0).round() / 10_000.0;
+    Some(Headroom {
+        policy: if side == 0 { "current" } else { "candidate" }.into(),
+        keys: shares.len() as u64,
+        p50: round(quantile(&shares, 0.5)),
+        p90: round(quantile(&shares, 0.9)),
+        p99: round(quantile(&shares, 0.99)),
+        max: round(shares[shares.len() - 1]),
+    })
+}
+
+fn suggest(limit: &LimitTally, sizing: &Sizing, target: f64) -> Option<Suggested> {
+    let modelled: Vec<&KeyTally> = limit.keys.values().filter(|k| k.needed_burst > 0).collect();
+    if modelled.is_empty() {
+        return None;
+    }
+    let n = modelled.len();
+    // The most keys that may see a refusal.
+    let may = ((target * n as f64).floor() as usize).min(n - 1);
+    let mut bursts: Vec<u64> = modelled.iter().map(|k| k.needed_burst).collect();
+    bursts.sort_unstable();
+    // The smallest grid point a key was never refused at (GRID: refused at every one).
+    let mut points: Vec<usize> = modelled
+        .iter()
+        .map(|k| {
+            (0..GRID)
+                .rev()
+                .take_while(|&i| k.refused & (1 << i) == 0)
+                .last()
+                .unwrap_or(GRID)
+        })
+        .collect();
+    points.sort_unstable();
+    let point = points[n - 1 - may];
+    Some(Suggested {
+        target,
+        keys: n as u64,
+        burst: bursts[n - 1 - may],
+        count: sizing.grid.get(point).copied(),
+        period: crate::time::format_duration_us(sizing.period_us),
+        candidate_burst: sizing.burst,
+        candidate_count: sizing.count,
+    })
+}
