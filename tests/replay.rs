@@ -1,0 +1,357 @@
+//! Replaying logs through a current and a candidate policy (`docs/replay.md`): every request
+//! decided by the real layer at its logged time, concurrency slots held for the logged
+//! duration, waits decided again when they end, batches all or nothing, and the plan's
+//! counts, flips, headroom and suggestions.
+
+use std::time::Duration;
+
+use tower_ratelimits::{
+    ClientIp, Header, Limits, LogFormat, LogReader, Plan, RateLimitLayer, Replay, ReplayError,
+    Rule, RuleSet, Wait,
+};
+
+const T0: &str = "2026-11-25T10:00:";
+
+/// A JSON log line at `10:00:<s>` (seconds with a fraction), from `ip`, with `extra` fields.
+fn line(s: &str, ip: &str, extra: &str) -> String {
+    format!("{{\"time\":\"{T0}{s}Z\",\"ip\":\"{ip}\"{extra}}}\n")
+}
+
+fn reader(text: String) -> LogReader {
+    LogReader::from_readers(
+        vec![("log".into(), Box::new(std::io::Cursor::new(text)))],
+        None,
+        Duration::ZERO,
+    )
+}
+
+fn limits(yaml: &str) -> Limits {
+    Limits::from_yaml_str(yaml, None).unwrap()
+}
+
+fn replay(rules: &str, current: &str, candidate: &str, log: String) -> Plan {
+    let rules = RuleSet::from_yaml_str(rules).unwrap();
+    Replay::new(move |l| rules.layer(l), limits(current), limits(candidate))
+        .run(reader(log))
+        .unwrap()
+}
+
+const PER_IP: &str = "- {limit: PerIp, key: client_ip}\n";
+
+#[test]
+fn each_request_is_decided_at_its_logged_time_by_both_policies() {
+    let log = [
+        line("00", "192.0.2.1", ""),
+        line("00", "192.0.2.1", ""),
+        line("00.5", "192.0.2.1", ""),
+        line("01", "192.0.2.1", ""),
+        line("01", "192.0.2.2", ""),
+    ]
+    .concat();
+    let plan = replay(
+        PER_IP,
+        "PerIp: {kind: ip, burst: 3, count: 1, period: 1s}\n",
+        "PerIp: {kind: ip, burst: 1, count: 1, period: 1s}\n",
+        log,
+    );
+    assert_eq!(plan.requests, 5);
+    assert_eq!((plan.current.allowed, plan.current.denied), (5, 0));
+    // The candidate: 10:00:00 allowed, then denied (no burst), 00.5 denied (half a unit
+    // back), 01 allowed (a whole unit back since 00), the other client allowed.
+    assert_eq!((plan.candidate.allowed, plan.candidate.denied), (3, 2));
+    assert_eq!((plan.allow_to_deny, plan.deny_to_allow), (2, 0));
+    let per_ip = &plan.limits["PerIp"];
+    assert_eq!((per_ip.current_denied, per_ip.candidate_denied), (0, 2));
+    assert_eq!(per_ip.allow_to_deny, 2);
+    assert_eq!(plan.top_keys.len(), 1);
+    assert_eq!(
+        (plan.top_keys[0].id.as_str(), plan.top_keys[0].allow_to_deny),
+        ("192.0.2.1", 2)
+    );
+    assert_eq!(plan.flips.len(), 2);
+    assert_eq!(plan.flips[1].time, "2026-11-25T10:00:00.500000Z");
+    assert_eq!(plan.flips[1].limits, ["PerIp"]);
+    assert_eq!(plan.from.as_deref(), Some("2026-11-25T10:00:00Z"));
+    assert_eq!(plan.to.as_deref(), Some("2026-11-25T10:00:01Z"));
+}
+
+#[test]
+fn a_concurrency_slot_is_held_for_the_logged_duration() {
+    // A holds its slot 500 ms; B at 100 ms finds it held; C at 600 ms finds it free again.
+    let log = [
+        line("00", "192.0.2.1", ",\"duration_ms\":500"),
+        line("00.1", "192.0.2.1", ",\"duration_ms\":10"),
+        line("00.6", "192.0.2.1", ""),
+        line("00.65", "192.0.2.1", ""),
+    ]
+    .concat();
+    let plan = replay(
+        PER_IP,
+        "PerIp: {kind: ip, concurrency: 2, lease: 1m}\n",
+        "PerIp: {kind: ip, concurrency: 1, lease: 1m}\n",
+        log,
+    );
+    assert_eq!(plan.current.allowed, 4);
+    assert_eq!((plan.candidate.allowed, plan.candidate.denied), (3, 1));
+    assert_eq!(plan.allow_to_deny, 1);
+    assert_eq!(plan.flips[0].time, "2026-11-25T10:00:00.100000Z");
+}
+
+#[test]
+fn a_request_that_outlives_its_lease_keeps_its_slot_until_its_logged_end() {
+    // The lease is 1 s; A runs 5 s: its slot is renewed on the logged clock, so B at 3 s is
+    // still refused, and C at 5.5 s is let through.
+    let log = [
+        line("00", "192.0.2.1", ",\"duration_ms\":5000"),
+        line("03", "192.0.2.1", ""),
+        line("05.5", "192.0.2.1", ""),
+    ]
+    .concat();
+    let plan = replay(
+        PER_IP,
+        "PerIp: {kind: ip, concurrency: 1, lease: 1s}\n",
+        "PerIp: {kind: ip, concurrency: 1, lease: 1s}\n",
+        log,
+    );
+    assert_eq!((plan.current.allowed, plan.current.denied), (2, 1));
+    assert_eq!(plan.flips.len(), 0);
+}
+
+#[test]
+fn a_waiting_request_is_decided_again_when_its_wait_ends() {
+    let current = limits("PerIp: {kind: ip, burst: 1, count: 1, period: 1s}\n");
+    let candidate = current.clone();
+    // The current policy refuses at once; the candidate's rule waits up to 2 s.
+    let waits = |wait: bool| {
+        move |limiter| {
+            let rule = Rule::new("PerIp", ClientIp::new());
+            let rule = if wait {
+                rule.wait(Wait::up_to(Duration::from_secs(2)))
+            } else {
+                rule
+            };
+            RateLimitLayer::new(limiter, [rule])
+        }
+    };
+    let log = [
+        line("00", "192.0.2.1", ""),
+        line("00", "192.0.2.1", ""),
+        line("00", "192.0.2.1", ""),
+        line("00", "192.0.2.1", ""),
+    ]
+    .concat();
+    let plan = Replay::new(waits(false), current, candidate)
+        .candidate_layer(waits(true))
+        .run(reader(log))
+        .unwrap();
+    assert_eq!((plan.current.allowed, plan.current.denied), (1, 3));
+    // The second waits 1 s, the third 2 s; the fourth would wait 3 s: refused.
+    assert_eq!((plan.candidate.allowed, plan.candidate.denied), (3, 1));
+    assert_eq!((plan.allow_to_deny, plan.deny_to_allow), (0, 2));
+    assert_eq!(plan.limits["PerIp"].deny_to_allow, 2);
+}
+
+#[test]
+fn a_batch_is_all_or_nothing_and_a_denial_counts_for_each_limit_that_denied() {
+    let rules =
+        "- {limit: PerIp, key: client_ip}\n- {limit: PerAccount, key: 'header:x-account'}\n";
+    let tight = "PerIp: {kind: ip, burst: 1, count: 1, period: 1h}\n\
+                 PerAccount: {kind: account, burst: 1, count: 1, period: 1h}\n";
+    let loose = "PerIp: {kind: ip, burst: 9, count: 1, period: 1h}\n\
+                 PerAccount: {kind: account, burst: 9, count: 1, period: 1h}\n";
+    let account = |a: u32| format!(",\"headers\":{{\"x-account\":\"{a}\"}}");
+    let log = [
+        line("00", "192.0.2.1", &account(1)),
+        // Denied by both limits under the candidate.
+        line("01", "192.0.2.1", &account(1)),
+        // Denied by PerIp only: the account's unit is not spent (all or nothing), so...
+        line("02", "192.0.2.1", &account(2)),
+        // ...account 2 is still whole from another address.
+        line("03", "192.0.2.2", &account(2)),
+    ]
+    .concat();
+    let plan = replay(rules, loose, tight, log);
+    assert_eq!((plan.candidate.allowed, plan.candidate.denied), (2, 2));
+    assert_eq!(plan.limits["PerIp"].candidate_denied, 2);
+    assert_eq!(plan.limits["PerAccount"].candidate_denied, 1);
+    assert_eq!(
+        (
+            plan.limits["PerIp"].allow_to_deny,
+            plan.limits["PerAccount"].allow_to_deny
+        ),
+        (2, 1)
+    );
+    assert_eq!(plan.flips[0].limits.len(), 2);
+}
+
+#[test]
+fn exempt_rejected_and_scoped_requests_are_told_apart() {
+    let rules = "trusted_proxies: [10.0.0.0/8]\nexempt: [198.51.100.0/24]\nrules:\n  \
+                 - {limit: PerAccount, key: 'header:x-account', methods: [POST], path_prefix: /api}\n";
+    let l = "PerAccount: {kind: account, burst: 1, count: 1, period: 1h}\n";
+    let log = [
+        // Exempt: its address is in the exempt network (through a trusted proxy).
+        line("00", "10.0.0.1", ",\"method\":\"POST\",\"path\":\"/api/x\",\"headers\":{\"x-forwarded-for\":\"198.51.100.7\"}"),
+        // Rejected: no account header on a rule's request.
+        line("01", "192.0.2.1", ",\"method\":\"POST\",\"path\":\"/api/x\""),
+        // Out of the rule's scope: a GET, and a path beside /api.
+        line("02", "192.0.2.1", ",\"path\":\"/api/x\""),
+        line("03", "192.0.2.1", ",\"method\":\"POST\",\"path\":\"/apix\""),
+    ]
+    .concat();
+    let plan = replay(rules, l, l, log);
+    assert_eq!(plan.current.exempt, 1);
+    assert_eq!(plan.current.rejected, 1);
+    assert_eq!(plan.current.allowed, 2);
+    assert_eq!(plan.current.requests, 4);
+    assert_eq!(plan.candidate, plan.current);
+}
+
+#[test]
+fn headroom_and_suggestions_are_sized_from_the_log() {
+    // Ten clients: client i sends i + 1 requests at once, every minute for five minutes.
+    let mut log = String::new();
+    for minute in 0..5 {
+        for i in 0..10u32 {
+            for _ in 0..=i {
+                log.push_str(&format!(
+                    "{{\"time\":\"2026-11-25T10:{minute:02}:00Z\",\"ip\":\"192.0.2.{i}\"}}\n"
+                ));
+            }
+        }
+    }
+    let rules = RuleSet::from_yaml_str(PER_IP).unwrap();
+    let plan = Replay::new(
+        move |l| rules.layer(l),
+        limits("PerIp: {kind: ip, burst: 20, count: 20, period: 1m}\n"),
+        limits("PerIp: {kind: ip, burst: 4, count: 20, period: 1m}\n"),
+    )
+    .target(0.1)
+    .run(reader(log))
+    .unwrap();
+    let per_ip = &plan.limits["PerIp"];
+    let headroom = per_ip.headroom.as_ref().unwrap();
+    assert_eq!((headroom.policy.as_str(), headroom.keys), ("current", 10));
+    // Client i uses i + 1 units of 20, refilled (a unit every 3 s) before its next burst.
+    assert_eq!((headroom.p50, headroom.max), (0.25, 0.5));
+    let suggested = per_ip.suggested.as_ref().unwrap();
+    // A burst of 9 refuses only the largest client (1 of 10 keys: the 10% target).
+    assert_eq!(
+        (suggested.burst, suggested.keys, suggested.period.as_str()),
+        (9, 10, "1m")
+    );
+    // At a burst of 4, six clients send more than 4 at once: no count lets them through.
+    assert_eq!(suggested.count, None);
+    assert_eq!(plan.candidate.denied, 5 * (1 + 2 + 3 + 4 + 5 + 6));
+
+    // One client, a request a second for a minute, against 20 a minute with a burst of 4:
+    // at 20 a minute it needs a burst of 41 (the last request finds 121 s of debt: 40.3
+    // units); at a burst of 4 the grid's 57 a minute (20 x 2^1.5) is the least that never
+    // refuses it (48 refuses the 17th request).
+    let log: String = (0..60)
+        .map(|s| format!("{{\"time\":\"2026-11-25T10:00:{s:02}Z\",\"ip\":\"192.0.2.1\"}}\n"))
+        .collect();
+    let rules = RuleSet::from_yaml_str(PER_IP).unwrap();
+    let l = "PerIp: {kind: ip, burst: 4, count: 20, period: 1m}\n";
+    let plan = Replay::new(move |l| rules.layer(l), limits(l), limits(l))
+        .target(0.0)
+        .run(reader(log))
+        .unwrap();
+    let suggested = plan.limits["PerIp"].suggested.as_ref().unwrap();
+    assert_eq!((suggested.burst, suggested.count), (41, Some(57)));
+}
+
+#[test]
+fn bad_lines_are_counted_and_a_strict_replay_stops_at_the_first() {
+    let log = [
+        line("00", "192.0.2.1", ""),
+        "not json\n".to_owned(),
+        line("01", "nobody", ""),
+        line("02", "192.0.2.1", ""),
+        // Earlier than the line before it, with no window: decided at the replay's clock.
+        line("01.5", "192.0.2.1", ""),
+    ]
+    .concat();
+    let l = "PerIp: {kind: ip, burst: 5, count: 1, period: 1s}\n";
+    let plan = replay(PER_IP, l, l, log.clone());
+    assert_eq!((plan.requests, plan.bad_lines, plan.late_lines), (3, 2, 1));
+    assert_eq!(plan.bad_line_examples[0].line, 2);
+    assert_eq!(plan.bad_line_examples[1].line, 3);
+    assert!(plan.bad_line_examples[1].reason.contains("not an address"));
+    let rules = RuleSet::from_yaml_str(PER_IP).unwrap();
+    let e = Replay::new(move |l| rules.layer(l), limits(l), limits(l))
+        .strict(true)
+        .run(reader(log))
+        .unwrap_err();
+    assert!(
+        matches!(e, ReplayError::BadLine(ref b) if b.line == 2),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_candidate_with_its_own_rules_adds_a_limit() {
+    let current_rules = RuleSet::from_yaml_str(PER_IP).unwrap();
+    let candidate_rules = RuleSet::from_yaml_str(
+        "- {limit: PerIp, key: client_ip}\n- {limit: Writes, key: client_ip, methods: [POST]}\n",
+    )
+    .unwrap();
+    let both = "PerIp: {kind: ip, burst: 9, count: 1, period: 1h}\n\
+                Writes: {kind: ip, burst: 1, count: 1, period: 1h}\n";
+    let log = [
+        line("00", "192.0.2.1", ",\"method\":\"POST\""),
+        line("01", "192.0.2.1", ",\"method\":\"POST\""),
+        line("02", "192.0.2.1", ""),
+    ]
+    .concat();
+    let plan = Replay::new(move |l| current_rules.layer(l), limits(both), limits(both))
+        .candidate_layer(move |l| candidate_rules.layer(l))
+        .run(reader(log))
+        .unwrap();
+    assert_eq!(plan.allow_to_deny, 1);
+    assert_eq!(plan.limits["Writes"].candidate_denied, 1);
+    assert_eq!(
+        plan.limits["Writes"].headroom.as_ref().unwrap().policy,
+        "candidate"
+    );
+}
+
+#[test]
+fn a_layer_that_cannot_be_built_names_its_policy() {
+    let l = "PerIp: {kind: ip, burst: 5, count: 1, period: 1s}\n";
+    let e = Replay::new(
+        |limiter| RateLimitLayer::new(limiter, [Rule::new("Nope", Header::new("x-a"))]),
+        limits(l),
+        limits(l),
+    )
+    .run(reader(line("00", "192.0.2.1", "")))
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ReplayError::Layer {
+                policy: "current",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_plan_reads_back_from_its_json() {
+    let l = "PerIp: {kind: ip, burst: 1, count: 1, period: 1s}\n";
+    let plan = replay(
+        PER_IP,
+        l,
+        l,
+        [line("00", "192.0.2.1", ""), line("00", "192.0.2.1", "")].concat(),
+    );
+    let json = serde_json::to_value(&plan).unwrap();
+    assert_eq!(json["version"], 1);
+    assert_eq!(json["current"]["denied"], 1);
+    assert_eq!(json["limits"]["PerIp"]["current_denied"], 1);
+    let back: Plan = serde_json::from_value(json).unwrap();
+    assert_eq!(back, plan);
+    let _ = LogFormat::Json;
+}
