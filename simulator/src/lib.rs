@@ -9,7 +9,12 @@
 //! tower-ratelimits-simulate --defaults FILE --generate "burst 30 at 0s, then 5/s for 20s" \
 //!     [--key Name=id ...] --html OUT.html
 //! tower-ratelimits-simulate --redis redis://127.0.0.1:6379 --defaults FILE [TRACE]   # feature `redis`
+//! tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml --rules RULES.yaml --log FILE ...
 //! ```
+//!
+//! `plan` replays access logs through a current and a candidate policy and says what would
+//! change (`simulator/src/plan.rs`, `docs/replay.md`); a trace file named `plan` is read as
+//! `./plan`.
 //!
 //! In the repository, `cargo run --example simulate -- ARGS` runs the same command (add
 //! `--features redis` for `--redis`).
@@ -39,6 +44,7 @@ use std::process::ExitCode;
 use tower_ratelimits::{IdKind, Limiter, Limits, ManualClock, MemoryBackend};
 
 mod generate;
+mod plan;
 mod timeline;
 mod trace;
 use trace as simulate;
@@ -144,13 +150,13 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 
 /// An output file, created before the run so an unwritable path fails first, and removed
 /// again unless the run completes.
-struct Output {
+pub(crate) struct Output {
     path: PathBuf,
     file: Option<std::fs::File>,
 }
 
 impl Output {
-    fn create(option: &str, path: &Path) -> Result<Output, String> {
+    pub(crate) fn create(option: &str, path: &Path) -> Result<Output, String> {
         let file =
             std::fs::File::create(path).map_err(|e| format!("{option} {}: {e}", path.display()))?;
         Ok(Output {
@@ -159,7 +165,7 @@ impl Output {
         })
     }
 
-    fn write(mut self, text: &str) -> Result<(), String> {
+    pub(crate) fn write(mut self, text: &str) -> Result<(), String> {
         let result = self.file.take().map_or(Ok(()), |mut f| {
             f.write_all(text.as_bytes()).and_then(|()| f.flush())
         });
@@ -232,6 +238,11 @@ fn generated_trace(limiter: &Limiter, phrase: &str, keys: &[String]) -> Result<S
 /// Runs the command line (`std::env::args`) to its end: the JSON lines on standard output, a
 /// reason on standard error and exit code 2 on bad input.
 pub fn cli() -> ExitCode {
+    // `plan` is a subcommand; a trace file named `plan` is read as `./plan`.
+    let mut words = std::env::args_os().skip(1);
+    if words.next().is_some_and(|w| w == "plan") {
+        return plan::cli(words);
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) if e.is_empty() => {

@@ -24,7 +24,7 @@ pub(crate) use stored::{StoredSet, check_override};
 #[cfg(feature = "yaml")]
 pub use yaml::RuleSet;
 #[cfg(feature = "yaml")]
-pub(crate) use yaml::{RuleCost, RuleKey};
+pub(crate) use yaml::{RuleCost, RuleKey, RuleMissing};
 
 /// What the configuration says of one name.
 #[derive(Debug, Clone)]

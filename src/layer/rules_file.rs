@@ -2,8 +2,9 @@
 
 use super::extract::{ClientIp, Header, Ipv6Range48};
 use super::rate_limit_layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
+use super::rule::OnMissingKey;
 use super::rule::Rule;
-use crate::config::{RuleCost, RuleKey, RuleSet};
+use crate::config::{RuleCost, RuleKey, RuleMissing, RuleSet};
 use crate::limiter::Limiter;
 
 /// A request's cost as a log recorded it: what a rule with `cost: logged` in a [`RuleSet`]
@@ -46,6 +47,13 @@ impl RuleSet {
                 RuleCost::Logged => {
                     rule.cost_fn(|parts| parts.extensions.get::<LoggedCost>().map_or(1, |c| c.0))
                 }
+            };
+            let rule = match entry.on_missing_key {
+                None => rule,
+                Some(RuleMissing::Skip) => rule.on_missing_key(OnMissingKey::Skip),
+                Some(RuleMissing::Reject(code)) => rule.on_missing_key(OnMissingKey::Reject(
+                    http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_REQUEST),
+                )),
             };
             builder = builder.rule(rule);
         }

@@ -52,7 +52,7 @@ impl Shape for CalendarQuota {
         })
     }
 
-    #[cfg(feature = "metrics")]
+    #[cfg(any(feature = "metrics", feature = "replay"))]
     fn size(&self, _: &Numbers<'_>) -> u64 {
         self.count()
     }

@@ -51,7 +51,7 @@ impl Shape for ConcurrencyLimit {
         })
     }
 
-    #[cfg(feature = "metrics")]
+    #[cfg(any(feature = "metrics", feature = "replay"))]
     fn size(&self, _: &Numbers<'_>) -> u64 {
         self.max()
     }

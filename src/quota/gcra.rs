@@ -59,7 +59,7 @@ impl Shape for Limit {
         })
     }
 
-    #[cfg(feature = "metrics")]
+    #[cfg(any(feature = "metrics", feature = "replay"))]
     fn size(&self, _: &Numbers<'_>) -> u64 {
         self.burst()
     }

@@ -197,8 +197,9 @@ impl Quota {
         each!(self, s => Shape::shown(s, n, window))
     }
 
-    /// The size `remaining` is measured against (for the near-limit counter).
-    #[cfg(feature = "metrics")]
+    /// The size `remaining` is measured against (for the near-limit counter, and a replay's
+    /// headroom).
+    #[cfg(any(feature = "metrics", feature = "replay"))]
     pub(crate) fn size(&self, n: &Numbers<'_>) -> u64 {
         each!(self, s => Shape::size(s, n))
     }
@@ -293,7 +294,7 @@ trait Shape {
     fn prefetches(&self) -> bool;
     fn fixed_policy(&self) -> Option<(u64, u64)>;
     fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown>;
-    #[cfg(feature = "metrics")]
+    #[cfg(any(feature = "metrics", feature = "replay"))]
     fn size(&self, n: &Numbers<'_>) -> u64;
     #[cfg(feature = "admin")]
     fn describe(&self) -> Vec<(&'static str, Described)>;

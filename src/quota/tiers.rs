@@ -59,7 +59,7 @@ impl Shape for TieredLimit {
     }
 
     /// The serving tier's limit.
-    #[cfg(feature = "metrics")]
+    #[cfg(any(feature = "metrics", feature = "replay"))]
     fn size(&self, n: &Numbers<'_>) -> u64 {
         serving_tier(self, n).map_or(0, |(limit, _)| limit)
     }

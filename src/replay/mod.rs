@@ -181,10 +181,7 @@ impl Replay {
                 Some(Err(bad)) => tally.bad_line(&bad),
             }
         };
-        let clock = LogClock {
-            start: tokio::time::Instant::now(),
-            start_us: first.time_us,
-        };
+        let clock = LogClock::new(first.time_us);
         tally.base_us = first.time_us;
         let sides = [
             Side::new("current", &self.current, &clock)?,
@@ -220,18 +217,17 @@ impl Replay {
                     }
                 },
             };
-            let now_us = clock.now_us();
-            if request.time_us > now_us {
-                tokio::time::sleep_until(clock.instant(request.time_us)).await;
-            } else if request.time_us < now_us {
+            if request.time_us < clock.now_us() {
                 state.borrow_mut().tally.late_lines += 1;
+            } else {
+                clock.move_to(request.time_us).await;
             }
             let at_us = clock.now_us();
             index += 1;
             let cost = request.cost.unwrap_or(1);
             let mut answers: [Option<Answer>; 2] = [None, None];
             for (side, s) in sides.iter().enumerate() {
-                let (answer, running) = s.send(&request, side, cost, at_us, &state).await;
+                let (answer, running) = s.send(&request, &clock, side, cost, at_us, &state).await;
                 answers[side] = answer;
                 if let Some(running) = running {
                     let (state, index) = (state.clone(), index);
@@ -275,24 +271,52 @@ fn seen(request: &LoggedRequest) -> plan::Seen<'_> {
     }
 }
 
-/// The log's clock: tokio's paused instant, counted from the first request's time.
+/// The log's clock. Timers run on tokio's paused clock, which ticks in whole milliseconds (a
+/// deadline rounded up to its tick); a decision reads the logged time to the microsecond: the
+/// later of the last request's time and tokio's.
 #[derive(Clone)]
 struct LogClock {
     start: tokio::time::Instant,
     start_us: u64,
+    request_us: Arc<AtomicU64>,
 }
 
 impl LogClock {
+    fn new(start_us: u64) -> LogClock {
+        LogClock {
+            start: tokio::time::Instant::now(),
+            start_us,
+            request_us: Arc::new(AtomicU64::new(start_us)),
+        }
+    }
+
     fn instant(&self, us: u64) -> tokio::time::Instant {
         self.start + Duration::from_micros(us.saturating_sub(self.start_us))
+    }
+
+    /// Moves to a request at `us`: tokio's clock sleeps to the last tick before it (every timer
+    /// due by then fires; tokio moves only at ticks, never past the next timer), and the
+    /// decisions read `us` itself. A timer due within that last millisecond fires after the
+    /// request is decided: the one inexactness, tokio's resolution.
+    async fn move_to(&self, us: u64) {
+        let early = self.instant(us).checked_sub(Duration::from_millis(1));
+        if let Some(early) = early.filter(|e| *e > tokio::time::Instant::now()) {
+            tokio::time::sleep_until(early).await;
+            // Timers of the tick it woke at (due before `us` too) end first: their tasks were
+            // woken with it. A yield never moves a paused clock while a timer is pending.
+            tokio::task::yield_now().await;
+        }
+        self.request_us.fetch_max(us, Ordering::Relaxed);
     }
 }
 
 impl Clock for LogClock {
     fn now_us(&self) -> u64 {
         let elapsed = tokio::time::Instant::now().saturating_duration_since(self.start);
-        self.start_us
-            .saturating_add(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX))
+        let timers = self
+            .start_us
+            .saturating_add(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
+        timers.max(self.request_us.load(Ordering::Relaxed))
     }
 }
 
@@ -332,9 +356,9 @@ struct Inner {
     served: Arc<AtomicU64>,
 }
 
-/// How long the inner service holds a request's response.
+/// When the inner service answers a request: its logged end, on tokio's clock.
 #[derive(Clone, Copy)]
-struct HoldFor(Duration);
+struct HoldUntil(tokio::time::Instant);
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -349,12 +373,11 @@ impl Service<Request<()>> for Inner {
 
     fn call(&mut self, request: Request<()>) -> Held {
         self.served.fetch_add(1, Ordering::Relaxed);
-        let hold = request
-            .extensions()
-            .get::<HoldFor>()
-            .map_or(Duration::ZERO, |h| h.0);
         Held {
-            sleep: (!hold.is_zero()).then(|| Box::pin(tokio::time::sleep(hold))),
+            sleep: request
+                .extensions()
+                .get::<HoldUntil>()
+                .map(|h| Box::pin(tokio::time::sleep_until(h.0))),
         }
     }
 }
@@ -414,12 +437,13 @@ impl Side {
     async fn send(
         &self,
         logged: &LoggedRequest,
+        clock: &LogClock,
         side: usize,
         cost: u64,
         now_us: u64,
         state: &Rc<RefCell<State>>,
     ) -> (Option<Answer>, Option<Running>) {
-        let request = request_of(logged);
+        let request = request_of(logged, clock);
         let journal = self.layer.journal();
         let (served, exempt) = (
             self.served.load(Ordering::Relaxed),
@@ -497,7 +521,7 @@ async fn finish(
 }
 
 /// The request a log line stands for.
-fn request_of(logged: &LoggedRequest) -> Request<()> {
+fn request_of(logged: &LoggedRequest, clock: &LogClock) -> Request<()> {
     let mut request = Request::new(());
     *request.method_mut() = logged.method.clone();
     if let Ok(uri) = http::Uri::try_from(logged.path.as_str()) {
@@ -510,7 +534,8 @@ fn request_of(logged: &LoggedRequest) -> Request<()> {
         extensions.insert(LoggedCost(cost));
     }
     if logged.duration_us > 0 {
-        extensions.insert(HoldFor(Duration::from_micros(logged.duration_us)));
+        let end = logged.time_us.saturating_add(logged.duration_us);
+        extensions.insert(HoldUntil(clock.instant(end)));
     }
     request
 }

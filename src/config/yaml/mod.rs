@@ -11,7 +11,7 @@ mod rules;
 mod shapes;
 
 pub use rules::RuleSet;
-pub(crate) use rules::{RuleCost, RuleKey};
+pub(crate) use rules::{RuleCost, RuleKey, RuleMissing};
 
 use node::{Node, Value, as_str, err_at, fields, parse, positive, wrong_shape};
 use shapes::{override_of, quota_of};

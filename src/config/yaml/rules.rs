@@ -31,6 +31,15 @@ pub(crate) enum RuleCost {
     Logged,
 }
 
+/// What a rule of a [`RuleSet`] does with a request whose key is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RuleMissing {
+    /// `skip`: the rule does not apply to it.
+    Skip,
+    /// `reject` (400) or a status from 400 to 599: the request is answered with it.
+    Reject(u16),
+}
+
 /// One rule of a [`RuleSet`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RuleEntry {
@@ -39,6 +48,8 @@ pub(crate) struct RuleEntry {
     pub(crate) methods: Vec<http::Method>,
     pub(crate) path_prefix: Option<String>,
     pub(crate) cost: RuleCost,
+    /// `None`: the layer's default (reject with 400).
+    pub(crate) on_missing_key: Option<RuleMissing>,
 }
 
 /// A layer's rules read from a YAML file: each rule names a limit, the key it is keyed by, its
@@ -66,7 +77,9 @@ pub(crate) struct RuleEntry {
 /// covers `HEAD` too) and `path_prefix` (segment by segment: `/api` covers `/api/users`, not
 /// `/apix`) narrow the requests a rule applies to; `cost` is a whole number, or `logged` (the
 /// request's [`LoggedCost`](crate::LoggedCost): a replayed log line's `cost`, 1 when it has
-/// none); without it, the limit's default cost.
+/// none); without it, the limit's default cost. `on_missing_key` is `skip` (the rule does not
+/// apply to a request without its key), `reject` (the default: a 400) or a status from 400 to
+/// 599.
 ///
 /// ```
 /// use tower_ratelimits::RuleSet;
@@ -82,7 +95,14 @@ pub struct RuleSet {
 }
 
 const FILE_FIELDS: &[&str] = &["rules", "trusted_proxies", "exempt"];
-const RULE_FIELDS: &[&str] = &["limit", "key", "methods", "path_prefix", "cost"];
+const RULE_FIELDS: &[&str] = &[
+    "limit",
+    "key",
+    "methods",
+    "path_prefix",
+    "cost",
+    "on_missing_key",
+];
 
 impl RuleSet {
     /// Reads a rules file's text. Errors name the line.
@@ -199,6 +219,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
         return Err(wrong_shape("a rule (a map with `limit` and `key`)", node));
     };
     let (mut limit, mut key, mut methods, mut prefix, mut cost) = (None, None, None, None, None);
+    let mut on_missing = None;
     for (k, v) in fields {
         let field = as_str(k, "a field name")?;
         let slot = match field {
@@ -207,6 +228,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
             "methods" => &mut methods,
             "path_prefix" => &mut prefix,
             "cost" => &mut cost,
+            "on_missing_key" => &mut on_missing,
             other => {
                 return Err(err_at(
                     ConfigErrorKind::unknown_field(other, RULE_FIELDS),
@@ -283,12 +305,27 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
             _ => RuleCost::Fixed(positive("cost", n)?),
         },
     };
+    let on_missing_key = match on_missing {
+        None => None,
+        Some(n) => Some(match &n.value {
+            Value::Str(s) if s == "skip" => RuleMissing::Skip,
+            Value::Str(s) if s == "reject" => RuleMissing::Reject(400),
+            Value::Int(code) if (400..=599).contains(code) => RuleMissing::Reject(*code as u16),
+            _ => {
+                return Err(invalid(
+                    "on_missing_key: skip, reject, or a status from 400 to 599".into(),
+                    n,
+                ));
+            }
+        }),
+    };
     Ok(RuleEntry {
         limit: limit.to_owned(),
         key,
         methods,
         path_prefix,
         cost,
+        on_missing_key,
     })
 }
 
@@ -302,7 +339,7 @@ mod tests {
             "trusted_proxies: [10.0.0.0/8, ::1]\nexempt: [192.0.2.0/24]\nrules:\n  \
              - {limit: PerIp, key: client_ip}\n  \
              - {limit: Writes, key: ipv6_range, methods: [post, PUT], path_prefix: /api, cost: 3}\n  \
-             - {limit: PerAccount, key: 'header:X-Account', cost: logged}\n",
+             - {limit: PerAccount, key: 'header:X-Account', cost: logged, on_missing_key: 401}\n",
         )
         .unwrap();
         assert_eq!(set.trusted_proxies.len(), 2);
@@ -320,6 +357,8 @@ mod tests {
             RuleKey::Header(http::HeaderName::from_static("x-account"))
         );
         assert_eq!(set.rules[2].cost, RuleCost::Logged);
+        assert_eq!(set.rules[2].on_missing_key, Some(RuleMissing::Reject(401)));
+        assert_eq!(set.rules[0].on_missing_key, None);
         let plain = RuleSet::from_yaml_str("- {limit: PerIp, key: client_ip}\n").unwrap();
         assert!(plain.trusted_proxies.is_empty() && plain.rules.len() == 1);
     }

@@ -1,0 +1,252 @@
+//! `tower-ratelimits-simulate plan`: replays access logs through a current and a candidate
+//! policy and says what would change (the library's `Replay`; `docs/replay.md`).
+//!
+//! ```text
+//! tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml --rules RULES.yaml
+//!     [--candidate-rules RULES2.yaml] --log FILE [--log FILE ...] [--format json|combined]
+//!     [--reorder 60s] [--strict] [--json OUT.json] [--max-allow-to-deny N|P%] [--target 1%]
+//! ```
+//!
+//! The plan (JSON, `docs/replay.md` "The plan") goes to `--json FILE`, else to standard
+//! output; a summary goes to standard error. Exit codes: 0; 1 when `--max-allow-to-deny` is
+//! exceeded (the flips are listed on standard error); 2 for bad input (an option, a file, a
+//! configuration, or with `--strict` a bad line).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tower_ratelimits::{Limits, LogFormat, LogReader, Plan, Replay, RuleSet};
+
+pub(crate) const USAGE: &str = "usage: tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml \
+--rules RULES.yaml [--candidate-rules RULES2.yaml] --log FILE [--log FILE ...] \
+[--format json|combined] [--reorder 60s] [--strict] [--json OUT.json] \
+[--max-allow-to-deny N|P%] [--target 1%]";
+
+/// A bound on flips: a count, or a share of the requests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Bound {
+    Count(u64),
+    Share(f64),
+}
+
+impl Bound {
+    fn limit(self, requests: u64) -> u64 {
+        match self {
+            Bound::Count(n) => n,
+            Bound::Share(s) => (s * requests as f64).floor() as u64,
+        }
+    }
+}
+
+/// `N` or `P%`.
+fn bound(text: &str) -> Result<Bound, String> {
+    match text.strip_suffix('%') {
+        Some(p) => percent(p).map(Bound::Share).ok_or_else(|| {
+            format!("--max-allow-to-deny {text:?}: a count (100) or a share (0.1%)")
+        }),
+        None => text
+            .parse()
+            .map(Bound::Count)
+            .map_err(|_| format!("--max-allow-to-deny {text:?}: a count (100) or a share (0.1%)")),
+    }
+}
+
+/// A percentage (`1`, `0.5`) as a share (0.01, 0.005), 0 to 100.
+fn percent(text: &str) -> Option<f64> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|p| p.is_finite() && (0.0..=100.0).contains(p))
+        .map(|p| p / 100.0)
+}
+
+struct Args {
+    current: PathBuf,
+    candidate: PathBuf,
+    rules: PathBuf,
+    candidate_rules: Option<PathBuf>,
+    logs: Vec<PathBuf>,
+    format: Option<LogFormat>,
+    reorder: Duration,
+    strict: bool,
+    json: Option<PathBuf>,
+    max_allow_to_deny: Option<Bound>,
+    target: f64,
+}
+
+fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, String> {
+    let mut args = args;
+    let (mut current, mut candidate, mut rules, mut candidate_rules) = (None, None, None, None);
+    let (mut logs, mut format, mut reorder, mut strict) = (Vec::new(), None, Duration::ZERO, false);
+    let (mut json, mut max, mut target) = (None, None, 0.01);
+    let text = |option: &str, value: Option<std::ffi::OsString>| -> Result<String, String> {
+        value
+            .ok_or_else(|| format!("{option} needs a value"))?
+            .into_string()
+            .map_err(|_| format!("{option}: the value is not UTF-8"))
+    };
+    while let Some(arg) = args.next() {
+        let Some(option) = arg.to_str() else {
+            return Err(format!("unexpected argument {arg:?}"));
+        };
+        let path = |v: Option<std::ffi::OsString>| {
+            v.map(PathBuf::from)
+                .ok_or_else(|| format!("{option} needs a file"))
+        };
+        match option {
+            "--current" => current = Some(path(args.next())?),
+            "--candidate" => candidate = Some(path(args.next())?),
+            "--rules" => rules = Some(path(args.next())?),
+            "--candidate-rules" => candidate_rules = Some(path(args.next())?),
+            "--log" => logs.push(path(args.next())?),
+            "--json" => json = Some(path(args.next())?),
+            "--format" => format = Some(text(option, args.next())?.parse::<LogFormat>()?),
+            "--reorder" => {
+                let t = text(option, args.next())?;
+                let us = tower_ratelimits::__private::parse_duration_us(&t)
+                    .map_err(|e| format!("--reorder {t:?}: {e}"))?;
+                reorder = Duration::from_micros(us);
+            }
+            "--strict" => strict = true,
+            "--max-allow-to-deny" => max = Some(bound(&text(option, args.next())?)?),
+            "--target" => {
+                let t = text(option, args.next())?;
+                target = t
+                    .strip_suffix('%')
+                    .and_then(percent)
+                    .ok_or_else(|| format!("--target {t:?}: a share of keys (1%)"))?;
+            }
+            "-h" | "--help" => return Err(String::new()),
+            "--html" | "--snapshot" => {
+                return Err(format!(
+                    "{option} is not built yet (docs/replay.md, \"Not yet\")"
+                ));
+            }
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if logs.is_empty() {
+        return Err("--log is required (once per file)".into());
+    }
+    Ok(Args {
+        current: current.ok_or("--current is required")?,
+        candidate: candidate.ok_or("--candidate is required")?,
+        rules: rules.ok_or("--rules is required")?,
+        candidate_rules,
+        logs,
+        format,
+        reorder,
+        strict,
+        json,
+        max_allow_to_deny: max,
+        target,
+    })
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("simulate plan: {message}");
+    ExitCode::from(2)
+}
+
+/// Runs `plan` with the arguments after the word `plan`.
+pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
+    let args = match parse_args(args) {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return fail(format!("{e}\n{USAGE}")),
+    };
+    let plan = match run(&args) {
+        Ok(plan) => plan,
+        Err(e) => return fail(e),
+    };
+    let text = match serde_json::to_string_pretty(&plan) {
+        Ok(t) => t,
+        Err(e) => return fail(format!("writing the plan: {e}")),
+    };
+    match &args.json {
+        Some(path) => {
+            if let Err(e) = crate::Output::create("--json", path).and_then(|o| o.write(&text)) {
+                return fail(e);
+            }
+        }
+        None => println!("{text}"),
+    }
+    eprintln!("{}", summary(&plan));
+    if let Some(bound) = args.max_allow_to_deny {
+        let most = bound.limit(plan.requests);
+        if plan.allow_to_deny > most {
+            eprintln!(
+                "simulate plan: {} requests let through today would be denied, more than the {most} allowed (--max-allow-to-deny):",
+                plan.allow_to_deny
+            );
+            for flip in plan.flips.iter().filter(|f| f.kind == "allow_to_deny") {
+                eprintln!(
+                    "  {} {} {} {} denied by {}",
+                    flip.time,
+                    flip.ip,
+                    flip.method,
+                    flip.path,
+                    flip.limits.join(", ")
+                );
+            }
+            return ExitCode::from(1);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn run(args: &Args) -> Result<Plan, String> {
+    let current = Limits::from_yaml_file(&args.current).map_err(|e| e.to_string())?;
+    let candidate = Limits::from_yaml_file(&args.candidate).map_err(|e| e.to_string())?;
+    let rules = RuleSet::from_yaml_file(&args.rules).map_err(|e| e.to_string())?;
+    let candidate_rules = match &args.candidate_rules {
+        Some(p) => RuleSet::from_yaml_file(p).map_err(|e| e.to_string())?,
+        None => rules.clone(),
+    };
+    let reader =
+        LogReader::open(&args.logs, args.format, args.reorder).map_err(|e| e.to_string())?;
+    Replay::new(move |l| rules.layer(l), current, candidate)
+        .candidate_layer(move |l| candidate_rules.layer(l))
+        .strict(args.strict)
+        .target(args.target)
+        .run(reader)
+        .map_err(|e| e.to_string())
+}
+
+fn summary(plan: &Plan) -> String {
+    let side = |c: &tower_ratelimits::Counts| {
+        format!(
+            "{} allowed, {} denied, {} rejected, {} exempt",
+            c.allowed, c.denied, c.rejected, c.exempt
+        )
+    };
+    format!(
+        "{} requests ({} bad lines, {} late)\n  current:   {}\n  candidate: {}\n  allow -> deny: {}, deny -> allow: {}",
+        plan.requests,
+        plan.bad_lines,
+        plan.late_lines,
+        side(&plan.current),
+        side(&plan.candidate),
+        plan.allow_to_deny,
+        plan.deny_to_allow
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_and_targets_read_counts_and_shares() {
+        assert_eq!(bound("100"), Ok(Bound::Count(100)));
+        assert_eq!(bound("0.1%"), Ok(Bound::Share(0.001)));
+        assert_eq!(Bound::Share(0.001).limit(12_345), 12);
+        for bad in ["-1", "x", "101%", "NaN%", ""] {
+            assert!(bound(bad).is_err(), "{bad}");
+        }
+        assert_eq!(percent("1"), Some(0.01));
+    }
+}
