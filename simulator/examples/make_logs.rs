@@ -212,11 +212,9 @@ fn combined_log(rng: &mut Xoshiro256PlusPlus, requests: &[Request]) -> String {
     text
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
-    let dir = std::path::PathBuf::from(args.next().ok_or("usage: make_logs DIR [SEED]")?);
-    let seed: u64 = args.next().map_or(Ok(7), |s| s.parse())?;
-    std::fs::create_dir_all(&dir)?;
+/// Writes the three logs into `dir` (made if missing), from `seed`.
+pub fn write_logs(dir: &std::path::Path, seed: u64) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let a = requests(&mut rng, 0);
     let b = requests(&mut rng, 1);
@@ -226,5 +224,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     gz.write_all(json_log(&mut rng, &b).as_bytes())?;
     std::fs::write(dir.join("edge-b.jsonl.gz"), gz.finish()?)?;
     std::fs::write(dir.join("edge-c.log"), combined_log(&mut rng, &c))?;
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let dir = std::path::PathBuf::from(args.next().ok_or("usage: make_logs DIR [SEED]")?);
+    let seed: u64 = args.next().map_or(Ok(7), |s| s.parse())?;
+    write_logs(&dir, seed)?;
     Ok(())
 }

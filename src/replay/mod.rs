@@ -39,8 +39,10 @@ pub use plan::{
     BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan, Suggested,
 };
 
-/// How many bad lines and flips of each direction a plan shows.
-const EXAMPLES: usize = 20;
+/// How many bad lines a plan shows.
+const BAD_EXAMPLES: usize = 5;
+/// How many flips of each direction a plan shows.
+const FLIP_EXAMPLES: usize = 20;
 /// Requests between two sweeps of the suggestion model's idle keys.
 const SWEEP_EVERY: u64 = 1 << 16;
 
@@ -171,7 +173,7 @@ impl Replay {
         self,
         mut requests: impl Iterator<Item = Result<LoggedRequest, BadLine>>,
     ) -> Result<Plan, ReplayError> {
-        let mut tally = Tally::new(0, self.target, self.top_keys, EXAMPLES);
+        let mut tally = Tally::new(0, self.target, self.top_keys, BAD_EXAMPLES, FLIP_EXAMPLES);
         // The first request sets the clock.
         let first = loop {
             match requests.next() {
@@ -257,7 +259,7 @@ impl Replay {
             while tasks.try_join_next().is_some() {}
         }
         while tasks.join_next().await.is_some() {}
-        let tally = std::mem::replace(&mut state.borrow_mut().tally, Tally::new(0, 0.0, 0, 0));
+        let tally = std::mem::replace(&mut state.borrow_mut().tally, Tally::new(0, 0.0, 0, 0, 0));
         Ok(tally.plan())
     }
 }

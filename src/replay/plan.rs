@@ -308,14 +308,21 @@ pub(crate) struct Tally {
     flip_kinds: [usize; 2],
     target: f64,
     top: usize,
-    max_examples: usize,
+    bad_examples_max: usize,
+    flip_examples_max: usize,
 }
 
 const A2D: usize = 0;
 const D2A: usize = 1;
 
 impl Tally {
-    pub(crate) fn new(base_us: u64, target: f64, top: usize, max_examples: usize) -> Tally {
+    pub(crate) fn new(
+        base_us: u64,
+        target: f64,
+        top: usize,
+        bad_examples: usize,
+        flip_examples: usize,
+    ) -> Tally {
         Tally {
             base_us,
             requests: 0,
@@ -331,7 +338,8 @@ impl Tally {
             flip_kinds: [0; 2],
             target,
             top,
-            max_examples,
+            bad_examples_max: bad_examples,
+            flip_examples_max: flip_examples,
         }
     }
 
@@ -342,7 +350,7 @@ impl Tally {
 
     pub(crate) fn bad_line(&mut self, bad: &BadLine) {
         self.bad_lines += 1;
-        if self.bad_examples.len() < self.max_examples {
+        if self.bad_examples.len() < self.bad_examples_max {
             self.bad_examples.push(BadLineExample {
                 file: bad.file.clone(),
                 line: bad.line,
@@ -412,7 +420,7 @@ impl Tally {
                 key.flips[kind] += 1;
             }
         }
-        if self.flip_kinds[kind] < self.max_examples {
+        if self.flip_kinds[kind] < self.flip_examples_max {
             self.flip_kinds[kind] += 1;
             self.flip_examples.push(Flip {
                 kind: if kind == A2D {

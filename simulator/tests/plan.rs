@@ -1,0 +1,281 @@
+//! `tower-ratelimits-simulate plan` on the logs shipped in `examples/logs/` (made by
+//! `simulator/examples/make_logs.rs`): the plan it writes, its exit codes (0, 1 over the
+//! gate, 2 for bad input) and what it says on standard error.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+#[allow(dead_code)]
+#[path = "../examples/make_logs.rs"]
+mod make_logs;
+
+fn repository() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("trl-plan-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn plan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tower-ratelimits-simulate"))
+        .arg("plan")
+        .args(args)
+        .current_dir(repository())
+        .output()
+        .unwrap()
+}
+
+const SHIPPED: &[&str] = &[
+    "--current",
+    "examples/logs/current.yaml",
+    "--candidate",
+    "examples/logs/candidate.yaml",
+    "--rules",
+    "examples/logs/rules.yaml",
+    "--candidate-rules",
+    "examples/logs/candidate-rules.yaml",
+    "--log",
+    "examples/logs/edge-a.jsonl",
+    "--log",
+    "examples/logs/edge-b.jsonl.gz",
+    "--log",
+    "examples/logs/edge-c.log",
+    "--reorder",
+    "10s",
+];
+
+fn shipped(extra: &[&str]) -> Output {
+    plan(&[SHIPPED, extra].concat())
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn the_shipped_logs_are_what_their_generator_makes() {
+    let dir = temp("made");
+    make_logs::write_logs(&dir, 7).unwrap();
+    let logs = repository().join("examples/logs");
+    for name in ["edge-a.jsonl", "edge-c.log"] {
+        assert!(
+            std::fs::read(dir.join(name)).unwrap() == std::fs::read(logs.join(name)).unwrap(),
+            "{name} differs from what make_logs writes: run `cargo run -p tower-ratelimits-simulator --example make_logs -- examples/logs`"
+        );
+    }
+    let unzip = |p: PathBuf| {
+        use std::io::Read;
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(p).unwrap())
+            .read_to_string(&mut text)
+            .unwrap();
+        text
+    };
+    assert!(unzip(dir.join("edge-b.jsonl.gz")) == unzip(logs.join("edge-b.jsonl.gz")));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_plan_of_the_shipped_logs() {
+    let out = shipped(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["version"], 1);
+    // Three files, their bad lines counted apart, none late within a 10 s window.
+    assert_eq!(plan["requests"], 8344);
+    assert_eq!(plan["bad_lines"], 26);
+    assert_eq!(plan["late_lines"], 0);
+    assert_eq!(plan["bad_line_examples"].as_array().unwrap().len(), 5);
+    for side in ["current", "candidate"] {
+        let c = &plan[side];
+        let sum: u64 = ["allowed", "denied", "rejected", "exempt"]
+            .iter()
+            .map(|k| c[k].as_u64().unwrap())
+            .sum();
+        assert_eq!(c["requests"].as_u64(), Some(sum), "{side}");
+        // The health checker: 120 probes an instance, exempt under both.
+        assert_eq!(c["exempt"], 360, "{side}");
+    }
+    assert_eq!(plan["current"]["denied"], 0);
+    let flips = plan["allow_to_deny"].as_u64().unwrap();
+    assert_eq!(plan["candidate"]["denied"].as_u64(), Some(flips));
+    // The new limit on order writes flips the most; each limit's flips are its own.
+    let limits = &plan["limits"];
+    assert!(limits["OrderWrites"]["allow_to_deny"].as_u64().unwrap() > 100);
+    assert!(
+        limits["Exports"]["candidate_denied"].as_u64().unwrap() > 0,
+        "{limits}"
+    );
+    assert_eq!(limits["OrderWrites"]["headroom"]["policy"], "candidate");
+    assert_eq!(limits["PerIp"]["headroom"]["policy"], "current");
+    assert_eq!(limits["PerIp"]["suggested"]["period"], "1s");
+    assert_eq!(limits["Exports"]["suggested"], Value::Null);
+    assert_eq!(plan["top_keys"][0]["limit"], "OrderWrites");
+    assert!(
+        stderr(&out).contains("8344 requests (26 bad lines, 0 late)"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn the_gate_exits_1_and_lists_the_flips() {
+    let out = shipped(&["--max-allow-to-deny", "0"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("would be denied, more than the 0 allowed"),
+        "{err}"
+    );
+    assert!(err.contains("denied by OrderWrites"), "{err}");
+    // 385 flips of 8,344 requests: 4.6%.
+    assert_eq!(
+        shipped(&["--max-allow-to-deny", "5%"]).status.code(),
+        Some(0)
+    );
+    assert_eq!(
+        shipped(&["--max-allow-to-deny", "4%"]).status.code(),
+        Some(1)
+    );
+    assert_eq!(
+        shipped(&["--max-allow-to-deny", "385"]).status.code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn the_plan_goes_to_its_file_and_a_failed_run_leaves_none() {
+    let dir = temp("json");
+    let file = dir.join("plan.json");
+    let path = file.to_str().unwrap();
+    let out = shipped(&["--json", path, "--target", "5%"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.stdout.is_empty());
+    let plan: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(plan["limits"]["PerIp"]["suggested"]["target"], 0.05);
+    std::fs::remove_file(&file).unwrap();
+    let out = shipped(&["--json", path, "--strict"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!file.exists(), "a failed run leaves no plan");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn strict_stops_at_the_first_bad_line() {
+    let out = shipped(&["--strict"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(
+        stderr(&out).contains("examples/logs/edge-a.jsonl:62: time \"yesterday\""),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn bad_input_exits_2_with_the_reason() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--current", "examples/logs/current.yaml"],
+            "--log is required",
+        ),
+        (
+            &[
+                "--current",
+                "examples/logs/current.yaml",
+                "--candidate",
+                "examples/logs/candidate.yaml",
+                "--rules",
+                "examples/logs/rules.yaml",
+                "--log",
+                "examples/logs/nowhere.jsonl",
+            ],
+            "nowhere.jsonl",
+        ),
+        (
+            &[
+                "--current",
+                "examples/logs/current.yaml",
+                "--candidate",
+                "examples/logs/candidate.yaml",
+                "--rules",
+                "examples/logs/candidate-rules.yaml",
+                "--log",
+                "examples/logs/edge-a.jsonl",
+            ],
+            "the current policy's layer: rule for unknown limit \"OrderWrites\"",
+        ),
+        (
+            &[
+                "--current",
+                "examples/logs/current.yaml",
+                "--candidate",
+                "examples/logs/candidate.yaml",
+                "--rules",
+                "examples/logs/current.yaml",
+                "--log",
+                "examples/logs/edge-a.jsonl",
+            ],
+            "examples/logs/current.yaml",
+        ),
+        (&["--log", "x", "--format", "xml"], "json or combined"),
+        (
+            &["--log", "x", "--max-allow-to-deny", "lots"],
+            "a count (100) or a share",
+        ),
+        (&["--log", "x", "--target", "2"], "a share of keys"),
+        (&["--log", "x", "--reorder", "soon"], "--reorder"),
+        (&["--bogus"], "unknown option --bogus"),
+    ];
+    for (args, says) in cases {
+        let out = plan(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn a_format_given_reads_every_file_in_it() {
+    // The JSON logs read as combined lines: every line is bad, nothing is decided.
+    let out = plan(&[
+        "--current",
+        "examples/logs/current.yaml",
+        "--candidate",
+        "examples/logs/candidate.yaml",
+        "--rules",
+        "examples/logs/rules.yaml",
+        "--log",
+        "examples/logs/edge-a.jsonl",
+        "--format",
+        "combined",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["requests"], 0);
+    assert!(plan["bad_lines"].as_u64().unwrap() > 2700);
+    assert_eq!(plan["from"], Value::Null);
+}
+
+#[test]
+fn a_trace_named_plan_is_read_as_dot_slash_plan() {
+    let dir = temp("trace");
+    std::fs::write(dir.join("plan"), "0s spend PerIp=192.0.2.1\n").unwrap();
+    std::fs::write(
+        dir.join("limits.yaml"),
+        "PerIp: {kind: ip, burst: 1, count: 1, period: 1s}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tower-ratelimits-simulate"))
+        .args(["--defaults", "limits.yaml", "./plan"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"allowed\":true"));
+    let _ = std::fs::remove_dir_all(dir);
+}
