@@ -53,7 +53,11 @@ fn write_log(path: &std::path::Path, lines: u64, keys: u64) -> std::io::Result<(
     for _ in 0..lines {
         t_us += rng.next() % 400;
         let r = rng.next();
-        let key = if r % 2 == 0 { r / 2 % hot } else { r / 2 % keys };
+        let key = if r % 2 == 0 {
+            r / 2 % hot
+        } else {
+            r / 2 % keys
+        };
         let (s, us) = (t_us / 1_000_000 % 86_400, t_us % 1_000_000);
         let method = if rng.next() % 5 == 0 { "POST" } else { "GET" };
         writeln!(

@@ -215,8 +215,8 @@ pub use reload::{LimitsWatcher, ReloadReport, WatchError};
 #[cfg(feature = "replay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
 pub use replay::{
-    BadLine, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, LogFormat, LogReader,
-    LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay, ReplayError, Suggested,
+    Answered, BadLine, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, LogFormat,
+    LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay, ReplayError, Suggested,
 };
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
 

@@ -355,3 +355,226 @@ fn the_plan_reads_back_from_its_json() {
     assert_eq!(back, plan);
     let _ = LogFormat::Json;
 }
+
+mod tcp {
+    //! A real server over TCP records what it decided; the replay of its log decides the same.
+
+    use std::collections::HashMap;
+    use std::net::{IpAddr, SocketAddr};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use axum::extract::{ConnectInfo, Request, State};
+    use axum::middleware::Next;
+    use axum::response::Response;
+    use axum::routing::{get, post};
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::TokioExecutor;
+    use tower_ratelimits::{Answered, Limiter, MemoryBackend, Replay, RuleSet};
+
+    use super::{limits, reader};
+
+    const RULES: &str = "\
+- {limit: PerIp, key: client_ip}
+- {limit: Exports, key: 'header:x-account', methods: [POST], path_prefix: /export}
+";
+    /// A unit a second with a burst of 3; one export in flight per account, on a lease of
+    /// 300 ms that the exports (held 1.2 s) outlive.
+    const LIMITS: &str = "\
+PerIp: {kind: ip, burst: 3, count: 1, period: 1s}
+Exports: {kind: account, concurrency: 1, lease: 300ms}
+";
+
+    type Log = Arc<Mutex<Vec<(String, u16)>>>;
+
+    fn now_us() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    }
+
+    /// Writes a JSON log line per request: its start, peer, method, path, account, how long
+    /// it took, and the status the server answered.
+    async fn record(
+        State(log): State<Log>,
+        ConnectInfo(peer): ConnectInfo<SocketAddr>,
+        request: Request,
+        next: Next,
+    ) -> Response {
+        let start = now_us();
+        let (method, path) = (
+            request.method().to_string(),
+            request.uri().path().to_owned(),
+        );
+        let account = request
+            .headers()
+            .get("x-account")
+            .map(|v| format!(",\"headers\":{{\"x-account\":\"{}\"}}", v.to_str().unwrap()))
+            .unwrap_or_default();
+        let response = next.run(request).await;
+        let took = now_us() - start;
+        let time = tower_ratelimits::__private::calendar::instant_text(start);
+        let status = response.status().as_u16();
+        let line = format!(
+            "{{\"time\":\"{time}\",\"ip\":\"{}\",\"method\":\"{method}\",\"path\":\"{path}\"{account},\"status\":{status},\"duration_ms\":{}}}\n",
+            peer.ip(),
+            took as f64 / 1000.0
+        );
+        log.lock().unwrap().push((line, status));
+        response
+    }
+
+    async fn hold(request: Request) -> &'static str {
+        let ms = request
+            .headers()
+            .get("x-hold-ms")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        "ok"
+    }
+
+    fn client(from: IpAddr) -> Client<HttpConnector, Full<Bytes>> {
+        let mut connector = HttpConnector::new();
+        connector.set_local_address(Some(from));
+        Client::builder(TokioExecutor::new()).build(connector)
+    }
+
+    #[test]
+    fn a_replay_of_a_real_servers_log_decides_every_request_as_the_server_did() {
+        let rules = RuleSet::from_yaml_str(RULES).unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let recorded = runtime.block_on(serve_and_record(&rules));
+        drop(runtime);
+        let statuses: Vec<u16> = recorded.iter().map(|(_, s)| *s).collect();
+        for expected in [200, 429, 400] {
+            assert!(statuses.contains(&expected), "{statuses:?}");
+        }
+        assert_eq!(recorded.len(), PLAN.len());
+        // The log in the order requests started (a line is written when a request ends).
+        let mut lines: Vec<(String, u16)> = recorded;
+        lines.sort_by(|x, y| x.0.cmp(&y.0));
+        let by_time: HashMap<String, u16> = lines
+            .iter()
+            .map(|(l, s)| {
+                let line: serde_json::Value = serde_json::from_str(l).unwrap();
+                (line["time"].as_str().unwrap().to_owned(), *s)
+            })
+            .collect();
+        let text: String = lines.iter().map(|(l, _)| l.as_str()).collect();
+        let seen: Arc<Mutex<Vec<(String, u16, Answered)>>> = Arc::default();
+        let into = seen.clone();
+        let replayed = Replay::new(move |l| rules.layer(l), limits(LIMITS), limits(LIMITS))
+            .each(move |request, [current, _]| {
+                let time = tower_ratelimits::__private::calendar::instant_text(request.time_us);
+                let server = by_time[&time];
+                into.lock().unwrap().push((
+                    format!("{time} {} {}", request.method, request.path),
+                    server,
+                    current,
+                ));
+            })
+            .run(reader(text))
+            .unwrap();
+        assert_eq!(replayed.requests, PLAN.len() as u64);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), PLAN.len());
+        for (what, server, replay) in seen.iter() {
+            let expected = match server {
+                200 => Answered::Allowed,
+                429 => Answered::Denied,
+                _ => Answered::Rejected,
+            };
+            assert_eq!(*replay, expected, "{what}: the server answered {server}");
+        }
+    }
+
+    #[test]
+    fn a_replay_inside_a_runtime_is_refused_with_a_reason() {
+        let l = "PerIp: {kind: ip, burst: 1, count: 1, period: 1s}\n";
+        let e = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let rules = RuleSet::from_yaml_str(super::PER_IP).unwrap();
+                Replay::new(move |x| rules.layer(x), limits(l), limits(l))
+                    .run(reader(String::new()))
+                    .unwrap_err()
+            });
+        assert!(
+            matches!(e, tower_ratelimits::ReplayError::InsideRuntime),
+            "{e}"
+        );
+    }
+
+    /// (ms from the start, client, method, path, account, hold ms): client A spends its
+    /// burst and is refused, then is let through again; client B's first export holds the
+    /// account's slot 1.2 s, four leases long, so its second export is refused; the third
+    /// comes after it ended; an export without an account is rejected.
+    const PLAN: &[(u64, &str, &str, &str, Option<&str>, u64)] = &[
+        (0, "127.0.0.1", "GET", "/items", None, 0),
+        (20, "127.0.0.1", "GET", "/items", None, 0),
+        (40, "127.0.0.1", "GET", "/items", None, 0),
+        (60, "127.0.0.1", "GET", "/items", None, 0),
+        (100, "127.0.0.2", "POST", "/export", Some("7"), 1200),
+        (700, "127.0.0.2", "POST", "/export", Some("7"), 0),
+        (900, "127.0.0.1", "POST", "/export", None, 0),
+        (1900, "127.0.0.2", "POST", "/export", Some("7"), 100),
+        (2300, "127.0.0.1", "GET", "/items", None, 0),
+    ];
+
+    /// Serves the rules on a real socket, sends [`PLAN`] from two loopback addresses, and
+    /// gives the server's log.
+    async fn serve_and_record(rules: &RuleSet) -> Vec<(String, u16)> {
+        let layer = rules
+            .layer(Limiter::new(limits(LIMITS), MemoryBackend::new()))
+            .unwrap();
+        let log: Log = Arc::default();
+        let app = axum::Router::new()
+            .route("/items", get(hold))
+            .route("/export", post(hold))
+            .layer(layer)
+            .layer(axum::middleware::from_fn_with_state(log.clone(), record));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+            .unwrap();
+        });
+        let start = tokio::time::Instant::now();
+        let mut sent = Vec::new();
+        for &(at, from, method, path, account, hold_ms) in PLAN {
+            let from: IpAddr = from.parse().unwrap();
+            tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+            let mut request = http::Request::builder()
+                .method(method)
+                .uri(format!("http://{addr}{path}"))
+                .header("x-hold-ms", hold_ms.to_string());
+            if let Some(account) = account {
+                request = request.header("x-account", account);
+            }
+            let request = request.body(Full::new(Bytes::new())).unwrap();
+            let client = client(from);
+            sent.push(tokio::spawn(async move {
+                client.request(request).await.unwrap().status().as_u16()
+            }));
+        }
+        for s in sent {
+            s.await.unwrap();
+        }
+        server.abort();
+        std::mem::take(&mut *log.lock().unwrap())
+    }
+}

@@ -36,7 +36,8 @@ mod plan;
 pub use log::{BadLine, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
 use plan::{Answer, Tally};
 pub use plan::{
-    BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan, Suggested,
+    Answered, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan,
+    Suggested,
 };
 
 /// How many bad lines a plan shows.
@@ -64,9 +65,17 @@ pub enum ReplayError {
     /// The replay's runtime could not start.
     #[error("starting the replay's runtime: {0}")]
     Runtime(std::io::Error),
+    /// [`Replay::run`] was called on a thread that runs a tokio runtime: a replay runs its own
+    /// runtime, on a paused clock. Call it from a thread of its own (`std::thread::spawn`, or
+    /// tokio's `spawn_blocking` with the replay built there).
+    #[error(
+        "Replay::run was called inside a tokio runtime; it runs its own, on the log's clock: call it from a thread of its own"
+    )]
+    InsideRuntime,
 }
 
 type Build = Rc<dyn Fn(Limiter) -> Result<RateLimitLayer, LayerError>>;
+type Each = Box<dyn FnMut(&LoggedRequest, [Answered; 2])>;
 
 /// A replay of recorded requests through a current and a candidate policy: what the
 /// candidate would change (see [`Plan`]).
@@ -93,6 +102,7 @@ pub struct Replay {
     strict: bool,
     target: f64,
     top_keys: usize,
+    each: Option<Each>,
 }
 
 impl std::fmt::Debug for Replay {
@@ -118,7 +128,16 @@ impl Replay {
             strict: false,
             target: 0.01,
             top_keys: 20,
+            each: None,
         }
+    }
+
+    /// Calls `f` with every request and how the current and the candidate policy answered it,
+    /// as the answers become known (a request held or waiting is answered when it is decided:
+    /// not always in the log's order).
+    pub fn each(mut self, f: impl FnMut(&LoggedRequest, [Answered; 2]) + 'static) -> Replay {
+        self.each = Some(Box::new(f));
+        self
     }
 
     /// The candidate's layer made by other code (other rules: a limit the current policy
@@ -160,6 +179,9 @@ impl Replay {
     where
         I: IntoIterator<Item = Result<LoggedRequest, BadLine>>,
     {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(ReplayError::InsideRuntime);
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .start_paused(true)
@@ -202,6 +224,7 @@ impl Replay {
         let state = Rc::new(RefCell::new(State {
             tally,
             pending: std::collections::HashMap::new(),
+            each: self.each,
         }));
         let mut tasks = tokio::task::JoinSet::new();
         let mut next = Some(first);
@@ -242,7 +265,7 @@ impl Replay {
             {
                 let mut st = state.borrow_mut();
                 match answers {
-                    [Some(a), Some(b)] => st.tally.decided(&seen(&request), [&a, &b]),
+                    [Some(a), Some(b)] => st.decided(&request, [&a, &b]),
                     [a, b] => {
                         // Tasks run only when this loop yields: none has answered yet.
                         let entry = Pending {
@@ -322,10 +345,11 @@ impl Clock for LogClock {
     }
 }
 
-/// Requests whose answers are not both known yet.
+/// The tallies, and the requests whose answers are not both known yet.
 struct State {
     tally: Tally,
     pending: std::collections::HashMap<u64, Pending>,
+    each: Option<Each>,
 }
 
 struct Pending {
@@ -346,7 +370,15 @@ impl State {
                 answers: [Some(a), Some(b)],
             }) = self.pending.remove(&index)
         {
-            self.tally.decided(&seen(&request), [&a, &b]);
+            self.decided(&request, [&a, &b]);
+        }
+    }
+
+    /// Both policies' answers to `request`.
+    fn decided(&mut self, request: &LoggedRequest, answers: [&Answer; 2]) {
+        self.tally.decided(&seen(request), answers);
+        if let Some(each) = self.each.as_mut() {
+            each(request, [answers[0].class, answers[1].class]);
         }
     }
 }

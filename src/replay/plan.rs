@@ -172,25 +172,31 @@ pub struct Flip {
     pub limits: Vec<String>,
 }
 
-/// How a policy answered one request.
+/// How a policy answered one request of a replay ([`Replay::each`](crate::Replay::each)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Class {
+#[non_exhaustive]
+pub enum Answered {
+    /// Let through by every rule that applied (or by no rule).
     Allowed,
+    /// Refused by a limit.
     Denied,
+    /// Refused before a decision (a key the layer cannot read, a cost above a limit) or by a
+    /// failure policy.
     Rejected,
+    /// Let through by an exemption.
     Exempt,
 }
 
-impl Class {
+impl Answered {
     fn through(self) -> bool {
-        matches!(self, Class::Allowed | Class::Exempt)
+        matches!(self, Answered::Allowed | Answered::Exempt)
     }
 }
 
 /// One policy's answer to one request: its class and the limits that denied it.
 #[derive(Debug, Clone)]
 pub(crate) struct Answer {
-    pub(crate) class: Class,
+    pub(crate) class: Answered,
     pub(crate) denied_by: Vec<(LimitName, Option<Id>)>,
 }
 
@@ -207,20 +213,20 @@ impl Answer {
         };
         match (served, exempt) {
             (true, true) => Answer {
-                class: Class::Exempt,
+                class: Answered::Exempt,
                 denied_by: Vec::new(),
             },
             (true, false) => Answer {
-                class: Class::Allowed,
+                class: Answered::Allowed,
                 denied_by: Vec::new(),
             },
             (false, _) => {
                 let denied_by = denials();
                 Answer {
                     class: if denied_by.is_empty() {
-                        Class::Rejected
+                        Answered::Rejected
                     } else {
-                        Class::Denied
+                        Answered::Denied
                     },
                     denied_by,
                 }
@@ -391,21 +397,21 @@ impl Tally {
             let c = &mut self.counts[side];
             c.requests += 1;
             match answer.class {
-                Class::Allowed => c.allowed += 1,
-                Class::Denied => c.denied += 1,
-                Class::Rejected => c.rejected += 1,
-                Class::Exempt => c.exempt += 1,
+                Answered::Allowed => c.allowed += 1,
+                Answered::Denied => c.denied += 1,
+                Answered::Rejected => c.rejected += 1,
+                Answered::Exempt => c.exempt += 1,
             }
-            if answer.class == Class::Denied {
+            if answer.class == Answered::Denied {
                 for (name, _) in &answer.denied_by {
                     self.limits.entry(*name).or_default().denied[side] += 1;
                 }
             }
         }
         let [current, candidate] = answers;
-        let (kind, denier) = if current.class.through() && candidate.class == Class::Denied {
+        let (kind, denier) = if current.class.through() && candidate.class == Answered::Denied {
             (A2D, candidate)
-        } else if current.class == Class::Denied && candidate.class.through() {
+        } else if current.class == Answered::Denied && candidate.class.through() {
             (D2A, current)
         } else {
             return;
