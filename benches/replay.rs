@@ -53,13 +53,17 @@ fn write_log(path: &std::path::Path, lines: u64, keys: u64) -> std::io::Result<(
     for _ in 0..lines {
         t_us += rng.next() % 400;
         let r = rng.next();
-        let key = if r % 2 == 0 {
+        let key = if r.is_multiple_of(2) {
             r / 2 % hot
         } else {
             r / 2 % keys
         };
         let (s, us) = (t_us / 1_000_000 % 86_400, t_us % 1_000_000);
-        let method = if rng.next() % 5 == 0 { "POST" } else { "GET" };
+        let method = if rng.next().is_multiple_of(5) {
+            "POST"
+        } else {
+            "GET"
+        };
         writeln!(
             out,
             "{{\"time\":\"2026-11-25T{:02}:{:02}:{:02}.{us:06}Z\",\"ip\":\"10.{}.{}.{}\",\"method\":\"{method}\",\"path\":\"/api/orders\",\"headers\":{{\"x-account\":\"{}\"}},\"duration_ms\":12.5}}",

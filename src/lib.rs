@@ -216,7 +216,8 @@ pub use reload::{LimitsWatcher, ReloadReport, WatchError};
 #[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
 pub use replay::{
     Answered, BadLine, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, LogFormat,
-    LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay, ReplayError, Suggested,
+    LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay, ReplayError, Replayed,
+    Suggested,
 };
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
 

@@ -473,7 +473,8 @@ Exports: {kind: account, concurrency: 1, lease: 300ms}
         let seen: Arc<Mutex<Vec<(String, u16, Answered)>>> = Arc::default();
         let into = seen.clone();
         let replayed = Replay::new(move |l| rules.layer(l), limits(LIMITS), limits(LIMITS))
-            .each(move |request, [current, _]| {
+            .each(move |replayed| {
+                let (request, current) = (replayed.request, replayed.current);
                 let time = tower_ratelimits::__private::calendar::instant_text(request.time_us);
                 let server = by_time[&time];
                 into.lock().unwrap().push((
@@ -519,7 +520,8 @@ Exports: {kind: account, concurrency: 1, lease: 300ms}
     /// burst and is refused, then is let through again; client B's first export holds the
     /// account's slot 1.2 s, four leases long, so its second export is refused; the third
     /// comes after it ended; an export without an account is rejected.
-    const PLAN: &[(u64, &str, &str, &str, Option<&str>, u64)] = &[
+    type Send = (u64, &'static str, &'static str, &'static str, Option<&'static str>, u64);
+    const PLAN: &[Send] = &[
         (0, "127.0.0.1", "GET", "/items", None, 0),
         (20, "127.0.0.1", "GET", "/items", None, 0),
         (40, "127.0.0.1", "GET", "/items", None, 0),

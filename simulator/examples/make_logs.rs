@@ -46,7 +46,7 @@ fn client(i: usize) -> String {
     } else {
         format!(
             "{}.{}",
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 "203.0.113"
             } else {
                 "198.51.100"

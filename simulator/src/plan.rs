@@ -4,7 +4,8 @@
 //! ```text
 //! tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml --rules RULES.yaml
 //!     [--candidate-rules RULES2.yaml] --log FILE [--log FILE ...] [--format json|combined]
-//!     [--reorder 60s] [--strict] [--json OUT.json] [--max-allow-to-deny N|P%] [--target 1%]
+//!     [--reorder 60s] [--strict] [--json OUT.json] [--html OUT.html] [--max-allow-to-deny N|P%]
+//!     [--target 1%]
 //! ```
 //!
 //! The plan (JSON, `docs/replay.md` "The plan") goes to `--json FILE`, else to standard
@@ -20,7 +21,7 @@ use tower_ratelimits::{Limits, LogFormat, LogReader, Plan, Replay, RuleSet};
 
 pub(crate) const USAGE: &str = "usage: tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml \
 --rules RULES.yaml [--candidate-rules RULES2.yaml] --log FILE [--log FILE ...] \
-[--format json|combined] [--reorder 60s] [--strict] [--json OUT.json] \
+[--format json|combined] [--reorder 60s] [--strict] [--json OUT.json] [--html OUT.html] \
 [--max-allow-to-deny N|P%] [--target 1%]";
 
 /// A bound on flips: a count, or a share of the requests.
@@ -70,6 +71,7 @@ struct Args {
     reorder: Duration,
     strict: bool,
     json: Option<PathBuf>,
+    html: Option<PathBuf>,
     max_allow_to_deny: Option<Bound>,
     target: f64,
 }
@@ -78,7 +80,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
     let mut args = args;
     let (mut current, mut candidate, mut rules, mut candidate_rules) = (None, None, None, None);
     let (mut logs, mut format, mut reorder, mut strict) = (Vec::new(), None, Duration::ZERO, false);
-    let (mut json, mut max, mut target) = (None, None, 0.01);
+    let (mut json, mut html, mut max, mut target) = (None, None, None, 0.01);
     let text = |option: &str, value: Option<std::ffi::OsString>| -> Result<String, String> {
         value
             .ok_or_else(|| format!("{option} needs a value"))?
@@ -100,6 +102,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
             "--candidate-rules" => candidate_rules = Some(path(args.next())?),
             "--log" => logs.push(path(args.next())?),
             "--json" => json = Some(path(args.next())?),
+            "--html" => html = Some(path(args.next())?),
             "--format" => format = Some(text(option, args.next())?.parse::<LogFormat>()?),
             "--reorder" => {
                 let t = text(option, args.next())?;
@@ -117,7 +120,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
                     .ok_or_else(|| format!("--target {t:?}: a share of keys (1%)"))?;
             }
             "-h" | "--help" => return Err(String::new()),
-            "--html" | "--snapshot" => {
+            "--snapshot" => {
                 return Err(format!(
                     "{option} is not built yet (docs/replay.md, \"Not yet\")"
                 ));
@@ -138,6 +141,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
         reorder,
         strict,
         json,
+        html,
         max_allow_to_deny: max,
         target,
     })
@@ -158,17 +162,65 @@ pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
         }
         Err(e) => return fail(format!("{e}\n{USAGE}")),
     };
-    let plan = match run(&args) {
+    // Output files are made first: an unwritable path fails before the replay.
+    let json = match args
+        .json
+        .as_deref()
+        .map(|p| crate::Output::create("--json", p))
+        .transpose()
+    {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    let html = match args
+        .html
+        .as_deref()
+        .map(|p| crate::Output::create("--html", p))
+        .transpose()
+    {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    let loaded = match Loaded::read(&args) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let plan = match loaded.replay(&args) {
         Ok(plan) => plan,
         Err(e) => return fail(e),
     };
+    if let Some(out) = html {
+        let page = LogReader::open(&args.logs, args.format, args.reorder)
+            .map_err(|e| e.to_string())
+            .and_then(|reader| {
+                crate::plan_page::page(
+                    &plan,
+                    crate::plan_page::Inputs {
+                        current: &loaded.current,
+                        candidate: &loaded.candidate,
+                        rules: &loaded.rules,
+                        candidate_rules: &loaded.candidate_rules,
+                        reader,
+                        title: format!(
+                            "{} -> {}",
+                            args.current.display(),
+                            args.candidate.display()
+                        ),
+                    },
+                )
+            })
+            .and_then(|page| out.write(&page));
+        if let Err(e) = page {
+            return fail(e);
+        }
+    }
     let text = match serde_json::to_string_pretty(&plan) {
         Ok(t) => t,
         Err(e) => return fail(format!("writing the plan: {e}")),
     };
-    match &args.json {
-        Some(path) => {
-            if let Err(e) = crate::Output::create("--json", path).and_then(|o| o.write(&text)) {
+    match json {
+        Some(out) => {
+            if let Err(e) = out.write(&text) {
                 return fail(e);
             }
         }
@@ -198,22 +250,43 @@ pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn run(args: &Args) -> Result<Plan, String> {
-    let current = Limits::from_yaml_file(&args.current).map_err(|e| e.to_string())?;
-    let candidate = Limits::from_yaml_file(&args.candidate).map_err(|e| e.to_string())?;
-    let rules = RuleSet::from_yaml_file(&args.rules).map_err(|e| e.to_string())?;
-    let candidate_rules = match &args.candidate_rules {
-        Some(p) => RuleSet::from_yaml_file(p).map_err(|e| e.to_string())?,
-        None => rules.clone(),
-    };
-    let reader =
-        LogReader::open(&args.logs, args.format, args.reorder).map_err(|e| e.to_string())?;
-    Replay::new(move |l| rules.layer(l), current, candidate)
+/// The policies and rules, read once.
+struct Loaded {
+    current: Limits,
+    candidate: Limits,
+    rules: RuleSet,
+    candidate_rules: RuleSet,
+}
+
+impl Loaded {
+    fn read(args: &Args) -> Result<Loaded, String> {
+        let rules = RuleSet::from_yaml_file(&args.rules).map_err(|e| e.to_string())?;
+        Ok(Loaded {
+            current: Limits::from_yaml_file(&args.current).map_err(|e| e.to_string())?,
+            candidate: Limits::from_yaml_file(&args.candidate).map_err(|e| e.to_string())?,
+            candidate_rules: match &args.candidate_rules {
+                Some(p) => RuleSet::from_yaml_file(p).map_err(|e| e.to_string())?,
+                None => rules.clone(),
+            },
+            rules,
+        })
+    }
+
+    fn replay(&self, args: &Args) -> Result<Plan, String> {
+        let reader =
+            LogReader::open(&args.logs, args.format, args.reorder).map_err(|e| e.to_string())?;
+        let (rules, candidate_rules) = (self.rules.clone(), self.candidate_rules.clone());
+        Replay::new(
+            move |l| rules.layer(l),
+            self.current.clone(),
+            self.candidate.clone(),
+        )
         .candidate_layer(move |l| candidate_rules.layer(l))
         .strict(args.strict)
         .target(args.target)
         .run(reader)
         .map_err(|e| e.to_string())
+    }
 }
 
 fn summary(plan: &Plan) -> String {

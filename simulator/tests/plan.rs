@@ -279,3 +279,88 @@ fn a_trace_named_plan_is_read_as_dot_slash_plan() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"allowed\":true"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[path = "support/browser.rs"]
+mod browser;
+
+#[test]
+fn the_page_draws_the_most_flipped_keys_under_both_policies() {
+    let dir = temp("html");
+    let html = dir.join("plan.html");
+    let out = shipped(&["--html", html.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page = std::fs::read_to_string(&html).unwrap();
+    // Six keys, each with a figure per policy; the current policy lacks the new limit.
+    assert_eq!(page.matches("<section class=\"key\">").count(), 6);
+    assert_eq!(page.matches("<figure>").count(), 12);
+    let missing = page
+        .matches("The current policy has no limit OrderWrites.")
+        .count();
+    assert_eq!(page.matches("<svg").count(), 12 - missing);
+    assert!(
+        page.contains("<h2>OrderWrites = 203.0.113.1</h2>"),
+        "{page}"
+    );
+    // Self-contained: nothing to fetch.
+    let own = page.replace(r#"xmlns="http://www.w3.org/2000/svg""#, "");
+    for reference in ["src=", "href=", "@import", "url(", "http://", "https://"] {
+        assert!(!own.contains(reference), "the page refers to {reference}");
+    }
+    // An unwritable page fails first, leaving nothing.
+    let out = shipped(&["--html", "/nonexistent-dir/plan.html"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+// Ignored by default, as the timeline's page test: `bash scripts/test --with-browser` runs it.
+#[test]
+#[ignore = "needs a headless Chromium: bash scripts/test --with-browser installs one and runs it"]
+fn the_plan_page_opens_in_a_real_browser_without_errors_or_network_requests() {
+    let Some(binary) = browser::find() else {
+        panic!("no Chromium on this machine: apt-get install -y chromium, or set TRL_CHROMIUM");
+    };
+    let dir = temp("browser");
+    let html = dir.join("plan.html");
+    let out = shipped(&["--html", html.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let profile = dir.join("profile");
+    std::fs::create_dir_all(&profile).unwrap();
+    let mut b = browser::Browser::start(&binary, &profile);
+    let url = format!("file://{}", html.display());
+    b.open(&url);
+    let drawn = b.eval("document.querySelectorAll('figure svg').length");
+    assert!(drawn.as_u64().unwrap() >= 4, "{drawn}");
+    // Every drawing has marks, and is laid out with a size.
+    let marks = b.eval(
+        "[...document.querySelectorAll('figure svg')].map(s => s.querySelectorAll('g[data-line]').length)",
+    );
+    assert!(
+        marks
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m.as_u64().unwrap() > 0),
+        "{marks}"
+    );
+    let width = b.eval("document.querySelector('figure svg').getBoundingClientRect().width");
+    assert!(width.as_f64().unwrap() > 300.0, "{width}");
+    let png = b.screenshot();
+    assert!(
+        png.len() > 10_000,
+        "a blank screenshot: {} bytes",
+        png.len()
+    );
+    let errors = b.errors();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let outside: Vec<String> = b
+        .requests()
+        .into_iter()
+        .filter(|u| {
+            !u.starts_with("file://") && !u.starts_with("about:") && !u.starts_with("data:")
+        })
+        .collect();
+    assert!(outside.is_empty(), "network requests: {outside:?}");
+    drop(b);
+    let _ = std::fs::remove_dir_all(dir);
+}

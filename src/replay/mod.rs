@@ -37,7 +37,7 @@ pub use log::{BadLine, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
 use plan::{Answer, Tally};
 pub use plan::{
     Answered, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan,
-    Suggested,
+    Replayed, Suggested,
 };
 
 /// How many bad lines a plan shows.
@@ -75,7 +75,7 @@ pub enum ReplayError {
 }
 
 type Build = Rc<dyn Fn(Limiter) -> Result<RateLimitLayer, LayerError>>;
-type Each = Box<dyn FnMut(&LoggedRequest, [Answered; 2])>;
+type Each = Box<dyn FnMut(&Replayed<'_>)>;
 
 /// A replay of recorded requests through a current and a candidate policy: what the
 /// candidate would change (see [`Plan`]).
@@ -132,10 +132,10 @@ impl Replay {
         }
     }
 
-    /// Calls `f` with every request and how the current and the candidate policy answered it,
-    /// as the answers become known (a request held or waiting is answered when it is decided:
-    /// not always in the log's order).
-    pub fn each(mut self, f: impl FnMut(&LoggedRequest, [Answered; 2]) + 'static) -> Replay {
+    /// Calls `f` with every request, how the current and the candidate policy answered it
+    /// and the buckets each decided it against, as the answers become known (a request
+    /// waiting to be decided again is answered when it is: not always in the log's order).
+    pub fn each(mut self, f: impl FnMut(&Replayed<'_>) + 'static) -> Replay {
         self.each = Some(Box::new(f));
         self
     }
@@ -378,7 +378,13 @@ impl State {
     fn decided(&mut self, request: &LoggedRequest, answers: [&Answer; 2]) {
         self.tally.decided(&seen(request), answers);
         if let Some(each) = self.each.as_mut() {
-            each(request, [answers[0].class, answers[1].class]);
+            each(&Replayed {
+                request,
+                current: answers[0].class,
+                candidate: answers[1].class,
+                current_buckets: &answers[0].buckets,
+                candidate_buckets: &answers[1].buckets,
+            });
         }
     }
 }
@@ -489,6 +495,7 @@ impl Side {
             std::future::poll_fn(|cx| Poll::Ready(running.as_mut().poll(cx).is_ready())).await;
         let mut notes = Vec::new();
         journal.take(&mut notes);
+        let keep = state.borrow().each.is_some();
         state
             .borrow_mut()
             .tally
@@ -496,8 +503,8 @@ impl Side {
         let served = self.served.load(Ordering::Relaxed) > served;
         let exempt = journal.exempt.load(Ordering::Relaxed) > exempt;
         match (done, served) {
-            (true, _) => (Some(Answer::of(served, exempt, &notes)), None),
-            (false, true) => (Some(Answer::of(true, exempt, &notes)), Some(running)),
+            (true, _) => (Some(Answer::of(served, exempt, &notes, keep)), None),
+            (false, true) => (Some(Answer::of(true, exempt, &notes, keep)), Some(running)),
             // Waiting to be decided again: the task answers.
             (false, false) => (None, Some(running)),
         }
@@ -515,6 +522,7 @@ async fn finish(
     state: Rc<RefCell<State>>,
     clock: LogClock,
 ) {
+    let keep = state.borrow().each.is_some();
     let answered = state
         .borrow()
         .pending
@@ -546,7 +554,7 @@ async fn finish(
     if !answered {
         state
             .borrow_mut()
-            .answered(index, side, Answer::of(through, false, &all));
+            .answered(index, side, Answer::of(through, false, &all, keep));
     }
     if !done {
         // Let through: the response still runs to its end (its slots are given back there).

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::log::BadLine;
+use super::log::{BadLine, LoggedRequest};
 use crate::algo::calendar::instant_text;
 use crate::key::{Id, LimitName};
 use crate::layer::Note;
@@ -198,12 +198,25 @@ impl Answered {
 pub(crate) struct Answer {
     pub(crate) class: Answered,
     pub(crate) denied_by: Vec<(LimitName, Option<Id>)>,
+    /// The buckets it was decided against, kept only for [`Replay::each`](crate::Replay::each).
+    pub(crate) buckets: Vec<crate::BucketKey>,
 }
 
 impl Answer {
     /// The answer that `notes` (the request's, every decision round) and whether the inner
     /// service was called make.
-    pub(crate) fn of(served: bool, exempt: bool, notes: &[Note]) -> Answer {
+    pub(crate) fn of(served: bool, exempt: bool, notes: &[Note], keep: bool) -> Answer {
+        let mut buckets = Vec::new();
+        if keep {
+            for n in notes {
+                if let Some(id) = &n.id {
+                    let key = crate::BucketKey::new(n.name, id.clone());
+                    if !buckets.contains(&key) {
+                        buckets.push(key);
+                    }
+                }
+            }
+        }
         let denials = || {
             notes
                 .iter()
@@ -215,10 +228,12 @@ impl Answer {
             (true, true) => Answer {
                 class: Answered::Exempt,
                 denied_by: Vec::new(),
+                buckets,
             },
             (true, false) => Answer {
                 class: Answered::Allowed,
                 denied_by: Vec::new(),
+                buckets,
             },
             (false, _) => {
                 let denied_by = denials();
@@ -229,10 +244,27 @@ impl Answer {
                         Answered::Denied
                     },
                     denied_by,
+                    buckets,
                 }
             }
         }
     }
+}
+
+/// One request of a replay as both policies answered it ([`Replay::each`](crate::Replay::each)).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Replayed<'a> {
+    /// The request.
+    pub request: &'a LoggedRequest,
+    /// The current policy's answer.
+    pub current: Answered,
+    /// The candidate's answer.
+    pub candidate: Answered,
+    /// The buckets (limit and id) the current policy decided it against.
+    pub current_buckets: &'a [crate::BucketKey],
+    /// The buckets the candidate decided it against.
+    pub candidate_buckets: &'a [crate::BucketKey],
 }
 
 /// What a flip shows of its request.

@@ -1,0 +1,249 @@
+//! `plan --html`: the most-flipped keys drawn side by side, each under the current and the
+//! candidate limit (the simulator's timeline, `timeline/`), in one self-contained page.
+//!
+//! A second pass over the logs finds the drawn keys' requests (`Replay::each`: the buckets
+//! each request was decided against); each key's requests then run as a trace through its
+//! limit alone, under each policy's limits. A batch's other limits are not drawn: a request
+//! the drawing shows allowed may have been refused by another limit of its batch (the plan's
+//! counts say so). A concurrency limit's keys are listed, not drawn (a trace holds its slots
+//! until a `release` line, which a log of durations does not map onto one limit).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::rc::Rc;
+
+use tower_ratelimits::{
+    Limiter, Limits, LogReader, ManualClock, MemoryBackend, Plan, Quota, Replay, RuleSet,
+};
+
+use crate::timeline::{self, Axis, Timeline};
+use crate::trace::{self, EPOCH_US};
+
+/// How many keys a page draws.
+pub(crate) const DRAWN_KEYS: usize = 6;
+/// The most requests drawn per key (the rest are counted, not drawn).
+const MAX_DRAWN_REQUESTS: usize = 20_000;
+/// Each timeline's width, in pixels (two side by side).
+const WIDTH: u32 = 760;
+
+/// What the page needs of the run.
+pub(crate) struct Inputs<'a> {
+    pub(crate) current: &'a Limits,
+    pub(crate) candidate: &'a Limits,
+    pub(crate) rules: &'a RuleSet,
+    pub(crate) candidate_rules: &'a RuleSet,
+    pub(crate) reader: LogReader,
+    pub(crate) title: String,
+}
+
+/// One drawn key's requests: their times and logged costs.
+type Arrivals = Vec<(u64, Option<u64>)>;
+
+/// The page for `plan`.
+pub(crate) fn page(plan: &Plan, inputs: Inputs<'_>) -> Result<String, String> {
+    let keys: Vec<(String, String)> = plan
+        .top_keys
+        .iter()
+        .take(DRAWN_KEYS)
+        .map(|k| (k.limit.clone(), k.id.clone()))
+        .collect();
+    let arrivals = second_pass(
+        &keys,
+        inputs.current,
+        inputs.candidate,
+        inputs.rules,
+        inputs.candidate_rules,
+        inputs.reader,
+    )?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the runtime: {e}"))?;
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{STYLE}</style></head><body><h1>{}</h1>",
+        esc(&inputs.title),
+        esc(&inputs.title)
+    );
+    let _ = write!(
+        out,
+        "<table class=\"counts\"><tr><th></th><th>requests</th><th>allowed</th><th>denied</th><th>rejected</th><th>exempt</th></tr>{}{}</table><p>{} requests ({} bad lines); allowed today, denied by the candidate: <b>{}</b>; denied today, allowed by the candidate: <b>{}</b>.</p>",
+        counts_row("current", &plan.current),
+        counts_row("candidate", &plan.candidate),
+        plan.requests,
+        plan.bad_lines,
+        plan.allow_to_deny,
+        plan.deny_to_allow
+    );
+    if keys.is_empty() {
+        out.push_str("<p>No request changes its answer: nothing to draw.</p>");
+    }
+    for (i, (limit, id)) in keys.iter().enumerate() {
+        let flips = &plan.top_keys[i];
+        let _ = write!(
+            out,
+            "<section class=\"key\"><h2>{} = {}</h2><p>{} allowed today, denied by the candidate; {} denied today, allowed by the candidate.</p><div class=\"pair\">",
+            esc(limit),
+            esc(id),
+            flips.allow_to_deny,
+            flips.deny_to_allow
+        );
+        let requests = arrivals
+            .get(&(limit.clone(), id.clone()))
+            .cloned()
+            .unwrap_or_default();
+        for (policy, limits) in [("current", inputs.current), ("candidate", inputs.candidate)] {
+            let _ = write!(out, "<figure><figcaption>{policy}</figcaption>");
+            match draw(&runtime, limits, limit, id, &requests, policy) {
+                Ok(svg) => out.push_str(&svg),
+                Err(why) => {
+                    let _ = write!(out, "<p class=\"none\">{}</p>", esc(&why));
+                }
+            }
+            out.push_str("</figure>");
+        }
+        if requests.len() >= MAX_DRAWN_REQUESTS {
+            let _ = write!(
+                out,
+                "<p>The first {MAX_DRAWN_REQUESTS} of its requests are drawn.</p>"
+            );
+        }
+        out.push_str("</div></section>");
+    }
+    out.push_str("</body></html>\n");
+    Ok(out)
+}
+
+fn counts_row(name: &str, c: &tower_ratelimits::Counts) -> String {
+    format!(
+        "<tr><th>{name}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        c.requests, c.allowed, c.denied, c.rejected, c.exempt
+    )
+}
+
+/// The drawn keys' requests, from a second replay of the logs.
+fn second_pass(
+    keys: &[(String, String)],
+    current: &Limits,
+    candidate: &Limits,
+    rules: &RuleSet,
+    candidate_rules: &RuleSet,
+    reader: LogReader,
+) -> Result<HashMap<(String, String), Arrivals>, String> {
+    let found: Rc<RefCell<HashMap<(String, String), Arrivals>>> = Rc::default();
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let wanted: Vec<(String, String)> = keys.to_vec();
+    let into = found.clone();
+    let (rules, candidate_rules) = (rules.clone(), candidate_rules.clone());
+    Replay::new(move |l| rules.layer(l), current.clone(), candidate.clone())
+        .candidate_layer(move |l| candidate_rules.layer(l))
+        .each(move |r| {
+            let mut found = into.borrow_mut();
+            for want in &wanted {
+                let hit = r
+                    .candidate_buckets
+                    .iter()
+                    .chain(r.current_buckets)
+                    .any(|b| b.name().as_str() == want.0 && b.id().to_string() == want.1);
+                let list = found.entry(want.clone()).or_default();
+                if hit && list.len() < MAX_DRAWN_REQUESTS {
+                    list.push((r.request.time_us, r.request.cost));
+                }
+            }
+        })
+        .run(reader)
+        .map_err(|e| e.to_string())?;
+    let mut found = std::mem::take(&mut *found.borrow_mut());
+    // A request waiting to be decided again is told when it is: in time order again.
+    for list in found.values_mut() {
+        list.sort_by_key(|a| a.0);
+    }
+    Ok(found)
+}
+
+/// One key's requests through its limit under `limits`, drawn as an SVG.
+fn draw(
+    runtime: &tokio::runtime::Runtime,
+    limits: &Limits,
+    limit: &str,
+    id: &str,
+    requests: &[(u64, Option<u64>)],
+    policy: &str,
+) -> Result<String, String> {
+    let name = limits
+        .names()
+        .find(|n| n.as_str() == limit)
+        .ok_or_else(|| format!("The {policy} policy has no limit {limit}."))?;
+    let quota = limits.default_limit(name);
+    if matches!(quota, Some(Quota::Concurrency(_))) {
+        return Err(format!(
+            "{limit} is a concurrency limit: listed, not drawn."
+        ));
+    }
+    let mut text = String::new();
+    for &(at, cost) in requests {
+        if at < EPOCH_US {
+            continue;
+        }
+        let instant = tower_ratelimits::__private::calendar::instant_text(at);
+        let _ = match cost {
+            Some(c) => writeln!(text, "{instant} spend {limit}={id} cost={c}"),
+            None => writeln!(text, "{instant} spend {limit}={id}"),
+        };
+    }
+    let clock = ManualClock::new(EPOCH_US);
+    let memory = MemoryBackend::builder().clock(clock.clone()).build();
+    let limiter = Limiter::new(limits.clone(), memory.clone());
+    let events: Vec<(u64, u64)> = text
+        .lines()
+        .filter_map(|line| trace::peek(&limiter, line))
+        .map(|(at, keys)| {
+            let memory = keys
+                .iter()
+                .map(|k| timeline::memory_us(limits.resolve(k)))
+                .max()
+                .unwrap_or(0);
+            (at, at.saturating_add(memory))
+        })
+        .collect();
+    let axis = Axis::new(&events, WIDTH);
+    let mut drawing = Timeline::new(
+        axis,
+        &limiter,
+        memory,
+        clock.clone(),
+        format!("{limit}={id} · {policy}"),
+    )
+    .dated(true);
+    runtime
+        .block_on(trace::run_observed(
+            &limiter,
+            &clock,
+            text.as_bytes(),
+            std::io::sink(),
+            &mut drawing,
+        ))
+        .map_err(|e| format!("drawing {limit}={id}: {e}"))?;
+    Ok(drawing.svg())
+}
+
+fn esc(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+const STYLE: &str = "
+body{font:14px system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:16px;color:#222}
+table.counts{border-collapse:collapse}
+table.counts td,table.counts th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+.pair{display:flex;gap:16px;flex-wrap:wrap}
+figure{margin:0;overflow-x:auto}
+figcaption{font-weight:600}
+.none{color:#777}
+";
