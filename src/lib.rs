@@ -91,6 +91,7 @@
 //! | a count per day, week or month ("100,000 a month, renewing on the 15th") | [`CalendarQuota`], [`specs::calendar`] |
 //! | the GCRA rule, partial grants, debt | [`Limit`], [`Transaction::cost_range`], [`specs::gcra`] |
 //! | keys, forwarding headers, the response fields | [`ClientIp`], [`specs::keys_and_http`] |
+//! | trying a policy on access logs before deploying it | `Replay`, `RuleSet` (features `replay`, `yaml`), [`specs::replay`] |
 //! | Redis and Redis Cluster | `RedisBackend` (feature `redis`) |
 //! | reloading limits while running | [`Limiter::reload`], `LimitsWatcher` (feature `reload`) |
 //! | overrides changed while running, on every instance; looking at a bucket | [`Limiter::set_override`], [`Limiter::inspect`], `admin_router` (feature `admin`) |
@@ -110,6 +111,7 @@
 //! | `admin` | off | `admin_router`: stored overrides and buckets over HTTP (axum) |
 //! | `acme` | off | the id kinds `domain`, `fqdn_set`, `account_domain`, `account_fqdn_set` |
 //! | `time-zones` | off | IANA time-zone names (`Europe/Berlin`) for calendar quotas; fixed offsets need no feature |
+//! | `replay` | off | `Replay`, `LogReader`: access logs replayed through a current and a candidate policy ([`specs::replay`]) |
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -277,6 +279,15 @@ pub mod specs {
     pub mod concurrency {}
     #[doc = include_str!("../docs/keys-and-http.md")]
     pub mod keys_and_http {}
+    #[cfg_attr(
+        any(not(doctest), feature = "replay"),
+        doc = include_str!("../docs/replay.md")
+    )]
+    #[cfg_attr(
+        all(doctest, not(feature = "replay")),
+        doc = "Replaying access logs (its code needs the feature `replay`)."
+    )]
+    pub mod replay {}
 }
 
 /// The README's code, compiled and run as doc tests (its examples use axum and a YAML file).

@@ -520,7 +520,14 @@ Exports: {kind: account, concurrency: 1, lease: 300ms}
     /// burst and is refused, then is let through again; client B's first export holds the
     /// account's slot 1.2 s, four leases long, so its second export is refused; the third
     /// comes after it ended; an export without an account is rejected.
-    type Sent = (u64, &'static str, &'static str, &'static str, Option<&'static str>, u64);
+    type Sent = (
+        u64,
+        &'static str,
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        u64,
+    );
     const PLAN: &[Sent] = &[
         (0, "127.0.0.1", "GET", "/items", None, 0),
         (20, "127.0.0.1", "GET", "/items", None, 0),

@@ -48,7 +48,7 @@ const FLIP_EXAMPLES: usize = 20;
 const SWEEP_EVERY: u64 = 1 << 16;
 
 /// Why a replay stopped.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ReplayError {
     /// A policy's layer could not be built.
@@ -73,6 +73,8 @@ pub enum ReplayError {
     )]
     InsideRuntime,
 }
+
+readable_debug!(ReplayError { Layer { policy, error }, BadLine(line), Runtime(error), InsideRuntime });
 
 type Build = Rc<dyn Fn(Limiter) -> Result<RateLimitLayer, LayerError>>;
 type Each = Box<dyn FnMut(&Replayed<'_>)>;
