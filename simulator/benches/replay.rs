@@ -1,10 +1,11 @@
 //! How fast a plan replays a log, and in how much memory (`docs/replay.md`; BENCHMARKS.md,
-//! "Replaying logs"): a JSON-lines log of `--lines` requests from `--keys` clients (a skewed
+//! "Replaying logs"; in the simulator's crate, since the benches' crate builds the library
+//! without the feature `replay`, as a server does): a JSON-lines log of `--lines` requests from `--keys` clients (a skewed
 //! choice: a tenth of the clients send half the requests), about 5,000 requests a second, three
 //! rules (per address, per account, writes per address), through both policies, on one core.
 //!
 //! ```text
-//! cargo bench -p tower-ratelimits-benches --bench replay -- --lines 2000000 --keys 10000
+//! cargo bench -p tower-ratelimits-simulator --bench replay -- --lines 2000000 --keys 10000
 //! ```
 //!
 //! It writes the log to a temporary file first (not timed), then times `LogReader` +
