@@ -587,3 +587,36 @@ Exports: {kind: account, concurrency: 1, lease: 300ms}
         std::mem::take(&mut *log.lock().unwrap())
     }
 }
+
+#[test]
+fn times_far_apart_and_hostile_values_are_decided_without_a_panic() {
+    let l = "PerIp: {kind: ip, burst: 1, count: 1, period: 1s}\n";
+    let rules = "- {limit: PerIp, key: client_ip, cost: logged}\n";
+    let log = [
+        line("00", "192.0.2.1", ",\"cost\":0"),
+        // Eight thousand years later, then back: decided at the replay's clock, late.
+        "{\"time\":\"9999-12-31T23:59:59.999999Z\",\"ip\":\"192.0.2.1\",\"duration_ms\":86400000}\n".to_owned(),
+        line("01", "192.0.2.1", &format!(",\"cost\":{}", u64::MAX)),
+        line("02", "192.0.2.2", ",\"duration_ms\":86400000"),
+    ]
+    .concat();
+    let plan = replay(rules, l, l, log);
+    assert_eq!((plan.requests, plan.late_lines), (4, 2));
+    // A cost above the burst is rejected before a decision.
+    assert_eq!(plan.current.rejected, 1);
+    assert_eq!(plan.to.as_deref(), Some("9999-12-31T23:59:59.999999Z"));
+}
+
+#[test]
+fn a_long_gap_after_held_slots_ends_at_once() {
+    // Slots renewed every third of a second while held; then a line a thousand years on.
+    let l = "PerIp: {kind: ip, concurrency: 2, lease: 1s}\n";
+    let log = [
+        line("00", "192.0.2.1", ",\"duration_ms\":5000"),
+        line("01", "192.0.2.1", ""),
+        "{\"time\":\"3026-01-01T00:00:00Z\",\"ip\":\"192.0.2.1\"}\n".to_owned(),
+    ]
+    .concat();
+    let plan = replay(PER_IP, l, l, log);
+    assert_eq!((plan.requests, plan.current.allowed), (3, 3));
+}

@@ -46,6 +46,10 @@ const BAD_EXAMPLES: usize = 5;
 const FLIP_EXAMPLES: usize = 20;
 /// Requests between two sweeps of the suggestion model's idle keys.
 const SWEEP_EVERY: u64 = 1 << 16;
+/// Log time between two sweeps of each policy's buckets (the memory backend's own period).
+/// Swept by the replay as requests come, not by a timer: a periodic timer would wake once per
+/// period across a long gap between two lines (years, in a hostile log).
+const SWEEP_US: u64 = 10_000_000;
 
 /// Why a replay stopped.
 #[derive(thiserror::Error)]
@@ -209,6 +213,7 @@ impl Replay {
         };
         let clock = LogClock::new(first.time_us);
         tally.base_us = first.time_us;
+        let start_us = first.time_us;
         let sides = [
             Side::new("current", &self.current, &clock)?,
             Side::new("candidate", &self.candidate, &clock)?,
@@ -231,6 +236,7 @@ impl Replay {
         let mut tasks = tokio::task::JoinSet::new();
         let mut next = Some(first);
         let mut index: u64 = 0;
+        let mut swept_us = start_us;
         loop {
             let request = match next.take() {
                 Some(r) => r,
@@ -250,6 +256,12 @@ impl Replay {
                 clock.move_to(request.time_us).await;
             }
             let at_us = clock.now_us();
+            if at_us.saturating_sub(swept_us) >= SWEEP_US {
+                sides.iter().for_each(|s| {
+                    s.memory.sweep();
+                });
+                swept_us = at_us;
+            }
             index += 1;
             let cost = request.cost.unwrap_or(1);
             let mut answers: [Option<Answer>; 2] = [None, None];
@@ -448,6 +460,7 @@ type Running = Pin<Box<<RateLimitService<Inner> as Service<Request<()>>>::Future
 
 /// One policy: its layer around the inner service.
 struct Side {
+    memory: MemoryBackend,
     layer: RateLimitLayer,
     service: RateLimitService<Inner>,
     served: Arc<AtomicU64>,
@@ -459,8 +472,11 @@ impl Side {
         (limits, build): &(Limits, Build),
         clock: &LogClock,
     ) -> Result<Side, ReplayError> {
-        let memory = MemoryBackend::builder().clock(clock.clone()).build();
-        let layer = build(Limiter::new(limits.clone(), memory))
+        let memory = MemoryBackend::builder()
+            .clock(clock.clone())
+            .no_background_sweep()
+            .build();
+        let layer = build(Limiter::new(limits.clone(), memory.clone()))
             .map_err(|error| ReplayError::Layer { policy, error })?;
         layer.journal().start();
         let served = Arc::new(AtomicU64::new(0));
@@ -468,6 +484,7 @@ impl Side {
             served: served.clone(),
         });
         Ok(Side {
+            memory,
             layer,
             service,
             served,
