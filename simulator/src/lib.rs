@@ -81,12 +81,7 @@ fn parse_args() -> Result<Args, String> {
     let mut width = timeline::DEFAULT_WIDTH;
     let mut quiet = false;
     let mut args = std::env::args_os().skip(1);
-    let text = |option: &str, value: Option<std::ffi::OsString>| -> Result<String, String> {
-        value
-            .ok_or_else(|| format!("{option} needs a value"))?
-            .into_string()
-            .map_err(|_| format!("{option}: the value is not UTF-8"))
-    };
+    let text = option_text;
     while let Some(arg) = args.next() {
         match arg.to_str() {
             Some("--defaults") => defaults = Some(args.next().ok_or("--defaults needs a file")?),
@@ -142,6 +137,17 @@ fn parse_args() -> Result<Args, String> {
         width,
         quiet,
     })
+}
+
+/// An option's value as text: present, and UTF-8.
+pub(crate) fn option_text(
+    option: &str,
+    value: Option<std::ffi::OsString>,
+) -> Result<String, String> {
+    value
+        .ok_or_else(|| format!("{option} needs a value"))?
+        .into_string()
+        .map_err(|_| format!("{option}: the value is not UTF-8"))
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
@@ -318,19 +324,7 @@ async fn simulate_main(args: Args) -> Result<(), String> {
             MAX_DRAWN_TRACE_BYTES >> 20
         ));
     }
-    let limits = limiter.limits();
-    let events: Vec<(u64, u64)> = String::from_utf8_lossy(&text)
-        .lines()
-        .filter_map(|line| simulate::peek(&limiter, line))
-        .map(|(at, keys)| {
-            let memory = keys
-                .iter()
-                .map(|k| timeline::memory_us(limits.resolve(k)))
-                .max()
-                .unwrap_or(0);
-            (at, at.saturating_add(memory))
-        })
-        .collect();
+    let events = timeline::events(&limiter, &String::from_utf8_lossy(&text));
     let title = format!(
         "{} · {}",
         args.defaults.display(),

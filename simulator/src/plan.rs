@@ -81,12 +81,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
     let (mut current, mut candidate, mut rules, mut candidate_rules) = (None, None, None, None);
     let (mut logs, mut format, mut reorder, mut strict) = (Vec::new(), None, Duration::ZERO, false);
     let (mut json, mut html, mut max, mut target) = (None, None, None, 0.01);
-    let text = |option: &str, value: Option<std::ffi::OsString>| -> Result<String, String> {
-        value
-            .ok_or_else(|| format!("{option} needs a value"))?
-            .into_string()
-            .map_err(|_| format!("{option}: the value is not UTF-8"))
-    };
+    let text = crate::option_text;
     while let Some(arg) = args.next() {
         let Some(option) = arg.to_str() else {
             return Err(format!("unexpected argument {arg:?}"));

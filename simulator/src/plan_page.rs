@@ -198,18 +198,7 @@ fn draw(
     let clock = ManualClock::new(EPOCH_US);
     let memory = MemoryBackend::builder().clock(clock.clone()).build();
     let limiter = Limiter::new(limits.clone(), memory.clone());
-    let events: Vec<(u64, u64)> = text
-        .lines()
-        .filter_map(|line| trace::peek(&limiter, line))
-        .map(|(at, keys)| {
-            let memory = keys
-                .iter()
-                .map(|k| timeline::memory_us(limits.resolve(k)))
-                .max()
-                .unwrap_or(0);
-            (at, at.saturating_add(memory))
-        })
-        .collect();
+    let events = timeline::events(&limiter, &text);
     let axis = Axis::new(&events, WIDTH);
     let mut drawing = Timeline::new(
         axis,

@@ -62,6 +62,22 @@ pub const DEFAULT_WIDTH: u32 = 1400;
 pub const WIDTH_RANGE: std::ops::RangeInclusive<u32> = 600..=100_000;
 
 /// How long a bucket of this quota remembers a request (after it, the state is a fresh one).
+/// Each trace line's time and how long its buckets remember it (what [`Axis::new`] takes).
+pub fn events(limiter: &tower_ratelimits::Limiter, text: &str) -> Vec<(u64, u64)> {
+    let limits = limiter.limits();
+    text.lines()
+        .filter_map(|line| crate::trace::peek(limiter, line))
+        .map(|(at, keys)| {
+            let memory = keys
+                .iter()
+                .map(|k| memory_us(limits.resolve(k)))
+                .max()
+                .unwrap_or(0);
+            (at, at.saturating_add(memory))
+        })
+        .collect()
+}
+
 pub fn memory_us(quota: Option<&Quota>) -> u64 {
     match quota {
         None => 0,
