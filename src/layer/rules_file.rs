@@ -8,7 +8,7 @@ use crate::config::{RuleCost, RuleKey, RuleMissing, RuleSet};
 use crate::limiter::Limiter;
 
 /// A request's cost as a log recorded it: what a rule with `cost: logged` in a [`RuleSet`]
-/// charges (1 when a request has none). The replay ([`Replay`](crate::Replay)) sets it from
+/// charges (1 when a request has none). The replay (`Replay`, feature `replay`) sets it from
 /// each log line's `cost`; a server may set it too (an extension inserted before the layer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoggedCost(pub u64);

@@ -55,7 +55,7 @@ pub(crate) struct RuleEntry {
 /// A layer's rules read from a YAML file: each rule names a limit, the key it is keyed by, its
 /// scope and its cost; beside them the proxies whose forwarding headers are believed and the
 /// networks exempt from every rule. [`RuleSet::layer`] builds the layer, so the limits a
-/// deployment runs and the ones [`replay`](crate::Replay) tries read the same file.
+/// deployment runs and the ones a replay tries (`Replay`, feature `replay`) read the same file.
 ///
 /// ```yaml
 /// trusted_proxies: [10.0.0.0/8]
