@@ -226,7 +226,7 @@ impl Limiter {
 
     /// A limiter over a backend shared with others. A limit that sets `prefetch` on a backend
     /// that does not prefetch (memory, a backend outside the crate, Redis with
-    /// [`prefetch(false)`](crate::RedisBackendBuilder::prefetch)) is decided as if it had none,
+    /// `RedisBackendBuilder::prefetch(false)`) is decided as if it had none,
     /// and a warning says so once, here, or at the reload that sets it (target
     /// `tower_ratelimits::backend`).
     pub fn with_shared_backend(limits: Limits, backend: Arc<dyn Backend>) -> Self {
