@@ -619,3 +619,60 @@ fn a_long_gap_after_held_slots_ends_at_once() {
     let plan = replay(PER_IP, l, l, log);
     assert_eq!((plan.requests, plan.current.allowed), (3, 3));
 }
+
+#[test]
+fn a_settling_rule_settles_to_the_logged_cost() {
+    // Each request reserves 500 of a bucket of 1,000; the response reports its true cost,
+    // the logged one. Costs of 1 leave room for every request; costs of 500 refuse the third.
+    let l = "Tokens: {kind: ip, burst: 1000, count: 1000, period: 1h}\n";
+    type MakeSettle = fn() -> tower_ratelimits::Settle;
+    let layers: [(&str, MakeSettle); 4] = [
+        ("header", || {
+            tower_ratelimits::Settle::header("x-tokens-used")
+        }),
+        ("trailer", || {
+            tower_ratelimits::Settle::trailer("x-tokens-used")
+        }),
+        ("body bytes", || {
+            tower_ratelimits::Settle::body_bytes_per(16)
+        }),
+        ("status", || {
+            tower_ratelimits::Settle::response(|head| head.status.is_server_error().then_some(1))
+        }),
+    ];
+    for (name, settle) in layers {
+        let build = move |limiter| {
+            RateLimitLayer::new(
+                limiter,
+                [Rule::new("Tokens", ClientIp::new())
+                    .cost(500)
+                    .settle(settle())],
+            )
+        };
+        let costs = |cost: u64, status: u16| {
+            (0..3)
+                .map(|_| {
+                    line(
+                        "00",
+                        "192.0.2.1",
+                        &format!(",\"cost\":{cost},\"status\":{status}"),
+                    )
+                })
+                .collect::<String>()
+        };
+        // The status settle reads a failure as costing 1: the logged status makes it so.
+        let status = if name == "status" { 503 } else { 200 };
+        let cheap = Replay::new(build, limits(l), limits(l))
+            .run(reader(costs(1, status)))
+            .unwrap();
+        assert_eq!(cheap.current.allowed, 3, "{name}");
+        let dear = Replay::new(build, limits(l), limits(l))
+            .run(reader(costs(500, 200)))
+            .unwrap();
+        assert_eq!(
+            (dear.current.allowed, dear.current.denied),
+            (2, 1),
+            "{name}"
+        );
+    }
+}

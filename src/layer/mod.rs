@@ -62,6 +62,8 @@ pub use wait::Wait;
 pub(crate) use extract::parse_forwarded_ip;
 #[cfg(feature = "replay")]
 pub(crate) use observe::{Note, RuleOutcome};
+#[cfg(feature = "replay")]
+pub(crate) use settle::SettleFrom;
 
 // For `crate::__private` only (this repository's property tests); not re-exported otherwise.
 pub use rule::in_scope;

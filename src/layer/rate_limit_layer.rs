@@ -295,6 +295,8 @@ impl RateLimitLayerBuilder {
                     limiter: self.limiter.clone(),
                     timeout: self.timeout,
                     warn_gate: warn_gate.clone(),
+                    #[cfg(feature = "replay")]
+                    inline: Default::default(),
                 },
                 limiter: self.limiter,
                 rules: Rules {
@@ -347,6 +349,29 @@ impl RateLimitLayer {
     #[cfg(feature = "replay")]
     pub(crate) fn journal(&self) -> &super::observe::Journal {
         &self.shared.rules.journal
+    }
+
+    /// Settles in each response's own future from now on (a replay).
+    #[cfg(feature = "replay")]
+    pub(crate) fn settle_inline(&self) {
+        self.shared
+            .settler
+            .inline
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Where the layer's settling rules read a response's true cost.
+    #[cfg(feature = "replay")]
+    pub(crate) fn settle_sources(&self) -> Vec<super::settle::SettleFrom> {
+        let mut out = Vec::new();
+        for r in &self.shared.rules.list {
+            if let Some(from) = r.rule.settle.as_ref().and_then(|s| s.replay_source())
+                && !out.contains(&from)
+            {
+                out.push(from);
+            }
+        }
+        out
     }
 
     /// A builder.

@@ -172,6 +172,18 @@ impl Settle {
         }
     }
 
+    /// Where a replayed response carries its logged cost for this settle to read (`None`: a
+    /// function of the head, which reads the logged status and the headers given).
+    #[cfg(feature = "replay")]
+    pub(crate) fn replay_source(&self) -> Option<SettleFrom> {
+        match &self.source {
+            Source::Header(name) => Some(SettleFrom::Header(name.clone())),
+            Source::Trailer(name) => Some(SettleFrom::Trailer(name.clone())),
+            Source::BodyBytes { per_unit } => Some(SettleFrom::BodyBytes(*per_unit)),
+            Source::Head(_) | Source::Invalid(_) => None,
+        }
+    }
+
     /// Whether the true cost comes from the body (settled when it ends).
     pub(crate) fn on_body(&self) -> bool {
         matches!(self.source, Source::BodyBytes { .. } | Source::Trailer(_))
@@ -195,6 +207,18 @@ impl Settle {
             _ => None,
         }
     }
+}
+
+/// Where a settle reads the true cost, as a replayed response gives it (feature `replay`).
+#[cfg(feature = "replay")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SettleFrom {
+    /// A response header holding the units.
+    Header(HeaderName),
+    /// A trailer holding the units.
+    Trailer(HeaderName),
+    /// A body of this many bytes per unit.
+    BodyBytes(u64),
 }
 
 /// What settling a reservation does to its bucket: the settle rule.
@@ -255,6 +279,10 @@ pub(crate) struct Settler {
     pub(crate) limiter: Limiter,
     pub(crate) timeout: Duration,
     pub(crate) warn_gate: Arc<WarnGate>,
+    /// Settles run in the response's own future, not spawned (a replay: the next request of
+    /// the same instant must find the bucket settled, and no request is abandoned).
+    #[cfg(feature = "replay")]
+    pub(crate) inline: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A settle under way: spawned on the runtime (it completes even if the request goes away), or
@@ -321,6 +349,10 @@ fn start(settler: &Settler, work: Vec<(Reserved, Option<u64>)>) -> Option<Task> 
         return None;
     }
     let future = run(settler.clone(), refunds, charges);
+    #[cfg(feature = "replay")]
+    if settler.inline.load(std::sync::atomic::Ordering::Relaxed) {
+        return Some(Task::Inline(Box::pin(future)));
+    }
     Some(match tokio::runtime::Handle::try_current() {
         Ok(runtime) => Task::Spawned(runtime.spawn(future)),
         Err(_) => Task::Inline(Box::pin(future)),

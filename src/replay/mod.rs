@@ -9,18 +9,15 @@
 //! outcomes its metrics count.
 
 use std::cell::RefCell;
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::combinators::UnsyncBoxBody;
+use http::Request;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -30,9 +27,11 @@ use crate::layer::{LayerError, LoggedCost, RateLimitLayer, RateLimitService};
 use crate::limiter::Limiter;
 use crate::time::Clock;
 
+mod inner;
 mod log;
 mod plan;
 
+use inner::{Inner, Logged, drain};
 pub use log::{BadLine, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
 use plan::{Answer, Tally};
 pub use plan::{
@@ -403,59 +402,6 @@ impl State {
     }
 }
 
-/// The inner service of a replayed layer: counts its calls (the request was let through)
-/// and answers when the request's logged duration has passed.
-#[derive(Clone)]
-struct Inner {
-    served: Arc<AtomicU64>,
-}
-
-/// When the inner service answers a request: its logged end, on tokio's clock.
-#[derive(Clone, Copy)]
-struct HoldUntil(tokio::time::Instant);
-
-type Body = UnsyncBoxBody<Bytes, Infallible>;
-
-impl Service<Request<()>> for Inner {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Held;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<()>) -> Held {
-        self.served.fetch_add(1, Ordering::Relaxed);
-        Held {
-            sleep: request
-                .extensions()
-                .get::<HoldUntil>()
-                .map(|h| Box::pin(tokio::time::sleep_until(h.0))),
-        }
-    }
-}
-
-/// The inner service's answer, after its hold.
-struct Held {
-    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl Future for Held {
-    type Output = Result<Response<Body>, Infallible>;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Some(sleep) = self.sleep.as_mut() {
-            std::task::ready!(sleep.as_mut().poll(cx));
-        }
-        use http_body_util::BodyExt;
-        Poll::Ready(Ok(Response::new(
-            http_body_util::Empty::<Bytes>::new()
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        )))
-    }
-}
-
 type Running = Pin<Box<<RateLimitService<Inner> as Service<Request<()>>>::Future>>;
 
 /// One policy: its layer around the inner service.
@@ -479,9 +425,11 @@ impl Side {
         let layer = build(Limiter::new(limits.clone(), memory.clone()))
             .map_err(|error| ReplayError::Layer { policy, error })?;
         layer.journal().start();
+        layer.settle_inline();
         let served = Arc::new(AtomicU64::new(0));
         let service = layer.layer(Inner {
             served: served.clone(),
+            settles: layer.settle_sources().into(),
         });
         Ok(Side {
             memory,
@@ -510,8 +458,15 @@ impl Side {
         );
         let mut service = self.service.clone();
         let mut running: Running = Box::pin(service.call(request));
-        let done =
-            std::future::poll_fn(|cx| Poll::Ready(running.as_mut().poll(cx).is_ready())).await;
+        let polled = std::future::poll_fn(|cx| Poll::Ready(running.as_mut().poll(cx))).await;
+        let done = match polled {
+            Poll::Ready(Ok(response)) => {
+                drain(response).await;
+                true
+            }
+            Poll::Ready(Err(never)) => match never {},
+            Poll::Pending => false,
+        };
         let mut notes = Vec::new();
         journal.take(&mut notes);
         let keep = state.borrow().each.is_some();
@@ -550,7 +505,8 @@ async fn finish(
     let mut all = Vec::new();
     let mut through = false;
     let mut notes = Vec::new();
-    let done = std::future::poll_fn(|cx| {
+    let mut output = None;
+    std::future::poll_fn(|cx| {
         let before = served.load(Ordering::Relaxed);
         let poll = running.as_mut().poll(cx);
         through |= served.load(Ordering::Relaxed) > before;
@@ -564,10 +520,14 @@ async fn finish(
                 .noted(side, &notes, clock.now_us(), None);
             all.extend(notes.iter().cloned());
         }
-        if !answered && through {
-            return Poll::Ready(false);
+        if let Poll::Ready(out) = poll {
+            output = Some(out);
+            return Poll::Ready(());
         }
-        poll.map(|_| true)
+        if !answered && through {
+            return Poll::Ready(());
+        }
+        Poll::Pending
     })
     .await;
     if !answered {
@@ -575,10 +535,14 @@ async fn finish(
             .borrow_mut()
             .answered(index, side, Answer::of(through, false, &all, keep));
     }
-    if !done {
-        // Let through: the response still runs to its end (its slots are given back there).
-        let _ = running.await;
-    }
+    // Let through: the response runs to its end, and its body is read (a settle from the body
+    // settles there; its slots are given back).
+    let response = match output {
+        Some(out) => out,
+        None => running.await,
+    };
+    let Ok(response) = response;
+    drain(response).await;
 }
 
 /// The request a log line stands for.
@@ -594,9 +558,11 @@ fn request_of(logged: &LoggedRequest, clock: &LogClock) -> Request<()> {
     if let Some(cost) = logged.cost {
         extensions.insert(LoggedCost(cost));
     }
-    if logged.duration_us > 0 {
-        let end = logged.time_us.saturating_add(logged.duration_us);
-        extensions.insert(HoldUntil(clock.instant(end)));
-    }
+    extensions.insert(Logged {
+        until: (logged.duration_us > 0)
+            .then(|| clock.instant(logged.time_us.saturating_add(logged.duration_us))),
+        status: logged.status,
+        cost: logged.cost,
+    });
     request
 }
