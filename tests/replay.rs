@@ -149,6 +149,9 @@ fn a_waiting_request_is_decided_again_when_its_wait_ends() {
     assert_eq!((plan.candidate.allowed, plan.candidate.denied), (3, 1));
     assert_eq!((plan.allow_to_deny, plan.deny_to_allow), (0, 2));
     assert_eq!(plan.limits["PerIp"].deny_to_allow, 2);
+    // The fourth would wait too long: denied at once.
+    assert_eq!(plan.limits["PerIp"].candidate_denied, 1);
+    assert_eq!(plan.limits["PerIp"].current_denied, 3);
 }
 
 #[test]

@@ -217,12 +217,16 @@ impl Answer {
                 }
             }
         }
+        // A request decided again after a wait may be denied by a limit more than once: the
+        // limit denied it, once.
         let denials = || {
-            notes
-                .iter()
-                .filter(|n| n.outcome == RuleOutcome::Denied)
-                .map(|n| (n.name, n.id.clone()))
-                .collect::<Vec<_>>()
+            let mut out: Vec<(LimitName, Option<Id>)> = Vec::new();
+            for n in notes.iter().filter(|n| n.outcome == RuleOutcome::Denied) {
+                if !out.iter().any(|(name, _)| *name == n.name) {
+                    out.push((n.name, n.id.clone()));
+                }
+            }
+            out
         };
         match (served, exempt) {
             (true, true) => Answer {
@@ -650,4 +654,31 @@ fn suggest(limit: &LimitTally, sizing: &Sizing, target: f64) -> Option<Suggested
         candidate_burst: sizing.burst,
         candidate_count: sizing.count,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_that_denied_a_request_twice_denied_it_once() {
+        let limits = crate::Limits::from_yaml_str(
+            "ReplayOnce: {kind: ip, burst: 1, count: 1, period: 1s}\n",
+            None,
+        )
+        .unwrap();
+        let name = limits.name("ReplayOnce").unwrap();
+        let id = crate::Id::from(std::net::IpAddr::from([192, 0, 2, 1]));
+        let denied = Note {
+            name,
+            outcome: RuleOutcome::Denied,
+            id: Some(id),
+            used: 1,
+            size: 1,
+        };
+        // Denied, woken after its wait, denied again: one denial of the limit.
+        let answer = Answer::of(false, false, &[denied.clone(), denied], false);
+        assert_eq!(answer.class, Answered::Denied);
+        assert_eq!(answer.denied_by.len(), 1);
+    }
 }
