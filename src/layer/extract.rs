@@ -534,7 +534,8 @@ impl Header {
         }
     }
 
-    /// Reads the header `name`, already checked.
+    /// Reads the header `name`, already checked (a rules file's).
+    #[cfg(feature = "yaml")]
     pub(crate) fn named(name: HeaderName) -> Self {
         Self { name }
     }

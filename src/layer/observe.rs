@@ -233,8 +233,10 @@ impl RuleMetrics {
         self.counters[outcome as usize].increment(1);
         #[cfg(feature = "replay")]
         self.journal.1.note(self.journal.0, Some(d), outcome);
+        #[cfg(not(feature = "replay"))]
+        let _ = d;
         #[cfg(not(any(feature = "metrics", feature = "replay")))]
-        let _ = (d, outcome);
+        let _ = outcome;
     }
 
     /// Counts `d` in `tower_ratelimits_near_limit_total` when it was allowed and left at most
