@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+mod support;
+
 use tower_ratelimits::{
     ClientIp, Header, Limits, LogReader, Plan, RateLimitLayer, Replay, ReplayError, Rule, RuleSet,
     Wait,
@@ -554,16 +556,8 @@ Exports: {kind: account, concurrency: 1, lease: 300ms}
             .route("/export", post(hold))
             .layer(layer)
             .layer(axum::middleware::from_fn_with_state(log.clone(), record));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .unwrap();
-        });
+        let server = crate::support::http::serve(app).await;
+        let addr = server.addr;
         let start = tokio::time::Instant::now();
         let mut sent = Vec::new();
         for &(at, from, method, path, account, hold_ms) in PLAN {
@@ -585,7 +579,7 @@ Exports: {kind: account, concurrency: 1, lease: 300ms}
         for s in sent {
             s.await.unwrap();
         }
-        server.abort();
+        drop(server);
         std::mem::take(&mut *log.lock().unwrap())
     }
 }

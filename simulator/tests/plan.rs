@@ -353,13 +353,7 @@ fn the_plan_page_opens_in_a_real_browser_without_errors_or_network_requests() {
     );
     let errors = b.errors();
     assert!(errors.is_empty(), "{errors:#?}");
-    let outside: Vec<String> = b
-        .requests()
-        .into_iter()
-        .filter(|u| {
-            !u.starts_with("file://") && !u.starts_with("about:") && !u.starts_with("data:")
-        })
-        .collect();
+    let outside = b.outside_requests();
     assert!(outside.is_empty(), "network requests: {outside:?}");
     drop(b);
     let _ = std::fs::remove_dir_all(dir);

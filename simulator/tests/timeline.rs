@@ -788,13 +788,7 @@ fn the_page_opens_in_a_real_browser_without_errors_or_network_requests() {
 
     let errors = b.errors();
     assert!(errors.is_empty(), "{errors:#?}");
-    let outside: Vec<String> = b
-        .requests()
-        .into_iter()
-        .filter(|u| {
-            !u.starts_with("file://") && !u.starts_with("about:") && !u.starts_with("data:")
-        })
-        .collect();
+    let outside = b.outside_requests();
     assert!(outside.is_empty(), "network requests: {outside:?}");
     // The navigation itself is the one request seen: the Network domain does watch.
     assert!(b.requests().iter().any(|u| u == &url), "{:?}", b.requests());

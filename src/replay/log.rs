@@ -254,7 +254,6 @@ pub struct LogReader {
     held: BinaryHeap<Timed>,
     latest_us: u64,
     seq: u64,
-    primed: bool,
 }
 
 impl std::fmt::Debug for LogReader {
@@ -328,7 +327,6 @@ impl LogReader {
             held: BinaryHeap::new(),
             latest_us: 0,
             seq: 0,
-            primed: false,
         }
     }
 
@@ -355,7 +353,6 @@ impl Iterator for LogReader {
             if let Some(bad) = self.fill() {
                 return Some(Err(bad));
             }
-            self.primed = true;
             // The earliest head of all logs moves into the window.
             let earliest = self
                 .sources

@@ -68,11 +68,11 @@ pub enum ReplayError {
     /// The replay's runtime could not start.
     #[error("starting the replay's runtime: {0}")]
     Runtime(std::io::Error),
-    /// [`Replay::run`] was called on a thread that runs a tokio runtime: a replay runs its own
-    /// runtime, on a paused clock. Call it from a thread of its own (`std::thread::spawn`, or
-    /// tokio's `spawn_blocking` with the replay built there).
+    /// [`Replay::run`] was called on a thread inside a tokio runtime (a task, or tokio's
+    /// `spawn_blocking`, whose threads are inside it too): a replay runs its own runtime, on a
+    /// paused clock. Call it from a thread of its own (`std::thread::spawn`).
     #[error(
-        "Replay::run was called inside a tokio runtime; it runs its own, on the log's clock: call it from a thread of its own"
+        "Replay::run was called inside a tokio runtime; it runs its own, on the log's clock: call it from a thread of its own (std::thread::spawn)"
     )]
     InsideRuntime,
 }
@@ -179,7 +179,7 @@ impl Replay {
 
     /// Replays `requests` (in time order; a request earlier than one before it is decided at
     /// the replay's clock, counted in [`Plan::late_lines`]) and says what changes. Runs its own
-    /// runtime on a paused clock: call it outside any runtime (or in `spawn_blocking`).
+    /// runtime on a paused clock: call it outside any runtime (`std::thread::spawn` from async code).
     pub fn run<I>(self, requests: I) -> Result<Plan, ReplayError>
     where
         I: IntoIterator<Item = Result<LoggedRequest, BadLine>>,

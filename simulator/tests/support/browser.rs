@@ -225,6 +225,16 @@ impl Browser {
     }
 
     /// The requests the page made (their URLs), from the Network domain's events.
+    /// The requests the page made outside itself (not `file:`, `about:` or `data:`).
+    pub fn outside_requests(&self) -> Vec<String> {
+        self.requests()
+            .into_iter()
+            .filter(|u| {
+                !u.starts_with("file://") && !u.starts_with("about:") && !u.starts_with("data:")
+            })
+            .collect()
+    }
+
     pub fn requests(&self) -> Vec<String> {
         self.events
             .iter()
