@@ -221,6 +221,11 @@ pub use replay::{
     LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay, ReplayError, Replayed,
     Suggested,
 };
+#[cfg(feature = "replay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
+pub use replay::{
+    DEFAULT_SNAPSHOT_KEYS, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
+};
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
 
 /// The `http` crate, whose request and response types the layer and its extractors use

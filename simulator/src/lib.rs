@@ -46,6 +46,7 @@ use tower_ratelimits::{IdKind, Limiter, Limits, ManualClock, MemoryBackend};
 mod generate;
 mod plan;
 mod plan_page;
+mod snapshot;
 mod timeline;
 mod trace;
 use trace as simulate;

@@ -5,7 +5,9 @@
 //! tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml --rules RULES.yaml
 //!     [--candidate-rules RULES2.yaml] --log FILE [--log FILE ...] [--format json|combined]
 //!     [--reorder 60s] [--strict] [--json OUT.json] [--html OUT.html] [--max-allow-to-deny N|P%]
-//!     [--target 1%]
+//!     [--target 1%] [--snapshot FILE]
+//! tower-ratelimits-simulate plan snapshot --redis URL --limits A.yaml --out FILE
+//!     [--prefix rl:] [--max-keys N]
 //! ```
 //!
 //! The plan (JSON, `docs/replay.md` "The plan") goes to `--json FILE`, else to standard
@@ -17,12 +19,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tower_ratelimits::{Limits, LogFormat, LogReader, Plan, Replay, RuleSet};
+use tower_ratelimits::{
+    Limits, LogFormat, LogReader, Plan, Replay, RuleSet, Snapshot, SnapshotError,
+};
 
 pub(crate) const USAGE: &str = "usage: tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml \
 --rules RULES.yaml [--candidate-rules RULES2.yaml] --log FILE [--log FILE ...] \
 [--format json|combined] [--reorder 60s] [--strict] [--json OUT.json] [--html OUT.html] \
-[--max-allow-to-deny N|P%] [--target 1%]";
+[--max-allow-to-deny N|P%] [--target 1%] [--snapshot FILE]\n       \
+tower-ratelimits-simulate plan snapshot --redis URL --limits A.yaml --out FILE [--prefix rl:] \
+[--max-keys N]";
 
 /// A bound on flips: a count, or a share of the requests.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -74,6 +80,7 @@ struct Args {
     html: Option<PathBuf>,
     max_allow_to_deny: Option<Bound>,
     target: f64,
+    snapshot: Option<PathBuf>,
 }
 
 fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, String> {
@@ -81,6 +88,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
     let (mut current, mut candidate, mut rules, mut candidate_rules) = (None, None, None, None);
     let (mut logs, mut format, mut reorder, mut strict) = (Vec::new(), None, Duration::ZERO, false);
     let (mut json, mut html, mut max, mut target) = (None, None, None, 0.01);
+    let mut snapshot = None;
     let text = crate::option_text;
     while let Some(arg) = args.next() {
         let Some(option) = arg.to_str() else {
@@ -115,11 +123,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
                     .ok_or_else(|| format!("--target {t:?}: a share of keys (1%)"))?;
             }
             "-h" | "--help" => return Err(String::new()),
-            "--snapshot" => {
-                return Err(format!(
-                    "{option} is not built yet (docs/replay.md, \"Not yet\")"
-                ));
-            }
+            "--snapshot" => snapshot = Some(path(args.next())?),
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -139,6 +143,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
         html,
         max_allow_to_deny: max,
         target,
+        snapshot,
     })
 }
 
@@ -149,6 +154,10 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 
 /// Runs `plan` with the arguments after the word `plan`.
 pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
+    let mut args = args.peekable();
+    if args.next_if(|w| w == "snapshot").is_some() {
+        return crate::snapshot::cli(args);
+    }
     let args = match parse_args(args) {
         Ok(a) => a,
         Err(e) if e.is_empty() => {
@@ -251,6 +260,7 @@ struct Loaded {
     candidate: Limits,
     rules: RuleSet,
     candidate_rules: RuleSet,
+    snapshot: Option<Snapshot>,
 }
 
 impl Loaded {
@@ -264,6 +274,15 @@ impl Loaded {
                 None => rules.clone(),
             },
             rules,
+            snapshot: match &args.snapshot {
+                Some(p) => Some(
+                    std::fs::File::open(p)
+                        .map_err(SnapshotError::from)
+                        .and_then(|f| Snapshot::read(std::io::BufReader::new(f)))
+                        .map_err(|e| format!("--snapshot {}: {e}", p.display()))?,
+                ),
+                None => None,
+            },
         })
     }
 
@@ -271,15 +290,19 @@ impl Loaded {
         let reader =
             LogReader::open(&args.logs, args.format, args.reorder).map_err(|e| e.to_string())?;
         let (rules, candidate_rules) = (self.rules.clone(), self.candidate_rules.clone());
-        Replay::new(
+        let mut replay = Replay::new(
             move |l| rules.layer(l),
             self.current.clone(),
             self.candidate.clone(),
         )
         .candidate_layer(move |l| candidate_rules.layer(l))
         .strict(args.strict)
-        .target(args.target)
-        .run(reader)
+        .target(args.target);
+        if let Some(snapshot) = &self.snapshot {
+            replay = replay.snapshot(snapshot.clone());
+        }
+        replay
+            .run(reader)
         .map_err(|e| e.to_string())
     }
 }
@@ -291,8 +314,14 @@ fn summary(plan: &Plan) -> String {
             c.allowed, c.denied, c.rejected, c.exempt
         )
     };
+    let warm = plan.warm.as_ref().map_or(String::new(), |w| {
+        format!(
+            "\n  warm from {}: {} keys (current {} seeded, candidate {}), {} lines before it",
+            w.instant, w.keys, w.current_seeded, w.candidate_seeded, w.lines_before
+        )
+    });
     format!(
-        "{} requests ({} bad lines, {} late)\n  current:   {}\n  candidate: {}\n  allow -> deny: {}, deny -> allow: {}",
+        "{} requests ({} bad lines, {} late)\n  current:   {}\n  candidate: {}\n  allow -> deny: {}, deny -> allow: {}{warm}",
         plan.requests,
         plan.bad_lines,
         plan.late_lines,

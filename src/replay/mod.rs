@@ -30,6 +30,7 @@ use crate::time::Clock;
 mod inner;
 mod log;
 mod plan;
+mod snapshot;
 
 use inner::{Inner, Logged, drain};
 pub use log::{BadLine, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
@@ -37,6 +38,9 @@ use plan::{Answer, Tally};
 pub use plan::{
     Answered, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan,
     Replayed, Suggested,
+};
+pub use snapshot::{
+    DEFAULT_SNAPSHOT_KEYS, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
 };
 
 /// How many bad lines a plan shows.
@@ -108,6 +112,7 @@ pub struct Replay {
     target: f64,
     top_keys: usize,
     each: Option<Each>,
+    snapshot: Option<Snapshot>,
 }
 
 impl std::fmt::Debug for Replay {
@@ -134,6 +139,7 @@ impl Replay {
             target: 0.01,
             top_keys: 20,
             each: None,
+            snapshot: None,
         }
     }
 
@@ -152,6 +158,17 @@ impl Replay {
         build: impl Fn(Limiter) -> Result<RateLimitLayer, LayerError> + 'static,
     ) -> Replay {
         self.candidate.1 = Rc::new(build);
+        self
+    }
+
+    /// Starts both policies from `snapshot` instead of empty buckets: every key it holds is
+    /// put into each policy's buckets that reads it (a limit the policy defines, an id its kind
+    /// reads, a state of the shape of the limit that applies), the candidate's read under its
+    /// own limit by the change rule, as a deployment of the candidate would read the store.
+    /// The replay's clock starts at the snapshot's instant; lines before it are not replayed
+    /// (counted in the plan's `warm.lines_before`).
+    pub fn snapshot(mut self, snapshot: Snapshot) -> Replay {
+        self.snapshot = Some(snapshot);
         self
     }
 
@@ -201,22 +218,44 @@ impl Replay {
         mut requests: impl Iterator<Item = Result<LoggedRequest, BadLine>>,
     ) -> Result<Plan, ReplayError> {
         let mut tally = Tally::new(0, self.target, self.top_keys, BAD_EXAMPLES, FLIP_EXAMPLES);
-        // The first request sets the clock.
+        // A snapshot's instant, before which lines are in the snapshot already.
+        let from_us = self.snapshot.as_ref().map(Snapshot::instant_us);
+        let before = |r: &LoggedRequest| from_us.is_some_and(|from| r.time_us < from);
+        let mut warm = self.snapshot.as_ref().map(|s| Warm {
+            instant: crate::algo::calendar::instant_text(s.instant_us()),
+            keys: s.keys().len() as u64,
+            foreign: s.foreign(),
+            ..Warm::default()
+        });
+        // The first request sets the clock, unless a snapshot does.
         let first = loop {
             match requests.next() {
-                None => return Ok(tally.plan()),
+                None => {
+                    let mut plan = tally.plan();
+                    plan.warm = warm;
+                    return Ok(plan);
+                }
+                Some(Ok(r)) if before(&r) => {
+                    if let Some(w) = warm.as_mut() {
+                        w.lines_before += 1;
+                    }
+                }
                 Some(Ok(r)) => break r,
                 Some(Err(bad)) if self.strict => return Err(ReplayError::BadLine(bad)),
                 Some(Err(bad)) => tally.bad_line(&bad),
             }
         };
-        let clock = LogClock::new(first.time_us);
+        let start_us = from_us.unwrap_or(first.time_us);
+        let clock = LogClock::new(start_us);
         tally.base_us = first.time_us;
-        let start_us = first.time_us;
         let sides = [
             Side::new("current", &self.current, &clock)?,
             Side::new("candidate", &self.candidate, &clock)?,
         ];
+        if let (Some(snapshot), Some(w)) = (self.snapshot.as_ref(), warm.as_mut()) {
+            w.current_seeded = snapshot.seed(&self.current.0, &sides[0].memory);
+            w.candidate_seeded = snapshot.seed(&self.candidate.0, &sides[1].memory);
+        }
         for name in self.candidate.0.names() {
             if let Some(limit) = self
                 .candidate
@@ -241,6 +280,12 @@ impl Replay {
                 Some(r) => r,
                 None => match requests.next() {
                     None => break,
+                    Some(Ok(r)) if before(&r) => {
+                        if let Some(w) = warm.as_mut() {
+                            w.lines_before += 1;
+                        }
+                        continue;
+                    }
                     Some(Ok(r)) => r,
                     Some(Err(bad)) if self.strict => return Err(ReplayError::BadLine(bad)),
                     Some(Err(bad)) => {
@@ -296,7 +341,9 @@ impl Replay {
         }
         while tasks.join_next().await.is_some() {}
         let tally = std::mem::replace(&mut state.borrow_mut().tally, Tally::new(0, 0.0, 0, 0, 0));
-        Ok(tally.plan())
+        let mut plan = tally.plan();
+        plan.warm = warm;
+        Ok(plan)
     }
 }
 

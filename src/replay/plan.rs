@@ -55,6 +55,10 @@ pub struct Plan {
     pub top_keys: Vec<KeyFlips>,
     /// The first flips of each direction, in order.
     pub flips: Vec<Flip>,
+    /// How the replay started from a snapshot ([`Replay::snapshot`](crate::Replay::snapshot));
+    /// absent when it started cold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<super::snapshot::Warm>,
 }
 
 /// One bad line.
@@ -553,6 +557,7 @@ impl Tally {
             limits,
             top_keys: top,
             flips: self.flip_examples,
+            warm: None,
         }
     }
 }

@@ -235,6 +235,34 @@ impl MemoryBackend {
             .and_then(|v| stored(kit::gcra_unword(v.load(Ordering::Acquire)).0))
     }
 
+    /// Holds `state` for `key` as if the kit had written it under `quota` at `now` (a replay
+    /// started from a snapshot, `docs/replay.md`): a GCRA word as a bucket, any other state in
+    /// a slot, each read by the next decision under the limit then in force (the change rule).
+    /// A key already held is left as it is. Whether it was put.
+    #[cfg(feature = "replay")]
+    pub(crate) fn restore(
+        &self,
+        key: &BucketKey,
+        quota: &Quota,
+        state: kit::Stored,
+        now: u64,
+    ) -> Result<bool, BackendError> {
+        match state {
+            kit::Stored::Tat(word) => self.insert_new(Buckets::place(key), 0, word, now),
+            state => {
+                let Some(slot) = self.tier_slot(key, true, now)? else {
+                    return Ok(false);
+                };
+                let mut slot = lock(&slot);
+                if slot.state.is_some() {
+                    return Ok(false);
+                }
+                slot.write(quota, state, now);
+                Ok(true)
+            }
+        }
+    }
+
     /// Drops every bucket that equals a fresh one (TAT at or before now) and returns how many
     /// were dropped. No decision changes.
     pub fn sweep(&self) -> usize {

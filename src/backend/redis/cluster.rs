@@ -144,6 +144,13 @@ impl ClusterRouter {
         read_lock(&self.inner.topology).breakers.clone()
     }
 
+    /// Every master's client (a replay's snapshot walks each).
+    #[cfg(feature = "replay")]
+    pub(super) fn masters(&self) -> Vec<Client> {
+        let topology = read_lock(&self.inner.topology).clone();
+        topology.nodes.iter().map(|(_, _, c)| c.clone()).collect()
+    }
+
     /// Some master's client.
     pub(super) fn any_client(&self) -> Client {
         let topology = read_lock(&self.inner.topology).clone();

@@ -49,11 +49,7 @@ impl KeyBuf {
                 Ok(())
             }
         }
-        let mut out = KeyBuf(smallvec::SmallVec::new());
-        out.push(prefix);
-        out.push("{");
-        out.push_escaped(key.name().as_str());
-        out.push(":");
+        let mut out = KeyBuf::opened(prefix, key.name().as_str());
         // The id's `Display` text: digits and dots need no escaping, a text id is escaped as
         // it is, and the rest (IPv6 addresses and ranges) go through the formatter.
         let id = key.id();
@@ -67,6 +63,23 @@ impl KeyBuf {
         out.push("}");
         out.push(suffix);
         out
+    }
+
+    /// `<prefix>{<escaped limit name>:`: what every key of the limit starts with.
+    fn opened(prefix: &str, name: &str) -> Self {
+        let mut out = KeyBuf(smallvec::SmallVec::new());
+        out.push(prefix);
+        out.push("{");
+        out.push_escaped(name);
+        out.push(":");
+        out
+    }
+
+    /// What every key of limit `name` starts with, under `prefix` (a replay's snapshot scans
+    /// for it).
+    #[cfg(feature = "replay")]
+    pub(super) fn head(prefix: &str, name: &str) -> String {
+        String::from_utf8_lossy(&Self::opened(prefix, name).0).into_owned()
     }
 
     fn push(&mut self, s: &str) {
@@ -95,7 +108,7 @@ impl KeyBuf {
     }
 
     /// Whether a byte is written as it is (printable ASCII but the braces and `%`).
-    fn plain(b: u8) -> bool {
+    pub(super) fn plain(b: u8) -> bool {
         (0x21..=0x7e).contains(&b) && !matches!(b, b'{' | b'}' | b'%')
     }
 

@@ -108,6 +108,8 @@ mod overrides;
 mod prefetch;
 mod script;
 mod setup;
+#[cfg(feature = "replay")]
+pub(crate) mod snapshot;
 
 pub use coalesce::CoalesceStats;
 pub use connect::RedisBackendBuilder;

@@ -1,0 +1,414 @@
+//! Starting a replay warm: the stored states of some limits at one instant, read from Redis
+//! (read only) or from the file they were saved to, and put into each policy's buckets
+//! before the first request (`docs/replay.md`, "Starting warm").
+
+use std::io::{BufRead, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::algo::calendar::CalendarState;
+use crate::algo::tiers::{TierLog, TierState};
+use crate::backend::{MemoryBackend, kit};
+use crate::config::Limits;
+use crate::key::BucketKey;
+use crate::quota::Quota;
+
+/// The version of the snapshot file's format (its first line's `snapshot`).
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// The longest line of a snapshot file (a concurrency key's leases are the longest state).
+const MAX_SNAPSHOT_LINE: usize = 4 << 20;
+
+/// The most keys a snapshot holds by default (the memory backend's own cap).
+pub const DEFAULT_SNAPSHOT_KEYS: usize = crate::backend::memory::DEFAULT_MAX_KEYS;
+
+/// The stored states of some limits at one instant: what a replay starts both policies from
+/// ([`Replay::snapshot`](crate::Replay::snapshot)), so that the keys that were already busy
+/// when the log begins are busy in the replay too.
+///
+/// Read from Redis with [`Snapshot::from_redis`] (feature `redis`; read only), saved with
+/// [`Snapshot::write`] and read back with [`Snapshot::read`]: one JSON line per key after a
+/// header (`docs/replay.md`, "Starting warm").
+///
+/// ```
+/// use tower_ratelimits::{kit, Snapshot};
+/// let mut snapshot = Snapshot::new(1_764_064_800_000_000);
+/// snapshot.push("PerIp", "192.0.2.1", kit::Stored::Tat(1_764_064_801_000_000));
+/// let mut file = Vec::new();
+/// snapshot.write(&mut file)?;
+/// let back = Snapshot::read(&file[..])?;
+/// assert_eq!((back.instant_us(), back.keys().len()), (1_764_064_800_000_000, 1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    instant_us: u64,
+    keys: Vec<SnapshotKey>,
+    foreign: u64,
+}
+
+/// One key of a [`Snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SnapshotKey {
+    /// The limit's name.
+    pub limit: String,
+    /// The id's text (as its `Display` writes it: `192.0.2.1`, `2001:db8:1::/48`, `42`).
+    pub id: String,
+    /// The state, as the batch kit keeps it.
+    pub state: kit::Stored,
+}
+
+/// Why a snapshot could not be read.
+#[derive(thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// The file could not be read or written.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// A line of the file is not what a snapshot holds.
+    #[error("line {line}: {reason}")]
+    Line {
+        /// Its number, from 1.
+        line: u64,
+        /// Why.
+        reason: String,
+    },
+    /// More keys than the bound ([`Snapshot::from_redis`]'s `max_keys`).
+    #[error("more than {0} keys: raise the bound (--max-keys) or snapshot fewer limits")]
+    TooManyKeys(usize),
+    /// The store could not be read.
+    #[error("reading the store: {0}")]
+    Store(crate::backend::BackendError),
+}
+
+readable_debug!(SnapshotError { Io(error), Line { line, reason }, TooManyKeys(max), Store(error) });
+
+/// What starting from a snapshot did, in a [`Plan`](crate::Plan)'s `warm`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Warm {
+    /// The snapshot's instant (RFC 3339): the replay starts there.
+    pub instant: String,
+    /// The keys in the snapshot.
+    pub keys: u64,
+    /// Values the snapshot found that are not a state of ours, left out.
+    pub foreign: u64,
+    /// Keys put into the current policy's buckets (the others: a limit it does not define,
+    /// an id its kind refuses, a disabled limit, a state of another shape).
+    pub current_seeded: u64,
+    /// Keys put into the candidate's buckets, each read under the candidate's limit by the
+    /// change rule.
+    pub candidate_seeded: u64,
+    /// Lines before the instant, not replayed (their requests are in the snapshot).
+    pub lines_before: u64,
+}
+
+/// The header line of a snapshot file.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    snapshot: u32,
+    instant_us: u64,
+    #[serde(default)]
+    instant: String,
+    keys: u64,
+    #[serde(default)]
+    foreign: u64,
+}
+
+/// A key's line: its limit, its id and exactly one state.
+#[derive(Serialize, Deserialize, Default)]
+struct Line {
+    limit: String,
+    id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gcra: Option<GcraLine>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tiers: Option<Vec<TierLine>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    leases: Option<Vec<(u64, u64)>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    calendar: Option<CalendarLine>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct GcraLine {
+    tat_us: u64,
+    bound_bits: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TierLine {
+    entered_us: Option<u64>,
+    grants: Vec<(u64, u64)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CalendarLine {
+    end_us: u64,
+    used: u64,
+}
+
+impl Line {
+    fn of(key: &SnapshotKey) -> Line {
+        let mut line = Line {
+            limit: key.limit.clone(),
+            id: key.id.clone(),
+            ..Line::default()
+        };
+        match &key.state {
+            kit::Stored::Tat(word) => {
+                let (tat_us, bound) = kit::gcra_unword(*word);
+                line.gcra = Some(GcraLine {
+                    tat_us,
+                    bound_bits: if bound == 0 { 0 } else { bound.trailing_zeros() },
+                });
+            }
+            kit::Stored::Tiers(state) => {
+                line.tiers = Some(
+                    state
+                        .tiers()
+                        .iter()
+                        .map(|t| TierLine {
+                            entered_us: t.entry(),
+                            grants: t.grants().to_vec(),
+                        })
+                        .collect(),
+                );
+            }
+            kit::Stored::Leases(leases) => line.leases = Some(leases.clone()),
+            kit::Stored::Calendar(c) => {
+                line.calendar = Some(CalendarLine {
+                    end_us: c.end_us,
+                    used: c.used,
+                });
+            }
+        }
+        line
+    }
+
+    fn into_key(self) -> Result<SnapshotKey, String> {
+        let state = match (self.gcra, self.tiers, self.leases, self.calendar) {
+            (Some(g), None, None, None) => {
+                if g.bound_bits > 52 {
+                    return Err(format!("bound_bits {} is above 52", g.bound_bits));
+                }
+                let bound = (1u64 << g.bound_bits) - 1;
+                kit::gcra_word_bound(g.tat_us, bound)
+                    .map(kit::Stored::Tat)
+                    .map_err(|e| format!("tat_us {}: {e}", g.tat_us))?
+            }
+            (None, Some(t), None, None) => kit::Stored::Tiers(TierState::from_tiers(
+                t.into_iter()
+                    .map(|t| TierLog::new(t.entered_us, t.grants))
+                    .collect(),
+            )),
+            (None, None, Some(l), None) => kit::Stored::Leases(l),
+            (None, None, None, Some(c)) => kit::Stored::Calendar(CalendarState {
+                end_us: c.end_us,
+                used: c.used,
+            }),
+            _ => return Err("a key holds exactly one of gcra, tiers, leases, calendar".into()),
+        };
+        Ok(SnapshotKey {
+            limit: self.limit,
+            id: self.id,
+            state,
+        })
+    }
+}
+
+/// Reads one line into `buf`, at most one byte more than the longest a snapshot holds.
+fn read_line<R: BufRead>(input: &mut R, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    std::io::Read::take(input, MAX_SNAPSHOT_LINE as u64 + 1).read_until(b'\n', buf)
+}
+
+impl Snapshot {
+    /// An empty snapshot taken at `instant_us` (microseconds since the Unix epoch).
+    pub fn new(instant_us: u64) -> Snapshot {
+        Snapshot {
+            instant_us,
+            ..Snapshot::default()
+        }
+    }
+
+    /// Adds a key's state.
+    pub fn push(&mut self, limit: impl Into<String>, id: impl Into<String>, state: kit::Stored) {
+        self.keys.push(SnapshotKey {
+            limit: limit.into(),
+            id: id.into(),
+            state,
+        });
+    }
+
+    /// When it was taken: the store's clock when the read began (microseconds since the Unix
+    /// epoch).
+    pub fn instant_us(&self) -> u64 {
+        self.instant_us
+    }
+
+    /// Its keys.
+    pub fn keys(&self) -> &[SnapshotKey] {
+        &self.keys
+    }
+
+    /// Values found under the limits' keys that are not a state of ours (another program's
+    /// data, a format this version does not read), left out.
+    pub fn foreign(&self) -> u64 {
+        self.foreign
+    }
+
+    /// Reads the states of every key of `limits`' names from `backend`, read only (`SCAN` on
+    /// every master, then `GET`, `PEXPIRETIME`, `ZRANGE`: nothing is written), at most
+    /// `max_keys` of them ([`DEFAULT_SNAPSHOT_KEYS`]). The instant is the store's clock
+    /// (`TIME`) when the read began, or the backend's own with
+    /// [`caller_time`](crate::RedisBackendBuilder::caller_time). A request decided while the
+    /// read runs may be in the snapshot and in the lines replayed after its instant.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub async fn from_redis(
+        backend: &crate::RedisBackend,
+        limits: &Limits,
+        max_keys: usize,
+    ) -> Result<Snapshot, SnapshotError> {
+        use crate::backend::redis::snapshot::ReadError;
+        let names: Vec<&str> = limits.names().map(|n| n.as_str()).collect();
+        let states = backend
+            .read_states(&names, max_keys)
+            .await
+            .map_err(|e| match e {
+                ReadError::Store(e) => SnapshotError::Store(e),
+                ReadError::TooMany(n) => SnapshotError::TooManyKeys(n),
+            })?;
+        Ok(Snapshot {
+            instant_us: states.instant_us,
+            foreign: states.foreign.len() as u64,
+            keys: states
+                .keys
+                .into_iter()
+                .map(|k| SnapshotKey {
+                    limit: k.limit,
+                    id: k.id,
+                    state: k.state,
+                })
+                .collect(),
+        })
+    }
+
+    /// Writes it: a header line (`snapshot`, `instant_us`, `instant`, `keys`, `foreign`), then
+    /// one JSON line per key (`limit`, `id`, and one of `gcra` (`tat_us`, `bound_bits`),
+    /// `tiers` (per tier `entered_us` and `grants`, `[time, units]`), `leases` (`[id,
+    /// deadline]`), `calendar` (`end_us`, `used`)).
+    pub fn write(&self, mut out: impl Write) -> std::io::Result<()> {
+        let header = Header {
+            snapshot: SNAPSHOT_VERSION,
+            instant_us: self.instant_us,
+            instant: crate::algo::calendar::instant_text(self.instant_us),
+            keys: self.keys.len() as u64,
+            foreign: self.foreign,
+        };
+        serde_json::to_writer(&mut out, &header)?;
+        out.write_all(b"\n")?;
+        for key in &self.keys {
+            serde_json::to_writer(&mut out, &Line::of(key))?;
+            out.write_all(b"\n")?;
+        }
+        out.flush()
+    }
+
+    /// Reads what [`write`](Self::write) wrote, at most [`DEFAULT_SNAPSHOT_KEYS`] keys, each
+    /// line at most 4 MiB.
+    pub fn read(mut input: impl BufRead) -> Result<Snapshot, SnapshotError> {
+        let mut buf = Vec::new();
+        let mut number = 0u64;
+        let mut next = |buf: &mut Vec<u8>| -> Result<Option<u64>, SnapshotError> {
+            buf.clear();
+            number += 1;
+            let read = read_line(&mut input, buf)?;
+            if read == 0 {
+                return Ok(None);
+            }
+            if buf.len() > MAX_SNAPSHOT_LINE {
+                return Err(SnapshotError::Line {
+                    line: number,
+                    reason: format!("longer than {MAX_SNAPSHOT_LINE} bytes"),
+                });
+            }
+            Ok(Some(number))
+        };
+        let bad = |line: u64, reason: String| SnapshotError::Line { line, reason };
+        let Some(line) = next(&mut buf)? else {
+            return Err(bad(1, "empty: not a snapshot".into()));
+        };
+        let header: Header = serde_json::from_slice(&buf)
+            .map_err(|e| bad(line, format!("not a snapshot's header: {e}")))?;
+        if header.snapshot != SNAPSHOT_VERSION {
+            return Err(bad(
+                line,
+                format!(
+                    "snapshot format {} (this version reads {SNAPSHOT_VERSION})",
+                    header.snapshot
+                ),
+            ));
+        }
+        let mut snapshot = Snapshot::new(header.instant_us);
+        snapshot.foreign = header.foreign;
+        while let Some(line) = next(&mut buf)? {
+            if buf.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            if snapshot.keys.len() >= DEFAULT_SNAPSHOT_KEYS {
+                return Err(SnapshotError::TooManyKeys(DEFAULT_SNAPSHOT_KEYS));
+            }
+            let parsed: Line = serde_json::from_slice(&buf).map_err(|e| bad(line, e.to_string()))?;
+            snapshot
+                .keys
+                .push(parsed.into_key().map_err(|e| bad(line, e))?);
+        }
+        if snapshot.keys.len() as u64 != header.keys {
+            return Err(bad(
+                number,
+                format!(
+                    "the header promises {} keys, the file holds {} (cut short?)",
+                    header.keys,
+                    snapshot.keys.len()
+                ),
+            ));
+        }
+        Ok(snapshot)
+    }
+
+    /// Puts every key a policy reads into its buckets: the keys of limits it defines, whose
+    /// id its kind reads and whose state is of the shape of the limit that applies to it.
+    /// How many were put.
+    pub(super) fn seed(&self, limits: &Limits, memory: &MemoryBackend) -> u64 {
+        let mut seeded = 0;
+        for key in &self.keys {
+            let Some(name) = limits.name(&key.limit) else {
+                continue;
+            };
+            let Some(id) = limits.id_kind(name).and_then(|k| k.parse(&key.id).ok()) else {
+                continue;
+            };
+            let bucket = BucketKey::new(name, id);
+            let Some(quota) = limits.resolve(&bucket) else {
+                continue;
+            };
+            let same_shape = matches!(
+                (quota, &key.state),
+                (Quota::Gcra(_), kit::Stored::Tat(_))
+                    | (Quota::Tiered(_), kit::Stored::Tiers(_))
+                    | (Quota::Concurrency(_), kit::Stored::Leases(_))
+                    | (Quota::Calendar(_), kit::Stored::Calendar(_))
+            );
+            if same_shape
+                && memory
+                    .restore(&bucket, quota, key.state.clone(), self.instant_us)
+                    .unwrap_or(false)
+            {
+                seeded += 1;
+            }
+        }
+        seeded
+    }
+}
