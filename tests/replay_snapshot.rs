@@ -61,8 +61,12 @@ struct Arrival {
 /// Each client: a slot taken and held, then calls of every kind, before the snapshot (at
 /// T0 + 150 ms steps) and after it (at T1 + 200 ms steps).
 fn arrivals() -> (Vec<Arrival>, Vec<Arrival>) {
-    let before = ["/slow", "/", "/tiered", "/quota", "/", "/tiered", "/quota", "/"];
-    let after = ["/", "/tiered", "/quota", "/slow", "/", "/slow", "/tiered", "/"];
+    let before = [
+        "/slow", "/", "/tiered", "/quota", "/", "/tiered", "/quota", "/",
+    ];
+    let after = [
+        "/", "/tiered", "/quota", "/slow", "/", "/slow", "/tiered", "/",
+    ];
     let mut early = Vec::new();
     let mut late = Vec::new();
     for (step, path) in before.into_iter().enumerate() {
@@ -83,7 +87,11 @@ fn arrivals() -> (Vec<Arrival>, Vec<Arrival>) {
 /// The log line of an arrival: a slot's request is held past the end of the log.
 fn line(a: &Arrival) -> String {
     let time = tower_ratelimits::__private::calendar::instant_text(a.at_us);
-    let held = if a.path == "/slow" { ",\"duration_ms\":600000" } else { "" };
+    let held = if a.path == "/slow" {
+        ",\"duration_ms\":600000"
+    } else {
+        ""
+    };
     format!(
         "{{\"time\":\"{time}\",\"ip\":\"{}\",\"method\":\"GET\",\"path\":\"{}\"{held}}}\n",
         a.ip, a.path
@@ -137,17 +145,17 @@ impl Deployment {
     }
 }
 
+/// A replayed request: its time, client, path, and the current and candidate answers.
+type Seen = (u64, IpAddr, String, Answered, Answered);
+
 /// The log's requests after the snapshot, replayed from `snapshot` (`None`: cold): each
 /// one's answers under the current and the candidate policy, in the log's order.
-fn replay(
-    snapshot: Option<Snapshot>,
-    log: String,
-) -> (tower_ratelimits::Plan, Vec<(u64, IpAddr, String, Answered, Answered)>) {
-    let seen: Arc<Mutex<Vec<(u64, IpAddr, String, Answered, Answered)>>> = Arc::default();
+fn replay(snapshot: Option<Snapshot>, log: String) -> (tower_ratelimits::Plan, Vec<Seen>) {
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let into = seen.clone();
     let rules = RuleSet::from_yaml_str(RULES).unwrap();
-    let mut replay = Replay::new(move |l| rules.layer(l), limits(CURRENT), limits(CANDIDATE))
-        .each(move |r| {
+    let mut replay =
+        Replay::new(move |l| rules.layer(l), limits(CURRENT), limits(CANDIDATE)).each(move |r| {
             into.lock().unwrap().push((
                 r.request.time_us,
                 r.request.ip,
@@ -172,10 +180,19 @@ fn replay(
 
 /// What the store wrote, counted: `SET`s, scripts, `DEL`s, sorted-set writes.
 fn writes(port: u16) -> u64 {
-    ["set", "evalsha", "eval", "del", "zadd", "zremrangebyscore", "pexpire", "pexpireat"]
-        .into_iter()
-        .map(|c| commandstat(port, c))
-        .sum()
+    [
+        "set",
+        "evalsha",
+        "eval",
+        "del",
+        "zadd",
+        "zremrangebyscore",
+        "pexpire",
+        "pexpireat",
+    ]
+    .into_iter()
+    .map(|c| commandstat(port, c))
+    .sum()
 }
 
 #[test]
@@ -335,7 +352,12 @@ fn a_snapshot_reads_only_and_leaves_out_what_is_not_a_state_of_ours() {
             .iter()
             .any(|k| k.id == "not-an-address" && k.limit == "PerIp")
     );
-    assert!(snapshot.keys().iter().all(|k| k.id != "192.0.2.200" && k.id != "192.0.2.201"));
+    assert!(
+        snapshot
+            .keys()
+            .iter()
+            .all(|k| k.id != "192.0.2.200" && k.id != "192.0.2.201")
+    );
     // The id no kind reads is in the file but in no policy's buckets.
     let (plan, _) = replay(Some(snapshot.clone()), line(&arrivals().1[0]));
     let warm = plan.warm.unwrap();
@@ -364,7 +386,10 @@ fn a_snapshot_reads_only_and_leaves_out_what_is_not_a_state_of_ours() {
 fn a_snapshot_file_that_is_not_one_is_refused_with_its_line() {
     let cases: [(&str, &str); 6] = [
         ("", "line 1"),
-        ("{\"snapshot\":2,\"instant_us\":1,\"keys\":0}\n", "snapshot format 2"),
+        (
+            "{\"snapshot\":2,\"instant_us\":1,\"keys\":0}\n",
+            "snapshot format 2",
+        ),
         (
             "{\"snapshot\":1,\"instant_us\":1,\"keys\":1}\n{\"limit\":\"A\",\"id\":\"x\"}\n",
             "line 2: a key holds exactly one",
@@ -377,7 +402,10 @@ fn a_snapshot_file_that_is_not_one_is_refused_with_its_line() {
             "{\"snapshot\":1,\"instant_us\":1,\"keys\":1}\n{\"limit\":\"A\",\"id\":\"x\",\"gcra\":{\"tat_us\":5,\"bound_bits\":60}}\n",
             "line 2: bound_bits 60",
         ),
-        ("{\"snapshot\":1,\"instant_us\":1,\"keys\":0}\nnot json\n", "line 2"),
+        (
+            "{\"snapshot\":1,\"instant_us\":1,\"keys\":0}\nnot json\n",
+            "line 2",
+        ),
     ];
     for (text, expected) in cases {
         let err = Snapshot::read(text.as_bytes()).unwrap_err().to_string();
@@ -404,8 +432,11 @@ fn a_snapshot_reads_the_bound_a_gcra_key_was_written_under() {
         let (backend, limiter) =
             support::redis_backend::limiter_on(&redis.url, &prefix, CURRENT).await;
         let name = limiter.limits().name("PerIp").unwrap();
-        let key = tower_ratelimits::BucketKey::new(name, "192.0.2.1".parse::<IpAddr>().unwrap().into());
-        let spent = limiter.spend(&[tower_ratelimits::Transaction::new(key)]).await;
+        let key =
+            tower_ratelimits::BucketKey::new(name, "192.0.2.1".parse::<IpAddr>().unwrap().into());
+        let spent = limiter
+            .spend(&[tower_ratelimits::Transaction::new(key)])
+            .await;
         assert!(spent.unwrap().allowed());
         Snapshot::from_redis(&backend, &limits(CURRENT), 10)
             .await
@@ -432,5 +463,8 @@ fn a_snapshot_reads_the_bound_a_gcra_key_was_written_under() {
     let tat = line["gcra"]["tat_us"].as_u64().unwrap();
     let instant = header["instant_us"].as_u64().unwrap();
     // The store's clock: the TAT is one emission interval after the spend, within a minute.
-    assert!(tat > instant && tat - instant <= 1_000_000 + 60_000_000, "{text}");
+    assert!(
+        tat > instant && tat - instant <= 1_000_000 + 60_000_000,
+        "{text}"
+    );
 }

@@ -301,9 +301,7 @@ impl Loaded {
         if let Some(snapshot) = &self.snapshot {
             replay = replay.snapshot(snapshot.clone());
         }
-        replay
-            .run(reader)
-        .map_err(|e| e.to_string())
+        replay.run(reader).map_err(|e| e.to_string())
     }
 }
 

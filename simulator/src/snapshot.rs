@@ -104,7 +104,10 @@ pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
 }
 
 #[cfg(feature = "redis")]
-fn read(args: &Args, limits: &tower_ratelimits::Limits) -> Result<tower_ratelimits::Snapshot, String> {
+fn read(
+    args: &Args,
+    limits: &tower_ratelimits::Limits,
+) -> Result<tower_ratelimits::Snapshot, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -126,5 +129,6 @@ fn read(args: &Args, limits: &tower_ratelimits::Limits) -> Result<tower_ratelimi
 #[cfg(not(feature = "redis"))]
 fn read(args: &Args, _: &tower_ratelimits::Limits) -> Result<tower_ratelimits::Snapshot, String> {
     let _ = (&args.prefix, args.max_keys);
-    Err(format!("--redis {}: ", args.redis) + "plan snapshot reads Redis: build the simulator with `--features redis`")
+    Err(format!("--redis {}: ", args.redis)
+        + "plan snapshot reads Redis: build the simulator with `--features redis`")
 }

@@ -358,3 +358,179 @@ fn the_plan_page_opens_in_a_real_browser_without_errors_or_network_requests() {
     drop(b);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[cfg(feature = "redis")]
+#[path = "support/redis.rs"]
+mod redis_support;
+
+/// `plan snapshot` reads a store's state into a file, and `plan --snapshot` starts from it:
+/// a client that production has already run dry is refused by both policies from the first
+/// request of the log, where a cold start lets it through.
+#[cfg(feature = "redis")]
+#[test]
+fn plan_starts_warm_from_a_snapshot_of_redis() {
+    let server = redis_support::Server::shared_or_own();
+    let dir = temp("snapshot");
+    let prefix = format!("t:plan-snap:{}:", std::process::id());
+    let limits = dir.join("limits.yaml");
+    std::fs::write(
+        &limits,
+        "PerIp: {kind: ip, burst: 1, count: 1, period: 1m}\n",
+    )
+    .unwrap();
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, "- {limit: PerIp, key: client_ip}\n").unwrap();
+    // Production's state: 192.0.2.1 spent its unit and 30 s more (a TAT 90 s ahead of the
+    // store's clock, under a bound of 60 s).
+    let time = server.command(&["TIME"]);
+    let numbers: Vec<u64> = time.lines().filter_map(|l| l.parse().ok()).collect();
+    let now_us = numbers[0] * 1_000_000 + numbers[1];
+    let key = format!("{prefix}{{PerIp:192.0.2.1}}");
+    let tat = (now_us + 90_000_000).to_string();
+    assert!(
+        server
+            .command(&["SET", &key, &tat, "PX", "120000"])
+            .starts_with("+OK")
+    );
+    let junk = format!("{prefix}{{PerIp:192.0.2.9}}");
+    assert!(server.command(&["SET", &junk, "junk"]).starts_with("+OK"));
+
+    let file = dir.join("snapshot.jsonl");
+    let args = [
+        "snapshot",
+        "--redis",
+        &server.1,
+        "--limits",
+        limits.to_str().unwrap(),
+        "--out",
+        file.to_str().unwrap(),
+        "--prefix",
+        &prefix,
+    ];
+    let out = plan(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("1 keys at"), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&file).unwrap();
+    let header: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (header["snapshot"].as_u64(), header["foreign"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let instant = header["instant_us"].as_u64().unwrap();
+    assert!(instant >= now_us);
+
+    // A log of the minute after the snapshot (and a line before it, not replayed).
+    let at = |us: u64| tower_ratelimits::__private::calendar::instant_text(us);
+    let log = dir.join("log.jsonl");
+    std::fs::write(
+        &log,
+        format!(
+            "{{\"time\":\"{}\",\"ip\":\"192.0.2.1\"}}\n{{\"time\":\"{}\",\"ip\":\"192.0.2.1\"}}\n{{\"time\":\"{}\",\"ip\":\"192.0.2.2\"}}\n",
+            at(instant - 1_000_000),
+            at(instant + 1_000_000),
+            at(instant + 2_000_000)
+        ),
+    )
+    .unwrap();
+    // The same minute alone, for a cold start.
+    let after = dir.join("after.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    std::fs::write(
+        &after,
+        text.lines()
+            .skip(1)
+            .map(|l| format!("{l}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let run = |warm: bool| {
+        let log = if warm { &log } else { &after };
+        let mut args = vec![
+            "--current",
+            limits.to_str().unwrap(),
+            "--candidate",
+            limits.to_str().unwrap(),
+            "--rules",
+            rules.to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+        ];
+        if warm {
+            args.extend(["--snapshot", file.to_str().unwrap()]);
+        }
+        let out = plan(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        (
+            serde_json::from_slice::<Value>(&out.stdout).unwrap(),
+            stderr(&out),
+        )
+    };
+    let (warm, summary) = run(true);
+    assert_eq!(warm["requests"], 2);
+    assert_eq!(
+        (
+            warm["current"]["denied"].as_u64(),
+            warm["candidate"]["denied"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert_eq!(warm["warm"]["lines_before"], 1);
+    assert_eq!(
+        (
+            warm["warm"]["keys"].as_u64(),
+            warm["warm"]["current_seeded"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert!(summary.contains("warm from"), "{summary}");
+    let (cold, _) = run(false);
+    assert_eq!(cold["requests"], 2);
+    assert_eq!(cold["current"]["denied"], 0);
+    assert!(cold.get("warm").is_none());
+
+    // Bad input: exit 2 with why.
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"snapshot\":9}\n").unwrap();
+    let out = plan(&[
+        "--current",
+        limits.to_str().unwrap(),
+        "--candidate",
+        limits.to_str().unwrap(),
+        "--rules",
+        rules.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+        "--snapshot",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--snapshot"), "{}", stderr(&out));
+    let out = plan(&[
+        "snapshot",
+        "--limits",
+        limits.to_str().unwrap(),
+        "--out",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--redis is required"),
+        "{}",
+        stderr(&out)
+    );
+    let out = plan(&[
+        "snapshot",
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--limits",
+        limits.to_str().unwrap(),
+        "--out",
+        dir.join("never.jsonl").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        !dir.join("never.jsonl").exists(),
+        "a failed snapshot leaves no file"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

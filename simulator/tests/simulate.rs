@@ -674,40 +674,13 @@ async fn a_line_with_many_transactions_finds_its_duplicate() {
 /// prefetching: deployments' optimisations, which a trace leaves out. Every conformance trace
 /// is run both ways too.
 #[cfg(feature = "redis")]
+#[path = "support/redis.rs"]
+mod redis_support;
+
+#[cfg(feature = "redis")]
 #[test]
 fn redis_prints_what_memory_prints() {
-    struct Server(Option<std::process::Child>, String);
-    impl Drop for Server {
-        fn drop(&mut self) {
-            if let Some(c) = &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-    let server = match std::env::var("TRL_TEST_REDIS_URL") {
-        Ok(url) => Server(None, url),
-        Err(_) => {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .expect("redis-server (bash scripts/test installs it)");
-            for _ in 0..500 {
-                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            Server(Some(child), format!("redis://127.0.0.1:{port}"))
-        }
-    };
+    let server = redis_support::Server::shared_or_own();
     let dir = std::env::temp_dir().join(format!("sim-redis-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let defaults = dir.join("limits.yaml");

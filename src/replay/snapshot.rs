@@ -161,7 +161,11 @@ impl Line {
                 let (tat_us, bound) = kit::gcra_unword(*word);
                 line.gcra = Some(GcraLine {
                     tat_us,
-                    bound_bits: if bound == 0 { 0 } else { bound.trailing_zeros() },
+                    bound_bits: if bound == 0 {
+                        0
+                    } else {
+                        bound.trailing_zeros()
+                    },
                 });
             }
             kit::Stored::Tiers(state) => {
@@ -282,7 +286,7 @@ impl Snapshot {
             })?;
         Ok(Snapshot {
             instant_us: states.instant_us,
-            foreign: states.foreign.len() as u64,
+            foreign: states.foreign,
             keys: states
                 .keys
                 .into_iter()
@@ -360,7 +364,8 @@ impl Snapshot {
             if snapshot.keys.len() >= DEFAULT_SNAPSHOT_KEYS {
                 return Err(SnapshotError::TooManyKeys(DEFAULT_SNAPSHOT_KEYS));
             }
-            let parsed: Line = serde_json::from_slice(&buf).map_err(|e| bad(line, e.to_string()))?;
+            let parsed: Line =
+                serde_json::from_slice(&buf).map_err(|e| bad(line, e.to_string()))?;
             snapshot
                 .keys
                 .push(parsed.into_key().map_err(|e| bad(line, e))?);

@@ -45,7 +45,7 @@ pub(crate) struct States {
     /// The states, in no particular order.
     pub(crate) keys: Vec<StoredKey>,
     /// Keys whose value is not a state of ours (another program's, a future format), left out.
-    pub(crate) foreign: Vec<String>,
+    pub(crate) foreign: u64,
 }
 
 /// Why a read stopped.
@@ -89,7 +89,7 @@ impl RedisBackend {
         let mut found = States {
             instant_us,
             keys: Vec::new(),
-            foreign: Vec::new(),
+            foreign: 0,
         };
         for name in names {
             let head = KeyBuf::head(&self.inner.prefix, name);
@@ -174,9 +174,9 @@ async fn scan_limit(
         let (next, keys) = scan_page(reply)?;
         let reads = keys.iter().filter_map(|key| {
             let (id, suffix) = parse_key(key.strip_prefix(head.as_bytes())?)?;
-            Some(async move { (key, id, read_value(client, key, suffix).await) })
+            Some(async move { (id, read_value(client, key, suffix).await) })
         });
-        for (key, id, value) in join_all(reads).await {
+        for (id, value) in join_all(reads).await {
             match value? {
                 Some(Some(state)) => {
                     if found.keys.len() >= max_keys {
@@ -190,11 +190,7 @@ async fn scan_limit(
                 }
                 // Gone since the scan.
                 None => {}
-                Some(None) => {
-                    if found.foreign.len() < max_keys {
-                        found.foreign.push(String::from_utf8_lossy(key).into_owned());
-                    }
-                }
+                Some(None) => found.foreign += 1,
             }
         }
         if next == "0" {
@@ -219,7 +215,10 @@ fn scan_page(reply: Value) -> Result<(String, Vec<Vec<u8>>), ReadError> {
     };
     let cursor = parts
         .pop()
-        .and_then(|c| c.as_bytes().map(|b| String::from_utf8_lossy(b).into_owned()))
+        .and_then(|c| {
+            c.as_bytes()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+        })
         .ok_or_else(bad)?;
     let keys = keys
         .into_iter()
@@ -329,7 +328,9 @@ pub(super) fn tat(raw: &[u8], expires_ms: i64) -> Option<kit::Stored> {
     } else {
         0
     };
-    kit::gcra_word_bound(tat, bound_us).ok().map(kit::Stored::Tat)
+    kit::gcra_word_bound(tat, bound_us)
+        .ok()
+        .map(kit::Stored::Tat)
 }
 
 /// A calendar key: `"<end> <used>"` (units used above 2^52 read as 2^52, as the script reads
@@ -437,8 +438,14 @@ mod tests {
     #[test]
     fn a_key_gives_its_id_unescaped_and_its_shape_by_suffix() {
         assert_eq!(parse_key(b"192.0.2.1}"), Some(("192.0.2.1".into(), "")));
-        assert_eq!(parse_key(b"a%7Bb%7D%25c%20%C3%A9}:t"), Some(("a{b}%c é".into(), ":t")));
-        assert_eq!(parse_key(b"2001:db8::1}:c"), Some(("2001:db8::1".into(), ":c")));
+        assert_eq!(
+            parse_key(b"a%7Bb%7D%25c%20%C3%A9}:t"),
+            Some(("a{b}%c é".into(), ":t"))
+        );
+        assert_eq!(
+            parse_key(b"2001:db8::1}:c"),
+            Some(("2001:db8::1".into(), ":c"))
+        );
         assert_eq!(parse_key(b"42}:q"), Some(("42".into(), ":q")));
         for foreign in [&b"x}:zz"[..], b"x", b"%4}", b"%ZZ}", b"a b}", b"%FF}"] {
             assert_eq!(parse_key(foreign), None, "{foreign:?}");
