@@ -10,11 +10,13 @@
 //!     [--key Name=id ...] --html OUT.html
 //! tower-ratelimits-simulate --redis redis://127.0.0.1:6379 --defaults FILE [TRACE]   # feature `redis`
 //! tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml --rules RULES.yaml --log FILE ...
+//! tower-ratelimits-simulate plan snapshot --redis URL --limits A.yaml --out FILE   # feature `redis`
 //! ```
 //!
 //! `plan` replays access logs through a current and a candidate policy and says what would
 //! change (`simulator/src/plan.rs`, `docs/replay.md`); a trace file named `plan` is read as
-//! `./plan`.
+//! `./plan`. `plan snapshot` reads production's state from Redis, read only, for `plan
+//! --snapshot FILE` to start from (`simulator/src/snapshot.rs`).
 //!
 //! In the repository, `cargo run --example simulate -- ARGS` runs the same command (add
 //! `--features redis` for `--redis`).
