@@ -673,3 +673,125 @@ fn a_settling_rule_settles_to_the_logged_cost() {
         );
     }
 }
+
+/// A snapshot holding what no deployment wrote (times far ahead of its instant, more leases
+/// than the limit, an instant before or after every line) starts a replay that decides every
+/// line as a store would read such values: foreign ones as the script reads them, never a
+/// panic; and a snapshot of a key whose state is another shape than the policy's limit is not
+/// put in its buckets.
+#[test]
+fn a_snapshot_of_hostile_states_is_read_as_a_store_reads_them() {
+    use tower_ratelimits::__private::tiers::{TierLog, TierState};
+    use tower_ratelimits::{CalendarState, Snapshot, kit};
+    let l = "\
+PerIp: {kind: ip, burst: 2, count: 1, period: 1s}
+Slots: {kind: ip, concurrency: 1, lease: 1s}
+Daily: {kind: ip, calendar: {count: 2, period: day}}
+Tiered: {kind: ip, tiers: [{limit: 2, window: 10s, active: 10s, cooldown: 0s}]}
+";
+    let rules = "\
+- {limit: PerIp, key: client_ip}
+- {limit: Slots, key: client_ip, path_prefix: /slow}
+- {limit: Daily, key: client_ip, path_prefix: /quota}
+- {limit: Tiered, key: client_ip, path_prefix: /tiered}
+";
+    // 10:00:00 on the log's day.
+    let t0 = 1_764_064_800_000_000u64;
+    let far = t0 + 1_000 * 365 * 86_400_000_000;
+    let mut snapshot = Snapshot::new(t0);
+    snapshot.push("PerIp", "192.0.2.1", kit::Stored::Tat(far));
+    snapshot.push(
+        "Slots",
+        "192.0.2.1",
+        kit::Stored::Leases((0..50).map(|i| (i, far)).collect()),
+    );
+    snapshot.push(
+        "Daily",
+        "192.0.2.1",
+        kit::Stored::Calendar(CalendarState {
+            end_us: far,
+            used: u64::MAX,
+        }),
+    );
+    snapshot.push(
+        "Tiered",
+        "192.0.2.1",
+        kit::Stored::Tiers(TierState::from_tiers(vec![
+            TierLog::new(
+                Some(far),
+                vec![(far, 9)]
+            );
+            70
+        ])),
+    );
+    // Another shape than the limit's, an id the kind refuses, a limit no policy has.
+    snapshot.push(
+        "PerIp",
+        "192.0.2.2",
+        kit::Stored::Calendar(CalendarState {
+            end_us: far,
+            used: 1,
+        }),
+    );
+    snapshot.push("PerIp", "not-an-ip", kit::Stored::Tat(t0 + 1_000_000));
+    snapshot.push("Nobody", "192.0.2.3", kit::Stored::Tat(t0 + 1_000_000));
+    let log = ["/", "/slow", "/quota", "/tiered", "/", "/"]
+        .iter()
+        .enumerate()
+        .map(|(i, path)| {
+            line(
+                &format!("0{i}"),
+                "192.0.2.1",
+                &format!(",\"path\":\"{path}\""),
+            )
+        })
+        .collect::<String>()
+        + &line("00", "192.0.2.2", "");
+    let answers: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let run = |snapshot: Snapshot| {
+        let rules = RuleSet::from_yaml_str(rules).unwrap();
+        let into = answers.clone();
+        into.lock().unwrap().clear();
+        Replay::new(move |b| rules.layer(b), limits(l), limits(l))
+            .snapshot(snapshot)
+            .each(move |r| {
+                into.lock().unwrap().push(format!(
+                    "{} {} {:?}",
+                    r.request.ip, r.request.path, r.current
+                ))
+            })
+            .run(reader(log.clone()))
+            .unwrap()
+    };
+    let plan = run(snapshot);
+    // Every foreign value reads as the store's script reads it: the TAT far ahead as the
+    // bucket drained (refused at 00, refilled by 04), the leases far ahead cut to one lease
+    // from the decision (held at 01), the calendar's end past its horizon and the tiers' far
+    // times as drained; 192.0.2.2's calendar state is not a GCRA bucket's: not put.
+    assert_eq!(
+        *answers.lock().unwrap(),
+        [
+            "192.0.2.1 / Denied",
+            "192.0.2.1 /slow Denied",
+            "192.0.2.1 /quota Denied",
+            "192.0.2.1 /tiered Denied",
+            "192.0.2.1 / Allowed",
+            "192.0.2.1 / Allowed",
+            "192.0.2.2 / Allowed",
+        ]
+    );
+    let warm = plan.warm.clone().unwrap();
+    assert_eq!(
+        (warm.keys, warm.current_seeded, warm.lines_before),
+        (7, 4, 0)
+    );
+    assert_eq!(plan.requests, 7);
+    assert_eq!((plan.current.denied, plan.current.rejected), (4, 0));
+    // An instant after every line: nothing replayed, nothing panics.
+    let late = Snapshot::new(u64::MAX / 2);
+    let plan = run(late);
+    assert_eq!((plan.requests, plan.warm.unwrap().lines_before), (0, 7));
+    // An instant long before the first line: the clock runs from it to the log.
+    let plan = run(Snapshot::new(0));
+    assert_eq!(plan.requests, 7);
+}
