@@ -330,6 +330,7 @@ fn a_snapshot_reads_only_and_leaves_out_what_is_not_a_state_of_ours() {
             format!("SET {prefix}{{PerIp:192.0.2.200}} hello"),
             format!("SET {prefix}{{Tiered:192.0.2.200}}:t 12"),
             format!("RPUSH {prefix}{{Daily:192.0.2.200}}:q x"),
+            format!("SET {prefix}{{Slots:192.0.2.200}}:c x"),
             format!("SET {prefix}{{PerIp:not-an-address}} {}", T0 + 500_000),
             format!("SET {prefix}{{PerIp:192.0.2.201}}:zz {}", T0 + 500_000),
         ] {
@@ -345,7 +346,7 @@ fn a_snapshot_reads_only_and_leaves_out_what_is_not_a_state_of_ours() {
     });
     drop(runtime);
     assert_eq!(after, before, "the snapshot wrote to the store");
-    assert_eq!(snapshot.foreign(), 3);
+    assert_eq!(snapshot.foreign(), 4);
     assert!(
         snapshot
             .keys()
@@ -363,7 +364,7 @@ fn a_snapshot_reads_only_and_leaves_out_what_is_not_a_state_of_ours() {
     let warm = plan.warm.unwrap();
     assert_eq!(warm.keys, snapshot.keys().len() as u64);
     assert_eq!(warm.current_seeded, warm.keys - 1);
-    assert_eq!(warm.foreign, 3);
+    assert_eq!(warm.foreign, 4);
     // A bound on keys is an error, not a cut.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

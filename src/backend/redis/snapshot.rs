@@ -102,6 +102,12 @@ impl RedisBackend {
     }
 }
 
+/// Whether the server refused a command for the key's type (`WRONGTYPE`): a value of
+/// another type, not ours. Any other error is the store failing, and stops the read.
+fn wrong_type(e: &fred::prelude::Error) -> bool {
+    e.details().contains("WRONGTYPE")
+}
+
 /// The server's clock, in microseconds since the Unix epoch.
 async fn server_time(client: &Client) -> Result<u64, ReadError> {
     let reply: Value = client
@@ -266,10 +272,11 @@ async fn read_value(
 ) -> Result<Option<Option<kit::Stored>>, ReadError> {
     let key = fred::prelude::Key::from(key);
     if suffix == CONCURRENCY_SUFFIX {
-        let count: Value = client
-            .custom(fred::cmd!("ZCARD"), vec![key.clone()])
-            .await
-            .map_err(failed)?;
+        let count: Value = match client.custom(fred::cmd!("ZCARD"), vec![key.clone()]).await {
+            Ok(c) => c,
+            Err(e) if wrong_type(&e) => return Ok(Some(None)),
+            Err(e) => return Err(failed(e)),
+        };
         let Some(count) = number(&count) else {
             return Ok(Some(None));
         };
@@ -285,17 +292,16 @@ async fn read_value(
             Value::from("-1"),
             Value::from("WITHSCORES"),
         ];
-        let reply: Value = match client.custom(fred::cmd!("ZRANGE"), args).await {
-            Ok(r) => r,
-            // Another type: not ours.
-            Err(_) => return Ok(Some(None)),
-        };
+        let reply: Value = client
+            .custom(fred::cmd!("ZRANGE"), args)
+            .await
+            .map_err(failed)?;
         return Ok(Some(leases(reply)));
     }
     let raw: Value = match client.custom(fred::cmd!("GET"), vec![key.clone()]).await {
         Ok(v) => v,
-        // Another type (WRONGTYPE): not ours.
-        Err(_) => return Ok(Some(None)),
+        Err(e) if wrong_type(&e) => return Ok(Some(None)),
+        Err(e) => return Err(failed(e)),
     };
     let Some(raw) = raw.as_bytes().map(<[u8]>::to_vec) else {
         return Ok(if raw.is_null() { None } else { Some(None) });
