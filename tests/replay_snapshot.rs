@@ -13,7 +13,8 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use tower::{Layer, ServiceExt};
 use tower_ratelimits::{
-    Answered, Limiter, Limits, LogReader, ManualClock, Replay, RuleSet, Snapshot, kit,
+    Answered, Limiter, Limits, LogReader, ManualClock, RedisBackend, RedisBackendBuilder, Replay,
+    RuleSet, Snapshot, kit,
 };
 
 mod support;
@@ -148,6 +149,13 @@ impl Deployment {
 /// A replayed request: its time, client, path, and the current and candidate answers.
 type Seen = (u64, IpAddr, String, Answered, Answered);
 
+/// What reads the store under `prefix` for a snapshot, on the deployments' clock.
+fn reading(url: &str, prefix: &str, clock: &ManualClock) -> RedisBackendBuilder {
+    RedisBackend::from_url(url)
+        .prefix(prefix)
+        .caller_time(clock.clone())
+}
+
 /// The log's requests after the snapshot, replayed from `snapshot` (`None`: cold): each
 /// one's answers under the current and the candidate policy, in the log's order.
 fn replay(snapshot: Option<Snapshot>, log: String) -> (tower_ratelimits::Plan, Vec<Seen>) {
@@ -229,8 +237,8 @@ fn a_replay_started_from_a_snapshot_decides_as_the_store_goes_on_to_decide() {
             }
             // The snapshot, read only.
             a.clock.set(T1);
-            let reader = caller_time_backend(&redis.url, &prefixes[0], &a.clock, false).await;
-            let snapshot = Snapshot::from_redis(&reader, &limits(CURRENT), 1_000)
+            let reader = reading(&redis.url, &prefixes[0], &a.clock);
+            let snapshot = Snapshot::from_redis(reader, &limits(CURRENT), 1_000)
                 .await
                 .unwrap();
             b.limiter.reload(limits(CANDIDATE)).unwrap();
@@ -337,9 +345,10 @@ fn a_snapshot_reads_only_and_leaves_out_what_is_not_a_state_of_ours() {
             command(port, &cmd).unwrap();
         }
         deployment.clock.set(T1);
-        let reader = caller_time_backend(&url, &prefix, &deployment.clock, false).await;
+        // Counted before the reader connects: connecting writes nothing either.
         let before = writes(port);
-        let snapshot = Snapshot::from_redis(&reader, &limits(CURRENT), 1_000)
+        let reader = reading(&url, &prefix, &deployment.clock);
+        let snapshot = Snapshot::from_redis(reader, &limits(CURRENT), 1_000)
             .await
             .unwrap();
         (snapshot, before, writes(port))
@@ -372,8 +381,7 @@ fn a_snapshot_reads_only_and_leaves_out_what_is_not_a_state_of_ours() {
         .unwrap();
     runtime.block_on(async {
         let clock = ManualClock::new(T1);
-        let reader = caller_time_backend(&url, &prefix, &clock, false).await;
-        let err = Snapshot::from_redis(&reader, &limits(CURRENT), 3)
+        let err = Snapshot::from_redis(reading(&url, &prefix, &clock), &limits(CURRENT), 3)
             .await
             .unwrap_err();
         assert!(
@@ -430,7 +438,7 @@ fn a_snapshot_reads_the_bound_a_gcra_key_was_written_under() {
         .unwrap();
     let prefix = unique_prefix("snap-k");
     let snapshot = runtime.block_on(async {
-        let (backend, limiter) =
+        let (_backend, limiter) =
             support::redis_backend::limiter_on(&redis.url, &prefix, CURRENT).await;
         let name = limiter.limits().name("PerIp").unwrap();
         let key =
@@ -439,7 +447,8 @@ fn a_snapshot_reads_the_bound_a_gcra_key_was_written_under() {
             .spend(&[tower_ratelimits::Transaction::new(key)])
             .await;
         assert!(spent.unwrap().allowed());
-        Snapshot::from_redis(&backend, &limits(CURRENT), 10)
+        let reader = RedisBackend::from_url(&redis.url).prefix(&prefix);
+        Snapshot::from_redis(reader, &limits(CURRENT), 10)
             .await
             .unwrap()
     });

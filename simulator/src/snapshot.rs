@@ -112,18 +112,14 @@ fn read(
         .enable_all()
         .build()
         .map_err(|e| format!("starting a runtime: {e}"))?;
-    runtime.block_on(async {
-        let backend = tower_ratelimits::RedisBackend::from_url(&args.redis)
-            .prefix(args.prefix.clone())
-            .prefetch(false)
-            .deny_cache(false)
-            .connect()
-            .await
-            .map_err(|e| format!("--redis {}: {e}", args.redis))?;
-        tower_ratelimits::Snapshot::from_redis(&backend, limits, args.max_keys)
-            .await
-            .map_err(|e| format!("--redis {}: {e}", args.redis))
-    })
+    let backend = tower_ratelimits::RedisBackend::from_url(&args.redis).prefix(args.prefix.clone());
+    runtime
+        .block_on(tower_ratelimits::Snapshot::from_redis(
+            backend,
+            limits,
+            args.max_keys,
+        ))
+        .map_err(|e| format!("--redis {}: {e}", args.redis))
 }
 
 #[cfg(not(feature = "redis"))]

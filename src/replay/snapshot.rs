@@ -80,9 +80,18 @@ pub enum SnapshotError {
     /// The store could not be read.
     #[error("reading the store: {0}")]
     Store(crate::backend::BackendError),
+    /// The store could not be reached.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[error("{0}")]
+    Connect(crate::RedisSetupError),
 }
 
-readable_debug!(SnapshotError { Io(error), Line { line, reason }, TooManyKeys(max), Store(error) });
+impl std::fmt::Debug for SnapshotError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
 
 /// What starting from a snapshot did, in a [`Plan`](crate::Plan)'s `warm`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -262,20 +271,37 @@ impl Snapshot {
         self.foreign
     }
 
-    /// Reads the states of every key of `limits`' names from `backend`, read only (`SCAN` on
-    /// every master, then `GET`, `PEXPIRETIME`, `ZRANGE`: nothing is written), at most
-    /// `max_keys` of them ([`DEFAULT_SNAPSHOT_KEYS`]). The instant is the store's clock
-    /// (`TIME`) when the read began, or the backend's own with
+    /// Reads the states of every key of `limits`' names from the store `backend` connects to
+    /// (its URL, prefix, timeouts; connected here, read only: no stored override is read or
+    /// followed), at most `max_keys` of them ([`DEFAULT_SNAPSHOT_KEYS`]): `SCAN` on every
+    /// master, then `GET`, `PEXPIRETIME`, `ZCARD`, `ZRANGE`. Nothing is written. The instant
+    /// is the store's clock (`TIME`) when the read began, or the backend's own with
     /// [`caller_time`](crate::RedisBackendBuilder::caller_time). A request decided while the
     /// read runs may be in the snapshot and in the lines replayed after its instant.
+    ///
+    /// ```no_run
+    /// # async fn read() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_ratelimits::{Limits, RedisBackend, Snapshot};
+    /// let limits = Limits::from_yaml_file("limits.yaml")?;
+    /// let backend = RedisBackend::from_url("redis://127.0.0.1:6379").prefix("rl:");
+    /// let snapshot = Snapshot::from_redis(backend, &limits, 1_000_000).await?;
+    /// snapshot.write(std::fs::File::create("state.jsonl")?)?;
+    /// # Ok(())
+    /// # }
+    /// ```
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub async fn from_redis(
-        backend: &crate::RedisBackend,
+        backend: crate::RedisBackendBuilder,
         limits: &Limits,
         max_keys: usize,
     ) -> Result<Snapshot, SnapshotError> {
         use crate::backend::redis::snapshot::ReadError;
+        let backend = backend
+            .read_only()
+            .connect()
+            .await
+            .map_err(SnapshotError::Connect)?;
         let names: Vec<&str> = limits.names().map(|n| n.as_str()).collect();
         let states = backend
             .read_states(&names, max_keys)

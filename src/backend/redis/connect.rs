@@ -63,6 +63,9 @@ pub struct RedisBackendBuilder {
     lazy: bool,
     coalesce: Option<super::coalesce::Settings>,
     max_overrides: usize,
+    /// Connect to read only (a replay's snapshot): neither the stored overrides' read (which
+    /// sets the store's epoch and removes expired overrides) nor their follower.
+    read_only: bool,
     /// The tests' instance clock that runs apart from the store's (the script still reads
     /// the server's).
     #[cfg(test)]
@@ -97,6 +100,7 @@ impl RedisBackendBuilder {
             lazy: false,
             coalesce: Some(super::coalesce::Settings::default()),
             max_overrides: crate::backend::DEFAULT_MAX_OVERRIDES,
+            read_only: false,
             #[cfg(test)]
             skewed: None,
         }
@@ -231,6 +235,15 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Connects to read only: no stored override is read or followed, so nothing is written
+    /// (`SCRIPT LOAD` aside, which writes no key). For a replay's snapshot, which decides
+    /// nothing.
+    #[cfg(feature = "replay")]
+    pub(crate) fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+
     /// Connects (when built from a URL) and loads the script.
     pub async fn connect(mut self) -> Result<RedisBackend, RedisSetupError> {
         if self.prefix.contains(['{', '}']) {
@@ -347,11 +360,15 @@ impl RedisBackendBuilder {
                 }
             }
         }
+        let read_only = self.read_only;
         let backend = self.finish(conn, owned || clustered, clustered, timeout);
         // The overrides set at run time, read whole before the first request: a fresh instance
         // never decides an overridden id without its override (one that served while
         // it read 1,000,000 stored blocks admitted blocked ids for 29 s). Each page is bounded
         // by the command timeout; the read as a whole by what the store holds.
+        if read_only {
+            return Ok(backend);
+        }
         if let Err(e) = backend.read_overrides().await {
             return Err(RedisSetupError::connect(
                 &at,
@@ -376,6 +393,7 @@ impl RedisBackendBuilder {
         #[cfg(test)]
         let local = self.skewed.clone().unwrap_or(local);
         let coalesce = self.coalesce.filter(|_| !clustered);
+        let follow = !self.read_only;
         let backend = RedisBackend {
             inner: Arc::new(Inner {
                 conn,
@@ -403,7 +421,9 @@ impl RedisBackendBuilder {
                 prefix: self.prefix,
             }),
         };
-        backend.follow_overrides();
+        if follow {
+            backend.follow_overrides();
+        }
         backend
     }
 }
