@@ -66,6 +66,7 @@ impl KeyBuf {
     }
 
     /// `<prefix>{<escaped limit name>:`: what every key of the limit starts with.
+    #[inline]
     fn opened(prefix: &str, name: &str) -> Self {
         let mut out = KeyBuf(smallvec::SmallVec::new());
         out.push(prefix);
