@@ -153,9 +153,14 @@ pub(crate) fn option_text(
         .map_err(|_| format!("{option}: the value is not UTF-8"))
 }
 
-fn fail(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("simulate: {message}");
+/// Bad input to `command`: the reason on standard error after its name, exit code 2.
+pub(crate) fn bad_input(command: &str, message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{command}: {message}");
     ExitCode::from(2)
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    bad_input("simulate", message)
 }
 
 /// An output file, created before the run so an unwritable path fails first, and removed

@@ -148,8 +148,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("simulate plan: {message}");
-    ExitCode::from(2)
+    crate::bad_input("simulate plan", message)
 }
 
 /// Runs `plan` with the arguments after the word `plan`.

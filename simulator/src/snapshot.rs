@@ -59,8 +59,7 @@ fn parse_args(mut args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("simulate plan snapshot: {message}");
-    ExitCode::from(2)
+    crate::bad_input("simulate plan snapshot", message)
 }
 
 /// Runs `plan snapshot` with the arguments after the word `snapshot`.

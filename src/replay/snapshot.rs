@@ -11,7 +11,6 @@ use crate::algo::tiers::{TierLog, TierState};
 use crate::backend::{MemoryBackend, kit};
 use crate::config::Limits;
 use crate::key::BucketKey;
-use crate::quota::Quota;
 
 /// The version of the snapshot file's format (its first line's `snapshot`).
 pub const SNAPSHOT_VERSION: u32 = 1;
@@ -425,14 +424,7 @@ impl Snapshot {
             let Some(quota) = limits.resolve(&bucket) else {
                 continue;
             };
-            let same_shape = matches!(
-                (quota, &key.state),
-                (Quota::Gcra(_), kit::Stored::Tat(_))
-                    | (Quota::Tiered(_), kit::Stored::Tiers(_))
-                    | (Quota::Concurrency(_), kit::Stored::Leases(_))
-                    | (Quota::Calendar(_), kit::Stored::Calendar(_))
-            );
-            if same_shape
+            if key.state.is_shape_of(quota)
                 && memory
                     .restore(&bucket, quota, key.state.clone(), self.instant_us)
                     .unwrap_or(false)

@@ -146,6 +146,18 @@ impl Stored {
             Stored::Calendar(c) => Read::Calendar(*c),
         }
     }
+
+    /// Whether this is a state of `quota`'s shape: what a store keeps for a bucket under it
+    /// (a state of another shape is another key's in a store, never read by this limit).
+    #[cfg(feature = "replay")]
+    pub(crate) fn is_shape_of(&self, quota: &Quota) -> bool {
+        match quota {
+            Quota::Gcra(_) => matches!(self, Stored::Tat(_)),
+            Quota::Tiered(_) => matches!(self, Stored::Tiers(_)),
+            Quota::Concurrency(_) => matches!(self, Stored::Leases(_)),
+            Quota::Calendar(_) => matches!(self, Stored::Calendar(_)),
+        }
+    }
 }
 
 /// A batch the kit decided ([`spend`]): one outcome and one write per transaction, in order.
