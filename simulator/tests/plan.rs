@@ -443,22 +443,29 @@ fn plan_starts_warm_from_a_snapshot_of_redis() {
             .collect::<String>(),
     )
     .unwrap();
-    let run = |warm: bool| {
-        let log = if warm { &log } else { &after };
+    // Both policies the same limits, over `log`, from `snapshot` when one is given.
+    let plan_of = |log: &Path, snapshot: Option<&Path>| {
         let mut args = vec![
-            "--current",
-            limits.to_str().unwrap(),
-            "--candidate",
-            limits.to_str().unwrap(),
-            "--rules",
-            rules.to_str().unwrap(),
-            "--log",
-            log.to_str().unwrap(),
+            "--current".to_owned(),
+            limits.display().to_string(),
+            "--candidate".to_owned(),
+            limits.display().to_string(),
+            "--rules".to_owned(),
+            rules.display().to_string(),
+            "--log".to_owned(),
+            log.display().to_string(),
         ];
-        if warm {
-            args.extend(["--snapshot", file.to_str().unwrap()]);
+        if let Some(snapshot) = snapshot {
+            args.extend(["--snapshot".to_owned(), snapshot.display().to_string()]);
         }
-        let out = plan(&args);
+        plan(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let run = |warm: bool| {
+        let out = if warm {
+            plan_of(&log, Some(&file))
+        } else {
+            plan_of(&after, None)
+        };
         assert!(out.status.success(), "{}", stderr(&out));
         (
             serde_json::from_slice::<Value>(&out.stdout).unwrap(),
@@ -491,18 +498,7 @@ fn plan_starts_warm_from_a_snapshot_of_redis() {
     // Bad input: exit 2 with why.
     let bad = dir.join("bad.jsonl");
     std::fs::write(&bad, "{\"snapshot\":9}\n").unwrap();
-    let out = plan(&[
-        "--current",
-        limits.to_str().unwrap(),
-        "--candidate",
-        limits.to_str().unwrap(),
-        "--rules",
-        rules.to_str().unwrap(),
-        "--log",
-        log.to_str().unwrap(),
-        "--snapshot",
-        bad.to_str().unwrap(),
-    ]);
+    let out = plan_of(&log, Some(&bad));
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--snapshot"), "{}", stderr(&out));
     let out = plan(&[
