@@ -284,6 +284,8 @@ pub mod specs {
     pub mod concurrency {}
     #[doc = include_str!("../docs/keys-and-http.md")]
     pub mod keys_and_http {}
+    #[doc = include_str!("../docs/regions.md")]
+    pub mod regions {}
     #[cfg_attr(
         any(not(doctest), feature = "replay"),
         doc = include_str!("../docs/replay.md")

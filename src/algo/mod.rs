@@ -5,4 +5,5 @@
 pub mod calendar;
 pub mod concurrency;
 pub mod gcra;
+pub(crate) mod regions;
 pub mod tiers;

@@ -1,0 +1,560 @@
+//! One limit across regions: the share protocol, as pure functions of integers
+//! (`docs/regions.md`).
+//!
+//! Each region decides a marked limit's requests in its own store, on a share of the limit: its
+//! floor (reserved, never lent) plus a part of what moves (the limit minus every registered
+//! region's floor). The parts are granted per key by the global store, through these two
+//! records and nothing else:
+//!
+//! - [`GlobalKey`], kept in the global store for one (limit, id): for each region the latest
+//!   request it answered, the share granted, the most the region may still be using (`held`)
+//!   and when the answer was issued, on the global store's clock. [`GlobalKey::on_request`] is
+//!   the one transition: expire what has lapsed, confirm what the region says it applied,
+//!   grant at most what no other region may be using.
+//! - [`RegionKey`], kept in the region's store for the same key: the share applied, the request
+//!   it answered and the lease's end, on the region store's clock. [`RegionKey::request`] and
+//!   [`RegionKey::on_grant`] are its transitions, [`RegionKey::in_use`] what it may spend.
+//!
+//! The invariant (checked over every interleaving by `regions/model.rs`): at every instant the
+//! parts the regions may be using sum to at most the movable part, in rate and in burst. It
+//! rests on four rules. Give before take: a region's part counts at the most it was granted
+//! until the region confirms (a later request naming the grant it applied) or the grant's lease
+//! has expired, and only then is the difference free for another region. A lease is a duration
+//! started on the region's clock when the request left, before the grant was issued, so a
+//! region's lease always ends before the global store's count of it, by the margin that covers
+//! clock drift and steps. A global store that lost its records grants nothing for one lease and
+//! the margin from when it finds out, so every grant it forgot has lapsed before it grants
+//! again. A newly registered region uses its floor only after one lease and the margin, so every
+//! grant issued from the larger movable part has lapsed by then.
+//!
+//! Nothing here reads a clock, a store or a configuration: times are microseconds on the clock
+//! of the store that holds the record (each record compares only its own store's times), and
+//! regions are positions in the caller's list of registered regions (the stored records name
+//! them).
+
+// The regional backend (the global store's records, the region's share buckets) is the next
+// step of the work; until it lands only the tests call these.
+#![cfg_attr(not(test), allow(dead_code))]
+
+/// A part of a limit: a rate (requests per the limit's period) and a burst.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Share {
+    /// Requests per the limit's period.
+    pub rate: u64,
+    /// Tokens that may be spent at once.
+    pub burst: u64,
+}
+
+impl Share {
+    /// Nothing: no rate, no burst.
+    pub const ZERO: Share = Share { rate: 0, burst: 0 };
+
+    /// The smaller in each dimension.
+    pub fn min(self, other: Share) -> Share {
+        Share {
+            rate: self.rate.min(other.rate),
+            burst: self.burst.min(other.burst),
+        }
+    }
+
+    /// The larger in each dimension.
+    pub fn max(self, other: Share) -> Share {
+        Share {
+            rate: self.rate.max(other.rate),
+            burst: self.burst.max(other.burst),
+        }
+    }
+
+    /// The sum in each dimension, saturating.
+    pub fn plus(self, other: Share) -> Share {
+        Share {
+            rate: self.rate.saturating_add(other.rate),
+            burst: self.burst.saturating_add(other.burst),
+        }
+    }
+
+    /// `self - other` in each dimension, at least zero.
+    pub fn less(self, other: Share) -> Share {
+        Share {
+            rate: self.rate.saturating_sub(other.rate),
+            burst: self.burst.saturating_sub(other.burst),
+        }
+    }
+
+    /// Whether `self` is at most `other` in both dimensions.
+    pub fn within(self, other: Share) -> bool {
+        self.rate <= other.rate && self.burst <= other.burst
+    }
+}
+
+/// What the protocol needs to know of one marked limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Settings {
+    /// The whole limit: its rate and burst.
+    pub total: Share,
+    /// How long a grant may be used, from when its request left the region (region clock).
+    pub lease_us: u64,
+    /// How much longer the global store counts a grant than its lease (global clock): at least
+    /// the clocks' drift over a lease plus the largest backward step of a region store's clock
+    /// and the largest forward step of the global store's.
+    pub margin_us: u64,
+}
+
+impl Settings {
+    /// How long a grant counts in the global store after it was issued, and how long a global
+    /// store that lost its records, or a newly registered region, waits.
+    pub fn hold_us(&self) -> u64 {
+        self.lease_us.saturating_add(self.margin_us)
+    }
+}
+
+/// What a region asks for one key: sent by the region, answered by [`GlobalKey::on_request`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Request {
+    /// The region's position in the registered list.
+    pub region: usize,
+    /// The request's number: larger than every earlier request of this region for this key.
+    pub seq: u64,
+    /// The number of the grant the region was using when the request left (0: none).
+    pub applied: u64,
+    /// The region's demand above its floor over the last period (admitted and refused), in
+    /// requests per the limit's period.
+    pub demand: u64,
+    /// When the request left, on the region store's clock: the grant's lease starts here.
+    pub sent_at: u64,
+}
+
+/// The global store's answer to one [`Request`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Grant {
+    /// The region's position in the registered list.
+    pub region: usize,
+    /// The request answered.
+    pub seq: u64,
+    /// The region's part of the movable share (its floor not included).
+    pub share: Share,
+    /// The request's `sent_at`, echoed: the lease starts there.
+    pub sent_at: u64,
+}
+
+/// The regions registered in the global store, and what its records' loss makes it wait.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Registry {
+    /// When each region registered (global clock), by position; `None`: not registered.
+    pub registered_at: Vec<Option<u64>>,
+    /// Until when the store grants nothing above the floors, once its first call after its
+    /// records were lost (or a new store's first call) has found out; `None` until then.
+    pub quiet_until: Option<u64>,
+}
+
+impl Registry {
+    /// A store that knows no region and has not found out that its records are new.
+    pub fn new(regions: usize) -> Registry {
+        Registry {
+            registered_at: vec![None; regions],
+            quiet_until: None,
+        }
+    }
+
+    /// Registers `region` at `now`, unless it already is.
+    pub fn register(&mut self, region: usize, now: u64) {
+        if let Some(slot) = self.registered_at.get_mut(region) {
+            slot.get_or_insert(now);
+        }
+    }
+
+    /// Whether `region` may use its floor: registered at least one lease and the margin ago, so
+    /// every grant issued before its floor was taken out of the movable part has lapsed.
+    pub fn confirmed(&self, region: usize, now: u64, settings: &Settings) -> bool {
+        self.registered_at
+            .get(region)
+            .copied()
+            .flatten()
+            .and_then(|at| now.checked_sub(at))
+            .is_some_and(|age| age >= settings.hold_us())
+    }
+
+    /// What moves: `total` less the floor of every registered region (confirmed or not).
+    pub fn movable(&self, total: Share, floors: &[Share]) -> Share {
+        self.registered_at
+            .iter()
+            .zip(floors)
+            .filter(|(at, _)| at.is_some())
+            .fold(total, |left, (_, floor)| left.less(*floor))
+    }
+
+    /// Until when nothing is granted: found out at the first call after the records were lost,
+    /// one lease and the margin from then (every grant the store forgot has lapsed by then).
+    pub fn quiet_until(&mut self, now: u64, settings: &Settings) -> u64 {
+        *self
+            .quiet_until
+            .get_or_insert(now.saturating_add(settings.hold_us()))
+    }
+}
+
+/// One region in a [`GlobalKey`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Held {
+    /// The latest request answered (0: none).
+    pub answered: u64,
+    /// What that answer granted.
+    pub granted: Share,
+    /// The most the region may be using: at least every unexpired grant it has not confirmed
+    /// giving up.
+    pub held: Share,
+    /// When the latest answer was issued (global clock).
+    pub issued_at: u64,
+    /// The demand the latest request reported.
+    pub demand: u64,
+}
+
+/// One key's shares, as the global store keeps them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct GlobalKey {
+    /// Each registered region, by position.
+    pub regions: Vec<Held>,
+}
+
+impl GlobalKey {
+    /// An empty record for `regions` regions.
+    pub fn new(regions: usize) -> GlobalKey {
+        GlobalKey {
+            regions: vec![Held::default(); regions],
+        }
+    }
+
+    /// Whether every region's grants have lapsed at `now`: the record may be forgotten (the
+    /// global store's expiry), since nothing it counts can be in use.
+    pub fn lapsed(&self, now: u64, settings: &Settings) -> bool {
+        self.regions
+            .iter()
+            .all(|h| h.held == Share::ZERO || lapsed(h, now, settings))
+    }
+
+    /// Answers `request` at `now` (global clock), or `None` for a request already answered or
+    /// older than one that was (a duplicate, a late one) or from a region not in the record.
+    ///
+    /// `movable` is the limit minus every registered region's floor. `quiet_until` is when a
+    /// global store that found its records gone may grant again (0 when it never lost them):
+    /// until then every grant is zero. The grant is the region's target (`allocate` over every
+    /// region's latest demand), but never more than what no other region may be using.
+    pub fn on_request(
+        &mut self,
+        request: &Request,
+        now: u64,
+        movable: Share,
+        quiet_until: u64,
+        settings: &Settings,
+    ) -> Option<Grant> {
+        if request.region >= self.regions.len() {
+            return None;
+        }
+        for h in &mut self.regions {
+            if lapsed(h, now, settings) {
+                // Nothing it was granted can be in use, and its demand is as old.
+                h.held = Share::ZERO;
+                h.granted = Share::ZERO;
+                h.demand = 0;
+            }
+        }
+        let h = &mut self.regions[request.region];
+        if request.seq <= h.answered {
+            return None;
+        }
+        if request.applied == h.answered {
+            // The region has applied the latest grant (or none was issued): it never goes back
+            // to an older one, so it uses at most this one from now on.
+            h.held = h.granted;
+        }
+        h.answered = request.seq;
+        h.issued_at = now;
+        h.demand = request.demand;
+        let share = if now < quiet_until {
+            Share::ZERO
+        } else {
+            let others = self
+                .regions
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != request.region)
+                .fold(Share::ZERO, |sum, (_, h)| sum.plus(h.held));
+            let demands = self.regions.iter().map(|h| h.demand);
+            let target = allocate(movable, demands, self.regions.len(), request.region);
+            target.min(movable.less(others))
+        };
+        let h = &mut self.regions[request.region];
+        h.granted = share;
+        h.held = h.held.max(share);
+        Some(Grant {
+            region: request.region,
+            seq: request.seq,
+            share,
+            sent_at: request.sent_at,
+        })
+    }
+}
+
+/// Whether a region's grants have all lapsed at `now`: its latest was issued at least one lease
+/// and the margin ago. A clock that went back before the issue says no.
+fn lapsed(h: &Held, now: u64, settings: &Settings) -> bool {
+    now.checked_sub(h.issued_at)
+        .is_some_and(|age| age >= settings.hold_us())
+}
+
+/// Region `region`'s target part of `movable`, from every region's demand: each region's demand
+/// and an even part of what is spare when the demands fit, else parts in proportion to demand;
+/// the burst in the same proportion as the rate; rounded down (so the parts never sum above
+/// `movable`).
+pub(crate) fn allocate(
+    movable: Share,
+    demands: impl Iterator<Item = u64> + Clone,
+    regions: usize,
+    region: usize,
+) -> Share {
+    if regions == 0 {
+        return Share::ZERO;
+    }
+    let n = regions as u128;
+    let total: u128 = demands.clone().map(u128::from).sum();
+    let mine = u128::from(demands.clone().nth(region).unwrap_or(0));
+    let rate = u128::from(movable.rate);
+    let burst = u128::from(movable.burst);
+    let rate_part = if total <= rate {
+        mine + (rate - total) / n
+    } else {
+        rate * mine / total
+    };
+    // No movable rate: the burst alone, evenly.
+    let burst_part = (burst * rate_part).checked_div(rate).unwrap_or(burst / n);
+    Share {
+        rate: u64::try_from(rate_part).unwrap_or(u64::MAX),
+        burst: u64::try_from(burst_part).unwrap_or(u64::MAX),
+    }
+}
+
+/// One key's share, as a region's store keeps it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct RegionKey {
+    /// The part of the movable share applied (the floor not included).
+    pub share: Share,
+    /// The number of the grant applied (0: none).
+    pub applied: u64,
+    /// When the applied grant's lease ends (region clock).
+    pub lease_end: u64,
+    /// The number of the latest request sent.
+    pub last_seq: u64,
+}
+
+impl RegionKey {
+    /// The request to send at `now` (region clock), numbered after every earlier one: at least
+    /// `now`, so a region store that lost its records numbers on from its clock.
+    pub fn request(&mut self, region: usize, demand: u64, now: u64) -> Request {
+        let seq = self.last_seq.saturating_add(1).max(now);
+        self.last_seq = seq;
+        Request {
+            region,
+            seq,
+            applied: self.applied,
+            demand,
+            sent_at: now,
+        }
+    }
+
+    /// Applies `grant` if it answers a request sent after the applied grant's; a late or
+    /// duplicated grant changes nothing. Its lease runs from when its request left.
+    pub fn on_grant(&mut self, grant: &Grant, settings: &Settings) {
+        if grant.seq <= self.applied {
+            return;
+        }
+        self.applied = grant.seq;
+        self.share = grant.share;
+        self.lease_end = grant.sent_at.saturating_add(settings.lease_us);
+    }
+
+    /// What the region may use at `now` (region clock) above its floor: its share while the
+    /// lease runs, nothing after.
+    pub fn in_use(&self, now: u64) -> Share {
+        if now < self.lease_end {
+            self.share
+        } else {
+            Share::ZERO
+        }
+    }
+}
+
+#[cfg(test)]
+mod model;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(rate: u64, burst: u64) -> Share {
+        Share { rate, burst }
+    }
+
+    #[test]
+    fn demands_that_fit_get_their_demand_and_an_even_part_of_the_spare() {
+        let movable = s(100, 50);
+        let d = [30u64, 10, 0];
+        // spare 60, 20 each: 50, 30, 20 of the rate; the burst in proportion.
+        assert_eq!(allocate(movable, d.iter().copied(), 3, 0), s(50, 25));
+        assert_eq!(allocate(movable, d.iter().copied(), 3, 1), s(30, 15));
+        assert_eq!(allocate(movable, d.iter().copied(), 3, 2), s(20, 10));
+    }
+
+    #[test]
+    fn demands_over_the_movable_part_share_it_in_proportion_rounded_down() {
+        let movable = s(100, 10);
+        let d = [190u64, 10];
+        assert_eq!(allocate(movable, d.iter().copied(), 2, 0), s(95, 9));
+        assert_eq!(allocate(movable, d.iter().copied(), 2, 1), s(5, 0));
+        let d = [1u64, 1, 1];
+        let parts: Vec<Share> = (0..3)
+            .map(|r| allocate(s(2, 2), d.iter().copied(), 3, r))
+            .collect();
+        assert!(
+            parts
+                .iter()
+                .fold(Share::ZERO, |a, p| a.plus(*p))
+                .within(s(2, 2))
+        );
+    }
+
+    #[test]
+    fn a_zero_movable_rate_still_splits_the_burst_evenly() {
+        assert_eq!(allocate(s(0, 9), [0u64, 5, 0].into_iter(), 3, 1), s(0, 3));
+    }
+
+    #[test]
+    fn a_region_takes_only_what_another_has_confirmed_giving_up() {
+        let settings = Settings {
+            total: s(10, 10),
+            lease_us: 100,
+            margin_us: 10,
+        };
+        let movable = s(8, 8);
+        let mut key = GlobalKey::new(2);
+        let mut eu = RegionKey::default();
+        let mut us = RegionKey::default();
+        // eu alone wants everything: it gets its demand of 8 (us's demand is 0).
+        let g = key
+            .on_request(&eu.request(0, 8, 1), 1, movable, 0, &settings)
+            .unwrap();
+        eu.on_grant(&g, &settings);
+        assert_eq!(eu.in_use(2), s(8, 8));
+        // us now wants 8 too: its target is 4, but eu holds 8.
+        let g = key
+            .on_request(&us.request(1, 8, 2), 2, movable, 0, &settings)
+            .unwrap();
+        assert_eq!(g.share, Share::ZERO);
+        us.on_grant(&g, &settings);
+        // eu asks again: it is granted 4, and still counts at 8 until it confirms.
+        let g = key
+            .on_request(&eu.request(0, 8, 3), 3, movable, 0, &settings)
+            .unwrap();
+        assert_eq!(g.share, s(4, 4));
+        assert_eq!(key.regions[0].held, s(8, 8));
+        eu.on_grant(&g, &settings);
+        let g = key
+            .on_request(&us.request(1, 8, 4), 4, movable, 0, &settings)
+            .unwrap();
+        assert_eq!(g.share, Share::ZERO, "eu has not confirmed yet");
+        // eu's next request names the grant it applied: us may now take 4.
+        key.on_request(&eu.request(0, 8, 5), 5, movable, 0, &settings)
+            .unwrap();
+        assert_eq!(key.regions[0].held, s(4, 4));
+        let g = key
+            .on_request(&us.request(1, 8, 6), 6, movable, 0, &settings)
+            .unwrap();
+        assert_eq!(g.share, s(4, 4));
+    }
+
+    #[test]
+    fn a_silent_region_is_reclaimed_one_lease_and_the_margin_after_its_last_grant() {
+        let settings = Settings {
+            total: s(10, 10),
+            lease_us: 100,
+            margin_us: 10,
+        };
+        let movable = s(8, 8);
+        let mut key = GlobalKey::new(2);
+        let mut eu = RegionKey::default();
+        key.on_request(&eu.request(0, 8, 1), 1, movable, 0, &settings)
+            .unwrap();
+        let mut us = RegionKey::default();
+        let g = key
+            .on_request(&us.request(1, 8, 110), 110, movable, 0, &settings)
+            .unwrap();
+        assert_eq!(g.share, Share::ZERO, "eu's lease and the margin run to 111");
+        let g = key
+            .on_request(&us.request(1, 8, 111), 111, movable, 0, &settings)
+            .unwrap();
+        assert_eq!(g.share, s(8, 8));
+    }
+
+    #[test]
+    fn late_and_duplicated_messages_change_nothing() {
+        let settings = Settings {
+            total: s(10, 10),
+            lease_us: 100,
+            margin_us: 10,
+        };
+        let movable = s(8, 8);
+        let mut key = GlobalKey::new(2);
+        let mut eu = RegionKey::default();
+        let first = eu.request(0, 8, 1);
+        let second = eu.request(0, 0, 2);
+        let g2 = key.on_request(&second, 2, movable, 0, &settings).unwrap();
+        assert_eq!(key.on_request(&first, 3, movable, 0, &settings), None);
+        assert_eq!(key.on_request(&second, 3, movable, 0, &settings), None);
+        eu.on_grant(&g2, &settings);
+        let stale = Grant {
+            seq: first.seq,
+            ..g2
+        };
+        let before = eu;
+        eu.on_grant(&stale, &settings);
+        assert_eq!(eu, before);
+    }
+
+    #[test]
+    fn a_grant_that_arrives_after_its_lease_is_applied_but_not_used() {
+        let settings = Settings {
+            total: s(10, 10),
+            lease_us: 100,
+            margin_us: 10,
+        };
+        let mut key = GlobalKey::new(1);
+        let mut eu = RegionKey::default();
+        let g = key
+            .on_request(&eu.request(0, 8, 1), 50, s(8, 8), 0, &settings)
+            .unwrap();
+        eu.on_grant(&g, &settings);
+        assert_eq!(eu.in_use(100), s(8, 8));
+        assert_eq!(
+            eu.in_use(101),
+            Share::ZERO,
+            "the lease ran from the request, at 1"
+        );
+    }
+
+    #[test]
+    fn nothing_is_granted_in_the_quiet_period() {
+        let settings = Settings {
+            total: s(10, 10),
+            lease_us: 100,
+            margin_us: 10,
+        };
+        let mut key = GlobalKey::new(1);
+        let mut eu = RegionKey::default();
+        let g = key
+            .on_request(&eu.request(0, 8, 1), 1, s(8, 8), 111, &settings)
+            .unwrap();
+        assert_eq!(g.share, Share::ZERO);
+        let g = key
+            .on_request(&eu.request(0, 8, 111), 111, s(8, 8), 111, &settings)
+            .unwrap();
+        assert_eq!(g.share, s(8, 8));
+    }
+}
