@@ -474,3 +474,88 @@ mod spec {
         }
     }
 }
+
+/// A share bucket of a limit across regions keeps its tokens when its share changes
+/// (`docs/regions.md`), where every other limit keeps its TAT (`limit_changes.rs`).
+mod share_changes {
+    use super::*;
+
+    fn tokens(l: &Limit, tat: Option<u64>, now: u64) -> u64 {
+        gcra::check(l, tat, now, 0).unwrap().remaining
+    }
+
+    #[test]
+    fn a_region_giving_up_rate_gains_no_token() {
+        // 4 of 10 tokens left at 10/s; the rate halves, the burst stays.
+        let old = Limit::from_micros(10, 10, S).unwrap();
+        let new = Limit::from_micros(10, 5, S).unwrap();
+        let tat = Some(T0 + 6 * 100 * MS);
+        let kept = gcra::keep_tokens(&old, &new, tat, T0).unwrap();
+        assert_eq!(tokens(&new, kept, T0), 4);
+        // Keeping the TAT (600 ms ahead of a 2 s burst offset) would have given 7 tokens.
+        assert_eq!(tokens(&new, tat, T0), 7);
+        // And it refills at the new rate: one token 200 ms later.
+        assert_eq!(tokens(&new, kept, T0 + 200 * MS), 5);
+    }
+
+    #[test]
+    fn burst_given_to_a_region_arrives_empty() {
+        let old = Limit::from_micros(2, 10, S).unwrap();
+        let new = Limit::from_micros(8, 10, S).unwrap();
+        assert_eq!(
+            tokens(&new, gcra::keep_tokens(&old, &new, None, T0).unwrap(), T0),
+            2
+        );
+    }
+
+    #[test]
+    fn a_smaller_burst_caps_the_tokens_and_a_full_bucket_stays_full() {
+        let old = Limit::from_micros(10, 10, S).unwrap();
+        let new = Limit::from_micros(3, 3, S).unwrap();
+        assert_eq!(gcra::keep_tokens(&old, &new, None, T0), Ok(None));
+        let tat = Some(T0 + 5 * 100 * MS);
+        assert_eq!(gcra::keep_tokens(&old, &new, tat, T0), Ok(None));
+    }
+
+    #[test]
+    fn a_debt_stays_owed_and_a_partial_token_is_not_kept() {
+        let old = Limit::from_micros(4, 10, S)
+            .unwrap()
+            .with_max_debt(4)
+            .unwrap();
+        let new = Limit::from_micros(4, 20, S)
+            .unwrap()
+            .with_max_debt(4)
+            .unwrap();
+        // Two units owed beyond an empty bucket: still two, at the new interval.
+        let tat = Some(T0 + 6 * 100 * MS);
+        assert_eq!(
+            gcra::keep_tokens(&old, &new, tat, T0),
+            Ok(Some(T0 + 6 * 50 * MS))
+        );
+        // 2.5 tokens: 2 kept.
+        let tat = Some(T0 + 150 * MS);
+        let kept = gcra::keep_tokens(&old, &new, tat, T0).unwrap();
+        assert_eq!(kept, Some(T0 + 2 * 50 * MS));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases::cases(400)))]
+        /// Never more tokens than before nor than the new burst, and exactly that many whole
+        /// tokens when both allow.
+        #[test]
+        fn a_share_change_keeps_at_most_the_tokens_it_had(
+            b1 in 1u64..40, c1 in 1u64..40, b2 in 1u64..40, c2 in 1u64..40,
+            ei1 in 1u64..5_000, ei2 in 1u64..5_000, ahead in 0u64..400_000,
+        ) {
+            let old = Limit::from_micros(b1, c1, ei1 * c1).unwrap();
+            let new = Limit::from_micros(b2, c2, ei2 * c2).unwrap();
+            let tat = Some(T0 + ahead);
+            let before = tokens(&old, tat, T0);
+            let kept = gcra::keep_tokens(&old, &new, tat, T0).unwrap();
+            let after = tokens(&new, kept, T0);
+            prop_assert!(after <= before.min(b2));
+            prop_assert_eq!(after, before.min(b2));
+        }
+    }
+}

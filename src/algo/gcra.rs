@@ -660,5 +660,50 @@ pub fn refund(
     })
 }
 
+/// A regional share bucket's TAT after its limit changes from `old` to `new` at `now`
+/// (`docs/regions.md`): the bucket keeps its whole tokens under `old`, capped at the new burst
+/// (a debt stays the same number of units owed), never its TAT. A region giving up rate gains
+/// no token, and burst given to it arrives empty. `None`: the bucket is full under `new`.
+///
+/// The one exception to the change rule of `docs/gcra.md` (which keeps the TAT): for the
+/// shares of a limit across regions only. A partly refilled token is not kept (never more
+/// than before). A foreign TAT is read as drained, as every computation reads it.
+///
+/// ```
+/// use tower_ratelimits::Limit;
+/// use tower_ratelimits::__private::gcra;
+///
+/// let s = 1_000_000;
+/// let now = 1_700_000_000 * s;
+/// // 10 a second, burst 10, 4 tokens spent: 6 left.
+/// let old = Limit::from_micros(10, 10, s).unwrap();
+/// let tat = now + 4 * 100_000;
+/// // The region gives up half its rate and burst: 5 tokens (capped), at the new interval.
+/// let new = Limit::from_micros(5, 5, s).unwrap();
+/// assert_eq!(gcra::keep_tokens(&old, &new, Some(tat), now), Ok(None));
+/// // It is given twice the burst instead: still 6 tokens, 14 to refill.
+/// let new = Limit::from_micros(20, 10, s).unwrap();
+/// assert_eq!(gcra::keep_tokens(&old, &new, Some(tat), now), Ok(Some(now + 14 * 100_000)));
+/// ```
+pub fn keep_tokens(
+    old: &Limit,
+    new: &Limit,
+    stored_tat: Option<u64>,
+    now: u64,
+) -> Result<Option<u64>, GcraError> {
+    let ahead = i128::from(old.ahead_of(stored_tat, now));
+    let ei = i128::from(old.emission_interval_us());
+    // Whole tokens, rounded down (a debt rounded up): never more than the bucket held.
+    let tokens = (i128::from(old.burst_offset_us()) - ahead).div_euclid(ei);
+    let kept = tokens.min(i128::from(new.burst()));
+    let after = i128::from(new.emission_interval_us()) * (i128::from(new.burst()) - kept);
+    if after <= 0 {
+        return Ok(None);
+    }
+    u64::try_from(i128::from(now) + after)
+        .map(Some)
+        .map_err(|_| GcraError::TimeOverflow)
+}
+
 #[cfg(test)]
 mod limit_tests;
