@@ -194,6 +194,7 @@ pub use backend::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupEr
 pub use config::RuleSet;
 pub use config::{
     ConfigError, ConfigErrorKind, LimitSource, Limits, LimitsBuilder, LimitsChange, Location,
+    RegionFloor,
 };
 pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 #[cfg(feature = "yaml")]

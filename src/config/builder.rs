@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{ConfigError, ConfigErrorKind, Limits, NameEntry};
+use super::{ConfigError, ConfigErrorKind, Limits, NameEntry, RegionFloor};
 use crate::key::{BucketKey, IdKind, LimitName};
 use crate::quota::Quota;
 
@@ -92,6 +92,7 @@ impl LimitsBuilder {
             cost,
             default,
             fail_closed: false,
+            across_regions: None,
         });
         Ok(())
     }
@@ -118,6 +119,60 @@ impl LimitsBuilder {
             ))),
         }
         self
+    }
+
+    /// Makes `name` one limit across every region, with `floor` reserved in each
+    /// (`docs/regions.md`; YAML: `across_regions: true`, `region_floor: 10%`). Its default and
+    /// every override must be a GCRA limit without prefetched tokens. On a backend without a
+    /// regional mode the limit decides as a limit per region, and the limiter warns once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimits::{Limit, Limits, RegionFloor};
+    /// let limits = Limits::builder()
+    ///     .limit("PerKey", Limit::new(1_000, 1_000, Duration::from_secs(1)).unwrap())
+    ///     .across_regions("PerKey", RegionFloor::default())
+    ///     .build()
+    ///     .unwrap();
+    /// let floor = limits.across_regions(limits.name("PerKey").unwrap()).unwrap();
+    /// assert_eq!(floor.of(1_000), 100);
+    /// ```
+    pub fn across_regions(mut self, name: &str, floor: RegionFloor) -> Self {
+        if let Err(e) = self.try_across_regions(name, floor) {
+            self.fail(e.for_limit(name));
+        }
+        self
+    }
+
+    pub(crate) fn try_across_regions(
+        &mut self,
+        name: &str,
+        floor: RegionFloor,
+    ) -> Result<(), ConfigError> {
+        let i = self
+            .limits
+            .config
+            .by_text
+            .get(name)
+            .copied()
+            .ok_or_else(|| {
+                ConfigError::new(ConfigErrorKind::UnknownName(
+                    name.chars().take(80).collect(),
+                ))
+            })?;
+        let entry = &self.limits.config.names[i];
+        let overrides = self
+            .limits
+            .config
+            .overrides
+            .iter()
+            .filter(|(key, _)| key.name() == entry.name)
+            .map(|(_, quota)| quota);
+        for quota in entry.default.iter().chain(overrides) {
+            super::regions::check_marked(quota).map_err(ConfigError::new)?;
+        }
+        Arc::make_mut(&mut self.limits.config).names[i].across_regions = Some(floor);
+        Ok(())
     }
 
     /// Overrides `name`'s limit for one id, given as text and checked against the name's kind.
@@ -151,13 +206,8 @@ impl LimitsBuilder {
             .get(name)
             .ok_or_else(|| ConfigError::new(ConfigErrorKind::UnknownName(name.to_owned())))?;
         let entry = &self.limits.config.names[index];
-        if let Some(limit) = &limit
-            && entry.cost > limit.max_cost()
-        {
-            return Err(ConfigError::new(ConfigErrorKind::CostAboveBurst {
-                cost: entry.cost,
-                burst: limit.max_cost(),
-            }));
+        if let Some(limit) = &limit {
+            entry.admits(limit).map_err(ConfigError::new)?;
         }
         let parsed = entry.kind.parse(id).map_err(ConfigError::new)?;
         let key = BucketKey::new(entry.name, parsed);

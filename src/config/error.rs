@@ -145,6 +145,18 @@ pub enum ConfigErrorKind {
         "{0} and {1} cannot be given together: a limit is GCRA (burst, count, period), tiered (tiers), a concurrency limit (concurrency, lease, retry_after) or a calendar quota (calendar)"
     )]
     ConflictingFields(&'static str, &'static str),
+    /// A limit marked `across_regions` (or an override of one) that cannot be one limit
+    /// across regions: only a GCRA limit without prefetched tokens can (`docs/regions.md`).
+    #[error(
+        "across_regions needs a GCRA limit (burst, count, period) without prefetch; this one has {0}"
+    )]
+    AcrossRegions(&'static str),
+    /// A `region_floor` that is not a percentage from 0% to 100% with at most two decimals, or
+    /// one given to a limit not marked `across_regions`.
+    #[error(
+        "region_floor must be a percentage from 0% to 100% (at most two decimals, e.g. 10% or 2.5%) on a limit with across_regions: true, found {0}"
+    )]
+    RegionFloor(String),
     /// The configured cost of a request is larger than a burst (or, for tiers, the sum of the
     /// tiers' limits) it applies to.
     #[error("cost {cost} exceeds the burst of {burst}: no request could ever be allowed")]

@@ -12,6 +12,7 @@ use crate::quota::Quota;
 
 mod builder;
 mod error;
+mod regions;
 mod stored;
 #[cfg(feature = "yaml")]
 mod yaml;
@@ -20,6 +21,7 @@ pub use builder::LimitsBuilder;
 #[cfg(feature = "yaml")]
 pub(crate) use builder::check_name;
 pub use error::{ConfigError, ConfigErrorKind, Location};
+pub use regions::RegionFloor;
 pub(crate) use stored::{StoredSet, check_override};
 #[cfg(feature = "yaml")]
 pub use yaml::RuleSet;
@@ -37,6 +39,27 @@ pub(crate) struct NameEntry {
     /// A store failure refuses a request with a rule of this name, whatever the layer's
     /// failure policy (`on_store_failure: fail_closed`).
     pub(crate) fail_closed: bool,
+    /// Marked `across_regions`: one limit for every region, with this floor in each
+    /// (`docs/regions.md`); `None`: a limit per region.
+    pub(crate) across_regions: Option<RegionFloor>,
+}
+
+impl NameEntry {
+    /// Whether `quota` may replace this name's limit for an id (a file or stored override):
+    /// a limit that fits a request of the name's cost, of the default's shape, and one that
+    /// can be one limit across regions when the name is marked.
+    pub(crate) fn admits(&self, quota: &Quota) -> Result<(), ConfigErrorKind> {
+        if self.cost > quota.max_cost() {
+            return Err(ConfigErrorKind::CostAboveBurst {
+                cost: self.cost,
+                burst: quota.max_cost(),
+            });
+        }
+        if self.across_regions.is_some() {
+            regions::check_marked(quota)?;
+        }
+        Ok(())
+    }
 }
 
 /// A snapshot of every limit: names (interned), id kinds, default costs, defaults and overrides.
@@ -131,6 +154,12 @@ impl Limits {
         self.entry(name).is_some_and(|e| e.fail_closed)
     }
 
+    /// The floor of `name` in each region when it is one limit across regions
+    /// ([`LimitsBuilder::across_regions`]); `None`: a limit per region.
+    pub fn across_regions(&self, name: LimitName) -> Option<RegionFloor> {
+        self.entry(name).and_then(|e| e.across_regions)
+    }
+
     /// The default limit of a name (`None`: disabled unless overridden).
     pub fn default_limit(&self, name: LimitName) -> Option<&Quota> {
         self.entry(name).and_then(|e| e.default.as_ref())
@@ -156,6 +185,16 @@ impl Limits {
             .names
             .iter()
             .filter(|e| e.default.as_ref().is_some_and(prefetches) || by_override.contains(&e.name))
+            .map(|e| e.name)
+            .collect()
+    }
+
+    /// The names marked `across_regions`, in definition order.
+    pub(crate) fn across_regions_names(&self) -> Vec<LimitName> {
+        self.config
+            .names
+            .iter()
+            .filter(|e| e.across_regions.is_some())
             .map(|e| e.name)
             .collect()
     }

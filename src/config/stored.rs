@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use super::Limits;
+use super::{ConfigErrorKind, Limits, NameEntry};
 use crate::algo::gcra::Limit;
 use crate::key::BucketKey;
 use crate::overrides::{BLOCK_WITHOUT_END, Delta, Interned, OverrideKind, Shared, StoredOverride};
@@ -168,7 +168,7 @@ impl StoredSet {
         let name = limits.name(&o.limit).ok_or_else(not_defined)?;
         let entry = limits.entry(name).ok_or_else(not_defined)?;
         let id = entry.kind.parse(&o.id).map_err(|e| e.to_string())?;
-        check_override(entry.cost, entry.default.as_ref(), &o.kind)?;
+        check_override(entry, &o.kind)?;
         let what = Shared::of(&o.kind, interned);
         let expires_at_us = o
             .expires_at_ms
@@ -242,15 +242,11 @@ impl StoredSet {
 /// limit of its own has the default's shape (any shape where the name has no default: the
 /// state each shape keeps is its own, and a limit of another shape would meet a default's
 /// state it cannot read) and fits a request; unlimited and block replace anything.
-pub(crate) fn check_override(
-    cost: u64,
-    default: Option<&Quota>,
-    kind: &OverrideKind,
-) -> Result<(), String> {
+pub(crate) fn check_override(entry: &NameEntry, kind: &OverrideKind) -> Result<(), String> {
     let OverrideKind::Quota(q) = kind else {
         return Ok(());
     };
-    if let Some(d) = default
+    if let Some(d) = &entry.default
         && std::mem::discriminant(d) != std::mem::discriminant(q)
     {
         return Err(format!(
@@ -260,13 +256,12 @@ pub(crate) fn check_override(
             q.shape_name()
         ));
     }
-    let size = q.max_cost();
-    if cost > size {
-        return Err(format!(
-            "a request costs {cost}, more than the override's {size}"
-        ));
-    }
-    Ok(())
+    entry.admits(q).map_err(|e| match e {
+        ConfigErrorKind::CostAboveBurst { cost, burst } => {
+            format!("a request costs {cost}, more than the override's {burst}")
+        }
+        other => other.to_string(),
+    })
 }
 
 #[cfg(test)]

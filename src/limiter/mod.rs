@@ -162,6 +162,19 @@ fn warn_ignored_prefetch(now: &[LimitName], before: &[LimitName]) {
     }
 }
 
+/// Warns once of each limit in `now` but not in `before` (the names marked `across_regions`):
+/// no backend has a regional mode yet, so each decides as a limit per region.
+fn warn_not_regional(now: &[LimitName], before: &[LimitName]) {
+    for name in now.iter().filter(|n| !before.contains(n)) {
+        tracing::warn!(
+            target: crate::telemetry::target::BACKEND,
+            limit = name.as_str(),
+            "limit {name} is marked across_regions, but this backend has no regional mode: \
+             it decides as a limit per region (each region grants the whole limit)"
+        );
+    }
+}
+
 /// A random 64-bit start for lease ids: the standard library's per-process random hash keys,
 /// mixed with the time and the process id (no dependency for 8 random bytes).
 fn random_start() -> u64 {
@@ -234,6 +247,7 @@ impl Limiter {
         if warns_of_prefetch {
             warn_ignored_prefetch(&limits.prefetching_names(), &[]);
         }
+        warn_not_regional(&limits.across_regions_names(), &[]);
         let store = backend.override_store().map(|s| s.0);
         Self::build(limits, backend, store, warns_of_prefetch)
     }

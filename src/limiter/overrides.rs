@@ -146,12 +146,12 @@ impl Limiter {
         let id = {
             let limits = self.load();
             let (entry, id) = canonical(&limits, limit, id)?;
-            crate::config::check_override(entry.cost, entry.default.as_ref(), &kind).map_err(
-                |reason| OverrideError::Refused {
+            crate::config::check_override(entry, &kind).map_err(|reason| {
+                OverrideError::Refused {
                     limit: limit.to_owned(),
                     reason,
-                },
-            )?;
+                }
+            })?;
             id
         };
         let expires_at_ms = match expires_in {

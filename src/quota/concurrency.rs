@@ -37,6 +37,10 @@ impl Shape for ConcurrencyLimit {
         false
     }
 
+    fn across_regions(&self) -> Result<(), &'static str> {
+        Err("a concurrency limit")
+    }
+
     fn fixed_policy(&self) -> Option<(u64, u64)> {
         None
     }

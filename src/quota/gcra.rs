@@ -40,6 +40,15 @@ impl Shape for Limit {
         self.prefetch() > 0
     }
 
+    fn across_regions(&self) -> Result<(), &'static str> {
+        // Prefetched tokens are spent without the store: no region share could count them.
+        if self.prefetch() > 0 {
+            Err("prefetched tokens (prefetch)")
+        } else {
+            Ok(())
+        }
+    }
+
     /// The burst and the burst offset rounded up.
     fn fixed_policy(&self) -> Option<(u64, u64)> {
         Some((self.burst(), ceil_secs_us(self.burst_offset_us())))

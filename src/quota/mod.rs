@@ -184,6 +184,12 @@ impl Quota {
         each!(self, s => Shape::prefetches(s))
     }
 
+    /// Whether this limit can be one limit across regions (`docs/regions.md`): `Err` names what
+    /// in it cannot (prefetched tokens, or a shape other than GCRA), for the error.
+    pub(crate) fn across_regions(&self) -> Result<(), &'static str> {
+        each!(self, s => Shape::across_regions(s))
+    }
+
     /// The `RateLimit-Policy` member's `q` and `w` (seconds) when they do not depend on the
     /// decision (GCRA: the burst and the burst offset rounded up), so a layer writes them once.
     pub(crate) fn fixed_policy(&self) -> Option<(u64, u64)> {
@@ -292,6 +298,7 @@ trait Shape {
     fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64;
     fn lease_us(&self) -> Option<u64>;
     fn prefetches(&self) -> bool;
+    fn across_regions(&self) -> Result<(), &'static str>;
     fn fixed_policy(&self) -> Option<(u64, u64)>;
     fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown>;
     #[cfg(any(feature = "metrics", feature = "replay"))]

@@ -37,6 +37,10 @@ impl Shape for TieredLimit {
         false
     }
 
+    fn across_regions(&self) -> Result<(), &'static str> {
+        Err("burst tiers")
+    }
+
     fn fixed_policy(&self) -> Option<(u64, u64)> {
         None
     }

@@ -13,10 +13,10 @@ mod shapes;
 pub use rules::RuleSet;
 pub(crate) use rules::{RuleCost, RuleKey, RuleMissing};
 
-use node::{Node, Value, as_str, err_at, fields, parse, positive, wrong_shape};
+use node::{Fields, Node, Value, as_str, err_at, fields, parse, positive, wrong_shape};
 use shapes::{override_of, quota_of};
 
-use super::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, check_name};
+use super::{ConfigError, ConfigErrorKind, Limits, LimitsBuilder, RegionFloor, check_name};
 use crate::key::IdKind;
 
 /// The largest configuration file accepted: 16 MiB.
@@ -65,7 +65,18 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
     for (k, v) in entries {
         let name = as_str(k, "a limit name")?;
         let located = |e: ConfigError| e.for_limit(name).at_line(k.line);
-        let f = fields(v, &["kind", "cost", "on_store_failure", "comment"]).map_err(located)?;
+        let f = fields(
+            v,
+            &[
+                "kind",
+                "cost",
+                "on_store_failure",
+                "across_regions",
+                "region_floor",
+                "comment",
+            ],
+        )
+        .map_err(located)?;
         let limit = quota_of(&f).map_err(located)?;
         let kind = match f.kind {
             None => IdKind::Any,
@@ -102,8 +113,48 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
                 }
             }
         }
+        if let Some(floor) = across_regions_of(&f).map_err(located)? {
+            let line = f.across_regions.map_or(k.line, |n| n.line);
+            builder
+                .try_across_regions(name, floor)
+                .map_err(|e| located(e.at_line(line)))?;
+        }
     }
     Ok(())
+}
+
+/// `across_regions: true` and its `region_floor` (a percentage, 10% by default): the floor when
+/// the limit is marked.
+fn across_regions_of(f: &Fields<'_>) -> Result<Option<RegionFloor>, ConfigError> {
+    let marked = match f.across_regions {
+        None => false,
+        Some(n) => match n.value {
+            Value::Bool(b) => b,
+            _ => return Err(wrong_shape("true or false", n)),
+        },
+    };
+    match (marked, f.region_floor) {
+        (false, None) => Ok(None),
+        (true, None) => Ok(Some(RegionFloor::default())),
+        (false, Some(n)) => Err(err_at(
+            ConfigErrorKind::RegionFloor("a floor on a limit without across_regions: true".into()),
+            n.line,
+        )),
+        (true, Some(n)) => {
+            let text = match &n.value {
+                Value::Str(s) => s.as_str(),
+                _ => {
+                    return Err(err_at(
+                        ConfigErrorKind::RegionFloor(n.value.describe().into()),
+                        n.line,
+                    ));
+                }
+            };
+            text.parse::<RegionFloor>()
+                .map(Some)
+                .map_err(|e| err_at(e, n.line))
+        }
+    }
 }
 
 fn load_overrides(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigError> {
