@@ -539,6 +539,57 @@ mod tests {
         );
     }
 
+    /// One rebalance a period per region, in either order within the period, each grant
+    /// applied as it comes back: after demand moves, every region holds its target within three
+    /// periods (`docs/regions.md`), and the parts in use never sum above the movable part.
+    #[test]
+    fn shares_follow_a_demand_shift_within_three_periods() {
+        let period = 1_000_000;
+        let settings = Settings {
+            total: s(1000, 1000),
+            lease_us: 3 * period,
+            margin_us: period / 2,
+        };
+        let movable = s(800, 800);
+        // 95/5 of 1.5 times the limit, then 5/95: demand above each floor of 100.
+        let above = |share: u64| (1500 * share / 100).saturating_sub(100);
+        for order in [[0, 1], [1, 0]] {
+            let mut key = GlobalKey::new(2);
+            let mut regions = [RegionKey::default(); 2];
+            let mut now = 1_000_000;
+            let mut shifted_at = None;
+            for p in 0..12 {
+                let split = if p < 6 { [95, 5] } else { [5, 95] };
+                if p == 6 {
+                    shifted_at = Some(p);
+                }
+                for &r in &order {
+                    let q = regions[r].request(r, above(split[r]), now);
+                    if let Some(g) = key.on_request(&q, now, movable, 0, &settings) {
+                        regions[r].on_grant(&g, &settings);
+                    }
+                    let used = regions[0].in_use(now).plus(regions[1].in_use(now));
+                    assert!(used.within(movable), "{used:?} at period {p}");
+                    now += 1;
+                }
+                let targets: Vec<Share> = (0..2)
+                    .map(|r| allocate(movable, split.iter().map(|&x| above(x)), 2, r))
+                    .collect();
+                let settled = (0..2).all(|r| regions[r].in_use(now) == targets[r]);
+                let since = shifted_at.map_or(p, |at| p - at);
+                if since >= 2 || (shifted_at.is_none() && p >= 2) {
+                    assert!(
+                        settled,
+                        "order {order:?}, period {p}: {regions:?} vs {targets:?}"
+                    );
+                }
+                now += period;
+            }
+            // 95% of 1.5 times the limit: the busy region ends with the whole movable part.
+            assert_eq!(regions[1].in_use(now - period), s(800, 800));
+        }
+    }
+
     #[test]
     fn nothing_is_granted_in_the_quiet_period() {
         let settings = Settings {
