@@ -156,10 +156,31 @@ impl Registry {
         }
     }
 
-    /// Registers `region` at `now`, unless it already is.
-    pub fn register(&mut self, region: usize, now: u64) {
-        if let Some(slot) = self.registered_at.get_mut(region) {
-            slot.get_or_insert(now);
+    /// Registers `region` at `now`, unless it already is. Refused (`false`, nothing changes)
+    /// when its floor with the registered regions' would sum above `total`: the floors are
+    /// always in use, so they must fit (`floors` by position).
+    pub fn register(&mut self, region: usize, now: u64, total: Share, floors: &[Share]) -> bool {
+        let Some(floor) = floors.get(region) else {
+            return false;
+        };
+        if self.registered_at.get(region).copied().flatten().is_some() {
+            return true;
+        }
+        let reserved = self
+            .registered_at
+            .iter()
+            .zip(floors)
+            .filter(|(at, _)| at.is_some())
+            .fold(*floor, |sum, (_, f)| sum.plus(*f));
+        if !reserved.within(total) {
+            return false;
+        }
+        match self.registered_at.get_mut(region) {
+            Some(slot) => {
+                *slot = Some(now);
+                true
+            }
+            None => false,
         }
     }
 
@@ -588,6 +609,24 @@ mod tests {
             // 95% of 1.5 times the limit: the busy region ends with the whole movable part.
             assert_eq!(regions[1].in_use(now - period), s(800, 800));
         }
+    }
+
+    #[test]
+    fn a_region_whose_floor_would_not_fit_is_not_registered() {
+        let total = s(10, 10);
+        let floors = [s(4, 4), s(4, 4), s(3, 1)];
+        let mut registry = Registry::new(3);
+        assert!(registry.register(0, 5, total, &floors));
+        assert!(registry.register(1, 6, total, &floors));
+        assert!(!registry.register(2, 7, total, &floors), "11 of 10 in rate");
+        assert_eq!(registry.registered_at, vec![Some(5), Some(6), None]);
+        assert!(
+            registry.register(0, 8, total, &floors),
+            "already registered"
+        );
+        assert_eq!(registry.registered_at[0], Some(5));
+        assert_eq!(registry.movable(total, &floors), s(2, 2));
+        assert!(!registry.register(3, 9, total, &floors), "no such region");
     }
 
     #[test]

@@ -260,7 +260,8 @@ impl Run {
                     s.regions[grant.region].key.on_grant(&grant, &self.settings);
                 }
                 Message::Register(r) => {
-                    s.registry.register(*r, now);
+                    s.registry
+                        .register(*r, now, self.settings.total, &self.floors);
                     if self.sabotage == Sabotage::FloorAtOnce {
                         s.regions[*r].floor = true;
                     }
