@@ -593,7 +593,7 @@ fn a_joining_region_using_its_floor_at_once_overshoots() {
 fn deep_two_regions_any_demand() {
     deep(Run::two(1, 0).requests(&[2, 2]).horizon(4));
     deep(Run::two(3, 0).requests(&[3, 2]).horizon(3));
-    deep(Run::two(2, 0).requests(&[3, 3]).horizon(4));
+    deep(Run::two(2, 0).requests(&[3, 2]).horizon(4));
 }
 
 fn deep(run: Run) {
