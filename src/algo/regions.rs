@@ -414,6 +414,15 @@ mod tests {
         Share { rate, burst }
     }
 
+    /// A limit of 10 and 10, leases of 100 us and a margin of 10.
+    fn settings() -> Settings {
+        Settings {
+            total: s(10, 10),
+            lease_us: 100,
+            margin_us: 10,
+        }
+    }
+
     #[test]
     fn demands_that_fit_get_their_demand_and_an_even_part_of_the_spare() {
         let movable = s(100, 50);
@@ -449,11 +458,7 @@ mod tests {
 
     #[test]
     fn a_region_takes_only_what_another_has_confirmed_giving_up() {
-        let settings = Settings {
-            total: s(10, 10),
-            lease_us: 100,
-            margin_us: 10,
-        };
+        let settings = settings();
         let movable = s(8, 8);
         let mut key = GlobalKey::new(2);
         let mut eu = RegionKey::default();
@@ -493,11 +498,7 @@ mod tests {
 
     #[test]
     fn a_silent_region_is_reclaimed_one_lease_and_the_margin_after_its_last_grant() {
-        let settings = Settings {
-            total: s(10, 10),
-            lease_us: 100,
-            margin_us: 10,
-        };
+        let settings = settings();
         let movable = s(8, 8);
         let mut key = GlobalKey::new(2);
         let mut eu = RegionKey::default();
@@ -516,11 +517,7 @@ mod tests {
 
     #[test]
     fn late_and_duplicated_messages_change_nothing() {
-        let settings = Settings {
-            total: s(10, 10),
-            lease_us: 100,
-            margin_us: 10,
-        };
+        let settings = settings();
         let movable = s(8, 8);
         let mut key = GlobalKey::new(2);
         let mut eu = RegionKey::default();
@@ -541,11 +538,7 @@ mod tests {
 
     #[test]
     fn a_grant_that_arrives_after_its_lease_is_applied_but_not_used() {
-        let settings = Settings {
-            total: s(10, 10),
-            lease_us: 100,
-            margin_us: 10,
-        };
+        let settings = settings();
         let mut key = GlobalKey::new(1);
         let mut eu = RegionKey::default();
         let g = key
@@ -631,11 +624,7 @@ mod tests {
 
     #[test]
     fn nothing_is_granted_in_the_quiet_period() {
-        let settings = Settings {
-            total: s(10, 10),
-            lease_us: 100,
-            margin_us: 10,
-        };
+        let settings = settings();
         let mut key = GlobalKey::new(1);
         let mut eu = RegionKey::default();
         let g = key
