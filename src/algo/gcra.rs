@@ -211,6 +211,32 @@ impl Limit {
                 shortfall_permille: u64::try_from(shortfall).unwrap_or(u64::MAX),
             });
         }
+        Self::with_interval(burst, count, period_us, emission_interval_us)
+    }
+
+    /// A region's share of a limit across regions (`docs/regions.md`): `burst` tokens and
+    /// `count` per `period_us`, never admitting more. The emission interval is rounded up
+    /// without the 0.1% rule (a share's rate is whatever the split gave: a slower interval
+    /// only admits less), the rate is at most one a microsecond, and the burst at most what
+    /// keeps the burst offset within 100 years. `None`: no burst or no rate, nothing can be
+    /// admitted (the region is closed to the key).
+    pub(crate) fn share(burst: u64, count: u64, period_us: u64) -> Option<Limit> {
+        if burst == 0 || count == 0 || period_us == 0 {
+            return None;
+        }
+        let count = count.min(period_us);
+        let emission_interval_us = period_us.div_ceil(count);
+        let burst = burst.min(MAX_BURST_OFFSET_US / emission_interval_us);
+        Self::with_interval(burst, count, period_us, emission_interval_us).ok()
+    }
+
+    /// The limit of an emission interval already chosen (`EI >= period / count`).
+    fn with_interval(
+        burst: u64,
+        count: u64,
+        period_us: u64,
+        emission_interval_us: u64,
+    ) -> Result<Self, LimitError> {
         let burst_offset_us = emission_interval_us
             .checked_mul(burst)
             .filter(|bo| *bo <= MAX_BURST_OFFSET_US)

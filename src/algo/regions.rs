@@ -36,6 +36,8 @@
 // step of the work; until it lands only the tests call these.
 #![cfg_attr(not(test), allow(dead_code))]
 
+use crate::algo::gcra::Limit;
+
 /// A part of a limit: a rate (requests per the limit's period) and a burst.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Share {
@@ -392,6 +394,16 @@ impl RegionKey {
         self.lease_end = grant.sent_at.saturating_add(settings.lease_us);
     }
 
+    /// The limit the region's bucket of this key decides with at `now` (region clock): its
+    /// floor plus its part while the lease runs, per the limit's period (`Limit::share`: never
+    /// more than that). `None`: no rate or no burst at all, the key is closed in this region.
+    /// When it differs from the limit the bucket's state was written under, the state is read
+    /// by `gcra::keep_tokens` (its tokens kept, never its TAT).
+    pub fn bucket(&self, floor: Share, period_us: u64, now: u64) -> Option<Limit> {
+        let share = floor.plus(self.in_use(now));
+        Limit::share(share.burst, share.rate, period_us)
+    }
+
     /// What the region may use at `now` (region clock) above its floor: its share while the
     /// lease runs, nothing after.
     pub fn in_use(&self, now: u64) -> Share {
@@ -602,6 +614,53 @@ mod tests {
             // 95% of 1.5 times the limit: the busy region ends with the whole movable part.
             assert_eq!(regions[1].in_use(now - period), s(800, 800));
         }
+    }
+
+    #[test]
+    fn a_region_decides_on_its_floor_and_its_part_while_the_lease_runs() {
+        let second = 1_000_000;
+        let floor = s(100, 10);
+        let mut eu = RegionKey::default();
+        let before = eu.bucket(floor, second, 5).unwrap();
+        assert_eq!((before.count(), before.burst()), (100, 10));
+        let q = eu.request(0, 500, 5);
+        let g = Grant {
+            region: 0,
+            seq: q.seq,
+            share: s(400, 40),
+            sent_at: q.sent_at,
+        };
+        eu.on_grant(&g, &settings());
+        let with = eu.bucket(floor, second, 104).unwrap();
+        assert_eq!((with.count(), with.burst()), (500, 50));
+        assert_eq!(with.emission_interval_us(), 2_000);
+        let after = eu.bucket(floor, second, 105).unwrap();
+        assert_eq!(
+            (after.count(), after.burst()),
+            (100, 10),
+            "the lease ran 5..105"
+        );
+        assert_eq!(RegionKey::default().bucket(Share::ZERO, second, 5), None);
+    }
+
+    #[test]
+    fn a_share_the_microsecond_cannot_express_admits_less_never_more() {
+        // 300,000 a second is an interval of 3.33 us: rounded up to 4, 250,000 a second.
+        let l = Limit::share(30, 300_000, 1_000_000).unwrap();
+        assert_eq!(l.emission_interval_us(), 4);
+        assert!(Limit::new(30, 300_000, std::time::Duration::from_secs(1)).is_err());
+        // Faster than one a microsecond: one a microsecond.
+        assert_eq!(
+            Limit::share(5, 9_000_000, 1_000_000)
+                .unwrap()
+                .emission_interval_us(),
+            1
+        );
+        // A burst past 100 years of intervals: cut to it.
+        let huge = Limit::share(u64::MAX, 1, 1_000_000).unwrap();
+        assert!(huge.burst_offset_us() <= crate::algo::gcra::MAX_BURST_OFFSET_US);
+        assert_eq!(Limit::share(0, 5, 1_000_000), None);
+        assert_eq!(Limit::share(5, 0, 1_000_000), None);
     }
 
     #[test]
