@@ -795,3 +795,37 @@ Tiered: {kind: ip, tiers: [{limit: 2, window: 10s, active: 10s, cooldown: 0s}]}
     let plan = run(Snapshot::new(0));
     assert_eq!(plan.requests, 7);
 }
+
+/// A limit marked `across_regions` is replayed as the one central limit it stands for (one
+/// bucket per key for the whole log), decides exactly as the same limit unmarked, and the plan
+/// says so for that limit only (the field is absent from the JSON of every other).
+#[test]
+fn a_limit_across_regions_is_replayed_as_one_central_limit_and_the_plan_says_so() {
+    let log = [
+        line("00", "192.0.2.1", ""),
+        line("00", "192.0.2.1", ""),
+        line("00.5", "192.0.2.1", ""),
+        line("01", "192.0.2.1", ""),
+    ]
+    .concat();
+    let plain = "PerIp: {kind: ip, burst: 1, count: 1, period: 1s}\n";
+    let marked = "PerIp: {kind: ip, burst: 1, count: 1, period: 1s, across_regions: true}\n";
+    let central = replay(PER_IP, plain, marked, log.clone());
+    let unmarked = replay(PER_IP, plain, plain, log);
+    assert_eq!(central.candidate, unmarked.candidate);
+    assert_eq!(
+        (central.candidate.allowed, central.candidate.denied),
+        (2, 2)
+    );
+    assert!(central.limits["PerIp"].across_regions);
+    assert!(!unmarked.limits["PerIp"].across_regions);
+    let json = serde_json::to_value(&central).unwrap();
+    assert_eq!(json["limits"]["PerIp"]["across_regions"], true);
+    let json = serde_json::to_value(&unmarked).unwrap();
+    assert!(
+        json["limits"]["PerIp"].get("across_regions").is_none(),
+        "{json}"
+    );
+    let back: Plan = serde_json::from_value(json).unwrap();
+    assert!(!back.limits["PerIp"].across_regions);
+}

@@ -256,6 +256,15 @@ impl Replay {
             w.current_seeded = snapshot.seed(&self.current.0, &sides[0].memory);
             w.candidate_seeded = snapshot.seed(&self.candidate.0, &sides[1].memory);
         }
+        // A limit across regions is replayed as the one central limit it stands for: one log,
+        // one bucket per key (the plan says so per limit).
+        for limits in [&self.current.0, &self.candidate.0] {
+            for name in limits.names() {
+                if limits.across_regions(name).is_some() {
+                    tally.across_regions(name);
+                }
+            }
+        }
         for name in self.candidate.0.names() {
             if let Some(limit) = self
                 .candidate

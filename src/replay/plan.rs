@@ -104,6 +104,12 @@ pub struct LimitPlan {
     pub headroom: Option<Headroom>,
     /// The candidate's limit sized to the log, when it is a GCRA limit.
     pub suggested: Option<Suggested>,
+    /// Marked `across_regions` in either policy (`docs/regions.md`): replayed as one central
+    /// limit (every request of the log against one bucket per key), which is the most the
+    /// regions together may admit; a regional deployment admits less by what the floors of
+    /// idle regions hold back. Absent (false) for every other limit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub across_regions: bool,
 }
 
 /// The distribution over a limit's keys of the largest share of the limit a key used (in
@@ -336,6 +342,8 @@ struct LimitTally {
     flips: [u64; 2],
     keys: HashMap<Id, KeyTally>,
     sizing: Option<Sizing>,
+    /// Marked `across_regions` in either policy.
+    across_regions: bool,
 }
 
 /// The tallies a plan is made from.
@@ -387,6 +395,11 @@ impl Tally {
             bad_examples_max: bad_examples,
             flip_examples_max: flip_examples,
         }
+    }
+
+    /// Marks `name` as one limit across regions, replayed as one central limit.
+    pub(crate) fn across_regions(&mut self, name: LimitName) {
+        self.limits.entry(name).or_default().across_regions = true;
     }
 
     /// Sizes suggestions of `name` from the candidate's default `limit`.
@@ -533,6 +546,7 @@ impl Tally {
                     deny_to_allow: limit.flips[D2A],
                     headroom: headroom(limit),
                     suggested: limit.sizing.and_then(|s| suggest(limit, &s, self.target)),
+                    across_regions: limit.across_regions,
                 },
             );
         }
