@@ -127,6 +127,10 @@ pub struct BucketTx<'a> {
     /// A renewal's leases ([`Mode::Renew`]): every lease of the key this instance holds, in
     /// one transaction (empty: `lease` alone).
     pub(crate) leases: &'a [u64],
+    /// A limit marked `across_regions` sent to a backend in regional mode
+    /// ([`Backend::regional`]): the floor its region holds, and the transaction is decided by
+    /// its region's share bucket (`docs/regions.md`). `None` everywhere else.
+    pub(crate) floor: Option<crate::RegionFloor>,
 }
 
 /// Why a transaction cannot be built: what it asks could never be granted.
@@ -224,7 +228,15 @@ impl<'a> BucketTx<'a> {
             mode,
             lease: 0,
             leases: &[],
+            floor: None,
         })
+    }
+
+    /// Decided by its region's share bucket, with this floor (`docs/regions.md`): set by the
+    /// limiter on a limit marked `across_regions` when its backend is regional.
+    pub(crate) fn across_regions(mut self, floor: Option<crate::RegionFloor>) -> Self {
+        self.floor = floor;
+        self
     }
 
     /// On a concurrency limit, the lease this transaction takes (a spend of cost 1) or gives
@@ -267,6 +279,14 @@ impl<'a> BucketTx<'a> {
     /// The quota that applies to the bucket.
     pub fn quota(&self) -> &'a Quota {
         self.quota
+    }
+
+    /// Its GCRA limit, when it is decided as that limit alone: not a region's share bucket,
+    /// whose limit the store finds (`docs/regions.md`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn plain_gcra(&self) -> Option<&'a crate::Limit> {
+        self.quota.as_gcra().filter(|_| self.floor.is_none())
     }
 
     /// Units to spend or refund; for a range, the most units asked for.
@@ -593,6 +613,15 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Whether this backend decides a limit marked `across_regions` as its region's share of
+    /// one limit for every region (`docs/regions.md`): the Redis backend in regional mode
+    /// does; every other backend decides it as a limit per region, and a limiter over it warns
+    /// once of each marked limit.
+    #[doc(hidden)]
+    fn regional(&self) -> bool {
+        false
+    }
+
     /// Whether the backend decides with all it must know. The Redis backend is not ready until
     /// it has read the stored overrides whole once (a fresh instance never decides an
     /// overridden id without its override: until then a spend fails, and the layer's failure
@@ -634,6 +663,9 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn prefetches(&self) -> bool {
         (**self).prefetches()
+    }
+    fn regional(&self) -> bool {
+        (**self).regional()
     }
     fn ready(&self) -> bool {
         (**self).ready()

@@ -58,7 +58,7 @@ impl Fallback {
         let clock = main.backend().clock();
         Self {
             percent,
-            limiter: Limiter::fallback(scaled, clock.clone()),
+            limiter: Limiter::fallback(scaled, clock.clone(), main.backend().regional()),
             ledger: Arc::new(Ledger::new(percent, clock, timeout)),
             generation: AtomicU64::new(main.generation()),
         }

@@ -85,10 +85,12 @@ impl Limiter {
                 let before = current.prefetching_names();
                 super::warn_ignored_prefetch(&limits.prefetching_names(), &before);
             }
-            super::warn_not_regional(
-                &limits.across_regions_names(),
-                &current.across_regions_names(),
-            );
+            if self.inner.regions == super::Regions::PerRegion {
+                super::warn_not_regional(
+                    &limits.across_regions_names(),
+                    &current.across_regions_names(),
+                );
+            }
             let limits = match &self.inner.store {
                 Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
                 None => limits,

@@ -146,6 +146,21 @@ struct Inner {
     /// Whether a limit that sets `prefetch` is warned of (at the start, and when a reload
     /// brings it): the backend ignores it, and this is not the layer's fallback.
     warns_of_prefetch: bool,
+    /// How the limits marked `across_regions` are decided.
+    regions: Regions,
+}
+
+/// How a limiter decides the limits marked `across_regions` (`docs/regions.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Regions {
+    /// As a limit per region, warned of once per limit: the backend has no regional mode.
+    PerRegion,
+    /// As the region's share bucket: the backend is regional ([`Backend::regional`]), and
+    /// each such transaction carries its floor.
+    Shares,
+    /// Denied (fail-closed, retry in a second): the in-memory fallback of a regional
+    /// limiter, which knows no share and must never grant the whole limit in one region.
+    Closed,
 }
 
 /// Warns once of each limit in `now` but not in `before` (the names that set `prefetch`): the
@@ -163,13 +178,13 @@ fn warn_ignored_prefetch(now: &[LimitName], before: &[LimitName]) {
 }
 
 /// Warns once of each limit in `now` but not in `before` (the names marked `across_regions`):
-/// no backend has a regional mode yet, so each decides as a limit per region.
+/// the limiter's backend has no regional mode, so each decides as a limit per region.
 fn warn_not_regional(now: &[LimitName], before: &[LimitName]) {
     for name in now.iter().filter(|n| !before.contains(n)) {
         tracing::warn!(
             target: crate::telemetry::target::BACKEND,
             limit = name.as_str(),
-            "limit {name} is marked across_regions, but this backend has no regional mode: \
+            "limit {name} is marked across_regions, but this backend is not in regional mode: \
              it decides as a limit per region (each region grants the whole limit)"
         );
     }
@@ -247,23 +262,39 @@ impl Limiter {
         if warns_of_prefetch {
             warn_ignored_prefetch(&limits.prefetching_names(), &[]);
         }
-        warn_not_regional(&limits.across_regions_names(), &[]);
+        let regions = if backend.regional() {
+            Regions::Shares
+        } else {
+            warn_not_regional(&limits.across_regions_names(), &[]);
+            Regions::PerRegion
+        };
         let store = backend.override_store().map(|s| s.0);
-        Self::build(limits, backend, store, warns_of_prefetch)
+        Self::build(limits, backend, store, warns_of_prefetch, regions)
     }
 
     /// A limiter deciding in memory what `limits` say, stored overrides included, without
     /// following a store of its own (the layer's fallback: it follows the main limiter's). It
     /// says nothing of `prefetch`: the limits are the main limiter's, whose backend may
-    /// prefetch. It decides by `clock` (the main backend's), or the system clock.
-    pub(crate) fn fallback(limits: Limits, clock: Option<Arc<dyn crate::time::Clock>>) -> Self {
+    /// prefetch. It decides by `clock` (the main backend's), or the system clock. When the main
+    /// backend is `regional`, it denies every limit marked `across_regions` (it knows no
+    /// share).
+    pub(crate) fn fallback(
+        limits: Limits,
+        clock: Option<Arc<dyn crate::time::Clock>>,
+        regional: bool,
+    ) -> Self {
         let memory = match clock {
             Some(clock) => crate::backend::MemoryBackend::builder()
                 .clock(clock)
                 .build(),
             None => crate::backend::MemoryBackend::new(),
         };
-        Self::build(limits, Arc::new(memory), None, false)
+        let regions = if regional {
+            Regions::Closed
+        } else {
+            Regions::PerRegion
+        };
+        Self::build(limits, Arc::new(memory), None, false, regions)
     }
 
     fn build(
@@ -271,6 +302,7 @@ impl Limiter {
         backend: Arc<dyn Backend>,
         store: Option<Arc<dyn crate::backend::OverrideStore>>,
         warns_of_prefetch: bool,
+        regions: Regions,
     ) -> Self {
         let limits = match &store {
             Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
@@ -287,6 +319,7 @@ impl Limiter {
                 store,
                 renewals: renewals::Renewals::default(),
                 warns_of_prefetch,
+                regions,
             }),
         };
         limiter.watch_store();

@@ -13,7 +13,9 @@ use crate::mode::Mode;
 use crate::quota::Quota;
 use crate::time::us;
 
-use super::{BatchDecision, Decision, Limiter, LimiterError, Transaction, first_duplicate};
+use super::{
+    BatchDecision, Decision, Limiter, LimiterError, Regions, Transaction, first_duplicate,
+};
 
 /// A batch's per-transaction working data: on the stack for up to 8 transactions (a request's
 /// rules), so the request path does not allocate for it.
@@ -444,7 +446,19 @@ impl Limiter {
             let default_cost = entry.cost;
             let cost = tx.cost_or(default_cost);
             let mut lease = 0;
-            if resolution.block_s != 0 {
+            let mut block_s = resolution.block_s;
+            let mut floor = None;
+            if entry.across_regions.is_some() {
+                match self.inner.regions {
+                    Regions::PerRegion => {}
+                    Regions::Shares => floor = entry.across_regions,
+                    // The fallback of a regional limiter knows no share: denied, as a block
+                    // of a second is.
+                    Regions::Closed if quota.is_some() => block_s = block_s.max(1),
+                    Regions::Closed => {}
+                }
+            }
+            if block_s != 0 {
                 // Denied here, not sent (`with_blocks`); a counting one denies the batch.
                 counted.blocks = true;
                 counted.blocked |= mode.counts();
@@ -457,7 +471,9 @@ impl Limiter {
                 } else {
                     BucketTx::new(tx.key(), quota, costs, mode)
                 };
-                let mut checked = checked.map_err(|e| LimiterError::from_transaction(name, e))?;
+                let mut checked = checked
+                    .map_err(|e| LimiterError::from_transaction(name, e))?
+                    .across_regions(floor);
                 // A spend of a slot takes a lease of its own.
                 if op == Op::Spend && quota.holds_leases() && cost == 1 && mode.spends() {
                     lease = self.lease_id();
@@ -471,7 +487,7 @@ impl Limiter {
                 mode,
                 cost,
                 lease,
-                block_s: resolution.block_s,
+                block_s,
             });
         }
         Ok(())

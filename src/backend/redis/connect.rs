@@ -66,6 +66,10 @@ pub struct RedisBackendBuilder {
     /// Connect to read only (a replay's snapshot): neither the stored overrides' read (which
     /// sets the store's epoch and removes expired overrides) nor their follower.
     read_only: bool,
+    /// Regional mode's decisions: a limit marked `across_regions` decided as this region's
+    /// share bucket (`docs/regions.md`; the global store and the rebalancer are still to come,
+    /// so nothing but the tests turns it on).
+    share_buckets: bool,
     /// The tests' instance clock that runs apart from the store's (the script still reads
     /// the server's).
     #[cfg(test)]
@@ -101,6 +105,7 @@ impl RedisBackendBuilder {
             coalesce: Some(super::coalesce::Settings::default()),
             max_overrides: crate::backend::DEFAULT_MAX_OVERRIDES,
             read_only: false,
+            share_buckets: false,
             #[cfg(test)]
             skewed: None,
         }
@@ -111,6 +116,15 @@ impl RedisBackendBuilder {
     #[cfg(test)]
     pub(crate) fn skewed_clock(mut self, clock: impl Clock) -> Self {
         self.skewed = Some(Arc::new(clock));
+        self
+    }
+
+    /// Regional mode's decisions alone (`docs/regions.md`): a limit marked `across_regions`
+    /// decided as this region's share bucket. For the tests until the regional mode's global
+    /// store and rebalancer land.
+    #[cfg(test)]
+    pub(crate) fn share_buckets(mut self) -> Self {
+        self.share_buckets = true;
         self
     }
 
@@ -412,6 +426,7 @@ impl RedisBackendBuilder {
                 coalescer: coalesce.map(|c| super::coalesce::Coalescer::new(c, timeout)),
                 pools: super::prefetch::Pools::new(),
                 prefetch: self.prefetch,
+                share_buckets: self.share_buckets,
                 overrides: crate::backend::Watched::default(),
                 override_sync: std::sync::Mutex::default(),
                 max_overrides: self.max_overrides,

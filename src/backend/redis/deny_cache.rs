@@ -46,10 +46,10 @@ impl DenyCache {
         }
         let mut outcomes = Outcomes::with_capacity(batch.len());
         for tx in batch {
-            // Only GCRA buckets are remembered: a tiered one is skipped, never guessed.
+            // Only GCRA buckets are remembered: a tiered one or a region's share bucket is
+            // skipped, never guessed.
             let remembered = tx
-                .quota
-                .as_gcra()
+                .plain_gcra()
                 .and_then(|limit| Some((limit, self.map.get(tx.key)?)));
             let outcome = match remembered {
                 Some((limit, tat)) => {

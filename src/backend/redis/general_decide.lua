@@ -360,7 +360,11 @@ if op == OP_SPEND then
     local r = rec[i]
     local after = raws[i]
     if batch_allowed then
-      if r.kind == KIND_GCRA and writes[i] then
+      if r.share and writes[i] then
+        write_share(i, r, writes[i])
+        r.written = true
+        out[i][5] = writes[i]
+      elseif r.kind == KIND_GCRA and writes[i] then
         write_tat(KEYS[i], writes[i], bound_length(r))
         out[i][5] = writes[i]
       elseif r.kind == KIND_CALENDAR and writes[i] then
@@ -385,7 +389,11 @@ elseif op == OP_REFUND then
       local s = stored[i]
       local ok, rem, reset, new_tat = gcra_refund(s, r.ei, r.bo, r.burst, r.cost)
       out[i] = {ok, rem, 0, reset, s}
-      if new_tat then
+      if new_tat and r.share then
+        write_share(i, r, new_tat)
+        r.written = true
+        out[i][5] = new_tat
+      elseif new_tat then
         -- What a refund leaves may still be as far ahead as its writer set it: keep its bound.
         write_tat(KEYS[i], new_tat, math.max(bound_length(r), kread[i]))
         out[i][5] = new_tat
@@ -445,10 +453,12 @@ else
 end
 
 -- Foreign values the batch did not write over: replaced by the drained state they were read
--- as.
+-- as; a share bucket whose limit changed, by its tokens kept under the new one.
 for i = 1, n do
   local r = rec[i]
-  if r.kind == KIND_GCRA and r.fix and out[i][5] == stored[i] then
+  if r.share and r.fix and not r.written then
+    write_share(i, r, stored[i])
+  elseif r.kind == KIND_GCRA and r.fix and out[i][5] == stored[i] then
     write_tat(KEYS[i], stored[i], bound_length(r))
   elseif r.kind == KIND_TIERED and r.fix and not r.written then
     write_tiers(KEYS[i], r, stored[i])

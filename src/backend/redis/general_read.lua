@@ -6,6 +6,7 @@
 
 local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
 local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY, KIND_CHARGE, KIND_CALENDAR = 0, 1, 2, 3, 4, 5
+local KIND_SHARE = 6
 local MODE_OBSERVE, MODE_CHARGE, MODE_RENEW = 3, 4, 5
 
 -- The core of the rule: the TAT after spending `incr` (emission interval * cost) on a bucket
@@ -189,9 +190,23 @@ end
 -- Parse the records.
 local rec = {}
 local a = 5
+local shares = false
 for i = 1, n do
   local kind = tonumber(ARGV[a])
-  if kind == KIND_GCRA or kind == KIND_RANGE or kind == KIND_CHARGE then
+  if kind == KIND_SHARE then
+    -- A region's share bucket (docs/regions.md): a GCRA record whose limit the read below
+    -- finds (the floor, and the region's part while its lease runs).
+    local sub, cost = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+    rec[i] = {kind = KIND_GCRA, share = true, frate = tonumber(ARGV[a + 1]),
+      fburst = tonumber(ARGV[a + 2]), period = tonumber(ARGV[a + 3]), cost = cost,
+      mode = tonumber(ARGV[a + 6]), min = cost, charge = sub == KIND_CHARGE}
+    a = a + 7
+    if sub == KIND_RANGE then
+      rec[i].min = tonumber(ARGV[a])
+      a = a + 1
+    end
+    shares = true
+  elseif kind == KIND_GCRA or kind == KIND_RANGE or kind == KIND_CHARGE then
     local cost = tonumber(ARGV[a + 4])
     rec[i] = {kind = KIND_GCRA, ei = tonumber(ARGV[a + 1]), bo = tonumber(ARGV[a + 2]),
       burst = tonumber(ARGV[a + 3]), cost = cost, mode = tonumber(ARGV[a + 5]), min = cost,
@@ -278,13 +293,98 @@ local function decode_tiers(raw, r)
   return s
 end
 
+-- Regions' share buckets (docs/regions.md), defined only for a call that has one (each local
+-- function is a closure made on every call that reaches it). A share bucket's key holds
+-- "1 <TAT> <interval> <burst> <part's rate> <part's burst> <grant applied> <lease end>
+-- <last request>": the TAT with the limit it was written under, and the region's record of
+-- the key (src/algo/regions.rs `RegionKey`). Its limit (src/algo/gcra.rs `Limit::share`) is
+-- the floor plus the part while the lease runs (region store's clock), the interval rounded
+-- up; no rate or no burst is a closed bucket (interval one period, burst 0: every cost
+-- denied). When it changes, the bucket keeps its whole tokens, capped at the new burst, never
+-- its TAT (src/algo/gcra.rs `keep_tokens`); no record is a bucket full under the floor (any
+-- part arrives empty). A value that is not such a record is read as no part and the bucket
+-- drained, and replaced.
+local read_share, write_share
+if shares then
+  -- floor(v / d) for any whole v, d > 0.
+  local function floor_div(v, d)
+    if v >= 0 then return tokens(v, d) end
+    return -tokens(d - 1 - v, d)
+  end
+  -- The limit of a share: interval, burst, burst offset, debt offset.
+  local function share_limit(rate, burst, period)
+    if rate > period then rate = period end
+    if rate <= 0 or burst <= 0 then return period, 0, 0, 0 end
+    local ei = tokens(period + rate - 1, rate)
+    local most = tokens(3153600000000000, ei)
+    if burst > most then burst = most end
+    local bo = ei * burst
+    return ei, burst, bo, ei * math.min(burst, tokens(3153600000000000 - bo, ei))
+  end
+  read_share = function(i, r)
+    local raw = redis.pcall('GET', KEYS[i])
+    local f = {}
+    if type(raw) == 'string' then
+      f = {string.match(raw, '^1 (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
+    end
+    local ok = #f == 8
+    for j = 1, #f do
+      f[j] = tonumber(f[j])
+      if f[j] >= LIMIT then ok = false end
+    end
+    if not ok or f[2] == 0 then f = {0, 0, 0, 0, 0, 0, 0, 0} end
+    local tat, wei, wburst = f[1], f[2], f[3]
+    r.prate, r.pburst, r.applied, r.lease_end, r.last = f[4], f[5], f[6], f[7], f[8]
+    local rate, burst = r.frate, r.fburst
+    if now < r.lease_end then rate, burst = rate + r.prate, burst + r.pburst end
+    r.ei, r.burst, r.bo, r.debt = share_limit(rate, burst, r.period)
+    if raw and wei == 0 then
+      -- Not a record of ours: drained, replaced.
+      r.fix = true
+      return now + r.bo, 0
+    end
+    if wei == 0 then
+      -- Nothing stored: full under the floor.
+      wei, wburst = share_limit(r.frate, r.fburst, r.period)
+      tat = 0
+    end
+    local wbo = wei * wburst
+    local ahead = math.max(tat - now, 0)
+    if ahead > wbo + wei * wburst + SLACK then
+      r.fix = true
+      return now + r.bo, 0
+    end
+    if wei == r.ei and wburst == r.burst then return tat, 0 end
+    -- The limit changed: whole tokens kept, capped at the new burst.
+    local kept = math.min(floor_div(wbo - ahead, wei), r.burst)
+    local after = r.ei * (r.burst - kept)
+    r.fix = true
+    if after <= 0 then return 0, 0 end
+    return now + after, 0
+  end
+  -- Writes share bucket i's record with the TAT `tat` under r's limit; kept while its TAT or
+  -- its lease runs.
+  write_share = function(i, r, tat)
+    if tat < now then tat = 0 end
+    local until_at = math.max(tat, r.lease_end)
+    if until_at <= now then
+      redis.call('DEL', KEYS[i])
+      return
+    end
+    redis.call('SET', KEYS[i], string.format('1 %d %d %d %d %d %d %d %d', tat, r.ei, r.burst,
+      r.prate, r.pburst, r.applied, r.lease_end, r.last), expire_args(until_at))
+  end
+end
+
 local stored = {}
 local raws = {}
 local ttls = {}
 local kread = {}
 for i = 1, n do
   local r = rec[i]
-  if r.kind == KIND_GCRA then
+  if r.share then
+    stored[i], kread[i] = read_share(i, r)
+  elseif r.kind == KIND_GCRA then
     stored[i], kread[i] = read_tat(i, r)
   elseif r.kind == KIND_CALENDAR then
     -- src/algo/calendar.rs `read`: units used count while the clock is before both the end

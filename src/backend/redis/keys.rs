@@ -1,5 +1,6 @@
 //! Where a bucket lives: `<prefix>{<limit name>:<escaped id>}`, and `:t` after the hash tag
-//! for a tiered state, `:c` for a concurrency key's leases, `:q` for a calendar quota's count.
+//! for a tiered state, `:c` for a concurrency key's leases, `:q` for a calendar quota's count,
+//! `:r` for a region's share bucket.
 
 use std::fmt;
 
@@ -18,10 +19,28 @@ pub(super) const CONCURRENCY_SUFFIX: &str = ":c";
 /// hash tag: a name switched to or from a calendar quota never reads another shape's state.
 pub(super) const CALENDAR_SUFFIX: &str = ":q";
 
+/// The suffix of a region's share bucket (a limit marked `across_regions` in regional mode,
+/// `docs/regions.md`: the TAT with the limit it was written under, and the region's part of
+/// the key with its lease), after the hash tag: an instance not in regional mode, deciding the
+/// same name as a limit per region during a rolling deploy, never reads it, nor it theirs.
+pub(super) const SHARE_SUFFIX: &str = ":r";
+
 /// The keys a reset deletes, by suffix: every shape's state but a concurrency key's leases,
 /// which are requests in flight (forgetting them would admit more at once than the limit; they
-/// end when their requests do, or at their deadlines).
-pub(super) const FORGOTTEN_BY_RESET: &[&str] = &["", TIERS_SUFFIX, CALENDAR_SUFFIX];
+/// end when their requests do, or at their deadlines). A share bucket is forgotten with its
+/// part: the region decides on its floor, full (the stated exception of `docs/regions.md`),
+/// until its next grant.
+pub(super) const FORGOTTEN_BY_RESET: &[&str] = &["", TIERS_SUFFIX, CALENDAR_SUFFIX, SHARE_SUFFIX];
+
+/// The suffix of the Redis key a transaction decides on: its quota's ([`suffix`]), or a share
+/// bucket's.
+pub(super) fn tx_suffix(tx: &crate::backend::BucketTx<'_>) -> &'static str {
+    if tx.floor.is_some() {
+        SHARE_SUFFIX
+    } else {
+        suffix(tx.quota)
+    }
+}
 
 /// The suffix of the Redis key holding a quota's state.
 pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {

@@ -155,6 +155,9 @@ struct Inner {
     pools: prefetch::Pools,
     /// Whether limits with `prefetch` prefetch ([`RedisBackendBuilder::prefetch`]).
     prefetch: bool,
+    /// Whether a limit marked `across_regions` is decided as this region's share bucket
+    /// (regional mode, `docs/regions.md`).
+    share_buckets: bool,
     /// The overrides set at run time, as last read, and who follows them.
     overrides: super::Watched,
     /// Where this instance stands with the store's overrides (the epoch and versions applied).
@@ -356,7 +359,7 @@ impl RedisBackend {
 
     /// The Redis key of a transaction's state.
     fn script_key(&self, tx: &BucketTx<'_>) -> Key {
-        self.command_key(tx.key, keys::suffix(tx.quota))
+        self.command_key(tx.key, keys::tx_suffix(tx))
     }
 
     fn keys(&self, batch: &[BucketTx<'_>]) -> Vec<Key> {
@@ -418,7 +421,7 @@ impl RedisBackend {
         if let Some(cache) = &self.inner.cache {
             let all_allowed = batch_allowed(batch.iter().zip(&reply.outcomes));
             for (tx, &tat) in batch.iter().zip(&reply.tats) {
-                if tx.quota.as_gcra().is_none() {
+                if tx.plain_gcra().is_none() {
                     continue;
                 }
                 let local_tat = local_tat(tat, reply.now, local_now);
@@ -472,6 +475,7 @@ struct OwnedTx {
     lease: u64,
     /// A renewal's leases (empty: `lease` alone; no allocation then).
     leases: Vec<u64>,
+    floor: Option<crate::RegionFloor>,
 }
 
 impl OwnedTx {
@@ -484,6 +488,7 @@ impl OwnedTx {
             mode: tx.mode,
             lease: tx.lease,
             leases: tx.leases.to_vec(),
+            floor: tx.floor,
         }
     }
 
@@ -496,6 +501,7 @@ impl OwnedTx {
             mode: self.mode,
             lease: self.lease,
             leases: &self.leases,
+            floor: self.floor,
         }
     }
 }
@@ -564,7 +570,7 @@ impl RedisBackend {
         }
         if let Some(cache) = &self.inner.cache {
             for (i, tx) in batch.iter().enumerate() {
-                if tx.quota.as_gcra().is_none() {
+                if tx.plain_gcra().is_none() {
                     continue;
                 }
                 if all_allowed {
@@ -655,6 +661,10 @@ impl Backend for RedisBackend {
 
     fn prefetches(&self) -> bool {
         self.inner.prefetch
+    }
+
+    fn regional(&self) -> bool {
+        self.inner.share_buckets
     }
 
     /// Ready once the stored overrides were read whole (`connect` waits for that read; a lazy

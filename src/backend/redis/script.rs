@@ -14,6 +14,7 @@
 //! | GCRA charge (mode charge: a settle's overrun) | `4`, the GCRA fields |
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
 //! | concurrency | `3`, mode, cost, max, lease (µs), retry hint (µs), lease id (decimal text; `0`: none; a renewal: every lease it renews, separated by spaces) |
+//! | share bucket (a region's share of a limit across regions, `docs/regions.md`) | `6`, the floor's rate and burst, the period (µs), the GCRA kind (`0`, `2` or `4`), cost, mode, then a range's least units |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
 //!
 //! `C` (one calendar key alone, checked and spent: the script's own path for it): the head,
@@ -51,6 +52,7 @@ const KIND_RANGE: i64 = 2;
 const KIND_CONCURRENCY: i64 = 3;
 const KIND_CHARGE: i64 = 4;
 const KIND_CALENDAR: i64 = 5;
+const KIND_SHARE: i64 = 6;
 const OP_LEAN: &str = "G";
 const OP_COALESCED: &str = "M";
 const OP_CALENDAR: &str = "C";
@@ -88,6 +90,7 @@ const PROTOCOL: &[(&str, Code)] = &[
     ("KIND_CONCURRENCY", Code::Number(KIND_CONCURRENCY)),
     ("KIND_CHARGE", Code::Number(KIND_CHARGE)),
     ("KIND_CALENDAR", Code::Number(KIND_CALENDAR)),
+    ("KIND_SHARE", Code::Number(KIND_SHARE)),
     (
         "MODE_CHECK_AND_SPEND",
         Code::Number(mode_number(Mode::CheckAndSpend)),
@@ -196,8 +199,8 @@ pub(super) fn is_lean<'a>(call: Call, mut txs: impl Iterator<Item = &'a BucketTx
     call.op == Op::Spend
         && txs.all(|tx| {
             // The lean path bounds stored TATs by twice the burst offset: the default debt.
-            tx.quota
-                .as_gcra()
+            // A region's share bucket takes the general path.
+            tx.plain_gcra()
                 .is_some_and(|l| l.debt_offset_us() == l.burst_offset_us())
                 && tx.min_cost == tx.cost
                 && tx.mode != Mode::Charge
@@ -291,6 +294,23 @@ pub(super) fn encode<'a>(
                     (_, true) => KIND_RANGE,
                     _ => KIND_GCRA,
                 };
+                if let Some(floor) = tx.floor {
+                    // A region's share bucket: the script finds its limit (the floor, and
+                    // the part while its lease runs).
+                    args.extend([
+                        Value::Integer(KIND_SHARE),
+                        int(floor.of(limit.count())),
+                        int(floor.of(limit.burst())),
+                        int(limit.period_us()),
+                        Value::Integer(kind),
+                        int(tx.cost.min(MAX_TIME_US)),
+                        mode_code(tx.mode),
+                    ]);
+                    if range {
+                        args.push(int(tx.min_cost));
+                    }
+                    continue;
+                }
                 args.extend([
                     Value::Integer(kind),
                     int(limit.emission_interval_us()),

@@ -179,3 +179,5 @@ async fn a_probe_dropped_before_it_answers_lets_the_next_cool_off_probe_again() 
         "the next cool-off probes again"
     );
 }
+
+mod shares;

@@ -299,6 +299,7 @@ impl RedisBackend {
                 mode: Mode::CheckAndSpend,
                 lease: 0,
                 leases: &[],
+                floor: None,
             })
             .collect();
         match self.refund_batch(&txs).await {

@@ -1,0 +1,329 @@
+//! A region's share buckets in the script (`docs/regions.md`), against a real `redis-server`:
+//! the floor alone before any grant, a grant's part arriving empty and leaving with its lease,
+//! and the script's reading of a stored record held to the Rust rule it mirrors
+//! (`RegionKey::bucket`, `gcra::keep_tokens`, `gcra::check`) over many random records.
+
+use super::*;
+use crate::algo::gcra::{self, Limit};
+use crate::algo::regions::{RegionKey, Share};
+use crate::time::ManualClock;
+use crate::{Id, Limiter, Limits, RegionFloor, Transaction};
+
+const SECOND: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000 * SECOND;
+
+/// 100 a second, burst 100, marked with a floor of 10%: 10 a second and 10 at once.
+fn limits() -> Limits {
+    let limit = Limit::from_micros(100, 100, SECOND).unwrap();
+    Limits::builder()
+        .limit("Api", limit)
+        .across_regions("Api", RegionFloor::default())
+        .limit("Other", limit)
+        .build()
+        .unwrap()
+}
+
+async fn backend(url: &str, prefix: &str, clock: &ManualClock, shares: bool) -> RedisBackend {
+    let builder = RedisBackend::from_url(url)
+        .prefix(prefix)
+        .deny_cache(false)
+        .caller_time(clock.clone());
+    let builder = if shares {
+        builder.share_buckets()
+    } else {
+        builder
+    };
+    builder.connect().await.unwrap()
+}
+
+fn prefix(test: &str) -> String {
+    format!("t:shares:{test}:{}:{}:", std::process::id(), T0)
+}
+
+/// How many of `n` single requests of `key` are allowed, one after another.
+async fn allowed(limiter: &Limiter, key: &BucketKey, n: usize) -> usize {
+    let mut count = 0;
+    for _ in 0..n {
+        let tx = Transaction::new(key.clone());
+        count += usize::from(limiter.spend(&[tx]).await.unwrap().allowed());
+    }
+    count
+}
+
+/// Writes a share bucket's record as the script keeps it.
+async fn write_record(backend: &RedisBackend, key: &str, fields: [u64; 8]) {
+    use fred::prelude::KeysInterface;
+    let text = format!(
+        "1 {} {} {} {} {} {} {} {}",
+        fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
+    );
+    let () = backend
+        .client()
+        .set(key, text, None, None, false)
+        .await
+        .unwrap();
+}
+
+async fn read_record(backend: &RedisBackend, key: &str) -> Option<String> {
+    use fred::prelude::KeysInterface;
+    backend.client().get(key).await.unwrap()
+}
+
+/// Before any grant a marked limit decides on the region's floor alone (10 of 100), in its
+/// own key (`:r`), apart from an unmarked limit of the same numbers; an instance not in
+/// regional mode decides the same name as a limit per region, in the plain key, and neither
+/// reads the other's state.
+#[tokio::test]
+async fn a_marked_limit_decides_on_its_floor_until_a_grant() {
+    let server = redis();
+    let clock = ManualClock::new(T0);
+    let prefix = prefix("floor");
+    let regional = backend(&server.url, &prefix, &clock, true).await;
+    let limiter = Limiter::new(limits(), regional.clone());
+    let key = limiter.key("Api", Id::from(7u64)).unwrap();
+    assert_eq!(
+        allowed(&limiter, &key, 20).await,
+        10,
+        "the floor: 10 at once"
+    );
+    let denied = limiter
+        .spend(&[Transaction::new(key.clone())])
+        .await
+        .unwrap();
+    assert_eq!(
+        denied.strictest().unwrap().retry_after(),
+        Duration::from_millis(100),
+        "refilled at the floor's rate, 10 a second"
+    );
+    let other = limiter.key("Other", Id::from(7u64)).unwrap();
+    assert_eq!(allowed(&limiter, &other, 120).await, 100);
+    let record = read_record(&regional, &format!("{}:r", regional.redis_key(&key))).await;
+    let record = record.expect("the share bucket's record");
+    assert!(
+        record.starts_with(&format!("1 {} 100000 10 0 0 0 0 0", T0 + SECOND)),
+        "{record}"
+    );
+    // Not in regional mode: the whole limit, in the plain key.
+    let per_region = Limiter::new(limits(), backend(&server.url, &prefix, &clock, false).await);
+    assert_eq!(allowed(&per_region, &key, 120).await, 100);
+    // And the share bucket did not move.
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(allowed(&limiter, &key, 5).await, 1);
+}
+
+/// A grant of 40 more (rate and burst) while its lease runs: the bucket's limit is 50 a
+/// second, but the part's burst arrives empty (10 tokens kept, not 50); it refills at 50 a
+/// second; when the lease ends the bucket goes back to the floor keeping at most 10 tokens,
+/// refilling at 10 a second.
+#[tokio::test]
+async fn a_grants_part_arrives_empty_and_leaves_with_its_lease() {
+    let server = redis();
+    let clock = ManualClock::new(T0);
+    let prefix = prefix("grant");
+    let regional = backend(&server.url, &prefix, &clock, true).await;
+    let limiter = Limiter::new(limits(), regional.clone());
+    let key = limiter.key("Api", Id::from(9u64)).unwrap();
+    let record = format!("{}:r", regional.redis_key(&key));
+    let lease_end = T0 + 5 * SECOND;
+    write_record(
+        &regional,
+        &record,
+        [0, 100_000, 10, 40, 40, 3, lease_end, 3],
+    )
+    .await;
+    assert_eq!(
+        allowed(&limiter, &key, 60).await,
+        10,
+        "the part arrives empty"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        allowed(&limiter, &key, 60).await,
+        50,
+        "refilled at 50 a second"
+    );
+    let kept = read_record(&regional, &record).await.unwrap();
+    assert!(kept.ends_with(&format!(" 40 40 3 {lease_end} 3")), "{kept}");
+    clock.set(lease_end + 10 * SECOND);
+    assert_eq!(allowed(&limiter, &key, 60).await, 10, "back to the floor");
+    clock.advance(Duration::from_millis(500));
+    assert_eq!(allowed(&limiter, &key, 60).await, 5, "at the floor's rate");
+}
+
+/// A floor of 0% and no part: the key is closed in this region (every cost denied); a value
+/// that is not a record of ours is read as no part and a drained bucket, and replaced.
+#[tokio::test]
+async fn no_share_is_closed_and_a_foreign_record_is_drained() {
+    let server = redis();
+    let clock = ManualClock::new(T0);
+    let prefix = prefix("closed");
+    let regional = backend(&server.url, &prefix, &clock, true).await;
+    let limit = Limit::from_micros(100, 100, SECOND).unwrap();
+    let closed = Limits::builder()
+        .limit("Api", limit)
+        .across_regions("Api", RegionFloor::from_basis_points(0).unwrap())
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(closed, regional.clone());
+    let key = limiter.key("Api", Id::from(1u64)).unwrap();
+    assert_eq!(allowed(&limiter, &key, 3).await, 0);
+    let limiter = Limiter::new(limits(), regional.clone());
+    let key = limiter.key("Api", Id::from(2u64)).unwrap();
+    let record = format!("{}:r", regional.redis_key(&key));
+    write_record(&regional, &record, [0, 0, 0, 90, 90, 1, T0 + SECOND, 1]).await;
+    assert_eq!(allowed(&limiter, &key, 3).await, 0, "drained");
+    let replaced = read_record(&regional, &record).await.unwrap();
+    assert!(
+        replaced.starts_with(&format!("1 {} 100000 10 0 0 0 0 0", T0 + SECOND)),
+        "{replaced}"
+    );
+    clock.advance(Duration::from_millis(300));
+    assert_eq!(allowed(&limiter, &key, 5).await, 3);
+}
+
+/// A small deterministic generator (xorshift), so a failure names its case.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// The script reads a stored record as the Rust rule does: for random floors, parts, leases,
+/// limits written under and TATs, one spend's outcome and the TAT it leaves are those of
+/// `RegionKey::bucket`, then `gcra::keep_tokens` when the limit changed, then `gcra::check`.
+#[tokio::test]
+async fn the_script_reads_a_share_bucket_as_the_rust_rule() {
+    let server = redis();
+    let clock = ManualClock::new(T0);
+    let prefix = prefix("rule");
+    let regional = backend(&server.url, &prefix, &clock, true).await;
+    let period = SECOND;
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    // Cases by what they exercise: closed, beyond the share's burst, the same limit, a
+    // changed limit allowed, a changed limit denied.
+    let mut seen = [0u32; 5];
+    for case in 0..1_000u64 {
+        let limit = Limit::from_micros(1 + rng.below(60), 1 + rng.below(60), period).unwrap();
+        let floor = RegionFloor::from_basis_points(rng.below(5_001) as u16).unwrap();
+        let floor_share = Share {
+            rate: floor.of(limit.count()),
+            burst: floor.of(limit.burst()),
+        };
+        let region = RegionKey {
+            share: Share {
+                rate: rng.below(40),
+                burst: rng.below(40),
+            },
+            applied: 1,
+            lease_end: T0 - SECOND + rng.below(2 * SECOND),
+            last_seq: 1,
+        };
+        // Written under the limit in force (a third of the cases), or another.
+        let written = match region.bucket(floor_share, period, T0) {
+            Some(same) if rng.below(3) == 0 => same,
+            _ => Limit::share(1 + rng.below(60), 1 + rng.below(60), period).unwrap(),
+        };
+        let tat = match rng.below(3) {
+            0 => 0,
+            1 => T0 - rng.below(SECOND),
+            _ => T0 + rng.below(written.burst_offset_us() + 1),
+        };
+        // Within the limit's burst (the transaction is checked against it), not always within
+        // the share's.
+        let cost = 1 + rng.below(limit.burst().min(5));
+        let id = Id::from(case);
+        let key = BucketKey::new(limits().name("Api").unwrap(), id);
+        let record = format!("{}:r", regional.redis_key(&key));
+        write_record(
+            &regional,
+            &record,
+            [
+                tat,
+                written.emission_interval_us(),
+                written.burst(),
+                region.share.rate,
+                region.share.burst,
+                1,
+                region.lease_end,
+                1,
+            ],
+        )
+        .await;
+        let quota = Quota::Gcra(limit);
+        let tx = BucketTx::new(&key, &quota, cost..=cost, crate::Mode::CheckAndSpend)
+            .unwrap()
+            .across_regions(Some(floor));
+        let got = regional.spend(&[tx]).outcomes().await.unwrap()[0];
+        let after = read_record(&regional, &record).await;
+        // A TAT in the past is a full bucket, whether stored or not.
+        let stored_tat = after
+            .as_deref()
+            .and_then(|r| r.split(' ').nth(1))
+            .map_or(0, |t| t.parse::<u64>().unwrap())
+            .max(T0);
+        let Some(new) = region.bucket(floor_share, period, T0) else {
+            assert!(!got.allowed, "case {case}: closed");
+            seen[0] += 1;
+            continue;
+        };
+        let same = new.emission_interval_us() == written.emission_interval_us()
+            && new.burst() == written.burst();
+        let read = if same {
+            (tat > T0).then_some(tat)
+        } else {
+            gcra::keep_tokens(&written, &new, (tat != 0).then_some(tat), T0).unwrap()
+        };
+        let context = format!(
+            "case {case}: limit {limit:?} floor {floor} region {region:?} written {written:?} \
+             tat {tat} cost {cost}"
+        );
+        if cost > new.burst() {
+            assert!(!got.allowed, "{context}: never fits the share");
+            seen[1] += 1;
+            continue;
+        }
+        let want = gcra::check(&new, read, T0, cost).unwrap();
+        seen[match (same, want.allowed) {
+            (true, _) => 2,
+            (false, true) => 3,
+            (false, false) => 4,
+        }] += 1;
+        assert_eq!(got.allowed, want.allowed, "{context}");
+        assert_eq!(got.remaining, want.remaining, "{context}");
+        assert_eq!(got.retry_after_us, want.retry_after_us, "{context}");
+        assert_eq!(got.reset_after_us, want.reset_after_us, "{context}");
+        let want_tat = match (want.allowed, want.new_tat) {
+            (true, Some(t)) => t,
+            _ => read.unwrap_or(0),
+        };
+        assert_eq!(stored_tat, want_tat.max(T0), "{context}");
+    }
+    assert!(seen.iter().all(|&n| n >= 10), "cases by kind: {seen:?}");
+}
+
+/// The in-memory fallback of a regional limiter knows no share: it denies a marked limit
+/// (fail-closed, retry in a second) and decides the others; the fallback of a limiter not in
+/// regional mode decides a marked limit as a limit per region, as its limiter does.
+#[tokio::test]
+async fn the_fallback_of_a_regional_limiter_denies_a_marked_limit() {
+    let fallback = Limiter::fallback(limits(), None, true);
+    let marked = fallback.key("Api", Id::from(1u64)).unwrap();
+    let denied = fallback
+        .spend(&[Transaction::new(marked.clone())])
+        .await
+        .unwrap();
+    assert!(!denied.allowed());
+    assert_eq!(
+        denied.strictest().unwrap().retry_after(),
+        Duration::from_secs(1)
+    );
+    let other = fallback.key("Other", Id::from(1u64)).unwrap();
+    assert_eq!(allowed(&fallback, &other, 3).await, 3);
+    let per_region = Limiter::fallback(limits(), None, false);
+    assert_eq!(allowed(&per_region, &marked, 3).await, 3);
+}
