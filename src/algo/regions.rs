@@ -404,6 +404,19 @@ impl RegionKey {
         Limit::share(share.burst, share.rate, period_us)
     }
 
+    /// When the limit of a bucket written at `written_at` last changed by itself, as of `now`
+    /// (region clock): at the lease's end when the lease ended since the write, else `now` (a
+    /// grant is applied when it arrives, a reload when the bucket is next read). The bucket's
+    /// tokens are kept from then (`gcra::keep_tokens`), so a part whose lease ended refills
+    /// nothing after its end.
+    pub fn changed_at(&self, written_at: u64, now: u64) -> u64 {
+        if self.lease_end > written_at && self.lease_end <= now {
+            self.lease_end
+        } else {
+            now
+        }
+    }
+
     /// What the region may use at `now` (region clock) above its floor: its share while the
     /// lease runs, nothing after.
     pub fn in_use(&self, now: u64) -> Share {

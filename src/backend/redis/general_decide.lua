@@ -294,7 +294,38 @@ local function add_raw(i, before, after)
   end
 end
 
-if op == OP_SPEND then
+if op == OP_SHARE_REQUEST then
+  -- The rebalancer's request for a region's shares (src/algo/regions.rs `RegionKey::request`):
+  -- per key its number (after the last one, at least the store's now, so a store that lost
+  -- the record numbers on from its clock) and the grant applied; then now, when it left.
+  for i = 1, n do
+    local r = rec[i]
+    r.last = math.max(r.last + 1, now)
+    write_share(i, rec[i], stored[i])
+    out[i] = {r.last, r.applied}
+  end
+  out[n + 1] = now
+  return out
+elseif op == OP_SHARE_GRANT then
+  -- A grant applied (src/algo/regions.rs `RegionKey::on_grant`) if it answers a later request
+  -- than the applied grant's (a late or repeated one changes nothing): the part and its lease,
+  -- the bucket's tokens kept under the new limit from now. Per key 1 when applied.
+  for i = 1, n do
+    local r = rec[i]
+    local applied = 0
+    if r.gseq > r.applied then
+      local wei, wburst = r.ei, r.burst
+      r.applied, r.prate, r.pburst, r.lease_end = r.gseq, r.gprate, r.gpburst, r.glease_end
+      share_in_force(r)
+      stored[i] = share_change(r, stored[i], wei, wburst, now)
+      applied = 1
+    end
+    if applied == 1 or r.fix then write_share(i, r, stored[i]) end
+    out[i] = {applied}
+  end
+  out[n + 1] = now
+  return out
+elseif op == OP_SPEND then
   local batch_allowed = true
   local writes = {}
   local plans = {}

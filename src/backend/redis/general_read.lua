@@ -5,6 +5,7 @@
 -- Shared by every path ------------------------------------------------------------------------
 
 local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
+local OP_SHARE_REQUEST, OP_SHARE_GRANT = 'share_request', 'share_grant'
 local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY, KIND_CHARGE, KIND_CALENDAR = 0, 1, 2, 3, 4, 5
 local KIND_SHARE = 6
 local MODE_OBSERVE, MODE_CHARGE, MODE_RENEW = 3, 4, 5
@@ -205,6 +206,13 @@ for i = 1, n do
       rec[i].min = tonumber(ARGV[a])
       a = a + 1
     end
+    if op == OP_SHARE_GRANT then
+      -- A grant for the key: its request's number, the part, the lease's end.
+      local r = rec[i]
+      r.gseq, r.gprate, r.gpburst, r.glease_end = tonumber(ARGV[a]), tonumber(ARGV[a + 1]),
+        tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+      a = a + 4
+    end
     shares = true
   elseif kind == KIND_GCRA or kind == KIND_RANGE or kind == KIND_CHARGE then
     local cost = tonumber(ARGV[a + 4])
@@ -295,16 +303,17 @@ end
 
 -- Regions' share buckets (docs/regions.md), defined only for a call that has one (each local
 -- function is a closure made on every call that reaches it). A share bucket's key holds
--- "1 <TAT> <interval> <burst> <part's rate> <part's burst> <grant applied> <lease end>
--- <last request>": the TAT with the limit it was written under, and the region's record of
--- the key (src/algo/regions.rs `RegionKey`). Its limit (src/algo/gcra.rs `Limit::share`) is
--- the floor plus the part while the lease runs (region store's clock), the interval rounded
--- up; no rate or no burst is a closed bucket (interval one period, burst 0: every cost
--- denied). When it changes, the bucket keeps its whole tokens, capped at the new burst, never
--- its TAT (src/algo/gcra.rs `keep_tokens`); no record is a bucket full under the floor (any
--- part arrives empty). A value that is not such a record is read as no part and the bucket
--- drained, and replaced.
-local read_share, write_share
+-- "1 <TAT> <interval> <burst> <written at> <part's rate> <part's burst> <grant applied>
+-- <lease end> <last request>": the TAT with the limit it was written under and when, and the
+-- region's record of the key (src/algo/regions.rs `RegionKey`). Its limit (src/algo/gcra.rs
+-- `Limit::share`) is the floor plus the part while the lease runs (region store's clock), the
+-- interval rounded up; no rate or no burst is a closed bucket (interval one period, burst 0:
+-- every cost denied). When it changes, the bucket keeps its whole tokens, capped at the new
+-- burst, never its TAT (src/algo/gcra.rs `keep_tokens`), counted when the change happened: at
+-- the lease's end when the lease ended after the write, else now (a grant, a reload). No
+-- record is a bucket full under the floor (any part arrives empty). A value that is not such
+-- a record is read as no part and the bucket drained, and replaced.
+local read_share, write_share, share_change, share_in_force
 if shares then
   -- floor(v / d) for any whole v, d > 0.
   local function floor_div(v, d)
@@ -321,23 +330,37 @@ if shares then
     local bo = ei * burst
     return ei, burst, bo, ei * math.min(burst, tokens(3153600000000000 - bo, ei))
   end
+  -- Record r's limit in force at now (its floor, and its part while the lease runs).
+  share_in_force = function(r)
+    local rate, burst = r.frate, r.fburst
+    if now < r.lease_end then rate, burst = rate + r.prate, burst + r.pburst end
+    r.ei, r.burst, r.bo, r.debt = share_limit(rate, burst, r.period)
+  end
+  -- The TAT under r's limit in force of a bucket whose TAT was `tat` under interval `wei` and
+  -- burst `wburst`, its limit having changed at `at` (at most now).
+  share_change = function(r, tat, wei, wburst, at)
+    if wei == r.ei and wburst == r.burst then return tat end
+    local kept = math.min(floor_div(wei * wburst - math.max(tat - at, 0), wei), r.burst)
+    local after = at + r.ei * (r.burst - kept)
+    if after <= now then return 0 end
+    return after
+  end
   read_share = function(i, r)
     local raw = redis.pcall('GET', KEYS[i])
     local f = {}
     if type(raw) == 'string' then
-      f = {string.match(raw, '^1 (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
+      f = {string.match(raw,
+        '^1 (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
     end
-    local ok = #f == 8
+    local ok = #f == 9
     for j = 1, #f do
       f[j] = tonumber(f[j])
       if f[j] >= LIMIT then ok = false end
     end
-    if not ok or f[2] == 0 then f = {0, 0, 0, 0, 0, 0, 0, 0} end
-    local tat, wei, wburst = f[1], f[2], f[3]
-    r.prate, r.pburst, r.applied, r.lease_end, r.last = f[4], f[5], f[6], f[7], f[8]
-    local rate, burst = r.frate, r.fburst
-    if now < r.lease_end then rate, burst = rate + r.prate, burst + r.pburst end
-    r.ei, r.burst, r.bo, r.debt = share_limit(rate, burst, r.period)
+    if not ok or f[2] == 0 then f = {0, 0, 0, 0, 0, 0, 0, 0, 0} end
+    local tat, wei, wburst, wat = f[1], f[2], f[3], f[4]
+    r.prate, r.pburst, r.applied, r.lease_end, r.last = f[5], f[6], f[7], f[8], f[9]
+    share_in_force(r)
     if raw and wei == 0 then
       -- Not a record of ours: drained, replaced.
       r.fix = true
@@ -348,22 +371,18 @@ if shares then
       wei, wburst = share_limit(r.frate, r.fburst, r.period)
       tat = 0
     end
-    local wbo = wei * wburst
-    local ahead = math.max(tat - now, 0)
-    if ahead > wbo + wei * wburst + SLACK then
+    if math.max(tat - now, 0) > 2 * wei * wburst + SLACK then
       r.fix = true
       return now + r.bo, 0
     end
-    if wei == r.ei and wburst == r.burst then return tat, 0 end
-    -- The limit changed: whole tokens kept, capped at the new burst.
-    local kept = math.min(floor_div(wbo - ahead, wei), r.burst)
-    local after = r.ei * (r.burst - kept)
-    r.fix = true
-    if after <= 0 then return 0, 0 end
-    return now + after, 0
+    local at = now
+    if r.lease_end > wat and r.lease_end <= now then at = r.lease_end end
+    local read = share_change(r, tat, wei, wburst, at)
+    if read ~= tat then r.fix = true end
+    return read, 0
   end
-  -- Writes share bucket i's record with the TAT `tat` under r's limit; kept while its TAT or
-  -- its lease runs.
+  -- Writes share bucket i's record with the TAT `tat` under r's limit in force; kept while
+  -- its TAT or its lease runs.
   write_share = function(i, r, tat)
     if tat < now then tat = 0 end
     local until_at = math.max(tat, r.lease_end)
@@ -371,8 +390,8 @@ if shares then
       redis.call('DEL', KEYS[i])
       return
     end
-    redis.call('SET', KEYS[i], string.format('1 %d %d %d %d %d %d %d %d', tat, r.ei, r.burst,
-      r.prate, r.pburst, r.applied, r.lease_end, r.last), expire_args(until_at))
+    redis.call('SET', KEYS[i], string.format('1 %d %d %d %d %d %d %d %d %d', tat, r.ei, r.burst,
+      now, r.prate, r.pburst, r.applied, r.lease_end, r.last), expire_args(until_at))
   end
 end
 

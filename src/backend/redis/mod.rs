@@ -106,6 +106,7 @@ mod deny_cache;
 mod keys;
 mod overrides;
 mod prefetch;
+mod regions;
 mod script;
 mod setup;
 #[cfg(feature = "replay")]

@@ -60,6 +60,8 @@ const OP_CALENDAR_DEFAULTS: &str = "c";
 const OP_SPEND: &str = "spend";
 const OP_REFUND: &str = "refund";
 const OP_RESTORE: &str = "restore";
+const OP_SHARE_REQUEST: &str = "share_request";
+const OP_SHARE_GRANT: &str = "share_grant";
 
 /// A mode's code.
 const fn mode_number(mode: Mode) -> i64 {
@@ -84,6 +86,8 @@ const PROTOCOL: &[(&str, Code)] = &[
     ("OP_SPEND", Code::Word(OP_SPEND)),
     ("OP_REFUND", Code::Word(OP_REFUND)),
     ("OP_RESTORE", Code::Word(OP_RESTORE)),
+    ("OP_SHARE_REQUEST", Code::Word(OP_SHARE_REQUEST)),
+    ("OP_SHARE_GRANT", Code::Word(OP_SHARE_GRANT)),
     ("KIND_GCRA", Code::Number(KIND_GCRA)),
     ("KIND_TIERED", Code::Number(KIND_TIERED)),
     ("KIND_RANGE", Code::Number(KIND_RANGE)),
@@ -134,6 +138,11 @@ pub(super) enum Op {
     Refund,
     /// Puts back a tiered key's value from before a spend (undoing a denied cross-slot batch).
     Restore,
+    /// The rebalancer's request for a region's shares: each share bucket's request number and
+    /// the grant it applies (`docs/regions.md`).
+    ShareRequest,
+    /// Grants applied to a region's share buckets.
+    ShareGrant,
 }
 
 /// When keys expire.
@@ -169,6 +178,8 @@ impl Call {
             (Op::Spend, None) => OP_SPEND,
             (Op::Refund, _) => OP_REFUND,
             (Op::Restore, _) => OP_RESTORE,
+            (Op::ShareRequest, _) => OP_SHARE_REQUEST,
+            (Op::ShareGrant, _) => OP_SHARE_GRANT,
         }));
         args.push(self.now.map_or(Value::Integer(-1), int));
         args.push(Value::Integer(match self.expiry {
@@ -295,17 +306,7 @@ pub(super) fn encode<'a>(
                     _ => KIND_GCRA,
                 };
                 if let Some(floor) = tx.floor {
-                    // A region's share bucket: the script finds its limit (the floor, and
-                    // the part while its lease runs).
-                    args.extend([
-                        Value::Integer(KIND_SHARE),
-                        int(floor.of(limit.count())),
-                        int(floor.of(limit.burst())),
-                        int(limit.period_us()),
-                        Value::Integer(kind),
-                        int(tx.cost.min(MAX_TIME_US)),
-                        mode_code(tx.mode),
-                    ]);
+                    push_share(&mut args, tx, limit, floor, kind);
                     if range {
                         args.push(int(tx.min_cost));
                     }
@@ -369,6 +370,105 @@ pub(super) fn encode<'a>(
         }
     }
     args
+}
+
+/// A region's share bucket's record: the script finds its limit (the floor, and the part
+/// while its lease runs); `kind` is the GCRA record's kind (a single cost, a range, a charge).
+fn push_share(
+    args: &mut Vec<Value>,
+    tx: &BucketTx<'_>,
+    limit: &gcra::Limit,
+    floor: crate::RegionFloor,
+    kind: i64,
+) {
+    args.extend([
+        Value::Integer(KIND_SHARE),
+        int(floor.of(limit.count())),
+        int(floor.of(limit.burst())),
+        int(limit.period_us()),
+        Value::Integer(kind),
+        int(tx.cost.min(MAX_TIME_US)),
+        mode_code(tx.mode),
+    ]);
+}
+
+/// A grant for one share bucket, as the region applies it (`RegionKey::on_grant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShareGrant {
+    /// The number of the request it answers.
+    pub(crate) seq: u64,
+    /// The part granted.
+    pub(crate) share: crate::algo::regions::Share,
+    /// When its lease ends (region clock): its request's sending time plus the lease.
+    pub(crate) lease_end: u64,
+}
+
+/// The arguments of the rebalancer's call on share buckets ([`Op::ShareRequest`],
+/// [`Op::ShareGrant`]): the head, then per key its share record (cost 0, observed) and, for a
+/// grant, the request's number, the part's rate and burst, and the lease's end. Every key's
+/// transaction carries its floor.
+pub(super) fn encode_shares<'a>(
+    call: Call,
+    txs: impl Iterator<Item = &'a BucketTx<'a>>,
+    grants: &[ShareGrant],
+) -> Vec<Value> {
+    let mut args = Vec::new();
+    call.push_head(&mut args, None);
+    for (i, tx) in txs.enumerate() {
+        if let (Quota::Gcra(limit), Some(floor)) = (tx.quota, tx.floor) {
+            push_share(&mut args, tx, limit, floor, KIND_GCRA);
+        }
+        if let Some(g) = grants.get(i) {
+            args.extend([
+                int(g.seq),
+                int(g.share.rate.min(MAX_TIME_US)),
+                int(g.share.burst.min(MAX_TIME_US)),
+                int(g.lease_end),
+            ]);
+        }
+    }
+    args
+}
+
+/// The answer to a call on share buckets: per key its numbers (a request: its number and the
+/// grant applied; a grant: 1 when applied), then the store's now.
+pub(super) fn decode_shares(
+    value: Value,
+    keys: usize,
+    fields: usize,
+) -> Result<(Vec<smallvec::SmallVec<[u64; 2]>>, u64), BackendError> {
+    let Value::Array(items) = value else {
+        return Err(bad(format!("{:?}", value.kind())));
+    };
+    if items.len() != keys + 1 {
+        return Err(bad(format!(
+            "{} values for {keys} share buckets",
+            items.len()
+        )));
+    }
+    let mut items = items.into_iter();
+    let mut out = Vec::with_capacity(keys);
+    for key in 0..keys {
+        let Some(Value::Array(values)) = items.next() else {
+            return Err(bad(format!("share bucket {}: not a list", key + 1)));
+        };
+        let mut f = Fields {
+            key,
+            values: values.into_iter(),
+        };
+        let mut numbers = smallvec::SmallVec::new();
+        for _ in 0..fields {
+            numbers.push(f.u64("a share bucket's number")?);
+        }
+        f.end()?;
+        out.push(numbers);
+    }
+    let now = items
+        .next()
+        .and_then(|v| v.as_i64())
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| bad("no now".into()))?;
+    Ok((out, now))
 }
 
 /// A calendar transaction's least and most units, as the script takes them (every count is far

@@ -1,7 +1,8 @@
 //! A region's share buckets in the script (`docs/regions.md`), against a real `redis-server`:
 //! the floor alone before any grant, a grant's part arriving empty and leaving with its lease,
-//! and the script's reading of a stored record held to the Rust rule it mirrors
-//! (`RegionKey::bucket`, `gcra::keep_tokens`, `gcra::check`) over many random records.
+//! the script's reading of a stored record held to the Rust rule it mirrors
+//! (`RegionKey::bucket`, `RegionKey::changed_at`, `gcra::keep_tokens`, `gcra::check`) over many
+//! random records, and the rebalancer's calls on the region's store.
 
 use super::*;
 use crate::algo::gcra::{self, Limit};
@@ -51,12 +52,12 @@ async fn allowed(limiter: &Limiter, key: &BucketKey, n: usize) -> usize {
 }
 
 /// Writes a share bucket's record as the script keeps it.
-async fn write_record(backend: &RedisBackend, key: &str, fields: [u64; 8]) {
+async fn write_record(backend: &RedisBackend, key: &str, fields: [u64; 9]) {
     use fred::prelude::KeysInterface;
-    let text = format!(
-        "1 {} {} {} {} {} {} {} {}",
-        fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], fields[7]
-    );
+    let text = std::iter::once("1".to_owned())
+        .chain(fields.iter().map(u64::to_string))
+        .collect::<Vec<_>>()
+        .join(" ");
     let () = backend
         .client()
         .set(key, text, None, None, false)
@@ -100,7 +101,7 @@ async fn a_marked_limit_decides_on_its_floor_until_a_grant() {
     let record = read_record(&regional, &format!("{}:r", regional.redis_key(&key))).await;
     let record = record.expect("the share bucket's record");
     assert!(
-        record.starts_with(&format!("1 {} 100000 10 0 0 0 0 0", T0 + SECOND)),
+        record == format!("1 {} 100000 10 {T0} 0 0 0 0 0", T0 + SECOND),
         "{record}"
     );
     // Not in regional mode: the whole limit, in the plain key.
@@ -128,7 +129,7 @@ async fn a_grants_part_arrives_empty_and_leaves_with_its_lease() {
     write_record(
         &regional,
         &record,
-        [0, 100_000, 10, 40, 40, 3, lease_end, 3],
+        [0, 100_000, 10, T0, 40, 40, 3, lease_end, 3],
     )
     .await;
     assert_eq!(
@@ -170,11 +171,11 @@ async fn no_share_is_closed_and_a_foreign_record_is_drained() {
     let limiter = Limiter::new(limits(), regional.clone());
     let key = limiter.key("Api", Id::from(2u64)).unwrap();
     let record = format!("{}:r", regional.redis_key(&key));
-    write_record(&regional, &record, [0, 0, 0, 90, 90, 1, T0 + SECOND, 1]).await;
+    write_record(&regional, &record, [0, 0, 0, T0, 90, 90, 1, T0 + SECOND, 1]).await;
     assert_eq!(allowed(&limiter, &key, 3).await, 0, "drained");
     let replaced = read_record(&regional, &record).await.unwrap();
     assert!(
-        replaced.starts_with(&format!("1 {} 100000 10 0 0 0 0 0", T0 + SECOND)),
+        replaced == format!("1 {} 100000 10 {T0} 0 0 0 0 0", T0 + SECOND),
         "{replaced}"
     );
     clock.advance(Duration::from_millis(300));
@@ -236,6 +237,7 @@ async fn the_script_reads_a_share_bucket_as_the_rust_rule() {
         // Within the limit's burst (the transaction is checked against it), not always within
         // the share's.
         let cost = 1 + rng.below(limit.burst().min(5));
+        let written_at = T0 - rng.below(2 * SECOND);
         let id = Id::from(case);
         let key = BucketKey::new(limits().name("Api").unwrap(), id);
         let record = format!("{}:r", regional.redis_key(&key));
@@ -246,6 +248,7 @@ async fn the_script_reads_a_share_bucket_as_the_rust_rule() {
                 tat,
                 written.emission_interval_us(),
                 written.burst(),
+                written_at,
                 region.share.rate,
                 region.share.burst,
                 1,
@@ -276,11 +279,14 @@ async fn the_script_reads_a_share_bucket_as_the_rust_rule() {
         let read = if same {
             (tat > T0).then_some(tat)
         } else {
-            gcra::keep_tokens(&written, &new, (tat != 0).then_some(tat), T0).unwrap()
+            let at = region.changed_at(written_at, T0);
+            gcra::keep_tokens(&written, &new, (tat != 0).then_some(tat), at)
+                .unwrap()
+                .filter(|&t| t > T0)
         };
         let context = format!(
             "case {case}: limit {limit:?} floor {floor} region {region:?} written {written:?} \
-             tat {tat} cost {cost}"
+             at {written_at} tat {tat} cost {cost}"
         );
         if cost > new.burst() {
             assert!(!got.allowed, "{context}: never fits the share");
@@ -326,4 +332,73 @@ async fn the_fallback_of_a_regional_limiter_denies_a_marked_limit() {
     assert_eq!(allowed(&fallback, &other, 3).await, 3);
     let per_region = Limiter::fallback(limits(), None, false);
     assert_eq!(allowed(&per_region, &marked, 3).await, 3);
+}
+
+/// The rebalancer's calls on a region's store: a request is numbered after the last one and
+/// at least the store's now (`RegionKey::request`), and names the grant applied; a grant is
+/// applied once, only for a request later than the applied one's (`RegionKey::on_grant`),
+/// and the bucket keeps its tokens from the moment it is applied: 5 left of the floor's 10
+/// stay 5 under 50 a second, which then refill at 50 a second.
+#[tokio::test]
+async fn requests_are_numbered_and_grants_applied_once() {
+    let server = redis();
+    let clock = ManualClock::new(T0);
+    let prefix = prefix("rebalance");
+    let regional = backend(&server.url, &prefix, &clock, true).await;
+    let limits = limits();
+    let limiter = Limiter::new(limits.clone(), regional.clone());
+    let key = limiter.key("Api", Id::from(3u64)).unwrap();
+    assert_eq!(allowed(&limiter, &key, 5).await, 5);
+    let quota = limits.resolve(&key).unwrap().clone();
+    let tx = BucketTx::new(&key, &quota, 0..=0, crate::Mode::Observe)
+        .unwrap()
+        .across_regions(Some(RegionFloor::default()));
+    let first = regional.share_requests(&[tx]).await.unwrap()[0];
+    assert_eq!((first.seq, first.applied, first.sent_at), (T0, 0, T0));
+    let second = regional.share_requests(&[tx]).await.unwrap()[0];
+    assert_eq!((second.seq, second.applied), (T0 + 1, 0));
+    let grant = |seq| script::ShareGrant {
+        seq,
+        share: Share {
+            rate: 40,
+            burst: 40,
+        },
+        lease_end: T0 + 5 * SECOND,
+    };
+    assert_eq!(
+        regional
+            .share_grants(&[tx], &[grant(T0 + 1)])
+            .await
+            .unwrap(),
+        [true]
+    );
+    assert_eq!(
+        regional
+            .share_grants(&[tx], &[grant(T0 + 1)])
+            .await
+            .unwrap(),
+        [false],
+        "repeated"
+    );
+    assert_eq!(
+        regional.share_grants(&[tx], &[grant(T0)]).await.unwrap(),
+        [false],
+        "late"
+    );
+    let third = regional.share_requests(&[tx]).await.unwrap()[0];
+    assert_eq!((third.seq, third.applied), (T0 + 2, T0 + 1));
+    assert_eq!(allowed(&limiter, &key, 60).await, 5, "the tokens kept");
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        allowed(&limiter, &key, 60).await,
+        50,
+        "refilled at 50 a second"
+    );
+    // A store that lost the record numbers on from its clock.
+    clock.advance(Duration::from_secs(10));
+    let record = format!("{}:r", regional.redis_key(&key));
+    use fred::prelude::KeysInterface;
+    let _: i64 = regional.client().del(&record).await.unwrap();
+    let after_loss = regional.share_requests(&[tx]).await.unwrap()[0];
+    assert_eq!((after_loss.seq, after_loss.applied), (T0 + 11 * SECOND, 0));
 }
