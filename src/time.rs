@@ -235,6 +235,21 @@ pub(crate) fn format_duration_us(mut us: u64) -> String {
     out
 }
 
+/// 64 random bits (a start for lease ids, a new store's epoch): the standard library's
+/// per-process random hash keys, mixed with the time and the process id (no dependency for 8
+/// random bytes).
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -190,20 +190,6 @@ fn warn_not_regional(now: &[LimitName], before: &[LimitName]) {
     }
 }
 
-/// A random 64-bit start for lease ids: the standard library's per-process random hash keys,
-/// mixed with the time and the process id (no dependency for 8 random bytes).
-fn random_start() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
 /// Decides transactions against a [`Limits`] snapshot, storing state in a [`Backend`].
 /// Cheap to clone.
 ///
@@ -315,7 +301,7 @@ impl Limiter {
                 generation: AtomicU64::new(0),
                 pinned: Mutex::new(Vec::new()),
                 reloading: Mutex::new(()),
-                next_lease: AtomicU64::new(random_start()),
+                next_lease: AtomicU64::new(crate::time::random_u64()),
                 store,
                 renewals: renewals::Renewals::default(),
                 warns_of_prefetch,

@@ -189,7 +189,21 @@ impl RedisBackend {
     where
         M: Fn() -> (Vec<Key>, Vec<Value>),
     {
-        let sha = &self.inner.sha;
+        self.eval_script(slot, &self.inner.sha, SCRIPT, make).await
+    }
+
+    /// [`eval`](Self::eval) of another script of the crate's (`sha` its SHA-1, `text` itself):
+    /// by its SHA, sent whole when the server does not know it.
+    pub(super) async fn eval_script<M>(
+        &self,
+        slot: u16,
+        sha: &fred::bytes_utils::Str,
+        text: &'static str,
+        make: M,
+    ) -> Result<Value, BackendError>
+    where
+        M: Fn() -> (Vec<Key>, Vec<Value>),
+    {
         crate::telemetry::redis_round_trip();
         self.with_client(slot, |client| {
             let make = &make;
@@ -202,7 +216,7 @@ impl RedisBackend {
                     Err(e) if e.details().contains("NOSCRIPT") => {
                         tracing::debug!(target: crate::telemetry::target::BACKEND, "Redis lost the rate-limit script; sending it again");
                         let (keys, args) = make();
-                        client.eval::<Value, _, _, _>(SCRIPT, keys, args).await
+                        client.eval::<Value, _, _, _>(text, keys, args).await
                     }
                     other => other,
                 }
@@ -258,6 +272,7 @@ impl RedisBackend {
             local,
             expiry: self.expiry(),
             want_raw: false,
+            floors: self.floors(),
         };
         if let [group] = groups {
             return vec![self.run_group(call, batch, keys, group).await];

@@ -66,10 +66,13 @@ pub struct RedisBackendBuilder {
     /// Connect to read only (a replay's snapshot): neither the stored overrides' read (which
     /// sets the store's epoch and removes expired overrides) nor their follower.
     read_only: bool,
-    /// Regional mode's decisions: a limit marked `across_regions` decided as this region's
-    /// share bucket (`docs/regions.md`; the global store and the rebalancer are still to come,
-    /// so nothing but the tests turns it on).
-    share_buckets: bool,
+    /// Regional mode (`docs/regions.md`): this region's name, the global store and how shares
+    /// move.
+    regional: Option<(
+        String,
+        super::RedisBackend,
+        super::regions::RegionalSettings,
+    )>,
     /// The tests' instance clock that runs apart from the store's (the script still reads
     /// the server's).
     #[cfg(test)]
@@ -105,7 +108,7 @@ impl RedisBackendBuilder {
             coalesce: Some(super::coalesce::Settings::default()),
             max_overrides: crate::backend::DEFAULT_MAX_OVERRIDES,
             read_only: false,
-            share_buckets: false,
+            regional: None,
             #[cfg(test)]
             skewed: None,
         }
@@ -119,12 +122,17 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Regional mode's decisions alone (`docs/regions.md`): a limit marked `across_regions`
-    /// decided as this region's share bucket. For the tests until the regional mode's global
-    /// store and rebalancer land.
+    /// Regional mode (`docs/regions.md`): this backend is region `region`'s store, and
+    /// `global` the global store shares move through. For the tests until the rebalancing
+    /// task lands.
     #[cfg(test)]
-    pub(crate) fn share_buckets(mut self) -> Self {
-        self.share_buckets = true;
+    pub(crate) fn regional_with(
+        mut self,
+        region: &str,
+        global: super::RedisBackend,
+        settings: super::regions::RegionalSettings,
+    ) -> Self {
+        self.regional = Some((region.to_owned(), global, settings));
         self
     }
 
@@ -426,7 +434,9 @@ impl RedisBackendBuilder {
                 coalescer: coalesce.map(|c| super::coalesce::Coalescer::new(c, timeout)),
                 pools: super::prefetch::Pools::new(),
                 prefetch: self.prefetch,
-                share_buckets: self.share_buckets,
+                regional: self.regional.map(|(region, global, settings)| {
+                    Arc::new(super::regions::Regional::new(region, global, settings))
+                }),
                 overrides: crate::backend::Watched::default(),
                 override_sync: std::sync::Mutex::default(),
                 max_overrides: self.max_overrides,

@@ -156,9 +156,9 @@ struct Inner {
     pools: prefetch::Pools,
     /// Whether limits with `prefetch` prefetch ([`RedisBackendBuilder::prefetch`]).
     prefetch: bool,
-    /// Whether a limit marked `across_regions` is decided as this region's share bucket
-    /// (regional mode, `docs/regions.md`).
-    share_buckets: bool,
+    /// Regional mode (`docs/regions.md`): a limit marked `across_regions` is decided as this
+    /// region's share bucket, whose share the rebalance moves.
+    regional: Option<Arc<regions::Regional>>,
     /// The overrides set at run time, as last read, and who follows them.
     overrides: super::Watched,
     /// Where this instance stands with the store's overrides (the epoch and versions applied).
@@ -387,6 +387,7 @@ impl RedisBackend {
             local: local_now,
             expiry: self.expiry(),
             want_raw: false,
+            floors: self.floors(),
         };
         // A coalescing call slot, held until this call ends (then given back).
         let mut held = None;
@@ -665,7 +666,7 @@ impl Backend for RedisBackend {
     }
 
     fn regional(&self) -> bool {
-        self.inner.share_buckets
+        self.inner.regional.is_some()
     }
 
     /// Ready once the stored overrides were read whole (`connect` waits for that read; a lazy

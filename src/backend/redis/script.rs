@@ -167,6 +167,9 @@ pub(super) struct Call {
     pub(super) expiry: Expiry,
     /// Tiered keys report their values before and after (to undo a spend with `Restore`).
     pub(super) want_raw: bool,
+    /// Whether share buckets decide with their floors: the region's registration is
+    /// confirmed (`docs/regions.md`); until then a marked limit is closed in this region.
+    pub(super) floors: bool,
 }
 
 impl Call {
@@ -306,7 +309,7 @@ pub(super) fn encode<'a>(
                     _ => KIND_GCRA,
                 };
                 if let Some(floor) = tx.floor {
-                    push_share(&mut args, tx, limit, floor, kind);
+                    push_share(&mut args, tx, limit, floor, kind, call.floors);
                     if range {
                         args.push(int(tx.min_cost));
                     }
@@ -373,18 +376,21 @@ pub(super) fn encode<'a>(
 }
 
 /// A region's share bucket's record: the script finds its limit (the floor, and the part
-/// while its lease runs); `kind` is the GCRA record's kind (a single cost, a range, a charge).
+/// while its lease runs); `kind` is the GCRA record's kind (a single cost, a range, a charge);
+/// without `floors` (the region's registration not confirmed yet) the floor is 0.
 fn push_share(
     args: &mut Vec<Value>,
     tx: &BucketTx<'_>,
     limit: &gcra::Limit,
     floor: crate::RegionFloor,
     kind: i64,
+    floors: bool,
 ) {
+    let floor = |amount| if floors { floor.of(amount) } else { 0 };
     args.extend([
         Value::Integer(KIND_SHARE),
-        int(floor.of(limit.count())),
-        int(floor.of(limit.burst())),
+        int(floor(limit.count())),
+        int(floor(limit.burst())),
         int(limit.period_us()),
         Value::Integer(kind),
         int(tx.cost.min(MAX_TIME_US)),
@@ -416,7 +422,7 @@ pub(super) fn encode_shares<'a>(
     call.push_head(&mut args, None);
     for (i, tx) in txs.enumerate() {
         if let (Quota::Gcra(limit), Some(floor)) = (tx.quota, tx.floor) {
-            push_share(&mut args, tx, limit, floor, KIND_GCRA);
+            push_share(&mut args, tx, limit, floor, KIND_GCRA, call.floors);
         }
         if let Some(g) = grants.get(i) {
             args.extend([
@@ -588,6 +594,7 @@ pub(super) fn encode_restore(change: &RawChange) -> Vec<Value> {
         local: 0,
         expiry: Expiry::AtFresh,
         want_raw: false,
+        floors: true,
     }
     .push_head(&mut args, None);
     args.extend([

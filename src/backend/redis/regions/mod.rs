@@ -1,13 +1,117 @@
 //! Regional mode (`docs/regions.md`): the region's side of one limit across regions. A
 //! region's share buckets are decided by the script with every request (`general_read.lua`);
-//! here the rebalancer's two calls on them: number a request for each key's share, and apply
-//! the grants the global store answered.
+//! here what moves the shares: the region's registration in the global store, and the
+//! rebalance (number a request for each busy key's share in the region's store, answer them in
+//! the global store with the protocol's functions, apply the grants in the region's store).
 
-use fred::prelude::Key;
+mod global;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use fred::prelude::{Key, Value};
 
 use super::RedisBackend;
+use super::keys::KeyBuf;
 use super::script::{self, Call, Op, ShareGrant};
+use crate::algo::regions::{Request, Settings, Share};
 use crate::backend::{BackendError, BucketTx};
+use crate::config::Limits;
+use crate::key::BucketKey;
+use crate::mode::Mode;
+use global::{KeyRecord, RegistryRecord, Stored};
+
+pub(crate) use global::{RegisterError, is_region_name};
+
+/// The global store's script (`global.lua`).
+const GLOBAL_SCRIPT: &str = include_str!("global.lua");
+
+/// How a regional instance moves shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RegionalSettings {
+    /// How often the region rebalances (one call per global slot each time).
+    pub(crate) period_us: u64,
+    /// How long a grant may be used, from when its request left the region.
+    pub(crate) lease_us: u64,
+    /// How much longer the global store counts a grant (clock drift and steps).
+    pub(crate) margin_us: u64,
+    /// The most keys one rebalance asks for, the busiest first.
+    pub(crate) max_keys: usize,
+}
+
+impl Default for RegionalSettings {
+    fn default() -> Self {
+        Self {
+            period_us: 1_000_000,
+            lease_us: 3_000_000,
+            margin_us: 1_000_000,
+            max_keys: 10_000,
+        }
+    }
+}
+
+/// What regional mode keeps beside the region's store.
+pub(crate) struct Regional {
+    /// This region's name.
+    pub(crate) region: String,
+    /// The global store (its own prefix).
+    pub(crate) global: RedisBackend,
+    pub(crate) settings: RegionalSettings,
+    /// Whether this region's registration is confirmed: until then its floors are 0.
+    confirmed: AtomicBool,
+    /// The registrations seen, with their times: a lost registry is made again with them.
+    seen: Mutex<Vec<(String, u64)>>,
+    /// The global script's SHA-1.
+    sha: fred::bytes_utils::Str,
+}
+
+impl std::fmt::Debug for Regional {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Regional")
+            .field("region", &self.region)
+            .field("settings", &self.settings)
+            .field("confirmed", &self.confirmed.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Regional {
+    pub(crate) fn new(region: String, global: RedisBackend, settings: RegionalSettings) -> Self {
+        Self {
+            region,
+            global,
+            settings,
+            confirmed: AtomicBool::new(false),
+            seen: Mutex::new(Vec::new()),
+            sha: fred::util::sha1_hash(GLOBAL_SCRIPT).into(),
+        }
+    }
+
+    /// Whether this region's registration is confirmed (its floors may be used).
+    pub(crate) fn confirmed(&self) -> bool {
+        self.confirmed.load(Ordering::Acquire)
+    }
+
+    /// Confirmed without waiting one lease and the margin after a registration: for the tests
+    /// of a region's share buckets alone.
+    #[cfg(test)]
+    pub(crate) fn confirm_for_tests(&self) {
+        self.confirmed.store(true, Ordering::Release);
+    }
+}
+
+/// What one rebalance did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Round {
+    /// Keys asked for.
+    pub(crate) asked: usize,
+    /// Grants the global store answered.
+    pub(crate) answered: usize,
+    /// Grants applied in the region's store.
+    pub(crate) applied: usize,
+    /// Keys another instance wrote between this one's read and write (asked again next time).
+    pub(crate) conflicts: usize,
+}
 
 /// A request for one key's share, numbered by the region's store (`RegionKey::request`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +184,7 @@ impl RedisBackend {
             local,
             expiry: self.expiry(),
             want_raw: false,
+            floors: self.floors(),
         };
         let mut out = Vec::new();
         for (slot, group) in self.groups(&keys) {
@@ -104,3 +209,275 @@ impl RedisBackend {
 }
 
 type ShareAnswer = (Vec<smallvec::SmallVec<[u64; 2]>>, u64);
+
+/// A call of the global script: a read (each key's value, `''` for none) or a compare-and-set.
+enum GlobalCall<'a> {
+    Read,
+    /// Per key: the value read, the value to write (`''` deletes), its time to live (ms).
+    Cas(&'a [(String, String, u64)]),
+}
+
+impl Regional {
+    /// One call of the global script on `keys` (one slot of the global store): the store's now
+    /// and per key its value (a read) or whether it was written (`"1"`).
+    async fn global_call(
+        &self,
+        slot: u16,
+        keys: &[Key],
+        call: GlobalCall<'_>,
+    ) -> Result<(u64, Vec<String>), BackendError> {
+        let args = || -> Vec<Value> {
+            match call {
+                GlobalCall::Read => vec![Value::from("read")],
+                GlobalCall::Cas(writes) => std::iter::once(Value::from("cas"))
+                    .chain(writes.iter().flat_map(|(seen, new, ttl)| {
+                        [
+                            Value::from(seen.as_str()),
+                            Value::from(new.as_str()),
+                            Value::Integer(i64::try_from(*ttl).unwrap_or(i64::MAX)),
+                        ]
+                    }))
+                    .collect(),
+            }
+        };
+        let value = self
+            .global
+            .eval_script(slot, &self.sha, GLOBAL_SCRIPT, || (keys.to_vec(), args()))
+            .await?;
+        let bad = |what: &str| {
+            BackendError::Unavailable(format!("unexpected reply of the global store: {what}"))
+        };
+        let Value::Array(items) = value else {
+            return Err(bad("not a list"));
+        };
+        if items.len() != keys.len() + 1 {
+            return Err(bad("not one value per key"));
+        }
+        let mut items = items.into_iter();
+        let now = items
+            .next()
+            .and_then(|v| v.as_i64())
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| bad("no time"))?;
+        Ok((
+            now,
+            items.map(|v| v.into_string().unwrap_or_default()).collect(),
+        ))
+    }
+
+    /// The registry's key in the global store.
+    fn registry_key(&self) -> Key {
+        Key::from(format!("{}{{regions}}", self.global.prefix()))
+    }
+
+    /// Registers this region in the global store (keeps its registration; makes a lost
+    /// registry again, quiet, with the registrations seen) and learns whether it is
+    /// confirmed. `floor_bp`: the largest floor of the marked limits.
+    pub(crate) async fn register(&self, floor_bp: u16) -> Result<(), BackendError> {
+        let key = self.registry_key();
+        let slot = fred::util::redis_keyslot(key.as_bytes());
+        let keys = [key];
+        let (now, read) = self.global_call(slot, &keys, GlobalCall::Read).await?;
+        let text = read.into_iter().next().unwrap_or_default();
+        let stored = Stored::read(&text, RegistryRecord::parse);
+        let current = match &stored {
+            Stored::Ours(r) => Some(r),
+            _ => None,
+        };
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let hold = self
+            .settings
+            .lease_us
+            .saturating_add(self.settings.margin_us);
+        let changed = global::register(
+            current,
+            &seen,
+            &self.region,
+            now,
+            hold,
+            floor_bp,
+            crate::time::random_u64(),
+        )
+        .map_err(|e| BackendError::Unavailable(e.to_string()))?;
+        let record = match changed {
+            Some(new) => {
+                let writes = [(text, new.text(), 0)];
+                let (_, written) = self
+                    .global_call(slot, &keys, GlobalCall::Cas(&writes))
+                    .await?;
+                if written.first().map(String::as_str) != Some("1") {
+                    // Another instance changed it first: registered at the next period.
+                    return Ok(());
+                }
+                new
+            }
+            None => current.cloned().unwrap_or_default(),
+        };
+        let confirmed = record
+            .registered_at(&self.region)
+            .is_some_and(|at| now.saturating_sub(at) >= hold);
+        self.confirmed.store(confirmed, Ordering::Release);
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = record.regions;
+        Ok(())
+    }
+}
+
+impl RedisBackend {
+    /// Regional mode, when on.
+    pub(crate) fn regional_mode(&self) -> Option<&Arc<Regional>> {
+        self.inner.regional.as_ref()
+    }
+
+    /// Whether share buckets decide with their floors now: not in regional mode, or this
+    /// region's registration is confirmed.
+    pub(crate) fn floors(&self) -> bool {
+        self.inner.regional.as_ref().is_none_or(|r| r.confirmed())
+    }
+
+    /// One rebalance of this region under `limits`: register (or keep the registration),
+    /// then for `demands` (each key's demand above its floor over the last period, in requests
+    /// per its limit's period; at most `max_keys`, the busiest first) number requests in the
+    /// region's store, answer them in the global store (one read and one compare-and-set per
+    /// global slot), and apply the grants. Keys that are not of a marked GCRA limit are
+    /// skipped.
+    pub(crate) async fn rebalance(
+        &self,
+        limits: &Limits,
+        demands: &[(BucketKey, u64)],
+    ) -> Result<Round, BackendError> {
+        let Some(regional) = self.regional_mode() else {
+            return Ok(Round::default());
+        };
+        let floor_bp = limits
+            .across_regions_names()
+            .into_iter()
+            .filter_map(|n| limits.across_regions(n))
+            .map(crate::RegionFloor::basis_points)
+            .max()
+            .unwrap_or(0);
+        regional.register(floor_bp).await?;
+        let mut busiest: Vec<&(BucketKey, u64)> = demands.iter().collect();
+        busiest.sort_by(|a, b| b.1.cmp(&a.1));
+        busiest.truncate(regional.settings.max_keys);
+        let mut asked = Vec::with_capacity(busiest.len());
+        for (key, demand) in busiest {
+            let (Some(quota), Some(floor)) =
+                (limits.resolve(key), limits.across_regions(key.name()))
+            else {
+                continue;
+            };
+            let Some(limit) = quota.as_gcra() else {
+                continue;
+            };
+            asked.push((key, quota, *limit, floor, *demand));
+        }
+        let txs: Vec<BucketTx<'_>> = asked
+            .iter()
+            .filter_map(|(key, quota, _, floor, _)| {
+                BucketTx::new(key, quota, 0..=0, Mode::Observe)
+                    .ok()
+                    .map(|tx| tx.across_regions(Some(*floor)))
+            })
+            .collect();
+        if txs.len() != asked.len() || txs.is_empty() {
+            return Ok(Round::default());
+        }
+        let numbered = self.share_requests(&txs).await?;
+        let mut round = Round {
+            asked: txs.len(),
+            ..Round::default()
+        };
+        // The global store, one slot at a time.
+        let global_keys: Vec<Key> = asked
+            .iter()
+            .map(|(key, ..)| KeyBuf::new(regional.global.prefix(), key, ":g").key())
+            .collect();
+        let mut grants: Vec<Option<ShareGrant>> = vec![None; txs.len()];
+        let registry = RegistryRecord {
+            regions: regional
+                .seen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+            ..RegistryRecord::default()
+        };
+        for (slot, group) in regional.global.groups(&global_keys) {
+            let keys: Vec<Key> = group.iter().map(|&i| global_keys[i].clone()).collect();
+            let (now, read) = regional.global_call(slot, &keys, GlobalCall::Read).await?;
+            let mut writes = Vec::with_capacity(group.len());
+            let mut answered = Vec::with_capacity(group.len());
+            for (&i, text) in group.iter().zip(read) {
+                let (_, _, limit, floor, demand) = asked[i];
+                let total = Share {
+                    rate: limit.count(),
+                    burst: limit.burst(),
+                };
+                let settings = Settings {
+                    total,
+                    lease_us: regional.settings.lease_us,
+                    margin_us: regional.settings.margin_us,
+                };
+                let n = numbered[i];
+                let answer = global::answer(
+                    Stored::read(&text, KeyRecord::parse),
+                    &registry,
+                    &regional.region,
+                    Request {
+                        region: 0,
+                        seq: n.seq,
+                        applied: n.applied,
+                        demand,
+                        sent_at: n.sent_at,
+                    },
+                    total,
+                    Share {
+                        rate: floor.of(limit.count()),
+                        burst: floor.of(limit.burst()),
+                    },
+                    &settings,
+                    now,
+                );
+                let new = answer
+                    .record
+                    .as_ref()
+                    .map(KeyRecord::text)
+                    .unwrap_or_default();
+                writes.push((text, new, answer.ttl_ms));
+                answered.push(answer.grant.map(|g| ShareGrant {
+                    seq: g.seq,
+                    share: g.share,
+                    lease_end: n.sent_at.saturating_add(regional.settings.lease_us),
+                }));
+            }
+            let (_, written) = regional
+                .global_call(slot, &keys, GlobalCall::Cas(&writes))
+                .await?;
+            for ((&i, grant), ok) in group.iter().zip(answered).zip(written) {
+                if ok != "1" {
+                    round.conflicts += 1;
+                } else if grant.is_some() {
+                    round.answered += 1;
+                    grants[i] = grant;
+                }
+            }
+        }
+        let (txs, grants): (Vec<BucketTx<'_>>, Vec<ShareGrant>) = txs
+            .iter()
+            .zip(grants)
+            .filter_map(|(tx, g)| Some((*tx, g?)))
+            .unzip();
+        if !txs.is_empty() {
+            round.applied = self
+                .share_grants(&txs, &grants)
+                .await?
+                .into_iter()
+                .filter(|a| *a)
+                .count();
+        }
+        Ok(round)
+    }
+}

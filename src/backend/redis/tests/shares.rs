@@ -7,6 +7,7 @@
 use super::*;
 use crate::algo::gcra::{self, Limit};
 use crate::algo::regions::{RegionKey, Share};
+use crate::backend::redis::regions::RegionalSettings;
 use crate::time::ManualClock;
 use crate::{Id, Limiter, Limits, RegionFloor, Transaction};
 
@@ -29,12 +30,21 @@ async fn backend(url: &str, prefix: &str, clock: &ManualClock, shares: bool) -> 
         .prefix(prefix)
         .deny_cache(false)
         .caller_time(clock.clone());
-    let builder = if shares {
-        builder.share_buckets()
-    } else {
-        builder
-    };
-    builder.connect().await.unwrap()
+    if !shares {
+        return builder.connect().await.unwrap();
+    }
+    let global = RedisBackend::from_url(url)
+        .prefix(format!("{prefix}g:"))
+        .connect()
+        .await
+        .unwrap();
+    let backend = builder
+        .regional_with("eu", global, RegionalSettings::default())
+        .connect()
+        .await
+        .unwrap();
+    backend.regional_mode().unwrap().confirm_for_tests();
+    backend
 }
 
 fn prefix(test: &str) -> String {

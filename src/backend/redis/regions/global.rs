@@ -1,0 +1,524 @@
+//! The global store of regional mode (`docs/regions.md`): its two kinds of record, as text, and
+//! the decisions an instance makes on them with the protocol's own functions
+//! (`src/algo/regions.rs`). Records are read with the store's clock and written by a
+//! compare-and-set (`global.lua`): the store itself decides nothing.
+//!
+//! - The **registry** (`<prefix>{regions}`, never expires): an epoch, until when the store is
+//!   quiet (it found its records lost, or is new), and each registered region with when it
+//!   registered. `1 <epoch> <quiet until>` then one line per region, `<name> <registered at>`.
+//! - A **key's record** (`<prefix>{<limit>:<id>}:g`, beside the key's slot, expiring once every
+//!   grant in it has lapsed): until when the key is quiet (its record was not ours), then one
+//!   line per region that holds something: `<name> <answered> <granted rate> <granted burst>
+//!   <held rate> <held burst> <issued at> <demand>`. A region the instance does not know as
+//!   registered is kept and counted (it may still use what it holds).
+//!
+//! Times are the global store's microseconds. Every value is bounded: at most
+//! [`MAX_REGIONS`] regions, names of at most 32 characters, numbers below 2^63; a value that is
+//! not a record of ours is read as lost (the registry) or as a key quiet for one lease and the
+//! margin (a key's record), and replaced.
+
+use crate::algo::regions::{GlobalKey, Grant, Held, Registry, Request, Settings, Share};
+
+/// The most regions a registry or a key's record holds.
+pub(crate) const MAX_REGIONS: usize = 64;
+
+/// Whether `name` may name a region: 1 to 32 ASCII letters, digits, `-` or `_`.
+pub(crate) fn is_region_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The registry, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct RegistryRecord {
+    /// Set when the registry is made: a registry with another epoch is another store's.
+    pub(crate) epoch: u64,
+    /// Until when nothing above the floors is granted.
+    pub(crate) quiet_until: u64,
+    /// Each registered region and when it registered, sorted by name.
+    pub(crate) regions: Vec<(String, u64)>,
+}
+
+impl RegistryRecord {
+    /// The record `text` holds; `None` when it is not one of ours.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        let mut lines = text.lines();
+        let mut head = lines.next()?.split(' ');
+        if head.next()? != "1" {
+            return None;
+        }
+        let epoch = head.next()?.parse().ok()?;
+        let quiet_until = head.next()?.parse().ok()?;
+        if head.next().is_some() {
+            return None;
+        }
+        let mut regions = Vec::new();
+        for line in lines {
+            if regions.len() == MAX_REGIONS {
+                return None;
+            }
+            let (name, at) = line.split_once(' ')?;
+            if !is_region_name(name) {
+                return None;
+            }
+            regions.push((name.to_owned(), at.parse().ok()?));
+        }
+        regions.sort();
+        regions.dedup_by(|a, b| a.0 == b.0);
+        Some(Self {
+            epoch,
+            quiet_until,
+            regions,
+        })
+    }
+
+    /// The record as stored.
+    pub(crate) fn text(&self) -> String {
+        let mut out = format!("1 {} {}", self.epoch, self.quiet_until);
+        for (name, at) in &self.regions {
+            out.push_str(&format!("\n{name} {at}"));
+        }
+        out
+    }
+
+    /// When `region` registered, if it did.
+    pub(crate) fn registered_at(&self, region: &str) -> Option<u64> {
+        self.regions
+            .iter()
+            .find(|(name, _)| name == region)
+            .map(|(_, at)| *at)
+    }
+}
+
+/// Why a region cannot register.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RegisterError {
+    /// Its floor with the registered regions' would sum above a marked limit.
+    #[error(
+        "region {region} cannot register: with the {registered} regions registered, floors of \
+         {floor_bp} basis points each would sum above the limit"
+    )]
+    FloorsAbove {
+        region: String,
+        registered: usize,
+        floor_bp: u16,
+    },
+    /// The registry already holds [`MAX_REGIONS`] regions.
+    #[error("region {0} cannot register: the registry holds {MAX_REGIONS} regions")]
+    Full(String),
+}
+
+/// The registry after `region` registers at `now` (global clock), from `stored` (`None`: no
+/// registry, or not one of ours: the store is new or lost its records). A lost registry is
+/// made again with a new `epoch`, quiet for one lease and the margin, holding every
+/// registration the instance has `seen` (with their times: a confirmed region stays
+/// confirmed). `floor_bp` is the largest floor of the marked limits, in basis points: the
+/// floors of the registered regions must fit in every limit. `None`: nothing to write.
+pub(crate) fn register(
+    stored: Option<&RegistryRecord>,
+    seen: &[(String, u64)],
+    region: &str,
+    now: u64,
+    hold_us: u64,
+    floor_bp: u16,
+    epoch: u64,
+) -> Result<Option<RegistryRecord>, RegisterError> {
+    let (mut record, changed) = match stored {
+        Some(r) => (r.clone(), false),
+        None => (
+            RegistryRecord {
+                epoch,
+                quiet_until: now.saturating_add(hold_us),
+                regions: seen.iter().take(MAX_REGIONS).cloned().collect(),
+            },
+            true,
+        ),
+    };
+    record.regions.sort();
+    record.regions.dedup_by(|a, b| a.0 == b.0);
+    if record.registered_at(region).is_some() {
+        return Ok(changed.then_some(record));
+    }
+    if record.regions.len() >= MAX_REGIONS {
+        return Err(RegisterError::Full(region.to_owned()));
+    }
+    // The rule is the protocol's (`Registry::register`), on floors in basis points of a limit
+    // of 10,000: floors that fit there fit every limit, each rounded down.
+    let n = record.regions.len();
+    let mut registry = Registry::new(n + 1);
+    for (i, (_, at)) in record.regions.iter().enumerate() {
+        registry.registered_at[i] = Some(*at);
+    }
+    let whole = Share {
+        rate: 10_000,
+        burst: 10_000,
+    };
+    let floor = Share {
+        rate: u64::from(floor_bp),
+        burst: u64::from(floor_bp),
+    };
+    if !registry.register(n, now, whole, &vec![floor; n + 1]) {
+        return Err(RegisterError::FloorsAbove {
+            region: region.to_owned(),
+            registered: n,
+            floor_bp,
+        });
+    }
+    record.regions.push((region.to_owned(), now));
+    record.regions.sort();
+    Ok(Some(record))
+}
+
+/// One key's record in the global store, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct KeyRecord {
+    /// Until when nothing above the floors is granted for this key.
+    pub(crate) quiet_until: u64,
+    /// Each region that holds something, by name.
+    pub(crate) regions: Vec<(String, Held)>,
+}
+
+impl KeyRecord {
+    /// The record `text` holds; `None` when it is not one of ours.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        let mut lines = text.lines();
+        let mut head = lines.next()?.split(' ');
+        if head.next()? != "1" {
+            return None;
+        }
+        let quiet_until = head.next()?.parse().ok()?;
+        if head.next().is_some() {
+            return None;
+        }
+        let mut regions = Vec::new();
+        for line in lines {
+            if regions.len() == MAX_REGIONS {
+                return None;
+            }
+            let mut f = line.split(' ');
+            let name = f.next()?;
+            if !is_region_name(name) {
+                return None;
+            }
+            let mut n = || -> Option<u64> { f.next()?.parse().ok() };
+            let held = Held {
+                answered: n()?,
+                granted: Share {
+                    rate: n()?,
+                    burst: n()?,
+                },
+                held: Share {
+                    rate: n()?,
+                    burst: n()?,
+                },
+                issued_at: n()?,
+                demand: n()?,
+            };
+            if f.next().is_some() {
+                return None;
+            }
+            regions.push((name.to_owned(), held));
+        }
+        Some(Self {
+            quiet_until,
+            regions,
+        })
+    }
+
+    /// The record as stored.
+    pub(crate) fn text(&self) -> String {
+        let mut out = format!("1 {}", self.quiet_until);
+        for (name, h) in &self.regions {
+            out.push_str(&format!(
+                "\n{name} {} {} {} {} {} {} {}",
+                h.answered,
+                h.granted.rate,
+                h.granted.burst,
+                h.held.rate,
+                h.held.burst,
+                h.issued_at,
+                h.demand
+            ));
+        }
+        out
+    }
+}
+
+/// What was stored for a key: nothing, a record of ours, or a value that is not one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stored<T> {
+    None,
+    Ours(T),
+    Foreign,
+}
+
+impl<T> Stored<T> {
+    /// `text` as read (`''`: none), parsed by `parse`.
+    pub(crate) fn read(text: &str, parse: impl Fn(&str) -> Option<T>) -> Self {
+        if text.is_empty() {
+            return Stored::None;
+        }
+        parse(text).map_or(Stored::Foreign, Stored::Ours)
+    }
+}
+
+/// What the global store answers one region's request for one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Answered {
+    /// The record to write in place of the one read (`None`: delete it).
+    pub(crate) record: Option<KeyRecord>,
+    /// How long the record lives, in milliseconds: until every grant in it has lapsed, and
+    /// its quiet period has ended.
+    pub(crate) ttl_ms: u64,
+    /// The grant, if the request was answered (a late or repeated one is not).
+    pub(crate) grant: Option<Grant>,
+}
+
+/// The global store's answer at `now` (its clock) to `request` (`region` the requester; its
+/// `region` field is ignored) for a key whose record is `stored`, under `registry`, for a
+/// limit of `total` with a `floor` per registered region. The protocol's transition
+/// ([`GlobalKey::on_request`]) over the regions of the registry and of the record (one it
+/// does not know as registered is kept and counted, with no floor).
+pub(crate) fn answer(
+    stored: Stored<KeyRecord>,
+    registry: &RegistryRecord,
+    region: &str,
+    request: Request,
+    total: Share,
+    floor: Share,
+    settings: &Settings,
+    now: u64,
+) -> Answered {
+    let hold = settings.hold_us();
+    let record = match stored {
+        Stored::None => KeyRecord::default(),
+        Stored::Ours(r) => r,
+        // Not ours: what it held is unknown, so nothing above the floors for one hold.
+        Stored::Foreign => KeyRecord {
+            quiet_until: now.saturating_add(hold),
+            regions: Vec::new(),
+        },
+    };
+    // Positions: the registered regions, then the record's others.
+    let mut names: Vec<&str> = registry.regions.iter().map(|(n, _)| n.as_str()).collect();
+    for (name, _) in &record.regions {
+        if !names.contains(&name.as_str()) {
+            names.push(name);
+        }
+    }
+    if !names.contains(&region) {
+        names.push(region);
+    }
+    let mut positions = Registry::new(names.len());
+    for (i, name) in names.iter().enumerate() {
+        positions.registered_at[i] = registry.registered_at(name);
+    }
+    let mut key = GlobalKey::new(names.len());
+    for (name, held) in &record.regions {
+        if let Some(i) = names.iter().position(|n| n == name) {
+            key.regions[i] = *held;
+        }
+    }
+    let me = names.iter().position(|n| *n == region).unwrap_or(0);
+    let floors = vec![floor; names.len()];
+    let movable = positions.movable(total, &floors);
+    let quiet_until = registry.quiet_until.max(record.quiet_until);
+    let grant = key.on_request(
+        &Request {
+            region: me,
+            ..request
+        },
+        now,
+        movable,
+        quiet_until,
+        settings,
+    );
+    let regions: Vec<(String, Held)> = names
+        .iter()
+        .zip(&key.regions)
+        .filter(|(_, h)| h.answered != 0 && !(h.held == Share::ZERO && h.demand == 0))
+        .map(|(n, h)| ((*n).to_owned(), *h))
+        .collect();
+    let quiet_left = record.quiet_until.saturating_sub(now);
+    let record = (!regions.is_empty() || quiet_left > 0).then_some(KeyRecord {
+        quiet_until: if quiet_left > 0 {
+            record.quiet_until
+        } else {
+            0
+        },
+        regions,
+    });
+    Answered {
+        record,
+        ttl_ms: hold.max(quiet_left).div_ceil(1_000).max(1),
+        grant,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(rate: u64, burst: u64) -> Share {
+        Share { rate, burst }
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            total: s(100, 100),
+            lease_us: 3_000_000,
+            margin_us: 1_000_000,
+        }
+    }
+
+    #[test]
+    fn records_read_back_as_written_and_foreign_text_is_not_ours() {
+        let registry = RegistryRecord {
+            epoch: 7,
+            quiet_until: 9,
+            regions: vec![("eu".into(), 1), ("us-east".into(), 2)],
+        };
+        assert_eq!(RegistryRecord::parse(&registry.text()), Some(registry));
+        let key = KeyRecord {
+            quiet_until: 0,
+            regions: vec![(
+                "eu".into(),
+                Held {
+                    answered: 5,
+                    granted: s(1, 2),
+                    held: s(3, 4),
+                    issued_at: 6,
+                    demand: 7,
+                },
+            )],
+        };
+        assert_eq!(KeyRecord::parse(&key.text()), Some(key));
+        for foreign in [
+            "",
+            "x",
+            "2 1 1",
+            "1 1",
+            "1 a 1",
+            "1 1 1\nbad name 1",
+            "1 1 1 1",
+        ] {
+            assert_eq!(RegistryRecord::parse(foreign), None, "{foreign:?}");
+        }
+        for foreign in [
+            "1",
+            "1 0\neu 1 2",
+            "1 0\neu 1 2 3 4 5 6 7 8",
+            "1 0\n{x} 1 2 3 4 5 6 7",
+        ] {
+            assert_eq!(KeyRecord::parse(foreign), None, "{foreign:?}");
+        }
+        let many: String = (0..=MAX_REGIONS).map(|i| format!("\nr{i} 1")).collect();
+        assert_eq!(RegistryRecord::parse(&format!("1 1 1{many}")), None);
+    }
+
+    #[test]
+    fn a_lost_registry_is_made_again_quiet_with_the_registrations_seen() {
+        let seen = vec![("eu".to_owned(), 10)];
+        let made = register(None, &seen, "us", 1_000, 4_000, 1_000, 42)
+            .unwrap()
+            .unwrap();
+        assert_eq!(made.epoch, 42);
+        assert_eq!(made.quiet_until, 5_000);
+        assert_eq!(made.regions, [("eu".into(), 10), ("us".into(), 1_000)]);
+        // Registered already: nothing to write.
+        assert_eq!(
+            register(Some(&made), &[], "eu", 2_000, 4_000, 1_000, 1),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn a_region_whose_floor_does_not_fit_is_refused() {
+        let mut record = RegistryRecord::default();
+        for (i, name) in ["a", "b", "c"].iter().enumerate() {
+            record = register(Some(&record), &[], name, i as u64, 1, 3_000, 1)
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(
+            register(Some(&record), &[], "d", 9, 1, 3_000, 1),
+            Err(RegisterError::FloorsAbove {
+                region: "d".into(),
+                registered: 3,
+                floor_bp: 3_000
+            })
+        );
+    }
+
+    #[test]
+    fn a_region_gets_what_no_other_holds_and_an_unknown_region_is_counted() {
+        let registry = RegistryRecord {
+            epoch: 1,
+            quiet_until: 0,
+            regions: vec![("eu".into(), 0), ("us".into(), 0)],
+        };
+        let request = |seq| Request {
+            region: 0,
+            seq,
+            applied: 0,
+            demand: 80,
+            sent_at: 100,
+        };
+        let settings = settings();
+        let floor = s(10, 10);
+        let first = answer(
+            Stored::None,
+            &registry,
+            "eu",
+            request(1),
+            s(100, 100),
+            floor,
+            &settings,
+            1_000,
+        );
+        // Movable 80: eu asks for all of it.
+        assert_eq!(first.grant.unwrap().share, s(80, 80));
+        let record = first.record.unwrap();
+        // "ap" is not registered but holds 30: counted, kept.
+        let mut with_unknown = record.clone();
+        with_unknown.regions.push((
+            "ap".into(),
+            Held {
+                answered: 1,
+                granted: s(30, 30),
+                held: s(30, 30),
+                issued_at: 1_000,
+                demand: 30,
+            },
+        ));
+        let us = answer(
+            Stored::Ours(with_unknown),
+            &registry,
+            "us",
+            request(1),
+            s(100, 100),
+            floor,
+            &settings,
+            1_001,
+        );
+        assert_eq!(us.grant.unwrap().share, Share::ZERO, "eu and ap hold all");
+        let kept = us.record.unwrap();
+        assert!(kept.regions.iter().any(|(n, _)| n == "ap"));
+        // A value that is not ours: the key is quiet for one lease and the margin.
+        let foreign = answer(
+            Stored::Foreign,
+            &registry,
+            "eu",
+            request(9),
+            s(100, 100),
+            floor,
+            &settings,
+            1_000,
+        );
+        assert_eq!(foreign.grant.unwrap().share, Share::ZERO);
+        assert_eq!(foreign.record.unwrap().quiet_until, 1_000 + 4_000_000);
+        assert_eq!(foreign.ttl_ms, 4_000);
+    }
+}
