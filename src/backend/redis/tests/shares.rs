@@ -412,3 +412,103 @@ async fn requests_are_numbered_and_grants_applied_once() {
     let after_loss = regional.share_requests(&[tx]).await.unwrap()[0];
     assert_eq!((after_loss.seq, after_loss.applied), (T0 + 11 * SECOND, 0));
 }
+
+/// A region's share bucket record's part: `(rate, burst)` of the part it applies.
+async fn part_of(backend: &RedisBackend, key: &BucketKey) -> (u64, u64) {
+    let record = read_record(backend, &format!("{}:r", backend.redis_key(key))).await;
+    let fields: Vec<u64> = record
+        .as_deref()
+        .unwrap_or("1 0 0 0 0 0 0 0 0 0")
+        .split(' ')
+        .map(|f| f.parse().unwrap())
+        .collect();
+    (fields[5], fields[6])
+}
+
+/// Two regions (their own stores, one global store, all on real Redis clocks): each
+/// registers, and decides on its floor only once its registration is confirmed. Demand in
+/// one region moves the movable part (the limit less both floors: 80) there, through the
+/// global store, and a shift of demand moves it to the other region in three rebalances
+/// (the giver is granted nothing, confirms it, then the taker gets it), the parts never
+/// summing above 80 at any step.
+#[tokio::test]
+async fn shares_move_to_the_demand_through_the_global_store() {
+    let server = redis();
+    let prefix = prefix("move");
+    let settings = RegionalSettings {
+        period_us: 100_000,
+        lease_us: 200_000,
+        margin_us: 50_000,
+        max_keys: 100,
+    };
+    let region = |name: &'static str| {
+        let url = server.url.clone();
+        let prefix = prefix.clone();
+        async move {
+            let global = RedisBackend::from_url(&url)
+                .prefix(format!("{prefix}g:"))
+                .connect()
+                .await
+                .unwrap();
+            RedisBackend::from_url(&url)
+                .prefix(format!("{prefix}{name}:"))
+                .deny_cache(false)
+                .regional_with(name, global, settings)
+                .connect()
+                .await
+                .unwrap()
+        }
+    };
+    let (eu, us) = (region("eu").await, region("us").await);
+    let limits = limits();
+    let key = BucketKey::new(limits.name("Api").unwrap(), Id::from(5u64));
+    let eu_limiter = Limiter::new(limits.clone(), eu.clone());
+    // Not confirmed yet: closed.
+    eu.rebalance(&limits, &[]).await.unwrap();
+    us.rebalance(&limits, &[]).await.unwrap();
+    assert!(!eu.floors());
+    assert_eq!(allowed(&eu_limiter, &key, 3).await, 0, "closed until confirmed");
+    // Confirmed one lease and the margin (250 ms of the global store's clock) later.
+    for _ in 0..100 {
+        if eu.floors() && us.floors() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        eu.rebalance(&limits, &[]).await.unwrap();
+        us.rebalance(&limits, &[]).await.unwrap();
+    }
+    assert!(eu.floors() && us.floors());
+    assert_eq!(allowed(&eu_limiter, &key, 10).await, 10, "the floor");
+    // The global store was new: quiet for one hold after its first call; then eu's demand
+    // gets the movable part.
+    let mut round = eu.rebalance(&limits, &[(key.clone(), 80)]).await.unwrap();
+    for _ in 0..100 {
+        if part_of(&eu, &key).await == (80, 80) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        round = eu.rebalance(&limits, &[(key.clone(), 80)]).await.unwrap();
+    }
+    assert_eq!(part_of(&eu, &key).await, (80, 80), "{round:?}");
+    // The part arrived empty, but refills at 90 a second: a denial says so.
+    let denied = eu_limiter
+        .spend(&[Transaction::new(key.clone())])
+        .await
+        .unwrap();
+    assert!(!denied.allowed());
+    assert!(denied.strictest().unwrap().retry_after() <= Duration::from_micros(11_112));
+    // The demand moves to us: us first gets nothing (eu holds it all), eu is granted nothing
+    // and applies it, confirms it, and us gets it: three rebalances after the shift.
+    let sum = |a: (u64, u64), b: (u64, u64)| (a.0 + b.0, a.1 + b.1);
+    us.rebalance(&limits, &[(key.clone(), 80)]).await.unwrap();
+    assert_eq!(part_of(&us, &key).await, (0, 0));
+    eu.rebalance(&limits, &[(key.clone(), 0)]).await.unwrap();
+    assert_eq!(part_of(&eu, &key).await, (0, 0));
+    us.rebalance(&limits, &[(key.clone(), 80)]).await.unwrap();
+    assert_eq!(part_of(&us, &key).await, (0, 0), "eu has not confirmed yet");
+    eu.rebalance(&limits, &[(key.clone(), 0)]).await.unwrap();
+    us.rebalance(&limits, &[(key.clone(), 80)]).await.unwrap();
+    assert_eq!(part_of(&us, &key).await, (80, 80));
+    let total = sum(part_of(&eu, &key).await, part_of(&us, &key).await);
+    assert!(total.0 <= 80 && total.1 <= 80, "{total:?}");
+}
