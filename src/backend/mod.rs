@@ -33,6 +33,12 @@ pub(crate) use overrides::{Watched, Watcher};
 #[cfg(feature = "redis")]
 pub use redis::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
 
+/// The limits a limiter holds now, while it lives (`None` once it is gone): what a regional
+/// backend follows ([`Backend::follow_limits`]).
+#[doc(hidden)]
+pub type FollowedLimits =
+    std::sync::Arc<dyn Fn() -> Option<std::sync::Arc<crate::Limits>> + Send + Sync>;
+
 /// What a backend decided for one transaction of a batch. Plain data (`Copy`, nothing to
 /// drop): a tiered transaction's grant per tier travels beside it, in its batch's [`Outcomes`]
 /// ([`Outcomes::tier_grant`]).
@@ -622,6 +628,11 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// A regional backend follows the limits in force (the marked limits' keys it rebalances)
+    /// while the limiter that holds them lives: the limiter calls this once, at its start.
+    #[doc(hidden)]
+    fn follow_limits(&self, _limits: FollowedLimits) {}
+
     /// Whether the backend decides with all it must know. The Redis backend is not ready until
     /// it has read the stored overrides whole once (a fresh instance never decides an
     /// overridden id without its override: until then a spend fails, and the layer's failure
@@ -666,6 +677,9 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn regional(&self) -> bool {
         (**self).regional()
+    }
+    fn follow_limits(&self, limits: FollowedLimits) {
+        (**self).follow_limits(limits)
     }
     fn ready(&self) -> bool {
         (**self).ready()

@@ -255,7 +255,20 @@ impl Limiter {
             Regions::PerRegion
         };
         let store = backend.override_store().map(|s| s.0);
-        Self::build(limits, backend, store, warns_of_prefetch, regions)
+        let limiter = Self::build(
+            limits,
+            Arc::clone(&backend),
+            store,
+            warns_of_prefetch,
+            regions,
+        );
+        if regions == Regions::Shares {
+            let inner = Arc::downgrade(&limiter.inner);
+            backend.follow_limits(Arc::new(move || {
+                inner.upgrade().map(|i| i.limits.load_full())
+            }));
+        }
+        limiter
     }
 
     /// A limiter deciding in memory what `limits` say, stored overrides included, without

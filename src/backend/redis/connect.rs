@@ -68,11 +68,9 @@ pub struct RedisBackendBuilder {
     read_only: bool,
     /// Regional mode (`docs/regions.md`): this region's name, the global store and how shares
     /// move.
-    regional: Option<(
-        String,
-        super::RedisBackend,
-        super::regions::RegionalSettings,
-    )>,
+    regional: Option<(String, super::RedisBackend)>,
+    /// How regional mode moves shares.
+    regional_settings: super::regions::RegionalSettings,
     /// The tests' instance clock that runs apart from the store's (the script still reads
     /// the server's).
     #[cfg(test)]
@@ -109,6 +107,7 @@ impl RedisBackendBuilder {
             max_overrides: crate::backend::DEFAULT_MAX_OVERRIDES,
             read_only: false,
             regional: None,
+            regional_settings: super::regions::RegionalSettings::default(),
             #[cfg(test)]
             skewed: None,
         }
@@ -122,9 +121,60 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Regional mode (`docs/regions.md`): this backend is region `region`'s store, and
-    /// `global` the global store shares move through. For the tests until the rebalancing
-    /// task lands.
+    /// Regional mode ([`docs/regions.md`](crate::specs::regions)): this backend is the store
+    /// of region `region`, where every request is decided, and `global` (a backend of its own,
+    /// on a Redis or cluster every region reaches, with a prefix of its own) is the global
+    /// store the shares of the limits marked `across_regions` move through. A marked limit is
+    /// then one limit for every region: this region decides it on its floor plus the part the
+    /// global store granted it, rebalanced every [`rebalance_period`](Self::rebalance_period)
+    /// by one instance of the region. Limits not marked stay per region, as without it.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), tower_ratelimits::RedisSetupError> {
+    /// use tower_ratelimits::RedisBackend;
+    /// let global = RedisBackend::from_url("redis://global.example:6379").prefix("rlg:").connect().await?;
+    /// let eu = RedisBackend::from_url("redis://eu.example:6379")
+    ///     .regional("eu", global)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn regional(mut self, region: impl Into<String>, global: super::RedisBackend) -> Self {
+        self.regional = Some((region.into(), global));
+        self
+    }
+
+    /// How often a region rebalances its shares (regional mode; 1 s by default): one instance
+    /// of the region sends one call per slot of the global store each period. A grant's lease
+    /// is three periods.
+    pub fn rebalance_period(self, period: Duration) -> Self {
+        let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
+        self.regional_settings(|s| {
+            s.period_us = period_us;
+            s.lease_us = period_us.saturating_mul(3);
+        })
+    }
+
+    /// How much longer the global store counts a grant than its lease (regional mode; one
+    /// second by default): at least the clocks' drift over a lease, plus the largest backward
+    /// step of a region store's clock and the largest forward step of the global store's
+    /// ([`docs/regions.md`](crate::specs::regions), "The bound").
+    pub fn lease_margin(self, margin: Duration) -> Self {
+        let margin_us = u64::try_from(margin.as_micros()).unwrap_or(u64::MAX);
+        self.regional_settings(|s| s.margin_us = margin_us)
+    }
+
+    /// Changes regional mode's settings.
+    fn regional_settings(
+        mut self,
+        change: impl FnOnce(&mut super::regions::RegionalSettings),
+    ) -> Self {
+        change(&mut self.regional_settings);
+        self
+    }
+
+    /// Regional mode with every setting given, for the tests (periods shorter than the API
+    /// allows to name).
     #[cfg(test)]
     pub(crate) fn regional_with(
         mut self,
@@ -132,7 +182,8 @@ impl RedisBackendBuilder {
         global: super::RedisBackend,
         settings: super::regions::RegionalSettings,
     ) -> Self {
-        self.regional = Some((region.to_owned(), global, settings));
+        self.regional = Some((region.to_owned(), global));
+        self.regional_settings = settings;
         self
     }
 
@@ -279,6 +330,10 @@ impl RedisBackendBuilder {
                 prefix: self.prefix,
                 reason: "it is longer than 128 bytes",
             });
+        }
+        if let Some((region, global)) = &self.regional {
+            super::regions::check(region, global, &self.regional_settings, &self.prefix)
+                .map_err(RedisSetupError::InvalidRegional)?;
         }
         let timeout = self.command_timeout;
         let connect_timeout = timeout.max(Duration::from_secs(2));
@@ -434,8 +489,12 @@ impl RedisBackendBuilder {
                 coalescer: coalesce.map(|c| super::coalesce::Coalescer::new(c, timeout)),
                 pools: super::prefetch::Pools::new(),
                 prefetch: self.prefetch,
-                regional: self.regional.map(|(region, global, settings)| {
-                    Arc::new(super::regions::Regional::new(region, global, settings))
+                regional: self.regional.map(|(region, global)| {
+                    Arc::new(super::regions::Regional::new(
+                        region,
+                        global,
+                        self.regional_settings,
+                    ))
                 }),
                 overrides: crate::backend::Watched::default(),
                 override_sync: std::sync::Mutex::default(),

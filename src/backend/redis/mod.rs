@@ -604,6 +604,15 @@ impl Backend for RedisBackend {
             Ok(t) => t,
             Err(e) => return Spend::Ready(Err(e)),
         };
+        if let Some(regional) = &self.inner.regional {
+            // A marked key's demand: what its requests ask, admitted or refused.
+            for tx in batch
+                .iter()
+                .filter(|tx| tx.floor.is_some() && tx.mode.counts())
+            {
+                regional.count_demand(tx.key, tx.cost);
+            }
+        }
         if self.inner.prefetch
             && batch
                 .iter()
@@ -667,6 +676,10 @@ impl Backend for RedisBackend {
 
     fn regional(&self) -> bool {
         self.inner.regional.is_some()
+    }
+
+    fn follow_limits(&self, limits: crate::backend::FollowedLimits) {
+        self.start_rebalancing(limits);
     }
 
     /// Ready once the stored overrides were read whole (`connect` waits for that read; a lazy

@@ -437,12 +437,15 @@ pub(super) fn encode_shares<'a>(
 }
 
 /// The answer to a call on share buckets: per key its numbers (a request: its number and the
-/// grant applied; a grant: 1 when applied), then the store's now.
+/// grant applied; a grant: 1 when applied), and the store's now.
+pub(super) type ShareAnswer = (Vec<smallvec::SmallVec<[u64; 2]>>, u64);
+
+/// Decodes the answer to a call on share buckets ([`ShareAnswer`]).
 pub(super) fn decode_shares(
     value: Value,
     keys: usize,
     fields: usize,
-) -> Result<(Vec<smallvec::SmallVec<[u64; 2]>>, u64), BackendError> {
+) -> Result<ShareAnswer, BackendError> {
     let Value::Array(items) = value else {
         return Err(bad(format!("{:?}", value.kind())));
     };

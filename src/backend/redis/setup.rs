@@ -30,9 +30,14 @@ pub enum RedisSetupError {
         /// A single server (or pool), which a lazy backend can start without.
         single: bool,
     },
+    /// Regional mode ([`RedisBackendBuilder::regional`](super::RedisBackendBuilder::regional))
+    /// set up wrong: a region name that is not 1 to 32 letters, digits, `-` or `_`, a global
+    /// store with the region's own prefix, or a rebalance period or lease margin of zero.
+    #[error("invalid regional mode: {0}")]
+    InvalidRegional(String),
 }
 
-readable_debug!(RedisSetupError { InvalidUrl(url), InvalidPrefix { prefix, reason }, Connect { address, reason, single } });
+readable_debug!(RedisSetupError { InvalidUrl(url), InvalidPrefix { prefix, reason }, Connect { address, reason, single }, InvalidRegional(what) });
 
 /// What a single server's connect error suggests: a lazy backend.
 fn lazy_hint(single: bool) -> &'static str {

@@ -277,8 +277,8 @@ pub(crate) struct Answered {
 }
 
 /// The global store's answer at `now` (its clock) to `request` (`region` the requester; its
-/// `region` field is ignored) for a key whose record is `stored`, under `registry`, for a
-/// limit of `total` with a `floor` per registered region. The protocol's transition
+/// `region` field is ignored) for a key whose record is `stored`, under `registry`, for the
+/// limit of `settings` with a `floor` per registered region. The protocol's transition
 /// ([`GlobalKey::on_request`]) over the regions of the registry and of the record (one it
 /// does not know as registered is kept and counted, with no floor).
 pub(crate) fn answer(
@@ -286,12 +286,12 @@ pub(crate) fn answer(
     registry: &RegistryRecord,
     region: &str,
     request: Request,
-    total: Share,
     floor: Share,
     settings: &Settings,
     now: u64,
 ) -> Answered {
     let hold = settings.hold_us();
+    let total = settings.total;
     let record = match stored {
         Stored::None => KeyRecord::default(),
         Stored::Ours(r) => r,
@@ -473,7 +473,6 @@ mod tests {
             &registry,
             "eu",
             request(1),
-            s(100, 100),
             floor,
             &settings,
             1_000,
@@ -498,7 +497,6 @@ mod tests {
             &registry,
             "us",
             request(1),
-            s(100, 100),
             floor,
             &settings,
             1_001,
@@ -512,7 +510,6 @@ mod tests {
             &registry,
             "eu",
             request(9),
-            s(100, 100),
             floor,
             &settings,
             1_000,

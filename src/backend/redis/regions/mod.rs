@@ -5,6 +5,7 @@
 //! the global store with the protocol's functions, apply the grants in the region's store).
 
 mod global;
+mod task;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,15 +14,13 @@ use fred::prelude::{Key, Value};
 
 use super::RedisBackend;
 use super::keys::KeyBuf;
-use super::script::{self, Call, Op, ShareGrant};
+use super::script::{self, Call, Op, ShareAnswer, ShareGrant};
 use crate::algo::regions::{Request, Settings, Share};
 use crate::backend::{BackendError, BucketTx};
 use crate::config::Limits;
 use crate::key::BucketKey;
 use crate::mode::Mode;
 use global::{KeyRecord, RegistryRecord, Stored};
-
-pub(crate) use global::{RegisterError, is_region_name};
 
 /// The global store's script (`global.lua`).
 const GLOBAL_SCRIPT: &str = include_str!("global.lua");
@@ -50,6 +49,29 @@ impl Default for RegionalSettings {
     }
 }
 
+/// Why regional mode cannot be set up as asked (`None`: it can).
+pub(crate) fn check(
+    region: &str,
+    global: &RedisBackend,
+    settings: &RegionalSettings,
+    prefix: &str,
+) -> Result<(), String> {
+    if !global::is_region_name(region) {
+        return Err(format!(
+            "region {region:?}: a region is named by 1 to 32 ASCII letters, digits, '-' or '_'"
+        ));
+    }
+    if global.prefix() == prefix {
+        return Err(format!(
+            "the global store's prefix {prefix:?} is the region's own: give it one of its own"
+        ));
+    }
+    if settings.period_us == 0 || settings.margin_us == 0 {
+        return Err("the rebalance period and the lease margin must be longer than zero".into());
+    }
+    Ok(())
+}
+
 /// What regional mode keeps beside the region's store.
 pub(crate) struct Regional {
     /// This region's name.
@@ -59,10 +81,13 @@ pub(crate) struct Regional {
     pub(crate) settings: RegionalSettings,
     /// Whether this region's registration is confirmed: until then its floors are 0.
     confirmed: AtomicBool,
-    /// The registrations seen, with their times: a lost registry is made again with them.
-    seen: Mutex<Vec<(String, u64)>>,
+    /// The registry as last read or written: its registrations (with their times: a lost
+    /// registry is made again with them) and its quiet period.
+    registry: Mutex<RegistryRecord>,
     /// The global script's SHA-1.
     sha: fred::bytes_utils::Str,
+    /// The units this instance's requests asked of each marked key in this period.
+    demand: Mutex<std::collections::HashMap<BucketKey, u64>>,
 }
 
 impl std::fmt::Debug for Regional {
@@ -82,14 +107,20 @@ impl Regional {
             global,
             settings,
             confirmed: AtomicBool::new(false),
-            seen: Mutex::new(Vec::new()),
+            registry: Mutex::default(),
             sha: fred::util::sha1_hash(GLOBAL_SCRIPT).into(),
+            demand: Mutex::default(),
         }
     }
 
     /// Whether this region's registration is confirmed (its floors may be used).
     pub(crate) fn confirmed(&self) -> bool {
         self.confirmed.load(Ordering::Acquire)
+    }
+
+    /// Whether this region's registration is confirmed, as the instance that rebalances said.
+    fn set_confirmed(&self, confirmed: bool) {
+        self.confirmed.store(confirmed, Ordering::Release);
     }
 
     /// Confirmed without waiting one lease and the margin after a registration: for the tests
@@ -111,6 +142,9 @@ pub(crate) struct Round {
     pub(crate) applied: usize,
     /// Keys another instance wrote between this one's read and write (asked again next time).
     pub(crate) conflicts: usize,
+    /// The keys whose part is not zero after the round (asked again, to give it back, when
+    /// their demand falls).
+    pub(crate) holding: Vec<BucketKey>,
 }
 
 /// A request for one key's share, numbered by the region's store (`RegionKey::request`).
@@ -208,8 +242,6 @@ impl RedisBackend {
     }
 }
 
-type ShareAnswer = (Vec<smallvec::SmallVec<[u64; 2]>>, u64);
-
 /// A call of the global script: a read (each key's value, `''` for none) or a compare-and-set.
 enum GlobalCall<'a> {
     Read,
@@ -285,9 +317,10 @@ impl Regional {
             _ => None,
         };
         let seen = self
-            .seen
+            .registry
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .regions
             .clone();
         let hold = self
             .settings
@@ -321,7 +354,7 @@ impl Regional {
             .registered_at(&self.region)
             .is_some_and(|at| now.saturating_sub(at) >= hold);
         self.confirmed.store(confirmed, Ordering::Release);
-        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = record.regions;
+        *self.registry.lock().unwrap_or_else(PoisonError::into_inner) = record;
         Ok(())
     }
 }
@@ -361,7 +394,7 @@ impl RedisBackend {
             .unwrap_or(0);
         regional.register(floor_bp).await?;
         let mut busiest: Vec<&(BucketKey, u64)> = demands.iter().collect();
-        busiest.sort_by(|a, b| b.1.cmp(&a.1));
+        busiest.sort_by_key(|d| std::cmp::Reverse(d.1));
         busiest.truncate(regional.settings.max_keys);
         let mut asked = Vec::with_capacity(busiest.len());
         for (key, demand) in busiest {
@@ -397,14 +430,11 @@ impl RedisBackend {
             .map(|(key, ..)| KeyBuf::new(regional.global.prefix(), key, ":g").key())
             .collect();
         let mut grants: Vec<Option<ShareGrant>> = vec![None; txs.len()];
-        let registry = RegistryRecord {
-            regions: regional
-                .seen
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-            ..RegistryRecord::default()
-        };
+        let registry = regional
+            .registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         for (slot, group) in regional.global.groups(&global_keys) {
             let keys: Vec<Key> = group.iter().map(|&i| global_keys[i].clone()).collect();
             let (now, read) = regional.global_call(slot, &keys, GlobalCall::Read).await?;
@@ -433,7 +463,6 @@ impl RedisBackend {
                         demand,
                         sent_at: n.sent_at,
                     },
-                    total,
                     Share {
                         rate: floor.of(limit.count()),
                         burst: floor.of(limit.burst()),
@@ -470,6 +499,12 @@ impl RedisBackend {
             .zip(grants)
             .filter_map(|(tx, g)| Some((*tx, g?)))
             .unzip();
+        round.holding = txs
+            .iter()
+            .zip(&grants)
+            .filter(|(_, g)| g.share != Share::ZERO)
+            .map(|(tx, _)| tx.key.clone())
+            .collect();
         if !txs.is_empty() {
             round.applied = self
                 .share_grants(&txs, &grants)

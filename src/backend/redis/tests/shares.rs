@@ -38,8 +38,13 @@ async fn backend(url: &str, prefix: &str, clock: &ManualClock, shares: bool) -> 
         .connect()
         .await
         .unwrap();
+    // No rebalance within a test: the share buckets alone.
+    let settings = RegionalSettings {
+        period_us: 3_600_000_000,
+        ..RegionalSettings::default()
+    };
     let backend = builder
-        .regional_with("eu", global, RegionalSettings::default())
+        .regional_with("eu", global, settings)
         .connect()
         .await
         .unwrap();
@@ -435,8 +440,9 @@ async fn part_of(backend: &RedisBackend, key: &BucketKey) -> (u64, u64) {
 async fn shares_move_to_the_demand_through_the_global_store() {
     let server = redis();
     let prefix = prefix("move");
+    // The test rebalances itself: no task's period ends within it.
     let settings = RegionalSettings {
-        period_us: 100_000,
+        period_us: 3_600_000_000,
         lease_us: 200_000,
         margin_us: 50_000,
         max_keys: 100,
@@ -467,7 +473,11 @@ async fn shares_move_to_the_demand_through_the_global_store() {
     eu.rebalance(&limits, &[]).await.unwrap();
     us.rebalance(&limits, &[]).await.unwrap();
     assert!(!eu.floors());
-    assert_eq!(allowed(&eu_limiter, &key, 3).await, 0, "closed until confirmed");
+    assert_eq!(
+        allowed(&eu_limiter, &key, 3).await,
+        0,
+        "closed until confirmed"
+    );
     // Confirmed one lease and the margin (250 ms of the global store's clock) later.
     for _ in 0..100 {
         if eu.floors() && us.floors() {
@@ -478,7 +488,10 @@ async fn shares_move_to_the_demand_through_the_global_store() {
         us.rebalance(&limits, &[]).await.unwrap();
     }
     assert!(eu.floors() && us.floors());
-    assert_eq!(allowed(&eu_limiter, &key, 10).await, 10, "the floor");
+    // The floor, full for a key never decided while closed (one that was keeps its tokens:
+    // none, refilled at the floor's rate).
+    let fresh = BucketKey::new(limits.name("Api").unwrap(), Id::from(6u64));
+    assert_eq!(allowed(&eu_limiter, &fresh, 12).await, 10, "the floor");
     // The global store was new: quiet for one hold after its first call; then eu's demand
     // gets the movable part.
     let mut round = eu.rebalance(&limits, &[(key.clone(), 80)]).await.unwrap();
@@ -491,6 +504,7 @@ async fn shares_move_to_the_demand_through_the_global_store() {
     }
     assert_eq!(part_of(&eu, &key).await, (80, 80), "{round:?}");
     // The part arrived empty, but refills at 90 a second: a denial says so.
+    allowed(&eu_limiter, &key, 100).await;
     let denied = eu_limiter
         .spend(&[Transaction::new(key.clone())])
         .await
@@ -511,4 +525,60 @@ async fn shares_move_to_the_demand_through_the_global_store() {
     assert_eq!(part_of(&us, &key).await, (80, 80));
     let total = sum(part_of(&eu, &key).await, part_of(&us, &key).await);
     assert!(total.0 <= 80 && total.1 <= 80, "{total:?}");
+}
+
+/// The rebalancing task, end to end: two regional limiters (their stores and one global store
+/// on real Redis clocks, periods of 50 ms) and requests in one region only. The task counts
+/// the demand, registers both regions, and moves the movable part to the busy region, which
+/// then admits more than its floor a second; the idle one stays on its floor.
+#[tokio::test]
+async fn the_task_moves_the_share_to_the_region_whose_requests_ask_for_it() {
+    let server = redis();
+    let prefix = prefix("task");
+    let settings = RegionalSettings {
+        period_us: 50_000,
+        lease_us: 150_000,
+        margin_us: 50_000,
+        max_keys: 100,
+    };
+    let limiter = |name: &'static str| {
+        let url = server.url.clone();
+        let prefix = prefix.clone();
+        async move {
+            let global = RedisBackend::from_url(&url)
+                .prefix(format!("{prefix}g:"))
+                .connect()
+                .await
+                .unwrap();
+            let backend = RedisBackend::from_url(&url)
+                .prefix(format!("{prefix}{name}:"))
+                .deny_cache(false)
+                .regional_with(name, global, settings)
+                .connect()
+                .await
+                .unwrap();
+            (Limiter::new(limits(), backend.clone()), backend)
+        }
+    };
+    let (eu, eu_backend) = limiter("eu").await;
+    let (_us, us_backend) = limiter("us").await;
+    let key = eu.key("Api", Id::from(11u64)).unwrap();
+    // Requests in eu, about 400 a second (4 times the limit), for at most 5 s of the clock.
+    let mut moved = false;
+    for _ in 0..250 {
+        allowed(&eu, &key, 8).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if part_of(&eu_backend, &key).await.0 > 0 {
+            moved = true;
+            break;
+        }
+    }
+    assert!(moved, "the busy region was granted a part");
+    assert!(eu_backend.floors(), "registered and confirmed");
+    let (eu_part, us_part) = (
+        part_of(&eu_backend, &key).await,
+        part_of(&us_backend, &key).await,
+    );
+    assert_eq!(us_part, (0, 0));
+    assert!(eu_part.0 <= 80 && eu_part.1 <= 80, "{eu_part:?}");
 }

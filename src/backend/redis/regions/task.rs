@@ -1,0 +1,216 @@
+//! The rebalancing task every regional instance runs (`docs/regions.md`), once a period:
+//!
+//! 1. its demand: the units its requests asked of each marked key in the period (admitted and
+//!    refused), added to the region's demand hash of the period (`HINCRBY`, its busiest keys
+//!    only);
+//! 2. the lock (`SET NX PX`, in the region's store): the one instance that holds it registers
+//!    the region in the global store, says in the region's store whether the registration is
+//!    confirmed, and rebalances the busiest keys of the last period's demand (above their
+//!    floors), with every key that held a part at the last rebalance (demand 0: it gives it
+//!    back);
+//! 3. the others read whether the registration is confirmed (until then their floors are 0).
+//!
+//! Nothing here is on a request's path: a request only counts its units in memory.
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, Weak};
+use std::time::Duration;
+
+use fred::prelude::{Client, HashesInterface, KeysInterface, Value};
+
+use super::{Regional, Round};
+use crate::backend::redis::RedisBackend;
+use crate::config::Limits;
+use crate::key::BucketKey;
+
+/// The most distinct keys an instance counts demand for in one period (more are not counted
+/// until the next period): four times the keys a rebalance asks for.
+fn demand_cap(regional: &Regional) -> usize {
+    regional.settings.max_keys.saturating_mul(4)
+}
+
+impl Regional {
+    /// Counts `units` asked of `key` in this period (a request's path: no await, one short
+    /// lock).
+    pub(crate) fn count_demand(&self, key: &BucketKey, units: u64) {
+        let mut demand = self.demand.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = demand.get_mut(key) {
+            *n = n.saturating_add(units);
+        } else if demand.len() < demand_cap(self) {
+            demand.insert(key.clone(), units);
+        }
+    }
+
+    /// This period's demand, taken (the count starts again).
+    fn take_demand(&self) -> HashMap<BucketKey, u64> {
+        std::mem::take(&mut *self.demand.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// A demand hash's field: the limit's name and the id's text, apart by a byte neither holds.
+fn field(key: &BucketKey) -> String {
+    format!("{}\u{1f}{}", key.name().as_str(), key.id())
+}
+
+/// The key a demand hash's field names, under `limits` (`None`: a name or an id it does not
+/// know).
+fn key_of(field: &str, limits: &Limits) -> Option<BucketKey> {
+    let (name, id) = field.split_once('\u{1f}')?;
+    let name = limits.name(name)?;
+    let id = limits.id_kind(name)?.parse(id).ok()?;
+    Some(BucketKey::new(name, id))
+}
+
+impl RedisBackend {
+    /// Starts the rebalancing task of a regional backend, following `limits` until they are
+    /// gone (the limiter dropped). Nothing when the backend is not regional.
+    pub(crate) fn start_rebalancing(&self, limits: crate::backend::FollowedLimits) {
+        let Some(regional) = self.regional_mode().cloned() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::error!(target: crate::telemetry::target::BACKEND,
+                "a regional backend needs a tokio runtime to rebalance; marked limits stay closed");
+            return;
+        };
+        let backend = Arc::downgrade(&self.inner);
+        let instance = format!("{:016x}", crate::time::random_u64());
+        runtime.spawn(async move {
+            let period = Duration::from_micros(regional.settings.period_us.max(1_000));
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut holding: Vec<BucketKey> = Vec::new();
+            loop {
+                ticks.tick().await;
+                let (Some(inner), Some(limits)) = (Weak::upgrade(&backend), limits()) else {
+                    return;
+                };
+                let backend = RedisBackend { inner };
+                match backend
+                    .rebalance_period(&regional, &limits, &instance, &holding)
+                    .await
+                {
+                    Ok(Some((_, held))) => holding = held,
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(target: crate::telemetry::target::BACKEND, error = %e,
+                            region = regional.region.as_str(),
+                            "rebalancing the shares of the limits across regions failed; \
+                             the region keeps what it holds until its leases end");
+                    }
+                }
+            }
+        });
+    }
+
+    /// One period of the task: the demand added, the lock tried; for the holder, the
+    /// registration and the rebalance (its round, and the keys holding a part after it).
+    async fn rebalance_period(
+        &self,
+        regional: &Regional,
+        limits: &Limits,
+        instance: &str,
+        holding: &[BucketKey],
+    ) -> Result<Option<(Round, Vec<BucketKey>)>, crate::backend::BackendError> {
+        let failed =
+            |e: fred::error::Error| crate::backend::BackendError::Unavailable(e.to_string());
+        let client: Client = self.client_for_key(&self.regions_key("lock"))?;
+        let period = regional.settings.period_us.max(1);
+        let now = self.inner.local.now_us();
+        let this = now / period;
+        // 1. This instance's demand, into the period's hash (its busiest keys only).
+        let mut demand: Vec<(BucketKey, u64)> = regional.take_demand().into_iter().collect();
+        demand.sort_by_key(|d| std::cmp::Reverse(d.1));
+        demand.truncate(regional.settings.max_keys);
+        if !demand.is_empty() {
+            let hash = self.regions_key(&format!("demand:{this}"));
+            let pipeline = client.pipeline();
+            for (key, units) in &demand {
+                let _: () = pipeline
+                    .hincrby(&hash, field(key), i64::try_from(*units).unwrap_or(i64::MAX))
+                    .await
+                    .map_err(failed)?;
+            }
+            let ttl = i64::try_from(period.saturating_mul(3) / 1_000 + 1).unwrap_or(i64::MAX);
+            let _: () = pipeline.pexpire(&hash, ttl, None).await.map_err(failed)?;
+            let _: Vec<Value> = pipeline.all().await.map_err(failed)?;
+        }
+        // 2. The lock: taken, or kept by its holder.
+        let lock = self.regions_key("lock");
+        let ttl_ms = period.saturating_mul(3) / 1_000 + 1;
+        let taken: Option<String> = client
+            .set(
+                &lock,
+                instance,
+                Some(fred::types::Expiration::PX(
+                    i64::try_from(ttl_ms).unwrap_or(i64::MAX),
+                )),
+                Some(fred::types::SetOptions::NX),
+                false,
+            )
+            .await
+            .map_err(failed)?;
+        let holder = taken.is_some() || {
+            let current: Option<String> = client.get(&lock).await.map_err(failed)?;
+            current.as_deref() == Some(instance)
+        };
+        let state = self.regions_key("confirmed");
+        if !holder {
+            // 3. Whether the registration is confirmed, as the holder last said.
+            let confirmed: Option<String> = client.get(&state).await.map_err(failed)?;
+            regional.set_confirmed(confirmed.as_deref() == Some("1"));
+            return Ok(None);
+        }
+        let _: bool = client
+            .pexpire(&lock, i64::try_from(ttl_ms).unwrap_or(i64::MAX), None)
+            .await
+            .map_err(failed)?;
+        // The last period's demand, above each key's floor, in requests per its limit's period.
+        let last = self.regions_key(&format!("demand:{}", this.saturating_sub(1)));
+        let counted: HashMap<String, u64> = client.hgetall(&last).await.map_err(failed)?;
+        let mut demands: Vec<(BucketKey, u64)> = Vec::with_capacity(counted.len());
+        for (f, units) in counted {
+            let Some(key) = key_of(&f, limits) else {
+                continue;
+            };
+            let (Some(quota), Some(floor)) =
+                (limits.resolve(&key), limits.across_regions(key.name()))
+            else {
+                continue;
+            };
+            let Some(limit) = quota.as_gcra() else {
+                continue;
+            };
+            let per_period = u128::from(units) * u128::from(limit.period_us()) / u128::from(period);
+            let per_period = u64::try_from(per_period).unwrap_or(u64::MAX);
+            demands.push((key, per_period.saturating_sub(floor.of(limit.count()))));
+        }
+        demands.retain(|(_, d)| *d > 0);
+        for key in holding {
+            if !demands.iter().any(|(k, _)| k == key) {
+                demands.push((key.clone(), 0));
+            }
+        }
+        let round = self.rebalance(limits, &demands).await?;
+        let confirmed = regional.confirmed();
+        let _: () = client
+            .set(
+                &state,
+                if confirmed { "1" } else { "0" },
+                Some(fred::types::Expiration::PX(
+                    i64::try_from(ttl_ms).unwrap_or(i64::MAX),
+                )),
+                None,
+                false,
+            )
+            .await
+            .map_err(failed)?;
+        let held = round.holding.clone();
+        Ok(Some((round, held)))
+    }
+
+    /// A key of the region's own records in its store: `<prefix>{regions}:<what>`.
+    fn regions_key(&self, what: &str) -> String {
+        format!("{}{{regions}}:{what}", self.prefix())
+    }
+}
