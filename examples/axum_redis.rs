@@ -19,6 +19,11 @@
 //!   that share of every limit, e.g. `memory:50` for two instances)
 //! - `RATELIMITS_DENY_CACHE`: `on` (default: a key denied until a known instant is answered
 //!   locally until then, without asking Redis) or `off`
+//! - `RATELIMITS_REGION` and `RATELIMITS_GLOBAL_REDIS_URL` (both, or neither): regional mode
+//!   (`docs/regions.md`). `REDIS_URL` stays the store that decides, this region's own; the
+//!   limits marked `across_regions: true` are one limit for every region, their shares moving
+//!   through the global store (keys under the prefix `rlg:` there). A region is named by 1 to
+//!   32 letters, digits, `-` or `_`
 
 mod common;
 
@@ -66,13 +71,32 @@ async fn run() -> Result<(), String> {
     };
     // A single server is connected in the background: the app starts (and fails open or
     // closed, as configured) while Redis is still coming up. A cluster's topology is read now.
-    let lazy = !url.contains("-cluster://");
-    let backend = RedisBackend::from_url(url.as_str())
+    let lazy = |url: &str| !url.contains("-cluster://");
+    let mut builder = RedisBackend::from_url(url.as_str())
         .deny_cache(deny_cache)
-        .lazy(lazy)
-        .connect()
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
+        .lazy(lazy(&url));
+    let region = std::env::var("RATELIMITS_REGION").ok();
+    let global_url = std::env::var("RATELIMITS_GLOBAL_REDIS_URL").ok();
+    let regional = match (region, global_url) {
+        (Some(region), Some(global_url)) => {
+            let global = RedisBackend::from_url(global_url.as_str())
+                .prefix("rlg:")
+                .lazy(lazy(&global_url))
+                .connect()
+                .await
+                .map_err(|e| format!("RATELIMITS_GLOBAL_REDIS_URL: {global_url}: {e}"))?;
+            builder = builder.regional(region.as_str(), global);
+            format!(", region {region} (global store {global_url})")
+        }
+        (None, None) => String::new(),
+        _ => {
+            return Err(
+                "RATELIMITS_REGION and RATELIMITS_GLOBAL_REDIS_URL: set both (regional mode) or neither"
+                    .into(),
+            );
+        }
+    };
+    let backend = builder.connect().await.map_err(|e| format!("{url}: {e}"))?;
     let limiter = Limiter::new(settings.limits.clone(), backend.clone());
     let layer = common::layer_builder(limiter.clone(), &settings)
         .on_backend_failure(policy)
@@ -83,7 +107,7 @@ async fn run() -> Result<(), String> {
         limiter,
         layer,
         &format!(
-            "on {url}, failing {policy:?}, deny cache {}",
+            "on {url}{regional}, failing {policy:?}, deny cache {}",
             if deny_cache { "on" } else { "off" }
         ),
     )

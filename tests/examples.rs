@@ -946,3 +946,88 @@ async fn axum_calendar_refuses_at_the_quota_until_the_renewal() {
     assert_eq!(client.get("/", &[("x-account", "7")]).await.status, 200);
     assert_eq!(client.get("/", &[]).await.status, 400);
 }
+
+/// `axum_redis` in regional mode (`RATELIMITS_REGION`, `RATELIMITS_GLOBAL_REDIS_URL`): two
+/// regions, each on its own Redis, one global Redis, and the per-address limit marked
+/// `across_regions` (20 a second, burst 20; floors of 2). Until a region's registration is
+/// confirmed the marked limit is closed there; then one client's requests, all in eu at 50 a
+/// second, move the movable part (16) to eu, which then admits well above its floor, while
+/// both regions together never admit more than one limit's envelope (burst + rate x elapsed,
+/// elapsed from the first request sent to the last answer).
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn two_axum_redis_regions_share_one_limit_across_regions() {
+    skip_unless_built("axum_redis");
+    const MARKED: &str = "\
+RequestsPerIPAddress:
+  kind: ip
+  burst: 20
+  count: 20
+  period: 1s
+  across_regions: true
+RequestsPerIPv6Range:
+  kind: ipv6_range
+  burst: 100
+  count: 100
+  period: 1h
+";
+    let (eu_redis, us_redis, global) = (
+        support::redis::RedisServer::start(),
+        support::redis::RedisServer::start(),
+        support::redis::RedisServer::start(),
+    );
+    let global_url = global.url();
+    let start = |region: &'static str, redis: &support::redis::RedisServer| {
+        Example::start_with(
+            "axum_redis",
+            MARKED,
+            &[
+                ("REDIS_URL", redis.url().as_str()),
+                ("RATELIMITS_REGION", region),
+                ("RATELIMITS_GLOBAL_REDIS_URL", global_url.as_str()),
+            ],
+        )
+    };
+    let (eu, us) = (start("eu", &eu_redis), start("us", &us_redis));
+    eu.until_ready().await;
+    us.until_ready().await;
+    let client = reqwest_like::Client::new();
+    let who = Some("198.51.100.20");
+    let began = std::time::Instant::now();
+    let (mut eu_admitted, mut us_admitted) = (0u32, 0u32);
+    // Admitted by eu in each 1 s window from its first admission.
+    let mut windows: Vec<u32> = Vec::new();
+    let mut first_admitted = None;
+    let mut ticks = tokio::time::interval(Duration::from_millis(20));
+    for i in 0..1_000 {
+        ticks.tick().await;
+        if get(&client, &eu.base, "/", who).await.0 == 200 {
+            eu_admitted += 1;
+            let since = *first_admitted.get_or_insert_with(std::time::Instant::now);
+            let w = since.elapsed().as_secs() as usize;
+            windows.resize(windows.len().max(w + 1), 0);
+            windows[w] += 1;
+        }
+        if i % 50 == 0 && get(&client, &us.base, "/", who).await.0 == 200 {
+            us_admitted += 1;
+        }
+        // Enough once eu admitted above its floor's rate (2 a second) for a whole second.
+        if windows.iter().rev().skip(1).any(|&n| n >= 8) {
+            break;
+        }
+    }
+    let elapsed = began.elapsed().as_secs_f64();
+    let admitted = f64::from(eu_admitted + us_admitted);
+    eprintln!(
+        "eu admitted {eu_admitted} (per second from its first: {windows:?}), us {us_admitted}, \
+         in {elapsed:.1} s"
+    );
+    assert!(
+        admitted <= 20.0 + 20.0 * elapsed,
+        "{admitted} admitted in {elapsed:.1} s"
+    );
+    assert!(
+        windows.iter().rev().skip(1).any(|&n| n >= 8),
+        "eu never admitted above its floor: {windows:?} (us {us_admitted})"
+    );
+}

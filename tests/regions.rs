@@ -184,8 +184,9 @@ async fn an_override_of_a_marked_limit_that_prefetches_is_refused_everywhere() {
         .unwrap();
 }
 
-/// No backend has a regional mode yet: a marked limit decides as a limit per region, and the
-/// limiter says so once per limit, at its start or at the reload that marks it.
+/// A backend without regional mode (memory here; Redis without `regional`): a marked limit
+/// decides as a limit per region, and the limiter says so once per limit, at its start or at
+/// the reload that marks it.
 #[test]
 fn a_marked_limit_without_a_regional_mode_is_warned_of_once() {
     let (limiter, warned) = support::warnings_during(|| {
