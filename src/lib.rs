@@ -285,7 +285,14 @@ pub mod specs {
     pub mod concurrency {}
     #[doc = include_str!("../docs/keys-and-http.md")]
     pub mod keys_and_http {}
-    #[doc = include_str!("../docs/regions.md")]
+    #[cfg_attr(
+        any(not(doctest), feature = "redis"),
+        doc = include_str!("../docs/regions.md")
+    )]
+    #[cfg_attr(
+        all(doctest, not(feature = "redis")),
+        doc = "One limit across regions (its code needs the feature `redis`)."
+    )]
     pub mod regions {}
     #[cfg_attr(
         any(not(doctest), feature = "replay"),

@@ -32,8 +32,9 @@
 //! regions are positions in the caller's list of registered regions (the stored records name
 //! them).
 
-// The regional backend (the global store's records, the region's share buckets) is the next
-// step of the work; until it lands only the tests call these.
+// The Redis backend's regional mode decides the global store's records with these functions;
+// the region's side (`RegionKey::request`, `on_grant`, `bucket`) runs in its script, mirrored
+// in Lua, and is the tests' oracle here. Without the `redis` feature only the tests call them.
 #![cfg_attr(not(test), allow(dead_code))]
 
 use crate::algo::gcra::Limit;
