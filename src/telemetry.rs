@@ -211,3 +211,66 @@ pub(crate) fn stored_overrides(now: usize) {
     #[cfg(not(feature = "metrics"))]
     let _ = now;
 }
+
+/// `tower_ratelimits_region_rebalances_total{region, outcome}`: rebalances of the limits
+/// across regions this instance ran (it held its region's lock), `ok` or `failed`.
+#[cfg(feature = "redis")]
+pub(crate) fn region_rebalance(region: &str, ok: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_region_rebalances_total",
+        "region" => region.to_owned(), "outcome" => if ok { "ok" } else { "failed" })
+    .increment(1);
+}
+
+/// `tower_ratelimits_region_global_calls_total{region}`: calls this instance sent to the
+/// global store (each one command: a read, or a compare-and-set).
+#[cfg(feature = "redis")]
+pub(crate) fn region_global_call(region: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_ratelimits_region_global_calls_total", "region" => region.to_owned())
+        .increment(1);
+}
+
+/// `tower_ratelimits_region_confirmed{region}`: 1 once the region's registration in the global
+/// store is confirmed (its floors in use), 0 before (marked limits closed in the region).
+#[cfg(feature = "redis")]
+pub(crate) fn region_confirmed(region: &str, confirmed: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tower_ratelimits_region_confirmed", "region" => region.to_owned())
+        .set(if confirmed { 1.0 } else { 0.0 });
+}
+
+/// `tower_ratelimits_region_keys{region, state}` at the last rebalance: keys `asked` for (the
+/// busiest, and those giving a part back), keys `with_part` (a part above zero after it), and
+/// `conflicts` (written by another instance between its read and write: asked again next time).
+#[cfg(feature = "redis")]
+pub(crate) fn region_keys(region: &str, asked: usize, with_part: usize, conflicts: usize) {
+    #[cfg(feature = "metrics")]
+    for (state, n) in [
+        ("asked", asked),
+        ("with_part", with_part),
+        ("conflicts", conflicts),
+    ] {
+        metrics::gauge!("tower_ratelimits_region_keys", "region" => region.to_owned(), "state" => state)
+            .set(n as f64);
+    }
+}
+
+/// `tower_ratelimits_region_share{region, limit, of}` at the last rebalance, summed over a
+/// marked limit's keys asked for: the parts granted to this region (`of` = `rate`, in requests
+/// per the limit's period, or `burst`), and the demand above the floors (`of` = `demand`).
+#[cfg(feature = "redis")]
+pub(crate) fn region_share(
+    region: &str,
+    limit: crate::key::LimitName,
+    rate: u64,
+    burst: u64,
+    demand: u64,
+) {
+    #[cfg(feature = "metrics")]
+    for (of, n) in [("rate", rate), ("burst", burst), ("demand", demand)] {
+        metrics::gauge!("tower_ratelimits_region_share",
+            "region" => region.to_owned(), "limit" => limit.as_str(), "of" => of)
+        .set(n as f64);
+    }
+}

@@ -1030,4 +1030,13 @@ RequestsPerIPv6Range:
         windows.iter().rev().skip(1).any(|&n| n >= 8),
         "eu never admitted above its floor: {windows:?} (us {us_admitted})"
     );
+    // What eu's metrics say: confirmed, rebalanced, its part of the limit (all of the movable
+    // 16 while the key's demand is far above it; half of it, the spare split evenly, once its
+    // demand has stopped), and the global store's calls.
+    let m = Scrape::of(&client, &eu.base).await;
+    assert_eq!(m.get("tower_ratelimits_region_confirmed{region=eu}"), 1.0);
+    assert!(m.get("tower_ratelimits_region_rebalances_total{outcome=ok,region=eu}") >= 1.0);
+    let part = m.get("tower_ratelimits_region_share{limit=RequestsPerIPAddress,of=rate,region=eu}");
+    assert!((8.0..=16.0).contains(&part), "{part}");
+    assert!(m.get("tower_ratelimits_region_global_calls_total{region=eu}") >= 3.0);
 }

@@ -121,6 +121,7 @@ impl Regional {
     /// Whether this region's registration is confirmed, as the instance that rebalances said.
     fn set_confirmed(&self, confirmed: bool) {
         self.confirmed.store(confirmed, Ordering::Release);
+        crate::telemetry::region_confirmed(&self.region, confirmed);
     }
 
     /// Confirmed without waiting one lease and the margin after a registration: for the tests
@@ -272,6 +273,7 @@ impl Regional {
                     .collect(),
             }
         };
+        crate::telemetry::region_global_call(&self.region);
         let value = self
             .global
             .eval_script(slot, &self.sha, GLOBAL_SCRIPT, || (keys.to_vec(), args()))
@@ -353,7 +355,7 @@ impl Regional {
         let confirmed = record
             .registered_at(&self.region)
             .is_some_and(|at| now.saturating_sub(at) >= hold);
-        self.confirmed.store(confirmed, Ordering::Release);
+        self.set_confirmed(confirmed);
         *self.registry.lock().unwrap_or_else(PoisonError::into_inner) = record;
         Ok(())
     }
@@ -494,6 +496,7 @@ impl RedisBackend {
                 }
             }
         }
+        let all_grants = grants.clone();
         let (txs, grants): (Vec<BucketTx<'_>>, Vec<ShareGrant>) = txs
             .iter()
             .zip(grants)
@@ -505,6 +508,18 @@ impl RedisBackend {
             .filter(|(_, g)| g.share != Share::ZERO)
             .map(|(tx, _)| tx.key.clone())
             .collect();
+        for name in limits.across_regions_names() {
+            let (mut part, mut demand) = (Share::ZERO, 0u64);
+            for ((key, .., asked_for), grant) in asked.iter().zip(&all_grants) {
+                if key.name() == name {
+                    demand = demand.saturating_add(*asked_for);
+                    if let Some(g) = grant {
+                        part = part.plus(g.share);
+                    }
+                }
+            }
+            crate::telemetry::region_share(&regional.region, name, part.rate, part.burst, demand);
+        }
         if !txs.is_empty() {
             round.applied = self
                 .share_grants(&txs, &grants)

@@ -90,9 +90,19 @@ impl RedisBackend {
                     .rebalance_period(&regional, &limits, &instance, &holding)
                     .await
                 {
-                    Ok(Some((_, held))) => holding = held,
+                    Ok(Some((round, held))) => {
+                        crate::telemetry::region_rebalance(&regional.region, true);
+                        crate::telemetry::region_keys(
+                            &regional.region,
+                            round.asked,
+                            held.len(),
+                            round.conflicts,
+                        );
+                        holding = held;
+                    }
                     Ok(None) => {}
                     Err(e) => {
+                        crate::telemetry::region_rebalance(&regional.region, false);
                         tracing::warn!(target: crate::telemetry::target::BACKEND, error = %e,
                             region = regional.region.as_str(),
                             "rebalancing the shares of the limits across regions failed; \
