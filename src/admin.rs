@@ -303,6 +303,16 @@ async fn get_bucket(
     }
     v["remaining"] = seen.remaining.into();
     v["reset_after_ms"] = (duration_us(seen.reset_after).div_ceil(1_000)).into();
+    // A limit across regions on a backend in regional mode: this region's share of the key.
+    if let Some(share) = &seen.region_share {
+        v["region"] = json!({
+            "name": share.region,
+            "confirmed": share.confirmed,
+            "floor": {"rate": share.floor.0, "burst": share.floor.1},
+            "part": {"rate": share.part.0, "burst": share.part.1},
+            "lease_left_ms": duration_us(share.lease_left).div_ceil(1_000),
+        });
+    }
     // What the key's state adds (a calendar quota: used, and its renewal by this host's clock).
     if let (Some(q), false) = (&seen.limit, seen.blocked) {
         let now_us = std::time::SystemTime::now()

@@ -207,8 +207,8 @@ pub use layer::{
     key_fn,
 };
 pub use limiter::{
-    BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, OverrideError, ReloadError,
-    Transaction,
+    BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, OverrideError, RegionShare,
+    ReloadError, Transaction,
 };
 pub use overrides::{BLOCK_WITHOUT_END, OverrideKind, StoredOverride};
 pub use quota::Quota;

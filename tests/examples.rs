@@ -977,6 +977,7 @@ RequestsPerIPv6Range:
         support::redis::RedisServer::start(),
     );
     let global_url = global.url();
+    let eu_admin = format!("127.0.0.1:{}", support::redis::free_port());
     let start = |region: &'static str, redis: &support::redis::RedisServer| {
         Example::start_with(
             "axum_redis",
@@ -985,10 +986,20 @@ RequestsPerIPv6Range:
                 ("REDIS_URL", redis.url().as_str()),
                 ("RATELIMITS_REGION", region),
                 ("RATELIMITS_GLOBAL_REDIS_URL", global_url.as_str()),
+                ("RATELIMITS_ADMIN_ADDR", eu_admin.as_str()),
             ],
         )
     };
-    let (eu, us) = (start("eu", &eu_redis), start("us", &us_redis));
+    let eu = start("eu", &eu_redis);
+    let us = Example::start_with(
+        "axum_redis",
+        MARKED,
+        &[
+            ("REDIS_URL", us_redis.url().as_str()),
+            ("RATELIMITS_REGION", "us"),
+            ("RATELIMITS_GLOBAL_REDIS_URL", global_url.as_str()),
+        ],
+    );
     eu.until_ready().await;
     us.until_ready().await;
     let client = reqwest_like::Client::new();
@@ -1039,4 +1050,20 @@ RequestsPerIPv6Range:
     let part = m.get("tower_ratelimits_region_share{limit=RequestsPerIPAddress,of=rate,region=eu}");
     assert!((8.0..=16.0).contains(&part), "{part}");
     assert!(m.get("tower_ratelimits_region_global_calls_total{region=eu}") >= 3.0);
+    // And its admin API shows the key's share in eu.
+    let admin = support::http::HttpClient::for_base(&format!("http://{eu_admin}"));
+    let bucket = admin
+        .get("/buckets/RequestsPerIPAddress/198.51.100.20", &[])
+        .await;
+    assert_eq!(bucket.status, 200, "{}", bucket.body);
+    let v: serde_json::Value = serde_json::from_str(&bucket.body).unwrap();
+    assert_eq!(v["region"]["name"], "eu", "{v}");
+    assert_eq!(v["region"]["confirmed"], true, "{v}");
+    assert_eq!(
+        v["region"]["floor"],
+        serde_json::json!({"rate": 2, "burst": 2}),
+        "{v}"
+    );
+    let part = v["region"]["part"]["rate"].as_u64().unwrap();
+    assert!((8..=16).contains(&part), "{v}");
 }

@@ -628,6 +628,18 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// This region's share of `key` under `limit` with `floor` (a limit marked
+    /// `across_regions`), for an inspection: only a backend in regional mode knows one.
+    #[doc(hidden)]
+    async fn region_share(
+        &self,
+        _key: &BucketKey,
+        _limit: &crate::Limit,
+        _floor: crate::RegionFloor,
+    ) -> Result<Option<crate::RegionShare>, BackendError> {
+        Ok(None)
+    }
+
     /// A regional backend follows the limits in force (the marked limits' keys it rebalances)
     /// while the limiter that holds them lives: the limiter calls this once, at its start.
     #[doc(hidden)]
@@ -680,6 +692,14 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn follow_limits(&self, limits: FollowedLimits) {
         (**self).follow_limits(limits)
+    }
+    async fn region_share(
+        &self,
+        key: &BucketKey,
+        limit: &crate::Limit,
+        floor: crate::RegionFloor,
+    ) -> Result<Option<crate::RegionShare>, BackendError> {
+        (**self).region_share(key, limit, floor).await
     }
     fn ready(&self) -> bool {
         (**self).ready()

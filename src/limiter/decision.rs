@@ -71,6 +71,28 @@ pub struct Inspection {
     pub remaining: u64,
     /// How long until the bucket is full again (zero when it is, or without a limit).
     pub reset_after: Duration,
+    /// For a limit marked `across_regions` on a backend in regional mode: this region's share
+    /// of it for this key (`docs/regions.md`); `None` everywhere else.
+    pub region_share: Option<RegionShare>,
+}
+
+/// A region's share of one key of a limit marked `across_regions`
+/// ([`Inspection::region_share`]): its floor, and the part the global store granted it while
+/// the part's lease runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RegionShare {
+    /// This region's name.
+    pub region: String,
+    /// Whether the region's registration is confirmed: until then its floor is 0 and the key is
+    /// closed here.
+    pub confirmed: bool,
+    /// The floor's rate (requests per the limit's period) and burst.
+    pub floor: (u64, u64),
+    /// The part granted, its rate and burst (zero when none, or its lease ended).
+    pub part: (u64, u64),
+    /// How long the part's lease runs still, by this instance's clock (zero: none).
+    pub lease_left: Duration,
 }
 
 /// A slot held on a concurrency limit ([`ConcurrencyLimit`](crate::ConcurrencyLimit)): a bucket and a lease id unique

@@ -20,7 +20,7 @@ mod step;
 mod transaction;
 
 pub(crate) use decision::Strictest;
-pub use decision::{BatchDecision, Decision, Inspection, Lease};
+pub use decision::{BatchDecision, Decision, Inspection, Lease, RegionShare};
 pub use limits::ReloadError;
 pub use overrides::OverrideError;
 pub(crate) use renewals::{Hold, third_of_lease};
@@ -598,12 +598,20 @@ impl Limiter {
                 Some(_) => (d.remaining(), d.reset_after()),
                 None => (0, Duration::ZERO),
             };
+            let floor = self.load().across_regions(key.name());
+            let region_share = match (&limit, floor, self.inner.regions) {
+                (Some(crate::Quota::Gcra(l)), Some(floor), Regions::Shares) => {
+                    self.inner.backend.region_share(key, l, floor).await?
+                }
+                _ => None,
+            };
             return Ok(Inspection {
                 limit,
                 source,
                 blocked,
                 remaining,
                 reset_after,
+                region_share,
             });
         }
     }

@@ -682,6 +682,15 @@ impl Backend for RedisBackend {
         self.start_rebalancing(limits);
     }
 
+    async fn region_share(
+        &self,
+        key: &BucketKey,
+        limit: &crate::Limit,
+        floor: crate::RegionFloor,
+    ) -> Result<Option<crate::RegionShare>, BackendError> {
+        self.share_of(key, limit, floor).await
+    }
+
     /// Ready once the stored overrides were read whole (`connect` waits for that read; a lazy
     /// backend is ready once its first read, in the background, completes).
     fn ready(&self) -> bool {

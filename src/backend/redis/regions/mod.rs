@@ -531,3 +531,54 @@ impl RedisBackend {
         Ok(round)
     }
 }
+
+impl RedisBackend {
+    /// This region's share of `key` (a limit marked `across_regions`, `limit` its quota, with
+    /// `floor`), as its share bucket's record holds it; the lease by this instance's clock.
+    pub(crate) async fn share_of(
+        &self,
+        key: &BucketKey,
+        limit: &crate::Limit,
+        floor: crate::RegionFloor,
+    ) -> Result<Option<crate::RegionShare>, BackendError> {
+        use fred::prelude::KeysInterface;
+        let Some(regional) = self.regional_mode() else {
+            return Ok(None);
+        };
+        let record = KeyBuf::new(self.prefix(), key, super::keys::SHARE_SUFFIX).key();
+        let slot = fred::util::redis_keyslot(record.as_bytes());
+        let text: Option<String> = self
+            .with_client(slot, |client| {
+                let record = record.clone();
+                async move { client.get::<Option<String>, _>(record).await }
+            })
+            .await?;
+        // `1 <TAT> <interval> <burst> <written at> <rate> <burst> <applied> <lease end> <last>`.
+        let fields: Vec<u64> = text
+            .as_deref()
+            .unwrap_or("")
+            .split(' ')
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let now = self.inner.local.now_us();
+        let (part, lease_left) = match fields.as_slice() {
+            [1, _, _, _, _, rate, burst, _, lease_end, _] if *lease_end > now => {
+                ((*rate, *burst), lease_end - now)
+            }
+            _ => ((0, 0), 0),
+        };
+        let confirmed = regional.confirmed();
+        let floor = if confirmed {
+            (floor.of(limit.count()), floor.of(limit.burst()))
+        } else {
+            (0, 0)
+        };
+        Ok(Some(crate::RegionShare {
+            region: regional.region.clone(),
+            confirmed,
+            floor,
+            part,
+            lease_left: std::time::Duration::from_micros(lease_left),
+        }))
+    }
+}
