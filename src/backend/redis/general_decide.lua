@@ -297,12 +297,15 @@ end
 if op == OP_SHARE_REQUEST then
   -- The rebalancer's request for a region's shares (src/algo/regions.rs `RegionKey::request`):
   -- per key its number (after the last one, at least the store's now, so a store that lost
-  -- the record numbers on from its clock) and the grant applied; then now, when it left.
+  -- the record numbers on from its clock), the grant applied and the part in use (its rate
+  -- and burst while its lease runs); then now, when it left.
   for i = 1, n do
     local r = rec[i]
     r.last = math.max(r.last + 1, now)
     write_share(i, rec[i], stored[i])
-    out[i] = {r.last, r.applied}
+    local rate, burst = 0, 0
+    if now < r.lease_end then rate, burst = r.prate, r.pburst end
+    out[i] = {r.last, r.applied, rate, burst}
   end
   out[n + 1] = now
   return out

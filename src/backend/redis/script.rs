@@ -436,9 +436,10 @@ pub(super) fn encode_shares<'a>(
     args
 }
 
-/// The answer to a call on share buckets: per key its numbers (a request: its number and the
-/// grant applied; a grant: 1 when applied), and the store's now.
-pub(super) type ShareAnswer = (Vec<smallvec::SmallVec<[u64; 2]>>, u64);
+/// The answer to a call on share buckets: per key its numbers (a request: its number, the
+/// grant applied and the part in use, rate and burst; a grant: 1 when applied), and the
+/// store's now.
+pub(super) type ShareAnswer = (Vec<smallvec::SmallVec<[u64; 4]>>, u64);
 
 /// Decodes the answer to a call on share buckets ([`ShareAnswer`]).
 pub(super) fn decode_shares(

@@ -157,6 +157,8 @@ pub(crate) struct Numbered {
     pub(crate) applied: u64,
     /// When it left, on the clock of the store that holds the key: its lease starts here.
     pub(crate) sent_at: u64,
+    /// The part the region uses now (zero once its lease ended).
+    pub(crate) part: Share,
 }
 
 impl RedisBackend {
@@ -171,15 +173,20 @@ impl RedisBackend {
                 seq: 0,
                 applied: 0,
                 sent_at: 0,
+                part: Share::ZERO,
             };
             txs.len()
         ];
-        for (group, (numbers, now)) in self.on_shares(Op::ShareRequest, txs, &[], 2).await? {
+        for (group, (numbers, now)) in self.on_shares(Op::ShareRequest, txs, &[], 4).await? {
             for (&i, n) in group.iter().zip(numbers) {
                 out[i] = Numbered {
                     seq: n[0],
                     applied: n[1],
                     sent_at: now,
+                    part: Share {
+                        rate: n[2],
+                        burst: n[3],
+                    },
                 };
             }
         }
@@ -395,6 +402,35 @@ impl RedisBackend {
             .max()
             .unwrap_or(0);
         regional.register(floor_bp).await?;
+        let (mut round, smaller) = self.rebalance_keys(regional, limits, demands, true).await?;
+        if !smaller.is_empty() {
+            // A part given up is confirmed at once (a request naming the grant just applied):
+            // the global store frees it for the other regions this period, not the next.
+            let (again, _) = self
+                .rebalance_keys(regional, limits, &smaller, false)
+                .await?;
+            round
+                .holding
+                .retain(|k| !smaller.iter().any(|(s, _)| s == k));
+            round.holding.extend(again.holding);
+            round.asked += again.asked;
+            round.answered += again.answered;
+            round.applied += again.applied;
+            round.conflicts += again.conflicts;
+        }
+        Ok(round)
+    }
+
+    /// One pass of a rebalance over `demands`: its round, and the keys whose part it made
+    /// smaller (with their demands), to confirm. `report`: the first pass sets the metrics of
+    /// each marked limit's part and demand.
+    async fn rebalance_keys(
+        &self,
+        regional: &Regional,
+        limits: &Limits,
+        demands: &[(BucketKey, u64)],
+        report: bool,
+    ) -> Result<(Round, Vec<(BucketKey, u64)>), BackendError> {
         let mut busiest: Vec<&(BucketKey, u64)> = demands.iter().collect();
         busiest.sort_by_key(|d| std::cmp::Reverse(d.1));
         busiest.truncate(regional.settings.max_keys);
@@ -419,7 +455,7 @@ impl RedisBackend {
             })
             .collect();
         if txs.len() != asked.len() || txs.is_empty() {
-            return Ok(Round::default());
+            return Ok((Round::default(), Vec::new()));
         }
         let numbered = self.share_requests(&txs).await?;
         let mut round = Round {
@@ -497,6 +533,14 @@ impl RedisBackend {
             }
         }
         let all_grants = grants.clone();
+        // The keys this pass gives a smaller part than the one in use, with their demands.
+        let smaller: Vec<(BucketKey, u64)> = asked
+            .iter()
+            .zip(&numbered)
+            .zip(&all_grants)
+            .filter(|((_, n), g)| g.is_some_and(|g| !n.part.within(g.share)))
+            .map(|(((key, .., demand), _), _)| ((*key).clone(), *demand))
+            .collect();
         let (txs, grants): (Vec<BucketTx<'_>>, Vec<ShareGrant>) = txs
             .iter()
             .zip(grants)
@@ -508,7 +552,7 @@ impl RedisBackend {
             .filter(|(_, g)| g.share != Share::ZERO)
             .map(|(tx, _)| tx.key.clone())
             .collect();
-        for name in limits.across_regions_names() {
+        for name in limits.across_regions_names().into_iter().filter(|_| report) {
             let (mut part, mut demand) = (Share::ZERO, 0u64);
             for ((key, .., asked_for), grant) in asked.iter().zip(&all_grants) {
                 if key.name() == name {
@@ -528,7 +572,7 @@ impl RedisBackend {
                 .filter(|a| *a)
                 .count();
         }
-        Ok(round)
+        Ok((round, smaller))
     }
 }
 

@@ -79,6 +79,8 @@ impl RedisBackend {
             let period = Duration::from_micros(regional.settings.period_us.max(1_000));
             let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Keys with a part after the last rebalance, asked again (demand 0 when they have
+            // none) to give it back.
             let mut holding: Vec<BucketKey> = Vec::new();
             loop {
                 ticks.tick().await;

@@ -370,6 +370,7 @@ async fn requests_are_numbered_and_grants_applied_once() {
         .across_regions(Some(RegionFloor::default()));
     let first = regional.share_requests(&[tx]).await.unwrap()[0];
     assert_eq!((first.seq, first.applied, first.sent_at), (T0, 0, T0));
+    assert_eq!(first.part, Share::ZERO);
     let second = regional.share_requests(&[tx]).await.unwrap()[0];
     assert_eq!((second.seq, second.applied), (T0 + 1, 0));
     let grant = |seq| script::ShareGrant {
@@ -402,6 +403,14 @@ async fn requests_are_numbered_and_grants_applied_once() {
     );
     let third = regional.share_requests(&[tx]).await.unwrap()[0];
     assert_eq!((third.seq, third.applied), (T0 + 2, T0 + 1));
+    assert_eq!(
+        third.part,
+        Share {
+            rate: 40,
+            burst: 40
+        },
+        "the part in use"
+    );
     assert_eq!(allowed(&limiter, &key, 60).await, 5, "the tokens kept");
     clock.advance(Duration::from_secs(1));
     assert_eq!(
@@ -511,16 +520,16 @@ async fn shares_move_to_the_demand_through_the_global_store() {
         .unwrap();
     assert!(!denied.allowed());
     assert!(denied.strictest().unwrap().retry_after() <= Duration::from_micros(11_112));
-    // The demand moves to us: us first gets nothing (eu holds it all), eu is granted nothing
-    // and applies it, confirms it, and us gets it: three rebalances after the shift.
+    // The demand moves to us: us first gets nothing (eu holds it all); eu is granted nothing,
+    // applies it and confirms it in the same rebalance (a second request naming the grant it
+    // applied); us gets it at its next: three rebalances after the shift.
     let sum = |a: (u64, u64), b: (u64, u64)| (a.0 + b.0, a.1 + b.1);
     us.rebalance(&limits, &[(key.clone(), 80)]).await.unwrap();
     assert_eq!(part_of(&us, &key).await, (0, 0));
-    eu.rebalance(&limits, &[(key.clone(), 0)]).await.unwrap();
+    let round = eu.rebalance(&limits, &[(key.clone(), 0)]).await.unwrap();
     assert_eq!(part_of(&eu, &key).await, (0, 0));
-    us.rebalance(&limits, &[(key.clone(), 80)]).await.unwrap();
-    assert_eq!(part_of(&us, &key).await, (0, 0), "eu has not confirmed yet");
-    eu.rebalance(&limits, &[(key.clone(), 0)]).await.unwrap();
+    assert_eq!(round.asked, 2, "given back, then confirmed: {round:?}");
+    assert!(round.holding.is_empty(), "{round:?}");
     us.rebalance(&limits, &[(key.clone(), 80)]).await.unwrap();
     assert_eq!(part_of(&us, &key).await, (80, 80));
     let total = sum(part_of(&eu, &key).await, part_of(&us, &key).await);
