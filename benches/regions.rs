@@ -12,7 +12,6 @@
 //!
 //! `cargo bench -p tower-ratelimits-benches --bench regions -- [--seconds 15] [--rate 100] [--delay-ms 40] [--jitter-ms 10]`
 
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,40 +19,10 @@ use tower_ratelimits::__private::gcra;
 use tower_ratelimits::{Id, Limit, Limiter, Limits, RedisBackend, Transaction};
 
 mod common;
+#[path = "../tests/support/redis.rs"]
+mod redis_support;
 
-/// A `redis-server` on a free port, killed when dropped.
-struct Server(Child, u16);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn redis_server() -> Server {
-    let port = free_port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server (apt-get install -y redis-server)");
-    for _ in 0..500 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Server(child, port);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("redis-server did not start on port {port}");
-}
+use redis_support::RedisServer;
 
 /// A proxy in front of `upstream` holding every chunk `delay` plus up to `jitter` (a
 /// deterministic sequence) before writing it on, in each direction, in order.
@@ -164,9 +133,9 @@ fn main() {
         .build()
         .unwrap();
     let regions = ["eu", "us"];
-    let servers: Vec<Server> = regions.iter().map(|_| redis_server()).collect();
-    let global = redis_server();
-    let proxy = delaying_proxy(global.1, delay, jitter);
+    let servers: Vec<RedisServer> = regions.iter().map(|_| RedisServer::start()).collect();
+    let global = RedisServer::start();
+    let proxy = delaying_proxy(global.port, delay, jitter);
     let yaml = format!(
         "Api: {{kind: any, burst: {rate}, count: {rate}, period: 1s, across_regions: true}}\n"
     );
@@ -180,7 +149,7 @@ fn main() {
                 .connect()
                 .await
                 .unwrap();
-            let backend = RedisBackend::from_url(format!("redis://127.0.0.1:{}", server.1))
+            let backend = RedisBackend::from_url(server.url())
                 .deny_cache(false)
                 .regional(*region, global)
                 .connect()
@@ -284,7 +253,7 @@ fn main() {
         }
         // Convergence: after the shift, the first sample where us's part reaches 90% of its last.
         let parts = parts.lock().unwrap().clone();
-        let last_us = parts.iter().filter(|p| p.1 == 1).map(|p| p.2).last().unwrap_or(0);
+        let last_us = parts.iter().rev().find(|p| p.1 == 1).map_or(0, |p| p.2);
         let reached = parts
             .iter()
             .find(|p| p.0 >= phase && p.1 == 1 && p.2 * 10 >= last_us * 9)
@@ -293,7 +262,7 @@ fn main() {
             Some(s) => println!("| convergence after the shift: us's part at 90% of its last ({last_us}) | {s:.1} periods |"),
             None => println!("| convergence after the shift | not reached (last part {last_us}) |"),
         }
-        let calls = global_calls(global.1).await;
+        let calls = global_calls(global.port).await;
         println!(
             "| commands the global store ran, per region per second | {:.2} |",
             calls as f64 / 2.0 / (2 * seconds) as f64
