@@ -450,6 +450,22 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_changed_at_its_leases_end_only_when_it_ended_since_the_write() {
+        let key = RegionKey {
+            share: s(5, 5),
+            applied: 1,
+            lease_end: 100,
+            last_seq: 1,
+        };
+        // Written before the lease ended, read after: the part left at its end.
+        assert_eq!(key.changed_at(50, 120), 100);
+        // Written after the lease ended (the floor already in force), or read while it runs:
+        // a change found now (a reload).
+        assert_eq!(key.changed_at(110, 120), 120);
+        assert_eq!(key.changed_at(50, 90), 90);
+    }
+
+    #[test]
     fn demands_that_fit_get_their_demand_and_an_even_part_of_the_spare() {
         let movable = s(100, 50);
         let d = [30u64, 10, 0];
