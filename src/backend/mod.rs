@@ -628,13 +628,13 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
-    /// This region's share of `key` under `limit` with `floor` (a limit marked
+    /// This region's share of `key` under `quota` with `floor` (a limit marked
     /// `across_regions`), for an inspection: only a backend in regional mode knows one.
     #[doc(hidden)]
     async fn region_share(
         &self,
         _key: &BucketKey,
-        _limit: &crate::Limit,
+        _quota: &Quota,
         _floor: crate::RegionFloor,
     ) -> Result<Option<crate::RegionShare>, BackendError> {
         Ok(None)
@@ -696,10 +696,10 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     async fn region_share(
         &self,
         key: &BucketKey,
-        limit: &crate::Limit,
+        quota: &Quota,
         floor: crate::RegionFloor,
     ) -> Result<Option<crate::RegionShare>, BackendError> {
-        (**self).region_share(key, limit, floor).await
+        (**self).region_share(key, quota, floor).await
     }
     fn ready(&self) -> bool {
         (**self).ready()

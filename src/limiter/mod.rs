@@ -600,8 +600,8 @@ impl Limiter {
             };
             let floor = self.load().across_regions(key.name());
             let region_share = match (&limit, floor, self.inner.regions) {
-                (Some(crate::Quota::Gcra(l)), Some(floor), Regions::Shares) => {
-                    self.inner.backend.region_share(key, l, floor).await?
+                (Some(quota), Some(floor), Regions::Shares) => {
+                    self.inner.backend.region_share(key, quota, floor).await?
                 }
                 _ => None,
             };

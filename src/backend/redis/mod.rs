@@ -685,10 +685,13 @@ impl Backend for RedisBackend {
     async fn region_share(
         &self,
         key: &BucketKey,
-        limit: &crate::Limit,
+        quota: &Quota,
         floor: crate::RegionFloor,
     ) -> Result<Option<crate::RegionShare>, BackendError> {
-        self.share_of(key, limit, floor).await
+        match quota.as_gcra() {
+            Some(limit) => self.share_of(key, limit, floor).await,
+            None => Ok(None),
+        }
     }
 
     /// Ready once the stored overrides were read whole (`connect` waits for that read; a lazy
