@@ -60,57 +60,6 @@ async fn round(s: &Arc<RedisOps>, variant: &str, ops: u64, concurrency: u64) -> 
     }
 }
 
-/// A proxy on a free loopback port in front of `upstream` (`host:port`) that holds every chunk
-/// read `delay` before writing it on, in each direction, in order (a remote store's latency).
-/// Blocking threads, two per direction of a connection, sleeping to the microsecond (a tokio
-/// timer rounds up to the next millisecond).
-fn delaying_proxy(upstream: String, delay: Duration) -> u16 {
-    use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { continue };
-            let Ok(server) = TcpStream::connect(&upstream) else {
-                continue;
-            };
-            let _ = (client.set_nodelay(true), server.set_nodelay(true));
-            let pipes = [
-                (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                (server, client),
-            ];
-            for (mut from, mut to) in pipes {
-                let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    while let Ok(n) = from.read(&mut buf) {
-                        if n == 0
-                            || tx
-                                .send((Instant::now() + delay, buf[..n].to_vec()))
-                                .is_err()
-                        {
-                            break;
-                        }
-                    }
-                });
-                std::thread::spawn(move || {
-                    while let Ok((at, chunk)) = rx.recv() {
-                        let now = Instant::now();
-                        if at > now {
-                            std::thread::sleep(at - now);
-                        }
-                        if to.write_all(&chunk).is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        }
-    });
-    port
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -144,7 +93,8 @@ fn main() {
             .trim_start_matches("redis://")
             .trim_end_matches('/')
             .to_string();
-        let port = delaying_proxy(upstream, Duration::from_millis(delay_ms));
+        let port =
+            common::delaying_proxy(upstream, Duration::from_millis(delay_ms), Duration::ZERO);
         format!("redis://127.0.0.1:{port}")
     } else {
         url

@@ -24,57 +24,6 @@ mod redis_support;
 
 use redis_support::RedisServer;
 
-/// A proxy in front of `upstream` holding every chunk `delay` plus up to `jitter` (a
-/// deterministic sequence) before writing it on, in each direction, in order.
-fn delaying_proxy(upstream: u16, delay: Duration, jitter: Duration) -> u16 {
-    use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { continue };
-            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                continue;
-            };
-            let _ = (client.set_nodelay(true), server.set_nodelay(true));
-            let pipes = [
-                (client.try_clone().unwrap(), server.try_clone().unwrap()),
-                (server, client),
-            ];
-            for (mut from, mut to) in pipes {
-                let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-                    while let Ok(n) = from.read(&mut buf) {
-                        seed ^= seed << 13;
-                        seed ^= seed >> 7;
-                        seed ^= seed << 17;
-                        let extra = jitter.as_micros() as u64;
-                        let held = delay + Duration::from_micros(seed % (extra + 1));
-                        if n == 0 || tx.send((Instant::now() + held, buf[..n].to_vec())).is_err() {
-                            break;
-                        }
-                    }
-                });
-                std::thread::spawn(move || {
-                    while let Ok((at, chunk)) = rx.recv() {
-                        let now = Instant::now();
-                        if at > now {
-                            std::thread::sleep(at - now);
-                        }
-                        if to.write_all(&chunk).is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        }
-    });
-    port
-}
-
 /// One request: its region, when it was sent and answered (µs from the start), admitted.
 #[derive(Clone, Copy)]
 struct Sample {
@@ -135,7 +84,7 @@ fn main() {
     let regions = ["eu", "us"];
     let servers: Vec<RedisServer> = regions.iter().map(|_| RedisServer::start()).collect();
     let global = RedisServer::start();
-    let proxy = delaying_proxy(global.port, delay, jitter);
+    let proxy = common::delaying_proxy(format!("127.0.0.1:{}", global.port), delay, jitter);
     let yaml = format!(
         "Api: {{kind: any, burst: {rate}, count: {rate}, period: 1s, across_regions: true}}\n"
     );

@@ -38,3 +38,64 @@ pub fn arg(args: &[String], flag: &str) -> Option<String> {
         .and_then(|p| args.get(p + 1))
         .cloned()
 }
+
+/// A proxy on a free loopback port in front of `upstream` (`host:port`) that holds every chunk
+/// read `delay` plus up to `jitter` (a deterministic sequence) before writing it on, in each
+/// direction, in order (a remote store's latency). Blocking threads, two per direction of a
+/// connection, sleeping to the microsecond (a tokio timer rounds up to the next millisecond).
+pub fn delaying_proxy(
+    upstream: String,
+    delay: std::time::Duration,
+    jitter: std::time::Duration,
+) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let Ok(server) = TcpStream::connect(&upstream) else {
+                continue;
+            };
+            let _ = (client.set_nodelay(true), server.set_nodelay(true));
+            let pipes = [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ];
+            for (mut from, mut to) in pipes {
+                let (tx, rx) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+                    while let Ok(n) = from.read(&mut buf) {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        let extra = jitter.as_micros() as u64;
+                        let held = delay + std::time::Duration::from_micros(seed % (extra + 1));
+                        if n == 0
+                            || tx
+                                .send((std::time::Instant::now() + held, buf[..n].to_vec()))
+                                .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                std::thread::spawn(move || {
+                    while let Ok((at, chunk)) = rx.recv() {
+                        let now = std::time::Instant::now();
+                        if at > now {
+                            std::thread::sleep(at - now);
+                        }
+                        if to.write_all(&chunk).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    port
+}

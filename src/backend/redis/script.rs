@@ -42,11 +42,9 @@ use crate::algo::gcra;
 use crate::algo::tiers::{MAX_TIERS, TierGrant};
 use crate::backend::{BackendError, BucketTx, Mode, Outcome, Outcomes, batch_allowed, gcra_write};
 use crate::quota::Quota;
-
-mod shares;
-use shares::push_share;
 pub(crate) use shares::{ShareAnswer, ShareGrant, decode_shares, encode_shares};
 
+mod shares;
 /// The protocol's codes: the record kinds, the modes and the ops, each by the name the
 /// script's constants carry (`local KIND_GCRA, ... = 0, ...` at the top of `ratelimit.lua`;
 /// the test below holds the script to this table, so a code changes in one place).
@@ -142,10 +140,9 @@ pub(super) enum Op {
     Refund,
     /// Puts back a tiered key's value from before a spend (undoing a denied cross-slot batch).
     Restore,
-    /// The rebalancer's request for a region's shares: each share bucket's request number and
-    /// the grant it applies (`docs/regions.md`).
+    /// The rebalancer's calls on share buckets (`docs/regions.md`): requests numbered, grants
+    /// applied.
     ShareRequest,
-    /// Grants applied to a region's share buckets.
     ShareGrant,
 }
 
@@ -171,8 +168,7 @@ pub(super) struct Call {
     pub(super) expiry: Expiry,
     /// Tiered keys report their values before and after (to undo a spend with `Restore`).
     pub(super) want_raw: bool,
-    /// Whether share buckets decide with their floors: the region's registration is
-    /// confirmed (`docs/regions.md`); until then a marked limit is closed in this region.
+    /// Whether share buckets have their floors (the region's registration is confirmed).
     pub(super) floors: bool,
 }
 
@@ -216,8 +212,8 @@ fn mode_code(mode: Mode) -> Value {
 pub(super) fn is_lean<'a>(call: Call, mut txs: impl Iterator<Item = &'a BucketTx<'a>>) -> bool {
     call.op == Op::Spend
         && txs.all(|tx| {
-            // The lean path bounds stored TATs by twice the burst offset: the default debt.
-            // A region's share bucket takes the general path.
+            // The lean path bounds stored TATs by twice the burst offset (the default debt);
+            // a region's share bucket takes the general path.
             tx.plain_gcra()
                 .is_some_and(|l| l.debt_offset_us() == l.burst_offset_us())
                 && tx.min_cost == tx.cost
@@ -313,23 +309,20 @@ pub(super) fn encode<'a>(
                     _ => KIND_GCRA,
                 };
                 if let Some(floor) = tx.floor {
-                    push_share(&mut args, tx, limit, floor, kind, call.floors);
-                    if range {
-                        args.push(int(tx.min_cost));
-                    }
-                    continue;
+                    shares::push_share(&mut args, tx, limit, floor, kind, call.floors);
+                } else {
+                    args.extend([
+                        Value::Integer(kind),
+                        int(limit.emission_interval_us()),
+                        int(limit.burst_offset_us()),
+                        int(limit.burst()),
+                        // A charge may exceed what the script's doubles hold exactly: it takes
+                        // at most the units that fit within the debt bound, below 2^53.
+                        int(tx.cost.min(MAX_TIME_US)),
+                        mode_code(tx.mode),
+                        int(limit.debt_offset_us()),
+                    ]);
                 }
-                args.extend([
-                    Value::Integer(kind),
-                    int(limit.emission_interval_us()),
-                    int(limit.burst_offset_us()),
-                    int(limit.burst()),
-                    // A charge may exceed what the script's doubles hold exactly: it takes at
-                    // most the units that fit within the debt bound, which are below 2^53.
-                    int(tx.cost.min(MAX_TIME_US)),
-                    mode_code(tx.mode),
-                    int(limit.debt_offset_us()),
-                ]);
                 if range {
                     args.push(int(tx.min_cost));
                 }
