@@ -352,8 +352,13 @@ impl Regional {
                     .global_call(slot, &keys, GlobalCall::Cas(&writes))
                     .await?;
                 if written.first().map(String::as_str) != Some("1") {
-                    // Another instance changed it first: registered at the next period.
-                    return Ok(());
+                    // Another instance changed it first: this period decides nothing (a grant
+                    // needs the registry as the store holds it: its floors, its quiet period).
+                    return Err(BackendError::Unavailable(
+                        "the registry of regions changed while this region registered; \
+                         rebalanced at the next period"
+                            .into(),
+                    ));
                 }
                 new
             }
@@ -402,6 +407,16 @@ impl RedisBackend {
             .max()
             .unwrap_or(0);
         regional.register(floor_bp).await?;
+        let known = regional
+            .registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .registered_at(&regional.region)
+            .is_some();
+        if !known {
+            // Never without the registry as the store holds it (its floors, its quiet period).
+            return Ok(Round::default());
+        }
         let (mut round, smaller) = self.rebalance_keys(regional, limits, demands, true).await?;
         if !smaller.is_empty() {
             // A part given up is confirmed at once (a request naming the grant just applied):
