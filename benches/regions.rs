@@ -3,14 +3,15 @@
 //! `--delay-ms` (40) each way with up to `--jitter-ms` (10) more, one regional limiter per region
 //! (rebalancing every second), and one key of a limit of `--rate` (100) a second, burst the same,
 //! marked `across_regions` (floors 10%). The arrivals: 1.5 times the limit, split 95/5 between
-//! two regions for `--seconds` (15), then 5/95 for as long. Printed: the overshoot (requests
+//! `--regions` (2, or 3: 90/5/5) for `--seconds` (15), then 5/95 (5/5/90) for as long, the busy
+//! region first the first, then the last. Printed: the overshoot (requests
 //! over the envelope in the worst window of the union of every region's admitted decisions, a
 //! request counting in a window only if it was sent and answered inside it), the utilization
 //! from three periods after each shift against one central GCRA on the same arrivals, the
 //! convergence after the shift (periods until the busy region's part reaches 90% of the part it
 //! ends with), and the commands the global store ran, per region and second.
 //!
-//! `cargo bench -p tower-ratelimits-benches --bench regions -- [--seconds 15] [--rate 100] [--delay-ms 40] [--jitter-ms 10]`
+//! `cargo bench -p tower-ratelimits-benches --bench regions -- [--regions 2] [--seconds 15] [--rate 100] [--delay-ms 40] [--jitter-ms 10]`
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -81,7 +82,8 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let regions = ["eu", "us"];
+    let n = arg("--regions", 2).clamp(2, 3) as usize;
+    let regions = &["eu", "us", "ap"][..n];
     let servers: Vec<RedisServer> = regions.iter().map(|_| RedisServer::start()).collect();
     let global = RedisServer::start();
     let proxy = common::delaying_proxy(format!("127.0.0.1:{}", global.port), delay, jitter);
@@ -138,7 +140,8 @@ fn main() {
                     if now >= 2 * phase {
                         return;
                     }
-                    let share = if (now < phase) == (r == 0) { 95 } else { 5 };
+                    let busy = if now < phase { 0 } else { n - 1 };
+                    let share = if r == busy { 100 - 5 * (n as u64 - 1) } else { 5 };
                     let gap = 100 * 1_000_000 / (rate * 3 / 2 * share);
                     next = next.max(now) + gap;
                     let limiter = limiter.clone();
@@ -186,35 +189,36 @@ fn main() {
         let over = overshoot(&admitted, rate, rate);
         let mut arrivals: Vec<u64> = samples.iter().map(|(_, s)| s.sent).collect();
         arrivals.sort_unstable();
-        println!("One limit across regions: {rate}/s, burst {rate}, floors 10%, 2 regions, global store behind {delay:?} + up to {jitter:?} each way, 1 key");
+        println!("One limit across regions: {rate}/s, burst {rate}, floors 10%, {n} regions, global store behind {delay:?} + up to {jitter:?} each way, 1 key");
         println!();
         println!("| measure | value |");
         println!("|---|---:|");
         println!("| requests sent / admitted | {} / {} |", samples.len(), admitted.len());
         println!("| overshoot: most admitted over the envelope in any window | {:.2} |", over.max(0.0));
-        for (name, from, to) in [("95/5", 3_000_000, phase), ("5/95", phase + 3_000_000, 2 * phase)] {
+        for (name, from, to) in [("first", 3_000_000, phase), ("second", phase + 3_000_000, 2 * phase)] {
             let ours = admitted.iter().filter(|s| (from..to).contains(&s.sent)).count();
             let one = central(&limit, &arrivals, from, to);
             println!(
-                "| utilization, {name}, from 3 periods after the shift: ours / one central GCRA | {ours} / {one} = {:.1}% |",
+                "| utilization, {name} phase, from 3 periods after its start: ours / one central GCRA | {ours} / {one} = {:.1}% |",
                 100.0 * ours as f64 / one as f64
             );
         }
-        // Convergence: after the shift, the first sample where us's part reaches 90% of its last.
+        // Convergence: after the shift, the first sample where the newly busy region's part
+        // reaches 90% of its last.
         let parts = parts.lock().unwrap().clone();
-        let last_us = parts.iter().rev().find(|p| p.1 == 1).map_or(0, |p| p.2);
+        let last_us = parts.iter().rev().find(|p| p.1 == n - 1).map_or(0, |p| p.2);
         let reached = parts
             .iter()
-            .find(|p| p.0 >= phase && p.1 == 1 && p.2 * 10 >= last_us * 9)
+            .find(|p| p.0 >= phase && p.1 == n - 1 && p.2 * 10 >= last_us * 9)
             .map(|p| (p.0 - phase) as f64 / 1e6);
         match reached {
-            Some(s) => println!("| convergence after the shift: us's part at 90% of its last ({last_us}) | {s:.1} periods |"),
+            Some(s) => println!("| convergence after the shift: the busy region's part at 90% of its last ({last_us}) | {s:.1} periods |"),
             None => println!("| convergence after the shift | not reached (last part {last_us}) |"),
         }
         let calls = global_calls(global.port).await;
         println!(
             "| commands the global store ran, per region per second | {:.2} |",
-            calls as f64 / 2.0 / (2 * seconds) as f64
+            calls as f64 / n as f64 / (2 * seconds) as f64
         );
     });
     drop(servers);
