@@ -978,28 +978,19 @@ RequestsPerIPv6Range:
     );
     let global_url = global.url();
     let eu_admin = format!("127.0.0.1:{}", support::redis::free_port());
-    let start = |region: &'static str, redis: &support::redis::RedisServer| {
-        Example::start_with(
-            "axum_redis",
-            MARKED,
-            &[
-                ("REDIS_URL", redis.url().as_str()),
-                ("RATELIMITS_REGION", region),
-                ("RATELIMITS_GLOBAL_REDIS_URL", global_url.as_str()),
-                ("RATELIMITS_ADMIN_ADDR", eu_admin.as_str()),
-            ],
-        )
-    };
-    let eu = start("eu", &eu_redis);
-    let us = Example::start_with(
-        "axum_redis",
-        MARKED,
-        &[
-            ("REDIS_URL", us_redis.url().as_str()),
-            ("RATELIMITS_REGION", "us"),
+    // Region `region` on `redis`, serving the admin API on `admin` if given.
+    let start = |region: &str, redis: &support::redis::RedisServer, admin: Option<&str>| {
+        let url = redis.url();
+        let mut env = vec![
+            ("REDIS_URL", url.as_str()),
+            ("RATELIMITS_REGION", region),
             ("RATELIMITS_GLOBAL_REDIS_URL", global_url.as_str()),
-        ],
-    );
+        ];
+        env.extend(admin.map(|a| ("RATELIMITS_ADMIN_ADDR", a)));
+        Example::start_with("axum_redis", MARKED, &env)
+    };
+    let eu = start("eu", &eu_redis, Some(eu_admin.as_str()));
+    let us = start("us", &us_redis, None);
     eu.until_ready().await;
     us.until_ready().await;
     let client = reqwest_like::Client::new();

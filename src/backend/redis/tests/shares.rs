@@ -52,6 +52,23 @@ async fn backend(url: &str, prefix: &str, clock: &ManualClock, shares: bool) -> 
     backend
 }
 
+/// Region `name`'s backend on the real clocks of `url`'s server (its store under
+/// `<prefix><name>:`, the global store under `<prefix>g:`), moving shares by `settings`.
+async fn region(url: &str, prefix: &str, name: &str, settings: RegionalSettings) -> RedisBackend {
+    let global = RedisBackend::from_url(url)
+        .prefix(format!("{prefix}g:"))
+        .connect()
+        .await
+        .unwrap();
+    RedisBackend::from_url(url)
+        .prefix(format!("{prefix}{name}:"))
+        .deny_cache(false)
+        .regional_with(name, global, settings)
+        .connect()
+        .await
+        .unwrap()
+}
+
 fn prefix(test: &str) -> String {
     format!("t:shares:{test}:{}:{}:", std::process::id(), T0)
 }
@@ -457,25 +474,8 @@ async fn shares_move_to_the_demand_through_the_global_store() {
         margin_us: 500_000,
         max_keys: 100,
     };
-    let region = |name: &'static str| {
-        let url = server.url.clone();
-        let prefix = prefix.clone();
-        async move {
-            let global = RedisBackend::from_url(&url)
-                .prefix(format!("{prefix}g:"))
-                .connect()
-                .await
-                .unwrap();
-            RedisBackend::from_url(&url)
-                .prefix(format!("{prefix}{name}:"))
-                .deny_cache(false)
-                .regional_with(name, global, settings)
-                .connect()
-                .await
-                .unwrap()
-        }
-    };
-    let (eu, us) = (region("eu").await, region("us").await);
+    let eu = region(&server.url, &prefix, "eu", settings).await;
+    let us = region(&server.url, &prefix, "us", settings).await;
     let limits = limits();
     let key = BucketKey::new(limits.name("Api").unwrap(), Id::from(5u64));
     let eu_limiter = Limiter::new(limits.clone(), eu.clone());
@@ -557,27 +557,10 @@ async fn the_task_moves_the_share_to_the_region_whose_requests_ask_for_it() {
         margin_us: 50_000,
         max_keys: 100,
     };
-    let limiter = |name: &'static str| {
-        let url = server.url.clone();
-        let prefix = prefix.clone();
-        async move {
-            let global = RedisBackend::from_url(&url)
-                .prefix(format!("{prefix}g:"))
-                .connect()
-                .await
-                .unwrap();
-            let backend = RedisBackend::from_url(&url)
-                .prefix(format!("{prefix}{name}:"))
-                .deny_cache(false)
-                .regional_with(name, global, settings)
-                .connect()
-                .await
-                .unwrap();
-            (Limiter::new(limits(), backend.clone()), backend)
-        }
-    };
-    let (eu, eu_backend) = limiter("eu").await;
-    let (_us, us_backend) = limiter("us").await;
+    let eu_backend = region(&server.url, &prefix, "eu", settings).await;
+    let us_backend = region(&server.url, &prefix, "us", settings).await;
+    let eu = Limiter::new(limits(), eu_backend.clone());
+    let _us = Limiter::new(limits(), us_backend.clone());
     let key = eu.key("Api", Id::from(11u64)).unwrap();
     // Requests in eu, about 400 a second (4 times the limit), for at most 5 s of the clock.
     let mut moved = false;
