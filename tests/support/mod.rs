@@ -66,8 +66,16 @@ pub fn warnings_during<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
         }
     }
     let warnings = Warnings::default();
-    let out =
-        tracing::subscriber::with_default(tracing_subscriber::registry().with(warnings.clone()), f);
+    let out = tracing::subscriber::with_default(
+        tracing_subscriber::registry().with(warnings.clone()),
+        || {
+            // A callsite another test's thread registered while this subscriber was being
+            // installed may keep the interest it had without it (tracing caches it per
+            // callsite): asked again now, with this subscriber in place.
+            tracing::callsite::rebuild_interest_cache();
+            f()
+        },
+    );
     let logged = warnings.0.lock().unwrap().clone();
     (out, logged)
 }
