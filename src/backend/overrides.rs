@@ -64,6 +64,12 @@ pub(crate) trait OverrideStore: Send + Sync {
     /// stay in force). A copy: for listing and for applying them whole (a reload), not for
     /// the request path.
     fn current(&self) -> Vec<StoredOverride>;
+    /// The overrides in force under `limits` (a limiter applying them whole: at its start, at
+    /// a reload). Every override but a store that keeps some limits' elsewhere (regional
+    /// mode: a limit marked `across_regions` has its overrides in the global store).
+    fn in_force(&self, _limits: &crate::config::Limits) -> Vec<StoredOverride> {
+        self.current()
+    }
     /// Whether an override of `limit` is known (a limit the configuration no longer defines
     /// may still have some to remove).
     fn has_limit(&self, limit: &str) -> bool;

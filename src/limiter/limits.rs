@@ -92,7 +92,9 @@ impl Limiter {
                 );
             }
             let limits = match &self.inner.store {
-                Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
+                Some(store) => {
+                    overrides::applied(&limits, store.as_ref(), &store.in_force(&limits))
+                }
                 None => limits,
             };
             Ok((limits, change))

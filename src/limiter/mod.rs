@@ -304,7 +304,7 @@ impl Limiter {
         regions: Regions,
     ) -> Self {
         let limits = match &store {
-            Some(store) => overrides::applied(&limits, store.as_ref(), &store.current()),
+            Some(store) => overrides::applied(&limits, store.as_ref(), &store.in_force(&limits)),
             None => limits,
         };
         let limiter = Self {

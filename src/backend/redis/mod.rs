@@ -679,6 +679,9 @@ impl Backend for RedisBackend {
     }
 
     fn follow_limits(&self, limits: crate::backend::FollowedLimits) {
+        if let Some(regional) = self.regional_mode() {
+            regional.follow(Arc::clone(&limits));
+        }
         self.start_rebalancing(limits);
     }
 
@@ -708,11 +711,21 @@ impl Backend for RedisBackend {
     }
 
     fn override_store(&self) -> Option<crate::backend::OverrideStoreRef> {
-        Some(crate::backend::OverrideStoreRef(Arc::new(
-            overrides::RedisOverrides {
-                backend: self.clone(),
+        let region = overrides::RedisOverrides {
+            backend: self.clone(),
+        };
+        Some(crate::backend::OverrideStoreRef(
+            match self.regional_mode() {
+                Some(regional) => Arc::new(regions::RegionalOverrides {
+                    region,
+                    global: overrides::RedisOverrides {
+                        backend: regional.global.clone(),
+                    },
+                    regional: Arc::clone(regional),
+                }),
+                None => Arc::new(region),
             },
-        )))
+        ))
     }
 }
 

@@ -9,8 +9,11 @@
 //! - A **key's record** (`<prefix>{<limit>:<id>}:g`, beside the key's slot, expiring once every
 //!   grant in it has lapsed): until when the key is quiet (its record was not ours), then one
 //!   line per region that holds something: `<name> <answered> <granted rate> <granted burst>
-//!   <held rate> <held burst> <issued at> <demand>`. A region the instance does not know as
-//!   registered is kept and counted (it may still use what it holds).
+//!   <held rate> <held burst> <issued at> <demand> <limit rate> <limit burst> <floor rate>
+//!   <floor burst>`, the last four the limit and floor the region asked under. A region the
+//!   instance does not know as registered is kept and counted (it may still use what it
+//!   holds). Regions that disagree on the limit (a rolling deploy, an override not yet seen
+//!   everywhere) are granted under the smaller limit and the larger floors.
 //!
 //! Times are the global store's microseconds. Every value is bounded: at most
 //! [`MAX_REGIONS`] regions, names of at most 32 characters, numbers below 2^63; a value that is
@@ -171,13 +174,22 @@ pub(crate) fn register(
     Ok(Some(record))
 }
 
+/// The limit a region asked under, and its floor in it (its configuration, its overrides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Asked {
+    /// The limit's rate (per its period) and burst.
+    pub(crate) total: Share,
+    /// The region's floor of it.
+    pub(crate) floor: Share,
+}
+
 /// One key's record in the global store, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct KeyRecord {
     /// Until when nothing above the floors is granted for this key.
     pub(crate) quiet_until: u64,
-    /// Each region that holds something, by name.
-    pub(crate) regions: Vec<(String, Held)>,
+    /// Each region that holds something, by name, with the limit it last asked under.
+    pub(crate) regions: Vec<(String, Held, Asked)>,
 }
 
 impl KeyRecord {
@@ -216,10 +228,20 @@ impl KeyRecord {
                 issued_at: n()?,
                 demand: n()?,
             };
+            let asked = Asked {
+                total: Share {
+                    rate: n()?,
+                    burst: n()?,
+                },
+                floor: Share {
+                    rate: n()?,
+                    burst: n()?,
+                },
+            };
             if f.next().is_some() {
                 return None;
             }
-            regions.push((name.to_owned(), held));
+            regions.push((name.to_owned(), held, asked));
         }
         Some(Self {
             quiet_until,
@@ -230,16 +252,20 @@ impl KeyRecord {
     /// The record as stored.
     pub(crate) fn text(&self) -> String {
         let mut out = format!("1 {}", self.quiet_until);
-        for (name, h) in &self.regions {
+        for (name, h, a) in &self.regions {
             out.push_str(&format!(
-                "\n{name} {} {} {} {} {} {} {}",
+                "\n{name} {} {} {} {} {} {} {} {} {} {} {}",
                 h.answered,
                 h.granted.rate,
                 h.granted.burst,
                 h.held.rate,
                 h.held.burst,
                 h.issued_at,
-                h.demand
+                h.demand,
+                a.total.rate,
+                a.total.burst,
+                a.floor.rate,
+                a.floor.burst
             ));
         }
         out
@@ -277,21 +303,24 @@ pub(crate) struct Answered {
 }
 
 /// The global store's answer at `now` (its clock) to `request` (`region` the requester; its
-/// `region` field is ignored) for a key whose record is `stored`, under `registry`, for the
-/// limit of `settings` with a `floor` per registered region. The protocol's transition
-/// ([`GlobalKey::on_request`]) over the regions of the registry and of the record (one it
-/// does not know as registered is kept and counted, with no floor).
+/// `region` field is ignored) for a key whose record is `stored`, under `registry`, asked
+/// under the limit and floor of `asked` (the lease and margin of `settings`). The protocol's
+/// transition ([`GlobalKey::on_request`]) over the regions of the registry and of the record
+/// (one it does not know as registered is kept and counted, with no floor).
+///
+/// When the regions disagree on the limit (a rolling deploy, an override one region has not
+/// seen yet), the smaller wins: the movable part is the smallest limit any region asked under
+/// while its grant may be in use, less each registered region's largest floor of them.
 pub(crate) fn answer(
     stored: Stored<KeyRecord>,
     registry: &RegistryRecord,
     region: &str,
     request: Request,
-    floor: Share,
+    asked: Asked,
     settings: &Settings,
     now: u64,
 ) -> Answered {
     let hold = settings.hold_us();
-    let total = settings.total;
     let record = match stored {
         Stored::None => KeyRecord::default(),
         Stored::Ours(r) => r,
@@ -303,7 +332,7 @@ pub(crate) fn answer(
     };
     // Positions: the registered regions, then the record's others.
     let mut names: Vec<&str> = registry.regions.iter().map(|(n, _)| n.as_str()).collect();
-    for (name, _) in &record.regions {
+    for (name, ..) in &record.regions {
         if !names.contains(&name.as_str()) {
             names.push(name);
         }
@@ -316,13 +345,22 @@ pub(crate) fn answer(
         positions.registered_at[i] = registry.registered_at(name);
     }
     let mut key = GlobalKey::new(names.len());
-    for (name, held) in &record.regions {
+    let mut limits = vec![asked; names.len()];
+    let (mut total, mut floors) = (asked.total, vec![asked.floor; names.len()]);
+    for (name, held, theirs) in &record.regions {
         if let Some(i) = names.iter().position(|n| n == name) {
             key.regions[i] = *held;
+            limits[i] = *theirs;
+            // A limit counts while what was granted under it may be in use (a clock that went
+            // back: it still may).
+            if now.checked_sub(held.issued_at).is_none_or(|age| age < hold) {
+                total = total.min(theirs.total);
+                floors[i] = floors[i].max(theirs.floor);
+            }
         }
     }
     let me = names.iter().position(|n| *n == region).unwrap_or(0);
-    let floors = vec![floor; names.len()];
+    limits[me] = asked;
     let movable = positions.movable(total, &floors);
     let quiet_until = registry.quiet_until.max(record.quiet_until);
     let grant = key.on_request(
@@ -335,11 +373,12 @@ pub(crate) fn answer(
         quiet_until,
         settings,
     );
-    let regions: Vec<(String, Held)> = names
+    let regions: Vec<(String, Held, Asked)> = names
         .iter()
         .zip(&key.regions)
-        .filter(|(_, h)| h.answered != 0 && !(h.held == Share::ZERO && h.demand == 0))
-        .map(|(n, h)| ((*n).to_owned(), *h))
+        .zip(&limits)
+        .filter(|((_, h), _)| h.answered != 0 && !(h.held == Share::ZERO && h.demand == 0))
+        .map(|((n, h), a)| ((*n).to_owned(), *h, *a))
         .collect();
     let quiet_left = record.quiet_until.saturating_sub(now);
     let record = (!regions.is_empty() || quiet_left > 0).then_some(KeyRecord {
@@ -392,6 +431,10 @@ mod tests {
                     issued_at: 6,
                     demand: 7,
                 },
+                Asked {
+                    total: s(8, 9),
+                    floor: s(10, 11),
+                },
             )],
         };
         assert_eq!(KeyRecord::parse(&key.text()), Some(key));
@@ -409,8 +452,9 @@ mod tests {
         for foreign in [
             "1",
             "1 0\neu 1 2",
-            "1 0\neu 1 2 3 4 5 6 7 8",
-            "1 0\n{x} 1 2 3 4 5 6 7",
+            "1 0\neu 1 2 3 4 5 6 7",
+            "1 0\neu 1 2 3 4 5 6 7 8 9 10 11 12",
+            "1 0\n{x} 1 2 3 4 5 6 7 8 9 10 11",
         ] {
             assert_eq!(KeyRecord::parse(foreign), None, "{foreign:?}");
         }
@@ -467,7 +511,10 @@ mod tests {
             sent_at: 100,
         };
         let settings = settings();
-        let floor = s(10, 10);
+        let floor = Asked {
+            total: s(100, 100),
+            floor: s(10, 10),
+        };
         let first = answer(
             Stored::None,
             &registry,
@@ -491,6 +538,7 @@ mod tests {
                 issued_at: 1_000,
                 demand: 30,
             },
+            floor,
         ));
         let us = answer(
             Stored::Ours(with_unknown),
@@ -503,7 +551,7 @@ mod tests {
         );
         assert_eq!(us.grant.unwrap().share, Share::ZERO, "eu and ap hold all");
         let kept = us.record.unwrap();
-        assert!(kept.regions.iter().any(|(n, _)| n == "ap"));
+        assert!(kept.regions.iter().any(|(n, ..)| n == "ap"));
         // A value that is not ours: the key is quiet for one lease and the margin.
         let foreign = answer(
             Stored::Foreign,
@@ -517,5 +565,79 @@ mod tests {
         assert_eq!(foreign.grant.unwrap().share, Share::ZERO);
         assert_eq!(foreign.record.unwrap().quiet_until, 1_000 + 4_000_000);
         assert_eq!(foreign.ttl_ms, 4_000);
+    }
+
+    /// A rolling deploy (or an override one region has not seen yet): regions asking under
+    /// different limits are granted under the smaller, with the larger floors, while the grants
+    /// made under the larger may be in use; once they have lapsed, the limit asked under rules.
+    #[test]
+    fn regions_that_disagree_on_the_limit_are_granted_under_the_smaller() {
+        let registry = RegistryRecord {
+            epoch: 1,
+            quiet_until: 0,
+            regions: vec![("eu".into(), 0), ("us".into(), 0)],
+        };
+        let settings = settings();
+        let request = |seq, applied, demand| Request {
+            region: 0,
+            seq,
+            applied,
+            demand,
+            sent_at: 0,
+        };
+        let big = Asked {
+            total: s(200, 200),
+            floor: s(20, 20),
+        };
+        let small = Asked {
+            total: s(100, 100),
+            floor: s(10, 10),
+        };
+        // us, alone and under 200: the movable 200 - 2 x 20, all of it.
+        let us = answer(
+            Stored::None,
+            &registry,
+            "us",
+            request(1, 0, 300),
+            big,
+            &settings,
+            1,
+        );
+        assert_eq!(us.grant.unwrap().share, s(160, 160));
+        // eu under 100 while us may hold 160: nothing (movable 100 - 10 - 20).
+        let eu = answer(
+            Stored::Ours(us.record.unwrap()),
+            &registry,
+            "eu",
+            request(1, 0, 80),
+            small,
+            &settings,
+            2,
+        );
+        assert_eq!(eu.grant.unwrap().share, Share::ZERO);
+        // us again, still under 200, having applied its grant: under eu's 100 now, its floors
+        // the larger of both (100 - 20 - 20 = 60), in proportion to the demands.
+        let record = eu.record.unwrap();
+        let again = answer(
+            Stored::Ours(record.clone()),
+            &registry,
+            "us",
+            request(2, 1, 300),
+            big,
+            &settings,
+            3,
+        );
+        assert_eq!(again.grant.unwrap().share, s(47, 47));
+        // Once eu's answer has lapsed (one lease and the margin), us's own limit rules again.
+        let later = answer(
+            Stored::Ours(record),
+            &registry,
+            "us",
+            request(2, 1, 300),
+            big,
+            &settings,
+            2 + settings.hold_us(),
+        );
+        assert_eq!(later.grant.unwrap().share, s(160, 160));
     }
 }

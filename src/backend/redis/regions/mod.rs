@@ -5,7 +5,10 @@
 //! the global store with the protocol's functions, apply the grants in the region's store).
 
 mod global;
+mod overrides;
 mod task;
+
+pub(in crate::backend::redis) use overrides::RegionalOverrides;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -88,6 +91,9 @@ pub(crate) struct Regional {
     sha: fred::bytes_utils::Str,
     /// The units this instance's requests asked of each marked key in this period.
     demand: Mutex<std::collections::HashMap<BucketKey, u64>>,
+    /// The limits in force on the limiter served (which limits are marked: where their
+    /// overrides are kept).
+    followed: Mutex<Option<crate::backend::FollowedLimits>>,
 }
 
 impl std::fmt::Debug for Regional {
@@ -110,7 +116,13 @@ impl Regional {
             registry: Mutex::default(),
             sha: fred::util::sha1_hash(GLOBAL_SCRIPT).into(),
             demand: Mutex::default(),
+            followed: Mutex::default(),
         }
+    }
+
+    /// Follows the limits in force on the limiter served.
+    pub(crate) fn follow(&self, limits: crate::backend::FollowedLimits) {
+        *self.followed.lock().unwrap_or_else(PoisonError::into_inner) = Some(limits);
     }
 
     /// Whether this region's registration is confirmed (its floors may be used).
@@ -380,9 +392,16 @@ impl RedisBackend {
     }
 
     /// Whether share buckets decide with their floors now: not in regional mode, or this
-    /// region's registration is confirmed.
+    /// region's registration is confirmed and this instance has read the global store's
+    /// overrides (the marked limits' own) whole once.
     pub(crate) fn floors(&self) -> bool {
-        self.inner.regional.as_ref().is_none_or(|r| r.confirmed())
+        self.inner.regional.as_ref().is_none_or(|r| {
+            r.confirmed()
+                && r.global
+                    .inner
+                    .overrides_ready
+                    .load(std::sync::atomic::Ordering::Acquire)
+        })
     }
 
     /// One rebalance of this region under `limits`: register (or keep the registration),
@@ -516,9 +535,12 @@ impl RedisBackend {
                         demand,
                         sent_at: n.sent_at,
                     },
-                    Share {
-                        rate: floor.of(limit.count()),
-                        burst: floor.of(limit.burst()),
+                    global::Asked {
+                        total,
+                        floor: Share {
+                            rate: floor.of(limit.count()),
+                            burst: floor.of(limit.burst()),
+                        },
                     },
                     &settings,
                     now,

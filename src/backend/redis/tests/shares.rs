@@ -589,3 +589,94 @@ async fn the_task_moves_the_share_to_the_region_whose_requests_ask_for_it() {
     assert_eq!(us_part, (0, 0));
     assert!(eu_part.0 <= 80 && eu_part.1 <= 80, "{eu_part:?}");
 }
+
+/// Overrides in regional mode: a marked limit's are kept in the global store and in force in
+/// every region (set in one, seen and removed in the other); an unmarked limit's stay in the
+/// region's store, as without regional mode; a marked limit's override found in a region's
+/// store (set there before the limit was marked) is not in force.
+#[tokio::test]
+async fn overrides_of_a_marked_limit_are_kept_in_the_global_store_for_every_region() {
+    use fred::prelude::HashesInterface;
+    let server = redis();
+    let prefix = prefix("overrides");
+    let settings = RegionalSettings {
+        period_us: 3_600_000_000,
+        ..RegionalSettings::default()
+    };
+    let eu_backend = region(&server.url, &prefix, "eu", settings).await;
+    let us_backend = region(&server.url, &prefix, "us", settings).await;
+    let eu = Limiter::new(limits(), eu_backend.clone());
+    let us = Limiter::new(limits(), us_backend.clone());
+    let vip = crate::OverrideKind::Quota(Limit::from_micros(500, 500, SECOND).unwrap().into());
+    eu.set_override("Api", "7", vip.clone(), None)
+        .await
+        .unwrap();
+    eu.set_override("Other", "7", vip, None).await.unwrap();
+    let field = |backend: &RedisBackend, prefix: String, f: &'static str| {
+        let client = backend.client().clone();
+        async move {
+            let v: Option<String> = client
+                .hget(format!("{prefix}{{overrides}}"), f)
+                .await
+                .unwrap();
+            v.is_some()
+        }
+    };
+    assert!(field(&eu_backend, format!("{prefix}g:"), "Api:7").await);
+    assert!(!field(&eu_backend, format!("{prefix}eu:"), "Api:7").await);
+    assert!(field(&eu_backend, format!("{prefix}eu:"), "Other:7").await);
+    // us follows the global store: the marked limit's override is in force there.
+    let api = us.parse_key("Api", "7").unwrap();
+    let mut seen = false;
+    for _ in 0..250 {
+        if us.inspect(&api).await.unwrap().source == crate::LimitSource::Store {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen, "us applies the override set in eu");
+    let listed: Vec<(String, String)> = us
+        .stored_overrides()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.limit, o.id))
+        .collect();
+    assert_eq!(listed, [("Api".to_owned(), "7".to_owned())]);
+    let other = us.parse_key("Other", "7").unwrap();
+    assert_ne!(
+        us.inspect(&other).await.unwrap().source,
+        crate::LimitSource::Store
+    );
+    // A marked limit's override in a region's own store (an instance not in regional mode
+    // wrote it): not in force in regional mode.
+    let plain = RedisBackend::from_url(&server.url)
+        .prefix(format!("{prefix}us:"))
+        .connect()
+        .await
+        .unwrap();
+    Limiter::new(limits(), plain)
+        .set_override("Api", "8", crate::OverrideKind::Block, None)
+        .await
+        .unwrap();
+    let old = us.parse_key("Api", "8").unwrap();
+    us.stored_overrides().await.unwrap();
+    assert_ne!(
+        us.inspect(&old).await.unwrap().source,
+        crate::LimitSource::Store
+    );
+    // Removed in us: gone from the global store, and in eu.
+    assert!(us.remove_override("Api", "7").await.unwrap());
+    assert!(!field(&eu_backend, format!("{prefix}g:"), "Api:7").await);
+    let eu_api = eu.parse_key("Api", "7").unwrap();
+    let mut gone = false;
+    for _ in 0..250 {
+        if eu.inspect(&eu_api).await.unwrap().source != crate::LimitSource::Store {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "eu drops the override removed in us");
+}
