@@ -48,13 +48,28 @@ pub fn delaying_proxy(
     delay: std::time::Duration,
     jitter: std::time::Duration,
 ) -> u16 {
+    delaying_proxy_with_cut(upstream, delay, jitter, std::sync::Arc::default())
+}
+
+/// [`delaying_proxy`], cut off while `cut` is set (a network partition): every connection
+/// through it is closed within 50 ms, what it held dropped, and new ones are closed at once.
+pub fn delaying_proxy_with_cut(
+    upstream: String,
+    delay: std::time::Duration,
+    jitter: std::time::Duration,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> u16 {
     use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::atomic::Ordering;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for client in listener.incoming() {
             let Ok(client) = client else { continue };
+            if cut.load(Ordering::Relaxed) {
+                continue;
+            }
             let Ok(server) = TcpStream::connect(&upstream) else {
                 continue;
             };
@@ -65,19 +80,37 @@ pub fn delaying_proxy(
             ];
             for (mut from, mut to) in pipes {
                 let (tx, rx) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+                let _ = from.set_read_timeout(Some(std::time::Duration::from_millis(50)));
+                let (cut_r, cut_w) = (cut.clone(), cut.clone());
                 std::thread::spawn(move || {
                     let mut buf = vec![0u8; 64 * 1024];
                     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-                    while let Ok(n) = from.read(&mut buf) {
+                    loop {
+                        if cut_r.load(Ordering::Relaxed) {
+                            let _ = from.shutdown(Shutdown::Both);
+                            break;
+                        }
+                        let n = match from.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(n) => n,
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) =>
+                            {
+                                continue;
+                            }
+                            Err(_) => break,
+                        };
                         seed ^= seed << 13;
                         seed ^= seed >> 7;
                         seed ^= seed << 17;
                         let extra = jitter.as_micros() as u64;
                         let held = delay + std::time::Duration::from_micros(seed % (extra + 1));
-                        if n == 0
-                            || tx
-                                .send((std::time::Instant::now() + held, buf[..n].to_vec()))
-                                .is_err()
+                        if tx
+                            .send((std::time::Instant::now() + held, buf[..n].to_vec()))
+                            .is_err()
                         {
                             break;
                         }
@@ -88,6 +121,10 @@ pub fn delaying_proxy(
                         let now = std::time::Instant::now();
                         if at > now {
                             std::thread::sleep(at - now);
+                        }
+                        if cut_w.load(Ordering::Relaxed) {
+                            let _ = to.shutdown(Shutdown::Both);
+                            break;
                         }
                         if to.write_all(&chunk).is_err() {
                             break;
