@@ -429,6 +429,10 @@ fn main() {
         }
         windows.push(("last phase", fault_end, fault_end + 3_000_000));
         windows.push(("last phase, from 3 periods after its start", fault_end + 3_000_000, end));
+        if scenario != Scenario::Shift && scenario != Scenario::Idle {
+            // A lease and the margin (what a fault waits out), then 3 periods.
+            windows.push(("last phase, from 7 s after its start", fault_end + 7_000_000, end));
+        }
         for (what, from, to) in windows {
             let (mut ours, mut one) = (0u64, 0u64);
             for ss in by_key.values() {
@@ -447,6 +451,17 @@ fn main() {
         // Convergence: after the fault (the shift), the first sample where the last region's
         // part reaches 90% of its last.
         let parts = parts.lock().unwrap().clone();
+        if args.iter().any(|a| a == "--parts") {
+            // Each change of a region's part of the first key, from a second before the
+            // phase change.
+            let mut last = vec![u64::MAX; n];
+            for &(at, r, part) in parts.iter().filter(|p| p.0 + 1_000_000 >= fault_end) {
+                if last[r] != part {
+                    eprintln!("{:>7.2} s  {}  part {part}", at as f64 / 1e6, regions[r]);
+                    last[r] = part;
+                }
+            }
+        }
         let last_us = parts.iter().rev().find(|p| p.1 == n - 1).map_or(0, |p| p.2);
         let reached = parts
             .iter()

@@ -153,7 +153,8 @@ pub(crate) struct Round {
     pub(crate) answered: usize,
     /// Grants applied in the region's store.
     pub(crate) applied: usize,
-    /// Keys another instance wrote between this one's read and write (asked again next time).
+    /// Keys another instance wrote between this one's read and write three times running (asked
+    /// again next time).
     pub(crate) conflicts: usize,
     /// The keys whose part is not zero after the round (asked again, to give it back, when
     /// their demand falls).
@@ -507,66 +508,79 @@ impl RedisBackend {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        for (slot, group) in regional.global.groups(&global_keys) {
-            let keys: Vec<Key> = group.iter().map(|&i| global_keys[i].clone()).collect();
-            let (now, read) = regional.global_call(slot, &keys, GlobalCall::Read).await?;
-            let mut writes = Vec::with_capacity(group.len());
-            let mut answered = Vec::with_capacity(group.len());
-            for (&i, text) in group.iter().zip(read) {
-                let (_, _, limit, floor, demand) = asked[i];
-                let total = Share {
-                    rate: limit.count(),
-                    burst: limit.burst(),
-                };
-                let settings = Settings {
-                    total,
-                    lease_us: regional.settings.lease_us,
-                    margin_us: regional.settings.margin_us,
-                };
-                let n = numbered[i];
-                let answer = global::answer(
-                    Stored::read(&text, KeyRecord::parse),
-                    &registry,
-                    &regional.region,
-                    Request {
-                        region: 0,
-                        seq: n.seq,
-                        applied: n.applied,
-                        demand,
-                        sent_at: n.sent_at,
-                    },
-                    global::Asked {
-                        total,
-                        floor: Share {
-                            rate: floor.of(limit.count()),
-                            burst: floor.of(limit.burst()),
-                        },
-                    },
-                    &settings,
-                    now,
-                );
-                let new = answer
-                    .record
-                    .as_ref()
-                    .map(KeyRecord::text)
-                    .unwrap_or_default();
-                writes.push((text, new, answer.ttl_ms));
-                answered.push(answer.grant.map(|g| ShareGrant {
-                    seq: g.seq,
-                    share: g.share,
-                    lease_end: n.sent_at.saturating_add(regional.settings.lease_us),
-                }));
-            }
-            let (_, written) = regional
-                .global_call(slot, &keys, GlobalCall::Cas(&writes))
-                .await?;
-            for ((&i, grant), ok) in group.iter().zip(answered).zip(written) {
-                if ok != "1" {
-                    round.conflicts += 1;
-                } else if grant.is_some() {
-                    round.answered += 1;
-                    grants[i] = grant;
+        for (slot, mut group) in regional.global.groups(&global_keys) {
+            // A key another region wrote between this one's read and write is read and answered
+            // again at once (twice more at most), not a period later.
+            for attempt in 0..3 {
+                if group.is_empty() {
+                    break;
                 }
+                let keys: Vec<Key> = group.iter().map(|&i| global_keys[i].clone()).collect();
+                let (now, read) = regional.global_call(slot, &keys, GlobalCall::Read).await?;
+                let mut writes = Vec::with_capacity(group.len());
+                let mut answered = Vec::with_capacity(group.len());
+                for (&i, text) in group.iter().zip(read) {
+                    let (_, _, limit, floor, demand) = asked[i];
+                    let total = Share {
+                        rate: limit.count(),
+                        burst: limit.burst(),
+                    };
+                    let settings = Settings {
+                        total,
+                        lease_us: regional.settings.lease_us,
+                        margin_us: regional.settings.margin_us,
+                    };
+                    let n = numbered[i];
+                    let answer = global::answer(
+                        Stored::read(&text, KeyRecord::parse),
+                        &registry,
+                        &regional.region,
+                        Request {
+                            region: 0,
+                            seq: n.seq,
+                            applied: n.applied,
+                            demand,
+                            sent_at: n.sent_at,
+                        },
+                        global::Asked {
+                            total,
+                            floor: Share {
+                                rate: floor.of(limit.count()),
+                                burst: floor.of(limit.burst()),
+                            },
+                        },
+                        &settings,
+                        now,
+                    );
+                    let new = answer
+                        .record
+                        .as_ref()
+                        .map(KeyRecord::text)
+                        .unwrap_or_default();
+                    writes.push((text, new, answer.ttl_ms));
+                    answered.push(answer.grant.map(|g| ShareGrant {
+                        seq: g.seq,
+                        share: g.share,
+                        lease_end: n.sent_at.saturating_add(regional.settings.lease_us),
+                    }));
+                }
+                let (_, written) = regional
+                    .global_call(slot, &keys, GlobalCall::Cas(&writes))
+                    .await?;
+                let mut again = Vec::new();
+                for ((&i, grant), ok) in group.iter().zip(answered).zip(written) {
+                    if ok != "1" {
+                        if attempt == 2 {
+                            round.conflicts += 1;
+                        } else {
+                            again.push(i);
+                        }
+                    } else if grant.is_some() {
+                        round.answered += 1;
+                        grants[i] = grant;
+                    }
+                }
+                group = again;
             }
         }
         let all_grants = grants.clone();

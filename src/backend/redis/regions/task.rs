@@ -1,12 +1,13 @@
-//! The rebalancing task every regional instance runs (`docs/regions.md`), once a period:
+//! The rebalancing task every regional instance runs (`docs/regions.md`), once a period, a
+//! twentieth of a period after each period's end on the instance's clock:
 //!
-//! 1. its demand: the units its requests asked of each marked key in the period (admitted and
-//!    refused), added to the region's demand hash of the period (`HINCRBY`, its busiest keys
-//!    only);
+//! 1. its demand: the units its requests asked of each marked key in the period that ended
+//!    (admitted and refused), added to the region's demand hash of that period (`HINCRBY`, its
+//!    busiest keys only);
 //! 2. the lock (`SET NX PX`, in the region's store): the one instance that holds it registers
 //!    the region in the global store, says in the region's store whether the registration is
-//!    confirmed, and rebalances the busiest keys of the last period's demand (above their
-//!    floors), with every key that held a part at the last rebalance (demand 0: it gives it
+//!    confirmed, and, 15% into the period in every region (every instance's demand is in),
+//!    rebalances the busiest keys of that period's demand (above their floors), with every key that held a part at the last rebalance (demand 0: it gives it
 //!    back);
 //! 3. the others read whether the registration is confirmed (until then their floors are 0).
 //!
@@ -76,14 +77,19 @@ impl RedisBackend {
         let backend = Arc::downgrade(&self.inner);
         let instance = format!("{:016x}", crate::time::random_u64());
         runtime.spawn(async move {
-            let period = Duration::from_micros(regional.settings.period_us.max(1_000));
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let period = regional.settings.period_us.max(1_000);
             // Keys with a part after the last rebalance, asked again (demand 0 when they have
             // none) to give it back.
             let mut holding: Vec<BucketKey> = Vec::new();
             loop {
-                ticks.tick().await;
+                // Every instance ticks just after each period's end on its clock (a twentieth
+                // of a period: clock differences between instances), so that each period's
+                // demand is added once, whole, before the holder reads it.
+                let Some(now) = Weak::upgrade(&backend).map(|inner| inner.local.now_us()) else {
+                    return;
+                };
+                let next = (now / period + 1) * period + period / 20;
+                tokio::time::sleep(Duration::from_micros(next - now)).await;
                 let (Some(inner), Some(limits)) = (Weak::upgrade(&backend), limits()) else {
                     return;
                 };
@@ -129,13 +135,14 @@ impl RedisBackend {
         let client: Client = self.client_for_key(&self.regions_key("lock"))?;
         let period = regional.settings.period_us.max(1);
         let now = self.inner.local.now_us();
-        let this = now / period;
+        // The period that just ended (the tick is a twentieth of a period after its end).
+        let ended = (now / period).saturating_sub(1);
         // 1. This instance's demand, into the period's hash (its busiest keys only).
         let mut demand: Vec<(BucketKey, u64)> = regional.take_demand().into_iter().collect();
         demand.sort_by_key(|d| std::cmp::Reverse(d.1));
         demand.truncate(regional.settings.max_keys);
         if !demand.is_empty() {
-            let hash = self.regions_key(&format!("demand:{this}"));
+            let hash = self.regions_key(&format!("demand:{ended}"));
             let pipeline = client.pipeline();
             for (key, units) in &demand {
                 let _: () = pipeline
@@ -177,8 +184,18 @@ impl RedisBackend {
             .pexpire(&lock, i64::try_from(ttl_ms).unwrap_or(i64::MAX), None)
             .await
             .map_err(failed)?;
-        // The last period's demand, above each key's floor, in requests per its limit's period.
-        let last = self.regions_key(&format!("demand:{}", this.saturating_sub(1)));
+        // The period that ended, 15% into the next in every region: every instance has added
+        // its demand (they tick a twentieth of a period in; their clocks agree to well within
+        // the rest), and a region giving up a part and one taking it ask in the same instant,
+        // the later compare-and-set retried after the other's (measured in `BENCHMARKS.md`:
+        // rebalancing at random points cost up to two periods more). Above each key's floor,
+        // in requests per its limit's period.
+        let in_period = self.inner.local.now_us() % period;
+        tokio::time::sleep(Duration::from_micros(
+            (period / 100 * 15).saturating_sub(in_period),
+        ))
+        .await;
+        let last = self.regions_key(&format!("demand:{ended}"));
         let counted: HashMap<String, u64> = client.hgetall(&last).await.map_err(failed)?;
         let mut demands: Vec<(BucketKey, u64)> = Vec::with_capacity(counted.len());
         for (f, units) in counted {
