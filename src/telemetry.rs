@@ -232,7 +232,7 @@ pub(crate) fn region_global_call(region: &str) {
 }
 
 /// `tower_ratelimits_region_confirmed{region}`: 1 once the region's registration in the global
-/// store is confirmed (its floors in use), 0 before (marked limits closed in the region).
+/// store is confirmed (its floors in use), 0 before (marked limits decide on granted parts alone).
 #[cfg(feature = "redis")]
 pub(crate) fn region_confirmed(region: &str, confirmed: bool) {
     #[cfg(feature = "metrics")]
