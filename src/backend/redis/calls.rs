@@ -272,7 +272,7 @@ impl RedisBackend {
             local,
             expiry: self.expiry(),
             want_raw: false,
-            floors: self.floors(),
+            shares: self.share_call(),
         };
         if let [group] = groups {
             return vec![self.run_group(call, batch, keys, group).await];

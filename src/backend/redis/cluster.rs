@@ -144,8 +144,8 @@ impl ClusterRouter {
         read_lock(&self.inner.topology).breakers.clone()
     }
 
-    /// Every master's client (a replay's snapshot walks each).
-    #[cfg(feature = "replay")]
+    /// Every master's client (a replay's snapshot walks each; regional mode reads each one's
+    /// start).
     pub(super) fn masters(&self) -> Vec<Client> {
         let topology = read_lock(&self.inner.topology).clone();
         topology.nodes.iter().map(|(_, _, c)| c.clone()).collect()

@@ -318,7 +318,15 @@ impl RedisBackendBuilder {
     }
 
     /// Connects (when built from a URL) and loads the script.
-    pub async fn connect(mut self) -> Result<RedisBackend, RedisSetupError> {
+    pub async fn connect(self) -> Result<RedisBackend, RedisSetupError> {
+        let lazy = self.lazy;
+        let backend = self.open().await?;
+        // Regional mode: when the region's store started (`regions/store_start.rs`).
+        backend.follow_store_start(lazy).await;
+        Ok(backend)
+    }
+
+    async fn open(mut self) -> Result<RedisBackend, RedisSetupError> {
         if self.prefix.contains(['{', '}']) {
             return Err(RedisSetupError::InvalidPrefix {
                 prefix: self.prefix,

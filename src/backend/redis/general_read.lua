@@ -200,8 +200,9 @@ for i = 1, n do
     local sub, cost = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
     rec[i] = {kind = KIND_GCRA, share = true, frate = tonumber(ARGV[a + 1]),
       fburst = tonumber(ARGV[a + 2]), period = tonumber(ARGV[a + 3]), cost = cost,
-      mode = tonumber(ARGV[a + 6]), min = cost, charge = sub == KIND_CHARGE}
-    a = a + 7
+      mode = tonumber(ARGV[a + 6]), min = cost, charge = sub == KIND_CHARGE,
+      since = tonumber(ARGV[a + 7])}
+    a = a + 8
     if sub == KIND_RANGE then
       rec[i].min = tonumber(ARGV[a])
       a = a + 1
@@ -311,7 +312,8 @@ end
 -- every cost denied). When it changes, the bucket keeps its whole tokens, capped at the new
 -- burst, never its TAT (src/algo/gcra.rs `keep_tokens`), counted when the change happened: at
 -- the lease's end when the lease ended after the write, else now (a grant, a reload). No
--- record is a bucket full under the floor (any part arrives empty). A value that is not such
+-- record is a bucket full under the floor (any part arrives empty), or empty at the store's
+-- start while the store has run less than a refill of it. A value that is not such
 -- a record is read as no part and the bucket drained, and replaced.
 local read_share, write_share, share_change, share_in_force
 if shares then
@@ -367,9 +369,11 @@ if shares then
       return now + r.bo, 0
     end
     if wei == 0 then
-      -- Nothing stored: full under the floor.
+      -- Nothing stored: full under the floor, or, in a store that started less than a refill
+      -- ago (it may have lost the record), empty at its start (regions/store_start.rs).
       wei, wburst = share_limit(r.frate, r.fburst, r.period)
       tat = 0
+      if r.since + wei * wburst > now then tat = r.since + wei * wburst end
     end
     if math.max(tat - now, 0) > 2 * wei * wburst + SLACK then
       r.fix = true

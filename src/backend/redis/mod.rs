@@ -387,7 +387,7 @@ impl RedisBackend {
             local: local_now,
             expiry: self.expiry(),
             want_raw: false,
-            floors: self.floors(),
+            shares: self.share_call(),
         };
         // A coalescing call slot, held until this call ends (then given back).
         let mut held = None;

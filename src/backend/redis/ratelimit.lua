@@ -41,7 +41,7 @@
 --           before that end, else in the second: src/algo/calendar.rs). The key holds
 --           "<period end> <units used>" and expires at the period's end
 --   share   6, the floor's rate and burst, the period, the GCRA kind (0, 2 or 4), cost,
---           mode, then a partial grant's min: a region's share bucket of a limit across
+--           mode, when the store started (0: unknown), then a partial grant's min: a region's share bucket of a limit across
 --           regions (docs/regions.md). The key holds the TAT with the limit it was written
 --           under and the region's part of the key with its lease (general_read.lua); its
 --           limit is the floor plus the part while the lease runs, and it answers as GCRA

@@ -42,7 +42,7 @@ use crate::algo::gcra;
 use crate::algo::tiers::{MAX_TIERS, TierGrant};
 use crate::backend::{BackendError, BucketTx, Mode, Outcome, Outcomes, batch_allowed, gcra_write};
 use crate::quota::Quota;
-pub(crate) use shares::{ShareAnswer, ShareGrant, decode_shares, encode_shares};
+pub(crate) use shares::{ShareAnswer, ShareCall, ShareGrant, decode_shares, encode_shares};
 
 mod shares;
 /// The protocol's codes: the record kinds, the modes and the ops, each by the name the
@@ -168,8 +168,8 @@ pub(super) struct Call {
     pub(super) expiry: Expiry,
     /// Tiered keys report their values before and after (to undo a spend with `Restore`).
     pub(super) want_raw: bool,
-    /// Whether share buckets have their floors (the region's registration is confirmed).
-    pub(super) floors: bool,
+    /// What share buckets decide with (their floors, the store's start).
+    pub(super) shares: ShareCall,
 }
 
 impl Call {
@@ -309,7 +309,7 @@ pub(super) fn encode<'a>(
                     _ => KIND_GCRA,
                 };
                 if let Some(floor) = tx.floor {
-                    shares::push_share(&mut args, tx, limit, floor, kind, call.floors);
+                    shares::push_share(&mut args, tx, limit, floor, kind, call.shares);
                 } else {
                     args.extend([
                         Value::Integer(kind),
@@ -489,7 +489,7 @@ pub(super) fn encode_restore(change: &RawChange) -> Vec<Value> {
         local: 0,
         expiry: Expiry::AtFresh,
         want_raw: false,
-        floors: true,
+        shares: ShareCall::default(),
     }
     .push_head(&mut args, None);
     args.extend([

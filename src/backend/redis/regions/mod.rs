@@ -6,11 +6,12 @@
 
 mod global;
 mod overrides;
+mod store_start;
 mod task;
 
 pub(in crate::backend::redis) use overrides::RegionalOverrides;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use fred::prelude::{Key, Value};
@@ -84,6 +85,9 @@ pub(crate) struct Regional {
     pub(crate) settings: RegionalSettings,
     /// Whether this region's registration is confirmed: until then its floors are 0.
     confirmed: AtomicBool,
+    /// When the region's store started, on the script's clock (`store_start::UNKNOWN` until
+    /// read): a share bucket it holds no record of is empty at that time.
+    store_start: AtomicU64,
     /// The registry as last read or written: its registrations (with their times: a lost
     /// registry is made again with them) and its quiet period.
     registry: Mutex<RegistryRecord>,
@@ -113,6 +117,7 @@ impl Regional {
             global,
             settings,
             confirmed: AtomicBool::new(false),
+            store_start: AtomicU64::new(store_start::UNKNOWN),
             registry: Mutex::default(),
             sha: fred::util::sha1_hash(GLOBAL_SCRIPT).into(),
             demand: Mutex::default(),
@@ -136,11 +141,13 @@ impl Regional {
         crate::telemetry::region_confirmed(&self.region, confirmed);
     }
 
-    /// Confirmed without waiting one lease and the margin after a registration: for the tests
-    /// of a region's share buckets alone.
+    /// Confirmed without waiting one lease and the margin after a registration, on a store
+    /// taken as started long ago (its keys full): for the tests of a region's share buckets
+    /// alone.
     #[cfg(test)]
     pub(crate) fn confirm_for_tests(&self) {
         self.confirmed.store(true, Ordering::Release);
+        self.store_start.store(0, Ordering::Release);
     }
 }
 
@@ -239,7 +246,7 @@ impl RedisBackend {
             local,
             expiry: self.expiry(),
             want_raw: false,
-            floors: self.floors(),
+            shares: self.share_call(),
         };
         let mut out = Vec::new();
         for (slot, group) in self.groups(&keys) {
@@ -393,16 +400,32 @@ impl RedisBackend {
     }
 
     /// Whether share buckets decide with their floors now: not in regional mode, or this
-    /// region's registration is confirmed and this instance has read the global store's
-    /// overrides (the marked limits' own) whole once.
+    /// region's registration is confirmed, this instance has read the global store's
+    /// overrides (the marked limits' own) whole once, and it knows when the region's store
+    /// started.
     pub(crate) fn floors(&self) -> bool {
         self.inner.regional.as_ref().is_none_or(|r| {
             r.confirmed()
+                && r.store_start().is_some()
                 && r.global
                     .inner
                     .overrides_ready
                     .load(std::sync::atomic::Ordering::Acquire)
         })
+    }
+
+    /// What the script's share buckets decide with: the floors (above), and when the region's
+    /// store started (0: unknown, or not regional).
+    pub(crate) fn share_call(&self) -> script::ShareCall {
+        script::ShareCall {
+            floors: self.floors(),
+            store_start: self
+                .inner
+                .regional
+                .as_ref()
+                .and_then(|r| r.store_start())
+                .unwrap_or(0),
+        }
     }
 
     /// One rebalance of this region under `limits`: register (or keep the registration),

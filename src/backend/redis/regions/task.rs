@@ -7,8 +7,8 @@
 //! 2. the lock (`SET NX PX`, in the region's store): the one instance that holds it registers
 //!    the region in the global store, says in the region's store whether the registration is
 //!    confirmed, and, 15% into the period in every region (every instance's demand is in),
-//!    rebalances the busiest keys of that period's demand (above their floors), with every key that held a part at the last rebalance (demand 0: it gives it
-//!    back);
+//!    rebalances the busiest keys of that period's demand (above their floors), with every
+//!    key that held a part at the last rebalance (demand 0: it gives it back);
 //! 3. the others read whether the registration is confirmed (until then their floors are 0).
 //!
 //! Nothing here is on a request's path: a request only counts its units in memory.

@@ -7,18 +7,28 @@ use super::{Call, Fields, KIND_GCRA, KIND_SHARE, MAX_TIME_US, bad, int, mode_cod
 use crate::backend::{BackendError, BucketTx};
 use crate::quota::Quota;
 
+/// What a call's share buckets decide with, from the region's state.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ShareCall {
+    /// Whether the floors are in use (the region's registration confirmed, and the rest of
+    /// `RedisBackend::floors`); without them the floor is 0.
+    pub(crate) floors: bool,
+    /// When the region's store started, on the script's clock (0: unknown): a bucket it holds
+    /// no record of is empty at that time (`regions/store_start.rs`).
+    pub(crate) store_start: u64,
+}
+
 /// A region's share bucket's record: the script finds its limit (the floor, and the part
-/// while its lease runs); `kind` is the GCRA record's kind (a single cost, a range, a charge);
-/// without `floors` (the region's registration not confirmed yet) the floor is 0.
+/// while its lease runs); `kind` is the GCRA record's kind (a single cost, a range, a charge).
 pub(super) fn push_share(
     args: &mut Vec<Value>,
     tx: &BucketTx<'_>,
     limit: &crate::algo::gcra::Limit,
     floor: crate::RegionFloor,
     kind: i64,
-    floors: bool,
+    shares: ShareCall,
 ) {
-    let floor = |amount| if floors { floor.of(amount) } else { 0 };
+    let floor = |amount| if shares.floors { floor.of(amount) } else { 0 };
     args.extend([
         Value::Integer(KIND_SHARE),
         int(floor(limit.count())),
@@ -27,6 +37,7 @@ pub(super) fn push_share(
         Value::Integer(kind),
         int(tx.cost.min(MAX_TIME_US)),
         mode_code(tx.mode),
+        int(shares.store_start.min(MAX_TIME_US)),
     ]);
 }
 
@@ -54,7 +65,7 @@ pub(crate) fn encode_shares<'a>(
     call.push_head(&mut args, None);
     for (i, tx) in txs.enumerate() {
         if let (Quota::Gcra(limit), Some(floor)) = (tx.quota, tx.floor) {
-            push_share(&mut args, tx, limit, floor, KIND_GCRA, call.floors);
+            push_share(&mut args, tx, limit, floor, KIND_GCRA, call.shares);
         }
         if let Some(g) = grants.get(i) {
             args.extend([

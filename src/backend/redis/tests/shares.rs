@@ -680,3 +680,113 @@ async fn overrides_of_a_marked_limit_are_kept_in_the_global_store_for_every_regi
     }
     assert!(gone, "eu drops the override removed in us");
 }
+
+/// A `redis-server` of this test's own on `port` (a restart empties it: no persistence).
+fn own_server(port: u16) -> KillOnDrop {
+    let child = KillOnDrop(
+        std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server"),
+    );
+    for _ in 0..500 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("redis-server did not start on port {port}");
+}
+
+/// A region's store restarted empty does not hand a share bucket's floor out again: a key it
+/// holds no record of is empty at the store's start (read again at the reconnection) and
+/// refills at the floor's rate, 10 an hour, while a store that has run for a refill answers it
+/// full. Before, the key lost with the restart was full again: 10 more at once.
+#[tokio::test]
+async fn a_region_store_restarted_empty_starts_its_keys_empty() {
+    let global = redis();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let mut store = own_server(port);
+    let clock = ManualClock::new(T0);
+    let prefix = prefix("restart");
+    let settings = RegionalSettings {
+        period_us: 3_600_000_000,
+        ..RegionalSettings::default()
+    };
+    let backend = RedisBackend::from_url(format!("redis://127.0.0.1:{port}"))
+        .prefix(&prefix)
+        .deny_cache(false)
+        .caller_time(clock.clone())
+        .regional_with(
+            "eu",
+            RedisBackend::from_url(&global.url)
+                .prefix(format!("{prefix}g:"))
+                .connect()
+                .await
+                .unwrap(),
+            settings,
+        )
+        .connect()
+        .await
+        .unwrap();
+    let regional = Arc::clone(backend.regional_mode().unwrap());
+    regional.confirm_for_tests();
+    // Started now on the caller's clock (its uptime: under two seconds).
+    let started = backend.read_store_start().await.unwrap();
+    assert!((T0 - 2 * SECOND..=T0).contains(&started), "{started}");
+    // 100 an hour, floor 10%: 10 at once, one every 6 minutes.
+    let hour = Limit::from_micros(100, 100, 3_600 * SECOND).unwrap();
+    let limits = Limits::builder()
+        .limit("Api", hour)
+        .across_regions("Api", RegionFloor::default())
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(limits, backend.clone());
+    let key = limiter.key("Api", Id::from(7u64)).unwrap();
+    assert_eq!(allowed(&limiter, &key, 10).await, 0, "a store just started");
+    // Once the store has run for a refill of the floor, a key is full.
+    clock.advance(Duration::from_secs(3_602));
+    assert_eq!(allowed(&limiter, &key, 20).await, 10);
+    // The store restarted empty: the bucket's record is gone.
+    let _ = store.0.kill();
+    let _ = store.0.wait();
+    let _store = own_server(port);
+    let restarted = clock.now_us() - 2 * SECOND;
+    for _ in 0..400 {
+        if regional.store_start().is_some_and(|s| s >= restarted) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        regional.store_start().is_some_and(|s| s >= restarted),
+        "the start read again at the reconnection: {:?}",
+        regional.store_start()
+    );
+    assert_eq!(
+        allowed(&limiter, &key, 20).await,
+        0,
+        "the floor not handed out again"
+    );
+    clock.advance(Duration::from_secs(360));
+    assert_eq!(
+        allowed(&limiter, &key, 5).await,
+        1,
+        "refilled at the floor's rate"
+    );
+}
+
+/// A child process killed when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
