@@ -20,7 +20,7 @@
 //! not a record of ours is read as lost (the registry) or as a key quiet for one lease and the
 //! margin (a key's record), and replaced.
 
-use crate::algo::regions::{GlobalKey, Grant, Held, Registry, Request, Settings, Share};
+use crate::algo::regions::{GlobalKey, Grant, Held, Registry, Request, Settings, Share, allocate};
 
 /// The most regions a registry or a key's record holds.
 pub(crate) const MAX_REGIONS: usize = 64;
@@ -300,6 +300,11 @@ pub(crate) struct Answered {
     pub(crate) ttl_ms: u64,
     /// The grant, if the request was answered (a late or repeated one is not).
     pub(crate) grant: Option<Grant>,
+    /// Whether the region may get more once other regions confirm what they give up: its
+    /// grant is below its target while others hold the rest, or, its demand having risen by
+    /// more than an eighth since its last request, below that demand while another region
+    /// holds a part (whose demand, as last reported, may be about to fall: demand moving).
+    pub(crate) short: bool,
 }
 
 /// The global store's answer at `now` (its clock) to `request` (`region` the requester; its
@@ -363,6 +368,7 @@ pub(crate) fn answer(
     limits[me] = asked;
     let movable = positions.movable(total, &floors);
     let quiet_until = registry.quiet_until.max(record.quiet_until);
+    let reported = key.regions.get(me).map_or(0, |h| h.demand);
     let grant = key.on_request(
         &Request {
             region: me,
@@ -389,10 +395,22 @@ pub(crate) fn answer(
         },
         regions,
     });
+    let short = grant.is_some_and(|g| {
+        now >= quiet_until && {
+            let demands = key.regions.iter().map(|h| h.demand);
+            let target = allocate(movable, demands, key.regions.len(), me);
+            let others_hold =
+                (key.regions.iter().enumerate()).any(|(i, h)| i != me && h.held != Share::ZERO);
+            let rose = request.demand > reported.saturating_add(reported / 8);
+            !target.within(g.share)
+                || (rose && others_hold && g.share.rate < request.demand.min(movable.rate))
+        }
+    });
     Answered {
         record,
         ttl_ms: hold.max(quiet_left).div_ceil(1_000).max(1),
         grant,
+        short,
     }
 }
 
@@ -639,5 +657,84 @@ mod tests {
             2 + settings.hold_us(),
         );
         assert_eq!(later.grant.unwrap().share, s(160, 160));
+    }
+
+    /// A region granted less than it may get once others confirm what they give up is told so
+    /// (`short`: the task asks again in the same period): below its target while another
+    /// region holds the rest, or, its demand risen by more than an eighth, below that demand
+    /// while another region holds a part; never in a steady state.
+    #[test]
+    fn a_grant_held_back_by_another_regions_part_is_short() {
+        let registry = RegistryRecord {
+            epoch: 1,
+            quiet_until: 0,
+            regions: vec![("eu".into(), 0), ("us".into(), 0)],
+        };
+        let settings = settings();
+        let asked = Asked {
+            total: s(100, 100),
+            floor: s(10, 10),
+        };
+        let request = |seq, applied, demand| Request {
+            region: 0,
+            seq,
+            applied,
+            demand,
+            sent_at: 0,
+        };
+        let ask = |record: Option<KeyRecord>, region: &str, r: Request, now: u64| {
+            let stored = record.map_or(Stored::None, Stored::Ours);
+            answer(stored, &registry, region, r, asked, &settings, now)
+        };
+        // eu alone, demand 140: all 80 that move; nothing short.
+        let eu = ask(None, "eu", request(1, 0, 140), 1);
+        assert_eq!(eu.grant.unwrap().share, s(80, 80));
+        assert!(!eu.short);
+        // us asks, demand 100 (from nothing): its target is 80 x 100 / 240 = 33, but eu holds
+        // all 80: granted 0, short.
+        let us = ask(eu.record, "us", request(1, 0, 100), 2);
+        assert_eq!(us.grant.unwrap().share, Share::ZERO);
+        assert!(us.short);
+        // eu, having applied its grant, its demand the same: keeps 80 x 140 / 240 = 46 and
+        // gives the rest up.
+        let eu = ask(us.record, "eu", request(2, 1, 140), 3);
+        assert_eq!(eu.grant.unwrap().share, s(46, 46));
+        let eu = ask(eu.record, "eu", request(3, 2, 140), 4);
+        // us again: its target, 33, no longer short (its demand as before).
+        let us = ask(eu.record, "us", request(2, 1, 100), 5);
+        assert_eq!(us.grant.unwrap().share, s(33, 33));
+        assert!(!us.short, "a steady state asks once a period");
+        // Its demand rises: granted what eu leaves free (80 - 46 = 34), below its target (80 x
+        // 120 / 260 = 36): short.
+        let rose = ask(us.record.clone(), "us", request(3, 2, 120), 6);
+        assert_eq!(rose.grant.unwrap().share, s(34, 34));
+        assert!(rose.short);
+        // eu holds 30 while its report says 140 (stale: its demand fell): us's target fits in
+        // what is free, but its demand rose by more than an eighth, so it asks again.
+        let held = |rate, demand, issued_at| Held {
+            answered: 9,
+            granted: s(rate, rate),
+            held: s(rate, rate),
+            issued_at,
+            demand,
+        };
+        let record = KeyRecord {
+            quiet_until: 0,
+            regions: vec![
+                ("eu".into(), held(30, 140, 4), asked),
+                ("us".into(), held(33, 100, 5), asked),
+            ],
+        };
+        let rose = ask(Some(record.clone()), "us", request(10, 9, 120), 6);
+        assert_eq!(
+            rose.grant.unwrap().share,
+            s(36, 36),
+            "its target: 80 x 120 / 260"
+        );
+        assert!(rose.short);
+        // By an eighth or less: not short.
+        let same = ask(Some(record), "us", request(10, 9, 112), 6);
+        assert_eq!(same.grant.unwrap().share, s(35, 35), "80 x 112 / 252");
+        assert!(!same.short);
     }
 }

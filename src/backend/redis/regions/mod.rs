@@ -166,6 +166,9 @@ pub(crate) struct Round {
     /// The keys whose part is not zero after the round (asked again, to give it back, when
     /// their demand falls).
     pub(crate) holding: Vec<BucketKey>,
+    /// The keys granted less than their target while other regions may still be using the
+    /// rest, with their demands (the task asks again later in the period).
+    pub(crate) short: Vec<(BucketKey, u64)>,
 }
 
 /// A request for one key's share, numbered by the region's store (`RegionKey::request`).
@@ -581,17 +584,20 @@ impl RedisBackend {
                         .map(KeyRecord::text)
                         .unwrap_or_default();
                     writes.push((text, new, answer.ttl_ms));
-                    answered.push(answer.grant.map(|g| ShareGrant {
-                        seq: g.seq,
-                        share: g.share,
-                        lease_end: n.sent_at.saturating_add(regional.settings.lease_us),
-                    }));
+                    answered.push((
+                        answer.grant.map(|g| ShareGrant {
+                            seq: g.seq,
+                            share: g.share,
+                            lease_end: n.sent_at.saturating_add(regional.settings.lease_us),
+                        }),
+                        answer.short,
+                    ));
                 }
                 let (_, written) = regional
                     .global_call(slot, &keys, GlobalCall::Cas(&writes))
                     .await?;
                 let mut again = Vec::new();
-                for ((&i, grant), ok) in group.iter().zip(answered).zip(written) {
+                for ((&i, (grant, short)), ok) in group.iter().zip(answered).zip(written) {
                     if ok != "1" {
                         if attempt == 2 {
                             round.conflicts += 1;
@@ -601,6 +607,10 @@ impl RedisBackend {
                     } else if grant.is_some() {
                         round.answered += 1;
                         grants[i] = grant;
+                        if short {
+                            let (key, .., demand) = asked[i];
+                            round.short.push((key.clone(), demand));
+                        }
                     }
                 }
                 group = again;

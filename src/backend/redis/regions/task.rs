@@ -62,6 +62,26 @@ fn key_of(field: &str, limits: &Limits) -> Option<BucketKey> {
     Some(BucketKey::new(name, id))
 }
 
+/// The next tick at `now` (instance clock) with periods of `period` µs: the period whose end it
+/// follows (its demand is added), and how long to wait for it, a twentieth of a period after
+/// that end. `next`: the period whose end the last tick expected next (`None` at start). A
+/// tick that comes late (the last one ran long: a rebalance that asked again half a period
+/// in, slow calls) runs at once, for its own period, so no period's demand is added to
+/// another's hash; one more than a whole period late waits for the next end.
+fn tick(next: Option<u64>, now: u64, period: u64) -> (u64, Duration) {
+    let at = |end: u64| end.saturating_mul(period).saturating_add(period / 20);
+    let current = now / period;
+    let end = match next {
+        // Late by less than a period: at once. On time: when it comes (unless the clock went
+        // back by more than a period: from now, as at start).
+        Some(end) if at(end) <= now && at(end + 1) > now => end,
+        Some(end) if at(end) > now && at(end) <= now.saturating_add(period) => end,
+        _ if at(current) > now => current,
+        _ => current + 1,
+    };
+    (end - 1, Duration::from_micros(at(end).saturating_sub(now)))
+}
+
 impl RedisBackend {
     /// Starts the rebalancing task of a regional backend, following `limits` until they are
     /// gone (the limiter dropped). Nothing when the backend is not regional.
@@ -81,6 +101,7 @@ impl RedisBackend {
             // Keys with a part after the last rebalance, asked again (demand 0 when they have
             // none) to give it back.
             let mut holding: Vec<BucketKey> = Vec::new();
+            let mut next: Option<u64> = None;
             loop {
                 // Every instance ticks just after each period's end on its clock (a twentieth
                 // of a period: clock differences between instances), so that each period's
@@ -88,14 +109,15 @@ impl RedisBackend {
                 let Some(now) = Weak::upgrade(&backend).map(|inner| inner.local.now_us()) else {
                     return;
                 };
-                let next = (now / period + 1) * period + period / 20;
-                tokio::time::sleep(Duration::from_micros(next - now)).await;
+                let (ended, wait) = tick(next, now, period);
+                tokio::time::sleep(wait).await;
+                next = Some(ended + 2);
                 let (Some(inner), Some(limits)) = (Weak::upgrade(&backend), limits()) else {
                     return;
                 };
                 let backend = RedisBackend { inner };
                 match backend
-                    .rebalance_period(&regional, &limits, &instance, &holding)
+                    .rebalance_period(&regional, &limits, &instance, &holding, ended)
                     .await
                 {
                     Ok(Some((round, held))) => {
@@ -129,14 +151,12 @@ impl RedisBackend {
         limits: &Limits,
         instance: &str,
         holding: &[BucketKey],
+        ended: u64,
     ) -> Result<Option<(Round, Vec<BucketKey>)>, crate::backend::BackendError> {
         let failed =
             |e: fred::error::Error| crate::backend::BackendError::Unavailable(e.to_string());
         let client: Client = self.client_for_key(&self.regions_key("lock"))?;
         let period = regional.settings.period_us.max(1);
-        let now = self.inner.local.now_us();
-        // The period that just ended (the tick is a twentieth of a period after its end).
-        let ended = (now / period).saturating_sub(1);
         // 1. This instance's demand, into the period's hash (its busiest keys only).
         let mut demand: Vec<(BucketKey, u64)> = regional.take_demand().into_iter().collect();
         demand.sort_by_key(|d| std::cmp::Reverse(d.1));
@@ -190,9 +210,9 @@ impl RedisBackend {
         // the later compare-and-set retried after the other's (measured in `BENCHMARKS.md`:
         // rebalancing at random points cost up to two periods more). Above each key's floor,
         // in requests per its limit's period.
-        let in_period = self.inner.local.now_us() % period;
+        let at = (ended + 1).saturating_mul(period) + period / 100 * 15;
         tokio::time::sleep(Duration::from_micros(
-            (period / 100 * 15).saturating_sub(in_period),
+            at.saturating_sub(self.inner.local.now_us()),
         ))
         .await;
         let last = self.regions_key(&format!("demand:{ended}"));
@@ -220,7 +240,35 @@ impl RedisBackend {
                 demands.push((key.clone(), 0));
             }
         }
-        let round = self.rebalance(limits, &demands).await?;
+        let mut round = self.rebalance(limits, &demands).await?;
+        // Keys granted less than they may get once other regions confirm what they give up
+        // (they decide at the same instant, and confirm a few round trips later): asked again
+        // half a period in, and three quarters in if still short, so a transfer completes in
+        // the period it starts (measured in `BENCHMARKS.md`: 2.5 periods to converge, from 3.1).
+        let mut short = std::mem::take(&mut round.short);
+        for quarter in [2, 3] {
+            if short.is_empty() {
+                break;
+            }
+            let at = (ended + 1).saturating_mul(period) + period / 4 * quarter;
+            tokio::time::sleep(Duration::from_micros(
+                at.saturating_sub(self.inner.local.now_us()),
+            ))
+            .await;
+            let Ok((again, _)) = self.rebalance_keys(regional, limits, &short, false).await else {
+                break;
+            };
+            for key in again.holding {
+                if !round.holding.contains(&key) {
+                    round.holding.push(key);
+                }
+            }
+            round.asked += again.asked;
+            round.answered += again.answered;
+            round.applied += again.applied;
+            round.conflicts += again.conflicts;
+            short = again.short;
+        }
         let confirmed = regional.confirmed();
         let _: () = client
             .set(
@@ -241,5 +289,32 @@ impl RedisBackend {
     /// A key of the region's own records in its store: `<prefix>{regions}:<what>`.
     fn regions_key(&self, what: &str) -> String {
         format!("{}{{regions}}:{what}", self.prefix())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    /// The schedule of the ticks: a twentieth of a period after each end; a tick that comes
+    /// late runs at once for its own period (before, a rebalance that ran past the next tick
+    /// skipped it, and two periods' demand went into one hash: read as 0, then twice); a clock
+    /// gone back by more than a period starts again from now.
+    #[test]
+    fn every_period_ends_in_one_tick_late_or_not() {
+        let ms = |n: u64| Duration::from_millis(n);
+        // At start: the next end.
+        assert_eq!(tick(None, 10 * S + S / 2, S), (10, ms(550)));
+        assert_eq!(tick(None, 10 * S + S / 100, S), (9, ms(40)));
+        // On time.
+        assert_eq!(tick(Some(12), 11 * S + 990_000, S), (11, ms(60)));
+        // Late (the last tick ran past 12.05 s): at once, for period 11.
+        assert_eq!(tick(Some(12), 12 * S + S / 2, S), (11, ms(0)));
+        // More than a period late: the next end.
+        assert_eq!(tick(Some(12), 13 * S + S / 2, S), (13, ms(550)));
+        // The clock went back 7 s: from now.
+        assert_eq!(tick(Some(12), 5 * S, S), (4, ms(50)));
     }
 }
