@@ -28,6 +28,12 @@ fn redis() -> Server {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port");
+    own_redis(port)
+}
+
+/// A new `redis-server` on `port`, without persistence (started again on the same port, it is
+/// empty), stopped when dropped.
+fn own_redis(port: u16) -> Server {
     let child = std::process::Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])

@@ -681,25 +681,6 @@ async fn overrides_of_a_marked_limit_are_kept_in_the_global_store_for_every_regi
     assert!(gone, "eu drops the override removed in us");
 }
 
-/// A `redis-server` of this test's own on `port` (a restart empties it: no persistence).
-fn own_server(port: u16) -> KillOnDrop {
-    let child = KillOnDrop(
-        std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server"),
-    );
-    for _ in 0..500 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return child;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("redis-server did not start on port {port}");
-}
-
 /// A region's store restarted empty does not hand a share bucket's floor out again: a key it
 /// holds no record of is empty at the store's start (read again at the reconnection) and
 /// refills at the floor's rate, 10 an hour, while a store that has run for a refill answers it
@@ -711,14 +692,14 @@ async fn a_region_store_restarted_empty_starts_its_keys_empty() {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap();
-    let mut store = own_server(port);
+    let store = own_redis(port);
     let clock = ManualClock::new(T0);
     let prefix = prefix("restart");
     let settings = RegionalSettings {
         period_us: 3_600_000_000,
         ..RegionalSettings::default()
     };
-    let backend = RedisBackend::from_url(format!("redis://127.0.0.1:{port}"))
+    let backend = RedisBackend::from_url(&store.url)
         .prefix(&prefix)
         .deny_cache(false)
         .caller_time(clock.clone())
@@ -753,9 +734,8 @@ async fn a_region_store_restarted_empty_starts_its_keys_empty() {
     clock.advance(Duration::from_secs(3_602));
     assert_eq!(allowed(&limiter, &key, 20).await, 10);
     // The store restarted empty: the bucket's record is gone.
-    let _ = store.0.kill();
-    let _ = store.0.wait();
-    let _store = own_server(port);
+    drop(store);
+    let _store = own_redis(port);
     let restarted = clock.now_us() - 2 * SECOND;
     for _ in 0..400 {
         if regional.store_start().is_some_and(|s| s >= restarted) {
@@ -779,14 +759,4 @@ async fn a_region_store_restarted_empty_starts_its_keys_empty() {
         1,
         "refilled at the floor's rate"
     );
-}
-
-/// A child process killed when dropped.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
