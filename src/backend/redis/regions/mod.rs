@@ -166,8 +166,9 @@ pub(crate) struct Round {
     /// The keys whose part is not zero after the round (asked again, to give it back, when
     /// their demand falls).
     pub(crate) holding: Vec<BucketKey>,
-    /// The keys granted less than their target while other regions may still be using the
-    /// rest, with their demands (the task asks again later in the period).
+    /// The keys granted less than they may get once other regions confirm what they give up
+    /// (`global::Answered::short`), with their demands: the task asks again later in the
+    /// period.
     pub(crate) short: Vec<(BucketKey, u64)>,
 }
 

@@ -79,7 +79,10 @@ fn tick(next: Option<u64>, now: u64, period: u64) -> (u64, Duration) {
         _ if at(current) > now => current,
         _ => current + 1,
     };
-    (end - 1, Duration::from_micros(at(end).saturating_sub(now)))
+    (
+        end.saturating_sub(1),
+        Duration::from_micros(at(end).saturating_sub(now)),
+    )
 }
 
 impl RedisBackend {
@@ -316,5 +319,7 @@ mod tests {
         assert_eq!(tick(Some(12), 13 * S + S / 2, S), (13, ms(550)));
         // The clock went back 7 s: from now.
         assert_eq!(tick(Some(12), 5 * S, S), (4, ms(50)));
+        // At the clock's start.
+        assert_eq!(tick(None, 0, S), (0, ms(50)));
     }
 }
