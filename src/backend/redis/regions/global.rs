@@ -300,11 +300,12 @@ pub(crate) struct Answered {
     pub(crate) ttl_ms: u64,
     /// The grant, if the request was answered (a late or repeated one is not).
     pub(crate) grant: Option<Grant>,
-    /// Whether the region may get more once other regions confirm what they give up: its
-    /// grant is below its target while others hold the rest, or, its demand having risen by
-    /// more than an eighth since its last request, below that demand while another region
-    /// holds a part (whose demand, as last reported, may be about to fall: demand moving).
-    pub(crate) short: bool,
+    /// Whether the answer may change once the other regions have reported and confirmed in
+    /// this period (the task asks again later in it): the grant is below the region's target
+    /// while another region holds the rest; or, its demand having risen by more than an eighth
+    /// since its last request, below that demand while another region holds a part (whose
+    /// report may predate its own demand's fall).
+    pub(crate) ask_again: bool,
 }
 
 /// The global store's answer at `now` (its clock) to `request` (`region` the requester; its
@@ -395,7 +396,7 @@ pub(crate) fn answer(
         },
         regions,
     });
-    let short = grant.is_some_and(|g| {
+    let ask_again = grant.is_some_and(|g| {
         now >= quiet_until && {
             let demands = key.regions.iter().map(|h| h.demand);
             let target = allocate(movable, demands, key.regions.len(), me);
@@ -410,7 +411,7 @@ pub(crate) fn answer(
         record,
         ttl_ms: hold.max(quiet_left).div_ceil(1_000).max(1),
         grant,
-        short,
+        ask_again,
     }
 }
 
@@ -659,12 +660,12 @@ mod tests {
         assert_eq!(later.grant.unwrap().share, s(160, 160));
     }
 
-    /// A region granted less than it may get once others confirm what they give up is told so
-    /// (`short`: the task asks again in the same period): below its target while another
-    /// region holds the rest, or, its demand risen by more than an eighth, below that demand
-    /// while another region holds a part; never in a steady state.
+    /// An answer that may change once the other regions have reported and confirmed says so
+    /// (`ask_again`: the task asks again in the same period): a grant below the target while
+    /// another region holds the rest; a demand risen by more than an eighth, granted below it
+    /// while another region holds a part. Never in a steady state.
     #[test]
-    fn a_grant_held_back_by_another_regions_part_is_short() {
+    fn an_answer_that_others_may_change_this_period_is_asked_again() {
         let registry = RegistryRecord {
             epoch: 1,
             quiet_until: 0,
@@ -689,12 +690,12 @@ mod tests {
         // eu alone, demand 140: all 80 that move; nothing short.
         let eu = ask(None, "eu", request(1, 0, 140), 1);
         assert_eq!(eu.grant.unwrap().share, s(80, 80));
-        assert!(!eu.short);
+        assert!(!eu.ask_again);
         // us asks, demand 100 (from nothing): its target is 80 x 100 / 240 = 33, but eu holds
         // all 80: granted 0, short.
         let us = ask(eu.record, "us", request(1, 0, 100), 2);
         assert_eq!(us.grant.unwrap().share, Share::ZERO);
-        assert!(us.short);
+        assert!(us.ask_again);
         // eu, having applied its grant, its demand the same: keeps 80 x 140 / 240 = 46 and
         // gives the rest up.
         let eu = ask(us.record, "eu", request(2, 1, 140), 3);
@@ -703,12 +704,12 @@ mod tests {
         // us again: its target, 33, no longer short (its demand as before).
         let us = ask(eu.record, "us", request(2, 1, 100), 5);
         assert_eq!(us.grant.unwrap().share, s(33, 33));
-        assert!(!us.short, "a steady state asks once a period");
+        assert!(!us.ask_again, "a steady state asks once a period");
         // Its demand rises: granted what eu leaves free (80 - 46 = 34), below its target (80 x
         // 120 / 260 = 36): short.
         let rose = ask(us.record.clone(), "us", request(3, 2, 120), 6);
         assert_eq!(rose.grant.unwrap().share, s(34, 34));
-        assert!(rose.short);
+        assert!(rose.ask_again);
         // eu holds 30 while its report says 140 (stale: its demand fell): us's target fits in
         // what is free, but its demand rose by more than an eighth, so it asks again.
         let held = |rate, demand, issued_at| Held {
@@ -731,10 +732,14 @@ mod tests {
             s(36, 36),
             "its target: 80 x 120 / 260"
         );
-        assert!(rose.short);
+        assert!(rose.ask_again);
         // By an eighth or less: not short.
-        let same = ask(Some(record), "us", request(10, 9, 112), 6);
+        let same = ask(Some(record.clone()), "us", request(10, 9, 112), 6);
         assert_eq!(same.grant.unwrap().share, s(35, 35), "80 x 112 / 252");
-        assert!(!same.short);
+        assert!(!same.ask_again);
+        // eu's demand falls: eu is granted its target and asks once a period, as before.
+        let fell = ask(Some(record), "eu", request(10, 9, 100), 6);
+        assert_eq!(fell.grant.unwrap().share, s(40, 40), "80 x 100 / 200");
+        assert!(!fell.ask_again);
     }
 }

@@ -166,10 +166,25 @@ pub(crate) struct Round {
     /// The keys whose part is not zero after the round (asked again, to give it back, when
     /// their demand falls).
     pub(crate) holding: Vec<BucketKey>,
-    /// The keys granted less than they may get once other regions confirm what they give up
-    /// (`global::Answered::short`), with their demands: the task asks again later in the
-    /// period.
-    pub(crate) short: Vec<(BucketKey, u64)>,
+    /// The keys whose answer may change once the other regions have reported and confirmed
+    /// in this period (`global::Answered::ask_again`), with their demands: the task asks again
+    /// later in the period.
+    pub(crate) ask_again: Vec<(BucketKey, u64)>,
+}
+
+impl Round {
+    /// Adds a later pass's counts, and its keys holding a part.
+    fn absorb(&mut self, later: Round) {
+        self.asked += later.asked;
+        self.answered += later.answered;
+        self.applied += later.applied;
+        self.conflicts += later.conflicts;
+        for key in later.holding {
+            if !self.holding.contains(&key) {
+                self.holding.push(key);
+            }
+        }
+    }
 }
 
 /// A request for one key's share, numbered by the region's store (`RegionKey::request`).
@@ -464,21 +479,30 @@ impl RedisBackend {
             // Never without the registry as the store holds it (its floors, its quiet period).
             return Ok(Round::default());
         }
-        let (mut round, smaller) = self.rebalance_keys(regional, limits, demands, true).await?;
+        self.answer_keys(regional, limits, demands, true).await
+    }
+
+    /// `demands` answered (`rebalance_keys`; `report`: the metrics set), and the parts that
+    /// made smaller confirmed at once (a request naming the grant just applied): the global
+    /// store frees them for the other regions this period, not the next.
+    async fn answer_keys(
+        &self,
+        regional: &Regional,
+        limits: &Limits,
+        demands: &[(BucketKey, u64)],
+        report: bool,
+    ) -> Result<Round, BackendError> {
+        let (mut round, smaller) = self
+            .rebalance_keys(regional, limits, demands, report)
+            .await?;
         if !smaller.is_empty() {
-            // A part given up is confirmed at once (a request naming the grant just applied):
-            // the global store frees it for the other regions this period, not the next.
             let (again, _) = self
                 .rebalance_keys(regional, limits, &smaller, false)
                 .await?;
             round
                 .holding
                 .retain(|k| !smaller.iter().any(|(s, _)| s == k));
-            round.holding.extend(again.holding);
-            round.asked += again.asked;
-            round.answered += again.answered;
-            round.applied += again.applied;
-            round.conflicts += again.conflicts;
+            round.absorb(again);
         }
         Ok(round)
     }
@@ -591,14 +615,14 @@ impl RedisBackend {
                             share: g.share,
                             lease_end: n.sent_at.saturating_add(regional.settings.lease_us),
                         }),
-                        answer.short,
+                        answer.ask_again,
                     ));
                 }
                 let (_, written) = regional
                     .global_call(slot, &keys, GlobalCall::Cas(&writes))
                     .await?;
                 let mut again = Vec::new();
-                for ((&i, (grant, short)), ok) in group.iter().zip(answered).zip(written) {
+                for ((&i, (grant, ask_again)), ok) in group.iter().zip(answered).zip(written) {
                     if ok != "1" {
                         if attempt == 2 {
                             round.conflicts += 1;
@@ -608,9 +632,9 @@ impl RedisBackend {
                     } else if grant.is_some() {
                         round.answered += 1;
                         grants[i] = grant;
-                        if short {
+                        if ask_again {
                             let (key, .., demand) = asked[i];
-                            round.short.push((key.clone(), demand));
+                            round.ask_again.push((key.clone(), demand));
                         }
                     }
                 }
