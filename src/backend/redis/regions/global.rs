@@ -515,13 +515,29 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_region_gets_what_no_other_holds_and_an_unknown_region_is_counted() {
-        let registry = RegistryRecord {
+    /// A registry of eu and us, both registered at 0.
+    fn eu_and_us() -> RegistryRecord {
+        RegistryRecord {
             epoch: 1,
             quiet_until: 0,
             regions: vec![("eu".into(), 0), ("us".into(), 0)],
-        };
+        }
+    }
+
+    /// A request sent at 0 (its `region` is the asker's, named to `answer`).
+    fn request(seq: u64, applied: u64, demand: u64) -> Request {
+        Request {
+            region: 0,
+            seq,
+            applied,
+            demand,
+            sent_at: 0,
+        }
+    }
+
+    #[test]
+    fn a_region_gets_what_no_other_holds_and_an_unknown_region_is_counted() {
+        let registry = eu_and_us();
         let request = |seq| Request {
             region: 0,
             seq,
@@ -591,19 +607,8 @@ mod tests {
     /// made under the larger may be in use; once they have lapsed, the limit asked under rules.
     #[test]
     fn regions_that_disagree_on_the_limit_are_granted_under_the_smaller() {
-        let registry = RegistryRecord {
-            epoch: 1,
-            quiet_until: 0,
-            regions: vec![("eu".into(), 0), ("us".into(), 0)],
-        };
+        let registry = eu_and_us();
         let settings = settings();
-        let request = |seq, applied, demand| Request {
-            region: 0,
-            seq,
-            applied,
-            demand,
-            sent_at: 0,
-        };
         let big = Asked {
             total: s(200, 200),
             floor: s(20, 20),
@@ -666,22 +671,11 @@ mod tests {
     /// while another region holds a part. Never in a steady state.
     #[test]
     fn an_answer_that_others_may_change_this_period_is_asked_again() {
-        let registry = RegistryRecord {
-            epoch: 1,
-            quiet_until: 0,
-            regions: vec![("eu".into(), 0), ("us".into(), 0)],
-        };
+        let registry = eu_and_us();
         let settings = settings();
         let asked = Asked {
             total: s(100, 100),
             floor: s(10, 10),
-        };
-        let request = |seq, applied, demand| Request {
-            region: 0,
-            seq,
-            applied,
-            demand,
-            sent_at: 0,
         };
         let ask = |record: Option<KeyRecord>, region: &str, r: Request, now: u64| {
             let stored = record.map_or(Stored::None, Stored::Ours);
