@@ -19,6 +19,7 @@ pub mod memory;
 mod overrides;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub(crate) mod regions;
 
 pub use crate::mode::Mode;
 #[cfg(feature = "redis")]

@@ -43,6 +43,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use smallvec::SmallVec;
 
+use super::regions::MemoryRegion;
 use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
 use crate::algo::calendar::{CalendarQuota, CalendarState};
 use crate::algo::tiers::{TierGrant, TierState};
@@ -84,6 +85,8 @@ struct Inner {
     thread_sweeper: Mutex<Option<std::sync::mpsc::Sender<()>>>,
     /// Overrides set at run time (this process only).
     overrides: Arc<super::MemoryOverrides>,
+    /// Regional mode (`backend/regions/memory.rs`): the regions of one simulation.
+    region: Option<MemoryRegion>,
 }
 
 /// The in-memory backend. Cheap to clone (an `Arc`).
@@ -125,9 +128,16 @@ pub struct MemoryBackendBuilder {
     max_keys: usize,
     max_overrides: usize,
     sweep_interval: Option<Duration>,
+    region: Option<MemoryRegion>,
 }
 
 impl MemoryBackendBuilder {
+    /// Regional mode: this backend is one region of a simulation (`SimulatedRegions`).
+    pub(crate) fn regional(mut self, region: MemoryRegion) -> Self {
+        self.region = Some(region);
+        self
+    }
+
     /// The time source (default: the system clock).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
@@ -182,6 +192,7 @@ impl MemoryBackendBuilder {
                 full_refusals: AtomicU64::new(0),
                 sweep_now: Arc::new(tokio::sync::Notify::new()),
                 thread_sweeper: Mutex::new(None),
+                region: self.region,
             }),
         };
         if let Some(interval) = self.sweep_interval.filter(|i| !i.is_zero()) {
@@ -208,6 +219,7 @@ impl MemoryBackend {
             max_keys: DEFAULT_MAX_KEYS,
             max_overrides: super::DEFAULT_MAX_OVERRIDES,
             sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
+            region: None,
         }
     }
 
@@ -370,6 +382,37 @@ impl MemoryBackend {
         }
     }
 
+    /// Its region, in regional mode.
+    pub(crate) fn region(&self) -> Option<&MemoryRegion> {
+        self.inner.region.as_ref()
+    }
+
+    /// Now, on its clock.
+    pub(crate) fn now_us(&self) -> u64 {
+        self.now()
+    }
+
+    /// Writes `key`'s word: `tat` under `limit` (`None`: full), whatever it held.
+    pub(crate) fn put_tat(
+        &self,
+        key: &BucketKey,
+        tat: Option<u64>,
+        limit: &crate::Limit,
+        now: u64,
+    ) -> Result<(), BackendError> {
+        let new = match tat {
+            Some(tat) => kit::gcra_word(tat, limit)?,
+            None => 0,
+        };
+        loop {
+            let cur = (self.inner.map.get(Buckets::place(key)))
+                .map_or(0, |word| word.load(Ordering::Acquire));
+            if cur == new || self.compare_and_set(key, cur, new, now)? {
+                return Ok(());
+            }
+        }
+    }
+
     #[inline]
     fn now(&self) -> u64 {
         match &self.inner.clock {
@@ -423,6 +466,12 @@ impl MemoryBackend {
 impl Backend for MemoryBackend {
     fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
         let now = self.now();
+        // Regional mode (a simulation): a batch naming a share bucket.
+        if let Some(region) = &self.inner.region
+            && batch.iter().any(|tx| tx.floor.is_some())
+        {
+            return Spend::Ready(self.spend_shares(region, batch, now));
+        }
         // One transaction (a request with one rule): its outcome written straight into the
         // answer, no batch machinery.
         if let [one] = batch {
@@ -464,6 +513,28 @@ impl Backend for MemoryBackend {
 
     fn override_store(&self) -> Option<super::OverrideStoreRef> {
         Some(super::OverrideStoreRef(self.inner.overrides.clone()))
+    }
+
+    fn regional(&self) -> bool {
+        self.inner.region.is_some()
+    }
+
+    fn follow_limits(&self, limits: super::FollowedLimits) {
+        if let Some(region) = &self.inner.region {
+            region.follow(limits);
+        }
+    }
+
+    async fn region_share(
+        &self,
+        key: &BucketKey,
+        quota: &Quota,
+        floor: crate::RegionFloor,
+    ) -> Result<Option<crate::RegionShare>, BackendError> {
+        Ok(match (&self.inner.region, quota.as_gcra()) {
+            (Some(region), Some(limit)) => Some(self.memory_share_of(region, key, limit, floor)),
+            _ => None,
+        })
     }
 
     fn clock(&self) -> Option<Arc<dyn Clock>> {

@@ -242,7 +242,7 @@ impl MemoryBackend {
     /// is lost), tiered keys under their slot's lock, taken in address order (so two batches
     /// never wait for each other) and held until the batch is written. A key named twice is
     /// locked once (for its first transaction) and decided in order by the kit.
-    pub(super) fn spend_mixed(
+    pub(crate) fn spend_mixed(
         &self,
         batch: &[BucketTx<'_>],
         now: u64,

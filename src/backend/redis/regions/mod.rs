@@ -4,7 +4,6 @@
 //! rebalance (number a request for each busy key's share in the region's store, answer them in
 //! the global store with the protocol's functions, apply the grants in the region's store).
 
-mod global;
 mod overrides;
 mod store_start;
 mod task;
@@ -19,39 +18,16 @@ use fred::prelude::{Key, Value};
 use super::RedisBackend;
 use super::keys::KeyBuf;
 use super::script::{self, Call, Op, ShareAnswer, ShareGrant};
-use crate::algo::regions::{Request, Settings, Share};
+use crate::algo::regions::{Request, Share};
+pub(crate) use crate::backend::regions::RegionalSettings;
+use crate::backend::regions::global::{self, KeyRecord, RegistryRecord, Stored};
 use crate::backend::{BackendError, BucketTx};
 use crate::config::Limits;
 use crate::key::BucketKey;
 use crate::mode::Mode;
-use global::{KeyRecord, RegistryRecord, Stored};
 
 /// The global store's script (`global.lua`).
 const GLOBAL_SCRIPT: &str = include_str!("global.lua");
-
-/// How a regional instance moves shares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RegionalSettings {
-    /// How often the region rebalances (one call per global slot each time).
-    pub(crate) period_us: u64,
-    /// How long a grant may be used, from when its request left the region.
-    pub(crate) lease_us: u64,
-    /// How much longer the global store counts a grant (clock drift and steps).
-    pub(crate) margin_us: u64,
-    /// The most keys one rebalance asks for, the busiest first.
-    pub(crate) max_keys: usize,
-}
-
-impl Default for RegionalSettings {
-    fn default() -> Self {
-        Self {
-            period_us: 1_000_000,
-            lease_us: 3_000_000,
-            margin_us: 1_000_000,
-            max_keys: 10_000,
-        }
-    }
-}
 
 /// Why regional mode cannot be set up as asked (`None`: it can).
 pub(crate) fn check(
@@ -572,15 +548,8 @@ impl RedisBackend {
                 let mut answered = Vec::with_capacity(group.len());
                 for (&i, text) in group.iter().zip(read) {
                     let (_, _, limit, floor, demand) = asked[i];
-                    let total = Share {
-                        rate: limit.count(),
-                        burst: limit.burst(),
-                    };
-                    let settings = Settings {
-                        total,
-                        lease_us: regional.settings.lease_us,
-                        margin_us: regional.settings.margin_us,
-                    };
+                    let settings = regional.settings.protocol(&limit);
+                    let total = settings.total;
                     let n = numbered[i];
                     let answer = global::answer(
                         Stored::read(&text, KeyRecord::parse),

@@ -21,6 +21,7 @@ use fred::prelude::{Client, HashesInterface, KeysInterface, Value};
 
 use super::{Regional, Round};
 use crate::backend::redis::RedisBackend;
+use crate::backend::regions::{ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, demand_above_floor};
 use crate::config::Limits;
 use crate::key::BucketKey;
 
@@ -213,7 +214,7 @@ impl RedisBackend {
         // the later compare-and-set retried after the other's (measured in `BENCHMARKS.md`:
         // rebalancing at random points cost up to two periods more). Above each key's floor,
         // in requests per its limit's period.
-        let at = (ended + 1).saturating_mul(period) + period / 100 * 15;
+        let at = (ended + 1).saturating_mul(period) + period / 100 * REBALANCE_AT_PERCENT;
         tokio::time::sleep(Duration::from_micros(
             at.saturating_sub(self.inner.local.now_us()),
         ))
@@ -233,9 +234,7 @@ impl RedisBackend {
             let Some(limit) = quota.as_gcra() else {
                 continue;
             };
-            let per_period = u128::from(units) * u128::from(limit.period_us()) / u128::from(period);
-            let per_period = u64::try_from(per_period).unwrap_or(u64::MAX);
-            demands.push((key, per_period.saturating_sub(floor.of(limit.count()))));
+            demands.push((key, demand_above_floor(units, limit, floor, period)));
         }
         demands.retain(|(_, d)| *d > 0);
         for key in holding {
@@ -250,7 +249,7 @@ impl RedisBackend {
         // transfer completes in the period it starts (`BENCHMARKS.md`: 2.5 to 2.9 periods to
         // converge, from 3.1 to 3.2).
         let mut again = std::mem::take(&mut round.ask_again);
-        for quarter in [2, 3] {
+        for quarter in ASK_AGAIN_QUARTERS {
             if again.is_empty() {
                 break;
             }

@@ -5,9 +5,10 @@
 //! random records, and the rebalancer's calls on the region's store.
 
 use super::*;
-use crate::algo::gcra::{self, Limit};
-use crate::algo::regions::{RegionKey, Share};
+use crate::algo::gcra::Limit;
+use crate::algo::regions::Share;
 use crate::backend::redis::regions::RegionalSettings;
+use crate::backend::regions::cases::{Expected, Rng, ShareCase};
 use crate::time::ManualClock;
 use crate::{Id, Limiter, Limits, RegionFloor, Transaction};
 
@@ -214,21 +215,10 @@ async fn no_share_is_closed_and_a_foreign_record_is_drained() {
     assert_eq!(allowed(&limiter, &key, 5).await, 3);
 }
 
-/// A small deterministic generator (xorshift), so a failure names its case.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// The script reads a stored record as the Rust rule does: for random floors, parts, leases,
 /// limits written under and TATs, one spend's outcome and the TAT it leaves are those of
-/// `RegionKey::bucket`, then `gcra::keep_tokens` when the limit changed, then `gcra::check`.
+/// `RegionKey::bucket`, then `gcra::keep_tokens` when the limit changed, then `gcra::check`
+/// (`regions/cases.rs`, the memory backend's share buckets held to the same cases).
 #[tokio::test]
 async fn the_script_reads_a_share_bucket_as_the_rust_rule() {
     let server = redis();
@@ -241,35 +231,7 @@ async fn the_script_reads_a_share_bucket_as_the_rust_rule() {
     // changed limit allowed, a changed limit denied.
     let mut seen = [0u32; 5];
     for case in 0..1_000u64 {
-        let limit = Limit::from_micros(1 + rng.below(60), 1 + rng.below(60), period).unwrap();
-        let floor = RegionFloor::from_basis_points(rng.below(5_001) as u16).unwrap();
-        let floor_share = Share {
-            rate: floor.of(limit.count()),
-            burst: floor.of(limit.burst()),
-        };
-        let region = RegionKey {
-            share: Share {
-                rate: rng.below(40),
-                burst: rng.below(40),
-            },
-            applied: 1,
-            lease_end: T0 - SECOND + rng.below(2 * SECOND),
-            last_seq: 1,
-        };
-        // Written under the limit in force (a third of the cases), or another.
-        let written = match region.bucket(floor_share, period, T0) {
-            Some(same) if rng.below(3) == 0 => same,
-            _ => Limit::share(1 + rng.below(60), 1 + rng.below(60), period).unwrap(),
-        };
-        let tat = match rng.below(3) {
-            0 => 0,
-            1 => T0 - rng.below(SECOND),
-            _ => T0 + rng.below(written.burst_offset_us() + 1),
-        };
-        // Within the limit's burst (the transaction is checked against it), not always within
-        // the share's.
-        let cost = 1 + rng.below(limit.burst().min(5));
-        let written_at = T0 - rng.below(2 * SECOND);
+        let c = ShareCase::random(&mut rng, period, T0);
         let id = Id::from(case);
         let key = BucketKey::new(limits().name("Api").unwrap(), id);
         let record = format!("{}:r", regional.redis_key(&key));
@@ -277,22 +239,22 @@ async fn the_script_reads_a_share_bucket_as_the_rust_rule() {
             &regional,
             &record,
             [
-                tat,
-                written.emission_interval_us(),
-                written.burst(),
-                written_at,
-                region.share.rate,
-                region.share.burst,
+                c.tat,
+                c.written.emission_interval_us(),
+                c.written.burst(),
+                c.written_at,
+                c.region.share.rate,
+                c.region.share.burst,
                 1,
-                region.lease_end,
+                c.region.lease_end,
                 1,
             ],
         )
         .await;
-        let quota = Quota::Gcra(limit);
-        let tx = BucketTx::new(&key, &quota, cost..=cost, crate::Mode::CheckAndSpend)
+        let quota = Quota::Gcra(c.limit);
+        let tx = BucketTx::new(&key, &quota, c.cost..=c.cost, crate::Mode::CheckAndSpend)
             .unwrap()
-            .across_regions(Some(floor));
+            .across_regions(Some(c.floor));
         let got = regional.spend(&[tx]).outcomes().await.unwrap()[0];
         let after = read_record(&regional, &record).await;
         // A TAT in the past is a full bucket, whether stored or not.
@@ -301,45 +263,29 @@ async fn the_script_reads_a_share_bucket_as_the_rust_rule() {
             .and_then(|r| r.split(' ').nth(1))
             .map_or(0, |t| t.parse::<u64>().unwrap())
             .max(T0);
-        let Some(new) = region.bucket(floor_share, period, T0) else {
-            assert!(!got.allowed, "case {case}: closed");
-            seen[0] += 1;
-            continue;
-        };
-        let same = new.emission_interval_us() == written.emission_interval_us()
-            && new.burst() == written.burst();
-        let read = if same {
-            (tat > T0).then_some(tat)
-        } else {
-            let at = region.changed_at(written_at, T0);
-            gcra::keep_tokens(&written, &new, (tat != 0).then_some(tat), at)
-                .unwrap()
-                .filter(|&t| t > T0)
-        };
-        let context = format!(
-            "case {case}: limit {limit:?} floor {floor} region {region:?} written {written:?} \
-             at {written_at} tat {tat} cost {cost}"
-        );
-        if cost > new.burst() {
-            assert!(!got.allowed, "{context}: never fits the share");
-            seen[1] += 1;
-            continue;
+        let context = format!("case {case}: {c:?}");
+        match c.expected(period, T0) {
+            Expected::Closed => {
+                assert!(!got.allowed, "{context}: closed");
+                seen[0] += 1;
+            }
+            Expected::NeverFits => {
+                assert!(!got.allowed, "{context}: never fits the share");
+                seen[1] += 1;
+            }
+            Expected::Decided { same, outcome, tat } => {
+                seen[match (same, outcome.allowed) {
+                    (true, _) => 2,
+                    (false, true) => 3,
+                    (false, false) => 4,
+                }] += 1;
+                assert_eq!(got.allowed, outcome.allowed, "{context}");
+                assert_eq!(got.remaining, outcome.remaining, "{context}");
+                assert_eq!(got.retry_after_us, outcome.retry_after_us, "{context}");
+                assert_eq!(got.reset_after_us, outcome.reset_after_us, "{context}");
+                assert_eq!(stored_tat, tat.max(T0), "{context}");
+            }
         }
-        let want = gcra::check(&new, read, T0, cost).unwrap();
-        seen[match (same, want.allowed) {
-            (true, _) => 2,
-            (false, true) => 3,
-            (false, false) => 4,
-        }] += 1;
-        assert_eq!(got.allowed, want.allowed, "{context}");
-        assert_eq!(got.remaining, want.remaining, "{context}");
-        assert_eq!(got.retry_after_us, want.retry_after_us, "{context}");
-        assert_eq!(got.reset_after_us, want.reset_after_us, "{context}");
-        let want_tat = match (want.allowed, want.new_tat) {
-            (true, Some(t)) => t,
-            _ => read.unwrap_or(0),
-        };
-        assert_eq!(stored_tat, want_tat.max(T0), "{context}");
     }
     assert!(seen.iter().all(|&n| n >= 10), "cases by kind: {seen:?}");
 }

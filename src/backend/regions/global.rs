@@ -45,6 +45,8 @@ pub(crate) struct RegistryRecord {
 }
 
 impl RegistryRecord {
+    // The text form is the Redis global store's (memory keeps the records as they are).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The record `text` holds; `None` when it is not one of ours.
     pub(crate) fn parse(text: &str) -> Option<Self> {
         let mut lines = text.lines();
@@ -77,6 +79,8 @@ impl RegistryRecord {
         })
     }
 
+    // The text form is the Redis global store's (memory keeps the records as they are).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The record as stored.
     pub(crate) fn text(&self) -> String {
         let mut out = format!("1 {} {}", self.epoch, self.quiet_until);
@@ -193,6 +197,8 @@ pub(crate) struct KeyRecord {
 }
 
 impl KeyRecord {
+    // The text form is the Redis global store's (memory keeps the records as they are).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The record `text` holds; `None` when it is not one of ours.
     pub(crate) fn parse(text: &str) -> Option<Self> {
         let mut lines = text.lines();
@@ -249,6 +255,8 @@ impl KeyRecord {
         })
     }
 
+    // The text form is the Redis global store's (memory keeps the records as they are).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The record as stored.
     pub(crate) fn text(&self) -> String {
         let mut out = format!("1 {}", self.quiet_until);
@@ -277,10 +285,13 @@ impl KeyRecord {
 pub(crate) enum Stored<T> {
     None,
     Ours(T),
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Foreign,
 }
 
 impl<T> Stored<T> {
+    // The text form is the Redis global store's (memory keeps the records as they are).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// `text` as read (`''`: none), parsed by `parse`.
     pub(crate) fn read(text: &str, parse: impl Fn(&str) -> Option<T>) -> Self {
         if text.is_empty() {

@@ -1,0 +1,181 @@
+//! Regional mode in memory: its share buckets held to the Rust rule on the cases the Redis
+//! script is held to (`regions/cases.rs`), and simulated regions moving a share to the demand
+//! without ever admitting over the envelope.
+
+use super::*;
+use crate::algo::gcra::GcraOutcome;
+use crate::backend::regions::cases::{Expected, Rng, ShareCase};
+use crate::{Id, Limiter, Transaction};
+
+const SECOND: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000 * SECOND;
+
+/// A region's backend, confirmed, on `clock`.
+fn region(clock: &ManualClock) -> MemoryBackend {
+    let global = MemoryGlobal::new(clock.clone());
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .no_background_sweep()
+        .regional(MemoryRegion::new(
+            "eu".into(),
+            global,
+            RegionalSettings::default(),
+        ))
+        .build();
+    backend
+        .region()
+        .unwrap()
+        .confirmed
+        .store(true, Ordering::Release);
+    backend
+}
+
+#[tokio::test]
+async fn memory_share_buckets_read_a_record_as_the_rust_rule() {
+    let clock = ManualClock::new(T0);
+    let backend = region(&clock);
+    let period = SECOND;
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let name = limits().name("Api").unwrap();
+    let mut seen = [0u32; 5];
+    for case in 0..1_000u64 {
+        let c = ShareCase::random(&mut rng, period, T0);
+        let key = BucketKey::new(name, Id::from(case));
+        backend.region().unwrap().lock().records.insert(
+            key.clone(),
+            ShareRecord {
+                key: c.region,
+                written: Some((Some(c.written), c.written_at)),
+            },
+        );
+        backend
+            .put_tat(&key, (c.tat != 0).then_some(c.tat), &c.written, T0)
+            .unwrap();
+        let quota = Quota::Gcra(c.limit);
+        let tx = BucketTx::new(&key, &quota, c.cost..=c.cost, crate::Mode::CheckAndSpend)
+            .unwrap()
+            .across_regions(Some(c.floor));
+        let got = crate::backend::Backend::spend(&backend, &[tx])
+            .outcomes()
+            .await
+            .unwrap()[0];
+        let stored_tat = backend.tat(&key).unwrap_or(0).max(T0);
+        let context = format!("case {case}: {c:?}");
+        match c.expected(period, T0) {
+            Expected::Closed => {
+                assert!(!got.allowed, "{context}: closed");
+                seen[0] += 1;
+            }
+            Expected::NeverFits => {
+                assert!(!got.allowed, "{context}: never fits the share");
+                seen[1] += 1;
+            }
+            Expected::Decided { same, outcome, tat } => {
+                seen[match (same, outcome.allowed) {
+                    (true, _) => 2,
+                    (false, true) => 3,
+                    (false, false) => 4,
+                }] += 1;
+                let GcraOutcome {
+                    allowed,
+                    remaining,
+                    retry_after_us,
+                    reset_after_us,
+                    ..
+                } = outcome;
+                assert_eq!(
+                    (
+                        got.allowed,
+                        got.remaining,
+                        got.retry_after_us,
+                        got.reset_after_us
+                    ),
+                    (allowed, remaining, retry_after_us, reset_after_us),
+                    "{context}"
+                );
+                assert_eq!(stored_tat, tat.max(T0), "{context}");
+            }
+        }
+    }
+    assert!(seen.iter().all(|&n| n >= 10), "cases by kind: {seen:?}");
+}
+
+/// 100 a second, burst 100, marked with a floor of 10%.
+fn limits() -> Limits {
+    let limit = Limit::from_micros(100, 100, SECOND).unwrap();
+    Limits::builder()
+        .limit("Api", limit)
+        .across_regions("Api", RegionFloor::default())
+        .build()
+        .unwrap()
+}
+
+/// Two regions of one limit (100 a second): eu asks 150 a second and us 5 for 6 s, then the
+/// other way round, then both ask 150 a second. The shares move to the demand (all but the other's floor: 90 a second,
+/// from three periods after each shift), and the union of what both admit conforms to the
+/// limit itself: a GCRA of 100 a second, burst 100, on the same clock, admits every request
+/// either region admitted.
+#[tokio::test]
+async fn simulated_regions_move_the_share_to_the_demand_within_the_envelope() {
+    let clock = ManualClock::new(T0);
+    let mut regions = SimulatedRegions::new(&clock, &["eu", "us"]).unwrap();
+    let limiters: Vec<Limiter> = (regions.regions().iter())
+        .map(|(_, backend)| Limiter::new(limits(), backend.clone()))
+        .collect();
+    regions.start().unwrap();
+    let key = limiters[0].key("Api", Id::from(7u64)).unwrap();
+    let whole = Limit::from_micros(100, 100, SECOND).unwrap();
+    let mut reference: Option<u64> = None;
+    let mut admitted = [[0u32; 18]; 2];
+    let mut moved = Vec::new();
+    // Every 1/300 s, from T0 for 12 s: the busy region asks at 150 a second, the other at 5.
+    for step in 0..5_400u64 {
+        let at = T0 + step * SECOND / 300;
+        moved.extend(regions.advance(at).unwrap());
+        let busy = usize::from(step >= 1_800);
+        for (r, limiter) in limiters.iter().enumerate() {
+            let asking = if r == busy || step >= 3_600 {
+                step % 2 == 0
+            } else {
+                step % 60 == 0
+            };
+            if !asking {
+                continue;
+            }
+            let decision = limiter
+                .spend(&[Transaction::new(key.clone())])
+                .await
+                .unwrap();
+            if decision.allowed() {
+                admitted[r][(step / 300) as usize] += 1;
+                let check = gcra::check(&whole, reference, at, 1).unwrap();
+                assert!(
+                    check.allowed,
+                    "over the envelope at step {step} (region {r})"
+                );
+                reference = check.new_tat;
+            }
+        }
+    }
+    assert!(moved.iter().any(|(r, _)| *r == 0) && moved.iter().any(|(r, _)| *r == 1));
+    // Before any grant: eu on its floor (10 a second, 10 at once).
+    assert!(admitted[0][0] <= 20, "{admitted:?}");
+    // Both busy from 12 s: the union at the limit.
+    let union: u32 = (15..18).map(|s| admitted[0][s] + admitted[1][s]).sum();
+    assert!(union >= 280, "{admitted:?}");
+    // From three periods after each shift: the busy region at the limit less the other's
+    // floor, within 7%; the other admits all it asks.
+    for (busy, seconds) in [(0, 3..6), (1, 9..12)] {
+        for second in seconds {
+            assert!(
+                (84..=100).contains(&admitted[busy][second]),
+                "second {second}: {admitted:?}"
+            );
+            assert_eq!(
+                admitted[1 - busy][second],
+                5,
+                "second {second}: {admitted:?}"
+            );
+        }
+    }
+}
