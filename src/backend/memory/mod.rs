@@ -382,6 +382,21 @@ impl MemoryBackend {
         }
     }
 
+    /// A batch not decided on the one-transaction road: one that names a share bucket
+    /// (regional mode, a simulation: `spend_shares`), or any other on the general road.
+    pub(super) fn spend_batch(
+        &self,
+        batch: &[BucketTx<'_>],
+        now: u64,
+    ) -> Result<Outcomes, BackendError> {
+        if let Some(region) = &self.inner.region
+            && batch.iter().any(|tx| tx.floor.is_some())
+        {
+            return self.spend_shares(region, batch, now);
+        }
+        self.spend_mixed(batch, now)
+    }
+
     /// Its region, in regional mode.
     pub(crate) fn region(&self) -> Option<&MemoryRegion> {
         self.inner.region.as_ref()
@@ -466,18 +481,12 @@ impl MemoryBackend {
 impl Backend for MemoryBackend {
     fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
         let now = self.now();
-        // Regional mode (a simulation): a batch naming a share bucket.
-        if let Some(region) = &self.inner.region
-            && batch.iter().any(|tx| tx.floor.is_some())
-        {
-            return Spend::Ready(self.spend_shares(region, batch, now));
-        }
         // One transaction (a request with one rule): its outcome written straight into the
         // answer, no batch machinery.
         if let [one] = batch {
             return self.spend_one_at(one, now);
         }
-        Spend::Ready(self.spend_mixed(batch, now))
+        Spend::Ready(self.spend_batch(batch, now))
     }
 
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {

@@ -115,9 +115,10 @@ impl MemoryBackend {
     /// `ours_spend_one`), the one copy of it.
     pub(super) fn spend_one_at(&self, tx: &BucketTx<'_>, now: u64) -> Spend {
         let limit = match tx.quota {
-            Quota::Gcra(limit) => limit,
+            // A share bucket (a limit across regions) takes the batch road.
+            Quota::Gcra(limit) if tx.floor.is_none() => limit,
             Quota::Calendar(quota) => return self.spend_one_calendar(tx, quota, now),
-            _ => return Spend::Ready(self.spend_mixed(std::slice::from_ref(tx), now)),
+            _ => return Spend::Ready(self.spend_batch(std::slice::from_ref(tx), now)),
         };
         let answer = |d: &kit::GcraDecision| Spend::Ready(Ok(Outcomes::one(d.outcome())));
         let place = Buckets::place(tx.key);
