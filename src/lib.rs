@@ -316,7 +316,7 @@ struct ReadmeDoctests;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::algo::{calendar, concurrency, gcra, tiers};
-    pub use crate::backend::regions::{Moved, SimulatedRegions};
+    pub use crate::backend::regions::{Moved, ShareNow, SimulatedRegions};
     pub use crate::layer::{in_scope, parse_units, units_in};
     pub use crate::time::parse_duration_us;
 }

@@ -43,6 +43,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use tower_ratelimits::__private::SimulatedRegions;
 use tower_ratelimits::{IdKind, Limiter, Limits, ManualClock, MemoryBackend};
 
 mod generate;
@@ -53,14 +54,17 @@ mod timeline;
 mod trace;
 use trace as simulate;
 
-const USAGE: &str = "usage: tower-ratelimits-simulate [--redis URL] --defaults FILE [--overrides FILE] \
-[--html FILE] [--svg FILE] [--width PX] [--quiet] [--generate PHRASE [--key Name=id ...] | TRACE]";
+const USAGE: &str = "usage: tower-ratelimits-simulate [--redis URL | --regions eu:60%,us:40%] \
+--defaults FILE [--overrides FILE] [--html FILE] [--svg FILE] [--width PX] [--quiet] \
+[--generate PHRASE [--key Name=id ...] | TRACE]";
 
 /// The largest trace drawn (a drawing reads the whole trace before running it).
 const MAX_DRAWN_TRACE_BYTES: u64 = 256 << 20;
 
 struct Args {
     redis: Option<String>,
+    /// `--regions`: each region's name and the percentage of the lines naming none it takes.
+    regions: Vec<(String, u64)>,
     defaults: PathBuf,
     overrides: Option<PathBuf>,
     trace: Option<PathBuf>,
@@ -77,6 +81,7 @@ fn parse_args() -> Result<Args, String> {
     let mut overrides = None;
     let mut trace = None;
     let mut redis = None;
+    let mut regions = Vec::new();
     let mut html = None;
     let mut svg = None;
     let mut generate = None;
@@ -92,6 +97,7 @@ fn parse_args() -> Result<Args, String> {
             Some("--html") => html = Some(PathBuf::from(args.next().ok_or("--html needs a file")?)),
             Some("--svg") => svg = Some(PathBuf::from(args.next().ok_or("--svg needs a file")?)),
             Some("--redis") => redis = Some(text("--redis", args.next())?),
+            Some("--regions") => regions = parse_regions(&text("--regions", args.next())?)?,
             Some("--generate") => generate = Some(text("--generate", args.next())?),
             Some("--key") => keys.push(text("--key", args.next())?),
             Some("--width") => {
@@ -121,6 +127,11 @@ fn parse_args() -> Result<Args, String> {
     if !keys.is_empty() && generate.is_none() {
         return Err("--key only goes with --generate (a trace names its own keys)".into());
     }
+    if redis.is_some() && !regions.is_empty() {
+        return Err(
+            "--regions simulates its regions and their global store in memory: drop --redis".into(),
+        );
+    }
     if redis.is_some() && (html.is_some() || svg.is_some()) {
         return Err(
             "--html and --svg draw from the in-memory backend's state: drop --redis (both \
@@ -130,6 +141,7 @@ fn parse_args() -> Result<Args, String> {
     }
     Ok(Args {
         redis,
+        regions,
         defaults: defaults.ok_or("--defaults is required")?.into(),
         overrides: overrides.map(PathBuf::from),
         trace: trace.map(PathBuf::from).filter(|p| p.as_os_str() != "-"),
@@ -140,6 +152,60 @@ fn parse_args() -> Result<Args, String> {
         width,
         quiet,
     })
+}
+
+/// The most regions `--regions` names.
+const MAX_REGIONS: usize = 16;
+
+/// `--regions eu:60%,us:40%`: each region's name and the percentage of the trace's lines that
+/// name no region (`@eu`) it takes; without percentages (`eu,us`) they are split evenly.
+/// Either every region has a percentage and they sum to 100%, or none has.
+fn parse_regions(spec: &str) -> Result<Vec<(String, u64)>, String> {
+    let bad = |why: String| format!("--regions {spec:?}: {why}");
+    let items: Vec<&str> = spec.split(',').map(str::trim).collect();
+    if items.len() > MAX_REGIONS {
+        return Err(bad(format!("at most {MAX_REGIONS} regions")));
+    }
+    let mut out: Vec<(String, Option<u64>)> = Vec::with_capacity(items.len());
+    for item in items {
+        let (name, percent) = match item.split_once(':') {
+            Some((name, p)) => {
+                let digits = p
+                    .strip_suffix('%')
+                    .filter(|d| {
+                        !d.is_empty() && d.len() <= 3 && d.bytes().all(|b| b.is_ascii_digit())
+                    })
+                    .ok_or_else(|| bad(format!("{p:?} is not a percentage (write 60%)")))?;
+                (
+                    name,
+                    Some(digits.parse::<u64>().map_err(|e| bad(e.to_string()))?),
+                )
+            }
+            None => (item, None),
+        };
+        if name.is_empty() {
+            return Err(bad("a region without a name".into()));
+        }
+        out.push((name.to_owned(), percent));
+    }
+    let given = out.iter().filter(|(_, p)| p.is_some()).count();
+    if given == 0 {
+        let n = out.len() as u64;
+        // Even parts; the first regions take what does not divide.
+        return Ok(out
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, _))| (name, 100 / n + u64::from((i as u64) < 100 % n)))
+            .collect());
+    }
+    if given != out.len() {
+        return Err(bad("give every region a percentage, or none".into()));
+    }
+    let total: u64 = out.iter().filter_map(|(_, p)| *p).sum();
+    if total != 100 {
+        return Err(bad(format!("the percentages sum to {total}%, not 100%")));
+    }
+    Ok(out.into_iter().map(|(n, p)| (n, p.unwrap_or(0))).collect())
 }
 
 /// An option's value as text: present, and UTF-8.
@@ -294,12 +360,32 @@ async fn simulate_main(args: Args) -> Result<(), String> {
         .transpose()?;
     let clock = ManualClock::new(simulate::EPOCH_US);
     let memory = MemoryBackend::builder().clock(clock.clone()).build();
-    let limiter = match &args.redis {
-        None => Limiter::new(limits, memory.clone()),
-        Some(url) => Limiter::with_shared_backend(limits, redis_backend(url, &clock).await?),
+    // `--regions`: a limiter per region over simulated regions, registered (and confirmed)
+    // before the trace starts.
+    let names: Vec<&str> = args.regions.iter().map(|(n, _)| n.as_str()).collect();
+    let mut regions = match names.is_empty() {
+        true => None,
+        false => {
+            Some(SimulatedRegions::new(&clock, &names).map_err(|e| format!("--regions: {e}"))?)
+        }
     };
+    let limiters: Vec<Limiter> = match (&regions, &args.redis) {
+        (Some(r), _) => (r.regions().iter())
+            .map(|(_, backend)| Limiter::new(limits.clone(), backend.clone()))
+            .collect(),
+        (None, None) => vec![Limiter::new(limits, memory.clone())],
+        (None, Some(url)) => vec![Limiter::with_shared_backend(
+            limits,
+            redis_backend(url, &clock).await?,
+        )],
+    };
+    if let Some(r) = &mut regions {
+        r.start()
+            .map_err(|e| format!("--regions: registering the regions: {e}"))?;
+    }
+    let limiter = &limiters[0];
     let generated = match &args.generate {
-        Some(phrase) => Some(generated_trace(&limiter, phrase, &args.keys)?),
+        Some(phrase) => Some(generated_trace(limiter, phrase, &args.keys)?),
         None => None,
     };
     let input: Box<dyn BufRead> = match (&generated, &args.trace) {
@@ -315,10 +401,24 @@ async fn simulate_main(args: Args) -> Result<(), String> {
     } else {
         Box::new(std::io::stdout().lock())
     };
+    let backends: Vec<(String, MemoryBackend)> = regions
+        .as_ref()
+        .map_or(Vec::new(), |r| r.regions().to_vec());
+    let percents: Vec<u64> = args.regions.iter().map(|(_, p)| *p).collect();
+    let mut in_regions = regions.as_mut().map(|r| {
+        simulate::TraceRegions::new(
+            names.iter().map(|n| (*n).to_owned()).collect(),
+            percents,
+            &limiters,
+            r,
+        )
+    });
     if html.is_none() && svg.is_none() {
-        return simulate::run(&limiter, &clock, input, stdout)
-            .await
-            .map_err(|e| e.to_string());
+        let run = match &mut in_regions {
+            Some(r) => simulate::run_in_regions(r, &clock, input, stdout, &mut ()).await,
+            None => simulate::run(limiter, &clock, input, stdout).await,
+        };
+        return run.map_err(|e| e.to_string());
     }
     // A drawing reads the trace first: its axis needs every time.
     let mut text = Vec::new();
@@ -332,7 +432,7 @@ async fn simulate_main(args: Args) -> Result<(), String> {
             MAX_DRAWN_TRACE_BYTES >> 20
         ));
     }
-    let events = timeline::events(&limiter, &String::from_utf8_lossy(&text));
+    let events = timeline::events(limiter, &String::from_utf8_lossy(&text));
     let title = format!(
         "{} · {}",
         args.defaults.display(),
@@ -350,11 +450,14 @@ async fn simulate_main(args: Args) -> Result<(), String> {
         .find(|l| !l.is_empty())
         .and_then(|l| l.split_whitespace().next())
         .is_some_and(|time| time.ends_with('Z') && time.contains('T'));
-    let mut drawing =
-        timeline::Timeline::new(axis, &limiter, memory, clock.clone(), title).dated(dated);
-    simulate::run_observed(&limiter, &clock, &text[..], stdout, &mut drawing)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut drawing = timeline::Timeline::new(axis, limiter, memory, clock.clone(), title)
+        .dated(dated)
+        .regions(backends);
+    match &mut in_regions {
+        Some(r) => simulate::run_in_regions(r, &clock, &text[..], stdout, &mut drawing).await,
+        None => simulate::run_observed(limiter, &clock, &text[..], stdout, &mut drawing).await,
+    }
+    .map_err(|e| e.to_string())?;
     if let Some(out) = svg {
         out.write(&drawing.svg())?;
     }

@@ -50,6 +50,7 @@ use std::io::{BufRead, Write};
 
 use serde::Serialize;
 
+use tower_ratelimits::__private::SimulatedRegions;
 use tower_ratelimits::{
     BatchDecision, BucketKey, Limiter, LimiterError, ManualClock, Mode, Transaction,
 };
@@ -169,6 +170,8 @@ struct LineOut<'a> {
     line: usize,
     at_us: u64,
     op: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    region: Option<&'a str>,
     allowed: bool,
     remaining: u64,
     retry_after_us: u64,
@@ -184,6 +187,8 @@ struct ResetOut<'a> {
     keys: Vec<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     released: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    region: Option<&'a str>,
 }
 
 fn micros(d: std::time::Duration) -> u64 {
@@ -194,6 +199,8 @@ struct ParsedLine<'a> {
     at_us: u64,
     op: &'a str,
     txs: Vec<(&'a str, Transaction)>,
+    /// The region named after the line's tokens (`@eu`), if any.
+    region: Option<&'a str>,
 }
 
 fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, String> {
@@ -212,6 +219,17 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
         ));
     }
     let mut specs: Vec<&str> = words.collect();
+    // `@<region>` after the line's tokens: the region that decides it.
+    let mut region = None;
+    if let Some(last) = specs.last()
+        && let Some(name) = last.strip_prefix('@')
+    {
+        if name.is_empty() {
+            return Err("`@` names no region: write @<region>".into());
+        }
+        region = Some(name);
+        specs.pop();
+    }
     let mut line_cost: Option<(Option<u64>, u64)> = None;
     if let Some(last) = specs.last()
         && let Some(c) = last.strip_prefix("cost=")
@@ -224,6 +242,11 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
     }
     let mut txs = Vec::with_capacity(specs.len());
     for spec in specs {
+        if spec.starts_with('@') {
+            return Err(format!(
+                "{spec:?}: a region goes last on its line, after the cost (`... cost=2 @eu`)"
+            ));
+        }
         let (mode, rest) = if let Some(r) = spec.strip_prefix("check-only:") {
             (Mode::CheckOnly, r)
         } else if let Some(r) = spec.strip_prefix("spend-only:") {
@@ -269,7 +292,12 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
         }
         txs.push((rest, tx));
     }
-    Ok(ParsedLine { at_us, op, txs })
+    Ok(ParsedLine {
+        at_us,
+        op,
+        txs,
+        region,
+    })
 }
 
 /// The time and keys of a trace line, or `None` for a blank, comment or malformed line (the
@@ -315,6 +343,10 @@ pub trait Observer {
     }
     /// A `reset` or `release` line was applied to these keys.
     fn changed(&mut self, _line: usize, _at_us: u64, _op: &str, _keys: &[BucketKey]) {}
+    /// The next line is decided in region `region` (its position in `--regions`), told
+    /// before [`decided`](Self::decided) or [`changed`](Self::changed) of every line of a run
+    /// in regions.
+    fn in_region(&mut self, _region: usize) {}
 }
 
 /// Nothing watches.
@@ -334,15 +366,96 @@ pub async fn run(
 pub async fn run_observed(
     limiter: &Limiter,
     clock: &ManualClock,
+    input: impl BufRead,
+    output: impl Write,
+    observer: &mut impl Observer,
+) -> Result<(), SimulateError> {
+    run_on(Deciders::One(limiter), clock, input, output, observer).await
+}
+
+/// The regions a trace runs in (`--regions eu:60%,us:40%`): simulated regions of one limit
+/// across regions (`SimulatedRegions`, moving shares on the trace's clock), a limiter per
+/// region over its backend, and how the lines that name no region (`@eu`) are split: by a
+/// smooth weighted round robin of the percentages, so any 100 lines in a row hold each
+/// region's percentage to within one line.
+pub struct TraceRegions<'a> {
+    names: Vec<String>,
+    percents: Vec<u64>,
+    limiters: &'a [Limiter],
+    regions: &'a mut SimulatedRegions,
+    /// The round robin's credit per region.
+    credit: Vec<i64>,
+}
+
+impl<'a> TraceRegions<'a> {
+    /// Regions `names` (each with a limiter over its backend in `regions`, in its order)
+    /// taking `percents` of the lines that name none.
+    pub fn new(
+        names: Vec<String>,
+        percents: Vec<u64>,
+        limiters: &'a [Limiter],
+        regions: &'a mut SimulatedRegions,
+    ) -> Self {
+        Self {
+            credit: vec![0; names.len()],
+            names,
+            percents,
+            limiters,
+            regions,
+        }
+    }
+
+    /// The region of the next line that names none.
+    fn split(&mut self) -> usize {
+        let total: i64 = self.percents.iter().map(|&p| p as i64).sum();
+        for (c, &p) in self.credit.iter_mut().zip(&self.percents) {
+            *c += p as i64;
+        }
+        let pick = (0..self.credit.len())
+            .max_by_key(|&i| (self.credit[i], std::cmp::Reverse(i)))
+            .unwrap_or(0);
+        self.credit[pick] -= total;
+        pick
+    }
+}
+
+/// Where a run's lines are decided.
+enum Deciders<'r, 'a> {
+    One(&'a Limiter),
+    Regions(&'r mut TraceRegions<'a>),
+}
+
+/// [`run_observed`] in regions: each line decided by its region's limiter (`"region"` in its
+/// JSON), the shares moved between lines at the instants they are due.
+pub async fn run_in_regions(
+    regions: &mut TraceRegions<'_>,
+    clock: &ManualClock,
+    input: impl BufRead,
+    output: impl Write,
+    observer: &mut impl Observer,
+) -> Result<(), SimulateError> {
+    run_on(Deciders::Regions(regions), clock, input, output, observer).await
+}
+
+async fn run_on(
+    mut deciders: Deciders<'_, '_>,
+    clock: &ManualClock,
     mut input: impl BufRead,
     mut output: impl Write,
     observer: &mut impl Observer,
 ) -> Result<(), SimulateError> {
+    let first = match &deciders {
+        Deciders::One(limiter) => *limiter,
+        Deciders::Regions(r) => match r.limiters.first() {
+            Some(limiter) => limiter,
+            None => return Ok(()),
+        },
+    };
     let mut last_us = 0u64;
     let mut buf = Vec::new();
-    // The slots the trace's spends hold, oldest first per key (for `release`).
+    // The slots the trace's spends hold, oldest first per region and key (for `release`).
     let mut held: std::collections::HashMap<
-        tower_ratelimits::BucketKey,
+        (usize, tower_ratelimits::BucketKey),
         std::collections::VecDeque<tower_ratelimits::Lease>,
     > = std::collections::HashMap::new();
     for number in 1.. {
@@ -380,7 +493,7 @@ pub async fn run_observed(
             line: number,
             reason,
         };
-        let parsed = parse_line(limiter, text).map_err(bad)?;
+        let parsed = parse_line(first, text).map_err(bad)?;
         if parsed.at_us < last_us {
             return Err(bad(format!(
                 "time goes backwards ({}us after {}us)",
@@ -388,8 +501,38 @@ pub async fn run_observed(
             )));
         }
         last_us = parsed.at_us;
+        let at = EPOCH_US.saturating_add(parsed.at_us);
+        let (region, limiter) = match (&mut deciders, parsed.region) {
+            (Deciders::One(limiter), None) => (None, *limiter),
+            (Deciders::One(_), Some(name)) => {
+                return Err(bad(format!(
+                    "the line names region {name:?}, but the trace runs in none: give --regions"
+                )));
+            }
+            (Deciders::Regions(r), named) => {
+                let i = match named {
+                    None => r.split(),
+                    Some(name) => r.names.iter().position(|n| n == name).ok_or_else(|| {
+                        bad(format!(
+                            "unknown region {name:?}: --regions names {}",
+                            r.names.join(", ")
+                        ))
+                    })?,
+                };
+                // The shares move at the instants they are due, drawn as they do.
+                while r.regions.next_at() <= at {
+                    let step = r.regions.next_at();
+                    observer.advance(step - EPOCH_US);
+                    r.regions
+                        .advance(step)
+                        .map_err(|e| bad(format!("moving the regions' shares: {e}")))?;
+                }
+                observer.in_region(i);
+                (Some((i, r.names[i].as_str())), &r.limiters[i])
+            }
+        };
         observer.advance(parsed.at_us);
-        clock.set(EPOCH_US.saturating_add(parsed.at_us));
+        clock.set(at);
         let txs: Vec<Transaction> = parsed.txs.iter().map(|(_, t)| t.clone()).collect();
         let failed = |source| SimulateError::Limiter {
             line: number,
@@ -397,13 +540,14 @@ pub async fn run_observed(
         };
         let json = if matches!(parsed.op, "reset" | "release") {
             let keys: Vec<_> = txs.iter().map(|t| t.key().clone()).collect();
+            let slot = region.map_or(0, |r| r.0);
             let released = if parsed.op == "reset" {
                 limiter.reset(&keys).await.map_err(failed)?;
                 None
             } else {
                 let leases: Vec<_> = keys
                     .iter()
-                    .filter_map(|k| held.get_mut(k)?.pop_front())
+                    .filter_map(|k| held.get_mut(&(slot, k.clone()))?.pop_front())
                     .collect();
                 Some(limiter.release(&leases).await.map_err(failed)?)
             };
@@ -414,6 +558,7 @@ pub async fn run_observed(
                 op: parsed.op,
                 keys: parsed.txs.iter().map(|(s, _)| *s).collect(),
                 released,
+                region: region.map(|r| r.1),
             })
         } else {
             let batch = match parsed.op {
@@ -425,7 +570,10 @@ pub async fn run_observed(
             observer.decided(number, parsed.at_us, parsed.op, &txs, &batch);
             for d in batch.decisions() {
                 if let Some(lease) = d.lease() {
-                    held.entry(d.key().clone()).or_default().push_back(lease);
+                    let slot = region.map_or(0, |r| r.0);
+                    held.entry((slot, d.key().clone()))
+                        .or_default()
+                        .push_back(lease);
                 }
             }
             let top = batch.strictest().or(batch.decisions().first());
@@ -433,6 +581,7 @@ pub async fn run_observed(
                 line: number,
                 at_us: parsed.at_us,
                 op: parsed.op,
+                region: region.map(|r| r.1),
                 allowed: batch.allowed(),
                 remaining: top.map_or(0, |d| d.remaining()),
                 retry_after_us: top.map_or(0, |d| micros(d.retry_after())),

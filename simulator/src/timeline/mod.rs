@@ -282,6 +282,10 @@ struct Band {
 /// One bucket.
 struct Lane {
     key: BucketKey,
+    /// Its region (0 in a run in no region).
+    region: usize,
+    /// A region's share bucket of a limit across regions: drawn with its share of the rate.
+    share: bool,
     label: String,
     quota: Option<Quota>,
     series: Vec<Series>,
@@ -299,11 +303,14 @@ pub struct Timeline {
     axis: Axis,
     columns: Vec<u64>,
     next_column: usize,
-    backend: MemoryBackend,
+    /// Each region's backend and name (one, unnamed, for a run in no region).
+    backends: Vec<(String, MemoryBackend)>,
+    /// The region of the line being drawn.
+    region: usize,
     clock: ManualClock,
     limits: std::sync::Arc<Limits>,
     lanes: Vec<Lane>,
-    index: HashMap<BucketKey, usize>,
+    index: HashMap<(usize, BucketKey), usize>,
     title: String,
     lines: usize,
     /// Decisions on buckets beyond [`MAX_LANES`], not drawn.
@@ -326,7 +333,8 @@ impl Timeline {
             columns: axis.columns(),
             axis,
             next_column: 0,
-            backend,
+            backends: vec![(String::new(), backend)],
+            region: 0,
             clock,
             limits: limiter.limits(),
             lanes: Vec::new(),
@@ -338,6 +346,15 @@ impl Timeline {
         }
     }
 
+    /// Draws a run in regions (`--regions`): each region's backend by name, in its order; a
+    /// bucket is a lane per region, and a marked limit's lane draws the region's share.
+    pub fn regions(mut self, backends: Vec<(String, MemoryBackend)>) -> Timeline {
+        if !backends.is_empty() {
+            self.backends = backends;
+        }
+        self
+    }
+
     /// Labels the axis in UTC dates (a trace whose lines are dated).
     pub fn dated(mut self, dated: bool) -> Timeline {
         self.dated = dated;
@@ -346,7 +363,8 @@ impl Timeline {
 
     /// The lane of `key`, made on its first request; `None` past [`MAX_LANES`].
     fn lane(&mut self, key: &BucketKey) -> Option<usize> {
-        if let Some(&i) = self.index.get(key) {
+        let region = self.region;
+        if let Some(&i) = self.index.get(&(region, key.clone())) {
             return Some(i);
         }
         if self.lanes.len() >= MAX_LANES {
@@ -354,8 +372,16 @@ impl Timeline {
             return None;
         }
         let quota = self.limits.resolve(key).cloned();
+        let (name, backend) = &self.backends[region];
+        let share = backend.share_now(key);
         let series = match &quota {
             None => Vec::new(),
+            // A region's share bucket: its tokens, and its share of the rate (the floor and
+            // the part granted while its lease runs).
+            Some(Quota::Gcra(l)) if share.is_some() => vec![
+                Series::new("tokens".into(), l.burst()),
+                Series::new("share of rate".into(), l.count()),
+            ],
             Some(Quota::Gcra(l)) => vec![Series::new("tokens".into(), l.burst())],
             Some(Quota::Tiered(t)) => t
                 .tiers()
@@ -372,7 +398,13 @@ impl Timeline {
             .and_then(Quota::as_tiered)
             .map_or(0, |t| t.tiers().len());
         let mut lane = Lane {
-            label: format!("{}={}", key.name().as_str(), key.id()),
+            label: if name.is_empty() {
+                format!("{}={}", key.name().as_str(), key.id())
+            } else {
+                format!("{name} · {}={}", key.name().as_str(), key.id())
+            },
+            region,
+            share: share.is_some(),
             key: key.clone(),
             quota,
             series,
@@ -382,22 +414,28 @@ impl Timeline {
             bands: Vec::new(),
             entries: vec![None; tiers],
         };
-        // Before its first request a bucket is fresh (the backend already holds the request).
+        // Before its first request a bucket is fresh (the backend already holds the request);
+        // a share bucket full under its floor.
         let start = self.axis.start();
-        let fresh = lane.values(None, start);
+        let mut fresh = lane.values(None, start);
+        if let Some(share) = share {
+            fresh[0] = share.floor.1;
+            fresh[1] = share.floor.0;
+        }
         let x = self.axis.x(start);
         for (s, v) in lane.series.iter_mut().zip(fresh) {
             s.push(x, v);
         }
         self.lanes.push(lane);
-        self.index.insert(key.clone(), self.lanes.len() - 1);
+        self.index
+            .insert((region, key.clone()), self.lanes.len() - 1);
         Some(self.lanes.len() - 1)
     }
 
     /// Samples every lane at trace time `t` (the backend's clock must be there).
     fn sample_all(&mut self, t: u64) {
         for lane in &mut self.lanes {
-            lane.sample(&self.axis, &self.backend, t);
+            lane.sample(&self.axis, &self.backends[lane.region].1, t);
         }
     }
 
@@ -407,8 +445,9 @@ impl Timeline {
             return;
         };
         let lane = &mut self.lanes[i];
-        lane.sample(&self.axis, &self.backend, mark.at);
-        lane.note_activations(&self.backend);
+        let backend = &self.backends[lane.region].1;
+        lane.sample(&self.axis, backend, mark.at);
+        lane.note_activations(backend);
         for (slot, s) in mark.after.iter_mut().zip(&lane.series) {
             *slot = s.last();
         }
@@ -438,6 +477,10 @@ fn op_name(op: &str) -> &'static str {
 }
 
 impl Observer for Timeline {
+    fn in_region(&mut self, region: usize) {
+        self.region = region.min(self.backends.len().saturating_sub(1));
+    }
+
     fn advance(&mut self, at_us: u64) {
         while let Some(&t) = self.columns.get(self.next_column) {
             if t >= at_us {
@@ -535,6 +578,12 @@ impl Lane {
         let mut out = [0; MAX_TIERS];
         match &self.quota {
             None => {}
+            Some(Quota::Gcra(_)) if self.share => {
+                if let Some(share) = backend.and_then(|b| b.share_now(&self.key)) {
+                    out[0] = share.tokens;
+                    out[1] = share.floor.0.saturating_add(share.part.0);
+                }
+            }
             Some(Quota::Gcra(l)) => {
                 let tat = backend.and_then(|b| b.tat(&self.key));
                 out[0] = gcra::check(l, tat, now, 0).map_or(0, |o| o.remaining);
@@ -629,10 +678,15 @@ impl Lane {
         match &self.quota {
             None => "unlimited".into(),
             Some(Quota::Gcra(l)) => format!(
-                "GCRA: burst {}, {} per {}",
+                "GCRA: burst {}, {} per {}{}",
                 l.burst(),
                 l.count(),
-                seconds(l.period_us())
+                seconds(l.period_us()),
+                if self.share {
+                    " across regions: this region's share"
+                } else {
+                    ""
+                }
             ),
             Some(Quota::Tiered(t)) => {
                 let tiers: Vec<String> = t

@@ -208,6 +208,45 @@ fn same(a: &Limit, b: &Limit) -> bool {
     a.emission_interval_us() == b.emission_interval_us() && a.burst() == b.burst()
 }
 
+/// What a share bucket's next read finds at `now` (`general_read.lua`'s `read_share`): its
+/// limit in force (`RegionKey::bucket`: the floor, and the part while its lease runs; `None`:
+/// closed) and its TAT under it. When the limit changed since the word was written, the
+/// bucket's tokens are kept (`gcra::keep_tokens`) from when it changed
+/// (`RegionKey::changed_at`); a bucket never written is full under the floor, so a part
+/// arrives empty; a closed one keeps no token.
+fn read_share(
+    record: &ShareRecord,
+    tat: Option<u64>,
+    floor: Share,
+    period: u64,
+    now: u64,
+) -> Result<(Option<Limit>, Option<u64>), BackendError> {
+    let in_force = record.key.bucket(floor, period, now);
+    let (written, at) = match record.written {
+        Some((written, written_at)) => (written, record.key.changed_at(written_at, now)),
+        None => (Limit::share(floor.burst, floor.rate, period), now),
+    };
+    let tat = match (written, in_force) {
+        (_, None) => closed(period).map(|c| now.saturating_add(c.burst_offset_us())),
+        (Some(old), Some(new)) if same(&old, &new) => tat,
+        (Some(old), Some(new)) => gcra::keep_tokens(&old, &new, tat, at)?,
+        (None, Some(new)) => Some(at.saturating_add(new.burst_offset_us())),
+    };
+    Ok((in_force, tat))
+}
+
+/// A share bucket as the simulator draws it.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareNow {
+    /// The region's floor: its rate (per the limit's period) and burst (0 until confirmed).
+    pub floor: (u64, u64),
+    /// The part granted above it while its lease runs.
+    pub part: (u64, u64),
+    /// The tokens the bucket holds.
+    pub tokens: u64,
+}
+
 /// A closed share bucket's limit (no rate or no burst): one token a period, held drained, so
 /// every cost is denied and its wait is a period.
 fn closed(period_us: u64) -> Option<Limit> {
@@ -215,8 +254,8 @@ fn closed(period_us: u64) -> Option<Limit> {
 }
 
 impl MemoryBackend {
-    /// Brings `key`'s share bucket (`tx`: a marked limit's transaction with its floor) to the
-    /// limit in force at `now`, its word converted by the change rule of shares, and says that
+    /// Brings `key`'s share bucket (a marked `limit` with `floor`) to its limit in force at
+    /// `now`, its word converted by the change rule of shares (`read_share`), and says that
     /// limit (`None`: the key is closed here, its word drained).
     fn settle_share(
         &self,
@@ -230,30 +269,37 @@ impl MemoryBackend {
         let period = limit.period_us();
         let floor = region.floor(limit, floor);
         let record = state.records.entry(key.clone()).or_default();
-        let in_force = record.key.bucket(floor, period, now);
-        let (written, at) = match record.written {
-            Some((written, written_at)) => (written, record.key.changed_at(written_at, now)),
-            // Never written: full under the floor, so a part arrives empty.
-            None => (Limit::share(floor.burst, floor.rate, period), now),
-        };
         let tat = self.tat(key);
-        let new_tat = match (written, in_force) {
-            (_, None) => closed(period).map(|c| now.saturating_add(c.burst_offset_us())),
-            (Some(old), Some(new)) if same(&old, &new) => tat,
-            (Some(old), Some(new)) => {
-                gcra::keep_tokens(&old, &new, tat, at).map_err(BackendError::from)?
-            }
-            // From closed: no token kept.
-            (None, Some(new)) => Some(at.saturating_add(new.burst_offset_us())),
-        };
+        let (in_force, new_tat) = read_share(record, tat, floor, period, now)?;
         record.written = Some((in_force, now));
-        let word_limit = in_force.or(closed(period));
         if new_tat != tat
-            && let Some(word_limit) = word_limit
+            && let Some(word_limit) = in_force.or(closed(period))
         {
             self.put_tat(key, new_tat.filter(|&t| t > now), &word_limit, now)?;
         }
         Ok(in_force)
+    }
+
+    /// What `key`'s share bucket holds now, as its next decision reads it (for the simulator's
+    /// drawing): `None` when the backend is not regional or `key` is not of a marked GCRA limit
+    /// of the limits it follows.
+    #[doc(hidden)]
+    pub fn share_now(&self, key: &BucketKey) -> Option<ShareNow> {
+        let (region, limits) = self.region_limits()?;
+        let limit = *limits.resolve(key)?.as_gcra()?;
+        let floor = region.floor(&limit, limits.across_regions(key.name())?);
+        let now = self.now_us();
+        let record = region.lock().records.get(key).copied().unwrap_or_default();
+        let tat = self.tat(key);
+        let (in_force, tat) = read_share(&record, tat, floor, limit.period_us(), now).ok()?;
+        let part = record.key.in_use(now);
+        Some(ShareNow {
+            floor: (floor.rate, floor.burst),
+            part: (part.rate, part.burst),
+            tokens: in_force
+                .and_then(|l| gcra::check(&l, tat, now, 0).ok())
+                .map_or(0, |o| o.remaining),
+        })
     }
 
     /// A batch that names a marked limit's share bucket (regional mode in memory): each share
@@ -528,6 +574,13 @@ impl SimulatedRegions {
         let period = self.settings.period_us;
         self.next_end = now / period + 1;
         Ok(())
+    }
+
+    /// The next instant at which [`advance`](Self::advance) runs a step: a period's end, or
+    /// a rebalance in the period under way.
+    pub fn next_at(&self) -> u64 {
+        let end = self.next_end.saturating_mul(self.settings.period_us);
+        self.pending.first().map_or(end, |p| p.0.min(end))
     }
 
     /// Runs every step of the protocol due at or before `to` (microseconds on the clock), in

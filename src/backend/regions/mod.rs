@@ -10,7 +10,7 @@ pub(crate) mod global;
 mod memory;
 
 pub(crate) use memory::MemoryRegion;
-pub use memory::{Moved, SimulatedRegions};
+pub use memory::{Moved, ShareNow, SimulatedRegions};
 
 use crate::Limit;
 use crate::config::RegionFloor;
