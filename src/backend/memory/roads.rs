@@ -115,11 +115,14 @@ impl MemoryBackend {
     /// `ours_spend_one`), the one copy of it.
     pub(super) fn spend_one_at(&self, tx: &BucketTx<'_>, now: u64) -> Spend {
         let limit = match tx.quota {
-            // A share bucket (a limit across regions) takes the batch road.
-            Quota::Gcra(limit) if tx.floor.is_none() => limit,
+            Quota::Gcra(limit) => limit,
             Quota::Calendar(quota) => return self.spend_one_calendar(tx, quota, now),
             _ => return Spend::Ready(self.spend_batch(std::slice::from_ref(tx), now)),
         };
+        if tx.floor.is_some() {
+            // A share bucket (a limit across regions): the batch road.
+            return self.spend_share_one(tx, now);
+        }
         let answer = |d: &kit::GcraDecision| Spend::Ready(Ok(Outcomes::one(d.outcome())));
         let place = Buckets::place(tx.key);
         loop {
@@ -237,6 +240,13 @@ impl MemoryBackend {
             })
             .clone();
         Ok(Some(slot))
+    }
+
+    /// A share bucket alone, off the one-transaction road.
+    #[cold]
+    #[inline(never)]
+    fn spend_share_one(&self, tx: &BucketTx<'_>, now: u64) -> Spend {
+        Spend::Ready(self.spend_batch(std::slice::from_ref(tx), now))
     }
 
     /// Any batch: GCRA buckets by compare-and-swap (rolled back and decided again when a race
