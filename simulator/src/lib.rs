@@ -9,6 +9,7 @@
 //! tower-ratelimits-simulate --defaults FILE --generate "burst 30 at 0s, then 5/s for 20s" \
 //!     [--key Name=id ...] --html OUT.html
 //! tower-ratelimits-simulate --redis redis://127.0.0.1:6379 --defaults FILE [TRACE]   # feature `redis`
+//! tower-ratelimits-simulate --regions eu:60%,us:40% --defaults FILE [--html OUT.html] [TRACE]
 //! tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml --rules RULES.yaml --log FILE ...
 //! tower-ratelimits-simulate plan snapshot --redis URL --limits A.yaml --out FILE   # feature `redis`
 //! ```
@@ -26,6 +27,14 @@
 //! own (`rl:sim:<pid>-<time>:`) and expire by themselves on the server (one hour after the
 //! trace time they need to refill). A limit's `prefetch` (prefetched tokens, a deployment's
 //! optimisation) is ignored there as in memory: a trace decides exactly.
+//!
+//! With `--regions eu:60%,us:40%` (or `eu,us`: evenly; at most 16 regions) the trace runs in
+//! simulated regions of the limits marked `across_regions` (`docs/regions.md`, "Simulated
+//! regions"): a limiter per region, each line decided in the region it names (`@eu`) or, naming
+//! none, in one chosen by the percentages, and the regions' shares moved between lines as the
+//! Redis backend moves them. Limits not marked are per region. Each line's JSON names its
+//! `"region"`; a drawing has a lane per region and bucket, a marked limit's with the region's
+//! share of the rate. Not with `--redis`.
 //!
 //! TRACE is a file, or standard input when absent or `-`. The format is documented in
 //! `simulator/src/trace.rs`. `--generate PHRASE` makes the trace from a workload phrase

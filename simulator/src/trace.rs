@@ -3,8 +3,8 @@
 //!
 //! # Trace format
 //!
-//! `<time> <op> <tx> [<tx> ...] [cost=<n>]`, one request per line; blank lines and comments
-//! (`#` at the start of a line or after white space) are skipped.
+//! `<time> <op> <tx> [<tx> ...] [cost=<n>] [@<region>]`, one request per line; blank lines and
+//! comments (`#` at the start of a line or after white space) are skipped.
 //! - `<time>`: since the trace start, an integer or decimal with unit `us`, `ms` or `s`
 //!   (`0ms`, `1.01s`, `250us`), or a date: a UTC instant `YYYY-MM-DDTHH:MM:SS[.ffffff]Z`
 //!   (`2028-02-28T23:59:59.999999Z`), for calendar quotas. The trace starts at
@@ -19,6 +19,10 @@
 //!   slot even when none is free); its transactions take no mode prefix.
 //! - `<tx>`: `[check-only:|spend-only:]<Name>=<id>[*<cost>]`. All transactions of a line are
 //!   one batch; `*<cost>` overrides the line's cost for that transaction.
+//! - `@<region>`: in a run in regions (`--regions eu:60%,us:40%`), the region whose limiter
+//!   decides the line (last on the line, after the cost); a line without it goes to a region
+//!   by the percentages (`TraceRegions`). Naming a region not in `--regions`, or any region in
+//!   a run without `--regions`, is an error.
 //! - `cost=<n>`: the line's cost (default: the limit's configured cost, 1 unless set).
 //!   `cost=<min>..<max>` (or `*<min>..<max>`) asks for as many units as the limit grants
 //!   between `min` and `max` (a partial grant, on GCRA and tiered limits).
@@ -28,7 +32,8 @@
 //! `{"line":N,"at_us":T,"op":"spend","allowed":bool,"remaining":R,"retry_after_us":X,
 //! "reset_after_us":Y,"decisions":[{"limit":"Name","id":"...","allowed":bool,"remaining":R,
 //! "retry_after_us":X,"reset_after_us":Y}, ...]}`; the top-level fields are the batch decision
-//! (its strictest transaction). `at_us` is the line's time in microseconds since the trace's
+//! (its strictest transaction); in a run in regions, `"region":"eu"` after `"op"` (and after
+//! `"released"` on a `reset` or `release` line) names the region that decided it. `at_us` is the line's time in microseconds since the trace's
 //! start, [`EPOCH_US`] (2023-11-14T22:13:20Z): `250ms` is 250000, and a dated line's is its
 //! instant less the start (`2028-02-01T00:00:00Z` is 132976000000000). The decision of a range (`cost=<min>..<max>`), of a charge and
 //! of a tiered limit also has `"granted":G` (units granted or charged); a tiered one also has `"tiers":[units per
