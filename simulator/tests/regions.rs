@@ -12,35 +12,19 @@ use serde_json::Value;
 use tower_ratelimits::__private::gcra;
 use tower_ratelimits::Limit;
 
-/// 10 a second, burst 10, one limit across regions (floors of 10%: 1 a second, 1 at once).
-const DEFAULTS: &str = "\
-Api:
-  burst: 10
-  count: 10
-  period: 1s
-  across_regions: true
-Local:
-  burst: 10
-  count: 10
-  period: 1s
-";
+/// The example's limits (`examples/traces/regions.yaml`): `Api` one limit across regions,
+/// 10 a second, burst 10, floors of 10% (1 a second, 1 at once); `Local` a limit per region.
+fn defaults() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/traces/regions.yaml")
+}
 
 /// The simulator's exit code, JSON lines and standard error, run on `trace` (standard input)
-/// with `args` and the defaults above.
+/// with `args` and the example's limits.
 fn simulate(args: &[&str], trace: &str) -> (Option<i32>, Vec<Value>, String) {
-    let dir = std::env::temp_dir().join(format!(
-        "trl-regions-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let defaults = dir.join("defaults.yaml");
-    std::fs::write(&defaults, DEFAULTS).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tower-ratelimits-simulate"))
         .arg("--defaults")
-        .arg(&defaults)
+        .arg(defaults())
         .args(args)
-        .current_dir(&dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -65,24 +49,13 @@ fn simulate(args: &[&str], trace: &str) -> (Option<i32>, Vec<Value>, String) {
     )
 }
 
-/// eu asks 15 a second and us 1 for 6 s, then the other way round (each line names its
-/// region).
+/// `examples/traces/regions.trace`: eu asks 15 a second and us 1 for 6 s, then the other way
+/// round (each line names its region).
 fn shift_trace() -> String {
-    let mut text = String::new();
-    for tick in 0..180u64 {
-        // Every 1/15 s: a busy region's request; every second, the other's.
-        let at = tick * 1_000_000 / 15;
-        let (busy, other) = if tick < 90 {
-            ("eu", "us")
-        } else {
-            ("us", "eu")
-        };
-        text.push_str(&format!("{at}us spend Api=k @{busy}\n"));
-        if tick % 15 == 0 {
-            text.push_str(&format!("{at}us spend Api=k @{other}\n"));
-        }
-    }
-    text
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/traces/regions.trace"),
+    )
+    .unwrap()
 }
 
 /// Admitted requests per region and second.

@@ -491,6 +491,11 @@ impl Backend for MemoryBackend {
 
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
         let now = self.now();
+        if let Some(region) = &self.inner.region
+            && batch.iter().any(|tx| tx.floor.is_some())
+        {
+            return self.refund_shares(region, batch, now);
+        }
         batch.iter().map(|tx| self.refund_one(tx, now)).collect()
     }
 

@@ -500,7 +500,7 @@ impl MemoryBackend {
     /// Refunds one transaction with the kit: a GCRA bucket by compare-and-swap, a tiered or
     /// concurrency key under its slot's lock (a key never stored is refunded as a fresh one and
     /// nothing is written).
-    pub(super) fn refund_one(
+    pub(crate) fn refund_one(
         &self,
         tx: &BucketTx<'_>,
         now: u64,

@@ -303,14 +303,43 @@ impl MemoryBackend {
     }
 
     /// A batch that names a marked limit's share bucket (regional mode in memory): each share
-    /// bucket brought to its limit in force, then the batch decided on the one road with those
-    /// limits, under the region's lock.
+    /// bucket brought to its limit in force (its units counted in the period's demand), then
+    /// the batch decided on the one road with those limits, under the region's lock.
     pub(crate) fn spend_shares(
         &self,
         region: &MemoryRegion,
         batch: &[BucketTx<'_>],
         now: u64,
     ) -> Result<Outcomes, BackendError> {
+        self.on_shares(region, batch, now, true, |decided| {
+            self.spend_mixed(decided, now)
+        })
+    }
+
+    /// A refund naming a share bucket: refunded under the share's limit in force, as the
+    /// script refunds it.
+    pub(crate) fn refund_shares(
+        &self,
+        region: &MemoryRegion,
+        batch: &[BucketTx<'_>],
+        now: u64,
+    ) -> Result<Outcomes, BackendError> {
+        self.on_shares(region, batch, now, false, |decided| {
+            decided.iter().map(|tx| self.refund_one(tx, now)).collect()
+        })
+    }
+
+    /// `batch` with each share bucket brought to its limit in force and sent as a GCRA
+    /// transaction of that limit (a closed one: drained), to `then`, under the region's lock;
+    /// `demand`: its units counted in the period's demand (a spend's, not a refund's).
+    fn on_shares<T>(
+        &self,
+        region: &MemoryRegion,
+        batch: &[BucketTx<'_>],
+        now: u64,
+        demand: bool,
+        then: impl FnOnce(&[BucketTx<'_>]) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
         let mut state = region.lock();
         let mut quotas: Vec<Option<Quota>> = Vec::with_capacity(batch.len());
         for tx in batch {
@@ -318,8 +347,13 @@ impl MemoryBackend {
                 (Some(floor), Some(limit)) => {
                     let in_force =
                         self.settle_share(region, &mut state, tx.key, limit, floor, now)?;
-                    let units = state.demand.entry(tx.key.clone()).or_default();
-                    *units = units.saturating_add(tx.cost);
+                    if demand {
+                        if let Some(units) = state.demand.get_mut(tx.key) {
+                            *units = units.saturating_add(tx.cost);
+                        } else if state.demand.len() < region.settings.demand_cap() {
+                            state.demand.insert(tx.key.clone(), tx.cost);
+                        }
+                    }
                     in_force.or(closed(limit.period_us())).map(Quota::Gcra)
                 }
                 _ => None,
@@ -337,7 +371,7 @@ impl MemoryBackend {
                 None => *tx,
             })
             .collect();
-        self.spend_mixed(&decided, now)
+        then(&decided)
     }
 
     /// This region's share of `key` (`limit` its quota, with `floor`), as its record holds it.

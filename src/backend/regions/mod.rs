@@ -40,6 +40,12 @@ impl Default for RegionalSettings {
 }
 
 impl RegionalSettings {
+    /// The most distinct keys an instance counts demand for in one period (more are not
+    /// counted until the next period): four times the keys a rebalance asks for.
+    pub(crate) fn demand_cap(&self) -> usize {
+        self.max_keys.saturating_mul(4)
+    }
+
     /// The protocol's settings for one marked limit.
     pub(crate) fn protocol(&self, limit: &Limit) -> crate::algo::regions::Settings {
         crate::algo::regions::Settings {

@@ -25,12 +25,6 @@ use crate::backend::regions::{ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, demand_a
 use crate::config::Limits;
 use crate::key::BucketKey;
 
-/// The most distinct keys an instance counts demand for in one period (more are not counted
-/// until the next period): four times the keys a rebalance asks for.
-fn demand_cap(regional: &Regional) -> usize {
-    regional.settings.max_keys.saturating_mul(4)
-}
-
 impl Regional {
     /// Counts `units` asked of `key` in this period (a request's path: no await, one short
     /// lock).
@@ -38,7 +32,7 @@ impl Regional {
         let mut demand = self.demand.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(n) = demand.get_mut(key) {
             *n = n.saturating_add(units);
-        } else if demand.len() < demand_cap(self) {
+        } else if demand.len() < self.settings.demand_cap() {
             demand.insert(key.clone(), units);
         }
     }

@@ -145,6 +145,28 @@ async fn a_marked_limit_decides_on_its_floor_until_a_grant() {
     assert_eq!(allowed(&limiter, &key, 5).await, 1);
 }
 
+/// A refund on a share bucket gives back units of the share's limit in force (the floor's 10
+/// a second), as memory's (`regions/memory/tests.rs`): the unit refunded is spent again, once.
+#[tokio::test]
+async fn a_refund_on_a_share_bucket_gives_back_units_of_the_share() {
+    let server = redis();
+    let clock = ManualClock::new(T0);
+    let prefix = prefix("refund");
+    let regional = backend(&server.url, &prefix, &clock, true).await;
+    let limiter = Limiter::new(limits(), regional.clone());
+    let key = limiter.key("Api", Id::from(7u64)).unwrap();
+    assert_eq!(allowed(&limiter, &key, 11).await, 10, "the floor's burst");
+    limiter
+        .refund(&[Transaction::new(key.clone()).cost(1)])
+        .await
+        .unwrap();
+    assert_eq!(
+        allowed(&limiter, &key, 2).await,
+        1,
+        "the unit refunded, once"
+    );
+}
+
 /// A grant of 40 more (rate and burst) while its lease runs: the bucket's limit is 50 a
 /// second, but the part's burst arrives empty (10 tokens kept, not 50); it refills at 50 a
 /// second; when the lease ends the bucket goes back to the floor keeping at most 10 tokens,

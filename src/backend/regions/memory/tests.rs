@@ -100,6 +100,28 @@ async fn memory_share_buckets_read_a_record_as_the_rust_rule() {
     assert!(seen.iter().all(|&n| n >= 10), "cases by kind: {seen:?}");
 }
 
+/// A refund on a share bucket gives back units of the share's limit in force (the floor's 10
+/// a second here), not of the whole limit's: the unit refunded is spent again, once.
+#[tokio::test]
+async fn a_refund_on_a_share_bucket_gives_back_units_of_the_share() {
+    let clock = ManualClock::new(T0);
+    let backend = region(&clock);
+    let limiter = Limiter::new(limits(), backend.clone());
+    let key = limiter.key("Api", Id::from(1u64)).unwrap();
+    let tx = [Transaction::new(key.clone())];
+    let spend = || limiter.spend(&tx);
+    for _ in 0..10 {
+        assert!(spend().await.unwrap().allowed());
+    }
+    assert!(!spend().await.unwrap().allowed(), "the floor's burst is 10");
+    limiter
+        .refund(&[Transaction::new(key.clone()).cost(1)])
+        .await
+        .unwrap();
+    assert!(spend().await.unwrap().allowed(), "the unit refunded");
+    assert!(!spend().await.unwrap().allowed(), "once");
+}
+
 /// 100 a second, burst 100, marked with a floor of 10%.
 fn limits() -> Limits {
     let limit = Limit::from_micros(100, 100, SECOND).unwrap();
