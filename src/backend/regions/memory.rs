@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::global::{self, Asked, KeyRecord, RegistryRecord, Stored};
-use super::{ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, RegionalSettings, demand_above_floor};
+use super::{
+    ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, RegionalSettings, SURGE_QUARTER, demand_above_floor,
+};
 use crate::algo::gcra;
 use crate::algo::regions::{Grant, RegionKey, Request, Share};
 use crate::backend::memory::MemoryBackend;
@@ -154,6 +156,8 @@ pub(crate) struct RegionState {
     holding: Vec<BucketKey>,
     /// The keys whose answer may change this period, with their demands.
     ask_again: Vec<(BucketKey, u64)>,
+    /// The demands asked for at the period's rebalance (a surge is measured against them).
+    reported: HashMap<BucketKey, u64>,
 }
 
 /// A share bucket's record: the region's record of the key, and the limit its word was last
@@ -530,7 +534,8 @@ pub struct SimulatedRegions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Rebalance,
-    AskAgain,
+    /// The keys asked again; with the surges of the `elapsed` µs of the period so far.
+    AskAgain(Option<u64>),
 }
 
 impl std::fmt::Debug for SimulatedRegions {
@@ -646,11 +651,11 @@ impl SimulatedRegions {
                         end + period / 100 * REBALANCE_AT_PERCENT,
                         Step::Rebalance,
                     ))
-                    .chain(
-                        ASK_AGAIN_QUARTERS
-                            .iter()
-                            .map(|q| (end + period / 4 * q, Step::AskAgain)),
-                    )
+                    .chain(ASK_AGAIN_QUARTERS.iter().map(|&q| {
+                        // Half a period in, the surges too.
+                        let surge = (q == SURGE_QUARTER).then_some(period / 4 * q);
+                        (end + period / 4 * q, Step::AskAgain(surge))
+                    }))
                     .collect();
                     self.next_end += 1;
                 }
@@ -669,7 +674,7 @@ impl SimulatedRegions {
                     backend.memory_register()?;
                     backend.memory_rebalance(&self.taken[i], &mut parts)?;
                 }
-                Step::AskAgain => backend.memory_ask_again(&mut parts)?,
+                Step::AskAgain(surge) => backend.memory_ask_again(surge, &mut parts)?,
             }
             moved.extend(parts.into_iter().map(|p| (i, p)));
         }
@@ -742,6 +747,7 @@ impl MemoryBackend {
                 }
             }
             state.ask_again.clear();
+            state.reported = all.iter().cloned().collect();
             // Records that hold nothing the floor does not (their lease over, their word full)
             // are forgotten: no record reads the same.
             let now = self.now_us();
@@ -753,12 +759,30 @@ impl MemoryBackend {
         self.memory_answer_keys(region, &limits, &all, parts)
     }
 
-    /// The keys whose answer may change this period, asked again.
-    fn memory_ask_again(&self, parts: &mut Vec<Moved>) -> Result<(), BackendError> {
+    /// The keys whose answer may change this period, asked again; half a period in (`surge`:
+    /// `elapsed_us` into it), with the keys whose demand surged since it began.
+    fn memory_ask_again(
+        &self,
+        surge: Option<u64>,
+        parts: &mut Vec<Moved>,
+    ) -> Result<(), BackendError> {
         let Some((region, limits)) = self.region_limits() else {
             return Ok(());
         };
-        let again = std::mem::take(&mut region.lock().ask_again);
+        let again = {
+            let mut state = region.lock();
+            let mut again = std::mem::take(&mut state.ask_again);
+            if let Some(elapsed) = surge {
+                let counted = state.demand.iter().map(|(k, u)| (k.clone(), *u));
+                for (key, demand) in super::surging(counted, &limits, elapsed, &state.reported) {
+                    match again.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, d)) => *d = (*d).max(demand),
+                        None => again.push((key, demand)),
+                    }
+                }
+            }
+            again
+        };
         if again.is_empty() {
             return Ok(());
         }

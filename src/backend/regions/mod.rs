@@ -14,6 +14,7 @@ pub use memory::{Moved, ShareNow, SimulatedRegions};
 
 use crate::Limit;
 use crate::config::RegionFloor;
+use crate::key::BucketKey;
 
 /// How a regional instance moves shares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +69,10 @@ pub(crate) const REBALANCE_AT_PERCENT: u64 = 15;
 /// after its end: half and three quarters in (`global::Answered::ask_again`).
 pub(crate) const ASK_AGAIN_QUARTERS: [u64; 2] = [2, 3];
 
+/// When the keys whose demand surged in the period under way are asked for (`surging`), in
+/// quarters of a period after its start: half way, with the first asking again.
+pub(crate) const SURGE_QUARTER: u64 = 2;
+
 /// A key's demand above its floor, in requests per its limit's period, from the `units` its
 /// requests asked (admitted and refused) over one rebalance period of `period_us`.
 pub(crate) fn demand_above_floor(
@@ -81,4 +86,81 @@ pub(crate) fn demand_above_floor(
     u64::try_from(per_period)
         .unwrap_or(u64::MAX)
         .saturating_sub(floor.of(limit.count()))
+}
+
+/// The keys whose demand surged in the period under way, with their demands: `units` asked of
+/// each so far (admitted and refused), `elapsed_us` into the period, at that pace above its
+/// floor (`demand_above_floor`), more than an eighth above the demand `reported` at the
+/// period's rebalance (none: 0) and by more than an eighth of the limit. Asked for half a period in, so a region whose demand rose
+/// (one idle that bursts) reports it a period sooner, and the regions holding the rest see it
+/// at the next rebalance.
+pub(crate) fn surging(
+    units: impl IntoIterator<Item = (BucketKey, u64)>,
+    limits: &crate::Limits,
+    elapsed_us: u64,
+    reported: &std::collections::HashMap<BucketKey, u64>,
+) -> Vec<(BucketKey, u64)> {
+    units
+        .into_iter()
+        .filter_map(|(key, units)| {
+            let limit = *limits.resolve(&key)?.as_gcra()?;
+            let floor = limits.across_regions(key.name())?;
+            let demand = demand_above_floor(units, &limit, floor, elapsed_us);
+            let before = reported.get(&key).copied().unwrap_or(0);
+            // An eighth more, and an eighth of the limit more: a request or two early in a
+            // period is not a surge (asked for, it would be given back at the next rebalance,
+            // every period).
+            let rise = demand.saturating_sub(before);
+            (rise > before / 8 && rise > limit.count() / 8).then_some((key, demand))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Id, Limits};
+
+    /// A surge is a demand at this period's pace more than an eighth above the one reported
+    /// and by more than an eighth of the limit: an idle region that bursts, not a steady one
+    /// or a request early in a period.
+    #[test]
+    fn a_surge_is_a_rise_of_an_eighth_and_of_an_eighth_of_the_limit() {
+        let limits = Limits::builder()
+            .limit("Api", Limit::from_micros(100, 100, 1_000_000).unwrap())
+            .across_regions("Api", RegionFloor::default())
+            .build()
+            .unwrap();
+        let key = BucketKey::new(limits.name("Api").unwrap(), Id::from(1u64));
+        let half = 500_000;
+        let reported = |d: u64| std::collections::HashMap::from([(key.clone(), d)]);
+        let at = |units: u64, before: u64| {
+            surging([(key.clone(), units)], &limits, half, &reported(before))
+        };
+        // 75 a second (37 in half a second) above a floor of 10: 64 a second.
+        assert_eq!(at(37, 0), vec![(key.clone(), 64)], "from idle");
+        assert_eq!(at(37, 64), vec![], "steady");
+        assert_eq!(at(37, 56), vec![], "an eighth more, not above it");
+        assert_eq!(
+            at(37, 50),
+            vec![(key.clone(), 64)],
+            "more than an eighth more"
+        );
+        // Two requests early in a period: 4 a second, below the floor.
+        assert_eq!(at(2, 0), vec![], "a request or two");
+        // 11 in half a second (22 a second, 12 above the floor): not an eighth of the limit.
+        assert_eq!(at(11, 0), vec![], "less than an eighth of the limit");
+        assert_eq!(
+            at(12, 0),
+            vec![(key.clone(), 14)],
+            "more than an eighth of it"
+        );
+        // Not a marked limit: never.
+        let plain = Limits::builder()
+            .limit("Api", Limit::from_micros(100, 100, 1_000_000).unwrap())
+            .build()
+            .unwrap();
+        let key = BucketKey::new(plain.name("Api").unwrap(), Id::from(1u64));
+        assert!(surging([(key, 50)], &plain, half, &Default::default()).is_empty());
+    }
 }

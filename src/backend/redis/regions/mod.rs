@@ -71,6 +71,8 @@ pub(crate) struct Regional {
     sha: fred::bytes_utils::Str,
     /// The units this instance's requests asked of each marked key in this period.
     demand: Mutex<std::collections::HashMap<BucketKey, u64>>,
+    /// When the demand was last taken (instance clock): what the demand so far counts over.
+    demand_since: AtomicU64,
     /// The limits in force on the limiter served (which limits are marked: where their
     /// overrides are kept).
     followed: Mutex<Option<crate::backend::FollowedLimits>>,
@@ -97,6 +99,7 @@ impl Regional {
             registry: Mutex::default(),
             sha: fred::util::sha1_hash(GLOBAL_SCRIPT).into(),
             demand: Mutex::default(),
+            demand_since: AtomicU64::new(0),
             followed: Mutex::default(),
         }
     }

@@ -9,11 +9,14 @@
 //!    confirmed, and, 15% into the period in every region (every instance's demand is in),
 //!    rebalances the busiest keys of that period's demand (above their floors), with every
 //!    key that held a part at the last rebalance (demand 0: it gives it back);
-//! 3. the others read whether the registration is confirmed (until then their floors are 0).
+//! 3. the others read whether the registration is confirmed (until then their floors are 0);
+//! 4. every instance, 45% into the period, adds its demand so far to the period's half hash,
+//!    which the holder reads half way for the keys whose demand surged (`regions::surging`).
 //!
 //! Nothing here is on a request's path: a request only counts its units in memory.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
@@ -21,7 +24,9 @@ use fred::prelude::{Client, HashesInterface, KeysInterface, Value};
 
 use super::{Regional, Round};
 use crate::backend::redis::RedisBackend;
-use crate::backend::regions::{ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, demand_above_floor};
+use crate::backend::regions::{
+    ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, SURGE_QUARTER, demand_above_floor, surging,
+};
 use crate::config::Limits;
 use crate::key::BucketKey;
 
@@ -37,9 +42,29 @@ impl Regional {
         }
     }
 
-    /// This period's demand, taken (the count starts again).
-    fn take_demand(&self) -> HashMap<BucketKey, u64> {
-        std::mem::take(&mut *self.demand.lock().unwrap_or_else(PoisonError::into_inner))
+    /// This period's demand so far (left counting) at `now`, scaled to `window` µs: a tick
+    /// that ran late counted over less.
+    fn demand_so_far(&self, now: u64, window: u64) -> Vec<(BucketKey, u64)> {
+        let demand = self.demand.lock().unwrap_or_else(PoisonError::into_inner);
+        let counted = now.saturating_sub(self.demand_since.load(Ordering::Acquire));
+        if counted == 0 {
+            return Vec::new();
+        }
+        let scaled = |units: u64| {
+            u64::try_from(u128::from(units) * u128::from(window) / u128::from(counted))
+                .unwrap_or(u64::MAX)
+        };
+        demand
+            .iter()
+            .map(|(k, u)| (k.clone(), scaled(*u)))
+            .collect()
+    }
+
+    /// This period's demand, taken at `now` (the count starts again).
+    fn take_demand(&self, now: u64) -> HashMap<BucketKey, u64> {
+        let mut demand = self.demand.lock().unwrap_or_else(PoisonError::into_inner);
+        self.demand_since.store(now, Ordering::Release);
+        std::mem::take(&mut *demand)
     }
 }
 
@@ -55,6 +80,12 @@ fn key_of(field: &str, limits: &Limits) -> Option<BucketKey> {
     let name = limits.name(name)?;
     let id = limits.id_kind(name)?.parse(id).ok()?;
     Some(BucketKey::new(name, id))
+}
+
+/// How long an instance's demand so far has counted when it adds it to the half hash: from its
+/// tick (a twentieth of a period in) to a twentieth before half way.
+fn half_window(period: u64) -> u64 {
+    (period / 4 * SURGE_QUARTER - period / 20).saturating_sub(period / 20)
 }
 
 /// The next tick at `now` (instance clock) with periods of `period` µs: the period whose end it
@@ -156,7 +187,10 @@ impl RedisBackend {
         let client: Client = self.client_for_key(&self.regions_key("lock"))?;
         let period = regional.settings.period_us.max(1);
         // 1. This instance's demand, into the period's hash (its busiest keys only).
-        let mut demand: Vec<(BucketKey, u64)> = regional.take_demand().into_iter().collect();
+        let mut demand: Vec<(BucketKey, u64)> = regional
+            .take_demand(self.inner.local.now_us())
+            .into_iter()
+            .collect();
         demand.sort_by_key(|d| std::cmp::Reverse(d.1));
         demand.truncate(regional.settings.max_keys);
         if !demand.is_empty() {
@@ -193,9 +227,11 @@ impl RedisBackend {
         };
         let state = self.regions_key("confirmed");
         if !holder {
-            // 3. Whether the registration is confirmed, as the holder last said.
+            // 3. Whether the registration is confirmed, as the holder last said; then this
+            //    instance's demand so far in this period, for the holder's surge.
             let confirmed: Option<String> = client.get(&state).await.map_err(failed)?;
             regional.set_confirmed(confirmed.as_deref() == Some("1"));
+            self.add_half_demand(regional, &client, ended + 1).await?;
             return Ok(None);
         }
         let _: bool = client
@@ -242,9 +278,14 @@ impl RedisBackend {
         // later): asked again half a period in, and three quarters in if still so, so a
         // transfer completes in the period it starts (`BENCHMARKS.md`: 2.5 to 2.9 periods to
         // converge, from 3.1 to 3.2).
+        // Half a period in, with them, the keys whose demand surged since the period began
+        // (`surging`: one idle that bursts reports it a period sooner).
         let mut again = std::mem::take(&mut round.ask_again);
         for quarter in ASK_AGAIN_QUARTERS {
-            if again.is_empty() {
+            let surge = quarter == SURGE_QUARTER;
+            if surge {
+                self.add_half_demand(regional, &client, ended + 1).await?;
+            } else if again.is_empty() {
                 break;
             }
             let at = (ended + 1).saturating_mul(period) + period / 4 * quarter;
@@ -252,6 +293,22 @@ impl RedisBackend {
                 at.saturating_sub(self.inner.local.now_us()),
             ))
             .await;
+            if surge {
+                let half = self.regions_key(&format!("demand:{}:half", ended + 1));
+                let counted: HashMap<String, u64> = client.hgetall(&half).await.map_err(failed)?;
+                let units =
+                    (counted.into_iter()).filter_map(|(f, u)| Some((key_of(&f, limits)?, u)));
+                let reported: HashMap<BucketKey, u64> = demands.iter().cloned().collect();
+                for (key, demand) in surging(units, limits, half_window(period), &reported) {
+                    match again.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, d)) => *d = (*d).max(demand),
+                        None => again.push((key, demand)),
+                    }
+                }
+            }
+            if again.is_empty() {
+                continue;
+            }
             let Ok(mut later) = self.answer_keys(regional, limits, &again, false).await else {
                 break;
             };
@@ -273,6 +330,44 @@ impl RedisBackend {
             .map_err(failed)?;
         let held = round.holding.clone();
         Ok(Some((round, held)))
+    }
+
+    /// Adds this instance's demand so far in period `current` (counted since its tick, a
+    /// twentieth of a period in) to the period's half hash, 45% into it: what the holder reads
+    /// half way for the keys whose demand surged.
+    async fn add_half_demand(
+        &self,
+        regional: &Regional,
+        client: &Client,
+        current: u64,
+    ) -> Result<(), crate::backend::BackendError> {
+        let failed =
+            |e: fred::error::Error| crate::backend::BackendError::Unavailable(e.to_string());
+        let period = regional.settings.period_us.max(1);
+        let at = current.saturating_mul(period) + period / 4 * SURGE_QUARTER - period / 20;
+        tokio::time::sleep(Duration::from_micros(
+            at.saturating_sub(self.inner.local.now_us()),
+        ))
+        .await;
+        let mut demand: Vec<(BucketKey, u64)> =
+            regional.demand_so_far(self.inner.local.now_us(), half_window(period));
+        demand.sort_by_key(|d| std::cmp::Reverse(d.1));
+        demand.truncate(regional.settings.max_keys);
+        if demand.is_empty() {
+            return Ok(());
+        }
+        let hash = self.regions_key(&format!("demand:{current}:half"));
+        let pipeline = client.pipeline();
+        for (key, units) in &demand {
+            let _: () = pipeline
+                .hincrby(&hash, field(key), i64::try_from(*units).unwrap_or(i64::MAX))
+                .await
+                .map_err(failed)?;
+        }
+        let ttl = i64::try_from(period.saturating_mul(3) / 1_000 + 1).unwrap_or(i64::MAX);
+        let _: () = pipeline.pexpire(&hash, ttl, None).await.map_err(failed)?;
+        let _: Vec<Value> = pipeline.all().await.map_err(failed)?;
+        Ok(())
     }
 
     /// A key of the region's own records in its store: `<prefix>{regions}:<what>`.

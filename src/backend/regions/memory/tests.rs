@@ -201,3 +201,32 @@ async fn simulated_regions_move_the_share_to_the_demand_within_the_envelope() {
         }
     }
 }
+
+/// A region idle, then bursting: eu asks 150 a second alone for 6 s, then eu and us 75 each.
+/// us's demand surges in the period the burst starts, is asked for half way through it, and
+/// us holds its share (the floor and 90% of its part, 10 + 36) within two periods of the
+/// burst (without the surge: 2.15 periods).
+#[tokio::test]
+async fn a_region_bursting_from_idle_gets_its_share_within_two_periods() {
+    let clock = ManualClock::new(T0);
+    let mut regions = SimulatedRegions::new(&clock, &["eu", "us"]).unwrap();
+    let limiters: Vec<Limiter> = (regions.regions().iter())
+        .map(|(_, backend)| Limiter::new(limits(), backend.clone()))
+        .collect();
+    regions.start().unwrap();
+    let key = limiters[0].key("Api", Id::from(7u64)).unwrap();
+    let mut reached = None;
+    for step in 0..1_500u64 {
+        let at = T0 + step * SECOND / 150;
+        regions.advance(at).unwrap();
+        let region = usize::from(step >= 900 && step % 2 == 1);
+        let tx = [Transaction::new(key.clone())];
+        limiters[region].spend(&tx).await.unwrap();
+        let us = regions.regions()[1].1.share_now(&key).unwrap();
+        if step >= 900 && reached.is_none() && us.floor.0 + us.part.0 >= 46 {
+            reached = Some(at - (T0 + 6 * SECOND));
+        }
+    }
+    let reached = reached.expect("us never got its share");
+    assert!(reached <= 2 * SECOND, "after {reached} µs");
+}
