@@ -124,4 +124,52 @@ impl ShareCase {
         };
         Expected::Decided { same, outcome, tat }
     }
+
+    /// Holds what a store decided of this case (`got`, and the TAT it left: 0 for none, a TAT
+    /// in the past read as now) to the Rust rule, and counts the case by what it exercised in
+    /// `seen`: closed, beyond the share's burst, the same limit, a changed limit allowed, a
+    /// changed limit denied.
+    pub(crate) fn check(
+        &self,
+        period: u64,
+        now: u64,
+        got: &crate::backend::Outcome,
+        stored_tat: u64,
+        seen: &mut [u32; 5],
+        context: &str,
+    ) {
+        match self.expected(period, now) {
+            Expected::Closed => {
+                assert!(!got.allowed, "{context}: closed");
+                seen[0] += 1;
+            }
+            Expected::NeverFits => {
+                assert!(!got.allowed, "{context}: never fits the share");
+                seen[1] += 1;
+            }
+            Expected::Decided { same, outcome, tat } => {
+                seen[match (same, outcome.allowed) {
+                    (true, _) => 2,
+                    (false, true) => 3,
+                    (false, false) => 4,
+                }] += 1;
+                assert_eq!(
+                    (
+                        got.allowed,
+                        got.remaining,
+                        got.retry_after_us,
+                        got.reset_after_us
+                    ),
+                    (
+                        outcome.allowed,
+                        outcome.remaining,
+                        outcome.retry_after_us,
+                        outcome.reset_after_us
+                    ),
+                    "{context}"
+                );
+                assert_eq!(stored_tat.max(now), tat.max(now), "{context}");
+            }
+        }
+    }
 }

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::global::{self, Asked, KeyRecord, RegistryRecord, Stored};
 use super::{
     ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, RegionalSettings, SURGE_QUARTER, demand_above_floor,
+    marked,
 };
 use crate::algo::gcra;
 use crate::algo::regions::{Grant, RegionKey, Request, Share};
@@ -290,8 +291,8 @@ impl MemoryBackend {
     #[doc(hidden)]
     pub fn share_now(&self, key: &BucketKey) -> Option<ShareNow> {
         let (region, limits) = self.region_limits()?;
-        let limit = *limits.resolve(key)?.as_gcra()?;
-        let floor = region.floor(&limit, limits.across_regions(key.name())?);
+        let (_, &limit, floor) = marked(&limits, key)?;
+        let floor = region.floor(&limit, floor);
         let now = self.now_us();
         let record = region.lock().records.get(key).copied().unwrap_or_default();
         let tat = self.tat(key);
@@ -420,12 +421,7 @@ impl MemoryBackend {
         let mut smaller = Vec::new();
         let mut state = region.lock();
         for (key, demand) in busiest {
-            let (Some(quota), Some(floor)) =
-                (limits.resolve(key), limits.across_regions(key.name()))
-            else {
-                continue;
-            };
-            let Some(limit) = quota.as_gcra() else {
+            let Some((_, limit, floor)) = marked(limits, key) else {
                 continue;
             };
             let now = self.now_us();
@@ -721,9 +717,8 @@ impl MemoryBackend {
         counted
             .into_iter()
             .filter_map(|(key, units)| {
-                let limit = *limits.resolve(&key)?.as_gcra()?;
-                let floor = limits.across_regions(key.name())?;
-                let demand = demand_above_floor(units, &limit, floor, period_us);
+                let (_, limit, floor) = marked(&limits, &key)?;
+                let demand = demand_above_floor(units, limit, floor, period_us);
                 (demand > 0).then_some((key, demand))
             })
             .collect()

@@ -73,6 +73,16 @@ pub(crate) const ASK_AGAIN_QUARTERS: [u64; 2] = [2, 3];
 /// quarters of a period after its start: half way, with the first asking again.
 pub(crate) const SURGE_QUARTER: u64 = 2;
 
+/// `key`'s limit when it is marked `across_regions` (a GCRA limit: the only one a share bucket
+/// decides): its quota, its limit and the region floor.
+pub(crate) fn marked<'l>(
+    limits: &'l crate::Limits,
+    key: &BucketKey,
+) -> Option<(&'l crate::Quota, &'l Limit, RegionFloor)> {
+    let quota = limits.resolve(key)?;
+    Some((quota, quota.as_gcra()?, limits.across_regions(key.name())?))
+}
+
 /// A key's demand above its floor, in requests per its limit's period, from the `units` its
 /// requests asked (admitted and refused) over one rebalance period of `period_us`.
 pub(crate) fn demand_above_floor(
@@ -107,9 +117,8 @@ pub(crate) fn surging(
     units
         .into_iter()
         .filter_map(|(key, units)| {
-            let limit = *limits.resolve(&key)?.as_gcra()?;
-            let floor = limits.across_regions(key.name())?;
-            let demand = demand_above_floor(units, &limit, floor, elapsed_us);
+            let (_, limit, floor) = marked(limits, &key)?;
+            let demand = demand_above_floor(units, limit, floor, elapsed_us);
             let before = reported.get(&key).copied().unwrap_or(0);
             // An eighth more, and an eighth of the limit more, on 8 units at least: a request
             // or two early in a period is not a surge (asked for, it would be given back at the
@@ -170,7 +179,10 @@ mod tests {
         let key = BucketKey::new(small.name("Api").unwrap(), Id::from(1u64));
         let none = std::collections::HashMap::new();
         assert!(surging([(key.clone(), 7)], &small, half, &none).is_empty());
-        assert_eq!(surging([(key.clone(), 8)], &small, half, &none), vec![(key, 15)]);
+        assert_eq!(
+            surging([(key.clone(), 8)], &small, half, &none),
+            vec![(key, 15)]
+        );
         // Not a marked limit: never.
         let plain = Limits::builder()
             .limit("Api", Limit::from_micros(100, 100, 1_000_000).unwrap())

@@ -21,6 +21,7 @@ use super::script::{self, Call, Op, ShareAnswer, ShareGrant};
 use crate::algo::regions::{Request, Share};
 pub(crate) use crate::backend::regions::RegionalSettings;
 use crate::backend::regions::global::{self, KeyRecord, RegistryRecord, Stored};
+use crate::backend::regions::marked;
 use crate::backend::{BackendError, BucketTx};
 use crate::config::Limits;
 use crate::key::BucketKey;
@@ -501,15 +502,9 @@ impl RedisBackend {
         busiest.truncate(regional.settings.max_keys);
         let mut asked = Vec::with_capacity(busiest.len());
         for (key, demand) in busiest {
-            let (Some(quota), Some(floor)) =
-                (limits.resolve(key), limits.across_regions(key.name()))
-            else {
-                continue;
-            };
-            let Some(limit) = quota.as_gcra() else {
-                continue;
-            };
-            asked.push((key, quota, *limit, floor, *demand));
+            if let Some((quota, limit, floor)) = marked(limits, key) {
+                asked.push((key, quota, *limit, floor, *demand));
+            }
         }
         let txs: Vec<BucketTx<'_>> = asked
             .iter()

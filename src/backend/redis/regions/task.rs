@@ -25,7 +25,7 @@ use fred::prelude::{Client, HashesInterface, KeysInterface, Value};
 use super::{Regional, Round};
 use crate::backend::redis::RedisBackend;
 use crate::backend::regions::{
-    ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, SURGE_QUARTER, demand_above_floor, surging,
+    ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, SURGE_QUARTER, demand_above_floor, marked, surging,
 };
 use crate::config::Limits;
 use crate::key::BucketKey;
@@ -193,19 +193,8 @@ impl RedisBackend {
             .collect();
         demand.sort_by_key(|d| std::cmp::Reverse(d.1));
         demand.truncate(regional.settings.max_keys);
-        if !demand.is_empty() {
-            let hash = self.regions_key(&format!("demand:{ended}"));
-            let pipeline = client.pipeline();
-            for (key, units) in &demand {
-                let _: () = pipeline
-                    .hincrby(&hash, field(key), i64::try_from(*units).unwrap_or(i64::MAX))
-                    .await
-                    .map_err(failed)?;
-            }
-            let ttl = i64::try_from(period.saturating_mul(3) / 1_000 + 1).unwrap_or(i64::MAX);
-            let _: () = pipeline.pexpire(&hash, ttl, None).await.map_err(failed)?;
-            let _: Vec<Value> = pipeline.all().await.map_err(failed)?;
-        }
+        self.add_demand(&client, &format!("demand:{ended}"), &demand, period)
+            .await?;
         // 2. The lock: taken, or kept by its holder.
         let lock = self.regions_key("lock");
         let ttl_ms = period.saturating_mul(3) / 1_000 + 1;
@@ -256,15 +245,9 @@ impl RedisBackend {
             let Some(key) = key_of(&f, limits) else {
                 continue;
             };
-            let (Some(quota), Some(floor)) =
-                (limits.resolve(&key), limits.across_regions(key.name()))
-            else {
-                continue;
-            };
-            let Some(limit) = quota.as_gcra() else {
-                continue;
-            };
-            demands.push((key, demand_above_floor(units, limit, floor, period)));
+            if let Some((_, limit, floor)) = marked(limits, &key) {
+                demands.push((key, demand_above_floor(units, limit, floor, period)));
+            }
         }
         demands.retain(|(_, d)| *d > 0);
         for key in holding {
@@ -341,8 +324,6 @@ impl RedisBackend {
         client: &Client,
         current: u64,
     ) -> Result<(), crate::backend::BackendError> {
-        let failed =
-            |e: fred::error::Error| crate::backend::BackendError::Unavailable(e.to_string());
         let period = regional.settings.period_us.max(1);
         let at = current.saturating_mul(period) + period / 4 * SURGE_QUARTER - period / 20;
         tokio::time::sleep(Duration::from_micros(
@@ -353,12 +334,27 @@ impl RedisBackend {
             regional.demand_so_far(self.inner.local.now_us(), half_window(period));
         demand.sort_by_key(|d| std::cmp::Reverse(d.1));
         demand.truncate(regional.settings.max_keys);
+        self.add_demand(client, &format!("demand:{current}:half"), &demand, period)
+            .await
+    }
+
+    /// Adds `demand` (each key's units) to the region's hash `what` (`regions_key`), which
+    /// expires three periods later: one pipeline.
+    async fn add_demand(
+        &self,
+        client: &Client,
+        what: &str,
+        demand: &[(BucketKey, u64)],
+        period: u64,
+    ) -> Result<(), crate::backend::BackendError> {
+        let failed =
+            |e: fred::error::Error| crate::backend::BackendError::Unavailable(e.to_string());
         if demand.is_empty() {
             return Ok(());
         }
-        let hash = self.regions_key(&format!("demand:{current}:half"));
+        let hash = self.regions_key(what);
         let pipeline = client.pipeline();
-        for (key, units) in &demand {
+        for (key, units) in demand {
             let _: () = pipeline
                 .hincrby(&hash, field(key), i64::try_from(*units).unwrap_or(i64::MAX))
                 .await
