@@ -247,6 +247,12 @@ impl GlobalKey {
         }
     }
 
+    /// Each region's latest demand and the part it may still be using: what
+    /// [`allocate`] sets the targets from.
+    pub fn bids(&self) -> Vec<(u64, Share)> {
+        self.regions.iter().map(|h| (h.demand, h.held)).collect()
+    }
+
     /// Whether every region's grants have lapsed at `now`: the record may be forgotten (the
     /// global store's expiry), since nothing it counts can be in use.
     pub fn lapsed(&self, now: u64, settings: &Settings) -> bool {
@@ -302,8 +308,7 @@ impl GlobalKey {
                 .enumerate()
                 .filter(|(i, _)| *i != request.region)
                 .fold(Share::ZERO, |sum, (_, h)| sum.plus(h.held));
-            let demands = self.regions.iter().map(|h| h.demand);
-            let target = allocate(movable, demands, self.regions.len(), request.region);
+            let target = allocate(movable, &self.bids(), request.region);
             target.min(movable.less(others))
         };
         let h = &mut self.regions[request.region];
@@ -325,35 +330,70 @@ fn lapsed(h: &Held, now: u64, settings: &Settings) -> bool {
         .is_some_and(|age| age >= settings.hold_us())
 }
 
-/// Region `region`'s target part of `movable`, from every region's demand: each region's demand
+/// Region `region`'s target part of `movable`, from every region's latest demand and the
+/// part it may still be using (`regions`, by position: `(demand, held)`): each region's demand
 /// and an even part of what is spare when the demands fit, else parts in proportion to demand;
-/// the burst in the same proportion as the rate; rounded down (so the parts never sum above
-/// `movable`).
-pub(crate) fn allocate(
-    movable: Share,
-    demands: impl Iterator<Item = u64> + Clone,
-    regions: usize,
-    region: usize,
-) -> Share {
-    if regions == 0 {
+/// the burst in proportion to the rate parts (evenly when no rate moves). Each is rounded down,
+/// and the units that rounding leaves go one each to the largest remainders (a tie to the region
+/// holding more, then the busier, then the first), so the parts sum to `movable` exactly: a
+/// limit of 1 that two regions want goes whole to one of them, and stays with its holder while
+/// their demands tie.
+pub(crate) fn allocate(movable: Share, regions: &[(u64, Share)], region: usize) -> Share {
+    if region >= regions.len() {
         return Share::ZERO;
     }
-    let n = regions as u128;
-    let total: u128 = demands.clone().map(u128::from).sum();
-    let mine = u128::from(demands.clone().nth(region).unwrap_or(0));
+    let n = regions.len() as u128;
+    let demands: Vec<u128> = regions.iter().map(|(d, _)| u128::from(*d)).collect();
+    let total: u128 = demands.iter().sum();
     let rate = u128::from(movable.rate);
-    let burst = u128::from(movable.burst);
-    let rate_part = if total <= rate {
-        mine + (rate - total) / n
+    // Each region's part as a fraction over one denominator.
+    let (rate_num, rate_den): (Vec<u128>, u128) = if total <= rate {
+        (demands.iter().map(|d| d * n + (rate - total)).collect(), n)
     } else {
-        rate * mine / total
+        (demands.iter().map(|d| rate * d).collect(), total)
     };
-    // No movable rate: the burst alone, evenly.
-    let burst_part = (burst * rate_part).checked_div(rate).unwrap_or(burst / n);
+    let held_rate: Vec<u64> = regions.iter().map(|(_, h)| h.rate).collect();
+    let rates = apportion(rate, &rate_num, rate_den, &held_rate, &demands);
+    let burst = u128::from(movable.burst);
+    let (burst_num, burst_den): (Vec<u128>, u128) = if rate == 0 {
+        (vec![burst; regions.len()], n)
+    } else {
+        (rates.iter().map(|r| burst * r).collect(), rate)
+    };
+    let held_burst: Vec<u64> = regions.iter().map(|(_, h)| h.burst).collect();
+    let bursts = apportion(burst, &burst_num, burst_den, &held_burst, &demands);
     Share {
-        rate: u64::try_from(rate_part).unwrap_or(u64::MAX),
-        burst: u64::try_from(burst_part).unwrap_or(u64::MAX),
+        rate: u64::try_from(rates[region]).unwrap_or(u64::MAX),
+        burst: u64::try_from(bursts[region]).unwrap_or(u64::MAX),
     }
+}
+
+/// `amount` apportioned by the largest remainder: each part `num / den` rounded down, then one
+/// unit each, until `amount` is reached, to the largest remainders, a tie to the larger `held`,
+/// then the larger `demand`, then the first. The parts never sum above `amount`.
+fn apportion(amount: u128, num: &[u128], den: u128, held: &[u64], demand: &[u128]) -> Vec<u128> {
+    if den == 0 {
+        return vec![0; num.len()];
+    }
+    let mut parts: Vec<u128> = num.iter().map(|x| x / den).collect();
+    let mut left = amount.saturating_sub(parts.iter().sum());
+    let mut order: Vec<usize> = (0..num.len()).filter(|&i| num[i] % den != 0).collect();
+    order.sort_by_key(|&i| {
+        (
+            std::cmp::Reverse(num[i] % den),
+            std::cmp::Reverse(held[i]),
+            std::cmp::Reverse(demand[i]),
+            i,
+        )
+    });
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        parts[i] += 1;
+        left -= 1;
+    }
+    parts
 }
 
 /// One key's share, as a region's store keeps it.
@@ -440,6 +480,11 @@ mod tests {
         Share { rate, burst }
     }
 
+    /// Demands by position, no region holding anything.
+    fn bids(demands: &[u64]) -> Vec<(u64, Share)> {
+        demands.iter().map(|d| (*d, Share::ZERO)).collect()
+    }
+
     /// A limit of 10 and 10, leases of 100 us and a margin of 10.
     fn settings() -> Settings {
         Settings {
@@ -470,32 +515,69 @@ mod tests {
         let movable = s(100, 50);
         let d = [30u64, 10, 0];
         // spare 60, 20 each: 50, 30, 20 of the rate; the burst in proportion.
-        assert_eq!(allocate(movable, d.iter().copied(), 3, 0), s(50, 25));
-        assert_eq!(allocate(movable, d.iter().copied(), 3, 1), s(30, 15));
-        assert_eq!(allocate(movable, d.iter().copied(), 3, 2), s(20, 10));
+        let d = bids(&d);
+        assert_eq!(allocate(movable, &d, 0), s(50, 25));
+        assert_eq!(allocate(movable, &d, 1), s(30, 15));
+        assert_eq!(allocate(movable, &d, 2), s(20, 10));
     }
 
     #[test]
-    fn demands_over_the_movable_part_share_it_in_proportion_rounded_down() {
+    fn demands_over_the_movable_part_share_it_in_proportion_by_the_largest_remainder() {
         let movable = s(100, 10);
-        let d = [190u64, 10];
-        assert_eq!(allocate(movable, d.iter().copied(), 2, 0), s(95, 9));
-        assert_eq!(allocate(movable, d.iter().copied(), 2, 1), s(5, 0));
-        let d = [1u64, 1, 1];
+        let d = bids(&[190, 10]);
+        // Burst 9.5 and 0.5: the unit left goes to the busier.
+        assert_eq!(allocate(movable, &d, 0), s(95, 10));
+        assert_eq!(allocate(movable, &d, 1), s(5, 0));
+        // Rate 0.8, 0.8, 0.4 of 2: the two largest remainders.
+        let d = bids(&[2, 2, 1]);
+        let parts: Vec<Share> = (0..3).map(|r| allocate(s(2, 2), &d, r)).collect();
+        assert_eq!(parts, vec![s(1, 1), s(1, 1), s(0, 0)]);
+        // Equal remainders: the first.
         let parts: Vec<Share> = (0..3)
-            .map(|r| allocate(s(2, 2), d.iter().copied(), 3, r))
+            .map(|r| allocate(s(2, 2), &bids(&[1, 1, 1]), r))
             .collect();
-        assert!(
-            parts
-                .iter()
-                .fold(Share::ZERO, |a, p| a.plus(*p))
-                .within(s(2, 2))
-        );
+        assert_eq!(parts, vec![s(1, 1), s(1, 1), s(0, 0)]);
+    }
+
+    /// Whole shares of a tiny limit: rounding every part down gave a limit of 1 that two
+    /// regions both wanted to neither (0.5 each), and the key was closed everywhere.
+    #[test]
+    fn a_limit_of_one_goes_whole_to_one_region_and_stays_with_its_holder_on_a_tie() {
+        let one = s(1, 1);
+        let parts = |d: &[(u64, Share)]| {
+            (0..d.len())
+                .map(|r| allocate(one, d, r))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(parts(&bids(&[1, 1])), vec![one, Share::ZERO]);
+        // us holds it: a tie stays with us, even at no demand at all.
+        let us_holds = |eu: u64, us: u64| vec![(eu, Share::ZERO), (us, one)];
+        assert_eq!(parts(&us_holds(1, 1)), vec![Share::ZERO, one]);
+        assert_eq!(parts(&us_holds(0, 0)), vec![Share::ZERO, one]);
+        assert_eq!(parts(&us_holds(3, 3)), vec![Share::ZERO, one]);
+        // A larger remainder wins over holding.
+        assert_eq!(parts(&us_holds(2, 1)), vec![one, Share::ZERO]);
+        assert_eq!(parts(&us_holds(1, 0)), vec![one, Share::ZERO]);
+    }
+
+    #[test]
+    fn the_targets_sum_to_the_movable_part_exactly() {
+        // Every demand of 0..5 in 3 regions, over small movable parts.
+        for rate in 0..7u64 {
+            for burst in 0..5u64 {
+                for code in 0..125u64 {
+                    let d = bids(&[code % 5, code / 5 % 5, code / 25]);
+                    let sum =
+                        (0..3).fold(Share::ZERO, |a, r| a.plus(allocate(s(rate, burst), &d, r)));
+                    assert_eq!(sum, s(rate, burst), "{d:?}");
+                }
+            }
+        }
     }
 
     #[test]
     fn a_zero_movable_rate_still_splits_the_burst_evenly() {
-        assert_eq!(allocate(s(0, 9), [0u64, 5, 0].into_iter(), 3, 1), s(0, 3));
+        assert_eq!(allocate(s(0, 9), &bids(&[0, 5, 0]), 1), s(0, 3));
     }
 
     #[test]
@@ -629,7 +711,7 @@ mod tests {
                     now += 1;
                 }
                 let targets: Vec<Share> = (0..2)
-                    .map(|r| allocate(movable, split.iter().map(|&x| above(x)), 2, r))
+                    .map(|r| allocate(movable, &bids(&split.map(above)), r))
                     .collect();
                 let settled = (0..2).all(|r| regions[r].in_use(now) == targets[r]);
                 let since = shifted_at.map_or(p, |at| p - at);

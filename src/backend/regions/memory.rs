@@ -153,8 +153,9 @@ pub(crate) struct RegionState {
     records: HashMap<BucketKey, ShareRecord>,
     /// The units asked of each marked key since the period's demand was last taken.
     demand: HashMap<BucketKey, u64>,
-    /// The keys that held a part after the last rebalance (asked again to give it back).
-    holding: Vec<BucketKey>,
+    /// The keys whose part or reported demand was not zero after the last rebalance: asked
+    /// again at the next (demand 0 when they have none), as the Redis task does.
+    asked_next: Vec<BucketKey>,
     /// The keys whose answer may change this period, with their demands.
     ask_again: Vec<(BucketKey, u64)>,
     /// The demands asked for at the period's rebalance (a surge is measured against them).
@@ -451,12 +452,10 @@ impl MemoryBackend {
             if !in_use.within(grant.share) {
                 smaller.push((key.clone(), *demand));
             }
-            if grant.share != Share::ZERO {
-                if !state.holding.contains(key) {
-                    state.holding.push(key.clone());
-                }
-            } else {
-                state.holding.retain(|k| k != key);
+            if grant.share != Share::ZERO || *demand > 0 {
+                // Once per key when taken (a key a later pass left with nothing is asked once
+                // more, answered nothing, and not kept).
+                state.asked_next.push(key.clone());
             }
             // The grant applied: the bucket's tokens kept under the new limit from now.
             self.settle_share(region, &mut state, key, limit, floor, now)?;
@@ -724,7 +723,8 @@ impl MemoryBackend {
             .collect()
     }
 
-    /// A period's rebalance: `demands` and the keys that held a part (demand 0: given back).
+    /// A period's rebalance: `demands` and the keys asked at the last with a part or a demand
+    /// (demand 0 when they have none now).
     fn memory_rebalance(
         &self,
         demands: &[(BucketKey, u64)],
@@ -736,8 +736,10 @@ impl MemoryBackend {
         let mut all = demands.to_vec();
         {
             let mut state = region.lock();
-            for key in std::mem::take(&mut state.holding) {
-                if !all.iter().any(|(k, _)| *k == key) {
+            let mut seen: std::collections::HashSet<BucketKey> =
+                all.iter().map(|(k, _)| k.clone()).collect();
+            for key in std::mem::take(&mut state.asked_next) {
+                if seen.insert(key.clone()) {
                     all.push((key, 0));
                 }
             }

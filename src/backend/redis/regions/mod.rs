@@ -143,9 +143,10 @@ pub(crate) struct Round {
     /// Keys another instance wrote between this one's read and write three times running (asked
     /// again next time).
     pub(crate) conflicts: usize,
-    /// The keys whose part is not zero after the round (asked again, to give it back, when
-    /// their demand falls).
-    pub(crate) holding: Vec<BucketKey>,
+    /// The keys whose part or reported demand is not zero after the round: asked again at the
+    /// next rebalance (demand 0 when they have none), so a part is given back and a demand
+    /// that stopped stops counting, not a lease later.
+    pub(crate) asked_next: Vec<BucketKey>,
     /// The keys whose answer may change once the other regions have reported and confirmed
     /// in this period (`global::Answered::ask_again`), with their demands: the task asks again
     /// later in the period.
@@ -153,18 +154,30 @@ pub(crate) struct Round {
 }
 
 impl Round {
-    /// Adds a later pass's counts, and its keys holding a part.
+    /// Adds a later pass's counts, and its keys asked at the next rebalance.
     fn absorb(&mut self, later: Round) {
         self.asked += later.asked;
         self.answered += later.answered;
         self.applied += later.applied;
         self.conflicts += later.conflicts;
-        for key in later.holding {
-            if !self.holding.contains(&key) {
-                self.holding.push(key);
+        for key in later.asked_next {
+            if !self.asked_next.contains(&key) {
+                self.asked_next.push(key);
             }
         }
     }
+}
+
+/// Which pass of a period a rebalance's call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// The period's rebalance: it sets the metrics of each marked limit's part and demand.
+    /// With the largest floor of the marked limits when the registry is read with the keys (a
+    /// global store that is not a cluster): this region is registered in it before any key is
+    /// answered, with the keys' records as read in the same instant.
+    First(Option<u16>),
+    /// A pass that confirms parts made smaller, or asks again later in the period.
+    Later,
 }
 
 /// A request for one key's share, numbered by the region's store (`RegionKey::request`).
@@ -334,11 +347,25 @@ impl Regional {
     /// registry again, quiet, with the registrations seen) and learns whether it is
     /// confirmed. `floor_bp`: the largest floor of the marked limits.
     pub(crate) async fn register(&self, floor_bp: u16) -> Result<(), BackendError> {
-        let key = self.registry_key();
-        let slot = fred::util::redis_keyslot(key.as_bytes());
-        let keys = [key];
-        let (now, read) = self.global_call(slot, &keys, GlobalCall::Read).await?;
+        let keys = [self.registry_key()];
+        let (now, read) = self
+            .global_call(self.registry_slot(), &keys, GlobalCall::Read)
+            .await?;
         let text = read.into_iter().next().unwrap_or_default();
+        self.registered(text, now, floor_bp).await
+    }
+
+    /// The registry's slot (any on a global store that is not a cluster: it is read with the
+    /// keys of a rebalance, in the same call).
+    fn registry_slot(&self) -> u16 {
+        fred::util::redis_keyslot(self.registry_key().as_bytes())
+    }
+
+    /// Registers this region in the registry `text` read at `now` (the global store's clock):
+    /// written when it changes (`global::register`), then whether this region is confirmed.
+    async fn registered(&self, text: String, now: u64, floor_bp: u16) -> Result<(), BackendError> {
+        let slot = self.registry_slot();
+        let keys = [self.registry_key()];
         let stored = Stored::read(&text, RegistryRecord::parse);
         let current = match &stored {
             Stored::Ours(r) => Some(r),
@@ -448,39 +475,39 @@ impl RedisBackend {
             .map(crate::RegionFloor::basis_points)
             .max()
             .unwrap_or(0);
-        regional.register(floor_bp).await?;
-        let known = regional
-            .registry
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .registered_at(&regional.region)
-            .is_some();
-        if !known {
-            // Never without the registry as the store holds it (its floors, its quiet period).
-            return Ok(Round::default());
+        // On a global store that is not a cluster the registry is read with the keys, in the
+        // same call (one command a period less, and the keys' answers see the registry as it
+        // is when they are read); on a cluster, first, on its own slot.
+        let with_keys = !regional.global.inner.clustered;
+        if !with_keys {
+            regional.register(floor_bp).await?;
         }
-        self.answer_keys(regional, limits, demands, true).await
+        self.answer_keys(
+            regional,
+            limits,
+            demands,
+            Pass::First(with_keys.then_some(floor_bp)),
+        )
+        .await
     }
 
-    /// `demands` answered (`rebalance_keys`; `report`: the metrics set), and the parts that
-    /// made smaller confirmed at once (a request naming the grant just applied): the global
-    /// store frees them for the other regions this period, not the next.
-    async fn answer_keys(
+    /// `demands` answered (`rebalance_keys`), and the parts that made smaller confirmed at
+    /// once (a request naming the grant just applied): the global store frees them for the
+    /// other regions this period, not the next.
+    pub(crate) async fn answer_keys(
         &self,
         regional: &Regional,
         limits: &Limits,
         demands: &[(BucketKey, u64)],
-        report: bool,
+        pass: Pass,
     ) -> Result<Round, BackendError> {
-        let (mut round, smaller) = self
-            .rebalance_keys(regional, limits, demands, report)
-            .await?;
+        let (mut round, smaller) = self.rebalance_keys(regional, limits, demands, pass).await?;
         if !smaller.is_empty() {
             let (again, _) = self
-                .rebalance_keys(regional, limits, &smaller, false)
+                .rebalance_keys(regional, limits, &smaller, Pass::Later)
                 .await?;
             round
-                .holding
+                .asked_next
                 .retain(|k| !smaller.iter().any(|(s, _)| s == k));
             round.absorb(again);
         }
@@ -488,15 +515,18 @@ impl RedisBackend {
     }
 
     /// One pass of a rebalance over `demands`: its round, and the keys whose part it made
-    /// smaller (with their demands), to confirm. `report`: the first pass sets the metrics of
-    /// each marked limit's part and demand.
+    /// smaller (with their demands), to confirm.
     async fn rebalance_keys(
         &self,
         regional: &Regional,
         limits: &Limits,
         demands: &[(BucketKey, u64)],
-        report: bool,
+        pass: Pass,
     ) -> Result<(Round, Vec<(BucketKey, u64)>), BackendError> {
+        let (report, registry) = match pass {
+            Pass::First(registry) => (true, registry),
+            Pass::Later => (false, None),
+        };
         let mut busiest: Vec<&(BucketKey, u64)> = demands.iter().collect();
         busiest.sort_by_key(|d| std::cmp::Reverse(d.1));
         busiest.truncate(regional.settings.max_keys);
@@ -515,6 +545,9 @@ impl RedisBackend {
             })
             .collect();
         if txs.len() != asked.len() || txs.is_empty() {
+            if let Some(floor_bp) = registry {
+                regional.register(floor_bp).await?;
+            }
             return Ok((Round::default(), Vec::new()));
         }
         let numbered = self.share_requests(&txs).await?;
@@ -528,11 +561,7 @@ impl RedisBackend {
             .map(|(key, ..)| KeyBuf::new(regional.global.prefix(), key, ":g").key())
             .collect();
         let mut grants: Vec<Option<ShareGrant>> = vec![None; txs.len()];
-        let registry = regional
-            .registry
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let mut with_registry = registry;
         for (slot, mut group) in regional.global.groups(&global_keys) {
             // A key another region wrote between this one's read and write is read and answered
             // again at once (twice more at most), not a period later.
@@ -541,7 +570,33 @@ impl RedisBackend {
                     break;
                 }
                 let keys: Vec<Key> = group.iter().map(|&i| global_keys[i].clone()).collect();
-                let (now, read) = regional.global_call(slot, &keys, GlobalCall::Read).await?;
+                let (now, mut read) = match with_registry.take() {
+                    Some(floor_bp) => {
+                        let mut both = vec![regional.registry_key()];
+                        both.extend(keys.iter().cloned());
+                        let (now, mut read) =
+                            regional.global_call(slot, &both, GlobalCall::Read).await?;
+                        let text = if read.is_empty() {
+                            String::new()
+                        } else {
+                            read.remove(0)
+                        };
+                        regional.registered(text, now, floor_bp).await?;
+                        (now, read)
+                    }
+                    None => regional.global_call(slot, &keys, GlobalCall::Read).await?,
+                };
+                read.truncate(keys.len());
+                let registry = regional
+                    .registry
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                if registry.registered_at(&regional.region).is_none() {
+                    // Never without the registry as the store holds it (its floors, its quiet
+                    // period).
+                    return Ok((Round::default(), Vec::new()));
+                }
                 let mut writes = Vec::with_capacity(group.len());
                 let mut answered = Vec::with_capacity(group.len());
                 for (&i, text) in group.iter().zip(read) {
@@ -622,11 +677,11 @@ impl RedisBackend {
             .zip(grants)
             .filter_map(|(tx, g)| Some((*tx, g?)))
             .unzip();
-        round.holding = txs
+        round.asked_next = asked
             .iter()
-            .zip(&grants)
-            .filter(|(_, g)| g.share != Share::ZERO)
-            .map(|(tx, _)| tx.key.clone())
+            .zip(&all_grants)
+            .filter(|((.., demand), g)| g.is_some_and(|g| g.share != Share::ZERO || *demand > 0))
+            .map(|((key, ..), _)| (*key).clone())
             .collect();
         for name in limits.across_regions_names().into_iter().filter(|_| report) {
             let (mut part, mut demand) = (Share::ZERO, 0u64);

@@ -127,9 +127,9 @@ impl RedisBackend {
         let instance = format!("{:016x}", crate::time::random_u64());
         runtime.spawn(async move {
             let period = regional.settings.period_us.max(1_000);
-            // Keys with a part after the last rebalance, asked again (demand 0 when they have
-            // none) to give it back.
-            let mut holding: Vec<BucketKey> = Vec::new();
+            // Keys with a part or a demand after the last rebalance, asked again (demand 0 when
+            // they have none): a part given back, a demand that stopped no longer counted.
+            let mut asked_next: Vec<BucketKey> = Vec::new();
             let mut next: Option<u64> = None;
             loop {
                 // Every instance ticks just after each period's end on its clock (a twentieth
@@ -146,7 +146,7 @@ impl RedisBackend {
                 };
                 let backend = RedisBackend { inner };
                 match backend
-                    .rebalance_period(&regional, &limits, &instance, &holding, ended)
+                    .rebalance_period(&regional, &limits, &instance, &asked_next, ended)
                     .await
                 {
                     Ok(Some((round, held))) => {
@@ -157,7 +157,7 @@ impl RedisBackend {
                             held.len(),
                             round.conflicts,
                         );
-                        holding = held;
+                        asked_next = held;
                     }
                     Ok(None) => {}
                     Err(e) => {
@@ -173,13 +173,13 @@ impl RedisBackend {
     }
 
     /// One period of the task: the demand added, the lock tried; for the holder, the
-    /// registration and the rebalance (its round, and the keys holding a part after it).
+    /// registration and the rebalance (its round, and the keys to ask at the next).
     async fn rebalance_period(
         &self,
         regional: &Regional,
         limits: &Limits,
         instance: &str,
-        holding: &[BucketKey],
+        asked_next: &[BucketKey],
         ended: u64,
     ) -> Result<Option<(Round, Vec<BucketKey>)>, crate::backend::BackendError> {
         let failed =
@@ -250,10 +250,10 @@ impl RedisBackend {
             }
         }
         demands.retain(|(_, d)| *d > 0);
-        for key in holding {
-            if !demands.iter().any(|(k, _)| k == key) {
-                demands.push((key.clone(), 0));
-            }
+        let with_demand: std::collections::HashSet<BucketKey> =
+            demands.iter().map(|(k, _)| k.clone()).collect();
+        for key in asked_next.iter().filter(|k| !with_demand.contains(*k)) {
+            demands.push((key.clone(), 0));
         }
         let mut round = self.rebalance(limits, &demands).await?;
         // Keys whose answer may change once the other regions have reported and confirmed
@@ -292,7 +292,10 @@ impl RedisBackend {
             if again.is_empty() {
                 continue;
             }
-            let Ok(mut later) = self.answer_keys(regional, limits, &again, false).await else {
+            let Ok(mut later) = self
+                .answer_keys(regional, limits, &again, super::Pass::Later)
+                .await
+            else {
                 break;
             };
             again = std::mem::take(&mut later.ask_again);
@@ -311,7 +314,7 @@ impl RedisBackend {
             )
             .await
             .map_err(failed)?;
-        let held = round.holding.clone();
+        let held = round.asked_next.clone();
         Ok(Some((round, held)))
     }
 

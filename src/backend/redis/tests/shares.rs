@@ -485,7 +485,7 @@ async fn shares_move_to_the_demand_through_the_global_store() {
     let round = eu.rebalance(&limits, &[(key.clone(), 0)]).await.unwrap();
     assert_eq!(part_of(&eu, &key).await, (0, 0));
     assert_eq!(round.asked, 2, "given back, then confirmed: {round:?}");
-    assert!(round.holding.is_empty(), "{round:?}");
+    assert!(round.asked_next.is_empty(), "{round:?}");
     us.rebalance(&limits, &[(key.clone(), 80)]).await.unwrap();
     assert_eq!(part_of(&us, &key).await, (80, 80));
     let total = sum(part_of(&eu, &key).await, part_of(&us, &key).await);
