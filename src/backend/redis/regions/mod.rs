@@ -168,6 +168,9 @@ impl Round {
     }
 }
 
+/// The most share buckets one call of the region's script numbers or applies grants to.
+const SHARE_CALL_KEYS: usize = 256;
+
 /// Which pass of a period a rebalance's call is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
@@ -261,7 +264,13 @@ impl RedisBackend {
             shares: self.share_call(),
         };
         let mut out = Vec::new();
-        for (slot, group) in self.groups(&keys) {
+        // At most `SHARE_CALL_KEYS` keys a call: one call over a rebalance's 10,000 keys held
+        // the region's store for a quarter of a second, and every request decided behind it
+        // waited as long.
+        let chunks = self.groups(&keys).into_iter().flat_map(|(slot, group)| {
+            (group.chunks(SHARE_CALL_KEYS).map(|c| (slot, c.to_vec()))).collect::<Vec<_>>()
+        });
+        for (slot, group) in chunks {
             let group_keys = || -> Vec<Key> { group.iter().map(|&i| keys[i].clone()).collect() };
             let group_grants: Vec<ShareGrant> = group
                 .iter()
