@@ -307,6 +307,21 @@ fn main() {
         let alive: Arc<Mutex<Vec<Option<Limiter>>>> =
             Arc::new(Mutex::new(limiters.into_iter().map(Some).collect()));
         let start = Instant::now();
+        // The global store's calls at the start of each steady window (3 s into the first
+        // phase, 3 s into the last): the steady state's commands.
+        let steady_calls: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+        {
+            let (steady_calls, port) = (steady_calls.clone(), global.port);
+            let marks = [3_000_000, fault_at, fault_end + 3_000_000];
+            tokio::spawn(async move {
+                for mark in marks {
+                    tokio::time::sleep(Duration::from_micros(mark).saturating_sub(start.elapsed())).await;
+                    let at = start.elapsed().as_micros() as u64;
+                    let calls = global_calls(port).await;
+                    steady_calls.lock().unwrap().push((at, calls));
+                }
+            });
+        }
         let us = move || start.elapsed().as_micros() as u64;
         let samples: Arc<Mutex<Vec<(usize, Sample)>>> = Arc::default();
         let parts: Arc<Mutex<Vec<(u64, usize, u64)>>> = Arc::default();
@@ -477,6 +492,20 @@ fn main() {
             "| commands the global store ran, per region per second{note} | {:.2} |",
             calls as f64 / n as f64 / ((end - if scenario == Scenario::Restart { fault_at } else { 0 }) as f64 / 1e6)
         );
+        // Steady: from 3 s into the first phase to its end, and from 3 s into the last to the
+        // run's end (the restart's store counts from 0 again: its last window only).
+        let marks = steady_calls.lock().unwrap().clone();
+        if marks.len() == 3 && scenario != Scenario::Restart {
+            let per_s = |(a, ca): (u64, u64), (b, cb): (u64, u64)| {
+                cb.saturating_sub(ca) as f64 / n as f64 / ((b - a).max(1) as f64 / 1e6)
+            };
+            let now = start.elapsed().as_micros() as u64;
+            println!(
+                "| commands per region per second at steady state: first phase from 3 s, last phase from 3 s | {:.2}, {:.2} |",
+                per_s(marks[0], marks[1]),
+                per_s(marks[2], (now, calls))
+            );
+        }
     });
     drop(servers);
 }

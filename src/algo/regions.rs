@@ -138,6 +138,15 @@ pub(crate) struct Grant {
     pub share: Share,
     /// The request's `sent_at`, echoed: the lease starts there.
     pub sent_at: u64,
+    /// Whether the answer may change once the other regions have reported and confirmed in
+    /// this period (the region asks again later in it): the share falls short of the region's
+    /// target while another region holds the rest; or, the region's demand having risen by
+    /// more than an eighth since its last request while another region holds a part, short
+    /// of the target it would have were the others' demands an eighth lower (their reports may
+    /// predate a fall; a fall too small to move the target, as a key of a few requests a
+    /// period shows from period to period, asks nothing). Short means by more than a
+    /// sixteenth of the movable part (`short_of`).
+    pub short: bool,
 }
 
 /// The regions registered in the global store, and what its records' loss makes it wait.
@@ -267,7 +276,8 @@ impl GlobalKey {
     /// `movable` is the limit minus every registered region's floor. `quiet_until` is when a
     /// global store that found its records gone may grant again (0 when it never lost them):
     /// until then every grant is zero. The grant is the region's target (`allocate` over every
-    /// region's latest demand), but never more than what no other region may be using.
+    /// region's latest demand, its current part kept where within a sixteenth of the movable
+    /// part of it: `settle`), but never more than what no other region may be using.
     pub fn on_request(
         &mut self,
         request: &Request,
@@ -296,20 +306,34 @@ impl GlobalKey {
             // to an older one, so it uses at most this one from now on.
             h.held = h.granted;
         }
+        let (reported, current) = (h.demand, h.granted);
         h.answered = request.seq;
         h.issued_at = now;
         h.demand = request.demand;
-        let share = if now < quiet_until {
-            Share::ZERO
+        let (share, short) = if now < quiet_until {
+            (Share::ZERO, false)
         } else {
-            let others = self
-                .regions
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != request.region)
+            let r = request.region;
+            let others = (self.regions.iter().enumerate())
+                .filter(|(i, _)| *i != r)
                 .fold(Share::ZERO, |sum, (_, h)| sum.plus(h.held));
-            let target = allocate(movable, &self.bids(), request.region);
-            target.min(movable.less(others))
+            let bids = self.bids();
+            let target = settle(allocate(movable, &bids, r), current, movable);
+            let share = target.min(movable.less(others));
+            // Were the others' demands an eighth lower (a report from before their fall).
+            let fallen: Vec<(u64, Share)> = (bids.iter().enumerate())
+                .map(|(i, &(d, h))| (if i == r { d } else { d - d / 8 }, h))
+                .collect();
+            let rose = request.demand > reported.saturating_add(reported / 8);
+            let short = short_of(target, share, movable)
+                || (rose
+                    && others != Share::ZERO
+                    && short_of(
+                        settle(allocate(movable, &fallen, r), current, movable),
+                        share,
+                        movable,
+                    ));
+            (share, short)
         };
         let h = &mut self.regions[request.region];
         h.granted = share;
@@ -319,8 +343,37 @@ impl GlobalKey {
             seq: request.seq,
             share,
             sent_at: request.sent_at,
+            short,
         })
     }
+}
+
+/// The part of the movable part within which a region's part is kept as it is (a sixteenth):
+/// demands that move by a few requests from period to period move no part, and so cost no
+/// confirmation and no asking again (`settle`, `short_of`).
+const SLACK_DIVISOR: u64 = 16;
+
+/// `target`, or the region's `current` part in each dimension where the two differ by at most
+/// a sixteenth of `movable` (no slack below 16 units: a part of a small limit always moves).
+fn settle(target: Share, current: Share, movable: Share) -> Share {
+    let keep = |t: u64, c: u64, m: u64| {
+        if t.abs_diff(c) <= m / SLACK_DIVISOR {
+            c
+        } else {
+            t
+        }
+    };
+    Share {
+        rate: keep(target.rate, current.rate, movable.rate),
+        burst: keep(target.burst, current.burst, movable.burst),
+    }
+}
+
+/// Whether `share` falls short of `target` by more than a sixteenth of `movable` in either
+/// dimension: the answer may change once the other regions have reported and confirmed.
+fn short_of(target: Share, share: Share, movable: Share) -> bool {
+    target.rate > share.rate.saturating_add(movable.rate / SLACK_DIVISOR)
+        || target.burst > share.burst.saturating_add(movable.burst / SLACK_DIVISOR)
 }
 
 /// Whether a region's grants have all lapsed at `now`: its latest was issued at least one lease
@@ -575,6 +628,51 @@ mod tests {
         }
     }
 
+    /// Two regions in a steady contention (both 65 above their floors, targets of 40 each):
+    /// parts within a sixteenth of the movable part of their targets stay as they are, and no
+    /// one is short, so a demand that moves by a request or two moves nothing (it cost a
+    /// confirmation and a second ask every period before); a real move moves the part.
+    #[test]
+    fn a_part_within_a_sixteenth_of_its_target_stays_and_is_not_short() {
+        let settings = settings();
+        let movable = s(80, 80);
+        let held = |granted: u64, demand: u64| Held {
+            answered: 1,
+            granted: s(granted, granted),
+            held: s(granted, granted),
+            issued_at: 0,
+            demand,
+        };
+        let mut key = GlobalKey {
+            regions: vec![held(43, 65), held(37, 65)],
+        };
+        let ask = |key: &mut GlobalKey, region: usize, seq: u64, demand: u64| {
+            let q = Request {
+                region,
+                seq,
+                applied: 1,
+                demand,
+                sent_at: 5,
+            };
+            key.on_request(&q, 5, movable, 0, &settings).unwrap()
+        };
+        let eu = ask(&mut key, 0, 2, 65);
+        assert_eq!(
+            (eu.share, eu.short),
+            (s(43, 43), false),
+            "target 40: 43 kept"
+        );
+        let us = ask(&mut key, 1, 2, 66);
+        assert_eq!(
+            (us.share, us.short),
+            (s(37, 37), false),
+            "target 40: 37 kept"
+        );
+        // eu's demand falls to 10: its target, 10 and half the spare (12), is far from 43.
+        let eu = ask(&mut key, 0, 3, 10);
+        assert_eq!(eu.share, s(12, 12));
+    }
+
     #[test]
     fn a_zero_movable_rate_still_splits_the_burst_evenly() {
         assert_eq!(allocate(s(0, 9), &bids(&[0, 5, 0]), 1), s(0, 3));
@@ -741,6 +839,7 @@ mod tests {
             seq: q.seq,
             share: s(400, 40),
             sent_at: q.sent_at,
+            short: false,
         };
         eu.on_grant(&g, &settings());
         let with = eu.bucket(floor, second, 104).unwrap();

@@ -20,7 +20,7 @@
 //! not a record of ours is read as lost (the registry) or as a key quiet for one lease and the
 //! margin (a key's record), and replaced.
 
-use crate::algo::regions::{GlobalKey, Grant, Held, Registry, Request, Settings, Share, allocate};
+use crate::algo::regions::{GlobalKey, Grant, Held, Registry, Request, Settings, Share};
 
 /// The most regions a registry or a key's record holds.
 pub(crate) const MAX_REGIONS: usize = 64;
@@ -312,12 +312,7 @@ pub(crate) struct Answered {
     /// The grant, if the request was answered (a late or repeated one is not).
     pub(crate) grant: Option<Grant>,
     /// Whether the answer may change once the other regions have reported and confirmed in
-    /// this period (the task asks again later in it): the grant is below the region's target
-    /// while another region holds the rest; or, its demand having risen by more than an eighth
-    /// since its last request while another region holds a part, below the target it would
-    /// have were the others' demands an eighth lower (their reports may predate a fall; a
-    /// fall too small to move the target, as a key of a few requests a period shows from
-    /// period to period, asks nothing).
+    /// this period (the task asks again later in it): `Grant::short`.
     pub(crate) ask_again: bool,
 }
 
@@ -382,7 +377,6 @@ pub(crate) fn answer(
     limits[me] = asked;
     let movable = positions.movable(total, &floors);
     let quiet_until = registry.quiet_until.max(record.quiet_until);
-    let reported = key.regions.get(me).map_or(0, |h| h.demand);
     let grant = key.on_request(
         &Request {
             region: me,
@@ -409,23 +403,7 @@ pub(crate) fn answer(
         },
         regions,
     });
-    let ask_again = grant.is_some_and(|g| {
-        now >= quiet_until && {
-            let bids = key.bids();
-            let target = allocate(movable, &bids, me);
-            let others_hold = bids
-                .iter()
-                .enumerate()
-                .any(|(i, b)| i != me && b.1 != Share::ZERO);
-            let rose = request.demand > reported.saturating_add(reported / 8);
-            // Were the others' demands an eighth lower (a report from before their fall).
-            let fallen: Vec<(u64, Share)> = (bids.iter().enumerate())
-                .map(|(i, &(d, h))| (if i == me { d } else { d - d / 8 }, h))
-                .collect();
-            !target.within(g.share)
-                || (rose && others_hold && g.share.rate < allocate(movable, &fallen, me).rate)
-        }
-    });
+    let ask_again = grant.is_some_and(|g| g.short);
     Answered {
         record,
         ttl_ms: hold.max(quiet_left).div_ceil(1_000).max(1),
@@ -718,8 +696,9 @@ mod tests {
         let us = ask(eu.record, "us", request(2, 1, 100), 5);
         assert_eq!(us.grant.unwrap().share, s(33, 33));
         assert!(!us.ask_again, "a steady state asks once a period");
-        // Its demand rises: granted what eu leaves free (80 - 47 = 33), below its target (80 x
-        // 120 / 260 = 36.9, 37 by the larger remainder): short.
+        // Its demand rises (100 to 120): its target, 80 x 120 / 260 = 36.9 (37 by the larger
+        // remainder), is within a sixteenth of the movable part (5) of its 33, which it keeps;
+        // but were eu's report an eighth lower (123) its target would be 40: short.
         let rose = ask(us.record.clone(), "us", request(3, 2, 120), 6);
         assert_eq!(rose.grant.unwrap().share, s(33, 33));
         assert!(rose.ask_again);
@@ -740,20 +719,15 @@ mod tests {
                 ("us".into(), held(33, 100, 5), asked),
             ],
         };
+        // Its target, 80 x 120 / 260 = 37, is within a sixteenth of the movable part (5) of
+        // its 33, which it keeps; were eu's demand an eighth lower (123) its target would be
+        // 40: short by more than 5.
         let rose = ask(Some(record.clone()), "us", request(10, 9, 120), 6);
-        assert_eq!(
-            rose.grant.unwrap().share,
-            s(37, 37),
-            "its target: 80 x 120 / 260"
-        );
+        assert_eq!(rose.grant.unwrap().share, s(33, 33));
         assert!(rose.ask_again);
-        // By an eighth or less: not short.
+        // By an eighth or less: not short (80 x 112 / 252 = 35.6, 36: its 33 kept).
         let same = ask(Some(record.clone()), "us", request(10, 9, 112), 6);
-        assert_eq!(
-            same.grant.unwrap().share,
-            s(36, 36),
-            "80 x 112 / 252 = 35.6"
-        );
+        assert_eq!(same.grant.unwrap().share, s(33, 33));
         assert!(!same.ask_again);
         // eu's demand falls: eu is granted its target and asks once a period, as before.
         let fell = ask(Some(record), "eu", request(10, 9, 100), 6);
