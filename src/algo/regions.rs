@@ -430,7 +430,9 @@ fn apportion(amount: u128, num: &[u128], den: u128, held: &[u64], demand: &[u128
     }
     let mut parts: Vec<u128> = num.iter().map(|x| x / den).collect();
     let mut left = amount.saturating_sub(parts.iter().sum());
-    let mut order: Vec<usize> = (0..num.len()).filter(|&i| num[i] % den != 0).collect();
+    let mut order: Vec<usize> = (0..num.len())
+        .filter(|&i| !num[i].is_multiple_of(den))
+        .collect();
     order.sort_by_key(|&i| {
         (
             std::cmp::Reverse(num[i] % den),
