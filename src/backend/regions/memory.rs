@@ -771,12 +771,8 @@ impl MemoryBackend {
             let mut again = std::mem::take(&mut state.ask_again);
             if let Some(elapsed) = surge {
                 let counted = state.demand.iter().map(|(k, u)| (k.clone(), *u));
-                for (key, demand) in super::surging(counted, &limits, elapsed, &state.reported) {
-                    match again.iter_mut().find(|(k, _)| *k == key) {
-                        Some((_, d)) => *d = (*d).max(demand),
-                        None => again.push((key, demand)),
-                    }
-                }
+                let surged = super::surging(counted, &limits, elapsed, &state.reported);
+                super::with_surges(&mut again, surged);
             }
             again
         };

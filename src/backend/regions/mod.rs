@@ -101,6 +101,26 @@ pub(crate) fn demand_above_floor(
 /// The fewest units a surge is measured on.
 const MIN_SURGE_UNITS: u64 = 8;
 
+/// `again` (keys asked again in the period, with their demands) with `surged` added: a key
+/// already in it asks for the larger demand.
+pub(crate) fn with_surges(
+    again: &mut Vec<(BucketKey, u64)>,
+    surged: impl IntoIterator<Item = (BucketKey, u64)>,
+) {
+    let mut at: std::collections::HashMap<BucketKey, usize> = (again.iter().enumerate())
+        .map(|(i, (k, _))| (k.clone(), i))
+        .collect();
+    for (key, demand) in surged {
+        match at.get(&key) {
+            Some(&i) => again[i].1 = again[i].1.max(demand),
+            None => {
+                at.insert(key.clone(), again.len());
+                again.push((key, demand));
+            }
+        }
+    }
+}
+
 /// The keys whose demand surged in the period under way, with their demands: `units` asked of
 /// each so far (admitted and refused; at least [`MIN_SURGE_UNITS`]), `elapsed_us` into the
 /// period, at that pace above its floor (`demand_above_floor`), more than an eighth above the
@@ -135,6 +155,19 @@ pub(crate) fn surging(
 mod tests {
     use super::*;
     use crate::{Id, Limits};
+
+    /// A surge of a key already asked again asks for the larger demand; a new key is added.
+    #[test]
+    fn surges_join_the_keys_asked_again_once_each() {
+        let limits = Limits::builder()
+            .limit("Api", Limit::from_micros(100, 100, 1_000_000).unwrap())
+            .build()
+            .unwrap();
+        let key = |id: u64| BucketKey::new(limits.name("Api").unwrap(), Id::from(id));
+        let mut again = vec![(key(1), 30), (key(2), 50)];
+        with_surges(&mut again, [(key(2), 40), (key(1), 35), (key(3), 9)]);
+        assert_eq!(again, vec![(key(1), 35), (key(2), 50), (key(3), 9)]);
+    }
 
     /// A surge is a demand at this period's pace more than an eighth above the one reported
     /// and by more than an eighth of the limit, on 8 units at least: an idle region that

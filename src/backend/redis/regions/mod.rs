@@ -160,8 +160,10 @@ impl Round {
         self.answered += later.answered;
         self.applied += later.applied;
         self.conflicts += later.conflicts;
+        let mut seen: std::collections::HashSet<BucketKey> =
+            self.asked_next.iter().cloned().collect();
         for key in later.asked_next {
-            if !self.asked_next.contains(&key) {
+            if seen.insert(key.clone()) {
                 self.asked_next.push(key);
             }
         }
@@ -173,7 +175,7 @@ const SHARE_CALL_KEYS: usize = 256;
 
 /// Which pass of a period a rebalance's call is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pass {
+enum Pass {
     /// The period's rebalance: it sets the metrics of each marked limit's part and demand.
     /// With the largest floor of the marked limits when the registry is read with the keys (a
     /// global store that is not a cluster): this region is registered in it before any key is
@@ -503,7 +505,7 @@ impl RedisBackend {
     /// `demands` answered (`rebalance_keys`), and the parts that made smaller confirmed at
     /// once (a request naming the grant just applied): the global store frees them for the
     /// other regions this period, not the next.
-    pub(crate) async fn answer_keys(
+    async fn answer_keys(
         &self,
         regional: &Regional,
         limits: &Limits,
@@ -515,9 +517,9 @@ impl RedisBackend {
             let (again, _) = self
                 .rebalance_keys(regional, limits, &smaller, Pass::Later)
                 .await?;
-            round
-                .asked_next
-                .retain(|k| !smaller.iter().any(|(s, _)| s == k));
+            let confirmed: std::collections::HashSet<&BucketKey> =
+                smaller.iter().map(|(k, _)| k).collect();
+            round.asked_next.retain(|k| !confirmed.contains(k));
             round.absorb(again);
         }
         Ok(round)

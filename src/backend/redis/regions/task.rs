@@ -26,6 +26,7 @@ use super::{Regional, Round};
 use crate::backend::redis::RedisBackend;
 use crate::backend::regions::{
     ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, SURGE_QUARTER, demand_above_floor, marked, surging,
+    with_surges,
 };
 use crate::config::Limits;
 use crate::key::BucketKey;
@@ -282,12 +283,8 @@ impl RedisBackend {
                 let units =
                     (counted.into_iter()).filter_map(|(f, u)| Some((key_of(&f, limits)?, u)));
                 let reported: HashMap<BucketKey, u64> = demands.iter().cloned().collect();
-                for (key, demand) in surging(units, limits, half_window(period), &reported) {
-                    match again.iter_mut().find(|(k, _)| *k == key) {
-                        Some((_, d)) => *d = (*d).max(demand),
-                        None => again.push((key, demand)),
-                    }
-                }
+                let surged = surging(units, limits, half_window(period), &reported);
+                with_surges(&mut again, surged);
             }
             if again.is_empty() {
                 continue;
