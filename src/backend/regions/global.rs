@@ -185,7 +185,31 @@ pub(crate) struct Asked {
     pub(crate) total: Share,
     /// The region's floor of it.
     pub(crate) floor: Share,
+    /// The limit's period, in microseconds: the rates above (and the parts granted under it)
+    /// count requests per this period.
+    pub(crate) period_us: u64,
 }
+
+impl Asked {
+    /// What a region asks under for a key of `limit` with `floor`.
+    pub(crate) fn of(limit: &crate::Limit, floor: crate::RegionFloor) -> Asked {
+        Asked {
+            total: Share {
+                rate: limit.count(),
+                burst: limit.burst(),
+            },
+            floor: Share {
+                rate: floor.of(limit.count()),
+                burst: floor.of(limit.burst()),
+            },
+            period_us: limit.period_us(),
+        }
+    }
+}
+
+/// The first word of a key's record: 2 since each region's line ends with its limit's period
+/// (a record of version 1 reads as foreign: nothing above the floors for one hold).
+const KEY_RECORD_VERSION: &str = "2";
 
 /// One key's record in the global store, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -203,7 +227,7 @@ impl KeyRecord {
     pub(crate) fn parse(text: &str) -> Option<Self> {
         let mut lines = text.lines();
         let mut head = lines.next()?.split(' ');
-        if head.next()? != "1" {
+        if head.next()? != KEY_RECORD_VERSION {
             return None;
         }
         let quiet_until = head.next()?.parse().ok()?;
@@ -243,6 +267,7 @@ impl KeyRecord {
                     rate: n()?,
                     burst: n()?,
                 },
+                period_us: n()?,
             };
             if f.next().is_some() {
                 return None;
@@ -259,10 +284,10 @@ impl KeyRecord {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// The record as stored.
     pub(crate) fn text(&self) -> String {
-        let mut out = format!("1 {}", self.quiet_until);
+        let mut out = format!("{KEY_RECORD_VERSION} {}", self.quiet_until);
         for (name, h, a) in &self.regions {
             out.push_str(&format!(
-                "\n{name} {} {} {} {} {} {} {} {} {} {} {}",
+                "\n{name} {} {} {} {} {} {} {} {} {} {} {} {}",
                 h.answered,
                 h.granted.rate,
                 h.granted.burst,
@@ -273,7 +298,8 @@ impl KeyRecord {
                 a.total.rate,
                 a.total.burst,
                 a.floor.rate,
-                a.floor.burst
+                a.floor.burst,
+                a.period_us
             ));
         }
         out
@@ -361,6 +387,8 @@ pub(crate) fn answer(
     let mut key = GlobalKey::new(names.len());
     let mut limits = vec![asked; names.len()];
     let (mut total, mut floors) = (asked.total, vec![asked.floor; names.len()]);
+    // A part granted under another period may be in use: its rates do not compare.
+    let mut other_period = false;
     for (name, held, theirs) in &record.regions {
         if let Some(i) = names.iter().position(|n| n == name) {
             key.regions[i] = *held;
@@ -370,13 +398,20 @@ pub(crate) fn answer(
             if now.checked_sub(held.issued_at).is_none_or(|age| age < hold) {
                 total = total.min(theirs.total);
                 floors[i] = floors[i].max(theirs.floor);
+                other_period |= theirs.period_us != asked.period_us && held.held != Share::ZERO;
             }
         }
     }
     let me = names.iter().position(|n| *n == region).unwrap_or(0);
     limits[me] = asked;
     let movable = positions.movable(total, &floors);
-    let quiet_until = registry.quiet_until.max(record.quiet_until);
+    // Parts under another period (a rolling deploy that changes the period): nothing above the
+    // floors until they have lapsed.
+    let quiet_until = if other_period {
+        u64::MAX
+    } else {
+        registry.quiet_until.max(record.quiet_until)
+    };
     let grant = key.on_request(
         &Request {
             region: me,
@@ -450,6 +485,7 @@ mod tests {
                 Asked {
                     total: s(8, 9),
                     floor: s(10, 11),
+                    period_us: 1_000_000,
                 },
             )],
         };
@@ -466,11 +502,14 @@ mod tests {
             assert_eq!(RegistryRecord::parse(foreign), None, "{foreign:?}");
         }
         for foreign in [
-            "1",
-            "1 0\neu 1 2",
-            "1 0\neu 1 2 3 4 5 6 7",
-            "1 0\neu 1 2 3 4 5 6 7 8 9 10 11 12",
-            "1 0\n{x} 1 2 3 4 5 6 7 8 9 10 11",
+            "2",
+            "2 0\neu 1 2",
+            "2 0\neu 1 2 3 4 5 6 7",
+            "2 0\neu 1 2 3 4 5 6 7 8 9 10 11",
+            "2 0\neu 1 2 3 4 5 6 7 8 9 10 11 12 13",
+            "2 0\n{x} 1 2 3 4 5 6 7 8 9 10 11 12",
+            // Version 1, before each line held its period.
+            "1 0\neu 1 2 3 4 5 6 7 8 9 10 11",
         ] {
             assert_eq!(KeyRecord::parse(foreign), None, "{foreign:?}");
         }
@@ -546,6 +585,7 @@ mod tests {
         let floor = Asked {
             total: s(100, 100),
             floor: s(10, 10),
+            period_us: 1_000_000,
         };
         let first = answer(
             Stored::None,
@@ -609,10 +649,12 @@ mod tests {
         let big = Asked {
             total: s(200, 200),
             floor: s(20, 20),
+            period_us: 1_000_000,
         };
         let small = Asked {
             total: s(100, 100),
             floor: s(10, 10),
+            period_us: 1_000_000,
         };
         // us, alone and under 200: the movable 200 - 2 x 20, all of it.
         let us = answer(
@@ -662,6 +704,59 @@ mod tests {
         assert_eq!(later.grant.unwrap().share, s(160, 160));
     }
 
+    /// A rolling deploy that changes the period: eu holds 55 of the 80 that move of 100 a
+    /// second; us asks under 100 per 10 s (10 a second: smaller, though its number is not).
+    /// The rates do not compare, so us is granted nothing above its floor while eu's part may
+    /// be in use (before, the 25 eu left were granted to us, in requests per 10 s, beside eu's
+    /// 65 a second, over us's limit); once eu's grant has lapsed, us's own limit rules.
+    #[test]
+    fn regions_that_disagree_on_the_period_grant_nothing_until_the_other_lapses() {
+        let registry = eu_and_us();
+        let settings = settings();
+        let second = Asked {
+            total: s(100, 100),
+            floor: s(10, 10),
+            period_us: 1_000_000,
+        };
+        let ten = Asked {
+            period_us: 10_000_000,
+            ..second
+        };
+        let eu = answer(
+            Stored::None,
+            &registry,
+            "eu",
+            request(1, 0, 30),
+            second,
+            &settings,
+            1,
+        );
+        assert_eq!(eu.grant.unwrap().share, s(55, 55), "30 and half the spare");
+        let record = eu.record.unwrap();
+        assert_eq!(KeyRecord::parse(&record.text()), Some(record.clone()));
+        let us = answer(
+            Stored::Ours(record.clone()),
+            &registry,
+            "us",
+            request(1, 0, 200),
+            ten,
+            &settings,
+            2,
+        );
+        assert_eq!(us.grant.unwrap().share, Share::ZERO);
+        assert!(!us.ask_again);
+        let later = answer(
+            Stored::Ours(record),
+            &registry,
+            "us",
+            request(1, 0, 200),
+            ten,
+            &settings,
+            1 + settings.hold_us(),
+        );
+        assert_eq!(later.grant.unwrap().share, s(80, 80));
+    }
+
     /// An answer that may change once the other regions have reported and confirmed says so
     /// (`ask_again`: the task asks again in the same period): a grant below the target while
     /// another region holds the rest; a demand risen by more than an eighth, granted below it
@@ -673,6 +768,7 @@ mod tests {
         let asked = Asked {
             total: s(100, 100),
             floor: s(10, 10),
+            period_us: 1_000_000,
         };
         let ask = |record: Option<KeyRecord>, region: &str, r: Request, now: u64| {
             let stored = record.map_or(Stored::None, Stored::Ours);
@@ -746,6 +842,7 @@ mod tests {
         let one = Asked {
             total: s(1, 1),
             floor: Share::ZERO,
+            period_us: 1_000_000,
         };
         let ask = |record: Option<KeyRecord>, region: &str, r: Request, now: u64| {
             let stored = record.map_or(Stored::None, Stored::Ours);

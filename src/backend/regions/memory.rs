@@ -433,13 +433,7 @@ impl MemoryBackend {
             let in_use = record.key.in_use(now);
             let request = record.key.request(0, *demand, now);
             let settings = region.settings.protocol(limit);
-            let asked = Asked {
-                total: settings.total,
-                floor: Share {
-                    rate: floor.of(limit.count()),
-                    burst: floor.of(limit.burst()),
-                },
-            };
+            let asked = Asked::of(limit, floor);
             let answer = region
                 .global
                 .answer(key, &region.name, request, asked, &settings);

@@ -613,7 +613,6 @@ impl RedisBackend {
                 for (&i, text) in group.iter().zip(read) {
                     let (_, _, limit, floor, demand) = asked[i];
                     let settings = regional.settings.protocol(&limit);
-                    let total = settings.total;
                     let n = numbered[i];
                     let answer = global::answer(
                         Stored::read(&text, KeyRecord::parse),
@@ -626,13 +625,7 @@ impl RedisBackend {
                             demand,
                             sent_at: n.sent_at,
                         },
-                        global::Asked {
-                            total,
-                            floor: Share {
-                                rate: floor.of(limit.count()),
-                                burst: floor.of(limit.burst()),
-                            },
-                        },
+                        global::Asked::of(&limit, floor),
                         &settings,
                         now,
                     );
