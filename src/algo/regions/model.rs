@@ -408,7 +408,7 @@ impl std::fmt::Debug for Message {
 }
 
 /// A run larger than this is a mistake in the test (it would take minutes in a debug build).
-const MAX_STATES: usize = 6_000_000;
+const MAX_STATES: usize = 12_000_000;
 
 fn holds(run: &Run) -> usize {
     match run.search() {
