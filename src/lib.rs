@@ -176,6 +176,7 @@ mod time;
 pub use admin::{AdminPrincipal, admin_router};
 pub use algo::calendar::{CalendarError, CalendarQuota, CalendarState, Period};
 pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
+pub use algo::fair_share::{FairShare, FairShareError};
 pub use algo::gcra::{GcraError, Limit, LimitError};
 pub use algo::tiers::{
     Tier, TierError, TierGrant, TierLog, TierRequestError, TierState, TieredLimit,

@@ -4,6 +4,7 @@
 
 pub mod calendar;
 pub mod concurrency;
+pub mod fair_share;
 pub mod gcra;
 pub(crate) mod regions;
 pub mod tiers;

@@ -126,6 +126,12 @@ pub enum ConfigErrorKind {
     /// A calendar quota that does not validate (`docs/calendar.md`).
     #[error("invalid calendar quota: {0}")]
     InvalidCalendar(#[from] crate::algo::calendar::CalendarError),
+    /// An override that changes what its limit's ids share (a fair share's budget).
+    #[error("an override must keep {0}")]
+    OverrideMustKeep(&'static str),
+    /// An invalid fair share (`fair_share:`): a weight, a minimum or a refresh period.
+    #[error("invalid fair share: {0}")]
+    InvalidFairShare(#[from] crate::algo::fair_share::FairShareError),
     /// Tiers that do not validate (the error names the tier and the field).
     #[error("invalid tiers: {0}")]
     InvalidTiers(#[from] TierError),
@@ -314,6 +320,7 @@ impl From<crate::quota::ShapeError> for ConfigErrorKind {
             crate::quota::ShapeError::Tiers(e) => e.into(),
             crate::quota::ShapeError::Concurrency(e) => e.into(),
             crate::quota::ShapeError::Calendar(e) => e.into(),
+            crate::quota::ShapeError::FairShare(e) => e.into(),
         }
     }
 }

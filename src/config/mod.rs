@@ -58,6 +58,10 @@ impl NameEntry {
         if self.across_regions.is_some() {
             regions::check_marked(quota)?;
         }
+        if let Some(d) = &self.default {
+            d.keeps_on_override(quota)
+                .map_err(ConfigErrorKind::OverrideMustKeep)?;
+        }
         Ok(())
     }
 }

@@ -43,6 +43,13 @@ impl Id {
         Ok(Self::from_checked_text(text))
     }
 
+    /// The empty id: a limit's own state (`BucketKey::limit_wide`), never a request's
+    /// ([`Id::new`] refuses empty text).
+    pub(super) fn limit_wide() -> Self {
+        static EMPTY: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+        Self(Repr::Text(EMPTY.clone()))
+    }
+
     pub(super) fn from_checked_text(text: &str) -> Self {
         let bytes = text.as_bytes();
         if bytes.iter().all(u8::is_ascii_digit) {

@@ -190,6 +190,15 @@ impl BucketKey {
         Self { name, id }
     }
 
+    /// The key of a state `name` keeps for all its ids (a fair share's pool,
+    /// [`kit::state_key`](crate::kit::state_key)): an empty id, which no request can name.
+    pub fn limit_wide(name: LimitName) -> Self {
+        Self {
+            name,
+            id: Id::limit_wide(),
+        }
+    }
+
     /// The limit's name.
     pub fn name(&self) -> LimitName {
         self.name

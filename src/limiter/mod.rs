@@ -39,6 +39,10 @@ pub enum LimiterError {
     /// The same bucket appears twice in one batch.
     #[error("bucket {0} appears twice in one batch")]
     DuplicateKey(String),
+    /// A limit that keeps one state for all its ids (a fair share) appears twice in one
+    /// batch, for two ids: each id's request is a batch of its own.
+    #[error("limit {0} (one state for all its ids) appears twice in one batch")]
+    LimitTwice(LimitName),
     /// A transaction's cost is larger than its limit's burst (for a tiered limit: its smallest
     /// acceptable grant is larger than the sum of the tiers' limits): it could never be
     /// allowed.
@@ -86,7 +90,7 @@ pub enum LimiterError {
     Backend(#[from] BackendError),
 }
 
-readable_debug!(LimiterError { UnknownName(name), DuplicateKey(key), CostAboveBurst { name, cost, burst }, EmptyCostRange { name, min, max }, RangeOnConcurrency { name }, RenewWithoutSlots { name }, InvalidId { name, source }, Backend(error) });
+readable_debug!(LimiterError { UnknownName(name), DuplicateKey(key), LimitTwice(name), CostAboveBurst { name, cost, burst }, EmptyCostRange { name, min, max }, RangeOnConcurrency { name }, RenewWithoutSlots { name }, InvalidId { name, source }, Backend(error) });
 
 /// The first key that appears twice in `batch`: pairwise for a request's few rules (no
 /// allocation), through a hash set beyond that, so a batch of any size costs linear time.

@@ -481,6 +481,12 @@ impl Limiter {
                 }
                 counted.concurrency |= quota.holds_leases();
                 txs.push(checked);
+                // One state for all the limit's ids (a fair share): one decision per batch.
+                if quota.state_per_limit()
+                    && crate::backend::kit::earlier(txs, txs.len() - 1).is_some()
+                {
+                    return Err(LimiterError::LimitTwice(name));
+                }
             }
             resolved.push(Resolved {
                 quota,

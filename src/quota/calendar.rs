@@ -37,6 +37,16 @@ impl Shape for CalendarQuota {
         false
     }
 
+    /// One state per id.
+    fn state_per_limit(&self) -> bool {
+        false
+    }
+
+    /// Any limit of its shape may replace it for an id.
+    fn keeps_on_override(&self, _: &Quota) -> Result<(), &'static str> {
+        Ok(())
+    }
+
     fn across_regions(&self) -> Result<(), &'static str> {
         Err("a calendar quota")
     }

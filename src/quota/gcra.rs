@@ -40,6 +40,16 @@ impl Shape for Limit {
         self.prefetch() > 0
     }
 
+    /// One state per id.
+    fn state_per_limit(&self) -> bool {
+        false
+    }
+
+    /// Any limit of its shape may replace it for an id.
+    fn keeps_on_override(&self, _: &Quota) -> Result<(), &'static str> {
+        Ok(())
+    }
+
     fn across_regions(&self) -> Result<(), &'static str> {
         // Prefetched tokens are spent without the store: no region share could count them.
         if self.prefetch() > 0 {

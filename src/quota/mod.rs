@@ -16,11 +16,13 @@ use std::sync::Arc;
 
 use crate::algo::calendar::CalendarQuota;
 use crate::algo::concurrency::ConcurrencyLimit;
+use crate::algo::fair_share::FairShare;
 use crate::algo::gcra::Limit;
 use crate::algo::tiers::{TierGrant, TieredLimit};
 
 mod calendar;
 mod concurrency;
+mod fair_share;
 mod gcra;
 mod tiers;
 
@@ -43,6 +45,10 @@ macro_rules! each {
             }
             Quota::Calendar(shape) => {
                 let $s: &CalendarQuota = shape;
+                $e
+            }
+            Quota::FairShare(shape) => {
+                let $s: &FairShare = shape;
                 $e
             }
         }
@@ -98,6 +104,8 @@ pub enum Quota {
     Concurrency(ConcurrencyLimit),
     /// A count per calendar period, renewing at the period's boundary (`docs/calendar.md`).
     Calendar(Arc<CalendarQuota>),
+    /// One GCRA budget shared by weight among the ids active now (`docs/fair-share.md`).
+    FairShare(Arc<FairShare>),
 }
 
 impl Quota {
@@ -131,6 +139,27 @@ impl Quota {
             Quota::Calendar(c) => Some(c),
             _ => None,
         }
+    }
+
+    /// The fair share, if this is one.
+    pub fn as_fair_share(&self) -> Option<&FairShare> {
+        match self {
+            Quota::FairShare(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Whether a backend keeps one state for the whole limit (all its ids read it: a fair
+    /// share's budget and active weights) at the limit's key
+    /// ([`kit::state_key`](crate::kit::state_key)), rather than one per id.
+    pub fn state_per_limit(&self) -> bool {
+        each!(self, s => Shape::state_per_limit(s))
+    }
+
+    /// Whether `other` may replace this default for an id (a file or stored override): `Err`
+    /// names what it must keep (a fair share's budget, shared by all ids).
+    pub(crate) fn keeps_on_override(&self, other: &Quota) -> Result<(), &'static str> {
+        each!(self, s => Shape::keeps_on_override(s, other))
     }
 
     /// The largest cost a request can ever be granted: the burst, the sum of the tiers'
@@ -267,7 +296,9 @@ impl Quota {
     /// `calendar`) and refuses any other field beside them.
     pub(crate) fn read_json(form: Form, fields: &serde_json::Value) -> Result<Quota, String> {
         // Each shape's reader (a new shape adds its own: the MUST list).
-        let readers: [Reader; 4] = [
+        let readers: [Reader; 5] = [
+            // Before GCRA's: a fair share's budget has a GCRA limit's fields.
+            fair_share::read_json,
             gcra::read_json,
             tiers::read_json,
             concurrency::read_json,
@@ -276,7 +307,7 @@ impl Quota {
         readers
             .iter()
             .find_map(|read| read(form, fields))
-            .unwrap_or_else(|| Err("no limit: write a limit's fields (burst, count, period; tiers; concurrency; calendar)".to_owned()))
+            .unwrap_or_else(|| Err("no limit: write a limit's fields (burst, count, period; tiers; concurrency; calendar; fair_share)".to_owned()))
     }
 
     /// The same limit at `percent` (1 to 100) of its size, for an in-memory fallback per
@@ -299,6 +330,8 @@ trait Shape {
     fn lease_us(&self) -> Option<u64>;
     fn prefetches(&self) -> bool;
     fn across_regions(&self) -> Result<(), &'static str>;
+    fn state_per_limit(&self) -> bool;
+    fn keeps_on_override(&self, other: &Quota) -> Result<(), &'static str>;
     fn fixed_policy(&self) -> Option<(u64, u64)>;
     fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown>;
     #[cfg(any(feature = "metrics", feature = "replay"))]
@@ -416,6 +449,13 @@ pub(crate) enum ShapeError {
     Tiers(crate::algo::tiers::TierError),
     Concurrency(crate::algo::concurrency::ConcurrencyError),
     Calendar(crate::algo::calendar::CalendarError),
+    FairShare(crate::algo::fair_share::FairShareError),
+}
+
+impl From<crate::algo::fair_share::FairShareError> for ShapeError {
+    fn from(e: crate::algo::fair_share::FairShareError) -> Self {
+        ShapeError::FairShare(e)
+    }
 }
 
 impl From<crate::algo::calendar::CalendarError> for ShapeError {
@@ -484,6 +524,7 @@ impl fmt::Display for Quota {
             Quota::Tiered(t) => t.fmt(f),
             Quota::Concurrency(c) => c.fmt(f),
             Quota::Calendar(c) => c.fmt(f),
+            Quota::FairShare(s) => s.fmt(f),
         }
     }
 }

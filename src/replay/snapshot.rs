@@ -137,6 +137,85 @@ struct Line {
     leases: Option<Vec<(u64, u64)>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     calendar: Option<CalendarLine>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fair_share: Option<FairLine>,
+}
+
+/// A fair-share limit's state (its `id` is empty: the limit's own key).
+#[derive(Serialize, Deserialize)]
+struct FairLine {
+    /// The budget's stored word (its TAT and its writer's bound).
+    word: u64,
+    epoch: u64,
+    weights: (u64, u64),
+    mins: (u64, u64),
+    #[serde(default)]
+    ids: (u64, u64),
+    /// `(id, until_us, cost)`.
+    waiting: Vec<(String, u64, u64)>,
+    /// `(id, tat_us, epoch, weight, min)`.
+    members: Vec<(String, u64, u64, u64, u64)>,
+}
+
+impl FairLine {
+    fn of(p: &kit::FairPool) -> FairLine {
+        let pool = &p.pool;
+        FairLine {
+            word: pool.tat,
+            epoch: pool.epoch,
+            weights: pool.weights,
+            mins: pool.mins,
+            ids: pool.ids,
+            waiting: pool
+                .waiting
+                .iter()
+                .map(|w| (w.id.to_string(), w.until_us, w.cost))
+                .collect(),
+            members: p
+                .members
+                .iter()
+                .map(|(id, m)| (id.to_string(), m.tat, m.epoch, m.weight, m.min))
+                .collect(),
+        }
+    }
+
+    fn into_state(self) -> Result<kit::Stored, String> {
+        use crate::algo::fair_share::{MAX_MEMBERS, MAX_WAITERS, Member, Pool, Waiter};
+        if self.waiting.len() > MAX_WAITERS || self.members.len() > 2 * MAX_MEMBERS {
+            return Err("fair_share: more waiters or members than a limit keeps".into());
+        }
+        let id = |text: &str| crate::Id::new(text).map_err(|e| format!("fair_share: {e}"));
+        let mut waiting = Vec::with_capacity(self.waiting.len());
+        for (w, until_us, cost) in &self.waiting {
+            waiting.push(Waiter {
+                id: id(w)?,
+                until_us: *until_us,
+                cost: *cost,
+            });
+        }
+        let mut members = std::collections::HashMap::with_capacity(self.members.len());
+        for (m, tat, epoch, weight, min) in &self.members {
+            let member = Member {
+                tat: *tat,
+                epoch: *epoch,
+                weight: *weight,
+                min: *min,
+            };
+            members.insert(id(m)?, member);
+        }
+        let pool = Pool {
+            tat: self.word,
+            epoch: self.epoch,
+            weights: self.weights,
+            mins: self.mins,
+            ids: self.ids,
+            waiting,
+        };
+        Ok(kit::Stored::FairShare(Box::new(kit::FairPool {
+            pool,
+            members,
+        })))
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -195,11 +274,31 @@ impl Line {
                     used: c.used,
                 });
             }
+            kit::Stored::FairShare(p) => line.fair_share = Some(FairLine::of(p)),
         }
         line
     }
 
     fn into_key(self) -> Result<SnapshotKey, String> {
+        let shapes = [
+            self.gcra.is_some(),
+            self.tiers.is_some(),
+            self.leases.is_some(),
+            self.calendar.is_some(),
+            self.fair_share.is_some(),
+        ];
+        if shapes.iter().filter(|&&s| s).count() != 1 {
+            return Err(
+                "a key holds exactly one of gcra, tiers, leases, calendar, fair_share".into(),
+            );
+        }
+        if let Some(f) = self.fair_share {
+            return Ok(SnapshotKey {
+                limit: self.limit,
+                id: self.id,
+                state: f.into_state()?,
+            });
+        }
         let state = match (self.gcra, self.tiers, self.leases, self.calendar) {
             (Some(g), None, None, None) => {
                 if g.bound_bits > 52 {

@@ -75,6 +75,7 @@
 
 mod calendar;
 mod concurrency;
+mod fair_share;
 mod gcra;
 mod tiers;
 
@@ -91,6 +92,8 @@ use calendar::{calendar_decide, calendar_read};
 pub(crate) use calendar::{calendar_outcome, calendar_spend_one};
 use concurrency::read_leases;
 pub(crate) use concurrency::{live_leases, release, renew, takes_lease, with_lease};
+pub use fair_share::{FairPool, state_key};
+use fair_share::{fair_share_decide, fair_share_fresh_at, fair_share_refund};
 #[cfg(feature = "redis")]
 pub(crate) use gcra::trusted;
 pub(crate) use gcra::{
@@ -119,6 +122,9 @@ pub enum Stored {
     Leases(Vec<(u64, u64)>),
     /// A calendar key: the end of the period its units were counted in, and the units used.
     Calendar(CalendarState),
+    /// A fair-share limit's whole state (its pool and members), kept once per limit at
+    /// [`state_key`].
+    FairShare(Box<FairPool>),
 }
 
 /// A bucket's state as the kit reads it: borrowed from the store (`None` in [`spend`]'s
@@ -134,6 +140,8 @@ pub enum Read<'a> {
     Leases(&'a [(u64, u64)]),
     /// A calendar key's period end and units used.
     Calendar(CalendarState),
+    /// A fair-share limit's state.
+    FairShare(&'a FairPool),
 }
 
 impl Stored {
@@ -144,6 +152,7 @@ impl Stored {
             Stored::Tiers(s) => Read::Tiers(s),
             Stored::Leases(l) => Read::Leases(l),
             Stored::Calendar(c) => Read::Calendar(*c),
+            Stored::FairShare(p) => Read::FairShare(p),
         }
     }
 
@@ -156,6 +165,7 @@ impl Stored {
             Quota::Tiered(_) => matches!(self, Stored::Tiers(_)),
             Quota::Concurrency(_) => matches!(self, Stored::Leases(_)),
             Quota::Calendar(_) => matches!(self, Stored::Calendar(_)),
+            Quota::FairShare(_) => matches!(self, Stored::FairShare(_)),
         }
     }
 }
@@ -185,12 +195,18 @@ pub(crate) fn batch_allowed<'t, 'b: 't, 'o>(
         .all(|(tx, o)| !tx.mode.counts() || o.allowed)
 }
 
-/// The last transaction before `batch[i]` on the same key, if any: pairwise, for a batch's
-/// few transactions.
+/// The last transaction before `batch[i]` on the same state, if any (the same key, or for a
+/// shape kept per limit, the same limit: [`state_key`]): pairwise, for a batch's few
+/// transactions.
 #[inline]
 pub(crate) fn earlier(batch: &[BucketTx<'_>], i: usize) -> Option<usize> {
-    let key = batch[i].key;
-    batch[..i].iter().rposition(|tx| tx.key == key)
+    let this = &batch[i];
+    batch[..i].iter().rposition(|tx| {
+        tx.key == this.key
+            || (tx.key.name() == this.key.name()
+                && tx.quota.state_per_limit()
+                && this.quota.state_per_limit())
+    })
 }
 
 /// Decides a spend (or, in a check mode, a check) of `batch` from the states read for it
@@ -295,6 +311,12 @@ pub fn spend(
                 repair = fix;
                 (outcome, write)
             }
+            Quota::FairShare(share) => {
+                // What it saw (the id active, a wait) is written whatever the batch decides.
+                let (outcome, write, seen) = fair_share_decide(tx, share, stored, now)?;
+                repair = seen;
+                (outcome, write)
+            }
         };
         outcomes.push_tiered(outcome, grant);
         writes.push(write);
@@ -391,6 +413,7 @@ pub fn refund(
                 write.map(Stored::Calendar),
             )
         }
+        Quota::FairShare(share) => fair_share_refund(tx, share, stored, now)?,
     };
     Ok(Refunded {
         outcome,
@@ -405,6 +428,8 @@ pub fn refund(
 pub(crate) fn may_write(tx: &BucketTx<'_>) -> bool {
     match tx.quota {
         Quota::Concurrency(_) => takes_lease(tx),
+        // The id seen active is written on any decision that counts.
+        Quota::FairShare(_) => tx.mode.spends() || tx.mode.counts(),
         _ => tx.mode.spends(),
     }
 }
@@ -417,6 +442,7 @@ pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
         (Quota::Tiered(limit), Stored::Tiers(s)) => tiers_rule::fresh_at(limit, s, now, None),
         (_, Stored::Leases(leases)) => leases.iter().map(|&(_, d)| d).max().unwrap_or(0),
         (_, Stored::Calendar(c)) => c.end_us,
+        (Quota::FairShare(share), Stored::FairShare(p)) => fair_share_fresh_at(share, p),
         _ => 0,
     }
 }

@@ -331,6 +331,17 @@ impl MemoryBackend {
         }
     }
 
+    /// The state of a fair-share limit (its budget, active weights, waiters and members), if
+    /// one is held (for the simulator's drawing, tests and diagnostics).
+    pub fn fair_share_state(&self, name: crate::LimitName) -> Option<kit::FairPool> {
+        let slot = self.inner.tiers.get(&BucketKey::limit_wide(name))?.clone();
+        let s = lock(&slot);
+        match &s.state {
+            Some(kit::Stored::FairShare(state)) if !s.removed => Some((**state).clone()),
+            _ => None,
+        }
+    }
+
     /// Sweeps every `interval` until the backend is gone: on the current tokio runtime if
     /// there is one (so tokio's paused time drives it in tests), else on a thread of its own.
     fn start_sweeper(&self, interval: Duration) {

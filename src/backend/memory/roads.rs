@@ -276,7 +276,7 @@ impl MemoryBackend {
                     // A key named again is under its first transaction's lock: a second
                     // lock of the same mutex on this thread would never return.
                     None if kit::earlier(batch, i).is_some() => None,
-                    None => self.tier_slot(tx.key, kit::may_write(tx), now)?,
+                    None => self.tier_slot(&kit::state_key(tx), kit::may_write(tx), now)?,
                 });
             }
             let mut order: SmallVec<[usize; BATCH]> =
@@ -519,7 +519,7 @@ impl MemoryBackend {
             return Ok((out, None));
         }
         loop {
-            let Some(slot) = self.tier_slot(tx.key, false, now)? else {
+            let Some(slot) = self.tier_slot(&kit::state_key(tx), false, now)? else {
                 let r = kit::refund(tx, None, now)?;
                 return Ok((r.outcome, r.tiers));
             };

@@ -353,6 +353,9 @@ elseif op == OP_SPEND then
     elseif r.kind == KIND_CALENDAR then
       out[i], writes[i] = calendar(r, stored[i])
       if out[i][1] == 0 and counts(r.mode) then batch_allowed = false end
+    elseif r.kind == KIND_FAIR_SHARE then
+      out[i], writes[i] = fair_decide(i, r)
+      if out[i][1] == 0 and counts(r.mode) then batch_allowed = false end
     elseif r.kind == KIND_CONCURRENCY and r.mode == MODE_RENEW then
       -- Held: the ids among the live leases (ended ones were removed, foreign ones cut), each
       -- renewed below; the answer counts them.
@@ -415,11 +418,19 @@ elseif op == OP_SPEND then
       end
     end
     if r.kind == KIND_TIERED then add_raw(i, raws[i], after) end
+    if r.kind == KIND_FAIR_SHARE then
+      -- What it saw (the id active, a wait) is written whatever the batch decides.
+      local spent = nil
+      if batch_allowed then spent = writes[i] end
+      fair_finish(i, r, spent)
+    end
   end
 elseif op == OP_REFUND then
   for i = 1, n do
     local r = rec[i]
-    if r.kind == KIND_GCRA then
+    if r.kind == KIND_FAIR_SHARE then
+      out[i] = fair_refund(i, r)
+    elseif r.kind == KIND_GCRA then
       local s = stored[i]
       local ok, rem, reset, new_tat = gcra_refund(s, r.ei, r.bo, r.burst, r.cost)
       out[i] = {ok, rem, 0, reset, s}

@@ -7,7 +7,7 @@
 local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
 local OP_SHARE_REQUEST, OP_SHARE_GRANT = 'share_request', 'share_grant'
 local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY, KIND_CHARGE, KIND_CALENDAR = 0, 1, 2, 3, 4, 5
-local KIND_SHARE = 6
+local KIND_SHARE, KIND_FAIR_SHARE = 6, 7
 local MODE_OBSERVE, MODE_CHARGE, MODE_RENEW = 3, 4, 5
 
 -- The core of the rule: the TAT after spending `incr` (emission interval * cost) on a bucket
@@ -240,6 +240,15 @@ for i = 1, n do
       max = tonumber(ARGV[a + 3]), count = tonumber(ARGV[a + 4]), e = e,
       h = tonumber(ARGV[a + 8])}
     a = a + 9
+  elseif kind == KIND_FAIR_SHARE then
+    -- A fair share (fair_share.lua): read and decided in order, its state the limit's.
+    rec[i] = {kind = KIND_FAIR_SHARE, mode = tonumber(ARGV[a + 1]), min = tonumber(ARGV[a + 2]),
+      cost = tonumber(ARGV[a + 3]), ei = tonumber(ARGV[a + 4]), bo = tonumber(ARGV[a + 5]),
+      debt = tonumber(ARGV[a + 6]), burst = tonumber(ARGV[a + 7]),
+      weight = tonumber(ARGV[a + 8]), wmin = tonumber(ARGV[a + 9]),
+      count = tonumber(ARGV[a + 10]), refresh = tonumber(ARGV[a + 11]), id = ARGV[a + 12]}
+    rec[i].charge = rec[i].mode == MODE_CHARGE
+    a = a + 13
   elseif kind == KIND_CONCURRENCY then
     rec[i] = {kind = KIND_CONCURRENCY, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
       max = tonumber(ARGV[a + 3]), lease = tonumber(ARGV[a + 4]), retry = tonumber(ARGV[a + 5]),
@@ -405,7 +414,9 @@ local ttls = {}
 local kread = {}
 for i = 1, n do
   local r = rec[i]
-  if r.share then
+  if r.kind == KIND_FAIR_SHARE then
+    stored[i] = 0
+  elseif r.share then
     stored[i], kread[i] = read_share(i, r)
   elseif r.kind == KIND_GCRA then
     stored[i], kread[i] = read_tat(i, r)

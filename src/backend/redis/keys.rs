@@ -1,6 +1,6 @@
 //! Where a bucket lives: `<prefix>{<limit name>:<escaped id>}`, and `:t` after the hash tag
 //! for a tiered state, `:c` for a concurrency key's leases, `:q` for a calendar quota's count,
-//! `:r` for a region's share bucket.
+//! `:r` for a region's share bucket; a fair share's state is the limit's, `<prefix>{<limit name>:}:f`.
 
 use std::fmt;
 
@@ -25,12 +25,22 @@ pub(super) const CALENDAR_SUFFIX: &str = ":q";
 /// same name as a limit per region during a rolling deploy, never reads it, nor it theirs.
 pub(super) const SHARE_SUFFIX: &str = ":r";
 
+/// The suffix of a fair-share limit's state (`docs/fair-share.md`: one hash for all its ids,
+/// at the limit's own key `<prefix>{<name>:}`, one slot per limit).
+pub(super) const FAIR_SHARE_SUFFIX: &str = ":f";
+
 /// The keys a reset deletes, by suffix: every shape's state but a concurrency key's leases,
 /// which are requests in flight (forgetting them would admit more at once than the limit; they
 /// end when their requests do, or at their deadlines). A share bucket is forgotten with its
 /// part: the region decides on its floor, full (the stated exception of `docs/regions.md`),
 /// until its next grant.
-pub(super) const FORGOTTEN_BY_RESET: &[&str] = &["", TIERS_SUFFIX, CALENDAR_SUFFIX, SHARE_SUFFIX];
+pub(super) const FORGOTTEN_BY_RESET: &[&str] = &[
+    "",
+    TIERS_SUFFIX,
+    CALENDAR_SUFFIX,
+    SHARE_SUFFIX,
+    FAIR_SHARE_SUFFIX,
+];
 
 /// The suffix of the Redis key a transaction decides on: its quota's ([`suffix`]), or a share
 /// bucket's.
@@ -49,6 +59,7 @@ pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {
         crate::quota::Quota::Tiered(_) => TIERS_SUFFIX,
         crate::quota::Quota::Concurrency(_) => CONCURRENCY_SUFFIX,
         crate::quota::Quota::Calendar(_) => CALENDAR_SUFFIX,
+        crate::quota::Quota::FairShare(_) => FAIR_SHARE_SUFFIX,
     }
 }
 

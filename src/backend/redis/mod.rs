@@ -360,7 +360,7 @@ impl RedisBackend {
 
     /// The Redis key of a transaction's state.
     fn script_key(&self, tx: &BucketTx<'_>) -> Key {
-        self.command_key(tx.key, keys::tx_suffix(tx))
+        self.command_key(&crate::backend::kit::state_key(tx), keys::tx_suffix(tx))
     }
 
     fn keys(&self, batch: &[BucketTx<'_>]) -> Vec<Key> {

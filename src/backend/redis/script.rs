@@ -44,7 +44,10 @@ use crate::backend::{BackendError, BucketTx, Mode, Outcome, Outcomes, batch_allo
 use crate::quota::Quota;
 pub(crate) use shares::{ShareAnswer, ShareCall, ShareGrant, decode_shares, encode_shares};
 
+mod fair_share;
+mod fields;
 mod shares;
+use fields::{Fields, bad};
 /// The protocol's codes: the record kinds, the modes and the ops, each by the name the
 /// script's constants carry (`local KIND_GCRA, ... = 0, ...` at the top of `ratelimit.lua`;
 /// the test below holds the script to this table, so a code changes in one place).
@@ -55,6 +58,7 @@ const KIND_CONCURRENCY: i64 = 3;
 const KIND_CHARGE: i64 = 4;
 const KIND_CALENDAR: i64 = 5;
 const KIND_SHARE: i64 = 6;
+const KIND_FAIR_SHARE: i64 = 7;
 const OP_LEAN: &str = "G";
 const OP_COALESCED: &str = "M";
 const OP_CALENDAR: &str = "C";
@@ -97,6 +101,7 @@ const PROTOCOL: &[(&str, Code)] = &[
     ("KIND_CHARGE", Code::Number(KIND_CHARGE)),
     ("KIND_CALENDAR", Code::Number(KIND_CALENDAR)),
     ("KIND_SHARE", Code::Number(KIND_SHARE)),
+    ("KIND_FAIR_SHARE", Code::Number(KIND_FAIR_SHARE)),
     (
         "MODE_CHECK_AND_SPEND",
         Code::Number(mode_number(Mode::CheckAndSpend)),
@@ -126,6 +131,7 @@ enum Code {
 pub(super) const SCRIPT: &str = concat!(
     include_str!("ratelimit.lua"),
     include_str!("general_read.lua"),
+    include_str!("fair_share.lua"),
     include_str!("general_decide.lua")
 );
 
@@ -225,7 +231,8 @@ pub(super) fn is_lean<'a>(call: Call, mut txs: impl Iterator<Item = &'a BucketTx
 /// renewal (the leases it renewed).
 fn reports_granted(call: Call, tx: &BucketTx<'_>) -> bool {
     call.op == Op::Spend
-        && (tx.quota.as_gcra().is_some() && (tx.min_cost < tx.cost || tx.mode == Mode::Charge)
+        && ((tx.quota.as_gcra().is_some() || tx.quota.as_fair_share().is_some())
+            && (tx.min_cost < tx.cost || tx.mode == Mode::Charge)
             || tx.mode == Mode::Renew
             || tx.quota.as_calendar().is_some())
 }
@@ -340,6 +347,7 @@ pub(super) fn encode<'a>(
                     lease_ids(tx),
                 ]);
             }
+            Quota::FairShare(share) => fair_share::push_fair_share(&mut args, tx, share),
             Quota::Calendar(quota) => {
                 let (min, max) = calendar_costs(tx);
                 args.extend([Value::Integer(KIND_CALENDAR), mode_code(tx.mode), min, max]);
@@ -518,46 +526,6 @@ pub(super) struct ScriptReply {
     pub(super) raws: Vec<Option<RawChange>>,
     /// The script's now.
     pub(super) now: u64,
-}
-
-fn bad(what: String) -> BackendError {
-    BackendError::Unavailable(format!("unexpected script reply: {what}"))
-}
-
-/// Reads one key's list field by field, by name.
-struct Fields {
-    key: usize,
-    values: std::vec::IntoIter<Value>,
-}
-
-impl Fields {
-    fn next(&mut self, name: &str) -> Result<Value, BackendError> {
-        self.values
-            .next()
-            .ok_or_else(|| bad(format!("key {}: no {name}", self.key + 1)))
-    }
-
-    fn u64(&mut self, name: &str) -> Result<u64, BackendError> {
-        let v = self.next(name)?;
-        v.as_i64()
-            .and_then(|n| u64::try_from(n).ok())
-            .ok_or_else(|| bad(format!("key {}: {name} is {v:?}", self.key + 1)))
-    }
-
-    fn flag(&mut self, name: &str) -> Result<bool, BackendError> {
-        match self.u64(name)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            n => Err(bad(format!("key {}: {name} is {n}", self.key + 1))),
-        }
-    }
-
-    fn end(mut self) -> Result<(), BackendError> {
-        match self.values.next() {
-            None => Ok(()),
-            Some(v) => Err(bad(format!("key {}: an extra value {v:?}", self.key + 1))),
-        }
-    }
 }
 
 /// Decodes the lean path's answer (now, then the TATs read) into the decisions the script

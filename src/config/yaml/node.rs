@@ -275,6 +275,7 @@ pub(super) struct Fields<'a> {
     pub(super) calendar: Option<&'a Node>,
     pub(super) lease: Option<&'a Node>,
     pub(super) retry_after: Option<&'a Node>,
+    pub(super) fair_share: Option<&'a Node>,
     pub(super) kind: Option<&'a Node>,
     pub(super) cost: Option<&'a Node>,
     pub(super) on_store_failure: Option<&'a Node>,
@@ -287,7 +288,7 @@ pub(super) struct Fields<'a> {
 
 /// Every limit's fields, in a default and in an override alike: each shape's own, and the GCRA
 /// limit's options (the one table: a new shape's fields join it here).
-const LIMIT_FIELDS: [&str; 11] = [
+const LIMIT_FIELDS: [&str; 12] = [
     "burst",
     "count",
     "period",
@@ -299,6 +300,7 @@ const LIMIT_FIELDS: [&str; 11] = [
     "calendar",
     "lease",
     "retry_after",
+    "fair_share",
 ];
 
 /// The fields of one entry: a limit's ([`LIMIT_FIELDS`]) and the entry's own (`entry`: a
@@ -335,6 +337,7 @@ pub(super) fn fields<'a>(
             "calendar" => &mut f.calendar,
             "lease" => &mut f.lease,
             "retry_after" => &mut f.retry_after,
+            "fair_share" => &mut f.fair_share,
             "kind" => &mut f.kind,
             "cost" => &mut f.cost,
             "on_store_failure" => &mut f.on_store_failure,

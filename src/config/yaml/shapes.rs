@@ -1,9 +1,10 @@
-//! One limit entry read as its shape: a GCRA limit, burst tiers, a concurrency limit or a
-//! calendar quota, an override's limit, and their fields (durations, rates, prefetch).
+//! One limit entry read as its shape: a GCRA limit, burst tiers, a concurrency limit, a
+//! calendar quota or a fair share, an override's limit, and their fields (durations, rates, prefetch).
 
 use super::node::{Fields, Node, Value, as_str, err_at, need, positive, whole, wrong_shape};
 use crate::algo::calendar::{CalendarError, CalendarQuota, Period};
 use crate::algo::concurrency::{ConcurrencyError, ConcurrencyLimit, DEFAULT_LEASE_US};
+use crate::algo::fair_share::{FairShare, FairShareError};
 use crate::algo::gcra::{Limit, LimitError};
 use crate::algo::tiers::{Tier, TierError, TieredLimit};
 use crate::config::{ConfigError, ConfigErrorKind};
@@ -38,6 +39,7 @@ pub(super) fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> 
         ("tiers", f.tiers),
         ("concurrency", f.concurrency),
         ("calendar", f.calendar),
+        ("fair_share", f.fair_share),
     ];
     for (name, other) in others {
         if let Some(n) = other {
@@ -66,6 +68,7 @@ pub(super) fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
             ("tiers", f.tiers),
             ("concurrency", f.concurrency),
             ("calendar", f.calendar),
+            ("fair_share", f.fair_share),
         ] {
             if node.is_some() {
                 return Err(err_at(
@@ -79,6 +82,12 @@ pub(super) fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
         return Err(err_at(
             ConfigErrorKind::ConflictingFields("calendar", "concurrency"),
             calendar.line,
+        ));
+    }
+    if let (Some(_), Some(fair)) = (f.concurrency, f.fair_share) {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("fair_share", "concurrency"),
+            fair.line,
         ));
     }
     if let Some(max) = f.concurrency {
@@ -97,7 +106,22 @@ pub(super) fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
         }
     }
     if let Some(calendar) = f.calendar {
+        if let Some(fair) = f.fair_share {
+            return Err(err_at(
+                ConfigErrorKind::ConflictingFields("fair_share", "calendar"),
+                fair.line,
+            ));
+        }
         return calendar_of(f, calendar).map(Quota::from);
+    }
+    if let Some(fair) = f.fair_share {
+        if let Some(tiers) = f.tiers {
+            return Err(err_at(
+                ConfigErrorKind::ConflictingFields("fair_share", "tiers"),
+                tiers.line,
+            ));
+        }
+        return fair_share_of(f, fair).map(Quota::from);
     }
     let Some(tiers) = f.tiers else {
         return limit_of(f).map(Quota::from);
@@ -337,6 +361,62 @@ pub(super) fn calendar_of(f: &Fields<'_>, node: &Node) -> Result<CalendarQuota, 
             .map_err(|e| at_line(e, n))?;
     }
     Ok(q)
+}
+
+/// A GCRA budget (`burst`, `count`, `period`) shared fairly: `fair_share: {weight, min,
+/// refresh}`, each optional (`fair_share: {}` for the defaults), `docs/fair-share.md`.
+pub(super) fn fair_share_of(f: &Fields<'_>, node: &Node) -> Result<FairShare, ConfigError> {
+    let entries: &[(Node, Node)] = match &node.value {
+        Value::Map(entries) => entries,
+        _ => {
+            return Err(wrong_shape(
+                "a map: {weight, min, refresh} (each optional)",
+                node,
+            ));
+        }
+    };
+    let [mut weight, mut min, mut refresh] = [None::<&Node>; 3];
+    for (k, v) in entries {
+        let key = as_str(k, "a field name")?;
+        let slot = match key {
+            "weight" => &mut weight,
+            "min" => &mut min,
+            "refresh" => &mut refresh,
+            _ => {
+                const KNOWN: [&str; 3] = ["weight", "min", "refresh"];
+                return Err(err_at(ConfigErrorKind::unknown_field(key, &KNOWN), k.line));
+            }
+        };
+        if slot.replace(v).is_some() {
+            return Err(err_at(
+                ConfigErrorKind::DuplicateField(key.to_owned()),
+                k.line,
+            ));
+        }
+    }
+    if let Some(p) = f.prefetch {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("prefetch", "fair_share"),
+            p.line,
+        ));
+    }
+    let budget = limit_of(f)?;
+    let at = |e: FairShareError, n: &Node| err_at(e.into(), n.line);
+    let mut share = FairShare::new(budget).map_err(|e| at(e, node))?;
+    if let Some(n) = weight {
+        share = share
+            .with_weight(positive("weight", n)?)
+            .map_err(|e| at(e, n))?;
+    }
+    if let Some(n) = min {
+        share = share.with_min(whole("min", n, 0)?).map_err(|e| at(e, n))?;
+    }
+    if let Some(n) = refresh {
+        share = share
+            .with_refresh_us(duration_of("refresh", n)?)
+            .map_err(|e| at(e, n))?;
+    }
+    Ok(share)
 }
 
 pub(super) fn limit_of(f: &Fields<'_>) -> Result<Limit, ConfigError> {

@@ -1,0 +1,178 @@
+//! Fair shares in the kit (`docs/fair-share.md`): a transaction decided on its limit's pool
+//! (the budget, the active weights, the waiters) and its id's member state, both kept at the
+//! limit's own key ([`state_key`]): one state per limit, which every id of it reads.
+
+use std::collections::HashMap;
+
+use super::gcra::{gcra_step, gcra_unword, gcra_word, gcra_word_bound, reading};
+use super::{Read, Stored};
+use crate::algo::fair_share::{self as rule, FairShare, Member, Pool};
+use crate::algo::gcra;
+use crate::backend::{BackendError, BucketTx, Outcome};
+use crate::key::{BucketKey, Id};
+use crate::mode::Mode;
+
+/// A fair-share limit's whole state: its pool and the members not yet equal to fresh ones
+/// (counted in the last two refresh periods, or over their share). The pool's `tat` is a GCRA word (the TAT and its writer's
+/// bound, as [`Stored::Tat`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FairPool {
+    /// What the limit keeps for all its ids.
+    pub pool: Pool,
+    /// What it keeps for each id.
+    pub members: HashMap<Id, Member>,
+}
+
+/// The key a transaction's state is kept at: its own, or for a shape that keeps one state
+/// per limit (a fair share), the limit's ([`BucketKey::limit_wide`]).
+pub fn state_key<'k>(tx: &BucketTx<'k>) -> std::borrow::Cow<'k, BucketKey> {
+    if tx.quota.state_per_limit() {
+        std::borrow::Cow::Owned(BucketKey::limit_wide(tx.key.name()))
+    } else {
+        std::borrow::Cow::Borrowed(tx.key)
+    }
+}
+
+/// A fair-share transaction decided on `stored` (its limit's state) at `now`: its outcome,
+/// what an allowed batch writes, and what is written whatever the batch decides (the id seen
+/// active, a refused under-share id's wait; `None` for a transaction that neither counts nor
+/// spends).
+pub(crate) fn fair_share_decide(
+    tx: &BucketTx<'_>,
+    share: &FairShare,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> Result<(Outcome, Option<Stored>, Option<Stored>), BackendError> {
+    let held = match stored {
+        Some(Read::FairShare(p)) => Some(p),
+        _ => None,
+    };
+    let budget = share.budget();
+    let id = tx.key.id();
+    let mut pool = held
+        .map_or_else(Pool::default, |h| h.pool.clone())
+        .rolled(share, now);
+    let live = |m: &&Member| m.fresh_at(share) > now;
+    let known = held.and_then(|h| h.members.get(id)).filter(live).copied();
+    let counted = known.is_some() || pool.has_room();
+    let active = tx.mode.counts() || tx.mode.spends();
+    let mut member = known.unwrap_or_default();
+    if counted && active {
+        pool.count(share, &mut member);
+    }
+    let s = pool.share_of(share);
+    let under = counted && rule::under_share(budget, s, member.tat, tx.min_cost, now);
+    // An id over its share spends only beyond the reserve: its request decided as if the
+    // reserve were part of it, the reserve then not written. A charge is never refused.
+    let reserve = if under || tx.mode == Mode::Charge {
+        0
+    } else {
+        pool.reserve_for(share, id)
+    };
+    let asked = BucketTx {
+        cost: tx.cost.saturating_add(reserve),
+        min_cost: tx.min_cost.saturating_add(reserve),
+        ..*tx
+    };
+    let step = gcra_step(&asked, budget, pool.tat, now)?;
+    let shift = budget.emission_interval_us().saturating_mul(reserve);
+    let mut outcome = step.decision.outcome();
+    if let Some(g) = &mut outcome.granted {
+        *g = g.saturating_sub(reserve);
+    }
+    if outcome.allowed {
+        outcome.reset_after_us = outcome.reset_after_us.saturating_sub(shift);
+    }
+    let repaired = step.repair.is_some();
+    if let Some(word) = step.repair {
+        pool.tat = word;
+    }
+    if !outcome.allowed && under && tx.mode.counts() {
+        // Held for a refresh period at least: a backlogged id under its share wants the next
+        // units too (held for its retry_after alone, the reserve would lapse between its
+        // grants and a hog would take every other unit).
+        let held_us = outcome.retry_after_us.max(share.refresh_us());
+        pool.wait(id, now.saturating_add(held_us), tx.min_cost);
+    }
+    let members = |member: Option<Member>| {
+        let mut members: HashMap<Id, Member> = held
+            .map(|h| {
+                h.members
+                    .iter()
+                    .filter(|(k, m)| live(m) && *k != id)
+                    .map(|(k, m)| (k.clone(), *m))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(m) = member.filter(|m| m.fresh_at(share) > now) {
+            members.insert(id.clone(), m);
+        }
+        members
+    };
+    let kept = |m: Member| counted.then_some(m);
+    let write = match step.write {
+        Some(word) if outcome.allowed && tx.mode.spends() => {
+            let (tat, _) = gcra_unword(word);
+            let mut spent = pool.clone();
+            spent.tat = gcra_word(tat.saturating_sub(shift), budget)?;
+            if !under {
+                // Over its share: it has had its share, and waits no more.
+                spent.served(id);
+            }
+            let units = outcome.granted.unwrap_or(tx.cost);
+            let m = Member {
+                tat: rule::member_spent(budget, s, member.tat, units, now),
+                ..member
+            };
+            Some(fair(spent, members(kept(m))))
+        }
+        _ => None,
+    };
+    let seen = (active || repaired).then(|| fair(pool, members(kept(member))));
+    Ok((outcome, write, seen))
+}
+
+/// A refund of `tx` on its limit's state: the budget given back (the GCRA refund) and the id's
+/// own bucket moved back at its share.
+pub(crate) fn fair_share_refund(
+    tx: &BucketTx<'_>,
+    share: &FairShare,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> Result<(Outcome, Option<Stored>), BackendError> {
+    let held = match stored {
+        Some(Read::FairShare(p)) => Some(p),
+        _ => None,
+    };
+    let budget = share.budget();
+    let mut pool = held
+        .map_or_else(Pool::default, |h| h.pool.clone())
+        .rolled(share, now);
+    let (tat, writer) = gcra_unword(pool.tat);
+    let wide = reading(budget, writer);
+    let limit = wide.as_ref().unwrap_or(budget);
+    let out = gcra::refund(limit, (tat != 0).then_some(tat), now, tx.cost)?;
+    if let Some(t) = out.new_tat {
+        pool.tat = gcra_word_bound(t, limit.bound_us().max(writer))?;
+    }
+    let s = pool.share_of(share);
+    let mut members = held.map(|h| h.members.clone()).unwrap_or_default();
+    if let Some(m) = members.get_mut(tx.key.id()) {
+        m.tat = rule::member_refunded(budget, s, m.tat, tx.cost, now);
+    }
+    Ok((out.into(), Some(fair(pool, members))))
+}
+
+fn fair(pool: Pool, members: HashMap<Id, Member>) -> Stored {
+    Stored::FairShare(Box::new(FairPool { pool, members }))
+}
+
+/// The first instant at which a fair-share limit's state equals a fresh one.
+pub(crate) fn fair_share_fresh_at(share: &FairShare, state: &FairPool) -> u64 {
+    let members = state.members.values().map(|m| m.fresh_at(share)).max();
+    let pool = Pool {
+        tat: gcra_unword(state.pool.tat).0,
+        ..state.pool.clone()
+    };
+    pool.fresh_at(share).max(members.unwrap_or(0))
+}

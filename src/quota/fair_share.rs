@@ -1,0 +1,190 @@
+//! What a fair share answers the seam (`docs/fair-share.md`): what a decision shows is its
+//! budget's (a GCRA bucket), so most answers are the budget's own.
+
+use std::sync::Arc;
+
+use super::{ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
+use super::{Form, json_duration, json_fields};
+use crate::algo::fair_share::FairShare;
+use crate::time::format_duration_us;
+
+impl Shape for FairShare {
+    fn max_cost(&self) -> u64 {
+        self.budget().burst()
+    }
+
+    /// A charge is taken whole up to the burst, as a spend (its reserve aside).
+    fn charges_any_cost(&self) -> bool {
+        false
+    }
+
+    fn settle_bound(&self) -> Option<u64> {
+        Some(self.budget().burst())
+    }
+
+    fn waits(&self) -> bool {
+        true
+    }
+
+    fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64 {
+        Shape::units_return_us(self.budget(), retry_after_us, reset_after_us)
+    }
+
+    fn lease_us(&self) -> Option<u64> {
+        None
+    }
+
+    /// Decided in the store every time: who else is active is the decision.
+    fn prefetches(&self) -> bool {
+        false
+    }
+
+    fn across_regions(&self) -> Result<(), &'static str> {
+        Err("a fair share (fair_share)")
+    }
+
+    /// The budget is the limit's, shared by every id: an id's override changes its weight
+    /// and minimum only.
+    fn keeps_on_override(&self, other: &Quota) -> Result<(), &'static str> {
+        match other {
+            Quota::FairShare(o) if self.same_budget(o) => Ok(()),
+            _ => Err("the fair share's budget and refresh (an override changes weight and min)"),
+        }
+    }
+
+    fn state_per_limit(&self) -> bool {
+        true
+    }
+
+    fn fixed_policy(&self) -> Option<(u64, u64)> {
+        Shape::fixed_policy(self.budget())
+    }
+
+    fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown> {
+        Shape::shown(self.budget(), n, window)
+    }
+
+    #[cfg(any(feature = "metrics", feature = "replay"))]
+    fn size(&self, n: &Numbers<'_>) -> u64 {
+        Shape::size(self.budget(), n)
+    }
+
+    #[cfg(feature = "admin")]
+    fn describe(&self) -> Vec<(&'static str, super::Described)> {
+        use super::Described::{Number, Text};
+        let mut d = Shape::describe(self.budget());
+        d.push(("kind", Text("fair_share".into())));
+        d.push(("weight", Number(self.weight())));
+        d.push(("min", Number(self.min())));
+        d.push(("refresh", Text(format_duration_us(self.refresh_us()))));
+        d
+    }
+
+    fn unspent(&self, remaining: u64, reset_after_us: u64, granted: u64) -> Option<(u64, u64)> {
+        Shape::unspent(self.budget(), remaining, reset_after_us, granted)
+    }
+
+    #[cfg(feature = "admin")]
+    fn describe_seen(&self, _: u64, _: u64) -> Vec<(&'static str, super::Described)> {
+        Vec::new()
+    }
+
+    fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64> {
+        Shape::retry_after_again(self.budget(), reset_after_us, granted)
+    }
+
+    /// The fallback decides each instance's share of the budget alone; nothing is carried
+    /// back (who was active is not known).
+    fn charge_back(&self) -> Option<ChargeBack> {
+        None
+    }
+
+    /// The budget scales; weights and minimums (a minimum never above the scaled count) stay.
+    fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError> {
+        let budget = match Shape::scaled(self.budget(), scale)? {
+            Quota::Gcra(l) => l,
+            _ => return Ok(Quota::FairShare(Arc::new(self.clone()))),
+        };
+        let min = self.min().min(budget.count());
+        Ok(Quota::FairShare(Arc::new(
+            FairShare::new(budget)?
+                .with_weight(self.weight())?
+                .with_min(min)?
+                .with_refresh_us(self.refresh_us())?,
+        )))
+    }
+
+    /// The budget's fields, and `fair_share: {weight, min, refresh}` (`refresh_us` stored).
+    fn write_json(&self, form: Form, v: &mut serde_json::Value) {
+        Shape::write_json(self.budget(), form, v);
+        v["fair_share"] = match form {
+            Form::Stored => serde_json::json!({
+                "weight": self.weight(),
+                "min": self.min(),
+                "refresh_us": self.refresh_us(),
+            }),
+            Form::Api => serde_json::json!({
+                "weight": self.weight(),
+                "min": self.min(),
+                "refresh": format_duration_us(self.refresh_us()),
+            }),
+        };
+    }
+
+    fn shape_name(&self) -> &'static str {
+        "a fair share"
+    }
+}
+
+/// A fair share's fields: a GCRA budget's, and `fair_share` (each of its fields optional, with
+/// the YAML file's defaults), if `fair_share` is there.
+pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Fair {
+        weight: Option<u64>,
+        min: Option<u64>,
+        refresh_us: Option<u64>,
+        refresh: Option<String>,
+    }
+    let fair = fields.get("fair_share")?;
+    let mut rest = fields.clone();
+    if let Some(o) = rest.as_object_mut() {
+        o.remove("fair_share");
+    }
+    let read = || -> Result<Quota, String> {
+        let f: Fair = if fair.is_null() {
+            Fair::default()
+        } else {
+            json_fields(fair)?
+        };
+        let budget = match super::gcra::read_json(form, &rest) {
+            Some(Ok(Quota::Gcra(l))) => l,
+            Some(Err(e)) => return Err(e),
+            _ => return Err("fair_share: write its budget (burst, count, period)".to_owned()),
+        };
+        let refresh_us = match (form, f.refresh_us, f.refresh) {
+            (Form::Stored, Some(us), None) => Some(us),
+            (Form::Api, None, Some(text)) => Some(json_duration("refresh", &text)?),
+            (_, None, None) => None,
+            (Form::Stored, _, _) => return Err("fair_share: refresh_us, not refresh".into()),
+            (Form::Api, _, _) => return Err("fair_share: refresh, not refresh_us".into()),
+        };
+        let mut share = FairShare::new(budget).map_err(|e| e.to_string())?;
+        share = share
+            .with_weight(f.weight.unwrap_or(1))
+            .and_then(|s| s.with_min(f.min.unwrap_or(0)))
+            .map_err(|e| e.to_string())?;
+        if let Some(us) = refresh_us {
+            share = share.with_refresh_us(us).map_err(|e| e.to_string())?;
+        }
+        Ok(Quota::FairShare(Arc::new(share)))
+    };
+    Some(read())
+}
+
+impl From<FairShare> for Quota {
+    fn from(s: FairShare) -> Self {
+        Quota::FairShare(Arc::new(s))
+    }
+}

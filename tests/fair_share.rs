@@ -1,0 +1,448 @@
+//! Fair shares of one budget (`docs/fair-share.md`) on every store (memory, a single Redis
+//! and the cluster, each on a manual clock; Redis in caller time): over random traces of ids
+//! with weights, some backlogged and some sporadic, a hog among them,
+//! - the cap: the ids' admitted requests together never exceed the budget's GCRA envelope in
+//!   any window;
+//! - work conservation: no request refused while the budget had room, unless another id was
+//!   refused within its `retry_after` (the reserve);
+//! - the guarantee: a backlogged id gets at least its share x rate x L - burst in any window of
+//!   length L of a refresh period or more;
+//! - proportionality: backlogged ids' admitted counts within 10% of their weights' proportions
+//!   over 10 periods;
+//!
+//! every store deciding each request exactly as memory does; and the configuration: overrides
+//! keep the budget, `fair_share` with `across_regions` is an error.
+
+mod support;
+
+use proptest::prelude::*;
+use tower_ratelimits::{BucketKey, Id, Limiter, Limits, ManualClock, MemoryBackend, Transaction};
+
+const MS: u64 = 1_000;
+const S: u64 = 1_000_000;
+
+/// Three budgets, ids `w1`..`w4` weighted 1 to 4 by overrides (the budget repeated: an
+/// override changes the weight only), the rest weight 1.
+fn yaml() -> (String, String) {
+    let mut defaults = String::new();
+    let mut overrides = String::new();
+    for (name, burst, count) in [("A", 10, 100), ("B", 40, 200), ("C", 5, 50)] {
+        defaults.push_str(&format!(
+            "{name}:\n  burst: {burst}\n  count: {count}\n  period: 1s\n  fair_share: {{refresh: 1s}}\n"
+        ));
+        for w in 2..=4 {
+            overrides.push_str(&format!(
+                "- {name}:\n    burst: {burst}\n    count: {count}\n    period: 1s\n    fair_share: {{weight: {w}, refresh: 1s}}\n    ids: [w{w}]\n"
+            ));
+        }
+    }
+    (defaults, overrides)
+}
+
+fn limits() -> Limits {
+    let (d, o) = yaml();
+    Limits::from_yaml_str(&d, Some(&o)).unwrap()
+}
+
+/// The stores under test, all on `clock`.
+async fn stores(clock: &ManualClock) -> Vec<(String, Limiter, Option<support::redis::TestRedis>)> {
+    let memory = Limiter::new(
+        limits(),
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    #[allow(unused_mut)]
+    let mut out = vec![("memory".to_owned(), memory, None)];
+    #[cfg(feature = "redis")]
+    for (label, redis) in [
+        ("a single Redis", support::redis::TestRedis::single()),
+        ("the cluster", support::redis::TestRedis::cluster()),
+    ] {
+        let prefix = support::redis::unique_prefix("fair");
+        let backend =
+            support::redis_backend::caller_time_backend(&redis.url, &prefix, clock, true).await;
+        out.push((
+            label.to_owned(),
+            Limiter::new(limits(), backend),
+            Some(redis),
+        ));
+    }
+    out
+}
+
+/// How an id asks.
+#[derive(Debug, Clone, Copy)]
+enum Asks {
+    /// `n` requests every tick, whatever it was told.
+    Backlogged(u8),
+    /// One request in a tick with this chance (percent).
+    Sporadic(u8),
+}
+
+#[derive(Clone)]
+struct Trace {
+    /// 0, 1 or 2: limit A, B or C.
+    limit: usize,
+    /// Each id's weight (1 to 4) and how it asks.
+    ids: Vec<(u64, Asks)>,
+    /// The random choices of the sporadic ids, a byte per id and tick.
+    coins: Vec<u8>,
+}
+
+/// The limit and the ids (the coins left out: thousands of bytes).
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Trace {{ limit: {}, ids: {:?} }}", self.limit, self.ids)
+    }
+}
+
+const TICK: u64 = 5 * MS;
+/// The limits' refresh period: a refused under-share id holds the reserve this long at least.
+const REFRESH: u64 = S;
+const TICKS: usize = 800;
+
+fn trace() -> impl Strategy<Value = Trace> {
+    let asks = prop_oneof![
+        (1u8..=3).prop_map(Asks::Backlogged),
+        (5u8..=60).prop_map(Asks::Sporadic),
+    ];
+    (
+        0usize..3,
+        proptest::collection::vec((1u64..=4, asks), 2..=5),
+        proptest::collection::vec(any::<u8>(), 5 * TICKS),
+    )
+        .prop_map(|(limit, ids, coins)| Trace { limit, ids, coins })
+}
+
+/// One request's answer.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    at: u64,
+    id: usize,
+    allowed: bool,
+    retry_after_us: u64,
+}
+
+fn key(limits: &Limits, limit: &str, id: &str) -> BucketKey {
+    BucketKey::new(limits.name(limit).unwrap(), Id::new(id).unwrap())
+}
+
+/// The id text of trace id `n` with weight `w`: `w2`..`w4` carry their weight's override, a
+/// weight of 1 is any other name.
+fn id_text(n: usize, w: u64) -> String {
+    if w == 1 {
+        format!("one{n}")
+    } else {
+        format!("w{w}")
+    }
+}
+
+/// Runs `t` from `start` on `limiter`, every id asking in its turn each tick (the order
+/// rotates), and returns every answer.
+async fn run(limiter: &Limiter, clock: &ManualClock, start: u64, t: &Trace) -> Vec<Asked> {
+    let limits = limits();
+    let name = ["A", "B", "C"][t.limit];
+    // Two ids of weight 2 would be one id: a repeated weight above 1 is made 1.
+    let mut seen = std::collections::HashSet::new();
+    let keys: Vec<(BucketKey, u64)> = t
+        .ids
+        .iter()
+        .enumerate()
+        .map(|(n, &(w, _))| {
+            let w = if w > 1 && !seen.insert(w) { 1 } else { w };
+            (key(&limits, name, &id_text(n, w)), w)
+        })
+        .collect();
+    let mut out = Vec::new();
+    for tick in 0..TICKS {
+        let now = start + tick as u64 * TICK;
+        clock.set(now);
+        for k in 0..t.ids.len() {
+            let n = (k + tick) % t.ids.len();
+            let times = match t.ids[n].1 {
+                Asks::Backlogged(times) => times,
+                Asks::Sporadic(p) => u8::from(t.coins[(tick * 5 + n) % t.coins.len()] % 100 < p),
+            };
+            for _ in 0..times {
+                let d = limiter
+                    .spend(&[Transaction::new(keys[n].0.clone())])
+                    .await
+                    .unwrap();
+                let retry = d
+                    .strictest()
+                    .map_or(0, |o| o.retry_after().as_micros() as u64);
+                out.push(Asked {
+                    at: now,
+                    id: n,
+                    allowed: d.allowed(),
+                    retry_after_us: retry,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// (burst, emission interval) of limit `n`.
+fn budget(n: usize) -> (u64, u64) {
+    [(10, 10 * MS), (40, 5 * MS), (5, 20 * MS)][n]
+}
+
+/// The cap: in every window, at most the burst plus a unit per emission interval.
+fn check_cap(asked: &[Asked], burst: u64, ei: u64) -> Result<(), String> {
+    let mut least = i128::MAX;
+    for (j, a) in asked.iter().filter(|a| a.allowed).enumerate() {
+        let v = j as i128 * i128::from(ei) - i128::from(a.at);
+        least = least.min(v);
+        if v + i128::from(ei) - least > i128::from(burst * ei) {
+            return Err(format!("admission {j} at {} goes past the envelope", a.at));
+        }
+    }
+    Ok(())
+}
+
+/// Work conservation: a refusal while the budget had room for the request has a witness,
+/// another id refused within its `retry_after`.
+fn check_conservation(asked: &[Asked], burst: u64, ei: u64) -> Result<(), String> {
+    let mut tat = 0u64;
+    for (i, a) in asked.iter().enumerate() {
+        let room = tat.max(a.at) + ei <= a.at + burst * ei;
+        if a.allowed {
+            tat = tat.max(a.at) + ei;
+            continue;
+        }
+        if room {
+            let witness = asked[..i].iter().any(|b| {
+                b.id != a.id
+                    && !b.allowed
+                    && b.at <= a.at
+                    && a.at <= b.at + b.retry_after_us.max(REFRESH)
+            });
+            if !witness {
+                return Err(format!(
+                    "id {} refused at {} with room and nobody waiting",
+                    a.id, a.at
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The guarantee: each backlogged id, in every window of a whole number of seconds (at least
+/// one) after the first, gets at least its least share (its weight over all the trace's
+/// weights) of the rate over the window, less the burst.
+fn check_guarantee(asked: &[Asked], t: &Trace, weights: &[u64]) -> Result<(), String> {
+    let (burst, ei) = budget(t.limit);
+    let total: u64 = weights.iter().sum();
+    let end = TICKS as u64 * TICK;
+    let start = asked.first().map_or(0, |a| a.at);
+    for (n, &(_, asks)) in t.ids.iter().enumerate() {
+        if !matches!(asks, Asks::Backlogged(_)) {
+            continue;
+        }
+        for len in (1..=3).map(|s| s * S) {
+            let mut from = S;
+            while from + len <= end {
+                let got = asked
+                    .iter()
+                    .filter(|a| {
+                        a.id == n && a.allowed && a.at >= start + from && a.at < start + from + len
+                    })
+                    .count() as u64;
+                let owed = (weights[n] * len / ei / total).saturating_sub(burst);
+                if got < owed {
+                    return Err(format!(
+                        "id {n} (weight {}) got {got} in [{from}, +{len}), owed {owed}",
+                        weights[n]
+                    ));
+                }
+                from += S / 2;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The weights the trace's ids run with (a repeated weight above 1 is 1).
+fn weights(t: &Trace) -> Vec<u64> {
+    let mut seen = std::collections::HashSet::new();
+    t.ids
+        .iter()
+        .map(|&(w, _)| if w > 1 && !seen.insert(w) { 1 } else { w })
+        .collect()
+}
+
+#[test]
+fn fair_shares_hold_the_cap_conserve_work_and_guarantee_shares_on_every_store() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let clock = ManualClock::new(1_000 * S);
+    let stores = rt.block_on(stores(&clock));
+    let start = std::cell::Cell::new(10_000 * S);
+    let cases = std::env::var("FAIR_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(if cfg!(feature = "redis") { 6 } else { 16 });
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..Default::default()
+    });
+    runner
+        .run(&trace(), |t| {
+            let (burst, ei) = budget(t.limit);
+            let mut first: Option<Vec<(usize, bool, u64)>> = None;
+            for (label, limiter, _) in &stores {
+                // An hour apart: every store's state of the last trace is fresh again.
+                start.set(start.get() + 3_600 * S);
+                let asked = rt.block_on(run(limiter, &clock, start.get(), &t));
+                let err = |e: String| TestCaseError::fail(format!("{label}: {e}"));
+                check_cap(&asked, burst, ei).map_err(err)?;
+                check_conservation(&asked, burst, ei).map_err(err)?;
+                check_guarantee(&asked, &t, &weights(&t)).map_err(err)?;
+                // Every store decides exactly as memory does (the script mirrors the kit).
+                let answers: Vec<_> = asked
+                    .iter()
+                    .map(|a| (a.id, a.allowed, a.retry_after_us))
+                    .collect();
+                let context = |list: &[(usize, bool, u64)], k: usize| {
+                    let from = k.saturating_sub(12);
+                    format!("{:?}", &list[from..(k + 1).min(list.len())])
+                };
+                let times: Vec<u64> = asked.iter().map(|a| (a.at - start.get()) / MS).collect();
+                match &first {
+                    None => first = Some(answers),
+                    Some(memory) => {
+                        if let Some(k) = (0..answers.len()).find(|&k| memory.get(k) != answers.get(k)) {
+                            return Err(err(format!(
+                                "request {k} decided {:?}, memory {:?}; times {:?}; here {}; memory {}",
+                                answers.get(k),
+                                memory.get(k),
+                                &times[k.saturating_sub(12)..=k],
+                                context(&answers, k),
+                                context(memory, k),
+                            )));
+                        }
+                        prop_assert_eq!(answers.len(), memory.len());
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn backlogged_ids_share_in_proportion_to_their_weights() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let clock = ManualClock::new(1_000 * S);
+    let stores = rt.block_on(stores(&clock));
+    for (label, limiter, _) in &stores {
+        for limit in 0..3 {
+            let t = Trace {
+                limit,
+                ids: vec![
+                    (1, Asks::Backlogged(3)),
+                    (2, Asks::Backlogged(1)),
+                    (3, Asks::Backlogged(2)),
+                    (4, Asks::Backlogged(1)),
+                ],
+                coins: vec![0],
+            };
+            // Ten periods (800 ticks of 5 ms is 4 s: run it two and a half times).
+            let mut got = [0u64; 4];
+            let mut start = 50_000 * S + limit as u64 * 3_600 * S;
+            for _ in 0..3 {
+                for a in rt.block_on(run(limiter, &clock, start, &t)) {
+                    got[a.id] += u64::from(a.allowed);
+                }
+                start += TICKS as u64 * TICK;
+            }
+            let total: u64 = got.iter().sum();
+            for (n, w) in [1u64, 2, 3, 4].into_iter().enumerate() {
+                let share = got[n] as f64 / total as f64;
+                let want = w as f64 / 10.0;
+                assert!(
+                    (share - want).abs() <= 0.1 * want,
+                    "{label}, limit {limit}: id of weight {w} got {share:.3} of {total}, want {want}: {got:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn an_id_alone_may_take_the_whole_budget() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let clock = ManualClock::new(1_000 * S);
+    let stores = rt.block_on(stores(&clock));
+    for (label, limiter, _) in &stores {
+        let limits = limits();
+        let k = key(&limits, "A", "alone");
+        clock.set(200_000 * S);
+        let mut allowed = 0;
+        for _ in 0..20 {
+            let d = rt
+                .block_on(limiter.spend(&[Transaction::new(k.clone())]))
+                .unwrap();
+            allowed += u64::from(d.allowed());
+        }
+        assert_eq!(allowed, 10, "{label}: the whole burst");
+    }
+}
+
+#[test]
+fn an_override_keeps_the_budget_and_fair_share_is_not_across_regions() {
+    let err = Limits::from_yaml_str(
+        "A:\n  burst: 10\n  count: 10\n  period: 1s\n  fair_share: {}\n",
+        Some("- A:\n    burst: 20\n    count: 10\n    period: 1s\n    fair_share: {weight: 2}\n    ids: [x]\n"),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("must keep"), "{err}");
+    let err = Limits::from_yaml_str(
+        "A:\n  burst: 10\n  count: 10\n  period: 1s\n  fair_share: {}\n  across_regions: true\n",
+        None,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("fair share"), "{err}");
+    let err = Limits::from_yaml_str(
+        "A:\n  burst: 10\n  count: 10\n  period: 1s\n  fair_share: {weight: 0}\n",
+        None,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains(":5:"), "{err}");
+}
+
+/// Each id counts once in its refresh period, the first one too (a pool never stored is
+/// counted in the period of now, not forgotten by the second request), and the state shows it.
+#[test]
+fn every_active_id_counts_in_the_shares() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let clock = ManualClock::new(10_000 * S);
+    let mem = MemoryBackend::builder().clock(clock.clone()).build();
+    let memory = Limiter::new(limits(), mem.clone());
+    let limits = limits();
+    let mut seen = Vec::new();
+    for id in ["w2", "one3", "w4", "w2"] {
+        let d = rt
+            .block_on(memory.spend(&[Transaction::new(key(&limits, "A", id))]))
+            .unwrap();
+        assert!(d.allowed());
+        let st = mem.fair_share_state(limits.name("A").unwrap()).unwrap();
+        seen.push((st.pool.weights, st.pool.ids, st.members.len()));
+    }
+    assert_eq!(
+        seen,
+        [
+            ((2, 0), (1, 0), 1),
+            ((3, 0), (2, 0), 2),
+            ((7, 0), (3, 0), 3),
+            ((7, 0), (3, 0), 3)
+        ]
+    );
+    // The next period: all of them counted as the previous one's until seen again.
+    clock.set(10_001 * S);
+    rt.block_on(memory.spend(&[Transaction::new(key(&limits, "A", "w4"))]))
+        .unwrap();
+    let st = mem.fair_share_state(limits.name("A").unwrap()).unwrap();
+    assert_eq!((st.pool.weights, st.pool.ids), ((4, 3), (1, 2)));
+}
