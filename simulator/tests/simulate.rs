@@ -397,7 +397,9 @@ async fn documented_values(name: &str) -> Vec<(Value, String)> {
     let dir = repository().join("examples/traces");
     let limits = std::fs::read_to_string(dir.join(format!("{name}.yaml"))).unwrap();
     let trace = std::fs::read_to_string(dir.join(format!("{name}.trace"))).unwrap();
-    let out = run(&limits, None, &trace).await.unwrap();
+    // Its overrides, where it has some (`<name>-overrides.yaml`).
+    let overrides = std::fs::read_to_string(dir.join(format!("{name}-overrides.yaml"))).ok();
+    let out = run(&limits, overrides.as_deref(), &trace).await.unwrap();
     out.into_iter()
         .map(|line| {
             let number = line["line"].as_u64().unwrap() as usize;
@@ -491,6 +493,17 @@ async fn a_charge_takes_no_mode_and_takes_a_slot_even_when_none_is_free() {
         out[2]["decisions"][0]["lease"], true,
         "the charge took a slot"
     );
+}
+
+/// Every line of `examples/traces/fair-share.trace` (an id alone taking the whole budget, a
+/// weighted id refused under its share and holding a reserve, an id over its share refused
+/// while a unit is left, a new id under its share, the reserve's end, a probe, a refund) ends
+/// with the fields its decision must have.
+#[tokio::test]
+async fn fair_shares_give_the_documented_values() {
+    let out = documented_values("fair-share").await;
+    assert_eq!(out.len(), 23);
+    assert!(out.iter().any(|(l, _)| l["allowed"] == false));
 }
 
 /// Every line of `examples/traces/concurrency.trace` (slots taken, refused, probed, released,

@@ -40,7 +40,7 @@ TierB:
 /// The limits of the conformance traces: those of the example traces
 /// (`examples/traces/gcra-20-per-second.yaml`, `examples/traces/burst-tiers.yaml`) plus
 /// `examples/traces/partial-grants.yaml`, `examples/traces/concurrency.yaml`,
-/// `examples/traces/debt.yaml`, `examples/traces/calendar.yaml` and `CONFORMANCE_LIMITS`.
+/// `examples/traces/debt.yaml`, `examples/traces/calendar.yaml`, `examples/traces/fair-share.yaml` (with its overrides) and `CONFORMANCE_LIMITS`.
 pub fn conformance_limits() -> Limits {
     let dir =
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join("examples/traces");
@@ -50,11 +50,12 @@ pub fn conformance_limits() -> Limits {
     let concurrency = read("concurrency.yaml");
     let debt = read("debt.yaml");
     let calendar = read("calendar.yaml");
+    let fair = read("fair-share.yaml");
     Limits::from_yaml_str(
         &format!(
-            "{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{calendar}\n{CONFORMANCE_LIMITS}"
+            "{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{calendar}\n{fair}\n{CONFORMANCE_LIMITS}"
         ),
-        None,
+        Some(&read("fair-share-overrides.yaml")),
     )
     .unwrap()
 }
@@ -81,8 +82,9 @@ pub fn random_trace(seed: u64, lines: usize) -> String {
         ("Big", 100),
         ("InFlight2", 1),
         ("Quota6", 6),
+        ("Shared", 4),
     ];
-    let ids = ["u1", "u2", "a{b}", "x%7By"];
+    let ids = ["u1", "u2", "a{b}", "x%7By", "gold"];
     let mut t_ms = 0u64;
     let mut out = String::new();
     for _ in 0..lines {
@@ -118,8 +120,9 @@ pub fn random_trace(seed: u64, lines: usize) -> String {
                 // A slot (or a probe), taken even when none is free.
                 out.push_str(&format!("*{}", next(2)));
             } else if op == "charge" {
-                // Tiers take a charge whole or not at all, and refuse one above their capacity.
-                let most = if name.starts_with("Tier") {
+                // Tiers and a fair share take a charge up to their capacity (the burst), and
+                // refuse one above it.
+                let most = if name.starts_with("Tier") || name == "Shared" {
                     burst
                 } else {
                     3 * burst
@@ -181,6 +184,7 @@ pub fn traces() -> Vec<(String, String)> {
         "concurrency",
         "debt",
         "calendar",
+        "fair-share",
     ]
     .iter()
     .map(|name| {

@@ -9,8 +9,9 @@ use std::sync::Mutex;
 use tower_ratelimits::kit::{self, Stored};
 use tower_ratelimits::{Backend, BackendError, BucketKey, BucketTx, Clock, Outcomes, Quota, Spend};
 
-/// A bucket's key in the map: its limit and id, and the shape of its state (a limit that
-/// changes shape in a reload starts afresh, as the Redis backend's suffixed keys do).
+/// A bucket's key in the map: where the kit keeps its state (its limit and id, or the limit's
+/// own key for a shape kept per limit, `kit::state_key`), and the shape of its state (a limit
+/// that changes shape in a reload starts afresh, as the Redis backend's suffixed keys do).
 type Slot = (BucketKey, u8);
 
 fn slot(tx: &BucketTx<'_>) -> Slot {
@@ -18,9 +19,10 @@ fn slot(tx: &BucketTx<'_>) -> Slot {
         Quota::Gcra(_) => 0,
         Quota::Tiered(_) => 1,
         Quota::Concurrency(_) => 2,
+        Quota::FairShare(_) => 4,
         _ => 3,
     };
-    (tx.key().clone(), shape)
+    (kit::state_key(tx).into_owned(), shape)
 }
 
 pub struct Outside<C> {

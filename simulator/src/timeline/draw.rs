@@ -237,6 +237,7 @@ impl Timeline {
                 Some(Quota::Tiered(_)) => "tiered",
                 Some(Quota::Concurrency(_)) => "concurrency",
                 Some(Quota::Calendar(_)) => "calendar",
+                Some(Quota::FairShare(_)) => "fair_share",
                 Some(_) => "other",
             },
             y,

@@ -95,6 +95,7 @@ pub fn memory_us(quota: Option<&Quota>) -> u64 {
         // Units used count until the renewal, drawn as such; a stretch with no request is cut
         // out all the same (a calendar trace spans months, its lines hours or days apart).
         Some(Quota::Calendar(_)) => 0,
+        Some(Quota::FairShare(s)) => s.budget().burst_offset_us(),
         Some(_) => 0,
     }
 }
@@ -391,6 +392,10 @@ impl Timeline {
                 .collect(),
             Some(Quota::Concurrency(c)) => vec![Series::new("slots in use".into(), c.max())],
             Some(Quota::Calendar(c)) => vec![Series::new("used".into(), c.count())],
+            // The budget all ids share (every id's lane draws the same tokens).
+            Some(Quota::FairShare(s)) => {
+                vec![Series::new("budget tokens".into(), s.budget().burst())]
+            }
             Some(_) => Vec::new(),
         };
         let tiers = quota
@@ -605,6 +610,11 @@ impl Lane {
                 let (_, end) = c.period_at(now);
                 out[0] = calendar::used(state, end, now).min(c.count());
             }
+            Some(Quota::FairShare(s)) => {
+                let pool = backend.and_then(|b| b.fair_share_state(self.key.name()));
+                let tat = pool.as_ref().map(|p| p.budget_tat()).filter(|&t| t != 0);
+                out[0] = gcra::check(s.budget(), tat, now, 0).map_or(0, |o| o.remaining);
+            }
             Some(_) => {}
         }
         out
@@ -717,6 +727,18 @@ impl Lane {
                     .map_or(String::new(), |a| format!(", renewing on day {a}")),
                 c.renews_at(),
                 c.zone_name()
+            ),
+            Some(Quota::FairShare(s)) => format!(
+                "fair share: {} per {}, burst {}, weight {}{}",
+                s.budget().count(),
+                seconds(s.budget().period_us()),
+                s.budget().burst(),
+                s.weight(),
+                if s.min() > 0 {
+                    format!(", minimum {}", s.min())
+                } else {
+                    String::new()
+                }
             ),
             Some(_) => "a limit of another shape".into(),
         }

@@ -23,6 +23,18 @@ pub struct FairPool {
     pub members: HashMap<Id, Member>,
 }
 
+impl FairPool {
+    /// The budget's TAT (0: none), without its writer's bound.
+    pub fn budget_tat(&self) -> u64 {
+        gcra_unword(self.pool.tat).0
+    }
+
+    /// The weights of the ids active now: those seen in this refresh period or the one before.
+    pub fn active_weight(&self) -> u64 {
+        self.pool.weights.0.saturating_add(self.pool.weights.1)
+    }
+}
+
 /// The key a transaction's state is kept at: its own, or for a shape that keeps one state
 /// per limit (a fair share), the limit's ([`BucketKey::limit_wide`]).
 pub fn state_key<'k>(tx: &BucketTx<'k>) -> std::borrow::Cow<'k, BucketKey> {
@@ -82,6 +94,9 @@ pub(crate) fn fair_share_decide(
     }
     if outcome.allowed {
         outcome.reset_after_us = outcome.reset_after_us.saturating_sub(shift);
+    } else {
+        // What the budget holds beyond the reserve: what this id could have.
+        outcome.remaining = outcome.remaining.saturating_sub(reserve);
     }
     let repaired = step.repair.is_some();
     if let Some(word) = step.repair {

@@ -225,7 +225,11 @@ local function fair_decide(i, r)
   end
   local shift = r.ei * reserve
   granted = math.max(granted - reserve, 0)
-  if ok == 1 then reset = math.max(reset - shift, 0) end
+  if ok == 1 then
+    reset = math.max(reset - shift, 0)
+  else
+    rem = math.max(rem - reserve, 0)
+  end
   if ok == 0 and under and counts(r.mode) then
     fair_wait(r, p, now + math.max(retry, r.refresh), r.min)
   end
