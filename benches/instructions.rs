@@ -67,6 +67,10 @@ const VARIANTS: &[(&str, &str)] = &[
         "ours_calendar_spend",
         "MemoryBackend as Backend: spend, 1 transaction on a calendar quota",
     ),
+    (
+        "ours_fair_share_spend",
+        "MemoryBackend as Backend: spend, 1 transaction on a fair share (every key an id of it)",
+    ),
     ("ours_limiter", "Limiter::spend, 1 transaction"),
     ("http_request_only", "building the request alone"),
     (
@@ -166,6 +170,17 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
             Quota::from(
                 tower_ratelimits::CalendarQuota::new(1 << 50, tower_ratelimits::Period::Month)
                     .unwrap(),
+            ),
+            keys,
+            keys_n,
+        ),
+        // A budget no run uses up, shared by every key's id: every call allowed.
+        "ours_fair_share_spend" => spend_one_on(
+            Quota::from(
+                tower_ratelimits::FairShare::new(
+                    tower_ratelimits::Limit::from_micros(1 << 20, 1_000_000, 1_000_000).unwrap(),
+                )
+                .unwrap(),
             ),
             keys,
             keys_n,

@@ -87,6 +87,7 @@
 //! | a cost known only after the response (reserve, then settle) | [`Settle`] |
 //! | waiting instead of refusing | [`Wait`] |
 //! | requests in flight | [`ConcurrencyLimit`], [`specs::concurrency`] |
+//! | one budget shared by weight among the tenants active now | [`FairShare`], [`specs::fair_share`] |
 //! | burst tiers | [`TieredLimit`], [`specs::burst_tiers`] |
 //! | a count per day, week or month ("100,000 a month, renewing on the 15th") | [`CalendarQuota`], [`specs::calendar`] |
 //! | the GCRA rule, partial grants, debt | [`Limit`], [`Transaction::cost_range`], [`specs::gcra`] |
@@ -284,6 +285,8 @@ pub mod specs {
     pub mod calendar {}
     #[doc = include_str!("../docs/concurrency.md")]
     pub mod concurrency {}
+    #[doc = include_str!("../docs/fair-share.md")]
+    pub mod fair_share {}
     #[doc = include_str!("../docs/keys-and-http.md")]
     pub mod keys_and_http {}
     #[cfg_attr(
@@ -316,7 +319,7 @@ struct ReadmeDoctests;
 /// header's units). Anything here may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::algo::{calendar, concurrency, gcra, tiers};
+    pub use crate::algo::{calendar, concurrency, fair_share, gcra, tiers};
     pub use crate::backend::regions::{Moved, ShareNow, SimulatedRegions};
     pub use crate::layer::{in_scope, parse_units, units_in};
     pub use crate::time::parse_duration_us;

@@ -953,6 +953,62 @@ async fn axum_calendar_refuses_at_the_quota_until_the_renewal() {
     assert_eq!(client.get("/", &[]).await.status, 400);
 }
 
+/// `axum_fair_share`: a tenant alone takes the whole budget (6 here, refilled once an hour, so
+/// nothing refills during the test); a second tenant, under its share, is then refused with
+/// the budget's fields and a `Retry-After` of the budget's refill; an override's weight is
+/// read from `RATELIMITS_OVERRIDES`, and a budget changed by an override is refused at start.
+#[tokio::test]
+async fn axum_fair_share_lends_the_whole_budget_to_a_tenant_alone() {
+    if !skip_unless_built("axum_fair_share") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("trl-fair-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let overrides = dir.join("overrides.yaml");
+    std::fs::write(
+        &overrides,
+        "- ApiPerTenant: {burst: 6, count: 6, period: 1h, fair_share: {weight: 3}, ids: [acme]}\n",
+    )
+    .unwrap();
+    let overrides = overrides.display().to_string();
+    let example = Example::start_with(
+        "axum_fair_share",
+        "ApiPerTenant: {kind: any, burst: 6, count: 6, period: 1h, fair_share: {}}\n",
+        &[("RATELIMITS_OVERRIDES", &overrides)],
+    );
+    let client = support::http::HttpClient::for_base(&example.base);
+    for left in (0..6).rev() {
+        let r = client.get("/", &[("x-tenant", "acme")]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let fields = r.header("ratelimit").unwrap().to_owned();
+        assert!(
+            fields.contains(&format!("\"ApiPerTenant\";r={left};")),
+            "{fields}"
+        );
+    }
+    let r = client.get("/", &[("x-tenant", "globex")]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), Some("600"), "an hour over 6 units");
+    let policy = r.header("ratelimit-policy").unwrap().to_owned();
+    assert!(policy.contains("\"ApiPerTenant\";q=6;w=3600"), "{policy}");
+    assert_eq!(client.get("/", &[]).await.status, 400);
+    // An override that changes the budget is refused when the example starts.
+    std::fs::write(
+        &overrides,
+        "- ApiPerTenant: {burst: 9, count: 6, period: 1h, fair_share: {weight: 3}, ids: [acme]}\n",
+    )
+    .unwrap();
+    let out = Command::new(example_binary("axum_fair_share"))
+        .env("ADDR", "127.0.0.1:0")
+        .env("RATELIMITS_DEFAULTS", example.dir.join("defaults.yaml"))
+        .env("RATELIMITS_OVERRIDES", &overrides)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("must keep the fair share's budget"), "{err}");
+}
+
 /// `axum_redis` in regional mode (`RATELIMITS_REGION`, `RATELIMITS_GLOBAL_REDIS_URL`): two
 /// regions, each on its own Redis, one global Redis, and the per-address limit marked
 /// `across_regions` (20 a second, burst 20; floors of 2). Until a region's registration is

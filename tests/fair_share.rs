@@ -446,3 +446,74 @@ fn every_active_id_counts_in_the_shares() {
     let st = mem.fair_share_state(limits.name("A").unwrap()).unwrap();
     assert_eq!((st.pool.weights, st.pool.ids), ((4, 3), (1, 2)));
 }
+
+/// A snapshot read from Redis (a replay's warm start) holds a fair share's state as the limit's
+/// one key (its id empty), and it is the state memory holds after the same requests: the
+/// budget, the counts, the waiters, every id's own bucket.
+#[cfg(feature = "redis")]
+#[test]
+fn a_snapshot_of_redis_holds_the_fair_share_memory_holds() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let clock = ManualClock::new(20_000 * S);
+    let mem = MemoryBackend::builder().clock(clock.clone()).build();
+    let memory = Limiter::new(limits(), mem.clone());
+    let server = support::redis::RedisServer::start();
+    let prefix = support::redis::unique_prefix("fairsnap");
+    let url = server.url();
+    let redis = rt.block_on(support::redis_backend::caller_time_backend(
+        &url, &prefix, &clock, false,
+    ));
+    let remote = Limiter::new(limits(), redis);
+    let l = limits();
+    for (at, id) in [
+        (0, "w3"),
+        (0, "w3"),
+        (1, "one1"),
+        (2, "w2"),
+        (2, "w3"),
+        (3, "one1"),
+    ] {
+        clock.set(20_000 * S + at * 10 * MS);
+        for _ in 0..6 {
+            let tx = [Transaction::new(key(&l, "C", id))];
+            let a = rt.block_on(memory.spend(&tx)).unwrap();
+            let b = rt.block_on(remote.spend(&tx)).unwrap();
+            assert_eq!(a.allowed(), b.allowed());
+        }
+    }
+    let reader = tower_ratelimits::RedisBackend::from_url(&url)
+        .prefix(&prefix)
+        .caller_time(clock.clone());
+    let snapshot = rt
+        .block_on(tower_ratelimits::Snapshot::from_redis(reader, &l, 100))
+        .unwrap();
+    let found: Vec<_> = snapshot.keys().iter().filter(|k| k.limit == "C").collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].id, "");
+    let tower_ratelimits::kit::Stored::FairShare(read) = &found[0].state else {
+        panic!("{:?}", found[0].state);
+    };
+    let held = mem.fair_share_state(l.name("C").unwrap()).unwrap();
+    assert!(!held.pool.waiting.is_empty(), "a waiter: {held:?}");
+    let mut waiting = read.pool.waiting.clone();
+    waiting.sort_by_key(|w| w.id.to_string());
+    let mut held_waiting = held.pool.waiting.clone();
+    held_waiting.sort_by_key(|w| w.id.to_string());
+    assert_eq!(waiting, held_waiting);
+    assert_eq!(
+        tower_ratelimits::kit::Stored::FairShare(Box::new(tower_ratelimits::kit::FairPool {
+            pool: tower_ratelimits::kit::Pool {
+                waiting: Vec::new(),
+                ..read.pool.clone()
+            },
+            members: read.members.clone(),
+        })),
+        tower_ratelimits::kit::Stored::FairShare(Box::new(tower_ratelimits::kit::FairPool {
+            pool: tower_ratelimits::kit::Pool {
+                waiting: Vec::new(),
+                ..held.pool.clone()
+            },
+            members: held.members.clone(),
+        }))
+    );
+}

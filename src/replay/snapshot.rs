@@ -516,12 +516,21 @@ impl Snapshot {
             let Some(name) = limits.name(&key.limit) else {
                 continue;
             };
-            let Some(id) = limits.id_kind(name).and_then(|k| k.parse(&key.id).ok()) else {
-                continue;
-            };
-            let bucket = BucketKey::new(name, id);
-            let Some(quota) = limits.resolve(&bucket) else {
-                continue;
+            // A state kept for the whole limit (a fair share's): its id is empty.
+            let (bucket, quota) = if key.id.is_empty() {
+                let Some(quota) = limits.default_limit(name) else {
+                    continue;
+                };
+                (BucketKey::limit_wide(name), quota)
+            } else {
+                let Some(id) = limits.id_kind(name).and_then(|k| k.parse(&key.id).ok()) else {
+                    continue;
+                };
+                let bucket = BucketKey::new(name, id);
+                let Some(quota) = limits.resolve(&bucket) else {
+                    continue;
+                };
+                (bucket, quota)
             };
             if key.state.is_shape_of(quota)
                 && memory

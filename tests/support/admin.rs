@@ -32,6 +32,7 @@ Tiered:
   kind: any
   tiers:
     - {limit: 2, window: 1h, active: 1h, cooldown: 0s}
+Fair: {kind: any, burst: 4, count: 4, period: 1h, fair_share: {}}
 ";
 
 /// A file override the stored ones must win over.
@@ -153,7 +154,8 @@ where
     }
 }
 
-/// Every shape takes a stored override of its own shape (tiers and concurrency limits too),
+/// Every shape takes a stored override of its own shape (tiers, concurrency limits and a fair
+/// share's weight too),
 /// put through `a`'s admin API and applied on `b` within `deadline` (`a` itself for one
 /// instance): shown as put, in force on `b`'s decisions, refused on a limit of another shape.
 pub async fn every_shape_takes_an_override_of_its_own(
@@ -231,6 +233,34 @@ pub async fn every_shape_takes_an_override_of_its_own(
     }
     assert!(!spend(s1, 1).await, "no fourth slot");
 
+    // A fair share's weight: the budget kept, the weight the id's own; the stored form read
+    // back on b as the API wrote it.
+    let fair = serde_json::json!({"burst": 4, "count": 4, "period": "1h",
+        "fair_share": {"weight": 3}});
+    let (status, shown) = a.put("/overrides/Fair/f1", &fair.to_string()).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(
+        (
+            &shown["fair_share"]["weight"],
+            &shown["fair_share"]["refresh"]
+        ),
+        (&serde_json::json!(3), &serde_json::json!("1s")),
+        "{shown}"
+    );
+    within(
+        deadline,
+        "the fair share's weight on the other instance",
+        || async {
+            let (_, f) = b.get("/buckets/Fair/f1").await;
+            (f["source"] == "store" && f["weight"] == 3 && f["kind"] == "fair_share")
+                .then_some(())
+                .ok_or(format!("{f}"))
+        },
+    )
+    .await;
+    let f1 = b.limiter.parse_key("Fair", "f1").unwrap();
+    assert!(spend(f1, 4).await, "alone, the whole budget");
+
     // Another shape than the limit's is refused, and nothing changes.
     let before = a.listed().await;
     for (path, body, says) in [
@@ -251,6 +281,17 @@ pub async fn every_shape_takes_an_override_of_its_own(
             r#"{"concurrency": 3, "lease": "soon"}"#.to_owned(),
             "lease",
         ),
+        (
+            "/overrides/Fair/x",
+            r#"{"burst": 8, "count": 4, "period": "1h", "fair_share": {"weight": 2}}"#.to_owned(),
+            "must keep the fair share's budget",
+        ),
+        (
+            "/overrides/Fair/x",
+            r#"{"burst": 4, "count": 4, "period": "1h", "fair_share": {"weight": 0}}"#.to_owned(),
+            "weight",
+        ),
+        ("/overrides/PerClient/x", fair.to_string(), "a fair share"),
     ] {
         let (status, reply) = a.put(path, &body).await;
         assert_eq!(status, 400, "{path} {body}: {reply}");

@@ -88,6 +88,7 @@ use crate::algo::tiers::{self as tiers_rule, TierGrant, TierState};
 use crate::mode::Mode;
 use crate::quota::Quota;
 
+pub use crate::algo::fair_share::{Member, Pool, ShareOf, Waiter};
 use calendar::{calendar_decide, calendar_read};
 pub(crate) use calendar::{calendar_outcome, calendar_spend_one};
 use concurrency::read_leases;

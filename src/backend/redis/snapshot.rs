@@ -14,7 +14,7 @@
 use fred::prelude::{Client, ClientLike, Value};
 use futures_util::future::join_all;
 
-use super::keys::{CALENDAR_SUFFIX, CONCURRENCY_SUFFIX, KeyBuf, TIERS_SUFFIX};
+use super::keys::{CALENDAR_SUFFIX, CONCURRENCY_SUFFIX, FAIR_SHARE_SUFFIX, KeyBuf, TIERS_SUFFIX};
 use super::{Connection, RedisBackend};
 use crate::algo::calendar::CalendarState;
 use crate::algo::tiers::{TierLog, TierState};
@@ -242,6 +242,7 @@ pub(super) fn parse_key(rest: &[u8]) -> Option<(String, &'static str)> {
         b":t" => TIERS_SUFFIX,
         b":c" => CONCURRENCY_SUFFIX,
         b":q" => CALENDAR_SUFFIX,
+        b":f" => FAIR_SHARE_SUFFIX,
         _ => return None,
     };
     let escaped = &rest[..close];
@@ -271,6 +272,26 @@ async fn read_value(
     suffix: &str,
 ) -> Result<Option<Option<kit::Stored>>, ReadError> {
     let key = fred::prelude::Key::from(key);
+    if suffix == FAIR_SHARE_SUFFIX {
+        let all: Value = match client.custom(fred::cmd!("HGETALL"), vec![key]).await {
+            Ok(v) => v,
+            Err(e) if wrong_type(&e) => return Ok(Some(None)),
+            Err(e) => return Err(failed(e)),
+        };
+        return Ok(match all {
+            Value::Array(items) if items.is_empty() => None,
+            Value::Array(items) => Some(fair_pool(&items)),
+            Value::Map(map) if map.is_empty() => None,
+            Value::Map(map) => {
+                let items: Vec<Value> = map
+                    .iter()
+                    .flat_map(|(k, v)| [Value::from(k.clone()), v.clone()])
+                    .collect();
+                Some(fair_pool(&items))
+            }
+            _ => Some(None),
+        });
+    }
     if suffix == CONCURRENCY_SUFFIX {
         let count: Value = match client.custom(fred::cmd!("ZCARD"), vec![key.clone()]).await {
             Ok(c) => c,
@@ -321,6 +342,68 @@ async fn read_value(
         TIERS_SUFFIX => tiers(&raw),
         _ => calendar(&raw),
     }))
+}
+
+/// A fair share's hash (`fair_share.lua`), field and value by turns: the pool (the budget's TAT
+/// and its writer's bound as a bit length, the counts by period, the waiters) and each id's
+/// member; `None` for anything the script does not write.
+pub(super) fn fair_pool(items: &[Value]) -> Option<kit::Stored> {
+    use crate::algo::fair_share::{MAX_MEMBERS, MAX_WAITERS, Member, Pool, Waiter};
+    let mut pool = Pool::default();
+    let mut bits = 0u64;
+    let mut members = std::collections::HashMap::new();
+    for pair in items.chunks(2) {
+        let [field, value] = pair else { return None };
+        let field = std::str::from_utf8(field.as_bytes()?).ok()?;
+        let value = std::str::from_utf8(value.as_bytes()?).ok()?;
+        let n = || value.parse::<u64>().ok().filter(|&v| v <= LIMIT);
+        match field {
+            "t" => pool.tat = n()?,
+            "k" => bits = n()?,
+            "e" => pool.epoch = n()?,
+            "w0" => pool.weights.0 = n()?,
+            "w1" => pool.weights.1 = n()?,
+            "m0" => pool.mins.0 = n()?,
+            "m1" => pool.mins.1 = n()?,
+            "n0" => pool.ids.0 = n()?,
+            "n1" => pool.ids.1 = n()?,
+            "x" | "c" => {}
+            "q" => {
+                for line in value.lines() {
+                    let mut parts = line.split('\t');
+                    let id = crate::key::Id::new(parts.next()?).ok()?;
+                    let until_us = parts.next()?.parse().ok()?;
+                    let cost = parts.next()?.parse().ok()?;
+                    pool.waiting.push(Waiter { id, until_us, cost });
+                }
+            }
+            _ => {
+                let id = crate::key::Id::new(field.strip_prefix("m:")?).ok()?;
+                let mut parts = value.split(' ').map(|p| p.parse::<u64>().ok());
+                let mut next = || parts.next().flatten();
+                let member = Member {
+                    tat: next()?,
+                    epoch: next()?,
+                    weight: next()?,
+                    min: next()?,
+                };
+                members.insert(id, member);
+            }
+        }
+    }
+    if pool.waiting.len() > MAX_WAITERS || members.len() > 2 * MAX_MEMBERS {
+        return None;
+    }
+    let bound_us = if (1..=52).contains(&bits) {
+        (1u64 << bits) - 1
+    } else {
+        0
+    };
+    pool.tat = kit::gcra_word_bound(pool.tat, bound_us).ok()?;
+    Some(kit::Stored::FairShare(Box::new(kit::FairPool {
+        pool,
+        members,
+    })))
 }
 
 /// A GCRA key: its TAT and its writer's bound, from when the key expires (`PXAT` of the TAT's
