@@ -11,7 +11,8 @@
 //! under a limit with `prefetch: 50`), `ours_3_rules`, `tower_rate_limit_fred` (the peer's GCRA
 //! script over the same fred client), `ours_1_rule_coalesced` (`coalesce(64)` with
 //! `coalesce_in_flight(2)`: always queueing behind 2 calls, as coalescing was before it
-//! adapted), `ours_calendar` (one monthly calendar quota).
+//! adapted), `ours_calendar` (one monthly calendar quota), `ours_fair_share` (one fair share,
+//! every key an id of it).
 
 mod common;
 

@@ -428,7 +428,7 @@ fn every_active_id_counts_in_the_shares() {
             .unwrap();
         assert!(d.allowed());
         let st = mem.fair_share_state(limits.name("A").unwrap()).unwrap();
-        seen.push((st.pool.weights, st.pool.ids, st.members.len()));
+        seen.push((st.pool.weights, st.pool.ids, st.members_len()));
     }
     assert_eq!(
         seen,
@@ -439,6 +439,12 @@ fn every_active_id_counts_in_the_shares() {
             ((7, 0), (3, 0), 3)
         ]
     );
+    // A check (an inspection, the admin API's look at a bucket) makes no id active.
+    rt.block_on(memory.check(&[Transaction::new(key(&limits, "A", "w3"))]))
+        .unwrap();
+    let _ = rt.block_on(memory.inspect(&key(&limits, "A", "one9")));
+    let st = mem.fair_share_state(limits.name("A").unwrap()).unwrap();
+    assert_eq!((st.pool.weights, st.pool.ids), ((7, 0), (3, 0)));
     // The next period: all of them counted as the previous one's until seen again.
     clock.set(10_001 * S);
     rt.block_on(memory.spend(&[Transaction::new(key(&limits, "A", "w4"))]))
@@ -501,19 +507,19 @@ fn a_snapshot_of_redis_holds_the_fair_share_memory_holds() {
     held_waiting.sort_by_key(|w| w.id.to_string());
     assert_eq!(waiting, held_waiting);
     assert_eq!(
-        tower_ratelimits::kit::Stored::FairShare(Box::new(tower_ratelimits::kit::FairPool {
-            pool: tower_ratelimits::kit::Pool {
+        tower_ratelimits::kit::FairPool::new(
+            tower_ratelimits::kit::Pool {
                 waiting: Vec::new(),
                 ..read.pool.clone()
             },
-            members: read.members.clone(),
-        })),
-        tower_ratelimits::kit::Stored::FairShare(Box::new(tower_ratelimits::kit::FairPool {
-            pool: tower_ratelimits::kit::Pool {
+            read.members().map(|(k, m)| (k.clone(), *m)),
+        ),
+        tower_ratelimits::kit::FairPool::new(
+            tower_ratelimits::kit::Pool {
                 waiting: Vec::new(),
                 ..held.pool.clone()
             },
-            members: held.members.clone(),
-        }))
+            held.members().map(|(k, m)| (k.clone(), *m)),
+        )
     );
 }

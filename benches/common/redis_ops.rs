@@ -14,13 +14,14 @@ C: {kind: account, burst: 100000000, count: 1000000, period: 1s}
 Live: {kind: account, burst: 2, count: 1, period: 30s}
 Hot: {burst: 100000000, count: 1000000, period: 1s, prefetch: 50}
 Monthly: {kind: account, calendar: {count: 1000000000000, period: month}}
+Shared: {kind: account, burst: 100000000, count: 1000000, period: 1s, fair_share: {}}
 ";
 
 /// Keys cycled: `0..KEYS`.
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 11] = [
+pub const VARIANTS: [&str; 12] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_1_rule_uncoalesced",
@@ -32,6 +33,7 @@ pub const VARIANTS: [&str; 11] = [
     "tower_rate_limit_fred_hot_key",
     "ours_1_rule_hot_key_prefetch",
     "ours_calendar",
+    "ours_fair_share",
 ];
 
 /// Requests one coalesced call carries at most (`ours_1_rule_coalesced`).
@@ -112,6 +114,9 @@ impl RedisOps {
             "ours_1_rule_hot_key_prefetch" => spends(&self.limiter, "Hot", 0).await,
             // One calendar quota (a month; never used up here): the script's general path.
             "ours_calendar" => spends(&self.limiter, "Monthly", id).await,
+            // One fair share, every key an id of it (1,000 ids counted; never used up here):
+            // the limit's one hash, the script's general path.
+            "ours_fair_share" => spends(&self.limiter, "Shared", id).await,
             "ours_1_rule_coalesced" => spends(&self.coalesced, "A", id).await,
             // Coalescing turned off.
             "ours_1_rule_uncoalesced" => spends(&self.uncoalesced, "A", id).await,

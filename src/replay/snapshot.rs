@@ -172,8 +172,7 @@ impl FairLine {
                 .map(|w| (w.id.to_string(), w.until_us, w.cost))
                 .collect(),
             members: p
-                .members
-                .iter()
+                .members()
                 .map(|(id, m)| (id.to_string(), m.tat, m.epoch, m.weight, m.min))
                 .collect(),
         }
@@ -211,10 +210,9 @@ impl FairLine {
             ids: self.ids,
             waiting,
         };
-        Ok(kit::Stored::FairShare(Box::new(kit::FairPool {
-            pool,
-            members,
-        })))
+        Ok(kit::Stored::FairShare(Box::new(kit::FairPool::new(
+            pool, members,
+        ))))
     }
 }
 

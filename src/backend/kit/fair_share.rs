@@ -2,28 +2,64 @@
 //! (the budget, the active weights, the waiters) and its id's member state, both kept at the
 //! limit's own key ([`state_key`]): one state per limit, which every id of it reads.
 
-use std::collections::HashMap;
-
 use super::gcra::{gcra_step, gcra_unword, gcra_word, gcra_word_bound, reading};
 use super::{Read, Stored};
-use crate::algo::fair_share::{self as rule, FairShare, Member, Pool};
+use crate::algo::fair_share::{self as rule, FairShare, MAX_MEMBERS, Member, Pool};
 use crate::algo::gcra;
 use crate::backend::{BackendError, BucketTx, Outcome};
 use crate::key::{BucketKey, Id};
 use crate::mode::Mode;
 
+/// The ids one fair-share limit keeps, by id: a persistent map (a decision on memory copies
+/// the path to its id, not the map).
+type Members = rpds::HashTrieMapSync<Id, Member>;
+
 /// A fair-share limit's whole state: its pool and the members not yet equal to fresh ones
-/// (counted in the last two refresh periods, or over their share). The pool's `tat` is a GCRA word (the TAT and its writer's
-/// bound, as [`Stored::Tat`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// (counted in the last two refresh periods, or over their share; some that became fresh may
+/// be kept until the map holds twice [`MAX_MEMBERS`] and is swept). The pool's `tat` is a GCRA
+/// word (the TAT and its writer's bound, as [`Stored::Tat`]).
+#[derive(Debug, Clone, Default)]
 pub struct FairPool {
     /// What the limit keeps for all its ids.
     pub pool: Pool,
-    /// What it keeps for each id.
-    pub members: HashMap<Id, Member>,
+    members: Members,
+    /// The latest instant a member kept is fresh at (0: not known, computed when needed).
+    members_fresh_at: u64,
 }
 
+impl PartialEq for FairPool {
+    fn eq(&self, other: &Self) -> bool {
+        self.pool == other.pool && self.members == other.members
+    }
+}
+
+impl Eq for FairPool {}
+
 impl FairPool {
+    /// A limit's state from its pool and its members.
+    pub fn new(pool: Pool, members: impl IntoIterator<Item = (Id, Member)>) -> Self {
+        Self {
+            pool,
+            members: members.into_iter().collect(),
+            members_fresh_at: 0,
+        }
+    }
+
+    /// What the limit keeps for `id`, if anything.
+    pub fn member(&self, id: &Id) -> Option<&Member> {
+        self.members.get(id)
+    }
+
+    /// Every id the limit keeps, with what it keeps.
+    pub fn members(&self) -> impl Iterator<Item = (&Id, &Member)> {
+        self.members.iter()
+    }
+
+    /// How many ids it keeps.
+    pub fn members_len(&self) -> usize {
+        self.members.size()
+    }
+
     /// The budget's TAT (0: none), without its writer's bound.
     pub fn budget_tat(&self) -> u64 {
         gcra_unword(self.pool.tat).0
@@ -32,6 +68,18 @@ impl FairPool {
     /// The weights of the ids active now: those seen in this refresh period or the one before.
     pub fn active_weight(&self) -> u64 {
         self.pool.weights.0.saturating_add(self.pool.weights.1)
+    }
+
+    /// The latest instant a member kept is fresh at.
+    fn members_fresh_at(&self, share: &FairShare) -> u64 {
+        if self.members_fresh_at != 0 || self.members.is_empty() {
+            return self.members_fresh_at;
+        }
+        self.members
+            .values()
+            .map(|m| m.fresh_at(share))
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -47,8 +95,8 @@ pub fn state_key<'k>(tx: &BucketTx<'k>) -> std::borrow::Cow<'k, BucketKey> {
 
 /// A fair-share transaction decided on `stored` (its limit's state) at `now`: its outcome,
 /// what an allowed batch writes, and what is written whatever the batch decides (the id seen
-/// active, a refused under-share id's wait; `None` for a transaction that neither counts nor
-/// spends).
+/// active, a refused under-share id's wait; `None` for a transaction that does not spend, a
+/// check, unless a foreign budget is replaced).
 pub(crate) fn fair_share_decide(
     tx: &BucketTx<'_>,
     share: &FairShare,
@@ -65,9 +113,10 @@ pub(crate) fn fair_share_decide(
         .map_or_else(Pool::default, |h| h.pool.clone())
         .rolled(share, now);
     let live = |m: &&Member| m.fresh_at(share) > now;
-    let known = held.and_then(|h| h.members.get(id)).filter(live).copied();
+    let known = held.and_then(|h| h.member(id)).filter(live).copied();
     let counted = known.is_some() || pool.has_room();
-    let active = tx.mode.counts() || tx.mode.spends();
+    // Only a request that spends makes an id active (a check, an inspection, does not).
+    let active = tx.mode.spends();
     let mut member = known.unwrap_or_default();
     if counted && active {
         pool.count(share, &mut member);
@@ -102,28 +151,14 @@ pub(crate) fn fair_share_decide(
     if let Some(word) = step.repair {
         pool.tat = word;
     }
-    if !outcome.allowed && under && tx.mode.counts() {
+    if !outcome.allowed && under && active && tx.mode.counts() {
         // Held for a refresh period at least: a backlogged id under its share wants the next
         // units too (held for its retry_after alone, the reserve would lapse between its
         // grants and a hog would take every other unit).
         let held_us = outcome.retry_after_us.max(share.refresh_us());
         pool.wait(id, now.saturating_add(held_us), tx.min_cost);
     }
-    let members = |member: Option<Member>| {
-        let mut members: HashMap<Id, Member> = held
-            .map(|h| {
-                h.members
-                    .iter()
-                    .filter(|(k, m)| live(m) && *k != id)
-                    .map(|(k, m)| (k.clone(), *m))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(m) = member.filter(|m| m.fresh_at(share) > now) {
-            members.insert(id.clone(), m);
-        }
-        members
-    };
+    let members = |member: Option<Member>| members_with(held, share, id, member, now);
     let kept = |m: Member| counted.then_some(m);
     let write = match step.write {
         Some(word) if outcome.allowed && tx.mode.spends() => {
@@ -171,23 +206,67 @@ pub(crate) fn fair_share_refund(
         pool.tat = gcra_word_bound(t, limit.bound_us().max(writer))?;
     }
     let s = pool.share_of(share);
-    let mut members = held.map(|h| h.members.clone()).unwrap_or_default();
-    if let Some(m) = members.get_mut(tx.key.id()) {
-        m.tat = rule::member_refunded(budget, s, m.tat, tx.cost, now);
-    }
+    let id = tx.key.id();
+    let member = held.and_then(|h| h.member(id)).map(|m| Member {
+        tat: rule::member_refunded(budget, s, m.tat, tx.cost, now),
+        ..*m
+    });
+    let members = match member {
+        Some(m) => members_with(held, share, id, Some(m), now),
+        None => members_with(held, share, id, None, now),
+    };
     Ok((out.into(), Some(fair(pool, members))))
 }
 
-fn fair(pool: Pool, members: HashMap<Id, Member>) -> Stored {
-    Stored::FairShare(Box::new(FairPool { pool, members }))
+/// The members `held` keeps with `id`'s replaced by `member` (removed when `None` or fresh),
+/// swept of those fresh at `now` once they are twice [`MAX_MEMBERS`], and the latest instant
+/// one of them is fresh at.
+fn members_with(
+    held: Option<&FairPool>,
+    share: &FairShare,
+    id: &Id,
+    member: Option<Member>,
+    now: u64,
+) -> (Members, u64) {
+    let mut members = held.map(|h| h.members.clone()).unwrap_or_default();
+    let mut fresh_at = held.map_or(0, |h| h.members_fresh_at(share));
+    match member.filter(|m| m.fresh_at(share) > now) {
+        Some(m) => {
+            fresh_at = fresh_at.max(m.fresh_at(share));
+            members.insert_mut(id.clone(), m);
+        }
+        None => {
+            members.remove_mut(id);
+        }
+    }
+    if members.size() > 2 * MAX_MEMBERS {
+        members = members
+            .iter()
+            .filter(|(_, m)| m.fresh_at(share) > now)
+            .map(|(k, m)| (k.clone(), *m))
+            .collect();
+        fresh_at = members
+            .values()
+            .map(|m| m.fresh_at(share))
+            .max()
+            .unwrap_or(0);
+    }
+    (members, fresh_at)
+}
+
+fn fair(pool: Pool, (members, members_fresh_at): (Members, u64)) -> Stored {
+    Stored::FairShare(Box::new(FairPool {
+        pool,
+        members,
+        members_fresh_at,
+    }))
 }
 
 /// The first instant at which a fair-share limit's state equals a fresh one.
 pub(crate) fn fair_share_fresh_at(share: &FairShare, state: &FairPool) -> u64 {
-    let members = state.members.values().map(|m| m.fresh_at(share)).max();
     let pool = Pool {
         tat: gcra_unword(state.pool.tat).0,
         ..state.pool.clone()
     };
-    pool.fresh_at(share).max(members.unwrap_or(0))
+    pool.fresh_at(share).max(state.members_fresh_at(share))
 }

@@ -429,8 +429,6 @@ pub fn refund(
 pub(crate) fn may_write(tx: &BucketTx<'_>) -> bool {
     match tx.quota {
         Quota::Concurrency(_) => takes_lease(tx),
-        // The id seen active is written on any decision that counts.
-        Quota::FairShare(_) => tx.mode.spends() || tx.mode.counts(),
         _ => tx.mode.spends(),
     }
 }

@@ -202,12 +202,12 @@ local function fair_write(i, r, p, m, counted)
 end
 
 -- A fair-share record's decision (`fair_share_decide`): its reply, and what to write when the
--- batch is allowed (`spent`) and whatever it decides (`seen`; nil when it neither counts nor
--- spends).
+-- batch is allowed (`spent`); what it saw is written whatever the batch decides, when it spends
+-- (a check makes no id active) or replaced a foreign budget.
 local function fair_decide(i, r)
   local p, m = fair_read(i, r)
   local counted = m.e > 0 or m.tat > 0 or p.n0 + p.n1 < MAX_MEMBERS
-  local active = counts(r.mode) or spends(r.mode)
+  local active = spends(r.mode)
   if counted and active then fair_count(r, p, m) end
   local num, den = fair_share_of(r, p)
   local under = counted and fair_under(r, num, den, m.tat, r.min)
@@ -230,7 +230,7 @@ local function fair_decide(i, r)
   else
     rem = math.max(rem - reserve, 0)
   end
-  if ok == 0 and under and counts(r.mode) then
+  if ok == 0 and under and active and counts(r.mode) then
     fair_wait(r, p, now + math.max(retry, r.refresh), r.min)
   end
   local out = {ok, rem, retry, reset, 0}

@@ -400,10 +400,9 @@ pub(super) fn fair_pool(items: &[Value]) -> Option<kit::Stored> {
         0
     };
     pool.tat = kit::gcra_word_bound(pool.tat, bound_us).ok()?;
-    Some(kit::Stored::FairShare(Box::new(kit::FairPool {
-        pool,
-        members,
-    })))
+    Some(kit::Stored::FairShare(Box::new(kit::FairPool::new(
+        pool, members,
+    ))))
 }
 
 /// A GCRA key: its TAT and its writer's bound, from when the key expires (`PXAT` of the TAT's
