@@ -319,7 +319,7 @@ struct ReadmeDoctests;
 /// header's units). Anything here may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::algo::{calendar, concurrency, fair_share, gcra, tiers};
+    pub use crate::algo::{adaptive, calendar, concurrency, fair_share, gcra, tiers};
     pub use crate::backend::regions::{Moved, ShareNow, SimulatedRegions};
     pub use crate::layer::{in_scope, parse_units, units_in};
     pub use crate::time::parse_duration_us;

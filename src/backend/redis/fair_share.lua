@@ -192,13 +192,7 @@ local function fair_write(i, r, p, m, counted)
   end
   redis.call('HSET', KEYS[i], 't', p.t, 'k', p.k, 'e', p.e, 'w0', p.w0, 'w1', p.w1, 'm0', p.m0,
     'm1', p.m1, 'n0', p.n0, 'n1', p.n1, 'x', p.x, 'q', table.concat(q), 'c', scan[1])
-  fresh = math.max(fresh, p.x)
-  local how, ms = expire_args(fresh)
-  if how == 'PXAT' then
-    redis.call('PEXPIREAT', KEYS[i], ms)
-  else
-    redis.call('PEXPIRE', KEYS[i], ms)
-  end
+  expire_at(KEYS[i], math.max(fresh, p.x))
 end
 
 -- A fair-share record's decision (`fair_share_decide`): its reply, and what to write when the

@@ -83,15 +83,19 @@ local function write_tat(key, tat, k)
   end
 end
 
+-- Keeps `key` (a set or a hash, whatever it holds) until `at`, as expire_args says.
+local function expire_at(key, at)
+  local how, ms = expire_args(at)
+  if how == 'PXAT' then
+    redis.call('PEXPIREAT', key, ms)
+  else
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
 -- Keeps key i until its last lease ends.
 local function keep_until_last(i)
-  local last = tonumber(redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')[2])
-  local how, ms = expire_args(last)
-  if how == 'PXAT' then
-    redis.call('PEXPIREAT', KEYS[i], ms)
-  else
-    redis.call('PEXPIRE', KEYS[i], ms)
-  end
+  expire_at(KEYS[i], tonumber(redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')[2]))
 end
 
 -- The bit length of record r's bound (burst offset + debt offset): what its writes record.
