@@ -523,3 +523,44 @@ fn a_snapshot_of_redis_holds_the_fair_share_memory_holds() {
         )
     );
 }
+
+/// Many ids, each seen once and gone: a limit keeps at most about twice the ids it counts, on
+/// memory and on Redis (the hash's ended members swept once it holds more).
+#[test]
+fn a_limit_keeps_a_bounded_state_whatever_the_number_of_ids() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let clock = ManualClock::new(30_000 * S);
+    let mem = MemoryBackend::builder().clock(clock.clone()).build();
+    let memory = Limiter::new(limits(), mem.clone());
+    #[cfg(feature = "redis")]
+    let server = support::redis::RedisServer::start();
+    #[cfg(feature = "redis")]
+    let prefix = support::redis::unique_prefix("fairbound");
+    #[cfg(feature = "redis")]
+    let remote = {
+        let backend = rt.block_on(support::redis_backend::caller_time_backend(
+            &server.url(),
+            &prefix,
+            &clock,
+            false,
+        ));
+        Limiter::new(limits(), backend)
+    };
+    let l = limits();
+    for n in 0..6_000u64 {
+        // A new id every 2 ms: each is counted for a second or two, then fresh.
+        clock.set(30_000 * S + n * 2 * MS);
+        let tx = [Transaction::new(key(&l, "B", &format!("id{n}")))];
+        rt.block_on(memory.spend(&tx)).unwrap();
+        #[cfg(feature = "redis")]
+        rt.block_on(remote.spend(&tx)).unwrap();
+    }
+    let held = mem.fair_share_state(l.name("B").unwrap()).unwrap();
+    assert!(held.members_len() <= 2 * 1024, "{}", held.members_len());
+    #[cfg(feature = "redis")]
+    {
+        let len = support::redis::command(server.port, &format!("HLEN {prefix}{{B:}}:f")).unwrap();
+        let len: usize = len.trim().trim_start_matches(':').parse().unwrap();
+        assert!(len <= 2 * 1024 + 16 + 12, "{len} fields");
+    }
+}

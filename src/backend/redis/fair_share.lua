@@ -7,7 +7,8 @@
 --   e               the refresh period the counts below were counted in (numbered from 1)
 --   w0 w1 m0 m1 n0 n1  weights, minimums and ids seen in it, and in the period before only
 --   q               the waiters, "<id>\t<until>\t<cost>\n" each (an id has no control character)
---   c               the sweep's cursor (ended members are deleted a few per call)
+--   c               the sweep's cursor (ended members are deleted 64 fields a call once the
+--                   hash holds more than twice the ids a limit counts)
 --   x               the latest time a member ends
 --   m:<id>          a member: "<tat> <period> <weight> <min>"
 -- Anything else there (another type, a field that is not one of ours) is foreign: the pool is
@@ -182,16 +183,21 @@ local function fair_write(i, r, p, m, counted)
   else
     redis.call('HDEL', KEYS[i], mkey)
   end
-  local scan = redis.call('HSCAN', KEYS[i], p.c, 'MATCH', 'm:*', 'COUNT', 8)
-  for j = 1, #scan[2], 2 do
-    local a, b = string.match(scan[2][j + 1], '^(%d+) (%d+)')
-    local tat, e = tonumber(a), tonumber(b)
-    if tat == nil or math.max(tat, (e + 1) * r.refresh) <= now then
-      redis.call('HDEL', KEYS[i], scan[2][j])
+  -- Ended members are swept only once the hash holds twice the ids a limit counts (as memory
+  -- does): an HSCAN a call cost 1,060,000 server instructions at 1,000 ids.
+  if redis.call('HLEN', KEYS[i]) > 2 * MAX_MEMBERS + 16 then
+    local scan = redis.call('HSCAN', KEYS[i], p.c, 'MATCH', 'm:*', 'COUNT', 64)
+    for j = 1, #scan[2], 2 do
+      local a, b = string.match(scan[2][j + 1], '^(%d+) (%d+)')
+      local tat, e = tonumber(a), tonumber(b)
+      if tat == nil or math.max(tat, (e + 1) * r.refresh) <= now then
+        redis.call('HDEL', KEYS[i], scan[2][j])
+      end
     end
+    p.c = scan[1]
   end
   redis.call('HSET', KEYS[i], 't', p.t, 'k', p.k, 'e', p.e, 'w0', p.w0, 'w1', p.w1, 'm0', p.m0,
-    'm1', p.m1, 'n0', p.n0, 'n1', p.n1, 'x', p.x, 'q', table.concat(q), 'c', scan[1])
+    'm1', p.m1, 'n0', p.n0, 'n1', p.n1, 'x', p.x, 'q', table.concat(q), 'c', p.c)
   expire_at(KEYS[i], math.max(fresh, p.x))
 end
 
