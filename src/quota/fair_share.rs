@@ -101,10 +101,7 @@ impl Shape for FairShare {
 
     /// The budget scales; weights and minimums (a minimum never above the scaled count) stay.
     fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError> {
-        let budget = match Shape::scaled(self.budget(), scale)? {
-            Quota::Gcra(l) => l,
-            _ => return Ok(Quota::FairShare(Arc::new(self.clone()))),
-        };
+        let budget = super::gcra::scaled_limit(self.budget(), scale)?;
         let min = self.min().min(budget.count());
         Ok(Quota::FairShare(Arc::new(
             FairShare::new(budget)?
@@ -186,5 +183,51 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
 impl From<FairShare> for Quota {
     fn from(s: FairShare) -> Self {
         Quota::FairShare(Arc::new(s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::gcra::Limit;
+
+    /// The fallback's share of a fair share: the budget scaled as a GCRA limit is, the weight
+    /// kept, a minimum never above the scaled count.
+    #[test]
+    fn a_fallback_scales_the_budget_and_keeps_the_weight() {
+        let budget = Limit::from_micros(100, 100, 1_000_000).unwrap();
+        let share = FairShare::new(budget)
+            .unwrap()
+            .with_weight(3)
+            .unwrap()
+            .with_min(100)
+            .unwrap();
+        let quota = Quota::from(share);
+        let Quota::FairShare(half) = quota.scaled(50, 1).unwrap() else {
+            panic!("a fair share scales to a fair share");
+        };
+        assert_eq!(half.budget().burst(), 50);
+        assert_eq!(half.budget().period_us(), 2_000_000);
+        assert_eq!((half.weight(), half.min()), (3, 100));
+        assert_eq!(
+            Quota::from(budget).scaled(50, 1).unwrap(),
+            Quota::Gcra(*half.budget())
+        );
+    }
+
+    /// Its fields as JSON read back as written, in both forms; a budget is required.
+    #[test]
+    fn its_json_reads_back_in_both_forms() {
+        let share = FairShare::new(Limit::from_micros(10, 20, 1_000_000).unwrap())
+            .unwrap()
+            .with_weight(2)
+            .unwrap();
+        let quota = Quota::from(share);
+        for form in [Form::Stored, Form::Api] {
+            let mut v = serde_json::json!({});
+            quota.write_json(form, &mut v);
+            assert_eq!(Quota::read_json(form, &v).unwrap(), quota, "{v}");
+        }
+        assert!(Quota::read_json(Form::Api, &serde_json::json!({"fair_share": {}})).is_err());
     }
 }

@@ -129,14 +129,7 @@ impl Shape for Limit {
     /// Keeps `count` and stretches the period by `100 / percent` (so the rate scales without a
     /// new rounding of the emission interval), and scales the burst and the debt.
     fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError> {
-        Ok(Quota::Gcra(
-            Limit::from_micros(
-                scale.of(self.burst(), scale.cost),
-                self.count(),
-                self.period_us().saturating_mul(100) / scale.percent,
-            )?
-            .with_max_debt(self.max_debt().saturating_mul(scale.percent) / 100)?,
-        ))
+        Ok(Quota::Gcra(scaled_limit(self, scale)?))
     }
 
     /// `burst`, `count` and the period: `period_us` stored, `period` (`"1h"`) in the API. A
@@ -153,6 +146,18 @@ impl Shape for Limit {
     fn shape_name(&self) -> &'static str {
         "a GCRA limit"
     }
+}
+
+/// `limit` at a fallback's share: `count` kept and the period stretched by `100 / percent` (so
+/// the rate scales without a new rounding of the emission interval), the burst and the debt
+/// scaled (a fair share's budget scales the same way).
+pub(super) fn scaled_limit(limit: &Limit, scale: &Scale) -> Result<Limit, ShapeError> {
+    Ok(Limit::from_micros(
+        scale.of(limit.burst(), scale.cost),
+        limit.count(),
+        limit.period_us().saturating_mul(100) / scale.percent,
+    )?
+    .with_max_debt(limit.max_debt().saturating_mul(scale.percent) / 100)?)
 }
 
 /// A GCRA limit's fields (`burst`, `count`, and `period_us` or `period`), if any is there.

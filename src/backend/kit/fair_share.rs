@@ -211,10 +211,7 @@ pub(crate) fn fair_share_refund(
         tat: rule::member_refunded(budget, s, m.tat, tx.cost, now),
         ..*m
     });
-    let members = match member {
-        Some(m) => members_with(held, share, id, Some(m), now),
-        None => members_with(held, share, id, None, now),
-    };
+    let members = members_with(held, share, id, member, now);
     Ok((out.into(), Some(fair(pool, members))))
 }
 
