@@ -564,3 +564,48 @@ fn a_limit_keeps_a_bounded_state_whatever_the_number_of_ids() {
         assert!(len <= 2 * 1024 + 16 + 12, "{len} fields");
     }
 }
+
+/// Another program's data at a fair share's key (a string, a hash with fields not ours, a
+/// member that is not one): read as the budget drained and no one counted, answered without
+/// an error, and replaced by the script's own state.
+#[cfg(feature = "redis")]
+#[test]
+fn foreign_data_at_a_fair_share_key_is_read_as_drained_and_replaced() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let clock = ManualClock::new(40_000 * S);
+    let server = support::redis::RedisServer::start();
+    let prefix = support::redis::unique_prefix("fairforeign");
+    let backend = rt.block_on(support::redis_backend::caller_time_backend(
+        &server.url(),
+        &prefix,
+        &clock,
+        false,
+    ));
+    let remote = Limiter::new(limits(), backend);
+    let l = limits();
+    let spend = |id: &str| {
+        rt.block_on(remote.spend(&[Transaction::new(key(&l, "A", id))]))
+            .unwrap()
+    };
+    let cmd = |c: String| support::redis::command(server.port, &c).unwrap();
+    for foreign in [
+        format!("SET {prefix}{{A:}}:f hello"),
+        format!("HSET {prefix}{{A:}}:f t not-a-number"),
+        format!("HSET {prefix}{{A:}}:f t 12 q garbage m:x 1-2-3"),
+    ] {
+        cmd(format!("DEL {prefix}{{A:}}:f"));
+        cmd(foreign.clone());
+        let d = spend("x");
+        // The budget drained (10 a second, burst 10): the next unit in 10 ms.
+        if foreign.contains("t 12") {
+            // A TAT long past is the crate's: the budget is full.
+            assert!(d.allowed(), "{foreign}");
+        } else {
+            assert!(!d.allowed(), "{foreign}");
+            assert_eq!(d.strictest().unwrap().retry_after().as_micros(), 10_000);
+        }
+        let t = cmd(format!("HGET {prefix}{{A:}}:f t"));
+        assert!(t.starts_with('$'), "{foreign}: {t}");
+        assert!(cmd(format!("TYPE {prefix}{{A:}}:f")).contains("hash"));
+    }
+}

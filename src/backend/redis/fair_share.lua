@@ -77,8 +77,8 @@ local function fair_read(i, r)
   end
   if foreign then
     -- Read as the budget drained, and replaced (r.fix: the hash is deleted first).
-    p = {t = now + r.bo, k = 0, e = 0, w0 = 0, w1 = 0, m0 = 0, m1 = 0, n0 = 0, n1 = 0, x = 0,
-      c = '0', q = {}}
+    p = {t = now + r.bo, k = bound_length(r), e = 0, w0 = 0, w1 = 0, m0 = 0, m1 = 0, n0 = 0,
+      n1 = 0, x = 0, c = '0', q = {}}
     m = {tat = 0, e = 0, w = 0, m = 0}
     r.fix, r.repaired = true, true
   elseif p.t - now > r.bo + r.debt + SLACK and p.t - now > 2 ^ p.k + SLACK then
