@@ -522,6 +522,26 @@ fn a_snapshot_of_redis_holds_the_fair_share_memory_holds() {
             held.members().map(|(k, m)| (k.clone(), *m)),
         )
     );
+    assert_eq!(snapshot.foreign(), 0);
+    // A hash at the limit's key holding far more fields than the script leaves is not read
+    // whole (a million fields would be): counted foreign, not taken as the limit's state.
+    for page in 0..10 {
+        // An inline command holds at most 64 KiB: a thousand fields a command.
+        let mut hset = format!("HSET {prefix}{{C:}}:f");
+        for i in page * 1000..(page + 1) * 1000 {
+            hset.push_str(&format!(" m:x{i} 1"));
+        }
+        let added = support::redis::command(server.port, &hset).unwrap();
+        assert!(added.starts_with(':'), "{added}");
+    }
+    let reader = tower_ratelimits::RedisBackend::from_url(&url)
+        .prefix(&prefix)
+        .caller_time(clock.clone());
+    let snapshot = rt
+        .block_on(tower_ratelimits::Snapshot::from_redis(reader, &l, 100))
+        .unwrap();
+    assert!(!snapshot.keys().iter().any(|k| k.limit == "C"));
+    assert_eq!(snapshot.foreign(), 1);
 }
 
 /// Many ids, each seen once and gone: a limit keeps at most about twice the ids it counts, on
@@ -592,6 +612,11 @@ fn foreign_data_at_a_fair_share_key_is_read_as_drained_and_replaced() {
         format!("SET {prefix}{{A:}}:f hello"),
         format!("HSET {prefix}{{A:}}:f t not-a-number"),
         format!("HSET {prefix}{{A:}}:f t 12 q garbage m:x 1-2-3"),
+        // A TAT ten years ahead under a bound no limit writes (2^100 µs): not trusted.
+        format!(
+            "HSET {prefix}{{A:}}:f t {} k 100",
+            40_000 * S + 10 * 365 * 86_400 * S
+        ),
     ] {
         cmd(format!("DEL {prefix}{{A:}}:f"));
         cmd(foreign.clone());
@@ -606,6 +631,9 @@ fn foreign_data_at_a_fair_share_key_is_read_as_drained_and_replaced() {
         }
         let t = cmd(format!("HGET {prefix}{{A:}}:f t"));
         assert!(t.starts_with('$'), "{foreign}: {t}");
+        // What is written is the budget's own TAT: at most one burst ahead.
+        let tat: u64 = t.lines().nth(1).and_then(|v| v.parse().ok()).unwrap();
+        assert!(tat <= 40_000 * S + S, "{foreign}: {t}");
         assert!(cmd(format!("TYPE {prefix}{{A:}}:f")).contains("hash"));
     }
 }

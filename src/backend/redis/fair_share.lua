@@ -68,6 +68,8 @@ local function fair_read(i, r)
       end
       if #p.q > MAX_WAITERS then foreign = true end
     end
+    -- A bound no limit of the crate writes (52 bits hold 100 years): the budget's own.
+    if p.k < 1 or p.k > 52 then p.k = 0 end
     if type(raw[12]) == 'string' then p.c = raw[12] end
     if type(raw[13]) == 'string' then
       local a, b, c, d = string.match(raw[13], '^(%d+) (%d+) (%d+) (%d+)$')

@@ -273,6 +273,16 @@ async fn read_value(
 ) -> Result<Option<Option<kit::Stored>>, ReadError> {
     let key = fred::prelude::Key::from(key);
     if suffix == FAIR_SHARE_SUFFIX {
+        // Read whole only when it holds no more than the script leaves (its ids are swept past
+        // twice the ids a limit counts, a page a call): a bigger hash is not ours.
+        let fields: Value = match client.custom(fred::cmd!("HLEN"), vec![key.clone()]).await {
+            Ok(n) => n,
+            Err(e) if wrong_type(&e) => return Ok(Some(None)),
+            Err(e) => return Err(failed(e)),
+        };
+        if number(&fields).is_none_or(|n| n > FAIR_SHARE_MOST_FIELDS) {
+            return Ok(Some(None));
+        }
         let all: Value = match client.custom(fred::cmd!("HGETALL"), vec![key]).await {
             Ok(v) => v,
             Err(e) if wrong_type(&e) => return Ok(Some(None)),
@@ -344,11 +354,15 @@ async fn read_value(
     }))
 }
 
+/// The most fields a fair share's hash holds (`fair_share.lua` sweeps ended ids once it holds
+/// twice the ids a limit counts, one page a call; live ids above that are not ours).
+const FAIR_SHARE_MOST_FIELDS: u64 = 4 * crate::algo::fair_share::MAX_MEMBERS as u64 + 64;
+
 /// A fair share's hash (`fair_share.lua`), field and value by turns: the pool (the budget's TAT
 /// and its writer's bound as a bit length, the counts by period, the waiters) and each id's
 /// member; `None` for anything the script does not write.
 pub(super) fn fair_pool(items: &[Value]) -> Option<kit::Stored> {
-    use crate::algo::fair_share::{MAX_MEMBERS, MAX_WAITERS, Member, Pool, Waiter};
+    use crate::algo::fair_share::{MAX_WAITERS, Member, Pool, Waiter};
     let mut pool = Pool::default();
     let mut bits = 0u64;
     let mut members = std::collections::HashMap::new();
@@ -391,7 +405,7 @@ pub(super) fn fair_pool(items: &[Value]) -> Option<kit::Stored> {
             }
         }
     }
-    if pool.waiting.len() > MAX_WAITERS || members.len() > 2 * MAX_MEMBERS {
+    if pool.waiting.len() > MAX_WAITERS || members.len() as u64 > FAIR_SHARE_MOST_FIELDS {
         return None;
     }
     let bound_us = if (1..=52).contains(&bits) {
