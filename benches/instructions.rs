@@ -71,6 +71,14 @@ const VARIANTS: &[(&str, &str)] = &[
         "ours_fair_share_spend",
         "MemoryBackend as Backend: spend, 1 transaction on a fair share (every key an id of it)",
     ),
+    (
+        "ours_concurrency_slot",
+        "MemoryBackend as Backend: a slot taken and given back on a concurrency limit",
+    ),
+    (
+        "ours_adaptive_slot",
+        "MemoryBackend as Backend: a slot taken and given back with its completion on an adaptive concurrency limit",
+    ),
     ("ours_limiter", "Limiter::spend, 1 transaction"),
     ("http_request_only", "building the request alone"),
     (
@@ -185,6 +193,27 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
             keys,
             keys_n,
         ),
+        // A slot taken, then given back (a lease id per call): what a request holding one costs
+        // the store.
+        "ours_concurrency_slot" => slot_on(
+            Quota::from(
+                tower_ratelimits::ConcurrencyLimit::new(100, Duration::from_secs(60)).unwrap(),
+            ),
+            keys,
+            keys_n,
+        ),
+        // The same with the request's completion recorded (a window of 100 completions).
+        "ours_adaptive_slot" => slot_on(
+            Quota::from(
+                tower_ratelimits::AdaptiveConcurrency::new(
+                    tower_ratelimits::Adaptive::gradient(10, 50, 100).unwrap(),
+                )
+                .window_completions(100)
+                .unwrap(),
+            ),
+            keys,
+            keys_n,
+        ),
         "ours_limiter" => {
             let limiter = Limiter::new(limits, unswept());
             let txs: Vec<Transaction> = keys.into_iter().map(Transaction::new).collect();
@@ -254,6 +283,25 @@ fn spend_one_on(quota: Quota, keys: Vec<BucketKey>, keys_n: u64) -> Box<dyn FnMu
         .collect();
     Box::new(move |i| {
         let _ = std::hint::black_box(common::spend_one(&backend, &txs[(i % keys_n) as usize]));
+    })
+}
+
+fn slot_on(quota: Quota, keys: Vec<BucketKey>, keys_n: u64) -> Box<dyn FnMut(u64)> {
+    let backend = unswept();
+    let keys: &'static [BucketKey] = Box::leak(keys.into_boxed_slice());
+    let quota: &'static Quota = Box::leak(Box::new(quota));
+    let done = tower_ratelimits::Completion::new(Duration::from_millis(5), false);
+    Box::new(move |i| {
+        let key = &keys[(i % keys_n) as usize];
+        let Ok(tx) = BucketTx::new(key, quota, 1..=1, Mode::CheckAndSpend) else {
+            return;
+        };
+        let tx = tx.with_lease(i + 1);
+        let _ = std::hint::black_box(common::spend_one(&backend, &tx));
+        let back = [tx.with_completion(done)];
+        let _ = std::hint::black_box(common::ready(tower_ratelimits::Backend::refund(
+            &backend, &back,
+        )));
     })
 }
 

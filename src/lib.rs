@@ -87,6 +87,7 @@
 //! | a cost known only after the response (reserve, then settle) | [`Settle`] |
 //! | waiting instead of refusing | [`Wait`] |
 //! | requests in flight | [`ConcurrencyLimit`], [`specs::concurrency`] |
+//! | requests in flight, their number found per key from its latency and failures | [`AdaptiveConcurrency`], [`specs::adaptive_concurrency`] |
 //! | one budget shared by weight among the tenants active now | [`FairShare`], [`specs::fair_share`] |
 //! | burst tiers | [`TieredLimit`], [`specs::burst_tiers`] |
 //! | a count per day, week or month ("100,000 a month, renewing on the 15th") | [`CalendarQuota`], [`specs::calendar`] |
@@ -175,6 +176,9 @@ mod time;
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use admin::{AdminPrincipal, admin_router};
+pub use algo::adaptive::{
+    Adaptive, AdaptiveConcurrency, AdaptiveError, Algorithm, Completion, Measure,
+};
 pub use algo::calendar::{CalendarError, CalendarQuota, CalendarState, Period};
 pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 pub use algo::fair_share::{FairShare, FairShareError};
@@ -287,6 +291,8 @@ pub mod specs {
     pub mod concurrency {}
     #[doc = include_str!("../docs/fair-share.md")]
     pub mod fair_share {}
+    #[doc = include_str!("../docs/adaptive-concurrency.md")]
+    pub mod adaptive_concurrency {}
     #[doc = include_str!("../docs/keys-and-http.md")]
     pub mod keys_and_http {}
     #[cfg_attr(

@@ -1,7 +1,8 @@
-//! Adaptive concurrency per key, the controller (issue 58, part 2; not yet a limit shape): how
-//! a key's number of slots moves between `min` and `max` from what its own requests showed in
-//! one window, as pure integer functions, so that every store (and the script) can run it on
-//! the samples all instances merged.
+//! Adaptive concurrency per key (`docs/adaptive-concurrency.md`): how a key's number of slots
+//! moves between `min` and `max` from what its own requests showed in one window, as pure
+//! integer functions, so that every store can run it on the samples all instances merged
+//! there; and the limit shape ([`AdaptiveConcurrency`]) with a key's state
+//! ([`AdaptiveState`]: its leases, its controller, the window being filled).
 //!
 //! Two algorithms, as Netflix's concurrency-limits names them:
 //! - **gradient** (after Gradient2): the window's mean latency (`short`) against the key's
@@ -16,6 +17,10 @@
 //! The limit is kept in thousandths of a slot, so that smoothing keeps what one window moves.
 
 use std::fmt;
+use std::time::Duration;
+
+use crate::algo::concurrency::ConcurrencyLimit;
+use crate::time::duration_us;
 
 /// The best recent latency drifts up by 1/`DRIFT` a window.
 pub const DRIFT: u64 = 500;
@@ -57,6 +62,9 @@ pub enum AdaptiveError {
     /// A parameter out of its range.
     #[error("{0} is out of range")]
     Parameter(&'static str),
+    /// The slots' lease or retry hint refused.
+    #[error(transparent)]
+    Slots(#[from] crate::algo::concurrency::ConcurrencyError),
 }
 
 /// A concurrency limit that finds its number: `min` to `max` slots, starting at `initial`.
@@ -256,6 +264,270 @@ impl Adaptive {
                 }
             }
         }
+    }
+}
+
+impl Adaptive {
+    /// The least slots.
+    pub fn min(&self) -> u64 {
+        self.min
+    }
+
+    /// The most slots.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// The slots before any window.
+    pub fn initial(&self) -> u64 {
+        self.initial
+    }
+
+    /// How the slots move.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+}
+
+/// Where a request's latency ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Measure {
+    /// At the response's head (the default).
+    #[default]
+    Head,
+    /// At the end of the response's body (streaming responses).
+    BodyEnd,
+}
+
+/// The longest window, and the longest idle time before a key starts again.
+const MAX_WINDOW_US: u64 = 3_600_000_000;
+
+/// A concurrency limit per key whose number of slots moves between [`Adaptive`]'s `min` and
+/// `max` from what the key's own requests show: each completion (its latency, whether it
+/// failed) is recorded in the key's window in the store, merged there from every instance;
+/// the window moves the number every `window` (default 1 s) or every `completions` completions
+/// if set; a key idle for `idle_reset` (default 5 minutes) starts again at `initial`. Slots
+/// are leases, as [`ConcurrencyLimit`]'s (`docs/adaptive-concurrency.md`).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimits::{Adaptive, AdaptiveConcurrency};
+///
+/// let limit = AdaptiveConcurrency::new(Adaptive::gradient(2, 10, 100).unwrap())
+///     .window(Duration::from_millis(500))
+///     .unwrap();
+/// assert_eq!((limit.adaptive().initial(), limit.window_us()), (10, 500_000));
+/// assert!(AdaptiveConcurrency::new(Adaptive::aimd(1, 5, 20).unwrap())
+///     .window(Duration::ZERO)
+///     .is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AdaptiveConcurrency {
+    adaptive: Adaptive,
+    /// The lease and retry hint of its slots (its `max` the adaptive `max`).
+    slots: ConcurrencyLimit,
+    window_us: u64,
+    window_completions: u64,
+    idle_reset_us: u64,
+    measure: Measure,
+}
+
+impl AdaptiveConcurrency {
+    /// Slots moved by `adaptive`, with the defaults: a lease of a minute, a `retry_after` hint
+    /// of a second, a window of a second, back to `initial` after five idle minutes, latency to
+    /// the response's head.
+    pub fn new(adaptive: Adaptive) -> Self {
+        let slots = ConcurrencyLimit::with_defaults(adaptive.max);
+        Self {
+            adaptive,
+            slots,
+            window_us: 1_000_000,
+            window_completions: 0,
+            idle_reset_us: 300_000_000,
+            measure: Measure::Head,
+        }
+    }
+
+    /// The window: how often the number moves (1 ms to 1 h).
+    pub fn window(mut self, every: Duration) -> Result<Self, AdaptiveError> {
+        self.window_us = bounded("window", duration_us(every))?;
+        Ok(self)
+    }
+
+    /// Moves the number every `n` completions too (0: by time only).
+    pub fn window_completions(mut self, n: u64) -> Result<Self, AdaptiveError> {
+        if n > 1_000_000 {
+            return Err(AdaptiveError::Parameter("window completions"));
+        }
+        self.window_completions = n;
+        Ok(self)
+    }
+
+    /// How long a key may be idle before it starts again at `initial` (1 ms to 1 h).
+    pub fn idle_reset(mut self, after: Duration) -> Result<Self, AdaptiveError> {
+        self.idle_reset_us = bounded("idle_reset", duration_us(after))?;
+        Ok(self)
+    }
+
+    /// Where a request's latency ends.
+    pub fn measure(mut self, measure: Measure) -> Self {
+        self.measure = measure;
+        self
+    }
+
+    /// How long a slot lives unless renewed (as [`ConcurrencyLimit::new`]'s lease).
+    pub fn lease(mut self, lease: Duration) -> Result<Self, AdaptiveError> {
+        let hint = Duration::from_micros(self.slots.retry_after_us());
+        self.slots = ConcurrencyLimit::new(self.adaptive.max, lease)?.retry_after(hint)?;
+        Ok(self)
+    }
+
+    /// The `retry_after` a denial reports.
+    pub fn retry_after(mut self, hint: Duration) -> Result<Self, AdaptiveError> {
+        self.slots = self.slots.retry_after(hint)?;
+        Ok(self)
+    }
+
+    /// How the slots move.
+    pub fn adaptive(&self) -> &Adaptive {
+        &self.adaptive
+    }
+
+    /// The slots' lease and hint, with the most slots.
+    pub fn slots(&self) -> &ConcurrencyLimit {
+        &self.slots
+    }
+
+    /// The window, in microseconds.
+    pub fn window_us(&self) -> u64 {
+        self.window_us
+    }
+
+    /// Completions that end a window early (0: none).
+    pub fn window_completions_count(&self) -> u64 {
+        self.window_completions
+    }
+
+    /// The idle time after which a key starts again, in microseconds.
+    pub fn idle_reset_us(&self) -> u64 {
+        self.idle_reset_us
+    }
+
+    /// Where a request's latency ends.
+    pub fn measured(&self) -> Measure {
+        self.measure
+    }
+
+    /// The slots `state` gives at `now` (its controller; `initial` once idle), with its lease
+    /// and hint: what a decision counts against.
+    pub fn slots_at(&self, state: &AdaptiveState, now: u64) -> ConcurrencyLimit {
+        let controller = self.controller_at(state, now);
+        self.slots.with_max(self.adaptive.slots(&controller))
+    }
+
+    fn controller_at(&self, state: &AdaptiveState, now: u64) -> Controller {
+        if self.idle(state, now) || state.controller.limit_milli == 0 {
+            self.adaptive.start()
+        } else {
+            state.controller
+        }
+    }
+
+    /// Whether `state` was idle long enough at `now` to start again.
+    fn idle(&self, state: &AdaptiveState, now: u64) -> bool {
+        now.saturating_sub(state.last_us) >= self.idle_reset_us
+    }
+
+    /// `state` at `now` as a decision reads it: back at the start when it was idle.
+    pub fn rolled(&self, state: &AdaptiveState, now: u64) -> AdaptiveState {
+        if !self.idle(state, now) && state.controller.limit_milli != 0 {
+            return state.clone();
+        }
+        AdaptiveState {
+            leases: state.leases.clone(),
+            controller: self.adaptive.start(),
+            window: Window::default(),
+            window_start_us: now,
+            last_us: now,
+        }
+    }
+
+    /// A request that held a slot ended at `now` after `latency_us` (`failed` as the layer's
+    /// predicate said): recorded in `state`'s window, with the slots in flight when it ended
+    /// (`in_flight`, its own included); a window that is over moves the number and starts
+    /// again.
+    pub fn complete(
+        &self,
+        state: &mut AdaptiveState,
+        latency_us: u64,
+        failed: bool,
+        in_flight: u64,
+        now: u64,
+    ) {
+        // A window starts with its first completion: time with none teaches nothing.
+        if state.window.completions == 0 {
+            state.window_start_us = now;
+        }
+        state.window.record(latency_us, failed, in_flight);
+        state.last_us = state.last_us.max(now);
+        let by_count =
+            self.window_completions > 0 && state.window.completions >= self.window_completions;
+        let by_time = now.saturating_sub(state.window_start_us) >= self.window_us;
+        if by_count || by_time {
+            state.controller = self.adaptive.update(&state.controller, &state.window);
+            state.window = Window::default();
+            state.window_start_us = now;
+        }
+    }
+}
+
+/// What a request that held a slot showed when it ended: its latency (to the response's head,
+/// or to its body's end: [`Measure`]) and whether it failed (by default a 5xx, a gRPC
+/// `UNAVAILABLE`, `RESOURCE_EXHAUSTED` or `DEADLINE_EXCEEDED`, an error or a timeout). Given
+/// back with its leases ([`Limiter::complete`](crate::Limiter::complete)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Completion {
+    /// Its latency, in microseconds.
+    pub latency_us: u64,
+    /// Whether it failed.
+    pub failed: bool,
+}
+
+impl Completion {
+    /// A request that took `latency` and `failed` or not.
+    pub fn new(latency: Duration, failed: bool) -> Self {
+        Self {
+            latency_us: duration_us(latency),
+            failed,
+        }
+    }
+}
+
+/// One key's state under an [`AdaptiveConcurrency`] limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdaptiveState {
+    /// Its leases, `(lease id, deadline)`, as a concurrency key's.
+    pub leases: Vec<(u64, u64)>,
+    /// Its controller (`limit_milli` 0: none yet, `initial`).
+    pub controller: Controller,
+    /// The window being filled.
+    pub window: Window,
+    /// When that window started (microseconds).
+    pub window_start_us: u64,
+    /// The last time a request of the key took a slot or ended (microseconds).
+    pub last_us: u64,
+}
+
+fn bounded(field: &'static str, us: u64) -> Result<u64, AdaptiveError> {
+    if !(1_000..=MAX_WINDOW_US).contains(&us) {
+        return Err(AdaptiveError::Parameter(field));
+    }
+    Ok(us)
+}
+
+impl fmt::Display for AdaptiveConcurrency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (window {}us)", self.adaptive, self.window_us)
     }
 }
 

@@ -127,6 +127,21 @@ impl ConcurrencyLimit {
     pub fn retry_after_us(&self) -> u64 {
         self.retry_after_us
     }
+
+    /// `max` slots (cut to 1..=[`MAX_CONCURRENCY`]) with the default lease and hint.
+    pub(crate) fn with_defaults(max: u64) -> Self {
+        Self {
+            max: max.clamp(1, MAX_CONCURRENCY),
+            lease_us: DEFAULT_LEASE_US,
+            retry_after_us: duration_us(DEFAULT_RETRY_AFTER),
+        }
+    }
+
+    /// The same lease and hint with `max` slots (an adaptive limit's number now; at least 1).
+    pub(crate) fn with_max(mut self, max: u64) -> Self {
+        self.max = max.clamp(1, MAX_CONCURRENCY);
+        self
+    }
 }
 
 impl fmt::Display for ConcurrencyLimit {

@@ -65,6 +65,9 @@ pub struct Outcome {
     /// ([`CalendarQuota::length_of_period_ending`](crate::CalendarQuota::length_of_period_ending)).
     /// Four bytes beside the flags: an outcome is moved on every request's road.
     pub period_s: u32,
+    /// For an adaptive concurrency limit: the key's number of slots when decided (the `q` of
+    /// its policy); 0 for every other shape. The kit sets it.
+    pub slots: u32,
     /// Not evaluated: another counting transaction of the batch was already known to be denied
     /// (the Redis backend's local deny cache), so this one was never looked at. A skipped
     /// outcome is not allowed and all its numbers are zero; nothing was spent.
@@ -81,6 +84,7 @@ impl Outcome {
             reset_after_us,
             granted: None,
             period_s: 0,
+            slots: 0,
             skipped: false,
         }
     }
@@ -138,6 +142,10 @@ pub struct BucketTx<'a> {
     /// ([`Backend::regional`]): the floor its region holds, and the transaction is decided by
     /// its region's share bucket (`docs/regions.md`). `None` everywhere else.
     pub(crate) floor: Option<crate::RegionFloor>,
+    /// A refund that gives back a lease: what the request that held it showed (its latency,
+    /// whether it failed), for a shape that learns from it (an adaptive concurrency limit);
+    /// `None`: nothing known (a release without one, every other transaction).
+    pub(crate) completion: Option<crate::Completion>,
 }
 
 /// Why a transaction cannot be built: what it asks could never be granted.
@@ -211,7 +219,7 @@ impl<'a> BucketTx<'a> {
                 max: cost,
             });
         }
-        if mode == Mode::Renew && quota.as_concurrency().is_none() {
+        if mode == Mode::Renew && !quota.holds_leases() {
             return Err(TransactionError::RenewWithoutSlots);
         }
         // What must fit is the least acceptable part (a single cost is its own least part):
@@ -224,7 +232,7 @@ impl<'a> BucketTx<'a> {
                 burst: quota.max_cost(),
             });
         }
-        if quota.as_concurrency().is_some() && min_cost < cost {
+        if quota.holds_leases() && min_cost < cost {
             return Err(TransactionError::RangeOnConcurrency);
         }
         Ok(Self {
@@ -236,6 +244,7 @@ impl<'a> BucketTx<'a> {
             lease: 0,
             leases: &[],
             floor: None,
+            completion: None,
         })
     }
 
@@ -258,6 +267,19 @@ impl<'a> BucketTx<'a> {
     /// The lease id (0: none); see [`with_lease`](Self::with_lease).
     pub fn lease(&self) -> u64 {
         self.lease
+    }
+
+    /// A refund giving back a lease, with what its request showed: a shape that learns from
+    /// its requests' outcomes (an adaptive concurrency limit) records it. Any shape may read
+    /// it ([`completion`](Self::completion)); the others ignore it.
+    pub fn with_completion(mut self, completion: crate::Completion) -> Self {
+        self.completion = Some(completion);
+        self
+    }
+
+    /// What the request giving back its lease showed, if it is known.
+    pub fn completion(&self) -> Option<crate::Completion> {
+        self.completion
     }
 
     /// A renewal ([`Mode::Renew`]) of every lease of `ids` on this key, in one transaction:
@@ -357,9 +379,13 @@ pub enum BackendError {
     /// The tiered algorithm refused the request (a range it cannot grant).
     #[error(transparent)]
     Tiers(#[from] TierRequestError),
+    /// The backend does not keep limits of this shape (the shape's name): nothing was
+    /// decided, the failure policy applies.
+    #[error("this backend does not keep {0}")]
+    Unsupported(&'static str),
 }
 
-readable_debug!(BackendError { Full { max_keys }, Timeout(after), Unavailable(reason), OutOfMemory(reason), CircuitOpen { retry_in }, InvalidState { key, reason }, Gcra(error), Tiers(error) });
+readable_debug!(BackendError { Full { max_keys }, Timeout(after), Unavailable(reason), OutOfMemory(reason), CircuitOpen { retry_in }, InvalidState { key, reason }, Gcra(error), Tiers(error), Unsupported(shape) });
 
 /// A backend's outcomes for a batch, one per transaction, in order (read them as a slice:
 /// `Outcomes` derefs to `[Outcome]`), and the grant per tier of each tiered one

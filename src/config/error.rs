@@ -132,6 +132,10 @@ pub enum ConfigErrorKind {
     /// An invalid fair share (`fair_share:`): a weight, a minimum or a refresh period.
     #[error("invalid fair share: {0}")]
     InvalidFairShare(#[from] crate::algo::fair_share::FairShareError),
+    /// An invalid adaptive concurrency limit (`concurrency: {adaptive: ...}`): its bounds or a
+    /// parameter.
+    #[error("invalid adaptive concurrency: {0}")]
+    InvalidAdaptive(#[from] crate::algo::adaptive::AdaptiveError),
     /// Tiers that do not validate (the error names the tier and the field).
     #[error("invalid tiers: {0}")]
     InvalidTiers(#[from] TierError),
@@ -321,6 +325,7 @@ impl From<crate::quota::ShapeError> for ConfigErrorKind {
             crate::quota::ShapeError::Concurrency(e) => e.into(),
             crate::quota::ShapeError::Calendar(e) => e.into(),
             crate::quota::ShapeError::FairShare(e) => e.into(),
+            crate::quota::ShapeError::Adaptive(e) => e.into(),
         }
     }
 }

@@ -152,7 +152,12 @@ where
         let polled = poll_kind(this.kind, cx);
         // The body is over (its end, or an error: the server stops there): the request's
         // slots are free.
-        if this.release.is_some() && matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+        if let Some(release) = this.release.as_mut()
+            && matches!(polled, Poll::Ready(None | Some(Err(_))))
+        {
+            if matches!(polled, Poll::Ready(Some(Err(_)))) {
+                release.failed();
+            }
             *this.release = None;
         }
         polled

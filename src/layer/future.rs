@@ -219,7 +219,22 @@ where
                     this.state.set(state);
                 }
                 StateProj::Calling { future } => {
-                    let response = ready!(future.poll(cx))?;
+                    let response = match ready!(future.poll(cx)) {
+                        Ok(response) => response,
+                        Err(e) => {
+                            if let Some(release) = this.release.as_mut() {
+                                release.failed();
+                            }
+                            return Poll::Ready(Err(e));
+                        }
+                    };
+                    if let Some(release) = this.release.as_mut() {
+                        release.head(
+                            response.status(),
+                            response.headers(),
+                            &this.shared.failed_when,
+                        );
+                    }
                     let (batch, after) = match this.allowed.take() {
                         Some(Allowed::Settle { batch, after }) => (batch, after),
                         fields => {

@@ -25,6 +25,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::limiter::{BatchDecision, Lease, Limiter};
+use crate::{Completion, Measure};
 
 type Leases = SmallVec<[Lease; 1]>;
 
@@ -39,6 +40,26 @@ pub(crate) struct Release {
     /// For leases the in-memory fallback took: the store's limiter and the leases recorded
     /// there once it answers again.
     adopted: Option<(Limiter, Arc<Mutex<Vec<Lease>>>)>,
+    /// When the request took its slots, and what its response's head showed (when it came,
+    /// whether it failed): what a limit that learns from its requests is told at the end.
+    started: Instant,
+    head: Option<(Instant, bool)>,
+    /// Its inner service or its body failed.
+    failed: bool,
+}
+
+/// Whether a response failed, as a limit that learns from its requests counts it: by default
+/// a 5xx, or a gRPC `UNAVAILABLE` (14), `RESOURCE_EXHAUSTED` (8) or `DEADLINE_EXCEEDED` (4)
+/// in the head (`RateLimitLayerBuilder::failed_when` replaces it).
+pub(crate) type FailedWhen = Arc<dyn Fn(http::StatusCode, &http::HeaderMap) -> bool + Send + Sync>;
+
+/// The default [`FailedWhen`].
+pub(crate) fn failed_by_default(status: http::StatusCode, headers: &http::HeaderMap) -> bool {
+    status.is_server_error()
+        || headers
+            .get_all("grpc-status")
+            .iter()
+            .any(|v| matches!(v.as_bytes(), b"14" | b"8" | b"4"))
 }
 
 /// The leases `batch` holds; `None` when it holds none.
@@ -61,6 +82,9 @@ impl Release {
             leases,
             renewer: None,
             adopted: None,
+            started: Instant::now(),
+            head: None,
+            failed: false,
         }))
     }
 
@@ -86,7 +110,41 @@ impl Release {
             held: None,
             renewer,
             adopted: Some((main.clone(), adopted)),
+            started: Instant::now(),
+            head: None,
+            failed: false,
         }))
+    }
+
+    /// The response's head came: when, and whether it failed (`failed_when`).
+    pub(crate) fn head(
+        &mut self,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+        failed_when: &FailedWhen,
+    ) {
+        if self.head.is_none() {
+            self.head = Some((Instant::now(), failed_when(status, headers)));
+        }
+    }
+
+    /// The inner service or the response's body failed.
+    pub(crate) fn failed(&mut self) {
+        self.failed = true;
+    }
+
+    /// What the request showed, measured as `measure` says, now that it ends: a request that
+    /// ends before its head (cancelled, timed out) failed, at the time it ended.
+    fn completion(&self, measure: Measure, now: Instant) -> Completion {
+        let (end, failed) = match (self.head, measure) {
+            (Some((at, failed)), Measure::Head) => (at, failed),
+            (Some((_, failed)), Measure::BodyEnd) => (now, failed),
+            (None, _) => (now, true),
+        };
+        Completion::new(
+            end.saturating_duration_since(self.started),
+            failed || self.failed,
+        )
     }
 }
 
@@ -160,24 +218,50 @@ impl Drop for Release {
         if let Some(renewer) = self.renewer.take() {
             renewer.abort();
         }
-        release(
-            self.limiter.clone(),
-            std::mem::take(&mut self.leases).into_vec(),
-        );
-        if let Some((main, adopted)) = self.adopted.take() {
+        let now = Instant::now();
+        let leases = std::mem::take(&mut self.leases).into_vec();
+        let adopted = self.adopted.take().map(|(main, adopted)| {
             let adopted =
                 std::mem::take(&mut *adopted.lock().unwrap_or_else(PoisonError::into_inner));
-            if !adopted.is_empty() {
-                release(main, adopted);
+            (main, adopted)
+        });
+        for (limiter, leases) in std::iter::once((self.limiter.clone(), leases)).chain(adopted) {
+            if leases.is_empty() {
+                continue;
+            }
+            // Most requests hold leases of limits that do not learn: released as they are.
+            if leases.iter().all(|l| l.quota().learns().is_none()) {
+                release(limiter, leases, None);
+                continue;
+            }
+            let (head, rest): (Vec<_>, Vec<_>) = leases
+                .into_iter()
+                .partition(|l| l.quota().learns() == Some(Measure::Head));
+            let (body_end, plain): (Vec<_>, Vec<_>) = rest
+                .into_iter()
+                .partition(|l| l.quota().learns() == Some(Measure::BodyEnd));
+            for (leases, completion) in [
+                (head, Some(self.completion(Measure::Head, now))),
+                (body_end, Some(self.completion(Measure::BodyEnd, now))),
+                (plain, None),
+            ] {
+                if !leases.is_empty() {
+                    release(limiter.clone(), leases, completion);
+                }
             }
         }
     }
 }
 
-/// Releases `leases` on `limiter`: at once when it answers at once, else on the runtime.
-fn release(limiter: Limiter, leases: Vec<Lease>) {
+/// Releases `leases` on `limiter` (with what their request showed, when a limit learns from
+/// it): at once when it answers at once, else on the runtime.
+fn release(limiter: Limiter, leases: Vec<Lease>, completion: Option<Completion>) {
     let mut release: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
-        if let Err(e) = limiter.release(&leases).await {
+        let released = match completion {
+            Some(c) => limiter.complete(&leases, c).await,
+            None => limiter.release(&leases).await,
+        };
+        if let Err(e) = released {
             tracing::warn!(target: crate::telemetry::target::BACKEND, error = %e, "could not release concurrency slots; they end at their lease time");
         }
     });
@@ -251,6 +335,60 @@ mod tests {
         drop(streams);
         assert_eq!(backend.leases(&key), 0);
         assert!(limiter.check(&[tx()]).await.unwrap().allowed());
+    }
+
+    /// The default failure: a 5xx, or a gRPC `UNAVAILABLE`, `RESOURCE_EXHAUSTED` or
+    /// `DEADLINE_EXCEEDED` in the head (another status, or another gRPC code, is not).
+    #[test]
+    fn a_failure_is_a_5xx_or_an_overload_grpc_status() {
+        use http::{HeaderMap, HeaderValue, StatusCode};
+        let grpc = |code: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("grpc-status", HeaderValue::from_static(code));
+            h
+        };
+        let none = HeaderMap::new();
+        assert!(super::failed_by_default(StatusCode::BAD_GATEWAY, &none));
+        assert!(!super::failed_by_default(
+            StatusCode::TOO_MANY_REQUESTS,
+            &none
+        ));
+        assert!(!super::failed_by_default(StatusCode::OK, &none));
+        for (code, failed) in [
+            ("14", true),
+            ("8", true),
+            ("4", true),
+            ("0", false),
+            ("5", false),
+        ] {
+            assert_eq!(
+                super::failed_by_default(StatusCode::OK, &grpc(code)),
+                failed,
+                "{code}"
+            );
+        }
+    }
+
+    /// What a request showed: its head's time and verdict (head), the time it ended (body
+    /// end), a failure of the body; one that ends before its head failed.
+    #[tokio::test(start_paused = true)]
+    async fn a_completion_is_measured_where_the_limit_says() {
+        use crate::Measure;
+        let (_, _, limiter, key) = streams(3);
+        let batch = limiter.spend(&[Transaction::new(key)]).await.unwrap();
+        let mut r = Release::of(&limiter, &batch).unwrap();
+        tokio::time::advance(Duration::from_millis(30)).await;
+        let end = tokio::time::Instant::now() + Duration::from_millis(70);
+        let c = r.completion(Measure::Head, end);
+        assert_eq!((c.latency_us, c.failed), (100_000, true), "no head: failed");
+        let failed_when: super::FailedWhen = std::sync::Arc::new(super::failed_by_default);
+        r.head(http::StatusCode::OK, &http::HeaderMap::new(), &failed_when);
+        let c = r.completion(Measure::Head, end);
+        assert_eq!((c.latency_us, c.failed), (30_000, false));
+        let c = r.completion(Measure::BodyEnd, end);
+        assert_eq!((c.latency_us, c.failed), (100_000, false));
+        r.failed();
+        assert!(r.completion(Measure::Head, end).failed);
     }
 
     /// A renewal never takes a slot: a lease that ended (or was released) stays ended.

@@ -105,6 +105,8 @@ pub(crate) struct Seen<'a> {
     pub(crate) tiers: Option<&'a TierGrant>,
     /// For a calendar quota: the length of the period decided in (whole seconds).
     pub(crate) period_s: u32,
+    /// For an adaptive concurrency limit: the key's slots when decided.
+    pub(crate) slots: u32,
 }
 
 impl<'a> Seen<'a> {
@@ -118,6 +120,7 @@ impl<'a> Seen<'a> {
             reset_after_us: self.reset_after_us,
             tiers: self.tiers,
             period_s: self.period_s,
+            slots: self.slots,
         }
     }
 
@@ -148,6 +151,7 @@ impl<'a> From<&'a Decision> for Seen<'a> {
             reset_after_us: micros(d.reset_after),
             tiers: d.tiers.as_ref(),
             period_s: d.period_s,
+            slots: d.slots,
         }
     }
 }
@@ -166,6 +170,7 @@ impl<'a> From<Entry<'a>> for Seen<'a> {
             reset_after_us: e.outcome.reset_after_us,
             tiers: e.tiers,
             period_s: e.outcome.period_s,
+            slots: e.outcome.slots,
         }
     }
 }

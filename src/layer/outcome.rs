@@ -37,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) answers: Answers,
     pub(crate) exempt: Option<Exemptions>,
     pub(crate) settler: Settler,
+    /// Which responses failed, for a limit that learns from its requests.
+    pub(crate) failed_when: super::lease::FailedWhen,
 }
 
 pub(crate) enum Failure {

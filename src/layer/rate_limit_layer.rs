@@ -74,6 +74,7 @@ pub struct RateLimitLayerBuilder {
     exempt: Option<(ClientIp, Vec<IpNet>)>,
     jitter: Duration,
     near_limit_percent: u8,
+    failed_when: super::lease::FailedWhen,
 }
 
 impl RateLimitLayerBuilder {
@@ -179,6 +180,32 @@ impl RateLimitLayerBuilder {
     /// backend that decides at once (the in-memory one) never starts the timer.
     pub fn backend_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Which responses count as failures for a limit that learns from its requests (an
+    /// adaptive concurrency limit, whose AIMD backs off on them): by default a 5xx, or a gRPC
+    /// `UNAVAILABLE`, `RESOURCE_EXHAUSTED` or `DEADLINE_EXCEEDED` in the response's head. An
+    /// error of the inner service, a body that ends in an error, and a request that ends before
+    /// its response's head (cancelled, timed out) always count as failures.
+    ///
+    /// ```
+    /// use tower_ratelimits::{ClientIp, Limiter, Limits, MemoryBackend, RateLimitLayer, Rule};
+    /// # let limiter = Limiter::new(
+    /// #     Limits::from_yaml_str("PerIp: {kind: ip, concurrency: {adaptive: {min: 1, max: 50}}}", None).unwrap(),
+    /// #     MemoryBackend::new());
+    /// // Only a 503 says the service is overloaded.
+    /// let layer = RateLimitLayer::builder(limiter)
+    ///     .rule(Rule::new("PerIp", ClientIp::new()))
+    ///     .failed_when(|status, _headers| status == http::StatusCode::SERVICE_UNAVAILABLE)
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn failed_when(
+        mut self,
+        f: impl Fn(http::StatusCode, &http::HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.failed_when = Arc::new(f);
         self
     }
 
@@ -325,6 +352,7 @@ impl RateLimitLayerBuilder {
                 exempt: self
                     .exempt
                     .map(|(client, nets)| Exemptions { client, nets }),
+                failed_when: self.failed_when,
             }),
         })
     }
@@ -389,6 +417,7 @@ impl RateLimitLayer {
             near_limit_percent: 80,
             body: ErrorBody::default(),
             exempt: None,
+            failed_when: Arc::new(super::lease::failed_by_default),
         }
     }
 

@@ -35,6 +35,8 @@ pub struct Decision {
     /// For a calendar quota: the length of the period it was decided in (whole seconds; 0
     /// for other shapes).
     pub(crate) period_s: u32,
+    /// For an adaptive concurrency limit: the key's slots when decided (0 for other shapes).
+    pub(crate) slots: u32,
     /// The limit's name.
     pub(crate) name: LimitName,
     /// The bucket.

@@ -433,7 +433,51 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn release(&self, leases: &[Lease]) -> Result<usize, LimiterError> {
-        let txs = lease_txs(leases, Mode::CheckAndSpend)?;
+        self.give_back(leases, None).await
+    }
+
+    /// [`release`](Self::release)s `leases` with what their request showed: a limit that
+    /// learns from its requests (an [`AdaptiveConcurrency`](crate::AdaptiveConcurrency)
+    /// limit) records it in the key's window in the store; the others ignore it. The layer
+    /// calls it when a request that held slots ends (its latency to the response's head or
+    /// body's end, whether it failed).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimits::{Completion, Id, Limiter, Limits, MemoryBackend, Transaction};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limits = Limits::from_yaml_str(
+    ///     "Search: {concurrency: {adaptive: {min: 1, initial: 4, max: 50}}}",
+    ///     None,
+    /// )?;
+    /// let limiter = Limiter::new(limits, MemoryBackend::new());
+    /// let search = Transaction::new(limiter.key("Search", Id::from(7u64))?);
+    /// let d = limiter.spend(&[search]).await?;
+    /// let leases: Vec<_> = d.decisions().iter().filter_map(|d| d.lease()).collect();
+    /// let done = Completion::new(Duration::from_millis(12), false);
+    /// assert_eq!(limiter.complete(&leases, done).await?, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn complete(
+        &self,
+        leases: &[Lease],
+        completion: crate::Completion,
+    ) -> Result<usize, LimiterError> {
+        self.give_back(leases, Some(completion)).await
+    }
+
+    async fn give_back(
+        &self,
+        leases: &[Lease],
+        completion: Option<crate::Completion>,
+    ) -> Result<usize, LimiterError> {
+        let mut txs = lease_txs(leases, Mode::CheckAndSpend)?;
+        if let Some(c) = completion {
+            for tx in &mut txs {
+                *tx = tx.with_completion(c);
+            }
+        }
         if txs.is_empty() {
             return Ok(0);
         }

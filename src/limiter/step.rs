@@ -82,6 +82,7 @@ const DISABLED: Outcome = Outcome {
     reset_after_us: 0,
     granted: None,
     period_s: 0,
+    slots: 0,
     skipped: false,
 };
 
@@ -236,6 +237,7 @@ fn decision(
         limit: quota.cloned(),
         tiers: tiers.copied(),
         period_s: o.period_s,
+        slots: o.slots,
         name: key.name(),
         key,
         mode,

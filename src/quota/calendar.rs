@@ -33,6 +33,10 @@ impl Shape for CalendarQuota {
         None
     }
 
+    fn learns(&self) -> Option<crate::Measure> {
+        None
+    }
+
     fn prefetches(&self) -> bool {
         false
     }

@@ -33,6 +33,10 @@ impl Shape for ConcurrencyLimit {
         Some(ConcurrencyLimit::lease_us(self))
     }
 
+    fn learns(&self) -> Option<crate::Measure> {
+        None
+    }
+
     fn prefetches(&self) -> bool {
         false
     }

@@ -34,6 +34,10 @@ impl Shape for FairShare {
         None
     }
 
+    fn learns(&self) -> Option<crate::Measure> {
+        None
+    }
+
     /// Decided in the store every time: who else is active is the decision.
     fn prefetches(&self) -> bool {
         false

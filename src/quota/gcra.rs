@@ -36,6 +36,10 @@ impl Shape for Limit {
         None
     }
 
+    fn learns(&self) -> Option<crate::Measure> {
+        None
+    }
+
     fn prefetches(&self) -> bool {
         self.prefetch() > 0
     }

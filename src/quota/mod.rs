@@ -14,12 +14,14 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::algo::adaptive::AdaptiveConcurrency;
 use crate::algo::calendar::CalendarQuota;
 use crate::algo::concurrency::ConcurrencyLimit;
 use crate::algo::fair_share::FairShare;
 use crate::algo::gcra::Limit;
 use crate::algo::tiers::{TierGrant, TieredLimit};
 
+mod adaptive;
 mod calendar;
 mod concurrency;
 mod fair_share;
@@ -49,6 +51,10 @@ macro_rules! each {
             }
             Quota::FairShare(shape) => {
                 let $s: &FairShare = shape;
+                $e
+            }
+            Quota::Adaptive(shape) => {
+                let $s: &AdaptiveConcurrency = shape;
                 $e
             }
         }
@@ -106,6 +112,9 @@ pub enum Quota {
     Calendar(Arc<CalendarQuota>),
     /// One GCRA budget shared by weight among the ids active now (`docs/fair-share.md`).
     FairShare(Arc<FairShare>),
+    /// Requests in flight per key, their number moved by the key's latency and failures
+    /// (`docs/adaptive-concurrency.md`).
+    Adaptive(Arc<AdaptiveConcurrency>),
 }
 
 impl Quota {
@@ -207,6 +216,13 @@ impl Quota {
         each!(self, s => Shape::lease_us(s))
     }
 
+    /// Whether it learns from each request that held one of its slots, and where that
+    /// request's latency ends (`None`: it does not; a release need not say how it went). The
+    /// layer then gives back the request's leases with its [`Completion`](crate::Completion).
+    pub(crate) fn learns(&self) -> Option<crate::Measure> {
+        each!(self, s => Shape::learns(s))
+    }
+
     /// Whether a backend that prefetches takes tokens of it ahead for hot keys
     /// ([`Limit::with_prefetch`]).
     pub(crate) fn prefetches(&self) -> bool {
@@ -296,7 +312,9 @@ impl Quota {
     /// `calendar`) and refuses any other field beside them.
     pub(crate) fn read_json(form: Form, fields: &serde_json::Value) -> Result<Quota, String> {
         // Each shape's reader (a new shape adds its own: the MUST list).
-        let readers: [Reader; 5] = [
+        let readers: [Reader; 6] = [
+            // Before the concurrency limit's: it is `concurrency: {adaptive: ...}`.
+            adaptive::read_json,
             // Before GCRA's: a fair share's budget has a GCRA limit's fields.
             fair_share::read_json,
             gcra::read_json,
@@ -328,6 +346,7 @@ trait Shape {
     fn waits(&self) -> bool;
     fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64;
     fn lease_us(&self) -> Option<u64>;
+    fn learns(&self) -> Option<crate::Measure>;
     fn prefetches(&self) -> bool;
     fn across_regions(&self) -> Result<(), &'static str>;
     fn state_per_limit(&self) -> bool;
@@ -404,6 +423,8 @@ pub(crate) struct Numbers<'a> {
     pub(crate) tiers: Option<&'a TierGrant>,
     /// For a calendar quota: the length of the period decided in (whole seconds).
     pub(crate) period_s: u32,
+    /// For an adaptive concurrency limit: the key's slots when decided (0: not known).
+    pub(crate) slots: u32,
 }
 
 /// What a decision shows of its limit in the `RateLimit` fields: the policy's `q` and `w`
@@ -450,6 +471,7 @@ pub(crate) enum ShapeError {
     Concurrency(crate::algo::concurrency::ConcurrencyError),
     Calendar(crate::algo::calendar::CalendarError),
     FairShare(crate::algo::fair_share::FairShareError),
+    Adaptive(crate::algo::adaptive::AdaptiveError),
 }
 
 impl From<crate::algo::fair_share::FairShareError> for ShapeError {
@@ -511,6 +533,12 @@ impl From<CalendarQuota> for Quota {
     }
 }
 
+impl From<AdaptiveConcurrency> for Quota {
+    fn from(a: AdaptiveConcurrency) -> Self {
+        Quota::Adaptive(Arc::new(a))
+    }
+}
+
 impl From<ConcurrencyLimit> for Quota {
     fn from(c: ConcurrencyLimit) -> Self {
         Quota::Concurrency(c)
@@ -525,6 +553,7 @@ impl fmt::Display for Quota {
             Quota::Concurrency(c) => c.fmt(f),
             Quota::Calendar(c) => c.fmt(f),
             Quota::FairShare(s) => s.fmt(f),
+            Quota::Adaptive(a) => a.fmt(f),
         }
     }
 }

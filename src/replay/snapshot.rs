@@ -139,6 +139,55 @@ struct Line {
     calendar: Option<CalendarLine>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     fair_share: Option<FairLine>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    adaptive: Option<AdaptiveLine>,
+}
+
+/// An adaptive concurrency key's state: its leases, its controller, its window.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdaptiveLine {
+    leases: Vec<(u64, u64)>,
+    limit_milli: u64,
+    long_us: u64,
+    /// `(completions, failures, latency_sum_us, max_in_flight)`.
+    window: (u64, u64, u64, u64),
+    window_start_us: u64,
+    last_us: u64,
+}
+
+impl AdaptiveLine {
+    fn of(a: &crate::algo::adaptive::AdaptiveState) -> Self {
+        let w = &a.window;
+        AdaptiveLine {
+            leases: a.leases.clone(),
+            limit_milli: a.controller.limit_milli,
+            long_us: a.controller.long_us,
+            window: (w.completions, w.failures, w.latency_sum_us, w.max_in_flight),
+            window_start_us: a.window_start_us,
+            last_us: a.last_us,
+        }
+    }
+
+    fn into_state(self) -> kit::Stored {
+        use crate::algo::adaptive::{AdaptiveState, Controller, Window};
+        let (completions, failures, latency_sum_us, max_in_flight) = self.window;
+        kit::Stored::Adaptive(Box::new(AdaptiveState {
+            leases: self.leases,
+            controller: Controller {
+                limit_milli: self.limit_milli,
+                long_us: self.long_us,
+            },
+            window: Window {
+                completions,
+                failures,
+                latency_sum_us,
+                max_in_flight,
+            },
+            window_start_us: self.window_start_us,
+            last_us: self.last_us,
+        }))
+    }
 }
 
 /// A fair-share limit's state (its `id` is empty: the limit's own key).
@@ -273,6 +322,7 @@ impl Line {
                 });
             }
             kit::Stored::FairShare(p) => line.fair_share = Some(FairLine::of(p)),
+            kit::Stored::Adaptive(a) => line.adaptive = Some(AdaptiveLine::of(a)),
         }
         line
     }
@@ -284,11 +334,20 @@ impl Line {
             self.leases.is_some(),
             self.calendar.is_some(),
             self.fair_share.is_some(),
+            self.adaptive.is_some(),
         ];
         if shapes.iter().filter(|&&s| s).count() != 1 {
             return Err(
-                "a key holds exactly one of gcra, tiers, leases, calendar, fair_share".into(),
+                "a key holds exactly one of gcra, tiers, leases, calendar, fair_share, adaptive"
+                    .into(),
             );
+        }
+        if let Some(a) = self.adaptive {
+            return Ok(SnapshotKey {
+                limit: self.limit,
+                id: self.id,
+                state: a.into_state(),
+            });
         }
         if let Some(f) = self.fair_share {
             return Ok(SnapshotKey {

@@ -33,6 +33,7 @@ Tiered:
   tiers:
     - {limit: 2, window: 1h, active: 1h, cooldown: 0s}
 Fair: {kind: any, burst: 4, count: 4, period: 1h, fair_share: {}}
+Adaptive: {kind: any, concurrency: {adaptive: {min: 1, initial: 2, max: 4, algorithm: aimd}}}
 ";
 
 /// A file override the stored ones must win over.

@@ -73,6 +73,7 @@
 //! A state of another shape than the transaction's quota (a limit that changed shape in a
 //! reload) is read as a fresh one of the right shape, and replaced by the first write.
 
+mod adaptive;
 mod calendar;
 mod concurrency;
 mod fair_share;
@@ -88,7 +89,9 @@ use crate::algo::tiers::{self as tiers_rule, TierGrant, TierState};
 use crate::mode::Mode;
 use crate::quota::Quota;
 
+pub use crate::algo::adaptive::{AdaptiveState, Controller, Window};
 pub use crate::algo::fair_share::{Member, Pool, ShareOf, Waiter};
+use adaptive::{adaptive_decide, adaptive_fresh_at, adaptive_refund};
 use calendar::{calendar_decide, calendar_read};
 pub(crate) use calendar::{calendar_outcome, calendar_spend_one};
 use concurrency::read_leases;
@@ -126,6 +129,8 @@ pub enum Stored {
     /// A fair-share limit's whole state (its pool and members), kept once per limit at
     /// [`state_key`].
     FairShare(Box<FairPool>),
+    /// An adaptive concurrency key: its leases, its controller and the window being filled.
+    Adaptive(Box<AdaptiveState>),
 }
 
 /// A bucket's state as the kit reads it: borrowed from the store (`None` in [`spend`]'s
@@ -143,6 +148,8 @@ pub enum Read<'a> {
     Calendar(CalendarState),
     /// A fair-share limit's state.
     FairShare(&'a FairPool),
+    /// An adaptive concurrency key's state.
+    Adaptive(&'a AdaptiveState),
 }
 
 impl Stored {
@@ -154,6 +161,7 @@ impl Stored {
             Stored::Leases(l) => Read::Leases(l),
             Stored::Calendar(c) => Read::Calendar(*c),
             Stored::FairShare(p) => Read::FairShare(p),
+            Stored::Adaptive(a) => Read::Adaptive(a),
         }
     }
 
@@ -167,6 +175,7 @@ impl Stored {
             Quota::Concurrency(_) => matches!(self, Stored::Leases(_)),
             Quota::Calendar(_) => matches!(self, Stored::Calendar(_)),
             Quota::FairShare(_) => matches!(self, Stored::FairShare(_)),
+            Quota::Adaptive(_) => matches!(self, Stored::Adaptive(_)),
         }
     }
 }
@@ -318,6 +327,11 @@ pub fn spend(
                 repair = seen;
                 (outcome, write)
             }
+            Quota::Adaptive(limit) => {
+                let (outcome, write, cut) = adaptive_decide(tx, limit, stored, now);
+                repair = cut;
+                (outcome, write)
+            }
         };
         outcomes.push_tiered(outcome, grant);
         writes.push(write);
@@ -415,6 +429,7 @@ pub fn refund(
             )
         }
         Quota::FairShare(share) => fair_share_refund(tx, share, stored, now)?,
+        Quota::Adaptive(limit) => adaptive_refund(tx, limit, stored, now),
     };
     Ok(Refunded {
         outcome,
@@ -428,7 +443,7 @@ pub fn refund(
 /// lease taken on a concurrency key.
 pub(crate) fn may_write(tx: &BucketTx<'_>) -> bool {
     match tx.quota {
-        Quota::Concurrency(_) => takes_lease(tx),
+        Quota::Concurrency(_) | Quota::Adaptive(_) => takes_lease(tx),
         _ => tx.mode.spends(),
     }
 }
@@ -442,6 +457,7 @@ pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
         (_, Stored::Leases(leases)) => leases.iter().map(|&(_, d)| d).max().unwrap_or(0),
         (_, Stored::Calendar(c)) => c.end_us,
         (Quota::FairShare(share), Stored::FairShare(p)) => fair_share_fresh_at(share, p),
+        (Quota::Adaptive(limit), Stored::Adaptive(a)) => adaptive_fresh_at(limit, a),
         _ => 0,
     }
 }
@@ -456,6 +472,21 @@ pub fn after_reset(state: Stored, now: u64) -> Option<(Stored, u64)> {
             leases.retain(|&(_, d)| concurrency_rule::live(d, now));
             let last = leases.iter().map(|&(_, d)| d).max()?;
             Some((Stored::Leases(leases), last))
+        }
+        // What it learned goes; its requests in flight stay.
+        Stored::Adaptive(mut state) => {
+            state
+                .leases
+                .retain(|&(_, d)| concurrency_rule::live(d, now));
+            let last = state.leases.iter().map(|&(_, d)| d).max()?;
+            let leases = std::mem::take(&mut state.leases);
+            Some((
+                Stored::Adaptive(Box::new(AdaptiveState {
+                    leases,
+                    ..AdaptiveState::default()
+                })),
+                last,
+            ))
         }
         _ => None,
     }

@@ -342,6 +342,17 @@ impl MemoryBackend {
         }
     }
 
+    /// The state of an adaptive concurrency key (its leases, its controller, the window being
+    /// filled), if one is held (for the simulator's drawing, tests and diagnostics).
+    pub fn adaptive_state(&self, key: &BucketKey) -> Option<crate::algo::adaptive::AdaptiveState> {
+        let slot = self.inner.tiers.get(key)?.clone();
+        let s = lock(&slot);
+        match &s.state {
+            Some(kit::Stored::Adaptive(state)) if !s.removed => Some((**state).clone()),
+            _ => None,
+        }
+    }
+
     /// Sweeps every `interval` until the backend is gone: on the current tokio runtime if
     /// there is one (so tokio's paused time drives it in tests), else on a thread of its own.
     fn start_sweeper(&self, interval: Duration) {

@@ -535,13 +535,18 @@ impl MemoryBackend {
         }
     }
 
-    /// The live leases of a concurrency key (for tests and diagnostics).
+    /// The live leases of a concurrency key, adaptive or not (for tests and diagnostics).
     pub fn leases(&self, key: &BucketKey) -> usize {
         let now = self.now();
         self.inner.tiers.get(key).map_or(0, |slot| {
             let s = lock(&slot);
             match &s.state {
                 Some(kit::Stored::Leases(leases)) if !s.removed => leases
+                    .iter()
+                    .filter(|&&(_, d)| concurrency::live(d, now))
+                    .count(),
+                Some(kit::Stored::Adaptive(a)) if !s.removed => a
+                    .leases
                     .iter()
                     .filter(|&&(_, d)| concurrency::live(d, now))
                     .count(),

@@ -29,6 +29,10 @@ pub(super) const SHARE_SUFFIX: &str = ":r";
 /// at the limit's own key `<prefix>{<name>:}`, one slot per limit).
 pub(super) const FAIR_SHARE_SUFFIX: &str = ":f";
 
+/// An adaptive concurrency key's suffix (reserved: the Redis backend does not keep the shape
+/// yet, `BackendError::Unsupported`).
+pub(super) const ADAPTIVE_SUFFIX: &str = ":a";
+
 /// The keys a reset deletes, by suffix: every shape's state but a concurrency key's leases,
 /// which are requests in flight (forgetting them would admit more at once than the limit; they
 /// end when their requests do, or at their deadlines). A share bucket is forgotten with its
@@ -60,6 +64,7 @@ pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {
         crate::quota::Quota::Concurrency(_) => CONCURRENCY_SUFFIX,
         crate::quota::Quota::Calendar(_) => CALENDAR_SUFFIX,
         crate::quota::Quota::FairShare(_) => FAIR_SHARE_SUFFIX,
+        crate::quota::Quota::Adaptive(_) => ADAPTIVE_SUFFIX,
     }
 }
 

@@ -444,6 +444,7 @@ impl RedisBackend {
         if batch.is_empty() {
             return Ok(Outcomes::new());
         }
+        unsupported(batch)?;
         let keys = self.keys(batch);
         let now = self.now_arg()?;
         if let Some(cache) = &self.inner.cache {
@@ -496,6 +497,7 @@ impl OwnedTx {
 
     fn tx(&self) -> BucketTx<'_> {
         BucketTx {
+            completion: None,
             key: &self.key,
             quota: &self.quota,
             cost: self.cost,
@@ -599,6 +601,9 @@ impl Backend for RedisBackend {
         }
         if !self.ready() {
             return Spend::Ready(Err(not_ready()));
+        }
+        if let Err(e) = unsupported(batch) {
+            return Spend::Ready(Err(e));
         }
         let (now, local_now) = match self.now_arg() {
             Ok(t) => t,
@@ -731,3 +736,15 @@ impl Backend for RedisBackend {
 
 #[cfg(test)]
 mod tests;
+
+/// A batch naming a shape this backend does not keep yet (an adaptive concurrency limit): refused
+/// whole, before anything is sent.
+fn unsupported(batch: &[BucketTx<'_>]) -> Result<(), BackendError> {
+    match batch
+        .iter()
+        .find(|tx| matches!(tx.quota, crate::quota::Quota::Adaptive(_)))
+    {
+        Some(tx) => Err(BackendError::Unsupported(tx.quota.shape_name())),
+        None => Ok(()),
+    }
+}

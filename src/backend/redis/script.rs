@@ -348,6 +348,8 @@ pub(super) fn encode<'a>(
                 ]);
             }
             Quota::FairShare(share) => fair_share::push_fair_share(&mut args, tx, share),
+            // Refused before a call is encoded (`RedisBackend::unsupported`).
+            Quota::Adaptive(_) => {}
             Quota::Calendar(quota) => {
                 let (min, max) = calendar_costs(tx);
                 args.extend([Value::Integer(KIND_CALENDAR), mode_code(tx.mode), min, max]);

@@ -2,6 +2,7 @@
 //! calendar quota or a fair share, an override's limit, and their fields (durations, rates, prefetch).
 
 use super::node::{Fields, Node, Value, as_str, err_at, need, positive, whole, wrong_shape};
+use crate::algo::adaptive::{Adaptive, AdaptiveConcurrency, AdaptiveError, Algorithm, Measure};
 use crate::algo::calendar::{CalendarError, CalendarQuota, Period};
 use crate::algo::concurrency::{ConcurrencyError, ConcurrencyLimit, DEFAULT_LEASE_US};
 use crate::algo::fair_share::{FairShare, FairShareError};
@@ -91,6 +92,9 @@ pub(super) fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
         ));
     }
     if let Some(max) = f.concurrency {
+        if let Value::Map(entries) = &max.value {
+            return adaptive_of(f, max, entries).map(Quota::from);
+        }
         return concurrency_of(f, max).map(Quota::from);
     }
     // `lease` and `retry_after` belong to a concurrency limit.
@@ -458,4 +462,161 @@ pub(super) fn prefetch_of(f: &Fields<'_>, limit: Limit) -> Result<Limit, ConfigE
             };
             err_at(e.into(), line)
         })
+}
+
+/// `concurrency: {adaptive: {min, initial, max, algorithm, smoothing, tolerance, backoff,
+/// increase, window, completions, idle_reset, measure}}` with an optional `lease` and
+/// `retry_after` beside it (`docs/adaptive-concurrency.md`); the thousandths of the algorithms
+/// are written as whole percentages.
+fn adaptive_of(
+    f: &Fields<'_>,
+    node: &Node,
+    entries: &[(Node, Node)],
+) -> Result<AdaptiveConcurrency, ConfigError> {
+    if let Some((name, n)) = rate_field(f) {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("concurrency", name),
+            n.line,
+        ));
+    }
+    let adaptive = match entries {
+        [(k, v)] if matches!(&k.value, Value::Str(s) if s == "adaptive") => v,
+        _ => {
+            return Err(wrong_shape(
+                "a number of slots, or {adaptive: {min, initial, max, ...}}",
+                node,
+            ));
+        }
+    };
+    let Value::Map(fields) = &adaptive.value else {
+        return Err(wrong_shape("a map: {min, initial, max, ...}", adaptive));
+    };
+    const KNOWN: [&str; 12] = [
+        "min",
+        "initial",
+        "max",
+        "algorithm",
+        "smoothing",
+        "tolerance",
+        "backoff",
+        "increase",
+        "window",
+        "completions",
+        "idle_reset",
+        "measure",
+    ];
+    let mut found: [Option<&Node>; 12] = [None; 12];
+    for (k, v) in fields {
+        let key = as_str(k, "a field name")?;
+        let Some(i) = KNOWN.iter().position(|&n| n == key) else {
+            return Err(err_at(ConfigErrorKind::unknown_field(key, &KNOWN), k.line));
+        };
+        if found[i].replace(v).is_some() {
+            return Err(err_at(
+                ConfigErrorKind::DuplicateField(key.to_owned()),
+                k.line,
+            ));
+        }
+    }
+    let [
+        min,
+        initial,
+        max,
+        algorithm,
+        smoothing,
+        tolerance,
+        backoff,
+        increase,
+        window,
+        completions,
+        idle_reset,
+        measure,
+    ] = found;
+    let missing = |field| err_at(ConfigErrorKind::MissingField(field), adaptive.line);
+    let min = positive("min", min.ok_or_else(|| missing("min"))?)?;
+    let max_node = max.ok_or_else(|| missing("max"))?;
+    let max = positive("max", max_node)?;
+    let initial = match initial {
+        Some(n) => positive("initial", n)?,
+        None => min,
+    };
+    let percent = |field, n: Option<&Node>, default: u64| -> Result<u64, ConfigError> {
+        n.map_or(Ok(default), |n| {
+            whole(field, n, 0).map(|p| p.saturating_mul(10))
+        })
+    };
+    let bad = |e: AdaptiveError, n: &Node| err_at(e.into(), n.line);
+    let name = match algorithm {
+        Some(n) => as_str(n, "gradient or aimd")?,
+        None => "gradient",
+    };
+    let algorithm_line = algorithm.unwrap_or(adaptive);
+    let (algo, others) = match name {
+        "gradient" => (
+            Algorithm::Gradient {
+                smoothing_pm: percent("smoothing", smoothing, 200)?,
+                tolerance_pm: percent("tolerance", tolerance, 1500)?,
+            },
+            [("backoff", backoff), ("increase", increase)],
+        ),
+        "aimd" => (
+            Algorithm::Aimd {
+                backoff_pm: percent("backoff", backoff, 900)?,
+                increase: increase.map_or(Ok(1), |n| positive("increase", n))?,
+            },
+            [("smoothing", smoothing), ("tolerance", tolerance)],
+        ),
+        _ => return Err(wrong_shape("gradient or aimd", algorithm_line)),
+    };
+    for (field, n) in others {
+        if let Some(n) = n {
+            return Err(err_at(
+                ConfigErrorKind::ConflictingFields(field, name_of(algo)),
+                n.line,
+            ));
+        }
+    }
+    let mut limit = AdaptiveConcurrency::new(
+        Adaptive::new(min, initial, max, algo).map_err(|e| bad(e, algorithm_line))?,
+    );
+    if let Some(n) = window {
+        limit = limit
+            .window(crate::time::us(duration_of("window", n)?))
+            .map_err(|e| bad(e, n))?;
+    }
+    if let Some(n) = completions {
+        limit = limit
+            .window_completions(whole("completions", n, 0)?)
+            .map_err(|e| bad(e, n))?;
+    }
+    if let Some(n) = idle_reset {
+        limit = limit
+            .idle_reset(crate::time::us(duration_of("idle_reset", n)?))
+            .map_err(|e| bad(e, n))?;
+    }
+    if let Some(n) = measure {
+        limit = limit.measure(match as_str(n, "head or body_end")? {
+            "head" => Measure::Head,
+            "body_end" => Measure::BodyEnd,
+            _ => return Err(wrong_shape("head or body_end", n)),
+        });
+    }
+    if let Some(n) = f.lease {
+        limit = limit
+            .lease(crate::time::us(duration_of("lease", n)?))
+            .map_err(|e| bad(e, n))?;
+    }
+    if let Some(n) = f.retry_after {
+        limit = limit
+            .retry_after(crate::time::us(duration_of("retry_after", n)?))
+            .map_err(|e| bad(e, n))?;
+    }
+    Ok(limit)
+}
+
+fn name_of(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::Gradient { .. } => "algorithm: gradient",
+        Algorithm::Aimd { .. } => "algorithm: aimd",
+    }
 }

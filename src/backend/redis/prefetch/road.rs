@@ -292,6 +292,7 @@ impl RedisBackend {
             .iter()
             .zip(&quotas)
             .map(|((key, _, units), quota)| BucketTx {
+                completion: None,
                 key,
                 quota,
                 cost: *units,

@@ -1,0 +1,415 @@
+//! What an adaptive concurrency limit answers the seam (`docs/adaptive-concurrency.md`): its
+//! slots are a concurrency limit's, their number the key's own now.
+
+use std::sync::Arc;
+
+use super::{ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
+use super::{Form, json_duration, json_fields};
+use crate::algo::adaptive::{Adaptive, AdaptiveConcurrency, Algorithm, Measure};
+use crate::time::{format_duration_us, us};
+
+/// Most answers are its slots' (a concurrency limit's): a request holds one, given back when
+/// it ends, never waited for, never settled or charged back.
+impl Shape for AdaptiveConcurrency {
+    fn max_cost(&self) -> u64 {
+        Shape::max_cost(self.slots())
+    }
+
+    fn charges_any_cost(&self) -> bool {
+        Shape::charges_any_cost(self.slots())
+    }
+
+    fn settle_bound(&self) -> Option<u64> {
+        Shape::settle_bound(self.slots())
+    }
+
+    fn waits(&self) -> bool {
+        Shape::waits(self.slots())
+    }
+
+    fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64 {
+        Shape::units_return_us(self.slots(), retry_after_us, reset_after_us)
+    }
+
+    fn lease_us(&self) -> Option<u64> {
+        Shape::lease_us(self.slots())
+    }
+
+    /// Every request that held a slot moves the key's number.
+    fn learns(&self) -> Option<Measure> {
+        Some(self.measured())
+    }
+
+    fn prefetches(&self) -> bool {
+        Shape::prefetches(self.slots())
+    }
+
+    fn state_per_limit(&self) -> bool {
+        Shape::state_per_limit(self.slots())
+    }
+
+    fn keeps_on_override(&self, _: &Quota) -> Result<(), &'static str> {
+        Ok(())
+    }
+
+    fn across_regions(&self) -> Result<(), &'static str> {
+        Err("an adaptive concurrency limit")
+    }
+
+    fn fixed_policy(&self) -> Option<(u64, u64)> {
+        Shape::fixed_policy(self.slots())
+    }
+
+    /// The key's slots when it was decided (`q`), and a denial's hint.
+    fn shown(&self, n: &Numbers<'_>, _: bool) -> Option<Shown> {
+        let q = if n.slots > 0 {
+            u64::from(n.slots)
+        } else {
+            self.adaptive().initial()
+        };
+        Some(Shown {
+            q,
+            w: 0,
+            t_us: n.retry_after_us,
+            concurrency: true,
+        })
+    }
+
+    #[cfg(any(feature = "metrics", feature = "replay"))]
+    fn size(&self, n: &Numbers<'_>) -> u64 {
+        if n.slots > 0 {
+            u64::from(n.slots)
+        } else {
+            self.adaptive().initial()
+        }
+    }
+
+    #[cfg(feature = "admin")]
+    fn describe(&self) -> Vec<(&'static str, super::Described)> {
+        use super::Described::{Number, Text};
+        let a = self.adaptive();
+        vec![
+            ("kind", Text("adaptive concurrency".into())),
+            ("min", Number(a.min())),
+            ("initial", Number(a.initial())),
+            ("max", Number(a.max())),
+            ("algorithm", Text(algorithm_name(a.algorithm()).into())),
+            ("window", Text(format_duration_us(self.window_us()))),
+            ("idle_reset", Text(format_duration_us(self.idle_reset_us()))),
+            ("lease", Text(format_duration_us(self.slots().lease_us()))),
+        ]
+    }
+
+    fn unspent(&self, remaining: u64, reset_after_us: u64, _: u64) -> Option<(u64, u64)> {
+        Some((
+            remaining.saturating_add(1).min(self.adaptive().max()),
+            reset_after_us,
+        ))
+    }
+
+    #[cfg(feature = "admin")]
+    fn describe_seen(&self, _: u64, _: u64) -> Vec<(&'static str, super::Described)> {
+        Vec::new()
+    }
+
+    fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64> {
+        Shape::retry_after_again(self.slots(), reset_after_us, granted)
+    }
+
+    fn charge_back(&self) -> Option<ChargeBack> {
+        Shape::charge_back(self.slots())
+    }
+
+    /// Its least, first and most slots scale; what it learns does not.
+    fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError> {
+        let a = self.adaptive();
+        let adaptive = Adaptive::new(
+            scale.of(a.min(), 1),
+            scale.of(a.initial(), 1),
+            scale.of(a.max(), 1),
+            a.algorithm(),
+        )
+        .or_else(|_| Adaptive::new(1, 1, scale.of(a.max(), 1), a.algorithm()))
+        .map_err(ShapeError::Adaptive)?;
+        let mut scaled = AdaptiveConcurrency::new(adaptive)
+            .window(us(self.window_us()))
+            .and_then(|l| l.window_completions(self.window_completions_count()))
+            .and_then(|l| l.idle_reset(us(self.idle_reset_us())))
+            .and_then(|l| l.lease(us(self.slots().lease_us())))
+            .and_then(|l| l.retry_after(us(self.slots().retry_after_us())))
+            .map_err(ShapeError::Adaptive)?;
+        scaled = scaled.measure(self.measured());
+        Ok(Quota::Adaptive(Arc::new(scaled)))
+    }
+
+    /// `concurrency: {adaptive: {...}}` beside `lease` and `retry_after` in the API (as the
+    /// YAML file writes it); stored, every number in microseconds and thousandths.
+    fn write_json(&self, form: Form, v: &mut serde_json::Value) {
+        let s = Settings::of(self);
+        match form {
+            Form::Stored => {
+                v["concurrency"] = serde_json::json!({ "adaptive": s });
+            }
+            Form::Api => {
+                v["concurrency"] = serde_json::json!({ "adaptive": s.api() });
+                v["lease"] = format_duration_us(self.slots().lease_us()).into();
+                v["retry_after"] = format_duration_us(self.slots().retry_after_us()).into();
+            }
+        }
+    }
+
+    fn shape_name(&self) -> &'static str {
+        "an adaptive concurrency limit"
+    }
+}
+
+fn algorithm_name(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::Gradient { .. } => "gradient",
+        Algorithm::Aimd { .. } => "aimd",
+    }
+}
+
+/// An adaptive limit's numbers as stored (microseconds, thousandths).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settings {
+    min: u64,
+    initial: u64,
+    max: u64,
+    algorithm: String,
+    #[serde(default)]
+    smoothing_pm: u64,
+    #[serde(default)]
+    tolerance_pm: u64,
+    #[serde(default)]
+    backoff_pm: u64,
+    #[serde(default)]
+    increase: u64,
+    window_us: u64,
+    completions: u64,
+    idle_reset_us: u64,
+    measure: String,
+    lease_us: u64,
+    retry_after_us: u64,
+}
+
+impl Settings {
+    fn of(l: &AdaptiveConcurrency) -> Self {
+        let a = l.adaptive();
+        let (mut smoothing_pm, mut tolerance_pm, mut backoff_pm, mut increase) = (0, 0, 0, 0);
+        match a.algorithm() {
+            Algorithm::Gradient {
+                smoothing_pm: s,
+                tolerance_pm: t,
+            } => (smoothing_pm, tolerance_pm) = (s, t),
+            Algorithm::Aimd {
+                backoff_pm: b,
+                increase: i,
+            } => (backoff_pm, increase) = (b, i),
+        }
+        Settings {
+            min: a.min(),
+            initial: a.initial(),
+            max: a.max(),
+            algorithm: algorithm_name(a.algorithm()).into(),
+            smoothing_pm,
+            tolerance_pm,
+            backoff_pm,
+            increase,
+            window_us: l.window_us(),
+            completions: l.window_completions_count(),
+            idle_reset_us: l.idle_reset_us(),
+            measure: measure_name(l.measured()).into(),
+            lease_us: l.slots().lease_us(),
+            retry_after_us: l.slots().retry_after_us(),
+        }
+    }
+
+    /// As the YAML file writes it (percentages, durations as text).
+    fn api(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "min": self.min,
+            "initial": self.initial,
+            "max": self.max,
+            "algorithm": self.algorithm,
+            "window": format_duration_us(self.window_us),
+            "completions": self.completions,
+            "idle_reset": format_duration_us(self.idle_reset_us),
+            "measure": self.measure,
+        });
+        if self.algorithm == "gradient" {
+            v["smoothing"] = (self.smoothing_pm / 10).into();
+            v["tolerance"] = (self.tolerance_pm / 10).into();
+        } else {
+            v["backoff"] = (self.backoff_pm / 10).into();
+            v["increase"] = self.increase.into();
+        }
+        v
+    }
+
+    fn limit(&self) -> Result<AdaptiveConcurrency, String> {
+        let algorithm = match self.algorithm.as_str() {
+            "gradient" => Algorithm::Gradient {
+                smoothing_pm: self.smoothing_pm,
+                tolerance_pm: self.tolerance_pm,
+            },
+            "aimd" => Algorithm::Aimd {
+                backoff_pm: self.backoff_pm,
+                increase: self.increase,
+            },
+            other => return Err(format!("algorithm {other:?}: gradient or aimd")),
+        };
+        let measure = match self.measure.as_str() {
+            "head" => Measure::Head,
+            "body_end" => Measure::BodyEnd,
+            other => return Err(format!("measure {other:?}: head or body_end")),
+        };
+        let adaptive = Adaptive::new(self.min, self.initial, self.max, algorithm)
+            .map_err(|e| e.to_string())?;
+        AdaptiveConcurrency::new(adaptive)
+            .window(us(self.window_us))
+            .and_then(|l| l.window_completions(self.completions))
+            .and_then(|l| l.idle_reset(us(self.idle_reset_us)))
+            .and_then(|l| l.lease(us(self.lease_us)))
+            .and_then(|l| l.retry_after(us(self.retry_after_us)))
+            .map(|l| l.measure(measure))
+            .map_err(|e| e.to_string())
+    }
+}
+
+pub(crate) fn measure_name(m: Measure) -> &'static str {
+    match m {
+        Measure::Head => "head",
+        Measure::BodyEnd => "body_end",
+    }
+}
+
+/// An adaptive limit's fields (`concurrency: {adaptive: ...}`), if they are there.
+pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+    fields.get("concurrency")?.get("adaptive")?;
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Stored {
+        concurrency: Wrapped<Settings>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Wrapped<T> {
+        adaptive: T,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Api {
+        concurrency: Wrapped<ApiSettings>,
+        lease: Option<String>,
+        retry_after: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct ApiSettings {
+        min: u64,
+        initial: u64,
+        max: u64,
+        algorithm: Option<String>,
+        smoothing: Option<u64>,
+        tolerance: Option<u64>,
+        backoff: Option<u64>,
+        increase: Option<u64>,
+        window: Option<String>,
+        completions: Option<u64>,
+        idle_reset: Option<String>,
+        measure: Option<String>,
+    }
+    let settings = match form {
+        Form::Stored => json_fields(fields).map(|s: Stored| s.concurrency.adaptive),
+        Form::Api => json_fields(fields).and_then(|a: Api| {
+            let s = a.concurrency.adaptive;
+            let d = |field, text: Option<String>, default| {
+                text.map_or(Ok(default), |t| json_duration(field, &t))
+            };
+            let pm = |v: Option<u64>, default: u64| v.map_or(default, |p| p.saturating_mul(10));
+            Ok(Settings {
+                min: s.min,
+                initial: s.initial,
+                max: s.max,
+                algorithm: s.algorithm.unwrap_or_else(|| "gradient".into()),
+                smoothing_pm: pm(s.smoothing, 200),
+                tolerance_pm: pm(s.tolerance, 1500),
+                backoff_pm: pm(s.backoff, 900),
+                increase: s.increase.unwrap_or(1),
+                window_us: d("window", s.window, 1_000_000)?,
+                completions: s.completions.unwrap_or(0),
+                idle_reset_us: d("idle_reset", s.idle_reset, 300_000_000)?,
+                measure: s.measure.unwrap_or_else(|| "head".into()),
+                lease_us: d("lease", a.lease, crate::algo::concurrency::DEFAULT_LEASE_US)?,
+                retry_after_us: d("retry_after", a.retry_after, 1_000_000)?,
+            })
+        }),
+    };
+    Some(
+        settings
+            .and_then(|s| s.limit())
+            .map(|l| Quota::Adaptive(Arc::new(l))),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit() -> AdaptiveConcurrency {
+        AdaptiveConcurrency::new(Adaptive::aimd(2, 10, 40).unwrap())
+            .window_completions(20)
+            .unwrap()
+            .idle_reset(std::time::Duration::from_secs(90))
+            .unwrap()
+            .measure(Measure::BodyEnd)
+    }
+
+    /// Its fields as JSON read back as written, in both forms, for both algorithms.
+    #[test]
+    fn its_json_reads_back_in_both_forms() {
+        let gradient = AdaptiveConcurrency::new(
+            Adaptive::new(
+                1,
+                5,
+                9,
+                Algorithm::Gradient {
+                    smoothing_pm: 300,
+                    tolerance_pm: 2000,
+                },
+            )
+            .unwrap(),
+        );
+        for quota in [Quota::from(limit()), Quota::from(gradient)] {
+            for form in [Form::Stored, Form::Api] {
+                let mut v = serde_json::json!({});
+                quota.write_json(form, &mut v);
+                assert_eq!(Quota::read_json(form, &v).unwrap(), quota, "{v}");
+            }
+        }
+        let bad = serde_json::json!({"concurrency": {"adaptive": {"min": 3, "max": 2}}});
+        assert!(Quota::read_json(Form::Api, &bad).is_err());
+        let unknown =
+            serde_json::json!({"concurrency": {"adaptive": {"min": 1, "max": 2, "x": 1}}});
+        assert!(Quota::read_json(Form::Api, &unknown).is_err());
+    }
+
+    /// A fallback's share scales its least, first and most slots, never below 1, and keeps
+    /// the rest.
+    #[test]
+    fn a_fallback_scales_its_slots() {
+        let Quota::Adaptive(half) = Quota::from(limit()).scaled(50, 1).unwrap() else {
+            panic!("an adaptive limit scales to one");
+        };
+        let a = half.adaptive();
+        assert_eq!((a.min(), a.initial(), a.max()), (1, 5, 20));
+        assert_eq!(half.window_completions_count(), 20);
+        assert_eq!(half.measured(), Measure::BodyEnd);
+        let Quota::Adaptive(tiny) = Quota::from(limit()).scaled(1, 1).unwrap() else {
+            panic!("an adaptive limit scales to one");
+        };
+        assert_eq!((tiny.adaptive().min(), tiny.adaptive().max()), (1, 1));
+    }
+}
