@@ -34,23 +34,48 @@ Gradient:
 ";
 
 struct Store {
+    label: String,
     clock: ManualClock,
-    backend: MemoryBackend,
+    /// The memory backend, when the store is it (its state can be read whole).
+    memory: Option<MemoryBackend>,
     limiter: Limiter,
+    #[cfg(feature = "redis")]
+    _redis: Option<(support::redis::TestRedis, String)>,
 }
 
-fn store() -> Store {
+/// The stores under test, each on its own manual clock (Redis in caller time): memory, and
+/// with the `redis` feature a single Redis and the cluster.
+async fn stores() -> Vec<Store> {
+    let limits = || Limits::from_yaml_str(LIMITS, None).unwrap();
     let clock = ManualClock::new(1_800_000_000_000_000);
     let backend = MemoryBackend::builder().clock(clock.clone()).build();
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(LIMITS, None).unwrap(),
-        backend.clone(),
-    );
-    Store {
+    #[allow(unused_mut)]
+    let mut out = vec![Store {
+        label: "memory".into(),
         clock,
-        backend,
-        limiter,
+        memory: Some(backend.clone()),
+        limiter: Limiter::new(limits(), backend),
+        #[cfg(feature = "redis")]
+        _redis: None,
+    }];
+    #[cfg(feature = "redis")]
+    for (label, redis) in [
+        ("a single Redis", support::redis::TestRedis::single()),
+        ("the cluster", support::redis::TestRedis::cluster()),
+    ] {
+        let clock = ManualClock::new(1_800_000_000_000_000);
+        let prefix = support::redis::unique_prefix("adaptive");
+        let backend =
+            support::redis_backend::caller_time_backend(&redis.url, &prefix, &clock, true).await;
+        out.push(Store {
+            label: label.into(),
+            clock,
+            memory: None,
+            limiter: Limiter::new(limits(), backend),
+            _redis: Some((redis, prefix)),
+        });
     }
+    out
 }
 
 impl Store {
@@ -62,84 +87,31 @@ impl Store {
     async fn fill(&self, limit: &str) -> Vec<Lease> {
         let mut leases = Vec::new();
         for _ in 0..100 {
-            let d = self
-                .limiter
-                .spend(&[Transaction::new(self.key(limit))])
-                .await
-                .unwrap();
-            if !d.allowed() {
+            let (allowed, taken) = spend_one(self, limit).await;
+            if !allowed {
                 return leases;
             }
-            leases.extend(d.decisions().iter().filter_map(|d| d.lease()));
+            leases.extend(taken);
         }
-        panic!("never refused");
+        panic!("{}: never refused", self.label);
     }
 
-    fn state(&self, limit: &str) -> AdaptiveState {
-        self.backend.adaptive_state(&self.key(limit)).unwrap()
-    }
-
-    fn slots(&self, limit: &str) -> u64 {
-        self.state(limit).controller.limit_milli / 1000
+    /// The key's number now, as a probe (cost 0: takes nothing) is told.
+    async fn slots(&self, limit: &str) -> u64 {
+        let probe = Transaction::new(self.key(limit)).cost(0);
+        let d = self.limiter.check(&[probe]).await.unwrap();
+        d.decisions()[0].slots().unwrap()
     }
 
     async fn complete(&self, leases: &[Lease], latency_ms: u64, failed: bool) {
         let c = Completion::new(Duration::from_millis(latency_ms), failed);
         assert_eq!(
             self.limiter.complete(leases, c).await.unwrap(),
-            leases.len()
+            leases.len(),
+            "{}",
+            self.label
         );
     }
-}
-
-/// AIMD: a window (5 completions) with a failure keeps 90% of the slots; a full window without
-/// one adds a slot. What the key admits follows at once.
-#[tokio::test]
-async fn failures_back_a_key_off_and_a_full_window_grows_it() {
-    let s = store();
-    let mut held = s.fill("Aimd").await;
-    assert_eq!(held.len(), 10, "initial");
-    let done: Vec<Lease> = held.drain(..5).collect();
-    for l in &done[..4] {
-        s.complete(std::slice::from_ref(l), 5, false).await;
-    }
-    s.complete(&done[4..], 5, true).await;
-    assert_eq!(s.slots("Aimd"), 9, "10 x 0.9");
-    // 5 in flight, 9 slots: 4 more.
-    held.extend(s.fill("Aimd").await);
-    assert_eq!(held.len(), 9);
-    // A full window without a failure: one slot more.
-    let done: Vec<Lease> = held.drain(..5).collect();
-    s.complete(&done, 5, false).await;
-    assert_eq!(s.slots("Aimd"), 10);
-    assert_eq!(s.fill("Aimd").await.len(), 6, "4 in flight of 10");
-}
-
-/// A number that drops below the slots in use takes no lease away: the requests in flight
-/// keep their slots, and new ones are refused until in-flight falls under the number.
-#[tokio::test]
-async fn a_drop_below_the_slots_in_use_keeps_their_leases() {
-    let s = store();
-    let mut held = s.fill("Steep").await;
-    assert_eq!(held.len(), 10);
-    // A window of two failures halves the number under eight requests still in flight.
-    let done: Vec<Lease> = held.drain(..2).collect();
-    s.complete(&done, 5, true).await;
-    assert_eq!(s.slots("Steep"), 5);
-    assert_eq!(s.backend.leases(&s.key("Steep")), 8, "every lease kept");
-    assert!(!spend_one(&s, "Steep").await.0);
-    // Given back without a completion (the number stays 5): refused until under it.
-    s.limiter
-        .release(&held.drain(..3).collect::<Vec<_>>())
-        .await
-        .unwrap();
-    assert_eq!(held.len(), 5);
-    assert!(!spend_one(&s, "Steep").await.0, "5 in flight of 5");
-    s.limiter
-        .release(&held.drain(..1).collect::<Vec<_>>())
-        .await
-        .unwrap();
-    assert!(spend_one(&s, "Steep").await.0, "4 in flight of 5");
 }
 
 async fn spend_one(s: &Store, limit: &str) -> (bool, Vec<Lease>) {
@@ -154,68 +126,158 @@ async fn spend_one(s: &Store, limit: &str) -> (bool, Vec<Lease>) {
     )
 }
 
+/// AIMD: a window (5 completions) with a failure keeps 90% of the slots; a full window without
+/// one adds a slot. What the key admits follows at once.
+#[tokio::test]
+async fn failures_back_a_key_off_and_a_full_window_grows_it() {
+    for s in stores().await {
+        let l = &s.label;
+        let mut held = s.fill("Aimd").await;
+        assert_eq!(held.len(), 10, "{l}: initial");
+        let done: Vec<Lease> = held.drain(..5).collect();
+        for lease in &done[..4] {
+            s.complete(std::slice::from_ref(lease), 5, false).await;
+        }
+        assert_eq!(s.slots("Aimd").await, 10, "{l}: a window of 4");
+        s.complete(&done[4..], 5, true).await;
+        assert_eq!(s.slots("Aimd").await, 9, "{l}: 10 x 0.9");
+        // 5 in flight, 9 slots: 4 more.
+        held.extend(s.fill("Aimd").await);
+        assert_eq!(held.len(), 9, "{l}");
+        // A full window without a failure: one slot more.
+        let done: Vec<Lease> = held.drain(..5).collect();
+        s.complete(&done, 5, false).await;
+        assert_eq!(s.slots("Aimd").await, 10, "{l}");
+        assert_eq!(s.fill("Aimd").await.len(), 6, "{l}: 4 in flight of 10");
+    }
+}
+
+/// A number that drops below the slots in use takes no lease away: the requests in flight
+/// keep their slots, and new ones are refused until in-flight falls under the number.
+#[tokio::test]
+async fn a_drop_below_the_slots_in_use_keeps_their_leases() {
+    for s in stores().await {
+        let l = &s.label;
+        let mut held = s.fill("Steep").await;
+        assert_eq!(held.len(), 10, "{l}");
+        // A window of two failures halves the number under eight requests still in flight.
+        let done: Vec<Lease> = held.drain(..2).collect();
+        s.complete(&done, 5, true).await;
+        assert_eq!(s.slots("Steep").await, 5, "{l}");
+        if let Some(memory) = &s.memory {
+            assert_eq!(memory.leases(&s.key("Steep")), 8, "every lease kept");
+        }
+        assert!(!spend_one(&s, "Steep").await.0, "{l}");
+        // Given back without a completion (the number stays 5): refused until under it.
+        let back: Vec<Lease> = held.drain(..3).collect();
+        assert_eq!(
+            s.limiter.release(&back).await.unwrap(),
+            3,
+            "{l}: every lease was kept"
+        );
+        assert!(!spend_one(&s, "Steep").await.0, "{l}: 5 in flight of 5");
+        let back: Vec<Lease> = held.drain(..1).collect();
+        s.limiter.release(&back).await.unwrap();
+        assert!(spend_one(&s, "Steep").await.0, "{l}: 4 in flight of 5");
+    }
+}
+
 /// A key idle for `idle_reset` starts again at `initial`, whatever it learned.
 #[tokio::test]
 async fn an_idle_key_starts_again_at_initial() {
-    let s = store();
-    let held = s.fill("Aimd").await;
-    s.complete(&held[..5], 5, true).await;
-    s.limiter.release(&held[5..]).await.unwrap();
-    assert_eq!(s.slots("Aimd"), 9);
-    s.clock.advance(Duration::from_secs(59));
-    let again = s.fill("Aimd").await;
-    assert_eq!(again.len(), 9, "not idle long enough");
-    s.complete(&again, 5, true).await;
-    assert_eq!(s.slots("Aimd"), 8);
-    s.clock.advance(Duration::from_secs(60));
-    assert_eq!(s.fill("Aimd").await.len(), 10, "back at initial");
+    for s in stores().await {
+        let l = &s.label;
+        let held = s.fill("Aimd").await;
+        s.complete(&held[..5], 5, true).await;
+        s.limiter.release(&held[5..]).await.unwrap();
+        assert_eq!(s.slots("Aimd").await, 9, "{l}");
+        s.clock.advance(Duration::from_secs(59));
+        let again = s.fill("Aimd").await;
+        assert_eq!(again.len(), 9, "{l}: not idle long enough");
+        s.complete(&again, 5, true).await;
+        assert_eq!(s.slots("Aimd").await, 8, "{l}");
+        s.clock.advance(Duration::from_secs(60));
+        assert_eq!(s.fill("Aimd").await.len(), 10, "{l}: back at initial");
+    }
 }
 
 /// Gradient: at full load, a latency as good as the best recent one lets the number grow by
-/// its queue (sqrt of the number); a latency four times worse takes it down.
+/// its queue (sqrt of the number); a latency four times worse takes it down. Every store moves
+/// it to the same numbers.
 #[tokio::test]
 async fn the_gradient_follows_the_latency_at_full_load() {
-    let s = store();
-    for _ in 0..5 {
-        let held = s.fill("Gradient").await;
-        s.complete(&held, 10, false).await;
+    let mut seen: Vec<Vec<u64>> = Vec::new();
+    for s in stores().await {
+        let mut numbers = Vec::new();
+        for latency in [10, 10, 10, 10, 10, 40, 40, 40, 40, 40] {
+            let held = s.fill("Gradient").await;
+            s.complete(&held, latency, false).await;
+            numbers.push(s.slots("Gradient").await);
+        }
+        assert!(numbers[4] > 10, "{}: {numbers:?}", s.label);
+        assert!(numbers[9] < numbers[4], "{}: {numbers:?}", s.label);
+        seen.push(numbers);
     }
-    let grown = s.slots("Gradient");
-    assert!(grown > 10, "{grown}");
-    for _ in 0..5 {
-        let held = s.fill("Gradient").await;
-        s.complete(&held, 40, false).await;
-    }
-    let fallen = s.slots("Gradient");
-    assert!(fallen < grown, "{fallen} after {grown}");
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
 }
 
 /// Two instances giving back leases of one key merge their completions in the store: the
 /// window (5 completions) fills from both, and moves the number once, not twice.
 #[tokio::test]
 async fn instances_merge_their_completions_in_the_store() {
-    let s = store();
-    let other = Limiter::new(
-        Limits::from_yaml_str(LIMITS, None).unwrap(),
-        s.backend.clone(),
-    );
-    let held = s.fill("Aimd").await;
-    s.complete(&held[..3], 5, true).await;
-    assert_eq!(s.state("Aimd").window.completions, 3);
-    let c = Completion::new(Duration::from_millis(5), false);
-    assert_eq!(other.complete(&held[3..5], c).await.unwrap(), 2);
-    let st = s.state("Aimd");
-    assert_eq!((st.window.completions, s.slots("Aimd")), (0, 9));
+    for s in stores().await {
+        let l = &s.label;
+        let held = s.fill("Aimd").await;
+        s.complete(&held[..3], 5, true).await;
+        assert_eq!(s.slots("Aimd").await, 10, "{l}: a window of 3");
+        // Another instance: another limiter (its own lease ids) on the same store.
+        let other = other_instance(&s).await;
+        let c = Completion::new(Duration::from_millis(5), false);
+        assert_eq!(other.complete(&held[3..5], c).await.unwrap(), 2, "{l}");
+        assert_eq!(
+            s.slots("Aimd").await,
+            9,
+            "{l}: one window of 5, with a failure"
+        );
+        if let Some(memory) = &s.memory {
+            let st: AdaptiveState = memory.adaptive_state(&s.key("Aimd")).unwrap();
+            assert_eq!(st.window.completions, 0);
+        }
+    }
+}
+
+/// A limiter of another instance on `s`'s store.
+async fn other_instance(s: &Store) -> Limiter {
+    let limits = Limits::from_yaml_str(LIMITS, None).unwrap();
+    match &s.memory {
+        Some(memory) => Limiter::new(limits, memory.clone()),
+        #[cfg(feature = "redis")]
+        None => {
+            let (redis, prefix) = s._redis.as_ref().unwrap();
+            let backend =
+                support::redis_backend::caller_time_backend(&redis.url, prefix, &s.clock, true)
+                    .await;
+            Limiter::new(limits, backend)
+        }
+        #[cfg(not(feature = "redis"))]
+        None => unreachable!(),
+    }
 }
 
 /// A lease given back without a completion (`release`) moves nothing.
 #[tokio::test]
 async fn a_plain_release_teaches_nothing() {
-    let s = store();
-    let held = s.fill("Aimd").await;
-    assert_eq!(s.limiter.release(&held).await.unwrap(), 10);
-    let st = s.state("Aimd");
-    assert_eq!((st.window.completions, s.slots("Aimd")), (0, 10));
+    for s in stores().await {
+        let held = s.fill("Aimd").await;
+        assert_eq!(s.limiter.release(&held).await.unwrap(), 10, "{}", s.label);
+        assert_eq!(
+            s.limiter.release(&held).await.unwrap(),
+            0,
+            "{}: once",
+            s.label
+        );
+        assert_eq!(s.slots("Aimd").await, 10, "{}", s.label);
+    }
 }
 
 /// Through the layer on a real server: a 503 is a failure (a window of 5 backs the key off
@@ -357,4 +419,100 @@ async fn an_override_sets_an_ids_adaptive_limit_through_the_admin_api() {
         held += 1;
     }
     assert_eq!(held, 3);
+}
+
+/// A snapshot read from Redis (a replay's warm start) holds an adaptive key's state as memory
+/// holds it after the same requests: its leases, its number, its window.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_snapshot_of_redis_holds_the_adaptive_state_memory_holds() {
+    let all = stores().await;
+    let (memory, redis) = (&all[0], &all[1]);
+    let mut held = Vec::new();
+    for s in [memory, redis] {
+        let mut leases = s.fill("Aimd").await;
+        s.complete(&leases[..5], 7, true).await;
+        s.complete(&leases[5..7], 9, false).await;
+        leases.drain(..7);
+        held.push(leases);
+    }
+    let (server, prefix) = redis._redis.as_ref().unwrap();
+    let reader = tower_ratelimits::RedisBackend::from_url(&server.url)
+        .prefix(prefix)
+        .caller_time(redis.clock.clone());
+    let limits = Limits::from_yaml_str(LIMITS, None).unwrap();
+    let snapshot = tower_ratelimits::Snapshot::from_redis(reader, &limits, 100)
+        .await
+        .unwrap();
+    let found: Vec<_> = snapshot
+        .keys()
+        .iter()
+        .filter(|k| k.limit == "Aimd")
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let tower_ratelimits::kit::Stored::Adaptive(read) = &found[0].state else {
+        panic!("{:?}", found[0].state);
+    };
+    let kept = memory
+        .memory
+        .as_ref()
+        .unwrap()
+        .adaptive_state(&memory.key("Aimd"))
+        .unwrap();
+    assert_eq!(
+        (read.controller, read.window),
+        (kept.controller, kept.window)
+    );
+    assert_eq!(
+        (read.window_start_us, read.last_us),
+        (kept.window_start_us, kept.last_us)
+    );
+    let ids = |st: &AdaptiveState| {
+        let mut d: Vec<u64> = st.leases.iter().map(|&(_, d)| d).collect();
+        d.sort();
+        d
+    };
+    assert_eq!(ids(read), ids(&kept));
+    assert_eq!(read.leases.len(), 3);
+    assert_eq!(snapshot.foreign(), 0);
+}
+
+/// A reset forgets what a key learned and keeps its requests in flight, on every store.
+#[tokio::test]
+async fn a_reset_keeps_the_slots_in_use_and_forgets_the_number() {
+    for s in stores().await {
+        let l = &s.label;
+        let mut held = s.fill("Steep").await;
+        let done: Vec<Lease> = held.drain(..2).collect();
+        s.complete(&done, 5, true).await;
+        assert_eq!(s.slots("Steep").await, 5, "{l}");
+        s.limiter.reset(&[s.key("Steep")]).await.unwrap();
+        assert_eq!(s.slots("Steep").await, 10, "{l}: back at initial");
+        // 8 still in flight: 2 more.
+        assert_eq!(s.fill("Steep").await.len(), 2, "{l}");
+    }
+}
+
+/// Foreign data at an adaptive key on Redis (another type, members that are not ours) is read
+/// as a fresh key and replaced; state values out of range are ignored.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn foreign_data_at_an_adaptive_key_is_read_as_fresh() {
+    let all = stores().await;
+    let s = &all[1];
+    let (server, prefix) = s._redis.as_ref().unwrap();
+    let port: u16 = server.url.rsplit(':').next().unwrap().parse().unwrap();
+    let key = format!("{prefix}{{Aimd:7}}:a");
+    let cmd = |c: String| support::redis::command(port, &c).unwrap();
+    for foreign in [
+        format!("SET {key} hello"),
+        format!("ZADD {key} -1e300 ~c -0.5 ~g -3 ~zz"),
+    ] {
+        cmd(format!("DEL {key}"));
+        cmd(foreign.clone());
+        let held = s.fill("Aimd").await;
+        assert_eq!(held.len(), 10, "{foreign}");
+        s.limiter.release(&held).await.unwrap();
+        assert!(cmd(format!("TYPE {key}")).contains("zset"), "{foreign}");
+    }
 }

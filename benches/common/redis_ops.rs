@@ -15,13 +15,15 @@ Live: {kind: account, burst: 2, count: 1, period: 30s}
 Hot: {burst: 100000000, count: 1000000, period: 1s, prefetch: 50}
 Monthly: {kind: account, calendar: {count: 1000000000000, period: month}}
 Shared: {kind: account, burst: 100000000, count: 1000000, period: 1s, fair_share: {}}
+Slots: {kind: account, concurrency: 100000, lease: 60s}
+Adaptive: {kind: account, concurrency: {adaptive: {min: 10, initial: 50, max: 100, completions: 100}}}
 ";
 
 /// Keys cycled: `0..KEYS`.
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 12] = [
+pub const VARIANTS: [&str; 14] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_1_rule_uncoalesced",
@@ -34,6 +36,8 @@ pub const VARIANTS: [&str; 12] = [
     "ours_1_rule_hot_key_prefetch",
     "ours_calendar",
     "ours_fair_share",
+    "ours_concurrency_slot",
+    "ours_adaptive_slot",
 ];
 
 /// Requests one coalesced call carries at most (`ours_1_rule_coalesced`).
@@ -117,6 +121,13 @@ impl RedisOps {
             // One fair share, every key an id of it (1,000 ids counted; never used up here):
             // the limit's one hash, the script's general path.
             "ours_fair_share" => spends(&self.limiter, "Shared", id).await,
+            // A slot taken and given back (two calls: the decision, the release).
+            "ours_concurrency_slot" => slot(&self.limiter, "Slots", id, None).await,
+            // The same on an adaptive limit, the release with its completion (a window of 100).
+            "ours_adaptive_slot" => {
+                let done = tower_ratelimits::Completion::new(Duration::from_millis(5), false);
+                slot(&self.limiter, "Adaptive", id, Some(done)).await
+            }
             "ours_1_rule_coalesced" => spends(&self.coalesced, "A", id).await,
             // Coalescing turned off.
             "ours_1_rule_uncoalesced" => spends(&self.uncoalesced, "A", id).await,
@@ -152,6 +163,23 @@ impl RedisOps {
 }
 
 /// One allowed spend of `limiter`'s limit `name` for the id `id`.
+async fn slot(
+    limiter: &Limiter,
+    name: &str,
+    id: u64,
+    completion: Option<tower_ratelimits::Completion>,
+) {
+    let key = limiter.key(name, Id::from(id)).unwrap();
+    let d = limiter.spend(&[Transaction::new(key)]).await.unwrap();
+    assert!(d.allowed());
+    let leases: Vec<_> = d.decisions().iter().filter_map(|d| d.lease()).collect();
+    let given = match completion {
+        Some(c) => limiter.complete(&leases, c).await,
+        None => limiter.release(&leases).await,
+    };
+    assert_eq!(given.unwrap(), 1);
+}
+
 async fn spends(limiter: &Limiter, name: &str, id: u64) {
     let key = limiter.key(name, Id::from(id)).unwrap();
     let d = limiter.spend(&[Transaction::new(key)]).await.unwrap();

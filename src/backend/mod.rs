@@ -379,13 +379,9 @@ pub enum BackendError {
     /// The tiered algorithm refused the request (a range it cannot grant).
     #[error(transparent)]
     Tiers(#[from] TierRequestError),
-    /// The backend does not keep limits of this shape (the shape's name): nothing was
-    /// decided, the failure policy applies.
-    #[error("this backend does not keep {0}")]
-    Unsupported(&'static str),
 }
 
-readable_debug!(BackendError { Full { max_keys }, Timeout(after), Unavailable(reason), OutOfMemory(reason), CircuitOpen { retry_in }, InvalidState { key, reason }, Gcra(error), Tiers(error), Unsupported(shape) });
+readable_debug!(BackendError { Full { max_keys }, Timeout(after), Unavailable(reason), OutOfMemory(reason), CircuitOpen { retry_in }, InvalidState { key, reason }, Gcra(error), Tiers(error) });
 
 /// A backend's outcomes for a batch, one per transaction, in order (read them as a slice:
 /// `Outcomes` derefs to `[Outcome]`), and the grant per tier of each tiered one

@@ -149,6 +149,13 @@ impl Decision {
         self.remaining
     }
 
+    /// On an adaptive concurrency limit, the key's number of slots when it was decided
+    /// (`docs/adaptive-concurrency.md`); `None` for every other limit.
+    #[inline]
+    pub fn slots(&self) -> Option<u64> {
+        (self.slots > 0).then_some(u64::from(self.slots))
+    }
+
     /// How long until an equal request would be allowed (zero when it would be now).
     #[inline]
     pub fn retry_after(&self) -> Duration {

@@ -243,44 +243,6 @@ for i = 1, n do
   end
 end
 
--- Concurrency keys ----------------------------------------------------------------------------
-
--- The rule (src/algo/concurrency.rs `decide`): a request taking a slot (cost 1) is allowed when
--- fewer than max leases are live; a probe (cost 0) always is. Returns allowed (0/1), remaining
--- and the hint (0 when allowed).
-local function concurrency(r, live)
-  if live < 0 then live = 0 end
-  local used = live + r.cost
-  -- A charge records a slot already in use: taken even beyond max.
-  if used <= r.max or r.cost == 0 or r.mode == MODE_CHARGE then
-    local rem = r.max - used
-    if rem < 0 then rem = 0 end
-    return 1, rem, 0
-  end
-  return 0, 0, r.retry
-end
-
--- Records lease r.id on key i, taken now, and keeps the key until its last lease ends.
-local function take_lease(i, r)
-  if stored[i] < 0 then redis.call('DEL', KEYS[i]) end
-  redis.call('ZADD', KEYS[i], now + r.lease, r.id)
-  keep_until_last(i)
-end
-
--- Renews the leases r.held on key i (they hold their slots: decided before): deadline now +
--- lease, set only on members that are there (XX), so a release that ran first is not undone.
-local function renew_lease(i, r)
-  for from = 1, #r.held, 1000 do
-    local args = {KEYS[i], 'XX'}
-    for j = from, math.min(from + 999, #r.held) do
-      args[#args + 1] = now + r.lease
-      args[#args + 1] = r.held[j]
-    end
-    redis.call('ZADD', unpack(args))
-  end
-  keep_until_last(i)
-end
-
 -- Decide -------------------------------------------------------------------------------------
 
 local out = {}
@@ -356,23 +318,14 @@ elseif op == OP_SPEND then
     elseif r.kind == KIND_FAIR_SHARE then
       out[i], writes[i] = fair_decide(i, r)
       if out[i][1] == 0 and counts(r.mode) then batch_allowed = false end
+    elseif r.kind == KIND_ADAPTIVE then
+      out[i] = adaptive_decide(i, r)
+      if out[i][1] == 0 and counts(r.mode) then batch_allowed = false end
     elseif r.kind == KIND_CONCURRENCY and r.mode == MODE_RENEW then
       -- Held: the ids among the live leases (ended ones were removed, foreign ones cut), each
       -- renewed below; the answer counts them.
       local held = {}
-      if stored[i] >= 0 then
-        local ids = {}
-        for id in string.gmatch(r.id, '%d+') do ids[#ids + 1] = id end
-        -- ZMSCORE in chunks (a command's arguments come from one `unpack`).
-        for from = 1, #ids, 1000 do
-          local chunk = {}
-          for j = from, math.min(from + 999, #ids) do chunk[#chunk + 1] = ids[j] end
-          local scores = redis.call('ZMSCORE', KEYS[i], unpack(chunk))
-          for j, score in ipairs(scores) do
-            if score then held[#held + 1] = chunk[j] end
-          end
-        end
-      end
+      if stored[i] >= 0 then held = held_leases(i, r) end
       r.held = held
       local rem = r.max - math.max(stored[i], 0)
       if rem < 0 then rem = 0 end
@@ -418,6 +371,7 @@ elseif op == OP_SPEND then
       end
     end
     if r.kind == KIND_TIERED then add_raw(i, raws[i], after) end
+    if r.kind == KIND_ADAPTIVE then adaptive_finish(i, r, batch_allowed and out[i][1] == 1) end
     if r.kind == KIND_FAIR_SHARE then
       -- What it saw (the id active, a wait) is written whatever the batch decides.
       local spent = nil
@@ -430,6 +384,8 @@ elseif op == OP_REFUND then
     local r = rec[i]
     if r.kind == KIND_FAIR_SHARE then
       out[i] = fair_refund(i, r)
+    elseif r.kind == KIND_ADAPTIVE then
+      out[i] = adaptive_refund(i, r)
     elseif r.kind == KIND_GCRA then
       local s = stored[i]
       local ok, rem, reset, new_tat = gcra_refund(s, r.ei, r.bo, r.burst, r.cost)

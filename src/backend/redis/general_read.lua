@@ -7,7 +7,7 @@
 local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
 local OP_SHARE_REQUEST, OP_SHARE_GRANT = 'share_request', 'share_grant'
 local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY, KIND_CHARGE, KIND_CALENDAR = 0, 1, 2, 3, 4, 5
-local KIND_SHARE, KIND_FAIR_SHARE = 6, 7
+local KIND_SHARE, KIND_FAIR_SHARE, KIND_ADAPTIVE = 6, 7, 8
 local MODE_OBSERVE, MODE_CHARGE, MODE_RENEW = 3, 4, 5
 
 -- The core of the rule: the TAT after spending `incr` (emission interval * cost) on a bucket
@@ -253,6 +253,17 @@ for i = 1, n do
       count = tonumber(ARGV[a + 10]), refresh = tonumber(ARGV[a + 11]), id = ARGV[a + 12]}
     rec[i].charge = rec[i].mode == MODE_CHARGE
     a = a + 13
+  elseif kind == KIND_ADAPTIVE then
+    -- An adaptive concurrency key (adaptive.lua): a concurrency record, its number read from
+    -- the key, and a release's completion (latency -1: none).
+    rec[i] = {kind = KIND_ADAPTIVE, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
+      lease = tonumber(ARGV[a + 3]), retry = tonumber(ARGV[a + 4]), id = ARGV[a + 5],
+      amin = tonumber(ARGV[a + 6]), initial = tonumber(ARGV[a + 7]),
+      amax = tonumber(ARGV[a + 8]), algo = tonumber(ARGV[a + 9]), p1 = tonumber(ARGV[a + 10]),
+      p2 = tonumber(ARGV[a + 11]), window = tonumber(ARGV[a + 12]),
+      wc = tonumber(ARGV[a + 13]), idle = tonumber(ARGV[a + 14]),
+      lat = tonumber(ARGV[a + 15]), failed = tonumber(ARGV[a + 16])}
+    a = a + 17
   elseif kind == KIND_CONCURRENCY then
     rec[i] = {kind = KIND_CONCURRENCY, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
       max = tonumber(ARGV[a + 3]), lease = tonumber(ARGV[a + 4]), retry = tonumber(ARGV[a + 5]),
@@ -418,7 +429,7 @@ local ttls = {}
 local kread = {}
 for i = 1, n do
   local r = rec[i]
-  if r.kind == KIND_FAIR_SHARE then
+  if r.kind == KIND_FAIR_SHARE or r.kind == KIND_ADAPTIVE then
     stored[i] = 0
   elseif r.share then
     stored[i], kread[i] = read_share(i, r)
@@ -505,3 +516,56 @@ local function write_calendar(key, r, used)
   r.written = true
 end
 
+-- Concurrency keys ----------------------------------------------------------------------------
+
+-- The rule (src/algo/concurrency.rs `decide`): a request taking a slot (cost 1) is allowed when
+-- fewer than max leases are live; a probe (cost 0) always is. Returns allowed (0/1), remaining
+-- and the hint (0 when allowed).
+local function concurrency(r, live)
+  if live < 0 then live = 0 end
+  local used = live + r.cost
+  -- A charge records a slot already in use: taken even beyond max.
+  if used <= r.max or r.cost == 0 or r.mode == MODE_CHARGE then
+    local rem = r.max - used
+    if rem < 0 then rem = 0 end
+    return 1, rem, 0
+  end
+  return 0, 0, r.retry
+end
+
+-- Records lease r.id on key i, taken now, and keeps the key until its last lease ends.
+local function take_lease(i, r)
+  if stored[i] < 0 then redis.call('DEL', KEYS[i]) end
+  redis.call('ZADD', KEYS[i], now + r.lease, r.id)
+  keep_until_last(i)
+end
+
+-- The lease ids of r.id (a renewal's, separated by spaces) that key i holds.
+local function held_leases(i, r)
+  local held, ids = {}, {}
+  for id in string.gmatch(r.id, '%d+') do ids[#ids + 1] = id end
+  -- ZMSCORE in chunks (a command's arguments come from one `unpack`).
+  for from = 1, #ids, 1000 do
+    local chunk = {}
+    for j = from, math.min(from + 999, #ids) do chunk[#chunk + 1] = ids[j] end
+    local scores = redis.call('ZMSCORE', KEYS[i], unpack(chunk))
+    for j, score in ipairs(scores) do
+      if score then held[#held + 1] = chunk[j] end
+    end
+  end
+  return held
+end
+
+-- Renews the leases r.held on key i (they hold their slots: decided before): deadline now +
+-- lease, set only on members that are there (XX), so a release that ran first is not undone.
+local function renew_lease(i, r)
+  for from = 1, #r.held, 1000 do
+    local args = {KEYS[i], 'XX'}
+    for j = from, math.min(from + 999, #r.held) do
+      args[#args + 1] = now + r.lease
+      args[#args + 1] = r.held[j]
+    end
+    redis.call('ZADD', unpack(args))
+  end
+  keep_until_last(i)
+end

@@ -29,8 +29,8 @@ pub(super) const SHARE_SUFFIX: &str = ":r";
 /// at the limit's own key `<prefix>{<name>:}`, one slot per limit).
 pub(super) const FAIR_SHARE_SUFFIX: &str = ":f";
 
-/// An adaptive concurrency key's suffix (reserved: the Redis backend does not keep the shape
-/// yet, `BackendError::Unsupported`).
+/// An adaptive concurrency key's suffix: a sorted set of its leases and its state
+/// (`adaptive.lua`). A reset keeps its leases and forgets what it learned.
 pub(super) const ADAPTIVE_SUFFIX: &str = ":a";
 
 /// The keys a reset deletes, by suffix: every shape's state but a concurrency key's leases,

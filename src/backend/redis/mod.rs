@@ -444,7 +444,6 @@ impl RedisBackend {
         if batch.is_empty() {
             return Ok(Outcomes::new());
         }
-        unsupported(batch)?;
         let keys = self.keys(batch);
         let now = self.now_arg()?;
         if let Some(cache) = &self.inner.cache {
@@ -602,9 +601,6 @@ impl Backend for RedisBackend {
         if !self.ready() {
             return Spend::Ready(Err(not_ready()));
         }
-        if let Err(e) = unsupported(batch) {
-            return Spend::Ready(Err(e));
-        }
         let (now, local_now) = match self.now_arg() {
             Ok(t) => t,
             Err(e) => return Spend::Ready(Err(e)),
@@ -669,6 +665,33 @@ impl Backend for RedisBackend {
             })
         });
         for r in futures_util::future::join_all(dels).await {
+            r?;
+        }
+        // An adaptive key keeps its leases (requests in flight) and forgets what it learned:
+        // its state members, scored below 0 (`adaptive.lua`). Another type there is not ours.
+        let learned = keys.iter().map(|k| {
+            let key = self.command_key(k, keys::ADAPTIVE_SUFFIX);
+            let slot = if self.inner.clustered {
+                fred::util::redis_keyslot(key.as_bytes())
+            } else {
+                0
+            };
+            self.with_client(slot, move |client| {
+                let key = key.clone();
+                async move {
+                    let args: Vec<fred::prelude::Value> =
+                        vec![key.into(), "-inf".into(), "(0".into()];
+                    match client
+                        .custom::<fred::prelude::Value, _>(fred::cmd!("ZREMRANGEBYSCORE"), args)
+                        .await
+                    {
+                        Err(e) if e.details().contains("WRONGTYPE") => Ok(()),
+                        other => other.map(drop),
+                    }
+                }
+            })
+        });
+        for r in futures_util::future::join_all(learned).await {
             r?;
         }
         self.publish_reset(keys).await;
@@ -736,15 +759,3 @@ impl Backend for RedisBackend {
 
 #[cfg(test)]
 mod tests;
-
-/// A batch naming a shape this backend does not keep yet (an adaptive concurrency limit): refused
-/// whole, before anything is sent.
-fn unsupported(batch: &[BucketTx<'_>]) -> Result<(), BackendError> {
-    match batch
-        .iter()
-        .find(|tx| matches!(tx.quota, crate::quota::Quota::Adaptive(_)))
-    {
-        Some(tx) => Err(BackendError::Unsupported(tx.quota.shape_name())),
-        None => Ok(()),
-    }
-}

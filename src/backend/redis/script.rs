@@ -44,6 +44,7 @@ use crate::backend::{BackendError, BucketTx, Mode, Outcome, Outcomes, batch_allo
 use crate::quota::Quota;
 pub(crate) use shares::{ShareAnswer, ShareCall, ShareGrant, decode_shares, encode_shares};
 
+mod adaptive;
 mod fair_share;
 mod fields;
 mod shares;
@@ -59,6 +60,7 @@ const KIND_CHARGE: i64 = 4;
 const KIND_CALENDAR: i64 = 5;
 const KIND_SHARE: i64 = 6;
 const KIND_FAIR_SHARE: i64 = 7;
+const KIND_ADAPTIVE: i64 = 8;
 const OP_LEAN: &str = "G";
 const OP_COALESCED: &str = "M";
 const OP_CALENDAR: &str = "C";
@@ -102,6 +104,7 @@ const PROTOCOL: &[(&str, Code)] = &[
     ("KIND_CALENDAR", Code::Number(KIND_CALENDAR)),
     ("KIND_SHARE", Code::Number(KIND_SHARE)),
     ("KIND_FAIR_SHARE", Code::Number(KIND_FAIR_SHARE)),
+    ("KIND_ADAPTIVE", Code::Number(KIND_ADAPTIVE)),
     (
         "MODE_CHECK_AND_SPEND",
         Code::Number(mode_number(Mode::CheckAndSpend)),
@@ -132,6 +135,7 @@ pub(super) const SCRIPT: &str = concat!(
     include_str!("ratelimit.lua"),
     include_str!("general_read.lua"),
     include_str!("fair_share.lua"),
+    include_str!("adaptive.lua"),
     include_str!("general_decide.lua")
 );
 
@@ -348,8 +352,7 @@ pub(super) fn encode<'a>(
                 ]);
             }
             Quota::FairShare(share) => fair_share::push_fair_share(&mut args, tx, share),
-            // Refused before a call is encoded (`RedisBackend::unsupported`).
-            Quota::Adaptive(_) => {}
+            Quota::Adaptive(limit) => adaptive::push_adaptive(&mut args, tx, limit, lease_ids(tx)),
             Quota::Calendar(quota) => {
                 let (min, max) = calendar_costs(tx);
                 args.extend([Value::Integer(KIND_CALENDAR), mode_code(tx.mode), min, max]);
@@ -664,6 +667,9 @@ pub(super) fn decode<'a>(
             if tx.mode == Mode::Charge && outcome.allowed && call.op == Op::Spend {
                 outcome.granted = Some(tx.cost);
             }
+        }
+        if tx.quota.learns().is_some() {
+            outcome.slots = adaptive::slots(f.u64("slots")?);
         }
         let mut raw = None;
         let mut tiers = None;

@@ -14,7 +14,9 @@
 use fred::prelude::{Client, ClientLike, Value};
 use futures_util::future::join_all;
 
-use super::keys::{CALENDAR_SUFFIX, CONCURRENCY_SUFFIX, FAIR_SHARE_SUFFIX, KeyBuf, TIERS_SUFFIX};
+use super::keys::{
+    ADAPTIVE_SUFFIX, CALENDAR_SUFFIX, CONCURRENCY_SUFFIX, FAIR_SHARE_SUFFIX, KeyBuf, TIERS_SUFFIX,
+};
 use super::{Connection, RedisBackend};
 use crate::algo::calendar::CalendarState;
 use crate::algo::tiers::{TierLog, TierState};
@@ -243,6 +245,7 @@ pub(super) fn parse_key(rest: &[u8]) -> Option<(String, &'static str)> {
         b":c" => CONCURRENCY_SUFFIX,
         b":q" => CALENDAR_SUFFIX,
         b":f" => FAIR_SHARE_SUFFIX,
+        b":a" => ADAPTIVE_SUFFIX,
         _ => return None,
     };
     let escaped = &rest[..close];
@@ -302,7 +305,7 @@ async fn read_value(
             _ => Some(None),
         });
     }
-    if suffix == CONCURRENCY_SUFFIX {
+    if suffix == CONCURRENCY_SUFFIX || suffix == ADAPTIVE_SUFFIX {
         let count: Value = match client.custom(fred::cmd!("ZCARD"), vec![key.clone()]).await {
             Ok(c) => c,
             Err(e) if wrong_type(&e) => return Ok(Some(None)),
@@ -327,7 +330,11 @@ async fn read_value(
             .custom(fred::cmd!("ZRANGE"), args)
             .await
             .map_err(failed)?;
-        return Ok(Some(leases(reply)));
+        return Ok(Some(if suffix == ADAPTIVE_SUFFIX {
+            adaptive(reply)
+        } else {
+            leases(reply)
+        }));
     }
     let raw: Value = match client.custom(fred::cmd!("GET"), vec![key.clone()]).await {
         Ok(v) => v,
@@ -452,6 +459,42 @@ pub(super) fn calendar(raw: &[u8]) -> Option<kit::Stored> {
 
 /// A concurrency key's leases from `ZRANGE .. WITHSCORES` (flat pairs, or pairs in arrays).
 fn leases(reply: Value) -> Option<kit::Stored> {
+    let mut out = Vec::new();
+    for (member, score) in scored(reply)? {
+        out.push((digits(&member)?, whole(score)?));
+    }
+    Some(kit::Stored::Leases(out))
+}
+
+/// An adaptive key's sorted set (`adaptive.lua`): its leases (ids scored by deadlines), and
+/// its state (`~f` scored `-(value + 1)`); a member of neither form is not ours.
+fn adaptive(reply: Value) -> Option<kit::Stored> {
+    use crate::algo::adaptive::AdaptiveState;
+    let mut state = AdaptiveState::default();
+    for (member, score) in scored(reply)? {
+        if score > 0.0 {
+            state.leases.push((digits(&member)?, whole(score)?));
+            continue;
+        }
+        let v = whole(-score - 1.0)?;
+        let field = match member.as_slice() {
+            b"~c" => &mut state.controller.limit_milli,
+            b"~g" => &mut state.controller.long_us,
+            b"~n" => &mut state.window.completions,
+            b"~f" => &mut state.window.failures,
+            b"~s" => &mut state.window.latency_sum_us,
+            b"~m" => &mut state.window.max_in_flight,
+            b"~w" => &mut state.window_start_us,
+            b"~t" => &mut state.last_us,
+            _ => return None,
+        };
+        *field = v;
+    }
+    Some(kit::Stored::Adaptive(Box::new(state)))
+}
+
+/// A sorted set's members and scores, from `ZRANGE ... WITHSCORES` (flat, or in pairs).
+fn scored(reply: Value) -> Option<Vec<(Vec<u8>, f64)>> {
     let Value::Array(items) = reply else {
         return None;
     };
@@ -467,15 +510,15 @@ fn leases(reply: Value) -> Option<kit::Stored> {
     }
     let mut out = Vec::with_capacity(flat.len() / 2);
     for pair in flat.chunks(2) {
-        let id = digits(pair[0].as_bytes()?)?;
-        let deadline = match &pair[1] {
-            Value::Double(d) => whole(*d)?,
-            Value::Integer(i) => u64::try_from(*i).ok()?,
-            other => whole(std::str::from_utf8(other.as_bytes()?).ok()?.parse().ok()?)?,
+        let member = pair[0].as_bytes()?.to_vec();
+        let score = match &pair[1] {
+            Value::Double(d) => *d,
+            Value::Integer(i) => *i as f64,
+            other => std::str::from_utf8(other.as_bytes()?).ok()?.parse().ok()?,
         };
-        out.push((id, deadline));
+        out.push((member, score));
     }
-    Some(kit::Stored::Leases(out))
+    Some(out)
 }
 
 /// A score that is a whole number of microseconds.
