@@ -1009,6 +1009,46 @@ async fn axum_fair_share_lends_the_whole_budget_to_a_tenant_alone() {
     assert!(err.contains("must keep the fair share's budget"), "{err}");
 }
 
+/// `axum_adaptive`: a tenant whose requests fail backs off (AIMD, a window of 5 failures:
+/// 10 x 0.9), shown as `q` in `RateLimit-Policy`; another tenant keeps its own number.
+#[tokio::test]
+async fn axum_adaptive_backs_a_failing_tenant_off() {
+    if !skip_unless_built("axum_adaptive") {
+        return;
+    }
+    let example = Example::start_with(
+        "axum_adaptive",
+        "SearchPerTenant: {kind: any, concurrency: {adaptive: {min: 2, initial: 10, max: 50, algorithm: aimd, completions: 5}}}\n",
+        &[],
+    );
+    let client = support::http::HttpClient::for_base(&example.base);
+    let policy = |r: &support::http::Reply| r.header("ratelimit-policy").unwrap().to_owned();
+    let r = client.get("/search", &[("x-tenant", "acme")]).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        policy(&r).contains("\"SearchPerTenant\";q=10"),
+        "{}",
+        policy(&r)
+    );
+    for _ in 0..5 {
+        let r = client.get("/busy", &[("x-tenant", "acme")]).await;
+        assert_eq!(r.status, 503);
+    }
+    // Each slot is given back when the server drops the body, just after the client read it.
+    let mut seen = String::new();
+    for _ in 0..200 {
+        let r = client.get("/search", &[("x-tenant", "acme")]).await;
+        seen = policy(&r);
+        if seen.contains("q=9") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(seen.contains("\"SearchPerTenant\";q=9"), "{seen}");
+    let r = client.get("/search", &[("x-tenant", "globex")]).await;
+    assert!(policy(&r).contains("q=10"), "{}", policy(&r));
+}
+
 /// `axum_redis` in regional mode (`RATELIMITS_REGION`, `RATELIMITS_GLOBAL_REDIS_URL`): two
 /// regions, each on its own Redis, one global Redis, and the per-address limit marked
 /// `across_regions` (20 a second, burst 20; floors of 2). Until a region's registration is
