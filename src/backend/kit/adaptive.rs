@@ -44,7 +44,7 @@ pub(super) fn adaptive_decide(
     stored: Option<Read<'_>>,
     now: u64,
 ) -> (Outcome, Option<Stored>, Option<Stored>) {
-    let (state, cut) = read_state(limit, stored, now);
+    let (mut state, cut) = read_state(limit, stored, now);
     let slots = limit.slots_at(&state, now);
     let repair = cut.then(|| Stored::Adaptive(Box::new(state.clone())));
     let live = super::live_leases(&state.leases, now);
@@ -55,10 +55,8 @@ pub(super) fn adaptive_decide(
             ..Outcome::new(renewed > 0, slots.max().saturating_sub(live), 0, 0)
         };
         let write = (renewed > 0).then(|| {
-            Stored::Adaptive(Box::new(AdaptiveState {
-                leases: next,
-                ..state.clone()
-            }))
+            state.leases = next;
+            Stored::Adaptive(Box::new(state))
         });
         return (with_slots(outcome, slots.max()), write, repair);
     }
@@ -67,12 +65,16 @@ pub(super) fn adaptive_decide(
     } else {
         concurrency_rule::decide(&slots, live, tx.cost == 1)
     };
+    // The lease taken into the state as read (its ended leases dropped, as `with_lease`).
     let write = (d.allowed && super::takes_lease(tx)).then(|| {
-        Stored::Adaptive(Box::new(AdaptiveState {
-            leases: super::with_lease(&state.leases, &slots, tx.lease, now),
-            last_us: state.last_us.max(now),
-            ..state.clone()
-        }))
+        state
+            .leases
+            .retain(|&(_, deadline)| concurrency_rule::holds(deadline, now));
+        state
+            .leases
+            .push((tx.lease, concurrency_rule::deadline(&slots, now)));
+        state.last_us = state.last_us.max(now);
+        Stored::Adaptive(Box::new(state))
     });
     (with_slots(Outcome::from(d), slots.max()), write, repair)
 }
