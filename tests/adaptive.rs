@@ -516,3 +516,27 @@ async fn foreign_data_at_an_adaptive_key_is_read_as_fresh() {
         assert!(cmd(format!("TYPE {key}")).contains("zset"), "{foreign}");
     }
 }
+
+/// A request longer than its lease keeps its slot by renewals (as the layer renews it), on
+/// every store; a renewal takes no slot and moves nothing.
+#[tokio::test]
+async fn a_renewed_slot_outlives_its_lease_time() {
+    for s in stores().await {
+        let l = &s.label;
+        let mut held = s.fill("Aimd").await;
+        assert_eq!(held.len(), 10, "{l}");
+        let done: Vec<Lease> = held.drain(..5).collect();
+        s.complete(&done, 5, true).await;
+        assert_eq!(s.slots("Aimd").await, 9, "{l}");
+        for _ in 0..3 {
+            s.clock.advance(Duration::from_secs(400));
+            assert_eq!(s.limiter.renew(&held).await.unwrap(), 5, "{l}");
+        }
+        // 20 minutes in, past the 10-minute lease: every slot still held, and a key with
+        // requests in flight is not idle (its number stays).
+        assert_eq!(s.slots("Aimd").await, 9, "{l}");
+        assert_eq!(s.fill("Aimd").await.len(), 4, "{l}");
+        assert_eq!(s.limiter.release(&held).await.unwrap(), 5, "{l}");
+        assert_eq!(s.limiter.renew(&held).await.unwrap(), 0, "{l}: released");
+    }
+}

@@ -433,9 +433,14 @@ impl AdaptiveConcurrency {
         }
     }
 
-    /// Whether `state` was idle long enough at `now` to start again.
+    /// Whether `state` was idle long enough at `now` to start again: no request in flight,
+    /// and none taken or ended for `idle_reset`.
     fn idle(&self, state: &AdaptiveState, now: u64) -> bool {
         now.saturating_sub(state.last_us) >= self.idle_reset_us
+            && !state
+                .leases
+                .iter()
+                .any(|&(_, deadline)| crate::algo::concurrency::holds(deadline, now))
     }
 
     /// `state` at `now` as a decision reads it: back at the start when it was idle.

@@ -17,7 +17,8 @@ local function clamp(v, lo, hi)
 end
 
 -- Key i read under record r: its live leases (ended ones dropped, foreign deadlines cut to one
--- lease) and its state, back at the start when it was idle (src/algo/adaptive.rs `rolled`). A
+-- lease) and its state, back at the start when it was idle, no lease live
+-- (src/algo/adaptive.rs `rolled`). A
 -- value that is not a sorted set is not ours: deleted, read as a fresh key.
 local function adaptive_read(i, r)
   local st = {c = 0, g = 0, n = 0, f = 0, s = 0, m = 0, w = 0, t = 0}
@@ -37,7 +38,7 @@ local function adaptive_read(i, r)
       if f and st[f] ~= nil and v >= 0 and v < LIMIT and v == math.floor(v) then st[f] = v end
     end
   end
-  if now - st.t >= r.idle or st.c == 0 then
+  if (live == 0 and now - st.t >= r.idle) or st.c == 0 then
     st = {c = r.initial * 1000, g = 0, n = 0, f = 0, s = 0, m = 0, w = now, t = now}
   end
   r.st = st
