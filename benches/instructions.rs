@@ -298,7 +298,7 @@ fn slot_on(quota: Quota, keys: Vec<BucketKey>, keys_n: u64) -> Box<dyn FnMut(u64
         };
         let tx = tx.with_lease(i + 1);
         let _ = std::hint::black_box(common::spend_one(&backend, &tx));
-        let back = [tx.with_completion(done)];
+        let back = [tx.with_completion(&done)];
         let _ = std::hint::black_box(common::ready(tower_ratelimits::Backend::refund(
             &backend, &back,
         )));

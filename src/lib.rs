@@ -177,7 +177,8 @@ mod time;
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use admin::{AdminPrincipal, admin_router};
 pub use algo::adaptive::{
-    Adaptive, AdaptiveConcurrency, AdaptiveError, Algorithm, Completion, Measure,
+    Adaptive, AdaptiveConcurrency, AdaptiveError, Algorithm, Completion, MAX_ADAPTIVE_SLOTS,
+    Measure,
 };
 pub use algo::calendar::{CalendarError, CalendarQuota, CalendarState, Period};
 pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};

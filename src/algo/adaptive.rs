@@ -22,6 +22,9 @@ use std::time::Duration;
 use crate::algo::concurrency::ConcurrencyLimit;
 use crate::time::duration_us;
 
+/// The most slots an adaptive limit gives a key (a decision carries its number in two bytes).
+pub const MAX_ADAPTIVE_SLOTS: u64 = 65_535;
+
 /// The best recent latency drifts up by 1/`DRIFT` a window.
 pub const DRIFT: u64 = 500;
 
@@ -49,8 +52,9 @@ pub enum Algorithm {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AdaptiveError {
-    /// `min`, `initial` and `max` out of order, or `min` of 0.
-    #[error("min ({min}) <= initial ({initial}) <= max ({max}), min at least 1")]
+    /// `min`, `initial` and `max` out of order, `min` of 0, or `max` above
+    /// [`MAX_ADAPTIVE_SLOTS`].
+    #[error("min ({min}) <= initial ({initial}) <= max ({max}) <= 65535, min at least 1")]
     Bounds {
         /// The least.
         min: u64,
@@ -129,11 +133,7 @@ impl Adaptive {
         max: u64,
         algorithm: Algorithm,
     ) -> Result<Self, AdaptiveError> {
-        if min == 0
-            || min > initial
-            || initial > max
-            || max > crate::algo::concurrency::MAX_CONCURRENCY
-        {
+        if min == 0 || min > initial || initial > max || max > MAX_ADAPTIVE_SLOTS {
             return Err(AdaptiveError::Bounds { min, initial, max });
         }
         match algorithm {

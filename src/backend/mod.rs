@@ -66,8 +66,10 @@ pub struct Outcome {
     /// Four bytes beside the flags: an outcome is moved on every request's road.
     pub period_s: u32,
     /// For an adaptive concurrency limit: the key's number of slots when decided (the `q` of
-    /// its policy); 0 for every other shape. The kit sets it.
-    pub slots: u32,
+    /// its policy; at most [`MAX_ADAPTIVE_SLOTS`](crate::MAX_ADAPTIVE_SLOTS)); 0 for every
+    /// other shape. The kit sets it. Two bytes beside `period_s` and the flags: an outcome
+    /// stays 48 bytes.
+    pub slots: u16,
     /// Not evaluated: another counting transaction of the batch was already known to be denied
     /// (the Redis backend's local deny cache), so this one was never looked at. A skipped
     /// outcome is not allowed and all its numbers are zero; nothing was spent.
@@ -145,7 +147,7 @@ pub struct BucketTx<'a> {
     /// A refund that gives back a lease: what the request that held it showed (its latency,
     /// whether it failed), for a shape that learns from it (an adaptive concurrency limit);
     /// `None`: nothing known (a release without one, every other transaction).
-    pub(crate) completion: Option<crate::Completion>,
+    pub(crate) completion: Option<&'a crate::Completion>,
 }
 
 /// Why a transaction cannot be built: what it asks could never be granted.
@@ -272,13 +274,13 @@ impl<'a> BucketTx<'a> {
     /// A refund giving back a lease, with what its request showed: a shape that learns from
     /// its requests' outcomes (an adaptive concurrency limit) records it. Any shape may read
     /// it ([`completion`](Self::completion)); the others ignore it.
-    pub fn with_completion(mut self, completion: crate::Completion) -> Self {
+    pub fn with_completion(mut self, completion: &'a crate::Completion) -> Self {
         self.completion = Some(completion);
         self
     }
 
     /// What the request giving back its lease showed, if it is known.
-    pub fn completion(&self) -> Option<crate::Completion> {
+    pub fn completion(&self) -> Option<&'a crate::Completion> {
         self.completion
     }
 

@@ -106,7 +106,7 @@ pub(crate) struct Seen<'a> {
     /// For a calendar quota: the length of the period decided in (whole seconds).
     pub(crate) period_s: u32,
     /// For an adaptive concurrency limit: the key's slots when decided.
-    pub(crate) slots: u32,
+    pub(crate) slots: u16,
 }
 
 impl<'a> Seen<'a> {

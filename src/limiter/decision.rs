@@ -36,7 +36,7 @@ pub struct Decision {
     /// for other shapes).
     pub(crate) period_s: u32,
     /// For an adaptive concurrency limit: the key's slots when decided (0 for other shapes).
-    pub(crate) slots: u32,
+    pub(crate) slots: u16,
     /// The limit's name.
     pub(crate) name: LimitName,
     /// The bucket.

@@ -473,7 +473,7 @@ impl Limiter {
         completion: Option<crate::Completion>,
     ) -> Result<usize, LimiterError> {
         let mut txs = lease_txs(leases, Mode::CheckAndSpend)?;
-        if let Some(c) = completion {
+        if let Some(c) = completion.as_ref() {
             for tx in &mut txs {
                 *tx = tx.with_completion(c);
             }

@@ -424,7 +424,7 @@ pub(crate) struct Numbers<'a> {
     /// For a calendar quota: the length of the period decided in (whole seconds).
     pub(crate) period_s: u32,
     /// For an adaptive concurrency limit: the key's slots when decided (0: not known).
-    pub(crate) slots: u32,
+    pub(crate) slots: u16,
 }
 
 /// What a decision shows of its limit in the `RateLimit` fields: the policy's `q` and `w`

@@ -57,6 +57,6 @@ pub(super) fn push_adaptive(
 }
 
 /// The number of slots the script answered, as an outcome carries it.
-pub(super) fn slots(n: u64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
+pub(super) fn slots(n: u64) -> u16 {
+    u16::try_from(n).unwrap_or(u16::MAX)
 }
