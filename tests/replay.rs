@@ -99,6 +99,29 @@ fn a_concurrency_slot_is_held_for_the_logged_duration() {
     assert_eq!(plan.flips[0].time, "2026-11-25T10:00:00.100000Z");
 }
 
+/// An adaptive candidate learns from the log: two requests answered `503` after 100 ms fill a
+/// window (AIMD, 2 completions, back-off to half), so at 300 ms the key's number is 1 and the
+/// second of two requests in flight is refused, where the fixed limit of 2 let both through.
+#[test]
+fn an_adaptive_candidate_learns_from_the_logged_statuses_and_durations() {
+    let log = [
+        line("00", "192.0.2.1", ",\"duration_ms\":100,\"status\":503"),
+        line("00", "192.0.2.1", ",\"duration_ms\":100,\"status\":503"),
+        line("00.3", "192.0.2.1", ",\"duration_ms\":500,\"status\":200"),
+        line("00.3", "192.0.2.1", ",\"duration_ms\":500,\"status\":200"),
+    ]
+    .concat();
+    let plan = replay(
+        PER_IP,
+        "PerIp: {kind: ip, concurrency: 2, lease: 1m}\n",
+        "PerIp: {kind: ip, concurrency: {adaptive: {min: 1, initial: 2, max: 4, algorithm: aimd, backoff: 50, completions: 2}}, lease: 1m}\n",
+        log,
+    );
+    assert_eq!((plan.current.allowed, plan.current.denied), (4, 0));
+    assert_eq!((plan.candidate.allowed, plan.candidate.denied), (3, 1));
+    assert_eq!(plan.flips[0].time, "2026-11-25T10:00:00.300000Z");
+}
+
 #[test]
 fn a_request_that_outlives_its_lease_keeps_its_slot_until_its_logged_end() {
     // The lease is 1 s; A runs 5 s: its slot is renewed on the logged clock, so B at 3 s is
