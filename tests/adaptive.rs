@@ -327,6 +327,51 @@ async fn a_failing_service_backs_its_key_off_through_the_layer() {
     );
 }
 
+/// A gRPC status sent in the trailers after a streamed answer (`200`, then `grpc-status: 14`)
+/// is a failure as it would be in the head; `grpc-status: 0` there is not.
+#[tokio::test]
+async fn a_grpc_failure_in_the_trailers_backs_its_key_off() {
+    fn streamed(grpc_status: &'static str) -> axum::body::Body {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static(grpc_status));
+        let frames = [
+            Ok::<_, std::convert::Infallible>(http_body::Frame::data(bytes::Bytes::from_static(
+                b"part",
+            ))),
+            Ok(http_body::Frame::trailers(trailers)),
+        ];
+        axum::body::Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+            frames,
+        )))
+    }
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(LIMITS, None).unwrap(),
+        backend.clone(),
+    );
+    let layer = RateLimitLayer::builder(limiter.clone())
+        .rule(Rule::new("Aimd", Header::new("x-account")))
+        .build()
+        .unwrap();
+    let router = Router::new()
+        .route("/ok", get(|| async { streamed("0") }))
+        .route("/unavailable", get(|| async { streamed("14") }))
+        .layer(layer);
+    let server = serve(router).await;
+    let client = HttpClient::new(&server);
+    let key = limiter.key("Aimd", Id::from(7u64)).unwrap();
+    let learned = |b: &MemoryBackend| b.adaptive_state(&key).unwrap().controller.limit_milli;
+    let completions = |b: &MemoryBackend| b.adaptive_state(&key).unwrap().window.completions;
+    for (path, after) in [("/ok", 10_000), ("/unavailable", 9_000)] {
+        for n in 1..=5 {
+            let r = client.get(path, &[("x-account", "7")]).await;
+            assert_eq!((r.status, r.body.as_str()), (200, "part"));
+            eventually(|| completions(&backend) == n % 5).await;
+        }
+        assert_eq!(learned(&backend), after, "after five {path}");
+    }
+}
+
 /// Waits (bounded) until `done` holds.
 async fn eventually(done: impl Fn() -> bool) {
     for _ in 0..1000 {

@@ -152,13 +152,21 @@ where
         let polled = poll_kind(this.kind, cx);
         // The body is over (its end, or an error: the server stops there): the request's
         // slots are free.
-        if let Some(release) = this.release.as_mut()
-            && matches!(polled, Poll::Ready(None | Some(Err(_))))
-        {
-            if matches!(polled, Poll::Ready(Some(Err(_)))) {
-                release.failed();
+        if let Some(release) = this.release.as_mut() {
+            match &polled {
+                // A gRPC status after a streamed answer: judged as the head was.
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(trailers) = frame.trailers_ref() {
+                        release.trailers(trailers);
+                    }
+                }
+                Poll::Ready(Some(Err(_))) => {
+                    release.failed();
+                    *this.release = None;
+                }
+                Poll::Ready(None) => *this.release = None,
+                Poll::Pending => {}
             }
-            *this.release = None;
         }
         polled
     }

@@ -40,17 +40,41 @@ pub(crate) struct Release {
     /// For leases the in-memory fallback took: the store's limiter and the leases recorded
     /// there once it answers again.
     adopted: Option<(Limiter, Arc<Mutex<Vec<Lease>>>)>,
-    /// When the request took its slots, and what its response's head showed (when it came,
-    /// whether it failed): what a limit that learns from its requests is told at the end.
+    /// What a limit that learns from its requests is told at the end; `None` when no lease's
+    /// limit learns (nothing is noted, not even the time).
+    learning: Option<Learning>,
+}
+
+/// What a request holding a slot of a limit that learns has shown so far.
+struct Learning {
+    /// When it took its slots.
     started: Instant,
-    head: Option<(Instant, bool)>,
-    /// Its inner service or its body failed.
+    /// Its response's head: when it came, and its status (to judge the trailers by).
+    head: Option<(Instant, http::StatusCode)>,
+    /// It failed: its head or trailers (`failed_when`), its inner service or its body.
     failed: bool,
+    /// The judge of its trailers, kept from its head.
+    failed_when: Option<FailedWhen>,
+}
+
+impl Learning {
+    /// For `leases`, when one's limit learns from its requests.
+    fn of(leases: &Leases) -> Option<Self> {
+        leases
+            .iter()
+            .any(|l| l.quota().learns().is_some())
+            .then(|| Self {
+                started: Instant::now(),
+                head: None,
+                failed: false,
+                failed_when: None,
+            })
+    }
 }
 
 /// Whether a response failed, as a limit that learns from its requests counts it: by default
 /// a 5xx, or a gRPC `UNAVAILABLE` (14), `RESOURCE_EXHAUSTED` (8) or `DEADLINE_EXCEEDED` (4)
-/// in the head (`RateLimitLayerBuilder::failed_when` replaces it).
+/// in the head or the trailers (`RateLimitLayerBuilder::failed_when` replaces it).
 pub(crate) type FailedWhen = Arc<dyn Fn(http::StatusCode, &http::HeaderMap) -> bool + Send + Sync>;
 
 /// The default [`FailedWhen`].
@@ -76,15 +100,14 @@ impl Release {
     /// The leases `batch` (allowed, decided by `limiter`) holds; `None` when it holds none.
     pub(crate) fn of(limiter: &Limiter, batch: &BatchDecision) -> Option<Box<Self>> {
         let leases = leases_of(batch)?;
+        let learning = Learning::of(&leases);
         Some(Box::new(Self {
             limiter: limiter.clone(),
             held: Some(limiter.hold(&leases)),
             leases,
             renewer: None,
             adopted: None,
-            started: Instant::now(),
-            head: None,
-            failed: false,
+            learning,
         }))
     }
 
@@ -96,6 +119,7 @@ impl Release {
         batch: &BatchDecision,
     ) -> Option<Box<Self>> {
         let leases = leases_of(batch)?;
+        let learning = Learning::of(&leases);
         let adopted = Arc::new(Mutex::new(Vec::new()));
         let renewer = spawn(adopt(
             fallback.clone(),
@@ -110,9 +134,7 @@ impl Release {
             held: None,
             renewer,
             adopted: Some((main.clone(), adopted)),
-            started: Instant::now(),
-            head: None,
-            failed: false,
+            learning,
         }))
     }
 
@@ -123,28 +145,43 @@ impl Release {
         headers: &http::HeaderMap,
         failed_when: &FailedWhen,
     ) {
-        if self.head.is_none() {
-            self.head = Some((Instant::now(), failed_when(status, headers)));
+        if let Some(learning) = &mut self.learning
+            && learning.head.is_none()
+        {
+            learning.head = Some((Instant::now(), status));
+            learning.failed |= failed_when(status, headers);
+            learning.failed_when = Some(failed_when.clone());
+        }
+    }
+
+    /// The response's body ended with `trailers`: judged by `failed_when` with the head's
+    /// status (a gRPC status sent after a streamed answer).
+    pub(crate) fn trailers(&mut self, trailers: &http::HeaderMap) {
+        if let Some(learning) = &mut self.learning
+            && let (Some((_, status)), Some(failed_when)) = (learning.head, &learning.failed_when)
+        {
+            learning.failed |= failed_when(status, trailers);
         }
     }
 
     /// The inner service or the response's body failed.
     pub(crate) fn failed(&mut self) {
-        self.failed = true;
+        if let Some(learning) = &mut self.learning {
+            learning.failed = true;
+        }
     }
+}
 
+impl Learning {
     /// What the request showed, measured as `measure` says, now that it ends: a request that
     /// ends before its head (cancelled, timed out) failed, at the time it ended.
     fn completion(&self, measure: Measure, now: Instant) -> Completion {
         let (end, failed) = match (self.head, measure) {
-            (Some((at, failed)), Measure::Head) => (at, failed),
-            (Some((_, failed)), Measure::BodyEnd) => (now, failed),
+            (Some((at, _)), Measure::Head) => (at, self.failed),
+            (Some(_), Measure::BodyEnd) => (now, self.failed),
             (None, _) => (now, true),
         };
-        Completion::new(
-            end.saturating_duration_since(self.started),
-            failed || self.failed,
-        )
+        Completion::new(end.saturating_duration_since(self.started), failed)
     }
 }
 
@@ -218,7 +255,8 @@ impl Drop for Release {
         if let Some(renewer) = self.renewer.take() {
             renewer.abort();
         }
-        let now = Instant::now();
+        // The end of a request whose limit learns (no clock read otherwise).
+        let now = self.learning.as_ref().map(|_| Instant::now());
         let leases = std::mem::take(&mut self.leases).into_vec();
         let adopted = self.adopted.take().map(|(main, adopted)| {
             let adopted =
@@ -230,10 +268,10 @@ impl Drop for Release {
                 continue;
             }
             // Most requests hold leases of limits that do not learn: released as they are.
-            if leases.iter().all(|l| l.quota().learns().is_none()) {
+            let (Some(learning), Some(now)) = (&self.learning, now) else {
                 release(limiter, leases, None);
                 continue;
-            }
+            };
             let (head, rest): (Vec<_>, Vec<_>) = leases
                 .into_iter()
                 .partition(|l| l.quota().learns() == Some(Measure::Head));
@@ -241,8 +279,8 @@ impl Drop for Release {
                 .into_iter()
                 .partition(|l| l.quota().learns() == Some(Measure::BodyEnd));
             for (leases, completion) in [
-                (head, Some(self.completion(Measure::Head, now))),
-                (body_end, Some(self.completion(Measure::BodyEnd, now))),
+                (head, Some(learning.completion(Measure::Head, now))),
+                (body_end, Some(learning.completion(Measure::BodyEnd, now))),
                 (plain, None),
             ] {
                 if !leases.is_empty() {

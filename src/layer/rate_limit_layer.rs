@@ -185,8 +185,10 @@ impl RateLimitLayerBuilder {
 
     /// Which responses count as failures for a limit that learns from its requests (an
     /// adaptive concurrency limit, whose AIMD backs off on them): by default a 5xx, or a gRPC
-    /// `UNAVAILABLE`, `RESOURCE_EXHAUSTED` or `DEADLINE_EXCEEDED` in the response's head. An
-    /// error of the inner service, a body that ends in an error, and a request that ends before
+    /// `UNAVAILABLE`, `RESOURCE_EXHAUSTED` or `DEADLINE_EXCEEDED` in the response's head or
+    /// its trailers. The predicate is asked with the head's status and headers, and again with
+    /// the head's status and the trailers when a body ends with them (a gRPC status after a
+    /// streamed answer); either `true` makes the request a failure. An error of the inner service, a body that ends in an error, and a request that ends before
     /// its response's head (cancelled, timed out) always count as failures.
     ///
     /// ```
