@@ -221,6 +221,27 @@ async fn the_gradient_follows_the_latency_at_full_load() {
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
 }
 
+/// Latencies beyond what a store keeps exactly (a window summing more than 2^52 microseconds)
+/// are capped there, the same on every store: the window still reads as far worse than the
+/// key's best, and every store takes the number down alike.
+#[tokio::test]
+async fn a_window_of_huge_latencies_moves_every_store_alike() {
+    let huge_ms = (1u64 << 51) / 1000;
+    let mut seen: Vec<Vec<u64>> = Vec::new();
+    for s in stores().await {
+        let held = s.fill("Gradient").await;
+        s.complete(&held, 1, false).await;
+        let grown = s.slots("Gradient").await;
+        let held = s.fill("Gradient").await;
+        s.complete(&held[..3], huge_ms, false).await;
+        s.complete(&held[3..], 1, false).await;
+        let after = s.slots("Gradient").await;
+        assert!(after < grown, "{}: {grown} then {after}", s.label);
+        seen.push(vec![grown, after]);
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+}
+
 /// Two instances giving back leases of one key merge their completions in the store: the
 /// window (5 completions) fills from both, and moves the number once, not twice.
 #[tokio::test]

@@ -80,6 +80,14 @@ pub struct Adaptive {
     algorithm: Algorithm,
 }
 
+/// The most a window's latencies sum to: 2^52 - 1 microseconds (143 years), the most a Redis
+/// script keeps exactly (`adaptive.lua` caps it alike, so every store moves a key alike).
+const MAX_LATENCY_SUM_US: u64 = (1 << 52) - 1;
+
+fn capped_sum(a: u64, b: u64) -> u64 {
+    a.saturating_add(b).min(MAX_LATENCY_SUM_US)
+}
+
 /// What one window of a key's completions showed, summed over every instance (windows
 /// merge by adding: [`Window::merge`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -89,7 +97,8 @@ pub struct Window {
     /// Of them, failures (a 5xx, a gRPC `UNAVAILABLE`, `RESOURCE_EXHAUSTED` or
     /// `DEADLINE_EXCEEDED`, a timeout).
     pub failures: u64,
-    /// Their latencies, summed (microseconds).
+    /// Their latencies, summed (microseconds), at most 2^52 - 1 (what every store keeps
+    /// exactly).
     pub latency_sum_us: u64,
     /// The most requests in flight at once.
     pub max_in_flight: u64,
@@ -101,7 +110,7 @@ impl Window {
         Window {
             completions: self.completions.saturating_add(other.completions),
             failures: self.failures.saturating_add(other.failures),
-            latency_sum_us: self.latency_sum_us.saturating_add(other.latency_sum_us),
+            latency_sum_us: capped_sum(self.latency_sum_us, other.latency_sum_us),
             max_in_flight: self.max_in_flight.saturating_add(other.max_in_flight),
         }
     }
@@ -110,7 +119,7 @@ impl Window {
     pub fn record(&mut self, latency_us: u64, failed: bool, in_flight: u64) {
         self.completions = self.completions.saturating_add(1);
         self.failures = self.failures.saturating_add(u64::from(failed));
-        self.latency_sum_us = self.latency_sum_us.saturating_add(latency_us);
+        self.latency_sum_us = capped_sum(self.latency_sum_us, latency_us);
         self.max_in_flight = self.max_in_flight.max(in_flight);
     }
 }

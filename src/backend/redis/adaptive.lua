@@ -86,7 +86,8 @@ local function adaptive_complete(r, st, in_flight)
   if st.n == 0 then st.w = now end
   st.n = st.n + 1
   if r.failed == 1 then st.f = st.f + 1 end
-  st.s = st.s + r.lat
+  -- Capped where Rust caps it (MAX_LATENCY_SUM_US): below LIMIT, kept exactly.
+  st.s = math.min(st.s + r.lat, LIMIT - 1)
   st.m = math.max(st.m, in_flight)
   st.t = math.max(st.t, now)
   if (r.wc > 0 and st.n >= r.wc) or now - st.w >= r.window then
