@@ -179,7 +179,7 @@ fn draw(
         .find(|n| n.as_str() == limit)
         .ok_or_else(|| format!("The {policy} policy has no limit {limit}."))?;
     let quota = limits.default_limit(name);
-    if matches!(quota, Some(Quota::Concurrency(_))) {
+    if matches!(quota, Some(Quota::Concurrency(_) | Quota::Adaptive(_))) {
         return Err(format!(
             "{limit} is a concurrency limit: listed, not drawn."
         ));

@@ -13,7 +13,10 @@
 //! - `<op>`: `spend`, `check`, `refund`, `charge`, `reset` or `release`. A `spend` on a
 //!   concurrency limit (`concurrency: N`) takes a slot when allowed; `release` gives back the
 //!   oldest slot each listed key took in the trace and still holds (none held: nothing
-//!   happens). `charge` charges its cost after the fact, as a settle's overrun is: never
+//!   happens); on an adaptive concurrency limit (`concurrency: {adaptive: ...}`) the release
+//!   is the request's completion, its latency the time since its spend, and `release ...
+//!   failed` (the word after the transactions, before a region) makes it a failure, as a 5xx
+//!   is to the layer. `charge` charges its cost after the fact, as a settle's overrun is: never
 //!   denied, it takes as many units as fit within the limit's `max_debt` below empty (on a
 //!   tiered limit: all of them when they fit, else none; on a concurrency limit it takes a
 //!   slot even when none is free); its transactions take no mode prefix.
@@ -43,7 +46,8 @@
 //! cache, which the simulator's `--redis` leaves off), has `"skipped":true` and zero numbers;
 //! the memory backend never skips. A `reset`
 //! line prints `{"line":N,"at_us":T,"op":"reset","keys":["Name=id",...]}`. A decision that
-//! took a slot on a concurrency limit has `"lease":true`; a `release` line prints
+//! took a slot on a concurrency limit has `"lease":true`, and one on an adaptive limit
+//! `"slots":N` (the key's number when decided); a `release` line prints
 //! `{"line":N,"at_us":T,"op":"release","keys":["Name=id",...],"released":K}` (K: the slots
 //! that were still held, not ended at their lease time).
 //!
@@ -57,7 +61,7 @@ use serde::Serialize;
 
 use tower_ratelimits::__private::SimulatedRegions;
 use tower_ratelimits::{
-    BatchDecision, BucketKey, Limiter, LimiterError, ManualClock, Mode, Transaction,
+    BatchDecision, BucketKey, Completion, Limiter, LimiterError, ManualClock, Mode, Transaction,
 };
 
 /// The absolute time (microseconds since the Unix epoch) of trace time zero: 2023-11-14.
@@ -153,6 +157,8 @@ struct TxOut<'a> {
     skipped: bool,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     lease: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slots: Option<u64>,
 }
 
 /// Parses `<n>` or `<min>..<max>`.
@@ -206,6 +212,8 @@ struct ParsedLine<'a> {
     txs: Vec<(&'a str, Transaction)>,
     /// The region named after the line's tokens (`@eu`), if any.
     region: Option<&'a str>,
+    /// A `release ... failed`: the requests it ends failed.
+    failed: bool,
 }
 
 fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, String> {
@@ -233,6 +241,15 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
             return Err("`@` names no region: write @<region>".into());
         }
         region = Some(name);
+        specs.pop();
+    }
+    // `failed` after a release's transactions: its requests failed.
+    let mut failed = false;
+    if specs.last() == Some(&"failed") {
+        if op != "release" {
+            return Err("`failed` marks a release: write <time> release <tx> ... failed".into());
+        }
+        failed = true;
         specs.pop();
     }
     let mut line_cost: Option<(Option<u64>, u64)> = None;
@@ -302,6 +319,7 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
         op,
         txs,
         region,
+        failed,
     })
 }
 
@@ -458,10 +476,11 @@ async fn run_on(
     };
     let mut last_us = 0u64;
     let mut buf = Vec::new();
-    // The slots the trace's spends hold, oldest first per region and key (for `release`).
+    // The slots the trace's spends hold, oldest first per region and key, each with its
+    // spend's time (for `release`: an adaptive limit learns the request's latency).
     let mut held: std::collections::HashMap<
         (usize, tower_ratelimits::BucketKey),
-        std::collections::VecDeque<tower_ratelimits::Lease>,
+        std::collections::VecDeque<(tower_ratelimits::Lease, u64)>,
     > = std::collections::HashMap::new();
     for number in 1.. {
         // Bounded: a line that never ends costs at most MAX_LINE_BYTES of memory.
@@ -550,11 +569,22 @@ async fn run_on(
                 limiter.reset(&keys).await.map_err(failed)?;
                 None
             } else {
-                let leases: Vec<_> = keys
-                    .iter()
-                    .filter_map(|k| held.get_mut(&(slot, k.clone()))?.pop_front())
-                    .collect();
-                Some(limiter.release(&leases).await.map_err(failed)?)
+                // Each request's completion (a limit that does not learn ignores it).
+                let mut released = 0;
+                for key in &keys {
+                    if let Some((lease, taken_us)) = held
+                        .get_mut(&(slot, key.clone()))
+                        .and_then(|q| q.pop_front())
+                    {
+                        let latency = parsed.at_us.saturating_sub(taken_us);
+                        let done = Completion::new(
+                            std::time::Duration::from_micros(latency),
+                            parsed.failed,
+                        );
+                        released += limiter.complete(&[lease], done).await.map_err(failed)?;
+                    }
+                }
+                Some(released)
             };
             observer.changed(number, parsed.at_us, parsed.op, &keys);
             serde_json::to_string(&ResetOut {
@@ -578,7 +608,7 @@ async fn run_on(
                     let slot = region.map_or(0, |r| r.0);
                     held.entry((slot, d.key().clone()))
                         .or_default()
-                        .push_back(lease);
+                        .push_back((lease, parsed.at_us));
                 }
             }
             let top = batch.strictest().or(batch.decisions().first());
@@ -613,6 +643,7 @@ async fn run_on(
                         tier: d.tiers().map(|t| t.tier),
                         skipped: d.skipped(),
                         lease: d.lease_id().is_some(),
+                        slots: d.slots(),
                     })
                     .collect(),
             })

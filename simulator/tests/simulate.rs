@@ -525,6 +525,48 @@ async fn concurrency_limits_give_the_documented_values() {
     assert_eq!(out.len(), 15);
 }
 
+/// Every line of `examples/traces/adaptive.trace` (slots taken under the key's number, a
+/// window of completions growing it, a failure halving it below the slots in use, held slots
+/// kept, a probe, the idle reset to `initial`) ends with the fields its first decision (a
+/// `release` line: the line itself) must have; the number moved as the trace says.
+#[tokio::test]
+async fn adaptive_limits_give_the_documented_values() {
+    let out = documented_values("adaptive").await;
+    assert_eq!(out.len(), 33);
+    let numbers: Vec<u64> = out
+        .iter()
+        .filter_map(|(l, _)| l["decisions"][0]["slots"].as_u64())
+        .collect();
+    let mut moves = numbers.clone();
+    moves.dedup();
+    assert_eq!(moves, [4, 5, 2, 3, 4]);
+}
+
+/// `failed` ends a release's transactions; on any other line it is an error naming the line.
+#[tokio::test]
+async fn failed_marks_only_a_release() {
+    let limits = "Slots:\n  concurrency: {adaptive: {min: 1, initial: 2, max: 4, algorithm: aimd, completions: 1}}\n";
+    let out = run(
+        limits,
+        None,
+        "0s spend Slots=a\n0s release Slots=a failed\n0s check Slots=a\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(out[1]["released"], 1);
+    assert_eq!(
+        out[2]["decisions"][0]["slots"], 1,
+        "a window of one failure: 2 -> 1"
+    );
+    let err = run(limits, None, "0s spend Slots=a failed\n")
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("line 1") && err.contains("`failed` marks a release"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn tiered_decisions_carry_granted_tiers_burst_and_tier() {
     let limits = "\
@@ -716,6 +758,7 @@ fn redis_prints_what_memory_prints() {
         ("gcra-20-per-second.yaml", "gcra-worked-examples.trace"),
         ("calendar.yaml", "calendar.trace"),
         ("concurrency.yaml", "concurrency.trace"),
+        ("adaptive.yaml", "adaptive.trace"),
     ] {
         let at = |f: &str| root.join("examples/traces").join(f).display().to_string();
         runs.push((at(yaml), at(t)));

@@ -168,11 +168,32 @@ fn check_drawing(json: &[Value], svg: &str) -> Seen {
     let mut seen = Seen::default();
     // Per aggregate mark (by node id): decisions counted, denied, refused by the batch.
     let mut aggregates: HashMap<roxmltree::NodeId, (u64, u64, u64)> = HashMap::new();
+    // Resets and releases counted in aggregate marks (not decisions).
+    let mut changes_aggregated = 0;
     for line in json {
+        let number = line["line"].as_u64().unwrap();
         let Some(decisions) = line["decisions"].as_array() else {
+            // A reset or release: its own mark on each key's lane, or counted in an aggregate.
+            for key in line["keys"].as_array().into_iter().flatten() {
+                let lane = lanes[key.as_str().unwrap()];
+                let line_of = |n: &roxmltree::Node<'_, '_>| {
+                    n.attribute("data-line") == Some(&number.to_string())
+                };
+                if !lane.descendants().any(|n| line_of(&n)) {
+                    let agg = lane
+                        .descendants()
+                        .find(|n| {
+                            n.attribute("class") == Some("agg")
+                                && num(*n, "data-first-line") as u64 <= number
+                                && number <= num(*n, "data-last-line") as u64
+                        })
+                        .unwrap_or_else(|| panic!("line {number} ({key}) is not drawn"));
+                    aggregates.entry(agg.id()).or_default().0 += 1;
+                    changes_aggregated += 1;
+                }
+            }
             continue;
         };
-        let number = line["line"].as_u64().unwrap();
         let at = line["at_us"].as_u64().unwrap();
         let op = line["op"].as_str().unwrap();
         for d in decisions {
@@ -323,6 +344,15 @@ fn check_drawing(json: &[Value], svg: &str) -> Seen {
                         let max = num(series[0], "data-max");
                         assert_eq!(num(points[0], "data-value"), max - remaining, "{ctx}")
                     }
+                    // The key's number, and under it the slots in use once one is taken
+                    // (a refusal or a probe may find more in use: slots outlive a drop).
+                    "adaptive" => {
+                        let slots = d["slots"].as_f64().unwrap();
+                        assert_eq!(num(points[1], "data-value"), slots, "{ctx}");
+                        if d["lease"] == json!(true) {
+                            assert_eq!(num(points[0], "data-value"), slots - remaining, "{ctx}");
+                        }
+                    }
                     "tiered" => {
                         let tier = d["tier"].as_u64().unwrap() as usize - 1;
                         let max = num(series[tier], "data-max");
@@ -345,6 +375,7 @@ fn check_drawing(json: &[Value], svg: &str) -> Seen {
         assert_eq!(num(agg, "data-blocked") as u64, blocked, "{agg:?}");
         seen.aggregated += count as usize;
     }
+    seen.aggregated -= changes_aggregated;
     // Nothing drawn that was not decided.
     let drawn: usize = doc
         .descendants()
@@ -388,6 +419,10 @@ fn the_numbers_drawn_are_the_numbers_decided() {
         (
             "examples/traces/concurrency.yaml",
             "examples/traces/concurrency.trace",
+        ),
+        (
+            "examples/traces/adaptive.yaml",
+            "examples/traces/adaptive.trace",
         ),
     ];
     for (defaults, trace) in cases {

@@ -412,21 +412,48 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_completion_is_measured_where_the_limit_says() {
         use crate::Measure;
-        let (_, _, limiter, key) = streams(3);
+        let yaml = "Adaptive: {concurrency: {adaptive: {min: 1, max: 9}}}";
+        let limiter = Limiter::new(
+            Limits::from_yaml_str(yaml, None).unwrap(),
+            MemoryBackend::new(),
+        );
+        let key = limiter.key("Adaptive", Id::from(7u64)).unwrap();
         let batch = limiter.spend(&[Transaction::new(key)]).await.unwrap();
         let mut r = Release::of(&limiter, &batch).unwrap();
         tokio::time::advance(Duration::from_millis(30)).await;
         let end = tokio::time::Instant::now() + Duration::from_millis(70);
-        let c = r.completion(Measure::Head, end);
+        let completion = |r: &Release, m| r.learning.as_ref().unwrap().completion(m, end);
+        let c = completion(&r, Measure::Head);
         assert_eq!((c.latency_us, c.failed), (100_000, true), "no head: failed");
-        let failed_when: super::FailedWhen = std::sync::Arc::new(super::failed_by_default);
+        let failed_when: super::FailedWhen =
+            std::sync::Arc::new(|status, headers: &http::HeaderMap| {
+                super::failed_by_default(status, headers) || headers.contains_key("x-bad")
+            });
         r.head(http::StatusCode::OK, &http::HeaderMap::new(), &failed_when);
-        let c = r.completion(Measure::Head, end);
+        let c = completion(&r, Measure::Head);
         assert_eq!((c.latency_us, c.failed), (30_000, false));
-        let c = r.completion(Measure::BodyEnd, end);
+        let c = completion(&r, Measure::BodyEnd);
         assert_eq!((c.latency_us, c.failed), (100_000, false));
+        // Trailers are judged with the head's status: these are fine, then these are not.
+        r.trailers(&http::HeaderMap::new());
+        assert!(!completion(&r, Measure::Head).failed);
+        let mut bad = http::HeaderMap::new();
+        bad.insert("x-bad", http::HeaderValue::from_static("1"));
+        r.trailers(&bad);
+        assert!(completion(&r, Measure::Head).failed);
+        let mut r = Release::of(&limiter, &batch).unwrap();
+        r.head(http::StatusCode::OK, &http::HeaderMap::new(), &failed_when);
         r.failed();
-        assert!(r.completion(Measure::Head, end).failed);
+        assert!(completion(&r, Measure::Head).failed);
+    }
+
+    /// A request whose limits do not learn notes nothing (no clock read at its end).
+    #[tokio::test]
+    async fn a_limit_that_does_not_learn_notes_nothing() {
+        let (_, _, limiter, key) = streams(3);
+        let batch = limiter.spend(&[Transaction::new(key)]).await.unwrap();
+        let r = Release::of(&limiter, &batch).unwrap();
+        assert!(r.learning.is_none());
     }
 
     /// A renewal never takes a slot: a lease that ended (or was released) stays ended.

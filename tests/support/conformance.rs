@@ -40,7 +40,8 @@ TierB:
 /// The limits of the conformance traces: those of the example traces
 /// (`examples/traces/gcra-20-per-second.yaml`, `examples/traces/burst-tiers.yaml`) plus
 /// `examples/traces/partial-grants.yaml`, `examples/traces/concurrency.yaml`,
-/// `examples/traces/debt.yaml`, `examples/traces/calendar.yaml`, `examples/traces/fair-share.yaml` (with its overrides) and `CONFORMANCE_LIMITS`.
+/// `examples/traces/debt.yaml`, `examples/traces/calendar.yaml`, `examples/traces/fair-share.yaml` (with its overrides),
+/// `examples/traces/adaptive.yaml` and `CONFORMANCE_LIMITS`.
 pub fn conformance_limits() -> Limits {
     let dir =
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join("examples/traces");
@@ -51,9 +52,10 @@ pub fn conformance_limits() -> Limits {
     let debt = read("debt.yaml");
     let calendar = read("calendar.yaml");
     let fair = read("fair-share.yaml");
+    let adaptive = read("adaptive.yaml");
     Limits::from_yaml_str(
         &format!(
-            "{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{calendar}\n{fair}\n{CONFORMANCE_LIMITS}"
+            "{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{calendar}\n{fair}\n{adaptive}\n{CONFORMANCE_LIMITS}"
         ),
         Some(&read("fair-share-overrides.yaml")),
     )
@@ -185,6 +187,7 @@ pub fn traces() -> Vec<(String, String)> {
         "debt",
         "calendar",
         "fair-share",
+        "adaptive",
     ]
     .iter()
     .map(|name| {

@@ -238,6 +238,7 @@ impl Timeline {
                 Some(Quota::Concurrency(_)) => "concurrency",
                 Some(Quota::Calendar(_)) => "calendar",
                 Some(Quota::FairShare(_)) => "fair_share",
+                Some(Quota::Adaptive(_)) => "adaptive",
                 Some(_) => "other",
             },
             y,

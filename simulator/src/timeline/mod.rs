@@ -9,7 +9,7 @@
 //!
 //! Layout, per bucket (a "lane"): a header, one row per drawn quantity (tokens for GCRA; per
 //! tier, the grants its window counts and its active and cooldown periods; slots in use for a
-//! concurrency limit; units used of the count for a calendar quota, its renewals marked across
+//! concurrency limit, and for an adaptive one also the key's number of slots moving; units used of the count for a calendar quota, its renewals marked across
 //! the lane), and a row of marks. A trace whose first line is dated is drawn on an axis of UTC
 //! dates (ticks on whole minutes, hours or days). Idle stretches (every bucket back to a fresh state
 //! and nothing happening) longer than a twentieth of the trace are cut out of the axis and
@@ -96,6 +96,9 @@ pub fn memory_us(quota: Option<&Quota>) -> u64 {
         // out all the same (a calendar trace spans months, its lines hours or days apart).
         Some(Quota::Calendar(_)) => 0,
         Some(Quota::FairShare(s)) => s.budget().burst_offset_us(),
+        // Its number holds while a request is in flight, and returns to `initial` only after
+        // `idle_reset`: a stretch without requests shorter than that is drawn whole.
+        Some(Quota::Adaptive(a)) => a.slots().lease_us().max(a.idle_reset_us()),
         Some(_) => 0,
     }
 }
@@ -391,6 +394,11 @@ impl Timeline {
                 .map(|(i, tier)| Series::new(format!("T{} used", i + 1), tier.limit()))
                 .collect(),
             Some(Quota::Concurrency(c)) => vec![Series::new("slots in use".into(), c.max())],
+            // The slots in use under the key's number, and the number moving.
+            Some(Quota::Adaptive(a)) => vec![
+                Series::new("slots in use".into(), a.adaptive().max()),
+                Series::new("slots (its number)".into(), a.adaptive().max()),
+            ],
             Some(Quota::Calendar(c)) => vec![Series::new("used".into(), c.count())],
             // The budget all ids share (every id's lane draws the same tokens).
             Some(Quota::FairShare(s)) => {
@@ -604,6 +612,13 @@ impl Lane {
             Some(Quota::Concurrency(_)) => {
                 out[0] = backend.map_or(0, |b| b.leases(&self.key) as u64);
             }
+            Some(Quota::Adaptive(a)) => {
+                out[0] = backend.map_or(0, |b| b.leases(&self.key) as u64);
+                let state = backend
+                    .and_then(|b| b.adaptive_state(&self.key))
+                    .unwrap_or_default();
+                out[1] = a.slots_at(&state, now).max();
+            }
             Some(Quota::Calendar(c)) => {
                 // The units used in the period in force (an overrun drawn at the count).
                 let state = backend.and_then(|b| b.calendar_state(&self.key));
@@ -739,6 +754,11 @@ impl Lane {
                 } else {
                     String::new()
                 }
+            ),
+            Some(Quota::Adaptive(a)) => format!(
+                "adaptive concurrency: {}, lease {}",
+                a.adaptive(),
+                seconds(a.slots().lease_us())
             ),
             Some(_) => "a limit of another shape".into(),
         }
