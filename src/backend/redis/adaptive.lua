@@ -22,6 +22,8 @@ end
 -- value that is not a sorted set is not ours: deleted, read as a fresh key.
 local function adaptive_read(i, r)
   local st = {c = 0, g = 0, n = 0, f = 0, s = 0, m = 0, w = 0, t = 0}
+  -- The fields as stored (missing or not ours: nil), so a write touches only what changed.
+  local was = {}
   local live = 0
   local trimmed = redis.pcall('ZREMRANGEBYSCORE', KEYS[i], 0, now)
   if type(trimmed) == 'table' then
@@ -35,13 +37,17 @@ local function adaptive_read(i, r)
     for j = 1, #raw, 2 do
       local f = string.match(raw[j], '^~(%a)$')
       local v = -tonumber(raw[j + 1]) - 1
-      if f and st[f] ~= nil and v >= 0 and v < LIMIT and v == math.floor(v) then st[f] = v end
+      if f and st[f] ~= nil and v >= 0 and v < LIMIT and v == math.floor(v) then
+        st[f] = v
+        was[f] = v
+      end
     end
   end
   if (live == 0 and now - st.t >= r.idle) or st.c == 0 then
     st = {c = r.initial * 1000, g = 0, n = 0, f = 0, s = 0, m = 0, w = now, t = now}
   end
   r.st = st
+  r.was = was
   -- The key's number now: its slots (src/algo/adaptive.rs `slots`).
   r.max = clamp(math.floor(st.c / 1000), r.amin, r.amax)
   return live
@@ -96,15 +102,19 @@ local function adaptive_complete(r, st, in_flight)
   end
 end
 
--- Writes key i's state, and keeps the key until its last lease ends and it has been idle long
--- enough to start again (src/backend/kit/adaptive.rs `adaptive_fresh_at`).
+-- Writes key i's state (the fields that differ from what was read), and keeps the key until
+-- its last lease ends and it has been idle long enough to start again
+-- (src/backend/kit/adaptive.rs `adaptive_fresh_at`).
 local function adaptive_write(i, r, st)
   local args = {KEYS[i]}
   for _, f in ipairs(ADAPTIVE_FIELDS) do
-    args[#args + 1] = -(st[f] + 1)
-    args[#args + 1] = '~' .. f
+    if st[f] ~= r.was[f] then
+      args[#args + 1] = -(st[f] + 1)
+      args[#args + 1] = '~' .. f
+      r.was[f] = st[f]
+    end
   end
-  redis.call('ZADD', unpack(args))
+  if #args > 1 then redis.call('ZADD', unpack(args)) end
   local until_at = st.t + r.idle
   local last = tonumber(redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')[2])
   if last and last > until_at then until_at = last end
