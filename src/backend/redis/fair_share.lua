@@ -24,14 +24,10 @@ local function fair_number(raw)
   return v
 end
 
--- ceil(x / d) for whole x < 2^53 and d >= 1, corrected for the rounding of the division.
+-- ceil(x / d) for whole x < 2^53 and d >= 1: the exact floor (general_read.lua `tokens`),
+-- one more when d does not divide x.
 local function ceil_div(x, d)
-  local q = math.floor(x / d)
-  if q * d > x then
-    q = q - 1
-  elseif (q + 1) * d <= x then
-    q = q + 1
-  end
+  local q = tokens(x, d)
   if q * d < x then q = q + 1 end
   return q
 end
