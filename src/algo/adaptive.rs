@@ -454,11 +454,20 @@ impl AdaptiveConcurrency {
 
     /// `state` at `now` as a decision reads it: back at the start when it was idle.
     pub fn rolled(&self, state: &AdaptiveState, now: u64) -> AdaptiveState {
+        // With room for the lease a spend takes (no second allocation to push it).
+        let mut leases = Vec::with_capacity(state.leases.len() + 1);
+        leases.extend_from_slice(&state.leases);
         if !self.idle(state, now) && state.controller.limit_milli != 0 {
-            return state.clone();
+            return AdaptiveState {
+                leases,
+                controller: state.controller,
+                window: state.window,
+                window_start_us: state.window_start_us,
+                last_us: state.last_us,
+            };
         }
         AdaptiveState {
-            leases: state.leases.clone(),
+            leases,
             controller: self.adaptive.start(),
             window: Window::default(),
             window_start_us: now,

@@ -88,9 +88,8 @@ pub(super) fn adaptive_refund(
     now: u64,
 ) -> (Outcome, Option<Stored>) {
     let (mut state, _) = read_state(limit, stored, now);
-    let (released, left) = super::release(&state.leases, tx.lease, now);
-    let in_flight = left.len() as u64 + u64::from(released);
-    state.leases = left;
+    let released = super::release_in(&mut state.leases, tx.lease, now);
+    let in_flight = state.leases.len() as u64 + u64::from(released);
     if released && let Some(c) = tx.completion {
         limit.complete(&mut state, c.latency_us, c.failed, in_flight, now);
     }

@@ -99,15 +99,31 @@ pub(crate) fn with_lease(
 /// Gives back lease `id`: whether it was held (a live lease of that id), and the live leases
 /// left (as the script: ended leases go first, then it).
 pub(crate) fn release(leases: &[(u64, u64)], id: u64, now: u64) -> (bool, Vec<(u64, u64)>) {
-    let holds = |deadline| concurrency::holds(deadline, now);
-    let held = id != 0
-        && leases
-            .iter()
-            .any(|&(l, deadline)| l == id && holds(deadline));
     let left = leases
         .iter()
         .copied()
-        .filter(|&(l, deadline)| l != id && holds(deadline))
+        .filter(|&lease| stays(lease, id, now))
         .collect();
-    (held, left)
+    (holds_lease(leases, id, now), left)
+}
+
+/// [`release`] in place: `leases` keeps those still live other than `id`; whether `id` was
+/// one of them.
+pub(crate) fn release_in(leases: &mut Vec<(u64, u64)>, id: u64, now: u64) -> bool {
+    let held = holds_lease(leases, id, now);
+    leases.retain(|&lease| stays(lease, id, now));
+    held
+}
+
+/// Whether lease `id` is among the live `leases`.
+fn holds_lease(leases: &[(u64, u64)], id: u64, now: u64) -> bool {
+    id != 0
+        && leases
+            .iter()
+            .any(|&(l, deadline)| l == id && concurrency::holds(deadline, now))
+}
+
+/// Whether `lease` stays when `id` is given back: live, and not `id`.
+fn stays((l, deadline): (u64, u64), id: u64, now: u64) -> bool {
+    l != id && concurrency::holds(deadline, now)
 }

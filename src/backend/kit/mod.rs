@@ -95,7 +95,7 @@ use adaptive::{adaptive_decide, adaptive_fresh_at, adaptive_refund};
 use calendar::{calendar_decide, calendar_read};
 pub(crate) use calendar::{calendar_outcome, calendar_spend_one};
 use concurrency::read_leases;
-pub(crate) use concurrency::{live_leases, release, renew, takes_lease, with_lease};
+pub(crate) use concurrency::{live_leases, release, release_in, renew, takes_lease, with_lease};
 pub use fair_share::{FairPool, state_key};
 use fair_share::{fair_share_decide, fair_share_fresh_at, fair_share_refund};
 #[cfg(feature = "redis")]
