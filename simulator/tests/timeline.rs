@@ -176,18 +176,8 @@ fn check_drawing(json: &[Value], svg: &str) -> Seen {
             // A reset or release: its own mark on each key's lane, or counted in an aggregate.
             for key in line["keys"].as_array().into_iter().flatten() {
                 let lane = lanes[key.as_str().unwrap()];
-                let line_of = |n: &roxmltree::Node<'_, '_>| {
-                    n.attribute("data-line") == Some(&number.to_string())
-                };
-                if !lane.descendants().any(|n| line_of(&n)) {
-                    let agg = lane
-                        .descendants()
-                        .find(|n| {
-                            n.attribute("class") == Some("agg")
-                                && num(*n, "data-first-line") as u64 <= number
-                                && number <= num(*n, "data-last-line") as u64
-                        })
-                        .unwrap_or_else(|| panic!("line {number} ({key}) is not drawn"));
+                if mark_of(lane, number).is_none() {
+                    let agg = aggregate_of(lane, number, key.as_str().unwrap());
                     aggregates.entry(agg.id()).or_default().0 += 1;
                     changes_aggregated += 1;
                 }
@@ -205,19 +195,8 @@ fn check_drawing(json: &[Value], svg: &str) -> Seen {
             let lane = lanes
                 .get(key.as_str())
                 .unwrap_or_else(|| panic!("no lane for {key}"));
-            let mark = lane.descendants().find(|n| {
-                n.attribute("data-line") == Some(&number.to_string())
-                    && n.attribute("data-op").is_some()
-            });
-            let Some(mark) = mark else {
-                let agg = lane
-                    .descendants()
-                    .find(|n| {
-                        n.attribute("class") == Some("agg")
-                            && num(*n, "data-first-line") as u64 <= number
-                            && number <= num(*n, "data-last-line") as u64
-                    })
-                    .unwrap_or_else(|| panic!("line {number} ({key}) is not drawn"));
+            let Some(mark) = mark_of(*lane, number) else {
+                let agg = aggregate_of(*lane, number, &key);
                 let e = aggregates.entry(agg.id()).or_default();
                 e.0 += 1;
                 e.1 += u64::from(d["allowed"] == json!(false));
@@ -383,6 +362,28 @@ fn check_drawing(json: &[Value], svg: &str) -> Seen {
         .count();
     assert_eq!(drawn, seen.marks);
     seen
+}
+
+/// The mark of line `number` on `lane`, when it is drawn as its own.
+fn mark_of<'a, 'i>(lane: roxmltree::Node<'a, 'i>, number: u64) -> Option<roxmltree::Node<'a, 'i>> {
+    lane.descendants().find(|n| {
+        n.attribute("data-line") == Some(&number.to_string()) && n.attribute("data-op").is_some()
+    })
+}
+
+/// The aggregate mark on `lane` (of `key`) that counts line `number`.
+fn aggregate_of<'a, 'i>(
+    lane: roxmltree::Node<'a, 'i>,
+    number: u64,
+    key: &str,
+) -> roxmltree::Node<'a, 'i> {
+    lane.descendants()
+        .find(|n| {
+            n.attribute("class") == Some("agg")
+                && num(*n, "data-first-line") as u64 <= number
+                && number <= num(*n, "data-last-line") as u64
+        })
+        .unwrap_or_else(|| panic!("line {number} ({key}) is not drawn"))
 }
 
 /// The limit that refused a denied line: the strictest denying decision (the top-level
