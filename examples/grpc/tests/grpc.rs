@@ -7,7 +7,7 @@ use tonic::Code;
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-use tower_ratelimits::{ClientIp, RateLimitLayer, Rule};
+use tower_ratelimits::{ClientIp, Header, Id, RateLimitLayer, Rule};
 use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
 
 #[tokio::test]
@@ -163,4 +163,119 @@ async fn the_example_serves_on_addr_until_stopped() {
     assert!(child.try_wait().unwrap().is_none());
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A health service that answers every `Watch` with one message and then, in the trailers,
+/// the status the request's `x-outcome` names (`14`: UNAVAILABLE): a streamed gRPC answer
+/// whose failure comes after its head.
+#[derive(Clone)]
+struct StreamThenStatus;
+
+impl tonic::server::NamedService for StreamThenStatus {
+    const NAME: &'static str = "grpc.health.v1.Health";
+}
+
+impl tonic::codegen::Service<http::Request<tonic::body::Body>> for StreamThenStatus {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let status = request
+            .headers()
+            .get("x-outcome")
+            .cloned()
+            .unwrap_or(http::HeaderValue::from_static("0"));
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", status);
+        // An empty HealthCheckResponse: uncompressed, length 0.
+        let message = bytes::Bytes::from_static(&[0, 0, 0, 0, 0]);
+        let frames = [
+            Ok::<_, std::convert::Infallible>(http_body::Frame::data(message)),
+            Ok(http_body::Frame::trailers(trailers)),
+        ];
+        let body =
+            tonic::body::Body::new(http_body_util::StreamBody::new(tokio_stream::iter(frames)));
+        let response = http::Response::builder()
+            .header("content-type", "application/grpc")
+            .body(body)
+            .unwrap();
+        std::future::ready(Ok(response))
+    }
+}
+
+/// An adaptive concurrency limit behind tonic, called by a real tonic client: a server stream
+/// that fails in its trailers (`UNAVAILABLE` after a message) is a failure to the limit, as a
+/// failure in the head is, and backs the key off; one that ends with `OK` does not.
+#[tokio::test]
+async fn a_stream_failing_in_its_trailers_backs_an_adaptive_key_off() {
+    let limits = Limits::from_yaml_str(
+        "Streams: {kind: account, concurrency: {adaptive: {min: 1, initial: 4, max: 8, algorithm: aimd, backoff: 50, completions: 2}}}\n",
+        None,
+    )
+    .unwrap();
+    let backend = MemoryBackend::new();
+    let limiter = Limiter::new(limits, backend.clone());
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        [Rule::new("Streams", Header::new("x-account"))],
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(
+        Server::builder()
+            .layer(layer)
+            .add_service(StreamThenStatus)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let key = limiter.key("Streams", Id::from(7u64)).unwrap();
+    let state = || backend.adaptive_state(&key).unwrap();
+    for (outcome, code, number) in [("0", Code::Ok, 4_000), ("14", Code::Unavailable, 2_000)] {
+        for n in 1..=2 {
+            let mut request = tonic::Request::new(HealthCheckRequest {
+                service: String::new(),
+            });
+            request
+                .metadata_mut()
+                .insert("x-account", "7".parse().unwrap());
+            request
+                .metadata_mut()
+                .insert("x-outcome", outcome.parse().unwrap());
+            let mut stream = client.watch(request).await.unwrap().into_inner();
+            assert!(stream.message().await.unwrap().is_some(), "the message");
+            // What the client reads after the message: the status in the trailers.
+            let end = stream.message().await;
+            match code {
+                Code::Ok => assert!(end.unwrap().is_none()),
+                code => assert_eq!(end.unwrap_err().code(), code),
+            }
+            drop(stream);
+            // The slot is given back when the server has sent the trailers.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while state().window.completions != n % 2 || !state().leases.is_empty() {
+                assert!(std::time::Instant::now() < deadline, "never given back");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        assert_eq!(
+            state().controller.limit_milli,
+            number,
+            "after x-outcome {outcome}"
+        );
+    }
+    server.abort();
 }
