@@ -103,6 +103,13 @@ impl Store {
         d.decisions()[0].slots().unwrap()
     }
 
+    /// Ends the first `n` requests `held` (their leases given back, each taking `latency_ms`
+    /// and `failed` or not).
+    async fn end_first(&self, held: &mut Vec<Lease>, n: usize, latency_ms: u64, failed: bool) {
+        let done: Vec<Lease> = held.drain(..n).collect();
+        self.complete(&done, latency_ms, failed).await;
+    }
+
     async fn complete(&self, leases: &[Lease], latency_ms: u64, failed: bool) {
         let c = Completion::new(Duration::from_millis(latency_ms), failed);
         assert_eq!(
@@ -145,8 +152,7 @@ async fn failures_back_a_key_off_and_a_full_window_grows_it() {
         held.extend(s.fill("Aimd").await);
         assert_eq!(held.len(), 9, "{l}");
         // A full window without a failure: one slot more.
-        let done: Vec<Lease> = held.drain(..5).collect();
-        s.complete(&done, 5, false).await;
+        s.end_first(&mut held, 5, 5, false).await;
         assert_eq!(s.slots("Aimd").await, 10, "{l}");
         assert_eq!(s.fill("Aimd").await.len(), 6, "{l}: 4 in flight of 10");
     }
@@ -161,8 +167,7 @@ async fn a_drop_below_the_slots_in_use_keeps_their_leases() {
         let mut held = s.fill("Steep").await;
         assert_eq!(held.len(), 10, "{l}");
         // A window of two failures halves the number under eight requests still in flight.
-        let done: Vec<Lease> = held.drain(..2).collect();
-        s.complete(&done, 5, true).await;
+        s.end_first(&mut held, 2, 5, true).await;
         assert_eq!(s.slots("Steep").await, 5, "{l}");
         if let Some(memory) = &s.memory {
             assert_eq!(memory.leases(&s.key("Steep")), 8, "every lease kept");
@@ -549,8 +554,7 @@ async fn a_reset_keeps_the_slots_in_use_and_forgets_the_number() {
     for s in stores().await {
         let l = &s.label;
         let mut held = s.fill("Steep").await;
-        let done: Vec<Lease> = held.drain(..2).collect();
-        s.complete(&done, 5, true).await;
+        s.end_first(&mut held, 2, 5, true).await;
         assert_eq!(s.slots("Steep").await, 5, "{l}");
         s.limiter.reset(&[s.key("Steep")]).await.unwrap();
         assert_eq!(s.slots("Steep").await, 10, "{l}: back at initial");
@@ -591,8 +595,7 @@ async fn a_renewed_slot_outlives_its_lease_time() {
         let l = &s.label;
         let mut held = s.fill("Aimd").await;
         assert_eq!(held.len(), 10, "{l}");
-        let done: Vec<Lease> = held.drain(..5).collect();
-        s.complete(&done, 5, true).await;
+        s.end_first(&mut held, 5, 5, true).await;
         assert_eq!(s.slots("Aimd").await, 9, "{l}");
         for _ in 0..3 {
             s.clock.advance(Duration::from_secs(400));

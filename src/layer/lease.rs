@@ -70,6 +70,17 @@ impl Learning {
                 failed_when: None,
             })
     }
+
+    /// What the request showed, measured as `measure` says, now that it ends: a request that
+    /// ends before its head (cancelled, timed out) failed, at the time it ended.
+    fn completion(&self, measure: Measure, now: Instant) -> Completion {
+        let (end, failed) = match (self.head, measure) {
+            (Some((at, _)), Measure::Head) => (at, self.failed),
+            (Some(_), Measure::BodyEnd) => (now, self.failed),
+            (None, _) => (now, true),
+        };
+        Completion::new(end.saturating_duration_since(self.started), failed)
+    }
 }
 
 /// Whether a response failed, as a limit that learns from its requests counts it: by default
@@ -169,19 +180,6 @@ impl Release {
         if let Some(learning) = &mut self.learning {
             learning.failed = true;
         }
-    }
-}
-
-impl Learning {
-    /// What the request showed, measured as `measure` says, now that it ends: a request that
-    /// ends before its head (cancelled, timed out) failed, at the time it ended.
-    fn completion(&self, measure: Measure, now: Instant) -> Completion {
-        let (end, failed) = match (self.head, measure) {
-            (Some((at, _)), Measure::Head) => (at, self.failed),
-            (Some(_), Measure::BodyEnd) => (now, self.failed),
-            (None, _) => (now, true),
-        };
-        Completion::new(end.saturating_duration_since(self.started), failed)
     }
 }
 
