@@ -203,6 +203,17 @@ pub(crate) fn leases(limit: crate::key::LimitName, outcome: &'static str, n: u64
     let _ = (limit, outcome, n);
 }
 
+/// `tower_ratelimits_adaptive_slots{limit}`: on an adaptive concurrency limit, the key's number
+/// of slots after each completion this instance reported (how the numbers its keys run at are
+/// spread, and how they move).
+pub(crate) fn adaptive_slots(limit: crate::key::LimitName, slots: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("tower_ratelimits_adaptive_slots", "limit" => limit.as_str())
+        .record(slots as f64);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (limit, slots);
+}
+
 /// `tower_ratelimits_stored_overrides`: the stored overrides in force on this limiter (set at
 /// run time, applied to its limits; expired ones drop out when the store is next read).
 pub(crate) fn stored_overrides(now: usize) {

@@ -398,6 +398,34 @@ async fn a_grpc_failure_in_the_trailers_backs_its_key_off() {
     }
 }
 
+/// The numbers completions leave their keys at are a histogram per limit, read by a real
+/// Prometheus recorder, parsed: five completions of a window that backs the key off (10, 10,
+/// 10, 10, then 9); a plain release records nothing.
+#[tokio::test]
+async fn the_numbers_after_completions_are_a_histogram_per_limit() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let s = stores().await.swap_remove(0);
+    let mut held = s.fill("Aimd").await;
+    for _ in 0..4 {
+        s.end_first(&mut held, 1, 5, false).await;
+    }
+    s.end_first(&mut held, 1, 5, true).await;
+    s.limiter.release(&held[..1]).await.unwrap();
+    let m = support::scrape::samples(&handle.render());
+    assert_eq!(
+        m.get("tower_ratelimits_adaptive_slots_count{limit=Aimd}"),
+        Some(&5.0),
+        "{m:?}"
+    );
+    assert_eq!(
+        m.get("tower_ratelimits_adaptive_slots_sum{limit=Aimd}"),
+        Some(&49.0),
+        "{m:?}"
+    );
+}
+
 /// Waits (bounded) until `done` holds.
 async fn eventually(done: impl Fn() -> bool) {
     for _ in 0..1000 {

@@ -482,6 +482,14 @@ impl Limiter {
             return Ok(0);
         }
         let outcomes = self.inner.backend.refund(&txs).await?;
+        if completion.is_some() {
+            // The numbers the completions left their keys at, on limits that learn.
+            for (l, o) in leases.iter().zip(&outcomes) {
+                if o.allowed && o.slots > 0 {
+                    crate::telemetry::adaptive_slots(l.key.name(), u64::from(o.slots));
+                }
+            }
+        }
         Ok(count_allowed(leases, &outcomes, "released"))
     }
 
