@@ -310,25 +310,16 @@ async fn a_plain_release_teaches_nothing() {
 /// to 9), a 200 is not, and `RateLimit-Policy` shows the key's number now.
 #[tokio::test]
 async fn a_failing_service_backs_its_key_off_through_the_layer() {
-    let backend = MemoryBackend::new();
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(LIMITS, None).unwrap(),
-        backend.clone(),
+    let routes = Router::new().route("/ok", get(|| async { "ok" })).route(
+        "/fail",
+        get(|| async { (http::StatusCode::SERVICE_UNAVAILABLE, "busy") }),
     );
-    let layer = RateLimitLayer::builder(limiter.clone())
-        .rule(Rule::new("Aimd", Header::new("x-account")))
-        .build()
-        .unwrap();
-    let router = Router::new()
-        .route("/ok", get(|| async { "ok" }))
-        .route(
-            "/fail",
-            get(|| async { (http::StatusCode::SERVICE_UNAVAILABLE, "busy") }),
-        )
-        .layer(layer);
-    let server = serve(router).await;
-    let client = HttpClient::new(&server);
-    let key = limiter.key("Aimd", Id::from(7u64)).unwrap();
+    let AimdServer {
+        _server,
+        client,
+        backend,
+        key,
+    } = AimdServer::serve(routes).await;
     let learned = |b: &MemoryBackend| b.adaptive_state(&key).unwrap().controller.limit_milli;
     let completions = |b: &MemoryBackend| b.adaptive_state(&key).unwrap().window.completions;
     for n in 1..=5 {
@@ -370,22 +361,15 @@ async fn a_grpc_failure_in_the_trailers_backs_its_key_off() {
             frames,
         )))
     }
-    let backend = MemoryBackend::new();
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(LIMITS, None).unwrap(),
-        backend.clone(),
-    );
-    let layer = RateLimitLayer::builder(limiter.clone())
-        .rule(Rule::new("Aimd", Header::new("x-account")))
-        .build()
-        .unwrap();
-    let router = Router::new()
+    let routes = Router::new()
         .route("/ok", get(|| async { streamed("0") }))
-        .route("/unavailable", get(|| async { streamed("14") }))
-        .layer(layer);
-    let server = serve(router).await;
-    let client = HttpClient::new(&server);
-    let key = limiter.key("Aimd", Id::from(7u64)).unwrap();
+        .route("/unavailable", get(|| async { streamed("14") }));
+    let AimdServer {
+        _server,
+        client,
+        backend,
+        key,
+    } = AimdServer::serve(routes).await;
     let learned = |b: &MemoryBackend| b.adaptive_state(&key).unwrap().controller.limit_milli;
     let completions = |b: &MemoryBackend| b.adaptive_state(&key).unwrap().window.completions;
     for (path, after) in [("/ok", 10_000), ("/unavailable", 9_000)] {
@@ -424,6 +408,36 @@ async fn the_numbers_after_completions_are_a_histogram_per_limit() {
         Some(&49.0),
         "{m:?}"
     );
+}
+
+/// `routes` behind a layer of the `Aimd` limit keyed by `x-account`, on a real server over
+/// TCP, with the memory backend holding key 7's state.
+struct AimdServer {
+    _server: support::http::Server,
+    client: HttpClient,
+    backend: MemoryBackend,
+    key: BucketKey,
+}
+
+impl AimdServer {
+    async fn serve(routes: Router) -> Self {
+        let backend = MemoryBackend::new();
+        let limiter = Limiter::new(
+            Limits::from_yaml_str(LIMITS, None).unwrap(),
+            backend.clone(),
+        );
+        let layer = RateLimitLayer::builder(limiter.clone())
+            .rule(Rule::new("Aimd", Header::new("x-account")))
+            .build()
+            .unwrap();
+        let server = serve(routes.layer(layer)).await;
+        Self {
+            client: HttpClient::new(&server),
+            _server: server,
+            backend,
+            key: limiter.key("Aimd", Id::from(7u64)).unwrap(),
+        }
+    }
 }
 
 /// Waits (bounded) until `done` holds.
