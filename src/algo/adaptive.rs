@@ -19,6 +19,8 @@
 use std::fmt;
 use std::time::Duration;
 
+pub mod capacity;
+
 use crate::algo::concurrency::ConcurrencyLimit;
 use crate::time::duration_us;
 
@@ -339,6 +341,8 @@ pub struct AdaptiveConcurrency {
     window_completions: u64,
     idle_reset_us: u64,
     measure: Measure,
+    /// The slots all keys share (0: none), by [`capacity`](self::capacity)'s rule.
+    capacity: u64,
 }
 
 impl AdaptiveConcurrency {
@@ -354,7 +358,25 @@ impl AdaptiveConcurrency {
             window_completions: 0,
             idle_reset_us: 300_000_000,
             measure: Measure::Head,
+            capacity: 0,
         }
+    }
+
+    /// A capacity of `slots` shared by all the limit's keys (1 to
+    /// [`MAX_CAPACITY`](capacity::MAX_CAPACITY)): the slots they hold together never exceed
+    /// it, and the keys active now share it equally (`docs/adaptive-concurrency.md`). The
+    /// limit's state is then kept once per limit (one slot on a cluster).
+    pub fn capacity(mut self, slots: u64) -> Result<Self, AdaptiveError> {
+        if !(1..=capacity::MAX_CAPACITY).contains(&slots) {
+            return Err(AdaptiveError::Parameter("capacity"));
+        }
+        self.capacity = slots;
+        Ok(self)
+    }
+
+    /// The capacity the keys share, if any.
+    pub fn shared_capacity(&self) -> Option<u64> {
+        (self.capacity > 0).then_some(self.capacity)
     }
 
     /// The window: how often the number moves (1 ms to 1 h).
@@ -550,7 +572,11 @@ fn bounded(field: &'static str, us: u64) -> Result<u64, AdaptiveError> {
 
 impl fmt::Display for AdaptiveConcurrency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (window {}us)", self.adaptive, self.window_us)
+        write!(f, "{} (window {}us)", self.adaptive, self.window_us)?;
+        if let Some(c) = self.shared_capacity() {
+            write!(f, ", {c} slots shared")?;
+        }
+        Ok(())
     }
 }
 

@@ -44,12 +44,16 @@ impl Shape for AdaptiveConcurrency {
         Shape::prefetches(self.slots())
     }
 
+    /// With a shared capacity, every key's state is kept with the limit's.
     fn state_per_limit(&self) -> bool {
-        Shape::state_per_limit(self.slots())
+        self.shared_capacity().is_some()
     }
 
-    fn keeps_on_override(&self, _: &Quota) -> Result<(), &'static str> {
-        Ok(())
+    fn keeps_on_override(&self, other: &Quota) -> Result<(), &'static str> {
+        match other {
+            Quota::Adaptive(o) if o.shared_capacity() == self.shared_capacity() => Ok(()),
+            _ => Err("the adaptive limit's capacity, shared by all ids"),
+        }
     }
 
     fn across_regions(&self) -> Result<(), &'static str> {
@@ -97,6 +101,7 @@ impl Shape for AdaptiveConcurrency {
             ("window", Text(format_duration_us(self.window_us()))),
             ("idle_reset", Text(format_duration_us(self.idle_reset_us()))),
             ("lease", Text(format_duration_us(self.slots().lease_us()))),
+            ("capacity", Number(self.shared_capacity().unwrap_or(0))),
         ]
     }
 
@@ -139,6 +144,11 @@ impl Shape for AdaptiveConcurrency {
             .and_then(|l| l.retry_after(us(self.slots().retry_after_us())))
             .map_err(ShapeError::Adaptive)?;
         scaled = scaled.measure(self.measured());
+        if let Some(c) = self.shared_capacity() {
+            scaled = scaled
+                .capacity(scale.of(c, 1))
+                .map_err(ShapeError::Adaptive)?;
+        }
         Ok(Quota::Adaptive(Arc::new(scaled)))
     }
 
@@ -192,6 +202,13 @@ struct Settings {
     measure: String,
     lease_us: u64,
     retry_after_us: u64,
+    /// The capacity the keys share (0: none; absent in what earlier versions stored).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    capacity: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl Settings {
@@ -223,6 +240,7 @@ impl Settings {
             measure: measure_name(l.measured()).into(),
             lease_us: l.slots().lease_us(),
             retry_after_us: l.slots().retry_after_us(),
+            capacity: l.shared_capacity().unwrap_or(0),
         }
     }
 
@@ -244,6 +262,9 @@ impl Settings {
         } else {
             v["backoff"] = (self.backoff_pm / 10).into();
             v["increase"] = self.increase.into();
+        }
+        if self.capacity > 0 {
+            v["capacity"] = self.capacity.into();
         }
         v
     }
@@ -274,6 +295,10 @@ impl Settings {
             .and_then(|l| l.lease(us(self.lease_us)))
             .and_then(|l| l.retry_after(us(self.retry_after_us)))
             .map(|l| l.measure(measure))
+            .and_then(|l| match self.capacity {
+                0 => Ok(l),
+                c => l.capacity(c),
+            })
             .map_err(|e| e.to_string())
     }
 }
@@ -320,6 +345,7 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
         completions: Option<u64>,
         idle_reset: Option<String>,
         measure: Option<String>,
+        capacity: Option<u64>,
     }
     let settings = match form {
         Form::Stored => json_fields(fields).map(|s: Stored| s.concurrency.adaptive),
@@ -344,6 +370,7 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
                 measure: s.measure.unwrap_or_else(|| "head".into()),
                 lease_us: d("lease", a.lease, crate::algo::concurrency::DEFAULT_LEASE_US)?,
                 retry_after_us: d("retry_after", a.retry_after, 1_000_000)?,
+                capacity: s.capacity.unwrap_or(0),
             })
         }),
     };
@@ -365,6 +392,8 @@ mod tests {
             .idle_reset(std::time::Duration::from_secs(90))
             .unwrap()
             .measure(Measure::BodyEnd)
+            .capacity(60)
+            .unwrap()
     }
 
     /// Its fields as JSON read back as written, in both forms, for both algorithms.

@@ -141,6 +141,52 @@ struct Line {
     fair_share: Option<FairLine>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     adaptive: Option<AdaptiveLine>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    adaptive_pool: Option<PoolLine>,
+}
+
+/// The keys of an adaptive limit that share a capacity (its `id` is empty: the limit's own
+/// key): each key's state, and the keys waiting under their share.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolLine {
+    keys: Vec<(String, AdaptiveLine)>,
+    /// `(id, until_us)`.
+    waiting: Vec<(String, u64)>,
+}
+
+impl PoolLine {
+    fn of(p: &kit::AdaptivePool) -> PoolLine {
+        PoolLine {
+            keys: p
+                .keys()
+                .map(|(id, s)| (id.to_string(), AdaptiveLine::of(s)))
+                .collect(),
+            waiting: p
+                .waiters()
+                .iter()
+                .map(|(id, until)| (id.to_string(), *until))
+                .collect(),
+        }
+    }
+
+    fn into_state(self) -> Result<kit::Stored, String> {
+        if self.keys.len() > kit::MAX_POOL_KEYS || self.waiting.len() > kit::MAX_POOL_WAITERS {
+            return Err("adaptive_pool: more keys or waiters than a limit keeps".into());
+        }
+        let id = |text: &str| crate::Id::new(text).map_err(|e| format!("adaptive_pool: {e}"));
+        let mut keys = Vec::with_capacity(self.keys.len());
+        for (k, line) in self.keys {
+            keys.push((id(&k)?, line.into_adaptive()));
+        }
+        let mut waiting = Vec::with_capacity(self.waiting.len());
+        for (w, until) in self.waiting {
+            waiting.push((id(&w)?, until));
+        }
+        Ok(kit::Stored::AdaptivePool(Box::new(kit::AdaptivePool::new(
+            keys, waiting,
+        ))))
+    }
 }
 
 /// An adaptive concurrency key's state: its leases, its controller, its window.
@@ -169,10 +215,10 @@ impl AdaptiveLine {
         }
     }
 
-    fn into_state(self) -> kit::Stored {
+    fn into_adaptive(self) -> crate::algo::adaptive::AdaptiveState {
         use crate::algo::adaptive::{AdaptiveState, Controller, Window};
         let (completions, failures, latency_sum_us, max_in_flight) = self.window;
-        kit::Stored::Adaptive(Box::new(AdaptiveState {
+        AdaptiveState {
             leases: self.leases,
             controller: Controller {
                 limit_milli: self.limit_milli,
@@ -186,7 +232,7 @@ impl AdaptiveLine {
             },
             window_start_us: self.window_start_us,
             last_us: self.last_us,
-        }))
+        }
     }
 }
 
@@ -323,6 +369,7 @@ impl Line {
             }
             kit::Stored::FairShare(p) => line.fair_share = Some(FairLine::of(p)),
             kit::Stored::Adaptive(a) => line.adaptive = Some(AdaptiveLine::of(a)),
+            kit::Stored::AdaptivePool(p) => line.adaptive_pool = Some(PoolLine::of(p)),
         }
         line
     }
@@ -335,10 +382,12 @@ impl Line {
             self.calendar.is_some(),
             self.fair_share.is_some(),
             self.adaptive.is_some(),
+            self.adaptive_pool.is_some(),
         ];
         if shapes.iter().filter(|&&s| s).count() != 1 {
             return Err(
-                "a key holds exactly one of gcra, tiers, leases, calendar, fair_share, adaptive"
+                "a key holds exactly one of gcra, tiers, leases, calendar, fair_share, \
+                 adaptive, adaptive_pool"
                     .into(),
             );
         }
@@ -346,7 +395,14 @@ impl Line {
             return Ok(SnapshotKey {
                 limit: self.limit,
                 id: self.id,
-                state: a.into_state(),
+                state: kit::Stored::Adaptive(Box::new(a.into_adaptive())),
+            });
+        }
+        if let Some(p) = self.adaptive_pool {
+            return Ok(SnapshotKey {
+                limit: self.limit,
+                id: self.id,
+                state: p.into_state()?,
             });
         }
         if let Some(f) = self.fair_share {

@@ -91,7 +91,8 @@ use crate::quota::Quota;
 
 pub use crate::algo::adaptive::{AdaptiveState, Controller, Window};
 pub use crate::algo::fair_share::{Member, Pool, ShareOf, Waiter};
-use adaptive::{adaptive_decide, adaptive_fresh_at, adaptive_refund};
+pub use adaptive::{AdaptivePool, MAX_POOL_KEYS, MAX_POOL_WAITERS};
+use adaptive::{adaptive_decide, adaptive_fresh_at, adaptive_refund, pool_fresh_at};
 use calendar::{calendar_decide, calendar_read};
 pub(crate) use calendar::{calendar_outcome, calendar_spend_one};
 use concurrency::read_leases;
@@ -131,6 +132,9 @@ pub enum Stored {
     FairShare(Box<FairPool>),
     /// An adaptive concurrency key: its leases, its controller and the window being filled.
     Adaptive(Box<AdaptiveState>),
+    /// The keys of an adaptive limit that share a capacity, kept once per limit at
+    /// [`state_key`].
+    AdaptivePool(Box<AdaptivePool>),
 }
 
 /// A bucket's state as the kit reads it: borrowed from the store (`None` in [`spend`]'s
@@ -150,6 +154,8 @@ pub enum Read<'a> {
     FairShare(&'a FairPool),
     /// An adaptive concurrency key's state.
     Adaptive(&'a AdaptiveState),
+    /// The keys of an adaptive limit that share a capacity.
+    AdaptivePool(&'a AdaptivePool),
 }
 
 impl Stored {
@@ -162,6 +168,7 @@ impl Stored {
             Stored::Calendar(c) => Read::Calendar(*c),
             Stored::FairShare(p) => Read::FairShare(p),
             Stored::Adaptive(a) => Read::Adaptive(a),
+            Stored::AdaptivePool(p) => Read::AdaptivePool(p),
         }
     }
 
@@ -175,6 +182,9 @@ impl Stored {
             Quota::Concurrency(_) => matches!(self, Stored::Leases(_)),
             Quota::Calendar(_) => matches!(self, Stored::Calendar(_)),
             Quota::FairShare(_) => matches!(self, Stored::FairShare(_)),
+            Quota::Adaptive(a) if a.shared_capacity().is_some() => {
+                matches!(self, Stored::AdaptivePool(_))
+            }
             Quota::Adaptive(_) => matches!(self, Stored::Adaptive(_)),
         }
     }
@@ -458,6 +468,7 @@ pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
         (_, Stored::Calendar(c)) => c.end_us,
         (Quota::FairShare(share), Stored::FairShare(p)) => fair_share_fresh_at(share, p),
         (Quota::Adaptive(limit), Stored::Adaptive(a)) => adaptive_fresh_at(limit, a),
+        (Quota::Adaptive(limit), Stored::AdaptivePool(p)) => pool_fresh_at(limit, p),
         _ => 0,
     }
 }
@@ -485,6 +496,35 @@ pub fn after_reset(state: Stored, now: u64) -> Option<(Stored, u64)> {
                     leases,
                     ..AdaptiveState::default()
                 })),
+                last,
+            ))
+        }
+        // What each key learned goes; its requests in flight stay, and no one waits.
+        Stored::AdaptivePool(pool) => {
+            let keys: Vec<_> = pool
+                .keys()
+                .filter_map(|(id, s)| {
+                    let leases: Vec<(u64, u64)> = s
+                        .leases
+                        .iter()
+                        .copied()
+                        .filter(|&(_, d)| concurrency_rule::live(d, now))
+                        .collect();
+                    (!leases.is_empty()).then(|| {
+                        let state = AdaptiveState {
+                            leases,
+                            ..AdaptiveState::default()
+                        };
+                        (id.clone(), state)
+                    })
+                })
+                .collect();
+            let last = keys
+                .iter()
+                .flat_map(|(_, s)| s.leases.iter().map(|&(_, d)| d))
+                .max()?;
+            Some((
+                Stored::AdaptivePool(Box::new(AdaptivePool::new(keys, Vec::new()))),
                 last,
             ))
         }

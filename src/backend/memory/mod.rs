@@ -343,12 +343,23 @@ impl MemoryBackend {
     }
 
     /// The state of an adaptive concurrency key (its leases, its controller, the window being
-    /// filled), if one is held (for the simulator's drawing, tests and diagnostics).
+    /// filled), if one is held (for the simulator's drawing, tests and diagnostics); for a
+    /// limit whose keys share a capacity, the key's state in the limit's pool.
     pub fn adaptive_state(&self, key: &BucketKey) -> Option<crate::algo::adaptive::AdaptiveState> {
-        let slot = self.inner.tiers.get(key)?.clone();
+        let own = self.inner.tiers.get(key).map(|slot| slot.clone());
+        // A limit whose keys share a capacity keeps them with the limit's.
+        let slot = match own {
+            Some(slot) => slot,
+            None => self
+                .inner
+                .tiers
+                .get(&BucketKey::limit_wide(key.name()))?
+                .clone(),
+        };
         let s = lock(&slot);
         match &s.state {
             Some(kit::Stored::Adaptive(state)) if !s.removed => Some((**state).clone()),
+            Some(kit::Stored::AdaptivePool(pool)) if !s.removed => pool.key(key.id()).cloned(),
             _ => None,
         }
     }

@@ -465,7 +465,7 @@ pub(super) fn prefetch_of(f: &Fields<'_>, limit: Limit) -> Result<Limit, ConfigE
 }
 
 /// `concurrency: {adaptive: {min, initial, max, algorithm, smoothing, tolerance, backoff,
-/// increase, window, completions, idle_reset, measure}}` with an optional `lease` and
+/// increase, window, completions, idle_reset, measure, capacity}}` with an optional `lease` and
 /// `retry_after` beside it (`docs/adaptive-concurrency.md`); the thousandths of the algorithms
 /// are written as whole percentages.
 fn adaptive_of(
@@ -491,7 +491,7 @@ fn adaptive_of(
     let Value::Map(fields) = &adaptive.value else {
         return Err(wrong_shape("a map: {min, initial, max, ...}", adaptive));
     };
-    const KNOWN: [&str; 12] = [
+    const KNOWN: [&str; 13] = [
         "min",
         "initial",
         "max",
@@ -504,8 +504,9 @@ fn adaptive_of(
         "completions",
         "idle_reset",
         "measure",
+        "capacity",
     ];
-    let mut found: [Option<&Node>; 12] = [None; 12];
+    let mut found: [Option<&Node>; 13] = [None; 13];
     for (k, v) in fields {
         let key = as_str(k, "a field name")?;
         let Some(i) = KNOWN.iter().position(|&n| n == key) else {
@@ -531,6 +532,7 @@ fn adaptive_of(
         completions,
         idle_reset,
         measure,
+        capacity,
     ] = found;
     let missing = |field| err_at(ConfigErrorKind::MissingField(field), adaptive.line);
     let min = positive("min", min.ok_or_else(|| missing("min"))?)?;
@@ -600,6 +602,11 @@ fn adaptive_of(
             "body_end" => Measure::BodyEnd,
             _ => return Err(wrong_shape("head or body_end", n)),
         });
+    }
+    if let Some(n) = capacity {
+        limit = limit
+            .capacity(positive("capacity", n)?)
+            .map_err(|e| bad(e, n))?;
     }
     if let Some(n) = f.lease {
         limit = limit
