@@ -165,3 +165,214 @@ local function adaptive_refund(i, r)
   adaptive_write(i, r, r.st)
   return {released, math.max(r.max - live, 0), 0, 0, 0, r.max}
 end
+
+-- A pool: the keys of an adaptive limit that share a capacity (src/backend/kit/adaptive.rs
+-- `AdaptivePool`, src/algo/adaptive/capacity.rs the rule), one hash at the limit's own key
+-- `<prefix>{<name>:}:p` (one slot per limit). A record of a pool has r.cap and r.key (the
+-- key's id as text: it has no control character).
+--   L        every lease: "<key>\t<lease>\t<deadline>\n" each (the ended ones dropped on a write)
+--   q        the keys waiting under their share: "<key>\t<until>\n" each
+--   x        the latest time anything kept ends (the hash's expiry)
+--   c        the sweep's cursor
+--   k:<key>  a key's state: its fields c g n f s m w t, as above, separated by spaces
+-- Another type there is not ours: deleted, read as a fresh pool.
+local MAX_POOL_KEYS, MAX_POOL_WAITERS = 8192, 64
+
+-- The pool of record r read at now: its live leases (a foreign deadline cut to one lease),
+-- each key's count, the waiters, the key's state (back at the start when idle), and what the
+-- capacity's rule reads (src/backend/kit/adaptive.rs `AdaptivePool::held`). Returns the
+-- key's own live leases.
+local function pool_read(i, r)
+  local st = {c = 0, g = 0, n = 0, f = 0, s = 0, m = 0, w = 0, t = 0}
+  r.leases, r.q, r.x, r.cut, r.count = {}, {}, 0, false, {}
+  local raw = redis.pcall('HMGET', KEYS[i], 'L', 'q', 'x', 'k:' .. r.key)
+  if raw.err then
+    redis.call('DEL', KEYS[i])
+    raw = {}
+  end
+  if type(raw[1]) == 'string' then
+    for k, id, d in string.gmatch(raw[1], '([^\t\n]+)\t(%d+)\t(%d+)\n') do
+      d = tonumber(d)
+      if d > now then
+        if d > now + r.lease + SLACK then
+          d = now + r.lease
+          r.cut = true
+        end
+        r.leases[#r.leases + 1] = {k = k, id = id, d = d}
+        r.count[k] = (r.count[k] or 0) + 1
+      end
+    end
+  end
+  if type(raw[2]) == 'string' then
+    for k, u in string.gmatch(raw[2], '([^\t\n]+)\t(%d+)\n') do
+      u = tonumber(u)
+      if u > now and #r.q < MAX_POOL_WAITERS then r.q[#r.q + 1] = {k = k, u = u} end
+    end
+  end
+  r.x = tonumber(raw[3]) or 0
+  if type(raw[4]) == 'string' then
+    local v = {}
+    for num in string.gmatch(raw[4], '%d+') do v[#v + 1] = tonumber(num) end
+    if #v == #ADAPTIVE_FIELDS then
+      for j, f in ipairs(ADAPTIVE_FIELDS) do
+        if v[j] < LIMIT then st[f] = v[j] end
+      end
+    end
+  end
+  local own = r.count[r.key] or 0
+  if (own == 0 and now - st.t >= r.idle) or st.c == 0 then
+    st = {c = r.initial * 1000, g = 0, n = 0, f = 0, s = 0, m = 0, w = now, t = now}
+  end
+  r.st = st
+  r.max = clamp(math.floor(st.c / 1000), r.amin, r.amax)
+  -- The capacity's rule: every live lease, the keys active (holding or waiting), the share,
+  -- and what the other waiters keep back.
+  local active = 1
+  for k, _ in pairs(r.count) do
+    if k ~= r.key then active = active + 1 end
+  end
+  for _, w in ipairs(r.q) do
+    if w.k ~= r.key and not r.count[w.k] then active = active + 1 end
+  end
+  r.total, r.own = #r.leases, own
+  r.share = math.max(math.floor(r.cap / active), 1)
+  r.reserve = 0
+  for _, w in ipairs(r.q) do
+    if w.k ~= r.key then r.reserve = r.reserve + math.max(r.share - (r.count[w.k] or 0), 0) end
+  end
+  return own
+end
+
+-- The slots the key may still take (src/algo/adaptive/capacity.rs `room`).
+local function pool_room(r)
+  local free = math.max(r.cap - r.total, 0)
+  local under = math.min(math.max(r.share - r.own, 0), free)
+  return under + math.max(free - under - r.reserve, 0)
+end
+
+-- Writes what changed: the leases (w.leases), the waiters (w.q), the key's state (w.st); the
+-- hash kept until the latest thing it keeps ends; past MAX_POOL_KEYS keys, 64 fields swept a
+-- call (the states of keys holding no slot).
+local function pool_write(i, r, w)
+  local args = {KEYS[i]}
+  local x = r.x
+  if w.leases then
+    local parts = {}
+    for _, l in ipairs(r.leases) do
+      parts[#parts + 1] = l.k .. '\t' .. l.id .. '\t' .. string.format('%d', l.d) .. '\n'
+      x = math.max(x, l.d)
+    end
+    args[#args + 1] = 'L'
+    args[#args + 1] = table.concat(parts)
+  end
+  if w.q then
+    local parts = {}
+    for _, q in ipairs(r.q) do
+      parts[#parts + 1] = q.k .. '\t' .. string.format('%d', q.u) .. '\n'
+      x = math.max(x, q.u)
+    end
+    args[#args + 1] = 'q'
+    args[#args + 1] = table.concat(parts)
+  end
+  if w.st then
+    local v = {}
+    for j, f in ipairs(ADAPTIVE_FIELDS) do v[j] = string.format('%d', r.st[f]) end
+    args[#args + 1] = 'k:' .. r.key
+    args[#args + 1] = table.concat(v, ' ')
+    x = math.max(x, r.st.t + r.idle)
+  end
+  args[#args + 1] = 'x'
+  args[#args + 1] = string.format('%d', x)
+  redis.call('HSET', unpack(args))
+  expire_at(KEYS[i], x)
+  if redis.call('HLEN', KEYS[i]) > MAX_POOL_KEYS + 4 then
+    local cursor = redis.call('HGET', KEYS[i], 'c') or '0'
+    local page = redis.call('HSCAN', KEYS[i], cursor, 'COUNT', 64)
+    redis.call('HSET', KEYS[i], 'c', page[1])
+    for j = 1, #page[2], 2 do
+      local k = string.match(page[2][j], '^k:(.*)$')
+      if k and k ~= r.key and not r.count[k] then redis.call('HDEL', KEYS[i], page[2][j]) end
+    end
+  end
+end
+
+-- A decision on a pool (src/backend/kit/adaptive.rs `pooled_decide`): the key's own number,
+-- then the capacity's room; a key refused by the capacity under its share waits.
+local function pool_decide(i, r)
+  local live = pool_read(i, r)
+  if r.mode == MODE_RENEW then
+    local want = {}
+    for id in string.gmatch(r.id, '%d+') do want[id] = true end
+    r.held = {}
+    for _, l in ipairs(r.leases) do
+      if l.k == r.key and want[l.id] then r.held[#r.held + 1] = l end
+    end
+    local any = 0
+    if #r.held > 0 then any = 1 end
+    return {any, math.max(r.max - live, 0), 0, 0, 0, #r.held, r.max}
+  end
+  local ok, rem, retry = concurrency(r, live)
+  local shown = r.max
+  if r.mode ~= MODE_CHARGE then
+    local room = pool_room(r)
+    if r.cost == 1 and room == 0 then
+      ok, rem, retry = concurrency(r, r.max)
+    else
+      rem = math.min(rem, room - r.cost)
+    end
+    shown = math.min(r.max, math.max(live + room, r.share))
+    if ok == 0 and counts(r.mode) and spends(r.mode) and live < r.max and live < r.share then
+      r.wait = now + 2 * math.max(r.retry, 1)
+    end
+  end
+  return {ok, rem, retry, retry, 0, shown}
+end
+
+-- What a decision on a pool writes: an allowed batch the lease taken (the key then waits no
+-- more once it holds its share) or renewed; whatever the batch, a cut lease or a wait.
+local function pool_finish(i, r, allowed)
+  if allowed and r.mode == MODE_RENEW and #r.held > 0 then
+    for _, l in ipairs(r.held) do l.d = now + r.lease end
+    pool_write(i, r, {leases = true, st = true})
+  elseif allowed and r.mode ~= MODE_RENEW and spends(r.mode) and r.cost == 1 and r.id ~= '0' then
+    r.leases[#r.leases + 1] = {k = r.key, id = r.id, d = now + r.lease}
+    r.st.t = math.max(r.st.t, now)
+    local served = r.own + 1 >= r.share
+    local q = {}
+    for _, w in ipairs(r.q) do
+      if not (served and w.k == r.key) then q[#q + 1] = w end
+    end
+    r.q = q
+    pool_write(i, r, {leases = true, q = true, st = true})
+  elseif r.cut or r.wait then
+    if r.wait then
+      local found = false
+      for _, w in ipairs(r.q) do
+        if w.k == r.key then
+          w.u = math.max(w.u, r.wait)
+          found = true
+        end
+      end
+      if not found and #r.q < MAX_POOL_WAITERS then r.q[#r.q + 1] = {k = r.key, u = r.wait} end
+    end
+    pool_write(i, r, {leases = r.cut, q = r.wait ~= nil, st = r.cut})
+  end
+end
+
+-- A release on a pool (src/backend/kit/adaptive.rs `pooled_refund`).
+local function pool_refund(i, r)
+  local live = pool_read(i, r)
+  local released = 0
+  for j, l in ipairs(r.leases) do
+    if r.id ~= '0' and l.k == r.key and l.id == r.id then
+      table.remove(r.leases, j)
+      released = 1
+      break
+    end
+  end
+  live = live - released
+  if released == 1 and r.lat >= 0 then adaptive_complete(r, r.st, live + 1) end
+  r.max = clamp(math.floor(r.st.c / 1000), r.amin, r.amax)
+  pool_write(i, r, {leases = true, st = true})
+  return {released, math.max(r.max - live, 0), 0, 0, 0, r.max}
+end

@@ -318,6 +318,9 @@ elseif op == OP_SPEND then
     elseif r.kind == KIND_FAIR_SHARE then
       out[i], writes[i] = fair_decide(i, r)
       if out[i][1] == 0 and counts(r.mode) then batch_allowed = false end
+    elseif r.kind == KIND_ADAPTIVE and r.cap then
+      out[i] = pool_decide(i, r)
+      if out[i][1] == 0 and counts(r.mode) then batch_allowed = false end
     elseif r.kind == KIND_ADAPTIVE then
       out[i] = adaptive_decide(i, r)
       if out[i][1] == 0 and counts(r.mode) then batch_allowed = false end
@@ -371,7 +374,11 @@ elseif op == OP_SPEND then
       end
     end
     if r.kind == KIND_TIERED then add_raw(i, raws[i], after) end
-    if r.kind == KIND_ADAPTIVE then adaptive_finish(i, r, batch_allowed and out[i][1] == 1) end
+    if r.kind == KIND_ADAPTIVE and r.cap then
+      pool_finish(i, r, batch_allowed and out[i][1] == 1)
+    elseif r.kind == KIND_ADAPTIVE then
+      adaptive_finish(i, r, batch_allowed and out[i][1] == 1)
+    end
     if r.kind == KIND_FAIR_SHARE then
       -- What it saw (the id active, a wait) is written whatever the batch decides.
       local spent = nil
@@ -384,6 +391,8 @@ elseif op == OP_REFUND then
     local r = rec[i]
     if r.kind == KIND_FAIR_SHARE then
       out[i] = fair_refund(i, r)
+    elseif r.kind == KIND_ADAPTIVE and r.cap then
+      out[i] = pool_refund(i, r)
     elseif r.kind == KIND_ADAPTIVE then
       out[i] = adaptive_refund(i, r)
     elseif r.kind == KIND_GCRA then

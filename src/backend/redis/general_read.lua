@@ -7,7 +7,7 @@
 local OP_SPEND, OP_REFUND, OP_RESTORE = 'spend', 'refund', 'restore'
 local OP_SHARE_REQUEST, OP_SHARE_GRANT = 'share_request', 'share_grant'
 local KIND_GCRA, KIND_TIERED, KIND_RANGE, KIND_CONCURRENCY, KIND_CHARGE, KIND_CALENDAR = 0, 1, 2, 3, 4, 5
-local KIND_SHARE, KIND_FAIR_SHARE, KIND_ADAPTIVE = 6, 7, 8
+local KIND_SHARE, KIND_FAIR_SHARE, KIND_ADAPTIVE, KIND_ADAPTIVE_POOL = 6, 7, 8, 9
 local MODE_OBSERVE, MODE_CHARGE, MODE_RENEW = 3, 4, 5
 
 -- The core of the rule: the TAT after spending `incr` (emission interval * cost) on a bucket
@@ -253,9 +253,10 @@ for i = 1, n do
       count = tonumber(ARGV[a + 10]), refresh = tonumber(ARGV[a + 11]), id = ARGV[a + 12]}
     rec[i].charge = rec[i].mode == MODE_CHARGE
     a = a + 13
-  elseif kind == KIND_ADAPTIVE then
+  elseif kind == KIND_ADAPTIVE or kind == KIND_ADAPTIVE_POOL then
     -- An adaptive concurrency key (adaptive.lua): a concurrency record, its number read from
-    -- the key, and a release's completion (latency -1: none).
+    -- the key, and a release's completion (latency -1: none); a pool's (its keys share a
+    -- capacity) adds the capacity and the key's id.
     rec[i] = {kind = KIND_ADAPTIVE, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
       lease = tonumber(ARGV[a + 3]), retry = tonumber(ARGV[a + 4]), id = ARGV[a + 5],
       amin = tonumber(ARGV[a + 6]), initial = tonumber(ARGV[a + 7]),
@@ -264,6 +265,10 @@ for i = 1, n do
       wc = tonumber(ARGV[a + 13]), idle = tonumber(ARGV[a + 14]),
       lat = tonumber(ARGV[a + 15]), failed = tonumber(ARGV[a + 16])}
     a = a + 17
+    if kind == KIND_ADAPTIVE_POOL then
+      rec[i].cap, rec[i].key = tonumber(ARGV[a]), ARGV[a + 1]
+      a = a + 2
+    end
   elseif kind == KIND_CONCURRENCY then
     rec[i] = {kind = KIND_CONCURRENCY, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
       max = tonumber(ARGV[a + 3]), lease = tonumber(ARGV[a + 4]), retry = tonumber(ARGV[a + 5]),

@@ -1,6 +1,7 @@
 //! Where a bucket lives: `<prefix>{<limit name>:<escaped id>}`, and `:t` after the hash tag
 //! for a tiered state, `:c` for a concurrency key's leases, `:q` for a calendar quota's count,
-//! `:r` for a region's share bucket; a fair share's state is the limit's, `<prefix>{<limit name>:}:f`.
+//! `:r` for a region's share bucket, `:a` for an adaptive key; a fair share's state is the
+//! limit's, `<prefix>{<limit name>:}:f`, and so is an adaptive pool's, `<prefix>{<limit name>:}:p`.
 
 use std::fmt;
 
@@ -33,6 +34,11 @@ pub(super) const FAIR_SHARE_SUFFIX: &str = ":f";
 /// (`adaptive.lua`). A reset keeps its leases and forgets what it learned.
 pub(super) const ADAPTIVE_SUFFIX: &str = ":a";
 
+/// The suffix of an adaptive limit's pool (its keys share a capacity: one hash for all of them
+/// at the limit's own key, `adaptive.lua`): a limit given a capacity, or losing it, never reads
+/// the other form's state.
+pub(super) const ADAPTIVE_POOL_SUFFIX: &str = ":p";
+
 /// The keys a reset deletes, by suffix: every shape's state but a concurrency key's leases,
 /// which are requests in flight (forgetting them would admit more at once than the limit; they
 /// end when their requests do, or at their deadlines). A share bucket is forgotten with its
@@ -64,6 +70,7 @@ pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {
         crate::quota::Quota::Concurrency(_) => CONCURRENCY_SUFFIX,
         crate::quota::Quota::Calendar(_) => CALENDAR_SUFFIX,
         crate::quota::Quota::FairShare(_) => FAIR_SHARE_SUFFIX,
+        crate::quota::Quota::Adaptive(a) if a.shared_capacity().is_some() => ADAPTIVE_POOL_SUFFIX,
         crate::quota::Quota::Adaptive(_) => ADAPTIVE_SUFFIX,
     }
 }

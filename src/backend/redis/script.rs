@@ -61,6 +61,7 @@ const KIND_CALENDAR: i64 = 5;
 const KIND_SHARE: i64 = 6;
 const KIND_FAIR_SHARE: i64 = 7;
 const KIND_ADAPTIVE: i64 = 8;
+const KIND_ADAPTIVE_POOL: i64 = 9;
 const OP_LEAN: &str = "G";
 const OP_COALESCED: &str = "M";
 const OP_CALENDAR: &str = "C";
@@ -105,6 +106,7 @@ const PROTOCOL: &[(&str, Code)] = &[
     ("KIND_SHARE", Code::Number(KIND_SHARE)),
     ("KIND_FAIR_SHARE", Code::Number(KIND_FAIR_SHARE)),
     ("KIND_ADAPTIVE", Code::Number(KIND_ADAPTIVE)),
+    ("KIND_ADAPTIVE_POOL", Code::Number(KIND_ADAPTIVE_POOL)),
     (
         "MODE_CHECK_AND_SPEND",
         Code::Number(mode_number(Mode::CheckAndSpend)),

@@ -15,7 +15,8 @@ use fred::prelude::{Client, ClientLike, Value};
 use futures_util::future::join_all;
 
 use super::keys::{
-    ADAPTIVE_SUFFIX, CALENDAR_SUFFIX, CONCURRENCY_SUFFIX, FAIR_SHARE_SUFFIX, KeyBuf, TIERS_SUFFIX,
+    ADAPTIVE_POOL_SUFFIX, ADAPTIVE_SUFFIX, CALENDAR_SUFFIX, CONCURRENCY_SUFFIX, FAIR_SHARE_SUFFIX,
+    KeyBuf, TIERS_SUFFIX,
 };
 use super::{Connection, RedisBackend};
 use crate::algo::calendar::CalendarState;
@@ -246,6 +247,7 @@ pub(super) fn parse_key(rest: &[u8]) -> Option<(String, &'static str)> {
         b":q" => CALENDAR_SUFFIX,
         b":f" => FAIR_SHARE_SUFFIX,
         b":a" => ADAPTIVE_SUFFIX,
+        b":p" => ADAPTIVE_POOL_SUFFIX,
         _ => return None,
     };
     let escaped = &rest[..close];
@@ -268,6 +270,9 @@ pub(super) fn parse_key(rest: &[u8]) -> Option<(String, &'static str)> {
     Some((String::from_utf8(id).ok()?, suffix))
 }
 
+/// A hash's state from its fields and values by turns.
+type HashParser = fn(&[Value]) -> Option<kit::Stored>;
+
 /// One key's state: `None` when it is gone, `Some(None)` when it is not a state of ours.
 async fn read_value(
     client: &Client,
@@ -275,15 +280,20 @@ async fn read_value(
     suffix: &str,
 ) -> Result<Option<Option<kit::Stored>>, ReadError> {
     let key = fred::prelude::Key::from(key);
-    if suffix == FAIR_SHARE_SUFFIX {
+    if suffix == FAIR_SHARE_SUFFIX || suffix == ADAPTIVE_POOL_SUFFIX {
         // Read whole only when it holds no more than the script leaves (its ids are swept past
         // twice the ids a limit counts, a page a call): a bigger hash is not ours.
+        let (most, parse): (u64, HashParser) = if suffix == FAIR_SHARE_SUFFIX {
+            (FAIR_SHARE_MOST_FIELDS, fair_pool)
+        } else {
+            (ADAPTIVE_POOL_MOST_FIELDS, adaptive_pool)
+        };
         let fields: Value = match client.custom(fred::cmd!("HLEN"), vec![key.clone()]).await {
             Ok(n) => n,
             Err(e) if wrong_type(&e) => return Ok(Some(None)),
             Err(e) => return Err(failed(e)),
         };
-        if number(&fields).is_none_or(|n| n > FAIR_SHARE_MOST_FIELDS) {
+        if number(&fields).is_none_or(|n| n > most) {
             return Ok(Some(None));
         }
         let all: Value = match client.custom(fred::cmd!("HGETALL"), vec![key]).await {
@@ -293,14 +303,14 @@ async fn read_value(
         };
         return Ok(match all {
             Value::Array(items) if items.is_empty() => None,
-            Value::Array(items) => Some(fair_pool(&items)),
+            Value::Array(items) => Some(parse(&items)),
             Value::Map(map) if map.is_empty() => None,
             Value::Map(map) => {
                 let items: Vec<Value> = map
                     .iter()
                     .flat_map(|(k, v)| [Value::from(k.clone()), v.clone()])
                     .collect();
-                Some(fair_pool(&items))
+                Some(parse(&items))
             }
             _ => Some(None),
         });
@@ -423,6 +433,71 @@ pub(super) fn fair_pool(items: &[Value]) -> Option<kit::Stored> {
     pool.tat = kit::gcra_word_bound(pool.tat, bound_us).ok()?;
     Some(kit::Stored::FairShare(Box::new(kit::FairPool::new(
         pool, members,
+    ))))
+}
+
+/// The most fields an adaptive pool's hash holds (`adaptive.lua` sweeps the states of keys
+/// holding no slot past [`kit::MAX_POOL_KEYS`], a page a call).
+const ADAPTIVE_POOL_MOST_FIELDS: u64 = 2 * kit::MAX_POOL_KEYS as u64 + 64;
+
+/// An adaptive pool's hash (`adaptive.lua`), field and value by turns: every lease by its key,
+/// the waiters, and each key's state; `None` for anything the script does not write.
+pub(super) fn adaptive_pool(items: &[Value]) -> Option<kit::Stored> {
+    use crate::algo::adaptive::AdaptiveState;
+    use crate::key::Id;
+    let mut keys: std::collections::HashMap<Id, AdaptiveState> = Default::default();
+    let mut waiters = Vec::new();
+    let mut leases = Vec::new();
+    for pair in items.chunks(2) {
+        let [field, value] = pair else { return None };
+        let field = std::str::from_utf8(field.as_bytes()?).ok()?;
+        let value = std::str::from_utf8(value.as_bytes()?).ok()?;
+        match field {
+            "x" | "c" => {}
+            "L" => {
+                for line in value.lines() {
+                    let mut parts = line.split('\t');
+                    let id = Id::new(parts.next()?).ok()?;
+                    let lease = parts.next()?.parse().ok()?;
+                    let deadline: u64 = parts.next()?.parse().ok()?;
+                    leases.push((id, (lease, deadline)));
+                }
+            }
+            "q" => {
+                for line in value.lines() {
+                    let (id, until) = line.split_once('\t')?;
+                    waiters.push((Id::new(id).ok()?, until.parse().ok()?));
+                }
+            }
+            _ => {
+                let id = Id::new(field.strip_prefix("k:")?).ok()?;
+                let v: Vec<u64> = value
+                    .split(' ')
+                    .map(|p| p.parse().ok().filter(|&v| v < LIMIT))
+                    .collect::<Option<_>>()?;
+                let [c, g, n, f, s, m, w, t] = v[..] else {
+                    return None;
+                };
+                let state = keys.entry(id).or_default();
+                state.controller.limit_milli = c;
+                state.controller.long_us = g;
+                state.window.completions = n;
+                state.window.failures = f;
+                state.window.latency_sum_us = s;
+                state.window.max_in_flight = m;
+                state.window_start_us = w;
+                state.last_us = t;
+            }
+        }
+    }
+    for (id, lease) in leases {
+        keys.entry(id).or_default().leases.push(lease);
+    }
+    if waiters.len() > kit::MAX_POOL_WAITERS || keys.len() > kit::MAX_POOL_KEYS * 2 {
+        return None;
+    }
+    Some(kit::Stored::AdaptivePool(Box::new(kit::AdaptivePool::new(
+        keys, waiters,
     ))))
 }
 

@@ -3,7 +3,7 @@
 
 use fred::prelude::Value;
 
-use super::{KIND_ADAPTIVE, int, mode_code};
+use super::{KIND_ADAPTIVE, KIND_ADAPTIVE_POOL, int, mode_code};
 use crate::algo::adaptive::{AdaptiveConcurrency, Algorithm};
 use crate::backend::BucketTx;
 
@@ -35,8 +35,13 @@ pub(super) fn push_adaptive(
         ),
         None => (Value::Integer(-1), false),
     };
+    let capacity = limit.shared_capacity();
     args.extend([
-        Value::Integer(KIND_ADAPTIVE),
+        Value::Integer(if capacity.is_some() {
+            KIND_ADAPTIVE_POOL
+        } else {
+            KIND_ADAPTIVE
+        }),
         mode_code(tx.mode),
         int(tx.cost),
         int(limit.slots().lease_us()),
@@ -54,6 +59,11 @@ pub(super) fn push_adaptive(
         latency,
         Value::Integer(i64::from(failed)),
     ]);
+    // A pool's record: the capacity its keys share, and the key's id (its canonical text, as
+    // the pool knows its keys).
+    if let Some(c) = capacity {
+        args.extend([int(c), Value::String(tx.key.id().to_string().into())]);
+    }
 }
 
 /// The number of slots the script answered, as an outcome carries it.
