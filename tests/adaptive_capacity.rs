@@ -1,0 +1,365 @@
+//! A capacity shared by an adaptive limit's keys (`capacity:` in `concurrency: {adaptive:
+//! ...}`, `docs/adaptive-concurrency.md`, "A global capacity"), through the `Limiter` on a
+//! manual clock on every store: the keys never hold more than the capacity together, the keys
+//! active share it equally, a key over its share leaves a waiting key its share, and the
+//! isolation the issue asks for: a noisy key whose service is ten times slower does not push
+//! a quiet key's p99 latency above 1.2 times its value alone.
+
+mod support;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use tower_ratelimits::{
+    BucketKey, Completion, Id, Lease, Limiter, Limits, ManualClock, MemoryBackend, Transaction,
+};
+
+const LIMITS: &str = "\
+Shared:
+  kind: account
+  concurrency: {adaptive: {min: 1, initial: 20, max: 20, algorithm: aimd, capacity: 10}}
+  lease: 10m
+  retry_after: 100ms
+";
+
+const START_US: u64 = 1_800_000_000_000_000;
+
+struct Store {
+    label: String,
+    clock: ManualClock,
+    limiter: Limiter,
+    /// The memory backend, when the store is it (its pool can be read).
+    memory: Option<MemoryBackend>,
+    #[cfg(feature = "redis")]
+    _redis: Option<support::redis::TestRedis>,
+}
+
+/// The stores under test on `limits`, each on its own manual clock (Redis in caller time):
+/// memory, and with the `redis` feature a single Redis and the cluster.
+async fn stores(limits: &str) -> Vec<Store> {
+    #[allow(unused_mut)]
+    let mut out = vec![stores_memory(limits)];
+    #[cfg(feature = "redis")]
+    for (label, redis) in [
+        ("a single Redis", support::redis::TestRedis::single()),
+        ("the cluster", support::redis::TestRedis::cluster()),
+    ] {
+        out.push(redis_store(limits, label, redis).await);
+    }
+    out
+}
+
+impl Store {
+    fn key(&self, id: u64) -> BucketKey {
+        self.limiter.key("Shared", Id::from(id)).unwrap()
+    }
+
+    /// One request of `id`: whether it was allowed, its lease, and the number it was shown.
+    async fn ask(&self, id: u64) -> (bool, Option<Lease>, u64) {
+        let d = self
+            .limiter
+            .spend(&[Transaction::new(self.key(id))])
+            .await
+            .unwrap();
+        let shown = d.decisions()[0].slots().unwrap();
+        (d.allowed(), d.decisions()[0].lease(), shown)
+    }
+
+    /// Takes slots for `id` until one is refused: the leases taken.
+    async fn fill(&self, id: u64) -> Vec<Lease> {
+        let mut leases = Vec::new();
+        loop {
+            let (allowed, lease, _) = self.ask(id).await;
+            if !allowed {
+                return leases;
+            }
+            leases.extend(lease);
+            assert!(leases.len() <= 20, "{}: never refused", self.label);
+        }
+    }
+
+    async fn release(&self, leases: &mut Vec<Lease>, n: usize) {
+        let back: Vec<Lease> = leases.drain(..n).collect();
+        assert_eq!(
+            self.limiter.release(&back).await.unwrap(),
+            n,
+            "{}",
+            self.label
+        );
+    }
+}
+
+/// Alone, a key takes the whole capacity (no more, though its own number is higher); a second
+/// key is refused while it is all held, waits under its share, and from then on the first
+/// key, over its share, is refused every slot until the second holds its share.
+#[tokio::test]
+async fn a_key_over_its_share_leaves_a_waiting_key_its_share() {
+    for s in stores(LIMITS).await {
+        let l = &s.label;
+        let mut a = s.fill(1).await;
+        assert_eq!(a.len(), 10, "{l}: the capacity, not its number of 20");
+        if let Some(memory) = &s.memory {
+            let state = memory.adaptive_state(&s.key(1)).unwrap();
+            assert_eq!(
+                state.leases.len(),
+                10,
+                "the key's state, in the limit's pool"
+            );
+        }
+        let (allowed, _, shown) = s.ask(2).await;
+        assert!(!allowed, "{l}: all ten held");
+        assert_eq!(shown, 5, "{l}: its share (none free to lend)");
+        let mut b = Vec::new();
+        for _ in 0..5 {
+            s.release(&mut a, 1).await;
+            // One slot free: the first key (over its share of 5) may not take it ...
+            assert!(!s.ask(1).await.0, "{l}: kept for the waiting key");
+            // ... the second (under its share) takes it.
+            let (allowed, lease, _) = s.ask(2).await;
+            assert!(allowed, "{l}");
+            b.extend(lease);
+        }
+        assert_eq!((a.len(), b.len()), (5, 5), "{l}");
+        // Each at its share, nothing free: both refused.
+        assert!(!s.ask(1).await.0 && !s.ask(2).await.0, "{l}");
+        // The second gives two back and no one waits: whoever asks first takes them.
+        s.release(&mut b, 2).await;
+        s.clock.advance(Duration::from_secs(1));
+        let (allowed, _, shown) = s.ask(1).await;
+        assert!(allowed, "{l}: no one waits, the free slots are lent");
+        assert_eq!(shown, 7, "{l}: the number it may hold now");
+    }
+}
+
+/// Three backlogged keys (each asks until refused; a key whose request ended asks first),
+/// their requests ending one at a time in turn: together they never hold more than the
+/// capacity, and they end with equal shares (10 / 3: 3 each, the tenth lent to one of them).
+#[tokio::test]
+async fn backlogged_keys_share_the_capacity_and_never_pass_it() {
+    for s in stores(LIMITS).await {
+        let l = &s.label;
+        let mut held: Vec<Vec<Lease>> = vec![Vec::new(); 3];
+        let mut ended = 0;
+        for round in 0..60usize {
+            for who in [ended, (ended + 1) % 3, (ended + 2) % 3] {
+                while let (true, Some(lease), _) = s.ask(who as u64).await {
+                    held[who].push(lease);
+                    assert!(held[who].len() <= 10, "{l}: never refused");
+                }
+                let total: usize = held.iter().map(Vec::len).sum();
+                assert!(total <= 10, "{l}: {total} held at round {round}");
+            }
+            // One request ends, of the keys holding any in turn.
+            let holding: Vec<usize> = (0..3).filter(|&k| !held[k].is_empty()).collect();
+            ended = holding[round % holding.len()];
+            s.release(&mut held[ended], 1).await;
+            s.clock.advance(Duration::from_millis(10));
+        }
+        // The last request's key asks again.
+        while let (true, Some(lease), _) = s.ask(ended as u64).await {
+            held[ended].push(lease);
+        }
+        let counts: Vec<usize> = held.iter().map(Vec::len).collect();
+        assert!(
+            counts.iter().all(|&c| (3..=4).contains(&c)) && counts.iter().sum::<usize>() == 10,
+            "{l}: {counts:?}"
+        );
+    }
+}
+
+/// A capacity is checked where it is written, and an override of the limit keeps it.
+#[test]
+fn a_capacity_is_checked_with_its_line_and_kept_by_overrides() {
+    let bad = LIMITS.replace("capacity: 10", "capacity: 0");
+    let err = Limits::from_yaml_str(&bad, None).unwrap_err();
+    assert_eq!(err.location().line, Some(3), "{err}");
+    let huge = LIMITS.replace("capacity: 10", "capacity: 5000");
+    assert!(Limits::from_yaml_str(&huge, None).is_err());
+    let overrides = "\
+Shared:7:
+  concurrency: {adaptive: {min: 1, max: 4, capacity: 11}}
+";
+    let err = Limits::from_yaml_str(LIMITS, Some(overrides)).unwrap_err();
+    assert!(err.to_string().contains("capacity"), "{err}");
+    let kept = overrides.replace("capacity: 11", "capacity: 10");
+    Limits::from_yaml_str(LIMITS, Some(&kept)).unwrap();
+}
+
+// The isolation scenario: a service shared by two keys, on the limiter's clock.
+
+/// A gradient limit up to 100 slots a key, the keys sharing 20: the service's knee.
+const ISOLATION: &str = "\
+Shared:
+  kind: account
+  concurrency: {adaptive: {min: 1, initial: 10, max: 100, completions: 50, capacity: 20}}
+  lease: 10m
+  retry_after: 20ms
+";
+
+const MS: u64 = 1_000;
+
+/// Latency of a request of a key whose own latency is `base_us`, with `total` requests of
+/// both keys in flight: past the knee, every request in flight slows everyone by 2 ms.
+fn latency_us(base_us: u64, total: u64) -> u64 {
+    const KNEE: u64 = 20;
+    base_us + total.saturating_sub(KNEE) * 2 * MS
+}
+
+/// When, which key, which client, and (for a request ending) its number.
+type Event = (u64, u64, u64, Option<u64>);
+
+/// What the quiet key saw: the p99 of its latencies, and its completions.
+struct Seen {
+    p99_us: u64,
+    done: u64,
+}
+
+/// Runs the quiet key (4 clients, 10 ms alone) and, if `noisy`, the noisy key (60 clients,
+/// 100 ms alone: ten times slower) for `seconds` of the limiter's clock: every client asks
+/// again as soon as answered, or 20 ms after a refusal; every request's completion is given
+/// back with its latency.
+async fn isolation(s: &Store, noisy: bool, seconds: u64) -> Seen {
+    const QUIET: u64 = 1;
+    const NOISY: u64 = 2;
+    let mut events: BinaryHeap<Reverse<Event>> = BinaryHeap::new();
+    let start = s.clock_now();
+    let clients = |key, n| (0..n).map(move |c| Reverse((start + c * 100, key, c, None)));
+    events.extend(clients(QUIET, 4));
+    if noisy {
+        events.extend(clients(NOISY, 60));
+    }
+    let mut leases: std::collections::HashMap<u64, (Lease, u64)> = Default::default();
+    let (mut next_lease, mut in_flight) = (0u64, 0u64);
+    let mut quiet_latencies = Vec::new();
+    let end = start + seconds * 1_000_000;
+    while let Some(Reverse((t, key, client, ends))) = events.pop() {
+        if t >= end {
+            break;
+        }
+        s.clock.set(t);
+        if let Some(n) = ends {
+            let (lease, latency) = leases.remove(&n).unwrap();
+            in_flight -= 1;
+            let c = Completion::new(Duration::from_micros(latency), false);
+            s.limiter.complete(&[lease], c).await.unwrap();
+            events.push(Reverse((t, key, client, None)));
+            continue;
+        }
+        let (allowed, lease, _) = s.ask(key).await;
+        let Some(lease) = lease.filter(|_| allowed) else {
+            events.push(Reverse((t + 20 * MS, key, client, None)));
+            continue;
+        };
+        in_flight += 1;
+        let base = if key == QUIET { 10 * MS } else { 100 * MS };
+        let latency = latency_us(base, in_flight);
+        if key == QUIET && t >= start + seconds * 1_000_000 / 2 {
+            quiet_latencies.push(latency);
+        }
+        next_lease += 1;
+        leases.insert(next_lease, (lease, latency));
+        events.push(Reverse((t + latency, key, client, Some(next_lease))));
+    }
+    quiet_latencies.sort_unstable();
+    let p99 = quiet_latencies[quiet_latencies.len() * 99 / 100];
+    Seen {
+        p99_us: p99,
+        done: quiet_latencies.len() as u64,
+    }
+}
+
+impl Store {
+    fn clock_now(&self) -> u64 {
+        use tower_ratelimits::Clock;
+        self.clock.now_us()
+    }
+}
+
+/// The issue's isolation: with the capacity at the shared service's knee, a noisy key whose
+/// service is ten times slower leaves the quiet key's p99 within 1.2 times its p99 alone, and
+/// its completions within 10% of its completions alone. Without the capacity, the same noisy
+/// key drives the quiet key's p99 far past it (the scenario can fail).
+#[tokio::test]
+async fn a_noisy_key_does_not_slow_a_quiet_one_under_a_capacity() {
+    const GRADIENT: &str = ISOLATION;
+    let open = GRADIENT.replace(", capacity: 20", "");
+    for (limits, bounded) in [(GRADIENT, true), (open.as_str(), false)] {
+        let alone = isolation(&stores_memory(limits), false, 20).await;
+        let shared = isolation(&stores_memory(limits), true, 20).await;
+        let ratio = shared.p99_us as f64 / alone.p99_us as f64;
+        if bounded {
+            assert!(
+                ratio <= 1.2,
+                "p99 {} us with, {} us alone",
+                shared.p99_us,
+                alone.p99_us
+            );
+            assert!(
+                shared.done * 10 >= alone.done * 9,
+                "{} completions with, {} alone",
+                shared.done,
+                alone.done
+            );
+        } else {
+            assert!(ratio > 2.0, "without a capacity: p99 x{ratio:.2}");
+        }
+    }
+}
+
+/// The same isolation on a single Redis (the script's rule, 6 s of the clock).
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_noisy_key_does_not_slow_a_quiet_one_on_redis() {
+    let mut seen = Vec::new();
+    for noisy in [false, true] {
+        let redis = support::redis::TestRedis::single();
+        let s = redis_store(ISOLATION, "a single Redis", redis).await;
+        seen.push(isolation(&s, noisy, 6).await);
+    }
+    let (alone, shared) = (&seen[0], &seen[1]);
+    assert!(
+        shared.p99_us * 10 <= alone.p99_us * 12,
+        "p99 {} us with, {} us alone",
+        shared.p99_us,
+        alone.p99_us
+    );
+    assert!(
+        shared.done * 10 >= alone.done * 9,
+        "{} with, {} alone",
+        shared.done,
+        alone.done
+    );
+}
+
+/// A store on `redis` (in caller time, on its own manual clock).
+#[cfg(feature = "redis")]
+async fn redis_store(limits: &str, label: &str, redis: support::redis::TestRedis) -> Store {
+    let clock = ManualClock::new(START_US);
+    let prefix = support::redis::unique_prefix("capacity");
+    let backend =
+        support::redis_backend::caller_time_backend(&redis.url, &prefix, &clock, true).await;
+    Store {
+        label: label.into(),
+        clock,
+        limiter: Limiter::new(Limits::from_yaml_str(limits, None).unwrap(), backend),
+        memory: None,
+        _redis: Some(redis),
+    }
+}
+
+fn stores_memory(limits: &str) -> Store {
+    let clock = ManualClock::new(START_US);
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
+    Store {
+        label: "memory".into(),
+        clock: clock.clone(),
+        limiter: Limiter::new(
+            Limits::from_yaml_str(limits, None).unwrap(),
+            backend.clone(),
+        ),
+        memory: Some(backend),
+        #[cfg(feature = "redis")]
+        _redis: None,
+    }
+}
