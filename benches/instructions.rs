@@ -79,6 +79,10 @@ const VARIANTS: &[(&str, &str)] = &[
         "ours_adaptive_slot",
         "MemoryBackend as Backend: a slot taken and given back with its completion on an adaptive concurrency limit",
     ),
+    (
+        "ours_adaptive_pool_slot",
+        "MemoryBackend as Backend: the same on an adaptive limit whose keys share a capacity (every key in its pool)",
+    ),
     ("ours_limiter", "Limiter::spend, 1 transaction"),
     ("http_request_only", "building the request alone"),
     (
@@ -209,6 +213,20 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                     tower_ratelimits::Adaptive::gradient(10, 50, 100).unwrap(),
                 )
                 .window_completions(100)
+                .unwrap(),
+            ),
+            keys,
+            keys_n,
+        ),
+        // The same with the limit's keys sharing 4,096 slots: one pool holds every key.
+        "ours_adaptive_pool_slot" => slot_on(
+            Quota::from(
+                tower_ratelimits::AdaptiveConcurrency::new(
+                    tower_ratelimits::Adaptive::gradient(10, 50, 100).unwrap(),
+                )
+                .window_completions(100)
+                .unwrap()
+                .capacity(4_096)
                 .unwrap(),
             ),
             keys,

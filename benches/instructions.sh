@@ -52,6 +52,7 @@ row ours_calendar_spend governor_check_key
 row ours_fair_share_spend governor_check_key
 row ours_concurrency_slot governor_check_key
 row ours_adaptive_slot governor_check_key
+row ours_adaptive_pool_slot governor_check_key
 row ours_limiter governor_check_key
 row http_request_only http_bare
 row http_bare http_bare http_bare

@@ -17,13 +17,14 @@ Monthly: {kind: account, calendar: {count: 1000000000000, period: month}}
 Shared: {kind: account, burst: 100000000, count: 1000000, period: 1s, fair_share: {}}
 Slots: {kind: account, concurrency: 100000, lease: 60s}
 Adaptive: {kind: account, concurrency: {adaptive: {min: 10, initial: 50, max: 100, completions: 100}}}
+Pooled: {kind: account, concurrency: {adaptive: {min: 10, initial: 50, max: 100, completions: 100, capacity: 4096}}}
 ";
 
 /// Keys cycled: `0..KEYS`.
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 14] = [
+pub const VARIANTS: [&str; 15] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_1_rule_uncoalesced",
@@ -38,6 +39,7 @@ pub const VARIANTS: [&str; 14] = [
     "ours_fair_share",
     "ours_concurrency_slot",
     "ours_adaptive_slot",
+    "ours_adaptive_pool_slot",
 ];
 
 /// Requests one coalesced call carries at most (`ours_1_rule_coalesced`).
@@ -127,6 +129,12 @@ impl RedisOps {
             "ours_adaptive_slot" => {
                 let done = tower_ratelimits::Completion::new(Duration::from_millis(5), false);
                 slot(&self.limiter, "Adaptive", id, Some(done)).await
+            }
+            // The same with the limit's keys sharing 4,096 slots: every key in the limit's one
+            // hash (one slot of a cluster).
+            "ours_adaptive_pool_slot" => {
+                let done = tower_ratelimits::Completion::new(Duration::from_millis(5), false);
+                slot(&self.limiter, "Pooled", id, Some(done)).await
             }
             "ours_1_rule_coalesced" => spends(&self.coalesced, "A", id).await,
             // Coalescing turned off.

@@ -181,11 +181,25 @@ pub const MAX_POOL_WAITERS: usize = 64;
 /// The keys of an adaptive limit whose keys share a capacity, kept once per limit at
 /// [`state_key`](super::state_key): each key's state, and the keys refused under their share
 /// with the time they wait until.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct AdaptivePool {
     keys: rpds::HashTrieMapSync<Id, AdaptiveState>,
     waiters: Vec<(Id, u64)>,
+    /// The keys whose states list leases (live or ended since): the only ones a decision
+    /// counts, so that its cost follows the slots held, not the keys kept.
+    holding: Vec<Id>,
+    /// An instant from which the pool equals a fresh one, kept as it is written (0: not
+    /// known, found when asked): a key's end may only come sooner than it says.
+    fresh_at: u64,
 }
+
+impl PartialEq for AdaptivePool {
+    fn eq(&self, other: &Self) -> bool {
+        self.keys == other.keys && self.waiters == other.waiters
+    }
+}
+
+impl Eq for AdaptivePool {}
 
 impl AdaptivePool {
     /// A pool of `keys` and `waiters` (`(key, until)`).
@@ -193,9 +207,17 @@ impl AdaptivePool {
         keys: impl IntoIterator<Item = (Id, AdaptiveState)>,
         waiters: Vec<(Id, u64)>,
     ) -> Self {
+        let keys: rpds::HashTrieMapSync<Id, AdaptiveState> = keys.into_iter().collect();
+        let holding = keys
+            .iter()
+            .filter(|(_, s)| !s.leases.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
         Self {
-            keys: keys.into_iter().collect(),
+            keys,
             waiters,
+            holding,
+            fresh_at: 0,
         }
     }
 
@@ -223,7 +245,12 @@ impl AdaptivePool {
             active: 1,
             reserve: 0,
         };
-        for (_, s) in self.keys.iter().filter(|(k, _)| *k != id) {
+        for s in self
+            .holding
+            .iter()
+            .filter(|k| *k != id)
+            .filter_map(|k| self.keys.get(k))
+        {
             let n = live(s);
             held.total = held.total.saturating_add(n);
             held.active += u64::from(n > 0);
@@ -253,7 +280,22 @@ impl AdaptivePool {
         now: u64,
     ) -> Stored {
         let mut next = self.clone();
+        next.fresh_at = pool_fresh_at(limit, self);
+        if let Some(state) = &state {
+            next.fresh_at = next.fresh_at.max(adaptive_fresh_at(limit, state));
+        }
+        if let Some(until) = wait {
+            next.fresh_at = next.fresh_at.max(until);
+        }
         if let Some(state) = state {
+            let at = next.holding.iter().position(|k| k == id);
+            match (at, state.leases.is_empty()) {
+                (None, false) => next.holding.push(id.clone()),
+                (Some(i), true) => {
+                    next.holding.swap_remove(i);
+                }
+                _ => {}
+            }
             next.keys.insert_mut(id.clone(), state);
         }
         next.waiters
@@ -286,6 +328,8 @@ impl AdaptivePool {
         }
         let keep = MAX_POOL_KEYS * 3 / 4;
         if self.keys.size() <= keep {
+            let keys = &self.keys;
+            self.holding.retain(|k| keys.contains_key(k));
             return;
         }
         let mut idle: Vec<(u64, Id)> = self
@@ -299,6 +343,8 @@ impl AdaptivePool {
         for (_, k) in idle.into_iter().take(over) {
             self.keys.remove_mut(&k);
         }
+        let keys = &self.keys;
+        self.holding.retain(|k| keys.contains_key(k));
     }
 }
 
@@ -367,6 +413,9 @@ fn pooled_refund(
 
 /// When a pool equals a fresh one: each key's, and its last waiter's.
 pub(super) fn pool_fresh_at(limit: &AdaptiveConcurrency, pool: &AdaptivePool) -> u64 {
+    if pool.fresh_at != 0 {
+        return pool.fresh_at;
+    }
     let keys = pool.keys.values().map(|s| adaptive_fresh_at(limit, s));
     let waiters = pool.waiters.iter().map(|&(_, until)| until);
     keys.chain(waiters).max().unwrap_or(0)
