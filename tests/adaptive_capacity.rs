@@ -32,7 +32,7 @@ struct Store {
     /// The memory backend, when the store is it (its pool can be read).
     memory: Option<MemoryBackend>,
     #[cfg(feature = "redis")]
-    _redis: Option<support::redis::TestRedis>,
+    _redis: Option<(support::redis::TestRedis, String)>,
 }
 
 /// The stores under test on `limits`, each on its own manual clock (Redis in caller time):
@@ -165,6 +165,31 @@ async fn backlogged_keys_share_the_capacity_and_never_pass_it() {
             counts.iter().all(|&c| (3..=4).contains(&c)) && counts.iter().sum::<usize>() == 10,
             "{l}: {counts:?}"
         );
+    }
+}
+
+/// What the script did not write at a pool's key (another type; a hash whose lines and
+/// states are not ours) is read as a fresh pool and replaced: the capacity holds again.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn foreign_data_at_a_pool_is_read_as_fresh() {
+    let redis = support::redis::TestRedis::single();
+    let s = redis_store(LIMITS, "a single Redis", redis).await;
+    let (server, prefix) = s._redis.as_ref().unwrap();
+    let port: u16 = server.url.rsplit(':').next().unwrap().parse().unwrap();
+    let key = format!("{prefix}{{Shared:}}:p");
+    let cmd = |c: String| support::redis::command(port, &c).unwrap();
+    for foreign in [
+        format!("SET {key} hello"),
+        format!("HSET {key} L garbage q 1\t2\t3 k:1 \"1 2\" x -5"),
+    ] {
+        cmd(format!("DEL {key}"));
+        cmd(foreign.clone());
+        let held = s.fill(1).await;
+        assert_eq!(held.len(), 10, "{foreign}");
+        assert!(!s.ask(2).await.0, "{foreign}: the capacity holds");
+        s.limiter.release(&held).await.unwrap();
+        assert!(cmd(format!("TYPE {key}")).contains("hash"), "{foreign}");
     }
 }
 
@@ -344,7 +369,7 @@ async fn redis_store(limits: &str, label: &str, redis: support::redis::TestRedis
         clock,
         limiter: Limiter::new(Limits::from_yaml_str(limits, None).unwrap(), backend),
         memory: None,
-        _redis: Some(redis),
+        _redis: Some((redis, prefix)),
     }
 }
 
