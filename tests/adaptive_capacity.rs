@@ -168,6 +168,28 @@ async fn backlogged_keys_share_the_capacity_and_never_pass_it() {
     }
 }
 
+/// Two keys of a pool renewed in one call (one batch naming both): both renewals hold, so the
+/// slots outlive their first lease time and the capacity still counts them.
+#[tokio::test]
+async fn keys_of_a_pool_renewed_together_keep_their_slots() {
+    let limits = LIMITS
+        .replace("capacity: 10", "capacity: 2")
+        .replace("lease: 10m", "lease: 1s");
+    for s in stores(&limits).await {
+        let l = &s.label;
+        let (_, a, _) = s.ask(1).await;
+        let (_, b, _) = s.ask(2).await;
+        let held = [a.unwrap(), b.unwrap()];
+        s.clock.advance(Duration::from_millis(600));
+        assert_eq!(s.limiter.renew(&held).await.unwrap(), 2, "{l}");
+        // Past the first lease time, within the renewed one: both still held.
+        s.clock.advance(Duration::from_millis(600));
+        assert!(!s.ask(3).await.0, "{l}: both renewed slots still held");
+        s.clock.advance(Duration::from_millis(600));
+        assert!(s.ask(3).await.0, "{l}: the renewed leases ended");
+    }
+}
+
 /// What the script did not write at a pool's key (another type; a hash whose lines and
 /// states are not ours) is read as a fresh pool and replaced: the capacity holds again.
 #[cfg(feature = "redis")]

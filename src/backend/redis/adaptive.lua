@@ -177,6 +177,9 @@ end
 --   k:<key>  a key's state: its fields c g n f s m w t, as above, separated by spaces
 -- Another type there is not ours: deleted, read as a fresh pool.
 local MAX_POOL_KEYS, MAX_POOL_WAITERS = 8192, 64
+-- The pools this call wrote: a later record of the same batch on one (the renewal of another
+-- of its keys) reads it again before it writes, so that no write undoes another.
+local pools_written = {}
 
 -- The pool of record r read at now: its live leases (a foreign deadline cut to one lease),
 -- each key's count, the waiters, the key's state (back at the start when idle), and what the
@@ -284,6 +287,7 @@ local function pool_write(i, r, w)
   args[#args + 1] = 'x'
   args[#args + 1] = string.format('%d', x)
   redis.call('HSET', unpack(args))
+  pools_written[KEYS[i]] = true
   expire_at(KEYS[i], x)
   if redis.call('HLEN', KEYS[i]) > MAX_POOL_KEYS + 4 then
     local cursor = redis.call('HGET', KEYS[i], 'c') or '0'
@@ -296,17 +300,23 @@ local function pool_write(i, r, w)
   end
 end
 
+-- The leases of the key that a renewal names (r.want), among those read.
+local function pool_held(r)
+  local held = {}
+  for _, l in ipairs(r.leases) do
+    if l.k == r.key and r.want[l.id] then held[#held + 1] = l end
+  end
+  return held
+end
+
 -- A decision on a pool (src/backend/kit/adaptive.rs `pooled_decide`): the key's own number,
 -- then the capacity's room; a key refused by the capacity under its share waits.
 local function pool_decide(i, r)
   local live = pool_read(i, r)
   if r.mode == MODE_RENEW then
-    local want = {}
-    for id in string.gmatch(r.id, '%d+') do want[id] = true end
-    r.held = {}
-    for _, l in ipairs(r.leases) do
-      if l.k == r.key and want[l.id] then r.held[#r.held + 1] = l end
-    end
+    r.want = {}
+    for id in string.gmatch(r.id, '%d+') do r.want[id] = true end
+    r.held = pool_held(r)
     local any = 0
     if #r.held > 0 then any = 1 end
     return {any, math.max(r.max - live, 0), 0, 0, 0, #r.held, r.max}
@@ -331,6 +341,13 @@ end
 -- What a decision on a pool writes: an allowed batch the lease taken (the key then waits no
 -- more once it holds its share) or renewed; whatever the batch, a cut lease or a wait.
 local function pool_finish(i, r, allowed)
+  if pools_written[KEYS[i]] then
+    -- Another key of the pool was written by this batch: its leases as they are now.
+    local st = r.st
+    pool_read(i, r)
+    r.st = st
+    if r.want then r.held = pool_held(r) end
+  end
   if allowed and r.mode == MODE_RENEW and #r.held > 0 then
     for _, l in ipairs(r.held) do l.d = now + r.lease end
     pool_write(i, r, {leases = true, st = true})
