@@ -1,6 +1,8 @@
 //! Requests in flight per tenant, their number found from the tenant's own latency, in memory
 //! (`docs/adaptive-concurrency.md`): a search whose latency grows with the requests in flight
 //! (10 ms, plus 5 ms for each other request running), `/busy` answering `503` (a failure).
+//! All tenants together hold at most 60 slots (`capacity: 60`), shared equally among the
+//! tenants active now: one tenant flooding the search cannot take the others' share.
 //!
 //! ```text
 //! cargo run --example axum_adaptive

@@ -404,3 +404,20 @@ fn stores_memory(limits: &str) -> Store {
         _redis: None,
     }
 }
+
+/// The example's limits (`examples/config/adaptive.yaml`, `axum_adaptive`) load, with their
+/// capacity.
+#[test]
+fn the_examples_limits_share_a_capacity() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/config/adaptive.yaml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let limits = Limits::from_yaml_str(&text, None).unwrap();
+    let name = limits.name("SearchPerTenant").unwrap();
+    let Some(tower_ratelimits::Quota::Adaptive(a)) = limits.default_limit(name) else {
+        panic!("SearchPerTenant is an adaptive limit");
+    };
+    assert_eq!(a.shared_capacity(), Some(60));
+}
