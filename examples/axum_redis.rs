@@ -69,8 +69,10 @@ async fn run() -> Result<(), String> {
             ));
         }
     };
-    // A single server is connected in the background: the app starts (and fails open or
-    // closed, as configured) while Redis is still coming up. A cluster's topology is read now.
+    // A single server is connected in the background: the app starts while Redis is still
+    // coming up (failing open or closed, as configured, while it is unreachable); a request
+    // that arrives while Redis answers but the stored overrides are not read yet waits for
+    // that read (`ready_wait`). A cluster's topology is read now.
     let lazy = |url: &str| !url.contains("-cluster://");
     let mut builder = RedisBackend::from_url(url.as_str())
         .deny_cache(deny_cache)

@@ -1170,3 +1170,145 @@ RequestsPerIPv6Range:
     let part = v["region"]["part"]["rate"].as_u64().unwrap();
     assert!((8..=16).contains(&part), "{v}");
 }
+
+/// Item 6 of the faults issue: a fresh `axum_redis` (lazy, failing open) whose store answers
+/// decides by its limits from its first request. Requests sent from the moment it listens
+/// (four clients flooding one address, two asking as blocked addresses) until half a second
+/// after it says it is ready: the limit of burst 20, 10 a second admits at most 20 plus its
+/// rate over that time, and no blocked address passes, with `blocks` stored blocks.
+#[cfg(feature = "redis")]
+async fn a_fresh_instance_decides_by_its_limits(blocks: u32) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::time::Instant;
+
+    // The example's second rule, per /48, far above what the test asks.
+    const LIMITS: &str = "RequestsPerIPAddress:\n  kind: ip\n  burst: 20\n  count: 10\n  \
+        period: 1s\nRequestsPerIPv6Range:\n  kind: ipv6_range\n  burst: 100000\n  \
+        count: 100000\n  period: 1s\n";
+    let server = support::redis::RedisServer::start();
+    store_blocks(&server.url(), blocks).await;
+    let example = Example::start_with("axum_redis", LIMITS, &[("REDIS_URL", &server.url())]);
+    let base = Arc::new(example.base.clone());
+    let (done, admitted, blocked_admitted) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(AtomicU32::new(0)),
+    );
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for n in 0..6u32 {
+        let (base, done) = (Arc::clone(&base), Arc::clone(&done));
+        let (admitted, blocked_admitted) = (Arc::clone(&admitted), Arc::clone(&blocked_admitted));
+        clients.push(tokio::spawn(async move {
+            let client = reqwest_like::Client::new();
+            // Clients 4 and 5 ask as the first and the last address blocked (when any is).
+            let from = match n {
+                4 if blocks > 0 => blocked_address(1),
+                5 if blocks > 0 => blocked_address(blocks),
+                _ => "198.51.100.7".to_owned(),
+            };
+            let blocked = n >= 4 && blocks > 0;
+            while !done.load(Ordering::Acquire) {
+                if get(&client, &base, "/", Some(&from)).await.0 == 200 {
+                    let counter = if blocked {
+                        &blocked_admitted
+                    } else {
+                        &admitted
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let client = reqwest_like::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while get(&client, &base, "/ready", None).await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready with {blocks} blocks"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ready_after = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    done.store(true, Ordering::Release);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let (admitted, blocked_admitted) = (
+        admitted.load(Ordering::Relaxed),
+        blocked_admitted.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "{blocks} blocks: ready after {ready_after:?}; {admitted} admitted of one address, \
+         {blocked_admitted} of blocked ones, in {elapsed:.2} s"
+    );
+    let most = 20 + (10.0 * elapsed).ceil() as u32;
+    assert!(
+        admitted <= most,
+        "{blocks} blocks: {admitted} admitted in {elapsed:.2} s, at most {most}"
+    );
+    assert!(
+        admitted >= 20,
+        "{blocks} blocks: the burst is served ({admitted})"
+    );
+    assert_eq!(
+        blocked_admitted, 0,
+        "{blocks} blocks: blocked addresses admitted"
+    );
+}
+
+/// The `n`th address blocked by [`store_blocks`] (1-based), in 10.0.0.0/8.
+#[cfg(feature = "redis")]
+fn blocked_address(n: u32) -> String {
+    format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255)
+}
+
+/// Stores `n` blocks of `RequestsPerIPAddress` under the example's prefix, as the admin API
+/// writes them, in calls of 10,000.
+#[cfg(feature = "redis")]
+async fn store_blocks(url: &str, n: u32) {
+    use fred::interfaces::{ClientLike, LuaInterface};
+    let client = fred::prelude::Builder::from_config(fred::prelude::Config::from_url(url).unwrap())
+        .build()
+        .unwrap();
+    client.init().await.unwrap();
+    let fill = "for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do \
+        local ip = string.format('10.%d.%d.%d', math.floor(i / 65536) % 256, \
+          math.floor(i / 256) % 256, i % 256) \
+        redis.call('HSET', KEYS[1], 'RequestsPerIPAddress:' .. ip, \
+        '{\"v\":1,\"limit\":\"RequestsPerIPAddress\",\"id\":\"' .. ip .. '\",\"block\":true}') end";
+    let mut from = 1;
+    while from <= n {
+        let to = (from + 9_999).min(n);
+        let _: () = client
+            .eval(
+                fill,
+                vec!["rl:{overrides}"],
+                vec![from.to_string(), to.to_string()],
+            )
+            .await
+            .unwrap();
+        from = to + 1;
+    }
+    let _ = client.quit().await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_axum_redis_decides_by_its_limits_from_the_first_request() {
+    skip_unless_built("axum_redis");
+    a_fresh_instance_decides_by_its_limits(0).await;
+    a_fresh_instance_decides_by_its_limits(200_000).await;
+}
+
+/// The same with 1,000,000 stored blocks (the instance reads them in about 14 s on a debug
+/// build; requests wait for the read, `ready_wait` being 30 s).
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_axum_redis_decides_by_its_limits_with_a_million_blocks() {
+    skip_unless_built("axum_redis");
+    a_fresh_instance_decides_by_its_limits(1_000_000).await;
+}

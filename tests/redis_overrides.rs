@@ -542,6 +542,26 @@ async fn a_fresh_instance_decides_no_request_before_it_read_every_override() {
         assert_eq!(fresh.request(id).await.status, 429, "{id}");
     }
 
+    // Lazy, with the store up: `connect` returns at once, and a spend made before the read is
+    // done waits for it and is decided with the blocks (it failed before, and the layer's
+    // failure policy answered it).
+    let lazy = RedisBackend::from_url(server.url())
+        .prefix(&prefix)
+        .lazy(true)
+        .connect()
+        .await
+        .unwrap();
+    let limits = tower_ratelimits::Limits::from_yaml_str(support::admin::LIMITS, None).unwrap();
+    let limiter = tower_ratelimits::Limiter::new(limits, lazy);
+    assert!(!limiter.is_ready(), "200,000 blocks are not read at once");
+    let blocked = limiter.parse_key("PerClient", "f200000").unwrap();
+    let decision = limiter
+        .spend(&[tower_ratelimits::Transaction::new(blocked)])
+        .await
+        .expect("decided once the overrides are read");
+    assert!(!decision.allowed(), "the block is applied");
+    assert!(limiter.is_ready());
+
     // Lazy, with the store down at start: not ready, and a spend fails, until it is up and read.
     let port = support::redis::free_port();
     let lazy = RedisBackend::from_url(format!("redis://127.0.0.1:{port}"))

@@ -381,9 +381,16 @@ pub enum BackendError {
     /// The tiered algorithm refused the request (a range it cannot grant).
     #[error(transparent)]
     Tiers(#[from] TierRequestError),
+    /// The backend is still reading what it must know to decide (a fresh lazy Redis
+    /// backend's stored overrides) while its store answers: nothing was spent. The layer and
+    /// [`Limiter::spend`](crate::Limiter::spend) wait for
+    /// [`Backend::until_ready`](crate::Backend::until_ready) and take the batch again, under the
+    /// limits then in force; a caller of the backend itself does the same.
+    #[error("the backend is reading what it must know before it decides (the stored overrides)")]
+    NotReady,
 }
 
-readable_debug!(BackendError { Full { max_keys }, Timeout(after), Unavailable(reason), OutOfMemory(reason), CircuitOpen { retry_in }, InvalidState { key, reason }, Gcra(error), Tiers(error) });
+readable_debug!(BackendError { Full { max_keys }, Timeout(after), Unavailable(reason), OutOfMemory(reason), CircuitOpen { retry_in }, InvalidState { key, reason }, Gcra(error), Tiers(error), NotReady });
 
 /// A backend's outcomes for a batch, one per transaction, in order (read them as a slice:
 /// `Outcomes` derefs to `[Outcome]`), and the grant per tier of each tiered one
@@ -672,11 +679,21 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Whether the backend decides with all it must know. The Redis backend is not ready until
     /// it has read the stored overrides whole once (a fresh instance never decides an
-    /// overridden id without its override: until then a spend fails, and the layer's failure
-    /// policy answers); a backend that keeps no overrides elsewhere is always ready (the
-    /// default). [`Limiter::is_ready`](crate::Limiter::is_ready) asks it, for a readiness probe.
+    /// overridden id without its override: until then a spend answers
+    /// [`BackendError::NotReady`] while the store answers, and fails while it is unreachable,
+    /// so that the layer's failure policy answers); a backend that keeps no overrides elsewhere
+    /// is always ready (the default). [`Limiter::is_ready`](crate::Limiter::is_ready) asks it,
+    /// for a readiness probe.
     fn ready(&self) -> bool {
         true
+    }
+
+    /// Waits until the backend is [ready](Self::ready), within a bound the backend sets (the
+    /// Redis backend's [`ready_wait`](crate::RedisBackendBuilder::ready_wait)), and says
+    /// whether it is. Asked after a spend answered [`BackendError::NotReady`]. The default
+    /// answers [`ready`](Self::ready) at once.
+    async fn until_ready(&self) -> bool {
+        self.ready()
     }
 
     /// The clock this backend decides by when it is not the system's (a manual clock, a
@@ -728,6 +745,9 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn ready(&self) -> bool {
         (**self).ready()
+    }
+    async fn until_ready(&self) -> bool {
+        (**self).until_ready().await
     }
     fn override_store(&self) -> Option<OverrideStoreRef> {
         (**self).override_store()

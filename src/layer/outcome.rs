@@ -148,9 +148,34 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
         }
     };
     match result {
+        Ok(Err(LimiterError::Backend(BackendError::NotReady))) => {
+            Road::Deciding(ready_first(shared, txs, head))
+        }
         Ok(result) => Road::Decided(decided(shared, result.map_err(Failure::Limiter), txs, head)),
         Err(pending) => Road::Deciding(decide(shared, pending, txs, head)),
     }
+}
+
+/// The road of a request that reached a backend still reading what it must know (a fresh
+/// lazy Redis backend's stored overrides, while its store answers): it waits for the read,
+/// bounded by the backend (`RedisBackendBuilder::ready_wait`; the layer's timeout bounds the
+/// store's answers, and this is no answer), then takes the road again under the limits then
+/// in force, so an id blocked in the store is decided with its block. A backend still not
+/// ready then (its store unreachable, or the wait over): the failure policy.
+#[cold]
+#[inline(never)]
+fn ready_first(shared: &Arc<Shared>, txs: Txs, head: bool) -> Decide {
+    let shared = shared.clone();
+    Box::pin(async move {
+        if !shared.limiter.until_ready().await {
+            let e = BackendError::Unavailable(
+                "the backend did not read what it must know before deciding (the stored overrides)"
+                    .into(),
+            );
+            return decided(&shared, Err(Failure::Limiter(e.into())), txs, head);
+        }
+        step_again(&shared, txs, head).await
+    })
 }
 
 /// The road of a request one of whose keys the in-memory fallback granted units the store has
@@ -169,20 +194,26 @@ fn charged_first(shared: &Arc<Shared>, ledger: Arc<Ledger>, txs: Txs, head: bool
             };
             return decided(&shared, Err(failure), txs, head);
         }
-        let step = {
-            let limits = shared.limiter.load();
-            let mut verdict = Verdict::new(&txs);
-            match shared.limiter.spend_step(&limits, &mut verdict) {
-                Ok(Step::Ready) => Ok(verdict.decision()),
-                Ok(Step::Pending(pending)) => Err(pending),
-                Err(e) => Ok(Err(e)),
-            }
-        };
-        match step {
-            Ok(result) => decided(&shared, result.map_err(Failure::Limiter), txs, head),
-            Err(pending) => decide(&shared, pending, txs, head).await,
-        }
+        step_again(&shared, txs, head).await
     })
+}
+
+/// The request's spend after something it waited for (a charge, a first read), under a
+/// snapshot of the limits taken now, within the layer's timeout.
+async fn step_again(shared: &Arc<Shared>, txs: Txs, head: bool) -> Decided {
+    let step = {
+        let limits = shared.limiter.load();
+        let mut verdict = Verdict::new(&txs);
+        match shared.limiter.spend_step(&limits, &mut verdict) {
+            Ok(Step::Ready) => Ok(verdict.decision()),
+            Ok(Step::Pending(pending)) => Err(pending),
+            Err(e) => Ok(Err(e)),
+        }
+    };
+    match step {
+        Ok(result) => decided(shared, result.map_err(Failure::Limiter), txs, head),
+        Err(pending) => decide(shared, pending, txs, head).await,
+    }
 }
 
 /// An allowed request concluded from its verdict by reference, as `conclude` concludes its

@@ -347,6 +347,13 @@ impl Limiter {
         self.inner.backend.ready()
     }
 
+    /// Waits until the backend is ready, within the backend's bound (a lazy Redis backend
+    /// waits for its first read of the stored overrides while its store answers:
+    /// [`ready_wait`](crate::RedisBackendBuilder::ready_wait)), and says whether it is.
+    pub(crate) async fn until_ready(&self) -> bool {
+        self.inner.backend.until_ready().await
+    }
+
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
@@ -685,6 +692,15 @@ impl Limiter {
         if op == Op::Refund {
             return self.refund_in(&self.load(), batch).await;
         }
+        match self.run_once(batch, op).await {
+            Err(LimiterError::Backend(BackendError::NotReady)) => {
+                Box::pin(self.run_when_ready(batch, op)).await
+            }
+            result => result,
+        }
+    }
+
+    async fn run_once(&self, batch: &[Transaction], op: Op) -> Result<BatchDecision, LimiterError> {
         let pending = {
             let limits = self.load();
             let mut verdict = Verdict::new(batch);
@@ -694,6 +710,30 @@ impl Limiter {
             }
         };
         pending.decided(batch).await
+    }
+
+    /// [`run`](Self::run) once the backend is ready (a fresh lazy Redis backend reading the
+    /// stored overrides): the batch resolved again under the limits then in force. Not ready
+    /// within the backend's bound: the store's failure.
+    #[cold]
+    async fn run_when_ready(
+        &self,
+        batch: &[Transaction],
+        op: Op,
+    ) -> Result<BatchDecision, LimiterError> {
+        let not_read = || {
+            LimiterError::Backend(BackendError::Unavailable(
+                "the backend did not read what it must know before deciding (the stored overrides)"
+                    .into(),
+            ))
+        };
+        if !self.until_ready().await {
+            return Err(not_read());
+        }
+        match self.run_once(batch, op).await {
+            Err(LimiterError::Backend(BackendError::NotReady)) => Err(not_read()),
+            result => result,
+        }
     }
 }
 

@@ -21,6 +21,8 @@ pub(super) const DEFAULT_PREFIX: &str = "rl:";
 
 /// The default timeout of every Redis command.
 pub(super) const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a request waits for a lazy backend's first read of the stored overrides.
+const DEFAULT_READY_WAIT: Duration = Duration::from_secs(30);
 
 /// The default number of buckets the local deny cache remembers.
 pub(super) const DEFAULT_DENY_CACHE_CAPACITY: usize = 100_000;
@@ -61,6 +63,7 @@ pub struct RedisBackendBuilder {
     deny_cache_capacity: usize,
     breaker: breaker::Settings,
     lazy: bool,
+    ready_wait: Duration,
     coalesce: Option<super::coalesce::Settings>,
     max_overrides: usize,
     /// Connect to read only (a replay's snapshot): neither the stored overrides' read (which
@@ -103,6 +106,7 @@ impl RedisBackendBuilder {
             deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
             breaker: breaker::Settings::default(),
             lazy: false,
+            ready_wait: DEFAULT_READY_WAIT,
             coalesce: Some(super::coalesce::Settings::default()),
             max_overrides: crate::backend::DEFAULT_MAX_OVERRIDES,
             read_only: false,
@@ -223,12 +227,27 @@ impl RedisBackendBuilder {
 
     /// Connects in the background (default off): [`connect`](Self::connect) returns at once,
     /// even while Redis is down or still starting, so an app that fails open starts and
-    /// serves; requests fail (fast, once the circuit breaker opens) until the connection is
-    /// up, and the script is loaded by the first request that needs it. For a URL of a
+    /// serves; requests fail (fast, once the circuit breaker opens) while Redis is
+    /// unreachable, wait for the first read of the stored overrides while it answers
+    /// ([`ready_wait`](Self::ready_wait)), and the script is loaded by the first request that
+    /// needs it. For a URL of a
     /// single server (or a pool); a cluster's topology is read at `connect`, so a
     /// `redis-cluster://` URL is refused with `lazy`.
     pub fn lazy(mut self, lazy: bool) -> Self {
         self.lazy = lazy;
+        self
+    }
+
+    /// How long a request that reaches a [`lazy`](Self::lazy) backend before its first read
+    /// of the stored overrides is done waits for that read (default 30 s, enough for a
+    /// million stored overrides: `docs/operating.md`). While the store answers, such a request
+    /// waits and is then decided by the store, so a fresh instance decides by its limits and
+    /// its blocks from its first request; while the store is unreachable (no connection, or a
+    /// command of the read failed), or once the wait is over, the layer's failure policy
+    /// answers it at once. A backend that is not lazy reads the overrides in
+    /// [`connect`](Self::connect), so no request ever waits.
+    pub fn ready_wait(mut self, wait: Duration) -> Self {
+        self.ready_wait = wait;
         self
     }
 
@@ -509,6 +528,8 @@ impl RedisBackendBuilder {
                 max_overrides: self.max_overrides,
                 override_read: tokio::sync::Mutex::new(()),
                 overrides_ready: std::sync::atomic::AtomicBool::new(false),
+                first_read: tokio::sync::watch::Sender::new(super::overrides::FirstRead::Reading),
+                ready_wait: self.ready_wait,
                 override_names: super::overrides::Names::new(&self.prefix),
                 prefix: self.prefix,
             }),

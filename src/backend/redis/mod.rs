@@ -170,15 +170,34 @@ struct Inner {
     /// Whether the stored overrides were read whole once: until then no spend is decided
     /// (an overridden id must never be decided without its override).
     overrides_ready: std::sync::atomic::AtomicBool,
+    /// The first whole read as requests arriving before it see it, and how long they wait
+    /// for it (`RedisBackendBuilder::ready_wait`).
+    first_read: tokio::sync::watch::Sender<overrides::FirstRead>,
+    ready_wait: Duration,
     override_names: overrides::Names,
 }
 
-/// A spend before the stored overrides were read whole: the failure policy answers it.
+/// A spend before the stored overrides were read whole, with the store unreachable or the
+/// read longer than `ready_wait`: the failure policy answers it.
 #[cold]
 fn not_ready() -> BackendError {
     BackendError::Unavailable(
         "the stored overrides are not read yet: no request is decided without them".into(),
     )
+}
+
+impl RedisBackend {
+    /// A spend before the stored overrides were read whole: while the store answers, the
+    /// caller waits for the read ([`Backend::until_ready`]) and takes its batch again; while
+    /// the store is unreachable, the failure policy answers it.
+    #[cold]
+    #[inline(never)]
+    fn not_read_yet(&self) -> Spend {
+        Spend::Ready(Err(match *self.inner.first_read.borrow() {
+            overrides::FirstRead::Unreachable => not_ready(),
+            overrides::FirstRead::Reading | overrides::FirstRead::Done => BackendError::NotReady,
+        }))
+    }
 }
 
 /// A TAT the script answered (on the server's clock, `server_now` then), on the local clock
@@ -599,7 +618,7 @@ impl Backend for RedisBackend {
             return Spend::Ready(Ok(Outcomes::new()));
         }
         if !self.ready() {
-            return Spend::Ready(Err(not_ready()));
+            return self.not_read_yet();
         }
         let (now, local_now) = match self.now_arg() {
             Ok(t) => t,
@@ -731,6 +750,18 @@ impl Backend for RedisBackend {
         self.inner
             .overrides_ready
             .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits for the first whole read of the stored overrides while the store answers, at
+    /// most `ready_wait`; at once while the store is unreachable.
+    async fn until_ready(&self) -> bool {
+        if self.ready() {
+            return true;
+        }
+        let mut first_read = self.inner.first_read.subscribe();
+        let read = first_read.wait_for(|s| *s != overrides::FirstRead::Reading);
+        let _ = tokio::time::timeout(self.inner.ready_wait, read).await;
+        self.ready()
     }
 
     /// The instance's clock: the caller's time, when the backend was given one.

@@ -50,8 +50,37 @@ const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 /// Fields asked for per `HSCAN` call and per `HMGET`: each call short, so requests on the same
 /// server wait for none of them long.
 const PAGE: usize = 1_000;
+/// Overrides read whole applied to the limits in force together (`read_overrides`).
+const APPLY_AT: usize = 16 * PAGE;
 /// Fields a notification names that an instance reads (a change names one; expiries a batch).
 const MOST_KEYS_TOLD: usize = 10_000;
+
+/// Where a fresh instance stands with its first whole read of the stored overrides, as a
+/// request arriving before it sees it (`RedisBackendBuilder::ready_wait`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FirstRead {
+    /// Under way, or not started: the store has not failed to answer. A request waits.
+    Reading,
+    /// The store did not answer (no connection, or a command of the read failed): the failure
+    /// policy answers at once, until the store answers again.
+    Unreachable,
+    /// Read whole: every request is decided by the store.
+    Done,
+}
+
+impl RedisBackend {
+    /// Says where the first read stands (nothing once it is done: later reads do not gate
+    /// requests).
+    pub(super) fn first_read(&self, state: FirstRead) {
+        self.inner.first_read.send_if_modified(|now| {
+            let changed = *now != FirstRead::Done && *now != state;
+            if changed {
+                *now = state;
+            }
+            changed
+        });
+    }
+}
 
 /// Stores one override unless the store is full (answers `{-1, ''}` then), bumps the version,
 /// sets the epoch if there is none, tells every instance; answers `{version, epoch}`.
