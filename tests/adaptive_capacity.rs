@@ -18,9 +18,19 @@ use tower_ratelimits::{
 const LIMITS: &str = "\
 Shared:
   kind: account
-  concurrency: {adaptive: {min: 1, initial: 20, max: 20, algorithm: aimd, capacity: 10}}
+  concurrency: {adaptive: {min: 1, initial: 20, max: 20, algorithm: aimd, capacity: 10, headroom: 0}}
   lease: 10m
   retry_after: 100ms
+";
+
+/// The isolation's limits with the default headroom (a fifth of the capacity: 4 of 20), the
+/// keys' numbers at the capacity (an `initial` of 30 is held to 20).
+const HELD: &str = "\
+Shared:
+  kind: account
+  concurrency: {adaptive: {min: 1, initial: 30, max: 100, algorithm: aimd, capacity: 20}}
+  lease: 10m
+  retry_after: 20ms
 ";
 
 const START_US: u64 = 1_800_000_000_000_000;
@@ -229,8 +239,18 @@ Shared:7:
 ";
     let err = Limits::from_yaml_str(LIMITS, Some(overrides)).unwrap_err();
     assert!(err.to_string().contains("capacity"), "{err}");
-    let kept = overrides.replace("capacity: 11", "capacity: 10");
+    let kept = overrides.replace("capacity: 11", "capacity: 10, headroom: 0");
     Limits::from_yaml_str(LIMITS, Some(&kept)).unwrap();
+    // The headroom is the limit's too: another one is refused, naming it.
+    let other = overrides.replace("capacity: 11", "capacity: 10");
+    let err = Limits::from_yaml_str(LIMITS, Some(&other)).unwrap_err();
+    assert!(err.to_string().contains("headroom"), "{err}");
+    // A headroom is 0 to the capacity, and only beside one.
+    let over = LIMITS.replace("headroom: 0", "headroom: 11");
+    let err = Limits::from_yaml_str(&over, None).unwrap_err();
+    assert!(err.to_string().contains("headroom"), "{err}");
+    let alone = LIMITS.replace("capacity: 10, headroom: 0", "headroom: 1");
+    assert!(Limits::from_yaml_str(&alone, None).is_err());
 }
 
 // The isolation scenario: a service shared by two keys, on the limiter's clock.
@@ -247,7 +267,8 @@ Shared:
 const MS: u64 = 1_000;
 
 /// Latency of a request of a key whose own latency is `base_us`, with `total` requests of
-/// both keys in flight: past the knee, every request in flight slows everyone by 2 ms.
+/// every key in flight: past the knee (20, the capacity the scenarios share), every request
+/// in flight slows everyone by 2 ms.
 fn latency_us(base_us: u64, total: u64) -> u64 {
     const KNEE: u64 = 20;
     base_us + total.saturating_sub(KNEE) * 2 * MS
@@ -267,6 +288,12 @@ struct Seen {
 /// again as soon as answered, or 20 ms after a refusal; every request's completion is given
 /// back with its latency.
 async fn isolation(s: &Store, noisy: bool, seconds: u64) -> Seen {
+    isolation_beside(s, noisy, &[], seconds).await
+}
+
+/// [`isolation`] with `held` slots held by other keys from the start, never given back (their
+/// requests outlive the run) and slowing the service as any request in flight.
+async fn isolation_beside(s: &Store, noisy: bool, held: &[Lease], seconds: u64) -> Seen {
     const QUIET: u64 = 1;
     const NOISY: u64 = 2;
     let mut events: BinaryHeap<Reverse<Event>> = BinaryHeap::new();
@@ -277,7 +304,7 @@ async fn isolation(s: &Store, noisy: bool, seconds: u64) -> Seen {
         events.extend(clients(NOISY, 60));
     }
     let mut leases: std::collections::HashMap<u64, (Lease, u64)> = Default::default();
-    let (mut next_lease, mut in_flight) = (0u64, 0u64);
+    let (mut next_lease, mut in_flight) = (0u64, held.len() as u64);
     let mut quiet_latencies = Vec::new();
     let end = start + seconds * 1_000_000;
     while let Some(Reverse((t, key, client, ends))) = events.pop() {
@@ -309,6 +336,11 @@ async fn isolation(s: &Store, noisy: bool, seconds: u64) -> Seen {
         events.push(Reverse((t + latency, key, client, Some(next_lease))));
     }
     quiet_latencies.sort_unstable();
+    assert!(
+        !quiet_latencies.is_empty(),
+        "{}: the quiet key got nothing",
+        s.label
+    );
     let p99 = quiet_latencies[quiet_latencies.len() * 99 / 100];
     Seen {
         p99_us: p99,
@@ -420,4 +452,127 @@ fn the_examples_limits_share_a_capacity() {
         panic!("SearchPerTenant is an adaptive limit");
     };
     assert_eq!(a.shared_capacity(), Some(60));
+}
+
+/// Keys whose requests never end cannot corner a capacity (issue 77, item 3): keys 100.. take
+/// every slot they can and hold it (1, 2 and 3 of them, numbers at the capacity or 10 each);
+/// a key that holds none is then admitted at once, on every store, because the last 4 free
+/// slots (the default headroom of a capacity of 20) go only to keys that hold none. At
+/// 8795f94 one such key took all 20 and the new key was refused.
+#[tokio::test]
+async fn a_key_holding_no_slot_is_admitted_beside_keys_that_never_give_theirs_back() {
+    for (attackers, number) in [(1, 30), (2, 10), (3, 10)] {
+        let limits = HELD.replace("initial: 30", &format!("initial: {number}"));
+        for s in stores(&limits).await {
+            let mut held = Vec::new();
+            for k in 0..attackers {
+                held.extend(s.fill(100 + k).await);
+            }
+            let (allowed, _, _) = s.ask(1).await;
+            assert!(
+                allowed,
+                "{}: {attackers} keys hold {} slots, a new key refused",
+                s.label,
+                held.len()
+            );
+            // Alone a key holds all but the headroom; others take their first slot from it.
+            if attackers == 1 {
+                assert_eq!(held.len(), 16, "{}", s.label);
+            }
+        }
+    }
+}
+
+/// The promise as a user reads it: while fewer keys than the headroom hold slots, a new key
+/// is admitted at once. 19 keys of 10 whose requests never end, a capacity of 40 with a
+/// headroom of 20: the 20th key is admitted, on every store.
+#[tokio::test]
+async fn nineteen_keys_holding_forever_leave_a_new_key_its_slot() {
+    let limits = HELD
+        .replace("initial: 30", "initial: 10")
+        .replace("capacity: 20", "capacity: 40, headroom: 20");
+    for s in stores(&limits).await {
+        let mut held = 0;
+        for k in 0..19 {
+            held += s.fill(100 + k).await.len();
+        }
+        assert!(held <= 39, "{}: {held}", s.label);
+        assert!(s.ask(1).await.0, "{}: 19 keys hold {held} of 40", s.label);
+    }
+}
+
+/// The isolation bound beside keys that never give their slots back (1 holding all it can at
+/// a number above the capacity, 2 and 3 of 10 each): the quiet key's p99 stays within 1.2
+/// times its value alone, on memory and a single Redis. Without the headroom the same keys
+/// leave it nothing (the run asserts the quiet key got something).
+#[tokio::test]
+async fn a_quiet_key_keeps_its_latency_beside_keys_that_never_give_theirs_back() {
+    for (attackers, number) in [(1, 30), (2, 10), (3, 10)] {
+        let limits = HELD.replace("initial: 30", &format!("initial: {number}"));
+        let alone = isolation(&stores_memory(&limits), false, 4).await;
+        let mut on = vec![stores_memory(&limits)];
+        #[cfg(feature = "redis")]
+        on.push(
+            redis_store(
+                &limits,
+                "a single Redis",
+                support::redis::TestRedis::single(),
+            )
+            .await,
+        );
+        for s in on {
+            let mut held = Vec::new();
+            for k in 0..attackers {
+                held.extend(s.fill(100 + k).await);
+            }
+            let beside = isolation_beside(&s, false, &held, 4).await;
+            assert!(
+                beside.p99_us * 10 <= alone.p99_us * 12,
+                "{} beside {attackers}: p99 {} us, {} alone",
+                s.label,
+                beside.p99_us,
+                alone.p99_us
+            );
+        }
+    }
+}
+
+/// An `initial` or `max` above the capacity is held to it wherever it comes from: the file
+/// (`initial: 30` under a capacity of 20 loads, and a key is shown 16 at most: 20 less the
+/// headroom), and a stored override (an id given `initial: 60000, max: 65535` through the
+/// JSON the admin API takes holds the capacity too).
+#[tokio::test]
+async fn a_number_above_the_capacity_is_held_to_it() {
+    let limits = Limits::from_yaml_str(HELD, None).unwrap();
+    let name = limits.name("Shared").unwrap();
+    let Some(tower_ratelimits::Quota::Adaptive(a)) = limits.default_limit(name) else {
+        panic!("Shared is an adaptive limit");
+    };
+    assert_eq!((a.adaptive().initial(), a.adaptive().max()), (20, 20));
+    assert_eq!(a.shared_headroom(), Some(4));
+    let limiter = Limiter::new(limits, MemoryBackend::new());
+    let huge = tower_ratelimits::AdaptiveConcurrency::new(
+        tower_ratelimits::Adaptive::gradient(1, 60_000, 65_535).unwrap(),
+    )
+    .capacity(20)
+    .unwrap();
+    assert_eq!((huge.adaptive().initial(), huge.adaptive().max()), (20, 20));
+    limiter
+        .set_override(
+            "Shared",
+            "7",
+            tower_ratelimits::OverrideKind::Quota(huge.into()),
+            None,
+        )
+        .await
+        .unwrap();
+    let s = Store {
+        label: "memory".into(),
+        clock: ManualClock::new(START_US),
+        limiter,
+        memory: None,
+        #[cfg(feature = "redis")]
+        _redis: None,
+    };
+    assert_eq!(s.fill(7).await.len(), 16);
 }

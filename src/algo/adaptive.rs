@@ -343,6 +343,8 @@ pub struct AdaptiveConcurrency {
     measure: Measure,
     /// The slots all keys share (0: none), by [`capacity`](self::capacity)'s rule.
     capacity: u64,
+    /// Of them, the free slots lent only to keys holding none.
+    headroom: u64,
 }
 
 impl AdaptiveConcurrency {
@@ -359,6 +361,7 @@ impl AdaptiveConcurrency {
             idle_reset_us: 300_000_000,
             measure: Measure::Head,
             capacity: 0,
+            headroom: 0,
         }
     }
 
@@ -366,17 +369,77 @@ impl AdaptiveConcurrency {
     /// [`MAX_CAPACITY`](capacity::MAX_CAPACITY)): the slots they hold together never exceed
     /// it, and the keys active now share it equally (`docs/adaptive-concurrency.md`). The
     /// limit's state is then kept once per limit (one slot on a cluster).
+    ///
+    /// It keeps a headroom, lent only to keys that hold no slot (default a fifth of it, at
+    /// least one: [`headroom`](Self::headroom)). A key's `min`, `initial` or `max` above the
+    /// capacity is held to it, with a warning naming the field: no key may hold more.
+    ///
+    /// ```
+    /// use tower_ratelimits::{Adaptive, AdaptiveConcurrency};
+    ///
+    /// let limit = AdaptiveConcurrency::new(Adaptive::gradient(1, 30, 100).unwrap())
+    ///     .capacity(20)
+    ///     .unwrap();
+    /// assert_eq!((limit.adaptive().initial(), limit.adaptive().max()), (20, 20));
+    /// assert_eq!(limit.shared_headroom(), Some(4));
+    /// ```
     pub fn capacity(mut self, slots: u64) -> Result<Self, AdaptiveError> {
         if !(1..=capacity::MAX_CAPACITY).contains(&slots) {
             return Err(AdaptiveError::Parameter("capacity"));
         }
+        let a = &mut self.adaptive;
+        for (field, value) in [
+            ("min", &mut a.min),
+            ("initial", &mut a.initial),
+            ("max", &mut a.max),
+        ] {
+            if *value > slots {
+                tracing::warn!(
+                    field,
+                    value = *value,
+                    capacity = slots,
+                    "an adaptive limit's {field} ({value}) is above the capacity its keys share ({slots}): held to {slots}",
+                    value = *value
+                );
+                *value = slots;
+            }
+        }
+        self.slots = self.slots.with_max(self.adaptive.max);
         self.capacity = slots;
+        self.headroom = capacity::default_headroom(slots);
+        Ok(self)
+    }
+
+    /// The free slots of the capacity lent only to keys that hold no slot (0 to the capacity;
+    /// set after [`capacity`](Self::capacity), which sets the default, a fifth of it, at least
+    /// one). A key that holds a slot takes another only while this many stay free after it, so
+    /// while fewer keys than this hold slots, a key holding none is admitted at once however
+    /// long the others' requests run; alone, a key holds at most `capacity - headroom`
+    /// (`docs/adaptive-concurrency.md`, "A global capacity"). 0 lends every slot.
+    pub fn headroom(mut self, slots: u64) -> Result<Self, AdaptiveError> {
+        if self.capacity == 0 || slots > self.capacity {
+            return Err(AdaptiveError::Parameter("headroom"));
+        }
+        self.headroom = slots;
         Ok(self)
     }
 
     /// The capacity the keys share, if any.
     pub fn shared_capacity(&self) -> Option<u64> {
         (self.capacity > 0).then_some(self.capacity)
+    }
+
+    /// The headroom of the capacity the keys share, if any.
+    pub fn shared_headroom(&self) -> Option<u64> {
+        (self.capacity > 0).then_some(self.headroom)
+    }
+
+    /// The capacity with its headroom, as its rule reads them.
+    pub(crate) fn shared(&self) -> Option<capacity::Capacity> {
+        (self.capacity > 0).then_some(capacity::Capacity {
+            slots: self.capacity,
+            headroom: self.headroom,
+        })
     }
 
     /// The window: how often the number moves (1 ms to 1 h).

@@ -51,8 +51,8 @@ impl Shape for AdaptiveConcurrency {
 
     fn keeps_on_override(&self, other: &Quota) -> Result<(), &'static str> {
         match other {
-            Quota::Adaptive(o) if o.shared_capacity() == self.shared_capacity() => Ok(()),
-            _ => Err("the adaptive limit's capacity, shared by all ids"),
+            Quota::Adaptive(o) if o.shared() == self.shared() => Ok(()),
+            _ => Err("the adaptive limit's capacity and headroom, shared by all ids"),
         }
     }
 
@@ -102,6 +102,7 @@ impl Shape for AdaptiveConcurrency {
             ("idle_reset", Text(format_duration_us(self.idle_reset_us()))),
             ("lease", Text(format_duration_us(self.slots().lease_us()))),
             ("capacity", Number(self.shared_capacity().unwrap_or(0))),
+            ("headroom", Number(self.shared_headroom().unwrap_or(0))),
         ]
     }
 
@@ -144,9 +145,15 @@ impl Shape for AdaptiveConcurrency {
             .and_then(|l| l.retry_after(us(self.slots().retry_after_us())))
             .map_err(ShapeError::Adaptive)?;
         scaled = scaled.measure(self.measured());
-        if let Some(c) = self.shared_capacity() {
+        if let Some(c) = self.shared() {
+            let slots = scale.of(c.slots, 1);
+            let headroom = match c.headroom {
+                0 => 0,
+                h => scale.of(h, 1).min(slots),
+            };
             scaled = scaled
-                .capacity(scale.of(c, 1))
+                .capacity(slots)
+                .and_then(|l| l.headroom(headroom))
                 .map_err(ShapeError::Adaptive)?;
         }
         Ok(Quota::Adaptive(Arc::new(scaled)))
@@ -205,6 +212,9 @@ struct Settings {
     /// The capacity the keys share (0: none; absent in what earlier versions stored).
     #[serde(default, skip_serializing_if = "is_zero")]
     capacity: u64,
+    /// The capacity's headroom (absent in what earlier versions stored: the default then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    headroom: Option<u64>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -241,6 +251,7 @@ impl Settings {
             lease_us: l.slots().lease_us(),
             retry_after_us: l.slots().retry_after_us(),
             capacity: l.shared_capacity().unwrap_or(0),
+            headroom: l.shared_headroom(),
         }
     }
 
@@ -265,6 +276,9 @@ impl Settings {
         }
         if self.capacity > 0 {
             v["capacity"] = self.capacity.into();
+        }
+        if let Some(h) = self.headroom {
+            v["headroom"] = h.into();
         }
         v
     }
@@ -298,6 +312,10 @@ impl Settings {
             .and_then(|l| match self.capacity {
                 0 => Ok(l),
                 c => l.capacity(c),
+            })
+            .and_then(|l| match self.headroom {
+                Some(h) if self.capacity > 0 => l.headroom(h),
+                _ => Ok(l),
             })
             .map_err(|e| e.to_string())
     }
@@ -346,6 +364,7 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
         idle_reset: Option<String>,
         measure: Option<String>,
         capacity: Option<u64>,
+        headroom: Option<u64>,
     }
     let settings = match form {
         Form::Stored => json_fields(fields).map(|s: Stored| s.concurrency.adaptive),
@@ -371,6 +390,7 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
                 lease_us: d("lease", a.lease, crate::algo::concurrency::DEFAULT_LEASE_US)?,
                 retry_after_us: d("retry_after", a.retry_after, 1_000_000)?,
                 capacity: s.capacity.unwrap_or(0),
+                headroom: s.headroom,
             })
         }),
     };
@@ -417,6 +437,21 @@ mod tests {
                 quota.write_json(form, &mut v);
                 assert_eq!(Quota::read_json(form, &v).unwrap(), quota, "{v}");
             }
+        }
+        // A headroom set reads back; none, as earlier versions stored it, is the default.
+        let kept = Quota::from(limit().headroom(7).unwrap());
+        for form in [Form::Stored, Form::Api] {
+            let mut v = serde_json::json!({});
+            kept.write_json(form, &mut v);
+            assert_eq!(Quota::read_json(form, &v).unwrap(), kept, "{v}");
+            v["concurrency"]["adaptive"]
+                .as_object_mut()
+                .unwrap()
+                .remove("headroom");
+            let Ok(Quota::Adaptive(old)) = Quota::read_json(form, &v) else {
+                panic!("{v}");
+            };
+            assert_eq!(old.shared_headroom(), Some(12), "{v}");
         }
         let bad = serde_json::json!({"concurrency": {"adaptive": {"min": 3, "max": 2}}});
         assert!(Quota::read_json(Form::Api, &bad).is_err());

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use super::concurrency::{live_leases, read_leases};
 use super::{BucketTx, Read, Stored};
-use crate::algo::adaptive::capacity::{self, Held, MAX_CAPACITY};
+use crate::algo::adaptive::capacity::{self, Capacity, Held, MAX_CAPACITY};
 use crate::algo::adaptive::{AdaptiveConcurrency, AdaptiveState};
 use crate::algo::concurrency as concurrency_rule;
 use crate::backend::Outcome;
@@ -49,7 +49,7 @@ pub(super) fn adaptive_decide(
     stored: Option<Read<'_>>,
     now: u64,
 ) -> (Outcome, Option<Stored>, Option<Stored>) {
-    if let Some(capacity) = limit.shared_capacity() {
+    if let Some(capacity) = limit.shared() {
         return pooled_decide(tx, limit, capacity, stored, now);
     }
     let (state, cut) = read_state(limit, stored, now);
@@ -66,7 +66,7 @@ fn decide_read(
     limit: &AdaptiveConcurrency,
     mut state: AdaptiveState,
     cut: bool,
-    shared: Option<(u64, &Held)>,
+    shared: Option<(Capacity, &Held)>,
     now: u64,
 ) -> (Outcome, Option<AdaptiveState>, Option<AdaptiveState>) {
     let slots = limit.slots_at(&state, now);
@@ -119,7 +119,7 @@ fn decide_read(
             let lent = live.saturating_add(capacity::room(capacity, held));
             slots
                 .max()
-                .min(lent.max(capacity::share(capacity, held.active)))
+                .min(lent.max(capacity::share(capacity.slots, held.active)))
         }
         _ => slots.max(),
     };
@@ -360,7 +360,7 @@ fn pool_of<'s>(stored: Option<Read<'s>>) -> Option<&'s AdaptivePool> {
 fn pooled_decide(
     tx: &BucketTx<'_>,
     limit: &AdaptiveConcurrency,
-    capacity: u64,
+    capacity: Capacity,
     stored: Option<Read<'_>>,
     now: u64,
 ) -> (Outcome, Option<Stored>, Option<Stored>) {
@@ -368,7 +368,7 @@ fn pooled_decide(
     let pool = pool_of(stored).unwrap_or(&empty);
     let id = tx.key.id();
     let (state, cut) = read_state(limit, pool.key(id).map(Read::Adaptive), now);
-    let held = pool.held(capacity, id, live_leases(&state.leases, now), now);
+    let held = pool.held(capacity.slots, id, live_leases(&state.leases, now), now);
     let learned = limit.slots_at(&state, now).max();
     let (outcome, write, repair) = decide_read(tx, limit, state, cut, Some((capacity, &held)), now);
     // Refused by the capacity, not by its own number, while under its share: it waits, and
@@ -377,7 +377,7 @@ fn pooled_decide(
         && tx.mode.counts()
         && tx.mode.spends()
         && held.own < learned
-        && capacity::under_share(capacity, &held);
+        && capacity::under_share(capacity.slots, &held);
     let hint = limit.slots().retry_after_us().max(1);
     let wait = waits.then(|| now.saturating_add(hint.saturating_mul(2)));
     // A key waits until it holds its share (or its wait lapses).
@@ -385,7 +385,7 @@ fn pooled_decide(
         own: held.own + 1,
         ..held
     };
-    let served = !capacity::under_share(capacity, &taken) && super::takes_lease(tx);
+    let served = !capacity::under_share(capacity.slots, &taken) && super::takes_lease(tx);
     let write = write.map(|s| pool.with(limit, id, Some(s), None, served, now));
     let repair = (repair.is_some() || wait.is_some())
         .then(|| pool.with(limit, id, repair, wait, false, now));

@@ -168,7 +168,7 @@ end
 
 -- A pool: the keys of an adaptive limit that share a capacity (src/backend/kit/adaptive.rs
 -- `AdaptivePool`, src/algo/adaptive/capacity.rs the rule), one hash at the limit's own key
--- `<prefix>{<name>:}:p` (one slot per limit). A record of a pool has r.cap and r.key (the
+-- `<prefix>{<name>:}:p` (one slot per limit). A record of a pool has r.cap, r.head and r.key (the
 -- key's id as text: it has no control character).
 --   L        every lease: "<key>\t<lease>\t<deadline>\n" each (the ended ones dropped on a write)
 --   q        the keys waiting under their share: "<key>\t<until>\n" each
@@ -246,11 +246,19 @@ local function pool_read(i, r)
   return own
 end
 
--- The slots the key may still take (src/algo/adaptive/capacity.rs `room`).
+-- What a key holding `own` slots may take with `total` held (capacity.rs `lent`): its
+-- share's part, then what lies beyond the reserve, never the headroom.
+local function pool_lent(r, own, total)
+  local lendable = math.max(r.cap - total - r.head, 0)
+  local under = math.min(math.max(r.share - own, 0), lendable)
+  return under + math.max(lendable - under - r.reserve, 0)
+end
+
+-- The slots the key may still take (src/algo/adaptive/capacity.rs `room`): a key holding
+-- none its first from any free slot (the headroom too), then what `pool_lent` allows.
 local function pool_room(r)
-  local free = math.max(r.cap - r.total, 0)
-  local under = math.min(math.max(r.share - r.own, 0), free)
-  return under + math.max(free - under - r.reserve, 0)
+  if r.own == 0 and r.cap - r.total > 0 then return 1 + pool_lent(r, 1, r.total + 1) end
+  return pool_lent(r, r.own, r.total)
 end
 
 -- Writes what changed: the leases (w.leases), the waiters (w.q), the key's state (w.st); the

@@ -256,7 +256,7 @@ for i = 1, n do
   elseif kind == KIND_ADAPTIVE or kind == KIND_ADAPTIVE_POOL then
     -- An adaptive concurrency key (adaptive.lua): a concurrency record, its number read from
     -- the key, and a release's completion (latency -1: none); a pool's (its keys share a
-    -- capacity) adds the capacity and the key's id.
+    -- capacity) adds the capacity, the key's id and the capacity's headroom.
     rec[i] = {kind = KIND_ADAPTIVE, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),
       lease = tonumber(ARGV[a + 3]), retry = tonumber(ARGV[a + 4]), id = ARGV[a + 5],
       amin = tonumber(ARGV[a + 6]), initial = tonumber(ARGV[a + 7]),
@@ -266,8 +266,8 @@ for i = 1, n do
       lat = tonumber(ARGV[a + 15]), failed = tonumber(ARGV[a + 16])}
     a = a + 17
     if kind == KIND_ADAPTIVE_POOL then
-      rec[i].cap, rec[i].key = tonumber(ARGV[a]), ARGV[a + 1]
-      a = a + 2
+      rec[i].cap, rec[i].key, rec[i].head = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 2])
+      a = a + 3
     end
   elseif kind == KIND_CONCURRENCY then
     rec[i] = {kind = KIND_CONCURRENCY, mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]),

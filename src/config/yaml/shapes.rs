@@ -491,7 +491,7 @@ fn adaptive_of(
     let Value::Map(fields) = &adaptive.value else {
         return Err(wrong_shape("a map: {min, initial, max, ...}", adaptive));
     };
-    const KNOWN: [&str; 13] = [
+    const KNOWN: [&str; 14] = [
         "min",
         "initial",
         "max",
@@ -505,8 +505,9 @@ fn adaptive_of(
         "idle_reset",
         "measure",
         "capacity",
+        "headroom",
     ];
-    let mut found: [Option<&Node>; 13] = [None; 13];
+    let mut found: [Option<&Node>; 14] = [None; 14];
     for (k, v) in fields {
         let key = as_str(k, "a field name")?;
         let Some(i) = KNOWN.iter().position(|&n| n == key) else {
@@ -533,6 +534,7 @@ fn adaptive_of(
         idle_reset,
         measure,
         capacity,
+        headroom,
     ] = found;
     let missing = |field| err_at(ConfigErrorKind::MissingField(field), adaptive.line);
     let min = positive("min", min.ok_or_else(|| missing("min"))?)?;
@@ -606,6 +608,11 @@ fn adaptive_of(
     if let Some(n) = capacity {
         limit = limit
             .capacity(positive("capacity", n)?)
+            .map_err(|e| bad(e, n))?;
+    }
+    if let Some(n) = headroom {
+        limit = limit
+            .headroom(whole("headroom", n, 0)?)
             .map_err(|e| bad(e, n))?;
     }
     if let Some(n) = f.lease {

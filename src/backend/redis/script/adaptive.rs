@@ -35,7 +35,7 @@ pub(super) fn push_adaptive(
         ),
         None => (Value::Integer(-1), false),
     };
-    let capacity = limit.shared_capacity();
+    let capacity = limit.shared();
     args.extend([
         Value::Integer(if capacity.is_some() {
             KIND_ADAPTIVE_POOL
@@ -59,10 +59,14 @@ pub(super) fn push_adaptive(
         latency,
         Value::Integer(i64::from(failed)),
     ]);
-    // A pool's record: the capacity its keys share, and the key's id (its canonical text, as
-    // the pool knows its keys).
+    // A pool's record: the capacity its keys share, the key's id (its canonical text, as the
+    // pool knows its keys) and the capacity's headroom.
     if let Some(c) = capacity {
-        args.extend([int(c), Value::String(tx.key.id().to_string().into())]);
+        args.extend([
+            int(c.slots),
+            Value::String(tx.key.id().to_string().into()),
+            int(c.headroom),
+        ]);
     }
 }
 
