@@ -1312,3 +1312,178 @@ async fn a_fresh_axum_redis_decides_by_its_limits_with_a_million_blocks() {
     skip_unless_built("axum_redis");
     a_fresh_instance_decides_by_its_limits(1_000_000).await;
 }
+
+/// Item 5 of the faults issue, as an operator meets it: `axum_redis` with
+/// `RATELIMITS_ON_BACKEND_ERROR=memory:50` and a calendar quota of 10 a month per address.
+/// Redis is stopped with `SHUTDOWN SAVE` and started again from its dump on the same port, on
+/// the real clock.
+#[cfg(feature = "redis")]
+const MONTHLY_10: &str = "RequestsPerIPAddress:\n  kind: ip\n  calendar: {count: 10, period: month}\n\
+    RequestsPerIPv6Range:\n  kind: ipv6_range\n  burst: 100000\n  count: 100000\n  period: 1s\n";
+
+/// The address the outage tests ask as.
+#[cfg(feature = "redis")]
+const OUTAGE_CLIENT: &str = "198.51.100.40";
+
+/// One request as [`OUTAGE_CLIENT`]: whether it was allowed, and the `q` it was answered under
+/// (10: the store's quota, 5: the fallback's half).
+#[cfg(feature = "redis")]
+async fn ask_q(client: &reqwest_like::Client, base: &str) -> (bool, u64) {
+    let (status, headers, _) = client
+        .get_with_headers(base, "/", Some(OUTAGE_CLIENT))
+        .await;
+    let policy = headers
+        .get("ratelimit-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let q = policy
+        .split(';')
+        .find_map(|p| p.strip_prefix("q="))
+        .and_then(|q| q.parse().ok())
+        .unwrap_or_else(|| panic!("no q in {policy:?} ({status})"));
+    (status == 200, q)
+}
+
+/// What the store counts of [`OUTAGE_CLIENT`]'s monthly quota (its `:q` record, "<end> <used>").
+#[cfg(feature = "redis")]
+fn stored_count(server: &support::redis::RedisServer) -> u64 {
+    let reply = support::redis::command(
+        server.port,
+        &format!("GET rl:{{RequestsPerIPAddress:{OUTAGE_CLIENT}}}:q"),
+    )
+    .unwrap();
+    reply
+        .lines()
+        .nth(1)
+        .and_then(|v| v.split(' ').nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {reply:?}"))
+}
+
+/// `axum_redis` with the memory fallback at 50% on `server`.
+#[cfg(feature = "redis")]
+fn outage_instance(server: &support::redis::RedisServer) -> Example {
+    Example::start_with(
+        "axum_redis",
+        MONTHLY_10,
+        &[
+            ("REDIS_URL", &server.url()),
+            ("RATELIMITS_ON_BACKEND_ERROR", "memory:50"),
+        ],
+    )
+}
+
+/// Asks `n` times through `base` while the store is down: how many the fallback allowed.
+#[cfg(feature = "redis")]
+async fn during_the_outage(client: &reqwest_like::Client, base: &str, n: usize) -> u64 {
+    let mut allowed = 0;
+    for _ in 0..n {
+        let (ok, q) = ask_q(client, base).await;
+        assert_eq!(q, 5, "decided by the fallback");
+        allowed += u64::from(ok);
+    }
+    allowed
+}
+
+/// One instance: 4 spent on Redis, the fallback grants half of the 6 left (3), and once the
+/// store answers again the client asks until the store refuses: 10 in all (9 if a charge's
+/// answer was lost, never more), and the store counts every unit admitted. At 8795f94: 11 and
+/// 12 (a grant whose period end read a microsecond later replaced what was owed: 1 of the 3
+/// charged).
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_with_a_memory_fallback_grants_nothing_beyond_a_monthly_quota() {
+    skip_unless_built("axum_redis");
+    let mut server = support::redis::RedisServer::start();
+    let example = outage_instance(&server);
+    example.until_ready().await;
+    let client = reqwest_like::Client::new();
+    let mut allowed = 0;
+    for _ in 0..4 {
+        assert_eq!(ask_q(&client, &example.base).await, (true, 10));
+        allowed += 1;
+    }
+    server.shutdown_save();
+    let during = during_the_outage(&client, &example.base, 6).await;
+    assert_eq!(during, 3, "half of the 6 left");
+    allowed += during;
+    server.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (ok, q) = ask_q(&client, &example.base).await;
+        allowed += u64::from(ok);
+        if q == 10 && !ok {
+            break;
+        }
+        assert!(q == 10 || !ok, "the fallback granted more than its share");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store did not answer again"
+        );
+        if q != 10 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(
+        allowed == 10 || allowed == 9,
+        "{allowed} admitted of a quota of 10"
+    );
+    assert_eq!(stored_count(&server), 10, "the store counts every unit");
+    for _ in 0..3 {
+        assert_eq!(ask_q(&client, &example.base).await, (false, 10));
+    }
+}
+
+/// Two instances: A spent 4 before the outage and grants half of the 6 it knew were left (3);
+/// B, which never heard of the key, half of the full count (5): the documented bound per
+/// instance. Once the store is back both charge what they granted (B with no request of that
+/// key, within a second), the store counts the 12 units admitted, and both refuse from then on.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_charge_every_unit_their_fallbacks_granted() {
+    skip_unless_built("axum_redis");
+    let mut server = support::redis::RedisServer::start();
+    let (a, b) = (outage_instance(&server), outage_instance(&server));
+    a.until_ready().await;
+    b.until_ready().await;
+    let client = reqwest_like::Client::new();
+    for _ in 0..4 {
+        assert_eq!(ask_q(&client, &a.base).await, (true, 10));
+    }
+    server.shutdown_save();
+    let on_a = during_the_outage(&client, &a.base, 6).await;
+    let on_b = during_the_outage(&client, &b.base, 8).await;
+    assert_eq!((on_a, on_b), (3, 5), "half of what each knew was left");
+    server.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while stored_count(&server) < 4 + on_a + on_b {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not charged: {}",
+            stored_count(&server)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        stored_count(&server),
+        12,
+        "the units admitted, each counted once"
+    );
+    for base in [&a.base, &b.base] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (ok, q) = ask_q(&client, base).await;
+            assert!(!ok, "admitted past the quota");
+            if q == 10 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the store did not answer again"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(stored_count(&server), 12);
+}

@@ -76,14 +76,15 @@ impl Units {
     /// units of an earlier period are dropped.
     fn add(&mut self, cost: u64, end_us: u64, now: u64) {
         if self.every_us == 0 {
-            if end_us > self.until_us {
+            if same_period(end_us, self.until_us) {
+                self.units = self.units.saturating_add(cost);
+                self.until_us = self.until_us.max(end_us);
+            } else if end_us > self.until_us {
                 *self = Units {
                     units: cost,
                     until_us: end_us,
                     every_us: 0,
                 };
-            } else if end_us == self.until_us {
-                self.units = self.units.saturating_add(cost);
             }
         } else {
             self.until_us = self
@@ -96,7 +97,7 @@ impl Units {
     /// `charged` of these units (as they stood in `taken`) are now in the store.
     fn sub(&mut self, taken: &Units, charged: u64) {
         if self.every_us == 0 {
-            if self.until_us == taken.until_us {
+            if same_period(self.until_us, taken.until_us) {
                 self.units = self.units.saturating_sub(charged);
             }
         } else {
@@ -105,6 +106,16 @@ impl Units {
                 .saturating_sub(charged.saturating_mul(self.every_us));
         }
     }
+}
+
+/// Whether two ends of a calendar quota's period, each read as a decision's time plus its
+/// `reset_after`, are the same period's: the two times are two readings of a clock (on a real
+/// clock they differ by the microseconds between them), and a period lasts a day at least, so
+/// ends within an hour are one end. (Compared exactly, a grant whose end read one microsecond
+/// later replaced what was owed before it: 3 granted during an outage, 1 charged.)
+fn same_period(a_us: u64, b_us: u64) -> bool {
+    const READINGS_APART_US: u64 = 3_600_000_000;
+    a_us.abs_diff(b_us) < READINGS_APART_US
 }
 
 /// What the store last said of a key: `left` units at `at_us`.

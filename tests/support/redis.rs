@@ -146,6 +146,13 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Stops the server as an operator does (`SHUTDOWN SAVE`: its data saved to its dump,
+    /// which a [`restart`](Self::restart) loads), and waits until it is gone.
+    pub fn shutdown_save(&mut self) {
+        let _ = command(self.port, "SHUTDOWN SAVE");
+        self.kill();
+    }
+
     /// Kills the server (SIGKILL) and waits until it is gone.
     pub fn kill(&mut self) {
         self.stdin.take();

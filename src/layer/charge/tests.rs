@@ -18,28 +18,50 @@ use crate::{
 
 #[test]
 fn a_calendar_quotas_units_weigh_until_their_period_ends() {
+    // Periods of a day (the shortest a calendar quota has).
+    const DAY: u64 = 86_400_000_000;
     let mut units = Units {
         units: 0,
         until_us: 0,
         every_us: 0,
     };
-    units.add(2, 1_000, 10);
-    units.add(1, 1_000, 20);
-    assert_eq!(units.at(999), 3);
-    assert_eq!(units.at(1_000), 0, "its period has ended");
+    units.add(2, DAY, 10);
+    units.add(1, DAY, 20);
+    assert_eq!(units.at(DAY - 1), 3);
+    assert_eq!(units.at(DAY), 0, "its period has ended");
     // A grant of the next period replaces the ended one's; one of an earlier period is not
     // added to a later one.
-    units.add(1, 2_000, 1_000);
-    units.add(5, 1_000, 1_001);
-    assert_eq!(units.at(1_500), 1);
+    units.add(1, 2 * DAY, DAY);
+    units.add(5, DAY, DAY + 1);
+    assert_eq!(units.at(DAY + DAY / 2), 1);
     let taken = units;
-    units.add(1, 2_000, 1_600);
+    units.add(1, 2 * DAY, DAY + DAY / 2 + 100);
     units.sub(&taken, 1);
     assert_eq!(
-        units.at(1_700),
+        units.at(DAY + DAY / 2 + 200),
         1,
         "the grant made during the charge is still owed"
     );
+}
+
+/// On a real clock each grant's period end is read as its decision's time plus its
+/// `reset_after`, a few microseconds apart for one period: the grants add up (compared
+/// exactly, each replaced the last: 3 granted during an outage, 1 charged back).
+#[test]
+fn grants_whose_period_end_reads_apart_by_microseconds_add_up() {
+    const END: u64 = 1_796_083_200_000_000;
+    let mut units = Units {
+        units: 0,
+        until_us: 0,
+        every_us: 0,
+    };
+    units.add(1, END - 3, 1_000);
+    units.add(1, END + 2, 2_000);
+    units.add(1, END - 1, 3_000);
+    assert_eq!(units.at(END - 10), 3);
+    let taken = units;
+    units.sub(&taken, 3);
+    assert_eq!(units.at(END - 10), 0);
 }
 
 #[test]
