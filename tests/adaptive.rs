@@ -31,6 +31,10 @@ Gradient:
   kind: account
   concurrency: {adaptive: {min: 2, initial: 10, max: 40, completions: 10, smoothing: 50}}
   lease: 10m
+Probing:
+  kind: account
+  concurrency: {adaptive: {min: 2, initial: 10, max: 40, smoothing: 50}}
+  lease: 10m
 ";
 
 struct Store {
@@ -221,6 +225,43 @@ async fn the_gradient_follows_the_latency_at_full_load() {
         }
         assert!(numbers[4] > 10, "{}: {numbers:?}", s.label);
         assert!(numbers[9] < numbers[4], "{}: {numbers:?}", s.label);
+        seen.push(numbers);
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+}
+
+/// The gradient's probe: every tenth window (by its start, a second each here) the key runs
+/// at half its number, and that window's latency becomes the unloaded one. A service that got
+/// slower (10 ms, then 30 ms at any load) first takes the number down, and after the next
+/// probe it reads 30 ms as the unloaded latency and grows again. Every store halves and moves
+/// the number alike.
+#[tokio::test]
+async fn the_gradient_probes_at_half_its_number_on_every_store() {
+    let mut seen: Vec<Vec<u64>> = Vec::new();
+    for s in stores().await {
+        let mut numbers = Vec::new();
+        for window in 0..30 {
+            // The key takes all it may; all but one of its requests end (the first starts the
+            // window), and a second later the last one ends it, alone in flight.
+            let latency = if window < 12 { 10 } else { 30 };
+            let held = s.fill("Probing").await;
+            numbers.push(held.len() as u64);
+            let (first, last) = held.split_at(held.len() - 1);
+            s.complete(first, latency, false).await;
+            s.clock.advance(Duration::from_secs(1));
+            s.complete(last, latency, false).await;
+        }
+        // A probe: half the number of the windows beside it.
+        let halved = numbers
+            .windows(3)
+            .filter(|w| w[1] < w[0] && w[1] < w[2] && w[1] * 2 <= w[0].max(w[2]) + 1)
+            .count();
+        assert!(halved >= 2, "{}: no probe in {numbers:?}", s.label);
+        // Once a probe has read 30 ms as the unloaded latency, the number grows again
+        // beyond where the slowdown took it (it fell without end before the probes).
+        let fell = *numbers[12..20].iter().min().unwrap();
+        let after = *numbers[20..].iter().max().unwrap();
+        assert!(after > 2 * fell, "{}: {numbers:?}", s.label);
         seen.push(numbers);
     }
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");

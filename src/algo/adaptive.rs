@@ -6,11 +6,16 @@
 //!
 //! Two algorithms, as Netflix's concurrency-limits names them:
 //! - **gradient** (after Gradient2): the window's mean latency (`short`) against the key's
-//!   best recent latency (`long`: the least window's, drifting up 1/[`DRIFT`] a window, so a
-//!   lasting slowdown becomes the new best): the limit is multiplied
-//!   by `tolerance * long / short` (between 1/2 and 1), plus a queue of `sqrt(limit)` slots, and
-//!   smoothed; a window whose requests never filled half the limit leaves it as it is (the key
-//!   was not limited by it, so its latency says nothing about it);
+//!   unloaded latency (`long`): the limit is multiplied by `tolerance * long / short` (between
+//!   1/2 and 1), plus a queue of `sqrt(limit)` slots, and smoothed; a window whose requests
+//!   never filled half the limit leaves it as it is (the key was not limited by it, so its
+//!   latency says nothing about it) and its latency becomes `long`, up or down; `long` is the
+//!   least window's latency since. So that a key always busy learns it too, every
+//!   [`PROBE_EVERY`]th window is a **probe**: the key runs at half its limit. A limit above the service's knee keeps
+//!   the latency up in every window, so only a window run below it shows the unloaded latency
+//!   (a best latency that drifted up instead read a slow service as a fast one, and the limit
+//!   climbed without end); a limit about 1.5 times the knee probes at about the knee, where
+//!   the service still runs at its full rate;
 //! - **aimd**: a window with a failure multiplies the limit by `backoff`; one without that
 //!   filled the limit adds `increase` slots.
 //!
@@ -27,8 +32,9 @@ use crate::time::duration_us;
 /// The most slots an adaptive limit gives a key (a decision carries its number in two bytes).
 pub const MAX_ADAPTIVE_SLOTS: u64 = 65_535;
 
-/// The best recent latency drifts up by 1/`DRIFT` a window.
-pub const DRIFT: u64 = 500;
+/// A gradient limit's every `PROBE_EVERY`th window (by its start: `start / window`) is a
+/// probe: run at half the limit, its latency taken as the unloaded one.
+pub const PROBE_EVERY: u64 = 10;
 
 /// How the limit moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -126,13 +132,14 @@ impl Window {
     }
 }
 
-/// A key's controller: its limit in thousandths of a slot, and its best recent latency (0:
+/// A key's controller: its limit in thousandths of a slot, and its unloaded latency (0:
 /// none yet).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Controller {
     /// The limit, in thousandths of a slot.
     pub limit_milli: u64,
-    /// The best recent latency (microseconds; 0: no window yet).
+    /// The unloaded latency: the last window's held at half the limit or below, or a lesser
+    /// one since (microseconds; 0: no window yet).
     pub long_us: u64,
 }
 
@@ -218,7 +225,27 @@ impl Adaptive {
         (c.limit_milli / 1000).clamp(self.min, self.max)
     }
 
-    /// The controller after a window of `w`.
+    /// Whether the window numbered `index` (its start over the window's length) is a probe:
+    /// every [`PROBE_EVERY`]th, for the gradient.
+    pub fn probes(&self, index: u64) -> bool {
+        matches!(self.algorithm, Algorithm::Gradient { .. })
+            && index % PROBE_EVERY == PROBE_EVERY - 1
+    }
+
+    /// The slots a controller gives in a window that is a probe (`probe`) or not: in a probe,
+    /// half of them (at least `min`).
+    pub fn slots_in(&self, c: &Controller, probe: bool) -> u64 {
+        let slots = self.slots(c);
+        if probe {
+            (slots / 2).max(self.min)
+        } else {
+            slots
+        }
+    }
+
+    /// The controller after a window of `w`. For the gradient, a window whose requests never
+    /// passed half the limit (a [probe](Self::probes), or a key not limited by its number)
+    /// leaves the limit as it is, and its latency is the unloaded latency from then on.
     pub fn update(&self, c: &Controller, w: &Window) -> Controller {
         if w.completions == 0 {
             return *c;
@@ -247,25 +274,28 @@ impl Adaptive {
                 tolerance_pm,
             } => {
                 let short = (w.latency_sum_us / w.completions).max(1);
-                // The key's best recent latency: the least window, drifting up 1/DRIFT a
-                // window so that a lasting slowdown (a capacity change) becomes the new best.
+                // Never past half the limit (a probe, or a key its number did not limit): its
+                // latency says nothing of the limit, and is the unloaded latency (a lasting
+                // slowdown, or a service faster than before, is learnt here).
+                if w.max_in_flight.saturating_mul(2000) <= limit {
+                    return Controller {
+                        limit_milli: limit,
+                        long_us: short,
+                    };
+                }
+                // Else the least latency seen since.
                 let long = if c.long_us == 0 {
                     short
                 } else {
-                    short.min(c.long_us.saturating_add((c.long_us / DRIFT).max(1)))
+                    short.min(c.long_us)
                 };
-                let long = long.max(1);
-                // Not limited by the limit: its latency says nothing about it.
-                if w.max_in_flight.saturating_mul(2000) < limit {
-                    return Controller {
-                        limit_milli: limit,
-                        long_us: long,
-                    };
-                }
                 let gradient_pm = (u128::from(tolerance_pm) * u128::from(long) / u128::from(short))
                     .clamp(500, 1000) as u64;
                 let queue_milli = (limit / 1000).isqrt().max(1) * 1000;
-                let target = limit / 1000 * gradient_pm + queue_milli;
+                // In thousandths of a slot throughout: a limit of 1.2 slots at a gradient of 1
+                // targets 2.2, not 2 (whole slots kept a limit of 1 to 3 from ever moving).
+                let target =
+                    (u128::from(limit) * u128::from(gradient_pm) / 1000) as u64 + queue_milli;
                 let next = (u128::from(limit) * u128::from(1000 - smoothing_pm)
                     + u128::from(target) * u128::from(smoothing_pm))
                     / 1000;
@@ -516,7 +546,17 @@ impl AdaptiveConcurrency {
     /// and hint: what a decision counts against.
     pub fn slots_at(&self, state: &AdaptiveState, now: u64) -> ConcurrencyLimit {
         let controller = self.controller_at(state, now);
-        self.slots.with_max(self.adaptive.slots(&controller))
+        let probe = self
+            .adaptive
+            .probes(self.window_index(state.window_start_us));
+        self.slots
+            .with_max(self.adaptive.slots_in(&controller, probe))
+    }
+
+    /// The number of the window that starts at `start_us`: its start over the window's length
+    /// (what [`Adaptive::probes`] reads).
+    pub fn window_index(&self, start_us: u64) -> u64 {
+        start_us / self.window_us
     }
 
     fn controller_at(&self, state: &AdaptiveState, now: u64) -> Controller {

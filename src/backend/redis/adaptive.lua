@@ -3,17 +3,33 @@
 --
 -- The key is one sorted set: each lease's id scored by its deadline (above 0), as a
 -- concurrency key's, and the key's state in members scored below 0, field f as '~f' scored
--- -(value + 1): c the number in thousandths of a slot (0: none yet), g the best recent
--- latency, n f s m the window's completions, failures, latencies' sum and most in flight, w
+-- -(value + 1): c the number in thousandths of a slot (0: none yet), g the unloaded
+-- latency (the least since the last probe), n f s m the window's completions, failures, latencies' sum and most in flight, w
 -- when the window started, t the last time a slot was taken or given back. It lives until its
 -- last lease ends and the key has been idle for idle_reset.
 local ADAPTIVE_FIELDS = {'c', 'g', 'n', 'f', 's', 'm', 'w', 't'}
-local ADAPTIVE_DRIFT = 500
+-- A gradient's every ADAPTIVE_PROBE_EVERY-th window is a probe (src/algo/adaptive.rs
+-- `PROBE_EVERY`).
+local ADAPTIVE_PROBE_EVERY = 10
 
 local function clamp(v, lo, hi)
   if v < lo then return lo end
   if v > hi then return hi end
   return v
+end
+
+-- Whether the window that started at `start` is a probe (src/algo/adaptive.rs `probes`).
+local function adaptive_probes(r, start)
+  return r.algo == 0 and math.floor(start / r.window) % ADAPTIVE_PROBE_EVERY
+    == ADAPTIVE_PROBE_EVERY - 1
+end
+
+-- The key's number in the window st is in: its slots, half of them in a probe
+-- (src/algo/adaptive.rs `slots_at`).
+local function adaptive_slots(r, st)
+  local slots = clamp(math.floor(st.c / 1000), r.amin, r.amax)
+  if adaptive_probes(r, st.w) then slots = math.max(math.floor(slots / 2), r.amin) end
+  return slots
 end
 
 -- Key i read under record r: its live leases (ended ones dropped, foreign deadlines cut to one
@@ -48,8 +64,8 @@ local function adaptive_read(i, r)
   end
   r.st = st
   r.was = was
-  -- The key's number now: its slots (src/algo/adaptive.rs `slots`).
-  r.max = clamp(math.floor(st.c / 1000), r.amin, r.amax)
+  -- The key's number now: its slots (src/algo/adaptive.rs `slots_at`).
+  r.max = adaptive_slots(r, st)
   return live
 end
 
@@ -70,19 +86,21 @@ local function adaptive_update(r, st)
     st.c = clamp(nxt, lo, hi)
     return
   end
-  -- The gradient: p1 the smoothing, p2 the tolerance, in thousandths.
+  -- The gradient: p1 the smoothing, p2 the tolerance, in thousandths. Never past half the
+  -- limit (a probe, or a key its number did not limit): the limit waits, and the window's
+  -- latency is the unloaded one.
   local short = math.max(math.floor(st.s / st.n), 1)
-  local long = short
-  if st.g > 0 then long = math.min(short, st.g + math.max(math.floor(st.g / ADAPTIVE_DRIFT), 1)) end
-  long = math.max(long, 1)
-  st.g = long
-  if st.m * 2000 < limit then
+  if st.m * 2000 <= limit then
+    st.g = short
     st.c = limit
     return
   end
+  local long = short
+  if st.g > 0 then long = math.min(short, st.g) end
+  st.g = long
   local gradient = clamp(math.floor(r.p2 * long / short), 500, 1000)
   local queue = math.max(math.floor(math.sqrt(whole)), 1) * 1000
-  local target = whole * gradient + queue
+  local target = math.floor(limit * gradient / 1000) + queue
   st.c = clamp(math.floor((limit * (1000 - r.p1) + target * r.p1) / 1000), lo, hi)
 end
 
@@ -161,7 +179,7 @@ local function adaptive_refund(i, r)
   if r.id ~= '0' then released = redis.call('ZREM', KEYS[i], r.id) end
   live = live - released
   if released == 1 and r.lat >= 0 then adaptive_complete(r, r.st, live + 1) end
-  r.max = clamp(math.floor(r.st.c / 1000), r.amin, r.amax)
+  r.max = adaptive_slots(r, r.st)
   adaptive_write(i, r, r.st)
   return {released, math.max(r.max - live, 0), 0, 0, 0, r.max}
 end
@@ -227,7 +245,7 @@ local function pool_read(i, r)
     st = {c = r.initial * 1000, g = 0, n = 0, f = 0, s = 0, m = 0, w = now, t = now}
   end
   r.st = st
-  r.max = clamp(math.floor(st.c / 1000), r.amin, r.amax)
+  r.max = adaptive_slots(r, st)
   -- The capacity's rule: every live lease, the keys active (holding or waiting), the share,
   -- and what the other waiters keep back.
   local active = 1
@@ -397,7 +415,7 @@ local function pool_refund(i, r)
   end
   live = live - released
   if released == 1 and r.lat >= 0 then adaptive_complete(r, r.st, live + 1) end
-  r.max = clamp(math.floor(r.st.c / 1000), r.amin, r.amax)
+  r.max = adaptive_slots(r, r.st)
   pool_write(i, r, {leases = true, st = true})
   return {released, math.max(r.max - live, 0), 0, 0, 0, r.max}
 end
