@@ -692,29 +692,26 @@ impl Limiter {
         if op == Op::Refund {
             return self.refund_in(&self.load(), batch).await;
         }
-        match self.run_once(batch, op).await {
-            Err(LimiterError::Backend(BackendError::NotReady)) => {
-                Box::pin(self.run_when_ready(batch, op)).await
-            }
-            result => result,
-        }
-    }
-
-    async fn run_once(&self, batch: &[Transaction], op: Op) -> Result<BatchDecision, LimiterError> {
         let pending = {
             let limits = self.load();
             let mut verdict = Verdict::new(batch);
-            match self.step(&limits, &mut verdict, op)? {
-                Step::Ready => return verdict.decision(),
-                Step::Pending(p) => p,
+            match self.step(&limits, &mut verdict, op) {
+                Ok(Step::Ready) => return verdict.decision(),
+                Ok(Step::Pending(p)) => Some(p),
+                // A backend still reading what it must know (out of line: nothing else pays).
+                Err(LimiterError::Backend(BackendError::NotReady)) => None,
+                Err(e) => return Err(e),
             }
         };
-        pending.decided(batch).await
+        match pending {
+            Some(pending) => pending.decided(batch).await,
+            None => Box::pin(self.run_when_ready(batch, op)).await,
+        }
     }
 
     /// [`run`](Self::run) once the backend is ready (a fresh lazy Redis backend reading the
     /// stored overrides): the batch resolved again under the limits then in force. Not ready
-    /// within the backend's bound: the store's failure.
+    /// within the backend's bound (or not ready again): the store's failure.
     #[cold]
     async fn run_when_ready(
         &self,
@@ -730,10 +727,17 @@ impl Limiter {
         if !self.until_ready().await {
             return Err(not_read());
         }
-        match self.run_once(batch, op).await {
-            Err(LimiterError::Backend(BackendError::NotReady)) => Err(not_read()),
-            result => result,
-        }
+        let pending = {
+            let limits = self.load();
+            let mut verdict = Verdict::new(batch);
+            match self.step(&limits, &mut verdict, op) {
+                Ok(Step::Ready) => return verdict.decision(),
+                Ok(Step::Pending(p)) => p,
+                Err(LimiterError::Backend(BackendError::NotReady)) => return Err(not_read()),
+                Err(e) => return Err(e),
+            }
+        };
+        pending.decided(batch).await
     }
 }
 
