@@ -510,6 +510,8 @@ async fn a_quiet_key_keeps_its_latency_beside_keys_that_never_give_theirs_back()
     for (attackers, number) in [(1, 30), (2, 10), (3, 10)] {
         let limits = HELD.replace("initial: 30", &format!("initial: {number}"));
         let alone = isolation(&stores_memory(&limits), false, 4).await;
+        // Pushed to with the `redis` feature.
+        #[allow(unused_mut)]
         let mut on = vec![stores_memory(&limits)];
         #[cfg(feature = "redis")]
         on.push(

@@ -123,6 +123,7 @@ impl Example {
 
     /// Waits (bounded) until `GET /ready` answers 200: on Redis, once the instance read the
     /// stored overrides whole (a lazy connection reads them in the background).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     async fn until_ready(&self) {
         let client = reqwest_like::Client::new();
         for _ in 0..600 {
