@@ -11,8 +11,9 @@
 //!   never filled half the limit leaves it as it is (the key was not limited by it, so its
 //!   latency says nothing about it) and its latency becomes `long`, up or down; `long` is the
 //!   least window's latency since. So that a key always busy learns it too, every
-//!   [`PROBE_EVERY`]th window is a **probe**: the key runs at half its limit. A limit above the service's knee keeps
-//!   the latency up in every window, so only a window run below it shows the unloaded latency
+//!   [`PROBE_EVERY`]th window is a **probe**: the key runs at half its limit. A limit above
+//!   the service's knee keeps the latency up in every window, so only a window run below it
+//!   shows the unloaded latency
 //!   (a best latency that drifted up instead read a slow service as a fast one, and the limit
 //!   climbed without end); a limit about 1.5 times the knee probes at about the knee, where
 //!   the service still runs at its full rate;
@@ -428,8 +429,7 @@ impl AdaptiveConcurrency {
                     field,
                     value = *value,
                     capacity = slots,
-                    "an adaptive limit's {field} ({value}) is above the capacity its keys share ({slots}): held to {slots}",
-                    value = *value
+                    "an adaptive limit's {field} is above the capacity its keys share: held to it"
                 );
                 *value = slots;
             }

@@ -707,6 +707,14 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 impl BackendError {
+    /// A backend that was still not ready once its bound to become ready was over (a lazy
+    /// Redis backend that could not read the stored overrides): the failure policy answers.
+    pub(crate) fn not_read() -> Self {
+        Self::Unavailable(
+            "the stored overrides are not read yet: no request is decided without them".into(),
+        )
+    }
+
     /// A backend answered `got` outcomes for `sent` transactions (a custom backend's bug).
     pub(crate) fn outcome_count(got: usize, sent: usize) -> Self {
         Self::Unavailable(format!(

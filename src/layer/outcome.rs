@@ -168,11 +168,8 @@ fn ready_first(shared: &Arc<Shared>, txs: Txs, head: bool) -> Decide {
     let shared = shared.clone();
     Box::pin(async move {
         if !shared.limiter.until_ready().await {
-            let e = BackendError::Unavailable(
-                "the backend did not read what it must know before deciding (the stored overrides)"
-                    .into(),
-            );
-            return decided(&shared, Err(Failure::Limiter(e.into())), txs, head);
+            let e = BackendError::not_read().into();
+            return decided(&shared, Err(Failure::Limiter(e)), txs, head);
         }
         step_again(&shared, txs, head).await
     })

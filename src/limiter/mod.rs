@@ -718,12 +718,7 @@ impl Limiter {
         batch: &[Transaction],
         op: Op,
     ) -> Result<BatchDecision, LimiterError> {
-        let not_read = || {
-            LimiterError::Backend(BackendError::Unavailable(
-                "the backend did not read what it must know before deciding (the stored overrides)"
-                    .into(),
-            ))
-        };
+        let not_read = || LimiterError::Backend(BackendError::not_read());
         if !self.until_ready().await {
             return Err(not_read());
         }

@@ -314,8 +314,8 @@ impl Settings {
                 c => l.capacity(c),
             })
             .and_then(|l| match self.headroom {
-                Some(h) if self.capacity > 0 => l.headroom(h),
-                _ => Ok(l),
+                Some(h) => l.headroom(h),
+                None => Ok(l),
             })
             .map_err(|e| e.to_string())
     }
@@ -453,6 +453,10 @@ mod tests {
             };
             assert_eq!(old.shared_headroom(), Some(12), "{v}");
         }
+        // A headroom without a capacity is refused, as in the file.
+        let alone =
+            serde_json::json!({"concurrency": {"adaptive": {"min": 1, "max": 2, "headroom": 1}}});
+        assert!(Quota::read_json(Form::Api, &alone).is_err());
         let bad = serde_json::json!({"concurrency": {"adaptive": {"min": 3, "max": 2}}});
         assert!(Quota::read_json(Form::Api, &bad).is_err());
         let unknown =

@@ -4,8 +4,9 @@
 -- The key is one sorted set: each lease's id scored by its deadline (above 0), as a
 -- concurrency key's, and the key's state in members scored below 0, field f as '~f' scored
 -- -(value + 1): c the number in thousandths of a slot (0: none yet), g the unloaded
--- latency (the least since the last probe), n f s m the window's completions, failures, latencies' sum and most in flight, w
--- when the window started, t the last time a slot was taken or given back. It lives until its
+-- latency (the last window's held at half the number, or a lesser one since), n f s m the
+-- window's completions, failures, latencies' sum and most in flight, w when the window
+-- started, t the last time a slot was taken or given back. It lives until its
 -- last lease ends and the key has been idle for idle_reset.
 local ADAPTIVE_FIELDS = {'c', 'g', 'n', 'f', 's', 'm', 'w', 't'}
 -- A gradient's every ADAPTIVE_PROBE_EVERY-th window is a probe (src/algo/adaptive.rs

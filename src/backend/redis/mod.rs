@@ -177,15 +177,6 @@ struct Inner {
     override_names: overrides::Names,
 }
 
-/// A spend before the stored overrides were read whole, with the store unreachable or the
-/// read longer than `ready_wait`: the failure policy answers it.
-#[cold]
-fn not_ready() -> BackendError {
-    BackendError::Unavailable(
-        "the stored overrides are not read yet: no request is decided without them".into(),
-    )
-}
-
 impl RedisBackend {
     /// A spend before the stored overrides were read whole: while the store answers, the
     /// caller waits for the read ([`Backend::until_ready`]) and takes its batch again; while
@@ -194,7 +185,7 @@ impl RedisBackend {
     #[inline(never)]
     fn not_read_yet(&self) -> Spend {
         Spend::Ready(Err(match *self.inner.first_read.borrow() {
-            overrides::FirstRead::Unreachable => not_ready(),
+            overrides::FirstRead::Unreachable => BackendError::not_read(),
             overrides::FirstRead::Reading | overrides::FirstRead::Done => BackendError::NotReady,
         }))
     }
