@@ -529,7 +529,9 @@ fn a_bad_adaptive_limit_is_refused_with_its_line() {
 /// the override is in force: the key starts at its `initial`.
 #[tokio::test]
 async fn an_override_sets_an_ids_adaptive_limit_through_the_admin_api() {
-    let instance = admin::instance(MemoryBackend::new()).await;
+    // On a manual clock: on the system's, one window in ten is a probe at half the slots.
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let instance = admin::instance(MemoryBackend::builder().clock(clock).build()).await;
     let body = serde_json::json!({"concurrency": {"adaptive": {
         "min": 1, "initial": 3, "max": 6, "algorithm": "gradient", "window": "250ms"}}});
     let (status, shown) = instance
