@@ -554,7 +554,10 @@ async fn a_number_above_the_capacity_is_held_to_it() {
     assert_eq!(a.shared_headroom(), Some(4));
     // On the manual clock: on the system's, one window in ten is a probe at half the slots.
     let clock = ManualClock::new(START_US);
-    let limiter = Limiter::new(limits, MemoryBackend::builder().clock(clock.clone()).build());
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
     let huge = tower_ratelimits::AdaptiveConcurrency::new(
         tower_ratelimits::Adaptive::gradient(1, 60_000, 65_535).unwrap(),
     )

@@ -452,6 +452,16 @@ impl MemoryBackend {
             Some(tat) => kit::gcra_word(tat, limit)?,
             None => 0,
         };
+        self.put_word(key, new, now)
+    }
+
+    /// `key`'s word as stored (0: none).
+    pub(crate) fn word(&self, key: &BucketKey) -> u64 {
+        (self.inner.map.get(Buckets::place(key))).map_or(0, |word| word.load(Ordering::Acquire))
+    }
+
+    /// Writes `key`'s word (`word`, as [`word`](Self::word) read it), whatever it held.
+    pub(crate) fn put_word(&self, key: &BucketKey, new: u64, now: u64) -> Result<(), BackendError> {
         loop {
             let cur = (self.inner.map.get(Buckets::place(key)))
                 .map_or(0, |word| word.load(Ordering::Acquire));

@@ -388,11 +388,21 @@ if shares then
       f[j] = tonumber(f[j])
       if f[j] >= LIMIT then ok = false end
     end
-    if not ok or f[2] == 0 then f = {0, 0, 0, 0, 0, 0, 0, 0, 0} end
+    -- "1 0 0 0 0 <part and lease>": the record of the key without a bucket (a closed instance
+    -- kept its grant): full under the floor, as no record.
+    local no_bucket = ok and f[1] == 0 and f[2] == 0 and f[3] == 0 and f[4] == 0
+    local foreign = raw and not ok or (ok and f[2] == 0 and not no_bucket)
+    if not ok or foreign then f = {0, 0, 0, 0, 0, 0, 0, 0, 0} end
     local tat, wei, wburst, wat = f[1], f[2], f[3], f[4]
     r.prate, r.pburst, r.applied, r.lease_end, r.last = f[5], f[6], f[7], f[8], f[9]
     share_in_force(r)
-    if raw and wei == 0 then
+    if r.burst == 0 then
+      -- Closed in this instance (no floor yet, no part): every cost denied, and the bucket
+      -- left as the instances that decide it keep it (r.kept; none: nothing or not ours).
+      if wei > 0 then r.kept = {tat, wei, wburst, wat} end
+      return now, 0
+    end
+    if foreign then
       -- Not a record of ours: drained, replaced.
       r.fix = true
       return now + r.bo, 0
@@ -415,16 +425,27 @@ if shares then
     return read, 0
   end
   -- Writes share bucket i's record with the TAT `tat` under r's limit in force; kept while
-  -- its TAT or its lease runs.
+  -- its lease runs and for a refill of its whole burst after the write (a full bucket too:
+  -- no record reads as full under the reader's floor, which an instance deciding under
+  -- another floor, in a rolling deploy, would not have refilled by then). Closed in this
+  -- instance, the bucket is written as it was read (r.kept; without one, the record holds no
+  -- bucket: full under the floor, as none), so an instance that cannot use the floor yet
+  -- never refills nor drains the bucket of one that can (docs/regions.md, "Several instances
+  -- in a region").
   write_share = function(i, r, tat)
+    local ei, burst, at = r.ei, r.burst, now
+    if burst == 0 then
+      local k = r.kept or {0, 0, 0, 0}
+      tat, ei, burst, at = k[1], k[2], k[3], k[4]
+    end
     if tat < now then tat = 0 end
-    local until_at = math.max(tat, r.lease_end)
+    local until_at = math.max(tat, r.lease_end, at + ei * burst)
     if until_at <= now then
-      redis.call('DEL', KEYS[i])
+      if ei > 0 or r.lease_end > 0 then redis.call('DEL', KEYS[i]) end
       return
     end
-    redis.call('SET', KEYS[i], string.format('1 %d %d %d %d %d %d %d %d %d', tat, r.ei, r.burst,
-      now, r.prate, r.pburst, r.applied, r.lease_end, r.last), expire_args(until_at))
+    redis.call('SET', KEYS[i], string.format('1 %d %d %d %d %d %d %d %d %d', tat, ei, burst,
+      at, r.prate, r.pburst, r.applied, r.lease_end, r.last), expire_args(until_at))
   end
 end
 

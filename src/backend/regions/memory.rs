@@ -219,7 +219,7 @@ fn same(a: &Limit, b: &Limit) -> bool {
 /// closed) and its TAT under it. When the limit changed since the word was written, the
 /// bucket's tokens are kept (`gcra::keep_tokens`) from when it changed
 /// (`RegionKey::changed_at`); a bucket never written is full under the floor, so a part
-/// arrives empty; a closed one keeps no token.
+/// arrives empty; a closed one is decided on no token and left as it is (`on_shares`).
 fn read_share(
     record: &ShareRecord,
     tat: Option<u64>,
@@ -277,6 +277,10 @@ impl MemoryBackend {
         let record = state.records.entry(key.clone()).or_default();
         let tat = self.tat(key);
         let (in_force, new_tat) = read_share(record, tat, floor, period, now)?;
+        if in_force.is_none() {
+            // Closed here: the bucket is left as it is (`general_read.lua`'s `write_share`).
+            return Ok(None);
+        }
         record.written = Some((in_force, now));
         if new_tat != tat
             && let Some(word_limit) = in_force.or(closed(period))
@@ -348,6 +352,8 @@ impl MemoryBackend {
     ) -> Result<T, BackendError> {
         let mut state = region.lock();
         let mut quotas: Vec<Option<Quota>> = Vec::with_capacity(batch.len());
+        // The words of the keys closed here: decided drained, then put back as they were.
+        let mut closed_words: Vec<(&BucketKey, u64)> = Vec::new();
         for tx in batch {
             quotas.push(match (tx.floor, tx.quota.as_gcra()) {
                 (Some(floor), Some(limit)) => {
@@ -359,6 +365,17 @@ impl MemoryBackend {
                         } else if state.demand.len() < region.settings.demand_cap() {
                             state.demand.insert(tx.key.clone(), tx.cost);
                         }
+                    }
+                    if in_force.is_none()
+                        && let Some(c) = closed(limit.period_us())
+                    {
+                        closed_words.push((tx.key, self.word(tx.key)));
+                        self.put_tat(
+                            tx.key,
+                            Some(now.saturating_add(c.burst_offset_us())),
+                            &c,
+                            now,
+                        )?;
                     }
                     in_force.or(closed(limit.period_us())).map(Quota::Gcra)
                 }
@@ -377,7 +394,11 @@ impl MemoryBackend {
                 None => *tx,
             })
             .collect();
-        then(&decided)
+        let decided = then(&decided);
+        for (key, word) in closed_words.into_iter().rev() {
+            self.put_word(key, word, now)?;
+        }
+        decided
     }
 
     /// This region's share of `key` (`limit` its quota, with `floor`), as its record holds it.
@@ -451,13 +472,21 @@ impl MemoryBackend {
                 // more, answered nothing, and not kept).
                 state.asked_next.push(key.clone());
             }
-            // The grant applied: the bucket's tokens kept under the new limit from now.
-            self.settle_share(region, &mut state, key, limit, floor, now)?;
+            // The grant applied: the bucket's tokens kept under the new limit from now (from
+            // none when it was closed here: a part that opens it arrives empty, as the
+            // script's closed read holds no token).
+            let closed = (self.settle_share(region, &mut state, key, limit, floor, now)?).is_none();
             if let Some(record) = state.records.get_mut(key) {
                 let before = record.key.applied;
                 record
                     .key
                     .on_grant(&Grant { region: 0, ..grant }, &settings);
+                let opens = record
+                    .key
+                    .bucket(region.floor(limit, floor), limit.period_us(), now);
+                if closed && opens.is_some() {
+                    record.written = None;
+                }
                 if record.key.applied != before {
                     parts.push(Moved {
                         at_us: now,

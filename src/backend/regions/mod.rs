@@ -7,6 +7,8 @@
 #[cfg(test)]
 pub(crate) mod cases;
 pub(crate) mod global;
+#[cfg(test)]
+mod instances_model;
 mod memory;
 
 pub(crate) use memory::MemoryRegion;

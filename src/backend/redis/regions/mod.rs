@@ -115,7 +115,13 @@ impl Regional {
         self.confirmed.load(Ordering::Acquire)
     }
 
-    /// Whether this region's registration is confirmed, as the instance that rebalances said.
+    /// Whether this region's registration is confirmed, as the global store answered (the
+    /// instance that rebalances) or as that instance wrote it in the region's store (the
+    /// others). Only an answer changes it: an instance that can read neither (the global
+    /// store unreachable or hung, the region's record of it gone) keeps what it knew, as the
+    /// instance that rebalances does, so the instances of a region never decide its buckets
+    /// on different floors for want of an answer (`docs/regions.md`, "Several instances in a
+    /// region").
     fn set_confirmed(&self, confirmed: bool) {
         self.confirmed.store(confirmed, Ordering::Release);
         crate::telemetry::region_confirmed(&self.region, confirmed);

@@ -219,8 +219,11 @@ impl RedisBackend {
         if !holder {
             // 3. Whether the registration is confirmed, as the holder last said; then this
             //    instance's demand so far in this period, for the holder's surge.
+            //    No record (never written, or the region's store lost it): as it was.
             let confirmed: Option<String> = client.get(&state).await.map_err(failed)?;
-            regional.set_confirmed(confirmed.as_deref() == Some("1"));
+            if let Some(confirmed) = confirmed {
+                regional.set_confirmed(confirmed == "1");
+            }
             self.add_half_demand(regional, &client, ended + 1).await?;
             return Ok(None);
         }
@@ -298,17 +301,12 @@ impl RedisBackend {
             again = std::mem::take(&mut later.ask_again);
             round.absorb(later);
         }
-        let confirmed = regional.confirmed();
+        // Whether the registration is confirmed, for the region's other instances, kept until
+        // the next answer says otherwise (it never expires: an instance that starts while the
+        // global store is unreachable decides on the floors the region holds).
+        let confirmed = if regional.confirmed() { "1" } else { "0" };
         let _: () = client
-            .set(
-                &state,
-                if confirmed { "1" } else { "0" },
-                Some(fred::types::Expiration::PX(
-                    i64::try_from(ttl_ms).unwrap_or(i64::MAX),
-                )),
-                None,
-                false,
-            )
+            .set(&state, confirmed, None, None, false)
             .await
             .map_err(failed)?;
         let held = round.asked_next.clone();

@@ -16,7 +16,7 @@ const SECOND: u64 = 1_000_000;
 const T0: u64 = 1_700_000_000 * SECOND;
 
 /// 100 a second, burst 100, marked with a floor of 10%: 10 a second and 10 at once.
-fn limits() -> Limits {
+pub(super) fn limits() -> Limits {
     let limit = Limit::from_micros(100, 100, SECOND).unwrap();
     Limits::builder()
         .limit("Api", limit)
@@ -70,12 +70,12 @@ async fn region(url: &str, prefix: &str, name: &str, settings: RegionalSettings)
         .unwrap()
 }
 
-fn prefix(test: &str) -> String {
+pub(super) fn prefix(test: &str) -> String {
     format!("t:shares:{test}:{}:{}:", std::process::id(), T0)
 }
 
 /// How many of `n` single requests of `key` are allowed, one after another.
-async fn allowed(limiter: &Limiter, key: &BucketKey, n: usize) -> usize {
+pub(super) async fn allowed(limiter: &Limiter, key: &BucketKey, n: usize) -> usize {
     let mut count = 0;
     for _ in 0..n {
         let tx = Transaction::new(key.clone());
@@ -447,8 +447,8 @@ async fn shares_move_to_the_demand_through_the_global_store() {
         us.rebalance(&limits, &[]).await.unwrap();
     }
     assert!(eu.floors() && us.floors());
-    // The floor, full for a key never decided while closed (one that was keeps its tokens:
-    // none, refilled at the floor's rate).
+    // The floor, full for a key never decided (one refused while closed too: a closed
+    // instance writes nothing).
     let fresh = BucketKey::new(limits.name("Api").unwrap(), Id::from(6u64));
     assert_eq!(allowed(&eu_limiter, &fresh, 12).await, 10, "the floor");
     // The global store was new: quiet for one hold after its first call; then eu's demand
