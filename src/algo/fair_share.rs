@@ -6,10 +6,13 @@
 //! the current or the previous refresh period (the requesting id included), or its guaranteed
 //! minimum over the budget's count when that is larger (the minimums scaled down together when
 //! the active ids' minimums exceed the count). An id whose own bucket at its share of the rate
-//! and burst holds the request is **under its share** and spends from the budget; an id over
-//! its share spends only what lies beyond the **reserve**, the units that under-share ids
-//! refused within their last `retry_after` are waiting for. So the budget is never idle while
-//! nobody under their share waits, and a hog never takes what a refused under-share id needs.
+//! and burst holds the request is **under its share**; one whose own bucket was at least half
+//! full too asks **below** it, and the units it asks so are held for it ([`Pool::hold`]). An
+//! id below its share spends from the budget; any other spends only beyond the **reserve**
+//! (the units held for the other ids below their share, and, over its share, the units that
+//! refused under-share ids are waiting for), at most the burst less its request. So an id
+//! asking below its share is served whatever the others ask, a hog never takes what a refused
+//! under-share id needs, and no rate is idle: what is held back is a level of the budget.
 //!
 //! Everything here is integers in, integers out: the state of a limit ([`Pool`]: the budget's
 //! TAT, the active weights by refresh period, the waiters) and of one id in it ([`Member`]).
@@ -227,6 +230,9 @@ pub struct Pool {
     pub ids: (u64, u64),
     /// The refused under-share ids, at most [`MAX_WAITERS`].
     pub waiting: Vec<Waiter>,
+    /// The units admitted to ids asking below their share ([`Pool::hold`]) in `epoch`, in
+    /// the period before and in the one before that: the most of them is held for those ids.
+    pub held: [u64; 3],
 }
 
 /// What a fair-share limit keeps for one id.
@@ -240,6 +246,32 @@ pub struct Member {
     pub weight: u64,
     /// Its minimum then.
     pub min: u64,
+    /// The units it was admitted below its share ([`Pool::hold`]) in `below_at`, in the
+    /// period before and in the one before that.
+    pub below: [u64; 3],
+    /// The refresh period of `below[0]` (0: none).
+    pub below_at: u64,
+}
+
+/// `units` by period rolled from period `at` to period `e` (a period ended moves one place,
+/// three ended are forgotten; a clock behind keeps them).
+fn rolled_units(units: [u64; 3], at: u64, e: u64) -> [u64; 3] {
+    match e.saturating_sub(at) {
+        0 => units,
+        1 => [0, units[0], units[1]],
+        2 => [0, 0, units[0]],
+        _ => [0; 3],
+    }
+}
+
+/// The first instant from which `units` by period, the latest of them in period `at`, are all
+/// forgotten (0: none to forget).
+fn units_fresh_at(units: &[u64; 3], at: u64, refresh_us: u64) -> u64 {
+    (units.iter().enumerate())
+        .filter(|(_, u)| **u > 0)
+        .map(|(age, _)| (at + 2).saturating_sub(age as u64))
+        .max()
+        .map_or(0, |e| e.saturating_mul(refresh_us))
 }
 
 /// An id's share of the budget, as a fraction `num / den`.
@@ -265,6 +297,7 @@ impl Pool {
                 (0, 0, 0)
             };
             (p.weights.0, p.mins.0, p.ids.0) = (0, 0, 0);
+            p.held = rolled_units(p.held, p.epoch, e);
             p.epoch = e;
         }
         p.waiting.retain(|w| w.until_us >= now);
@@ -328,13 +361,60 @@ impl Pool {
         self.ids.0.saturating_add(self.ids.1) < MAX_MEMBERS as u64
     }
 
-    /// The reserve `id` must leave: the units the other waiters asked for, at most the burst.
-    pub fn reserve_for(&self, share: &FairShare, id: &Id) -> u64 {
-        self.waiting
-            .iter()
-            .filter(|w| w.id != *id)
-            .fold(0u64, |r, w| r.saturating_add(w.cost))
-            .min(share.budget.burst())
+    /// Counts `units` admitted to `member` asking below its share (`below`) in this period,
+    /// or gives them back (`back`: a refund of them, the id below its share again once
+    /// refunded).
+    pub fn hold(&mut self, member: &mut Member, below: bool, units: u64, back: bool) {
+        member.below = rolled_units(member.below, member.below_at, self.epoch);
+        member.below_at = self.epoch;
+        if !below {
+            return;
+        }
+        let units = if back {
+            units.min(member.below[0])
+        } else {
+            units
+        };
+        if back {
+            member.below[0] -= units;
+            self.held[0] = self.held[0].saturating_sub(units);
+        } else {
+            member.below[0] = member.below[0].saturating_add(units);
+            self.held[0] = self.held[0].saturating_add(units);
+        }
+    }
+
+    /// The reserve `id` (`member`) must leave in the budget for a request of `cost` units:
+    /// none when it asks below its share (`below`); else the units held for the other ids
+    /// that do (the most admitted to them in one of the last three refresh periods), and,
+    /// over its share (`over`), the units the other waiters asked for too; at most the burst
+    /// less `cost`, so a full budget admits any request (with more held back, ids over their
+    /// share were never admitted while the waiters' units sat idle).
+    pub fn reserve_for(
+        &self,
+        share: &FairShare,
+        (id, member): (&Id, &Member),
+        cost: u64,
+        (below, over): (bool, bool),
+    ) -> u64 {
+        if below {
+            return 0;
+        }
+        let burst = share.budget.burst();
+        let own = rolled_units(member.below, member.below_at, self.epoch);
+        let held = (self.held.iter().zip(own))
+            .map(|(all, own)| all.saturating_sub(own))
+            .max()
+            .unwrap_or(0);
+        let waiting = if over {
+            self.waiting
+                .iter()
+                .filter(|w| w.id != *id)
+                .fold(0u64, |r, w| r.saturating_add(w.cost))
+        } else {
+            0
+        };
+        held.saturating_add(waiting).min(burst.saturating_sub(cost))
     }
 
     /// Records `id` as refused under its share until `until_us`, for `cost` units (its entry
@@ -367,7 +447,8 @@ impl Pool {
             .map(|w| w.until_us + 1)
             .max()
             .unwrap_or(0);
-        self.tat.max(counted).max(waiting)
+        let held = units_fresh_at(&self.held, self.epoch, share.refresh_us);
+        self.tat.max(counted).max(waiting).max(held)
     }
 }
 
@@ -379,7 +460,8 @@ impl Member {
             .epoch
             .saturating_add(1)
             .saturating_mul(share.refresh_us);
-        self.tat.max(counted)
+        let below = units_fresh_at(&self.below, self.below_at, share.refresh_us);
+        self.tat.max(counted).max(below)
     }
 }
 
@@ -403,6 +485,13 @@ pub fn under_share(limit: &Limit, s: ShareOf, member_tat: u64, cost: u64, now: u
         return ahead == 0;
     }
     u128::from(ahead) + need <= bo
+}
+
+/// Whether an id whose own bucket's TAT is `member_tat` asks below its share at `now`, for a
+/// request under its share: its own bucket at least half full before the request (an id
+/// asking at its share or faster drains it).
+pub fn below_share(limit: &Limit, member_tat: u64, now: u64) -> bool {
+    u128::from(member_tat.saturating_sub(now)) * 2 <= u128::from(limit.burst_offset_us())
 }
 
 /// An id's own bucket after it was granted `units` at share `s` at `now`: its TAT moved on by

@@ -250,6 +250,13 @@ struct FairLine {
     waiting: Vec<(String, u64, u64)>,
     /// `(id, tat_us, epoch, weight, min)`.
     members: Vec<(String, u64, u64, u64, u64)>,
+    /// The units admitted below their share by period (`Pool::held`; none before it was kept).
+    #[serde(default)]
+    held: [u64; 3],
+    /// `(id, units by period, the latest's period)` of the members admitted below their share
+    /// (`Member::below`).
+    #[serde(default)]
+    below: Vec<(String, [u64; 3], u64)>,
 }
 
 impl FairLine {
@@ -269,6 +276,12 @@ impl FairLine {
             members: p
                 .members()
                 .map(|(id, m)| (id.to_string(), m.tat, m.epoch, m.weight, m.min))
+                .collect(),
+            held: pool.held,
+            below: p
+                .members()
+                .filter(|(_, m)| m.below != [0; 3])
+                .map(|(id, m)| (id.to_string(), m.below, m.below_at))
                 .collect(),
         }
     }
@@ -294,8 +307,14 @@ impl FairLine {
                 epoch: *epoch,
                 weight: *weight,
                 min: *min,
+                ..Member::default()
             };
             members.insert(id(m)?, member);
+        }
+        for (m, below, below_at) in &self.below {
+            if let Some(member) = members.get_mut(&id(m)?) {
+                (member.below, member.below_at) = (*below, *below_at);
+            }
         }
         let pool = Pool {
             tat: self.word,
@@ -304,6 +323,7 @@ impl FairLine {
             mins: self.mins,
             ids: self.ids,
             waiting,
+            held: self.held,
         };
         Ok(kit::Stored::FairShare(Box::new(kit::FairPool::new(
             pool, members,

@@ -80,18 +80,30 @@ fn a_minimum_above_the_weighted_share_is_the_share_scaled_down_when_minimums_exc
 }
 
 #[test]
-fn the_reserve_is_what_the_other_waiters_asked_for_at_most_the_burst() {
+fn the_reserve_is_what_the_other_waiters_asked_for_at_most_the_burst_less_the_request() {
     let a = share(1, 0);
     let mut pool = Pool::default();
     pool.wait(&id("x"), 5 * S, 30);
     pool.wait(&id("y"), 5 * S, 90);
-    assert_eq!(pool.reserve_for(&a, &id("z")), 100);
-    assert_eq!(pool.reserve_for(&a, &id("y")), 30);
+    assert_eq!(
+        pool.reserve_for(&a, (&id("z"), &Member::default()), 1, (false, true)),
+        99
+    );
+    assert_eq!(
+        pool.reserve_for(&a, (&id("y"), &Member::default()), 1, (false, true)),
+        30
+    );
     pool.served(&id("y"));
-    assert_eq!(pool.reserve_for(&a, &id("z")), 30);
+    assert_eq!(
+        pool.reserve_for(&a, (&id("z"), &Member::default()), 1, (false, true)),
+        30
+    );
     // Refused again: the entry is replaced, not added.
     pool.wait(&id("x"), 6 * S, 2);
-    assert_eq!(pool.reserve_for(&a, &id("z")), 2);
+    assert_eq!(
+        pool.reserve_for(&a, (&id("z"), &Member::default()), 1, (false, true)),
+        2
+    );
     // Past its retry_after, a waiter holds nothing.
     assert!(pool.clone().rolled(&a, 6 * S + 1).waiting.is_empty());
     assert_eq!(pool.clone().rolled(&a, 6 * S).waiting.len(), 1);
@@ -162,4 +174,59 @@ fn a_fresh_pool_counts_in_the_period_of_now() {
     pool.count(&a, &mut m);
     let pool = pool.rolled(&a, 10 * S + 1);
     assert_eq!(pool.weights, (2, 0));
+}
+
+/// The units held for the ids asking below their share: the most admitted to the others in
+/// one of the last three refresh periods (given back by a refund), left by every id not asking
+/// below its own share (under its share too), and by one over its share with the waiters'
+/// units; an id's own units are not held against it, and a full budget always admits.
+#[test]
+fn units_are_held_for_the_ids_asking_below_their_share() {
+    let a = share(1, 0);
+    let mut pool = Pool::default().rolled(&a, 10 * S);
+    let (mut sparse, mut flood) = (Member::default(), Member::default());
+    pool.hold(&mut sparse, true, 2, false);
+    pool.hold(&mut sparse, true, 1, false);
+    pool.hold(&mut flood, false, 5, false);
+    assert_eq!((pool.held, sparse.below), ([3, 0, 0], [3, 0, 0]));
+    pool.hold(&mut sparse, true, 1, true);
+    assert_eq!(
+        (pool.held, sparse.below),
+        ([2, 0, 0], [2, 0, 0]),
+        "a refund gives back"
+    );
+    pool.hold(&mut sparse, true, 1, false);
+    pool.wait(&id("w"), 20 * S, 5);
+    let reserve = |p: &Pool, m: &Member, cost, how| p.reserve_for(&a, (&id("f"), m), cost, how);
+    assert_eq!(
+        reserve(&pool, &flood, 1, (false, false)),
+        3,
+        "under its share"
+    );
+    assert_eq!(
+        reserve(&pool, &flood, 1, (false, true)),
+        8,
+        "over its share"
+    );
+    assert_eq!(
+        reserve(&pool, &flood, 1, (true, false)),
+        0,
+        "below its share"
+    );
+    assert_eq!(
+        reserve(&pool, &flood, 99, (false, false)),
+        1,
+        "a full budget admits"
+    );
+    assert_eq!(reserve(&pool, &sparse, 1, (false, false)), 0, "not its own");
+    // The most of the last three periods, then nothing.
+    let mut later = pool.clone().rolled(&a, 11 * S);
+    later.hold(&mut sparse, true, 1, false);
+    assert_eq!((later.held, sparse.below), ([1, 3, 0], [1, 3, 0]));
+    assert_eq!(reserve(&later, &flood, 1, (false, false)), 3);
+    let later = later.rolled(&a, 12 * S);
+    assert_eq!(later.held, [0, 1, 3]);
+    assert!(later.fresh_at(&a) >= 13 * S && sparse.fresh_at(&a) >= 13 * S);
+    assert_eq!(later.rolled(&a, 13 * S).held, [0, 0, 1]);
+    assert_eq!(pool.rolled(&a, 13 * S).held, [0; 3]);
 }

@@ -123,12 +123,14 @@ pub(crate) fn fair_share_decide(
     }
     let s = pool.share_of(share);
     let under = counted && rule::under_share(budget, s, member.tat, tx.min_cost, now);
-    // An id over its share spends only beyond the reserve: its request decided as if the
-    // reserve were part of it, the reserve then not written. A charge is never refused.
-    let reserve = if under || tx.mode == Mode::Charge {
+    let below = under && rule::below_share(budget, member.tat, now);
+    // An id spends only beyond the reserve (none when it asks below its share): its request
+    // decided as if the reserve were part of it, the reserve then not written. A charge is
+    // never refused.
+    let reserve = if tx.mode == Mode::Charge {
         0
     } else {
-        pool.reserve_for(share, id)
+        pool.reserve_for(share, (id, &member), tx.min_cost, (below, !under))
     };
     let asked = BucketTx {
         cost: tx.cost.saturating_add(reserve),
@@ -157,6 +159,9 @@ pub(crate) fn fair_share_decide(
         // grants and a hog would take every other unit).
         let held_us = outcome.retry_after_us.max(share.refresh_us());
         pool.wait(id, now.saturating_add(held_us), tx.min_cost);
+        // Refused below its share (a sparse id's first request beside a flood): its units
+        // held as if admitted, so its next request finds them, however long it waits.
+        pool.hold(&mut member, below, tx.min_cost, false);
     }
     let members = |member: Option<Member>| members_with(held, share, id, member, now);
     let kept = |m: Member| counted.then_some(m);
@@ -170,10 +175,11 @@ pub(crate) fn fair_share_decide(
                 spent.served(id);
             }
             let units = outcome.granted.unwrap_or(tx.cost);
-            let m = Member {
+            let mut m = Member {
                 tat: rule::member_spent(budget, s, member.tat, units, now),
                 ..member
             };
+            spent.hold(&mut m, below, units, false);
             Some(fair(spent, members(kept(m))))
         }
         _ => None,
@@ -207,10 +213,17 @@ pub(crate) fn fair_share_refund(
     }
     let s = pool.share_of(share);
     let id = tx.key.id();
-    let member = held.and_then(|h| h.member(id)).map(|m| Member {
+    let mut member = held.and_then(|h| h.member(id)).map(|m| Member {
         tat: rule::member_refunded(budget, s, m.tat, tx.cost, now),
         ..*m
     });
+    if let Some(m) = &mut member {
+        // Below its share once refunded (as when it was admitted, for a batch taken back):
+        // the units held for it given back too.
+        let below = rule::under_share(budget, s, m.tat, tx.min_cost, now)
+            && rule::below_share(budget, m.tat, now);
+        pool.hold(m, below, tx.cost, true);
+    }
     let members = members_with(held, share, id, member, now);
     Ok((out.into(), Some(fair(pool, members))))
 }

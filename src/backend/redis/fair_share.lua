@@ -6,16 +6,20 @@
 --   t, k            the budget's TAT and its writer's bound (a bit length)
 --   e               the refresh period the counts below were counted in (numbered from 1)
 --   w0 w1 m0 m1 n0 n1  weights, minimums and ids seen in it, and in the period before only
+--   h0 h1 h2        the units admitted to ids asking below their share in it, in the period
+--                   before and in the one before that (missing: 0)
 --   q               the waiters, "<id>\t<until>\t<cost>\n" each (an id has no control character)
 --   c               the sweep's cursor (ended members are deleted 64 fields a call once the
 --                   hash holds more than twice the ids a limit counts)
 --   x               the latest time a member ends
---   m:<id>          a member: "<tat> <period> <weight> <min>"
+--   m:<id>          a member: "<tat> <period> <weight> <min> <b0> <b1> <b2> <b period>": the
+--                   units it was admitted below its share in <b period> and the two before
+--                   (the last four may be missing: none)
 -- Anything else there (another type, a field that is not one of ours) is foreign: the pool is
 -- read as the budget drained and no one counted, and replaced.
 
 local MAX_WAITERS, MAX_MEMBERS, MAX_MEMBER_TAT = 64, 1024, 4503599627370496
-local FAIR_NUMBERS = {'t', 'k', 'e', 'w0', 'w1', 'm0', 'm1', 'n0', 'n1', 'x'}
+local FAIR_NUMBERS = {'t', 'k', 'e', 'w0', 'w1', 'm0', 'm1', 'n0', 'n1', 'x', 'h0', 'h1', 'h2'}
 
 local function fair_number(raw)
   if raw == false or raw == nil then return 0 end
@@ -41,43 +45,69 @@ local function share_interval(r, num, den)
   return v
 end
 
+-- `units_fresh_at`: when units by period, the latest of them in period `at`, are forgotten.
+local function units_fresh_at(b0, b1, b2, at, refresh)
+  if b0 > 0 then return (at + 2) * refresh end
+  if b1 > 0 then return (at + 1) * refresh end
+  if b2 > 0 then return at * refresh end
+  return 0
+end
+
+-- `rolled_units`: units by period rolled from period `at` to `e`.
+local function rolled_units(b0, b1, b2, at, e)
+  local d = e - at
+  if d <= 0 then return b0, b1, b2 end
+  if d == 1 then return 0, b0, b1 end
+  if d == 2 then return 0, 0, b0 end
+  return 0, 0, 0
+end
+
+local function no_member()
+  return {tat = 0, e = 0, w = 0, m = 0, b0 = 0, b1 = 0, b2 = 0, ba = 0}
+end
+
 local function member_fresh_at(r, m)
-  return math.max(m.tat, (m.e + 1) * r.refresh)
+  return math.max(m.tat, (m.e + 1) * r.refresh, units_fresh_at(m.b0, m.b1, m.b2, m.ba, r.refresh))
 end
 
 -- The pool and the member of record r, rolled to now (`Pool::rolled`).
 local function fair_read(i, r)
   local p = {t = 0, k = 0, e = 0, w0 = 0, w1 = 0, m0 = 0, m1 = 0, n0 = 0, n1 = 0, x = 0,
-    c = '0', q = {}}
-  local m = {tat = 0, e = 0, w = 0, m = 0}
+    h0 = 0, h1 = 0, h2 = 0, c = '0', q = {}}
+  local m = no_member()
   local raw = redis.pcall('HMGET', KEYS[i], 't', 'k', 'e', 'w0', 'w1', 'm0', 'm1', 'n0', 'n1', 'x',
-    'q', 'c', 'm:' .. r.id)
+    'h0', 'h1', 'h2', 'q', 'c', 'm:' .. r.id)
   local foreign = raw.err ~= nil
   if not foreign then
     for j, f in ipairs(FAIR_NUMBERS) do
       local v = fair_number(raw[j])
       if v == nil then foreign = true else p[f] = v end
     end
-    if type(raw[11]) == 'string' then
-      for id, until_at, cost in string.gmatch(raw[11], '([^\t\n]+)\t(%d+)\t(%d+)\n') do
+    if type(raw[14]) == 'string' then
+      for id, until_at, cost in string.gmatch(raw[14], '([^\t\n]+)\t(%d+)\t(%d+)\n') do
         p.q[#p.q + 1] = {id = id, u = tonumber(until_at), c = tonumber(cost)}
       end
       if #p.q > MAX_WAITERS then foreign = true end
     end
     -- A bound no limit of the crate writes (52 bits hold 100 years): the budget's own.
     if p.k < 1 or p.k > 52 then p.k = 0 end
-    if type(raw[12]) == 'string' then p.c = raw[12] end
-    if type(raw[13]) == 'string' then
-      local a, b, c, d = string.match(raw[13], '^(%d+) (%d+) (%d+) (%d+)$')
-      a, b, c, d = fair_number(a), fair_number(b), fair_number(c), fair_number(d)
-      if a and b and c and d then m = {tat = a, e = b, w = c, m = d} end
+    if type(raw[15]) == 'string' then p.c = raw[15] end
+    if type(raw[16]) == 'string' then
+      local f = {}
+      for v in string.gmatch(raw[16], '[^ ]+') do f[#f + 1] = fair_number(v) end
+      if #f == 4 then f[5], f[6], f[7], f[8] = 0, 0, 0, 0 end
+      local ok = #f == 8
+      for j = 1, #f do ok = ok and f[j] ~= nil end
+      if ok then
+        m = {tat = f[1], e = f[2], w = f[3], m = f[4], b0 = f[5], b1 = f[6], b2 = f[7], ba = f[8]}
+      end
     end
   end
   if foreign then
     -- Read as the budget drained, and replaced (r.fix: the hash is deleted first).
     p = {t = now + r.bo, k = bound_length(r), e = 0, w0 = 0, w1 = 0, m0 = 0, m1 = 0, n0 = 0,
-      n1 = 0, x = 0, c = '0', q = {}}
-    m = {tat = 0, e = 0, w = 0, m = 0}
+      n1 = 0, x = 0, h0 = 0, h1 = 0, h2 = 0, c = '0', q = {}}
+    m = no_member()
     r.fix, r.repaired = true, true
   elseif p.t - now > r.bo + r.debt + SLACK and p.t - now > 2 ^ p.k + SLACK then
     -- A TAT further ahead than the crate writes: the budget drained, and replaced.
@@ -91,6 +121,7 @@ local function fair_read(i, r)
     else
       p.w1, p.m1, p.n1 = 0, 0, 0
     end
+    p.h0, p.h1, p.h2 = rolled_units(p.h0, p.h1, p.h2, p.e, e)
     p.w0, p.m0, p.n0, p.e = 0, 0, 0, e
   end
   local live = {}
@@ -98,7 +129,7 @@ local function fair_read(i, r)
     if w.u >= now then live[#live + 1] = w end
   end
   p.q = live
-  if member_fresh_at(r, m) <= now then m = {tat = 0, e = 0, w = 0, m = 0} end
+  if member_fresh_at(r, m) <= now then m = no_member() end
   return p, m
 end
 
@@ -139,12 +170,38 @@ local function fair_under(r, num, den, tat, cost)
   return ahead + need <= r.bo
 end
 
-local function fair_reserve(r, p)
-  local sum = 0
-  for _, w in ipairs(p.q) do
-    if w.id ~= r.id then sum = sum + w.c end
+-- `below_share`.
+local function fair_below(r, tat)
+  return math.max(tat - now, 0) * 2 <= r.bo
+end
+
+-- `Pool::hold`: units admitted to member m below its share counted, or given back.
+local function fair_hold(p, m, below, units, back)
+  m.b0, m.b1, m.b2 = rolled_units(m.b0, m.b1, m.b2, m.ba, p.e)
+  m.ba = p.e
+  if not below then return end
+  if back then
+    units = math.min(units, m.b0)
+    m.b0 = m.b0 - units
+    p.h0 = math.max(p.h0 - units, 0)
+  else
+    m.b0 = m.b0 + units
+    p.h0 = p.h0 + units
   end
-  return math.min(sum, r.burst)
+end
+
+-- `Pool::reserve_for`.
+local function fair_reserve(r, p, m, below, over)
+  if below then return 0 end
+  local o0, o1, o2 = rolled_units(m.b0, m.b1, m.b2, m.ba, p.e)
+  local held = math.max(p.h0 - o0, p.h1 - o1, p.h2 - o2, 0)
+  local waiting = 0
+  if over then
+    for _, w in ipairs(p.q) do
+      if w.id ~= r.id then waiting = waiting + w.c end
+    end
+  end
+  return math.min(held + waiting, math.max(r.burst - r.min, 0))
 end
 
 local function fair_wait(r, p, until_at, cost)
@@ -170,13 +227,15 @@ local function fair_write(i, r, p, m, counted)
   if r.fix then redis.call('DEL', KEYS[i]) end
   local q = {}
   local fresh = math.max(p.t, (p.e + 1) * r.refresh)
+  if p.h0 > 0 then fresh = math.max(fresh, (p.e + 2) * r.refresh) end
   for _, w in ipairs(p.q) do
     q[#q + 1] = string.format('%s\t%d\t%d\n', w.id, w.u, w.c)
     fresh = math.max(fresh, w.u + 1)
   end
   local mkey = 'm:' .. r.id
   if counted and member_fresh_at(r, m) > now then
-    redis.call('HSET', KEYS[i], mkey, string.format('%d %d %d %d', m.tat, m.e, m.w, m.m))
+    redis.call('HSET', KEYS[i], mkey, string.format('%d %d %d %d %d %d %d %d', m.tat, m.e, m.w,
+      m.m, m.b0, m.b1, m.b2, m.ba))
     p.x = math.max(p.x, member_fresh_at(r, m))
   else
     redis.call('HDEL', KEYS[i], mkey)
@@ -186,16 +245,23 @@ local function fair_write(i, r, p, m, counted)
   if redis.call('HLEN', KEYS[i]) > 2 * MAX_MEMBERS + 16 then
     local scan = redis.call('HSCAN', KEYS[i], p.c, 'MATCH', 'm:*', 'COUNT', 64)
     for j = 1, #scan[2], 2 do
-      local a, b = string.match(scan[2][j + 1], '^(%d+) (%d+)')
+      local a, b, b0, b1, b2, ba =
+        string.match(scan[2][j + 1], '^(%d+) (%d+) %d+ %d+ ?(%d*) ?(%d*) ?(%d*) ?(%d*)')
       local tat, e = tonumber(a), tonumber(b)
-      if tat == nil or math.max(tat, (e + 1) * r.refresh) <= now then
+      local fresh = 0
+      if tat ~= nil then
+        fresh = math.max(tat, (e + 1) * r.refresh, units_fresh_at(tonumber(b0) or 0,
+          tonumber(b1) or 0, tonumber(b2) or 0, tonumber(ba) or 0, r.refresh))
+      end
+      if tat == nil or fresh <= now then
         redis.call('HDEL', KEYS[i], scan[2][j])
       end
     end
     p.c = scan[1]
   end
   redis.call('HSET', KEYS[i], 't', p.t, 'k', p.k, 'e', p.e, 'w0', p.w0, 'w1', p.w1, 'm0', p.m0,
-    'm1', p.m1, 'n0', p.n0, 'n1', p.n1, 'x', p.x, 'q', table.concat(q), 'c', p.c)
+    'm1', p.m1, 'n0', p.n0, 'n1', p.n1, 'x', p.x, 'h0', p.h0, 'h1', p.h1, 'h2', p.h2, 'q',
+    table.concat(q), 'c', p.c)
   expire_at(KEYS[i], math.max(fresh, p.x))
 end
 
@@ -209,8 +275,9 @@ local function fair_decide(i, r)
   if counted and active then fair_count(r, p, m) end
   local num, den = fair_share_of(r, p)
   local under = counted and fair_under(r, num, den, m.tat, r.min)
+  local below = under and fair_below(r, m.tat)
   local reserve = 0
-  if not under and not r.charge then reserve = fair_reserve(r, p) end
+  if not r.charge then reserve = fair_reserve(r, p, m, below, not under) end
   local cost, min = r.cost + reserve, r.min + reserve
   local ok, rem, retry, reset, new_tat, granted
   if r.charge then
@@ -230,6 +297,7 @@ local function fair_decide(i, r)
   end
   if ok == 0 and under and active and counts(r.mode) then
     fair_wait(r, p, now + math.max(retry, r.refresh), r.min)
+    fair_hold(p, m, below, r.min, false)
   end
   local out = {ok, rem, retry, reset, 0}
   if r.charge or r.min < r.cost then out[6] = granted end
@@ -240,6 +308,7 @@ local function fair_decide(i, r)
     if r.charge or r.min < r.cost then units = granted end
     spent.tat = math.min(math.max(m.tat, now) + share_interval(r, num, den) * units,
       MAX_MEMBER_TAT)
+    spent.units, spent.below = units, below
   end
   r.pool, r.member, r.counted, r.active, r.under = p, m, counted, active, under
   return out, spent
@@ -252,6 +321,7 @@ local function fair_finish(i, r, spent)
   if spent then
     p.t, p.k = spent.t, spent.k
     if not r.under then fair_served(r, p) end
+    fair_hold(p, m, spent.below, spent.units, false)
     m.tat = spent.tat
   elseif not r.active and not r.repaired then
     return
@@ -269,6 +339,8 @@ local function fair_refund(i, r)
     local tat = m.tat - share_interval(r, num, den) * r.cost
     if tat <= now then tat = 0 end
     m.tat = tat
+    -- Below its share once refunded: the units held for it given back too.
+    fair_hold(p, m, fair_under(r, num, den, tat, r.min) and fair_below(r, tat), r.cost, true)
   end
   fair_write(i, r, p, m, m.e > 0 or m.tat > 0)
   return {ok, rem, 0, reset, 0}

@@ -398,6 +398,9 @@ pub(super) fn fair_pool(items: &[Value]) -> Option<kit::Stored> {
             "m1" => pool.mins.1 = n()?,
             "n0" => pool.ids.0 = n()?,
             "n1" => pool.ids.1 = n()?,
+            "h0" => pool.held[0] = n()?,
+            "h1" => pool.held[1] = n()?,
+            "h2" => pool.held[2] = n()?,
             "x" | "c" => {}
             "q" => {
                 for line in value.lines() {
@@ -412,12 +415,19 @@ pub(super) fn fair_pool(items: &[Value]) -> Option<kit::Stored> {
                 let id = crate::key::Id::new(field.strip_prefix("m:")?).ok()?;
                 let mut parts = value.split(' ').map(|p| p.parse::<u64>().ok());
                 let mut next = || parts.next().flatten();
-                let member = Member {
+                let mut member = Member {
                     tat: next()?,
                     epoch: next()?,
                     weight: next()?,
                     min: next()?,
+                    ..Member::default()
                 };
+                // The units admitted below its share by period, and the latest's period
+                // (written since the rule for ids asking below their share).
+                if let Some(b0) = next() {
+                    member.below = [b0, next()?, next()?];
+                    member.below_at = next()?;
+                }
                 members.insert(id, member);
             }
         }
