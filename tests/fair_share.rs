@@ -713,7 +713,7 @@ fn an_id_asking_below_its_share_is_served_beside_floods() {
                         let d = rt.block_on(limiter.spend(&[Transaction::new(hog.clone())]));
                         hogs_admitted += u64::from(d.unwrap().allowed());
                     }
-                    if tick > 0 && (tick * TICK) % (every_ms * MS) == 0 {
+                    if tick > 0 && (tick * TICK).is_multiple_of(every_ms * MS) {
                         let d = rt.block_on(limiter.spend(&[Transaction::new(sparse.clone())]));
                         let allowed = d.unwrap().allowed();
                         asked += 1;
