@@ -496,9 +496,9 @@ async fn a_charge_takes_no_mode_and_takes_a_slot_even_when_none_is_free() {
 }
 
 /// Every line of `examples/traces/fair-share.trace` (an id alone taking the whole budget, a
-/// weighted id refused under its share and holding a reserve, an id over its share refused
-/// while a unit is left, a new id under its share, the reserve's end, a probe, a refund) ends
-/// with the fields its decision must have.
+/// weighted id refused below its share and its units held, an id over its share refused while
+/// a unit is left, a new id below its share, what is held after they go quiet, a probe, a
+/// refund) ends with the fields its decision must have.
 #[tokio::test]
 async fn fair_shares_give_the_documented_values() {
     let out = documented_values("fair-share").await;

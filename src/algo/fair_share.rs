@@ -356,6 +356,16 @@ impl Pool {
         }
     }
 
+    /// `member` was refused `units` below its share (nothing was held for it yet): at least
+    /// that many are held for it in this period, however often it asks again refused.
+    pub fn hold_refused(&mut self, member: &mut Member, units: u64) {
+        member.below = rolled_units(member.below, member.below_at, self.epoch);
+        member.below_at = self.epoch;
+        let more = units.saturating_sub(member.below[0]);
+        member.below[0] += more;
+        self.held[0] = self.held[0].saturating_add(more);
+    }
+
     /// Whether an id not counted yet may be: fewer than [`MAX_MEMBERS`] ids are.
     pub fn has_room(&self) -> bool {
         self.ids.0.saturating_add(self.ids.1) < MAX_MEMBERS as u64

@@ -154,14 +154,18 @@ pub(crate) fn fair_share_decide(
         pool.tat = word;
     }
     if !outcome.allowed && under && active && tx.mode.counts() {
-        // Held for a refresh period at least: a backlogged id under its share wants the next
-        // units too (held for its retry_after alone, the reserve would lapse between its
-        // grants and a hog would take every other unit).
-        let held_us = outcome.retry_after_us.max(share.refresh_us());
-        pool.wait(id, now.saturating_add(held_us), tx.min_cost);
-        // Refused below its share (a sparse id's first request beside a flood): its units
-        // held as if admitted, so its next request finds them, however long it waits.
-        pool.hold(&mut member, below, tx.min_cost, false);
+        // Refused below its share (a sparse id's first request beside a flood), its units are
+        // held (once a period, however often it asks again), so its next request finds them
+        // however long it waits (and it is not also a waiter). Else it waits for a refresh period at least: a
+        // backlogged id under its share wants the next units too (held for its retry_after
+        // alone, the reserve would lapse between its grants and a hog would take every other
+        // unit).
+        if below {
+            pool.hold_refused(&mut member, tx.min_cost);
+        } else {
+            let held_us = outcome.retry_after_us.max(share.refresh_us());
+            pool.wait(id, now.saturating_add(held_us), tx.min_cost);
+        }
     }
     let members = |member: Option<Member>| members_with(held, share, id, member, now);
     let kept = |m: Member| counted.then_some(m);

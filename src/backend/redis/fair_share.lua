@@ -190,6 +190,15 @@ local function fair_hold(p, m, below, units, back)
   end
 end
 
+-- `Pool::hold_refused`: at least `units` held for a member refused below its share.
+local function fair_hold_refused(p, m, units)
+  m.b0, m.b1, m.b2 = rolled_units(m.b0, m.b1, m.b2, m.ba, p.e)
+  m.ba = p.e
+  local more = math.max(units - m.b0, 0)
+  m.b0 = m.b0 + more
+  p.h0 = p.h0 + more
+end
+
 -- `Pool::reserve_for`.
 local function fair_reserve(r, p, m, below, over)
   if below then return 0 end
@@ -296,8 +305,11 @@ local function fair_decide(i, r)
     rem = math.max(rem - reserve, 0)
   end
   if ok == 0 and under and active and counts(r.mode) then
-    fair_wait(r, p, now + math.max(retry, r.refresh), r.min)
-    fair_hold(p, m, below, r.min, false)
+    if below then
+      fair_hold_refused(p, m, r.min)
+    else
+      fair_wait(r, p, now + math.max(retry, r.refresh), r.min)
+    end
   end
   local out = {ok, rem, retry, reset, 0}
   if r.charge or r.min < r.cost then out[6] = granted end
