@@ -453,6 +453,27 @@ fn an_override_keeps_the_budget_and_fair_share_is_not_across_regions() {
     )
     .unwrap_err();
     assert!(err.to_string().contains(":5:"), "{err}");
+    // The new ids' part: a whole percentage, kept by an override like the refresh period.
+    let err = Limits::from_yaml_str(
+        "A:\n  burst: 10\n  count: 10\n  period: 1s\n  fair_share: {new_ids: 101}\n",
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("new_ids") && err.to_string().contains(":5:"),
+        "{err}"
+    );
+    let err = Limits::from_yaml_str(
+        "A:\n  burst: 10\n  count: 10\n  period: 1s\n  fair_share: {new_ids: 20}\n",
+        Some("- A:\n    burst: 10\n    count: 10\n    period: 1s\n    fair_share: {weight: 2}\n    ids: [x]\n"),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("new_ids"), "{err}");
+    Limits::from_yaml_str(
+        "A:\n  burst: 10\n  count: 10\n  period: 1s\n  fair_share: {new_ids: 20}\n",
+        Some("- A:\n    burst: 10\n    count: 10\n    period: 1s\n    fair_share: {weight: 2, new_ids: 20}\n    ids: [x]\n"),
+    )
+    .unwrap();
 }
 
 /// Each id counts once in its refresh period, the first one too (a pool never stored is
@@ -745,5 +766,78 @@ fn an_id_asking_below_its_share_is_served_beside_floods() {
                 );
             }
         }
+    }
+}
+
+/// Ids a client mints (`docs/fair-share.md`, "Key it by an authenticated tenant"): 600 new ids
+/// a second, each asking once, beside a backlogged tenant and a tenant asking once a second,
+/// on every store. The ids first seen in a refresh period take together at most the limit's
+/// `new_ids` part of it (10% of the 100 a second: 10 units) once the known tenants are
+/// refused; the quiet tenant is refused 0 times after its first admission, and the backlogged
+/// one takes the rest. Before the part, the minted ids took 491 of the 500 units over 5 s and
+/// the quiet tenant was refused 5 times of 5.
+#[test]
+fn ids_a_client_mints_take_at_most_their_part_beside_known_tenants() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let clock = ManualClock::new(1_000 * S);
+    let stores = rt.block_on(stores(&clock));
+    let limits = limits();
+    let mut start = 700_000 * S;
+    for (label, limiter, _) in &stores {
+        start += 3_600 * S;
+        let spend = |k: &BucketKey| {
+            let d = rt.block_on(limiter.spend(&[Transaction::new(k.clone())]));
+            d.unwrap().allowed()
+        };
+        let flood = key(&limits, "A", "tenant-flood");
+        let quiet = key(&limits, "A", "tenant-quiet");
+        // Minted ids every tick from 2 s to 7 s; the tenants from the start.
+        let (mut minted, mut flooded, mut quiet_refused, mut quiet_admitted) =
+            ([0u64; 8], 0u64, 0, 0);
+        let mut next_id = 0u64;
+        for tick in 0..(8 * S / TICK) {
+            let at = tick * TICK;
+            clock.set(start + at);
+            flooded += u64::from(spend(&flood) && at >= 3 * S && at < 7 * S);
+            if at >= 2 * S && at < 7 * S {
+                for _ in 0..3 {
+                    next_id += 1;
+                    let id = key(&limits, "A", &format!("minted{next_id}"));
+                    minted[(at / S) as usize] += u64::from(spend(&id));
+                }
+            }
+            if tick > 0 && at.is_multiple_of(S) {
+                if spend(&quiet) {
+                    quiet_admitted += 1;
+                } else if quiet_admitted > 0 {
+                    quiet_refused += 1;
+                }
+            }
+        }
+        eprintln!(
+            "{label}: minted ids took {minted:?} by second, the backlogged tenant {flooded} in \
+             seconds 3 to 7, the quiet tenant refused {quiet_refused} after {quiet_admitted}"
+        );
+        assert!(
+            quiet_admitted > 0,
+            "{label}: the quiet tenant was never admitted"
+        );
+        assert_eq!(
+            quiet_refused, 0,
+            "{label}: the quiet tenant refused {quiet_refused} times"
+        );
+        for (second, &got) in minted.iter().enumerate().skip(2) {
+            assert!(
+                got <= 10,
+                "{label}: the minted ids took {got} units in second {second}: {minted:?}"
+            );
+        }
+        // The backlogged tenant takes the rest of seconds 3 to 7: the rate less the minted
+        // ids' part and the quiet tenant's unit, 95% of it at least.
+        let rest = 4 * 100 - minted[3..7].iter().sum::<u64>() - 4;
+        assert!(
+            flooded >= rest * 95 / 100,
+            "{label}: the backlogged tenant took {flooded} of {rest}: {minted:?}"
+        );
     }
 }

@@ -32,6 +32,10 @@ use crate::time::duration_us;
 /// current or the previous second.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(1);
 
+/// The part of the budget's rate, in percent, that the ids first seen in the current refresh
+/// period may take together while a known id is refused ([`FairShare::with_new_ids`]).
+pub const DEFAULT_NEW_IDS_PERCENT: u64 = 10;
+
 /// The largest weight an id may have.
 pub const MAX_WEIGHT: u64 = 10_000;
 
@@ -76,6 +80,9 @@ pub enum FairShareError {
     /// A budget with prefetched tokens (a fair share is decided in the store, every time).
     #[error("a fair-share budget cannot prefetch tokens")]
     Prefetch,
+    /// A part for new ids above 100%.
+    #[error("new_ids is a percentage from 0 to 100, not {0}")]
+    NewIds(u64),
     /// A budget's count above [`MAX_SHARED_COUNT`].
     #[error("a fair-share budget counts at most {MAX_SHARED_COUNT} a period, not {0}")]
     CountTooLarge(u64),
@@ -103,6 +110,7 @@ pub struct FairShare {
     weight: u64,
     min: u64,
     refresh_us: u64,
+    new_ids_pct: u64,
 }
 
 impl FairShare {
@@ -119,6 +127,7 @@ impl FairShare {
             weight: 1,
             min: 0,
             refresh_us: duration_us(DEFAULT_REFRESH),
+            new_ids_pct: DEFAULT_NEW_IDS_PERCENT,
         })
     }
 
@@ -157,6 +166,33 @@ impl FairShare {
         Ok(self)
     }
 
+    /// The same budget with the ids first seen in the current refresh period taking together
+    /// at most `percent` of the budget's rate (units admitted or held for them in the period)
+    /// while an id seen before is refused: a client minting ids takes no more (0 to 100,
+    /// [`DEFAULT_NEW_IDS_PERCENT`] by default; 100 leaves new ids the whole rate).
+    pub fn with_new_ids(mut self, percent: u64) -> Result<Self, FairShareError> {
+        if percent > 100 {
+            return Err(FairShareError::NewIds(percent));
+        }
+        self.new_ids_pct = percent;
+        Ok(self)
+    }
+
+    /// The part of the budget's rate, in percent, new ids may take together while an id seen
+    /// before is refused.
+    pub fn new_ids(&self) -> u64 {
+        self.new_ids_pct
+    }
+
+    /// The units new ids may take together in a refresh period while an id seen before is
+    /// refused: `new_ids` percent of what the budget refills in a refresh period, rounded up.
+    pub(crate) fn new_ids_cap(&self) -> u64 {
+        let refill = u128::from(self.budget.count()) * u128::from(self.refresh_us);
+        let den = u128::from(self.budget.period_us().max(1)) * 100;
+        let cap = (refill * u128::from(self.new_ids_pct)).div_ceil(den);
+        u64::try_from(cap).unwrap_or(u64::MAX)
+    }
+
     /// The budget the ids share.
     pub fn budget(&self) -> &Limit {
         &self.budget
@@ -182,9 +218,11 @@ impl FairShare {
     }
 
     /// Whether `other` shares the same budget (an id's override may change its weight and
-    /// minimum, never the budget all ids share).
+    /// minimum, never the budget all ids share, its refresh period or its part for new ids).
     pub fn same_budget(&self, other: &FairShare) -> bool {
-        self.budget == other.budget && self.refresh_us == other.refresh_us
+        self.budget == other.budget
+            && self.refresh_us == other.refresh_us
+            && self.new_ids_pct == other.new_ids_pct
     }
 
     /// The refresh period holding `now`, numbered from 1 (0: none).
@@ -233,6 +271,11 @@ pub struct Pool {
     /// The units admitted to ids asking below their share ([`Pool::hold`]) in `epoch`, in
     /// the period before and in the one before that: the most of them is held for those ids.
     pub held: [u64; 3],
+    /// The last refresh period an id seen before was refused in (0: none): new ids are held
+    /// to their part ([`FairShare::with_new_ids`]) until the period after it ends.
+    pub pressed: u64,
+    /// The units admitted to, or held for, ids first seen in `epoch` ([`Member::newcomer`]).
+    pub fresh: u64,
 }
 
 /// What a fair-share limit keeps for one id.
@@ -251,6 +294,9 @@ pub struct Member {
     pub below: [u64; 3],
     /// The refresh period of `below[0]` (0: none).
     pub below_at: u64,
+    /// The refresh period it was first counted in since it was last forgotten (0: before
+    /// this was kept, an id seen before).
+    pub since: u64,
 }
 
 /// `units` by period rolled from period `at` to period `e` (a period ended moves one place,
@@ -298,6 +344,7 @@ impl Pool {
             };
             (p.weights.0, p.mins.0, p.ids.0) = (0, 0, 0);
             p.held = rolled_units(p.held, p.epoch, e);
+            p.fresh = 0;
             p.epoch = e;
         }
         p.waiting.retain(|w| w.until_us >= now);
@@ -326,6 +373,7 @@ impl Pool {
             epoch: e,
             weight: share.weight,
             min: share.min,
+            since: if member.epoch == 0 { e } else { member.since },
             ..*member
         };
     }
@@ -357,13 +405,33 @@ impl Pool {
     }
 
     /// `member` was refused `units` below its share (nothing was held for it yet): at least
-    /// that many are held for it in this period, however often it asks again refused.
-    pub fn hold_refused(&mut self, member: &mut Member, units: u64) {
+    /// that many are held for it in this period, however often it asks again refused. The
+    /// units newly held.
+    pub fn hold_refused(&mut self, member: &mut Member, units: u64) -> u64 {
         member.below = rolled_units(member.below, member.below_at, self.epoch);
         member.below_at = self.epoch;
         let more = units.saturating_sub(member.below[0]);
         member.below[0] += more;
         self.held[0] = self.held[0].saturating_add(more);
+        more
+    }
+
+    /// Whether a new id ([`Member::newcomer`]) is refused without being counted: an id seen
+    /// before was refused in this refresh period or the one before, and the new ids have
+    /// taken their part of this one ([`FairShare::with_new_ids`]).
+    pub fn gates_newcomers(&self, share: &FairShare) -> bool {
+        self.pressed != 0
+            && self.pressed.saturating_add(1) >= self.epoch
+            && self.fresh >= share.new_ids_cap()
+    }
+
+    /// `units` admitted to, or held for, a new id in this period (`back`: given back).
+    pub fn took_new(&mut self, units: u64, back: bool) {
+        self.fresh = if back {
+            self.fresh.saturating_sub(units)
+        } else {
+            self.fresh.saturating_add(units)
+        };
     }
 
     /// Whether an id not counted yet may be: fewer than [`MAX_MEMBERS`] ids are.
@@ -463,6 +531,12 @@ impl Pool {
 }
 
 impl Member {
+    /// Whether the id is new in refresh period `e`: not kept before it, or first counted in
+    /// it.
+    pub fn newcomer(&self, e: u64) -> bool {
+        self.epoch == 0 || self.since == e
+    }
+
     /// The first instant from which the member equals a fresh one (counted no more, its
     /// bucket full).
     pub fn fresh_at(&self, share: &FairShare) -> u64 {

@@ -52,7 +52,9 @@ impl Shape for FairShare {
     fn keeps_on_override(&self, other: &Quota) -> Result<(), &'static str> {
         match other {
             Quota::FairShare(o) if self.same_budget(o) => Ok(()),
-            _ => Err("the fair share's budget and refresh (an override changes weight and min)"),
+            _ => Err(
+                "the fair share's budget, refresh and new_ids (an override changes weight and min)",
+            ),
         }
     }
 
@@ -81,6 +83,7 @@ impl Shape for FairShare {
         d.push(("weight", Number(self.weight())));
         d.push(("min", Number(self.min())));
         d.push(("refresh", Text(format_duration_us(self.refresh_us()))));
+        d.push(("new_ids", Number(self.new_ids())));
         d
     }
 
@@ -111,11 +114,13 @@ impl Shape for FairShare {
             FairShare::new(budget)?
                 .with_weight(self.weight())?
                 .with_min(min)?
-                .with_refresh_us(self.refresh_us())?,
+                .with_refresh_us(self.refresh_us())?
+                .with_new_ids(self.new_ids())?,
         )))
     }
 
-    /// The budget's fields, and `fair_share: {weight, min, refresh}` (`refresh_us` stored).
+    /// The budget's fields, and `fair_share: {weight, min, refresh, new_ids}` (`refresh_us`
+    /// stored).
     fn write_json(&self, form: Form, v: &mut serde_json::Value) {
         Shape::write_json(self.budget(), form, v);
         v["fair_share"] = match form {
@@ -123,11 +128,13 @@ impl Shape for FairShare {
                 "weight": self.weight(),
                 "min": self.min(),
                 "refresh_us": self.refresh_us(),
+                "new_ids": self.new_ids(),
             }),
             Form::Api => serde_json::json!({
                 "weight": self.weight(),
                 "min": self.min(),
                 "refresh": format_duration_us(self.refresh_us()),
+                "new_ids": self.new_ids(),
             }),
         };
     }
@@ -147,6 +154,7 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
         min: Option<u64>,
         refresh_us: Option<u64>,
         refresh: Option<String>,
+        new_ids: Option<u64>,
     }
     let fair = fields.get("fair_share")?;
     let mut rest = fields.clone();
@@ -178,6 +186,9 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
             .map_err(|e| e.to_string())?;
         if let Some(us) = refresh_us {
             share = share.with_refresh_us(us).map_err(|e| e.to_string())?;
+        }
+        if let Some(p) = f.new_ids {
+            share = share.with_new_ids(p).map_err(|e| e.to_string())?;
         }
         Ok(Quota::FairShare(Arc::new(share)))
     };

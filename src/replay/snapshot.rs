@@ -257,6 +257,16 @@ struct FairLine {
     /// (`Member::below`).
     #[serde(default)]
     below: Vec<(String, [u64; 3], u64)>,
+    /// The last period an id seen before was refused in, and the units new ids took in
+    /// `epoch` (`Pool::pressed`, `Pool::fresh`; none before they were kept).
+    #[serde(default)]
+    pressed: u64,
+    #[serde(default)]
+    fresh: u64,
+    /// `(id, period)` of the members first counted since they were last forgotten
+    /// (`Member::since`).
+    #[serde(default)]
+    since: Vec<(String, u64)>,
 }
 
 impl FairLine {
@@ -282,6 +292,13 @@ impl FairLine {
                 .members()
                 .filter(|(_, m)| m.below != [0; 3])
                 .map(|(id, m)| (id.to_string(), m.below, m.below_at))
+                .collect(),
+            pressed: pool.pressed,
+            fresh: pool.fresh,
+            since: p
+                .members()
+                .filter(|(_, m)| m.since != 0)
+                .map(|(id, m)| (id.to_string(), m.since))
                 .collect(),
         }
     }
@@ -316,6 +333,11 @@ impl FairLine {
                 (member.below, member.below_at) = (*below, *below_at);
             }
         }
+        for (m, since) in &self.since {
+            if let Some(member) = members.get_mut(&id(m)?) {
+                member.since = *since;
+            }
+        }
         let pool = Pool {
             tat: self.word,
             epoch: self.epoch,
@@ -324,6 +346,8 @@ impl FairLine {
             ids: self.ids,
             waiting,
             held: self.held,
+            pressed: self.pressed,
+            fresh: self.fresh,
         };
         Ok(kit::Stored::FairShare(Box::new(kit::FairPool::new(
             pool, members,

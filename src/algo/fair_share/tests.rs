@@ -162,6 +162,52 @@ fn the_fields_are_checked() {
     );
     let prefetched = budget.with_prefetch(2, Duration::from_secs(1)).unwrap();
     assert_eq!(FairShare::new(prefetched), Err(FairShareError::Prefetch));
+    assert_eq!(
+        s.clone().with_new_ids(101),
+        Err(FairShareError::NewIds(101))
+    );
+}
+
+/// New ids' part: a percentage of what the budget refills in a refresh period, rounded up;
+/// 0 leaves them nothing while a known id is refused, 100 the whole rate.
+#[test]
+fn the_new_ids_part_is_a_share_of_a_refresh_periods_refill() {
+    let budget = Limit::from_micros(10, 100, S).unwrap();
+    let s = FairShare::new(budget).unwrap();
+    assert_eq!((s.new_ids(), s.new_ids_cap()), (10, 10));
+    assert_eq!(s.clone().with_new_ids(0).unwrap().new_ids_cap(), 0);
+    assert_eq!(s.clone().with_new_ids(100).unwrap().new_ids_cap(), 100);
+    assert_eq!(s.clone().with_new_ids(1).unwrap().new_ids_cap(), 1);
+    let quick = s.clone().with_refresh(Duration::from_millis(250)).unwrap();
+    assert_eq!(
+        quick.with_new_ids(3).unwrap().new_ids_cap(),
+        1,
+        "0.75 rounded up"
+    );
+    assert!(!s.same_budget(&s.clone().with_new_ids(20).unwrap()));
+}
+
+/// The gate opens only while an id seen before was refused in this period or the one
+/// before, and only for new ids once their part is taken.
+#[test]
+fn new_ids_are_gated_only_while_a_known_id_is_refused() {
+    let a = share(1, 0);
+    let mut pool = Pool::default().rolled(&a, 10 * S);
+    let e = pool.epoch;
+    pool.fresh = 100;
+    assert!(!pool.gates_newcomers(&a), "no one refused");
+    pool.pressed = e - 1;
+    assert!(pool.gates_newcomers(&a));
+    let later = pool.clone().rolled(&a, 11 * S);
+    assert!(
+        !later.gates_newcomers(&a),
+        "the part is whole again in a new period"
+    );
+    let mut m = Member::default();
+    assert!(m.newcomer(e));
+    pool.count(&a, &mut m);
+    assert!(m.newcomer(e), "first counted in this period");
+    assert!(!m.newcomer(e + 1), "seen before the next");
 }
 
 #[test]

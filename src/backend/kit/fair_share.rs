@@ -93,6 +93,116 @@ pub fn state_key<'k>(tx: &BucketTx<'k>) -> std::borrow::Cow<'k, BucketKey> {
     }
 }
 
+/// Who asks in a fair-share decision: the id's member (counted when it spends), whether it
+/// is new, held to the new ids' part, counted, active, its share and where it stands.
+struct Asker {
+    member: Member,
+    newcomer: bool,
+    gated: bool,
+    counted: bool,
+    active: bool,
+    s: rule::ShareOf,
+    under: bool,
+    below: bool,
+}
+
+/// The asker of `tx` in the rolled `pool` (`known`: its live member), counted in it when its
+/// request spends.
+fn asker(
+    tx: &BucketTx<'_>,
+    share: &FairShare,
+    pool: &mut Pool,
+    known: Option<Member>,
+    now: u64,
+) -> Asker {
+    let budget = share.budget();
+    let mut member = known.unwrap_or_default();
+    // A new id past the new ids' part while an id seen before is refused: refused, and not
+    // counted (a client minting ids takes no more, and pushes no one out of the count).
+    let newcomer = member.newcomer(pool.epoch);
+    let gated = newcomer && tx.mode != Mode::Charge && pool.gates_newcomers(share);
+    let counted = known.is_some() || (!gated && pool.has_room());
+    // Only a request that spends makes an id active (a check, an inspection, does not).
+    let active = tx.mode.spends() && !gated;
+    if counted && active {
+        pool.count(share, &mut member);
+    }
+    let s = pool.share_of(share);
+    let under = counted && !gated && rule::under_share(budget, s, member.tat, tx.min_cost, now);
+    let below = under && rule::below_share(budget, member.tat, now);
+    Asker {
+        member,
+        newcomer,
+        gated,
+        counted,
+        active,
+        s,
+        under,
+        below,
+    }
+}
+
+/// `tx` decided on the budget beyond `reserve`: its request decided as if the reserve were
+/// part of it, the reserve then not written (`shift`: its microseconds on the budget).
+fn on_budget(
+    tx: &BucketTx<'_>,
+    budget: &gcra::Limit,
+    word: u64,
+    reserve: u64,
+    now: u64,
+) -> Result<(Outcome, super::gcra::GcraStep, u64), BackendError> {
+    let asked = BucketTx {
+        cost: tx.cost.saturating_add(reserve),
+        min_cost: tx.min_cost.saturating_add(reserve),
+        ..*tx
+    };
+    let step = gcra_step(&asked, budget, word, now)?;
+    let shift = budget.emission_interval_us().saturating_mul(reserve);
+    let mut outcome = step.decision.outcome();
+    if let Some(g) = &mut outcome.granted {
+        *g = g.saturating_sub(reserve);
+    }
+    if outcome.allowed {
+        outcome.reset_after_us = outcome.reset_after_us.saturating_sub(shift);
+    } else {
+        // What the budget holds beyond the reserve: what this id could have.
+        outcome.remaining = outcome.remaining.saturating_sub(reserve);
+    }
+    Ok((outcome, step, shift))
+}
+
+/// What a refusal of a counting request leaves in `pool`: an id seen before refused presses
+/// the new ids to their part; an id under its share refused below it has its units held
+/// (once a period, however often it asks again), so its next request finds them however
+/// long it waits (and it is not also a waiter); any other under its share waits for a
+/// refresh period at least (a backlogged id under its share wants the next units too: held
+/// for its `retry_after` alone, the reserve would lapse between its grants and a hog would
+/// take every other unit).
+fn refused(
+    tx: &BucketTx<'_>,
+    share: &FairShare,
+    pool: &mut Pool,
+    a: &mut Asker,
+    retry_us: u64,
+    now: u64,
+) {
+    if !a.active || !tx.mode.counts() {
+        return;
+    }
+    if !a.newcomer {
+        pool.pressed = pool.epoch;
+    }
+    if a.below {
+        let more = pool.hold_refused(&mut a.member, tx.min_cost);
+        if a.newcomer {
+            pool.took_new(more, false);
+        }
+    } else if a.under {
+        let held_us = retry_us.max(share.refresh_us());
+        pool.wait(tx.key.id(), now.saturating_add(held_us), tx.min_cost);
+    }
+}
+
 /// A fair-share transaction decided on `stored` (its limit's state) at `now`: its outcome,
 /// what an allowed batch writes, and what is written whatever the batch decides (the id seen
 /// active, a refused under-share id's wait; `None` for a transaction that does not spend, a
@@ -114,81 +224,50 @@ pub(crate) fn fair_share_decide(
         .rolled(share, now);
     let live = |m: &&Member| m.fresh_at(share) > now;
     let known = held.and_then(|h| h.member(id)).filter(live).copied();
-    let counted = known.is_some() || pool.has_room();
-    // Only a request that spends makes an id active (a check, an inspection, does not).
-    let active = tx.mode.spends();
-    let mut member = known.unwrap_or_default();
-    if counted && active {
-        pool.count(share, &mut member);
-    }
-    let s = pool.share_of(share);
-    let under = counted && rule::under_share(budget, s, member.tat, tx.min_cost, now);
-    let below = under && rule::below_share(budget, member.tat, now);
-    // An id spends only beyond the reserve (none when it asks below its share): its request
-    // decided as if the reserve were part of it, the reserve then not written. A charge is
+    let mut a = asker(tx, share, &mut pool, known, now);
+    // An id spends only beyond the reserve (none when it asks below its share). A charge is
     // never refused.
     let reserve = if tx.mode == Mode::Charge {
         0
     } else {
-        pool.reserve_for(share, (id, &member), tx.min_cost, (below, !under))
+        pool.reserve_for(share, (id, &a.member), tx.min_cost, (a.below, !a.under))
     };
-    let asked = BucketTx {
-        cost: tx.cost.saturating_add(reserve),
-        min_cost: tx.min_cost.saturating_add(reserve),
-        ..*tx
-    };
-    let step = gcra_step(&asked, budget, pool.tat, now)?;
-    let shift = budget.emission_interval_us().saturating_mul(reserve);
-    let mut outcome = step.decision.outcome();
-    if let Some(g) = &mut outcome.granted {
-        *g = g.saturating_sub(reserve);
-    }
-    if outcome.allowed {
-        outcome.reset_after_us = outcome.reset_after_us.saturating_sub(shift);
-    } else {
-        // What the budget holds beyond the reserve: what this id could have.
-        outcome.remaining = outcome.remaining.saturating_sub(reserve);
-    }
+    let (mut outcome, step, shift) = on_budget(tx, budget, pool.tat, reserve, now)?;
     let repaired = step.repair.is_some();
     if let Some(word) = step.repair {
         pool.tat = word;
     }
-    if !outcome.allowed && under && active && tx.mode.counts() {
-        // Refused below its share (a sparse id's first request beside a flood), its units are
-        // held (once a period, however often it asks again), so its next request finds them
-        // however long it waits (and it is not also a waiter). Else it waits for a refresh period at least: a
-        // backlogged id under its share wants the next units too (held for its retry_after
-        // alone, the reserve would lapse between its grants and a hog would take every other
-        // unit).
-        if below {
-            pool.hold_refused(&mut member, tx.min_cost);
-        } else {
-            let held_us = outcome.retry_after_us.max(share.refresh_us());
-            pool.wait(id, now.saturating_add(held_us), tx.min_cost);
-        }
+    if a.gated {
+        outcome = gated_outcome(share, &outcome, &pool, now);
+    }
+    if !outcome.allowed {
+        refused(tx, share, &mut pool, &mut a, outcome.retry_after_us, now);
     }
     let members = |member: Option<Member>| members_with(held, share, id, member, now);
-    let kept = |m: Member| counted.then_some(m);
+    let kept = |m: Member| a.counted.then_some(m);
     let write = match step.write {
-        Some(word) if outcome.allowed && tx.mode.spends() => {
+        Some(word) if outcome.allowed && a.active => {
             let (tat, _) = gcra_unword(word);
             let mut spent = pool.clone();
             spent.tat = gcra_word(tat.saturating_sub(shift), budget)?;
-            if !under {
+            if !a.under {
                 // Over its share: it has had its share, and waits no more.
                 spent.served(id);
             }
             let units = outcome.granted.unwrap_or(tx.cost);
             let mut m = Member {
-                tat: rule::member_spent(budget, s, member.tat, units, now),
-                ..member
+                tat: rule::member_spent(budget, a.s, a.member.tat, units, now),
+                ..a.member
             };
-            spent.hold(&mut m, below, units, false);
+            spent.hold(&mut m, a.below, units, false);
+            if a.newcomer {
+                spent.took_new(units, false);
+            }
             Some(fair(spent, members(kept(m))))
         }
         _ => None,
     };
-    let seen = (active || repaired).then(|| fair(pool, members(kept(member))));
+    let seen = (a.active || repaired).then(|| fair(pool, members(kept(a.member))));
     Ok((outcome, write, seen))
 }
 
@@ -227,9 +306,26 @@ pub(crate) fn fair_share_refund(
         let below = rule::under_share(budget, s, m.tat, tx.min_cost, now)
             && rule::below_share(budget, m.tat, now);
         pool.hold(m, below, tx.cost, true);
+        if m.newcomer(pool.epoch) {
+            pool.took_new(tx.cost, true);
+        }
     }
     let members = members_with(held, share, id, member, now);
     Ok((out.into(), Some(fair(pool, members))))
+}
+
+/// A new id's refusal past the new ids' part (`decided`: its request decided on the budget):
+/// nothing remains for it until the next refresh period, when the part is whole again.
+fn gated_outcome(share: &FairShare, decided: &Outcome, pool: &Pool, now: u64) -> Outcome {
+    let next = pool.epoch.saturating_mul(share.refresh_us());
+    Outcome {
+        allowed: false,
+        remaining: 0,
+        retry_after_us: next.saturating_sub(now).max(1),
+        reset_after_us: gcra_unword(pool.tat).0.saturating_sub(now),
+        granted: decided.granted.map(|_| 0),
+        ..*decided
+    }
 }
 
 /// The members `held` keeps with `id`'s replaced by `member` (removed when `None` or fresh),

@@ -8,18 +8,22 @@
 --   w0 w1 m0 m1 n0 n1  weights, minimums and ids seen in it, and in the period before only
 --   h0 h1 h2        the units admitted to ids asking below their share in it, in the period
 --                   before and in the one before that (missing: 0)
+--   p               the last period an id seen before was refused in (missing: 0)
+--   f               the units admitted to, or held for, ids first seen in period e (missing: 0)
 --   q               the waiters, "<id>\t<until>\t<cost>\n" each (an id has no control character)
 --   c               the sweep's cursor (ended members are deleted 64 fields a call once the
 --                   hash holds more than twice the ids a limit counts)
 --   x               the latest time a member ends
---   m:<id>          a member: "<tat> <period> <weight> <min> <b0> <b1> <b2> <b period>": the
---                   units it was admitted below its share in <b period> and the two before
---                   (the last four may be missing: none)
+--   m:<id>          a member: "<tat> <period> <weight> <min> <b0> <b1> <b2> <b period> <since>":
+--                   the units it was admitted below its share in <b period> and the two before
+--                   (the four may be missing: none), the period it was first counted in since
+--                   it was last forgotten (missing: 0, an id seen before)
 -- Anything else there (another type, a field that is not one of ours) is foreign: the pool is
 -- read as the budget drained and no one counted, and replaced.
 
 local MAX_WAITERS, MAX_MEMBERS, MAX_MEMBER_TAT = 64, 1024, 4503599627370496
-local FAIR_NUMBERS = {'t', 'k', 'e', 'w0', 'w1', 'm0', 'm1', 'n0', 'n1', 'x', 'h0', 'h1', 'h2'}
+local FAIR_NUMBERS = {'t', 'k', 'e', 'w0', 'w1', 'm0', 'm1', 'n0', 'n1', 'x', 'h0', 'h1', 'h2',
+  'p', 'f'}
 
 local function fair_number(raw)
   if raw == false or raw == nil then return 0 end
@@ -63,7 +67,7 @@ local function rolled_units(b0, b1, b2, at, e)
 end
 
 local function no_member()
-  return {tat = 0, e = 0, w = 0, m = 0, b0 = 0, b1 = 0, b2 = 0, ba = 0}
+  return {tat = 0, e = 0, w = 0, m = 0, b0 = 0, b1 = 0, b2 = 0, ba = 0, s = 0}
 end
 
 local function member_fresh_at(r, m)
@@ -73,40 +77,42 @@ end
 -- The pool and the member of record r, rolled to now (`Pool::rolled`).
 local function fair_read(i, r)
   local p = {t = 0, k = 0, e = 0, w0 = 0, w1 = 0, m0 = 0, m1 = 0, n0 = 0, n1 = 0, x = 0,
-    h0 = 0, h1 = 0, h2 = 0, c = '0', q = {}}
+    h0 = 0, h1 = 0, h2 = 0, p = 0, f = 0, c = '0', q = {}}
   local m = no_member()
   local raw = redis.pcall('HMGET', KEYS[i], 't', 'k', 'e', 'w0', 'w1', 'm0', 'm1', 'n0', 'n1', 'x',
-    'h0', 'h1', 'h2', 'q', 'c', 'm:' .. r.id)
+    'h0', 'h1', 'h2', 'p', 'f', 'q', 'c', 'm:' .. r.id)
   local foreign = raw.err ~= nil
   if not foreign then
     for j, f in ipairs(FAIR_NUMBERS) do
       local v = fair_number(raw[j])
       if v == nil then foreign = true else p[f] = v end
     end
-    if type(raw[14]) == 'string' then
-      for id, until_at, cost in string.gmatch(raw[14], '([^\t\n]+)\t(%d+)\t(%d+)\n') do
+    if type(raw[16]) == 'string' then
+      for id, until_at, cost in string.gmatch(raw[16], '([^\t\n]+)\t(%d+)\t(%d+)\n') do
         p.q[#p.q + 1] = {id = id, u = tonumber(until_at), c = tonumber(cost)}
       end
       if #p.q > MAX_WAITERS then foreign = true end
     end
     -- A bound no limit of the crate writes (52 bits hold 100 years): the budget's own.
     if p.k < 1 or p.k > 52 then p.k = 0 end
-    if type(raw[15]) == 'string' then p.c = raw[15] end
-    if type(raw[16]) == 'string' then
+    if type(raw[17]) == 'string' then p.c = raw[17] end
+    if type(raw[18]) == 'string' then
       local f = {}
-      for v in string.gmatch(raw[16], '[^ ]+') do f[#f + 1] = fair_number(v) end
+      for v in string.gmatch(raw[18], '[^ ]+') do f[#f + 1] = fair_number(v) end
       if #f == 4 then f[5], f[6], f[7], f[8] = 0, 0, 0, 0 end
-      local ok = #f == 8
+      if #f == 8 then f[9] = 0 end
+      local ok = #f == 9
       for j = 1, #f do ok = ok and f[j] ~= nil end
       if ok then
-        m = {tat = f[1], e = f[2], w = f[3], m = f[4], b0 = f[5], b1 = f[6], b2 = f[7], ba = f[8]}
+        m = {tat = f[1], e = f[2], w = f[3], m = f[4], b0 = f[5], b1 = f[6], b2 = f[7], ba = f[8],
+          s = f[9]}
       end
     end
   end
   if foreign then
     -- Read as the budget drained, and replaced (r.fix: the hash is deleted first).
     p = {t = now + r.bo, k = bound_length(r), e = 0, w0 = 0, w1 = 0, m0 = 0, m1 = 0, n0 = 0,
-      n1 = 0, x = 0, h0 = 0, h1 = 0, h2 = 0, c = '0', q = {}}
+      n1 = 0, x = 0, h0 = 0, h1 = 0, h2 = 0, p = 0, f = 0, c = '0', q = {}}
     m = no_member()
     r.fix, r.repaired = true, true
   elseif p.t - now > r.bo + r.debt + SLACK and p.t - now > 2 ^ p.k + SLACK then
@@ -122,7 +128,7 @@ local function fair_read(i, r)
       p.w1, p.m1, p.n1 = 0, 0, 0
     end
     p.h0, p.h1, p.h2 = rolled_units(p.h0, p.h1, p.h2, p.e, e)
-    p.w0, p.m0, p.n0, p.e = 0, 0, 0, e
+    p.w0, p.m0, p.n0, p.f, p.e = 0, 0, 0, 0, e
   end
   local live = {}
   for _, w in ipairs(p.q) do
@@ -148,7 +154,19 @@ local function fair_count(r, p, m)
   end
   p.w0 = p.w0 + r.weight
   p.m0 = p.m0 + r.wmin
+  if m.e == 0 then m.s = p.e end
   m.e, m.w, m.m = p.e, r.weight, r.wmin
+end
+
+-- `Member::newcomer`: not kept before this period, or first counted in it.
+local function fair_newcomer(p, m)
+  return m.e == 0 or m.s == p.e
+end
+
+-- `Pool::gates_newcomers`: an id seen before refused in this period or the one before, and the
+-- new ids' part of this one taken.
+local function fair_gates(r, p)
+  return p.p ~= 0 and p.p + 1 >= p.e and p.f >= r.newcap
 end
 
 -- `Pool::share_of`: weight over the active weights, or the minimum over the larger of the
@@ -197,6 +215,7 @@ local function fair_hold_refused(p, m, units)
   local more = math.max(units - m.b0, 0)
   m.b0 = m.b0 + more
   p.h0 = p.h0 + more
+  return more
 end
 
 -- `Pool::reserve_for`.
@@ -243,8 +262,8 @@ local function fair_write(i, r, p, m, counted)
   end
   local mkey = 'm:' .. r.id
   if counted and member_fresh_at(r, m) > now then
-    redis.call('HSET', KEYS[i], mkey, string.format('%d %d %d %d %d %d %d %d', m.tat, m.e, m.w,
-      m.m, m.b0, m.b1, m.b2, m.ba))
+    redis.call('HSET', KEYS[i], mkey, string.format('%d %d %d %d %d %d %d %d %d', m.tat, m.e,
+      m.w, m.m, m.b0, m.b1, m.b2, m.ba, m.s))
     p.x = math.max(p.x, member_fresh_at(r, m))
   else
     redis.call('HDEL', KEYS[i], mkey)
@@ -269,8 +288,8 @@ local function fair_write(i, r, p, m, counted)
     p.c = scan[1]
   end
   redis.call('HSET', KEYS[i], 't', p.t, 'k', p.k, 'e', p.e, 'w0', p.w0, 'w1', p.w1, 'm0', p.m0,
-    'm1', p.m1, 'n0', p.n0, 'n1', p.n1, 'x', p.x, 'h0', p.h0, 'h1', p.h1, 'h2', p.h2, 'q',
-    table.concat(q), 'c', p.c)
+    'm1', p.m1, 'n0', p.n0, 'n1', p.n1, 'x', p.x, 'h0', p.h0, 'h1', p.h1, 'h2', p.h2, 'p', p.p,
+    'f', p.f, 'q', table.concat(q), 'c', p.c)
   expire_at(KEYS[i], math.max(fresh, p.x))
 end
 
@@ -279,11 +298,14 @@ end
 -- (a check makes no id active) or replaced a foreign budget.
 local function fair_decide(i, r)
   local p, m = fair_read(i, r)
-  local counted = m.e > 0 or m.tat > 0 or p.n0 + p.n1 < MAX_MEMBERS
-  local active = spends(r.mode)
+  -- A new id past the new ids' part while an id seen before is refused: refused, not counted.
+  local newcomer = fair_newcomer(p, m)
+  local gated = newcomer and not r.charge and fair_gates(r, p)
+  local counted = m.e > 0 or m.tat > 0 or (not gated and p.n0 + p.n1 < MAX_MEMBERS)
+  local active = spends(r.mode) and not gated
   if counted and active then fair_count(r, p, m) end
   local num, den = fair_share_of(r, p)
-  local under = counted and fair_under(r, num, den, m.tat, r.min)
+  local under = counted and not gated and fair_under(r, num, den, m.tat, r.min)
   local below = under and fair_below(r, m.tat)
   local reserve = 0
   if not r.charge then reserve = fair_reserve(r, p, m, below, not under) end
@@ -304,9 +326,15 @@ local function fair_decide(i, r)
   else
     rem = math.max(rem - reserve, 0)
   end
+  if gated then
+    ok, rem, granted = 0, 0, 0
+    retry, reset = math.max(p.e * r.refresh - now, 1), math.max(p.t - now, 0)
+  end
+  if ok == 0 and not newcomer and active and counts(r.mode) then p.p = p.e end
   if ok == 0 and under and active and counts(r.mode) then
     if below then
-      fair_hold_refused(p, m, r.min)
+      local more = fair_hold_refused(p, m, r.min)
+      if newcomer then p.f = p.f + more end
     else
       fair_wait(r, p, now + math.max(retry, r.refresh), r.min)
     end
@@ -314,13 +342,13 @@ local function fair_decide(i, r)
   local out = {ok, rem, retry, reset, 0}
   if r.charge or r.min < r.cost then out[6] = granted end
   local spent = nil
-  if ok == 1 and new_tat and gcra_writes(r.mode, new_tat, p.t) then
+  if ok == 1 and active and new_tat and gcra_writes(r.mode, new_tat, p.t) then
     spent = {t = new_tat - shift, k = bound_length(r)}
     local units = r.cost
     if r.charge or r.min < r.cost then units = granted end
     spent.tat = math.min(math.max(m.tat, now) + share_interval(r, num, den) * units,
       MAX_MEMBER_TAT)
-    spent.units, spent.below = units, below
+    spent.units, spent.below, spent.new = units, below, newcomer
   end
   r.pool, r.member, r.counted, r.active, r.under = p, m, counted, active, under
   return out, spent
@@ -334,6 +362,7 @@ local function fair_finish(i, r, spent)
     p.t, p.k = spent.t, spent.k
     if not r.under then fair_served(r, p) end
     fair_hold(p, m, spent.below, spent.units, false)
+    if spent.new then p.f = p.f + spent.units end
     m.tat = spent.tat
   elseif not r.active and not r.repaired then
     return
@@ -353,6 +382,7 @@ local function fair_refund(i, r)
     m.tat = tat
     -- Below its share once refunded: the units held for it given back too.
     fair_hold(p, m, fair_under(r, num, den, tat, r.min) and fair_below(r, tat), r.cost, true)
+    if fair_newcomer(p, m) then p.f = math.max(p.f - r.cost, 0) end
   end
   fair_write(i, r, p, m, m.e > 0 or m.tat > 0)
   return {ok, rem, 0, reset, 0}

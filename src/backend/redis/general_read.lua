@@ -250,9 +250,10 @@ for i = 1, n do
       cost = tonumber(ARGV[a + 3]), ei = tonumber(ARGV[a + 4]), bo = tonumber(ARGV[a + 5]),
       debt = tonumber(ARGV[a + 6]), burst = tonumber(ARGV[a + 7]),
       weight = tonumber(ARGV[a + 8]), wmin = tonumber(ARGV[a + 9]),
-      count = tonumber(ARGV[a + 10]), refresh = tonumber(ARGV[a + 11]), id = ARGV[a + 12]}
+      count = tonumber(ARGV[a + 10]), refresh = tonumber(ARGV[a + 11]), id = ARGV[a + 12],
+      newcap = tonumber(ARGV[a + 13])}
     rec[i].charge = rec[i].mode == MODE_CHARGE
-    a = a + 13
+    a = a + 14
   elseif kind == KIND_ADAPTIVE or kind == KIND_ADAPTIVE_POOL then
     -- An adaptive concurrency key (adaptive.lua): a concurrency record, its number read from
     -- the key, and a release's completion (latency -1: none); a pool's (its keys share a

@@ -401,6 +401,8 @@ pub(super) fn fair_pool(items: &[Value]) -> Option<kit::Stored> {
             "h0" => pool.held[0] = n()?,
             "h1" => pool.held[1] = n()?,
             "h2" => pool.held[2] = n()?,
+            "p" => pool.pressed = n()?,
+            "f" => pool.fresh = n()?,
             "x" | "c" => {}
             "q" => {
                 for line in value.lines() {
@@ -427,6 +429,10 @@ pub(super) fn fair_pool(items: &[Value]) -> Option<kit::Stored> {
                 if let Some(b0) = next() {
                     member.below = [b0, next()?, next()?];
                     member.below_at = next()?;
+                }
+                // The period it was first counted in (written since new ids have a part).
+                if let Some(since) = next() {
+                    member.since = since;
                 }
                 members.insert(id, member);
             }

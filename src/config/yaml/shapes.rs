@@ -368,26 +368,27 @@ pub(super) fn calendar_of(f: &Fields<'_>, node: &Node) -> Result<CalendarQuota, 
 }
 
 /// A GCRA budget (`burst`, `count`, `period`) shared fairly: `fair_share: {weight, min,
-/// refresh}`, each optional (`fair_share: {}` for the defaults), `docs/fair-share.md`.
+/// refresh, new_ids}`, each optional (`fair_share: {}` for the defaults), `docs/fair-share.md`.
 pub(super) fn fair_share_of(f: &Fields<'_>, node: &Node) -> Result<FairShare, ConfigError> {
     let entries: &[(Node, Node)] = match &node.value {
         Value::Map(entries) => entries,
         _ => {
             return Err(wrong_shape(
-                "a map: {weight, min, refresh} (each optional)",
+                "a map: {weight, min, refresh, new_ids} (each optional)",
                 node,
             ));
         }
     };
-    let [mut weight, mut min, mut refresh] = [None::<&Node>; 3];
+    let [mut weight, mut min, mut refresh, mut new_ids] = [None::<&Node>; 4];
     for (k, v) in entries {
         let key = as_str(k, "a field name")?;
         let slot = match key {
             "weight" => &mut weight,
             "min" => &mut min,
             "refresh" => &mut refresh,
+            "new_ids" => &mut new_ids,
             _ => {
-                const KNOWN: [&str; 3] = ["weight", "min", "refresh"];
+                const KNOWN: [&str; 4] = ["weight", "min", "refresh", "new_ids"];
                 return Err(err_at(ConfigErrorKind::unknown_field(key, &KNOWN), k.line));
             }
         };
@@ -418,6 +419,11 @@ pub(super) fn fair_share_of(f: &Fields<'_>, node: &Node) -> Result<FairShare, Co
     if let Some(n) = refresh {
         share = share
             .with_refresh_us(duration_of("refresh", n)?)
+            .map_err(|e| at(e, n))?;
+    }
+    if let Some(n) = new_ids {
+        share = share
+            .with_new_ids(whole("new_ids", n, 0)?)
             .map_err(|e| at(e, n))?;
     }
     Ok(share)

@@ -7,8 +7,9 @@ use crate::algo::fair_share::FairShare;
 use crate::backend::BucketTx;
 
 /// A fair-share record: its mode and costs, the budget (interval, burst offset, debt offset,
-/// burst), the id's weight and minimum, the budget's count, the refresh period, and the id's
-/// text (its canonical form: the id a waiter and a member are known by).
+/// burst), the id's weight and minimum, the budget's count, the refresh period, the id's
+/// text (its canonical form: the id a waiter and a member are known by), and the units new
+/// ids may take together in a refresh period while an id seen before is refused.
 pub(super) fn push_fair_share(args: &mut Vec<Value>, tx: &BucketTx<'_>, share: &FairShare) {
     let budget = share.budget();
     args.extend([
@@ -25,5 +26,6 @@ pub(super) fn push_fair_share(args: &mut Vec<Value>, tx: &BucketTx<'_>, share: &
         int(budget.count()),
         int(share.refresh_us()),
         Value::String(tx.key.id().to_string().into()),
+        int(share.new_ids_cap().min(MAX_TIME_US)),
     ]);
 }
