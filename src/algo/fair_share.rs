@@ -571,6 +571,22 @@ pub fn under_share(limit: &Limit, s: ShareOf, member_tat: u64, cost: u64, now: u
     u128::from(ahead) + need <= bo
 }
 
+/// An id's own bucket as it asks for `cost` units at share `s`: its TAT at most the budget's
+/// burst offset ahead of `now`, or the request's own length at the share when that is longer
+/// (what an admission under its share leaves). What it was lent over its share is not owed:
+/// with the debt kept, two backlogged ids swung between the whole budget and nothing for
+/// seconds after a third id left.
+pub fn member_owed(limit: &Limit, s: ShareOf, member_tat: u64, cost: u64, now: u64) -> u64 {
+    let need = u128::from(share_interval_us(limit, s)) * u128::from(cost);
+    let most = need.max(u128::from(limit.burst_offset_us()));
+    if u128::from(member_tat.saturating_sub(now)) > most {
+        // Below the TAT, itself at most 2^52.
+        now + u64::try_from(most).unwrap_or(0)
+    } else {
+        member_tat
+    }
+}
+
 /// Whether an id whose own bucket's TAT is `member_tat` asks below its share at `now`, for a
 /// request under its share: its own bucket at least half full before the request (an id
 /// asking at its share or faster drains it).

@@ -276,3 +276,21 @@ fn units_are_held_for_the_ids_asking_below_their_share() {
     assert_eq!(later.rolled(&a, 13 * S).held, [0, 0, 1]);
     assert_eq!(pool.rolled(&a, 13 * S).held, [0; 3]);
 }
+
+/// An id's own bucket is at most a burst ahead when it asks (or one request at its share, when
+/// that is longer): what it was lent over its share is not owed.
+#[test]
+fn what_an_id_was_lent_is_not_owed() {
+    let budget = Limit::from_micros(10, 100, S).unwrap();
+    let quarter = ShareOf { num: 1, den: 4 };
+    let bo = budget.burst_offset_us();
+    assert_eq!(member_owed(&budget, quarter, 50 * S, 1, S), S + bo);
+    assert_eq!(member_owed(&budget, quarter, S + bo, 1, S), S + bo);
+    assert_eq!(member_owed(&budget, quarter, 0, 1, S), 0);
+    // A share so small one unit is longer than the burst: one unit's length is kept.
+    let tiny = ShareOf { num: 1, den: 100 };
+    let unit = share_interval_us(&budget, tiny);
+    assert!(unit > bo);
+    assert_eq!(member_owed(&budget, tiny, S + unit, 1, S), S + unit);
+    assert_eq!(member_owed(&budget, tiny, 50 * S, 1, S), S + unit);
+}

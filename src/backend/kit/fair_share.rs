@@ -128,6 +128,7 @@ fn asker(
         pool.count(share, &mut member);
     }
     let s = pool.share_of(share);
+    member.tat = rule::member_owed(budget, s, member.tat, tx.min_cost, now);
     let under = counted && !gated && rule::under_share(budget, s, member.tat, tx.min_cost, now);
     let below = under && rule::below_share(budget, member.tat, now);
     Asker {

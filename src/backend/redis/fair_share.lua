@@ -188,6 +188,13 @@ local function fair_under(r, num, den, tat, cost)
   return ahead + need <= r.bo
 end
 
+-- `member_owed`: its own bucket at most a burst, or the request at its share, ahead.
+local function fair_owed(r, num, den, tat, cost)
+  local most = math.max(share_interval(r, num, den) * cost, r.bo)
+  if tat - now > most then return now + most end
+  return tat
+end
+
 -- `below_share`.
 local function fair_below(r, tat)
   return math.max(tat - now, 0) * 2 <= r.bo
@@ -305,6 +312,7 @@ local function fair_decide(i, r)
   local active = spends(r.mode) and not gated
   if counted and active then fair_count(r, p, m) end
   local num, den = fair_share_of(r, p)
+  m.tat = fair_owed(r, num, den, m.tat, r.min)
   local under = counted and not gated and fair_under(r, num, den, m.tat, r.min)
   local below = under and fair_below(r, m.tat)
   local reserve = 0
