@@ -24,11 +24,15 @@ fn redis() -> Server {
     if let Ok(url) = std::env::var("TRL_TEST_REDIS_URL") {
         return Server { url, child: None };
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+    own_redis(free_port())
+}
+
+/// A loopback port free now (for a server the test starts, stops and starts again on it).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .expect("a free port");
-    own_redis(port)
+        .expect("a free port")
 }
 
 /// A new `redis-server` on `port`, without persistence (started again on the same port, it is

@@ -1,7 +1,8 @@
 //! Several instances of one region on one region store (`docs/regions.md`, "Several instances
 //! in a region"), against real `redis-server`s: an instance that cannot use the floor yet
-//! leaves the bucket of one that can as it is, and every instance keeps the region's floor
-//! while the global store is gone.
+//! leaves the bucket of one that can as it is, and with 1, 2 and 3 instances in a region the
+//! union of what every region admits stays in the limit's envelope while the global store is
+//! killed, hung or cut off, and when the region's own store restarts empty.
 
 use super::shares::{allowed, limits, prefix};
 use super::*;
@@ -115,15 +116,17 @@ impl Proxy {
     }
 }
 
-/// What happens to the global store in a run of [`the_union_stays_in_the_envelope`].
+/// What happens in a run of [`the_union_stays_in_the_envelope`].
 #[derive(Debug, Clone, Copy)]
 enum Fault {
-    /// Killed, not restarted.
+    /// The global store killed, not restarted.
     Killed,
-    /// Stopped (`SIGSTOP`): every call to it hangs.
+    /// The global store stopped (`SIGSTOP`): every call to it hangs.
     Hung,
-    /// `eu` cut off from it; `us` still reaches it.
+    /// `eu` cut off from the global store; `us` still reaches it.
     EuCutOff,
+    /// `eu`'s own store restarted empty (on the same port).
+    EuStoreRestarted,
 }
 
 /// 20 a second, burst 20, marked with a floor of 10%: 2 a second and 2 at once a region.
@@ -144,7 +147,8 @@ async fn admit(
 ) -> bool {
     let sent = std::time::Instant::now();
     let tx = crate::Transaction::new(key.clone());
-    let allowed = limiter.spend(&[tx]).await.unwrap().allowed();
+    // An error (the region's store restarting) admits nothing: no failure policy here.
+    let allowed = limiter.spend(&[tx]).await.is_ok_and(|d| d.allowed());
     if allowed {
         log.push((sent, std::time::Instant::now()));
     }
@@ -173,41 +177,45 @@ fn worst_window(
     worst
 }
 
-/// Regions `eu` (two instances on one store) and `us` (one), their global store reached
-/// through a proxy, on the stores' clocks (periods of 50 ms, leases of 150 ms, margins of
-/// 50 ms), one key of 20 a second asked on every instance: `eu` first alone (it is granted a
-/// part), then the global store's `fault`, then every instance at once for 1.5 s. What the
-/// three instances admit together stays in the limit's envelope in every window; `eu`'s
-/// instances keep their floors (confirmed, never closed), and serve requests on the floor
-/// once the part has lapsed. Before, the confirmation the instance that rebalances
-/// writes for the others expired with the global store's answers, so the other `eu` instance
-/// went closed, and its writes refilled the first one's bucket over and over (measured with
-/// two `axum_redis` in `eu`: 369 a second against a worldwide 20).
-async fn the_union_stays_in_the_envelope(fault: Fault) {
-    let server = redis();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
-    let global = own_redis(port);
+/// The servers and instances of a run: `eu`'s instances first, then `us`'s one.
+struct Regions {
+    global: Option<Server>,
+    eu_store: Option<Server>,
+    eu_port: u16,
+    _us_store: Server,
+    proxy: Proxy,
+    eu: Vec<RedisBackend>,
+    limiters: Vec<Limiter>,
+}
+
+/// Regions `eu` (`n` instances on its own store) and `us` (one, on another), their global
+/// store reached by `eu` through a proxy, on the stores' clocks (periods of 50 ms, leases of
+/// 150 ms, margins of 50 ms), every instance's floor confirmed.
+async fn regions(n: usize, label: &str) -> Regions {
+    let global = own_redis(free_port());
+    let eu_port = free_port();
+    let eu_store = own_redis(eu_port);
+    let us_store = redis();
     let proxy = Proxy::to(&global.url).await;
-    let prefix = prefix(&format!("{fault:?}"));
+    let prefix = prefix(label);
     let settings = RegionalSettings {
         period_us: 50_000,
         lease_us: 150_000,
         margin_us: 50_000,
         max_keys: 100,
     };
-    let region = |name: &'static str, global: String| {
-        let (server, prefix) = (server.url.clone(), format!("{prefix}{name}:"));
+    let region = |name: &'static str, store: &str, global: &str| {
+        let (store, global) = (store.to_owned(), global.to_owned());
+        // One global store under one prefix for every region (a region's own under its name).
         let global_prefix = format!("{prefix}g:");
+        let prefix = format!("{prefix}{name}:");
         async move {
             let global = RedisBackend::from_url(&global)
                 .prefix(global_prefix)
                 .connect()
                 .await
                 .unwrap();
-            RedisBackend::from_url(&server)
+            RedisBackend::from_url(&store)
                 .prefix(prefix)
                 .deny_cache(false)
                 .regional_with(name, global, settings)
@@ -216,103 +224,148 @@ async fn the_union_stays_in_the_envelope(fault: Fault) {
                 .unwrap()
         }
     };
-    let eu = [
-        region("eu", proxy.url.clone()).await,
-        region("eu", proxy.url.clone()).await,
-    ];
-    let us = region("us", global.url.clone()).await;
-    let limiters: Vec<Limiter> = (eu.iter().chain([&us]))
+    let mut eu = Vec::new();
+    for _ in 0..n {
+        eu.push(region("eu", &eu_store.url, &proxy.url).await);
+    }
+    let us = region("us", &us_store.url, &global.url).await;
+    let all: Vec<RedisBackend> = eu.iter().cloned().chain([us]).collect();
+    // The limits registered first: a region registers the floors of the limits it decides.
+    let limiters: Vec<Limiter> = all
+        .iter()
         .map(|b| Limiter::new(twenty(), b.clone()))
         .collect();
     for _ in 0..500 {
-        if eu.iter().chain([&us]).all(RedisBackend::floors) {
+        if all.iter().all(RedisBackend::floors) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(
-        eu.iter().chain([&us]).all(RedisBackend::floors),
-        "all confirmed"
-    );
-    let key = limiters[0].key("Api", Id::from(9u64)).unwrap();
-    let mut log = Vec::new();
-    // `eu` alone for half a second: it asks for the part.
-    let alone = std::time::Instant::now();
-    while alone.elapsed() < Duration::from_millis(500) {
-        admit(&limiters[0], &key, &mut log).await;
-        admit(&limiters[1], &key, &mut log).await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(all.iter().all(RedisBackend::floors), "all confirmed");
+    Regions {
+        global: Some(global),
+        eu_store: Some(eu_store),
+        eu_port,
+        _us_store: us_store,
+        proxy,
+        eu,
+        limiters,
     }
-    let stopped = match fault {
-        Fault::Killed => {
-            drop(global);
-            None
-        }
-        Fault::Hung => {
-            let pid = global.child.as_ref().unwrap().id().to_string();
+}
+
+impl Regions {
+    /// Brings `fault` about.
+    fn fault(&mut self, fault: Fault) {
+        let signal = |server: &Server, sig: &str| {
+            let pid = server.child.as_ref().unwrap().id().to_string();
             std::process::Command::new("kill")
-                .args(["-STOP", &pid])
+                .args([sig, &pid])
                 .status()
                 .unwrap();
-            Some(global)
+        };
+        match fault {
+            Fault::Killed => self.global = None,
+            Fault::Hung => signal(self.global.as_ref().unwrap(), "-STOP"),
+            Fault::EuCutOff => self.proxy.cut(),
+            Fault::EuStoreRestarted => {
+                self.eu_store = None;
+                self.eu_store = Some(own_redis(self.eu_port));
+            }
         }
-        Fault::EuCutOff => {
-            proxy.cut();
-            Some(global)
+    }
+
+    /// Ends `fault` where it would outlive the test (a stopped server).
+    fn mend(&self, fault: Fault) {
+        if let (Fault::Hung, Some(global)) = (fault, &self.global) {
+            let pid = global.child.as_ref().unwrap().id().to_string();
+            std::process::Command::new("kill")
+                .args(["-CONT", &pid])
+                .status()
+                .unwrap();
         }
-    };
+    }
+}
+
+/// Regions `eu` (`n` instances on one store) and `us` (one), one key of 20 a second asked on
+/// every instance: `eu` first alone for half a second (it is granted a part), then `fault`,
+/// then every instance at once for 1.5 s. What the instances admit together stays in the
+/// limit's envelope in every window; `eu`'s instances keep their floors (confirmed, never
+/// closed), and serve requests on the floor once the part has lapsed. Before, the
+/// confirmation the instance that rebalances writes for the others expired with the global
+/// store's answers, so the other `eu` instances went closed, and their writes refilled the
+/// first one's bucket over and over (measured with two `axum_redis` in `eu`: 369 a second
+/// against a worldwide 20).
+async fn the_union_stays_in_the_envelope(fault: Fault, n: usize) {
+    let mut regions = regions(n, &format!("{fault:?}{n}")).await;
+    let key = regions.limiters[0].key("Api", Id::from(9u64)).unwrap();
+    let mut log = Vec::new();
+    let alone = std::time::Instant::now();
+    while alone.elapsed() < Duration::from_millis(500) {
+        for limiter in &regions.limiters[..n] {
+            admit(limiter, &key, &mut log).await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    regions.fault(fault);
     let fault_at = std::time::Instant::now();
     let mut eu_after_lapse = 0;
     while fault_at.elapsed() < Duration::from_millis(1_500) {
-        for (i, limiter) in limiters.iter().enumerate() {
+        for (i, limiter) in regions.limiters.iter().enumerate() {
             let lapsed = fault_at.elapsed() > Duration::from_millis(400);
-            if admit(limiter, &key, &mut log).await && i < 2 && lapsed {
+            if admit(limiter, &key, &mut log).await && i < n && lapsed {
                 eu_after_lapse += 1;
             }
         }
     }
-    if let Some(global) = &stopped
-        && matches!(fault, Fault::Hung)
-    {
-        let pid = global.child.as_ref().unwrap().id().to_string();
-        std::process::Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap();
-    }
+    regions.mend(fault);
     let (over, inside, seconds) = worst_window(&log, 20.0, 20.0);
     eprintln!(
-        "{fault:?}: {} admitted, the worst window {inside} in {seconds:.3} s ({over:.1} from \
-         the envelope), eu {eu_after_lapse} once its part lapsed",
+        "{fault:?}, {n} in eu: {} admitted, the worst window {inside} in {seconds:.3} s \
+         ({over:.1} from the envelope), eu {eu_after_lapse} once its part lapsed",
         log.len()
     );
     assert!(
         over <= 0.0,
-        "{fault:?}: {inside} admitted in {seconds:.3} s, {over:.1} above the envelope"
+        "{fault:?}, {n} in eu: {inside} admitted in {seconds:.3} s, {over:.1} above the envelope"
     );
     assert!(
-        eu.iter().all(RedisBackend::floors),
-        "{fault:?}: eu kept its floors"
+        regions.eu.iter().all(RedisBackend::floors),
+        "{fault:?}, {n} in eu: eu kept its floors"
     );
-    assert!(
-        eu_after_lapse >= 1,
-        "{fault:?}: eu served its floor: {eu_after_lapse}"
-    );
+    if !matches!(fault, Fault::EuStoreRestarted) {
+        assert!(
+            eu_after_lapse >= 1,
+            "{fault:?}, {n} in eu: eu served its floor: {eu_after_lapse}"
+        );
+    }
 }
 
 #[tokio::test]
 async fn the_global_store_killed_keeps_every_region_in_the_envelope() {
-    the_union_stays_in_the_envelope(Fault::Killed).await;
+    for n in 1..=3 {
+        the_union_stays_in_the_envelope(Fault::Killed, n).await;
+    }
 }
 
 #[tokio::test]
 async fn the_global_store_hung_keeps_every_region_in_the_envelope() {
-    the_union_stays_in_the_envelope(Fault::Hung).await;
+    for n in 1..=3 {
+        the_union_stays_in_the_envelope(Fault::Hung, n).await;
+    }
 }
 
 #[tokio::test]
 async fn a_region_cut_off_from_the_global_store_keeps_the_union_in_the_envelope() {
-    the_union_stays_in_the_envelope(Fault::EuCutOff).await;
+    for n in 1..=3 {
+        the_union_stays_in_the_envelope(Fault::EuCutOff, n).await;
+    }
+}
+
+#[tokio::test]
+async fn a_region_store_restarted_empty_keeps_the_union_in_the_envelope() {
+    for n in 1..=3 {
+        the_union_stays_in_the_envelope(Fault::EuStoreRestarted, n).await;
+    }
 }
 
 /// Two instances of a region deciding a key under different floors (a rolling deploy that

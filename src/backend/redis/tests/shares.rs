@@ -637,10 +637,7 @@ async fn overrides_of_a_marked_limit_are_kept_in_the_global_store_for_every_regi
 #[tokio::test]
 async fn a_region_store_restarted_empty_starts_its_keys_empty() {
     let global = redis();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap();
+    let port = free_port();
     let store = own_redis(port);
     let clock = ManualClock::new(T0);
     let prefix = prefix("restart");
