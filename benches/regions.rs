@@ -1,7 +1,8 @@
 //! One limit across regions on real stores (`BENCHMARKS.md`, "One limit across regions"): a
 //! `redis-server` per region and one for the global store, behind a proxy holding every chunk
 //! `--delay-ms` (40) each way with up to `--jitter-ms` (10) more, one regional limiter per region
-//! (rebalancing every second), and `--keys` (1) keys of a limit of `--rate` (100) a second, burst
+//! (rebalancing every second; `--instances` (1) of them per region on its store, the region's
+//! arrivals taken by each in turn), and `--keys` (1) keys of a limit of `--rate` (100) a second, burst
 //! the same, marked `across_regions` (floors 10%). The arrivals: `--rps` a second in all (1.5
 //! times the limit per key by default), spread evenly over the keys, split between `--regions`
 //! (2, or 3) by `--scenario`, each phase `--seconds` (15) long:
@@ -24,7 +25,7 @@
 //! of the first key reaches 90% of the part it ends with), and the commands the global store
 //! ran, per region and second.
 //!
-//! `cargo bench -p tower-ratelimits-benches --bench regions -- [--scenario shift] [--regions 2] [--seconds 15] [--rate 100] [--keys 1] [--rps 150] [--delay-ms 40] [--jitter-ms 10]`
+//! `cargo bench -p tower-ratelimits-benches --bench regions -- [--scenario shift] [--regions 2] [--instances 1] [--seconds 15] [--rate 100] [--keys 1] [--rps 150] [--delay-ms 40] [--jitter-ms 10]`
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -245,6 +246,7 @@ fn main() {
         .unwrap();
     let n = arg("--regions", 2).clamp(2, 3) as usize;
     let regions = &["eu", "us", "ap"][..n];
+    let instances = arg("--instances", 1).clamp(1, 8) as usize;
     let servers: Vec<RedisServer> = regions.iter().map(|_| RedisServer::start()).collect();
     let mut global = RedisServer::start();
     let cut = Arc::new(AtomicBool::new(false));
@@ -270,29 +272,34 @@ fn main() {
         _ => (phase, phase, 2 * phase),
     };
     runtime.block_on(async {
-        let mut limiters = Vec::new();
+        // Each region's instances: a limiter each, on the region's store.
+        let mut limiters: Vec<Vec<Limiter>> = Vec::new();
         for (region, server) in regions.iter().zip(&servers) {
-            let global = RedisBackend::from_url(format!("redis://127.0.0.1:{proxy}"))
-                .prefix("g:")
-                .connect()
-                .await
-                .unwrap();
-            let backend = RedisBackend::from_url(server.url())
-                .deny_cache(false)
-                .regional(*region, global)
-                .connect()
-                .await
-                .unwrap();
-            limiters.push(Limiter::new(limits.clone(), backend));
+            let mut here = Vec::new();
+            for _ in 0..instances {
+                let global = RedisBackend::from_url(format!("redis://127.0.0.1:{proxy}"))
+                    .prefix("g:")
+                    .connect()
+                    .await
+                    .unwrap();
+                let backend = RedisBackend::from_url(server.url())
+                    .deny_cache(false)
+                    .regional(*region, global)
+                    .connect()
+                    .await
+                    .unwrap();
+                here.push(Limiter::new(limits.clone(), backend));
+            }
+            limiters.push(here);
         }
         let keyset: Vec<BucketKey> = (0..keys)
-            .map(|k| limiters[0].key("Api", Id::from(k as u64)).unwrap())
+            .map(|k| limiters[0][0].key("Api", Id::from(k as u64)).unwrap())
             .collect();
-        // Until every region's registration is confirmed.
+        // Until every instance's registration is confirmed.
         let waited = Instant::now();
         loop {
             let mut all = true;
-            for l in &limiters {
+            for l in limiters.iter().flatten() {
                 let seen = l.inspect(&keyset[0]).await.unwrap();
                 all &= seen.region_share.is_some_and(|s| s.confirmed);
             }
@@ -304,7 +311,7 @@ fn main() {
         }
         eprintln!("confirmed after {:.1} s", waited.elapsed().as_secs_f64());
         // Each region's limiter while its instances live (`kill` drops the first).
-        let alive: Arc<Mutex<Vec<Option<Limiter>>>> =
+        let alive: Arc<Mutex<Vec<Option<Vec<Limiter>>>>> =
             Arc::new(Mutex::new(limiters.into_iter().map(Some).collect()));
         let start = Instant::now();
         // The global store's calls at the start of each steady window (3 s into the first
@@ -331,7 +338,7 @@ fn main() {
         for r in 0..n {
             let (alive, keyset, samples) = (alive.clone(), keyset.clone(), samples.clone());
             tasks.push(tokio::spawn(async move {
-                let (mut owed, mut last, mut next_key) = (0.0f64, 0u64, r);
+                let (mut owed, mut last, mut next_key, mut turn) = (0.0f64, 0u64, r, 0usize);
                 let mut tick = tokio::time::interval(Duration::from_millis(1));
                 loop {
                     tick.tick().await;
@@ -342,7 +349,7 @@ fn main() {
                     let percent = scenario.percent(r, n, now, fault_at);
                     owed += (now - last) as f64 * rps as f64 * percent as f64 / 100.0 / 1e6;
                     last = now;
-                    let Some(limiter) = alive.lock().unwrap()[r].clone() else {
+                    let Some(here) = alive.lock().unwrap()[r].clone() else {
                         owed = 0.0;
                         continue;
                     };
@@ -350,8 +357,12 @@ fn main() {
                         owed -= 1.0;
                         let k = next_key % keyset.len();
                         next_key += 1;
-                        let (limiter, key, samples) =
-                            (limiter.clone(), keyset[k].clone(), samples.clone());
+                        turn += 1;
+                        let (limiter, key, samples) = (
+                            here[turn % here.len()].clone(),
+                            keyset[k].clone(),
+                            samples.clone(),
+                        );
                         tokio::spawn(async move {
                             let sent = us();
                             let Ok(d) = limiter.spend(&[Transaction::new(key)]).await else {
@@ -377,7 +388,7 @@ fn main() {
             tasks.push(tokio::spawn(async move {
                 while us() < end {
                     for r in 0..n {
-                        let Some(l) = alive.lock().unwrap()[r].clone() else {
+                        let Some(l) = alive.lock().unwrap()[r].as_ref().map(|h| h[0].clone()) else {
                             continue;
                         };
                         if let Ok(seen) = l.inspect(&key).await
@@ -432,7 +443,7 @@ fn main() {
             Scenario::Kill => "kill",
             Scenario::Restart => "restart",
         };
-        println!("One limit across regions, scenario {name}: {rate}/s, burst {rate}, floors 10%, {n} regions, global store behind {delay:?} + up to {jitter:?} each way, {keys} keys, {rps} requests/s in all");
+        println!("One limit across regions, scenario {name}: {rate}/s, burst {rate}, floors 10%, {n} regions of {instances} instances, global store behind {delay:?} + up to {jitter:?} each way, {keys} keys, {rps} requests/s in all");
         println!();
         println!("| measure | value |");
         println!("|---|---:|");
