@@ -1,6 +1,7 @@
 //! Fair shares of one budget (`docs/fair-share.md`) on every store (memory, a single Redis
 //! and the cluster, each on a manual clock; Redis in caller time): over random traces of ids
-//! with weights, some backlogged and some sporadic, a hog among them,
+//! with weights, some backlogged and some sporadic, a hog among them, some arriving late and
+//! some leaving early,
 //! - the cap: the ids' admitted requests together never exceed the budget's GCRA envelope in
 //!   any window;
 //! - work conservation: no request refused while the budget had room, unless another id was
@@ -85,8 +86,10 @@ enum Asks {
 struct Trace {
     /// 0, 1 or 2: limit A, B or C.
     limit: usize,
-    /// Each id's weight (1 to 4) and how it asks.
+    /// Each id's weight (1 to 5) and how it asks.
     ids: Vec<(u64, Asks)>,
+    /// The ticks each id asks in, `[from, to)`: some arrive late, some leave early.
+    stays: Vec<(usize, usize)>,
     /// The random choices of the sporadic ids, a byte per id and tick.
     coins: Vec<u8>,
 }
@@ -94,7 +97,11 @@ struct Trace {
 /// The limit and the ids (the coins left out: thousands of bytes).
 impl std::fmt::Debug for Trace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Trace {{ limit: {}, ids: {:?} }}", self.limit, self.ids)
+        write!(
+            f,
+            "Trace {{ limit: {}, ids: {:?}, stays: {:?} }}",
+            self.limit, self.ids, self.stays
+        )
     }
 }
 
@@ -108,12 +115,36 @@ fn trace() -> impl Strategy<Value = Trace> {
         (1u8..=3).prop_map(Asks::Backlogged),
         (5u8..=60).prop_map(Asks::Sporadic),
     ];
+    // A third of the ids arrive in the first half, a third leave in the second (the id then
+    // still counts as active for a refresh period: the shares are over every id of the trace,
+    // the least an id can have).
+    let stay = (any::<u8>(), any::<u8>()).prop_map(|(a, b)| {
+        let from = if a % 3 == 0 {
+            usize::from(a) * 3 % (TICKS / 2)
+        } else {
+            0
+        };
+        let to = if b % 3 == 0 {
+            TICKS / 2 + usize::from(b) * 3 % (TICKS / 2)
+        } else {
+            TICKS
+        };
+        (from, to)
+    });
     (
         0usize..3,
-        proptest::collection::vec((1u64..=4, asks), 2..=5),
+        proptest::collection::vec((1u64..=5, asks, stay), 2..=6),
         proptest::collection::vec(any::<u8>(), 5 * TICKS),
     )
-        .prop_map(|(limit, ids, coins)| Trace { limit, ids, coins })
+        .prop_map(|(limit, ids, coins)| Trace {
+            limit,
+            // The first id asks from the first tick: the trace starts with it.
+            stays: (ids.iter().enumerate())
+                .map(|(n, &(_, _, (from, to)))| (if n == 0 { 0 } else { from }, to))
+                .collect(),
+            ids: ids.into_iter().map(|(w, a, _)| (w, a)).collect(),
+            coins,
+        })
 }
 
 /// One request's answer.
@@ -161,6 +192,9 @@ async fn run(limiter: &Limiter, clock: &ManualClock, start: u64, t: &Trace) -> V
         clock.set(now);
         for k in 0..t.ids.len() {
             let n = (k + tick) % t.ids.len();
+            if !(t.stays[n].0..t.stays[n].1).contains(&tick) {
+                continue;
+            }
             let times = match t.ids[n].1 {
                 Asks::Backlogged(times) => times,
                 Asks::Sporadic(p) => u8::from(t.coins[(tick * 5 + n) % t.coins.len()] % 100 < p),
@@ -204,10 +238,17 @@ fn check_cap(asked: &[Asked], burst: u64, ei: u64) -> Result<(), String> {
 }
 
 /// Work conservation: a refusal while the budget had room for the request has a witness:
-/// another id refused within its `retry_after` (a waiter), or room no larger than what the
-/// rule may hold for the ids asking below their share (at most the units the other ids were
-/// admitted in one of the last three refresh periods, at most the burst less the request).
-fn check_conservation(asked: &[Asked], burst: u64, ei: u64) -> Result<(), String> {
+/// another id refused within its `retry_after` (a waiter), room no larger than what the rule
+/// may hold for the ids asking below their share (at most the units the other ids were
+/// admitted in one of the last three refresh periods, at most the burst less the request), or
+/// an id that arrived after the trace's first refresh period asking in its first one (the new
+/// ids' part, while a known id is refused).
+fn check_conservation(asked: &[Asked], t: &Trace, burst: u64, ei: u64) -> Result<(), String> {
+    let start = asked.first().map_or(0, |a| a.at);
+    let new_then = |a: &Asked| {
+        let arrived = start + t.stays[a.id].0 as u64 * TICK;
+        arrived >= start + REFRESH && a.at / REFRESH == arrived / REFRESH
+    };
     let mut tat = 0u64;
     for (i, a) in asked.iter().enumerate() {
         let room = (a.at + burst * ei).saturating_sub(tat.max(a.at)) / ei;
@@ -233,7 +274,7 @@ fn check_conservation(asked: &[Asked], burst: u64, ei: u64) -> Result<(), String
                 .max()
                 .unwrap_or(0)
                 .min(burst - 1);
-            if !waiter && room > held {
+            if !waiter && room > held && !new_then(a) {
                 return Err(format!(
                     "id {} refused at {} with {room} units of room, {held} at most held, and \
                      nobody waiting",
@@ -256,6 +297,16 @@ fn check_rate(asked: &[Asked], t: &Trace) -> Result<(), String> {
     let end = start + TICKS as u64 * TICK;
     let mut from = start + S;
     while from + S <= end {
+        // Only while a backlogged id is there the whole second.
+        let there = (t.ids.iter().zip(&t.stays)).any(|((_, a), &(f, to))| {
+            matches!(a, Asks::Backlogged(_))
+                && start + f as u64 * TICK <= from
+                && from + S <= start + to as u64 * TICK
+        });
+        if !there {
+            from += S / 2;
+            continue;
+        }
         let got = (asked.iter())
             .filter(|a| a.allowed && a.at >= from && a.at < from + S)
             .count() as u64;
@@ -282,9 +333,11 @@ fn check_guarantee(asked: &[Asked], t: &Trace, weights: &[u64]) -> Result<(), St
         if !matches!(asks, Asks::Backlogged(_)) {
             continue;
         }
+        // From a second after it arrives to when it leaves.
+        let (arrives, leaves) = (t.stays[n].0 as u64 * TICK, t.stays[n].1 as u64 * TICK);
         for len in (1..=3).map(|s| s * S) {
-            let mut from = S;
-            while from + len <= end {
+            let mut from = S + arrives;
+            while from + len <= end.min(leaves) {
                 let got = asked
                     .iter()
                     .filter(|a| {
@@ -339,7 +392,7 @@ fn fair_shares_hold_the_cap_conserve_work_and_guarantee_shares_on_every_store() 
                 let asked = rt.block_on(run(limiter, &clock, start.get(), &t));
                 let err = |e: String| TestCaseError::fail(format!("{label}: {e}"));
                 check_cap(&asked, burst, ei).map_err(err)?;
-                check_conservation(&asked, burst, ei).map_err(err)?;
+                check_conservation(&asked, &t, burst, ei).map_err(err)?;
                 check_rate(&asked, &t).map_err(err)?;
                 check_guarantee(&asked, &t, &weights(&t)).map_err(err)?;
                 // Every store decides exactly as memory does (the script mirrors the kit).
@@ -389,6 +442,7 @@ fn backlogged_ids_share_in_proportion_to_their_weights() {
                     (3, Asks::Backlogged(2)),
                     (4, Asks::Backlogged(1)),
                 ],
+                stays: vec![(0, TICKS); 4],
                 coins: vec![0],
             };
             // Ten periods (800 ticks of 5 ms is 4 s: run it two and a half times).
@@ -798,8 +852,8 @@ fn ids_a_client_mints_take_at_most_their_part_beside_known_tenants() {
         for tick in 0..(8 * S / TICK) {
             let at = tick * TICK;
             clock.set(start + at);
-            flooded += u64::from(spend(&flood) && at >= 3 * S && at < 7 * S);
-            if at >= 2 * S && at < 7 * S {
+            flooded += u64::from(spend(&flood) && (3 * S..7 * S).contains(&at));
+            if (2 * S..7 * S).contains(&at) {
                 for _ in 0..3 {
                     next_id += 1;
                     let id = key(&limits, "A", &format!("minted{next_id}"));
@@ -891,11 +945,11 @@ fn backlogged_ids_keep_their_proportions_in_every_window_as_ids_come_and_go() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let clock = ManualClock::new(1_000 * S);
     let stores = rt.block_on(stores(&clock));
-    let scenarios: [(&str, usize, Vec<(u64, u64, u64, u8)>); 3] = [
+    let scenarios: [(&str, usize, &Schedule); 3] = [
         (
             "B",
             1,
-            vec![
+            &[
                 (3, 0, 8, 1),
                 (1, 0, 8, 3),
                 (1, 0, 2, 1),
@@ -906,12 +960,12 @@ fn backlogged_ids_keep_their_proportions_in_every_window_as_ids_come_and_go() {
         (
             "B",
             1,
-            vec![(3, 0, 8, 1), (5, 0, 3, 1), (1, 1, 8, 2), (2, 2, 5, 1)],
+            &[(3, 0, 8, 1), (5, 0, 3, 1), (1, 1, 8, 2), (2, 2, 5, 1)],
         ),
         (
             "A",
             0,
-            vec![(3, 0, 8, 2), (4, 0, 3, 1), (1, 0, 8, 1), (1, 0, 2, 1)],
+            &[(3, 0, 8, 2), (4, 0, 3, 1), (1, 0, 8, 1), (1, 0, 2, 1)],
         ),
     ];
     let mut start = 900_000 * S;
