@@ -225,6 +225,14 @@ impl Registry {
     }
 }
 
+/// One region's registration as two instances saw it (global clock; `None`: not seen), made
+/// one when an instance merges its region's record of the registry into its own, from which
+/// it makes a lost registry again: the later (a region registered again after a loss is
+/// confirmed from its new time, never before), or the one seen.
+pub(crate) fn later_registration(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    a.max(b)
+}
+
 /// One region in a [`GlobalKey`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Held {

@@ -9,7 +9,17 @@
 //! grant, registration, confirmation) delivered any number of times, in any order, or lost;
 //! and, by the run's faults, the global store restarting with its records lost (any number of
 //! times up to a bound), a record forgotten at its expiry, a region store's clock stepping back,
-//! a region store losing its records, a region joining. A region cut off is a region whose
+//! a region store losing its records, a region joining.
+//!
+//! A region has one or more instances. They share the region's record of each key (requests
+//! are numbered, grants applied and leases kept there, by whichever instance holds the lock or
+//! thinks it does: every interleaving of their sends is one of the region's), and each holds
+//! what is its own: whether it uses the floor (the confirmation it last learned, from the
+//! global store's answer to its registration or from the region's record of it) and the
+//! registry it has seen, from which it makes a lost registry again. A registration is sent by
+//! any instance at any time its answer could change something; its answer is written to the
+//! region's store (any number of such writes in flight, in any order: two instances that both
+//! think they hold the lock), and any instance reads it at any time. A region cut off is a region whose
 //! messages are all lost; a global store unreachable is every message lost; a lease expiring
 //! is the clock passing its end. Each store has a fixed clock offset of its own (they add
 //! nothing: each record compares only its own store's times).
@@ -17,7 +27,8 @@
 //! The bounds each run covers are in its test's name and settings; `docs/regions.md` lists
 //! them. Each safety rule is also removed once (a margin smaller than a clock step, no quiet
 //! period after a restart, a lease started on arrival instead of at sending, a joining region's
-//! floor used at once), and the search must find the overshoot.
+//! floor used at once, a lost registry made again from one instance's own view without its
+//! region's record of it), and the search must find the overshoot.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashSet, VecDeque};
@@ -51,6 +62,9 @@ struct Run {
     region_losses: u8,
     /// Regions that are not registered at the start (they join).
     joining: Vec<usize>,
+    /// Each region's instances. The first has seen the registry at the start; the others
+    /// never held the lock (they have seen none).
+    instances: Vec<usize>,
     /// A sabotage: the safety rule removed, for the negative runs.
     sabotage: Sabotage,
 }
@@ -64,21 +78,39 @@ enum Sabotage {
     LeaseOnArrival,
     /// A joining region uses its floor as soon as it is registered.
     FloorAtOnce,
+    /// An instance makes a lost registry again from the registry it has seen itself, not
+    /// also the one its region's store keeps.
+    OwnSeenOnly,
 }
+
+/// A registry as an instance saw it: each region's registration time, by position.
+type Seen = Vec<Option<u64>>;
 
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Message {
     Request(Request),
     Grant(Grant),
-    Register(usize),
-    Confirmed(usize),
+    /// Instance `.1` of region `.0` registers, with the registry it has seen.
+    Register(usize, usize, Seen),
+    /// The answer to instance `.1` of region `.0`: confirmed or not, and the registry.
+    Confirmed(usize, usize, bool, Seen),
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Instance {
+    /// Whether it uses the floor (the confirmation it last learned).
+    floor: bool,
+    /// The registry it last saw.
+    seen: Seen,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Region {
     key: RegionKey,
-    /// Whether its floor is in use (registration confirmed).
-    floor: bool,
+    instances: Vec<Instance>,
+    /// The region store's record of the confirmation and of the registry (`None`: never
+    /// written, or lost with the store's records).
+    record: Option<(bool, Seen)>,
     sent: u8,
     back: u64,
     steps_back: u8,
@@ -89,7 +121,8 @@ struct Region {
 struct State {
     t: u64,
     key: Option<GlobalKey>,
-    registry: Registry,
+    /// The global store's registry (`None`: lost with its records).
+    registry: Option<Registry>,
     restarts: u8,
     regions: Vec<Region>,
     /// The messages in flight, sorted, each once.
@@ -115,6 +148,7 @@ impl Run {
             steps_back: 0,
             region_losses: 0,
             joining: vec![],
+            instances: vec![1, 1],
             sabotage: Sabotage::None,
         }
     }
@@ -137,21 +171,31 @@ impl Run {
             }
         }
         registry.quiet_until = Some(0);
+        let seen = registry.registered_at.clone();
         State {
             t: 0,
             key: None,
-            registry,
-            restarts: 0,
             regions: (0..n)
-                .map(|r| Region {
-                    key: RegionKey::default(),
-                    floor: !self.joining.contains(&r),
-                    sent: 0,
-                    back: 0,
-                    steps_back: 0,
-                    losses: 0,
+                .map(|r| {
+                    let floor = !self.joining.contains(&r);
+                    Region {
+                        key: RegionKey::default(),
+                        instances: (0..self.instances[r])
+                            .map(|i| Instance {
+                                floor,
+                                seen: if i == 0 { seen.clone() } else { vec![None; n] },
+                            })
+                            .collect(),
+                        record: floor.then(|| (true, seen.clone())),
+                        sent: 0,
+                        back: 0,
+                        steps_back: 0,
+                        losses: 0,
+                    }
                 })
                 .collect(),
+            registry: Some(registry),
+            restarts: 0,
             flight: Vec::new(),
         }
     }
@@ -160,7 +204,8 @@ impl Run {
     fn check(&self, state: &State) -> Result<(), String> {
         let mut sum = Share::ZERO;
         for (r, region) in state.regions.iter().enumerate() {
-            if region.floor {
+            // The instances share one bucket: the floor counts once if any uses it.
+            if region.instances.iter().any(|i| i.floor) {
                 sum = sum.plus(self.floors[r]);
             }
             sum = sum.plus(region.key.in_use(self.local(state, r)));
@@ -174,57 +219,22 @@ impl Run {
 
     /// Every state one step from `state`.
     fn next(&self, state: &State, out: &mut Vec<State>) {
-        let n = state.regions.len();
         let now = self.global(state);
         if state.t < self.horizon {
             let mut s = state.clone();
             s.t += 1;
             out.push(s);
         }
-        for r in 0..n {
-            let region = &state.regions[r];
-            // At most one request a tick, as the rebalancer sends one a period.
-            if region.sent < self.requests[r] && region.key.last_seq < self.local(state, r) {
-                for &demand in &self.demands[r] {
-                    let mut s = state.clone();
-                    let local = self.local(&s, r);
-                    let request = s.regions[r].key.request(r, demand, local);
-                    s.regions[r].sent += 1;
-                    insert(&mut s.flight, Message::Request(request));
-                    out.push(s);
-                }
-            }
-            if !region.floor && !state.flight.contains(&Message::Register(r)) {
-                let mut s = state.clone();
-                insert(&mut s.flight, Message::Register(r));
-                out.push(s);
-            }
-            if region.steps_back < self.steps_back {
-                let mut s = state.clone();
-                s.regions[r].back += 1;
-                s.regions[r].steps_back += 1;
-                out.push(s);
-            }
-            if region.losses < self.region_losses {
-                let mut s = state.clone();
-                let last_seq = s.regions[r].key.last_seq;
-                // The store's records are gone; the next request is numbered from its clock,
-                // which in this model has not passed the last number: the worst case.
-                s.regions[r].key = RegionKey {
-                    last_seq,
-                    ..RegionKey::default()
-                };
-                s.regions[r].losses += 1;
-                out.push(s);
+        for r in 0..state.regions.len() {
+            self.region_steps(state, r, out);
+            for i in 0..state.regions[r].instances.len() {
+                self.instance_steps(state, r, i, out);
             }
         }
         if state.restarts < self.restarts {
             let mut s = state.clone();
             s.key = None;
-            s.registry.quiet_until = match self.sabotage {
-                Sabotage::NoQuiet => Some(0),
-                _ => None,
-            };
+            s.registry = None;
             s.restarts += 1;
             out.push(s);
         }
@@ -237,40 +247,8 @@ impl Run {
             out.push(s);
         }
         for m in state.flight.iter() {
-            // Delivered, and kept: it may be delivered again (a duplicate). A lost message is
-            // one never delivered again: every state with it lost is covered by the same state
-            // with it still in flight, from which nothing forces its delivery.
             let mut s = state.clone();
-            match m {
-                Message::Request(request) => {
-                    let quiet_until = s.registry.quiet_until(now, &self.settings);
-                    let movable = s.registry.movable(self.settings.total, &self.floors);
-                    let key = s.key.get_or_insert_with(|| GlobalKey::new(n));
-                    if let Some(grant) =
-                        key.on_request(request, now, movable, quiet_until, &self.settings)
-                    {
-                        insert(&mut s.flight, Message::Grant(grant));
-                    }
-                }
-                Message::Grant(grant) => {
-                    let mut grant = *grant;
-                    if self.sabotage == Sabotage::LeaseOnArrival {
-                        grant.sent_at = self.local(&s, grant.region);
-                    }
-                    s.regions[grant.region].key.on_grant(&grant, &self.settings);
-                }
-                Message::Register(r) => {
-                    s.registry
-                        .register(*r, now, self.settings.total, &self.floors);
-                    if self.sabotage == Sabotage::FloorAtOnce {
-                        s.regions[*r].floor = true;
-                    }
-                    if s.registry.confirmed(*r, now, &self.settings) {
-                        insert(&mut s.flight, Message::Confirmed(*r));
-                    }
-                }
-                Message::Confirmed(r) => s.regions[*r].floor = true,
-            }
+            self.deliver(&mut s, m);
             out.push(s);
         }
         for s in out.iter_mut() {
@@ -278,10 +256,152 @@ impl Run {
         }
     }
 
+    /// What region `r` does on its own: a request (by any of its instances: they number it in
+    /// the region's record), its store's clock stepping back, its store losing its records.
+    fn region_steps(&self, state: &State, r: usize, out: &mut Vec<State>) {
+        let region = &state.regions[r];
+        // At most one request a tick, as the rebalancer sends one a period.
+        if region.sent < self.requests[r] && region.key.last_seq < self.local(state, r) {
+            for &demand in &self.demands[r] {
+                let mut s = state.clone();
+                let local = self.local(&s, r);
+                let request = s.regions[r].key.request(r, demand, local);
+                s.regions[r].sent += 1;
+                insert(&mut s.flight, Message::Request(request));
+                out.push(s);
+            }
+        }
+        if region.steps_back < self.steps_back {
+            let mut s = state.clone();
+            s.regions[r].back += 1;
+            s.regions[r].steps_back += 1;
+            out.push(s);
+        }
+        if region.losses < self.region_losses {
+            let mut s = state.clone();
+            let last_seq = s.regions[r].key.last_seq;
+            // The store's records are gone; the next request is numbered from its clock,
+            // which in this model has not passed the last number: the worst case.
+            s.regions[r].key = RegionKey {
+                last_seq,
+                ..RegionKey::default()
+            };
+            s.regions[r].record = None;
+            s.regions[r].losses += 1;
+            out.push(s);
+        }
+    }
+
+    /// What instance `i` of region `r` does on its own: registers (with the registry it has
+    /// seen, and the one its region's store keeps), or reads its region's record of the
+    /// confirmation (a record it does not find changes nothing).
+    fn instance_steps(&self, state: &State, r: usize, i: usize, out: &mut Vec<State>) {
+        let region = &state.regions[r];
+        let instance = &region.instances[i];
+        let mut seen = instance.seen.clone();
+        if self.sabotage != Sabotage::OwnSeenOnly
+            && let Some((_, kept)) = &region.record
+        {
+            merge_seen(&mut seen, kept);
+        }
+        let in_flight = state
+            .flight
+            .iter()
+            .any(|m| matches!(m, Message::Register(rr, ii, _) if (*rr, *ii) == (r, i)));
+        // Sent when its answer could change something: the registry lost, the region not
+        // confirmed in it, this instance off its floor, or (while the registry may still be
+        // lost) not knowing it.
+        let useful = state.registry.as_ref().is_none_or(|g| {
+            !instance.floor
+                || (state.restarts < self.restarts && instance.seen != g.registered_at)
+                || !g.confirmed(r, self.global(state), &self.settings)
+        });
+        if !in_flight && useful {
+            let mut s = state.clone();
+            s.regions[r].instances[i].seen = seen.clone();
+            insert(&mut s.flight, Message::Register(r, i, seen));
+            out.push(s);
+        }
+        if let Some((confirmed, _)) = &region.record
+            && *confirmed != instance.floor
+        {
+            let mut s = state.clone();
+            s.regions[r].instances[i].floor = *confirmed;
+            out.push(s);
+        }
+    }
+
+    /// `m` delivered. A request or a grant is kept in flight (it may be delivered again: a
+    /// duplicate; a lost message is one never delivered again: every state with it lost is
+    /// covered by the same state with it still in flight). A registration and its answer are
+    /// one call of one instance: delivered once; the answer is written to the region's store
+    /// as it arrives (two instances' answers in flight at once, as when both think they hold
+    /// the lock, are written in either order: an older answer written over a newer).
+    fn deliver(&self, s: &mut State, m: &Message) {
+        let now = self.global(s);
+        let n = s.regions.len();
+        match m {
+            Message::Request(request) => {
+                let Some(registry) = s.registry.as_mut() else {
+                    // A request is answered after its instance's registration (the same
+                    // call, or the one before it), which makes a lost registry again.
+                    return;
+                };
+                let quiet_until = registry.quiet_until(now, &self.settings);
+                let movable = registry.movable(self.settings.total, &self.floors);
+                let key = s.key.get_or_insert_with(|| GlobalKey::new(n));
+                if let Some(grant) =
+                    key.on_request(request, now, movable, quiet_until, &self.settings)
+                {
+                    insert(&mut s.flight, Message::Grant(grant));
+                }
+            }
+            Message::Grant(grant) => {
+                let mut grant = *grant;
+                if self.sabotage == Sabotage::LeaseOnArrival {
+                    grant.sent_at = self.local(s, grant.region);
+                }
+                s.regions[grant.region].key.on_grant(&grant, &self.settings);
+            }
+            Message::Register(r, i, seen) => {
+                remove(&mut s.flight, m);
+                let registry = self.registered(s.registry.take(), *r, seen, now);
+                if self.sabotage == Sabotage::FloorAtOnce {
+                    s.regions[*r].instances[*i].floor = true;
+                }
+                let confirmed = registry.confirmed(*r, now, &self.settings);
+                let answer = Message::Confirmed(*r, *i, confirmed, registry.registered_at.clone());
+                s.registry = Some(registry);
+                insert(&mut s.flight, answer);
+            }
+            Message::Confirmed(r, i, confirmed, seen) => {
+                remove(&mut s.flight, m);
+                let instance = &mut s.regions[*r].instances[*i];
+                instance.floor = *confirmed;
+                instance.seen = seen.clone();
+                s.regions[*r].record = Some((*confirmed, seen.clone()));
+            }
+        }
+    }
+
+    /// The registry after region `r` registers at `now` (global clock) with the registry it
+    /// has `seen`, as `global::register` makes it: a lost one made again from `seen`, quiet
+    /// for one lease and the margin; then `r` registered unless it is.
+    fn registered(&self, stored: Option<Registry>, r: usize, seen: &Seen, now: u64) -> Registry {
+        let mut registry = stored.unwrap_or_else(|| Registry {
+            registered_at: seen.clone(),
+            quiet_until: Some(match self.sabotage {
+                Sabotage::NoQuiet => 0,
+                _ => now.saturating_add(self.settings.hold_us()),
+            }),
+        });
+        registry.register(r, now, self.settings.total, &self.floors);
+        registry
+    }
+
     /// Drops the messages whose delivery can change nothing any more, so two states that
     /// differ only by them are one: a request already answered while no record can be lost, a
-    /// grant already applied (or older) while the region's store cannot lose its records, a
-    /// registration or confirmation of a region already using its floor.
+    /// grant already applied (or older) while the region's store cannot lose its records.
     fn prune(&self, s: &mut State) {
         // Times that can no longer matter, made one: once a clock can no longer step back, a
         // lease that has ended and a grant whose lease ended before it arrives are no use
@@ -316,6 +436,23 @@ impl Run {
                 }
             }
         }
+        // The registries seen are used only to make a lost registry again: once none can be
+        // lost any more, they are all one.
+        if s.restarts >= self.restarts && s.registry.is_some() {
+            for region in &mut s.regions {
+                for i in &mut region.instances {
+                    i.seen.clear();
+                }
+                if let Some((_, seen)) = &mut region.record {
+                    seen.clear();
+                }
+            }
+            for m in &mut s.flight {
+                if let Message::Register(_, _, seen) | Message::Confirmed(_, _, _, seen) = m {
+                    seen.clear();
+                }
+            }
+        }
         let records_kept = s.restarts >= self.restarts && !self.forget;
         let key = s.key.as_ref();
         let regions = &s.regions;
@@ -328,7 +465,7 @@ impl Run {
                 let r = &regions[g.region];
                 !(r.losses >= losses && g.seq <= r.key.applied)
             }
-            Message::Register(r) | Message::Confirmed(r) => !regions[*r].floor,
+            Message::Register(..) | Message::Confirmed(..) => true,
         });
     }
 
@@ -364,7 +501,11 @@ impl Run {
                         s.key,
                         s.regions
                             .iter()
-                            .map(|r| (r.key, r.floor))
+                            .map(|r| (
+                                r.key,
+                                r.instances.iter().map(|i| i.floor).collect::<Vec<_>>(),
+                                r.record.clone()
+                            ))
                             .collect::<Vec<_>>(),
                         s.flight
                     ));
@@ -380,6 +521,20 @@ fn fingerprint(state: &State) -> u64 {
     let mut h = DefaultHasher::new();
     state.hash(&mut h);
     h.finish()
+}
+
+fn remove(flight: &mut Vec<Message>, m: &Message) {
+    if let Ok(at) = flight.binary_search(m) {
+        flight.remove(at);
+    }
+}
+
+/// `kept` (a registry another instance saw) merged into `seen`, as an instance merges its
+/// region's record of the registry into its own (`later_registration`).
+fn merge_seen(seen: &mut Seen, kept: &Seen) {
+    for (mine, theirs) in seen.iter_mut().zip(kept) {
+        *mine = later_registration(*mine, *theirs);
+    }
 }
 
 fn insert(flight: &mut Vec<Message>, m: Message) {
@@ -401,8 +556,8 @@ impl std::fmt::Debug for Message {
                 "grant(r{} #{} {:?} @{})",
                 g.region, g.seq, g.share, g.sent_at
             ),
-            Message::Register(r) => write!(f, "register(r{r})"),
-            Message::Confirmed(r) => write!(f, "confirmed(r{r})"),
+            Message::Register(r, i, seen) => write!(f, "register(r{r}.{i} {seen:?})"),
+            Message::Confirmed(r, i, c, seen) => write!(f, "confirmed(r{r}.{i} {c} {seen:?})"),
         }
     }
 }
@@ -410,215 +565,4 @@ impl std::fmt::Debug for Message {
 /// A run larger than this is a mistake in the test (it would take minutes in a debug build).
 const MAX_STATES: usize = 12_000_000;
 
-fn holds(run: &Run) -> usize {
-    match run.search() {
-        Ok(states) => states,
-        Err(e) => panic!("the envelope broke: {e}"),
-    }
-}
-
-fn breaks(run: &Run) -> String {
-    match run.search() {
-        Ok(states) => panic!("no overshoot found in {states} states"),
-        Err(e) => e,
-    }
-}
-
-impl Run {
-    fn requests(mut self, requests: &[u8]) -> Run {
-        self.requests = requests.to_vec();
-        self
-    }
-
-    fn horizon(mut self, horizon: u64) -> Run {
-        self.horizon = horizon;
-        self
-    }
-
-    /// Every request of every region reports `demand`.
-    fn demand(mut self, demand: u64) -> Run {
-        self.demands = vec![vec![demand]; self.floors.len()];
-        self
-    }
-
-    fn three(lease: u64, margin: u64) -> Run {
-        let mut run = Run::two(lease, margin);
-        run.floors = vec![Share { rate: 1, burst: 1 }; 3];
-        run.settings.total = Share { rate: 5, burst: 5 };
-        run.offsets = vec![7, 3, 4];
-        run.demands = vec![vec![0, 2]; 3];
-        run
-    }
-
-    fn restarts(mut self, restarts: u8) -> Run {
-        self.restarts = restarts;
-        self.forget = true;
-        self
-    }
-
-    fn steps_back(mut self, steps: u8) -> Run {
-        self.steps_back = steps;
-        self
-    }
-
-    fn region_losses(mut self, losses: u8) -> Run {
-        self.region_losses = losses;
-        self
-    }
-
-    fn joining(mut self, region: usize) -> Run {
-        self.joining = vec![region];
-        self
-    }
-
-    fn sabotage(mut self, sabotage: Sabotage) -> Run {
-        self.sabotage = sabotage;
-        self
-    }
-}
-
-// The runs of the test command: each explores every interleaving at its sizes in seconds in a
-// debug build. Two regions, floors 1 of a limit of 4 (2 move), or three regions, floors 1 of 5.
-
-#[test]
-fn two_regions_lapsed_leases_losses_and_reordering_never_overshoot() {
-    // Requests of demand 0 or 2; leases of 1 tick; every message late, lost or reordered.
-    holds(&Run::two(1, 0).requests(&[2, 2]).horizon(3));
-}
-
-#[test]
-fn a_share_moves_only_after_its_holder_confirms_giving_it_up() {
-    // Leases long enough that nothing lapses: every transfer goes through a confirmation.
-    holds(&Run::two(3, 0).requests(&[3, 2]).horizon(3).demand(2));
-}
-
-#[test]
-fn three_regions_never_overshoot() {
-    holds(&Run::three(1, 0).requests(&[1, 1, 1]).horizon(3));
-}
-
-#[test]
-fn a_global_store_that_loses_its_records_never_overshoots() {
-    holds(
-        &Run::two(1, 0)
-            .requests(&[2, 1])
-            .horizon(3)
-            .demand(2)
-            .restarts(1),
-    );
-}
-
-#[test]
-fn a_region_clock_stepped_back_within_the_margin_never_overshoots() {
-    holds(
-        &Run::two(1, 1)
-            .requests(&[2, 1])
-            .horizon(3)
-            .demand(2)
-            .steps_back(1),
-    );
-}
-
-#[test]
-fn a_region_store_that_loses_its_records_never_overshoots() {
-    holds(
-        &Run::two(1, 0)
-            .requests(&[2, 1])
-            .horizon(3)
-            .demand(2)
-            .region_losses(1),
-    );
-}
-
-#[test]
-fn a_joining_region_uses_its_floor_only_after_every_older_grant_lapsed() {
-    holds(
-        &Run::two(1, 0)
-            .requests(&[1, 2])
-            .horizon(3)
-            .demand(2)
-            .joining(1),
-    );
-}
-
-// Each rule removed once: the search finds the overshoot it prevents.
-
-#[test]
-fn without_the_margin_a_clock_stepped_back_overshoots() {
-    breaks(
-        &Run::two(1, 0)
-            .requests(&[2, 1])
-            .horizon(3)
-            .demand(2)
-            .steps_back(1),
-    );
-}
-
-#[test]
-fn without_the_quiet_period_a_restarted_global_store_overshoots() {
-    let run = Run::two(1, 0)
-        .requests(&[2, 1])
-        .horizon(3)
-        .demand(2)
-        .restarts(1);
-    breaks(&run.sabotage(Sabotage::NoQuiet));
-}
-
-#[test]
-fn a_lease_started_on_arrival_overshoots() {
-    breaks(
-        &Run::two(1, 0)
-            .requests(&[2, 1])
-            .horizon(3)
-            .demand(2)
-            .sabotage(Sabotage::LeaseOnArrival),
-    );
-}
-
-#[test]
-fn a_joining_region_using_its_floor_at_once_overshoots() {
-    let run = Run::two(1, 0)
-        .requests(&[1, 2])
-        .horizon(3)
-        .demand(2)
-        .joining(1);
-    breaks(&run.sabotage(Sabotage::FloorAtOnce));
-}
-
-// Deeper runs, minutes in a debug build: `cargo test --release -p tower-ratelimits --lib
-// --all-features regions::model -- --ignored`.
-
-#[test]
-#[ignore = "minutes in a debug build; run with --release"]
-fn deep_two_regions_any_demand() {
-    deep(Run::two(1, 0).requests(&[2, 2]).horizon(4));
-    deep(Run::two(3, 0).requests(&[3, 2]).horizon(3));
-    deep(Run::two(2, 0).requests(&[3, 2]).horizon(4));
-}
-
-fn deep(run: Run) {
-    let started = std::time::Instant::now();
-    let states = holds(&run);
-    eprintln!(
-        "requests {:?}, horizon {}, lease {} margin {}, restarts {}, steps back {}, losses {}, joining {:?}: {states} states in {:?}",
-        run.requests,
-        run.horizon,
-        run.settings.lease_us,
-        run.settings.margin_us,
-        run.restarts,
-        run.steps_back,
-        run.region_losses,
-        run.joining,
-        started.elapsed()
-    );
-}
-
-#[test]
-#[ignore = "minutes in a debug build; run with --release"]
-fn deep_faults_any_demand() {
-    deep(Run::two(1, 0).requests(&[2, 2]).horizon(3).restarts(1));
-    deep(Run::two(1, 1).requests(&[2, 2]).horizon(3).steps_back(1));
-    deep(Run::two(1, 0).requests(&[2, 2]).horizon(3).region_losses(1));
-    deep(Run::two(1, 0).requests(&[2, 2]).horizon(3).joining(1));
-    deep(Run::three(1, 0).requests(&[2, 1, 1]).horizon(3));
-}
+mod runs;

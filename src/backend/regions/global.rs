@@ -20,7 +20,9 @@
 //! not a record of ours is read as lost (the registry) or as a key quiet for one lease and the
 //! margin (a key's record), and replaced.
 
-use crate::algo::regions::{GlobalKey, Grant, Held, Registry, Request, Settings, Share};
+use crate::algo::regions::{
+    GlobalKey, Grant, Held, Registry, Request, Settings, Share, later_registration,
+};
 
 /// The most regions a registry or a key's record holds.
 pub(crate) const MAX_REGIONS: usize = 64;
@@ -88,6 +90,20 @@ impl RegistryRecord {
             out.push_str(&format!("\n{name} {at}"));
         }
         out
+    }
+
+    /// The registrations of `other` (a registry another instance of the region saw, as the
+    /// region's store keeps it) merged into these: each region either saw, at the later time
+    /// (`later_registration`). What an instance makes a lost registry again from.
+    pub(crate) fn merge_seen(&mut self, other: &RegistryRecord) {
+        for (name, at) in &other.regions {
+            if let Some((_, mine)) = self.regions.iter_mut().find(|(n, _)| n == name) {
+                *mine = later_registration(Some(*mine), Some(*at)).unwrap_or(*at);
+            } else if self.regions.len() < MAX_REGIONS {
+                self.regions.push((name.clone(), *at));
+            }
+        }
+        self.regions.sort();
     }
 
     /// When `region` registered, if it did.

@@ -360,6 +360,17 @@ impl Regional {
         Key::from(format!("{}{{regions}}", self.global.prefix()))
     }
 
+    /// `kept` (the registry as the region's store keeps it) merged into the registrations
+    /// this instance has seen.
+    pub(crate) fn merge_seen(&self, kept: &RegistryRecord) {
+        (self.registry.lock().unwrap_or_else(PoisonError::into_inner)).merge_seen(kept);
+    }
+
+    /// The registry as this instance last read it (with what it merged).
+    pub(crate) fn seen(&self) -> RegistryRecord {
+        (self.registry.lock().unwrap_or_else(PoisonError::into_inner)).clone()
+    }
+
     /// Registers this region in the global store (keeps its registration; makes a lost
     /// registry again, quiet, with the registrations seen) and learns whether it is
     /// confirmed. `floor_bp`: the largest floor of the marked limits.

@@ -5,8 +5,9 @@
 //!    (admitted and refused), added to the region's demand hash of that period (`HINCRBY`, its
 //!    busiest keys only);
 //! 2. the lock (`SET NX PX`, in the region's store): the one instance that holds it registers
-//!    the region in the global store, says in the region's store whether the registration is
-//!    confirmed, and, 15% into the period in every region (every instance's demand is in),
+//!    the region in the global store (a lost registry made again with the registrations it
+//!    and the region's earlier holders saw), says in the region's store whether the
+//!    registration is confirmed and what the registry holds, and, 15% into the period in every region (every instance's demand is in),
 //!    rebalances the busiest keys of that period's demand (above their floors), with every
 //!    key that held a part at the last rebalance (demand 0: it gives it back);
 //! 3. the others read whether the registration is confirmed (until then their floors are 0);
@@ -24,6 +25,7 @@ use fred::prelude::{Client, HashesInterface, KeysInterface, Value};
 
 use super::{Regional, Round};
 use crate::backend::redis::RedisBackend;
+use crate::backend::regions::global::RegistryRecord;
 use crate::backend::regions::{
     ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, SURGE_QUARTER, demand_above_floor, marked, surging,
     with_surges,
@@ -231,6 +233,7 @@ impl RedisBackend {
             .pexpire(&lock, i64::try_from(ttl_ms).unwrap_or(i64::MAX), None)
             .await
             .map_err(failed)?;
+        self.merge_kept_registry(regional, &client).await?;
         // The period that ended, 15% into the next in every region: every instance has added
         // its demand (they tick a twentieth of a period in; their clocks agree to well within
         // the rest), and a region giving up a part and one taking it ask in the same instant,
@@ -301,16 +304,49 @@ impl RedisBackend {
             again = std::mem::take(&mut later.ask_again);
             round.absorb(later);
         }
-        // Whether the registration is confirmed, for the region's other instances, kept until
-        // the next answer says otherwise (it never expires: an instance that starts while the
-        // global store is unreachable decides on the floors the region holds).
-        let confirmed = if regional.confirmed() { "1" } else { "0" };
-        let _: () = client
-            .set(&state, confirmed, None, None, false)
-            .await
-            .map_err(failed)?;
+        self.keep_registration(regional, &client).await?;
         let held = round.asked_next.clone();
         Ok(Some((round, held)))
+    }
+
+    /// The registry as the region's holders last read it (`keep_registration`), merged into
+    /// this instance's own, which it may never have read (it never held the lock): a lost
+    /// registry is made again with every region any of them saw. Made again from one
+    /// instance's own, a region cut off from the global store could lose its floor to the
+    /// others' parts (`regions::model`, "a lost registry made again").
+    pub(crate) async fn merge_kept_registry(
+        &self,
+        regional: &Regional,
+        client: &Client,
+    ) -> Result<(), crate::backend::BackendError> {
+        let kept: Option<String> = client
+            .get(self.regions_key("registry"))
+            .await
+            .map_err(|e| crate::backend::BackendError::Unavailable(e.to_string()))?;
+        if let Some(kept) = kept.as_deref().and_then(RegistryRecord::parse) {
+            regional.merge_seen(&kept);
+        }
+        Ok(())
+    }
+
+    /// Whether the registration is confirmed, for the region's other instances, kept until
+    /// the next answer says otherwise (it never expires: an instance that starts while the
+    /// global store is unreachable decides on the floors the region holds); with it, the
+    /// registry as this holder read it, for the next (`merge_kept_registry`).
+    pub(crate) async fn keep_registration(
+        &self,
+        regional: &Regional,
+        client: &Client,
+    ) -> Result<(), crate::backend::BackendError> {
+        let confirmed = if regional.confirmed() { "1" } else { "0" };
+        let writes = vec![
+            (self.regions_key("confirmed"), confirmed.to_owned()),
+            (self.regions_key("registry"), regional.seen().text()),
+        ];
+        client
+            .mset(writes)
+            .await
+            .map_err(|e| crate::backend::BackendError::Unavailable(e.to_string()))
     }
 
     /// Adds this instance's demand so far in period `current` (counted since its tick, a

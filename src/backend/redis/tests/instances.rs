@@ -406,3 +406,50 @@ async fn instances_on_different_floors_never_refill_each_other() {
         );
     }
 }
+
+/// The global store loses its registry while `eu`'s lock passes to an instance that never held
+/// it (it never read the registry): that instance makes the registry again with every region
+/// the region's earlier holder saw, which it reads from the region's store, each at its time.
+/// Before, it made it again from its own view, empty: `us`, cut off from the global store and
+/// on its floor, was left out, and its floor went to the others' parts once the quiet period
+/// ended (the overshoot `regions::model` finds with that rule); `eu`, registered again from
+/// then, lost its own floor for a lease and the margin.
+#[tokio::test]
+async fn a_lost_registry_is_made_again_with_every_region_an_earlier_holder_saw() {
+    use crate::backend::regions::global::RegistryRecord;
+    use fred::prelude::KeysInterface;
+    let server = redis();
+    let prefix = prefix("registry-made-again");
+    let settings = RegionalSettings::default();
+    let first = super::shares::region(&server.url, &prefix, "eu", settings).await;
+    let us = super::shares::region(&server.url, &prefix, "us", settings).await;
+    let later = super::shares::region(&server.url, &prefix, "eu", settings).await;
+    let registry_key = format!("{prefix}g:{{regions}}");
+    let client = first.client();
+    let read = || async {
+        let text: String = client.get(&registry_key).await.unwrap();
+        RegistryRecord::parse(&text).unwrap()
+    };
+    let (eu, later_eu) = (
+        first.regional_mode().unwrap(),
+        later.regional_mode().unwrap(),
+    );
+    eu.register(1_000).await.unwrap();
+    us.regional_mode().unwrap().register(1_000).await.unwrap();
+    // `first` holds the lock: it registers again (reading `us`) and keeps what it read.
+    eu.register(1_000).await.unwrap();
+    first.keep_registration(eu, &client).await.unwrap();
+    let before = read().await;
+    assert!(before.registered_at("us").is_some());
+    // The global store's records are lost; the lock passes to `later`.
+    let _: i64 = client.del(&registry_key).await.unwrap();
+    later
+        .merge_kept_registry(later_eu, &later.client())
+        .await
+        .unwrap();
+    later_eu.register(1_000).await.unwrap();
+    let made = read().await;
+    assert_ne!(made.epoch, before.epoch, "made again");
+    assert_eq!(made.registered_at("us"), before.registered_at("us"));
+    assert_eq!(made.registered_at("eu"), before.registered_at("eu"));
+}

@@ -55,7 +55,12 @@ async fn backend(url: &str, prefix: &str, clock: &ManualClock, shares: bool) -> 
 
 /// Region `name`'s backend on the real clocks of `url`'s server (its store under
 /// `<prefix><name>:`, the global store under `<prefix>g:`), moving shares by `settings`.
-async fn region(url: &str, prefix: &str, name: &str, settings: RegionalSettings) -> RedisBackend {
+pub(super) async fn region(
+    url: &str,
+    prefix: &str,
+    name: &str,
+    settings: RegionalSettings,
+) -> RedisBackend {
     let global = RedisBackend::from_url(url)
         .prefix(format!("{prefix}g:"))
         .connect()

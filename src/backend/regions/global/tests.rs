@@ -85,6 +85,41 @@ fn a_lost_registry_is_made_again_quiet_with_the_registrations_seen() {
     );
 }
 
+/// An instance that never read the registry itself (it never held the lock) merges the one
+/// its region's store keeps before it makes a lost registry again: the regions another
+/// instance saw are kept, each at the later of the two times.
+#[test]
+fn the_registrations_seen_are_merged_with_the_region_s_record_of_them() {
+    let mut own = RegistryRecord {
+        epoch: 1,
+        quiet_until: 7,
+        regions: vec![("eu".into(), 50), ("us".into(), 10)],
+    };
+    let kept = RegistryRecord {
+        epoch: 2,
+        quiet_until: 9,
+        regions: vec![("ap".into(), 30), ("eu".into(), 20)],
+    };
+    own.merge_seen(&kept);
+    assert_eq!(
+        own.regions,
+        [("ap".into(), 30), ("eu".into(), 50), ("us".into(), 10)]
+    );
+    // Epoch and quiet period are the registry's own, not the seen ones'.
+    assert_eq!((own.epoch, own.quiet_until), (1, 7));
+    let made = register(None, &own.regions, "us", 1_000, 4_000, 1_000, 42)
+        .unwrap()
+        .unwrap();
+    assert_eq!(made.registered_at("ap"), Some(30));
+    // Bounded: never more than a registry holds.
+    let mut full = RegistryRecord {
+        regions: (0..MAX_REGIONS).map(|i| (format!("r{i}"), 1)).collect(),
+        ..RegistryRecord::default()
+    };
+    full.merge_seen(&kept);
+    assert_eq!(full.regions.len(), MAX_REGIONS);
+}
+
 #[test]
 fn a_region_whose_floor_does_not_fit_is_refused() {
     let mut record = RegistryRecord::default();
