@@ -363,9 +363,11 @@ const SLACK_DIVISOR: u64 = 16;
 
 /// `target`, or the region's `current` part in each dimension where the two differ by at most
 /// a sixteenth of `movable` (no slack below 16 units: a part of a small limit always moves).
+/// A target of nothing is never settled near: a region kept a sliver it never used, and asked
+/// again every period to give it back.
 fn settle(target: Share, current: Share, movable: Share) -> Share {
     let keep = |t: u64, c: u64, m: u64| {
-        if t.abs_diff(c) <= m / SLACK_DIVISOR {
+        if t != 0 && t.abs_diff(c) <= m / SLACK_DIVISOR {
             c
         } else {
             t
