@@ -229,6 +229,7 @@ impl Registry {
 /// one when an instance merges its region's record of the registry into its own, from which
 /// it makes a lost registry again: the later (a region registered again after a loss is
 /// confirmed from its new time, never before), or the one seen.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn later_registration(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     a.max(b)
 }

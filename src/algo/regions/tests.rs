@@ -11,6 +11,17 @@ fn bids(demands: &[u64]) -> Vec<(u64, Share)> {
     demands.iter().map(|d| (*d, Share::ZERO)).collect()
 }
 
+/// A region holding `granted` in both dimensions, as answered to request 1 of `demand`.
+fn held(granted: u64, demand: u64) -> Held {
+    Held {
+        answered: 1,
+        granted: s(granted, granted),
+        held: s(granted, granted),
+        issued_at: 0,
+        demand,
+    }
+}
+
 /// A limit of 10 and 10, leases of 100 us and a margin of 10.
 fn settings() -> Settings {
     Settings {
@@ -108,13 +119,6 @@ fn the_targets_sum_to_the_movable_part_exactly() {
 fn a_part_within_a_sixteenth_of_its_target_stays_and_is_not_short() {
     let settings = settings();
     let movable = s(80, 80);
-    let held = |granted: u64, demand: u64| Held {
-        answered: 1,
-        granted: s(granted, granted),
-        held: s(granted, granted),
-        issued_at: 0,
-        demand,
-    };
     let mut key = GlobalKey {
         regions: vec![held(43, 65), held(37, 65)],
     };
@@ -154,13 +158,6 @@ fn a_part_within_a_sixteenth_of_its_target_stays_and_is_not_short() {
 fn a_region_that_asks_for_nothing_gives_back_a_part_within_the_slack() {
     let settings = settings();
     let movable = s(80, 80);
-    let held = |granted: u64, demand: u64| Held {
-        answered: 1,
-        granted: s(granted, granted),
-        held: s(granted, granted),
-        issued_at: 0,
-        demand,
-    };
     let mut key = GlobalKey {
         regions: vec![held(3, 2), held(77, 132)],
     };
