@@ -425,7 +425,7 @@ async fn documented_values(name: &str) -> Vec<(Value, String)> {
 #[tokio::test]
 async fn calendar_quotas_renew_exactly_at_their_dated_boundaries() {
     let out = documented_values("calendar").await;
-    assert_eq!(out.len(), 24);
+    assert_eq!(out.len(), 26);
     // The renewal: denied one microsecond before it, told to retry in 1 us.
     let before: Vec<_> = out
         .iter()
@@ -502,7 +502,7 @@ async fn a_charge_takes_no_mode_and_takes_a_slot_even_when_none_is_free() {
 #[tokio::test]
 async fn fair_shares_give_the_documented_values() {
     let out = documented_values("fair-share").await;
-    assert_eq!(out.len(), 23);
+    assert_eq!(out.len(), 26);
     assert!(out.iter().any(|(l, _)| l["allowed"] == false));
 }
 

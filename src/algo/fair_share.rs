@@ -3,7 +3,7 @@
 //!
 //! The budget is an ordinary GCRA bucket (`gcra.rs` decides it); what this file adds is who
 //! may spend from it. An id's **share** is its weight over the weights of the ids active in
-//! the current or the previous refresh period (the requesting id included), or its guaranteed
+//! the current refresh period (the requesting id included), or its guaranteed
 //! minimum over the budget's count when that is larger (the minimums scaled down together when
 //! the active ids' minimums exceed the count). An id whose own bucket at its share of the rate
 //! and burst holds the request is **under its share**; one whose own bucket was at least half
@@ -17,8 +17,8 @@
 //! Everything here is integers in, integers out: the state of a limit ([`Pool`]: the budget's
 //! TAT, the active weights by refresh period, the waiters) and of one id in it ([`Member`]).
 //! Counting the active weights by period, not by each id's last request, keeps a decision
-//! O(1) in the ids (no scan of who went idle): an id counts from its first request in a
-//! period to the end of the next period. The kit (`backend/kit/fair_share.rs`) decides a
+//! O(1) in the ids (no scan of who went idle): an id counts in the shares from its first
+//! request in a period to the end of that period, and is kept to the end of the next. The kit (`backend/kit/fair_share.rs`) decides a
 //! transaction with these functions and the GCRA rule; the Redis script mirrors them.
 
 use std::fmt;
@@ -29,7 +29,7 @@ use crate::key::Id;
 use crate::time::duration_us;
 
 /// The refresh period a fair share is written without: the active ids are those seen in the
-/// current or the previous second.
+/// current second.
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(1);
 
 /// The part of the budget's rate, in percent, that the ids first seen in the current refresh
@@ -379,10 +379,12 @@ impl Pool {
     }
 
     /// The share of an id counted in this pool with `share`'s weight and minimum: its weight
-    /// over the active weights, or its minimum over the larger of the count and the active
-    /// minimums, whichever is larger.
+    /// over the weights of the ids seen in this period, or its minimum over the larger of the
+    /// count and their minimums, whichever is larger. The ids seen in the period before only
+    /// are in no share: counted, an id that left kept its share a period more, lent to
+    /// whoever asked first (weights 3 and 1 split 80/20 over the second after three ids left).
     pub fn share_of(&self, share: &FairShare) -> ShareOf {
-        let weights = (self.weights.0.saturating_add(self.weights.1)).max(share.weight);
+        let weights = self.weights.0.max(share.weight);
         let by_weight = ShareOf {
             num: share.weight,
             den: weights,
@@ -390,7 +392,7 @@ impl Pool {
         if share.min == 0 {
             return by_weight;
         }
-        let mins = self.mins.0.saturating_add(self.mins.1);
+        let mins = self.mins.0;
         let by_min = ShareOf {
             num: share.min,
             den: share.budget.count().max(mins),

@@ -20,7 +20,7 @@ fn id(text: &str) -> Id {
 }
 
 #[test]
-fn an_id_counts_once_per_period_and_until_the_end_of_the_next() {
+fn an_id_counts_once_per_period_in_the_shares_of_its_period_and_is_kept_to_the_next() {
     let a = share(2, 0);
     let b = share(3, 0);
     let mut pool = Pool::default().rolled(&a, 10 * S);
@@ -29,15 +29,20 @@ fn an_id_counts_once_per_period_and_until_the_end_of_the_next() {
     pool.count(&a, &mut ma);
     pool.count(&b, &mut mb);
     assert_eq!(pool.weights, (5, 0));
-    // The next period: both counted as "previous" until seen again.
+    assert_eq!(pool.share_of(&a), ShareOf { num: 2, den: 5 });
+    // The next period: both kept as "previous" until seen again, in the shares only once
+    // seen (b, idle so far in this period, has no share in it).
     let mut pool = pool.clone().rolled(&a, 11 * S);
     assert_eq!(pool.weights, (0, 5));
     pool.count(&a, &mut ma);
     assert_eq!(pool.weights, (2, 3));
+    assert_eq!(pool.share_of(&a), ShareOf { num: 2, den: 2 });
+    pool.count(&b, &mut mb);
     assert_eq!(pool.share_of(&a), ShareOf { num: 2, den: 5 });
-    // Two periods on, b went idle: a alone.
+    // The period after: both kept, in no share until seen again; then forgotten.
     let pool = pool.clone().rolled(&a, 12 * S);
-    assert_eq!(pool.weights, (0, 2));
+    assert_eq!(pool.weights, (0, 5));
+    assert_eq!(pool.share_of(&a), ShareOf { num: 2, den: 2 });
     assert_eq!(pool.clone().rolled(&a, 14 * S).weights, (0, 0));
 }
 

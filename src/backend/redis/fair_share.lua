@@ -169,12 +169,12 @@ local function fair_gates(r, p)
   return p.p ~= 0 and p.p + 1 >= p.e and p.f >= r.newcap
 end
 
--- `Pool::share_of`: weight over the active weights, or the minimum over the larger of the
--- count and the active minimums, whichever is larger (every product below 2^52).
+-- `Pool::share_of`: weight over the weights of the ids seen in this period, or the minimum over
+-- the larger of the count and their minimums, whichever is larger (every product below 2^52).
 local function fair_share_of(r, p)
-  local num, den = r.weight, math.max(p.w0 + p.w1, r.weight)
+  local num, den = r.weight, math.max(p.w0, r.weight)
   if r.wmin > 0 then
-    local mden = math.max(r.count, p.m0 + p.m1)
+    local mden = math.max(r.count, p.m0)
     if r.wmin * den > num * mden then num, den = r.wmin, mden end
   end
   return num, den
