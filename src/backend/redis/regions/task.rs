@@ -7,9 +7,10 @@
 //! 2. the lock (`SET NX PX`, in the region's store): the one instance that holds it registers
 //!    the region in the global store (a lost registry made again with the registrations it
 //!    and the region's earlier holders saw), says in the region's store whether the
-//!    registration is confirmed and what the registry holds, and, 15% into the period in every region (every instance's demand is in),
-//!    rebalances the busiest keys of that period's demand (above their floors), with every
-//!    key that held a part at the last rebalance (demand 0: it gives it back);
+//!    registration is confirmed and what the registry holds, and, 15% into the period in
+//!    every region (every instance's demand is in), rebalances the busiest keys of that
+//!    period's demand (above their floors), with every key that held a part at the last
+//!    rebalance (demand 0: it gives it back);
 //! 3. the others read whether the registration is confirmed (until then their floors are 0);
 //! 4. every instance, 45% into the period, adds its demand so far to the period's half hash,
 //!    which the holder reads half way for the keys whose demand surged (`regions::surging`).

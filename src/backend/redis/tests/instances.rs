@@ -230,9 +230,9 @@ async fn deployed(n: usize, label: &str) -> Regions {
                 .connect()
                 .await
                 .unwrap();
+            // The deny cache on, as deployed (it never answers for a marked key).
             RedisBackend::from_url(&store)
                 .prefix(prefix)
-                .deny_cache(false)
                 .regional_with(name, global, settings)
                 .connect()
                 .await
