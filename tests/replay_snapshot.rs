@@ -393,8 +393,13 @@ fn a_snapshot_reads_only_and_leaves_out_what_is_not_a_state_of_ours() {
 
 #[test]
 fn a_snapshot_file_that_is_not_one_is_refused_with_its_line() {
-    let cases: [(&str, &str); 6] = [
+    let cases: [(&str, &str); 7] = [
         ("", "line 1"),
+        // A key twice: which state a replay started from was the file's order.
+        (
+            "{\"snapshot\":1,\"instant_us\":1,\"keys\":2}\n{\"limit\":\"A\",\"id\":\"x\",\"calendar\":{\"end_us\":5,\"used\":1}}\n{\"limit\":\"A\",\"id\":\"x\",\"calendar\":{\"end_us\":5,\"used\":3}}\n",
+            "line 3: limit \"A\" id \"x\" is on line 2 too",
+        ),
         (
             "{\"snapshot\":2,\"instant_us\":1,\"keys\":0}\n",
             "snapshot format 2",

@@ -5,7 +5,7 @@
 //! tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml --rules RULES.yaml
 //!     [--candidate-rules RULES2.yaml] --log FILE [--log FILE ...] [--format json|combined]
 //!     [--reorder 60s] [--strict] [--json OUT.json] [--html OUT.html] [--max-allow-to-deny N|P%]
-//!     [--target 1%] [--snapshot FILE]
+//!     [--max-bad-lines N|P%] [--target 1%] [--snapshot FILE]
 //! tower-ratelimits-simulate plan snapshot --redis URL --limits A.yaml --out FILE
 //!     [--prefix rl:] [--max-keys N]
 //! ```
@@ -13,7 +13,8 @@
 //! The plan (JSON, `docs/replay.md` "The plan") goes to `--json FILE`, else to standard
 //! output; a summary goes to standard error. Exit codes: 0; 1 when `--max-allow-to-deny` is
 //! exceeded (the flips are listed on standard error); 2 for bad input (an option, a file, a
-//! configuration, or with `--strict` a bad line).
+//! configuration, with `--strict` a bad line, a log of which no line was replayed, or one with
+//! more bad lines than `--max-bad-lines` lets through: a gate must not pass on nothing).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,11 +27,14 @@ use tower_ratelimits::{
 pub(crate) const USAGE: &str = "usage: tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml \
 --rules RULES.yaml [--candidate-rules RULES2.yaml] --log FILE [--log FILE ...] \
 [--format json|combined] [--reorder 60s] [--strict] [--json OUT.json] [--html OUT.html] \
-[--max-allow-to-deny N|P%] [--target 1%] [--snapshot FILE]\n       \
+[--max-allow-to-deny N|P%] [--max-bad-lines N|P%] [--target 1%] [--snapshot FILE]\n       \
 tower-ratelimits-simulate plan snapshot --redis URL --limits A.yaml --out FILE [--prefix rl:] \
 [--max-keys N]";
 
-/// A bound on flips: a count, or a share of the requests.
+/// The bad lines a replay lets through by default: 1% of the lines read.
+const MAX_BAD_LINES: Bound = Bound::Share(0.01);
+
+/// A bound on flips or bad lines: a count, or a share of the requests or lines.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Bound {
     Count(u64),
@@ -38,25 +42,50 @@ enum Bound {
 }
 
 impl Bound {
-    fn limit(self, requests: u64) -> u64 {
+    fn limit(self, of: u64) -> u64 {
         match self {
             Bound::Count(n) => n,
-            Bound::Share(s) => (s * requests as f64).floor() as u64,
+            Bound::Share(s) => (s * of as f64).floor() as u64,
         }
     }
 }
 
-/// `N` or `P%`.
-fn bound(text: &str) -> Result<Bound, String> {
+/// `N` or `P%`, the value of `option`.
+fn bound(option: &str, text: &str) -> Result<Bound, String> {
+    let bad = || format!("{option} {text:?}: a count (100) or a share (0.1%)");
     match text.strip_suffix('%') {
-        Some(p) => percent(p).map(Bound::Share).ok_or_else(|| {
-            format!("--max-allow-to-deny {text:?}: a count (100) or a share (0.1%)")
-        }),
-        None => text
-            .parse()
-            .map(Bound::Count)
-            .map_err(|_| format!("--max-allow-to-deny {text:?}: a count (100) or a share (0.1%)")),
+        Some(p) => percent(p).map(Bound::Share).ok_or_else(bad),
+        None => text.parse().map(Bound::Count).map_err(|_| bad()),
     }
+}
+
+/// Whether `plan` replayed enough of its logs to stand for them: at least one request, and no
+/// more bad lines than `most` of the lines read. A gate over nothing would pass.
+fn replayed_enough(plan: &Plan, most: Bound) -> Result<(), String> {
+    let lines = plan.requests + plan.bad_lines;
+    let first = plan.bad_line_examples.first().map_or(String::new(), |b| {
+        format!(
+            "; the first: {}:{}: {} (is --format right?)",
+            b.file, b.line, b.reason
+        )
+    });
+    if plan.requests == 0 {
+        return Err(if lines == 0 {
+            "no request was replayed: the logs hold no line".to_owned()
+        } else {
+            format!("no request was replayed: all {lines} lines were bad{first}")
+        });
+    }
+    let allowed = most.limit(lines);
+    if plan.bad_lines > allowed {
+        return Err(format!(
+            "{} of {lines} lines were bad ({:.2}%), more than the {allowed} --max-bad-lines lets \
+             through{first}",
+            plan.bad_lines,
+            plan.bad_lines as f64 * 100.0 / lines as f64
+        ));
+    }
+    Ok(())
 }
 
 /// A percentage (`1`, `0.5`) as a share (0.01, 0.005), 0 to 100.
@@ -79,6 +108,7 @@ struct Args {
     json: Option<PathBuf>,
     html: Option<PathBuf>,
     max_allow_to_deny: Option<Bound>,
+    max_bad_lines: Bound,
     target: f64,
     snapshot: Option<PathBuf>,
 }
@@ -88,7 +118,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
     let (mut current, mut candidate, mut rules, mut candidate_rules) = (None, None, None, None);
     let (mut logs, mut format, mut reorder, mut strict) = (Vec::new(), None, Duration::ZERO, false);
     let (mut json, mut html, mut max, mut target) = (None, None, None, 0.01);
-    let mut snapshot = None;
+    let (mut snapshot, mut max_bad_lines) = (None, MAX_BAD_LINES);
     let text = crate::option_text;
     while let Some(arg) = args.next() {
         let Some(option) = arg.to_str() else {
@@ -114,7 +144,8 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
                 reorder = Duration::from_micros(us);
             }
             "--strict" => strict = true,
-            "--max-allow-to-deny" => max = Some(bound(&text(option, args.next())?)?),
+            "--max-allow-to-deny" => max = Some(bound(option, &text(option, args.next())?)?),
+            "--max-bad-lines" => max_bad_lines = bound(option, &text(option, args.next())?)?,
             "--target" => {
                 let t = text(option, args.next())?;
                 target = t
@@ -142,6 +173,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
         json,
         html,
         max_allow_to_deny: max,
+        max_bad_lines,
         target,
         snapshot,
     })
@@ -192,6 +224,10 @@ pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
         Ok(plan) => plan,
         Err(e) => return fail(e),
     };
+    if let Err(e) = replayed_enough(&plan, args.max_bad_lines) {
+        eprintln!("{}", summary(&plan));
+        return fail(e);
+    }
     if let Some(out) = html {
         let page = LogReader::open(&args.logs, args.format, args.reorder)
             .map_err(|e| e.to_string())
@@ -335,11 +371,12 @@ mod tests {
 
     #[test]
     fn bounds_and_targets_read_counts_and_shares() {
-        assert_eq!(bound("100"), Ok(Bound::Count(100)));
-        assert_eq!(bound("0.1%"), Ok(Bound::Share(0.001)));
+        assert_eq!(bound("--max-bad-lines", "100"), Ok(Bound::Count(100)));
+        assert_eq!(bound("--max-bad-lines", "0.1%"), Ok(Bound::Share(0.001)));
         assert_eq!(Bound::Share(0.001).limit(12_345), 12);
         for bad in ["-1", "x", "101%", "NaN%", ""] {
-            assert!(bound(bad).is_err(), "{bad}");
+            let e = bound("--max-bad-lines", bad).unwrap_err();
+            assert!(e.starts_with("--max-bad-lines"), "{bad}: {e}");
         }
         assert_eq!(percent("1"), Some(0.01));
     }

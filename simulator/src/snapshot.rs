@@ -99,6 +99,14 @@ pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
         snapshot.foreign(),
         args.out.display()
     );
+    if snapshot.keys().is_empty() {
+        // An empty store is a fresh one; a store written under another prefix looks the same.
+        eprintln!(
+            "simulate plan snapshot: nothing matched the prefix {:?}: if the app writes its keys \
+             under another (RedisBackend::prefix), give it with --prefix",
+            args.prefix
+        );
+    }
     ExitCode::SUCCESS
 }
 

@@ -431,26 +431,48 @@ pub(crate) fn parse_rfc3339(text: &str) -> Result<u64, String> {
         }
         _ => return Err(bad()),
     };
-    civil_us(y, mo, d, h, mi, s, offset_s)
-        .map(|us| us + frac_us)
-        .ok_or_else(bad)
+    match civil_us(y, mo, d, h, mi, s, offset_s) {
+        Ok(us) => Ok(us + frac_us),
+        Err(Civil::NoSuchTime) => Err(bad()),
+        Err(Civil::OutOfRange) => Err(format!("time {text:?} is out of range: {TIME_RANGE}")),
+    }
 }
 
-/// Unix microseconds of a civil time at an offset from UTC; `None` for no such time or one
-/// before 1970.
-fn civil_us(y: i64, mo: i64, d: i64, h: i64, mi: i64, s: i64, offset_s: i64) -> Option<u64> {
+/// The last second a replay reads, 9999-12-31T23:59:59Z, in Unix seconds.
+const LAST_SECOND: i64 = 253_402_300_799;
+
+/// What [`LAST_SECOND`] and the epoch bound, said to the user.
+const TIME_RANGE: &str = "a replay reads times from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z";
+
+/// Why a civil time is not an instant a replay reads.
+#[derive(Debug, PartialEq)]
+enum Civil {
+    /// No such date or time (a 30th of February, an hour 24).
+    NoSuchTime,
+    /// A real instant, in UTC before 1970 or after 9999 (a time of 9999's last hour at a
+    /// negative offset, written `10000-01-01` in a plan before).
+    OutOfRange,
+}
+
+/// Unix microseconds of a civil time at an offset from UTC.
+fn civil_us(y: i64, mo: i64, d: i64, h: i64, mi: i64, s: i64, offset_s: i64) -> Result<u64, Civil> {
     let month_days = match mo {
         2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
         2 => 28,
         4 | 6 | 9 | 11 => 30,
         1..=12 => 31,
-        _ => return None,
+        _ => return Err(Civil::NoSuchTime),
     };
-    if !(1970..=9999).contains(&y) || d < 1 || d > month_days || h > 23 || mi > 59 || s > 60 {
-        return None;
+    if !(0..=9999).contains(&y) || d < 1 || d > month_days || h > 23 || mi > 59 || s > 60 {
+        return Err(Civil::NoSuchTime);
     }
     let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s.min(59) - offset_s;
-    u64::try_from(secs).ok().map(|s| s * 1_000_000)
+    if !(0..=LAST_SECOND).contains(&secs) {
+        return Err(Civil::OutOfRange);
+    }
+    u64::try_from(secs)
+        .map(|s| s * 1_000_000)
+        .map_err(|_| Civil::OutOfRange)
 }
 
 /// A duration in seconds written as a decimal (`0.123`), in microseconds.
@@ -602,7 +624,17 @@ const MONTHS: [&str; 12] = [
 ];
 
 /// `10/Oct/2026:13:55:36 -0700` as Unix microseconds.
-fn parse_clf_time(text: &str) -> Option<u64> {
+fn parse_clf_time(text: &str) -> Result<u64, String> {
+    let bad = || "not a combined log line: the time is not dd/Mon/yyyy:HH:MM:SS +hhmm".to_owned();
+    match clf_civil(text) {
+        Some(Ok(us)) => Ok(us),
+        Some(Err(Civil::OutOfRange)) => Err(format!("time {text:?} is out of range: {TIME_RANGE}")),
+        None | Some(Err(Civil::NoSuchTime)) => Err(bad()),
+    }
+}
+
+/// The civil time of a combined log line's `[time]` (`None`: not that form).
+fn clf_civil(text: &str) -> Option<Result<u64, Civil>> {
     let b = text.as_bytes();
     if b.len() != 26 || b[2] != b'/' || b[6] != b'/' || b[11] != b':' || b[20] != b' ' {
         return None;
@@ -626,7 +658,7 @@ fn parse_clf_time(text: &str) -> Option<u64> {
         _ => return None,
     };
     let (oh, om) = (num(&text[22..24])?, num(&text[24..26])?);
-    civil_us(y, mo, d, h, mi, s, sign * (oh * 3600 + om * 60))
+    Some(civil_us(y, mo, d, h, mi, s, sign * (oh * 3600 + om * 60)))
 }
 
 fn parse_combined(text: &str) -> Result<LoggedRequest, String> {
@@ -635,8 +667,7 @@ fn parse_combined(text: &str) -> Result<LoggedRequest, String> {
     let ip = parse_ip(ip)?;
     let open = rest.find('[').ok_or_else(|| bad("no [time]"))?;
     let close = rest[open..].find(']').ok_or_else(|| bad("no [time]"))? + open;
-    let logged_us = parse_clf_time(&rest[open + 1..close])
-        .ok_or_else(|| bad("the time is not dd/Mon/yyyy:HH:MM:SS +hhmm"))?;
+    let logged_us = parse_clf_time(&rest[open + 1..close])?;
     let (request, rest) =
         quoted(rest[close + 1..].trim_start()).ok_or_else(|| bad("no \"request line\""))?;
     let mut parts = request.split(' ');

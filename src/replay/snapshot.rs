@@ -638,6 +638,10 @@ impl Snapshot {
         }
         let mut snapshot = Snapshot::new(header.instant_us);
         snapshot.foreign = header.foreign;
+        // Each key's line: a key twice is two states for one bucket, and which one a replay
+        // started from would be the file's order (read silently before).
+        let mut lines: std::collections::HashMap<(String, String), u64> =
+            std::collections::HashMap::new();
         while let Some(line) = next(&mut buf)? {
             if buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
@@ -647,9 +651,17 @@ impl Snapshot {
             }
             let parsed: Line =
                 serde_json::from_slice(&buf).map_err(|e| bad(line, e.to_string()))?;
-            snapshot
-                .keys
-                .push(parsed.into_key().map_err(|e| bad(line, e))?);
+            let key = parsed.into_key().map_err(|e| bad(line, e))?;
+            if let Some(first) = lines.insert((key.limit.clone(), key.id.clone()), line) {
+                return Err(bad(
+                    line,
+                    format!(
+                        "limit {:?} id {:?} is on line {first} too: a key has one state",
+                        key.limit, key.id
+                    ),
+                ));
+            }
+            snapshot.keys.push(key);
         }
         if snapshot.keys.len() as u64 != header.keys {
             return Err(bad(

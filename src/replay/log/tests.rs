@@ -34,10 +34,44 @@ fn rfc3339_instants_read_to_the_microsecond_at_any_offset() {
         "2026-02-30T00:00:00Z",
         "x",
         "2026-11-25T10:00:00.Z",
-        "1969-12-31T23:59:59Z",
     ] {
-        assert!(parse_rfc3339(bad).is_err(), "{bad}");
+        let e = parse_rfc3339(bad).unwrap_err();
+        assert!(e.contains("write RFC 3339"), "{bad}: {e}");
     }
+    assert_eq!(
+        parse_rfc3339("9999-12-31T23:59:59.999999Z"),
+        Ok(253_402_300_799_999_999)
+    );
+    assert_eq!(parse_rfc3339("1970-01-01T01:00:00+01:00"), Ok(0));
+}
+
+/// An instant outside 1970 to 9999 in UTC is RFC 3339 all the same: refused saying what the
+/// range is (before, "write RFC 3339"; and 9999's last hour at a negative offset was read, and
+/// written in the plan's `to` as `10000-01-01T...`).
+#[test]
+fn an_instant_outside_the_range_is_refused_with_the_range() {
+    for text in [
+        "1969-12-31T23:59:59Z",
+        "1970-01-01T00:30:00+01:00",
+        "9999-12-31T23:30:00-01:00",
+        "0001-01-01T00:00:00Z",
+    ] {
+        let e = parse_rfc3339(text).unwrap_err();
+        assert!(
+            e.contains("out of range: a replay reads times from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z"),
+            "{text}: {e}"
+        );
+    }
+    let e = parse_combined(
+        r#"192.0.2.1 - - [31/Dec/9999:23:30:00 -0100] "GET / HTTP/1.1" 200 1 "-" "-""#,
+    )
+    .unwrap_err();
+    assert!(e.contains("out of range"), "{e}");
+    let e = parse_combined(
+        r#"192.0.2.1 - - [31/Foo/2026:23:30:00 -0100] "GET / HTTP/1.1" 200 1 "-" "-""#,
+    )
+    .unwrap_err();
+    assert!(e.contains("dd/Mon/yyyy"), "{e}");
 }
 
 #[test]
