@@ -352,7 +352,8 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
     #[serde(deny_unknown_fields)]
     struct ApiSettings {
         min: u64,
-        initial: u64,
+        /// The `min` when absent, as in the file.
+        initial: Option<u64>,
         max: u64,
         algorithm: Option<String>,
         smoothing: Option<u64>,
@@ -376,7 +377,7 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
             let pm = |v: Option<u64>, default: u64| v.map_or(default, |p| p.saturating_mul(10));
             Ok(Settings {
                 min: s.min,
-                initial: s.initial,
+                initial: s.initial.unwrap_or(s.min),
                 max: s.max,
                 algorithm: s.algorithm.unwrap_or_else(|| "gradient".into()),
                 smoothing_pm: pm(s.smoothing, 200),
@@ -462,6 +463,26 @@ mod tests {
         let unknown =
             serde_json::json!({"concurrency": {"adaptive": {"min": 1, "max": 2, "x": 1}}});
         assert!(Quota::read_json(Form::Api, &unknown).is_err());
+    }
+
+    /// An omitted field takes the default the file gives it: `initial` the `min` (before, the
+    /// API answered `missing field initial` to a body the file takes).
+    #[test]
+    fn the_api_takes_what_the_file_takes() {
+        let body =
+            serde_json::json!({"concurrency": {"adaptive": {"min": 2, "max": 20, "capacity": 40}}});
+        let from_api = Quota::read_json(Form::Api, &body).unwrap();
+        let limits = crate::Limits::from_yaml_str(
+            "S:\n  kind: any\n  concurrency:\n    adaptive: {min: 2, max: 20, capacity: 40}\n",
+            None,
+        )
+        .unwrap();
+        let name = limits.name("S").unwrap();
+        assert_eq!(limits.default_limit(name), Some(&from_api));
+        let Quota::Adaptive(a) = from_api else {
+            panic!("an adaptive limit");
+        };
+        assert_eq!(a.adaptive().initial(), 2);
     }
 
     /// A fallback's share scales its least, first and most slots, never below 1, and keeps
