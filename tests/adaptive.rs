@@ -502,10 +502,49 @@ fn a_bad_adaptive_limit_is_refused_with_its_line() {
         "{e}"
     );
     assert_eq!(e.location().line, Some(2));
+    // Each message names the field that is wrong and what it takes (before: `min (20) <=
+    // initial (20) <= max (10) <= 65535, min at least 1`, `capacity is out of range`, and a
+    // list of shapes for a field of the other algorithm).
+    let says = [
+        (
+            "{min: 20, initial: 20, max: 10}",
+            "min (20) is above max (10) (1 <= min <= initial <= max <= 65535)",
+        ),
+        (
+            "{min: 5, initial: 2, max: 9}",
+            "initial (2) is below min (5)",
+        ),
+        (
+            "{min: 0, max: 9}",
+            "min must be a whole number greater than zero, found 0",
+        ),
+        (
+            "{min: 2, max: 20, capacity: 5000}",
+            "capacity is out of range: it must be 1 to 4096",
+        ),
+        (
+            "{min: 2, max: 20, algorithm: aimd, increase: 30}",
+            "increase is out of range: it must be 1 to max (20)",
+        ),
+        (
+            "{min: 1, max: 9, algorithm: aimd, smoothing: 30}",
+            "smoothing is a field of algorithm: gradient; algorithm: aimd takes backoff and increase",
+        ),
+    ];
+    for (adaptive, message) in says {
+        let e = err(&format!("A:\n  concurrency:\n    adaptive: {adaptive}\n"));
+        assert!(e.to_string().contains(message), "{adaptive}: {e}");
+    }
     let e =
         err("A:\n  concurrency:\n    adaptive: {min: 1, max: 9, algorithm: aimd, smoothing: 30}\n");
     assert!(
-        matches!(e.kind(), ConfigErrorKind::ConflictingFields("smoothing", _)),
+        matches!(
+            e.kind(),
+            ConfigErrorKind::OtherAlgorithm {
+                field: "smoothing",
+                ..
+            }
+        ),
         "{e}"
     );
     let e = err("A:\n  concurrency:\n    adaptive:\n      min: 1\n      max: 9\n      windw: 1s\n");

@@ -308,8 +308,9 @@ fn prefetch_is_a_gcra_field_checked_with_its_line() {
     );
 }
 
-/// A limit that mixes two shapes is refused with a message naming all four
-/// shapes and their fields (it named three, without calendar quotas).
+/// A limit that mixes two shapes is refused with a message naming every shape and its fields
+/// (it named three, without calendar quotas; then four, without fair shares and adaptive
+/// limits).
 #[test]
 fn a_mixed_shape_error_names_every_shape() {
     let yaml = "A: {burst: 1, count: 1, period: 1s, concurrency: 2}\n";
@@ -317,8 +318,9 @@ fn a_mixed_shape_error_names_every_shape() {
     for shape in [
         "GCRA (burst, count, period)",
         "tiered (tiers)",
-        "concurrency limit (concurrency, lease, retry_after)",
+        "concurrency limit (concurrency, lease, retry_after; concurrency: {adaptive: ...}",
         "calendar quota (calendar)",
+        "fair share (a GCRA budget with fair_share)",
     ] {
         assert!(message.contains(shape), "{shape}: {message}");
     }

@@ -331,8 +331,21 @@ async fn bad_requests_and_set_up_errors() {
     );
     assert_eq!(
         RateLimitLayer::new(limiter.clone(), vec![Rule::new("Nope", ClientIp::new())]).unwrap_err(),
-        LayerError::UnknownLimit("Nope".into())
+        LayerError::UnknownLimit {
+            name: "Nope".into(),
+            did_you_mean: None
+        }
     );
+    // A name that differs in case, or by a letter, says which was meant (before: only
+    // `rule for unknown limit "PerIP"`).
+    for (given, meant) in [("PerIP", "PerIp"), ("PerIpp", "PerIp")] {
+        let e = RateLimitLayer::new(limiter.clone(), vec![Rule::new(given, ClientIp::new())])
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("rule for unknown limit {given:?}; did you mean {meant:?}?")
+        );
+    }
     assert_eq!(
         RateLimitLayer::new(
             limiter,

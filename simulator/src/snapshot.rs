@@ -126,7 +126,19 @@ fn read(
             limits,
             args.max_keys,
         ))
-        .map_err(|e| format!("--redis {}: {e}", args.redis))
+        .map_err(|e| match e {
+            // The library's advice (`.lazy(true)`) is for a program; here the store must answer.
+            tower_ratelimits::SnapshotError::Connect(
+                tower_ratelimits::RedisSetupError::Connect {
+                    address, reason, ..
+                },
+            ) => format!(
+                "--redis {}: cannot connect to {address}: {reason} (is the store up, and the URL \
+                 right?)",
+                args.redis
+            ),
+            e => format!("--redis {}: {e}", args.redis),
+        })
 }
 
 #[cfg(not(feature = "redis"))]

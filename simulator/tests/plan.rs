@@ -269,16 +269,10 @@ fn a_format_given_reads_every_file_in_it() {
     );
 }
 
-/// The policies of the shipped logs over `logs`, with `extra` options.
+/// The policies of the shipped logs (their first six arguments) over `logs`, with `extra`
+/// options.
 fn over(logs: &[&Path], extra: &[&str]) -> Output {
-    let mut args = vec![
-        "--current",
-        "examples/logs/current.yaml",
-        "--candidate",
-        "examples/logs/candidate.yaml",
-        "--rules",
-        "examples/logs/rules.yaml",
-    ];
+    let mut args = SHIPPED[..6].to_vec();
     for log in logs {
         args.extend(["--log", log.to_str().unwrap()]);
     }
@@ -628,6 +622,14 @@ fn plan_starts_warm_from_a_snapshot_of_redis() {
         dir.join("never.jsonl").to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2));
+    // Said for a command line: no `.lazy(true)`, which only a program can write.
+    assert!(
+        stderr(&out).contains("cannot connect to 127.0.0.1:1")
+            && stderr(&out).contains("is the store up")
+            && !stderr(&out).contains("lazy"),
+        "{}",
+        stderr(&out)
+    );
     assert!(
         !dir.join("never.jsonl").exists(),
         "a failed snapshot leaves no file"

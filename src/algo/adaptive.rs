@@ -62,8 +62,8 @@ pub enum Algorithm {
 #[non_exhaustive]
 pub enum AdaptiveError {
     /// `min`, `initial` and `max` out of order, `min` of 0, or `max` above
-    /// [`MAX_ADAPTIVE_SLOTS`].
-    #[error("min ({min}) <= initial ({initial}) <= max ({max}) <= 65535, min at least 1")]
+    /// [`MAX_ADAPTIVE_SLOTS`]: the message names the field that is wrong.
+    #[error("{}", bounds_message(*min, *initial, *max))]
     Bounds {
         /// The least.
         min: u64,
@@ -73,8 +73,13 @@ pub enum AdaptiveError {
         max: u64,
     },
     /// A parameter out of its range.
-    #[error("{0} is out of range")]
-    Parameter(&'static str),
+    #[error("{field} is out of range: it must be {allowed}")]
+    Parameter {
+        /// The field.
+        field: &'static str,
+        /// The values it takes (`1 to 4096`).
+        allowed: String,
+    },
     /// The slots' lease or retry hint refused.
     #[error(transparent)]
     Slots(#[from] crate::algo::concurrency::ConcurrencyError),
@@ -161,10 +166,10 @@ impl Adaptive {
                 tolerance_pm,
             } => {
                 if smoothing_pm == 0 || smoothing_pm > 1000 {
-                    return Err(AdaptiveError::Parameter("smoothing"));
+                    return Err(parameter("smoothing", "0.1% to 100%"));
                 }
                 if !(1000..=10_000).contains(&tolerance_pm) {
-                    return Err(AdaptiveError::Parameter("tolerance"));
+                    return Err(parameter("tolerance", "100% to 1000%"));
                 }
             }
             Algorithm::Aimd {
@@ -172,10 +177,10 @@ impl Adaptive {
                 increase,
             } => {
                 if !(1..1000).contains(&backoff_pm) {
-                    return Err(AdaptiveError::Parameter("backoff"));
+                    return Err(parameter("backoff", "0.1% to 99.9%"));
                 }
                 if increase == 0 || increase > max {
-                    return Err(AdaptiveError::Parameter("increase"));
+                    return Err(parameter("increase", format!("1 to max ({max})")));
                 }
             }
         }
@@ -416,7 +421,10 @@ impl AdaptiveConcurrency {
     /// ```
     pub fn capacity(mut self, slots: u64) -> Result<Self, AdaptiveError> {
         if !(1..=capacity::MAX_CAPACITY).contains(&slots) {
-            return Err(AdaptiveError::Parameter("capacity"));
+            return Err(parameter(
+                "capacity",
+                format!("1 to {}", capacity::MAX_CAPACITY),
+            ));
         }
         let a = &mut self.adaptive;
         for (field, value) in [
@@ -448,7 +456,13 @@ impl AdaptiveConcurrency {
     /// (`docs/adaptive-concurrency.md`, "A global capacity"). 0 lends every slot.
     pub fn headroom(mut self, slots: u64) -> Result<Self, AdaptiveError> {
         if self.capacity == 0 || slots > self.capacity {
-            return Err(AdaptiveError::Parameter("headroom"));
+            return Err(parameter(
+                "headroom",
+                match self.capacity {
+                    0 => "given with a capacity only".to_owned(),
+                    c => format!("0 to the capacity ({c})"),
+                },
+            ));
         }
         self.headroom = slots;
         Ok(self)
@@ -481,7 +495,7 @@ impl AdaptiveConcurrency {
     /// Moves the number every `n` completions too (0: by time only).
     pub fn window_completions(mut self, n: u64) -> Result<Self, AdaptiveError> {
         if n > 1_000_000 {
-            return Err(AdaptiveError::Parameter("window completions"));
+            return Err(parameter("completions", "0 to 1000000"));
         }
         self.window_completions = n;
         Ok(self)
@@ -668,9 +682,32 @@ pub struct AdaptiveState {
 
 fn bounded(field: &'static str, us: u64) -> Result<u64, AdaptiveError> {
     if !(1_000..=MAX_WINDOW_US).contains(&us) {
-        return Err(AdaptiveError::Parameter(field));
+        return Err(parameter(field, "1ms to 1h"));
     }
     Ok(us)
+}
+
+fn parameter(field: &'static str, allowed: impl Into<String>) -> AdaptiveError {
+    AdaptiveError::Parameter {
+        field,
+        allowed: allowed.into(),
+    }
+}
+
+/// What is wrong with `min`, `initial` and `max`, field first (the first rule they break).
+fn bounds_message(min: u64, initial: u64, max: u64) -> String {
+    let why = if min == 0 {
+        "min is 0: it must be at least 1".to_owned()
+    } else if max > MAX_ADAPTIVE_SLOTS {
+        format!("max ({max}) is above {MAX_ADAPTIVE_SLOTS}, the most slots a key may have")
+    } else if min > max {
+        format!("min ({min}) is above max ({max})")
+    } else if initial < min {
+        format!("initial ({initial}) is below min ({min})")
+    } else {
+        format!("initial ({initial}) is above max ({max})")
+    };
+    format!("{why} (1 <= min <= initial <= max <= {MAX_ADAPTIVE_SLOTS})")
 }
 
 impl fmt::Display for AdaptiveConcurrency {

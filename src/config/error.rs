@@ -152,9 +152,17 @@ pub enum ConfigErrorKind {
     /// Fields that cannot be given together (`tiers` with `burst`/`count`/`period`, `concurrency`
     /// with either).
     #[error(
-        "{0} and {1} cannot be given together: a limit is GCRA (burst, count, period), tiered (tiers), a concurrency limit (concurrency, lease, retry_after) or a calendar quota (calendar)"
+        "{0} and {1} cannot be given together: a limit is GCRA (burst, count, period), tiered (tiers), a concurrency limit (concurrency, lease, retry_after; concurrency: {{adaptive: ...}} for one that finds its number), a calendar quota (calendar) or a fair share (a GCRA budget with fair_share)"
     )]
     ConflictingFields(&'static str, &'static str),
+    /// A field of the other adaptive algorithm (`smoothing` under `algorithm: aimd`).
+    #[error("{}", other_algorithm(field, algorithm))]
+    OtherAlgorithm {
+        /// The field.
+        field: &'static str,
+        /// The algorithm the limit names (`gradient` or `aimd`).
+        algorithm: &'static str,
+    },
     /// A limit marked `across_regions` (or an override of one) that cannot be one limit
     /// across regions: only a GCRA limit without prefetched tokens can (`docs/regions.md`).
     #[error(
@@ -283,6 +291,20 @@ impl ConfigErrorKind {
     }
 }
 
+/// The message of [`ConfigErrorKind::OtherAlgorithm`]: whose field it is, and what the named
+/// algorithm takes.
+fn other_algorithm(field: &str, algorithm: &str) -> String {
+    let (other, takes) = if algorithm == "aimd" {
+        ("gradient", "backoff and increase")
+    } else {
+        ("aimd", "smoothing and tolerance")
+    };
+    format!(
+        "{field} is a field of algorithm: {other}; algorithm: {algorithm} takes {takes} (or write \
+         algorithm: {other})"
+    )
+}
+
 /// `; did you mean `x`?` after an unknown field's message, when there is a suggestion.
 fn suggestion_text(suggestion: &Option<&'static str>) -> String {
     suggestion.map_or_else(String::new, |s| format!("; did you mean `{s}`?"))
@@ -292,8 +314,7 @@ fn suggestion_text(suggestion: &Option<&'static str>) -> String {
 /// substitutions, and swaps of two neighbours), or `most + 1` when their lengths alone say it
 /// is larger or either is longer than 64 characters (no known field is): a hostile field name
 /// of any length costs one count of its characters per known field.
-#[cfg(feature = "yaml")]
-fn edit_distance(a: &str, b: &str, most: usize) -> usize {
+pub(crate) fn edit_distance(a: &str, b: &str, most: usize) -> usize {
     // Lengths first, by counting (a hostile name is never copied).
     let (a_len, b_len) = (a.chars().count(), b.chars().count());
     if a_len.abs_diff(b_len) > most || a_len > 64 || b_len > 64 {

@@ -169,6 +169,22 @@ impl Limits {
         self.entry(name).and_then(|e| e.default.as_ref())
     }
 
+    /// The defined name `text` most likely meant, for an error: one equal but for ASCII case,
+    /// else the nearest by edit distance when at most a third of its length away (at least
+    /// one).
+    pub(crate) fn nearest_name(&self, text: &str) -> Option<&'static str> {
+        let names = || self.names().map(|n| n.as_str());
+        if let Some(same) = names().find(|n| n.eq_ignore_ascii_case(text)) {
+            return Some(same);
+        }
+        let most = (text.chars().count() / 3).max(1);
+        names()
+            .map(|n| (error::edit_distance(text, n, most), n))
+            .filter(|(d, _)| *d <= most)
+            .min_by_key(|(d, _)| *d)
+            .map(|(_, n)| n)
+    }
+
     /// Every name, in the order they were defined.
     pub fn names(&self) -> impl Iterator<Item = LimitName> + '_ {
         self.config.names.iter().map(|e| e.name)

@@ -27,9 +27,18 @@ use ipnet::IpNet;
 #[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LayerError {
-    /// A rule names a limit the configuration does not define.
-    #[error("rule for unknown limit {0:?}")]
-    UnknownLimit(String),
+    /// A rule names a limit the configuration does not define (with the defined name it most
+    /// likely meant: one that differs in case or by a few letters).
+    #[error(
+        "rule for unknown limit {name:?}{}",
+        did_you_mean.map_or_else(String::new, |n| format!("; did you mean {n:?}?"))
+    )]
+    UnknownLimit {
+        /// The name the rule gives.
+        name: String,
+        /// The defined name it most likely meant.
+        did_you_mean: Option<&'static str>,
+    },
     /// Two rules name the same limit.
     #[error("two rules for limit {0:?}")]
     DuplicateRule(String),
@@ -58,7 +67,7 @@ pub enum LayerError {
     NearLimitPercent(u8),
 }
 
-readable_debug!(LayerError { UnknownLimit(name), DuplicateRule(name), NoRules, Settle { limit, reason }, Fallback(reason), Limits(reason), NearLimitPercent(percent) });
+readable_debug!(LayerError { UnknownLimit { name, did_you_mean }, DuplicateRule(name), NoRules, Settle { limit, reason }, Fallback(reason), Limits(reason), NearLimitPercent(percent) });
 
 /// Builds a [`RateLimitLayer`].
 pub struct RateLimitLayerBuilder {
@@ -253,7 +262,10 @@ impl RateLimitLayerBuilder {
         for rule in self.rules {
             let name = limits
                 .name(&rule.name)
-                .ok_or_else(|| LayerError::UnknownLimit(rule.name.clone()))?;
+                .ok_or_else(|| LayerError::UnknownLimit {
+                    name: rule.name.clone(),
+                    did_you_mean: limits.nearest_name(&rule.name),
+                })?;
             if rules.iter().any(|r| r.name == name) {
                 return Err(LayerError::DuplicateRule(rule.name));
             }

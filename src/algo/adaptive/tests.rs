@@ -195,9 +195,20 @@ fn the_bounds_and_the_parameters_are_checked() {
         smoothing_pm: 0,
         tolerance_pm: 1500,
     };
+    let e = Adaptive::new(1, 1, 2, bad).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AdaptiveError::Parameter {
+                field: "smoothing",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     assert_eq!(
-        Adaptive::new(1, 1, 2, bad),
-        Err(AdaptiveError::Parameter("smoothing"))
+        e.to_string(),
+        "smoothing is out of range: it must be 0.1% to 100%"
     );
     // No completion, no change; the limit never leaves its bounds.
     let limit = Adaptive::aimd(2, 4, 6).unwrap();

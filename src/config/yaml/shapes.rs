@@ -578,12 +578,17 @@ fn adaptive_of(
         ),
         _ => return Err(wrong_shape("gradient or aimd", algorithm_line)),
     };
+    let named = match algo {
+        Algorithm::Gradient { .. } => "gradient",
+        Algorithm::Aimd { .. } => "aimd",
+    };
     for (field, n) in others {
         if let Some(n) = n {
-            return Err(err_at(
-                ConfigErrorKind::ConflictingFields(field, name_of(algo)),
-                n.line,
-            ));
+            let kind = ConfigErrorKind::OtherAlgorithm {
+                field,
+                algorithm: named,
+            };
+            return Err(err_at(kind, n.line));
         }
     }
     let mut limit = AdaptiveConcurrency::new(
@@ -632,11 +637,4 @@ fn adaptive_of(
             .map_err(|e| bad(e, n))?;
     }
     Ok(limit)
-}
-
-fn name_of(a: Algorithm) -> &'static str {
-    match a {
-        Algorithm::Gradient { .. } => "algorithm: gradient",
-        Algorithm::Aimd { .. } => "algorithm: aimd",
-    }
 }
