@@ -6,8 +6,10 @@
 //!
 //! A [`Limit`] is one GCRA rate: a burst of tokens, refilled at `count` per `period`. A
 //! [`Quota`] is any shape a limit can take: a GCRA [`Limit`], burst tiers ([`TieredLimit`]),
-//! requests in flight ([`ConcurrencyLimit`]) or a count per calendar day, week or month
-//! ([`CalendarQuota`], renewing exactly at its boundary in a time zone). [`Limits`] is a whole configuration: named
+//! requests in flight ([`ConcurrencyLimit`]), requests in flight whose number follows each
+//! key's latency ([`AdaptiveConcurrency`]), a count per calendar day, week or month
+//! ([`CalendarQuota`], renewing exactly at its boundary in a time zone) or one budget shared by
+//! weight among the ids active now ([`FairShare`]). [`Limits`] is a whole configuration: named
 //! limits, each keyed by one kind of id ([`IdKind`]), with a default and per-id overrides,
 //! loaded from YAML or built with [`Limits::builder`]. A [`Limiter`] decides against a
 //! snapshot of its [`Limits`] through a [`Backend`] ([`MemoryBackend`], `RedisBackend`): one
@@ -95,6 +97,7 @@
 //! | keys, forwarding headers, the response fields | [`ClientIp`], [`specs::keys_and_http`] |
 //! | trying a policy on access logs before deploying it | `Replay`, `RuleSet` (features `replay`, `yaml`), [`specs::replay`] |
 //! | Redis and Redis Cluster | `RedisBackend` (feature `redis`) |
+//! | one limit across regions, each region deciding on its own store | `RedisBackendBuilder::regional` (feature `redis`), [`specs::regions`] |
 //! | reloading limits while running | [`Limiter::reload`], `LimitsWatcher` (feature `reload`) |
 //! | overrides changed while running, on every instance; looking at a bucket | [`Limiter::set_override`], [`Limiter::inspect`], `admin_router` (feature `admin`) |
 //! | a backend for another store | [`Backend`], [`kit`] |

@@ -425,7 +425,7 @@ async fn documented_values(name: &str) -> Vec<(Value, String)> {
 #[tokio::test]
 async fn calendar_quotas_renew_exactly_at_their_dated_boundaries() {
     let out = documented_values("calendar").await;
-    assert_eq!(out.len(), 26);
+    assert_eq!(out.len(), 24);
     // The renewal: denied one microsecond before it, told to retry in 1 us.
     let before: Vec<_> = out
         .iter()

@@ -10,7 +10,9 @@
 //! (each transaction's own decision; nothing is written). The memory backend is a store plus
 //! this kit; the Redis script mirrors it function for function in Lua.
 //!
-//! A store of one process behind a mutex, in full:
+//! A store of one process behind a mutex, in full (each state at [`state_key`]: a
+//! transaction's own key, or its limit's for a shape kept per limit, a fair share, whose ids
+//! share one budget):
 //!
 //! ```
 //! use std::collections::HashMap;
@@ -29,14 +31,17 @@
 //!     fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
 //!         let now = tower_ratelimits::Clock::now_us(&self.clock);
 //!         let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-//!         let read: Vec<_> = batch.iter().map(|tx| states.get(tx.key()).map(Stored::read)).collect();
+//!         let read: Vec<_> = batch
+//!             .iter()
+//!             .map(|tx| states.get(&*kit::state_key(tx)).map(Stored::read))
+//!             .collect();
 //!         let spent = match kit::spend(batch, &read, now) {
 //!             Ok(spent) => spent,
 //!             Err(e) => return Spend::Ready(Err(e)),
 //!         };
 //!         for (tx, write) in batch.iter().zip(spent.writes) {
 //!             if let Some(state) = write {
-//!                 states.insert(tx.key().clone(), state);
+//!                 states.insert(kit::state_key(tx).into_owned(), state);
 //!             }
 //!         }
 //!         Spend::Ready(Ok(spent.outcomes))
@@ -46,9 +51,10 @@
 //!         let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
 //!         let mut outcomes = Outcomes::with_capacity(batch.len());
 //!         for tx in batch {
-//!             let r = kit::refund(tx, states.get(tx.key()).map(Stored::read), now)?;
+//!             let key = kit::state_key(tx);
+//!             let r = kit::refund(tx, states.get(&*key).map(Stored::read), now)?;
 //!             if let Some(state) = r.write {
-//!                 states.insert(tx.key().clone(), state);
+//!                 states.insert(key.into_owned(), state);
 //!             }
 //!             outcomes.push_tiered(r.outcome, r.tiers);
 //!         }
