@@ -86,18 +86,24 @@ macro_rules! each {
 /// ```
 ///
 /// Adding a shape, every place it MUST be added (the compiler lists the sites marked *; the
-/// rest are named here and in `docs/design.md`, "A new limit shape: MUST update"):
-/// - its algorithm in `algo/<shape>.rs`, with its unit and property tests (and its line in
-///   `algo/mod.rs`);
-/// - a variant here*, its `impl Shape` in `quota/<shape>.rs`* (every answer it owes: no
-///   method has a default), its JSON reader in `Quota::read_json`'s list (or the denied
-///   dead-code warning names it), its `From` and its `pub use` in `lib.rs`;
-/// - the kit: its `Stored` and `Read` variants and arms* (`backend/kit/mod.rs`) and its own
-///   `backend/kit/<shape>.rs`;
-/// - the script: its codes (`backend/redis/script.rs`), its Lua (`ratelimit.lua`), its key
-///   suffix (`backend/redis/keys.rs`);
-/// - its configuration: its fields in the one table (`config/yaml/node.rs`), its entry
-///   (`config/yaml/shapes.rs`), its error's `ConfigErrorKind` variant (`config/error.rs`);
+/// rest are named here and in `docs/design.md`, "A new limit shape: MUST update", which names
+/// the same files: `tests/design.rs` compares the two lists):
+/// - its algorithm in `src/algo/<shape>.rs`, with its unit and property tests (and its line in
+///   `src/algo/mod.rs`);
+/// - a variant here* (`src/quota/mod.rs`, with its `ShapeError` arm), its `impl Shape` in
+///   `src/quota/<shape>.rs`* (every answer it owes: no method has a default), its JSON reader
+///   in `Quota::read_json`'s list (or the denied dead-code warning names it), its `From` and
+///   its `pub use` in `src/lib.rs`;
+/// - the kit: its `Stored` and `Read` variants and arms* (`src/backend/kit/mod.rs`), its own
+///   `src/backend/kit/<shape>.rs`, and a replay snapshot's line* (`src/replay/snapshot.rs`);
+/// - the script: its codes (`src/backend/redis/script.rs`), its Lua (in
+///   `src/backend/redis/ratelimit.lua` or a file of its own), its branches in the general path
+///   (`src/backend/redis/general_read.lua`, `src/backend/redis/general_decide.lua`), its key
+///   suffix (`src/backend/redis/keys.rs`) and how a snapshot reads it
+///   (`src/backend/redis/snapshot.rs`);
+/// - its configuration: its fields in the one table (`src/config/yaml/node.rs`), its entry
+///   (`src/config/yaml/shapes.rs`), its error's `ConfigErrorKind` variant
+///   (`src/config/error.rs`);
 /// - outside `src/`: its spec in `docs/`, a conformance trace, the simulator's drawing.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
