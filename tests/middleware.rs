@@ -333,7 +333,8 @@ async fn bad_requests_and_set_up_errors() {
         RateLimitLayer::new(limiter.clone(), vec![Rule::new("Nope", ClientIp::new())]).unwrap_err(),
         LayerError::UnknownLimit {
             name: "Nope".into(),
-            did_you_mean: None
+            did_you_mean: None,
+            at: None
         }
     );
     // A name that differs in case, or by a letter, says which was meant (before: only
@@ -346,6 +347,16 @@ async fn bad_requests_and_set_up_errors() {
             format!("rule for unknown limit {given:?}; did you mean {meant:?}?")
         );
     }
+    // A rule from a rules file says where the file defines it (before: no file, no line).
+    let rules = tower_ratelimits::RuleSet::from_named_yaml(
+        "rules.yaml",
+        "rules:\n  - {limit: PerIp, key: client_ip}\n  - {limit: PerIP, key: client_ip}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        rules.layer(limiter.clone()).unwrap_err().to_string(),
+        "rules.yaml:3: rule for unknown limit \"PerIP\"; did you mean \"PerIp\"?"
+    );
     assert_eq!(
         RateLimitLayer::new(
             limiter,

@@ -208,7 +208,7 @@ fn bad_input_exits_2_with_the_reason() {
                 "--log",
                 "examples/logs/edge-a.jsonl",
             ],
-            "the current policy's layer: rule for unknown limit \"OrderWrites\"",
+            "the current policy's layer: examples/logs/candidate-rules.yaml:19: rule for unknown limit \"OrderWrites\"",
         ),
         (
             &[

@@ -30,7 +30,8 @@ pub enum LayerError {
     /// A rule names a limit the configuration does not define (with the defined name it most
     /// likely meant: one that differs in case or by a few letters).
     #[error(
-        "rule for unknown limit {name:?}{}",
+        "{}rule for unknown limit {name:?}{}",
+        at.as_ref().map_or_else(String::new, |at| format!("{at}: ")),
         did_you_mean.map_or_else(String::new, |n| format!("; did you mean {n:?}?"))
     )]
     UnknownLimit {
@@ -38,6 +39,9 @@ pub enum LayerError {
         name: String,
         /// The defined name it most likely meant.
         did_you_mean: Option<&'static str>,
+        /// Where a rules file defines the rule (`rules.yaml:3`); `None` for a rule built in
+        /// code.
+        at: Option<String>,
     },
     /// Two rules name the same limit.
     #[error("two rules for limit {0:?}")]
@@ -67,7 +71,7 @@ pub enum LayerError {
     NearLimitPercent(u8),
 }
 
-readable_debug!(LayerError { UnknownLimit { name, did_you_mean }, DuplicateRule(name), NoRules, Settle { limit, reason }, Fallback(reason), Limits(reason), NearLimitPercent(percent) });
+readable_debug!(LayerError { UnknownLimit { name, did_you_mean, at }, DuplicateRule(name), NoRules, Settle { limit, reason }, Fallback(reason), Limits(reason), NearLimitPercent(percent) });
 
 /// Builds a [`RateLimitLayer`].
 pub struct RateLimitLayerBuilder {
@@ -265,6 +269,7 @@ impl RateLimitLayerBuilder {
                 .ok_or_else(|| LayerError::UnknownLimit {
                     name: rule.name.clone(),
                     did_you_mean: limits.nearest_name(&rule.name),
+                    at: rule.defined_at.as_deref().map(str::to_owned),
                 })?;
             if rules.iter().any(|r| r.name == name) {
                 return Err(LayerError::DuplicateRule(rule.name));

@@ -74,6 +74,8 @@ pub struct Rule {
     pub(crate) settle: Option<super::settle::Settle>,
     /// How long a request it denies may wait instead.
     pub(crate) wait: Option<super::wait::Wait>,
+    /// Where a rules file defines it (`rules.yaml:3`), for the layer's errors about it.
+    pub(crate) defined_at: Option<Arc<str>>,
 }
 
 impl fmt::Debug for Rule {
@@ -107,6 +109,7 @@ impl Rule {
             exempt: Vec::new(),
             settle: None,
             wait: None,
+            defined_at: None,
         }
     }
 

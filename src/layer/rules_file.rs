@@ -55,6 +55,8 @@ impl RuleSet {
                     http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_REQUEST),
                 )),
             };
+            let mut rule = rule;
+            rule.defined_at = Some(format!("{}:{}", self.source, entry.line).into());
             builder = builder.rule(rule);
         }
         builder

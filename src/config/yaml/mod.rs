@@ -236,9 +236,31 @@ impl Limits {
     /// assert_eq!(limits.override_count(), 1);
     /// ```
     pub fn from_yaml_str(defaults: &str, overrides: Option<&str>) -> Result<Limits, ConfigError> {
+        Self::from_named_yaml(
+            ("<defaults>", defaults),
+            overrides.map(|o| ("<overrides>", o)),
+        )
+    }
+
+    /// [`Limits::from_yaml_str`] with each text's name, which its errors give as a file's:
+    /// for YAML read from elsewhere than a file (a configuration service, an environment
+    /// variable, a file embedded in the binary).
+    ///
+    /// ```
+    /// use tower_ratelimits::Limits;
+    /// let defaults = "PerIp:\n  kind: ip\n  burst: 10\n  count: 10\n  period: 1s\n";
+    /// let overrides = "- PerIp:\n    burst: 20\n    count: 20\n    periood: 1s\n    ids: [192.0.2.1]\n";
+    /// let e = Limits::from_named_yaml(("limits.yaml", defaults), Some(("vault:ratelimits/overrides", overrides)))
+    ///     .unwrap_err();
+    /// assert!(e.to_string().starts_with("vault:ratelimits/overrides:4: "), "{e}");
+    /// ```
+    pub fn from_named_yaml(
+        (defaults_name, defaults): (&str, &str),
+        overrides: Option<(&str, &str)>,
+    ) -> Result<Limits, ConfigError> {
         load(
-            (defaults, "<defaults>"),
-            overrides.map(|o| (o, "<overrides>")),
+            (defaults, defaults_name),
+            overrides.map(|(name, text)| (text, name)),
         )
     }
 

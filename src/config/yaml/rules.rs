@@ -50,6 +50,8 @@ pub(crate) struct RuleEntry {
     pub(crate) cost: RuleCost,
     /// `None`: the layer's default (reject with 400).
     pub(crate) on_missing_key: Option<RuleMissing>,
+    /// Its line in the file, for a layer's errors about it.
+    pub(crate) line: u64,
 }
 
 /// A layer's rules read from a YAML file: each rule names a limit, the key it is keyed by, its
@@ -89,6 +91,8 @@ pub(crate) struct RuleEntry {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RuleSet {
+    /// The file's name (or `<rules>`), for a layer's errors about a rule.
+    pub(crate) source: std::sync::Arc<str>,
     pub(crate) rules: Vec<RuleEntry>,
     pub(crate) trusted_proxies: Vec<IpNet>,
     pub(crate) exempt: Vec<IpNet>,
@@ -107,7 +111,17 @@ const RULE_FIELDS: &[&str] = &[
 impl RuleSet {
     /// Reads a rules file's text. Errors name the line.
     pub fn from_yaml_str(text: &str) -> Result<RuleSet, ConfigError> {
-        load(text).map_err(|e| e.in_source("<rules>"))
+        Self::from_named_yaml("<rules>", text)
+    }
+
+    /// [`RuleSet::from_yaml_str`] with the text's name, which its errors, and a layer's errors
+    /// about a rule, give as a file's.
+    pub fn from_named_yaml(name: &str, text: &str) -> Result<RuleSet, ConfigError> {
+        let rules = load(text).map_err(|e| e.in_source(name))?;
+        Ok(RuleSet {
+            source: name.into(),
+            ..rules
+        })
     }
 
     /// Reads a rules file. Errors name the file and the line.
@@ -115,7 +129,7 @@ impl RuleSet {
         let path = path.as_ref();
         let name = path.display().to_string();
         let text = read(path).map_err(|e| e.in_source(&name))?;
-        load(&text).map_err(|e| e.in_source(&name))
+        Self::from_named_yaml(&name, &text)
     }
 
     /// The limits its rules name, in the file's order.
@@ -326,6 +340,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
         path_prefix,
         cost,
         on_missing_key,
+        line: node.line,
     })
 }
 
