@@ -303,6 +303,11 @@ async fn get_bucket(
     }
     v["remaining"] = seen.remaining.into();
     v["reset_after_ms"] = (duration_us(seen.reset_after).div_ceil(1_000)).into();
+    // An adaptive key: its number of slots now, and how many of them requests hold.
+    if let Some(slots) = seen.slots {
+        v["slots"] = slots.into();
+        v["in_use"] = slots.saturating_sub(seen.remaining).into();
+    }
     // A limit across regions on a backend in regional mode: this region's share of the key.
     if let Some(share) = &seen.region_share {
         v["region"] = json!({

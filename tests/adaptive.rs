@@ -614,6 +614,17 @@ async fn an_override_sets_an_ids_adaptive_limit_through_the_admin_api() {
         held += 1;
     }
     assert_eq!(held, 3);
+    // The key's number now and the slots its requests hold (before: neither was shown).
+    let (_, bucket) = instance.get("/buckets/Adaptive/a1").await;
+    assert_eq!(
+        (
+            bucket["slots"].as_u64(),
+            bucket["in_use"].as_u64(),
+            bucket["remaining"].as_u64()
+        ),
+        (Some(3), Some(3), Some(0)),
+        "{bucket}"
+    );
 }
 
 /// A snapshot read from Redis (a replay's warm start) holds an adaptive key's state as memory

@@ -76,6 +76,9 @@ pub struct Inspection {
     /// For a limit marked `across_regions` on a backend in regional mode: this region's share
     /// of it for this key (`docs/regions.md`); `None` everywhere else.
     pub region_share: Option<RegionShare>,
+    /// For an adaptive concurrency limit: the key's number of slots now, which it learned
+    /// from its latency (`remaining` of them free); `None` for every other limit.
+    pub slots: Option<u64>,
 }
 
 /// A region's share of one key of a limit marked `across_regions`

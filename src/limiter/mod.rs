@@ -669,6 +669,7 @@ impl Limiter {
                 _ => None,
             };
             return Ok(Inspection {
+                slots: d.slots(),
                 limit,
                 source,
                 blocked,
