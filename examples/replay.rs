@@ -6,7 +6,8 @@
 //! cargo run --example replay --features replay -- [LOG ...]
 //! ```
 //!
-//! With no LOG it replays the logs of `examples/logs/` when run from the repository, else a
+//! With no LOG it replays the plain logs of `examples/logs/` when run from the repository (a
+//! gzip one would need a decompressor: `LogReader::open_with`), else a
 //! minute of traffic it writes itself. Prints the counts, the flips, the keys with most flips
 //! and each limit's suggestion.
 
@@ -63,10 +64,7 @@ fn a_minute() -> String {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut logs: Vec<String> = std::env::args().skip(1).collect();
     if logs.is_empty() {
-        let shipped = [
-            "examples/logs/edge-a.jsonl",
-            "examples/logs/edge-b.jsonl.gz",
-        ];
+        let shipped = ["examples/logs/edge-a.jsonl", "examples/logs/edge-c.log"];
         if shipped.iter().all(|p| std::path::Path::new(p).exists()) {
             logs = shipped.iter().map(|p| p.to_string()).collect();
         }

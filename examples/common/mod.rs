@@ -100,7 +100,6 @@ fn init_logging() {
         }),
     };
     let logs = tracing_subscriber::fmt()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .finish()
         .with(filter);

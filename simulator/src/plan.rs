@@ -229,8 +229,7 @@ pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
         return fail(e);
     }
     if let Some(out) = html {
-        let page = LogReader::open(&args.logs, args.format, args.reorder)
-            .map_err(|e| e.to_string())
+        let page = open_logs(&args)
             .and_then(|reader| {
                 crate::plan_page::page(
                     &plan,
@@ -322,8 +321,7 @@ impl Loaded {
     }
 
     fn replay(&self, args: &Args) -> Result<Plan, String> {
-        let reader =
-            LogReader::open(&args.logs, args.format, args.reorder).map_err(|e| e.to_string())?;
+        let reader = open_logs(args)?;
         let (rules, candidate_rules) = (self.rules.clone(), self.candidate_rules.clone());
         let mut replay = Replay::new(
             move |l| rules.layer(l),
@@ -363,6 +361,24 @@ fn summary(plan: &Plan) -> String {
         plan.allow_to_deny,
         plan.deny_to_allow
     )
+}
+
+/// The logs of `--log`, each plain or gzip by its first bytes (RFC 1952's `1f 8b`).
+fn open_logs(args: &Args) -> Result<LogReader, String> {
+    fn plain_or_gzip(file: std::fs::File) -> Box<dyn std::io::Read + Send> {
+        use std::io::BufRead as _;
+        let mut buffered = std::io::BufReader::with_capacity(64 << 10, file);
+        if buffered
+            .fill_buf()
+            .is_ok_and(|b| b.starts_with(&[0x1f, 0x8b]))
+        {
+            Box::new(flate2::bufread::MultiGzDecoder::new(buffered))
+        } else {
+            Box::new(buffered)
+        }
+    }
+    LogReader::open_with(&args.logs, args.format, args.reorder, plain_or_gzip)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

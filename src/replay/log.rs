@@ -142,7 +142,15 @@ struct Source {
     /// Its next request, read ahead for the merge.
     head: Option<LoggedRequest>,
     done: bool,
+    /// Why the whole file is one bad line (its first bytes are gzip's).
+    refused: Option<&'static str>,
 }
+
+/// The first bytes of a gzip file (RFC 1952).
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+const GZIP_REFUSED: &str = "the file is gzip, and this reader reads plain text: decompress \
+     it (LogReader::open_with), or replay it with tower-ratelimits-simulate plan, which reads gzip";
 
 enum Next {
     Request(LoggedRequest),
@@ -152,6 +160,11 @@ enum Next {
 
 impl Source {
     fn read(&mut self) -> Next {
+        if let Some(reason) = self.refused.take() {
+            self.line = 1;
+            self.done = true;
+            return Next::Bad(self.bad(reason.into()));
+        }
         loop {
             self.buf.clear();
             let long = match read_line(&mut *self.reader, &mut self.buf) {
@@ -235,7 +248,7 @@ fn memchr(bytes: &[u8]) -> Option<usize> {
 
 /// Requests read from one or more logs, merged by time (see [`LogFormat`] for the formats).
 ///
-/// Each log is read a line at a time (gzip read directly, by its first bytes); the logs'
+/// Each log is read a line at a time, as plain text (see [`LogReader::open_with`] for gzip); the logs'
 /// lines are merged by their times, and lines that arrive out of order are sorted within the
 /// reorder window (a line more than the window earlier than the latest one read is handed on
 /// as it comes: the replay decides it at its own clock, counted late). A line that does not
@@ -266,13 +279,42 @@ impl std::fmt::Debug for LogReader {
 }
 
 impl LogReader {
-    /// Opens `paths` (`.gz` or plain, by their first bytes), each in `format` or, when `None`,
-    /// the format its first line looks like; lines out of order are sorted within `reorder`.
+    /// Opens `paths`, each in `format` or, when `None`, the format its first line looks like;
+    /// lines out of order are sorted within `reorder`. The files are read as plain text: a
+    /// gzip file is one bad line saying so (decompress it through [`LogReader::open_with`];
+    /// `tower-ratelimits-simulate plan` reads gzip).
     pub fn open<P: AsRef<Path>>(
         paths: &[P],
         format: Option<LogFormat>,
         reorder: Duration,
     ) -> Result<LogReader, std::io::Error> {
+        Self::open_with(paths, format, reorder, |file| Box::new(file))
+    }
+
+    /// [`LogReader::open`], each file read through `decode`: a decompressor, such as one that
+    /// reads gzip by its first bytes with `flate2`'s `MultiGzDecoder` (this crate has no
+    /// decompressor of its own, so that an app that never replays a log builds none).
+    ///
+    /// ```
+    /// use std::io::Read;
+    /// use tower_ratelimits::LogReader;
+    /// let path = std::env::temp_dir().join("open_with.log");
+    /// std::fs::write(&path, "{\"time\":\"2026-11-25T10:00:00Z\",\"ip\":\"192.0.2.1\"}\n")?;
+    /// let as_is = |file: std::fs::File| -> Box<dyn Read + Send> { Box::new(file) };
+    /// let reader = LogReader::open_with(&[&path], None, std::time::Duration::ZERO, as_is)?;
+    /// assert_eq!(reader.filter(Result::is_ok).count(), 1);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn open_with<P, D>(
+        paths: &[P],
+        format: Option<LogFormat>,
+        reorder: Duration,
+        mut decode: D,
+    ) -> Result<LogReader, std::io::Error>
+    where
+        P: AsRef<Path>,
+        D: FnMut(File) -> Box<dyn Read + Send>,
+    {
         let mut readers: Vec<(String, Box<dyn Read + Send>)> = Vec::with_capacity(paths.len());
         for path in paths {
             let path = path.as_ref();
@@ -284,7 +326,7 @@ impl LogReader {
                     format!("{}: not a regular file", path.display()),
                 ));
             }
-            readers.push((path.display().to_string(), Box::new(file)));
+            readers.push((path.display().to_string(), decode(file)));
         }
         Ok(Self::from_readers(readers, format, reorder))
     }
@@ -298,26 +340,17 @@ impl LogReader {
         let sources = readers
             .into_iter()
             .map(|(name, reader)| {
-                let mut buffered = BufReader::with_capacity(64 << 10, reader);
-                let gzip = buffered
-                    .fill_buf()
-                    .is_ok_and(|b| b.starts_with(&[0x1f, 0x8b]));
-                let reader: Box<dyn BufRead + Send> = if gzip {
-                    Box::new(BufReader::with_capacity(
-                        64 << 10,
-                        flate2::bufread::MultiGzDecoder::new(buffered),
-                    ))
-                } else {
-                    Box::new(buffered)
-                };
+                let mut reader = BufReader::with_capacity(64 << 10, reader);
+                let gzip = reader.fill_buf().is_ok_and(|b| b.starts_with(&GZIP_MAGIC));
                 Source {
                     name,
-                    reader,
+                    reader: Box::new(reader),
                     format,
                     line: 0,
                     buf: Vec::new(),
                     head: None,
                     done: false,
+                    refused: gzip.then_some(GZIP_REFUSED),
                 }
             })
             .collect();

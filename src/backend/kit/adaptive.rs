@@ -183,7 +183,7 @@ pub const MAX_POOL_WAITERS: usize = 64;
 /// with the time they wait until.
 #[derive(Debug, Clone, Default)]
 pub struct AdaptivePool {
-    keys: rpds::HashTrieMapSync<Id, AdaptiveState>,
+    keys: super::shared_map::SharedMap<Id, AdaptiveState>,
     waiters: Vec<(Id, u64)>,
     /// The keys whose states list leases (live or ended since): the only ones a decision
     /// counts, so that its cost follows the slots held, not the keys kept.
@@ -207,7 +207,7 @@ impl AdaptivePool {
         keys: impl IntoIterator<Item = (Id, AdaptiveState)>,
         waiters: Vec<(Id, u64)>,
     ) -> Self {
-        let keys: rpds::HashTrieMapSync<Id, AdaptiveState> = keys.into_iter().collect();
+        let keys: super::shared_map::SharedMap<Id, AdaptiveState> = keys.into_iter().collect();
         let holding = keys
             .iter()
             .filter(|(_, s)| !s.leases.is_empty())
@@ -296,7 +296,7 @@ impl AdaptivePool {
                 }
                 _ => {}
             }
-            next.keys.insert_mut(id.clone(), state);
+            next.keys.insert(id.clone(), state);
         }
         next.waiters
             .retain(|(w, until)| *until > now && !(served && w == id));
@@ -308,7 +308,7 @@ impl AdaptivePool {
                 None => {}
             }
         }
-        if next.keys.size() > MAX_POOL_KEYS {
+        if next.keys.len() > MAX_POOL_KEYS {
             next.sweep(limit, now);
         }
         Stored::AdaptivePool(Box::new(next))
@@ -324,10 +324,10 @@ impl AdaptivePool {
             .map(|(k, _)| k.clone())
             .collect();
         for k in &fresh {
-            self.keys.remove_mut(k);
+            self.keys.remove(k);
         }
         let keep = MAX_POOL_KEYS * 3 / 4;
-        if self.keys.size() <= keep {
+        if self.keys.len() <= keep {
             let keys = &self.keys;
             self.holding.retain(|k| keys.contains_key(k));
             return;
@@ -339,9 +339,9 @@ impl AdaptivePool {
             .map(|(k, s)| (s.last_us, k.clone()))
             .collect();
         idle.sort_unstable_by_key(|(last, _)| *last);
-        let over = self.keys.size() - keep;
+        let over = self.keys.len() - keep;
         for (_, k) in idle.into_iter().take(over) {
-            self.keys.remove_mut(&k);
+            self.keys.remove(&k);
         }
         let keys = &self.keys;
         self.holding.retain(|k| keys.contains_key(k));

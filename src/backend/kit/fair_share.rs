@@ -10,9 +10,9 @@ use crate::backend::{BackendError, BucketTx, Outcome};
 use crate::key::{BucketKey, Id};
 use crate::mode::Mode;
 
-/// The ids one fair-share limit keeps, by id: a persistent map (a decision on memory copies
-/// the path to its id, not the map).
-type Members = rpds::HashTrieMapSync<Id, Member>;
+/// The ids one fair-share limit keeps, by id: a decision on memory copies the map's shard of
+/// its id, not the map.
+type Members = super::shared_map::SharedMap<Id, Member>;
 
 /// A fair-share limit's whole state: its pool and the members not yet equal to fresh ones
 /// (counted in the last two refresh periods, or over their share; some that became fresh may
@@ -57,7 +57,7 @@ impl FairPool {
 
     /// How many ids it keeps.
     pub fn members_len(&self) -> usize {
-        self.members.size()
+        self.members.len()
     }
 
     /// The budget's TAT (0: none), without its writer's bound.
@@ -344,13 +344,13 @@ fn members_with(
     match member.filter(|m| m.fresh_at(share) > now) {
         Some(m) => {
             fresh_at = fresh_at.max(m.fresh_at(share));
-            members.insert_mut(id.clone(), m);
+            members.insert(id.clone(), m);
         }
         None => {
-            members.remove_mut(id);
+            members.remove(id);
         }
     }
-    if members.size() > 2 * MAX_MEMBERS {
+    if members.len() > 2 * MAX_MEMBERS {
         members = members
             .iter()
             .filter(|(_, m)| m.fresh_at(share) > now)

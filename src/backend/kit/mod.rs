@@ -84,6 +84,7 @@ mod calendar;
 mod concurrency;
 mod fair_share;
 mod gcra;
+mod shared_map;
 mod tiers;
 
 use std::borrow::Cow;
