@@ -183,7 +183,8 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     crate::bad_input("simulate plan", message)
 }
 
-/// Runs `plan` with the arguments after the word `plan`.
+/// Runs `plan` with the arguments after the word `plan`: read the arguments and make the
+/// output files, replay, check that enough was replayed, write, gate.
 pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
     let mut args = args.peekable();
     if args.next_if(|w| w == "snapshot").is_some() {
@@ -197,95 +198,63 @@ pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
         }
         Err(e) => return fail(format!("{e}\n{USAGE}")),
     };
-    // Output files are made first: an unwritable path fails before the replay.
-    let json = match args
-        .json
-        .as_deref()
-        .map(|p| crate::Output::create("--json", p))
-        .transpose()
-    {
-        Ok(o) => o,
-        Err(e) => return fail(e),
-    };
-    let html = match args
-        .html
-        .as_deref()
-        .map(|p| crate::Output::create("--html", p))
-        .transpose()
-    {
-        Ok(o) => o,
-        Err(e) => return fail(e),
-    };
-    let loaded = match Loaded::read(&args) {
-        Ok(l) => l,
-        Err(e) => return fail(e),
-    };
-    let plan = match loaded.replay(&args) {
-        Ok(plan) => plan,
-        Err(e) => return fail(e),
-    };
-    if let Err(e) = replayed_enough(&plan, args.max_bad_lines) {
+    let run = || -> Result<Plan, String> {
+        // Output files are made first: an unwritable path fails before the replay.
+        let create = |flag, path: &Option<PathBuf>| {
+            path.as_deref()
+                .map(|p| crate::Output::create(flag, p))
+                .transpose()
+        };
+        let (json, html) = (create("--json", &args.json)?, create("--html", &args.html)?);
+        let loaded = Loaded::read(&args)?;
+        let plan = loaded.replay(&args)?;
+        if let Err(e) = replayed_enough(&plan, args.max_bad_lines) {
+            eprintln!("{}", summary(&plan));
+            return Err(e);
+        }
+        if let Some(out) = html {
+            out.write(&loaded.page(&plan, &args)?)?;
+        }
+        let text =
+            serde_json::to_string_pretty(&plan).map_err(|e| format!("writing the plan: {e}"))?;
+        match json {
+            Some(out) => out.write(&text)?,
+            None => println!("{text}"),
+        }
         eprintln!("{}", summary(&plan));
-        return fail(e);
-    }
-    if let Some(out) = html {
-        let page = open_logs(&args)
-            .and_then(|reader| {
-                crate::plan_page::page(
-                    &plan,
-                    crate::plan_page::Inputs {
-                        current: &loaded.current,
-                        candidate: &loaded.candidate,
-                        rules: &loaded.rules,
-                        candidate_rules: &loaded.candidate_rules,
-                        reader,
-                        title: format!(
-                            "{} -> {}",
-                            args.current.display(),
-                            args.candidate.display()
-                        ),
-                    },
-                )
-            })
-            .and_then(|page| out.write(&page));
-        if let Err(e) = page {
-            return fail(e);
-        }
-    }
-    let text = match serde_json::to_string_pretty(&plan) {
-        Ok(t) => t,
-        Err(e) => return fail(format!("writing the plan: {e}")),
+        Ok(plan)
     };
-    match json {
-        Some(out) => {
-            if let Err(e) = out.write(&text) {
-                return fail(e);
-            }
-        }
-        None => println!("{text}"),
+    match run() {
+        Ok(plan) => gate(&plan, args.max_allow_to_deny),
+        Err(e) => fail(e),
     }
-    eprintln!("{}", summary(&plan));
-    if let Some(bound) = args.max_allow_to_deny {
-        let most = bound.limit(plan.requests);
-        if plan.allow_to_deny > most {
-            eprintln!(
-                "simulate plan: {} requests let through today would be denied, more than the {most} allowed (--max-allow-to-deny):",
-                plan.allow_to_deny
-            );
-            for flip in plan.flips.iter().filter(|f| f.kind == "allow_to_deny") {
-                eprintln!(
-                    "  {} {} {} {} denied by {}",
-                    flip.time,
-                    flip.ip,
-                    flip.method,
-                    flip.path,
-                    flip.limits.join(", ")
-                );
-            }
-            return ExitCode::from(1);
-        }
+}
+
+/// Exit 1 when more requests let through today would be denied than `--max-allow-to-deny`
+/// lets through, naming them.
+fn gate(plan: &Plan, max_allow_to_deny: Option<Bound>) -> ExitCode {
+    let Some(bound) = max_allow_to_deny else {
+        return ExitCode::SUCCESS;
+    };
+    let most = bound.limit(plan.requests);
+    if plan.allow_to_deny <= most {
+        return ExitCode::SUCCESS;
     }
-    ExitCode::SUCCESS
+    eprintln!(
+        "simulate plan: {} requests let through today would be denied, more than the {most} allowed (--max-allow-to-deny):",
+        plan.allow_to_deny
+    );
+    for flip in plan.flips.iter().filter(|f| f.kind == "allow_to_deny") {
+        eprintln!(
+            "  {} {} {} {} denied by {}",
+            flip.time,
+            flip.ip,
+            flip.method,
+            flip.path,
+            flip.limits.join(", ")
+        );
+    }
+    ExitCode::from(1)
 }
 
 /// The policies and rules, read once.
@@ -298,6 +267,21 @@ struct Loaded {
 }
 
 impl Loaded {
+    /// The HTML page of `plan`: the logs read again, the most-flipped keys drawn.
+    fn page(&self, plan: &Plan, args: &Args) -> Result<String, String> {
+        crate::plan_page::page(
+            plan,
+            crate::plan_page::Inputs {
+                current: &self.current,
+                candidate: &self.candidate,
+                rules: &self.rules,
+                candidate_rules: &self.candidate_rules,
+                reader: open_logs(args)?,
+                title: format!("{} -> {}", args.current.display(), args.candidate.display()),
+            },
+        )
+    }
+
     fn read(args: &Args) -> Result<Loaded, String> {
         let rules = RuleSet::from_yaml_file(&args.rules).map_err(|e| e.to_string())?;
         Ok(Loaded {

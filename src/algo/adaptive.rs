@@ -57,6 +57,16 @@ pub enum Algorithm {
     },
 }
 
+impl Algorithm {
+    /// Its name in the configuration (`algorithm: gradient`, `aimd`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Algorithm::Gradient { .. } => "gradient",
+            Algorithm::Aimd { .. } => "aimd",
+        }
+    }
+}
+
 /// Why an adaptive limit was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -97,7 +97,7 @@ impl Shape for AdaptiveConcurrency {
             ("min", Number(a.min())),
             ("initial", Number(a.initial())),
             ("max", Number(a.max())),
-            ("algorithm", Text(algorithm_name(a.algorithm()).into())),
+            ("algorithm", Text(a.algorithm().name().into())),
             ("window", Text(format_duration_us(self.window_us()))),
             ("idle_reset", Text(format_duration_us(self.idle_reset_us()))),
             ("lease", Text(format_duration_us(self.slots().lease_us()))),
@@ -180,13 +180,6 @@ impl Shape for AdaptiveConcurrency {
     }
 }
 
-fn algorithm_name(a: Algorithm) -> &'static str {
-    match a {
-        Algorithm::Gradient { .. } => "gradient",
-        Algorithm::Aimd { .. } => "aimd",
-    }
-}
-
 /// An adaptive limit's numbers as stored (microseconds, thousandths).
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -239,7 +232,7 @@ impl Settings {
             min: a.min(),
             initial: a.initial(),
             max: a.max(),
-            algorithm: algorithm_name(a.algorithm()).into(),
+            algorithm: a.algorithm().name().into(),
             smoothing_pm,
             tolerance_pm,
             backoff_pm,

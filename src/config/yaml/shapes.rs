@@ -578,10 +578,7 @@ fn adaptive_of(
         ),
         _ => return Err(wrong_shape("gradient or aimd", algorithm_line)),
     };
-    let named = match algo {
-        Algorithm::Gradient { .. } => "gradient",
-        Algorithm::Aimd { .. } => "aimd",
-    };
+    let named = algo.name();
     for (field, n) in others {
         if let Some(n) = n {
             let kind = ConfigErrorKind::OtherAlgorithm {
