@@ -212,7 +212,6 @@ pub(crate) fn duration_us(d: Duration) -> u64 {
 
 /// A duration in microseconds written as [`parse_duration_us`] reads it, largest units first
 /// (`1h`, `1h30m`, `1s500ms`, `0s`).
-#[cfg_attr(not(feature = "admin"), allow(dead_code))]
 pub(crate) fn format_duration_us(mut us: u64) -> String {
     if us == 0 {
         return "0s".to_owned();

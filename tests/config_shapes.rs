@@ -76,7 +76,7 @@ Plan:7: {calendar: {count: 1000, period: month, anchor_day: 15}}
         assert_eq!(quota("Slots").max_cost(), 1, "{overrides}");
         assert_eq!(
             quota("Slots").to_string(),
-            "5 in flight (lease 30000000us, retry after 2000000us)",
+            "5 in flight (lease 30s, retry after 2s)",
             "{overrides}"
         );
         assert_eq!(quota("Plan").max_cost(), 1000, "{overrides}");

@@ -1,5 +1,7 @@
-//! `plan --html`: the most-flipped keys drawn side by side, each under the current and the
-//! candidate limit (the simulator's timeline, `timeline/`), in one self-contained page.
+//! `plan --html`: the counts, a row per limit (each policy's, what it denied and flipped, the
+//! headroom, the suggestion), and the most-flipped keys drawn side by side, each under the
+//! current and the candidate limit (the simulator's timeline, `timeline/`), in one
+//! self-contained page.
 //!
 //! A second pass over the logs finds the drawn keys' requests (`Replay::each`: the buckets
 //! each request was decided against); each key's requests then run as a trace through its
@@ -77,6 +79,7 @@ pub(crate) fn page(plan: &Plan, inputs: Inputs<'_>) -> Result<String, String> {
         plan.allow_to_deny,
         plan.deny_to_allow
     );
+    out.push_str(&limits_table(plan, inputs.current, inputs.candidate));
     if keys.is_empty() {
         out.push_str("<p>No request changes its answer: nothing to draw.</p>");
     }
@@ -114,6 +117,81 @@ pub(crate) fn page(plan: &Plan, inputs: Inputs<'_>) -> Result<String, String> {
     }
     out.push_str("</body></html>\n");
     Ok(out)
+}
+
+/// Every limit of either policy, a row each: what it is under each policy (a limit whose
+/// shape changed shows both, flips or not), what it denied and flipped, how much of it the
+/// keys used, and the suggestion, or why there is none.
+fn limits_table(plan: &Plan, current: &Limits, candidate: &Limits) -> String {
+    let shown = |limits: &Limits, name: &str| {
+        limits
+            .name(name)
+            .and_then(|n| limits.default_limit(n))
+            .map_or_else(|| "not defined".to_string(), |q| esc(&q.to_string()))
+    };
+    let mut out = String::from(
+        "<h2>Per limit</h2><table class=\"counts limits\"><tr><th>limit</th><th>current</th>\
+         <th>candidate</th><th>denied now</th><th>denied by the candidate</th>\
+         <th>allowed now, denied</th><th>denied now, allowed</th>\
+         <th>headroom (p50 / p99 / max of the keys' largest use)</th><th>suggestion</th></tr>",
+    );
+    for (name, l) in &plan.limits {
+        let headroom = l.headroom.as_ref().map_or_else(
+            || "no key decided".to_string(),
+            |h| {
+                format!(
+                    "{:.0}% / {:.0}% / {:.0}% of {} keys ({})",
+                    h.p50 * 100.0,
+                    h.p99 * 100.0,
+                    h.max * 100.0,
+                    h.keys,
+                    h.policy
+                )
+            },
+        );
+        let suggestion = l.suggested.as_ref().map_or_else(
+            || "none: suggestions are sized for a GCRA limit of the candidate only".to_string(),
+            |s| {
+                format!(
+                    "burst {} at {} per {}, or {} per {} at burst {} (at most {:.1}% of {} keys \
+                     refused; the candidate: burst {}, count {})",
+                    s.burst,
+                    s.candidate_count,
+                    s.period,
+                    s.count
+                        .map_or_else(|| "none of the grid".into(), |c| c.to_string()),
+                    s.period,
+                    s.candidate_burst,
+                    s.target * 100.0,
+                    s.keys,
+                    s.candidate_burst,
+                    s.candidate_count
+                )
+            },
+        );
+        let _ = write!(
+            out,
+            "<tr><th>{}{}</th><td class=\"text\">{}</td><td class=\"text\">{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td class=\"text\">{}</td>\
+             <td class=\"text\">{}</td></tr>",
+            esc(name),
+            if l.across_regions {
+                " (across regions, replayed as one)"
+            } else {
+                ""
+            },
+            shown(current, name),
+            shown(candidate, name),
+            l.current_denied,
+            l.candidate_denied,
+            l.allow_to_deny,
+            l.deny_to_allow,
+            headroom,
+            esc(&suggestion)
+        );
+    }
+    out.push_str("</table>");
+    out
 }
 
 fn counts_row(name: &str, c: &tower_ratelimits::Counts) -> String {
@@ -231,6 +309,7 @@ const STYLE: &str = "
 body{font:14px system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:16px;color:#222}
 table.counts{border-collapse:collapse}
 table.counts td,table.counts th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+table.counts td.text{text-align:left;max-width:28em}
 .pair{display:flex;gap:16px;flex-wrap:wrap}
 figure{margin:0;overflow-x:auto}
 figcaption{font-weight:600}

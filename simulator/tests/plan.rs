@@ -379,6 +379,28 @@ fn the_page_draws_the_most_flipped_keys_under_both_policies() {
         page.contains("<h2>OrderWrites = 203.0.113.1</h2>"),
         "{page}"
     );
+    // A row per limit of either policy, each policy's limit in it (before: no such table).
+    let table = &page[page
+        .find("<h2>Per limit</h2>")
+        .expect("the table of limits")..];
+    let table = &table[..table.find("</table>").unwrap()];
+    for limit in ["ApiWrites", "Exports", "OrderWrites", "PerAccount", "PerIp"] {
+        assert!(
+            table.contains(&format!("<tr><th>{limit}</th>")),
+            "{limit}: {table}"
+        );
+    }
+    assert!(
+        table.contains("<tr><th>OrderWrites</th><td class=\"text\">not defined</td>"),
+        "{table}"
+    );
+    // A shape without a suggestion says so.
+    let exports = &table[table.find("<tr><th>Exports</th>").unwrap()..];
+    let exports = &exports[..exports.find("</tr>").unwrap()];
+    assert!(
+        exports.contains("none: suggestions are sized for a GCRA limit"),
+        "{exports}"
+    );
     // Self-contained: nothing to fetch.
     let own = page.replace(r#"xmlns="http://www.w3.org/2000/svg""#, "");
     for reference in ["src=", "href=", "@import", "url(", "http://", "https://"] {

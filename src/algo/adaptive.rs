@@ -722,7 +722,12 @@ fn bounds_message(min: u64, initial: u64, max: u64) -> String {
 
 impl fmt::Display for AdaptiveConcurrency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (window {}us)", self.adaptive, self.window_us)?;
+        write!(
+            f,
+            "{} (window {})",
+            self.adaptive,
+            crate::time::format_duration_us(self.window_us)
+        )?;
         if let Some(c) = self.shared_capacity() {
             write!(f, ", {c} slots shared")?;
         }

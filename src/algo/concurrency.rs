@@ -148,8 +148,10 @@ impl fmt::Display for ConcurrencyLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} in flight (lease {}us, retry after {}us)",
-            self.max, self.lease_us, self.retry_after_us
+            "{} in flight (lease {}, retry after {})",
+            self.max,
+            crate::time::format_duration_us(self.lease_us),
+            crate::time::format_duration_us(self.retry_after_us)
         )
     }
 }

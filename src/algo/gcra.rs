@@ -453,8 +453,10 @@ impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} per {}us (burst {})",
-            self.count, self.period_us, self.burst
+            "{} per {} (burst {})",
+            self.count,
+            crate::time::format_duration_us(self.period_us),
+            self.burst
         )
     }
 }

@@ -246,8 +246,11 @@ impl fmt::Display for TieredLimit {
             }
             write!(
                 f,
-                "{} per {}us, active {}us, cooldown {}us",
-                t.limit, t.window_us, t.active_us, t.cooldown_us
+                "{} per {}, active {}, cooldown {}",
+                t.limit,
+                crate::time::format_duration_us(t.window_us),
+                crate::time::format_duration_us(t.active_us),
+                crate::time::format_duration_us(t.cooldown_us)
             )?;
         }
         f.write_str("]")
