@@ -136,7 +136,7 @@ fn limits_table(plan: &Plan, current: &Limits, candidate: &Limits) -> String {
          <th>headroom (p50 / p99 / max of the keys' largest use)</th><th>suggestion</th></tr>",
     );
     for (name, l) in &plan.limits {
-        let headroom = l.headroom.as_ref().map_or_else(
+        let mut headroom = l.headroom.as_ref().map_or_else(
             || "no key decided".to_string(),
             |h| {
                 format!(
@@ -149,6 +149,13 @@ fn limits_table(plan: &Plan, current: &Limits, candidate: &Limits) -> String {
                 )
             },
         );
+        if l.untallied > 0 {
+            let _ = write!(
+                headroom,
+                "; {} decisions of keys past the replay's bound of keys left out",
+                l.untallied
+            );
+        }
         let suggestion = l.suggested.as_ref().map_or_else(
             || "none: suggestions are sized for a GCRA limit of the candidate only".to_string(),
             |s| {

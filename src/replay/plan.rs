@@ -110,7 +110,21 @@ pub struct LimitPlan {
     /// idle regions hold back. Absent (false) for every other limit.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub across_regions: bool,
+    /// Decisions of keys first seen after the replay kept 4,194,304 keys (over every limit,
+    /// about 100 bytes each, so at most about 400 MiB whatever the log holds): counted in
+    /// the totals and the flips, left out of the headroom, the suggestion and the top keys.
+    /// Absent (0) while every key is kept.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub untallied: u64,
 }
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The most keys (a limit's id, counted per limit) whose headroom, flips and suggestion model
+/// a replay keeps ([`LimitPlan::untallied`] counts the decisions of the others).
+pub(crate) const MAX_TALLIED_KEYS: usize = 4 << 20;
 
 /// The distribution over a limit's keys of the largest share of the limit a key used (in
 /// use after a decision over the limit's size, 0 to 1).
@@ -344,6 +358,8 @@ struct LimitTally {
     sizing: Option<Sizing>,
     /// Marked `across_regions` in either policy.
     across_regions: bool,
+    /// Notes of keys past the bound, not kept.
+    untallied: u64,
 }
 
 /// The tallies a plan is made from.
@@ -358,6 +374,9 @@ pub(crate) struct Tally {
     counts: [Counts; 2],
     flips: [u64; 2],
     limits: HashMap<LimitName, LimitTally>,
+    /// Keys kept over every limit, and the most kept ([`MAX_TALLIED_KEYS`]).
+    tallied: usize,
+    max_tallied: usize,
     flip_examples: Vec<Flip>,
     flip_kinds: [usize; 2],
     target: f64,
@@ -388,6 +407,8 @@ impl Tally {
             counts: [Counts::default(); 2],
             flips: [0; 2],
             limits: HashMap::new(),
+            tallied: 0,
+            max_tallied: MAX_TALLIED_KEYS,
             flip_examples: Vec::new(),
             flip_kinds: [0; 2],
             target,
@@ -427,7 +448,14 @@ impl Tally {
             let limit = self.limits.entry(note.name).or_default();
             let key = match limit.keys.get_mut(id) {
                 Some(k) => k,
-                None => limit.keys.entry(id.clone()).or_default(),
+                None if self.tallied >= self.max_tallied => {
+                    limit.untallied += 1;
+                    continue;
+                }
+                None => {
+                    self.tallied += 1;
+                    limit.keys.entry(id.clone()).or_default()
+                }
             };
             if note.size > 0 {
                 let share = (note.used as f64 / note.size as f64).min(1.0) as f32;
@@ -547,6 +575,7 @@ impl Tally {
                     headroom: headroom(limit),
                     suggested: limit.sizing.and_then(|s| suggest(limit, &s, self.target)),
                     across_regions: limit.across_regions,
+                    untallied: limit.untallied,
                 },
             );
         }
@@ -699,5 +728,34 @@ mod tests {
         let answer = Answer::of(false, false, &[denied.clone(), denied], false);
         assert_eq!(answer.class, Answered::Denied);
         assert_eq!(answer.denied_by.len(), 1);
+    }
+
+    #[test]
+    fn a_replay_keeps_at_most_its_bound_of_keys_and_counts_the_rest() {
+        let limits = crate::Limits::from_yaml_str(
+            "ReplayBound: {kind: ip, burst: 2, count: 2, period: 1s}\n",
+            None,
+        )
+        .unwrap();
+        let name = limits.name("ReplayBound").unwrap();
+        let mut tally = Tally::new(0, 0.01, 10, 10, 10);
+        tally.max_tallied = 2;
+        for client in 1..=5u8 {
+            let note = Note {
+                name,
+                outcome: RuleOutcome::Allowed,
+                id: Some(crate::Id::from(std::net::IpAddr::from([192, 0, 2, client]))),
+                used: 1,
+                size: 2,
+            };
+            // Each client asks twice: the first two are kept, the others' four notes counted.
+            tally.noted(0, std::slice::from_ref(&note), 0, None);
+            tally.noted(0, &[note], 0, None);
+        }
+        let limit = &tally.limits[&name];
+        assert_eq!(
+            (limit.keys.len(), tally.tallied, limit.untallied),
+            (2, 2, 6)
+        );
     }
 }
