@@ -193,27 +193,27 @@ fn the_must_list_of_a_new_shape_is_whole_and_the_same_as_the_enum_s() {
         "the MUST list names files that are not there: {missing:?}"
     );
 
-    let stated: usize = list
-        .split("names ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .expect("the MUST list says how many files it names: \"names N files\"");
-    assert_eq!(files.len(), stated, "the MUST list names {files:?}");
+    // The number the list writes after `before`.
+    let stated = |before: &str| -> usize {
+        list.split(before)
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("the MUST list says \"{before}N\""))
+    };
+    assert_eq!(
+        files.len(),
+        stated("names "),
+        "the MUST list names {files:?}"
+    );
 
     let folders: BTreeSet<&str> = files
         .iter()
         .filter_map(|f| f.rsplit_once('/').map(|(folder, _)| folder))
         .collect();
-    let stated_folders: usize = list
-        .split(" files in ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .expect("the MUST list says in how many folders: \"N files in M folders\"");
     assert_eq!(
         folders.len(),
-        stated_folders,
+        stated(" files in "),
         "the MUST list's folders: {folders:?}"
     );
 
