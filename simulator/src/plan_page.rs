@@ -198,8 +198,25 @@ fn limits_table(plan: &Plan, current: &Limits, candidate: &Limits) -> String {
         );
     }
     out.push_str("</table>");
+    out.push_str(HOW_FOUND);
     out
 }
+
+/// How the table's numbers are found, on the page under it.
+const HOW_FOUND: &str = "<p class=\"how\"><b>How these are found.</b> <i>Denied</i>: the \
+requests this limit's own decision refused (a request refused by two limits counts for both). \
+<i>Allowed now, denied</i> and <i>denied now, allowed</i>: the requests whose answer changes, \
+counted for the limits that refuse them (under the candidate, or today). <i>Headroom</i>: for \
+each key, the largest share of the limit it held after any decision (tokens taken over the \
+burst; slots held over the slots; units used over the count), then the median, the 99th \
+percentile and the largest over the keys, under the current policy's limit, or the \
+candidate's where only it has one. <i>Suggestion</i> (a GCRA limit of the candidate): each \
+key's requests run through a bucket at the candidate's rate with no burst bound (the burst \
+it needed), and through the candidate's burst at a grid of rates (a quarter of the \
+candidate's to 64 times it); the smallest burst, and the smallest rate, at which no more than \
+the target share of keys (<code>--target</code>, 1% unless given) would see a refusal. The \
+keys above that share are the ones the limit exists to stop: the flipped keys below name the \
+heaviest. Other shapes have no suggestion yet.</p>";
 
 fn counts_row(name: &str, c: &tower_ratelimits::Counts) -> String {
     format!(
@@ -317,6 +334,7 @@ body{font:14px system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:16px;
 table.counts{border-collapse:collapse}
 table.counts td,table.counts th{border:1px solid #ddd;padding:3px 8px;text-align:right}
 table.counts td.text{text-align:left;max-width:28em}
+p.how{max-width:60em;color:#444}
 .pair{display:flex;gap:16px;flex-wrap:wrap}
 figure{margin:0;overflow-x:auto}
 figcaption{font-weight:600}

@@ -401,6 +401,29 @@ fn the_page_draws_the_most_flipped_keys_under_both_policies() {
         exports.contains("none: suggestions are sized for a GCRA limit"),
         "{exports}"
     );
+    // How each number is found, under the table.
+    assert!(page.contains("<b>How these are found.</b>"), "{page}");
+    // No text of a drawing passes its right edge (before: the legend and the last time label
+    // were cut at 760 px), by the drawing's own estimate of a character (6.5 px).
+    for svg in page.split("<svg").skip(1) {
+        let svg = format!("<svg{}</svg>", &svg[..svg.find("</svg>").unwrap()]);
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let root = doc.root_element();
+        let width: f64 = root.attribute("width").unwrap().parse().unwrap();
+        for text in root.descendants().filter(|n| n.has_tag_name("text")) {
+            let (Some(x), Some(label)) = (text.attribute("x"), text.text()) else {
+                continue;
+            };
+            let x: f64 = x.parse().unwrap();
+            let long = 6.5 * label.chars().count() as f64;
+            let right = match text.attribute("text-anchor") {
+                Some("end") => x,
+                Some("middle") => x + long / 2.0,
+                _ => x + long,
+            };
+            assert!(right <= width + 1.0, "{label:?} ends at {right} of {width}");
+        }
+    }
     // Self-contained: nothing to fetch.
     let own = page.replace(r#"xmlns="http://www.w3.org/2000/svg""#, "");
     for reference in ["src=", "href=", "@import", "url(", "http://", "https://"] {

@@ -32,6 +32,26 @@ svg{font:12px system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;background:#f
 [data-line]:hover,.agg:hover{opacity:.7}
 ";
 
+/// The legend's items: a mark's class and what it means.
+const LEGEND: [(&str, &str); 8] = [
+    ("ok", "allowed"),
+    ("part", "partly granted"),
+    ("deny", "denied by this limit"),
+    ("blocked", "allowed here, batch refused elsewhere"),
+    ("other", "refund / reset / release"),
+    ("retry", "retry_after"),
+    ("active", "tier active"),
+    ("cooldown", "tier cooling down"),
+];
+
+/// The height of a legend's row.
+const LEGEND_ROW: f64 = 18.0;
+
+/// A legend item's width: its mark and its label (about 6.5 px a character).
+fn legend_width(label: &str) -> f64 {
+    24.0 + 6.5 * label.len() as f64
+}
+
 impl Timeline {
     /// The drawing as a standalone SVG document.
     pub fn svg(&self) -> String {
@@ -40,12 +60,23 @@ impl Timeline {
         out
     }
 
+    /// Where the lanes start: below the axis, and below a legend's second row when it wraps.
+    fn top(&self) -> f64 {
+        let legend: f64 = LEGEND.iter().map(|(_, label)| legend_width(label)).sum();
+        if 12.0 + legend > self.axis.width - 4.0 {
+            TOP + LEGEND_ROW
+        } else {
+            TOP
+        }
+    }
+
     fn height(&self) -> f64 {
-        TOP + self
-            .lanes
-            .iter()
-            .map(|l| l.height() + LANE_GAP)
-            .sum::<f64>()
+        self.top()
+            + self
+                .lanes
+                .iter()
+                .map(|l| l.height() + LANE_GAP)
+                .sum::<f64>()
             + 30.0
     }
 
@@ -81,7 +112,7 @@ impl Timeline {
         );
         self.write_legend(out, 12.0, 66.0);
         self.write_axis(out, height);
-        let mut y = TOP;
+        let mut y = self.top();
         for lane in &self.lanes {
             self.write_lane(out, lane, y);
             y += lane.height() + LANE_GAP;
@@ -90,18 +121,14 @@ impl Timeline {
     }
 
     fn write_legend(&self, out: &mut String, x: f64, y: f64) {
-        let items: [(&str, &str); 8] = [
-            ("ok", "allowed"),
-            ("part", "partly granted"),
-            ("deny", "denied by this limit"),
-            ("blocked", "allowed here, batch refused elsewhere"),
-            ("other", "refund / reset / release"),
-            ("retry", "retry_after"),
-            ("active", "tier active"),
-            ("cooldown", "tier cooling down"),
-        ];
-        let mut cx = x;
-        for (class, label) in items {
+        // Items that would pass the right edge go on a second row ([`Timeline::top`] makes
+        // room for it).
+        let (mut cx, mut y, mut wrapped) = (x, y, false);
+        for (class, label) in LEGEND {
+            let item_width = legend_width(label);
+            if !wrapped && cx > x && cx + item_width > self.axis.width - 4.0 {
+                (cx, y, wrapped) = (x, y + LEGEND_ROW, true);
+            }
             match class {
                 "deny" => {
                     let _ = write!(out, r#"<g class="deny">{}</g>"#, cross(cx + 5.0, y, 4.0));
@@ -134,12 +161,12 @@ impl Timeline {
                 cx + 16.0,
                 y + 4.0
             );
-            cx += 24.0 + 6.5 * label.len() as f64;
+            cx += item_width;
         }
     }
 
     fn write_axis(&self, out: &mut String, height: f64) {
-        let top = TOP - 12.0;
+        let top = self.top() - 12.0;
         let _ = write!(
             out,
             r#"<line class="axis" x1="{LEFT}" x2="{}" y1="{top}" y2="{top}"/>"#,
@@ -194,9 +221,17 @@ impl Timeline {
                 } else {
                     seconds(t)
                 };
+                // A label that would pass the right edge ends there instead (about 6 px a
+                // character at the axis's size).
+                let half = 3.2 * label.len() as f64;
+                let (text_x, anchor) = if x + half > self.axis.width - 2.0 {
+                    (self.axis.width - 2.0, "end")
+                } else {
+                    (x, "middle")
+                };
                 let _ = write!(
                     out,
-                    r#"<line class="grid" x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{:.0}"/><text x="{x:.1}" y="{}" text-anchor="middle" class="muted" data-tick-us="{t}">{label}</text>"#,
+                    r#"<line class="grid" x1="{x:.1}" x2="{x:.1}" y1="{top}" y2="{:.0}"/><text x="{text_x:.1}" y="{}" text-anchor="{anchor}" class="muted" data-tick-us="{t}">{label}</text>"#,
                     height - 24.0,
                     top - 5.0,
                 );
