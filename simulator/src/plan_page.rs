@@ -157,7 +157,20 @@ fn limits_table(plan: &Plan, current: &Limits, candidate: &Limits) -> String {
             );
         }
         let suggestion = l.suggested.as_ref().map_or_else(
-            || "none: suggestions are sized for a GCRA limit of the candidate only".to_string(),
+            || match &l.suggested_count {
+                Some(c) => format!(
+                    "count {} per {} (at most {:.1}% of {} keys asked more in one period; the \
+                     candidate: count {})",
+                    c.count,
+                    c.period,
+                    c.target * 100.0,
+                    c.keys,
+                    c.candidate_count
+                ),
+                None => "none: suggestions are sized for a GCRA limit or a calendar quota of \
+                         the candidate only"
+                    .to_string(),
+            },
             |s| {
                 format!(
                     "burst {} at {} per {}, or {} per {} at burst {} (at most {:.1}% of {} keys \
@@ -216,7 +229,10 @@ it needed), and through the candidate's burst at a grid of rates (a quarter of t
 candidate's to 64 times it); the smallest burst, and the smallest rate, at which no more than \
 the target share of keys (<code>--target</code>, 1% unless given) would see a refusal. The \
 keys above that share are the ones the limit exists to stop: the flipped keys below name the \
-heaviest. Other shapes have no suggestion yet.</p>";
+heaviest. A calendar quota of the candidate: each key's most units asked in one of its \
+periods (refused requests included), and the smallest count at most the target share of keys \
+asked more than. Tiers, concurrency limits, fair shares and adaptive limits have no \
+suggestion yet.</p>";
 
 fn counts_row(name: &str, c: &tower_ratelimits::Counts) -> String {
     format!(

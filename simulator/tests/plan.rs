@@ -398,7 +398,7 @@ fn the_page_draws_the_most_flipped_keys_under_both_policies() {
     let exports = &table[table.find("<tr><th>Exports</th>").unwrap()..];
     let exports = &exports[..exports.find("</tr>").unwrap()];
     assert!(
-        exports.contains("none: suggestions are sized for a GCRA limit"),
+        exports.contains("none: suggestions are sized for a GCRA limit or a calendar quota"),
         "{exports}"
     );
     // How each number is found, under the table.

@@ -266,13 +266,10 @@ impl Replay {
             }
         }
         for name in self.candidate.0.names() {
-            if let Some(limit) = self
-                .candidate
-                .0
-                .default_limit(name)
-                .and_then(|q| q.as_gcra())
-            {
-                tally.size(name, limit);
+            match self.candidate.0.default_limit(name) {
+                Some(crate::Quota::Gcra(limit)) => tally.size(name, limit),
+                Some(crate::Quota::Calendar(quota)) => tally.size_calendar(name, quota.clone()),
+                _ => {}
             }
         }
         let state = Rc::new(RefCell::new(State {

@@ -104,6 +104,10 @@ pub struct LimitPlan {
     pub headroom: Option<Headroom>,
     /// The candidate's limit sized to the log, when it is a GCRA limit.
     pub suggested: Option<Suggested>,
+    /// The candidate's calendar quota sized to the log: the count per period that no more
+    /// than `target` of its keys would exceed. Absent for every other shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggested_count: Option<SuggestedCount>,
     /// Marked `across_regions` in either policy (`docs/regions.md`): replayed as one central
     /// limit (every request of the log against one bucket per key), which is the most the
     /// regions together may admit; a regional deployment admits less by what the floors of
@@ -163,6 +167,22 @@ pub struct Suggested {
     /// The candidate's burst and count, for comparison.
     pub candidate_burst: u64,
     /// See `candidate_burst`.
+    pub candidate_count: u64,
+}
+
+/// A calendar quota's count sized to the log: each key's most units asked in one of the
+/// candidate's periods, at the share of keys a suggestion may leave refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuggestedCount {
+    /// The share of keys that may see a refusal.
+    pub target: f64,
+    /// Keys the suggestion is taken over.
+    pub keys: u64,
+    /// The smallest count per period that at most `target` of the keys asked more than.
+    pub count: u64,
+    /// The candidate's period (`day`, `week`, `month`).
+    pub period: String,
+    /// The candidate's count, for comparison.
     pub candidate_count: u64,
 }
 
@@ -314,6 +334,9 @@ struct KeyTally {
     /// Grid points at which it was refused.
     refused: u64,
     live: Option<Box<Live>>,
+    /// A calendar quota's model: the end of the period its last units fell in, the units
+    /// asked in it, and the most asked in any period.
+    calendar: Option<Box<[u64; 3]>>,
 }
 
 /// A key's buckets in the suggestion model: at the candidate's count with no burst bound, and
@@ -356,6 +379,8 @@ struct LimitTally {
     flips: [u64; 2],
     keys: HashMap<Id, KeyTally>,
     sizing: Option<Sizing>,
+    /// The candidate's calendar quota, which its count suggestion is sized for.
+    calendar: Option<std::sync::Arc<crate::CalendarQuota>>,
     /// Marked `across_regions` in either policy.
     across_regions: bool,
     /// Notes of keys past the bound, not kept.
@@ -428,6 +453,15 @@ impl Tally {
         self.limits.entry(name).or_default().sizing = Some(Sizing::of(limit));
     }
 
+    /// Sizes the count suggestion of `name` from the candidate's calendar quota.
+    pub(crate) fn size_calendar(
+        &mut self,
+        name: LimitName,
+        quota: std::sync::Arc<crate::CalendarQuota>,
+    ) {
+        self.limits.entry(name).or_default().calendar = Some(quota);
+    }
+
     pub(crate) fn bad_line(&mut self, bad: &BadLine) {
         self.bad_lines += 1;
         if self.bad_examples.len() < self.bad_examples_max {
@@ -465,6 +499,11 @@ impl Tally {
                 && let (Some(sizing), Some(cost)) = (limit.sizing, arrival)
             {
                 arrive(key, &sizing, now_us.saturating_sub(self.base_us), cost);
+            }
+            if side == 1
+                && let (Some(quota), Some(cost)) = (&limit.calendar, arrival)
+            {
+                arrive_calendar(key, quota, now_us, cost);
             }
         }
     }
@@ -574,6 +613,10 @@ impl Tally {
                     deny_to_allow: limit.flips[D2A],
                     headroom: headroom(limit),
                     suggested: limit.sizing.and_then(|s| suggest(limit, &s, self.target)),
+                    suggested_count: limit
+                        .calendar
+                        .as_ref()
+                        .and_then(|q| suggest_count(limit, q, self.target)),
                     across_regions: limit.across_regions,
                     untallied: limit.untallied,
                 },
@@ -634,6 +677,44 @@ fn arrive(key: &mut KeyTally, sizing: &Sizing, t: u64, cost: u64) {
             *tat = after;
         }
     }
+}
+
+/// One arrival of `cost` units at `now_us` (Unix microseconds) in a key's calendar model: the
+/// units asked in the candidate's period holding it, uncapped (a refused request counts too:
+/// the suggestion asks what a key wanted).
+fn arrive_calendar(key: &mut KeyTally, quota: &crate::CalendarQuota, now_us: u64, cost: u64) {
+    let [end, used, most] = key.calendar.get_or_insert_with(Default::default).as_mut();
+    if now_us >= *end {
+        *end = quota.period_at(now_us).1;
+        *used = 0;
+    }
+    *used = used.saturating_add(cost);
+    *most = (*most).max(*used);
+}
+
+fn suggest_count(
+    limit: &LimitTally,
+    quota: &crate::CalendarQuota,
+    target: f64,
+) -> Option<SuggestedCount> {
+    let mut most: Vec<u64> = limit
+        .keys
+        .values()
+        .filter_map(|k| k.calendar.as_ref().map(|c| c[2]))
+        .collect();
+    if most.is_empty() {
+        return None;
+    }
+    most.sort_unstable();
+    let n = most.len();
+    let may = ((target * n as f64).floor() as usize).min(n - 1);
+    Some(SuggestedCount {
+        target,
+        keys: n as u64,
+        count: most[n - 1 - may],
+        period: quota.period().as_str().to_owned(),
+        candidate_count: quota.count(),
+    })
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -757,5 +838,48 @@ mod tests {
             (limit.keys.len(), tally.tallied, limit.untallied),
             (2, 2, 6)
         );
+    }
+
+    #[test]
+    fn a_calendar_quota_s_count_is_sized_from_what_each_key_asked_in_one_period() {
+        let limits = crate::Limits::from_yaml_str(
+            "Daily: {kind: ip, calendar: {count: 5, period: day}}\n",
+            None,
+        )
+        .unwrap();
+        let name = limits.name("Daily").unwrap();
+        let Some(crate::Quota::Calendar(quota)) = limits.default_limit(name) else {
+            panic!("a calendar quota");
+        };
+        let mut tally = Tally::new(0, 0.25, 10, 10, 10);
+        tally.size_calendar(name, quota.clone());
+        let day = 86_400_000_000u64;
+        let t0 = 20_000 * day + 3_600_000_000;
+        // Four keys: 2, 4, 7 and 30 units in their busiest day; the last spread over two days
+        // asks 12 and 18, so its most is 18. Refused requests count: the model is uncapped.
+        let asks: [(u8, &[(u64, u64)]); 4] = [
+            (1, &[(0, 1), (1, 1)]),
+            (2, &[(0, 2), (1, 2)]),
+            (3, &[(0, 3), (2, 4), (day, 1)]),
+            (4, &[(0, 12), (day, 10), (day + 5, 8)]),
+        ];
+        for (client, times) in asks {
+            let note = Note {
+                name,
+                outcome: RuleOutcome::Allowed,
+                id: Some(crate::Id::from(std::net::IpAddr::from([192, 0, 2, client]))),
+                used: 1,
+                size: 5,
+            };
+            for &(at, cost) in times {
+                tally.noted(1, std::slice::from_ref(&note), t0 + at, Some(cost));
+            }
+        }
+        let plan = tally.plan();
+        let s = plan.limits["Daily"].suggested_count.clone().unwrap();
+        // A quarter of 4 keys may be refused: the count the third key needs, 7.
+        assert_eq!((s.keys, s.count, s.candidate_count), (4, 7, 5));
+        assert_eq!(s.period, "day");
+        assert!(plan.limits["Daily"].suggested.is_none());
     }
 }
