@@ -230,12 +230,12 @@ pub use reload::{LimitsWatcher, ReloadReport, WatchError};
 pub use replay::{
     Answered, BadLine, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, LogFormat,
     LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay, ReplayError, Replayed,
-    Suggested,
+    Suggested, SuggestedCount,
 };
 #[cfg(feature = "replay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
 pub use replay::{
-    DEFAULT_SNAPSHOT_KEYS, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
+    DEFAULT_SNAPSHOT_KEYS, RefusedId, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
 };
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
 

@@ -786,6 +786,10 @@ Tiered: {kind: ip, tiers: [{limit: 2, window: 10s, active: 10s, cooldown: 0s}]}
             .run(reader(log.clone()))
             .unwrap()
     };
+    // Read back from its file, each key knows its line (the header is line 1).
+    let mut file = Vec::new();
+    snapshot.write(&mut file).unwrap();
+    let snapshot = Snapshot::read(&file[..]).unwrap();
     let plan = run(snapshot);
     // Every foreign value reads as the store's script reads it: the TAT far ahead as the
     // bucket drained (refused at 00, refilled by 04), the leases far ahead cut to one lease
@@ -808,6 +812,16 @@ Tiered: {kind: ip, tiers: [{limit: 2, window: 10s, active: 10s, cooldown: 0s}]}
         (warm.keys, warm.current_seeded, warm.lines_before),
         (7, 4, 0)
     );
+    // The id the kind refuses is counted under each policy and named with its line (before:
+    // only missing from current_seeded).
+    assert_eq!(warm.refused_ids, [1, 1]);
+    let refused = &warm.refused_id_examples[0];
+    assert_eq!(
+        (refused.limit.as_str(), refused.id.as_str(), refused.line),
+        ("PerIp", "not-an-ip", 7),
+        "{refused:?}"
+    );
+    assert!(refused.reason.contains("not-an-ip"), "{refused:?}");
     assert_eq!(plan.requests, 7);
     assert_eq!((plan.current.denied, plan.current.rejected), (4, 0));
     // An instant after every line: nothing replayed, nothing panics.

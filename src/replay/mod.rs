@@ -37,10 +37,10 @@ pub use log::{BadLine, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
 use plan::{Answer, Tally};
 pub use plan::{
     Answered, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan,
-    Replayed, Suggested,
+    Replayed, Suggested, SuggestedCount,
 };
 pub use snapshot::{
-    DEFAULT_SNAPSHOT_KEYS, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
+    DEFAULT_SNAPSHOT_KEYS, RefusedId, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
 };
 
 /// How many bad lines a plan shows.
@@ -253,8 +253,8 @@ impl Replay {
             Side::new("candidate", &self.candidate, &clock)?,
         ];
         if let (Some(snapshot), Some(w)) = (self.snapshot.as_ref(), warm.as_mut()) {
-            w.current_seeded = snapshot.seed(&self.current.0, &sides[0].memory);
-            w.candidate_seeded = snapshot.seed(&self.candidate.0, &sides[1].memory);
+            w.current_seeded = snapshot.seed(&self.current.0, &sides[0].memory, 0, w);
+            w.candidate_seeded = snapshot.seed(&self.candidate.0, &sides[1].memory, 1, w);
         }
         // A limit across regions is replayed as the one central limit it stands for: one log,
         // one bucket per key (the plan says so per limit).

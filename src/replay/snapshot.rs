@@ -39,12 +39,24 @@ pub const DEFAULT_SNAPSHOT_KEYS: usize = crate::backend::memory::DEFAULT_MAX_KEY
 /// assert_eq!((back.instant_us(), back.keys().len()), (1_764_064_800_000_000, 1));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     instant_us: u64,
     keys: Vec<SnapshotKey>,
     foreign: u64,
+    /// Each key's line in the file it was read from (none for a snapshot of a store).
+    lines: Vec<u64>,
 }
+
+/// Two snapshots are equal when they hold the same keys, wherever they were read from.
+impl PartialEq for Snapshot {
+    fn eq(&self, other: &Self) -> bool {
+        (self.instant_us, &self.keys, self.foreign)
+            == (other.instant_us, &other.keys, other.foreign)
+    }
+}
+
+impl Eq for Snapshot {}
 
 /// One key of a [`Snapshot`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,9 +120,35 @@ pub struct Warm {
     /// Keys put into the candidate's buckets, each read under the candidate's limit by the
     /// change rule.
     pub candidate_seeded: u64,
+    /// Keys whose id the limit's kind refuses, under the current policy and the candidate (a
+    /// snapshot of another deployment's limits): left out of that policy.
+    #[serde(default)]
+    pub refused_ids: [u64; 2],
+    /// The first of them (at most 10), with their line in the snapshot file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_id_examples: Vec<RefusedId>,
     /// Lines before the instant, not replayed (their requests are in the snapshot).
     pub lines_before: u64,
 }
+
+/// A snapshot's key whose id a policy's limit refuses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RefusedId {
+    /// `current` or `candidate`.
+    pub policy: String,
+    /// The limit.
+    pub limit: String,
+    /// The id, as the snapshot holds it.
+    pub id: String,
+    /// Its line in the snapshot file (0: a snapshot read from the store).
+    pub line: u64,
+    /// Why the limit's kind refuses it.
+    pub reason: String,
+}
+
+/// The most [`RefusedId`]s a plan lists.
+const REFUSED_ID_EXAMPLES: usize = 10;
 
 /// The header line of a snapshot file.
 #[derive(Serialize, Deserialize)]
@@ -568,6 +606,7 @@ impl Snapshot {
         Ok(Snapshot {
             instant_us: states.instant_us,
             foreign: states.foreign,
+            lines: Vec::new(),
             keys: states
                 .keys
                 .into_iter()
@@ -662,6 +701,7 @@ impl Snapshot {
                 ));
             }
             snapshot.keys.push(key);
+            snapshot.lines.push(line);
         }
         if snapshot.keys.len() as u64 != header.keys {
             return Err(bad(
@@ -678,10 +718,17 @@ impl Snapshot {
 
     /// Puts every key a policy reads into its buckets: the keys of limits it defines, whose
     /// id its kind reads and whose state is of the shape of the limit that applies to it.
-    /// How many were put.
-    pub(super) fn seed(&self, limits: &Limits, memory: &MemoryBackend) -> u64 {
+    /// How many were put; the keys whose id the kind refuses are counted in `warm` (`side` 0:
+    /// the current policy, 1: the candidate), the first with their lines.
+    pub(super) fn seed(
+        &self,
+        limits: &Limits,
+        memory: &MemoryBackend,
+        side: usize,
+        warm: &mut Warm,
+    ) -> u64 {
         let mut seeded = 0;
-        for key in &self.keys {
+        for (i, key) in self.keys.iter().enumerate() {
             let Some(name) = limits.name(&key.limit) else {
                 continue;
             };
@@ -692,8 +739,24 @@ impl Snapshot {
                 };
                 (BucketKey::limit_wide(name), quota)
             } else {
-                let Some(id) = limits.id_kind(name).and_then(|k| k.parse(&key.id).ok()) else {
+                let Some(kind) = limits.id_kind(name) else {
                     continue;
+                };
+                let id = match kind.parse(&key.id) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        warm.refused_ids[side] += 1;
+                        if warm.refused_id_examples.len() < REFUSED_ID_EXAMPLES {
+                            warm.refused_id_examples.push(RefusedId {
+                                policy: ["current", "candidate"][side].into(),
+                                limit: key.limit.clone(),
+                                id: key.id.clone(),
+                                line: self.lines.get(i).copied().unwrap_or(0),
+                                reason: e.to_string(),
+                            });
+                        }
+                        continue;
+                    }
                 };
                 let bucket = BucketKey::new(name, id);
                 let Some(quota) = limits.resolve(&bucket) else {
