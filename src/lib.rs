@@ -228,9 +228,10 @@ pub use reload::{LimitsWatcher, ReloadReport, WatchError};
 #[cfg(feature = "replay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
 pub use replay::{
-    Answered, BadLine, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, LogFormat,
-    LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay, ReplayError, Replayed,
-    Suggested, SuggestedCount,
+    Answered, BadLine, BadLineExample, Counts, Flip, Headroom, Heavy, KeyFlips, LimitPlan,
+    LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay, ReplayError,
+    Replayed, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTier,
+    SuggestedTiers,
 };
 #[cfg(feature = "replay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "replay")))]

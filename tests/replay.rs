@@ -866,3 +866,76 @@ fn a_limit_across_regions_is_replayed_as_one_central_limit_and_the_plan_says_so(
     let back: Plan = serde_json::from_value(json).unwrap();
     assert!(!back.limits["PerIp"].across_regions);
 }
+
+#[test]
+fn each_shape_s_suggestion_taken_refuses_no_key() {
+    // Three clients: 192.0.2.1 sends 4 at once each held 3 s, then 6 within a second;
+    // 192.0.2.2 sends one a second for 10 s, each held 1.5 s; 192.0.2.3 sends one.
+    let mut log = String::new();
+    for s in [
+        "00", "00", "00", "00", "05", "05.1", "05.2", "05.3", "05.4", "05.9",
+    ] {
+        log.push_str(&line(s, "192.0.2.1", ",\"duration_ms\":3000"));
+    }
+    for s in 0..10 {
+        log.push_str(&line(
+            &format!("{s:02}.5"),
+            "192.0.2.2",
+            ",\"duration_ms\":1500",
+        ));
+    }
+    log.push_str(&line("07", "192.0.2.3", ""));
+    let sorted = |log: &str| {
+        let mut lines: Vec<&str> = log.lines().collect();
+        lines.sort();
+        lines.join("\n") + "\n"
+    };
+    let log = sorted(&log);
+    let plan_of = |yaml: &str| {
+        let rules = RuleSet::from_yaml_str(PER_IP).unwrap();
+        Replay::new(move |l| rules.layer(l), limits(yaml), limits(yaml))
+            .target(0.0)
+            .run(reader(log.clone()))
+            .unwrap()
+    };
+    let tiers = |a: u64, b: u64| {
+        format!(
+            "PerIp:\n  kind: ip\n  tiers:\n    - {{limit: {a}, window: 1s, active: 10s, cooldown: 0s}}\n    - {{limit: {b}, window: 10s, active: 10s, cooldown: 0s}}\n"
+        )
+    };
+    // Each shape, too tight: it refuses; its suggestion, taken: it refuses nothing.
+    let plan = plan_of("PerIp: {kind: ip, concurrency: 1}\n");
+    assert!(plan.candidate.denied > 0);
+    let max = plan.limits["PerIp"].suggested_max.as_ref().unwrap().max;
+    // The first client's six within 0.9 s, each held 3 s.
+    assert_eq!(max, 6);
+    let taken = plan_of(&format!("PerIp: {{kind: ip, concurrency: {max}}}\n"));
+    assert_eq!(taken.candidate.denied, 0);
+    // At a target of 0 no key is left above the suggestion: none is named.
+    assert!(plan.limits["PerIp"].heaviest.is_empty());
+
+    let plan = plan_of(&tiers(1, 2));
+    assert!(plan.candidate.denied > 0);
+    let s = plan.limits["PerIp"].suggested_tiers.clone().unwrap();
+    let limits: Vec<u64> = s.tiers.iter().map(|t| t.limit).collect();
+    assert_eq!(limits, [6, 10]);
+    let taken = plan_of(&tiers(limits[0], limits[1]));
+    assert_eq!(taken.candidate.denied, 0);
+
+    let plan = plan_of("PerIp: {kind: ip, calendar: {count: 2, period: day}}\n");
+    assert!(plan.candidate.denied > 0);
+    let count = plan.limits["PerIp"].suggested_count.as_ref().unwrap().count;
+    assert_eq!(count, 10);
+    let taken = plan_of(&format!(
+        "PerIp: {{kind: ip, calendar: {{count: {count}, period: day}}}}\n"
+    ));
+    assert_eq!(taken.candidate.denied, 0);
+
+    let plan = plan_of("PerIp: {kind: ip, burst: 1, count: 1, period: 1s}\n");
+    assert!(plan.candidate.denied > 0);
+    let burst = plan.limits["PerIp"].suggested.as_ref().unwrap().burst;
+    let taken = plan_of(&format!(
+        "PerIp: {{kind: ip, burst: {burst}, count: 1, period: 1s}}\n"
+    ));
+    assert_eq!(taken.candidate.denied, 0);
+}

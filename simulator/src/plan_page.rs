@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use std::rc::Rc;
 
 use tower_ratelimits::{
-    Limiter, Limits, LogReader, ManualClock, MemoryBackend, Plan, Quota, Replay, RuleSet,
+    LimitPlan, Limiter, Limits, LogReader, ManualClock, MemoryBackend, Plan, Quota, Replay, RuleSet,
 };
 
 use crate::timeline::{self, Axis, Timeline};
@@ -156,39 +156,7 @@ fn limits_table(plan: &Plan, current: &Limits, candidate: &Limits) -> String {
                 l.untallied
             );
         }
-        let suggestion = l.suggested.as_ref().map_or_else(
-            || match &l.suggested_count {
-                Some(c) => format!(
-                    "count {} per {} (at most {:.1}% of {} keys asked more in one period; the \
-                     candidate: count {})",
-                    c.count,
-                    c.period,
-                    c.target * 100.0,
-                    c.keys,
-                    c.candidate_count
-                ),
-                None => "none: suggestions are sized for a GCRA limit or a calendar quota of \
-                         the candidate only"
-                    .to_string(),
-            },
-            |s| {
-                format!(
-                    "burst {} at {} per {}, or {} per {} at burst {} (at most {:.1}% of {} keys \
-                     refused; the candidate: burst {}, count {})",
-                    s.burst,
-                    s.candidate_count,
-                    s.period,
-                    s.count
-                        .map_or_else(|| "none of the grid".into(), |c| c.to_string()),
-                    s.period,
-                    s.candidate_burst,
-                    s.target * 100.0,
-                    s.keys,
-                    s.candidate_burst,
-                    s.candidate_count
-                )
-            },
-        );
+        let suggestion = suggestion(l, candidate.name(name).is_some());
         let _ = write!(
             out,
             "<tr><th>{}{}</th><td class=\"text\">{}</td><td class=\"text\">{}</td><td>{}</td>\
@@ -215,6 +183,134 @@ fn limits_table(plan: &Plan, current: &Limits, candidate: &Limits) -> String {
     out
 }
 
+/// A limit's suggestion in words, the keys it names apart, or why there is none.
+fn suggestion(l: &LimitPlan, in_candidate: bool) -> String {
+    if let Some(b) = &l.suggested_budget {
+        let text = format!(
+            "budget: {} per {} at burst {}, or burst {} at {} per {} (every id together; at \
+             most {} of {} requests refused by the budget alone; the candidate: burst {}, \
+             count {})",
+            grid(b.count),
+            b.period,
+            b.candidate_burst,
+            grid(b.burst),
+            b.candidate_count,
+            b.period,
+            pct(b.target),
+            b.requests,
+            b.candidate_burst,
+            b.candidate_count
+        );
+        return with_heaviest(text, l, "asked the most");
+    }
+    let Some((mut text, target, keys)) = per_key_suggestion(l) else {
+        return if in_candidate {
+            "none: no request of the logs reached it under the candidate".into()
+        } else {
+            "none: the candidate does not define this limit".into()
+        };
+    };
+    // Fewer keys than one in the target: no key may be left refused, so the suggestion is
+    // what the heaviest key needed.
+    if keys > 1 && (target * keys as f64) < 1.0 {
+        let _ = write!(
+            text,
+            "; {} of {keys} keys is less than one key, so this is the heaviest key's need (a \
+             larger --target leaves it out)",
+            pct(target)
+        );
+    }
+    with_heaviest(text, l, "above it")
+}
+
+fn pct(target: f64) -> String {
+    format!("{:.1}%", target * 100.0)
+}
+
+fn grid(n: Option<u64>) -> String {
+    n.map_or_else(|| "none of the grid".into(), |c| c.to_string())
+}
+
+/// A suggestion taken over keys, in words, with its target and its keys.
+fn per_key_suggestion(l: &LimitPlan) -> Option<(String, f64, u64)> {
+    if let Some(s) = &l.suggested {
+        let text = format!(
+            "burst {} at {} per {}, or {} per {} at burst {} (at most {} of {} keys refused; \
+             the candidate: burst {}, count {})",
+            s.burst,
+            s.candidate_count,
+            s.period,
+            grid(s.count),
+            s.period,
+            s.candidate_burst,
+            pct(s.target),
+            s.keys,
+            s.candidate_burst,
+            s.candidate_count
+        );
+        return Some((text, s.target, s.keys));
+    }
+    if let Some(c) = &l.suggested_count {
+        let text = format!(
+            "count {} per {} (at most {} of {} keys asked more in one period; the candidate: \
+             count {})",
+            c.count,
+            c.period,
+            pct(c.target),
+            c.keys,
+            c.candidate_count
+        );
+        return Some((text, c.target, c.keys));
+    }
+    if let Some(m) = &l.suggested_max {
+        let text = format!(
+            "{} {}{} (at most {} of {} keys had more requests in flight at once, each held \
+             for its logged duration; the candidate: {})",
+            if m.adaptive {
+                "adaptive max"
+            } else {
+                "concurrency"
+            },
+            if m.at_least { "at least " } else { "" },
+            m.max,
+            pct(m.target),
+            m.keys,
+            m.candidate_max
+        );
+        return Some((text, m.target, m.keys));
+    }
+    let t = l.suggested_tiers.as_ref()?;
+    let tiers: Vec<String> = t
+        .tiers
+        .iter()
+        .map(|tier| {
+            format!(
+                "limit {} per {} (the candidate: {})",
+                tier.limit, tier.window, tier.candidate_limit
+            )
+        })
+        .collect();
+    let text = format!(
+        "{} (each tier as if alone: at most {} of {} keys asked more in one window)",
+        tiers.join(", "),
+        pct(t.target),
+        t.keys
+    );
+    Some((text, t.target, t.keys))
+}
+
+fn with_heaviest(mut text: String, l: &LimitPlan, what: &str) -> String {
+    if !l.heaviest.is_empty() {
+        let named: Vec<String> = l
+            .heaviest
+            .iter()
+            .map(|h| format!("{} ({})", h.id, h.needed))
+            .collect();
+        let _ = write!(text, ". Heaviest keys, {what}: {}", named.join(", "));
+    }
+    text
+}
+
 /// How the table's numbers are found, on the page under it.
 const HOW_FOUND: &str = "<p class=\"how\"><b>How these are found.</b> <i>Denied</i>: the \
 requests this limit's own decision refused (a request refused by two limits counts for both). \
@@ -223,16 +319,20 @@ counted for the limits that refuse them (under the candidate, or today). <i>Head
 each key, the largest share of the limit it held after any decision (tokens taken over the \
 burst; slots held over the slots; units used over the count), then the median, the 99th \
 percentile and the largest over the keys, under the current policy's limit, or the \
-candidate's where only it has one. <i>Suggestion</i> (a GCRA limit of the candidate): each \
-key's requests run through a bucket at the candidate's rate with no burst bound (the burst \
-it needed), and through the candidate's burst at a grid of rates (a quarter of the \
-candidate's to 64 times it); the smallest burst, and the smallest rate, at which no more than \
-the target share of keys (<code>--target</code>, 1% unless given) would see a refusal. The \
-keys above that share are the ones the limit exists to stop: the flipped keys below name the \
-heaviest. A calendar quota of the candidate: each key's most units asked in one of its \
-periods (refused requests included), and the smallest count at most the target share of keys \
-asked more than. Tiers, concurrency limits, fair shares and adaptive limits have no \
-suggestion yet.</p>";
+candidate's where only it has one. <i>Suggestion</i>, for the candidate's limit, from the log's own requests at their logged \
+cost, refused ones included (what a key asked, not what it got), so that no more than the \
+target share of keys (<code>--target</code>, 1% unless given) would see a refusal: the keys \
+above it are what the limit exists to stop, and the heaviest of them are named. A GCRA limit: \
+each key's requests through a bucket at the candidate's rate with no burst bound (the burst it \
+needed), and through the candidate's burst at a grid of rates (a quarter of the candidate's to \
+64 times it); the smallest burst, and the smallest rate. A calendar quota: each key's most \
+units in one of its periods. A concurrency limit, and an adaptive limit's max: each key's most \
+requests in flight at once, each held for its logged duration (the layer renews a lease while \
+its request lives). Burst tiers: \
+each tier as if alone, each key's most units in any window of the tier's length. A fair share: \
+its budget, every id's requests as one stream through the same grids, so that the budget alone \
+refuses no more than the target share of the requests; its heaviest are the ids that asked the \
+most.</p>";
 
 fn counts_row(name: &str, c: &tower_ratelimits::Counts) -> String {
     format!(

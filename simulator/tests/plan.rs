@@ -115,6 +115,9 @@ fn a_plan_of_the_shipped_logs() {
     assert_eq!(limits["PerIp"]["headroom"]["policy"], "current");
     assert_eq!(limits["PerIp"]["suggested"]["period"], "1s");
     assert_eq!(limits["Exports"]["suggested"], Value::Null);
+    // A concurrency limit's own suggestion: its slots from what each account had in flight.
+    assert_eq!(limits["Exports"]["suggested_max"]["max"], 2, "{limits}");
+    assert_eq!(limits["PerIp"]["heaviest"][0]["id"], "203.0.113.15");
     assert_eq!(plan["top_keys"][0]["limit"], "OrderWrites");
     assert!(
         stderr(&out).contains("8344 requests (26 bad lines, 0 late)"),
@@ -394,12 +397,24 @@ fn the_page_draws_the_most_flipped_keys_under_both_policies() {
         table.contains("<tr><th>OrderWrites</th><td class=\"text\">not defined</td>"),
         "{table}"
     );
-    // A shape without a suggestion says so.
-    let exports = &table[table.find("<tr><th>Exports</th>").unwrap()..];
-    let exports = &exports[..exports.find("</tr>").unwrap()];
+    // A concurrency limit gets its slots from the logged durations (before: "none"), and
+    // says when it is the heaviest key's need.
+    let row = |limit: &str| {
+        let row = &table[table.find(&format!("<tr><th>{limit}</th>")).unwrap()..];
+        row[..row.find("</tr>").unwrap()].to_owned()
+    };
+    let exports = row("Exports");
     assert!(
-        exports.contains("none: suggestions are sized for a GCRA limit or a calendar quota"),
+        exports.contains("concurrency 2 (at most 1.0% of 42 keys had more requests in flight"),
         "{exports}"
+    );
+    assert!(exports.contains("is the heaviest key's need"), "{exports}");
+    // The heaviest keys are named apart from the suggestion that leaves them refused.
+    let per_ip = row("PerIp");
+    assert!(
+        per_ip.contains("burst 29 at 10 per 1s")
+            && per_ip.contains("Heaviest keys, above it: 203.0.113.15 (31)"),
+        "{per_ip}"
     );
     // How each number is found, under the table.
     assert!(page.contains("<b>How these are found.</b>"), "{page}");

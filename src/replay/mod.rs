@@ -31,17 +31,20 @@ mod inner;
 mod log;
 mod plan;
 mod snapshot;
+mod suggest;
 
 use inner::{Inner, Logged, drain};
 pub use log::{BadLine, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
 use plan::{Answer, Tally};
 pub use plan::{
-    Answered, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan,
-    Replayed, Suggested, SuggestedCount,
+    Answered, BadLineExample, Counts, Flip, Headroom, Heavy, KeyFlips, LimitPlan, PLAN_VERSION,
+    Plan, Replayed, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTier,
+    SuggestedTiers,
 };
 pub use snapshot::{
     DEFAULT_SNAPSHOT_KEYS, RefusedId, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
 };
+use suggest::Arrival;
 
 /// How many bad lines a plan shows.
 const BAD_EXAMPLES: usize = 5;
@@ -266,10 +269,8 @@ impl Replay {
             }
         }
         for name in self.candidate.0.names() {
-            match self.candidate.0.default_limit(name) {
-                Some(crate::Quota::Gcra(limit)) => tally.size(name, limit),
-                Some(crate::Quota::Calendar(quota)) => tally.size_calendar(name, quota.clone()),
-                _ => {}
+            if let Some(quota) = self.candidate.0.default_limit(name) {
+                tally.size(name, quota);
             }
         }
         let state = Rc::new(RefCell::new(State {
@@ -523,10 +524,14 @@ impl Side {
         let mut notes = Vec::new();
         journal.take(&mut notes);
         let keep = state.borrow().each.is_some();
+        let arrival = Arrival {
+            cost,
+            duration_us: logged.duration_us,
+        };
         state
             .borrow_mut()
             .tally
-            .noted(side, &notes, now_us, Some(cost));
+            .noted(side, &notes, now_us, Some(arrival));
         let served = self.served.load(Ordering::Relaxed) > served;
         let exempt = journal.exempt.load(Ordering::Relaxed) > exempt;
         match (done, served) {

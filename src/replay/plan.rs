@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 use super::log::{BadLine, LoggedRequest};
+use super::suggest::{Arrival, KeyModel, Model, Suggestions};
 use crate::algo::calendar::instant_text;
 use crate::key::{Id, LimitName};
 use crate::layer::Note;
@@ -14,12 +15,6 @@ use crate::layer::RuleOutcome;
 /// The version of the plan's JSON document. Fields are added, never changed or removed,
 /// within a version.
 pub const PLAN_VERSION: u32 = 1;
-
-/// The grid of counts a count suggestion is taken from: the candidate's count times
-/// `2^(k/4)` for k in `GRID_LOW..=GRID_HIGH` (a quarter of it to 64 times it, steps of 19%).
-const GRID_LOW: i32 = -8;
-const GRID_HIGH: i32 = 24;
-const GRID: usize = (GRID_HIGH - GRID_LOW + 1) as usize;
 
 /// What a replay found: how each policy decided the log's requests, what would change, and
 /// how much of each limit its keys used. Its JSON form (`serde`) is a promise: see
@@ -108,6 +103,22 @@ pub struct LimitPlan {
     /// than `target` of its keys would exceed. Absent for every other shape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suggested_count: Option<SuggestedCount>,
+    /// The candidate's concurrency limit (or adaptive limit's `max`) sized to the requests
+    /// each key had in flight at once by the log's durations. Absent for every other shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggested_max: Option<SuggestedMax>,
+    /// The candidate's burst tiers sized to the units each key asked in any window of each
+    /// tier's length. Absent for every other shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggested_tiers: Option<SuggestedTiers>,
+    /// The candidate's fair share's budget sized to every id's requests together. Absent for
+    /// every other shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggested_budget: Option<SuggestedBudget>,
+    /// The keys a suggestion leaves above it (a fair share's: the ids that asked the most),
+    /// most first, at most ten: what the limit exists to stop. Absent when none is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub heaviest: Vec<Heavy>,
     /// Marked `across_regions` in either policy (`docs/regions.md`): replayed as one central
     /// limit (every request of the log against one bucket per key), which is the most the
     /// regions together may admit; a regional deployment admits less by what the floors of
@@ -184,6 +195,82 @@ pub struct SuggestedCount {
     pub period: String,
     /// The candidate's count, for comparison.
     pub candidate_count: u64,
+}
+
+/// A concurrency limit's `max` (an adaptive limit's `adaptive.max`) sized to the log: each
+/// key's most requests in flight at once (a request held for its logged duration: the layer
+/// renews its lease while it lives), at the share of keys a suggestion may leave refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuggestedMax {
+    /// The share of keys that may see a refusal.
+    pub target: f64,
+    /// Keys the suggestion is taken over.
+    pub keys: u64,
+    /// The smallest `max` that at most `target` of the keys had more requests in flight than.
+    pub max: u64,
+    /// True when `max` is the model's bound (65,536 requests of one key in flight): at least.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub at_least: bool,
+    /// The candidate's `max`, for comparison.
+    pub candidate_max: u64,
+    /// An adaptive limit: the suggestion is its `max`, the most it may grow to.
+    pub adaptive: bool,
+}
+
+/// Burst tiers sized to the log, each tier as if it stood alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuggestedTiers {
+    /// The share of keys that may see a refusal.
+    pub target: f64,
+    /// Keys the suggestion is taken over.
+    pub keys: u64,
+    /// Per tier, in order.
+    pub tiers: Vec<SuggestedTier>,
+}
+
+/// One tier of [`SuggestedTiers`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuggestedTier {
+    /// The tier's window (`1s`, `1m`).
+    pub window: String,
+    /// The smallest limit that at most the target share of keys asked more units than in any
+    /// window of this length (refused requests included).
+    pub limit: u64,
+    /// The candidate's limit, for comparison.
+    pub candidate_limit: u64,
+}
+
+/// A fair share's budget sized to the log: every id's requests as one stream, so that the
+/// budget alone refuses no more than `target` of the requests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuggestedBudget {
+    /// The share of the limit's requests the budget may refuse.
+    pub target: f64,
+    /// Requests the suggestion is taken over.
+    pub requests: u64,
+    /// The smallest count per period at the candidate's burst, from the grid of counts
+    /// ([`Suggested::count`]'s): `None` when even 64 times refuses more than the target.
+    pub count: Option<u64>,
+    /// The smallest burst at the candidate's count, from the same grid of bursts.
+    pub burst: Option<u64>,
+    /// The candidate's period.
+    pub period: String,
+    /// The candidate's budget, for comparison.
+    pub candidate_burst: u64,
+    /// See `candidate_burst`.
+    pub candidate_count: u64,
+}
+
+/// A key named apart by a suggestion ([`LimitPlan::heaviest`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heavy {
+    /// The id.
+    pub id: String,
+    /// What it asked in the suggestion's unit: the burst it needed at the candidate's rate
+    /// (GCRA), its most units in one period (calendar), its most requests in flight
+    /// (concurrency), its most units in one window of the first tier (tiers), its units over
+    /// the log (fair share).
+    pub needed: u64,
 }
 
 /// A key's flips.
@@ -323,54 +410,13 @@ pub(crate) struct Seen<'a> {
     pub(crate) path: &'a str,
 }
 
-/// A key's tallies: the largest share it used under each policy, its flips, and the
-/// suggestion model's state while its bucket is not full again.
+/// A key's tallies: the largest share it used under each policy, its flips, and its state in
+/// the suggestion model.
 #[derive(Default)]
 struct KeyTally {
     share: [f32; 2],
     flips: [u32; 2],
-    /// The burst it needed at the candidate's rate (in units).
-    needed_burst: u64,
-    /// Grid points at which it was refused.
-    refused: u64,
-    live: Option<Box<Live>>,
-    /// A calendar quota's model: the end of the period its last units fell in, the units
-    /// asked in it, and the most asked in any period.
-    calendar: Option<Box<[u64; 3]>>,
-}
-
-/// A key's buckets in the suggestion model: at the candidate's count with no burst bound, and
-/// at each grid count with the candidate's burst. Times are microseconds since the replay's
-/// start times the bucket's count (so every step is a whole number).
-struct Live {
-    tat: u128,
-    grid: [u128; GRID],
-}
-
-/// The candidate's GCRA numbers a suggestion is sized from.
-#[derive(Clone, Copy)]
-struct Sizing {
-    burst: u64,
-    count: u64,
-    period_us: u64,
-    grid: [u64; GRID],
-}
-
-impl Sizing {
-    fn of(limit: &crate::Limit) -> Sizing {
-        let mut grid = [0; GRID];
-        for (i, k) in (GRID_LOW..=GRID_HIGH).enumerate() {
-            grid[i] = ((limit.count() as f64) * 2f64.powf(f64::from(k) / 4.0))
-                .ceil()
-                .max(1.0) as u64;
-        }
-        Sizing {
-            burst: limit.burst(),
-            count: limit.count(),
-            period_us: limit.period_us(),
-            grid,
-        }
-    }
+    model: Option<Box<KeyModel>>,
 }
 
 #[derive(Default)]
@@ -378,9 +424,8 @@ struct LimitTally {
     denied: [u64; 2],
     flips: [u64; 2],
     keys: HashMap<Id, KeyTally>,
-    sizing: Option<Sizing>,
-    /// The candidate's calendar quota, which its count suggestion is sized for.
-    calendar: Option<std::sync::Arc<crate::CalendarQuota>>,
+    /// The suggestion's model of the candidate's limit.
+    model: Option<Model>,
     /// Marked `across_regions` in either policy.
     across_regions: bool,
     /// Notes of keys past the bound, not kept.
@@ -448,18 +493,9 @@ impl Tally {
         self.limits.entry(name).or_default().across_regions = true;
     }
 
-    /// Sizes suggestions of `name` from the candidate's default `limit`.
-    pub(crate) fn size(&mut self, name: LimitName, limit: &crate::Limit) {
-        self.limits.entry(name).or_default().sizing = Some(Sizing::of(limit));
-    }
-
-    /// Sizes the count suggestion of `name` from the candidate's calendar quota.
-    pub(crate) fn size_calendar(
-        &mut self,
-        name: LimitName,
-        quota: std::sync::Arc<crate::CalendarQuota>,
-    ) {
-        self.limits.entry(name).or_default().calendar = Some(quota);
+    /// Sizes the suggestion of `name` for the candidate's default `quota`.
+    pub(crate) fn size(&mut self, name: LimitName, quota: &crate::Quota) {
+        self.limits.entry(name).or_default().model = Some(Model::of(quota));
     }
 
     pub(crate) fn bad_line(&mut self, bad: &BadLine) {
@@ -476,7 +512,13 @@ impl Tally {
     /// One policy's notes of one request (`side` 0: current, 1: candidate), as they come: the
     /// shares its keys used and, for the candidate's first decision of a request (`arrival`:
     /// the request's cost), the suggestion model's arrivals.
-    pub(crate) fn noted(&mut self, side: usize, notes: &[Note], now_us: u64, arrival: Option<u64>) {
+    pub(crate) fn noted(
+        &mut self,
+        side: usize,
+        notes: &[Note],
+        now_us: u64,
+        arrival: Option<Arrival>,
+    ) {
         for note in notes {
             let Some(id) = &note.id else { continue };
             let limit = self.limits.entry(note.name).or_default();
@@ -496,14 +538,9 @@ impl Tally {
                 key.share[side] = key.share[side].max(share);
             }
             if side == 1
-                && let (Some(sizing), Some(cost)) = (limit.sizing, arrival)
+                && let (Some(model), Some(arrival)) = (&mut limit.model, arrival)
             {
-                arrive(key, &sizing, now_us.saturating_sub(self.base_us), cost);
-            }
-            if side == 1
-                && let (Some(quota), Some(cost)) = (&limit.calendar, arrival)
-            {
-                arrive_calendar(key, quota, now_us, cost);
+                model.arrive(&mut key.model, now_us, self.base_us, arrival);
             }
         }
     }
@@ -568,23 +605,14 @@ impl Tally {
         }
     }
 
-    /// Drops the model state of keys whose every bucket is full again at `now_us` (a bucket
-    /// whose TAT is past is the same as a fresh one): memory follows live keys.
+    /// Drops what the suggestion models of keys no longer need at `now_us`: memory follows
+    /// live keys.
     pub(crate) fn sweep(&mut self, now_us: u64) {
-        let t = u128::from(now_us.saturating_sub(self.base_us));
         for limit in self.limits.values_mut() {
-            let Some(sizing) = limit.sizing else { continue };
+            let Some(model) = &limit.model else { continue };
             for key in limit.keys.values_mut() {
-                let idle = key.live.as_ref().is_some_and(|live| {
-                    live.tat <= t * u128::from(sizing.count)
-                        && live
-                            .grid
-                            .iter()
-                            .zip(sizing.grid)
-                            .all(|(&tat, count)| tat <= t * u128::from(count))
-                });
-                if idle {
-                    key.live = None;
+                if let Some(k) = key.model.as_mut() {
+                    model.sweep(k, now_us, self.base_us);
                 }
             }
         }
@@ -604,6 +632,10 @@ impl Tally {
                     });
                 }
             }
+            let s = limit.model.as_ref().map_or_else(Suggestions::default, |m| {
+                let keys = limit.keys.iter().map(|(id, k)| (id, k.model.as_deref()));
+                m.suggest(keys, self.target)
+            });
             limits.insert(
                 name.as_str().to_owned(),
                 LimitPlan {
@@ -612,11 +644,12 @@ impl Tally {
                     allow_to_deny: limit.flips[A2D],
                     deny_to_allow: limit.flips[D2A],
                     headroom: headroom(limit),
-                    suggested: limit.sizing.and_then(|s| suggest(limit, &s, self.target)),
-                    suggested_count: limit
-                        .calendar
-                        .as_ref()
-                        .and_then(|q| suggest_count(limit, q, self.target)),
+                    suggested: s.suggested,
+                    suggested_count: s.suggested_count,
+                    suggested_max: s.suggested_max,
+                    suggested_tiers: s.suggested_tiers,
+                    suggested_budget: s.suggested_budget,
+                    heaviest: s.heaviest,
                     across_regions: limit.across_regions,
                     untallied: limit.untallied,
                 },
@@ -646,75 +679,6 @@ impl Tally {
             warm: None,
         }
     }
-}
-
-/// One arrival of `cost` units at `t` (microseconds since the start) in a key's model.
-fn arrive(key: &mut KeyTally, sizing: &Sizing, t: u64, cost: u64) {
-    let live = key.live.get_or_insert_with(|| {
-        Box::new(Live {
-            tat: 0,
-            grid: [0; GRID],
-        })
-    });
-    let (t, cost, period, burst) = (
-        u128::from(t),
-        u128::from(cost),
-        u128::from(sizing.period_us),
-        u128::from(sizing.burst),
-    );
-    let now = t * u128::from(sizing.count);
-    live.tat = live.tat.max(now) + cost * period;
-    let needed = (live.tat - now).div_ceil(period);
-    key.needed_burst = key
-        .needed_burst
-        .max(u64::try_from(needed).unwrap_or(u64::MAX));
-    for (i, (tat, count)) in live.grid.iter_mut().zip(sizing.grid).enumerate() {
-        let now = t * u128::from(count);
-        let after = (*tat).max(now) + cost * period;
-        if after - now > burst * period {
-            key.refused |= 1 << i;
-        } else {
-            *tat = after;
-        }
-    }
-}
-
-/// One arrival of `cost` units at `now_us` (Unix microseconds) in a key's calendar model: the
-/// units asked in the candidate's period holding it, uncapped (a refused request counts too:
-/// the suggestion asks what a key wanted).
-fn arrive_calendar(key: &mut KeyTally, quota: &crate::CalendarQuota, now_us: u64, cost: u64) {
-    let [end, used, most] = key.calendar.get_or_insert_with(Default::default).as_mut();
-    if now_us >= *end {
-        *end = quota.period_at(now_us).1;
-        *used = 0;
-    }
-    *used = used.saturating_add(cost);
-    *most = (*most).max(*used);
-}
-
-fn suggest_count(
-    limit: &LimitTally,
-    quota: &crate::CalendarQuota,
-    target: f64,
-) -> Option<SuggestedCount> {
-    let mut most: Vec<u64> = limit
-        .keys
-        .values()
-        .filter_map(|k| k.calendar.as_ref().map(|c| c[2]))
-        .collect();
-    if most.is_empty() {
-        return None;
-    }
-    most.sort_unstable();
-    let n = most.len();
-    let may = ((target * n as f64).floor() as usize).min(n - 1);
-    Some(SuggestedCount {
-        target,
-        keys: n as u64,
-        count: most[n - 1 - may],
-        period: quota.period().as_str().to_owned(),
-        candidate_count: quota.count(),
-    })
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -748,40 +712,6 @@ fn headroom(limit: &LimitTally) -> Option<Headroom> {
         p90: round(quantile(&shares, 0.9)),
         p99: round(quantile(&shares, 0.99)),
         max: round(shares[shares.len() - 1]),
-    })
-}
-
-fn suggest(limit: &LimitTally, sizing: &Sizing, target: f64) -> Option<Suggested> {
-    let modelled: Vec<&KeyTally> = limit.keys.values().filter(|k| k.needed_burst > 0).collect();
-    if modelled.is_empty() {
-        return None;
-    }
-    let n = modelled.len();
-    // The most keys that may see a refusal.
-    let may = ((target * n as f64).floor() as usize).min(n - 1);
-    let mut bursts: Vec<u64> = modelled.iter().map(|k| k.needed_burst).collect();
-    bursts.sort_unstable();
-    // The smallest grid point a key was never refused at (GRID: refused at every one).
-    let mut points: Vec<usize> = modelled
-        .iter()
-        .map(|k| {
-            (0..GRID)
-                .rev()
-                .take_while(|&i| k.refused & (1 << i) == 0)
-                .last()
-                .unwrap_or(GRID)
-        })
-        .collect();
-    points.sort_unstable();
-    let point = points[n - 1 - may];
-    Some(Suggested {
-        target,
-        keys: n as u64,
-        burst: bursts[n - 1 - may],
-        count: sizing.grid.get(point).copied(),
-        period: crate::time::format_duration_us(sizing.period_us),
-        candidate_burst: sizing.burst,
-        candidate_count: sizing.count,
     })
 }
 
@@ -838,48 +768,5 @@ mod tests {
             (limit.keys.len(), tally.tallied, limit.untallied),
             (2, 2, 6)
         );
-    }
-
-    #[test]
-    fn a_calendar_quota_s_count_is_sized_from_what_each_key_asked_in_one_period() {
-        let limits = crate::Limits::from_yaml_str(
-            "Daily: {kind: ip, calendar: {count: 5, period: day}}\n",
-            None,
-        )
-        .unwrap();
-        let name = limits.name("Daily").unwrap();
-        let Some(crate::Quota::Calendar(quota)) = limits.default_limit(name) else {
-            panic!("a calendar quota");
-        };
-        let mut tally = Tally::new(0, 0.25, 10, 10, 10);
-        tally.size_calendar(name, quota.clone());
-        let day = 86_400_000_000u64;
-        let t0 = 20_000 * day + 3_600_000_000;
-        // Four keys: 2, 4, 7 and 30 units in their busiest day; the last spread over two days
-        // asks 12 and 18, so its most is 18. Refused requests count: the model is uncapped.
-        let asks: [(u8, &[(u64, u64)]); 4] = [
-            (1, &[(0, 1), (1, 1)]),
-            (2, &[(0, 2), (1, 2)]),
-            (3, &[(0, 3), (2, 4), (day, 1)]),
-            (4, &[(0, 12), (day, 10), (day + 5, 8)]),
-        ];
-        for (client, times) in asks {
-            let note = Note {
-                name,
-                outcome: RuleOutcome::Allowed,
-                id: Some(crate::Id::from(std::net::IpAddr::from([192, 0, 2, client]))),
-                used: 1,
-                size: 5,
-            };
-            for &(at, cost) in times {
-                tally.noted(1, std::slice::from_ref(&note), t0 + at, Some(cost));
-            }
-        }
-        let plan = tally.plan();
-        let s = plan.limits["Daily"].suggested_count.clone().unwrap();
-        // A quarter of 4 keys may be refused: the count the third key needs, 7.
-        assert_eq!((s.keys, s.count, s.candidate_count), (4, 7, 5));
-        assert_eq!(s.period, "day");
-        assert!(plan.limits["Daily"].suggested.is_none());
     }
 }
