@@ -208,6 +208,46 @@ async fn a_dead_redis_opens_the_circuit_and_a_successful_probe_closes_it() {
     breaker.closes_after_its_cool_off().await;
 }
 
+/// An operator reading the log of an outage sees one line when a circuit opens, naming the
+/// server whose circuit it is (a cluster has one per master: two such lines at once were two
+/// masters, and nothing said which). Twenty requests at once against a dead server: one line.
+#[test]
+fn a_circuit_that_opens_says_so_once_and_names_its_server() {
+    let mut server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let breaker = rt.block_on(Breaker::on(&server.url()));
+    assert!(
+        rt.block_on(breaker.limiter.spend(&breaker.tx))
+            .unwrap()
+            .allowed()
+    );
+    server.kill();
+    let ((), warned) = support::warnings_during(|| {
+        rt.block_on(async {
+            let asks = (0..20).map(|_| breaker.limiter.spend(&breaker.tx));
+            for answer in futures_util::future::join_all(asks).await {
+                assert!(answer.is_err());
+            }
+        })
+    });
+    let opened: Vec<&String> = warned
+        .iter()
+        .filter(|w| w.contains("failed repeatedly"))
+        .collect();
+    assert_eq!(opened.len(), 1, "{warned:?}");
+    assert!(
+        opened[0].contains(&format!(
+            "Redis at 127.0.0.1:{} failed repeatedly",
+            server.port
+        )),
+        "{opened:?}"
+    );
+    assert_eq!(breaker.backend.circuit_opened_count(), 1);
+}
+
 /// Once the cool-off ends, no request waits the command timeout to learn
 /// whether Redis is back. The probe goes in the background; the request that started it, and
 /// every request while it runs, is answered at once (`CircuitOpen`; before, that request was

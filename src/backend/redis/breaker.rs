@@ -30,6 +30,8 @@ impl Default for Settings {
 
 /// One circuit: per server, so a dead cluster master opens only its own.
 pub(super) struct Breaker {
+    /// The server, as its log lines name it (`host:port`, never credentials).
+    server: String,
     /// Consecutive failures that open the circuit (0: never opens).
     threshold: u32,
     cool_off_us: u64,
@@ -53,8 +55,9 @@ pub(super) enum Admission {
 }
 
 impl Breaker {
-    pub(super) fn new(settings: Settings) -> Self {
+    pub(super) fn new(settings: Settings, server: String) -> Self {
         Self {
+            server,
             threshold: settings.failures,
             cool_off_us: crate::time::duration_us(settings.cool_off),
             failures: AtomicU32::new(0),
@@ -100,7 +103,11 @@ impl Breaker {
             if self.open_until.load(Ordering::Acquire) != 0
                 && self.open_until.swap(0, Ordering::AcqRel) != 0
             {
-                tracing::info!(target: crate::telemetry::target::BACKEND, "Redis answers again: the rate limiter's circuit is closed");
+                tracing::info!(target: crate::telemetry::target::BACKEND,
+                    server = %self.server,
+                    "Redis at {} answers again: the rate limiter's circuit is closed",
+                    self.server
+                );
             }
             if probe {
                 self.probing.store(false, Ordering::Release);
@@ -116,22 +123,37 @@ impl Breaker {
             .failures
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
-        if self.threshold > 0 && failures >= self.threshold && !self.is_open() {
-            self.open(now());
+        // Only the call that opens a closed circuit says so: two failing at once, one line.
+        if self.threshold > 0
+            && failures >= self.threshold
+            && !self.is_open()
+            && self
+                .open_until
+                .compare_exchange(0, self.until(now()), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.opened();
             tracing::warn!(target: crate::telemetry::target::BACKEND,
+                server = %self.server,
                 failures,
                 cool_off_ms = self.cool_off_us / 1_000,
-                "Redis failed repeatedly: the rate limiter answers at once by its failure policy \
-                 until a probe succeeds"
+                "Redis at {} failed repeatedly: the rate limiter answers at once by its failure \
+                 policy until a probe succeeds",
+                self.server
             );
         }
     }
 
+    fn until(&self, now: u64) -> u64 {
+        now.saturating_add(self.cool_off_us).max(1)
+    }
+
     fn open(&self, now: u64) {
-        self.open_until.store(
-            now.saturating_add(self.cool_off_us).max(1),
-            Ordering::Release,
-        );
+        self.open_until.store(self.until(now), Ordering::Release);
+        self.opened();
+    }
+
+    fn opened(&self) {
         self.opened.fetch_add(1, Ordering::Relaxed);
         crate::telemetry::circuit_opened();
     }

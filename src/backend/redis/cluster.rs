@@ -320,7 +320,9 @@ impl ClusterRouter {
                     .iter()
                     .position(|(h, p, _)| h == host && p == port)
                     .and_then(|j| current.breakers.get(j).cloned())
-                    .unwrap_or_else(|| Arc::new(Breaker::new(self.inner.breaker)))
+                    .unwrap_or_else(|| {
+                        Arc::new(Breaker::new(self.inner.breaker, format!("{host}:{port}")))
+                    })
             })
             .collect();
         // Clients of nodes that no longer hold slots are dropped (and closed).

@@ -418,7 +418,7 @@ impl RedisBackendBuilder {
                             Connection::Pool(p) => drop(p.connect()),
                             Connection::Cluster(_) => {}
                         }
-                        return Ok(self.finish(conn, owned, false, timeout));
+                        return Ok(self.finish(conn, owned, false, timeout, at));
                     }
                     let init = async {
                         match &conn {
@@ -465,7 +465,7 @@ impl RedisBackendBuilder {
             }
         }
         let read_only = self.read_only;
-        let backend = self.finish(conn, owned || clustered, clustered, timeout);
+        let backend = self.finish(conn, owned || clustered, clustered, timeout, at.clone());
         // The overrides set at run time, read whole before the first request: a fresh instance
         // never decides an overridden id without its override (one that served while
         // it read 1,000,000 stored blocks admitted blocked ids for 29 s). Each page is bounded
@@ -483,12 +483,14 @@ impl RedisBackendBuilder {
         Ok(backend)
     }
 
+    /// `at`: the server, as the circuit breaker's log lines name it.
     fn finish(
         self,
         conn: Connection,
         owned: bool,
         clustered: bool,
         timeout: Duration,
+        at: String,
     ) -> RedisBackend {
         let local: Arc<dyn Clock> = match &self.clock {
             Some(c) => c.clone(),
@@ -512,7 +514,7 @@ impl RedisBackendBuilder {
                 cache: self
                     .deny_cache
                     .then(|| DenyCache::new(self.deny_cache_capacity)),
-                breaker: Arc::new(breaker::Breaker::new(self.breaker)),
+                breaker: Arc::new(breaker::Breaker::new(self.breaker, at)),
                 coalescer: coalesce.map(|c| super::coalesce::Coalescer::new(c, timeout)),
                 pools: super::prefetch::Pools::new(),
                 prefetch: self.prefetch,
