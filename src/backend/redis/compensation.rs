@@ -1,5 +1,5 @@
-//! Compensation: a cluster batch spans slots, one script per slot; when one slot denies, what
-//! the others spent is given back, so the batch stays all or nothing as the client sees it.
+//! Compensation: a cluster batch spans slots, one script per slot; when one slot denies (or
+//! fails), what the others spent is given back, so the batch stays all or nothing as the client sees it.
 
 use fred::prelude::Key;
 
@@ -34,8 +34,8 @@ impl RedisBackend {
         if let Err(e) = self.refund_batch(&txs).await {
             tracing::error!(target: crate::telemetry::target::BACKEND,
                 error = %e,
-                "could not refund the allowed part of a denied cross-slot batch; \
-                 it drains at the limits' rate"
+                "could not give back what the allowed part of a cross-slot batch spent (another \
+                 part was denied or failed); it drains at the limits' rate"
             );
         }
         for &i in spent {
@@ -52,7 +52,8 @@ impl RedisBackend {
             if let Err(e) = result {
                 tracing::error!(target: crate::telemetry::target::BACKEND,
                     error = %e,
-                    "could not undo the tiered part of a denied cross-slot batch"
+                    "could not undo the tiered part of a cross-slot batch another part of which was \
+                     denied or failed"
                 );
             }
         }
