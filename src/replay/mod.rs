@@ -32,19 +32,22 @@ mod log;
 mod plan;
 mod snapshot;
 mod suggest;
+mod suggested;
 
 use inner::{Inner, Logged, drain};
 pub use log::{BadLine, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
 use plan::{Answer, Tally};
 pub use plan::{
-    Answered, BadLineExample, Counts, Flip, Headroom, Heavy, KeyFlips, LimitPlan, PLAN_VERSION,
-    Plan, Replayed, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTier,
-    SuggestedTiers,
+    Answered, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan,
+    Replayed,
 };
 pub use snapshot::{
     DEFAULT_SNAPSHOT_KEYS, RefusedId, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
 };
 use suggest::Arrival;
+pub use suggested::{
+    Heavy, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTier, SuggestedTiers,
+};
 
 /// How many bad lines a plan shows.
 const BAD_EXAMPLES: usize = 5;

@@ -7,7 +7,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
-use super::plan::{
+use super::suggested::{
     Heavy, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTier, SuggestedTiers,
 };
 use crate::key::Id;
