@@ -192,6 +192,7 @@ pub use algo::tiers::{
 };
 /// The batch kit: what a backend decides, written once, for a backend outside the crate.
 pub use backend::kit;
+pub use backend::regions::RegionShare;
 pub use backend::{
     Backend, BackendError, BucketTx, DEFAULT_MAX_OVERRIDES, MemoryBackend, MemoryBackendBuilder,
     Mode, Outcome, Outcomes, PendingSpend, Spend, TransactionError,
@@ -217,8 +218,8 @@ pub use layer::{
     key_fn,
 };
 pub use limiter::{
-    BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, OverrideError, RegionShare,
-    ReloadError, Transaction,
+    BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, OverrideError, ReloadError,
+    Transaction,
 };
 pub use overrides::{BLOCK_WITHOUT_END, OverrideKind, StoredOverride};
 pub use quota::Quota;
@@ -333,5 +334,5 @@ pub mod __private {
     pub use crate::algo::{adaptive, calendar, concurrency, fair_share, gcra, tiers};
     pub use crate::backend::regions::{Moved, ShareNow, SimulatedRegions};
     pub use crate::layer::{in_scope, parse_units, units_in};
-    pub use crate::time::parse_duration_us;
+    pub use crate::time::{instant_text, parse_duration_us, parse_instant};
 }

@@ -249,6 +249,103 @@ pub(crate) fn random_u64() -> u64 {
     h.finish()
 }
 
+/// Seconds in a day.
+const DAY_S: i64 = 86_400;
+
+/// A UTC instant as text, to the microsecond when it has a fraction (`2028-02-29T00:00:00Z`,
+/// `2028-02-28T23:59:59.999999Z`): the admin API's renewal time.
+pub fn instant_text(us: u64) -> String {
+    let s = (us / 1_000_000) as i64;
+    let (y, m, d) = civil_from_days(s.div_euclid(DAY_S));
+    let t = s.rem_euclid(DAY_S);
+    let (h, min, sec) = (t / 3600, t / 60 % 60, t % 60);
+    let mut text = format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{sec:02}");
+    if !us.is_multiple_of(1_000_000) {
+        text.push_str(&format!(".{:06}", us % 1_000_000));
+    }
+    text.push('Z');
+    text
+}
+
+/// Reads a UTC instant written as [`instant_text`] writes it (`YYYY-MM-DDTHH:MM:SS`, an
+/// optional fraction of 1 to 6 digits, then `Z`; 1970 to 9999) as Unix microseconds: the
+/// simulator's dated trace lines.
+pub fn parse_instant(text: &str) -> Result<u64, String> {
+    let bad = || format!("malformed instant {text:?}: write YYYY-MM-DDTHH:MM:SS[.ffffff]Z (UTC)");
+    let body = text.strip_suffix('Z').ok_or_else(bad)?;
+    let (whole, frac) = body.split_once('.').unwrap_or((body, ""));
+    let b = whole.as_bytes();
+    let shape = b.len() == 19
+        && [4, 7].iter().all(|&i| b[i] == b'-')
+        && b[10] == b'T'
+        && [13, 16].iter().all(|&i| b[i] == b':');
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|c| c.is_ascii_digit());
+    if !shape || (body.contains('.') && (!digits(frac) || frac.len() > 6)) {
+        return Err(bad());
+    }
+    let field = |from: usize, to: usize| -> Result<i64, String> {
+        let t = &whole[from..to];
+        if !digits(t) {
+            return Err(bad());
+        }
+        t.parse().map_err(|_| bad())
+    };
+    let (y, m, d) = (field(0, 4)?, field(5, 7)?, field(8, 10)?);
+    let (h, min, sec) = (field(11, 13)?, field(14, 16)?, field(17, 19)?);
+    if y < 1970 || !(1..=12).contains(&m) || d < 1 || d > days_in_month(y, m) {
+        return Err(format!("{text:?}: no such date (1970 to 9999)"));
+    }
+    if h > 23 || min > 59 || sec > 59 {
+        return Err(format!("{text:?}: no such time of day"));
+    }
+    let frac_us = if frac.is_empty() {
+        0
+    } else {
+        frac.parse::<u64>().map_err(|_| bad())? * 10u64.pow(6 - frac.len() as u32)
+    };
+    let s = days_from_civil(y, m, d) * DAY_S + h * 3600 + min * 60 + sec;
+    Ok(s as u64 * 1_000_000 + frac_us)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
+pub(crate) fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The proleptic Gregorian date of a day since 1970-01-01 (`civil_from_days`).
+pub(crate) fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+pub(crate) fn days_in_month(y: i64, m: i64) -> i64 {
+    match m {
+        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Unix microseconds of a UTC date and time (for tests and docs).
+#[cfg(test)]
+pub(crate) fn utc(y: i64, m: i64, d: i64, h: i64, min: i64) -> u64 {
+    ((days_from_civil(y, m, d) * DAY_S + h * 3600 + min * 60) * 1_000_000) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,5 +418,59 @@ mod tests {
         assert_eq!(c2.now_us(), 3);
         c.advance(Duration::MAX);
         assert_eq!(c.now_us(), u64::MAX);
+    }
+
+    #[test]
+    fn instants_read_back_as_written_and_bad_ones_say_why() {
+        for us in [
+            0,
+            1,
+            999_999,
+            utc(2028, 2, 29, 0, 0),
+            utc(2028, 2, 29, 0, 0) - 1,
+        ] {
+            assert_eq!(
+                parse_instant(&instant_text(us)),
+                Ok(us),
+                "{}",
+                instant_text(us)
+            );
+        }
+        assert_eq!(instant_text(utc(2028, 2, 29, 0, 0)), "2028-02-29T00:00:00Z");
+        assert_eq!(
+            instant_text(utc(2028, 2, 29, 0, 0) - 1),
+            "2028-02-28T23:59:59.999999Z"
+        );
+        assert_eq!(
+            parse_instant("2028-02-28T23:59:59.5Z"),
+            Ok(utc(2028, 2, 28, 23, 59) + 59_500_000)
+        );
+        for bad in [
+            "2027-02-29T00:00:00Z",
+            "2028-02-28T24:00:00Z",
+            "2028-02-28T23:59:59",
+            "2028-02-28 23:59:59Z",
+            "2028-02-28T23:59:59.1234567Z",
+            "2028-02-28T23:59:59.Z",
+            "1969-12-31T23:59:59Z",
+            "+028-02-28T23:59:59Z",
+            "2028-2-28T23:59:59Z",
+        ] {
+            assert!(parse_instant(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn civil_dates_round_trip_over_four_centuries() {
+        for z in -200_000..200_000 {
+            let (y, m, d) = civil_from_days(z);
+            assert_eq!(days_from_civil(y, m, d), z);
+            assert!((1..=days_in_month(y, m)).contains(&d));
+        }
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(
+            days_from_civil(2000, 3, 1) - days_from_civil(2000, 2, 28),
+            2
+        );
     }
 }

@@ -452,8 +452,7 @@ async fn http_answers_and_the_admin_api_speak_the_period() {
         .unwrap()
         .as_micros() as u64;
     let renews =
-        tower_ratelimits::__private::calendar::parse_instant(bucket["renews_at"].as_str().unwrap())
-            .unwrap();
+        tower_ratelimits::__private::parse_instant(bucket["renews_at"].as_str().unwrap()).unwrap();
     let quota = tower_ratelimits::CalendarQuota::new(3, tower_ratelimits::Period::Month).unwrap();
     assert_eq!(renews, quota.period_at(wall_now).1, "{bucket}");
 

@@ -444,7 +444,7 @@ Exports: {kind: account, concurrency: 1, lease: 300ms}
             .unwrap_or_default();
         let response = next.run(request).await;
         let took = now_us() - start;
-        let time = tower_ratelimits::__private::calendar::instant_text(start);
+        let time = tower_ratelimits::__private::instant_text(start);
         let status = response.status().as_u16();
         let line = format!(
             "{{\"time\":\"{time}\",\"ip\":\"{}\",\"method\":\"{method}\",\"path\":\"{path}\"{account},\"status\":{status},\"duration_ms\":{}}}\n",
@@ -502,7 +502,7 @@ Exports: {kind: account, concurrency: 1, lease: 300ms}
         let replayed = Replay::new(move |l| rules.layer(l), limits(LIMITS), limits(LIMITS))
             .each(move |replayed| {
                 let (request, current) = (replayed.request, replayed.current);
-                let time = tower_ratelimits::__private::calendar::instant_text(request.time_us);
+                let time = tower_ratelimits::__private::instant_text(request.time_us);
                 let server = by_time[&time];
                 into.lock().unwrap().push((
                     format!("{time} {} {}", request.method, request.path),

@@ -87,7 +87,7 @@ fn arrivals() -> (Vec<Arrival>, Vec<Arrival>) {
 
 /// The log line of an arrival: a slot's request is held past the end of the log.
 fn line(a: &Arrival) -> String {
-    let time = tower_ratelimits::__private::calendar::instant_text(a.at_us);
+    let time = tower_ratelimits::__private::instant_text(a.at_us);
     let held = if a.path == "/slow" {
         ",\"duration_ms\":600000"
     } else {

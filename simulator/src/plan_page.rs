@@ -407,7 +407,7 @@ fn draw(
         if at < EPOCH_US {
             continue;
         }
-        let instant = tower_ratelimits::__private::calendar::instant_text(at);
+        let instant = tower_ratelimits::__private::instant_text(at);
         let _ = match cost {
             Some(c) => writeln!(text, "{instant} spend {limit}={id} cost={c}"),
             None => writeln!(text, "{instant} spend {limit}={id}"),

@@ -95,7 +95,7 @@ pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
     eprintln!(
         "{} keys at {} ({} values not ours left out) -> {}",
         snapshot.keys().len(),
-        tower_ratelimits::__private::calendar::instant_text(snapshot.instant_us()),
+        tower_ratelimits::__private::instant_text(snapshot.instant_us()),
         snapshot.foreign(),
         args.out.display()
     );

@@ -578,7 +578,7 @@ fn plan_starts_warm_from_a_snapshot_of_redis() {
     assert!(instant >= now_us);
 
     // A log of the minute after the snapshot (and a line before it, not replayed).
-    let at = |us: u64| tower_ratelimits::__private::calendar::instant_text(us);
+    let at = |us: u64| tower_ratelimits::__private::instant_text(us);
     let log = dir.join("log.jsonl");
     std::fs::write(
         &log,

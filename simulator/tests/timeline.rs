@@ -855,8 +855,7 @@ fn a_calendar_quota_is_drawn_as_units_used_with_its_renewals_on_a_dated_axis() {
         "{texts:?}"
     );
     // The renewal of 2028-02-01, in trace time (microseconds since the trace's start).
-    let renewal = tower_ratelimits::__private::calendar::parse_instant("2028-02-01T00:00:00Z")
-        .unwrap()
+    let renewal = tower_ratelimits::__private::parse_instant("2028-02-01T00:00:00Z").unwrap()
         - 1_700_000_000_000_000;
     let renewals: Vec<u64> = lane
         .descendants()

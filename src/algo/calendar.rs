@@ -11,6 +11,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::mode::Mode;
+use crate::time::{civil_from_days, days_from_civil, days_in_month};
 
 /// The most units one period may count (below 2^53, so the script's doubles hold every count
 /// and every sum of two exactly).
@@ -652,99 +653,8 @@ pub fn drained(quota: &CalendarQuota, end_us: u64) -> CalendarState {
     }
 }
 
-/// A UTC instant as text, to the microsecond when it has a fraction (`2028-02-29T00:00:00Z`,
-/// `2028-02-28T23:59:59.999999Z`): the admin API's renewal time.
-pub fn instant_text(us: u64) -> String {
-    let s = (us / 1_000_000) as i64;
-    let (y, m, d) = civil_from_days(s.div_euclid(DAY_S));
-    let t = s.rem_euclid(DAY_S);
-    let (h, min, sec) = (t / 3600, t / 60 % 60, t % 60);
-    let mut text = format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{sec:02}");
-    if !us.is_multiple_of(1_000_000) {
-        text.push_str(&format!(".{:06}", us % 1_000_000));
-    }
-    text.push('Z');
-    text
-}
-
-/// Reads a UTC instant written as [`instant_text`] writes it (`YYYY-MM-DDTHH:MM:SS`, an
-/// optional fraction of 1 to 6 digits, then `Z`; 1970 to 9999) as Unix microseconds: the
-/// simulator's dated trace lines.
-pub fn parse_instant(text: &str) -> Result<u64, String> {
-    let bad = || format!("malformed instant {text:?}: write YYYY-MM-DDTHH:MM:SS[.ffffff]Z (UTC)");
-    let body = text.strip_suffix('Z').ok_or_else(bad)?;
-    let (whole, frac) = body.split_once('.').unwrap_or((body, ""));
-    let b = whole.as_bytes();
-    let shape = b.len() == 19
-        && [4, 7].iter().all(|&i| b[i] == b'-')
-        && b[10] == b'T'
-        && [13, 16].iter().all(|&i| b[i] == b':');
-    let digits = |t: &str| !t.is_empty() && t.bytes().all(|c| c.is_ascii_digit());
-    if !shape || (body.contains('.') && (!digits(frac) || frac.len() > 6)) {
-        return Err(bad());
-    }
-    let field = |from: usize, to: usize| -> Result<i64, String> {
-        let t = &whole[from..to];
-        if !digits(t) {
-            return Err(bad());
-        }
-        t.parse().map_err(|_| bad())
-    };
-    let (y, m, d) = (field(0, 4)?, field(5, 7)?, field(8, 10)?);
-    let (h, min, sec) = (field(11, 13)?, field(14, 16)?, field(17, 19)?);
-    if y < 1970 || !(1..=12).contains(&m) || d < 1 || d > days_in_month(y, m) {
-        return Err(format!("{text:?}: no such date (1970 to 9999)"));
-    }
-    if h > 23 || min > 59 || sec > 59 {
-        return Err(format!("{text:?}: no such time of day"));
-    }
-    let frac_us = if frac.is_empty() {
-        0
-    } else {
-        frac.parse::<u64>().map_err(|_| bad())? * 10u64.pow(6 - frac.len() as u32)
-    };
-    let s = days_from_civil(y, m, d) * DAY_S + h * 3600 + min * 60 + sec;
-    Ok(s as u64 * 1_000_000 + frac_us)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
-pub(crate) fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The proleptic Gregorian date of a day since 1970-01-01 (`civil_from_days`).
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-fn days_in_month(y: i64, m: i64) -> i64 {
-    match m {
-        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Unix microseconds of a UTC date and time (for tests and docs).
 #[cfg(test)]
-fn utc(y: i64, m: i64, d: i64, h: i64, min: i64) -> u64 {
-    ((days_from_civil(y, m, d) * DAY_S + h * 3600 + min * 60) * 1_000_000) as u64
-}
+use crate::time::utc;
 
 #[cfg(test)]
 mod tests;

@@ -668,7 +668,7 @@ pub trait Backend: Send + Sync + 'static {
         _key: &BucketKey,
         _quota: &Quota,
         _floor: crate::RegionFloor,
-    ) -> Result<Option<crate::RegionShare>, BackendError> {
+    ) -> Result<Option<crate::backend::regions::RegionShare>, BackendError> {
         Ok(None)
     }
 
@@ -748,7 +748,7 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         key: &BucketKey,
         quota: &Quota,
         floor: crate::RegionFloor,
-    ) -> Result<Option<crate::RegionShare>, BackendError> {
+    ) -> Result<Option<crate::backend::regions::RegionShare>, BackendError> {
         (**self).region_share(key, quota, floor).await
     }
     fn ready(&self) -> bool {

@@ -4,6 +4,7 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 use crate::algo::tiers::TierGrant;
+use crate::backend::regions::RegionShare;
 use crate::key::{BucketKey, LimitName};
 use crate::mode::Mode;
 use crate::quota::Quota;
@@ -79,25 +80,6 @@ pub struct Inspection {
     /// For an adaptive concurrency limit: the key's number of slots now, which it learned
     /// from its latency (`remaining` of them free); `None` for every other limit.
     pub slots: Option<u64>,
-}
-
-/// A region's share of one key of a limit marked `across_regions`
-/// ([`Inspection::region_share`]): its floor, and the part the global store granted it while
-/// the part's lease runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RegionShare {
-    /// This region's name.
-    pub region: String,
-    /// Whether the region's registration is confirmed: until then its floor is 0 and the key is
-    /// closed here.
-    pub confirmed: bool,
-    /// The floor's rate (requests per the limit's period) and burst.
-    pub floor: (u64, u64),
-    /// The part granted, its rate and burst (zero when none, or its lease ended).
-    pub part: (u64, u64),
-    /// How long the part's lease runs still, by this instance's clock (zero: none).
-    pub lease_left: Duration,
 }
 
 /// A slot held on a concurrency limit ([`ConcurrencyLimit`](crate::ConcurrencyLimit)): a bucket and a lease id unique

@@ -20,7 +20,7 @@ mod step;
 mod transaction;
 
 pub(crate) use decision::Strictest;
-pub use decision::{BatchDecision, Decision, Inspection, Lease, RegionShare};
+pub use decision::{BatchDecision, Decision, Inspection, Lease};
 pub use limits::ReloadError;
 pub use overrides::OverrideError;
 pub(crate) use renewals::{Hold, third_of_lease};

@@ -108,9 +108,7 @@ impl Shape for CalendarQuota {
             ("used", Number(self.count().saturating_sub(remaining))),
             (
                 "renews_at",
-                Text(crate::algo::calendar::instant_text(
-                    self.period_at(now_us).1,
-                )),
+                Text(crate::time::instant_text(self.period_at(now_us).1)),
             ),
         ]
     }

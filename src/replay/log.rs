@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
-use crate::algo::calendar::days_from_civil;
+use crate::time::days_from_civil;
 
 /// The longest line read (64 KiB); a longer one is a bad line, skipped to its end.
 pub const MAX_LINE_BYTES: usize = 64 << 10;

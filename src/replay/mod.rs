@@ -228,7 +228,7 @@ impl Replay {
         let from_us = self.snapshot.as_ref().map(Snapshot::instant_us);
         let before = |r: &LoggedRequest| from_us.is_some_and(|from| r.time_us < from);
         let mut warm = self.snapshot.as_ref().map(|s| Warm {
-            instant: crate::algo::calendar::instant_text(s.instant_us()),
+            instant: crate::time::instant_text(s.instant_us()),
             keys: s.keys().len() as u64,
             foreign: s.foreign(),
             ..Warm::default()

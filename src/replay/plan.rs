@@ -10,10 +10,10 @@ use super::suggest::{Arrival, KeyModel, Model, Suggestions};
 use super::suggested::{
     Heavy, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTiers,
 };
-use crate::algo::calendar::instant_text;
 use crate::key::{Id, LimitName};
 use crate::layer::Note;
 use crate::layer::RuleOutcome;
+use crate::time::instant_text;
 
 /// The version of the plan's JSON document. Fields are added, never changed or removed,
 /// within a version.

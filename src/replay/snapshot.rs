@@ -627,7 +627,7 @@ impl Snapshot {
         let header = Header {
             snapshot: SNAPSHOT_VERSION,
             instant_us: self.instant_us,
-            instant: crate::algo::calendar::instant_text(self.instant_us),
+            instant: crate::time::instant_text(self.instant_us),
             keys: self.keys.len() as u64,
             foreign: self.foreign,
         };

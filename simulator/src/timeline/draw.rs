@@ -293,7 +293,7 @@ impl Timeline {
                     r#"<line class="renewal" data-renewal-us="{t}" x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}"><title>renews {}</title></line>"#,
                     y + HEAD_H,
                     y + lane.height() - 4.0,
-                    calendar::instant_text(EPOCH_US.saturating_add(t))
+                    tower_ratelimits::__private::instant_text(EPOCH_US.saturating_add(t))
                 );
             }
         }

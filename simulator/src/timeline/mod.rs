@@ -768,7 +768,7 @@ impl Lane {
 /// A UTC instant as an axis label: the day (`2028-02-01`) when ticks are days apart, else the
 /// day and the minute (`2028-01-31 12:00`).
 fn date_label(us: u64, step: u64) -> String {
-    let text = calendar::instant_text(us);
+    let text = tower_ratelimits::__private::instant_text(us);
     let day = &text[..text.len().min(10)];
     if step >= 86_400_000_000 {
         day.to_owned()

@@ -12,60 +12,6 @@ fn month(anchor: Option<u64>) -> CalendarQuota {
 }
 
 #[test]
-fn instants_read_back_as_written_and_bad_ones_say_why() {
-    for us in [
-        0,
-        1,
-        999_999,
-        utc(2028, 2, 29, 0, 0),
-        utc(2028, 2, 29, 0, 0) - 1,
-    ] {
-        assert_eq!(
-            parse_instant(&instant_text(us)),
-            Ok(us),
-            "{}",
-            instant_text(us)
-        );
-    }
-    assert_eq!(instant_text(utc(2028, 2, 29, 0, 0)), "2028-02-29T00:00:00Z");
-    assert_eq!(
-        instant_text(utc(2028, 2, 29, 0, 0) - 1),
-        "2028-02-28T23:59:59.999999Z"
-    );
-    assert_eq!(
-        parse_instant("2028-02-28T23:59:59.5Z"),
-        Ok(utc(2028, 2, 28, 23, 59) + 59_500_000)
-    );
-    for bad in [
-        "2027-02-29T00:00:00Z",
-        "2028-02-28T24:00:00Z",
-        "2028-02-28T23:59:59",
-        "2028-02-28 23:59:59Z",
-        "2028-02-28T23:59:59.1234567Z",
-        "2028-02-28T23:59:59.Z",
-        "1969-12-31T23:59:59Z",
-        "+028-02-28T23:59:59Z",
-        "2028-2-28T23:59:59Z",
-    ] {
-        assert!(parse_instant(bad).is_err(), "{bad}");
-    }
-}
-
-#[test]
-fn civil_dates_round_trip_over_four_centuries() {
-    for z in -200_000..200_000 {
-        let (y, m, d) = civil_from_days(z);
-        assert_eq!(days_from_civil(y, m, d), z);
-        assert!((1..=days_in_month(y, m)).contains(&d));
-    }
-    assert_eq!(civil_from_days(0), (1970, 1, 1));
-    assert_eq!(
-        days_from_civil(2000, 3, 1) - days_from_civil(2000, 2, 28),
-        2
-    );
-}
-
-#[test]
 fn a_month_without_an_anchor_is_the_calendar_month() {
     let q = month(None);
     assert_eq!(

@@ -587,7 +587,7 @@ impl Backend for MemoryBackend {
         key: &BucketKey,
         quota: &Quota,
         floor: crate::RegionFloor,
-    ) -> Result<Option<crate::RegionShare>, BackendError> {
+    ) -> Result<Option<crate::backend::regions::RegionShare>, BackendError> {
         Ok(match (&self.inner.region, quota.as_gcra()) {
             (Some(region), Some(limit)) => Some(self.memory_share_of(region, key, limit, floor)),
             _ => None,

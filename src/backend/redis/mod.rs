@@ -728,7 +728,7 @@ impl Backend for RedisBackend {
         key: &BucketKey,
         quota: &Quota,
         floor: crate::RegionFloor,
-    ) -> Result<Option<crate::RegionShare>, BackendError> {
+    ) -> Result<Option<crate::backend::regions::RegionShare>, BackendError> {
         match quota.as_gcra() {
             Some(limit) => self.share_of(key, limit, floor).await,
             None => Ok(None),

@@ -16,12 +16,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::RegionShare;
 use super::global::{self, Asked, KeyRecord, RegistryRecord, Stored};
 use super::{
     ASK_AGAIN_QUARTERS, REBALANCE_AT_PERCENT, RegionalSettings, SURGE_QUARTER, demand_above_floor,
     marked,
 };
 use crate::algo::gcra;
+use crate::algo::gcra::Limit;
 use crate::algo::regions::{Grant, RegionKey, Request, Share};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{BackendError, BucketTx, FollowedLimits, Outcomes};
@@ -29,7 +31,6 @@ use crate::config::{Limits, RegionFloor};
 use crate::key::BucketKey;
 use crate::quota::Quota;
 use crate::time::{Clock, ManualClock};
-use crate::{Limit, RegionShare};
 
 /// The global store of regions simulated in one process: the registry and each key's record,
 /// as the Redis global store keeps them, on its own clock. Cheap to clone.

@@ -14,9 +14,30 @@ mod memory;
 pub(crate) use memory::MemoryRegion;
 pub use memory::{Moved, ShareNow, SimulatedRegions};
 
+use std::time::Duration;
+
 use crate::Limit;
 use crate::config::RegionFloor;
 use crate::key::BucketKey;
+
+/// A region's share of one key of a limit marked `across_regions`
+/// ([`Inspection::region_share`](crate::limiter::Inspection::region_share)): its floor, and the part the global store granted it while
+/// the part's lease runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RegionShare {
+    /// This region's name.
+    pub region: String,
+    /// Whether the region's registration is confirmed: until then its floor is 0 and the key is
+    /// closed here.
+    pub confirmed: bool,
+    /// The floor's rate (requests per the limit's period) and burst.
+    pub floor: (u64, u64),
+    /// The part granted, its rate and burst (zero when none, or its lease ended).
+    pub part: (u64, u64),
+    /// How long the part's lease runs still, by this instance's clock (zero: none).
+    pub lease_left: Duration,
+}
 
 /// How a regional instance moves shares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -736,7 +736,7 @@ impl RedisBackend {
         key: &BucketKey,
         limit: &crate::Limit,
         floor: crate::RegionFloor,
-    ) -> Result<Option<crate::RegionShare>, BackendError> {
+    ) -> Result<Option<crate::backend::regions::RegionShare>, BackendError> {
         use fred::prelude::KeysInterface;
         let Some(regional) = self.regional_mode() else {
             return Ok(None);
@@ -769,7 +769,7 @@ impl RedisBackend {
         } else {
             (0, 0)
         };
-        Ok(Some(crate::RegionShare {
+        Ok(Some(crate::backend::regions::RegionShare {
             region: regional.region.clone(),
             confirmed,
             floor,
