@@ -231,7 +231,7 @@ mod tests {
     use crate::algo::tiers::{Tier, TieredLimit};
 
     fn plan() -> CalendarQuota {
-        CalendarQuota::new(1_000_000, crate::Period::Month)
+        CalendarQuota::new(1_000_000, crate::algo::calendar::Period::Month)
             .and_then(|q| q.anchor_day(15))
             .and_then(|q| q.at("06:30"))
             .and_then(|q| q.zone("+02:00"))
@@ -243,7 +243,11 @@ mod tests {
         vec![
             OverrideKind::Quota(Limit::from_micros(3, 3, 3_600_000_000).unwrap().into()),
             OverrideKind::Quota(plan().into()),
-            OverrideKind::Quota(CalendarQuota::new(5, crate::Period::Day).unwrap().into()),
+            OverrideKind::Quota(
+                CalendarQuota::new(5, crate::algo::calendar::Period::Day)
+                    .unwrap()
+                    .into(),
+            ),
             OverrideKind::Quota(
                 TieredLimit::new([
                     Tier::new(5, s(1), s(1), s(0)),
@@ -300,7 +304,11 @@ mod tests {
             ),
             (
                 r#"{"calendar":{"at":"00:00","count":5,"period":"day","zone":"UTC"},"id":"7","limit":"Api","v":1}"#,
-                OverrideKind::Quota(CalendarQuota::new(5, crate::Period::Day).unwrap().into()),
+                OverrideKind::Quota(
+                    CalendarQuota::new(5, crate::algo::calendar::Period::Day)
+                        .unwrap()
+                        .into(),
+                ),
             ),
             (
                 r#"{"id":"7","limit":"Api","unlimited":true,"v":1}"#,

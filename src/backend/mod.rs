@@ -38,7 +38,7 @@ pub use redis::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupErro
 /// backend follows ([`Backend::follow_limits`]).
 #[doc(hidden)]
 pub type FollowedLimits =
-    std::sync::Arc<dyn Fn() -> Option<std::sync::Arc<crate::Limits>> + Send + Sync>;
+    std::sync::Arc<dyn Fn() -> Option<std::sync::Arc<crate::config::Limits>> + Send + Sync>;
 
 /// What a backend decided for one transaction of a batch. Plain data (`Copy`, nothing to
 /// drop): a tiered transaction's grant per tier travels beside it, in its batch's [`Outcomes`]
@@ -143,11 +143,11 @@ pub struct BucketTx<'a> {
     /// A limit marked `across_regions` sent to a backend in regional mode
     /// ([`Backend::regional`]): the floor its region holds, and the transaction is decided by
     /// its region's share bucket (`docs/regions.md`). `None` everywhere else.
-    pub(crate) floor: Option<crate::RegionFloor>,
+    pub(crate) floor: Option<crate::config::RegionFloor>,
     /// A refund that gives back a lease: what the request that held it showed (its latency,
     /// whether it failed), for a shape that learns from it (an adaptive concurrency limit);
     /// `None`: nothing known (a release without one, every other transaction).
-    pub(crate) completion: Option<&'a crate::Completion>,
+    pub(crate) completion: Option<&'a crate::algo::adaptive::Completion>,
 }
 
 /// Why a transaction cannot be built: what it asks could never be granted.
@@ -252,7 +252,7 @@ impl<'a> BucketTx<'a> {
 
     /// Decided by its region's share bucket, with this floor (`docs/regions.md`): set by the
     /// limiter on a limit marked `across_regions` when its backend is regional.
-    pub(crate) fn across_regions(mut self, floor: Option<crate::RegionFloor>) -> Self {
+    pub(crate) fn across_regions(mut self, floor: Option<crate::config::RegionFloor>) -> Self {
         self.floor = floor;
         self
     }
@@ -274,13 +274,13 @@ impl<'a> BucketTx<'a> {
     /// A refund giving back a lease, with what its request showed: a shape that learns from
     /// its requests' outcomes (an adaptive concurrency limit) records it. Any shape may read
     /// it ([`completion`](Self::completion)); the others ignore it.
-    pub fn with_completion(mut self, completion: &'a crate::Completion) -> Self {
+    pub fn with_completion(mut self, completion: &'a crate::algo::adaptive::Completion) -> Self {
         self.completion = Some(completion);
         self
     }
 
     /// What the request giving back its lease showed, if it is known.
-    pub fn completion(&self) -> Option<&'a crate::Completion> {
+    pub fn completion(&self) -> Option<&'a crate::algo::adaptive::Completion> {
         self.completion
     }
 
@@ -316,7 +316,7 @@ impl<'a> BucketTx<'a> {
     /// whose limit the store finds (`docs/regions.md`).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     #[inline]
-    pub(crate) fn plain_gcra(&self) -> Option<&'a crate::Limit> {
+    pub(crate) fn plain_gcra(&self) -> Option<&'a crate::algo::gcra::Limit> {
         self.quota.as_gcra().filter(|_| self.floor.is_none())
     }
 
@@ -667,7 +667,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         _key: &BucketKey,
         _quota: &Quota,
-        _floor: crate::RegionFloor,
+        _floor: crate::config::RegionFloor,
     ) -> Result<Option<crate::backend::regions::RegionShare>, BackendError> {
         Ok(None)
     }
@@ -747,7 +747,7 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
         &self,
         key: &BucketKey,
         quota: &Quota,
-        floor: crate::RegionFloor,
+        floor: crate::config::RegionFloor,
     ) -> Result<Option<crate::backend::regions::RegionShare>, BackendError> {
         (**self).region_share(key, quota, floor).await
     }

@@ -519,7 +519,10 @@ mod tests {
             [2, 25]
         );
         // Overrides scale too.
-        let vip = BucketKey::new(half.name("Gcra").unwrap(), crate::Id::new("vip").unwrap());
+        let vip = BucketKey::new(
+            half.name("Gcra").unwrap(),
+            crate::key::Id::new("vip").unwrap(),
+        );
         assert_eq!(half.resolve(&vip).unwrap().as_gcra().unwrap().burst(), 50);
         // So do stored overrides (the fallback follows them).
         let vip_store = crate::overrides::StoredOverride {
@@ -531,12 +534,12 @@ mod tests {
         let with_stored = limits.with_stored(StoredSet::build(
             &limits,
             &[vip_store],
-            Arc::new(crate::SystemClock),
+            Arc::new(crate::time::SystemClock),
         ));
         let half = with_stored.scaled(50).unwrap();
         let key = BucketKey::new(
             half.name("Gcra").unwrap(),
-            crate::Id::new("store-vip").unwrap(),
+            crate::key::Id::new("store-vip").unwrap(),
         );
         assert_eq!(half.resolve(&key).unwrap().as_gcra().unwrap().burst(), 40);
         assert_eq!(half.stored_override_count(), 1);

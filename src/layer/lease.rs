@@ -24,8 +24,8 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
+use crate::algo::adaptive::{Completion, Measure};
 use crate::limiter::{BatchDecision, Lease, Limiter};
-use crate::{Completion, Measure};
 
 type Leases = SmallVec<[Lease; 1]>;
 
@@ -203,7 +203,7 @@ fn ticks(start: Instant, every: Duration) -> tokio::time::Interval {
 struct RenewWarning(bool);
 
 impl RenewWarning {
-    fn after(&mut self, result: Result<usize, crate::LimiterError>) {
+    fn after(&mut self, result: Result<usize, crate::limiter::LimiterError>) {
         match result {
             Ok(_) => self.0 = false,
             Err(e) if !self.0 => {

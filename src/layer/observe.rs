@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::TierGrant;
+use crate::algo::tiers::TierGrant;
 use crate::key::LimitName;
 use crate::limiter::{Decision, Entry};
 use crate::quota::{Numbers, Quota};

@@ -409,7 +409,7 @@ async fn run(
 /// `f` within the layer's backend timeout.
 async fn within<T>(
     timeout: Duration,
-    f: impl Future<Output = Result<T, crate::LimiterError>>,
+    f: impl Future<Output = Result<T, crate::limiter::LimiterError>>,
 ) -> Result<T, String> {
     match tokio::time::timeout(timeout, f).await {
         Ok(Ok(v)) => Ok(v),

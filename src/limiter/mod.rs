@@ -469,7 +469,7 @@ impl Limiter {
     pub async fn complete(
         &self,
         leases: &[Lease],
-        completion: crate::Completion,
+        completion: crate::algo::adaptive::Completion,
     ) -> Result<usize, LimiterError> {
         self.give_back(leases, Some(completion)).await
     }
@@ -477,7 +477,7 @@ impl Limiter {
     async fn give_back(
         &self,
         leases: &[Lease],
-        completion: Option<crate::Completion>,
+        completion: Option<crate::algo::adaptive::Completion>,
     ) -> Result<usize, LimiterError> {
         let mut txs = lease_txs(leases, Mode::CheckAndSpend)?;
         if let Some(c) = completion.as_ref() {

@@ -465,7 +465,7 @@ mod tests {
         let body =
             serde_json::json!({"concurrency": {"adaptive": {"min": 2, "max": 20, "capacity": 40}}});
         let from_api = Quota::read_json(Form::Api, &body).unwrap();
-        let limits = crate::Limits::from_yaml_str(
+        let limits = crate::config::Limits::from_yaml_str(
             "S:\n  kind: any\n  concurrency:\n    adaptive: {min: 2, max: 20, capacity: 40}\n",
             None,
         )

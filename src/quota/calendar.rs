@@ -33,7 +33,7 @@ impl Shape for CalendarQuota {
         None
     }
 
-    fn learns(&self) -> Option<crate::Measure> {
+    fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
         None
     }
 

@@ -33,7 +33,7 @@ impl Shape for ConcurrencyLimit {
         Some(ConcurrencyLimit::lease_us(self))
     }
 
-    fn learns(&self) -> Option<crate::Measure> {
+    fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
         None
     }
 

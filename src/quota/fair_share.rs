@@ -34,7 +34,7 @@ impl Shape for FairShare {
         None
     }
 
-    fn learns(&self) -> Option<crate::Measure> {
+    fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
         None
     }
 

@@ -36,7 +36,7 @@ impl Shape for Limit {
         None
     }
 
-    fn learns(&self) -> Option<crate::Measure> {
+    fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
         None
     }
 

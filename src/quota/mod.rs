@@ -226,7 +226,7 @@ impl Quota {
     /// Whether it learns from each request that held one of its slots, and where that
     /// request's latency ends (`None`: it does not; a release need not say how it went). The
     /// layer then gives back the request's leases with its [`Completion`](crate::Completion).
-    pub(crate) fn learns(&self) -> Option<crate::Measure> {
+    pub(crate) fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
         each!(self, s => Shape::learns(s))
     }
 
@@ -353,7 +353,7 @@ trait Shape {
     fn waits(&self) -> bool;
     fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64;
     fn lease_us(&self) -> Option<u64>;
-    fn learns(&self) -> Option<crate::Measure>;
+    fn learns(&self) -> Option<crate::algo::adaptive::Measure>;
     fn prefetches(&self) -> bool;
     fn across_regions(&self) -> Result<(), &'static str>;
     fn state_per_limit(&self) -> bool;

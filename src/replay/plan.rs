@@ -219,7 +219,7 @@ pub(crate) struct Answer {
     pub(crate) class: Answered,
     pub(crate) denied_by: Vec<(LimitName, Option<Id>)>,
     /// The buckets it was decided against, kept only for [`Replay::each`](crate::Replay::each).
-    pub(crate) buckets: Vec<crate::BucketKey>,
+    pub(crate) buckets: Vec<crate::key::BucketKey>,
 }
 
 impl Answer {
@@ -230,7 +230,7 @@ impl Answer {
         if keep {
             for n in notes {
                 if let Some(id) = &n.id {
-                    let key = crate::BucketKey::new(n.name, id.clone());
+                    let key = crate::key::BucketKey::new(n.name, id.clone());
                     if !buckets.contains(&key) {
                         buckets.push(key);
                     }
@@ -286,9 +286,9 @@ pub struct Replayed<'a> {
     /// The candidate's answer.
     pub candidate: Answered,
     /// The buckets (limit and id) the current policy decided it against.
-    pub current_buckets: &'a [crate::BucketKey],
+    pub current_buckets: &'a [crate::key::BucketKey],
     /// The buckets the candidate decided it against.
-    pub candidate_buckets: &'a [crate::BucketKey],
+    pub candidate_buckets: &'a [crate::key::BucketKey],
 }
 
 /// What a flip shows of its request.
@@ -383,7 +383,7 @@ impl Tally {
     }
 
     /// Sizes the suggestion of `name` for the candidate's default `quota`.
-    pub(crate) fn size(&mut self, name: LimitName, quota: &crate::Quota) {
+    pub(crate) fn size(&mut self, name: LimitName, quota: &crate::quota::Quota) {
         self.limits.entry(name).or_default().model = Some(Model::of(quota));
     }
 
@@ -610,13 +610,13 @@ mod tests {
 
     #[test]
     fn a_limit_that_denied_a_request_twice_denied_it_once() {
-        let limits = crate::Limits::from_yaml_str(
+        let limits = crate::config::Limits::from_yaml_str(
             "ReplayOnce: {kind: ip, burst: 1, count: 1, period: 1s}\n",
             None,
         )
         .unwrap();
         let name = limits.name("ReplayOnce").unwrap();
-        let id = crate::Id::from(std::net::IpAddr::from([192, 0, 2, 1]));
+        let id = crate::key::Id::from(std::net::IpAddr::from([192, 0, 2, 1]));
         let denied = Note {
             name,
             outcome: RuleOutcome::Denied,
@@ -632,7 +632,7 @@ mod tests {
 
     #[test]
     fn a_replay_keeps_at_most_its_bound_of_keys_and_counts_the_rest() {
-        let limits = crate::Limits::from_yaml_str(
+        let limits = crate::config::Limits::from_yaml_str(
             "ReplayBound: {kind: ip, burst: 2, count: 2, period: 1s}\n",
             None,
         )
@@ -644,7 +644,9 @@ mod tests {
             let note = Note {
                 name,
                 outcome: RuleOutcome::Allowed,
-                id: Some(crate::Id::from(std::net::IpAddr::from([192, 0, 2, client]))),
+                id: Some(crate::key::Id::from(std::net::IpAddr::from([
+                    192, 0, 2, client,
+                ]))),
                 used: 1,
                 size: 2,
             };

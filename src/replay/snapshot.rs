@@ -95,7 +95,7 @@ pub enum SnapshotError {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("{0}")]
-    Connect(crate::RedisSetupError),
+    Connect(crate::backend::RedisSetupError),
 }
 
 impl std::fmt::Debug for SnapshotError {
@@ -212,7 +212,7 @@ impl PoolLine {
         if self.keys.len() > kit::MAX_POOL_KEYS || self.waiting.len() > kit::MAX_POOL_WAITERS {
             return Err("adaptive_pool: more keys or waiters than a limit keeps".into());
         }
-        let id = |text: &str| crate::Id::new(text).map_err(|e| format!("adaptive_pool: {e}"));
+        let id = |text: &str| crate::key::Id::new(text).map_err(|e| format!("adaptive_pool: {e}"));
         let mut keys = Vec::with_capacity(self.keys.len());
         for (k, line) in self.keys {
             keys.push((id(&k)?, line.into_adaptive()));
@@ -346,7 +346,7 @@ impl FairLine {
         if self.waiting.len() > MAX_WAITERS || self.members.len() > 2 * MAX_MEMBERS {
             return Err("fair_share: more waiters or members than a limit keeps".into());
         }
-        let id = |text: &str| crate::Id::new(text).map_err(|e| format!("fair_share: {e}"));
+        let id = |text: &str| crate::key::Id::new(text).map_err(|e| format!("fair_share: {e}"));
         let mut waiting = Vec::with_capacity(self.waiting.len());
         for (w, until_us, cost) in &self.waiting {
             waiting.push(Waiter {
@@ -585,7 +585,7 @@ impl Snapshot {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub async fn from_redis(
-        backend: crate::RedisBackendBuilder,
+        backend: crate::backend::RedisBackendBuilder,
         limits: &Limits,
         max_keys: usize,
     ) -> Result<Snapshot, SnapshotError> {

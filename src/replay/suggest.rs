@@ -38,14 +38,14 @@ pub(crate) struct Arrival {
 /// limit (a fair share's budget is one stream, every id's requests together).
 pub(crate) enum Model {
     Gcra(Box<Sizing>),
-    Calendar(Arc<crate::CalendarQuota>),
+    Calendar(Arc<crate::algo::calendar::CalendarQuota>),
     /// A concurrency limit's or an adaptive limit's `max`; a request holds its slot for its
     /// logged duration (the layer renews its lease while it lives).
     Slots {
         max: u64,
         adaptive: bool,
     },
-    Tiers(Arc<crate::TieredLimit>),
+    Tiers(Arc<crate::algo::tiers::TieredLimit>),
     Budget(Box<Budget>),
 }
 
@@ -120,7 +120,7 @@ fn grid_of(n: u64) -> [u64; GRID] {
 }
 
 impl Sizing {
-    fn of(limit: &crate::Limit) -> Sizing {
+    fn of(limit: &crate::algo::gcra::Limit) -> Sizing {
         Sizing {
             burst: limit.burst(),
             count: limit.count(),
@@ -143,20 +143,20 @@ pub(crate) struct Suggestions {
 
 impl Model {
     /// The model of the candidate's default `quota`.
-    pub(crate) fn of(quota: &crate::Quota) -> Model {
+    pub(crate) fn of(quota: &crate::quota::Quota) -> Model {
         match quota {
-            crate::Quota::Gcra(limit) => Model::Gcra(Box::new(Sizing::of(limit))),
-            crate::Quota::Calendar(quota) => Model::Calendar(quota.clone()),
-            crate::Quota::Concurrency(c) => Model::Slots {
+            crate::quota::Quota::Gcra(limit) => Model::Gcra(Box::new(Sizing::of(limit))),
+            crate::quota::Quota::Calendar(quota) => Model::Calendar(quota.clone()),
+            crate::quota::Quota::Concurrency(c) => Model::Slots {
                 max: c.max(),
                 adaptive: false,
             },
-            crate::Quota::Adaptive(a) => Model::Slots {
+            crate::quota::Quota::Adaptive(a) => Model::Slots {
                 max: a.adaptive().max(),
                 adaptive: true,
             },
-            crate::Quota::Tiered(t) => Model::Tiers(t.clone()),
-            crate::Quota::FairShare(share) => {
+            crate::quota::Quota::Tiered(t) => Model::Tiers(t.clone()),
+            crate::quota::Quota::FairShare(share) => {
                 let sizing = Sizing::of(share.budget());
                 Model::Budget(Box::new(Budget {
                     sizing,
@@ -542,7 +542,7 @@ fn suggest_gcra(
 }
 
 fn suggest_tiers(
-    tiers: &crate::TieredLimit,
+    tiers: &crate::algo::tiers::TieredLimit,
     most: &[Vec<u64>],
     may: usize,
     target: f64,

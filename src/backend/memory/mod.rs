@@ -333,7 +333,7 @@ impl MemoryBackend {
 
     /// The state of a fair-share limit (its budget, active weights, waiters and members), if
     /// one is held (for the simulator's drawing, tests and diagnostics).
-    pub fn fair_share_state(&self, name: crate::LimitName) -> Option<kit::FairPool> {
+    pub fn fair_share_state(&self, name: crate::key::LimitName) -> Option<kit::FairPool> {
         let slot = self.inner.tiers.get(&BucketKey::limit_wide(name))?.clone();
         let s = lock(&slot);
         match &s.state {
@@ -445,7 +445,7 @@ impl MemoryBackend {
         &self,
         key: &BucketKey,
         tat: Option<u64>,
-        limit: &crate::Limit,
+        limit: &crate::algo::gcra::Limit,
         now: u64,
     ) -> Result<(), BackendError> {
         let new = match tat {
@@ -586,7 +586,7 @@ impl Backend for MemoryBackend {
         &self,
         key: &BucketKey,
         quota: &Quota,
-        floor: crate::RegionFloor,
+        floor: crate::config::RegionFloor,
     ) -> Result<Option<crate::backend::regions::RegionShare>, BackendError> {
         Ok(match (&self.inner.region, quota.as_gcra()) {
             (Some(region), Some(limit)) => Some(self.memory_share_of(region, key, limit, floor)),

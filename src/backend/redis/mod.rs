@@ -487,7 +487,7 @@ struct OwnedTx {
     lease: u64,
     /// A renewal's leases (empty: `lease` alone; no allocation then).
     leases: Vec<u64>,
-    floor: Option<crate::RegionFloor>,
+    floor: Option<crate::config::RegionFloor>,
 }
 
 impl OwnedTx {
@@ -727,7 +727,7 @@ impl Backend for RedisBackend {
         &self,
         key: &BucketKey,
         quota: &Quota,
-        floor: crate::RegionFloor,
+        floor: crate::config::RegionFloor,
     ) -> Result<Option<crate::backend::regions::RegionShare>, BackendError> {
         match quota.as_gcra() {
             Some(limit) => self.share_of(key, limit, floor).await,

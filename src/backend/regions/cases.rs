@@ -2,9 +2,9 @@
 //! share buckets are held to (the Redis script in `backend/redis/tests/shares.rs`, memory in
 //! `regions/memory/tests.rs`), from the same cases.
 
-use crate::RegionFloor;
 use crate::algo::gcra::{self, GcraOutcome, Limit};
 use crate::algo::regions::{RegionKey, Share};
+use crate::config::RegionFloor;
 
 /// A small deterministic generator (xorshift), so a failure names its case.
 pub(crate) struct Rng(pub(crate) u64);

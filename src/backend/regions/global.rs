@@ -210,7 +210,7 @@ pub(crate) struct Asked {
 
 impl Asked {
     /// What a region asks under for a key of `limit` with `floor`.
-    pub(crate) fn of(limit: &crate::Limit, floor: crate::RegionFloor) -> Asked {
+    pub(crate) fn of(limit: &crate::algo::gcra::Limit, floor: crate::config::RegionFloor) -> Asked {
         Asked {
             total: Share {
                 rate: limit.count(),

@@ -16,7 +16,7 @@ pub use memory::{Moved, ShareNow, SimulatedRegions};
 
 use std::time::Duration;
 
-use crate::Limit;
+use crate::algo::gcra::Limit;
 use crate::config::RegionFloor;
 use crate::key::BucketKey;
 
@@ -99,9 +99,9 @@ pub(crate) const SURGE_QUARTER: u64 = 2;
 /// `key`'s limit when it is marked `across_regions` (a GCRA limit: the only one a share bucket
 /// decides): its quota, its limit and the region floor.
 pub(crate) fn marked<'l>(
-    limits: &'l crate::Limits,
+    limits: &'l crate::config::Limits,
     key: &BucketKey,
-) -> Option<(&'l crate::Quota, &'l Limit, RegionFloor)> {
+) -> Option<(&'l crate::quota::Quota, &'l Limit, RegionFloor)> {
     let quota = limits.resolve(key)?;
     Some((quota, quota.as_gcra()?, limits.across_regions(key.name())?))
 }
@@ -153,7 +153,7 @@ pub(crate) fn with_surges(
 /// at the next rebalance.
 pub(crate) fn surging(
     units: impl IntoIterator<Item = (BucketKey, u64)>,
-    limits: &crate::Limits,
+    limits: &crate::config::Limits,
     elapsed_us: u64,
     reported: &std::collections::HashMap<BucketKey, u64>,
 ) -> Vec<(BucketKey, u64)> {

@@ -15,7 +15,7 @@ type Ask = (u64, u64, u64);
 /// The plan of one limit (`yaml`, the candidate's) after `asks`: per client (the last byte of
 /// its address), its requests as (time after `T0`, cost, duration).
 fn sized(yaml: &str, target: f64, asks: &[(u8, &[Ask])]) -> LimitPlan {
-    let limits = crate::Limits::from_yaml_str(yaml, None).unwrap();
+    let limits = crate::config::Limits::from_yaml_str(yaml, None).unwrap();
     let name = limits.names().next().unwrap();
     let mut tally = Tally::new(T0, target, 10, 10, 10);
     tally.size(name, limits.default_limit(name).unwrap());
@@ -30,7 +30,9 @@ fn sized(yaml: &str, target: f64, asks: &[(u8, &[Ask])]) -> LimitPlan {
         let note = Note {
             name,
             outcome: RuleOutcome::Allowed,
-            id: Some(crate::Id::from(std::net::IpAddr::from([192, 0, 2, client]))),
+            id: Some(crate::key::Id::from(std::net::IpAddr::from([
+                192, 0, 2, client,
+            ]))),
             used: 1,
             size: 5,
         };

@@ -500,7 +500,7 @@ impl RedisBackend {
             .across_regions_names()
             .into_iter()
             .filter_map(|n| limits.across_regions(n))
-            .map(crate::RegionFloor::basis_points)
+            .map(crate::config::RegionFloor::basis_points)
             .max()
             .unwrap_or(0);
         // On a global store that is not a cluster the registry is read with the keys, in the
@@ -734,8 +734,8 @@ impl RedisBackend {
     pub(crate) async fn share_of(
         &self,
         key: &BucketKey,
-        limit: &crate::Limit,
-        floor: crate::RegionFloor,
+        limit: &crate::algo::gcra::Limit,
+        floor: crate::config::RegionFloor,
     ) -> Result<Option<crate::backend::regions::RegionShare>, BackendError> {
         use fred::prelude::KeysInterface;
         let Some(regional) = self.regional_mode() else {

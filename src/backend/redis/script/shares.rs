@@ -24,7 +24,7 @@ pub(super) fn push_share(
     args: &mut Vec<Value>,
     tx: &BucketTx<'_>,
     limit: &crate::algo::gcra::Limit,
-    floor: crate::RegionFloor,
+    floor: crate::config::RegionFloor,
     kind: i64,
     shares: ShareCall,
 ) {

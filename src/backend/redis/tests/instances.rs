@@ -130,11 +130,11 @@ enum Fault {
 }
 
 /// 20 a second, burst 20, marked with a floor of 10%: 2 a second and 2 at once a region.
-fn twenty() -> crate::Limits {
+fn twenty() -> crate::config::Limits {
     let limit = crate::algo::gcra::Limit::from_micros(20, 20, 1_000_000).unwrap();
-    crate::Limits::builder()
+    crate::config::Limits::builder()
         .limit("Api", limit)
-        .across_regions("Api", crate::RegionFloor::default())
+        .across_regions("Api", crate::config::RegionFloor::default())
         .build()
         .unwrap()
 }
@@ -146,7 +146,7 @@ async fn admit(
     log: &mut Vec<(std::time::Instant, std::time::Instant)>,
 ) -> bool {
     let sent = std::time::Instant::now();
-    let tx = crate::Transaction::new(key.clone());
+    let tx = crate::limiter::Transaction::new(key.clone());
     // An error (the region's store restarting) admits nothing: no failure policy here.
     let allowed = limiter.spend(&[tx]).await.is_ok_and(|d| d.allowed());
     if allowed {
@@ -440,9 +440,12 @@ async fn instances_on_different_floors_never_refill_each_other() {
     new.regional_mode().unwrap().confirm_for_tests();
     old.regional_mode().unwrap().confirm_for_tests();
     let limit = crate::algo::gcra::Limit::from_micros(100, 100, 1_000_000).unwrap();
-    let twenty = crate::Limits::builder()
+    let twenty = crate::config::Limits::builder()
         .limit("Api", limit)
-        .across_regions("Api", crate::RegionFloor::from_basis_points(2_000).unwrap())
+        .across_regions(
+            "Api",
+            crate::config::RegionFloor::from_basis_points(2_000).unwrap(),
+        )
         .build()
         .unwrap();
     let (a, b) = (Limiter::new(twenty, new), Limiter::new(limits(), old));
@@ -450,7 +453,7 @@ async fn instances_on_different_floors_never_refill_each_other() {
     assert_eq!(allowed(&a, &key, 10).await, 10, "10 of the 20");
     for turn in 0..3 {
         // More than the smaller floor's burst: refused, the bucket read and written back.
-        let too_much = crate::Transaction::new(key.clone()).cost(11);
+        let too_much = crate::limiter::Transaction::new(key.clone()).cost(11);
         assert!(!b.spend(&[too_much]).await.unwrap().allowed());
         assert_eq!(
             allowed(&a, &key, 20).await,

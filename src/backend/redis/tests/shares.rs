@@ -277,9 +277,14 @@ async fn the_script_reads_a_share_bucket_as_the_rust_rule() {
         )
         .await;
         let quota = Quota::Gcra(c.limit);
-        let tx = BucketTx::new(&key, &quota, c.cost..=c.cost, crate::Mode::CheckAndSpend)
-            .unwrap()
-            .across_regions(Some(c.floor));
+        let tx = BucketTx::new(
+            &key,
+            &quota,
+            c.cost..=c.cost,
+            crate::backend::Mode::CheckAndSpend,
+        )
+        .unwrap()
+        .across_regions(Some(c.floor));
         let got = regional.spend(&[tx]).outcomes().await.unwrap()[0];
         let after = read_record(&regional, &record).await;
         let stored_tat = after
@@ -336,7 +341,7 @@ async fn requests_are_numbered_and_grants_applied_once() {
     let key = limiter.key("Api", Id::from(3u64)).unwrap();
     assert_eq!(allowed(&limiter, &key, 5).await, 5);
     let quota = limits.resolve(&key).unwrap().clone();
-    let tx = BucketTx::new(&key, &quota, 0..=0, crate::Mode::Observe)
+    let tx = BucketTx::new(&key, &quota, 0..=0, crate::backend::Mode::Observe)
         .unwrap()
         .across_regions(Some(RegionFloor::default()));
     let first = regional.share_requests(&[tx]).await.unwrap()[0];
@@ -561,7 +566,8 @@ async fn overrides_of_a_marked_limit_are_kept_in_the_global_store_for_every_regi
     let us_backend = region(&server.url, &prefix, "us", settings).await;
     let eu = Limiter::new(limits(), eu_backend.clone());
     let us = Limiter::new(limits(), us_backend.clone());
-    let vip = crate::OverrideKind::Quota(Limit::from_micros(500, 500, SECOND).unwrap().into());
+    let vip =
+        crate::overrides::OverrideKind::Quota(Limit::from_micros(500, 500, SECOND).unwrap().into());
     eu.set_override("Api", "7", vip.clone(), None)
         .await
         .unwrap();
@@ -583,7 +589,7 @@ async fn overrides_of_a_marked_limit_are_kept_in_the_global_store_for_every_regi
     let api = us.parse_key("Api", "7").unwrap();
     let mut seen = false;
     for _ in 0..250 {
-        if us.inspect(&api).await.unwrap().source == crate::LimitSource::Store {
+        if us.inspect(&api).await.unwrap().source == crate::config::LimitSource::Store {
             seen = true;
             break;
         }
@@ -601,7 +607,7 @@ async fn overrides_of_a_marked_limit_are_kept_in_the_global_store_for_every_regi
     let other = us.parse_key("Other", "7").unwrap();
     assert_ne!(
         us.inspect(&other).await.unwrap().source,
-        crate::LimitSource::Store
+        crate::config::LimitSource::Store
     );
     // A marked limit's override in a region's own store (an instance not in regional mode
     // wrote it): not in force in regional mode.
@@ -611,14 +617,14 @@ async fn overrides_of_a_marked_limit_are_kept_in_the_global_store_for_every_regi
         .await
         .unwrap();
     Limiter::new(limits(), plain)
-        .set_override("Api", "8", crate::OverrideKind::Block, None)
+        .set_override("Api", "8", crate::overrides::OverrideKind::Block, None)
         .await
         .unwrap();
     let old = us.parse_key("Api", "8").unwrap();
     us.stored_overrides().await.unwrap();
     assert_ne!(
         us.inspect(&old).await.unwrap().source,
-        crate::LimitSource::Store
+        crate::config::LimitSource::Store
     );
     // Removed in us: gone from the global store, and in eu.
     assert!(us.remove_override("Api", "7").await.unwrap());
@@ -626,7 +632,7 @@ async fn overrides_of_a_marked_limit_are_kept_in_the_global_store_for_every_regi
     let eu_api = eu.parse_key("Api", "7").unwrap();
     let mut gone = false;
     for _ in 0..250 {
-        if eu.inspect(&eu_api).await.unwrap().source != crate::LimitSource::Store {
+        if eu.inspect(&eu_api).await.unwrap().source != crate::config::LimitSource::Store {
             gone = true;
             break;
         }

@@ -51,9 +51,14 @@ async fn memory_share_buckets_read_a_record_as_the_rust_rule() {
             .put_tat(&key, (c.tat != 0).then_some(c.tat), &c.written, T0)
             .unwrap();
         let quota = Quota::Gcra(c.limit);
-        let tx = BucketTx::new(&key, &quota, c.cost..=c.cost, crate::Mode::CheckAndSpend)
-            .unwrap()
-            .across_regions(Some(c.floor));
+        let tx = BucketTx::new(
+            &key,
+            &quota,
+            c.cost..=c.cost,
+            crate::backend::Mode::CheckAndSpend,
+        )
+        .unwrap()
+        .across_regions(Some(c.floor));
         let got = crate::backend::Backend::spend(&backend, &[tx])
             .outcomes()
             .await
