@@ -346,124 +346,23 @@ impl RedisBackendBuilder {
     }
 
     async fn open(mut self) -> Result<RedisBackend, RedisSetupError> {
-        if self.prefix.contains(['{', '}']) {
-            return Err(RedisSetupError::InvalidPrefix {
-                prefix: self.prefix,
-                reason: "it must not contain '{' or '}'",
-            });
-        }
-        if self.prefix.len() > 128 {
-            return Err(RedisSetupError::InvalidPrefix {
-                prefix: self.prefix,
-                reason: "it is longer than 128 bytes",
-            });
-        }
-        if let Some((region, global)) = &self.regional {
-            super::regions::check(region, global, &self.regional_settings, &self.prefix)
-                .map_err(RedisSetupError::InvalidRegional)?;
-        }
+        self.check()?;
         let timeout = self.command_timeout;
         let connect_timeout = timeout.max(Duration::from_secs(2));
         // Connections the backend opened itself are closed when it is dropped.
         let owned = matches!(self.source, Source::Url(_));
         let source = std::mem::replace(&mut self.source, Source::Url(String::new()));
         // Where, for the errors: never the credentials.
-        let mut at = String::new();
-        let conn = match source {
-            Source::Client(c) if c.is_clustered() => {
-                // The backend opens one connection per master from the client's configuration.
-                Connection::Cluster(
-                    ClusterRouter::connect(c.client_config(), timeout, self.breaker).await?,
-                )
-            }
-            Source::Pool(p) if p.next().is_clustered() => Connection::Cluster(
-                ClusterRouter::connect(p.next().client_config(), timeout, self.breaker).await?,
-            ),
-            Source::Client(c) => Connection::Client(c),
-            Source::Pool(p) => Connection::Pool(p),
-            Source::Url(url) => {
-                check_scheme(&url)?;
-                let config = Config::from_url(&url)
-                    .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
-                at = super::setup::address(&config);
-                if matches!(config.server, ServerConfig::Clustered { .. }) {
-                    if self.lazy {
-                        return Err(RedisSetupError::InvalidUrl(
-                            "a lazy connection needs a single server: a cluster's topology is read when connecting".into(),
-                        ));
-                    }
-                    Connection::Cluster(
-                        ClusterRouter::connect(config, timeout, self.breaker).await?,
-                    )
-                } else {
-                    let mut config = config;
-                    // Lazy: the first connection is retried like any lost one.
-                    config.fail_fast = !self.lazy;
-                    let builder = configured_builder(config, timeout);
-                    let conn = if self.pool_size > 1 {
-                        let pool = builder
-                            .build_pool(self.pool_size)
-                            .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
-                        Connection::Pool(pool)
-                    } else {
-                        let client = builder
-                            .build()
-                            .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
-                        Connection::Client(client)
-                    };
-                    if self.lazy {
-                        // Connect (and reconnect) in the background; nothing waits for it.
-                        match &conn {
-                            Connection::Client(c) => drop(c.connect()),
-                            Connection::Pool(p) => drop(p.connect()),
-                            Connection::Cluster(_) => {}
-                        }
-                        return Ok(self.finish(conn, owned, false, timeout, at));
-                    }
-                    let init = async {
-                        match &conn {
-                            Connection::Client(c) => c.init().await.map(drop),
-                            Connection::Pool(p) => p.init().await.map(drop),
-                            Connection::Cluster(_) => Ok(()),
-                        }
-                    };
-                    match tokio::time::timeout(connect_timeout, init).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            return Err(RedisSetupError::connect(&at, e.to_string(), true));
-                        }
-                        Err(_) => {
-                            return Err(RedisSetupError::connect(
-                                &at,
-                                format!("no connection within {connect_timeout:?}"),
-                                true,
-                            ));
-                        }
-                    }
-                    conn
-                }
-            }
+        let (conn, mut at) = match source {
+            Source::Url(url) => match self.connect_url(&url, timeout, connect_timeout).await? {
+                Opened::Lazy(conn, at) => return Ok(self.finish(conn, owned, false, timeout, at)),
+                Opened::Ready(conn, at) => (conn, at),
+            },
+            Source::Client(c) => (self.connect_client(c, timeout).await?, String::new()),
+            Source::Pool(p) => (self.connect_pool(p, timeout).await?, String::new()),
         };
         let clustered = matches!(conn, Connection::Cluster(_));
-        if let Connection::Cluster(router) = &conn {
-            router.load_script(connect_timeout).await?;
-        } else {
-            let client = conn
-                .client(0)
-                .map_err(|e| RedisSetupError::connect(&at, e.to_string(), true))?;
-            if at.is_empty() {
-                at = super::setup::address(&client.client_config());
-            }
-            match tokio::time::timeout(connect_timeout, client.script_load::<String, _>(SCRIPT))
-                .await
-            {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(RedisSetupError::connect(&at, e.to_string(), true)),
-                Err(_) => {
-                    return Err(RedisSetupError::connect(&at, "SCRIPT LOAD timed out", true));
-                }
-            }
-        }
+        load_script(&conn, &mut at, connect_timeout).await?;
         let read_only = self.read_only;
         let backend = self.finish(conn, owned || clustered, clustered, timeout, at.clone());
         // The overrides set at run time, read whole before the first request: a fresh instance
@@ -481,6 +380,122 @@ impl RedisBackendBuilder {
             ));
         }
         Ok(backend)
+    }
+
+    /// The settings no connection can make right: the prefix, the regional mode's.
+    fn check(&self) -> Result<(), RedisSetupError> {
+        if self.prefix.contains(['{', '}']) {
+            return Err(RedisSetupError::InvalidPrefix {
+                prefix: self.prefix.clone(),
+                reason: "it must not contain '{' or '}'",
+            });
+        }
+        if self.prefix.len() > 128 {
+            return Err(RedisSetupError::InvalidPrefix {
+                prefix: self.prefix.clone(),
+                reason: "it is longer than 128 bytes",
+            });
+        }
+        if let Some((region, global)) = &self.regional {
+            super::regions::check(region, global, &self.regional_settings, &self.prefix)
+                .map_err(RedisSetupError::InvalidRegional)?;
+        }
+        Ok(())
+    }
+
+    /// A client the caller built: a cluster's gets one connection per master from its
+    /// configuration.
+    async fn connect_client(
+        &self,
+        c: Client,
+        timeout: Duration,
+    ) -> Result<Connection, RedisSetupError> {
+        if c.is_clustered() {
+            let config = c.client_config();
+            return Ok(Connection::Cluster(
+                ClusterRouter::connect(config, timeout, self.breaker).await?,
+            ));
+        }
+        Ok(Connection::Client(c))
+    }
+
+    /// A pool the caller built, as [`connect_client`](Self::connect_client).
+    async fn connect_pool(
+        &self,
+        p: Pool,
+        timeout: Duration,
+    ) -> Result<Connection, RedisSetupError> {
+        if p.next().is_clustered() {
+            let config = p.next().client_config();
+            return Ok(Connection::Cluster(
+                ClusterRouter::connect(config, timeout, self.breaker).await?,
+            ));
+        }
+        Ok(Connection::Pool(p))
+    }
+
+    /// The connection a URL names, and the server it names (without credentials): a cluster's
+    /// topology read now; a single server's first connection made now, or, lazy, in the
+    /// background.
+    async fn connect_url(
+        &self,
+        url: &str,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<Opened, RedisSetupError> {
+        check_scheme(url)?;
+        let config =
+            Config::from_url(url).map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
+        let at = super::setup::address(&config);
+        if matches!(config.server, ServerConfig::Clustered { .. }) {
+            if self.lazy {
+                return Err(RedisSetupError::InvalidUrl(
+                    "a lazy connection needs a single server: a cluster's topology is read when connecting".into(),
+                ));
+            }
+            let router = ClusterRouter::connect(config, timeout, self.breaker).await?;
+            return Ok(Opened::Ready(Connection::Cluster(router), at));
+        }
+        let mut config = config;
+        // Lazy: the first connection is retried like any lost one.
+        config.fail_fast = !self.lazy;
+        let builder = configured_builder(config, timeout);
+        let conn = if self.pool_size > 1 {
+            let pool = builder
+                .build_pool(self.pool_size)
+                .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
+            Connection::Pool(pool)
+        } else {
+            let client = builder
+                .build()
+                .map_err(|e| RedisSetupError::InvalidUrl(e.to_string()))?;
+            Connection::Client(client)
+        };
+        if self.lazy {
+            // Connect (and reconnect) in the background; nothing waits for it.
+            match &conn {
+                Connection::Client(c) => drop(c.connect()),
+                Connection::Pool(p) => drop(p.connect()),
+                Connection::Cluster(_) => {}
+            }
+            return Ok(Opened::Lazy(conn, at));
+        }
+        let init = async {
+            match &conn {
+                Connection::Client(c) => c.init().await.map(drop),
+                Connection::Pool(p) => p.init().await.map(drop),
+                Connection::Cluster(_) => Ok(()),
+            }
+        };
+        match tokio::time::timeout(connect_timeout, init).await {
+            Ok(Ok(())) => Ok(Opened::Ready(conn, at)),
+            Ok(Err(e)) => Err(RedisSetupError::connect(&at, e.to_string(), true)),
+            Err(_) => Err(RedisSetupError::connect(
+                &at,
+                format!("no connection within {connect_timeout:?}"),
+                true,
+            )),
+        }
     }
 
     /// `at`: the server, as the circuit breaker's log lines name it.
@@ -544,6 +559,35 @@ impl RedisBackendBuilder {
 }
 
 /// Accepts the schemes the backend supports, with a clear error for the others.
+/// A connection a URL opened: ready, or connecting in the background (lazy); with its server.
+enum Opened {
+    Ready(Connection, String),
+    Lazy(Connection, String),
+}
+
+/// Loads the script on every master (a cluster) or on the server, naming the server in the
+/// error (`at` is filled in from the client when the caller built it).
+async fn load_script(
+    conn: &Connection,
+    at: &mut String,
+    connect_timeout: Duration,
+) -> Result<(), RedisSetupError> {
+    if let Connection::Cluster(router) = conn {
+        return router.load_script(connect_timeout).await;
+    }
+    let client = conn
+        .client(0)
+        .map_err(|e| RedisSetupError::connect(at, e.to_string(), true))?;
+    if at.is_empty() {
+        *at = super::setup::address(&client.client_config());
+    }
+    match tokio::time::timeout(connect_timeout, client.script_load::<String, _>(SCRIPT)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(RedisSetupError::connect(at, e.to_string(), true)),
+        Err(_) => Err(RedisSetupError::connect(at, "SCRIPT LOAD timed out", true)),
+    }
+}
+
 fn check_scheme(url: &str) -> Result<(), RedisSetupError> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
     match scheme {
