@@ -221,35 +221,27 @@ impl Replay {
 
     async fn replay(
         self,
-        mut requests: impl Iterator<Item = Result<LoggedRequest, BadLine>>,
+        requests: impl Iterator<Item = Result<LoggedRequest, BadLine>>,
     ) -> Result<Plan, ReplayError> {
         let mut tally = Tally::new(0, self.target, self.top_keys, BAD_EXAMPLES, FLIP_EXAMPLES);
         // A snapshot's instant, before which lines are in the snapshot already.
         let from_us = self.snapshot.as_ref().map(Snapshot::instant_us);
-        let before = |r: &LoggedRequest| from_us.is_some_and(|from| r.time_us < from);
         let mut warm = self.snapshot.as_ref().map(|s| Warm {
             instant: crate::time::instant_text(s.instant_us()),
             keys: s.keys().len() as u64,
             foreign: s.foreign(),
             ..Warm::default()
         });
+        let mut intake = Intake {
+            requests,
+            from_us,
+            strict: self.strict,
+        };
         // The first request sets the clock, unless a snapshot does.
-        let first = loop {
-            match requests.next() {
-                None => {
-                    let mut plan = tally.plan();
-                    plan.warm = warm;
-                    return Ok(plan);
-                }
-                Some(Ok(r)) if before(&r) => {
-                    if let Some(w) = warm.as_mut() {
-                        w.lines_before += 1;
-                    }
-                }
-                Some(Ok(r)) => break r,
-                Some(Err(bad)) if self.strict => return Err(ReplayError::BadLine(bad)),
-                Some(Err(bad)) => tally.bad_line(&bad),
-            }
+        let Some(first) = intake.next(&mut warm, &mut |bad| tally.bad_line(bad))? else {
+            let mut plan = tally.plan();
+            plan.warm = warm;
+            return Ok(plan);
         };
         let start_us = from_us.unwrap_or(first.time_us);
         let clock = LogClock::new(start_us);
@@ -262,20 +254,7 @@ impl Replay {
             w.current_seeded = snapshot.seed(&self.current.0, &sides[0].memory, 0, w);
             w.candidate_seeded = snapshot.seed(&self.candidate.0, &sides[1].memory, 1, w);
         }
-        // A limit across regions is replayed as the one central limit it stands for: one log,
-        // one bucket per key (the plan says so per limit).
-        for limits in [&self.current.0, &self.candidate.0] {
-            for name in limits.names() {
-                if limits.across_regions(name).is_some() {
-                    tally.across_regions(name);
-                }
-            }
-        }
-        for name in self.candidate.0.names() {
-            if let Some(quota) = self.candidate.0.default_limit(name) {
-                tally.size(name, quota);
-            }
-        }
+        self.size(&mut tally);
         let state = Rc::new(RefCell::new(State {
             tally,
             pending: std::collections::HashMap::new(),
@@ -288,21 +267,13 @@ impl Replay {
         loop {
             let request = match next.take() {
                 Some(r) => r,
-                None => match requests.next() {
-                    None => break,
-                    Some(Ok(r)) if before(&r) => {
-                        if let Some(w) = warm.as_mut() {
-                            w.lines_before += 1;
-                        }
-                        continue;
+                None => {
+                    let mut bad = |b: &BadLine| state.borrow_mut().tally.bad_line(b);
+                    match intake.next(&mut warm, &mut bad)? {
+                        Some(r) => r,
+                        None => break,
                     }
-                    Some(Ok(r)) => r,
-                    Some(Err(bad)) if self.strict => return Err(ReplayError::BadLine(bad)),
-                    Some(Err(bad)) => {
-                        state.borrow_mut().tally.bad_line(&bad);
-                        continue;
-                    }
-                },
+                }
             };
             if request.time_us < clock.now_us() {
                 state.borrow_mut().tally.late_lines += 1;
@@ -317,36 +288,9 @@ impl Replay {
                 swept_us = at_us;
             }
             index += 1;
-            let cost = request.cost.unwrap_or(1);
-            let mut answers: [Option<Answer>; 2] = [None, None];
-            for (side, s) in sides.iter().enumerate() {
-                let (answer, running) = s.send(&request, &clock, side, cost, at_us, &state).await;
-                answers[side] = answer;
-                if let Some(running) = running {
-                    let (state, index) = (state.clone(), index);
-                    let (served, layer, clock) = (s.served.clone(), s.layer.clone(), clock.clone());
-                    tasks.spawn_local(async move {
-                        finish(running, side, index, served, layer, state, clock).await;
-                    });
-                }
-            }
-            {
-                let mut st = state.borrow_mut();
-                match answers {
-                    [Some(a), Some(b)] => st.decided(&request, [&a, &b]),
-                    [a, b] => {
-                        // Tasks run only when this loop yields: none has answered yet.
-                        let entry = Pending {
-                            request: Box::new(request),
-                            answers: [a, b],
-                        };
-                        st.pending.insert(index, entry);
-                    }
-                }
-                if index.is_multiple_of(SWEEP_EVERY) {
-                    st.tally.sweep(at_us);
-                }
-            }
+            let answers =
+                send_both(&sides, &request, &clock, at_us, index, &state, &mut tasks).await;
+            state.borrow_mut().sent(request, answers, index, at_us);
             while tasks.try_join_next().is_some() {}
         }
         while tasks.join_next().await.is_some() {}
@@ -354,6 +298,81 @@ impl Replay {
         let mut plan = tally.plan();
         plan.warm = warm;
         Ok(plan)
+    }
+
+    /// What the plan's per-limit tallies must know before the first request: the limits
+    /// across regions (replayed as the one central limit each stands for: one log, one bucket
+    /// per key) and each candidate limit's suggestion model.
+    fn size(&self, tally: &mut Tally) {
+        for limits in [&self.current.0, &self.candidate.0] {
+            for name in limits.names() {
+                if limits.across_regions(name).is_some() {
+                    tally.across_regions(name);
+                }
+            }
+        }
+        for name in self.candidate.0.names() {
+            if let Some(quota) = self.candidate.0.default_limit(name) {
+                tally.size(name, quota);
+            }
+        }
+    }
+}
+
+/// Sends request `index` through both policies at `at_us`: each answer known now, and a task
+/// for each response still running (held, or waiting to be decided again) that answers later.
+async fn send_both(
+    sides: &[Side; 2],
+    request: &LoggedRequest,
+    clock: &LogClock,
+    at_us: u64,
+    index: u64,
+    state: &Rc<RefCell<State>>,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> [Option<Answer>; 2] {
+    let cost = request.cost.unwrap_or(1);
+    let mut answers: [Option<Answer>; 2] = [None, None];
+    for (side, s) in sides.iter().enumerate() {
+        let (answer, running) = s.send(request, clock, side, cost, at_us, state).await;
+        answers[side] = answer;
+        if let Some(running) = running {
+            let state = state.clone();
+            let (served, layer, clock) = (s.served.clone(), s.layer.clone(), clock.clone());
+            tasks.spawn_local(async move {
+                finish(running, side, index, served, layer, state, clock).await;
+            });
+        }
+    }
+    answers
+}
+
+/// The log's lines as the requests to replay: lines before a snapshot's instant counted in
+/// `warm`, bad lines handed to a tally (or, strict, the replay's error).
+struct Intake<I> {
+    requests: I,
+    from_us: Option<u64>,
+    strict: bool,
+}
+
+impl<I: Iterator<Item = Result<LoggedRequest, BadLine>>> Intake<I> {
+    fn next(
+        &mut self,
+        warm: &mut Option<Warm>,
+        bad: &mut dyn FnMut(&BadLine),
+    ) -> Result<Option<LoggedRequest>, ReplayError> {
+        loop {
+            match self.requests.next() {
+                None => return Ok(None),
+                Some(Ok(r)) if self.from_us.is_some_and(|from| r.time_us < from) => {
+                    if let Some(w) = warm.as_mut() {
+                        w.lines_before += 1;
+                    }
+                }
+                Some(Ok(r)) => return Ok(Some(r)),
+                Some(Err(line)) if self.strict => return Err(ReplayError::BadLine(line)),
+                Some(Err(line)) => bad(&line),
+            }
+        }
     }
 }
 
@@ -428,6 +447,31 @@ struct Pending {
 }
 
 impl State {
+    /// Request `index` sent through both policies at `at_us`: decided when both answered at
+    /// once, else pending until the tasks that run it answer; the tallies swept now and then.
+    fn sent(
+        &mut self,
+        request: LoggedRequest,
+        answers: [Option<Answer>; 2],
+        index: u64,
+        at_us: u64,
+    ) {
+        match answers {
+            [Some(a), Some(b)] => self.decided(&request, [&a, &b]),
+            [a, b] => {
+                // Tasks run only when the replay's loop yields: none has answered yet.
+                let entry = Pending {
+                    request: Box::new(request),
+                    answers: [a, b],
+                };
+                self.pending.insert(index, entry);
+            }
+        }
+        if index.is_multiple_of(SWEEP_EVERY) {
+            self.tally.sweep(at_us);
+        }
+    }
+
     /// A policy's answer to request `index`, given by a task.
     fn answered(&mut self, index: u64, side: usize, answer: Answer) {
         let Some(entry) = self.pending.get_mut(&index) else {
