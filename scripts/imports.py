@@ -44,6 +44,8 @@ def module_of(rel):
 def without_tests(text):
     """The text without comments, string literals and `#[cfg(test)]` items."""
     text = re.sub(r"//[^\n]*", "", text)
+    # A quote as a character (b'"', '"') opens no string.
+    text = re.sub(r"b?'(\\.|[^'\\])'", "' '", text)
     text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
     out, i = [], 0
     pattern = r"#\[cfg\(test\)\]\s*(pub(\([^)]*\))?\s+)?(mod\s+\w+\s*(\{|;)|use\s[^;]*;|fn\s+\w+[^{]*\{)"

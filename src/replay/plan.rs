@@ -604,6 +604,18 @@ fn headroom(limit: &LimitTally) -> Option<Headroom> {
     })
 }
 
+/// For tests: an allowed note of `name` for the client `192.0.2.<client>`, one used of `size`.
+#[cfg(test)]
+pub(crate) fn note_of(name: LimitName, client: u8, size: u64) -> Note {
+    Note {
+        name,
+        outcome: RuleOutcome::Allowed,
+        id: Some(Id::from(std::net::IpAddr::from([192, 0, 2, client]))),
+        used: 1,
+        size,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -641,15 +653,7 @@ mod tests {
         let mut tally = Tally::new(0, 0.01, 10, 10, 10);
         tally.max_tallied = 2;
         for client in 1..=5u8 {
-            let note = Note {
-                name,
-                outcome: RuleOutcome::Allowed,
-                id: Some(crate::key::Id::from(std::net::IpAddr::from([
-                    192, 0, 2, client,
-                ]))),
-                used: 1,
-                size: 2,
-            };
+            let note = note_of(name, client, 2);
             // Each client asks twice: the first two are kept, the others' four notes counted.
             tally.noted(0, std::slice::from_ref(&note), 0, None);
             tally.noted(0, &[note], 0, None);

@@ -451,7 +451,7 @@ impl Window {
                 break;
             }
             self.arrivals.pop_front();
-            self.units -= units;
+            self.units = self.units.saturating_sub(units);
         }
     }
 
@@ -462,7 +462,7 @@ impl Window {
             && let Some(next) = self.arrivals.front_mut()
         {
             // Counted as long as the next one is: never less than the key asked.
-            next.1 += oldest;
+            next.1 = next.1.saturating_add(oldest);
         }
         self.arrivals.push_back((now_us, cost));
         self.units = self.units.saturating_add(cost);

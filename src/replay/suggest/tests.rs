@@ -1,8 +1,7 @@
 //! The suggestion models, one shape at a time, through the plan's tallies.
 
-use super::super::plan::{LimitPlan, Tally};
+use super::super::plan::{LimitPlan, Tally, note_of};
 use super::Arrival;
-use crate::layer::{Note, RuleOutcome};
 
 /// A second, in microseconds.
 const S: u64 = 1_000_000;
@@ -27,15 +26,7 @@ fn sized(yaml: &str, target: f64, asks: &[(u8, &[Ask])]) -> LimitPlan {
     }
     arrivals.sort();
     for (at, client, cost, duration_us) in arrivals {
-        let note = Note {
-            name,
-            outcome: RuleOutcome::Allowed,
-            id: Some(crate::key::Id::from(std::net::IpAddr::from([
-                192, 0, 2, client,
-            ]))),
-            used: 1,
-            size: 5,
-        };
+        let note = note_of(name, client, 5);
         let arrival = Arrival { cost, duration_us };
         tally.noted(1, &[note], T0 + at, Some(arrival));
     }
@@ -201,4 +192,28 @@ fn a_gcra_limit_names_the_keys_above_its_suggestion() {
     );
     assert_eq!(plan.suggested.as_ref().unwrap().burst, 9);
     assert_eq!(heaviest(&plan), [("192.0.2.10".to_owned(), 10)]);
+}
+
+#[test]
+fn costs_at_the_edge_of_64_bits_size_every_shape_without_overflow() {
+    // A log may carry any cost a u64 holds: every model saturates, none panics.
+    let huge = u64::MAX / 2 + 1;
+    let asks: &[Ask] = &[(0, huge, S), (0, huge, S), (2 * S, huge, 0), (3 * S, 1, 0)];
+    for yaml in [
+        "L: {kind: ip, burst: 5, count: 5, period: 1s}\n",
+        "L: {kind: ip, calendar: {count: 5, period: day}}\n",
+        "L: {kind: ip, concurrency: 2}\n",
+        "L:\n  kind: ip\n  tiers:\n    - {limit: 2, window: 1s, active: 10s, cooldown: 0s}\n",
+        "L: {kind: ip, burst: 5, count: 5, period: 1s, fair_share: {}}\n",
+    ] {
+        let plan = sized(yaml, 0.0, &[(1, asks)]);
+        assert!(
+            plan.suggested.is_some()
+                || plan.suggested_count.is_some()
+                || plan.suggested_max.is_some()
+                || plan.suggested_tiers.is_some()
+                || plan.suggested_budget.is_some(),
+            "{yaml}"
+        );
+    }
 }
