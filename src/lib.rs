@@ -162,6 +162,7 @@ macro_rules! readable_debug {
 mod admin;
 mod algo;
 mod backend;
+mod completion;
 mod config;
 mod key;
 mod layer;
@@ -180,8 +181,7 @@ mod time;
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use admin::{AdminPrincipal, admin_router};
 pub use algo::adaptive::{
-    Adaptive, AdaptiveConcurrency, AdaptiveError, Algorithm, Completion, MAX_ADAPTIVE_SLOTS,
-    Measure,
+    Adaptive, AdaptiveConcurrency, AdaptiveError, Algorithm, MAX_ADAPTIVE_SLOTS,
 };
 pub use algo::calendar::{CalendarError, CalendarQuota, CalendarState, Period};
 pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
@@ -200,6 +200,7 @@ pub use backend::{
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use backend::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
+pub use completion::{Completion, Measure};
 #[cfg(feature = "yaml")]
 #[cfg_attr(docsrs, doc(cfg(feature = "yaml")))]
 pub use config::RuleSet;

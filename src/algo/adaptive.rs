@@ -28,6 +28,7 @@ use std::time::Duration;
 pub mod capacity;
 
 use crate::algo::concurrency::ConcurrencyLimit;
+use crate::completion::Measure;
 use crate::time::duration_us;
 
 /// The most slots an adaptive limit gives a key (a decision carries its number in two bytes).
@@ -346,16 +347,6 @@ impl Adaptive {
     }
 }
 
-/// Where a request's latency ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Measure {
-    /// At the response's head (the default).
-    #[default]
-    Head,
-    /// At the end of the response's body (streaming responses).
-    BodyEnd,
-}
-
 /// The longest window, and the longest idle time before a key starts again.
 const MAX_WINDOW_US: u64 = 3_600_000_000;
 
@@ -649,28 +640,6 @@ impl AdaptiveConcurrency {
             state.controller = self.adaptive.update(&state.controller, &state.window);
             state.window = Window::default();
             state.window_start_us = now;
-        }
-    }
-}
-
-/// What a request that held a slot showed when it ended: its latency (to the response's head,
-/// or to its body's end: [`Measure`]) and whether it failed (by default a 5xx, a gRPC
-/// `UNAVAILABLE`, `RESOURCE_EXHAUSTED` or `DEADLINE_EXCEEDED`, an error or a timeout). Given
-/// back with its leases ([`Limiter::complete`](crate::Limiter::complete)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Completion {
-    /// Its latency, in microseconds.
-    pub latency_us: u64,
-    /// Whether it failed.
-    pub failed: bool,
-}
-
-impl Completion {
-    /// A request that took `latency` and `failed` or not.
-    pub fn new(latency: Duration, failed: bool) -> Self {
-        Self {
-            latency_us: duration_us(latency),
-            failed,
         }
     }
 }

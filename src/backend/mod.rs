@@ -59,17 +59,15 @@ pub struct Outcome {
     /// denial. `None` for a single cost, which is granted whole when allowed. A custom
     /// backend that decides a range ([`BucketTx::min_cost`] below [`BucketTx::cost`]) sets it.
     pub granted: Option<u64>,
-    /// For a calendar quota: the length in whole seconds of the period the decision was made
-    /// in, by the store's clock (the `w` of its policy; a period's boundaries are whole
-    /// seconds); 0 for every other shape. The kit sets it
-    /// ([`CalendarQuota::length_of_period_ending`](crate::CalendarQuota::length_of_period_ending)).
-    /// Four bytes beside the flags: an outcome is moved on every request's road.
-    pub period_s: u32,
-    /// For an adaptive concurrency limit: the key's number of slots when decided (the `q` of
-    /// its policy; at most [`MAX_ADAPTIVE_SLOTS`](crate::MAX_ADAPTIVE_SLOTS)); 0 for every
-    /// other shape. The kit sets it. Two bytes beside `period_s` and the flags: an outcome
-    /// stays 48 bytes.
-    pub slots: u16,
+    /// A number of the limit's own shape, which only the shape's answers read (what a
+    /// decision shows of it): for a calendar quota, the length in whole seconds of the period
+    /// the decision was made in, by the store's clock (the `w` of its policy,
+    /// [`CalendarQuota::length_of_period_ending`](crate::CalendarQuota::length_of_period_ending));
+    /// for an adaptive concurrency limit, the key's number of slots when decided (the `q` of
+    /// its policy, at most [`MAX_ADAPTIVE_SLOTS`](crate::MAX_ADAPTIVE_SLOTS)); 0 for every
+    /// other shape. The kit sets it. Four bytes beside the flags: an outcome is moved on
+    /// every request's road.
+    pub shape_number: u32,
     /// Not evaluated: another counting transaction of the batch was already known to be denied
     /// (the Redis backend's local deny cache), so this one was never looked at. A skipped
     /// outcome is not allowed and all its numbers are zero; nothing was spent.
@@ -85,8 +83,7 @@ impl Outcome {
             retry_after_us,
             reset_after_us,
             granted: None,
-            period_s: 0,
-            slots: 0,
+            shape_number: 0,
             skipped: false,
         }
     }
@@ -147,7 +144,7 @@ pub struct BucketTx<'a> {
     /// A refund that gives back a lease: what the request that held it showed (its latency,
     /// whether it failed), for a shape that learns from it (an adaptive concurrency limit);
     /// `None`: nothing known (a release without one, every other transaction).
-    pub(crate) completion: Option<&'a crate::algo::adaptive::Completion>,
+    pub(crate) completion: Option<&'a crate::completion::Completion>,
 }
 
 /// Why a transaction cannot be built: what it asks could never be granted.
@@ -274,13 +271,13 @@ impl<'a> BucketTx<'a> {
     /// A refund giving back a lease, with what its request showed: a shape that learns from
     /// its requests' outcomes (an adaptive concurrency limit) records it. Any shape may read
     /// it ([`completion`](Self::completion)); the others ignore it.
-    pub fn with_completion(mut self, completion: &'a crate::algo::adaptive::Completion) -> Self {
+    pub fn with_completion(mut self, completion: &'a crate::completion::Completion) -> Self {
         self.completion = Some(completion);
         self
     }
 
     /// What the request giving back its lease showed, if it is known.
-    pub fn completion(&self) -> Option<&'a crate::algo::adaptive::Completion> {
+    pub fn completion(&self) -> Option<&'a crate::completion::Completion> {
         self.completion
     }
 

@@ -24,7 +24,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use crate::algo::adaptive::{Completion, Measure};
+use crate::completion::{Completion, Measure};
 use crate::limiter::{BatchDecision, Lease, Limiter};
 
 type Leases = SmallVec<[Lease; 1]>;

@@ -5,10 +5,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::algo::tiers::TierGrant;
 use crate::key::LimitName;
 use crate::limiter::{Decision, Entry};
-use crate::quota::{Numbers, Quota};
+use crate::quota::{Numbers, Own, Quota};
 
 /// What happened to one rule of one request: the `outcome` label of
 /// `tower_ratelimits_decisions_total`.
@@ -100,13 +99,9 @@ pub(crate) struct Seen<'a> {
     pub(crate) remaining: u64,
     pub(crate) retry_after_us: u64,
     pub(crate) reset_after_us: u64,
-    /// For a tiered limit: the units per tier and the tier serving the client (on a denial,
-    /// the one that refused).
-    pub(crate) tiers: Option<&'a TierGrant>,
-    /// For a calendar quota: the length of the period decided in (whole seconds).
-    pub(crate) period_s: u32,
-    /// For an adaptive concurrency limit: the key's slots when decided.
-    pub(crate) slots: u16,
+    /// Its numbers of its limit's own shape (a tiered limit's grant, a calendar quota's
+    /// period, an adaptive limit's slots), read only by the shape's answers.
+    pub(crate) own: Own<'a>,
 }
 
 impl<'a> Seen<'a> {
@@ -118,9 +113,7 @@ impl<'a> Seen<'a> {
             remaining: self.remaining,
             retry_after_us: self.retry_after_us,
             reset_after_us: self.reset_after_us,
-            tiers: self.tiers,
-            period_s: self.period_s,
-            slots: self.slots,
+            own: self.own,
         }
     }
 
@@ -149,9 +142,7 @@ impl<'a> From<&'a Decision> for Seen<'a> {
             remaining: d.remaining,
             retry_after_us: micros(d.retry_after),
             reset_after_us: micros(d.reset_after),
-            tiers: d.tiers.as_ref(),
-            period_s: d.period_s,
-            slots: d.slots,
+            own: d.own(),
         }
     }
 }
@@ -168,9 +159,7 @@ impl<'a> From<Entry<'a>> for Seen<'a> {
             remaining: e.outcome.remaining,
             retry_after_us: e.outcome.retry_after_us,
             reset_after_us: e.outcome.reset_after_us,
-            tiers: e.tiers,
-            period_s: e.outcome.period_s,
-            slots: e.outcome.slots,
+            own: e.own(),
         }
     }
 }

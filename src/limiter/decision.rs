@@ -7,7 +7,7 @@ use crate::algo::tiers::TierGrant;
 use crate::backend::regions::RegionShare;
 use crate::key::{BucketKey, LimitName};
 use crate::mode::Mode;
-use crate::quota::Quota;
+use crate::quota::{Own, Quota};
 use crate::time::duration_us;
 
 /// The decision for one transaction.
@@ -33,11 +33,11 @@ pub struct Decision {
     /// For a tiered limit: units per tier, whether the request burst into a higher tier, and
     /// the tier serving the client (on a denial, the tier that refused).
     pub(crate) tiers: Option<TierGrant>,
-    /// For a calendar quota: the length of the period it was decided in (whole seconds; 0
-    /// for other shapes).
-    pub(crate) period_s: u32,
-    /// For an adaptive concurrency limit: the key's slots when decided (0 for other shapes).
-    pub(crate) slots: u16,
+    /// A number of its limit's own shape ([`Outcome::shape_number`]), read only by the
+    /// shape's answers.
+    ///
+    /// [`Outcome::shape_number`]: crate::backend::Outcome::shape_number
+    pub(crate) shape_number: u32,
     /// The limit's name.
     pub(crate) name: LimitName,
     /// The bucket.
@@ -138,7 +138,16 @@ impl Decision {
     /// (`docs/adaptive-concurrency.md`); `None` for every other limit.
     #[inline]
     pub fn slots(&self) -> Option<u64> {
-        (self.slots > 0).then_some(u64::from(self.slots))
+        self.limit.as_ref()?.slots_learned(self.shape_number)
+    }
+
+    /// Its numbers of its limit's own shape, as the shape's answers read them.
+    #[inline]
+    pub(crate) fn own(&self) -> Own<'_> {
+        Own {
+            tiers: self.tiers.as_ref(),
+            number: self.shape_number,
+        }
     }
 
     /// How long until an equal request would be allowed (zero when it would be now).

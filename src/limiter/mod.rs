@@ -469,7 +469,7 @@ impl Limiter {
     pub async fn complete(
         &self,
         leases: &[Lease],
-        completion: crate::algo::adaptive::Completion,
+        completion: crate::completion::Completion,
     ) -> Result<usize, LimiterError> {
         self.give_back(leases, Some(completion)).await
     }
@@ -477,7 +477,7 @@ impl Limiter {
     async fn give_back(
         &self,
         leases: &[Lease],
-        completion: Option<crate::algo::adaptive::Completion>,
+        completion: Option<crate::completion::Completion>,
     ) -> Result<usize, LimiterError> {
         let mut txs = lease_txs(leases, Mode::CheckAndSpend)?;
         if let Some(c) = completion.as_ref() {
@@ -492,8 +492,8 @@ impl Limiter {
         if completion.is_some() {
             // The numbers the completions left their keys at, on limits that learn.
             for (l, o) in leases.iter().zip(&outcomes) {
-                if o.allowed && o.slots > 0 {
-                    crate::telemetry::adaptive_slots(l.key.name(), u64::from(o.slots));
+                if let Some(slots) = l.quota.slots_learned(o.shape_number).filter(|_| o.allowed) {
+                    crate::telemetry::adaptive_slots(l.key.name(), slots);
                 }
             }
         }

@@ -10,7 +10,7 @@ use crate::backend::{BackendError, BucketTx, Outcomes, Spend};
 use crate::config::Limits;
 use crate::key::BucketKey;
 use crate::mode::Mode;
-use crate::quota::Quota;
+use crate::quota::{Own, Quota};
 use crate::time::us;
 
 use super::{
@@ -67,7 +67,16 @@ pub(crate) struct Entry<'v> {
     pub(crate) tiers: Option<&'v TierGrant>,
 }
 
-impl Entry<'_> {
+impl<'v> Entry<'v> {
+    /// Its numbers of its limit's own shape.
+    #[inline]
+    pub(crate) fn own(&self) -> Own<'v> {
+        Own {
+            tiers: self.tiers,
+            number: self.outcome.shape_number,
+        }
+    }
+
     /// Whether it takes part in choosing the batch decision (as [`Decision::counts`]).
     pub(crate) fn counts(&self) -> bool {
         self.mode.counts() && self.quota.is_some() && !self.outcome.skipped
@@ -81,8 +90,7 @@ const DISABLED: Outcome = Outcome {
     retry_after_us: 0,
     reset_after_us: 0,
     granted: None,
-    period_s: 0,
-    slots: 0,
+    shape_number: 0,
     skipped: false,
 };
 
@@ -236,8 +244,7 @@ fn decision(
         reset_after: us(o.reset_after_us),
         limit: quota.cloned(),
         tiers: tiers.copied(),
-        period_s: o.period_s,
-        slots: o.slots,
+        shape_number: o.shape_number,
         name: key.name(),
         key,
         mode,

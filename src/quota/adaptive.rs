@@ -3,61 +3,37 @@
 
 use std::sync::Arc;
 
-use super::{ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, json_duration, json_fields};
-use crate::algo::adaptive::{Adaptive, AdaptiveConcurrency, Algorithm, Measure};
+use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
+use super::{Form, Settles, Waits, json_duration, json_fields};
+use crate::algo::adaptive::{Adaptive, AdaptiveConcurrency, Algorithm};
+use crate::completion::Measure;
 use crate::time::{format_duration_us, us};
 
 /// Most answers are its slots' (a concurrency limit's): a request holds one, given back when
 /// it ends, never waited for, never settled or charged back.
 impl Shape for AdaptiveConcurrency {
-    fn max_cost(&self) -> u64 {
-        Shape::max_cost(self.slots())
-    }
-
-    fn charges_any_cost(&self) -> bool {
-        Shape::charges_any_cost(self.slots())
-    }
-
-    fn settle_bound(&self) -> Option<u64> {
-        Shape::settle_bound(self.slots())
-    }
-
-    fn waits(&self) -> bool {
-        Shape::waits(self.slots())
-    }
-
-    fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64 {
-        Shape::units_return_us(self.slots(), retry_after_us, reset_after_us)
-    }
-
-    fn lease_us(&self) -> Option<u64> {
-        Shape::lease_us(self.slots())
-    }
-
-    /// Every request that held a slot moves the key's number.
-    fn learns(&self) -> Option<Measure> {
-        Some(self.measured())
-    }
-
-    fn prefetches(&self) -> bool {
-        Shape::prefetches(self.slots())
-    }
-
-    /// With a shared capacity, every key's state is kept with the limit's.
-    fn state_per_limit(&self) -> bool {
-        self.shared_capacity().is_some()
-    }
-
-    fn keeps_on_override(&self, other: &Quota) -> Result<(), &'static str> {
-        match other {
-            Quota::Adaptive(o) if o.shared() == self.shared() => Ok(()),
-            _ => Err("the adaptive limit's capacity and headroom, shared by all ids"),
+    /// Its slots' leases, and every request that held one moves the key's number; with a
+    /// shared capacity, every key's state is kept with the limit's, and an override keeps the
+    /// capacity and headroom (shared by all ids).
+    #[inline]
+    fn capabilities(&self) -> Capabilities<Self> {
+        Capabilities {
+            lease_us: Some(self.slots().lease_us()),
+            learns: Some(self.measured()),
+            state_per_limit: self.shared_capacity().is_some(),
+            keeps_on_override: Some(keeps_capacity),
+            charge_back: None,
+            waits: Waits::Never,
+            settles: Settles::Never,
+            retry_after_again: None,
+            prefetches: false,
+            across_regions: Err("an adaptive concurrency limit"),
+            undone_by_value: false,
         }
     }
 
-    fn across_regions(&self) -> Result<(), &'static str> {
-        Err("an adaptive concurrency limit")
+    fn max_cost(&self) -> u64 {
+        Shape::max_cost(self.slots())
     }
 
     fn fixed_policy(&self) -> Option<(u64, u64)> {
@@ -66,8 +42,8 @@ impl Shape for AdaptiveConcurrency {
 
     /// The key's slots when it was decided (`q`), and a denial's hint.
     fn shown(&self, n: &Numbers<'_>, _: bool) -> Option<Shown> {
-        let q = if n.slots > 0 {
-            u64::from(n.slots)
+        let q = if n.own.number > 0 {
+            u64::from(n.own.number)
         } else {
             self.adaptive().initial()
         };
@@ -81,8 +57,8 @@ impl Shape for AdaptiveConcurrency {
 
     #[cfg(any(feature = "metrics", feature = "replay"))]
     fn size(&self, n: &Numbers<'_>) -> u64 {
-        if n.slots > 0 {
-            u64::from(n.slots)
+        if n.own.number > 0 {
+            u64::from(n.own.number)
         } else {
             self.adaptive().initial()
         }
@@ -116,14 +92,6 @@ impl Shape for AdaptiveConcurrency {
     #[cfg(feature = "admin")]
     fn describe_seen(&self, _: u64, _: u64) -> Vec<(&'static str, super::Described)> {
         Vec::new()
-    }
-
-    fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64> {
-        Shape::retry_after_again(self.slots(), reset_after_us, granted)
-    }
-
-    fn charge_back(&self) -> Option<ChargeBack> {
-        Shape::charge_back(self.slots())
     }
 
     /// Its least, first and most slots scale; what it learns does not.
@@ -177,6 +145,14 @@ impl Shape for AdaptiveConcurrency {
 
     fn shape_name(&self) -> &'static str {
         "an adaptive concurrency limit"
+    }
+}
+
+/// What an adaptive limit's override keeps: the capacity and headroom its ids share.
+fn keeps_capacity(a: &AdaptiveConcurrency, other: &Quota) -> Result<(), &'static str> {
+    match other {
+        Quota::Adaptive(o) if o.shared() == a.shared() => Ok(()),
+        _ => Err("the adaptive limit's capacity and headroom, shared by all ids"),
     }
 }
 

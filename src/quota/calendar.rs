@@ -2,57 +2,37 @@
 
 use std::sync::Arc;
 
-use super::{ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, json_fields, names_any};
+use super::{Capabilities, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
+use super::{Form, Settles, Waits, json_fields, names_any};
 use crate::algo::calendar::{CalendarError, CalendarQuota};
 
 impl Shape for CalendarQuota {
+    /// Waited for without knowing when (the period's end); settled by any charge (the overrun
+    /// ends with the period); charged back after an outage, its units repaid only when the
+    /// period ends.
+    #[inline]
+    fn capabilities(&self) -> Capabilities<Self> {
+        Capabilities {
+            lease_us: None,
+            learns: None,
+            state_per_limit: false,
+            keeps_on_override: None,
+            charge_back: Some(ChargeBack {
+                count: self.count(),
+                repaid_every_us: 0,
+            }),
+            waits: Waits::Untimed,
+            settles: Settles::AnyCost,
+            retry_after_again: None,
+            prefetches: false,
+            across_regions: Err("a calendar quota"),
+            undone_by_value: false,
+        }
+    }
+
     /// A period's count.
     fn max_cost(&self) -> u64 {
         self.count()
-    }
-
-    /// A charge takes its whole cost (the overrun ends with the period).
-    fn charges_any_cost(&self) -> bool {
-        true
-    }
-
-    fn settle_bound(&self) -> Option<u64> {
-        Some(u64::MAX)
-    }
-
-    fn waits(&self) -> bool {
-        true
-    }
-
-    fn units_return_us(&self, _: u64, _: u64) -> u64 {
-        0
-    }
-
-    fn lease_us(&self) -> Option<u64> {
-        None
-    }
-
-    fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
-        None
-    }
-
-    fn prefetches(&self) -> bool {
-        false
-    }
-
-    /// One state per id.
-    fn state_per_limit(&self) -> bool {
-        false
-    }
-
-    /// Any limit of its shape may replace it for an id.
-    fn keeps_on_override(&self, _: &Quota) -> Result<(), &'static str> {
-        Ok(())
-    }
-
-    fn across_regions(&self) -> Result<(), &'static str> {
-        Err("a calendar quota")
     }
 
     fn fixed_policy(&self) -> Option<(u64, u64)> {
@@ -64,7 +44,7 @@ impl Shape for CalendarQuota {
     fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown> {
         Some(Shown {
             q: self.count(),
-            w: if window { u64::from(n.period_s) } else { 0 },
+            w: if window { u64::from(n.own.number) } else { 0 },
             t_us: n.reset_after_us,
             concurrency: false,
         })
@@ -111,18 +91,6 @@ impl Shape for CalendarQuota {
                 Text(crate::time::instant_text(self.period_at(now_us).1)),
             ),
         ]
-    }
-
-    fn retry_after_again(&self, _: u64, _: u64) -> Option<u64> {
-        None
-    }
-
-    /// Its units count until their period ends.
-    fn charge_back(&self) -> Option<ChargeBack> {
-        Some(ChargeBack {
-            count: self.count(),
-            repaid_every_us: 0,
-        })
     }
 
     /// Its count scales.

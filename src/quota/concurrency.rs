@@ -1,58 +1,33 @@
 //! What a concurrency limit answers the seam (`docs/concurrency.md`).
 
-use super::{ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, json_duration, json_fields, names_any};
+use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
+use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
 use crate::algo::concurrency::{ConcurrencyLimit, DEFAULT_LEASE_US, DEFAULT_RETRY_AFTER};
 use crate::time::{duration_us, format_duration_us, us};
 
 impl Shape for ConcurrencyLimit {
+    /// Leases, and nothing else: a slot frees when a request ends, which no wait can know,
+    /// and is given back then, never settled.
+    #[inline]
+    fn capabilities(&self) -> Capabilities<Self> {
+        Capabilities {
+            lease_us: Some(self.lease_us()),
+            learns: None,
+            state_per_limit: false,
+            keeps_on_override: None,
+            charge_back: None,
+            waits: Waits::Never,
+            settles: Settles::Never,
+            retry_after_again: None,
+            prefetches: false,
+            across_regions: Err("a concurrency limit"),
+            undone_by_value: false,
+        }
+    }
+
     /// A request holds one slot.
     fn max_cost(&self) -> u64 {
         1
-    }
-
-    fn charges_any_cost(&self) -> bool {
-        false
-    }
-
-    /// A slot in flight is given back when the request ends, never settled.
-    fn settle_bound(&self) -> Option<u64> {
-        None
-    }
-
-    /// A slot frees when a request ends, which no wait can know.
-    fn waits(&self) -> bool {
-        false
-    }
-
-    fn units_return_us(&self, _: u64, _: u64) -> u64 {
-        0
-    }
-
-    fn lease_us(&self) -> Option<u64> {
-        Some(ConcurrencyLimit::lease_us(self))
-    }
-
-    fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
-        None
-    }
-
-    fn prefetches(&self) -> bool {
-        false
-    }
-
-    /// One state per id.
-    fn state_per_limit(&self) -> bool {
-        false
-    }
-
-    /// Any limit of its shape may replace it for an id.
-    fn keeps_on_override(&self, _: &Quota) -> Result<(), &'static str> {
-        Ok(())
-    }
-
-    fn across_regions(&self) -> Result<(), &'static str> {
-        Err("a concurrency limit")
     }
 
     fn fixed_policy(&self) -> Option<(u64, u64)> {
@@ -95,15 +70,6 @@ impl Shape for ConcurrencyLimit {
     #[cfg(feature = "admin")]
     fn describe_seen(&self, _: u64, _: u64) -> Vec<(&'static str, super::Described)> {
         Vec::new()
-    }
-
-    fn retry_after_again(&self, _: u64, _: u64) -> Option<u64> {
-        None
-    }
-
-    /// A slot the fallback handed out is recorded as a lease of its own (`layer/lease.rs`).
-    fn charge_back(&self) -> Option<ChargeBack> {
-        None
     }
 
     /// Its slots scale.

@@ -3,63 +3,40 @@
 
 use std::sync::Arc;
 
-use super::{ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, json_duration, json_fields};
+use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
+use super::{Form, Settles, Waits, json_duration, json_fields};
 use crate::algo::fair_share::FairShare;
 use crate::time::format_duration_us;
 
 impl Shape for FairShare {
-    fn max_cost(&self) -> u64 {
-        self.budget().burst()
-    }
-
-    /// A charge is taken whole up to the burst, as a spend (its reserve aside).
-    fn charges_any_cost(&self) -> bool {
-        false
-    }
-
-    fn settle_bound(&self) -> Option<u64> {
-        Some(self.budget().burst())
-    }
-
-    fn waits(&self) -> bool {
-        true
-    }
-
-    fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64 {
-        Shape::units_return_us(self.budget(), retry_after_us, reset_after_us)
-    }
-
-    fn lease_us(&self) -> Option<u64> {
-        None
-    }
-
-    fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
-        None
-    }
-
-    /// Decided in the store every time: who else is active is the decision.
-    fn prefetches(&self) -> bool {
-        false
-    }
-
-    fn across_regions(&self) -> Result<(), &'static str> {
-        Err("a fair share (fair_share)")
-    }
-
-    /// The budget is the limit's, shared by every id: an id's override changes its weight
-    /// and minimum only.
-    fn keeps_on_override(&self, other: &Quota) -> Result<(), &'static str> {
-        match other {
-            Quota::FairShare(o) if self.same_budget(o) => Ok(()),
-            _ => Err(
-                "the fair share's budget, refresh and new_ids (an override changes weight and min)",
-            ),
+    /// One state per limit, whose budget an override keeps; waited for and settled as its
+    /// budget is (a charge is taken whole up to the burst, as a spend); decided in the store
+    /// every time (who else is active is the decision), so never prefetched; the fallback
+    /// decides each instance's share of the budget alone, so nothing is charged back (who was
+    /// active is not known).
+    #[inline]
+    fn capabilities(&self) -> Capabilities<Self> {
+        Capabilities {
+            lease_us: None,
+            learns: None,
+            state_per_limit: true,
+            keeps_on_override: Some(keeps_budget),
+            charge_back: None,
+            waits: Waits::Timed(|f, retry_after_us, reset_after_us| {
+                super::gcra::units_return_us(f.budget(), retry_after_us, reset_after_us)
+            }),
+            settles: Settles::UpToMaxCost,
+            retry_after_again: Some(|f, reset_after_us, granted| {
+                super::gcra::retry_after_again(f.budget(), reset_after_us, granted)
+            }),
+            prefetches: false,
+            across_regions: Err("a fair share (fair_share)"),
+            undone_by_value: false,
         }
     }
 
-    fn state_per_limit(&self) -> bool {
-        true
+    fn max_cost(&self) -> u64 {
+        self.budget().burst()
     }
 
     fn fixed_policy(&self) -> Option<(u64, u64)> {
@@ -94,16 +71,6 @@ impl Shape for FairShare {
     #[cfg(feature = "admin")]
     fn describe_seen(&self, _: u64, _: u64) -> Vec<(&'static str, super::Described)> {
         Vec::new()
-    }
-
-    fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64> {
-        Shape::retry_after_again(self.budget(), reset_after_us, granted)
-    }
-
-    /// The fallback decides each instance's share of the budget alone; nothing is carried
-    /// back (who was active is not known).
-    fn charge_back(&self) -> Option<ChargeBack> {
-        None
     }
 
     /// The budget scales; weights and minimums (a minimum never above the scaled count) stay.
@@ -141,6 +108,17 @@ impl Shape for FairShare {
 
     fn shape_name(&self) -> &'static str {
         "a fair share"
+    }
+}
+
+/// The budget is the limit's, shared by every id: an id's override changes its weight and
+/// minimum only.
+fn keeps_budget(f: &FairShare, other: &Quota) -> Result<(), &'static str> {
+    match other {
+        Quota::FairShare(o) if f.same_budget(o) => Ok(()),
+        _ => {
+            Err("the fair share's budget, refresh and new_ids (an override changes weight and min)")
+        }
     }
 }
 

@@ -1,66 +1,45 @@
 //! What a GCRA limit answers the seam (`docs/gcra.md`).
 
 use super::ceil_secs_us;
-use super::{CHARGED_BACK_FROM_US, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, json_duration, json_fields, names_any};
+use super::{
+    CHARGED_BACK_FROM_US, Capabilities, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown,
+};
+use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
 use crate::algo::gcra::Limit;
 use crate::time::format_duration_us;
 
 impl Shape for Limit {
+    /// Waited for, its units' return told; settled by any charge (what fits within its
+    /// debt); prefetched when it says so, and one limit across regions unless it is (prefetched
+    /// tokens are spent without the store: no region share could count them); of an hour or
+    /// longer, its units are repaid one per emission interval after an outage (a throttle of
+    /// seconds is repaid before an outage ends).
+    #[inline]
+    fn capabilities(&self) -> Capabilities<Self> {
+        Capabilities {
+            lease_us: None,
+            learns: None,
+            state_per_limit: false,
+            keeps_on_override: None,
+            charge_back: (self.period_us() >= CHARGED_BACK_FROM_US).then(|| ChargeBack {
+                count: self.burst(),
+                repaid_every_us: self.emission_interval_us(),
+            }),
+            waits: Waits::Timed(units_return_us),
+            settles: Settles::AnyCost,
+            retry_after_again: Some(retry_after_again),
+            prefetches: self.prefetch() > 0,
+            across_regions: if self.prefetch() > 0 {
+                Err("prefetched tokens (prefetch)")
+            } else {
+                Ok(())
+            },
+            undone_by_value: false,
+        }
+    }
+
     fn max_cost(&self) -> u64 {
         self.burst()
-    }
-
-    /// A charge takes what fits within the limit's debt.
-    fn charges_any_cost(&self) -> bool {
-        true
-    }
-
-    fn settle_bound(&self) -> Option<u64> {
-        Some(u64::MAX)
-    }
-
-    fn waits(&self) -> bool {
-        true
-    }
-
-    /// A denial tells the time its units take to come back: `retry_after = ahead + units -
-    /// burst offset`, and `reset_after = ahead`.
-    fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64 {
-        retry_after_us
-            .saturating_add(self.burst_offset_us())
-            .saturating_sub(reset_after_us)
-    }
-
-    fn lease_us(&self) -> Option<u64> {
-        None
-    }
-
-    fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
-        None
-    }
-
-    fn prefetches(&self) -> bool {
-        self.prefetch() > 0
-    }
-
-    /// One state per id.
-    fn state_per_limit(&self) -> bool {
-        false
-    }
-
-    /// Any limit of its shape may replace it for an id.
-    fn keeps_on_override(&self, _: &Quota) -> Result<(), &'static str> {
-        Ok(())
-    }
-
-    fn across_regions(&self) -> Result<(), &'static str> {
-        // Prefetched tokens are spent without the store: no region share could count them.
-        if self.prefetch() > 0 {
-            Err("prefetched tokens (prefetch)")
-        } else {
-            Ok(())
-        }
     }
 
     /// The burst and the burst offset rounded up.
@@ -113,23 +92,6 @@ impl Shape for Limit {
         Vec::new()
     }
 
-    fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64> {
-        Some(
-            reset_after_us
-                .saturating_add(granted.saturating_mul(self.emission_interval_us()))
-                .saturating_sub(self.burst_offset_us()),
-        )
-    }
-
-    /// Of an hour or longer, its units are repaid one per emission interval; a throttle of
-    /// seconds is repaid before an outage ends.
-    fn charge_back(&self) -> Option<ChargeBack> {
-        (self.period_us() >= CHARGED_BACK_FROM_US).then(|| ChargeBack {
-            count: self.burst(),
-            repaid_every_us: self.emission_interval_us(),
-        })
-    }
-
     /// Keeps `count` and stretches the period by `100 / percent` (so the rate scales without a
     /// new rounding of the emission interval), and scales the burst and the debt.
     fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError> {
@@ -150,6 +112,21 @@ impl Shape for Limit {
     fn shape_name(&self) -> &'static str {
         "a GCRA limit"
     }
+}
+
+/// A denial tells the time its units take to come back: `retry_after = ahead + units - burst
+/// offset`, and `reset_after = ahead`.
+pub(super) fn units_return_us(limit: &Limit, retry_after_us: u64, reset_after_us: u64) -> u64 {
+    retry_after_us
+        .saturating_add(limit.burst_offset_us())
+        .saturating_sub(reset_after_us)
+}
+
+/// Exact: a later state's `reset_after` moves by whole emission intervals.
+pub(super) fn retry_after_again(limit: &Limit, reset_after_us: u64, granted: u64) -> u64 {
+    reset_after_us
+        .saturating_add(granted.saturating_mul(limit.emission_interval_us()))
+        .saturating_sub(limit.burst_offset_us())
 }
 
 /// `limit` at a fallback's share: `count` kept and the period stretched by `100 / percent` (so

@@ -1,15 +1,17 @@
 //! What limits one bucket: a GCRA [`Limit`], burst tiers ([`TieredLimit`]), a concurrency
-//! limit ([`ConcurrencyLimit`]) or a calendar quota ([`CalendarQuota`]).
+//! limit ([`ConcurrencyLimit`]), a calendar quota ([`CalendarQuota`]), a fair share
+//! ([`FairShare`]) or an adaptive concurrency limit ([`AdaptiveConcurrency`]).
 //!
 //! The shape seam: everything outside the algorithms, the kit and the script asks a `Quota`
 //! what its shape means (the policy's numbers, the effective window, its size, how it is shown
 //! to an operator, what an unspent or later state reports, how it scales, whether it is settled,
 //! waited for, holds leases, is charged back after an outage) through the methods here, and
-//! never matches on its variants. Every question is a method of [`Shape`], which no shape
-//! answers by default: each shape answers all of them in its own file beside this one
-//! (`gcra.rs`, `tiers.rs`, `concurrency.rs`, `calendar.rs`), and each method here dispatches
-//! with one exhaustive `match` (`each!`). A new variant makes the compiler list every answer it
-//! owes (`docs/design.md`, "A new limit shape: MUST update").
+//! never matches on its variants. What every shape answers is a method of [`Shape`], which no
+//! shape answers by default; what only some shapes do is a field of [`Capabilities`], which
+//! each shape states whole in one struct literal. Each shape answers in its own file beside
+//! this one, and each method here dispatches with one exhaustive `match` (`each!`). A new
+//! variant makes the compiler list every answer it owes, and a new capability every shape
+//! that must say yes or no (`docs/design.md`, "A new limit shape: MUST update").
 
 use std::fmt;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use crate::algo::concurrency::ConcurrencyLimit;
 use crate::algo::fair_share::FairShare;
 use crate::algo::gcra::Limit;
 use crate::algo::tiers::{TierGrant, TieredLimit};
+use crate::completion::Measure;
 
 mod adaptive;
 mod calendar;
@@ -169,13 +172,13 @@ impl Quota {
     /// share's budget and active weights) at the limit's key
     /// ([`kit::state_key`](crate::kit::state_key)), rather than one per id.
     pub fn state_per_limit(&self) -> bool {
-        each!(self, s => Shape::state_per_limit(s))
+        each!(self, s => s.capabilities().state_per_limit)
     }
 
     /// Whether `other` may replace this default for an id (a file or stored override): `Err`
     /// names what it must keep (a fair share's budget, shared by all ids).
     pub(crate) fn keeps_on_override(&self, other: &Quota) -> Result<(), &'static str> {
-        each!(self, s => Shape::keeps_on_override(s, other))
+        each!(self, s => s.capabilities().keeps_on_override.map_or(Ok(()), |keeps| keeps(s, other)))
     }
 
     /// The largest cost a request can ever be granted: the burst, the sum of the tiers'
@@ -189,7 +192,7 @@ impl Quota {
     /// ends with the period). Elsewhere a charge above [`max_cost`](Self::max_cost) is
     /// refused.
     pub(crate) fn charges_any_cost(&self) -> bool {
-        each!(self, s => Shape::charges_any_cost(s))
+        each!(self, s => s.capabilities().settles == Settles::AnyCost)
     }
 
     /// The most a settle may charge a spend of this limit after the response: any number
@@ -197,19 +200,26 @@ impl Quota {
     /// [`max_cost`](Self::max_cost); `None`: a spend of it is never settled (a slot in flight
     /// is given back when the request ends).
     pub(crate) fn settle_bound(&self) -> Option<u64> {
-        each!(self, s => Shape::settle_bound(s))
+        each!(self, s => match s.capabilities().settles {
+            Settles::Never => None,
+            Settles::UpToMaxCost => Some(s.max_cost()),
+            Settles::AnyCost => Some(u64::MAX),
+        })
     }
 
     /// Whether a denial of it may be waited for: a slot frees when a request ends, which no
     /// wait can know.
     pub(crate) fn waits(&self) -> bool {
-        each!(self, s => Shape::waits(s))
+        each!(self, s => !matches!(s.capabilities().waits, Waits::Never))
     }
 
     /// From a denial's `retry_after` and `reset_after` (microseconds), how long the units of
     /// one request take to come back, for the line of waiters; 0 when the shape does not say.
     pub(crate) fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64 {
-        each!(self, s => Shape::units_return_us(s, retry_after_us, reset_after_us))
+        each!(self, s => match s.capabilities().waits {
+            Waits::Timed(units_return) => units_return(s, retry_after_us, reset_after_us),
+            Waits::Never | Waits::Untimed => 0,
+        })
     }
 
     /// Whether an allowed spend of it holds a lease (a slot in flight until released).
@@ -220,26 +230,41 @@ impl Quota {
     /// How long a slot of it lives unless renewed (microseconds), if an allowed spend of it
     /// holds one.
     pub(crate) fn lease_us(&self) -> Option<u64> {
-        each!(self, s => Shape::lease_us(s))
+        each!(self, s => s.capabilities().lease_us)
     }
 
     /// Whether it learns from each request that held one of its slots, and where that
     /// request's latency ends (`None`: it does not; a release need not say how it went). The
     /// layer then gives back the request's leases with its [`Completion`](crate::Completion).
-    pub(crate) fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
-        each!(self, s => Shape::learns(s))
+    pub(crate) fn learns(&self) -> Option<Measure> {
+        each!(self, s => s.capabilities().learns)
+    }
+
+    /// A learning shape's slots when a decision was made, from its number
+    /// ([`Own::number`]: a shape that learns shows its number of slots there); `None` for a
+    /// shape that does not learn, or a decision without one (skipped).
+    pub(crate) fn slots_learned(&self, number: u32) -> Option<u64> {
+        self.learns().and((number > 0).then_some(u64::from(number)))
     }
 
     /// Whether a backend that prefetches takes tokens of it ahead for hot keys
     /// ([`Limit::with_prefetch`]).
     pub(crate) fn prefetches(&self) -> bool {
-        each!(self, s => Shape::prefetches(s))
+        each!(self, s => s.capabilities().prefetches)
     }
 
     /// Whether this limit can be one limit across regions (`docs/regions.md`): `Err` names what
     /// in it cannot (prefetched tokens, or a shape other than GCRA), for the error.
     pub(crate) fn across_regions(&self) -> Result<(), &'static str> {
-        each!(self, s => Shape::across_regions(s))
+        each!(self, s => s.capabilities().across_regions)
+    }
+
+    /// Whether what a spend of it changed is undone by writing back its stored value from
+    /// before (burst tiers, whose tiers entered no refund can take back), not by a refund:
+    /// a cross-slot batch's compensation on a Redis cluster.
+    #[cfg(feature = "redis")]
+    pub(crate) fn undone_by_value(&self) -> bool {
+        each!(self, s => s.capabilities().undone_by_value)
     }
 
     /// The `RateLimit-Policy` member's `q` and `w` (seconds) when they do not depend on the
@@ -294,13 +319,13 @@ impl Quota {
     /// The wait before a request of `granted` units fits again, from a bucket's later state
     /// (`reset_after_us`, after a settle); `None`: the state's own `retry_after` says it.
     pub(crate) fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64> {
-        each!(self, s => Shape::retry_after_again(s, reset_after_us, granted))
+        each!(self, s => s.capabilities().retry_after_again.map(|again| again(s, reset_after_us, granted)))
     }
 
     /// What the in-memory fallback grants of this quota weighs once the store answers again
     /// (`layer/charge.rs`); `None`: it is not carried back.
     pub(crate) fn charge_back(&self) -> Option<ChargeBack> {
-        each!(self, s => Shape::charge_back(s))
+        each!(self, s => s.capabilities().charge_back)
     }
 
     /// What the shape is called in an error ("a GCRA limit", "burst tiers").
@@ -345,19 +370,12 @@ impl Quota {
 
 /// What every limit shape answers, each in its own file beside this one: no method has a
 /// default, so a new shape's `impl Shape` is the compiler's list of what it must say.
-/// [`Quota`]'s methods say what each question means.
-trait Shape {
+/// [`Quota`]'s methods say what each question means; what only some shapes do is a
+/// [`Capabilities`] field instead.
+trait Shape: Sized {
+    /// What it opts into: one struct literal in the shape's file, every field written.
+    fn capabilities(&self) -> Capabilities<Self>;
     fn max_cost(&self) -> u64;
-    fn charges_any_cost(&self) -> bool;
-    fn settle_bound(&self) -> Option<u64>;
-    fn waits(&self) -> bool;
-    fn units_return_us(&self, retry_after_us: u64, reset_after_us: u64) -> u64;
-    fn lease_us(&self) -> Option<u64>;
-    fn learns(&self) -> Option<crate::algo::adaptive::Measure>;
-    fn prefetches(&self) -> bool;
-    fn across_regions(&self) -> Result<(), &'static str>;
-    fn state_per_limit(&self) -> bool;
-    fn keeps_on_override(&self, other: &Quota) -> Result<(), &'static str>;
     fn fixed_policy(&self) -> Option<(u64, u64)>;
     fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown>;
     #[cfg(any(feature = "metrics", feature = "replay"))]
@@ -367,11 +385,73 @@ trait Shape {
     fn unspent(&self, remaining: u64, reset_after_us: u64, granted: u64) -> Option<(u64, u64)>;
     #[cfg(feature = "admin")]
     fn describe_seen(&self, remaining: u64, now_us: u64) -> Vec<(&'static str, Described)>;
-    fn retry_after_again(&self, reset_after_us: u64, granted: u64) -> Option<u64>;
-    fn charge_back(&self) -> Option<ChargeBack>;
     fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError>;
     fn write_json(&self, form: Form, v: &mut serde_json::Value);
     fn shape_name(&self) -> &'static str;
+}
+
+/// What a shape opts into beyond what every shape answers ([`Shape`]): the questions only
+/// some shapes answer yes to. Each shape's file states all of them in one struct literal
+/// with no `..Default`, so a new capability does not build until every shape says yes or no,
+/// and a shape that says no is never asked the question's details (its functions are
+/// `None`). [`Quota`]'s methods read them.
+pub(crate) struct Capabilities<S> {
+    /// Leases: an allowed spend holds a slot in flight until released, which lives this long
+    /// (microseconds) unless renewed.
+    pub(crate) lease_us: Option<u64>,
+    /// Learning at release: it learns from each request that held one of its slots, whose
+    /// latency ends where this says.
+    pub(crate) learns: Option<Measure>,
+    /// State per limit: one state for the whole limit, read by all its ids, at the limit's
+    /// key.
+    pub(crate) state_per_limit: bool,
+    /// What an override must keep of it (`Err` names it); `None`: any limit of its shape may
+    /// replace it for an id.
+    pub(crate) keeps_on_override: Option<Keeps<S>>,
+    /// Charge-back: what the in-memory fallback grants of it weighs once the store answers
+    /// again.
+    pub(crate) charge_back: Option<ChargeBack>,
+    /// Waiting: whether a denial of it may be waited for, and whether it says when.
+    pub(crate) waits: Waits<S>,
+    /// Settling: whether a spend of it is settled after the response, and up to what.
+    pub(crate) settles: Settles,
+    /// A settled state's wait: from a bucket's later state (`reset_after_us`) and `granted`
+    /// units, the wait before they fit again; `None`: the state's own `retry_after` says it.
+    pub(crate) retry_after_again: Option<fn(&S, u64, u64) -> u64>,
+    /// Prefetching: a backend that prefetches takes tokens of it ahead for hot keys.
+    pub(crate) prefetches: bool,
+    /// One limit across regions: `Err` names what in it cannot be.
+    pub(crate) across_regions: Result<(), &'static str>,
+    /// Undone by its raw value: what a spend of it changed is undone by writing back the
+    /// value from before (a cross-slot batch's compensation), not by a refund.
+    pub(crate) undone_by_value: bool,
+}
+
+/// What an override of a shape must keep ([`Capabilities::keeps_on_override`]): `Err` names
+/// it.
+pub(crate) type Keeps<S> = fn(&S, &Quota) -> Result<(), &'static str>;
+
+/// Whether a denial of a shape may be waited for ([`Capabilities::waits`]).
+pub(crate) enum Waits<S> {
+    /// No: a slot frees when a request ends, which no wait can know.
+    Never,
+    /// Yes, without saying when one request's units come back.
+    Untimed,
+    /// Yes: from a denial's `retry_after` and `reset_after` (microseconds), how long one
+    /// request's units take to come back.
+    Timed(fn(&S, u64, u64) -> u64),
+}
+
+/// Whether a spend of a shape is settled after the response ([`Capabilities::settles`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settles {
+    /// Never: a slot in flight is given back when the request ends.
+    Never,
+    /// Up to its [`max_cost`](Quota::max_cost).
+    UpToMaxCost,
+    /// By any charge: a GCRA limit takes what fits within its debt, a calendar quota the
+    /// whole cost (the overrun ends with the period).
+    AnyCost,
 }
 
 /// How a limit is written as JSON ([`Quota::write_json`], [`Quota::read_json`]).
@@ -426,12 +506,19 @@ pub(crate) struct Numbers<'a> {
     pub(crate) remaining: u64,
     pub(crate) retry_after_us: u64,
     pub(crate) reset_after_us: u64,
-    /// For a tiered limit: units per tier and the tier serving the client.
+    /// Its numbers of its limit's own shape.
+    pub(crate) own: Own<'a>,
+}
+
+/// What a decision holds of its limit's own shape, in one slot that every decision type
+/// carries as it is and only the shape's answers read: a tiered limit's grant per tier (which
+/// travels beside its outcome, `Outcomes::tier_grant`), and the shape's number
+/// (`Outcome::shape_number`: a calendar quota's period in whole seconds, a learning shape's
+/// slots; 0: none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Own<'a> {
     pub(crate) tiers: Option<&'a TierGrant>,
-    /// For a calendar quota: the length of the period decided in (whole seconds).
-    pub(crate) period_s: u32,
-    /// For an adaptive concurrency limit: the key's slots when decided (0: not known).
-    pub(crate) slots: u16,
+    pub(crate) number: u32,
 }
 
 /// What a decision shows of its limit in the `RateLimit` fields: the policy's `q` and `w`

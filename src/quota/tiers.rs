@@ -1,58 +1,34 @@
 //! What burst tiers answer the seam (`docs/burst-tiers.md`).
 
 use super::ceil_secs_us;
-use super::{ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, json_duration, json_fields, names_any};
+use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
+use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
 use crate::algo::tiers::{Tier, TieredLimit};
 use crate::time::format_duration_us;
 
 impl Shape for TieredLimit {
+    /// Waited for without knowing when; settled up to its capacity; undone by its value from
+    /// before (a refund cannot take back the tiers a spend entered).
+    #[inline]
+    fn capabilities(&self) -> Capabilities<Self> {
+        Capabilities {
+            lease_us: None,
+            learns: None,
+            state_per_limit: false,
+            keeps_on_override: None,
+            charge_back: None,
+            waits: Waits::Untimed,
+            settles: Settles::UpToMaxCost,
+            retry_after_again: None,
+            prefetches: false,
+            across_regions: Err("burst tiers"),
+            undone_by_value: true,
+        }
+    }
+
     /// The sum of the tiers' limits.
     fn max_cost(&self) -> u64 {
         self.capacity()
-    }
-
-    /// A charge above the capacity is refused.
-    fn charges_any_cost(&self) -> bool {
-        false
-    }
-
-    fn settle_bound(&self) -> Option<u64> {
-        Some(self.capacity())
-    }
-
-    fn waits(&self) -> bool {
-        true
-    }
-
-    fn units_return_us(&self, _: u64, _: u64) -> u64 {
-        0
-    }
-
-    fn lease_us(&self) -> Option<u64> {
-        None
-    }
-
-    fn learns(&self) -> Option<crate::algo::adaptive::Measure> {
-        None
-    }
-
-    fn prefetches(&self) -> bool {
-        false
-    }
-
-    /// One state per id.
-    fn state_per_limit(&self) -> bool {
-        false
-    }
-
-    /// Any limit of its shape may replace it for an id.
-    fn keeps_on_override(&self, _: &Quota) -> Result<(), &'static str> {
-        Ok(())
-    }
-
-    fn across_regions(&self) -> Result<(), &'static str> {
-        Err("burst tiers")
     }
 
     fn fixed_policy(&self) -> Option<(u64, u64)> {
@@ -101,15 +77,6 @@ impl Shape for TieredLimit {
         Vec::new()
     }
 
-    fn retry_after_again(&self, _: u64, _: u64) -> Option<u64> {
-        None
-    }
-
-    /// Tiers are not carried back after an outage.
-    fn charge_back(&self) -> Option<ChargeBack> {
-        None
-    }
-
     /// Each tier's limit scales (a closed tier stays closed).
     fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError> {
         let tiers = self.tiers().iter().map(|tier| {
@@ -156,7 +123,7 @@ impl Shape for TieredLimit {
 /// The limit and the window (microseconds) of the tier serving the client (the first when
 /// none is named).
 fn serving_tier(t: &TieredLimit, n: &Numbers<'_>) -> Option<(u64, u64)> {
-    let number = n.tiers.map_or(1, |g| usize::from(g.tier));
+    let number = n.own.tiers.map_or(1, |g| usize::from(g.tier));
     let tier = t.tier(number).or(t.tiers().first())?;
     Some((tier.limit(), tier.window_us()))
 }

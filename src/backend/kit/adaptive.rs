@@ -36,7 +36,7 @@ fn read_state<'s>(
 }
 
 fn with_slots(mut outcome: Outcome, slots: u64) -> Outcome {
-    outcome.slots = u16::try_from(slots).unwrap_or(u16::MAX);
+    outcome.shape_number = u32::try_from(slots).unwrap_or(u32::MAX);
     outcome
 }
 

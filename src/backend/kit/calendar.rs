@@ -55,7 +55,7 @@ pub(crate) fn calendar_spend_one(
 pub(crate) fn calendar_outcome(out: &calendar::CalendarOutcome, length_us: u64) -> Outcome {
     Outcome {
         granted: Some(out.granted),
-        period_s: calendar::period_seconds(length_us),
+        shape_number: calendar::period_seconds(length_us),
         ..Outcome::new(
             out.allowed,
             out.remaining,

@@ -662,7 +662,7 @@ pub(super) fn decode<'a>(
             outcome.granted = Some(f.u64("granted")?);
         }
         if let Quota::Calendar(quota) = tx.quota {
-            outcome.period_s =
+            outcome.shape_number =
                 crate::algo::calendar::period_seconds(quota.length_of_period_ending(tat));
             // A charge is taken whole: its cost, which the script saw cut to what its numbers
             // hold (every count is far below).
@@ -671,7 +671,7 @@ pub(super) fn decode<'a>(
             }
         }
         if tx.quota.learns().is_some() {
-            outcome.slots = adaptive::slots(f.u64("slots")?);
+            outcome.shape_number = u32::from(adaptive::slots(f.u64("slots")?));
         }
         let mut raw = None;
         let mut tiers = None;

@@ -128,7 +128,7 @@ async fn the_stores_clock_decides_the_calendar_period() {
             wait.abs_diff(expected) < 5_000_000,
             "ahead: {ahead}: told to wait {wait} us, the store's renewal is {expected} us away"
         );
-        assert_eq!(decided.period_s, 86_400);
+        assert_eq!(decided.shape_number, 86_400);
         // A right clock at the store's renewal (caller time): a fresh count.
         let right = RedisBackend::from_url(&server.url)
             .prefix(&prefix)

@@ -2,12 +2,13 @@
 //! calendar quota or a fair share, an override's limit, and their fields (durations, rates, prefetch).
 
 use super::node::{Fields, Node, Value, as_str, err_at, need, positive, whole, wrong_shape};
-use crate::algo::adaptive::{Adaptive, AdaptiveConcurrency, AdaptiveError, Algorithm, Measure};
+use crate::algo::adaptive::{Adaptive, AdaptiveConcurrency, AdaptiveError, Algorithm};
 use crate::algo::calendar::{CalendarError, CalendarQuota, Period};
 use crate::algo::concurrency::{ConcurrencyError, ConcurrencyLimit, DEFAULT_LEASE_US};
 use crate::algo::fair_share::{FairShare, FairShareError};
 use crate::algo::gcra::{Limit, LimitError};
 use crate::algo::tiers::{Tier, TierError, TieredLimit};
+use crate::completion::Measure;
 use crate::config::{ConfigError, ConfigErrorKind};
 use crate::quota::Quota;
 use crate::time::parse_duration_us;
