@@ -3,8 +3,10 @@
 
 use std::borrow::Cow;
 
-use super::{BucketTx, Read};
+use super::{BucketTx, Decided, Read, Stored};
 use crate::algo::concurrency::{self, ConcurrencyLimit};
+use crate::backend::Outcome;
+use crate::mode::Mode;
 
 /// A concurrency key's leases as `limit` reads them at `now` ([`concurrency::read`]: a
 /// deadline beyond what the crate writes is cut to one lease from now), and whether one was
@@ -126,4 +128,41 @@ fn holds_lease(leases: &[(u64, u64)], id: u64, now: u64) -> bool {
 /// Whether `lease` stays when `id` is given back: live, and not `id`.
 fn stays((l, deadline): (u64, u64), id: u64, now: u64) -> bool {
     l != id && concurrency::holds(deadline, now)
+}
+
+/// A concurrency transaction of a batch the kit decides ([`super::spend`]): a renewal of its
+/// leases, or a spend, check or charge of one slot (a lease taken when allowed); leases cut
+/// on reading are written whatever the batch decides.
+pub(super) fn concurrency_spend(
+    tx: &BucketTx<'_>,
+    limit: &ConcurrencyLimit,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> Decided {
+    let (leases, cut) = read_leases(limit, stored, now);
+    let repair = cut.then(|| Stored::Leases(leases.to_vec()));
+    let live = live_leases(&leases, now);
+    let (outcome, write) = if tx.mode == Mode::Renew {
+        let (renewed, next) = renew(limit, &leases, tx.renewed(), now);
+        let outcome = Outcome {
+            granted: Some(renewed),
+            ..Outcome::new(renewed > 0, limit.max().saturating_sub(live), 0, 0)
+        };
+        (outcome, (renewed > 0).then_some(Stored::Leases(next)))
+    } else {
+        let d = if tx.mode == Mode::Charge {
+            concurrency::charge(limit, live, tx.cost == 1)
+        } else {
+            concurrency::decide(limit, live, tx.cost == 1)
+        };
+        let write = (d.allowed && takes_lease(tx))
+            .then(|| Stored::Leases(with_lease(&leases, limit, tx.lease, now)));
+        (Outcome::from(d), write)
+    };
+    Decided {
+        outcome,
+        write,
+        repair,
+        grant: None,
+    }
 }

@@ -1,7 +1,7 @@
 //! The kit's GCRA buckets: the stored word (a TAT and its writer's bound), one transaction's
 //! step on it, its decision and what it writes ([`crate::algo::gcra`] holds the rule).
 
-use super::{BucketTx, Outcome};
+use super::{BackendError, BucketTx, Decided, Outcome, Read, Stored};
 use crate::algo::gcra::{self, GcraError, GcraOutcome, Limit};
 use crate::mode::Mode;
 
@@ -71,6 +71,27 @@ pub(crate) struct GcraStep {
     pub(crate) decision: GcraDecision,
     pub(crate) write: Option<u64>,
     pub(crate) repair: Option<u64>,
+}
+
+/// A GCRA transaction of a batch the kit decides ([`super::spend`]), on its stored word.
+#[inline]
+pub(super) fn gcra_spend(
+    tx: &BucketTx<'_>,
+    limit: &Limit,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> Result<Decided, BackendError> {
+    let word = match stored {
+        Some(Read::Tat(t)) => t,
+        _ => 0,
+    };
+    let step = gcra_step(tx, limit, word, now)?;
+    Ok(Decided {
+        outcome: step.decision.outcome(),
+        write: step.write.map(Stored::Tat),
+        repair: step.repair.map(Stored::Tat),
+        grant: None,
+    })
 }
 
 /// The GCRA step of `tx` on the bucket stored as `word` (0: none) at `now`: every backend that

@@ -87,13 +87,10 @@ mod gcra;
 mod shared_map;
 mod tiers;
 
-use std::borrow::Cow;
-
 use crate::algo::calendar::{self as calendar_rule, CalendarState};
 use crate::algo::concurrency as concurrency_rule;
 use crate::algo::gcra as gcra_rule;
 use crate::algo::tiers::{self as tiers_rule, TierGrant, TierState};
-use crate::mode::Mode;
 use crate::quota::Quota;
 
 pub use crate::algo::adaptive::{AdaptiveState, Controller, Window};
@@ -102,17 +99,18 @@ pub use adaptive::{AdaptivePool, MAX_POOL_KEYS, MAX_POOL_WAITERS};
 use adaptive::{adaptive_decide, adaptive_fresh_at, adaptive_refund, pool_fresh_at};
 use calendar::{calendar_decide, calendar_read};
 pub(crate) use calendar::{calendar_outcome, calendar_spend_one};
-use concurrency::read_leases;
-pub(crate) use concurrency::{live_leases, release, release_in, renew, takes_lease, with_lease};
+use concurrency::{concurrency_spend, read_leases};
+pub(crate) use concurrency::{release, release_in, renew, takes_lease};
 pub use fair_share::{FairPool, state_key};
 use fair_share::{fair_share_decide, fair_share_fresh_at, fair_share_refund};
+use gcra::gcra_spend;
 #[cfg(feature = "redis")]
 pub(crate) use gcra::trusted;
 pub(crate) use gcra::{
     GcraDecision, gcra_decide, gcra_step, gcra_tat, gcra_unword, gcra_word, gcra_word_bound,
     gcra_write, reading,
 };
-use tiers::read_tiers;
+use tiers::{read_tiers, tiers_spend};
 
 use super::{BackendError, BucketTx, Outcome, Outcomes};
 
@@ -250,111 +248,110 @@ pub fn spend(
     now: u64,
 ) -> Result<Spent, BackendError> {
     let mut outcomes = Outcomes::with_capacity(batch.len());
-    let mut writes: smallvec::SmallVec<[Option<Stored>; 4]> =
-        smallvec::SmallVec::with_capacity(batch.len());
+    let mut writes: Writes = smallvec::SmallVec::with_capacity(batch.len());
     // What replaces a foreign value, written whatever the batch decides.
-    let mut repairs: smallvec::SmallVec<[Option<Stored>; 4]> =
-        smallvec::SmallVec::with_capacity(batch.len());
-    // Where a key is named again, the state its earlier transaction leaves (rare: the
-    // limiter refuses such a batch; the lease calls may send one).
-    let mut carried: Option<Stored>;
+    let mut repairs: Writes = smallvec::SmallVec::with_capacity(batch.len());
     let mut twice = false;
     for (i, tx) in batch.iter().enumerate() {
-        let mut stored = read.get(i).copied().flatten();
-        if let Some(mut k) = earlier(batch, i) {
-            twice = true;
-            // The latest state an earlier transaction of the key leaves, else what its first
-            // one read.
-            carried = loop {
-                if let Some(state) = writes[k].as_ref().or(repairs[k].as_ref()) {
-                    break Some(state.clone());
+        let carried;
+        let stored = match earlier(batch, i) {
+            None => read.get(i).copied().flatten(),
+            Some(k) => {
+                // Where a key is named again, the state its earlier transaction leaves (rare:
+                // the limiter refuses such a batch; the lease calls may send one).
+                twice = true;
+                let first;
+                (carried, first) = left_by_earlier(batch, &writes, &repairs, k);
+                match &carried {
+                    Some(state) => Some(state.read()),
+                    None => read.get(first).copied().flatten(),
                 }
-                match earlier(batch, k) {
-                    Some(j) => k = j,
-                    None => break None,
-                }
-            };
-            stored = match &carried {
-                Some(state) => Some(state.read()),
-                None => read.get(k).copied().flatten(),
-            };
-        }
-        let mut repair = None;
-        let mut grant = None;
-        let (outcome, write) = match tx.quota {
-            Quota::Gcra(limit) => {
-                let word = match stored {
-                    Some(Read::Tat(t)) => t,
-                    _ => 0,
-                };
-                let step = gcra_step(tx, limit, word, now)?;
-                repair = step.repair.map(Stored::Tat);
-                (step.decision.outcome(), step.write.map(Stored::Tat))
-            }
-            Quota::Tiered(limit) => {
-                let read = read_tiers(limit, stored, now);
-                if let Cow::Owned(drained) = &read
-                    && !drained.is_empty()
-                {
-                    repair = Some(Stored::Tiers(drained.clone()));
-                }
-                let state = &*read;
-                let (d, plan) = tiers_rule::decide(limit, state, now, tx.min_cost, tx.cost)?;
-                let write = (d.allowed && tx.mode.spends()).then(|| {
-                    let mut next = state.clone();
-                    tiers_rule::apply(limit, &mut next, now, &plan);
-                    Stored::Tiers(next)
-                });
-                let (outcome, g) = Outcome::tiered(&d, limit);
-                grant = Some(g);
-                (outcome, write)
-            }
-            Quota::Concurrency(limit) => {
-                let (leases, cut) = read_leases(limit, stored, now);
-                if cut {
-                    repair = Some(Stored::Leases(leases.to_vec()));
-                }
-                let live = live_leases(&leases, now);
-                if tx.mode == Mode::Renew {
-                    let (renewed, next) = renew(limit, &leases, tx.renewed(), now);
-                    let outcome = Outcome {
-                        granted: Some(renewed),
-                        ..Outcome::new(renewed > 0, limit.max().saturating_sub(live), 0, 0)
-                    };
-                    (outcome, (renewed > 0).then_some(Stored::Leases(next)))
-                } else {
-                    let d = if tx.mode == Mode::Charge {
-                        concurrency_rule::charge(limit, live, tx.cost == 1)
-                    } else {
-                        concurrency_rule::decide(limit, live, tx.cost == 1)
-                    };
-                    let write = (d.allowed && takes_lease(tx))
-                        .then(|| Stored::Leases(with_lease(&leases, limit, tx.lease, now)));
-                    (Outcome::from(d), write)
-                }
-            }
-            Quota::Calendar(quota) => {
-                let (outcome, write, fix) = calendar_decide(tx, quota, stored, now);
-                repair = fix;
-                (outcome, write)
-            }
-            Quota::FairShare(share) => {
-                // What it saw (the id active, a wait) is written whatever the batch decides.
-                let (outcome, write, seen) = fair_share_decide(tx, share, stored, now)?;
-                repair = seen;
-                (outcome, write)
-            }
-            Quota::Adaptive(limit) => {
-                let (outcome, write, cut) = adaptive_decide(tx, limit, stored, now);
-                repair = cut;
-                (outcome, write)
             }
         };
-        outcomes.push_tiered(outcome, grant);
-        writes.push(write);
-        repairs.push(repair);
+        let d = decide(tx, stored, now)?;
+        outcomes.push_tiered(d.outcome, d.grant);
+        writes.push(d.write);
+        repairs.push(d.repair);
     }
     let allowed = batch_allowed(batch.iter().zip(&outcomes));
+    last_writes(batch, allowed, &mut writes, repairs, twice);
+    Ok(Spent {
+        allowed,
+        outcomes,
+        writes,
+    })
+}
+
+/// What a batch writes, one entry per transaction.
+type Writes = smallvec::SmallVec<[Option<Stored>; 4]>;
+
+/// One transaction decided on the state it read ([`decide`]).
+pub(crate) struct Decided {
+    /// What it reports.
+    pub(crate) outcome: Outcome,
+    /// What it writes if its batch is allowed.
+    pub(crate) write: Option<Stored>,
+    /// What it writes whatever its batch decides: a foreign value replaced, what a fair share
+    /// saw.
+    pub(crate) repair: Option<Stored>,
+    /// A tiered limit's grant per tier.
+    pub(crate) grant: Option<TierGrant>,
+}
+
+impl From<(Outcome, Option<Stored>, Option<Stored>)> for Decided {
+    fn from((outcome, write, repair): (Outcome, Option<Stored>, Option<Stored>)) -> Self {
+        Self {
+            outcome,
+            write,
+            repair,
+            grant: None,
+        }
+    }
+}
+
+/// One transaction of a batch decided on `stored`: one call to its shape's own file.
+#[inline]
+fn decide(tx: &BucketTx<'_>, stored: Option<Read<'_>>, now: u64) -> Result<Decided, BackendError> {
+    Ok(match tx.quota {
+        Quota::Gcra(limit) => gcra_spend(tx, limit, stored, now)?,
+        Quota::Tiered(limit) => tiers_spend(tx, limit, stored, now)?,
+        Quota::Concurrency(limit) => concurrency_spend(tx, limit, stored, now),
+        Quota::Calendar(quota) => calendar_decide(tx, quota, stored, now).into(),
+        // What it saw (the id active, a wait) is written whatever the batch decides.
+        Quota::FairShare(share) => fair_share_decide(tx, share, stored, now)?.into(),
+        Quota::Adaptive(limit) => adaptive_decide(tx, limit, stored, now).into(),
+    })
+}
+
+/// The latest state the transactions of a key before `batch[k]` (and `batch[k]` itself) leave,
+/// and the key's first transaction, whose read stands when none of them writes.
+fn left_by_earlier(
+    batch: &[BucketTx<'_>],
+    writes: &[Option<Stored>],
+    repairs: &[Option<Stored>],
+    mut k: usize,
+) -> (Option<Stored>, usize) {
+    loop {
+        if let Some(state) = writes[k].as_ref().or(repairs[k].as_ref()) {
+            return (Some(state.clone()), k);
+        }
+        match earlier(batch, k) {
+            Some(j) => k = j,
+            None => return (None, k),
+        }
+    }
+}
+
+/// What a decided batch writes: an allowed one its writes, a denied one none, and either the
+/// repairs where nothing else is written; a key named twice only at its last transaction (which
+/// holds what its earlier ones wrote).
+fn last_writes(
+    batch: &[BucketTx<'_>],
+    allowed: bool,
+    writes: &mut Writes,
+    repairs: Writes,
+    twice: bool,
+) {
     for (write, repair) in writes.iter_mut().zip(repairs) {
         if !allowed {
             *write = None;
@@ -364,7 +361,6 @@ pub fn spend(
         }
     }
     if twice {
-        // A key's last write holds what its earlier transactions wrote.
         for i in (0..batch.len()).rev() {
             if writes[i].is_some() {
                 let mut k = i;
@@ -375,11 +371,6 @@ pub fn spend(
             }
         }
     }
-    Ok(Spent {
-        allowed,
-        outcomes,
-        writes,
-    })
 }
 
 /// A transaction the kit refunded ([`refund`]).

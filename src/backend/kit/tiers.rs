@@ -3,8 +3,9 @@
 
 use std::borrow::Cow;
 
-use super::Read;
+use super::{BackendError, BucketTx, Decided, Read, Stored};
 use crate::algo::tiers::{self, TierState, TieredLimit};
+use crate::backend::Outcome;
 
 /// A tiered key's state as `limit` reads it at `now`: as stored, fresh when none is (or one of
 /// another shape), drained ([`tiers::drained`]) when it holds a time further ahead than the
@@ -19,4 +20,33 @@ pub(super) fn read_tiers<'s>(
         Some(Read::Tiers(_)) => Cow::Owned(tiers::drained(limit, now)),
         _ => Cow::Owned(TierState::new()),
     }
+}
+
+/// A tiered transaction of a batch the kit decides ([`super::spend`]): decided on its state
+/// (a drained foreign one written whatever the batch decides), its grant per tier beside.
+pub(super) fn tiers_spend(
+    tx: &BucketTx<'_>,
+    limit: &TieredLimit,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> Result<Decided, BackendError> {
+    let read = read_tiers(limit, stored, now);
+    let repair = match &read {
+        Cow::Owned(drained) if !drained.is_empty() => Some(Stored::Tiers(drained.clone())),
+        _ => None,
+    };
+    let state = &*read;
+    let (d, plan) = tiers::decide(limit, state, now, tx.min_cost, tx.cost)?;
+    let write = (d.allowed && tx.mode.spends()).then(|| {
+        let mut next = state.clone();
+        tiers::apply(limit, &mut next, now, &plan);
+        Stored::Tiers(next)
+    });
+    let (outcome, grant) = Outcome::tiered(&d, limit);
+    Ok(Decided {
+        outcome,
+        write,
+        repair,
+        grant: Some(grant),
+    })
 }
