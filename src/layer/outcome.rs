@@ -379,66 +379,10 @@ pub(crate) fn conclude(
         Err(_) => {}
     }
     match result {
-        Ok(batch) if batch.allowed() => {
-            count("allowed");
-            // Slots taken by the in-memory fallback are given back to it.
-            let release = match (&shared.failure.fallback, fell_back) {
-                (Some(fallback), true) => {
-                    Release::of_fallback(fallback.limiter(&shared.limiter), &shared.limiter, &batch)
-                }
-                _ => Release::of(&shared.limiter, &batch),
-            };
-            // What the in-memory fallback spent is settled nowhere: its estimates stand.
-            let settle = shared.rules.settles && !fell_back;
-            let headers = shared.answers.fields.on_allowed();
-            let allowed = if settle {
-                Some(Allowed::Settle {
-                    batch,
-                    after: AfterSettle {
-                        fields: headers,
-                        body: !head,
-                    },
-                })
-            } else if headers {
-                Fields::of(&batch, |name, quota| {
-                    shared.rules.cached_policy(name, quota)
-                })
-                .map(Allowed::Fields)
-            } else {
-                None
-            };
-            Conclusion::Call(allowed, release)
-        }
-        Ok(mut batch) => {
-            shared.answers.jitter(&mut batch);
-            if shared.rules.waits
-                && let Some((delay, permit)) = shared.rules.wait_for(&batch, waited.since, held)
-            {
-                return Conclusion::Wait(delay, permit);
-            }
-            count("denied");
-            let cached = |name, quota: &_| shared.rules.cached_policy(name, quota);
-            Conclusion::Answer(shared.answers.denied(&batch, grpc, &cached))
-        }
+        Ok(batch) if batch.allowed() => allowed(shared, batch, fell_back, head),
+        Ok(batch) => denied(shared, batch, grpc, waited, held),
         Err(Failure::Limiter(LimiterError::Backend(BackendError::Full { .. }))) => {
-            // The memory backend protects its memory: a new key cannot be tracked now. Letting
-            // it through unlimited (fail open) is what a flood of new keys aims for, so this is
-            // refused whatever the failure policy, with a hint to come back.
-            count("full");
-            shared.rules.count(&txs, RuleOutcome::FailedClosed);
-            let mut response = shared.answers.error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "UNAVAILABLE",
-                "the rate limiter is at capacity; try again shortly",
-                grpc,
-            );
-            if !grpc {
-                response.headers_mut().insert(
-                    http::header::RETRY_AFTER,
-                    http::HeaderValue::from_static("1"),
-                );
-            }
-            Conclusion::Answer(response)
+            full(shared, &txs, grpc)
         }
         Err(Failure::Limiter(LimiterError::CostAboveBurst { name, cost, burst })) => {
             count("rejected");
@@ -452,53 +396,133 @@ pub(crate) fn conclude(
                 grpc,
             ))
         }
-        Err(failure) => {
-            count("backend_failure");
-            let reason = match &failure {
-                Failure::Timeout => format!(
-                    "rate limit backend did not answer within {:?}",
-                    shared.failure.timeout
-                ),
-                Failure::Limiter(e) => e.to_string(),
-            };
-            let closed =
-                shared.failure.policy == FailurePolicy::FailClosed || fails_closed(shared, &txs);
-            shared.rules.count(
-                &txs,
-                if closed {
-                    RuleOutcome::FailedClosed
-                } else {
-                    RuleOutcome::FailedOpen
-                },
-            );
-            let policy = if closed {
-                "failing closed"
-            } else {
-                "failing open"
-            };
-            match shared.failure.warn_gate.admit() {
-                Some(0) => {
-                    tracing::warn!(target: crate::telemetry::target::BACKEND, %reason, "rate limiter failed; {policy}")
-                }
-                Some(held) => tracing::warn!(target: crate::telemetry::target::BACKEND,
-                    %reason,
-                    "rate limiter failed; {policy} ({held} more failures since the last warning)"
-                ),
-                None => {
-                    tracing::debug!(target: crate::telemetry::target::BACKEND, %reason, "rate limiter failed; {policy}")
-                }
-            }
-            if closed {
-                return Conclusion::Answer(shared.answers.error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "UNAVAILABLE",
-                    "rate limiter unavailable",
-                    grpc,
-                ));
-            }
-            Conclusion::Call(None, None)
+        Err(failure) => failed(shared, &failure, &txs, grpc),
+    }
+}
+
+/// An allowed batch: the inner service called, with the fields or the settle it asks for, and
+/// its slots held until the request ends (those of the in-memory fallback given back to it).
+#[inline]
+fn allowed(shared: &Arc<Shared>, batch: BatchDecision, fell_back: bool, head: bool) -> Conclusion {
+    count("allowed");
+    let release = match (&shared.failure.fallback, fell_back) {
+        (Some(fallback), true) => {
+            Release::of_fallback(fallback.limiter(&shared.limiter), &shared.limiter, &batch)
+        }
+        _ => Release::of(&shared.limiter, &batch),
+    };
+    // What the in-memory fallback spent is settled nowhere: its estimates stand.
+    let settle = shared.rules.settles && !fell_back;
+    let headers = shared.answers.fields.on_allowed();
+    let allowed = if settle {
+        Some(Allowed::Settle {
+            batch,
+            after: AfterSettle {
+                fields: headers,
+                body: !head,
+            },
+        })
+    } else if headers {
+        Fields::of(&batch, |name, quota| {
+            shared.rules.cached_policy(name, quota)
+        })
+        .map(Allowed::Fields)
+    } else {
+        None
+    };
+    Conclusion::Call(allowed, release)
+}
+
+/// A denied batch: waited for when every rule that denied waits (the place held), else the
+/// denial's answer.
+#[inline]
+fn denied(
+    shared: &Arc<Shared>,
+    mut batch: BatchDecision,
+    grpc: bool,
+    waited: &Waited,
+    held: Option<WaitPermit>,
+) -> Conclusion {
+    shared.answers.jitter(&mut batch);
+    if shared.rules.waits
+        && let Some((delay, permit)) = shared.rules.wait_for(&batch, waited.since, held)
+    {
+        return Conclusion::Wait(delay, permit);
+    }
+    count("denied");
+    let cached = |name, quota: &_| shared.rules.cached_policy(name, quota);
+    Conclusion::Answer(shared.answers.denied(&batch, grpc, &cached))
+}
+
+/// The memory backend protects its memory: a new key cannot be tracked now. Letting it through
+/// unlimited (fail open) is what a flood of new keys aims for, so this is refused whatever the
+/// failure policy, with a hint to come back.
+#[cold]
+fn full(shared: &Arc<Shared>, txs: &Txs, grpc: bool) -> Conclusion {
+    count("full");
+    shared.rules.count(txs, RuleOutcome::FailedClosed);
+    let mut response = shared.answers.error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "UNAVAILABLE",
+        "the rate limiter is at capacity; try again shortly",
+        grpc,
+    );
+    if !grpc {
+        response.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+    }
+    Conclusion::Answer(response)
+}
+
+/// A store that failed (or did not answer in time): the failure policy (the layer's, or a
+/// limit's `fail_closed`), counted and warned of through the warning gate.
+#[cold]
+fn failed(shared: &Arc<Shared>, failure: &Failure, txs: &Txs, grpc: bool) -> Conclusion {
+    count("backend_failure");
+    let reason = match failure {
+        Failure::Timeout => format!(
+            "rate limit backend did not answer within {:?}",
+            shared.failure.timeout
+        ),
+        Failure::Limiter(e) => e.to_string(),
+    };
+    let closed = shared.failure.policy == FailurePolicy::FailClosed || fails_closed(shared, txs);
+    shared.rules.count(
+        txs,
+        if closed {
+            RuleOutcome::FailedClosed
+        } else {
+            RuleOutcome::FailedOpen
+        },
+    );
+    let policy = if closed {
+        "failing closed"
+    } else {
+        "failing open"
+    };
+    match shared.failure.warn_gate.admit() {
+        Some(0) => {
+            tracing::warn!(target: crate::telemetry::target::BACKEND, %reason, "rate limiter failed; {policy}")
+        }
+        Some(held) => tracing::warn!(target: crate::telemetry::target::BACKEND,
+            %reason,
+            "rate limiter failed; {policy} ({held} more failures since the last warning)"
+        ),
+        None => {
+            tracing::debug!(target: crate::telemetry::target::BACKEND, %reason, "rate limiter failed; {policy}")
         }
     }
+    if closed {
+        return Conclusion::Answer(shared.answers.error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            "rate limiter unavailable",
+            grpc,
+        ));
+    }
+    Conclusion::Call(None, None)
 }
 
 fn count(outcome: &'static str) {
