@@ -25,6 +25,7 @@ use std::time::Duration;
 use fred::prelude::{Client, HashesInterface, KeysInterface, Value};
 
 use super::{Regional, Round};
+use crate::backend::BackendError;
 use crate::backend::redis::RedisBackend;
 use crate::backend::regions::global::RegistryRecord;
 use crate::backend::regions::{
@@ -70,6 +71,11 @@ impl Regional {
         self.demand_since.store(now, Ordering::Release);
         std::mem::take(&mut *demand)
     }
+}
+
+/// A failed call to the region's store.
+fn unavailable(e: fred::error::Error) -> BackendError {
+    BackendError::Unavailable(e.to_string())
 }
 
 /// A demand hash's field: the limit's name and the id's text, apart by a byte neither holds.
@@ -185,9 +191,7 @@ impl RedisBackend {
         instance: &str,
         asked_next: &[BucketKey],
         ended: u64,
-    ) -> Result<Option<(Round, Vec<BucketKey>)>, crate::backend::BackendError> {
-        let failed =
-            |e: fred::error::Error| crate::backend::BackendError::Unavailable(e.to_string());
+    ) -> Result<Option<(Round, Vec<BucketKey>)>, BackendError> {
         let client: Client = self.client_for_key(&self.regions_key("lock"))?;
         let period = regional.settings.period_us.max(1);
         // 1. This instance's demand, into the period's hash (its busiest keys only).
@@ -200,40 +204,10 @@ impl RedisBackend {
         self.add_demand(&client, &format!("demand:{ended}"), &demand, period)
             .await?;
         // 2. The lock: taken, or kept by its holder.
-        let lock = self.regions_key("lock");
-        let ttl_ms = period.saturating_mul(3) / 1_000 + 1;
-        let taken: Option<String> = client
-            .set(
-                &lock,
-                instance,
-                Some(fred::types::Expiration::PX(
-                    i64::try_from(ttl_ms).unwrap_or(i64::MAX),
-                )),
-                Some(fred::types::SetOptions::NX),
-                false,
-            )
-            .await
-            .map_err(failed)?;
-        let holder = taken.is_some() || {
-            let current: Option<String> = client.get(&lock).await.map_err(failed)?;
-            current.as_deref() == Some(instance)
-        };
-        let state = self.regions_key("confirmed");
-        if !holder {
-            // 3. Whether the registration is confirmed, as the holder last said; then this
-            //    instance's demand so far in this period, for the holder's surge.
-            //    No record (never written, or the region's store lost it): as it was.
-            let confirmed: Option<String> = client.get(&state).await.map_err(failed)?;
-            if let Some(confirmed) = confirmed {
-                regional.set_confirmed(confirmed == "1");
-            }
-            self.add_half_demand(regional, &client, ended + 1).await?;
+        if !self.hold_lock(&client, instance, period).await? {
+            self.follow_holder(regional, &client, ended).await?;
             return Ok(None);
         }
-        let _: bool = client
-            .pexpire(&lock, i64::try_from(ttl_ms).unwrap_or(i64::MAX), None)
-            .await
-            .map_err(failed)?;
         self.merge_kept_registry(regional, &client).await?;
         // The period that ended, 15% into the next in every region: every instance has added
         // its demand (they tick a twentieth of a period in; their clocks agree to well within
@@ -242,12 +216,90 @@ impl RedisBackend {
         // rebalancing at random points cost up to two periods more). Above each key's floor,
         // in requests per its limit's period.
         let at = (ended + 1).saturating_mul(period) + period / 100 * REBALANCE_AT_PERCENT;
-        tokio::time::sleep(Duration::from_micros(
-            at.saturating_sub(self.inner.local.now_us()),
-        ))
-        .await;
+        self.sleep_until(at).await;
+        let demands = self
+            .period_demands(&client, limits, ended, period, asked_next)
+            .await?;
+        let mut round = self.rebalance(limits, &demands).await?;
+        self.ask_again_in_period(
+            regional,
+            limits,
+            &client,
+            (ended, period),
+            &demands,
+            &mut round,
+        )
+        .await?;
+        self.keep_registration(regional, &client).await?;
+        let held = round.asked_next.clone();
+        Ok(Some((round, held)))
+    }
+
+    /// Whether this instance holds the region's lock for the next three periods: taken, or
+    /// kept by its holder (and extended).
+    async fn hold_lock(
+        &self,
+        client: &Client,
+        instance: &str,
+        period: u64,
+    ) -> Result<bool, BackendError> {
+        let lock = self.regions_key("lock");
+        let ttl_ms = i64::try_from(period.saturating_mul(3) / 1_000 + 1).unwrap_or(i64::MAX);
+        let taken: Option<String> = client
+            .set(
+                &lock,
+                instance,
+                Some(fred::types::Expiration::PX(ttl_ms)),
+                Some(fred::types::SetOptions::NX),
+                false,
+            )
+            .await
+            .map_err(unavailable)?;
+        let holder = taken.is_some() || {
+            let current: Option<String> = client.get(&lock).await.map_err(unavailable)?;
+            current.as_deref() == Some(instance)
+        };
+        if holder {
+            let _: bool = client
+                .pexpire(&lock, ttl_ms, None)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(holder)
+    }
+
+    /// An instance that does not hold the lock: whether the registration is confirmed, as the
+    /// holder last said (no record, never written or lost by the region's store: as it was);
+    /// then its demand so far in this period, for the holder's surge.
+    async fn follow_holder(
+        &self,
+        regional: &Regional,
+        client: &Client,
+        ended: u64,
+    ) -> Result<(), BackendError> {
+        let confirmed: Option<String> = client
+            .get(self.regions_key("confirmed"))
+            .await
+            .map_err(unavailable)?;
+        if let Some(confirmed) = confirmed {
+            regional.set_confirmed(confirmed == "1");
+        }
+        self.add_half_demand(regional, client, ended + 1).await
+    }
+
+    /// The demands of period `ended` every instance added, above each key's floor (keys with
+    /// none left out), and the keys asked at the last rebalance with demand 0 (their parts
+    /// given back).
+    async fn period_demands(
+        &self,
+        client: &Client,
+        limits: &Limits,
+        ended: u64,
+        period: u64,
+        asked_next: &[BucketKey],
+    ) -> Result<Vec<(BucketKey, u64)>, BackendError> {
         let last = self.regions_key(&format!("demand:{ended}"));
-        let counted: HashMap<String, u64> = client.hgetall(&last).await.map_err(failed)?;
+        let counted: HashMap<String, u64> = client.hgetall(&last).await.map_err(unavailable)?;
         let mut demands: Vec<(BucketKey, u64)> = Vec::with_capacity(counted.len());
         for (f, units) in counted {
             let Some(key) = key_of(&f, limits) else {
@@ -263,30 +315,38 @@ impl RedisBackend {
         for key in asked_next.iter().filter(|k| !with_demand.contains(*k)) {
             demands.push((key.clone(), 0));
         }
-        let mut round = self.rebalance(limits, &demands).await?;
-        // Keys whose answer may change once the other regions have reported and confirmed
-        // (they decide at the same instant, and confirm what they give up a few round trips
-        // later): asked again half a period in, and three quarters in if still so, so a
-        // transfer completes in the period it starts (`BENCHMARKS.md`: 2.5 to 2.9 periods to
-        // converge, from 3.1 to 3.2).
-        // Half a period in, with them, the keys whose demand surged since the period began
-        // (`surging`: one idle that bursts reports it a period sooner).
+        Ok(demands)
+    }
+
+    /// Keys whose answer may change once the other regions have reported and confirmed
+    /// (they decide at the same instant, and confirm what they give up a few round trips
+    /// later): asked again half a period in, and three quarters in if still so, so a
+    /// transfer completes in the period it starts (`BENCHMARKS.md`: 2.5 to 2.9 periods to
+    /// converge, from 3.1 to 3.2). Half a period in, with them, the keys whose demand surged
+    /// since the period began (`surging`: one idle that bursts reports it a period sooner).
+    async fn ask_again_in_period(
+        &self,
+        regional: &Regional,
+        limits: &Limits,
+        client: &Client,
+        (ended, period): (u64, u64),
+        demands: &[(BucketKey, u64)],
+        round: &mut Round,
+    ) -> Result<(), BackendError> {
         let mut again = std::mem::take(&mut round.ask_again);
         for quarter in ASK_AGAIN_QUARTERS {
             let surge = quarter == SURGE_QUARTER;
             if surge {
-                self.add_half_demand(regional, &client, ended + 1).await?;
+                self.add_half_demand(regional, client, ended + 1).await?;
             } else if again.is_empty() {
                 break;
             }
-            let at = (ended + 1).saturating_mul(period) + period / 4 * quarter;
-            tokio::time::sleep(Duration::from_micros(
-                at.saturating_sub(self.inner.local.now_us()),
-            ))
-            .await;
+            self.sleep_until((ended + 1).saturating_mul(period) + period / 4 * quarter)
+                .await;
             if surge {
                 let half = self.regions_key(&format!("demand:{}:half", ended + 1));
-                let counted: HashMap<String, u64> = client.hgetall(&half).await.map_err(failed)?;
+                let counted: HashMap<String, u64> =
+                    client.hgetall(&half).await.map_err(unavailable)?;
                 let units =
                     (counted.into_iter()).filter_map(|(f, u)| Some((key_of(&f, limits)?, u)));
                 let reported: HashMap<BucketKey, u64> = demands.iter().cloned().collect();
@@ -305,9 +365,15 @@ impl RedisBackend {
             again = std::mem::take(&mut later.ask_again);
             round.absorb(later);
         }
-        self.keep_registration(regional, &client).await?;
-        let held = round.asked_next.clone();
-        Ok(Some((round, held)))
+        Ok(())
+    }
+
+    /// Sleeps until `at` (microseconds, the instance's clock).
+    async fn sleep_until(&self, at: u64) {
+        tokio::time::sleep(Duration::from_micros(
+            at.saturating_sub(self.inner.local.now_us()),
+        ))
+        .await;
     }
 
     /// The registry as the region's holders last read it (`keep_registration`), merged into
@@ -382,8 +448,6 @@ impl RedisBackend {
         demand: &[(BucketKey, u64)],
         period: u64,
     ) -> Result<(), crate::backend::BackendError> {
-        let failed =
-            |e: fred::error::Error| crate::backend::BackendError::Unavailable(e.to_string());
         if demand.is_empty() {
             return Ok(());
         }
@@ -393,11 +457,14 @@ impl RedisBackend {
             let _: () = pipeline
                 .hincrby(&hash, field(key), i64::try_from(*units).unwrap_or(i64::MAX))
                 .await
-                .map_err(failed)?;
+                .map_err(unavailable)?;
         }
         let ttl = i64::try_from(period.saturating_mul(3) / 1_000 + 1).unwrap_or(i64::MAX);
-        let _: () = pipeline.pexpire(&hash, ttl, None).await.map_err(failed)?;
-        let _: Vec<Value> = pipeline.all().await.map_err(failed)?;
+        let _: () = pipeline
+            .pexpire(&hash, ttl, None)
+            .await
+            .map_err(unavailable)?;
+        let _: Vec<Value> = pipeline.all().await.map_err(unavailable)?;
         Ok(())
     }
 
