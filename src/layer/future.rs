@@ -197,10 +197,7 @@ where
                     grpc,
                 } => {
                     ready!(sleep.as_mut().poll(cx));
-                    // The line knows the key's next unit is not free yet (another waiter of
-                    // this instance went to the store for it): sleep on, without a call.
-                    if let Some(more) = this.waited.permit.as_ref().and_then(|p| p.turn()) {
-                        sleep.as_mut().reset(tokio::time::Instant::now() + more);
+                    if this.waited.sleeps_on(sleep.as_mut()) {
                         continue;
                     }
                     let grpc = *grpc;
@@ -219,72 +216,69 @@ where
                     this.state.set(state);
                 }
                 StateProj::Calling { future } => {
-                    let response = match ready!(future.poll(cx)) {
-                        Ok(response) => response,
-                        Err(e) => {
-                            if let Some(release) = this.release.as_mut() {
-                                release.failed();
-                            }
-                            return Poll::Ready(Err(e));
-                        }
-                    };
-                    if let Some(release) = this.release.as_mut() {
-                        release.head(
-                            response.status(),
-                            response.headers(),
-                            &this.shared.failed_when,
-                        );
+                    // An error of the inner service: the request failed.
+                    let response = ready!(future.poll(cx))
+                        .inspect_err(|_| this.release.as_mut().map_or((), |r| r.failed()))?;
+                    match answered(this.shared, response, this.release, this.allowed) {
+                        Ok(response) => return Poll::Ready(Ok(response)),
+                        Err((task, held)) => this.state.set(State::Settling {
+                            task,
+                            held: Some(held),
+                        }),
                     }
-                    let (batch, after) = match this.allowed.take() {
-                        Some(Allowed::Settle { batch, after }) => (batch, after),
-                        fields => {
-                            let mut response = response;
-                            if let Some(Allowed::Fields(fields)) = fields {
-                                with_fields(this.shared, &mut response, fields);
-                            }
-                            let release = this.release.take();
-                            return Poll::Ready(Ok(
-                                response.map(|b| RateLimitBody::settling(b, None, release))
-                            ));
-                        }
-                    };
-                    let (head, body) = response.into_parts();
-                    let reserved = this.shared.rules.reservations(&batch, false);
-                    let task = settle::settle_head(&this.shared.settler, reserved, &head);
-                    let response = Response::from_parts(head, body);
-                    let Some(task) = task else {
-                        let release = this.release.take();
-                        return Poll::Ready(Ok(settled(
-                            this.shared,
-                            response,
-                            batch,
-                            after,
-                            release,
-                        )));
-                    };
-                    this.state.set(State::Settling {
-                        task,
-                        held: Some(Box::new((response, batch, after))),
-                    });
                 }
                 StateProj::Settling { task, held } => {
                     let states = ready!(Pin::new(task).poll(cx));
-                    let Some(held) = held.take() else {
+                    let Some((response, mut batch, after)) = held.take().map(|held| *held) else {
                         return Poll::Ready(Ok(polled_after_completion(false)));
                     };
-                    let (response, mut batch, after) = *held;
                     settle::merge(&mut batch, states);
                     let release = this.release.take();
                     return Poll::Ready(Ok(settled(this.shared, response, batch, after, release)));
                 }
                 StateProj::Answered { response } => {
-                    let Some(response) = response.take() else {
-                        return Poll::Ready(Ok(polled_after_completion(false)));
-                    };
-                    return Poll::Ready(Ok(response.map(ResBody::from_bytes)));
+                    let response = response.take().map(|r| r.map(ResBody::from_bytes));
+                    return Poll::Ready(Ok(
+                        response.unwrap_or_else(|| polled_after_completion(false))
+                    ));
                 }
             }
         }
+    }
+}
+
+/// The inner service's response, noted by the request's slots: handed on with what the
+/// allowed request gets (its fields, its body settling), or, for rules that settle from the
+/// head, the settle's task and what waits for it.
+#[inline]
+#[allow(clippy::type_complexity)]
+fn answered<R: ResponseBody>(
+    shared: &Arc<Shared>,
+    response: Response<R>,
+    release: &mut Held,
+    allowed: &mut Option<Allowed>,
+) -> Result<Response<R>, (Task, Box<(Response<R>, BatchDecision, AfterSettle)>)> {
+    if let Some(release) = release.as_mut() {
+        release.head(response.status(), response.headers(), &shared.failed_when);
+    }
+    let (batch, after) = match allowed.take() {
+        Some(Allowed::Settle { batch, after }) => (batch, after),
+        fields => {
+            let mut response = response;
+            if let Some(Allowed::Fields(fields)) = fields {
+                with_fields(shared, &mut response, fields);
+            }
+            let release = release.take();
+            return Ok(response.map(|b| RateLimitBody::settling(b, None, release)));
+        }
+    };
+    let (head, body) = response.into_parts();
+    let reserved = shared.rules.reservations(&batch, false);
+    let task = settle::settle_head(&shared.settler, reserved, &head);
+    let response = Response::from_parts(head, body);
+    match task {
+        None => Ok(settled(shared, response, batch, after, release.take())),
+        Some(task) => Err((task, Box::new((response, batch, after)))),
     }
 }
 

@@ -345,6 +345,18 @@ pub(crate) struct Waited {
     pub(crate) permit: Option<WaitPermit>,
 }
 
+impl Waited {
+    /// Whether the line knows the key's next unit is not free yet (another waiter of this
+    /// instance went to the store for it): then `sleep` is reset to sleep on, without a call.
+    pub(crate) fn sleeps_on(&self, sleep: std::pin::Pin<&mut tokio::time::Sleep>) -> bool {
+        let Some(more) = self.permit.as_ref().and_then(|p| p.turn()) else {
+            return false;
+        };
+        sleep.reset(tokio::time::Instant::now() + more);
+        true
+    }
+}
+
 /// What a decision (or a failure to decide) means for the request: counted, traced, and
 /// turned into a call or an answer.
 pub(crate) fn conclude(

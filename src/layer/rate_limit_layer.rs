@@ -264,73 +264,22 @@ impl RateLimitLayerBuilder {
         let journal = std::sync::Arc::new(super::observe::Journal::default());
         let mut rules: Vec<ResolvedRule> = Vec::with_capacity(self.rules.len());
         for rule in self.rules {
-            let name = limits
-                .name(&rule.name)
-                .ok_or_else(|| LayerError::UnknownLimit {
-                    name: rule.name.clone(),
-                    did_you_mean: limits.nearest_name(&rule.name),
-                    at: rule.defined_at.as_deref().map(str::to_owned),
-                })?;
-            if rules.iter().any(|r| r.name == name) {
-                return Err(LayerError::DuplicateRule(rule.name));
-            }
-            if let Some(settle) = &rule.settle {
-                let refused = |reason: String| LayerError::Settle {
-                    limit: rule.name.clone(),
-                    reason,
-                };
-                settle.check().map_err(refused)?;
-                if !rule.mode.spends() {
-                    return Err(refused(format!(
-                        "a {:?} rule spends nothing to settle",
-                        rule.mode
-                    )));
-                }
-            }
-            let policy = limits.default_limit(name).and_then(|q| {
-                let value = response::policy_value(&rule.name, q)?;
-                Some((q.clone(), value))
-            });
-            let shadow = self.shadow || rule.shadow;
-            let mode = if shadow {
-                rule.mode.shadowed()
-            } else {
-                rule.mode
-            };
-            rules.push(ResolvedRule {
-                source: super::extract::Source::Own,
-                name,
-                metrics: RuleMetrics::new(
-                    name,
-                    #[cfg(feature = "replay")]
-                    &journal,
-                ),
-                shadow,
-                mode,
+            let resolved = resolved(
+                &limits,
                 rule,
-                policy,
-                waiting: Waiting::new(name),
-            });
+                &rules,
+                self.shadow,
+                #[cfg(feature = "replay")]
+                &journal,
+            )?;
+            rules.push(resolved);
         }
         let readers = super::extract::Readers::shared(rules.iter().map(|r| &*r.rule.extractor));
         for r in &mut rules {
             r.source = readers.source(&*r.rule.extractor);
             self.limiter.pin(r.name);
         }
-        let fallback = match self.failure {
-            FailurePolicy::FallbackToMemory { percent } => {
-                if !(1..=100).contains(&percent) {
-                    return Err(LayerError::Fallback(format!(
-                        "percent {percent} is not between 1 and 100"
-                    )));
-                }
-                let scaled = limits
-                    .scaled(percent)
-                    .map_err(|e| LayerError::Fallback(e.to_string()))?;
-                Some(Fallback::new(percent, scaled, &self.limiter, self.timeout))
-            }
-            _ => None,
-        };
+        let fallback = fallback_of(self.failure, &limits, &self.limiter, self.timeout)?;
         let settles = rules.iter().any(|r| r.rule.settle.is_some());
         let waits = rules.iter().any(|r| r.rule.wait.is_some());
         // One gate for the warnings of store failures, on requests and on settles alike.
@@ -375,6 +324,86 @@ impl RateLimitLayerBuilder {
             }),
         })
     }
+}
+
+/// A rule with its limit's name resolved under `limits` and checked (a known limit, no rule
+/// for it in `before`, a settle it can do), its policy precomputed, shadowed when the layer
+/// or the rule is.
+fn resolved(
+    limits: &Limits,
+    rule: Rule,
+    before: &[ResolvedRule],
+    shadow_all: bool,
+    #[cfg(feature = "replay")] journal: &Arc<super::observe::Journal>,
+) -> Result<ResolvedRule, LayerError> {
+    let name = limits
+        .name(&rule.name)
+        .ok_or_else(|| LayerError::UnknownLimit {
+            name: rule.name.clone(),
+            did_you_mean: limits.nearest_name(&rule.name),
+            at: rule.defined_at.as_deref().map(str::to_owned),
+        })?;
+    if before.iter().any(|r| r.name == name) {
+        return Err(LayerError::DuplicateRule(rule.name));
+    }
+    if let Some(settle) = &rule.settle {
+        let refused = |reason: String| LayerError::Settle {
+            limit: rule.name.clone(),
+            reason,
+        };
+        settle.check().map_err(refused)?;
+        if !rule.mode.spends() {
+            return Err(refused(format!(
+                "a {:?} rule spends nothing to settle",
+                rule.mode
+            )));
+        }
+    }
+    let policy = limits.default_limit(name).and_then(|q| {
+        let value = response::policy_value(&rule.name, q)?;
+        Some((q.clone(), value))
+    });
+    let shadow = shadow_all || rule.shadow;
+    let mode = if shadow {
+        rule.mode.shadowed()
+    } else {
+        rule.mode
+    };
+    Ok(ResolvedRule {
+        source: super::extract::Source::Own,
+        name,
+        metrics: RuleMetrics::new(
+            name,
+            #[cfg(feature = "replay")]
+            journal,
+        ),
+        shadow,
+        mode,
+        rule,
+        policy,
+        waiting: Waiting::new(name),
+    })
+}
+
+/// The in-memory fallback a failure policy asks for (its limits scaled to `percent`), if any.
+fn fallback_of(
+    failure: FailurePolicy,
+    limits: &Limits,
+    limiter: &Limiter,
+    timeout: Duration,
+) -> Result<Option<Fallback>, LayerError> {
+    let FailurePolicy::FallbackToMemory { percent } = failure else {
+        return Ok(None);
+    };
+    if !(1..=100).contains(&percent) {
+        return Err(LayerError::Fallback(format!(
+            "percent {percent} is not between 1 and 100"
+        )));
+    }
+    let scaled = limits
+        .scaled(percent)
+        .map_err(|e| LayerError::Fallback(e.to_string()))?;
+    Ok(Some(Fallback::new(percent, scaled, limiter, timeout)))
 }
 
 /// A tower layer that rate-limits requests. Cheap to clone.
