@@ -155,26 +155,7 @@ impl LimitsWatcher {
 
         // Any event in a file's directory wakes the task; it then compares signatures.
         let (wake, mut woken) = mpsc::channel::<()>(1);
-        let mut watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
-            let _ = wake.try_send(());
-        })
-        .map_err(|e| WatchError::Watcher(std::io::Error::other(e)))?;
-        let mut dirs: Vec<PathBuf> = Vec::new();
-        for file in &files {
-            let dir = match file.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-                _ => PathBuf::from("."),
-            };
-            if !dirs.contains(&dir) {
-                watcher
-                    .watch(&dir, notify::RecursiveMode::NonRecursive)
-                    .map_err(|e| WatchError::Watch {
-                        path: dir.clone(),
-                        source: std::io::Error::other(e),
-                    })?;
-                dirs.push(dir);
-            }
-        }
+        let watcher = watch_dirs(&files, wake)?;
         #[cfg(unix)]
         let mut hangup = {
             let _guard = runtime.enter();
@@ -233,6 +214,34 @@ impl LimitsWatcher {
         });
         Ok(Self { task })
     }
+}
+
+/// A watcher of the directories of `files` (each once), waking `wake` on any event in them.
+fn watch_dirs(
+    files: &[PathBuf],
+    wake: mpsc::Sender<()>,
+) -> Result<notify::RecommendedWatcher, WatchError> {
+    let mut watcher = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
+        let _ = wake.try_send(());
+    })
+    .map_err(|e| WatchError::Watcher(std::io::Error::other(e)))?;
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for file in files {
+        let dir = match file.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if !dirs.contains(&dir) {
+            watcher
+                .watch(&dir, notify::RecursiveMode::NonRecursive)
+                .map_err(|e| WatchError::Watch {
+                    path: dir.clone(),
+                    source: std::io::Error::other(e),
+                })?;
+            dirs.push(dir);
+        }
+    }
+    Ok(watcher)
 }
 
 #[cfg(test)]

@@ -258,60 +258,9 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
     let limit_node = limit.ok_or_else(|| missing("limit"))?;
     let limit = as_str(limit_node, "a limit name")?;
     check_name(limit).map_err(|kind| err_at(kind, limit_node.line))?;
-    let key_node = key.ok_or_else(|| missing("key"))?;
-    let key = match as_str(key_node, "a key (client_ip, ipv6_range, header:<Name>)")? {
-        "client_ip" => RuleKey::ClientIp,
-        "ipv6_range" => RuleKey::Ipv6Range,
-        text => match text.strip_prefix("header:").map(str::trim) {
-            Some(name) => match http::HeaderName::from_bytes(name.as_bytes()) {
-                Ok(header) => RuleKey::Header(header),
-                Err(_) => {
-                    return Err(invalid(format!("{name:?} is not a header name"), key_node));
-                }
-            },
-            None => {
-                return Err(invalid(
-                    format!("key {text:?}: use client_ip, ipv6_range or header:<Name>"),
-                    key_node,
-                ));
-            }
-        },
-    };
-    let methods = match methods {
-        None => Vec::new(),
-        Some(n) => {
-            let Value::Seq(items) = &n.value else {
-                return Err(wrong_shape("a list of methods ([GET, POST])", n));
-            };
-            let mut out = Vec::with_capacity(items.len());
-            for m in items {
-                let text = as_str(m, "a method (GET, POST, ...)")?;
-                let method = http::Method::from_bytes(text.to_ascii_uppercase().as_bytes())
-                    .map_err(|_| invalid(format!("{text:?} is not a method"), m))?;
-                out.push(method);
-            }
-            if out.is_empty() {
-                return Err(invalid(
-                    "methods: an empty list matches no request".into(),
-                    n,
-                ));
-            }
-            out
-        }
-    };
-    let path_prefix = match prefix {
-        None => None,
-        Some(n) => {
-            let text = as_str(n, "a path prefix (/api)")?;
-            if !text.starts_with('/') {
-                return Err(invalid(
-                    format!("path_prefix {text:?} must start with /"),
-                    n,
-                ));
-            }
-            Some(text.to_owned())
-        }
-    };
+    let key = key_of(key.ok_or_else(|| missing("key"))?)?;
+    let methods = methods.map_or(Ok(Vec::new()), methods_of)?;
+    let path_prefix = prefix.map(path_prefix_of).transpose()?;
     let cost = match cost {
         None => RuleCost::Default,
         Some(n) => match &n.value {
@@ -319,20 +268,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
             _ => RuleCost::Fixed(positive("cost", n)?),
         },
     };
-    let on_missing_key = match on_missing {
-        None => None,
-        Some(n) => Some(match &n.value {
-            Value::Str(s) if s == "skip" => RuleMissing::Skip,
-            Value::Str(s) if s == "reject" => RuleMissing::Reject(400),
-            Value::Int(code) if (400..=599).contains(code) => RuleMissing::Reject(*code as u16),
-            _ => {
-                return Err(invalid(
-                    "on_missing_key: skip, reject, or a status from 400 to 599".into(),
-                    n,
-                ));
-            }
-        }),
-    };
+    let on_missing_key = on_missing.map(on_missing_of).transpose()?;
     Ok(RuleEntry {
         limit: limit.to_owned(),
         key,
@@ -341,6 +277,78 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
         cost,
         on_missing_key,
         line: node.line,
+    })
+}
+
+/// `key: client_ip | ipv6_range | header:<Name>`.
+fn key_of(node: &Node) -> Result<RuleKey, ConfigError> {
+    Ok(
+        match as_str(node, "a key (client_ip, ipv6_range, header:<Name>)")? {
+            "client_ip" => RuleKey::ClientIp,
+            "ipv6_range" => RuleKey::Ipv6Range,
+            text => match text.strip_prefix("header:").map(str::trim) {
+                Some(name) => match http::HeaderName::from_bytes(name.as_bytes()) {
+                    Ok(header) => RuleKey::Header(header),
+                    Err(_) => {
+                        return Err(invalid(format!("{name:?} is not a header name"), node));
+                    }
+                },
+                None => {
+                    return Err(invalid(
+                        format!("key {text:?}: use client_ip, ipv6_range or header:<Name>"),
+                        node,
+                    ));
+                }
+            },
+        },
+    )
+}
+
+/// `methods: [GET, POST]`: at least one.
+fn methods_of(node: &Node) -> Result<Vec<http::Method>, ConfigError> {
+    let Value::Seq(items) = &node.value else {
+        return Err(wrong_shape("a list of methods ([GET, POST])", node));
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for m in items {
+        let text = as_str(m, "a method (GET, POST, ...)")?;
+        let method = http::Method::from_bytes(text.to_ascii_uppercase().as_bytes())
+            .map_err(|_| invalid(format!("{text:?} is not a method"), m))?;
+        out.push(method);
+    }
+    if out.is_empty() {
+        return Err(invalid(
+            "methods: an empty list matches no request".into(),
+            node,
+        ));
+    }
+    Ok(out)
+}
+
+/// `path_prefix: /api`.
+fn path_prefix_of(node: &Node) -> Result<String, ConfigError> {
+    let text = as_str(node, "a path prefix (/api)")?;
+    if !text.starts_with('/') {
+        return Err(invalid(
+            format!("path_prefix {text:?} must start with /"),
+            node,
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// `on_missing_key: skip | reject | <status from 400 to 599>`.
+fn on_missing_of(node: &Node) -> Result<RuleMissing, ConfigError> {
+    Ok(match &node.value {
+        Value::Str(s) if s == "skip" => RuleMissing::Skip,
+        Value::Str(s) if s == "reject" => RuleMissing::Reject(400),
+        Value::Int(code) if (400..=599).contains(code) => RuleMissing::Reject(*code as u16),
+        _ => {
+            return Err(invalid(
+                "on_missing_key: skip, reject, or a status from 400 to 599".into(),
+                node,
+            ));
+        }
     })
 }
 

@@ -19,20 +19,7 @@ impl RedisBackend {
             let _after = self.inner.override_read.lock().await;
             return Ok(self.inner.overrides.current());
         };
-        let names = &self.inner.override_names;
-        // The store's epoch, set now if it has none (empty, or emptied): every instance reads
-        // the same one from here on, so the first change after does not make them all read
-        // the whole hash again.
-        let (epoch_key, token) = (names.epoch.clone(), new_epoch());
-        self.call(names.slot, move |client| {
-            let (key, token) = (epoch_key.clone(), token.clone());
-            async move {
-                client
-                    .set::<Value, _, _>(key, token, None, Some(fred::types::SetOptions::NX), false)
-                    .await
-            }
-        })
-        .await?;
+        self.set_epoch_if_none().await?;
         // The store answers: a request arriving before the first read is done waits for it.
         self.first_read(FirstRead::Reading);
         let State {
@@ -44,10 +31,58 @@ impl RedisBackend {
         let watched = &self.inner.overrides;
         let held = watched.len();
         let pass = watched.begin_pass();
+        self.read_pages().await?;
+        let gone = watched.end_pass(pass);
+        if self
+            .synced()
+            .epoch
+            .as_ref()
+            .is_some_and(|e| Some(e) != epoch.as_ref())
+            && held > 0
+            && !gone.is_empty()
+        {
+            tracing::warn!(
+                dropped = gone.len(),
+                "the override store is not the one this instance followed (its data was lost: a restart without persistence, a flush, a failover to an empty replica): the overrides it no longer holds are dropped here, as the store says"
+            );
+        }
+        watched.apply(Delta {
+            set: Vec::new(),
+            gone,
+        });
+        self.synced_to(epoch, version, resets);
+        self.inner
+            .overrides_ready
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.first_read(FirstRead::Done);
+        Ok(watched.current())
+    }
+
+    /// Sets the store's epoch if it has none (empty, or emptied): every instance reads the
+    /// same one from here on, so the first change after does not make them all read the whole
+    /// hash again.
+    async fn set_epoch_if_none(&self) -> Result<(), BackendError> {
+        let names = &self.inner.override_names;
+        let (epoch_key, token) = (names.epoch.clone(), new_epoch());
+        self.call(names.slot, move |client| {
+            let (key, token) = (epoch_key.clone(), token.clone());
+            async move {
+                client
+                    .set::<Value, _, _>(key, token, None, Some(fred::types::SetOptions::NX), false)
+                    .await
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Reads the whole hash in `HSCAN` pages, applied `APPLY_AT` fields at a time: each
+    /// application copies the parts of the limits' table it changes, so a page at a time made
+    /// reading a million overrides quadratic (4.0 s in a release build, 36 s in a debug one).
+    /// Applying marks what it finds (or sets) as the pass's.
+    async fn read_pages(&self) -> Result<(), BackendError> {
+        let names = &self.inner.override_names;
         let mut cursor = String::from("0");
-        // Pages are applied APPLY_AT fields at a time: each application copies the parts of the
-        // limits' table it changes, so a page at a time made reading a million overrides
-        // quadratic (4.0 s in a release build, 36 s in a debug one).
         let mut applying = Delta::default();
         loop {
             let (hash, at) = (names.hash.clone(), cursor.clone());
@@ -76,39 +111,24 @@ impl RedisBackend {
                     applying.set.push(o);
                 }
             }
-            // Applying marks what it finds (or sets) as this pass's.
             if next == "0" || applying.set.len() >= APPLY_AT {
                 self.apply_capped(std::mem::take(&mut applying));
             }
             if next == "0" {
-                break;
+                return Ok(());
             }
             cursor = next;
         }
-        let gone = watched.end_pass(pass);
-        if self
-            .synced()
-            .epoch
-            .as_ref()
-            .is_some_and(|e| Some(e) != epoch.as_ref())
-            && held > 0
-            && !gone.is_empty()
-        {
-            tracing::warn!(
-                dropped = gone.len(),
-                "the override store is not the one this instance followed (its data was lost: a restart without persistence, a flush, a failover to an empty replica): the overrides it no longer holds are dropped here, as the store says"
-            );
-        }
-        watched.apply(Delta {
-            set: Vec::new(),
-            gone,
-        });
+    }
+
+    /// What this instance has applied after a whole read at `version` of the store of
+    /// `epoch`: another store than the one read before (not the first read: a lazy connection
+    /// may serve requests before it) makes it forget what it remembers of its keys (tokens
+    /// taken from the store before, denials it saw), which are not of this one.
+    fn synced_to(&self, epoch: Option<String>, version: u64, resets: u64) {
         let mut synced = self.synced();
         if synced.epoch != epoch {
             synced.ahead.clear();
-            // Another store than the one read before (not the first read: a lazy connection
-            // may serve requests before it): what this instance remembers of its keys (tokens
-            // taken from the store before, denials it saw) is not of this one.
             if synced.read {
                 self.forget_every_key();
             }
@@ -119,12 +139,6 @@ impl RedisBackend {
         synced.ahead.retain(|&v| v > version);
         synced.read = true;
         synced.stale = false;
-        drop(synced);
-        self.inner
-            .overrides_ready
-            .store(true, std::sync::atomic::Ordering::Release);
-        self.first_read(FirstRead::Done);
-        Ok(watched.current())
     }
 
     /// Removes from the store the overrides that have expired here (each only if its stored
@@ -313,43 +327,12 @@ pub(super) async fn follow(
         }
         match message {
             Some(m) if *m.channel == *channel => {
-                let Some(text) = m.value.as_string() else {
-                    continue;
-                };
-                let Ok(note) = serde_json::from_str::<Note>(&text) else {
-                    continue;
-                };
-                if note.op == "change" {
-                    // A change of the epoch followed is read by its keys; of another epoch, it
-                    // is caught by the next tick (which reads the whole store).
-                    // Applied here already (a change this instance made): nothing to read.
-                    let ours = match (&note.v, &note.e) {
-                        (Some(v), Some(e)) => {
-                            let mut s = backend.synced();
-                            let ours = s.epoch.as_deref() == Some(e);
-                            s.stale |= !ours;
-                            ours && !s.has(*v)
-                        }
-                        _ => false,
-                    };
-                    if ours
-                        && backend.read_keys(&note.keys).await.is_ok()
-                        && let (Some(v), Some(e)) = (note.v, &note.e)
-                    {
-                        backend.synced().applied(v, e);
-                    }
-                }
-                for (limit, id) in note.keys.iter().take(MOST_KEYS_TOLD) {
-                    backend
-                        .inner
-                        .overrides
-                        .tell(&StoreEvent::Forget { limit, id });
-                }
-                if let (Some(r), Some(e)) = (note.r, &note.e) {
-                    let mut synced = backend.synced();
-                    if synced.epoch.as_deref() == Some(e.as_str()) {
-                        synced.resets.told(r);
-                    }
+                if let Some(note) = m
+                    .value
+                    .as_string()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                {
+                    backend.on_note(note).await;
                 }
             }
             Some(_) => {}
@@ -363,6 +346,41 @@ pub(super) async fn follow(
     }
     if let Some(s) = subscriber {
         let _ = s.quit().await;
+    }
+}
+
+impl RedisBackend {
+    /// A notification of the overrides' channel: a change of the epoch followed read by its
+    /// keys (of another epoch, caught by the next tick, which reads the whole store; one this
+    /// instance made and applied already, nothing to read), the keys it names forgotten by
+    /// every watcher, a reset counted.
+    async fn on_note(&self, note: Note) {
+        if note.op == "change" {
+            let ours = match (&note.v, &note.e) {
+                (Some(v), Some(e)) => {
+                    let mut s = self.synced();
+                    let ours = s.epoch.as_deref() == Some(e);
+                    s.stale |= !ours;
+                    ours && !s.has(*v)
+                }
+                _ => false,
+            };
+            if ours
+                && self.read_keys(&note.keys).await.is_ok()
+                && let (Some(v), Some(e)) = (note.v, &note.e)
+            {
+                self.synced().applied(v, e);
+            }
+        }
+        for (limit, id) in note.keys.iter().take(MOST_KEYS_TOLD) {
+            self.inner.overrides.tell(&StoreEvent::Forget { limit, id });
+        }
+        if let (Some(r), Some(e)) = (note.r, &note.e) {
+            let mut synced = self.synced();
+            if synced.epoch.as_deref() == Some(e.as_str()) {
+                synced.resets.told(r);
+            }
+        }
     }
 }
 
