@@ -47,6 +47,7 @@ pub(crate) use shares::{ShareAnswer, ShareCall, ShareGrant, decode_shares, encod
 mod adaptive;
 mod fair_share;
 mod fields;
+mod records;
 mod shares;
 use fields::{Fields, bad};
 /// The protocol's codes: the record kinds, the modes and the ops, each by the name the
@@ -311,77 +312,12 @@ pub(super) fn encode<'a>(
     call.push_head(&mut args, None);
     for tx in txs {
         match tx.quota {
-            Quota::Gcra(limit) => {
-                // A range adds its lower end; a single cost or a charge sends no argument
-                // more.
-                let charge = tx.mode == Mode::Charge;
-                let range = tx.min_cost < tx.cost && !charge;
-                let kind = match (charge, range) {
-                    (true, _) => KIND_CHARGE,
-                    (_, true) => KIND_RANGE,
-                    _ => KIND_GCRA,
-                };
-                if let Some(floor) = tx.floor {
-                    shares::push_share(&mut args, tx, limit, floor, kind, call.shares);
-                } else {
-                    args.extend([
-                        Value::Integer(kind),
-                        int(limit.emission_interval_us()),
-                        int(limit.burst_offset_us()),
-                        int(limit.burst()),
-                        // A charge may exceed what the script's doubles hold exactly: it takes
-                        // at most the units that fit within the debt bound, below 2^53.
-                        int(tx.cost.min(MAX_TIME_US)),
-                        mode_code(tx.mode),
-                        int(limit.debt_offset_us()),
-                    ]);
-                }
-                if range {
-                    args.push(int(tx.min_cost));
-                }
-            }
-            Quota::Concurrency(limit) => {
-                args.extend([
-                    Value::Integer(KIND_CONCURRENCY),
-                    mode_code(tx.mode),
-                    int(tx.cost),
-                    int(limit.max()),
-                    int(limit.lease_us()),
-                    int(limit.retry_after_us()),
-                    // Text: an id is any u64, beyond what the script's doubles hold exactly. A
-                    // renewal names every lease it renews, separated by spaces.
-                    lease_ids(tx),
-                ]);
-            }
+            Quota::Gcra(limit) => records::push_gcra(&mut args, tx, limit, call.shares),
+            Quota::Concurrency(limit) => records::push_concurrency(&mut args, tx, limit),
             Quota::FairShare(share) => fair_share::push_fair_share(&mut args, tx, share),
             Quota::Adaptive(limit) => adaptive::push_adaptive(&mut args, tx, limit, lease_ids(tx)),
-            Quota::Calendar(quota) => {
-                let (min, max) = calendar_costs(tx);
-                args.extend([Value::Integer(KIND_CALENDAR), mode_code(tx.mode), min, max]);
-                args.extend(calendar_fields(call, quota));
-            }
-            Quota::Tiered(limit) => {
-                // Debt is not defined for tiers: a charge is a spend-only there.
-                let mode = match tx.mode {
-                    Mode::Charge => Mode::SpendOnly,
-                    mode => mode,
-                };
-                args.extend([
-                    Value::Integer(KIND_TIERED),
-                    mode_code(mode),
-                    int(tx.min_cost),
-                    int(tx.cost),
-                    int(limit.tiers().len() as u64),
-                ]);
-                for t in limit.tiers() {
-                    args.extend([
-                        int(t.limit()),
-                        int(t.window_us()),
-                        int(t.active_us()),
-                        int(t.cooldown_us()),
-                    ]);
-                }
-            }
+            Quota::Calendar(quota) => records::push_calendar(&mut args, tx, quota, call),
+            Quota::Tiered(limit) => records::push_tiered(&mut args, tx, limit),
         }
     }
     args
@@ -621,7 +557,6 @@ pub(super) fn decode<'a>(
     txs: impl ExactSizeIterator<Item = &'a BucketTx<'a>> + Clone,
     call: Call,
 ) -> Result<ScriptReply, BackendError> {
-    let want_raw = call.want_raw;
     let Value::Array(items) = value else {
         return Err(bad(format!("{:?}", value.kind())));
     };
@@ -649,54 +584,13 @@ pub(super) fn decode<'a>(
             key,
             values: values.into_iter(),
         };
-        let mut outcome = Outcome::new(
-            f.flag("allowed")?,
-            f.u64("remaining")?,
-            f.u64("retry_after")?,
-            f.u64("reset_after")?,
-        );
-        // A GCRA key's TAT; a calendar key's period end, by the store's clock.
-        let tat = f.u64("stored TAT")?;
-        reply.tats.push(tat);
-        if reports_granted(call, tx) {
-            outcome.granted = Some(f.u64("granted")?);
-        }
-        if let Quota::Calendar(quota) = tx.quota {
-            outcome.shape_number =
-                crate::algo::calendar::period_seconds(quota.length_of_period_ending(tat));
-            // A charge is taken whole: its cost, which the script saw cut to what its numbers
-            // hold (every count is far below).
-            if tx.mode == Mode::Charge && outcome.allowed && call.op == Op::Spend {
-                outcome.granted = Some(tx.cost);
-            }
-        }
-        if tx.quota.learns().is_some() {
-            outcome.shape_number = u32::from(adaptive::slots(f.u64("slots")?));
-        }
-        let mut raw = None;
-        let mut tiers = None;
-        if let Quota::Tiered(limit) = tx.quota {
-            let tier_count = limit.tiers().len().min(MAX_TIERS);
-            let mut grant = TierGrant {
-                granted: f.u64("granted")?,
-                tier_count: tier_count as u8,
-                tier: u8::try_from(f.u64("tier")?).map_err(|_| bad("tier".into()))?,
-                burst: f.flag("burst")?,
-                ..TierGrant::default()
-            };
-            for units in grant.units.iter_mut().take(tier_count) {
-                *units = f.u64("units of a tier")?;
-            }
-            tiers = Some(grant);
-            if want_raw {
-                raw = Some(RawChange {
-                    before: f.next("value before")?,
-                    after: f.next("value after")?,
-                    ttl_ms: f.next("ttl")?.as_i64().unwrap_or(-1),
-                });
-            }
-        }
+        let (tat, outcome) = decode_outcome(&mut f, tx, call)?;
+        let (tiers, raw) = match tx.quota {
+            Quota::Tiered(limit) => decode_tiers(&mut f, limit, call.want_raw)?,
+            _ => (None, None),
+        };
         f.end()?;
+        reply.tats.push(tat);
         reply.outcomes.push_tiered(outcome, tiers);
         reply.raws.push(raw);
     }
@@ -706,6 +600,69 @@ pub(super) fn decode<'a>(
         .and_then(|n| u64::try_from(n).ok())
         .ok_or_else(|| bad(format!("now is {now:?}")))?;
     Ok(reply)
+}
+
+/// A key's outcome on the general path, and its stored TAT (a calendar key's period end, by
+/// the store's clock): the numbers every shape answers, a range's grant, and a shape's own
+/// number (a calendar quota's period, a learning shape's slots).
+fn decode_outcome(
+    f: &mut Fields,
+    tx: &BucketTx<'_>,
+    call: Call,
+) -> Result<(u64, Outcome), BackendError> {
+    let mut outcome = Outcome::new(
+        f.flag("allowed")?,
+        f.u64("remaining")?,
+        f.u64("retry_after")?,
+        f.u64("reset_after")?,
+    );
+    let tat = f.u64("stored TAT")?;
+    if reports_granted(call, tx) {
+        outcome.granted = Some(f.u64("granted")?);
+    }
+    if let Quota::Calendar(quota) = tx.quota {
+        outcome.shape_number =
+            crate::algo::calendar::period_seconds(quota.length_of_period_ending(tat));
+        // A charge is taken whole: its cost, which the script saw cut to what its numbers
+        // hold (every count is far below).
+        if tx.mode == Mode::Charge && outcome.allowed && call.op == Op::Spend {
+            outcome.granted = Some(tx.cost);
+        }
+    }
+    if tx.quota.learns().is_some() {
+        outcome.shape_number = u32::from(adaptive::slots(f.u64("slots")?));
+    }
+    Ok((tat, outcome))
+}
+
+/// A tiered key's grant per tier, and, when a cross-slot spend may be undone, its value before
+/// and after.
+fn decode_tiers(
+    f: &mut Fields,
+    limit: &crate::algo::tiers::TieredLimit,
+    want_raw: bool,
+) -> Result<(Option<TierGrant>, Option<RawChange>), BackendError> {
+    let tier_count = limit.tiers().len().min(MAX_TIERS);
+    let mut grant = TierGrant {
+        granted: f.u64("granted")?,
+        tier_count: tier_count as u8,
+        tier: u8::try_from(f.u64("tier")?).map_err(|_| bad("tier".into()))?,
+        burst: f.flag("burst")?,
+        ..TierGrant::default()
+    };
+    for units in grant.units.iter_mut().take(tier_count) {
+        *units = f.u64("units of a tier")?;
+    }
+    let raw = if want_raw {
+        Some(RawChange {
+            before: f.next("value before")?,
+            after: f.next("value after")?,
+            ttl_ms: f.next("ttl")?.as_i64().unwrap_or(-1),
+        })
+    } else {
+        None
+    };
+    Ok((Some(grant), raw))
 }
 
 #[cfg(test)]
