@@ -280,72 +280,89 @@ async fn read_value(
     suffix: &str,
 ) -> Result<Option<Option<kit::Stored>>, ReadError> {
     let key = fred::prelude::Key::from(key);
-    if suffix == FAIR_SHARE_SUFFIX || suffix == ADAPTIVE_POOL_SUFFIX {
-        // Read whole only when it holds no more than the script leaves (its ids are swept past
-        // twice the ids a limit counts, a page a call): a bigger hash is not ours.
-        let (most, parse): (u64, HashParser) = if suffix == FAIR_SHARE_SUFFIX {
-            (FAIR_SHARE_MOST_FIELDS, fair_pool)
-        } else {
-            (ADAPTIVE_POOL_MOST_FIELDS, adaptive_pool)
-        };
-        let fields: Value = match client.custom(fred::cmd!("HLEN"), vec![key.clone()]).await {
-            Ok(n) => n,
-            Err(e) if wrong_type(&e) => return Ok(Some(None)),
-            Err(e) => return Err(failed(e)),
-        };
-        if number(&fields).is_none_or(|n| n > most) {
-            return Ok(Some(None));
+    match suffix {
+        FAIR_SHARE_SUFFIX => read_hash(client, key, FAIR_SHARE_MOST_FIELDS, fair_pool).await,
+        ADAPTIVE_POOL_SUFFIX => {
+            read_hash(client, key, ADAPTIVE_POOL_MOST_FIELDS, adaptive_pool).await
         }
-        let all: Value = match client.custom(fred::cmd!("HGETALL"), vec![key]).await {
-            Ok(v) => v,
-            Err(e) if wrong_type(&e) => return Ok(Some(None)),
-            Err(e) => return Err(failed(e)),
-        };
-        return Ok(match all {
-            Value::Array(items) if items.is_empty() => None,
-            Value::Array(items) => Some(parse(&items)),
-            Value::Map(map) if map.is_empty() => None,
-            Value::Map(map) => {
-                let items: Vec<Value> = map
-                    .iter()
-                    .flat_map(|(k, v)| [Value::from(k.clone()), v.clone()])
-                    .collect();
-                Some(parse(&items))
-            }
-            _ => Some(None),
-        });
+        CONCURRENCY_SUFFIX => read_sorted_set(client, key, leases).await,
+        ADAPTIVE_SUFFIX => read_sorted_set(client, key, adaptive).await,
+        _ => read_string(client, key, suffix).await,
     }
-    if suffix == CONCURRENCY_SUFFIX || suffix == ADAPTIVE_SUFFIX {
-        let count: Value = match client.custom(fred::cmd!("ZCARD"), vec![key.clone()]).await {
-            Ok(c) => c,
-            Err(e) if wrong_type(&e) => return Ok(Some(None)),
-            Err(e) => return Err(failed(e)),
-        };
-        let Some(count) = number(&count) else {
-            return Ok(Some(None));
-        };
-        if count == 0 {
-            return Ok(None);
-        }
-        if count > MAX_LEASES {
-            return Ok(Some(None));
-        }
-        let args: Vec<Value> = vec![
-            Value::from(key),
-            Value::from("0"),
-            Value::from("-1"),
-            Value::from("WITHSCORES"),
-        ];
-        let reply: Value = client
-            .custom(fred::cmd!("ZRANGE"), args)
-            .await
-            .map_err(failed)?;
-        return Ok(Some(if suffix == ADAPTIVE_SUFFIX {
-            adaptive(reply)
-        } else {
-            leases(reply)
-        }));
+}
+
+/// A value read from a key, `Some(None)` (not ours) when it holds another type.
+type Read = Result<Option<Option<kit::Stored>>, ReadError>;
+
+/// A hash's state (a fair share's, an adaptive pool's), read whole only when it holds no more
+/// than the script leaves (`most` fields: its ids are swept past twice the ids a limit counts,
+/// a page a call): a bigger hash is not ours.
+async fn read_hash(client: &Client, key: fred::prelude::Key, most: u64, parse: HashParser) -> Read {
+    let fields: Value = match client.custom(fred::cmd!("HLEN"), vec![key.clone()]).await {
+        Ok(n) => n,
+        Err(e) if wrong_type(&e) => return Ok(Some(None)),
+        Err(e) => return Err(failed(e)),
+    };
+    if number(&fields).is_none_or(|n| n > most) {
+        return Ok(Some(None));
     }
+    let all: Value = match client.custom(fred::cmd!("HGETALL"), vec![key]).await {
+        Ok(v) => v,
+        Err(e) if wrong_type(&e) => return Ok(Some(None)),
+        Err(e) => return Err(failed(e)),
+    };
+    Ok(match all {
+        Value::Array(items) if items.is_empty() => None,
+        Value::Array(items) => Some(parse(&items)),
+        Value::Map(map) if map.is_empty() => None,
+        Value::Map(map) => {
+            let items: Vec<Value> = map
+                .iter()
+                .flat_map(|(k, v)| [Value::from(k.clone()), v.clone()])
+                .collect();
+            Some(parse(&items))
+        }
+        _ => Some(None),
+    })
+}
+
+/// A sorted set's state (a concurrency key's leases, an adaptive key's), read whole when it
+/// holds at most `MAX_LEASES` members, parsed by `parse` from `ZRANGE ... WITHSCORES`.
+async fn read_sorted_set(
+    client: &Client,
+    key: fred::prelude::Key,
+    parse: fn(Value) -> Option<kit::Stored>,
+) -> Read {
+    let count: Value = match client.custom(fred::cmd!("ZCARD"), vec![key.clone()]).await {
+        Ok(c) => c,
+        Err(e) if wrong_type(&e) => return Ok(Some(None)),
+        Err(e) => return Err(failed(e)),
+    };
+    let Some(count) = number(&count) else {
+        return Ok(Some(None));
+    };
+    if count == 0 {
+        return Ok(None);
+    }
+    if count > MAX_LEASES {
+        return Ok(Some(None));
+    }
+    let args: Vec<Value> = vec![
+        Value::from(key),
+        Value::from("0"),
+        Value::from("-1"),
+        Value::from("WITHSCORES"),
+    ];
+    let reply: Value = client
+        .custom(fred::cmd!("ZRANGE"), args)
+        .await
+        .map_err(failed)?;
+    Ok(Some(parse(reply)))
+}
+
+/// A string's state: a GCRA word (with its expiry, `PEXPIRETIME`), a tiered key's
+/// MessagePack, a calendar count.
+async fn read_string(client: &Client, key: fred::prelude::Key, suffix: &str) -> Read {
     let raw: Value = match client.custom(fred::cmd!("GET"), vec![key.clone()]).await {
         Ok(v) => v,
         Err(e) if wrong_type(&e) => return Ok(Some(None)),

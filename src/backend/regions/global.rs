@@ -388,38 +388,18 @@ pub(crate) fn answer(
             regions: Vec::new(),
         },
     };
-    // Positions: the registered regions, then the record's others.
-    let mut names: Vec<&str> = registry.regions.iter().map(|(n, _)| n.as_str()).collect();
-    for (name, ..) in &record.regions {
-        if !names.contains(&name.as_str()) {
-            names.push(name);
-        }
-    }
-    if !names.contains(&region) {
-        names.push(region);
-    }
+    let names = names_of(registry, &record, region);
     let mut positions = Registry::new(names.len());
     for (i, name) in names.iter().enumerate() {
         positions.registered_at[i] = registry.registered_at(name);
     }
-    let mut key = GlobalKey::new(names.len());
-    let mut limits = vec![asked; names.len()];
-    let (mut total, mut floors) = (asked.total, vec![asked.floor; names.len()]);
-    // A part granted under another period may be in use: its rates do not compare.
-    let mut other_period = false;
-    for (name, held, theirs) in &record.regions {
-        if let Some(i) = names.iter().position(|n| n == name) {
-            key.regions[i] = *held;
-            limits[i] = *theirs;
-            // A limit counts while what was granted under it may be in use (a clock that went
-            // back: it still may).
-            if now.checked_sub(held.issued_at).is_none_or(|age| age < hold) {
-                total = total.min(theirs.total);
-                floors[i] = floors[i].max(theirs.floor);
-                other_period |= theirs.period_us != asked.period_us && held.held != Share::ZERO;
-            }
-        }
-    }
+    let Recorded {
+        mut key,
+        mut limits,
+        total,
+        floors,
+        other_period,
+    } = held_by(&record, &names, asked, now, hold);
     let me = names.iter().position(|n| *n == region).unwrap_or(0);
     limits[me] = asked;
     let movable = positions.movable(total, &floors);
@@ -440,22 +420,8 @@ pub(crate) fn answer(
         quiet_until,
         settings,
     );
-    let regions: Vec<(String, Held, Asked)> = names
-        .iter()
-        .zip(&key.regions)
-        .zip(&limits)
-        .filter(|((_, h), _)| h.answered != 0 && !(h.held == Share::ZERO && h.demand == 0))
-        .map(|((n, h), a)| ((*n).to_owned(), *h, *a))
-        .collect();
     let quiet_left = record.quiet_until.saturating_sub(now);
-    let record = (!regions.is_empty() || quiet_left > 0).then_some(KeyRecord {
-        quiet_until: if quiet_left > 0 {
-            record.quiet_until
-        } else {
-            0
-        },
-        regions,
-    });
+    let record = record_after(&names, &key, &limits, record.quiet_until, quiet_left);
     let ask_again = grant.is_some_and(|g| g.short);
     Answered {
         record,
@@ -463,6 +429,83 @@ pub(crate) fn answer(
         grant,
         ask_again,
     }
+}
+
+/// The regions of an answer, by position: the registered ones, then the record's others, then
+/// `region` if neither holds it.
+fn names_of<'a>(
+    registry: &'a RegistryRecord,
+    record: &'a KeyRecord,
+    region: &'a str,
+) -> Vec<&'a str> {
+    let mut names: Vec<&str> = registry.regions.iter().map(|(n, _)| n.as_str()).collect();
+    for (name, ..) in &record.regions {
+        if !names.contains(&name.as_str()) {
+            names.push(name);
+        }
+    }
+    if !names.contains(&region) {
+        names.push(region);
+    }
+    names
+}
+
+/// What a key's record holds for an answer, by the positions of `names`: each region's part
+/// and the limit it asked under, the smallest limit and each region's largest floor among those
+/// whose grant may be in use (a clock that went back: it still may), and whether a part granted
+/// under another period may be in use (its rates do not compare).
+struct Recorded {
+    key: GlobalKey,
+    limits: Vec<Asked>,
+    total: Share,
+    floors: Vec<Share>,
+    other_period: bool,
+}
+
+fn held_by(record: &KeyRecord, names: &[&str], asked: Asked, now: u64, hold: u64) -> Recorded {
+    let mut held = Recorded {
+        key: GlobalKey::new(names.len()),
+        limits: vec![asked; names.len()],
+        total: asked.total,
+        floors: vec![asked.floor; names.len()],
+        other_period: false,
+    };
+    for (name, part, theirs) in &record.regions {
+        if let Some(i) = names.iter().position(|n| n == name) {
+            held.key.regions[i] = *part;
+            held.limits[i] = *theirs;
+            if now.checked_sub(part.issued_at).is_none_or(|age| age < hold) {
+                held.total = held.total.min(theirs.total);
+                held.floors[i] = held.floors[i].max(theirs.floor);
+                held.other_period |=
+                    theirs.period_us != asked.period_us && part.held != Share::ZERO;
+            }
+        }
+    }
+    held
+}
+
+/// The record written after an answer: the regions answered that hold a part or a demand,
+/// and the quiet period while it lasts (`quiet_left` of it from `quiet_until`); `None`
+/// (deleted) when neither is left.
+fn record_after(
+    names: &[&str],
+    key: &GlobalKey,
+    limits: &[Asked],
+    quiet_until: u64,
+    quiet_left: u64,
+) -> Option<KeyRecord> {
+    let regions: Vec<(String, Held, Asked)> = names
+        .iter()
+        .zip(&key.regions)
+        .zip(limits)
+        .filter(|((_, h), _)| h.answered != 0 && !(h.held == Share::ZERO && h.demand == 0))
+        .map(|((n, h), a)| ((*n).to_owned(), *h, *a))
+        .collect();
+    (!regions.is_empty() || quiet_left > 0).then_some(KeyRecord {
+        quiet_until: if quiet_left > 0 { quiet_until } else { 0 },
+        regions,
+    })
 }
 
 #[cfg(test)]
