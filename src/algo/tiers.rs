@@ -716,53 +716,92 @@ fn retry_after(limit: &TieredLimit, state: &TierState, now: u64, need: u64) -> u
             &empty
         }
     });
-    // Per tier: the first grant whose expiry event is still ahead, and the units of the grants
-    // before the window start (`dropped`), with `total` the units of the whole log.
     let mut next_grant = [0usize; MAX_TIERS];
-    let mut window_first = [0usize; MAX_TIERS];
-    let mut dropped = [0u64; MAX_TIERS];
-    let mut total = [0u64; MAX_TIERS];
-    for i in 0..n {
-        total[i] = logs[i].grants.iter().map(|&(_, c)| c).sum();
-    }
+    let mut sums = WindowSums::of(&logs, n);
     let mut at = now;
     loop {
-        // The next instant after `at` at which a decision can change.
-        let mut next = u64::MAX;
-        for i in 0..n {
-            let tier = &limit.tiers[i];
-            let log = logs[i];
-            while let Some(&(t, _)) = log.grants.get(next_grant[i]) {
-                let ev = t.saturating_add(tier.window_us).saturating_add(1);
-                if ev > at {
-                    next = next.min(ev);
-                    break;
-                }
-                next_grant[i] += 1;
-            }
-            if let Some(e) = log.entry {
-                let active_end = e.saturating_add(tier.active_us).saturating_add(1);
-                let cool_end = active_end.saturating_add(tier.cooldown_us);
-                for ev in [active_end, cool_end] {
-                    if ev > at {
-                        next = next.min(ev);
-                    }
-                }
-            }
-        }
+        let next = next_event(limit, &logs, at, &mut next_grant);
         if next == u64::MAX {
             // Nothing left to change: the state is fresh-equivalent and can grant `capacity`.
             return fresh_at(limit, state, now, None).saturating_sub(now);
         }
         at = next;
-        // Evaluate the request at `at`.
+        if sums.grants_at(limit, &logs, at, need) {
+            return at - now;
+        }
+    }
+}
+
+/// The next instant after `at` at which a tiered decision can change: a grant leaving its
+/// window, an active period or a cooldown ending. `next_grant`: per tier, the first grant whose
+/// expiry is still ahead (moved on as they pass).
+fn next_event(
+    limit: &TieredLimit,
+    logs: &[&TierLog; MAX_TIERS],
+    at: u64,
+    next_grant: &mut [usize; MAX_TIERS],
+) -> u64 {
+    let mut next = u64::MAX;
+    for (i, tier) in limit.tiers.iter().enumerate() {
+        let log = logs[i];
+        while let Some(&(t, _)) = log.grants.get(next_grant[i]) {
+            let ev = t.saturating_add(tier.window_us).saturating_add(1);
+            if ev > at {
+                next = next.min(ev);
+                break;
+            }
+            next_grant[i] += 1;
+        }
+        if let Some(e) = log.entry {
+            let active_end = e.saturating_add(tier.active_us).saturating_add(1);
+            let cool_end = active_end.saturating_add(tier.cooldown_us);
+            for ev in [active_end, cool_end] {
+                if ev > at {
+                    next = next.min(ev);
+                }
+            }
+        }
+    }
+    next
+}
+
+/// Each tier's units in its window, kept incrementally as the window moves on: the first grant
+/// in it, the units of the grants before it (`dropped`) and of the whole log (`total`).
+struct WindowSums {
+    window_first: [usize; MAX_TIERS],
+    dropped: [u64; MAX_TIERS],
+    total: [u64; MAX_TIERS],
+}
+
+impl WindowSums {
+    fn of(logs: &[&TierLog; MAX_TIERS], n: usize) -> Self {
+        let mut total = [0u64; MAX_TIERS];
+        for i in 0..n {
+            total[i] = logs[i].grants.iter().map(|&(_, c)| c).sum();
+        }
+        Self {
+            window_first: [0; MAX_TIERS],
+            dropped: [0; MAX_TIERS],
+            total,
+        }
+    }
+
+    /// Whether a request of `need` units would be granted at `at`: from the tier serving then,
+    /// up through the tiers it may burst into (none in cooldown).
+    fn grants_at(
+        &mut self,
+        limit: &TieredLimit,
+        logs: &[&TierLog; MAX_TIERS],
+        at: u64,
+        need: u64,
+    ) -> bool {
+        let n = limit.tiers.len();
         let cur = (0..n)
             .rev()
             .find(|&i| limit.tiers[i].phase(logs[i].entry, at) == Phase::Active)
             .unwrap_or(0);
         let mut need_left = need;
-        for i in cur..n {
-            let tier = &limit.tiers[i];
+        for (i, tier) in limit.tiers.iter().enumerate().skip(cur) {
             let phase = tier.phase(logs[i].entry, at);
             if phase == Phase::Cooldown {
                 break;
@@ -770,27 +809,33 @@ fn retry_after(limit: &TieredLimit, state: &TierState, now: u64, need: u64) -> u
             let used = if i > 0 && phase == Phase::Inactive {
                 0
             } else {
-                let mut start = at.saturating_sub(tier.window_us);
-                if i > 0
-                    && let Some(e) = logs[i].entry
-                {
-                    start = start.max(e);
-                }
-                let grants = &logs[i].grants;
-                while let Some(&(t, c)) = grants.get(window_first[i]) {
-                    if t >= start {
-                        break;
-                    }
-                    dropped[i] += c;
-                    window_first[i] += 1;
-                }
-                total[i] - dropped[i]
+                self.used(tier, logs[i], i, at)
             };
             need_left = need_left.saturating_sub(tier.limit.saturating_sub(used));
             if need_left == 0 {
-                return at - now;
+                return true;
             }
         }
+        false
+    }
+
+    /// Tier `i`'s units in its window at `at` (a higher tier's window starts no earlier than
+    /// its entry).
+    fn used(&mut self, tier: &Tier, log: &TierLog, i: usize, at: u64) -> u64 {
+        let mut start = at.saturating_sub(tier.window_us);
+        if i > 0
+            && let Some(e) = log.entry
+        {
+            start = start.max(e);
+        }
+        while let Some(&(t, c)) = log.grants.get(self.window_first[i]) {
+            if t >= start {
+                break;
+            }
+            self.dropped[i] += c;
+            self.window_first[i] += 1;
+        }
+        self.total[i] - self.dropped[i]
     }
 }
 
