@@ -254,6 +254,17 @@ fn decision(
 }
 
 impl Op {
+    /// The mode a transaction of `mode` takes in this op: a check writes nothing, so what
+    /// spends only checks and what counts still counts.
+    #[inline(always)]
+    fn mode_of(self, mode: Mode) -> Mode {
+        match (self, mode) {
+            (Op::Check, m) if m.counts() => Mode::CheckOnly,
+            (Op::Check, _) => Mode::Observe,
+            (_, m) => m,
+        }
+    }
+
     #[cfg(feature = "metrics")]
     fn label(self) -> &'static str {
         match self {
@@ -444,29 +455,14 @@ impl Limiter {
             let Some(entry) = limits.entry(name) else {
                 return Err(LimiterError::UnknownName(name.to_string()));
             };
-            // A check writes nothing: what spends only checks, what counts still counts.
-            let mode = match (op, tx.get_mode()) {
-                (Op::Check, m) if m.counts() => Mode::CheckOnly,
-                (Op::Check, _) => Mode::Observe,
-                (_, m) => m,
-            };
+            let mode = op.mode_of(tx.get_mode());
             let resolution = limits.resolve_in(entry, tx.key());
             let quota = resolution.quota;
             let default_cost = entry.cost;
             let cost = tx.cost_or(default_cost);
             let mut lease = 0;
-            let mut block_s = resolution.block_s;
-            let mut floor = None;
-            if entry.across_regions.is_some() {
-                match self.inner.regions {
-                    Regions::PerRegion => {}
-                    Regions::Shares => floor = entry.across_regions,
-                    // The fallback of a regional limiter knows no share: denied, as a block
-                    // of a second is.
-                    Regions::Closed if quota.is_some() => block_s = block_s.max(1),
-                    Regions::Closed => {}
-                }
-            }
+            let (block_s, floor) =
+                self.regional(entry.across_regions, quota.is_some(), resolution.block_s);
             if block_s != 0 {
                 // Denied here, not sent (`with_blocks`); a counting one denies the batch.
                 counted.blocks = true;
@@ -506,6 +502,28 @@ impl Limiter {
             });
         }
         Ok(())
+    }
+}
+
+impl Limiter {
+    /// A marked limit's transaction as this limiter decides it (`floor`: the limit's region
+    /// floor when it is marked): sent with its floor to a backend of share buckets; denied, as
+    /// a block of a second is, by the fallback of a regional limiter, which knows no share
+    /// (`quota`: whether a limit applies); as any other elsewhere. The block's seconds, and
+    /// the floor sent.
+    #[inline(always)]
+    fn regional(
+        &self,
+        floor: Option<crate::config::RegionFloor>,
+        quota: bool,
+        block_s: u32,
+    ) -> (u32, Option<crate::config::RegionFloor>) {
+        match (floor, self.inner.regions) {
+            (None, _) | (_, Regions::PerRegion) => (block_s, None),
+            (Some(_), Regions::Shares) => (block_s, floor),
+            (Some(_), Regions::Closed) if quota => (block_s.max(1), None),
+            (Some(_), Regions::Closed) => (block_s, None),
+        }
     }
 }
 
