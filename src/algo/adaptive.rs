@@ -210,8 +210,8 @@ impl Adaptive {
             initial,
             max,
             Algorithm::Gradient {
-                smoothing_pm: 200,
-                tolerance_pm: 1500,
+                smoothing_pm: DEFAULT_SMOOTHING_PM,
+                tolerance_pm: DEFAULT_TOLERANCE_PM,
             },
         )
     }
@@ -223,8 +223,8 @@ impl Adaptive {
             initial,
             max,
             Algorithm::Aimd {
-                backoff_pm: 900,
-                increase: 1,
+                backoff_pm: DEFAULT_BACKOFF_PM,
+                increase: DEFAULT_INCREASE,
             },
         )
     }
@@ -347,6 +347,17 @@ impl Adaptive {
     }
 }
 
+/// The defaults of an adaptive limit, used by its constructors and by every reader of its
+/// fields (the YAML file, the admin API): the gradient's smoothing and tolerance and AIMD's
+/// backoff, in thousandths (Netflix's 0.2, 1.5 and 0.9), AIMD's slots more a window, the
+/// window and the idle time before a key starts again at `initial`.
+pub(crate) const DEFAULT_SMOOTHING_PM: u64 = 200;
+pub(crate) const DEFAULT_TOLERANCE_PM: u64 = 1500;
+pub(crate) const DEFAULT_BACKOFF_PM: u64 = 900;
+pub(crate) const DEFAULT_INCREASE: u64 = 1;
+pub(crate) const DEFAULT_WINDOW_US: u64 = 1_000_000;
+pub(crate) const DEFAULT_IDLE_RESET_US: u64 = 300_000_000;
+
 /// The longest window, and the longest idle time before a key starts again.
 const MAX_WINDOW_US: u64 = 3_600_000_000;
 
@@ -393,9 +404,9 @@ impl AdaptiveConcurrency {
         Self {
             adaptive,
             slots,
-            window_us: 1_000_000,
+            window_us: DEFAULT_WINDOW_US,
             window_completions: 0,
-            idle_reset_us: 300_000_000,
+            idle_reset_us: DEFAULT_IDLE_RESET_US,
             measure: Measure::Head,
             capacity: 0,
             headroom: 0,

@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_duration, json_fields};
-use crate::algo::adaptive::{Adaptive, AdaptiveConcurrency, Algorithm};
+use crate::algo::adaptive::{
+    Adaptive, AdaptiveConcurrency, Algorithm, DEFAULT_BACKOFF_PM, DEFAULT_IDLE_RESET_US,
+    DEFAULT_INCREASE, DEFAULT_SMOOTHING_PM, DEFAULT_TOLERANCE_PM, DEFAULT_WINDOW_US,
+};
 use crate::completion::Measure;
 use crate::time::{format_duration_us, us};
 
@@ -349,16 +352,20 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
                 initial: s.initial.unwrap_or(s.min),
                 max: s.max,
                 algorithm: s.algorithm.unwrap_or_else(|| "gradient".into()),
-                smoothing_pm: pm(s.smoothing, 200),
-                tolerance_pm: pm(s.tolerance, 1500),
-                backoff_pm: pm(s.backoff, 900),
-                increase: s.increase.unwrap_or(1),
-                window_us: d("window", s.window, 1_000_000)?,
+                smoothing_pm: pm(s.smoothing, DEFAULT_SMOOTHING_PM),
+                tolerance_pm: pm(s.tolerance, DEFAULT_TOLERANCE_PM),
+                backoff_pm: pm(s.backoff, DEFAULT_BACKOFF_PM),
+                increase: s.increase.unwrap_or(DEFAULT_INCREASE),
+                window_us: d("window", s.window, DEFAULT_WINDOW_US)?,
                 completions: s.completions.unwrap_or(0),
-                idle_reset_us: d("idle_reset", s.idle_reset, 300_000_000)?,
+                idle_reset_us: d("idle_reset", s.idle_reset, DEFAULT_IDLE_RESET_US)?,
                 measure: s.measure.unwrap_or_else(|| "head".into()),
                 lease_us: d("lease", a.lease, crate::algo::concurrency::DEFAULT_LEASE_US)?,
-                retry_after_us: d("retry_after", a.retry_after, 1_000_000)?,
+                retry_after_us: d(
+                    "retry_after",
+                    a.retry_after,
+                    crate::time::duration_us(crate::algo::concurrency::DEFAULT_RETRY_AFTER),
+                )?,
                 capacity: s.capacity.unwrap_or(0),
                 headroom: s.headroom,
             })

@@ -2,7 +2,10 @@
 //! calendar quota or a fair share, an override's limit, and their fields (durations, rates, prefetch).
 
 use super::node::{Fields, Node, Value, as_str, err_at, need, positive, whole, wrong_shape};
-use crate::algo::adaptive::{Adaptive, AdaptiveConcurrency, AdaptiveError, Algorithm};
+use crate::algo::adaptive::{
+    Adaptive, AdaptiveConcurrency, AdaptiveError, Algorithm, DEFAULT_BACKOFF_PM, DEFAULT_INCREASE,
+    DEFAULT_SMOOTHING_PM, DEFAULT_TOLERANCE_PM,
+};
 use crate::algo::calendar::{CalendarError, CalendarQuota, Period};
 use crate::algo::concurrency::{ConcurrencyError, ConcurrencyLimit, DEFAULT_LEASE_US};
 use crate::algo::fair_share::{FairShare, FairShareError};
@@ -57,41 +60,7 @@ pub(super) fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> 
 /// A GCRA limit (`burst`, `count`, `period`), burst tiers (`tiers`) or a concurrency limit
 /// (`concurrency`, with `lease` and `retry_after`).
 pub(super) fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
-    // Debt and prefetched tokens are a GCRA limit's: tiers forgive overruns and keep a
-    // state no instance can split, and slots have no units.
-    let gcra_only = [
-        ("max_debt", f.max_debt),
-        ("prefetch", f.prefetch),
-        ("prefetch_ttl", f.prefetch_ttl),
-    ];
-    for (field, given) in gcra_only {
-        let Some(given) = given else { continue };
-        for (name, node) in [
-            ("tiers", f.tiers),
-            ("concurrency", f.concurrency),
-            ("calendar", f.calendar),
-            ("fair_share", f.fair_share),
-        ] {
-            if node.is_some() {
-                return Err(err_at(
-                    ConfigErrorKind::ConflictingFields(field, name),
-                    given.line,
-                ));
-            }
-        }
-    }
-    if let (Some(_), Some(calendar)) = (f.concurrency, f.calendar) {
-        return Err(err_at(
-            ConfigErrorKind::ConflictingFields("calendar", "concurrency"),
-            calendar.line,
-        ));
-    }
-    if let (Some(_), Some(fair)) = (f.concurrency, f.fair_share) {
-        return Err(err_at(
-            ConfigErrorKind::ConflictingFields("fair_share", "concurrency"),
-            fair.line,
-        ));
-    }
+    shapes_apart(f)?;
     if let Some(max) = f.concurrency {
         if let Value::Map(entries) = &max.value {
             return adaptive_of(f, max, entries).map(Quota::from);
@@ -142,6 +111,47 @@ pub(super) fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
     tiers_of(tiers).map(Quota::from)
 }
 
+/// Fields of two shapes in one entry, refused on the later one's line: a GCRA limit's options
+/// (debt and prefetched tokens: tiers forgive overruns and keep a state no instance can split,
+/// and slots have no units) beside another shape, a calendar quota or a fair share beside a
+/// concurrency limit.
+fn shapes_apart(f: &Fields<'_>) -> Result<(), ConfigError> {
+    let gcra_only = [
+        ("max_debt", f.max_debt),
+        ("prefetch", f.prefetch),
+        ("prefetch_ttl", f.prefetch_ttl),
+    ];
+    for (field, given) in gcra_only {
+        let Some(given) = given else { continue };
+        for (name, node) in [
+            ("tiers", f.tiers),
+            ("concurrency", f.concurrency),
+            ("calendar", f.calendar),
+            ("fair_share", f.fair_share),
+        ] {
+            if node.is_some() {
+                return Err(err_at(
+                    ConfigErrorKind::ConflictingFields(field, name),
+                    given.line,
+                ));
+            }
+        }
+    }
+    if let (Some(_), Some(calendar)) = (f.concurrency, f.calendar) {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("calendar", "concurrency"),
+            calendar.line,
+        ));
+    }
+    if let (Some(_), Some(fair)) = (f.concurrency, f.fair_share) {
+        return Err(err_at(
+            ConfigErrorKind::ConflictingFields("fair_share", "concurrency"),
+            fair.line,
+        ));
+    }
+    Ok(())
+}
+
 /// `tiers: [{limit, window, active, cooldown}, ...]`.
 pub(super) fn tiers_of(node: &Node) -> Result<TieredLimit, ConfigError> {
     let Value::Seq(items) = &node.value else {
@@ -150,90 +160,11 @@ pub(super) fn tiers_of(node: &Node) -> Result<TieredLimit, ConfigError> {
             node,
         ));
     };
-    let mut tiers = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let number = i + 1;
-        let Value::Map(entries) = &item.value else {
-            return Err(wrong_shape(
-                "a tier: {limit, window, active, cooldown}",
-                item,
-            ));
-        };
-        let mut slots: [Option<&Node>; 4] = [None; 4];
-        const FIELDS: [&str; 4] = ["limit", "window", "active", "cooldown"];
-        for (k, v) in entries {
-            let key = as_str(k, "a tier field")?;
-            if key == "comment" {
-                continue;
-            }
-            let Some(at) = FIELDS.iter().position(|f| *f == key) else {
-                const KNOWN: [&str; 5] = ["limit", "window", "active", "cooldown", "comment"];
-                return Err(err_at(ConfigErrorKind::unknown_field(key, &KNOWN), k.line));
-            };
-            if slots[at].replace(v).is_some() {
-                return Err(err_at(
-                    ConfigErrorKind::DuplicateField(key.to_owned()),
-                    k.line,
-                ));
-            }
-        }
-        let bad = |field: &'static str, reason: String, line: u64| {
-            err_at(
-                ConfigErrorKind::InvalidTier {
-                    tier: number,
-                    field,
-                    reason,
-                },
-                line,
-            )
-        };
-        let get =
-            |at: usize| slots[at].ok_or_else(|| bad(FIELDS[at], "is missing".into(), item.line));
-        let limit_node = get(0)?;
-        let limit = match &limit_node.value {
-            Value::Int(v) => u64::try_from(*v).map_err(|_| {
-                bad(
-                    "limit",
-                    format!("must be a whole number of at least 0, found {v}"),
-                    limit_node.line,
-                )
-            })?,
-            other => {
-                return Err(bad(
-                    "limit",
-                    format!(
-                        "must be a whole number of at least 0, found {}",
-                        other.describe()
-                    ),
-                    limit_node.line,
-                ));
-            }
-        };
-        let mut durations = [0u64; 3];
-        for (j, slot) in durations.iter_mut().enumerate() {
-            let field = FIELDS[j + 1];
-            let n = get(j + 1)?;
-            *slot = match &n.value {
-                Value::Int(0) => 0,
-                Value::Str(text) => parse_duration_us(text)
-                    .map_err(|e| bad(field, format!("is not a duration: {e}"), n.line))?,
-                other => {
-                    return Err(bad(
-                        field,
-                        format!(
-                            "must be a duration such as 1s or 15m, found {}",
-                            other.describe()
-                        ),
-                        n.line,
-                    ));
-                }
-            };
-        }
-        tiers.push((
-            item.line,
-            Tier::from_micros(limit, durations[0], durations[1], durations[2]),
-        ));
-    }
+    let tiers = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| Ok((item.line, tier_of(i + 1, item)?)))
+        .collect::<Result<Vec<(u64, Tier)>, ConfigError>>()?;
     TieredLimit::new(tiers.iter().map(|&(_, t)| t)).map_err(|e| {
         let line = match &e {
             TierError::Zero { tier, .. } | TierError::TooLarge { tier, .. } => {
@@ -243,6 +174,95 @@ pub(super) fn tiers_of(node: &Node) -> Result<TieredLimit, ConfigError> {
         };
         err_at(e.into(), line)
     })
+}
+
+/// The fields of a tier.
+const TIER_FIELDS: [&str; 4] = ["limit", "window", "active", "cooldown"];
+
+/// Tier `number` (from 1): `{limit, window, active, cooldown}` (and a `comment`), each error
+/// naming the tier and the field.
+fn tier_of(number: usize, item: &Node) -> Result<Tier, ConfigError> {
+    let Value::Map(entries) = &item.value else {
+        return Err(wrong_shape(
+            "a tier: {limit, window, active, cooldown}",
+            item,
+        ));
+    };
+    let mut slots: [Option<&Node>; 4] = [None; 4];
+    for (k, v) in entries {
+        let key = as_str(k, "a tier field")?;
+        if key == "comment" {
+            continue;
+        }
+        let Some(at) = TIER_FIELDS.iter().position(|f| *f == key) else {
+            const KNOWN: [&str; 5] = ["limit", "window", "active", "cooldown", "comment"];
+            return Err(err_at(ConfigErrorKind::unknown_field(key, &KNOWN), k.line));
+        };
+        if slots[at].replace(v).is_some() {
+            return Err(err_at(
+                ConfigErrorKind::DuplicateField(key.to_owned()),
+                k.line,
+            ));
+        }
+    }
+    let bad = |field: &'static str, reason: String, line: u64| {
+        err_at(
+            ConfigErrorKind::InvalidTier {
+                tier: number,
+                field,
+                reason,
+            },
+            line,
+        )
+    };
+    let get =
+        |at: usize| slots[at].ok_or_else(|| bad(TIER_FIELDS[at], "is missing".into(), item.line));
+    let limit = tier_limit(number, get(0)?)?;
+    let mut durations = [0u64; 3];
+    for (j, slot) in durations.iter_mut().enumerate() {
+        let field = TIER_FIELDS[j + 1];
+        let n = get(j + 1)?;
+        *slot = match &n.value {
+            Value::Int(0) => 0,
+            Value::Str(text) => parse_duration_us(text)
+                .map_err(|e| bad(field, format!("is not a duration: {e}"), n.line))?,
+            other => {
+                return Err(bad(
+                    field,
+                    format!(
+                        "must be a duration such as 1s or 15m, found {}",
+                        other.describe()
+                    ),
+                    n.line,
+                ));
+            }
+        };
+    }
+    Ok(Tier::from_micros(
+        limit,
+        durations[0],
+        durations[1],
+        durations[2],
+    ))
+}
+
+/// Tier `number`'s `limit`: a whole number of at least 0.
+fn tier_limit(number: usize, node: &Node) -> Result<u64, ConfigError> {
+    let found = match &node.value {
+        Value::Int(v) => match u64::try_from(*v) {
+            Ok(limit) => return Ok(limit),
+            Err(_) => v.to_string(),
+        },
+        other => other.describe().to_string(),
+    };
+    Err(err_at(
+        ConfigErrorKind::InvalidTier {
+            tier: number,
+            field: "limit",
+            reason: format!("must be a whole number of at least 0, found {found}"),
+        },
+        node.line,
+    ))
 }
 
 /// The first field of a rate limit (GCRA or tiers) an entry gives, if any.
@@ -486,153 +506,226 @@ fn adaptive_of(
             n.line,
         ));
     }
-    let adaptive = match entries {
-        [(k, v)] if matches!(&k.value, Value::Str(s) if s == "adaptive") => v,
-        _ => {
-            return Err(wrong_shape(
-                "a number of slots, or {adaptive: {min, initial, max, ...}}",
-                node,
-            ));
-        }
-    };
-    let Value::Map(fields) = &adaptive.value else {
-        return Err(wrong_shape("a map: {min, initial, max, ...}", adaptive));
-    };
-    const KNOWN: [&str; 14] = [
-        "min",
-        "initial",
-        "max",
-        "algorithm",
-        "smoothing",
-        "tolerance",
-        "backoff",
-        "increase",
-        "window",
-        "completions",
-        "idle_reset",
-        "measure",
-        "capacity",
-        "headroom",
-    ];
-    let mut found: [Option<&Node>; 14] = [None; 14];
-    for (k, v) in fields {
-        let key = as_str(k, "a field name")?;
-        let Some(i) = KNOWN.iter().position(|&n| n == key) else {
-            return Err(err_at(ConfigErrorKind::unknown_field(key, &KNOWN), k.line));
-        };
-        if found[i].replace(v).is_some() {
-            return Err(err_at(
-                ConfigErrorKind::DuplicateField(key.to_owned()),
-                k.line,
-            ));
-        }
-    }
-    let [
-        min,
-        initial,
-        max,
-        algorithm,
-        smoothing,
-        tolerance,
-        backoff,
-        increase,
-        window,
-        completions,
-        idle_reset,
-        measure,
-        capacity,
-        headroom,
-    ] = found;
-    let missing = |field| err_at(ConfigErrorKind::MissingField(field), adaptive.line);
-    let min = positive("min", min.ok_or_else(|| missing("min"))?)?;
-    let max_node = max.ok_or_else(|| missing("max"))?;
-    let max = positive("max", max_node)?;
-    let initial = match initial {
+    let a = AdaptiveNodes::read(node, entries)?;
+    let missing = |field| err_at(ConfigErrorKind::MissingField(field), a.map.line);
+    let min = positive("min", a.min.ok_or_else(|| missing("min"))?)?;
+    let max = positive("max", a.max.ok_or_else(|| missing("max"))?)?;
+    let initial = match a.initial {
         Some(n) => positive("initial", n)?,
         None => min,
     };
-    let percent = |field, n: Option<&Node>, default: u64| -> Result<u64, ConfigError> {
-        n.map_or(Ok(default), |n| {
-            whole(field, n, 0).map(|p| p.saturating_mul(10))
-        })
-    };
-    let bad = |e: AdaptiveError, n: &Node| err_at(e.into(), n.line);
-    let name = match algorithm {
-        Some(n) => as_str(n, "gradient or aimd")?,
-        None => "gradient",
-    };
-    let algorithm_line = algorithm.unwrap_or(adaptive);
-    let (algo, others) = match name {
-        "gradient" => (
-            Algorithm::Gradient {
-                smoothing_pm: percent("smoothing", smoothing, 200)?,
-                tolerance_pm: percent("tolerance", tolerance, 1500)?,
-            },
-            [("backoff", backoff), ("increase", increase)],
-        ),
-        "aimd" => (
-            Algorithm::Aimd {
-                backoff_pm: percent("backoff", backoff, 900)?,
-                increase: increase.map_or(Ok(1), |n| positive("increase", n))?,
-            },
-            [("smoothing", smoothing), ("tolerance", tolerance)],
-        ),
-        _ => return Err(wrong_shape("gradient or aimd", algorithm_line)),
-    };
-    let named = algo.name();
-    for (field, n) in others {
-        if let Some(n) = n {
-            let kind = ConfigErrorKind::OtherAlgorithm {
-                field,
-                algorithm: named,
-            };
-            return Err(err_at(kind, n.line));
-        }
-    }
-    let mut limit = AdaptiveConcurrency::new(
-        Adaptive::new(min, initial, max, algo).map_err(|e| bad(e, algorithm_line))?,
+    let (algo, algorithm_line) = a.algorithm()?;
+    let limit = AdaptiveConcurrency::new(
+        Adaptive::new(min, initial, max, algo).map_err(|e| adaptive_error(e, algorithm_line))?,
     );
-    if let Some(n) = window {
-        limit = limit
-            .window(crate::time::us(duration_of("window", n)?))
-            .map_err(|e| bad(e, n))?;
+    a.with_options(limit, f)
+}
+
+/// An adaptive limit's error on the line of the field that made it.
+fn adaptive_error(e: AdaptiveError, n: &Node) -> ConfigError {
+    err_at(e.into(), n.line)
+}
+
+/// The fields of `concurrency: {adaptive: {...}}`, each once.
+struct AdaptiveNodes<'a> {
+    /// The `{...}` map itself (a missing field's line).
+    map: &'a Node,
+    min: Option<&'a Node>,
+    initial: Option<&'a Node>,
+    max: Option<&'a Node>,
+    algorithm: Option<&'a Node>,
+    smoothing: Option<&'a Node>,
+    tolerance: Option<&'a Node>,
+    backoff: Option<&'a Node>,
+    increase: Option<&'a Node>,
+    window: Option<&'a Node>,
+    completions: Option<&'a Node>,
+    idle_reset: Option<&'a Node>,
+    measure: Option<&'a Node>,
+    capacity: Option<&'a Node>,
+    headroom: Option<&'a Node>,
+}
+
+/// The fields an adaptive limit's map may hold.
+const ADAPTIVE_FIELDS: [&str; 14] = [
+    "min",
+    "initial",
+    "max",
+    "algorithm",
+    "smoothing",
+    "tolerance",
+    "backoff",
+    "increase",
+    "window",
+    "completions",
+    "idle_reset",
+    "measure",
+    "capacity",
+    "headroom",
+];
+
+impl<'a> AdaptiveNodes<'a> {
+    /// `{adaptive: {...}}` (`entries`, the map of `concurrency`, `node`) read field by field:
+    /// an unknown field or one given twice refused on its line.
+    fn read(node: &'a Node, entries: &'a [(Node, Node)]) -> Result<Self, ConfigError> {
+        let map = match entries {
+            [(k, v)] if matches!(&k.value, Value::Str(s) if s == "adaptive") => v,
+            _ => {
+                return Err(wrong_shape(
+                    "a number of slots, or {adaptive: {min, initial, max, ...}}",
+                    node,
+                ));
+            }
+        };
+        let Value::Map(fields) = &map.value else {
+            return Err(wrong_shape("a map: {min, initial, max, ...}", map));
+        };
+        let mut found: [Option<&Node>; 14] = [None; 14];
+        for (k, v) in fields {
+            let key = as_str(k, "a field name")?;
+            let Some(i) = ADAPTIVE_FIELDS.iter().position(|&n| n == key) else {
+                return Err(err_at(
+                    ConfigErrorKind::unknown_field(key, &ADAPTIVE_FIELDS),
+                    k.line,
+                ));
+            };
+            if found[i].replace(v).is_some() {
+                return Err(err_at(
+                    ConfigErrorKind::DuplicateField(key.to_owned()),
+                    k.line,
+                ));
+            }
+        }
+        let [
+            min,
+            initial,
+            max,
+            algorithm,
+            smoothing,
+            tolerance,
+            backoff,
+            increase,
+            window,
+            completions,
+            idle_reset,
+            measure,
+            capacity,
+            headroom,
+        ] = found;
+        Ok(Self {
+            map,
+            min,
+            initial,
+            max,
+            algorithm,
+            smoothing,
+            tolerance,
+            backoff,
+            increase,
+            window,
+            completions,
+            idle_reset,
+            measure,
+            capacity,
+            headroom,
+        })
     }
-    if let Some(n) = completions {
-        limit = limit
-            .window_completions(whole("completions", n, 0)?)
-            .map_err(|e| bad(e, n))?;
+
+    /// The algorithm (`gradient` unless told) with its parameters or their defaults, and the
+    /// line its errors are on; a parameter of the other algorithm refused.
+    fn algorithm(&self) -> Result<(Algorithm, &'a Node), ConfigError> {
+        let percent = |field, n: Option<&Node>, default: u64| -> Result<u64, ConfigError> {
+            n.map_or(Ok(default), |n| {
+                whole(field, n, 0).map(|p| p.saturating_mul(10))
+            })
+        };
+        let name = match self.algorithm {
+            Some(n) => as_str(n, "gradient or aimd")?,
+            None => "gradient",
+        };
+        let line = self.algorithm.unwrap_or(self.map);
+        let (algo, others) = match name {
+            "gradient" => (
+                Algorithm::Gradient {
+                    smoothing_pm: percent("smoothing", self.smoothing, DEFAULT_SMOOTHING_PM)?,
+                    tolerance_pm: percent("tolerance", self.tolerance, DEFAULT_TOLERANCE_PM)?,
+                },
+                [("backoff", self.backoff), ("increase", self.increase)],
+            ),
+            "aimd" => (
+                Algorithm::Aimd {
+                    backoff_pm: percent("backoff", self.backoff, DEFAULT_BACKOFF_PM)?,
+                    increase: self
+                        .increase
+                        .map_or(Ok(DEFAULT_INCREASE), |n| positive("increase", n))?,
+                },
+                [("smoothing", self.smoothing), ("tolerance", self.tolerance)],
+            ),
+            _ => return Err(wrong_shape("gradient or aimd", line)),
+        };
+        for (field, n) in others {
+            if let Some(n) = n {
+                let kind = ConfigErrorKind::OtherAlgorithm {
+                    field,
+                    algorithm: algo.name(),
+                };
+                return Err(err_at(kind, n.line));
+            }
+        }
+        Ok((algo, line))
     }
-    if let Some(n) = idle_reset {
-        limit = limit
-            .idle_reset(crate::time::us(duration_of("idle_reset", n)?))
-            .map_err(|e| bad(e, n))?;
+
+    /// `limit` with the options given: the window, the completions, the idle time, where a
+    /// latency ends, the capacity and its headroom, and the slots' `lease` and `retry_after`
+    /// (the entry's, `f`), each error on its field's line.
+    fn with_options(
+        &self,
+        mut limit: AdaptiveConcurrency,
+        f: &Fields<'_>,
+    ) -> Result<AdaptiveConcurrency, ConfigError> {
+        let bad = adaptive_error;
+        if let Some(n) = self.window {
+            limit = limit
+                .window(crate::time::us(duration_of("window", n)?))
+                .map_err(|e| bad(e, n))?;
+        }
+        if let Some(n) = self.completions {
+            limit = limit
+                .window_completions(whole("completions", n, 0)?)
+                .map_err(|e| bad(e, n))?;
+        }
+        if let Some(n) = self.idle_reset {
+            limit = limit
+                .idle_reset(crate::time::us(duration_of("idle_reset", n)?))
+                .map_err(|e| bad(e, n))?;
+        }
+        if let Some(n) = self.measure {
+            limit = limit.measure(match as_str(n, "head or body_end")? {
+                "head" => Measure::Head,
+                "body_end" => Measure::BodyEnd,
+                _ => return Err(wrong_shape("head or body_end", n)),
+            });
+        }
+        if let Some(n) = self.capacity {
+            limit = limit
+                .capacity(positive("capacity", n)?)
+                .map_err(|e| bad(e, n))?;
+        }
+        if let Some(n) = self.headroom {
+            limit = limit
+                .headroom(whole("headroom", n, 0)?)
+                .map_err(|e| bad(e, n))?;
+        }
+        if let Some(n) = f.lease {
+            limit = limit
+                .lease(crate::time::us(duration_of("lease", n)?))
+                .map_err(|e| bad(e, n))?;
+        }
+        if let Some(n) = f.retry_after {
+            limit = limit
+                .retry_after(crate::time::us(duration_of("retry_after", n)?))
+                .map_err(|e| bad(e, n))?;
+        }
+        Ok(limit)
     }
-    if let Some(n) = measure {
-        limit = limit.measure(match as_str(n, "head or body_end")? {
-            "head" => Measure::Head,
-            "body_end" => Measure::BodyEnd,
-            _ => return Err(wrong_shape("head or body_end", n)),
-        });
-    }
-    if let Some(n) = capacity {
-        limit = limit
-            .capacity(positive("capacity", n)?)
-            .map_err(|e| bad(e, n))?;
-    }
-    if let Some(n) = headroom {
-        limit = limit
-            .headroom(whole("headroom", n, 0)?)
-            .map_err(|e| bad(e, n))?;
-    }
-    if let Some(n) = f.lease {
-        limit = limit
-            .lease(crate::time::us(duration_of("lease", n)?))
-            .map_err(|e| bad(e, n))?;
-    }
-    if let Some(n) = f.retry_after {
-        limit = limit
-            .retry_after(crate::time::us(duration_of("retry_after", n)?))
-            .map_err(|e| bad(e, n))?;
-    }
-    Ok(limit)
 }
