@@ -476,36 +476,10 @@ async fn run_on(
     };
     let mut last_us = 0u64;
     let mut buf = Vec::new();
-    // The slots the trace's spends hold, oldest first per region and key, each with its
-    // spend's time (for `release`: an adaptive limit learns the request's latency).
-    let mut held: std::collections::HashMap<
-        (usize, tower_ratelimits::BucketKey),
-        std::collections::VecDeque<(tower_ratelimits::Lease, u64)>,
-    > = std::collections::HashMap::new();
+    let mut held = Held::new();
     for number in 1.. {
-        // Bounded: a line that never ends costs at most MAX_LINE_BYTES of memory.
-        buf.clear();
-        let read = std::io::Read::take(&mut input, MAX_LINE_BYTES as u64 + 1)
-            .read_until(b'\n', &mut buf)?;
-        if read == 0 {
+        let Some(line) = next_line(&mut input, &mut buf, number)? else {
             break;
-        }
-        if buf.last() == Some(&b'\n') {
-            buf.pop();
-        } else if buf.len() > MAX_LINE_BYTES {
-            return Err(SimulateError::Line {
-                line: number,
-                reason: format!("too long (more than {MAX_LINE_BYTES} bytes)"),
-            });
-        }
-        if buf.last() == Some(&b'\r') {
-            buf.pop();
-        }
-        let Ok(line) = std::str::from_utf8(&buf) else {
-            return Err(SimulateError::Line {
-                line: number,
-                reason: "not UTF-8".into(),
-            });
         };
         // A comment starts with '#' at the beginning of a line or after white space, so an
         // id may contain '#'.
@@ -526,131 +500,244 @@ async fn run_on(
         }
         last_us = parsed.at_us;
         let at = EPOCH_US.saturating_add(parsed.at_us);
-        let (region, limiter) = match (&mut deciders, parsed.region) {
-            (Deciders::One(limiter), None) => (None, *limiter),
-            (Deciders::One(_), Some(name)) => {
-                return Err(bad(format!(
-                    "the line names region {name:?}, but the trace runs in none: give --regions"
-                )));
-            }
-            (Deciders::Regions(r), named) => {
-                let i = match named {
-                    None => r.split(),
-                    Some(name) => r.names.iter().position(|n| n == name).ok_or_else(|| {
-                        bad(format!(
-                            "unknown region {name:?}: --regions names {}",
-                            r.names.join(", ")
-                        ))
-                    })?,
-                };
-                // The shares move at the instants they are due, drawn as they do.
-                while r.regions.next_at() <= at {
-                    let step = r.regions.next_at();
-                    observer.advance(step - EPOCH_US);
-                    r.regions
-                        .advance(step)
-                        .map_err(|e| bad(format!("moving the regions' shares: {e}")))?;
-                }
-                observer.in_region(i);
-                (Some((i, r.names[i].as_str())), &r.limiters[i])
-            }
-        };
+        let (region, limiter) = deciders.pick(parsed.region, at, observer).map_err(bad)?;
         observer.advance(parsed.at_us);
         clock.set(at);
-        let txs: Vec<Transaction> = parsed.txs.iter().map(|(_, t)| t.clone()).collect();
-        let failed = |source| SimulateError::Limiter {
-            line: number,
-            source,
+        let step = Step {
+            number,
+            parsed: &parsed,
+            region,
+            limiter,
         };
         let json = if matches!(parsed.op, "reset" | "release") {
-            let keys: Vec<_> = txs.iter().map(|t| t.key().clone()).collect();
-            let slot = region.map_or(0, |r| r.0);
-            let released = if parsed.op == "reset" {
-                limiter.reset(&keys).await.map_err(failed)?;
-                None
-            } else {
-                // Each request's completion (a limit that does not learn ignores it).
-                let mut released = 0;
-                for key in &keys {
-                    if let Some((lease, taken_us)) = held
-                        .get_mut(&(slot, key.clone()))
-                        .and_then(|q| q.pop_front())
-                    {
-                        let latency = parsed.at_us.saturating_sub(taken_us);
-                        let done = Completion::new(
-                            std::time::Duration::from_micros(latency),
-                            parsed.failed,
-                        );
-                        released += limiter.complete(&[lease], done).await.map_err(failed)?;
-                    }
-                }
-                Some(released)
-            };
-            observer.changed(number, parsed.at_us, parsed.op, &keys);
-            serde_json::to_string(&ResetOut {
-                line: number,
-                at_us: parsed.at_us,
-                op: parsed.op,
-                keys: parsed.txs.iter().map(|(s, _)| *s).collect(),
-                released,
-                region: region.map(|r| r.1),
-            })
+            step.change(&mut held, observer).await?
         } else {
-            let batch = match parsed.op {
-                "spend" | "charge" => limiter.spend(&txs).await,
-                "check" => limiter.check(&txs).await,
-                _ => limiter.refund(&txs).await,
-            }
-            .map_err(failed)?;
-            observer.decided(number, parsed.at_us, parsed.op, &txs, &batch);
-            for d in batch.decisions() {
-                if let Some(lease) = d.lease() {
-                    let slot = region.map_or(0, |r| r.0);
-                    held.entry((slot, d.key().clone()))
-                        .or_default()
-                        .push_back((lease, parsed.at_us));
-                }
-            }
-            let top = batch.strictest().or(batch.decisions().first());
-            serde_json::to_string(&LineOut {
-                line: number,
-                at_us: parsed.at_us,
-                op: parsed.op,
-                region: region.map(|r| r.1),
-                allowed: batch.allowed(),
-                remaining: top.map_or(0, |d| d.remaining()),
-                retry_after_us: top.map_or(0, |d| micros(d.retry_after())),
-                reset_after_us: top.map_or(0, |d| micros(d.reset_after())),
-                decisions: batch
-                    .decisions()
-                    .iter()
-                    .zip(&txs)
-                    .map(|(d, tx)| TxOut {
-                        limit: d.name().as_str(),
-                        id: d.key().id().to_string(),
-                        allowed: d.allowed(),
-                        remaining: d.remaining(),
-                        retry_after_us: micros(d.retry_after()),
-                        reset_after_us: micros(d.reset_after()),
-                        // A tiered limit, a range (a partial grant) or a charge says how
-                        // much.
-                        granted: (d.tiers().is_some()
-                            || tx.min_cost_or(0) != tx.cost_or(0)
-                            || parsed.op == "charge")
-                            .then_some(d.granted()),
-                        tiers: d.tiers().map(|t| t.units()),
-                        burst: d.tiers().map(|t| t.burst),
-                        tier: d.tiers().map(|t| t.tier),
-                        skipped: d.skipped(),
-                        lease: d.lease_id().is_some(),
-                        slots: d.slots(),
-                    })
-                    .collect(),
-            })
-        }
-        .map_err(|e| bad(e.to_string()))?;
+            step.decide(&mut held, observer).await?
+        };
         writeln!(output, "{json}")?;
     }
     output.flush()?;
     Ok(())
+}
+
+/// The slots the trace's spends hold, oldest first per region and key, each with its spend's
+/// time (for `release`: an adaptive limit learns the request's latency).
+type Held = std::collections::HashMap<
+    (usize, BucketKey),
+    std::collections::VecDeque<(tower_ratelimits::Lease, u64)>,
+>;
+
+/// Line `number` of `input` into `buf`, without its line ending; `None` at the end. Bounded: a
+/// line that never ends costs at most `MAX_LINE_BYTES` of memory.
+fn next_line<'b>(
+    input: &mut impl BufRead,
+    buf: &'b mut Vec<u8>,
+    number: usize,
+) -> Result<Option<&'b str>, SimulateError> {
+    buf.clear();
+    let read =
+        std::io::Read::take(&mut *input, MAX_LINE_BYTES as u64 + 1).read_until(b'\n', buf)?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+    } else if buf.len() > MAX_LINE_BYTES {
+        return Err(SimulateError::Line {
+            line: number,
+            reason: format!("too long (more than {MAX_LINE_BYTES} bytes)"),
+        });
+    }
+    if buf.last() == Some(&b'\r') {
+        buf.pop();
+    }
+    match std::str::from_utf8(buf) {
+        Ok(line) => Ok(Some(line)),
+        Err(_) => Err(SimulateError::Line {
+            line: number,
+            reason: "not UTF-8".into(),
+        }),
+    }
+}
+
+impl<'a> Deciders<'_, 'a> {
+    /// The region a line at `at` is decided in (the one it names, else the round robin's) and
+    /// its limiter; the regions' shares moved first at the instants they were due, drawn as
+    /// they do.
+    fn pick(
+        &mut self,
+        named: Option<&str>,
+        at: u64,
+        observer: &mut impl Observer,
+    ) -> Result<(Option<Region<'_>>, &'a Limiter), String> {
+        let r = match (self, named) {
+            (Deciders::One(limiter), None) => return Ok((None, *limiter)),
+            (Deciders::One(_), Some(name)) => {
+                return Err(format!(
+                    "the line names region {name:?}, but the trace runs in none: give --regions"
+                ));
+            }
+            (Deciders::Regions(r), _) => r,
+        };
+        let i = match named {
+            None => r.split(),
+            Some(name) => r.names.iter().position(|n| n == name).ok_or_else(|| {
+                format!(
+                    "unknown region {name:?}: --regions names {}",
+                    r.names.join(", ")
+                )
+            })?,
+        };
+        while r.regions.next_at() <= at {
+            let step = r.regions.next_at();
+            observer.advance(step - EPOCH_US);
+            r.regions
+                .advance(step)
+                .map_err(|e| format!("moving the regions' shares: {e}"))?;
+        }
+        observer.in_region(i);
+        let limiters = r.limiters;
+        Ok((Some((i, r.names[i].as_str())), &limiters[i]))
+    }
+}
+
+/// A region a line is decided in: its position and its name.
+type Region<'n> = (usize, &'n str);
+
+/// One line of a trace, decided by `limiter` (in `region`, with its number).
+struct Step<'s> {
+    number: usize,
+    parsed: &'s ParsedLine<'s>,
+    region: Option<Region<'s>>,
+    limiter: &'s Limiter,
+}
+
+impl Step<'_> {
+    fn failed(&self, source: LimiterError) -> SimulateError {
+        SimulateError::Limiter {
+            line: self.number,
+            source,
+        }
+    }
+
+    fn txs(&self) -> Vec<Transaction> {
+        self.parsed.txs.iter().map(|(_, t)| t.clone()).collect()
+    }
+
+    /// A `reset`, or a `release` of the oldest slot each key holds with its request's
+    /// completion (a limit that does not learn ignores it): its JSON line.
+    async fn change(
+        &self,
+        held: &mut Held,
+        observer: &mut impl Observer,
+    ) -> Result<String, SimulateError> {
+        let parsed = self.parsed;
+        let keys: Vec<_> = self.txs().iter().map(|t| t.key().clone()).collect();
+        let slot = self.region.map_or(0, |r| r.0);
+        let released = if parsed.op == "reset" {
+            self.limiter
+                .reset(&keys)
+                .await
+                .map_err(|e| self.failed(e))?;
+            None
+        } else {
+            let mut released = 0;
+            for key in &keys {
+                if let Some((lease, taken_us)) = held
+                    .get_mut(&(slot, key.clone()))
+                    .and_then(|q| q.pop_front())
+                {
+                    let latency = parsed.at_us.saturating_sub(taken_us);
+                    let done =
+                        Completion::new(std::time::Duration::from_micros(latency), parsed.failed);
+                    released += self
+                        .limiter
+                        .complete(&[lease], done)
+                        .await
+                        .map_err(|e| self.failed(e))?;
+                }
+            }
+            Some(released)
+        };
+        observer.changed(self.number, parsed.at_us, parsed.op, &keys);
+        self.json(&ResetOut {
+            line: self.number,
+            at_us: parsed.at_us,
+            op: parsed.op,
+            keys: parsed.txs.iter().map(|(s, _)| *s).collect(),
+            released,
+            region: self.region.map(|r| r.1),
+        })
+    }
+
+    /// A spend, check, charge or refund: its decisions, the slots its spends hold, and its
+    /// JSON line.
+    async fn decide(
+        &self,
+        held: &mut Held,
+        observer: &mut impl Observer,
+    ) -> Result<String, SimulateError> {
+        let parsed = self.parsed;
+        let txs = self.txs();
+        let batch = match parsed.op {
+            "spend" | "charge" => self.limiter.spend(&txs).await,
+            "check" => self.limiter.check(&txs).await,
+            _ => self.limiter.refund(&txs).await,
+        }
+        .map_err(|e| self.failed(e))?;
+        observer.decided(self.number, parsed.at_us, parsed.op, &txs, &batch);
+        for d in batch.decisions() {
+            if let Some(lease) = d.lease() {
+                let slot = self.region.map_or(0, |r| r.0);
+                held.entry((slot, d.key().clone()))
+                    .or_default()
+                    .push_back((lease, parsed.at_us));
+            }
+        }
+        let top = batch.strictest().or(batch.decisions().first());
+        self.json(&LineOut {
+            line: self.number,
+            at_us: parsed.at_us,
+            op: parsed.op,
+            region: self.region.map(|r| r.1),
+            allowed: batch.allowed(),
+            remaining: top.map_or(0, |d| d.remaining()),
+            retry_after_us: top.map_or(0, |d| micros(d.retry_after())),
+            reset_after_us: top.map_or(0, |d| micros(d.reset_after())),
+            decisions: batch
+                .decisions()
+                .iter()
+                .zip(&txs)
+                .map(|(d, tx)| tx_out(d, tx, parsed.op))
+                .collect(),
+        })
+    }
+
+    fn json(&self, out: &impl Serialize) -> Result<String, SimulateError> {
+        serde_json::to_string(out).map_err(|e| SimulateError::Line {
+            line: self.number,
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// One transaction's decision as its line shows it.
+fn tx_out<'d>(d: &'d tower_ratelimits::Decision, tx: &Transaction, op: &str) -> TxOut<'d> {
+    TxOut {
+        limit: d.name().as_str(),
+        id: d.key().id().to_string(),
+        allowed: d.allowed(),
+        remaining: d.remaining(),
+        retry_after_us: micros(d.retry_after()),
+        reset_after_us: micros(d.reset_after()),
+        // A tiered limit, a range (a partial grant) or a charge says how much.
+        granted: (d.tiers().is_some() || tx.min_cost_or(0) != tx.cost_or(0) || op == "charge")
+            .then_some(d.granted()),
+        tiers: d.tiers().map(|t| t.units()),
+        burst: d.tiers().map(|t| t.burst),
+        tier: d.tiers().map(|t| t.tier),
+        skipped: d.skipped(),
+        lease: d.lease_id().is_some(),
+        slots: d.slots(),
+    }
 }
