@@ -262,58 +262,10 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
     if specs.is_empty() {
         return Err("no transaction: write <Name>=<id>".into());
     }
-    let mut txs = Vec::with_capacity(specs.len());
-    for spec in specs {
-        if spec.starts_with('@') {
-            return Err(format!(
-                "{spec:?}: a region goes last on its line, after the cost (`... cost=2 @eu`)"
-            ));
-        }
-        let (mode, rest) = if let Some(r) = spec.strip_prefix("check-only:") {
-            (Mode::CheckOnly, r)
-        } else if let Some(r) = spec.strip_prefix("spend-only:") {
-            (Mode::SpendOnly, r)
-        } else {
-            (Mode::CheckAndSpend, spec)
-        };
-        let mode = match (op, mode) {
-            ("charge", Mode::CheckAndSpend) => Mode::Charge,
-            ("charge", _) => {
-                return Err(format!(
-                    "{spec:?}: a charge takes no mode prefix (it is never denied)"
-                ));
-            }
-            (_, mode) => mode,
-        };
-        let (name, id) = rest
-            .split_once('=')
-            .ok_or_else(|| format!("malformed transaction {spec:?}: write <Name>=<id>"))?;
-        // `*<n>` or `*<min>..<max>`. A suffix that starts like a cost (a digit, `-` or `.`)
-        // but is not one is an error; anything else after a `*` is part of the id.
-        let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
-        let is_cost = |c: &str| match c.split_once("..") {
-            Some((min, max)) => digits(min) && digits(max),
-            None => digits(c),
-        };
-        let like_cost = |c: &str| matches!(c.bytes().next(), Some(b'0'..=b'9' | b'-' | b'.'));
-        let (id, cost) = match id.rsplit_once('*') {
-            Some((id, c)) if is_cost(c) => (id, Some(parse_cost(c)?)),
-            Some((_, c)) if like_cost(c) => {
-                return Err(format!(
-                    "malformed cost suffix *{c} in {spec:?}: write *<n> or *<min>..<max>"
-                ));
-            }
-            _ => (id, None),
-        };
-        let key = limiter.parse_key(name, id).map_err(|e| e.to_string())?;
-        let mut tx = Transaction::new(key).mode(mode);
-        match cost.or(line_cost) {
-            Some((Some(min), max)) => tx = tx.cost_range(min..=max),
-            Some((None, c)) => tx = tx.cost(c),
-            None => {}
-        }
-        txs.push((rest, tx));
-    }
+    let txs = specs
+        .into_iter()
+        .map(|spec| transaction_of(limiter, op, spec, line_cost))
+        .collect::<Result<Vec<_>, String>>()?;
     Ok(ParsedLine {
         at_us,
         op,
@@ -321,6 +273,71 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
         region,
         failed,
     })
+}
+
+/// One transaction of a line of `op`: `[check-only:|spend-only:]<Name>=<id>[*<cost>]`, the
+/// line's `cost=` when it gives none; with its text after the mode prefix.
+fn transaction_of<'a>(
+    limiter: &Limiter,
+    op: &str,
+    spec: &'a str,
+    line_cost: Option<(Option<u64>, u64)>,
+) -> Result<(&'a str, Transaction), String> {
+    if spec.starts_with('@') {
+        return Err(format!(
+            "{spec:?}: a region goes last on its line, after the cost (`... cost=2 @eu`)"
+        ));
+    }
+    let (mode, rest) = if let Some(r) = spec.strip_prefix("check-only:") {
+        (Mode::CheckOnly, r)
+    } else if let Some(r) = spec.strip_prefix("spend-only:") {
+        (Mode::SpendOnly, r)
+    } else {
+        (Mode::CheckAndSpend, spec)
+    };
+    let mode = match (op, mode) {
+        ("charge", Mode::CheckAndSpend) => Mode::Charge,
+        ("charge", _) => {
+            return Err(format!(
+                "{spec:?}: a charge takes no mode prefix (it is never denied)"
+            ));
+        }
+        (_, mode) => mode,
+    };
+    let (name, id) = rest
+        .split_once('=')
+        .ok_or_else(|| format!("malformed transaction {spec:?}: write <Name>=<id>"))?;
+    let (id, cost) = cost_suffix(id, spec)?;
+    let key = limiter.parse_key(name, id).map_err(|e| e.to_string())?;
+    let mut tx = Transaction::new(key).mode(mode);
+    match cost.or(line_cost) {
+        Some((Some(min), max)) => tx = tx.cost_range(min..=max),
+        Some((None, c)) => tx = tx.cost(c),
+        None => {}
+    }
+    Ok((rest, tx))
+}
+
+/// An id and its cost suffix, `*<n>` or `*<min>..<max>`. A suffix that starts like a cost (a
+/// digit, `-` or `.`) but is not one is an error; anything else after a `*` is part of the id.
+#[allow(clippy::type_complexity)]
+fn cost_suffix<'a>(
+    id: &'a str,
+    spec: &str,
+) -> Result<(&'a str, Option<(Option<u64>, u64)>), String> {
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    let is_cost = |c: &str| match c.split_once("..") {
+        Some((min, max)) => digits(min) && digits(max),
+        None => digits(c),
+    };
+    let like_cost = |c: &str| matches!(c.bytes().next(), Some(b'0'..=b'9' | b'-' | b'.'));
+    match id.rsplit_once('*') {
+        Some((id, c)) if is_cost(c) => Ok((id, Some(parse_cost(c)?))),
+        Some((_, c)) if like_cost(c) => Err(format!(
+            "malformed cost suffix *{c} in {spec:?}: write *<n> or *<min>..<max>"
+        )),
+        _ => Ok((id, None)),
+    }
 }
 
 /// The time and keys of a trace line, or `None` for a blank, comment or malformed line (the
