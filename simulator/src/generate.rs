@@ -242,106 +242,9 @@ pub fn generate(phrase: &str) -> Result<Vec<Request>, GenerateError> {
             rest: &words[1..],
             column: phase_column,
         };
-        let shape = match first.text {
-            "burst" => {
-                let n = words.next("the number of requests")?;
-                let c = count(&n, n.text, "the number of requests")?;
-                if c == 0 {
-                    return Err(n.error("a burst needs at least one request"));
-                }
-                Shape::Burst(c)
-            }
-            "idle" | "wait" => Shape::Idle(duration(&words.next("a duration")?)?),
-            "poisson" => {
-                let w = words.next("`rate=<rate>`")?;
-                let text = w
-                    .text
-                    .strip_prefix("rate=")
-                    .ok_or_else(|| w.error("expected `rate=<rate>`, like rate=50/s"))?;
-                let rate = rate(&w, text)?;
-                Shape::Poisson {
-                    rate,
-                    for_us: words.for_duration()?,
-                }
-            }
-            text if text.contains('/') || text.starts_with("rate=") => {
-                let rate = rate(first, text.strip_prefix("rate=").unwrap_or(text))?;
-                Shape::Steady {
-                    rate,
-                    for_us: words.for_duration()?,
-                }
-            }
-            _ => return Err(first.error(format!("unknown phase: {PHASES}"))),
-        };
-        // Options.
-        let mut start = cursor;
-        let mut cost = None;
-        let mut seed = 1u64;
-        while let Some((w, r)) = words.rest.split_first() {
-            words.rest = r;
-            if w.text == "at" {
-                let (t, r) = words
-                    .rest
-                    .split_first()
-                    .ok_or_else(|| w.error("`at` needs a time"))?;
-                words.rest = r;
-                start = duration(t)?;
-            } else if let Some(c) = w.text.strip_prefix("cost=") {
-                cost = Some(count(w, c, "a cost")?);
-            } else if let Some(s) = w.text.strip_prefix("seed=") {
-                seed = count(w, s, "a seed")?;
-            } else {
-                return Err(
-                    w.error("unexpected word: options are `at <time>`, `cost=<n>`, `seed=<n>`")
-                );
-            }
-        }
-        let too_many = |w: &Word<'_>, n: f64| {
-            w.error(format!(
-                "this would make {n:.0} requests; a generated trace holds at most {MAX_REQUESTS}"
-            ))
-        };
-        let room = (MAX_REQUESTS - out.len()) as f64;
-        let end = match shape {
-            Shape::Burst(n) => {
-                if n as f64 > room {
-                    return Err(too_many(first, n as f64));
-                }
-                out.extend((0..n).map(|_| (start, cost)));
-                start
-            }
-            Shape::Idle(d) => start.saturating_add(d),
-            Shape::Steady { rate, for_us } => {
-                let n = (for_us as f64 * rate + 1e-9).floor();
-                if n > room {
-                    return Err(too_many(first, n));
-                }
-                out.extend(
-                    (1..=n as u64).map(|k| (start + (k as f64 / rate).round() as u64, cost)),
-                );
-                start.saturating_add(for_us)
-            }
-            Shape::Poisson { rate, for_us } => {
-                if for_us as f64 * rate > room {
-                    return Err(too_many(first, for_us as f64 * rate));
-                }
-                let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
-                let mut t = 0.0f64;
-                loop {
-                    // Uniform in (0, 1]: 53 random bits.
-                    let u = ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
-                    t += -u.ln() / rate;
-                    if t > for_us as f64 {
-                        break;
-                    }
-                    if out.len() >= MAX_REQUESTS {
-                        return Err(too_many(first, for_us as f64 * rate));
-                    }
-                    out.push((start + t.round() as u64, cost));
-                }
-                start.saturating_add(for_us)
-            }
-        };
+        let shape = shape_of(first, &mut words)?;
+        let options = words.options(cursor)?;
+        let end = place(shape, &options, first, &mut out)?;
         if end > MAX_TIME_US {
             return Err(first.error("the workload runs too long (at most about 31 years)"));
         }
@@ -349,4 +252,133 @@ pub fn generate(phrase: &str) -> Result<Vec<Request>, GenerateError> {
     }
     out.sort_by_key(|r| r.0);
     Ok(out)
+}
+
+/// What a phase starting with `first` asks for, its words read from `words`.
+fn shape_of(first: &Word<'_>, words: &mut Words<'_, '_>) -> Result<Shape, GenerateError> {
+    Ok(match first.text {
+        "burst" => {
+            let n = words.next("the number of requests")?;
+            let c = count(&n, n.text, "the number of requests")?;
+            if c == 0 {
+                return Err(n.error("a burst needs at least one request"));
+            }
+            Shape::Burst(c)
+        }
+        "idle" | "wait" => Shape::Idle(duration(&words.next("a duration")?)?),
+        "poisson" => {
+            let w = words.next("`rate=<rate>`")?;
+            let text = w
+                .text
+                .strip_prefix("rate=")
+                .ok_or_else(|| w.error("expected `rate=<rate>`, like rate=50/s"))?;
+            let rate = rate(&w, text)?;
+            Shape::Poisson {
+                rate,
+                for_us: words.for_duration()?,
+            }
+        }
+        text if text.contains('/') || text.starts_with("rate=") => {
+            let rate = rate(first, text.strip_prefix("rate=").unwrap_or(text))?;
+            Shape::Steady {
+                rate,
+                for_us: words.for_duration()?,
+            }
+        }
+        _ => return Err(first.error(format!("unknown phase: {PHASES}"))),
+    })
+}
+
+/// A phase's options: where it starts (`at <time>`, else where the last one ended), its
+/// requests' cost and its random seed.
+struct Options {
+    start: u64,
+    cost: Option<u64>,
+    seed: u64,
+}
+
+impl Words<'_, '_> {
+    /// The options after a phase's shape (`cursor`: where the last phase ended).
+    fn options(&mut self, cursor: u64) -> Result<Options, GenerateError> {
+        let mut o = Options {
+            start: cursor,
+            cost: None,
+            seed: 1,
+        };
+        while let Some((w, r)) = self.rest.split_first() {
+            self.rest = r;
+            if w.text == "at" {
+                let (t, r) = self
+                    .rest
+                    .split_first()
+                    .ok_or_else(|| w.error("`at` needs a time"))?;
+                self.rest = r;
+                o.start = duration(t)?;
+            } else if let Some(c) = w.text.strip_prefix("cost=") {
+                o.cost = Some(count(w, c, "a cost")?);
+            } else if let Some(s) = w.text.strip_prefix("seed=") {
+                o.seed = count(w, s, "a seed")?;
+            } else {
+                return Err(
+                    w.error("unexpected word: options are `at <time>`, `cost=<n>`, `seed=<n>`")
+                );
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// A phase's requests placed in time into `out` (at most `MAX_REQUESTS` in all, an error on
+/// the phase's `first` word past it); where the phase ends.
+fn place(
+    shape: Shape,
+    o: &Options,
+    first: &Word<'_>,
+    out: &mut Vec<Request>,
+) -> Result<u64, GenerateError> {
+    let too_many = |w: &Word<'_>, n: f64| {
+        w.error(format!(
+            "this would make {n:.0} requests; a generated trace holds at most {MAX_REQUESTS}"
+        ))
+    };
+    let room = (MAX_REQUESTS - out.len()) as f64;
+    let (start, cost) = (o.start, o.cost);
+    Ok(match shape {
+        Shape::Burst(n) => {
+            if n as f64 > room {
+                return Err(too_many(first, n as f64));
+            }
+            out.extend((0..n).map(|_| (start, cost)));
+            start
+        }
+        Shape::Idle(d) => start.saturating_add(d),
+        Shape::Steady { rate, for_us } => {
+            let n = (for_us as f64 * rate + 1e-9).floor();
+            if n > room {
+                return Err(too_many(first, n));
+            }
+            out.extend((1..=n as u64).map(|k| (start + (k as f64 / rate).round() as u64, cost)));
+            start.saturating_add(for_us)
+        }
+        Shape::Poisson { rate, for_us } => {
+            if for_us as f64 * rate > room {
+                return Err(too_many(first, for_us as f64 * rate));
+            }
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(o.seed);
+            let mut t = 0.0f64;
+            loop {
+                // Uniform in (0, 1]: 53 random bits.
+                let u = ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64;
+                t += -u.ln() / rate;
+                if t > for_us as f64 {
+                    break;
+                }
+                if out.len() >= MAX_REQUESTS {
+                    return Err(too_many(first, for_us as f64 * rate));
+                }
+                out.push((start + t.round() as u64, cost));
+            }
+            start.saturating_add(for_us)
+        }
+    })
 }

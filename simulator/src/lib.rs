@@ -378,33 +378,16 @@ async fn simulate_main(args: Args) -> Result<(), String> {
             Some(SimulatedRegions::new(&clock, &names).map_err(|e| format!("--regions: {e}"))?)
         }
     };
-    let limiters: Vec<Limiter> = match (&regions, &args.redis) {
-        (Some(r), _) => (r.regions().iter())
-            .map(|(_, backend)| Limiter::new(limits.clone(), backend.clone()))
-            .collect(),
-        (None, None) => vec![Limiter::new(limits, memory.clone())],
-        (None, Some(url)) => vec![Limiter::with_shared_backend(
-            limits,
-            redis_backend(url, &clock).await?,
-        )],
-    };
+    let limiters = limiters_for(&args, limits, regions.as_ref(), &memory, &clock).await?;
     if let Some(r) = &mut regions {
         r.start()
             .map_err(|e| format!("--regions: registering the regions: {e}"))?;
     }
     let limiter = &limiters[0];
-    let generated = match &args.generate {
-        Some(phrase) => Some(generated_trace(limiter, phrase, &args.keys)?),
-        None => None,
-    };
-    let input: Box<dyn BufRead> = match (&generated, &args.trace) {
-        (Some(text), _) => Box::new(text.as_bytes()),
-        (None, None) => Box::new(BufReader::new(std::io::stdin())),
-        (None, Some(p)) => match std::fs::File::open(p) {
-            Ok(f) => Box::new(BufReader::new(f)),
-            Err(e) => return Err(format!("{}: {e}", p.display())),
-        },
-    };
+    let generated = (args.generate.as_ref())
+        .map(|phrase| generated_trace(limiter, phrase, &args.keys))
+        .transpose()?;
+    let input = input_of(generated.as_deref(), args.trace.as_deref())?;
     let stdout: Box<dyn Write> = if args.quiet {
         Box::new(std::io::sink())
     } else {
@@ -430,35 +413,11 @@ async fn simulate_main(args: Args) -> Result<(), String> {
         return run.map_err(|e| e.to_string());
     }
     // A drawing reads the trace first: its axis needs every time.
-    let mut text = Vec::new();
-    input
-        .take(MAX_DRAWN_TRACE_BYTES + 1)
-        .read_to_end(&mut text)
-        .map_err(|e| format!("reading the trace: {e}"))?;
-    if text.len() as u64 > MAX_DRAWN_TRACE_BYTES {
-        return Err(format!(
-            "the trace is larger than {} MiB, the most a drawing reads",
-            MAX_DRAWN_TRACE_BYTES >> 20
-        ));
-    }
+    let text = read_drawn(input)?;
     let events = timeline::events(limiter, &String::from_utf8_lossy(&text));
-    let title = format!(
-        "{} · {}",
-        args.defaults.display(),
-        match (&args.generate, &args.trace) {
-            (Some(phrase), _) => format!("--generate \"{phrase}\""),
-            (None, Some(p)) => p.display().to_string(),
-            (None, None) => "standard input".into(),
-        }
-    );
+    let title = title_of(&args);
     let axis = timeline::Axis::new(&events, args.width);
-    // A trace whose first line is dated is drawn on an axis of UTC dates.
-    let dated = String::from_utf8_lossy(&text)
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-        .find(|l| !l.is_empty())
-        .and_then(|l| l.split_whitespace().next())
-        .is_some_and(|time| time.ends_with('Z') && time.contains('T'));
+    let dated = is_dated(&String::from_utf8_lossy(&text));
     let mut drawing = timeline::Timeline::new(axis, limiter, memory, clock.clone(), title)
         .dated(dated)
         .regions(backends);
@@ -474,6 +433,81 @@ async fn simulate_main(args: Args) -> Result<(), String> {
         out.write(&drawing.html())?;
     }
     Ok(())
+}
+
+/// The limiters a run decides with: one per simulated region, or one over memory or over
+/// the Redis at `--redis`.
+async fn limiters_for(
+    args: &Args,
+    limits: Limits,
+    regions: Option<&SimulatedRegions>,
+    memory: &MemoryBackend,
+    clock: &ManualClock,
+) -> Result<Vec<Limiter>, String> {
+    Ok(match (regions, &args.redis) {
+        (Some(r), _) => (r.regions().iter())
+            .map(|(_, backend)| Limiter::new(limits.clone(), backend.clone()))
+            .collect(),
+        (None, None) => vec![Limiter::new(limits, memory.clone())],
+        (None, Some(url)) => vec![Limiter::with_shared_backend(
+            limits,
+            redis_backend(url, clock).await?,
+        )],
+    })
+}
+
+/// Where the trace is read from: the generated one, the file, or standard input.
+fn input_of<'a>(
+    generated: Option<&'a str>,
+    trace: Option<&std::path::Path>,
+) -> Result<Box<dyn BufRead + 'a>, String> {
+    Ok(match (generated, trace) {
+        (Some(text), _) => Box::new(text.as_bytes()),
+        (None, None) => Box::new(BufReader::new(std::io::stdin())),
+        (None, Some(p)) => match std::fs::File::open(p) {
+            Ok(f) => Box::new(BufReader::new(f)),
+            Err(e) => return Err(format!("{}: {e}", p.display())),
+        },
+    })
+}
+
+/// The whole trace, for a drawing (its axis needs every time): at most
+/// `MAX_DRAWN_TRACE_BYTES`.
+fn read_drawn(input: impl Read) -> Result<Vec<u8>, String> {
+    let mut text = Vec::new();
+    input
+        .take(MAX_DRAWN_TRACE_BYTES + 1)
+        .read_to_end(&mut text)
+        .map_err(|e| format!("reading the trace: {e}"))?;
+    if text.len() as u64 > MAX_DRAWN_TRACE_BYTES {
+        return Err(format!(
+            "the trace is larger than {} MiB, the most a drawing reads",
+            MAX_DRAWN_TRACE_BYTES >> 20
+        ));
+    }
+    Ok(text)
+}
+
+/// A drawing's title: the limits file and where the trace came from.
+fn title_of(args: &Args) -> String {
+    format!(
+        "{} · {}",
+        args.defaults.display(),
+        match (&args.generate, &args.trace) {
+            (Some(phrase), _) => format!("--generate \"{phrase}\""),
+            (None, Some(p)) => p.display().to_string(),
+            (None, None) => "standard input".into(),
+        }
+    )
+}
+
+/// Whether a trace's first line is dated: then it is drawn on an axis of UTC dates.
+fn is_dated(text: &str) -> bool {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .find(|l| !l.is_empty())
+        .and_then(|l| l.split_whitespace().next())
+        .is_some_and(|time| time.ends_with('Z') && time.contains('T'))
 }
 
 #[cfg(feature = "redis")]
