@@ -172,30 +172,7 @@ impl Timeline {
             r#"<line class="axis" x1="{LEFT}" x2="{}" y1="{top}" y2="{top}"/>"#,
             self.axis.width - RIGHT
         );
-        // Ticks every 1, 2 or 5 x 10^k microseconds, at least 90 px apart; on a dated trace,
-        // every whole minute, hour or day (in UTC) that far apart, at least 130 px.
-        let min_us = self.axis.us_per_px * if self.dated { 130.0 } else { 90.0 };
-        let mut step = 1u64;
-        if self.dated {
-            const MIN: u64 = 60_000_000;
-            step = [
-                1, 5, 15, 30, 60, 180, 360, 720, 1440, 2880, 10_080, 20_160, 43_200,
-            ]
-            .iter()
-            .map(|m| m * MIN)
-            .find(|&s| s as f64 >= min_us)
-            .unwrap_or(86_400 * 365 * 1_000_000);
-        } else {
-            'find: for exp in 0..19u32 {
-                for m in [1u64, 2, 5] {
-                    let s = m.saturating_mul(10u64.saturating_pow(exp));
-                    if s as f64 >= min_us {
-                        step = s;
-                        break 'find;
-                    }
-                }
-            }
-        }
+        let step = self.tick_step();
         // Dated ticks fall on whole UTC instants, counted from 1970, not from the trace's start.
         let origin = if self.dated { EPOCH_US } else { 0 };
         // A label too close to the last one (across a cut) is left out.
@@ -260,8 +237,32 @@ impl Timeline {
         }
     }
 
+    /// The axis's tick step: every 1, 2 or 5 x 10^k microseconds, at least 90 px apart; on a
+    /// dated trace, every whole minute, hour or day (in UTC) that far apart, at least 130 px.
+    fn tick_step(&self) -> u64 {
+        let min_us = self.axis.us_per_px * if self.dated { 130.0 } else { 90.0 };
+        if self.dated {
+            const MIN: u64 = 60_000_000;
+            return [
+                1, 5, 15, 30, 60, 180, 360, 720, 1440, 2880, 10_080, 20_160, 43_200,
+            ]
+            .iter()
+            .map(|m| m * MIN)
+            .find(|&s| s as f64 >= min_us)
+            .unwrap_or(86_400 * 365 * 1_000_000);
+        }
+        for exp in 0..19u32 {
+            for m in [1u64, 2, 5] {
+                let s = m.saturating_mul(10u64.saturating_pow(exp));
+                if s as f64 >= min_us {
+                    return s;
+                }
+            }
+        }
+        1
+    }
+
     fn write_lane(&self, out: &mut String, lane: &Lane, y: f64) {
-        let right = self.axis.width - RIGHT;
         let _ = write!(
             out,
             r#"<g class="lane" data-key="{}" data-kind="{}"><rect class="lanebox" x="4" y="{:.1}" width="{:.1}" height="{:.1}" rx="4"/><text x="12" y="{:.1}" font-weight="600">{}</text><text x="{LEFT}" y="{:.1}" class="muted">{}</text>"#,
@@ -284,7 +285,18 @@ impl Timeline {
             y + 15.0,
             esc(&lane.quota_text())
         );
-        // A calendar quota's renewals, across the lane: the count is whole again from each.
+        self.write_renewals(out, lane, y);
+        let mut row_y = y + HEAD_H;
+        for (i, series) in lane.series.iter().enumerate() {
+            self.write_series(out, lane, i, series, row_y);
+            row_y += ROW_H;
+        }
+        self.write_requests(out, lane, row_y);
+        out.push_str("</g>");
+    }
+
+    /// A calendar quota's renewals, across the lane: the count is whole again from each.
+    fn write_renewals(&self, out: &mut String, lane: &Lane, y: f64) {
         for piece in &self.axis.pieces {
             for t in lane.renewals(piece.start, piece.end) {
                 let x = self.axis.x(t);
@@ -297,81 +309,88 @@ impl Timeline {
                 );
             }
         }
-        let mut row_y = y + HEAD_H;
-        for (i, series) in lane.series.iter().enumerate() {
-            let base = row_y + ROW_H - 6.0;
-            let scale = (ROW_H - 14.0) / series.max.max(1) as f64;
-            // Tier activations behind the curve.
-            for band in lane.bands.iter().filter(|b| b.tier == i) {
-                let a = self.axis.x(band.entry);
-                let b = self.axis.x(band.entry.saturating_add(band.active));
-                let c = self
-                    .axis
-                    .x(band.entry.saturating_add(band.active + band.cooldown));
+    }
+
+    /// Series `i` of a lane, in its row at `row_y`: its tiers' activations behind the curve,
+    /// the curve, and the exact value just after each request drawn on its own.
+    fn write_series(&self, out: &mut String, lane: &Lane, i: usize, series: &Series, row_y: f64) {
+        let right = self.axis.width - RIGHT;
+        let base = row_y + ROW_H - 6.0;
+        let scale = (ROW_H - 14.0) / series.max.max(1) as f64;
+        // Tier activations behind the curve.
+        for band in lane.bands.iter().filter(|b| b.tier == i) {
+            let a = self.axis.x(band.entry);
+            let b = self.axis.x(band.entry.saturating_add(band.active));
+            let c = self
+                .axis
+                .x(band.entry.saturating_add(band.active + band.cooldown));
+            let _ = write!(
+                out,
+                r#"<rect class="active" x="{a:.1}" y="{:.1}" width="{:.1}" height="{:.1}" data-tier="{}" data-entry-us="{}"><title>T{} active {} to {}</title></rect>"#,
+                row_y + 2.0,
+                (b - a).max(0.8),
+                ROW_H - 6.0,
+                i + 1,
+                band.entry,
+                i + 1,
+                seconds(band.entry),
+                seconds(band.entry + band.active)
+            );
+            if band.cooldown > 0 {
                 let _ = write!(
                     out,
-                    r#"<rect class="active" x="{a:.1}" y="{:.1}" width="{:.1}" height="{:.1}" data-tier="{}" data-entry-us="{}"><title>T{} active {} to {}</title></rect>"#,
+                    r#"<rect class="cooldown" x="{b:.1}" y="{:.1}" width="{:.1}" height="{:.1}"><title>T{} cooling down until {}</title></rect>"#,
                     row_y + 2.0,
-                    (b - a).max(0.8),
+                    (c - b).max(0.8),
                     ROW_H - 6.0,
                     i + 1,
-                    band.entry,
-                    i + 1,
-                    seconds(band.entry),
-                    seconds(band.entry + band.active)
+                    seconds(band.entry + band.active + band.cooldown)
                 );
-                if band.cooldown > 0 {
+            }
+        }
+        let _ = write!(
+            out,
+            r#"<g class="series" data-series="{i}" data-y0="{base:.3}" data-px-per-unit="{scale}" data-max="{}"><text x="{}" y="{:.1}" text-anchor="end" class="muted">{} (0..{})</text><line class="cap" x1="{LEFT}" x2="{right}" y1="{:.1}" y2="{:.1}"/>"#,
+            series.max,
+            LEFT - 8.0,
+            row_y + ROW_H / 2.0 + 4.0,
+            esc(&series.label),
+            series.max,
+            base - series.max as f64 * scale,
+            base - series.max as f64 * scale,
+        );
+        let d = step_path(&series.columns, base, scale);
+        if let (Some(first), Some(last)) = (series.columns.first(), series.columns.last()) {
+            let (first_x, last_x) = (first.x, last.x);
+            let _ = write!(
+                out,
+                r#"<path class="area" d="{d} H{:.1} V{base:.1} H{first_x:.1} Z"/><path class="curve" d="{d} H{:.1}"/>"#,
+                right.max(last_x),
+                right.max(last_x),
+            );
+        }
+        // The exact value just after each request drawn on its own.
+        for group in lane.all_groups() {
+            for m in group.marks() {
+                if let Some(&v) = m.after.get(i) {
                     let _ = write!(
                         out,
-                        r#"<rect class="cooldown" x="{b:.1}" y="{:.1}" width="{:.1}" height="{:.1}"><title>T{} cooling down until {}</title></rect>"#,
-                        row_y + 2.0,
-                        (c - b).max(0.8),
-                        ROW_H - 6.0,
-                        i + 1,
-                        seconds(band.entry + band.active + band.cooldown)
+                        r#"<circle class="qp" data-line="{}" data-series="{i}" data-value="{v}" cx="{:.2}" cy="{:.2}" r="1.8"><title>line {}: {} {v} after the request</title></circle>"#,
+                        m.line,
+                        self.axis.x(m.at),
+                        base - v as f64 * scale,
+                        m.line,
+                        esc(&series.label)
                     );
                 }
             }
-            let _ = write!(
-                out,
-                r#"<g class="series" data-series="{i}" data-y0="{base:.3}" data-px-per-unit="{scale}" data-max="{}"><text x="{}" y="{:.1}" text-anchor="end" class="muted">{} (0..{})</text><line class="cap" x1="{LEFT}" x2="{right}" y1="{:.1}" y2="{:.1}"/>"#,
-                series.max,
-                LEFT - 8.0,
-                row_y + ROW_H / 2.0 + 4.0,
-                esc(&series.label),
-                series.max,
-                base - series.max as f64 * scale,
-                base - series.max as f64 * scale,
-            );
-            let d = step_path(&series.columns, base, scale);
-            if let (Some(first), Some(last)) = (series.columns.first(), series.columns.last()) {
-                let (first_x, last_x) = (first.x, last.x);
-                let _ = write!(
-                    out,
-                    r#"<path class="area" d="{d} H{:.1} V{base:.1} H{first_x:.1} Z"/><path class="curve" d="{d} H{:.1}"/>"#,
-                    right.max(last_x),
-                    right.max(last_x),
-                );
-            }
-            // The exact value just after each request drawn on its own.
-            for group in lane.all_groups() {
-                for m in group.marks() {
-                    if let Some(&v) = m.after.get(i) {
-                        let _ = write!(
-                            out,
-                            r#"<circle class="qp" data-line="{}" data-series="{i}" data-value="{v}" cx="{:.2}" cy="{:.2}" r="1.8"><title>line {}: {} {v} after the request</title></circle>"#,
-                            m.line,
-                            self.axis.x(m.at),
-                            base - v as f64 * scale,
-                            m.line,
-                            esc(&series.label)
-                        );
-                    }
-                }
-            }
-            out.push_str("</g>");
-            row_y += ROW_H;
         }
+        out.push_str("</g>");
+    }
+
+    /// A lane's row of requests at `row_y`: each drawn on its own, or counted where they are
+    /// too many.
+    fn write_requests(&self, out: &mut String, lane: &Lane, row_y: f64) {
         let mid = row_y + MARKS_H / 2.0;
         let _ = write!(
             out,
@@ -390,85 +409,19 @@ impl Timeline {
                 }
             }
         }
-        out.push_str("</g>");
     }
 
     fn write_mark(&self, out: &mut String, lane: &Lane, m: &Mark, mid: f64) {
         let x = self.axis.x(m.at);
-        let mut attrs = format!(
-            r#"data-line="{}" data-op="{}" data-limit="{}" data-id="{}" data-at-us="{}" data-class="{}""#,
-            m.line,
-            m.op,
-            esc(lane.key.name().as_str()),
-            esc(&lane.key.id().to_string()),
-            m.at,
-            m.class.css()
-        );
-        let mut title = format!(
-            "line {} at {}: {} {}",
-            m.line,
-            seconds(m.at),
-            m.op,
-            lane.label
-        );
-        if m.class != Class::Other || m.op == "refund" {
-            let _ = write!(
-                attrs,
-                r#" data-allowed="{}" data-batch-allowed="{}" data-cost="{}" data-granted="{}" data-remaining="{}" data-retry-after-us="{}" data-reset-after-us="{}""#,
-                m.allowed, m.batch_allowed, m.cost, m.granted, m.remaining, m.retry_us, m.reset_us
-            );
-            let cost = if m.min_cost == m.cost {
-                format!("cost {}", m.cost)
-            } else {
-                format!("cost {}..{}", m.min_cost, m.cost)
-            };
-            let _ = write!(
-                title,
-                "\n{cost}: {}\ngranted {}, remaining {}\nretry_after {}, reset_after {}",
-                match m.class {
-                    Class::Allowed => "allowed",
-                    Class::Partial => "partly granted",
-                    Class::Denied => "denied by this limit",
-                    Class::Blocked => "allowed here, refused by the batch",
-                    Class::Other => "done",
-                },
-                m.granted,
-                m.remaining,
-                seconds(m.retry_us),
-                seconds(m.reset_us)
-            );
-        }
-        if let Some(by) = &m.refused_by {
-            let by = by.as_str();
-            let _ = write!(attrs, r#" data-refused-by="{}""#, esc(by));
-            let _ = write!(title, "\nthe batch was refused by {by}");
-        }
-        if let Some(t) = &m.tiers {
-            let units: Vec<String> = t.units().iter().map(u64::to_string).collect();
-            let _ = write!(
-                attrs,
-                r#" data-tiers="{}" data-tier="{}" data-burst="{}""#,
-                units.join(","),
-                t.tier,
-                t.burst
-            );
-            let _ = write!(
-                title,
-                "\nper tier [{}], tier {}{}",
-                units.join(", "),
-                t.tier,
-                if t.burst { ", burst" } else { "" }
-            );
-        }
-        if m.skipped {
-            attrs.push_str(r#" data-skipped="true""#);
-            title.push_str("\nskipped (another rule already denied)");
-        }
-        if m.lease {
-            attrs.push_str(r#" data-lease="true""#);
-            title.push_str("\ntook a slot");
-        }
+        let (attrs, title) = mark_labels(lane, m);
         let _ = write!(out, r#"<g {attrs}><title>{}</title>"#, esc(&title));
+        self.write_glyph(out, m, x, mid);
+        out.push_str("</g>");
+    }
+
+    /// A request's glyph at `x`: a denial's cross with where its retry_after and reset_after
+    /// point, a check's square, another operation's bar, else a circle sized by its cost.
+    fn write_glyph(&self, out: &mut String, m: &Mark, x: f64, mid: f64) {
         let r = 3.5 + (m.cost.max(1) as f64).log2().min(5.0);
         match (m.class, m.op) {
             (Class::Denied, _) => {
@@ -522,7 +475,6 @@ impl Timeline {
                 );
             }
         }
-        out.push_str("</g>");
     }
 
     fn write_aggregate(&self, out: &mut String, c: &Counts, mid: f64) {
@@ -676,4 +628,82 @@ fn cross(x: f64, y: f64, r: f64) -> String {
         x + r,
         y - r
     )
+}
+
+/// A request's attributes (what the page's script reads) and its tooltip.
+fn mark_labels(lane: &Lane, m: &Mark) -> (String, String) {
+    let mut attrs = format!(
+        r#"data-line="{}" data-op="{}" data-limit="{}" data-id="{}" data-at-us="{}" data-class="{}""#,
+        m.line,
+        m.op,
+        esc(lane.key.name().as_str()),
+        esc(&lane.key.id().to_string()),
+        m.at,
+        m.class.css()
+    );
+    let mut title = format!(
+        "line {} at {}: {} {}",
+        m.line,
+        seconds(m.at),
+        m.op,
+        lane.label
+    );
+    if m.class != Class::Other || m.op == "refund" {
+        let _ = write!(
+            attrs,
+            r#" data-allowed="{}" data-batch-allowed="{}" data-cost="{}" data-granted="{}" data-remaining="{}" data-retry-after-us="{}" data-reset-after-us="{}""#,
+            m.allowed, m.batch_allowed, m.cost, m.granted, m.remaining, m.retry_us, m.reset_us
+        );
+        let cost = if m.min_cost == m.cost {
+            format!("cost {}", m.cost)
+        } else {
+            format!("cost {}..{}", m.min_cost, m.cost)
+        };
+        let _ = write!(
+            title,
+            "\n{cost}: {}\ngranted {}, remaining {}\nretry_after {}, reset_after {}",
+            match m.class {
+                Class::Allowed => "allowed",
+                Class::Partial => "partly granted",
+                Class::Denied => "denied by this limit",
+                Class::Blocked => "allowed here, refused by the batch",
+                Class::Other => "done",
+            },
+            m.granted,
+            m.remaining,
+            seconds(m.retry_us),
+            seconds(m.reset_us)
+        );
+    }
+    if let Some(by) = &m.refused_by {
+        let by = by.as_str();
+        let _ = write!(attrs, r#" data-refused-by="{}""#, esc(by));
+        let _ = write!(title, "\nthe batch was refused by {by}");
+    }
+    if let Some(t) = &m.tiers {
+        let units: Vec<String> = t.units().iter().map(u64::to_string).collect();
+        let _ = write!(
+            attrs,
+            r#" data-tiers="{}" data-tier="{}" data-burst="{}""#,
+            units.join(","),
+            t.tier,
+            t.burst
+        );
+        let _ = write!(
+            title,
+            "\nper tier [{}], tier {}{}",
+            units.join(", "),
+            t.tier,
+            if t.burst { ", burst" } else { "" }
+        );
+    }
+    if m.skipped {
+        attrs.push_str(r#" data-skipped="true""#);
+        title.push_str("\nskipped (another rule already denied)");
+    }
+    if m.lease {
+        attrs.push_str(r#" data-lease="true""#);
+        title.push_str("\ntook a slot");
+    }
+    (attrs, title)
 }
