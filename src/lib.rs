@@ -335,5 +335,6 @@ pub mod __private {
     pub use crate::algo::{adaptive, calendar, concurrency, fair_share, gcra, tiers};
     pub use crate::backend::regions::{Moved, ShareNow, SimulatedRegions};
     pub use crate::layer::{in_scope, parse_units, units_in};
+    pub use crate::quota::ShapeRef;
     pub use crate::time::{instant_text, parse_duration_us, parse_instant};
 }

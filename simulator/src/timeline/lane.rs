@@ -209,19 +209,19 @@ impl Lane {
     pub(super) fn values(&self, backend: Option<&MemoryBackend>, t: u64) -> [u64; MAX_TIERS] {
         let now = EPOCH_US.saturating_add(t);
         let mut out = [0; MAX_TIERS];
-        match &self.quota {
+        match self.quota.as_ref().map(Quota::shape_ref) {
             None => {}
-            Some(Quota::Gcra(_)) if self.share => {
+            Some(ShapeRef::Gcra(_)) if self.share => {
                 if let Some(share) = backend.and_then(|b| b.share_now(&self.key)) {
                     out[0] = share.tokens;
                     out[1] = share.floor.0.saturating_add(share.part.0);
                 }
             }
-            Some(Quota::Gcra(l)) => {
+            Some(ShapeRef::Gcra(l)) => {
                 let tat = backend.and_then(|b| b.tat(&self.key));
                 out[0] = gcra::check(l, tat, now, 0).map_or(0, |o| o.remaining);
             }
-            Some(Quota::Tiered(limit)) => {
+            Some(ShapeRef::Tiered(limit)) => {
                 let state = backend
                     .and_then(|b| b.tier_state(&self.key))
                     .unwrap_or_default();
@@ -229,28 +229,27 @@ impl Lane {
                     *v = tiers::tier_at(limit, &state, i, now).1;
                 }
             }
-            Some(Quota::Concurrency(_)) => {
+            Some(ShapeRef::Concurrency(_)) => {
                 out[0] = backend.map_or(0, |b| b.leases(&self.key) as u64);
             }
-            Some(Quota::Adaptive(a)) => {
+            Some(ShapeRef::Adaptive(a)) => {
                 out[0] = backend.map_or(0, |b| b.leases(&self.key) as u64);
                 let state = backend
                     .and_then(|b| b.adaptive_state(&self.key))
                     .unwrap_or_default();
                 out[1] = a.slots_at(&state, now).max();
             }
-            Some(Quota::Calendar(c)) => {
+            Some(ShapeRef::Calendar(c)) => {
                 // The units used in the period in force (an overrun drawn at the count).
                 let state = backend.and_then(|b| b.calendar_state(&self.key));
                 let (_, end) = c.period_at(now);
                 out[0] = calendar::used(state, end, now).min(c.count());
             }
-            Some(Quota::FairShare(s)) => {
+            Some(ShapeRef::FairShare(s)) => {
                 let pool = backend.and_then(|b| b.fair_share_state(self.key.name()));
                 let tat = pool.as_ref().map(|p| p.budget_tat()).filter(|&t| t != 0);
                 out[0] = gcra::check(s.budget(), tat, now, 0).map_or(0, |o| o.remaining);
             }
-            Some(_) => {}
         }
         out
     }
@@ -320,9 +319,9 @@ impl Lane {
     }
 
     pub(super) fn quota_text(&self) -> String {
-        match &self.quota {
+        match self.quota.as_ref().map(Quota::shape_ref) {
             None => "unlimited".into(),
-            Some(Quota::Gcra(l)) => format!(
+            Some(ShapeRef::Gcra(l)) => format!(
                 "GCRA: burst {}, {} per {}{}",
                 l.burst(),
                 l.count(),
@@ -333,7 +332,7 @@ impl Lane {
                     ""
                 }
             ),
-            Some(Quota::Tiered(t)) => {
+            Some(ShapeRef::Tiered(t)) => {
                 let tiers: Vec<String> = t
                     .tiers()
                     .iter()
@@ -349,12 +348,12 @@ impl Lane {
                     .collect();
                 format!("tiers: {}", tiers.join(" | "))
             }
-            Some(Quota::Concurrency(c)) => format!(
+            Some(ShapeRef::Concurrency(c)) => format!(
                 "concurrency: {} in flight, lease {}",
                 c.max(),
                 seconds(c.lease_us())
             ),
-            Some(Quota::Calendar(c)) => format!(
+            Some(ShapeRef::Calendar(c)) => format!(
                 "calendar: {} per {}{}, at {} {}",
                 c.count(),
                 c.period().as_str(),
@@ -363,7 +362,7 @@ impl Lane {
                 c.renews_at(),
                 c.zone_name()
             ),
-            Some(Quota::FairShare(s)) => format!(
+            Some(ShapeRef::FairShare(s)) => format!(
                 "fair share: {} per {}, burst {}, weight {}{}",
                 s.budget().count(),
                 seconds(s.budget().period_us()),
@@ -375,12 +374,11 @@ impl Lane {
                     String::new()
                 }
             ),
-            Some(Quota::Adaptive(a)) => format!(
+            Some(ShapeRef::Adaptive(a)) => format!(
                 "adaptive concurrency: {}, lease {}",
                 a.adaptive(),
                 seconds(a.slots().lease_us())
             ),
-            Some(_) => "a limit of another shape".into(),
         }
     }
 }

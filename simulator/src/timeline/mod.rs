@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use tower_ratelimits::__private::tiers::MAX_TIERS;
-use tower_ratelimits::__private::{calendar, gcra, tiers};
+use tower_ratelimits::__private::{ShapeRef, calendar, gcra, tiers};
 use tower_ratelimits::{
     BatchDecision, BucketKey, LimitName, Limiter, Limits, ManualClock, MemoryBackend, Quota,
     TierGrant, Transaction,
@@ -81,10 +81,10 @@ pub fn events(limiter: &tower_ratelimits::Limiter, text: &str) -> Vec<(u64, u64)
 }
 
 pub fn memory_us(quota: Option<&Quota>) -> u64 {
-    match quota {
+    match quota.map(Quota::shape_ref) {
         None => 0,
-        Some(Quota::Gcra(l)) => l.burst_offset_us(),
-        Some(Quota::Tiered(t)) => t
+        Some(ShapeRef::Gcra(l)) => l.burst_offset_us(),
+        Some(ShapeRef::Tiered(t)) => t
             .tiers()
             .iter()
             .map(|tier| {
@@ -93,15 +93,14 @@ pub fn memory_us(quota: Option<&Quota>) -> u64 {
             })
             .max()
             .unwrap_or(0),
-        Some(Quota::Concurrency(c)) => c.lease_us(),
+        Some(ShapeRef::Concurrency(c)) => c.lease_us(),
         // Units used count until the renewal, drawn as such; a stretch with no request is cut
         // out all the same (a calendar trace spans months, its lines hours or days apart).
-        Some(Quota::Calendar(_)) => 0,
-        Some(Quota::FairShare(s)) => s.budget().burst_offset_us(),
+        Some(ShapeRef::Calendar(_)) => 0,
+        Some(ShapeRef::FairShare(s)) => s.budget().burst_offset_us(),
         // Its number holds while a request is in flight, and returns to `initial` only after
         // `idle_reset`: a stretch without requests shorter than that is drawn whole.
-        Some(Quota::Adaptive(a)) => a.slots().lease_us().max(a.idle_reset_us()),
-        Some(_) => 0,
+        Some(ShapeRef::Adaptive(a)) => a.slots().lease_us().max(a.idle_reset_us()),
     }
 }
 
@@ -181,33 +180,32 @@ impl Timeline {
         let quota = self.limits.resolve(key).cloned();
         let (name, backend) = &self.backends[region];
         let share = backend.share_now(key);
-        let series = match &quota {
+        let series = match quota.as_ref().map(Quota::shape_ref) {
             None => Vec::new(),
             // A region's share bucket: its tokens, and its share of the rate (the floor and
             // the part granted while its lease runs).
-            Some(Quota::Gcra(l)) if share.is_some() => vec![
+            Some(ShapeRef::Gcra(l)) if share.is_some() => vec![
                 Series::new("tokens".into(), l.burst()),
                 Series::new("share of rate".into(), l.count()),
             ],
-            Some(Quota::Gcra(l)) => vec![Series::new("tokens".into(), l.burst())],
-            Some(Quota::Tiered(t)) => t
+            Some(ShapeRef::Gcra(l)) => vec![Series::new("tokens".into(), l.burst())],
+            Some(ShapeRef::Tiered(t)) => t
                 .tiers()
                 .iter()
                 .enumerate()
                 .map(|(i, tier)| Series::new(format!("T{} used", i + 1), tier.limit()))
                 .collect(),
-            Some(Quota::Concurrency(c)) => vec![Series::new("slots in use".into(), c.max())],
+            Some(ShapeRef::Concurrency(c)) => vec![Series::new("slots in use".into(), c.max())],
             // The slots in use under the key's number, and the number moving.
-            Some(Quota::Adaptive(a)) => vec![
+            Some(ShapeRef::Adaptive(a)) => vec![
                 Series::new("slots in use".into(), a.adaptive().max()),
                 Series::new("slots (its number)".into(), a.adaptive().max()),
             ],
-            Some(Quota::Calendar(c)) => vec![Series::new("used".into(), c.count())],
+            Some(ShapeRef::Calendar(c)) => vec![Series::new("used".into(), c.count())],
             // The budget all ids share (every id's lane draws the same tokens).
-            Some(Quota::FairShare(s)) => {
+            Some(ShapeRef::FairShare(s)) => {
                 vec![Series::new("budget tokens".into(), s.budget().burst())]
             }
-            Some(_) => Vec::new(),
         };
         let tiers = quota
             .as_ref()
