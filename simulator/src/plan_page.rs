@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::rc::Rc;
 
+use tower_ratelimits::__private::ShapeRef;
 use tower_ratelimits::{
     LimitPlan, Limiter, Limits, LogReader, ManualClock, MemoryBackend, Plan, Quota, Replay, RuleSet,
 };
@@ -397,7 +398,18 @@ fn draw(
         .find(|n| n.as_str() == limit)
         .ok_or_else(|| format!("The {policy} policy has no limit {limit}."))?;
     let quota = limits.default_limit(name);
-    if matches!(quota, Some(Quota::Concurrency(_) | Quota::Adaptive(_))) {
+    // Slots in flight have no curve of units to draw (a new shape says whether it has one).
+    let slots = match quota.map(Quota::shape_ref) {
+        Some(ShapeRef::Concurrency(_) | ShapeRef::Adaptive(_)) => true,
+        None
+        | Some(
+            ShapeRef::Gcra(_)
+            | ShapeRef::Tiered(_)
+            | ShapeRef::Calendar(_)
+            | ShapeRef::FairShare(_),
+        ) => false,
+    };
+    if slots {
         return Err(format!(
             "{limit} is a concurrency limit: listed, not drawn."
         ));
