@@ -225,3 +225,62 @@ fn the_must_list_of_a_new_shape_is_whole_and_the_same_as_the_enum_s() {
         "the list on `Quota` and design.md's name different files"
     );
 }
+
+/// The variants of `pub enum Stored` (the kit's states), read from its source.
+fn stored_variants() -> Vec<String> {
+    let source = read("src/backend/kit/mod.rs");
+    let body = section(&source, "pub enum Stored {", "\n}");
+    body.lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with("///") && !line.starts_with("#[") && !line.is_empty())
+        .filter_map(|line| line.split('(').next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The dry run of a new shape: every Rust file of `src/` and the simulator that names every
+/// shape (each variant of `Quota`, or of `ShapeRef` outside the crate, or each of the kit's
+/// states) is a site the compiler lists for a new one, and the MUST list names it. Run with
+/// `--nocapture` to see the sites.
+#[test]
+fn every_file_that_names_every_shape_is_in_the_must_list() {
+    let page = read("docs/design.md");
+    let list = section(
+        &page,
+        "**A new limit shape: MUST update**",
+        "What the seam offers",
+    );
+    let (shapes, states) = (quota_variants(), stored_variants());
+    let names_all = |text: &str, kinds: &[&str], variants: &[String]| {
+        variants.iter().all(|v| {
+            kinds.iter().any(|k| {
+                let at = format!("{k}::{v}");
+                text.match_indices(&at).any(|(i, _)| {
+                    !text[i + at.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+                })
+            })
+        })
+    };
+    let mut sources = BTreeSet::new();
+    source_files(&root().join("src"), &mut sources);
+    source_files(&root().join("simulator/src"), &mut sources);
+    let sites: Vec<&String> = sources
+        .iter()
+        .filter(|f| f.ends_with(".rs") && !f.ends_with("tests.rs") && !f.contains("/tests/"))
+        .filter(|f| {
+            let text = read(f);
+            names_all(&text, &["Quota", "ShapeRef"], &shapes)
+                || names_all(&text, &["Stored", "Read"], &states)
+        })
+        .collect();
+    eprintln!("the sites that name every shape: {sites:#?}");
+    assert!(sites.len() >= 5, "the scan finds the sites: {sites:?}");
+    let unlisted: Vec<&&String> = sites
+        .iter()
+        .filter(|f| !list.contains(f.as_str()))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "files that name every shape but not in design.md's MUST list: {unlisted:?}"
+    );
+}
