@@ -453,6 +453,7 @@ pub(crate) struct Capabilities<S> {
     pub(crate) across_regions: Result<(), &'static str>,
     /// Undone by its raw value: what a spend of it changed is undone by writing back the
     /// value from before (a cross-slot batch's compensation), not by a refund.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) undone_by_value: bool,
 }
 

@@ -181,16 +181,55 @@ impl Stored {
     /// (a state of another shape is another key's in a store, never read by this limit).
     #[cfg(feature = "replay")]
     pub(crate) fn is_shape_of(&self, quota: &Quota) -> bool {
+        self.kept() == Kept::of(quota)
+    }
+
+    /// Which state this is.
+    #[cfg(feature = "replay")]
+    fn kept(&self) -> Kept {
+        match self {
+            Stored::Tat(_) => Kept::Word,
+            Stored::Tiers(_) => Kept::Tiers,
+            Stored::Leases(_) => Kept::Leases,
+            Stored::Calendar(_) => Kept::Calendar,
+            Stored::FairShare(_) => Kept::FairShare,
+            Stored::Adaptive(_) => Kept::Adaptive,
+            Stored::AdaptivePool(_) => Kept::AdaptivePool,
+        }
+    }
+}
+
+/// The state a limit keeps, one for each of [`Stored`]'s variants: a shape's, and for an
+/// adaptive limit whose keys share a capacity, the pool all its keys are kept in. The one place
+/// that tells the pooled adaptive limit apart ([`Kept::of`]); every store's and snapshot's
+/// choice of a state matches on this, so the compiler lists them for a new state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(any(feature = "redis", feature = "replay")), allow(dead_code))]
+pub(crate) enum Kept {
+    Word,
+    Tiers,
+    Leases,
+    Calendar,
+    FairShare,
+    Adaptive,
+    AdaptivePool,
+}
+
+#[cfg_attr(not(any(feature = "redis", feature = "replay")), allow(dead_code))]
+impl Kept {
+    /// The state `quota` keeps.
+    #[inline]
+    pub(crate) fn of(quota: &Quota) -> Kept {
         match quota {
-            Quota::Gcra(_) => matches!(self, Stored::Tat(_)),
-            Quota::Tiered(_) => matches!(self, Stored::Tiers(_)),
-            Quota::Concurrency(_) => matches!(self, Stored::Leases(_)),
-            Quota::Calendar(_) => matches!(self, Stored::Calendar(_)),
-            Quota::FairShare(_) => matches!(self, Stored::FairShare(_)),
-            Quota::Adaptive(a) if a.shared_capacity().is_some() => {
-                matches!(self, Stored::AdaptivePool(_))
-            }
-            Quota::Adaptive(_) => matches!(self, Stored::Adaptive(_)),
+            Quota::Gcra(_) => Kept::Word,
+            Quota::Tiered(_) => Kept::Tiers,
+            Quota::Concurrency(_) => Kept::Leases,
+            Quota::Calendar(_) => Kept::Calendar,
+            Quota::FairShare(_) => Kept::FairShare,
+            Quota::Adaptive(a) => match a.shared_capacity() {
+                Some(_) => Kept::AdaptivePool,
+                None => Kept::Adaptive,
+            },
         }
     }
 }

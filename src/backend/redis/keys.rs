@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use crate::backend::kit::Kept;
 use crate::key::BucketKey;
 
 /// The suffix of a tiered key's Redis key (after the hash tag, so it stays in the same slot):
@@ -64,14 +65,14 @@ pub(super) fn tx_suffix(tx: &crate::backend::BucketTx<'_>) -> &'static str {
 
 /// The suffix of the Redis key holding a quota's state.
 pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {
-    match quota {
-        crate::quota::Quota::Gcra(_) => "",
-        crate::quota::Quota::Tiered(_) => TIERS_SUFFIX,
-        crate::quota::Quota::Concurrency(_) => CONCURRENCY_SUFFIX,
-        crate::quota::Quota::Calendar(_) => CALENDAR_SUFFIX,
-        crate::quota::Quota::FairShare(_) => FAIR_SHARE_SUFFIX,
-        crate::quota::Quota::Adaptive(a) if a.shared_capacity().is_some() => ADAPTIVE_POOL_SUFFIX,
-        crate::quota::Quota::Adaptive(_) => ADAPTIVE_SUFFIX,
+    match Kept::of(quota) {
+        Kept::Word => "",
+        Kept::Tiers => TIERS_SUFFIX,
+        Kept::Leases => CONCURRENCY_SUFFIX,
+        Kept::Calendar => CALENDAR_SUFFIX,
+        Kept::FairShare => FAIR_SHARE_SUFFIX,
+        Kept::Adaptive => ADAPTIVE_SUFFIX,
+        Kept::AdaptivePool => ADAPTIVE_POOL_SUFFIX,
     }
 }
 
