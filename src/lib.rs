@@ -215,8 +215,8 @@ pub use layer::LoggedCost;
 pub use layer::{
     ClientIp, Denial, ErrorBody, FailurePolicy, FieldStyle, ForwardedHeader, Header, Ipv6Range48,
     KeyError, KeyExtractor, LayerError, OnMissingKey, RateLimitBody, RateLimitLayer,
-    RateLimitLayerBuilder, RateLimitService, ResponseBody, ResponseFuture, Rule, Settle, Wait,
-    key_fn,
+    RateLimitLayerBuilder, RateLimitService, ResponseBody, ResponseFuture, Rule, Settle,
+    SettleError, Wait, key_fn,
 };
 pub use limiter::{
     BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, OverrideError, ReloadError,

@@ -20,7 +20,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tower_ratelimits::__private;
 use tower_ratelimits::{
     ClientIp, Id, LayerError, Limiter, Limits, ManualClock, MemoryBackend, Mode, RateLimitLayer,
-    Rule, Settle, Transaction,
+    Rule, Settle, SettleError, Transaction,
 };
 
 /// One unit per second refills each bucket: a frozen clock keeps every number exact.
@@ -611,29 +611,34 @@ fn a_settle_that_cannot_work_is_refused_when_the_layer_is_built() {
     );
     let build = |rule: Rule| RateLimitLayer::new(limiter.clone(), [rule]).map(|_| ());
     let rule = || Rule::new("Tokens", ClientIp::new());
-    for (settle_rule, reason) in [
+    for (settle_rule, reason, text) in [
         (
             rule().settle(Settle::header("not a header")),
+            SettleError::NotAHeaderName("not a header".into()),
             "\"not a header\" is not a header name",
         ),
         (
             rule().settle(Settle::trailer("")),
+            SettleError::NotAHeaderName(String::new()),
             "\"\" is not a header name",
         ),
         (
             rule().settle(Settle::body_bytes_per(0)),
+            SettleError::ZeroBytesPerUnit,
             "body_bytes_per(0): a unit needs at least one byte",
         ),
         (
             rule().mode(Mode::CheckOnly).settle(Settle::body_bytes()),
+            SettleError::SpendsNothing(Mode::CheckOnly),
             "a CheckOnly rule spends nothing to settle",
         ),
     ] {
+        assert_eq!(reason.to_string(), text);
         assert_eq!(
             build(settle_rule),
             Err(LayerError::Settle {
                 limit: "Tokens".into(),
-                reason: reason.into()
+                reason
             })
         );
     }

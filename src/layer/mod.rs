@@ -55,7 +55,7 @@ pub use rule::{OnMissingKey, Rule};
 #[cfg(feature = "yaml")]
 pub use rules_file::LoggedCost;
 pub use service::RateLimitService;
-pub use settle::Settle;
+pub use settle::{Settle, SettleError};
 pub use wait::Wait;
 
 #[cfg(feature = "replay")]

@@ -15,7 +15,7 @@ use super::outcome::Shared;
 use super::response::{self, Answers, Denial, DenialFn, ErrorBody, FieldStyle};
 use super::rule::{ResolvedRule, Rule, Rules};
 use super::service::RateLimitService;
-use super::settle::Settler;
+use super::settle::{SettleError, Settler};
 use super::wait::Waiting;
 use crate::config::Limits;
 use crate::key::IdKind;
@@ -56,7 +56,7 @@ pub enum LayerError {
         /// The rule's limit name.
         limit: String,
         /// What is wrong.
-        reason: String,
+        reason: SettleError,
     },
     /// The in-memory fallback cannot be built (a percent outside 1..=100, or a limit that does
     /// not scale).
@@ -347,16 +347,13 @@ fn resolved(
         return Err(LayerError::DuplicateRule(rule.name));
     }
     if let Some(settle) = &rule.settle {
-        let refused = |reason: String| LayerError::Settle {
+        let refused = |reason: SettleError| LayerError::Settle {
             limit: rule.name.clone(),
             reason,
         };
         settle.check().map_err(refused)?;
         if !rule.mode.spends() {
-            return Err(refused(format!(
-                "a {:?} rule spends nothing to settle",
-                rule.mode
-            )));
+            return Err(refused(SettleError::SpendsNothing(rule.mode)));
         }
     }
     let policy = limits.default_limit(name).and_then(|q| {

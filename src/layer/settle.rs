@@ -72,7 +72,7 @@ enum Source {
     },
     Trailer(HeaderName),
     /// Refused when the layer is built, with this reason.
-    Invalid(String),
+    Invalid(SettleError),
 }
 
 impl std::fmt::Debug for Settle {
@@ -87,8 +87,26 @@ impl std::fmt::Debug for Settle {
     }
 }
 
-fn header_name(name: &str) -> Result<HeaderName, String> {
-    HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a header name"))
+/// Why a rule's [`Settle`] cannot be used ([`LayerError::Settle`], when the layer is built).
+///
+/// [`LayerError::Settle`]: crate::LayerError::Settle
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettleError {
+    /// [`Settle::header`] or [`Settle::trailer`] of a name that is not a header name.
+    #[error("{0:?} is not a header name")]
+    NotAHeaderName(String),
+    /// [`Settle::body_bytes_per`]`(0)`.
+    #[error("body_bytes_per(0): a unit needs at least one byte")]
+    ZeroBytesPerUnit,
+    /// A settle on a rule whose mode spends nothing (there is nothing to settle).
+    #[error("a {0:?} rule spends nothing to settle")]
+    SpendsNothing(crate::mode::Mode),
+}
+
+fn header_name(name: &str) -> Result<HeaderName, SettleError> {
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| SettleError::NotAHeaderName(name.to_owned()))
 }
 
 /// The cost in the field `name` of `headers`: its one value, as [`parse_units`] reads it. A
@@ -148,7 +166,7 @@ impl Settle {
     pub fn body_bytes_per(bytes: u64) -> Self {
         Self {
             source: if bytes == 0 {
-                Source::Invalid("body_bytes_per(0): a unit needs at least one byte".into())
+                Source::Invalid(SettleError::ZeroBytesPerUnit)
             } else {
                 Source::BodyBytes { per_unit: bytes }
             },
@@ -165,7 +183,7 @@ impl Settle {
     }
 
     /// Why this settle cannot be used, if it cannot.
-    pub(crate) fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), SettleError> {
         match &self.source {
             Source::Invalid(reason) => Err(reason.clone()),
             _ => Ok(()),

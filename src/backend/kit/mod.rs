@@ -6,7 +6,7 @@
 //! decision follows lives here: the GCRA rule (`docs/gcra.md`), burst tiers
 //! (`docs/burst-tiers.md`), concurrency leases (`docs/concurrency.md`), the batch rule (a batch
 //! is allowed when every transaction that counts is allowed), the write rule (what an allowed
-//! transaction of an allowed batch writes, by its [`Mode`]) and what a denied batch reports
+//! transaction of an allowed batch writes, by its [`Mode`](crate::Mode)) and what a denied batch reports
 //! (each transaction's own decision; nothing is written). The memory backend is a store plus
 //! this kit; the Redis script mirrors it function for function in Lua.
 //!
