@@ -64,3 +64,22 @@ pub(crate) fn calendar_outcome(out: &calendar::CalendarOutcome, length_us: u64) 
         )
     }
 }
+
+/// A calendar refund in the period holding `now`; what the read replaces is written when the
+/// refund writes nothing.
+pub(super) fn calendar_refund(
+    tx: &BucketTx<'_>,
+    quota: &CalendarQuota,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> super::Refunded {
+    let (start, end) = quota.period_at(now);
+    let state = calendar_read(stored);
+    let out = calendar::refund(quota, state, end, now, tx.cost);
+    let write = out.write.or(calendar::read(quota, state, end, now).1);
+    (
+        calendar_outcome(&out, end - start),
+        write.map(Stored::Calendar),
+    )
+        .into()
+}

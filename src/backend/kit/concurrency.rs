@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use super::{BucketTx, Decided, Read, Stored};
+use super::{BucketTx, Decided, Read, Refunded, Stored};
 use crate::algo::concurrency::{self, ConcurrencyLimit};
 use crate::backend::Outcome;
 use crate::mode::Mode;
@@ -165,4 +165,21 @@ pub(super) fn concurrency_spend(
         repair,
         grant: None,
     }
+}
+
+/// A concurrency refund: its lease given back (a refund there is a release).
+pub(super) fn concurrency_refund(
+    tx: &BucketTx<'_>,
+    limit: &ConcurrencyLimit,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> Refunded {
+    let (leases, _) = read_leases(limit, stored, now);
+    let (released, left) = release(&leases, tx.lease, now);
+    let live = left.len() as u64;
+    (
+        Outcome::new(released, limit.max().saturating_sub(live), 0, 0),
+        Some(Stored::Leases(left)),
+    )
+        .into()
 }

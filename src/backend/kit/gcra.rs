@@ -1,7 +1,7 @@
 //! The kit's GCRA buckets: the stored word (a TAT and its writer's bound), one transaction's
 //! step on it, its decision and what it writes ([`crate::algo::gcra`] holds the rule).
 
-use super::{BackendError, BucketTx, Decided, Outcome, Read, Stored};
+use super::{BackendError, BucketTx, Decided, Outcome, Read, Refunded, Stored};
 use crate::algo::gcra::{self, GcraError, GcraOutcome, Limit};
 use crate::mode::Mode;
 
@@ -210,4 +210,25 @@ impl GcraDecision {
 pub(crate) fn gcra_write(mode: Mode, out: &GcraOutcome, stored: u64, now: u64) -> Option<u64> {
     out.new_tat
         .filter(|&new| out.allowed && mode.spends() && new > now && new != stored)
+}
+
+/// A GCRA refund on its stored word, read under the limit widened to its writer's bound; what it
+/// leaves may still be as far ahead as the writer set it, so the bound is kept with it.
+pub(super) fn gcra_refund(
+    tx: &BucketTx<'_>,
+    limit: &Limit,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> Result<Refunded, BackendError> {
+    let word = match stored {
+        Some(Read::Tat(t)) => t,
+        _ => 0,
+    };
+    let (tat, writer) = gcra_unword(word);
+    let wide = reading(limit, writer);
+    let limit = wide.as_ref().unwrap_or(limit);
+    let out = gcra::refund(limit, (tat != 0).then_some(tat), now, tx.cost)?;
+    let bound = limit.bound_us().max(writer);
+    let write = out.new_tat.map(|t| gcra_word_bound(t, bound)).transpose()?;
+    Ok((out.into(), write.map(Stored::Tat)).into())
 }

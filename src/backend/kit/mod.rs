@@ -87,9 +87,8 @@ mod gcra;
 mod shared_map;
 mod tiers;
 
-use crate::algo::calendar::{self as calendar_rule, CalendarState};
+use crate::algo::calendar::CalendarState;
 use crate::algo::concurrency as concurrency_rule;
-use crate::algo::gcra as gcra_rule;
 use crate::algo::tiers::{self as tiers_rule, TierGrant, TierState};
 use crate::quota::Quota;
 
@@ -97,20 +96,20 @@ pub use crate::algo::adaptive::{AdaptiveState, Controller, Window};
 pub use crate::algo::fair_share::{Member, Pool, ShareOf, Waiter};
 pub use adaptive::{AdaptivePool, MAX_POOL_KEYS, MAX_POOL_WAITERS};
 use adaptive::{adaptive_decide, adaptive_fresh_at, adaptive_refund, pool_fresh_at};
-use calendar::{calendar_decide, calendar_read};
+use calendar::{calendar_decide, calendar_refund};
 pub(crate) use calendar::{calendar_outcome, calendar_spend_one};
-use concurrency::{concurrency_spend, read_leases};
-pub(crate) use concurrency::{release, release_in, renew, takes_lease};
+use concurrency::{concurrency_refund, concurrency_spend};
+pub(crate) use concurrency::{release_in, renew, takes_lease};
 pub use fair_share::{FairPool, state_key};
 use fair_share::{fair_share_decide, fair_share_fresh_at, fair_share_refund};
-use gcra::gcra_spend;
 #[cfg(feature = "redis")]
 pub(crate) use gcra::trusted;
 pub(crate) use gcra::{
     GcraDecision, gcra_decide, gcra_step, gcra_tat, gcra_unword, gcra_word, gcra_word_bound,
-    gcra_write, reading,
+    gcra_write,
 };
-use tiers::{read_tiers, tiers_spend};
+use gcra::{gcra_refund, gcra_spend};
+use tiers::{tiers_refund, tiers_spend};
 
 use super::{BackendError, BucketTx, Outcome, Outcomes};
 
@@ -431,67 +430,34 @@ pub fn refund(
     stored: Option<Read<'_>>,
     now: u64,
 ) -> Result<Refunded, BackendError> {
-    let mut tiers = None;
-    let (outcome, write) = match tx.quota {
-        Quota::Gcra(limit) => {
-            let word = match stored {
-                Some(Read::Tat(t)) => t,
-                _ => 0,
-            };
-            let (tat, writer) = gcra_unword(word);
-            let wide = reading(limit, writer);
-            let limit = wide.as_ref().unwrap_or(limit);
-            let out = gcra_rule::refund(limit, (tat != 0).then_some(tat), now, tx.cost)?;
-            // What a refund leaves may still be as far ahead as the writer set it: keep its
-            // bound with it.
-            let bound = limit.bound_us().max(writer);
-            let write = out.new_tat.map(|t| gcra_word_bound(t, bound)).transpose()?;
-            (out.into(), write.map(Stored::Tat))
-        }
-        Quota::Tiered(limit) => {
-            let mut state = read_tiers(limit, stored, now).into_owned();
-            let d = tiers_rule::refund(limit, &mut state, now, tx.cost);
-            let (outcome, grant) = Outcome::tiered(&d, limit);
-            tiers = Some(grant);
-            (outcome, Some(Stored::Tiers(state)))
-        }
-        Quota::Concurrency(limit) => {
-            let (leases, _) = read_leases(limit, stored, now);
-            let (released, left) = release(&leases, tx.lease, now);
-            let live = left.len() as u64;
-            (
-                Outcome::new(released, limit.max().saturating_sub(live), 0, 0),
-                Some(Stored::Leases(left)),
-            )
-        }
-        Quota::Calendar(quota) => {
-            let (start, end) = quota.period_at(now);
-            let state = calendar_read(stored);
-            let out = calendar_rule::refund(quota, state, end, now, tx.cost);
-            // What the read replaces is written when the refund writes nothing.
-            let write = out.write.or(calendar_rule::read(quota, state, end, now).1);
-            (
-                calendar_outcome(&out, end - start),
-                write.map(Stored::Calendar),
-            )
-        }
-        Quota::FairShare(share) => fair_share_refund(tx, share, stored, now)?,
-        Quota::Adaptive(limit) => adaptive_refund(tx, limit, stored, now),
-    };
-    Ok(Refunded {
-        outcome,
-        tiers,
-        write,
+    Ok(match tx.quota {
+        Quota::Gcra(limit) => gcra_refund(tx, limit, stored, now)?,
+        Quota::Tiered(limit) => tiers_refund(tx, limit, stored, now),
+        Quota::Concurrency(limit) => concurrency_refund(tx, limit, stored, now),
+        Quota::Calendar(quota) => calendar_refund(tx, quota, stored, now),
+        Quota::FairShare(share) => fair_share_refund(tx, share, stored, now)?.into(),
+        Quota::Adaptive(limit) => adaptive_refund(tx, limit, stored, now).into(),
     })
+}
+
+impl From<(Outcome, Option<Stored>)> for Refunded {
+    fn from((outcome, write): (Outcome, Option<Stored>)) -> Self {
+        Self {
+            outcome,
+            tiers: None,
+            write,
+        }
+    }
 }
 
 /// Whether a transaction may write a state kept apart from GCRA words (a backend that keeps
 /// such states in slots of their own need make one only then): a spend of a tiered key, a
 /// lease taken on a concurrency key.
 pub(crate) fn may_write(tx: &BucketTx<'_>) -> bool {
-    match tx.quota {
-        Quota::Concurrency(_) | Quota::Adaptive(_) => takes_lease(tx),
-        _ => tx.mode.spends(),
+    if tx.quota.holds_leases() {
+        takes_lease(tx)
+    } else {
+        tx.mode.spends()
     }
 }
 

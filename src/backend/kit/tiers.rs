@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use super::{BackendError, BucketTx, Decided, Read, Stored};
+use super::{BackendError, BucketTx, Decided, Read, Refunded, Stored};
 use crate::algo::tiers::{self, TierState, TieredLimit};
 use crate::backend::Outcome;
 
@@ -49,4 +49,21 @@ pub(super) fn tiers_spend(
         repair,
         grant: Some(grant),
     })
+}
+
+/// A tiered refund: the newest grants taken back, its grant per tier beside.
+pub(super) fn tiers_refund(
+    tx: &BucketTx<'_>,
+    limit: &TieredLimit,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> Refunded {
+    let mut state = read_tiers(limit, stored, now).into_owned();
+    let d = tiers::refund(limit, &mut state, now, tx.cost);
+    let (outcome, grant) = Outcome::tiered(&d, limit);
+    Refunded {
+        outcome,
+        tiers: Some(grant),
+        write: Some(Stored::Tiers(state)),
+    }
 }
