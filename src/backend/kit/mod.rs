@@ -96,17 +96,20 @@ pub use crate::algo::adaptive::{AdaptiveState, Controller, Window};
 pub use crate::algo::fair_share::{Member, Pool, ShareOf, Waiter};
 pub use adaptive::{AdaptivePool, MAX_POOL_KEYS, MAX_POOL_WAITERS};
 use adaptive::{adaptive_decide, adaptive_fresh_at, adaptive_refund, pool_fresh_at};
+#[cfg(feature = "redis")]
+pub(crate) use calendar::calendar_outcome;
+pub(crate) use calendar::calendar_spend_one;
 use calendar::{calendar_decide, calendar_refund};
-pub(crate) use calendar::{calendar_outcome, calendar_spend_one};
 use concurrency::{concurrency_refund, concurrency_spend};
 pub(crate) use concurrency::{release_in, renew, takes_lease};
 pub use fair_share::{FairPool, state_key};
 use fair_share::{fair_share_decide, fair_share_fresh_at, fair_share_refund};
+#[cfg(feature = "replay")]
+pub(crate) use gcra::gcra_word_bound;
 #[cfg(feature = "redis")]
 pub(crate) use gcra::trusted;
 pub(crate) use gcra::{
-    GcraDecision, gcra_decide, gcra_step, gcra_tat, gcra_unword, gcra_word, gcra_word_bound,
-    gcra_write,
+    GcraDecision, gcra_decide, gcra_step, gcra_tat, gcra_unword, gcra_word, gcra_write,
 };
 use gcra::{gcra_refund, gcra_spend};
 use tiers::{tiers_refund, tiers_spend};
