@@ -231,8 +231,8 @@ pub use reload::{LimitsWatcher, ReloadReport, WatchError};
 #[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
 pub use replay::{
     Answered, BadLine, BadLineExample, Counts, Flip, Headroom, Heavy, KeyFlips, LimitPlan,
-    LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay, ReplayError,
-    Replayed, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTier,
+    LineError, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay,
+    ReplayError, Replayed, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTier,
     SuggestedTiers,
 };
 #[cfg(feature = "replay")]

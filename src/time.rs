@@ -267,11 +267,25 @@ pub fn instant_text(us: u64) -> String {
     text
 }
 
+/// Why a text is not an instant [`parse_instant`] reads (each with the text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstantError {
+    /// Not of the form `YYYY-MM-DDTHH:MM:SS[.ffffff]Z`.
+    #[error("malformed instant {0:?}: write YYYY-MM-DDTHH:MM:SS[.ffffff]Z (UTC)")]
+    Malformed(String),
+    /// A date that does not exist, or one before 1970.
+    #[error("{0:?}: no such date (1970 to 9999)")]
+    NoSuchDate(String),
+    /// An hour, minute or second out of its range.
+    #[error("{0:?}: no such time of day")]
+    NoSuchTime(String),
+}
+
 /// Reads a UTC instant written as [`instant_text`] writes it (`YYYY-MM-DDTHH:MM:SS`, an
 /// optional fraction of 1 to 6 digits, then `Z`; 1970 to 9999) as Unix microseconds: the
 /// simulator's dated trace lines.
-pub fn parse_instant(text: &str) -> Result<u64, String> {
-    let bad = || format!("malformed instant {text:?}: write YYYY-MM-DDTHH:MM:SS[.ffffff]Z (UTC)");
+pub fn parse_instant(text: &str) -> Result<u64, InstantError> {
+    let bad = || InstantError::Malformed(text.to_owned());
     let body = text.strip_suffix('Z').ok_or_else(bad)?;
     let (whole, frac) = body.split_once('.').unwrap_or((body, ""));
     let b = whole.as_bytes();
@@ -283,7 +297,7 @@ pub fn parse_instant(text: &str) -> Result<u64, String> {
     if !shape || (body.contains('.') && (!digits(frac) || frac.len() > 6)) {
         return Err(bad());
     }
-    let field = |from: usize, to: usize| -> Result<i64, String> {
+    let field = |from: usize, to: usize| -> Result<i64, InstantError> {
         let t = &whole[from..to];
         if !digits(t) {
             return Err(bad());
@@ -293,10 +307,10 @@ pub fn parse_instant(text: &str) -> Result<u64, String> {
     let (y, m, d) = (field(0, 4)?, field(5, 7)?, field(8, 10)?);
     let (h, min, sec) = (field(11, 13)?, field(14, 16)?, field(17, 19)?);
     if y < 1970 || !(1..=12).contains(&m) || d < 1 || d > days_in_month(y, m) {
-        return Err(format!("{text:?}: no such date (1970 to 9999)"));
+        return Err(InstantError::NoSuchDate(text.to_owned()));
     }
     if h > 23 || min > 59 || sec > 59 {
-        return Err(format!("{text:?}: no such time of day"));
+        return Err(InstantError::NoSuchTime(text.to_owned()));
     }
     let frac_us = if frac.is_empty() {
         0
@@ -445,18 +459,19 @@ mod tests {
             parse_instant("2028-02-28T23:59:59.5Z"),
             Ok(utc(2028, 2, 28, 23, 59) + 59_500_000)
         );
-        for bad in [
-            "2027-02-29T00:00:00Z",
-            "2028-02-28T24:00:00Z",
-            "2028-02-28T23:59:59",
-            "2028-02-28 23:59:59Z",
-            "2028-02-28T23:59:59.1234567Z",
-            "2028-02-28T23:59:59.Z",
-            "1969-12-31T23:59:59Z",
-            "+028-02-28T23:59:59Z",
-            "2028-2-28T23:59:59Z",
+        type Kind = fn(String) -> InstantError;
+        for (bad, kind) in [
+            ("2027-02-29T00:00:00Z", InstantError::NoSuchDate as Kind),
+            ("2028-02-28T24:00:00Z", InstantError::NoSuchTime),
+            ("2028-02-28T23:59:59", InstantError::Malformed),
+            ("2028-02-28 23:59:59Z", InstantError::Malformed),
+            ("2028-02-28T23:59:59.1234567Z", InstantError::Malformed),
+            ("2028-02-28T23:59:59.Z", InstantError::Malformed),
+            ("1969-12-31T23:59:59Z", InstantError::NoSuchDate),
+            ("+028-02-28T23:59:59Z", InstantError::Malformed),
+            ("2028-2-28T23:59:59Z", InstantError::Malformed),
         ] {
-            assert!(parse_instant(bad).is_err(), "{bad}");
+            assert_eq!(parse_instant(bad), Err(kind(bad.into())), "{bad}");
         }
     }
 

@@ -99,7 +99,7 @@ pub const MAX_LINE_BYTES: usize = 1 << 20;
 /// microseconds since the trace start (tested in `tests/simulate.rs`).
 pub fn parse_time_us(text: &str) -> Result<u64, String> {
     if text.ends_with('Z') && text.contains('T') {
-        let at = tower_ratelimits::__private::parse_instant(text)?;
+        let at = tower_ratelimits::__private::parse_instant(text).map_err(|e| e.to_string())?;
         return at
             .checked_sub(EPOCH_US)
             .ok_or_else(|| format!("{text:?} is before the trace's start, 2023-11-14T22:13:20Z"));

@@ -13,6 +13,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use crate::time::days_from_civil;
 
+mod line_error;
+pub use line_error::LineError;
+
 /// The longest line read (64 KiB); a longer one is a bad line, skipped to its end.
 pub const MAX_LINE_BYTES: usize = 64 << 10;
 /// The most lines the reorder window holds; past it the earliest is decided at once.
@@ -104,7 +107,7 @@ pub struct BadLine {
     /// Its 1-based line number.
     pub line: u64,
     /// Why it was refused.
-    pub reason: String,
+    pub reason: LineError,
 }
 
 /// One parsed line, ordered by time and then by the order it was read.
@@ -143,14 +146,11 @@ struct Source {
     head: Option<LoggedRequest>,
     done: bool,
     /// Why the whole file is one bad line (its first bytes are gzip's).
-    refused: Option<&'static str>,
+    refused: Option<LineError>,
 }
 
 /// The first bytes of a gzip file (RFC 1952).
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
-const GZIP_REFUSED: &str = "the file is gzip, and this reader reads plain text: decompress \
-     it (LogReader::open_with), or replay it with tower-ratelimits-simulate plan, which reads gzip";
 
 enum Next {
     Request(LoggedRequest),
@@ -163,7 +163,7 @@ impl Source {
         if let Some(reason) = self.refused.take() {
             self.line = 1;
             self.done = true;
-            return Next::Bad(self.bad(reason.into()));
+            return Next::Bad(self.bad(reason));
         }
         loop {
             self.buf.clear();
@@ -172,18 +172,17 @@ impl Source {
                 Ok(Some(long)) => long,
                 Err(e) => {
                     self.line += 1;
-                    let reason = format!("cannot read on: {e}");
                     // A read error ends the file: what follows cannot be found.
                     self.done = true;
-                    return Next::Bad(self.bad(reason));
+                    return Next::Bad(self.bad(LineError::Unreadable(e.to_string())));
                 }
             };
             self.line += 1;
             if long {
-                return Next::Bad(self.bad(format!("longer than {MAX_LINE_BYTES} bytes")));
+                return Next::Bad(self.bad(LineError::TooLong));
             }
             let Ok(text) = std::str::from_utf8(&self.buf) else {
-                return Next::Bad(self.bad("not UTF-8".into()));
+                return Next::Bad(self.bad(LineError::NotUtf8));
             };
             let text = text.trim_end_matches(['\n', '\r']);
             if text.trim().is_empty() {
@@ -201,7 +200,7 @@ impl Source {
         }
     }
 
-    fn bad(&self, reason: String) -> BadLine {
+    fn bad(&self, reason: LineError) -> BadLine {
         BadLine {
             file: self.name.clone(),
             line: self.line,
@@ -350,7 +349,7 @@ impl LogReader {
                     buf: Vec::new(),
                     head: None,
                     done: false,
-                    refused: gzip.then_some(GZIP_REFUSED),
+                    refused: gzip.then_some(LineError::Gzip),
                 }
             })
             .collect();
@@ -419,8 +418,8 @@ impl Iterator for LogReader {
 
 /// Reads an RFC 3339 instant (`2026-11-25T10:00:00.123456Z`, `...+02:00`; a space or `t`
 /// for the `T`; up to 9 digits of fraction, cut to microseconds) as Unix microseconds.
-pub(crate) fn parse_rfc3339(text: &str) -> Result<u64, String> {
-    let bad = || format!("time {text:?}: write RFC 3339 (2026-11-25T10:00:00.123456Z)");
+pub(crate) fn parse_rfc3339(text: &str) -> Result<u64, LineError> {
+    let bad = || LineError::Time(text.to_owned());
     let b = text.as_bytes();
     if b.len() < 20
         || b[4] != b'-'
@@ -431,7 +430,7 @@ pub(crate) fn parse_rfc3339(text: &str) -> Result<u64, String> {
     {
         return Err(bad());
     }
-    let num = |from: usize, to: usize| -> Result<i64, String> {
+    let num = |from: usize, to: usize| -> Result<i64, LineError> {
         let t = text.get(from..to).ok_or_else(bad)?;
         if !t.bytes().all(|c| c.is_ascii_digit()) {
             return Err(bad());
@@ -467,15 +466,12 @@ pub(crate) fn parse_rfc3339(text: &str) -> Result<u64, String> {
     match civil_us(y, mo, d, h, mi, s, offset_s) {
         Ok(us) => Ok(us + frac_us),
         Err(Civil::NoSuchTime) => Err(bad()),
-        Err(Civil::OutOfRange) => Err(format!("time {text:?} is out of range: {TIME_RANGE}")),
+        Err(Civil::OutOfRange) => Err(LineError::TimeOutOfRange(text.to_owned())),
     }
 }
 
 /// The last second a replay reads, 9999-12-31T23:59:59Z, in Unix seconds.
 const LAST_SECOND: i64 = 253_402_300_799;
-
-/// What [`LAST_SECOND`] and the epoch bound, said to the user.
-const TIME_RANGE: &str = "a replay reads times from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z";
 
 /// Why a civil time is not an instant a replay reads.
 #[derive(Debug, PartialEq)]
@@ -524,19 +520,19 @@ fn seconds_us(text: &str) -> Option<u64> {
     Some(whole.parse::<u64>().ok()? * 1_000_000 + frac_us)
 }
 
-fn parse_ip(text: &str) -> Result<IpAddr, String> {
-    crate::layer::parse_forwarded_ip(text).ok_or_else(|| format!("ip {text:?} is not an address"))
+fn parse_ip(text: &str) -> Result<IpAddr, LineError> {
+    crate::layer::parse_forwarded_ip(text).ok_or_else(|| LineError::Ip(text.to_owned()))
 }
 
-fn parse_method(text: &str) -> Result<Method, String> {
-    Method::from_bytes(text.as_bytes()).map_err(|_| format!("method {text:?} is not a method"))
+fn parse_method(text: &str) -> Result<Method, LineError> {
+    Method::from_bytes(text.as_bytes()).map_err(|_| LineError::Method(text.to_owned()))
 }
 
-fn check_path(path: &str) -> Result<(), String> {
+fn check_path(path: &str) -> Result<(), LineError> {
     if path.starts_with('/') && http::uri::PathAndQuery::try_from(path).is_ok() {
         Ok(())
     } else {
-        Err(format!("path {path:?} is not a path (it starts with /)"))
+        Err(LineError::Path(path.to_owned()))
     }
 }
 
@@ -597,9 +593,9 @@ mod header_pairs {
     }
 }
 
-fn parse_json(text: &str) -> Result<LoggedRequest, String> {
+fn parse_json(text: &str) -> Result<LoggedRequest, LineError> {
     let raw: JsonLine<'_> =
-        serde_json::from_str(text).map_err(|e| format!("not a log line: {e}"))?;
+        serde_json::from_str(text).map_err(|e| LineError::NotJson(e.to_string()))?;
     let time_us = parse_rfc3339(&raw.time)?;
     let ip = parse_ip(&raw.ip)?;
     let method = raw
@@ -611,15 +607,15 @@ fn parse_json(text: &str) -> Result<LoggedRequest, String> {
     let mut headers = HeaderMap::new();
     for (name, value) in raw.headers.unwrap_or_default() {
         let name = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| format!("header {name:?} is not a header name"))?;
-        let value = HeaderValue::from_str(&value)
-            .map_err(|_| format!("header {name}: the value is not a header value"))?;
+            .map_err(|_| LineError::HeaderName(name.into_owned()))?;
+        let value =
+            HeaderValue::from_str(&value).map_err(|_| LineError::HeaderValue(name.to_string()))?;
         headers.append(name, value);
     }
     let duration_us = match raw.duration_ms {
         None => 0,
         Some(ms) if ms.is_finite() && (0.0..=86_400_000.0).contains(&ms) => (ms * 1000.0) as u64,
-        Some(ms) => return Err(format!("duration_ms {ms}: 0 to 86400000")),
+        Some(ms) => return Err(LineError::Duration(ms.to_string())),
     };
     Ok(LoggedRequest {
         time_us,
@@ -657,12 +653,13 @@ const MONTHS: [&str; 12] = [
 ];
 
 /// `10/Oct/2026:13:55:36 -0700` as Unix microseconds.
-fn parse_clf_time(text: &str) -> Result<u64, String> {
-    let bad = || "not a combined log line: the time is not dd/Mon/yyyy:HH:MM:SS +hhmm".to_owned();
+fn parse_clf_time(text: &str) -> Result<u64, LineError> {
     match clf_civil(text) {
         Some(Ok(us)) => Ok(us),
-        Some(Err(Civil::OutOfRange)) => Err(format!("time {text:?} is out of range: {TIME_RANGE}")),
-        None | Some(Err(Civil::NoSuchTime)) => Err(bad()),
+        Some(Err(Civil::OutOfRange)) => Err(LineError::TimeOutOfRange(text.to_owned())),
+        None | Some(Err(Civil::NoSuchTime)) => Err(LineError::NotCombined(
+            "the time is not dd/Mon/yyyy:HH:MM:SS +hhmm",
+        )),
     }
 }
 
@@ -694,8 +691,8 @@ fn clf_civil(text: &str) -> Option<Result<u64, Civil>> {
     Some(civil_us(y, mo, d, h, mi, s, sign * (oh * 3600 + om * 60)))
 }
 
-fn parse_combined(text: &str) -> Result<LoggedRequest, String> {
-    let bad = |what: &str| format!("not a combined log line: {what}");
+fn parse_combined(text: &str) -> Result<LoggedRequest, LineError> {
+    let bad = LineError::NotCombined;
     let (ip, rest) = text.split_once(' ').ok_or_else(|| bad("no fields"))?;
     let ip = parse_ip(ip)?;
     let open = rest.find('[').ok_or_else(|| bad("no [time]"))?;

@@ -35,7 +35,7 @@ mod suggest;
 mod suggested;
 
 use inner::{Inner, Logged, drain};
-pub use log::{BadLine, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
+pub use log::{BadLine, LineError, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
 use plan::{Answer, Tally};
 pub use plan::{
     Answered, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan,

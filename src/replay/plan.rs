@@ -393,7 +393,7 @@ impl Tally {
             self.bad_examples.push(BadLineExample {
                 file: bad.file.clone(),
                 line: bad.line,
-                reason: bad.reason.clone(),
+                reason: bad.reason.to_string(),
             });
         }
     }
