@@ -223,7 +223,7 @@ pub use limiter::{
     Transaction,
 };
 pub use overrides::{BLOCK_WITHOUT_END, OverrideKind, StoredOverride};
-pub use quota::Quota;
+pub use quota::{Quota, ShapeError};
 #[cfg(feature = "reload")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reload")))]
 pub use reload::{LimitsWatcher, ReloadReport, WatchError};

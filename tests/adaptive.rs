@@ -15,7 +15,7 @@ use support::http::{HttpClient, serve};
 use tower_ratelimits::kit::AdaptiveState;
 use tower_ratelimits::{
     BucketKey, Completion, ConfigErrorKind, Header, Id, Lease, Limiter, Limits, ManualClock,
-    MemoryBackend, RateLimitLayer, Rule, Transaction,
+    MemoryBackend, RateLimitLayer, Rule, ShapeError, Transaction,
 };
 
 const LIMITS: &str = "\
@@ -498,7 +498,7 @@ fn a_bad_adaptive_limit_is_refused_with_its_line() {
     let err = |yaml: &str| Limits::from_yaml_str(yaml, None).unwrap_err();
     let e = err("A:\n  concurrency: {adaptive: {min: 5, initial: 2, max: 9}}\n");
     assert!(
-        matches!(e.kind(), ConfigErrorKind::InvalidAdaptive(_)),
+        matches!(e.kind(), ConfigErrorKind::Shape(ShapeError::Adaptive(_))),
         "{e}"
     );
     assert_eq!(e.location().line, Some(2));
@@ -552,7 +552,7 @@ fn a_bad_adaptive_limit_is_refused_with_its_line() {
     assert_eq!(e.location().line, Some(6));
     let e = err("A: {concurrency: {adaptive: {min: 1, max: 9, window: 0s}}}\n");
     assert!(
-        matches!(e.kind(), ConfigErrorKind::InvalidAdaptive(_)),
+        matches!(e.kind(), ConfigErrorKind::Shape(ShapeError::Adaptive(_))),
         "{e}"
     );
     let e = err("A: {burst: 1, count: 1, period: 1s, concurrency: {adaptive: {min: 1, max: 9}}}\n");

@@ -24,7 +24,7 @@ use http_support::{HttpClient, serve};
 use tokio::sync::mpsc;
 use tower_ratelimits::{
     ConfigErrorKind, Header, Id, Limiter, LimiterError, Limits, ManualClock, MemoryBackend, Mode,
-    RateLimitLayer, Rule, Transaction,
+    RateLimitLayer, Rule, ShapeError, Transaction,
 };
 
 const LIMITS: &str = "\
@@ -517,22 +517,22 @@ fn the_yaml_form_and_its_errors() {
     ));
     assert!(matches!(
         err("Jobs: {concurrency: 4, lease: 0s}").kind(),
-        ConfigErrorKind::InvalidConcurrency(_)
+        ConfigErrorKind::Shape(ShapeError::Concurrency(_))
     ));
     // A lease error is on the lease's line, a concurrency above the cap on its own line; a
     // duration written as a number says what to write.
     let lease = err("Jobs:\n  concurrency: 4\n  lease: 0s\n");
     assert!(matches!(
         lease.kind(),
-        ConfigErrorKind::InvalidConcurrency(_)
+        ConfigErrorKind::Shape(ShapeError::Concurrency(_))
     ));
     assert_eq!(lease.location().line, Some(3));
     let many = err("Jobs:\n  lease: 5s\n  concurrency: 100001\n");
     assert!(matches!(
         many.kind(),
-        ConfigErrorKind::InvalidConcurrency(tower_ratelimits::ConcurrencyError::TooMany {
-            max: 100_001
-        })
+        ConfigErrorKind::Shape(ShapeError::Concurrency(
+            tower_ratelimits::ConcurrencyError::TooMany { max: 100_001 }
+        ))
     ));
     assert_eq!(many.location().line, Some(3));
     assert!(matches!(

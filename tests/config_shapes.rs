@@ -3,7 +3,7 @@
 //! is a typed error naming its line.
 
 use tower_ratelimits::ConfigErrorKind;
-use tower_ratelimits::{BucketKey, Id, Limits};
+use tower_ratelimits::{BucketKey, Id, Limits, ShapeError};
 
 const TIERED: &str = "\
 ApiCallsPerAccount:
@@ -159,10 +159,10 @@ fn a_rate_microseconds_cannot_express_is_refused_with_its_location() {
     assert!(
         matches!(
             err.kind(),
-            ConfigErrorKind::InvalidLimit(tower_ratelimits::LimitError::Inexact {
+            ConfigErrorKind::Shape(ShapeError::Limit(tower_ratelimits::LimitError::Inexact {
                 emission_interval_us: 2,
                 ..
-            })
+            }))
         ),
         "{err}"
     );

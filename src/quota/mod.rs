@@ -93,7 +93,7 @@ macro_rules! each {
 /// the same files: `tests/design.rs` compares the two lists):
 /// - its algorithm in `src/algo/<shape>.rs`, with its unit and property tests (and its line in
 ///   `src/algo/mod.rs`);
-/// - a variant here* (`src/quota/mod.rs`, with its `ShapeError` arm), its `impl Shape` in
+/// - a variant here* (`src/quota/mod.rs`, with its `ShapeError` variant), its `impl Shape` in
 ///   `src/quota/<shape>.rs`* (every answer it owes: no method has a default), its JSON reader
 ///   in `Quota::read_json`'s list (or the denied dead-code warning names it), its `From` and
 ///   its `pub use` in `src/lib.rs`;
@@ -106,8 +106,8 @@ macro_rules! each {
 ///   suffix (`src/backend/redis/keys.rs`) and how a snapshot reads it
 ///   (`src/backend/redis/snapshot.rs`);
 /// - its configuration: its fields in the one table (`src/config/yaml/node.rs`), its entry
-///   (`src/config/yaml/shapes.rs`), its error's `ConfigErrorKind` variant
-///   (`src/config/error.rs`);
+///   (`src/config/yaml/shapes.rs`); its error is its `ShapeError` variant here, which a
+///   configuration error carries as is (`ConfigErrorKind::Shape`);
 /// - outside `src/`: its spec in `docs/`, a conformance trace, the simulator's drawing.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -587,45 +587,32 @@ pub(crate) struct ChargeBack {
     pub(crate) repaid_every_us: u64,
 }
 
-/// Why a shape could not be made (a fallback's scaled limit): its own error.
-#[derive(Debug)]
-pub(crate) enum ShapeError {
-    Limit(crate::algo::gcra::LimitError),
-    Tiers(crate::algo::tiers::TierError),
-    Concurrency(crate::algo::concurrency::ConcurrencyError),
-    Calendar(crate::algo::calendar::CalendarError),
-    FairShare(crate::algo::fair_share::FairShareError),
-    Adaptive(crate::algo::adaptive::AdaptiveError),
-}
-
-impl From<crate::algo::fair_share::FairShareError> for ShapeError {
-    fn from(e: crate::algo::fair_share::FairShareError) -> Self {
-        ShapeError::FairShare(e)
-    }
-}
-
-impl From<crate::algo::calendar::CalendarError> for ShapeError {
-    fn from(e: crate::algo::calendar::CalendarError) -> Self {
-        ShapeError::Calendar(e)
-    }
-}
-
-impl From<crate::algo::gcra::LimitError> for ShapeError {
-    fn from(e: crate::algo::gcra::LimitError) -> Self {
-        ShapeError::Limit(e)
-    }
-}
-
-impl From<crate::algo::tiers::TierError> for ShapeError {
-    fn from(e: crate::algo::tiers::TierError) -> Self {
-        ShapeError::Tiers(e)
-    }
-}
-
-impl From<crate::algo::concurrency::ConcurrencyError> for ShapeError {
-    fn from(e: crate::algo::concurrency::ConcurrencyError) -> Self {
-        ShapeError::Concurrency(e)
-    }
+/// A limit's fields that do not make a limit of its shape: the shape's own error, the one
+/// error kind for a shape's fields, which a configuration error carries
+/// ([`ConfigErrorKind::Shape`](crate::config::ConfigErrorKind::Shape)) and a fallback's scaled
+/// limit returns. A new shape adds its variant here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShapeError {
+    /// A GCRA limit (`burst`, `count`, `period`, `debt`) that does not validate.
+    #[error("invalid limit: {0}")]
+    Limit(#[from] crate::algo::gcra::LimitError),
+    /// Tiers that do not validate (the error names the tier and the field).
+    #[error("invalid tiers: {0}")]
+    Tiers(#[from] crate::algo::tiers::TierError),
+    /// A concurrency limit that does not validate.
+    #[error("invalid concurrency limit: {0}")]
+    Concurrency(#[from] crate::algo::concurrency::ConcurrencyError),
+    /// A calendar quota that does not validate (`docs/calendar.md`).
+    #[error("invalid calendar quota: {0}")]
+    Calendar(#[from] crate::algo::calendar::CalendarError),
+    /// An invalid fair share (`fair_share:`): a weight, a minimum or a refresh period.
+    #[error("invalid fair share: {0}")]
+    FairShare(#[from] crate::algo::fair_share::FairShareError),
+    /// An invalid adaptive concurrency limit (`concurrency: {adaptive: ...}`): its bounds or a
+    /// parameter.
+    #[error("invalid adaptive concurrency: {0}")]
+    Adaptive(#[from] crate::algo::adaptive::AdaptiveError),
 }
 
 /// Whole seconds of a time in microseconds, rounded up.
