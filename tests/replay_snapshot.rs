@@ -393,7 +393,7 @@ fn a_snapshot_reads_only_and_leaves_out_what_is_not_a_state_of_ours() {
 
 #[test]
 fn a_snapshot_file_that_is_not_one_is_refused_with_its_line() {
-    let cases: [(&str, &str); 7] = [
+    let cases: [(&str, &str); 9] = [
         ("", "line 1"),
         // A key twice: which state a replay started from was the file's order.
         (
@@ -419,6 +419,15 @@ fn a_snapshot_file_that_is_not_one_is_refused_with_its_line() {
         (
             "{\"snapshot\":1,\"instant_us\":1,\"keys\":0}\nnot json\n",
             "line 2",
+        ),
+        // Two states for one key, and a state of no shape: each shape reads its own field.
+        (
+            "{\"snapshot\":1,\"instant_us\":1,\"keys\":1}\n{\"limit\":\"A\",\"id\":\"x\",\"leases\":[],\"calendar\":{\"end_us\":5,\"used\":1}}\n",
+            "line 2: a key holds exactly one state beside its limit and id, found 2",
+        ),
+        (
+            "{\"snapshot\":1,\"instant_us\":1,\"keys\":1}\n{\"limit\":\"A\",\"id\":\"x\",\"bucket\":1}\n",
+            "line 2: unknown variant `bucket`, expected one of `gcra`, `tiers`, `leases`",
         ),
     ];
     for (text, expected) in cases {

@@ -98,8 +98,8 @@ macro_rules! each {
 ///   in `Quota::read_json`'s list (or the denied dead-code warning names it), its `From` and
 ///   its `pub use` in `src/lib.rs`;
 /// - the kit: its `Stored` and `Read` variants and arms* (`src/backend/kit/mod.rs`), its own
-///   `src/backend/kit/<shape>.rs`, a replay snapshot's line* (`src/replay/snapshot.rs`) and
-///   its suggestion model* (`src/replay/suggest.rs`);
+///   `src/backend/kit/<shape>.rs` (with its snapshot line's form, the variant's serde `with`)
+///   and its suggestion model* (`src/replay/suggest.rs`);
 /// - the script: its codes (`src/backend/redis/script.rs`), its Lua (in
 ///   `src/backend/redis/ratelimit.lua` or a file of its own), its branches in the general path
 ///   (`src/backend/redis/general_read.lua`, `src/backend/redis/general_decide.lua`), its key

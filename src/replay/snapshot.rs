@@ -6,8 +6,6 @@ use std::io::{BufRead, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::algo::calendar::CalendarState;
-use crate::algo::tiers::{TierLog, TierState};
 use crate::backend::{MemoryBackend, kit};
 use crate::config::Limits;
 use crate::key::BucketKey;
@@ -162,360 +160,46 @@ struct Header {
     foreign: u64,
 }
 
-/// A key's line: its limit, its id and exactly one state.
-#[derive(Serialize, Deserialize, Default)]
-struct Line {
+/// A key's line as written: its limit, its id and its state, which each shape writes
+/// (`kit::Stored`'s form: one field named for the shape).
+#[derive(Serialize)]
+struct Line<'a> {
+    limit: &'a str,
+    id: &'a str,
+    #[serde(flatten)]
+    state: &'a kit::Stored,
+}
+
+impl<'a> Line<'a> {
+    fn of(key: &'a SnapshotKey) -> Line<'a> {
+        Line {
+            limit: &key.limit,
+            id: &key.id,
+            state: &key.state,
+        }
+    }
+}
+
+/// A key's line as read: its limit, its id and exactly one other field, the state, which its
+/// shape reads.
+#[derive(Deserialize)]
+struct LineRead {
     limit: String,
     id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    gcra: Option<GcraLine>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    tiers: Option<Vec<TierLine>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    leases: Option<Vec<(u64, u64)>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    calendar: Option<CalendarLine>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    fair_share: Option<FairLine>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    adaptive: Option<AdaptiveLine>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    adaptive_pool: Option<PoolLine>,
+    #[serde(flatten)]
+    state: serde_json::Map<String, serde_json::Value>,
 }
 
-/// The keys of an adaptive limit that share a capacity (its `id` is empty: the limit's own
-/// key): each key's state, and the keys waiting under their share.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PoolLine {
-    keys: Vec<(String, AdaptiveLine)>,
-    /// `(id, until_us)`.
-    waiting: Vec<(String, u64)>,
-}
-
-impl PoolLine {
-    fn of(p: &kit::AdaptivePool) -> PoolLine {
-        PoolLine {
-            keys: p
-                .keys()
-                .map(|(id, s)| (id.to_string(), AdaptiveLine::of(s)))
-                .collect(),
-            waiting: p
-                .waiters()
-                .iter()
-                .map(|(id, until)| (id.to_string(), *until))
-                .collect(),
-        }
-    }
-
-    fn into_state(self) -> Result<kit::Stored, String> {
-        if self.keys.len() > kit::MAX_POOL_KEYS || self.waiting.len() > kit::MAX_POOL_WAITERS {
-            return Err("adaptive_pool: more keys or waiters than a limit keeps".into());
-        }
-        let id = |text: &str| crate::key::Id::new(text).map_err(|e| format!("adaptive_pool: {e}"));
-        let mut keys = Vec::with_capacity(self.keys.len());
-        for (k, line) in self.keys {
-            keys.push((id(&k)?, line.into_adaptive()));
-        }
-        let mut waiting = Vec::with_capacity(self.waiting.len());
-        for (w, until) in self.waiting {
-            waiting.push((id(&w)?, until));
-        }
-        Ok(kit::Stored::AdaptivePool(Box::new(kit::AdaptivePool::new(
-            keys, waiting,
-        ))))
-    }
-}
-
-/// An adaptive concurrency key's state: its leases, its controller, its window.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AdaptiveLine {
-    leases: Vec<(u64, u64)>,
-    limit_milli: u64,
-    long_us: u64,
-    /// `(completions, failures, latency_sum_us, max_in_flight)`.
-    window: (u64, u64, u64, u64),
-    window_start_us: u64,
-    last_us: u64,
-}
-
-impl AdaptiveLine {
-    fn of(a: &crate::algo::adaptive::AdaptiveState) -> Self {
-        let w = &a.window;
-        AdaptiveLine {
-            leases: a.leases.clone(),
-            limit_milli: a.controller.limit_milli,
-            long_us: a.controller.long_us,
-            window: (w.completions, w.failures, w.latency_sum_us, w.max_in_flight),
-            window_start_us: a.window_start_us,
-            last_us: a.last_us,
-        }
-    }
-
-    fn into_adaptive(self) -> crate::algo::adaptive::AdaptiveState {
-        use crate::algo::adaptive::{AdaptiveState, Controller, Window};
-        let (completions, failures, latency_sum_us, max_in_flight) = self.window;
-        AdaptiveState {
-            leases: self.leases,
-            controller: Controller {
-                limit_milli: self.limit_milli,
-                long_us: self.long_us,
-            },
-            window: Window {
-                completions,
-                failures,
-                latency_sum_us,
-                max_in_flight,
-            },
-            window_start_us: self.window_start_us,
-            last_us: self.last_us,
-        }
-    }
-}
-
-/// A fair-share limit's state (its `id` is empty: the limit's own key).
-#[derive(Serialize, Deserialize)]
-struct FairLine {
-    /// The budget's stored word (its TAT and its writer's bound).
-    word: u64,
-    epoch: u64,
-    weights: (u64, u64),
-    mins: (u64, u64),
-    #[serde(default)]
-    ids: (u64, u64),
-    /// `(id, until_us, cost)`.
-    waiting: Vec<(String, u64, u64)>,
-    /// `(id, tat_us, epoch, weight, min)`.
-    members: Vec<(String, u64, u64, u64, u64)>,
-    /// The units admitted below their share by period (`Pool::held`; none before it was kept).
-    #[serde(default)]
-    held: [u64; 3],
-    /// `(id, units by period, the latest's period)` of the members admitted below their share
-    /// (`Member::below`).
-    #[serde(default)]
-    below: Vec<(String, [u64; 3], u64)>,
-    /// The last period an id seen before was refused in, and the units new ids took in
-    /// `epoch` (`Pool::pressed`, `Pool::fresh`; none before they were kept).
-    #[serde(default)]
-    pressed: u64,
-    #[serde(default)]
-    fresh: u64,
-    /// `(id, period)` of the members first counted since they were last forgotten
-    /// (`Member::since`).
-    #[serde(default)]
-    since: Vec<(String, u64)>,
-}
-
-impl FairLine {
-    fn of(p: &kit::FairPool) -> FairLine {
-        let pool = &p.pool;
-        FairLine {
-            word: pool.tat,
-            epoch: pool.epoch,
-            weights: pool.weights,
-            mins: pool.mins,
-            ids: pool.ids,
-            waiting: pool
-                .waiting
-                .iter()
-                .map(|w| (w.id.to_string(), w.until_us, w.cost))
-                .collect(),
-            members: p
-                .members()
-                .map(|(id, m)| (id.to_string(), m.tat, m.epoch, m.weight, m.min))
-                .collect(),
-            held: pool.held,
-            below: p
-                .members()
-                .filter(|(_, m)| m.below != [0; 3])
-                .map(|(id, m)| (id.to_string(), m.below, m.below_at))
-                .collect(),
-            pressed: pool.pressed,
-            fresh: pool.fresh,
-            since: p
-                .members()
-                .filter(|(_, m)| m.since != 0)
-                .map(|(id, m)| (id.to_string(), m.since))
-                .collect(),
-        }
-    }
-
-    fn into_state(self) -> Result<kit::Stored, String> {
-        use crate::algo::fair_share::{MAX_MEMBERS, MAX_WAITERS, Member, Pool, Waiter};
-        if self.waiting.len() > MAX_WAITERS || self.members.len() > 2 * MAX_MEMBERS {
-            return Err("fair_share: more waiters or members than a limit keeps".into());
-        }
-        let id = |text: &str| crate::key::Id::new(text).map_err(|e| format!("fair_share: {e}"));
-        let mut waiting = Vec::with_capacity(self.waiting.len());
-        for (w, until_us, cost) in &self.waiting {
-            waiting.push(Waiter {
-                id: id(w)?,
-                until_us: *until_us,
-                cost: *cost,
-            });
-        }
-        let mut members = std::collections::HashMap::with_capacity(self.members.len());
-        for (m, tat, epoch, weight, min) in &self.members {
-            let member = Member {
-                tat: *tat,
-                epoch: *epoch,
-                weight: *weight,
-                min: *min,
-                ..Member::default()
-            };
-            members.insert(id(m)?, member);
-        }
-        for (m, below, below_at) in &self.below {
-            if let Some(member) = members.get_mut(&id(m)?) {
-                (member.below, member.below_at) = (*below, *below_at);
-            }
-        }
-        for (m, since) in &self.since {
-            if let Some(member) = members.get_mut(&id(m)?) {
-                member.since = *since;
-            }
-        }
-        let pool = Pool {
-            tat: self.word,
-            epoch: self.epoch,
-            weights: self.weights,
-            mins: self.mins,
-            ids: self.ids,
-            waiting,
-            held: self.held,
-            pressed: self.pressed,
-            fresh: self.fresh,
-        };
-        Ok(kit::Stored::FairShare(Box::new(kit::FairPool::new(
-            pool, members,
-        ))))
-    }
-}
-
-#[derive(Serialize, Deserialize)]
-struct GcraLine {
-    tat_us: u64,
-    bound_bits: u32,
-}
-
-#[derive(Serialize, Deserialize)]
-struct TierLine {
-    entered_us: Option<u64>,
-    grants: Vec<(u64, u64)>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct CalendarLine {
-    end_us: u64,
-    used: u64,
-}
-
-impl Line {
-    fn of(key: &SnapshotKey) -> Line {
-        let mut line = Line {
-            limit: key.limit.clone(),
-            id: key.id.clone(),
-            ..Line::default()
-        };
-        match &key.state {
-            kit::Stored::Tat(word) => {
-                let (tat_us, bound) = kit::gcra_unword(*word);
-                line.gcra = Some(GcraLine {
-                    tat_us,
-                    bound_bits: if bound == 0 {
-                        0
-                    } else {
-                        bound.trailing_zeros()
-                    },
-                });
-            }
-            kit::Stored::Tiers(state) => {
-                line.tiers = Some(
-                    state
-                        .tiers()
-                        .iter()
-                        .map(|t| TierLine {
-                            entered_us: t.entry(),
-                            grants: t.grants().to_vec(),
-                        })
-                        .collect(),
-                );
-            }
-            kit::Stored::Leases(leases) => line.leases = Some(leases.clone()),
-            kit::Stored::Calendar(c) => {
-                line.calendar = Some(CalendarLine {
-                    end_us: c.end_us,
-                    used: c.used,
-                });
-            }
-            kit::Stored::FairShare(p) => line.fair_share = Some(FairLine::of(p)),
-            kit::Stored::Adaptive(a) => line.adaptive = Some(AdaptiveLine::of(a)),
-            kit::Stored::AdaptivePool(p) => line.adaptive_pool = Some(PoolLine::of(p)),
-        }
-        line
-    }
-
+impl LineRead {
     fn into_key(self) -> Result<SnapshotKey, String> {
-        let shapes = [
-            self.gcra.is_some(),
-            self.tiers.is_some(),
-            self.leases.is_some(),
-            self.calendar.is_some(),
-            self.fair_share.is_some(),
-            self.adaptive.is_some(),
-            self.adaptive_pool.is_some(),
-        ];
-        if shapes.iter().filter(|&&s| s).count() != 1 {
-            return Err(
-                "a key holds exactly one of gcra, tiers, leases, calendar, fair_share, \
-                 adaptive, adaptive_pool"
-                    .into(),
-            );
+        if self.state.len() != 1 {
+            return Err(format!(
+                "a key holds exactly one state beside its limit and id, found {} fields",
+                self.state.len()
+            ));
         }
-        if let Some(a) = self.adaptive {
-            return Ok(SnapshotKey {
-                limit: self.limit,
-                id: self.id,
-                state: kit::Stored::Adaptive(Box::new(a.into_adaptive())),
-            });
-        }
-        if let Some(p) = self.adaptive_pool {
-            return Ok(SnapshotKey {
-                limit: self.limit,
-                id: self.id,
-                state: p.into_state()?,
-            });
-        }
-        if let Some(f) = self.fair_share {
-            return Ok(SnapshotKey {
-                limit: self.limit,
-                id: self.id,
-                state: f.into_state()?,
-            });
-        }
-        let state = match (self.gcra, self.tiers, self.leases, self.calendar) {
-            (Some(g), None, None, None) => {
-                if g.bound_bits > 52 {
-                    return Err(format!("bound_bits {} is above 52", g.bound_bits));
-                }
-                let bound = (1u64 << g.bound_bits) - 1;
-                kit::gcra_word_bound(g.tat_us, bound)
-                    .map(kit::Stored::Tat)
-                    .map_err(|e| format!("tat_us {}: {e}", g.tat_us))?
-            }
-            (None, Some(t), None, None) => kit::Stored::Tiers(TierState::from_tiers(
-                t.into_iter()
-                    .map(|t| TierLog::new(t.entered_us, t.grants))
-                    .collect(),
-            )),
-            (None, None, Some(l), None) => kit::Stored::Leases(l),
-            (None, None, None, Some(c)) => kit::Stored::Calendar(CalendarState {
-                end_us: c.end_us,
-                used: c.used,
-            }),
-            _ => return Err("a key holds exactly one of gcra, tiers, leases, calendar".into()),
-        };
+        let state = serde_json::from_value(serde_json::Value::Object(self.state))
+            .map_err(|e| e.to_string())?;
         Ok(SnapshotKey {
             limit: self.limit,
             id: self.id,
@@ -688,7 +372,7 @@ impl Snapshot {
             if snapshot.keys.len() >= DEFAULT_SNAPSHOT_KEYS {
                 return Err(SnapshotError::TooManyKeys(DEFAULT_SNAPSHOT_KEYS));
             }
-            let parsed: Line =
+            let parsed: LineRead =
                 serde_json::from_slice(&buf).map_err(|e| bad(line, e.to_string()))?;
             let key = parsed.into_key().map_err(|e| bad(line, e))?;
             if let Some(first) = lines.insert((key.limit.clone(), key.id.clone()), line) {

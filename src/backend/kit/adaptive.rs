@@ -420,3 +420,129 @@ pub(super) fn pool_fresh_at(limit: &AdaptiveConcurrency, pool: &AdaptivePool) ->
     let waiters = pool.waiters.iter().map(|&(_, until)| until);
     keys.chain(waiters).max().unwrap_or(0)
 }
+
+/// An adaptive key's written form (a snapshot line's `adaptive`: its leases, controller and
+/// window) and a pooled limit's (`adaptive_pool`: every key's, and the waiters).
+pub(super) mod line {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{AdaptivePool, MAX_POOL_KEYS, MAX_POOL_WAITERS};
+    use crate::algo::adaptive::AdaptiveState;
+    use crate::key::Id;
+
+    /// The keys of an adaptive limit that share a capacity (its `id` is empty: the limit's own
+    /// key): each key's state, and the keys waiting under their share.
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct PoolLine {
+        keys: Vec<(String, AdaptiveLine)>,
+        /// `(id, until_us)`.
+        waiting: Vec<(String, u64)>,
+    }
+
+    impl PoolLine {
+        fn of(p: &AdaptivePool) -> PoolLine {
+            PoolLine {
+                keys: p
+                    .keys()
+                    .map(|(id, s)| (id.to_string(), AdaptiveLine::of(s)))
+                    .collect(),
+                waiting: p
+                    .waiters()
+                    .iter()
+                    .map(|(id, until)| (id.to_string(), *until))
+                    .collect(),
+            }
+        }
+
+        fn into_pool(self) -> Result<AdaptivePool, String> {
+            if self.keys.len() > MAX_POOL_KEYS || self.waiting.len() > MAX_POOL_WAITERS {
+                return Err("adaptive_pool: more keys or waiters than a limit keeps".into());
+            }
+            let id = |text: &str| Id::new(text).map_err(|e| format!("adaptive_pool: {e}"));
+            let mut keys = Vec::with_capacity(self.keys.len());
+            for (k, line) in self.keys {
+                keys.push((id(&k)?, line.into_adaptive()));
+            }
+            let mut waiting = Vec::with_capacity(self.waiting.len());
+            for (w, until) in self.waiting {
+                waiting.push((id(&w)?, until));
+            }
+            Ok(AdaptivePool::new(keys, waiting))
+        }
+    }
+
+    /// An adaptive concurrency key's state: its leases, its controller, its window.
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct AdaptiveLine {
+        leases: Vec<(u64, u64)>,
+        limit_milli: u64,
+        long_us: u64,
+        /// `(completions, failures, latency_sum_us, max_in_flight)`.
+        window: (u64, u64, u64, u64),
+        window_start_us: u64,
+        last_us: u64,
+    }
+
+    impl AdaptiveLine {
+        fn of(a: &AdaptiveState) -> Self {
+            let w = &a.window;
+            AdaptiveLine {
+                leases: a.leases.clone(),
+                limit_milli: a.controller.limit_milli,
+                long_us: a.controller.long_us,
+                window: (w.completions, w.failures, w.latency_sum_us, w.max_in_flight),
+                window_start_us: a.window_start_us,
+                last_us: a.last_us,
+            }
+        }
+
+        fn into_adaptive(self) -> AdaptiveState {
+            use crate::algo::adaptive::{Controller, Window};
+            let (completions, failures, latency_sum_us, max_in_flight) = self.window;
+            AdaptiveState {
+                leases: self.leases,
+                controller: Controller {
+                    limit_milli: self.limit_milli,
+                    long_us: self.long_us,
+                },
+                window: Window {
+                    completions,
+                    failures,
+                    latency_sum_us,
+                    max_in_flight,
+                },
+                window_start_us: self.window_start_us,
+                last_us: self.last_us,
+            }
+        }
+    }
+
+    pub(crate) fn serialize<S: Serializer>(a: &AdaptiveState, s: S) -> Result<S::Ok, S::Error> {
+        AdaptiveLine::of(a).serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Box<AdaptiveState>, D::Error> {
+        Ok(Box::new(AdaptiveLine::deserialize(d)?.into_adaptive()))
+    }
+
+    /// The pooled limit's form, `adaptive_pool`.
+    pub(crate) mod pool {
+        use super::*;
+
+        pub(crate) fn serialize<S: Serializer>(p: &AdaptivePool, s: S) -> Result<S::Ok, S::Error> {
+            PoolLine::of(p).serialize(s)
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Box<AdaptivePool>, D::Error> {
+            let line = PoolLine::deserialize(d)?;
+            line.into_pool().map(Box::new).map_err(D::Error::custom)
+        }
+    }
+}

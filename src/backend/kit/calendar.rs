@@ -83,3 +83,33 @@ pub(super) fn calendar_refund(
     )
         .into()
 }
+
+/// A calendar key's written form (a snapshot line's `calendar`): its period's end and the
+/// units used.
+pub(super) mod line {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::algo::calendar::CalendarState;
+
+    #[derive(Serialize, Deserialize)]
+    struct CalendarLine {
+        end_us: u64,
+        used: u64,
+    }
+
+    pub(crate) fn serialize<S: Serializer>(c: &CalendarState, s: S) -> Result<S::Ok, S::Error> {
+        CalendarLine {
+            end_us: c.end_us,
+            used: c.used,
+        }
+        .serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<CalendarState, D::Error> {
+        let c = CalendarLine::deserialize(d)?;
+        Ok(CalendarState {
+            end_us: c.end_us,
+            used: c.used,
+        })
+    }
+}

@@ -381,3 +381,139 @@ pub(crate) fn fair_share_fresh_at(share: &FairShare, state: &FairPool) -> u64 {
     };
     pool.fresh_at(share).max(state.members_fresh_at(share))
 }
+
+/// A fair-share limit's written form (a snapshot line's `fair_share`): its pool and members.
+pub(super) mod line {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::FairPool;
+    use crate::key::Id;
+
+    /// A fair-share limit's state as a snapshot line writes it (its `id` is empty: the limit's
+    /// own key).
+    #[derive(Serialize, Deserialize)]
+    struct FairLine {
+        /// The budget's stored word (its TAT and its writer's bound).
+        word: u64,
+        epoch: u64,
+        weights: (u64, u64),
+        mins: (u64, u64),
+        #[serde(default)]
+        ids: (u64, u64),
+        /// `(id, until_us, cost)`.
+        waiting: Vec<(String, u64, u64)>,
+        /// `(id, tat_us, epoch, weight, min)`.
+        members: Vec<(String, u64, u64, u64, u64)>,
+        /// The units admitted below their share by period (`Pool::held`; none before it was kept).
+        #[serde(default)]
+        held: [u64; 3],
+        /// `(id, units by period, the latest's period)` of the members admitted below their share
+        /// (`Member::below`).
+        #[serde(default)]
+        below: Vec<(String, [u64; 3], u64)>,
+        /// The last period an id seen before was refused in, and the units new ids took in
+        /// `epoch` (`Pool::pressed`, `Pool::fresh`; none before they were kept).
+        #[serde(default)]
+        pressed: u64,
+        #[serde(default)]
+        fresh: u64,
+        /// `(id, period)` of the members first counted since they were last forgotten
+        /// (`Member::since`).
+        #[serde(default)]
+        since: Vec<(String, u64)>,
+    }
+
+    impl FairLine {
+        fn of(p: &FairPool) -> FairLine {
+            let pool = &p.pool;
+            FairLine {
+                word: pool.tat,
+                epoch: pool.epoch,
+                weights: pool.weights,
+                mins: pool.mins,
+                ids: pool.ids,
+                waiting: pool
+                    .waiting
+                    .iter()
+                    .map(|w| (w.id.to_string(), w.until_us, w.cost))
+                    .collect(),
+                members: p
+                    .members()
+                    .map(|(id, m)| (id.to_string(), m.tat, m.epoch, m.weight, m.min))
+                    .collect(),
+                held: pool.held,
+                below: p
+                    .members()
+                    .filter(|(_, m)| m.below != [0; 3])
+                    .map(|(id, m)| (id.to_string(), m.below, m.below_at))
+                    .collect(),
+                pressed: pool.pressed,
+                fresh: pool.fresh,
+                since: p
+                    .members()
+                    .filter(|(_, m)| m.since != 0)
+                    .map(|(id, m)| (id.to_string(), m.since))
+                    .collect(),
+            }
+        }
+
+        fn into_pool(self) -> Result<FairPool, String> {
+            use crate::algo::fair_share::{MAX_MEMBERS, MAX_WAITERS, Member, Pool, Waiter};
+            if self.waiting.len() > MAX_WAITERS || self.members.len() > 2 * MAX_MEMBERS {
+                return Err("fair_share: more waiters or members than a limit keeps".into());
+            }
+            let id = |text: &str| Id::new(text).map_err(|e| format!("fair_share: {e}"));
+            let mut waiting = Vec::with_capacity(self.waiting.len());
+            for (w, until_us, cost) in &self.waiting {
+                waiting.push(Waiter {
+                    id: id(w)?,
+                    until_us: *until_us,
+                    cost: *cost,
+                });
+            }
+            let mut members = std::collections::HashMap::with_capacity(self.members.len());
+            for (m, tat, epoch, weight, min) in &self.members {
+                let member = Member {
+                    tat: *tat,
+                    epoch: *epoch,
+                    weight: *weight,
+                    min: *min,
+                    ..Member::default()
+                };
+                members.insert(id(m)?, member);
+            }
+            for (m, below, below_at) in &self.below {
+                if let Some(member) = members.get_mut(&id(m)?) {
+                    (member.below, member.below_at) = (*below, *below_at);
+                }
+            }
+            for (m, since) in &self.since {
+                if let Some(member) = members.get_mut(&id(m)?) {
+                    member.since = *since;
+                }
+            }
+            let pool = Pool {
+                tat: self.word,
+                epoch: self.epoch,
+                weights: self.weights,
+                mins: self.mins,
+                ids: self.ids,
+                waiting,
+                held: self.held,
+                pressed: self.pressed,
+                fresh: self.fresh,
+            };
+            Ok(FairPool::new(pool, members))
+        }
+    }
+
+    pub(crate) fn serialize<S: Serializer>(p: &FairPool, s: S) -> Result<S::Ok, S::Error> {
+        FairLine::of(p).serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Box<FairPool>, D::Error> {
+        let line = FairLine::deserialize(d)?;
+        line.into_pool().map(Box::new).map_err(D::Error::custom)
+    }
+}

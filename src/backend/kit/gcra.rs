@@ -232,3 +232,39 @@ pub(super) fn gcra_refund(
     let write = out.new_tat.map(|t| gcra_word_bound(t, bound)).transpose()?;
     Ok((out.into(), write.map(Stored::Tat)).into())
 }
+
+/// A GCRA bucket's written form (a snapshot line's `gcra`): its TAT and its writer's bound as
+/// a bit length (0: none recorded).
+pub(super) mod line {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct GcraLine {
+        tat_us: u64,
+        bound_bits: u32,
+    }
+
+    pub(crate) fn serialize<S: Serializer>(word: &u64, s: S) -> Result<S::Ok, S::Error> {
+        let (tat_us, bound) = super::gcra_unword(*word);
+        let bound_bits = if bound == 0 {
+            0
+        } else {
+            bound.trailing_zeros()
+        };
+        GcraLine { tat_us, bound_bits }.serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let g = GcraLine::deserialize(d)?;
+        if g.bound_bits > 52 {
+            return Err(D::Error::custom(format!(
+                "bound_bits {} is above 52",
+                g.bound_bits
+            )));
+        }
+        let bound = (1u64 << g.bound_bits) - 1;
+        super::gcra_word_bound(g.tat_us, bound)
+            .map_err(|e| D::Error::custom(format!("tat_us {}: {e}", g.tat_us)))
+    }
+}

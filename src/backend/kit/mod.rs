@@ -104,7 +104,7 @@ use concurrency::{concurrency_refund, concurrency_spend};
 pub(crate) use concurrency::{release_in, renew, takes_lease};
 pub use fair_share::{FairPool, state_key};
 use fair_share::{fair_share_decide, fair_share_fresh_at, fair_share_refund};
-#[cfg(feature = "replay")]
+#[cfg(all(feature = "replay", feature = "redis"))]
 pub(crate) use gcra::gcra_word_bound;
 #[cfg(feature = "redis")]
 pub(crate) use gcra::trusted;
@@ -118,7 +118,14 @@ use super::{BackendError, BucketTx, Outcome, Outcomes};
 
 /// The stored state of one bucket, as a backend keeps it (in any encoding it likes: the kit
 /// needs only these values back).
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// It serializes (serde) as one field named for its shape (`gcra`, `tiers`, `leases`,
+/// `calendar`, `fair_share`, `adaptive`, `adaptive_pool`) holding the state's written form,
+/// each written and read by the shape's own file: a replay snapshot's line
+/// (`docs/replay.md`, "Starting warm"); reading one checks what the shape keeps (a bound's
+/// length, how many ids).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Stored {
     /// A GCRA bucket: one word, its theoretical arrival time in microseconds in the low 58
@@ -126,21 +133,27 @@ pub enum Stored {
     /// writing that limit could set the TAT, as a bit length: `docs/gcra.md`, "Changing a
     /// limit"). Keep the word as it is; a plain TAT (the top bits 0) is read as written by the
     /// limit in force.
+    #[serde(rename = "gcra", with = "gcra::line")]
     Tat(u64),
     /// A tiered key: its grants per tier.
+    #[serde(with = "tiers::line")]
     Tiers(TierState),
     /// A concurrency key: its leases, `(lease id, deadline in microseconds)`; ended leases may
     /// still be listed (they do not count).
     Leases(Vec<(u64, u64)>),
     /// A calendar key: the end of the period its units were counted in, and the units used.
+    #[serde(with = "calendar::line")]
     Calendar(CalendarState),
     /// A fair-share limit's whole state (its pool and members), kept once per limit at
     /// [`state_key`].
+    #[serde(with = "fair_share::line")]
     FairShare(Box<FairPool>),
     /// An adaptive concurrency key: its leases, its controller and the window being filled.
+    #[serde(with = "adaptive::line")]
     Adaptive(Box<AdaptiveState>),
     /// The keys of an adaptive limit that share a capacity, kept once per limit at
     /// [`state_key`].
+    #[serde(with = "adaptive::line::pool")]
     AdaptivePool(Box<AdaptivePool>),
 }
 

@@ -67,3 +67,39 @@ pub(super) fn tiers_refund(
         write: Some(Stored::Tiers(state)),
     }
 }
+
+/// A tiered key's written form (a snapshot line's `tiers`): per tier, when it was entered and
+/// its grants, `[time, units]`.
+pub(super) mod line {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::algo::tiers::{TierLog, TierState};
+
+    #[derive(Serialize, Deserialize)]
+    struct TierLine {
+        entered_us: Option<u64>,
+        grants: Vec<(u64, u64)>,
+    }
+
+    pub(crate) fn serialize<S: Serializer>(state: &TierState, s: S) -> Result<S::Ok, S::Error> {
+        let lines: Vec<TierLine> = state
+            .tiers()
+            .iter()
+            .map(|t| TierLine {
+                entered_us: t.entry(),
+                grants: t.grants().to_vec(),
+            })
+            .collect();
+        lines.serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TierState, D::Error> {
+        let lines = Vec::<TierLine>::deserialize(d)?;
+        Ok(TierState::from_tiers(
+            lines
+                .into_iter()
+                .map(|t| TierLog::new(t.entered_us, t.grants))
+                .collect(),
+        ))
+    }
+}
