@@ -476,7 +476,7 @@ impl Outcomes {
     }
 
     /// Records the grant of the outcome at `i` (none recorded there), in order of position.
-    fn put_grant(&mut self, i: usize, grant: TierGrant) {
+    pub(crate) fn put_grant(&mut self, i: usize, grant: TierGrant) {
         let mut grants = self.grants.take().map_or_else(Vec::new, Vec::from);
         let at = grants.partition_point(|&(at, _)| at < i);
         grants.insert(at, (i, grant));

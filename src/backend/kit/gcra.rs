@@ -90,7 +90,6 @@ pub(super) fn gcra_spend(
         outcome: step.decision.outcome(),
         write: step.write.map(Stored::Tat),
         repair: step.repair.map(Stored::Tat),
-        grant: None,
     })
 }
 

@@ -324,10 +324,7 @@ pub fn spend(
                 }
             }
         };
-        let d = decide(tx, stored, now)?;
-        outcomes.push_tiered(d.outcome, d.grant);
-        writes.push(d.write);
-        repairs.push(d.repair);
+        decide(tx, stored, now, (&mut outcomes, &mut writes, &mut repairs))?;
     }
     let allowed = batch_allowed(batch.iter().zip(&outcomes));
     last_writes(batch, allowed, &mut writes, repairs, twice);
@@ -341,7 +338,8 @@ pub fn spend(
 /// What a batch writes, one entry per transaction.
 type Writes = smallvec::SmallVec<[Option<Stored>; 4]>;
 
-/// One transaction decided on the state it read ([`decide`]).
+/// One transaction decided on the state it read ([`decide`]): small, as every transaction
+/// returns one (a tiered limit's grant per tier goes straight to the outcomes).
 pub(crate) struct Decided {
     /// What it reports.
     pub(crate) outcome: Outcome,
@@ -350,8 +348,6 @@ pub(crate) struct Decided {
     /// What it writes whatever its batch decides: a foreign value replaced, what a fair share
     /// saw.
     pub(crate) repair: Option<Stored>,
-    /// A tiered limit's grant per tier.
-    pub(crate) grant: Option<TierGrant>,
 }
 
 impl From<(Outcome, Option<Stored>, Option<Stored>)> for Decided {
@@ -360,23 +356,37 @@ impl From<(Outcome, Option<Stored>, Option<Stored>)> for Decided {
             outcome,
             write,
             repair,
-            grant: None,
         }
     }
 }
 
-/// One transaction of a batch decided on `stored`: one call to its shape's own file.
+/// One transaction of a batch decided on `stored`: one call to its shape's own file, its
+/// outcome (a tiered limit's with its grant per tier), write and repair pushed where the batch
+/// keeps them (pushed here, not returned: a transaction's road stays short).
 #[inline]
-fn decide(tx: &BucketTx<'_>, stored: Option<Read<'_>>, now: u64) -> Result<Decided, BackendError> {
-    Ok(match tx.quota {
+fn decide(
+    tx: &BucketTx<'_>,
+    stored: Option<Read<'_>>,
+    now: u64,
+    (outcomes, writes, repairs): (&mut Outcomes, &mut Writes, &mut Writes),
+) -> Result<(), BackendError> {
+    let d = match tx.quota {
         Quota::Gcra(limit) => gcra_spend(tx, limit, stored, now)?,
-        Quota::Tiered(limit) => tiers_spend(tx, limit, stored, now)?,
+        Quota::Tiered(limit) => {
+            let (decided, grant) = tiers_spend(tx, limit, stored, now)?;
+            outcomes.put_grant(outcomes.len(), grant);
+            decided
+        }
         Quota::Concurrency(limit) => concurrency_spend(tx, limit, stored, now),
         Quota::Calendar(quota) => calendar_decide(tx, quota, stored, now).into(),
         // What it saw (the id active, a wait) is written whatever the batch decides.
         Quota::FairShare(share) => fair_share_decide(tx, share, stored, now)?.into(),
         Quota::Adaptive(limit) => adaptive_decide(tx, limit, stored, now).into(),
-    })
+    };
+    outcomes.push(d.outcome);
+    writes.push(d.write);
+    repairs.push(d.repair);
+    Ok(())
 }
 
 /// The latest state the transactions of a key before `batch[k]` (and `batch[k]` itself) leave,

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use super::{BackendError, BucketTx, Decided, Read, Refunded, Stored};
-use crate::algo::tiers::{self, TierState, TieredLimit};
+use crate::algo::tiers::{self, TierGrant, TierState, TieredLimit};
 use crate::backend::Outcome;
 
 /// A tiered key's state as `limit` reads it at `now`: as stored, fresh when none is (or one of
@@ -29,7 +29,7 @@ pub(super) fn tiers_spend(
     limit: &TieredLimit,
     stored: Option<Read<'_>>,
     now: u64,
-) -> Result<Decided, BackendError> {
+) -> Result<(Decided, TierGrant), BackendError> {
     let read = read_tiers(limit, stored, now);
     let repair = match &read {
         Cow::Owned(drained) if !drained.is_empty() => Some(Stored::Tiers(drained.clone())),
@@ -43,12 +43,12 @@ pub(super) fn tiers_spend(
         Stored::Tiers(next)
     });
     let (outcome, grant) = Outcome::tiered(&d, limit);
-    Ok(Decided {
+    let decided = Decided {
         outcome,
         write,
         repair,
-        grant: Some(grant),
-    })
+    };
+    Ok((decided, grant))
 }
 
 /// A tiered refund: the newest grants taken back, its grant per tier beside.
