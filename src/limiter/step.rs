@@ -92,6 +92,7 @@ const DISABLED: Outcome = Outcome {
     granted: None,
     shape_number: 0,
     skipped: false,
+    filled: [0; 2],
 };
 
 impl<'a> Verdict<'a> {
