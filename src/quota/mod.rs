@@ -103,8 +103,8 @@ macro_rules! each {
 /// - the script: its codes (`src/backend/redis/script.rs`), its Lua (in
 ///   `src/backend/redis/ratelimit.lua` or a file of its own), its branches in the general path
 ///   (`src/backend/redis/general_read.lua`, `src/backend/redis/general_decide.lua`), its key
-///   suffix (`src/backend/redis/keys.rs`) and how a snapshot reads it
-///   (`src/backend/redis/snapshot.rs`);
+///   suffix and how a snapshot reads it back (`src/backend/redis/keys.rs`, with its decoder in
+///   its own script file);
 /// - its configuration: its fields in the one table (`src/config/yaml/node.rs`), its entry
 ///   (`src/config/yaml/shapes.rs`); its error is its `ShapeError` variant here, which a
 ///   configuration error carries as is (`ConfigErrorKind::Shape`);

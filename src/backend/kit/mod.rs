@@ -234,6 +234,31 @@ pub(crate) enum Kept {
 
 #[cfg_attr(not(any(feature = "redis", feature = "replay")), allow(dead_code))]
 impl Kept {
+    /// Every state, in the order of [`index`](Self::index) (which the compiler holds to the
+    /// variants: a new one is added there and here).
+    pub(crate) const ALL: [Kept; 7] = [
+        Kept::Word,
+        Kept::Tiers,
+        Kept::Leases,
+        Kept::Calendar,
+        Kept::FairShare,
+        Kept::Adaptive,
+        Kept::AdaptivePool,
+    ];
+
+    /// Its place in [`ALL`](Self::ALL) (held to it as the crate builds).
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            Kept::Word => 0,
+            Kept::Tiers => 1,
+            Kept::Leases => 2,
+            Kept::Calendar => 3,
+            Kept::FairShare => 4,
+            Kept::Adaptive => 5,
+            Kept::AdaptivePool => 6,
+        }
+    }
+
     /// The state `quota` keeps.
     #[inline]
     pub(crate) fn of(quota: &Quota) -> Kept {
@@ -250,6 +275,16 @@ impl Kept {
         }
     }
 }
+
+// Every entry of `Kept::ALL` is at its own index: a state listed twice or out of place does
+// not build.
+const _: () = {
+    let mut i = 0;
+    while i < Kept::ALL.len() {
+        assert!(Kept::ALL[i].index() == i);
+        i += 1;
+    }
+};
 
 /// A batch the kit decided ([`spend`]): one outcome and one write per transaction, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]

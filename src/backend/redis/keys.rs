@@ -6,6 +6,8 @@
 use std::fmt;
 
 use crate::backend::kit::Kept;
+#[cfg(feature = "replay")]
+use crate::backend::kit::Stored;
 use crate::key::BucketKey;
 
 /// The suffix of a tiered key's Redis key (after the hash tag, so it stays in the same slot):
@@ -65,7 +67,64 @@ pub(super) fn tx_suffix(tx: &crate::backend::BucketTx<'_>) -> &'static str {
 
 /// The suffix of the Redis key holding a quota's state.
 pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {
-    match Kept::of(quota) {
+    suffix_of(Kept::of(quota))
+}
+
+/// The state a key of `suffix` keeps (`None`: a key of no state of ours).
+#[cfg(feature = "replay")]
+pub(super) fn kept_at(suffix: &[u8]) -> Option<Kept> {
+    Kept::ALL
+        .into_iter()
+        .find(|&kept| suffix_of(kept).as_bytes() == suffix)
+}
+
+/// A hash's state from its fields and values by turns.
+#[cfg(feature = "replay")]
+pub(super) type HashParser = fn(&[fred::prelude::Value]) -> Option<Stored>;
+
+/// A string's state from its value.
+#[cfg(feature = "replay")]
+pub(super) type StringParser = fn(&[u8]) -> Option<Stored>;
+
+/// A sorted set's state from `ZRANGE ... WITHSCORES`.
+#[cfg(feature = "replay")]
+pub(super) type SortedSetParser = fn(fred::prelude::Value) -> Option<Stored>;
+
+/// How a state's key is read back ([`reading_of`]), with the decoder of what its script
+/// writes there.
+#[cfg(feature = "replay")]
+pub(super) enum Reading {
+    /// A GCRA word: the string and, for its writer's bound, when it expires (`PEXPIRETIME`).
+    Word,
+    /// A string's value.
+    String(StringParser),
+    /// A sorted set, `ZRANGE ... WITHSCORES`.
+    SortedSet(SortedSetParser),
+    /// A hash of at most so many fields, field and value by turns.
+    Hash(u64, HashParser),
+}
+
+/// How a snapshot reads a state's key back: the one place the Redis floor tells the states
+/// apart by their keys (with [`suffix_of`]); each decoder reads what the state's script writes.
+#[cfg(feature = "replay")]
+pub(super) fn reading_of(kept: Kept) -> Reading {
+    use super::script as read;
+    match kept {
+        Kept::Word => Reading::Word,
+        Kept::Tiers => Reading::String(read::read_tiers),
+        Kept::Leases => Reading::SortedSet(read::read_leases),
+        Kept::Calendar => Reading::String(read::read_calendar),
+        Kept::FairShare => Reading::Hash(read::FAIR_SHARE_MOST_FIELDS, read::read_fair_pool),
+        Kept::Adaptive => Reading::SortedSet(read::read_adaptive),
+        Kept::AdaptivePool => {
+            Reading::Hash(read::ADAPTIVE_POOL_MOST_FIELDS, read::read_adaptive_pool)
+        }
+    }
+}
+
+/// The suffix of the Redis key holding a state.
+pub(super) fn suffix_of(kept: Kept) -> &'static str {
+    match kept {
         Kept::Word => "",
         Kept::Tiers => TIERS_SUFFIX,
         Kept::Leases => CONCURRENCY_SUFFIX,

@@ -107,6 +107,8 @@ mod keys;
 mod overrides;
 mod prefetch;
 mod regions;
+#[cfg(feature = "replay")]
+mod reply;
 mod script;
 mod setup;
 #[cfg(feature = "replay")]

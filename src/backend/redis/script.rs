@@ -49,7 +49,13 @@ mod fair_share;
 mod fields;
 mod records;
 mod shares;
+#[cfg(feature = "replay")]
+pub(super) use adaptive::{ADAPTIVE_POOL_MOST_FIELDS, read_adaptive, read_adaptive_pool};
+#[cfg(feature = "replay")]
+pub(super) use fair_share::{FAIR_SHARE_MOST_FIELDS, read_fair_pool};
 use fields::{Fields, bad};
+#[cfg(feature = "replay")]
+pub(super) use records::{read_calendar, read_leases, read_tat, read_tiers};
 /// The protocol's codes: the record kinds, the modes and the ops, each by the name the
 /// script's constants carry (`local KIND_GCRA, ... = 0, ...` at the top of `ratelimit.lua`;
 /// the test below holds the script to this table, so a code changes in one place).

@@ -14,19 +14,14 @@
 use fred::prelude::{Client, ClientLike, Value};
 use futures_util::future::join_all;
 
-use super::keys::{
-    ADAPTIVE_POOL_SUFFIX, ADAPTIVE_SUFFIX, CALENDAR_SUFFIX, CONCURRENCY_SUFFIX, FAIR_SHARE_SUFFIX,
-    KeyBuf, TIERS_SUFFIX,
-};
+use super::keys::{self, HashParser, KeyBuf, Reading, SortedSetParser, StringParser};
+use super::reply::number;
 use super::{Connection, RedisBackend};
-use crate::algo::calendar::CalendarState;
-use crate::algo::tiers::{TierLog, TierState};
+use crate::backend::kit::Kept;
 use crate::backend::{BackendError, kit};
 
 /// Keys asked for per `SCAN` call (a hint to the server), and read at once.
 const PAGE: usize = 1_000;
-/// The largest stored number the script writes (2^52).
-const LIMIT: u64 = 1 << 52;
 /// The most leases read from one concurrency key: more is not a state of ours.
 const MAX_LEASES: u64 = 1 << 16;
 
@@ -134,22 +129,6 @@ async fn server_time(client: &Client) -> Result<u64, ReadError> {
     }
 }
 
-/// A whole number from a reply (an integer, or its digits).
-fn number(v: &Value) -> Option<u64> {
-    match v {
-        Value::Integer(i) => u64::try_from(*i).ok(),
-        other => digits(other.as_bytes()?),
-    }
-}
-
-/// The number `bytes` spell in decimal digits (no sign, no leading `+`).
-fn digits(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() || bytes.len() > 20 || !bytes.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(bytes).ok()?.parse().ok()
-}
-
 /// `text` with the glob's special characters escaped, then `*`.
 fn glob_escaped(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
@@ -236,20 +215,11 @@ fn scan_page(reply: Value) -> Result<(String, Vec<Vec<u8>>), ReadError> {
     Ok((cursor, keys))
 }
 
-/// A key's rest after `<prefix>{<name>:`: its id (unescaped) and its suffix (`""`, `:t`,
-/// `:c`, `:q`); `None` for a key that is not one of ours.
-pub(super) fn parse_key(rest: &[u8]) -> Option<(String, &'static str)> {
+/// A key's rest after `<prefix>{<name>:`: its id (unescaped) and the state its suffix keeps
+/// ([`keys::kept_at`]); `None` for a key that is not one of ours.
+pub(super) fn parse_key(rest: &[u8]) -> Option<(String, Kept)> {
     let close = rest.iter().position(|&b| b == b'}')?;
-    let suffix = match &rest[close + 1..] {
-        b"" => "",
-        b":t" => TIERS_SUFFIX,
-        b":c" => CONCURRENCY_SUFFIX,
-        b":q" => CALENDAR_SUFFIX,
-        b":f" => FAIR_SHARE_SUFFIX,
-        b":a" => ADAPTIVE_SUFFIX,
-        b":p" => ADAPTIVE_POOL_SUFFIX,
-        _ => return None,
-    };
+    let kept = keys::kept_at(&rest[close + 1..])?;
     let escaped = &rest[..close];
     let mut id = Vec::with_capacity(escaped.len());
     let mut i = 0;
@@ -267,27 +237,21 @@ pub(super) fn parse_key(rest: &[u8]) -> Option<(String, &'static str)> {
             return None;
         }
     }
-    Some((String::from_utf8(id).ok()?, suffix))
+    Some((String::from_utf8(id).ok()?, kept))
 }
-
-/// A hash's state from its fields and values by turns.
-type HashParser = fn(&[Value]) -> Option<kit::Stored>;
 
 /// One key's state: `None` when it is gone, `Some(None)` when it is not a state of ours.
 async fn read_value(
     client: &Client,
     key: &[u8],
-    suffix: &str,
+    kept: Kept,
 ) -> Result<Option<Option<kit::Stored>>, ReadError> {
     let key = fred::prelude::Key::from(key);
-    match suffix {
-        FAIR_SHARE_SUFFIX => read_hash(client, key, FAIR_SHARE_MOST_FIELDS, fair_pool).await,
-        ADAPTIVE_POOL_SUFFIX => {
-            read_hash(client, key, ADAPTIVE_POOL_MOST_FIELDS, adaptive_pool).await
-        }
-        CONCURRENCY_SUFFIX => read_sorted_set(client, key, leases).await,
-        ADAPTIVE_SUFFIX => read_sorted_set(client, key, adaptive).await,
-        _ => read_string(client, key, suffix).await,
+    match keys::reading_of(kept) {
+        Reading::Hash(most, parse) => read_hash(client, key, most, parse).await,
+        Reading::SortedSet(parse) => read_sorted_set(client, key, parse).await,
+        Reading::String(parse) => read_string(client, key, Some(parse)).await,
+        Reading::Word => read_string(client, key, None).await,
     }
 }
 
@@ -328,11 +292,7 @@ async fn read_hash(client: &Client, key: fred::prelude::Key, most: u64, parse: H
 
 /// A sorted set's state (a concurrency key's leases, an adaptive key's), read whole when it
 /// holds at most `MAX_LEASES` members, parsed by `parse` from `ZRANGE ... WITHSCORES`.
-async fn read_sorted_set(
-    client: &Client,
-    key: fred::prelude::Key,
-    parse: fn(Value) -> Option<kit::Stored>,
-) -> Read {
+async fn read_sorted_set(client: &Client, key: fred::prelude::Key, parse: SortedSetParser) -> Read {
     let count: Value = match client.custom(fred::cmd!("ZCARD"), vec![key.clone()]).await {
         Ok(c) => c,
         Err(e) if wrong_type(&e) => return Ok(Some(None)),
@@ -360,9 +320,13 @@ async fn read_sorted_set(
     Ok(Some(parse(reply)))
 }
 
-/// A string's state: a GCRA word (with its expiry, `PEXPIRETIME`), a tiered key's
-/// MessagePack, a calendar count.
-async fn read_string(client: &Client, key: fred::prelude::Key, suffix: &str) -> Read {
+/// A string's state, read by `parse`, or (`None`) a GCRA word with its expiry
+/// (`PEXPIRETIME`).
+async fn read_string(
+    client: &Client,
+    key: fred::prelude::Key,
+    parse: Option<StringParser>,
+) -> Read {
     let raw: Value = match client.custom(fred::cmd!("GET"), vec![key.clone()]).await {
         Ok(v) => v,
         Err(e) if wrong_type(&e) => return Ok(Some(None)),
@@ -371,337 +335,61 @@ async fn read_string(client: &Client, key: fred::prelude::Key, suffix: &str) -> 
     let Some(raw) = raw.as_bytes().map(<[u8]>::to_vec) else {
         return Ok(if raw.is_null() { None } else { Some(None) });
     };
-    Ok(Some(match suffix {
-        "" => {
-            let expires: Value = client
-                .custom(fred::cmd!("PEXPIRETIME"), vec![key])
-                .await
-                .map_err(failed)?;
-            let expires = match expires {
-                Value::Integer(ms) => ms,
-                _ => -1,
-            };
-            tat(&raw, expires)
-        }
-        TIERS_SUFFIX => tiers(&raw),
-        _ => calendar(&raw),
-    }))
-}
-
-/// The most fields a fair share's hash holds (`fair_share.lua` sweeps ended ids once it holds
-/// twice the ids a limit counts, one page a call; live ids above that are not ours).
-const FAIR_SHARE_MOST_FIELDS: u64 = 4 * crate::algo::fair_share::MAX_MEMBERS as u64 + 64;
-
-/// A fair share's hash (`fair_share.lua`), field and value by turns: the pool (the budget's TAT
-/// and its writer's bound as a bit length, the counts by period, the waiters) and each id's
-/// member; `None` for anything the script does not write.
-pub(super) fn fair_pool(items: &[Value]) -> Option<kit::Stored> {
-    use crate::algo::fair_share::{MAX_WAITERS, Member, Pool, Waiter};
-    let mut pool = Pool::default();
-    let mut bits = 0u64;
-    let mut members = std::collections::HashMap::new();
-    for pair in items.chunks(2) {
-        let [field, value] = pair else { return None };
-        let field = std::str::from_utf8(field.as_bytes()?).ok()?;
-        let value = std::str::from_utf8(value.as_bytes()?).ok()?;
-        let n = || value.parse::<u64>().ok().filter(|&v| v <= LIMIT);
-        match field {
-            "t" => pool.tat = n()?,
-            "k" => bits = n()?,
-            "e" => pool.epoch = n()?,
-            "w0" => pool.weights.0 = n()?,
-            "w1" => pool.weights.1 = n()?,
-            "m0" => pool.mins.0 = n()?,
-            "m1" => pool.mins.1 = n()?,
-            "n0" => pool.ids.0 = n()?,
-            "n1" => pool.ids.1 = n()?,
-            "h0" => pool.held[0] = n()?,
-            "h1" => pool.held[1] = n()?,
-            "h2" => pool.held[2] = n()?,
-            "p" => pool.pressed = n()?,
-            "f" => pool.fresh = n()?,
-            "x" | "c" => {}
-            "q" => {
-                for line in value.lines() {
-                    let mut parts = line.split('\t');
-                    let id = crate::key::Id::new(parts.next()?).ok()?;
-                    let until_us = parts.next()?.parse().ok()?;
-                    let cost = parts.next()?.parse().ok()?;
-                    pool.waiting.push(Waiter { id, until_us, cost });
-                }
-            }
-            _ => {
-                let id = crate::key::Id::new(field.strip_prefix("m:")?).ok()?;
-                let mut parts = value.split(' ').map(|p| p.parse::<u64>().ok());
-                let mut next = || parts.next().flatten();
-                let mut member = Member {
-                    tat: next()?,
-                    epoch: next()?,
-                    weight: next()?,
-                    min: next()?,
-                    ..Member::default()
-                };
-                // The units admitted below its share by period, and the latest's period
-                // (written since the rule for ids asking below their share).
-                if let Some(b0) = next() {
-                    member.below = [b0, next()?, next()?];
-                    member.below_at = next()?;
-                }
-                // The period it was first counted in (written since new ids have a part).
-                if let Some(since) = next() {
-                    member.since = since;
-                }
-                members.insert(id, member);
-            }
-        }
+    if let Some(parse) = parse {
+        return Ok(Some(parse(&raw)));
     }
-    if pool.waiting.len() > MAX_WAITERS || members.len() as u64 > FAIR_SHARE_MOST_FIELDS {
-        return None;
-    }
-    let bound_us = if (1..=52).contains(&bits) {
-        (1u64 << bits) - 1
-    } else {
-        0
+    let expires: Value = client
+        .custom(fred::cmd!("PEXPIRETIME"), vec![key])
+        .await
+        .map_err(failed)?;
+    let expires = match expires {
+        Value::Integer(ms) => ms,
+        _ => -1,
     };
-    pool.tat = kit::gcra_word_bound(pool.tat, bound_us).ok()?;
-    Some(kit::Stored::FairShare(Box::new(kit::FairPool::new(
-        pool, members,
-    ))))
-}
-
-/// The most fields an adaptive pool's hash holds (`adaptive.lua` sweeps the states of keys
-/// holding no slot past [`kit::MAX_POOL_KEYS`], a page a call).
-const ADAPTIVE_POOL_MOST_FIELDS: u64 = 2 * kit::MAX_POOL_KEYS as u64 + 64;
-
-/// An adaptive pool's hash (`adaptive.lua`), field and value by turns: every lease by its key,
-/// the waiters, and each key's state; `None` for anything the script does not write.
-pub(super) fn adaptive_pool(items: &[Value]) -> Option<kit::Stored> {
-    use crate::algo::adaptive::AdaptiveState;
-    use crate::key::Id;
-    let mut keys: std::collections::HashMap<Id, AdaptiveState> = Default::default();
-    let mut waiters = Vec::new();
-    let mut leases = Vec::new();
-    for pair in items.chunks(2) {
-        let [field, value] = pair else { return None };
-        let field = std::str::from_utf8(field.as_bytes()?).ok()?;
-        let value = std::str::from_utf8(value.as_bytes()?).ok()?;
-        match field {
-            "x" | "c" => {}
-            "L" => {
-                for line in value.lines() {
-                    let mut parts = line.split('\t');
-                    let id = Id::new(parts.next()?).ok()?;
-                    let lease = parts.next()?.parse().ok()?;
-                    let deadline: u64 = parts.next()?.parse().ok()?;
-                    leases.push((id, (lease, deadline)));
-                }
-            }
-            "q" => {
-                for line in value.lines() {
-                    let (id, until) = line.split_once('\t')?;
-                    waiters.push((Id::new(id).ok()?, until.parse().ok()?));
-                }
-            }
-            _ => {
-                let id = Id::new(field.strip_prefix("k:")?).ok()?;
-                let v: Vec<u64> = value
-                    .split(' ')
-                    .map(|p| p.parse().ok().filter(|&v| v < LIMIT))
-                    .collect::<Option<_>>()?;
-                let [c, g, n, f, s, m, w, t] = v[..] else {
-                    return None;
-                };
-                let state = keys.entry(id).or_default();
-                state.controller.limit_milli = c;
-                state.controller.long_us = g;
-                state.window.completions = n;
-                state.window.failures = f;
-                state.window.latency_sum_us = s;
-                state.window.max_in_flight = m;
-                state.window_start_us = w;
-                state.last_us = t;
-            }
-        }
-    }
-    for (id, lease) in leases {
-        keys.entry(id).or_default().leases.push(lease);
-    }
-    if waiters.len() > kit::MAX_POOL_WAITERS || keys.len() > kit::MAX_POOL_KEYS * 2 {
-        return None;
-    }
-    Some(kit::Stored::AdaptivePool(Box::new(kit::AdaptivePool::new(
-        keys, waiters,
-    ))))
-}
-
-/// A GCRA key: its TAT and its writer's bound, from when the key expires (`PXAT` of the TAT's
-/// millisecond, rounded up, plus the bound's bit length `k`; a key written with caller time
-/// expires relative to its write and records no bound: read as written by the limit in force).
-pub(super) fn tat(raw: &[u8], expires_ms: i64) -> Option<kit::Stored> {
-    let tat = digits(raw).filter(|&t| t < LIMIT)?;
-    let k = expires_ms - i64::try_from(tat.div_ceil(1_000)).ok()?;
-    let bound_us = if (1..=52).contains(&k) {
-        (1u64 << k) - 1
-    } else {
-        0
-    };
-    kit::gcra_word_bound(tat, bound_us)
-        .ok()
-        .map(kit::Stored::Tat)
-}
-
-/// A calendar key: `"<end> <used>"` (units used above 2^52 read as 2^52, as the script reads
-/// them).
-pub(super) fn calendar(raw: &[u8]) -> Option<kit::Stored> {
-    let space = raw.iter().position(|&b| b == b' ')?;
-    let end_us = digits(&raw[..space]).filter(|&e| e < LIMIT)?;
-    let used = &raw[space + 1..];
-    let used = match digits(used) {
-        Some(u) => u.min(LIMIT),
-        // More digits than a u64 holds: a number past 2^52 all the same.
-        None if !used.is_empty() && used.iter().all(u8::is_ascii_digit) => LIMIT,
-        None => return None,
-    };
-    Some(kit::Stored::Calendar(CalendarState { end_us, used }))
-}
-
-/// A concurrency key's leases from `ZRANGE .. WITHSCORES` (flat pairs, or pairs in arrays).
-fn leases(reply: Value) -> Option<kit::Stored> {
-    let mut out = Vec::new();
-    for (member, score) in scored(reply)? {
-        out.push((digits(&member)?, whole(score)?));
-    }
-    Some(kit::Stored::Leases(out))
-}
-
-/// An adaptive key's sorted set (`adaptive.lua`): its leases (ids scored by deadlines), and
-/// its state (`~f` scored `-(value + 1)`); a member of neither form is not ours.
-fn adaptive(reply: Value) -> Option<kit::Stored> {
-    use crate::algo::adaptive::AdaptiveState;
-    let mut state = AdaptiveState::default();
-    for (member, score) in scored(reply)? {
-        if score > 0.0 {
-            state.leases.push((digits(&member)?, whole(score)?));
-            continue;
-        }
-        let v = whole(-score - 1.0)?;
-        let field = match member.as_slice() {
-            b"~c" => &mut state.controller.limit_milli,
-            b"~g" => &mut state.controller.long_us,
-            b"~n" => &mut state.window.completions,
-            b"~f" => &mut state.window.failures,
-            b"~s" => &mut state.window.latency_sum_us,
-            b"~m" => &mut state.window.max_in_flight,
-            b"~w" => &mut state.window_start_us,
-            b"~t" => &mut state.last_us,
-            _ => return None,
-        };
-        *field = v;
-    }
-    Some(kit::Stored::Adaptive(Box::new(state)))
-}
-
-/// A sorted set's members and scores, from `ZRANGE ... WITHSCORES` (flat, or in pairs).
-fn scored(reply: Value) -> Option<Vec<(Vec<u8>, f64)>> {
-    let Value::Array(items) = reply else {
-        return None;
-    };
-    let mut flat = Vec::with_capacity(items.len());
-    for item in items {
-        match item {
-            Value::Array(pair) => flat.extend(pair),
-            other => flat.push(other),
-        }
-    }
-    if flat.len() % 2 != 0 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(flat.len() / 2);
-    for pair in flat.chunks(2) {
-        let member = pair[0].as_bytes()?.to_vec();
-        let score = match &pair[1] {
-            Value::Double(d) => *d,
-            Value::Integer(i) => *i as f64,
-            other => std::str::from_utf8(other.as_bytes()?).ok()?.parse().ok()?,
-        };
-        out.push((member, score));
-    }
-    Some(out)
-}
-
-/// A score that is a whole number of microseconds.
-fn whole(d: f64) -> Option<u64> {
-    (d.is_finite() && d >= 0.0 && d.fract() == 0.0 && d < LIMIT as f64).then_some(d as u64)
-}
-
-/// A tiered key's MessagePack array of whole numbers.
-pub(super) fn tiers(raw: &[u8]) -> Option<kit::Stored> {
-    /// The array's numbers, one at a time, no more than its length.
-    struct Numbers<'a> {
-        input: &'a [u8],
-        left: u32,
-    }
-    impl Numbers<'_> {
-        /// The next number, at least `lo` and below 2^52.
-        fn next(&mut self, lo: i64) -> Option<i64> {
-            self.left = self.left.checked_sub(1)?;
-            let v: i64 = rmp::decode::read_int(&mut self.input).ok()?;
-            (v >= lo && v < LIMIT as i64).then_some(v)
-        }
-        /// The next number, at least `lo` (0 or more) and below 2^52.
-        fn whole(&mut self, lo: i64) -> Option<u64> {
-            self.next(lo).map(i64::unsigned_abs)
-        }
-    }
-    let mut input = raw;
-    let left = rmp::decode::read_array_len(&mut input).ok()?;
-    let mut n = Numbers { input, left };
-    if n.whole(1)? != 1 {
-        return None;
-    }
-    let base = n.whole(0)?;
-    let count = n.whole(0)?;
-    if count > 64 {
-        return None;
-    }
-    let mut logs = Vec::with_capacity(count as usize);
-    for _ in 0..count {
-        let entry = match n.next(-1)? {
-            -1 => None,
-            e => Some(base.checked_add(e.unsigned_abs())?),
-        };
-        let grants = n.whole(0)?;
-        if grants > u64::from(n.left) {
-            return None;
-        }
-        let mut log = Vec::with_capacity(grants as usize);
-        for _ in 0..grants {
-            let t = base.checked_add(n.whole(0)?).filter(|&t| t < LIMIT)?;
-            log.push((t, n.whole(1)?));
-        }
-        logs.push(TierLog::new(entry, log));
-    }
-    (n.left == 0 && n.input.is_empty()).then(|| kit::Stored::Tiers(TierState::from_tiers(logs)))
+    Ok(Some(super::script::read_tat(&raw, expires)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The decoders of the older shapes, in the script's records (`script/records.rs`).
+    use crate::algo::calendar::CalendarState;
+    use crate::backend::redis::reply::LIMIT;
+    use crate::backend::redis::script::{read_calendar as calendar, read_tat, read_tiers as tiers};
 
     #[test]
     fn a_key_gives_its_id_unescaped_and_its_shape_by_suffix() {
-        assert_eq!(parse_key(b"192.0.2.1}"), Some(("192.0.2.1".into(), "")));
+        assert_eq!(
+            parse_key(b"192.0.2.1}"),
+            Some(("192.0.2.1".into(), Kept::Word))
+        );
         assert_eq!(
             parse_key(b"a%7Bb%7D%25c%20%C3%A9}:t"),
-            Some(("a{b}%c é".into(), ":t"))
+            Some(("a{b}%c é".into(), Kept::Tiers))
         );
         assert_eq!(
             parse_key(b"2001:db8::1}:c"),
-            Some(("2001:db8::1".into(), ":c"))
+            Some(("2001:db8::1".into(), Kept::Leases))
         );
-        assert_eq!(parse_key(b"42}:q"), Some(("42".into(), ":q")));
-        for foreign in [&b"x}:zz"[..], b"x", b"%4}", b"%ZZ}", b"a b}", b"%FF}"] {
+        assert_eq!(parse_key(b"42}:q"), Some(("42".into(), Kept::Calendar)));
+        assert_eq!(parse_key(b"}:p"), Some(("".into(), Kept::AdaptivePool)));
+        // A share bucket (`:r`) is a region's, not a state a snapshot carries.
+        for foreign in [
+            &b"x}:zz"[..],
+            b"x",
+            b"%4}",
+            b"%ZZ}",
+            b"a b}",
+            b"%FF}",
+            b"x}:r",
+        ] {
             assert_eq!(parse_key(foreign), None, "{foreign:?}");
+        }
+        // Every state is found again by its suffix, each at a key of its own.
+        for kept in Kept::ALL {
+            assert_eq!(Kept::ALL[kept.index()], kept);
+            let key = format!("x}}{}", keys::suffix_of(kept));
+            assert_eq!(parse_key(key.as_bytes()), Some(("x".into(), kept)));
         }
     }
 
@@ -709,7 +397,7 @@ mod tests {
     fn a_tat_reads_its_writers_bound_from_when_it_expires() {
         // Written with PXAT ceil(tat / 1000) + k (k = 23: a bound of 2^23 us).
         let tat = 1_764_064_800_123_456u64;
-        let word = |expires: i64| match super::tat(tat.to_string().as_bytes(), expires) {
+        let word = |expires: i64| match read_tat(tat.to_string().as_bytes(), expires) {
             Some(kit::Stored::Tat(w)) => kit::gcra_unword(w),
             other => panic!("{other:?}"),
         };
@@ -719,7 +407,7 @@ mod tests {
         assert_eq!(word(-1), (tat, 0));
         assert_eq!(word(ms + 60), (tat, 0));
         for foreign in [&b"x"[..], b"-5", b"1.5", b"", b"4503599627370496"] {
-            assert!(super::tat(foreign, -1).is_none(), "{foreign:?}");
+            assert!(read_tat(foreign, -1).is_none(), "{foreign:?}");
         }
     }
 

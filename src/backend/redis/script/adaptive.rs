@@ -74,3 +74,108 @@ pub(super) fn push_adaptive(
 pub(super) fn slots(n: u64) -> u16 {
     u16::try_from(n).unwrap_or(u16::MAX)
 }
+
+#[cfg(feature = "replay")]
+pub(in crate::backend::redis) use read::*;
+
+/// What a snapshot reads back of an adaptive key's sorted set and a pooled limit's hash ([`crate::backend::redis::keys::reading_of`]).
+#[cfg(feature = "replay")]
+mod read {
+    use fred::prelude::Value;
+
+    use crate::backend::kit;
+    use crate::backend::redis::reply::{LIMIT, digits, scored, whole};
+
+    /// The most fields an adaptive pool's hash holds (`adaptive.lua` sweeps the states of keys
+    /// holding no slot past [`kit::MAX_POOL_KEYS`], a page a call).
+    pub(in crate::backend::redis) const ADAPTIVE_POOL_MOST_FIELDS: u64 =
+        2 * kit::MAX_POOL_KEYS as u64 + 64;
+
+    /// An adaptive pool's hash (`adaptive.lua`), field and value by turns: every lease by its key,
+    /// the waiters, and each key's state; `None` for anything the script does not write.
+    pub(in crate::backend::redis) fn read_adaptive_pool(items: &[Value]) -> Option<kit::Stored> {
+        use crate::algo::adaptive::AdaptiveState;
+        use crate::key::Id;
+        let mut keys: std::collections::HashMap<Id, AdaptiveState> = Default::default();
+        let mut waiters = Vec::new();
+        let mut leases = Vec::new();
+        for pair in items.chunks(2) {
+            let [field, value] = pair else { return None };
+            let field = std::str::from_utf8(field.as_bytes()?).ok()?;
+            let value = std::str::from_utf8(value.as_bytes()?).ok()?;
+            match field {
+                "x" | "c" => {}
+                "L" => {
+                    for line in value.lines() {
+                        let mut parts = line.split('\t');
+                        let id = Id::new(parts.next()?).ok()?;
+                        let lease = parts.next()?.parse().ok()?;
+                        let deadline: u64 = parts.next()?.parse().ok()?;
+                        leases.push((id, (lease, deadline)));
+                    }
+                }
+                "q" => {
+                    for line in value.lines() {
+                        let (id, until) = line.split_once('\t')?;
+                        waiters.push((Id::new(id).ok()?, until.parse().ok()?));
+                    }
+                }
+                _ => {
+                    let id = Id::new(field.strip_prefix("k:")?).ok()?;
+                    let v: Vec<u64> = value
+                        .split(' ')
+                        .map(|p| p.parse().ok().filter(|&v| v < LIMIT))
+                        .collect::<Option<_>>()?;
+                    let [c, g, n, f, s, m, w, t] = v[..] else {
+                        return None;
+                    };
+                    let state = keys.entry(id).or_default();
+                    state.controller.limit_milli = c;
+                    state.controller.long_us = g;
+                    state.window.completions = n;
+                    state.window.failures = f;
+                    state.window.latency_sum_us = s;
+                    state.window.max_in_flight = m;
+                    state.window_start_us = w;
+                    state.last_us = t;
+                }
+            }
+        }
+        for (id, lease) in leases {
+            keys.entry(id).or_default().leases.push(lease);
+        }
+        if waiters.len() > kit::MAX_POOL_WAITERS || keys.len() > kit::MAX_POOL_KEYS * 2 {
+            return None;
+        }
+        Some(kit::Stored::AdaptivePool(Box::new(kit::AdaptivePool::new(
+            keys, waiters,
+        ))))
+    }
+
+    /// An adaptive key's sorted set (`adaptive.lua`): its leases (ids scored by deadlines), and
+    /// its state (`~f` scored `-(value + 1)`); a member of neither form is not ours.
+    pub(in crate::backend::redis) fn read_adaptive(reply: Value) -> Option<kit::Stored> {
+        use crate::algo::adaptive::AdaptiveState;
+        let mut state = AdaptiveState::default();
+        for (member, score) in scored(reply)? {
+            if score > 0.0 {
+                state.leases.push((digits(&member)?, whole(score)?));
+                continue;
+            }
+            let v = whole(-score - 1.0)?;
+            let field = match member.as_slice() {
+                b"~c" => &mut state.controller.limit_milli,
+                b"~g" => &mut state.controller.long_us,
+                b"~n" => &mut state.window.completions,
+                b"~f" => &mut state.window.failures,
+                b"~s" => &mut state.window.latency_sum_us,
+                b"~m" => &mut state.window.max_in_flight,
+                b"~w" => &mut state.window_start_us,
+                b"~t" => &mut state.last_us,
+                _ => return None,
+            };
+            *field = v;
+        }
+        Some(kit::Stored::Adaptive(Box::new(state)))
+    }
+}

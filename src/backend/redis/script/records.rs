@@ -99,3 +99,107 @@ pub(super) fn push_tiered(args: &mut Vec<Value>, tx: &BucketTx<'_>, limit: &Tier
         ]);
     }
 }
+
+#[cfg(feature = "replay")]
+pub(in crate::backend::redis) use read::*;
+
+/// What a snapshot reads back of a GCRA, calendar, concurrency or tiered key ([`crate::backend::redis::keys::reading_of`]).
+#[cfg(feature = "replay")]
+mod read {
+    use fred::prelude::Value;
+
+    use crate::algo::calendar::CalendarState;
+    use crate::algo::tiers::{TierLog, TierState};
+    use crate::backend::kit;
+    use crate::backend::redis::reply::{LIMIT, digits, scored, whole};
+
+    /// A GCRA key: its TAT and its writer's bound, from when the key expires (`PXAT` of the TAT's
+    /// millisecond, rounded up, plus the bound's bit length `k`; a key written with caller time
+    /// expires relative to its write and records no bound: read as written by the limit in force).
+    pub(in crate::backend::redis) fn read_tat(raw: &[u8], expires_ms: i64) -> Option<kit::Stored> {
+        let tat = digits(raw).filter(|&t| t < LIMIT)?;
+        let k = expires_ms - i64::try_from(tat.div_ceil(1_000)).ok()?;
+        let bound_us = if (1..=52).contains(&k) {
+            (1u64 << k) - 1
+        } else {
+            0
+        };
+        kit::gcra_word_bound(tat, bound_us)
+            .ok()
+            .map(kit::Stored::Tat)
+    }
+
+    /// A calendar key: `"<end> <used>"` (units used above 2^52 read as 2^52, as the script reads
+    /// them).
+    pub(in crate::backend::redis) fn read_calendar(raw: &[u8]) -> Option<kit::Stored> {
+        let space = raw.iter().position(|&b| b == b' ')?;
+        let end_us = digits(&raw[..space]).filter(|&e| e < LIMIT)?;
+        let used = &raw[space + 1..];
+        let used = match digits(used) {
+            Some(u) => u.min(LIMIT),
+            // More digits than a u64 holds: a number past 2^52 all the same.
+            None if !used.is_empty() && used.iter().all(u8::is_ascii_digit) => LIMIT,
+            None => return None,
+        };
+        Some(kit::Stored::Calendar(CalendarState { end_us, used }))
+    }
+
+    /// A concurrency key's leases from `ZRANGE .. WITHSCORES` (flat pairs, or pairs in arrays).
+    pub(in crate::backend::redis) fn read_leases(reply: Value) -> Option<kit::Stored> {
+        let mut out = Vec::new();
+        for (member, score) in scored(reply)? {
+            out.push((digits(&member)?, whole(score)?));
+        }
+        Some(kit::Stored::Leases(out))
+    }
+
+    /// A tiered key's MessagePack array of whole numbers.
+    pub(in crate::backend::redis) fn read_tiers(raw: &[u8]) -> Option<kit::Stored> {
+        /// The array's numbers, one at a time, no more than its length.
+        struct Numbers<'a> {
+            input: &'a [u8],
+            left: u32,
+        }
+        impl Numbers<'_> {
+            /// The next number, at least `lo` and below 2^52.
+            fn next(&mut self, lo: i64) -> Option<i64> {
+                self.left = self.left.checked_sub(1)?;
+                let v: i64 = rmp::decode::read_int(&mut self.input).ok()?;
+                (v >= lo && v < LIMIT as i64).then_some(v)
+            }
+            /// The next number, at least `lo` (0 or more) and below 2^52.
+            fn whole(&mut self, lo: i64) -> Option<u64> {
+                self.next(lo).map(i64::unsigned_abs)
+            }
+        }
+        let mut input = raw;
+        let left = rmp::decode::read_array_len(&mut input).ok()?;
+        let mut n = Numbers { input, left };
+        if n.whole(1)? != 1 {
+            return None;
+        }
+        let base = n.whole(0)?;
+        let count = n.whole(0)?;
+        if count > 64 {
+            return None;
+        }
+        let mut logs = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let entry = match n.next(-1)? {
+                -1 => None,
+                e => Some(base.checked_add(e.unsigned_abs())?),
+            };
+            let grants = n.whole(0)?;
+            if grants > u64::from(n.left) {
+                return None;
+            }
+            let mut log = Vec::with_capacity(grants as usize);
+            for _ in 0..grants {
+                let t = base.checked_add(n.whole(0)?).filter(|&t| t < LIMIT)?;
+                log.push((t, n.whole(1)?));
+            }
+            logs.push(TierLog::new(entry, log));
+        }
+        (n.left == 0 && n.input.is_empty()).then(|| kit::Stored::Tiers(TierState::from_tiers(logs)))
+    }
+}
