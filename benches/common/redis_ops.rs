@@ -24,11 +24,12 @@ Pooled: {kind: account, concurrency: {adaptive: {min: 10, initial: 50, max: 100,
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 15] = [
+pub const VARIANTS: [&str; 16] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_1_rule_uncoalesced",
     "ours_3_rules",
+    "ours_3_rules_uncoalesced",
     "tower_rate_limit_fred",
     "ours_1_rule_coalesced",
     "ours_1_rule_hot_key",
@@ -139,15 +140,8 @@ impl RedisOps {
             "ours_1_rule_coalesced" => spends(&self.coalesced, "A", id).await,
             // Coalescing turned off.
             "ours_1_rule_uncoalesced" => spends(&self.uncoalesced, "A", id).await,
-            "ours_3_rules" => {
-                let ip = std::net::IpAddr::from([10, 0, (id >> 8) as u8, id as u8]);
-                let batch = [
-                    Transaction::new(self.limiter.key("A", Id::from(id)).unwrap()),
-                    Transaction::new(self.limiter.key("B", Id::from(ip)).unwrap()),
-                    Transaction::new(self.limiter.key("C", Id::from(id)).unwrap()),
-                ];
-                assert!(self.limiter.spend(&batch).await.unwrap().allowed());
-            }
+            "ours_3_rules" => three_rules(&self.limiter, id).await,
+            "ours_3_rules_uncoalesced" => three_rules(&self.uncoalesced, id).await,
             "tower_rate_limit_fred" => self.peer(format!("trlf:bench:{id}")).await,
             // The peer on one hot key (its burst, 65,535, outlasts a run).
             "tower_rate_limit_fred_hot_key" => self.peer("trlf:bench:hot".to_string()).await,
@@ -192,4 +186,16 @@ async fn spends(limiter: &Limiter, name: &str, id: u64) {
     let key = limiter.key(name, Id::from(id)).unwrap();
     let d = limiter.spend(&[Transaction::new(key)]).await.unwrap();
     assert!(d.allowed());
+}
+
+/// One request under three rules (two keyed by the id, one by an address made of it): one
+/// batch of three transactions.
+async fn three_rules(limiter: &Limiter, id: u64) {
+    let ip = std::net::IpAddr::from([10, 0, (id >> 8) as u8, id as u8]);
+    let batch = [
+        Transaction::new(limiter.key("A", Id::from(id)).unwrap()),
+        Transaction::new(limiter.key("B", Id::from(ip)).unwrap()),
+        Transaction::new(limiter.key("C", Id::from(id)).unwrap()),
+    ];
+    assert!(limiter.spend(&batch).await.unwrap().allowed());
 }
