@@ -22,6 +22,54 @@ use super::setup::{RedisSetupError, configured_builder};
 use crate::backend::BackendError;
 
 const SLOTS: usize = 16_384;
+
+/// Why the slot map could not be read or installed (its text is a setup error's reason and a
+/// refresh's warning).
+#[derive(Debug, thiserror::Error)]
+enum TopologyError {
+    /// A node's client could not be built.
+    #[error("{0}")]
+    Client(FredError),
+    /// No node answered; the last one's reason, or none to ask.
+    #[error("no node to ask")]
+    NoNode,
+    /// A node could not be reached in time.
+    #[error("{0}:{1}: cannot connect")]
+    Connect(String, u16),
+    /// A node's answer to `CLUSTER SLOTS`: an error, none in time, or not a slot map.
+    #[error("{0}:{1}: {2}")]
+    Asked(String, u16, SlotsError),
+    /// The map read assigns no slot.
+    #[error("the cluster serves no slot")]
+    NoSlot,
+}
+
+/// What was wrong with one node's answer to `CLUSTER SLOTS`.
+#[derive(Debug, thiserror::Error)]
+enum SlotsError {
+    #[error("{0}")]
+    Store(FredError),
+    #[error("CLUSTER SLOTS timed out")]
+    TimedOut,
+    #[error("CLUSTER SLOTS did not answer an array")]
+    NotAnArray,
+    #[error("malformed CLUSTER SLOTS entry")]
+    Entry,
+    #[error("malformed slot range")]
+    Range,
+    #[error("slot range without a master")]
+    NoMaster,
+    #[error("master without a port")]
+    NoPort,
+}
+
+/// One range of slots of `CLUSTER SLOTS` and the master serving it.
+struct SlotRange {
+    start: u16,
+    end: u16,
+    host: String,
+    port: u16,
+}
 const UNASSIGNED: u16 = u16::MAX;
 
 struct Topology {
@@ -95,7 +143,7 @@ impl ClusterRouter {
             Ok(Ok(())) => Ok(router),
             Ok(Err(e)) => Err(RedisSetupError::connect(
                 &super::setup::address(&config),
-                e,
+                e.to_string(),
                 false,
             )),
             Err(_) => Err(RedisSetupError::connect(
@@ -106,14 +154,14 @@ impl ClusterRouter {
         }
     }
 
-    fn new_client(&self, host: &str, port: u16) -> Result<Client, String> {
+    fn new_client(&self, host: &str, port: u16) -> Result<Client, TopologyError> {
         let mut config = self.inner.template.clone();
         config.server = ServerConfig::new_centralized(host, port);
         // Keep trying in the background when the node is down, also the first time.
         config.fail_fast = false;
         let client = configured_builder(config, self.inner.timeout)
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(TopologyError::Client)?;
         drop(client.connect());
         Ok(client)
     }
@@ -226,7 +274,7 @@ impl ClusterRouter {
         }
     }
 
-    async fn refresh(&self) -> Result<(), String> {
+    async fn refresh(&self) -> Result<(), TopologyError> {
         let current = read_lock(&self.inner.topology).clone();
         let mut candidates: Vec<(String, u16, Option<Client>)> = current
             .nodes
@@ -235,7 +283,7 @@ impl ClusterRouter {
             .map(|(h, p, c)| (h.clone(), *p, Some(c.clone())))
             .collect();
         candidates.extend(self.inner.seeds.iter().map(|(h, p)| (h.clone(), *p, None)));
-        let mut last_error = String::from("no node to ask");
+        let mut last_error = TopologyError::NoNode;
         for (host, port, client) in candidates {
             let client = match client {
                 Some(c) => c,
@@ -248,7 +296,7 @@ impl ClusterRouter {
                     .await;
                     if !matches!(connected, Ok(Ok(()))) {
                         let _ = c.quit().await;
-                        last_error = format!("{host}:{port}: cannot connect");
+                        last_error = TopologyError::Connect(host, port);
                         continue;
                     }
                     c
@@ -269,10 +317,10 @@ impl ClusterRouter {
                         );
                         return Ok(());
                     }
-                    Err(e) => last_error = format!("{host}:{port}: {e}"),
+                    Err(e) => last_error = TopologyError::Asked(host, port, e),
                 },
-                Ok(Err(e)) => last_error = format!("{host}:{port}: {e}"),
-                Err(_) => last_error = format!("{host}:{port}: CLUSTER SLOTS timed out"),
+                Ok(Err(e)) => last_error = TopologyError::Asked(host, port, SlotsError::Store(e)),
+                Err(_) => last_error = TopologyError::Asked(host, port, SlotsError::TimedOut),
             }
         }
         Err(last_error)
@@ -281,9 +329,9 @@ impl ClusterRouter {
     fn install(
         &self,
         current: &Topology,
-        ranges: Vec<(u16, u16, String, u16)>,
+        ranges: Vec<SlotRange>,
         asked: (String, u16, Client),
-    ) -> Result<(), String> {
+    ) -> Result<(), TopologyError> {
         let mut existing: HashMap<(String, u16), Client> = current
             .nodes
             .iter()
@@ -292,7 +340,13 @@ impl ClusterRouter {
         existing.entry((asked.0, asked.1)).or_insert(asked.2);
         let mut nodes: Vec<(String, u16, Client)> = Vec::new();
         let mut slots = vec![UNASSIGNED; SLOTS].into_boxed_slice();
-        for (start, end, host, port) in ranges {
+        for SlotRange {
+            start,
+            end,
+            host,
+            port,
+        } in ranges
+        {
             let index = match nodes.iter().position(|(h, p, _)| *h == host && *p == port) {
                 Some(i) => i,
                 None => {
@@ -309,7 +363,7 @@ impl ClusterRouter {
             }
         }
         if nodes.is_empty() {
-            return Err("the cluster serves no slot".into());
+            return Err(TopologyError::NoSlot);
         }
         // A node keeps its circuit across refreshes; a new node starts closed.
         let breakers = nodes
@@ -345,24 +399,24 @@ impl ClusterRouter {
 }
 
 /// Parses `CLUSTER SLOTS`: `[[start, end, [host, port, id, ...], replicas...], ...]`.
-fn parse_slots(value: &Value, asked_host: &str) -> Result<Vec<(u16, u16, String, u16)>, String> {
+fn parse_slots(value: &Value, asked_host: &str) -> Result<Vec<SlotRange>, SlotsError> {
     let Value::Array(entries) = value else {
-        return Err("CLUSTER SLOTS did not answer an array".into());
+        return Err(SlotsError::NotAnArray);
     };
     let mut ranges = Vec::with_capacity(entries.len());
     for entry in entries {
         let Value::Array(fields) = entry else {
-            return Err("malformed CLUSTER SLOTS entry".into());
+            return Err(SlotsError::Entry);
         };
         let num = |v: Option<&Value>| {
             v.and_then(Value::as_i64)
                 .and_then(|n| u16::try_from(n).ok())
         };
         let (Some(start), Some(end)) = (num(fields.first()), num(fields.get(1))) else {
-            return Err("malformed slot range".into());
+            return Err(SlotsError::Range);
         };
         let Some(Value::Array(master)) = fields.get(2) else {
-            return Err("slot range without a master".into());
+            return Err(SlotsError::NoMaster);
         };
         let host = master
             .first()
@@ -370,9 +424,55 @@ fn parse_slots(value: &Value, asked_host: &str) -> Result<Vec<(u16, u16, String,
             .filter(|h| !h.is_empty() && h != "?")
             .unwrap_or_else(|| asked_host.to_owned());
         let Some(port) = num(master.get(1)) else {
-            return Err("master without a port".into());
+            return Err(SlotsError::NoPort);
         };
-        ranges.push((start, end, host, port));
+        ranges.push(SlotRange {
+            start,
+            end,
+            host,
+            port,
+        });
     }
     Ok(ranges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_map_is_read_into_ranges_and_a_bad_one_says_what_is_wrong() {
+        let node = |host: &str, port: i64| Value::Array(vec![Value::from(host), Value::from(port)]);
+        let map = Value::Array(vec![
+            Value::Array(vec![
+                Value::from(0),
+                Value::from(8191),
+                node("10.0.0.1", 7000),
+            ]),
+            // A master that does not know its own address: the node asked.
+            Value::Array(vec![Value::from(8192), Value::from(16383), node("?", 7001)]),
+        ]);
+        let ranges = parse_slots(&map, "10.0.0.9").unwrap();
+        let got: Vec<_> = ranges
+            .iter()
+            .map(|r| (r.start, r.end, r.host.as_str(), r.port))
+            .collect();
+        assert_eq!(
+            got,
+            [(0, 8191, "10.0.0.1", 7000), (8192, 16383, "10.0.0.9", 7001)]
+        );
+        let bad = |v: Value| parse_slots(&v, "h").err().map(|e| e.to_string());
+        assert_eq!(
+            bad(Value::from("x")).as_deref(),
+            Some("CLUSTER SLOTS did not answer an array")
+        );
+        let no_port = Value::Array(vec![Value::Array(vec![
+            Value::from(0),
+            Value::from(1),
+            Value::Array(vec![Value::from("h")]),
+        ])]);
+        assert_eq!(bad(no_port).as_deref(), Some("master without a port"));
+        let asked = TopologyError::Asked("h".into(), 7000, SlotsError::TimedOut);
+        assert_eq!(asked.to_string(), "h:7000: CLUSTER SLOTS timed out");
+    }
 }
