@@ -199,7 +199,9 @@ pub use backend::{
 };
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use backend::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
+pub use backend::{
+    CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError, RegionalError,
+};
 pub use completion::{Completion, Measure};
 #[cfg(feature = "yaml")]
 #[cfg_attr(docsrs, doc(cfg(feature = "yaml")))]

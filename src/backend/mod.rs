@@ -32,7 +32,7 @@ pub(crate) use overrides::{MemoryOverrides, OverrideStore, PutError, StoreEvent}
 #[cfg(feature = "redis")]
 pub(crate) use overrides::{Watched, Watcher};
 #[cfg(feature = "redis")]
-pub use redis::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError};
+pub use redis::{CoalesceStats, RedisBackend, RedisBackendBuilder, RedisSetupError, RegionalError};
 
 /// The limits a limiter holds now, while it lives (`None` once it is gone): what a regional
 /// backend follows ([`Backend::follow_limits`]).

@@ -397,8 +397,13 @@ impl RedisBackendBuilder {
             });
         }
         if let Some((region, global)) = &self.regional {
-            super::regions::check(region, global, &self.regional_settings, &self.prefix)
-                .map_err(RedisSetupError::InvalidRegional)?;
+            super::regions::check(
+                region,
+                global.prefix(),
+                &self.regional_settings,
+                &self.prefix,
+            )
+            .map_err(RedisSetupError::InvalidRegional)?;
         }
         Ok(())
     }

@@ -116,6 +116,7 @@ pub(crate) mod snapshot;
 
 pub use coalesce::CoalesceStats;
 pub use connect::RedisBackendBuilder;
+pub use regions::RegionalError;
 pub use setup::RedisSetupError;
 
 use connect::{Connection, Source};

@@ -34,7 +34,7 @@ pub enum RedisSetupError {
     /// set up wrong: a region name that is not 1 to 32 letters, digits, `-` or `_`, a global
     /// store with the region's own prefix, or a rebalance period or lease margin of zero.
     #[error("invalid regional mode: {0}")]
-    InvalidRegional(String),
+    InvalidRegional(super::regions::RegionalError),
 }
 
 readable_debug!(RedisSetupError { InvalidUrl(url), InvalidPrefix { prefix, reason }, Connect { address, reason, single }, InvalidRegional(what) });

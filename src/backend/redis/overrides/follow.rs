@@ -104,7 +104,7 @@ impl RedisBackend {
                     }
                 })
                 .await?;
-            let (next, fields) = scan_page(page).map_err(BackendError::Unavailable)?;
+            let (next, fields) = scan_page(page)?;
             let now_ms = self.now_ms();
             for (field, value) in fields {
                 if let Some(o) = Self::decode(&field, &value, now_ms) {
@@ -265,8 +265,8 @@ impl RedisBackend {
 }
 
 /// An `HSCAN` answer: the next cursor and the page's fields with their values.
-pub(super) fn scan_page(page: Value) -> Result<(String, Vec<(String, String)>), String> {
-    let bad = || format!("unexpected HSCAN reply: {:?}", page.kind());
+pub(super) fn scan_page(page: Value) -> Result<(String, Vec<(String, String)>), BackendError> {
+    let bad = || BackendError::Unavailable(format!("unexpected HSCAN reply: {:?}", page.kind()));
     let Value::Array(parts) = &page else {
         return Err(bad());
     };

@@ -28,25 +28,37 @@ use crate::key::BucketKey;
 /// The global store's script (`global.lua`).
 const GLOBAL_SCRIPT: &str = include_str!("global.lua");
 
-/// Why regional mode cannot be set up as asked (`None`: it can).
+/// Why regional mode cannot be set up as asked ([`RedisSetupError::InvalidRegional`](super::RedisSetupError::InvalidRegional)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegionalError {
+    /// A region name that is not 1 to 32 ASCII letters, digits, `-` or `_` (the name).
+    #[error("region {0:?}: a region is named by 1 to 32 ASCII letters, digits, '-' or '_'")]
+    RegionName(String),
+    /// The global store under the region's own prefix (the prefix).
+    #[error("the global store's prefix {0:?} is the region's own: give it one of its own")]
+    SamePrefix(String),
+    /// A rebalance period or a lease margin of zero.
+    #[error("the rebalance period and the lease margin must be longer than zero")]
+    ZeroTiming,
+}
+
+/// Whether regional mode can be set up as asked: `region`'s name, the global store's prefix
+/// beside the region's own, the settings.
 pub(crate) fn check(
     region: &str,
-    global: &RedisBackend,
+    global_prefix: &str,
     settings: &RegionalSettings,
     prefix: &str,
-) -> Result<(), String> {
+) -> Result<(), RegionalError> {
     if !global::is_region_name(region) {
-        return Err(format!(
-            "region {region:?}: a region is named by 1 to 32 ASCII letters, digits, '-' or '_'"
-        ));
+        return Err(RegionalError::RegionName(region.to_owned()));
     }
-    if global.prefix() == prefix {
-        return Err(format!(
-            "the global store's prefix {prefix:?} is the region's own: give it one of its own"
-        ));
+    if global_prefix == prefix {
+        return Err(RegionalError::SamePrefix(prefix.to_owned()));
     }
     if settings.period_us == 0 || settings.margin_us == 0 {
-        return Err("the rebalance period and the lease margin must be longer than zero".into());
+        return Err(RegionalError::ZeroTiming);
     }
     Ok(())
 }
@@ -529,5 +541,36 @@ impl RedisBackend {
             part,
             lease_left: std::time::Duration::from_micros(lease_left),
         }))
+    }
+}
+
+#[cfg(test)]
+mod check_tests {
+    use super::*;
+
+    /// Regional mode set up wrong is refused with what is wrong: a name, the global store's
+    /// prefix, a timing of zero.
+    #[test]
+    fn regional_mode_set_up_wrong_is_refused_by_kind() {
+        let settings = RegionalSettings::default();
+        assert_eq!(check("eu-1", "g:", &settings, "r:"), Ok(()));
+        assert_eq!(
+            check("eu 1", "g:", &settings, "r:"),
+            Err(RegionalError::RegionName("eu 1".into()))
+        );
+        assert_eq!(
+            check("eu", "r:", &settings, "r:"),
+            Err(RegionalError::SamePrefix("r:".into()))
+        );
+        let zero = RegionalSettings {
+            period_us: 0,
+            ..RegionalSettings::default()
+        };
+        let err = check("eu", "g:", &zero, "r:").unwrap_err();
+        assert_eq!(err, RegionalError::ZeroTiming);
+        assert_eq!(
+            err.to_string(),
+            "the rebalance period and the lease margin must be longer than zero"
+        );
     }
 }
