@@ -526,16 +526,29 @@ pub(crate) fn may_write(tx: &BucketTx<'_>) -> bool {
 
 /// The first instant at which `state`, kept under `quota`, equals a fresh one: from then on a
 /// store may forget it.
+/// Every state is an arm (no catch-all: a new one does not build until it says); a state
+/// kept under a limit of another shape is fresh at once (0).
 pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
-    match (quota, state) {
-        (_, Stored::Tat(word)) => gcra_tat(*word),
-        (Quota::Tiered(limit), Stored::Tiers(s)) => tiers_rule::fresh_at(limit, s, now, None),
-        (_, Stored::Leases(leases)) => leases.iter().map(|&(_, d)| d).max().unwrap_or(0),
-        (_, Stored::Calendar(c)) => c.end_us,
-        (Quota::FairShare(share), Stored::FairShare(p)) => fair_share_fresh_at(share, p),
-        (Quota::Adaptive(limit), Stored::Adaptive(a)) => adaptive_fresh_at(limit, a),
-        (Quota::Adaptive(limit), Stored::AdaptivePool(p)) => pool_fresh_at(limit, p),
-        _ => 0,
+    match state {
+        Stored::Tat(word) => gcra_tat(*word),
+        Stored::Tiers(s) => match quota {
+            Quota::Tiered(limit) => tiers_rule::fresh_at(limit, s, now, None),
+            _ => 0,
+        },
+        Stored::Leases(leases) => leases.iter().map(|&(_, d)| d).max().unwrap_or(0),
+        Stored::Calendar(c) => c.end_us,
+        Stored::FairShare(p) => match quota {
+            Quota::FairShare(share) => fair_share_fresh_at(share, p),
+            _ => 0,
+        },
+        Stored::Adaptive(a) => match quota {
+            Quota::Adaptive(limit) => adaptive_fresh_at(limit, a),
+            _ => 0,
+        },
+        Stored::AdaptivePool(p) => match quota {
+            Quota::Adaptive(limit) => pool_fresh_at(limit, p),
+            _ => 0,
+        },
     }
 }
 
@@ -594,6 +607,7 @@ pub fn after_reset(state: Stored, now: u64) -> Option<(Stored, u64)> {
                 last,
             ))
         }
-        _ => None,
+        // Nothing of the rest is kept (each named: a new state says what a reset leaves).
+        Stored::Tat(_) | Stored::Tiers(_) | Stored::Calendar(_) | Stored::FairShare(_) => None,
     }
 }
