@@ -217,9 +217,10 @@ impl Stored {
 /// The state a limit keeps, one for each of [`Stored`]'s variants: a shape's, and for an
 /// adaptive limit whose keys share a capacity, the pool all its keys are kept in. The one place
 /// that tells the pooled adaptive limit apart ([`Kept::of`]); the Redis key suffix and a
-/// snapshot's seeding ([`Stored::is_shape_of`]) match on it, so the compiler lists them for a
-/// new state. The kit's own `fresh_at` and the memory backend's accessors still match on
-/// `Stored` pairs.
+/// snapshot's seeding ([`Stored::is_shape_of`]) and how a snapshot reads a key back
+/// (`redis::keys::reading_of`) match on it, so the compiler lists them for a new state; the
+/// kit's `fresh_at` and `after_reset` name every `Stored` variant. The memory backend's
+/// accessors (one state each, for inspection) still end in a catch-all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(not(any(feature = "redis", feature = "replay")), allow(dead_code))]
 pub(crate) enum Kept {
