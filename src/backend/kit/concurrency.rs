@@ -133,7 +133,6 @@ fn stays((l, deadline): (u64, u64), id: u64, now: u64) -> bool {
 /// A concurrency transaction of a batch the kit decides ([`super::spend`]): a renewal of its
 /// leases, or a spend, check or charge of one slot (a lease taken when allowed); leases cut
 /// on reading are written whatever the batch decides.
-#[inline]
 pub(super) fn concurrency_spend(
     tx: &BucketTx<'_>,
     limit: &ConcurrencyLimit,

@@ -73,6 +73,15 @@ pub(crate) struct GcraStep {
     pub(crate) repair: Option<u64>,
 }
 
+/// The word a GCRA bucket read holds (0: none, or a state of another shape).
+#[inline]
+fn stored_word(stored: Option<Read<'_>>) -> u64 {
+    match stored {
+        Some(Read::Tat(t)) => t,
+        _ => 0,
+    }
+}
+
 /// A GCRA transaction of a batch the kit decides ([`super::spend`]), on its stored word.
 #[inline]
 pub(super) fn gcra_spend(
@@ -81,10 +90,7 @@ pub(super) fn gcra_spend(
     stored: Option<Read<'_>>,
     now: u64,
 ) -> Result<Decided, BackendError> {
-    let word = match stored {
-        Some(Read::Tat(t)) => t,
-        _ => 0,
-    };
+    let word = stored_word(stored);
     let step = gcra_step(tx, limit, word, now)?;
     Ok(Decided {
         outcome: step.decision.outcome(),
@@ -219,10 +225,7 @@ pub(super) fn gcra_refund(
     stored: Option<Read<'_>>,
     now: u64,
 ) -> Result<Refunded, BackendError> {
-    let word = match stored {
-        Some(Read::Tat(t)) => t,
-        _ => 0,
-    };
+    let word = stored_word(stored);
     let (tat, writer) = gcra_unword(word);
     let wide = reading(limit, writer);
     let limit = wide.as_ref().unwrap_or(limit);

@@ -527,6 +527,7 @@ pub(crate) fn may_write(tx: &BucketTx<'_>) -> bool {
 
 /// The first instant at which `state`, kept under `quota`, equals a fresh one: from then on a
 /// store may forget it.
+///
 /// Every state is an arm (no catch-all: a new one does not build until it says); a state
 /// kept under a limit of another shape is fresh at once (0).
 pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
