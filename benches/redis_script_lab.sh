@@ -22,7 +22,9 @@ cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm
 trap cleanup EXIT
 RUNS=()
 if [ $# -eq 0 ]; then
-  cat src/backend/redis/{ratelimit,general_read,general_decide}.lua > "$DIR/crate.lua"
+  # The script's files in the order `SCRIPT` joins them (src/backend/redis/script.rs).
+  sed -n 's/.*include_str!("\([a-z_]*\.lua\)").*/src\/backend\/redis\/\1/p' src/backend/redis/script.rs |
+    xargs cat > "$DIR/crate.lua"
   cp src/backend/redis/ratelimit.lua "$DIR/crate_lean_path.lua"
   RUNS+=("$DIR/crate.lua" 10000 10000000 "$DIR/crate_lean_path.lua" 10000 10000000)
   PEER=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/tower-rate-limit-fred-*/scripts/rate_limit.lua 2>/dev/null | tail -1 || true)

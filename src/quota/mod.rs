@@ -100,11 +100,11 @@ macro_rules! each {
 /// - the kit: its `Stored` and `Read` variants and arms* (`src/backend/kit/mod.rs`), its own
 ///   `src/backend/kit/<shape>.rs` (with its snapshot line's form, the variant's serde `with`)
 ///   and its suggestion model* (`src/replay/suggest.rs`);
-/// - the script: its codes (`src/backend/redis/script.rs`), its Lua (in
-///   `src/backend/redis/ratelimit.lua` or a file of its own), its branches in the general path
-///   (`src/backend/redis/general_read.lua`, `src/backend/redis/general_decide.lua`), its key
-///   suffix and how a snapshot reads it back (`src/backend/redis/keys.rs`, with its decoder in
-///   its own script file);
+/// - the script: its codes and arguments, and its Lua file joined in `SCRIPT`
+///   (`src/backend/redis/script.rs`), that file (`src/backend/redis/<shape>.lua`: its records
+///   parsed, read, decided and written, its handler registered under its kinds; the general
+///   path names no shape), its key suffix and how a snapshot reads it back
+///   (`src/backend/redis/keys.rs`, with its decoder in its own script file);
 /// - its configuration: its fields in the one table (`src/config/yaml/node.rs`), its entry
 ///   (`src/config/yaml/shapes.rs`); its error is its `ShapeError` variant here, which a
 ///   configuration error carries as is (`ConfigErrorKind::Shape`);

@@ -1,9 +1,12 @@
 -- tower-ratelimits: a batch of buckets in one slot, decided and written atomically.
--- GCRA buckets mirror src/algo/gcra.rs (one function here: `gcra`), tiered keys mirror
--- src/algo/tiers.rs. The protocol below is encoded and decoded by src/backend/redis/script.rs.
--- The script is three files, joined in this order into the one script Redis runs
--- (script.rs `SCRIPT`): this one (the head and the paths of the most frequent calls, which
--- define no function), general_read.lua and general_decide.lua (the general path).
+-- Each shape's records mirror its algorithm in src/algo/ (GCRA buckets src/algo/gcra.rs, and
+-- so on). The protocol below is encoded and decoded by src/backend/redis/script.rs. The
+-- script is several files, joined in order into the one script Redis runs (script.rs
+-- `SCRIPT`): this one (the head and the paths of the most frequent calls, which define no
+-- function), then the general path: general.lua (what every shape uses, and the table of
+-- shapes), each shape's own file (gcra.lua, share.lua, calendar.lua, concurrency.lua,
+-- tiers.lua, fair_share.lua, adaptive.lua: its records parsed, read, decided and written),
+-- and general_run.lua (the loops that drive them, naming no shape).
 -- Every value is an integer number of microseconds (or units) below 2^53, so Lua's doubles
 -- hold them exactly.
 --
@@ -27,24 +30,10 @@
 -- then, per key, a record:
 --   lean    (op 'G') increment (emission interval * cost), burst offset, mode; ('g') the
 --           same without the mode
---   GCRA    0, emission interval, burst offset, burst, cost, mode, debt offset (emission
---           interval * max_debt); or for a partial grant (min..cost) 2, the same fields, then
---           min (the least units acceptable); or for a charge (mode 4: a settle's overrun,
---           never denied, may go into debt) 4, the same fields
---   tiered  1, mode, min, max, tier count n, then per tier: limit, window, active, cooldown
---   concurrency  3, mode, cost (0 probes, 1 takes a slot), max in flight, lease time, retry
---           hint, lease id (text; '0': none; a renewal: every lease it renews, separated by
---           spaces). The key is a sorted set of lease ids scored by their deadlines
---           (src/algo/concurrency.rs); a refund releases the lease
---   calendar  5, mode, min, max, count, the end of the period in force on the caller's clock,
---           the end of the one after it (the script counts in the first while its clock is
---           before that end, else in the second: src/algo/calendar.rs). The key holds
---           "<period end> <units used>" and expires at the period's end
---   share   6, the floor's rate and burst, the period, the GCRA kind (0, 2 or 4), cost,
---           mode, when the store started (0: unknown), then a partial grant's min: a region's share bucket of a limit across
---           regions (docs/regions.md). The key holds the TAT with the limit it was written
---           under and the region's part of the key with its lease (general_read.lua); its
---           limit is the floor plus the part while the lease runs, and it answers as GCRA
+--   a shape's  its kind (the table of codes in script.rs), then its fields: each shape's file
+--           says them at its `parse` (gcra.lua: 0 GCRA, 2 a partial grant, 4 a charge;
+--           tiers.lua 1; concurrency.lua 3; calendar.lua 5; share.lua 6, a region's share
+--           bucket; fair_share.lua 7; adaptive.lua 8, and 9 under a capacity its keys share)
 --   restore (op 'restore' only) the value the spend wrote, the value before ('' for none),
 --           and the milliseconds the value before had to live (-1: none)
 --   (mode 0 check-and-spend, 1 check-only, 2 spend-only, 3 observe, 4 charge, 5 renew: a
@@ -216,8 +205,9 @@ end
 -- 'C' (one calendar key alone, checked and spent: every request of a configuration whose only
 -- rule is a calendar quota): the head, then count, the period in force on the caller's clock
 -- (start, end), the next end and the horizon, as in the calendar record of 'spend', then min,
--- and max only when it is not min; 'c' the same with the defaults ('g''s) and no head. src/algo/calendar.rs `read` and `decide` (the general
--- path's `calendar`, below) written out once more, for the reason given at the lean path;
+-- and max only when it is not min; 'c' the same with the defaults ('g''s) and no head.
+-- src/algo/calendar.rs `read` and `decide` (the general path's `calendar`, calendar.lua)
+-- written out once more, for the reason given at the lean path;
 -- tests/redis_keys.rs (`the_scripts_calendar_path_decides_exactly_as_its_general_path`) holds
 -- the two writings to each other. It answers now, the units that counted and the end of the
 -- period it chose (the caller decides from them with the same rule, `decide_used`: a nested

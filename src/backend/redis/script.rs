@@ -57,8 +57,9 @@ use fields::{Fields, bad};
 #[cfg(feature = "replay")]
 pub(super) use records::{read_calendar, read_leases, read_tat, read_tiers};
 /// The protocol's codes: the record kinds, the modes and the ops, each by the name the
-/// script's constants carry (`local KIND_GCRA, ... = 0, ...` at the top of `ratelimit.lua`;
-/// the test below holds the script to this table, so a code changes in one place).
+/// script's constants carry (`local KIND_GCRA, ... = 0, ...`: a record kind at the top of its
+/// shape's file, the rest in `ratelimit.lua` and `general.lua`; the test below holds the
+/// script to this table, so a code changes in one place).
 const KIND_GCRA: i64 = 0;
 const KIND_TIERED: i64 = 1;
 const KIND_RANGE: i64 = 2;
@@ -138,14 +139,21 @@ enum Code {
     Word(&'static str),
 }
 
-/// The script, as run by `EVALSHA`: the head and the fast paths, then the general path in two
-/// files (each under the house's 800 lines).
+/// The script, as run by `EVALSHA`: the head and the fast paths, the general path's head (what
+/// every shape uses, and the table of shapes), each shape's own file (its records parsed, read,
+/// decided and written, its handler registered under its kinds: a new shape adds its file
+/// here), and the general path's run, which names no shape.
 pub(super) const SCRIPT: &str = concat!(
     include_str!("ratelimit.lua"),
-    include_str!("general_read.lua"),
+    include_str!("general.lua"),
+    include_str!("gcra.lua"),
+    include_str!("share.lua"),
+    include_str!("calendar.lua"),
+    include_str!("concurrency.lua"),
+    include_str!("tiers.lua"),
     include_str!("fair_share.lua"),
     include_str!("adaptive.lua"),
-    include_str!("general_decide.lua")
+    include_str!("general_run.lua")
 );
 
 /// TATs and times sent to or read from Redis stay below 2^52 µs (year 2112), so that the
@@ -714,6 +722,21 @@ mod tests {
             assert_eq!(&found[0].1, code, "{name} in the script");
         }
         assert_eq!(script.len(), PROTOCOL.len(), "no code the table lacks");
+    }
+
+    /// The general path's two files name no record kind: each shape's file registers its
+    /// handler under its own kinds, so a new shape edits no loop of the general path.
+    #[test]
+    fn the_general_path_names_no_shape() {
+        for (file, text) in [
+            ("general.lua", include_str!("general.lua")),
+            ("general_run.lua", include_str!("general_run.lua")),
+        ] {
+            for (i, line) in text.lines().enumerate() {
+                let code = line.split("--").next().unwrap_or("");
+                assert!(!code.contains("KIND_"), "{file}:{}: {}", i + 1, line.trim());
+            }
+        }
     }
 
     /// The script compares kinds, modes and ops with the named codes only, so the table is

@@ -3,8 +3,8 @@
 //! keys of each limit name, and each value is read as the kit keeps it ([`kit::Stored`]).
 //! Nothing is written: `SCAN`, `GET`, `PEXPIRETIME`, `ZCARD`, `ZRANGE` and `TIME` only.
 //!
-//! The values' formats are the script's (`ratelimit.lua`, `general_read.lua`,
-//! `general_decide.lua`): a GCRA key holds its TAT and expires, on the server's clock, `k`
+//! The values' formats are the script's (each shape's own file: `gcra.lua`, `tiers.lua`,
+//! `concurrency.lua`, `calendar.lua`, ...): a GCRA key holds its TAT and expires, on the server's clock, `k`
 //! milliseconds after it (k: the bit length of its writer's bound); a tiered key a MessagePack
 //! array `{1, base, n, per tier: entry - base (or -1), grants, per grant: time - base, units}`;
 //! a concurrency key a sorted set of lease ids scored by deadline; a calendar key

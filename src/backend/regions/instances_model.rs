@@ -5,7 +5,7 @@
 //! the requests the instances admitted together in every window of ticks fit the envelope of
 //! the largest floor in use: its burst plus its rate per tick.
 //!
-//! The record is the script's (`general_read.lua`'s `read_share` and `write_share`): a TAT
+//! The record is the script's (`share.lua`'s `read_share` and `write_share`): a TAT
 //! with the limit it was written under, read under the reader's limit by the change rule of
 //! shares (`gcra::keep_tokens`, as `read_share` in `memory.rs`); no record is a bucket full
 //! under the reader's floor. What the rules under test decide: an instance that is closed

@@ -1,6 +1,6 @@
 //! Regional mode in memory (`docs/regions.md`): the regions of one process and their global
 //! store, each region a [`MemoryBackend`] whose limiter decides a marked limit by the region's
-//! share buckets, as the Redis backend's script does (`general_read.lua`), with the protocol's
+//! share buckets, as the Redis backend's script does (`share.lua`), with the protocol's
 //! own functions: a key's limit in force is `RegionKey::bucket`, and when it changed, its
 //! tokens are kept (`gcra::keep_tokens`) from `RegionKey::changed_at`. The global store answers
 //! with `global::answer` and registers with `global::register`, the functions the Redis
@@ -150,7 +150,7 @@ pub(crate) struct MemoryRegion {
 
 #[derive(Default)]
 pub(crate) struct RegionState {
-    /// Each share bucket's record beside its word (`general_read.lua`'s record, less the TAT).
+    /// Each share bucket's record beside its word (`share.lua`'s record, less the TAT).
     records: HashMap<BucketKey, ShareRecord>,
     /// The units asked of each marked key since the period's demand was last taken.
     demand: HashMap<BucketKey, u64>,
@@ -215,7 +215,7 @@ fn same(a: &Limit, b: &Limit) -> bool {
     a.emission_interval_us() == b.emission_interval_us() && a.burst() == b.burst()
 }
 
-/// What a share bucket's next read finds at `now` (`general_read.lua`'s `read_share`): its
+/// What a share bucket's next read finds at `now` (`share.lua`'s `read_share`): its
 /// limit in force (`RegionKey::bucket`: the floor, and the part while its lease runs; `None`:
 /// closed) and its TAT under it. When the limit changed since the word was written, the
 /// bucket's tokens are kept (`gcra::keep_tokens`) from when it changed
@@ -279,7 +279,7 @@ impl MemoryBackend {
         let tat = self.tat(key);
         let (in_force, new_tat) = read_share(record, tat, floor, period, now)?;
         if in_force.is_none() {
-            // Closed here: the bucket is left as it is (`general_read.lua`'s `write_share`).
+            // Closed here: the bucket is left as it is (`share.lua`'s `write_share`).
             return Ok(None);
         }
         record.written = Some((in_force, now));

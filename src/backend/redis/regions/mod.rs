@@ -1,5 +1,5 @@
 //! Regional mode (`docs/regions.md`): the region's side of one limit across regions. A
-//! region's share buckets are decided by the script with every request (`general_read.lua`);
+//! region's share buckets are decided by the script with every request (`share.lua`);
 //! here what moves the shares: the region's registration in the global store, and the
 //! rebalance (number a request for each busy key's share in the region's store, answer them in
 //! the global store with the protocol's functions, apply the grants in the region's store).
