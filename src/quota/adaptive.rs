@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+#[cfg(feature = "replay")]
+use super::SizedAs;
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_duration, json_fields};
 use crate::algo::adaptive::{
@@ -143,6 +145,15 @@ impl Shape for AdaptiveConcurrency {
                 v["lease"] = format_duration_us(self.slots().lease_us()).into();
                 v["retry_after"] = format_duration_us(self.slots().retry_after_us()).into();
             }
+        }
+    }
+
+    /// Slots held for a request's duration, at most its `max`.
+    #[cfg(feature = "replay")]
+    fn sized_as(&self) -> SizedAs<'_> {
+        SizedAs::Slots {
+            max: self.adaptive().max(),
+            adaptive: true,
         }
     }
 

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+#[cfg(feature = "replay")]
+use super::SizedAs;
 use super::{Capabilities, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_fields, names_any};
 use crate::algo::calendar::{CalendarError, CalendarQuota};
@@ -113,6 +115,12 @@ impl Shape for CalendarQuota {
             c["anchor_day"] = a.into();
         }
         v["calendar"] = c;
+    }
+
+    /// A count per period.
+    #[cfg(feature = "replay")]
+    fn sized_as(&self) -> SizedAs<'_> {
+        SizedAs::Period(self)
     }
 
     fn shape_name(&self) -> &'static str {

@@ -1,5 +1,7 @@
 //! What a concurrency limit answers the seam (`docs/concurrency.md`).
 
+#[cfg(feature = "replay")]
+use super::SizedAs;
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
 use crate::algo::concurrency::{ConcurrencyLimit, DEFAULT_LEASE_US, DEFAULT_RETRY_AFTER};
@@ -96,6 +98,15 @@ impl Shape for ConcurrencyLimit {
                 v["lease"] = format_duration_us(self.lease_us()).into();
                 v["retry_after"] = format_duration_us(self.retry_after_us()).into();
             }
+        }
+    }
+
+    /// Slots held for a request's duration.
+    #[cfg(feature = "replay")]
+    fn sized_as(&self) -> SizedAs<'_> {
+        SizedAs::Slots {
+            max: self.max(),
+            adaptive: false,
         }
     }
 

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+#[cfg(feature = "replay")]
+use super::SizedAs;
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_duration, json_fields};
 use crate::algo::fair_share::FairShare;
@@ -104,6 +106,12 @@ impl Shape for FairShare {
                 "new_ids": self.new_ids(),
             }),
         };
+    }
+
+    /// One budget every id shares.
+    #[cfg(feature = "replay")]
+    fn sized_as(&self) -> SizedAs<'_> {
+        SizedAs::Budget(self.budget())
     }
 
     fn shape_name(&self) -> &'static str {

@@ -1,5 +1,7 @@
 //! What a GCRA limit answers the seam (`docs/gcra.md`).
 
+#[cfg(feature = "replay")]
+use super::SizedAs;
 use super::ceil_secs_us;
 use super::{
     CHARGED_BACK_FROM_US, Capabilities, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown,
@@ -107,6 +109,12 @@ impl Shape for Limit {
             Form::Stored => v["period_us"] = self.period_us().into(),
             Form::Api => v["period"] = format_duration_us(self.period_us()).into(),
         }
+    }
+
+    /// A rate and a burst.
+    #[cfg(feature = "replay")]
+    fn sized_as(&self) -> SizedAs<'_> {
+        SizedAs::Rate(self)
     }
 
     fn shape_name(&self) -> &'static str {

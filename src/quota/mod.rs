@@ -94,12 +94,12 @@ macro_rules! each {
 /// - its algorithm in `src/algo/<shape>.rs`, with its unit and property tests (and its line in
 ///   `src/algo/mod.rs`);
 /// - a variant here* (`src/quota/mod.rs`, with its `ShapeError` variant), its `impl Shape` in
-///   `src/quota/<shape>.rs`* (every answer it owes: no method has a default), its JSON reader
+///   `src/quota/<shape>.rs`* (every answer it owes: no method has a default; a replay's
+///   suggestion sizes it by its `sized_as`), its JSON reader
 ///   in `Quota::read_json`'s list (or the denied dead-code warning names it), its `From` and
 ///   its `pub use` in `src/lib.rs`;
 /// - the kit: its `Stored` and `Read` variants and arms* (`src/backend/kit/mod.rs`), its own
-///   `src/backend/kit/<shape>.rs` (with its snapshot line's form, the variant's serde `with`)
-///   and its suggestion model* (`src/replay/suggest.rs`);
+///   `src/backend/kit/<shape>.rs` (with its snapshot line's form, the variant's serde `with`);
 /// - the script: its codes and arguments, and its Lua file joined in `SCRIPT`
 ///   (`src/backend/redis/script.rs`), that file (`src/backend/redis/<shape>.lua`: its records
 ///   parsed, read, decided and written, its handler registered under its kinds; the general
@@ -300,6 +300,12 @@ impl Quota {
         each!(self, s => Shape::size(s, n))
     }
 
+    /// What a replay's suggestion sizes the limit by (`replay/suggest.rs`).
+    #[cfg(feature = "replay")]
+    pub(crate) fn sized_as(&self) -> SizedAs<'_> {
+        each!(self, s => Shape::sized_as(s))
+    }
+
     /// The limit as the admin API shows it, field by field.
     #[cfg(feature = "admin")]
     pub(crate) fn describe(&self) -> Vec<(&'static str, Described)> {
@@ -409,6 +415,8 @@ trait Shape: Sized {
     fn shown(&self, n: &Numbers<'_>, window: bool) -> Option<Shown>;
     #[cfg(any(feature = "metrics", feature = "replay"))]
     fn size(&self, n: &Numbers<'_>) -> u64;
+    #[cfg(feature = "replay")]
+    fn sized_as(&self) -> SizedAs<'_>;
     #[cfg(feature = "admin")]
     fn describe(&self) -> Vec<(&'static str, Described)>;
     fn unspent(&self, remaining: u64, reset_after_us: u64, granted: u64) -> Option<(u64, u64)>;
@@ -417,6 +425,28 @@ trait Shape: Sized {
     fn scaled(&self, scale: &Scale) -> Result<Quota, ShapeError>;
     fn write_json(&self, form: Form, v: &mut serde_json::Value);
     fn shape_name(&self) -> &'static str;
+}
+
+/// What a replay's suggestion sizes a limit by (`replay/suggest.rs`, feature `replay`): the
+/// kinds of model it knows, each shape naming the one its numbers are ([`Quota::sized_as`]),
+/// so a new shape sized like one of them touches no file of the replay.
+#[cfg(feature = "replay")]
+pub(crate) enum SizedAs<'a> {
+    /// A rate and a burst (a GCRA limit): the burst each key needed, the counts refused.
+    Rate(&'a Limit),
+    /// A count per calendar period: the most units any key asked in one period.
+    Period(&'a CalendarQuota),
+    /// Slots, each held for a request's duration: the most in flight at once.
+    Slots {
+        /// The limit's slots (an adaptive limit's most).
+        max: u64,
+        /// Whether the number moves (an adaptive limit).
+        adaptive: bool,
+    },
+    /// Burst tiers: the most units in any tier's window.
+    Tiers(&'a TieredLimit),
+    /// One budget (a GCRA limit) shared by every id: the whole stream's rate and burst.
+    Budget(&'a Limit),
 }
 
 /// What a shape opts into beyond what every shape answers ([`Shape`]): the questions only

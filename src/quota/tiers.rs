@@ -1,5 +1,7 @@
 //! What burst tiers answer the seam (`docs/burst-tiers.md`).
 
+#[cfg(feature = "replay")]
+use super::SizedAs;
 use super::ceil_secs_us;
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
@@ -113,6 +115,12 @@ impl Shape for TieredLimit {
             }),
         });
         v["tiers"] = tiers.collect::<Vec<_>>().into();
+    }
+
+    /// Its tiers.
+    #[cfg(feature = "replay")]
+    fn sized_as(&self) -> SizedAs<'_> {
+        SizedAs::Tiers(self)
     }
 
     fn shape_name(&self) -> &'static str {

@@ -11,6 +11,7 @@ use super::suggested::{
     Heavy, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTier, SuggestedTiers,
 };
 use crate::key::Id;
+use crate::quota::SizedAs;
 
 /// The grid of counts (and of a fair share's bursts) a suggestion is taken from: the
 /// candidate's number times `2^(k/4)` for k in `GRID_LOW..=GRID_HIGH` (a quarter of it to 64
@@ -144,20 +145,13 @@ pub(crate) struct Suggestions {
 impl Model {
     /// The model of the candidate's default `quota`.
     pub(crate) fn of(quota: &crate::quota::Quota) -> Model {
-        match quota {
-            crate::quota::Quota::Gcra(limit) => Model::Gcra(Box::new(Sizing::of(limit))),
-            crate::quota::Quota::Calendar(quota) => Model::Calendar(quota.clone()),
-            crate::quota::Quota::Concurrency(c) => Model::Slots {
-                max: c.max(),
-                adaptive: false,
-            },
-            crate::quota::Quota::Adaptive(a) => Model::Slots {
-                max: a.adaptive().max(),
-                adaptive: true,
-            },
-            crate::quota::Quota::Tiered(t) => Model::Tiers(t.clone()),
-            crate::quota::Quota::FairShare(share) => {
-                let sizing = Sizing::of(share.budget());
+        match quota.sized_as() {
+            SizedAs::Rate(limit) => Model::Gcra(Box::new(Sizing::of(limit))),
+            SizedAs::Period(quota) => Model::Calendar(Arc::new(quota.clone())),
+            SizedAs::Slots { max, adaptive } => Model::Slots { max, adaptive },
+            SizedAs::Tiers(tiers) => Model::Tiers(Arc::new(tiers.clone())),
+            SizedAs::Budget(budget) => {
+                let sizing = Sizing::of(budget);
                 Model::Budget(Box::new(Budget {
                     sizing,
                     bursts: grid_of(sizing.burst),
