@@ -888,6 +888,18 @@ fn an_override_can_make_a_limit_unlimited_for_listed_ids() {
             3,
             "burst",
         ),
+        // A concurrency limit's `lease` and `retry_after` are limit fields too (they were
+        // read past, and the override made its ids unlimited without a word).
+        (
+            "- NewOrdersPerAccount:\n    unlimited: true\n    ids: [7]\n    lease: 5s\n",
+            4,
+            "lease",
+        ),
+        (
+            "- NewOrdersPerAccount: {unlimited: true, retry_after: 1s, ids: [7]}\n",
+            1,
+            "retry_after",
+        ),
         (
             "- NewOrdersPerAccount: {unlimited: true, ids: [7]}\n- NewOrdersPerAccount: {unlimited: true, ids: [7]}\n",
             2,

@@ -14,6 +14,11 @@ use crate::algo::adaptive::{
 use crate::completion::Measure;
 use crate::time::{format_duration_us, us};
 
+#[cfg(feature = "yaml")]
+mod entry;
+#[cfg(feature = "yaml")]
+pub(super) use entry::read_entry;
+
 /// Most answers are its slots' (a concurrency limit's): a request holds one, given back when
 /// it ends, never waited for, never settled or charged back.
 impl Shape for AdaptiveConcurrency {

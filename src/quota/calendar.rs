@@ -1,11 +1,18 @@
-//! What a calendar quota answers the seam (`docs/calendar.md`).
+//! What a calendar quota answers the seam (`docs/calendar.md`), and its fields read from an
+//! entry.
 
 use std::sync::Arc;
 
 #[cfg(feature = "replay")]
 use super::SizedAs;
+#[cfg(feature = "yaml")]
+use super::entry::{
+    Entry, FieldError, Node, Problem, Value, as_str, at, fields_of, positive, shape_at, wrong_shape,
+};
 use super::{Capabilities, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_fields, names_any};
+#[cfg(feature = "yaml")]
+use crate::algo::calendar::Period;
 use crate::algo::calendar::{CalendarError, CalendarQuota};
 
 impl Shape for CalendarQuota {
@@ -166,4 +173,49 @@ pub(super) fn read_json(_: Form, fields: &serde_json::Value) -> Option<Result<Qu
             .map(Quota::from)
             .map_err(|e| format!("calendar: {e}"))
     }))
+}
+
+/// The fields of `calendar: {...}`.
+#[cfg(feature = "yaml")]
+const CALENDAR_FIELDS: [&str; 5] = ["count", "period", "anchor_day", "at", "zone"];
+
+/// `calendar: {count, period, anchor_day, at, zone}` in an entry (`node`: its map), each
+/// error on its field's line.
+#[cfg(feature = "yaml")]
+pub(super) fn read_entry(e: &Entry<'_>, node: &Node) -> Result<CalendarQuota, FieldError> {
+    if let Some((name, _)) = e.rate_field() {
+        return Err(at(Problem::ConflictingFields("calendar", name), node.line));
+    }
+    let Value::Map(entries) = &node.value else {
+        return Err(wrong_shape(
+            "a map: {count, period, anchor_day, at, zone}",
+            node,
+        ));
+    };
+    let [count, period, anchor, at_node, zone] =
+        fields_of(entries, &CALENDAR_FIELDS, "a field name")?;
+    let missing = |field| at(Problem::MissingField(field), node.line);
+    let count_node = count.ok_or_else(|| missing("count"))?;
+    let period_node = period.ok_or_else(|| missing("period"))?;
+    let period: Period = as_str(period_node, "day, week or month")?
+        .parse()
+        .map_err(|x: CalendarError| shape_at(x, period_node.line))?;
+    let mut q = CalendarQuota::new(positive("count", count_node)?, period)
+        .map_err(|x| shape_at(x, count_node.line))?;
+    if let Some(n) = anchor {
+        q = q
+            .anchor_day(positive("anchor_day", n)?)
+            .map_err(|x| shape_at(x, n.line))?;
+    }
+    if let Some(n) = at_node {
+        q = q
+            .at(as_str(n, "a time of day, \"HH:MM\"")?)
+            .map_err(|x| shape_at(x, n.line))?;
+    }
+    if let Some(n) = zone {
+        q = q
+            .zone(as_str(n, "a zone, \"+02:00\" or \"Europe/Berlin\"")?)
+            .map_err(|x| shape_at(x, n.line))?;
+    }
+    Ok(q)
 }

@@ -1,9 +1,14 @@
-//! What a concurrency limit answers the seam (`docs/concurrency.md`).
+//! What a concurrency limit answers the seam (`docs/concurrency.md`), and its fields read
+//! from an entry.
 
 #[cfg(feature = "replay")]
 use super::SizedAs;
+#[cfg(feature = "yaml")]
+use super::entry::{Entry, FieldError, Node, Problem, at, duration_of, positive, shape_at};
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
+#[cfg(feature = "yaml")]
+use crate::algo::concurrency::ConcurrencyError;
 use crate::algo::concurrency::{ConcurrencyLimit, DEFAULT_LEASE_US, DEFAULT_RETRY_AFTER};
 use crate::time::{duration_us, format_duration_us, us};
 
@@ -163,4 +168,32 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
             .map(Quota::Concurrency)
             .map_err(|e| e.to_string())
     }))
+}
+
+/// `concurrency: N` in an entry, with an optional `lease` (default 60s) and `retry_after`
+/// (default 1s) beside it (`max_node`: `concurrency`'s node).
+#[cfg(feature = "yaml")]
+pub(super) fn read_entry(e: &Entry<'_>, max_node: &Node) -> Result<ConcurrencyLimit, FieldError> {
+    if let Some((name, n)) = e.rate_field() {
+        return Err(at(Problem::ConflictingFields("concurrency", name), n.line));
+    }
+    let max = positive("concurrency", max_node)?;
+    let lease_us = match e.lease {
+        Some(n) => duration_of("lease", n)?,
+        None => DEFAULT_LEASE_US,
+    };
+    let mut limit = ConcurrencyLimit::from_micros(max, lease_us).map_err(|x| {
+        // A lease error is on the lease's line; `concurrency` above the cap on its own.
+        let line = match (&x, e.lease) {
+            (ConcurrencyError::TooMany { .. }, _) | (_, None) => max_node.line,
+            (_, Some(lease)) => lease.line,
+        };
+        shape_at(x, line)
+    })?;
+    if let Some(n) = e.retry_after {
+        limit = limit
+            .retry_after(us(duration_of("retry_after", n)?))
+            .map_err(|x| shape_at(x, n.line))?;
+    }
+    Ok(limit)
 }

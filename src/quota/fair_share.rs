@@ -1,10 +1,16 @@
 //! What a fair share answers the seam (`docs/fair-share.md`): what a decision shows is its
-//! budget's (a GCRA bucket), so most answers are the budget's own.
+//! budget's (a GCRA bucket), so most answers are the budget's own; and its fields read from
+//! an entry.
 
 use std::sync::Arc;
 
 #[cfg(feature = "replay")]
 use super::SizedAs;
+#[cfg(feature = "yaml")]
+use super::entry::{
+    Entry, FieldError, Node, Problem, Value, at, duration_of, fields_of, positive, shape_at, whole,
+    wrong_shape,
+};
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_duration, json_fields};
 use crate::algo::fair_share::FairShare;
@@ -185,6 +191,53 @@ impl From<FairShare> for Quota {
     fn from(s: FairShare) -> Self {
         Quota::FairShare(Arc::new(s))
     }
+}
+
+/// The fields of `fair_share: {...}`, each optional.
+#[cfg(feature = "yaml")]
+const FAIR_SHARE_FIELDS: [&str; 4] = ["weight", "min", "refresh", "new_ids"];
+
+/// A GCRA budget (`burst`, `count`, `period`) shared fairly, in an entry: `fair_share:
+/// {weight, min, refresh, new_ids}` (`node`: its map), each optional (`fair_share: {}` for the
+/// defaults), `docs/fair-share.md`.
+#[cfg(feature = "yaml")]
+pub(super) fn read_entry(e: &Entry<'_>, node: &Node) -> Result<FairShare, FieldError> {
+    let Value::Map(entries) = &node.value else {
+        return Err(wrong_shape(
+            "a map: {weight, min, refresh, new_ids} (each optional)",
+            node,
+        ));
+    };
+    let [weight, min, refresh, new_ids] = fields_of(entries, &FAIR_SHARE_FIELDS, "a field name")?;
+    if let Some(p) = e.prefetch {
+        return Err(at(
+            Problem::ConflictingFields("prefetch", "fair_share"),
+            p.line,
+        ));
+    }
+    let budget = super::gcra::read_entry(e)?;
+    let mut share = FairShare::new(budget).map_err(|x| shape_at(x, node.line))?;
+    if let Some(n) = weight {
+        share = share
+            .with_weight(positive("weight", n)?)
+            .map_err(|x| shape_at(x, n.line))?;
+    }
+    if let Some(n) = min {
+        share = share
+            .with_min(whole("min", n, 0)?)
+            .map_err(|x| shape_at(x, n.line))?;
+    }
+    if let Some(n) = refresh {
+        share = share
+            .with_refresh_us(duration_of("refresh", n)?)
+            .map_err(|x| shape_at(x, n.line))?;
+    }
+    if let Some(n) = new_ids {
+        share = share
+            .with_new_ids(whole("new_ids", n, 0)?)
+            .map_err(|x| shape_at(x, n.line))?;
+    }
+    Ok(share)
 }
 
 #[cfg(test)]

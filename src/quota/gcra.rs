@@ -1,13 +1,17 @@
-//! What a GCRA limit answers the seam (`docs/gcra.md`).
+//! What a GCRA limit answers the seam (`docs/gcra.md`), and its fields read from an entry.
 
 #[cfg(feature = "replay")]
 use super::SizedAs;
 use super::ceil_secs_us;
+#[cfg(feature = "yaml")]
+use super::entry::{Entry, FieldError, Problem, at, duration_of, positive, shape_at, whole};
 use super::{
     CHARGED_BACK_FROM_US, Capabilities, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown,
 };
 use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
 use crate::algo::gcra::Limit;
+#[cfg(feature = "yaml")]
+use crate::algo::gcra::LimitError;
 use crate::time::format_duration_us;
 
 impl Shape for Limit {
@@ -178,4 +182,49 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
         }),
     };
     Some(limit.map(Quota::Gcra))
+}
+
+/// A GCRA limit's fields in an entry (`burst`, `count`, `period`, `max_debt`, and
+/// `prefetch` with `prefetch_ttl`, default 1s), each error on its field's line (the limit's
+/// own on `burst`'s).
+#[cfg(feature = "yaml")]
+pub(super) fn read_entry(e: &Entry<'_>) -> Result<Limit, FieldError> {
+    let burst_node = e.need("burst", e.burst)?;
+    let burst = positive("burst", burst_node)?;
+    let count = positive("count", e.need("count", e.count)?)?;
+    let period_us = duration_of("period", e.need("period", e.period)?)?;
+    let mut limit =
+        Limit::from_micros(burst, count, period_us).map_err(|x| shape_at(x, burst_node.line))?;
+    if let Some(debt) = e.max_debt {
+        let max_debt = whole("max_debt", debt, 0)?;
+        limit = limit
+            .with_max_debt(max_debt)
+            .map_err(|x| shape_at(x, debt.line))?;
+    }
+    prefetch_of(e, limit)
+}
+
+/// `prefetch: N` and `prefetch_ttl: D` (default 1s) on a GCRA limit.
+#[cfg(feature = "yaml")]
+fn prefetch_of(e: &Entry<'_>, limit: Limit) -> Result<Limit, FieldError> {
+    let Some(units_node) = e.prefetch else {
+        return match e.prefetch_ttl {
+            Some(ttl) => Err(at(Problem::MissingField("prefetch"), ttl.line)),
+            None => Ok(limit),
+        };
+    };
+    let units = positive("prefetch", units_node)?;
+    let ttl_us = match e.prefetch_ttl {
+        Some(n) => duration_of("prefetch_ttl", n)?,
+        None => limit.prefetch_ttl_us(),
+    };
+    limit
+        .with_prefetch(units, std::time::Duration::from_micros(ttl_us))
+        .map_err(|x| {
+            let line = match (&x, e.prefetch_ttl) {
+                (LimitError::PrefetchTtl { .. }, Some(ttl)) => ttl.line,
+                _ => units_node.line,
+            };
+            shape_at(x, line)
+        })
 }

@@ -27,6 +27,8 @@ use crate::completion::Measure;
 mod adaptive;
 mod calendar;
 mod concurrency;
+#[cfg(feature = "yaml")]
+pub(crate) mod entry;
 mod fair_share;
 mod gcra;
 mod tiers;
@@ -105,9 +107,10 @@ macro_rules! each {
 ///   parsed, read, decided and written, its handler registered under its kinds; the general
 ///   path names no shape), its key suffix and how a snapshot reads it back
 ///   (`src/backend/redis/keys.rs`, with its decoder in its own script file);
-/// - its configuration: its fields in the one table (`src/config/yaml/node.rs`), its entry
-///   (`src/config/yaml/shapes.rs`); its error is its `ShapeError` variant here, which a
-///   configuration error carries as is (`ConfigErrorKind::Shape`);
+/// - its configuration: its fields in the one table and its place in the entry's dispatch
+///   (`src/quota/entry.rs`), its reader (`read_entry` in its own file); its error is its
+///   `ShapeError` variant here, which a configuration error carries as is
+///   (`ConfigErrorKind::Shape`);
 /// - outside `src/`: its spec in `docs/`, a conformance trace, the simulator's drawing.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -1,12 +1,19 @@
-//! What burst tiers answer the seam (`docs/burst-tiers.md`).
+//! What burst tiers answer the seam (`docs/burst-tiers.md`), and their fields read from an
+//! entry.
 
 #[cfg(feature = "replay")]
 use super::SizedAs;
 use super::ceil_secs_us;
+#[cfg(feature = "yaml")]
+use super::entry::{FieldError, Node, Problem, Value, at, fields_of, shape_at, wrong_shape};
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
+#[cfg(feature = "yaml")]
+use crate::algo::tiers::TierError;
 use crate::algo::tiers::{Tier, TieredLimit};
 use crate::time::format_duration_us;
+#[cfg(feature = "yaml")]
+use crate::time::parse_duration_us;
 
 impl Shape for TieredLimit {
     /// Waited for without knowing when; settled up to its capacity; undone by its value from
@@ -187,4 +194,109 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
             .map(Quota::from)
             .map_err(|e| e.to_string())
     }))
+}
+
+/// `tiers: [{limit, window, active, cooldown}, ...]` in an entry, a tier's error on its line.
+#[cfg(feature = "yaml")]
+pub(super) fn read_entry(node: &Node) -> Result<TieredLimit, FieldError> {
+    let Value::Seq(items) = &node.value else {
+        return Err(wrong_shape(
+            "a list of tiers ({limit, window, active, cooldown})",
+            node,
+        ));
+    };
+    let tiers = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| Ok((item.line, tier_of(i + 1, item)?)))
+        .collect::<Result<Vec<(u64, Tier)>, FieldError>>()?;
+    TieredLimit::new(tiers.iter().map(|&(_, t)| t)).map_err(|e| {
+        let line = match &e {
+            TierError::Zero { tier, .. } | TierError::TooLarge { tier, .. } => {
+                tiers.get(tier - 1).map_or(node.line, |&(l, _)| l)
+            }
+            _ => node.line,
+        };
+        shape_at(e, line)
+    })
+}
+
+/// The fields of a tier, and the `comment` it may have.
+#[cfg(feature = "yaml")]
+const TIER_FIELDS: [&str; 5] = ["limit", "window", "active", "cooldown", "comment"];
+
+/// Tier `number` (from 1): `{limit, window, active, cooldown}` (and a `comment`), each error
+/// naming the tier and the field.
+#[cfg(feature = "yaml")]
+fn tier_of(number: usize, item: &Node) -> Result<Tier, FieldError> {
+    let Value::Map(entries) = &item.value else {
+        return Err(wrong_shape(
+            "a tier: {limit, window, active, cooldown}",
+            item,
+        ));
+    };
+    // A `comment` is the reader's, however many.
+    let fields = entries
+        .iter()
+        .filter(|(k, _)| !matches!(&k.value, Value::Str(s) if s == "comment"));
+    let slots = fields_of(fields, &TIER_FIELDS, "a tier field")?;
+    let bad = |field: &'static str, reason: String, line: u64| {
+        at(
+            Problem::InvalidTier {
+                tier: number,
+                field,
+                reason,
+            },
+            line,
+        )
+    };
+    let get =
+        |at: usize| slots[at].ok_or_else(|| bad(TIER_FIELDS[at], "is missing".into(), item.line));
+    let limit = tier_limit(number, get(0)?)?;
+    let mut durations = [0u64; 3];
+    for (j, slot) in durations.iter_mut().enumerate() {
+        let field = TIER_FIELDS[j + 1];
+        let n = get(j + 1)?;
+        *slot = match &n.value {
+            Value::Int(0) => 0,
+            Value::Str(text) => parse_duration_us(text)
+                .map_err(|e| bad(field, format!("is not a duration: {e}"), n.line))?,
+            other => {
+                return Err(bad(
+                    field,
+                    format!(
+                        "must be a duration such as 1s or 15m, found {}",
+                        other.describe()
+                    ),
+                    n.line,
+                ));
+            }
+        };
+    }
+    Ok(Tier::from_micros(
+        limit,
+        durations[0],
+        durations[1],
+        durations[2],
+    ))
+}
+
+/// Tier `number`'s `limit`: a whole number of at least 0.
+#[cfg(feature = "yaml")]
+fn tier_limit(number: usize, node: &Node) -> Result<u64, FieldError> {
+    let found = match &node.value {
+        Value::Int(v) => match u64::try_from(*v) {
+            Ok(limit) => return Ok(limit),
+            Err(_) => v.to_string(),
+        },
+        other => other.describe().to_string(),
+    };
+    Err(at(
+        Problem::InvalidTier {
+            tier: number,
+            field: "limit",
+            reason: format!("must be a whole number of at least 0, found {found}"),
+        },
+        node.line,
+    ))
 }

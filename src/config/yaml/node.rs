@@ -6,46 +6,8 @@ use serde_saphyr::Spanned;
 
 use super::MAX_FILE_BYTES;
 use crate::config::{ConfigError, ConfigErrorKind};
-
-#[derive(Debug)]
-pub(super) struct Node {
-    pub(super) line: u64,
-    /// Where the node's text is in the source (byte offset and length), when known.
-    pub(super) span: Option<(usize, usize)>,
-    pub(super) value: Value,
-}
-
-#[derive(Debug)]
-pub(super) enum Value {
-    Null,
-    Bool(bool),
-    Int(i128),
-    Float,
-    /// A number YAML reads but that is not written in plain decimal (`1_000`, `0x10`, `+5`,
-    /// `017`): refused, since what it means depends on the YAML version.
-    Unplain(String),
-    /// A whole number too large for 64 bits.
-    Big(String),
-    Str(String),
-    Seq(Vec<Node>),
-    Map(Vec<(Node, Node)>),
-}
-
-impl Value {
-    pub(super) fn describe(&self) -> &'static str {
-        match self {
-            Value::Null => "nothing",
-            Value::Bool(_) => "a boolean",
-            Value::Int(_) => "a number",
-            Value::Float => "a decimal number",
-            Value::Unplain(_) => "a number not in plain decimal",
-            Value::Big(_) => "a number too large",
-            Value::Str(_) => "a string",
-            Value::Seq(_) => "a list",
-            Value::Map(_) => "a map",
-        }
-    }
-}
+use crate::quota::entry::{self, Entry, FieldError, LIMIT_FIELDS, Problem};
+pub(super) use crate::quota::entry::{Node, Value};
 
 impl<'de> Deserialize<'de> for Node {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -217,65 +179,25 @@ pub(super) fn plain_numbers(node: &mut Node, text: &str) {
     }
 }
 
+/// The checks every field shares (`quota::entry`'s), for the configuration's own fields.
 pub(super) fn wrong_shape(expected: &'static str, node: &Node) -> ConfigError {
-    err_at(
-        ConfigErrorKind::WrongShape {
-            expected,
-            found: node.value.describe(),
-        },
-        node.line,
-    )
+    entry::wrong_shape(expected, node).into()
 }
 
 pub(super) fn as_str<'a>(node: &'a Node, expected: &'static str) -> Result<&'a str, ConfigError> {
-    match &node.value {
-        Value::Str(s) => Ok(s),
-        _ => Err(wrong_shape(expected, node)),
-    }
+    Ok(entry::as_str(node, expected)?)
 }
 
 pub(super) fn positive(field: &'static str, node: &Node) -> Result<u64, ConfigError> {
-    whole(field, node, 1)
+    Ok(entry::positive(field, node)?)
 }
 
-/// A whole number of at least `least` (0 or 1), in plain decimal digits, that fits 64 bits.
-pub(super) fn whole(field: &'static str, node: &Node, least: i128) -> Result<u64, ConfigError> {
-    let bad = |found: String| {
-        let kind = if least == 0 {
-            ConfigErrorKind::BadCount { field, found }
-        } else {
-            ConfigErrorKind::BadNumber { field, found }
-        };
-        err_at(kind, node.line)
-    };
-    let too_large =
-        |v: &dyn std::fmt::Display| bad(format!("{v}, which is larger than {}", u64::MAX));
-    match &node.value {
-        Value::Int(v) if *v >= least => u64::try_from(*v).map_err(|_| too_large(v)),
-        Value::Int(v) => Err(bad(v.to_string())),
-        Value::Big(s) => Err(too_large(s)),
-        Value::Unplain(s) => Err(bad(format!("{s:?} (write plain decimal digits)"))),
-        Value::Str(s) => Err(bad(format!("{s:?}"))),
-        other => Err(bad(other.describe().to_owned())),
-    }
-}
-
-/// The fields of one limit entry (defaults or overrides), each with its line.
+/// The fields of one entry (a default or an override), each with its line: the limit's
+/// ([`Entry`], each shape's own) and the entry's own.
 #[derive(Default)]
 pub(super) struct Fields<'a> {
     pub(super) line: u64,
-    pub(super) burst: Option<&'a Node>,
-    pub(super) count: Option<&'a Node>,
-    pub(super) period: Option<&'a Node>,
-    pub(super) max_debt: Option<&'a Node>,
-    pub(super) prefetch: Option<&'a Node>,
-    pub(super) prefetch_ttl: Option<&'a Node>,
-    pub(super) tiers: Option<&'a Node>,
-    pub(super) concurrency: Option<&'a Node>,
-    pub(super) calendar: Option<&'a Node>,
-    pub(super) lease: Option<&'a Node>,
-    pub(super) retry_after: Option<&'a Node>,
-    pub(super) fair_share: Option<&'a Node>,
+    pub(super) limit: Entry<'a>,
     pub(super) kind: Option<&'a Node>,
     pub(super) cost: Option<&'a Node>,
     pub(super) on_store_failure: Option<&'a Node>,
@@ -285,23 +207,6 @@ pub(super) struct Fields<'a> {
     pub(super) unlimited: Option<&'a Node>,
     pub(super) comment: Option<&'a Node>,
 }
-
-/// Every limit's fields, in a default and in an override alike: each shape's own, and the GCRA
-/// limit's options (the one table: a new shape's fields join it here).
-const LIMIT_FIELDS: [&str; 12] = [
-    "burst",
-    "count",
-    "period",
-    "max_debt",
-    "prefetch",
-    "prefetch_ttl",
-    "tiers",
-    "concurrency",
-    "calendar",
-    "lease",
-    "retry_after",
-    "fair_share",
-];
 
 /// The fields of one entry: a limit's ([`LIMIT_FIELDS`]) and the entry's own (`entry`: a
 /// default's `kind` and `cost`, an override's `ids` or `unlimited`, ...).
@@ -314,6 +219,10 @@ pub(super) fn fields<'a>(
     };
     let mut f = Fields {
         line: node.line,
+        limit: Entry {
+            line: node.line,
+            ..Entry::default()
+        },
         ..Fields::default()
     };
     for (k, v) in entries {
@@ -326,18 +235,6 @@ pub(super) fn fields<'a>(
             ));
         }
         let slot = match key {
-            "burst" => &mut f.burst,
-            "count" => &mut f.count,
-            "period" => &mut f.period,
-            "max_debt" => &mut f.max_debt,
-            "prefetch" => &mut f.prefetch,
-            "prefetch_ttl" => &mut f.prefetch_ttl,
-            "tiers" => &mut f.tiers,
-            "concurrency" => &mut f.concurrency,
-            "calendar" => &mut f.calendar,
-            "lease" => &mut f.lease,
-            "retry_after" => &mut f.retry_after,
-            "fair_share" => &mut f.fair_share,
             "kind" => &mut f.kind,
             "cost" => &mut f.cost,
             "on_store_failure" => &mut f.on_store_failure,
@@ -345,7 +242,11 @@ pub(super) fn fields<'a>(
             "region_floor" => &mut f.region_floor,
             "ids" => &mut f.ids,
             "unlimited" => &mut f.unlimited,
-            _ => &mut f.comment,
+            "comment" => &mut f.comment,
+            limit_field => match f.limit.slot(limit_field) {
+                Some(slot) => slot,
+                None => &mut f.comment,
+            },
         };
         if slot.replace(v).is_some() {
             return Err(err_at(
@@ -357,10 +258,34 @@ pub(super) fn fields<'a>(
     Ok(f)
 }
 
-pub(super) fn need<'a>(
-    f: &Fields<'a>,
-    field: &'static str,
-    n: Option<&'a Node>,
-) -> Result<&'a Node, ConfigError> {
-    n.ok_or_else(|| err_at(ConfigErrorKind::MissingField(field), f.line))
+/// A field's error, located: the configuration error of the same name.
+impl From<FieldError> for ConfigError {
+    fn from(e: FieldError) -> Self {
+        let kind = match e.problem {
+            Problem::WrongShape { expected, found } => {
+                ConfigErrorKind::WrongShape { expected, found }
+            }
+            Problem::UnknownField { field, known } => ConfigErrorKind::unknown_field(&field, known),
+            Problem::MissingField(field) => ConfigErrorKind::MissingField(field),
+            Problem::DuplicateField(field) => ConfigErrorKind::DuplicateField(field),
+            Problem::BadNumber { field, found } => ConfigErrorKind::BadNumber { field, found },
+            Problem::BadCount { field, found } => ConfigErrorKind::BadCount { field, found },
+            Problem::ConflictingFields(a, b) => ConfigErrorKind::ConflictingFields(a, b),
+            Problem::InvalidTier {
+                tier,
+                field,
+                reason,
+            } => ConfigErrorKind::InvalidTier {
+                tier,
+                field,
+                reason,
+            },
+            Problem::OtherAlgorithm { field, algorithm } => {
+                ConfigErrorKind::OtherAlgorithm { field, algorithm }
+            }
+            Problem::InvalidPeriod(e) => ConfigErrorKind::InvalidPeriod(e),
+            Problem::Shape(e) => ConfigErrorKind::Shape(e),
+        };
+        err_at(kind, e.line)
+    }
 }
