@@ -27,10 +27,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use crate::config::LimitSource;
+use crate::config::{ConfigError, LimitSource};
 use crate::key::BucketKey;
 use crate::limiter::{Limiter, LimiterError, OverrideError};
 use crate::overrides::{OverrideKind, StoredOverride};
+use crate::quota::entry::{FieldError, read_api};
 use crate::quota::{Described, Form, Quota};
 use crate::time::{duration_us, parse_duration_us};
 
@@ -163,7 +164,7 @@ struct PutBody {
     unlimited: Option<bool>,
     block: Option<bool>,
     expires_in: Option<String>,
-    /// A limit's fields, each shape's own (`OverrideKind::limit_from_api`).
+    /// A limit's fields, as the file writes them (each shape's own reader, `read_api`).
     #[serde(flatten)]
     limit: serde_json::Map<String, Value>,
 }
@@ -174,12 +175,24 @@ fn duration(field: &str, text: &str) -> Result<std::time::Duration, Answer> {
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("{field}: {e}")))
 }
 
+/// A limit's field error as the API says it: the file's text, and the field a duration's
+/// error is about (a body has no line to point at it).
+fn api_error(e: FieldError) -> String {
+    let field = e.unnamed_field();
+    let text = ConfigError::from(e).to_string();
+    match field {
+        Some(field) => format!("{field}: {text}"),
+        None => text,
+    }
+}
+
 fn parse_put(body: &[u8]) -> Result<(OverrideKind, Option<std::time::Duration>), Answer> {
     let b: PutBody = serde_json::from_slice(body)
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("malformed body: {e}")))?;
     let kind = match (b.unlimited, b.block, b.limit.is_empty()) {
-        (None, None, false) => OverrideKind::limit_from_api(&Value::Object(b.limit))
-            .map_err(|e| error(StatusCode::BAD_REQUEST, e))?,
+        (None, None, false) => read_api(&Value::Object(b.limit))
+            .map(OverrideKind::Quota)
+            .map_err(|e| error(StatusCode::BAD_REQUEST, api_error(e)))?,
         (Some(true), None, true) => OverrideKind::Unlimited,
         (None, Some(true), true) => OverrideKind::Block,
         _ => {

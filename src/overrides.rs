@@ -27,15 +27,6 @@ pub enum OverrideKind {
     Block,
 }
 
-impl OverrideKind {
-    /// A limit of its own from its fields as the admin API takes them (the YAML file's, each
-    /// shape's own: `Form::Api`), or why they give none.
-    #[cfg(feature = "admin")]
-    pub(crate) fn limit_from_api(fields: &serde_json::Value) -> Result<Self, String> {
-        Quota::read_json(Form::Api, fields).map(OverrideKind::Quota)
-    }
-}
-
 /// What a stored override does, as a store or a snapshot keeps it: a limit shared by every
 /// override that gives the same one ([`Interned`]), so a million overrides on a few plans
 /// hold a few limits.
@@ -209,7 +200,7 @@ impl StoredOverride {
             (false, true, true) => OverrideKind::Block,
             // A limit this build cannot make (an IANA zone without the feature) is skipped.
             (false, false, false) => OverrideKind::Quota(
-                Quota::read_json(Form::Stored, &serde_json::Value::Object(s.limit_fields)).ok()?,
+                Quota::read_json(&serde_json::Value::Object(s.limit_fields)).ok()?,
             ),
             _ => return None,
         };

@@ -339,7 +339,33 @@ async fn the_admin_router_speaks_the_documented_json() {
             r#"{"block": true, "colour": 1}"#,
             "one of",
         ),
-        ("/overrides/PerClient/x", r#"{"colour": 1}"#, "no limit"),
+        // A limit's fields are read as the file reads an entry: the file's errors.
+        (
+            "/overrides/PerClient/x",
+            r#"{"colour": 1}"#,
+            "unknown field \"colour\"",
+        ),
+        (
+            "/overrides/PerClient/x",
+            r#"{"bursts": 3, "count": 3, "period": "1h"}"#,
+            "did you mean `burst`",
+        ),
+        (
+            "/overrides/PerClient/x",
+            r#"{"burst": 3, "count": 3, "period": "1h", "tiers": []}"#,
+            "tiers",
+        ),
+        // The file's GCRA options a stored override would not keep: refused, not dropped.
+        (
+            "/overrides/PerClient/x",
+            r#"{"burst": 3, "count": 3, "period": "1h", "max_debt": 5}"#,
+            "unknown field \"max_debt\"",
+        ),
+        (
+            "/overrides/PerClient/x",
+            r#"{"burst": 3, "count": 3, "period": "1h", "prefetch": 2}"#,
+            "unknown field \"prefetch\"",
+        ),
         ("/overrides/PerClient/x", "{", "malformed"),
         (
             "/overrides/Slots/x",

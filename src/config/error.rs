@@ -5,6 +5,8 @@ use std::fmt;
 
 use crate::key::IdError;
 use crate::quota::ShapeError;
+#[cfg(any(feature = "yaml", feature = "admin"))]
+use crate::quota::entry::{FieldError, Problem};
 use crate::time::DurationError;
 
 /// Where a configuration error was found.
@@ -257,7 +259,7 @@ impl ConfigError {
     }
 }
 
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 impl ConfigErrorKind {
     /// An unknown field `field`, with the field of `known` it most likely meant: the nearest
     /// by edit distance (letters added, removed, changed or swapped), when it is at most a third
@@ -354,5 +356,39 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.kind)
+    }
+}
+
+/// A field's error, located (a JSON body's has no line): the configuration error of the same
+/// name.
+#[cfg(any(feature = "yaml", feature = "admin"))]
+impl From<FieldError> for ConfigError {
+    fn from(e: FieldError) -> Self {
+        let kind = match e.problem {
+            Problem::WrongShape { expected, found } => {
+                ConfigErrorKind::WrongShape { expected, found }
+            }
+            Problem::UnknownField { field, known } => ConfigErrorKind::unknown_field(&field, known),
+            Problem::MissingField(field) => ConfigErrorKind::MissingField(field),
+            Problem::DuplicateField(field) => ConfigErrorKind::DuplicateField(field),
+            Problem::BadNumber { field, found } => ConfigErrorKind::BadNumber { field, found },
+            Problem::BadCount { field, found } => ConfigErrorKind::BadCount { field, found },
+            Problem::ConflictingFields(a, b) => ConfigErrorKind::ConflictingFields(a, b),
+            Problem::InvalidTier {
+                tier,
+                field,
+                reason,
+            } => ConfigErrorKind::InvalidTier {
+                tier,
+                field,
+                reason,
+            },
+            Problem::OtherAlgorithm { field, algorithm } => {
+                ConfigErrorKind::OtherAlgorithm { field, algorithm }
+            }
+            Problem::InvalidPeriod(_, e) => ConfigErrorKind::InvalidPeriod(e),
+            Problem::Shape(e) => ConfigErrorKind::Shape(e),
+        };
+        ConfigError::new(kind).at_line(e.line)
     }
 }

@@ -6,17 +6,14 @@ use std::sync::Arc;
 #[cfg(feature = "replay")]
 use super::SizedAs;
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, Settles, Waits, json_duration, json_fields};
-use crate::algo::adaptive::{
-    Adaptive, AdaptiveConcurrency, Algorithm, DEFAULT_BACKOFF_PM, DEFAULT_IDLE_RESET_US,
-    DEFAULT_INCREASE, DEFAULT_SMOOTHING_PM, DEFAULT_TOLERANCE_PM, DEFAULT_WINDOW_US,
-};
+use super::{Form, Settles, Waits, json_fields};
+use crate::algo::adaptive::{Adaptive, AdaptiveConcurrency, Algorithm};
 use crate::completion::Measure;
 use crate::time::{format_duration_us, us};
 
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 mod entry;
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 pub(super) use entry::read_entry;
 
 /// Most answers are its slots' (a concurrency limit's): a request holds one, given back when
@@ -317,79 +314,21 @@ pub(crate) fn measure_name(m: Measure) -> &'static str {
 }
 
 /// An adaptive limit's fields (`concurrency: {adaptive: ...}`), if they are there.
-pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
     fields.get("concurrency")?.get("adaptive")?;
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Stored {
-        concurrency: Wrapped<Settings>,
+        concurrency: Wrapped,
     }
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
-    struct Wrapped<T> {
-        adaptive: T,
+    struct Wrapped {
+        adaptive: Settings,
     }
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Api {
-        concurrency: Wrapped<ApiSettings>,
-        lease: Option<String>,
-        retry_after: Option<String>,
-    }
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct ApiSettings {
-        min: u64,
-        /// The `min` when absent, as in the file.
-        initial: Option<u64>,
-        max: u64,
-        algorithm: Option<String>,
-        smoothing: Option<u64>,
-        tolerance: Option<u64>,
-        backoff: Option<u64>,
-        increase: Option<u64>,
-        window: Option<String>,
-        completions: Option<u64>,
-        idle_reset: Option<String>,
-        measure: Option<String>,
-        capacity: Option<u64>,
-        headroom: Option<u64>,
-    }
-    let settings = match form {
-        Form::Stored => json_fields(fields).map(|s: Stored| s.concurrency.adaptive),
-        Form::Api => json_fields(fields).and_then(|a: Api| {
-            let s = a.concurrency.adaptive;
-            let d = |field, text: Option<String>, default| {
-                text.map_or(Ok(default), |t| json_duration(field, &t))
-            };
-            let pm = |v: Option<u64>, default: u64| v.map_or(default, |p| p.saturating_mul(10));
-            Ok(Settings {
-                min: s.min,
-                initial: s.initial.unwrap_or(s.min),
-                max: s.max,
-                algorithm: s.algorithm.unwrap_or_else(|| "gradient".into()),
-                smoothing_pm: pm(s.smoothing, DEFAULT_SMOOTHING_PM),
-                tolerance_pm: pm(s.tolerance, DEFAULT_TOLERANCE_PM),
-                backoff_pm: pm(s.backoff, DEFAULT_BACKOFF_PM),
-                increase: s.increase.unwrap_or(DEFAULT_INCREASE),
-                window_us: d("window", s.window, DEFAULT_WINDOW_US)?,
-                completions: s.completions.unwrap_or(0),
-                idle_reset_us: d("idle_reset", s.idle_reset, DEFAULT_IDLE_RESET_US)?,
-                measure: s.measure.unwrap_or_else(|| "head".into()),
-                lease_us: d("lease", a.lease, crate::algo::concurrency::DEFAULT_LEASE_US)?,
-                retry_after_us: d(
-                    "retry_after",
-                    a.retry_after,
-                    crate::time::duration_us(crate::algo::concurrency::DEFAULT_RETRY_AFTER),
-                )?,
-                capacity: s.capacity.unwrap_or(0),
-                headroom: s.headroom,
-            })
-        }),
-    };
     Some(
-        settings
-            .and_then(|s| s.limit())
+        json_fields(fields)
+            .and_then(|s: Stored| s.concurrency.adaptive.limit())
             .map(|l| Quota::Adaptive(Arc::new(l))),
     )
 }
@@ -428,7 +367,7 @@ mod tests {
             for form in [Form::Stored, Form::Api] {
                 let mut v = serde_json::json!({});
                 quota.write_json(form, &mut v);
-                assert_eq!(Quota::read_json(form, &v).unwrap(), quota, "{v}");
+                assert_eq!(super::super::read_in(form, &v).unwrap(), quota, "{v}");
             }
         }
         // A headroom set reads back; none, as earlier versions stored it, is the default.
@@ -436,12 +375,12 @@ mod tests {
         for form in [Form::Stored, Form::Api] {
             let mut v = serde_json::json!({});
             kept.write_json(form, &mut v);
-            assert_eq!(Quota::read_json(form, &v).unwrap(), kept, "{v}");
+            assert_eq!(super::super::read_in(form, &v).unwrap(), kept, "{v}");
             v["concurrency"]["adaptive"]
                 .as_object_mut()
                 .unwrap()
                 .remove("headroom");
-            let Ok(Quota::Adaptive(old)) = Quota::read_json(form, &v) else {
+            let Ok(Quota::Adaptive(old)) = super::super::read_in(form, &v) else {
                 panic!("{v}");
             };
             assert_eq!(old.shared_headroom(), Some(12), "{v}");
@@ -449,12 +388,12 @@ mod tests {
         // A headroom without a capacity is refused, as in the file.
         let alone =
             serde_json::json!({"concurrency": {"adaptive": {"min": 1, "max": 2, "headroom": 1}}});
-        assert!(Quota::read_json(Form::Api, &alone).is_err());
+        assert!(super::super::read_in(Form::Api, &alone).is_err());
         let bad = serde_json::json!({"concurrency": {"adaptive": {"min": 3, "max": 2}}});
-        assert!(Quota::read_json(Form::Api, &bad).is_err());
+        assert!(super::super::read_in(Form::Api, &bad).is_err());
         let unknown =
             serde_json::json!({"concurrency": {"adaptive": {"min": 1, "max": 2, "x": 1}}});
-        assert!(Quota::read_json(Form::Api, &unknown).is_err());
+        assert!(super::super::read_in(Form::Api, &unknown).is_err());
     }
 
     /// An omitted field takes the default the file gives it: `initial` the `min` (before, the
@@ -463,7 +402,7 @@ mod tests {
     fn the_api_takes_what_the_file_takes() {
         let body =
             serde_json::json!({"concurrency": {"adaptive": {"min": 2, "max": 20, "capacity": 40}}});
-        let from_api = Quota::read_json(Form::Api, &body).unwrap();
+        let from_api = super::super::read_in(Form::Api, &body).unwrap();
         let limits = crate::config::Limits::from_yaml_str(
             "S:\n  kind: any\n  concurrency:\n    adaptive: {min: 2, max: 20, capacity: 40}\n",
             None,

@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 #[cfg(feature = "replay")]
 use super::SizedAs;
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 use super::entry::{
     Entry, FieldError, Node, Problem, Value, as_str, at, fields_of, positive, shape_at, wrong_shape,
 };
 use super::{Capabilities, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
 use super::{Form, Settles, Waits, json_fields, names_any};
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 use crate::algo::calendar::Period;
 use crate::algo::calendar::{CalendarError, CalendarQuota};
 
@@ -137,7 +137,7 @@ impl Shape for CalendarQuota {
 
 /// A calendar quota's field (`calendar`), if it is there. A quota this build cannot make (an
 /// IANA zone without the feature `time-zones`) is refused with the reason.
-pub(super) fn read_json(_: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Plan {
@@ -176,12 +176,12 @@ pub(super) fn read_json(_: Form, fields: &serde_json::Value) -> Option<Result<Qu
 }
 
 /// The fields of `calendar: {...}`.
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 const CALENDAR_FIELDS: [&str; 5] = ["count", "period", "anchor_day", "at", "zone"];
 
 /// `calendar: {count, period, anchor_day, at, zone}` in an entry (`node`: its map), each
 /// error on its field's line.
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 pub(super) fn read_entry(e: &Entry<'_>, node: &Node) -> Result<CalendarQuota, FieldError> {
     if let Some((name, _)) = e.rate_field() {
         return Err(at(Problem::ConflictingFields("calendar", name), node.line));

@@ -3,14 +3,14 @@
 
 #[cfg(feature = "replay")]
 use super::SizedAs;
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 use super::entry::{Entry, FieldError, Node, Problem, at, duration_of, positive, shape_at};
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
-#[cfg(feature = "yaml")]
-use crate::algo::concurrency::ConcurrencyError;
-use crate::algo::concurrency::{ConcurrencyLimit, DEFAULT_LEASE_US, DEFAULT_RETRY_AFTER};
-use crate::time::{duration_us, format_duration_us, us};
+use super::{Form, Settles, Waits, json_fields, names_any};
+use crate::algo::concurrency::ConcurrencyLimit;
+#[cfg(any(feature = "yaml", feature = "admin"))]
+use crate::algo::concurrency::{ConcurrencyError, DEFAULT_LEASE_US};
+use crate::time::{format_duration_us, us};
 
 impl Shape for ConcurrencyLimit {
     /// Leases, and nothing else: a slot frees when a request ends, which no wait can know,
@@ -122,7 +122,7 @@ impl Shape for ConcurrencyLimit {
 
 /// A concurrency limit's fields (`concurrency`, with `lease` and `retry_after` in the API,
 /// each with the YAML file's default), if it is there.
-pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Slots {
@@ -135,33 +135,10 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
     struct Stored {
         concurrency: Slots,
     }
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Api {
-        concurrency: u64,
-        lease: Option<String>,
-        retry_after: Option<String>,
-    }
     if !names_any(fields, &["concurrency", "lease", "retry_after"]) {
         return None;
     }
-    let slots = match form {
-        Form::Stored => json_fields(fields).map(|s: Stored| s.concurrency),
-        Form::Api => json_fields(fields).and_then(|a: Api| {
-            let duration = |field, text: Option<String>, default| {
-                text.map_or(Ok(default), |t| json_duration(field, &t))
-            };
-            Ok(Slots {
-                max: a.concurrency,
-                lease_us: duration("lease", a.lease, DEFAULT_LEASE_US)?,
-                retry_after_us: duration(
-                    "retry_after",
-                    a.retry_after,
-                    duration_us(DEFAULT_RETRY_AFTER),
-                )?,
-            })
-        }),
-    };
+    let slots = json_fields(fields).map(|s: Stored| s.concurrency);
     Some(slots.and_then(|s| {
         ConcurrencyLimit::from_micros(s.max, s.lease_us)
             .and_then(|l| l.retry_after(us(s.retry_after_us)))
@@ -172,7 +149,7 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
 
 /// `concurrency: N` in an entry, with an optional `lease` (default 60s) and `retry_after`
 /// (default 1s) beside it (`max_node`: `concurrency`'s node).
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 pub(super) fn read_entry(e: &Entry<'_>, max_node: &Node) -> Result<ConcurrencyLimit, FieldError> {
     if let Some((name, n)) = e.rate_field() {
         return Err(at(Problem::ConflictingFields("concurrency", name), n.line));

@@ -10,7 +10,9 @@ use crate::time::{DurationError, parse_duration_us};
 #[derive(Debug)]
 pub(crate) struct Node {
     pub(crate) line: u64,
-    /// Where the node's text is in the source (byte offset and length), when known.
+    /// Where the node's text is in the source (byte offset and length), when known (a YAML
+    /// file's numbers are read from it again).
+    #[cfg_attr(not(feature = "yaml"), expect(dead_code))]
     pub(crate) span: Option<(usize, usize)>,
     pub(crate) value: Value,
 }
@@ -18,13 +20,15 @@ pub(crate) struct Node {
 #[derive(Debug)]
 pub(crate) enum Value {
     Null,
-    Bool(bool),
+    Bool(#[cfg_attr(not(feature = "yaml"), expect(dead_code))] bool),
     Int(i128),
     Float,
     /// A number YAML reads but that is not written in plain decimal (`1_000`, `0x10`, `+5`,
     /// `017`): refused, since what it means depends on the YAML version.
+    #[cfg_attr(not(feature = "yaml"), expect(dead_code))]
     Unplain(String),
-    /// A whole number too large for 64 bits.
+    /// A whole number too large for 64 bits (YAML's; JSON's is a decimal number).
+    #[cfg_attr(not(feature = "yaml"), expect(dead_code))]
     Big(String),
     Str(String),
     Seq(Vec<Node>),
@@ -86,8 +90,20 @@ pub(crate) enum Problem {
         field: &'static str,
         algorithm: &'static str,
     },
-    InvalidPeriod(DurationError),
+    /// A duration that does not parse, and its field (`period`, `lease`, ...).
+    InvalidPeriod(&'static str, DurationError),
     Shape(ShapeError),
+}
+
+impl FieldError {
+    /// The field a duration's error is about, which its text does not say (a file's line
+    /// does; a JSON body has none, and says the field before the text).
+    pub(crate) fn unnamed_field(&self) -> Option<&'static str> {
+        match self.problem {
+            Problem::InvalidPeriod(field, _) => Some(field),
+            _ => None,
+        }
+    }
 }
 
 /// `problem` on `line`.
@@ -157,7 +173,7 @@ pub(crate) fn duration_of(field: &'static str, node: &Node) -> Result<u64, Field
             node.line,
         ));
     };
-    parse_duration_us(text).map_err(|e| at(Problem::InvalidPeriod(e), node.line))
+    parse_duration_us(text).map_err(|e| at(Problem::InvalidPeriod(field, e), node.line))
 }
 
 /// The fields of a map, each once, in the order of `known` (an unknown field, or one given
@@ -244,6 +260,7 @@ impl<'a> Entry<'a> {
     }
 
     /// The limit fields given, by name, in [`LIMIT_FIELDS`]' order.
+    #[cfg(feature = "yaml")]
     pub(crate) fn given(&self) -> impl Iterator<Item = (&'static str, &'a Node)> + '_ {
         let slots = [
             self.burst,
@@ -381,4 +398,60 @@ impl Entry<'_> {
         }
         Ok(())
     }
+}
+
+/// A JSON value as an entry's tree: the admin API's body, whose fields are the file's (no
+/// line: every node's is 0).
+#[cfg(any(test, feature = "admin"))]
+pub(crate) fn node_of_json(v: &serde_json::Value) -> Node {
+    use serde_json::Value as Json;
+    let value = match v {
+        Json::Null => Value::Null,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => Value::Int(u.into()),
+            (None, Some(i)) => Value::Int(i.into()),
+            (None, None) => Value::Float,
+        },
+        Json::String(s) => Value::Str(s.clone()),
+        Json::Array(items) => Value::Seq(items.iter().map(node_of_json).collect()),
+        Json::Object(map) => Value::Map(
+            map.iter()
+                .map(|(k, v)| (node_of_json(&Json::String(k.clone())), node_of_json(v)))
+                .collect(),
+        ),
+    };
+    Node {
+        line: 0,
+        span: None,
+        value,
+    }
+}
+
+/// A limit written as the file writes it, in a JSON body (`fields`: the body's limit fields,
+/// each shape's own): read by the same readers as the file's entries, with the same errors.
+#[cfg(any(test, feature = "admin"))]
+pub(crate) fn read_api(fields: &serde_json::Value) -> Result<Quota, FieldError> {
+    let node = node_of_json(fields);
+    let Value::Map(entries) = &node.value else {
+        return Err(wrong_shape("a map of limit fields", &node));
+    };
+    let mut entry = Entry::default();
+    for (k, v) in entries {
+        let name = as_str(k, "a field name")?;
+        // A GCRA limit's debt and prefetched tokens are the file's options: a stored override
+        // keeps a limit's rate and burst only (taking them would lose them at the next read).
+        let not_kept = ["max_debt", "prefetch", "prefetch_ttl"].contains(&name);
+        let Some(slot) = entry.slot(name).filter(|_| !not_kept) else {
+            return Err(at(
+                Problem::UnknownField {
+                    field: name.to_owned(),
+                    known: if not_kept { &[] } else { &LIMIT_FIELDS },
+                },
+                0,
+            ));
+        };
+        *slot = Some(v);
+    }
+    entry.quota()
 }

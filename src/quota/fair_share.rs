@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 #[cfg(feature = "replay")]
 use super::SizedAs;
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 use super::entry::{
     Entry, FieldError, Node, Problem, Value, at, duration_of, fields_of, positive, shape_at, whole,
     wrong_shape,
 };
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, Settles, Waits, json_duration, json_fields};
+use super::{Form, Settles, Waits, json_fields};
 use crate::algo::fair_share::FairShare;
 use crate::time::format_duration_us;
 
@@ -138,14 +138,13 @@ fn keeps_budget(f: &FairShare, other: &Quota) -> Result<(), &'static str> {
 
 /// A fair share's fields: a GCRA budget's, and `fair_share` (each of its fields optional, with
 /// the YAML file's defaults), if `fair_share` is there.
-pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
     #[derive(serde::Deserialize, Default)]
     #[serde(deny_unknown_fields)]
     struct Fair {
         weight: Option<u64>,
         min: Option<u64>,
         refresh_us: Option<u64>,
-        refresh: Option<String>,
         new_ids: Option<u64>,
     }
     let fair = fields.get("fair_share")?;
@@ -159,24 +158,17 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
         } else {
             json_fields(fair)?
         };
-        let budget = match super::gcra::read_json(form, &rest) {
+        let budget = match super::gcra::read_json(&rest) {
             Some(Ok(Quota::Gcra(l))) => l,
             Some(Err(e)) => return Err(e),
             _ => return Err("fair_share: write its budget (burst, count, period)".to_owned()),
-        };
-        let refresh_us = match (form, f.refresh_us, f.refresh) {
-            (Form::Stored, Some(us), None) => Some(us),
-            (Form::Api, None, Some(text)) => Some(json_duration("refresh", &text)?),
-            (_, None, None) => None,
-            (Form::Stored, _, _) => return Err("fair_share: refresh_us, not refresh".into()),
-            (Form::Api, _, _) => return Err("fair_share: refresh, not refresh_us".into()),
         };
         let mut share = FairShare::new(budget).map_err(|e| e.to_string())?;
         share = share
             .with_weight(f.weight.unwrap_or(1))
             .and_then(|s| s.with_min(f.min.unwrap_or(0)))
             .map_err(|e| e.to_string())?;
-        if let Some(us) = refresh_us {
+        if let Some(us) = f.refresh_us {
             share = share.with_refresh_us(us).map_err(|e| e.to_string())?;
         }
         if let Some(p) = f.new_ids {
@@ -194,13 +186,13 @@ impl From<FairShare> for Quota {
 }
 
 /// The fields of `fair_share: {...}`, each optional.
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 const FAIR_SHARE_FIELDS: [&str; 4] = ["weight", "min", "refresh", "new_ids"];
 
 /// A GCRA budget (`burst`, `count`, `period`) shared fairly, in an entry: `fair_share:
 /// {weight, min, refresh, new_ids}` (`node`: its map), each optional (`fair_share: {}` for the
 /// defaults), `docs/fair-share.md`.
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 pub(super) fn read_entry(e: &Entry<'_>, node: &Node) -> Result<FairShare, FieldError> {
     let Value::Map(entries) = &node.value else {
         return Err(wrong_shape(
@@ -280,8 +272,8 @@ mod tests {
         for form in [Form::Stored, Form::Api] {
             let mut v = serde_json::json!({});
             quota.write_json(form, &mut v);
-            assert_eq!(Quota::read_json(form, &v).unwrap(), quota, "{v}");
+            assert_eq!(super::super::read_in(form, &v).unwrap(), quota, "{v}");
         }
-        assert!(Quota::read_json(Form::Api, &serde_json::json!({"fair_share": {}})).is_err());
+        assert!(super::super::read_in(Form::Api, &serde_json::json!({"fair_share": {}})).is_err());
     }
 }

@@ -3,14 +3,14 @@
 #[cfg(feature = "replay")]
 use super::SizedAs;
 use super::ceil_secs_us;
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 use super::entry::{Entry, FieldError, Problem, at, duration_of, positive, shape_at, whole};
 use super::{
     CHARGED_BACK_FROM_US, Capabilities, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown,
 };
-use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
+use super::{Form, Settles, Waits, json_fields, names_any};
 use crate::algo::gcra::Limit;
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 use crate::algo::gcra::LimitError;
 use crate::time::format_duration_us;
 
@@ -154,7 +154,7 @@ pub(super) fn scaled_limit(limit: &Limit, scale: &Scale) -> Result<Limit, ShapeE
 }
 
 /// A GCRA limit's fields (`burst`, `count`, and `period_us` or `period`), if any is there.
-pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Stored {
@@ -162,32 +162,19 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
         count: u64,
         period_us: u64,
     }
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Api {
-        burst: u64,
-        count: u64,
-        period: String,
-    }
     if !names_any(fields, &["burst", "count", "period", "period_us"]) {
         return None;
     }
-    let limit = match form {
-        Form::Stored => json_fields(fields).and_then(|s: Stored| {
-            Limit::from_micros(s.burst, s.count, s.period_us).map_err(|e| e.to_string())
-        }),
-        Form::Api => json_fields(fields).and_then(|a: Api| {
-            let period_us = json_duration("period", &a.period)?;
-            Limit::from_micros(a.burst, a.count, period_us).map_err(|e| e.to_string())
-        }),
-    };
+    let limit = json_fields(fields).and_then(|s: Stored| {
+        Limit::from_micros(s.burst, s.count, s.period_us).map_err(|e| e.to_string())
+    });
     Some(limit.map(Quota::Gcra))
 }
 
 /// A GCRA limit's fields in an entry (`burst`, `count`, `period`, `max_debt`, and
 /// `prefetch` with `prefetch_ttl`, default 1s), each error on its field's line (the limit's
 /// own on `burst`'s).
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 pub(super) fn read_entry(e: &Entry<'_>) -> Result<Limit, FieldError> {
     let burst_node = e.need("burst", e.burst)?;
     let burst = positive("burst", burst_node)?;
@@ -205,7 +192,7 @@ pub(super) fn read_entry(e: &Entry<'_>) -> Result<Limit, FieldError> {
 }
 
 /// `prefetch: N` and `prefetch_ttl: D` (default 1s) on a GCRA limit.
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 fn prefetch_of(e: &Entry<'_>, limit: Limit) -> Result<Limit, FieldError> {
     let Some(units_node) = e.prefetch else {
         return match e.prefetch_ttl {

@@ -27,7 +27,7 @@ use crate::completion::Measure;
 mod adaptive;
 mod calendar;
 mod concurrency;
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 pub(crate) mod entry;
 mod fair_share;
 mod gcra;
@@ -97,7 +97,7 @@ macro_rules! each {
 ///   `src/algo/mod.rs`);
 /// - a variant here* (`src/quota/mod.rs`, with its `ShapeError` variant), its `impl Shape` in
 ///   `src/quota/<shape>.rs`* (every answer it owes: no method has a default; a replay's
-///   suggestion sizes it by its `sized_as`), its JSON reader
+///   suggestion sizes it by its `sized_as`), its stored form's reader
 ///   in `Quota::read_json`'s list (or the denied dead-code warning names it), its `From` and
 ///   its `pub use` in `src/lib.rs`;
 /// - the kit: its `Stored` and `Read` variants and arms* (`src/backend/kit/mod.rs`), its own
@@ -361,10 +361,11 @@ impl Quota {
         each!(self, s => Shape::write_json(s, form, v))
     }
 
-    /// The limit `fields` (a JSON object) write in `form`, or why they write none: each
-    /// shape reads the fields that name it (`burst`/`count`/`period`, `tiers`, `concurrency`,
+    /// The limit `fields` (a JSON object) write in the stored form ([`Form::Stored`]: the
+    /// admin API's body, the file's form, is read as an entry, `entry::read_api`), or why they
+    /// write none: each shape reads the fields that name it (`burst`/`count`/`period`, `tiers`, `concurrency`,
     /// `calendar`) and refuses any other field beside them.
-    pub(crate) fn read_json(form: Form, fields: &serde_json::Value) -> Result<Quota, String> {
+    pub(crate) fn read_json(fields: &serde_json::Value) -> Result<Quota, String> {
         // Each shape's reader (a new shape adds its own: the MUST list).
         let readers: [Reader; 6] = [
             // Before the concurrency limit's: it is `concurrency: {adaptive: ...}`.
@@ -378,7 +379,7 @@ impl Quota {
         ];
         readers
             .iter()
-            .find_map(|read| read(form, fields))
+            .find_map(|read| read(fields))
             .unwrap_or_else(|| Err("no limit: write a limit's fields (burst, count, period; tiers; concurrency; calendar; fair_share)".to_owned()))
     }
 
@@ -530,16 +531,21 @@ pub(crate) enum Form {
 }
 
 /// A shape's reader of its JSON fields: `None` when no field names the shape.
-type Reader = fn(Form, &serde_json::Value) -> Option<Result<Quota, String>>;
+type Reader = fn(&serde_json::Value) -> Option<Result<Quota, String>>;
+
+/// A limit read back in `form` (the tests' round trips): the stored form's reader, or, for the
+/// admin API's (the file's form), the entry's.
+#[cfg(all(test, any(feature = "yaml", feature = "admin")))]
+pub(crate) fn read_in(form: Form, fields: &serde_json::Value) -> Result<Quota, String> {
+    match form {
+        Form::Stored => Quota::read_json(fields),
+        Form::Api => entry::read_api(fields).map_err(|e| format!("{e:?}")),
+    }
+}
 
 /// `fields` read as `T` (its own fields only), or the reader's error.
 fn json_fields<'a, T: serde::Deserialize<'a>>(fields: &'a serde_json::Value) -> Result<T, String> {
     T::deserialize(fields).map_err(|e| e.to_string())
-}
-
-/// A duration field of the admin API's form (`"1h"`) in microseconds.
-fn json_duration(field: &str, text: &str) -> Result<u64, String> {
-    crate::time::parse_duration_us(text).map_err(|e| format!("{field}: {e}"))
 }
 
 /// Whether any of `names` is a field of `fields`.

@@ -4,15 +4,15 @@
 #[cfg(feature = "replay")]
 use super::SizedAs;
 use super::ceil_secs_us;
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 use super::entry::{FieldError, Node, Problem, Value, at, fields_of, shape_at, wrong_shape};
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, Settles, Waits, json_duration, json_fields, names_any};
-#[cfg(feature = "yaml")]
+use super::{Form, Settles, Waits, json_fields, names_any};
+#[cfg(any(feature = "yaml", feature = "admin"))]
 use crate::algo::tiers::TierError;
 use crate::algo::tiers::{Tier, TieredLimit};
 use crate::time::format_duration_us;
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 use crate::time::parse_duration_us;
 
 impl Shape for TieredLimit {
@@ -144,7 +144,7 @@ fn serving_tier(t: &TieredLimit, n: &Numbers<'_>) -> Option<(u64, u64)> {
 }
 
 /// Burst tiers' field (`tiers`), if it is there.
-pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Stored {
@@ -155,40 +155,17 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
     }
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
-    struct Api {
-        limit: u64,
-        window: String,
-        active: String,
-        cooldown: String,
-    }
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Tiers<T> {
-        tiers: Vec<T>,
+    struct Tiers {
+        tiers: Vec<Stored>,
     }
     if !names_any(fields, &["tiers"]) {
         return None;
     }
-    let tiers: Result<Vec<Tier>, String> = match form {
-        Form::Stored => json_fields(fields).map(|t: Tiers<Stored>| {
-            let each = t.tiers.into_iter();
-            each.map(|t| Tier::from_micros(t.limit, t.window_us, t.active_us, t.cooldown_us))
-                .collect()
-        }),
-        Form::Api => json_fields(fields).and_then(|t: Tiers<Api>| {
-            t.tiers
-                .into_iter()
-                .map(|t| {
-                    Ok(Tier::from_micros(
-                        t.limit,
-                        json_duration("window", &t.window)?,
-                        json_duration("active", &t.active)?,
-                        json_duration("cooldown", &t.cooldown)?,
-                    ))
-                })
-                .collect()
-        }),
-    };
+    let tiers = json_fields(fields).map(|t: Tiers| {
+        let each = t.tiers.into_iter();
+        each.map(|t| Tier::from_micros(t.limit, t.window_us, t.active_us, t.cooldown_us))
+            .collect::<Vec<Tier>>()
+    });
     Some(tiers.and_then(|t| {
         TieredLimit::new(t)
             .map(Quota::from)
@@ -197,7 +174,7 @@ pub(super) fn read_json(form: Form, fields: &serde_json::Value) -> Option<Result
 }
 
 /// `tiers: [{limit, window, active, cooldown}, ...]` in an entry, a tier's error on its line.
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 pub(super) fn read_entry(node: &Node) -> Result<TieredLimit, FieldError> {
     let Value::Seq(items) = &node.value else {
         return Err(wrong_shape(
@@ -222,12 +199,12 @@ pub(super) fn read_entry(node: &Node) -> Result<TieredLimit, FieldError> {
 }
 
 /// The fields of a tier, and the `comment` it may have.
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 const TIER_FIELDS: [&str; 5] = ["limit", "window", "active", "cooldown", "comment"];
 
 /// Tier `number` (from 1): `{limit, window, active, cooldown}` (and a `comment`), each error
 /// naming the tier and the field.
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 fn tier_of(number: usize, item: &Node) -> Result<Tier, FieldError> {
     let Value::Map(entries) = &item.value else {
         return Err(wrong_shape(
@@ -282,7 +259,7 @@ fn tier_of(number: usize, item: &Node) -> Result<Tier, FieldError> {
 }
 
 /// Tier `number`'s `limit`: a whole number of at least 0.
-#[cfg(feature = "yaml")]
+#[cfg(any(feature = "yaml", feature = "admin"))]
 fn tier_limit(number: usize, node: &Node) -> Result<u64, FieldError> {
     let found = match &node.value {
         Value::Int(v) => match u64::try_from(*v) {

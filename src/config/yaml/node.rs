@@ -6,7 +6,7 @@ use serde_saphyr::Spanned;
 
 use super::MAX_FILE_BYTES;
 use crate::config::{ConfigError, ConfigErrorKind};
-use crate::quota::entry::{self, Entry, FieldError, LIMIT_FIELDS, Problem};
+use crate::quota::entry::{self, Entry, LIMIT_FIELDS};
 pub(super) use crate::quota::entry::{Node, Value};
 
 impl<'de> Deserialize<'de> for Node {
@@ -256,36 +256,4 @@ pub(super) fn fields<'a>(
         }
     }
     Ok(f)
-}
-
-/// A field's error, located: the configuration error of the same name.
-impl From<FieldError> for ConfigError {
-    fn from(e: FieldError) -> Self {
-        let kind = match e.problem {
-            Problem::WrongShape { expected, found } => {
-                ConfigErrorKind::WrongShape { expected, found }
-            }
-            Problem::UnknownField { field, known } => ConfigErrorKind::unknown_field(&field, known),
-            Problem::MissingField(field) => ConfigErrorKind::MissingField(field),
-            Problem::DuplicateField(field) => ConfigErrorKind::DuplicateField(field),
-            Problem::BadNumber { field, found } => ConfigErrorKind::BadNumber { field, found },
-            Problem::BadCount { field, found } => ConfigErrorKind::BadCount { field, found },
-            Problem::ConflictingFields(a, b) => ConfigErrorKind::ConflictingFields(a, b),
-            Problem::InvalidTier {
-                tier,
-                field,
-                reason,
-            } => ConfigErrorKind::InvalidTier {
-                tier,
-                field,
-                reason,
-            },
-            Problem::OtherAlgorithm { field, algorithm } => {
-                ConfigErrorKind::OtherAlgorithm { field, algorithm }
-            }
-            Problem::InvalidPeriod(e) => ConfigErrorKind::InvalidPeriod(e),
-            Problem::Shape(e) => ConfigErrorKind::Shape(e),
-        };
-        err_at(kind, e.line)
-    }
 }
