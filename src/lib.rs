@@ -208,7 +208,7 @@ pub use completion::{Completion, Measure};
 pub use config::RuleSet;
 pub use config::{
     ConfigError, ConfigErrorKind, LimitSource, Limits, LimitsBuilder, LimitsChange, Location,
-    RegionFloor,
+    OverrideRefusal, RegionFloor,
 };
 pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 #[cfg(feature = "yaml")]

@@ -9,7 +9,7 @@ use serde_json::json;
 use support::admin::{FILE_OVERRIDES, LIMITS, every_shape_takes_an_override_of_its_own, instance};
 use tower_ratelimits::{
     Limit, LimitSource, Limiter, Limits, ManualClock, MemoryBackend, OverrideError, OverrideKind,
-    Transaction,
+    OverrideRefusal, Transaction,
 };
 
 const START_US: u64 = 1_767_225_600_000_000;
@@ -168,7 +168,21 @@ async fn bad_overrides_are_refused_and_change_nothing() {
         .set_override("Slots", "x", gcra(5), None)
         .await
         .unwrap_err();
-    assert!(matches!(e, OverrideError::Refused { .. }), "{e}");
+    // Why, as a value a caller matches on: a GCRA limit for a concurrency limit's ids.
+    assert!(
+        matches!(
+            &e,
+            OverrideError::Refused {
+                reason: OverrideRefusal::OtherShape {
+                    limit: "a concurrency limit",
+                    given: "a GCRA limit"
+                },
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("only unlimited, block"), "{e}");
     for expiry in [Duration::ZERO, Duration::from_secs(11 * 365 * 86_400)] {
         let e = limiter
             .set_override("PerClient", "x", OverrideKind::Block, Some(expiry))

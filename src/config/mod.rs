@@ -22,6 +22,7 @@ pub use builder::LimitsBuilder;
 pub(crate) use builder::check_name;
 pub use error::{ConfigError, ConfigErrorKind, Location};
 pub use regions::RegionFloor;
+pub use stored::OverrideRefusal;
 pub(crate) use stored::{StoredSet, check_override};
 #[cfg(feature = "yaml")]
 pub use yaml::RuleSet;

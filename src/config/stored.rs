@@ -122,7 +122,7 @@ impl StoredSet {
         let now_ms = self.clock.now_us() / 1_000;
         for o in set {
             let applied = if o.expired(now_ms) {
-                Err("it has expired".to_owned())
+                Err(NotApplied::Expired)
             } else {
                 Self::applied(limits, o, &self.interned)
             };
@@ -163,11 +163,10 @@ impl StoredSet {
         limits: &Limits,
         o: &StoredOverride,
         interned: &Interned,
-    ) -> Result<(BucketKey, Applied), String> {
-        let not_defined = || "the limit is not defined".to_owned();
-        let name = limits.name(&o.limit).ok_or_else(not_defined)?;
-        let entry = limits.entry(name).ok_or_else(not_defined)?;
-        let id = entry.kind.parse(&o.id).map_err(|e| e.to_string())?;
+    ) -> Result<(BucketKey, Applied), NotApplied> {
+        let name = limits.name(&o.limit).ok_or(NotApplied::NotDefined)?;
+        let entry = limits.entry(name).ok_or(NotApplied::NotDefined)?;
+        let id = entry.kind.parse(&o.id)?;
         check_override(entry, &o.kind)?;
         let what = Shared::of(&o.kind, interned);
         let expires_at_us = o
@@ -242,26 +241,69 @@ impl StoredSet {
 /// limit of its own has the default's shape (any shape where the name has no default: the
 /// state each shape keeps is its own, and a limit of another shape would meet a default's
 /// state it cannot read) and fits a request; unlimited and block replace anything.
-pub(crate) fn check_override(entry: &NameEntry, kind: &OverrideKind) -> Result<(), String> {
+pub(crate) fn check_override(
+    entry: &NameEntry,
+    kind: &OverrideKind,
+) -> Result<(), OverrideRefusal> {
     let OverrideKind::Quota(q) = kind else {
         return Ok(());
     };
     if let Some(d) = &entry.default
         && std::mem::discriminant(d) != std::mem::discriminant(q)
     {
-        return Err(format!(
-            "the limit is {}, the override {}: only unlimited, block or a limit of the limit's \
-             own shape replace it",
-            d.shape_name(),
-            q.shape_name()
-        ));
+        return Err(OverrideRefusal::OtherShape {
+            limit: d.shape_name(),
+            given: q.shape_name(),
+        });
     }
     entry.admits(q).map_err(|e| match e {
         ConfigErrorKind::CostAboveBurst { cost, burst } => {
-            format!("a request costs {cost}, more than the override's {burst}")
+            OverrideRefusal::CostAbove { cost, size: burst }
         }
-        other => other.to_string(),
+        other => OverrideRefusal::Limit(other),
     })
+}
+
+/// Why a limit of its own cannot replace a limit's for an id (`OverrideError::Refused`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OverrideRefusal {
+    /// The override's shape is not the limit's: the state each shape keeps is its own.
+    #[error(
+        "the limit is {limit}, the override {given}: only unlimited, block or a limit of the \
+         limit's own shape replace it"
+    )]
+    OtherShape {
+        /// The limit's shape, as an error names it (`a GCRA limit`, ...).
+        limit: &'static str,
+        /// The override's.
+        given: &'static str,
+    },
+    /// A request of the limit costs more than the override's largest grant.
+    #[error("a request costs {cost}, more than the override's {size}")]
+    CostAbove {
+        /// The limit's cost per request.
+        cost: u64,
+        /// The most the override grants at once.
+        size: u64,
+    },
+    /// What the limit's name asks of any limit it is given: what an override keeps (a fair
+    /// share's budget), one limit across regions.
+    #[error("{0}")]
+    Limit(ConfigErrorKind),
+}
+
+/// Why a stored override does not apply to the limits loaded (it is left out, with a warning).
+#[derive(Debug, thiserror::Error)]
+enum NotApplied {
+    #[error("it has expired")]
+    Expired,
+    #[error("the limit is not defined")]
+    NotDefined,
+    #[error(transparent)]
+    Id(#[from] crate::key::IdError),
+    #[error(transparent)]
+    Refused(#[from] OverrideRefusal),
 }
 
 #[cfg(test)]

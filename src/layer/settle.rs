@@ -424,20 +424,28 @@ async fn run(
     states
 }
 
+/// Why a settle's call to the store did not apply (its warning says it).
+#[derive(Debug, thiserror::Error)]
+enum Unsettled {
+    #[error(transparent)]
+    Limiter(#[from] crate::limiter::LimiterError),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
 /// `f` within the layer's backend timeout.
 async fn within<T>(
     timeout: Duration,
     f: impl Future<Output = Result<T, crate::limiter::LimiterError>>,
-) -> Result<T, String> {
+) -> Result<T, Unsettled> {
     match tokio::time::timeout(timeout, f).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {timeout:?}")),
+        Ok(r) => Ok(r?),
+        Err(_) => Err(Unsettled::Timeout(timeout)),
     }
 }
 
 /// A settle the store could not apply: the estimates stand.
-fn failed(warn_gate: &WarnGate, txs: &[Transaction], reason: &str) {
+fn failed(warn_gate: &WarnGate, txs: &[Transaction], reason: &Unsettled) {
     for t in txs {
         crate::telemetry::settled(t.key().name(), "failed", 0);
     }

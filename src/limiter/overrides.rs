@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::Limiter;
 use crate::backend::{BackendError, OverrideStore, PutError, StoreEvent};
-use crate::config::{Limits, NameEntry, StoredSet};
+use crate::config::{Limits, NameEntry, OverrideRefusal, StoredSet};
 use crate::key::IdError;
 use crate::overrides::{Delta, OverrideKind, StoredOverride};
 
@@ -37,7 +37,7 @@ pub enum OverrideError {
         /// The limit's name.
         limit: String,
         /// Why.
-        reason: String,
+        reason: OverrideRefusal,
     },
     /// An expiry of zero or above ten years.
     #[error("an override's expiry must be above zero and at most ten years, not {0:?}")]

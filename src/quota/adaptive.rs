@@ -6,7 +6,7 @@ use std::sync::Arc;
 #[cfg(feature = "replay")]
 use super::SizedAs;
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, Settles, Waits, json_fields};
+use super::{Form, Settles, StoredFormError, Waits, json_fields, stored_shape};
 use crate::algo::adaptive::{Adaptive, AdaptiveConcurrency, Algorithm};
 use crate::completion::Measure;
 use crate::time::{format_duration_us, us};
@@ -268,7 +268,7 @@ impl Settings {
         v
     }
 
-    fn limit(&self) -> Result<AdaptiveConcurrency, String> {
+    fn limit(&self) -> Result<AdaptiveConcurrency, StoredFormError> {
         let algorithm = match self.algorithm.as_str() {
             "gradient" => Algorithm::Gradient {
                 smoothing_pm: self.smoothing_pm,
@@ -278,15 +278,27 @@ impl Settings {
                 backoff_pm: self.backoff_pm,
                 increase: self.increase,
             },
-            other => return Err(format!("algorithm {other:?}: gradient or aimd")),
+            other => {
+                return Err(StoredFormError::Unknown {
+                    field: "algorithm",
+                    found: other.to_owned(),
+                    known: "gradient or aimd",
+                });
+            }
         };
         let measure = match self.measure.as_str() {
             "head" => Measure::Head,
             "body_end" => Measure::BodyEnd,
-            other => return Err(format!("measure {other:?}: head or body_end")),
+            other => {
+                return Err(StoredFormError::Unknown {
+                    field: "measure",
+                    found: other.to_owned(),
+                    known: "head or body_end",
+                });
+            }
         };
-        let adaptive = Adaptive::new(self.min, self.initial, self.max, algorithm)
-            .map_err(|e| e.to_string())?;
+        let adaptive =
+            Adaptive::new(self.min, self.initial, self.max, algorithm).map_err(stored_shape)?;
         AdaptiveConcurrency::new(adaptive)
             .window(us(self.window_us))
             .and_then(|l| l.window_completions(self.completions))
@@ -302,7 +314,7 @@ impl Settings {
                 Some(h) => l.headroom(h),
                 None => Ok(l),
             })
-            .map_err(|e| e.to_string())
+            .map_err(stored_shape)
     }
 }
 
@@ -314,7 +326,7 @@ pub(crate) fn measure_name(m: Measure) -> &'static str {
 }
 
 /// An adaptive limit's fields (`concurrency: {adaptive: ...}`), if they are there.
-pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, StoredFormError>> {
     fields.get("concurrency")?.get("adaptive")?;
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]

@@ -10,7 +10,7 @@ use super::entry::{
     Entry, FieldError, Node, Problem, Value, as_str, at, fields_of, positive, shape_at, wrong_shape,
 };
 use super::{Capabilities, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, Settles, Waits, json_fields, names_any};
+use super::{Form, Settles, StoredFormError, Waits, json_fields, names_any, stored_shape};
 #[cfg(any(feature = "yaml", feature = "admin"))]
 use crate::algo::calendar::Period;
 use crate::algo::calendar::{CalendarError, CalendarQuota};
@@ -137,7 +137,7 @@ impl Shape for CalendarQuota {
 
 /// A calendar quota's field (`calendar`), if it is there. A quota this build cannot make (an
 /// IANA zone without the feature `time-zones`) is refused with the reason.
-pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, StoredFormError>> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Plan {
@@ -168,11 +168,10 @@ pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, Stri
     if !names_any(fields, &["calendar"]) {
         return None;
     }
-    Some(json_fields(fields).and_then(|c: Calendar| {
-        quota(c.calendar)
-            .map(Quota::from)
-            .map_err(|e| format!("calendar: {e}"))
-    }))
+    Some(
+        json_fields(fields)
+            .and_then(|c: Calendar| quota(c.calendar).map(Quota::from).map_err(stored_shape)),
+    )
 }
 
 /// The fields of `calendar: {...}`.

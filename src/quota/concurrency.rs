@@ -6,7 +6,7 @@ use super::SizedAs;
 #[cfg(any(feature = "yaml", feature = "admin"))]
 use super::entry::{Entry, FieldError, Node, Problem, at, duration_of, positive, shape_at};
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, Settles, Waits, json_fields, names_any};
+use super::{Form, Settles, StoredFormError, Waits, json_fields, names_any, stored_shape};
 use crate::algo::concurrency::ConcurrencyLimit;
 #[cfg(any(feature = "yaml", feature = "admin"))]
 use crate::algo::concurrency::{ConcurrencyError, DEFAULT_LEASE_US};
@@ -122,7 +122,7 @@ impl Shape for ConcurrencyLimit {
 
 /// A concurrency limit's fields (`concurrency`, with `lease` and `retry_after` in the API,
 /// each with the YAML file's default), if it is there.
-pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, StoredFormError>> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Slots {
@@ -143,7 +143,7 @@ pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, Stri
         ConcurrencyLimit::from_micros(s.max, s.lease_us)
             .and_then(|l| l.retry_after(us(s.retry_after_us)))
             .map(Quota::Concurrency)
-            .map_err(|e| e.to_string())
+            .map_err(stored_shape)
     }))
 }
 

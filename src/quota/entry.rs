@@ -91,10 +91,14 @@ pub(crate) enum Problem {
         algorithm: &'static str,
     },
     /// A duration that does not parse, and its field (`period`, `lease`, ...).
-    InvalidPeriod(&'static str, DurationError),
+    InvalidPeriod(
+        #[cfg_attr(not(feature = "admin"), expect(dead_code))] &'static str,
+        DurationError,
+    ),
     Shape(ShapeError),
 }
 
+#[cfg(feature = "admin")]
 impl FieldError {
     /// The field a duration's error is about, which its text does not say (a file's line
     /// does; a JSON body has none, and says the field before the text).

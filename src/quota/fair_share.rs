@@ -12,7 +12,7 @@ use super::entry::{
     wrong_shape,
 };
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, Settles, Waits, json_fields};
+use super::{Form, Settles, StoredFormError, Waits, json_fields, stored_shape};
 use crate::algo::fair_share::FairShare;
 use crate::time::format_duration_us;
 
@@ -138,7 +138,7 @@ fn keeps_budget(f: &FairShare, other: &Quota) -> Result<(), &'static str> {
 
 /// A fair share's fields: a GCRA budget's, and `fair_share` (each of its fields optional, with
 /// the YAML file's defaults), if `fair_share` is there.
-pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, StoredFormError>> {
     #[derive(serde::Deserialize, Default)]
     #[serde(deny_unknown_fields)]
     struct Fair {
@@ -152,7 +152,7 @@ pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, Stri
     if let Some(o) = rest.as_object_mut() {
         o.remove("fair_share");
     }
-    let read = || -> Result<Quota, String> {
+    let read = || -> Result<Quota, StoredFormError> {
         let f: Fair = if fair.is_null() {
             Fair::default()
         } else {
@@ -161,18 +161,18 @@ pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, Stri
         let budget = match super::gcra::read_json(&rest) {
             Some(Ok(Quota::Gcra(l))) => l,
             Some(Err(e)) => return Err(e),
-            _ => return Err("fair_share: write its budget (burst, count, period)".to_owned()),
+            _ => return Err(StoredFormError::NoBudget),
         };
-        let mut share = FairShare::new(budget).map_err(|e| e.to_string())?;
+        let mut share = FairShare::new(budget).map_err(stored_shape)?;
         share = share
             .with_weight(f.weight.unwrap_or(1))
             .and_then(|s| s.with_min(f.min.unwrap_or(0)))
-            .map_err(|e| e.to_string())?;
+            .map_err(stored_shape)?;
         if let Some(us) = f.refresh_us {
-            share = share.with_refresh_us(us).map_err(|e| e.to_string())?;
+            share = share.with_refresh_us(us).map_err(stored_shape)?;
         }
         if let Some(p) = f.new_ids {
-            share = share.with_new_ids(p).map_err(|e| e.to_string())?;
+            share = share.with_new_ids(p).map_err(stored_shape)?;
         }
         Ok(Quota::FairShare(Arc::new(share)))
     };

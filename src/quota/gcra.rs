@@ -8,7 +8,7 @@ use super::entry::{Entry, FieldError, Problem, at, duration_of, positive, shape_
 use super::{
     CHARGED_BACK_FROM_US, Capabilities, ChargeBack, Numbers, Quota, Scale, Shape, ShapeError, Shown,
 };
-use super::{Form, Settles, Waits, json_fields, names_any};
+use super::{Form, Settles, StoredFormError, Waits, json_fields, names_any, stored_shape};
 use crate::algo::gcra::Limit;
 #[cfg(any(feature = "yaml", feature = "admin"))]
 use crate::algo::gcra::LimitError;
@@ -154,7 +154,7 @@ pub(super) fn scaled_limit(limit: &Limit, scale: &Scale) -> Result<Limit, ShapeE
 }
 
 /// A GCRA limit's fields (`burst`, `count`, and `period_us` or `period`), if any is there.
-pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, StoredFormError>> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Stored {
@@ -166,7 +166,7 @@ pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, Stri
         return None;
     }
     let limit = json_fields(fields).and_then(|s: Stored| {
-        Limit::from_micros(s.burst, s.count, s.period_us).map_err(|e| e.to_string())
+        Limit::from_micros(s.burst, s.count, s.period_us).map_err(stored_shape)
     });
     Some(limit.map(Quota::Gcra))
 }

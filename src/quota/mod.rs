@@ -365,7 +365,7 @@ impl Quota {
     /// admin API's body, the file's form, is read as an entry, `entry::read_api`), or why they
     /// write none: each shape reads the fields that name it (`burst`/`count`/`period`, `tiers`, `concurrency`,
     /// `calendar`) and refuses any other field beside them.
-    pub(crate) fn read_json(fields: &serde_json::Value) -> Result<Quota, String> {
+    pub(crate) fn read_json(fields: &serde_json::Value) -> Result<Quota, StoredFormError> {
         // Each shape's reader (a new shape adds its own: the MUST list).
         let readers: [Reader; 6] = [
             // Before the concurrency limit's: it is `concurrency: {adaptive: ...}`.
@@ -380,7 +380,7 @@ impl Quota {
         readers
             .iter()
             .find_map(|read| read(fields))
-            .unwrap_or_else(|| Err("no limit: write a limit's fields (burst, count, period; tiers; concurrency; calendar; fair_share)".to_owned()))
+            .unwrap_or(Err(StoredFormError::NoLimit))
     }
 
     /// The same limit at `percent` (1 to 100) of its size, for an in-memory fallback per
@@ -531,21 +531,50 @@ pub(crate) enum Form {
 }
 
 /// A shape's reader of its JSON fields: `None` when no field names the shape.
-type Reader = fn(&serde_json::Value) -> Option<Result<Quota, String>>;
+type Reader = fn(&serde_json::Value) -> Option<Result<Quota, StoredFormError>>;
+
+/// Why a limit's fields in the stored form make no limit: written by another version, or not
+/// ours; the stored override is left out (`overrides.rs`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StoredFormError {
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    /// A name the shape does not know (an adaptive limit's algorithm or measure).
+    #[error("{field} {found:?} is not one of {known}")]
+    Unknown {
+        field: &'static str,
+        found: String,
+        known: &'static str,
+    },
+    /// A fair share without its budget's fields.
+    #[error("fair_share: write its budget (burst, count, period)")]
+    NoBudget,
+    #[error("no limit: write a limit's fields")]
+    NoLimit,
+}
+
+/// A shape's own error, in the stored form's.
+fn stored_shape(e: impl Into<ShapeError>) -> StoredFormError {
+    StoredFormError::Shape(e.into())
+}
 
 /// A limit read back in `form` (the tests' round trips): the stored form's reader, or, for the
 /// admin API's (the file's form), the entry's.
 #[cfg(all(test, any(feature = "yaml", feature = "admin")))]
 pub(crate) fn read_in(form: Form, fields: &serde_json::Value) -> Result<Quota, String> {
     match form {
-        Form::Stored => Quota::read_json(fields),
+        Form::Stored => Quota::read_json(fields).map_err(|e| e.to_string()),
         Form::Api => entry::read_api(fields).map_err(|e| format!("{e:?}")),
     }
 }
 
 /// `fields` read as `T` (its own fields only), or the reader's error.
-fn json_fields<'a, T: serde::Deserialize<'a>>(fields: &'a serde_json::Value) -> Result<T, String> {
-    T::deserialize(fields).map_err(|e| e.to_string())
+fn json_fields<'a, T: serde::Deserialize<'a>>(
+    fields: &'a serde_json::Value,
+) -> Result<T, StoredFormError> {
+    Ok(T::deserialize(fields)?)
 }
 
 /// Whether any of `names` is a field of `fields`.

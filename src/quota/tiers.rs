@@ -7,7 +7,7 @@ use super::ceil_secs_us;
 #[cfg(any(feature = "yaml", feature = "admin"))]
 use super::entry::{FieldError, Node, Problem, Value, at, fields_of, shape_at, wrong_shape};
 use super::{Capabilities, Numbers, Quota, Scale, Shape, ShapeError, Shown};
-use super::{Form, Settles, Waits, json_fields, names_any};
+use super::{Form, Settles, StoredFormError, Waits, json_fields, names_any, stored_shape};
 #[cfg(any(feature = "yaml", feature = "admin"))]
 use crate::algo::tiers::TierError;
 use crate::algo::tiers::{Tier, TieredLimit};
@@ -144,7 +144,7 @@ fn serving_tier(t: &TieredLimit, n: &Numbers<'_>) -> Option<(u64, u64)> {
 }
 
 /// Burst tiers' field (`tiers`), if it is there.
-pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, String>> {
+pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, StoredFormError>> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Stored {
@@ -166,11 +166,7 @@ pub(super) fn read_json(fields: &serde_json::Value) -> Option<Result<Quota, Stri
         each.map(|t| Tier::from_micros(t.limit, t.window_us, t.active_us, t.cooldown_us))
             .collect::<Vec<Tier>>()
     });
-    Some(tiers.and_then(|t| {
-        TieredLimit::new(t)
-            .map(Quota::from)
-            .map_err(|e| e.to_string())
-    }))
+    Some(tiers.and_then(|t| TieredLimit::new(t).map(Quota::from).map_err(stored_shape)))
 }
 
 /// `tiers: [{limit, window, active, cooldown}, ...]` in an entry, a tier's error on its line.
