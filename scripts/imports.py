@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The crate's import arrows, checked (docs/design.md, "Arrows"): every `crate::` path of a
-source file under src/ (its `use` lines and paths written inline, tests and comments left out)
+"""The crate's import arrows, checked (docs/design.md, "Arrows"): every `crate::` and `super::`
+path of a source file under src/ (its `use` lines and paths written inline, tests and comments
+left out)
 is followed to the file that defines the name, through lib.rs's re-exports, so that an import
 through the crate root draws the same arrow as one from the name's home. Fails (exit 1) on
 
@@ -103,6 +104,14 @@ def paths_of(text, module):
                 found.append(base + parts)
     for m in re.finditer(r"\bcrate((?:::[A-Za-z_][A-Za-z0-9_]*)+)", text):
         found.append(m.group(1).split("::")[1:])
+    # Paths written inline from the module's parent (`super::gcra::read_entry(...)`), which
+    # draw the same arrow as a `use` of them.
+    for m in re.finditer(r"(?<![\w:])((?:super::)+)((?:[A-Za-z_][A-Za-z0-9_]*::)*[A-Za-z_][A-Za-z0-9_]*)", text):
+        base = list(module)
+        for _ in range(m.group(1).count("super")):
+            if base:
+                base.pop()
+        found.append(base + m.group(2).split("::"))
     return found
 
 

@@ -1,9 +1,11 @@
 //! A limit's entry as a tree of fields, each node with the line it was written on (feature
 //! `yaml`): the one schema every shape reads its own fields from (`read_entry` in its file,
-//! driven by [`Entry::quota`]), the checks every field shares, and what a field can get
+//! driven by `Quota::of_entry`), the checks every field shares, and what a field can get
 //! wrong ([`FieldError`], which the configuration turns into a located `ConfigError`).
 
-use super::{Quota, ShapeError};
+#[cfg(any(test, feature = "admin"))]
+use super::Quota;
+use super::ShapeError;
 use crate::time::{DurationError, parse_duration_us};
 
 /// A value with the line it was written on (0: none known).
@@ -308,102 +310,6 @@ impl<'a> Entry<'a> {
     }
 }
 
-impl Entry<'_> {
-    /// The limit the entry's fields make, each shape reading its own (`read_entry` in its
-    /// file): a GCRA limit (`burst`, `count`, `period`), burst tiers (`tiers`), a concurrency
-    /// limit (`concurrency`, with `lease` and `retry_after`; a map, an adaptive one), a calendar
-    /// quota (`calendar`) or a fair share (`fair_share` beside a GCRA budget). Fields of two
-    /// shapes are refused on the later one's line.
-    pub(crate) fn quota(&self) -> Result<Quota, FieldError> {
-        self.shapes_apart()?;
-        if let Some(max) = self.concurrency {
-            if let Value::Map(entries) = &max.value {
-                return super::adaptive::read_entry(self, max, entries).map(Quota::from);
-            }
-            return super::concurrency::read_entry(self, max).map(Quota::from);
-        }
-        // `lease` and `retry_after` belong to a concurrency limit.
-        for (name, node) in [("lease", self.lease), ("retry_after", self.retry_after)] {
-            if let Some(n) = node {
-                let problem = match self.rate_field() {
-                    Some((other, _)) => Problem::ConflictingFields(name, other),
-                    None => Problem::MissingField("concurrency"),
-                };
-                return Err(at(problem, n.line));
-            }
-        }
-        if let Some(calendar) = self.calendar {
-            if let Some(fair) = self.fair_share {
-                return Err(at(
-                    Problem::ConflictingFields("fair_share", "calendar"),
-                    fair.line,
-                ));
-            }
-            return super::calendar::read_entry(self, calendar).map(Quota::from);
-        }
-        if let Some(fair) = self.fair_share {
-            if let Some(tiers) = self.tiers {
-                return Err(at(
-                    Problem::ConflictingFields("fair_share", "tiers"),
-                    tiers.line,
-                ));
-            }
-            return super::fair_share::read_entry(self, fair).map(Quota::from);
-        }
-        let Some(tiers) = self.tiers else {
-            return super::gcra::read_entry(self).map(Quota::from);
-        };
-        for (name, node) in [
-            ("burst", self.burst),
-            ("count", self.count),
-            ("period", self.period),
-        ] {
-            if let Some(n) = node {
-                return Err(at(Problem::ConflictingFields("tiers", name), n.line));
-            }
-        }
-        super::tiers::read_entry(tiers).map(Quota::from)
-    }
-
-    /// Fields of two shapes in one entry, refused on the later one's line: a GCRA limit's
-    /// options (debt and prefetched tokens: tiers forgive overruns and keep a state no instance
-    /// can split, and slots have no units) beside another shape, a calendar quota or a fair
-    /// share beside a concurrency limit.
-    fn shapes_apart(&self) -> Result<(), FieldError> {
-        let gcra_only = [
-            ("max_debt", self.max_debt),
-            ("prefetch", self.prefetch),
-            ("prefetch_ttl", self.prefetch_ttl),
-        ];
-        for (field, given) in gcra_only {
-            let Some(given) = given else { continue };
-            for (name, node) in [
-                ("tiers", self.tiers),
-                ("concurrency", self.concurrency),
-                ("calendar", self.calendar),
-                ("fair_share", self.fair_share),
-            ] {
-                if node.is_some() {
-                    return Err(at(Problem::ConflictingFields(field, name), given.line));
-                }
-            }
-        }
-        if let (Some(_), Some(calendar)) = (self.concurrency, self.calendar) {
-            return Err(at(
-                Problem::ConflictingFields("calendar", "concurrency"),
-                calendar.line,
-            ));
-        }
-        if let (Some(_), Some(fair)) = (self.concurrency, self.fair_share) {
-            return Err(at(
-                Problem::ConflictingFields("fair_share", "concurrency"),
-                fair.line,
-            ));
-        }
-        Ok(())
-    }
-}
-
 /// A JSON value as an entry's tree: the admin API's body, whose fields are the file's (no
 /// line: every node's is 0).
 #[cfg(any(test, feature = "admin"))]
@@ -457,5 +363,5 @@ pub(crate) fn read_api(fields: &serde_json::Value) -> Result<Quota, FieldError> 
         };
         *slot = Some(v);
     }
-    entry.quota()
+    Quota::of_entry(&entry)
 }

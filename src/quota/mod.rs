@@ -26,15 +26,20 @@ use crate::completion::Measure;
 
 mod adaptive;
 mod calendar;
+mod capabilities;
 mod concurrency;
 #[cfg(any(feature = "yaml", feature = "admin"))]
 pub(crate) mod entry;
+#[cfg(any(feature = "yaml", feature = "admin"))]
+use entry::{Entry, FieldError, Problem, Value, at};
 mod fair_share;
 mod gcra;
 mod tiers;
 
 /// `$e` for the shape `$quota` holds, bound to `$s` (one exhaustive `match`: a new variant is a
 /// compile error here, and its `impl Shape` the list of what it must answer).
+pub(crate) use capabilities::{Capabilities, Settles, Waits};
+
 macro_rules! each {
     ($quota:expr, $s:ident => $e:expr) => {
         match $quota {
@@ -453,71 +458,6 @@ pub(crate) enum SizedAs<'a> {
     Budget(&'a Limit),
 }
 
-/// What a shape opts into beyond what every shape answers ([`Shape`]): the questions only
-/// some shapes answer yes to. Each shape's file states all of them in one struct literal
-/// with no `..Default`, so a new capability does not build until every shape says yes or no,
-/// and a shape that says no is never asked the question's details (its functions are
-/// `None`). [`Quota`]'s methods read them.
-pub(crate) struct Capabilities<S> {
-    /// Leases: an allowed spend holds a slot in flight until released, which lives this long
-    /// (microseconds) unless renewed.
-    pub(crate) lease_us: Option<u64>,
-    /// Learning at release: it learns from each request that held one of its slots, whose
-    /// latency ends where this says.
-    pub(crate) learns: Option<Measure>,
-    /// State per limit: one state for the whole limit, read by all its ids, at the limit's
-    /// key.
-    pub(crate) state_per_limit: bool,
-    /// What an override must keep of it (`Err` names it); `None`: any limit of its shape may
-    /// replace it for an id.
-    pub(crate) keeps_on_override: Option<Keeps<S>>,
-    /// Charge-back: what the in-memory fallback grants of it weighs once the store answers
-    /// again.
-    pub(crate) charge_back: Option<ChargeBack>,
-    /// Waiting: whether a denial of it may be waited for, and whether it says when.
-    pub(crate) waits: Waits<S>,
-    /// Settling: whether a spend of it is settled after the response, and up to what.
-    pub(crate) settles: Settles,
-    /// A settled state's wait: from a bucket's later state (`reset_after_us`) and `granted`
-    /// units, the wait before they fit again; `None`: the state's own `retry_after` says it.
-    pub(crate) retry_after_again: Option<fn(&S, u64, u64) -> u64>,
-    /// Prefetching: a backend that prefetches takes tokens of it ahead for hot keys.
-    pub(crate) prefetches: bool,
-    /// One limit across regions: `Err` names what in it cannot be.
-    pub(crate) across_regions: Result<(), &'static str>,
-    /// Undone by its raw value: what a spend of it changed is undone by writing back the
-    /// value from before (a cross-slot batch's compensation), not by a refund.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) undone_by_value: bool,
-}
-
-/// What an override of a shape must keep ([`Capabilities::keeps_on_override`]): `Err` names
-/// it.
-pub(crate) type Keeps<S> = fn(&S, &Quota) -> Result<(), &'static str>;
-
-/// Whether a denial of a shape may be waited for ([`Capabilities::waits`]).
-pub(crate) enum Waits<S> {
-    /// No: a slot frees when a request ends, which no wait can know.
-    Never,
-    /// Yes, without saying when one request's units come back.
-    Untimed,
-    /// Yes: from a denial's `retry_after` and `reset_after` (microseconds), how long one
-    /// request's units take to come back.
-    Timed(fn(&S, u64, u64) -> u64),
-}
-
-/// Whether a spend of a shape is settled after the response ([`Capabilities::settles`]).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Settles {
-    /// Never: a slot in flight is given back when the request ends.
-    Never,
-    /// Up to its [`max_cost`](Quota::max_cost).
-    UpToMaxCost,
-    /// By any charge: a GCRA limit takes what fits within its debt, a calendar quota the
-    /// whole cost (the overrun ends with the period).
-    AnyCost,
-}
-
 /// How a limit is written as JSON ([`Quota::write_json`], [`Quota::read_json`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Form {
@@ -681,6 +621,100 @@ pub enum ShapeError {
     /// parameter.
     #[error("invalid adaptive concurrency: {0}")]
     Adaptive(#[from] crate::algo::adaptive::AdaptiveError),
+}
+
+#[cfg(any(feature = "yaml", feature = "admin"))]
+impl Quota {
+    /// The limit the entry's fields make, each shape reading its own (`read_entry` in its
+    /// file): a GCRA limit (`burst`, `count`, `period`), burst tiers (`tiers`), a concurrency
+    /// limit (`concurrency`, with `lease` and `retry_after`; a map, an adaptive one), a calendar
+    /// quota (`calendar`) or a fair share (`fair_share` beside a GCRA budget). Fields of two
+    /// shapes are refused on the later one's line.
+    pub(crate) fn of_entry(e: &Entry<'_>) -> Result<Quota, FieldError> {
+        shapes_apart(e)?;
+        if let Some(max) = e.concurrency {
+            if let Value::Map(entries) = &max.value {
+                return adaptive::read_entry(e, max, entries).map(Quota::from);
+            }
+            return concurrency::read_entry(e, max).map(Quota::from);
+        }
+        // `lease` and `retry_after` belong to a concurrency limit.
+        for (name, node) in [("lease", e.lease), ("retry_after", e.retry_after)] {
+            if let Some(n) = node {
+                let problem = match e.rate_field() {
+                    Some((other, _)) => Problem::ConflictingFields(name, other),
+                    None => Problem::MissingField("concurrency"),
+                };
+                return Err(at(problem, n.line));
+            }
+        }
+        if let Some(calendar) = e.calendar {
+            if let Some(fair) = e.fair_share {
+                return Err(at(
+                    Problem::ConflictingFields("fair_share", "calendar"),
+                    fair.line,
+                ));
+            }
+            return calendar::read_entry(e, calendar).map(Quota::from);
+        }
+        if let Some(fair) = e.fair_share {
+            if let Some(tiers) = e.tiers {
+                return Err(at(
+                    Problem::ConflictingFields("fair_share", "tiers"),
+                    tiers.line,
+                ));
+            }
+            return fair_share::read_entry(e, fair).map(Quota::from);
+        }
+        let Some(tiers) = e.tiers else {
+            return gcra::read_entry(e).map(Quota::from);
+        };
+        for (name, node) in [("burst", e.burst), ("count", e.count), ("period", e.period)] {
+            if let Some(n) = node {
+                return Err(at(Problem::ConflictingFields("tiers", name), n.line));
+            }
+        }
+        tiers::read_entry(tiers).map(Quota::from)
+    }
+}
+
+/// Fields of two shapes in one entry, refused on the later one's line: a GCRA limit's
+/// options (debt and prefetched tokens: tiers forgive overruns and keep a state no instance
+/// can split, and slots have no units) beside another shape, a calendar quota or a fair
+/// share beside a concurrency limit.
+#[cfg(any(feature = "yaml", feature = "admin"))]
+fn shapes_apart(e: &Entry<'_>) -> Result<(), FieldError> {
+    let gcra_only = [
+        ("max_debt", e.max_debt),
+        ("prefetch", e.prefetch),
+        ("prefetch_ttl", e.prefetch_ttl),
+    ];
+    for (field, given) in gcra_only {
+        let Some(given) = given else { continue };
+        for (name, node) in [
+            ("tiers", e.tiers),
+            ("concurrency", e.concurrency),
+            ("calendar", e.calendar),
+            ("fair_share", e.fair_share),
+        ] {
+            if node.is_some() {
+                return Err(at(Problem::ConflictingFields(field, name), given.line));
+            }
+        }
+    }
+    if let (Some(_), Some(calendar)) = (e.concurrency, e.calendar) {
+        return Err(at(
+            Problem::ConflictingFields("calendar", "concurrency"),
+            calendar.line,
+        ));
+    }
+    if let (Some(_), Some(fair)) = (e.concurrency, e.fair_share) {
+        return Err(at(
+            Problem::ConflictingFields("fair_share", "concurrency"),
+            fair.line,
+        ));
+    }
+    Ok(())
 }
 
 /// Whole seconds of a time in microseconds, rounded up.

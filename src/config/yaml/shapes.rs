@@ -1,4 +1,4 @@
-//! An entry's limit: its shape's own reader ([`Entry::quota`](crate::quota::entry::Entry::quota),
+//! An entry's limit: its shape's own reader (`Quota::of_entry`,
 //! each shape reading its fields in its own file), or, in an override, `unlimited: true`.
 
 use super::node::{Fields, Value, err_at, wrong_shape};
@@ -35,5 +35,5 @@ pub(super) fn override_of(f: &Fields<'_>) -> Result<Option<Quota>, ConfigError> 
 
 /// The limit an entry's fields make.
 pub(super) fn quota_of(f: &Fields<'_>) -> Result<Quota, ConfigError> {
-    Ok(f.limit.quota()?)
+    Ok(Quota::of_entry(&f.limit)?)
 }
