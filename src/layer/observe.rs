@@ -362,6 +362,39 @@ mod tests {
         assert_eq!(gate.admit_at(10_000_006), None);
         assert_eq!(gate.admit_at(30_000_000), Some(1));
     }
+
+    /// A request's decisions are looked at again only when something reads them: the metrics
+    /// (feature `metrics`), a `tracing` subscriber at `info` or finer (the shadow "would deny"
+    /// line), or a replay's journal. Before, every request built each decision's view and
+    /// walked the rules for it whatever read it.
+    #[test]
+    fn decisions_are_observed_only_when_something_reads_them() {
+        let limits =
+            crate::Limits::from_yaml_str("Api: {burst: 5, count: 5, period: 1s}", None).unwrap();
+        let limiter = crate::Limiter::new(limits, crate::MemoryBackend::new());
+        let rule = crate::Rule::new("Api", crate::ClientIp::new()).shadow(true);
+        let layer = crate::RateLimitLayer::new(limiter, [rule]).unwrap();
+        let rules = &layer.shared.rules;
+        // No subscriber yet in this test binary, no journal: only the metrics read them.
+        assert_eq!(rules.observed(), cfg!(feature = "metrics"));
+        let at = |level| {
+            tracing_subscriber::fmt()
+                .with_max_level(level)
+                .with_writer(std::io::sink)
+                .finish()
+        };
+        tracing::subscriber::with_default(at(tracing::Level::INFO), || {
+            assert!(
+                rules.observed(),
+                "a subscriber at info reads the shadow line"
+            );
+        });
+        #[cfg(feature = "replay")]
+        {
+            rules.journal.start();
+            assert!(rules.observed(), "a replay reads every decision");
+        }
+    }
 }
 
 /// What each rule of a layer decided, in order, for a replay (feature `replay`): nothing is
@@ -391,13 +424,19 @@ pub(crate) struct Note {
 
 #[cfg(feature = "replay")]
 impl Journal {
+    /// Whether notes are kept.
+    #[inline(always)]
+    pub(crate) fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
     /// Keeps notes from now on.
     pub(crate) fn start(&self) {
         self.on.store(true, Ordering::Relaxed);
     }
 
     fn note(&self, name: LimitName, d: Option<&Seen<'_>>, outcome: RuleOutcome) {
-        if !self.on.load(Ordering::Relaxed) {
+        if !self.on() {
             return;
         }
         let (id, used, size) = match d {

@@ -222,11 +222,14 @@ fn allowed_now(shared: &Shared, verdict: &Verdict<'_>) -> Option<Allowed> {
     count("allowed");
     let seen = verdict.entries().map(Seen::from);
     if !shared.answers.fields.on_allowed() {
+        // Nothing is built when nothing observes.
         shared.rules.observe(seen, true);
         return None;
     }
     // One pass: each transaction counted and traced as the fields take its numbers.
-    Fields::from_reported(seen.map(|s| shared.rules.observe_reported(s))).map(Allowed::Fields)
+    let observed = shared.rules.observed();
+    Fields::from_reported(seen.map(|s| shared.rules.observe_reported(s, observed)))
+        .map(Allowed::Fields)
 }
 
 /// Waits for a spend under way (`pending`, the limiter's step for `txs`), within the layer's

@@ -360,14 +360,29 @@ impl Rules {
         self.of(name)?.cached_policy(limit)
     }
 
+    /// Whether anything reads what a decision was: the metrics (feature `metrics`), a replay's
+    /// journal, or a `tracing` subscriber at `info` or finer (a shadowed rule's "would deny"
+    /// line is at `info`). When nothing does, a request's decisions are not looked at again.
+    #[inline(always)]
+    pub(crate) fn observed(&self) -> bool {
+        #[cfg(feature = "replay")]
+        if self.journal.on() {
+            return true;
+        }
+        cfg!(feature = "metrics") || tracing::level_enabled!(tracing::Level::INFO)
+    }
+
     /// Counts and traces every decided transaction of a request whose batch was allowed or
-    /// not (`batch_allowed`).
+    /// not (`batch_allowed`), when anything reads them ([`Rules::observed`]).
     #[inline]
     pub(crate) fn observe<'a>(
         &self,
         decided: impl IntoIterator<Item = Seen<'a>>,
         batch_allowed: bool,
     ) {
+        if !self.observed() {
+            return;
+        }
         for d in decided {
             if let Some(rule) = self.of(d.name) {
                 rule.observe(&d, batch_allowed, self);
@@ -375,18 +390,21 @@ impl Rules {
         }
     }
 
-    /// Counts and traces one decided transaction of an allowed batch and gives it with its
-    /// precomputed `RateLimit-Policy` member (as [`Rules::cached_policy`]): the rule found
-    /// once for both.
+    /// Counts and traces one decided transaction of an allowed batch (when `observed`: see
+    /// [`Rules::observed`]) and gives it with its precomputed `RateLimit-Policy` member (as
+    /// [`Rules::cached_policy`]): the rule found once for both.
     #[inline]
     pub(crate) fn observe_reported<'a>(
         &self,
         d: Seen<'a>,
+        observed: bool,
     ) -> (Seen<'a>, Option<&http::HeaderValue>) {
         let Some(rule) = self.of(d.name) else {
             return (d, None);
         };
-        rule.observe(&d, true, self);
+        if observed {
+            rule.observe(&d, true, self);
+        }
         let cached = d.quota.and_then(|q| rule.cached_policy(q));
         (d, cached)
     }
