@@ -2,7 +2,9 @@
 //! `Mutex<HashMap<IpAddr, u64>>` of theoretical arrival times keyed by the peer address
 //! (`ConnectInfo`), an empty `429` with `Retry-After`, and with `fields` the IETF `RateLimit`
 //! and `RateLimit-Policy` fields written by hand on every answer. No configuration, no store,
-//! no extractor, no key other than the address.
+//! no extractor, no key other than the address. A floor, not a peer: its header names are
+//! constants (never parsed per request) and its map hashes with foldhash, the fastest hasher
+//! the crate itself uses.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -14,7 +16,12 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+
+/// The fields' names, made once (a `&str` name is parsed on every insert: 724 instructions a
+/// request with both fields).
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
 /// The layer: `burst` requests at once, then one every `interval`, per peer address.
 #[derive(Clone)]
@@ -23,7 +30,7 @@ pub struct Handwritten {
 }
 
 struct State {
-    tats: Mutex<HashMap<IpAddr, u64>>,
+    tats: Mutex<HashMap<IpAddr, u64, foldhash::fast::RandomState>>,
     /// The emission interval, in microseconds.
     interval_us: u64,
     /// `(burst - 1) * interval`: how far ahead of now a TAT may run and still admit.
@@ -53,7 +60,7 @@ impl Handwritten {
             .unwrap_or_else(|_| HeaderValue::from_static("\"default\""));
         Self {
             state: Arc::new(State {
-                tats: Mutex::new(HashMap::new()),
+                tats: Mutex::new(HashMap::default()),
                 interval_us,
                 tolerance_us,
                 fields,
@@ -175,8 +182,8 @@ where
             headers.insert(http::header::RETRY_AFTER, retry);
         }
         if let Some([limit, policy]) = fields {
-            headers.insert("ratelimit", limit);
-            headers.insert("ratelimit-policy", policy);
+            headers.insert(RATELIMIT, limit);
+            headers.insert(RATELIMIT_POLICY, policy);
         }
         Answer::Denied(Some(response))
     }
@@ -215,8 +222,8 @@ where
                 };
                 if let Some([limit, policy]) = fields.take() {
                     let headers = response.headers_mut();
-                    headers.insert("ratelimit", limit);
-                    headers.insert("ratelimit-policy", policy);
+                    headers.insert(RATELIMIT, limit);
+                    headers.insert(RATELIMIT_POLICY, policy);
                 }
                 Poll::Ready(Ok(response))
             }
