@@ -799,3 +799,98 @@ Monthly: {kind: ip, calendar: {count: 100, period: month}, on_store_failure: fai
     );
     assert_eq!(err.location().line, Some(1));
 }
+
+/// The in-memory backend answering through a future, as a store does: its batches take the
+/// road of a spend under way, whose decisions are built before a refusal is answered.
+struct Deferred(MemoryBackend);
+
+#[async_trait]
+impl Backend for Deferred {
+    fn spend(&self, batch: &[BucketTx<'_>]) -> Spend {
+        match self.0.spend(batch) {
+            Spend::Ready(decided) => Spend::Pending(Box::pin(async move { decided })),
+            pending => pending,
+        }
+    }
+    async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
+        self.0.refund(batch).await
+    }
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
+        self.0.reset(keys).await
+    }
+}
+
+/// A refusal decided at once is answered from the backend's outcomes by reference, without the
+/// decisions a spend under way builds: every answer (status, every header, body) is the same,
+/// byte for byte, for HTTP and gRPC, each field style and body, a custom response, a rule that
+/// allowed beside the one that denied (its units back in its fields: nothing was spent) and a
+/// shadowed rule that would deny.
+#[tokio::test]
+async fn a_refusal_read_by_reference_answers_as_the_decisions_do() {
+    const LIMITS: &str = "\
+PerIp: {kind: ip, burst: 2, count: 2, period: 2s}
+PerAccount: {kind: account, burst: 5, count: 5, period: 1s}
+PerRange: {kind: ipv6_range, burst: 1, count: 1, period: 1s}
+";
+    let custom = |d: &tower_ratelimits::Denial<'_>| {
+        let text = format!(
+            "{:?} {:?} {:?} {:?} {}",
+            d.limit_name(),
+            d.id().map(ToString::to_string),
+            d.tier(),
+            d.denied_limits().collect::<Vec<_>>(),
+            d.retry_after_ms()
+        );
+        let mut r = d.default_response();
+        *r.body_mut() = bytes::Bytes::from(text);
+        r
+    };
+    let bodies = [
+        tower_ratelimits::ErrorBody::Json,
+        tower_ratelimits::ErrorBody::ProblemJson,
+        tower_ratelimits::ErrorBody::Empty,
+    ];
+    for (n, body) in bodies.into_iter().enumerate() {
+        for own in [false, true] {
+            let clock = ManualClock::new(1_700_000_000_000_000);
+            let layer = |backend: Box<dyn Fn() -> Limiter>| {
+                let mut b = RateLimitLayer::builder(backend())
+                    .rule(Rule::new("PerIp", ClientIp::new()))
+                    .rule(Rule::new("PerAccount", Header::new("x-account-id")))
+                    .rule(Rule::new("PerRange", Ipv6Range48::new(ClientIp::new())).shadow(true))
+                    .fields(style(n != 1, n == 1))
+                    .error_body(body);
+                if own {
+                    b = b.denied_response(custom);
+                }
+                app(b.build().unwrap())
+            };
+            let memory = || MemoryBackend::builder().clock(clock.clone()).build();
+            let limits = || Limits::from_yaml_str(LIMITS, None).unwrap();
+            let at_once = layer(Box::new(|| Limiter::new(limits(), memory())));
+            let later = layer(Box::new(|| Limiter::new(limits(), Deferred(memory()))));
+            let (mut refused, mut grpc_refused) = (0, 0);
+            for step in 0..12 {
+                let grpc = step % 3 == 2;
+                let req = || {
+                    let mut r = request("[2001:db8::1]:1000").header("x-account-id", "7");
+                    if grpc {
+                        r = r.header("content-type", "application/grpc");
+                    }
+                    r.body(Body::empty()).unwrap()
+                };
+                let (a, b) = (send(&at_once, req()).await, send(&later, req()).await);
+                assert_eq!(a, b, "body {n}, own response {own}, step {step}");
+                let denied = a.0 == StatusCode::TOO_MANY_REQUESTS
+                    || a.1.get("grpc-status").is_some_and(|s| s == "8");
+                refused += usize::from(denied);
+                grpc_refused += usize::from(denied && grpc);
+                clock.advance(Duration::from_millis(150));
+            }
+            assert!(
+                refused >= 4 && grpc_refused >= 1,
+                "body {n}: {refused} refusals, {grpc_refused} gRPC"
+            );
+        }
+    }
+}

@@ -87,6 +87,7 @@ impl RuleOutcome {
 /// One decided transaction as the layer shows it (its counters, its trace event, its
 /// `RateLimit` members): taken from a [`Decision`], or from the backend's outcome when no
 /// decision was built. The layer's one view of a decision.
+#[derive(Clone, Copy)]
 pub(crate) struct Seen<'a> {
     pub(crate) name: LimitName,
     pub(crate) id: &'a crate::key::Id,

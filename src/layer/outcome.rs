@@ -17,7 +17,7 @@ use super::extract::Exemptions;
 use super::failure::{FailurePolicy, OnFailure};
 use super::lease::{Held, Release};
 use super::observe::{RuleOutcome, Seen, count_request};
-use super::response::{Answers, Fields};
+use super::response::{Answers, Fields, is_grpc};
 use super::rule::{Rules, Txs};
 use super::settle::Settler;
 use super::wait::WaitPermit;
@@ -141,6 +141,15 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
                     && shared.failure.fallback.is_none() =>
             {
                 return Road::Allowed(allowed_now(shared, &verdict));
+            }
+            // A refusal likewise, when no rule waits (a wait needs the decisions).
+            Ok(Step::Ready)
+                if verdict.plain()
+                    && !verdict.allowed()
+                    && !shared.rules.waits
+                    && shared.failure.fallback.is_none() =>
+            {
+                return Road::Answer(refused_now(shared, &verdict, parts));
             }
             Ok(Step::Ready) => Ok(verdict.decision()),
             Ok(Step::Pending(pending)) => Err(pending),
@@ -465,8 +474,51 @@ fn denied(
         return Conclusion::Wait(delay, permit);
     }
     count("denied");
+    let seen: Seen4<'_> = batch.decisions().iter().map(Seen::from).collect();
+    Conclusion::Answer(answer_denied(shared, &seen, batch.strictest_at(), grpc))
+}
+
+/// A request's transactions as the layer shows them: on the stack for up to four rules.
+type Seen4<'a> = smallvec::SmallVec<[Seen<'a>; 4]>;
+
+/// The answer to a denied request (the layer's or the user's): the one road of every denial,
+/// read by reference from its transactions `seen` (`strictest`: the one that denied).
+fn answer_denied(
+    shared: &Shared,
+    seen: &[Seen<'_>],
+    strictest: Option<usize>,
+    grpc: bool,
+) -> Response<Bytes> {
     let cached = |name, quota: &_| shared.rules.cached_policy(name, quota);
-    Conclusion::Answer(shared.answers.denied(&batch, grpc, &cached))
+    shared.answers.denied(seen, strictest, grpc, &cached)
+}
+
+/// A request refused at once, answered from its verdict by reference as an allowed one is
+/// (`allowed_now`): no decision built. Only for a verdict that holds no slot and no cost range
+/// (`Verdict::plain`) of a layer where no rule waits and no fallback learns from answers, as
+/// `conclude` would answer it: counted and traced with the batch's numbers (each allowed
+/// transaction's units back: nothing was spent), its times put back by the jitter, answered.
+#[inline(never)]
+fn refused_now(shared: &Shared, verdict: &Verdict<'_>, parts: &Parts) -> Response<Bytes> {
+    let mut seen: Seen4<'_> = verdict
+        .entries()
+        .map(|e| {
+            let unspent = e.unspent();
+            let mut seen = Seen::from(e);
+            if let Some((remaining, reset_after_us)) = unspent {
+                (seen.remaining, seen.reset_after_us) = (remaining, reset_after_us);
+            }
+            seen
+        })
+        .collect();
+    shared.rules.observe(seen.iter().copied(), false);
+    shared.answers.jitter_seen(&mut seen);
+    count("denied");
+    let strictest = crate::limiter::strictest(seen.iter().map(|d| {
+        d.counts
+            .then_some((d.allowed, d.retry_after_us, d.remaining))
+    }));
+    answer_denied(shared, &seen, strictest, is_grpc(&parts.headers))
 }
 
 /// The memory backend protects its memory: a new key cannot be tracked now. Letting it through

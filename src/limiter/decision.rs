@@ -228,6 +228,25 @@ impl Decision {
     }
 }
 
+/// What a transaction of a denied spend reports instead of what the backend said, when it was
+/// allowed, evaluated, spending and granted units (`(allowed, skipped, mode, granted)`):
+/// `remaining` and `reset_after` (microseconds) with the units back, as its shape says
+/// ([`Quota::unspent`]); `None`: keep what the backend said. The one home of the rule, for a
+/// batch's decisions ([`BatchDecision::unspend`]) and a refusal answered from the backend's
+/// outcomes by reference.
+#[inline]
+pub(crate) fn unspent(
+    quota: Option<&Quota>,
+    (allowed, skipped, mode, granted): (bool, bool, Mode, u64),
+    remaining: u64,
+    reset_after_us: u64,
+) -> Option<(u64, u64)> {
+    if !allowed || skipped || !mode.spends() || granted == 0 {
+        return None;
+    }
+    quota?.unspent(remaining, reset_after_us, granted)
+}
+
 /// The decisions of one batch, and which of them is the strictest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchDecision {
@@ -303,14 +322,12 @@ impl BatchDecision {
     /// what the backend said.
     pub(crate) fn unspend(&mut self) {
         for d in &mut self.decisions {
-            if !d.allowed || d.skipped || !d.mode.spends() || d.granted == 0 {
-                continue;
-            }
-            let Some((remaining, reset_after_us)) = d
-                .limit
-                .as_ref()
-                .and_then(|q| q.unspent(d.remaining, duration_us(d.reset_after), d.granted))
-            else {
+            let Some((remaining, reset_after_us)) = unspent(
+                d.limit.as_ref(),
+                (d.allowed, d.skipped, d.mode, d.granted),
+                d.remaining,
+                duration_us(d.reset_after),
+            ) else {
                 continue;
             };
             d.remaining = remaining;
@@ -365,6 +382,11 @@ impl BatchDecision {
     /// counts (all disabled or spend-only).
     pub fn strictest(&self) -> Option<&Decision> {
         self.strictest.map(|i| &self.decisions[i])
+    }
+
+    /// The position of the strictest decision among [`decisions`](Self::decisions).
+    pub(crate) fn strictest_at(&self) -> Option<usize> {
+        self.strictest
     }
 
     /// Every decision, in the order of the transactions.

@@ -19,8 +19,8 @@ mod renewals;
 mod step;
 mod transaction;
 
-pub(crate) use decision::Strictest;
 pub use decision::{BatchDecision, Decision, Inspection, Lease};
+pub(crate) use decision::{Strictest, strictest};
 pub use limits::ReloadError;
 pub use overrides::OverrideError;
 pub(crate) use renewals::{Hold, third_of_lease};

@@ -65,6 +65,8 @@ pub(crate) struct Entry<'v> {
     pub(crate) outcome: &'v Outcome,
     /// A tiered limit's grant per tier.
     pub(crate) tiers: Option<&'v TierGrant>,
+    /// The units it asked for.
+    cost: u64,
 }
 
 impl<'v> Entry<'v> {
@@ -80,6 +82,20 @@ impl<'v> Entry<'v> {
     /// Whether it takes part in choosing the batch decision (as [`Decision::counts`]).
     pub(crate) fn counts(&self) -> bool {
         self.mode.counts() && self.quota.is_some() && !self.outcome.skipped
+    }
+
+    /// What it reports instead, in a spend the batch rule denied (nothing was spent):
+    /// `remaining` and `reset_after` (microseconds) with its units back, as a decision of
+    /// the batch would ([`BatchDecision::unspend`]); `None`: what the backend said.
+    pub(crate) fn unspent(&self) -> Option<(u64, u64)> {
+        let o = self.outcome;
+        let granted = granted(self.tiers, o, Op::Spend, self.cost);
+        super::decision::unspent(
+            self.quota,
+            (o.allowed, o.skipped, self.mode, granted),
+            o.remaining,
+            o.reset_after_us,
+        )
     }
 }
 
@@ -140,6 +156,7 @@ impl<'a> Verdict<'a> {
                 mode: r.mode,
                 outcome,
                 tiers,
+                cost: r.cost,
             }
         })
     }
@@ -231,12 +248,7 @@ fn decision(
     lease: u64,
 ) -> Decision {
     let lease_id = std::num::NonZeroU64::new(lease).filter(|_| o.allowed && op == Op::Spend);
-    let granted = match (&tiers, o.granted, o.allowed, op) {
-        (Some(t), _, _, _) => t.granted,
-        (None, Some(g), _, Op::Spend | Op::Check) => g,
-        (None, None, true, Op::Spend | Op::Check) => cost,
-        _ => 0,
-    };
+    let granted = granted(tiers, &o, op, cost);
     Decision {
         allowed: o.allowed,
         granted,
@@ -251,6 +263,18 @@ fn decision(
         mode,
         skipped: o.skipped,
         lease_id,
+    }
+}
+
+/// The units a transaction of `cost` was granted, by its outcome `o` (and its tiers' grant):
+/// what a range or a tiered limit granted, the whole cost when allowed, else none.
+#[inline]
+fn granted(tiers: Option<&TierGrant>, o: &Outcome, op: Op, cost: u64) -> u64 {
+    match (tiers, o.granted, o.allowed, op) {
+        (Some(t), _, _, _) => t.granted,
+        (None, Some(g), _, Op::Spend | Op::Check) => g,
+        (None, None, true, Op::Spend | Op::Check) => cost,
+        _ => 0,
     }
 }
 

@@ -8,11 +8,17 @@ use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
 use super::*;
+use crate::key::Id;
 
 /// A denied request, as handed to a custom response function
-/// ([`RateLimitLayerBuilder::denied_response`](crate::RateLimitLayerBuilder::denied_response)).
+/// ([`RateLimitLayerBuilder::denied_response`](crate::RateLimitLayerBuilder::denied_response)):
+/// the limit that denied (the strictest), its id and wait, and every limit that denied. Read
+/// from the backend's outcomes by reference: no decision is built to answer a refusal.
 pub struct Denial<'a> {
-    batch: &'a BatchDecision,
+    /// Each transaction of the request as the layer shows it, in order.
+    seen: &'a [Seen<'a>],
+    /// The one that denied ([`BatchDecision::strictest`]'s rule).
+    strictest: Option<usize>,
     grpc: bool,
     fields: FieldStyle,
     body: ErrorBody,
@@ -26,7 +32,8 @@ pub(crate) type CachedPolicy<'a> = &'a dyn Fn(LimitName, &Quota) -> Option<&'a H
 impl std::fmt::Debug for Denial<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Denial")
-            .field("batch", &self.batch)
+            .field("limit_name", &self.limit_name())
+            .field("retry_after", &self.retry_after())
             .field("grpc", &self.grpc)
             .field("fields", &self.fields)
             .field("body", &self.body)
@@ -35,25 +42,23 @@ impl std::fmt::Debug for Denial<'_> {
 }
 
 impl<'a> Denial<'a> {
+    /// The denial of the transactions `seen` (their strictest: `strictest`, as
+    /// [`BatchDecision::strictest`] chooses it).
     pub(crate) fn new(
-        batch: &'a BatchDecision,
+        seen: &'a [Seen<'a>],
+        strictest: Option<usize>,
         grpc: bool,
-        fields: FieldStyle,
-        body: ErrorBody,
+        (fields, body): (FieldStyle, ErrorBody),
         cached: CachedPolicy<'a>,
     ) -> Self {
         Self {
-            batch,
+            seen,
+            strictest,
             grpc,
             fields,
             body,
             cached,
         }
-    }
-
-    /// The batch decision; its strictest decision is the one that denied.
-    pub fn batch(&self) -> &'a BatchDecision {
-        self.batch
     }
 
     /// Whether the request is a gRPC call.
@@ -70,17 +75,45 @@ impl<'a> Denial<'a> {
     pub fn error_body(&self) -> ErrorBody {
         self.body
     }
+
+    /// The transaction that denied.
+    fn first(&self) -> Option<&Seen<'a>> {
+        self.seen.get(self.strictest?)
+    }
+
+    /// The name of the limit that denied (the strictest denial of the request's rules).
+    pub fn limit_name(&self) -> Option<&'a str> {
+        self.first().map(|d| d.name.as_str())
+    }
+
+    /// The id the limit that denied was keyed by.
+    pub fn id(&self) -> Option<&'a Id> {
+        self.first().map(|d| d.id)
+    }
+
+    /// On a tiered limit, the tier (from 1) that refused.
+    pub fn tier(&self) -> Option<u8> {
+        self.first().and_then(|d| d.own.tiers).map(|t| t.tier)
+    }
+
+    /// The name of every limit that denied the request, the strictest first.
+    pub fn denied_limits(&self) -> impl Iterator<Item = &'a str> + '_ {
+        let first = self.first();
+        first.into_iter().map(|d| d.name.as_str()).chain(
+            self.seen
+                .iter()
+                .enumerate()
+                .filter(|&(i, d)| d.counts && !d.allowed && Some(i) != self.strictest)
+                .map(|(_, d)| d.name.as_str()),
+        )
+    }
 }
 
 impl Denial<'_> {
-    /// The decision that denied.
-    pub fn decision(&self) -> Option<&Decision> {
-        self.batch.strictest()
-    }
-
     /// How long until the request would be allowed (at least one second in headers).
     pub fn retry_after(&self) -> Duration {
-        self.decision().map_or(Duration::ZERO, |d| d.retry_after)
+        self.first()
+            .map_or(Duration::ZERO, |d| Duration::from_micros(d.retry_after_us))
     }
 
     /// `Retry-After` in whole seconds: rounded up, never 0.
@@ -101,20 +134,19 @@ impl Denial<'_> {
     /// for a tiered limit `detail` also has `"tier"`: the tier (from 1) that refused. Written
     /// straight from the denial's numbers into one buffer (keys in this order, as before).
     pub fn json_body(&self) -> Bytes {
-        let d = self.decision();
         let mut out = Vec::with_capacity(160);
         out.extend_from_slice(br#"{"errors":[{"code":"TOOMANYREQUESTS","detail":{"entity":"#);
-        match d {
-            Some(d) => json_id(&mut out, d.key.id()),
+        match self.id() {
+            Some(id) => json_id(&mut out, id),
             None => out.extend_from_slice(b"\"\""),
         }
         out.extend_from_slice(br#","limiter":"#);
-        json_text(&mut out, d.map_or("", |d| d.name.as_str()));
+        json_text(&mut out, self.limit_name().unwrap_or(""));
         out.extend_from_slice(br#","retry_after_ms":"#);
         out.extend_from_slice(itoa::Buffer::new().format(self.retry_after_ms()).as_bytes());
-        if let Some(t) = d.and_then(|d| d.tiers) {
+        if let Some(tier) = self.tier() {
             out.extend_from_slice(br#","tier":"#);
-            out.extend_from_slice(itoa::Buffer::new().format(t.tier).as_bytes());
+            out.extend_from_slice(itoa::Buffer::new().format(tier).as_bytes());
         }
         out.extend_from_slice(br#"},"message":"too many requests"}]}"#);
         Bytes::from(out)
@@ -125,20 +157,13 @@ impl Denial<'_> {
     /// is the exact wait:
     /// `{"detail":"..","retry_after_ms":..,"status":429,"title":"Too Many Requests","type":"https://iana.org/assignments/http-problem-types#quota-exceeded","violated-policies":[".."]}`.
     pub fn problem_body(&self) -> Bytes {
-        let first = self.decision();
-        let violated =
-            first
-                .into_iter()
-                .chain(self.batch.decisions().iter().filter(|d| {
-                    d.counts() && !d.allowed && !first.is_some_and(|f| std::ptr::eq(f, *d))
-                }));
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(br#"{"detail":"#);
         json_text(
             &mut out,
             format_args!(
                 "rate limit {} exceeded; retry after {}",
-                first.map_or("", |d| d.name.as_str()),
+                self.limit_name().unwrap_or(""),
                 WaitText(self.retry_after_ms())
             ),
         );
@@ -147,11 +172,11 @@ impl Denial<'_> {
         out.extend_from_slice(br#","status":429,"title":"Too Many Requests","type":"#);
         json_text(&mut out, QUOTA_EXCEEDED);
         out.extend_from_slice(br#","violated-policies":["#);
-        for (n, d) in violated.enumerate() {
+        for (n, name) in self.denied_limits().enumerate() {
             if n > 0 {
                 out.push(b',');
             }
-            json_text(&mut out, d.name.as_str());
+            json_text(&mut out, name);
         }
         out.extend_from_slice(b"]}");
         Bytes::from(out)
@@ -165,10 +190,7 @@ impl Denial<'_> {
     pub fn default_response(&self) -> Response<Bytes> {
         let retry = self.retry_after_secs();
         let mut response = if self.grpc {
-            let name = self
-                .decision()
-                .map(|d| d.name.to_string())
-                .unwrap_or_default();
+            let name = self.limit_name().unwrap_or_default();
             let message = format!(
                 "rate limit {name} exceeded; retry after {}",
                 WaitText(self.retry_after_ms())
@@ -202,7 +224,11 @@ impl Denial<'_> {
         };
         let headers = response.headers_mut();
         headers.insert(RETRY_AFTER, number(retry));
-        if let Some(fields) = Fields::of(self.batch, self.cached) {
+        let reported = self.seen.iter().map(|d| {
+            let policy = d.quota.and_then(|q| (self.cached)(d.name, q));
+            (*d, policy)
+        });
+        if let Some(fields) = Fields::from_reported(reported) {
             self.fields.write(headers, fields);
         }
         response
@@ -220,13 +246,8 @@ impl Denial<'_> {
         // The wait every millisecond field gives.
         let mut details =
             ErrorDetails::with_retry_info(Some(Duration::from_millis(self.retry_after_ms())));
-        for d in self
-            .batch
-            .decisions()
-            .iter()
-            .filter(|d| d.counts() && !d.allowed)
-        {
-            let wait = WaitText(ceil_ms(d.retry_after).max(1));
+        for d in self.seen.iter().filter(|d| d.counts && !d.allowed) {
+            let wait = WaitText(ceil_ms(Duration::from_micros(d.retry_after_us)).max(1));
             details.add_quota_failure_violation(
                 d.name.as_str(),
                 format!("rate limit {} exceeded; retry after {wait}", d.name),

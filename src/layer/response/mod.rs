@@ -17,7 +17,7 @@ mod denial;
 mod fields;
 
 use crate::key::LimitName;
-use crate::limiter::{BatchDecision, Decision, Strictest};
+use crate::limiter::{BatchDecision, Strictest};
 use body::*;
 pub(crate) use body::{error_code, error_response, is_grpc};
 pub use denial::Denial;
@@ -170,14 +170,29 @@ impl Answers {
         }
     }
 
-    /// The answer to a denied batch.
+    /// [`jitter`](Self::jitter) for a denial read by reference (`seen`, its transactions), as
+    /// [`BatchDecision::delay`] puts a batch's times back.
+    pub(crate) fn jitter_seen(&self, seen: &mut [Seen<'_>]) {
+        if self.jitter.is_zero() {
+            return;
+        }
+        let extra = crate::time::duration_us(random_up_to(self.jitter));
+        for d in seen.iter_mut().filter(|d| !d.allowed && d.counts) {
+            d.retry_after_us = d.retry_after_us.saturating_add(extra);
+            d.reset_after_us = d.reset_after_us.saturating_add(extra);
+        }
+    }
+
+    /// The answer to a denied request whose transactions are `seen` (`strictest`: the one that
+    /// denied), by the layer's own response or the user's: one road for both.
     pub(crate) fn denied<'a>(
         &self,
-        batch: &'a BatchDecision,
+        seen: &'a [Seen<'a>],
+        strictest: Option<usize>,
         grpc: bool,
         cached: CachedPolicy<'a>,
     ) -> Response<Bytes> {
-        let denial = Denial::new(batch, grpc, self.fields, self.body, cached);
+        let denial = Denial::new(seen, strictest, grpc, (self.fields, self.body), cached);
         match &self.on_denied {
             Some(f) => f(&denial),
             None => denial.default_response(),
