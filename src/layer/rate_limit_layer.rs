@@ -316,6 +316,8 @@ impl RateLimitLayerBuilder {
                     body: self.body,
                     on_denied: self.on_denied,
                     jitter: self.jitter,
+                    #[cfg(feature = "replay")]
+                    quiet: Default::default(),
                 },
                 exempt: self
                     .exempt
@@ -422,6 +424,16 @@ impl RateLimitLayer {
     #[cfg(feature = "replay")]
     pub(crate) fn journal(&self) -> &super::observe::Journal {
         &self.shared.rules.journal
+    }
+
+    /// Answers a denial with its status alone from now on (a replay, which reads the layer's
+    /// notes and discards every response).
+    #[cfg(feature = "replay")]
+    pub(crate) fn answer_quietly(&self) {
+        self.shared
+            .answers
+            .quiet
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Settles in each response's own future from now on (a replay).

@@ -527,6 +527,7 @@ impl Side {
             .map_err(|error| ReplayError::Layer { policy, error })?;
         layer.journal().start();
         layer.settle_inline();
+        layer.answer_quietly();
         let served = Arc::new(AtomicU64::new(0));
         let service = layer.layer(Inner {
             served: served.clone(),

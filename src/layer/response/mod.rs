@@ -159,6 +159,10 @@ pub(crate) struct Answers {
     ///
     /// [`RateLimitLayerBuilder::jitter`]: crate::RateLimitLayerBuilder::jitter
     pub(crate) jitter: Duration,
+    /// A denial is answered with its status alone: a replay reads the layer's notes, never
+    /// the response, so no body or field is written for it.
+    #[cfg(feature = "replay")]
+    pub(crate) quiet: std::sync::atomic::AtomicBool,
 }
 
 impl Answers {
@@ -192,6 +196,12 @@ impl Answers {
         grpc: bool,
         cached: CachedPolicy<'a>,
     ) -> Response<Bytes> {
+        #[cfg(feature = "replay")]
+        if self.quiet.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut r = Response::new(Bytes::new());
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            return r;
+        }
         let denial = Denial::new(seen, strictest, grpc, (self.fields, self.body), cached);
         match &self.on_denied {
             Some(f) => f(&denial),
