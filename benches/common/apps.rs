@@ -42,10 +42,7 @@ pub fn bare() -> Router {
 /// Ours with the first `rules` of: per IP, per /48, per account header, then per IP under
 /// other names (`PerIp4` to `PerIp8`; 1 to 8 rules), in memory.
 pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(LIMITS, None).unwrap(),
-        memory(),
-    );
+    let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), memory());
     let all = [
         Rule::new("PerIp", ClientIp::new()),
         Rule::new("PerRange", Ipv6Range48::new(ClientIp::new())),
@@ -70,10 +67,7 @@ pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
 /// Ours with two rules keyed by the same header (per account per second and per day, the
 /// header read once), fields on allowed responses.
 pub fn ours_same_header() -> Router {
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(LIMITS, None).unwrap(),
-        memory(),
-    );
+    let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), memory());
     let layer = RateLimitLayer::builder(limiter)
         .rule(Rule::new("PerAccount", Header::new("x-account-id")))
         .rule(Rule::new("PerAccountDay", Header::new("x-account-id")))
@@ -87,10 +81,7 @@ pub fn ours_same_header() -> Router {
 /// 429's body as `body` says: after one request per client, every request is refused (the
 /// `_refused` variants; `_refused_no_body` with `ErrorBody::Empty`).
 pub fn ours_refusing(body: ErrorBody) -> Router {
-    let limiter = Limiter::new(
-        Limits::from_yaml_str(LIMITS, None).unwrap(),
-        memory(),
-    );
+    let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), memory());
     let layer = RateLimitLayer::builder(limiter)
         .rule(Rule::new("Tight", ClientIp::new()))
         .error_body(body)
