@@ -240,7 +240,30 @@ impl RateLimitLayerBuilder {
     }
 
     /// Replaces the denial response (status, headers and body). [`Denial::default_response`]
-    /// and its parts stay available to build on.
+    /// and its parts stay available to build on, with what denied: the limit, its id, the
+    /// wait.
+    ///
+    /// ```
+    /// use tower_ratelimits::{ClientIp, Limiter, Limits, MemoryBackend, RateLimitLayer, Rule};
+    /// # let limiter = Limiter::new(
+    /// #     Limits::from_yaml_str("PerIp: {kind: ip, burst: 5, count: 5, period: 1s}\n", None).unwrap(),
+    /// #     MemoryBackend::new());
+    /// let layer = RateLimitLayer::builder(limiter)
+    ///     .rule(Rule::new("PerIp", ClientIp::new()))
+    ///     .denied_response(|d| {
+    ///         let mut r = d.default_response();
+    ///         let text = format!(
+    ///             "{} refused {}: retry in {} ms",
+    ///             d.limit_name().unwrap_or("a limit"),
+    ///             d.id().map(ToString::to_string).unwrap_or_default(),
+    ///             d.retry_after_ms()
+    ///         );
+    ///         *r.body_mut() = text.into();
+    ///         r
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// ```
     pub fn denied_response(
         mut self,
         f: impl Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync + 'static,
