@@ -924,3 +924,25 @@ fn partial_grants_are_counted() {
         10.0
     );
 }
+
+/// A batch that names one key twice is refused before anything is decided, by a spend, a
+/// check and a refund alike (a layer's rules never do: it refuses two rules of one limit when
+/// it is built, and its requests skip the search); a batch of two keys of one limit is not.
+#[tokio::test]
+async fn a_batch_naming_one_key_twice_is_refused_by_every_op() {
+    let (limiter, _, _) = setup();
+    let twice = [
+        tx(&limiter, "A", "1"),
+        tx(&limiter, "B", "1"),
+        tx(&limiter, "A", "1"),
+    ];
+    let refused = |r: Result<_, LimiterError>| matches!(r, Err(LimiterError::DuplicateKey(key)) if key.contains('A'));
+    assert!(refused(limiter.spend(&twice).await), "spend");
+    assert!(refused(limiter.check(&twice).await), "check");
+    assert!(refused(limiter.refund(&twice).await), "refund");
+    // Nothing was spent by the refused spend: a check of one unit leaves 49 of a full 50.
+    let d = limiter.check(&twice[..1]).await.unwrap();
+    assert_eq!(d.strictest().unwrap().remaining(), 49);
+    let two = [tx(&limiter, "A", "1"), tx(&limiter, "A", "2")];
+    assert!(limiter.spend(&two).await.unwrap().allowed());
+}

@@ -331,17 +331,32 @@ impl Limiter {
 
     /// Spends `verdict`'s batch under `limits` (a snapshot the caller holds): resolved and
     /// validated once and sent to the backend once, decided into `verdict` when the backend
-    /// answers at once.
+    /// answers at once. A layer's batch: its rules each name a limit of their own
+    /// (`LayerError::DuplicateRule` when it is built), so no key is named twice and none is
+    /// looked for.
     pub(crate) fn spend_step<'a>(
         &self,
         limits: &'a Limits,
         verdict: &mut Verdict<'a>,
     ) -> Result<Step, LimiterError> {
-        self.step(limits, verdict, Op::Spend)
+        self.step_apart(limits, verdict, Op::Spend)
     }
 
-    /// A spend or a check: the one road every batch takes to the backend.
+    /// A spend or a check of any batch (the `Limiter`'s own): refused when it names a key
+    /// twice, else [`step_apart`](Self::step_apart).
     pub(super) fn step<'a>(
+        &self,
+        limits: &'a Limits,
+        verdict: &mut Verdict<'a>,
+        op: Op,
+    ) -> Result<Step, LimiterError> {
+        no_key_twice(verdict.batch)?;
+        self.step_apart(limits, verdict, op)
+    }
+
+    /// A spend or a check of a batch that names no key twice: the one road every batch takes
+    /// to the backend.
+    fn step_apart<'a>(
         &self,
         limits: &'a Limits,
         verdict: &mut Verdict<'a>,
@@ -429,6 +444,7 @@ impl Limiter {
         limits: &Limits,
         batch: &[Transaction],
     ) -> Result<BatchDecision, LimiterError> {
+        no_key_twice(batch)?;
         let (mut resolved, mut txs, mut counted) = (Batch::new(), Batch::new(), Counted::default());
         self.resolve(
             limits,
@@ -454,9 +470,10 @@ impl Limiter {
         finish(batch, &resolved, outcomes, Op::Refund, counted)
     }
 
-    /// Checks a batch and resolves each transaction's limit, mode and cost into `resolved`
-    /// (one per transaction), the transactions to send into `txs` (one per enabled limit,
-    /// validated by `BucketTx::new`) and what its decisions are counted by into `counted`:
+    /// Resolves each transaction of a batch (no key named twice: the caller checked,
+    /// `no_key_twice`) into `resolved` (its limit, mode and cost, one per transaction), the
+    /// transactions to send into `txs` (one per enabled limit, validated by `BucketTx::new`)
+    /// and what its decisions are counted by into `counted`:
     /// in place, into the caller's storage, so nothing is moved on the way to the backend.
     /// Inlined into the step (its seven arguments passed in registers and on the stack cost a
     /// request about 50 instructions; three rules +21).
@@ -470,11 +487,6 @@ impl Limiter {
         txs: &mut Batch<BucketTx<'a>>,
         counted: &mut Counted,
     ) -> Result<(), LimiterError> {
-        if batch.len() > 1
-            && let Some(key) = first_duplicate(batch)
-        {
-            return Err(LimiterError::DuplicateKey(key.to_string()));
-        }
         for tx in batch {
             let name = tx.key().name();
             let Some(entry) = limits.entry(name) else {
@@ -528,6 +540,17 @@ impl Limiter {
         }
         Ok(())
     }
+}
+
+/// Refuses a batch that names a key twice (the caller's [`Verdict::distinct`] aside).
+#[inline]
+fn no_key_twice(batch: &[Transaction]) -> Result<(), LimiterError> {
+    if batch.len() > 1
+        && let Some(key) = first_duplicate(batch)
+    {
+        return Err(LimiterError::DuplicateKey(key.to_string()));
+    }
+    Ok(())
 }
 
 impl Limiter {
