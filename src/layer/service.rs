@@ -55,11 +55,12 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // Take the service that is ready; leave a clone for the next call.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        // A request called at once calls the service that is ready; one whose call waits for
+        // its decision takes it and leaves a clone for the next call (a clone of a boxed
+        // service is an allocation: `Road::Call` and `Road::Allowed` skip it).
         let shared = self.shared.clone();
         let (parts, body) = req.into_parts();
+        let inner = &mut self.inner;
         if shared.exempt.as_ref().is_some_and(|e| e.cover(&parts)) {
             super::observe::count_request("exempt");
             #[cfg(feature = "replay")]
@@ -86,7 +87,7 @@ where
                 let grpc = !decided.allowed() && is_grpc(&parts.headers);
                 concluded(
                     shared,
-                    inner,
+                    take_ready(inner),
                     Request::from_parts(parts, body),
                     decided,
                     grpc,
@@ -97,13 +98,19 @@ where
                 ResponseFuture::deciding(
                     shared,
                     decide,
-                    inner,
+                    take_ready(inner),
                     Request::from_parts(parts, body),
                     grpc,
                 )
             }
         }
     }
+}
+
+/// The service that is ready, taken for a call made later; a clone left for the next call.
+fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
 }
 
 /// A request decided at once: calls `inner` with it, answers, or waits, as the decision says.
