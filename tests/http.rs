@@ -794,3 +794,60 @@ async fn a_wait_is_the_same_in_every_field_and_text() {
         clock.advance(Duration::from_secs(1));
     }
 }
+
+/// Three rules whose policies are precomputed when the layer is built: `RateLimit-Policy`
+/// names the strictest first and the others in rule order, whichever is strictest; after a
+/// reload changes one limit, that member shows the new quota (nothing precomputed for the old
+/// one is served).
+#[tokio::test]
+async fn the_policy_of_several_rules_follows_the_strictest_and_a_reload() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let yaml = |b: u32| {
+        format!(
+            "A: {{kind: ip, burst: 9, count: 9, period: 9s}}\n\
+             B: {{kind: account, burst: {b}, count: {b}, period: 10s}}\n\
+             C: {{kind: domain, burst: 7, count: 7, period: 7s}}\n"
+        )
+    };
+    let limits = Limits::from_yaml_str(&yaml(8), None).unwrap();
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let layer = RateLimitLayer::new(
+        limiter.clone(),
+        [
+            Rule::new("A", ClientIp::new()),
+            Rule::new("B", Header::new("x-account")),
+            Rule::new("C", Header::new("x-user")),
+        ],
+    )
+    .unwrap();
+    let server = serve(app(layer)).await;
+    let client = HttpClient::new(&server);
+    let policy = |r: &support::http::Reply| {
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.header("ratelimit-policy").unwrap_or_default().to_string()
+    };
+    let ids = [("x-account", "1"), ("x-user", "u1.example")];
+    // C (7 of 7) has the fewest left: first, then A and B in order.
+    let r = client.get("/", &ids).await;
+    assert_eq!(policy(&r), "\"C\";q=7;w=7, \"A\";q=9;w=9, \"B\";q=8;w=10");
+    // A fresh user: A 7 left, B 6, C 6: B and C tie, the first in rule order wins.
+    let r = client
+        .get("/", &[("x-account", "1"), ("x-user", "u2.example")])
+        .await;
+    assert_eq!(policy(&r), "\"B\";q=8;w=10, \"A\";q=9;w=9, \"C\";q=7;w=7");
+    // A fresh account and user: A 6 left, B 7, C 6: A first, the others in order.
+    let r = client
+        .get("/", &[("x-account", "2"), ("x-user", "u3.example")])
+        .await;
+    assert_eq!(policy(&r), "\"A\";q=9;w=9, \"B\";q=8;w=10, \"C\";q=7;w=7");
+    limiter
+        .reload(Limits::from_yaml_str(&yaml(5), None).unwrap())
+        .unwrap();
+    let r = client
+        .get("/", &[("x-account", "3"), ("x-user", "u4.example")])
+        .await;
+    assert_eq!(policy(&r), "\"B\";q=5;w=10, \"A\";q=9;w=9, \"C\";q=7;w=7");
+}

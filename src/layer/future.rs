@@ -411,9 +411,11 @@ fn settled<B: ResponseBody>(
     release: Held,
 ) -> Response<B> {
     if after.fields
-        && let Some(fields) = Fields::of(&batch, |name, quota| {
-            shared.rules.cached_policy(name, quota)
-        })
+        && let Some(fields) = Fields::of(
+            &batch,
+            |name, quota| shared.rules.cached_policy(name, quota),
+            &shared.rules.joined_policy,
+        )
     {
         with_fields(shared, &mut response, fields);
     }

@@ -237,8 +237,8 @@ fn allowed_now(shared: &Shared, verdict: &Verdict<'_>) -> Option<Allowed> {
     }
     // One pass: each transaction counted and traced as the fields take its numbers.
     let observed = shared.rules.observed();
-    Fields::from_reported(seen.map(|s| shared.rules.observe_reported(s, observed)))
-        .map(Allowed::Fields)
+    let reported = seen.map(|s| shared.rules.observe_reported(s, observed));
+    Fields::from_reported(reported, &shared.rules.joined_policy).map(Allowed::Fields)
 }
 
 /// Waits for a spend under way (`pending`, the limiter's step for `txs`), within the layer's
@@ -447,10 +447,8 @@ fn allowed(shared: &Arc<Shared>, batch: BatchDecision, fell_back: bool, head: bo
             },
         })
     } else if headers {
-        Fields::of(&batch, |name, quota| {
-            shared.rules.cached_policy(name, quota)
-        })
-        .map(Allowed::Fields)
+        let cached = |name, quota: &_| shared.rules.cached_policy(name, quota);
+        Fields::of(&batch, cached, &shared.rules.joined_policy).map(Allowed::Fields)
     } else {
         None
     };

@@ -303,6 +303,10 @@ impl RateLimitLayerBuilder {
             self.limiter.pin(r.name);
         }
         let fallback = fallback_of(self.failure, &limits, &self.limiter, self.timeout)?;
+        let policies: Vec<_> = rules
+            .iter()
+            .map(|r| r.policy.as_ref().map(|(_, v)| v))
+            .collect();
         let settles = rules.iter().any(|r| r.rule.settle.is_some());
         let waits = rules.iter().any(|r| r.rule.wait.is_some());
         // One gate for the warnings of store failures, on requests and on settles alike.
@@ -318,6 +322,7 @@ impl RateLimitLayerBuilder {
                 },
                 limiter: self.limiter,
                 rules: Rules {
+                    joined_policy: response::joined_policies(&policies),
                     list: rules,
                     readers,
                     settles,

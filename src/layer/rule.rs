@@ -334,6 +334,9 @@ pub(crate) struct Rules {
     pub(crate) settles: bool,
     /// Some rule waits instead of rejecting ([`Rule::wait`]).
     pub(crate) waits: bool,
+    /// The `RateLimit-Policy` values when every rule reports its precomputed member, one per
+    /// rule reported strictest ([`joined_policies`](super::response::joined_policies)).
+    pub(crate) joined_policy: Box<[http::HeaderValue]>,
     /// Decision events carry the id.
     pub(crate) log_ids: bool,
     /// Lets one shadow "would deny" line through per interval.

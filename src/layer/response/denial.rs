@@ -228,7 +228,7 @@ impl Denial<'_> {
             let policy = d.quota.and_then(|q| (self.cached)(d.name, q));
             (*d, policy)
         });
-        if let Some(fields) = Fields::from_reported(reported) {
+        if let Some(fields) = Fields::from_reported(reported, &[]) {
             self.fields.write(headers, fields);
         }
         response

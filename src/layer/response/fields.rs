@@ -95,6 +95,33 @@ pub(super) fn sf_item(name: &str, a: u8, x: u64, b: u8, y: u64) -> HeaderValue {
     owned_value(buf)
 }
 
+/// The `RateLimit-Policy` values of a layer whose rules all have a precomputed member
+/// (`members`, in rule order; [`policy_value`]), one per rule reported strictest: its member
+/// first, the others in order, as [`Fields::from_reported`] writes them. Empty for fewer than
+/// two rules or when one has no precomputed member.
+pub(crate) fn joined_policies(members: &[Option<&HeaderValue>]) -> Box<[HeaderValue]> {
+    if members.len() < 2 {
+        return Box::default();
+    }
+    let Some(members) = members.iter().copied().collect::<Option<Vec<_>>>() else {
+        return Box::default();
+    };
+    let len = members.iter().map(|m| m.len()).sum::<usize>() + 2 * (members.len() - 1);
+    (0..members.len())
+        .map(|first| {
+            let mut buf = Buf::with_capacity(len);
+            let rest = members.iter().enumerate().filter(|&(i, _)| i != first);
+            for member in std::iter::once(members[first]).chain(rest.map(|(_, m)| *m)) {
+                if !buf.is_empty() {
+                    buf.extend_from_slice(b", ");
+                }
+                buf.extend_from_slice(member.as_bytes());
+            }
+            owned_value(buf)
+        })
+        .collect()
+}
+
 /// The `RateLimit-Policy` value of a limit whose policy does not depend on the decision
 /// (the seam's `fixed_policy`), computed once when a layer is built; `None` for another.
 pub(crate) fn policy_value(name: &str, quota: &Quota) -> Option<HeaderValue> {
@@ -158,20 +185,25 @@ impl Fields {
     pub(crate) fn of<'c>(
         batch: &BatchDecision,
         cached: impl Fn(LimitName, &Quota) -> Option<&'c HeaderValue>,
+        joined: &[HeaderValue],
     ) -> Option<Self> {
-        Self::from_reported(batch.decisions().iter().map(|d| {
+        let items = batch.decisions().iter().map(|d| {
             let seen = Seen::from(d);
             let policy = seen.quota.and_then(|q| cached(seen.name, q));
             (seen, policy)
-        }))
+        });
+        Self::from_reported(items, joined)
     }
 
     /// The fields of the transactions `items`, each with its precomputed `RateLimit-Policy`
     /// member if any, reporting the strictest first (as [`BatchDecision::strictest`] chooses
     /// it), then every other one that counts, in order. Every item is taken (a caller may count
-    /// and trace them on the way). The one home of the fields' numbers.
+    /// and trace them on the way). `joined`: the layer's [`joined_policies`] (empty when it has
+    /// none), the `RateLimit-Policy` value when every rule reports its precomputed member. The
+    /// one home of the fields' numbers.
     pub(crate) fn from_reported<'a, 'c>(
         items: impl Iterator<Item = (Seen<'a>, Option<&'c HeaderValue>)>,
+        joined: &[HeaderValue],
     ) -> Option<Self> {
         // One pass: each member as it comes (on the stack for a request's few rules), the
         // strictest chosen on the way and moved to the front at the end.
@@ -200,14 +232,19 @@ impl Fields {
                 cached,
             });
         }
+        // Every rule reported with its precomputed member: the value joined when the layer
+        // was built, with the strictest first (4 rules: -330 instructions a request).
+        let every_rule =
+            members.len() == joined.len() && members.iter().all(|m| m.cached.is_some());
+        let joined = every_rule.then(|| joined.get(first.unwrap_or(0))).flatten();
         if let Some(at @ 1..) = first {
             members[..=at].rotate_right(1);
         }
         let members: &[Member<'c>] = &members;
         let first = members.first()?;
         let separators = 2 * (members.len() - 1);
-        let policy = match (members, first.cached) {
-            ([_], Some(v)) => v.clone(),
+        let policy = match (members, first.cached, joined) {
+            (_, _, Some(v)) | ([_], Some(v), _) => v.clone(),
             _ => {
                 let len = members.iter().map(Member::policy_len).sum::<usize>() + separators;
                 let mut policy = Buf::with_capacity(len);
@@ -310,6 +347,25 @@ pub(super) fn put(headers: &mut HeaderMap, name: &'static HeaderName, ours: Head
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn joined_policies_put_each_member_first_once_and_the_rest_in_order() {
+        let [a, b, c] =
+            ["\"a\";q=1;w=1", "\"b\";q=2;w=2", "\"c\";q=3;w=3"].map(HeaderValue::from_static);
+        let joined = joined_policies(&[Some(&a), Some(&b), Some(&c)]);
+        let shown: Vec<&str> = joined.iter().map(|v| v.to_str().unwrap()).collect();
+        assert_eq!(
+            shown,
+            [
+                "\"a\";q=1;w=1, \"b\";q=2;w=2, \"c\";q=3;w=3",
+                "\"b\";q=2;w=2, \"a\";q=1;w=1, \"c\";q=3;w=3",
+                "\"c\";q=3;w=3, \"a\";q=1;w=1, \"b\";q=2;w=2",
+            ]
+        );
+        // One rule (its member is shared as it is), or one without a precomputed member.
+        assert!(joined_policies(&[Some(&a)]).is_empty());
+        assert!(joined_policies(&[Some(&a), None]).is_empty());
+    }
 
     #[test]
     fn a_number_is_its_digits_with_or_without_the_table() {

@@ -23,7 +23,7 @@ pub(crate) use body::{error_code, error_response, is_grpc};
 pub use denial::Denial;
 use denial::*;
 use fields::*;
-pub(crate) use fields::{Fields, policy_value};
+pub(crate) use fields::{Fields, joined_policies, policy_value};
 
 /// `RateLimit-Policy` (IETF httpapi ratelimit-headers, draft 11).
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
