@@ -795,7 +795,7 @@ fn a_reload_with_slots_held_keeps_the_server_answering_and_the_slots_renewed() {
 
 /// A batch that names one key twice, sent to the memory backend as the lease calls may send
 /// it: decided in order (the second spend reads what the first leaves), one lock per key, on
-/// every shape, and the key written once.
+/// every shape (GCRA keyed by a number, one word, and by text), and the key written once.
 #[test]
 fn a_batch_naming_one_key_twice_is_decided_in_order() {
     within_a_minute(|| {
@@ -805,12 +805,16 @@ fn a_batch_naming_one_key_twice_is_decided_in_order() {
 Slots: {kind: account, concurrency: 1, lease: 1h}
 Tiered: {kind: account, tiers: [{limit: 1, window: 1m, active: 1m, cooldown: 0s}]}
 Rate: {kind: account, burst: 1, count: 1, period: 1h}
+RateText: {kind: domain, burst: 1, count: 1, period: 1h}
 Monthly: {kind: account, calendar: {count: 1, period: month}}
 ";
             let backend = MemoryBackend::new();
             let limiter = Limiter::new(Limits::from_yaml_str(yaml, None).unwrap(), backend.clone());
-            for name in ["Slots", "Tiered", "Rate", "Monthly"] {
-                let key = key(&limiter, name, 7);
+            for name in ["Slots", "Tiered", "Rate", "RateText", "Monthly"] {
+                let key = match name {
+                    "RateText" => limiter.parse_key(name, "a.example").unwrap(),
+                    _ => key(&limiter, name, 7),
+                };
                 let limits = limiter.limits();
                 let quota = limits.resolve(&key).unwrap();
                 let tx = |lease| {

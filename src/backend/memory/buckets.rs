@@ -44,6 +44,18 @@ pub(super) enum Place<'a> {
     Wide(&'a BucketKey),
 }
 
+impl Place<'_> {
+    /// Whether two places are one key's: one word each, or both keys (a key has one place).
+    #[inline]
+    pub(super) fn same(self, other: Place<'_>) -> bool {
+        match (self, other) {
+            (Place::Packed(a), Place::Packed(b)) => a == b,
+            (Place::Wide(a), Place::Wide(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
 /// The GCRA buckets, one `AtomicU64` (the TAT) each. Keys whose id fits one word with its
 /// name (`BucketKey::packed`: IPv4 addresses, IPv6 /48 ranges, numbers below 2^48) live in a
 /// table keyed by that word (an entry of 16 bytes), the rest in a table keyed by the

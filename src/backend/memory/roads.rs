@@ -404,14 +404,18 @@ impl MemoryBackend {
             let mut held: [Option<Held<'_>>; WORDS] = Default::default();
             let mut read = [0u64; WORDS];
             let mut words = [0u64; WORDS];
+            let mut places = [Place::Packed(0); WORDS];
             let mut outcomes = Outcomes::with_capacity(n);
             for (i, tx) in batch.iter().enumerate() {
                 let limit = tx.quota.as_gcra()?;
-                // A key named twice: the general road decides it in order.
-                if i > 0 && kit::earlier(batch, i).is_some() {
+                // A key named twice (GCRA keys share no state otherwise): the general road
+                // decides it in order. Found by the keys' places (one word each for most).
+                let place = Buckets::place(tx.key);
+                if places[..i].iter().any(|p| p.same(place)) {
                     return None;
                 }
-                let bucket = self.inner.map.get(Buckets::place(tx.key));
+                places[i] = place;
+                let bucket = self.inner.map.get(place);
                 let cur = bucket.as_ref().map_or(0, |b| b.load(Ordering::Acquire));
                 let step = match kit::gcra_step(tx, limit, cur, now) {
                     Ok(step) => step,
