@@ -18,6 +18,9 @@ shift $(( $# > 0 ? 1 : 0 )) || true
 VARIANTS=("$@")
 [ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(none ours_1_rule tower_governor handwritten handwritten_fields ours_1_rule_refused ours_1_rule_refused_no_body tower_governor_refused handwritten_refused)
 need valgrind
+# One codegen unit unless told otherwise, as benches/instructions.sh: with 16, a change anywhere
+# in the crate moves code between units and a row by up to 2%, more than most levers.
+export CARGO_PROFILE_RELEASE_CODEGEN_UNITS=${CARGO_PROFILE_RELEASE_CODEGEN_UNITS:-1}
 cargo build -q --release -p tower-ratelimits-benches --example axum_peer
 BIN=${CARGO_TARGET_DIR:-target}/release/examples/axum_peer
 DIR=$(mktemp -d)
@@ -41,7 +44,7 @@ if expect != "any" and seen[int(expect)] < 0.99 * n:
     sys.exit(f"expected status {expect} for nearly every request, saw {dict(seen)}")
 PY
 }
-echo "Instructions per request over a socket (callgrind, the whole axum_peer server; $OPS requests on one keep-alive connection)"
+echo "Instructions per request over a socket (callgrind, the whole axum_peer server; $OPS requests on one keep-alive connection; $CARGO_PROFILE_RELEASE_CODEGEN_UNITS codegen unit(s))"
 echo
 echo "| variant | instructions per request | statuses |"
 echo "|---|---:|---|"
