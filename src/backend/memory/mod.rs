@@ -16,7 +16,8 @@
 //!
 //! A bucket whose TAT is at or before now is the same as a missing one, so [`sweep`] drops
 //! those without changing any decision, and runs it in the background every 10 s by default
-//! ([`MemoryBackendBuilder::sweep_interval`]); nothing needs to be started.
+//! ([`MemoryBackendBuilder::sweep_interval`]), on a thread of its own; nothing needs to be
+//! started.
 //! At most `max_keys` buckets are held. **When full**, a transaction that needs a *new* bucket
 //! fails with [`BackendError::Full`] (counted by [`MemoryBackend::full_refusals`]), and the
 //! background sweep is woken (at most once a second) to make room; buckets already held keep
@@ -79,8 +80,6 @@ struct Inner {
     last_full_sweep: AtomicU64,
     /// New keys refused because the table was full.
     full_refusals: AtomicU64,
-    /// Wakes the background sweep when the table is full (a tokio task's).
-    sweep_now: Arc<tokio::sync::Notify>,
     /// Wakes a sweeper thread (a message: sweep now; dropped with the backend: end).
     thread_sweeper: Mutex<Option<std::sync::mpsc::Sender<()>>>,
     /// Overrides set at run time (this process only).
@@ -173,9 +172,9 @@ impl MemoryBackendBuilder {
         self
     }
 
-    /// Builds the backend and starts its background sweep: a tokio task when built inside a
-    /// tokio runtime, a thread otherwise. Either ends by itself when the backend's last clone
-    /// is dropped.
+    /// Builds the backend and starts its background sweep, on a thread of its own (inside a
+    /// tokio runtime too: none of the runtime's workers or timers), which ends by itself when
+    /// the backend's last clone is dropped.
     pub fn build(self) -> MemoryBackend {
         let backend = MemoryBackend {
             inner: Arc::new(Inner {
@@ -190,7 +189,6 @@ impl MemoryBackendBuilder {
                 clock: self.clock,
                 last_full_sweep: AtomicU64::new(0),
                 full_refusals: AtomicU64::new(0),
-                sweep_now: Arc::new(tokio::sync::Notify::new()),
                 thread_sweeper: Mutex::new(None),
                 region: self.region,
             }),
@@ -364,8 +362,8 @@ impl MemoryBackend {
         }
     }
 
-    /// Sweeps every `interval` until the backend is gone: on the current tokio runtime if
-    /// there is one (so tokio's paused time drives it in tests), else on a thread of its own.
+    /// Sweeps every `interval`, and when a full table asks for room, until the backend is
+    /// gone: on a thread of its own.
     fn start_sweeper(&self, interval: Duration) {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         let sweep_once = move || -> bool {
@@ -377,19 +375,10 @@ impl MemoryBackend {
             tracing::trace!(target: crate::telemetry::target::BACKEND, dropped, live = backend.len(), "memory backend sweep");
             true
         };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let sweep_now = self.inner.sweep_now.clone();
-            runtime.spawn(async move {
-                loop {
-                    // An interval's wait, cut short when a full table asks for room.
-                    let _ = tokio::time::timeout(interval, sweep_now.notified()).await;
-                    if !sweep_once() {
-                        return;
-                    }
-                }
-            });
-            return;
-        }
+        // A thread of its own, inside a tokio runtime too: a timer of the runtime's would wake
+        // its time driver on every park (about 210 instructions a request of a server that has
+        // no other timer, `benches/socket_instructions.sh`), and a sweep of millions of keys,
+        // which never yields, would hold one of its workers.
         let (wake, woken) = std::sync::mpsc::channel::<()>();
         *self
             .inner
@@ -499,7 +488,6 @@ impl MemoryBackend {
                 max_keys = inner.max_keys,
                 "the in-memory rate limiter is full: new keys are refused until a sweep makes room"
             );
-            inner.sweep_now.notify_one();
             if let Some(wake) = inner
                 .thread_sweeper
                 .lock()
