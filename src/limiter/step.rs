@@ -542,7 +542,7 @@ impl Limiter {
     }
 }
 
-/// Refuses a batch that names a key twice (the caller's [`Verdict::distinct`] aside).
+/// Refuses a batch that names a key twice (a layer's never does: [`Limiter::spend_step`]).
 #[inline]
 fn no_key_twice(batch: &[Transaction]) -> Result<(), LimiterError> {
     if batch.len() > 1

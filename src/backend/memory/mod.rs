@@ -375,10 +375,10 @@ impl MemoryBackend {
             tracing::trace!(target: crate::telemetry::target::BACKEND, dropped, live = backend.len(), "memory backend sweep");
             true
         };
-        // A thread of its own, inside a tokio runtime too: a timer of the runtime's would wake
-        // its time driver on every park (about 210 instructions a request of a server that has
-        // no other timer, `benches/socket_instructions.sh`), and a sweep of millions of keys,
-        // which never yields, would hold one of its workers.
+        // A thread of its own, inside a tokio runtime too: a timer of the runtime's would make
+        // its time driver work on every park (about 180 instructions a request of a server that
+        // has no other timer, `bash benches/socket_instructions.sh 5000`), and a sweep of
+        // millions of keys, which never yields, would hold one of its workers.
         let (wake, woken) = std::sync::mpsc::channel::<()>();
         *self
             .inner
