@@ -131,7 +131,7 @@ fn main() {
     }
     if let Some(stats) = setup.backend.coalesce_stats() {
         println!(
-            "  the default backend (ours_1_rule): {} requests queued, in {} calls; {} direct",
+            "  the default backend (the variants without a suffix): {} requests queued, in {} calls; {} direct",
             stats.requests, stats.calls, stats.direct
         );
     }

@@ -6,14 +6,18 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::redis::{RedisServer, TestRedis, command, unique_prefix};
-use tower_ratelimits::{BackendError, Id, Limiter, LimiterError, Limits, Mode, Transaction};
+use tower_ratelimits::{
+    BackendError, BatchDecision, Id, Limiter, LimiterError, Limits, Mode, Transaction,
+};
 
 use tower_ratelimits::RedisBackend;
 
 // ---------------------------------------------------------------------------------------------
 // Coalescing (`RedisBackendBuilder::coalesce`).
 
-const SLOW_LIMITS: &str = "Slow: {burst: 10, count: 1, period: 1h}\n";
+/// A GCRA limit (its spends coalesce as `M` calls) and a calendar quota (`K` calls).
+const SLOW_LIMITS: &str =
+    "Slow: {burst: 10, count: 1, period: 1h}\nMonth: {calendar: {count: 10, period: month}}\n";
 
 async fn coalescing_limiter(url: &str, prefix: &str, timeout: Duration) -> (Limiter, RedisBackend) {
     let backend = RedisBackend::from_url(url)
@@ -31,6 +35,17 @@ async fn coalescing_limiter(url: &str, prefix: &str, timeout: Duration) -> (Limi
 
 fn slow(limiter: &Limiter, id: &str) -> Transaction {
     Transaction::new(limiter.key("Slow", Id::new(id).unwrap()).unwrap())
+}
+
+async fn spend_all(
+    limiter: &Limiter,
+    batches: &[[Transaction; 1]],
+) -> Vec<Result<BatchDecision, LimiterError>> {
+    futures_util::future::join_all(batches.iter().map(|b| limiter.spend(b))).await
+}
+
+fn monthly(limiter: &Limiter, id: &str) -> Transaction {
+    Transaction::new(limiter.key("Month", Id::new(id).unwrap()).unwrap())
 }
 
 /// Many requests in flight at once share script calls, and each is decided as if it had been
@@ -121,19 +136,25 @@ async fn coalesced_requests_decide_as_if_sent_one_by_one() {
     );
 
     // The same requests without coalescing decide the same (fresh buckets).
+    assert_eq!(one_by_one(&redis.url, slow, 30).await, remaining);
+}
+
+/// `n` spends of one fresh key of `tx`'s limit without coalescing, one after the other: what
+/// the allowed ones left, sorted.
+async fn one_by_one(url: &str, tx: fn(&Limiter, &str) -> Transaction, n: usize) -> Vec<u64> {
     let plain = Limiter::new(
         Limits::from_yaml_str(SLOW_LIMITS, None).unwrap(),
-        backend_without_cache(&redis.url, &unique_prefix("coalesce-off")).await,
+        backend_without_cache(url, &unique_prefix("coalesce-off")).await,
     );
-    let mut plain_remaining = Vec::new();
-    for _ in 0..30 {
-        let d = plain.spend(&[slow(&plain, "same")]).await.unwrap();
+    let mut left = Vec::new();
+    for _ in 0..n {
+        let d = plain.spend(&[tx(&plain, "same")]).await.unwrap();
         if d.allowed() {
-            plain_remaining.push(d.decisions()[0].remaining());
+            left.push(d.decisions()[0].remaining());
         }
     }
-    plain_remaining.sort_unstable();
-    assert_eq!(plain_remaining, remaining);
+    left.sort_unstable();
+    left
 }
 
 async fn backend_without_cache(url: &str, prefix: &str) -> RedisBackend {
@@ -143,6 +164,73 @@ async fn backend_without_cache(url: &str, prefix: &str) -> RedisBackend {
         .connect()
         .await
         .unwrap()
+}
+
+/// A calendar quota's spends (one key alone in each batch) share calls too, in a queue of
+/// their own beside the GCRA spends, and decide as if sent one by one: 30 requests for one
+/// key of 10 a month admit exactly 10 (remaining 9 down to 0 once each), requests of cost 3 on
+/// a fresh key admit 3 (7, 4, 1 left) and deny the rest whole, 20 requests for 20 keys all
+/// leave 9, while 20 GCRA spends in the same moment decide as usual. The same requests
+/// without coalescing decide the same.
+#[tokio::test]
+async fn coalesced_calendar_spends_decide_as_if_sent_one_by_one() {
+    let redis = TestRedis::single();
+    let (l, backend) = coalescing_limiter(
+        &redis.url,
+        &unique_prefix("coalesce-calendar"),
+        Duration::from_secs(5),
+    )
+    .await;
+    let before = backend.coalesce_stats().unwrap();
+    let same: Vec<[Transaction; 1]> = (0..30).map(|_| [monthly(&l, "same")]).collect();
+    let threes: Vec<[Transaction; 1]> = (0..5).map(|_| [monthly(&l, "three").cost(3)]).collect();
+    let apart: Vec<[Transaction; 1]> = (0..20).map(|i| [monthly(&l, &format!("m{i}"))]).collect();
+    let gcra: Vec<[Transaction; 1]> = (0..20).map(|i| [slow(&l, &format!("g{i}"))]).collect();
+    let (same, threes, apart, gcra) = tokio::join!(
+        spend_all(&l, &same),
+        spend_all(&l, &threes),
+        spend_all(&l, &apart),
+        spend_all(&l, &gcra)
+    );
+    let after = backend.coalesce_stats().unwrap();
+    let left = |answers: Vec<Result<BatchDecision, LimiterError>>| {
+        let mut left: Vec<u64> = answers
+            .into_iter()
+            .map(Result::unwrap)
+            .filter(|d| d.allowed())
+            .map(|d| d.decisions()[0].remaining())
+            .collect();
+        left.sort_unstable();
+        left
+    };
+    assert_eq!(left(same), (0..10).collect::<Vec<u64>>());
+    assert_eq!(left(threes), [1, 4, 7]);
+    assert_eq!(left(apart), [9; 20]);
+    assert_eq!(left(gcra), [9; 20]);
+    // What was allowed was written: a check of one more unit leaves what is left less one.
+    for (id, left, allowed) in [("same", 0, false), ("three", 0, true), ("m0", 8, true)] {
+        let d = l.check(&[monthly(&l, id)]).await.unwrap();
+        assert_eq!(
+            (d.decisions()[0].remaining(), d.allowed()),
+            (left, allowed),
+            "{id}"
+        );
+    }
+    let (requests, direct) = (
+        after.requests - before.requests,
+        after.direct - before.direct,
+    );
+    assert_eq!(requests + direct, 75, "{before:?} -> {after:?}");
+    assert!(
+        requests >= 70,
+        "the requests shared calls: {before:?} -> {after:?}"
+    );
+
+    // The same requests without coalescing decide the same (fresh keys).
+    assert_eq!(
+        one_by_one(&redis.url, monthly, 30).await,
+        (0..10).collect::<Vec<u64>>()
+    );
 }
 
 /// Calls that coalescing cannot carry are made as without it: a check (not a spend) and a
@@ -165,6 +253,12 @@ async fn what_coalescing_cannot_carry_is_called_directly() {
         .await
         .unwrap();
     assert_eq!(d.decisions()[0].remaining(), 9);
+    // A calendar spend of a range (its least units below its cost) takes the general path.
+    let d = l
+        .spend(&[monthly(&l, "c").cost_range(1..=4)])
+        .await
+        .unwrap();
+    assert_eq!(d.decisions()[0].remaining(), 6);
     assert_eq!(backend.coalesce_stats().unwrap(), before);
     // A plain spend with no call in flight makes its own, as without coalescing.
     let d = l.spend(&[slow(&l, "c")]).await.unwrap();
@@ -245,6 +339,7 @@ async fn a_cancelled_request_gives_its_call_slot_back() {
 /// fourth for a `bad` id; the server refuses any call naming a `bad` key (`NOPERM`, before
 /// the script runs), so a call carrying both kinds is sent again a request a call: every
 /// `good` request is allowed and spent once, every `bad` one fails with the server's refusal.
+/// The same for GCRA spends (`M` calls) and calendar spends (`K` calls).
 #[tokio::test]
 async fn a_request_the_server_refuses_fails_alone_in_a_coalesced_call() {
     let server = RedisServer::start();
@@ -252,40 +347,43 @@ async fn a_request_the_server_refuses_fails_alone_in_a_coalesced_call() {
     // Read every key of the prefix; write the stored overrides (`{overrides}...`)
     // and the good ids' buckets.
     let acl = format!(
-        "ACL SETUSER lim on >pw %R~{prefix}* ~{prefix}{{overrides}}* ~{prefix}{{Slow:good* allchannels +@all"
+        "ACL SETUSER lim on >pw %R~{prefix}* ~{prefix}{{overrides}}* ~{prefix}{{Slow:good* ~{prefix}{{Month:good* allchannels +@all"
     );
     assert!(command(server.port, &acl).unwrap().starts_with("+OK"));
     let url = format!("redis://lim:pw@127.0.0.1:{}", server.port);
     let (l, backend) = coalescing_limiter(&url, prefix, Duration::from_secs(5)).await;
     let id = |i: usize| format!("{}{i}", if i.is_multiple_of(4) { "bad" } else { "good" });
-    let before = backend.coalesce_stats().unwrap();
-    let batches: Vec<[Transaction; 1]> = (0..40).map(|i| [slow(&l, &id(i))]).collect();
-    let answers = futures_util::future::join_all(batches.iter().map(|b| l.spend(b))).await;
-    for (i, answer) in answers.iter().enumerate() {
-        if i.is_multiple_of(4) {
-            assert!(
-                matches!(answer, Err(LimiterError::Backend(BackendError::Unavailable(t))) if t.contains("NOPERM")),
-                "{}: {answer:?}",
-                id(i)
-            );
-        } else {
-            let d = answer.as_ref().unwrap();
-            assert!(d.allowed(), "{}", id(i));
-            assert_eq!(d.decisions()[0].remaining(), 9, "{}: spent once", id(i));
+    let shapes: [fn(&Limiter, &str) -> Transaction; 2] = [slow, monthly];
+    for tx in shapes {
+        let before = backend.coalesce_stats().unwrap();
+        let batches: Vec<[Transaction; 1]> = (0..40).map(|i| [tx(&l, &id(i))]).collect();
+        let answers = futures_util::future::join_all(batches.iter().map(|b| l.spend(b))).await;
+        for (i, answer) in answers.iter().enumerate() {
+            if i.is_multiple_of(4) {
+                assert!(
+                    matches!(answer, Err(LimiterError::Backend(BackendError::Unavailable(t))) if t.contains("NOPERM")),
+                    "{}: {answer:?}",
+                    id(i)
+                );
+            } else {
+                let d = answer.as_ref().unwrap();
+                assert!(d.allowed(), "{}", id(i));
+                assert_eq!(d.decisions()[0].remaining(), 9, "{}: spent once", id(i));
+            }
         }
+        let after = backend.coalesce_stats().unwrap();
+        assert!(
+            after.requests - before.requests >= 30,
+            "the requests shared calls: {before:?} -> {after:?}"
+        );
     }
-    let after = backend.coalesce_stats().unwrap();
-    assert!(
-        after.requests - before.requests >= 30,
-        "the requests shared calls: {before:?} -> {after:?}"
-    );
 }
 
 /// One request's refused write in a coalesced call fails that request alone: at `maxmemory`
 /// under `noeviction` Redis refuses the script's writes (the first write of a script without
 /// flags is checked), so the requests that would write fail with `OutOfMemory`, while those
 /// beside them in the same call that write nothing (a bucket already empty: denied) are
-/// decided as usual.
+/// decided as usual. The same for GCRA spends and calendar spends.
 #[tokio::test]
 async fn a_refused_write_fails_only_its_request_in_a_coalesced_call() {
     let server = RedisServer::start();
@@ -295,8 +393,11 @@ async fn a_refused_write_fails_only_its_request_in_a_coalesced_call() {
         Duration::from_secs(5),
     )
     .await;
-    for _ in 0..10 {
-        assert!(l.spend(&[slow(&l, "full")]).await.unwrap().allowed());
+    let shapes: [fn(&Limiter, &str) -> Transaction; 2] = [slow, monthly];
+    for tx in shapes {
+        for _ in 0..10 {
+            assert!(l.spend(&[tx(&l, "full")]).await.unwrap().allowed());
+        }
     }
     for cmd in [
         "CONFIG SET maxmemory-policy noeviction",
@@ -314,27 +415,29 @@ async fn a_refused_write_fails_only_its_request_in_a_coalesced_call() {
             format!("fresh{i}")
         }
     };
-    let before = backend.coalesce_stats().unwrap();
-    let batches: Vec<[Transaction; 1]> = (0..20).map(|i| [slow(&l, &id(i))]).collect();
-    let answers = futures_util::future::join_all(batches.iter().map(|b| l.spend(b))).await;
-    let after = backend.coalesce_stats().unwrap();
-    command(server.port, "CONFIG SET maxmemory 0").unwrap();
-    for (i, answer) in answers.iter().enumerate() {
-        if i.is_multiple_of(2) {
-            assert!(!answer.as_ref().unwrap().allowed(), "{}: {answer:?}", id(i));
-        } else {
-            assert!(
-                matches!(
-                    answer,
-                    Err(LimiterError::Backend(BackendError::OutOfMemory(_)))
-                ),
-                "{}: {answer:?}",
-                id(i)
-            );
+    for tx in shapes {
+        let before = backend.coalesce_stats().unwrap();
+        let batches: Vec<[Transaction; 1]> = (0..20).map(|i| [tx(&l, &id(i))]).collect();
+        let answers = futures_util::future::join_all(batches.iter().map(|b| l.spend(b))).await;
+        let after = backend.coalesce_stats().unwrap();
+        for (i, answer) in answers.iter().enumerate() {
+            if i.is_multiple_of(2) {
+                assert!(!answer.as_ref().unwrap().allowed(), "{}: {answer:?}", id(i));
+            } else {
+                assert!(
+                    matches!(
+                        answer,
+                        Err(LimiterError::Backend(BackendError::OutOfMemory(_)))
+                    ),
+                    "{}: {answer:?}",
+                    id(i)
+                );
+            }
         }
+        assert!(
+            after.requests - before.requests >= 10,
+            "the requests shared calls: {before:?} -> {after:?}"
+        );
     }
-    assert!(
-        after.requests - before.requests >= 10,
-        "the requests shared calls: {before:?} -> {after:?}"
-    );
+    command(server.port, "CONFIG SET maxmemory 0").unwrap();
 }

@@ -24,7 +24,7 @@ Pooled: {kind: account, concurrency: {adaptive: {min: 10, initial: 50, max: 100,
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 16] = [
+pub const VARIANTS: [&str; 17] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_1_rule_uncoalesced",
@@ -37,6 +37,7 @@ pub const VARIANTS: [&str; 16] = [
     "tower_rate_limit_fred_hot_key",
     "ours_1_rule_hot_key_prefetch",
     "ours_calendar",
+    "ours_calendar_uncoalesced",
     "ours_fair_share",
     "ours_concurrency_slot",
     "ours_adaptive_slot",
@@ -119,8 +120,10 @@ impl RedisOps {
             "ours_1_rule_coalesced_hot_key" => spends(&self.coalesced, "A", 0).await,
             // The same hot key under a limit with `prefetch: 50`.
             "ours_1_rule_hot_key_prefetch" => spends(&self.limiter, "Hot", 0).await,
-            // One calendar quota (a month; never used up here): the script's general path.
+            // One calendar quota (a month; never used up here): the script's calendar path,
+            // coalesced while Redis is busy (`K` calls).
             "ours_calendar" => spends(&self.limiter, "Monthly", id).await,
+            "ours_calendar_uncoalesced" => spends(&self.uncoalesced, "Monthly", id).await,
             // One fair share, every key an id of it (1,000 ids counted; never used up here):
             // the limit's one hash, the script's general path.
             "ours_fair_share" => spends(&self.limiter, "Shared", id).await,

@@ -1,5 +1,6 @@
 //! Coalescing: while script calls are in flight, the lean spends of other requests queue up,
-//! and the next call carries all of them (op `M` of `ratelimit.lua`): each request is still its
+//! and the next call carries all of them (op `M` of `ratelimit.lua`; a calendar quota's spends
+//! alone in their batch likewise, op `K`, in a queue of their own): each request is still its
 //! own batch, all or nothing alone, decided in queue order as if it had been sent alone. The
 //! server runs one `EVALSHA` (one command parsed, one `TIME`, one reply) for many decisions.
 //!
@@ -26,7 +27,8 @@ use std::time::Duration;
 use fred::prelude::{Key, Value};
 use tokio::sync::oneshot;
 
-use super::{RedisBackend, script};
+use super::RedisBackend;
+use super::script::{self, Coalesced};
 use crate::backend::BackendError;
 
 /// Requests the queue holds at most; beyond, a request makes its own call.
@@ -142,13 +144,17 @@ pub struct CoalesceStats {
     pub direct: u64,
 }
 
-/// One queued request's lean spend: its keys and its two arguments per key (the `g` call's).
+/// One queued request's spend: its keys and the arguments of its call alone (`g` or `c`).
 struct Job {
     keys: Vec<Key>,
     args: Vec<Value>,
-    /// now, then the TATs read for this request's keys.
+    /// now, then this request's share of the answer (the TATs read, or the units that counted
+    /// and the period's end).
     reply: oneshot::Sender<Result<Vec<Value>, BackendError>>,
 }
+
+/// The queues, one per kind of call (calls of one kind join into one).
+const KINDS: [Coalesced; 2] = [Coalesced::Lean, Coalesced::Calendar];
 
 /// The queue and the count of calls in flight, held by the backend.
 pub(super) struct Coalescer {
@@ -156,7 +162,7 @@ pub(super) struct Coalescer {
     timeout: Duration,
     in_flight: AtomicUsize,
     adapt: Option<Adapt>,
-    queue: Mutex<Vec<Job>>,
+    queues: [Mutex<Vec<Job>>; KINDS.len()],
     calls: AtomicU64,
     requests: AtomicU64,
     direct: AtomicU64,
@@ -169,7 +175,7 @@ impl Coalescer {
             timeout,
             in_flight: AtomicUsize::new(0),
             adapt: settings.adaptive.then(Adapt::new),
-            queue: Mutex::new(Vec::new()),
+            queues: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
             calls: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             direct: AtomicU64::new(0),
@@ -198,9 +204,9 @@ impl Coalescer {
         false
     }
 
-    fn queue(&self) -> std::sync::MutexGuard<'_, Vec<Job>> {
+    fn queue(&self, kind: Coalesced) -> std::sync::MutexGuard<'_, Vec<Job>> {
         // A panic while holding the lock leaves a valid Vec: keep using it.
-        self.queue
+        self.queues[kind as usize]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -244,14 +250,19 @@ impl Drop for Slot<'_> {
 pub(super) enum Route<'a> {
     /// A call slot is free (or the queue is full): make the call, holding the slot.
     Direct(Option<Slot<'a>>),
-    /// Queued: the answer (now, then the TATs read), when a call carried it.
+    /// Queued: the answer (now, then this request's share), when a call carried it.
     Queued(Result<Vec<Value>, BackendError>),
 }
 
 impl RedisBackend {
-    /// Routes a lean spend with the defaults (`make` builds its keys and arguments, only when
-    /// it queues).
-    pub(super) async fn coalesce<M>(&self, coalescer: &Coalescer, make: M) -> Route<'_>
+    /// Routes a spend with the defaults that can share a call as `kind` (`make` builds its keys
+    /// and the arguments of its call alone, only when it queues).
+    pub(super) async fn coalesce<M>(
+        &self,
+        coalescer: &Coalescer,
+        kind: Coalesced,
+        make: M,
+    ) -> Route<'_>
     where
         M: FnOnce() -> (Vec<Key>, Vec<Value>),
     {
@@ -263,7 +274,7 @@ impl RedisBackend {
         // Built before the lock is taken, which then only guards a push.
         let (keys, args) = make();
         {
-            let mut queue = coalescer.queue();
+            let mut queue = coalescer.queue(kind);
             if queue.len() >= QUEUE {
                 drop(queue);
                 coalescer.direct.fetch_add(1, Ordering::Relaxed);
@@ -290,56 +301,58 @@ impl RedisBackend {
         let Some(coalescer) = &self.inner.coalescer else {
             return;
         };
-        loop {
-            if coalescer.queue().is_empty() || !coalescer.enter() {
-                return;
+        for kind in KINDS {
+            loop {
+                if coalescer.queue(kind).is_empty() || !coalescer.enter() {
+                    break;
+                }
+                let jobs: Vec<Job> = {
+                    let mut queue = coalescer.queue(kind);
+                    let n = queue.len().min(coalescer.settings.max_batch);
+                    queue.drain(..n).collect()
+                };
+                if jobs.is_empty() {
+                    // Taken by another flush meanwhile: give the slot back and look again.
+                    coalescer.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    continue;
+                }
+                coalescer.calls.fetch_add(1, Ordering::Relaxed);
+                coalescer
+                    .requests
+                    .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+                let backend = self.clone();
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    // No runtime (being shut down): the queued requests' waits end with it.
+                    coalescer.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                };
+                runtime.spawn(async move {
+                    let slot = Slot::new(&backend);
+                    let answered = backend.run_jobs(kind, jobs).await;
+                    slot.ended(answered);
+                });
             }
-            let jobs: Vec<Job> = {
-                let mut queue = coalescer.queue();
-                let n = queue.len().min(coalescer.settings.max_batch);
-                queue.drain(..n).collect()
-            };
-            if jobs.is_empty() {
-                // Taken by another flush meanwhile: give the slot back and look again.
-                coalescer.in_flight.fetch_sub(1, Ordering::SeqCst);
-                continue;
-            }
-            coalescer.calls.fetch_add(1, Ordering::Relaxed);
-            coalescer
-                .requests
-                .fetch_add(jobs.len() as u64, Ordering::Relaxed);
-            let backend = self.clone();
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                // No runtime (being shut down): the queued requests' waits end with it.
-                coalescer.in_flight.fetch_sub(1, Ordering::SeqCst);
-                return;
-            };
-            runtime.spawn(async move {
-                let slot = Slot::new(&backend);
-                let answered = backend.run_jobs(jobs).await;
-                slot.ended(answered);
-            });
         }
     }
 
-    /// The `g` call of one queued request.
+    /// The call of one queued request alone (`g` or `c`).
     async fn alone(&self, job: &Job) -> Result<Value, BackendError> {
         self.eval(0, || (job.keys.clone(), job.args.clone())).await
     }
 
-    /// One call for `jobs` (the `g` call for one), its answer split among them; whether the
-    /// script answered. One request's
+    /// One call for `jobs` of `kind` (the call alone for one), its answer split among them;
+    /// whether the script answered. One request's
     /// failure is its own: a write the script could not make answers that request's error
     /// (the script goes on with the next), and a call the server refused for one request's
     /// keys (`NOPERM`: a user whose ACL does not cover every key) is sent again one request a
     /// call, so that only the refused ones fail (nothing ran: the server checks the keys before
     /// the script starts).
-    async fn run_jobs(&self, jobs: Vec<Job>) -> bool {
+    async fn run_jobs(&self, kind: Coalesced, jobs: Vec<Job>) -> bool {
         let result = if let [job] = &jobs[..] {
             self.alone(job).await
         } else {
             self.eval(0, || {
-                script::encode_coalesced(jobs.iter().map(|j| (&j.keys[..], &j.args[..])))
+                script::encode_coalesced(kind, jobs.iter().map(|j| (&j.keys[..], &j.args[..])))
             })
             .await
         };
@@ -380,11 +393,12 @@ impl RedisBackend {
         let now = items.first().cloned().unwrap_or(Value::Null);
         let mut read = items.into_iter().skip(1);
         for job in jobs {
-            let mut answer = Vec::with_capacity(1 + job.keys.len());
+            let len = kind.answer_len(job.keys.len());
+            let mut answer = Vec::with_capacity(1 + len);
             answer.push(now.clone());
-            answer.extend(read.by_ref().take(job.keys.len()));
-            // A write the script could not make for this request: its text in place of the
-            // TATs. A short answer is caught by the decoder (a count that does not match).
+            answer.extend(read.by_ref().take(len));
+            // A write the script could not make for this request: its text in place of its
+            // answer. A short answer is caught by the decoder (a count that does not match).
             let failed = answer[1..].iter().find_map(|v| match v {
                 Value::String(text) => Some(text.to_string()),
                 _ => None,

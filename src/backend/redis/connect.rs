@@ -201,8 +201,9 @@ impl RedisBackendBuilder {
     /// trips: while they stay near the shortest seen lately (a remote Redis, whose round trip
     /// is the network's, or a light load), no request queues. It applies to a single server
     /// or a pool, to spends whose keys are all GCRA and check-and-spend on the server's clock
-    /// (a request's usual batch); others, a cluster and [`caller_time`](Self::caller_time) call
-    /// as without it. `max_batch` bounds how long one call holds Redis's single thread, which
+    /// (a request's usual batch), and to a calendar quota's spends alone in their batch (in a
+    /// queue of their own: a call carries one kind); others, a cluster and
+    /// [`caller_time`](Self::caller_time) call as without it. `max_batch` bounds how long one call holds Redis's single thread, which
     /// every other user of that Redis waits behind: about 40,000 server instructions a request
     /// (`BENCHMARKS.md`), so 64 requests hold it about as long as 40 uncoalesced calls would,
     /// one after the other. `max_batch` 0 or 1 turns coalescing off.

@@ -56,7 +56,8 @@
 //! trips run well above the shortest seen lately), a request that finds 2 calls outstanding
 //! queues, and the next call to end sends the queue as one script call: each request is still
 //! its own all-or-nothing batch, decided and written in queue order as if sent alone, and
-//! Redis runs one script for many decisions. A request that finds a call free makes its own,
+//! Redis runs one script for many decisions (GCRA spends together, a calendar quota's spends
+//! alone in their batch together). A request that finds a call free makes its own,
 //! and no request queues while the round trips are the network's (a remote Redis), so
 //! coalescing costs nothing at low concurrency or far from Redis. A queued request waits at
 //! most for one call and never beyond the command timeout; if it times out, it may still be
@@ -153,7 +154,7 @@ struct Inner {
     cache: Option<DenyCache>,
     /// The circuit breaker of a single server or pool (a cluster has one per master).
     breaker: Arc<breaker::Breaker>,
-    /// The queue of lean spends waiting to share a call, when coalescing is on.
+    /// The queues of spends waiting to share a call, when coalescing is on.
     coalescer: Option<coalesce::Coalescer>,
     /// Prefetched tokens of hot keys, per key.
     pools: prefetch::Pools,
@@ -404,20 +405,15 @@ impl RedisBackend {
         };
         // A coalescing call slot, held until this call ends (then given back).
         let mut held = None;
+        let path = script::path(call, batch.iter());
         if let Some(coalescer) = &self.inner.coalescer
-            && script::is_lean(call, batch.iter())
-            && script::uses_defaults(call, batch.iter())
+            && let Some(kind) = script::coalescible(call, path, batch.iter())
         {
-            let make = || {
-                (
-                    self.keys(batch),
-                    script::encode(call, script::Path::Lean, batch.iter()),
-                )
-            };
-            match self.coalesce(coalescer, make).await {
+            let make = || (self.keys(batch), script::encode(call, path, batch.iter()));
+            match self.coalesce(coalescer, kind, make).await {
                 coalesce::Route::Direct(slot) => held = slot,
                 coalesce::Route::Queued(answer) => {
-                    let reply = script::decode_lean(answer?, batch.iter())?;
+                    let reply = script::decode(Value::Array(answer?), path, batch.iter(), call)?;
                     return Ok(self.after_spend(batch, reply, local_now));
                 }
             }

@@ -19,8 +19,8 @@
 --           fresh, every key check-and-spend; every other call has more), the records alone,
 --           from ARGV[1]. Called 'g' below. Each argument costs the server about 2,000
 --           instructions, so the most frequent call sends none it can do without. 'M'
---           (coalesced 'g' calls of several requests) has its own head, described at the lean
---           path below.
+--           (coalesced 'g' calls of several requests) and 'K' (coalesced 'c' calls) have
+--           their own heads, described at the lean and calendar paths below.
 -- ARGV[2]   now in microseconds, or -1 to read the server's clock (TIME).
 -- ARGV[3]   -1: expire keys when their state equals a fresh one, on the server's clock (PXAT);
 --           m >= 0: that long after now plus m milliseconds (PX), for caller time, which the
@@ -76,7 +76,7 @@ local LIMIT, SLACK = 4503599627370496, 60000000
 -- literal. Those the lean path reads are here; the rest follow it (each local costs every call
 -- that declares it about 50 server instructions).
 local OP_LEAN_DEFAULTS, OP_LEAN, OP_COALESCED = 'g', 'G', 'M'
-local OP_CALENDAR, OP_CALENDAR_DEFAULTS = 'C', 'c'
+local OP_CALENDAR, OP_CALENDAR_DEFAULTS, OP_CALENDAR_COALESCED = 'C', 'c', 'K'
 local MODE_CHECK_AND_SPEND, MODE_CHECK_ONLY, MODE_SPEND_ONLY = 0, 1, 2
 
 local n = #KEYS
@@ -84,7 +84,7 @@ local n = #KEYS
 local op, now, margin, want_raw = OP_LEAN_DEFAULTS, -1, -1, false
 if #ARGV ~= 2 * n then
   op = ARGV[1]
-  if op ~= OP_COALESCED and op ~= OP_CALENDAR_DEFAULTS then
+  if op ~= OP_COALESCED and op ~= OP_CALENDAR_DEFAULTS and op ~= OP_CALENDAR_COALESCED then
     now = tonumber(ARGV[2])
     margin = tonumber(ARGV[3])
     want_raw = ARGV[4] == '1'
@@ -205,62 +205,83 @@ end
 -- 'C' (one calendar key alone, checked and spent: every request of a configuration whose only
 -- rule is a calendar quota): the head, then count, the period in force on the caller's clock
 -- (start, end), the next end and the horizon, as in the calendar record of 'spend', then min,
--- and max only when it is not min; 'c' the same with the defaults ('g''s) and no head.
+-- and max only when it is not min; 'c' the same with the defaults ('g''s) and no head. 'K'
+-- (coalesced 'c' calls of several requests, each with min = max) has no head: ARGV[2] is the
+-- number of requests j, then each one's six fields (count, start, end, next end, horizon,
+-- cost), its key KEYS[i]; decided in order, each written before the next is read, as if
+-- they had been separate calls.
 -- src/algo/calendar.rs `read` and `decide` (the general path's `calendar`, calendar.lua)
 -- written out once more, for the reason given at the lean path;
 -- tests/redis_keys.rs (`the_scripts_calendar_path_decides_exactly_as_its_general_path`) holds
--- the two writings to each other. It answers now, the units that counted and the end of the
--- period it chose (the caller decides from them with the same rule, `decide_used`: a nested
--- reply cost 4,000 server instructions more).
-if op == OP_CALENDAR or op == OP_CALENDAR_DEFAULTS then
-  local a = 5
-  if op == OP_CALENDAR_DEFAULTS then a = 2 end
-  local count, e, min, max = ARGV[a] + 0, ARGV[a + 2] + 0, ARGV[a + 5] + 0, ARGV[a + 6]
-  if max then max = max + 0 else max = min end
-  if now < ARGV[a + 1] + 0 then
-    e = ARGV[a + 1] + 0
-  elseif now >= e then
-    e = ARGV[a + 3] + 0
+-- the two writings to each other. It answers now, then per request the units that counted and
+-- the end of the period it chose (the caller decides from them with the same rule,
+-- `decide_used`: a nested reply cost 4,000 server instructions more); a request whose write
+-- failed, coalesced: the error's text in place of both.
+if op == OP_CALENDAR or op == OP_CALENDAR_DEFAULTS or op == OP_CALENDAR_COALESCED then
+  local a, jobs, out = 5, 1, {now}
+  if op == OP_CALENDAR_DEFAULTS then
+    a = 2
+  elseif op == OP_CALENDAR_COALESCED then
+    a, jobs = 3, tonumber(ARGV[2])
   end
-  -- The units that count (a stored end past the period in force is cut to it and written
-  -- back; a value that is not "<end> <used>", or an end beyond the horizon, is foreign: the
-  -- period drained, written back).
-  local raw = redis.pcall('GET', KEYS[1])
-  local used, write = 0, false
-  if raw then
-    local se, su
-    if type(raw) == 'string' then se, su = string.match(raw, '^(%d+) (%d+)$') end
-    -- Digits: Lua's own coercion reads them (cheaper than `tonumber`, as for TIME above).
-    if se then se, su = se + 0, su + 0 end
-    if se and se < LIMIT and se <= now + ARGV[a + 4] then
-      -- Units past 2^52 (charges add up to any size) read as 2^52: above every count.
-      if su > LIMIT then su = LIMIT end
-      if se > e then
-        used, write = su, true
-      elseif now < se then
-        used = su
+  for j = 1, jobs do
+    local count, e, min = ARGV[a] + 0, ARGV[a + 2] + 0, ARGV[a + 5] + 0
+    local max = min
+    if jobs == 1 and ARGV[a + 6] then max = ARGV[a + 6] + 0 end
+    if now < ARGV[a + 1] + 0 then
+      e = ARGV[a + 1] + 0
+    elseif now >= e then
+      e = ARGV[a + 3] + 0
+    end
+    -- The units that count (a stored end past the period in force is cut to it and written
+    -- back; a value that is not "<end> <used>", or an end beyond the horizon, is foreign: the
+    -- period drained, written back).
+    local raw = redis.pcall('GET', KEYS[j])
+    local used, write = 0, false
+    if raw then
+      local se, su
+      if type(raw) == 'string' then se, su = string.match(raw, '^(%d+) (%d+)$') end
+      -- Digits: Lua's own coercion reads them (cheaper than `tonumber`, as for TIME above).
+      if se then se, su = se + 0, su + 0 end
+      if se and se < LIMIT and se <= now + ARGV[a + 4] then
+        -- Units past 2^52 (charges add up to any size) read as 2^52: above every count.
+        if su > LIMIT then su = LIMIT end
+        if se > e then
+          used, write = su, true
+        elseif now < se then
+          used = su
+        end
+      else
+        used, write = count, true
       end
-    else
-      used, write = count, true
     end
-  end
-  -- src/algo/calendar.rs `decide_used`: the most units that fit, at least min.
-  local left, counted = count - used, used
-  if left < 0 then left = 0 end
-  local granted = max
-  if left < max then granted = left end
-  if granted >= min and granted > 0 then used, write = used + granted, true end
-  if write then
-    if used > LIMIT then used = LIMIT end
-    local up = e + 999
-    if margin < 0 then
-      redis.call('SET', KEYS[1], string.format('%d %d', e, used), 'PXAT', (up - up % 1000) / 1000)
-    else
-      up = up - now
-      redis.call('SET', KEYS[1], string.format('%d %d', e, used), 'PX',
-        (up - up % 1000) / 1000 + margin)
+    -- src/algo/calendar.rs `decide_used`: the most units that fit, at least min.
+    local left, counted = count - used, used
+    if left < 0 then left = 0 end
+    local granted = max
+    if left < max then granted = left end
+    if granted >= min and granted > 0 then used, write = used + granted, true end
+    if write then
+      if used > LIMIT then used = LIMIT end
+      local up, r = e + 999, nil
+      if margin < 0 then
+        r = redis.pcall('SET', KEYS[j], string.format('%d %d', e, used), 'PXAT',
+          (up - up % 1000) / 1000)
+      else
+        up = up - now
+        r = redis.pcall('SET', KEYS[j], string.format('%d %d', e, used), 'PX',
+          (up - up % 1000) / 1000 + margin)
+      end
+      -- A write refused (out of memory): alone, the call's error; coalesced, this request's
+      -- answer is the error text, and the next goes on.
+      if r.err then
+        if jobs == 1 then return r end
+        counted, e = r.err, r.err
+      end
     end
+    out[2 * j], out[2 * j + 1] = counted, e
+    a = a + 6
   end
-  return {now, counted, e}
+  return out
 end
 

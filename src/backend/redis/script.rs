@@ -24,7 +24,10 @@
 //!
 //! `M` (coalesced `g` calls, see `coalesce.rs`): `M`, the number of requests, each one's key
 //! count, then every request's `g` arguments in order; it answers as `g` for all the keys, and
-//! each request takes its slice.
+//! each request takes its slice. `K` (coalesced `c` calls whose min is their max): `K`, the
+//! number of requests, then each one's six `c` fields (count, start, end, next end, horizon,
+//! cost), one key each; it answers now, then the units that counted and the period's end of
+//! each request in order.
 //!
 //! The answer to `g` and `G`: now, then each key's stored TAT before the call (flat); the decisions are
 //! computed here from them, with `gcra::check` and the batch rule, exactly as the script
@@ -74,6 +77,7 @@ const OP_LEAN: &str = "G";
 const OP_COALESCED: &str = "M";
 const OP_CALENDAR: &str = "C";
 const OP_CALENDAR_DEFAULTS: &str = "c";
+const OP_CALENDAR_COALESCED: &str = "K";
 const OP_SPEND: &str = "spend";
 const OP_REFUND: &str = "refund";
 const OP_RESTORE: &str = "restore";
@@ -100,6 +104,7 @@ const PROTOCOL: &[(&str, Code)] = &[
     ("OP_COALESCED", Code::Word(OP_COALESCED)),
     ("OP_CALENDAR", Code::Word(OP_CALENDAR)),
     ("OP_CALENDAR_DEFAULTS", Code::Word(OP_CALENDAR_DEFAULTS)),
+    ("OP_CALENDAR_COALESCED", Code::Word(OP_CALENDAR_COALESCED)),
     ("OP_SPEND", Code::Word(OP_SPEND)),
     ("OP_REFUND", Code::Word(OP_REFUND)),
     ("OP_RESTORE", Code::Word(OP_RESTORE)),
@@ -395,22 +400,71 @@ pub(super) fn uses_defaults<'a>(
         && txs.all(|tx| tx.mode == Mode::CheckAndSpend)
 }
 
-/// The keys and arguments of an `M` call (coalesced `g` calls): the number of requests, each
-/// one's key count, then every request's two arguments per key, in queue order. `requests`
-/// gives each request's keys and its `g` arguments.
+/// The calls the coalescer can join: `g` calls into an `M` call, `c` calls into a `K` call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Coalesced {
+    /// A lean spend with the defaults (`g`).
+    Lean,
+    /// One calendar key alone with the defaults, its min its max (`c`).
+    Calendar,
+}
+
+impl Coalesced {
+    /// The values a request's share of the joined answer holds: a TAT per key, or the units
+    /// that counted and the period's end.
+    pub(super) fn answer_len(self, keys: usize) -> usize {
+        match self {
+            Coalesced::Lean => keys,
+            Coalesced::Calendar => 2,
+        }
+    }
+}
+
+/// Whether a spend of `txs` on `path` can share a call with others' (coalescing), and as
+/// which: on the defaults (the server's clock, keys expiring when fresh, check-and-spend), a
+/// lean spend, or one calendar key whose least units are its cost.
+pub(super) fn coalescible<'a>(
+    call: Call,
+    path: Path,
+    mut txs: impl Iterator<Item = &'a BucketTx<'a>> + Clone,
+) -> Option<Coalesced> {
+    if !uses_defaults(call, txs.clone()) {
+        return None;
+    }
+    match path {
+        Path::Lean => Some(Coalesced::Lean),
+        Path::Calendar if txs.all(|tx| tx.min_cost == tx.cost) => Some(Coalesced::Calendar),
+        _ => None,
+    }
+}
+
+/// The keys and arguments of an `M` call (coalesced `g` calls: the number of requests, each
+/// one's key count, then every request's two arguments per key) or a `K` call (coalesced `c`
+/// calls: the number of requests, then each one's fields after `c`), in queue order.
+/// `requests` gives each request's keys and the arguments of its call alone.
 pub(super) fn encode_coalesced<'r>(
+    kind: Coalesced,
     requests: impl Iterator<Item = (&'r [Key], &'r [Value])> + Clone,
 ) -> (Vec<Key>, Vec<Value>) {
-    let (count, n) = requests
-        .clone()
-        .fold((0, 0), |(c, n), (keys, _)| (c + 1, n + keys.len()));
+    let (count, n, fields) = requests.clone().fold((0, 0, 0), |(c, n, f), (keys, args)| {
+        (c + 1, n + keys.len(), f + args.len())
+    });
     let mut keys = Vec::with_capacity(n);
-    let mut args = Vec::with_capacity(2 + count + 2 * n);
-    args.push(word(OP_COALESCED));
-    args.push(int(count as u64));
-    args.extend(requests.clone().map(|(k, _)| int(k.len() as u64)));
+    let mut args = Vec::with_capacity(2 + count + fields);
+    match kind {
+        Coalesced::Lean => {
+            args.extend([word(OP_COALESCED), int(count as u64)]);
+            args.extend(requests.clone().map(|(k, _)| int(k.len() as u64)));
+        }
+        Coalesced::Calendar => args.extend([word(OP_CALENDAR_COALESCED), int(count as u64)]),
+    }
     for (k, a) in requests {
         keys.extend_from_slice(k);
+        // A `c` call's fields follow its op.
+        let a = match kind {
+            Coalesced::Lean => a,
+            Coalesced::Calendar => a.get(1..).unwrap_or_default(),
+        };
         args.extend_from_slice(a);
     }
     (keys, args)
