@@ -24,20 +24,36 @@ free_port() {
   done
 }
 
-# redis_under_callgrind OUT: a redis-server (no persistence) under callgrind on a free port,
-# its dumps written to OUT (`%p` is its pid). Sets PORT and SERVER (the pid) and returns when
-# the server answers; exits after a minute without an answer.
+# redis_under_callgrind OUT [cluster]: a redis-server (no persistence) under callgrind on a
+# free port, its dumps written to OUT (`%p` is its pid); with `cluster`, a Redis Cluster of that
+# one master, holding every slot (each master of a larger cluster runs the same code per
+# command). Sets PORT, SERVER (the pid) and URL, and returns when the server answers (the
+# cluster: when its state is ok); exits after a minute without an answer.
 redis_under_callgrind() {
   PORT=$(free_port)
+  local extra=() _
+  if [ "${2:-}" = cluster ]; then
+    extra=(--cluster-enabled yes --cluster-config-file "$(dirname "$1")/nodes.$PORT.conf")
+  fi
   valgrind --tool=callgrind --callgrind-out-file="$1" \
-    redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 &
+    redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no "${extra[@]}" \
+    >/dev/null 2>&1 &
   SERVER=$!
-  local _
+  URL="redis://127.0.0.1:$PORT"
   for _ in $(seq 1 600); do
-    redis-cli -p "$PORT" ping >/dev/null 2>&1 && return 0
+    redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
     sleep 0.1
   done
-  echo "redis-server under callgrind did not answer on port $PORT within a minute"
+  redis-cli -p "$PORT" ping >/dev/null 2>&1 ||
+    { echo "redis-server under callgrind did not answer on port $PORT within a minute"; exit 1; }
+  [ "${2:-}" = cluster ] || return 0
+  URL="redis-cluster://127.0.0.1:$PORT"
+  redis-cli -p "$PORT" cluster addslotsrange 0 16383 >/dev/null
+  for _ in $(seq 1 600); do
+    redis-cli -p "$PORT" cluster info 2>/dev/null | grep -q cluster_state:ok && return 0
+    sleep 0.1
+  done
+  echo "the one-master cluster on port $PORT was not ok within a minute"
   exit 1
 }
 

@@ -7,7 +7,7 @@
 //!
 //! Variants: `baseline_evalsha` (a `return 1` script), `ours_1_rule` (the default settings:
 //! coalescing while Redis is busy), `ours_1_rule_uncoalesced` (`coalesce(0)`),
-//! `ours_1_rule_hot_key` (every decision on one key), `ours_1_rule_hot_key_prefetch` (the same
+//! `ours_1_rule_hot_key` (every decision on one key; `ours_1_rule_hot_key_uncoalesced` with `coalesce(0)`), `ours_1_rule_hot_key_prefetch` (the same
 //! under a limit with `prefetch: 50`), `ours_3_rules` (and `ours_3_rules_uncoalesced`), `tower_rate_limit_fred` (the peer's GCRA
 //! script over the same fred client), `ours_1_rule_coalesced` (`coalesce(64)` with
 //! `coalesce_in_flight(2)`: always queueing behind 2 calls, as coalescing was before it

@@ -4,6 +4,8 @@
 # alone, networking and command parsing included) and the client's (the driver under callgrind,
 # `trl_measured` only). Needs valgrind and redis-server (installed when missing, as root).
 #   bash benches/redis_instructions.sh [OPS] [CONCURRENCY] [VARIANT...]
+# CLUSTER=1: the server is a Redis Cluster of one master holding every slot (what each master
+# of a cluster runs per command: the slot checks and routing included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/common.sh
@@ -20,16 +22,16 @@ DIR=$(mktemp -d)
 SERVER=""
 cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; if [ -n "${TRL_KEEP:-}" ]; then echo "dumps kept in $DIR"; else rm -rf "$DIR"; fi; true; }
 trap cleanup EXIT
-echo "Instructions per decision on Redis (callgrind; $OPS decisions at concurrency $C, 1,000 keys, all allowed)"
+echo "Instructions per decision on Redis${CLUSTER:+ Cluster (one master)} (callgrind; $OPS decisions at concurrency $C, 1,000 keys, all allowed)"
 echo
 echo "| variant | server instructions | client instructions |"
 echo "|---|---:|---:|"
 for v in "${VARIANTS[@]}"; do
-  redis_under_callgrind "$DIR/server.$v.%p"
+  redis_under_callgrind "$DIR/server.$v.%p" "$([ -n "${CLUSTER:-}" ] && echo cluster)"
   READY="$DIR/ready.$v"
   : > "$READY"
   TRL_READY_FILE="$READY" valgrind --tool=callgrind --toggle-collect=trl_measured \
-    --callgrind-out-file="$DIR/client.$v" "$BIN" --url "redis://127.0.0.1:$PORT" \
+    --callgrind-out-file="$DIR/client.$v" "$BIN" --url "$URL" \
     --variant "$v" --ops "$OPS" --concurrency "$C" >"$DIR/client.$v.log" 2>&1 &
   CLIENT=$!
   # The client says when its warm-up is over; if it fails before (a bad variant, no Redis),

@@ -44,6 +44,18 @@ async fn spend_all(
     futures_util::future::join_all(batches.iter().map(|b| limiter.spend(b))).await
 }
 
+/// What the allowed answers left, sorted.
+fn left(answers: Vec<Result<BatchDecision, LimiterError>>) -> Vec<u64> {
+    let mut left: Vec<u64> = answers
+        .into_iter()
+        .map(Result::unwrap)
+        .filter(|d| d.allowed())
+        .map(|d| d.decisions()[0].remaining())
+        .collect();
+    left.sort_unstable();
+    left
+}
+
 fn monthly(limiter: &Limiter, id: &str) -> Transaction {
     Transaction::new(limiter.key("Month", Id::new(id).unwrap()).unwrap())
 }
@@ -193,16 +205,6 @@ async fn coalesced_calendar_spends_decide_as_if_sent_one_by_one() {
         spend_all(&l, &gcra)
     );
     let after = backend.coalesce_stats().unwrap();
-    let left = |answers: Vec<Result<BatchDecision, LimiterError>>| {
-        let mut left: Vec<u64> = answers
-            .into_iter()
-            .map(Result::unwrap)
-            .filter(|d| d.allowed())
-            .map(|d| d.decisions()[0].remaining())
-            .collect();
-        left.sort_unstable();
-        left
-    };
     assert_eq!(left(same), (0..10).collect::<Vec<u64>>());
     assert_eq!(left(threes), [1, 4, 7]);
     assert_eq!(left(apart), [9; 20]);
@@ -230,6 +232,89 @@ async fn coalesced_calendar_spends_decide_as_if_sent_one_by_one() {
     assert_eq!(
         one_by_one(&redis.url, monthly, 30).await,
         (0..10).collect::<Vec<u64>>()
+    );
+}
+
+/// The cluster's hash slot of a limit's key for `id`.
+fn hash_slot(backend: &RedisBackend, limiter: &Limiter, name: &str, id: &str) -> u16 {
+    let key = limiter.key(name, Id::new(id).unwrap()).unwrap();
+    fred::util::redis_keyslot(backend.redis_key(&key).as_bytes())
+}
+
+/// On a cluster a call carries one hash slot's keys. Hot keys on each of the three masters
+/// (20 GCRA spends and 20 calendar spends each, all at once): each key's requests share calls
+/// sent to its own master, and decide as if sent one by one (10 admitted of each, remaining 9
+/// down to 0). Requests for 30 keys of 30 slots at once never queue behind each other: each
+/// makes its own call, as without coalescing.
+#[tokio::test]
+async fn on_a_cluster_requests_share_calls_per_hash_slot() {
+    let redis = TestRedis::cluster();
+    let (l, backend) = coalescing_limiter(
+        &redis.url,
+        &unique_prefix("coalesce-cluster"),
+        Duration::from_secs(5),
+    )
+    .await;
+    // One hot id per master (`redis-cli --cluster create` gives each a third of the slots).
+    let hot: Vec<String> = [0..5461, 5461..10923, 10923..16384]
+        .into_iter()
+        .map(|slots| {
+            (0..)
+                .map(|i| format!("hot{i}"))
+                .find(|id| {
+                    slots.contains(&hash_slot(&backend, &l, "Slow", id))
+                        && slots.contains(&hash_slot(&backend, &l, "Month", id))
+                })
+                .unwrap()
+        })
+        .collect();
+    let before = backend.coalesce_stats().unwrap();
+    let batches: Vec<Vec<[Transaction; 1]>> = hot
+        .iter()
+        .flat_map(|id| {
+            [
+                (0..20).map(|_| [slow(&l, id)]).collect(),
+                (0..20).map(|_| [monthly(&l, id)]).collect(),
+            ]
+        })
+        .collect();
+    let answers = futures_util::future::join_all(batches.iter().map(|b| spend_all(&l, b))).await;
+    let after = backend.coalesce_stats().unwrap();
+    for (i, answers) in answers.into_iter().enumerate() {
+        assert_eq!(
+            left(answers),
+            (0..10).collect::<Vec<u64>>(),
+            "hot key {}",
+            i / 2
+        );
+    }
+    let (calls, requests, direct) = (
+        after.calls - before.calls,
+        after.requests - before.requests,
+        after.direct - before.direct,
+    );
+    assert_eq!((direct, requests), (6, 114), "{before:?} -> {after:?}");
+    assert!(calls <= 12, "{calls} calls for {requests} requests");
+
+    // Keys of 30 slots: 30 calls of their own, none queued.
+    let mut slots = std::collections::HashSet::new();
+    let apart: Vec<[Transaction; 1]> = (0..)
+        .map(|i| format!("apart{i}"))
+        .filter(|id| slots.insert(hash_slot(&backend, &l, "Slow", id)))
+        .take(30)
+        .map(|id| [slow(&l, &id)])
+        .collect();
+    let before = backend.coalesce_stats().unwrap();
+    for d in spend_all(&l, &apart).await {
+        assert_eq!(d.unwrap().decisions()[0].remaining(), 9);
+    }
+    let after = backend.coalesce_stats().unwrap();
+    assert_eq!(
+        (
+            after.direct - before.direct,
+            after.requests - before.requests
+        ),
+        (30, 0)
     );
 }
 

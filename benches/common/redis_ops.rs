@@ -24,7 +24,7 @@ Pooled: {kind: account, concurrency: {adaptive: {min: 10, initial: 50, max: 100,
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 17] = [
+pub const VARIANTS: [&str; 18] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_1_rule_uncoalesced",
@@ -33,6 +33,7 @@ pub const VARIANTS: [&str; 17] = [
     "tower_rate_limit_fred",
     "ours_1_rule_coalesced",
     "ours_1_rule_hot_key",
+    "ours_1_rule_hot_key_uncoalesced",
     "ours_1_rule_coalesced_hot_key",
     "tower_rate_limit_fred_hot_key",
     "ours_1_rule_hot_key_prefetch",
@@ -116,6 +117,7 @@ impl RedisOps {
             "ours_1_rule" => spends(&self.limiter, "A", id).await,
             // One key for every decision: a hot key (a tenant behind many instances).
             "ours_1_rule_hot_key" => spends(&self.limiter, "A", 0).await,
+            "ours_1_rule_hot_key_uncoalesced" => spends(&self.uncoalesced, "A", 0).await,
             // The hot key through the coalescing backend.
             "ours_1_rule_coalesced_hot_key" => spends(&self.coalesced, "A", 0).await,
             // The same hot key under a limit with `prefetch: 50`.

@@ -21,7 +21,7 @@
 //! `RELIEVED` times the shortest. An explicit `in_flight` is a fixed limit.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fred::prelude::{Key, Value};
@@ -33,6 +33,9 @@ use crate::backend::BackendError;
 
 /// Requests the queue holds at most; beyond, a request makes its own call.
 const QUEUE: usize = 4096;
+
+/// A cluster's hash slots.
+const HASH_SLOTS: usize = 16_384;
 
 /// The settings: how many requests one call carries at most, how many calls may be in flight
 /// before requests queue, and whether that holds always or only while the round trips say
@@ -146,6 +149,8 @@ pub struct CoalesceStats {
 
 /// One queued request's spend: its keys and the arguments of its call alone (`g` or `c`).
 struct Job {
+    /// The cluster's hash slot of its keys (0 on a single server): a call carries one slot's.
+    hash_slot: u16,
     keys: Vec<Key>,
     args: Vec<Value>,
     /// now, then this request's share of the answer (the TATs read, or the units that counted
@@ -156,26 +161,32 @@ struct Job {
 /// The queues, one per kind of call (calls of one kind join into one).
 const KINDS: [Coalesced; 2] = [Coalesced::Lean, Coalesced::Calendar];
 
-/// The queue and the count of calls in flight, held by the backend.
+/// The queues and the count of calls in flight, held by the backend: on a single server one
+/// count, on a cluster one per hash slot (a script call carries the keys of one slot, so
+/// requests queue only behind calls that could carry them: those of their own slot).
 pub(super) struct Coalescer {
     settings: Settings,
     timeout: Duration,
-    in_flight: AtomicUsize,
+    in_flight: Box<[AtomicU32]>,
     adapt: Option<Adapt>,
     queues: [Mutex<Vec<Job>>; KINDS.len()],
+    /// Requests in the queues (a call that ends looks at them only when some are).
+    queued: AtomicUsize,
     calls: AtomicU64,
     requests: AtomicU64,
     direct: AtomicU64,
 }
 
 impl Coalescer {
-    pub(super) fn new(settings: Settings, timeout: Duration) -> Self {
+    pub(super) fn new(settings: Settings, timeout: Duration, clustered: bool) -> Self {
+        let lanes = if clustered { HASH_SLOTS } else { 1 };
         Coalescer {
             settings,
             timeout,
-            in_flight: AtomicUsize::new(0),
+            in_flight: (0..lanes).map(|_| AtomicU32::new(0)).collect(),
             adapt: settings.adaptive.then(Adapt::new),
             queues: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
+            queued: AtomicUsize::new(0),
             calls: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             direct: AtomicU64::new(0),
@@ -190,18 +201,28 @@ impl Coalescer {
         }
     }
 
-    /// Takes a call slot if one is free (always, while the adaptive limit reads Redis as not
-    /// busy).
-    fn enter(&self) -> bool {
+    /// The count of calls in flight for keys of `hash_slot`.
+    fn lane(&self, hash_slot: u16) -> &AtomicU32 {
+        &self.in_flight[usize::from(hash_slot) % self.in_flight.len()]
+    }
+
+    /// Takes a call slot for keys of `hash_slot` if one is free (always, while the adaptive
+    /// limit reads Redis as not busy).
+    fn enter(&self, hash_slot: u16) -> bool {
         let limit = match &self.adapt {
-            Some(adapt) if !adapt.busy.load(Ordering::Relaxed) => usize::MAX,
-            _ => self.settings.in_flight,
+            Some(adapt) if !adapt.busy.load(Ordering::Relaxed) => u32::MAX,
+            _ => u32::try_from(self.settings.in_flight).unwrap_or(u32::MAX),
         };
-        if self.in_flight.fetch_add(1, Ordering::SeqCst) < limit {
+        let lane = self.lane(hash_slot);
+        if lane.fetch_add(1, Ordering::SeqCst) < limit {
             return true;
         }
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        lane.fetch_sub(1, Ordering::SeqCst);
         false
+    }
+
+    fn leave(&self, hash_slot: u16) {
+        self.lane(hash_slot).fetch_sub(1, Ordering::SeqCst);
     }
 
     fn queue(&self, kind: Coalesced) -> std::sync::MutexGuard<'_, Vec<Job>> {
@@ -216,13 +237,15 @@ impl Coalescer {
 /// back sends what queued meanwhile. [`Slot::ended`] times the call's round trip.
 pub(super) struct Slot<'a> {
     backend: &'a RedisBackend,
+    hash_slot: u16,
     started: std::time::Instant,
 }
 
 impl<'a> Slot<'a> {
-    fn new(backend: &'a RedisBackend) -> Self {
+    fn new(backend: &'a RedisBackend, hash_slot: u16) -> Self {
         Slot {
             backend,
+            hash_slot,
             started: std::time::Instant::now(),
         }
     }
@@ -240,8 +263,8 @@ impl<'a> Slot<'a> {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         if let Some(c) = &self.backend.inner.coalescer {
-            c.in_flight.fetch_sub(1, Ordering::SeqCst);
-            self.backend.flush();
+            c.leave(self.hash_slot);
+            self.backend.flush(self.hash_slot);
         }
     }
 }
@@ -255,20 +278,21 @@ pub(super) enum Route<'a> {
 }
 
 impl RedisBackend {
-    /// Routes a spend with the defaults that can share a call as `kind` (`make` builds its keys
-    /// and the arguments of its call alone, only when it queues).
+    /// Routes a spend with the defaults that can share a call as `kind`, its keys in
+    /// `hash_slot` (`make` builds its keys and the arguments of its call alone, only when it
+    /// queues).
     pub(super) async fn coalesce<M>(
         &self,
         coalescer: &Coalescer,
-        kind: Coalesced,
+        (kind, hash_slot): (Coalesced, u16),
         make: M,
     ) -> Route<'_>
     where
         M: FnOnce() -> (Vec<Key>, Vec<Value>),
     {
-        if coalescer.enter() {
+        if coalescer.enter(hash_slot) {
             coalescer.direct.fetch_add(1, Ordering::Relaxed);
-            return Route::Direct(Some(Slot::new(self)));
+            return Route::Direct(Some(Slot::new(self, hash_slot)));
         }
         let (reply, answer) = oneshot::channel();
         // Built before the lock is taken, which then only guards a push.
@@ -280,11 +304,17 @@ impl RedisBackend {
                 coalescer.direct.fetch_add(1, Ordering::Relaxed);
                 return Route::Direct(None);
             }
-            queue.push(Job { keys, args, reply });
+            queue.push(Job {
+                hash_slot,
+                keys,
+                args,
+                reply,
+            });
+            coalescer.queued.fetch_add(1, Ordering::SeqCst);
         }
         // A call may have ended between the check and the push: send the queue if a slot is
         // free now.
-        self.flush();
+        self.flush(hash_slot);
         Route::Queued(
             match tokio::time::timeout(coalescer.timeout, answer).await {
                 Ok(Ok(answer)) => answer,
@@ -296,24 +326,36 @@ impl RedisBackend {
         )
     }
 
-    /// Sends what is queued, one call per free slot, each from a spawned task.
-    fn flush(&self) {
+    /// Sends what is queued for keys of `hash_slot`, one call per free call slot, each from a
+    /// spawned task.
+    fn flush(&self, hash_slot: u16) {
         let Some(coalescer) = &self.inner.coalescer else {
             return;
         };
+        if coalescer.queued.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         for kind in KINDS {
             loop {
-                if coalescer.queue(kind).is_empty() || !coalescer.enter() {
+                let mine = |j: &Job| j.hash_slot == hash_slot;
+                if !coalescer.queue(kind).iter().any(mine) || !coalescer.enter(hash_slot) {
                     break;
                 }
                 let jobs: Vec<Job> = {
                     let mut queue = coalescer.queue(kind);
-                    let n = queue.len().min(coalescer.settings.max_batch);
-                    queue.drain(..n).collect()
+                    let mut room = coalescer.settings.max_batch;
+                    queue
+                        .extract_if(.., |j| {
+                            let take = room > 0 && mine(j);
+                            room -= usize::from(take);
+                            take
+                        })
+                        .collect()
                 };
+                coalescer.queued.fetch_sub(jobs.len(), Ordering::SeqCst);
                 if jobs.is_empty() {
                     // Taken by another flush meanwhile: give the slot back and look again.
-                    coalescer.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    coalescer.leave(hash_slot);
                     continue;
                 }
                 coalescer.calls.fetch_add(1, Ordering::Relaxed);
@@ -323,12 +365,12 @@ impl RedisBackend {
                 let backend = self.clone();
                 let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                     // No runtime (being shut down): the queued requests' waits end with it.
-                    coalescer.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    coalescer.leave(hash_slot);
                     return;
                 };
                 runtime.spawn(async move {
-                    let slot = Slot::new(&backend);
-                    let answered = backend.run_jobs(kind, jobs).await;
+                    let slot = Slot::new(&backend, hash_slot);
+                    let answered = backend.run_jobs(kind, hash_slot, jobs).await;
                     slot.ended(answered);
                 });
             }
@@ -337,7 +379,8 @@ impl RedisBackend {
 
     /// The call of one queued request alone (`g` or `c`).
     async fn alone(&self, job: &Job) -> Result<Value, BackendError> {
-        self.eval(0, || (job.keys.clone(), job.args.clone())).await
+        self.eval(job.hash_slot, || (job.keys.clone(), job.args.clone()))
+            .await
     }
 
     /// One call for `jobs` of `kind` (the call alone for one), its answer split among them;
@@ -347,11 +390,11 @@ impl RedisBackend {
     /// keys (`NOPERM`: a user whose ACL does not cover every key) is sent again one request a
     /// call, so that only the refused ones fail (nothing ran: the server checks the keys before
     /// the script starts).
-    async fn run_jobs(&self, kind: Coalesced, jobs: Vec<Job>) -> bool {
+    async fn run_jobs(&self, kind: Coalesced, hash_slot: u16, jobs: Vec<Job>) -> bool {
         let result = if let [job] = &jobs[..] {
             self.alone(job).await
         } else {
-            self.eval(0, || {
+            self.eval(hash_slot, || {
                 script::encode_coalesced(kind, jobs.iter().map(|j| (&j.keys[..], &j.args[..])))
             })
             .await

@@ -202,8 +202,11 @@ impl RedisBackendBuilder {
     /// is the network's, or a light load), no request queues. It applies to a single server
     /// or a pool, to spends whose keys are all GCRA and check-and-spend on the server's clock
     /// (a request's usual batch), and to a calendar quota's spends alone in their batch (in a
-    /// queue of their own: a call carries one kind); others, a cluster and
-    /// [`caller_time`](Self::caller_time) call as without it. `max_batch` bounds how long one call holds Redis's single thread, which
+    /// queue of their own: a call carries one kind); others and
+    /// [`caller_time`](Self::caller_time) call as without it. On a cluster it applies to a
+    /// request with one rule, per hash slot: a call carries one slot's keys, so a request
+    /// queues only behind calls of its own slot (the requests of a hot key share calls; keys
+    /// spread over the slots rarely meet). `max_batch` bounds how long one call holds Redis's single thread, which
     /// every other user of that Redis waits behind: about 40,000 server instructions a request
     /// (`BENCHMARKS.md`), so 64 requests hold it about as long as 40 uncoalesced calls would,
     /// one after the other. `max_batch` 0 or 1 turns coalescing off.
@@ -519,7 +522,6 @@ impl RedisBackendBuilder {
         };
         #[cfg(test)]
         let local = self.skewed.clone().unwrap_or(local);
-        let coalesce = self.coalesce.filter(|_| !clustered);
         let follow = !self.read_only;
         let backend = RedisBackend {
             inner: Arc::new(Inner {
@@ -536,7 +538,9 @@ impl RedisBackendBuilder {
                     .deny_cache
                     .then(|| DenyCache::new(self.deny_cache_capacity)),
                 breaker: Arc::new(breaker::Breaker::new(self.breaker, at)),
-                coalescer: coalesce.map(|c| super::coalesce::Coalescer::new(c, timeout)),
+                coalescer: self
+                    .coalesce
+                    .map(|c| super::coalesce::Coalescer::new(c, timeout, clustered)),
                 pools: super::prefetch::Pools::new(),
                 prefetch: self.prefetch,
                 regional: self.regional.map(|(region, global)| {

@@ -57,7 +57,9 @@
 //! queues, and the next call to end sends the queue as one script call: each request is still
 //! its own all-or-nothing batch, decided and written in queue order as if sent alone, and
 //! Redis runs one script for many decisions (GCRA spends together, a calendar quota's spends
-//! alone in their batch together). A request that finds a call free makes its own,
+//! alone in their batch together). On a cluster a call carries the keys of one hash slot: a
+//! request with one rule queues only behind calls of its own slot, so the requests of one hot
+//! key share calls, and keys spread over the slots call as without coalescing. A request that finds a call free makes its own,
 //! and no request queues while the round trips are the network's (a remote Redis), so
 //! coalescing costs nothing at low concurrency or far from Redis. A queued request waits at
 //! most for one call and never beyond the command timeout; if it times out, it may still be
@@ -287,8 +289,7 @@ impl RedisBackend {
         &self.inner.sha
     }
 
-    /// What coalescing did so far ([`RedisBackendBuilder::coalesce`]); `None` when it is off
-    /// (or the backend is clustered, where it does not apply).
+    /// What coalescing did so far ([`RedisBackendBuilder::coalesce`]); `None` when it is off.
     pub fn coalesce_stats(&self) -> Option<CoalesceStats> {
         self.inner
             .coalescer
@@ -410,7 +411,7 @@ impl RedisBackend {
             && let Some(kind) = script::coalescible(call, path, batch.iter())
         {
             let make = || (self.keys(batch), script::encode(call, path, batch.iter()));
-            match self.coalesce(coalescer, kind, make).await {
+            match self.coalesce(coalescer, (kind, slot), make).await {
                 coalesce::Route::Direct(slot) => held = slot,
                 coalesce::Route::Queued(answer) => {
                     let reply = script::decode(Value::Array(answer?), path, batch.iter(), call)?;
