@@ -7,5 +7,6 @@ pub mod calendar;
 pub mod concurrency;
 pub mod fair_share;
 pub mod gcra;
+pub(crate) mod penalty;
 pub(crate) mod regions;
 pub mod tiers;

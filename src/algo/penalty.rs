@@ -1,0 +1,265 @@
+//! Penalty ladders: a key that gathers `after` counted units within a sliding `within` window is
+//! banned, and each ban lasts longer than the one before: the n-th
+//! `min(base * factor^(n-1), max)` microseconds, plus an optional jitter, while the ladder's
+//! level falls one step for each quiet `forget_after` after a ban ends. The contract is
+//! `docs/penalties.md`; this file is its whole rule, on integers, for every store (the script
+//! will mirror it function for function).
+//!
+//! Wired into the limits in the next step of issue 81: until then only its tests use it.
+#![cfg_attr(not(test), allow(dead_code))]
+
+use std::collections::VecDeque;
+
+/// The most units a ladder may count before a ban (`after`): the state keeps one entry per
+/// counted event of the window, at most this many.
+pub const MAX_AFTER: u64 = 1_000;
+
+/// The longest ban (`max`), in microseconds: 100 days. Below it, a ban times a factor of at most
+/// [`MAX_FACTOR`] stays below 2^53, so the script's doubles compute every step exactly.
+pub const MAX_BAN_US: u64 = 100 * 86_400 * 1_000_000;
+
+/// The largest factor between two bans in a row.
+pub const MAX_FACTOR: u64 = 1_000;
+
+/// The longest window and quiet time (`within`, `forget_after`): 100 days, as a ban.
+pub const MAX_WINDOW_US: u64 = MAX_BAN_US;
+
+/// Why a ladder was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PenaltyError {
+    /// `after` is 0 or above [`MAX_AFTER`].
+    #[error("`after` must be 1 to {MAX_AFTER} counted units, not {0}")]
+    After(u64),
+    /// `within` or `forget_after` is 0 or above [`MAX_WINDOW_US`].
+    #[error("`{0}` must be above 0 and at most 100 days")]
+    Window(&'static str),
+    /// `base` is 0, or `max` is below `base` or above [`MAX_BAN_US`].
+    #[error("a ban lasts from `base` (above 0) to `max` (at least `base`, at most 100 days)")]
+    Length,
+    /// `factor` is 0 or above [`MAX_FACTOR`].
+    #[error("`factor` must be 1 to {MAX_FACTOR}, not {0}")]
+    Factor(u64),
+    /// `jitter` is above 1,000 per mille.
+    #[error("`jitter` must be 0 to 100% (0 to 1,000 per mille), not {0} per mille")]
+    Jitter(u64),
+}
+
+/// A ladder: when a key is banned and for how long. All times in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ladder {
+    after: u64,
+    within_us: u64,
+    base_us: u64,
+    factor: u64,
+    max_us: u64,
+    forget_after_us: u64,
+    jitter_permille: u64,
+}
+
+impl Ladder {
+    /// A ladder banning a key that gathers `after` counted units within `within_us`, the first
+    /// ban `base_us` long, each next one `factor` times the one before, never above `max_us`;
+    /// no jitter, and a level that falls one step each `within_us` of quiet after a ban (set
+    /// another with [`forget_after`](Self::forget_after)).
+    pub fn new(
+        after: u64,
+        within_us: u64,
+        base_us: u64,
+        factor: u64,
+        max_us: u64,
+    ) -> Result<Self, PenaltyError> {
+        if after == 0 || after > MAX_AFTER {
+            return Err(PenaltyError::After(after));
+        }
+        check_window("within", within_us)?;
+        if base_us == 0 || max_us < base_us || max_us > MAX_BAN_US {
+            return Err(PenaltyError::Length);
+        }
+        if factor == 0 || factor > MAX_FACTOR {
+            return Err(PenaltyError::Factor(factor));
+        }
+        Ok(Ladder {
+            after,
+            within_us,
+            base_us,
+            factor,
+            max_us,
+            forget_after_us: within_us,
+            jitter_permille: 0,
+        })
+    }
+
+    /// The quiet time after a ban's end that lowers the level one step (then each further one).
+    pub fn forget_after(mut self, us: u64) -> Result<Self, PenaltyError> {
+        check_window("forget_after", us)?;
+        self.forget_after_us = us;
+        Ok(self)
+    }
+
+    /// A jitter of up to `permille` thousandths of each ban added to it (never beyond `max`),
+    /// the same on every store for the same key, level and start ([`jitter`]).
+    pub fn jitter(mut self, permille: u64) -> Result<Self, PenaltyError> {
+        if permille > 1_000 {
+            return Err(PenaltyError::Jitter(permille));
+        }
+        self.jitter_permille = permille;
+        Ok(self)
+    }
+
+    /// The length of the n-th ban (`level` n, from 1) without jitter:
+    /// `min(base * factor^(n-1), max)`, exact (each step a whole multiple: nothing rounds).
+    pub fn ban_us(&self, level: u32) -> u64 {
+        let mut ban = self.base_us;
+        for _ in 1..level {
+            if ban >= self.max_us || self.factor == 1 {
+                break;
+            }
+            ban = ban.saturating_mul(self.factor);
+        }
+        ban.min(self.max_us)
+    }
+
+    /// The level at `now` of a key whose level was `level` at `since` (the end of its last ban
+    /// or its last step down): one step lower for each whole `forget_after` between, and the
+    /// time the next step counts from.
+    pub fn decayed(&self, level: u32, since: u64, now: u64) -> (u32, u64) {
+        if level == 0 || now <= since {
+            return (level, since);
+        }
+        let steps = (now - since) / self.forget_after_us;
+        let down = u32::try_from(steps).unwrap_or(u32::MAX).min(level);
+        (level - down, since + u64::from(down) * self.forget_after_us)
+    }
+}
+
+fn check_window(field: &'static str, us: u64) -> Result<(), PenaltyError> {
+    if us == 0 || us > MAX_WINDOW_US {
+        return Err(PenaltyError::Window(field));
+    }
+    Ok(())
+}
+
+/// The jitter of a ban of `ban_us` at `level` starting at `start`, for the key whose canonical
+/// bytes are `key`: up to `permille` thousandths of the ban, from a hash every store computes
+/// alike (a polynomial over the bytes, then the level and the start, modulo 2^31 - 1: every
+/// step below 2^53, so the script's doubles compute it exactly).
+pub fn jitter(key: &[u8], level: u32, start: u64, ban_us: u64, permille: u64) -> u64 {
+    let span = ban_us / 1_000 * permille + ban_us % 1_000 * permille / 1_000;
+    if span == 0 {
+        return 0;
+    }
+    const P: u64 = (1 << 31) - 1;
+    let mix = |h: u64, byte: u64| (h * 131 + byte) % P;
+    let mut h = key.iter().fold(7, |h, &b| mix(h, u64::from(b)));
+    h = mix(h, u64::from(level) % P);
+    // The start's decimal digits, as the script reads a number's text.
+    let mut digits = itoa::Buffer::new();
+    h = digits
+        .format(start)
+        .bytes()
+        .fold(h, |h, b| mix(h, u64::from(b)));
+    h % (span + 1)
+}
+
+/// A key's penalty state: its level (bans so far, less the steps it has fallen), the time its
+/// next step down counts from, the end of its ban (0: none), and its counted units of the
+/// window, oldest first (at most `after` entries: a ban clears them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PenaltyState {
+    /// Bans so far, less the steps the level has fallen.
+    pub level: u32,
+    /// When the level's next step down counts from (the end of the last ban, or its last step).
+    pub since: u64,
+    /// The end of the ban in force (0: none).
+    pub banned_until: u64,
+    /// The window's counted units: (time, units), oldest first.
+    pub events: VecDeque<(u64, u64)>,
+}
+
+/// What a key's request meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Not banned.
+    Free,
+    /// Banned until this time.
+    Banned {
+        /// The ban's end.
+        until: u64,
+        /// The level of the ban.
+        level: u32,
+    },
+}
+
+/// What counting units did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tally {
+    /// Counted; the window holds this many units now (below `after`).
+    Counted(u64),
+    /// These units made `after`: the key is banned from now until `until`, at `level`.
+    Banned {
+        /// The ban's end.
+        until: u64,
+        /// The ban's level.
+        level: u32,
+    },
+    /// The key was banned already: nothing counted.
+    Ignored,
+}
+
+impl PenaltyState {
+    /// The key's standing at `now`, its level decayed first (a read: it may be written back).
+    pub fn standing(&mut self, ladder: &Ladder, now: u64) -> Standing {
+        if now < self.banned_until {
+            return Standing::Banned {
+                until: self.banned_until,
+                level: self.level,
+            };
+        }
+        (self.level, self.since) = ladder.decayed(self.level, self.since, now);
+        Standing::Free
+    }
+
+    /// Counts `units` (a counted outcome's weight; 0 counts nothing) at `now` for the key whose
+    /// canonical bytes are `key`: the window's units older than `within` dropped, these added,
+    /// and when they reach `after`, a ban (the level one up, the window cleared).
+    pub fn count(&mut self, ladder: &Ladder, key: &[u8], units: u64, now: u64) -> Tally {
+        if let Standing::Banned { .. } = self.standing(ladder, now) {
+            return Tally::Ignored;
+        }
+        // The window is (now - within, now]: an older unit no longer counts.
+        if let Some(start) = now.checked_sub(ladder.within_us) {
+            while self.events.front().is_some_and(|&(t, _)| t <= start) {
+                self.events.pop_front();
+            }
+        }
+        let units = units.min(ladder.after);
+        if units == 0 {
+            return Tally::Counted(self.units());
+        }
+        let total = self.units() + units;
+        if total < ladder.after {
+            self.events.push_back((now, units));
+            return Tally::Counted(total);
+        }
+        self.level = self.level.saturating_add(1);
+        let ban = ladder.ban_us(self.level);
+        let ban =
+            (ban + jitter(key, self.level, now, ban, ladder.jitter_permille)).min(ladder.max_us);
+        self.banned_until = now.saturating_add(ban);
+        self.since = self.banned_until;
+        self.events.clear();
+        Tally::Banned {
+            until: self.banned_until,
+            level: self.level,
+        }
+    }
+
+    /// The window's counted units.
+    pub fn units(&self) -> u64 {
+        self.events.iter().map(|&(_, u)| u).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests;

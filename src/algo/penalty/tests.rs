@@ -1,0 +1,311 @@
+//! The penalty rule's unit tests: the ladder's lengths against the closed form, hostile
+//! settings, the sliding window against a naive model, the level's decay and the jitter.
+
+use super::*;
+
+const S: u64 = 1_000_000;
+const DAY: u64 = 86_400 * S;
+
+fn ladder(after: u64, within: u64) -> Ladder {
+    Ladder::new(after, within, 60 * S, 5, DAY).unwrap()
+}
+
+#[test]
+fn the_nth_ban_lasts_base_times_factor_to_the_n_minus_1_up_to_max() {
+    for (base, factor, max) in [
+        (60 * S, 5, DAY),
+        (1, 1, 1),
+        (1, 1_000, MAX_BAN_US),
+        (7, 3, MAX_BAN_US),
+        (S, 2, 3 * S + 1),
+        (MAX_BAN_US, 1_000, MAX_BAN_US),
+    ] {
+        let l = Ladder::new(1, S, base, factor, max).unwrap();
+        for n in 1..200u32 {
+            let closed = u128::from(base)
+                .saturating_mul(u128::from(factor).saturating_pow(n - 1))
+                .min(u128::from(max));
+            assert_eq!(
+                u128::from(l.ban_us(n)),
+                closed,
+                "{base} {factor} {max} n={n}"
+            );
+        }
+    }
+    let l = ladder(5, 600 * S);
+    let minutes: Vec<u64> = (1..=5).map(|n| l.ban_us(n) / (60 * S)).collect();
+    assert_eq!(minutes, [1, 5, 25, 125, 625]);
+    assert_eq!(l.ban_us(6), DAY);
+    assert_eq!(l.ban_us(u32::MAX), DAY);
+}
+
+#[test]
+fn hostile_settings_are_refused_with_their_reason() {
+    assert_eq!(Ladder::new(0, S, S, 2, S), Err(PenaltyError::After(0)));
+    assert_eq!(
+        Ladder::new(MAX_AFTER + 1, S, S, 2, S),
+        Err(PenaltyError::After(MAX_AFTER + 1))
+    );
+    assert_eq!(
+        Ladder::new(1, 0, S, 2, S),
+        Err(PenaltyError::Window("within"))
+    );
+    assert_eq!(
+        Ladder::new(1, MAX_WINDOW_US + 1, S, 2, S),
+        Err(PenaltyError::Window("within"))
+    );
+    assert_eq!(Ladder::new(1, S, 0, 2, S), Err(PenaltyError::Length));
+    assert_eq!(Ladder::new(1, S, 2 * S, 2, S), Err(PenaltyError::Length));
+    assert_eq!(
+        Ladder::new(1, S, S, 2, MAX_BAN_US + 1),
+        Err(PenaltyError::Length)
+    );
+    assert_eq!(Ladder::new(1, S, S, 0, S), Err(PenaltyError::Factor(0)));
+    assert_eq!(
+        Ladder::new(1, S, S, 1_001, S),
+        Err(PenaltyError::Factor(1_001))
+    );
+    let l = ladder(1, S);
+    assert_eq!(l.forget_after(0), Err(PenaltyError::Window("forget_after")));
+    assert_eq!(l.jitter(1_001), Err(PenaltyError::Jitter(1_001)));
+    // Every accepted ban times the factor stays below 2^53 (the script's doubles).
+    assert!(u128::from(MAX_BAN_US) * u128::from(MAX_FACTOR) < 1 << 53);
+}
+
+#[test]
+fn the_unit_that_makes_after_within_the_window_bans_and_clears_it() {
+    let l = ladder(3, 10 * S);
+    let mut s = PenaltyState::default();
+    assert_eq!(s.count(&l, b"k", 1, 0), Tally::Counted(1));
+    assert_eq!(s.count(&l, b"k", 1, S), Tally::Counted(2));
+    assert_eq!(
+        s.count(&l, b"k", 1, 2 * S),
+        Tally::Banned {
+            until: 62 * S,
+            level: 1
+        }
+    );
+    assert!(s.events.is_empty());
+    // Banned: nothing counts, nothing changes.
+    let before = s.clone();
+    assert_eq!(s.count(&l, b"k", 5, 61 * S), Tally::Ignored);
+    assert_eq!(s, before);
+    assert_eq!(
+        s.standing(&l, 62 * S - 1),
+        Standing::Banned {
+            until: 62 * S,
+            level: 1
+        }
+    );
+    assert_eq!(s.standing(&l, 62 * S), Standing::Free);
+    // The second ban, five times the first.
+    for t in [63, 64] {
+        s.count(&l, b"k", 1, t * S);
+    }
+    assert_eq!(
+        s.count(&l, b"k", 1, 65 * S),
+        Tally::Banned {
+            until: 65 * S + 300 * S,
+            level: 2
+        }
+    );
+}
+
+#[test]
+fn a_unit_counts_for_exactly_within_after_it() {
+    let l = ladder(2, 10 * S);
+    let mut s = PenaltyState::default();
+    assert_eq!(s.count(&l, b"k", 1, 5 * S), Tally::Counted(1));
+    // 10 s later the first unit has left the window (it is (now - within, now]).
+    assert_eq!(s.count(&l, b"k", 1, 15 * S), Tally::Counted(1));
+    assert!(matches!(
+        s.count(&l, b"k", 1, 25 * S - 1),
+        Tally::Banned { .. }
+    ));
+    // Early times (below `within`) keep every unit.
+    let mut s = PenaltyState::default();
+    assert_eq!(s.count(&l, b"k", 1, 0), Tally::Counted(1));
+    assert!(matches!(s.count(&l, b"k", 1, S), Tally::Banned { .. }));
+}
+
+#[test]
+fn weights_of_zero_count_nothing_and_weights_past_after_ban_at_once() {
+    let l = ladder(10, 10 * S);
+    let mut s = PenaltyState::default();
+    assert_eq!(s.count(&l, b"k", 0, 0), Tally::Counted(0));
+    assert!(s.events.is_empty());
+    assert_eq!(s.count(&l, b"k", 3, 1), Tally::Counted(3));
+    assert!(matches!(
+        s.count(&l, b"k", 1 << 40, 2),
+        Tally::Banned { level: 1, .. }
+    ));
+}
+
+#[test]
+fn the_level_falls_one_step_for_each_quiet_forget_after_after_a_ban() {
+    let l = Ladder::new(1, S, S, 2, DAY)
+        .unwrap()
+        .forget_after(100 * S)
+        .unwrap();
+    let mut s = PenaltyState::default();
+    let mut now = 0;
+    for level in 1..=3 {
+        assert_eq!(
+            s.count(&l, b"k", 1, now),
+            Tally::Banned {
+                until: now + (1 << (level - 1)) * S,
+                level
+            }
+        );
+        now = s.banned_until;
+    }
+    let end = s.banned_until;
+    let level_at = |t: u64| {
+        let mut s = s.clone();
+        s.standing(&l, t);
+        s.level
+    };
+    assert_eq!(level_at(end + 100 * S - 1), 3);
+    assert_eq!(level_at(end + 100 * S), 2);
+    assert_eq!(level_at(end + 250 * S), 1);
+    assert_eq!(level_at(end + 300 * S), 0);
+    assert_eq!(level_at(end + 10_000 * S), 0);
+    // After a step down, the next ban is one level above what is left: 2 s, not 8 s.
+    let mut s2 = s.clone();
+    let t = end + 250 * S;
+    assert_eq!(
+        s2.count(&l, b"k", 1, t),
+        Tally::Banned {
+            until: t + 2 * S,
+            level: 2
+        }
+    );
+    // A quiet stretch spread over several reads falls as far as one read of its end.
+    let mut s3 = s.clone();
+    for t in (end..=end + 300 * S).step_by(7 * S as usize) {
+        s3.standing(&l, t);
+    }
+    s3.standing(&l, end + 300 * S);
+    assert_eq!(s3.level, 0);
+}
+
+#[test]
+fn jitter_is_the_same_for_the_same_key_level_and_start_and_stays_in_its_span() {
+    let l = ladder(1, S).jitter(250).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..200u64 {
+        let key = format!("Login:user{i}");
+        let mut s = PenaltyState::default();
+        let Tally::Banned { until, level } = s.count(&l, key.as_bytes(), 1, 1_000 + i) else {
+            panic!("banned")
+        };
+        let ban = until - (1_000 + i);
+        assert!((60 * S..=75 * S).contains(&ban), "{ban}");
+        assert_eq!(
+            ban - 60 * S,
+            jitter(key.as_bytes(), level, 1_000 + i, 60 * S, 250)
+        );
+        seen.insert(ban);
+    }
+    assert!(seen.len() > 150, "jitter spreads the bans: {}", seen.len());
+    // Never beyond max; none without a span.
+    let capped = Ladder::new(1, S, DAY, 2, DAY)
+        .unwrap()
+        .jitter(1_000)
+        .unwrap();
+    let mut s = PenaltyState::default();
+    assert_eq!(
+        s.count(&capped, b"k", 1, 0),
+        Tally::Banned {
+            until: DAY,
+            level: 1
+        }
+    );
+    assert_eq!(jitter(b"k", 1, 5, 999, 1), 0);
+    assert_eq!(jitter(b"k", 1, 5, 1_000, 0), 0);
+}
+
+/// A naive model: every counted unit kept with its time, the window summed from scratch.
+#[derive(Default)]
+struct Naive {
+    units: Vec<(u64, u64)>,
+    banned_until: u64,
+}
+
+#[test]
+fn the_window_decides_as_a_naive_model_and_never_lets_after_units_through() {
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    for case in 0..300 {
+        let after = 1 + next(6);
+        let within = 1 + next(20);
+        let l = Ladder::new(after, within, 1 + next(30), 1 + next(3), 200)
+            .unwrap()
+            .forget_after(1 + next(50))
+            .unwrap();
+        let (mut s, mut m, mut now) = (PenaltyState::default(), Naive::default(), 0u64);
+        // The counted events (time, units), per stretch between two bans (a ban clears the
+        // window); a stretch that ended in a ban ends with the event that made it.
+        let mut stretches: Vec<Vec<(u64, u64)>> = vec![Vec::new()];
+        for _ in 0..200 {
+            now += next(4);
+            let units = next(3);
+            let got = s.count(&l, b"k", units, now);
+            // The model: banned, or the window's units (time in (now - within, now]) plus these.
+            let expect = if now < m.banned_until {
+                Tally::Ignored
+            } else {
+                let units = units.min(after);
+                let held: u64 = m
+                    .units
+                    .iter()
+                    .filter(|&&(t, _)| t + within > now)
+                    .map(|&(_, u)| u)
+                    .sum();
+                if units == 0 {
+                    Tally::Counted(held)
+                } else if held + units < after {
+                    m.units.push((now, units));
+                    stretches.last_mut().unwrap().push((now, units));
+                    Tally::Counted(held + units)
+                } else {
+                    m.banned_until = s.banned_until;
+                    m.units.clear();
+                    stretches.last_mut().unwrap().push((now, units));
+                    stretches.push(Vec::new());
+                    Tally::Banned {
+                        until: s.banned_until,
+                        level: s.level,
+                    }
+                }
+            };
+            assert_eq!(got, expect, "case {case} at {now}");
+        }
+        // Before each ban no window of `within` held `after` units: only the event that made
+        // the ban brought its window to `after` (or past it, by its own weight).
+        let banned = stretches.len() - 1;
+        for (i, through) in stretches.iter().enumerate() {
+            let before_ban = if i < banned {
+                &through[..through.len() - 1]
+            } else {
+                &through[..]
+            };
+            for &(t, _) in before_ban {
+                let inside: u64 = before_ban
+                    .iter()
+                    .filter(|&&(u, _)| u >= t && u < t + within)
+                    .map(|&(_, n)| n)
+                    .sum();
+                assert!(
+                    inside < after,
+                    "case {case}: {inside} units from {t}: {through:?}"
+                );
+            }
+        }
+    }
+}
