@@ -215,8 +215,8 @@ pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 #[cfg_attr(docsrs, doc(cfg(feature = "yaml")))]
 pub use layer::LoggedCost;
 pub use layer::{
-    ClientIp, Denial, ErrorBody, FailurePolicy, FieldStyle, ForwardedHeader, Header, Ipv6Range48,
-    KeyError, KeyExtractor, LayerError, OnMissingKey, RateLimitBody, RateLimitLayer,
+    ClientIp, CountWhen, Denial, ErrorBody, FailurePolicy, FieldStyle, ForwardedHeader, Header,
+    Ipv6Range48, KeyError, KeyExtractor, LayerError, OnMissingKey, RateLimitBody, RateLimitLayer,
     RateLimitLayerBuilder, RateLimitService, ResponseBody, ResponseFuture, Rule, Settle,
     SettleError, Wait, key_fn,
 };

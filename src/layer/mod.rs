@@ -30,6 +30,7 @@
 
 mod body;
 mod charge;
+mod count_when;
 mod extract;
 mod failure;
 mod future;
@@ -46,6 +47,7 @@ mod settle;
 mod wait;
 
 pub use body::{RateLimitBody, ResponseBody};
+pub use count_when::CountWhen;
 pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyExtractor, key_fn};
 pub use failure::FailurePolicy;
 pub use future::ResponseFuture;

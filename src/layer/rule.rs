@@ -230,6 +230,34 @@ impl Rule {
         self
     }
 
+    /// Count a request only when its response shows one of `outcomes`' cases, by that case's
+    /// weight ("10 failed logins an hour per account"). The request reserves the largest
+    /// weight it could count when it is decided: a key without room for it is refused before
+    /// the service runs, and a thousand attempts in parallel cannot all pass a limit of ten.
+    /// Its response head settles what it counts (the rest of the reservation is given back,
+    /// before the response is handed on). A request that ends without a response (its client
+    /// gone, the service failed, a timeout) keeps the whole reservation: hanging up does not
+    /// escape counting. This sets the rule's cost and its [`settle`](Self::settle); a later
+    /// `cost`, `cost_fn` or `settle` replaces them. Bad cases (a header name or value that
+    /// is not one, a weight above 2^40, nothing that weighs more than 0) are refused when the
+    /// layer is built ([`LayerError::Settle`](super::LayerError::Settle)).
+    ///
+    /// ```
+    /// use tower_ratelimits::{CountWhen, Header, Rule};
+    /// let failed_logins = Rule::new("FailedLoginsPerAccount", Header::new("x-account"))
+    ///     .count_when(CountWhen::new().status(401, 1));
+    /// ```
+    pub fn count_when(mut self, outcomes: super::count_when::CountWhen) -> Self {
+        self.cost = Some(outcomes.most());
+        self.cost_fn = None;
+        self.settle = Some(
+            outcomes
+                .into_settle()
+                .unwrap_or_else(super::settle::Settle::invalid),
+        );
+        self
+    }
+
     /// Wait instead of reject: a request this rule would deny, whose `retry_after` is within
     /// the bound, waits that long (holding nothing) and is decided again; beyond the bound, or
     /// when too many already wait, it is refused as before. Every rule that denies a request

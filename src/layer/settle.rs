@@ -102,6 +102,17 @@ pub enum SettleError {
     /// A settle on a rule whose mode spends nothing (there is nothing to settle).
     #[error("a {0:?} rule spends nothing to settle")]
     SpendsNothing(crate::mode::Mode),
+    /// [`CountWhen::header_equals`](crate::CountWhen::header_equals) of a value that is not a
+    /// header value.
+    #[error("{0:?} is not a header value")]
+    NotAHeaderValue(String),
+    /// A [`CountWhen`](crate::CountWhen) case weighing more than 2^40.
+    #[error("a weight of {0} is above 2^40")]
+    Weight(u64),
+    /// A [`CountWhen`](crate::CountWhen) whose every case weighs 0, or that has none: it would
+    /// count nothing.
+    #[error("count_when counts nothing: no case weighs more than 0")]
+    NothingCounts,
 }
 
 fn header_name(name: &str) -> Result<HeaderName, SettleError> {
@@ -179,6 +190,13 @@ impl Settle {
     pub fn trailer(name: &str) -> Self {
         Self {
             source: header_name(name).map_or_else(Source::Invalid, Source::Trailer),
+        }
+    }
+
+    /// A settle refused when the layer is built, with `reason`.
+    pub(crate) fn invalid(reason: SettleError) -> Self {
+        Self {
+            source: Source::Invalid(reason),
         }
     }
 
@@ -263,7 +281,7 @@ impl Adjust {
 /// The most units one response may report and be counted (2^40, a trillion): a report beyond
 /// it is absurd, counted apart (`outcome="absurd"`), so that no counter of units wraps (one
 /// such report made the forgiven units read 18446744073709551415).
-const MOST_UNITS_REPORTED: u64 = 1 << 40;
+pub(crate) const MOST_UNITS_REPORTED: u64 = 1 << 40;
 
 /// One bucket a request was charged on, waiting for its true cost.
 pub(crate) struct Reserved {
