@@ -245,3 +245,29 @@ async fn bad_cases_refuse_the_layer() {
         }
     }
 }
+
+/// A rules file's `count_when` builds the same rule as `Rule::count_when`: a wrong second
+/// factor counts 3, a wrong password 1, a success nothing.
+#[tokio::test]
+async fn a_rules_file_counts_outcomes_as_the_builder_does() {
+    let fixture = Fixture::new(Store::Memory);
+    let limiter = limiter(&fixture, Store::Memory).await;
+    let rules = tower_ratelimits::RuleSet::from_yaml_str(
+        "- limit: FailedSecondFactors\n  key: header:x-account\n  count_when:\n    \
+         - {header: x-login-failure, equals: mfa, weight: 3}\n    - {status: 401}\n",
+    )
+    .unwrap();
+    let server = serve(login(Arc::default()).layer(rules.layer(limiter.clone()).unwrap())).await;
+    let client = HttpClient::new(&server);
+    for (password, status, left) in [("right", 200, 6), ("mfa", 401, 3), ("wrong", 401, 2)] {
+        let reply = client
+            .get("/login", &[("x-account", "kim"), ("x-password", password)])
+            .await;
+        assert_eq!(reply.status, status, "{password}");
+        assert_eq!(
+            remaining(&limiter, "FailedSecondFactors", "kim").await,
+            left,
+            "{password}"
+        );
+    }
+}

@@ -27,7 +27,7 @@ pub(crate) use stored::{StoredSet, check_override};
 #[cfg(feature = "yaml")]
 pub use yaml::RuleSet;
 #[cfg(feature = "yaml")]
-pub(crate) use yaml::{RuleCost, RuleKey, RuleMissing};
+pub(crate) use yaml::{RuleCost, RuleKey, RuleMissing, RuleOutcome};
 
 /// What the configuration says of one name.
 #[derive(Debug, Clone)]

@@ -99,6 +99,19 @@ impl CountWhen {
         self.case(matcher, weight)
     }
 
+    /// [`header`](Self::header) of a name already checked (a rules file's).
+    #[cfg(feature = "yaml")]
+    pub(crate) fn header_named(self, name: HeaderName, weight: u64) -> Self {
+        self.case(Ok(Matcher::Header(name)), weight)
+    }
+
+    /// [`header_equals`](Self::header_equals) of a name and a value already checked (a rules
+    /// file's).
+    #[cfg(feature = "yaml")]
+    pub(crate) fn header_value(self, name: HeaderName, value: HeaderValue, weight: u64) -> Self {
+        self.case(Ok(Matcher::HeaderEquals(name, value)), weight)
+    }
+
     /// Responses whose head `f` accepts count `weight`.
     pub fn response(self, f: impl Fn(&Parts) -> bool + Send + Sync + 'static, weight: u64) -> Self {
         self.case(Ok(Matcher::Head(Arc::new(f))), weight)

@@ -1,11 +1,25 @@
 //! A layer built from a rules file ([`RuleSet`], read in `config/yaml/rules.rs`).
 
+use super::count_when::CountWhen;
 use super::extract::{ClientIp, Header, Ipv6Range48};
 use super::rate_limit_layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
 use super::rule::OnMissingKey;
 use super::rule::Rule;
-use crate::config::{RuleCost, RuleKey, RuleMissing, RuleSet};
+use crate::config::{RuleCost, RuleKey, RuleMissing, RuleOutcome, RuleSet};
 use crate::limiter::Limiter;
+
+/// The [`CountWhen`] of a rule's `count_when` cases.
+fn count_when_of(cases: &[(RuleOutcome, u64)]) -> CountWhen {
+    cases
+        .iter()
+        .fold(CountWhen::new(), |cw, (outcome, weight)| match outcome {
+            RuleOutcome::Status(low, high) => cw.status_range(*low..=*high, *weight),
+            RuleOutcome::Header(name, None) => cw.header_named(name.clone(), *weight),
+            RuleOutcome::Header(name, Some(value)) => {
+                cw.header_value(name.clone(), value.clone(), *weight)
+            }
+        })
+}
 
 /// A request's cost as a log recorded it: what a rule with `cost: logged` in a [`RuleSet`]
 /// charges (1 when a request has none). The replay (`Replay`, feature `replay`) sets it from
@@ -54,6 +68,11 @@ impl RuleSet {
                 Some(RuleMissing::Reject(code)) => rule.on_missing_key(OnMissingKey::Reject(
                     http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_REQUEST),
                 )),
+            };
+            let rule = if entry.count_when.is_empty() {
+                rule
+            } else {
+                rule.count_when(count_when_of(&entry.count_when))
             };
             let mut rule = rule;
             rule.defined_at = Some(format!("{}:{}", self.source, entry.line).into());

@@ -7,9 +7,11 @@
 use std::path::Path;
 
 mod node;
+mod outcomes;
 mod rules;
 mod shapes;
 
+pub(crate) use outcomes::RuleOutcome;
 pub use rules::RuleSet;
 pub(crate) use rules::{RuleCost, RuleKey, RuleMissing};
 

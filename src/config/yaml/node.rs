@@ -90,6 +90,16 @@ pub(super) fn err_at(kind: ConfigErrorKind, line: u64) -> ConfigError {
     ConfigError::new(kind).at_line(line)
 }
 
+/// A field given twice in a rules file's map.
+pub(super) fn duplicate(field: &str, at: &Node) -> ConfigError {
+    err_at(ConfigErrorKind::DuplicateField(field.to_owned()), at.line)
+}
+
+/// A rules file's value that is not what its field takes.
+pub(super) fn invalid(message: String, at: &Node) -> ConfigError {
+    err_at(ConfigErrorKind::InvalidRule(message), at.line)
+}
+
 /// The most anchors (`&name`) a limits file may define.
 pub(crate) const MAX_ANCHORS: usize = 256;
 /// The most aliases (`*name`) a limits file may use.

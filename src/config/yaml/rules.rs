@@ -5,7 +5,8 @@ use std::path::Path;
 
 use ipnet::IpNet;
 
-use super::node::{Node, Value, as_str, err_at, parse, positive, wrong_shape};
+use super::node::{Node, Value, as_str, duplicate, err_at, invalid, parse, positive, wrong_shape};
+use super::outcomes::{RuleOutcome, count_when_of};
 use super::read;
 use crate::config::{ConfigError, ConfigErrorKind, check_name};
 
@@ -50,6 +51,9 @@ pub(crate) struct RuleEntry {
     pub(crate) cost: RuleCost,
     /// `None`: the layer's default (reject with 400).
     pub(crate) on_missing_key: Option<RuleMissing>,
+    /// `count_when`: the outcome cases that count a request, in order, with their weights
+    /// (empty: every request counts its cost).
+    pub(crate) count_when: Vec<(RuleOutcome, u64)>,
     /// Its line in the file, for a layer's errors about it.
     pub(crate) line: u64,
 }
@@ -81,7 +85,9 @@ pub(crate) struct RuleEntry {
 /// request's [`LoggedCost`](crate::LoggedCost): a replayed log line's `cost`, 1 when it has
 /// none); without it, the limit's default cost. `on_missing_key` is `skip` (the rule does not
 /// apply to a request without its key), `reject` (the default: a 400) or a status from 400 to
-/// 599.
+/// 599. `count_when` counts a request only when its response matches one of its cases
+/// ([`Rule::count_when`](crate::Rule::count_when)): `{status: 401}`, `{status: 500-599,
+/// weight: 0}`, `{header: x-login-failure, equals: mfa, weight: 3}` (weight 1 by default).
 ///
 /// ```
 /// use tower_ratelimits::RuleSet;
@@ -106,6 +112,7 @@ const RULE_FIELDS: &[&str] = &[
     "path_prefix",
     "cost",
     "on_missing_key",
+    "count_when",
 ];
 
 impl RuleSet {
@@ -201,14 +208,6 @@ fn load(text: &str) -> Result<RuleSet, ConfigError> {
     Ok(set)
 }
 
-fn duplicate(field: &str, at: &Node) -> ConfigError {
-    err_at(ConfigErrorKind::DuplicateField(field.to_owned()), at.line)
-}
-
-fn invalid(message: String, at: &Node) -> ConfigError {
-    err_at(ConfigErrorKind::InvalidRule(message), at.line)
-}
-
 fn networks(node: &Node) -> Result<Vec<IpNet>, ConfigError> {
     let Value::Seq(items) = &node.value else {
         return Err(wrong_shape(
@@ -233,7 +232,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
         return Err(wrong_shape("a rule (a map with `limit` and `key`)", node));
     };
     let (mut limit, mut key, mut methods, mut prefix, mut cost) = (None, None, None, None, None);
-    let mut on_missing = None;
+    let (mut on_missing, mut count_when) = (None, None);
     for (k, v) in fields {
         let field = as_str(k, "a field name")?;
         let slot = match field {
@@ -243,6 +242,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
             "path_prefix" => &mut prefix,
             "cost" => &mut cost,
             "on_missing_key" => &mut on_missing,
+            "count_when" => &mut count_when,
             other => {
                 return Err(err_at(
                     ConfigErrorKind::unknown_field(other, RULE_FIELDS),
@@ -269,6 +269,13 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
         },
     };
     let on_missing_key = on_missing.map(on_missing_of).transpose()?;
+    if let (Some(count_when), RuleCost::Fixed(_) | RuleCost::Logged) = (count_when, cost) {
+        return Err(invalid(
+            "count_when sets the rule's cost (its largest weight): leave `cost` out".into(),
+            count_when,
+        ));
+    }
+    let count_when = count_when.map_or(Ok(Vec::new()), count_when_of)?;
     Ok(RuleEntry {
         limit: limit.to_owned(),
         key,
@@ -276,6 +283,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
         path_prefix,
         cost,
         on_missing_key,
+        count_when,
         line: node.line,
     })
 }
@@ -387,6 +395,34 @@ mod tests {
     }
 
     #[test]
+    fn count_when_reads_its_cases_in_order_with_their_weights() {
+        let set = RuleSet::from_yaml_str(
+            "- limit: FailedLogins\n  key: header:x-account\n  count_when:\n    \
+             - {header: x-login-failure, equals: mfa, weight: 3}\n    \
+             - {status: 401}\n    - {status: 500-599, weight: 0}\n    - {header: x-failed}\n",
+        )
+        .unwrap();
+        let header = |name: &str| http::HeaderName::from_bytes(name.as_bytes()).unwrap();
+        assert_eq!(
+            set.rules[0].count_when,
+            [
+                (
+                    RuleOutcome::Header(
+                        header("x-login-failure"),
+                        Some(http::HeaderValue::from_static("mfa"))
+                    ),
+                    3
+                ),
+                (RuleOutcome::Status(401, 401), 1),
+                (RuleOutcome::Status(500, 599), 0),
+                (RuleOutcome::Header(header("x-failed"), None), 1),
+            ]
+        );
+        let plain = RuleSet::from_yaml_str("- {limit: A, key: client_ip}\n").unwrap();
+        assert!(plain.rules[0].count_when.is_empty());
+    }
+
+    #[test]
     fn a_bad_rules_file_is_refused_with_its_line() {
         for (text, says, line) in [
             ("- {limit: A, key: cookie}\n", "use client_ip", 1),
@@ -419,6 +455,46 @@ mod tests {
                 "- {limit: A, key: client_ip}\n- {limit: A, key: client_ip}\n",
                 "one rule per limit",
                 2,
+            ),
+            (
+                "- limit: A\n  key: client_ip\n  count_when:\n    - {status: 401}\n    - {status: 600}\n",
+                "a code from 100 to 599",
+                5,
+            ),
+            (
+                "- {limit: A, key: client_ip, count_when: [{status: 599-500}]}\n",
+                "a range of them",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, count_when: [{status: 401, weight: 0}]}\n",
+                "counts nothing",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, count_when: [{status: 401, weight: 1099511627777}]}\n",
+                "from 0 to 2^40",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, count_when: [{status: 401, header: x-a}]}\n",
+                "a case is a `status`",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, count_when: [{header: x-a, equals: \"a\\nb\"}]}\n",
+                "not a header value",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, count_when: [{latency: 1s}]}\n",
+                "unknown field",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, cost: 2, count_when: [{status: 401}]}\n",
+                "leave `cost` out",
+                1,
             ),
             ("- {key: client_ip}\n", "missing field \"limit\"", 1),
             ("rules: []\nexempt: [nope]\n", "not a network", 2),
