@@ -697,6 +697,32 @@ fn a_settling_rule_settles_to_the_logged_cost() {
     }
 }
 
+#[test]
+fn an_outcome_rule_counts_the_logged_failures_only() {
+    // Three failed logins an hour per address: the successes in between count nothing, the
+    // fourth failure's line is refused (it reserves its weight before its logged outcome), and
+    // so is every later line of that address, success or not, while another address passes.
+    let rules = "- limit: FailedLogins\n  key: client_ip\n  count_when: [{status: 401}]\n";
+    let l = "FailedLogins: {kind: ip, burst: 3, count: 3, period: 1h}\n";
+    let status = |s: &str, ip: &str, code: u16| line(s, ip, &format!(",\"status\":{code}"));
+    let log = [
+        status("00", "192.0.2.1", 200),
+        status("01", "192.0.2.1", 401),
+        status("02", "192.0.2.1", 200),
+        status("03", "192.0.2.1", 401),
+        status("04", "192.0.2.1", 401),
+        status("05", "192.0.2.1", 200),
+        status("06", "192.0.2.1", 401),
+        status("07", "192.0.2.2", 401),
+    ]
+    .concat();
+    let plan = replay(rules, l, l, log);
+    assert_eq!(
+        (plan.requests, plan.current.allowed, plan.current.denied),
+        (8, 6, 2)
+    );
+}
+
 /// A snapshot holding what no deployment wrote (times far ahead of its instant, more leases
 /// than the limit, an instant before or after every line) starts a replay that decides every
 /// line as a store would read such values: foreign ones as the script reads them, never a
