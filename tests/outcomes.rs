@@ -21,6 +21,7 @@ use tower_ratelimits::{
 const LIMITS: &str = "\
 FailedLogins: {burst: 3, count: 3, period: 1h}
 FailedSecondFactors: {burst: 6, count: 6, period: 1h}
+InFlight: {concurrency: 2}
 ";
 
 /// A login: `x-password: right` is 200, `mfa` a 401 naming the second factor, anything else
@@ -217,6 +218,27 @@ async fn a_client_that_hangs_up_is_counted() {
     // The request future is gone: its connection closes, and the server drops the handler.
     dropped_rx.await.unwrap();
     assert_eq!(remaining(&limiter, "FailedLogins", "mal").await, 2);
+}
+
+/// A limit of slots in flight gives its slot back when the request ends: an outcome rule (or
+/// any settle) on it would never count, so the layer refuses it.
+#[tokio::test]
+async fn an_outcome_rule_on_slots_in_flight_refuses_the_layer() {
+    let fixture = Fixture::new(Store::Memory);
+    let limiter = limiter(&fixture, Store::Memory).await;
+    let rules = [
+        Rule::new("InFlight", Header::new("x-account")).count_when(CountWhen::new().status(401, 1)),
+        Rule::new("InFlight", Header::new("x-account"))
+            .settle(tower_ratelimits::Settle::header("x-used")),
+    ];
+    for rule in rules {
+        match RateLimitLayer::new(limiter.clone(), [rule]) {
+            Err(LayerError::Settle { limit, reason }) => {
+                assert_eq!((limit.as_str(), reason), ("InFlight", SettleError::Leases));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 /// Cases that cannot be used are refused when the layer is built, naming the rule.

@@ -385,6 +385,12 @@ fn resolved(
         if !rule.mode.spends() {
             return Err(refused(SettleError::SpendsNothing(rule.mode)));
         }
+        if limits
+            .default_limit(name)
+            .is_some_and(|q| q.settle_bound().is_none())
+        {
+            return Err(refused(SettleError::Leases));
+        }
     }
     let policy = limits.default_limit(name).and_then(|q| {
         let value = response::policy_value(&rule.name, q)?;

@@ -102,6 +102,13 @@ pub enum SettleError {
     /// A settle on a rule whose mode spends nothing (there is nothing to settle).
     #[error("a {0:?} rule spends nothing to settle")]
     SpendsNothing(crate::mode::Mode),
+    /// A settle (or [`Rule::count_when`](crate::Rule::count_when)) on a limit of slots in
+    /// flight (a concurrency or adaptive limit): its slot is given back when the request
+    /// ends, so nothing would ever be settled.
+    #[error(
+        "a limit of slots in flight is never settled: its slot is given back when the request ends"
+    )]
+    Leases,
     /// [`CountWhen::header_equals`](crate::CountWhen::header_equals) of a value that is not a
     /// header value.
     #[error("{0:?} is not a header value")]
