@@ -250,7 +250,8 @@ fn check_cap(asked: &[Asked], burst: u64, ei: u64) -> Result<(), String> {
 /// Work conservation: a refusal while the budget had room for the request has a witness:
 /// another id refused within its `retry_after` (a waiter), room no larger than what the rule
 /// may hold for the ids asking below their share (at most the units the other ids were
-/// admitted in one of the last three refresh periods, at most the burst less the request), or
+/// admitted, or refused when they are not backlogged, in one of the last three refresh
+/// periods, at most the burst less the request), or
 /// an id that arrived after the trace's first refresh period asking in its first one (the new
 /// ids' part, while a known id is refused).
 fn check_conservation(asked: &[Asked], t: &Trace, burst: u64, ei: u64) -> Result<(), String> {
@@ -259,6 +260,9 @@ fn check_conservation(asked: &[Asked], t: &Trace, burst: u64, ei: u64) -> Result
         let arrived = start + t.stays[a.id].0 as u64 * TICK;
         arrived >= start + REFRESH && a.at / REFRESH == arrived / REFRESH
     };
+    // Units below a share are held whether admitted or refused (a sporadic id's refusal
+    // counts); a backlogged id's refusals are a waiter's, the witness above.
+    let backlogged = |id: usize| matches!(t.ids[id].1, Asks::Backlogged(_));
     let mut tat = 0u64;
     for (i, a) in asked.iter().enumerate() {
         let room = (a.at + burst * ei).saturating_sub(tat.max(a.at)) / ei;
@@ -278,7 +282,11 @@ fn check_conservation(asked: &[Asked], t: &Trace, burst: u64, ei: u64) -> Result
                 .map(|k| {
                     asked[..i]
                         .iter()
-                        .filter(|b| b.id != a.id && b.allowed && b.at / REFRESH + k == period)
+                        .filter(|b| {
+                            b.id != a.id
+                                && (b.allowed || !backlogged(b.id))
+                                && b.at / REFRESH + k == period
+                        })
                         .count() as u64
                 })
                 .max()
