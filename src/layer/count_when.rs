@@ -12,7 +12,7 @@ use std::sync::Arc;
 use http::response::Parts;
 use http::{HeaderName, HeaderValue};
 
-use super::settle::{MOST_UNITS_REPORTED, Settle, SettleError};
+use super::settle::{MOST_UNITS_REPORTED, Settle, SettleError, header_name};
 
 type OutcomeFn = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
@@ -77,9 +77,16 @@ impl CountWhen {
         self.status_range(code..=code, weight)
     }
 
-    /// Responses whose status code is in `codes` (`500..=599`) count `weight`.
+    /// Responses whose status code is in `codes` (`500..=599`) count `weight`. Codes are 100
+    /// to 599 and the start is at most the end ([`SettleError::Status`] otherwise).
     pub fn status_range(self, codes: RangeInclusive<u16>, weight: u64) -> Self {
-        self.case(Ok(Matcher::Status(codes)), weight)
+        let (lo, hi) = (*codes.start(), *codes.end());
+        let matcher = if (100..=599).contains(&lo) && (lo..=599).contains(&hi) {
+            Ok(Matcher::Status(codes))
+        } else {
+            Err(SettleError::Status(lo, hi))
+        };
+        self.case(matcher, weight)
     }
 
     /// Responses that carry the header `name` count `weight`.
@@ -170,11 +177,6 @@ impl Matcher {
     }
 }
 
-fn header_name(name: &str) -> Result<HeaderName, SettleError> {
-    HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| SettleError::NotAHeaderName(name.to_owned()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,6 +232,18 @@ mod tests {
             SettleError::Weight(MOST_UNITS_REPORTED + 1)
         );
         assert_eq!(refused(CountWhen::new()), SettleError::NothingCounts);
+        for (lo, hi) in [(99, 99), (600, 600), (0, 700), (500, 400), (400, 600)] {
+            assert_eq!(
+                refused(CountWhen::new().status_range(lo..=hi, 1)),
+                SettleError::Status(lo, hi)
+            );
+        }
+        assert!(
+            CountWhen::new()
+                .status_range(100..=599, 1)
+                .into_settle()
+                .is_ok()
+        );
         assert_eq!(
             refused(CountWhen::new().status(401, 0)),
             SettleError::NothingCounts

@@ -120,9 +120,15 @@ pub enum SettleError {
     /// count nothing.
     #[error("count_when counts nothing: no case weighs more than 0")]
     NothingCounts,
+    /// A [`CountWhen`](crate::CountWhen) status case outside 100 to 599, or a range whose
+    /// start is above its end: it would match no response.
+    #[error(
+        "status {0}..={1} matches no response: codes are 100 to 599, the start at most the end"
+    )]
+    Status(u16, u16),
 }
 
-fn header_name(name: &str) -> Result<HeaderName, SettleError> {
+pub(super) fn header_name(name: &str) -> Result<HeaderName, SettleError> {
     HeaderName::from_bytes(name.as_bytes())
         .map_err(|_| SettleError::NotAHeaderName(name.to_owned()))
 }

@@ -225,10 +225,11 @@ impl RedisBackend {
         .await
     }
 
-    /// Runs the script on one slot's transactions `txs`, whose Redis keys `keys` builds.
+    /// Runs the script on one slot's transactions `txs` (taking `path`), whose Redis keys
+    /// `keys` builds.
     pub(super) async fn run_script<'a, T, K>(
         &self,
-        call: Call,
+        (call, path): (Call, script::Path),
         slot: u16,
         txs: T,
         keys: K,
@@ -237,7 +238,6 @@ impl RedisBackend {
         T: ExactSizeIterator<Item = &'a BucketTx<'a>> + Clone,
         K: Fn() -> Vec<Key>,
     {
-        let path = script::path(call, txs.clone());
         let value = self
             .eval(slot, || (keys(), script::encode(call, path, txs.clone())))
             .await?;
@@ -254,7 +254,8 @@ impl RedisBackend {
     ) -> Result<ScriptReply, BackendError> {
         let txs = group.iter().map(|&i| &batch[i]);
         let script_keys = || group.iter().map(|&i| keys[i].clone()).collect();
-        self.run_script(call, *slot, txs, script_keys).await
+        let path = script::path(call, txs.clone());
+        self.run_script((call, path), *slot, txs, script_keys).await
     }
 
     /// Runs `op` on every group (concurrently), returning replies in batch order.

@@ -192,24 +192,23 @@ impl RedisBackendBuilder {
     }
 
     /// Coalescing (on by default, `max_batch` 64): while Redis is busy, a request that finds
-    /// [`coalesce_in_flight`](Self::coalesce_in_flight) script calls already outstanding
-    /// queues, and the next call to end sends up to `max_batch` queued requests as one call,
-    /// so Redis runs one script for many decisions (each request still its own all-or-nothing
-    /// batch, decided in queue order as if sent alone; `BENCHMARKS.md` has what it saves). A
-    /// request that finds a call free makes its own, as without coalescing; a queued one waits
-    /// for one call at most, never beyond the command timeout. "Busy" is read from the round
-    /// trips: while they stay near the shortest seen lately (a remote Redis, whose round trip
-    /// is the network's, or a light load), no request queues. It applies to a single server
-    /// or a pool, to spends whose keys are all GCRA and check-and-spend on the server's clock
-    /// (a request's usual batch), and to a calendar quota's spends alone in their batch (in a
-    /// queue of their own: a call carries one kind); others and
-    /// [`caller_time`](Self::caller_time) call as without it. On a cluster it applies to a
-    /// request with one rule, per hash slot: a call carries one slot's keys, so a request
-    /// queues only behind calls of its own slot (the requests of a hot key share calls; keys
-    /// spread over the slots rarely meet). `max_batch` bounds how long one call holds Redis's single thread, which
-    /// every other user of that Redis waits behind: about 40,000 server instructions a request
-    /// (`BENCHMARKS.md`), so 64 requests hold it about as long as 40 uncoalesced calls would,
-    /// one after the other. `max_batch` 0 or 1 turns coalescing off.
+    /// [`coalesce_in_flight`](Self::coalesce_in_flight) script calls already outstanding queues,
+    /// and the next call to end sends up to `max_batch` queued requests as one call, so Redis runs
+    /// one script for many decisions (each request still its own all-or-nothing batch, decided in
+    /// queue order as if sent alone; `BENCHMARKS.md` has what it saves). A request that finds a
+    /// call free makes its own, as without coalescing; a queued one waits for one call at most,
+    /// never beyond the command timeout. "Busy" is read from the round trips: while they stay near
+    /// the shortest seen lately (a remote Redis, whose round trip is the network's, or a light
+    /// load), no request queues. It applies to a single server or a pool, to spends whose keys are
+    /// all GCRA and check-and-spend on the server's clock (a request's usual batch), and to a
+    /// calendar quota's spends alone in their batch (in a queue of their own: a call carries one
+    /// kind); others and [`caller_time`](Self::caller_time) call as without it. On a cluster it
+    /// applies to a request with one rule, per hash slot: a call carries one slot's keys, so a
+    /// request queues only behind calls of its own slot (the requests of a hot key share calls;
+    /// keys spread over the slots rarely meet). `max_batch` bounds how long one call holds Redis's
+    /// single thread, which every other user of that Redis waits behind: about 40,000 server
+    /// instructions a request (`BENCHMARKS.md`), so 64 requests hold it about as long as 40
+    /// uncoalesced calls would, one after the other. `max_batch` 0 or 1 turns coalescing off.
     pub fn coalesce(mut self, max_batch: usize) -> Self {
         self.coalesce = (max_batch > 1).then(|| super::coalesce::Settings {
             max_batch,

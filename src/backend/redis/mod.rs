@@ -4,9 +4,9 @@
 //!
 //! Every transaction of a batch whose keys share a slot is decided **and** written by one Lua
 //! script, run with `EVALSHA` (and `EVAL` once, when the server answers `NOSCRIPT`, e.g. after
-//! `SCRIPT FLUSH` or a failover). The script mirrors [`gcra`](crate::algo::gcra) in integer microseconds, so
-//! Redis decides exactly as the in-memory backend does. On a single Redis server the whole batch
-//! is one script, one round trip.
+//! `SCRIPT FLUSH` or a failover). The script mirrors [`gcra`](crate::algo::gcra) in integer
+//! microseconds, so Redis decides exactly as the in-memory backend does. On a single Redis server
+//! the whole batch is one script, one round trip.
 //!
 //! By default the script reads the server's clock (`TIME`), so app instances whose clocks
 //! disagree still agree on every decision. [`RedisBackendBuilder::caller_time`] makes the
@@ -420,7 +420,7 @@ impl RedisBackend {
             }
         }
         let reply = self
-            .run_script(call, slot, batch.iter(), || self.keys(batch))
+            .run_script((call, path), slot, batch.iter(), || self.keys(batch))
             .await;
         if let Some(slot) = held {
             slot.ended(reply.is_ok());
