@@ -163,8 +163,9 @@ pub fn jitter(key: &[u8], level: u32, start: u64, ban_us: u64, permille: u64) ->
 }
 
 /// A key's penalty state: its level (bans so far, less the steps it has fallen), the time its
-/// next step down counts from, the end of its ban (0: none), and its counted units of the
-/// window, oldest first (at most `after` entries: a ban clears them).
+/// next step down counts from, the end of its ban (0: none), and its window: the units counted
+/// and reserved by requests in flight, by the time they were admitted, oldest first (at most
+/// about `2 * after` entries: admission stops at `after`, a ban clears them).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PenaltyState {
     /// Bans so far, less the steps the level has fallen.
@@ -173,8 +174,20 @@ pub struct PenaltyState {
     pub since: u64,
     /// The end of the ban in force (0: none).
     pub banned_until: u64,
-    /// The window's counted units: (time, units), oldest first.
-    pub events: VecDeque<(u64, u64)>,
+    /// The window, oldest first.
+    pub events: VecDeque<Event>,
+}
+
+/// The units of the window admitted (or counted) at one time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Event {
+    /// When they were admitted (a counted event without a reservation: when it was counted).
+    pub at: u64,
+    /// Counted: outcomes that count.
+    pub counted: u64,
+    /// Reserved by requests in flight: each request's largest weight, until its outcome says
+    /// what it counts.
+    pub pending: u64,
 }
 
 /// What a key's request meets.
@@ -191,10 +204,31 @@ pub enum Standing {
     },
 }
 
+/// What a request's admission met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted: its units are reserved at its time until its outcome settles them.
+    Admitted,
+    /// The key is banned until `until`, at `level`: nothing reserved.
+    Banned {
+        /// The ban's end.
+        until: u64,
+        /// The ban's level.
+        level: u32,
+    },
+    /// The window holds `after` units counted or reserved already: refused, nothing
+    /// reserved; at `until` the oldest of them have left it and a request fits again (or
+    /// sooner, when reservations in flight count less).
+    Full {
+        /// When the window's oldest units leave it.
+        until: u64,
+    },
+}
+
 /// What counting units did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tally {
-    /// Counted; the window holds this many units now (below `after`).
+    /// Counted; the window holds this many counted units now (below `after`).
     Counted(u64),
     /// These units made `after`: the key is banned from now until `until`, at `level`.
     Banned {
@@ -203,7 +237,8 @@ pub enum Tally {
         /// The ban's level.
         level: u32,
     },
-    /// The key was banned already: nothing counted.
+    /// Nothing counted: the key was banned, or the request's reservation is no longer in the
+    /// window (it left it, or a ban since cleared it).
     Ignored,
 }
 
@@ -220,26 +255,89 @@ impl PenaltyState {
         Standing::Free
     }
 
-    /// Counts `units` (a counted outcome's weight; 0 counts nothing) at `now` for the key whose
-    /// canonical bytes are `key`: the window's units older than `within` dropped, these added,
-    /// and when they reach `after`, a ban (the level one up, the window cleared).
+    /// Admits a request at `now` that could count up to `reserve` units (its largest weight;
+    /// at most `after` is reserved): refused while banned or while the window holds `after`
+    /// units counted or reserved. So requests in flight together never pass the ladder: a
+    /// thousand at once on a key of `after` 10 admit 10 (of weight 1).
+    pub fn admit(&mut self, ladder: &Ladder, reserve: u64, now: u64) -> Admission {
+        if let Standing::Banned { until, level } = self.standing(ladder, now) {
+            return Admission::Banned { until, level };
+        }
+        self.drop_old(ladder, now);
+        let held: u64 = self.events.iter().map(|e| e.counted + e.pending).sum();
+        if held >= ladder.after {
+            return Admission::Full {
+                until: self.room_at(ladder, held),
+            };
+        }
+        let reserve = reserve.min(ladder.after);
+        if reserve > 0 {
+            self.entry_at(now).pending += reserve;
+        }
+        Admission::Admitted
+    }
+
+    /// Settles at `now` a request admitted at `at` that reserved `reserved` units: its outcome
+    /// counts `counted` of them (at most its reservation; 0 for an outcome that does not
+    /// count) at its admission's time, and when the window's counted units reach `after`,
+    /// the key is banned from `now`.
+    pub fn settle(
+        &mut self,
+        ladder: &Ladder,
+        key: &[u8],
+        (at, reserved): (u64, u64),
+        counted: u64,
+        now: u64,
+    ) -> Tally {
+        let banned = matches!(self.standing(ladder, now), Standing::Banned { .. });
+        self.drop_old(ladder, now);
+        let Some(i) = self.events.iter().rposition(|e| e.at == at) else {
+            return Tally::Ignored;
+        };
+        let event = &mut self.events[i];
+        let reserved = reserved.min(ladder.after).min(event.pending);
+        event.pending -= reserved;
+        let counted = counted.min(reserved);
+        if banned || counted == 0 {
+            if event.pending == 0 && event.counted == 0 {
+                self.events.remove(i);
+            }
+            return if banned {
+                Tally::Ignored
+            } else {
+                Tally::Counted(self.units())
+            };
+        }
+        event.counted += counted;
+        self.tally(ladder, key, now)
+    }
+
+    /// Counts `units` (a counted outcome's weight, with no reservation before it; 0 counts
+    /// nothing) at `now` for the key whose canonical bytes are `key`: the window's units
+    /// older than `within` dropped, these added, and when they reach `after`, a ban (the
+    /// level one up, the window cleared).
     pub fn count(&mut self, ladder: &Ladder, key: &[u8], units: u64, now: u64) -> Tally {
         if let Standing::Banned { .. } = self.standing(ladder, now) {
             return Tally::Ignored;
         }
-        // The window is (now - within, now]: an older unit no longer counts.
-        if let Some(start) = now.checked_sub(ladder.within_us) {
-            while self.events.front().is_some_and(|&(t, _)| t <= start) {
-                self.events.pop_front();
-            }
-        }
+        self.drop_old(ladder, now);
         let units = units.min(ladder.after);
         if units == 0 {
             return Tally::Counted(self.units());
         }
-        let total = self.units() + units;
+        self.entry_at(now).counted += units;
+        self.tally(ladder, key, now)
+    }
+
+    /// The window's counted units (reservations in flight left out).
+    pub fn units(&self) -> u64 {
+        self.events.iter().map(|e| e.counted).sum()
+    }
+
+    /// Bans the key at `now` when the window's counted units reach `after`.
+    fn tally(&mut self, ladder: &Ladder, key: &[u8], now: u64) -> Tally {
+        let total = self.units();
         if total < ladder.after {
-            self.events.push_back((now, units));
             return Tally::Counted(total);
         }
         self.level = self.level.saturating_add(1);
@@ -255,9 +353,38 @@ impl PenaltyState {
         }
     }
 
-    /// The window's counted units.
-    pub fn units(&self) -> u64 {
-        self.events.iter().map(|&(_, u)| u).sum()
+    /// Drops what left the window `(now - within, now]`.
+    fn drop_old(&mut self, ladder: &Ladder, now: u64) {
+        if let Some(start) = now.checked_sub(ladder.within_us) {
+            while self.events.front().is_some_and(|e| e.at <= start) {
+                self.events.pop_front();
+            }
+        }
+    }
+
+    /// The entry of the window at `at` (made, in time order, when there is none).
+    fn entry_at(&mut self, at: u64) -> &mut Event {
+        let i = self.events.partition_point(|e| e.at < at);
+        if self.events.get(i).is_none_or(|e| e.at != at) {
+            let event = Event {
+                at,
+                ..Event::default()
+            };
+            self.events.insert(i, event);
+        }
+        &mut self.events[i]
+    }
+
+    /// When the window holding `held` units has room for a request again: when enough of
+    /// its oldest units have left it.
+    fn room_at(&self, ladder: &Ladder, mut held: u64) -> u64 {
+        for e in &self.events {
+            held -= e.counted + e.pending;
+            if held < ladder.after {
+                return e.at.saturating_add(ladder.within_us);
+            }
+        }
+        0
     }
 }
 

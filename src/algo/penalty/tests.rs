@@ -309,3 +309,191 @@ fn the_window_decides_as_a_naive_model_and_never_lets_after_units_through() {
         }
     }
 }
+
+#[test]
+fn a_thousand_requests_in_flight_admit_after_and_the_last_failure_bans() {
+    let l = ladder(10, 600 * S);
+    let mut s = PenaltyState::default();
+    let admitted = (0..1_000)
+        .filter(|_| s.admit(&l, 1, 5) == Admission::Admitted)
+        .count();
+    assert_eq!(admitted, 10);
+    assert_eq!(s.admit(&l, 1, 6), Admission::Full { until: 5 + 600 * S });
+    for i in 0..9 {
+        assert_eq!(s.settle(&l, b"k", (5, 1), 1, 10 + i), Tally::Counted(i + 1));
+    }
+    assert_eq!(
+        s.settle(&l, b"k", (5, 1), 1, 20),
+        Tally::Banned {
+            until: 20 + 60 * S,
+            level: 1
+        }
+    );
+    assert_eq!(
+        s.admit(&l, 1, 21),
+        Admission::Banned {
+            until: 20 + 60 * S,
+            level: 1
+        }
+    );
+}
+
+#[test]
+fn an_outcome_that_does_not_count_gives_its_reservation_back() {
+    let l = ladder(2, 600 * S);
+    let mut s = PenaltyState::default();
+    for t in 0..100 {
+        // A success, many times: each gives its reservation back, nothing is left.
+        assert_eq!(s.admit(&l, 3, t), Admission::Admitted);
+        assert_eq!(s.settle(&l, b"k", (t, 3), 0, t), Tally::Counted(0));
+        assert!(s.events.is_empty(), "{:?}", s.events);
+    }
+    // A weight of 3 reserves 2 (`after`): the next waits for its outcome.
+    assert_eq!(s.admit(&l, 3, 100), Admission::Admitted);
+    assert!(matches!(s.admit(&l, 1, 100), Admission::Full { .. }));
+    assert_eq!(s.settle(&l, b"k", (100, 3), 1, 101), Tally::Counted(1));
+    assert_eq!(s.admit(&l, 1, 102), Admission::Admitted);
+}
+
+#[test]
+fn a_request_that_never_settles_holds_its_units_for_within_then_they_leave() {
+    let l = ladder(1, 10 * S);
+    let mut s = PenaltyState::default();
+    assert_eq!(s.admit(&l, 1, 0), Admission::Admitted);
+    assert_eq!(
+        s.admit(&l, 1, 10 * S - 1),
+        Admission::Full { until: 10 * S }
+    );
+    assert_eq!(s.admit(&l, 1, 10 * S), Admission::Admitted);
+    // Its outcome, arriving after its window: counts nothing (its time is out of the window).
+    assert_eq!(s.settle(&l, b"k", (0, 1), 1, 10 * S + 5), Tally::Ignored);
+    assert_eq!(s.units(), 0);
+}
+
+#[test]
+fn a_ban_clears_the_reservations_in_flight_whose_outcomes_then_count_nothing() {
+    let l = ladder(2, 600 * S);
+    let mut s = PenaltyState::default();
+    assert_eq!(s.admit(&l, 1, 0), Admission::Admitted);
+    assert_eq!(s.admit(&l, 1, 1), Admission::Admitted);
+    assert_eq!(s.settle(&l, b"k", (0, 1), 1, 2), Tally::Counted(1));
+    assert_eq!(
+        s.count(&l, b"k", 1, 3),
+        Tally::Banned {
+            until: 3 + 60 * S,
+            level: 1
+        }
+    );
+    assert_eq!(s.settle(&l, b"k", (1, 1), 1, 4), Tally::Ignored);
+    assert_eq!(s.settle(&l, b"k", (1, 1), 1, 61 * S), Tally::Ignored);
+    assert!(s.events.is_empty());
+}
+
+/// A request of the random interleaving: admitted at `at`, reserving `reserve`, its outcome's
+/// weight when it settled, and the number of bans before its admission.
+#[derive(Debug, Clone, Copy)]
+struct Flight {
+    at: u64,
+    reserve: u64,
+    weight: u64,
+    settled: Option<u64>,
+    cleared: bool,
+    bans_before: usize,
+}
+
+#[test]
+fn requests_in_flight_decide_as_a_naive_model_and_never_pass_after_in_a_window() {
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    for case in 0..300 {
+        let after = 1 + next(8);
+        let within = 1 + next(30);
+        let l = Ladder::new(after, within, 1 + next(20), 1 + next(3), 400)
+            .unwrap()
+            .forget_after(1 + next(50))
+            .unwrap();
+        let (mut s, mut now, mut bans) = (PenaltyState::default(), 0u64, 0usize);
+        let mut flights: Vec<Flight> = Vec::new();
+        for step in 0..400 {
+            now += u64::from(next(3) == 0) * next(4);
+            let in_window = |f: &Flight| !f.cleared && f.at + within > now;
+            let open: Vec<usize> = (0..flights.len())
+                .filter(|&i| flights[i].settled.is_none())
+                .collect();
+            if open.is_empty() || next(2) == 0 {
+                let reserve = 1 + next(3);
+                let held: u64 = (flights.iter().filter(|f| in_window(f)))
+                    .map(|f| f.settled.unwrap_or(f.reserve.min(after)))
+                    .sum();
+                let expect = if now < s.banned_until {
+                    "banned"
+                } else if held >= after {
+                    "full"
+                } else {
+                    "admitted"
+                };
+                let got = match s.admit(&l, reserve, now) {
+                    Admission::Admitted => "admitted",
+                    Admission::Banned { .. } => "banned",
+                    Admission::Full { .. } => "full",
+                };
+                assert_eq!(got, expect, "case {case} step {step}");
+                if got == "admitted" {
+                    let weight = next(reserve + 1);
+                    flights.push(Flight {
+                        at: now,
+                        reserve,
+                        weight,
+                        settled: None,
+                        cleared: false,
+                        bans_before: bans,
+                    });
+                }
+                continue;
+            }
+            let i = open[next(open.len() as u64) as usize];
+            let f = flights[i];
+            let got = s.settle(&l, b"k", (f.at, f.reserve), f.weight, now);
+            let expect = if now < s.banned_until && !matches!(got, Tally::Banned { .. }) {
+                Tally::Ignored
+            } else if !in_window(&f) {
+                Tally::Ignored
+            } else {
+                let counted: u64 = (flights.iter().filter(|g| in_window(g)))
+                    .filter_map(|g| g.settled)
+                    .sum::<u64>()
+                    + f.weight.min(after);
+                if f.weight > 0 && counted >= after {
+                    Tally::Banned {
+                        until: s.banned_until,
+                        level: s.level,
+                    }
+                } else {
+                    Tally::Counted(counted)
+                }
+            };
+            flights[i].settled = Some(f.weight.min(after));
+            assert_eq!(got, expect, "case {case} step {step}: {f:?}");
+            if let Tally::Banned { .. } = got {
+                bans += 1;
+                for g in &mut flights {
+                    g.cleared = true;
+                }
+            }
+        }
+        // Between two bans, the requests admitted within any window count at most
+        // `after - 1` plus the last one's weight (at most 3), with any number in flight.
+        for f in &flights {
+            let through: u64 = (flights.iter())
+                .filter(|g| g.bans_before == f.bans_before && g.at >= f.at && g.at < f.at + within)
+                .map(|g| g.weight.min(after))
+                .sum();
+            assert!(through < after + 3, "case {case}: {through} from {f:?}");
+        }
+    }
+}
