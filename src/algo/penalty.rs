@@ -10,6 +10,8 @@
 
 use std::collections::VecDeque;
 
+pub(crate) mod budget;
+
 /// The most units a ladder may count before a ban (`after`): the state keeps one entry per
 /// counted event of the window, at most this many.
 pub const MAX_AFTER: u64 = 1_000;
@@ -166,7 +168,7 @@ pub fn jitter(key: &[u8], level: u32, start: u64, ban_us: u64, permille: u64) ->
 /// next step down counts from, the end of its ban (0: none), and its window: the units counted
 /// and reserved by requests in flight, by the time they were admitted, oldest first (at most
 /// about `2 * after` entries: admission stops at `after`, a ban clears them).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct PenaltyState {
     /// Bans so far, less the steps the level has fallen.
     pub level: u32,
@@ -179,7 +181,7 @@ pub struct PenaltyState {
 }
 
 /// The units of the window admitted (or counted) at one time.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Event {
     /// When they were admitted (a counted event without a reservation: when it was counted).
     pub at: u64,

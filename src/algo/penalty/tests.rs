@@ -459,9 +459,8 @@ fn requests_in_flight_decide_as_a_naive_model_and_never_pass_after_in_a_window()
             let i = open[next(open.len() as u64) as usize];
             let f = flights[i];
             let got = s.settle(&l, b"k", (f.at, f.reserve), f.weight, now);
-            let expect = if now < s.banned_until && !matches!(got, Tally::Banned { .. }) {
-                Tally::Ignored
-            } else if !in_window(&f) {
+            let banned_before = now < s.banned_until && !matches!(got, Tally::Banned { .. });
+            let expect = if banned_before || !in_window(&f) {
                 Tally::Ignored
             } else {
                 let counted: u64 = (flights.iter().filter(|g| in_window(g)))
