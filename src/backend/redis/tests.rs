@@ -191,4 +191,5 @@ async fn a_probe_dropped_before_it_answers_lets_the_next_cool_off_probe_again() 
 }
 
 mod instances;
+mod penalty;
 mod shares;
