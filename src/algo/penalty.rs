@@ -165,9 +165,9 @@ pub fn jitter(key: &[u8], level: u32, start: u64, ban_us: u64, permille: u64) ->
 }
 
 /// A key's penalty state: its level (bans so far, less the steps it has fallen), the time its
-/// next step down counts from, the end of its ban (0: none), and its window: the units counted
-/// and reserved by requests in flight, by the time they were admitted, oldest first (at most
-/// about `2 * after` entries: admission stops at `after`, a ban clears them).
+/// next step down counts from, the end of its ban (0: none), the window's counted units by the
+/// time their requests were admitted, and the reservations of its requests in flight (each
+/// at most `after` entries: a ban clears both, and admission stops at `after` units).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct PenaltyState {
     /// Bans so far, less the steps the level has fallen.
@@ -176,20 +176,21 @@ pub struct PenaltyState {
     pub since: u64,
     /// The end of the ban in force (0: none).
     pub banned_until: u64,
-    /// The window, oldest first.
-    pub events: VecDeque<Event>,
+    /// The window's counted units, `(time, units)`, oldest first.
+    pub events: VecDeque<(u64, u64)>,
+    /// The requests in flight, in the order they were admitted.
+    pub reservations: Vec<Reservation>,
 }
 
-/// The units of the window admitted (or counted) at one time.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct Event {
-    /// When they were admitted (a counted event without a reservation: when it was counted).
+/// A request in flight: its reservation, until its outcome says what it counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Reservation {
+    /// The request's id (its lease), which its outcome names.
+    pub id: u64,
+    /// When it was admitted: what it counts, it counts at this time.
     pub at: u64,
-    /// Counted: outcomes that count.
-    pub counted: u64,
-    /// Reserved by requests in flight: each request's largest weight, until its outcome says
-    /// what it counts.
-    pub pending: u64,
+    /// Its largest weight (at most `after`).
+    pub units: u64,
 }
 
 /// What a key's request meets.
@@ -257,60 +258,54 @@ impl PenaltyState {
         Standing::Free
     }
 
-    /// Admits a request at `now` that could count up to `reserve` units (its largest weight;
-    /// at most `after` is reserved): refused while banned or while the window holds `after`
-    /// units counted or reserved. So requests in flight together never pass the ladder: a
-    /// thousand at once on a key of `after` 10 admit 10 (of weight 1).
-    pub fn admit(&mut self, ladder: &Ladder, reserve: u64, now: u64) -> Admission {
+    /// Admits the request `id` at `now` that could count up to `reserve` units (its largest
+    /// weight; at most `after` is reserved): refused while banned or while the window holds
+    /// `after` units counted or reserved. So requests in flight together never pass the
+    /// ladder: a thousand at once on a key of `after` 10 admit 10 (of weight 1).
+    pub fn admit(&mut self, ladder: &Ladder, (id, reserve): (u64, u64), now: u64) -> Admission {
         if let Standing::Banned { until, level } = self.standing(ladder, now) {
             return Admission::Banned { until, level };
         }
         self.drop_old(ladder, now);
-        let held: u64 = self.events.iter().map(|e| e.counted + e.pending).sum();
+        let held = self.units() + self.reservations.iter().map(|r| r.units).sum::<u64>();
         if held >= ladder.after {
             return Admission::Full {
                 until: self.room_at(ladder, held),
             };
         }
-        let reserve = reserve.min(ladder.after);
-        if reserve > 0 {
-            self.entry_at(now).pending += reserve;
+        let units = reserve.min(ladder.after);
+        if units > 0 {
+            self.reservations.push(Reservation { id, at: now, units });
         }
         Admission::Admitted
     }
 
-    /// Settles at `now` a request admitted at `at` that reserved `reserved` units: its outcome
-    /// counts `counted` of them (at most its reservation; 0 for an outcome that does not
-    /// count) at its admission's time, and when the window's counted units reach `after`,
-    /// the key is banned from `now`.
+    /// Settles at `now` the request `id`: its outcome counts `counted` units (at most its
+    /// reservation; 0 for an outcome that does not count) at its admission's time, and when
+    /// the window's counted units reach `after`, the key is banned from `now`. A request no
+    /// longer in flight (its reservation left the window, or a ban cleared it) counts nothing.
     pub fn settle(
         &mut self,
         ladder: &Ladder,
         key: &[u8],
-        (at, reserved): (u64, u64),
+        id: u64,
         counted: u64,
         now: u64,
     ) -> Tally {
         let banned = matches!(self.standing(ladder, now), Standing::Banned { .. });
         self.drop_old(ladder, now);
-        let Some(i) = self.events.iter().rposition(|e| e.at == at) else {
+        let Some(i) = self.reservations.iter().position(|r| r.id == id) else {
             return Tally::Ignored;
         };
-        let event = &mut self.events[i];
-        let reserved = reserved.min(ladder.after).min(event.pending);
-        event.pending -= reserved;
-        let counted = counted.min(reserved);
-        if banned || counted == 0 {
-            if event.pending == 0 && event.counted == 0 {
-                self.events.remove(i);
-            }
-            return if banned {
-                Tally::Ignored
-            } else {
-                Tally::Counted(self.units())
-            };
+        let r = self.reservations.remove(i);
+        let counted = counted.min(r.units);
+        if banned {
+            return Tally::Ignored;
         }
-        event.counted += counted;
+        if counted == 0 {
+            return Tally::Counted(self.units());
+        }
+        self.add(r.at, counted);
         self.tally(ladder, key, now)
     }
 
@@ -327,13 +322,13 @@ impl PenaltyState {
         if units == 0 {
             return Tally::Counted(self.units());
         }
-        self.entry_at(now).counted += units;
+        self.add(now, units);
         self.tally(ladder, key, now)
     }
 
     /// The window's counted units (reservations in flight left out).
     pub fn units(&self) -> u64 {
-        self.events.iter().map(|e| e.counted).sum()
+        self.events.iter().map(|&(_, u)| u).sum()
     }
 
     /// Bans the key at `now` when the window's counted units reach `after`.
@@ -349,41 +344,43 @@ impl PenaltyState {
         self.banned_until = now.saturating_add(ban);
         self.since = self.banned_until;
         self.events.clear();
+        self.reservations.clear();
         Tally::Banned {
             until: self.banned_until,
             level: self.level,
         }
     }
 
-    /// Drops what left the window `(now - within, now]`.
+    /// Drops what left the window `(now - within, now]`: counted units and reservations.
     fn drop_old(&mut self, ladder: &Ladder, now: u64) {
         if let Some(start) = now.checked_sub(ladder.within_us) {
-            while self.events.front().is_some_and(|e| e.at <= start) {
+            while self.events.front().is_some_and(|&(t, _)| t <= start) {
                 self.events.pop_front();
             }
+            self.reservations.retain(|r| r.at > start);
         }
     }
 
-    /// The entry of the window at `at` (made, in time order, when there is none).
-    fn entry_at(&mut self, at: u64) -> &mut Event {
-        let i = self.events.partition_point(|e| e.at < at);
-        if self.events.get(i).is_none_or(|e| e.at != at) {
-            let event = Event {
-                at,
-                ..Event::default()
-            };
-            self.events.insert(i, event);
+    /// Adds `units` counted at `at` to the window, in time order (merged with units of the
+    /// same time).
+    fn add(&mut self, at: u64, units: u64) {
+        let i = self.events.partition_point(|&(t, _)| t < at);
+        match self.events.get_mut(i) {
+            Some((t, u)) if *t == at => *u += units,
+            _ => self.events.insert(i, (at, units)),
         }
-        &mut self.events[i]
     }
 
     /// When the window holding `held` units has room for a request again: when enough of
-    /// its oldest units have left it.
+    /// its oldest units, counted or reserved, have left it.
     fn room_at(&self, ladder: &Ladder, mut held: u64) -> u64 {
-        for e in &self.events {
-            held -= e.counted + e.pending;
+        let mut all: Vec<(u64, u64)> = self.events.iter().copied().collect();
+        all.extend(self.reservations.iter().map(|r| (r.at, r.units)));
+        all.sort_unstable();
+        for (at, units) in all {
+            held -= units;
             if held < ladder.after {
-                return e.at.saturating_add(ladder.within_us);
+                return at.saturating_add(ladder.within_us);
             }
         }
         0

@@ -315,25 +315,27 @@ fn a_thousand_requests_in_flight_admit_after_and_the_last_failure_bans() {
     let l = ladder(10, 600 * S);
     let mut s = PenaltyState::default();
     let admitted = (0..1_000)
-        .filter(|_| s.admit(&l, 1, 5) == Admission::Admitted)
+        .filter(|&id| s.admit(&l, (id, 1), 5) == Admission::Admitted)
         .count();
     assert_eq!(admitted, 10);
-    assert_eq!(s.admit(&l, 1, 6), Admission::Full { until: 5 + 600 * S });
-    for i in 0..9 {
-        assert_eq!(s.settle(&l, b"k", (5, 1), 1, 10 + i), Tally::Counted(i + 1));
+    let full = Admission::Full { until: 5 + 600 * S };
+    assert_eq!(s.admit(&l, (1_000, 1), 6), full);
+    for id in 0..9 {
+        assert_eq!(s.settle(&l, b"k", id, 1, 10 + id), Tally::Counted(id + 1));
     }
+    let ban = (20 + 60 * S, 1);
     assert_eq!(
-        s.settle(&l, b"k", (5, 1), 1, 20),
+        s.settle(&l, b"k", 9, 1, 20),
         Tally::Banned {
-            until: 20 + 60 * S,
-            level: 1
+            until: ban.0,
+            level: ban.1
         }
     );
     assert_eq!(
-        s.admit(&l, 1, 21),
+        s.admit(&l, (1_001, 1), 21),
         Admission::Banned {
-            until: 20 + 60 * S,
-            level: 1
+            until: ban.0,
+            level: ban.1
         }
     );
 }
@@ -344,29 +346,30 @@ fn an_outcome_that_does_not_count_gives_its_reservation_back() {
     let mut s = PenaltyState::default();
     for t in 0..100 {
         // A success, many times: each gives its reservation back, nothing is left.
-        assert_eq!(s.admit(&l, 3, t), Admission::Admitted);
-        assert_eq!(s.settle(&l, b"k", (t, 3), 0, t), Tally::Counted(0));
-        assert!(s.events.is_empty(), "{:?}", s.events);
+        assert_eq!(s.admit(&l, (t, 3), t), Admission::Admitted);
+        assert_eq!(s.settle(&l, b"k", t, 0, t), Tally::Counted(0));
+        assert_eq!(s, PenaltyState::default());
     }
     // A weight of 3 reserves 2 (`after`): the next waits for its outcome.
-    assert_eq!(s.admit(&l, 3, 100), Admission::Admitted);
-    assert!(matches!(s.admit(&l, 1, 100), Admission::Full { .. }));
-    assert_eq!(s.settle(&l, b"k", (100, 3), 1, 101), Tally::Counted(1));
-    assert_eq!(s.admit(&l, 1, 102), Admission::Admitted);
+    assert_eq!(s.admit(&l, (100, 3), 100), Admission::Admitted);
+    assert!(matches!(s.admit(&l, (101, 1), 100), Admission::Full { .. }));
+    assert_eq!(s.settle(&l, b"k", 100, 1, 101), Tally::Counted(1));
+    assert_eq!(s.admit(&l, (102, 1), 102), Admission::Admitted);
+    // An outcome named twice counts once.
+    assert_eq!(s.settle(&l, b"k", 100, 1, 103), Tally::Ignored);
+    assert_eq!(s.units(), 1);
 }
 
 #[test]
 fn a_request_that_never_settles_holds_its_units_for_within_then_they_leave() {
     let l = ladder(1, 10 * S);
     let mut s = PenaltyState::default();
-    assert_eq!(s.admit(&l, 1, 0), Admission::Admitted);
-    assert_eq!(
-        s.admit(&l, 1, 10 * S - 1),
-        Admission::Full { until: 10 * S }
-    );
-    assert_eq!(s.admit(&l, 1, 10 * S), Admission::Admitted);
+    assert_eq!(s.admit(&l, (1, 1), 0), Admission::Admitted);
+    let full = Admission::Full { until: 10 * S };
+    assert_eq!(s.admit(&l, (2, 1), 10 * S - 1), full);
+    assert_eq!(s.admit(&l, (3, 1), 10 * S), Admission::Admitted);
     // Its outcome, arriving after its window: counts nothing (its time is out of the window).
-    assert_eq!(s.settle(&l, b"k", (0, 1), 1, 10 * S + 5), Tally::Ignored);
+    assert_eq!(s.settle(&l, b"k", 1, 1, 10 * S + 5), Tally::Ignored);
     assert_eq!(s.units(), 0);
 }
 
@@ -374,19 +377,17 @@ fn a_request_that_never_settles_holds_its_units_for_within_then_they_leave() {
 fn a_ban_clears_the_reservations_in_flight_whose_outcomes_then_count_nothing() {
     let l = ladder(2, 600 * S);
     let mut s = PenaltyState::default();
-    assert_eq!(s.admit(&l, 1, 0), Admission::Admitted);
-    assert_eq!(s.admit(&l, 1, 1), Admission::Admitted);
-    assert_eq!(s.settle(&l, b"k", (0, 1), 1, 2), Tally::Counted(1));
-    assert_eq!(
-        s.count(&l, b"k", 1, 3),
-        Tally::Banned {
-            until: 3 + 60 * S,
-            level: 1
-        }
-    );
-    assert_eq!(s.settle(&l, b"k", (1, 1), 1, 4), Tally::Ignored);
-    assert_eq!(s.settle(&l, b"k", (1, 1), 1, 61 * S), Tally::Ignored);
-    assert!(s.events.is_empty());
+    assert_eq!(s.admit(&l, (1, 1), 0), Admission::Admitted);
+    assert_eq!(s.admit(&l, (2, 1), 1), Admission::Admitted);
+    assert_eq!(s.settle(&l, b"k", 1, 1, 2), Tally::Counted(1));
+    let ban = Tally::Banned {
+        until: 3 + 60 * S,
+        level: 1,
+    };
+    assert_eq!(s.count(&l, b"k", 1, 3), ban);
+    assert_eq!(s.settle(&l, b"k", 2, 1, 4), Tally::Ignored);
+    assert_eq!(s.settle(&l, b"k", 2, 1, 61 * S), Tally::Ignored);
+    assert!(s.events.is_empty() && s.reservations.is_empty());
 }
 
 /// A request of the random interleaving: admitted at `at`, reserving `reserve`, its outcome's
@@ -437,7 +438,7 @@ fn requests_in_flight_decide_as_a_naive_model_and_never_pass_after_in_a_window()
                 } else {
                     "admitted"
                 };
-                let got = match s.admit(&l, reserve, now) {
+                let got = match s.admit(&l, (flights.len() as u64, reserve), now) {
                     Admission::Admitted => "admitted",
                     Admission::Banned { .. } => "banned",
                     Admission::Full { .. } => "full",
@@ -458,7 +459,7 @@ fn requests_in_flight_decide_as_a_naive_model_and_never_pass_after_in_a_window()
             }
             let i = open[next(open.len() as u64) as usize];
             let f = flights[i];
-            let got = s.settle(&l, b"k", (f.at, f.reserve), f.weight, now);
+            let got = s.settle(&l, b"k", i as u64, f.weight, now);
             let banned_before = now < s.banned_until && !matches!(got, Tally::Banned { .. });
             let expect = if banned_before || !in_window(&f) {
                 Tally::Ignored

@@ -3,10 +3,10 @@
 -- joined into the script; src/backend/redis/tests.rs runs it beside the Rust rule).
 --
 -- A ladder l: {after, within, base, factor, max, forget, jitter} (microseconds, jitter in
--- thousandths). A state s: {level, since, until, at = {}, counted = {}, pending = {}} (the
--- window's entries by admission time, oldest first). Stored as one MessagePack array:
--- {1, level, since, until, n, then n triples (at, counted, pending)}. Every number is a whole
--- number below 2^53, so the doubles hold them exactly.
+-- thousandths). A state s: {level, since, until, et, eu (the window's counted units: times,
+-- oldest first, and units), rid, rat, ru (the requests in flight: lease ids, as decimal text,
+-- admission times and units reserved)}. Stored as one MessagePack array (P.encode). Every
+-- number is a whole number below 2^53, so the doubles hold them exactly; a lease id is text.
 
 local function penalty_rule()
   local P = {}
@@ -52,7 +52,9 @@ local function penalty_rule()
     return h % (span + 1)
   end
 
-  function P.fresh() return {level = 0, since = 0, ['until'] = 0, at = {}, counted = {}, pending = {}} end
+  function P.fresh()
+    return {level = 0, since = 0, ['until'] = 0, et = {}, eu = {}, rid = {}, rat = {}, ru = {}}
+  end
 
   local function free(l, s, t)
     if t < s['until'] then return false end
@@ -63,30 +65,35 @@ local function penalty_rule()
   local function drop_old(l, s, t)
     local start = t - l.within
     if start < 0 then return end
-    local keep = 1
-    while keep <= #s.at and s.at[keep] <= start do keep = keep + 1 end
-    if keep == 1 then return end
-    local at, c, p = {}, {}, {}
-    for j = keep, #s.at do
-      at[#at + 1], c[#c + 1], p[#p + 1] = s.at[j], s.counted[j], s.pending[j]
+    local et, eu = {}, {}
+    for j = 1, #s.et do
+      if s.et[j] > start then et[#et + 1], eu[#eu + 1] = s.et[j], s.eu[j] end
     end
-    s.at, s.counted, s.pending = at, c, p
+    s.et, s.eu = et, eu
+    local rid, rat, ru = {}, {}, {}
+    for j = 1, #s.rid do
+      if s.rat[j] > start then
+        rid[#rid + 1], rat[#rat + 1], ru[#ru + 1] = s.rid[j], s.rat[j], s.ru[j]
+      end
+    end
+    s.rid, s.rat, s.ru = rid, rat, ru
   end
 
-  -- The index of the entry at t, made in time order when there is none.
-  local function entry_at(s, t)
-    local j = #s.at
-    while j >= 1 and s.at[j] > t do j = j - 1 end
-    if j >= 1 and s.at[j] == t then return j end
-    table.insert(s.at, j + 1, t)
-    table.insert(s.counted, j + 1, 0)
-    table.insert(s.pending, j + 1, 0)
-    return j + 1
+  -- Adds u units counted at t, in time order (merged with units of the same time).
+  local function add(s, t, u)
+    local j = #s.et
+    while j >= 1 and s.et[j] > t do j = j - 1 end
+    if j >= 1 and s.et[j] == t then
+      s.eu[j] = s.eu[j] + u
+      return
+    end
+    table.insert(s.et, j + 1, t)
+    table.insert(s.eu, j + 1, u)
   end
 
   local function units(s)
     local u = 0
-    for j = 1, #s.at do u = u + s.counted[j] end
+    for j = 1, #s.eu do u = u + s.eu[j] end
     return u
   end
 
@@ -100,51 +107,56 @@ local function penalty_rule()
     if ban > l.max then ban = l.max end
     s['until'] = t + ban
     s.since = s['until']
-    s.at, s.counted, s.pending = {}, {}, {}
+    s.et, s.eu, s.rid, s.rat, s.ru = {}, {}, {}, {}, {}
     return {4, s['until'], s.level}
   end
 
-  -- Admission replies: {0} admitted, {1, until, level} banned, {2, until} full.
-  function P.admit(l, s, reserve, t)
+  -- When the window holding `held` units has room again: its oldest units gone.
+  local function room_at(l, s, held)
+    local all = {}
+    for j = 1, #s.et do all[#all + 1] = {s.et[j], s.eu[j]} end
+    for j = 1, #s.rat do all[#all + 1] = {s.rat[j], s.ru[j]} end
+    table.sort(all, function(x, y)
+      if x[1] ~= y[1] then return x[1] < y[1] end
+      return x[2] < y[2]
+    end)
+    for _, e in ipairs(all) do
+      held = held - e[2]
+      if held < l.after then return e[1] + l.within end
+    end
+    return 0
+  end
+
+  -- Admission of the request `id` (a lease id's decimal text) reserving up to `reserve`:
+  -- {0} admitted, {1, until, level} banned, {2, until} full.
+  function P.admit(l, s, id, reserve, t)
     if not free(l, s, t) then return {1, s['until'], s.level} end
     drop_old(l, s, t)
-    local held = 0
-    for j = 1, #s.at do held = held + s.counted[j] + s.pending[j] end
-    if held >= l.after then
-      for j = 1, #s.at do
-        held = held - s.counted[j] - s.pending[j]
-        if held < l.after then return {2, s.at[j] + l.within} end
-      end
-      return {2, 0}
-    end
+    local held = units(s)
+    for j = 1, #s.ru do held = held + s.ru[j] end
+    if held >= l.after then return {2, room_at(l, s, held)} end
     if reserve > l.after then reserve = l.after end
     if reserve > 0 then
-      local j = entry_at(s, t)
-      s.pending[j] = s.pending[j] + reserve
+      local j = #s.rid + 1
+      s.rid[j], s.rat[j], s.ru[j] = id, t, reserve
     end
     return {0}
   end
 
-  function P.settle(l, s, keytext, at, reserved, counted, t)
+  function P.settle(l, s, keytext, id, counted, t)
     local banned = not free(l, s, t)
     drop_old(l, s, t)
-    local j = #s.at
-    while j >= 1 and s.at[j] ~= at do j = j - 1 end
-    if j == 0 then return {5} end
-    if reserved > l.after then reserved = l.after end
-    if reserved > s.pending[j] then reserved = s.pending[j] end
-    s.pending[j] = s.pending[j] - reserved
-    if counted > reserved then counted = reserved end
-    if banned or counted == 0 then
-      if s.pending[j] == 0 and s.counted[j] == 0 then
-        table.remove(s.at, j)
-        table.remove(s.counted, j)
-        table.remove(s.pending, j)
-      end
-      if banned then return {5} end
-      return {3, units(s)}
-    end
-    s.counted[j] = s.counted[j] + counted
+    local j = 1
+    while j <= #s.rid and s.rid[j] ~= id do j = j + 1 end
+    if j > #s.rid then return {5} end
+    local at, u = s.rat[j], s.ru[j]
+    table.remove(s.rid, j)
+    table.remove(s.rat, j)
+    table.remove(s.ru, j)
+    if counted > u then counted = u end
+    if banned then return {5} end
+    if counted == 0 then return {3, units(s)} end
+    add(s, at, counted)
     return tally(l, s, keytext, t)
   end
 
@@ -153,38 +165,51 @@ local function penalty_rule()
     drop_old(l, s, t)
     if n > l.after then n = l.after end
     if n == 0 then return {3, units(s)} end
-    local j = entry_at(s, t)
-    s.counted[j] = s.counted[j] + n
+    add(s, t, n)
     return tally(l, s, keytext, t)
   end
 
+  -- {1, level, since, until, n, n pairs (time, units), m, m triples (id, time, units)}.
   function P.encode(s)
-    local v = {1, s.level, s.since, s['until'], #s.at}
-    for j = 1, #s.at do
-      v[#v + 1], v[#v + 2], v[#v + 3] = s.at[j], s.counted[j], s.pending[j]
-    end
+    local v = {1, s.level, s.since, s['until'], #s.et}
+    for j = 1, #s.et do v[#v + 1], v[#v + 2] = s.et[j], s.eu[j] end
+    v[#v + 1] = #s.rid
+    for j = 1, #s.rid do v[#v + 1], v[#v + 2], v[#v + 3] = s.rid[j], s.rat[j], s.ru[j] end
     return cmsgpack.pack(v)
   end
 
-  -- A stored state, or nil and why it is not one (a foreign value: read as no state).
+  -- A stored state, or nil and why it is not one (a foreign value: read as no state). At
+  -- most MAX_AFTER (src/algo/penalty.rs) entries of each list, whatever the ladder now says:
+  -- a ladder edited to a smaller `after` still reads its keys' bans.
   function P.decode(raw)
     local ok, v = pcall(cmsgpack.unpack, raw)
     if not ok or type(v) ~= 'table' or v[1] ~= 1 then return nil, 'not a penalty state' end
-    local function whole(x) return type(x) == 'number' and x == math.floor(x) and x >= 0 and x < 2^53 end
+    local function whole(x)
+      return type(x) == 'number' and x == math.floor(x) and x >= 0 and x < 2^53
+    end
     local n = v[5]
-    -- At most 2 * MAX_AFTER entries (src/algo/penalty.rs), whatever the ladder now says: a
-    -- ladder edited to a smaller `after` still reads its keys' bans.
-    if not (whole(v[2]) and whole(v[3]) and whole(v[4]) and whole(n)) or n > 2000 then
+    if not (whole(v[2]) and whole(v[3]) and whole(v[4]) and whole(n)) or n > 1000 then
       return nil, 'the penalty state is out of range'
     end
     local s = P.fresh()
     s.level, s.since, s['until'] = v[2], v[3], v[4]
+    local b = 6
     for j = 1, n do
-      local b = 5 + (j - 1) * 3
-      if not (whole(v[b + 1]) and whole(v[b + 2]) and whole(v[b + 3])) then
+      if not (whole(v[b]) and whole(v[b + 1])) then
         return nil, 'the penalty state has a malformed entry'
       end
-      s.at[j], s.counted[j], s.pending[j] = v[b + 1], v[b + 2], v[b + 3]
+      s.et[j], s.eu[j] = v[b], v[b + 1]
+      b = b + 2
+    end
+    local m = v[b]
+    if not whole(m) or m > 1000 then return nil, 'the penalty state is out of range' end
+    b = b + 1
+    for j = 1, m do
+      if type(v[b]) ~= 'string' or not (whole(v[b + 1]) and whole(v[b + 2])) then
+        return nil, 'the penalty state has a malformed reservation'
+      end
+      s.rid[j], s.rat[j], s.ru[j] = v[b], v[b + 1], v[b + 2]
+      b = b + 3
     end
     return s
   end

@@ -8,7 +8,8 @@ use crate::algo::penalty::{Admission, Ladder, PenaltyState, Tally};
 use fred::prelude::{Client, ClientLike, Config, LuaInterface};
 
 /// Runs `ops` on a fresh state in the script, the state encoded and decoded after each op:
-/// each op's reply, then the final state (level, since, until, then each entry's three).
+/// each op's reply, then the final state (level, since, until, each counted entry's time and
+/// units, each reservation's id, time and units), every number as its decimal text.
 const DRIVER: &str = r#"
 local P = penalty_rule()
 local l = {after = tonumber(ARGV[1]), within = tonumber(ARGV[2]), base = tonumber(ARGV[3]),
@@ -22,12 +23,11 @@ while a <= #ARGV do
   local op = ARGV[a]
   local reply
   if op == 'a' then
-    reply = P.admit(l, s, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]))
-    a = a + 3
+    reply = P.admit(l, s, ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+    a = a + 4
   elseif op == 's' then
-    reply = P.settle(l, s, keytext, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
-      tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
-    a = a + 5
+    reply = P.settle(l, s, keytext, ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+    a = a + 4
   else
     reply = P.count(l, s, keytext, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]))
     a = a + 3
@@ -37,31 +37,33 @@ while a <= #ARGV do
   s, err = P.decode(P.encode(s))
   if not s then return redis.error_reply(err) end
 end
-out[#out + 1] = s.level
-out[#out + 1] = s.since
-out[#out + 1] = s['until']
-for j = 1, #s.at do
-  out[#out + 1] = s.at[j]
-  out[#out + 1] = s.counted[j]
-  out[#out + 1] = s.pending[j]
+for _, v in ipairs({s.level, s.since, s['until']}) do out[#out + 1] = v end
+for j = 1, #s.et do out[#out + 1], out[#out + 2] = s.et[j], s.eu[j] end
+for j = 1, #s.rid do out[#out + 1], out[#out + 2], out[#out + 3] = s.rid[j], s.rat[j], s.ru[j] end
+for j = 1, #out do
+  if type(out[j]) == 'number' then out[j] = string.format('%.0f', out[j]) end
 end
 return out
 "#;
 
-fn admission(a: Admission) -> Vec<i64> {
+fn admission(a: Admission) -> Vec<u64> {
     match a {
         Admission::Admitted => vec![0],
-        Admission::Banned { until, level } => vec![1, until as i64, i64::from(level)],
-        Admission::Full { until } => vec![2, until as i64],
+        Admission::Banned { until, level } => vec![1, until, u64::from(level)],
+        Admission::Full { until } => vec![2, until],
     }
 }
 
-fn tally(t: Tally) -> Vec<i64> {
+fn tally(t: Tally) -> Vec<u64> {
     match t {
-        Tally::Counted(u) => vec![3, u as i64],
-        Tally::Banned { until, level } => vec![4, until as i64, i64::from(level)],
+        Tally::Counted(u) => vec![3, u],
+        Tally::Banned { until, level } => vec![4, until, u64::from(level)],
         Tally::Ignored => vec![5],
     }
+}
+
+fn text(list: Vec<u64>) -> impl Iterator<Item = String> {
+    list.into_iter().map(|n| n.to_string())
 }
 
 #[tokio::test]
@@ -105,49 +107,47 @@ async fn the_script_decides_every_step_as_the_rust_rule() {
             .map(u64::to_string)
             .collect();
         args.push(key.clone());
-        let mut expect: Vec<i64> = Vec::new();
-        let mut open: Vec<(u64, u64)> = Vec::new();
+        let mut expect: Vec<String> = Vec::new();
+        let mut open: Vec<u64> = Vec::new();
         let mut now = T0;
         for _ in 0..120 {
             now += next(3) * next(8);
             match next(3) {
                 0 => {
-                    let reserve = next(4);
-                    let got = s.admit(&l, reserve, now);
+                    // Lease ids are any u64: the script keeps them as text.
+                    let (id, reserve) = (next(u64::MAX), next(4));
+                    let got = s.admit(&l, (id, reserve), now);
                     if got == Admission::Admitted {
-                        open.push((now, reserve));
+                        open.push(id);
                     }
-                    expect.extend(admission(got));
-                    args.extend(["a".into(), reserve.to_string(), now.to_string()]);
+                    expect.extend(text(admission(got)));
+                    args.push("a".into());
+                    args.extend(text(vec![id, reserve, now]));
                 }
                 1 if !open.is_empty() => {
-                    let (at, reserved) = open.remove(next(open.len() as u64) as usize);
-                    let counted = next(reserved + 2);
-                    expect.extend(tally(s.settle(
-                        &l,
-                        key.as_bytes(),
-                        (at, reserved),
-                        counted,
-                        now,
-                    )));
-                    args.extend(
-                        ["s".into(), at.to_string(), reserved.to_string()]
-                            .into_iter()
-                            .chain([counted.to_string(), now.to_string()]),
-                    );
+                    let id = open.remove(next(open.len() as u64) as usize);
+                    let counted = next(5);
+                    let got = s.settle(&l, key.as_bytes(), id, counted, now);
+                    expect.extend(text(tally(got)));
+                    args.push("s".into());
+                    args.extend(text(vec![id, counted, now]));
                 }
                 _ => {
                     let units = next(3);
-                    expect.extend(tally(s.count(&l, key.as_bytes(), units, now)));
-                    args.extend(["c".into(), units.to_string(), now.to_string()]);
+                    expect.extend(text(tally(s.count(&l, key.as_bytes(), units, now))));
+                    args.push("c".into());
+                    args.extend(text(vec![units, now]));
                 }
             }
         }
-        expect.extend([i64::from(s.level), s.since as i64, s.banned_until as i64]);
-        for e in &s.events {
-            expect.extend([e.at as i64, e.counted as i64, e.pending as i64]);
+        expect.extend(text(vec![u64::from(s.level), s.since, s.banned_until]));
+        for &(at, units) in &s.events {
+            expect.extend(text(vec![at, units]));
         }
-        let got: Vec<i64> = client
+        for r in &s.reservations {
+            expect.extend(text(vec![r.id, r.at, r.units]));
+        }
+        let got: Vec<String> = client
             .eval(script.as_str(), Vec::<String>::new(), args)
             .await
             .unwrap();
