@@ -189,6 +189,62 @@ mod tests {
         response.body(()).unwrap().into_parts().0
     }
 
+    /// Polls `f` to its end with no runtime around it (a layer driven by another executor).
+    fn no_runtime<F: std::future::Future>(f: F) -> F::Output {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        for _ in 0..1_000 {
+            if let std::task::Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+                return out;
+            }
+        }
+        panic!("a memory store's request never ended");
+    }
+
+    /// An uncounted outcome gives its unit back with no tokio runtime (the settle's timeout
+    /// needed one: the response panicked).
+    #[test]
+    #[cfg(feature = "axum")]
+    fn an_outcome_settles_outside_a_tokio_runtime() {
+        use tower_layer::Layer;
+        use tower_service::Service;
+        let limits = crate::Limits::from_yaml_str("Logins: {burst: 3, count: 3, period: 1h}", None);
+        let limiter = crate::Limiter::new(limits.unwrap(), crate::MemoryBackend::new());
+        let rule = crate::Rule::new("Logins", crate::Header::new("x-account"))
+            .count_when(CountWhen::new().status(401, 1));
+        let layer = crate::RateLimitLayer::new(limiter.clone(), [rule]).unwrap();
+        /// A service that answers 200 to everything.
+        #[derive(Clone)]
+        struct Ok200;
+        impl Service<http::Request<String>> for Ok200 {
+            type Response = http::Response<axum::body::Body>;
+            type Error = std::convert::Infallible;
+            type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+            fn poll_ready(
+                &mut self,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Result<(), Self::Error>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, _: http::Request<String>) -> Self::Future {
+                std::future::ready(Ok(http::Response::new(axum::body::Body::from("ok"))))
+            }
+        }
+        let mut service = layer.layer(Ok200);
+        for _ in 0..10 {
+            let request = http::Request::builder()
+                .header("x-account", "a")
+                .body(String::new())
+                .unwrap();
+            let response = no_runtime(service.call(request)).unwrap();
+            assert_eq!(response.status(), 200);
+        }
+        let key = limiter.key("Logins", crate::Id::new("a").unwrap()).unwrap();
+        let probe = crate::Transaction::new(key).cost(0);
+        let remaining = no_runtime(limiter.check(&[probe])).unwrap().decisions()[0].remaining();
+        assert_eq!(remaining, 3, "ten successes count nothing");
+    }
+
     #[test]
     fn the_first_case_that_matches_gives_the_weight() {
         let cw = CountWhen::new()

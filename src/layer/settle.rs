@@ -464,11 +464,21 @@ enum Unsettled {
     Timeout(Duration),
 }
 
-/// `f` within the layer's backend timeout.
+/// `f` within the layer's backend timeout. A store that answers at once (memory) sets no
+/// timer; without a tokio runtime (no timer to set: a layer polled by another executor), `f`
+/// is awaited as it is.
 async fn within<T>(
     timeout: Duration,
     f: impl Future<Output = Result<T, crate::limiter::LimiterError>>,
 ) -> Result<T, Unsettled> {
+    let mut f = std::pin::pin!(f);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(r) = first {
+        return Ok(r?);
+    }
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Ok(f.await?);
+    }
     match tokio::time::timeout(timeout, f).await {
         Ok(r) => Ok(r?),
         Err(_) => Err(Unsettled::Timeout(timeout)),
