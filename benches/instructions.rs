@@ -104,6 +104,10 @@ const VARIANTS: &[(&str, &str)] = &[
         "axum + ours, 1 rule, no headers on allowed",
     ),
     (
+        "http_ours_1_rule_count_when",
+        "axum + ours, 1 rule counting only 401s (each 200 gives its unit back), RateLimit headers",
+    ),
+    (
         "http_ours_3_rules",
         "axum + ours, 3 rules, RateLimit headers",
     ),
@@ -250,6 +254,7 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 "http_bare" => common::apps::bare(),
                 "http_ours_1_rule" => common::apps::ours(1, true),
                 "http_ours_1_rule_no_headers" => common::apps::ours(1, false),
+                "http_ours_1_rule_count_when" => common::apps::ours_count_when(),
                 "http_ours_2_rules" => common::apps::ours(2, true),
                 "http_ours_2_rules_same_header" => common::apps::ours_same_header(),
                 "http_ours_3_rules" => common::apps::ours(3, true),

@@ -58,6 +58,7 @@ row http_request_only http_bare
 row http_bare http_bare http_bare
 row http_ours_1_rule http_bare http_bare
 row http_ours_1_rule_no_headers http_bare http_bare
+row http_ours_1_rule_count_when http_ours_1_rule http_ours_1_rule
 row http_ours_2_rules http_bare http_bare
 row http_ours_2_rules_same_header http_bare http_bare
 row http_ours_3_rules http_bare http_bare

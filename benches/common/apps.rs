@@ -10,7 +10,8 @@ use axum::{Router, body::Body, routing::get};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_ratelimits::{
-    ClientIp, ErrorBody, FieldStyle, Header, Ipv6Range48, OnMissingKey, RateLimitLayer, Rule,
+    ClientIp, CountWhen, ErrorBody, FieldStyle, Header, Ipv6Range48, OnMissingKey, RateLimitLayer,
+    Rule,
 };
 use tower_ratelimits::{Limiter, Limits, MemoryBackend};
 
@@ -72,6 +73,19 @@ pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
         } else {
             FieldStyle::IetfOnDenials
         })
+        .build()
+        .unwrap();
+    served(hello().layer(layer))
+}
+
+/// Ours with one rule per IP that counts only failed logins (`count_when` a 401, weight 1),
+/// fields on allowed responses: every response is a success, so each request reserves a unit
+/// and gives it back when its head is seen (a refund, the store's second call).
+pub fn ours_count_when() -> Router {
+    let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), memory());
+    let layer = RateLimitLayer::builder(limiter)
+        .rule(Rule::new("PerIp", ClientIp::new()).count_when(CountWhen::new().status(401, 1)))
+        .fields(FieldStyle::Ietf)
         .build()
         .unwrap();
     served(hello().layer(layer))
