@@ -10,3 +10,19 @@ pub mod gcra;
 pub(crate) mod penalty;
 pub(crate) mod regions;
 pub mod tiers;
+
+/// The random numbers of the property tests of every room (the algorithms' and the stores'):
+/// xorshift, seeded by the test, so a failing case is the same on every run.
+#[cfg(test)]
+pub(crate) struct Rng(pub(crate) u64);
+
+#[cfg(test)]
+impl Rng {
+    /// A number below `n`.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}

@@ -234,13 +234,8 @@ struct Naive {
 
 #[test]
 fn the_window_decides_as_a_naive_model_and_never_lets_after_units_through() {
-    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
-    let mut next = |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut rng = crate::algo::Rng(0x2545_f491_4f6c_dd1d);
+    let mut next = |n: u64| rng.below(n);
     for case in 0..300 {
         let after = 1 + next(6);
         let within = 1 + next(20);
@@ -402,98 +397,144 @@ struct Flight {
     bans_before: usize,
 }
 
+/// The naive model of requests in flight: every request kept, each decision summed from
+/// scratch, beside the state under test.
+struct InFlight {
+    l: Ladder,
+    after: u64,
+    within: u64,
+    s: PenaltyState,
+    now: u64,
+    bans: usize,
+    flights: Vec<Flight>,
+}
+
+impl InFlight {
+    fn in_window(&self, f: &Flight) -> bool {
+        !f.cleared && f.at + self.within > self.now
+    }
+
+    /// A request reserving `reserve`: admitted as the model says (its outcome's weight then
+    /// `weight`); `Err` with both answers otherwise.
+    fn admit(&mut self, reserve: u64, weight: u64) -> Result<(), String> {
+        let held: u64 = (self.flights.iter().filter(|f| self.in_window(f)))
+            .map(|f| f.settled.unwrap_or(f.reserve.min(self.after)))
+            .sum();
+        let expect = if self.now < self.s.banned_until {
+            "banned"
+        } else if held >= self.after {
+            "full"
+        } else {
+            "admitted"
+        };
+        let id = self.flights.len() as u64;
+        let got = match self.s.admit(&self.l, (id, reserve), self.now) {
+            Admission::Admitted => "admitted",
+            Admission::Banned { .. } => "banned",
+            Admission::Full { .. } => "full",
+        };
+        if got != expect {
+            return Err(format!("admission {got}, the model {expect}"));
+        }
+        if got == "admitted" {
+            self.flights.push(Flight {
+                at: self.now,
+                reserve,
+                weight,
+                settled: None,
+                cleared: false,
+                bans_before: self.bans,
+            });
+        }
+        Ok(())
+    }
+
+    /// The outcome of request `i`, as the model says; `Err` with both answers otherwise.
+    fn settle(&mut self, i: usize) -> Result<(), String> {
+        let (f, after) = (self.flights[i], self.after);
+        let got = self.s.settle(&self.l, b"k", i as u64, f.weight, self.now);
+        let banned_before = self.now < self.s.banned_until && !matches!(got, Tally::Banned { .. });
+        let expect = if banned_before || !self.in_window(&f) {
+            Tally::Ignored
+        } else {
+            let counted: u64 = (self.flights.iter().filter(|g| self.in_window(g)))
+                .filter_map(|g| g.settled)
+                .sum::<u64>()
+                + f.weight.min(after);
+            if f.weight > 0 && counted >= after {
+                Tally::Banned {
+                    until: self.s.banned_until,
+                    level: self.s.level,
+                }
+            } else {
+                Tally::Counted(counted)
+            }
+        };
+        self.flights[i].settled = Some(f.weight.min(after));
+        if got != expect {
+            return Err(format!("{f:?}: {got:?}, the model {expect:?}"));
+        }
+        if let Tally::Banned { .. } = got {
+            self.bans += 1;
+            for g in &mut self.flights {
+                g.cleared = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Between two bans, the requests admitted within any window count at most `after - 1`
+    /// plus the last one's weight (at most 3), with any number in flight.
+    fn check_windows(&self) -> Result<(), String> {
+        for f in &self.flights {
+            let through: u64 = (self.flights.iter())
+                .filter(|g| g.bans_before == f.bans_before && g.at >= f.at)
+                .filter(|g| g.at < f.at + self.within)
+                .map(|g| g.weight.min(self.after))
+                .sum();
+            if through >= self.after + 3 {
+                return Err(format!("{through} units through from {f:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[test]
 fn requests_in_flight_decide_as_a_naive_model_and_never_pass_after_in_a_window() {
-    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut next = |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut rng = crate::algo::Rng(0x9e37_79b9_7f4a_7c15);
+    let mut next = |n: u64| rng.below(n);
     for case in 0..300 {
-        let after = 1 + next(8);
-        let within = 1 + next(30);
+        let (after, within) = (1 + next(8), 1 + next(30));
         let l = Ladder::new(after, within, 1 + next(20), 1 + next(3), 400)
             .unwrap()
             .forget_after(1 + next(50))
             .unwrap();
-        let (mut s, mut now, mut bans) = (PenaltyState::default(), 0u64, 0usize);
-        let mut flights: Vec<Flight> = Vec::new();
+        let s = PenaltyState::default();
+        let (now, bans, flights) = (0, 0, Vec::new());
+        let mut m = InFlight {
+            l,
+            after,
+            within,
+            s,
+            now,
+            bans,
+            flights,
+        };
         for step in 0..400 {
-            now += u64::from(next(3) == 0) * next(4);
-            let in_window = |f: &Flight| !f.cleared && f.at + within > now;
-            let open: Vec<usize> = (0..flights.len())
-                .filter(|&i| flights[i].settled.is_none())
+            m.now += u64::from(next(3) == 0) * next(4);
+            let open: Vec<usize> = (0..m.flights.len())
+                .filter(|&i| m.flights[i].settled.is_none())
                 .collect();
-            if open.is_empty() || next(2) == 0 {
+            let result = if open.is_empty() || next(2) == 0 {
                 let reserve = 1 + next(3);
-                let held: u64 = (flights.iter().filter(|f| in_window(f)))
-                    .map(|f| f.settled.unwrap_or(f.reserve.min(after)))
-                    .sum();
-                let expect = if now < s.banned_until {
-                    "banned"
-                } else if held >= after {
-                    "full"
-                } else {
-                    "admitted"
-                };
-                let got = match s.admit(&l, (flights.len() as u64, reserve), now) {
-                    Admission::Admitted => "admitted",
-                    Admission::Banned { .. } => "banned",
-                    Admission::Full { .. } => "full",
-                };
-                assert_eq!(got, expect, "case {case} step {step}");
-                if got == "admitted" {
-                    let weight = next(reserve + 1);
-                    flights.push(Flight {
-                        at: now,
-                        reserve,
-                        weight,
-                        settled: None,
-                        cleared: false,
-                        bans_before: bans,
-                    });
-                }
-                continue;
-            }
-            let i = open[next(open.len() as u64) as usize];
-            let f = flights[i];
-            let got = s.settle(&l, b"k", i as u64, f.weight, now);
-            let banned_before = now < s.banned_until && !matches!(got, Tally::Banned { .. });
-            let expect = if banned_before || !in_window(&f) {
-                Tally::Ignored
+                m.admit(reserve, next(reserve + 1))
             } else {
-                let counted: u64 = (flights.iter().filter(|g| in_window(g)))
-                    .filter_map(|g| g.settled)
-                    .sum::<u64>()
-                    + f.weight.min(after);
-                if f.weight > 0 && counted >= after {
-                    Tally::Banned {
-                        until: s.banned_until,
-                        level: s.level,
-                    }
-                } else {
-                    Tally::Counted(counted)
-                }
+                m.settle(open[next(open.len() as u64) as usize])
             };
-            flights[i].settled = Some(f.weight.min(after));
-            assert_eq!(got, expect, "case {case} step {step}: {f:?}");
-            if let Tally::Banned { .. } = got {
-                bans += 1;
-                for g in &mut flights {
-                    g.cleared = true;
-                }
-            }
+            result.unwrap_or_else(|e| panic!("case {case} step {step}: {e}"));
         }
-        // Between two bans, the requests admitted within any window count at most
-        // `after - 1` plus the last one's weight (at most 3), with any number in flight.
-        for f in &flights {
-            let through: u64 = (flights.iter())
-                .filter(|g| g.bans_before == f.bans_before && g.at >= f.at && g.at < f.at + within)
-                .map(|g| g.weight.min(after))
-                .sum();
-            assert!(through < after + 3, "case {case}: {through} from {f:?}");
-        }
+        m.check_windows()
+            .unwrap_or_else(|e| panic!("case {case}: {e}"));
     }
 }

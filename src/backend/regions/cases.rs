@@ -6,17 +6,8 @@ use crate::algo::gcra::{self, GcraOutcome, Limit};
 use crate::algo::regions::{RegionKey, Share};
 use crate::config::RegionFloor;
 
-/// A small deterministic generator (xorshift), so a failure names its case.
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
+// The cases' generator: the property tests' one (`algo::Rng`).
+pub(crate) use crate::algo::Rng;
 
 /// One share bucket's record and one spend on it at `now`.
 #[derive(Debug, Clone, Copy)]

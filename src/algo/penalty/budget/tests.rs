@@ -121,13 +121,8 @@ fn every_time(
 
 #[test]
 fn the_times_the_budget_tries_find_what_trying_every_time_finds() {
-    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
-    let mut next = |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut rng = crate::algo::Rng(0x2545_f491_4f6c_dd1d);
+    let mut next = |n: u64| rng.below(n);
     for case in 0..120 {
         let base = 1 + next(10);
         let l = Ladder::new(

@@ -66,87 +66,93 @@ fn text(list: Vec<u64>) -> impl Iterator<Item = String> {
     list.into_iter().map(|n| n.to_string())
 }
 
+/// A random ladder (small: bans, decay and jitter all reached; or at the bounds when `big`)
+/// and its arguments for the driver.
+fn random_ladder(big: bool, next: &mut impl FnMut(u64) -> u64) -> (Ladder, Vec<String>) {
+    let (after, within, base) = if big {
+        (1_000, 8_640_000_000_000, 86_400_000_000)
+    } else {
+        (1 + next(6), 1 + next(40), 1 + next(30))
+    };
+    let factor = if big { 1_000 } else { 1 + next(4) };
+    let max = if big {
+        8_640_000_000_000
+    } else {
+        base * (1 + next(30))
+    };
+    let forget = 1 + next(60);
+    let jitter = [0, 1, 250, 1_000][next(4) as usize];
+    let l = Ladder::new(after, within, base, factor, max)
+        .and_then(|l| l.forget_after(forget))
+        .and_then(|l| l.jitter(jitter))
+        .unwrap();
+    let args = text(vec![after, within, base, factor, max, forget, jitter]).collect();
+    (l, args)
+}
+
+/// 120 random steps on `l` for `key` in the Rust rule: the driver's arguments for them, and
+/// what the Rust rule answered and holds at the end, as the driver returns it.
+fn random_steps(
+    l: &Ladder,
+    key: &str,
+    next: &mut impl FnMut(u64) -> u64,
+) -> (Vec<String>, Vec<String>) {
+    const T0: u64 = 1_700_000_000_000_000;
+    let (mut s, mut now) = (PenaltyState::default(), T0);
+    let (mut args, mut expect, mut open) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..120 {
+        now += next(3) * next(8);
+        match next(3) {
+            0 => {
+                // Lease ids are any u64: the script keeps them as text.
+                let (id, reserve) = (next(u64::MAX), next(4));
+                let got = s.admit(l, (id, reserve), now);
+                if got == Admission::Admitted {
+                    open.push(id);
+                }
+                expect.extend(text(admission(got)));
+                args.push("a".to_owned());
+                args.extend(text(vec![id, reserve, now]));
+            }
+            1 if !open.is_empty() => {
+                let id = open.remove(next(open.len() as u64) as usize);
+                let counted = next(5);
+                expect.extend(text(tally(s.settle(l, key.as_bytes(), id, counted, now))));
+                args.push("s".to_owned());
+                args.extend(text(vec![id, counted, now]));
+            }
+            _ => {
+                let units = next(3);
+                expect.extend(text(tally(s.count(l, key.as_bytes(), units, now))));
+                args.push("c".to_owned());
+                args.extend(text(vec![units, now]));
+            }
+        }
+    }
+    expect.extend(text(vec![u64::from(s.level), s.since, s.banned_until]));
+    for &(at, units) in &s.events {
+        expect.extend(text(vec![at, units]));
+    }
+    for r in &s.reservations {
+        expect.extend(text(vec![r.id, r.at, r.units]));
+    }
+    (args, expect)
+}
+
 #[tokio::test]
 async fn the_script_decides_every_step_as_the_rust_rule() {
     let server = redis();
     let client = Client::new(Config::from_url(&server.url).unwrap(), None, None, None);
     client.init().await.unwrap();
     let script = format!("{}\n{DRIVER}", include_str!("../penalty.lua"));
-    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut next = |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
-    const T0: u64 = 1_700_000_000_000_000;
+    let mut rng = crate::algo::Rng(0x9e37_79b9_7f4a_7c15);
+    let mut next = |n: u64| rng.below(n);
     for case in 0..60 {
-        // Small ladders (bans, decay, jitter all reached), and a few at the bounds.
-        let big = case % 10 == 9;
-        let (after, within, base) = if big {
-            (1_000, 8_640_000_000_000, 86_400_000_000)
-        } else {
-            (1 + next(6), 1 + next(40), 1 + next(30))
-        };
-        let factor = if big { 1_000 } else { 1 + next(4) };
-        let max = if big {
-            8_640_000_000_000
-        } else {
-            base * (1 + next(30))
-        };
-        let forget = 1 + next(60);
-        let jitter = [0, 1, 250, 1_000][next(4) as usize];
-        let l = Ladder::new(after, within, base, factor, max)
-            .and_then(|l| l.forget_after(forget))
-            .and_then(|l| l.jitter(jitter))
-            .unwrap();
+        let (l, mut args) = random_ladder(case % 10 == 9, &mut next);
         let key = format!("Login:user{case}");
-        let mut s = PenaltyState::default();
-        let mut args: Vec<String> = [after, within, base, factor, max, forget, jitter]
-            .iter()
-            .map(u64::to_string)
-            .collect();
         args.push(key.clone());
-        let mut expect: Vec<String> = Vec::new();
-        let mut open: Vec<u64> = Vec::new();
-        let mut now = T0;
-        for _ in 0..120 {
-            now += next(3) * next(8);
-            match next(3) {
-                0 => {
-                    // Lease ids are any u64: the script keeps them as text.
-                    let (id, reserve) = (next(u64::MAX), next(4));
-                    let got = s.admit(&l, (id, reserve), now);
-                    if got == Admission::Admitted {
-                        open.push(id);
-                    }
-                    expect.extend(text(admission(got)));
-                    args.push("a".into());
-                    args.extend(text(vec![id, reserve, now]));
-                }
-                1 if !open.is_empty() => {
-                    let id = open.remove(next(open.len() as u64) as usize);
-                    let counted = next(5);
-                    let got = s.settle(&l, key.as_bytes(), id, counted, now);
-                    expect.extend(text(tally(got)));
-                    args.push("s".into());
-                    args.extend(text(vec![id, counted, now]));
-                }
-                _ => {
-                    let units = next(3);
-                    expect.extend(text(tally(s.count(&l, key.as_bytes(), units, now))));
-                    args.push("c".into());
-                    args.extend(text(vec![units, now]));
-                }
-            }
-        }
-        expect.extend(text(vec![u64::from(s.level), s.since, s.banned_until]));
-        for &(at, units) in &s.events {
-            expect.extend(text(vec![at, units]));
-        }
-        for r in &s.reservations {
-            expect.extend(text(vec![r.id, r.at, r.units]));
-        }
+        let (steps, expect) = random_steps(&l, &key, &mut next);
+        args.extend(steps);
         let got: Vec<String> = client
             .eval(script.as_str(), Vec::<String>::new(), args)
             .await
