@@ -723,6 +723,33 @@ fn an_outcome_rule_counts_the_logged_failures_only() {
     );
 }
 
+#[test]
+fn an_outcome_rule_counts_the_logged_slow_answers_only() {
+    // Two slow answers an hour per address: a response's latency is its logged duration, on
+    // the replay's clock (up to 1 ms long: tokio's resolution, `docs/replay.md`). Fast lines
+    // count nothing; the third slow line is refused (it reserves its weight before its
+    // duration is known), and so is every later line.
+    let rules = "- limit: Slow\n  key: client_ip\n  count_when: [{latency_above: 2s}]\n";
+    let l = "Slow: {kind: ip, burst: 2, count: 2, period: 1h}\n";
+    let took = |s: &str, ms: u32| line(s, "192.0.2.1", &format!(",\"duration_ms\":{ms}"));
+    let log = [
+        took("00", 100),
+        took("03", 2_500),
+        took("06", 1_998),
+        took("09", 1_900),
+        took("12", 3_000),
+        took("16", 5),
+        took("17", 9_000),
+    ]
+    .concat();
+    let plan = replay(rules, l, l, log);
+    assert_eq!(
+        (plan.requests, plan.current.allowed, plan.current.denied),
+        (7, 5, 2),
+        "1,998 ms is not above 2 s; the 2.5 s and 3 s answers fill the limit"
+    );
+}
+
 /// A snapshot holding what no deployment wrote (times far ahead of its instant, more leases
 /// than the limit, an instant before or after every line) starts a replay that decides every
 /// line as a store would read such values: foreign ones as the script reads them, never a

@@ -5,14 +5,19 @@
 //! before the service runs), and its response settles what its outcome counts (the rest is
 //! given back). A request that ends without a response keeps its reservation: hanging up
 //! does not escape counting.
+//!
+//! Most cases are read in the response head. A gRPC status may come in the trailers instead
+//! (a call that answered a message first): a rule with a gRPC case reads the head when it
+//! comes ([`Marks`]) and settles when the body ends, from the trailers.
 
 use std::ops::RangeInclusive;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::response::Parts;
-use http::{HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::settle::{MOST_UNITS_REPORTED, Settle, SettleError, header_name};
+use super::settle::error::{MOST_UNITS_REPORTED, SettleError, header_name};
 
 type OutcomeFn = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
@@ -20,7 +25,13 @@ type OutcomeFn = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 ///
 /// Cases are tried in the order they were added, and the first that matches gives the
 /// response's weight; a response no case matches counts nothing. Weights are 0 to 2^40 (a
-/// case of weight 0 names an outcome that never counts, ahead of broader cases).
+/// case of weight 0 names an outcome that never counts, ahead of broader cases); a rule has
+/// at most 64 cases.
+///
+/// A rule with a [`grpc_status`](Self::grpc_status) case settles when the response's body
+/// ends, where a gRPC call's status is (its trailers; a call refused at once has it in its
+/// head). A gRPC response whose status never comes (the client went away, the body broke
+/// off) keeps the whole reservation, as a request without a response does.
 ///
 /// ```
 /// use tower_ratelimits::{CountWhen, Header, Rule};
@@ -46,8 +57,16 @@ enum Matcher {
     Status(RangeInclusive<u16>),
     Header(HeaderName),
     HeaderEquals(HeaderName, HeaderValue),
+    GrpcStatus(u8),
+    LatencyAbove(Duration),
     Head(OutcomeFn),
 }
+
+/// The most cases a [`CountWhen`] may have.
+pub(crate) const MOST_CASES: usize = 64;
+
+/// The highest gRPC status code (`UNAUTHENTICATED`, 16).
+const MOST_GRPC_CODE: u32 = 16;
 
 impl std::fmt::Debug for CountWhen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -58,6 +77,12 @@ impl std::fmt::Debug for CountWhen {
                 Matcher::Header(name) => list.entry(&format_args!("header {name}: {weight}")),
                 Matcher::HeaderEquals(name, value) => {
                     list.entry(&format_args!("header {name} = {value:?}: {weight}"))
+                }
+                Matcher::GrpcStatus(code) => {
+                    list.entry(&format_args!("grpc-status {code}: {weight}"))
+                }
+                Matcher::LatencyAbove(bound) => {
+                    list.entry(&format_args!("latency above {bound:?}: {weight}"))
                 }
                 Matcher::Head(_) => list.entry(&format_args!("response(..): {weight}")),
             };
@@ -119,6 +144,31 @@ impl CountWhen {
         self.case(Ok(Matcher::HeaderEquals(name, value)), weight)
     }
 
+    /// gRPC calls that end with the status `code` (0 to 16: 16 is `UNAUTHENTICATED`, 7
+    /// `PERMISSION_DENIED`) count `weight`, read where the call puts it: its trailers, or its
+    /// head for a call refused at once. A response that is not gRPC (its `content-type` not
+    /// `application/grpc`) never matches, and a status sent twice is ambiguous and matches no
+    /// code. The rule then settles when the body ends ([`CountWhen`]).
+    pub fn grpc_status(self, code: u32, weight: u64) -> Self {
+        let matcher = match u8::try_from(code) {
+            Ok(c) if code <= MOST_GRPC_CODE => Ok(Matcher::GrpcStatus(c)),
+            _ => Err(SettleError::GrpcStatus(code)),
+        };
+        self.case(matcher, weight)
+    }
+
+    /// Responses whose head comes more than `bound` after the request was let through count
+    /// `weight` (a slow, expensive query). The time runs on tokio's clock (a test's paused
+    /// time moves it). A bound of zero is refused ([`SettleError::Latency`]): it would count
+    /// every response.
+    pub fn latency_above(self, bound: Duration, weight: u64) -> Self {
+        let matcher = match bound.is_zero() {
+            true => Err(SettleError::Latency),
+            false => Ok(Matcher::LatencyAbove(bound)),
+        };
+        self.case(matcher, weight)
+    }
+
     /// Responses whose head `f` accepts count `weight`.
     pub fn response(self, f: impl Fn(&Parts) -> bool + Send + Sync + 'static, weight: u64) -> Self {
         self.case(Ok(Matcher::Head(Arc::new(f))), weight)
@@ -127,6 +177,7 @@ impl CountWhen {
     fn case(mut self, matcher: Result<Matcher, SettleError>, weight: u64) -> Self {
         let matcher = match matcher {
             Ok(_) if weight > MOST_UNITS_REPORTED => Err(SettleError::Weight(weight)),
+            Ok(_) if self.cases.len() >= MOST_CASES => Err(SettleError::Cases),
             other => other,
         };
         match matcher {
@@ -143,24 +194,121 @@ impl CountWhen {
         self.cases.iter().map(|&(_, w)| w).max().unwrap_or(0)
     }
 
-    /// What the response `head` counts: the weight of the first case it matches, or 0.
-    pub(crate) fn weight_of(&self, head: &Parts) -> u64 {
+    /// Whether a case reads the trailers (a gRPC status): the rule settles when the body ends.
+    pub(crate) fn reads_trailers(&self) -> bool {
         self.cases
             .iter()
-            .find(|(matcher, _)| matcher.matches(head))
-            .map_or(0, |&(_, weight)| weight)
+            .any(|(m, _)| matches!(m, Matcher::GrpcStatus(_)))
     }
 
-    /// The settle that counts what the response shows, or why these cases cannot be used.
-    pub(crate) fn into_settle(self) -> Result<Settle, SettleError> {
-        if let Some(reason) = self.invalid {
-            return Err(reason);
+    /// Whether a case reads the request's latency: the layer then notes when it let the
+    /// request through.
+    pub(crate) fn times(&self) -> bool {
+        self.cases
+            .iter()
+            .any(|(m, _)| matches!(m, Matcher::LatencyAbove(_)))
+    }
+
+    /// What the response head shows of each case, its head coming `latency` after the
+    /// request was let through: which cases it matches, and which wait for the trailers (a
+    /// gRPC case of a gRPC response whose head has no status).
+    pub(crate) fn marks(&self, head: &Parts, latency: Duration) -> Marks {
+        let grpc = is_grpc(&head.headers);
+        let status = grpc.then(|| grpc_status_in(&head.headers)).flatten();
+        let mut marks = Marks::default();
+        for (i, (matcher, _)) in self.cases.iter().enumerate() {
+            let bit = 1u64 << i;
+            let matched = match matcher {
+                Matcher::GrpcStatus(_) if grpc && status.is_none() => {
+                    marks.open |= bit;
+                    continue;
+                }
+                Matcher::GrpcStatus(code) => status == Some(Some(*code)),
+                Matcher::LatencyAbove(bound) => latency > *bound,
+                other => other.matches(head),
+            };
+            if matched {
+                marks.matched |= bit;
+            }
+        }
+        marks
+    }
+
+    /// What a response counts from its head's `marks` and, for the cases that wait for them,
+    /// the trailers the body ended with (`None`: it ended without any, or broke off): the
+    /// weight of the first case that matches, 0 when none does, and `None` when a case that
+    /// waits comes first and the status never came (the reservation stands).
+    pub(crate) fn weight_at_end(&self, marks: Marks, trailers: Option<&HeaderMap>) -> Option<u64> {
+        let status = trailers.and_then(grpc_status_in);
+        for (i, (matcher, weight)) in self.cases.iter().enumerate() {
+            let bit = 1u64 << i;
+            if marks.matched & bit != 0 {
+                return Some(*weight);
+            }
+            if marks.open & bit != 0 {
+                let Matcher::GrpcStatus(code) = matcher else {
+                    continue;
+                };
+                match status? {
+                    Some(found) if found == *code => return Some(*weight),
+                    _ => {}
+                }
+            }
+        }
+        Some(0)
+    }
+
+    /// Why these cases cannot be used, if they cannot: the first case refused, or nothing
+    /// that counts.
+    pub(crate) fn check(&self) -> Result<(), SettleError> {
+        if let Some(reason) = &self.invalid {
+            return Err(reason.clone());
         }
         if self.most() == 0 {
             return Err(SettleError::NothingCounts);
         }
-        Ok(Settle::response(move |head| Some(self.weight_of(head))))
+        Ok(())
     }
+}
+
+/// What a response head showed of a [`CountWhen`]'s cases, one bit per case in order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Marks {
+    /// The cases the head matches.
+    matched: u64,
+    /// The cases that wait for the trailers (a gRPC status not in the head).
+    open: u64,
+}
+
+impl Marks {
+    /// What the head alone counts: the weight of its first matching case when no case before
+    /// it waits for the trailers (`None` when one does).
+    pub(crate) fn weight(self, cases: &CountWhen) -> Option<u64> {
+        cases.weight_at_end(self, None)
+    }
+}
+
+/// Whether `headers` are a gRPC response's (`content-type: application/grpc`, with or without a
+/// `+proto` or other suffix).
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The gRPC status in `headers`: `None` when there is none, `Some(None)` when it is not one
+/// code (sent twice, or not a number from 0 to 16: it matches no case).
+fn grpc_status_in(headers: &HeaderMap) -> Option<Option<u8>> {
+    let mut values = headers.get_all("grpc-status").iter();
+    let first = values.next()?;
+    if values.next().is_some() {
+        return Some(None);
+    }
+    let code = std::str::from_utf8(first.as_bytes())
+        .ok()
+        .and_then(|t| t.parse::<u8>().ok())
+        .filter(|&c| u32::from(c) <= MOST_GRPC_CODE);
+    Some(code)
 }
 
 impl Matcher {
@@ -173,6 +321,8 @@ impl Matcher {
                 values.next() == Some(value) && values.next().is_none()
             }
             Matcher::Head(f) => f(head),
+            // Read by `CountWhen::marks`, which knows the latency and the gRPC status.
+            Matcher::GrpcStatus(_) | Matcher::LatencyAbove(_) => false,
         }
     }
 }
@@ -187,6 +337,11 @@ mod tests {
             response = response.header(*name, *value);
         }
         response.body(()).unwrap().into_parts().0
+    }
+
+    /// What the head alone counts, its latency 0.
+    fn weight(cw: &CountWhen, head: &Parts) -> u64 {
+        cw.marks(head, Duration::ZERO).weight(cw).unwrap()
     }
 
     /// Polls `f` to its end with no runtime around it (a layer driven by another executor).
@@ -213,24 +368,8 @@ mod tests {
         let rule = crate::Rule::new("Logins", crate::Header::new("x-account"))
             .count_when(CountWhen::new().status(401, 1));
         let layer = crate::RateLimitLayer::new(limiter.clone(), [rule]).unwrap();
-        /// A service that answers 200 to everything.
-        #[derive(Clone)]
-        struct Ok200;
-        impl Service<http::Request<String>> for Ok200 {
-            type Response = http::Response<axum::body::Body>;
-            type Error = std::convert::Infallible;
-            type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
-            fn poll_ready(
-                &mut self,
-                _: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<Result<(), Self::Error>> {
-                std::task::Poll::Ready(Ok(()))
-            }
-            fn call(&mut self, _: http::Request<String>) -> Self::Future {
-                std::future::ready(Ok(http::Response::new(axum::body::Body::from("ok"))))
-            }
-        }
-        let mut service = layer.layer(Ok200);
+        // Answers at once: no timer, no runtime needed.
+        let mut service = layer.layer(Slow(Duration::ZERO));
         for _ in 0..10 {
             let request = http::Request::builder()
                 .header("x-account", "a")
@@ -253,12 +392,165 @@ mod tests {
             .status_range(500..=599, 0)
             .status_range(400..=599, 2);
         assert_eq!(cw.most(), 3);
-        assert_eq!(cw.weight_of(&head(200, &[])), 0);
-        assert_eq!(cw.weight_of(&head(401, &[])), 1);
-        assert_eq!(cw.weight_of(&head(401, &[("x-login-failure", "mfa")])), 3);
-        assert_eq!(cw.weight_of(&head(401, &[("x-login-failure", "MFA")])), 1);
-        assert_eq!(cw.weight_of(&head(503, &[])), 0, "a weight of 0 ahead");
-        assert_eq!(cw.weight_of(&head(429, &[])), 2);
+        assert_eq!(weight(&cw, &head(200, &[])), 0);
+        assert_eq!(weight(&cw, &head(401, &[])), 1);
+        assert_eq!(weight(&cw, &head(401, &[("x-login-failure", "mfa")])), 3);
+        assert_eq!(weight(&cw, &head(401, &[("x-login-failure", "MFA")])), 1);
+        assert_eq!(weight(&cw, &head(503, &[])), 0, "a weight of 0 ahead");
+        assert_eq!(weight(&cw, &head(429, &[])), 2);
+    }
+
+    /// A gRPC response's head: `content-type: application/grpc`, and these headers.
+    fn grpc_head(headers: &[(&str, &str)]) -> Parts {
+        let mut all = vec![("content-type", "application/grpc")];
+        all.extend_from_slice(headers);
+        head(200, &all)
+    }
+
+    fn trailers(status: &[&str]) -> http::HeaderMap {
+        let mut t = http::HeaderMap::new();
+        for s in status {
+            t.append("grpc-status", HeaderValue::from_str(s).unwrap());
+        }
+        t
+    }
+
+    #[test]
+    fn a_grpc_status_is_read_in_the_head_or_the_trailers() {
+        let cw = CountWhen::new()
+            .grpc_status(16, 3)
+            .grpc_status(7, 1)
+            .status_range(500..=599, 5);
+        assert!(cw.reads_trailers());
+        // A call refused at once: its status in its head decides there.
+        let refused = cw.marks(&grpc_head(&[("grpc-status", "16")]), Duration::ZERO);
+        assert_eq!(refused.weight(&cw), Some(3));
+        assert_eq!(cw.weight_at_end(refused, None), Some(3));
+        // A call that answered: its head waits for the trailers.
+        let answered = cw.marks(&grpc_head(&[]), Duration::ZERO);
+        assert_eq!(answered.weight(&cw), None);
+        for (status, counted) in [
+            (&["7"][..], Some(1)),
+            (&["16"], Some(3)),
+            (&["0"], Some(0)),
+            (&["16", "16"], Some(0)),
+            (&["x"], Some(0)),
+            (&["17"], Some(0)),
+            (&[], None),
+        ] {
+            let t = trailers(status);
+            assert_eq!(
+                cw.weight_at_end(answered, Some(&t)),
+                counted,
+                "trailers {status:?}"
+            );
+        }
+        // A body that broke off before its trailers: the reservation stands.
+        assert_eq!(cw.weight_at_end(answered, None), None);
+        // Not a gRPC response: the gRPC cases match nothing, the rest are read in the head.
+        let http = cw.marks(&head(503, &[("grpc-status", "16")]), Duration::ZERO);
+        assert_eq!(http.weight(&cw), Some(5));
+        assert_eq!(cw.weight_at_end(http, Some(&trailers(&["16"]))), Some(5));
+    }
+
+    #[test]
+    fn a_case_before_an_open_grpc_case_decides_in_the_head() {
+        let cw = CountWhen::new().header("x-failed", 2).grpc_status(16, 3);
+        let failed = cw.marks(&grpc_head(&[("x-failed", "1")]), Duration::ZERO);
+        assert_eq!(failed.weight(&cw), Some(2));
+        assert_eq!(
+            cw.weight_at_end(failed, None),
+            Some(2),
+            "no trailers needed"
+        );
+        let open = cw.marks(&grpc_head(&[]), Duration::ZERO);
+        assert_eq!(cw.weight_at_end(open, Some(&trailers(&["16"]))), Some(3));
+    }
+
+    #[test]
+    fn latency_counts_above_its_bound_only() {
+        let cw = CountWhen::new().latency_above(Duration::from_secs(2), 4);
+        assert!(cw.times() && !cw.reads_trailers());
+        let at = |ms| {
+            cw.marks(&head(200, &[]), Duration::from_millis(ms))
+                .weight(&cw)
+        };
+        assert_eq!(at(1_999), Some(0));
+        assert_eq!(at(2_000), Some(0), "at the bound: not above it");
+        assert_eq!(at(2_001), Some(4));
+    }
+
+    /// A service that answers 200, after this delay on tokio's clock to a request with an
+    /// `x-slow` header (0: at once, with no timer).
+    #[cfg(feature = "axum")]
+    #[derive(Clone)]
+    struct Slow(Duration);
+
+    #[cfg(feature = "axum")]
+    impl tower_service::Service<http::Request<String>> for Slow {
+        type Response = http::Response<axum::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+        >;
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, request: http::Request<String>) -> Self::Future {
+            let delay = match request.headers().contains_key("x-slow") {
+                true => self.0,
+                false => Duration::ZERO,
+            };
+            Box::pin(async move {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                Ok(http::Response::new(axum::body::Body::from("ok")))
+            })
+        }
+    }
+
+    /// Slow answers count through the layer, on tokio's paused clock: two slow requests use a
+    /// limit of 2, fast ones use none of it.
+    #[tokio::test(start_paused = true)]
+    #[cfg(feature = "axum")]
+    async fn slow_responses_count_through_the_layer() {
+        use tower_service::Service;
+        let limits = crate::Limits::from_yaml_str("Slow: {burst: 2, count: 2, period: 1h}", None);
+        let limiter = crate::Limiter::new(limits.unwrap(), crate::MemoryBackend::new());
+        let rule = crate::Rule::new("Slow", crate::Header::new("x-account"))
+            .count_when(CountWhen::new().latency_above(Duration::from_secs(1), 1));
+        let layer = crate::RateLimitLayer::new(limiter.clone(), [rule]).unwrap();
+        let service = tower_layer::Layer::layer(&layer, Slow(Duration::from_millis(1_001)));
+        let call = |slow: bool| {
+            let mut request = http::Request::builder().header("x-account", "a");
+            if slow {
+                request = request.header("x-slow", "1");
+            }
+            // `Slow` is always ready: no `poll_ready` needed.
+            service.clone().call(request.body(String::new()).unwrap())
+        };
+        let key = limiter.key("Slow", crate::Id::new("a").unwrap()).unwrap();
+        let remaining = || async {
+            let probe = crate::Transaction::new(key.clone()).cost(0);
+            limiter.check(&[probe]).await.unwrap().decisions()[0].remaining()
+        };
+        for _ in 0..5 {
+            assert_eq!(call(false).await.unwrap().status(), 200);
+        }
+        assert_eq!(remaining().await, 2, "fast answers count nothing");
+        for _ in 0..2 {
+            assert_eq!(call(true).await.unwrap().status(), 200);
+        }
+        assert_eq!(remaining().await, 0, "each slow answer counts 1");
+        assert_eq!(
+            call(false).await.unwrap().status(),
+            429,
+            "the key is refused"
+        );
     }
 
     #[test]
@@ -267,14 +559,14 @@ mod tests {
             .header_equals("x-outcome", "failed", 5)
             .header("x-outcome", 1);
         let twice = head(200, &[("x-outcome", "failed"), ("x-outcome", "failed")]);
-        assert_eq!(cw.weight_of(&twice), 1);
-        assert_eq!(cw.weight_of(&head(200, &[("x-outcome", "failed")])), 5);
-        assert_eq!(cw.weight_of(&head(200, &[])), 0);
+        assert_eq!(weight(&cw, &twice), 1);
+        assert_eq!(weight(&cw, &head(200, &[("x-outcome", "failed")])), 5);
+        assert_eq!(weight(&cw, &head(200, &[])), 0);
     }
 
     #[test]
     fn bad_cases_are_refused_with_their_reason() {
-        let refused = |cw: CountWhen| cw.into_settle().map(|_| ()).unwrap_err();
+        let refused = |cw: CountWhen| cw.check().unwrap_err();
         assert_eq!(
             refused(CountWhen::new().header("bad name", 1)),
             SettleError::NotAHeaderName("bad name".into())
@@ -294,15 +586,31 @@ mod tests {
                 SettleError::Status(lo, hi)
             );
         }
-        assert!(
-            CountWhen::new()
-                .status_range(100..=599, 1)
-                .into_settle()
-                .is_ok()
-        );
+        assert!(CountWhen::new().status_range(100..=599, 1).check().is_ok());
         assert_eq!(
             refused(CountWhen::new().status(401, 0)),
             SettleError::NothingCounts
+        );
+        assert_eq!(
+            refused(CountWhen::new().grpc_status(17, 1)),
+            SettleError::GrpcStatus(17)
+        );
+        assert_eq!(
+            refused(CountWhen::new().grpc_status(u32::MAX, 1)),
+            SettleError::GrpcStatus(u32::MAX)
+        );
+        assert_eq!(
+            refused(CountWhen::new().latency_above(Duration::ZERO, 1)),
+            SettleError::Latency
+        );
+        let many = (0..MOST_CASES).fold(CountWhen::new(), |cw, _| cw.status(401, 1));
+        assert!(many.clone().check().is_ok());
+        let too_many = refused(many.status(402, 1));
+        assert_eq!(too_many, SettleError::Cases);
+        assert!(
+            too_many
+                .to_string()
+                .contains(&format!("more than {MOST_CASES}"))
         );
         // A refused case refuses the whole, even beside good ones.
         assert_eq!(
@@ -312,7 +620,7 @@ mod tests {
         assert!(
             CountWhen::new()
                 .status(401, MOST_UNITS_REPORTED)
-                .into_settle()
+                .check()
                 .is_ok()
         );
     }

@@ -261,7 +261,7 @@ fn answered<R: ResponseBody>(
     if let Some(release) = release.as_mut() {
         release.head(response.status(), response.headers(), &shared.failed_when);
     }
-    let (batch, after) = match allowed.take() {
+    let (batch, mut after) = match allowed.take() {
         Some(Allowed::Settle { batch, after }) => (batch, after),
         fields => {
             let mut response = response;
@@ -274,7 +274,8 @@ fn answered<R: ResponseBody>(
     };
     let (head, body) = response.into_parts();
     let reserved = shared.rules.reservations(&batch, false);
-    let task = settle::settle_head(&shared.settler, reserved, &head);
+    after.head_came();
+    let task = settle::settle_head(&shared.settler, reserved, &head, after.latency);
     let response = Response::from_parts(head, body);
     match task {
         None => Ok(settled(shared, response, batch, after, release.take())),
@@ -420,9 +421,16 @@ fn settled<B: ResponseBody>(
         with_fields(shared, &mut response, fields);
     }
     // A HEAD's response has no body: its rules that settle from the body keep the estimate.
+    let (head, body) = response.into_parts();
     let settle = after
         .body
-        .then(|| BodySettle::of(&shared.settler, shared.rules.reservations(&batch, true)))
+        .then(|| {
+            let mut pending = shared.rules.reservations(&batch, true);
+            pending
+                .iter_mut()
+                .for_each(|r| r.saw_head(&head, after.latency));
+            BodySettle::of(&shared.settler, pending)
+        })
         .flatten();
-    response.map(|body| RateLimitBody::settling(body, settle, release))
+    Response::from_parts(head, RateLimitBody::settling(body, settle, release))
 }

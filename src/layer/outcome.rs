@@ -336,6 +336,21 @@ pub(crate) struct AfterSettle {
     /// A body that settles the rules that settle from the body: not for a `HEAD` (no body),
     /// whose estimate stands.
     pub(crate) body: bool,
+    /// When the request was let through, where an outcome reads its latency.
+    pub(crate) since: Option<tokio::time::Instant>,
+    /// How long after that the response's head came, once it has
+    /// ([`head_came`](Self::head_came)).
+    pub(crate) latency: Duration,
+}
+
+impl AfterSettle {
+    /// Notes that the response's head came now: its latency, read by every outcome of the
+    /// request (those settled from the head, and those settled when the body ends).
+    pub(crate) fn head_came(&mut self) {
+        if let Some(since) = self.since.take() {
+            self.latency = since.elapsed();
+        }
+    }
 }
 
 pub(crate) enum Conclusion {
@@ -444,6 +459,8 @@ fn allowed(shared: &Arc<Shared>, batch: BatchDecision, fell_back: bool, head: bo
             after: AfterSettle {
                 fields: headers,
                 body: !head,
+                since: shared.rules.times.then(tokio::time::Instant::now),
+                latency: Duration::ZERO,
             },
         })
     } else if headers {

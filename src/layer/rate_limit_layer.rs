@@ -285,29 +285,23 @@ impl RateLimitLayerBuilder {
         let limits = self.limiter.limits();
         #[cfg(feature = "replay")]
         let journal = std::sync::Arc::new(super::observe::Journal::default());
-        let mut rules: Vec<ResolvedRule> = Vec::with_capacity(self.rules.len());
-        for rule in self.rules {
-            let resolved = resolved(
-                &limits,
-                rule,
-                &rules,
-                self.shadow,
-                #[cfg(feature = "replay")]
-                &journal,
-            )?;
-            rules.push(resolved);
-        }
-        let readers = super::extract::Readers::shared(rules.iter().map(|r| &*r.rule.extractor));
-        for r in &mut rules {
-            r.source = readers.source(&*r.rule.extractor);
-            self.limiter.pin(r.name);
-        }
+        let (rules, readers) = resolved_all(
+            &self.limiter,
+            &limits,
+            self.rules,
+            self.shadow,
+            #[cfg(feature = "replay")]
+            &journal,
+        )?;
         let fallback = fallback_of(self.failure, &limits, &self.limiter, self.timeout)?;
         let policies: Vec<_> = rules
             .iter()
             .map(|r| r.policy.as_ref().map(|(_, v)| v))
             .collect();
         let settles = rules.iter().any(|r| r.rule.settle.is_some());
+        let times = rules
+            .iter()
+            .any(|r| r.rule.settle.as_ref().is_some_and(|s| s.times()));
         let waits = rules.iter().any(|r| r.rule.wait.is_some());
         // One gate for the warnings of store failures, on requests and on settles alike.
         let warn_gate = Arc::new(WarnGate::new(Duration::from_secs(10)));
@@ -326,6 +320,7 @@ impl RateLimitLayerBuilder {
                     list: rules,
                     readers,
                     settles,
+                    times,
                     waits,
                     log_ids: self.log_ids,
                     shadow_gate: WarnGate::new(Duration::from_secs(10)),
@@ -354,6 +349,35 @@ impl RateLimitLayerBuilder {
             }),
         })
     }
+}
+
+/// Every rule resolved ([`resolved`]) and its limit's name pinned on `limiter` (a reload may
+/// not remove it), with the client address readers they share.
+fn resolved_all(
+    limiter: &Limiter,
+    limits: &Limits,
+    list: Vec<Rule>,
+    shadow_all: bool,
+    #[cfg(feature = "replay")] journal: &std::sync::Arc<super::observe::Journal>,
+) -> Result<(Vec<ResolvedRule>, super::extract::Readers), LayerError> {
+    let mut rules: Vec<ResolvedRule> = Vec::with_capacity(list.len());
+    for rule in list {
+        let resolved = resolved(
+            limits,
+            rule,
+            &rules,
+            shadow_all,
+            #[cfg(feature = "replay")]
+            journal,
+        )?;
+        rules.push(resolved);
+    }
+    let readers = super::extract::Readers::shared(rules.iter().map(|r| &*r.rule.extractor));
+    for r in &mut rules {
+        r.source = readers.source(&*r.rule.extractor);
+        limiter.pin(r.name);
+    }
+    Ok((rules, readers))
 }
 
 /// A rule with its limit's name resolved under `limits` and checked (a known limit, no rule

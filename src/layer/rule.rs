@@ -251,9 +251,7 @@ impl Rule {
         self.cost = Some(outcomes.most());
         self.cost_fn = None;
         self.settle = Some(
-            outcomes
-                .into_settle()
-                .unwrap_or_else(super::settle::Settle::invalid),
+            super::settle::Settle::outcome(outcomes).unwrap_or_else(super::settle::Settle::invalid),
         );
         self
     }
@@ -360,6 +358,9 @@ pub(crate) struct Rules {
     pub(crate) readers: Readers,
     /// Some rule settles its cost from the response ([`Rule::settle`]).
     pub(crate) settles: bool,
+    /// Some rule's outcome reads the request's latency (`CountWhen::latency_above`): an
+    /// allowed request notes when it was let through.
+    pub(crate) times: bool,
     /// Some rule waits instead of rejecting ([`Rule::wait`]).
     pub(crate) waits: bool,
     /// The `RateLimit-Policy` values when every rule reports its precomputed member, one per

@@ -18,6 +18,8 @@ fn count_when_of(cases: &[(RuleOutcome, u64)]) -> CountWhen {
             RuleOutcome::Header(name, Some(value)) => {
                 cw.header_value(name.clone(), value.clone(), *weight)
             }
+            RuleOutcome::GrpcStatus(code) => cw.grpc_status(*code, *weight),
+            RuleOutcome::LatencyAbove(bound) => cw.latency_above(*bound, *weight),
         })
 }
 

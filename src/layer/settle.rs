@@ -15,10 +15,15 @@ use http::response::Parts;
 
 use std::time::Duration;
 
+use super::count_when::{CountWhen, Marks};
 use super::observe::WarnGate;
 use crate::key::BucketKey;
 use crate::limiter::{BatchDecision, Decision, Limiter, Transaction};
 use crate::mode::Mode;
+
+pub(super) mod error;
+pub use error::SettleError;
+use error::{MOST_UNITS_REPORTED, header_name};
 
 type HeadFn = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
 
@@ -71,6 +76,9 @@ enum Source {
         per_unit: u64,
     },
     Trailer(HeaderName),
+    /// The weight of the response's outcome (`Rule::count_when`): from the head, or when a
+    /// case reads a gRPC status, when the body ends.
+    Outcome(Arc<CountWhen>),
     /// Refused when the layer is built, with this reason.
     Invalid(SettleError),
 }
@@ -82,55 +90,10 @@ impl std::fmt::Debug for Settle {
             Source::Head(_) => f.write_str("Settle::response(..)"),
             Source::BodyBytes { per_unit } => write!(f, "Settle::body_bytes_per({per_unit})"),
             Source::Trailer(h) => write!(f, "Settle::trailer({h:?})"),
+            Source::Outcome(cases) => write!(f, "Settle::count_when({cases:?})"),
             Source::Invalid(reason) => write!(f, "Settle(invalid: {reason})"),
         }
     }
-}
-
-/// Why a rule's [`Settle`] cannot be used ([`LayerError::Settle`], when the layer is built).
-///
-/// [`LayerError::Settle`]: crate::LayerError::Settle
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SettleError {
-    /// [`Settle::header`] or [`Settle::trailer`] of a name that is not a header name.
-    #[error("{0:?} is not a header name")]
-    NotAHeaderName(String),
-    /// [`Settle::body_bytes_per`]`(0)`.
-    #[error("body_bytes_per(0): a unit needs at least one byte")]
-    ZeroBytesPerUnit,
-    /// A settle on a rule whose mode spends nothing (there is nothing to settle).
-    #[error("a {0:?} rule spends nothing to settle")]
-    SpendsNothing(crate::mode::Mode),
-    /// A settle (or [`Rule::count_when`](crate::Rule::count_when)) on a limit of slots in
-    /// flight (a concurrency or adaptive limit): its slot is given back when the request
-    /// ends, so nothing would ever be settled.
-    #[error(
-        "a limit of slots in flight is never settled: its slot is given back when the request ends"
-    )]
-    Leases,
-    /// [`CountWhen::header_equals`](crate::CountWhen::header_equals) of a value that is not a
-    /// header value.
-    #[error("{0:?} is not a header value")]
-    NotAHeaderValue(String),
-    /// A [`CountWhen`](crate::CountWhen) case weighing more than 2^40.
-    #[error("a weight of {0} is above 2^40")]
-    Weight(u64),
-    /// A [`CountWhen`](crate::CountWhen) whose every case weighs 0, or that has none: it would
-    /// count nothing.
-    #[error("count_when counts nothing: no case weighs more than 0")]
-    NothingCounts,
-    /// A [`CountWhen`](crate::CountWhen) status case outside 100 to 599, or a range whose
-    /// start is above its end: it would match no response.
-    #[error(
-        "status {0}..={1} matches no response: codes are 100 to 599, the start at most the end"
-    )]
-    Status(u16, u16),
-}
-
-pub(super) fn header_name(name: &str) -> Result<HeaderName, SettleError> {
-    HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| SettleError::NotAHeaderName(name.to_owned()))
 }
 
 /// The cost in the field `name` of `headers`: its one value, as [`parse_units`] reads it. A
@@ -178,6 +141,15 @@ impl Settle {
         Self {
             source: Source::Head(Arc::new(f)),
         }
+    }
+
+    /// The settle that counts the weight of the response's outcome
+    /// ([`Rule::count_when`](crate::Rule::count_when)), or why its cases cannot be used.
+    pub(crate) fn outcome(cases: CountWhen) -> Result<Self, SettleError> {
+        cases.check()?;
+        Ok(Self {
+            source: Source::Outcome(Arc::new(cases)),
+        })
     }
 
     /// The true cost is the number of body bytes sent, one unit per byte.
@@ -229,30 +201,49 @@ impl Settle {
             Source::Header(name) => Some(SettleFrom::Header(name.clone())),
             Source::Trailer(name) => Some(SettleFrom::Trailer(name.clone())),
             Source::BodyBytes { per_unit } => Some(SettleFrom::BodyBytes(*per_unit)),
-            Source::Head(_) | Source::Invalid(_) => None,
+            Source::Head(_) | Source::Outcome(_) | Source::Invalid(_) => None,
         }
     }
 
-    /// Whether the true cost comes from the body (settled when it ends).
+    /// Whether the true cost comes from the body (settled when it ends): its bytes, a
+    /// trailer, or an outcome whose gRPC status may be there.
     pub(crate) fn on_body(&self) -> bool {
-        matches!(self.source, Source::BodyBytes { .. } | Source::Trailer(_))
+        match &self.source {
+            Source::BodyBytes { .. } | Source::Trailer(_) => true,
+            Source::Outcome(cases) => cases.reads_trailers(),
+            Source::Header(_) | Source::Head(_) | Source::Invalid(_) => false,
+        }
     }
 
-    /// The true cost from the response head; `None` for body sources.
-    fn cost_in_head(&self, head: &Parts) -> Option<u64> {
+    /// Whether it reads the request's latency (an outcome case of `latency_above`).
+    pub(crate) fn times(&self) -> bool {
+        matches!(&self.source, Source::Outcome(cases) if cases.times())
+    }
+
+    /// The true cost from the response head, which came `latency` after the request was let
+    /// through; `None` for body sources.
+    fn cost_in_head(&self, head: &Parts, latency: Duration) -> Option<u64> {
         match &self.source {
             Source::Header(name) => units_in(&head.headers, name),
             Source::Head(f) => f(head),
+            Source::Outcome(cases) => cases.marks(head, latency).weight(cases),
             _ => None,
         }
     }
 
     /// The true cost from a body that ended (or stopped) after `bytes` bytes, with its
-    /// trailers if it had any; `None` for head sources.
-    fn cost_in_body(&self, bytes: u64, trailers: Option<&http::HeaderMap>) -> Option<u64> {
+    /// trailers if it had any, and what its head showed (`marks`, an outcome's); `None` for
+    /// head sources.
+    fn cost_in_body(
+        &self,
+        bytes: u64,
+        trailers: Option<&http::HeaderMap>,
+        marks: Option<Marks>,
+    ) -> Option<u64> {
         match &self.source {
             Source::BodyBytes { per_unit } => Some(bytes.div_ceil(*per_unit)),
             Source::Trailer(name) => units_in(trailers?, name),
+            Source::Outcome(cases) => cases.weight_at_end(marks?, trailers),
             _ => None,
         }
     }
@@ -291,11 +282,6 @@ impl Adjust {
     }
 }
 
-/// The most units one response may report and be counted (2^40, a trillion): a report beyond
-/// it is absurd, counted apart (`outcome="absurd"`), so that no counter of units wraps (one
-/// such report made the forgiven units read 18446744073709551415).
-pub(crate) const MOST_UNITS_REPORTED: u64 = 1 << 40;
-
 /// One bucket a request was charged on, waiting for its true cost.
 pub(crate) struct Reserved {
     /// Where its rule finds the true cost.
@@ -306,6 +292,8 @@ pub(crate) struct Reserved {
     /// The most a charge may ask of the bucket (a tiered limit's capacity; unbounded for GCRA,
     /// where a charge takes what fits within the debt bound).
     max_cost: u64,
+    /// What the response head showed of an outcome settled when the body ends.
+    marks: Option<Marks>,
 }
 
 impl Reserved {
@@ -315,6 +303,15 @@ impl Reserved {
             key,
             reserved,
             max_cost,
+            marks: None,
+        }
+    }
+
+    /// Notes what the response `head` (come `latency` after the request was let through)
+    /// shows of an outcome settled when the body ends.
+    pub(crate) fn saw_head(&mut self, head: &Parts, latency: Duration) {
+        if let Source::Outcome(cases) = &self.settle.source {
+            self.marks = Some(cases.marks(head, latency));
         }
     }
 }
@@ -503,11 +500,16 @@ fn failed(warn_gate: &WarnGate, txs: &[Transaction], reason: &Unsettled) {
 
 /// Starts settling the head-settled rules of an allowed batch from the response head; `None`
 /// when there is nothing to send to the store.
-pub(crate) fn settle_head(settler: &Settler, reserved: Reservations, head: &Parts) -> Option<Task> {
+pub(crate) fn settle_head(
+    settler: &Settler,
+    reserved: Reservations,
+    head: &Parts,
+    latency: Duration,
+) -> Option<Task> {
     let work: Vec<(Reserved, Option<u64>)> = reserved
         .into_iter()
         .map(|r| {
-            let actual = r.settle.cost_in_head(head);
+            let actual = r.settle.cost_in_head(head, latency);
             (r, actual)
         })
         .collect();
@@ -572,7 +574,7 @@ impl BodySettle {
         let work: Vec<(Reserved, Option<u64>)> = std::mem::take(&mut self.pending)
             .into_iter()
             .map(|r| {
-                let actual = r.settle.cost_in_body(bytes, trailers);
+                let actual = r.settle.cost_in_body(bytes, trailers, r.marks);
                 (r, actual)
             })
             .collect();
@@ -635,11 +637,11 @@ mod tests {
     #[test]
     fn body_bytes_round_the_last_unit_up() {
         let kib = Settle::body_bytes_per(1024);
-        assert_eq!(kib.cost_in_body(0, None), Some(0));
-        assert_eq!(kib.cost_in_body(1, None), Some(1));
-        assert_eq!(kib.cost_in_body(1024, None), Some(1));
-        assert_eq!(kib.cost_in_body(1025, None), Some(2));
-        assert_eq!(Settle::body_bytes().cost_in_body(77, None), Some(77));
+        assert_eq!(kib.cost_in_body(0, None, None), Some(0));
+        assert_eq!(kib.cost_in_body(1, None, None), Some(1));
+        assert_eq!(kib.cost_in_body(1024, None, None), Some(1));
+        assert_eq!(kib.cost_in_body(1025, None, None), Some(2));
+        assert_eq!(Settle::body_bytes().cost_in_body(77, None, None), Some(77));
         assert!(Settle::body_bytes_per(0).check().is_err());
         assert!(Settle::header("bad header").check().is_err());
         assert!(Settle::trailer("x-used").check().is_ok());

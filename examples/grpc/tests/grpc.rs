@@ -7,19 +7,17 @@ use tonic::Code;
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-use tower_ratelimits::{ClientIp, Header, Id, RateLimitLayer, Rule};
+use tower_ratelimits::{ClientIp, CountWhen, Header, Id, RateLimitLayer, Rule};
 use tower_ratelimits::{Limiter, Limits, ManualClock, MemoryBackend};
 
-#[tokio::test]
-async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
-    let clock = ManualClock::new(1_700_000_000_000_000);
-    let limits =
-        Limits::from_yaml_str("Calls: {kind: ip, burst: 2, count: 1, period: 4s}\n", None).unwrap();
-    let limiter = Limiter::new(
-        limits,
-        MemoryBackend::builder().clock(clock.clone()).build(),
-    );
-    let layer = RateLimitLayer::new(limiter, [Rule::new("Calls", ClientIp::new())]).unwrap();
+/// tonic's health service (the server itself `SERVING`) behind `layer` on an ephemeral port,
+/// and a real tonic client of it.
+async fn serve_health(
+    layer: RateLimitLayer,
+) -> (
+    HealthClient<tonic::transport::Channel>,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -37,7 +35,20 @@ async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
         .connect()
         .await
         .unwrap();
-    let mut client = HealthClient::new(channel);
+    (HealthClient::new(channel), server)
+}
+
+#[tokio::test]
+async fn a_limited_grpc_client_sees_resource_exhausted_with_a_retry_hint() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limits =
+        Limits::from_yaml_str("Calls: {kind: ip, burst: 2, count: 1, period: 4s}\n", None).unwrap();
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let layer = RateLimitLayer::new(limiter, [Rule::new("Calls", ClientIp::new())]).unwrap();
+    let (mut client, server) = serve_health(layer).await;
     let check = || HealthCheckRequest {
         service: String::new(),
     };
@@ -277,5 +288,68 @@ async fn a_stream_failing_in_its_trailers_backs_an_adaptive_key_off() {
             "after x-outcome {outcome}"
         );
     }
+    server.abort();
+}
+
+/// Failed calls counted by their gRPC status, called by a real tonic client: a call refused at
+/// once carries its status in its head (`NOT_FOUND`, an unknown service), an answered one in
+/// its trailers after its message (`OK`). Only the failures count, two units each; once they
+/// fill the limit, the next call is refused before it reaches the service.
+#[tokio::test]
+async fn failed_calls_count_by_their_grpc_status_in_the_head_or_the_trailers() {
+    let limits = Limits::from_yaml_str(
+        "Misses: {kind: account, burst: 4, count: 4, period: 1h}\n",
+        None,
+    )
+    .unwrap();
+    let limiter = Limiter::new(limits, MemoryBackend::new());
+    let rule = Rule::new("Misses", Header::new("x-account"))
+        .count_when(CountWhen::new().grpc_status(0, 0).grpc_status(5, 2));
+    let layer = RateLimitLayer::new(limiter.clone(), [rule]).unwrap();
+    let (mut client, server) = serve_health(layer).await;
+    let check = |service: &str| {
+        let mut request = tonic::Request::new(HealthCheckRequest {
+            service: service.to_owned(),
+        });
+        request
+            .metadata_mut()
+            .insert("x-account", "7".parse().unwrap());
+        request
+    };
+    let key = limiter.key("Misses", Id::from(7u64)).unwrap();
+    // The settle runs when the body ends, after the client has its answer: wait for it.
+    let settles_to = |remaining: u64| {
+        let (limiter, key) = (limiter.clone(), key.clone());
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let probe = tower_ratelimits::Transaction::new(key.clone()).cost(0);
+                let now = limiter.check(&[probe]).await.unwrap().decisions()[0].remaining();
+                if now == remaining {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{now} left, not {remaining}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    for _ in 0..3 {
+        client.check(check("")).await.unwrap();
+        settles_to(4).await;
+    }
+    for left in [2, 0] {
+        let status = client.check(check("unknown")).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound);
+        settles_to(left).await;
+    }
+    let status = client.check(check("")).await.unwrap_err();
+    assert_eq!(
+        status.code(),
+        Code::ResourceExhausted,
+        "refused before the service"
+    );
     server.abort();
 }

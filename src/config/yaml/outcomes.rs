@@ -8,6 +8,12 @@ use crate::config::{ConfigError, ConfigErrorKind};
 /// The heaviest weight a case may have: 2^40, as a settled cost.
 const MOST_WEIGHT: u64 = 1 << 40;
 
+/// The most cases a rule's `count_when` may list, as `CountWhen` takes.
+const MOST_CASES: usize = 64;
+
+/// The highest gRPC status code (`UNAUTHENTICATED`), as `CountWhen::grpc_status` takes.
+const MOST_GRPC_CODE: u32 = 16;
+
 /// What a case of a rule's `count_when` matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RuleOutcome {
@@ -15,9 +21,21 @@ pub(crate) enum RuleOutcome {
     Status(u16, u16),
     /// `header: <name>`: the header present; with `equals: <value>`, that one value exactly.
     Header(http::HeaderName, Option<http::HeaderValue>),
+    /// `grpc_status: 16`: a gRPC call ending with this status (0 to 16).
+    GrpcStatus(u32),
+    /// `latency_above: 2s`: a response head that came later than this after the request was
+    /// let through.
+    LatencyAbove(std::time::Duration),
 }
 
-const CASE_FIELDS: &[&str] = &["status", "header", "equals", "weight"];
+const CASE_FIELDS: &[&str] = &[
+    "status",
+    "header",
+    "equals",
+    "grpc_status",
+    "latency_above",
+    "weight",
+];
 
 /// `count_when: [{status: 401}, {header: x-login-failure, equals: mfa, weight: 3}, ...]`: at
 /// least one case, in order, each with its weight (1 when none is given).
@@ -28,6 +46,15 @@ pub(super) fn count_when_of(node: &Node) -> Result<Vec<(RuleOutcome, u64)>, Conf
             node,
         ));
     };
+    if items.len() > MOST_CASES {
+        return Err(invalid(
+            format!(
+                "count_when lists {} cases: at most {MOST_CASES}",
+                items.len()
+            ),
+            node,
+        ));
+    }
     let cases = items.iter().map(case_of).collect::<Result<Vec<_>, _>>()?;
     if !cases.iter().any(|&(_, weight)| weight > 0) {
         return Err(invalid(
@@ -45,13 +72,22 @@ fn case_of(node: &Node) -> Result<(RuleOutcome, u64), ConfigError> {
             node,
         ));
     };
-    let (mut status, mut header, mut equals, mut weight) = (None, None, None, None);
+    let [
+        mut status,
+        mut header,
+        mut equals,
+        mut grpc,
+        mut latency,
+        mut weight,
+    ] = [None; 6];
     for (k, v) in fields {
         let field = as_str(k, "a field name")?;
         let slot = match field {
             "status" => &mut status,
             "header" => &mut header,
             "equals" => &mut equals,
+            "grpc_status" => &mut grpc,
+            "latency_above" => &mut latency,
             "weight" => &mut weight,
             other => {
                 return Err(err_at(
@@ -64,12 +100,16 @@ fn case_of(node: &Node) -> Result<(RuleOutcome, u64), ConfigError> {
             return Err(duplicate(field, k));
         }
     }
-    let outcome = match (status, header, equals) {
-        (Some(status), None, None) => status_of(status)?,
-        (None, Some(name), equals) => header_of(name, equals)?,
+    let outcome = match (status, header, equals, grpc, latency) {
+        (Some(status), None, None, None, None) => status_of(status)?,
+        (None, Some(name), equals, None, None) => header_of(name, equals)?,
+        (None, None, None, Some(code), None) => grpc_status_of(code)?,
+        (None, None, None, None, Some(bound)) => latency_of(bound)?,
         _ => {
             return Err(invalid(
-                "a case is a `status`, or a `header` (with `equals` for one value)".into(),
+                "a case is one of `status`, `header` (with `equals` for one value), \
+                 `grpc_status` or `latency_above`"
+                    .into(),
                 node,
             ));
         }
@@ -110,6 +150,34 @@ fn status_of(node: &Node) -> Result<RuleOutcome, ConfigError> {
         )
     })?;
     Ok(RuleOutcome::Status(low, high))
+}
+
+/// `grpc_status: 16`: a code from 0 to 16.
+fn grpc_status_of(node: &Node) -> Result<RuleOutcome, ConfigError> {
+    match node.value {
+        Value::Int(c) if (0..=i128::from(MOST_GRPC_CODE)).contains(&c) => {
+            Ok(RuleOutcome::GrpcStatus(c as u32))
+        }
+        _ => Err(invalid(
+            format!("grpc_status: a gRPC status code from 0 to {MOST_GRPC_CODE}"),
+            node,
+        )),
+    }
+}
+
+/// `latency_above: 2s`: a duration above 0.
+fn latency_of(node: &Node) -> Result<RuleOutcome, ConfigError> {
+    let text = as_str(node, "a duration (2s, 500ms)")?;
+    match crate::time::parse_duration_us(text) {
+        Ok(us) if us > 0 => Ok(RuleOutcome::LatencyAbove(std::time::Duration::from_micros(
+            us,
+        ))),
+        Ok(_) => Err(invalid(
+            "latency_above: 0 counts every response: give a bound above 0".into(),
+            node,
+        )),
+        Err(e) => Err(invalid(format!("latency_above: {e}"), node)),
+    }
 }
 
 /// `header: <name>`, with `equals: <value>` or without.

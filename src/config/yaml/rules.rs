@@ -395,11 +395,25 @@ mod tests {
     }
 
     #[test]
+    fn count_when_lists_at_most_64_cases() {
+        let rules = |n: usize| {
+            let cases = vec!["{status: 401}"; n].join(", ");
+            RuleSet::from_yaml_str(&format!(
+                "- {{limit: A, key: client_ip, count_when: [{cases}]}}\n"
+            ))
+        };
+        assert_eq!(rules(64).unwrap().rules[0].count_when.len(), 64);
+        let refused = rules(65).unwrap_err().to_string();
+        assert!(refused.contains("65 cases: at most 64"), "{refused}");
+    }
+
+    #[test]
     fn count_when_reads_its_cases_in_order_with_their_weights() {
         let set = RuleSet::from_yaml_str(
             "- limit: FailedLogins\n  key: header:x-account\n  count_when:\n    \
              - {header: x-login-failure, equals: mfa, weight: 3}\n    \
-             - {status: 401}\n    - {status: 500-599, weight: 0}\n    - {header: x-failed}\n",
+             - {status: 401}\n    - {status: 500-599, weight: 0}\n    - {header: x-failed}\n    \
+             - {grpc_status: 16, weight: 2}\n    - {latency_above: 1500ms}\n",
         )
         .unwrap();
         let header = |name: &str| http::HeaderName::from_bytes(name.as_bytes()).unwrap();
@@ -416,6 +430,11 @@ mod tests {
                 (RuleOutcome::Status(401, 401), 1),
                 (RuleOutcome::Status(500, 599), 0),
                 (RuleOutcome::Header(header("x-failed"), None), 1),
+                (RuleOutcome::GrpcStatus(16), 2),
+                (
+                    RuleOutcome::LatencyAbove(std::time::Duration::from_millis(1500)),
+                    1
+                ),
             ]
         );
         let plain = RuleSet::from_yaml_str("- {limit: A, key: client_ip}\n").unwrap();
@@ -478,7 +497,27 @@ mod tests {
             ),
             (
                 "- {limit: A, key: client_ip, count_when: [{status: 401, header: x-a}]}\n",
-                "a case is a `status`",
+                "a case is one of `status`",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, count_when: [{grpc_status: 17}]}\n",
+                "a gRPC status code from 0 to 16",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, count_when: [{grpc_status: 2, status: 500}]}\n",
+                "a case is one of `status`",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, count_when: [{latency_above: 0s}]}\n",
+                "counts every response",
+                1,
+            ),
+            (
+                "- {limit: A, key: client_ip, count_when: [{latency_above: soon}]}\n",
+                "latency_above: ",
                 1,
             ),
             (
