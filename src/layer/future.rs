@@ -277,8 +277,14 @@ fn answered<R: ResponseBody>(
     after.head_came();
     let task = settle::settle_head(&shared.settler, reserved, &head, after.latency);
     let response = Response::from_parts(head, body);
+    let mut batch = batch;
     match task {
         None => Ok(settled(shared, response, batch, after, release.take())),
+        // Settled at once (a store in memory): no state to wait in.
+        Some(Task::Done(states)) => {
+            settle::merge(&mut batch, states);
+            Ok(settled(shared, response, batch, after, release.take()))
+        }
         Some(task) => Err((task, Box::new((response, batch, after)))),
     }
 }

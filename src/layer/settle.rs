@@ -331,9 +331,10 @@ pub(crate) struct Settler {
     pub(crate) inline: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// A settle under way: spawned on the runtime (it completes even if the request goes away), or
-/// run in place where there is no runtime.
+/// A settle under way: done already (a store that answered at once), spawned on the runtime
+/// (it completes even if the request goes away), or run in place where there is no runtime.
 pub(crate) enum Task {
+    Done(Vec<Decision>),
     Spawned(tokio::task::JoinHandle<Vec<Decision>>),
     Inline(Pin<Box<dyn Future<Output = Vec<Decision>> + Send>>),
 }
@@ -341,6 +342,7 @@ pub(crate) enum Task {
 impl std::fmt::Debug for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Task::Done(_) => "Task::Done",
             Task::Spawned(_) => "Task::Spawned",
             Task::Inline(_) => "Task::Inline",
         })
@@ -353,17 +355,21 @@ impl Future for Task {
         match self.get_mut() {
             // A settle that panicked or was cancelled with the runtime changed nothing we
             // can report: the response keeps the fields it had.
+            Task::Done(states) => Poll::Ready(std::mem::take(states)),
             Task::Spawned(handle) => Pin::new(handle).poll(cx).map(Result::unwrap_or_default),
             Task::Inline(future) => future.as_mut().poll(cx),
         }
     }
 }
 
+/// A settle's refunds or charges: one rule's, most often, held without a heap allocation.
+type Txs = smallvec::SmallVec<[Transaction; 1]>;
+
 /// Starts settling `work` (reservations with their true costs); `None` when nothing needs the
 /// store (every estimate exact or kept).
-fn start(settler: &Settler, work: Vec<(Reserved, Option<u64>)>) -> Option<Task> {
-    let mut refunds = Vec::new();
-    let mut charges = Vec::new();
+fn start(settler: &Settler, work: impl Iterator<Item = (Reserved, Option<u64>)>) -> Option<Task> {
+    let mut refunds = Txs::new();
+    let mut charges = Txs::new();
     for (r, actual) in work {
         let name = r.key.name();
         let Some(actual) = actual else {
@@ -394,31 +400,35 @@ fn start(settler: &Settler, work: Vec<(Reserved, Option<u64>)>) -> Option<Task> 
     if refunds.is_empty() && charges.is_empty() {
         return None;
     }
-    let future = run(settler.clone(), refunds, charges);
+    let mut future = Box::pin(run(settler.clone(), refunds, charges));
+    // A store that answers at once (memory) settles here: no task to spawn, no second poll.
+    // A later poll with the real waker replaces this one's.
+    let mut now = Context::from_waker(std::task::Waker::noop());
+    if let Poll::Ready(states) = future.as_mut().poll(&mut now) {
+        return Some(Task::Done(states));
+    }
     #[cfg(feature = "replay")]
     if settler.inline.load(std::sync::atomic::Ordering::Relaxed) {
-        return Some(Task::Inline(Box::pin(future)));
+        return Some(Task::Inline(future));
     }
     Some(match tokio::runtime::Handle::try_current() {
         Ok(runtime) => Task::Spawned(runtime.spawn(future)),
-        Err(_) => Task::Inline(Box::pin(future)),
+        Err(_) => Task::Inline(future),
     })
 }
 
 /// Refunds and charges (one backend call each, when there are any), counted; returns the
 /// buckets' new states.
-async fn run(
-    settler: Settler,
-    refunds: Vec<Transaction>,
-    charges: Vec<Transaction>,
-) -> Vec<Decision> {
-    let mut states = Vec::with_capacity(refunds.len() + charges.len());
+async fn run(settler: Settler, refunds: Txs, charges: Txs) -> Vec<Decision> {
+    let mut states = Vec::new();
     if !refunds.is_empty() {
         match within(settler.timeout, settler.limiter.refund(&refunds)).await {
             Ok(batch) => {
-                for (d, t) in batch.into_decisions().into_iter().zip(&refunds) {
+                // The refunds' decisions are the states, as they come (most settles are
+                // refunds alone).
+                states = batch.into_decisions();
+                for (d, t) in states.iter().zip(&refunds) {
                     crate::telemetry::settled(d.name, "refunded", t.cost_or(0));
-                    states.push(d);
                 }
             }
             Err(reason) => failed(&settler.warn_gate, &refunds, &reason),
@@ -506,16 +516,13 @@ pub(crate) fn settle_head(
     head: &Parts,
     latency: Duration,
 ) -> Option<Task> {
-    let work: Vec<(Reserved, Option<u64>)> = reserved
-        .into_iter()
-        .map(|r| {
-            let actual = r.settle.cost_in_head(head, latency);
-            (r, actual)
-        })
-        .collect();
-    if work.is_empty() {
+    if reserved.is_empty() {
         return None;
     }
+    let work = reserved.into_iter().map(|r| {
+        let actual = r.settle.cost_in_head(head, latency);
+        (r, actual)
+    });
     start(settler, work)
 }
 
@@ -571,16 +578,14 @@ impl BodySettle {
     /// later calls (and the drop) find nothing pending.
     pub(crate) fn finish(&mut self, trailers: Option<&http::HeaderMap>) -> Option<Task> {
         let bytes = self.bytes;
-        let work: Vec<(Reserved, Option<u64>)> = std::mem::take(&mut self.pending)
-            .into_iter()
-            .map(|r| {
-                let actual = r.settle.cost_in_body(bytes, trailers, r.marks);
-                (r, actual)
-            })
-            .collect();
-        if work.is_empty() {
+        let pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() {
             return None;
         }
+        let work = pending.into_iter().map(|r| {
+            let actual = r.settle.cost_in_body(bytes, trailers, r.marks);
+            (r, actual)
+        });
         start(&self.settler, work)
     }
 }
