@@ -209,9 +209,10 @@ impl CountWhen {
             .any(|(m, _)| matches!(m, Matcher::LatencyAbove(_)))
     }
 
-    /// What the response head shows of each case, its head coming `latency` after the
-    /// request was let through: which cases it matches, and which wait for the trailers (a
-    /// gRPC case of a gRPC response whose head has no status).
+    /// What the response head shows of its cases, its head coming `latency` after the
+    /// request was let through: the first case it matches, and the cases before it that wait
+    /// for the trailers (a gRPC case of a gRPC response whose head has no status). The cases
+    /// after the first match are not looked at (their functions are not called).
     pub(crate) fn marks(&self, head: &Parts, latency: Duration) -> Marks {
         let grpc = is_grpc(&head.headers);
         let status = grpc.then(|| grpc_status_in(&head.headers)).flatten();
@@ -229,6 +230,7 @@ impl CountWhen {
             };
             if matched {
                 marks.matched |= bit;
+                break;
             }
         }
         marks
@@ -465,6 +467,23 @@ mod tests {
         );
         let open = cw.marks(&grpc_head(&[]), Duration::ZERO);
         assert_eq!(cw.weight_at_end(open, Some(&trailers(&["16"]))), Some(3));
+    }
+
+    #[test]
+    fn the_cases_after_the_first_match_are_not_looked_at() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = calls.clone();
+        let cw = CountWhen::new().status(401, 1).response(
+            move |_| {
+                seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                true
+            },
+            2,
+        );
+        assert_eq!(weight(&cw, &head(401, &[])), 1);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(weight(&cw, &head(200, &[])), 2);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     #[test]
