@@ -17,6 +17,7 @@ use std::time::Duration;
 use http::response::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use super::response::is_grpc;
 use super::settle::error::{MOST_UNITS_REPORTED, SettleError, header_name};
 
 type OutcomeFn = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
@@ -214,17 +215,24 @@ impl CountWhen {
     /// for the trailers (a gRPC case of a gRPC response whose head has no status). The cases
     /// after the first match are not looked at (their functions are not called).
     pub(crate) fn marks(&self, head: &Parts, latency: Duration) -> Marks {
-        let grpc = is_grpc(&head.headers);
-        let status = grpc.then(|| grpc_status_in(&head.headers)).flatten();
+        // Whether the response is gRPC, and its status in the head: read at the first gRPC
+        // case, once (a rule without one reads neither).
+        let mut grpc: Option<(bool, Option<Option<u8>>)> = None;
         let mut marks = Marks::default();
         for (i, (matcher, _)) in self.cases.iter().enumerate() {
             let bit = 1u64 << i;
             let matched = match matcher {
-                Matcher::GrpcStatus(_) if grpc && status.is_none() => {
-                    marks.open |= bit;
-                    continue;
+                Matcher::GrpcStatus(code) => {
+                    let (is, status) = *grpc.get_or_insert_with(|| {
+                        let is = is_grpc(&head.headers);
+                        (is, is.then(|| grpc_status_in(&head.headers)).flatten())
+                    });
+                    if is && status.is_none() {
+                        marks.open |= bit;
+                        continue;
+                    }
+                    status == Some(Some(*code))
                 }
-                Matcher::GrpcStatus(code) => status == Some(Some(*code)),
                 Matcher::LatencyAbove(bound) => latency > *bound,
                 other => other.matches(head),
             };
@@ -288,14 +296,6 @@ impl Marks {
     pub(crate) fn weight(self, cases: &CountWhen) -> Option<u64> {
         cases.weight_at_end(self, None)
     }
-}
-
-/// Whether `headers` are a gRPC response's (`content-type: application/grpc`, with or without a
-/// `+proto` or other suffix).
-fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// The gRPC status in `headers`: `None` when there is none, `Some(None)` when it is not one

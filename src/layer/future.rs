@@ -261,7 +261,7 @@ fn answered<R: ResponseBody>(
     if let Some(release) = release.as_mut() {
         release.head(response.status(), response.headers(), &shared.failed_when);
     }
-    let (batch, mut after) = match allowed.take() {
+    let (mut batch, mut after) = match allowed.take() {
         Some(Allowed::Settle { batch, after }) => (batch, after),
         fields => {
             let mut response = response;
@@ -277,7 +277,6 @@ fn answered<R: ResponseBody>(
     after.head_came();
     let task = settle::settle_head(&shared.settler, reserved, &head, after.latency);
     let response = Response::from_parts(head, body);
-    let mut batch = batch;
     match task {
         None => Ok(settled(shared, response, batch, after, release.take())),
         // Settled at once (a store in memory): no state to wait in.

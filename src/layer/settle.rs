@@ -353,9 +353,9 @@ impl Future for Task {
     type Output = Vec<Decision>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Vec<Decision>> {
         match self.get_mut() {
+            Task::Done(states) => Poll::Ready(std::mem::take(states)),
             // A settle that panicked or was cancelled with the runtime changed nothing we
             // can report: the response keeps the fields it had.
-            Task::Done(states) => Poll::Ready(std::mem::take(states)),
             Task::Spawned(handle) => Pin::new(handle).poll(cx).map(Result::unwrap_or_default),
             Task::Inline(future) => future.as_mut().poll(cx),
         }
