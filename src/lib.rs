@@ -187,6 +187,7 @@ pub use algo::calendar::{CalendarError, CalendarQuota, CalendarState, Period};
 pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 pub use algo::fair_share::{FairShare, FairShareError};
 pub use algo::gcra::{GcraError, Limit, LimitError};
+pub use algo::penalty::{Ladder, PenaltyError};
 pub use algo::tiers::{
     Tier, TierError, TierGrant, TierLog, TierRequestError, TierState, TieredLimit,
 };

@@ -5,7 +5,8 @@
 //! `docs/penalties.md`; this file is its whole rule, on integers, for every store (the script
 //! will mirror it function for function).
 //!
-//! Wired into the limits in the next step of issue 81: until then only its tests use it.
+//! A limit's penalty counts at admission (`LimitsBuilder::penalty`, `backend/kit/penalty.rs`);
+//! the reservations of outcome rules (`admit`, `settle`) are wired in the next step of issue 81.
 #![cfg_attr(not(test), allow(dead_code))]
 
 use std::collections::VecDeque;
@@ -30,16 +31,16 @@ pub const MAX_WINDOW_US: u64 = MAX_BAN_US;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PenaltyError {
-    /// `after` is 0 or above [`MAX_AFTER`].
+    /// `after` is 0 or above 1,000.
     #[error("`after` must be 1 to {MAX_AFTER} counted units, not {0}")]
     After(u64),
-    /// `within` or `forget_after` is 0 or above [`MAX_WINDOW_US`].
+    /// `within` or `forget_after` is 0 or above 100 days.
     #[error("`{0}` must be above 0 and at most 100 days")]
     Window(&'static str),
-    /// `base` is 0, or `max` is below `base` or above [`MAX_BAN_US`].
+    /// `base` is 0, or `max` is below `base` or above 100 days.
     #[error("a ban lasts from `base` (above 0) to `max` (at least `base`, at most 100 days)")]
     Length,
-    /// `factor` is 0 or above [`MAX_FACTOR`].
+    /// `factor` is 0 or above 1,000.
     #[error("`factor` must be 1 to {MAX_FACTOR}, not {0}")]
     Factor(u64),
     /// `jitter` is above 1,000 per mille.
@@ -100,13 +101,28 @@ impl Ladder {
     }
 
     /// A jitter of up to `permille` thousandths of each ban added to it (never beyond `max`),
-    /// the same on every store for the same key, level and start ([`jitter`]).
+    /// the same on every store for the same key, level and start.
     pub fn jitter(mut self, permille: u64) -> Result<Self, PenaltyError> {
         if permille > 1_000 {
             return Err(PenaltyError::Jitter(permille));
         }
         self.jitter_permille = permille;
         Ok(self)
+    }
+
+    /// The counted units that make a ban.
+    pub fn after(&self) -> u64 {
+        self.after
+    }
+
+    /// The window the units are counted in, in microseconds.
+    pub fn within_us(&self) -> u64 {
+        self.within_us
+    }
+
+    /// The quiet time after a ban that lowers the level one step, in microseconds.
+    pub fn forget_after_us(&self) -> u64 {
+        self.forget_after_us
     }
 
     /// The length of the n-th ban (`level` n, from 1) without jitter:

@@ -150,6 +150,10 @@ pub struct BucketTx<'a> {
     /// whether it failed), for a shape that learns from it (an adaptive concurrency limit);
     /// `None`: nothing known (a release without one, every other transaction).
     pub(crate) completion: Option<&'a crate::completion::Completion>,
+    /// A penalty's companion (`docs/penalties.md`): the transaction decides the key's penalty
+    /// state under this ladder (kept at [`kit::state_key`]), not its limit's bucket; sent by
+    /// the limiter after its limit's transaction, in the same batch. `None` everywhere else.
+    pub(crate) penalty: Option<&'a crate::config::PenaltyEntry>,
 }
 
 /// Why a transaction cannot be built: what it asks could never be granted.
@@ -249,6 +253,7 @@ impl<'a> BucketTx<'a> {
             leases: &[],
             floor: None,
             completion: None,
+            penalty: None,
         })
     }
 
@@ -257,6 +262,15 @@ impl<'a> BucketTx<'a> {
     pub(crate) fn across_regions(mut self, floor: Option<crate::config::RegionFloor>) -> Self {
         self.floor = floor;
         self
+    }
+
+    /// The companion of this transaction deciding its key's penalty under `penalty` (set by
+    /// the limiter, in the same batch).
+    pub(crate) fn penalty_of(self, penalty: &'a crate::config::PenaltyEntry) -> Self {
+        Self {
+            penalty: Some(penalty),
+            ..self
+        }
     }
 
     /// On a concurrency limit, the lease this transaction takes (a spend of cost 1) or gives
@@ -320,6 +334,13 @@ impl<'a> BucketTx<'a> {
     #[inline]
     pub(crate) fn plain_gcra(&self) -> Option<&'a crate::algo::gcra::Limit> {
         self.quota.as_gcra().filter(|_| self.floor.is_none())
+    }
+
+    /// Its GCRA limit when its state is that limit's word (not a penalty's companion, which
+    /// keeps its key's penalty state): how the memory backend tells its words from its slots.
+    #[inline(always)]
+    pub(crate) fn word_limit(&self) -> Option<&'a crate::algo::gcra::Limit> {
+        self.quota.as_gcra().filter(|_| self.penalty.is_none())
     }
 
     /// Units to spend or refund; for a range, the most units asked for.
@@ -431,6 +452,11 @@ impl Outcomes {
             list: smallvec::SmallVec::with_capacity(n),
             grants: None,
         }
+    }
+
+    /// Keeps the first `n` outcomes (those after carry no tier grant: a penalty's companions).
+    pub(crate) fn truncate(&mut self, n: usize) {
+        self.list.truncate(n);
     }
 
     /// `n` copies of `outcome`, each to be replaced ([`set`](Self::set)): for a backend that
@@ -653,6 +679,18 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Whether this backend decides penalty ladders (`docs/penalties.md`): a penalty's
+    /// companion transactions, through the kit ([`kit::spend`]) at their own
+    /// [`kit::state_key`]. The memory backend does; a limiter over a backend that does not
+    /// refuses the requests of a limit with a penalty ([`LimiterError::NoPenalties`]), rather
+    /// than decide them without it.
+    ///
+    /// [`LimiterError::NoPenalties`]: crate::LimiterError::NoPenalties
+    #[doc(hidden)]
+    fn decides_penalties(&self) -> bool {
+        false
+    }
+
     /// Whether this backend decides a limit marked `across_regions` as its region's share of
     /// one limit for every region (`docs/regions.md`): the Redis backend in regional mode
     /// does; every other backend decides it as a limit per region, and a limiter over it warns
@@ -741,6 +779,9 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     fn regional(&self) -> bool {
         (**self).regional()
+    }
+    fn decides_penalties(&self) -> bool {
+        (**self).decides_penalties()
     }
     fn follow_limits(&self, limits: FollowedLimits) {
         (**self).follow_limits(limits)

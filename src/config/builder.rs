@@ -93,6 +93,7 @@ impl LimitsBuilder {
             default,
             fail_closed: false,
             across_regions: None,
+            penalty: None,
         });
         Ok(())
     }
@@ -175,6 +176,38 @@ impl LimitsBuilder {
         Ok(())
     }
 
+    /// Puts a penalty ladder on `name` (`docs/penalties.md`): a key whose requests the limit
+    /// counts `after` units of within `within` is banned, each ban longer than the one before.
+    /// Decided with the limit in the request's one batch. A limit that counts units takes one
+    /// (GCRA, burst tiers, a calendar quota: not one that holds leases or keeps one state for
+    /// all its ids), and not one marked `across_regions`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_ratelimits::{Ladder, Limit, Limits};
+    /// let minute = 60_000_000;
+    /// let ladder = Ladder::new(10, 10 * minute, minute, 5, 1_440 * minute).unwrap();
+    /// let limits = Limits::builder()
+    ///     .limit("LoginPerAccount", Limit::new(10, 10, Duration::from_secs(60)).unwrap())
+    ///     .penalty("LoginPerAccount", ladder)
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(limits.penalty(limits.name("LoginPerAccount").unwrap()), Some(&ladder));
+    /// ```
+    pub fn penalty(mut self, name: &str, ladder: crate::algo::penalty::Ladder) -> Self {
+        match self.limits.config.by_text.get(name).copied() {
+            Some(i) => {
+                let state = LimitName::intern(&format!("{name}:pen"));
+                let penalty = Some(super::PenaltyEntry { ladder, state });
+                Arc::make_mut(&mut self.limits.config).names[i].penalty = penalty;
+            }
+            None => self.fail(ConfigError::new(ConfigErrorKind::UnknownName(
+                name.chars().take(80).collect(),
+            ))),
+        }
+        self
+    }
+
     /// Overrides `name`'s limit for one id, given as text and checked against the name's kind.
     pub fn override_for(mut self, name: &str, id: &str, limit: impl Into<Quota>) -> Self {
         if let Err(e) = self.try_override(name, id, Some(limit.into())) {
@@ -233,9 +266,10 @@ impl LimitsBuilder {
 
     /// The snapshot, or the first error met.
     pub fn build(self) -> Result<Limits, ConfigError> {
-        match self.error {
-            Some(e) => Err(e),
-            None => Ok(self.limits),
+        if let Some(e) = self.error {
+            return Err(e);
         }
+        self.limits.check_penalties()?;
+        Ok(self.limits)
     }
 }

@@ -156,6 +156,10 @@ pub enum ConfigErrorKind {
         "across_regions needs a GCRA limit (burst, count, period) without prefetch; this one has {0}"
     )]
     AcrossRegions(&'static str),
+    /// A penalty ladder where none can be: on a limit marked `across_regions` (how a ban
+    /// crosses regions is not specified yet), or one that does not count units.
+    #[error("a penalty {0}")]
+    Penalty(&'static str),
     /// A `region_floor` that is not a percentage from 0% to 100% with at most two decimals, or
     /// one given to a limit not marked `across_regions`.
     #[error(

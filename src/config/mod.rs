@@ -43,6 +43,50 @@ pub(crate) struct NameEntry {
     /// Marked `across_regions`: one limit for every region, with this floor in each
     /// (`docs/regions.md`); `None`: a limit per region.
     pub(crate) across_regions: Option<RegionFloor>,
+    /// A penalty ladder on what the limit counts (`docs/penalties.md`); `None`: none.
+    pub(crate) penalty: Option<PenaltyEntry>,
+}
+
+/// Whether `quota` may be the limit of a name with a penalty: one that counts units (not one
+/// that holds leases or keeps one state for all its ids).
+fn check_penalized(quota: &Quota) -> Result<(), ConfigErrorKind> {
+    if quota.holds_leases() || quota.state_per_limit() {
+        return Err(ConfigErrorKind::Penalty(
+            "needs a limit that counts units (GCRA, burst tiers or a calendar quota)",
+        ));
+    }
+    Ok(())
+}
+
+impl Limits {
+    /// Whether every limit with a penalty may carry one: not marked `across_regions`, and its
+    /// default and overrides count units ([`check_penalized`]).
+    fn check_penalties(&self) -> Result<(), ConfigError> {
+        for entry in self.config.names.iter().filter(|e| e.penalty.is_some()) {
+            let name = entry.name.as_str();
+            if entry.across_regions.is_some() {
+                let e = ConfigErrorKind::Penalty("cannot be on a limit marked across_regions yet");
+                return Err(ConfigError::new(e).for_limit(name));
+            }
+            let overrides = self.config.overrides.iter();
+            let overrides = overrides
+                .filter(|(k, _)| k.name() == entry.name)
+                .map(|(_, q)| q);
+            for quota in entry.default.iter().chain(overrides) {
+                check_penalized(quota).map_err(|e| ConfigError::new(e).for_limit(name))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A limit's penalty ladder, and the name its penalty states are kept under: the limit's name
+/// with `:pen` (a text no limit name can be, so a key's penalty state is never one of a
+/// limit's buckets; in-process, as every name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PenaltyEntry {
+    pub(crate) ladder: crate::algo::penalty::Ladder,
+    pub(crate) state: LimitName,
 }
 
 impl NameEntry {
@@ -58,6 +102,9 @@ impl NameEntry {
         }
         if self.across_regions.is_some() {
             regions::check_marked(quota)?;
+        }
+        if self.penalty.is_some() {
+            check_penalized(quota)?;
         }
         if let Some(d) = &self.default {
             d.keeps_on_override(quota)
@@ -163,6 +210,13 @@ impl Limits {
     /// ([`LimitsBuilder::across_regions`]); `None`: a limit per region.
     pub fn across_regions(&self, name: LimitName) -> Option<RegionFloor> {
         self.entry(name).and_then(|e| e.across_regions)
+    }
+
+    /// The penalty ladder of `name` ([`LimitsBuilder::penalty`]), if it has one.
+    pub fn penalty(&self, name: LimitName) -> Option<&crate::algo::penalty::Ladder> {
+        self.entry(name)
+            .and_then(|e| e.penalty.as_ref())
+            .map(|p| &p.ladder)
     }
 
     /// The default limit of a name (`None`: disabled unless overridden).

@@ -17,11 +17,13 @@ use sha2::{Digest, Sha256};
 /// The longest id accepted, in bytes.
 mod id;
 mod kind;
+mod text;
 
 pub use id::Id;
 use id::*;
 use kind::*;
 pub use kind::{IdError, IdKind};
+pub(crate) use text::KeyText;
 
 pub const MAX_ID_LEN: usize = 256;
 

@@ -39,6 +39,10 @@ pub enum LimiterError {
     /// The same bucket appears twice in one batch.
     #[error("bucket {0} appears twice in one batch")]
     DuplicateKey(String),
+    /// A limit with a penalty ladder on a backend that decides none (today: every backend but
+    /// memory; `docs/penalties.md`): refused rather than decided without its penalty.
+    #[error("limit {0} has a penalty, which this backend does not decide")]
+    NoPenalties(LimitName),
     /// A limit that keeps one state for all its ids (a fair share) appears twice in one
     /// batch, for two ids: each id's request is a batch of its own.
     #[error("limit {0} (one state for all its ids) appears twice in one batch")]
@@ -90,7 +94,7 @@ pub enum LimiterError {
     Backend(#[from] BackendError),
 }
 
-readable_debug!(LimiterError { UnknownName(name), DuplicateKey(key), LimitTwice(name), CostAboveBurst { name, cost, burst }, EmptyCostRange { name, min, max }, RangeOnConcurrency { name }, RenewWithoutSlots { name }, InvalidId { name, source }, Backend(error) });
+readable_debug!(LimiterError { UnknownName(name), DuplicateKey(key), LimitTwice(name), NoPenalties(name), CostAboveBurst { name, cost, burst }, EmptyCostRange { name, min, max }, RangeOnConcurrency { name }, RenewWithoutSlots { name }, InvalidId { name, source }, Backend(error) });
 
 /// The first key that appears twice in `batch`: pairwise for a request's few rules (no
 /// allocation), through a hash set beyond that, so a batch of any size costs linear time.

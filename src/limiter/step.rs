@@ -17,6 +17,8 @@ use super::{
     BatchDecision, Decision, Limiter, LimiterError, Regions, Transaction, first_duplicate,
 };
 
+mod penalties;
+
 /// A batch's per-transaction working data: on the stack for up to 8 transactions (a request's
 /// rules), so the request path does not allocate for it.
 type Batch<T> = smallvec::SmallVec<[T; 8]>;
@@ -31,6 +33,16 @@ struct Resolved<Q> {
     /// A stored block: seconds until it ends (0: not blocked). Not sent to the backend: denied
     /// here ([`with_blocks`]). In the padding after `mode`: the struct stays 32 bytes.
     block_s: u32,
+    /// Sent with a penalty's companion after the batch (`penalties.rs`).
+    penalty: bool,
+}
+
+impl<Q> Resolved<Q> {
+    /// Whether it was sent to the backend: its limit applies and no block denied it.
+    #[inline]
+    fn sent(&self) -> bool {
+        self.quota.is_some() && self.block_s == 0
+    }
 }
 
 /// Where a batch stands once sent: decided (its [`Verdict`] holds the outcomes), or waiting
@@ -205,6 +217,7 @@ impl Pending {
                     cost: r.cost,
                     lease: r.lease,
                     block_s: r.block_s,
+                    penalty: r.penalty,
                 })
                 .collect(),
             counted: verdict.counted,
@@ -223,6 +236,9 @@ impl Pending {
         #[cfg(feature = "metrics")]
         crate::telemetry::backend_duration(self.op.label(), self.started.elapsed().as_secs_f64());
         let mut outcomes = outcomes?;
+        if self.counted.penalties {
+            penalties::fold(&self.resolved, &mut outcomes)?;
+        }
         if self.counted.blocks {
             outcomes = with_blocks(&self.resolved, outcomes)?;
         }
@@ -381,9 +397,11 @@ impl Limiter {
         }
         match self.inner.backend.spend(&txs) {
             Spend::Ready(outcomes) => {
-                let outcomes = outcomes?;
+                let mut outcomes = outcomes?;
                 let sent = txs.len();
-                if outcomes.len() != sent {
+                if verdict.counted.penalties {
+                    penalties::fold(&verdict.resolved, &mut outcomes)?;
+                } else if outcomes.len() != sent {
                     return Err(BackendError::outcome_count(outcomes.len(), sent).into());
                 }
                 // The batch rule, once (a disabled limit sent nothing and allows).
@@ -421,8 +439,10 @@ impl Limiter {
         } else {
             match self.inner.backend.spend(&txs) {
                 Spend::Ready(outcomes) => {
-                    let outcomes = outcomes?;
-                    if outcomes.len() != txs.len() {
+                    let mut outcomes = outcomes?;
+                    if verdict.counted.penalties {
+                        penalties::fold(&verdict.resolved, &mut outcomes)?;
+                    } else if outcomes.len() != txs.len() {
                         return Err(BackendError::outcome_count(outcomes.len(), txs.len()).into());
                     }
                     verdict.allowed = crate::backend::kit::batch_allowed(txs.iter().zip(&outcomes));
@@ -530,13 +550,23 @@ impl Limiter {
                     return Err(LimiterError::LimitTwice(name));
                 }
             }
+            // A penalty's companion follows the batch (not on a refund: it counted at
+            // admission).
+            let penalty = entry.penalty.is_some() && op != Op::Refund && quota.is_some();
+            let penalty = penalty && block_s == 0;
+            counted.penalties |= penalty;
             resolved.push(Resolved {
                 quota,
                 mode,
                 cost,
                 lease,
                 block_s,
+                penalty,
             });
+        }
+        if counted.penalties {
+            let decides = self.inner.backend.decides_penalties();
+            penalties::push_companions(limits, batch, resolved, txs, decides)?;
         }
         Ok(())
     }
@@ -586,6 +616,8 @@ struct Counted {
     blocks: bool,
     /// One of them counts: the batch is denied.
     blocked: bool,
+    /// A transaction's limit has a penalty: its companion follows the batch (`penalties.rs`).
+    penalties: bool,
 }
 
 /// The outcomes of a batch with blocked transactions: the backend's (`sent`, one per

@@ -85,8 +85,13 @@ impl FairPool {
 
 /// The key a transaction's state is kept at: its own, or for a shape that keeps one state
 /// per limit (a fair share), the limit's ([`BucketKey::limit_wide`]).
+///
+/// A penalty's companion keeps its key's penalty state at the id under the limit's name with
+/// `:pen` (a name no limit can have): beside the limit's bucket, never it.
 pub fn state_key<'k>(tx: &BucketTx<'k>) -> std::borrow::Cow<'k, BucketKey> {
-    if tx.quota.state_per_limit() {
+    if let Some(penalty) = tx.penalty {
+        std::borrow::Cow::Owned(BucketKey::new(penalty.state, tx.key.id().clone()))
+    } else if tx.quota.state_per_limit() {
         std::borrow::Cow::Owned(BucketKey::limit_wide(tx.key.name()))
     } else {
         std::borrow::Cow::Borrowed(tx.key)

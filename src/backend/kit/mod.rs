@@ -84,6 +84,7 @@ mod calendar;
 mod concurrency;
 mod fair_share;
 mod gcra;
+mod penalty;
 mod shared_map;
 mod tiers;
 
@@ -112,6 +113,7 @@ pub(crate) use gcra::{
     GcraDecision, gcra_decide, gcra_step, gcra_tat, gcra_unword, gcra_word, gcra_write,
 };
 use gcra::{gcra_refund, gcra_spend};
+use penalty::{penalty_fresh_at, penalty_spend};
 use tiers::{tiers_refund, tiers_spend};
 
 use super::{BackendError, BucketTx, Outcome, Outcomes};
@@ -155,6 +157,10 @@ pub enum Stored {
     /// [`state_key`].
     #[serde(with = "adaptive::line::pool")]
     AdaptivePool(Box<AdaptivePool>),
+    /// A key's penalty state (`docs/penalties.md`): its level, its ban's end, the window's
+    /// counted units and its requests in flight, kept beside its limit's bucket.
+    #[serde(with = "penalty::line")]
+    Penalty(Box<crate::algo::penalty::PenaltyState>),
 }
 
 /// A bucket's state as the kit reads it: borrowed from the store (`None` in [`spend`]'s
@@ -176,6 +182,8 @@ pub enum Read<'a> {
     Adaptive(&'a AdaptiveState),
     /// The keys of an adaptive limit that share a capacity.
     AdaptivePool(&'a AdaptivePool),
+    /// A key's penalty state.
+    Penalty(&'a crate::algo::penalty::PenaltyState),
 }
 
 impl Stored {
@@ -189,6 +197,7 @@ impl Stored {
             Stored::FairShare(p) => Read::FairShare(p),
             Stored::Adaptive(a) => Read::Adaptive(a),
             Stored::AdaptivePool(p) => Read::AdaptivePool(p),
+            Stored::Penalty(p) => Read::Penalty(p),
         }
     }
 
@@ -210,6 +219,7 @@ impl Stored {
             Stored::FairShare(_) => Kept::FairShare,
             Stored::Adaptive(_) => Kept::Adaptive,
             Stored::AdaptivePool(_) => Kept::AdaptivePool,
+            Stored::Penalty(_) => Kept::Penalty,
         }
     }
 }
@@ -231,13 +241,15 @@ pub(crate) enum Kept {
     FairShare,
     Adaptive,
     AdaptivePool,
+    /// A key's penalty state: a penalty's companion, never a limit's own shape.
+    Penalty,
 }
 
 #[cfg_attr(not(any(feature = "redis", feature = "replay")), allow(dead_code))]
 impl Kept {
     /// Every state, in the order of [`index`](Self::index) (which the compiler holds to the
     /// variants: a new one is added there and here).
-    pub(crate) const ALL: [Kept; 7] = [
+    pub(crate) const ALL: [Kept; 8] = [
         Kept::Word,
         Kept::Tiers,
         Kept::Leases,
@@ -245,6 +257,7 @@ impl Kept {
         Kept::FairShare,
         Kept::Adaptive,
         Kept::AdaptivePool,
+        Kept::Penalty,
     ];
 
     /// Its place in [`ALL`](Self::ALL) (held to it as the crate builds).
@@ -257,6 +270,7 @@ impl Kept {
             Kept::FairShare => 4,
             Kept::Adaptive => 5,
             Kept::AdaptivePool => 6,
+            Kept::Penalty => 7,
         }
     }
 
@@ -319,7 +333,7 @@ pub(crate) fn batch_allowed<'t, 'b: 't, 'o>(
 pub(crate) fn earlier(batch: &[BucketTx<'_>], i: usize) -> Option<usize> {
     let this = &batch[i];
     batch[..i].iter().rposition(|tx| {
-        tx.key == this.key
+        (tx.key == this.key && tx.penalty.is_none() == this.penalty.is_none())
             || (tx.key.name() == this.key.name()
                 && tx.quota.state_per_limit()
                 && this.quota.state_per_limit())
@@ -406,6 +420,13 @@ fn decide(
     now: u64,
     (outcomes, writes, repairs): (&mut Outcomes, &mut Writes, &mut Writes),
 ) -> Result<(), BackendError> {
+    if let Some(penalty) = tx.penalty {
+        let d = penalty_spend(tx, penalty, stored, now);
+        outcomes.push(d.outcome);
+        writes.push(d.write);
+        repairs.push(d.repair);
+        return Ok(());
+    }
     let d = match tx.quota {
         Quota::Gcra(limit) => gcra_spend(tx, limit, stored, now)?,
         Quota::Tiered(limit) => {
@@ -494,6 +515,10 @@ pub fn refund(
     stored: Option<Read<'_>>,
     now: u64,
 ) -> Result<Refunded, BackendError> {
+    if tx.penalty.is_some() {
+        // A penalty counts at admission: a refund of its limit gives back nothing of it.
+        return Ok((Outcome::new(true, 0, 0, 0), None).into());
+    }
     Ok(match tx.quota {
         Quota::Gcra(limit) => gcra_refund(tx, limit, stored, now)?,
         Quota::Tiered(limit) => tiers_refund(tx, limit, stored, now),
@@ -530,7 +555,14 @@ pub(crate) fn may_write(tx: &BucketTx<'_>) -> bool {
 ///
 /// Every state is an arm (no catch-all: a new one does not build until it says); a state
 /// kept under a limit of another shape is fresh at once (0).
-pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
+/// A penalty's state (`penalty`: its companion's entry; `None`: a state kept under no penalty
+/// now) is fresh when its ban and level are over and its window is empty.
+pub(crate) fn fresh_at(
+    quota: &Quota,
+    penalty: Option<&crate::config::PenaltyEntry>,
+    state: &Stored,
+    now: u64,
+) -> u64 {
     match state {
         Stored::Tat(word) => gcra_tat(*word),
         Stored::Tiers(s) => match quota {
@@ -551,6 +583,7 @@ pub(crate) fn fresh_at(quota: &Quota, state: &Stored, now: u64) -> u64 {
             Quota::Adaptive(limit) => pool_fresh_at(limit, p),
             _ => 0,
         },
+        Stored::Penalty(p) => penalty.map_or(0, |e| penalty_fresh_at(&e.ladder, p)),
     }
 }
 
@@ -609,7 +642,12 @@ pub fn after_reset(state: Stored, now: u64) -> Option<(Stored, u64)> {
                 last,
             ))
         }
-        // Nothing of the rest is kept (each named: a new state says what a reset leaves).
-        Stored::Tat(_) | Stored::Tiers(_) | Stored::Calendar(_) | Stored::FairShare(_) => None,
+        // Nothing of the rest is kept (each named: a new state says what a reset leaves): a
+        // reset lifts a key's ban and forgets its level.
+        Stored::Tat(_)
+        | Stored::Tiers(_)
+        | Stored::Calendar(_)
+        | Stored::FairShare(_)
+        | Stored::Penalty(_) => None,
     }
 }

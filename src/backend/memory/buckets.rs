@@ -17,9 +17,15 @@ pub(super) struct TierSlot {
 }
 
 impl TierSlot {
-    /// Keeps what the kit wrote for a key under `quota`.
-    pub(super) fn write(&mut self, quota: &Quota, state: kit::Stored, now: u64) {
-        self.expires_at = kit::fresh_at(quota, &state, now);
+    /// Keeps what the kit wrote for the key of `tx`.
+    pub(super) fn write(&mut self, tx: &BucketTx<'_>, state: kit::Stored, now: u64) {
+        let expires_at = kit::fresh_at(tx.quota, tx.penalty, &state, now);
+        self.put(expires_at, state);
+    }
+
+    /// Keeps `state`, fresh from `expires_at` on.
+    pub(super) fn put(&mut self, expires_at: u64, state: kit::Stored) {
+        self.expires_at = expires_at;
         match (&mut self.state, state) {
             // A calendar state over a calendar state (its every decision): plain data, nothing
             // to drop (`ours_calendar_spend` 727 -> 711 instructions, `benches/instructions.sh`).

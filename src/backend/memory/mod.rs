@@ -267,7 +267,7 @@ impl MemoryBackend {
                 if slot.state.is_some() {
                     return Ok(false);
                 }
-                slot.write(quota, state, now);
+                slot.put(kit::fresh_at(quota, None, &state, now), state);
                 Ok(true)
             }
         }
@@ -558,6 +558,10 @@ impl Backend for MemoryBackend {
 
     fn override_store(&self) -> Option<super::OverrideStoreRef> {
         Some(super::OverrideStoreRef(self.inner.overrides.clone()))
+    }
+
+    fn decides_penalties(&self) -> bool {
+        true
     }
 
     fn regional(&self) -> bool {

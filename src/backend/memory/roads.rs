@@ -208,7 +208,7 @@ impl MemoryBackend {
                     kit::calendar_spend_one(tx, quota, stored, now)
                 };
                 if let Some(state) = write {
-                    guard.write(tx.quota, state, now);
+                    guard.write(tx, state, now);
                 }
                 return Spend::Ready(Ok(Outcomes::one(outcome)));
             }
@@ -260,7 +260,7 @@ impl MemoryBackend {
     ) -> Result<Outcomes, BackendError> {
         // A batch of GCRA buckets only (a request's usual rules) locks nothing: no slots, and
         // it is decided from the words alone unless one of them needs a repair.
-        if batch.iter().all(|tx| tx.quota.as_gcra().is_some()) {
+        if batch.iter().all(|tx| tx.word_limit().is_some()) {
             if let Some(decided) = self.spend_words(batch, now) {
                 return decided;
             }
@@ -271,7 +271,7 @@ impl MemoryBackend {
         'slots: loop {
             slots.clear();
             for (i, tx) in batch.iter().enumerate() {
-                slots.push(match tx.quota.as_gcra() {
+                slots.push(match tx.word_limit() {
                     Some(_) => None,
                     // A key named again is under its first transaction's lock: a second
                     // lock of the same mutex on this thread would never return.
@@ -327,14 +327,14 @@ impl MemoryBackend {
                         continue;
                     }
                     let slot = guards.iter().find(|(j, _)| *j == i).map(|(_, g)| &**g);
-                    let bucket = match tx.quota.as_gcra() {
+                    let bucket = match tx.word_limit() {
                         Some(_) => self.inner.map.get(Buckets::place(tx.key)),
                         None => None,
                     };
                     let cur = bucket.as_ref().map_or(0, |b| b.load(Ordering::Acquire));
                     held.push(bucket);
                     tats.push(cur);
-                    read.push(match (tx.quota.as_gcra(), slot) {
+                    read.push(match (tx.word_limit(), slot) {
                         (Some(_), _) => Some(kit::Read::Tat(stored(cur).unwrap_or(0))),
                         (None, Some(g)) => g.state.as_ref().map(kit::Stored::read),
                         (None, None) => None,
@@ -363,7 +363,7 @@ impl MemoryBackend {
                 if let Some(state) = write.filter(|w| !matches!(w, kit::Stored::Tat(_)))
                     && let Some(g) = guard_of(batch, guards, i)
                 {
-                    g.write(batch[i].quota, state, now);
+                    g.write(&batch[i], state, now);
                 }
             }
             return Ok(spent.outcomes);
@@ -407,7 +407,7 @@ impl MemoryBackend {
             let mut places = [Place::Packed(0); WORDS];
             let mut outcomes = Outcomes::with_capacity(n);
             for (i, tx) in batch.iter().enumerate() {
-                let limit = tx.quota.as_gcra()?;
+                let limit = tx.word_limit()?;
                 // A key named twice (GCRA keys share no state otherwise): the general road
                 // decides it in order. Found by the keys' places (one word each for most).
                 let place = Buckets::place(tx.key);
@@ -500,7 +500,7 @@ impl MemoryBackend {
                 }
                 Some(state) => {
                     if let Some(g) = guard_of(batch, guards, i) {
-                        g.write(tx.quota, state, now);
+                        g.write(tx, state, now);
                     }
                 }
                 None => {}
@@ -516,7 +516,7 @@ impl MemoryBackend {
         tx: &BucketTx<'_>,
         now: u64,
     ) -> Result<(Outcome, Option<TierGrant>), BackendError> {
-        if tx.quota.as_gcra().is_some() {
+        if tx.word_limit().is_some() {
             let out = self.on_word(tx.key, now, |cur| {
                 match kit::refund(tx, Some(kit::Read::Tat(cur)), now) {
                     Ok(kit::Refunded {
@@ -540,7 +540,7 @@ impl MemoryBackend {
             }
             let r = kit::refund(tx, g.state.as_ref().map(kit::Stored::read), now)?;
             if let Some(state) = r.write {
-                g.write(tx.quota, state, now);
+                g.write(tx, state, now);
             }
             return Ok((r.outcome, r.tiers));
         }

@@ -3,8 +3,6 @@
 //! `:r` for a region's share bucket, `:a` for an adaptive key; a fair share's state is the
 //! limit's, `<prefix>{<limit name>:}:f`, and so is an adaptive pool's, `<prefix>{<limit name>:}:p`.
 
-use std::fmt;
-
 use crate::backend::kit::Kept;
 #[cfg(feature = "replay")]
 use crate::backend::kit::Stored;
@@ -41,6 +39,10 @@ pub(super) const ADAPTIVE_SUFFIX: &str = ":a";
 /// at the limit's own key, `adaptive.lua`): a limit given a capacity, or losing it, never reads
 /// the other form's state.
 pub(super) const ADAPTIVE_POOL_SUFFIX: &str = ":p";
+
+/// The suffix of a key's penalty state (`docs/penalties.md`, "How a store keeps it"), after
+/// the hash tag of the limit's bucket: in its slot.
+pub(super) const PENALTY_SUFFIX: &str = ":pen";
 
 /// The keys a reset deletes, by suffix: every shape's state but a concurrency key's leases,
 /// which are requests in flight (forgetting them would admit more at once than the limit; they
@@ -119,6 +121,8 @@ pub(super) fn reading_of(kept: Kept) -> Reading {
         Kept::AdaptivePool => {
             Reading::Hash(read::ADAPTIVE_POOL_MOST_FIELDS, read::read_adaptive_pool)
         }
+        // The script keeps no penalty yet (the Redis backend decides none): nothing to read.
+        Kept::Penalty => Reading::String(|_| None),
     }
 }
 
@@ -132,99 +136,31 @@ pub(super) fn suffix_of(kept: Kept) -> &'static str {
         Kept::FairShare => FAIR_SHARE_SUFFIX,
         Kept::Adaptive => ADAPTIVE_SUFFIX,
         Kept::AdaptivePool => ADAPTIVE_POOL_SUFFIX,
+        Kept::Penalty => PENALTY_SUFFIX,
     }
 }
 
-/// A key being built: on the stack up to 192 bytes, so that the one allocation is the key's
-/// own, made at its exact size.
-pub(super) struct KeyBuf(smallvec::SmallVec<[u8; 192]>);
+/// A key being built ([`KeyText`], the key's text, in its prefix, hash tag and suffix).
+pub(super) use crate::key::KeyText as KeyBuf;
 
 impl KeyBuf {
-    /// `<prefix>{<limit name>:<escaped id>}` then `suffix`.
-    pub(super) fn new(prefix: &str, key: &BucketKey, suffix: &str) -> Self {
-        use std::fmt::Write as _;
-        /// Escapes what the id's `Display` writes, straight into the key.
-        struct Escaping<'a>(&'a mut KeyBuf);
-        impl fmt::Write for Escaping<'_> {
-            fn write_str(&mut self, s: &str) -> fmt::Result {
-                self.0.push_escaped(s);
-                Ok(())
-            }
-        }
-        let mut out = KeyBuf::opened(prefix, key.name().as_str());
-        // The id's `Display` text: digits and dots need no escaping, a text id is escaped as
-        // it is, and the rest (IPv6 addresses and ranges) go through the formatter.
-        let id = key.id();
-        if let Some(digits) = id.digits() {
-            out.0.extend_from_slice(digits.as_bytes());
-        } else if let Some(text) = id.as_text() {
-            out.push_escaped(text);
-        } else {
-            let _ = write!(Escaping(&mut out), "{id}");
-        }
-        out.push("}");
-        out.push(suffix);
-        out
-    }
-
-    /// `<prefix>{<escaped limit name>:`: what every key of the limit starts with.
-    #[inline]
-    fn opened(prefix: &str, name: &str) -> Self {
-        let mut out = KeyBuf(smallvec::SmallVec::new());
-        out.push(prefix);
-        out.push("{");
-        out.push_escaped(name);
-        out.push(":");
-        out
-    }
-
     /// What every key of limit `name` starts with, under `prefix` (a replay's snapshot scans
     /// for it).
     #[cfg(feature = "replay")]
     pub(super) fn head(prefix: &str, name: &str) -> String {
-        String::from_utf8_lossy(&Self::opened(prefix, name).0).into_owned()
-    }
-
-    fn push(&mut self, s: &str) {
-        self.0.extend_from_slice(s.as_bytes());
-    }
-
-    /// Writes `id`, escaping what could break the key format (see the module docs).
-    fn push_escaped(&mut self, id: &str) {
-        // Most names and ids need no escaping: copied at once.
-        if id.bytes().all(Self::plain) {
-            self.0.extend_from_slice(id.as_bytes());
-            return;
-        }
-        for b in id.bytes() {
-            if Self::plain(b) {
-                self.0.push(b);
-            } else {
-                const HEX: &[u8; 16] = b"0123456789ABCDEF";
-                self.0.extend_from_slice(&[
-                    b'%',
-                    HEX[usize::from(b >> 4)],
-                    HEX[usize::from(b & 0xf)],
-                ]);
-            }
-        }
-    }
-
-    /// Whether a byte is written as it is (printable ASCII but the braces and `%`).
-    pub(super) fn plain(b: u8) -> bool {
-        (0x21..=0x7e).contains(&b) && !matches!(b, b'{' | b'}' | b'%')
+        String::from_utf8_lossy(Self::opened(prefix, name).bytes()).into_owned()
     }
 
     /// The key, for fred.
     pub(super) fn key(&self) -> fred::prelude::Key {
-        fred::prelude::Key::from(&self.0[..])
+        fred::prelude::Key::from(self.bytes())
     }
 }
 
 /// The Redis key of `key` under `prefix`, then `suffix` (see [`RedisBackend::redis_key`]).
 pub(crate) fn redis_key(prefix: &str, key: &BucketKey, suffix: &str) -> String {
     // Only whole `str`s and escaped ASCII were written: the bytes are UTF-8.
-    String::from_utf8_lossy(&KeyBuf::new(prefix, key, suffix).0).into_owned()
+    String::from_utf8_lossy(KeyBuf::new(prefix, key, suffix).bytes()).into_owned()
 }
 
 #[cfg(test)]

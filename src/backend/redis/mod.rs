@@ -507,6 +507,8 @@ impl OwnedTx {
     fn tx(&self) -> BucketTx<'_> {
         BucketTx {
             completion: None,
+            // The limiter sends this backend no penalty (`decides_penalties`).
+            penalty: None,
             key: &self.key,
             quota: &self.quota,
             cost: self.cost,

@@ -301,6 +301,7 @@ impl RedisBackend {
                 lease: 0,
                 leases: &[],
                 floor: None,
+                penalty: None,
             })
             .collect();
         match self.refund_batch(&txs).await {

@@ -1,0 +1,81 @@
+//! A limit's penalty in its request's one batch (`docs/penalties.md`): after the batch's own
+//! transactions, the step sends one companion per transaction of a limit with a penalty ladder
+//! (the same key, cost and mode, deciding the key's penalty state: `backend/kit/penalty.rs`),
+//! and folds each companion's outcome into its limit's before anything reads the outcomes. So
+//! a banned key's request is denied with its limit, the batch rule makes the two all or
+//! nothing, and a decision reports one outcome per transaction, as ever.
+
+use super::{Batch, Resolved};
+use crate::backend::{BackendError, BucketTx, Outcome, Outcomes};
+use crate::config::Limits;
+use crate::limiter::{LimiterError, Transaction};
+use crate::quota::Quota;
+
+/// Pushes the companions of `batch`'s transactions of limits with a penalty (`r.penalty`),
+/// in order, after the transactions sent (`txs`, one per sent transaction). Refused when the
+/// backend decides no penalty (`decides`: [`Backend::decides_penalties`]).
+///
+/// [`Backend::decides_penalties`]: crate::Backend::decides_penalties
+#[cold]
+#[inline(never)]
+pub(super) fn push_companions<'a>(
+    limits: &'a Limits,
+    batch: &'a [Transaction],
+    resolved: &[Resolved<&'a Quota>],
+    txs: &mut Batch<BucketTx<'a>>,
+    decides: bool,
+) -> Result<(), LimiterError> {
+    let mut sent = 0;
+    for (tx, r) in batch.iter().zip(resolved) {
+        if !r.sent() {
+            continue;
+        }
+        if r.penalty {
+            let name = tx.key().name();
+            let penalty = limits.entry(name).and_then(|e| e.penalty.as_ref());
+            let (Some(penalty), true) = (penalty, decides) else {
+                return Err(LimiterError::NoPenalties(name));
+            };
+            let companion = txs[sent].penalty_of(penalty);
+            txs.push(companion);
+        }
+        sent += 1;
+    }
+    Ok(())
+}
+
+/// Folds the companions' outcomes (after the sent transactions' in `outcomes`) into their
+/// limits' ([`folded`]), leaving one outcome per transaction sent.
+pub(super) fn fold<Q>(
+    resolved: &[Resolved<Q>],
+    outcomes: &mut Outcomes,
+) -> Result<(), LimiterError> {
+    let sent = resolved.iter().filter(|r| r.sent()).count();
+    let companions = resolved.iter().filter(|r| r.sent() && r.penalty).count();
+    if outcomes.len() != sent + companions {
+        return Err(BackendError::outcome_count(outcomes.len(), sent + companions).into());
+    }
+    let rules = resolved.iter().filter(|r| r.sent());
+    let with_penalty = rules.enumerate().filter(|(_, r)| r.penalty).map(|(i, _)| i);
+    for (c, i) in with_penalty.enumerate() {
+        let penalty = outcomes[sent + c];
+        outcomes[i] = folded(outcomes[i], &penalty);
+    }
+    outcomes.truncate(sent);
+    Ok(())
+}
+
+/// A limit's outcome with its penalty's: denied if either is (told to wait the longer of the
+/// two), otherwise what is left before the penalty bans (when that is less) and the later
+/// reset (a ban just started: its end).
+pub(super) fn folded(mut o: Outcome, penalty: &Outcome) -> Outcome {
+    if !penalty.allowed {
+        o.allowed = false;
+        o.remaining = 0;
+        o.retry_after_us = o.retry_after_us.max(penalty.retry_after_us);
+    } else {
+        o.remaining = o.remaining.min(penalty.remaining);
+    }
+    o.reset_after_us = o.reset_after_us.max(penalty.reset_after_us);
+    o
+}

@@ -1,0 +1,324 @@
+//! Penalty ladders on a limit (`docs/penalties.md`), decided in the request's one batch: the
+//! n-th ban's length, the level's decay, a penalty and another limit all or nothing, a
+//! calendar quota's state and its penalty's kept apart, through the layer over TCP, and the
+//! configurations and backends that cannot carry one refused with their reasons.
+
+mod support;
+
+use std::time::Duration;
+
+use support::redis::{TestRedis, unique_prefix};
+use support::redis_backend::caller_time_backend;
+use tower_ratelimits::{
+    BatchDecision, BucketKey, ConfigErrorKind, Id, Ladder, LayerError, Limit, Limiter,
+    LimiterError, Limits, ManualClock, MemoryBackend, Transaction,
+};
+
+const S: u64 = 1_000_000;
+
+/// 3 counted units within a minute ban for 10 s, then 20, 40, at most 60; the level falls
+/// one step for each 100 s of quiet.
+fn ladder() -> Ladder {
+    Ladder::new(3, 60 * S, 10 * S, 2, 60 * S)
+        .unwrap()
+        .forget_after(100 * S)
+        .unwrap()
+}
+
+/// A limiter on memory over a roomy limit `Login` with [`ladder`], and a tight limit `Tight`
+/// of one request a minute (no penalty).
+fn limiter(clock: &ManualClock) -> Limiter {
+    let limits = Limits::builder()
+        .limit(
+            "Login",
+            Limit::new(1_000, 1_000, Duration::from_secs(1)).unwrap(),
+        )
+        .limit("Tight", Limit::new(1, 1, Duration::from_secs(60)).unwrap())
+        .penalty("Login", ladder())
+        .build()
+        .unwrap();
+    Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    )
+}
+
+fn key(limiter: &Limiter, name: &str, id: u64) -> BucketKey {
+    BucketKey::new(limiter.name(name).unwrap(), Id::from(id))
+}
+
+async fn login(limiter: &Limiter, id: u64) -> BatchDecision {
+    let key = key(limiter, "Login", id);
+    limiter.spend(&[Transaction::new(key)]).await.unwrap()
+}
+
+/// Spends until the key is banned; the decision that banned it (still allowed).
+async fn until_banned(limiter: &Limiter, id: u64) -> BatchDecision {
+    for _ in 0..2 {
+        assert!(login(limiter, id).await.allowed());
+    }
+    let banning = login(limiter, id).await;
+    assert!(banning.allowed(), "the event that bans is let through");
+    banning
+}
+
+#[tokio::test]
+async fn the_nth_ban_lasts_base_times_factor_to_the_n_minus_1_up_to_max() {
+    let clock = ManualClock::new(1_000 * S);
+    let limiter = limiter(&clock);
+    for ban_s in [10, 20, 40, 60, 60] {
+        let banning = until_banned(&limiter, 7).await;
+        assert_eq!(banning.decisions()[0].remaining(), 0);
+        assert_eq!(
+            banning.decisions()[0].reset_after(),
+            Duration::from_secs(ban_s)
+        );
+        let refused = login(&limiter, 7).await;
+        assert!(!refused.allowed());
+        assert_eq!(
+            refused.decisions()[0].retry_after(),
+            Duration::from_secs(ban_s)
+        );
+        clock.advance(Duration::from_secs(ban_s) - Duration::from_micros(1));
+        assert!(
+            !login(&limiter, 7).await.allowed(),
+            "banned to the microsecond"
+        );
+        clock.advance(Duration::from_micros(1));
+    }
+    // Another key was never touched.
+    assert!(login(&limiter, 8).await.allowed());
+}
+
+#[tokio::test]
+async fn the_level_falls_a_step_for_each_quiet_forget_after() {
+    let clock = ManualClock::new(1_000 * S);
+    let limiter = limiter(&clock);
+    until_banned(&limiter, 7).await; // level 1: 10 s
+    clock.advance(Duration::from_secs(10));
+    until_banned(&limiter, 7).await; // level 2: 20 s
+    // Two steps of quiet after the ban's end: back to level 0, so the next ban is the first's.
+    clock.advance(Duration::from_secs(20 + 200));
+    let banning = until_banned(&limiter, 7).await;
+    assert_eq!(
+        banning.decisions()[0].reset_after(),
+        Duration::from_secs(10)
+    );
+    clock.advance(Duration::from_secs(10));
+    until_banned(&limiter, 7).await; // level 2: 20 s
+    // One step only: level 1 left, so the next ban is the second's again.
+    clock.advance(Duration::from_secs(20 + 100));
+    let banning = until_banned(&limiter, 7).await;
+    assert_eq!(
+        banning.decisions()[0].reset_after(),
+        Duration::from_secs(20)
+    );
+}
+
+#[tokio::test]
+async fn units_leave_the_window_after_within() {
+    let clock = ManualClock::new(1_000 * S);
+    let limiter = limiter(&clock);
+    for _ in 0..2 {
+        assert!(login(&limiter, 7).await.allowed());
+    }
+    assert_eq!(login(&limiter, 8).await.decisions()[0].remaining(), 2);
+    clock.advance(Duration::from_secs(60));
+    // The two units left the window: two more do not ban.
+    for left in [2, 1] {
+        let d = login(&limiter, 7).await;
+        assert!(d.allowed());
+        assert_eq!(d.decisions()[0].remaining(), left);
+    }
+}
+
+#[tokio::test]
+async fn a_penalty_and_another_limit_in_one_batch_are_all_or_nothing() {
+    let clock = ManualClock::new(1_000 * S);
+    let limiter = limiter(&clock);
+    let batch = [
+        Transaction::new(key(&limiter, "Tight", 7)),
+        Transaction::new(key(&limiter, "Login", 7)),
+    ];
+    assert!(limiter.spend(&batch).await.unwrap().allowed());
+    // `Tight` refuses the next ones: their penalty counts nothing.
+    for _ in 0..5 {
+        assert!(!limiter.spend(&batch).await.unwrap().allowed());
+    }
+    assert_eq!(login(&limiter, 8).await.decisions()[0].remaining(), 2);
+    let d = limiter
+        .check(&[Transaction::new(key(&limiter, "Login", 7))])
+        .await
+        .unwrap();
+    assert_eq!(d.decisions()[0].remaining(), 2, "one unit counted, not six");
+    // A banned key refuses the batch: the other limit spends nothing.
+    until_banned(&limiter, 9).await;
+    clock.advance(Duration::from_secs(60));
+    let banned = [
+        Transaction::new(key(&limiter, "Tight", 9)),
+        Transaction::new(key(&limiter, "Login", 9)),
+    ];
+    clock.advance(Duration::from_secs(0));
+    let d = limiter.spend(&banned).await.unwrap();
+    assert!(d.allowed(), "the ban of 10 s is over a minute later");
+    until_banned(&limiter, 10).await;
+    let refused = [
+        Transaction::new(key(&limiter, "Tight", 10)),
+        Transaction::new(key(&limiter, "Login", 10)),
+    ];
+    assert!(!limiter.spend(&refused).await.unwrap().allowed());
+    clock.advance(Duration::from_secs(10));
+    let d = limiter.spend(&refused).await.unwrap();
+    assert!(
+        d.allowed(),
+        "Tight spent nothing while Login's key was banned"
+    );
+}
+
+#[tokio::test]
+async fn a_check_reads_the_ban_and_counts_nothing() {
+    let clock = ManualClock::new(1_000 * S);
+    let limiter = limiter(&clock);
+    let check = [Transaction::new(key(&limiter, "Login", 7))];
+    for _ in 0..10 {
+        assert!(limiter.check(&check).await.unwrap().allowed());
+    }
+    until_banned(&limiter, 7).await;
+    let d = limiter.check(&check).await.unwrap();
+    assert!(!d.allowed());
+    assert_eq!(d.decisions()[0].retry_after(), Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn a_calendar_quota_and_its_penalty_keep_their_own_states() {
+    let clock = ManualClock::new(1_000 * S);
+    let limits = Limits::builder()
+        .limit(
+            "Monthly",
+            tower_ratelimits::CalendarQuota::new(100, tower_ratelimits::Period::Month).unwrap(),
+        )
+        .penalty("Monthly", ladder())
+        .build()
+        .unwrap();
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
+    let limiter = Limiter::new(limits, backend.clone());
+    let k = key(&limiter, "Monthly", 7);
+    for left in [99, 98] {
+        let d = limiter.spend(&[Transaction::new(k.clone())]).await.unwrap();
+        assert!(d.allowed());
+        // What the quota has left, not the penalty's 2 or 1.
+        assert_eq!(backend.calendar_state(&k).unwrap().used, 100 - left);
+    }
+    let d = limiter.spend(&[Transaction::new(k.clone())]).await.unwrap();
+    assert!(d.allowed());
+    assert_eq!(backend.calendar_state(&k).unwrap().used, 3);
+    assert!(
+        !limiter
+            .spend(&[Transaction::new(k.clone())])
+            .await
+            .unwrap()
+            .allowed()
+    );
+    assert_eq!(
+        backend.calendar_state(&k).unwrap().used,
+        3,
+        "a banned request spends nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_requests_at_once_ban_at_after_and_admit_no_more() {
+    let clock = ManualClock::new(1_000 * S);
+    let limiter = limiter(&clock);
+    let tasks = (0..1_000).map(|_| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { login(&limiter, 7).await.allowed() })
+    });
+    let all = futures_util::future::join_all(tasks).await;
+    let admitted = all.into_iter().filter(|d| *d.as_ref().unwrap()).count();
+    assert_eq!(admitted, 3, "the third bans; none after it is let through");
+}
+
+#[test]
+fn a_penalty_where_none_can_be_is_refused_with_its_reason() {
+    let limit = || Limit::new(10, 10, Duration::from_secs(1)).unwrap();
+    let marked = Limits::builder()
+        .limit("A", limit())
+        .across_regions("A", tower_ratelimits::RegionFloor::default())
+        .penalty("A", ladder())
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(marked.kind(), ConfigErrorKind::Penalty(_)),
+        "{marked}"
+    );
+    assert_eq!(marked.limit(), Some("A"));
+    let slots = Limits::builder()
+        .limit(
+            "A",
+            tower_ratelimits::ConcurrencyLimit::new(5, Duration::from_secs(30)).unwrap(),
+        )
+        .penalty("A", ladder())
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(slots.kind(), ConfigErrorKind::Penalty(_)),
+        "{slots}"
+    );
+    let unknown = Limits::builder()
+        .limit("A", limit())
+        .penalty("B", ladder())
+        .build();
+    assert!(matches!(
+        unknown.unwrap_err().kind(),
+        ConfigErrorKind::UnknownName(_)
+    ));
+    // An override of another shape on a limit with a penalty.
+    let limits = Limits::builder()
+        .limit("A", limit())
+        .penalty("A", ladder())
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(limits, MemoryBackend::new());
+    let layer = tower_ratelimits::RateLimitLayer::builder(limiter)
+        .rule(
+            tower_ratelimits::Rule::new("A", tower_ratelimits::ClientIp::new())
+                .count_when(tower_ratelimits::CountWhen::new().status(401, 1)),
+        )
+        .build();
+    assert!(matches!(
+        layer,
+        Err(LayerError::Settle {
+            reason: tower_ratelimits::SettleError::Penalty,
+            ..
+        })
+    ));
+}
+
+#[tokio::test]
+async fn a_backend_that_decides_no_penalty_refuses_the_limit_rather_than_forget_it() {
+    let redis = TestRedis::single();
+    let clock = ManualClock::new(1_000 * S);
+    let backend = caller_time_backend(&redis.url, &unique_prefix("penalty"), &clock, false).await;
+    let limits = Limits::builder()
+        .limit(
+            "Login",
+            Limit::new(1_000, 1_000, Duration::from_secs(1)).unwrap(),
+        )
+        .limit(
+            "Other",
+            Limit::new(1_000, 1_000, Duration::from_secs(1)).unwrap(),
+        )
+        .penalty("Login", ladder())
+        .build()
+        .unwrap();
+    let limiter = Limiter::new(limits, backend);
+    let err = limiter
+        .spend(&[Transaction::new(key(&limiter, "Login", 7))])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LimiterError::NoPenalties(name) if name.as_str() == "Login"));
+    // A limit without one is decided as ever.
+    let other = [Transaction::new(key(&limiter, "Other", 7))];
+    assert!(limiter.spend(&other).await.unwrap().allowed());
+}
