@@ -5,13 +5,19 @@
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
 
 use support::redis::{TestRedis, unique_prefix};
 use support::redis_backend::caller_time_backend;
 use tower_ratelimits::{
-    BatchDecision, BucketKey, ConfigErrorKind, Id, Ladder, LayerError, Limit, Limiter,
-    LimiterError, Limits, ManualClock, MemoryBackend, Transaction,
+    BatchDecision, BucketKey, ConfigErrorKind, CountWhen, Header, Id, Ladder, Limit, Limiter,
+    LimiterError, Limits, ManualClock, MemoryBackend, RateLimitLayer, Rule, Transaction,
 };
 
 const S: u64 = 1_000_000;
@@ -239,6 +245,108 @@ async fn a_thousand_requests_at_once_ban_at_after_and_admit_no_more() {
     assert_eq!(admitted, 3, "the third bans; none after it is let through");
 }
 
+/// A login over TCP: `x-password: right` is 200, anything else 401, counting the requests
+/// that reached it; behind a layer whose rule keys on `x-account` and counts the 401s (weight
+/// 1) on `Login`, whose penalty is [`ladder`].
+struct LoginApp {
+    _server: support::http::Server,
+    client: support::http::HttpClient,
+    reached: Arc<AtomicUsize>,
+}
+
+impl LoginApp {
+    async fn serve(clock: &ManualClock) -> Self {
+        let reached = Arc::new(AtomicUsize::new(0));
+        let seen = reached.clone();
+        let app = Router::new().route(
+            "/login",
+            get(move |headers: HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    match headers.get("x-password").map(|v| v.as_bytes()) {
+                        Some(b"right") => StatusCode::OK,
+                        _ => StatusCode::UNAUTHORIZED,
+                    }
+                }
+            }),
+        );
+        let rule = Rule::new("Login", Header::new("x-account"))
+            .count_when(CountWhen::new().status(401, 1));
+        let layer = RateLimitLayer::new(limiter(clock), [rule]).unwrap();
+        let server = support::http::serve(app.layer(layer)).await;
+        let client = support::http::HttpClient::new(&server);
+        LoginApp {
+            _server: server,
+            client,
+            reached,
+        }
+    }
+
+    async fn login(&self, account: &str, password: &str) -> support::http::Reply {
+        let headers = [("x-account", account), ("x-password", password)];
+        self.client.get("/login", &headers).await
+    }
+}
+
+#[tokio::test]
+async fn failed_logins_ban_the_account_and_successes_count_nothing() {
+    let clock = ManualClock::new(1_000 * S);
+    let app = LoginApp::serve(&clock).await;
+    for _ in 0..10 {
+        assert_eq!(
+            app.login("ann", "right").await.status,
+            200,
+            "a success counts nothing"
+        );
+    }
+    for _ in 0..3 {
+        assert_eq!(app.login("ann", "wrong").await.status, 401);
+    }
+    // The third failure banned the account for 10 s: even the right password is refused there.
+    let reached = app.reached.load(Ordering::SeqCst);
+    let banned = app.login("ann", "right").await;
+    assert_eq!(banned.status, 429);
+    assert_eq!(banned.header("retry-after"), Some("10"));
+    assert_eq!(
+        app.reached.load(Ordering::SeqCst),
+        reached,
+        "the service never saw it"
+    );
+    // Another account is free.
+    assert_eq!(app.login("bob", "right").await.status, 200);
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(app.login("ann", "right").await.status, 200);
+    // The second ban is twice as long.
+    for _ in 0..3 {
+        assert_eq!(app.login("ann", "wrong").await.status, 401);
+    }
+    assert_eq!(
+        app.login("ann", "right").await.header("retry-after"),
+        Some("20")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_failed_logins_at_once_reach_the_service_at_most_after_times() {
+    let clock = ManualClock::new(1_000 * S);
+    let app = Arc::new(LoginApp::serve(&clock).await);
+    let tasks = (0..100).map(|_| {
+        let app = app.clone();
+        tokio::spawn(async move { app.login("ann", "wrong").await.status })
+    });
+    let statuses: Vec<u16> = futures_util::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // Each attempt in flight reserves: 3 reach the service, the rest are refused, and the
+    // third failure bans.
+    assert_eq!(statuses.iter().filter(|s| **s == 401).count(), 3);
+    assert_eq!(app.reached.load(Ordering::SeqCst), 3);
+    assert_eq!(app.login("ann", "right").await.status, 429);
+}
+
 #[test]
 fn a_penalty_where_none_can_be_is_refused_with_its_reason() {
     let limit = || Limit::new(10, 10, Duration::from_secs(1)).unwrap();
@@ -272,26 +380,6 @@ fn a_penalty_where_none_can_be_is_refused_with_its_reason() {
     assert!(matches!(
         unknown.unwrap_err().kind(),
         ConfigErrorKind::UnknownName(_)
-    ));
-    // An override of another shape on a limit with a penalty.
-    let limits = Limits::builder()
-        .limit("A", limit())
-        .penalty("A", ladder())
-        .build()
-        .unwrap();
-    let limiter = Limiter::new(limits, MemoryBackend::new());
-    let layer = tower_ratelimits::RateLimitLayer::builder(limiter)
-        .rule(
-            tower_ratelimits::Rule::new("A", tower_ratelimits::ClientIp::new())
-                .count_when(tower_ratelimits::CountWhen::new().status(401, 1)),
-        )
-        .build();
-    assert!(matches!(
-        layer,
-        Err(LayerError::Settle {
-            reason: tower_ratelimits::SettleError::Penalty,
-            ..
-        })
     ));
 }
 

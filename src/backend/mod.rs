@@ -273,6 +273,15 @@ impl<'a> BucketTx<'a> {
         }
     }
 
+    /// The same transaction at `cost` (a penalty's settle: the units its outcome counted).
+    pub(crate) fn with_cost(self, cost: u64) -> Self {
+        Self {
+            cost,
+            min_cost: cost,
+            ..self
+        }
+    }
+
     /// On a concurrency limit, the lease this transaction takes (a spend of cost 1) or gives
     /// back (a refund): an id unique among the leases of its key, not 0 (the
     /// [`Limiter`](crate::Limiter) makes one per spend). A concurrency spend without a lease

@@ -415,9 +415,6 @@ fn resolved(
         {
             return Err(refused(SettleError::Leases));
         }
-        if limits.penalty(name).is_some() {
-            return Err(refused(SettleError::Penalty));
-        }
     }
     let policy = limits.default_limit(name).and_then(|q| {
         let value = response::policy_value(&rule.name, q)?;

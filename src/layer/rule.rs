@@ -17,7 +17,7 @@ use super::settle::{Reservations, Reserved};
 use super::wait::{Join, WaitPermit, Waiting};
 use crate::config::Limits;
 use crate::key::{BucketKey, LimitName};
-use crate::limiter::{BatchDecision, Transaction};
+use crate::limiter::{BatchDecision, PenaltyPart, Transaction};
 use crate::mode::Mode;
 
 /// What to do when a rule's extractor finds no id (e.g. no account header).
@@ -474,12 +474,8 @@ impl Rules {
                 continue;
             };
             if settle.on_body() == on_body {
-                out.push(Reserved::new(
-                    settle.clone(),
-                    d.key.clone(),
-                    d.granted,
-                    most,
-                ));
+                let reserved = Reserved::new(settle.clone(), d.key.clone(), d.granted, most);
+                out.push(reserved.on_penalty(d.reservation));
             }
         }
         out
@@ -616,11 +612,12 @@ impl Rules {
                     );
                 }
             };
-            txs.push(Transaction::of(
-                BucketKey::new(r.name, id),
-                r.mode,
-                r.cost(parts),
-            ));
+            let tx = Transaction::of(BucketKey::new(r.name, id), r.mode, r.cost(parts));
+            // A rule that settles after the response reserves on its limit's penalty, if any.
+            txs.push(match r.rule.settle {
+                Some(_) => tx.with_penalty(PenaltyPart::Reserve),
+                None => tx,
+            });
         }
         None
     }

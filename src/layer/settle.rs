@@ -6,6 +6,7 @@
 //! prevents settling keeps the estimate.
 
 use std::future::Future;
+use std::num::NonZeroU64;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -18,7 +19,7 @@ use std::time::Duration;
 use super::count_when::{CountWhen, Marks};
 use super::observe::WarnGate;
 use crate::key::BucketKey;
-use crate::limiter::{BatchDecision, Decision, Limiter, Transaction};
+use crate::limiter::{BatchDecision, Decision, Limiter, PenaltyPart, Transaction};
 use crate::mode::Mode;
 
 pub(super) mod error;
@@ -294,6 +295,8 @@ pub(crate) struct Reserved {
     max_cost: u64,
     /// What the response head showed of an outcome settled when the body ends.
     marks: Option<Marks>,
+    /// Its reservation on its limit's penalty, settled with it (`docs/penalties.md`).
+    penalty: Option<NonZeroU64>,
 }
 
 impl Reserved {
@@ -304,7 +307,14 @@ impl Reserved {
             reserved,
             max_cost,
             marks: None,
+            penalty: None,
         }
+    }
+
+    /// With its reservation `id` on its limit's penalty (`None`: the limit has none).
+    pub(crate) fn on_penalty(mut self, id: Option<NonZeroU64>) -> Self {
+        self.penalty = id;
+        self
     }
 
     /// Notes what the response `head` (come `latency` after the request was let through)
@@ -372,13 +382,22 @@ fn start(settler: &Settler, work: impl Iterator<Item = (Reserved, Option<u64>)>)
     let mut charges = Txs::new();
     for (r, actual) in work {
         let name = r.key.name();
+        let mut penalty = r.penalty.map(|id| {
+            // What the outcome counts on the penalty: at most what was reserved, all of it
+            // when the outcome never came (a body cut before its trailers).
+            let counted = actual.unwrap_or(r.reserved).min(r.reserved);
+            PenaltyPart::Settle { id, counted }
+        });
         let Some(actual) = actual else {
             crate::telemetry::settled(name, "kept", 0);
+            refunds.extend(penalty.map(|p| settling(&r.key, 0, p)));
             continue;
         };
         match Adjust::of(r.reserved, actual) {
             Adjust::Exact => crate::telemetry::settled(name, "exact", 0),
-            Adjust::Refund(n) => refunds.push(Transaction::new(r.key).cost(n)),
+            Adjust::Refund(n) => {
+                refunds.push(settling(&r.key, n, penalty.take().unwrap_or_default()))
+            }
             // A report no response could be worth: counted apart (`absurd`), its units in no
             // counter (they would wrap it). What the bucket can take of it is still charged.
             Adjust::Charge(n) if n > MOST_UNITS_REPORTED => {
@@ -387,15 +406,17 @@ fn start(settler: &Settler, work: impl Iterator<Item = (Reserved, Option<u64>)>)
                     tracing::warn!(target: crate::telemetry::target::LAYER, limit = %name, units = n, "a response reported an absurd cost: counted apart, charged what the bucket takes");
                 }
                 if n <= r.max_cost {
-                    charges.push(Transaction::new(r.key).cost(n).mode(Mode::Charge));
+                    charges.push(Transaction::new(r.key.clone()).cost(n).mode(Mode::Charge));
                 }
             }
             // More than tiers hold can never be taken: forgiven without asking.
             Adjust::Charge(n) if n > r.max_cost => crate::telemetry::settled(name, "forgiven", n),
             Adjust::Charge(n) => {
-                charges.push(Transaction::new(r.key).cost(n).mode(Mode::Charge));
+                charges.push(Transaction::new(r.key.clone()).cost(n).mode(Mode::Charge));
             }
         }
+        // The penalty's settle when nothing was refunded (an exact outcome, a charge).
+        refunds.extend(penalty.map(|p| settling(&r.key, 0, p)));
     }
     if refunds.is_empty() && charges.is_empty() {
         return None;
@@ -417,6 +438,12 @@ fn start(settler: &Settler, work: impl Iterator<Item = (Reserved, Option<u64>)>)
     })
 }
 
+/// A refund of `n` units of `key`'s bucket, with what it settles of its limit's penalty
+/// (`PenaltyPart::Count`: nothing; a refund of 0 that settles only the penalty).
+fn settling(key: &BucketKey, n: u64, penalty: PenaltyPart) -> Transaction {
+    Transaction::new(key.clone()).cost(n).with_penalty(penalty)
+}
+
 /// Refunds and charges (one backend call each, when there are any), counted; returns the
 /// buckets' new states.
 async fn run(settler: Settler, refunds: Txs, charges: Txs) -> Vec<Decision> {
@@ -427,7 +454,12 @@ async fn run(settler: Settler, refunds: Txs, charges: Txs) -> Vec<Decision> {
                 // The refunds' decisions are the states, as they come (most settles are
                 // refunds alone).
                 states = batch.into_decisions();
-                for (d, t) in states.iter().zip(&refunds) {
+                // A refund of 0 settles only a penalty: no units came back.
+                for (d, t) in states
+                    .iter()
+                    .zip(&refunds)
+                    .filter(|(_, t)| t.cost_or(0) > 0)
+                {
                     crate::telemetry::settled(d.name, "refunded", t.cost_or(0));
                 }
             }

@@ -53,6 +53,9 @@ pub struct Decision {
     /// allowed ([`lease`](Self::lease) gives it with its bucket, for
     /// [`Limiter::release`](crate::Limiter::release)). `None` everywhere else.
     pub(crate) lease_id: Option<NonZeroU64>,
+    /// On a limit with a penalty, the id of the reservation this spend holds until its
+    /// outcome settles it (a layer's settling rule: `docs/penalties.md`). `None` elsewhere.
+    pub(crate) reservation: Option<NonZeroU64>,
 }
 
 /// A bucket seen without spending ([`Limiter::inspect`](crate::Limiter::inspect)): the limit in

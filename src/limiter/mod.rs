@@ -27,6 +27,7 @@ pub(crate) use renewals::{Hold, third_of_lease};
 use std::time::Duration;
 use step::Op;
 pub(crate) use step::{Entry, Pending, Step, Verdict};
+pub(crate) use transaction::PenaltyPart;
 pub use transaction::Transaction;
 
 /// Why the limiter could not decide.

@@ -261,9 +261,11 @@ fn decision(
     cost: u64,
     (o, tiers): (Outcome, Option<&TierGrant>),
     op: Op,
-    lease: u64,
+    (lease, penalty): (u64, bool),
 ) -> Decision {
-    let lease_id = std::num::NonZeroU64::new(lease).filter(|_| o.allowed && op == Op::Spend);
+    let id = std::num::NonZeroU64::new(lease).filter(|_| o.allowed && op == Op::Spend);
+    // A limit with a penalty holds no slot: its id is its penalty's reservation.
+    let (lease_id, reservation) = if penalty { (None, id) } else { (id, None) };
     let granted = granted(tiers, &o, op, cost);
     Decision {
         allowed: o.allowed,
@@ -279,6 +281,7 @@ fn decision(
         mode,
         skipped: o.skipped,
         lease_id,
+        reservation,
     }
 }
 
@@ -550,10 +553,13 @@ impl Limiter {
                     return Err(LimiterError::LimitTwice(name));
                 }
             }
-            // A penalty's companion follows the batch (not on a refund: it counted at
-            // admission).
-            let penalty = entry.penalty.is_some() && op != Op::Refund && quota.is_some();
-            let penalty = penalty && block_s == 0;
+            // A penalty's companion follows the batch: on a spend or a check, and on a
+            // refund that settles a reservation (`penalties.rs`).
+            let penalty = entry.penalty.is_some() && quota.is_some() && block_s == 0;
+            let penalty = penalty && penalties::takes_part(tx, op);
+            if penalty && lease == 0 {
+                lease = penalties::reservation(tx, op, mode, || self.lease_id());
+            }
             counted.penalties |= penalty;
             resolved.push(Resolved {
                 quota,
@@ -674,7 +680,7 @@ fn finish<Q: std::borrow::Borrow<Quota>>(
             r.cost,
             (o, grant),
             op,
-            r.lease,
+            (r.lease, r.penalty),
         ));
     }
     let batch_decision = concluded(decisions, op);

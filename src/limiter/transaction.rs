@@ -20,6 +20,23 @@ pub struct Transaction {
     cost: Option<u64>,
     min_cost: Option<u64>,
     mode: Mode,
+    penalty: PenaltyPart,
+}
+
+/// What a transaction asks of its limit's penalty ladder, if the limit has one
+/// (`docs/penalties.md`): its cost counted at admission (every transaction but a settling
+/// rule's), reserved until its outcome settles it (the admission of a layer's rule that
+/// settles after the response), or that settle (a refund's: the reservation's id and the
+/// units its outcome counts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum PenaltyPart {
+    #[default]
+    Count,
+    Reserve,
+    Settle {
+        id: std::num::NonZeroU64,
+        counted: u64,
+    },
 }
 
 impl Transaction {
@@ -30,6 +47,7 @@ impl Transaction {
             cost: None,
             min_cost: None,
             mode: Mode::CheckAndSpend,
+            penalty: PenaltyPart::Count,
         }
     }
 
@@ -41,7 +59,20 @@ impl Transaction {
             cost,
             min_cost: None,
             mode,
+            penalty: PenaltyPart::Count,
         }
+    }
+
+    /// What it asks of its limit's penalty (the layer's settling rules: [`PenaltyPart`]).
+    pub(crate) fn with_penalty(mut self, part: PenaltyPart) -> Self {
+        self.penalty = part;
+        self
+    }
+
+    /// What it asks of its limit's penalty.
+    #[inline]
+    pub(crate) fn penalty(&self) -> PenaltyPart {
+        self.penalty
     }
 
     /// Sets the cost (0 is a probe that consumes nothing).

@@ -113,7 +113,7 @@ pub(crate) use gcra::{
     GcraDecision, gcra_decide, gcra_step, gcra_tat, gcra_unword, gcra_word, gcra_write,
 };
 use gcra::{gcra_refund, gcra_spend};
-use penalty::{penalty_fresh_at, penalty_spend};
+use penalty::{penalty_fresh_at, penalty_settle, penalty_spend};
 use tiers::{tiers_refund, tiers_spend};
 
 use super::{BackendError, BucketTx, Outcome, Outcomes};
@@ -515,9 +515,8 @@ pub fn refund(
     stored: Option<Read<'_>>,
     now: u64,
 ) -> Result<Refunded, BackendError> {
-    if tx.penalty.is_some() {
-        // A penalty counts at admission: a refund of its limit gives back nothing of it.
-        return Ok((Outcome::new(true, 0, 0, 0), None).into());
+    if let Some(penalty) = tx.penalty {
+        return Ok(penalty_settle(tx, penalty, stored, now));
     }
     Ok(match tx.quota {
         Quota::Gcra(limit) => gcra_refund(tx, limit, stored, now)?,

@@ -8,7 +8,7 @@
 //! when its batch is allowed (a request its limit refused counts nothing).
 
 use super::{BucketTx, Decided, Outcome, Read, Stored};
-use crate::algo::penalty::{Ladder, PenaltyState, Standing, Tally};
+use crate::algo::penalty::{Admission, Ladder, PenaltyState, Standing, Tally};
 use crate::config::PenaltyEntry;
 use crate::key::KeyText;
 
@@ -39,6 +39,9 @@ pub(super) fn penalty_spend(
         let left = ladder.after().saturating_sub(state.units());
         return (Outcome::new(true, left, 0, 0), None, None).into();
     }
+    if tx.lease != 0 {
+        return penalty_admit(tx, ladder, state, now);
+    }
     let key = KeyText::canonical(tx.key);
     let outcome = match state.count(ladder, key.bytes(), tx.cost, now) {
         Tally::Counted(units) => Outcome::new(true, ladder.after().saturating_sub(units), 0, 0),
@@ -47,6 +50,48 @@ pub(super) fn penalty_spend(
         Tally::Ignored => Outcome::new(true, 0, 0, 0),
     };
     (outcome, Some(Stored::Penalty(Box::new(state))), None).into()
+}
+
+/// The admission of a request whose outcome settles later (its reservation's id in
+/// `tx.lease`): it reserves its cost, refused while the window's units, counted and reserved,
+/// are at `after` (told when the oldest leave it).
+fn penalty_admit(tx: &BucketTx<'_>, ladder: &Ladder, mut state: PenaltyState, now: u64) -> Decided {
+    let outcome = match state.admit(ladder, (tx.lease, tx.cost), now) {
+        Admission::Admitted => {
+            let held = state.units() + state.reservations.iter().map(|r| r.units).sum::<u64>();
+            Outcome::new(true, ladder.after().saturating_sub(held), 0, 0)
+        }
+        Admission::Banned { until, .. } => {
+            let wait = until - now;
+            return (Outcome::new(false, 0, wait, wait), None, None).into();
+        }
+        Admission::Full { until } => {
+            let wait = until.saturating_sub(now);
+            return (Outcome::new(false, 0, wait, wait), None, None).into();
+        }
+    };
+    (outcome, Some(Stored::Penalty(Box::new(state))), None).into()
+}
+
+/// A penalty companion's refund: the settle of its reservation (`tx.lease`), counting its
+/// cost (what the outcome counted, at most the reservation); a ban it brings starts now.
+pub(super) fn penalty_settle(
+    tx: &BucketTx<'_>,
+    penalty: &PenaltyEntry,
+    stored: Option<Read<'_>>,
+    now: u64,
+) -> super::Refunded {
+    let ladder = &penalty.ladder;
+    let mut state = penalty_read(stored);
+    let key = KeyText::canonical(tx.key);
+    let outcome = match state.settle(ladder, key.bytes(), tx.lease, tx.cost, now) {
+        Tally::Counted(units) => Outcome::new(true, ladder.after().saturating_sub(units), 0, 0),
+        Tally::Banned { until, .. } => Outcome::new(true, 0, 0, until - now),
+        // Nothing in flight under this id (it left the window, a ban cleared it, or it was
+        // settled already): nothing changes.
+        Tally::Ignored => return (Outcome::new(true, 0, 0, 0), None).into(),
+    };
+    (outcome, Some(Stored::Penalty(Box::new(state)))).into()
 }
 
 /// The first instant at which `state` equals a fresh one under `ladder`: its ban over, its

@@ -32,11 +32,6 @@ pub enum SettleError {
         "a limit of slots in flight is never settled: its slot is given back when the request ends"
     )]
     Leases,
-    /// A settle (or an outcome rule) on a limit with a penalty ladder: its penalty counts at
-    /// admission, and what an outcome gives back is not given back to it yet (outcome rules
-    /// with penalties come in a later version: `docs/penalties.md`).
-    #[error("a limit with a penalty is not settled yet: its penalty counts every admitted request")]
-    Penalty,
     /// [`CountWhen::header_equals`](crate::CountWhen::header_equals) of a value that is not a
     /// header value.
     #[error("{0:?} is not a header value")]

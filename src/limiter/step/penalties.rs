@@ -5,11 +5,37 @@
 //! a banned key's request is denied with its limit, the batch rule makes the two all or
 //! nothing, and a decision reports one outcome per transaction, as ever.
 
-use super::{Batch, Resolved};
+use super::{Batch, Op, Resolved};
 use crate::backend::{BackendError, BucketTx, Outcome, Outcomes};
 use crate::config::Limits;
+use crate::limiter::transaction::PenaltyPart;
 use crate::limiter::{LimiterError, Transaction};
+use crate::mode::Mode;
 use crate::quota::Quota;
+
+/// Whether `tx`, of a limit with a penalty, sends a companion in `op`: a spend or a check
+/// always; a refund only when it settles a reservation (what counted at admission is not
+/// given back).
+#[inline]
+pub(super) fn takes_part(tx: &Transaction, op: Op) -> bool {
+    op != Op::Refund || matches!(tx.penalty(), PenaltyPart::Settle { .. })
+}
+
+/// The id a companion names its reservation by: a fresh one (`fresh`) for the admission of a
+/// settling rule's spend, the settled one for its settle, else 0 (a count at admission).
+#[inline]
+pub(super) fn reservation(
+    tx: &Transaction,
+    op: Op,
+    mode: Mode,
+    fresh: impl FnOnce() -> u64,
+) -> u64 {
+    match (tx.penalty(), op) {
+        (PenaltyPart::Reserve, Op::Spend) if mode.spends() => fresh(),
+        (PenaltyPart::Settle { id, .. }, Op::Refund) => id.get(),
+        _ => 0,
+    }
+}
 
 /// Pushes the companions of `batch`'s transactions of limits with a penalty (`r.penalty`),
 /// in order, after the transactions sent (`txs`, one per sent transaction). Refused when the
@@ -36,7 +62,12 @@ pub(super) fn push_companions<'a>(
             let (Some(penalty), true) = (penalty, decides) else {
                 return Err(LimiterError::NoPenalties(name));
             };
-            let companion = txs[sent].penalty_of(penalty);
+            let companion = txs[sent].penalty_of(penalty).with_lease(r.lease);
+            // A settle counts what its outcome counted.
+            let companion = match tx.penalty() {
+                PenaltyPart::Settle { counted, .. } => companion.with_cost(counted),
+                _ => companion,
+            };
             txs.push(companion);
         }
         sent += 1;
