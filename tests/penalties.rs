@@ -13,6 +13,7 @@ use axum::Router;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 
+use fred::prelude::KeysInterface;
 use support::redis::{TestRedis, unique_prefix};
 use support::redis_backend::caller_time_backend;
 use tower_ratelimits::{
@@ -31,10 +32,8 @@ fn ladder() -> Ladder {
         .unwrap()
 }
 
-/// A limiter on memory over a roomy limit `Login` with [`ladder`], and a tight limit `Tight`
-/// of one request a minute (no penalty).
-fn limiter(clock: &ManualClock) -> Limiter {
-    let limits = Limits::builder()
+fn limits() -> Limits {
+    Limits::builder()
         .limit(
             "Login",
             Limit::new(1_000, 1_000, Duration::from_secs(1)).unwrap(),
@@ -42,11 +41,31 @@ fn limiter(clock: &ManualClock) -> Limiter {
         .limit("Tight", Limit::new(1, 1, Duration::from_secs(60)).unwrap())
         .penalty("Login", ladder())
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// A limiter on memory over a roomy limit `Login` with [`ladder`], and a tight limit `Tight`
+/// of one request a minute (no penalty).
+fn limiter(clock: &ManualClock) -> Limiter {
     Limiter::new(
-        limits,
+        limits(),
         MemoryBackend::builder().clock(clock.clone()).build(),
     )
+}
+
+/// A limiter over [`limits`] on each store, all on `clock` (Redis in caller time); the Redis
+/// servers stop when dropped.
+async fn stores(clock: &ManualClock) -> Vec<(&'static str, Limiter, Option<TestRedis>)> {
+    let mut out = vec![("memory", limiter(clock), None)];
+    for (label, redis, cache) in [
+        ("a single Redis", TestRedis::single(), false),
+        ("the cluster", TestRedis::cluster(), true),
+    ] {
+        let prefix = unique_prefix("penalties");
+        let backend = caller_time_backend(&redis.url, &prefix, clock, cache).await;
+        out.push((label, Limiter::new(limits(), backend), Some(redis)));
+    }
+    out
 }
 
 fn key(limiter: &Limiter, name: &str, id: u64) -> BucketKey {
@@ -71,128 +90,138 @@ async fn until_banned(limiter: &Limiter, id: u64) -> BatchDecision {
 #[tokio::test]
 async fn the_nth_ban_lasts_base_times_factor_to_the_n_minus_1_up_to_max() {
     let clock = ManualClock::new(1_000 * S);
-    let limiter = limiter(&clock);
-    for ban_s in [10, 20, 40, 60, 60] {
-        let banning = until_banned(&limiter, 7).await;
-        assert_eq!(banning.decisions()[0].remaining(), 0);
-        assert_eq!(
-            banning.decisions()[0].reset_after(),
-            Duration::from_secs(ban_s)
-        );
-        let refused = login(&limiter, 7).await;
-        assert!(!refused.allowed());
-        assert_eq!(
-            refused.decisions()[0].retry_after(),
-            Duration::from_secs(ban_s)
-        );
-        clock.advance(Duration::from_secs(ban_s) - Duration::from_micros(1));
-        assert!(
-            !login(&limiter, 7).await.allowed(),
-            "banned to the microsecond"
-        );
-        clock.advance(Duration::from_micros(1));
+    for (store, limiter, _redis) in stores(&clock).await {
+        eprintln!("on {store}");
+        for ban_s in [10, 20, 40, 60, 60] {
+            let banning = until_banned(&limiter, 7).await;
+            assert_eq!(banning.decisions()[0].remaining(), 0);
+            assert_eq!(
+                banning.decisions()[0].reset_after(),
+                Duration::from_secs(ban_s)
+            );
+            let refused = login(&limiter, 7).await;
+            assert!(!refused.allowed());
+            assert_eq!(
+                refused.decisions()[0].retry_after(),
+                Duration::from_secs(ban_s)
+            );
+            clock.advance(Duration::from_secs(ban_s) - Duration::from_micros(1));
+            assert!(
+                !login(&limiter, 7).await.allowed(),
+                "banned to the microsecond"
+            );
+            clock.advance(Duration::from_micros(1));
+        }
+        // Another key was never touched.
+        assert!(login(&limiter, 8).await.allowed());
     }
-    // Another key was never touched.
-    assert!(login(&limiter, 8).await.allowed());
 }
 
 #[tokio::test]
 async fn the_level_falls_a_step_for_each_quiet_forget_after() {
     let clock = ManualClock::new(1_000 * S);
-    let limiter = limiter(&clock);
-    until_banned(&limiter, 7).await; // level 1: 10 s
-    clock.advance(Duration::from_secs(10));
-    until_banned(&limiter, 7).await; // level 2: 20 s
-    // Two steps of quiet after the ban's end: back to level 0, so the next ban is the first's.
-    clock.advance(Duration::from_secs(20 + 200));
-    let banning = until_banned(&limiter, 7).await;
-    assert_eq!(
-        banning.decisions()[0].reset_after(),
-        Duration::from_secs(10)
-    );
-    clock.advance(Duration::from_secs(10));
-    until_banned(&limiter, 7).await; // level 2: 20 s
-    // One step only: level 1 left, so the next ban is the second's again.
-    clock.advance(Duration::from_secs(20 + 100));
-    let banning = until_banned(&limiter, 7).await;
-    assert_eq!(
-        banning.decisions()[0].reset_after(),
-        Duration::from_secs(20)
-    );
+    for (store, limiter, _redis) in stores(&clock).await {
+        eprintln!("on {store}");
+        until_banned(&limiter, 7).await; // level 1: 10 s
+        clock.advance(Duration::from_secs(10));
+        until_banned(&limiter, 7).await; // level 2: 20 s
+        // Two steps of quiet after the ban's end: back to level 0, so the next ban is the first's.
+        clock.advance(Duration::from_secs(20 + 200));
+        let banning = until_banned(&limiter, 7).await;
+        assert_eq!(
+            banning.decisions()[0].reset_after(),
+            Duration::from_secs(10)
+        );
+        clock.advance(Duration::from_secs(10));
+        until_banned(&limiter, 7).await; // level 2: 20 s
+        // One step only: level 1 left, so the next ban is the second's again.
+        clock.advance(Duration::from_secs(20 + 100));
+        let banning = until_banned(&limiter, 7).await;
+        assert_eq!(
+            banning.decisions()[0].reset_after(),
+            Duration::from_secs(20)
+        );
+    }
 }
 
 #[tokio::test]
 async fn units_leave_the_window_after_within() {
     let clock = ManualClock::new(1_000 * S);
-    let limiter = limiter(&clock);
-    for _ in 0..2 {
-        assert!(login(&limiter, 7).await.allowed());
-    }
-    assert_eq!(login(&limiter, 8).await.decisions()[0].remaining(), 2);
-    clock.advance(Duration::from_secs(60));
-    // The two units left the window: two more do not ban.
-    for left in [2, 1] {
-        let d = login(&limiter, 7).await;
-        assert!(d.allowed());
-        assert_eq!(d.decisions()[0].remaining(), left);
+    for (store, limiter, _redis) in stores(&clock).await {
+        eprintln!("on {store}");
+        for _ in 0..2 {
+            assert!(login(&limiter, 7).await.allowed());
+        }
+        assert_eq!(login(&limiter, 8).await.decisions()[0].remaining(), 2);
+        clock.advance(Duration::from_secs(60));
+        // The two units left the window: two more do not ban.
+        for left in [2, 1] {
+            let d = login(&limiter, 7).await;
+            assert!(d.allowed());
+            assert_eq!(d.decisions()[0].remaining(), left);
+        }
     }
 }
 
 #[tokio::test]
 async fn a_penalty_and_another_limit_in_one_batch_are_all_or_nothing() {
     let clock = ManualClock::new(1_000 * S);
-    let limiter = limiter(&clock);
-    let batch = [
-        Transaction::new(key(&limiter, "Tight", 7)),
-        Transaction::new(key(&limiter, "Login", 7)),
-    ];
-    assert!(limiter.spend(&batch).await.unwrap().allowed());
-    // `Tight` refuses the next ones: their penalty counts nothing.
-    for _ in 0..5 {
-        assert!(!limiter.spend(&batch).await.unwrap().allowed());
+    for (store, limiter, _redis) in stores(&clock).await {
+        eprintln!("on {store}");
+        let batch = [
+            Transaction::new(key(&limiter, "Tight", 7)),
+            Transaction::new(key(&limiter, "Login", 7)),
+        ];
+        assert!(limiter.spend(&batch).await.unwrap().allowed());
+        // `Tight` refuses the next ones: their penalty counts nothing.
+        for _ in 0..5 {
+            assert!(!limiter.spend(&batch).await.unwrap().allowed());
+        }
+        assert_eq!(login(&limiter, 8).await.decisions()[0].remaining(), 2);
+        let d = limiter
+            .check(&[Transaction::new(key(&limiter, "Login", 7))])
+            .await
+            .unwrap();
+        assert_eq!(d.decisions()[0].remaining(), 2, "one unit counted, not six");
+        // A banned key refuses the batch: the other limit spends nothing.
+        until_banned(&limiter, 9).await;
+        clock.advance(Duration::from_secs(60));
+        let banned = [
+            Transaction::new(key(&limiter, "Tight", 9)),
+            Transaction::new(key(&limiter, "Login", 9)),
+        ];
+        clock.advance(Duration::from_secs(0));
+        let d = limiter.spend(&banned).await.unwrap();
+        assert!(d.allowed(), "the ban of 10 s is over a minute later");
+        until_banned(&limiter, 10).await;
+        let refused = [
+            Transaction::new(key(&limiter, "Tight", 10)),
+            Transaction::new(key(&limiter, "Login", 10)),
+        ];
+        assert!(!limiter.spend(&refused).await.unwrap().allowed());
+        clock.advance(Duration::from_secs(10));
+        let d = limiter.spend(&refused).await.unwrap();
+        assert!(
+            d.allowed(),
+            "Tight spent nothing while Login's key was banned"
+        );
     }
-    assert_eq!(login(&limiter, 8).await.decisions()[0].remaining(), 2);
-    let d = limiter
-        .check(&[Transaction::new(key(&limiter, "Login", 7))])
-        .await
-        .unwrap();
-    assert_eq!(d.decisions()[0].remaining(), 2, "one unit counted, not six");
-    // A banned key refuses the batch: the other limit spends nothing.
-    until_banned(&limiter, 9).await;
-    clock.advance(Duration::from_secs(60));
-    let banned = [
-        Transaction::new(key(&limiter, "Tight", 9)),
-        Transaction::new(key(&limiter, "Login", 9)),
-    ];
-    clock.advance(Duration::from_secs(0));
-    let d = limiter.spend(&banned).await.unwrap();
-    assert!(d.allowed(), "the ban of 10 s is over a minute later");
-    until_banned(&limiter, 10).await;
-    let refused = [
-        Transaction::new(key(&limiter, "Tight", 10)),
-        Transaction::new(key(&limiter, "Login", 10)),
-    ];
-    assert!(!limiter.spend(&refused).await.unwrap().allowed());
-    clock.advance(Duration::from_secs(10));
-    let d = limiter.spend(&refused).await.unwrap();
-    assert!(
-        d.allowed(),
-        "Tight spent nothing while Login's key was banned"
-    );
 }
 
 #[tokio::test]
 async fn a_check_reads_the_ban_and_counts_nothing() {
     let clock = ManualClock::new(1_000 * S);
-    let limiter = limiter(&clock);
-    let check = [Transaction::new(key(&limiter, "Login", 7))];
-    for _ in 0..10 {
-        assert!(limiter.check(&check).await.unwrap().allowed());
+    for (store, limiter, _redis) in stores(&clock).await {
+        eprintln!("on {store}");
+        let check = [Transaction::new(key(&limiter, "Login", 7))];
+        for _ in 0..10 {
+            assert!(limiter.check(&check).await.unwrap().allowed());
+        }
+        until_banned(&limiter, 7).await;
+        let d = limiter.check(&check).await.unwrap();
+        assert!(!d.allowed());
+        assert_eq!(d.decisions()[0].retry_after(), Duration::from_secs(10));
     }
-    until_banned(&limiter, 7).await;
-    let d = limiter.check(&check).await.unwrap();
-    assert!(!d.allowed());
-    assert_eq!(d.decisions()[0].retry_after(), Duration::from_secs(10));
 }
 
 #[tokio::test]
@@ -255,7 +284,7 @@ struct LoginApp {
 }
 
 impl LoginApp {
-    async fn serve(clock: &ManualClock) -> Self {
+    async fn serve(limiter: Limiter) -> Self {
         let reached = Arc::new(AtomicUsize::new(0));
         let seen = reached.clone();
         let app = Router::new().route(
@@ -273,7 +302,7 @@ impl LoginApp {
         );
         let rule = Rule::new("Login", Header::new("x-account"))
             .count_when(CountWhen::new().status(401, 1));
-        let layer = RateLimitLayer::new(limiter(clock), [rule]).unwrap();
+        let layer = RateLimitLayer::new(limiter, [rule]).unwrap();
         let server = support::http::serve(app.layer(layer)).await;
         let client = support::http::HttpClient::new(&server);
         LoginApp {
@@ -292,59 +321,65 @@ impl LoginApp {
 #[tokio::test]
 async fn failed_logins_ban_the_account_and_successes_count_nothing() {
     let clock = ManualClock::new(1_000 * S);
-    let app = LoginApp::serve(&clock).await;
-    for _ in 0..10 {
+    for (store, limiter, _redis) in stores(&clock).await {
+        eprintln!("on {store}");
+        let app = LoginApp::serve(limiter).await;
+        for _ in 0..10 {
+            assert_eq!(
+                app.login("ann", "right").await.status,
+                200,
+                "a success counts nothing"
+            );
+        }
+        for _ in 0..3 {
+            assert_eq!(app.login("ann", "wrong").await.status, 401);
+        }
+        // The third failure banned the account for 10 s: even the right password is refused there.
+        let reached = app.reached.load(Ordering::SeqCst);
+        let banned = app.login("ann", "right").await;
+        assert_eq!(banned.status, 429);
+        assert_eq!(banned.header("retry-after"), Some("10"));
         assert_eq!(
-            app.login("ann", "right").await.status,
-            200,
-            "a success counts nothing"
+            app.reached.load(Ordering::SeqCst),
+            reached,
+            "the service never saw it"
+        );
+        // Another account is free.
+        assert_eq!(app.login("bob", "right").await.status, 200);
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(app.login("ann", "right").await.status, 200);
+        // The second ban is twice as long.
+        for _ in 0..3 {
+            assert_eq!(app.login("ann", "wrong").await.status, 401);
+        }
+        assert_eq!(
+            app.login("ann", "right").await.header("retry-after"),
+            Some("20")
         );
     }
-    for _ in 0..3 {
-        assert_eq!(app.login("ann", "wrong").await.status, 401);
-    }
-    // The third failure banned the account for 10 s: even the right password is refused there.
-    let reached = app.reached.load(Ordering::SeqCst);
-    let banned = app.login("ann", "right").await;
-    assert_eq!(banned.status, 429);
-    assert_eq!(banned.header("retry-after"), Some("10"));
-    assert_eq!(
-        app.reached.load(Ordering::SeqCst),
-        reached,
-        "the service never saw it"
-    );
-    // Another account is free.
-    assert_eq!(app.login("bob", "right").await.status, 200);
-    clock.advance(Duration::from_secs(10));
-    assert_eq!(app.login("ann", "right").await.status, 200);
-    // The second ban is twice as long.
-    for _ in 0..3 {
-        assert_eq!(app.login("ann", "wrong").await.status, 401);
-    }
-    assert_eq!(
-        app.login("ann", "right").await.header("retry-after"),
-        Some("20")
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_failed_logins_at_once_reach_the_service_at_most_after_times() {
     let clock = ManualClock::new(1_000 * S);
-    let app = Arc::new(LoginApp::serve(&clock).await);
-    let tasks = (0..100).map(|_| {
-        let app = app.clone();
-        tokio::spawn(async move { app.login("ann", "wrong").await.status })
-    });
-    let statuses: Vec<u16> = futures_util::future::join_all(tasks)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
-    // Each attempt in flight reserves: 3 reach the service, the rest are refused, and the
-    // third failure bans.
-    assert_eq!(statuses.iter().filter(|s| **s == 401).count(), 3);
-    assert_eq!(app.reached.load(Ordering::SeqCst), 3);
-    assert_eq!(app.login("ann", "right").await.status, 429);
+    for (store, limiter, _redis) in stores(&clock).await {
+        eprintln!("on {store}");
+        let app = Arc::new(LoginApp::serve(limiter).await);
+        let tasks = (0..100).map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { app.login("ann", "wrong").await.status })
+        });
+        let statuses: Vec<u16> = futures_util::future::join_all(tasks)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        // Each attempt in flight reserves: 3 reach the service, the rest are refused, and the
+        // third failure bans.
+        assert_eq!(statuses.iter().filter(|s| **s == 401).count(), 3);
+        assert_eq!(app.reached.load(Ordering::SeqCst), 3);
+        assert_eq!(app.login("ann", "right").await.status, 429);
+    }
 }
 
 #[test]
@@ -383,30 +418,109 @@ fn a_penalty_where_none_can_be_is_refused_with_its_reason() {
     ));
 }
 
+/// A backend of the crate's memory store that does not say it decides penalties (as a
+/// backend written before them): every call passed through.
+struct Unaware(MemoryBackend);
+
+#[tower_ratelimits::async_trait]
+impl tower_ratelimits::Backend for Unaware {
+    fn spend(&self, batch: &[tower_ratelimits::BucketTx<'_>]) -> tower_ratelimits::Spend {
+        self.0.spend(batch)
+    }
+    async fn refund(
+        &self,
+        batch: &[tower_ratelimits::BucketTx<'_>],
+    ) -> Result<tower_ratelimits::Outcomes, tower_ratelimits::BackendError> {
+        self.0.refund(batch).await
+    }
+    async fn reset(&self, keys: &[&BucketKey]) -> Result<(), tower_ratelimits::BackendError> {
+        self.0.reset(keys).await
+    }
+}
+
 #[tokio::test]
 async fn a_backend_that_decides_no_penalty_refuses_the_limit_rather_than_forget_it() {
-    let redis = TestRedis::single();
-    let clock = ManualClock::new(1_000 * S);
-    let backend = caller_time_backend(&redis.url, &unique_prefix("penalty"), &clock, false).await;
-    let limits = Limits::builder()
-        .limit(
-            "Login",
-            Limit::new(1_000, 1_000, Duration::from_secs(1)).unwrap(),
-        )
-        .limit(
-            "Other",
-            Limit::new(1_000, 1_000, Duration::from_secs(1)).unwrap(),
-        )
-        .penalty("Login", ladder())
-        .build()
-        .unwrap();
-    let limiter = Limiter::new(limits, backend);
+    let limiter = Limiter::new(limits(), Unaware(MemoryBackend::new()));
     let err = limiter
         .spend(&[Transaction::new(key(&limiter, "Login", 7))])
         .await
         .unwrap_err();
     assert!(matches!(err, LimiterError::NoPenalties(name) if name.as_str() == "Login"));
     // A limit without one is decided as ever.
-    let other = [Transaction::new(key(&limiter, "Other", 7))];
+    let other = [Transaction::new(key(&limiter, "Tight", 7))];
     assert!(limiter.spend(&other).await.unwrap().allowed());
+}
+
+#[tokio::test]
+async fn redis_keeps_a_penalty_beside_its_bucket_until_it_is_fresh_and_replaces_foreign_data() {
+    let clock = ManualClock::new(1_000 * S);
+    let redis = TestRedis::single();
+    let prefix = unique_prefix("penalty-key");
+    let backend = caller_time_backend(&redis.url, &prefix, &clock, false).await;
+    let limiter = Limiter::new(limits(), backend.clone());
+    let pen = format!("{}:pen", backend.redis_key(&key(&limiter, "Login", 7)));
+    assert!(pen.ends_with("{Login:7}:pen"), "{pen}");
+    // Foreign data where the state goes: read as none, replaced by the first write.
+    let client = backend.client_for_key(&pen).unwrap();
+    let _: () = client
+        .set(&pen, "not-a-state", None, None, false)
+        .await
+        .unwrap();
+    assert_eq!(login(&limiter, 7).await.decisions()[0].remaining(), 2);
+    let raw: Vec<u8> = client.get(&pen).await.unwrap();
+    assert_ne!(raw, b"not-a-state", "replaced by a penalty state");
+    let ttl: i64 = client.pttl(&pen).await.unwrap();
+    // Its window (a minute), and the margin of a store on caller time (an hour).
+    assert!(
+        ttl > 0 && ttl <= 60_000 + 3_600_000,
+        "kept for its window: {ttl}"
+    );
+    until_banned(&limiter, 8).await;
+    // A reset lifts the ban and forgets the level.
+    limiter.reset(&[key(&limiter, "Login", 8)]).await.unwrap();
+    assert!(login(&limiter, 8).await.allowed());
+}
+
+#[tokio::test]
+async fn every_store_gives_a_key_the_same_jittered_ban() {
+    let jittery = || {
+        Limits::builder()
+            .limit(
+                "Login",
+                Limit::new(1_000, 1_000, Duration::from_secs(1)).unwrap(),
+            )
+            .penalty("Login", ladder().jitter(1_000).unwrap())
+            .build()
+            .unwrap()
+    };
+    let mut ends = Vec::new();
+    let clock = ManualClock::new(1_000 * S);
+    let memory = Limiter::new(
+        jittery(),
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let redis = TestRedis::single();
+    let backend = caller_time_backend(&redis.url, &unique_prefix("jitter"), &clock, false).await;
+    let on_redis = Limiter::new(jittery(), backend);
+    for limiter in [&memory, &on_redis] {
+        let mut of_store = Vec::new();
+        for id in 0..20 {
+            of_store.push(until_banned(limiter, id).await.decisions()[0].reset_after());
+        }
+        ends.push(of_store);
+    }
+    assert_eq!(
+        ends[0], ends[1],
+        "memory and Redis agree to the microsecond"
+    );
+    assert!(
+        ends[0]
+            .iter()
+            .all(|d| *d >= Duration::from_secs(10) && *d <= Duration::from_secs(20))
+    );
+    let distinct: std::collections::HashSet<_> = ends[0].iter().collect();
+    assert!(
+        distinct.len() > 10,
+        "the jitter spreads the keys' ends: {distinct:?}"
+    );
 }

@@ -120,6 +120,26 @@ impl Ladder {
         self.within_us
     }
 
+    /// The first ban's length, in microseconds.
+    pub fn base_us(&self) -> u64 {
+        self.base_us
+    }
+
+    /// How many times longer each ban is than the one before.
+    pub fn factor(&self) -> u64 {
+        self.factor
+    }
+
+    /// The longest ban, in microseconds.
+    pub fn max_us(&self) -> u64 {
+        self.max_us
+    }
+
+    /// The jitter's most, in thousandths of a ban.
+    pub fn jitter_permille(&self) -> u64 {
+        self.jitter_permille
+    }
+
     /// The quiet time after a ban that lowers the level one step, in microseconds.
     pub fn forget_after_us(&self) -> u64 {
         self.forget_after_us

@@ -342,7 +342,14 @@ impl<'a> BucketTx<'a> {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     #[inline]
     pub(crate) fn plain_gcra(&self) -> Option<&'a crate::algo::gcra::Limit> {
-        self.quota.as_gcra().filter(|_| self.floor.is_none())
+        self.word_limit().filter(|_| self.floor.is_none())
+    }
+
+    /// Whether what it spends is undone by putting its value back (a tiered key's, a
+    /// penalty's: `Restore`), not by a refund.
+    #[cfg(feature = "redis")]
+    pub(crate) fn undone_by_value(&self) -> bool {
+        self.penalty.is_some() || self.quota.undone_by_value()
     }
 
     /// Its GCRA limit when its state is that limit's word (not a penalty's companion, which

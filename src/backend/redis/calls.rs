@@ -279,7 +279,7 @@ impl RedisBackend {
             return vec![self.run_group(call, batch, keys, group).await];
         }
         // Several slots: a spend may have to be undone, so tiered keys report their values.
-        call.want_raw = op == Op::Spend && batch.iter().any(|tx| tx.quota.undone_by_value());
+        call.want_raw = op == Op::Spend && batch.iter().any(|tx| tx.undone_by_value());
         futures_util::future::join_all(groups.iter().map(|g| self.run_group(call, batch, keys, g)))
             .await
     }

@@ -25,7 +25,7 @@ impl RedisBackend {
         // a concurrency key its lease (a refund there is a release).
         let txs: Vec<BucketTx<'_>> = spent
             .iter()
-            .filter(|&&i| !batch[i].quota.undone_by_value())
+            .filter(|&&i| !batch[i].undone_by_value())
             .map(|&i| BucketTx {
                 cost: outcomes[i].granted.unwrap_or(batch[i].cost),
                 ..batch[i]

@@ -44,7 +44,8 @@ pub(super) const ADAPTIVE_POOL_SUFFIX: &str = ":p";
 /// the hash tag of the limit's bucket: in its slot.
 pub(super) const PENALTY_SUFFIX: &str = ":pen";
 
-/// The keys a reset deletes, by suffix: every shape's state but a concurrency key's leases,
+/// The keys a reset deletes, by suffix: every shape's state (and a penalty's: a reset lifts a
+/// key's ban and forgets its level) but a concurrency key's leases,
 /// which are requests in flight (forgetting them would admit more at once than the limit; they
 /// end when their requests do, or at their deadlines). A share bucket is forgotten with its
 /// part: the region decides on its floor, full (the stated exception of `docs/regions.md`),
@@ -55,6 +56,7 @@ pub(super) const FORGOTTEN_BY_RESET: &[&str] = &[
     CALENDAR_SUFFIX,
     SHARE_SUFFIX,
     FAIR_SHARE_SUFFIX,
+    PENALTY_SUFFIX,
 ];
 
 /// The suffix of the Redis key a transaction decides on: its quota's ([`suffix`]), or a share
@@ -121,8 +123,7 @@ pub(super) fn reading_of(kept: Kept) -> Reading {
         Kept::AdaptivePool => {
             Reading::Hash(read::ADAPTIVE_POOL_MOST_FIELDS, read::read_adaptive_pool)
         }
-        // The script keeps no penalty yet (the Redis backend decides none): nothing to read.
-        Kept::Penalty => Reading::String(|_| None),
+        Kept::Penalty => Reading::String(read::read_penalty),
     }
 }
 

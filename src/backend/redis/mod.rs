@@ -373,8 +373,12 @@ impl RedisBackend {
         }
     }
 
-    /// The Redis key of a transaction's state.
+    /// The Redis key of a transaction's state: a penalty's beside its limit's bucket, at the
+    /// limit's key and `:pen` (in its slot).
     fn script_key(&self, tx: &BucketTx<'_>) -> Key {
+        if tx.penalty.is_some() {
+            return self.command_key(tx.key, keys::PENALTY_SUFFIX);
+        }
         self.command_key(&crate::backend::kit::state_key(tx), keys::tx_suffix(tx))
     }
 
@@ -488,6 +492,7 @@ struct OwnedTx {
     /// A renewal's leases (empty: `lease` alone; no allocation then).
     leases: Vec<u64>,
     floor: Option<crate::config::RegionFloor>,
+    penalty: Option<crate::config::PenaltyEntry>,
 }
 
 impl OwnedTx {
@@ -501,14 +506,14 @@ impl OwnedTx {
             lease: tx.lease,
             leases: tx.leases.to_vec(),
             floor: tx.floor,
+            penalty: tx.penalty.copied(),
         }
     }
 
     fn tx(&self) -> BucketTx<'_> {
         BucketTx {
             completion: None,
-            // The limiter sends this backend no penalty (`decides_penalties`).
-            penalty: None,
+            penalty: self.penalty.as_ref(),
             key: &self.key,
             quota: &self.quota,
             cost: self.cost,
@@ -712,6 +717,10 @@ impl Backend for RedisBackend {
 
     fn prefetches(&self) -> bool {
         self.inner.prefetch
+    }
+
+    fn decides_penalties(&self) -> bool {
+        true
     }
 
     fn regional(&self) -> bool {

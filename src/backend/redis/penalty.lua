@@ -1,6 +1,7 @@
 -- Penalty ladders (src/algo/penalty.rs, docs/penalties.md), function for function: a key's
--- ladder state decided on the server in the call that decides its request (issue 81: not yet
--- joined into the script; src/backend/redis/tests.rs runs it beside the Rust rule).
+-- ladder state decided on the server in the call that decides its request (joined after
+-- general.lua: a penalty's companion record, KIND_PENALTY below; src/backend/redis/tests.rs
+-- also runs the rule beside the Rust one).
 --
 -- A ladder l: {after, within, base, factor, max, forget, jitter} (microseconds, jitter in
 -- thousandths). A state s: {level, since, until, et, eu (the window's counted units: times,
@@ -96,6 +97,7 @@ local function penalty_rule()
     for j = 1, #s.eu do u = u + s.eu[j] end
     return u
   end
+  P.units = units
 
   -- Tally replies: {3, units} counted, {4, until, level} banned, {5} ignored.
   local function tally(l, s, keytext, t)
@@ -215,4 +217,101 @@ local function penalty_rule()
   end
 
   return P
+end
+
+local KIND_PENALTY = 10
+
+-- A penalty's companion (src/backend/kit/penalty.rs, the same decisions): the key's penalty
+-- state at its own key (the limit's key and `:pen`), one MessagePack value (P.encode), kept
+-- until it equals a fresh one.
+SHAPES[KIND_PENALTY] = function()
+  local P = penalty_rule()
+
+  -- The record: 10, mode, cost, reservation id (decimal text; '0': the cost counts at
+  -- admission), after, within, base, factor, max, forget_after, jitter, the key's canonical
+  -- text.
+  local function parse(a)
+    local r = {mode = tonumber(ARGV[a + 1]), cost = tonumber(ARGV[a + 2]), id = ARGV[a + 3],
+      l = {after = tonumber(ARGV[a + 4]), within = tonumber(ARGV[a + 5]),
+        base = tonumber(ARGV[a + 6]), factor = tonumber(ARGV[a + 7]),
+        max = tonumber(ARGV[a + 8]), forget = tonumber(ARGV[a + 9]),
+        jitter = tonumber(ARGV[a + 10])},
+      keytext = ARGV[a + 11]}
+    return r, a + 12
+  end
+  -- A value that is not a penalty state (foreign, another version) reads as none, and the
+  -- next write replaces it. r.raw: what was there, to undo a spend ('' deletes the key).
+  local function read(i, r)
+    local raw = redis.pcall('GET', KEYS[i])
+    r.raw = type(raw) == 'string' and raw or ''
+    local s = type(raw) == 'string' and P.decode(raw) or nil
+    return s or P.fresh()
+  end
+  -- When the state equals a fresh one: its ban over, its level decayed, its window empty.
+  local function fresh_at(l, s)
+    local at = s['until']
+    if s.level > 0 then at = math.max(at, s.since + s.level * l.forget) end
+    for j = 1, #s.et do at = math.max(at, s.et[j] + l.within) end
+    for j = 1, #s.rat do at = math.max(at, s.rat[j] + l.within) end
+    return at
+  end
+  local function write(i, r, s)
+    local at = fresh_at(r.l, s)
+    if at <= now then
+      redis.call('DEL', KEYS[i])
+      return ''
+    end
+    local raw = P.encode(s)
+    redis.call('SET', KEYS[i], raw, expire_args(at))
+    return raw
+  end
+  local function reply(allowed, left, retry, reset)
+    if left < 0 then left = 0 end
+    return {allowed, left, retry, reset, 0}
+  end
+  local function decide(i, r, s)
+    local l = r.l
+    if now < s['until'] then
+      local w = s['until'] - now
+      return reply(0, 0, w, w)
+    end
+    if not spends(r.mode) or r.cost == 0 then
+      return reply(1, l.after - P.units(s), 0, 0)
+    end
+    if r.id ~= '0' then
+      local a = P.admit(l, s, r.id, r.cost, now)
+      if a[1] ~= 0 then
+        local w = math.max(a[2] - now, 0)
+        return reply(0, 0, w, w)
+      end
+      local held = P.units(s)
+      for j = 1, #s.ru do held = held + s.ru[j] end
+      return reply(1, l.after - held, 0, 0), s
+    end
+    local t = P.count(l, s, r.keytext, r.cost, now)
+    if t[1] == 3 then return reply(1, l.after - t[2], 0, 0), s end
+    if t[1] == 4 then return reply(1, 0, 0, t[2] - now), s end
+    return reply(1, 0, 0, 0), s
+  end
+  local function finish(i, r, s, o, allowed, w)
+    local after = r.raw
+    if allowed and w then
+      if want_raw then r.ttl = redis.call('PTTL', KEYS[i]) end
+      after = write(i, r, w)
+    end
+    if want_raw then
+      o[#o + 1] = r.raw
+      o[#o + 1] = after
+      o[#o + 1] = r.ttl or -1
+    end
+  end
+  -- A refund settles the reservation r.id, counting r.cost of it.
+  local function refund(i, r, s)
+    local t = P.settle(r.l, s, r.keytext, r.id, r.cost, now)
+    if t[1] == 5 then return reply(1, 0, 0, 0) end
+    write(i, r, s)
+    if t[1] == 3 then return reply(1, r.l.after - t[2], 0, 0) end
+    return reply(1, 0, 0, t[2] - now)
+  end
+  return {parse = parse, read = read, decide = decide, finish = finish, refund = refund}
 end

@@ -15,6 +15,7 @@
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
 //! | concurrency | `3`, mode, cost, max, lease (µs), retry hint (µs), lease id (decimal text; `0`: none; a renewal: every lease it renews, separated by spaces) |
 //! | share bucket (a region's share of a limit across regions, `docs/regions.md`) | `6`, the floor's rate and burst, the period (µs), the GCRA kind (`0`, `2` or `4`), cost, mode, then a range's least units |
+//! | penalty (a limit's penalty companion, `docs/penalties.md`) | `10`, mode, cost, reservation id (decimal text; `0`: the cost counts at admission), after, within, base, factor, max, forget_after (µs), jitter (‰), the key's canonical text |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
 //!
 //! `C` (one calendar key alone, checked and spent: the script's own path for it): the head,
@@ -58,7 +59,7 @@ pub(super) use adaptive::{ADAPTIVE_POOL_MOST_FIELDS, read_adaptive, read_adaptiv
 pub(super) use fair_share::{FAIR_SHARE_MOST_FIELDS, read_fair_pool};
 use fields::{Fields, bad};
 #[cfg(feature = "replay")]
-pub(super) use records::{read_calendar, read_leases, read_tat, read_tiers};
+pub(super) use records::{read_calendar, read_leases, read_penalty, read_tat, read_tiers};
 /// The protocol's codes: the record kinds, the modes and the ops, each by the name the
 /// script's constants carry (`local KIND_GCRA, ... = 0, ...`: a record kind at the top of its
 /// shape's file, the rest in `ratelimit.lua` and `general.lua`; the test below holds the
@@ -73,6 +74,7 @@ const KIND_SHARE: i64 = 6;
 const KIND_FAIR_SHARE: i64 = 7;
 const KIND_ADAPTIVE: i64 = 8;
 const KIND_ADAPTIVE_POOL: i64 = 9;
+const KIND_PENALTY: i64 = 10;
 const OP_LEAN: &str = "G";
 const OP_COALESCED: &str = "M";
 const OP_CALENDAR: &str = "C";
@@ -120,6 +122,7 @@ const PROTOCOL: &[(&str, Code)] = &[
     ("KIND_FAIR_SHARE", Code::Number(KIND_FAIR_SHARE)),
     ("KIND_ADAPTIVE", Code::Number(KIND_ADAPTIVE)),
     ("KIND_ADAPTIVE_POOL", Code::Number(KIND_ADAPTIVE_POOL)),
+    ("KIND_PENALTY", Code::Number(KIND_PENALTY)),
     (
         "MODE_CHECK_AND_SPEND",
         Code::Number(mode_number(Mode::CheckAndSpend)),
@@ -158,6 +161,7 @@ pub(super) const SCRIPT: &str = concat!(
     include_str!("tiers.lua"),
     include_str!("fair_share.lua"),
     include_str!("adaptive.lua"),
+    include_str!("penalty.lua"),
     include_str!("general_run.lua")
 );
 
@@ -257,6 +261,7 @@ pub(super) fn is_lean<'a>(call: Call, mut txs: impl Iterator<Item = &'a BucketTx
 /// renewal (the leases it renewed).
 fn reports_granted(call: Call, tx: &BucketTx<'_>) -> bool {
     call.op == Op::Spend
+        && tx.penalty.is_none()
         && ((tx.quota.as_gcra().is_some() || tx.quota.as_fair_share().is_some())
             && (tx.min_cost < tx.cost || tx.mode == Mode::Charge)
             || tx.mode == Mode::Renew
@@ -330,6 +335,10 @@ pub(super) fn encode<'a>(
     let mut args = Vec::with_capacity(4 + 6 * size);
     call.push_head(&mut args, None);
     for tx in txs {
+        if let Some(penalty) = tx.penalty {
+            records::push_penalty(&mut args, tx, &penalty.ladder);
+            continue;
+        }
         match tx.quota {
             Quota::Gcra(limit) => records::push_gcra(&mut args, tx, limit, call.shares),
             Quota::Concurrency(limit) => records::push_concurrency(&mut args, tx, limit),
@@ -653,8 +662,9 @@ pub(super) fn decode<'a>(
             values: values.into_iter(),
         };
         let (tat, outcome) = decode_outcome(&mut f, tx, call)?;
-        let (tiers, raw) = match tx.quota {
-            Quota::Tiered(limit) => decode_tiers(&mut f, limit, call.want_raw)?,
+        let (tiers, raw) = match (tx.penalty, tx.quota) {
+            (Some(_), _) => (None, decode_raw(&mut f, call)?),
+            (None, Quota::Tiered(limit)) => decode_tiers(&mut f, limit, call.want_raw)?,
             _ => (None, None),
         };
         f.end()?;
@@ -685,6 +695,10 @@ fn decode_outcome(
         f.u64("reset_after")?,
     );
     let tat = f.u64("stored TAT")?;
+    if tx.penalty.is_some() {
+        // A penalty's companion answers the numbers every shape answers, no more.
+        return Ok((tat, outcome));
+    }
     if reports_granted(call, tx) {
         outcome.granted = Some(f.u64("granted")?);
     }
@@ -721,16 +735,27 @@ fn decode_tiers(
     for units in grant.units.iter_mut().take(tier_count) {
         *units = f.u64("units of a tier")?;
     }
-    let raw = if want_raw {
-        Some(RawChange {
-            before: f.next("value before")?,
-            after: f.next("value after")?,
-            ttl_ms: f.next("ttl")?.as_i64().unwrap_or(-1),
-        })
-    } else {
-        None
-    };
+    let raw = if want_raw { raw_change(f)? } else { None };
     Ok((Some(grant), raw))
+}
+
+/// A value kept whole (a tiered key's, a penalty's): its value before and after a spend and
+/// the milliseconds the one before had to live, which undo it ([`RawChange`]).
+fn raw_change(f: &mut Fields) -> Result<Option<RawChange>, BackendError> {
+    Ok(Some(RawChange {
+        before: f.next("value before")?,
+        after: f.next("value after")?,
+        ttl_ms: f.next("ttl")?.as_i64().unwrap_or(-1),
+    }))
+}
+
+/// A penalty's value before and after a spend, when a cross-slot spend may be undone.
+fn decode_raw(f: &mut Fields, call: Call) -> Result<Option<RawChange>, BackendError> {
+    if call.want_raw && call.op == Op::Spend {
+        raw_change(f)
+    } else {
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

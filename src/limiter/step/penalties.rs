@@ -100,6 +100,10 @@ pub(super) fn fold<Q>(
 /// two), otherwise what is left before the penalty bans (when that is less) and the later
 /// reset (a ban just started: its end).
 pub(super) fn folded(mut o: Outcome, penalty: &Outcome) -> Outcome {
+    if penalty.skipped {
+        // Not evaluated (the batch was denied without it: a deny cache's answer).
+        return o;
+    }
     if !penalty.allowed {
         o.allowed = false;
         o.remaining = 0;
