@@ -524,3 +524,101 @@ async fn every_store_gives_a_key_the_same_jittered_ban() {
         "the jitter spreads the keys' ends: {distinct:?}"
     );
 }
+
+#[test]
+fn a_penalty_in_yaml_is_the_builder_s_ladder_and_its_mistakes_are_located() {
+    let yaml = "\
+Login:
+  burst: 1000
+  count: 1000
+  period: 1s
+  penalty: {after: 3, within: 1m, base: 10s, factor: 2, max: 1m, forget_after: 100s}
+";
+    let limits = Limits::from_yaml_str(yaml, None).unwrap();
+    assert_eq!(
+        limits.penalty(limits.name("Login").unwrap()),
+        Some(&ladder())
+    );
+    let jitter = "A: {burst: 1, count: 1, period: 1s, penalty: {after: 1, within: 1s, base: 1s, factor: 1, max: 1s, jitter: 2.5%}}";
+    let limits = Limits::from_yaml_str(jitter, None).unwrap();
+    let with = Ladder::new(1, S, S, 1, S).unwrap().jitter(25).unwrap();
+    assert_eq!(limits.penalty(limits.name("A").unwrap()), Some(&with));
+
+    let err = |text: &str| Limits::from_yaml_str(text, None).unwrap_err();
+    let base = "A:\n  burst: 1\n  count: 1\n  period: 1s\n  penalty:";
+    let missing = err(&format!(
+        "{base} {{after: 1, within: 1s, base: 1s, factor: 2}}\n"
+    ));
+    assert!(
+        matches!(missing.kind(), ConfigErrorKind::MissingField("max")),
+        "{missing}"
+    );
+    assert_eq!(
+        (missing.location().line, missing.limit()),
+        (Some(5), Some("A"))
+    );
+    let below = err(&format!(
+        "{base} {{after: 1, within: 1s, base: 1m, factor: 2, max: 1s}}\n"
+    ));
+    assert!(
+        matches!(below.kind(), ConfigErrorKind::Ladder(_)),
+        "{below}"
+    );
+    assert_eq!(below.location().line, Some(5));
+    let factor = err(&format!(
+        "{base}\n    after: 1\n    within: 1s\n    base: 1s\n    factor: 1001\n    max: 1m\n"
+    ));
+    assert!(
+        matches!(factor.kind(), ConfigErrorKind::Ladder(_)),
+        "{factor}"
+    );
+    for bad in ["150%", "abc", "2.55%", "-1%"] {
+        let e = err(&format!(
+            "{base} {{after: 1, within: 1s, base: 1s, factor: 2, max: 1s, jitter: \"{bad}\"}}\n"
+        ));
+        assert!(
+            matches!(
+                e.kind(),
+                ConfigErrorKind::Jitter(_) | ConfigErrorKind::Ladder(_)
+            ),
+            "{bad}: {e}"
+        );
+    }
+    let unknown = err(&format!(
+        "{base} {{after: 1, within: 1s, base: 1s, factor: 2, max: 1s, ban: 1s}}\n"
+    ));
+    assert!(
+        matches!(unknown.kind(), ConfigErrorKind::UnknownField { .. }),
+        "{unknown}"
+    );
+    let zero = err(&format!(
+        "{base} {{after: 0, within: 1s, base: 1s, factor: 2, max: 1s}}\n"
+    ));
+    assert!(
+        matches!(
+            zero.kind(),
+            ConfigErrorKind::BadNumber { field: "after", .. }
+        ),
+        "{zero}"
+    );
+    let marked = err(
+        "A:\n  burst: 1\n  count: 1\n  period: 1s\n  across_regions: true\n  penalty: {after: 1, within: 1s, base: 1s, factor: 2, max: 1s}\n",
+    );
+    assert!(
+        matches!(marked.kind(), ConfigErrorKind::Penalty(_)),
+        "{marked}"
+    );
+    assert_eq!(marked.location().line, Some(6));
+    let slots = err(
+        "A:\n  concurrency: 3\n  penalty: {after: 1, within: 1s, base: 1s, factor: 2, max: 1s}\n",
+    );
+    assert!(
+        matches!(slots.kind(), ConfigErrorKind::Penalty(_)),
+        "{slots}"
+    );
+    let not_a_map = err(&format!("{base} 5\n"));
+    assert!(
+        matches!(not_a_map.kind(), ConfigErrorKind::WrongShape { .. }),
+        "{not_a_map}"
+    );
+}

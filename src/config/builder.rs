@@ -195,17 +195,35 @@ impl LimitsBuilder {
     /// assert_eq!(limits.penalty(limits.name("LoginPerAccount").unwrap()), Some(&ladder));
     /// ```
     pub fn penalty(mut self, name: &str, ladder: crate::algo::penalty::Ladder) -> Self {
-        match self.limits.config.by_text.get(name).copied() {
-            Some(i) => {
-                let state = LimitName::intern(&format!("{name}:pen"));
-                let penalty = Some(super::PenaltyEntry { ladder, state });
-                Arc::make_mut(&mut self.limits.config).names[i].penalty = penalty;
-            }
-            None => self.fail(ConfigError::new(ConfigErrorKind::UnknownName(
-                name.chars().take(80).collect(),
-            ))),
+        if let Err(e) = self.try_penalty(name, ladder) {
+            self.fail(e.for_limit(name));
         }
         self
+    }
+
+    /// [`penalty`](Self::penalty), its error at once: an unknown name, or a limit that cannot
+    /// carry one (its overrides are checked when the limits are built).
+    pub(crate) fn try_penalty(
+        &mut self,
+        name: &str,
+        ladder: crate::algo::penalty::Ladder,
+    ) -> Result<(), ConfigError> {
+        let Some(i) = self.limits.config.by_text.get(name).copied() else {
+            return Err(ConfigError::new(ConfigErrorKind::UnknownName(
+                name.chars().take(80).collect(),
+            )));
+        };
+        let entry = &self.limits.config.names[i];
+        if entry.across_regions.is_some() {
+            return Err(ConfigError::new(super::PENALTY_ACROSS_REGIONS));
+        }
+        if let Some(quota) = &entry.default {
+            super::check_penalized(quota).map_err(ConfigError::new)?;
+        }
+        let state = LimitName::intern(&format!("{name}:pen"));
+        let config = Arc::make_mut(&mut self.limits.config);
+        config.names[i].penalty = Some(super::PenaltyEntry { ladder, state });
+        Ok(())
     }
 
     /// Overrides `name`'s limit for one id, given as text and checked against the name's kind.

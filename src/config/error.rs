@@ -160,6 +160,15 @@ pub enum ConfigErrorKind {
     /// crosses regions is not specified yet), or one that does not count units.
     #[error("a penalty {0}")]
     Penalty(&'static str),
+    /// A penalty ladder's fields that do not make a ladder (`after` of 0, `max` below
+    /// `base`, a factor above 1,000, ...).
+    #[error("invalid penalty: {0}")]
+    Ladder(crate::algo::penalty::PenaltyError),
+    /// A penalty's `jitter` that is not a percentage with at most one decimal.
+    #[error(
+        "jitter must be a percentage from 0% to 100% with at most one decimal (e.g. 10% or 2.5%), found {0}"
+    )]
+    Jitter(String),
     /// A `region_floor` that is not a percentage from 0% to 100% with at most two decimals, or
     /// one given to a limit not marked `across_regions`.
     #[error(

@@ -47,9 +47,13 @@ pub(crate) struct NameEntry {
     pub(crate) penalty: Option<PenaltyEntry>,
 }
 
+/// A penalty on a limit marked `across_regions`: how a ban crosses regions is not specified.
+pub(super) const PENALTY_ACROSS_REGIONS: ConfigErrorKind =
+    ConfigErrorKind::Penalty("cannot be on a limit marked across_regions yet");
+
 /// Whether `quota` may be the limit of a name with a penalty: one that counts units (not one
 /// that holds leases or keeps one state for all its ids).
-fn check_penalized(quota: &Quota) -> Result<(), ConfigErrorKind> {
+pub(super) fn check_penalized(quota: &Quota) -> Result<(), ConfigErrorKind> {
     if quota.holds_leases() || quota.state_per_limit() {
         return Err(ConfigErrorKind::Penalty(
             "needs a limit that counts units (GCRA, burst tiers or a calendar quota)",
@@ -65,8 +69,7 @@ impl Limits {
         for entry in self.config.names.iter().filter(|e| e.penalty.is_some()) {
             let name = entry.name.as_str();
             if entry.across_regions.is_some() {
-                let e = ConfigErrorKind::Penalty("cannot be on a limit marked across_regions yet");
-                return Err(ConfigError::new(e).for_limit(name));
+                return Err(ConfigError::new(PENALTY_ACROSS_REGIONS).for_limit(name));
             }
             let overrides = self.config.overrides.iter();
             let overrides = overrides

@@ -8,6 +8,7 @@ use std::path::Path;
 
 mod node;
 mod outcomes;
+mod penalty;
 mod rules;
 mod shapes;
 
@@ -75,6 +76,7 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
                 "on_store_failure",
                 "across_regions",
                 "region_floor",
+                "penalty",
                 "comment",
             ],
         )
@@ -120,6 +122,12 @@ fn load_defaults(builder: &mut LimitsBuilder, root: &Node) -> Result<(), ConfigE
             builder
                 .try_across_regions(name, floor)
                 .map_err(|e| located(e.at_line(line)))?;
+        }
+        if let Some(n) = f.penalty {
+            let ladder = penalty::ladder_of(n).map_err(located)?;
+            builder
+                .try_penalty(name, ladder)
+                .map_err(|e| located(e.at_line(n.line)))?;
         }
     }
     Ok(())
