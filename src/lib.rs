@@ -305,6 +305,8 @@ pub mod specs {
     pub mod adaptive_concurrency {}
     #[doc = include_str!("../docs/keys-and-http.md")]
     pub mod keys_and_http {}
+    #[doc = include_str!("../docs/penalties.md")]
+    pub mod penalties {}
     #[cfg_attr(
         any(not(doctest), feature = "redis"),
         doc = include_str!("../docs/regions.md")

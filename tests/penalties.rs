@@ -622,3 +622,50 @@ Login:
         "{not_a_map}"
     );
 }
+
+#[tokio::test]
+async fn a_banned_account_is_told_so_and_when_the_ban_ends_in_every_answer() {
+    let clock = ManualClock::new(1_000 * S);
+    for body in [
+        tower_ratelimits::ErrorBody::Json,
+        tower_ratelimits::ErrorBody::ProblemJson,
+    ] {
+        let app = Router::new().route("/login", get(|| async { StatusCode::UNAUTHORIZED }));
+        let rule = Rule::new("Login", Header::new("x-account"))
+            .count_when(CountWhen::new().status(401, 1));
+        let layer = RateLimitLayer::builder(limiter(&clock))
+            .rule(rule)
+            .error_body(body)
+            .build()
+            .unwrap();
+        let server = support::http::serve(app.layer(layer)).await;
+        let client = support::http::HttpClient::new(&server);
+        for _ in 0..3 {
+            let r = client.get("/login", &[("x-account", "ann")]).await;
+            assert_eq!(r.status, 401);
+        }
+        let banned = client.get("/login", &[("x-account", "ann")]).await;
+        assert_eq!(banned.status, 429);
+        assert_eq!(banned.header("retry-after"), Some("10"));
+        let fields = banned.header("ratelimit").unwrap();
+        assert!(
+            fields.contains("r=0") && fields.contains("t=10"),
+            "{fields}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&banned.body).unwrap();
+        match body {
+            tower_ratelimits::ErrorBody::Json => {
+                let detail = &json["errors"][0]["detail"];
+                assert_eq!(detail["banned"], true, "{json}");
+                assert_eq!(detail["retry_after_ms"], 10_000);
+            }
+            _ => {
+                let kind = json["type"].as_str().unwrap();
+                assert!(kind.ends_with("/specs/penalties/"), "{json}");
+                let detail = json["detail"].as_str().unwrap();
+                assert!(detail.contains("banned by its penalty"), "{detail}");
+            }
+        }
+        clock.advance(Duration::from_secs(10));
+    }
+}

@@ -72,10 +72,13 @@ pub struct Outcome {
     /// (the Redis backend's local deny cache), so this one was never looked at. A skipped
     /// outcome is not allowed and all its numbers are zero; nothing was spent.
     pub skipped: bool,
-    /// Always zero: the number and the two flags then fill one word, which a copy moves at
-    /// once (with two bytes of padding there, the flags were copied byte by byte: 11 more
-    /// instructions a calendar spend, `benches/instructions.sh`).
-    pub(crate) filled: [u8; 2],
+    /// Denied because its key is banned by its limit's penalty ladder (`docs/penalties.md`):
+    /// set on a penalty's companion and folded into its limit's outcome, for the answer.
+    pub(crate) banned: bool,
+    /// Always zero: the number and the flags then fill one word, which a copy moves at once
+    /// (with padding there, the flags were copied byte by byte: 11 more instructions a
+    /// calendar spend, `benches/instructions.sh`).
+    pub(crate) filled: u8,
 }
 
 impl Outcome {
@@ -89,7 +92,16 @@ impl Outcome {
             granted: None,
             shape_number: 0,
             skipped: false,
-            filled: [0; 2],
+            banned: false,
+            filled: 0,
+        }
+    }
+
+    /// The denial of a banned key's request, `wait_us` before the ban ends.
+    pub(crate) fn banned(wait_us: u64) -> Self {
+        Self {
+            banned: true,
+            ..Self::new(false, 0, wait_us, wait_us)
         }
     }
 

@@ -100,6 +100,8 @@ pub(crate) struct Seen<'a> {
     pub(crate) remaining: u64,
     pub(crate) retry_after_us: u64,
     pub(crate) reset_after_us: u64,
+    /// Denied because its key is banned by its limit's penalty ladder.
+    pub(crate) banned: bool,
     /// Its numbers of its limit's own shape (a tiered limit's grant, a calendar quota's
     /// period, an adaptive limit's slots), read only by the shape's answers.
     pub(crate) own: Own<'a>,
@@ -143,6 +145,7 @@ impl<'a> From<&'a Decision> for Seen<'a> {
             remaining: d.remaining,
             retry_after_us: micros(d.retry_after),
             reset_after_us: micros(d.reset_after),
+            banned: d.banned,
             own: d.own(),
         }
     }
@@ -160,6 +163,7 @@ impl<'a> From<Entry<'a>> for Seen<'a> {
             remaining: e.outcome.remaining,
             retry_after_us: e.outcome.retry_after_us,
             reset_after_us: e.outcome.reset_after_us,
+            banned: e.outcome.banned,
             own: e.own(),
         }
     }

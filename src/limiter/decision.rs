@@ -38,6 +38,8 @@ pub struct Decision {
     ///
     /// [`Outcome::shape_number`]: crate::backend::Outcome::shape_number
     pub(crate) shape_number: u32,
+    /// Denied because its key is banned by its limit's penalty ladder.
+    pub(crate) banned: bool,
     /// The limit's name.
     pub(crate) name: LimitName,
     /// The bucket.

@@ -120,7 +120,8 @@ const DISABLED: Outcome = Outcome {
     granted: None,
     shape_number: 0,
     skipped: false,
-    filled: [0; 2],
+    banned: false,
+    filled: 0,
 };
 
 impl<'a> Verdict<'a> {
@@ -276,6 +277,7 @@ fn decision(
         limit: quota.cloned(),
         tiers: tiers.copied(),
         shape_number: o.shape_number,
+        banned: o.banned,
         name: key.name(),
         key,
         mode,

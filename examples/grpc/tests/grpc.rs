@@ -353,3 +353,71 @@ async fn failed_calls_count_by_their_grpc_status_in_the_head_or_the_trailers() {
     );
     server.abort();
 }
+
+/// A penalty ladder on a gRPC limit: failed calls (`NOT_FOUND`) count, the second bans the
+/// account for 30 s, and the banned call is told so, with the ban's end in `RetryInfo`.
+#[tokio::test]
+async fn a_banned_caller_reads_the_ban_and_its_end_in_the_standard_details() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limits = Limits::from_yaml_str(
+        "Misses: {kind: account, burst: 100, count: 100, period: 1h, penalty: {after: 2, within: 1m, base: 30s, factor: 2, max: 1h}}\n",
+        None,
+    )
+    .unwrap();
+    let limiter = Limiter::new(
+        limits,
+        MemoryBackend::builder().clock(clock.clone()).build(),
+    );
+    let rule = Rule::new("Misses", Header::new("x-account"))
+        .count_when(CountWhen::new().grpc_status(5, 1));
+    let layer = RateLimitLayer::new(limiter.clone(), [rule]).unwrap();
+    let (mut client, server) = serve_health(layer).await;
+    let check = |service: &str| {
+        let mut request = tonic::Request::new(HealthCheckRequest {
+            service: service.to_owned(),
+        });
+        request
+            .metadata_mut()
+            .insert("x-account", "7".parse().unwrap());
+        request
+    };
+    let key = limiter.key("Misses", Id::from(7u64)).unwrap();
+    // The settle runs when the body ends, after the client has its answer: wait for the ban.
+    let banned = || {
+        let (limiter, key) = (limiter.clone(), key.clone());
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let probe = tower_ratelimits::Transaction::new(key.clone()).cost(0);
+                if !limiter.check(&[probe]).await.unwrap().allowed() {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "never banned");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    for _ in 0..2 {
+        let status = client.check(check("unknown")).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound);
+    }
+    banned().await;
+    let status = client.check(check("")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        status.message(),
+        "rate limit Misses: banned by its penalty; retry after 30 s"
+    );
+    assert_eq!(status.metadata().get("retry-after").unwrap(), "30");
+    {
+        use tonic_types::StatusExt;
+        let details = status.get_error_details();
+        assert_eq!(
+            details.retry_info().unwrap().retry_delay,
+            Some(Duration::from_secs(30))
+        );
+    }
+    clock.advance(Duration::from_secs(30));
+    client.check(check("")).await.unwrap();
+    server.abort();
+}

@@ -32,8 +32,7 @@ pub(super) fn penalty_spend(
     let ladder = &penalty.ladder;
     let mut state = penalty_read(stored);
     if let Standing::Banned { until, .. } = state.standing(ladder, now) {
-        let wait = until - now;
-        return (Outcome::new(false, 0, wait, wait), None, None).into();
+        return (Outcome::banned(until - now), None, None).into();
     }
     if !tx.mode.spends() || tx.cost == 0 {
         let left = ladder.after().saturating_sub(state.units());
@@ -62,8 +61,7 @@ fn penalty_admit(tx: &BucketTx<'_>, ladder: &Ladder, mut state: PenaltyState, no
             Outcome::new(true, ladder.after().saturating_sub(held), 0, 0)
         }
         Admission::Banned { until, .. } => {
-            let wait = until - now;
-            return (Outcome::new(false, 0, wait, wait), None, None).into();
+            return (Outcome::banned(until - now), None, None).into();
         }
         Admission::Full { until } => {
             let wait = until.saturating_sub(now);

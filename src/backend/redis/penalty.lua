@@ -265,15 +265,17 @@ SHAPES[KIND_PENALTY] = function()
     redis.call('SET', KEYS[i], raw, expire_args(at))
     return raw
   end
-  local function reply(allowed, left, retry, reset)
+  -- The numbers every record answers, then whether the key is banned (1: a denial of a ban,
+  -- not of a full window).
+  local function reply(allowed, left, retry, reset, banned)
     if left < 0 then left = 0 end
-    return {allowed, left, retry, reset, 0}
+    return {allowed, left, retry, reset, 0, banned or 0}
   end
   local function decide(i, r, s)
     local l = r.l
     if now < s['until'] then
       local w = s['until'] - now
-      return reply(0, 0, w, w)
+      return reply(0, 0, w, w, 1)
     end
     if not spends(r.mode) or r.cost == 0 then
       return reply(1, l.after - P.units(s), 0, 0)
@@ -282,7 +284,7 @@ SHAPES[KIND_PENALTY] = function()
       local a = P.admit(l, s, r.id, r.cost, now)
       if a[1] ~= 0 then
         local w = math.max(a[2] - now, 0)
-        return reply(0, 0, w, w)
+        return reply(0, 0, w, w, a[1] == 1 and 1 or 0)
       end
       local held = P.units(s)
       for j = 1, #s.ru do held = held + s.ru[j] end

@@ -15,7 +15,7 @@
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
 //! | concurrency | `3`, mode, cost, max, lease (µs), retry hint (µs), lease id (decimal text; `0`: none; a renewal: every lease it renews, separated by spaces) |
 //! | share bucket (a region's share of a limit across regions, `docs/regions.md`) | `6`, the floor's rate and burst, the period (µs), the GCRA kind (`0`, `2` or `4`), cost, mode, then a range's least units |
-//! | penalty (a limit's penalty companion, `docs/penalties.md`) | `10`, mode, cost, reservation id (decimal text; `0`: the cost counts at admission), after, within, base, factor, max, forget_after (µs), jitter (‰), the key's canonical text |
+//! | penalty (a limit's penalty companion, `docs/penalties.md`; its answer adds whether the key is banned) | `10`, mode, cost, reservation id (decimal text; `0`: the cost counts at admission), after, within, base, factor, max, forget_after (µs), jitter (‰), the key's canonical text |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
 //!
 //! `C` (one calendar key alone, checked and spent: the script's own path for it): the head,
@@ -696,7 +696,9 @@ fn decode_outcome(
     );
     let tat = f.u64("stored TAT")?;
     if tx.penalty.is_some() {
-        // A penalty's companion answers the numbers every shape answers, no more.
+        // A penalty's companion answers the numbers every shape answers, and whether its key
+        // is banned.
+        outcome.banned = f.flag("banned")?;
         return Ok((tat, outcome));
     }
     if reports_granted(call, tx) {

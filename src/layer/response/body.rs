@@ -65,6 +65,11 @@ pub(crate) fn error_response(
 /// `application/problem+json` (RFC 9457).
 pub(super) const PROBLEM_JSON: &str = "application/problem+json";
 
+/// The problem type of a request refused because its key is banned by a limit's penalty ladder
+/// (`docs/penalties.md`): the page of the rule, as a URI.
+pub const BANNED: &str =
+    "https://docs.rs/tower-ratelimits/latest/tower_ratelimits/specs/penalties/";
+
 /// The problem type of a rate-limited request (draft-ietf-httpapi-ratelimit-headers-11).
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 

@@ -10,6 +10,18 @@ use http::{Response, StatusCode};
 use super::*;
 use crate::key::Id;
 
+/// What refused, as the answers' texts say it.
+struct What<'a>(&'a str, bool);
+
+impl std::fmt::Display for What<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            What(name, false) => write!(f, "rate limit {name} exceeded"),
+            What(name, true) => write!(f, "rate limit {name}: banned by its penalty"),
+        }
+    }
+}
+
 /// A denied request, as handed to a custom response function
 /// ([`RateLimitLayerBuilder::denied_response`](crate::RateLimitLayerBuilder::denied_response)):
 /// the limit that denied (the strictest), its id and wait, and every limit that denied. Read
@@ -96,6 +108,18 @@ impl<'a> Denial<'a> {
         self.first().and_then(|d| d.own.tiers).map(|t| t.tier)
     }
 
+    /// Whether the limit that denied refused because the key is banned by its penalty ladder
+    /// (`docs/penalties.md`): then [`retry_after`](Self::retry_after) is the ban's end.
+    pub fn banned(&self) -> bool {
+        self.first().is_some_and(|d| d.banned)
+    }
+
+    /// What the answers' texts say: `rate limit <name> exceeded`, or for a ban `<name>: banned
+    /// by its penalty`.
+    fn what(&self) -> What<'_> {
+        What(self.limit_name().unwrap_or(""), self.banned())
+    }
+
     /// The name of every limit that denied the request, the strictest first.
     pub fn denied_limits(&self) -> impl Iterator<Item = &'a str> + '_ {
         let first = self.first();
@@ -131,7 +155,8 @@ impl Denial<'_> {
 
     /// The default JSON body:
     /// `{"errors":[{"code":"TOOMANYREQUESTS","detail":{"entity":..,"limiter":..,"retry_after_ms":..},"message":"too many requests"}]}`;
-    /// for a tiered limit `detail` also has `"tier"`: the tier (from 1) that refused. Written
+    /// for a tiered limit `detail` also has `"tier"`: the tier (from 1) that refused, and for a
+    /// banned key `"banned":true` (the wait is the ban's). Written
     /// straight from the denial's numbers into one buffer (keys in this order, as before).
     pub fn json_body(&self) -> Bytes {
         let mut out = Vec::with_capacity(160);
@@ -144,6 +169,9 @@ impl Denial<'_> {
         json_text(&mut out, self.limit_name().unwrap_or(""));
         out.extend_from_slice(br#","retry_after_ms":"#);
         out.extend_from_slice(itoa::Buffer::new().format(self.retry_after_ms()).as_bytes());
+        if self.banned() {
+            out.extend_from_slice(br#","banned":true"#);
+        }
         if let Some(tier) = self.tier() {
             out.extend_from_slice(br#","tier":"#);
             out.extend_from_slice(itoa::Buffer::new().format(tier).as_bytes());
@@ -152,7 +180,9 @@ impl Denial<'_> {
         Bytes::from(out)
     }
 
-    /// The RFC 9457 body of a 429: `type` is the draft's `#quota-exceeded` problem type,
+    /// The RFC 9457 body of a 429: `type` is the draft's `#quota-exceeded` problem type (for a
+    /// key banned by a penalty ladder, the URI of `docs/penalties.md` on docs.rs, and `detail`
+    /// says so),
     /// `violated-policies` names every limit that denied (strictest first), `retry_after_ms`
     /// is the exact wait:
     /// `{"detail":"..","retry_after_ms":..,"status":429,"title":"Too Many Requests","type":"https://iana.org/assignments/http-problem-types#quota-exceeded","violated-policies":[".."]}`.
@@ -162,15 +192,22 @@ impl Denial<'_> {
         json_text(
             &mut out,
             format_args!(
-                "rate limit {} exceeded; retry after {}",
-                self.limit_name().unwrap_or(""),
+                "{}; retry after {}",
+                self.what(),
                 WaitText(self.retry_after_ms())
             ),
         );
         out.extend_from_slice(br#","retry_after_ms":"#);
         out.extend_from_slice(itoa::Buffer::new().format(self.retry_after_ms()).as_bytes());
         out.extend_from_slice(br#","status":429,"title":"Too Many Requests","type":"#);
-        json_text(&mut out, QUOTA_EXCEEDED);
+        json_text(
+            &mut out,
+            if self.banned() {
+                BANNED
+            } else {
+                QUOTA_EXCEEDED
+            },
+        );
         out.extend_from_slice(br#","violated-policies":["#);
         for (n, name) in self.denied_limits().enumerate() {
             if n > 0 {
@@ -190,9 +227,9 @@ impl Denial<'_> {
     pub fn default_response(&self) -> Response<Bytes> {
         let retry = self.retry_after_secs();
         let mut response = if self.grpc {
-            let name = self.limit_name().unwrap_or_default();
             let message = format!(
-                "rate limit {name} exceeded; retry after {}",
+                "{}; retry after {}",
+                self.what(),
                 WaitText(self.retry_after_ms())
             );
             #[allow(unused_mut)]

@@ -108,6 +108,7 @@ pub(super) fn folded(mut o: Outcome, penalty: &Outcome) -> Outcome {
         o.allowed = false;
         o.remaining = 0;
         o.retry_after_us = o.retry_after_us.max(penalty.retry_after_us);
+        o.banned = penalty.banned;
     } else {
         o.remaining = o.remaining.min(penalty.remaining);
     }
