@@ -135,6 +135,21 @@ pub(crate) fn settled(limit: crate::key::LimitName, outcome: &'static str, units
     settled_units(limit, outcome, units);
 }
 
+/// A key banned by `limit`'s penalty ladder, its `level`-th ban (`docs/penalties.md`):
+/// `tower_ratelimits_bans_total{limit, level}`, the level as its number up to 9 and `10+`
+/// above (a bounded label).
+pub(crate) fn banned(limit: crate::key::LimitName, level: u32) {
+    #[cfg(feature = "metrics")]
+    {
+        const LEVELS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+        let level = LEVELS.get(level as usize).copied().unwrap_or("10+");
+        metrics::counter!("tower_ratelimits_bans_total", "limit" => limit.as_str(), "level" => level)
+            .increment(1);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (limit, level);
+}
+
 /// Units of a settlement counted under `outcome` without counting a settlement (the forgiven
 /// part of a charge that took some of its units).
 pub(crate) fn settled_units(limit: crate::key::LimitName, outcome: &'static str, units: u64) {

@@ -325,13 +325,16 @@ async fn failed_logins_ban_the_account_and_successes_count_nothing() {
         eprintln!("on {store}");
         let app = LoginApp::serve(limiter).await;
         for _ in 0..10 {
-            assert_eq!(
-                app.login("ann", "right").await.status,
-                200,
-                "a success counts nothing"
-            );
+            let ok = app.login("ann", "right").await;
+            assert_eq!(ok.status, 200, "a success counts nothing");
+            // Settled before the answer: three failures left before a ban.
+            let fields = ok.header("ratelimit").unwrap();
+            assert!(fields.contains(";r=3;"), "{fields}");
         }
-        for _ in 0..3 {
+        let failed = app.login("ann", "wrong").await;
+        assert!(failed.header("ratelimit").unwrap().contains(";r=2;"));
+        app.login("ann", "right").await;
+        for _ in 0..2 {
             assert_eq!(app.login("ann", "wrong").await.status, 401);
         }
         // The third failure banned the account for 10 s: even the right password is refused there.
@@ -667,5 +670,48 @@ async fn a_banned_account_is_told_so_and_when_the_ban_ends_in_every_answer() {
             }
         }
         clock.advance(Duration::from_secs(10));
+    }
+}
+
+#[tokio::test]
+async fn two_instances_on_one_store_share_a_key_s_ladder() {
+    let clock = ManualClock::new(1_000 * S);
+    for redis in TestRedis::each() {
+        let prefix = unique_prefix("penalty-instances");
+        let one = Limiter::new(
+            limits(),
+            caller_time_backend(&redis.url, &prefix, &clock, false).await,
+        );
+        let two = Limiter::new(
+            limits(),
+            caller_time_backend(&redis.url, &prefix, &clock, true).await,
+        );
+        // Failures by turns on the two instances: the third, wherever it lands, bans.
+        assert!(login(&one, 7).await.allowed());
+        assert!(login(&two, 7).await.allowed());
+        let banning = login(&one, 7).await;
+        assert_eq!(
+            banning.decisions()[0].reset_after(),
+            Duration::from_secs(10)
+        );
+        for instance in [&one, &two] {
+            let refused = login(instance, 7).await;
+            assert!(!refused.allowed());
+            assert_eq!(
+                refused.decisions()[0].retry_after(),
+                Duration::from_secs(10)
+            );
+        }
+        // The second ban, made on the other instance, is the second rung for both.
+        clock.advance(Duration::from_secs(10));
+        for instance in [&two, &one, &two] {
+            assert!(login(instance, 7).await.allowed());
+        }
+        let refused = login(&one, 7).await;
+        assert_eq!(
+            refused.decisions()[0].retry_after(),
+            Duration::from_secs(20)
+        );
+        clock.advance(Duration::from_secs(20));
     }
 }

@@ -238,7 +238,7 @@ impl Pending {
         crate::telemetry::backend_duration(self.op.label(), self.started.elapsed().as_secs_f64());
         let mut outcomes = outcomes?;
         if self.counted.penalties {
-            penalties::fold(&self.resolved, &mut outcomes)?;
+            penalties::fold(batch, &self.resolved, &mut outcomes)?;
         }
         if self.counted.blocks {
             outcomes = with_blocks(&self.resolved, outcomes)?;
@@ -405,7 +405,7 @@ impl Limiter {
                 let mut outcomes = outcomes?;
                 let sent = txs.len();
                 if verdict.counted.penalties {
-                    penalties::fold(&verdict.resolved, &mut outcomes)?;
+                    penalties::fold(verdict.batch, &verdict.resolved, &mut outcomes)?;
                 } else if outcomes.len() != sent {
                     return Err(BackendError::outcome_count(outcomes.len(), sent).into());
                 }
@@ -446,7 +446,7 @@ impl Limiter {
                 Spend::Ready(outcomes) => {
                     let mut outcomes = outcomes?;
                     if verdict.counted.penalties {
-                        penalties::fold(&verdict.resolved, &mut outcomes)?;
+                        penalties::fold(verdict.batch, &verdict.resolved, &mut outcomes)?;
                     } else if outcomes.len() != txs.len() {
                         return Err(BackendError::outcome_count(outcomes.len(), txs.len()).into());
                     }
@@ -489,6 +489,9 @@ impl Limiter {
             crate::telemetry::backend_duration(Op::Refund.label(), started.elapsed().as_secs_f64());
             outcomes?
         };
+        if counted.penalties {
+            penalties::fold(batch, &resolved, &mut outcomes)?;
+        }
         if counted.blocks {
             outcomes = with_blocks(&resolved, outcomes)?;
         }

@@ -42,12 +42,7 @@ pub(super) fn penalty_spend(
         return penalty_admit(tx, ladder, state, now);
     }
     let key = KeyText::canonical(tx.key);
-    let outcome = match state.count(ladder, key.bytes(), tx.cost, now) {
-        Tally::Counted(units) => Outcome::new(true, ladder.after().saturating_sub(units), 0, 0),
-        Tally::Banned { until, .. } => Outcome::new(true, 0, 0, until - now),
-        // Not banned a moment ago: not reached.
-        Tally::Ignored => Outcome::new(true, 0, 0, 0),
-    };
+    let outcome = tallied(state.count(ladder, key.bytes(), tx.cost, now), ladder, now);
     (outcome, Some(Stored::Penalty(Box::new(state))), None).into()
 }
 
@@ -82,14 +77,29 @@ pub(super) fn penalty_settle(
     let ladder = &penalty.ladder;
     let mut state = penalty_read(stored);
     let key = KeyText::canonical(tx.key);
-    let outcome = match state.settle(ladder, key.bytes(), tx.lease, tx.cost, now) {
-        Tally::Counted(units) => Outcome::new(true, ladder.after().saturating_sub(units), 0, 0),
-        Tally::Banned { until, .. } => Outcome::new(true, 0, 0, until - now),
+    match state.settle(ladder, key.bytes(), tx.lease, tx.cost, now) {
         // Nothing in flight under this id (it left the window, a ban cleared it, or it was
         // settled already): nothing changes.
-        Tally::Ignored => return (Outcome::new(true, 0, 0, 0), None).into(),
-    };
-    (outcome, Some(Stored::Penalty(Box::new(state)))).into()
+        Tally::Ignored => (Outcome::new(true, 0, 0, 0), None).into(),
+        tally => {
+            let outcome = tallied(tally, ladder, now);
+            (outcome, Some(Stored::Penalty(Box::new(state)))).into()
+        }
+    }
+}
+
+/// What counting units reports: the units left before a ban, or a ban started now (its
+/// length, and its level in the outcome's own number, which the limiter counts).
+fn tallied(tally: Tally, ladder: &Ladder, now: u64) -> Outcome {
+    match tally {
+        Tally::Counted(units) => Outcome::new(true, ladder.after().saturating_sub(units), 0, 0),
+        Tally::Banned { until, level } => Outcome {
+            shape_number: level,
+            ..Outcome::new(true, 0, 0, until - now)
+        },
+        // Not banned a moment ago, or nothing in flight to settle.
+        Tally::Ignored => Outcome::new(true, 0, 0, 0),
+    }
 }
 
 /// The first instant at which `state` equals a fresh one under `ladder`: its ban over, its

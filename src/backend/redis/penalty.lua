@@ -266,10 +266,10 @@ SHAPES[KIND_PENALTY] = function()
     return raw
   end
   -- The numbers every record answers, then whether the key is banned (1: a denial of a ban,
-  -- not of a full window).
-  local function reply(allowed, left, retry, reset, banned)
+  -- not of a full window), then the level of a ban this call started (0: none).
+  local function reply(allowed, left, retry, reset, banned, level)
     if left < 0 then left = 0 end
-    return {allowed, left, retry, reset, 0, banned or 0}
+    return {allowed, left, retry, reset, 0, banned or 0, level or 0}
   end
   local function decide(i, r, s)
     local l = r.l
@@ -292,7 +292,7 @@ SHAPES[KIND_PENALTY] = function()
     end
     local t = P.count(l, s, r.keytext, r.cost, now)
     if t[1] == 3 then return reply(1, l.after - t[2], 0, 0), s end
-    if t[1] == 4 then return reply(1, 0, 0, t[2] - now), s end
+    if t[1] == 4 then return reply(1, 0, 0, t[2] - now, 0, t[3]), s end
     return reply(1, 0, 0, 0), s
   end
   local function finish(i, r, s, o, allowed, w)
@@ -313,7 +313,7 @@ SHAPES[KIND_PENALTY] = function()
     if t[1] == 5 then return reply(1, 0, 0, 0) end
     write(i, r, s)
     if t[1] == 3 then return reply(1, r.l.after - t[2], 0, 0) end
-    return reply(1, 0, 0, t[2] - now)
+    return reply(1, 0, 0, t[2] - now, 0, t[3])
   end
   return {parse = parse, read = read, decide = decide, finish = finish, refund = refund}
 end

@@ -15,7 +15,7 @@
 //! | tiered | `1`, mode, min, max, tier count, then per tier: limit, window, active, cooldown |
 //! | concurrency | `3`, mode, cost, max, lease (µs), retry hint (µs), lease id (decimal text; `0`: none; a renewal: every lease it renews, separated by spaces) |
 //! | share bucket (a region's share of a limit across regions, `docs/regions.md`) | `6`, the floor's rate and burst, the period (µs), the GCRA kind (`0`, `2` or `4`), cost, mode, then a range's least units |
-//! | penalty (a limit's penalty companion, `docs/penalties.md`; its answer adds whether the key is banned) | `10`, mode, cost, reservation id (decimal text; `0`: the cost counts at admission), after, within, base, factor, max, forget_after (µs), jitter (‰), the key's canonical text |
+//! | penalty (a limit's penalty companion, `docs/penalties.md`; its answer adds whether the key is banned and the level of a ban it started, 0 for none) | `10`, mode, cost, reservation id (decimal text; `0`: the cost counts at admission), after, within, base, factor, max, forget_after (µs), jitter (‰), the key's canonical text |
 //! | restore | the value the spend wrote, the value before (`''`: none), its TTL in ms (`-1`: none) |
 //!
 //! `C` (one calendar key alone, checked and spent: the script's own path for it): the head,
@@ -699,6 +699,8 @@ fn decode_outcome(
         // A penalty's companion answers the numbers every shape answers, and whether its key
         // is banned.
         outcome.banned = f.flag("banned")?;
+        let level = f.u64("ban level")?;
+        outcome.shape_number = u32::try_from(level).unwrap_or(u32::MAX);
         return Ok((tat, outcome));
     }
     if reports_granted(call, tx) {

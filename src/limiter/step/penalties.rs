@@ -77,7 +77,9 @@ pub(super) fn push_companions<'a>(
 
 /// Folds the companions' outcomes (after the sent transactions' in `outcomes`) into their
 /// limits' ([`folded`]), leaving one outcome per transaction sent.
+/// A ban one of them started is counted (`tower_ratelimits_bans_total`).
 pub(super) fn fold<Q>(
+    batch: &[Transaction],
     resolved: &[Resolved<Q>],
     outcomes: &mut Outcomes,
 ) -> Result<(), LimiterError> {
@@ -86,10 +88,13 @@ pub(super) fn fold<Q>(
     if outcomes.len() != sent + companions {
         return Err(BackendError::outcome_count(outcomes.len(), sent + companions).into());
     }
-    let rules = resolved.iter().filter(|r| r.sent());
-    let with_penalty = rules.enumerate().filter(|(_, r)| r.penalty).map(|(i, _)| i);
-    for (c, i) in with_penalty.enumerate() {
+    let rules = batch.iter().zip(resolved).filter(|(_, r)| r.sent());
+    let with_penalty = rules.enumerate().filter(|(_, (_, r))| r.penalty);
+    for (c, (i, (tx, _))) in with_penalty.enumerate() {
         let penalty = outcomes[sent + c];
+        if penalty.shape_number > 0 && penalty.allowed {
+            crate::telemetry::banned(tx.key().name(), penalty.shape_number);
+        }
         outcomes[i] = folded(outcomes[i], &penalty);
     }
     outcomes.truncate(sent);
