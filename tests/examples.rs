@@ -1488,3 +1488,65 @@ async fn two_instances_charge_every_unit_their_fallbacks_granted() {
     }
     assert_eq!(stored_count(&server), 12);
 }
+
+/// `axum_login` with its own limits (`examples/config/login.yaml`), over TCP: five failed
+/// logins ban the account for a minute, even the right password is refused there and told
+/// when the ban ends, successes count nothing, another account and the same address go on, and
+/// `/metrics` counts the ban at its level (and no settle that failed).
+#[tokio::test]
+async fn axum_login_bans_an_account_after_its_failures_and_says_until_when() {
+    skip_unless_built("axum_login");
+    let config = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/config/login.yaml"),
+    )
+    .unwrap();
+    let example = Example::start_with("axum_login", &config, &[]);
+    let client = support::http::HttpClient::for_base(&example.base);
+    let login = |account: &'static str, password: &'static str| {
+        let headers = [
+            ("x-account", account),
+            ("x-password", password),
+            ("x-forwarded-for", "198.51.100.7"),
+        ];
+        let client = &client;
+        async move { client.request(http::Method::POST, "/login", &headers).await }
+    };
+    for _ in 0..10 {
+        assert_eq!(
+            login("ann", "hunter2").await.status,
+            200,
+            "successes count nothing"
+        );
+    }
+    for left in (0..5).rev() {
+        let failed = login("ann", "guess").await;
+        assert_eq!(failed.status, 401);
+        let fields = failed.header("ratelimit").unwrap().to_owned();
+        assert!(
+            fields.contains(&format!("\"FailedLoginsPerAccount\";r={left};")),
+            "{fields}"
+        );
+    }
+    let banned = login("ann", "hunter2").await;
+    assert_eq!(banned.status, 429, "{}", banned.body);
+    let retry: u64 = banned.header("retry-after").unwrap().parse().unwrap();
+    assert!((59..=60).contains(&retry), "a minute's ban: {retry}");
+    let fields = banned.header("ratelimit").unwrap();
+    assert!(
+        fields.contains(&format!("\"FailedLoginsPerAccount\";r=0;t={retry}")),
+        "{fields}"
+    );
+    let body: serde_json::Value = serde_json::from_str(&banned.body).unwrap();
+    assert_eq!(body["errors"][0]["detail"]["banned"], true, "{body}");
+    // The address's own ladder is far from its ban: another account logs in from it.
+    assert_eq!(login("bob", "hunter2").await.status, 200);
+    let m = Scrape::of(&reqwest_like::Client::new(), &example.base).await;
+    assert_eq!(
+        m.get("tower_ratelimits_bans_total{level=1,limit=FailedLoginsPerAccount}"),
+        1.0
+    );
+    assert_eq!(
+        m.get("tower_ratelimits_settlements_total{limit=FailedLoginsPerAccount,outcome=failed}"),
+        0.0
+    );
+}

@@ -227,7 +227,12 @@ impl Fields {
                 q: shown.q,
                 w: shown.w,
                 r: r.remaining,
-                t: ceil_secs_us(shown.t_us),
+                // A banned key's wait is its ban's, whatever its limit's numbers say.
+                t: ceil_secs_us(if r.banned {
+                    shown.t_us.max(r.retry_after_us)
+                } else {
+                    shown.t_us
+                }),
                 reset_secs: ceil_secs_us(r.reset_after_us),
                 cached,
             });
