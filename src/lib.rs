@@ -234,9 +234,9 @@ pub use reload::{LimitsWatcher, ReloadReport, WatchError};
 #[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
 pub use replay::{
     Answered, BadLine, BadLineExample, Counts, Flip, Headroom, Heavy, KeyFlips, LimitPlan,
-    LineError, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, Plan, Replay,
-    ReplayError, Replayed, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTier,
-    SuggestedTiers,
+    LineError, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES, PLAN_VERSION, PenaltyPlan,
+    PerDay, Plan, Replay, ReplayError, Replayed, Suggested, SuggestedBudget, SuggestedCount,
+    SuggestedMax, SuggestedTier, SuggestedTiers,
 };
 #[cfg(feature = "replay")]
 #[cfg_attr(docsrs, doc(cfg(feature = "replay")))]

@@ -5,14 +5,16 @@
 //! tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml --rules RULES.yaml
 //!     [--candidate-rules RULES2.yaml] --log FILE [--log FILE ...] [--format json|combined]
 //!     [--reorder 60s] [--strict] [--json OUT.json] [--html OUT.html] [--max-allow-to-deny N|P%]
-//!     [--max-bad-lines N|P%] [--target 1%] [--snapshot FILE]
+//!     [--max-bad-lines N|P%] [--target 1%] [--snapshot FILE] [--max-attempts-per-day N]
 //! tower-ratelimits-simulate plan snapshot --redis URL --limits A.yaml --out FILE
 //!     [--prefix rl:] [--max-keys N]
 //! ```
 //!
 //! The plan (JSON, `docs/replay.md` "The plan") goes to `--json FILE`, else to standard
 //! output; a summary goes to standard error. Exit codes: 0; 1 when `--max-allow-to-deny` is
-//! exceeded (the flips are listed on standard error); 2 for bad input (an option, a file, a
+//! exceeded (the flips are listed on standard error), or when a candidate limit's penalty
+//! ladder lets one key through more counted units a day than `--max-attempts-per-day` (the
+//! limits are listed); 2 for bad input (an option, a file, a
 //! configuration, with `--strict` a bad line, a log of which no line was replayed, or one with
 //! more bad lines than `--max-bad-lines` lets through: a gate must not pass on nothing).
 
@@ -27,7 +29,8 @@ use tower_ratelimits::{
 pub(crate) const USAGE: &str = "usage: tower-ratelimits-simulate plan --current A.yaml --candidate B.yaml \
 --rules RULES.yaml [--candidate-rules RULES2.yaml] --log FILE [--log FILE ...] \
 [--format json|combined] [--reorder 60s] [--strict] [--json OUT.json] [--html OUT.html] \
-[--max-allow-to-deny N|P%] [--max-bad-lines N|P%] [--target 1%] [--snapshot FILE]\n       \
+[--max-allow-to-deny N|P%] [--max-bad-lines N|P%] [--target 1%] [--snapshot FILE] \
+[--max-attempts-per-day N]\n       \
 tower-ratelimits-simulate plan snapshot --redis URL --limits A.yaml --out FILE [--prefix rl:] \
 [--max-keys N]";
 
@@ -111,6 +114,7 @@ struct Args {
     max_bad_lines: Bound,
     target: f64,
     snapshot: Option<PathBuf>,
+    max_attempts_per_day: Option<u64>,
 }
 
 fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, String> {
@@ -118,7 +122,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
     let (mut current, mut candidate, mut rules, mut candidate_rules) = (None, None, None, None);
     let (mut logs, mut format, mut reorder, mut strict) = (Vec::new(), None, Duration::ZERO, false);
     let (mut json, mut html, mut max, mut target) = (None, None, None, 0.01);
-    let (mut snapshot, mut max_bad_lines) = (None, MAX_BAD_LINES);
+    let (mut snapshot, mut max_bad_lines, mut attempts) = (None, MAX_BAD_LINES, None);
     let text = crate::option_text;
     while let Some(arg) = args.next() {
         let Some(option) = arg.to_str() else {
@@ -146,6 +150,13 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
             "--strict" => strict = true,
             "--max-allow-to-deny" => max = Some(bound(option, &text(option, args.next())?)?),
             "--max-bad-lines" => max_bad_lines = bound(option, &text(option, args.next())?)?,
+            "--max-attempts-per-day" => {
+                let t = text(option, args.next())?;
+                let n = t
+                    .parse()
+                    .map_err(|_| format!("{option} {t:?}: a count (100)"))?;
+                attempts = Some(n);
+            }
             "--target" => {
                 let t = text(option, args.next())?;
                 target = t
@@ -176,6 +187,7 @@ fn parse_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Args, St
         max_bad_lines,
         target,
         snapshot,
+        max_attempts_per_day: attempts,
     })
 }
 
@@ -225,9 +237,42 @@ pub(crate) fn cli(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
         Ok(plan)
     };
     match run() {
-        Ok(plan) => gate(&plan, args.max_allow_to_deny),
+        Ok(plan) => {
+            let flips = gate(&plan, args.max_allow_to_deny);
+            let attempts = gate_attempts(&plan, args.max_attempts_per_day);
+            if flips == ExitCode::SUCCESS {
+                attempts
+            } else {
+                flips
+            }
+        }
         Err(e) => fail(e),
     }
+}
+
+/// Exit 1 when a candidate limit's penalty ladder lets one key through more counted units a
+/// day than `--max-attempts-per-day`, naming each such limit.
+fn gate_attempts(plan: &Plan, most: Option<u64>) -> ExitCode {
+    let Some(most) = most else {
+        return ExitCode::SUCCESS;
+    };
+    let over: Vec<_> = plan
+        .penalties
+        .iter()
+        .filter_map(|(name, p)| Some((name, p.candidate?)))
+        .filter(|(_, day)| day.most > most)
+        .collect();
+    if over.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    for (name, day) in over {
+        eprintln!(
+            "simulate plan: {name} lets one key through {}{} counted a day, more than the {most} allowed (--max-attempts-per-day)",
+            if day.exact { "" } else { "at most " },
+            day.most
+        );
+    }
+    ExitCode::from(1)
 }
 
 /// Exit 1 when more requests let through today would be denied than `--max-allow-to-deny`
@@ -335,8 +380,24 @@ fn summary(plan: &Plan) -> String {
             w.instant, w.keys, w.current_seeded, w.candidate_seeded, w.lines_before
         )
     });
+    let per_day = |day: Option<tower_ratelimits::PerDay>| {
+        day.map_or("no ladder".to_owned(), |d| {
+            format!("at most {} a key a day", d.most)
+        })
+    };
+    let penalties: String = plan
+        .penalties
+        .iter()
+        .map(|(name, p)| {
+            format!(
+                "\n  {name}: candidate {}, current {}",
+                per_day(p.candidate),
+                per_day(p.current)
+            )
+        })
+        .collect();
     format!(
-        "{} requests ({} bad lines, {} late)\n  current:   {}\n  candidate: {}\n  allow -> deny: {}, deny -> allow: {}{warm}",
+        "{} requests ({} bad lines, {} late)\n  current:   {}\n  candidate: {}\n  allow -> deny: {}, deny -> allow: {}{warm}{penalties}",
         plan.requests,
         plan.bad_lines,
         plan.late_lines,

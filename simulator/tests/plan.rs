@@ -696,3 +696,76 @@ fn plan_starts_warm_from_a_snapshot_of_redis() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A login log replayed through a limit with a penalty ladder (the candidate) and without one
+/// (the current): the failed logins of the log's attacker are counted from their statuses,
+/// the ladder bans the account and the successes after it flip to denied, the plan states
+/// each policy's attacker's budget a day, and `--max-attempts-per-day` gates on it.
+#[test]
+fn a_penalty_plan_states_the_attacker_s_budget_and_gates_on_it() {
+    let dir = temp("penalty");
+    let current = "FailedLogins: {burst: 100, count: 100, period: 10m}\n";
+    let candidate = "FailedLogins: {burst: 100, count: 100, period: 10m, \
+        penalty: {after: 5, within: 10m, base: 1m, factor: 5, max: 1d, forget_after: 1d}}\n";
+    let rules = "rules:\n  - limit: FailedLogins\n    key: header:x-account\n    \
+        count_when: [{status: 401, weight: 1}]\n";
+    let mut log = String::new();
+    // Ann fails six times a second apart, then logs in: banned at the fifth failure, the
+    // sixth and the success are refused for the minute of the ban.
+    for (s, status) in [401, 401, 401, 401, 401, 401, 200].into_iter().enumerate() {
+        log.push_str(&format!(
+            "{{\"time\":\"2026-11-25T10:00:{s:02}Z\",\"ip\":\"192.0.2.1\",\"method\":\"POST\",\"path\":\"/login\",\"status\":{status},\"headers\":{{\"x-account\":\"ann\"}},\"duration_ms\":5}}\n"
+        ));
+    }
+    let files = [
+        ("current.yaml", current),
+        ("candidate.yaml", candidate),
+        ("rules.yaml", rules),
+        ("login.jsonl", log.as_str()),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let args = [
+        "--current".to_owned(),
+        path("current.yaml"),
+        "--candidate".to_owned(),
+        path("candidate.yaml"),
+        "--rules".to_owned(),
+        path("rules.yaml"),
+        "--log".to_owned(),
+        path("login.jsonl"),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = plan(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let found: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        found["allow_to_deny"], 2,
+        "the sixth failure and the success: {found}"
+    );
+    let penalty = &found["penalties"]["FailedLogins"];
+    assert_eq!(penalty["candidate"]["most"], 587, "{found}");
+    assert_eq!(penalty["candidate"]["exact"], true);
+    assert_eq!(penalty["current"], Value::Null);
+    assert!(
+        stderr(&out).contains("FailedLogins: candidate at most 587 a key a day, current no ladder"),
+        "{}",
+        stderr(&out)
+    );
+    let gated = plan(&[&args[..], &["--max-attempts-per-day", "500"]].concat());
+    assert_eq!(gated.status.code(), Some(1));
+    assert!(
+        stderr(&gated).contains(
+            "FailedLogins lets one key through 587 counted a day, more than the 500 allowed"
+        ),
+        "{}",
+        stderr(&gated)
+    );
+    let passed = plan(&[&args[..], &["--max-attempts-per-day", "587"]].concat());
+    assert_eq!(passed.status.code(), Some(0), "{}", stderr(&passed));
+    let bad = plan(&[&args[..], &["--max-attempts-per-day", "many"]].concat());
+    assert_eq!(bad.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}

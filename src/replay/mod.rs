@@ -29,6 +29,7 @@ use crate::time::Clock;
 
 mod inner;
 mod log;
+mod penalties;
 mod plan;
 mod snapshot;
 mod suggest;
@@ -36,6 +37,7 @@ mod suggested;
 
 use inner::{Inner, Logged, drain};
 pub use log::{BadLine, LineError, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
+pub use penalties::{PenaltyPlan, PerDay};
 use plan::{Answer, Tally};
 pub use plan::{
     Answered, BadLineExample, Counts, Flip, Headroom, KeyFlips, LimitPlan, PLAN_VERSION, Plan,
@@ -216,7 +218,10 @@ impl Replay {
             .build()
             .map_err(ReplayError::Runtime)?;
         let local = tokio::task::LocalSet::new();
-        local.block_on(&runtime, self.replay(requests.into_iter()))
+        let penalties = penalties::budgets(&self.current.0, &self.candidate.0);
+        let mut plan = local.block_on(&runtime, self.replay(requests.into_iter()))?;
+        plan.penalties = penalties;
+        Ok(plan)
     }
 
     async fn replay(

@@ -57,6 +57,11 @@ pub struct Plan {
     /// absent when it started cold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<super::snapshot::Warm>,
+    /// Every limit with a penalty ladder in either policy, by name: the most counted units one
+    /// key can get through it in a day ("at most 587 failed logins per account per day"),
+    /// from the ladder alone. Absent when no limit has one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub penalties: BTreeMap<String, super::penalties::PenaltyPlan>,
 }
 
 /// One bad line.
@@ -566,6 +571,7 @@ impl Tally {
             top_keys: top,
             flips: self.flip_examples,
             warm: None,
+            penalties: BTreeMap::new(),
         }
     }
 }

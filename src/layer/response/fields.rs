@@ -179,6 +179,17 @@ pub(crate) struct Fields {
     legacy: [u64; 3],
 }
 
+/// The `t` of `r`, whose shape shows `t_us`: a banned key's wait is its ban's, whatever its
+/// limit's numbers say.
+#[inline]
+fn wait_us(r: &Seen<'_>, t_us: u64) -> u64 {
+    if r.banned {
+        t_us.max(r.retry_after_us)
+    } else {
+        t_us
+    }
+}
+
 impl Fields {
     /// The fields of `batch`; `cached` gives a limit's precomputed `RateLimit-Policy` member,
     /// if any. `None` when no decision is reported.
@@ -227,12 +238,7 @@ impl Fields {
                 q: shown.q,
                 w: shown.w,
                 r: r.remaining,
-                // A banned key's wait is its ban's, whatever its limit's numbers say.
-                t: ceil_secs_us(if r.banned {
-                    shown.t_us.max(r.retry_after_us)
-                } else {
-                    shown.t_us
-                }),
+                t: ceil_secs_us(wait_us(&r, shown.t_us)),
                 reset_secs: ceil_secs_us(r.reset_after_us),
                 cached,
             });
