@@ -10,8 +10,8 @@
 //! | `PUT /overrides/{limit}/{id}` with a limit of the limit's own shape as the YAML file writes it (`{"burst": 3, "count": 3, "period": "1h"}`; `{"tiers": [{"limit": 5, "window": "1s", "active": "1s", "cooldown": "0s"}]}`; `{"concurrency": 10, "lease": "30s"}`; a calendar quota's plan `{"calendar": {"count": 5000000, "period": "month", "anchor_day": 15}}`), `{"unlimited": true}` or `{"block": true}`, each optionally with `"expires_in": "1h"` | 200, the override stored, shown as it was put |
 //! | `GET /overrides` | 200, `{"overrides": [...]}` |
 //! | `DELETE /overrides/{limit}/{id}` | 204, or 404 without one |
-//! | `GET /buckets/{limit}/{id}` | 200, the limit in force, its source (`default`, `file`, `store`), `remaining`, `reset_after_ms`; a calendar quota also `used` (the count less what remains) and `renews_at` (the end of the period in force by this host's clock, `2026-11-30T00:00:00Z`) |
-//! | `DELETE /buckets/{limit}/{id}` | 204: the bucket is full again, on every instance |
+//! | `GET /buckets/{limit}/{id}` | 200, the limit in force, its source (`default`, `file`, `store`), `remaining`, `reset_after_ms`; a calendar quota also `used` (the count less what remains) and `renews_at` (the end of the period in force by this host's clock, `2026-11-30T00:00:00Z`); a key banned by its limit's penalty ladder also `banned: true` and `ban_ends_in_ms` |
+//! | `DELETE /buckets/{limit}/{id}` | 204: the bucket is full again, on every instance (a ban lifted, its penalty level forgotten) |
 //!
 //! `{id}` is one percent-encoded path segment (`2001:db8::%2F48`); answers carry ids in their
 //! canonical text. Errors are `{"error": "..."}`: 400 for an unknown limit, an id of the wrong
@@ -320,6 +320,11 @@ async fn get_bucket(
     if let Some(slots) = seen.slots {
         v["slots"] = slots.into();
         v["in_use"] = slots.saturating_sub(seen.remaining).into();
+    }
+    // A key banned by its limit's penalty ladder: until when (a reset lifts it).
+    if let Some(wait) = seen.banned_for {
+        v["banned"] = true.into();
+        v["ban_ends_in_ms"] = duration_us(wait).div_ceil(1_000).into();
     }
     // A limit across regions on a backend in regional mode: this region's share of the key.
     if let Some(share) = &seen.region_share {

@@ -715,3 +715,43 @@ async fn two_instances_on_one_store_share_a_key_s_ladder() {
         clock.advance(Duration::from_secs(20));
     }
 }
+
+#[tokio::test]
+async fn the_admin_api_shows_a_ban_and_a_reset_lifts_it_and_forgets_the_level() {
+    let clock = ManualClock::new(1_000 * S);
+    for (store, limiter, _redis) in stores(&clock).await {
+        eprintln!("on {store}");
+        let admin = support::http::serve(tower_ratelimits::admin_router(limiter.clone())).await;
+        let admin = support::http::HttpClient::new(&admin);
+        until_banned(&limiter, 7).await;
+        clock.advance(Duration::from_secs(10));
+        until_banned(&limiter, 7).await; // the second ban: 20 s
+        clock.advance(Duration::from_secs(5));
+        let shown = admin.get("/buckets/Login/7", &[]).await;
+        let v: serde_json::Value = serde_json::from_str(&shown.body).unwrap();
+        assert_eq!(
+            (v["banned"].clone(), v["ban_ends_in_ms"].clone()),
+            (true.into(), 15_000.into()),
+            "{v}"
+        );
+        assert_eq!(v["remaining"], 0);
+        let lifted = admin
+            .request(http::Method::DELETE, "/buckets/Login/7", &[])
+            .await;
+        assert_eq!(lifted.status, 204);
+        assert!(login(&limiter, 7).await.allowed(), "the ban is lifted");
+        let v: serde_json::Value =
+            serde_json::from_str(&admin.get("/buckets/Login/7", &[]).await.body).unwrap();
+        assert_eq!(v["banned"], serde_json::Value::Null, "{v}");
+        // The level is forgotten: the next ban is the first's length again.
+        for _ in 0..1 {
+            assert!(login(&limiter, 7).await.allowed());
+        }
+        let banning = login(&limiter, 7).await;
+        assert_eq!(
+            banning.decisions()[0].reset_after(),
+            Duration::from_secs(10)
+        );
+        clock.advance(Duration::from_secs(10));
+    }
+}

@@ -85,6 +85,9 @@ pub struct Inspection {
     /// For an adaptive concurrency limit: the key's number of slots now, which it learned
     /// from its latency (`remaining` of them free); `None` for every other limit.
     pub slots: Option<u64>,
+    /// When the key is banned by its limit's penalty ladder (`docs/penalties.md`): how long
+    /// until the ban ends (`remaining` is then 0); `None` when it is not banned.
+    pub banned_for: Option<Duration>,
 }
 
 /// A slot held on a concurrency limit ([`ConcurrencyLimit`](crate::ConcurrencyLimit)): a bucket and a lease id unique

@@ -674,6 +674,7 @@ impl Limiter {
                 _ => None,
             };
             return Ok(Inspection {
+                banned_for: d.banned.then(|| d.retry_after()),
                 slots: d.slots(),
                 limit,
                 source,
@@ -688,8 +689,21 @@ impl Limiter {
     /// Forgets what buckets spent: they become full. A concurrency key keeps the leases of its
     /// requests in flight (a reset never lets more run at once than the limit: they end when
     /// their requests do, or, for an instance that died, at their deadlines).
+    ///
+    /// A reset also lifts a key's ban and forgets its penalty level (`docs/penalties.md`).
     pub async fn reset(&self, keys: &[BucketKey]) -> Result<(), LimiterError> {
-        let refs: Vec<&BucketKey> = keys.iter().collect();
+        // A key's penalty state, where a store keeps it at a key of its own (memory: the
+        // limit's name with `:pen`; Redis deletes it with the key's, by its suffix).
+        let penalties: Vec<BucketKey> = {
+            let limits = self.load();
+            keys.iter()
+                .filter_map(|k| {
+                    let p = limits.entry(k.name())?.penalty.as_ref()?;
+                    Some(BucketKey::new(p.state, k.id().clone()))
+                })
+                .collect()
+        };
+        let refs: Vec<&BucketKey> = keys.iter().chain(&penalties).collect();
         self.inner.backend.reset(&refs).await?;
         Ok(())
     }
