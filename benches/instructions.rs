@@ -84,6 +84,10 @@ const VARIANTS: &[(&str, &str)] = &[
         "MemoryBackend as Backend: the same on an adaptive limit whose keys share a capacity (every key in its pool)",
     ),
     ("ours_limiter", "Limiter::spend, 1 transaction"),
+    (
+        "ours_limiter_penalty",
+        "Limiter::spend, 1 transaction on a limit with a penalty ladder (its companion counts the unit; no ban)",
+    ),
     ("http_request_only", "building the request alone"),
     (
         "http_ours_1_rule_refused",
@@ -106,6 +110,10 @@ const VARIANTS: &[(&str, &str)] = &[
     (
         "http_ours_1_rule_count_when",
         "axum + ours, 1 rule counting only 401s (each 200 gives its unit back), RateLimit headers",
+    ),
+    (
+        "http_ours_1_rule_count_when_penalty",
+        "axum + ours, the same rule counting only 401s on a limit with a penalty ladder (reserved and settled on it too)",
     ),
     (
         "http_ours_3_rules",
@@ -244,6 +252,26 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 let _ = std::hint::black_box(common::ready(limiter.spend(tx)));
             })
         }
+        // A ladder no run reaches (1,000 units a second, each key counted some twenty times).
+        "ours_limiter_penalty" => {
+            let ladder =
+                tower_ratelimits::Ladder::new(1_000, 1_000_000, 1_000_000, 2, 3_600_000_000)
+                    .unwrap();
+            let limits = Limits::builder()
+                .limit(
+                    "Bench",
+                    Limit::new(RATE.into(), RATE.into(), Duration::from_secs(1)).unwrap(),
+                )
+                .penalty("Bench", ladder)
+                .build()
+                .unwrap();
+            let limiter = Limiter::new(limits, unswept());
+            let txs: Vec<Transaction> = keys.into_iter().map(Transaction::new).collect();
+            Box::new(move |i| {
+                let tx = std::slice::from_ref(&txs[(i % keys_n) as usize]);
+                let _ = std::hint::black_box(common::ready(limiter.spend(tx)));
+            })
+        }
         "http_request_only" => Box::new(move |i| {
             drop(std::hint::black_box(common::apps::request(
                 (i % keys_n) as u32,
@@ -254,7 +282,8 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 "http_bare" => common::apps::bare(),
                 "http_ours_1_rule" => common::apps::ours(1, true),
                 "http_ours_1_rule_no_headers" => common::apps::ours(1, false),
-                "http_ours_1_rule_count_when" => common::apps::ours_count_when(),
+                "http_ours_1_rule_count_when" => common::apps::ours_count_when(false),
+                "http_ours_1_rule_count_when_penalty" => common::apps::ours_count_when(true),
                 "http_ours_2_rules" => common::apps::ours(2, true),
                 "http_ours_2_rules_same_header" => common::apps::ours_same_header(),
                 "http_ours_3_rules" => common::apps::ours(3, true),

@@ -54,11 +54,13 @@ row ours_concurrency_slot governor_check_key
 row ours_adaptive_slot governor_check_key
 row ours_adaptive_pool_slot governor_check_key
 row ours_limiter governor_check_key
+row ours_limiter_penalty ours_limiter ours_limiter
 row http_request_only http_bare
 row http_bare http_bare http_bare
 row http_ours_1_rule http_bare http_bare
 row http_ours_1_rule_no_headers http_bare http_bare
 row http_ours_1_rule_count_when http_ours_1_rule http_ours_1_rule
+row http_ours_1_rule_count_when_penalty http_ours_1_rule_count_when http_ours_1_rule_count_when
 row http_ours_2_rules http_bare http_bare
 row http_ours_2_rules_same_header http_bare http_bare
 row http_ours_3_rules http_bare http_bare

@@ -80,9 +80,30 @@ pub fn ours(rules: usize, headers_on_allowed: bool) -> Router {
 
 /// Ours with one rule per IP that counts only failed logins (`count_when` a 401, weight 1),
 /// fields on allowed responses: every response is a success, so each request reserves a unit
-/// and gives it back when its head is seen (a refund, the store's second call).
-pub fn ours_count_when() -> Router {
-    let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), memory());
+/// and gives it back when its head is seen (a refund, the store's second call). With
+/// `penalty`, the limit has a ladder no run reaches: the unit is reserved and settled on it
+/// too.
+pub fn ours_count_when(penalty: bool) -> Router {
+    let mut limits = Limits::from_yaml_str(LIMITS, None).unwrap();
+    if penalty {
+        let ladder =
+            tower_ratelimits::Ladder::new(1_000, 1_000_000, 1_000_000, 2, 3_600_000_000).unwrap();
+        limits = Limits::builder()
+            .limit_for(
+                "PerIp",
+                tower_ratelimits::IdKind::Ip,
+                tower_ratelimits::Limit::new(
+                    1_000_000,
+                    1_000_000,
+                    std::time::Duration::from_secs(1),
+                )
+                .unwrap(),
+            )
+            .penalty("PerIp", ladder)
+            .build()
+            .unwrap();
+    }
+    let limiter = Limiter::new(limits, memory());
     let layer = RateLimitLayer::builder(limiter)
         .rule(Rule::new("PerIp", ClientIp::new()).count_when(CountWhen::new().status(401, 1)))
         .fields(FieldStyle::Ietf)

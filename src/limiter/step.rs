@@ -558,12 +558,11 @@ impl Limiter {
                     return Err(LimiterError::LimitTwice(name));
                 }
             }
-            // A penalty's companion follows the batch: on a spend or a check, and on a
-            // refund that settles a reservation (`penalties.rs`).
-            let penalty = entry.penalty.is_some() && quota.is_some() && block_s == 0;
-            let penalty = penalty && penalties::takes_part(tx, op);
-            if penalty && lease == 0 {
-                lease = penalties::reservation(tx, op, mode, || self.lease_id());
+            // A penalty's companion follows the batch (`penalties.rs`; out of line: a limit
+            // without a ladder pays one test).
+            let mut penalty = false;
+            if entry.penalty.is_some() && quota.is_some() && block_s == 0 {
+                (penalty, lease) = penalties::part(tx, (op, mode), lease, || self.lease_id());
             }
             counted.penalties |= penalty;
             resolved.push(Resolved {

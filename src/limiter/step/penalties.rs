@@ -13,28 +13,29 @@ use crate::limiter::{LimiterError, Transaction};
 use crate::mode::Mode;
 use crate::quota::Quota;
 
-/// Whether `tx`, of a limit with a penalty, sends a companion in `op`: a spend or a check
-/// always; a refund only when it settles a reservation (what counted at admission is not
-/// given back).
-#[inline]
-pub(super) fn takes_part(tx: &Transaction, op: Op) -> bool {
-    op != Op::Refund || matches!(tx.penalty(), PenaltyPart::Settle { .. })
-}
-
-/// The id a companion names its reservation by: a fresh one (`fresh`) for the admission of a
-/// settling rule's spend, the settled one for its settle, else 0 (a count at admission).
-#[inline]
-pub(super) fn reservation(
+/// Whether `tx`, of a limit with a penalty (sent to the backend), sends a companion in `op`,
+/// and its lease id (`lease` as it was, or the id its companion names its reservation by).
+/// A spend or a check always sends one; a refund only when it settles a reservation (what
+/// counted at admission is not given back). The id: a fresh one (`fresh`) for the admission
+/// of a settling rule's spend, the settled one for its settle, else 0 (a count at admission).
+#[cold]
+#[inline(never)]
+pub(super) fn part(
     tx: &Transaction,
-    op: Op,
-    mode: Mode,
+    (op, mode): (Op, Mode),
+    lease: u64,
     fresh: impl FnOnce() -> u64,
-) -> u64 {
-    match (tx.penalty(), op) {
+) -> (bool, u64) {
+    let takes_part = op != Op::Refund || matches!(tx.penalty(), PenaltyPart::Settle { .. });
+    if !takes_part || lease != 0 {
+        return (takes_part, lease);
+    }
+    let id = match (tx.penalty(), op) {
         (PenaltyPart::Reserve, Op::Spend) if mode.spends() => fresh(),
         (PenaltyPart::Settle { id, .. }, Op::Refund) => id.get(),
         _ => 0,
-    }
+    };
+    (true, id)
 }
 
 /// Pushes the companions of `batch`'s transactions of limits with a penalty (`r.penalty`),
@@ -77,7 +78,10 @@ pub(super) fn push_companions<'a>(
 
 /// Folds the companions' outcomes (after the sent transactions' in `outcomes`) into their
 /// limits' ([`folded`]), leaving one outcome per transaction sent.
-/// A ban one of them started is counted (`tower_ratelimits_bans_total`).
+/// A ban one of them started is counted (`tower_ratelimits_bans_total`). Out of line: a
+/// batch without a ladder never calls it.
+#[cold]
+#[inline(never)]
 pub(super) fn fold<Q>(
     batch: &[Transaction],
     resolved: &[Resolved<Q>],
