@@ -11,7 +11,7 @@
 //! under a limit with `prefetch: 50`), `ours_3_rules` (and `ours_3_rules_uncoalesced`), `tower_rate_limit_fred` (the peer's GCRA
 //! script over the same fred client), `ours_1_rule_coalesced` (`coalesce(64)` with
 //! `coalesce_in_flight(2)`: always queueing behind 2 calls, as coalescing was before it
-//! adapted), `ours_calendar` (one monthly calendar quota; `ours_calendar_uncoalesced` with `coalesce(0)`), `ours_fair_share` (one fair share,
+//! adapted), `ours_penalty` (one GCRA limit with a penalty ladder no run reaches: its companion decided in the same call), `ours_calendar` (one monthly calendar quota; `ours_calendar_uncoalesced` with `coalesce(0)`), `ours_fair_share` (one fair share,
 //! every key an id of it), `ours_concurrency_slot`, `ours_adaptive_slot` and `ours_adaptive_pool_slot` (a slot taken and
 //! given back: two calls, the release of an adaptive one with its completion).
 

@@ -18,13 +18,14 @@ Shared: {kind: account, burst: 100000000, count: 1000000, period: 1s, fair_share
 Slots: {kind: account, concurrency: 100000, lease: 60s}
 Adaptive: {kind: account, concurrency: {adaptive: {min: 10, initial: 50, max: 100, completions: 100}}}
 Pooled: {kind: account, concurrency: {adaptive: {min: 10, initial: 50, max: 100, completions: 100, capacity: 4096}}}
+Banning: {kind: account, burst: 100000000, count: 1000000, period: 1s, penalty: {after: 1000, within: 1s, base: 1s, factor: 2, max: 1h}}
 ";
 
 /// Keys cycled: `0..KEYS`.
 pub const KEYS: u64 = 1000;
 
 /// The variants, by name.
-pub const VARIANTS: [&str; 18] = [
+pub const VARIANTS: [&str; 19] = [
     "baseline_evalsha",
     "ours_1_rule",
     "ours_1_rule_uncoalesced",
@@ -43,6 +44,7 @@ pub const VARIANTS: [&str; 18] = [
     "ours_concurrency_slot",
     "ours_adaptive_slot",
     "ours_adaptive_pool_slot",
+    "ours_penalty",
 ];
 
 /// Requests one coalesced call carries at most (`ours_1_rule_coalesced`).
@@ -125,6 +127,9 @@ impl RedisOps {
             // One calendar quota (a month; never used up here): the script's calendar path,
             // coalesced while Redis is busy (`K` calls).
             "ours_calendar" => spends(&self.limiter, "Monthly", id).await,
+            // A limit with a ladder no run reaches: the limit's word and its companion's
+            // state decided in one call.
+            "ours_penalty" => spends(&self.limiter, "Banning", id).await,
             "ours_calendar_uncoalesced" => spends(&self.uncoalesced, "Monthly", id).await,
             // One fair share, every key an id of it (1,000 ids counted; never used up here):
             // the limit's one hash, the script's general path.
