@@ -755,3 +755,36 @@ async fn the_admin_api_shows_a_ban_and_a_reset_lifts_it_and_forgets_the_level() 
         clock.advance(Duration::from_secs(10));
     }
 }
+
+/// Hostile weights: a failure that weighs 2^40 counts as `after` (the ladder's most), so one
+/// such failure bans at once on every store; a weight of 0 counts nothing however often.
+#[tokio::test]
+async fn a_huge_weight_counts_as_after_and_a_zero_weight_as_nothing() {
+    let clock = ManualClock::new(1_000 * S);
+    for (store, limiter, _redis) in stores(&clock).await {
+        eprintln!("on {store}");
+        let key = key(&limiter, "Login", 7);
+        for _ in 0..50 {
+            let d = limiter
+                .spend(&[Transaction::new(key.clone()).cost(0)])
+                .await
+                .unwrap();
+            assert!(d.allowed(), "a weight of 0 counts nothing");
+        }
+        let huge = limiter
+            .spend(&[Transaction::new(key.clone())
+                .cost(1 << 40)
+                .mode(tower_ratelimits::Mode::Charge)])
+            .await
+            .unwrap();
+        assert!(huge.allowed(), "the event that bans is let through");
+        assert_eq!(huge.decisions()[0].reset_after(), Duration::from_secs(10));
+        let refused = login(&limiter, 7).await;
+        assert!(!refused.allowed());
+        assert_eq!(
+            refused.decisions()[0].retry_after(),
+            Duration::from_secs(10)
+        );
+        clock.advance(Duration::from_secs(10));
+    }
+}
