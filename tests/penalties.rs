@@ -154,6 +154,14 @@ async fn units_leave_the_window_after_within() {
         }
         assert_eq!(login(&limiter, 8).await.decisions()[0].remaining(), 2);
         clock.advance(Duration::from_secs(60));
+        // A check counts only the window's units: the two counted a minute ago left it.
+        let check = [Transaction::new(key(&limiter, "Login", 7))];
+        let d = limiter.check(&check).await.unwrap();
+        assert_eq!(
+            d.decisions()[0].remaining(),
+            3,
+            "a check counts only the window"
+        );
         // The two units left the window: two more do not ban.
         for left in [2, 1] {
             let d = login(&limiter, 7).await;
@@ -190,7 +198,6 @@ async fn a_penalty_and_another_limit_in_one_batch_are_all_or_nothing() {
             Transaction::new(key(&limiter, "Tight", 9)),
             Transaction::new(key(&limiter, "Login", 9)),
         ];
-        clock.advance(Duration::from_secs(0));
         let d = limiter.spend(&banned).await.unwrap();
         assert!(d.allowed(), "the ban of 10 s is over a minute later");
         until_banned(&limiter, 10).await;
@@ -744,15 +751,12 @@ async fn the_admin_api_shows_a_ban_and_a_reset_lifts_it_and_forgets_the_level() 
             serde_json::from_str(&admin.get("/buckets/Login/7", &[]).await.body).unwrap();
         assert_eq!(v["banned"], serde_json::Value::Null, "{v}");
         // The level is forgotten: the next ban is the first's length again.
-        for _ in 0..1 {
-            assert!(login(&limiter, 7).await.allowed());
-        }
+        assert!(login(&limiter, 7).await.allowed());
         let banning = login(&limiter, 7).await;
         assert_eq!(
             banning.decisions()[0].reset_after(),
             Duration::from_secs(10)
         );
-        clock.advance(Duration::from_secs(10));
     }
 }
 

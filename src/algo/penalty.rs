@@ -367,6 +367,18 @@ impl PenaltyState {
         self.events.iter().map(|&(_, u)| u).sum()
     }
 
+    /// The counted units still in the window `(now - within, now]` at `now`, for a read that
+    /// writes nothing back (those older have left it, though the state still holds them).
+    pub fn units_at(&self, ladder: &Ladder, now: u64) -> u64 {
+        let start = now.checked_sub(ladder.within_us);
+        let live = |t: u64| start.is_none_or(|start| t > start);
+        self.events
+            .iter()
+            .filter(|&&(t, _)| live(t))
+            .map(|&(_, u)| u)
+            .sum()
+    }
+
     /// Bans the key at `now` when the window's counted units reach `after`.
     fn tally(&mut self, ladder: &Ladder, key: &[u8], now: u64) -> Tally {
         let total = self.units();

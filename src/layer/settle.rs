@@ -381,42 +381,28 @@ fn start(settler: &Settler, work: impl Iterator<Item = (Reserved, Option<u64>)>)
     let mut refunds = Txs::new();
     let mut charges = Txs::new();
     for (r, actual) in work {
-        let name = r.key.name();
-        let mut penalty = r.penalty.map(|id| {
-            // What the outcome counts on the penalty: at most what was reserved, all of it
-            // when the outcome never came (a body cut before its trailers).
-            let counted = actual.unwrap_or(r.reserved).min(r.reserved);
-            PenaltyPart::Settle { id, counted }
+        let (refund, charge) = adjust(settler, &r, actual);
+        // What the outcome counts on the penalty: at most what was reserved, all of it when
+        // the outcome never came (a body cut before its trailers). Settled with the refund,
+        // or alone (a refund of 0) when nothing is refunded.
+        let penalty = r.penalty.map(|id| PenaltyPart::Settle {
+            id,
+            counted: actual.unwrap_or(r.reserved).min(r.reserved),
         });
-        let Some(actual) = actual else {
-            crate::telemetry::settled(name, "kept", 0);
-            refunds.extend(penalty.map(|p| settling(&r.key, 0, p)));
-            continue;
+        let refund = match (refund, penalty) {
+            (None, None) => None,
+            (n, p) => Some((n.unwrap_or(0), p.unwrap_or_default())),
         };
-        match Adjust::of(r.reserved, actual) {
-            Adjust::Exact => crate::telemetry::settled(name, "exact", 0),
-            Adjust::Refund(n) => {
-                refunds.push(settling(&r.key, n, penalty.take().unwrap_or_default()))
+        // The key moves into the last transaction that names it.
+        match (refund, charge) {
+            (Some((n, p)), Some(c)) => {
+                charges.push(charging(r.key.clone(), c));
+                refunds.push(settling(r.key, n, p));
             }
-            // A report no response could be worth: counted apart (`absurd`), its units in no
-            // counter (they would wrap it). What the bucket can take of it is still charged.
-            Adjust::Charge(n) if n > MOST_UNITS_REPORTED => {
-                crate::telemetry::settled(name, "absurd", 0);
-                if settler.warn_gate.admit().is_some() {
-                    tracing::warn!(target: crate::telemetry::target::LAYER, limit = %name, units = n, "a response reported an absurd cost: counted apart, charged what the bucket takes");
-                }
-                if n <= r.max_cost {
-                    charges.push(Transaction::new(r.key.clone()).cost(n).mode(Mode::Charge));
-                }
-            }
-            // More than tiers hold can never be taken: forgiven without asking.
-            Adjust::Charge(n) if n > r.max_cost => crate::telemetry::settled(name, "forgiven", n),
-            Adjust::Charge(n) => {
-                charges.push(Transaction::new(r.key.clone()).cost(n).mode(Mode::Charge));
-            }
+            (Some((n, p)), None) => refunds.push(settling(r.key, n, p)),
+            (None, Some(c)) => charges.push(charging(r.key, c)),
+            (None, None) => {}
         }
-        // The penalty's settle when nothing was refunded (an exact outcome, a charge).
-        refunds.extend(penalty.map(|p| settling(&r.key, 0, p)));
     }
     if refunds.is_empty() && charges.is_empty() {
         return None;
@@ -438,10 +424,47 @@ fn start(settler: &Settler, work: impl Iterator<Item = (Reserved, Option<u64>)>)
     })
 }
 
+/// What settling `r` at its true cost `actual` (`None`: never known, the estimate kept) gives
+/// back and charges of its bucket, each counted (`None`: nothing).
+fn adjust(settler: &Settler, r: &Reserved, actual: Option<u64>) -> (Option<u64>, Option<u64>) {
+    let name = r.key.name();
+    let Some(actual) = actual else {
+        crate::telemetry::settled(name, "kept", 0);
+        return (None, None);
+    };
+    match Adjust::of(r.reserved, actual) {
+        Adjust::Exact => {
+            crate::telemetry::settled(name, "exact", 0);
+            (None, None)
+        }
+        Adjust::Refund(n) => (Some(n), None),
+        // A report no response could be worth: counted apart (`absurd`), its units in no
+        // counter (they would wrap it). What the bucket can take of it is still charged.
+        Adjust::Charge(n) if n > MOST_UNITS_REPORTED => {
+            crate::telemetry::settled(name, "absurd", 0);
+            if settler.warn_gate.admit().is_some() {
+                tracing::warn!(target: crate::telemetry::target::LAYER, limit = %name, units = n, "a response reported an absurd cost: counted apart, charged what the bucket takes");
+            }
+            (None, (n <= r.max_cost).then_some(n))
+        }
+        // More than tiers hold can never be taken: forgiven without asking.
+        Adjust::Charge(n) if n > r.max_cost => {
+            crate::telemetry::settled(name, "forgiven", n);
+            (None, None)
+        }
+        Adjust::Charge(n) => (None, Some(n)),
+    }
+}
+
 /// A refund of `n` units of `key`'s bucket, with what it settles of its limit's penalty
 /// (`PenaltyPart::Count`: nothing; a refund of 0 that settles only the penalty).
-fn settling(key: &BucketKey, n: u64, penalty: PenaltyPart) -> Transaction {
-    Transaction::new(key.clone()).cost(n).with_penalty(penalty)
+fn settling(key: BucketKey, n: u64, penalty: PenaltyPart) -> Transaction {
+    Transaction::new(key).cost(n).with_penalty(penalty)
+}
+
+/// A charge of `n` more units of `key`'s bucket (into debt, as far as its limit allows).
+fn charging(key: BucketKey, n: u64) -> Transaction {
+    Transaction::new(key).cost(n).mode(Mode::Charge)
 }
 
 /// Refunds and charges (one backend call each, when there are any), counted; returns the

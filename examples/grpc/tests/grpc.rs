@@ -307,15 +307,6 @@ async fn failed_calls_count_by_their_grpc_status_in_the_head_or_the_trailers() {
         .count_when(CountWhen::new().grpc_status(0, 0).grpc_status(5, 2));
     let layer = RateLimitLayer::new(limiter.clone(), [rule]).unwrap();
     let (mut client, server) = serve_health(layer).await;
-    let check = |service: &str| {
-        let mut request = tonic::Request::new(HealthCheckRequest {
-            service: service.to_owned(),
-        });
-        request
-            .metadata_mut()
-            .insert("x-account", "7".parse().unwrap());
-        request
-    };
     let key = limiter.key("Misses", Id::from(7u64)).unwrap();
     // The settle runs when the body ends, after the client has its answer: wait for it.
     let settles_to = |remaining: u64| {
@@ -337,15 +328,15 @@ async fn failed_calls_count_by_their_grpc_status_in_the_head_or_the_trailers() {
         }
     };
     for _ in 0..3 {
-        client.check(check("")).await.unwrap();
+        client.check(as_account_7("")).await.unwrap();
         settles_to(4).await;
     }
     for left in [2, 0] {
-        let status = client.check(check("unknown")).await.unwrap_err();
+        let status = client.check(as_account_7("unknown")).await.unwrap_err();
         assert_eq!(status.code(), Code::NotFound);
         settles_to(left).await;
     }
-    let status = client.check(check("")).await.unwrap_err();
+    let status = client.check(as_account_7("")).await.unwrap_err();
     assert_eq!(
         status.code(),
         Code::ResourceExhausted,
@@ -372,15 +363,6 @@ async fn a_banned_caller_reads_the_ban_and_its_end_in_the_standard_details() {
         .count_when(CountWhen::new().grpc_status(5, 1));
     let layer = RateLimitLayer::new(limiter.clone(), [rule]).unwrap();
     let (mut client, server) = serve_health(layer).await;
-    let check = |service: &str| {
-        let mut request = tonic::Request::new(HealthCheckRequest {
-            service: service.to_owned(),
-        });
-        request
-            .metadata_mut()
-            .insert("x-account", "7".parse().unwrap());
-        request
-    };
     let key = limiter.key("Misses", Id::from(7u64)).unwrap();
     // The settle runs when the body ends, after the client has its answer: wait for the ban.
     let banned = || {
@@ -398,11 +380,11 @@ async fn a_banned_caller_reads_the_ban_and_its_end_in_the_standard_details() {
         }
     };
     for _ in 0..2 {
-        let status = client.check(check("unknown")).await.unwrap_err();
+        let status = client.check(as_account_7("unknown")).await.unwrap_err();
         assert_eq!(status.code(), Code::NotFound);
     }
     banned().await;
-    let status = client.check(check("")).await.unwrap_err();
+    let status = client.check(as_account_7("")).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(
         status.message(),
@@ -418,6 +400,17 @@ async fn a_banned_caller_reads_the_ban_and_its_end_in_the_standard_details() {
         );
     }
     clock.advance(Duration::from_secs(30));
-    client.check(check("")).await.unwrap();
+    client.check(as_account_7("")).await.unwrap();
     server.abort();
+}
+
+/// A health check of `service` sent for the account `7` (its `x-account` metadata).
+fn as_account_7(service: &str) -> tonic::Request<HealthCheckRequest> {
+    let mut request = tonic::Request::new(HealthCheckRequest {
+        service: service.to_owned(),
+    });
+    request
+        .metadata_mut()
+        .insert("x-account", "7".parse().unwrap());
+    request
 }

@@ -35,7 +35,7 @@ pub(super) fn penalty_spend(
         return (Outcome::banned(until - now), None, None).into();
     }
     if !tx.mode.spends() || tx.cost == 0 {
-        let left = ladder.after().saturating_sub(state.units());
+        let left = ladder.after().saturating_sub(state.units_at(ladder, now));
         return (Outcome::new(true, left, 0, 0), None, None).into();
     }
     if tx.lease != 0 {

@@ -98,6 +98,7 @@ local function penalty_rule()
     return u
   end
   P.units = units
+  P.drop_old = drop_old
 
   -- Tally replies: {3, units} counted, {4, until, level} banned, {5} ignored.
   local function tally(l, s, keytext, t)
@@ -278,6 +279,8 @@ SHAPES[KIND_PENALTY] = function()
       return reply(0, 0, w, w, 1)
     end
     if not spends(r.mode) or r.cost == 0 then
+      -- A read: what left the window is dropped from this copy only (nothing is written).
+      P.drop_old(l, s, now)
       return reply(1, l.after - P.units(s), 0, 0)
     end
     if r.id ~= '0' then
