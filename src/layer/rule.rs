@@ -475,7 +475,7 @@ impl Rules {
             };
             if settle.on_body() == on_body {
                 let reserved = Reserved::new(settle.clone(), d.key.clone(), d.granted, most);
-                out.push(reserved.on_penalty(d.reservation));
+                out.push(reserved.on_penalty(d.reservation()));
             }
         }
         out

@@ -51,13 +51,13 @@ pub struct Decision {
     /// looks no further). A skipped decision is not allowed, grants nothing, its numbers are
     /// zero and it never speaks for the batch; nothing was spent on its bucket.
     pub(crate) skipped: bool,
-    /// On a concurrency limit, the id of the slot this spend holds when it and its batch were
-    /// allowed ([`lease`](Self::lease) gives it with its bucket, for
-    /// [`Limiter::release`](crate::Limiter::release)). `None` everywhere else.
+    /// The id this spend holds when it and its batch were allowed: on a concurrency limit, its
+    /// slot's ([`lease`](Self::lease) gives it with its bucket, for
+    /// [`Limiter::release`](crate::Limiter::release)); on a limit with a penalty (`reserved`),
+    /// the reservation it holds until its outcome settles it (a layer's settling rule:
+    /// `docs/penalties.md`). `None` everywhere else. One field for both, told apart by the
+    /// limit: a limit with a penalty holds no slot.
     pub(crate) lease_id: Option<NonZeroU64>,
-    /// On a limit with a penalty, the id of the reservation this spend holds until its
-    /// outcome settles it (a layer's settling rule: `docs/penalties.md`). `None` elsewhere.
-    pub(crate) reservation: Option<NonZeroU64>,
 }
 
 /// A bucket seen without spending ([`Limiter::inspect`](crate::Limiter::inspect)): the limit in
@@ -215,7 +215,20 @@ impl Decision {
     /// allowed ([`lease`](Self::lease) gives it with its bucket). `None` everywhere else.
     #[inline]
     pub fn lease_id(&self) -> Option<NonZeroU64> {
-        self.lease_id
+        self.lease_id.filter(|_| self.holds_slot())
+    }
+
+    /// On a limit with a penalty, the id of the reservation this spend holds until its
+    /// outcome settles it (`docs/penalties.md`); `None` elsewhere.
+    #[inline]
+    pub(crate) fn reservation(&self) -> Option<NonZeroU64> {
+        self.lease_id.filter(|_| !self.holds_slot())
+    }
+
+    /// Whether its limit holds slots (its id, if any, is a slot's, not a reservation's).
+    #[inline]
+    fn holds_slot(&self) -> bool {
+        self.limit.as_ref().is_some_and(Quota::holds_leases)
     }
 
     /// The slot this spend holds on a concurrency limit, to give back with
@@ -223,7 +236,7 @@ impl Decision {
     /// after the limit's lease time); `None` when it holds none.
     pub fn lease(&self) -> Option<Lease> {
         Some(Lease {
-            id: self.lease_id?.get(),
+            id: self.lease_id()?.get(),
             key: self.key.clone(),
             quota: self.limit.clone()?,
         })
@@ -410,5 +423,20 @@ impl BatchDecision {
     /// Consumes the batch decision, returning every decision.
     pub fn into_decisions(self) -> Vec<Decision> {
         self.decisions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every request's road copies its decisions (one per transaction) and the bucket
+    /// transactions it sends: what a limit with a capability (a penalty's reservation) carries
+    /// must not grow them for the limits without it (`BENCHMARKS.md`: a decision of 264 bytes
+    /// cost each `finish` 22 instructions more than one of 256).
+    #[test]
+    fn the_road_s_values_keep_their_sizes() {
+        use std::mem::size_of;
+        assert_eq!(size_of::<super::Decision>(), 256);
+        assert_eq!(size_of::<crate::backend::BucketTx<'static>>(), 80);
+        assert_eq!(size_of::<crate::limiter::Transaction>(), 96);
     }
 }

@@ -262,11 +262,10 @@ fn decision(
     cost: u64,
     (o, tiers): (Outcome, Option<&TierGrant>),
     op: Op,
-    (lease, penalty): (u64, bool),
+    lease: u64,
 ) -> Decision {
-    let id = std::num::NonZeroU64::new(lease).filter(|_| o.allowed && op == Op::Spend);
     // A limit with a penalty holds no slot: its id is its penalty's reservation.
-    let (lease_id, reservation) = if penalty { (None, id) } else { (id, None) };
+    let lease_id = std::num::NonZeroU64::new(lease).filter(|_| o.allowed && op == Op::Spend);
     let granted = granted(tiers, &o, op, cost);
     Decision {
         allowed: o.allowed,
@@ -283,7 +282,6 @@ fn decision(
         mode,
         skipped: o.skipped,
         lease_id,
-        reservation,
     }
 }
 
@@ -684,7 +682,7 @@ fn finish<Q: std::borrow::Borrow<Quota>>(
             r.cost,
             (o, grant),
             op,
-            (r.lease, r.penalty),
+            r.lease,
         ));
     }
     let batch_decision = concluded(decisions, op);
@@ -706,7 +704,7 @@ fn count_leases(decided: &BatchDecision) {
         if !d.limit.as_ref().is_some_and(|q| q.holds_leases()) || d.skipped {
             continue;
         }
-        let outcome = match d.lease_id {
+        let outcome = match d.lease_id() {
             Some(_) => "acquired",
             None if !d.allowed && d.mode.counts() => "denied",
             None => continue,

@@ -163,3 +163,72 @@ async fn the_script_decides_every_step_as_the_rust_rule() {
         assert_eq!(got, expect, "case {case}: {l:?}");
     }
 }
+
+/// A clock skew of 30 s between each instance and the store: the store's clock decides a
+/// key's penalty, so two instances on one store, one 30 s ahead and one 30 s behind, count
+/// into one window, see the ban they start last exactly its length (told to wait 10 s, not
+/// 40 s or none), and the ban's state outlives the ban on the store.
+#[tokio::test]
+async fn a_ban_lasts_its_length_by_the_store_s_clock_whatever_an_instance_s() {
+    use crate::{Id, Limit, Limiter, Limits, Transaction};
+    const S: u64 = 1_000_000;
+    let server = redis();
+    let real = SystemClock.now_us();
+    let prefix = format!("t:skew-ban:{}:{real}:", std::process::id());
+    let limits = || {
+        let ladder = Ladder::new(3, 60 * S, 10 * S, 2, 60 * S).unwrap();
+        Limits::builder()
+            .limit("Login", Limit::from_micros(1_000, 1_000, S).unwrap())
+            .penalty("Login", ladder)
+            .build()
+            .unwrap()
+    };
+    let mut instances = Vec::new();
+    for at in [real + 30 * S, real - 30 * S] {
+        let backend = RedisBackend::from_url(&server.url)
+            .prefix(&prefix)
+            .skewed_clock(ManualClock::new(at))
+            .connect()
+            .await
+            .unwrap();
+        instances.push(Limiter::new(limits(), backend));
+    }
+    let [ahead, behind] = [&instances[0], &instances[1]];
+    let tx = Transaction::new(ahead.key("Login", Id::from(7u64)).unwrap());
+    for (i, limiter) in [ahead, behind, ahead].into_iter().enumerate() {
+        let d = limiter.spend(std::slice::from_ref(&tx)).await.unwrap();
+        assert!(d.allowed(), "the event that bans is let through");
+        let reset = d.decisions()[0].reset_after();
+        if i < 2 {
+            assert_eq!(d.decisions()[0].remaining(), 2 - i as u64, "one window");
+        } else {
+            let ban = Duration::from_secs(10);
+            assert!(
+                reset <= ban && reset > ban - Duration::from_secs(2),
+                "{reset:?}"
+            );
+        }
+    }
+    for limiter in [ahead, behind] {
+        let d = limiter.spend(std::slice::from_ref(&tx)).await.unwrap();
+        assert!(
+            !d.allowed() && d.decisions()[0].banned,
+            "banned on every instance"
+        );
+        let wait = d.decisions()[0].retry_after();
+        let ban = Duration::from_secs(10);
+        assert!(
+            wait <= ban && wait > ban - Duration::from_secs(2),
+            "{wait:?}"
+        );
+    }
+    let client = Client::new(Config::from_url(&server.url).unwrap(), None, None, None);
+    client.init().await.unwrap();
+    let ttl: i64 = fred::prelude::KeysInterface::pttl(&client, format!("{prefix}{{Login:7}}:pen"))
+        .await
+        .unwrap();
+    assert!(
+        ttl > 9_000,
+        "the state outlives the ban on the store: {ttl} ms"
+    );
+}
