@@ -12,6 +12,7 @@
 //! | `DELETE /overrides/{limit}/{id}` | 204, or 404 without one |
 //! | `GET /buckets/{limit}/{id}` | 200, the limit in force, its source (`default`, `file`, `store`), `remaining`, `reset_after_ms`; a calendar quota also `used` (the count less what remains) and `renews_at` (the end of the period in force by this host's clock, `2026-11-30T00:00:00Z`); a key banned by its limit's penalty ladder also `banned: true` and `ban_ends_in_ms` |
 //! | `DELETE /buckets/{limit}/{id}` | 204: the bucket is full again, on every instance (a ban lifted, its penalty level forgotten) |
+//! | `GET /bans/{limit}?cursor=&count=` | 200, `{"bans": [{"id": "7", "level": 2, "banned": true, "ban_ends_in_ms": 15000}, {"id": "9", "level": 1}], "next": "0.1234"}`: a page of the keys the limit's penalty ladder holds (banned now, or with a level above 0; [`Limiter::penalties`]); `count` (1 to 1,000, 100 unless told) is how many keys the page looks at, `next` the next page's `cursor` (`null`: the last page; a page may hold none while more follow); 400 for a limit without a ladder or a cursor the store never gave |
 //!
 //! `{id}` is one percent-encoded path segment (`2001:db8::%2F48`); answers carry ids in their
 //! canonical text. Errors are `{"error": "..."}`: 400 for an unknown limit, an id of the wrong
@@ -20,8 +21,8 @@
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -74,6 +75,7 @@ pub fn admin_router(limiter: Limiter) -> Router {
             "/buckets/{limit}/{id}",
             get(get_bucket).delete(reset_bucket),
         )
+        .route("/bans/{limit}", get(list_bans))
         .with_state(limiter)
 }
 
@@ -114,7 +116,10 @@ fn override_error(e: OverrideError) -> Answer {
 
 fn limiter_error(e: LimiterError) -> Answer {
     let status = match &e {
-        LimiterError::UnknownName(_) | LimiterError::InvalidId { .. } => StatusCode::BAD_REQUEST,
+        LimiterError::UnknownName(_)
+        | LimiterError::InvalidId { .. }
+        | LimiterError::NoPenaltyLadder(_)
+        | LimiterError::BadCursor(_) => StatusCode::BAD_REQUEST,
         LimiterError::Backend(_) => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
@@ -368,4 +373,52 @@ async fn reset_bucket(
         }
         Err(e) => limiter_error(e),
     }
+}
+
+/// A ban list's query: `cursor` (a page's `next`) and `count` (keys a page looks at).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BansQuery {
+    cursor: Option<String>,
+    count: Option<usize>,
+}
+
+/// The keys a limit's penalty ladder holds, a page at a time ([`Limiter::penalties`]).
+async fn list_bans(
+    State(limiter): State<Limiter>,
+    limit: Result<Path<String>, PathRejection>,
+    query: Result<Query<BansQuery>, QueryRejection>,
+) -> Answer {
+    let limit = match limit {
+        Ok(Path(limit)) => limit,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let Query(query) = match query {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let count = query.count.unwrap_or(100);
+    let page = match limiter
+        .penalties(&limit, query.cursor.as_deref(), count)
+        .await
+    {
+        Ok(page) => page,
+        Err(e) => return limiter_error(e),
+    };
+    let bans: Vec<Value> = page
+        .keys
+        .iter()
+        .map(|k| {
+            let mut v = json!({"id": k.id, "level": k.level});
+            if let Some(wait) = k.banned_for {
+                v["banned"] = true.into();
+                v["ban_ends_in_ms"] = duration_us(wait).div_ceil(1_000).into();
+            }
+            v
+        })
+        .collect();
+    Answer(
+        StatusCode::OK,
+        Some(json!({"bans": bans, "next": page.next})),
+    )
 }

@@ -222,8 +222,8 @@ pub use layer::{
     SettleError, Wait, key_fn,
 };
 pub use limiter::{
-    BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, OverrideError, ReloadError,
-    Transaction,
+    BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, OverrideError, PenaltyPage,
+    PenaltyStanding, ReloadError, Transaction,
 };
 pub use overrides::{BLOCK_WITHOUT_END, OverrideKind, StoredOverride};
 pub use quota::{Quota, ShapeError};

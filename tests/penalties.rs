@@ -792,3 +792,85 @@ async fn a_huge_weight_counts_as_after_and_a_zero_weight_as_nothing() {
         clock.advance(Duration::from_secs(10));
     }
 }
+
+/// The admin API's ban list, a page at a time over TCP, on every store: 25 banned accounts
+/// (one banned twice) are each listed once with their levels and bans, an account with
+/// counted failures but no ban is not, a ban that ended leaves its level listed until the
+/// level decays, and a limit without a ladder, a cursor the store never gave and a count
+/// that is not a number are refused.
+#[tokio::test]
+async fn the_admin_api_lists_the_banned_keys_a_page_at_a_time() {
+    let clock = ManualClock::new(1_000 * S);
+    for (store, limiter, _redis) in stores(&clock).await {
+        eprintln!("on {store}");
+        let admin = support::http::serve(tower_ratelimits::admin_router(limiter.clone())).await;
+        let admin = support::http::HttpClient::new(&admin);
+        for id in 1..=25 {
+            until_banned(&limiter, id).await;
+        }
+        clock.advance(Duration::from_secs(10));
+        until_banned(&limiter, 1).await; // its second ban: 20 s
+        assert!(login(&limiter, 100).await.allowed(), "one failure: no ban");
+        clock.advance(Duration::from_secs(5));
+        let list = |cursor: Option<String>| {
+            let admin = &admin;
+            async move {
+                let path = match cursor {
+                    Some(c) => format!("/bans/Login?count=10&cursor={c}"),
+                    None => "/bans/Login?count=10".to_owned(),
+                };
+                let reply = admin.get(&path, &[]).await;
+                assert_eq!(reply.status, 200, "{}", reply.body);
+                serde_json::from_str::<serde_json::Value>(&reply.body).unwrap()
+            }
+        };
+        let walk = || async {
+            let (mut seen, mut cursor, mut pages) = (Vec::new(), None, 0);
+            loop {
+                let page = list(cursor).await;
+                pages += 1;
+                assert!(pages < 1_000, "the walk ends");
+                seen.extend(page["bans"].as_array().unwrap().iter().cloned());
+                match page["next"].as_str() {
+                    Some(next) => cursor = Some(next.to_owned()),
+                    None => break,
+                }
+            }
+            seen.sort_by_key(|b| b["id"].as_str().unwrap().parse::<u64>().unwrap());
+            seen
+        };
+        let seen = walk().await;
+        let ids: Vec<u64> = seen
+            .iter()
+            .map(|b| b["id"].as_str().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(ids, (1..=25).collect::<Vec<_>>(), "each banned key once");
+        assert_eq!(
+            seen[0],
+            serde_json::json!({"id": "1", "level": 2, "banned": true, "ban_ends_in_ms": 15_000})
+        );
+        // The first bans (10 s) ended 5 s ago: their levels stay until they decay.
+        assert_eq!(seen[1], serde_json::json!({"id": "2", "level": 1}));
+        // 105 s after the first bans ended their keys are fresh; key 1's second ended 85 s ago.
+        clock.advance(Duration::from_secs(100));
+        let seen = walk().await;
+        assert_eq!(seen, vec![serde_json::json!({"id": "1", "level": 2})]);
+        clock.advance(Duration::from_secs(15));
+        let seen = walk().await;
+        assert_eq!(
+            seen,
+            vec![serde_json::json!({"id": "1", "level": 1})],
+            "a level falls a step each quiet forget_after (100 s)"
+        );
+        for (path, why) in [
+            ("/bans/Tight", "has no penalty ladder"),
+            ("/bans/Nope", "unknown limit"),
+            ("/bans/Login?cursor=x.y", "not a cursor"),
+            ("/bans/Login?count=ten", "count"),
+        ] {
+            let reply = admin.get(path, &[]).await;
+            assert_eq!(reply.status, 400, "{path}: {}", reply.body);
+            assert!(reply.body.contains(why), "{path}: {}", reply.body);
+        }
+    }
+}

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use crate::algo::concurrency::ConcurrencyOutcome;
 use crate::algo::gcra::{GcraError, GcraOutcome};
 use crate::algo::tiers::{TierDecision, TierGrant, TierRequestError, TieredLimit};
-use crate::key::BucketKey;
+use crate::key::{BucketKey, LimitName};
 use crate::quota::Quota;
 
 pub mod kit;
@@ -666,6 +666,20 @@ impl std::fmt::Debug for Spend {
     }
 }
 
+/// A page of a limit's penalty states ([`Backend::penalty_page`]): each with its id's text,
+/// the store's clock when it was read (microseconds since the Unix epoch), and where the next
+/// page starts (`None`: this was the last).
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct StatesPage {
+    /// The states read, each with its id's text.
+    pub states: Vec<(String, crate::algo::penalty::PenaltyState)>,
+    /// The store's clock when they were read.
+    pub now_us: u64,
+    /// Where the next page starts.
+    pub next: Option<String>,
+}
+
 /// A store of bucket states. Implementations must be atomic per batch: concurrent batches never
 /// admit more than `docs/gcra.md` allows, and a denied batch writes nothing.
 ///
@@ -717,6 +731,22 @@ pub trait Backend: Send + Sync + 'static {
     #[doc(hidden)]
     fn decides_penalties(&self) -> bool {
         false
+    }
+
+    /// One page of the penalty states of limit `limit`, kept under `state` (its name with
+    /// `:pen`), for the admin API's ban list ([`Limiter::penalties`](crate::Limiter::penalties)):
+    /// about `count` states after `cursor` (`None`: the first page; otherwise a `next` this
+    /// backend gave), in the backend's own order. `None`: a cursor this backend never gives.
+    /// The default: a backend that keeps none.
+    #[doc(hidden)]
+    async fn penalty_page(
+        &self,
+        _limit: LimitName,
+        _state: LimitName,
+        _cursor: Option<&str>,
+        _count: usize,
+    ) -> Result<Option<StatesPage>, BackendError> {
+        Ok(Some(StatesPage::default()))
     }
 
     /// Whether this backend decides a limit marked `across_regions` as its region's share of
@@ -801,6 +831,15 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
     }
     async fn reset(&self, keys: &[&BucketKey]) -> Result<(), BackendError> {
         (**self).reset(keys).await
+    }
+    async fn penalty_page(
+        &self,
+        limit: LimitName,
+        state: LimitName,
+        cursor: Option<&str>,
+        count: usize,
+    ) -> Result<Option<StatesPage>, BackendError> {
+        (**self).penalty_page(limit, state, cursor, count).await
     }
     fn prefetches(&self) -> bool {
         (**self).prefetches()

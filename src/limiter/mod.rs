@@ -12,6 +12,7 @@ use crate::config::Limits;
 use crate::key::{BucketKey, IdError, LimitName};
 use crate::mode::Mode;
 
+mod bans;
 mod decision;
 mod limits;
 mod overrides;
@@ -19,6 +20,7 @@ mod renewals;
 mod step;
 mod transaction;
 
+pub use bans::{PenaltyPage, PenaltyStanding};
 pub use decision::{BatchDecision, Decision, Inspection, Lease};
 pub(crate) use decision::{Strictest, strictest};
 pub use limits::ReloadError;
@@ -90,12 +92,18 @@ pub enum LimiterError {
         /// Why the id was refused.
         source: IdError,
     },
+    /// A list of penalties ([`Limiter::penalties`]) of a limit without a penalty ladder.
+    #[error("limit {0} has no penalty ladder")]
+    NoPenaltyLadder(LimitName),
+    /// A page's cursor ([`Limiter::penalties`]) that is not one the store gave.
+    #[error("not a cursor of this store's pages: {0:?}")]
+    BadCursor(String),
     /// The backend failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
 }
 
-readable_debug!(LimiterError { UnknownName(name), DuplicateKey(key), LimitTwice(name), NoPenalties(name), CostAboveBurst { name, cost, burst }, EmptyCostRange { name, min, max }, RangeOnConcurrency { name }, RenewWithoutSlots { name }, InvalidId { name, source }, Backend(error) });
+readable_debug!(LimiterError { UnknownName(name), DuplicateKey(key), LimitTwice(name), NoPenalties(name), NoPenaltyLadder(name), BadCursor(cursor), CostAboveBurst { name, cost, burst }, EmptyCostRange { name, min, max }, RangeOnConcurrency { name }, RenewWithoutSlots { name }, InvalidId { name, source }, Backend(error) });
 
 /// The first key that appears twice in `batch`: pairwise for a request's few rules (no
 /// allocation), through a hash set beyond that, so a batch of any size costs linear time.

@@ -308,6 +308,44 @@ impl MemoryBackend {
         dropped
     }
 
+    /// A page of the penalty states kept under `state` ([`Backend::penalty_page`]): the
+    /// `count` least ids (by their text's bytes) after the id `after`, the last of them the
+    /// next page's cursor when more were left out. One pass over the map, `count` states held.
+    fn penalty_states(
+        &self,
+        state: crate::key::LimitName,
+        after: Option<&str>,
+        count: usize,
+    ) -> super::StatesPage {
+        let mut page = std::collections::BTreeMap::new();
+        let mut more = false;
+        for entry in self.inner.tiers.iter() {
+            if entry.key().name() != state {
+                continue;
+            }
+            let id = entry.key().id().to_string();
+            if after.is_some_and(|c| id.as_str() <= c) {
+                continue;
+            }
+            let slot = lock(entry.value());
+            if let (Some(kit::Stored::Penalty(p)), false) = (&slot.state, slot.removed) {
+                page.insert(id, (**p).clone());
+                if page.len() > count {
+                    page.pop_last();
+                    more = true;
+                }
+            }
+        }
+        let next = more
+            .then(|| page.keys().next_back().map(|id| format!("m:{id}")))
+            .flatten();
+        super::StatesPage {
+            states: page.into_iter().collect(),
+            now_us: self.now(),
+            next,
+        }
+    }
+
     /// The state of a tiered key, if one is held (for tests and diagnostics).
     pub fn tier_state(&self, key: &BucketKey) -> Option<TierState> {
         let slot = self.inner.tiers.get(key)?.clone();
@@ -562,6 +600,22 @@ impl Backend for MemoryBackend {
 
     fn decides_penalties(&self) -> bool {
         true
+    }
+
+    async fn penalty_page(
+        &self,
+        _limit: crate::key::LimitName,
+        state: crate::key::LimitName,
+        cursor: Option<&str>,
+        count: usize,
+    ) -> Result<Option<super::StatesPage>, BackendError> {
+        // A cursor is `m:` and the last id a page gave.
+        let after = match cursor.map(|c| c.strip_prefix("m:")) {
+            Some(None) => return Ok(None),
+            Some(Some(id)) => Some(id),
+            None => None,
+        };
+        Ok(Some(self.penalty_states(state, after, count)))
     }
 
     fn regional(&self) -> bool {

@@ -75,7 +75,6 @@ pub(super) fn suffix(quota: &crate::quota::Quota) -> &'static str {
 }
 
 /// The state a key of `suffix` keeps (`None`: a key of no state of ours).
-#[cfg(feature = "replay")]
 pub(super) fn kept_at(suffix: &[u8]) -> Option<Kept> {
     Kept::ALL
         .into_iter()
@@ -147,7 +146,6 @@ pub(super) use crate::key::KeyText as KeyBuf;
 impl KeyBuf {
     /// What every key of limit `name` starts with, under `prefix` (a replay's snapshot scans
     /// for it).
-    #[cfg(feature = "replay")]
     pub(super) fn head(prefix: &str, name: &str) -> String {
         String::from_utf8_lossy(Self::opened(prefix, name).bytes()).into_owned()
     }

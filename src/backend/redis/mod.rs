@@ -110,8 +110,8 @@ mod keys;
 mod overrides;
 mod prefetch;
 mod regions;
-#[cfg(feature = "replay")]
 mod reply;
+mod scan;
 mod script;
 mod setup;
 #[cfg(feature = "replay")]
@@ -721,6 +721,16 @@ impl Backend for RedisBackend {
 
     fn decides_penalties(&self) -> bool {
         true
+    }
+
+    async fn penalty_page(
+        &self,
+        limit: crate::key::LimitName,
+        _state: crate::key::LimitName,
+        cursor: Option<&str>,
+        count: usize,
+    ) -> Result<Option<super::StatesPage>, BackendError> {
+        self.penalty_states(limit.as_str(), cursor, count).await
     }
 
     fn regional(&self) -> bool {

@@ -3,6 +3,7 @@
 
 use fred::prelude::Value;
 
+#[cfg(feature = "replay")]
 /// The largest stored number the script writes (2^52).
 pub(in crate::backend::redis) const LIMIT: u64 = 1 << 52;
 
@@ -22,6 +23,7 @@ pub(in crate::backend::redis) fn digits(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(bytes).ok()?.parse().ok()
 }
 
+#[cfg(feature = "replay")]
 /// A sorted set's members and scores, from `ZRANGE ... WITHSCORES` (flat, or in pairs).
 pub(in crate::backend::redis) fn scored(reply: Value) -> Option<Vec<(Vec<u8>, f64)>> {
     let Value::Array(items) = reply else {
@@ -50,6 +52,7 @@ pub(in crate::backend::redis) fn scored(reply: Value) -> Option<Vec<(Vec<u8>, f6
     Some(out)
 }
 
+#[cfg(feature = "replay")]
 /// A score that is a whole number of microseconds.
 pub(in crate::backend::redis) fn whole(d: f64) -> Option<u64> {
     (d.is_finite() && d >= 0.0 && d.fract() == 0.0 && d < LIMIT as f64).then_some(d as u64)

@@ -58,8 +58,9 @@ pub(super) use adaptive::{ADAPTIVE_POOL_MOST_FIELDS, read_adaptive, read_adaptiv
 #[cfg(feature = "replay")]
 pub(super) use fair_share::{FAIR_SHARE_MOST_FIELDS, read_fair_pool};
 use fields::{Fields, bad};
+pub(super) use records::read_penalty;
 #[cfg(feature = "replay")]
-pub(super) use records::{read_calendar, read_leases, read_penalty, read_tat, read_tiers};
+pub(super) use records::{read_calendar, read_leases, read_tat, read_tiers};
 /// The protocol's codes: the record kinds, the modes and the ops, each by the name the
 /// script's constants carry (`local KIND_GCRA, ... = 0, ...`: a record kind at the top of its
 /// shape's file, the rest in `ratelimit.lua` and `general.lua`; the test below holds the

@@ -14,9 +14,10 @@
 use fred::prelude::{Client, ClientLike, Value};
 use futures_util::future::join_all;
 
+use super::RedisBackend;
 use super::keys::{self, HashParser, KeyBuf, Reading, SortedSetParser, StringParser};
 use super::reply::number;
-use super::{Connection, RedisBackend};
+use super::scan::{failed, glob_escaped, parse_key, scan_page};
 use crate::backend::kit::Kept;
 use crate::backend::{BackendError, kit};
 
@@ -60,10 +61,6 @@ impl From<BackendError> for ReadError {
     }
 }
 
-fn failed(e: fred::prelude::Error) -> ReadError {
-    ReadError::Store(BackendError::Unavailable(e.to_string()))
-}
-
 impl RedisBackend {
     /// Reads the states of every key of the limits `names`, at most `max_keys` of them.
     pub(crate) async fn read_states(
@@ -71,19 +68,8 @@ impl RedisBackend {
         names: &[&str],
         max_keys: usize,
     ) -> Result<States, ReadError> {
-        let masters = match &self.inner.conn {
-            Connection::Client(c) => vec![c.clone()],
-            Connection::Pool(p) => vec![p.next().clone()],
-            Connection::Cluster(r) => r.masters(),
-        };
-        let instant_us = if self.inner.caller_time {
-            self.inner.local.now_us()
-        } else {
-            let any = masters.first().ok_or_else(|| {
-                ReadError::Store(BackendError::Unavailable("no Redis master".into()))
-            })?;
-            server_time(any).await?
-        };
+        let masters = self.masters();
+        let instant_us = self.store_now(&masters).await?;
         let mut found = States {
             instant_us,
             keys: Vec::new(),
@@ -106,42 +92,6 @@ fn wrong_type(e: &fred::prelude::Error) -> bool {
     e.details().contains("WRONGTYPE")
 }
 
-/// The server's clock, in microseconds since the Unix epoch.
-async fn server_time(client: &Client) -> Result<u64, ReadError> {
-    let reply: Value = client
-        .custom(fred::cmd!("TIME"), Vec::<String>::new())
-        .await
-        .map_err(failed)?;
-    let parts = match reply {
-        Value::Array(parts) => parts,
-        other => {
-            return Err(ReadError::Store(BackendError::Unavailable(format!(
-                "unexpected TIME reply {other:?}"
-            ))));
-        }
-    };
-    let number = |i: usize| parts.get(i).and_then(number);
-    match (number(0), number(1)) {
-        (Some(s), Some(us)) => Ok(s.saturating_mul(1_000_000).saturating_add(us)),
-        _ => Err(ReadError::Store(BackendError::Unavailable(
-            "unexpected TIME reply".into(),
-        ))),
-    }
-}
-
-/// `text` with the glob's special characters escaped, then `*`.
-fn glob_escaped(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('*');
-    out
-}
-
 /// Walks one master's keys of limit `name` (`head`: `<prefix>{<escaped name>:`).
 async fn scan_limit(
     client: &Client,
@@ -153,13 +103,7 @@ async fn scan_limit(
 ) -> Result<(), ReadError> {
     let mut cursor = String::from("0");
     loop {
-        let count = PAGE.to_string();
-        let args = vec![cursor.as_str(), "MATCH", pattern, "COUNT", count.as_str()];
-        let reply: Value = client
-            .custom(fred::cmd!("SCAN"), args)
-            .await
-            .map_err(failed)?;
-        let (next, keys) = scan_page(reply)?;
+        let (next, keys) = scan_page(client, &cursor, pattern, PAGE).await?;
         let reads = keys.iter().filter_map(|key| {
             let (id, suffix) = parse_key(key.strip_prefix(head.as_bytes())?)?;
             Some(async move { (id, read_value(client, key, suffix).await) })
@@ -188,58 +132,6 @@ async fn scan_limit(
     }
 }
 
-/// A `SCAN` reply: the next cursor and the page's keys.
-fn scan_page(reply: Value) -> Result<(String, Vec<Vec<u8>>), ReadError> {
-    let bad = || ReadError::Store(BackendError::Unavailable("unexpected SCAN reply".into()));
-    let Value::Array(mut parts) = reply else {
-        return Err(bad());
-    };
-    if parts.len() != 2 {
-        return Err(bad());
-    }
-    let keys = match parts.pop() {
-        Some(Value::Array(keys)) => keys,
-        _ => return Err(bad()),
-    };
-    let cursor = parts
-        .pop()
-        .and_then(|c| {
-            c.as_bytes()
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-        })
-        .ok_or_else(bad)?;
-    let keys = keys
-        .into_iter()
-        .filter_map(|k| k.as_bytes().map(<[u8]>::to_vec))
-        .collect();
-    Ok((cursor, keys))
-}
-
-/// A key's rest after `<prefix>{<name>:`: its id (unescaped) and the state its suffix keeps
-/// ([`keys::kept_at`]); `None` for a key that is not one of ours.
-pub(super) fn parse_key(rest: &[u8]) -> Option<(String, Kept)> {
-    let close = rest.iter().position(|&b| b == b'}')?;
-    let kept = keys::kept_at(&rest[close + 1..])?;
-    let escaped = &rest[..close];
-    let mut id = Vec::with_capacity(escaped.len());
-    let mut i = 0;
-    while i < escaped.len() {
-        let b = escaped[i];
-        if b == b'%' {
-            let hex = escaped.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            id.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else if KeyBuf::plain(b) {
-            id.push(b);
-            i += 1;
-        } else {
-            return None;
-        }
-    }
-    Some((String::from_utf8(id).ok()?, kept))
-}
-
 /// One key's state: `None` when it is gone, `Some(None)` when it is not a state of ours.
 async fn read_value(
     client: &Client,
@@ -265,7 +157,7 @@ async fn read_hash(client: &Client, key: fred::prelude::Key, most: u64, parse: H
     let fields: Value = match client.custom(fred::cmd!("HLEN"), vec![key.clone()]).await {
         Ok(n) => n,
         Err(e) if wrong_type(&e) => return Ok(Some(None)),
-        Err(e) => return Err(failed(e)),
+        Err(e) => return Err(failed(e).into()),
     };
     if number(&fields).is_none_or(|n| n > most) {
         return Ok(Some(None));
@@ -273,7 +165,7 @@ async fn read_hash(client: &Client, key: fred::prelude::Key, most: u64, parse: H
     let all: Value = match client.custom(fred::cmd!("HGETALL"), vec![key]).await {
         Ok(v) => v,
         Err(e) if wrong_type(&e) => return Ok(Some(None)),
-        Err(e) => return Err(failed(e)),
+        Err(e) => return Err(failed(e).into()),
     };
     Ok(match all {
         Value::Array(items) if items.is_empty() => None,
@@ -296,7 +188,7 @@ async fn read_sorted_set(client: &Client, key: fred::prelude::Key, parse: Sorted
     let count: Value = match client.custom(fred::cmd!("ZCARD"), vec![key.clone()]).await {
         Ok(c) => c,
         Err(e) if wrong_type(&e) => return Ok(Some(None)),
-        Err(e) => return Err(failed(e)),
+        Err(e) => return Err(failed(e).into()),
     };
     let Some(count) = number(&count) else {
         return Ok(Some(None));
@@ -330,7 +222,7 @@ async fn read_string(
     let raw: Value = match client.custom(fred::cmd!("GET"), vec![key.clone()]).await {
         Ok(v) => v,
         Err(e) if wrong_type(&e) => return Ok(Some(None)),
-        Err(e) => return Err(failed(e)),
+        Err(e) => return Err(failed(e).into()),
     };
     let Some(raw) = raw.as_bytes().map(<[u8]>::to_vec) else {
         return Ok(if raw.is_null() { None } else { Some(None) });

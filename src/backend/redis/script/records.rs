@@ -122,6 +122,61 @@ pub(super) fn push_tiered(args: &mut Vec<Value>, tx: &BucketTx<'_>, limit: &Tier
     }
 }
 
+/// A key's penalty state: `penalty.lua`'s MessagePack array, `[1, level, since, until, n,
+/// (time, units) x n, m, (id as text, time, units) x m]`, every number whole and below
+/// 2^53, at most 1,000 entries a list (`docs/penalties.md`, "How a store keeps it").
+pub(in crate::backend::redis) fn read_penalty(raw: &[u8]) -> Option<crate::backend::kit::Stored> {
+    use crate::algo::penalty::{MAX_AFTER, PenaltyState, Reservation};
+    /// The array's values, one at a time, no more than its length.
+    struct Values<'a> {
+        input: &'a [u8],
+        left: u32,
+    }
+    impl Values<'_> {
+        /// The next whole number below 2^53.
+        fn number(&mut self) -> Option<u64> {
+            self.left = self.left.checked_sub(1)?;
+            let v: u64 = rmp::decode::read_int(&mut self.input).ok()?;
+            (v < 1 << 53).then_some(v)
+        }
+        /// The next list's length, at most `MAX_AFTER`.
+        fn count(&mut self) -> Option<u64> {
+            self.number().filter(|&n| n <= MAX_AFTER)
+        }
+        /// The next lease id, written as decimal text.
+        fn id(&mut self) -> Option<u64> {
+            self.left = self.left.checked_sub(1)?;
+            let mut text = [0u8; 20];
+            rmp::decode::read_str(&mut self.input, &mut text)
+                .ok()?
+                .parse()
+                .ok()
+        }
+    }
+    let mut input = raw;
+    let left = rmp::decode::read_array_len(&mut input).ok()?;
+    let mut v = Values { input, left };
+    if v.number()? != 1 {
+        return None;
+    }
+    let mut state = PenaltyState {
+        level: u32::try_from(v.number()?).ok()?,
+        since: v.number()?,
+        banned_until: v.number()?,
+        ..PenaltyState::default()
+    };
+    for _ in 0..v.count()? {
+        let at = v.number()?;
+        state.events.push_back((at, v.number()?));
+    }
+    for _ in 0..v.count()? {
+        let (id, at, units) = (v.id()?, v.number()?, v.number()?);
+        state.reservations.push(Reservation { id, at, units });
+    }
+    (v.left == 0 && v.input.is_empty())
+        .then(|| crate::backend::kit::Stored::Penalty(Box::new(state)))
+}
+
 #[cfg(feature = "replay")]
 pub(in crate::backend::redis) use read::*;
 
@@ -173,60 +228,6 @@ mod read {
             out.push((digits(&member)?, whole(score)?));
         }
         Some(kit::Stored::Leases(out))
-    }
-
-    /// A key's penalty state: `penalty.lua`'s MessagePack array, `[1, level, since, until, n,
-    /// (time, units) x n, m, (id as text, time, units) x m]`, every number whole and below
-    /// 2^53, at most 1,000 entries a list (`docs/penalties.md`, "How a store keeps it").
-    pub(in crate::backend::redis) fn read_penalty(raw: &[u8]) -> Option<kit::Stored> {
-        use crate::algo::penalty::{MAX_AFTER, PenaltyState, Reservation};
-        /// The array's values, one at a time, no more than its length.
-        struct Values<'a> {
-            input: &'a [u8],
-            left: u32,
-        }
-        impl Values<'_> {
-            /// The next whole number below 2^53.
-            fn number(&mut self) -> Option<u64> {
-                self.left = self.left.checked_sub(1)?;
-                let v: u64 = rmp::decode::read_int(&mut self.input).ok()?;
-                (v < 1 << 53).then_some(v)
-            }
-            /// The next list's length, at most `MAX_AFTER`.
-            fn count(&mut self) -> Option<u64> {
-                self.number().filter(|&n| n <= MAX_AFTER)
-            }
-            /// The next lease id, written as decimal text.
-            fn id(&mut self) -> Option<u64> {
-                self.left = self.left.checked_sub(1)?;
-                let mut text = [0u8; 20];
-                rmp::decode::read_str(&mut self.input, &mut text)
-                    .ok()?
-                    .parse()
-                    .ok()
-            }
-        }
-        let mut input = raw;
-        let left = rmp::decode::read_array_len(&mut input).ok()?;
-        let mut v = Values { input, left };
-        if v.number()? != 1 {
-            return None;
-        }
-        let mut state = PenaltyState {
-            level: u32::try_from(v.number()?).ok()?,
-            since: v.number()?,
-            banned_until: v.number()?,
-            ..PenaltyState::default()
-        };
-        for _ in 0..v.count()? {
-            let at = v.number()?;
-            state.events.push_back((at, v.number()?));
-        }
-        for _ in 0..v.count()? {
-            let (id, at, units) = (v.id()?, v.number()?, v.number()?);
-            state.reservations.push(Reservation { id, at, units });
-        }
-        (v.left == 0 && v.input.is_empty()).then(|| kit::Stored::Penalty(Box::new(state)))
     }
 
     /// A tiered key's MessagePack array of whole numbers.

@@ -1,0 +1,121 @@
+//! The keys a limit's penalty ladder holds, a page at a time (`docs/penalties.md`): the admin
+//! API's ban list, read from the store without deciding anything.
+
+use std::time::Duration;
+
+use super::{Limiter, LimiterError};
+use crate::algo::penalty::PenaltyState;
+
+/// The most keys a page looks at ([`Limiter::penalties`]' `count` is held to it).
+pub(crate) const MOST_PER_PAGE: usize = 1_000;
+
+/// One page of the keys a limit's penalty ladder holds ([`Limiter::penalties`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PenaltyPage {
+    /// The keys on this page that are banned now or whose level is above 0.
+    pub keys: Vec<PenaltyStanding>,
+    /// The cursor of the next page (`None`: this was the last). A page may hold no key while
+    /// more follow.
+    pub next: Option<String>,
+}
+
+/// A key's standing under its limit's penalty ladder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PenaltyStanding {
+    /// The id, in its canonical text.
+    pub id: String,
+    /// Its level now (its bans so far, less the steps its quiet time took off): its next ban
+    /// is the ladder's `level + 1`-th.
+    pub level: u32,
+    /// When it is banned: how long until the ban ends; `None` when it is not.
+    pub banned_for: Option<Duration>,
+}
+
+impl Limiter {
+    /// One page of the keys limit `limit`'s penalty ladder holds: those banned now or with a
+    /// level above 0, read from the store as they stand (nothing is decided or written). The
+    /// first page has no `cursor`; each page gives the next one's. `count` (1 to
+    /// 1,000) is how many keys a page looks at: on memory, the `count` least ids
+    /// after the cursor, by their text; on Redis, one `SCAN` call of `count` keys on one
+    /// master (a page may hold none while more follow, and a key written during the walk may
+    /// be missed or seen twice, as `SCAN` promises).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_ratelimits::{Id, Ladder, Limit, Limiter, Limits, MemoryBackend, Transaction};
+    /// let ladder = Ladder::new(1, 60_000_000, 10_000_000, 2, 3_600_000_000)?;
+    /// let limits = Limits::builder()
+    ///     .limit("Login", Limit::from_micros(100, 100, 1_000_000)?)
+    ///     .penalty("Login", ladder)
+    ///     .build()?;
+    /// let limiter = Limiter::new(limits, MemoryBackend::new());
+    /// let key = limiter.key("Login", Id::from(7u64))?;
+    /// limiter.spend(&[Transaction::new(key)]).await?; // one counted event: banned for 10 s
+    /// let page = limiter.penalties("Login", None, 100).await?;
+    /// assert_eq!((page.keys[0].id.as_str(), page.keys[0].level), ("7", 1));
+    /// assert!(page.keys[0].banned_for.is_some());
+    /// assert_eq!(page.next, None);
+    /// # Ok(()) }
+    /// ```
+    pub async fn penalties(
+        &self,
+        limit: &str,
+        cursor: Option<&str>,
+        count: usize,
+    ) -> Result<PenaltyPage, LimiterError> {
+        let (name, state, ladder) = {
+            let limits = self.load();
+            let unknown = || LimiterError::UnknownName(limit.chars().take(80).collect());
+            let name = limits.name(limit).ok_or_else(unknown)?;
+            let entry = limits.entry(name).ok_or_else(unknown)?;
+            let penalty = entry
+                .penalty
+                .as_ref()
+                .ok_or(LimiterError::NoPenaltyLadder(name))?;
+            (name, penalty.state, penalty.ladder)
+        };
+        let count = count.clamp(1, MOST_PER_PAGE);
+        let bad_cursor =
+            || LimiterError::BadCursor(cursor.unwrap_or("").chars().take(80).collect());
+        let page = self
+            .inner
+            .backend
+            .penalty_page(name, state, cursor, count)
+            .await?
+            .ok_or_else(bad_cursor)?;
+        let now = page.now_us;
+        let keys = page
+            .states
+            .into_iter()
+            .filter_map(|(id, mut s)| standing(&ladder, &mut s, now).map(|(l, b)| (id, l, b)))
+            .map(|(id, level, banned_for)| PenaltyStanding {
+                id,
+                level,
+                banned_for,
+            })
+            .collect();
+        Ok(PenaltyPage {
+            keys,
+            next: page.next,
+        })
+    }
+}
+
+/// A state's level and ban at `now`, its level decayed as a decision would; `None` for a key
+/// that neither is banned nor has a level (only counted events in its window).
+fn standing(
+    ladder: &crate::algo::penalty::Ladder,
+    state: &mut PenaltyState,
+    now: u64,
+) -> Option<(u32, Option<Duration>)> {
+    let banned = match state.standing(ladder, now) {
+        crate::algo::penalty::Standing::Banned { until, .. } => {
+            Some(Duration::from_micros(until - now))
+        }
+        crate::algo::penalty::Standing::Free => None,
+    };
+    (banned.is_some() || state.level > 0).then_some((state.level, banned))
+}
