@@ -492,3 +492,99 @@ fn a_snapshot_reads_the_bound_a_gcra_key_was_written_under() {
         "{text}"
     );
 }
+
+/// A key banned by its limit's penalty ladder in production starts the replay banned: the
+/// snapshot carries the ladder's state beside the key's bucket (a line of its own, read
+/// back whole), and the replay started from it refuses the key's requests until the ban
+/// ends, as the store does; a cold replay lets them through.
+#[test]
+fn a_snapshot_carries_a_ban_into_the_replay() {
+    const LADDER: &str = "Login: {kind: ip, burst: 100, count: 100, period: 1s, penalty: {after: 2, within: 1m, base: 1m, factor: 2, max: 1h}}\n";
+    const RULE: &str = "- {limit: Login, key: client_ip}\n";
+    for redis in TestRedis::each() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let at = |ms: u64, ip: &'static str| Arrival {
+            at_us: T0 + ms * 1_000,
+            ip,
+            path: "/login",
+        };
+        // Two requests of 192.0.2.1 ban it for a minute; 192.0.2.2 counts one.
+        let early = [at(0, IPS[0]), at(100, IPS[0]), at(200, IPS[1])];
+        let late = [at(3_500, IPS[0]), at(3_600, IPS[1]), at(61_000, IPS[0])];
+        let (answers, snapshot) = runtime.block_on(async {
+            let prefix = unique_prefix("snap-ban");
+            let clock = ManualClock::new(T0);
+            let backend = caller_time_backend(&redis.url, &prefix, &clock, false).await;
+            let limiter = Limiter::new(limits(LADDER), backend);
+            let rules = RuleSet::from_yaml_str(RULE).unwrap();
+            let layer = rules.layer(limiter.clone()).unwrap();
+            let send = |a: &Arrival| {
+                clock.set(a.at_us);
+                let service = layer.layer(tower::service_fn(|_: Request<()>| async {
+                    Ok::<_, Infallible>(Response::new(axum::body::Body::empty()))
+                }));
+                let mut request = Request::builder().uri(a.path).body(()).unwrap();
+                let ip: IpAddr = a.ip.parse().unwrap();
+                request.extensions_mut().insert(SocketAddr::new(ip, 0));
+                async move { service.oneshot(request).await.unwrap().status() }
+            };
+            for a in &early {
+                assert_eq!(send(a).await, StatusCode::OK);
+            }
+            clock.set(T1);
+            let reader = reading(&redis.url, &prefix, &clock);
+            let snapshot = Snapshot::from_redis(reader, &limits(LADDER), 1_000)
+                .await
+                .unwrap();
+            let mut answers = Vec::new();
+            for a in &late {
+                answers.push(send(a).await == StatusCode::OK);
+            }
+            (answers, snapshot)
+        });
+        drop(runtime);
+        assert_eq!(
+            answers,
+            [false, true, true],
+            "the store: banned for a minute"
+        );
+        let penalties = snapshot
+            .keys()
+            .iter()
+            .filter(|k| matches!(k.state, kit::Stored::Penalty(_)))
+            .count();
+        assert_eq!(
+            (snapshot.keys().len(), penalties),
+            (4, 2),
+            "{:?}",
+            snapshot.keys()
+        );
+        let mut file = Vec::new();
+        snapshot.write(&mut file).unwrap();
+        let read = Snapshot::read(&file[..]).unwrap();
+        assert_eq!(read, snapshot);
+        let log: String = early.iter().chain(&late).map(line).collect();
+        let seen: Arc<Mutex<Vec<bool>>> = Arc::default();
+        let into = seen.clone();
+        let rules = RuleSet::from_yaml_str(RULE).unwrap();
+        let replay = Replay::new(move |l| rules.layer(l), limits(LADDER), limits(LADDER))
+            .each(move |r| into.lock().unwrap().push(r.current == Answered::Allowed));
+        let reader = LogReader::from_readers(
+            vec![("log".into(), Box::new(std::io::Cursor::new(log)))],
+            None,
+            Duration::ZERO,
+        );
+        let plan = replay.snapshot(read).run(reader).unwrap();
+        let warm = plan.warm.unwrap();
+        assert_eq!((warm.current_seeded, warm.candidate_seeded), (4, 4));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            answers,
+            "the replay decides as the store"
+        );
+    }
+}

@@ -362,8 +362,9 @@ impl Snapshot {
         let mut snapshot = Snapshot::new(header.instant_us);
         snapshot.foreign = header.foreign;
         // Each key's line: a key twice is two states for one bucket, and which one a replay
-        // started from would be the file's order (read silently before).
-        let mut lines: std::collections::HashMap<(String, String), u64> =
+        // started from would be the file's order (read silently before). A key's penalty
+        // state is a state of its own, on a line of its own.
+        let mut lines: std::collections::HashMap<(String, String, bool), u64> =
             std::collections::HashMap::new();
         while let Some(line) = next(&mut buf)? {
             if buf.iter().all(u8::is_ascii_whitespace) {
@@ -375,7 +376,9 @@ impl Snapshot {
             let parsed: LineRead =
                 serde_json::from_slice(&buf).map_err(|e| bad(line, e.to_string()))?;
             let key = parsed.into_key().map_err(|e| bad(line, e))?;
-            if let Some(first) = lines.insert((key.limit.clone(), key.id.clone()), line) {
+            let penalty = matches!(key.state, kit::Stored::Penalty(_));
+            let seen = (key.limit.clone(), key.id.clone(), penalty);
+            if let Some(first) = lines.insert(seen, line) {
                 return Err(bad(
                     line,
                     format!(
@@ -448,10 +451,19 @@ impl Snapshot {
                 };
                 (bucket, quota)
             };
-            if key.state.is_shape_of(quota)
-                && memory
-                    .restore(&bucket, quota, key.state.clone(), self.instant_us)
-                    .unwrap_or(false)
+            // A key's penalty state goes to its limit's ladder, kept at the key's id under
+            // the ladder's own name (a policy without one reads none).
+            let (bucket, penalty) = match (&key.state, limits.entry(name)) {
+                (kit::Stored::Penalty(_), Some(entry)) => match &entry.penalty {
+                    Some(p) => (BucketKey::new(p.state, bucket.id().clone()), Some(p)),
+                    None => continue,
+                },
+                _ if key.state.is_shape_of(quota) => (bucket, None),
+                _ => continue,
+            };
+            if memory
+                .restore(&bucket, quota, penalty, key.state.clone(), self.instant_us)
+                .unwrap_or(false)
             {
                 seeded += 1;
             }

@@ -247,13 +247,15 @@ impl MemoryBackend {
 
     /// Holds `state` for `key` as if the kit had written it under `quota` at `now` (a replay
     /// started from a snapshot, `docs/replay.md`): a GCRA word as a bucket, any other state in
-    /// a slot, each read by the next decision under the limit then in force (the change rule).
+    /// a slot, each read by the next decision under the limit then in force (the change rule);
+    /// a penalty state (`penalty`: its ladder) at its ladder's key, kept until it is fresh.
     /// A key already held is left as it is. Whether it was put.
     #[cfg(feature = "replay")]
     pub(crate) fn restore(
         &self,
         key: &BucketKey,
         quota: &Quota,
+        penalty: Option<&crate::config::PenaltyEntry>,
         state: kit::Stored,
         now: u64,
     ) -> Result<bool, BackendError> {
@@ -267,7 +269,7 @@ impl MemoryBackend {
                 if slot.state.is_some() {
                     return Ok(false);
                 }
-                slot.put(kit::fresh_at(quota, None, &state, now), state);
+                slot.put(kit::fresh_at(quota, penalty, &state, now), state);
                 Ok(true)
             }
         }
