@@ -257,15 +257,7 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
             let ladder =
                 tower_ratelimits::Ladder::new(1_000, 1_000_000, 1_000_000, 2, 3_600_000_000)
                     .unwrap();
-            let limits = Limits::builder()
-                .limit(
-                    "Bench",
-                    Limit::new(RATE.into(), RATE.into(), Duration::from_secs(1)).unwrap(),
-                )
-                .penalty("Bench", ladder)
-                .build()
-                .unwrap();
-            let limiter = Limiter::new(limits, unswept());
+            let limiter = Limiter::new(laddered_limits(ladder), unswept());
             let txs: Vec<Transaction> = keys.into_iter().map(Transaction::new).collect();
             Box::new(move |i| {
                 let tx = std::slice::from_ref(&txs[(i % keys_n) as usize]);
@@ -369,11 +361,55 @@ fn rss_bytes() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
+/// The bench's limit `Bench` (`RATE` a second, burst `RATE`) with a penalty `ladder`.
+fn laddered_limits(ladder: tower_ratelimits::Ladder) -> Limits {
+    Limits::builder()
+        .limit(
+            "Bench",
+            Limit::new(RATE.into(), RATE.into(), Duration::from_secs(1)).unwrap(),
+        )
+        .penalty("Bench", ladder)
+        .build()
+        .unwrap()
+}
+
+/// `--memory ours_banned`: `n` keys each banned by a penalty ladder (`after` 1: its first
+/// request bans it for a minute), through the limiter, so each holds its bucket and its
+/// ladder's state; then a day later, swept. RSS before, with the keys, after.
+fn banned_keys(n: u64) -> (u64, u64, u64) {
+    let ladder =
+        tower_ratelimits::Ladder::new(1, 60_000_000, 60_000_000, 2, 3_600_000_000).unwrap();
+    let limits = laddered_limits(ladder);
+    let name = limits.name("Bench").unwrap();
+    let clock = tower_ratelimits::ManualClock::new(1_000_000_000_000);
+    let backend = MemoryBackend::builder()
+        .clock(clock.clone())
+        .no_background_sweep()
+        .build();
+    let limiter = Limiter::new(limits, backend.clone());
+    let before = rss_bytes();
+    for k in 0..n {
+        let tx = Transaction::new(BucketKey::new(name, Id::from(k)));
+        let decided = common::ready(limiter.spend(std::slice::from_ref(&tx))).unwrap();
+        assert!(decided.allowed(), "the request that bans is let through");
+    }
+    let live = rss_bytes();
+    assert_eq!(
+        backend.len() as u64,
+        2 * n,
+        "a bucket and a ladder's state a key"
+    );
+    clock.advance(Duration::from_secs(86_400));
+    assert_eq!(backend.sweep() as u64, 2 * n);
+    (before, live, rss_bytes())
+}
+
 /// `--memory STORE`: the RSS growth while `--keys` keys are added, per key, then the RSS once
 /// they have gone idle and been cleaned up (ours: `sweep`; governor: `retain_recent` +
 /// `shrink_to_fit`, its documented clean-up). One store per process, so no measure reuses
 /// memory another freed. Stores: `ours_numbers` (ids that pack into one word), `ours_text`
-/// (`user-<k>`: the general table), `governor` (u64 keys).
+/// (`user-<k>`: the general table), `ours_banned` (each key banned by a penalty ladder),
+/// `governor` (u64 keys).
 fn memory(store: &str, n: u64) {
     let mb = |b: u64| b as f64 / 1_048_576.0;
     let (before, live, after) = match store {
@@ -391,6 +427,7 @@ fn memory(store: &str, n: u64) {
             assert_eq!(governor.len(), 0);
             (before, live, rss_bytes())
         }
+        "ours_banned" => banned_keys(n),
         ours => {
             let id: fn(u64) -> Id = match ours {
                 "ours_numbers" => Id::from,

@@ -187,7 +187,7 @@ pub use algo::calendar::{CalendarError, CalendarQuota, CalendarState, Period};
 pub use algo::concurrency::{ConcurrencyError, ConcurrencyLimit};
 pub use algo::fair_share::{FairShare, FairShareError};
 pub use algo::gcra::{GcraError, Limit, LimitError};
-pub use algo::penalty::{Ladder, PenaltyError};
+pub use algo::penalty::{Ladder, PenaltyError, PenaltyStanding};
 pub use algo::tiers::{
     Tier, TierError, TierGrant, TierLog, TierRequestError, TierState, TieredLimit,
 };
@@ -223,7 +223,7 @@ pub use layer::{
 };
 pub use limiter::{
     BatchDecision, Decision, Inspection, Lease, Limiter, LimiterError, OverrideError, PenaltyPage,
-    PenaltyStanding, ReloadError, Transaction,
+    ReloadError, Transaction,
 };
 pub use overrides::{BLOCK_WITHOUT_END, OverrideKind, StoredOverride};
 pub use quota::{Quota, ShapeError};

@@ -49,7 +49,9 @@
 //! took a slot on a concurrency limit has `"lease":true`, and one on an adaptive limit
 //! `"slots":N` (the key's number when decided); a `release` line prints
 //! `{"line":N,"at_us":T,"op":"release","keys":["Name=id",...],"released":K}` (K: the slots
-//! that were still held, not ended at their lease time).
+//! that were still held, not ended at their lease time). A decision denied because its key is
+//! banned by its limit's penalty ladder has `"banned":true` (its `retry_after_us`: the ban's
+//! end).
 //!
 //! `tests/simulate.rs` runs it on the worked examples, and `tests/conformance.rs` runs the same
 //! traces through memory, a Redis and a cluster. The file is part of the `simulate` example,
@@ -159,6 +161,8 @@ struct TxOut<'a> {
     lease: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     slots: Option<u64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    banned: bool,
 }
 
 /// Parses `<n>` or `<min>..<max>`.
@@ -756,5 +760,6 @@ fn tx_out<'d>(d: &'d tower_ratelimits::Decision, tx: &Transaction, op: &str) -> 
         skipped: d.skipped(),
         lease: d.lease_id().is_some(),
         slots: d.slots(),
+        banned: d.banned(),
     }
 }

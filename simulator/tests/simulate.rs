@@ -525,6 +525,21 @@ async fn concurrency_limits_give_the_documented_values() {
     assert_eq!(out.len(), 15);
 }
 
+/// Every line of `examples/traces/penalty.trace` (a ladder's bans of 10, 20 and at most 30 s,
+/// each to the microsecond, refused with `"banned":true`, a unit leaving the window after a
+/// minute, the level falling a step each quiet minute) ends with the fields its decision must
+/// have.
+#[tokio::test]
+async fn penalty_ladders_ban_for_the_documented_lengths() {
+    let out = documented_values("penalty").await;
+    assert_eq!(out.len(), 24);
+    let banned = out
+        .iter()
+        .filter(|(l, _)| l["decisions"][0]["banned"] == true)
+        .count();
+    assert_eq!(banned, 7, "every refusal is a ban's");
+}
+
 /// Every line of `examples/traces/adaptive.trace` (slots taken under the key's number, a
 /// window of completions growing it, a failure halving it below the slots in use, held slots
 /// kept, a probe, the idle reset to `initial`) ends with the fields its first decision (a

@@ -317,7 +317,11 @@ fn check_drawing(json: &[Value], svg: &str) -> Seen {
             // What the state shows after a spend is what the decision reported.
             if op == "spend" {
                 let remaining = d["remaining"].as_f64().unwrap();
+                let ladder = lane.attribute("data-penalty").is_some();
                 match kind {
+                    // A ladder's lane: the decision reports the fewer of the tokens and the
+                    // units left before a ban.
+                    "gcra" if ladder => assert!(num(points[0], "data-value") >= remaining),
                     "gcra" => assert_eq!(num(points[0], "data-value"), remaining, "{ctx}"),
                     "concurrency" => {
                         let max = num(series[0], "data-max");
@@ -883,4 +887,67 @@ fn a_calendar_quota_is_drawn_as_units_used_with_its_renewals_on_a_dated_axis() {
     assert!(ticks.iter().all(|t| t.starts_with("2028-")), "{ticks:?}");
     // `at_us` of a dated line is its instant less the trace's start (2023-11-14T22:13:20Z).
     assert_eq!(json[0]["at_us"], renewal - 12 * 3_600_000_000);
+}
+
+/// A limit with a penalty ladder draws the key's level under its tokens and each ban behind
+/// it, from the request that started it to its end, at its level; every decision is still in
+/// the drawing with its numbers.
+#[test]
+fn a_penalty_ladder_is_drawn_as_the_key_s_level_with_its_bans() {
+    let (json, svg) = draw(
+        &repo("examples/traces/penalty.yaml"),
+        &[&repo("examples/traces/penalty.trace")],
+        &[],
+    );
+    check_drawing(&json, &svg);
+    let doc = roxmltree::Document::parse(&svg).unwrap();
+    let lane = doc
+        .descendants()
+        .find(|n| {
+            n.attribute("class") == Some("lane") && n.attribute("data-key") == Some("Login=7")
+        })
+        .expect("a lane for Login=7");
+    let texts: Vec<&str> = lane.descendants().filter_map(|n| n.text()).collect();
+    assert!(texts.contains(&"tokens (0..100)"), "{texts:?}");
+    assert!(texts.contains(&"ban level (0..3)"), "{texts:?}");
+    assert!(
+        texts.contains(
+            &"GCRA: burst 100, 100 per 1s · penalty: 3 within 60s, bans of 10s x2 up to 30s"
+        ),
+        "{texts:?}"
+    );
+    let bans: Vec<(u64, u64, u32)> = lane
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("ban"))
+        .map(|n| {
+            (
+                attr(n, "data-ban-start-us").parse().unwrap(),
+                attr(n, "data-ban-end-us").parse().unwrap(),
+                attr(n, "data-level").parse().unwrap(),
+            )
+        })
+        .collect();
+    let s = 1_000_000;
+    assert_eq!(
+        bans,
+        [
+            (s, 11 * s, 1),
+            (11 * s, 31 * s, 2),
+            (45 * s, 75 * s, 3),
+            (155 * s, 185 * s, 3),
+            (365 * s, 375 * s, 1)
+        ]
+    );
+    // The level just after the third ban's request: 3.
+    let third_ban = json.iter().find(|l| l["at_us"] == 45 * s).unwrap()["line"].to_string();
+    let level: Vec<f64> = lane
+        .descendants()
+        .filter(|n| {
+            n.attribute("class") == Some("qp")
+                && n.attribute("data-line") == Some(third_ban.as_str())
+                && n.attribute("data-series") == Some("1")
+        })
+        .map(|n| num(n, "data-value"))
+        .collect();
+    assert_eq!(level, [3.0]);
 }

@@ -281,6 +281,19 @@ pub enum Tally {
     Ignored,
 }
 
+/// A key's standing under its limit's penalty ladder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PenaltyStanding {
+    /// The id, in its canonical text.
+    pub id: String,
+    /// Its level now (its bans so far, less the steps its quiet time took off): its next ban
+    /// is the ladder's `level + 1`-th.
+    pub level: u32,
+    /// When it is banned: how long until the ban ends; `None` when it is not.
+    pub banned_for: Option<std::time::Duration>,
+}
+
 impl PenaltyState {
     /// The key's standing at `now`, its level decayed first (a read: it may be written back).
     pub fn standing(&mut self, ladder: &Ladder, now: u64) -> Standing {
@@ -292,6 +305,26 @@ impl PenaltyState {
         }
         (self.level, self.since) = ladder.decayed(self.level, self.since, now);
         Standing::Free
+    }
+
+    /// The standing of the key `id` whose state this is at `now` (a read: nothing is
+    /// written back), its level decayed as a decision would; `None` for a key that neither is
+    /// banned nor has a level (only counted units in its window).
+    pub(crate) fn standing_of(
+        &mut self,
+        ladder: &Ladder,
+        id: String,
+        now: u64,
+    ) -> Option<PenaltyStanding> {
+        let banned_for = match self.standing(ladder, now) {
+            Standing::Banned { until, .. } => Some(std::time::Duration::from_micros(until - now)),
+            Standing::Free => None,
+        };
+        (banned_for.is_some() || self.level > 0).then_some(PenaltyStanding {
+            id,
+            level: self.level,
+            banned_for,
+        })
     }
 
     /// Admits the request `id` at `now` that could count up to `reserve` units (its largest

@@ -722,13 +722,14 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Whether this backend decides penalty ladders (`docs/penalties.md`): a penalty's
-    /// companion transactions, through the kit ([`kit::spend`]) at their own
-    /// [`kit::state_key`]. The memory backend does; a limiter over a backend that does not
+    /// companion transactions, after its batch's own, each deciding the key's penalty state at
+    /// its own [`kit::state_key`]. A backend that decides with the kit ([`kit::spend`],
+    /// [`kit::refund`]) and keeps each state at its `state_key` does: answer `true`. The
+    /// memory and Redis backends do; a limiter over a backend that does not (the default)
     /// refuses the requests of a limit with a penalty ([`LimiterError::NoPenalties`]), rather
     /// than decide them without it.
     ///
     /// [`LimiterError::NoPenalties`]: crate::LimiterError::NoPenalties
-    #[doc(hidden)]
     fn decides_penalties(&self) -> bool {
         false
     }

@@ -1,10 +1,8 @@
 //! The keys a limit's penalty ladder holds, a page at a time (`docs/penalties.md`): the admin
 //! API's ban list, read from the store without deciding anything.
 
-use std::time::Duration;
-
 use super::{Limiter, LimiterError};
-use crate::algo::penalty::PenaltyState;
+use crate::algo::penalty::PenaltyStanding;
 
 /// The most keys a page looks at ([`Limiter::penalties`]' `count` is held to it).
 pub(crate) const MOST_PER_PAGE: usize = 1_000;
@@ -18,19 +16,6 @@ pub struct PenaltyPage {
     /// The cursor of the next page (`None`: this was the last). A page may hold no key while
     /// more follow.
     pub next: Option<String>,
-}
-
-/// A key's standing under its limit's penalty ladder.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PenaltyStanding {
-    /// The id, in its canonical text.
-    pub id: String,
-    /// Its level now (its bans so far, less the steps its quiet time took off): its next ban
-    /// is the ladder's `level + 1`-th.
-    pub level: u32,
-    /// When it is banned: how long until the ban ends; `None` when it is not.
-    pub banned_for: Option<Duration>,
 }
 
 impl Limiter {
@@ -90,32 +75,11 @@ impl Limiter {
         let keys = page
             .states
             .into_iter()
-            .filter_map(|(id, mut s)| standing(&ladder, &mut s, now).map(|(l, b)| (id, l, b)))
-            .map(|(id, level, banned_for)| PenaltyStanding {
-                id,
-                level,
-                banned_for,
-            })
+            .filter_map(|(id, mut s)| s.standing_of(&ladder, id, now))
             .collect();
         Ok(PenaltyPage {
             keys,
             next: page.next,
         })
     }
-}
-
-/// A state's level and ban at `now`, its level decayed as a decision would; `None` for a key
-/// that neither is banned nor has a level (only counted events in its window).
-fn standing(
-    ladder: &crate::algo::penalty::Ladder,
-    state: &mut PenaltyState,
-    now: u64,
-) -> Option<(u32, Option<Duration>)> {
-    let banned = match state.standing(ladder, now) {
-        crate::algo::penalty::Standing::Banned { until, .. } => {
-            Some(Duration::from_micros(until - now))
-        }
-        crate::algo::penalty::Standing::Free => None,
-    };
-    (banned.is_some() || state.level > 0).then_some((state.level, banned))
 }

@@ -211,6 +211,13 @@ impl Decision {
         self.skipped
     }
 
+    /// Denied because its key is banned by its limit's penalty ladder (`docs/penalties.md`):
+    /// [`retry_after`](Self::retry_after) is when the ban ends.
+    #[inline]
+    pub fn banned(&self) -> bool {
+        self.banned
+    }
+
     /// On a concurrency limit, the id of the slot this spend holds when it and its batch were
     /// allowed ([`lease`](Self::lease) gives it with its bucket). `None` everywhere else.
     #[inline]

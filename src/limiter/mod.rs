@@ -20,7 +20,7 @@ mod renewals;
 mod step;
 mod transaction;
 
-pub use bans::{PenaltyPage, PenaltyStanding};
+pub use bans::PenaltyPage;
 pub use decision::{BatchDecision, Decision, Inspection, Lease};
 pub(crate) use decision::{Strictest, strictest};
 pub use limits::ReloadError;

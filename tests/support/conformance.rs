@@ -53,9 +53,10 @@ pub fn conformance_limits() -> Limits {
     let calendar = read("calendar.yaml");
     let fair = read("fair-share.yaml");
     let adaptive = read("adaptive.yaml");
+    let penalty = read("penalty.yaml");
     Limits::from_yaml_str(
         &format!(
-            "{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{calendar}\n{fair}\n{adaptive}\n{CONFORMANCE_LIMITS}"
+            "{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{calendar}\n{fair}\n{adaptive}\n{penalty}\n{CONFORMANCE_LIMITS}"
         ),
         Some(&read("fair-share-overrides.yaml")),
     )
@@ -188,6 +189,7 @@ pub fn traces() -> Vec<(String, String)> {
         "calendar",
         "fair-share",
         "adaptive",
+        "penalty",
     ]
     .iter()
     .map(|name| {

@@ -65,6 +65,11 @@ impl<C: Clock> Backend for Outside<C> {
         Spend::Ready(Ok(spent.outcomes))
     }
 
+    /// The kit decides a penalty's companions at their own `kit::state_key`.
+    fn decides_penalties(&self) -> bool {
+        true
+    }
+
     async fn refund(&self, batch: &[BucketTx<'_>]) -> Result<Outcomes, BackendError> {
         let now = self.clock.now_us();
         let mut states = self.states();

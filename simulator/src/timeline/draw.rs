@@ -17,6 +17,7 @@ svg{font:12px system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;background:#f
 .renewal{stroke:#2f855a;stroke-dasharray:4 3;stroke-width:1.2}
 .active{fill:#c6f0d0}
 .cooldown{fill:#f8cccc}
+.ban{fill:#ffd8a8}
 .ok{fill:#2f9e44}
 .part{fill:#f08c00}
 .deny{stroke:#e03131;stroke-width:2.2}
@@ -33,7 +34,7 @@ svg{font:12px system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;background:#f
 ";
 
 /// The legend's items: a mark's class and what it means.
-const LEGEND: [(&str, &str); 8] = [
+const LEGEND: [(&str, &str); 9] = [
     ("ok", "allowed"),
     ("part", "partly granted"),
     ("deny", "denied by this limit"),
@@ -42,6 +43,7 @@ const LEGEND: [(&str, &str); 8] = [
     ("retry", "retry_after"),
     ("active", "tier active"),
     ("cooldown", "tier cooling down"),
+    ("ban", "banned by its penalty ladder"),
 ];
 
 /// The height of a legend's row.
@@ -265,7 +267,7 @@ impl Timeline {
     fn write_lane(&self, out: &mut String, lane: &Lane, y: f64) {
         let _ = write!(
             out,
-            r#"<g class="lane" data-key="{}" data-kind="{}"><rect class="lanebox" x="4" y="{:.1}" width="{:.1}" height="{:.1}" rx="4"/><text x="12" y="{:.1}" font-weight="600">{}</text><text x="{LEFT}" y="{:.1}" class="muted">{}</text>"#,
+            r#"<g class="lane" data-key="{}" data-kind="{}"{}><rect class="lanebox" x="4" y="{:.1}" width="{:.1}" height="{:.1}" rx="4"/><text x="12" y="{:.1}" font-weight="600">{}</text><text x="{LEFT}" y="{:.1}" class="muted">{}</text>"#,
             esc(&lane.label),
             match lane.quota.as_ref().map(Quota::shape_ref) {
                 None => "unlimited",
@@ -275,6 +277,11 @@ impl Timeline {
                 Some(ShapeRef::Calendar(_)) => "calendar",
                 Some(ShapeRef::FairShare(_)) => "fair_share",
                 Some(ShapeRef::Adaptive(_)) => "adaptive",
+            },
+            if lane.penalty.is_some() {
+                r#" data-penalty="true""#
+            } else {
+                ""
             },
             y,
             self.axis.width - 8.0,
@@ -307,6 +314,27 @@ impl Timeline {
                     tower_ratelimits::__private::instant_text(EPOCH_US.saturating_add(t))
                 );
             }
+        }
+    }
+
+    /// A key's bans, in the row at `row_y` of its ladder's level.
+    fn write_bans(&self, out: &mut String, bans: &[Ban], row_y: f64) {
+        for ban in bans {
+            let a = self.axis.x(ban.start);
+            let b = self.axis.x(ban.end);
+            let _ = write!(
+                out,
+                r#"<rect class="ban" x="{a:.1}" y="{:.1}" width="{:.1}" height="{:.1}" data-ban-start-us="{}" data-ban-end-us="{}" data-level="{}"><title>banned (level {}) from {} to {}</title></rect>"#,
+                row_y + 2.0,
+                (b - a).max(0.8),
+                ROW_H - 6.0,
+                ban.start,
+                ban.end,
+                ban.level,
+                ban.level,
+                seconds(ban.start),
+                seconds(ban.end)
+            );
         }
     }
 
@@ -346,6 +374,10 @@ impl Timeline {
                     seconds(band.entry + band.active + band.cooldown)
                 );
             }
+        }
+        // A penalty ladder's bans behind its level.
+        if lane.penalty.is_some() && i + 1 == lane.series.len() {
+            self.write_bans(out, &lane.bans, row_y);
         }
         let _ = write!(
             out,

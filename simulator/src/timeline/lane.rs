@@ -51,7 +51,7 @@ pub(super) struct Mark {
     pub(super) skipped: bool,
     pub(super) lease: bool,
     /// Each quantity of the lane just after the line (the first `series.len()`).
-    pub(super) after: [u64; MAX_TIERS],
+    pub(super) after: [u64; MAX_SERIES],
 }
 
 /// The marks that share a place on the axis (within [`BIN_PX`] of the first).
@@ -184,6 +184,15 @@ pub(super) struct Band {
     pub(super) cooldown: u64,
 }
 
+/// A ban of a key by its limit's penalty ladder: from the request that started it to its end
+/// (trace time), at its level.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ban {
+    pub(super) start: u64,
+    pub(super) end: u64,
+    pub(super) level: u32,
+}
+
 /// One bucket.
 pub(super) struct Lane {
     pub(super) key: BucketKey,
@@ -201,14 +210,25 @@ pub(super) struct Lane {
     pub(super) bands: Vec<Band>,
     /// Per tier, the last entry seen (so each activation is one band).
     pub(super) entries: Vec<Option<u64>>,
+    /// A limit with a penalty ladder: the limits, to read the key's standing under it.
+    pub(super) penalty: Option<std::sync::Arc<Limits>>,
+    /// The key's bans, in time order.
+    pub(super) bans: Vec<Ban>,
 }
 
 impl Lane {
     /// Each quantity of this bucket at trace time `t` (the first `series.len()`), as the
     /// backend's state says (`None`: a fresh bucket's).
-    pub(super) fn values(&self, backend: Option<&MemoryBackend>, t: u64) -> [u64; MAX_TIERS] {
+    pub(super) fn values(&self, backend: Option<&MemoryBackend>, t: u64) -> [u64; MAX_SERIES] {
         let now = EPOCH_US.saturating_add(t);
-        let mut out = [0; MAX_TIERS];
+        let mut out = [0; MAX_SERIES];
+        // A penalty ladder's level: the lane's last quantity.
+        if let (Some(limits), Some(b), Some(i)) =
+            (&self.penalty, backend, self.series.len().checked_sub(1))
+        {
+            let standing = b.penalty_standing(limits, &self.key, now);
+            out[i] = standing.map_or(0, |s| u64::from(s.level));
+        }
         match self.quota.as_ref().map(Quota::shape_ref) {
             None => {}
             Some(ShapeRef::Gcra(_)) if self.share => {
@@ -309,6 +329,26 @@ impl Lane {
         }
     }
 
+    /// Records a ban a request at trace time `t` started (a key is banned only by a request).
+    pub(super) fn note_bans(&mut self, backend: &MemoryBackend, t: u64) {
+        const MAX: usize = 10_000;
+        let Some(limits) = &self.penalty else {
+            return;
+        };
+        let standing = backend.penalty_standing(limits, &self.key, EPOCH_US.saturating_add(t));
+        let Some((left, level)) = standing.and_then(|s| Some((s.banned_for?, s.level))) else {
+            return;
+        };
+        let end = t.saturating_add(u64::try_from(left.as_micros()).unwrap_or(u64::MAX));
+        if self.bans.len() < MAX && self.bans.last().is_none_or(|b| b.end != end) {
+            self.bans.push(Ban {
+                start: t,
+                end,
+                level,
+            });
+        }
+    }
+
     /// The groups of marks, the open one last.
     pub(super) fn all_groups(&self) -> impl Iterator<Item = &Group> {
         self.groups.iter().chain(self.open.as_ref().map(|(_, g)| g))
@@ -319,6 +359,25 @@ impl Lane {
     }
 
     pub(super) fn quota_text(&self) -> String {
+        let shape = self.shape_text();
+        let ladder = self
+            .penalty
+            .as_ref()
+            .and_then(|l| l.penalty(self.key.name()));
+        match ladder {
+            Some(l) => format!(
+                "{shape} · penalty: {} within {}, bans of {} x{} up to {}",
+                l.after(),
+                seconds(l.within_us()),
+                seconds(l.base_us()),
+                l.factor(),
+                seconds(l.max_us())
+            ),
+            None => shape,
+        }
+    }
+
+    fn shape_text(&self) -> String {
         match self.quota.as_ref().map(Quota::shape_ref) {
             None => "unlimited".into(),
             Some(ShapeRef::Gcra(l)) => format!(

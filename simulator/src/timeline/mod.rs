@@ -26,8 +26,8 @@ use std::fmt::Write as _;
 use tower_ratelimits::__private::tiers::MAX_TIERS;
 use tower_ratelimits::__private::{ShapeRef, calendar, gcra, tiers};
 use tower_ratelimits::{
-    BatchDecision, BucketKey, LimitName, Limiter, Limits, ManualClock, MemoryBackend, Quota,
-    TierGrant, Transaction,
+    BatchDecision, BucketKey, Ladder, LimitName, Limiter, Limits, ManualClock, MemoryBackend,
+    Quota, TierGrant, Transaction,
 };
 
 use crate::trace::{EPOCH_US, Observer};
@@ -35,7 +35,7 @@ use crate::trace::{EPOCH_US, Observer};
 mod axis;
 mod draw;
 mod lane;
-use lane::{Class, Column, Counts, Group, Lane, Mark, Series};
+use lane::{Ban, Class, Column, Counts, Group, Lane, Mark, Series};
 
 pub use axis::Axis;
 
@@ -45,6 +45,8 @@ pub const BIN_PX: f64 = 4.0;
 pub const STACK: usize = 3;
 /// The width of a cut in the time axis, in pixels.
 const BREAK_PX: f64 = 22.0;
+/// The most quantities a lane draws: a tiered limit's tiers, and a penalty ladder's level.
+const MAX_SERIES: usize = MAX_TIERS + 1;
 /// Left margin (lane labels) and right margin, in pixels.
 const LEFT: f64 = 210.0;
 const RIGHT: f64 = 30.0;
@@ -180,33 +182,8 @@ impl Timeline {
         let quota = self.limits.resolve(key).cloned();
         let (name, backend) = &self.backends[region];
         let share = backend.share_now(key);
-        let series = match quota.as_ref().map(Quota::shape_ref) {
-            None => Vec::new(),
-            // A region's share bucket: its tokens, and its share of the rate (the floor and
-            // the part granted while its lease runs).
-            Some(ShapeRef::Gcra(l)) if share.is_some() => vec![
-                Series::new("tokens".into(), l.burst()),
-                Series::new("share of rate".into(), l.count()),
-            ],
-            Some(ShapeRef::Gcra(l)) => vec![Series::new("tokens".into(), l.burst())],
-            Some(ShapeRef::Tiered(t)) => t
-                .tiers()
-                .iter()
-                .enumerate()
-                .map(|(i, tier)| Series::new(format!("T{} used", i + 1), tier.limit()))
-                .collect(),
-            Some(ShapeRef::Concurrency(c)) => vec![Series::new("slots in use".into(), c.max())],
-            // The slots in use under the key's number, and the number moving.
-            Some(ShapeRef::Adaptive(a)) => vec![
-                Series::new("slots in use".into(), a.adaptive().max()),
-                Series::new("slots (its number)".into(), a.adaptive().max()),
-            ],
-            Some(ShapeRef::Calendar(c)) => vec![Series::new("used".into(), c.count())],
-            // The budget all ids share (every id's lane draws the same tokens).
-            Some(ShapeRef::FairShare(s)) => {
-                vec![Series::new("budget tokens".into(), s.budget().burst())]
-            }
-        };
+        let ladder = self.limits.penalty(key.name()).copied();
+        let series = series_of(quota.as_ref(), share.is_some(), ladder.as_ref());
         let tiers = quota
             .as_ref()
             .and_then(Quota::as_tiered)
@@ -227,6 +204,8 @@ impl Timeline {
             totals: Counts::default(),
             bands: Vec::new(),
             entries: vec![None; tiers],
+            penalty: ladder.map(|_| self.limits.clone()),
+            bans: Vec::new(),
         };
         // Before its first request a bucket is fresh (the backend already holds the request);
         // a share bucket full under its floor.
@@ -262,6 +241,7 @@ impl Timeline {
         let backend = &self.backends[lane.region].1;
         lane.sample(&self.axis, backend, mark.at);
         lane.note_activations(backend);
+        lane.note_bans(backend, mark.at);
         for (slot, s) in mark.after.iter_mut().zip(&lane.series) {
             *slot = s.last();
         }
@@ -277,6 +257,45 @@ impl Timeline {
             }
         }
     }
+}
+
+/// The quantities a lane of a limit of `quota` draws (`share`: a region's share bucket), and
+/// under them, for a limit with a penalty `ladder`, the key's level.
+fn series_of(quota: Option<&Quota>, share: bool, ladder: Option<&Ladder>) -> Vec<Series> {
+    let mut series = match quota.map(Quota::shape_ref) {
+        None => Vec::new(),
+        // A region's share bucket: its tokens, and its share of the rate (the floor and
+        // the part granted while its lease runs).
+        Some(ShapeRef::Gcra(l)) if share => vec![
+            Series::new("tokens".into(), l.burst()),
+            Series::new("share of rate".into(), l.count()),
+        ],
+        Some(ShapeRef::Gcra(l)) => vec![Series::new("tokens".into(), l.burst())],
+        Some(ShapeRef::Tiered(t)) => t
+            .tiers()
+            .iter()
+            .enumerate()
+            .map(|(i, tier)| Series::new(format!("T{} used", i + 1), tier.limit()))
+            .collect(),
+        Some(ShapeRef::Concurrency(c)) => vec![Series::new("slots in use".into(), c.max())],
+        // The slots in use under the key's number, and the number moving.
+        Some(ShapeRef::Adaptive(a)) => vec![
+            Series::new("slots in use".into(), a.adaptive().max()),
+            Series::new("slots (its number)".into(), a.adaptive().max()),
+        ],
+        Some(ShapeRef::Calendar(c)) => vec![Series::new("used".into(), c.count())],
+        // The budget all ids share (every id's lane draws the same tokens).
+        Some(ShapeRef::FairShare(s)) => {
+            vec![Series::new("budget tokens".into(), s.budget().burst())]
+        }
+    };
+    // A limit with a penalty ladder: the key's level too (its bans drawn behind it), up to
+    // the first level whose ban is the ladder's longest.
+    if let Some(l) = ladder {
+        let top = (1..32).find(|&n| l.ban_us(n) >= l.max_us()).unwrap_or(32);
+        series.push(Series::new("ban level".into(), u64::from(top)));
+    }
+    series
 }
 
 fn op_name(op: &str) -> &'static str {
@@ -351,7 +370,7 @@ impl Observer for Timeline {
                 tiers: d.tiers().copied(),
                 skipped: d.skipped(),
                 lease: d.lease_id().is_some(),
-                after: [0; MAX_TIERS],
+                after: [0; MAX_SERIES],
             };
             self.mark(d.key(), mark);
         }
@@ -377,7 +396,7 @@ impl Observer for Timeline {
                 tiers: None,
                 skipped: false,
                 lease: false,
-                after: [0; MAX_TIERS],
+                after: [0; MAX_SERIES],
             };
             self.mark(key, mark);
         }

@@ -348,6 +348,29 @@ impl MemoryBackend {
         }
     }
 
+    /// `key`'s standing under its limit's penalty ladder in `limits` at `now_us` (its level
+    /// decayed, its ban), when its ladder's state holds a level or a ban (for the simulator's
+    /// drawing, tests and diagnostics; [`Limiter::penalties`](crate::Limiter::penalties) lists
+    /// them on any store).
+    pub fn penalty_standing(
+        &self,
+        limits: &crate::config::Limits,
+        key: &BucketKey,
+        now_us: u64,
+    ) -> Option<crate::algo::penalty::PenaltyStanding> {
+        let penalty = limits.entry(key.name())?.penalty.as_ref()?;
+        let state_key = BucketKey::new(penalty.state, key.id().clone());
+        let slot = self.inner.tiers.get(&state_key)?.clone();
+        let mut state = match &*lock(&slot) {
+            s if s.removed => return None,
+            s => match &s.state {
+                Some(kit::Stored::Penalty(p)) => (**p).clone(),
+                _ => return None,
+            },
+        };
+        state.standing_of(&penalty.ladder, key.id().to_string(), now_us)
+    }
+
     /// The state of a tiered key, if one is held (for tests and diagnostics).
     pub fn tier_state(&self, key: &BucketKey) -> Option<TierState> {
         let slot = self.inner.tiers.get(key)?.clone();
