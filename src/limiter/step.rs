@@ -556,12 +556,9 @@ impl Limiter {
                     return Err(LimiterError::LimitTwice(name));
                 }
             }
-            // A penalty's companion follows the batch (`penalties.rs`; out of line: a limit
-            // without a ladder pays one test).
-            let mut penalty = false;
-            if entry.penalty.is_some() && quota.is_some() && block_s == 0 {
-                (penalty, lease) = penalties::part(tx, (op, mode), lease, || self.lease_id());
-            }
+            // A limit with a ladder sent to the backend: its companion follows the batch,
+            // decided after the loop (`penalties.rs`; a limit without one pays one test).
+            let penalty = entry.penalty.is_some() && quota.is_some() && block_s == 0;
             counted.penalties |= penalty;
             resolved.push(Resolved {
                 quota,
@@ -574,7 +571,8 @@ impl Limiter {
         }
         if counted.penalties {
             let decides = self.inner.backend.decides_penalties();
-            penalties::push_companions(limits, batch, resolved, txs, decides)?;
+            let fresh = || self.lease_id();
+            penalties::push_companions(limits, (batch, op), resolved, txs, (decides, &fresh))?;
         }
         Ok(())
     }

@@ -18,13 +18,11 @@ use crate::quota::Quota;
 /// A spend or a check always sends one; a refund only when it settles a reservation (what
 /// counted at admission is not given back). The id: a fresh one (`fresh`) for the admission
 /// of a settling rule's spend, the settled one for its settle, else 0 (a count at admission).
-#[cold]
-#[inline(never)]
-pub(super) fn part(
+fn part(
     tx: &Transaction,
     (op, mode): (Op, Mode),
     lease: u64,
-    fresh: impl FnOnce() -> u64,
+    fresh: &dyn Fn() -> u64,
 ) -> (bool, u64) {
     let takes_part = op != Op::Refund || matches!(tx.penalty(), PenaltyPart::Settle { .. });
     if !takes_part || lease != 0 {
@@ -38,24 +36,28 @@ pub(super) fn part(
     (true, id)
 }
 
-/// Pushes the companions of `batch`'s transactions of limits with a penalty (`r.penalty`),
-/// in order, after the transactions sent (`txs`, one per sent transaction). Refused when the
-/// backend decides no penalty (`decides`: [`Backend::decides_penalties`]).
+/// Pushes the companions of `batch`'s transactions of limits with a penalty (`r.penalty`,
+/// each told whether it takes part in `op` and its lease id by [`part`]), in order, after the
+/// transactions sent (`txs`, one per sent transaction). Refused when the backend decides no
+/// penalty (`decides`: [`Backend::decides_penalties`]); `fresh` makes a new reservation id.
 ///
 /// [`Backend::decides_penalties`]: crate::Backend::decides_penalties
 #[cold]
 #[inline(never)]
 pub(super) fn push_companions<'a>(
     limits: &'a Limits,
-    batch: &'a [Transaction],
-    resolved: &[Resolved<&'a Quota>],
+    (batch, op): (&'a [Transaction], Op),
+    resolved: &mut [Resolved<&'a Quota>],
     txs: &mut Batch<BucketTx<'a>>,
-    decides: bool,
+    (decides, fresh): (bool, &dyn Fn() -> u64),
 ) -> Result<(), LimiterError> {
     let mut sent = 0;
-    for (tx, r) in batch.iter().zip(resolved) {
+    for (tx, r) in batch.iter().zip(resolved.iter_mut()) {
         if !r.sent() {
             continue;
+        }
+        if r.penalty {
+            (r.penalty, r.lease) = part(tx, (op, r.mode), r.lease, fresh);
         }
         if r.penalty {
             let name = tx.key().name();
