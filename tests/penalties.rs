@@ -862,6 +862,11 @@ async fn the_admin_api_lists_the_banned_keys_a_page_at_a_time() {
             vec![serde_json::json!({"id": "1", "level": 1})],
             "a level falls a step each quiet forget_after (100 s)"
         );
+        // An empty cursor is the first page's; a count of 0 looks at one key.
+        for path in ["/bans/Login?cursor=", "/bans/Login?count=0"] {
+            let reply = admin.get(path, &[]).await;
+            assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+        }
         for (path, why) in [
             ("/bans/Tight", "has no penalty ladder"),
             ("/bans/Nope", "unknown limit"),

@@ -21,7 +21,7 @@ pub struct PenaltyPage {
 impl Limiter {
     /// One page of the keys limit `limit`'s penalty ladder holds: those banned now or with a
     /// level above 0, read from the store as they stand (nothing is decided or written). The
-    /// first page has no `cursor`; each page gives the next one's. `count` (1 to
+    /// first page has no `cursor` (or an empty one); each page gives the next one's. `count` (1 to
     /// 1,000) is how many keys a page looks at: on memory, the `count` least ids
     /// after the cursor, by their text; on Redis, one `SCAN` call of `count` keys on one
     /// master (a page may hold none while more follow, and a key written during the walk may
@@ -63,6 +63,8 @@ impl Limiter {
             (name, penalty.state, penalty.ladder)
         };
         let count = count.clamp(1, MOST_PER_PAGE);
+        // An empty cursor is the first page's (`?cursor=`).
+        let cursor = cursor.filter(|c| !c.is_empty());
         let bad_cursor =
             || LimiterError::BadCursor(cursor.unwrap_or("").chars().take(80).collect());
         let page = self

@@ -442,8 +442,8 @@ mod tests {
     #[test]
     fn the_road_s_values_keep_their_sizes() {
         use std::mem::size_of;
-        assert_eq!(size_of::<super::Decision>(), 256);
-        assert_eq!(size_of::<crate::backend::BucketTx<'static>>(), 80);
-        assert_eq!(size_of::<crate::limiter::Transaction>(), 96);
+        assert!(size_of::<super::Decision>() <= 256);
+        assert!(size_of::<crate::backend::BucketTx<'static>>() <= 80);
+        assert!(size_of::<crate::limiter::Transaction>() <= 96);
     }
 }
