@@ -13,7 +13,7 @@ BIN=$(cargo bench -p tower-ratelimits-benches --bench instructions --no-run --me
 echo "| store | keys | bytes per live key | RSS before (MiB) | with the keys | after they went idle and were cleaned up |"
 echo "|---|---:|---:|---:|---:|---:|"
 for keys in "$@"; do
-  for store in ours_numbers ours_text governor; do
+  for store in ours_numbers ours_text ours_banned governor; do
     "$BIN" --memory "$store" --keys "$keys" |
       awk '{printf "| %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6}'
   done
