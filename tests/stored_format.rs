@@ -4,7 +4,9 @@
 //! clock; then each key's type, value and whether it expires, and the snapshot of the keys
 //! written as its file. `tests/data/stored-c091fd1.txt` is that commit's output (this file
 //! run there with `TRL_WRITE_STORED=1`): a change to it is a format change, which the
-//! CHANGELOG says with what operators do.
+//! CHANGELOG says with what operators do. A trace newer than that commit (a penalty ladder's)
+//! is held the same way to `tests/data/stored-penalty.txt`, what the commit that brought it
+//! wrote.
 
 mod support;
 
@@ -26,6 +28,14 @@ use support::redis_backend::caller_time_backend;
 use tower_ratelimits::{Limiter, Limits, ManualClock, RedisBackend, Snapshot};
 
 const WRITTEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/stored-c091fd1.txt");
+
+/// What the traces newer than the start commit leave, held the same way to what the commit
+/// that brought each wrote (`NEWER`): the penalty ladder's (issue 81, its states at
+/// `{<name>:<id>}:pen` and its snapshot lines), as first written at 9097dc1.
+const WRITTEN_NEWER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/stored-penalty.txt");
+
+/// The conformance traces newer than the start commit: held to `WRITTEN_NEWER`.
+const NEWER: [&str; 1] = ["penalty"];
 
 /// An adaptive limit whose keys share a capacity: a state of its own (the pool) beside the
 /// keys'.
@@ -50,6 +60,7 @@ fn limits() -> Limits {
         "calendar.yaml",
         "fair-share.yaml",
         "adaptive.yaml",
+        "penalty.yaml",
     ];
     let mut yaml: String = files.iter().map(|f| read(f) + "\n").collect();
     yaml.push_str(conformance::CONFORMANCE_LIMITS);
@@ -203,8 +214,9 @@ fn pairs(flat: Vec<Reply>) -> String {
     pairs.join(" ")
 }
 
-/// What each trace leaves: its values, then its snapshot's file.
-fn written(url: &str, port: u16) -> String {
+/// What each trace leaves: its values, then its snapshot's file; the traces the start commit
+/// ran, then those newer than it (`NEWER`).
+fn written(url: &str, port: u16) -> (String, String) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -213,7 +225,7 @@ fn written(url: &str, port: u16) -> String {
     let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let mut raw = Raw(BufReader::new(stream));
     let limits = limits();
-    let mut out = String::new();
+    let (mut out, mut newer) = (String::new(), String::new());
     for (n, (name, trace)) in traces().into_iter().enumerate() {
         let prefix = format!("fmt{n}:");
         let clock = ManualClock::new(simulate::EPOCH_US);
@@ -239,9 +251,14 @@ fn written(url: &str, port: u16) -> String {
             "### {name}: values\n{values}### {name}: snapshot\n{header}\n{}",
             keys.iter().map(|k| format!("{k}\n")).collect::<String>()
         );
-        out.push_str(&leases_named(&section));
+        let into = if NEWER.contains(&name.as_str()) {
+            &mut newer
+        } else {
+            &mut out
+        };
+        into.push_str(&leases_named(&section));
     }
-    out
+    (out, newer)
 }
 
 /// `text` with each lease id, a number a limiter draws from a random start, written as its
@@ -317,17 +334,27 @@ fn snapshot_files(written: &str) -> Vec<String> {
 #[test]
 fn the_store_holds_and_a_snapshot_writes_what_the_start_commit_wrote() {
     let server = RedisServer::start();
-    let now = written(&server.url(), server.port);
+    let (now, newer) = written(&server.url(), server.port);
     if std::env::var_os("TRL_WRITE_STORED").is_some() {
         std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/data")).unwrap();
         std::fs::write(WRITTEN, &now).unwrap();
+        std::fs::write(WRITTEN_NEWER, &newer).unwrap();
         return;
     }
-    let then = std::fs::read_to_string(WRITTEN).unwrap();
-    for (line, (t, n)) in then.lines().zip(now.lines()).enumerate() {
-        assert_eq!(n, t, "line {} of {WRITTEN}", line + 1);
+    for (file, now) in [(WRITTEN, &now), (WRITTEN_NEWER, &newer)] {
+        let then = std::fs::read_to_string(file).unwrap();
+        for (line, (t, n)) in then.lines().zip(now.lines()).enumerate() {
+            assert_eq!(n, t, "line {} of {file}", line + 1);
+        }
+        assert_eq!(now.lines().count(), then.lines().count(), "{file}");
     }
-    assert_eq!(now.lines().count(), then.lines().count());
+    let then = std::fs::read_to_string(WRITTEN).unwrap();
+    assert!(
+        std::fs::read_to_string(WRITTEN_NEWER)
+            .unwrap()
+            .contains("\"penalty\""),
+        "no penalty line in the newer snapshots"
+    );
     // Every shape left a state, and the pool its own.
     for kind in ["\"gcra\"", "\"tiers\"", "\"leases\"", "\"calendar\""] {
         assert!(then.contains(kind), "no {kind} line in a snapshot");
@@ -338,8 +365,11 @@ fn the_store_holds_and_a_snapshot_writes_what_the_start_commit_wrote() {
 #[test]
 fn a_snapshot_file_the_start_commit_wrote_loads_and_writes_back_the_same() {
     let then = std::fs::read_to_string(WRITTEN).unwrap();
-    let files = snapshot_files(&then);
+    let mut files = snapshot_files(&then);
     assert!(files.len() >= 9, "{} snapshot files", files.len());
+    files.extend(snapshot_files(
+        &std::fs::read_to_string(WRITTEN_NEWER).unwrap(),
+    ));
     for file in files {
         let read = Snapshot::read(file.as_bytes()).unwrap();
         let mut again = Vec::new();
