@@ -21,8 +21,8 @@
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -375,27 +375,78 @@ async fn reset_bucket(
     }
 }
 
-/// A ban list's query: `cursor` (a page's `next`) and `count` (keys a page looks at).
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A ban list's query: `cursor` (a page's `next`, percent-encoded) and `count` (keys a page
+/// looks at). Read here rather than by a query extractor: the quickstart, which builds the
+/// admin router, keeps its crate count.
+#[derive(Default)]
 struct BansQuery {
     cursor: Option<String>,
     count: Option<usize>,
+}
+
+impl BansQuery {
+    /// The query `raw` (`None`: no query), each field at most once; anything else refused.
+    fn read(raw: Option<&str>) -> Result<Self, String> {
+        let mut q = BansQuery::default();
+        for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value =
+                percent_decoded(value).ok_or("a query value that is not percent-encoded UTF-8")?;
+            match name {
+                "cursor" if q.cursor.is_none() => q.cursor = Some(value),
+                "count" if q.count.is_none() => {
+                    let n = value
+                        .parse()
+                        .map_err(|_| format!("count {value:?} is not a number"))?;
+                    q.count = Some(n);
+                }
+                "cursor" | "count" => return Err(format!("{name} is given twice")),
+                other => {
+                    return Err(format!(
+                        "unknown query field {:?}",
+                        other.chars().take(40).collect::<String>()
+                    ));
+                }
+            }
+        }
+        Ok(q)
+    }
+}
+
+/// `text` with each `%XX` decoded (`None`: a bad escape, or bytes that are not UTF-8).
+fn percent_decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// The keys a limit's penalty ladder holds, a page at a time ([`Limiter::penalties`]).
 async fn list_bans(
     State(limiter): State<Limiter>,
     limit: Result<Path<String>, PathRejection>,
-    query: Result<Query<BansQuery>, QueryRejection>,
+    RawQuery(raw): RawQuery,
 ) -> Answer {
     let limit = match limit {
         Ok(Path(limit)) => limit,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    let Query(query) = match query {
+    let query = match BansQuery::read(raw.as_deref()) {
         Ok(q) => q,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
     };
     let count = query.count.unwrap_or(100);
     let page = match limiter

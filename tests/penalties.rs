@@ -872,6 +872,9 @@ async fn the_admin_api_lists_the_banned_keys_a_page_at_a_time() {
             ("/bans/Nope", "unknown limit"),
             ("/bans/Login?cursor=x.y", "not a cursor"),
             ("/bans/Login?count=ten", "count"),
+            ("/bans/Login?count=1&count=2", "twice"),
+            ("/bans/Login?cursor=%ZZ", "percent-encoded"),
+            ("/bans/Login?limit=3", "unknown query field"),
         ] {
             let reply = admin.get(path, &[]).await;
             assert_eq!(reply.status, 400, "{path}: {}", reply.body);
