@@ -253,3 +253,85 @@ async fn another_instance_sees_the_charge_once_the_store_is_back() {
     on_b.allowed += on_a.allowed;
     on_b.allowed(5, "5 a month on the two instances");
 }
+
+/// Per client IP: 100 a minute, and a ban after 3 requests within 10 minutes, an hour long
+/// the first time.
+const LOGIN: &str = "Login: {kind: ip, burst: 100, count: 100, period: 1m, penalty: {after: 3, within: 10m, base: 1h, factor: 2, max: 1d}}\n";
+
+/// The seconds a refusal tells its client to wait, and the policy's `q` it was answered under
+/// (100: the store's; 50: the fallback's half).
+fn refused(r: &Reply) -> (u64, u64) {
+    assert_eq!(r.status, 429, "{}", r.body);
+    let retry = r.header("retry-after").and_then(|s| s.parse().ok());
+    (
+        retry.unwrap_or_else(|| panic!("no Retry-After: {}", r.body)),
+        q(r),
+    )
+}
+
+/// A ban the store answered is not forgotten when it fails: the fallback starts the key banned
+/// until the same end (before, it started the key fresh and let it through).
+#[tokio::test]
+async fn a_ban_the_store_answered_holds_in_the_fallback() {
+    let mut server = RedisServer::start_durable();
+    let prefix = unique_prefix("outage-ban");
+    let served = serve(app(LOGIN, "Login", backend(&server, &prefix, None).await)).await;
+    let client = HttpClient::new(&served);
+    for _ in 0..3 {
+        assert_eq!(client.get("/", &[]).await.status, 200);
+    }
+    let (retry, q_store) = refused(&client.get("/", &[]).await);
+    assert!(
+        retry > 3_500 && q_store == 100,
+        "banned for the hour by the store"
+    );
+    server.kill();
+    let (retry, q_fallback) = refused(&client.get("/", &[]).await);
+    assert_eq!(q_fallback, 50, "the fallback answered");
+    assert!(retry > 3_500, "still banned to the ban's end: {retry} s");
+    server.restart();
+}
+
+/// A ban the fallback decided reaches the store: what it counted is charged once the store is
+/// back, and the store bans the key for every instance (before, the store had counted 1 and
+/// let the key through).
+#[tokio::test]
+async fn a_ban_the_fallback_decided_reaches_the_store() {
+    let mut server = RedisServer::start_durable();
+    let prefix = unique_prefix("outage-fallback-ban");
+    let served = serve(app(LOGIN, "Login", backend(&server, &prefix, None).await)).await;
+    let client = HttpClient::new(&served);
+    assert_eq!(client.get("/", &[]).await.status, 200);
+    server.kill();
+    for _ in 0..3 {
+        assert_eq!(
+            client.get("/", &[]).await.status,
+            200,
+            "the fallback counts"
+        );
+    }
+    let (retry, q_fallback) = refused(&client.get("/", &[]).await);
+    assert!(retry > 3_500 && q_fallback == 50, "banned by the fallback");
+    server.restart();
+    // Another instance's view of the store, until it holds the ban.
+    let reader = Limiter::new(
+        Limits::from_yaml_str(LOGIN, None).unwrap(),
+        backend(&server, &prefix, None).await,
+    );
+    let key = reader.key("Login", Id::new("127.0.0.1").unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reader
+        .inspect(&key)
+        .await
+        .ok()
+        .is_none_or(|i| i.banned_for.is_none())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the store never learned of the ban"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (retry, q_store) = refused(&client.get("/", &[]).await);
+    assert!(retry > 3_500 && q_store == 100, "banned by the store");
+}

@@ -295,6 +295,18 @@ pub struct PenaltyStanding {
 }
 
 impl PenaltyState {
+    /// A key banned until `until` at level 1, its window empty: what an instance's fallback
+    /// knows of a ban the store answered (the store's answer carries the ban's end, not its
+    /// level, so the next ban the fallback decides is at least the ladder's second).
+    pub(crate) fn banned_until(until: u64) -> Self {
+        PenaltyState {
+            level: 1,
+            since: until,
+            banned_until: until,
+            ..PenaltyState::default()
+        }
+    }
+
     /// The key's standing at `now`, its level decayed first (a read: it may be written back).
     pub fn standing(&mut self, ladder: &Ladder, now: u64) -> Standing {
         if now < self.banned_until {

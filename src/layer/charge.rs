@@ -17,6 +17,18 @@
 //!   once it has ended; a GCRA limit's what time has not repaid yet, in whole units (rounded
 //!   up).
 //!
+//! A limit with a penalty ladder (`docs/penalties.md`) carries its bans both ways:
+//!
+//! - **bans**: a key the store answered banned (its ban's end) starts banned until that end in
+//!   the fallback, at level 1 (the answer carries no level). An answer that is not a ban
+//!   forgets it (an operator may have lifted it).
+//! - what the fallback counted toward a ban (the units it granted, each weighing for the
+//!   ladder's `within` after the last one) is **owed** as above: the charge counts it in the
+//!   store's ladder, which bans the key there when the units reach `after` (from the charge's
+//!   time: a ban the fallback decided lasts at least as long in the store). A request of a
+//!   rule that settles on its outcome is not owed: the fallback settles nothing, so its count
+//!   is an estimate the store must not take for failures.
+//!
 //! The bound this leaves: per instance and outage, the policy's share of what was left; grants
 //! of an instance that crashes before it charges them are lost (at most what it granted), and
 //! another instance may decide a key between the store's return and this instance's charge
@@ -33,7 +45,7 @@ use quick_cache::sync::Cache;
 
 use crate::config::Limits;
 use crate::key::BucketKey;
-use crate::limiter::{BatchDecision, Limiter, LimiterError, Transaction};
+use crate::limiter::{BatchDecision, FallbackBans, Limiter, LimiterError, Transaction};
 use crate::mode::Mode;
 use crate::quota::ChargeBack;
 use crate::time::{Clock, SystemClock};
@@ -53,12 +65,14 @@ pub(crate) const CHARGE_EVERY: Duration = Duration::from_secs(1);
 
 /// Units of a key as they stand at some time: `units` that hold until `until_us` (a calendar
 /// quota: its period's end; `every_us` 0), or that time repays one every `every_us` (a GCRA
-/// limit: `until_us` is when the last of them is repaid, `units` unused).
+/// limit: `until_us` is when the last of them is repaid, `units` unused), or that weigh for
+/// `within_us` after the last of them (a penalty ladder's window; `every_us` 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Units {
     units: u64,
     until_us: u64,
     every_us: u64,
+    within_us: u64,
 }
 
 impl Units {
@@ -75,7 +89,10 @@ impl Units {
     /// `cost` more units granted at `now`, in the period ending `end_us` (a calendar quota):
     /// units of an earlier period are dropped.
     fn add(&mut self, cost: u64, end_us: u64, now: u64) {
-        if self.every_us == 0 {
+        if self.within_us != 0 {
+            self.units = self.units.saturating_add(cost);
+            self.until_us = self.until_us.max(now.saturating_add(self.within_us));
+        } else if self.every_us == 0 {
             if same_period(end_us, self.until_us) {
                 self.units = self.units.saturating_add(cost);
                 self.until_us = self.until_us.max(end_us);
@@ -84,6 +101,7 @@ impl Units {
                     units: cost,
                     until_us: end_us,
                     every_us: 0,
+                    within_us: 0,
                 };
             }
         } else {
@@ -96,7 +114,9 @@ impl Units {
 
     /// `charged` of these units (as they stood in `taken`) are now in the store.
     fn sub(&mut self, taken: &Units, charged: u64) {
-        if self.every_us == 0 {
+        if self.within_us != 0 {
+            self.units = self.units.saturating_sub(charged);
+        } else if self.every_us == 0 {
             if same_period(self.until_us, taken.until_us) {
                 self.units = self.units.saturating_sub(charged);
             }
@@ -116,6 +136,28 @@ impl Units {
 fn same_period(a_us: u64, b_us: u64) -> bool {
     const READINGS_APART_US: u64 = 3_600_000_000;
     a_us.abs_diff(b_us) < READINGS_APART_US
+}
+
+/// The units `key` owes the store when the fallback grants it some, as none yet: its quota's,
+/// when they outlive an outage, else its penalty ladder's (not for a request whose outcome
+/// settles, `reserved`: the fallback settles nothing). `None`: nothing of it is carried.
+fn owed_from(limits: &Limits, key: &BucketKey, reserved: bool, now: u64) -> Option<Units> {
+    if let Some(shape) = limits.resolve(key).and_then(|q| q.charge_back()) {
+        let every_us = shape.repaid_every_us;
+        return Some(Units {
+            units: 0,
+            until_us: if every_us == 0 { 0 } else { now },
+            every_us,
+            within_us: 0,
+        });
+    }
+    let penalty = limits.entry(key.name())?.penalty.as_ref()?;
+    (!reserved).then(|| Units {
+        units: 0,
+        until_us: 0,
+        every_us: 0,
+        within_us: penalty.ladder.within_us(),
+    })
 }
 
 /// What the store last said of a key: `left` units at `at_us`.
@@ -151,6 +193,10 @@ pub(crate) struct Ledger {
     /// The layer's backend timeout: the longest a charge may take.
     timeout: Duration,
     known: Cache<BucketKey, Known>,
+    /// The keys the store last answered banned, each with its ban's end.
+    bans: Cache<BucketKey, u64>,
+    /// The fallback's memory, where those start banned.
+    fallback_bans: FallbackBans,
     owed: Mutex<HashMap<BucketKey, Units>>,
     /// `owed`'s length, read on every request without the lock.
     owing: AtomicUsize,
@@ -165,12 +211,19 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
-    pub(crate) fn new(percent: u8, clock: Option<Arc<dyn Clock>>, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        percent: u8,
+        clock: Option<Arc<dyn Clock>>,
+        timeout: Duration,
+        fallback_bans: FallbackBans,
+    ) -> Self {
         Self {
             percent: percent.clamp(1, 100),
             clock,
             timeout,
             known: Cache::new(KNOWN_KEYS),
+            bans: Cache::new(KNOWN_KEYS),
+            fallback_bans,
             owed: Mutex::new(HashMap::new()),
             owing: AtomicUsize::new(0),
             line: tokio::sync::Mutex::new(()),
@@ -196,6 +249,12 @@ impl Ledger {
     /// outlive an outage; a request found the store back, so the task charges at once.
     pub(crate) fn know(&self, batch: &BatchDecision, now: u64) {
         for d in batch.decisions() {
+            if d.banned() {
+                let until = now.saturating_add(crate::time::duration_us(d.retry_after()));
+                self.bans.insert(d.key().clone(), until);
+            } else if !self.bans.is_empty() && !d.skipped() {
+                self.bans.remove(d.key());
+            }
             let Some(shape) = d.limit().and_then(|q| q.charge_back()) else {
                 continue;
             };
@@ -220,7 +279,18 @@ impl Ledger {
 
     /// Starts each of `txs`' keys the store last answered of, once per outage, from the
     /// policy's share of the units that were left (the fallback's own state of it forgotten).
+    /// A key the store last answered banned starts banned until the ban's end (once per
+    /// outage too).
     pub(crate) fn seed(&self, fallback: &Limiter, txs: &[Transaction], now: u64) {
+        if !self.bans.is_empty() {
+            for tx in txs {
+                if let Some((key, until)) = self.bans.remove(tx.key())
+                    && until > now
+                {
+                    self.fallback_bans.start(&fallback.load(), &key, until, now);
+                }
+            }
+        }
         if self.known.is_empty() {
             return;
         }
@@ -265,7 +335,8 @@ impl Ledger {
                 if !d.allowed() || !d.mode().spends() || d.granted() == 0 {
                     continue;
                 }
-                let Some(shape) = limits.resolve(d.key()).and_then(|q| q.charge_back()) else {
+                let reserved = d.reservation().is_some();
+                let Some(mut units) = owed_from(limits, d.key(), reserved, now) else {
                     continue;
                 };
                 let end_us = now.saturating_add(crate::time::duration_us(d.reset_after()));
@@ -279,11 +350,6 @@ impl Ledger {
                         continue;
                     }
                     None => {
-                        let mut units = Units {
-                            units: 0,
-                            until_us: if shape.repaid_every_us == 0 { 0 } else { now },
-                            every_us: shape.repaid_every_us,
-                        };
                         units.add(d.granted(), end_us, now);
                         owed.insert(d.key().clone(), units);
                     }
@@ -339,7 +405,7 @@ impl Ledger {
                 let n = units.at(now);
                 // A limit that no longer carries its units back (removed, or changed by a
                 // reload) is owed nothing.
-                let carried = limits.resolve(key).and_then(|q| q.charge_back()).is_some();
+                let carried = owed_from(&limits, key, false, now).is_some();
                 if n == 0 || !carried {
                     return false;
                 }

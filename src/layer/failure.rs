@@ -56,10 +56,11 @@ impl Fallback {
         timeout: Duration,
     ) -> Self {
         let clock = main.backend().clock();
+        let (limiter, bans) = Limiter::fallback(scaled, clock.clone(), main.backend().regional());
         Self {
             percent,
-            limiter: Limiter::fallback(scaled, clock.clone(), main.backend().regional()),
-            ledger: Arc::new(Ledger::new(percent, clock, timeout)),
+            limiter,
+            ledger: Arc::new(Ledger::new(percent, clock, timeout, bans)),
             generation: AtomicU64::new(main.generation()),
         }
     }

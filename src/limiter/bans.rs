@@ -1,8 +1,12 @@
 //! The keys a limit's penalty ladder holds, a page at a time (`docs/penalties.md`): the admin
-//! API's ban list, read from the store without deciding anything.
+//! API's ban list, read from the store without deciding anything; and the bans a layer's
+//! in-memory fallback starts from (what the store answered before it failed).
 
 use super::{Limiter, LimiterError};
 use crate::algo::penalty::PenaltyStanding;
+use crate::backend::MemoryBackend;
+use crate::config::Limits;
+use crate::key::BucketKey;
 
 /// The most keys a page looks at ([`Limiter::penalties`]' `count` is held to it).
 pub(crate) const MOST_PER_PAGE: usize = 1_000;
@@ -83,5 +87,24 @@ impl Limiter {
             keys,
             next: page.next,
         })
+    }
+}
+
+/// The memory of a layer's in-memory fallback ([`Limiter::fallback`]), where a key the store
+/// answered banned starts banned (`layer/charge.rs`).
+pub(crate) struct FallbackBans(pub(super) MemoryBackend);
+
+impl FallbackBans {
+    /// Starts `key` (of a limit of `limits` with a penalty ladder) banned until `until`,
+    /// whatever its ladder held in the fallback. Whether it was (not in a full table, not of a
+    /// limit without a ladder).
+    pub(crate) fn start(&self, limits: &Limits, key: &BucketKey, until: u64, now: u64) -> bool {
+        let penalty = limits.entry(key.name()).and_then(|e| e.penalty.as_ref());
+        let (Some(quota), Some(penalty)) = (limits.resolve(key), penalty) else {
+            return false;
+        };
+        self.0
+            .start_banned(key, (quota, penalty), until, now)
+            .unwrap_or(false)
     }
 }

@@ -20,6 +20,7 @@ mod renewals;
 mod step;
 mod transaction;
 
+pub(crate) use bans::FallbackBans;
 pub use bans::PenaltyPage;
 pub use decision::{BatchDecision, Decision, Inspection, Lease};
 pub(crate) use decision::{Strictest, strictest};
@@ -294,11 +295,12 @@ impl Limiter {
     /// prefetch. It decides by `clock` (the main backend's), or the system clock. When the main
     /// backend is `regional`, it denies every limit marked `across_regions` (it knows no
     /// share).
+    /// Its memory comes with it, to start a key banned in ([`FallbackBans`]).
     pub(crate) fn fallback(
         limits: Limits,
         clock: Option<Arc<dyn crate::time::Clock>>,
         regional: bool,
-    ) -> Self {
+    ) -> (Self, FallbackBans) {
         let memory = match clock {
             Some(clock) => crate::backend::MemoryBackend::builder()
                 .clock(clock)
@@ -310,7 +312,11 @@ impl Limiter {
         } else {
             Regions::PerRegion
         };
-        Self::build(limits, Arc::new(memory), None, false, regions)
+        let bans = FallbackBans(memory.clone());
+        (
+            Self::build(limits, Arc::new(memory), None, false, regions),
+            bans,
+        )
     }
 
     fn build(

@@ -47,6 +47,7 @@ use smallvec::SmallVec;
 use super::regions::MemoryRegion;
 use super::{Backend, BackendError, BucketTx, Outcomes, Spend, kit};
 use crate::algo::calendar::{CalendarQuota, CalendarState};
+use crate::algo::penalty::PenaltyState;
 use crate::algo::tiers::{TierGrant, TierState};
 use crate::algo::{concurrency, gcra};
 use crate::backend::Outcome;
@@ -273,6 +274,25 @@ impl MemoryBackend {
                 Ok(true)
             }
         }
+    }
+
+    /// Starts `key`'s penalty state (`penalty`: its limit's ladder, `quota` its limit) banned
+    /// until `until`, whatever it held: the layer's in-memory fallback started from a ban the
+    /// store answered (`layer/charge.rs`). Whether it was put (not in a full table).
+    pub(crate) fn start_banned(
+        &self,
+        key: &BucketKey,
+        (quota, penalty): (&Quota, &crate::config::PenaltyEntry),
+        until: u64,
+        now: u64,
+    ) -> Result<bool, BackendError> {
+        let state_key = BucketKey::new(penalty.state, key.id().clone());
+        let Some(slot) = self.tier_slot(&state_key, true, now)? else {
+            return Ok(false);
+        };
+        let state = kit::Stored::Penalty(Box::new(PenaltyState::banned_until(until)));
+        lock(&slot).put(kit::fresh_at(quota, Some(penalty), &state, now), state);
+        Ok(true)
     }
 
     /// Drops every bucket that equals a fresh one (TAT at or before now) and returns how many

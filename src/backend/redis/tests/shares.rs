@@ -308,7 +308,7 @@ async fn the_script_reads_a_share_bucket_as_the_rust_rule() {
 /// regional mode decides a marked limit as a limit per region, as its limiter does.
 #[tokio::test]
 async fn the_fallback_of_a_regional_limiter_denies_a_marked_limit() {
-    let fallback = Limiter::fallback(limits(), None, true);
+    let fallback = Limiter::fallback(limits(), None, true).0;
     let marked = fallback.key("Api", Id::from(1u64)).unwrap();
     let denied = fallback
         .spend(&[Transaction::new(marked.clone())])
@@ -321,7 +321,7 @@ async fn the_fallback_of_a_regional_limiter_denies_a_marked_limit() {
     );
     let other = fallback.key("Other", Id::from(1u64)).unwrap();
     assert_eq!(allowed(&fallback, &other, 3).await, 3);
-    let per_region = Limiter::fallback(limits(), None, false);
+    let per_region = Limiter::fallback(limits(), None, false).0;
     assert_eq!(allowed(&per_region, &marked, 3).await, 3);
 }
 
