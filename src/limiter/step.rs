@@ -556,17 +556,16 @@ impl Limiter {
                     return Err(LimiterError::LimitTwice(name));
                 }
             }
-            // A limit with a ladder sent to the backend: its companion follows the batch,
-            // decided after the loop (`penalties.rs`; a limit without one pays one test).
-            let penalty = entry.penalty.is_some() && quota.is_some() && block_s == 0;
-            counted.penalties |= penalty;
+            // A limit with a ladder: its companion follows the batch, decided after the loop
+            // (`penalties.rs`, which sets `penalty`; a limit without one pays one test).
+            counted.penalties |= entry.penalty.is_some();
             resolved.push(Resolved {
                 quota,
                 mode,
                 cost,
                 lease,
                 block_s,
-                penalty,
+                penalty: false,
             });
         }
         if counted.penalties {

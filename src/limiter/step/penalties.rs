@@ -36,9 +36,9 @@ fn part(
     (true, id)
 }
 
-/// Pushes the companions of `batch`'s transactions of limits with a penalty (`r.penalty`,
-/// each told whether it takes part in `op` and its lease id by [`part`]), in order, after the
-/// transactions sent (`txs`, one per sent transaction). Refused when the backend decides no
+/// Pushes the companions of `batch`'s transactions sent of limits with a penalty (each told
+/// whether it takes part in `op` and its lease id by [`part`], marked `r.penalty` when it
+/// does), in order, after the transactions sent (`txs`, one per sent transaction). Refused when the backend decides no
 /// penalty (`decides`: [`Backend::decides_penalties`]); `fresh` makes a new reservation id.
 ///
 /// [`Backend::decides_penalties`]: crate::Backend::decides_penalties
@@ -56,12 +56,12 @@ pub(super) fn push_companions<'a>(
         if !r.sent() {
             continue;
         }
-        if r.penalty {
+        let name = tx.key().name();
+        let penalty = limits.entry(name).and_then(|e| e.penalty.as_ref());
+        if penalty.is_some() {
             (r.penalty, r.lease) = part(tx, (op, r.mode), r.lease, fresh);
         }
         if r.penalty {
-            let name = tx.key().name();
-            let penalty = limits.entry(name).and_then(|e| e.penalty.as_ref());
             let (Some(penalty), true) = (penalty, decides) else {
                 return Err(LimiterError::NoPenalties(name));
             };
