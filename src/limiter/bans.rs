@@ -99,12 +99,11 @@ impl FallbackBans {
     /// whatever its ladder held in the fallback. Whether it was (not in a full table, not of a
     /// limit without a ladder).
     pub(crate) fn start(&self, limits: &Limits, key: &BucketKey, until: u64, now: u64) -> bool {
-        let penalty = limits.entry(key.name()).and_then(|e| e.penalty.as_ref());
-        let (Some(quota), Some(penalty)) = (limits.resolve(key), penalty) else {
+        let Some(penalty) = limits.entry(key.name()).and_then(|e| e.penalty.as_ref()) else {
             return false;
         };
         self.0
-            .start_banned(key, (quota, penalty), until, now)
+            .start_banned(key, penalty, until, now)
             .unwrap_or(false)
     }
 }

@@ -113,7 +113,8 @@ pub(crate) use gcra::{
     GcraDecision, gcra_decide, gcra_step, gcra_tat, gcra_unword, gcra_word, gcra_write,
 };
 use gcra::{gcra_refund, gcra_spend};
-use penalty::{penalty_fresh_at, penalty_settle, penalty_spend};
+pub(crate) use penalty::penalty_fresh_at;
+use penalty::{penalty_settle, penalty_spend};
 use tiers::{tiers_refund, tiers_spend};
 
 use super::{BackendError, BucketTx, Outcome, Outcomes};

@@ -104,7 +104,7 @@ fn tallied(tally: Tally, ladder: &Ladder, now: u64) -> Outcome {
 
 /// The first instant at which `state` equals a fresh one under `ladder`: its ban over, its
 /// level decayed to 0, and its window's units and reservations gone.
-pub(super) fn penalty_fresh_at(ladder: &Ladder, state: &PenaltyState) -> u64 {
+pub(crate) fn penalty_fresh_at(ladder: &Ladder, state: &PenaltyState) -> u64 {
     let decayed = state
         .since
         .saturating_add(u64::from(state.level).saturating_mul(ladder.forget_after_us()));
