@@ -128,6 +128,8 @@ enum Event {
     Charge(usize),
     /// The day renews.
     Renew,
+    /// An hour passes (the ladder's model).
+    Hour,
 }
 
 const EVENTS: [Event; 6] = [
@@ -237,6 +239,7 @@ async fn run(limits: &Limits, events: &[Event]) -> (Run, u64) {
                 seen.outages
                     .push(u64::from(store.down.load(Ordering::Relaxed)));
             }
+            Event::Hour => unreachable!("the calendar's model moves by the day"),
         }
     }
     // The store back, and every instance's charge made: what the store counts today.
@@ -319,52 +322,84 @@ fn a_ladders_units_weigh_for_its_window_after_the_last() {
     );
 }
 
-/// What one run of the ladder's model saw: each instance's answers in order (`Some(banned)`
-/// for a refusal), and the requests allowed in all.
-#[derive(Default)]
-struct LadderRun {
-    answers: [Vec<Option<bool>>; 2],
-    allowed: u64,
+/// An answer the ladder's model saw: allowed, refused, or refused by a ban ending at `until`
+/// (microseconds, the store's clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Allowed,
+    Refused,
+    Banned { until: u64 },
 }
 
-/// A ban after 2 counted requests within an hour, a day long: no time passes in a run, so a
-/// ban once started holds to its end.
-const LADDER: &str = "Login: {burst: 100, count: 100, period: 1m, penalty: {after: 2, within: 1h, base: 1d, factor: 2, max: 10d}}";
+/// What one run of the ladder's model saw: each instance's answers in order with their times,
+/// the requests allowed in all, and the time the run ended.
+#[derive(Default)]
+struct LadderRun {
+    answers: [Vec<(u64, Answer)>; 2],
+    allowed: u64,
+    end: u64,
+}
 
-const LADDER_EVENTS: [Event; 5] = [
+impl LadderRun {
+    /// The latest end of a ban any instance announced.
+    fn latest_ban(&self) -> u64 {
+        let ends = self.answers.iter().flatten().filter_map(|(_, a)| match a {
+            Answer::Banned { until } => Some(*until),
+            _ => None,
+        });
+        ends.max().unwrap_or(0)
+    }
+}
+
+/// A ban after 2 counted requests within 3 hours, 2 hours long the first time; the model moves
+/// time an hour at a step, so bans end and units leave the window within a run.
+const LADDER: &str = "Login: {burst: 100, count: 100, period: 1m, penalty: {after: 2, within: 3h, base: 2h, factor: 2, max: 8h}}";
+
+const HOUR_US: u64 = 3_600_000_000;
+
+const LADDER_EVENTS: [Event; 6] = [
     Event::Request(0),
     Event::Request(1),
     Event::Flip,
     Event::Charge(0),
     Event::Charge(1),
+    Event::Hour,
 ];
+
+/// One request on `layer`: its answer.
+async fn answer(layer: &RateLimitLayer, parts: &http::request::Parts, now: u64) -> Answer {
+    let decided = match road(&layer.shared, parts) {
+        Road::Decided(d) => d,
+        Road::Deciding(f) => f.await,
+        _ => panic!("a rule applies, and the road decides"),
+    };
+    let batch = decided.result.unwrap_or_else(|e| panic!("{e}"));
+    match batch.decisions().iter().find(|d| d.banned()) {
+        _ if batch.allowed() => Answer::Allowed,
+        Some(d) => Answer::Banned {
+            until: now + crate::time::duration_us(d.retry_after()),
+        },
+        None => Answer::Refused,
+    }
+}
 
 /// Runs `events` on two instances of `limits` (each falling back to memory) over one store;
 /// then the store back and both instances' charges made: whether the store bans the key.
 async fn run_ladder(limits: &Limits, events: &[Event]) -> (LadderRun, bool) {
     let Deployment {
+        clock,
         store,
         layers,
         parts,
-        ..
     } = Deployment::new(limits, "Login");
     let mut seen = LadderRun::default();
     for &event in events {
         match event {
             Event::Request(i) => {
-                let decided = match road(&layers[i].shared, &parts) {
-                    Road::Decided(d) => d,
-                    Road::Deciding(f) => f.await,
-                    _ => panic!("a rule applies, and the road decides"),
-                };
-                let batch = match decided.result {
-                    Ok(batch) => batch,
-                    Err(e) => panic!("{events:?}: {e}"),
-                };
-                let answer =
-                    (!batch.allowed()).then(|| batch.decisions().iter().any(|d| d.banned()));
-                seen.allowed += u64::from(answer.is_none());
-                seen.answers[i].push(answer);
+                let now = clock.now_us();
+                let answer = answer(&layers[i], &parts, now).await;
+                seen.allowed += u64::from(answer == Answer::Allowed);
+                seen.answers[i].push((now, answer));
             }
             Event::Flip => store
                 .down
@@ -375,7 +410,8 @@ async fn run_ladder(limits: &Limits, events: &[Event]) -> (LadderRun, bool) {
                     let _ = ledger.charge(&shared.limiter, &[]).await;
                 }
             }
-            Event::Renew => unreachable!("no time passes"),
+            Event::Hour => clock.advance(Duration::from_micros(HOUR_US)),
+            Event::Renew => unreachable!("the ladder's model moves by the hour"),
         }
     }
     store.down.store(false, Ordering::Relaxed);
@@ -385,19 +421,21 @@ async fn run_ladder(limits: &Limits, events: &[Event]) -> (LadderRun, bool) {
             ledger.charge(&shared.limiter, &[]).await.unwrap();
         }
     }
+    seen.end = clock.now_us();
     let reader = Limiter::new(limits.clone(), store.clone());
     let key = reader.key("Login", Id::new("a").unwrap()).unwrap();
     let banned = reader.inspect(&key).await.unwrap().banned_for.is_some();
     (seen, banned)
 }
 
-/// Every sequence of up to 6 requests on two instances, outages, returns and charges (19,530):
-/// a ban is not forgotten (an instance that answered a request banned, by the store or by its
-/// fallback, allows none after it, outages or not), a count is not lost (once the store is
-/// back and both instances have charged, 2 requests allowed anywhere have banned the key in
-/// the store), and none is made up (the store bans only a key 2 requests got through for).
+/// Every sequence of up to 6 requests on two instances, outages, returns, charges and hours
+/// passing (55,986): a ban is not forgotten (an instance that answered a request banned, by
+/// the store or by its fallback, allows none before the end it announced, outages or not),
+/// a count is not lost (once the store is back and both instances have charged, a ban any
+/// instance announced that has not ended is the store's too), and none is made up (the store
+/// bans only a key 2 requests got through for).
 #[tokio::test(flavor = "current_thread")]
-async fn no_sequence_of_outages_and_charges_forgets_a_ban() {
+async fn no_sequence_of_outages_charges_and_hours_forgets_a_ban() {
     let limits = Limits::from_yaml_str(LADDER, None).unwrap();
     let mut sequences = 0;
     for len in 1..=6u32 {
@@ -413,20 +451,25 @@ async fn no_sequence_of_outages_and_charges_forgets_a_ban() {
             let (seen, banned) = run_ladder(&limits, &events).await;
             sequences += 1;
             for answers in &seen.answers {
-                if let Some(first) = answers.iter().position(|a| *a == Some(true)) {
+                for (i, &(_, a)) in answers.iter().enumerate() {
+                    let Answer::Banned { until } = a else {
+                        continue;
+                    };
                     assert!(
-                        answers[first..].iter().all(Option::is_some),
-                        "{events:?}: {answers:?}: a request allowed after a ban"
+                        answers[i..]
+                            .iter()
+                            .all(|&(at, a)| at >= until || a != Answer::Allowed),
+                        "{events:?}: {answers:?}: a request allowed before its ban's end"
                     );
                 }
             }
-            assert_eq!(
-                banned,
-                seen.allowed >= 2,
-                "{events:?}: {} allowed in all, and the store's ban",
-                seen.allowed
-            );
+            if seen.latest_ban() > seen.end {
+                assert!(banned, "{events:?}: a ban in force the store does not hold");
+            }
+            if banned {
+                assert!(seen.allowed >= 2, "{events:?}: a ban no 2 requests made");
+            }
         }
     }
-    assert_eq!(sequences, 19_530);
+    assert_eq!(sequences, 55_986);
 }
