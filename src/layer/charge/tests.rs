@@ -166,7 +166,10 @@ impl Deployment {
     fn new(limits: &Limits, name: &str) -> Self {
         let clock = ManualClock::new(1_795_608_000_000_000);
         let store = Store {
-            memory: MemoryBackend::builder().clock(clock.clone()).build(),
+            memory: MemoryBackend::builder()
+                .clock(clock.clone())
+                .sweep_interval(Duration::ZERO)
+                .build(),
             down: Arc::new(AtomicBool::new(false)),
         };
         let layers = (0..2)
