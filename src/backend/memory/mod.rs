@@ -342,23 +342,32 @@ impl MemoryBackend {
         after: Option<&str>,
         count: usize,
     ) -> super::StatesPage {
-        let mut page = std::collections::BTreeMap::new();
+        let mut page = std::collections::BTreeMap::<String, PenaltyState>::new();
         let mut more = false;
+        // Each id's text written into one buffer: a key allocates only if it joins the page.
+        let mut text = String::new();
         for entry in self.inner.tiers.iter() {
             if entry.key().name() != state {
                 continue;
             }
-            let id = entry.key().id().to_string();
-            if after.is_some_and(|c| id.as_str() <= c) {
+            text.clear();
+            let _ = std::fmt::Write::write_fmt(&mut text, format_args!("{}", entry.key().id()));
+            if after.is_some_and(|c| text.as_str() <= c) {
                 continue;
             }
             let slot = lock(entry.value());
-            if let (Some(kit::Stored::Penalty(p)), false) = (&slot.state, slot.removed) {
-                page.insert(id, (**p).clone());
-                if page.len() > count {
-                    page.pop_last();
-                    more = true;
-                }
+            let (Some(kit::Stored::Penalty(p)), false) = (&slot.state, slot.removed) else {
+                continue;
+            };
+            // A full page of lesser ids: this one is on a later page.
+            if page.len() >= count && page.last_key_value().is_some_and(|(last, _)| text > *last) {
+                more = true;
+                continue;
+            }
+            page.insert(text.clone(), (**p).clone());
+            if page.len() > count {
+                page.pop_last();
+                more = true;
             }
         }
         let next = more
