@@ -179,12 +179,13 @@ impl<'a> Verdict<'a> {
         self.allowed
     }
 
-    /// The decisions.
-    pub(crate) fn decision(self) -> Result<BatchDecision, LimiterError> {
+    /// The decisions (read in place: a verdict moved into a call is a copy of some 360 bytes,
+    /// `ours_limiter` 1,597 -> 1,504 instructions, `benches/instructions.sh`).
+    pub(crate) fn decision(&self) -> Result<BatchDecision, LimiterError> {
         finish(
             self.batch,
             &self.resolved,
-            self.outcomes,
+            &self.outcomes,
             self.op,
             self.counted,
         )
@@ -243,7 +244,7 @@ impl Pending {
         if self.counted.blocks {
             outcomes = with_blocks(&self.resolved, outcomes)?;
         }
-        finish(batch, &self.resolved, outcomes, self.op, self.counted)
+        finish(batch, &self.resolved, &outcomes, self.op, self.counted)
     }
 }
 
@@ -493,7 +494,7 @@ impl Limiter {
         if counted.blocks {
             outcomes = with_blocks(&resolved, outcomes)?;
         }
-        finish(batch, &resolved, outcomes, Op::Refund, counted)
+        finish(batch, &resolved, &outcomes, Op::Refund, counted)
     }
 
     /// Resolves each transaction of a batch (no key named twice: the caller checked,
@@ -654,7 +655,7 @@ fn with_blocks<Q>(resolved: &[Resolved<Q>], sent: Outcomes) -> Result<Outcomes, 
 fn finish<Q: std::borrow::Borrow<Quota>>(
     batch: &[Transaction],
     resolved: &[Resolved<Q>],
-    outcomes: Outcomes,
+    outcomes: &Outcomes,
     op: Op,
     counted: Counted,
 ) -> Result<BatchDecision, LimiterError> {
