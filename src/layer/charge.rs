@@ -45,7 +45,9 @@ use quick_cache::sync::Cache;
 
 use crate::config::Limits;
 use crate::key::BucketKey;
-use crate::limiter::{BatchDecision, FallbackBans, Limiter, LimiterError, Transaction};
+use crate::limiter::{
+    BatchDecision, FallbackBans, Limiter, LimiterError, PenaltyPart, Transaction,
+};
 use crate::mode::Mode;
 use crate::quota::ChargeBack;
 use crate::time::{Clock, SystemClock};
@@ -73,6 +75,9 @@ struct Units {
     until_us: u64,
     every_us: u64,
     within_us: u64,
+    /// Charged without the key's ladder: a quota's units of requests whose outcome settles,
+    /// which the fallback never settled (the ladder would count them as failures).
+    bare: bool,
 }
 
 impl Units {
@@ -102,6 +107,7 @@ impl Units {
                     until_us: end_us,
                     every_us: 0,
                     within_us: 0,
+                    bare: self.bare,
                 };
             }
         } else {
@@ -139,8 +145,9 @@ fn same_period(a_us: u64, b_us: u64) -> bool {
 }
 
 /// The units `key` owes the store when the fallback grants it some, as none yet: its quota's,
-/// when they outlive an outage, else its penalty ladder's (not for a request whose outcome
-/// settles, `reserved`: the fallback settles nothing). `None`: nothing of it is carried.
+/// when they outlive an outage (charged without its ladder for a request whose outcome
+/// settles, `reserved`: the fallback settles nothing), else its penalty ladder's (not for such
+/// a request). `None`: nothing of it is carried.
 fn owed_from(limits: &Limits, key: &BucketKey, reserved: bool, now: u64) -> Option<Units> {
     if let Some(shape) = limits.resolve(key).and_then(|q| q.charge_back()) {
         let every_us = shape.repaid_every_us;
@@ -149,6 +156,7 @@ fn owed_from(limits: &Limits, key: &BucketKey, reserved: bool, now: u64) -> Opti
             until_us: if every_us == 0 { 0 } else { now },
             every_us,
             within_us: 0,
+            bare: reserved,
         });
     }
     let penalty = limits.entry(key.name())?.penalty.as_ref()?;
@@ -157,6 +165,7 @@ fn owed_from(limits: &Limits, key: &BucketKey, reserved: bool, now: u64) -> Opti
         until_us: 0,
         every_us: 0,
         within_us: penalty.ladder.within_us(),
+        bare: false,
     })
 }
 
@@ -442,7 +451,13 @@ impl Ledger {
         }
         let charges: Vec<Transaction> = taken
             .iter()
-            .map(|(key, _, n)| Transaction::of(key.clone(), Mode::Charge, Some(*n)))
+            .map(|(key, units, n)| {
+                let tx = Transaction::of(key.clone(), Mode::Charge, Some(*n));
+                match units.bare {
+                    true => tx.with_penalty(PenaltyPart::Skip),
+                    false => tx,
+                }
+            })
             .collect();
         drop(limits);
         let charged = main.spend(&charges).await?;

@@ -27,12 +27,14 @@ pub struct Transaction {
 /// (`docs/penalties.md`): its cost counted at admission (every transaction but a settling
 /// rule's), reserved until its outcome settles it (the admission of a layer's rule that
 /// settles after the response), or that settle (a refund's: the reservation's id and the
-/// units its outcome counts).
+/// units its outcome counts), or nothing (`Skip`: the in-memory fallback's charge-back of a
+/// quota's units its ladder never counted).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) enum PenaltyPart {
     #[default]
     Count,
     Reserve,
+    Skip,
     Settle {
         id: std::num::NonZeroU64,
         counted: u64,

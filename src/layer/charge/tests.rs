@@ -25,6 +25,7 @@ fn a_calendar_quotas_units_weigh_until_their_period_ends() {
         until_us: 0,
         every_us: 0,
         within_us: 0,
+        bare: false,
     };
     units.add(2, DAY, 10);
     units.add(1, DAY, 20);
@@ -56,6 +57,7 @@ fn grants_whose_period_end_reads_apart_by_microseconds_add_up() {
         until_us: 0,
         every_us: 0,
         within_us: 0,
+        bare: false,
     };
     units.add(1, END - 3, 1_000);
     units.add(1, END + 2, 2_000);
@@ -75,6 +77,7 @@ fn a_gcra_limits_units_are_repaid_by_time_and_rounded_up() {
         until_us: 0,
         every_us: hour,
         within_us: 0,
+        bare: false,
     };
     units.add(2, 0, 0);
     assert_eq!(units.at(0), 2);
@@ -306,6 +309,7 @@ fn a_ladders_units_weigh_for_its_window_after_the_last() {
         until_us: 0,
         every_us: 0,
         within_us: WITHIN,
+        bare: false,
     };
     units.add(1, 0, 10);
     units.add(2, 0, 20);
@@ -475,4 +479,53 @@ async fn no_sequence_of_outages_charges_and_hours_forgets_a_ban() {
         }
     }
     assert_eq!(sequences, 55_986);
+}
+
+/// A monthly quota with a ladder, counted by the response (failed logins): what the fallback
+/// admitted during an outage is charged to the store's quota, not to its ladder, since the
+/// fallback never settled it (before, the store counted every admitted login as a failure
+/// and banned the account).
+#[tokio::test(flavor = "current_thread")]
+async fn a_charge_back_of_an_outcome_rule_leaves_the_ladder_alone() {
+    let yaml = "Logins: {calendar: {count: 5, period: month}, penalty: {after: 1, within: 1h, base: 1h, factor: 2, max: 1d}}";
+    let limits = Limits::from_yaml_str(yaml, None).unwrap();
+    let clock = ManualClock::new(1_795_608_000_000_000);
+    let store = Store {
+        memory: MemoryBackend::builder()
+            .clock(clock.clone())
+            .sweep_interval(Duration::ZERO)
+            .build(),
+        down: Arc::new(AtomicBool::new(true)),
+    };
+    let rule = Rule::new("Logins", Header::new("x-account"))
+        .count_when(crate::CountWhen::new().status(401, 1));
+    let layer = RateLimitLayer::builder(Limiter::new(limits.clone(), store.clone()))
+        .rule(rule)
+        .on_backend_failure(FailurePolicy::FallbackToMemory { percent: 100 })
+        .backend_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let (parts, ()) = http::Request::get("/")
+        .header("x-account", "a")
+        .body(())
+        .unwrap()
+        .into_parts();
+    let decided = match road(&layer.shared, &parts) {
+        Road::Decided(d) => d,
+        Road::Deciding(f) => f.await,
+        _ => panic!("a rule applies, and the road decides"),
+    };
+    assert!(
+        decided.allowed() && decided.fell_back,
+        "the fallback admitted it"
+    );
+    store.down.store(false, Ordering::Relaxed);
+    let ledger = layer.shared.failure.ledger().unwrap();
+    ledger.charge(&layer.shared.limiter, &[]).await.unwrap();
+    let reader = Limiter::new(limits, store.clone());
+    let key = reader.key("Logins", Id::new("a").unwrap()).unwrap();
+    let used = store.memory.calendar_state(&key).map(|c| c.used);
+    assert_eq!(used, Some(1), "the quota holds the login");
+    let seen = reader.inspect(&key).await.unwrap();
+    assert_eq!(seen.banned_for, None, "the ladder counted no failure");
 }

@@ -24,7 +24,11 @@ fn part(
     lease: u64,
     fresh: &dyn Fn() -> u64,
 ) -> (bool, u64) {
-    let takes_part = op != Op::Refund || matches!(tx.penalty(), PenaltyPart::Settle { .. });
+    let takes_part = match tx.penalty() {
+        PenaltyPart::Skip => false,
+        PenaltyPart::Settle { .. } => true,
+        PenaltyPart::Count | PenaltyPart::Reserve => op != Op::Refund,
+    };
     if !takes_part || lease != 0 {
         return (takes_part, lease);
     }
