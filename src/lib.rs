@@ -98,6 +98,7 @@
 //! | trying a policy on access logs before deploying it | `Replay`, `RuleSet` (features `replay`, `yaml`), [`specs::replay`] |
 //! | Redis and Redis Cluster | `RedisBackend` (feature `redis`) |
 //! | one limit across regions, each region deciding on its own store | `RedisBackendBuilder::regional` (feature `redis`), [`specs::regions`] |
+//! | each message of a gRPC stream, a WebSocket or SSE counted before it passes | `StreamMeter`, `LimitedStream` (feature `stream`), [`specs::streams`] |
 //! | reloading limits while running | [`Limiter::reload`], `LimitsWatcher` (feature `reload`) |
 //! | overrides changed while running, on every instance; looking at a bucket | [`Limiter::set_override`], [`Limiter::inspect`], `admin_router` (feature `admin`) |
 //! | a backend for another store | [`Backend`], [`kit`] |
@@ -116,6 +117,7 @@
 //! | `admin` | off | `admin_router`: stored overrides and buckets over HTTP (axum) |
 //! | `acme` | off | the id kinds `domain`, `fqdn_set`, `account_domain`, `account_fqdn_set` |
 //! | `time-zones` | off | IANA time-zone names (`Europe/Berlin`) for calendar quotas; fixed offsets need no feature |
+//! | `stream` | off | `StreamMeter`, `LimitedStream`: limits inside streams ([`specs::streams`]) |
 //! | `replay` | off | `Replay`, `LogReader`: access logs replayed through a current and a candidate policy ([`specs::replay`]) |
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -174,6 +176,8 @@ mod quota;
 mod reload;
 #[cfg(feature = "replay")]
 mod replay;
+#[cfg(feature = "stream")]
+mod stream;
 mod telemetry;
 mod time;
 
@@ -242,6 +246,11 @@ pub use replay::{
 #[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
 pub use replay::{
     DEFAULT_SNAPSHOT_KEYS, RefusedId, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
+};
+#[cfg(feature = "stream")]
+#[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
+pub use stream::{
+    AtLimit, LimitedStream, StreamError, StreamLimited, StreamMeter, StreamMeterBuilder,
 };
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
 
@@ -325,6 +334,21 @@ pub mod specs {
         doc = "Replaying access logs (its code needs the feature `replay`)."
     )]
     pub mod replay {}
+    #[cfg_attr(
+        any(
+            not(doctest),
+            all(feature = "stream", feature = "tonic", feature = "yaml")
+        ),
+        doc = include_str!("../docs/streams.md")
+    )]
+    #[cfg_attr(
+        all(
+            doctest,
+            not(all(feature = "stream", feature = "tonic", feature = "yaml"))
+        ),
+        doc = "Limits inside a stream (its code needs the features `stream`, `tonic`, `yaml`)."
+    )]
+    pub mod streams {}
 }
 
 /// The README's code, compiled and run as doc tests (its examples use axum and a YAML file).

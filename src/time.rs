@@ -355,6 +355,31 @@ pub(crate) fn days_in_month(y: i64, m: i64) -> i64 {
 }
 
 /// Unix microseconds of a UTC date and time (for tests and docs).
+/// Whole milliseconds of a duration, rounded up.
+pub(crate) fn ceil_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
+/// A wait in whole milliseconds as a person reads it, the same wait every millisecond field
+/// gives: `50 ms`, `2.5 s`, `3600 s`.
+pub(crate) struct WaitText(pub(crate) u64);
+
+impl std::fmt::Display for WaitText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0;
+        if ms < 1000 {
+            return write!(f, "{ms} ms");
+        }
+        let (s, frac) = (ms / 1000, ms % 1000);
+        match frac {
+            0 => write!(f, "{s} s"),
+            _ if frac % 100 == 0 => write!(f, "{s}.{} s", frac / 100),
+            _ if frac % 10 == 0 => write!(f, "{s}.{:02} s", frac / 10),
+            _ => write!(f, "{s}.{frac:03} s"),
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn utc(y: i64, m: i64, d: i64, h: i64, min: i64) -> u64 {
     ((days_from_civil(y, m, d) * DAY_S + h * 3600 + min * 60) * 1_000_000) as u64
@@ -363,6 +388,23 @@ pub(crate) fn utc(y: i64, m: i64, d: i64, h: i64, min: i64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A wait reads as the milliseconds every field gives, in the unit a person reads.
+    #[test]
+    fn a_wait_reads_as_its_milliseconds() {
+        for (ms, text) in [
+            (1, "1 ms"),
+            (50, "50 ms"),
+            (999, "999 ms"),
+            (1000, "1 s"),
+            (1001, "1.001 s"),
+            (2500, "2.5 s"),
+            (2550, "2.55 s"),
+            (3_600_000, "3600 s"),
+        ] {
+            assert_eq!(WaitText(ms).to_string(), text);
+        }
+    }
 
     #[test]
     fn parses_units_and_combinations() {

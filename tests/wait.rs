@@ -2,6 +2,8 @@
 //! memory backend reads the same virtual time the waits sleep on, so every wait is measured
 //! exactly, with no real sleep.
 
+#[path = "support/clock.rs"]
+mod clock;
 #[path = "support/counting.rs"]
 mod counting;
 #[path = "support/scrape.rs"]
@@ -12,23 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::{Router, body::Body, routing::any};
+use clock::TokioClock;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_ratelimits::{
-    ClientIp, Clock, Header, Id, Limiter, Limits, MemoryBackend, OnMissingKey, RateLimitLayer,
-    Rule, Transaction, Wait,
+    ClientIp, Header, Id, Limiter, Limits, MemoryBackend, OnMissingKey, RateLimitLayer, Rule,
+    Transaction, Wait,
 };
-
-/// Microseconds since the epoch on tokio's clock (virtual when paused), from 2023-11-14.
-#[derive(Clone)]
-struct TokioClock(tokio::time::Instant);
-
-impl Clock for TokioClock {
-    fn now_us(&self) -> u64 {
-        1_700_000_000_000_000 + self.0.elapsed().as_micros() as u64
-    }
-}
 
 const LIMITS: &str = "\
 PerIp: {kind: ip, burst: 1, count: 10, period: 1s}
@@ -37,9 +30,7 @@ PerAccount: {kind: account, burst: 5, count: 5, period: 1s}
 ";
 
 fn limiter() -> Limiter {
-    let backend = MemoryBackend::builder()
-        .clock(TokioClock(tokio::time::Instant::now()))
-        .build();
+    let backend = MemoryBackend::builder().clock(TokioClock::now()).build();
     Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), backend)
 }
 
@@ -309,9 +300,7 @@ async fn waiters_of_one_key_wake_one_per_token_in_arrival_order() {
     let calls = Arc::new(AtomicUsize::new(0));
     let backend = counting::Counting {
         calls: calls.clone(),
-        inner: MemoryBackend::builder()
-            .clock(TokioClock(tokio::time::Instant::now()))
-            .build(),
+        inner: MemoryBackend::builder().clock(TokioClock::now()).build(),
     };
     let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), backend);
     let layer = RateLimitLayer::builder(limiter)

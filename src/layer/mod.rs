@@ -52,6 +52,8 @@ pub use extract::{ClientIp, ForwardedHeader, Header, Ipv6Range48, KeyError, KeyE
 pub use failure::FailurePolicy;
 pub use future::ResponseFuture;
 pub use rate_limit_layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
+#[cfg(all(feature = "tonic", feature = "stream"))]
+pub(crate) use response::resource_exhausted;
 pub use response::{Denial, ErrorBody, FieldStyle};
 pub use rule::{OnMissingKey, Rule};
 #[cfg(feature = "yaml")]

@@ -108,7 +108,7 @@ readable_debug!(LimiterError { UnknownName(name), DuplicateKey(key), LimitTwice(
 
 /// The first key that appears twice in `batch`: pairwise for a request's few rules (no
 /// allocation), through a hash set beyond that, so a batch of any size costs linear time.
-pub(super) fn first_duplicate(batch: &[Transaction]) -> Option<&BucketKey> {
+pub(crate) fn first_duplicate(batch: &[Transaction]) -> Option<&BucketKey> {
     const PAIRWISE_UP_TO: usize = 16;
     if batch.len() <= PAIRWISE_UP_TO {
         return batch

@@ -105,6 +105,13 @@ impl Transaction {
         self
     }
 
+    /// Sets the cost in place (a stream's batch, reused message after message).
+    #[cfg(feature = "stream")]
+    pub(crate) fn set_cost(&mut self, cost: u64) {
+        self.cost = Some(cost);
+        self.min_cost = None;
+    }
+
     /// Sets the mode.
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;

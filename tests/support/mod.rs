@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod admin;
+pub mod clock;
 pub mod examples;
 pub mod gate;
 pub mod http;

@@ -9,6 +9,7 @@ use http::{Response, StatusCode};
 
 use super::*;
 use crate::key::Id;
+use crate::time::{WaitText, ceil_ms};
 
 /// What refused, as the answers' texts say it.
 struct What<'a>(&'a str, bool);
@@ -279,19 +280,13 @@ impl Denial<'_> {
     /// (subject: the limit's name), encoded by `tonic-types`, so standard clients read the
     /// delay without parsing text.
     fn add_grpc_details(&self, headers: &mut HeaderMap, message: &str) {
-        use tonic_types::{ErrorDetails, StatusExt};
+        let denied = self.seen.iter().filter(|d| d.counts && !d.allowed);
         // The wait every millisecond field gives.
-        let mut details =
-            ErrorDetails::with_retry_info(Some(Duration::from_millis(self.retry_after_ms())));
-        for d in self.seen.iter().filter(|d| d.counts && !d.allowed) {
-            let wait = WaitText(ceil_ms(Duration::from_micros(d.retry_after_us)).max(1));
-            details.add_quota_failure_violation(
-                d.name.as_str(),
-                format!("rate limit {} exceeded; retry after {wait}", d.name),
-            );
-        }
-        let status =
-            tonic::Status::with_error_details(tonic::Code::ResourceExhausted, message, details);
+        let status = resource_exhausted(
+            message,
+            Some(self.retry_after_ms()),
+            denied.map(|d| (d.name, Duration::from_micros(d.retry_after_us))),
+        );
         // Only the details: `grpc-status` and `grpc-message` are ours already.
         let mut encoded = HeaderMap::new();
         match status.add_header(&mut encoded) {
@@ -305,4 +300,30 @@ impl Denial<'_> {
             }
         }
     }
+}
+
+/// A gRPC `RESOURCE_EXHAUSTED` with its details: `RetryInfo` (`retry_ms`, the wait in whole
+/// milliseconds; none when waiting would not help) and a `QuotaFailure` violation per limit
+/// that denied (subject: the limit's name; its own wait in the description), encoded by
+/// `tonic-types`. A denied request's trailers-only answer and an ended stream's trailers
+/// (`stream/`) say it alike.
+#[cfg(feature = "tonic")]
+pub(crate) fn resource_exhausted(
+    message: &str,
+    retry_ms: Option<u64>,
+    denied: impl Iterator<Item = (LimitName, Duration)>,
+) -> tonic::Status {
+    use tonic_types::{ErrorDetails, StatusExt};
+    let mut details = match retry_ms {
+        Some(ms) => ErrorDetails::with_retry_info(Some(Duration::from_millis(ms))),
+        None => ErrorDetails::new(),
+    };
+    for (name, wait) in denied {
+        let wait = WaitText(ceil_ms(wait).max(1));
+        details.add_quota_failure_violation(
+            name.as_str(),
+            format!("rate limit {name} exceeded; retry after {wait}"),
+        );
+    }
+    tonic::Status::with_error_details(tonic::Code::ResourceExhausted, message, details)
 }

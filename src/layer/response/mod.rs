@@ -21,6 +21,8 @@ use crate::limiter::{BatchDecision, Strictest};
 use body::*;
 pub(crate) use body::{error_code, error_response, is_grpc};
 pub use denial::Denial;
+#[cfg(all(feature = "tonic", feature = "stream"))]
+pub(crate) use denial::resource_exhausted;
 use denial::*;
 use fields::*;
 pub(crate) use fields::{Fields, joined_policies, policy_value};
@@ -243,52 +245,9 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// Whole milliseconds of a duration, rounded up.
-fn ceil_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
-}
-
-/// A wait in whole milliseconds as a person reads it, the same wait every millisecond field
-/// gives: `50 ms`, `2.5 s`, `3600 s`.
-struct WaitText(u64);
-
-impl std::fmt::Display for WaitText {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = self.0;
-        if ms < 1000 {
-            return write!(f, "{ms} ms");
-        }
-        let (s, frac) = (ms / 1000, ms % 1000);
-        match frac {
-            0 => write!(f, "{s} s"),
-            _ if frac % 100 == 0 => write!(f, "{s}.{} s", frac / 100),
-            _ if frac % 10 == 0 => write!(f, "{s}.{:02} s", frac / 10),
-            _ => write!(f, "{s}.{frac:03} s"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::decimal_len;
-
-    /// A wait reads as the milliseconds every field gives, in the unit a person reads.
-    #[test]
-    fn a_wait_reads_as_its_milliseconds() {
-        use super::WaitText;
-        for (ms, text) in [
-            (1, "1 ms"),
-            (50, "50 ms"),
-            (999, "999 ms"),
-            (1000, "1 s"),
-            (1001, "1.001 s"),
-            (2500, "2.5 s"),
-            (2550, "2.55 s"),
-            (3_600_000, "3600 s"),
-        ] {
-            assert_eq!(WaitText(ms).to_string(), text);
-        }
-    }
 
     /// An id in a 429 body reads as its `Display` text, whatever its kind.
     #[test]

@@ -1,0 +1,328 @@
+//! A stream's meter: each message one batch against the stream's keys, decided on the limiter's
+//! road (layer-free: the same `Limiter::spend` a request's batch takes), with what happens at a
+//! limit (push back or end) and the stream's own counts beside.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::key::BucketKey;
+use crate::limiter::{BatchDecision, Limiter, LimiterError, Transaction, may_wait};
+
+use super::{AtLimit, StreamError, StreamLimited};
+
+/// What one part of a stream's batch is charged per message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Per {
+    /// One unit a message, whatever its size.
+    Message,
+    /// The message's units (its bytes, tokens: what [`LimitedStream::units`] reads).
+    ///
+    /// [`LimitedStream::units`]: super::LimitedStream::units
+    Unit,
+}
+
+/// A decision under way: its batch comes back with it, to be reused by the next message.
+type Deciding =
+    Pin<Box<dyn Future<Output = (Vec<Transaction>, Result<BatchDecision, LimiterError>)> + Send>>;
+
+/// Where a meter stands with the message it is deciding.
+enum State {
+    /// No decision under way: the batch waits for the next message.
+    Idle(Vec<Transaction>),
+    /// The limiter is deciding the message.
+    Deciding(Deciding),
+    /// Pushed back: the message waits for its units (`sleep`), then is decided again.
+    Waiting(Vec<Transaction>),
+    /// Ended: every next message is refused as the first was.
+    Ended,
+}
+
+/// The limits every message of one stream counts against, and the stream's counts so far: one
+/// batch per message (all its keys in one decision, as a request's rules are), decided on the
+/// limiter's road, so that memory, Redis, the cluster and any backend decide a message as they
+/// decide a request.
+///
+/// Built per stream, from the keys the stream's request was keyed by (per account, per
+/// client, or per stream with an id of its own). A limit that holds slots (a concurrency or an
+/// adaptive limit) is not counted per message: the stream holds its slot through the layer,
+/// for the whole response ([`StreamError::HoldsSlots`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_ratelimits::{AtLimit, Id, Limiter, Limits, ManualClock, MemoryBackend, StreamMeter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limits = Limits::from_yaml_str(
+///     "MessagesPerAccount: {kind: account, burst: 2, count: 10, period: 1s}\n\
+///      BytesPerAccount: {kind: account, burst: 62500, count: 62500, period: 1s}\n",
+///     None,
+/// )?;
+/// # let clock = ManualClock::new(1_700_000_000_000_000);
+/// # let memory = MemoryBackend::builder().clock(clock).build();
+/// let limiter = Limiter::new(limits, memory);
+/// let mut meter = StreamMeter::builder(&limiter)
+///     .per_message(limiter.key("MessagesPerAccount", Id::from(7u64))?)
+///     .per_unit(limiter.key("BytesPerAccount", Id::from(7u64))?)
+///     .at_limit(AtLimit::End)
+///     .build()?;
+/// meter.admit(1200).await?; // a message of 1,200 bytes
+/// meter.admit(80).await?;
+/// let refused = meter.admit(80).await.unwrap_err(); // the third message in the burst of 2
+/// assert_eq!(refused.retry_after(), Some(Duration::from_millis(100)));
+/// assert_eq!((meter.messages(), meter.units()), (2, 1280));
+/// # Ok(()) }
+/// ```
+pub struct StreamMeter {
+    limiter: Limiter,
+    per: smallvec::SmallVec<[Per; 4]>,
+    at_limit: AtLimit,
+    fail_open: bool,
+    state: State,
+    /// When the message being decided was first refused (push back's bound counts from it).
+    refused_at: Option<tokio::time::Instant>,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    messages: u64,
+    units: u64,
+}
+
+impl std::fmt::Debug for StreamMeter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamMeter")
+            .field("at_limit", &self.at_limit)
+            .field("messages", &self.messages)
+            .field("units", &self.units)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`StreamMeter`] ([`StreamMeter::builder`]).
+#[derive(Debug)]
+#[must_use]
+pub struct StreamMeterBuilder {
+    limiter: Limiter,
+    parts: Vec<(BucketKey, Per)>,
+    at_limit: AtLimit,
+    fail_open: bool,
+}
+
+impl StreamMeter {
+    /// A meter deciding on `limiter`, with no keys yet; at a limit it pushes back for up to 10
+    /// seconds, then ends the stream ([`AtLimit`]).
+    pub fn builder(limiter: &Limiter) -> StreamMeterBuilder {
+        StreamMeterBuilder {
+            limiter: limiter.clone(),
+            parts: Vec::new(),
+            at_limit: AtLimit::PushBack {
+                up_to: Duration::from_secs(10),
+            },
+            fail_open: false,
+        }
+    }
+
+    /// The messages admitted so far.
+    pub fn messages(&self) -> u64 {
+        self.messages
+    }
+
+    /// The units admitted so far (bytes, tokens: the messages' [`per_unit`] cost).
+    ///
+    /// [`per_unit`]: StreamMeterBuilder::per_unit
+    pub fn units(&self) -> u64 {
+        self.units
+    }
+
+    /// Admits one message of `units` units (its bytes, tokens; 0 is a message with no units:
+    /// it still counts against every [`per_message`](StreamMeterBuilder::per_message) key):
+    /// `Ok` when it may pass, after waiting for its units when the meter pushes back; `Err`
+    /// when the stream must end (and every message after it is refused alike).
+    ///
+    /// Cancelling the future keeps the decision under way: the next call resumes it, and must
+    /// be for the same message.
+    pub async fn admit(&mut self, units: u64) -> Result<(), StreamLimited> {
+        std::future::poll_fn(|cx| self.poll_admit(cx, units)).await
+    }
+
+    /// [`admit`](Self::admit) as a poll: `Pending` while the message is decided or pushed
+    /// back (the task is woken when it may be polled again). A stream wrapper calls it with
+    /// the message it holds, until it is ready.
+    pub fn poll_admit(
+        &mut self,
+        cx: &mut Context<'_>,
+        units: u64,
+    ) -> Poll<Result<(), StreamLimited>> {
+        loop {
+            match std::mem::replace(&mut self.state, State::Ended) {
+                State::Idle(batch) => self.state = State::Deciding(self.decide(batch, units)),
+                State::Deciding(mut fut) => match fut.as_mut().poll(cx) {
+                    Poll::Pending => {
+                        self.state = State::Deciding(fut);
+                        return Poll::Pending;
+                    }
+                    Poll::Ready((batch, decided)) => match self.decided(batch, units, decided) {
+                        Some(answer) => return Poll::Ready(answer),
+                        None => continue,
+                    },
+                },
+                State::Waiting(batch) => {
+                    if let Some(sleep) = &mut self.sleep
+                        && sleep.as_mut().poll(cx).is_pending()
+                    {
+                        self.state = State::Waiting(batch);
+                        return Poll::Pending;
+                    }
+                    self.state = State::Idle(batch);
+                }
+                State::Ended => return Poll::Ready(Err(StreamLimited::Ended)),
+            }
+        }
+    }
+
+    /// The message's batch (each part's cost set: 1, or `units`) sent down the road.
+    fn decide(&self, mut batch: Vec<Transaction>, units: u64) -> Deciding {
+        for (tx, per) in batch.iter_mut().zip(&self.per) {
+            tx.set_cost(match per {
+                Per::Message => 1,
+                Per::Unit => units,
+            });
+        }
+        let limiter = self.limiter.clone();
+        Box::pin(async move {
+            let decided = limiter.spend(&batch).await;
+            (batch, decided)
+        })
+    }
+
+    /// What a decision means for the message: `Some` answer, or `None` to decide it again
+    /// (pushed back until its units come: the sleep is set).
+    fn decided(
+        &mut self,
+        batch: Vec<Transaction>,
+        units: u64,
+        decided: Result<BatchDecision, LimiterError>,
+    ) -> Option<Result<(), StreamLimited>> {
+        let decision = match decided {
+            Ok(d) => d,
+            Err(e) => return self.failed(batch, units, e),
+        };
+        if decision.allowed() {
+            return Some(self.passed(batch, units));
+        }
+        let refused = StreamLimited::of(&decision);
+        let wait = refused.retry_after().unwrap_or(Duration::ZERO);
+        if let AtLimit::PushBack { up_to } = self.at_limit {
+            let first = *self
+                .refused_at
+                .get_or_insert_with(tokio::time::Instant::now);
+            if may_wait(first.elapsed(), wait, up_to) {
+                let deadline = tokio::time::Instant::now() + wait;
+                match &mut self.sleep {
+                    Some(sleep) => sleep.as_mut().reset(deadline),
+                    None => self.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
+                }
+                self.state = State::Waiting(batch);
+                return None;
+            }
+        }
+        Some(Err(refused))
+    }
+
+    /// A message admitted: counted, and the batch kept for the next.
+    fn passed(&mut self, batch: Vec<Transaction>, units: u64) -> Result<(), StreamLimited> {
+        self.messages += 1;
+        self.units = self.units.saturating_add(units);
+        self.refused_at = None;
+        self.state = State::Idle(batch);
+        Ok(())
+    }
+
+    /// A decision the limiter could not take: a message larger than a limit's burst ends the
+    /// stream whatever the failure policy (it could never pass); a store's failure passes the
+    /// message when the meter fails open, and ends the stream otherwise.
+    fn failed(
+        &mut self,
+        batch: Vec<Transaction>,
+        units: u64,
+        e: LimiterError,
+    ) -> Option<Result<(), StreamLimited>> {
+        match e {
+            LimiterError::CostAboveBurst { name, cost, burst } => {
+                Some(Err(StreamLimited::TooLarge {
+                    limit: name,
+                    units: cost,
+                    max: burst,
+                }))
+            }
+            LimiterError::Backend(_) if self.fail_open => Some(self.passed(batch, units)),
+            e => Some(Err(StreamLimited::Failed(e))),
+        }
+    }
+}
+
+impl StreamMeterBuilder {
+    /// Every message costs one unit of `key`'s limit (messages per second, per account, per
+    /// stream).
+    pub fn per_message(mut self, key: BucketKey) -> Self {
+        self.parts.push((key, Per::Message));
+        self
+    }
+
+    /// Every message costs its units of `key`'s limit: its bytes, its tokens (what the
+    /// stream's [`units`](super::LimitedStream::units) reads, or what
+    /// [`StreamMeter::admit`] is given).
+    pub fn per_unit(mut self, key: BucketKey) -> Self {
+        self.parts.push((key, Per::Unit));
+        self
+    }
+
+    /// What the stream does at a limit (by default: push back for up to 10 seconds).
+    pub fn at_limit(mut self, at_limit: AtLimit) -> Self {
+        self.at_limit = at_limit;
+        self
+    }
+
+    /// Whether a message passes when its limits cannot be decided (the store is down): by
+    /// default no, the stream ends ([`StreamLimited::Failed`]).
+    pub fn fail_open(mut self, open: bool) -> Self {
+        self.fail_open = open;
+        self
+    }
+
+    /// The meter, its keys checked against the limits in force: each names a limit
+    /// ([`StreamError::Limiter`]), none twice ([`StreamError::Limiter`]), and none holds slots
+    /// ([`StreamError::HoldsSlots`]); at least one key ([`StreamError::NoKeys`]).
+    pub fn build(self) -> Result<StreamMeter, StreamError> {
+        if self.parts.is_empty() {
+            return Err(StreamError::NoKeys);
+        }
+        let limits = self.limiter.limits();
+        for (key, _) in &self.parts {
+            if limits.resolve(key).is_some_and(|q| q.holds_leases()) {
+                return Err(StreamError::HoldsSlots(key.name()));
+            }
+        }
+        let batch: Vec<Transaction> = self
+            .parts
+            .iter()
+            .map(|(k, _)| Transaction::new(k.clone()))
+            .collect();
+        if let Some(key) = crate::limiter::first_duplicate(&batch) {
+            return Err(StreamError::Limiter(LimiterError::DuplicateKey(
+                key.to_string(),
+            )));
+        }
+        Ok(StreamMeter {
+            limiter: self.limiter,
+            per: self.parts.iter().map(|(_, p)| *p).collect(),
+            at_limit: self.at_limit,
+            fail_open: self.fail_open,
+            state: State::Idle(batch),
+            refused_at: None,
+            sleep: None,
+            messages: 0,
+            units: 0,
+        })
+    }
+}

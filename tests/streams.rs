@@ -1,0 +1,359 @@
+//! Limits inside a stream ([`StreamMeter`], [`LimitedStream`]): every message one batch on the
+//! limiter's road, asserted as counts on tokio's paused clock (push back, ending, hostile
+//! messages) and, on every store, as the limit's envelope over any window for many streams of
+//! one key.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use support::clock::TokioClock;
+use tower_ratelimits::{
+    AtLimit, Clock, Id, LimitedStream, Limiter, Limits, ManualClock, MemoryBackend, StreamError,
+    StreamLimited, StreamMeter,
+};
+
+const LIMITS: &str = "\
+Messages: {kind: account, burst: 2, count: 10, period: 1s}
+Bytes: {kind: account, burst: 1000, count: 1000, period: 1s}
+Slots: {kind: account, concurrency: 2, lease: 1m}
+";
+
+fn limiter() -> Limiter {
+    let backend = MemoryBackend::builder().clock(TokioClock::now()).build();
+    Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), backend)
+}
+
+fn meter(limiter: &Limiter, account: u64, at_limit: AtLimit) -> StreamMeter {
+    StreamMeter::builder(limiter)
+        .per_message(limiter.key("Messages", Id::from(account)).unwrap())
+        .per_unit(limiter.key("Bytes", Id::from(account)).unwrap())
+        .at_limit(at_limit)
+        .build()
+        .unwrap()
+}
+
+fn push_back(up_to_s: u64) -> AtLimit {
+    AtLimit::PushBack {
+        up_to: Duration::from_secs(up_to_s),
+    }
+}
+
+/// A stream of `n` one-byte messages that counts how many the wrapper took from it.
+fn counted(n: u32, taken: &Arc<AtomicU64>) -> impl futures_util::Stream<Item = u32> + use<> {
+    let taken = taken.clone();
+    futures_util::stream::iter(0..n).inspect(move |_| {
+        taken.fetch_add(1, Ordering::Relaxed);
+    })
+}
+
+/// A client flooding 50 messages is held to its rule's rate within one message: after each
+/// message it has had at most the burst (2) plus 10 a second of the time gone by, it is never
+/// refused (push back is flow control), the wrapper never takes more than one message beyond
+/// those admitted from the stream it wraps (the sender stalls), and the 50th passes exactly
+/// when its token comes: (50 - 2) tokens at 100 ms.
+#[tokio::test(start_paused = true)]
+async fn push_back_holds_a_flood_to_the_rate_within_one_message() {
+    let limiter = limiter();
+    let taken = Arc::new(AtomicU64::new(0));
+    let start = tokio::time::Instant::now();
+    let mut stream = LimitedStream::new(counted(50, &taken), meter(&limiter, 7, push_back(60)));
+    let mut admitted = 0u64;
+    while let Some(m) = stream.next().await {
+        assert_eq!(u64::from(m), admitted, "in order, none lost");
+        admitted += 1;
+        let earned = 2 + start.elapsed().as_millis() as u64 / 100;
+        assert!(
+            admitted <= earned,
+            "{admitted} admitted by {:?}",
+            start.elapsed()
+        );
+        assert!(taken.load(Ordering::Relaxed) <= admitted + 1);
+    }
+    assert_eq!(admitted, 50);
+    assert_eq!(start.elapsed(), Duration::from_millis(4800));
+    assert_eq!(
+        (stream.meter().messages(), stream.meter().units()),
+        (50, 50)
+    );
+}
+
+/// Ending: the stream yields the first two messages, then what `on_end` makes of the reason
+/// (the limit and its exact wait), then nothing, and the wrapped stream is not read further.
+#[tokio::test(start_paused = true)]
+async fn ending_yields_the_reason_once_and_nothing_after() {
+    let limiter = limiter();
+    let taken = Arc::new(AtomicU64::new(0));
+    let ok = counted(10, &taken).map(Ok::<u32, StreamLimited>);
+    let mut stream =
+        LimitedStream::new(ok, meter(&limiter, 7, AtLimit::End)).on_end(|e| Some(Err(e)));
+    assert_eq!(stream.next().await.unwrap().unwrap(), 0);
+    assert_eq!(stream.next().await.unwrap().unwrap(), 1);
+    match stream.next().await.unwrap().unwrap_err() {
+        StreamLimited::Limited {
+            limit,
+            retry_after,
+            banned,
+        } => {
+            assert_eq!(limit.as_str(), "Messages");
+            assert_eq!(retry_after, Duration::from_millis(100));
+            assert!(!banned);
+        }
+        e => panic!("{e:#?}"),
+    }
+    assert!(stream.next().await.is_none());
+    assert!(stream.next().await.is_none());
+    assert_eq!(
+        taken.load(Ordering::Relaxed),
+        3,
+        "the refused message, no more"
+    );
+}
+
+/// A wait beyond push back's bound ends the stream as `End` would, without waiting.
+#[tokio::test(start_paused = true)]
+async fn a_wait_beyond_the_bound_ends_the_stream_at_once() {
+    let limiter = limiter();
+    let mut meter = meter(
+        &limiter,
+        7,
+        AtLimit::PushBack {
+            up_to: Duration::from_millis(50),
+        },
+    );
+    let start = tokio::time::Instant::now();
+    meter.admit(1).await.unwrap();
+    meter.admit(1).await.unwrap();
+    let e = meter.admit(1).await.unwrap_err();
+    assert_eq!(e.retry_after(), Some(Duration::from_millis(100)));
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // Ended: every next message is refused, without a decision.
+    assert!(matches!(meter.admit(1).await, Err(StreamLimited::Ended)));
+    assert_eq!(meter.messages(), 2);
+}
+
+/// Push back's bound counts per message, from its own first refusal: ten messages that each
+/// wait 100 ms all pass under a bound of 150 ms.
+#[tokio::test(start_paused = true)]
+async fn the_bound_counts_per_message() {
+    let limiter = limiter();
+    let up_to = Duration::from_millis(150);
+    let mut meter = meter(&limiter, 7, AtLimit::PushBack { up_to });
+    for _ in 0..12 {
+        meter.admit(1).await.unwrap();
+    }
+    assert_eq!(meter.messages(), 12);
+}
+
+/// A 1 GiB message under a byte limit of 1,000 can never pass: it ends the stream at once,
+/// even when the meter pushes back (waiting would never end), and spends nothing.
+#[tokio::test(start_paused = true)]
+async fn a_message_larger_than_the_burst_ends_the_stream_even_when_pushing_back() {
+    let limiter = limiter();
+    let mut meter = meter(&limiter, 7, push_back(3600));
+    let start = tokio::time::Instant::now();
+    match meter.admit(1 << 30).await.unwrap_err() {
+        StreamLimited::TooLarge { limit, units, max } => {
+            assert_eq!((limit.as_str(), units, max), ("Bytes", 1 << 30, 1000));
+        }
+        e => panic!("{e:#?}"),
+    }
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let mut next = self::meter(&limiter, 7, AtLimit::End);
+    next.admit(1000).await.expect("nothing was spent");
+}
+
+/// An empty message costs no byte but still counts as a message: a flood of empty frames is
+/// held by the per-message limit.
+#[tokio::test(start_paused = true)]
+async fn an_empty_message_still_counts_as_a_message() {
+    let limiter = limiter();
+    let mut meter = meter(&limiter, 7, AtLimit::End);
+    meter.admit(0).await.unwrap();
+    meter.admit(0).await.unwrap();
+    let e = meter.admit(0).await.unwrap_err();
+    assert!(matches!(e, StreamLimited::Limited { ref limit, .. } if limit.as_str() == "Messages"));
+    assert_eq!((meter.messages(), meter.units()), (2, 0));
+}
+
+/// A quiet stream of another key on the same limiter gets every message it sends, at once,
+/// while a flood of one key is pushed back beside it.
+#[tokio::test(start_paused = true)]
+async fn a_quiet_stream_beside_a_flood_gets_every_message_at_once() {
+    let limiter = limiter();
+    let flood = LimitedStream::new(
+        counted(1000, &Arc::default()),
+        meter(&limiter, 1, push_back(600)),
+    );
+    let flooding = tokio::spawn(flood.count());
+    let mut quiet = meter(&limiter, 2, push_back(600));
+    for _ in 0..20 {
+        let before = tokio::time::Instant::now();
+        quiet.admit(10).await.unwrap();
+        assert_eq!(before.elapsed(), Duration::ZERO, "never held");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(quiet.messages(), 20);
+    flooding.abort();
+}
+
+/// What cannot be a stream's meter is refused when it is built, with the reason.
+#[tokio::test]
+async fn a_meter_with_no_key_a_key_twice_or_a_limit_holding_slots_is_refused() {
+    let limiter = limiter();
+    let key = |name| limiter.key(name, Id::from(7u64)).unwrap();
+    assert!(matches!(
+        StreamMeter::builder(&limiter).build(),
+        Err(StreamError::NoKeys)
+    ));
+    match StreamMeter::builder(&limiter)
+        .per_message(key("Slots"))
+        .build()
+    {
+        Err(StreamError::HoldsSlots(name)) => assert_eq!(name.as_str(), "Slots"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        StreamMeter::builder(&limiter)
+            .per_message(key("Messages"))
+            .per_unit(key("Messages"))
+            .build(),
+        Err(StreamError::Limiter(_))
+    ));
+}
+
+/// The reasons a stream ends, as a WebSocket close and an SSE event carry them: the close
+/// code by kind, the reason within a close frame's 123 bytes at a character boundary.
+#[tokio::test(start_paused = true)]
+async fn the_reason_reads_as_a_websocket_close_and_an_sse_event() {
+    let limiter = limiter();
+    let mut meter = meter(&limiter, 7, AtLimit::End);
+    meter.admit(1).await.unwrap();
+    meter.admit(1).await.unwrap();
+    let e = meter.admit(1).await.unwrap_err();
+    assert_eq!(e.close_code(), 1013);
+    assert_eq!(
+        e.close_reason(),
+        "rate limit Messages exceeded; retry after 100 ms"
+    );
+    let json: serde_json::Value = serde_json::from_str(&e.json()).unwrap();
+    assert_eq!(json["limiter"], "Messages");
+    assert_eq!(json["retry_after_ms"], 100);
+    let mut big = self::meter(&limiter, 8, AtLimit::End);
+    let e = big.admit(5000).await.unwrap_err();
+    assert_eq!(e.close_code(), 1009);
+    assert!(e.json().contains("\"limiter\":\"Bytes\""));
+    assert!(!e.json().contains("retry_after_ms"));
+    // The longest name and the largest message: the reason is cut to the 123 bytes of a
+    // close frame.
+    let name = "N".repeat(64);
+    let yaml = format!("{name}: {{kind: account, burst: 1, count: 1, period: 1h}}\n");
+    let limiter = Limiter::new(
+        Limits::from_yaml_str(&yaml, None).unwrap(),
+        MemoryBackend::new(),
+    );
+    let mut meter = StreamMeter::builder(&limiter)
+        .per_unit(limiter.key(&name, Id::from(1u64)).unwrap())
+        .build()
+        .unwrap();
+    let e = meter.admit(u64::MAX).await.unwrap_err();
+    assert!(e.to_string().len() > 123);
+    assert_eq!(e.close_reason(), e.to_string()[..123]);
+}
+
+/// Over any window, the units admitted for one key across all its streams stay within the
+/// limit's envelope: at most the burst plus the rate times the window. Four streams of one
+/// key send messages of random sizes at random times on a manual clock; a stream that ends
+/// is replaced by a new one. Every store decides alike.
+async fn envelope_holds(limiter: &Limiter, clock: &ManualClock, seed: u64) {
+    let mut next = support::xorshift(seed);
+    let new_meter = || {
+        StreamMeter::builder(limiter)
+            .per_unit(limiter.key("Bytes", Id::from(seed)).unwrap())
+            .at_limit(AtLimit::End)
+            .build()
+            .unwrap()
+    };
+    let mut streams: Vec<StreamMeter> = (0..4).map(|_| new_meter()).collect();
+    let mut admitted: Vec<(u64, u64)> = Vec::new();
+    for _ in 0..150 {
+        clock.advance(Duration::from_millis(next(60)));
+        let s = next(4) as usize;
+        let units = 1 + next(300);
+        match streams[s].admit(units).await {
+            Ok(()) => admitted.push((clock.now_us(), units)),
+            Err(StreamLimited::Limited { .. }) => streams[s] = new_meter(),
+            Err(e) => panic!("{e:#?}"),
+        }
+    }
+    // 1,000 a second: a unit every 1,000 us.
+    for (i, &(t0, _)) in admitted.iter().enumerate() {
+        let mut sum = 0;
+        for &(t1, units) in &admitted[i..] {
+            sum += units;
+            let allowed = 1000 + (t1 - t0) / 1000;
+            assert!(sum <= allowed, "seed {seed}: {sum} units in {} us", t1 - t0);
+        }
+    }
+    assert!(
+        admitted.len() > 20,
+        "seed {seed}: the test exercised the limit"
+    );
+}
+
+#[tokio::test]
+async fn the_envelope_holds_for_many_streams_of_one_key_in_memory() {
+    for seed in 1..=40 {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let backend = MemoryBackend::builder().clock(clock.clone()).build();
+        let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), backend);
+        envelope_holds(&limiter, &clock, seed).await;
+    }
+}
+
+#[cfg(feature = "redis")]
+mod on_redis {
+    use super::*;
+    use support::redis::{RedisServer, TestRedis, unique_prefix};
+    use support::redis_backend::{caller_time_backend, commandstat};
+
+    #[tokio::test]
+    async fn the_envelope_holds_for_many_streams_of_one_key_on_redis_and_the_cluster() {
+        for redis in TestRedis::each() {
+            for seed in 1..=6 {
+                let clock = ManualClock::new(1_700_000_000_000_000);
+                let prefix = unique_prefix("streams");
+                let backend = caller_time_backend(&redis.url, &prefix, &clock, true).await;
+                let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), backend);
+                envelope_holds(&limiter, &clock, seed).await;
+            }
+        }
+    }
+
+    /// What a message costs the store today: one script call per message while its key has
+    /// room (no grants ahead yet: `docs/streams.md`), counted by the server itself. The
+    /// figure BENCHMARKS gives per 1,000 messages.
+    #[tokio::test]
+    async fn a_message_costs_one_round_trip_while_its_key_has_room() {
+        let server = RedisServer::start();
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let backend = caller_time_backend(&server.url(), &unique_prefix("rt"), &clock, true).await;
+        let yaml = "Messages: {kind: account, burst: 2000, count: 2000, period: 1s}\n";
+        let limiter = Limiter::new(Limits::from_yaml_str(yaml, None).unwrap(), backend);
+        let mut meter = StreamMeter::builder(&limiter)
+            .per_message(limiter.key("Messages", Id::from(1u64)).unwrap())
+            .build()
+            .unwrap();
+        meter.admit(1).await.unwrap(); // the script loaded
+        let before = commandstat(server.port, "evalsha");
+        for _ in 0..1000 {
+            meter.admit(1).await.unwrap();
+        }
+        let calls = commandstat(server.port, "evalsha") - before;
+        eprintln!("Redis round trips per 1,000 messages: {calls}");
+        assert_eq!(calls, 1000);
+    }
+}
