@@ -88,6 +88,10 @@ const VARIANTS: &[(&str, &str)] = &[
         "ours_limiter_penalty",
         "Limiter::spend, 1 transaction on a limit with a penalty ladder (its companion counts the unit; no ban)",
     ),
+    (
+        "ours_stream_message",
+        "StreamMeter::admit: one message of a stream (a meter per key), 1 per-message key",
+    ),
     ("http_request_only", "building the request alone"),
     (
         "http_ours_1_rule_refused",
@@ -262,6 +266,23 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
             Box::new(move |i| {
                 let tx = std::slice::from_ref(&txs[(i % keys_n) as usize]);
                 let _ = std::hint::black_box(common::ready(limiter.spend(tx)));
+            })
+        }
+        // A stream per key, each message one batch on the limiter's road.
+        "ours_stream_message" => {
+            let limiter = Limiter::new(limits, unswept());
+            let mut meters: Vec<tower_ratelimits::StreamMeter> = keys
+                .into_iter()
+                .map(|k| {
+                    tower_ratelimits::StreamMeter::builder(&limiter)
+                        .per_message(k)
+                        .build()
+                        .unwrap()
+                })
+                .collect();
+            Box::new(move |i| {
+                let meter = &mut meters[(i % keys_n) as usize];
+                let _ = std::hint::black_box(common::ready(meter.admit(1)));
             })
         }
         "http_request_only" => Box::new(move |i| {

@@ -337,6 +337,26 @@ impl Limiter {
         }
     }
 
+    /// A stream's message (`stream/`: its batch names no key twice, checked when its meter was
+    /// built) spent when the backend decides at once (memory, the deny cache, prefetched
+    /// tokens): `Ok(None)` allowed, read in place (no decision built, nothing allocated);
+    /// `Ok(Some(decision))` refused. `None`: the backend must be awaited, or is still reading
+    /// what it must know (`Limiter::spend` waits for it).
+    #[cfg(feature = "stream")]
+    pub(crate) fn spend_message_now(
+        &self,
+        batch: &[Transaction],
+    ) -> Option<Result<Option<BatchDecision>, LimiterError>> {
+        let limits = self.load();
+        let mut verdict = Verdict::new(batch);
+        match self.spend_step(&limits, &mut verdict) {
+            Ok(Step::Ready) if verdict.allowed() => Some(Ok(None)),
+            Ok(Step::Ready) => Some(verdict.decision().map(Some)),
+            Ok(Step::Pending(_)) | Err(LimiterError::Backend(BackendError::NotReady)) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     /// Forgets what `keys` spent when the backend does so at once (in memory): the in-memory
     /// fallback's start from the store's last answer. `false`: the backend would have to be
     /// awaited, or failed.

@@ -23,9 +23,15 @@ enum Per {
     Unit,
 }
 
-/// A decision under way: its batch comes back with it, to be reused by the next message.
-type Deciding =
-    Pin<Box<dyn Future<Output = (Vec<Transaction>, Result<BatchDecision, LimiterError>)> + Send>>;
+/// A message decided: its batch, to be reused by the next message, and the decision (`None`:
+/// allowed; a refusal's decision).
+type Decided = (
+    Vec<Transaction>,
+    Result<Option<BatchDecision>, LimiterError>,
+);
+
+/// A decision under way.
+type Deciding = Pin<Box<dyn Future<Output = Decided> + Send>>;
 
 /// Where a meter stands with the message it is deciding.
 enum State {
@@ -155,7 +161,13 @@ impl StreamMeter {
     ) -> Poll<Result<(), StreamLimited>> {
         loop {
             match std::mem::replace(&mut self.state, State::Ended) {
-                State::Idle(batch) => self.state = State::Deciding(self.decide(batch, units)),
+                State::Idle(batch) => match self.decide(batch, units) {
+                    Ok((batch, decided)) => match self.decided(batch, units, decided) {
+                        Some(answer) => return Poll::Ready(answer),
+                        None => continue,
+                    },
+                    Err(deciding) => self.state = State::Deciding(deciding),
+                },
                 State::Deciding(mut fut) => match fut.as_mut().poll(cx) {
                     Poll::Pending => {
                         self.state = State::Deciding(fut);
@@ -180,19 +192,26 @@ impl StreamMeter {
         }
     }
 
-    /// The message's batch (each part's cost set: 1, or `units`) sent down the road.
-    fn decide(&self, mut batch: Vec<Transaction>, units: u64) -> Deciding {
+    /// The message's batch (each part's cost set: 1, or `units`) sent down the road: decided
+    /// at once where the backend can (nothing allocated), else a decision under way.
+    fn decide(&self, mut batch: Vec<Transaction>, units: u64) -> Result<Decided, Deciding> {
         for (tx, per) in batch.iter_mut().zip(&self.per) {
             tx.set_cost(match per {
                 Per::Message => 1,
                 Per::Unit => units,
             });
         }
+        if let Some(decided) = self.limiter.spend_message_now(&batch) {
+            return Ok((batch, decided));
+        }
         let limiter = self.limiter.clone();
-        Box::pin(async move {
-            let decided = limiter.spend(&batch).await;
+        Err(Box::pin(async move {
+            let decided = limiter
+                .spend(&batch)
+                .await
+                .map(|d| if d.allowed() { None } else { Some(d) });
             (batch, decided)
-        })
+        }))
     }
 
     /// What a decision means for the message: `Some` answer, or `None` to decide it again
@@ -201,15 +220,13 @@ impl StreamMeter {
         &mut self,
         batch: Vec<Transaction>,
         units: u64,
-        decided: Result<BatchDecision, LimiterError>,
+        decided: Result<Option<BatchDecision>, LimiterError>,
     ) -> Option<Result<(), StreamLimited>> {
         let decision = match decided {
-            Ok(d) => d,
+            Ok(Some(refused)) => refused,
+            Ok(None) => return Some(self.passed(batch, units)),
             Err(e) => return self.failed(batch, units, e),
         };
-        if decision.allowed() {
-            return Some(self.passed(batch, units));
-        }
         let refused = StreamLimited::of(&decision);
         let wait = refused.retry_after().unwrap_or(Duration::ZERO);
         if let AtLimit::PushBack { up_to } = self.at_limit {
