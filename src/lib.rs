@@ -250,7 +250,8 @@ pub use replay::{
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
 pub use stream::{
-    AtLimit, LimitedStream, StreamError, StreamLimited, StreamMeter, StreamMeterBuilder,
+    AtLimit, LimitedStream, MeteredBody, Overrun, StreamError, StreamLimited, StreamMeter,
+    StreamMeterBuilder,
 };
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
 

@@ -105,11 +105,13 @@ impl Transaction {
         self
     }
 
-    /// Sets the cost in place (a stream's batch, reused message after message).
+    /// Sets the cost (`min..=max`: a partial grant when they differ) and the mode in place (a
+    /// stream's batch, reused message after message).
     #[cfg(feature = "stream")]
-    pub(crate) fn set_cost(&mut self, cost: u64) {
-        self.cost = Some(cost);
-        self.min_cost = None;
+    pub(crate) fn set(&mut self, min: u64, max: u64, mode: Mode) {
+        self.cost = Some(max);
+        self.min_cost = (min != max).then_some(min);
+        self.mode = mode;
     }
 
     /// Sets the mode.

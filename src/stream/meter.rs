@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::key::BucketKey;
 use crate::limiter::{BatchDecision, Limiter, LimiterError, Transaction, may_wait};
+use crate::mode::Mode;
 
 use super::{AtLimit, StreamError, StreamLimited};
 
@@ -23,12 +24,34 @@ enum Per {
     Unit,
 }
 
-/// A message decided: its batch, to be reused by the next message, and the decision (`None`:
-/// allowed; a refusal's decision).
-type Decided = (
-    Vec<Transaction>,
-    Result<Option<BatchDecision>, LimiterError>,
-);
+/// What one decision asks of the stream's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ask {
+    /// The message's units (its per-unit keys' cost).
+    pub(crate) units: u64,
+    pub(crate) how: How,
+}
+
+/// How a message takes its units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum How {
+    /// All of them, or none; pushed back when `may_wait` and the meter pushes back.
+    Whole { may_wait: bool },
+    /// As many as the per-unit keys have, at least one (a metered body's cut chunk).
+    UpTo,
+    /// All of them, as debt where they do not fit (`Mode::Charge`: never refused; a metered
+    /// body's crossing chunk).
+    Charge,
+}
+
+/// How a decision ended: the units passed, or the refusal's decision.
+enum Answer {
+    Passed(u64),
+    Refused(BatchDecision),
+}
+
+/// A message decided: its batch, to be reused by the next message, and the answer.
+type Decided = (Vec<Transaction>, Result<Answer, LimiterError>);
 
 /// A decision under way.
 type Deciding = Pin<Box<dyn Future<Output = Decided> + Send>>;
@@ -41,7 +64,8 @@ enum State {
     Deciding(Deciding),
     /// Pushed back: the message waits for its units (`sleep`), then is decided again.
     Waiting(Vec<Transaction>),
-    /// Ended: every next message is refused as the first was.
+    /// The batch is being moved between states (only within a poll); a meter left so (its
+    /// decision's future panicked) refuses every message.
     Ended,
 }
 
@@ -90,6 +114,8 @@ pub struct StreamMeter {
     /// When the message being decided was first refused (push back's bound counts from it).
     refused_at: Option<tokio::time::Instant>,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A message was refused: every next one is too ([`StreamLimited::Ended`]).
+    ended: bool,
     messages: u64,
     units: u64,
 }
@@ -128,6 +154,11 @@ impl StreamMeter {
         }
     }
 
+    /// How many of its keys are charged per unit.
+    pub(crate) fn unit_keys(&self) -> usize {
+        self.per.iter().filter(|p| **p == Per::Unit).count()
+    }
+
     /// The messages admitted so far.
     pub fn messages(&self) -> u64 {
         self.messages
@@ -159,10 +190,26 @@ impl StreamMeter {
         cx: &mut Context<'_>,
         units: u64,
     ) -> Poll<Result<(), StreamLimited>> {
+        if self.ended {
+            return Poll::Ready(Err(StreamLimited::Ended));
+        }
+        let how = How::Whole { may_wait: true };
+        self.poll_ask(cx, Ask { units, how }).map_ok(|_| ())
+    }
+
+    /// Decides `ask` (the same until it is ready): the units passed, or why the stream ends.
+    /// A refusal keeps the batch, so that a metered body may ask for the same chunk again (a
+    /// part of it, or as debt); the public [`poll_admit`](Self::poll_admit) refuses every
+    /// message after it.
+    pub(crate) fn poll_ask(
+        &mut self,
+        cx: &mut Context<'_>,
+        ask: Ask,
+    ) -> Poll<Result<u64, StreamLimited>> {
         loop {
             match std::mem::replace(&mut self.state, State::Ended) {
-                State::Idle(batch) => match self.decide(batch, units) {
-                    Ok((batch, decided)) => match self.decided(batch, units, decided) {
+                State::Idle(batch) => match self.decide(batch, ask) {
+                    Ok((batch, decided)) => match self.decided(batch, ask, decided) {
                         Some(answer) => return Poll::Ready(answer),
                         None => continue,
                     },
@@ -173,7 +220,7 @@ impl StreamMeter {
                         self.state = State::Deciding(fut);
                         return Poll::Pending;
                     }
-                    Poll::Ready((batch, decided)) => match self.decided(batch, units, decided) {
+                    Poll::Ready((batch, decided)) => match self.decided(batch, ask, decided) {
                         Some(answer) => return Poll::Ready(answer),
                         None => continue,
                     },
@@ -192,24 +239,48 @@ impl StreamMeter {
         }
     }
 
-    /// The message's batch (each part's cost set: 1, or `units`) sent down the road: decided
-    /// at once where the backend can (nothing allocated), else a decision under way.
-    fn decide(&self, mut batch: Vec<Transaction>, units: u64) -> Result<Decided, Deciding> {
+    /// The message's batch sent down the road, each part's cost and mode set for `ask`: a
+    /// whole message or a charge decided at once where the backend can (read in place,
+    /// nothing allocated), else a decision under way (a partial grant's always: its grant is
+    /// read from the decision).
+    fn decide(&self, mut batch: Vec<Transaction>, ask: Ask) -> Result<Decided, Deciding> {
+        let units = ask.units;
         for (tx, per) in batch.iter_mut().zip(&self.per) {
-            tx.set_cost(match per {
-                Per::Message => 1,
-                Per::Unit => units,
-            });
+            match (per, ask.how) {
+                // A crossing chunk's excess: its message was counted with its room.
+                (Per::Message, How::Charge) => tx.set(0, 0, Mode::Charge),
+                (Per::Message, _) => tx.set(1, 1, Mode::CheckAndSpend),
+                (Per::Unit, How::Whole { .. }) => tx.set(units, units, Mode::CheckAndSpend),
+                (Per::Unit, How::UpTo) => tx.set(units.min(1), units, Mode::CheckAndSpend),
+                (Per::Unit, How::Charge) => tx.set(units, units, Mode::Charge),
+            }
         }
-        if let Some(decided) = self.limiter.spend_message_now(&batch) {
-            return Ok((batch, decided));
+        if ask.how != How::UpTo
+            && let Some(decided) = self.limiter.spend_message_now(&batch)
+        {
+            let answer = decided.map(|refused| match refused {
+                None => Answer::Passed(units),
+                Some(d) => Answer::Refused(d),
+            });
+            return Ok((batch, answer));
         }
         let limiter = self.limiter.clone();
+        let per = self.per.clone();
         Err(Box::pin(async move {
-            let decided = limiter
-                .spend(&batch)
-                .await
-                .map(|d| if d.allowed() { None } else { Some(d) });
+            let decided = limiter.spend(&batch).await.map(|d| {
+                if !d.allowed() {
+                    return Answer::Refused(d);
+                }
+                // The least any per-unit key granted (one key: its grant).
+                let granted = d
+                    .decisions()
+                    .iter()
+                    .zip(&per)
+                    .filter(|(_, p)| **p == Per::Unit)
+                    .map(|(d, _)| d.granted())
+                    .min();
+                Answer::Passed(granted.unwrap_or(units))
+            });
             (batch, decided)
         }))
     }
@@ -219,17 +290,20 @@ impl StreamMeter {
     fn decided(
         &mut self,
         batch: Vec<Transaction>,
-        units: u64,
-        decided: Result<Option<BatchDecision>, LimiterError>,
-    ) -> Option<Result<(), StreamLimited>> {
+        ask: Ask,
+        decided: Result<Answer, LimiterError>,
+    ) -> Option<Result<u64, StreamLimited>> {
         let decision = match decided {
-            Ok(Some(refused)) => refused,
-            Ok(None) => return Some(self.passed(batch, units)),
-            Err(e) => return self.failed(batch, units, e),
+            Ok(Answer::Refused(refused)) => refused,
+            Ok(Answer::Passed(units)) => return Some(self.passed(batch, ask.how, units)),
+            Err(e) => return self.failed(batch, ask, e),
         };
+        self.state = State::Idle(batch);
         let refused = StreamLimited::of(&decision);
         let wait = refused.retry_after().unwrap_or(Duration::ZERO);
-        if let AtLimit::PushBack { up_to } = self.at_limit {
+        if let (AtLimit::PushBack { up_to }, How::Whole { may_wait: true }) =
+            (self.at_limit, ask.how)
+        {
             let first = *self
                 .refused_at
                 .get_or_insert_with(tokio::time::Instant::now);
@@ -239,20 +313,32 @@ impl StreamMeter {
                     Some(sleep) => sleep.as_mut().reset(deadline),
                     None => self.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
                 }
-                self.state = State::Waiting(batch);
+                if let State::Idle(batch) = std::mem::replace(&mut self.state, State::Ended) {
+                    self.state = State::Waiting(batch);
+                }
                 return None;
             }
         }
+        self.ended = true;
         Some(Err(refused))
     }
 
-    /// A message admitted: counted, and the batch kept for the next.
-    fn passed(&mut self, batch: Vec<Transaction>, units: u64) -> Result<(), StreamLimited> {
-        self.messages += 1;
+    /// A message admitted (`units` of it): counted (a charge's units only: its message was
+    /// counted with its room), and the batch kept for the next.
+    fn passed(
+        &mut self,
+        batch: Vec<Transaction>,
+        how: How,
+        units: u64,
+    ) -> Result<u64, StreamLimited> {
+        if how != How::Charge {
+            self.messages += 1;
+        }
         self.units = self.units.saturating_add(units);
         self.refused_at = None;
+        self.ended = false;
         self.state = State::Idle(batch);
-        Ok(())
+        Ok(units)
     }
 
     /// A decision the limiter could not take: a message larger than a limit's burst ends the
@@ -261,20 +347,24 @@ impl StreamMeter {
     fn failed(
         &mut self,
         batch: Vec<Transaction>,
-        units: u64,
+        ask: Ask,
         e: LimiterError,
-    ) -> Option<Result<(), StreamLimited>> {
-        match e {
-            LimiterError::CostAboveBurst { name, cost, burst } => {
-                Some(Err(StreamLimited::TooLarge {
-                    limit: name,
-                    units: cost,
-                    max: burst,
-                }))
-            }
-            LimiterError::Backend(_) if self.fail_open => Some(self.passed(batch, units)),
-            e => Some(Err(StreamLimited::Failed(e))),
+    ) -> Option<Result<u64, StreamLimited>> {
+        if let LimiterError::Backend(_) = e
+            && self.fail_open
+        {
+            return Some(self.passed(batch, ask.how, ask.units));
         }
+        self.state = State::Idle(batch);
+        self.ended = true;
+        Some(Err(match e {
+            LimiterError::CostAboveBurst { name, cost, burst } => StreamLimited::TooLarge {
+                limit: name,
+                units: cost,
+                max: burst,
+            },
+            e => StreamLimited::Failed(e),
+        }))
     }
 }
 
@@ -338,6 +428,7 @@ impl StreamMeterBuilder {
             state: State::Idle(batch),
             refused_at: None,
             sleep: None,
+            ended: false,
             messages: 0,
             units: 0,
         })

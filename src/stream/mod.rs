@@ -4,9 +4,11 @@
 //! WebSocket's frames after the upgrade, a gRPC stream's messages inside its body), so the
 //! handler meters them: [`StreamMeter`] decides one message (one batch on the limiter's road,
 //! as a request is), [`LimitedStream`] wraps any stream of messages with it (tonic's
-//! `Streaming<T>` and a response stream, an SSE stream), and a WebSocket handler calls
+//! `Streaming<T>` and a response stream, an SSE stream), [`MeteredBody`] debits each chunk of
+//! a response body (bytes, tokens) before it is forwarded, and a WebSocket handler calls
 //! [`StreamMeter::admit`] per frame.
 
+mod body;
 mod limited;
 mod meter;
 
@@ -16,6 +18,7 @@ use crate::key::LimitName;
 use crate::limiter::{BatchDecision, LimiterError};
 use crate::time::{WaitText, ceil_ms};
 
+pub use body::{MeteredBody, Overrun};
 pub use limited::LimitedStream;
 pub use meter::{StreamMeter, StreamMeterBuilder};
 
@@ -84,12 +87,16 @@ pub enum StreamLimited {
     /// The limits could not be decided (the store failed) and the meter does not fail open.
     #[error("the stream's limits could not be decided: {0}")]
     Failed(#[source] LimiterError),
+    /// A metered body's chunk whose units could not be read ([`MeteredBody::units`]): the
+    /// body ends before it, so that nothing unmetered is sent.
+    #[error("a chunk's units could not be read")]
+    Unreadable,
     /// The stream ended already, at an earlier message.
     #[error("the stream ended at an earlier message")]
     Ended,
 }
 
-readable_debug!(StreamLimited { Limited { limit, retry_after, banned }, TooLarge { limit, units, max }, Failed(e), Ended });
+readable_debug!(StreamLimited { Limited { limit, retry_after, banned }, TooLarge { limit, units, max }, Failed(e), Unreadable, Ended });
 
 impl StreamLimited {
     /// The refusal a denied batch says: its strictest limit's.
@@ -116,14 +123,14 @@ impl StreamLimited {
 
     /// The WebSocket close code that ends the socket: 1013 (try again later) at a limit,
     /// 1008 (policy violation) for a banned key, 1009 (message too big) for a message larger
-    /// than a limit's burst, 1011 (internal error) when the limits could not be decided or
-    /// the stream had ended.
+    /// than a limit's burst, 1011 (internal error) when the limits could not be decided, a
+    /// message's units could not be read, or the stream had ended.
     pub fn close_code(&self) -> u16 {
         match self {
             StreamLimited::Limited { banned: false, .. } => 1013,
             StreamLimited::Limited { banned: true, .. } => 1008,
             StreamLimited::TooLarge { .. } => 1009,
-            StreamLimited::Failed(_) | StreamLimited::Ended => 1011,
+            StreamLimited::Failed(_) | StreamLimited::Unreadable | StreamLimited::Ended => 1011,
         }
     }
 
@@ -150,7 +157,7 @@ impl StreamLimited {
             StreamLimited::Limited { limit, .. } | StreamLimited::TooLarge { limit, .. } => {
                 v.insert("limiter".into(), limit.as_str().into());
             }
-            StreamLimited::Failed(_) | StreamLimited::Ended => {}
+            StreamLimited::Failed(_) | StreamLimited::Unreadable | StreamLimited::Ended => {}
         }
         if let Some(wait) = self.retry_after() {
             v.insert("retry_after_ms".into(), ceil_ms(wait).max(1).into());
@@ -162,7 +169,8 @@ impl StreamLimited {
     /// The gRPC status that ends the stream (its trailers): `RESOURCE_EXHAUSTED` with
     /// `RetryInfo` (the exact wait, in whole milliseconds) and a `QuotaFailure` naming the
     /// limit at a limit; without `RetryInfo` for a message too large; `UNAVAILABLE` when the
-    /// limits could not be decided; `CANCELLED` for a stream that had ended.
+    /// limits could not be decided; `INTERNAL` for units that could not be read; `CANCELLED`
+    /// for a stream that had ended.
     #[cfg(feature = "tonic")]
     pub fn to_status(&self) -> tonic::Status {
         let message = self.to_string();
@@ -178,6 +186,7 @@ impl StreamLimited {
                 crate::layer::resource_exhausted(&message, None, std::iter::empty())
             }
             StreamLimited::Failed(_) => tonic::Status::unavailable(message),
+            StreamLimited::Unreadable => tonic::Status::internal(message),
             StreamLimited::Ended => tonic::Status::cancelled(message),
         }
     }
