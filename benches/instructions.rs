@@ -92,6 +92,10 @@ const VARIANTS: &[(&str, &str)] = &[
         "ours_stream_message",
         "StreamMeter::admit: one message of a stream (a meter per key), 1 per-message key",
     ),
+    (
+        "ours_stream_message_ahead",
+        "the same with grants of 99 messages ahead (one decision per 100 messages)",
+    ),
     ("http_request_only", "building the request alone"),
     (
         "http_ours_1_rule_refused",
@@ -268,14 +272,17 @@ fn operation(variant: &str) -> Box<dyn FnMut(u64)> {
                 let _ = std::hint::black_box(common::ready(limiter.spend(tx)));
             })
         }
-        // A stream per key, each message one batch on the limiter's road.
-        "ours_stream_message" => {
+        // A stream per key, each message one batch on the limiter's road (or, with grants
+        // ahead, one batch per 100 messages).
+        "ours_stream_message" | "ours_stream_message_ahead" => {
             let limiter = Limiter::new(limits, unswept());
+            let ahead = if variant.ends_with("ahead") { 99 } else { 0 };
             let mut meters: Vec<tower_ratelimits::StreamMeter> = keys
                 .into_iter()
                 .map(|k| {
                     tower_ratelimits::StreamMeter::builder(&limiter)
                         .per_message(k)
+                        .ahead(ahead)
                         .build()
                         .unwrap()
                 })

@@ -56,6 +56,7 @@ row ours_adaptive_pool_slot governor_check_key
 row ours_limiter governor_check_key
 row ours_limiter_penalty ours_limiter ours_limiter
 row ours_stream_message ours_limiter ours_limiter
+row ours_stream_message_ahead ours_limiter ours_limiter
 row http_request_only http_bare
 row http_bare http_bare http_bare
 row http_ours_1_rule http_bare http_bare

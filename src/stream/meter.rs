@@ -11,6 +11,7 @@ use crate::key::BucketKey;
 use crate::limiter::{BatchDecision, Limiter, LimiterError, Transaction, may_wait};
 use crate::mode::Mode;
 
+use super::grants::Grants;
 use super::{AtLimit, StreamError, StreamLimited};
 
 /// What one part of a stream's batch is charged per message.
@@ -44,9 +45,11 @@ pub(crate) enum How {
     Charge,
 }
 
-/// How a decision ended: the units passed, or the refusal's decision.
+/// How a decision ended: the units passed, the units passed with what the keys granted
+/// ahead, or the refusal's decision.
 enum Answer {
     Passed(u64),
+    Granted(u64, BatchDecision),
     Refused(BatchDecision),
 }
 
@@ -116,6 +119,8 @@ pub struct StreamMeter {
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// A message was refused: every next one is too ([`StreamLimited::Ended`]).
     ended: bool,
+    /// Units taken ahead ([`StreamMeterBuilder::ahead`]).
+    grants: Option<Grants>,
     messages: u64,
     units: u64,
 }
@@ -138,6 +143,7 @@ pub struct StreamMeterBuilder {
     parts: Vec<(BucketKey, Per)>,
     at_limit: AtLimit,
     fail_open: bool,
+    ahead: u64,
 }
 
 impl StreamMeter {
@@ -151,6 +157,7 @@ impl StreamMeter {
                 up_to: Duration::from_secs(10),
             },
             fail_open: false,
+            ahead: 0,
         }
     }
 
@@ -243,9 +250,23 @@ impl StreamMeter {
     /// whole message or a charge decided at once where the backend can (read in place,
     /// nothing allocated), else a decision under way (a partial grant's always: its grant is
     /// read from the decision).
-    fn decide(&self, mut batch: Vec<Transaction>, ask: Ask) -> Result<Decided, Deciding> {
+    fn decide(&mut self, mut batch: Vec<Transaction>, ask: Ask) -> Result<Decided, Deciding> {
         let units = ask.units;
-        for (tx, per) in batch.iter_mut().zip(&self.per) {
+        let per = &self.per;
+        let need = |i: usize| match per[i] {
+            Per::Message => 1,
+            Per::Unit => units,
+        };
+        if let (Some(grants), How::Whole { .. }) = (&mut self.grants, ask.how) {
+            if grants.take(need) {
+                return Ok((batch, Ok(Answer::Passed(units))));
+            }
+            for (i, tx) in batch.iter_mut().enumerate() {
+                grants.ask(i, need(i), tx);
+            }
+            return Err(self.deciding(batch, ask, true));
+        }
+        for (tx, per) in batch.iter_mut().zip(per) {
             match (per, ask.how) {
                 // A crossing chunk's excess: its message was counted with its room.
                 (Per::Message, How::Charge) => tx.set(0, 0, Mode::Charge),
@@ -264,12 +285,21 @@ impl StreamMeter {
             });
             return Ok((batch, answer));
         }
+        Err(self.deciding(batch, ask, false))
+    }
+
+    /// The batch's decision under way (a backend that must be awaited; a partial grant, whose
+    /// grant is read from the decision): `granting`, the decision is kept for the grants.
+    fn deciding(&self, batch: Vec<Transaction>, ask: Ask, granting: bool) -> Deciding {
         let limiter = self.limiter.clone();
         let per = self.per.clone();
-        Err(Box::pin(async move {
+        Box::pin(async move {
             let decided = limiter.spend(&batch).await.map(|d| {
                 if !d.allowed() {
                     return Answer::Refused(d);
+                }
+                if granting {
+                    return Answer::Granted(ask.units, d);
                 }
                 // The least any per-unit key granted (one key: its grant).
                 let granted = d
@@ -279,10 +309,10 @@ impl StreamMeter {
                     .filter(|(_, p)| **p == Per::Unit)
                     .map(|(d, _)| d.granted())
                     .min();
-                Answer::Passed(granted.unwrap_or(units))
+                Answer::Passed(granted.unwrap_or(ask.units))
             });
             (batch, decided)
-        }))
+        })
     }
 
     /// What a decision means for the message: `Some` answer, or `None` to decide it again
@@ -296,6 +326,16 @@ impl StreamMeter {
         let decision = match decided {
             Ok(Answer::Refused(refused)) => refused,
             Ok(Answer::Passed(units)) => return Some(self.passed(batch, ask.how, units)),
+            Ok(Answer::Granted(units, decision)) => {
+                if let Some(grants) = &mut self.grants {
+                    let per = &self.per;
+                    grants.granted(&decision, |i| match per[i] {
+                        Per::Message => 1,
+                        Per::Unit => units,
+                    });
+                }
+                return Some(self.passed(batch, ask.how, units));
+            }
             Err(e) => return self.failed(batch, ask, e),
         };
         self.state = State::Idle(batch);
@@ -390,6 +430,19 @@ impl StreamMeterBuilder {
         self
     }
 
+    /// Takes units ahead: a message that finds its grant used up asks the store for what it
+    /// needs and up to `messages` messages' worth more (of its size), on each key whose limit
+    /// is a GCRA limit (a partial grant: what fits; the other shapes are decided per
+    /// message); the next messages pass on what is held, without a round trip, and what the
+    /// stream did not use goes back to the store when the meter is dropped. The store spends
+    /// every unit it grants, so never more is admitted than the limit; a key's other streams
+    /// may wait for the units one stream holds (at most `messages` messages' worth each). 0,
+    /// the default, takes none: every message is a decision.
+    pub fn ahead(mut self, messages: u64) -> Self {
+        self.ahead = messages;
+        self
+    }
+
     /// Whether a message passes when its limits cannot be decided (the store is down): by
     /// default no, the stream ends ([`StreamLimited::Failed`]).
     pub fn fail_open(mut self, open: bool) -> Self {
@@ -420,6 +473,10 @@ impl StreamMeterBuilder {
                 key.to_string(),
             )));
         }
+        let grants = (self.ahead > 0).then(|| {
+            let keys = self.parts.iter().map(|(k, _)| k.clone()).collect();
+            Grants::new(&self.limiter, keys, self.ahead)
+        });
         Ok(StreamMeter {
             limiter: self.limiter,
             per: self.parts.iter().map(|(_, p)| *p).collect(),
@@ -429,8 +486,31 @@ impl StreamMeterBuilder {
             refused_at: None,
             sleep: None,
             ended: false,
+            grants,
             messages: 0,
             units: 0,
         })
+    }
+}
+
+impl Drop for StreamMeter {
+    /// Gives back what the stream's grants still hold, in a task of the runtime the meter is
+    /// dropped on (none: the units come back with time, as spent units do).
+    fn drop(&mut self) {
+        let Some(grants) = &mut self.grants else {
+            return;
+        };
+        let unused = grants.unused();
+        if unused.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let limiter = self.limiter.clone();
+            runtime.spawn(async move {
+                if let Err(e) = limiter.refund(&unused).await {
+                    tracing::debug!(target: crate::telemetry::target::BACKEND, error = %e, "a stream's unused grant was not given back");
+                }
+            });
+        }
     }
 }

@@ -9,6 +9,7 @@
 //! [`StreamMeter::admit`] per frame.
 
 mod body;
+mod grants;
 mod limited;
 mod meter;
 

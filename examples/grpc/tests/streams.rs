@@ -82,9 +82,14 @@ impl Streams {
             .limiter
             .key("MessagesPerAccount", Id::from(account))
             .map_err(|e| Status::internal(e.to_string()))?;
+        let ahead = match request.metadata().get("x-ahead") {
+            Some(v) => v.to_str().ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            None => 0,
+        };
         StreamMeter::builder(&self.limiter)
             .per_message(key)
             .at_limit(at_limit)
+            .ahead(ahead)
             .build()
             .map_err(|e| Status::internal(e.to_string()))
     }
@@ -205,6 +210,7 @@ StreamsPerAccount: {kind: account, concurrency: 1, lease: 1m}
 /// per account (its slot held for the stream's whole life), on a manual clock.
 struct Served {
     clock: ManualClock,
+    limiter: Limiter,
     taken: Arc<AtomicU64>,
     grpc: tonic::client::Grpc<Channel>,
 }
@@ -223,7 +229,7 @@ async fn serve() -> Served {
     .unwrap();
     let taken = Arc::new(AtomicU64::new(0));
     let service = StreamsServer(Streams {
-        limiter,
+        limiter: limiter.clone(),
         taken: taken.clone(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -241,18 +247,23 @@ async fn serve() -> Served {
         .unwrap();
     Served {
         clock,
+        limiter,
         taken,
         grpc: tonic::client::Grpc::new(channel),
     }
 }
 
-/// A call of `method` as `account`, its messages `body`.
+/// A call as `account`, its messages `body`; a meter taking grants of 10 messages ahead for an
+/// account above 100.
 fn call<T>(account: u64, push_back: bool, body: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(body);
     let meta = request.metadata_mut();
     meta.insert("x-account", account.to_string().parse().unwrap());
     if push_back {
         meta.insert("x-at-limit", "push-back".parse().unwrap());
+    }
+    if account > 100 {
+        meta.insert("x-ahead", "10".parse().unwrap());
     }
     request
 }
@@ -395,30 +406,42 @@ async fn client_and_server_streams_end_at_the_limit() {
 
 /// A stream holds its account's one slot for its whole life: a second stream of the account is
 /// refused by the layer while the first is open; when the first's client goes away (its
-/// stream dropped mid-call), the slot comes back and a new stream is admitted.
+/// stream dropped mid-call), the slot comes back and a new stream is admitted. Its meter took
+/// the whole burst ahead at its first message (5 units, grants of 10 messages ahead); the 4 it
+/// did not use come back too.
 #[tokio::test]
-async fn a_stream_whose_client_vanishes_gives_back_its_slot() {
+async fn a_stream_whose_client_vanishes_gives_back_its_grant_and_its_slot() {
     let mut served = serve().await;
+    let account = 107;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(10);
     let mut first = served
-        .echo(7, true, tokio_stream::wrappers::ReceiverStream::new(rx))
+        .echo(
+            account,
+            true,
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )
         .await
         .unwrap();
     tx.send(Bytes::from_static(b"hello")).await.unwrap();
     assert_eq!(first.next().await.unwrap().unwrap(), "hello");
+    assert_eq!(messages_left(&served.limiter, account).await, 0);
     let second = served
-        .echo(7, true, tokio_stream::iter(Vec::<Bytes>::new()))
+        .echo(account, true, tokio_stream::iter(Vec::<Bytes>::new()))
         .await;
     assert_eq!(second.unwrap_err().code(), Code::ResourceExhausted);
     // The client vanishes: its request stream and its replies are dropped.
     drop(first);
     drop(tx);
+    let limiter = served.limiter.clone();
+    wait_for_async(|| {
+        let limiter = limiter.clone();
+        async move { messages_left(&limiter, account).await == 4 }
+    })
+    .await;
     let mut admitted = false;
     for _ in 0..200 {
-        let again = served
-            .echo(7, true, tokio_stream::iter(vec![Bytes::from_static(b"x")]))
-            .await;
-        if let Ok(replies) = again {
+        let one = tokio_stream::iter(vec![Bytes::from_static(b"x")]);
+        if let Ok(replies) = served.echo(account, true, one).await {
             let replies: Vec<_> = replies.collect().await;
             assert_eq!(replies.len(), 1);
             admitted = true;
@@ -427,6 +450,34 @@ async fn a_stream_whose_client_vanishes_gives_back_its_slot() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(admitted, "the slot came back");
+}
+
+/// The messages `account` has left of its burst (a check's `remaining` is what would remain
+/// after one more: one more than it, unless none is left).
+async fn messages_left(limiter: &Limiter, account: u64) -> u64 {
+    let key = limiter
+        .key("MessagesPerAccount", Id::from(account))
+        .unwrap();
+    let checked = limiter
+        .check(&[tower_ratelimits::Transaction::new(key)])
+        .await
+        .unwrap();
+    if checked.allowed() {
+        checked.decisions()[0].remaining() + 1
+    } else {
+        0
+    }
+}
+
+/// Waits (bounded, 5 s) until `done` holds: a condition, not a time.
+async fn wait_for_async<F: Future<Output = bool>>(done: impl Fn() -> F) {
+    for _ in 0..500 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the condition never held");
 }
 
 /// Waits (bounded, 5 s) until `done` holds: a condition, not a time.
