@@ -1,210 +1,24 @@
-//! Limits inside gRPC streams, end to end: a tonic server on an ephemeral port whose handlers
-//! meter every message with `LimitedStream` (feature `stream`), called by a real tonic client
-//! for each stream kind (bidirectional, client and server streaming). Messages are raw bytes
-//! (a codec of our own: no protobuf build step). Asserted as counts on a manual clock.
+//! Limits inside gRPC streams, end to end: the `tonic_streams` example's service on an
+//! ephemeral port, its handlers metering every message with `LimitedStream` (feature
+//! `stream`), called by a real tonic client for each stream kind (bidirectional, client and
+//! server streaming). Asserted as counts on a manual clock.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use tokio_stream::{Stream, StreamExt};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status, Streaming};
 use tonic_types::StatusExt;
-use tower_ratelimits::{AtLimit, Header, Id, LimitedStream, Limiter, Limits, ManualClock};
-use tower_ratelimits::{MemoryBackend, RateLimitLayer, Rule, StreamMeter};
+use tower_ratelimits::{Id, Limiter, Limits, ManualClock, MemoryBackend};
 
-/// Messages as they are: raw bytes in, raw bytes out.
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Bytes;
-    type Error = Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Bytes;
-    type Error = Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
-        let n = src.remaining();
-        Ok(Some(src.copy_to_bytes(n)))
-    }
-}
-
-type Replies = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
-type Answer<T> = Pin<Box<dyn Future<Output = Result<tonic::Response<T>, Status>> + Send>>;
-
-/// What the server's handlers share: the limiter, and how many messages they took from the
-/// client's streams (a flood held back is not read).
-#[derive(Clone)]
-struct Streams {
-    limiter: Limiter,
-    taken: Arc<AtomicU64>,
-}
-
-impl Streams {
-    /// The meter of a call: per message of the caller's `x-account`, pushing back for up to an
-    /// hour when the call says `x-at-limit: push-back`, ending the stream otherwise.
-    fn meter<T>(&self, request: &tonic::Request<T>) -> Result<StreamMeter, Status> {
-        let account = request
-            .metadata()
-            .get("x-account")
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .ok_or_else(|| Status::invalid_argument("x-account"))?;
-        let at_limit = match request.metadata().get("x-at-limit") {
-            Some(v) if v == "push-back" => AtLimit::PushBack {
-                up_to: Duration::from_secs(3600),
-            },
-            _ => AtLimit::End,
-        };
-        let key = self
-            .limiter
-            .key("MessagesPerAccount", Id::from(account))
-            .map_err(|e| Status::internal(e.to_string()))?;
-        let ahead = match request.metadata().get("x-ahead") {
-            Some(v) => v.to_str().ok().and_then(|v| v.parse().ok()).unwrap_or(0),
-            None => 0,
-        };
-        StreamMeter::builder(&self.limiter)
-            .per_message(key)
-            .at_limit(at_limit)
-            .ahead(ahead)
-            .build()
-            .map_err(|e| Status::internal(e.to_string()))
-    }
-
-    /// The client's messages, counted as they are taken, each admitted by `meter`.
-    fn inbound(&self, messages: Streaming<Bytes>, meter: StreamMeter) -> Replies {
-        let taken = self.taken.clone();
-        let counted = messages.map(move |m| {
-            taken.fetch_add(1, Ordering::Relaxed);
-            m
-        });
-        Box::pin(LimitedStream::new(counted, meter).grpc())
-    }
-}
-
-/// `Echo`: every message the client sends comes back (bidirectional).
-struct Echo(Streams);
-
-impl tonic::server::StreamingService<Bytes> for Echo {
-    type Response = Bytes;
-    type ResponseStream = Replies;
-    type Future = Answer<Replies>;
-    fn call(&mut self, request: tonic::Request<Streaming<Bytes>>) -> Self::Future {
-        let streams = self.0.clone();
-        Box::pin(async move {
-            let meter = streams.meter(&request)?;
-            Ok(tonic::Response::new(
-                streams.inbound(request.into_inner(), meter),
-            ))
-        })
-    }
-}
-
-/// `Count`: how many messages the client sent (client streaming); at a limit, the status.
-struct Count(Streams);
-
-impl tonic::server::ClientStreamingService<Bytes> for Count {
-    type Response = Bytes;
-    type Future = Answer<Bytes>;
-    fn call(&mut self, request: tonic::Request<Streaming<Bytes>>) -> Self::Future {
-        let streams = self.0.clone();
-        Box::pin(async move {
-            let meter = streams.meter(&request)?;
-            let mut inbound = streams.inbound(request.into_inner(), meter);
-            let mut n = 0u64;
-            while let Some(m) = inbound.next().await {
-                m?;
-                n += 1;
-            }
-            Ok(tonic::Response::new(Bytes::from(n.to_string())))
-        })
-    }
-}
-
-/// `Emit`: as many messages as the request asks for (server streaming), each admitted before
-/// it is sent.
-struct Emit(Streams);
-
-impl tonic::server::ServerStreamingService<Bytes> for Emit {
-    type Response = Bytes;
-    type ResponseStream = Replies;
-    type Future = Answer<Replies>;
-    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
-        let streams = self.0.clone();
-        Box::pin(async move {
-            let meter = streams.meter(&request)?;
-            let n: u64 = std::str::from_utf8(request.get_ref())
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| Status::invalid_argument("a count"))?;
-            let outbound = tokio_stream::iter(0..n).map(|i| Ok(Bytes::from(i.to_string())));
-            let limited: Replies = Box::pin(LimitedStream::new(outbound, meter).grpc());
-            Ok(tonic::Response::new(limited))
-        })
-    }
-}
-
-/// The service: `/test.Streams/{Echo,Count,Emit}`.
-#[derive(Clone)]
-struct StreamsServer(Streams);
-
-impl tonic::server::NamedService for StreamsServer {
-    const NAME: &'static str = "test.Streams";
-}
-
-impl tonic::codegen::Service<http::Request<tonic::body::Body>> for StreamsServer {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = std::convert::Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        let streams = self.0.clone();
-        Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(Raw);
-            Ok(match request.uri().path() {
-                "/test.Streams/Echo" => grpc.streaming(Echo(streams), request).await,
-                "/test.Streams/Count" => grpc.client_streaming(Count(streams), request).await,
-                "/test.Streams/Emit" => grpc.server_streaming(Emit(streams), request).await,
-                _ => Status::unimplemented("no such method").into_http(),
-            })
-        })
-    }
-}
-
-const LIMITS: &str = "\
-MessagesPerAccount: {kind: account, burst: 5, count: 10, period: 1s}
-StreamsPerAccount: {kind: account, concurrency: 1, lease: 1m}
-";
+/// The example's service, its codec and its layer.
+#[path = "../tonic_streams.rs"]
+#[allow(dead_code)]
+mod example;
+use example::{LIMITS, Raw, Streams, StreamsServer};
 
 /// A server of `StreamsServer` on an ephemeral port, behind a layer holding one stream at once
 /// per account (its slot held for the stream's whole life), on a manual clock.
@@ -222,11 +36,7 @@ async fn serve() -> Served {
         limits,
         MemoryBackend::builder().clock(clock.clone()).build(),
     );
-    let layer = RateLimitLayer::new(
-        limiter.clone(),
-        [Rule::new("StreamsPerAccount", Header::new("x-account"))],
-    )
-    .unwrap();
+    let layer = example::layer(&limiter);
     let taken = Arc::new(AtomicU64::new(0));
     let service = StreamsServer(Streams {
         limiter: limiter.clone(),
@@ -489,4 +299,29 @@ async fn wait_for(done: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the condition never held");
+}
+
+/// The example's own demo (no `ADDR`): a flood of 20 messages is echoed 5 times, then the
+/// stream ends with `RESOURCE_EXHAUSTED` and the exact wait in `RetryInfo`.
+#[test]
+fn the_example_demo_ends_a_flood_at_the_burst() {
+    let exe = std::env::current_exe().unwrap();
+    let binary = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("tonic_streams");
+    let out = std::process::Command::new(&binary)
+        .env_remove("ADDR")
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (built by `cargo test`)", binary.display()));
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.matches("echoed: ").count(), 5, "{stdout}");
+    assert!(
+        stdout.contains("ended: ResourceExhausted") && stdout.contains("retry in Some(100ms)"),
+        "{stdout}"
+    );
 }
