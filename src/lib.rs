@@ -98,7 +98,7 @@
 //! | trying a policy on access logs before deploying it | `Replay`, `RuleSet` (features `replay`, `yaml`), [`specs::replay`] |
 //! | Redis and Redis Cluster | `RedisBackend` (feature `redis`) |
 //! | one limit across regions, each region deciding on its own store | `RedisBackendBuilder::regional` (feature `redis`), [`specs::regions`] |
-//! | each message of a gRPC stream, a WebSocket or SSE counted before it passes | `StreamMeter`, `LimitedStream` (feature `stream`), [`specs::streams`] |
+//! | each message of a gRPC stream, a WebSocket or SSE, each chunk of a body, counted before it passes | `StreamMeter`, `LimitedStream`, `MeteredBody` (feature `stream`), `LimitedSocket` (feature `websocket`), [`specs::streams`] |
 //! | reloading limits while running | [`Limiter::reload`], `LimitsWatcher` (feature `reload`) |
 //! | overrides changed while running, on every instance; looking at a bucket | [`Limiter::set_override`], [`Limiter::inspect`], `admin_router` (feature `admin`) |
 //! | a backend for another store | [`Backend`], [`kit`] |
@@ -117,7 +117,8 @@
 //! | `admin` | off | `admin_router`: stored overrides and buckets over HTTP (axum) |
 //! | `acme` | off | the id kinds `domain`, `fqdn_set`, `account_domain`, `account_fqdn_set` |
 //! | `time-zones` | off | IANA time-zone names (`Europe/Berlin`) for calendar quotas; fixed offsets need no feature |
-//! | `stream` | off | `StreamMeter`, `LimitedStream`: limits inside streams ([`specs::streams`]) |
+//! | `stream` | off | `StreamMeter`, `LimitedStream`, `MeteredBody`: limits inside streams ([`specs::streams`]) |
+//! | `websocket` | off | `LimitedSocket`: an axum WebSocket whose messages pass a meter (axum's `ws`) |
 //! | `replay` | off | `Replay`, `LogReader`: access logs replayed through a current and a candidate policy ([`specs::replay`]) |
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -247,6 +248,9 @@ pub use replay::{
 pub use replay::{
     DEFAULT_SNAPSHOT_KEYS, RefusedId, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
 };
+#[cfg(feature = "websocket")]
+#[cfg_attr(docsrs, doc(cfg(feature = "websocket")))]
+pub use stream::LimitedSocket;
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
 pub use stream::{
@@ -338,16 +342,16 @@ pub mod specs {
     #[cfg_attr(
         any(
             not(doctest),
-            all(feature = "stream", feature = "tonic", feature = "yaml")
+            all(feature = "websocket", feature = "tonic", feature = "yaml")
         ),
         doc = include_str!("../docs/streams.md")
     )]
     #[cfg_attr(
         all(
             doctest,
-            not(all(feature = "stream", feature = "tonic", feature = "yaml"))
+            not(all(feature = "websocket", feature = "tonic", feature = "yaml"))
         ),
-        doc = "Limits inside a stream (its code needs the features `stream`, `tonic`, `yaml`)."
+        doc = "Limits inside a stream (its code needs the features `websocket`, `tonic`, `yaml`)."
     )]
     pub mod streams {}
 }

@@ -12,6 +12,8 @@ mod body;
 mod grants;
 mod limited;
 mod meter;
+#[cfg(feature = "websocket")]
+mod socket;
 
 use std::time::Duration;
 
@@ -22,6 +24,8 @@ use crate::time::{WaitText, ceil_ms};
 pub use body::{MeteredBody, Overrun};
 pub use limited::LimitedStream;
 pub use meter::{StreamMeter, StreamMeterBuilder};
+#[cfg(feature = "websocket")]
+pub use socket::LimitedSocket;
 
 /// What a stream does when a message finds no room ([`StreamMeterBuilder::at_limit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
