@@ -398,11 +398,32 @@ async fn ten_thousand_streams_of_one_key_never_pass_the_limit_and_give_back_thei
     until_remaining(&limiter, "Wide", 1, full - admitted).await;
 }
 
+/// A stream's key is a plain key: `Limiter::inspect` (and so the admin API) shows what its
+/// messages spent, as for any key.
+#[tokio::test]
+async fn a_streams_key_is_inspected_like_any_key() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let backend = MemoryBackend::builder().clock(clock).build();
+    let limiter = Limiter::new(Limits::from_yaml_str(WIDE, None).unwrap(), backend);
+    let key = limiter.key("Wide", Id::from(9u64)).unwrap();
+    let mut meter = StreamMeter::builder(&limiter)
+        .per_message(key.clone())
+        .build()
+        .unwrap();
+    for _ in 0..30 {
+        meter.admit(1).await.unwrap();
+    }
+    let seen = limiter.inspect(&key).await.unwrap();
+    assert_eq!(seen.remaining, 970);
+    assert_eq!(seen.reset_after, Duration::from_millis(30));
+}
+
 #[cfg(feature = "redis")]
 mod on_redis {
     use super::*;
     use support::redis::{RedisServer, TestRedis, unique_prefix};
     use support::redis_backend::{caller_time_backend, commandstat};
+    use tower_ratelimits::RedisBackend;
 
     #[tokio::test]
     async fn the_envelope_holds_for_many_streams_of_one_key_on_redis_and_the_cluster() {
@@ -449,6 +470,44 @@ mod on_redis {
         // The first call of all may load the script (NOSCRIPT, then EVALSHA again).
         assert!(calls[0] == 1000 || calls[0] == 1001, "{calls:?}");
         assert!(calls[1] <= 11, "{calls:?}");
+    }
+
+    /// When the store cannot decide (its server killed), a meter that fails closed ends the
+    /// stream with `Failed` (gRPC `UNAVAILABLE`, WebSocket 1011), and one that fails open lets
+    /// the message pass; a message the stream held on a grant passes either way.
+    #[tokio::test]
+    async fn a_store_that_cannot_decide_ends_the_stream_unless_it_fails_open() {
+        let mut server = RedisServer::start();
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let backend = RedisBackend::from_url(server.url())
+            .prefix(unique_prefix("down"))
+            .caller_time(clock)
+            .command_timeout(Duration::from_millis(300))
+            .connect()
+            .await
+            .unwrap();
+        let limiter = Limiter::new(Limits::from_yaml_str(WIDE, None).unwrap(), backend);
+        let meter = |open: bool, ahead: u64| {
+            StreamMeter::builder(&limiter)
+                .per_message(limiter.key("Wide", Id::from(1u64)).unwrap())
+                .fail_open(open)
+                .ahead(ahead)
+                .build()
+                .unwrap()
+        };
+        let (mut closed, mut open, mut held) = (meter(false, 0), meter(true, 0), meter(false, 5));
+        closed.admit(1).await.unwrap();
+        held.admit(1).await.unwrap();
+        server.kill();
+        let e = closed.admit(1).await.unwrap_err();
+        assert!(matches!(e, StreamLimited::Failed(_)), "{e:#?}");
+        assert_eq!(e.close_code(), 1011);
+        open.admit(1).await.unwrap();
+        assert_eq!(open.messages(), 1);
+        for _ in 0..5 {
+            held.admit(1).await.unwrap();
+        }
+        assert!(matches!(held.admit(1).await, Err(StreamLimited::Failed(_))));
     }
 
     #[tokio::test]
