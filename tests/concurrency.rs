@@ -3,6 +3,8 @@
 //! a gate (no sleeps: a handler waits for the test to open the gate). The Redis and cluster
 //! versions, with two app instances, are in `tests/redis_concurrency.rs`.
 
+#[path = "support/clock.rs"]
+mod clock;
 #[path = "support/counting.rs"]
 mod counting;
 #[path = "support/gate.rs"]
@@ -710,6 +712,51 @@ async fn the_slots_of_requests_in_flight_are_renewed_in_one_call_per_tick() {
     }
     drop(held);
     drop(feeds);
+}
+
+/// A stream open for a day holds its slot the whole day: the layer renews its lease (10
+/// minutes, renewed every third of it) 432 times and never loses it, so the account's second
+/// stream is refused at every hour; the stream's messages keep flowing; when it ends, the slot
+/// comes back at once.
+#[tokio::test(start_paused = true)]
+async fn a_stream_open_for_a_day_keeps_its_slot_renewed_and_gives_it_back() {
+    let limits = "Streams: {kind: account, concurrency: 1, lease: 10m}\n";
+    // The store reads tokio's (paused) clock: a lease not renewed would end within the day.
+    let backend = MemoryBackend::builder()
+        .clock(clock::TokioClock::now())
+        .build();
+    let limiter = Limiter::new(Limits::from_yaml_str(limits, None).unwrap(), backend);
+    let layer = RateLimitLayer::builder(limiter)
+        .rule(Rule::new("Streams", Header::new("x-account")))
+        .build()
+        .unwrap();
+    let (app, feeds) = streaming_app(layer);
+    let mut stream = get_as(&app, "/stream", 7).await.into_body();
+    let feed = feeds.lock().unwrap()[0].clone();
+    for hour in 0..24 {
+        for _ in 0..18 {
+            // 200 s: one renewal tick.
+            tokio::time::advance(Duration::from_secs(200)).await;
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+        }
+        feed.send(Ok(Bytes::from(format!("hour {hour}"))))
+            .await
+            .unwrap();
+        let chunk = stream.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(chunk, format!("hour {hour}"));
+        assert_eq!(get_as(&app, "/quick", 7).await.status(), 429, "hour {hour}");
+    }
+    // The stream ends: every sender of its channel gone (the app keeps the list of them).
+    drop(feed);
+    feeds.lock().unwrap().clear();
+    assert!(stream.frame().await.is_none(), "the stream ended");
+    drop(stream);
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(get_as(&app, "/quick", 7).await.status(), 200);
 }
 
 /// Runs `test` on a runtime of its own (time paused) in a thread of its own, and fails if it
