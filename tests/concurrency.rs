@@ -759,6 +759,55 @@ async fn a_stream_open_for_a_day_keeps_its_slot_renewed_and_gives_it_back() {
     assert_eq!(get_as(&app, "/quick", 7).await.status(), 200);
 }
 
+/// Day-long streams cannot corner a capacity shared by an adaptive limit's keys: one account
+/// opens streams until it is refused (it holds all but the headroom: 16 of 20), they stay open
+/// a whole day (the layer renews their leases on tokio's paused clock, which the store reads),
+/// and a quiet account is served at every hour while the flooding one stays refused.
+#[tokio::test(start_paused = true)]
+async fn day_long_streams_of_one_key_leave_a_quiet_key_a_slot_of_a_shared_capacity() {
+    let limits = "\
+Shared:
+  kind: account
+  concurrency: {adaptive: {min: 1, initial: 30, max: 100, algorithm: aimd, capacity: 20}}
+  lease: 10m
+";
+    let backend = MemoryBackend::builder()
+        .clock(clock::TokioClock::now())
+        .build();
+    let limiter = Limiter::new(Limits::from_yaml_str(limits, None).unwrap(), backend);
+    let layer = RateLimitLayer::builder(limiter)
+        .rule(Rule::new("Shared", Header::new("x-account")))
+        .build()
+        .unwrap();
+    let (app, feeds) = streaming_app(layer);
+    let mut streams = Vec::new();
+    for _ in 0..100 {
+        let response = get_as(&app, "/stream", 7).await;
+        if response.status() != 200 {
+            break;
+        }
+        streams.push(response);
+    }
+    assert_eq!(streams.len(), 16, "all but the headroom");
+    for hour in 0..24 {
+        for _ in 0..18 {
+            tokio::time::advance(Duration::from_secs(200)).await;
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert_eq!(get_as(&app, "/quick", 7).await.status(), 429, "hour {hour}");
+        let quiet = get_as(&app, "/quick", 8).await;
+        assert_eq!(quiet.status(), 200, "hour {hour}");
+        drop(quiet);
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+    }
+    feeds.lock().unwrap().clear();
+    drop(streams);
+}
+
 /// Runs `test` on a runtime of its own (time paused) in a thread of its own, and fails if it
 /// has not finished within a minute: a deadlock parks the runtime's only thread, so only a
 /// watcher outside it can turn the hang into a failure.
