@@ -3,6 +3,8 @@
 //! what was sent, and as the envelope on every store. Counts, not times: the store's clock is a
 //! manual one (or tokio's paused one for `hold`).
 
+#[path = "support/outside.rs"]
+mod outside;
 mod support;
 
 use std::convert::Infallible;
@@ -256,6 +258,17 @@ async fn debt_envelope_holds(limiter: &Limiter, clock: &ManualClock, seed: u64) 
 async fn the_debt_envelope_holds_in_memory() {
     for seed in 1..=30 {
         let (clock, limiter) = manual();
+        debt_envelope_holds(&limiter, &clock, seed).await;
+    }
+}
+
+/// The same on a backend written outside the crate with the public batch kit.
+#[tokio::test]
+async fn the_debt_envelope_holds_on_a_backend_outside_the_crate() {
+    for seed in 1..=20 {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let backend = outside::Outside::new(clock.clone());
+        let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), backend);
         debt_envelope_holds(&limiter, &clock, seed).await;
     }
 }

@@ -3,6 +3,8 @@
 //! messages) and, on every store, as the limit's envelope over any window for many streams of
 //! one key.
 
+#[path = "support/outside.rs"]
+mod outside;
 mod support;
 
 use std::sync::Arc;
@@ -315,6 +317,22 @@ async fn the_envelope_holds_for_many_streams_of_one_key_in_memory() {
         let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), backend);
         envelope_holds(&limiter, &clock, seed).await;
     }
+}
+
+/// The same on a backend written outside the crate with the public batch kit (the
+/// conformance tests' store), grants given back included.
+#[tokio::test]
+async fn the_envelope_holds_and_grants_come_back_on_a_backend_outside_the_crate() {
+    for seed in 1..=20 {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let backend = outside::Outside::new(clock.clone());
+        let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), backend);
+        envelope_holds(&limiter, &clock, seed).await;
+    }
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let backend = outside::Outside::new(clock);
+    let limiter = Limiter::new(Limits::from_yaml_str(WIDE, None).unwrap(), backend);
+    a_grant_is_taken_ahead_and_given_back(&limiter).await;
 }
 
 /// The units a key has left, as a check of one unit sees them (what would remain after it).
