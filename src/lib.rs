@@ -254,8 +254,8 @@ pub use stream::LimitedSocket;
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
 pub use stream::{
-    AtLimit, LimitedStream, MeteredBody, Overrun, StreamError, StreamLimited, StreamMeter,
-    StreamMeterBuilder,
+    AtLimit, LimitedStream, MeteredBody, Overrun, Per, StreamError, StreamKeys, StreamLimited,
+    StreamMeter, StreamMeterBuilder,
 };
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
 

@@ -26,6 +26,8 @@ pub use stored::OverrideRefusal;
 pub(crate) use stored::{StoredSet, check_override};
 #[cfg(feature = "yaml")]
 pub use yaml::RuleSet;
+#[cfg(all(feature = "yaml", feature = "stream"))]
+pub(crate) use yaml::{RuleAtLimit, RulePer};
 #[cfg(feature = "yaml")]
 pub(crate) use yaml::{RuleCost, RuleKey, RuleMissing, RuleOutcome};
 

@@ -340,8 +340,8 @@ fn again<S, B>(
 where
     S: Service<Request<B>>,
 {
-    let (parts, body) = req.into_parts();
-    let decided = road(shared, &parts);
+    let (mut parts, body) = req.into_parts();
+    let decided = road(shared, &mut parts);
     let req = Request::from_parts(parts, body);
     match decided {
         Road::Answer(response) => {

@@ -110,7 +110,7 @@ pub(crate) enum Road {
 
 /// Applies the rules to a request and asks the limiter once, under one snapshot of the limits
 /// (a reload never mixes two within a request).
-pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
+pub(crate) fn road(shared: &Arc<Shared>, parts: &mut Parts) -> Road {
     let limits = shared.limiter.load();
     let mut txs = Txs::new();
     if let Some(response) = shared
@@ -119,6 +119,18 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &Parts) -> Road {
     {
         return Road::Answer(response);
     }
+    #[cfg(feature = "stream")]
+    if !shared.rules.streams.is_empty() {
+        let rules = &shared.rules;
+        match rules.stream_keys(&shared.limiter, &limits, parts, shared.answers.body) {
+            Ok(Some(keys)) => {
+                parts.extensions.insert(keys);
+            }
+            Ok(None) => {}
+            Err(response) => return Road::Answer(response),
+        }
+    }
+    let parts = &*parts;
     if txs.is_empty() {
         return Road::Call;
     }

@@ -69,9 +69,19 @@ pub enum LayerError {
     /// [`RateLimitLayerBuilder::near_limit_percent`] outside `1..=100`.
     #[error("near-limit percent {0} is not in 1..=100")]
     NearLimitPercent(u8),
+    /// A per-message rule ([`Rule::per`](crate::Rule::per), feature `stream`) that cannot
+    /// count messages: it sets a cost, settles, counts outcomes or waits, it is shadowed (by itself or the
+    /// layer) or in a mode other than check and spend, or its limit holds slots.
+    #[error("rule for limit {limit:?}: per message: {reason}")]
+    PerMessage {
+        /// The rule's limit name.
+        limit: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
 }
 
-readable_debug!(LayerError { UnknownLimit { name, did_you_mean, at }, DuplicateRule(name), NoRules, Settle { limit, reason }, Fallback(reason), Limits(reason), NearLimitPercent(percent) });
+readable_debug!(LayerError { UnknownLimit { name, did_you_mean, at }, DuplicateRule(name), NoRules, Settle { limit, reason }, Fallback(reason), Limits(reason), NearLimitPercent(percent), PerMessage { limit, reason } });
 
 /// Builds a [`RateLimitLayer`].
 pub struct RateLimitLayerBuilder {
@@ -293,6 +303,8 @@ impl RateLimitLayerBuilder {
             #[cfg(feature = "replay")]
             &journal,
         )?;
+        #[cfg(feature = "stream")]
+        let (rules, streams) = per_message(rules, &limits)?;
         let fallback = fallback_of(self.failure, &limits, &self.limiter, self.timeout)?;
         let policies: Vec<_> = rules
             .iter()
@@ -318,6 +330,8 @@ impl RateLimitLayerBuilder {
                 rules: Rules {
                     joined_policy: response::joined_policies(&policies),
                     list: rules,
+                    #[cfg(feature = "stream")]
+                    streams,
                     readers,
                     settles,
                     times,
@@ -440,6 +454,52 @@ fn resolved(
         policy,
         waiting: Waiting::new(name),
     })
+}
+
+/// The rules split into those per request and those per message (`Rule::per`), each of the
+/// latter checked: it neither settles (nor counts outcomes) nor waits, and its limit counts
+/// units, not slots.
+#[cfg(feature = "stream")]
+fn per_message(
+    rules: Vec<ResolvedRule>,
+    limits: &Limits,
+) -> Result<(Vec<ResolvedRule>, Vec<ResolvedRule>), LayerError> {
+    let (streams, rules): (Vec<_>, Vec<_>) = rules
+        .into_iter()
+        .partition(|r| r.rule.per != crate::stream::Per::Request);
+    for r in &streams {
+        let refused = |reason| LayerError::PerMessage {
+            limit: r.rule.name.clone(),
+            reason,
+        };
+        if r.rule.settle.is_some() {
+            return Err(refused(
+                "a message's cost is known when it passes: nothing to settle or count after it",
+            ));
+        }
+        if r.rule.wait.is_some() {
+            return Err(refused("a stream waits by pushing back (`at_limit`)"));
+        }
+        if r.rule.cost.is_some() || r.rule.cost_fn.is_some() {
+            return Err(refused(
+                "a message costs one unit (`Per::Message`) or its units (`Per::Unit`), not a cost of the rule's",
+            ));
+        }
+        if r.mode != crate::mode::Mode::CheckAndSpend {
+            return Err(refused(
+                "a stream's meter checks and spends: no other mode, no shadow (of the rule or the layer)",
+            ));
+        }
+        if limits
+            .default_limit(r.name)
+            .is_some_and(|q| q.holds_leases())
+        {
+            return Err(refused(
+                "its limit holds slots: a stream holds one through a rule per request",
+            ));
+        }
+    }
+    Ok((rules, streams))
 }
 
 /// The in-memory fallback a failure policy asks for (its limits scaled to `percent`), if any.

@@ -76,6 +76,12 @@ pub struct Rule {
     pub(crate) wait: Option<super::wait::Wait>,
     /// Where a rules file defines it (`rules.yaml:3`), for the layer's errors about it.
     pub(crate) defined_at: Option<Arc<str>>,
+    /// What it counts: requests, or the messages of the streams they open.
+    #[cfg(feature = "stream")]
+    pub(crate) per: crate::stream::Per,
+    /// What a stream it counts does at its limit (`None`: the meter's default).
+    #[cfg(feature = "stream")]
+    pub(crate) at_limit: Option<crate::stream::AtLimit>,
 }
 
 impl fmt::Debug for Rule {
@@ -110,6 +116,10 @@ impl Rule {
             settle: None,
             wait: None,
             defined_at: None,
+            #[cfg(feature = "stream")]
+            per: crate::stream::Per::Request,
+            #[cfg(feature = "stream")]
+            at_limit: None,
         }
     }
 
@@ -273,6 +283,37 @@ impl Rule {
         self
     }
 
+    /// What the rule counts: each request (the default), or each message of the stream a
+    /// request opens ([`Per::Message`](crate::Per::Message), or its units:
+    /// [`Per::Unit`](crate::Per::Unit)). A per-message rule is not decided by the layer: its
+    /// key, found as any rule's (extractor, scopes, missing-key policy: a request without it
+    /// is refused before the service runs unless the rule skips), goes to the handler in the
+    /// request's [`StreamKeys`](crate::StreamKeys), whose meter counts each message
+    /// (`docs/streams.md`). It cannot settle, count outcomes or wait (the meter pushes back
+    /// instead: [`Rule::at_limit`]), nor name a limit that holds slots
+    /// ([`LayerError::PerMessage`](super::LayerError::PerMessage)).
+    ///
+    /// ```
+    /// use tower_ratelimits::{AtLimit, Header, Per, Rule};
+    /// let messages = Rule::new("MessagesPerAccount", Header::new("x-account"))
+    ///     .per(Per::Message)
+    ///     .at_limit(AtLimit::End);
+    /// ```
+    #[cfg(feature = "stream")]
+    pub fn per(mut self, per: crate::stream::Per) -> Self {
+        self.per = per;
+        self
+    }
+
+    /// What a stream a per-message rule counts does at the rule's limit (push back or end;
+    /// [`StreamKeys::at_limit`](crate::StreamKeys::at_limit) joins several rules'). A rule per
+    /// request ignores it.
+    #[cfg(feature = "stream")]
+    pub fn at_limit(mut self, at_limit: crate::stream::AtLimit) -> Self {
+        self.at_limit = Some(at_limit);
+        self
+    }
+
     /// What to do when the extractor finds no id.
     pub fn on_missing_key(mut self, policy: OnMissingKey) -> Self {
         self.on_missing = policy;
@@ -354,6 +395,9 @@ pub(crate) type Txs = smallvec::SmallVec<[Transaction; 4]>;
 /// A layer's rules, resolved when it was built, with what the rest of the layer asks of them.
 pub(crate) struct Rules {
     pub(crate) list: Vec<ResolvedRule>,
+    /// The per-message rules (`Rule::per`): their keys go to the handler, undecided.
+    #[cfg(feature = "stream")]
+    pub(crate) streams: Vec<ResolvedRule>,
     /// The client address readers the rules share.
     pub(crate) readers: Readers,
     /// Some rule settles its cost from the response ([`Rule::settle`]).
@@ -561,58 +605,14 @@ impl Rules {
         body: ErrorBody,
         txs: &mut Txs,
     ) -> Option<Response<Bytes>> {
-        let (mut read, mut read_header): (Read, ReadHeader<'_>) = Default::default();
+        let mut read = Default::default();
         for r in &self.list {
-            if !r.applies(parts) {
-                continue;
-            }
-            let reject = |status: StatusCode, message: &str| {
-                r.metrics.count(RuleOutcome::Rejected);
-                super::observe::count_request("rejected");
-                tracing::debug!(target: crate::telemetry::target::DECISION, limit = r.name.as_str(), outcome = "rejected", status = status.as_u16(), reason = message, "rate limit rejected the request");
-                Some(response::error_response(
-                    status,
-                    &response::error_code(status),
-                    message,
-                    response::is_grpc(&parts.headers),
-                    body,
-                ))
+            let key = match self.key_of(r, limits, parts, body, &mut read) {
+                Ok(Some(key)) => key,
+                Ok(None) => continue,
+                Err(response) => return Some(response),
             };
-            let extracted = match r.source {
-                Source::Header => self.readers.header(parts, &mut read_header),
-                _ => self
-                    .readers
-                    .extract(r.source, &*r.rule.extractor, parts, &mut read),
-            };
-            let id = match extracted {
-                Ok(Some(id)) => id,
-                Ok(None) => match r.rule.on_missing {
-                    OnMissingKey::Skip => continue,
-                    OnMissingKey::Reject(status) => {
-                        return reject(
-                            status,
-                            &format!("missing key for rate limit {}", r.rule.name),
-                        );
-                    }
-                },
-                Err(e) => {
-                    if e.status.is_server_error() {
-                        tracing::error!(target: crate::telemetry::target::LAYER, limit = %r.rule.name, error = %e, "rate limit key extraction failed");
-                    }
-                    return reject(e.status, &e.message);
-                }
-            };
-            let kind = limits.id_kind(r.name).unwrap_or_default();
-            let id = match kind.conform(id) {
-                Ok(id) => id,
-                Err(e) => {
-                    return reject(
-                        StatusCode::BAD_REQUEST,
-                        &format!("rate limit {}: {e}", r.rule.name),
-                    );
-                }
-            };
-            let tx = Transaction::of(BucketKey::new(r.name, id), r.mode, r.cost(parts));
+            let tx = Transaction::of(key, r.mode, r.cost(parts));
             // A rule that settles after the response reserves on its limit's penalty, if any.
             txs.push(match r.rule.settle {
                 Some(_) => tx.with_penalty(PenaltyPart::Reserve),
@@ -620,6 +620,98 @@ impl Rules {
             });
         }
         None
+    }
+
+    /// The keys of the per-message rules that apply to a request (`Rule::per`), found as a
+    /// request's are, for its handler's stream meter: `Ok(None)` when none applies, `Err`
+    /// when the request is answered now (a missing or bad key).
+    #[cfg(feature = "stream")]
+    #[cold]
+    #[expect(
+        clippy::result_large_err,
+        reason = "the response of a request answered now, returned in place as `prepare`'s"
+    )]
+    pub(crate) fn stream_keys(
+        &self,
+        limiter: &crate::limiter::Limiter,
+        limits: &Limits,
+        parts: &Parts,
+        body: ErrorBody,
+    ) -> Result<Option<crate::stream::StreamKeys>, Response<Bytes>> {
+        let mut read = Default::default();
+        let mut keys = crate::stream::StreamKeys::new(limiter);
+        for r in &self.streams {
+            if let Some(key) = self.key_of(r, limits, parts, body, &mut read)? {
+                keys.push(key, r.rule.per, r.rule.at_limit);
+            }
+        }
+        Ok((!keys.is_empty()).then_some(keys))
+    }
+
+    /// A rule's key for a request: `Ok(None)` when the rule does not apply (out of scope,
+    /// exempted, or its id missing and the rule skips), `Err` the response of a request
+    /// answered now (a missing id the rule refuses, an id its kind refuses). `read`: the
+    /// client addresses and header the request's rules read once.
+    #[inline(always)]
+    #[expect(
+        clippy::result_large_err,
+        reason = "inlined into the rules' loops: the response of a request answered now, never boxed"
+    )]
+    fn key_of<'p>(
+        &self,
+        r: &ResolvedRule,
+        limits: &Limits,
+        parts: &'p Parts,
+        body: ErrorBody,
+        read: &mut (Read, ReadHeader<'p>),
+    ) -> Result<Option<BucketKey>, Response<Bytes>> {
+        if !r.applies(parts) {
+            return Ok(None);
+        }
+        let reject = |status: StatusCode, message: &str| {
+            r.metrics.count(RuleOutcome::Rejected);
+            super::observe::count_request("rejected");
+            tracing::debug!(target: crate::telemetry::target::DECISION, limit = r.name.as_str(), outcome = "rejected", status = status.as_u16(), reason = message, "rate limit rejected the request");
+            response::error_response(
+                status,
+                &response::error_code(status),
+                message,
+                response::is_grpc(&parts.headers),
+                body,
+            )
+        };
+        let extracted = match r.source {
+            Source::Header => self.readers.header(parts, &mut read.1),
+            _ => self
+                .readers
+                .extract(r.source, &*r.rule.extractor, parts, &mut read.0),
+        };
+        let id = match extracted {
+            Ok(Some(id)) => id,
+            Ok(None) => match r.rule.on_missing {
+                OnMissingKey::Skip => return Ok(None),
+                OnMissingKey::Reject(status) => {
+                    return Err(reject(
+                        status,
+                        &format!("missing key for rate limit {}", r.rule.name),
+                    ));
+                }
+            },
+            Err(e) => {
+                if e.status.is_server_error() {
+                    tracing::error!(target: crate::telemetry::target::LAYER, limit = %r.rule.name, error = %e, "rate limit key extraction failed");
+                }
+                return Err(reject(e.status, &e.message));
+            }
+        };
+        let kind = limits.id_kind(r.name).unwrap_or_default();
+        match kind.conform(id) {
+            Ok(id) => Ok(Some(BucketKey::new(r.name, id))),
+            Err(e) => Err(reject(
+                StatusCode::BAD_REQUEST,
+                &format!("rate limit {}: {e}", r.rule.name),
+            )),
+        }
     }
 }
 

@@ -5,6 +5,8 @@ use super::extract::{ClientIp, Header, Ipv6Range48};
 use super::rate_limit_layer::{LayerError, RateLimitLayer, RateLimitLayerBuilder};
 use super::rule::OnMissingKey;
 use super::rule::Rule;
+#[cfg(feature = "stream")]
+use crate::config::{RuleAtLimit, RulePer};
 use crate::config::{RuleCost, RuleKey, RuleMissing, RuleOutcome, RuleSet};
 use crate::limiter::Limiter;
 
@@ -21,6 +23,23 @@ fn count_when_of(cases: &[(RuleOutcome, u64)]) -> CountWhen {
             RuleOutcome::GrpcStatus(code) => cw.grpc_status(*code, *weight),
             RuleOutcome::LatencyAbove(bound) => cw.latency_above(*bound, *weight),
         })
+}
+
+/// A rule counting what a rules file's `per` and `at_limit` say (a rule per request, or the
+/// messages or units of its streams).
+#[cfg(feature = "stream")]
+fn per_of(rule: Rule, per: RulePer, at_limit: Option<RuleAtLimit>) -> Rule {
+    use crate::stream::{AtLimit, Per};
+    let rule = rule.per(match per {
+        RulePer::Request => Per::Request,
+        RulePer::Message => Per::Message,
+        RulePer::Unit => Per::Unit,
+    });
+    match at_limit {
+        None => rule,
+        Some(RuleAtLimit::End) => rule.at_limit(AtLimit::End),
+        Some(RuleAtLimit::PushBack(up_to)) => rule.at_limit(AtLimit::PushBack { up_to }),
+    }
 }
 
 /// A request's cost as a log recorded it: what a rule with `cost: logged` in a [`RuleSet`]
@@ -76,6 +95,8 @@ impl RuleSet {
             } else {
                 rule.count_when(count_when_of(&entry.count_when))
             };
+            #[cfg(feature = "stream")]
+            let rule = per_of(rule, entry.per, entry.at_limit);
             let mut rule = rule;
             rule.defined_at = Some(format!("{}:{}", self.source, entry.line).into());
             builder = builder.rule(rule);

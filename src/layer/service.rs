@@ -59,7 +59,7 @@ where
         // its decision takes it and leaves a clone for the next call (`Road::Call` and
         // `Road::Allowed` skip the clone: 31 instructions a request behind axum's router).
         let shared = self.shared.clone();
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let inner = &mut self.inner;
         if shared.exempt.as_ref().is_some_and(|e| e.cover(&parts)) {
             super::observe::count_request("exempt");
@@ -72,7 +72,7 @@ where
             let future = inner.call(Request::from_parts(parts, body));
             return ResponseFuture::calling(shared, future, None);
         }
-        match road(&shared, &parts) {
+        match road(&shared, &mut parts) {
             Road::Answer(response) => ResponseFuture::answered(shared, response),
             Road::Call => {
                 let future = inner.call(Request::from_parts(parts, body));

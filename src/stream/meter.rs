@@ -12,18 +12,8 @@ use crate::limiter::{BatchDecision, Limiter, LimiterError, Transaction, may_wait
 use crate::mode::Mode;
 
 use super::grants::Grants;
+use super::keys::Per;
 use super::{AtLimit, StreamError, StreamLimited};
-
-/// What one part of a stream's batch is charged per message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Per {
-    /// One unit a message, whatever its size.
-    Message,
-    /// The message's units (its bytes, tokens: what [`LimitedStream::units`] reads).
-    ///
-    /// [`LimitedStream::units`]: super::LimitedStream::units
-    Unit,
-}
 
 /// What one decision asks of the stream's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,10 +243,7 @@ impl StreamMeter {
     fn decide(&mut self, mut batch: Vec<Transaction>, ask: Ask) -> Result<Decided, Deciding> {
         let units = ask.units;
         let per = &self.per;
-        let need = |i: usize| match per[i] {
-            Per::Message => 1,
-            Per::Unit => units,
-        };
+        let need = |i: usize| per[i].cost(units);
         if let (Some(grants), How::Whole { .. }) = (&mut self.grants, ask.how) {
             if grants.take(need) {
                 return Ok((batch, Ok(Answer::Passed(units))));
@@ -268,12 +255,12 @@ impl StreamMeter {
         }
         for (tx, per) in batch.iter_mut().zip(per) {
             match (per, ask.how) {
-                // A crossing chunk's excess: its message was counted with its room.
-                (Per::Message, How::Charge) => tx.set(0, 0, Mode::Charge),
-                (Per::Message, _) => tx.set(1, 1, Mode::CheckAndSpend),
                 (Per::Unit, How::Whole { .. }) => tx.set(units, units, Mode::CheckAndSpend),
                 (Per::Unit, How::UpTo) => tx.set(units.min(1), units, Mode::CheckAndSpend),
                 (Per::Unit, How::Charge) => tx.set(units, units, Mode::Charge),
+                // A crossing chunk's excess: its message was counted with its room.
+                (_, How::Charge) => tx.set(0, 0, Mode::Charge),
+                (_, _) => tx.set(1, 1, Mode::CheckAndSpend),
             }
         }
         if ask.how != How::UpTo
@@ -329,10 +316,7 @@ impl StreamMeter {
             Ok(Answer::Granted(units, decision)) => {
                 if let Some(grants) = &mut self.grants {
                     let per = &self.per;
-                    grants.granted(&decision, |i| match per[i] {
-                        Per::Message => 1,
-                        Per::Unit => units,
-                    });
+                    grants.granted(&decision, |i| per[i].cost(units));
                 }
                 return Some(self.passed(batch, ask.how, units));
             }

@@ -10,6 +10,7 @@
 
 mod body;
 mod grants;
+mod keys;
 mod limited;
 mod meter;
 #[cfg(feature = "websocket")]
@@ -22,6 +23,7 @@ use crate::limiter::{BatchDecision, LimiterError};
 use crate::time::{WaitText, ceil_ms};
 
 pub use body::{MeteredBody, Overrun};
+pub use keys::{Per, StreamKeys};
 pub use limited::LimitedStream;
 pub use meter::{StreamMeter, StreamMeterBuilder};
 #[cfg(feature = "websocket")]

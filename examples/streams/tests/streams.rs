@@ -60,7 +60,7 @@ async fn next(socket: &mut Socket) -> Message {
 /// 1013 and the exact wait in its reason.
 #[tokio::test]
 async fn a_websocket_flood_is_echoed_to_the_burst_then_closed_with_1013() {
-    let (addr, _clock) = serve(websocket::LIMITS, websocket::app).await;
+    let (addr, _clock) = serve(websocket::LIMITS, |l| websocket::app(l).unwrap()).await;
     let mut socket = connect(addr, 1, "").await;
     for i in 0..20 {
         let _ = socket.send(Message::text(format!("m{i}"))).await;
@@ -84,7 +84,7 @@ async fn a_websocket_flood_is_echoed_to_the_burst_then_closed_with_1013() {
 /// clock brings lets one more through, and the socket stays open.
 #[tokio::test]
 async fn a_websocket_pushed_back_stalls_without_a_close() {
-    let (addr, clock) = serve(websocket::LIMITS, websocket::app).await;
+    let (addr, clock) = serve(websocket::LIMITS, |l| websocket::app(l).unwrap()).await;
     let mut socket = connect(addr, 2, "?push-back").await;
     for i in 0..8 {
         socket.send(Message::text(format!("m{i}"))).await.unwrap();
@@ -103,7 +103,7 @@ async fn a_websocket_pushed_back_stalls_without_a_close() {
 /// beside it on the same server.
 #[tokio::test]
 async fn a_quiet_websocket_beside_a_flood_gets_every_message() {
-    let (addr, _clock) = serve(websocket::LIMITS, websocket::app).await;
+    let (addr, _clock) = serve(websocket::LIMITS, |l| websocket::app(l).unwrap()).await;
     let mut flood = connect(addr, 3, "?push-back").await;
     for i in 0..200 {
         flood.send(Message::text(format!("f{i}"))).await.unwrap();
@@ -119,7 +119,7 @@ async fn a_quiet_websocket_beside_a_flood_gets_every_message() {
 /// socket is closed with 1009 (message too big) at once, even when it pushes back.
 #[tokio::test]
 async fn an_oversized_websocket_message_is_closed_with_1009() {
-    let (addr, _clock) = serve(websocket::LIMITS, websocket::app).await;
+    let (addr, _clock) = serve(websocket::LIMITS, |l| websocket::app(l).unwrap()).await;
     let mut socket = connect(addr, 5, "?push-back").await;
     socket
         .send(Message::binary(vec![0u8; 100_000]))
@@ -128,6 +128,33 @@ async fn an_oversized_websocket_message_is_closed_with_1009() {
     match next(&mut socket).await {
         Message::Close(Some(frame)) => assert_eq!(frame.code, CloseCode::from(1009)),
         other => panic!("{other:?}"),
+    }
+}
+
+/// The account's limit is the rules' (`per: message`), shared by every socket of the account:
+/// a second socket of it, opened after the first spent the burst, is closed at its first
+/// message; and an upgrade without the account header is refused by the layer with 401
+/// before any socket opens.
+#[tokio::test]
+async fn the_rules_limit_per_message_is_the_accounts_across_its_sockets() {
+    let (addr, _clock) = serve(websocket::LIMITS, |l| websocket::app(l).unwrap()).await;
+    let mut first = connect(addr, 6, "").await;
+    for i in 0..5 {
+        first.send(Message::text(format!("a{i}"))).await.unwrap();
+        assert_eq!(next(&mut first).await, Message::text(format!("a{i}")));
+    }
+    let mut second = connect(addr, 6, "").await;
+    second.send(Message::text("b0")).await.unwrap();
+    match next(&mut second).await {
+        Message::Close(Some(frame)) => assert_eq!(frame.code, CloseCode::from(1013)),
+        other => panic!("{other:?}"),
+    }
+    let request = format!("ws://{addr}/echo").into_client_request().unwrap();
+    match tokio_tungstenite::connect_async(request).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 401);
+        }
+        other => panic!("{:?}", other.map(|_| ())),
     }
 }
 

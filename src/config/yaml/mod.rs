@@ -14,6 +14,8 @@ mod shapes;
 
 pub(crate) use outcomes::RuleOutcome;
 pub use rules::RuleSet;
+#[cfg(feature = "stream")]
+pub(crate) use rules::{RuleAtLimit, RulePer};
 pub(crate) use rules::{RuleCost, RuleKey, RuleMissing};
 
 use node::{Fields, Node, Value, as_str, err_at, fields, parse, positive, wrong_shape};

@@ -41,6 +41,27 @@ pub(crate) enum RuleMissing {
     Reject(u16),
 }
 
+/// What a rule of a [`RuleSet`] counts (`per:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum RulePer {
+    /// `request` (the default).
+    #[default]
+    Request,
+    /// `message`: each message of the stream a request opens.
+    Message,
+    /// `unit`: each message's units (bytes, tokens).
+    Unit,
+}
+
+/// What a stream counted by a rule of a [`RuleSet`] does at its limit (`at_limit:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RuleAtLimit {
+    /// `end`.
+    End,
+    /// `push_back` (10 s) or `{push_back: 5s}`: the longest a message waits.
+    PushBack(std::time::Duration),
+}
+
 /// One rule of a [`RuleSet`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RuleEntry {
@@ -54,6 +75,10 @@ pub(crate) struct RuleEntry {
     /// `count_when`: the outcome cases that count a request, in order, with their weights
     /// (empty: every request counts its cost).
     pub(crate) count_when: Vec<(RuleOutcome, u64)>,
+    /// `per`: requests (the default), or a stream's messages or units.
+    pub(crate) per: RulePer,
+    /// `at_limit`: what a stream does at the rule's limit (`None`: the meter's default).
+    pub(crate) at_limit: Option<RuleAtLimit>,
     /// Its line in the file, for a layer's errors about it.
     pub(crate) line: u64,
 }
@@ -113,6 +138,8 @@ const RULE_FIELDS: &[&str] = &[
     "cost",
     "on_missing_key",
     "count_when",
+    "per",
+    "at_limit",
 ];
 
 impl RuleSet {
@@ -232,7 +259,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
         return Err(wrong_shape("a rule (a map with `limit` and `key`)", node));
     };
     let (mut limit, mut key, mut methods, mut prefix, mut cost) = (None, None, None, None, None);
-    let (mut on_missing, mut count_when) = (None, None);
+    let (mut on_missing, mut count_when, mut per, mut at_limit) = (None, None, None, None);
     for (k, v) in fields {
         let field = as_str(k, "a field name")?;
         let slot = match field {
@@ -243,6 +270,8 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
             "cost" => &mut cost,
             "on_missing_key" => &mut on_missing,
             "count_when" => &mut count_when,
+            "per" => &mut per,
+            "at_limit" => &mut at_limit,
             other => {
                 return Err(err_at(
                     ConfigErrorKind::unknown_field(other, RULE_FIELDS),
@@ -276,6 +305,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
         ));
     }
     let count_when = count_when.map_or(Ok(Vec::new()), count_when_of)?;
+    let (per, at_limit) = per_of(per, at_limit, cost, !count_when.is_empty())?;
     Ok(RuleEntry {
         limit: limit.to_owned(),
         key,
@@ -284,8 +314,78 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
         cost,
         on_missing_key,
         count_when,
+        per,
+        at_limit,
         line: node.line,
     })
+}
+
+/// `per: request | message | unit` and `at_limit: end | push_back | {push_back: 5s}`: a rule
+/// per message or unit (feature `stream`) has no `cost` and no `count_when`; `at_limit` is
+/// for it only.
+fn per_of(
+    per: Option<&Node>,
+    at_limit: Option<&Node>,
+    cost: RuleCost,
+    counts_outcomes: bool,
+) -> Result<(RulePer, Option<RuleAtLimit>), ConfigError> {
+    let Some(node) = per else {
+        return match at_limit {
+            Some(n) => Err(invalid(
+                "at_limit is for a rule with `per: message` or `per: unit`".into(),
+                n,
+            )),
+            None => Ok((RulePer::Request, None)),
+        };
+    };
+    let per = match as_str(node, "request, message or unit")? {
+        "request" => RulePer::Request,
+        "message" => RulePer::Message,
+        "unit" => RulePer::Unit,
+        other => {
+            return Err(invalid(
+                format!("per {other:?}: use request, message or unit"),
+                node,
+            ));
+        }
+    };
+    if per == RulePer::Request {
+        return per_of(None, at_limit, cost, counts_outcomes);
+    }
+    if cfg!(not(feature = "stream")) {
+        return Err(invalid(
+            "a rule per message or unit needs the crate's feature `stream`".into(),
+            node,
+        ));
+    }
+    if cost != RuleCost::Default || counts_outcomes {
+        return Err(invalid(
+            "a rule per message or unit costs one unit a message, or its units: leave `cost` and `count_when` out".into(),
+            node,
+        ));
+    }
+    Ok((per, at_limit.map(at_limit_of).transpose()?))
+}
+
+/// `at_limit: end | push_back | {push_back: 5s}`.
+fn at_limit_of(node: &Node) -> Result<RuleAtLimit, ConfigError> {
+    const WHAT: &str = "at_limit: end, push_back, or {push_back: <duration>}";
+    match &node.value {
+        Value::Str(s) if s == "end" => Ok(RuleAtLimit::End),
+        Value::Str(s) if s == "push_back" => {
+            Ok(RuleAtLimit::PushBack(std::time::Duration::from_secs(10)))
+        }
+        Value::Map(fields) => match fields.as_slice() {
+            [(k, v)] if as_str(k, "push_back")? == "push_back" => {
+                let text = as_str(v, "a duration (5s, 500ms)")?;
+                crate::time::parse_duration_us(text)
+                    .map(|us| RuleAtLimit::PushBack(std::time::Duration::from_micros(us)))
+                    .map_err(|e| invalid(format!("push_back: {e}"), v))
+            }
+            _ => Err(invalid(WHAT.into(), node)),
+        },
+        _ => Err(invalid(WHAT.into(), node)),
+    }
 }
 
 /// `key: client_ip | ipv6_range | header:<Name>`.

@@ -217,7 +217,7 @@ async fn run(limits: &Limits, events: &[Event]) -> (Run, u64) {
         match event {
             Event::Request(i) => {
                 seen.instances_used[i] = true;
-                let allowed = match road(&layers[i].shared, &parts) {
+                let allowed = match road(&layers[i].shared, &mut parts.clone()) {
                     Road::Allowed(_) => true,
                     Road::Decided(d) => d.allowed(),
                     Road::Deciding(f) => f.await.allowed(),
@@ -375,7 +375,7 @@ const LADDER_EVENTS: [Event; 6] = [
 
 /// One request on `layer`: its answer.
 async fn answer(layer: &RateLimitLayer, parts: &http::request::Parts, now: u64) -> Answer {
-    let decided = match road(&layer.shared, parts) {
+    let decided = match road(&layer.shared, &mut parts.clone()) {
         Road::Decided(d) => d,
         Road::Deciding(f) => f.await,
         _ => panic!("a rule applies, and the road decides"),
@@ -510,7 +510,7 @@ async fn a_charge_back_of_an_outcome_rule_leaves_the_ladder_alone() {
         .body(())
         .unwrap()
         .into_parts();
-    let decided = match road(&layer.shared, &parts) {
+    let decided = match road(&layer.shared, &mut parts.clone()) {
         Road::Decided(d) => d,
         Road::Deciding(f) => f.await,
         _ => panic!("a rule applies, and the road decides"),

@@ -1,0 +1,192 @@
+//! Rules per message (`Rule::per`, `per:` in a rules file): the layer finds a stream's keys as
+//! it finds a request's and hands them to the handler (`StreamKeys`), undecided; the handler's
+//! meter counts each message. Served over real TCP, read by a real HTTP client.
+
+mod support;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::{Extension, Router, routing::get};
+use futures_util::StreamExt;
+use support::http::{HttpClient, serve};
+use tower_ratelimits::{
+    AtLimit, Header, LayerError, LimitedStream, Limiter, Limits, ManualClock, MemoryBackend, Per,
+    Rule, RuleSet, Settle, StreamKeys, Wait,
+};
+
+const LIMITS: &str = "\
+Requests: {kind: account, burst: 3, count: 1, period: 1h}
+Messages: {kind: account, burst: 4, count: 1, period: 1h}
+Bytes: {kind: account, burst: 12, count: 1, period: 1h}
+Slots: {kind: account, concurrency: 2, lease: 1m}
+";
+
+fn limiter() -> Limiter {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let backend = MemoryBackend::builder().clock(clock).build();
+    Limiter::new(Limits::from_yaml_str(LIMITS, None).unwrap(), backend)
+}
+
+/// Streams `n` lines (`m0`, `m1`, ...), each admitted by a meter of the request's keys; a
+/// request without keys gets them all, unmetered, after a line `unmetered`.
+async fn events(uri: http::Uri, keys: Option<Extension<StreamKeys>>) -> Body {
+    let n: u32 = uri
+        .query()
+        .and_then(|q| q.strip_prefix("n=")?.parse().ok())
+        .unwrap_or(0);
+    let lines = futures_util::stream::iter(0..n).map(|i| format!("m{i}\n"));
+    let Some(Extension(keys)) = keys else {
+        let head = futures_util::stream::iter(["unmetered\n".to_owned()]);
+        return Body::from_stream(head.chain(lines).map(Ok::<_, Infallible>));
+    };
+    let ends = match keys.at_limit() {
+        Some(AtLimit::End) => "end",
+        Some(_) => "push back",
+        None => "default",
+    };
+    let head = futures_util::stream::iter([format!("{} keys, {ends}\n", keys.keys().count())]);
+    match keys.meter().build() {
+        Ok(meter) => {
+            let limited = LimitedStream::new(lines, meter).units(|line: &String| line.len() as u64);
+            Body::from_stream(head.chain(limited).map(Ok::<_, Infallible>))
+        }
+        Err(e) => Body::from(e.to_string()),
+    }
+}
+
+fn app(layer: tower_ratelimits::RateLimitLayer) -> Router {
+    Router::new().route("/events", get(events)).layer(layer)
+}
+
+/// A per-message rule decides no request: the account's requests are the request rule's (3,
+/// then 429), while each stream is cut at the messages the account has left (4, then 0),
+/// and the layer's keys reach the handler whole (two keys, ending at a limit).
+#[tokio::test]
+async fn a_rule_per_message_counts_a_streams_messages_not_its_requests() {
+    let rules = RuleSet::from_yaml_str(
+        "- {limit: Requests, key: 'header:x-account'}\n\
+         - {limit: Messages, key: 'header:x-account', per: message, at_limit: end}\n\
+         - {limit: Bytes, key: 'header:x-account', per: unit, at_limit: {push_back: 2s}}\n",
+    )
+    .unwrap();
+    let server = serve(app(rules.layer(limiter()).unwrap())).await;
+    let client = HttpClient::new(&server);
+    let first = client.get("/events?n=3", &[("x-account", "7")]).await;
+    assert_eq!(
+        (first.status, first.body.as_str()),
+        (200, "2 keys, end\nm0\nm1\nm2\n")
+    );
+    // One message left of the burst of 4, and 3 bytes of 12 (a line is 3).
+    let second = client.get("/events?n=3", &[("x-account", "7")]).await;
+    assert_eq!(second.body, "2 keys, end\nm0\n");
+    let third = client.get("/events?n=3", &[("x-account", "7")]).await;
+    assert_eq!((third.status, third.body.as_str()), (200, "2 keys, end\n"));
+    assert_eq!(
+        client
+            .get("/events?n=3", &[("x-account", "7")])
+            .await
+            .status,
+        429
+    );
+    // Another account's messages are its own.
+    let other = client.get("/events?n=3", &[("x-account", "8")]).await;
+    assert_eq!(other.body, "2 keys, end\nm0\nm1\nm2\n");
+}
+
+/// A per-message rule finds its key as any rule does: a request without it is refused (400 by
+/// default) before the handler runs, unless the rule skips (then no keys reach the handler);
+/// out of the rule's scope, none either.
+#[tokio::test]
+async fn a_per_message_rules_key_is_found_as_any_rules() {
+    let refusing = Rule::new("Messages", Header::new("x-account")).per(Per::Message);
+    let layer = tower_ratelimits::RateLimitLayer::builder(limiter())
+        .rule(refusing)
+        .build()
+        .unwrap();
+    let server = serve(app(layer)).await;
+    let client = HttpClient::new(&server);
+    let reply = client.get("/events?n=1", &[]).await;
+    assert_eq!(reply.status, 400);
+    assert!(
+        reply.body.contains("missing key for rate limit Messages"),
+        "{}",
+        reply.body
+    );
+
+    let rules = RuleSet::from_yaml_str(
+        "- {limit: Messages, key: 'header:x-account', per: message, on_missing_key: skip}\n\
+         - {limit: Bytes, key: 'header:x-account', per: unit, path_prefix: /elsewhere}\n",
+    )
+    .unwrap();
+    let server = serve(app(rules.layer(limiter()).unwrap())).await;
+    let client = HttpClient::new(&server);
+    let skipped = client.get("/events?n=1", &[]).await;
+    assert_eq!(
+        (skipped.status, skipped.body.as_str()),
+        (200, "unmetered\nm0\n")
+    );
+    let scoped = client.get("/events?n=1", &[("x-account", "7")]).await;
+    assert_eq!(scoped.body, "1 keys, default\nm0\n");
+}
+
+/// What a per-message rule cannot do is refused when the layer is built, naming the rule: a
+/// cost of its own, settling, waiting, shadow (its own or the layer's), a limit of slots.
+#[test]
+fn a_rule_per_message_that_cannot_count_messages_is_refused() {
+    let refused = |rule: Rule, shadow_all: bool| {
+        let built = tower_ratelimits::RateLimitLayer::builder(limiter())
+            .rule(rule)
+            .shadow(shadow_all)
+            .build();
+        match built {
+            Err(LayerError::PerMessage { limit, reason }) => format!("{limit}: {reason}"),
+            other => panic!("{other:?}"),
+        }
+    };
+    let rule = |name: &str| Rule::new(name, Header::new("x-account")).per(Per::Message);
+    assert!(refused(rule("Messages").cost(2), false).starts_with("Messages: a message costs"));
+    assert!(refused(rule("Messages").settle(Settle::header("x-used")), false).contains("settle"));
+    let wait = Wait::up_to(Duration::from_secs(1));
+    assert!(refused(rule("Messages").wait(wait), false).contains("pushing back"));
+    assert!(refused(rule("Messages").shadow(true), false).contains("no shadow"));
+    assert!(refused(rule("Messages"), true).contains("no shadow"));
+    assert!(refused(rule("Slots"), false).contains("holds slots"));
+}
+
+/// A rules file's `per` and `at_limit`, and what it refuses, by line.
+#[test]
+fn a_rules_file_says_per_and_at_limit() {
+    let error = |text: &str| RuleSet::from_yaml_str(text).unwrap_err().to_string();
+    assert!(
+        error("- {limit: M, key: client_ip, at_limit: end}\n")
+            .contains("at_limit is for a rule with `per: message`")
+    );
+    assert!(
+        error("- {limit: M, key: client_ip, per: frame}\n")
+            .contains("use request, message or unit")
+    );
+    assert!(
+        error("- {limit: M, key: client_ip, per: message, cost: 2}\n").contains("leave `cost`")
+    );
+    assert!(
+        error("- {limit: M, key: client_ip, per: unit, count_when: [{status: 401}]}\n")
+            .contains("leave `cost` and `count_when` out")
+    );
+    assert!(
+        error("- {limit: M, key: client_ip, per: message, at_limit: {push_back: soon}}\n")
+            .contains("push_back")
+    );
+    assert!(
+        error("- {limit: M, key: client_ip, per: message, at_limit: stop}\n")
+            .contains("at_limit: end, push_back")
+    );
+    // `per: request` is the default, spelled out.
+    let set = RuleSet::from_yaml_str(
+        "- {limit: Requests, key: client_ip, per: request}\n\
+         - {limit: Messages, key: client_ip, per: message, at_limit: push_back}\n",
+    )
+    .unwrap();
+    assert_eq!(set.limit_names().count(), 2);
+}
