@@ -216,10 +216,16 @@ pub use config::{
     ConfigError, ConfigErrorKind, LimitSource, Limits, LimitsBuilder, LimitsChange, Location,
     OverrideRefusal, RegionFloor,
 };
+#[cfg(feature = "stream")]
+#[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
+pub use config::{ModelPrice, PriceTable, UnitPrice};
 pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 #[cfg(feature = "yaml")]
 #[cfg_attr(docsrs, doc(cfg(feature = "yaml")))]
 pub use layer::LoggedCost;
+#[cfg(feature = "stream")]
+#[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
+pub use layer::{AtLimit, Per, StreamKeys};
 pub use layer::{
     ClientIp, CountWhen, Denial, ErrorBody, FailurePolicy, FieldStyle, ForwardedHeader, Header,
     Ipv6Range48, KeyError, KeyExtractor, LayerError, OnMissingKey, RateLimitBody, RateLimitLayer,
@@ -254,8 +260,8 @@ pub use stream::LimitedSocket;
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
 pub use stream::{
-    AtLimit, LimitedStream, MeteredBody, Overrun, Per, StreamError, StreamKeys, StreamLimited,
-    StreamMeter, StreamMeterBuilder,
+    LimitedStream, MeteredBody, Overrun, StreamError, StreamLimited, StreamMeter,
+    StreamMeterBuilder,
 };
 pub use time::{Clock, DurationError, ManualClock, SystemClock};
 

@@ -378,6 +378,54 @@ async fn a_grant_is_taken_ahead_and_given_back(limiter: &Limiter) {
     until_remaining(limiter, "Wide", 1, remaining_now - 6).await;
 }
 
+const MONEY: &str = "\
+Tokens: {kind: account, burst: 100000, count: 100000, period: 1h}
+Spend: {kind: account, burst: 1000000, count: 1000000, period: 1h}
+";
+
+/// Money beside tokens: a stream of 200 messages of 1 to 9 tokens, priced at 3 micro-units
+/// per 7 tokens (no message's price a whole number), spends on the clock that does not move
+/// exactly its tokens of `Tokens` and their price of `Spend`, rounded up once for the whole
+/// stream (not once a message: that would be about 100 micro-units more), with grants ahead
+/// (what the meter held given back when it is dropped) and without.
+async fn a_priced_stream_is_charged_exactly_its_units_price(limiter: &Limiter) {
+    let price = tower_ratelimits::UnitPrice::new(3, 7);
+    for (account, ahead) in [(1u64, 0u64), (2, 3)] {
+        let (tokens_full, spend_full) = (
+            remaining(limiter, "Tokens", account).await,
+            remaining(limiter, "Spend", account).await,
+        );
+        let mut meter = StreamMeter::builder(limiter)
+            .per_unit(limiter.key("Tokens", Id::from(account)).unwrap())
+            .per_unit_at(limiter.key("Spend", Id::from(account)).unwrap(), price)
+            .ahead(ahead)
+            .build()
+            .unwrap();
+        let mut next = support::xorshift(account);
+        let mut total = 0;
+        for _ in 0..200 {
+            let units = 1 + next(9);
+            meter.admit(units).await.unwrap();
+            total += units;
+        }
+        assert_eq!(meter.units(), total);
+        drop(meter);
+        until_remaining(limiter, "Tokens", account, tokens_full - total).await;
+        until_remaining(limiter, "Spend", account, spend_full - price.cost(total)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_priced_stream_is_charged_exactly_in_memory_and_outside_the_crate() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let backend = MemoryBackend::builder().clock(clock.clone()).build();
+    let limiter = Limiter::new(Limits::from_yaml_str(MONEY, None).unwrap(), backend);
+    a_priced_stream_is_charged_exactly_its_units_price(&limiter).await;
+    let backend = outside::Outside::new(clock);
+    let limiter = Limiter::new(Limits::from_yaml_str(MONEY, None).unwrap(), backend);
+    a_priced_stream_is_charged_exactly_its_units_price(&limiter).await;
+}
+
 const WIDE: &str = "Wide: {kind: account, burst: 1000, count: 1000, period: 1s}\n";
 
 #[tokio::test]
@@ -526,6 +574,17 @@ mod on_redis {
             held.admit(1).await.unwrap();
         }
         assert!(matches!(held.admit(1).await, Err(StreamLimited::Failed(_))));
+    }
+
+    #[tokio::test]
+    async fn a_priced_stream_is_charged_exactly_on_redis_and_the_cluster() {
+        for redis in TestRedis::each() {
+            let clock = ManualClock::new(1_700_000_000_000_000);
+            let prefix = unique_prefix("priced");
+            let backend = caller_time_backend(&redis.url, &prefix, &clock, true).await;
+            let limiter = Limiter::new(Limits::from_yaml_str(MONEY, None).unwrap(), backend);
+            a_priced_stream_is_charged_exactly_its_units_price(&limiter).await;
+        }
     }
 
     #[tokio::test]

@@ -106,6 +106,11 @@ pub enum ConfigErrorKind {
     /// key, a header or method that does not parse, a limit with two rules.
     #[error("invalid rule: {0}")]
     InvalidRule(String),
+    /// A price table ([`PriceTable`](crate::PriceTable), feature `stream`) that cannot be
+    /// read: a price that is not a whole number of micro-units, a model without its input or
+    /// output price, a model named twice.
+    #[error("invalid price table: {0}")]
+    InvalidPrice(String),
     /// The same bucket overridden twice.
     #[error("id {0:?} is overridden twice")]
     DuplicateId(String),

@@ -24,6 +24,10 @@ pub use error::{ConfigError, ConfigErrorKind, Location};
 pub use regions::RegionFloor;
 pub use stored::OverrideRefusal;
 pub(crate) use stored::{StoredSet, check_override};
+#[cfg(feature = "stream")]
+mod price;
+#[cfg(feature = "stream")]
+pub use price::{ModelPrice, PriceTable, UnitPrice};
 #[cfg(feature = "yaml")]
 pub use yaml::RuleSet;
 #[cfg(all(feature = "yaml", feature = "stream"))]

@@ -146,7 +146,7 @@ impl IdKind {
     /// canonical form for the kind: an IPv6 address becomes its /48 range for `ipv6_range`,
     /// sets of domains are normalized and hashed, other text is parsed as [`IdKind::parse`]
     /// would.
-    #[inline]
+    #[inline(always)]
     pub fn conform(self, id: Id) -> Result<Id, IdError> {
         let wrong = |kind, id: &Id| Err(invalid(kind, &id.to_string(), "wrong kind of id"));
         match (self, &id.0) {

@@ -463,7 +463,7 @@ impl Readers {
 
     /// The id of a request for a rule whose id comes from `source`: the shared address, read
     /// once (kept in `read` for the request's other rules), or what `extractor` finds.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn extract(
         &self,
         source: Source,

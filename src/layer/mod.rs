@@ -44,6 +44,8 @@ mod rule;
 mod rules_file;
 mod service;
 mod settle;
+#[cfg(feature = "stream")]
+mod stream_keys;
 mod wait;
 
 pub use body::{RateLimitBody, ResponseBody};
@@ -60,6 +62,8 @@ pub use rule::{OnMissingKey, Rule};
 pub use rules_file::LoggedCost;
 pub use service::RateLimitService;
 pub use settle::{Settle, SettleError};
+#[cfg(feature = "stream")]
+pub use stream_keys::{AtLimit, Per, StreamKeys};
 pub use wait::Wait;
 
 #[cfg(feature = "replay")]

@@ -120,15 +120,10 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &mut Parts) -> Road {
         return Road::Answer(response);
     }
     #[cfg(feature = "stream")]
-    if !shared.rules.streams.is_empty() {
-        let rules = &shared.rules;
-        match rules.stream_keys(&shared.limiter, &limits, parts, shared.answers.body) {
-            Ok(Some(keys)) => {
-                parts.extensions.insert(keys);
-            }
-            Ok(None) => {}
-            Err(response) => return Road::Answer(response),
-        }
+    if !shared.rules.streams.is_empty()
+        && let Some(response) = with_stream_keys(shared, &limits, parts)
+    {
+        return Road::Answer(response);
     }
     let parts = &*parts;
     if txs.is_empty() {
@@ -174,6 +169,31 @@ pub(crate) fn road(shared: &Arc<Shared>, parts: &mut Parts) -> Road {
         }
         Ok(result) => Road::Decided(decided(shared, result.map_err(Failure::Limiter), txs, head)),
         Err(pending) => Road::Deciding(decide(shared, pending, txs, head)),
+    }
+}
+
+/// Puts the keys of the layer's per-message rules that apply to a request in its extensions
+/// (`StreamKeys`, for its handler's meter); `Some`: the request is answered now (a missing or
+/// bad key). Out of line: a layer without such rules pays one test on the road.
+#[cfg(feature = "stream")]
+#[cold]
+#[inline(never)]
+fn with_stream_keys(
+    shared: &Shared,
+    limits: &crate::config::Limits,
+    parts: &mut Parts,
+) -> Option<Response<Bytes>> {
+    let body = shared.answers.body;
+    match shared
+        .rules
+        .stream_keys(&shared.limiter, limits, parts, body)
+    {
+        Ok(Some(keys)) => {
+            parts.extensions.insert(keys);
+            None
+        }
+        Ok(None) => None,
+        Err(response) => Some(*response),
     }
 }
 

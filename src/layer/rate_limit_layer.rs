@@ -466,7 +466,7 @@ fn per_message(
 ) -> Result<(Vec<ResolvedRule>, Vec<ResolvedRule>), LayerError> {
     let (streams, rules): (Vec<_>, Vec<_>) = rules
         .into_iter()
-        .partition(|r| r.rule.per != crate::stream::Per::Request);
+        .partition(|r| r.rule.per != super::stream_keys::Per::Request);
     for r in &streams {
         let refused = |reason| LayerError::PerMessage {
             limit: r.rule.name.clone(),

@@ -78,10 +78,10 @@ pub struct Rule {
     pub(crate) defined_at: Option<Arc<str>>,
     /// What it counts: requests, or the messages of the streams they open.
     #[cfg(feature = "stream")]
-    pub(crate) per: crate::stream::Per,
+    pub(crate) per: super::stream_keys::Per,
     /// What a stream it counts does at its limit (`None`: the meter's default).
     #[cfg(feature = "stream")]
-    pub(crate) at_limit: Option<crate::stream::AtLimit>,
+    pub(crate) at_limit: Option<super::stream_keys::AtLimit>,
 }
 
 impl fmt::Debug for Rule {
@@ -117,7 +117,7 @@ impl Rule {
             wait: None,
             defined_at: None,
             #[cfg(feature = "stream")]
-            per: crate::stream::Per::Request,
+            per: super::stream_keys::Per::Request,
             #[cfg(feature = "stream")]
             at_limit: None,
         }
@@ -300,7 +300,7 @@ impl Rule {
     ///     .at_limit(AtLimit::End);
     /// ```
     #[cfg(feature = "stream")]
-    pub fn per(mut self, per: crate::stream::Per) -> Self {
+    pub fn per(mut self, per: super::stream_keys::Per) -> Self {
         self.per = per;
         self
     }
@@ -309,7 +309,7 @@ impl Rule {
     /// [`StreamKeys::at_limit`](crate::StreamKeys::at_limit) joins several rules'). A rule per
     /// request ignores it.
     #[cfg(feature = "stream")]
-    pub fn at_limit(mut self, at_limit: crate::stream::AtLimit) -> Self {
+    pub fn at_limit(mut self, at_limit: super::stream_keys::AtLimit) -> Self {
         self.at_limit = Some(at_limit);
         self
     }
@@ -605,21 +605,14 @@ impl Rules {
         body: ErrorBody,
         txs: &mut Txs,
     ) -> Option<Response<Bytes>> {
-        let mut read = Default::default();
-        for r in &self.list {
-            let key = match self.key_of(r, limits, parts, body, &mut read) {
-                Ok(Some(key)) => key,
-                Ok(None) => continue,
-                Err(response) => return Some(response),
-            };
+        self.keys_of(&self.list, limits, parts, body, |r, key| {
             let tx = Transaction::of(key, r.mode, r.cost(parts));
             // A rule that settles after the response reserves on its limit's penalty, if any.
             txs.push(match r.rule.settle {
                 Some(_) => tx.with_penalty(PenaltyPart::Reserve),
                 None => tx,
             });
-        }
-        None
+        })
     }
 
     /// The keys of the per-message rules that apply to a request (`Rule::per`), found as a
@@ -627,91 +620,88 @@ impl Rules {
     /// when the request is answered now (a missing or bad key).
     #[cfg(feature = "stream")]
     #[cold]
-    #[expect(
-        clippy::result_large_err,
-        reason = "the response of a request answered now, returned in place as `prepare`'s"
-    )]
     pub(crate) fn stream_keys(
         &self,
         limiter: &crate::limiter::Limiter,
         limits: &Limits,
         parts: &Parts,
         body: ErrorBody,
-    ) -> Result<Option<crate::stream::StreamKeys>, Response<Bytes>> {
-        let mut read = Default::default();
-        let mut keys = crate::stream::StreamKeys::new(limiter);
-        for r in &self.streams {
-            if let Some(key) = self.key_of(r, limits, parts, body, &mut read)? {
-                keys.push(key, r.rule.per, r.rule.at_limit);
-            }
+    ) -> Result<Option<super::stream_keys::StreamKeys>, Box<Response<Bytes>>> {
+        let mut keys = super::stream_keys::StreamKeys::new(limiter);
+        let found = |r: &ResolvedRule, key| keys.push(key, r.rule.per, r.rule.at_limit);
+        match self.keys_of(&self.streams, limits, parts, body, found) {
+            Some(response) => Err(Box::new(response)),
+            None => Ok((!keys.is_empty()).then_some(keys)),
         }
-        Ok((!keys.is_empty()).then_some(keys))
     }
 
-    /// A rule's key for a request: `Ok(None)` when the rule does not apply (out of scope,
-    /// exempted, or its id missing and the rule skips), `Err` the response of a request
-    /// answered now (a missing id the rule refuses, an id its kind refuses). `read`: the
-    /// client addresses and header the request's rules read once.
+    /// Finds the key of each rule of `list` that applies to a request (in its scope, not
+    /// exempted, its id found, or missing and the rule refusing), handed to `found` with its
+    /// rule. `Some`: the request is answered now (a missing id the rule refuses, an id its
+    /// kind refuses). The client addresses and header the rules read are read once.
     #[inline(always)]
-    #[expect(
-        clippy::result_large_err,
-        reason = "inlined into the rules' loops: the response of a request answered now, never boxed"
-    )]
-    fn key_of<'p>(
+    fn keys_of(
         &self,
-        r: &ResolvedRule,
+        list: &[ResolvedRule],
         limits: &Limits,
-        parts: &'p Parts,
+        parts: &Parts,
         body: ErrorBody,
-        read: &mut (Read, ReadHeader<'p>),
-    ) -> Result<Option<BucketKey>, Response<Bytes>> {
-        if !r.applies(parts) {
-            return Ok(None);
-        }
-        let reject = |status: StatusCode, message: &str| {
-            r.metrics.count(RuleOutcome::Rejected);
-            super::observe::count_request("rejected");
-            tracing::debug!(target: crate::telemetry::target::DECISION, limit = r.name.as_str(), outcome = "rejected", status = status.as_u16(), reason = message, "rate limit rejected the request");
-            response::error_response(
-                status,
-                &response::error_code(status),
-                message,
-                response::is_grpc(&parts.headers),
-                body,
-            )
-        };
-        let extracted = match r.source {
-            Source::Header => self.readers.header(parts, &mut read.1),
-            _ => self
-                .readers
-                .extract(r.source, &*r.rule.extractor, parts, &mut read.0),
-        };
-        let id = match extracted {
-            Ok(Some(id)) => id,
-            Ok(None) => match r.rule.on_missing {
-                OnMissingKey::Skip => return Ok(None),
-                OnMissingKey::Reject(status) => {
-                    return Err(reject(
-                        status,
-                        &format!("missing key for rate limit {}", r.rule.name),
-                    ));
-                }
-            },
-            Err(e) => {
-                if e.status.is_server_error() {
-                    tracing::error!(target: crate::telemetry::target::LAYER, limit = %r.rule.name, error = %e, "rate limit key extraction failed");
-                }
-                return Err(reject(e.status, &e.message));
+        mut found: impl FnMut(&ResolvedRule, BucketKey),
+    ) -> Option<Response<Bytes>> {
+        let (mut read, mut read_header): (Read, ReadHeader<'_>) = Default::default();
+        for r in list {
+            if !r.applies(parts) {
+                continue;
             }
-        };
-        let kind = limits.id_kind(r.name).unwrap_or_default();
-        match kind.conform(id) {
-            Ok(id) => Ok(Some(BucketKey::new(r.name, id))),
-            Err(e) => Err(reject(
-                StatusCode::BAD_REQUEST,
-                &format!("rate limit {}: {e}", r.rule.name),
-            )),
+            let reject = |status: StatusCode, message: &str| {
+                r.metrics.count(RuleOutcome::Rejected);
+                super::observe::count_request("rejected");
+                tracing::debug!(target: crate::telemetry::target::DECISION, limit = r.name.as_str(), outcome = "rejected", status = status.as_u16(), reason = message, "rate limit rejected the request");
+                Some(response::error_response(
+                    status,
+                    &response::error_code(status),
+                    message,
+                    response::is_grpc(&parts.headers),
+                    body,
+                ))
+            };
+            let extracted = match r.source {
+                Source::Header => self.readers.header(parts, &mut read_header),
+                _ => self
+                    .readers
+                    .extract(r.source, &*r.rule.extractor, parts, &mut read),
+            };
+            let id = match extracted {
+                Ok(Some(id)) => id,
+                Ok(None) => match r.rule.on_missing {
+                    OnMissingKey::Skip => continue,
+                    OnMissingKey::Reject(status) => {
+                        return reject(
+                            status,
+                            &format!("missing key for rate limit {}", r.rule.name),
+                        );
+                    }
+                },
+                Err(e) => {
+                    if e.status.is_server_error() {
+                        tracing::error!(target: crate::telemetry::target::LAYER, limit = %r.rule.name, error = %e, "rate limit key extraction failed");
+                    }
+                    return reject(e.status, &e.message);
+                }
+            };
+            let kind = limits.id_kind(r.name).unwrap_or_default();
+            let id = match kind.conform(id) {
+                Ok(id) => id,
+                Err(e) => {
+                    return reject(
+                        StatusCode::BAD_REQUEST,
+                        &format!("rate limit {}: {e}", r.rule.name),
+                    );
+                }
+            };
+            found(r, BucketKey::new(r.name, id));
         }
+        None
     }
 }
 

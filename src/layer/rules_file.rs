@@ -29,7 +29,7 @@ fn count_when_of(cases: &[(RuleOutcome, u64)]) -> CountWhen {
 /// messages or units of its streams).
 #[cfg(feature = "stream")]
 fn per_of(rule: Rule, per: RulePer, at_limit: Option<RuleAtLimit>) -> Rule {
-    use crate::stream::{AtLimit, Per};
+    use super::stream_keys::{AtLimit, Per};
     let rule = rule.per(match per {
         RulePer::Request => Per::Request,
         RulePer::Message => Per::Message,

@@ -12,8 +12,36 @@ use crate::limiter::{BatchDecision, Limiter, LimiterError, Transaction, may_wait
 use crate::mode::Mode;
 
 use super::grants::Grants;
-use super::keys::Per;
-use super::{AtLimit, StreamError, StreamLimited};
+use super::{StreamError, StreamLimited};
+use crate::config::UnitPrice;
+use crate::layer::AtLimit;
+
+/// How one key of a meter is charged for a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// One unit a message, whatever its size.
+    Message,
+    /// The message's units (its bytes, tokens: what [`LimitedStream::units`] reads).
+    ///
+    /// [`LimitedStream::units`]: super::LimitedStream::units
+    Unit,
+    /// The price of the message's units (money): the stream's running total's price less what
+    /// it was charged before ([`UnitPrice::between`]).
+    Priced(UnitPrice),
+}
+
+impl Part {
+    /// What a message of `units` units costs the key, the stream having been admitted
+    /// `before` units.
+    #[inline(always)]
+    fn cost(self, units: u64, before: u64) -> u64 {
+        match self {
+            Part::Message => 1,
+            Part::Unit => units,
+            Part::Priced(price) => price.between(before, units),
+        }
+    }
+}
 
 /// What one decision asks of the stream's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +128,7 @@ enum State {
 /// ```
 pub struct StreamMeter {
     limiter: Limiter,
-    per: smallvec::SmallVec<[Per; 4]>,
+    parts: smallvec::SmallVec<[Part; 4]>,
     at_limit: AtLimit,
     fail_open: bool,
     state: State,
@@ -130,7 +158,7 @@ impl std::fmt::Debug for StreamMeter {
 #[must_use]
 pub struct StreamMeterBuilder {
     limiter: Limiter,
-    parts: Vec<(BucketKey, Per)>,
+    parts: Vec<(BucketKey, Part)>,
     at_limit: AtLimit,
     fail_open: bool,
     ahead: u64,
@@ -151,9 +179,9 @@ impl StreamMeter {
         }
     }
 
-    /// How many of its keys are charged per unit.
+    /// How many of its keys are charged by the message's units (their count or their price).
     pub(crate) fn unit_keys(&self) -> usize {
-        self.per.iter().filter(|p| **p == Per::Unit).count()
+        self.parts.iter().filter(|p| **p != Part::Message).count()
     }
 
     /// The messages admitted so far.
@@ -241,9 +269,9 @@ impl StreamMeter {
     /// nothing allocated), else a decision under way (a partial grant's always: its grant is
     /// read from the decision).
     fn decide(&mut self, mut batch: Vec<Transaction>, ask: Ask) -> Result<Decided, Deciding> {
-        let units = ask.units;
-        let per = &self.per;
-        let need = |i: usize| per[i].cost(units);
+        let (units, before) = (ask.units, self.units);
+        let parts = &self.parts;
+        let need = |i: usize| parts[i].cost(units, before);
         if let (Some(grants), How::Whole { .. }) = (&mut self.grants, ask.how) {
             if grants.take(need) {
                 return Ok((batch, Ok(Answer::Passed(units))));
@@ -253,14 +281,14 @@ impl StreamMeter {
             }
             return Err(self.deciding(batch, ask, true));
         }
-        for (tx, per) in batch.iter_mut().zip(per) {
-            match (per, ask.how) {
-                (Per::Unit, How::Whole { .. }) => tx.set(units, units, Mode::CheckAndSpend),
-                (Per::Unit, How::UpTo) => tx.set(units.min(1), units, Mode::CheckAndSpend),
-                (Per::Unit, How::Charge) => tx.set(units, units, Mode::Charge),
+        for (tx, part) in batch.iter_mut().zip(parts) {
+            let cost = part.cost(units, before);
+            match (part, ask.how) {
                 // A crossing chunk's excess: its message was counted with its room.
-                (_, How::Charge) => tx.set(0, 0, Mode::Charge),
-                (_, _) => tx.set(1, 1, Mode::CheckAndSpend),
+                (Part::Message, How::Charge) => tx.set(0, 0, Mode::Charge),
+                (Part::Unit, How::UpTo) => tx.set(units.min(1), units, Mode::CheckAndSpend),
+                (_, How::Charge) => tx.set(cost, cost, Mode::Charge),
+                (_, _) => tx.set(cost, cost, Mode::CheckAndSpend),
             }
         }
         if ask.how != How::UpTo
@@ -279,7 +307,7 @@ impl StreamMeter {
     /// grant is read from the decision): `granting`, the decision is kept for the grants.
     fn deciding(&self, batch: Vec<Transaction>, ask: Ask, granting: bool) -> Deciding {
         let limiter = self.limiter.clone();
-        let per = self.per.clone();
+        let parts = self.parts.clone();
         Box::pin(async move {
             let decided = limiter.spend(&batch).await.map(|d| {
                 if !d.allowed() {
@@ -292,8 +320,8 @@ impl StreamMeter {
                 let granted = d
                     .decisions()
                     .iter()
-                    .zip(&per)
-                    .filter(|(_, p)| **p == Per::Unit)
+                    .zip(&parts)
+                    .filter(|(_, p)| **p == Part::Unit)
                     .map(|(d, _)| d.granted())
                     .min();
                 Answer::Passed(granted.unwrap_or(ask.units))
@@ -315,8 +343,8 @@ impl StreamMeter {
             Ok(Answer::Passed(units)) => return Some(self.passed(batch, ask.how, units)),
             Ok(Answer::Granted(units, decision)) => {
                 if let Some(grants) = &mut self.grants {
-                    let per = &self.per;
-                    grants.granted(&decision, |i| per[i].cost(units));
+                    let (parts, before) = (&self.parts, self.units);
+                    grants.granted(&decision, |i| parts[i].cost(units, before));
                 }
                 return Some(self.passed(batch, ask.how, units));
             }
@@ -396,7 +424,7 @@ impl StreamMeterBuilder {
     /// Every message costs one unit of `key`'s limit (messages per second, per account, per
     /// stream).
     pub fn per_message(mut self, key: BucketKey) -> Self {
-        self.parts.push((key, Per::Message));
+        self.parts.push((key, Part::Message));
         self
     }
 
@@ -404,7 +432,18 @@ impl StreamMeterBuilder {
     /// stream's [`units`](super::LimitedStream::units) reads, or what
     /// [`StreamMeter::admit`] is given).
     pub fn per_unit(mut self, key: BucketKey) -> Self {
-        self.parts.push((key, Per::Unit));
+        self.parts.push((key, Part::Unit));
+        self
+    }
+
+    /// Every message costs the price of its units on `key`, whose limit counts money (integer
+    /// micro-units: [`UnitPrice`], a model's from a [`PriceTable`](crate::PriceTable)): a
+    /// stream is charged its running total's price rounded up, so its messages together cost
+    /// exactly the price of all their units. With a key per unit beside it (tokens and money
+    /// in one batch), a message passes only if both have room. A metered body with a priced
+    /// key never splits a chunk.
+    pub fn per_unit_at(mut self, key: BucketKey, price: UnitPrice) -> Self {
+        self.parts.push((key, Part::Priced(price)));
         self
     }
 
@@ -463,7 +502,7 @@ impl StreamMeterBuilder {
         });
         Ok(StreamMeter {
             limiter: self.limiter,
-            per: self.parts.iter().map(|(_, p)| *p).collect(),
+            parts: self.parts.iter().map(|(_, p)| *p).collect(),
             at_limit: self.at_limit,
             fail_open: self.fail_open,
             state: State::Idle(batch),

@@ -23,30 +23,10 @@ use crate::limiter::{BatchDecision, LimiterError};
 use crate::time::{WaitText, ceil_ms};
 
 pub use body::{MeteredBody, Overrun};
-pub use keys::{Per, StreamKeys};
 pub use limited::LimitedStream;
 pub use meter::{StreamMeter, StreamMeterBuilder};
 #[cfg(feature = "websocket")]
 pub use socket::LimitedSocket;
-
-/// What a stream does when a message finds no room ([`StreamMeterBuilder::at_limit`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AtLimit {
-    /// Flow control, no error: the message is held until its units come (an inbound stream is
-    /// not polled meanwhile, so its sender stalls on the transport's own flow control; an
-    /// outbound message waits before it is sent), for a wait of at most `up_to` counted from
-    /// the message's first refusal. A wait beyond it ends the stream, as [`End`](Self::End)
-    /// does.
-    PushBack {
-        /// The longest a message waits.
-        up_to: Duration,
-    },
-    /// The stream ends at the first message that finds no room ([`StreamLimited`]: gRPC
-    /// `RESOURCE_EXHAUSTED` with `RetryInfo` in the trailers, WebSocket close 1013, an SSE
-    /// `rate-limited` event: `docs/streams.md`).
-    End,
-}
 
 /// Why a [`StreamMeter`] cannot be built.
 #[derive(thiserror::Error)]

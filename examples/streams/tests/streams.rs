@@ -160,10 +160,20 @@ async fn the_rules_limit_per_message_is_the_accounts_across_its_sockets() {
 
 /// A POST of `prompt` as `account`, read to its end over a plain HTTP/1.1 connection.
 async fn complete(addr: std::net::SocketAddr, account: u64, prompt: &str) -> String {
+    complete_with(addr, account, "", prompt).await
+}
+
+/// [`complete`] with more header lines (`extra`, each ending in `\r\n`).
+async fn complete_with(
+    addr: std::net::SocketAddr,
+    account: u64,
+    extra: &str,
+    body: &str,
+) -> String {
     let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let request = format!(
-        "POST /v1/complete HTTP/1.1\r\nhost: x\r\nx-account: {account}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{prompt}",
-        prompt.len()
+        "POST /v1/complete HTTP/1.1\r\nhost: x\r\nx-account: {account}\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
     );
     tcp.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
@@ -209,4 +219,45 @@ async fn a_prompt_beyond_the_input_limit_is_refused_before_the_model_starts() {
     assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
     assert!(refused.contains("retry-after: 12"), "{refused}");
     assert!(refused.contains("\"limiter\":\"InputTokensPerAccount\""));
+}
+
+/// Money is a limit of the same batch: the large model's prompt (5 tokens at 10 micro-dollars)
+/// and each answer token (at 40) are charged on the account's 1,000 micro-dollars a minute
+/// beside its tokens, so the answer is cut by the spend after 23 tokens (50 + 23 x 40 = 970),
+/// long before the output limit of 50; the next prompt (50 more) is refused with 429 naming
+/// the spend. The model comes from a JSON body; one the table does not price is refused with
+/// 400 before anything is charged.
+#[tokio::test]
+async fn an_answer_of_the_expensive_model_is_cut_where_its_money_runs_out() {
+    let (addr, _clock) = serve(sse::LIMITS, sse::app).await;
+    let json = "content-type: application/json\r\n";
+    let body = r#"{"model": "large", "prompt": "one two three four five"}"#;
+    let response = complete_with(addr, 3, json, body).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert_eq!(
+        response.matches("data: {\"token\"").count(),
+        23,
+        "{response}"
+    );
+    let last = response
+        .split("event: rate-limited\ndata: ")
+        .nth(1)
+        .unwrap();
+    let data: serde_json::Value = serde_json::from_str(last.lines().next().unwrap()).unwrap();
+    assert_eq!(data["limiter"], "SpendPerAccount");
+    let refused = complete_with(addr, 3, json, body).await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    assert!(
+        refused.contains("\"limiter\":\"SpendPerAccount\""),
+        "{refused}"
+    );
+    let unpriced = complete_with(addr, 4, "x-model: huge\r\n", "hello").await;
+    assert!(unpriced.starts_with("HTTP/1.1 400"), "{unpriced}");
+    assert!(
+        unpriced.contains("no price for model \"huge\""),
+        "{unpriced}"
+    );
+    // The header names the model too: the small one's answer is cut by its output limit.
+    let small = complete_with(addr, 4, "x-model: small\r\n", "hello").await;
+    assert_eq!(small.matches("data: {\"token\"").count(), 50, "{small}");
 }

@@ -9,6 +9,8 @@ use std::path::Path;
 mod node;
 mod outcomes;
 mod penalty;
+#[cfg(feature = "stream")]
+mod prices;
 mod rules;
 mod shapes;
 

@@ -113,6 +113,9 @@ pub(crate) struct RuleEntry {
 /// 599. `count_when` counts a request only when its response matches one of its cases
 /// ([`Rule::count_when`](crate::Rule::count_when)): `{status: 401}`, `{status: 500-599,
 /// weight: 0}`, `{header: x-login-failure, equals: mfa, weight: 3}` (weight 1 by default).
+/// `per` is `request` (the default), `message` or `unit` (feature `stream`: the rule counts a
+/// stream's messages or their units, its key handed to the handler: `StreamKeys`), with
+/// `at_limit` (`end`, `push_back`, `{push_back: 5s}`) for a rule per message.
 ///
 /// ```
 /// use tower_ratelimits::RuleSet;

@@ -1,0 +1,121 @@
+//! What a layer's per-message rules ([`Rule::per`](crate::Rule::per), feature `stream`) find
+//! for a request that opens a stream: what a rule counts ([`Per`]), what the stream does at its
+//! limit ([`AtLimit`]), and the keys its messages count against, handed to the handler
+//! ([`StreamKeys`]), whose meter (`stream/keys.rs`) counts each message.
+
+use std::time::Duration;
+
+use crate::key::BucketKey;
+use crate::limiter::Limiter;
+
+/// What a stream does when a message finds no room ([`StreamMeterBuilder::at_limit`](crate::StreamMeterBuilder::at_limit)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AtLimit {
+    /// Flow control, no error: the message is held until its units come (an inbound stream is
+    /// not polled meanwhile, so its sender stalls on the transport's own flow control; an
+    /// outbound message waits before it is sent), for a wait of at most `up_to` counted from
+    /// the message's first refusal. A wait beyond it ends the stream, as [`End`](Self::End)
+    /// does.
+    PushBack {
+        /// The longest a message waits.
+        up_to: Duration,
+    },
+    /// The stream ends at the first message that finds no room ([`StreamLimited`](crate::StreamLimited): gRPC
+    /// `RESOURCE_EXHAUSTED` with `RetryInfo` in the trailers, WebSocket close 1013, an SSE
+    /// `rate-limited` event: `docs/streams.md`).
+    End,
+}
+
+/// What a rule counts ([`Rule::per`](crate::Rule::per); `per:` in a rules file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Per {
+    /// Each request (the default): decided by the layer before the service runs.
+    #[default]
+    Request,
+    /// Each message of the stream the request opens, one unit a message: the layer finds the
+    /// rule's key and hands it to the handler ([`StreamKeys`]), whose meter counts it.
+    Message,
+    /// Each message's units (its bytes, its tokens: what
+    /// [`LimitedStream::units`](crate::LimitedStream::units) reads), as [`Per::Message`]
+    /// hands the key over.
+    Unit,
+}
+
+/// The keys a layer's per-message rules ([`Rule::per`](crate::Rule::per)) found for a request,
+/// in the request's extensions for its handler: each rule that applied, keyed as its
+/// request-level rules are (the same extractors, scopes and missing-key policy), none decided
+/// yet. The handler builds the stream's meter with them ([`StreamKeys::meter`]); a request
+/// none of whose per-message rules applied has none (no extension).
+///
+/// ```
+/// use tower_ratelimits::{Header, Limiter, Limits, MemoryBackend, Per, RateLimitLayer, Rule};
+/// let limits = Limits::from_yaml_str(
+///     "MessagesPerAccount: {kind: account, burst: 20, count: 10, period: 1s}\n",
+///     None,
+/// )?;
+/// let limiter = Limiter::new(limits, MemoryBackend::new());
+/// let layer = RateLimitLayer::builder(limiter)
+///     .rule(Rule::new("MessagesPerAccount", Header::new("x-account")).per(Per::Message))
+///     .build()?;
+/// // In the handler: `request.extensions().get::<StreamKeys>()`, then
+/// // `keys.meter().build()?` wraps the stream (axum: `Option<Extension<StreamKeys>>`).
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct StreamKeys {
+    pub(crate) limiter: Limiter,
+    pub(crate) keys: smallvec::SmallVec<[(BucketKey, Per); 2]>,
+    pub(crate) at_limit: Option<AtLimit>,
+}
+
+impl std::fmt::Debug for StreamKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamKeys")
+            .field("keys", &self.keys)
+            .field("at_limit", &self.at_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StreamKeys {
+    /// No keys yet, on `limiter`.
+    pub(crate) fn new(limiter: &Limiter) -> Self {
+        Self {
+            limiter: limiter.clone(),
+            keys: smallvec::SmallVec::new(),
+            at_limit: None,
+        }
+    }
+
+    /// Adds a rule's key, with what it counts and what it does at its limit; the stricter
+    /// choice wins ([`StreamKeys::at_limit`]).
+    pub(crate) fn push(&mut self, key: BucketKey, per: Per, at_limit: Option<AtLimit>) {
+        self.keys.push((key, per));
+        self.at_limit = match (self.at_limit, at_limit) {
+            (Some(AtLimit::End), _) | (_, Some(AtLimit::End)) => Some(AtLimit::End),
+            (Some(AtLimit::PushBack { up_to: a }), Some(AtLimit::PushBack { up_to: b })) => {
+                Some(AtLimit::PushBack { up_to: a.min(b) })
+            }
+            (mine, theirs) => mine.or(theirs),
+        };
+    }
+
+    /// Whether no rule applied.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The keys, each with what it counts ([`Per::Message`] or [`Per::Unit`]), in the layer's
+    /// rule order.
+    pub fn keys(&self) -> impl Iterator<Item = (&BucketKey, Per)> {
+        self.keys.iter().map(|(k, p)| (k, *p))
+    }
+
+    /// What the rules do at a limit: [`AtLimit::End`] when any of them ends, else the shortest
+    /// push back any of them sets; `None`: none says (the meter's default).
+    pub fn at_limit(&self) -> Option<AtLimit> {
+        self.at_limit
+    }
+}
