@@ -30,8 +30,8 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Endpoint, Server};
 use tonic::{Status, Streaming};
 use tonic_types::StatusExt as _;
-use tower_ratelimits::{AtLimit, Header, Id, LimitedStream, Limiter, Limits, MemoryBackend};
-use tower_ratelimits::{RateLimitLayer, Rule, StreamMeter};
+use tower_ratelimits::{AtLimit, Header, LimitedStream, Limiter, Limits, MemoryBackend, Per};
+use tower_ratelimits::{RateLimitLayer, Rule, StreamKeys, StreamMeter};
 
 /// Messages as they are: raw bytes in, raw bytes out.
 #[derive(Clone, Copy, Default)]
@@ -81,31 +81,26 @@ pub struct Streams {
 }
 
 impl Streams {
-    /// The meter of a call: per message of the caller's `x-account`, pushing back for up to an
-    /// hour when the call says `x-at-limit: push-back`, ending the stream otherwise.
+    /// The meter of a call: the keys the layer's per-message rule found (`MessagesPerAccount`,
+    /// per message of the caller's `x-account`), pushing back for up to an hour when the call
+    /// says `x-at-limit: push-back`, ending the stream otherwise (the rule's `at_limit`).
     fn meter<T>(&self, request: &tonic::Request<T>) -> Result<StreamMeter, Status> {
-        let account = request
-            .metadata()
-            .get("x-account")
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .ok_or_else(|| Status::invalid_argument("x-account"))?;
-        let at_limit = match request.metadata().get("x-at-limit") {
-            Some(v) if v == "push-back" => AtLimit::PushBack {
+        // The layer refuses a call without `x-account`: every call here has its keys.
+        let keys = request
+            .extensions()
+            .get::<StreamKeys>()
+            .ok_or_else(|| Status::internal("no stream keys: is the layer in front?"))?;
+        let meter = match request.metadata().get("x-at-limit") {
+            Some(v) if v == "push-back" => keys.meter().at_limit(AtLimit::PushBack {
                 up_to: Duration::from_secs(3600),
-            },
-            _ => AtLimit::End,
+            }),
+            _ => keys.meter(),
         };
-        let key = self
-            .limiter
-            .key("MessagesPerAccount", Id::from(account))
-            .map_err(|e| Status::internal(e.to_string()))?;
         let ahead = match request.metadata().get("x-ahead") {
             Some(v) => v.to_str().ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             None => 0,
         };
-        StreamMeter::builder(&self.limiter)
-            .per_message(key)
-            .at_limit(at_limit)
+        meter
             .ahead(ahead)
             .build()
             .map_err(|e| Status::internal(e.to_string()))
@@ -225,10 +220,14 @@ StreamsPerAccount: {kind: account, concurrency: 1, lease: 1m}
 ";
 
 /// The layer of the service: one stream at once per account (its slot held for the stream's
-/// whole life).
+/// whole life), and the account's messages (a rule per message: its key handed to the
+/// handler, which meters the stream with it).
 pub fn layer(limiter: &Limiter) -> RateLimitLayer {
-    let rule = Rule::new("StreamsPerAccount", Header::new("x-account"));
-    match RateLimitLayer::new(limiter.clone(), [rule]) {
+    let streams = Rule::new("StreamsPerAccount", Header::new("x-account"));
+    let messages = Rule::new("MessagesPerAccount", Header::new("x-account"))
+        .per(Per::Message)
+        .at_limit(AtLimit::End);
+    match RateLimitLayer::new(limiter.clone(), [streams, messages]) {
         Ok(layer) => layer,
         Err(e) => panic!("the example's rule names its limit: {e}"),
     }

@@ -325,3 +325,39 @@ fn the_example_demo_ends_a_flood_at_the_burst() {
         "{stdout}"
     );
 }
+
+/// The meter's keys come from the layer (a rule per message): a call without `x-account` is
+/// refused by the layer before any handler runs (`INVALID_ARGUMENT`, nothing taken from its
+/// stream), and the account's messages are one limit across its calls: a second stream of
+/// the account, after the first spent the burst and ended, ends at its first message.
+#[tokio::test]
+async fn the_layers_rule_per_message_keys_every_stream_of_an_account() {
+    let mut served = serve().await;
+    served.grpc.ready().await.unwrap();
+    let path = http::uri::PathAndQuery::from_static("/test.Streams/Echo");
+    let anonymous = tonic::Request::new(tokio_stream::iter([Bytes::from_static(b"x")]));
+    let refused = served
+        .grpc
+        .streaming(anonymous, path, Raw)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert_eq!(served.taken.load(Ordering::Relaxed), 0);
+    let five = tokio_stream::iter((0..5u32).map(|i| Bytes::from(i.to_string())));
+    let replies = served.echo(7, false, five).await.unwrap();
+    assert_eq!(replies.collect::<Vec<_>>().await.len(), 5);
+    // The first stream's slot comes back when its call ends on the server: retried until then.
+    for _ in 0..200 {
+        let one = tokio_stream::iter([Bytes::from_static(b"late")]);
+        if let Ok(mut replies) = served.echo(7, false, one).await {
+            let status = replies.next().await.unwrap().unwrap_err();
+            assert_eq!(status.code(), Code::ResourceExhausted);
+            let details = status.get_error_details();
+            let violations = &details.quota_failure().unwrap().violations;
+            assert_eq!(violations[0].subject, "MessagesPerAccount");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the first stream's slot never came back");
+}
