@@ -190,3 +190,42 @@ fn a_rules_file_says_per_and_at_limit() {
     .unwrap();
     assert_eq!(set.limit_names().count(), 2);
 }
+
+/// A limit a rule per message counts cannot be reloaded into one that holds slots (its
+/// streams' meters could not be built): the reload is refused and the old limits stay; any
+/// other change of it is taken.
+#[test]
+fn a_reload_may_not_make_a_per_message_limit_hold_slots() {
+    let limiter = limiter();
+    let _layer = tower_ratelimits::RateLimitLayer::builder(limiter.clone())
+        .rule(Rule::new("Messages", Header::new("x-account")).per(Per::Message))
+        .rule(Rule::new("Slots", Header::new("x-account")))
+        .build()
+        .unwrap();
+    let with = |messages: &str| {
+        let yaml = LIMITS.replace(
+            "Messages: {kind: account, burst: 4, count: 1, period: 1h}",
+            messages,
+        );
+        Limits::from_yaml_str(&yaml, None).unwrap()
+    };
+    match limiter.reload(with("Messages: {kind: account, concurrency: 3, lease: 1m}")) {
+        Err(tower_ratelimits::ReloadError::HoldsSlots(name)) => assert_eq!(name, "Messages"),
+        other => panic!("{other:?}"),
+    }
+    let key = limiter
+        .key("Messages", tower_ratelimits::Id::from(7u64))
+        .unwrap();
+    // The old limits stay: a stream's meter of the limit is still built.
+    assert!(
+        tower_ratelimits::StreamMeter::builder(&limiter)
+            .per_message(key)
+            .build()
+            .is_ok()
+    );
+    limiter
+        .reload(with(
+            "Messages: {kind: account, burst: 9, count: 9, period: 1h}",
+        ))
+        .unwrap();
+}

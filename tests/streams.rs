@@ -598,3 +598,66 @@ mod on_redis {
         }
     }
 }
+
+/// A stream's keys are plain keys to stored overrides, set while the stream is open: each
+/// message is decided under the limits of its own moment. Account 7's override to a burst of
+/// 5 lets its open stream's messages past the default burst of 2; a block of account 8 ends
+/// its stream at the next message with the block's wait; removing the override gives account
+/// 7's stream the default back at its next message.
+#[tokio::test(start_paused = true)]
+async fn a_stored_override_reaches_an_open_streams_next_message() {
+    use tower_ratelimits::{Limit, OverrideKind};
+    let limiter = limiter();
+    let mut seven = StreamMeter::builder(&limiter)
+        .per_message(limiter.key("Messages", Id::from(7u64)).unwrap())
+        .at_limit(AtLimit::End)
+        .build()
+        .unwrap();
+    let mut eight = StreamMeter::builder(&limiter)
+        .per_message(limiter.key("Messages", Id::from(8u64)).unwrap())
+        .at_limit(AtLimit::End)
+        .build()
+        .unwrap();
+    seven.admit(1).await.unwrap();
+    eight.admit(1).await.unwrap();
+    let five = Limit::new(5, 10, Duration::from_secs(1)).unwrap();
+    limiter
+        .set_override("Messages", "7", OverrideKind::Quota(five.into()), None)
+        .await
+        .unwrap();
+    limiter
+        .set_override(
+            "Messages",
+            "8",
+            OverrideKind::Block,
+            Some(Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        seven.admit(1).await.unwrap();
+    }
+    match seven.admit(1).await {
+        Err(StreamLimited::Limited { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    match eight.admit(1).await {
+        Err(StreamLimited::Limited { retry_after, .. }) => {
+            assert_eq!(retry_after, Duration::from_secs(3600));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(limiter.remove_override("Messages", "7").await.unwrap());
+    let mut again = StreamMeter::builder(&limiter)
+        .per_message(limiter.key("Messages", Id::from(7u64)).unwrap())
+        .at_limit(AtLimit::End)
+        .build()
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(10)).await;
+    again.admit(1).await.unwrap();
+    again.admit(1).await.unwrap();
+    assert!(
+        again.admit(1).await.is_err(),
+        "the default burst of 2 again"
+    );
+}

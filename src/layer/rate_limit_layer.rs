@@ -389,7 +389,11 @@ fn resolved_all(
     let readers = super::extract::Readers::shared(rules.iter().map(|r| &*r.rule.extractor));
     for r in &mut rules {
         r.source = readers.source(&*r.rule.extractor);
-        limiter.pin(r.name);
+        #[cfg(feature = "stream")]
+        let units = r.rule.per != super::stream_keys::Per::Request;
+        #[cfg(not(feature = "stream"))]
+        let units = false;
+        limiter.pin(r.name, units);
     }
     Ok((rules, readers))
 }

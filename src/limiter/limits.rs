@@ -20,12 +20,17 @@ pub enum ReloadError {
     /// limiter uses.
     #[error("limit {0:?} is used by a rate limit rule and the new configuration removes it")]
     LimitInUse(String),
+    /// The new configuration makes a limit that a rule per message counts
+    /// ([`Rule::per`](crate::Rule::per)) one that holds slots (a concurrency or an adaptive
+    /// limit), which cannot count messages: its streams' meters could not be built.
+    #[error("limit {0:?} counts a stream's messages and the new configuration makes it hold slots")]
+    HoldsSlots(String),
     /// The new configuration could not be loaded (its location and limit are in the error).
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
 }
 
-readable_debug!(ReloadError { LimitInUse(name), Config(error) });
+readable_debug!(ReloadError { LimitInUse(name), HoldsSlots(name), Config(error) });
 
 impl Limiter {
     /// The limits in force now (a snapshot: a later [`reload`](Self::reload) does not change
@@ -53,7 +58,8 @@ impl Limiter {
     /// dropped and new ones empty: `docs/gcra.md`, "Changing a limit").
     ///
     /// Refused, keeping the old limits, when the new ones drop a limit that a rule of a layer
-    /// built on this limiter uses ([`ReloadError::LimitInUse`]). A limit the reload makes set
+    /// built on this limiter uses ([`ReloadError::LimitInUse`]), or make one that a rule per
+    /// message counts hold slots ([`ReloadError::HoldsSlots`]). A limit the reload makes set
     /// `prefetch` on a backend that does not prefetch is warned of, as at the start
     /// ([`Limiter::with_shared_backend`]).
     ///
@@ -76,8 +82,13 @@ impl Limiter {
                     .pinned
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
-                if let Some(name) = pinned.iter().find(|n| !limits.contains(**n)) {
+                if let Some((name, _)) = pinned.iter().find(|(n, _)| !limits.contains(*n)) {
                     return Err(ReloadError::LimitInUse(name.to_string()));
+                }
+                let holds =
+                    |n: LimitName| limits.default_limit(n).is_some_and(|q| q.holds_leases());
+                if let Some((name, _)) = pinned.iter().find(|(n, units)| *units && holds(*n)) {
+                    return Err(ReloadError::HoldsSlots(name.to_string()));
                 }
             }
             let change = current.change_to(&limits);
@@ -120,15 +131,17 @@ impl Limiter {
         Ok(out)
     }
 
-    /// Marks `name` as used by a rule: a reload may not remove it.
-    pub(crate) fn pin(&self, name: LimitName) {
+    /// Marks `name` as used by a rule: a reload may not remove it, nor, when a rule counts its
+    /// units per message (`units`), make it hold slots.
+    pub(crate) fn pin(&self, name: LimitName, units: bool) {
         let mut pinned = self
             .inner
             .pinned
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if !pinned.contains(&name) {
-            pinned.push(name);
+        match pinned.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, counted)) => *counted |= units,
+            None => pinned.push((name, units)),
         }
     }
 

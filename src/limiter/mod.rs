@@ -150,8 +150,9 @@ struct Inner {
     /// Bumped by every reload: what derives from the limits (the fallback's scaled copy)
     /// knows when to follow.
     generation: AtomicU64,
-    /// Names that rules of layers built on this limiter use: a reload may not remove them.
-    pinned: Mutex<Vec<LimitName>>,
+    /// Names that rules of layers built on this limiter use: a reload may not remove them; with
+    /// whether a rule counts a stream's messages of it (a reload may not make those hold slots).
+    pinned: Mutex<Vec<(LimitName, bool)>>,
     /// Serialises reloads (the check of the pinned names and the swap are one step).
     reloading: Mutex<()>,
     /// The next lease id, from a random start: unique among the leases of this limiter, and
