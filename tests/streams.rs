@@ -587,6 +587,37 @@ mod on_redis {
         }
     }
 
+    /// A stream's key is a plain key to a snapshot of the store (what `plan snapshot` reads):
+    /// after a stream of account 7 sent 2 messages, the snapshot holds its `Messages` key, the
+    /// only key the stream spent (its `Bytes` key was not in its meter).
+    #[tokio::test]
+    async fn a_snapshot_holds_a_streams_key_on_redis_and_the_cluster() {
+        for redis in TestRedis::each() {
+            let clock = ManualClock::new(1_700_000_000_000_000);
+            let prefix = unique_prefix("snap");
+            let backend = caller_time_backend(&redis.url, &prefix, &clock, true).await;
+            let limits = Limits::from_yaml_str(LIMITS, None).unwrap();
+            let limiter = Limiter::new(limits.clone(), backend);
+            let mut meter = StreamMeter::builder(&limiter)
+                .per_message(limiter.key("Messages", Id::from(7u64)).unwrap())
+                .build()
+                .unwrap();
+            for _ in 0..2 {
+                meter.admit(1).await.unwrap();
+            }
+            let builder = RedisBackend::from_url(&redis.url).prefix(&prefix);
+            let snapshot = tower_ratelimits::Snapshot::from_redis(builder, &limits, 1_000)
+                .await
+                .unwrap();
+            let keys: Vec<_> = snapshot
+                .keys()
+                .iter()
+                .map(|k| (k.limit.clone(), k.id.clone()))
+                .collect();
+            assert_eq!(keys, [("Messages".to_owned(), "7".to_owned())]);
+        }
+    }
+
     #[tokio::test]
     async fn a_grant_is_taken_ahead_and_given_back_on_redis_and_the_cluster() {
         for redis in TestRedis::each() {
