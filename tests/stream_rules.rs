@@ -229,3 +229,34 @@ fn a_reload_may_not_make_a_per_message_limit_hold_slots() {
         ))
         .unwrap();
 }
+
+/// A replay of request logs decides the rules per request and says which limits it left out:
+/// a rule per message in its plan's `not_replayed`, with why; the requests are the request
+/// rule's alone (3 of 4 allowed, the 4th denied by `Requests`).
+#[test]
+fn a_plan_says_which_limits_counted_per_message_it_did_not_replay() {
+    use tower_ratelimits::{LogReader, Replay};
+    let rules = RuleSet::from_yaml_str(
+        "- {limit: Requests, key: 'header:x-account'}\n\
+         - {limit: Messages, key: 'header:x-account', per: message}\n",
+    )
+    .unwrap();
+    let limits = Limits::from_yaml_str(LIMITS, None).unwrap();
+    let line = r#"{"time":"2026-11-25T10:00:00Z","ip":"192.0.2.1","headers":{"x-account":"7"}}"#;
+    let log = format!("{line}\n").repeat(4);
+    let lines = LogReader::from_readers(
+        vec![("log".into(), Box::new(std::io::Cursor::new(log)))],
+        None,
+        Default::default(),
+    );
+    let plan = Replay::new(move |l| rules.layer(l), limits.clone(), limits)
+        .run(lines)
+        .unwrap();
+    assert_eq!((plan.current.allowed, plan.current.denied), (3, 1));
+    let reasons: Vec<_> = plan.not_replayed.iter().collect();
+    assert_eq!(reasons.len(), 1);
+    assert_eq!(reasons[0].0, "Messages");
+    assert!(reasons[0].1.contains("a log of requests holds no messages"));
+    let json = serde_json::to_value(&plan).unwrap();
+    assert!(json["not_replayed"]["Messages"].is_string());
+}

@@ -581,6 +581,16 @@ impl RateLimitLayer {
         out
     }
 
+    /// The limits the layer's rules count per message (`Rule::per`): a replay of request logs
+    /// does not decide them, and its plan says so.
+    #[cfg(feature = "replay")]
+    pub(crate) fn per_message_limits(&self) -> Vec<crate::key::LimitName> {
+        #[cfg(feature = "stream")]
+        return self.shared.rules.streams.iter().map(|r| r.name).collect();
+        #[cfg(not(feature = "stream"))]
+        Vec::new()
+    }
+
     /// A builder.
     pub fn builder(limiter: Limiter) -> RateLimitLayerBuilder {
         RateLimitLayerBuilder {

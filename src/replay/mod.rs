@@ -302,6 +302,12 @@ impl Replay {
         let tally = std::mem::replace(&mut state.borrow_mut().tally, Tally::new(0, 0.0, 0, 0, 0));
         let mut plan = tally.plan();
         plan.warm = warm;
+        for side in &sides {
+            for name in side.layer.per_message_limits() {
+                plan.not_replayed
+                    .insert(name.to_string(), NOT_REPLAYED.to_owned());
+            }
+        }
         Ok(plan)
     }
 
@@ -509,6 +515,9 @@ impl State {
 }
 
 type Running = Pin<Box<<RateLimitService<Inner> as Service<Request<()>>>::Future>>;
+
+/// Why a plan leaves a limit counted per message out ([`Plan::not_replayed`]).
+const NOT_REPLAYED: &str = "counted per message of a stream (a rule `per: message` or `per: unit`): a log of requests holds no messages";
 
 /// One policy: its layer around the inner service.
 struct Side {

@@ -62,6 +62,12 @@ pub struct Plan {
     /// from the ladder alone. Absent when no limit has one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub penalties: BTreeMap<String, super::penalties::PenaltyPlan>,
+    /// The limits a rule of either policy counts per message of a stream (`per: message` or
+    /// `per: unit`, feature `stream`), by name, with why: a log of requests holds no messages,
+    /// so the replay decides none of them, and their entries in `limits` count nothing.
+    /// Absent when no rule counts messages.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub not_replayed: BTreeMap<String, String>,
 }
 
 /// One bad line.
@@ -572,6 +578,7 @@ impl Tally {
             flips: self.flip_examples,
             warm: None,
             penalties: BTreeMap::new(),
+            not_replayed: BTreeMap::new(),
         }
     }
 }
