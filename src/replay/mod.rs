@@ -300,15 +300,7 @@ impl Replay {
         }
         while tasks.join_next().await.is_some() {}
         let tally = std::mem::replace(&mut state.borrow_mut().tally, Tally::new(0, 0.0, 0, 0, 0));
-        let mut plan = tally.plan();
-        plan.warm = warm;
-        for side in &sides {
-            for name in side.layer.per_message_limits() {
-                plan.not_replayed
-                    .insert(name.to_string(), NOT_REPLAYED.to_owned());
-            }
-        }
-        Ok(plan)
+        Ok(finished(tally, warm, &sides))
     }
 
     /// What the plan's per-limit tallies must know before the first request: the limits
@@ -518,6 +510,19 @@ type Running = Pin<Box<<RateLimitService<Inner> as Service<Request<()>>>::Future
 
 /// Why a plan leaves a limit counted per message out ([`Plan::not_replayed`]).
 const NOT_REPLAYED: &str = "counted per message of a stream (a rule `per: message` or `per: unit`): a log of requests holds no messages";
+
+/// The plan of a replay's tally, from a snapshot (`warm`) or cold, naming the limits either
+/// policy's rules count per message, each with why the replay left it out.
+fn finished(tally: Tally, warm: Option<snapshot::Warm>, sides: &[Side; 2]) -> Plan {
+    let mut plan = tally.plan();
+    plan.warm = warm;
+    plan.not_replayed = sides
+        .iter()
+        .flat_map(|side| side.layer.per_message_limits())
+        .map(|name| (name.to_string(), NOT_REPLAYED.to_owned()))
+        .collect();
+    plan
+}
 
 /// One policy: its layer around the inner service.
 struct Side {
