@@ -62,15 +62,16 @@ pub struct Pricing {
     prices: std::sync::Arc<PriceTable>,
 }
 
-/// The endpoint, deciding on `limiter`, pricing with `PRICES`.
-pub fn app(limiter: Limiter) -> Router {
-    let prices = PriceTable::from_yaml_str(PRICES).unwrap_or_default();
-    Router::new()
+/// The endpoint, deciding on `limiter`, pricing with `PRICES` (an error if the table does not
+/// read: an endpoint without prices would meter money at 0).
+pub fn app(limiter: Limiter) -> Result<Router, Box<dyn std::error::Error>> {
+    let prices = PriceTable::from_yaml_str(PRICES)?;
+    Ok(Router::new()
         .route("/v1/complete", post(complete))
         .with_state(Pricing {
             limiter,
             prices: std::sync::Arc::new(prices),
-        })
+        }))
 }
 
 /// A meter of `limit`'s tokens and their price (at `price`) on the account's spend, for
@@ -192,7 +193,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limiter = Limiter::new(Limits::from_yaml_str(LIMITS, None)?, MemoryBackend::new());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("serving http://{}/v1/complete", listener.local_addr()?);
-    axum::serve(listener, app(limiter))
+    axum::serve(listener, app(limiter)?)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })

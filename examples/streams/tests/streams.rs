@@ -185,7 +185,7 @@ async fn complete_with(
 /// then one `rate-limited` event naming the limit and the wait, and nothing after it.
 #[tokio::test]
 async fn an_sse_answer_is_cut_at_the_output_limit_with_a_last_event() {
-    let (addr, _clock) = serve(sse::LIMITS, sse::app).await;
+    let (addr, _clock) = serve(sse::LIMITS, |l| sse::app(l).unwrap()).await;
     let response = complete(addr, 1, "tell me a story").await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("content-type: text/event-stream"));
@@ -212,7 +212,7 @@ async fn an_sse_answer_is_cut_at_the_output_limit_with_a_last_event() {
 /// 60 more are refused with 429, `Retry-After` and the reason as JSON.
 #[tokio::test]
 async fn a_prompt_beyond_the_input_limit_is_refused_before_the_model_starts() {
-    let (addr, _clock) = serve(sse::LIMITS, sse::app).await;
+    let (addr, _clock) = serve(sse::LIMITS, |l| sse::app(l).unwrap()).await;
     let prompt = vec!["word"; 60].join(" ");
     assert!(complete(addr, 2, &prompt).await.starts_with("HTTP/1.1 200"));
     let refused = complete(addr, 2, &prompt).await;
@@ -229,7 +229,7 @@ async fn a_prompt_beyond_the_input_limit_is_refused_before_the_model_starts() {
 /// 400 before anything is charged.
 #[tokio::test]
 async fn an_answer_of_the_expensive_model_is_cut_where_its_money_runs_out() {
-    let (addr, _clock) = serve(sse::LIMITS, sse::app).await;
+    let (addr, _clock) = serve(sse::LIMITS, |l| sse::app(l).unwrap()).await;
     let json = "content-type: application/json\r\n";
     let body = r#"{"model": "large", "prompt": "one two three four five"}"#;
     let response = complete_with(addr, 3, json, body).await;

@@ -25,7 +25,7 @@ impl PriceTable {
         let (mut per_tokens, mut models) = (1_000_000, None);
         for (k, v) in fields {
             match as_str(k, "a field name")? {
-                "per_tokens" => per_tokens = whole("per_tokens", v)?.max(1),
+                "per_tokens" => per_tokens = tokens(v)?,
                 "models" => models = Some(v),
                 other => {
                     return Err(err_at(
@@ -74,6 +74,17 @@ fn whole(field: &str, node: &Node) -> Result<u64, ConfigError> {
     }
 }
 
+/// `per_tokens`: how many tokens a price is for (1 or more: a price per 0 tokens means nothing).
+fn tokens(node: &Node) -> Result<u64, ConfigError> {
+    match node.value {
+        Value::Int(n) if let Ok(n @ 1..) = u64::try_from(n) => Ok(n),
+        _ => Err(refused(
+            "per_tokens: a whole number of tokens (1 or more)".into(),
+            node,
+        )),
+    }
+}
+
 /// `{input: <micro>, output: <micro>, cached_input: <micro>}`: input and output required.
 fn model(node: &Node, per_tokens: u64) -> Result<ModelPrice, ConfigError> {
     let Value::Map(fields) = &node.value else {
@@ -96,9 +107,7 @@ fn model(node: &Node, per_tokens: u64) -> Result<ModelPrice, ConfigError> {
                 ));
             }
         };
-        if slot.replace(whole(field, v)?).is_some() {
-            return Err(refused(format!("{field} is given twice"), k));
-        }
+        *slot = Some(whole(field, v)?);
     }
     let price = |micro: u64| UnitPrice::new(micro, per_tokens);
     let (Some(input), Some(output)) = (input, output) else {
@@ -136,6 +145,15 @@ mod tests {
         assert!(error("per_tokens: 10\n").contains("models"));
         assert!(error("models: [a]\n").contains("a map of models"));
         assert!(error("currency: usd\nmodels: {}\n").contains("currency"));
+        assert!(error("per_tokens: 0\nmodels: {}\n").contains("1 or more"));
+        assert!(error("per_tokens: x\nmodels: {}\n").contains("1 or more"));
+        let twice = error("models: {}\nper_tokens: 5\nmodels: {}\n");
+        assert!(
+            twice.contains("duplicate") && twice.contains("line 3"),
+            "{twice}"
+        );
+        let twice = error("models:\n  a: {input: 1, input: 2, output: 2}\n");
+        assert!(twice.contains("duplicate"), "{twice}");
         let line = error("models:\n  a: {input: 1, output: 2}\n  b: {input: x, output: 2}\n");
         assert!(line.contains("line 3"), "{line}");
     }
