@@ -254,6 +254,11 @@ pub use replay::{
 pub use replay::{
     DEFAULT_SNAPSHOT_KEYS, RefusedId, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
 };
+#[cfg(feature = "replay")]
+#[cfg_attr(docsrs, doc(cfg(feature = "replay")))]
+pub use replay::{
+    MAX_SPREAD_MESSAGES, MessageCounts, StreamLine, StreamsEnded, StreamsPlan, Totals,
+};
 #[cfg(feature = "websocket")]
 #[cfg_attr(docsrs, doc(cfg(feature = "websocket")))]
 pub use stream::LimitedSocket;

@@ -396,8 +396,16 @@ fn summary(plan: &Plan) -> String {
             )
         })
         .collect();
+    let streams = plan.streams.as_ref().map_or(String::new(), streams_summary);
+    let not_replayed: String = plan
+        .not_replayed
+        .keys()
+        .map(|name| {
+            format!("\n  {name}: not replayed (counted per message; the log has no stream lines)")
+        })
+        .collect();
     format!(
-        "{} requests ({} bad lines, {} late)\n  current:   {}\n  candidate: {}\n  allow -> deny: {}, deny -> allow: {}{warm}{penalties}",
+        "{} requests ({} bad lines, {} late)\n  current:   {}\n  candidate: {}\n  allow -> deny: {}, deny -> allow: {}{streams}{not_replayed}{warm}{penalties}",
         plan.requests,
         plan.bad_lines,
         plan.late_lines,
@@ -405,6 +413,31 @@ fn summary(plan: &Plan) -> String {
         side(&plan.candidate),
         plan.allow_to_deny,
         plan.deny_to_allow
+    )
+}
+
+/// The streams' lines of the summary: their messages under each policy, their flips, and the
+/// approximation when a stream was replayed from its totals.
+fn streams_summary(s: &tower_ratelimits::StreamsPlan) -> String {
+    let side = |c: &tower_ratelimits::MessageCounts| {
+        format!(
+            "{} passed, {} held, {} refused, {} unopened",
+            c.passed, c.held, c.refused, c.unopened
+        )
+    };
+    let approximate = match s.approximate {
+        0 => String::new(),
+        n => format!(" ({n} from their totals: approximate)"),
+    };
+    format!(
+        "\n{} streams{approximate}, {} messages ({} outside an open stream)\n  current:   {}\n  candidate: {}\n  pass -> refuse: {}, refuse -> pass: {}",
+        s.streams,
+        s.messages,
+        s.outside,
+        side(&s.current),
+        side(&s.candidate),
+        s.pass_to_refuse,
+        s.refuse_to_pass
     )
 }
 

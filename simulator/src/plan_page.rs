@@ -80,6 +80,9 @@ pub(crate) fn page(plan: &Plan, inputs: Inputs<'_>) -> Result<String, String> {
         plan.allow_to_deny,
         plan.deny_to_allow
     );
+    if let Some(streams) = &plan.streams {
+        out.push_str(&streams_table(streams));
+    }
     out.push_str(&limits_table(plan, inputs.current, inputs.candidate));
     if keys.is_empty() {
         out.push_str("<p>No request changes its answer: nothing to draw.</p>");
@@ -334,6 +337,30 @@ each tier as if alone, each key's most units in any window of the tier's length.
 its budget, every id's requests as one stream through the same grids, so that the budget alone \
 refuses no more than the target share of the requests; its heaviest are the ids that asked the \
 most.</p>";
+
+/// The log's streams: their messages under each policy, the flips, and the approximation
+/// when a stream was replayed from its totals.
+fn streams_table(s: &tower_ratelimits::StreamsPlan) -> String {
+    let row = |name: &str, c: &tower_ratelimits::MessageCounts| {
+        format!(
+            "<tr><th>{name}</th><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            c.passed, c.held, c.refused, c.unopened
+        )
+    };
+    let approximation = s.approximation.as_deref().map_or(String::new(), |a| {
+        format!("<p class=\"none\">{}</p>", esc(a))
+    });
+    format!(
+        "<h2>Streams</h2><table class=\"counts\"><tr><th></th><th>passed</th><th>held</th><th>refused</th><th>unopened</th></tr>{}{}</table><p>{} streams, {} messages ({} outside an open stream); passed today, refused by the candidate: <b>{}</b>; refused today, passed by the candidate: <b>{}</b>.</p>{approximation}",
+        row("current", &s.current),
+        row("candidate", &s.candidate),
+        s.streams,
+        s.messages,
+        s.outside,
+        s.pass_to_refuse,
+        s.refuse_to_pass
+    )
+}
 
 fn counts_row(name: &str, c: &tower_ratelimits::Counts) -> String {
     format!(

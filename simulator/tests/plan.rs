@@ -769,3 +769,74 @@ fn a_penalty_plan_states_the_attacker_s_budget_and_gates_on_it() {
     assert_eq!(bad.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A log with streams (`stream` on the opening request, a `message_of` line per message):
+/// the plan replays each message under both policies and says so in its summary, its JSON
+/// (`streams`) and its page; a stream logged by its totals is named an approximation.
+#[test]
+fn a_plan_replays_the_messages_of_logged_streams() {
+    let dir = temp("streams");
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let current = write(
+        "current.yaml",
+        "Messages: {kind: account, burst: 4, count: 1, period: 1h}\n",
+    );
+    let candidate = write(
+        "candidate.yaml",
+        "Messages: {kind: account, burst: 2, count: 1, period: 1h}\n",
+    );
+    let rules = write(
+        "rules.yaml",
+        "- {limit: Messages, key: 'header:x-account', per: message, at_limit: end}\n",
+    );
+    let mut log = String::from(
+        "{\"time\":\"2026-11-25T10:00:00Z\",\"ip\":\"192.0.2.1\",\"headers\":{\"x-account\":\"7\"},\"stream\":\"s\"}\n",
+    );
+    for s in 1..=5 {
+        log += &format!("{{\"time\":\"2026-11-25T10:00:0{s}Z\",\"message_of\":\"s\"}}\n");
+    }
+    log += "{\"time\":\"2026-11-25T10:00:06Z\",\"ip\":\"192.0.2.2\",\"headers\":{\"x-account\":\"8\"},\"stream\":\"t\",\"messages\":3,\"duration_ms\":1000}\n";
+    let log = write("streams.jsonl", &log);
+    let (json, html) = (dir.join("plan.json"), dir.join("plan.html"));
+    let out = plan(&[
+        "--current",
+        &current,
+        "--candidate",
+        &candidate,
+        "--rules",
+        &rules,
+        "--log",
+        &log,
+        "--json",
+        json.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(
+        said.contains("2 streams (1 from their totals: approximate), 8 messages"),
+        "{said}"
+    );
+    assert!(
+        said.contains("pass -> refuse: 3, refuse -> pass: 0"),
+        "{said}"
+    );
+    let plan: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let streams = &plan["streams"];
+    assert_eq!(streams["current"]["passed"], 7);
+    assert_eq!(streams["candidate"]["refused"], 4);
+    assert_eq!(streams["limits"]["Messages"]["candidate"], 2);
+    assert!(
+        streams["approximation"]
+            .as_str()
+            .unwrap()
+            .contains("approximation")
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<h2>Streams</h2>"));
+}

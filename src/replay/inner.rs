@@ -13,24 +13,33 @@ use http::{Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use tower_service::Service;
 
-use crate::layer::SettleFrom;
+use crate::layer::{SettleFrom, StreamKeys};
 
 /// The inner service of a replayed layer: counts its calls (the request was let through)
 /// and answers when the request's logged duration has passed, with its logged status and its
 /// logged cost where the layer's settling rules read a true cost (a header, a trailer, a body
-/// of so many bytes per unit).
+/// of so many bytes per unit). A request that opens a stream leaves, in `opened`, the stream's
+/// id and the keys the layer's per-message rules found for it (`replay/streams.rs` meters the
+/// stream's messages with them).
 #[derive(Clone)]
 pub(super) struct Inner {
     pub(super) served: Arc<AtomicU64>,
     pub(super) settles: Arc<[SettleFrom]>,
+    pub(super) opened: Arc<std::sync::Mutex<Vec<Opened>>>,
 }
 
-/// What a request's answer carries: its logged end on tokio's clock, status and cost.
-#[derive(Clone, Copy)]
+/// A stream whose request the layer let through: its id and its per-message keys (none: no
+/// per-message rule applied).
+pub(super) type Opened = (Arc<str>, Option<StreamKeys>);
+
+/// What a request's answer carries: its logged end on tokio's clock, status and cost, and the
+/// stream it opens.
+#[derive(Clone)]
 pub(super) struct Logged {
     pub(super) until: Option<tokio::time::Instant>,
     pub(super) status: Option<u16>,
     pub(super) cost: Option<u64>,
+    pub(super) stream: Option<Arc<str>>,
 }
 
 pub(super) type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -49,7 +58,12 @@ impl Service<Request<()>> for Inner {
 
     fn call(&mut self, request: Request<()>) -> Held {
         self.served.fetch_add(1, Ordering::Relaxed);
-        let logged = request.extensions().get::<Logged>().copied();
+        let logged = request.extensions().get::<Logged>();
+        if let Some(id) = logged.and_then(|l| l.stream.clone())
+            && let Ok(mut opened) = self.opened.lock()
+        {
+            opened.push((id, request.extensions().get::<StreamKeys>().cloned()));
+        }
         Held {
             sleep: logged
                 .and_then(|l| l.until)
@@ -62,7 +76,7 @@ impl Service<Request<()>> for Inner {
 impl Inner {
     /// The response: the logged status (a logged 429 was production's limiter: the app's own
     /// answer is taken as 200) and, for each place a settling rule reads, the logged cost.
-    fn answer(&self, logged: Option<Logged>) -> Response<Body> {
+    fn answer(&self, logged: Option<&Logged>) -> Response<Body> {
         use http_body_util::BodyExt;
         let status = logged
             .and_then(|l| l.status)

@@ -14,7 +14,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use crate::time::days_from_civil;
 
 mod line_error;
+mod stream_line;
 pub use line_error::LineError;
+pub use stream_line::{MAX_SPREAD_MESSAGES, StreamLine, Totals};
 
 /// The longest line read (64 KiB); a longer one is a bad line, skipped to its end.
 pub const MAX_LINE_BYTES: usize = 64 << 10;
@@ -43,6 +45,9 @@ pub struct LoggedRequest {
     pub duration_us: u64,
     /// Its cost, when logged (see [`LoggedCost`](crate::LoggedCost)).
     pub cost: Option<u64>,
+    /// The stream it opens, or the stream it is a message of (then the line is a message, not
+    /// a request, and the other fields are not read): JSON lines only.
+    pub stream: Option<StreamLine>,
 }
 
 impl LoggedRequest {
@@ -57,6 +62,7 @@ impl LoggedRequest {
             headers: HeaderMap::new(),
             duration_us: 0,
             cost: None,
+            stream: None,
         }
     }
 }
@@ -66,7 +72,9 @@ impl LoggedRequest {
 pub enum LogFormat {
     /// One JSON object a line: `time` (RFC 3339, to the microsecond; the request's start),
     /// `ip`, `method`, `path`, and optionally `status`, `headers` (an object of strings),
-    /// `duration_ms` and `cost`. Other fields are ignored.
+    /// `duration_ms` and `cost`; a request that opens a stream has `stream` (its id, and the
+    /// stream's `messages` and `units` when the log has no line per message), and a message of
+    /// one is `{time, message_of, units}` ([`StreamLine`]). Other fields are ignored.
     Json,
     /// The combined log format of nginx and Apache (`ip - user [10/Oct/2026:13:55:36 +0000]
     /// "GET /path HTTP/1.1" 200 2326 "referer" "user agent"`), in whole seconds, optionally
@@ -540,8 +548,8 @@ fn check_path(path: &str) -> Result<(), LineError> {
 struct JsonLine<'a> {
     #[serde(borrow)]
     time: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    ip: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    ip: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]
     method: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -554,6 +562,14 @@ struct JsonLine<'a> {
     duration_ms: Option<f64>,
     #[serde(default)]
     cost: Option<u64>,
+    #[serde(borrow, default)]
+    stream: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    message_of: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    messages: Option<u64>,
+    #[serde(default)]
+    units: Option<u64>,
 }
 
 /// `headers` as an object read into pairs, in order.
@@ -597,7 +613,22 @@ fn parse_json(text: &str) -> Result<LoggedRequest, LineError> {
     let raw: JsonLine<'_> =
         serde_json::from_str(text).map_err(|e| LineError::NotJson(e.to_string()))?;
     let time_us = parse_rfc3339(&raw.time)?;
-    let ip = parse_ip(&raw.ip)?;
+    let stream = stream_line::stream_line(
+        raw.stream.as_deref(),
+        raw.message_of.as_deref(),
+        raw.messages,
+        raw.units,
+    )?;
+    if let Some(StreamLine::Message { .. }) = stream {
+        return Ok(LoggedRequest {
+            stream,
+            ..LoggedRequest::new(time_us, IpAddr::from([0, 0, 0, 0]))
+        });
+    }
+    let ip = raw
+        .ip
+        .ok_or_else(|| LineError::NotJson("missing field `ip`".into()))?;
+    let ip = parse_ip(&ip)?;
     let method = raw
         .method
         .as_deref()
@@ -626,6 +657,7 @@ fn parse_json(text: &str) -> Result<LoggedRequest, LineError> {
         headers,
         duration_us,
         cost: raw.cost,
+        stream,
     })
 }
 
@@ -749,6 +781,7 @@ fn parse_combined(text: &str) -> Result<LoggedRequest, LineError> {
         headers,
         duration_us,
         cost: None,
+        stream: None,
     })
 }
 

@@ -32,11 +32,15 @@ mod log;
 mod penalties;
 mod plan;
 mod snapshot;
+mod streams;
 mod suggest;
 mod suggested;
 
-use inner::{Inner, Logged, drain};
-pub use log::{BadLine, LineError, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES};
+use inner::{Inner, Logged, Opened, drain};
+pub use log::{
+    BadLine, LineError, LogFormat, LogReader, LoggedRequest, MAX_LINE_BYTES, MAX_SPREAD_MESSAGES,
+    StreamLine, Totals,
+};
 pub use penalties::{PenaltyPlan, PerDay};
 use plan::{Answer, Tally};
 pub use plan::{
@@ -46,6 +50,8 @@ pub use plan::{
 pub use snapshot::{
     DEFAULT_SNAPSHOT_KEYS, RefusedId, SNAPSHOT_VERSION, Snapshot, SnapshotError, SnapshotKey, Warm,
 };
+pub use streams::{MessageCounts, StreamsEnded, StreamsPlan};
+use streams::{MessageTally, Spread, Streams};
 use suggest::Arrival;
 pub use suggested::{
     Heavy, Suggested, SuggestedBudget, SuggestedCount, SuggestedMax, SuggestedTier, SuggestedTiers,
@@ -231,16 +237,13 @@ impl Replay {
         let mut tally = Tally::new(0, self.target, self.top_keys, BAD_EXAMPLES, FLIP_EXAMPLES);
         // A snapshot's instant, before which lines are in the snapshot already.
         let from_us = self.snapshot.as_ref().map(Snapshot::instant_us);
-        let mut warm = self.snapshot.as_ref().map(|s| Warm {
-            instant: crate::time::instant_text(s.instant_us()),
-            keys: s.keys().len() as u64,
-            foreign: s.foreign(),
-            ..Warm::default()
-        });
+        let mut warm = self.warm();
         let mut intake = Intake {
             requests,
             from_us,
             strict: self.strict,
+            spread: Spread::default(),
+            peeked: None,
         };
         // The first request sets the clock, unless a snapshot does.
         let Some(first) = intake.next(&mut warm, &mut |bad| tally.bad_line(bad))? else {
@@ -251,21 +254,16 @@ impl Replay {
         let start_us = from_us.unwrap_or(first.time_us);
         let clock = LogClock::new(start_us);
         tally.base_us = first.time_us;
-        let sides = [
-            Side::new("current", &self.current, &clock)?,
-            Side::new("candidate", &self.candidate, &clock)?,
-        ];
-        if let (Some(snapshot), Some(w)) = (self.snapshot.as_ref(), warm.as_mut()) {
-            w.current_seeded = snapshot.seed(&self.current.0, &sides[0].memory, 0, w);
-            w.candidate_seeded = snapshot.seed(&self.candidate.0, &sides[1].memory, 1, w);
-        }
+        let sides = self.sides(&clock, &mut warm)?;
         self.size(&mut tally);
         let state = Rc::new(RefCell::new(State {
             tally,
             pending: std::collections::HashMap::new(),
             each: self.each,
+            messages: MessageTally::default(),
         }));
         let mut tasks = tokio::task::JoinSet::new();
+        let mut streams = Streams::default();
         let mut next = Some(first);
         let mut index: u64 = 0;
         let mut swept_us = start_us;
@@ -287,10 +285,14 @@ impl Replay {
             }
             let at_us = clock.now_us();
             if at_us.saturating_sub(swept_us) >= SWEEP_US {
-                sides.iter().for_each(|s| {
-                    s.memory.sweep();
-                });
+                for side in &sides {
+                    side.memory.sweep();
+                }
+                streams.sweep(at_us);
                 swept_us = at_us;
+            }
+            if streamed(&request, &mut streams, &sides, &state, &clock, &mut tasks).await {
+                continue;
             }
             index += 1;
             let answers =
@@ -299,8 +301,34 @@ impl Replay {
             while tasks.try_join_next().is_some() {}
         }
         while tasks.join_next().await.is_some() {}
-        let tally = std::mem::replace(&mut state.borrow_mut().tally, Tally::new(0, 0.0, 0, 0, 0));
-        Ok(finished(tally, warm, &sides))
+        drop(streams);
+        let mut state = state.borrow_mut();
+        let tally = std::mem::replace(&mut state.tally, Tally::new(0, 0.0, 0, 0, 0));
+        let messages = std::mem::take(&mut state.messages);
+        Ok(finished(tally, messages, warm, &sides))
+    }
+
+    /// What the plan says of the snapshot it starts from, before seeding.
+    fn warm(&self) -> Option<Warm> {
+        self.snapshot.as_ref().map(|s| Warm {
+            instant: crate::time::instant_text(s.instant_us()),
+            keys: s.keys().len() as u64,
+            foreign: s.foreign(),
+            ..Warm::default()
+        })
+    }
+
+    /// Both policies on `clock`, each seeded from the snapshot when there is one.
+    fn sides(&self, clock: &LogClock, warm: &mut Option<Warm>) -> Result<[Side; 2], ReplayError> {
+        let sides = [
+            Side::new("current", &self.current, clock)?,
+            Side::new("candidate", &self.candidate, clock)?,
+        ];
+        if let (Some(snapshot), Some(w)) = (self.snapshot.as_ref(), warm.as_mut()) {
+            w.current_seeded = snapshot.seed(&self.current.0, &sides[0].memory, 0, w);
+            w.candidate_seeded = snapshot.seed(&self.candidate.0, &sides[1].memory, 1, w);
+        }
+        Ok(sides)
     }
 
     /// What the plan's per-limit tallies must know before the first request: the limits
@@ -319,6 +347,43 @@ impl Replay {
                 tally.size(name, quota);
             }
         }
+    }
+}
+
+/// What `line` does to the replay's streams: the streams each policy let through since the
+/// last line opened; a stream it opens declared (until its logged end); a message admitted
+/// under each policy at the clock's time (true: the line was a message, not a request).
+async fn streamed(
+    line: &LoggedRequest,
+    streams: &mut Streams,
+    sides: &[Side; 2],
+    state: &Rc<RefCell<State>>,
+    clock: &LogClock,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> bool {
+    for (side, s) in sides.iter().enumerate() {
+        let opened = s.opened.lock().map(|mut o| std::mem::take(&mut *o));
+        streams.let_through(side, opened.unwrap_or_default());
+    }
+    match &line.stream {
+        Some(StreamLine::Message { id, units }) => {
+            let at_us = clock.now_us();
+            streams
+                .message(id, *units, at_us, state, clock, tasks)
+                .await;
+            true
+        }
+        Some(StreamLine::Opens { id, totals }) => {
+            let end_us = match line.duration_us {
+                0 => u64::MAX,
+                d => line.time_us.saturating_add(d),
+            };
+            if streams.opens(id.clone(), end_us) {
+                state.borrow_mut().messages.opened(totals.is_some());
+            }
+            false
+        }
+        None => false,
     }
 }
 
@@ -350,15 +415,48 @@ async fn send_both(
 }
 
 /// The log's lines as the requests to replay: lines before a snapshot's instant counted in
-/// `warm`, bad lines handed to a tally (or, strict, the replay's error).
+/// `warm`, bad lines handed to a tally (or, strict, the replay's error), and the messages of
+/// streams logged by their totals spread among them in time order.
 struct Intake<I> {
     requests: I,
     from_us: Option<u64>,
     strict: bool,
+    spread: Spread,
+    /// The log's next line, read while spread messages before it are handed out.
+    peeked: Option<LoggedRequest>,
 }
 
 impl<I: Iterator<Item = Result<LoggedRequest, BadLine>>> Intake<I> {
     fn next(
+        &mut self,
+        warm: &mut Option<Warm>,
+        bad: &mut dyn FnMut(&BadLine),
+    ) -> Result<Option<LoggedRequest>, ReplayError> {
+        if self.peeked.is_none() {
+            self.peeked = self.read(warm, bad)?;
+        }
+        let spread_first = match (self.spread.next_us(), &self.peeked) {
+            (Some(spread), Some(line)) => spread < line.time_us,
+            (spread, _) => spread.is_some(),
+        };
+        if spread_first {
+            return Ok(self.spread.pop());
+        }
+        let line = self.peeked.take();
+        if let Some(l) = &line
+            && let Some(StreamLine::Opens {
+                id,
+                totals: Some(totals),
+            }) = &l.stream
+        {
+            self.spread
+                .add(id.clone(), l.time_us, l.duration_us, *totals);
+        }
+        Ok(line)
+    }
+
+    /// The log's next line to replay.
+    fn read(
         &mut self,
         warm: &mut Option<Warm>,
         bad: &mut dyn FnMut(&BadLine),
@@ -442,6 +540,7 @@ struct State {
     tally: Tally,
     pending: std::collections::HashMap<u64, Pending>,
     each: Option<Each>,
+    messages: MessageTally,
 }
 
 struct Pending {
@@ -509,18 +608,27 @@ impl State {
 type Running = Pin<Box<<RateLimitService<Inner> as Service<Request<()>>>::Future>>;
 
 /// Why a plan leaves a limit counted per message out ([`Plan::not_replayed`]).
-const NOT_REPLAYED: &str = "counted per message of a stream (a rule `per: message` or `per: unit`): a log of requests holds no messages";
+const NOT_REPLAYED: &str = "counted per message of a stream (a rule `per: message` or `per: unit`): the log has no stream lines (stream, message_of), so it holds no messages";
 
-/// The plan of a replay's tally, from a snapshot (`warm`) or cold, naming the limits either
-/// policy's rules count per message, each with why the replay left it out.
-fn finished(tally: Tally, warm: Option<snapshot::Warm>, sides: &[Side; 2]) -> Plan {
+/// The plan of a replay's tally and its streams', from a snapshot (`warm`) or cold; when the
+/// log had no streams, naming the limits either policy's rules count per message, each with
+/// why the replay left it out.
+fn finished(
+    tally: Tally,
+    messages: MessageTally,
+    warm: Option<snapshot::Warm>,
+    sides: &[Side; 2],
+) -> Plan {
     let mut plan = tally.plan();
     plan.warm = warm;
-    plan.not_replayed = sides
-        .iter()
-        .flat_map(|side| side.layer.per_message_limits())
-        .map(|name| (name.to_string(), NOT_REPLAYED.to_owned()))
-        .collect();
+    plan.streams = messages.plan();
+    if plan.streams.is_none() {
+        plan.not_replayed = sides
+            .iter()
+            .flat_map(|side| side.layer.per_message_limits())
+            .map(|name| (name.to_string(), NOT_REPLAYED.to_owned()))
+            .collect();
+    }
     plan
 }
 
@@ -530,6 +638,8 @@ struct Side {
     layer: RateLimitLayer,
     service: RateLimitService<Inner>,
     served: Arc<AtomicU64>,
+    /// The streams its layer let through, for `streams.rs` to meter.
+    opened: Arc<std::sync::Mutex<Vec<Opened>>>,
 }
 
 impl Side {
@@ -548,15 +658,18 @@ impl Side {
         layer.settle_inline();
         layer.answer_quietly();
         let served = Arc::new(AtomicU64::new(0));
+        let opened = Arc::default();
         let service = layer.layer(Inner {
             served: served.clone(),
             settles: layer.settle_sources().into(),
+            opened: Arc::clone(&opened),
         });
         Ok(Side {
             memory,
             layer,
             service,
             served,
+            opened,
         })
     }
 
@@ -688,6 +801,10 @@ fn request_of(logged: &LoggedRequest, clock: &LogClock) -> Request<()> {
             .then(|| clock.instant(logged.time_us.saturating_add(logged.duration_us))),
         status: logged.status,
         cost: logged.cost,
+        stream: match &logged.stream {
+            Some(StreamLine::Opens { id, .. }) => Some(id.clone()),
+            _ => None,
+        },
     });
     request
 }

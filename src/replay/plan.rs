@@ -63,11 +63,16 @@ pub struct Plan {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub penalties: BTreeMap<String, super::penalties::PenaltyPlan>,
     /// The limits a rule of either policy counts per message of a stream (`per: message` or
-    /// `per: unit`, feature `stream`), by name, with why: a log of requests holds no messages,
-    /// so the replay decides none of them, and their entries in `limits` count nothing.
-    /// Absent when no rule counts messages.
+    /// `per: unit`), by name, with why, when the log has no stream lines: a log of requests
+    /// alone holds no messages, so the replay decides none of them, and their entries in
+    /// `limits` count nothing. Absent when no rule counts messages or the log has streams.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub not_replayed: BTreeMap<String, String>,
+    /// The log's streams (lines with `stream` and `message_of`): each message admitted by the
+    /// meter of its stream's per-message keys under each policy (`docs/replay.md`, "Streams").
+    /// Absent when the log has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams: Option<super::streams::StreamsPlan>,
 }
 
 /// One bad line.
@@ -579,6 +584,7 @@ impl Tally {
             warm: None,
             penalties: BTreeMap::new(),
             not_replayed: BTreeMap::new(),
+            streams: None,
         }
     }
 }

@@ -55,4 +55,7 @@ pub enum LineError {
     /// A `duration_ms` outside 0 to 86,400,000 (as written).
     #[error("duration_ms {0}: 0 to 86400000")]
     Duration(String),
+    /// A stream field that does not say a stream (why).
+    #[error("{0}")]
+    Stream(&'static str),
 }
