@@ -26,6 +26,13 @@
 //!   decides the line (last on the line, after the cost); a line without it goes to a region
 //!   by the percentages (`TraceRegions`). Naming a region not in `--regions`, or any region in
 //!   a run without `--regions`, is an error.
+//! - Streams: `<time> open <stream> [unit:]<Name>=<id> ... [ahead=<n>]` builds a stream's
+//!   meter (each key counted per message, or by the message's units with `unit:`; `ahead=<n>`:
+//!   units for n messages taken ahead in grants); `<time> message <stream> [units=<n>]` admits
+//!   one message (default 1 unit), all its keys in one batch; `<time> close <stream>` ends it
+//!   and gives back what its grants still hold. A trace's clock does not wait: a stream ends at
+//!   its first refusal, and every later message of it is refused. At most 10,000 streams open
+//!   at once; not in a run in regions.
 //! - `cost=<n>`: the line's cost (default: the limit's configured cost, 1 unless set).
 //!   `cost=<min>..<max>` (or `*<min>..<max>`) asks for as many units as the limit grants
 //!   between `min` and `max` (a partial grant, on GCRA and tiered limits).
@@ -51,13 +58,21 @@
 //! `{"line":N,"at_us":T,"op":"release","keys":["Name=id",...],"released":K}` (K: the slots
 //! that were still held, not ended at their lease time). A decision denied because its key is
 //! banned by its limit's penalty ladder has `"banned":true` (its `retry_after_us`: the ban's
-//! end).
+//! end). A stream's lines print `{"line":N,"at_us":T,"op":"open","stream":"s","keys":[..]}`,
+//! `{"line":N,"at_us":T,"op":"message","stream":"s","allowed":bool,"units":U,"messages":M,
+//! "stream_units":S}` (M and S: what the stream was admitted so far; when refused, also
+//! `"retry_after_us"` and `"limit"` when a limit refused it, and `"refused"`: `limited`,
+//! `too_large`, `ended` or `failed`) and `{"line":N,"at_us":T,"op":"close","stream":"s",
+//! "messages":M,"stream_units":S}`.
 //!
 //! `tests/simulate.rs` runs it on the worked examples, and `tests/conformance.rs` runs the same
 //! traces through memory, a Redis and a cluster. The file is part of the `simulate` example,
 //! not of the library: the tests include it by path.
 
 use std::io::{BufRead, Write};
+
+#[path = "trace/streams.rs"]
+mod streams;
 
 use serde::Serialize;
 
@@ -224,15 +239,15 @@ fn parse_line<'a>(limiter: &Limiter, text: &'a str) -> Result<ParsedLine<'a>, St
     let mut words = text.split_whitespace();
     let time = words.next().ok_or("empty line")?;
     let at_us = parse_time_us(time)?;
-    let op = words
-        .next()
-        .ok_or("missing operation (spend, check, refund, charge, reset, release)")?;
+    let op = words.next().ok_or(
+        "missing operation (spend, check, refund, charge, reset, release, open, message, close)",
+    )?;
     if !matches!(
         op,
         "spend" | "check" | "refund" | "charge" | "reset" | "release"
     ) {
         return Err(format!(
-            "unknown operation {op:?}: use spend, check, refund, charge, reset or release"
+            "unknown operation {op:?}: use spend, check, refund, charge, reset, release, open, message or close"
         ));
     }
     let mut specs: Vec<&str> = words.collect();
@@ -498,6 +513,7 @@ async fn run_on(
     let mut last_us = 0u64;
     let mut buf = Vec::new();
     let mut held = Held::new();
+    let mut streams = streams::Streams::default();
     for number in 1.. {
         let Some(line) = next_line(&mut input, &mut buf, number)? else {
             break;
@@ -512,6 +528,12 @@ async fn run_on(
             line: number,
             reason,
         };
+        if let Some(json) =
+            stream_line(&mut streams, &deciders, clock, number, text, &mut last_us).await?
+        {
+            writeln!(output, "{json}")?;
+            continue;
+        }
         let parsed = parse_line(first, text).map_err(bad)?;
         if parsed.at_us < last_us {
             return Err(bad(format!(
@@ -539,6 +561,47 @@ async fn run_on(
     }
     output.flush()?;
     Ok(())
+}
+
+/// Line `number` when it is a stream's (`open`, `message`, `close`): its JSON line, decided
+/// on the trace's one limiter at its time (the clock set, `last_us` moved); `None` for any
+/// other line.
+async fn stream_line(
+    streams: &mut streams::Streams,
+    deciders: &Deciders<'_, '_>,
+    clock: &ManualClock,
+    number: usize,
+    text: &str,
+    last_us: &mut u64,
+) -> Result<Option<String>, SimulateError> {
+    let mut words = text.split_whitespace();
+    let (Some(time), Some(op)) = (words.next(), words.next()) else {
+        return Ok(None);
+    };
+    if !streams::is_stream_op(op) {
+        return Ok(None);
+    }
+    let bad = |reason: String| SimulateError::Line {
+        line: number,
+        reason,
+    };
+    let Deciders::One(limiter) = deciders else {
+        return Err(bad(
+            "streams are simulated in a run without --regions".into()
+        ));
+    };
+    let at_us = parse_time_us(time).map_err(bad)?;
+    if at_us < *last_us {
+        return Err(bad(format!(
+            "time goes backwards ({at_us}us after {last_us}us)"
+        )));
+    }
+    *last_us = at_us;
+    clock.set(EPOCH_US.saturating_add(at_us));
+    streams
+        .step(limiter, number, at_us, op, words)
+        .await
+        .map(Some)
 }
 
 /// The slots the trace's spends hold, oldest first per region and key, each with its spend's

@@ -405,7 +405,9 @@ async fn documented_values(name: &str) -> Vec<(Value, String)> {
             let number = line["line"].as_u64().unwrap() as usize;
             let text = trace.lines().nth(number - 1).unwrap().to_owned();
             let expected: Value = serde_json::from_str(text.split("# ").nth(1).unwrap()).unwrap();
-            let d = if matches!(line["op"].as_str(), Some("release" | "reset")) {
+            let op = line["op"].as_str().unwrap_or("");
+            let whole_line = ["release", "reset", "open", "message", "close"].contains(&op);
+            let d = if whole_line {
                 &line
             } else {
                 &line["decisions"][0]
@@ -463,6 +465,43 @@ async fn charges_go_into_debt_up_to_the_bound_and_the_key_waits_exactly() {
         }
     }
     assert_eq!(out.len(), 17);
+}
+
+/// Every line of `examples/traces/streams.trace` (messages counted per message and per unit
+/// in one batch, a stream ended at its first refusal, two streams sharing a key, a message
+/// above the burst, grants taken ahead and given back at close) ends with the fields its
+/// answer must have.
+#[tokio::test]
+async fn a_stream_s_messages_are_admitted_one_batch_each_and_its_grants_come_back() {
+    let out = documented_values("streams").await;
+    assert_eq!(out.len(), 25);
+    let refused = out.iter().filter(|(l, _)| l["allowed"] == false).count();
+    assert_eq!(refused, 4);
+}
+
+/// A stream line that does not say a stream is an error with its line: a message or close of
+/// a stream not open, a stream opened twice, a key with a cost or a mode, units that are not
+/// a number, and a run in regions.
+#[tokio::test]
+async fn stream_lines_that_say_no_stream_are_errors() {
+    let limits = "M: {kind: account, burst: 3, count: 1, period: 1s}\n";
+    let cases = [
+        ("0s message s\n", "is not open"),
+        ("0s close s\n", "is not open"),
+        ("0s open s M=1\n0s open s M=1\n", "open already"),
+        ("0s open s M=1*2\n", "its cost the message's"),
+        ("0s open s check-only:M=1\n", "its cost the message's"),
+        ("0s open s M=1\n0s message s units=x\n", "units=<n>"),
+        ("0s open s M=1\n0s message s units=1 more\n", "nothing else"),
+        ("0s open\n", "names no stream"),
+        ("0s open s\n", "at least one key"),
+        ("0s open s M=1 ahead=x\n", "ahead=x"),
+        ("1s open s M=1\n0s message s\n", "backwards"),
+    ];
+    for (trace, fragment) in cases {
+        let err = run(limits, None, trace).await.unwrap_err();
+        assert!(err.contains(fragment), "{trace:?}: {err}");
+    }
 }
 
 /// A charge line takes no mode prefix (an error, not a decision); on a concurrency limit a
@@ -774,6 +813,7 @@ fn redis_prints_what_memory_prints() {
         ("calendar.yaml", "calendar.trace"),
         ("concurrency.yaml", "concurrency.trace"),
         ("adaptive.yaml", "adaptive.trace"),
+        ("streams.yaml", "streams.trace"),
     ] {
         let at = |f: &str| root.join("examples/traces").join(f).display().to_string();
         runs.push((at(yaml), at(t)));

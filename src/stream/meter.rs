@@ -196,6 +196,18 @@ impl StreamMeter {
         self.units
     }
 
+    /// Ends the stream: gives back what its grants still hold
+    /// ([`ahead`](StreamMeterBuilder::ahead)) before it returns, where dropping the meter gives
+    /// it back in a task. An error: the store did not take it back (the units come back with
+    /// time, as spent units do).
+    pub async fn close(mut self) -> Result<(), LimiterError> {
+        let unused = self.grants.as_mut().map(Grants::unused).unwrap_or_default();
+        if unused.is_empty() {
+            return Ok(());
+        }
+        self.limiter.refund(&unused).await.map(drop)
+    }
+
     /// Admits one message of `units` units (its bytes, tokens; 0 is a message with no units:
     /// it still counts against every [`per_message`](StreamMeterBuilder::per_message) key):
     /// `Ok` when it may pass, after waiting for its units when the meter pushes back; `Err`

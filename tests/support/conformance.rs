@@ -41,7 +41,8 @@ TierB:
 /// (`examples/traces/gcra-20-per-second.yaml`, `examples/traces/burst-tiers.yaml`) plus
 /// `examples/traces/partial-grants.yaml`, `examples/traces/concurrency.yaml`,
 /// `examples/traces/debt.yaml`, `examples/traces/calendar.yaml`, `examples/traces/fair-share.yaml` (with its overrides),
-/// `examples/traces/adaptive.yaml` and `CONFORMANCE_LIMITS`.
+/// `examples/traces/adaptive.yaml`, `examples/traces/penalty.yaml`,
+/// `examples/traces/streams.yaml` and `CONFORMANCE_LIMITS`.
 pub fn conformance_limits() -> Limits {
     let dir =
         std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join("examples/traces");
@@ -54,9 +55,10 @@ pub fn conformance_limits() -> Limits {
     let fair = read("fair-share.yaml");
     let adaptive = read("adaptive.yaml");
     let penalty = read("penalty.yaml");
+    let streams = read("streams.yaml");
     Limits::from_yaml_str(
         &format!(
-            "{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{calendar}\n{fair}\n{adaptive}\n{penalty}\n{CONFORMANCE_LIMITS}"
+            "{gcra}\n{tiers}\n{partial}\n{concurrency}\n{debt}\n{calendar}\n{fair}\n{adaptive}\n{penalty}\n{streams}\n{CONFORMANCE_LIMITS}"
         ),
         Some(&read("fair-share-overrides.yaml")),
     )
@@ -190,6 +192,7 @@ pub fn traces() -> Vec<(String, String)> {
         "fair-share",
         "adaptive",
         "penalty",
+        "streams",
     ]
     .iter()
     .map(|name| {
