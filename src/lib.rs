@@ -218,7 +218,7 @@ pub use config::{
 };
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
-pub use config::{ModelPrice, PriceTable, UnitPrice};
+pub use config::{ModelPrice, PriceOf, PriceTable, UnitPrice};
 pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 #[cfg(feature = "yaml")]
 #[cfg_attr(docsrs, doc(cfg(feature = "yaml")))]

@@ -21,6 +21,7 @@ Requests: {kind: account, burst: 3, count: 1, period: 1h}
 Messages: {kind: account, burst: 4, count: 1, period: 1h}
 Bytes: {kind: account, burst: 12, count: 1, period: 1h}
 Slots: {kind: account, concurrency: 2, lease: 1m}
+Spend: {kind: account, burst: 10, count: 1, period: 1h}
 ";
 
 fn limiter() -> Limiter {
@@ -259,4 +260,75 @@ fn a_plan_says_which_limits_counted_per_message_it_did_not_replay() {
     assert!(reasons[0].1.contains("holds no messages"));
     let json = serde_json::to_value(&plan).unwrap();
     assert!(json["not_replayed"]["Messages"].is_string());
+}
+
+/// A rules file's rule may charge a stream's units at their price (`price: {model, of}` from
+/// the file's `prices`): the model the request's header names, priced in micro-units against
+/// the account's spend. A line is 3 tokens: the small model's output costs 2 a line (5 lines
+/// of 10), the large one's 9 (1 line). A model the table does not price, the header sent
+/// twice, or none at all: refused with a 400 before the handler runs, saying why.
+#[tokio::test]
+async fn a_priced_rule_charges_a_streams_units_at_the_named_models_price() {
+    let rules = RuleSet::from_yaml_str(
+        "prices:\n  per_tokens: 3\n  models:\n    small: {input: 1, output: 2}\n    large: {input: 1, output: 9}\n\
+         rules:\n  - {limit: Spend, key: 'header:x-account', per: unit, at_limit: end, price: {model: 'header:x-model', of: output}}\n",
+    )
+    .unwrap();
+    let server = serve(app(rules.layer(limiter()).unwrap())).await;
+    let client = HttpClient::new(&server);
+    let small = client
+        .get("/events?n=7", &[("x-account", "7"), ("x-model", "small")])
+        .await;
+    assert_eq!(small.body, "1 keys, end\nm0\nm1\nm2\nm3\nm4\n");
+    let large = client
+        .get("/events?n=7", &[("x-account", "8"), ("x-model", "large")])
+        .await;
+    assert_eq!(large.body, "1 keys, end\nm0\n");
+    let refused = [
+        (vec![("x-model", "huge")], "model \\\"huge\\\" has no price"),
+        (
+            vec![("x-model", "small"), ("x-model", "large")],
+            "sent twice",
+        ),
+        (vec![], "missing model"),
+    ];
+    for (model, why) in refused {
+        let mut headers = vec![("x-account", "9")];
+        headers.extend(model);
+        let reply = client.get("/events?n=1", &headers).await;
+        assert_eq!(reply.status, 400, "{headers:?}");
+        assert!(reply.body.contains(why), "{headers:?}: {}", reply.body);
+    }
+}
+
+/// A rules file's `price` is refused with its line where it cannot charge: without the file's
+/// `prices`, on a rule that does not count units, with a model not read from a header, or
+/// charging a price the table does not have.
+#[test]
+fn a_price_that_cannot_charge_is_refused_with_its_line() {
+    let prices = "prices:\n  models:\n    small: {input: 1, output: 2}\n";
+    let rule = |fields: &str| {
+        format!("{prices}rules:\n  - {{limit: Spend, key: 'header:x-account', {fields}}}\n")
+    };
+    let cases = [
+        (
+            "rules:\n  - {limit: Spend, key: 'header:x-account', per: unit, price: {model: 'header:x-model', of: output}}\n".to_owned(),
+            "needs the file's `prices`",
+        ),
+        (rule("per: message, price: {model: 'header:x-model', of: output}"), "write `per: unit`"),
+        (rule("price: {model: 'header:x-model', of: output}"), "write `per: unit`"),
+        (rule("per: unit, price: {model: 'body:model', of: output}"), "a request header names the model"),
+        (rule("per: unit, price: {model: 'header:x-model', of: total}"), "use input, cached_input or output"),
+        (rule("per: unit, price: {model: 'header:x-model'}"), "price: {model"),
+        ("prices: {models: {a: {input: 1}}}\nrules: []\n".to_owned(), "needs its `input` and `output`"),
+    ];
+    for (text, why) in cases {
+        let error = RuleSet::from_yaml_str(&text).unwrap_err().to_string();
+        // `<rules>:<line>: ...`
+        let line = error
+            .strip_prefix("<rules>:")
+            .and_then(|r| r.split(':').next());
+        assert!(line.is_some_and(|l| l.parse::<u64>().is_ok()), "{error}");
+        assert!(error.contains(why), "{text}: {error}");
+    }
 }

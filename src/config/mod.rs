@@ -27,11 +27,11 @@ pub(crate) use stored::{StoredSet, check_override};
 #[cfg(feature = "stream")]
 mod price;
 #[cfg(feature = "stream")]
-pub use price::{ModelPrice, PriceTable, UnitPrice};
+pub use price::{ModelPrice, PriceOf, PriceTable, UnitPrice};
 #[cfg(feature = "yaml")]
 pub use yaml::RuleSet;
 #[cfg(all(feature = "yaml", feature = "stream"))]
-pub(crate) use yaml::{RuleAtLimit, RulePer};
+pub(crate) use yaml::{RuleAtLimit, RulePer, RulePrice, RulePriceOf};
 #[cfg(feature = "yaml")]
 pub(crate) use yaml::{RuleCost, RuleKey, RuleMissing, RuleOutcome};
 

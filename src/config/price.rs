@@ -82,6 +82,30 @@ impl ModelPrice {
     }
 }
 
+/// Which of a model's prices a rule charges ([`Rule::priced`](crate::Rule::priced); `of:` in
+/// a rules file's `price`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PriceOf {
+    /// The prompt's tokens ([`ModelPrice::input`]).
+    Input,
+    /// The prompt's cached tokens ([`ModelPrice::cached_input`]).
+    CachedInput,
+    /// The answer's tokens ([`ModelPrice::output`]).
+    Output,
+}
+
+impl ModelPrice {
+    /// The price `of` says.
+    pub fn of(&self, of: PriceOf) -> UnitPrice {
+        match of {
+            PriceOf::Input => self.input,
+            PriceOf::CachedInput => self.cached_input,
+            PriceOf::Output => self.output,
+        }
+    }
+}
+
 /// Prices by model, read from YAML (feature `yaml`): integer micro-units of money per
 /// `per_tokens` tokens (a million by default), for each model's `input`, `output` and, if it
 /// differs from the input's, `cached_input`.

@@ -82,6 +82,9 @@ pub struct Rule {
     /// What a stream it counts does at its limit (`None`: the meter's default).
     #[cfg(feature = "stream")]
     pub(crate) at_limit: Option<super::stream_keys::AtLimit>,
+    /// The price a rule per unit charges its units at.
+    #[cfg(feature = "stream")]
+    pub(crate) price: Option<Arc<super::stream_keys::Priced>>,
 }
 
 impl fmt::Debug for Rule {
@@ -120,6 +123,8 @@ impl Rule {
             per: super::stream_keys::Per::Request,
             #[cfg(feature = "stream")]
             at_limit: None,
+            #[cfg(feature = "stream")]
+            price: None,
         }
     }
 
@@ -302,6 +307,32 @@ impl Rule {
     #[cfg(feature = "stream")]
     pub fn per(mut self, per: super::stream_keys::Per) -> Self {
         self.per = per;
+        self
+    }
+
+    /// A rule per unit ([`Per::Unit`](crate::Per::Unit)) charging each message's units at
+    /// their price: the model the request's `model` header names, its price `of` in `table`
+    /// (money as the limit's units, integer micro-units: `docs/streams.md`, "Money"). A
+    /// request without the header is the rule's missing key ([`Rule::on_missing_key`]); one
+    /// that sends it twice, or names a model the table does not price, is refused with a 400.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tower_ratelimits::{Header, PriceOf, PriceTable, Rule};
+    /// let prices = PriceTable::from_yaml_str("models:\n  small: {input: 150000, output: 600000}\n")?;
+    /// let spend = Rule::new("SpendPerAccount", Header::new("x-account"))
+    ///     .priced(Arc::new(prices), http::HeaderName::from_static("x-model"), PriceOf::Output);
+    /// # Ok::<(), tower_ratelimits::ConfigError>(())
+    /// ```
+    #[cfg(feature = "stream")]
+    pub fn priced(
+        mut self,
+        table: Arc<crate::config::PriceTable>,
+        model: http::HeaderName,
+        of: crate::config::PriceOf,
+    ) -> Self {
+        self.per = super::stream_keys::Per::Unit;
+        self.price = Some(Arc::new(super::stream_keys::Priced { table, model, of }));
         self
     }
 
@@ -628,11 +659,38 @@ impl Rules {
         body: ErrorBody,
     ) -> Result<Option<super::stream_keys::StreamKeys>, Box<Response<Bytes>>> {
         let mut keys = super::stream_keys::StreamKeys::new(limiter);
-        let found = |r: &ResolvedRule, key| keys.push(key, r.rule.per, r.rule.at_limit);
-        match self.keys_of(&self.streams, limits, parts, body, found) {
-            Some(response) => Err(Box::new(response)),
-            None => Ok((!keys.is_empty()).then_some(keys)),
+        let mut unpriced = None;
+        let found = |r: &ResolvedRule, key| {
+            let price = match r.rule.price.as_deref().map(|p| p.price(parts)) {
+                None => None,
+                Some(Ok(Some(price))) => Some(price),
+                Some(Ok(None)) => match r.rule.on_missing {
+                    OnMissingKey::Skip => return,
+                    OnMissingKey::Reject(status) => {
+                        let why = format!("missing model for rate limit {}", r.rule.name);
+                        unpriced.get_or_insert((status, why));
+                        return;
+                    }
+                },
+                Some(Err(why)) => {
+                    unpriced.get_or_insert((StatusCode::BAD_REQUEST, why));
+                    return;
+                }
+            };
+            keys.push(key, r.rule.per, price, r.rule.at_limit);
+        };
+        if let Some(response) = self.keys_of(&self.streams, limits, parts, body, found) {
+            return Err(Box::new(response));
         }
+        if let Some((status, why)) = unpriced {
+            super::observe::count_request("rejected");
+            let grpc = response::is_grpc(&parts.headers);
+            let code = response::error_code(status);
+            return Err(Box::new(response::error_response(
+                status, &code, &why, grpc, body,
+            )));
+        }
+        Ok((!keys.is_empty()).then_some(keys))
     }
 
     /// Finds the key of each rule of `list` that applies to a request (in its scope, not

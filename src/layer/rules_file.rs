@@ -42,6 +42,22 @@ fn per_of(rule: Rule, per: RulePer, at_limit: Option<RuleAtLimit>) -> Rule {
     }
 }
 
+/// A rule charging what a rules file's `price` says, at the file's `prices`.
+#[cfg(feature = "stream")]
+fn priced(
+    rule: Rule,
+    price: &crate::config::RulePrice,
+    table: &std::sync::Arc<crate::config::PriceTable>,
+) -> Rule {
+    use crate::config::{PriceOf, RulePriceOf};
+    let of = match price.of {
+        RulePriceOf::Input => PriceOf::Input,
+        RulePriceOf::CachedInput => PriceOf::CachedInput,
+        RulePriceOf::Output => PriceOf::Output,
+    };
+    rule.priced(table.clone(), price.model.clone(), of)
+}
+
 /// A request's cost as a log recorded it: what a rule with `cost: logged` in a [`RuleSet`]
 /// charges (1 when a request has none). The replay (`Replay`, feature `replay`) sets it from
 /// each log line's `cost`; a server may set it too (an extension inserted before the layer).
@@ -97,6 +113,11 @@ impl RuleSet {
             };
             #[cfg(feature = "stream")]
             let rule = per_of(rule, entry.per, entry.at_limit);
+            #[cfg(feature = "stream")]
+            let rule = match (&entry.price, &self.prices) {
+                (Some(price), Some(table)) => priced(rule, price, table),
+                _ => rule,
+            };
             let mut rule = rule;
             rule.defined_at = Some(format!("{}:{}", self.source, entry.line).into());
             builder = builder.rule(rule);

@@ -3,8 +3,10 @@
 //! limit ([`AtLimit`]), and the keys its messages count against, handed to the handler
 //! ([`StreamKeys`]), whose meter (`stream/keys.rs`) counts each message.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::{PriceOf, PriceTable, UnitPrice};
 use crate::key::BucketKey;
 use crate::limiter::Limiter;
 
@@ -66,8 +68,41 @@ pub enum Per {
 #[derive(Clone)]
 pub struct StreamKeys {
     pub(crate) limiter: Limiter,
-    pub(crate) keys: smallvec::SmallVec<[(BucketKey, Per); 2]>,
+    /// Each key, what it counts, and the price it charges its units at (a priced rule's).
+    pub(crate) keys: smallvec::SmallVec<[(BucketKey, Per, Option<UnitPrice>); 2]>,
     pub(crate) at_limit: Option<AtLimit>,
+}
+
+/// A priced rule's price ([`Rule::priced`](crate::Rule::priced)): the model a request header
+/// names, and which of its prices in `table` the rule charges.
+#[derive(Debug)]
+pub(crate) struct Priced {
+    pub(crate) table: Arc<PriceTable>,
+    pub(crate) model: http::HeaderName,
+    pub(crate) of: PriceOf,
+}
+
+impl Priced {
+    /// The price of a request's model: `Ok(None)` when the request names none (the rule's
+    /// missing-key policy decides), `Err` with why when it names one ambiguously (the header
+    /// sent twice) or one the table does not price.
+    pub(crate) fn price(&self, parts: &http::request::Parts) -> Result<Option<UnitPrice>, String> {
+        let mut values = parts.headers.get_all(&self.model).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(format!(
+                "{} is sent twice: which model is meant?",
+                self.model
+            ));
+        }
+        let name = value.to_str().unwrap_or_default();
+        match self.table.model(name) {
+            Some(model) => Ok(Some(model.of(self.of))),
+            None => Err(format!("model {name:?} has no price")),
+        }
+    }
 }
 
 impl std::fmt::Debug for StreamKeys {
@@ -91,8 +126,14 @@ impl StreamKeys {
 
     /// Adds a rule's key, with what it counts and what it does at its limit; the stricter
     /// choice wins ([`StreamKeys::at_limit`]).
-    pub(crate) fn push(&mut self, key: BucketKey, per: Per, at_limit: Option<AtLimit>) {
-        self.keys.push((key, per));
+    pub(crate) fn push(
+        &mut self,
+        key: BucketKey,
+        per: Per,
+        price: Option<UnitPrice>,
+        at_limit: Option<AtLimit>,
+    ) {
+        self.keys.push((key, per, price));
         self.at_limit = match (self.at_limit, at_limit) {
             (Some(AtLimit::End), _) | (_, Some(AtLimit::End)) => Some(AtLimit::End),
             (Some(AtLimit::PushBack { up_to: a }), Some(AtLimit::PushBack { up_to: b })) => {
@@ -110,7 +151,7 @@ impl StreamKeys {
     /// The keys, each with what it counts ([`Per::Message`] or [`Per::Unit`]), in the layer's
     /// rule order.
     pub fn keys(&self) -> impl Iterator<Item = (&BucketKey, Per)> {
-        self.keys.iter().map(|(k, p)| (k, *p))
+        self.keys.iter().map(|(k, p, _)| (k, *p))
     }
 
     /// What the rules do at a limit: [`AtLimit::End`] when any of them ends, else the shortest

@@ -10,9 +10,10 @@ impl StreamKeys {
     /// keys of the handler's own (a per-stream key), grants ahead, and build.
     pub fn meter(&self) -> StreamMeterBuilder {
         let mut builder = super::StreamMeter::builder(&self.limiter);
-        for (key, per) in &self.keys {
-            builder = match per {
-                Per::Unit => builder.per_unit(key.clone()),
+        for (key, per, price) in &self.keys {
+            builder = match (per, price) {
+                (Per::Unit, Some(price)) => builder.per_unit_at(key.clone(), *price),
+                (Per::Unit, None) => builder.per_unit(key.clone()),
                 _ => builder.per_message(key.clone()),
             };
         }

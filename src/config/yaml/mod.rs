@@ -11,10 +11,13 @@ mod outcomes;
 mod penalty;
 #[cfg(feature = "stream")]
 mod prices;
+mod rule_price;
 mod rules;
 mod shapes;
 
 pub(crate) use outcomes::RuleOutcome;
+#[cfg(feature = "stream")]
+pub(crate) use rule_price::{RulePrice, RulePriceOf};
 pub use rules::RuleSet;
 #[cfg(feature = "stream")]
 pub(crate) use rules::{RuleAtLimit, RulePer};

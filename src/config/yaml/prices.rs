@@ -19,39 +19,7 @@ impl PriceTable {
     /// Reads a price table's text. Errors name the line.
     pub fn from_yaml_str(text: &str) -> Result<PriceTable, ConfigError> {
         let root = parse(text)?.ok_or_else(|| ConfigError::new(ConfigErrorKind::Empty))?;
-        let Value::Map(fields) = &root.value else {
-            return Err(wrong_shape("a map with `models:`", &root));
-        };
-        let (mut per_tokens, mut models) = (1_000_000, None);
-        for (k, v) in fields {
-            match as_str(k, "a field name")? {
-                "per_tokens" => per_tokens = tokens(v)?,
-                "models" => models = Some(v),
-                other => {
-                    return Err(err_at(
-                        ConfigErrorKind::unknown_field(other, FILE_FIELDS),
-                        k.line,
-                    ));
-                }
-            }
-        }
-        let models =
-            models.ok_or_else(|| err_at(ConfigErrorKind::MissingField("models"), root.line))?;
-        let Value::Map(entries) = &models.value else {
-            return Err(wrong_shape("a map of models to their prices", models));
-        };
-        let mut table = PriceTable::default();
-        for (name, prices) in entries {
-            let name_text = as_str(name, "a model's name")?;
-            let price = model(prices, per_tokens)?;
-            if table.models.insert(name_text.to_owned(), price).is_some() {
-                return Err(refused(
-                    format!("model {name_text:?} is priced twice"),
-                    name,
-                ));
-            }
-        }
-        Ok(table)
+        table_of(&root)
     }
 
     /// Reads a price table file. Errors name the file and the line.
@@ -61,6 +29,43 @@ impl PriceTable {
         let text = read(path).map_err(|e| e.in_source(&name))?;
         Self::from_yaml_str(&text).map_err(|e| e.in_source(&name))
     }
+}
+
+/// A price table's node (a file's root, or a rules file's `prices:`).
+pub(super) fn table_of(root: &Node) -> Result<PriceTable, ConfigError> {
+    let Value::Map(fields) = &root.value else {
+        return Err(wrong_shape("a map with `models:`", root));
+    };
+    let (mut per_tokens, mut models) = (1_000_000, None);
+    for (k, v) in fields {
+        match as_str(k, "a field name")? {
+            "per_tokens" => per_tokens = tokens(v)?,
+            "models" => models = Some(v),
+            other => {
+                return Err(err_at(
+                    ConfigErrorKind::unknown_field(other, FILE_FIELDS),
+                    k.line,
+                ));
+            }
+        }
+    }
+    let models =
+        models.ok_or_else(|| err_at(ConfigErrorKind::MissingField("models"), root.line))?;
+    let Value::Map(entries) = &models.value else {
+        return Err(wrong_shape("a map of models to their prices", models));
+    };
+    let mut table = PriceTable::default();
+    for (name, prices) in entries {
+        let name_text = as_str(name, "a model's name")?;
+        let price = model(prices, per_tokens)?;
+        if table.models.insert(name_text.to_owned(), price).is_some() {
+            return Err(refused(
+                format!("model {name_text:?} is priced twice"),
+                name,
+            ));
+        }
+    }
+    Ok(table)
 }
 
 /// A whole number of micro-units (0 or more).

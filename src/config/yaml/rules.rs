@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use super::node::{Node, Value, as_str, duplicate, err_at, invalid, parse, positive, wrong_shape};
 use super::outcomes::{RuleOutcome, count_when_of};
 use super::read;
+use super::rule_price::{RulePrice, price_of};
 use crate::config::{ConfigError, ConfigErrorKind, check_name};
 
 /// What a rule of a [`RuleSet`] is keyed by.
@@ -79,6 +80,8 @@ pub(crate) struct RuleEntry {
     pub(crate) per: RulePer,
     /// `at_limit`: what a stream does at the rule's limit (`None`: the meter's default).
     pub(crate) at_limit: Option<RuleAtLimit>,
+    /// `price`: a rule per unit charges its units' price, the model's from the file's `prices`.
+    pub(crate) price: Option<RulePrice>,
     /// Its line in the file, for a layer's errors about it.
     pub(crate) line: u64,
 }
@@ -115,7 +118,10 @@ pub(crate) struct RuleEntry {
 /// weight: 0}`, `{header: x-login-failure, equals: mfa, weight: 3}` (weight 1 by default).
 /// `per` is `request` (the default), `message` or `unit` (feature `stream`: the rule counts a
 /// stream's messages or their units, its key handed to the handler: `StreamKeys`), with
-/// `at_limit` (`end`, `push_back`, `{push_back: 5s}`) for a rule per message.
+/// `at_limit` (`end`, `push_back`, `{push_back: 5s}`) for a rule per message, and `price`
+/// (`{model: 'header:<Name>', of: input | cached_input | output}`) for a rule per unit that
+/// charges its units' price from the file's `prices` (a price table:
+/// `PriceTable`, feature `stream`).
 ///
 /// ```
 /// use tower_ratelimits::RuleSet;
@@ -130,9 +136,12 @@ pub struct RuleSet {
     pub(crate) rules: Vec<RuleEntry>,
     pub(crate) trusted_proxies: Vec<IpNet>,
     pub(crate) exempt: Vec<IpNet>,
+    /// `prices`: the price table the rules with a `price` charge at.
+    #[cfg(feature = "stream")]
+    pub(crate) prices: Option<std::sync::Arc<crate::config::PriceTable>>,
 }
 
-const FILE_FIELDS: &[&str] = &["rules", "trusted_proxies", "exempt"];
+const FILE_FIELDS: &[&str] = &["rules", "trusted_proxies", "exempt", "prices"];
 const RULE_FIELDS: &[&str] = &[
     "limit",
     "key",
@@ -142,6 +151,7 @@ const RULE_FIELDS: &[&str] = &[
     "on_missing_key",
     "count_when",
     "per",
+    "price",
     "at_limit",
 ];
 
@@ -199,6 +209,10 @@ fn load(text: &str) -> Result<RuleSet, ConfigError> {
                         *into = nets;
                         continue;
                     }
+                    "prices" => {
+                        prices_of(&mut set, v)?;
+                        continue;
+                    }
                     other => {
                         return Err(err_at(
                             ConfigErrorKind::unknown_field(other, FILE_FIELDS),
@@ -224,6 +238,12 @@ fn load(text: &str) -> Result<RuleSet, ConfigError> {
     };
     for item in items {
         let rule = entry(item)?;
+        if rule.price.is_some() && !set.has_prices() {
+            return Err(invalid(
+                "a rule with a price needs the file's `prices` (a price table)".into(),
+                item,
+            ));
+        }
         if set.rules.iter().any(|r| r.limit == rule.limit) {
             return Err(err_at(
                 ConfigErrorKind::InvalidRule(format!(
@@ -236,6 +256,32 @@ fn load(text: &str) -> Result<RuleSet, ConfigError> {
         set.rules.push(rule);
     }
     Ok(set)
+}
+
+/// The file's `prices`: a price table (feature `stream`).
+fn prices_of(set: &mut RuleSet, node: &Node) -> Result<(), ConfigError> {
+    #[cfg(feature = "stream")]
+    {
+        set.prices = Some(std::sync::Arc::new(super::prices::table_of(node)?));
+        Ok(())
+    }
+    #[cfg(not(feature = "stream"))]
+    {
+        let _ = set;
+        Err(invalid(
+            "prices are charged by rules per unit: the crate's feature `stream`".into(),
+            node,
+        ))
+    }
+}
+
+impl RuleSet {
+    fn has_prices(&self) -> bool {
+        #[cfg(feature = "stream")]
+        return self.prices.is_some();
+        #[cfg(not(feature = "stream"))]
+        false
+    }
 }
 
 fn networks(node: &Node) -> Result<Vec<IpNet>, ConfigError> {
@@ -263,6 +309,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
     };
     let (mut limit, mut key, mut methods, mut prefix, mut cost) = (None, None, None, None, None);
     let (mut on_missing, mut count_when, mut per, mut at_limit) = (None, None, None, None);
+    let mut price = None;
     for (k, v) in fields {
         let field = as_str(k, "a field name")?;
         let slot = match field {
@@ -275,6 +322,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
             "count_when" => &mut count_when,
             "per" => &mut per,
             "at_limit" => &mut at_limit,
+            "price" => &mut price,
             other => {
                 return Err(err_at(
                     ConfigErrorKind::unknown_field(other, RULE_FIELDS),
@@ -309,6 +357,15 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
     }
     let count_when = count_when.map_or(Ok(Vec::new()), count_when_of)?;
     let (per, at_limit) = per_of(per, at_limit, cost, !count_when.is_empty())?;
+    let price = match price {
+        Some(node) if per != RulePer::Unit => {
+            return Err(invalid(
+                "a price is charged per unit: write `per: unit`".into(),
+                node,
+            ));
+        }
+        price => price.map(price_of).transpose()?,
+    };
     Ok(RuleEntry {
         limit: limit.to_owned(),
         key,
@@ -319,6 +376,7 @@ fn entry(node: &Node) -> Result<RuleEntry, ConfigError> {
         count_when,
         per,
         at_limit,
+        price,
         line: node.line,
     })
 }
