@@ -225,7 +225,7 @@ pub use key::{BucketKey, Id, IdError, IdKind, LimitName};
 pub use layer::LoggedCost;
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
-pub use layer::{AtLimit, Per, StreamKeys};
+pub use layer::{AtLimit, ModelFrom, Per, StreamKeys};
 pub use layer::{
     ClientIp, CountWhen, Denial, ErrorBody, FailurePolicy, FieldStyle, ForwardedHeader, Header,
     Ipv6Range48, KeyError, KeyExtractor, LayerError, OnMissingKey, RateLimitBody, RateLimitLayer,

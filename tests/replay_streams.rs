@@ -224,3 +224,16 @@ fn stream_fields_that_say_no_stream_are_bad_lines() {
     assert!(reasons[4].contains("opens none"), "{reasons:?}");
     assert_eq!(plan.streams.unwrap().messages, 1);
 }
+
+/// A log holds no bodies: a rule priced from the request's body cannot be priced in a replay,
+/// and its streams' messages are refused there (as a handler that cannot price them refuses
+/// them), as `docs/replay.md` says.
+#[test]
+fn a_rule_priced_from_the_body_refuses_its_messages_in_a_replay() {
+    let rules = "prices: {models: {small: {input: 1, output: 1}}}\n\
+                 rules:\n  - {limit: Spend, key: 'header:x-account', per: unit, price: {model: 'body:model', of: output}}\n";
+    let spend = "Spend: {kind: account, burst: 100, count: 1, period: 1h}\n";
+    let log = opens("00", "s", "") + &message("01", "s", 1).repeat(2);
+    let streams = replay(rules, spend, spend, log).streams.unwrap();
+    assert_eq!(streams.current, counts(0, 0, 2, 0));
+}

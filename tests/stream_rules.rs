@@ -317,7 +317,7 @@ fn a_price_that_cannot_charge_is_refused_with_its_line() {
         ),
         (rule("per: message, price: {model: 'header:x-model', of: output}"), "write `per: unit`"),
         (rule("price: {model: 'header:x-model', of: output}"), "write `per: unit`"),
-        (rule("per: unit, price: {model: 'body:model', of: output}"), "a request header names the model"),
+        (rule("per: unit, price: {model: 'query:model', of: output}"), "names the model"),
         (rule("per: unit, price: {model: 'header:x-model', of: total}"), "use input, cached_input or output"),
         (rule("per: unit, price: {model: 'header:x-model'}"), "price: {model"),
         ("prices: {models: {a: {input: 1}}}\nrules: []\n".to_owned(), "needs its `input` and `output`"),
@@ -331,4 +331,87 @@ fn a_price_that_cannot_charge_is_refused_with_its_line() {
         assert!(line.is_some_and(|l| l.parse::<u64>().is_ok()), "{error}");
         assert!(error.contains(why), "{text}: {error}");
     }
+}
+
+/// Lines `m0` to `m6`, each 3 units, metered by the request's keys once the handler priced
+/// them from the request's JSON body (`x-unpriced`: it does not, and the meter refuses to
+/// build); a body that does not price them is answered with a 400 saying why.
+async fn priced_by_body(
+    keys: Option<Extension<StreamKeys>>,
+    headers: http::HeaderMap,
+    body: axum::body::Bytes,
+) -> (http::StatusCode, Body) {
+    let Some(Extension(mut keys)) = keys else {
+        return (
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            Body::from("no keys"),
+        );
+    };
+    if !headers.contains_key("x-unpriced")
+        && let Err(e) = keys.price_from_body(&body)
+    {
+        return (http::StatusCode::BAD_REQUEST, Body::from(e.to_string()));
+    }
+    match keys.meter().build() {
+        Ok(meter) => {
+            let lines = futures_util::stream::iter(0..7).map(|i| format!("m{i}\n"));
+            let limited = LimitedStream::new(lines, meter).units(|line: &String| line.len() as u64);
+            (
+                http::StatusCode::OK,
+                Body::from_stream(limited.map(Ok::<_, Infallible>)),
+            )
+        }
+        Err(e) => (
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            Body::from(e.to_string()),
+        ),
+    }
+}
+
+/// A rule whose model is a field of the request's JSON body (`model: 'body:model'`): the layer
+/// hands the key unpriced, the handler prices it from the body it read, and the stream is
+/// charged at that model's price (small: 5 lines of 7 within 10 micro-units). A model the
+/// table does not price, a body that is not JSON or whose field is not a string: the handler's
+/// 400 with why; a meter built before pricing is refused (its units would count as money).
+#[tokio::test]
+async fn a_rule_priced_from_the_body_is_priced_by_the_handler_from_the_body_it_read() {
+    let rules = RuleSet::from_yaml_str(
+        "prices:\n  per_tokens: 3\n  models:\n    small: {input: 1, output: 2}\n\
+         rules:\n  - {limit: Spend, key: 'header:x-account', per: unit, at_limit: end, price: {model: 'body:model', of: output}}\n",
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/priced", axum::routing::post(priced_by_body))
+        .layer(rules.layer(limiter()).unwrap());
+    let server = serve(app).await;
+    let client = HttpClient::new(&server);
+    let post = async |account: &str, extra: Option<(&str, &str)>, body: &str| {
+        let mut headers = vec![("x-account", account)];
+        headers.extend(extra);
+        client
+            .send(http::Method::POST, "/priced", &headers, body)
+            .await
+    };
+    let small = post("7", None, r#"{"model": "small", "prompt": "hi"}"#).await;
+    assert_eq!(
+        (small.status, small.body.as_str()),
+        (200, "m0\nm1\nm2\nm3\nm4\n")
+    );
+    let refused = [
+        (r#"{"model": "huge"}"#, "model \"huge\" has no price"),
+        ("not json", "not a JSON object"),
+        (r#"{"model": 3}"#, "no string field \"model\""),
+    ];
+    for (body, why) in refused {
+        let reply = post("8", None, body).await;
+        assert_eq!(reply.status, 400, "{body}");
+        assert!(reply.body.contains(why), "{body}: {}", reply.body);
+    }
+    let unpriced = post("8", Some(("x-unpriced", "1")), "{}").await;
+    assert_eq!(unpriced.status, 500);
+    assert!(
+        unpriced.body.contains("price_from_body"),
+        "{}",
+        unpriced.body
+    );
 }

@@ -31,7 +31,7 @@ pub use price::{ModelPrice, PriceOf, PriceTable, UnitPrice};
 #[cfg(feature = "yaml")]
 pub use yaml::RuleSet;
 #[cfg(all(feature = "yaml", feature = "stream"))]
-pub(crate) use yaml::{RuleAtLimit, RulePer, RulePrice, RulePriceOf};
+pub(crate) use yaml::{RuleAtLimit, RuleModel, RulePer, RulePrice, RulePriceOf};
 #[cfg(feature = "yaml")]
 pub(crate) use yaml::{RuleCost, RuleKey, RuleMissing, RuleOutcome};
 

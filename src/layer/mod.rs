@@ -63,7 +63,9 @@ pub use rules_file::LoggedCost;
 pub use service::RateLimitService;
 pub use settle::{Settle, SettleError};
 #[cfg(feature = "stream")]
-pub use stream_keys::{AtLimit, Per, StreamKeys};
+pub(crate) use stream_keys::KeyPrice;
+#[cfg(feature = "stream")]
+pub use stream_keys::{AtLimit, ModelFrom, Per, StreamKeys};
 pub use wait::Wait;
 
 #[cfg(feature = "replay")]

@@ -311,24 +311,27 @@ impl Rule {
     }
 
     /// A rule per unit ([`Per::Unit`](crate::Per::Unit)) charging each message's units at
-    /// their price: the model the request's `model` header names, its price `of` in `table`
-    /// (money as the limit's units, integer micro-units: `docs/streams.md`, "Money"). A
-    /// request without the header is the rule's missing key ([`Rule::on_missing_key`]); one
-    /// that sends it twice, or names a model the table does not price, is refused with a 400.
+    /// their price: the model the request names (`model`: a header, or a field of its JSON
+    /// body), its price `of` in `table` (money as the limit's units, integer micro-units:
+    /// `docs/streams.md`, "Money"). From a header, the layer prices the key: a request
+    /// without the header is the rule's missing key ([`Rule::on_missing_key`]); one that sends
+    /// it twice, or names a model the table does not price, is refused with a 400. From the
+    /// body, the handler prices it ([`StreamKeys::price_from_body`](crate::StreamKeys::price_from_body)).
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use tower_ratelimits::{Header, PriceOf, PriceTable, Rule};
+    /// use tower_ratelimits::{Header, ModelFrom, PriceOf, PriceTable, Rule};
     /// let prices = PriceTable::from_yaml_str("models:\n  small: {input: 150000, output: 600000}\n")?;
+    /// let model = ModelFrom::Header(http::HeaderName::from_static("x-model"));
     /// let spend = Rule::new("SpendPerAccount", Header::new("x-account"))
-    ///     .priced(Arc::new(prices), http::HeaderName::from_static("x-model"), PriceOf::Output);
+    ///     .priced(Arc::new(prices), model, PriceOf::Output);
     /// # Ok::<(), tower_ratelimits::ConfigError>(())
     /// ```
     #[cfg(feature = "stream")]
     pub fn priced(
         mut self,
         table: Arc<crate::config::PriceTable>,
-        model: http::HeaderName,
+        model: super::stream_keys::ModelFrom,
         of: crate::config::PriceOf,
     ) -> Self {
         self.per = super::stream_keys::Per::Unit;
@@ -661,9 +664,9 @@ impl Rules {
         let mut keys = super::stream_keys::StreamKeys::new(limiter);
         let mut unpriced = None;
         let found = |r: &ResolvedRule, key| {
-            let price = match r.rule.price.as_deref().map(|p| p.price(parts)) {
-                None => None,
-                Some(Ok(Some(price))) => Some(price),
+            let price = match r.rule.price.as_ref().map(|p| p.price(parts)) {
+                None => super::stream_keys::KeyPrice::Unpriced,
+                Some(Ok(Some(price))) => price,
                 Some(Ok(None)) => match r.rule.on_missing {
                     OnMissingKey::Skip => return,
                     OnMissingKey::Reject(status) => {

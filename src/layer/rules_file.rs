@@ -49,13 +49,18 @@ fn priced(
     price: &crate::config::RulePrice,
     table: &std::sync::Arc<crate::config::PriceTable>,
 ) -> Rule {
-    use crate::config::{PriceOf, RulePriceOf};
+    use super::stream_keys::ModelFrom;
+    use crate::config::{PriceOf, RuleModel, RulePriceOf};
     let of = match price.of {
         RulePriceOf::Input => PriceOf::Input,
         RulePriceOf::CachedInput => PriceOf::CachedInput,
         RulePriceOf::Output => PriceOf::Output,
     };
-    rule.priced(table.clone(), price.model.clone(), of)
+    let model = match &price.model {
+        RuleModel::Header(name) => ModelFrom::Header(name.clone()),
+        RuleModel::Body(field) => ModelFrom::BodyField(field.clone()),
+    };
+    rule.priced(table.clone(), model, of)
 }
 
 /// A request's cost as a log recorded it: what a rule with `cost: logged` in a [`RuleSet`]

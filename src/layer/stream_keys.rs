@@ -69,39 +69,73 @@ pub enum Per {
 pub struct StreamKeys {
     pub(crate) limiter: Limiter,
     /// Each key, what it counts, and the price it charges its units at (a priced rule's).
-    pub(crate) keys: smallvec::SmallVec<[(BucketKey, Per, Option<UnitPrice>); 2]>,
+    pub(crate) keys: smallvec::SmallVec<[(BucketKey, Per, KeyPrice); 2]>,
     pub(crate) at_limit: Option<AtLimit>,
 }
 
-/// A priced rule's price ([`Rule::priced`](crate::Rule::priced)): the model a request header
-/// names, and which of its prices in `table` the rule charges.
+/// The price a key of [`StreamKeys`] charges its units at.
+#[derive(Debug, Clone)]
+pub(crate) enum KeyPrice {
+    /// None: it counts units (or messages).
+    Unpriced,
+    /// This price (the model its rule's header named).
+    At(UnitPrice),
+    /// The model the request's body names: priced by the handler, which reads the body
+    /// (`StreamKeys::price_from_body`, `stream/keys.rs`).
+    FromBody(Arc<Priced>),
+}
+
+/// Where a priced rule reads the request's model ([`Rule::priced`](crate::Rule::priced); a
+/// rules file's `price: {model: ...}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ModelFrom {
+    /// A request header (`header:<Name>`): read by the layer, before the handler runs.
+    Header(http::HeaderName),
+    /// A top-level string field of the request's JSON body (`body:<field>`): a layer decides
+    /// before the body is read, so the handler reads it
+    /// ([`StreamKeys::price_from_body`](crate::StreamKeys::price_from_body)).
+    BodyField(String),
+}
+
+/// A priced rule's price ([`Rule::priced`](crate::Rule::priced)): where the request names its
+/// model, and which of its prices in `table` the rule charges.
 #[derive(Debug)]
 pub(crate) struct Priced {
     pub(crate) table: Arc<PriceTable>,
-    pub(crate) model: http::HeaderName,
+    pub(crate) model: ModelFrom,
     pub(crate) of: PriceOf,
 }
 
 impl Priced {
+    /// `model`'s price, or why it has none.
+    pub(crate) fn of_model(&self, name: &str) -> Result<UnitPrice, String> {
+        match self.table.model(name) {
+            Some(model) => Ok(model.of(self.of)),
+            None => Err(format!("model {name:?} has no price")),
+        }
+    }
+
     /// The price of a request's model: `Ok(None)` when the request names none (the rule's
     /// missing-key policy decides), `Err` with why when it names one ambiguously (the header
-    /// sent twice) or one the table does not price.
-    pub(crate) fn price(&self, parts: &http::request::Parts) -> Result<Option<UnitPrice>, String> {
-        let mut values = parts.headers.get_all(&self.model).iter();
+    /// sent twice) or one the table does not price; a model in the body is the handler's.
+    pub(crate) fn price(
+        self: &Arc<Self>,
+        parts: &http::request::Parts,
+    ) -> Result<Option<KeyPrice>, String> {
+        let header = match &self.model {
+            ModelFrom::Header(header) => header,
+            ModelFrom::BodyField(_) => return Ok(Some(KeyPrice::FromBody(self.clone()))),
+        };
+        let mut values = parts.headers.get_all(header).iter();
         let Some(value) = values.next() else {
             return Ok(None);
         };
         if values.next().is_some() {
-            return Err(format!(
-                "{} is sent twice: which model is meant?",
-                self.model
-            ));
+            return Err(format!("{header} is sent twice: which model is meant?"));
         }
         let name = value.to_str().unwrap_or_default();
-        match self.table.model(name) {
-            Some(model) => Ok(Some(model.of(self.of))),
-            None => Err(format!("model {name:?} has no price")),
-        }
+        self.of_model(name).map(|price| Some(KeyPrice::At(price)))
     }
 }
 
@@ -130,7 +164,7 @@ impl StreamKeys {
         &mut self,
         key: BucketKey,
         per: Per,
-        price: Option<UnitPrice>,
+        price: KeyPrice,
         at_limit: Option<AtLimit>,
     ) {
         self.keys.push((key, per, price));

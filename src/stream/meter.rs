@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::key::BucketKey;
+use crate::key::{BucketKey, LimitName};
 use crate::limiter::{BatchDecision, Limiter, LimiterError, Transaction, may_wait};
 use crate::mode::Mode;
 
@@ -162,6 +162,8 @@ pub struct StreamMeterBuilder {
     at_limit: AtLimit,
     fail_open: bool,
     ahead: u64,
+    /// A key of this limit waits for its price (`StreamKeys::price_from_body`): no meter.
+    unpriced: Option<LimitName>,
 }
 
 impl StreamMeter {
@@ -176,6 +178,7 @@ impl StreamMeter {
             },
             fail_open: false,
             ahead: 0,
+            unpriced: None,
         }
     }
 
@@ -433,6 +436,12 @@ impl StreamMeter {
 }
 
 impl StreamMeterBuilder {
+    /// A key of `limit` whose price is not known yet: the build fails.
+    pub(crate) fn unpriced(mut self, limit: LimitName) -> Self {
+        self.unpriced.get_or_insert(limit);
+        self
+    }
+
     /// Every message costs one unit of `key`'s limit (messages per second, per account, per
     /// stream).
     pub fn per_message(mut self, key: BucketKey) -> Self {
@@ -489,6 +498,10 @@ impl StreamMeterBuilder {
     /// ([`StreamError::Limiter`]), none twice ([`StreamError::Limiter`]), and none holds slots
     /// ([`StreamError::HoldsSlots`]); at least one key ([`StreamError::NoKeys`]).
     pub fn build(self) -> Result<StreamMeter, StreamError> {
+        if let Some(limit) = self.unpriced {
+            let why = "its model is read from the request's body: call StreamKeys::price_from_body before meter";
+            return Err(StreamError::Unpriced(limit, why.into()));
+        }
         if self.parts.is_empty() {
             return Err(StreamError::NoKeys);
         }

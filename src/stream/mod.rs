@@ -42,9 +42,14 @@ pub enum StreamError {
     /// A key the limiter refuses (the same key twice).
     #[error(transparent)]
     Limiter(LimiterError),
+    /// A key of limit `.0` charges the price of a model the request's body names, and the
+    /// body did not price it (why: `.1`), or was not read
+    /// ([`StreamKeys::price_from_body`](crate::StreamKeys::price_from_body)).
+    #[error("limit {0}: {1}")]
+    Unpriced(LimitName, String),
 }
 
-readable_debug!(StreamError { NoKeys, HoldsSlots(name), Limiter(e) });
+readable_debug!(StreamError { NoKeys, HoldsSlots(name), Limiter(e), Unpriced(name, why) });
 
 /// Why a stream ends at a message ([`StreamMeter::admit`]).
 #[derive(thiserror::Error)]

@@ -17,7 +17,7 @@ mod shapes;
 
 pub(crate) use outcomes::RuleOutcome;
 #[cfg(feature = "stream")]
-pub(crate) use rule_price::{RulePrice, RulePriceOf};
+pub(crate) use rule_price::{RuleModel, RulePrice, RulePriceOf};
 pub use rules::RuleSet;
 #[cfg(feature = "stream")]
 pub(crate) use rules::{RuleAtLimit, RulePer};

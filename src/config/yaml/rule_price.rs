@@ -15,15 +15,24 @@ pub(crate) enum RulePriceOf {
     Output,
 }
 
-/// `price: {model: 'header:<Name>', of: input | cached_input | output}`.
+/// Where a rule reads the request's model (`model:`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RuleModel {
+    /// `header:<Name>`.
+    Header(http::HeaderName),
+    /// `body:<field>`: a top-level field of the request's JSON body.
+    Body(String),
+}
+
+/// `price: {model: 'header:<Name>' | 'body:<field>', of: input | cached_input | output}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RulePrice {
-    /// The header that names the request's model.
-    pub(crate) model: http::HeaderName,
+    pub(crate) model: RuleModel,
     pub(crate) of: RulePriceOf,
 }
 
-const WHAT: &str = "price: {model: 'header:<Name>', of: input | cached_input | output}";
+const WHAT: &str =
+    "price: {model: 'header:<Name>' or 'body:<field>', of: input | cached_input | output}";
 
 /// A rule's `price` node.
 pub(super) fn price_of(node: &Node) -> Result<RulePrice, ConfigError> {
@@ -33,22 +42,7 @@ pub(super) fn price_of(node: &Node) -> Result<RulePrice, ConfigError> {
     let (mut model, mut of) = (None, None);
     for (k, v) in fields {
         match as_str(k, "a field name")? {
-            "model" => {
-                let text = as_str(v, "the model's header (header:<Name>)")?;
-                let name = text
-                    .strip_prefix("header:")
-                    .map(str::trim)
-                    .and_then(|n| http::HeaderName::from_bytes(n.as_bytes()).ok())
-                    .ok_or_else(|| {
-                        invalid(
-                            format!(
-                                "model {text:?}: a request header names the model (header:<Name>)"
-                            ),
-                            v,
-                        )
-                    })?;
-                model = Some(name);
-            }
+            "model" => model = Some(model_of(v)?),
             "of" => {
                 of = Some(match as_str(v, "input, cached_input or output")? {
                     "input" => RulePriceOf::Input,
@@ -68,5 +62,24 @@ pub(super) fn price_of(node: &Node) -> Result<RulePrice, ConfigError> {
     match (model, of) {
         (Some(model), Some(of)) => Ok(RulePrice { model, of }),
         _ => Err(invalid(WHAT.into(), node)),
+    }
+}
+
+/// `model: 'header:<Name>' | 'body:<field>'`.
+fn model_of(node: &Node) -> Result<RuleModel, ConfigError> {
+    let text = as_str(node, "where the model is (header:<Name>, body:<field>)")?;
+    if let Some(header) = text.strip_prefix("header:")
+        && let Ok(name) = http::HeaderName::from_bytes(header.trim().as_bytes())
+    {
+        return Ok(RuleModel::Header(name));
+    }
+    match text.strip_prefix("body:").map(str::trim) {
+        Some(field) if !field.is_empty() => Ok(RuleModel::Body(field.to_owned())),
+        _ => Err(invalid(
+            format!(
+                "model {text:?}: a request header (header:<Name>) or a field of its JSON body (body:<field>) names the model"
+            ),
+            node,
+        )),
     }
 }
